@@ -1,0 +1,51 @@
+"""tenure: distributed locks on Redis that stay correct under real faults.
+
+One node gives a single-instance lock; three or more independent masters give Redlock.
+Start with ``Client`` (blocking) or ``AsyncClient`` (asyncio)::
+
+    client = tenure.Client(["redis://127.0.0.1:6379"])
+    with client.lock("orders:42", ttl=10) as lease:
+        ...  # finish before lease.remaining runs out
+"""
+
+from ._async.client import AsyncClient, AsyncLease, AsyncLock
+from ._core.policy import RetryPolicy, wait_random, wait_random_exponential
+from ._errors import (
+    AcquireError,
+    ConfigurationError,
+    LeaseExpired,
+    LeaseLost,
+    LockError,
+    LockTimeout,
+    NotHeld,
+    OwnershipError,
+    QuorumUnreachable,
+    ServerUnsupported,
+    TenureError,
+)
+from ._sync.client import Client, Lease, Lock
+
+__all__ = [
+    "AcquireError",
+    "AsyncClient",
+    "AsyncLease",
+    "AsyncLock",
+    "Client",
+    "ConfigurationError",
+    "Lease",
+    "LeaseExpired",
+    "LeaseLost",
+    "Lock",
+    "LockError",
+    "LockTimeout",
+    "NotHeld",
+    "OwnershipError",
+    "QuorumUnreachable",
+    "RetryPolicy",
+    "ServerUnsupported",
+    "TenureError",
+    "wait_random",
+    "wait_random_exponential",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,229 @@
+"""Multiplexed rounds for asyncio: one pipelined connection per node, shared by all tasks.
+
+Theory of operation
+-------------------
+Each node has one ``Channel``: a redis-py asyncio connection, a FIFO of futures for the
+requests written to it, and a reader task that resolves them in order as replies arrive.
+Writing a request is synchronous (no ``await``), so
+
+* requests from many tasks are pipelined on one connection, in the order they were made;
+* a round writes to every node, then awaits one future that the reply callbacks resolve
+  as soon as the core's ``Round`` is decided, or a timer at the deadline;
+* cleanup after a cancelled acquire needs no ``await``: the release is written behind the
+  ``SET`` on the same connection before ``CancelledError`` propagates, and Redis executes
+  one connection's commands in order. Nothing to shield, nothing to lose.
+
+A reply that comes after its round ended is still read (by the reader task) and dropped,
+so no connection is ever left with an unread reply. A node that answers nothing for
+``STALL`` seconds while requests wait is disconnected and left alone for a back-off.
+Futures are resolved with values, never exceptions, so an abandoned one cannot log
+"exception was never retrieved".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import redis.asyncio
+from redis.exceptions import NoScriptError, ResponseError
+
+from .._core.commands import Command
+from .._core.config import ClientConfig, NodeAddress
+from .._core.quorum import Failure, Round
+from .._redis_compat import classify_error, connection_kwargs
+
+__all__ = ["Channels"]
+
+STALL = 1.0
+BACKOFF_MIN = 0.025
+BACKOFF_MAX = 1.0
+
+# A reply: (True, value) or (False, the error it came as).
+Reply = tuple[bool, Any]
+
+
+class _Down(Exception):
+    """The node is in its reconnect back-off."""
+
+
+class Channel:
+    """One pipelined connection to one node."""
+
+    def __init__(self, address: NodeAddress, pool: redis.asyncio.ConnectionPool) -> None:
+        self.address = address
+        self._pool = pool
+        self._conn: redis.asyncio.Connection | None = None
+        self._pending: deque[tuple[asyncio.Future[Reply], float]] = deque()
+        self._unsent: list[tuple[bytes, asyncio.Future[Reply]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_MIN
+
+    def send(self, packed: bytes) -> asyncio.Future[Reply]:
+        """Write ``packed`` now (or as soon as the connection is up); its reply's future."""
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        if self._pending and now - self._pending[0][1] > STALL:
+            self._reset(ConnectionError(f"no reply for {STALL}s"), now)
+        fut: asyncio.Future[Reply] = loop.create_future()
+        if self._conn is not None and self._task is not None and not self._unsent:
+            # redis-py has no public synchronous write; we use its StreamWriter directly
+            # so that the write happens before this call returns.
+            self._conn._writer.write(packed)  # type: ignore[union-attr]  # noqa: SLF001
+            self._pending.append((fut, now))
+            return fut
+        if self._task is None:
+            if now < self._retry_at:
+                raise _Down(f"not retried until the back-off ends ({self._retry_at - now:.3f}s)")
+            self._task = loop.create_task(self._run())
+        self._unsent.append((packed, fut))
+        return fut
+
+    async def _run(self) -> None:
+        """Connect, flush what was queued meanwhile, then read replies until the link fails."""
+        conn: redis.asyncio.Connection = self._pool.make_connection()
+        try:
+            await conn.connect()
+            self._conn = conn
+            now = time.monotonic()
+            for packed, fut in self._unsent:
+                conn._writer.write(packed)  # type: ignore[union-attr]  # noqa: SLF001
+                self._pending.append((fut, now))
+            self._unsent.clear()
+            self._backoff = BACKOFF_MIN
+            while True:
+                try:
+                    reply: Reply = (True, await conn.read_response())
+                except ResponseError as exc:
+                    reply = (False, exc)
+                if self._pending:
+                    fut, _ = self._pending.popleft()
+                    if not fut.done():
+                        fut.set_result(reply)
+        except asyncio.CancelledError:
+            # Whoever cancelled us (reset, close) already failed our futures; the channel
+            # may own a new connection by now, so touch nothing but our own.
+            await conn.disconnect()
+            raise
+        except Exception as exc:
+            if self._task is asyncio.current_task():
+                self._reset(exc, time.monotonic(), from_task=True)
+            await conn.disconnect()
+
+    def _fail_all(self, exc: BaseException) -> None:
+        waiting = [f for f, _ in self._pending] + [f for _, f in self._unsent]
+        self._pending.clear()
+        self._unsent.clear()
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result((False, exc))
+
+    def _reset(self, exc: BaseException, now: float, *, from_task: bool = False) -> None:
+        self._fail_all(exc)
+        self._retry_at = now + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+        task, self._task = self._task, None
+        self._conn = None
+        if task is not None and not from_task:
+            task.cancel()
+
+    async def close(self) -> None:
+        self._fail_all(ConnectionError("client closed"))
+        task, self._task = self._task, None
+        self._conn = None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+class Channels:
+    """One channel per node, bound to the event loop that first used them."""
+
+    def __init__(self, config: ClientConfig, connection_options: dict[str, Any]) -> None:
+        self._config = config
+        options = {**connection_kwargs(config.node_timeout, asyncio=True), **connection_options}
+        self._pools = [redis.asyncio.ConnectionPool.from_url(a.url, **options) for a in config.nodes]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._channels: list[Channel] = []
+
+    def _current(self) -> list[Channel]:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # Connections belong to the loop that made them; a new loop gets new ones.
+            self._loop = loop
+            self._channels = [Channel(a, p) for a, p in zip(self._config.nodes, self._pools)]
+        return self._channels
+
+    def send(
+        self, command: Command, rnd: Round, targets: Sequence[int] | None = None
+    ) -> list[tuple[int, asyncio.Future[Reply]]]:
+        """Write ``command`` to ``targets`` now; failures to even send go into ``rnd``."""
+        channels = self._current()
+        sent = []
+        for i in range(len(channels)) if targets is None else targets:
+            try:
+                sent.append((i, channels[i].send(command.packed)))
+            except _Down as exc:
+                rnd.fail(i, Failure.UNREACHABLE, str(exc))
+        return sent
+
+    async def run(
+        self, command: Command, rnd: Round, deadline: float, targets: Sequence[int] | None = None
+    ) -> None:
+        """Send to ``targets`` (all nodes by default); return once ``rnd`` is decided or at ``deadline``."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        channels = self._current()
+        if targets is not None:
+            for i in set(range(len(channels))) - set(targets):
+                rnd.record(i, False)
+
+        def settle() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        def on_reply(i: int, fut: asyncio.Future[Reply]) -> None:
+            if done.done():
+                return  # the round is over; this reply was read and is dropped
+            ok, value = fut.result()
+            if ok:
+                rnd.record(i, command.is_yes(value))
+            elif isinstance(value, NoScriptError) and command.on_noscript is not None:
+                # Script cache lost (restart, SCRIPT FLUSH): resend the source, same deadline.
+                try:
+                    channels[i].send(command.on_noscript).add_done_callback(partial(on_reply, i))
+                    return
+                except _Down as exc:
+                    rnd.fail(i, Failure.UNREACHABLE, str(exc))
+            elif isinstance(value, ResponseError):
+                rnd.fail(i, classify_error(value), str(value))
+            else:
+                rnd.fail(i, Failure.UNREACHABLE, str(value) or type(value).__name__)
+            if rnd.decided:
+                settle()
+
+        for i, fut in self.send(command, rnd, targets):
+            fut.add_done_callback(partial(on_reply, i))
+        if not rnd.decided:
+            timer = loop.call_later(max(deadline - time.monotonic(), 0), settle)
+            try:
+                await done
+            finally:
+                timer.cancel()
+                settle()
+        else:
+            settle()
+        if not rnd.decided:
+            rnd.time_out()
+
+    async def close(self) -> None:
+        channels, self._channels = self._channels, []
+        self._loop = None
+        await asyncio.gather(*(c.close() for c in channels))
+        for pool in self._pools:
+            await pool.disconnect()

@@ -1,0 +1,242 @@
+"""The asyncio API: ``AsyncClient``, ``AsyncLock`` and ``AsyncLease``.
+
+The same algorithm as the blocking API (the pure core decides everything), driven by
+``await``. Cancellation is safe by construction: every cleanup is *written* to the nodes
+synchronously, before ``CancelledError`` leaves the coroutine (see ``channels``), and an
+acquire that is cancelled never returns a lease. ``CancelledError`` is never swallowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .._core import commands
+from .._core.acquire import Acquisition, GiveUp, Granted, LeaseState
+from .._core.config import ClientConfig, LockSpec, check_acquire_args
+from .._core.lease import begin_extend, conclude_extend, conclude_release
+from .._core.policy import RetryPolicy
+from .._core.quorum import Round
+from .._errors import LockTimeout, NotHeld
+from .._lease import LeaseView
+from .channels import Channels
+
+__all__ = ["AsyncClient", "AsyncLease", "AsyncLock"]
+
+_clock = time.monotonic
+
+
+class AsyncClient:
+    """The asyncio twin of ``tenure.Client``; same arguments, same errors.
+
+    Many tasks share one pipelined connection per node. Use ``async with`` or call
+    ``aclose()`` so the reader tasks end with the client.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[str],
+        *,
+        node_timeout: float = 0.05,
+        drift_factor: float = 0.01,
+        drift_floor: float = 0.002,
+        retry: RetryPolicy | None = None,
+        allow_even: bool = False,
+        connection_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = ClientConfig.build(
+            nodes,
+            node_timeout=node_timeout,
+            drift_factor=drift_factor,
+            drift_floor=drift_floor,
+            retry=retry,
+            allow_even=allow_even,
+        )
+        self.node_names = [a.display for a in self.config.nodes]
+        self._channels = Channels(self.config, dict(connection_options or {}))
+        self._rng = random.Random(secrets.randbits(64))
+
+    def lock(
+        self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
+    ) -> AsyncLock:
+        """A lock object for ``name``; ``blocking``/``timeout`` apply to ``async with lock:``."""
+        return AsyncLock(self, LockSpec.build(self.config, name, ttl), blocking, timeout)
+
+    async def acquire(
+        self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
+    ) -> AsyncLease | None:
+        """Acquire ``name`` for ``ttl`` seconds; the lease, or None if not acquired in time."""
+        return await self._acquire(LockSpec.build(self.config, name, ttl), blocking, timeout)
+
+    async def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> AsyncLease | None:
+        timeout = check_acquire_args(blocking, timeout)
+        acq = Acquisition(
+            spec,
+            self.config.retry,
+            self._rng,
+            blocking=blocking,
+            timeout=timeout,
+            now=_clock(),
+            node_names=self.node_names,
+        )
+        while True:
+            token = secrets.token_hex(16)
+            rnd = acq.begin(_clock())
+            try:
+                await self._channels.run(
+                    commands.acquire(spec.key, token, spec.ttl_ms), rnd, acq.deadline(rnd)
+                )
+            except asyncio.CancelledError:
+                # Written before the cancellation propagates, behind our SET on each link.
+                self._send_release(spec.key, token, rnd.maybe_holding())
+                raise
+            step = acq.conclude(rnd, token, _clock())
+            if isinstance(step, Granted):
+                return AsyncLease(self, step.lease, spec)
+            if step.cleanup:
+                await self._release_round(spec.key, token, step.cleanup)
+            if isinstance(step, GiveUp):
+                if step.error is not None:
+                    raise step.error
+                return None
+            await asyncio.sleep(step.sleep)
+
+    def _send_release(self, key: str, token: str, targets: frozenset[int]) -> None:
+        rnd = Round(len(self.node_names), self.config.quorum, _clock())
+        self._channels.send(commands.release(key, token), rnd, sorted(targets))
+
+    async def _release_round(self, key: str, token: str, targets: frozenset[int] | None = None) -> Round:
+        now = _clock()
+        rnd = Round(len(self.node_names), self.config.quorum, now)
+        order = None if targets is None else sorted(targets)
+        await self._channels.run(commands.release(key, token), rnd, now + self.config.node_timeout, order)
+        return rnd
+
+    async def _round(self, command: commands.Command) -> Round:
+        now = _clock()
+        rnd = Round(len(self.node_names), self.config.quorum, now)
+        await self._channels.run(command, rnd, now + self.config.node_timeout)
+        return rnd
+
+    async def aclose(self) -> None:
+        """Close every connection and reader task. Leases still held expire by their TTL."""
+        await self._channels.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<AsyncClient nodes={self.node_names}>"
+
+
+class AsyncLease(LeaseView):
+    """One successful acquisition (asyncio): ``await lease.extend()``, ``await lease.release()``."""
+
+    def __init__(self, client: AsyncClient, state: LeaseState, spec: LockSpec) -> None:
+        super().__init__(state, spec, client.node_names)
+        self._client = client
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Give the lease ``ttl`` more seconds (default: its lock's TTL); see ``Lease.extend``."""
+        client = self._client
+        spec = self._spec if ttl is None else LockSpec.build(client.config, self.name, ttl)
+        self._check_not_released()
+        rnd = begin_extend(self._state, spec, _clock())
+        await client._channels.run(
+            commands.extend(spec.key, self.token, spec.ttl_ms), rnd, rnd.started + spec.node_timeout
+        )
+        outcome = conclude_extend(self._state, spec, rnd, _clock(), client.node_names)
+        if isinstance(outcome, LeaseState):
+            self._state = outcome
+            return
+        self._lost = True
+        self._released = True
+        client._send_release(spec.key, self.token, frozenset(range(len(client.node_names))))
+        raise outcome
+
+    async def release(self) -> None:
+        """Release on every node; see ``Lease.release``. Cancelling it still releases."""
+        client = self._client
+        self._check_not_released()
+        self._released = True
+        rnd = await client._release_round(self.key, self.token)
+        error = conclude_release(
+            self._state, len(client.node_names), client.config.quorum, rnd, _clock(), client.node_names
+        )
+        if error is not None:
+            self._lost = True
+            raise error
+
+    def _check_not_released(self) -> None:
+        if self._released:
+            raise NotHeld(self.name, "this lease was already released")
+
+    async def __aenter__(self) -> AsyncLease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self._released:
+            await self.release()
+
+
+class AsyncLock:
+    """The asyncio twin of ``tenure.Lock``: ``async with lock as lease:``."""
+
+    def __init__(self, client: AsyncClient, spec: LockSpec, blocking: bool, timeout: float | None) -> None:
+        check_acquire_args(blocking, timeout)
+        self._client = client
+        self._spec = spec
+        self._blocking = blocking
+        self._timeout = timeout
+        self._lease: AsyncLease | None = None
+
+    @property
+    def name(self) -> str:
+        return self._spec.name
+
+    @property
+    def lease(self) -> AsyncLease | None:
+        return self._lease
+
+    async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Acquire the lock; False if ``blocking`` is False or ``timeout`` passed first."""
+        lease = await self._client._acquire(self._spec, blocking, timeout)
+        if lease is None:
+            return False
+        self._lease = lease
+        return True
+
+    async def release(self) -> None:
+        """Release the lease this object holds (``NotHeld`` if none)."""
+        lease, self._lease = self._lease, None
+        if lease is None:
+            raise NotHeld(self.name, "release() of a lock this object does not hold")
+        await lease.release()
+
+    async def locked(self) -> bool:
+        """Whether a majority of nodes hold this lock now (for anyone). One round trip."""
+        rnd = await self._client._round(commands.exists(self._spec.key))
+        return rnd.succeeded
+
+    async def __aenter__(self) -> AsyncLease:
+        if not await self.acquire(self._blocking, self._timeout):
+            raise LockTimeout(self.name, f"not acquired within timeout={self._timeout}s")
+        assert self._lease is not None
+        return self._lease
+
+    async def __aexit__(self, *exc: object) -> None:
+        lease = self._lease
+        if lease is not None and lease.released:
+            self._lease = None
+            return
+        await self.release()
+
+    def __repr__(self) -> str:
+        return f"<AsyncLock {self.name!r} held={self._lease is not None}>"

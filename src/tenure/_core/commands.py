@@ -1,0 +1,58 @@
+"""The Redis commands of each round, packed once per round, and what their replies mean.
+
+Both drivers send these exact bytes to every node (the command is the same on each) and
+classify each reply with the same functions, so the protocol lives here once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._lua import script
+
+__all__ = ["Command", "acquire", "extend", "exists", "pack", "release"]
+
+
+def pack(*args: bytes | str | int) -> bytes:
+    """Encode one command in RESP (an array of bulk strings)."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A round's command: the bytes to send, and the EVAL to resend after NOSCRIPT."""
+
+    packed: bytes
+    on_noscript: bytes | None = None
+
+    def is_yes(self, reply: object) -> bool:
+        # SET NX answers OK or nil; the scripts answer 1 or 0; EXISTS answers 1 or 0.
+        return reply == b"OK" or reply == 1 or reply == "OK"
+
+
+def _eval(name: str, key: str, *args: bytes | str | int) -> Command:
+    s = script(name)
+    return Command(
+        packed=pack("EVALSHA", s.sha1, 1, key, *args),
+        on_noscript=pack("EVAL", s.source, 1, key, *args),
+    )
+
+
+def acquire(key: str, token: str, ttl_ms: int) -> Command:
+    return Command(pack("SET", key, token, "NX", "PX", ttl_ms))
+
+
+def release(key: str, token: str) -> Command:
+    return _eval("release", key, token)
+
+
+def extend(key: str, token: str, ttl_ms: int) -> Command:
+    return _eval("extend", key, token, ttl_ms)
+
+
+def exists(key: str) -> Command:
+    return Command(pack("EXISTS", key))

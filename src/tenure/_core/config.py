@@ -1,0 +1,250 @@
+"""Validated configuration: node addresses, timeouts, drift, and per-lock TTLs.
+
+Every check raises ``ConfigurationError`` naming the parameter and the accepted range,
+before any connection is made, so bad input loses nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from .._errors import ConfigurationError
+from .policy import RetryPolicy, wait_random_exponential
+from .quorum import drift_allowance, majority
+
+__all__ = [
+    "ClientConfig",
+    "LockSpec",
+    "NodeAddress",
+    "check_acquire_args",
+    "lock_key",
+    "parse_node_url",
+]
+
+SCHEMES = ("redis", "rediss", "unix")
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    """A parsed node URL; ``identity`` is what makes two entries the same server."""
+
+    url: str
+    scheme: str
+    host: str | None
+    port: int | None
+    path: str | None
+    db: int
+
+    @property
+    def identity(self) -> tuple[object, ...]:
+        where: tuple[object, ...] = (self.path,) if self.path else (self.host, self.port)
+        return (*where, self.db)
+
+    @property
+    def display(self) -> str:
+        """The URL without credentials, safe for logs and error messages."""
+        if self.path:
+            return f"unix://{self.path}" + (f"?db={self.db}" if self.db else "")
+        return f"{self.scheme}://{self.host}:{self.port}" + (f"/{self.db}" if self.db else "")
+
+
+def _finite(parameter: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigurationError(parameter, f"must be a finite number, got {value!r}")
+    return float(value)
+
+
+def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
+    """Parse ``redis://[user:pass@]host[:port][/db]``, ``rediss://...`` or ``unix:///path[?db=N]``."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError(parameter, f"must be a non-empty URL string, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError when out of 0..65535 or not a number
+    except ValueError as exc:
+        raise ConfigurationError(parameter, f"malformed URL {url!r}: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES:
+        raise ConfigurationError(
+            parameter, f"URL {url!r} has scheme {parts.scheme!r}; accepted: redis://, rediss://, unix://"
+        )
+    db_text = parse_qs(parts.query).get("db", [""])[0]
+    if scheme == "unix":
+        path = unquote(parts.path)
+        if not path:
+            raise ConfigurationError(parameter, f"URL {url!r} names no socket path (unix:///path/to/sock)")
+        host, port_num = None, None
+    else:
+        if not parts.hostname:
+            raise ConfigurationError(parameter, f"URL {url!r} names no host ({scheme}://host:port)")
+        if port == 0:
+            raise ConfigurationError(parameter, f"URL {url!r}: port must be in 1..65535")
+        host, port_num, path = parts.hostname, port or 6379, None
+        if parts.path.strip("/"):
+            db_text = parts.path.strip("/")
+    try:
+        db = int(db_text) if db_text else 0
+    except ValueError:
+        raise ConfigurationError(parameter, f"URL {url!r}: database must be an integer >= 0") from None
+    if db < 0:
+        raise ConfigurationError(parameter, f"URL {url!r}: database must be an integer >= 0")
+    return NodeAddress(url=url, scheme=scheme, host=host, port=port_num, path=path, db=db)
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Settings shared by every lock of one client.
+
+    Args:
+        nodes: node URLs. One node is a single-instance lock; three or more independent
+            masters (no replication between them) make a Redlock quorum.
+        node_timeout: seconds to wait for any one node in a round; much shorter than TTLs.
+        drift_factor: fraction of the TTL allowed for clock-rate drift between nodes and us.
+        drift_floor: seconds added to the drift allowance (timer and scheduling granularity).
+        retry: back-off policy between attempts of a blocking acquire.
+        allow_even: accept an even number of nodes (see ``check_node_count``).
+    """
+
+    nodes: tuple[NodeAddress, ...]
+    node_timeout: float = 0.05
+    drift_factor: float = 0.01
+    drift_floor: float = 0.002
+    retry: RetryPolicy = field(default_factory=wait_random_exponential)
+    allow_even: bool = False
+
+    @classmethod
+    def build(
+        cls,
+        nodes: object,
+        *,
+        node_timeout: float = 0.05,
+        drift_factor: float = 0.01,
+        drift_floor: float = 0.002,
+        retry: RetryPolicy | None = None,
+        allow_even: bool = False,
+    ) -> ClientConfig:
+        if isinstance(nodes, str) or not isinstance(nodes, (list, tuple)):
+            raise ConfigurationError("nodes", f"must be a list of node URLs, got {nodes!r}")
+        addresses = tuple(parse_node_url(u, f"nodes[{i}]") for i, u in enumerate(nodes))
+        check_node_count(len(addresses), allow_even)
+        seen: dict[tuple[object, ...], int] = {}
+        for i, a in enumerate(addresses):
+            if a.identity in seen:
+                raise ConfigurationError(
+                    f"nodes[{i}]",
+                    f"{a.display} is the same server as nodes[{seen[a.identity]}]; "
+                    "listing a node twice would count its vote twice",
+                )
+            seen[a.identity] = i
+        timeout = _finite("node_timeout", node_timeout)
+        if not 0 < timeout <= 60:
+            raise ConfigurationError("node_timeout", f"must be in (0, 60] seconds, got {node_timeout}")
+        factor = _finite("drift_factor", drift_factor)
+        if not 0 <= factor < 0.5:
+            raise ConfigurationError("drift_factor", f"must be in [0, 0.5), got {drift_factor}")
+        floor = _finite("drift_floor", drift_floor)
+        if not 0 <= floor <= 10:
+            raise ConfigurationError("drift_floor", f"must be in [0, 10] seconds, got {drift_floor}")
+        return cls(
+            nodes=addresses,
+            node_timeout=timeout,
+            drift_factor=factor,
+            drift_floor=floor,
+            retry=retry or wait_random_exponential(),
+            allow_even=allow_even,
+        )
+
+    @property
+    def quorum(self) -> int:
+        return majority(len(self.nodes))
+
+
+def check_node_count(n: int, allow_even: bool) -> None:
+    """Refuse node counts that add risk without adding safety.
+
+    Zero nodes cannot hold anything. An even count is not unsafe for mutual exclusion (a
+    majority of 2k is k+1, and two majorities still overlap) but it is a trap: 2 nodes
+    need both, so either failing stops all locking, and 2k nodes tolerate no more failures
+    than 2k-1 while giving one more node to fail. We refuse it unless asked explicitly.
+    """
+    if n == 0:
+        raise ConfigurationError("nodes", "is empty; give 1 node, or 3 or more independent masters")
+    if n % 2 == 0 and not allow_even:
+        raise ConfigurationError(
+            "nodes",
+            f"has {n} nodes: a majority is {majority(n)}, so it tolerates {n - majority(n)} "
+            f"failed node(s), no more than {n - 1} nodes would; use an odd number "
+            "(or pass allow_even=True)",
+        )
+
+
+def lock_key(name: str) -> str:
+    """The Redis key of a lock; the ``{name}`` hash tag keeps companion keys in one slot."""
+    return f"tenure:{{{name}}}:lock"
+
+
+@dataclass(frozen=True)
+class LockSpec:
+    """Validated settings of one lock: everything a round needs to know.
+
+    ``ttl`` is rounded down to whole milliseconds (what ``PX`` takes); validity is
+    computed from that rounded value, never from a longer one.
+    """
+
+    name: str
+    key: str
+    ttl: float
+    ttl_ms: int
+    drift: float
+    node_timeout: float
+    n_nodes: int
+    quorum: int
+
+    @classmethod
+    def build(cls, config: ClientConfig, name: object, ttl: object) -> LockSpec:
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError("name", f"must be a non-empty string, got {name!r}")
+        seconds = _finite("ttl", ttl)
+        ttl_ms = math.floor(seconds * 1000)
+        if ttl_ms < 1:
+            raise ConfigurationError("ttl", f"must be at least 0.001 seconds, got {ttl!r}")
+        if ttl_ms > 2**40:
+            raise ConfigurationError("ttl", f"must be at most {2**40 // 1000} seconds, got {ttl!r}")
+        effective = ttl_ms / 1000
+        drift = drift_allowance(effective, config.drift_factor, config.drift_floor)
+        # A round may take up to node_timeout before it is decided; the lease must still
+        # have at least half its TTL left after such a slow round to be worth having.
+        smallest = 2 * (config.node_timeout + drift)
+        if effective < smallest:
+            raise ConfigurationError(
+                "ttl",
+                f"{effective}s is too small for node_timeout={config.node_timeout}s: it must be "
+                f"at least 2 x (node_timeout + drift) = {smallest:.4f}s, so a lease keeps half "
+                "its TTL after the slowest acquisition",
+            )
+        return cls(
+            name=name,
+            key=lock_key(name),
+            ttl=effective,
+            ttl_ms=ttl_ms,
+            drift=drift,
+            node_timeout=config.node_timeout,
+            n_nodes=len(config.nodes),
+            quorum=config.quorum,
+        )
+
+
+def check_acquire_args(blocking: object, timeout: object) -> float | None:
+    """Validate ``acquire(blocking, timeout)`` as ``threading.Lock`` does; None means forever."""
+    if not isinstance(blocking, bool):
+        raise ConfigurationError("blocking", f"must be True or False, got {blocking!r}")
+    if timeout is None or timeout == -1:
+        return None
+    seconds = _finite("timeout", timeout)
+    if seconds < 0:
+        raise ConfigurationError("timeout", f"must be >= 0 seconds, None or -1 (forever), got {timeout!r}")
+    if not blocking:
+        raise ConfigurationError("timeout", "cannot be given for a non-blocking acquire (blocking=False)")
+    return seconds

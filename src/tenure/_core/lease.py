@@ -1,0 +1,71 @@
+"""Extending and releasing a lease: when each succeeds, and what failure means.
+
+Extend (R3) is compare-and-expire on every node: a node extends only while it still holds
+our token, so an expired key is never re-created. The new validity is measured from the
+start of the extend round, exactly as for acquisition, and a majority is required again;
+anything less means another client may be able to win a majority, so the lease is lost.
+
+Release (R7) is compare-and-delete on every node. A node that still held our token at
+release held it without interruption since it granted it (tokens are never reused), so
+if a majority still held it, nobody else can have held a majority meanwhile, barring
+nodes that lost their data or had their clock jump. If fewer did, the lock expired
+somewhere during the critical section and the caller is told: it may have overlapped
+another holder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .._errors import LeaseExpired, LeaseLost
+from .acquire import LeaseState, round_errors
+from .config import LockSpec
+from .quorum import Round
+
+__all__ = ["begin_extend", "conclude_extend", "conclude_release"]
+
+
+def begin_extend(lease: LeaseState, spec: LockSpec, now: float) -> Round:
+    """Start an extend round, refusing (without I/O) a lease whose validity already ended."""
+    if now >= lease.valid_until:
+        raise LeaseExpired(
+            lease.name,
+            f"cannot extend: its validity ended {now - lease.valid_until:.3f}s ago; "
+            "another client may hold the lock now, so acquire it again",
+        )
+    return Round(spec.n_nodes, spec.quorum, now)
+
+
+def conclude_extend(
+    lease: LeaseState, spec: LockSpec, rnd: Round, now: float, names: list[str]
+) -> LeaseState | LeaseLost:
+    """The extended lease, or the reason it is lost (the driver then releases everywhere)."""
+    validity = rnd.validity(now, spec.ttl, spec.drift)
+    if rnd.succeeded and validity > 0:
+        return replace(
+            lease,
+            ttl=spec.ttl,
+            started=rnd.started,
+            valid_until=rnd.started + spec.ttl - spec.drift,
+            granted=rnd.granted(),
+        )
+    if rnd.succeeded:
+        why = f"the extend round took too long (validity {validity * 1000:.1f} ms)"
+    else:
+        why = f"only {rnd.yes} of {spec.n_nodes} nodes still held it, {spec.quorum} needed"
+    return LeaseLost(lease.name, f"extend failed: {why}", round_errors(rnd, names))
+
+
+def conclude_release(
+    lease: LeaseState, n_nodes: int, quorum: int, rnd: Round, now: float, names: list[str]
+) -> LeaseLost | None:
+    """None if a majority still held the lease at release; otherwise why it was lost."""
+    if rnd.yes >= quorum:
+        return None
+    expired = now >= lease.valid_until
+    message = (
+        f"released, but only {rnd.yes} of {n_nodes} nodes still held it ({quorum} needed): "
+        "the lock expired during the critical section and another client may have held it"
+    )
+    error_type = LeaseExpired if expired else LeaseLost
+    return error_type(lease.name, message, round_errors(rnd, names))

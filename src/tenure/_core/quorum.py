@@ -1,0 +1,134 @@
+"""Majorities, validity and drift, and the tally of one fan-out round.
+
+Theory of operation
+-------------------
+A round sends one command (acquire, extend or release) to every node at time ``started``
+and reads the replies under one deadline. Each node answers *yes* (it holds our token
+now), *no* (it proved it does not), or fails (error, refused connection, or no reply in
+time: an unknown outcome, so the node may still have executed the command).
+
+The round is decided the moment the outcome cannot change: ``needed`` yeses arrived, or
+so many nos and failures arrived that ``needed`` yeses are impossible. The driver stops
+reading then; it never waits for a slow node once the answer is known.
+
+Validity. A node that said yes set the key at some instant after ``started`` on its own
+clock, so on that node the key lives until at least ``started + ttl``, give or take the
+rate difference between that node's clock and ours. We allow ``drift`` for that, so the
+lease is valid until ``started + ttl - drift`` on our monotonic clock. It is usable only
+if that instant is still in the future when the round is decided. Safety assumes the
+holder stops using the lease by then, and that no node's clock jumps (see docs/safety.md).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+def majority(n: int) -> int:
+    """The smallest number of nodes that is more than half of ``n``."""
+    return n // 2 + 1
+
+
+def drift_allowance(ttl: float, factor: float, floor: float) -> float:
+    """Clock-drift allowance in seconds for a lease of ``ttl`` seconds (factor x ttl + floor)."""
+    return ttl * factor + floor
+
+
+class Failure(enum.Enum):
+    """Why a node gave no usable answer."""
+
+    UNREACHABLE = "unreachable"  # refused connection, reset, or no reply before the deadline
+    UNSUPPORTED = "unsupported"  # the node refused the command: ACL, unknown command
+    ERROR = "error"  # any other error reply
+
+
+@dataclass
+class NodeResult:
+    """What one node answered in a round; ``ok`` is None when it failed."""
+
+    ok: bool | None = None
+    failure: Failure | None = None
+    detail: str = ""
+
+
+class Round:
+    """The tally of one command sent to ``n`` nodes, decided as early as possible.
+
+    Args:
+        n: number of nodes the command was sent to (its index space).
+        needed: yeses required for success (a majority of all nodes).
+        started: monotonic time the first request was sent.
+    """
+
+    __slots__ = ("_no", "_yes", "needed", "results", "started")
+
+    def __init__(self, n: int, needed: int, started: float) -> None:
+        self.needed = needed
+        self.started = started
+        self.results: list[NodeResult | None] = [None] * n
+        self._yes = 0
+        self._no = 0  # refusals and failures: both mean "not a yes"
+
+    def record(self, node: int, ok: bool) -> None:
+        """Record a definite answer from ``node``."""
+        if self.results[node] is not None:
+            return
+        self.results[node] = NodeResult(ok=ok)
+        if ok:
+            self._yes += 1
+        else:
+            self._no += 1
+
+    def fail(self, node: int, failure: Failure, detail: str) -> None:
+        """Record that ``node`` gave no usable answer (its outcome is unknown)."""
+        if self.results[node] is not None:
+            return
+        self.results[node] = NodeResult(failure=failure, detail=detail)
+        self._no += 1
+
+    def time_out(self) -> None:
+        """Mark every node that has not answered as unreachable (the deadline passed)."""
+        for i, r in enumerate(self.results):
+            if r is None:
+                self.fail(i, Failure.UNREACHABLE, "no reply before the deadline")
+
+    @property
+    def yes(self) -> int:
+        return self._yes
+
+    @property
+    def succeeded(self) -> bool:
+        return self._yes >= self.needed
+
+    @property
+    def impossible(self) -> bool:
+        return self._no > len(self.results) - self.needed
+
+    @property
+    def decided(self) -> bool:
+        return self._yes >= self.needed or self._no > len(self.results) - self.needed
+
+    def granted(self) -> frozenset[int]:
+        """Nodes that answered yes."""
+        return frozenset(i for i, r in enumerate(self.results) if r is not None and r.ok)
+
+    def maybe_holding(self) -> frozenset[int]:
+        """Nodes that may hold our token: yes, failed, or not heard from yet.
+
+        A definite "no" proves the node did not store the token (tokens are unique per
+        acquisition, so no later command can store it), so cleanup can skip it.
+        """
+        return frozenset(i for i, r in enumerate(self.results) if r is None or r.ok is not False)
+
+    def failures(self) -> dict[int, NodeResult]:
+        """Nodes that failed, with why."""
+        return {i: r for i, r in enumerate(self.results) if r is not None and r.failure}
+
+    def unreachable_blocks_quorum(self) -> bool:
+        """True when failures alone (not refusals) leave too few nodes for a majority."""
+        return len(self.failures()) > len(self.results) - self.needed
+
+    def validity(self, now: float, ttl: float, drift: float) -> float:
+        """Seconds of validity left at ``now`` for a lease whose round began at ``started``."""
+        return self.started + ttl - drift - now

@@ -1,0 +1,74 @@
+"""What the sync and async leases have in common: read-only facts about one acquisition."""
+
+from __future__ import annotations
+
+import time
+
+from ._core.acquire import LeaseState
+from ._core.config import LockSpec
+
+__all__ = ["LeaseView"]
+
+
+class LeaseView:
+    """The facts of a lease. Ownership belongs to this object, not to a thread or task.
+
+    Attributes:
+        name: the lock's resource name.
+        token: the owner token: 128 random bits, fresh for every acquisition.
+    """
+
+    def __init__(self, state: LeaseState, spec: LockSpec, node_names: list[str]) -> None:
+        self._state = state
+        self._spec = spec
+        self._node_names = node_names
+        self._released = False
+        self._lost = False
+
+    @property
+    def name(self) -> str:
+        return self._state.name
+
+    @property
+    def token(self) -> str:
+        return self._state.token
+
+    @property
+    def key(self) -> str:
+        """The Redis key that holds the token on each node."""
+        return self._state.key
+
+    @property
+    def ttl(self) -> float:
+        """The TTL (seconds) of the latest acquisition or extension."""
+        return self._state.ttl
+
+    @property
+    def valid_until(self) -> float:
+        """``time.monotonic()`` instant at which the lease stops being trustworthy."""
+        return self._state.valid_until
+
+    @property
+    def remaining(self) -> float:
+        """Seconds of validity left (negative once expired); what the critical section may use."""
+        return self._state.valid_until - time.monotonic()
+
+    @property
+    def valid(self) -> bool:
+        """True while not released, not lost, and before ``valid_until``."""
+        return not (self._released or self._lost) and time.monotonic() < self._state.valid_until
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes whose grant made (or last extended) this lease."""
+        return tuple(self._node_names[i] for i in sorted(self._state.granted))
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def __repr__(self) -> str:
+        status = "released" if self._released else "lost" if self._lost else (
+            f"valid {self.remaining:.3f}s" if self.valid else "expired"
+        )
+        return f"<{type(self).__name__} {self.name!r} {status} nodes={list(self.nodes)}>"

@@ -1,0 +1,58 @@
+"""The few places where tenure depends on how redis-py (>= 5) is put together.
+
+Kept in one module so that a change in redis-py breaks one file, and tests/integration
+exercise every function here against the installed version.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.exceptions import NoPermissionError, ResponseError
+
+from ._core.quorum import Failure
+
+__all__ = ["classify_error", "connection_kwargs"]
+
+
+def _accepts(cls: type, name: str) -> bool:
+    return any(name in inspect.signature(c.__init__).parameters for c in cls.__mro__ if "__init__" in c.__dict__)
+
+
+# redis-py 5-7 name the CLIENT SETINFO handshake lib_name/lib_version; 8 deprecates them
+# for driver_info. Either way we switch it off: it costs two round trips per connect and
+# would block a reconnect to a frozen node for the whole socket timeout.
+_NO_SETINFO: dict[str, Any] = (
+    {"driver_info": None} if _accepts(redis.Connection, "driver_info") else {"lib_name": None, "lib_version": None}
+)
+
+
+def connection_kwargs(node_timeout: float, *, asyncio: bool) -> dict[str, Any]:
+    """Options for every connection tenure opens.
+
+    redis-py's own retries are off: it would re-send ``SET NX`` after a timeout and stall
+    for seconds, while tenure owns retries and time. Health checks are off for the same
+    reason (they are a hidden round trip). The async driver reads replies in a background
+    task, so it waits without a socket timeout and enforces deadlines itself.
+    """
+    retry_cls = redis.asyncio.retry.Retry if asyncio else redis.retry.Retry
+    return {
+        "socket_timeout": None if asyncio else node_timeout,
+        "socket_connect_timeout": node_timeout,
+        "socket_keepalive": True,
+        "retry": retry_cls(NoBackoff(), 0),
+        "health_check_interval": 0,
+        **_NO_SETINFO,
+    }
+
+
+def classify_error(exc: ResponseError) -> Failure:
+    """An error reply: the node refusing the command (ACL, missing command) or another error."""
+    text = str(exc)
+    if isinstance(exc, NoPermissionError) or text.startswith(("NOPERM", "ERR unknown command")):
+        return Failure.UNSUPPORTED
+    return Failure.ERROR

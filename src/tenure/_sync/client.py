@@ -1,0 +1,329 @@
+"""The blocking API: ``Client``, ``Lock`` (shaped like ``threading.Lock``) and ``Lease``.
+
+This module is a thin loop around the pure core: it asks ``Acquisition`` what to do,
+runs each round on a ``LinkSet``, sleeps when told to, and hands out leases.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+from .._core import commands
+from .._core.acquire import Acquisition, GiveUp, Granted, LeaseState
+from .._core.config import ClientConfig, LockSpec, check_acquire_args
+from .._core.lease import begin_extend, conclude_extend, conclude_release
+from .._core.policy import RetryPolicy
+from .._core.quorum import Round
+from .._errors import LockTimeout, NotHeld
+from .._lease import LeaseView
+from .links import LinkPool, LinkSet
+
+__all__ = ["Client", "Lease", "Lock"]
+
+_clock = time.monotonic
+
+
+class Client:
+    """A connection to 1 node (single-instance lock) or N independent masters (Redlock).
+
+    Args:
+        nodes: node URLs (``redis://``, ``rediss://``, ``unix://``).
+        node_timeout: seconds to wait for any one node in a round (default 50 ms).
+        drift_factor: clock-drift allowance as a fraction of the TTL (default 1%).
+        drift_floor: seconds added to the drift allowance (default 2 ms).
+        retry: back-off between attempts of a blocking acquire (default full-jitter
+            exponential from 2 ms to 100 ms).
+        allow_even: accept an even number of nodes.
+        connection_options: extra keyword arguments for redis-py connections (TLS
+            certificates, credentials); they override tenure's defaults.
+
+    Raises:
+        ConfigurationError: a parameter is out of range or a URL is malformed.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[str],
+        *,
+        node_timeout: float = 0.05,
+        drift_factor: float = 0.01,
+        drift_floor: float = 0.002,
+        retry: RetryPolicy | None = None,
+        allow_even: bool = False,
+        connection_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = ClientConfig.build(
+            nodes,
+            node_timeout=node_timeout,
+            drift_factor=drift_factor,
+            drift_floor=drift_floor,
+            retry=retry,
+            allow_even=allow_even,
+        )
+        self.node_names = [a.display for a in self.config.nodes]
+        self._pool = LinkPool(self.config, dict(connection_options or {}))
+        self._rng = random.Random(secrets.randbits(64))
+
+    def lock(
+        self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
+    ) -> Lock:
+        """A lock object for ``name``; ``blocking``/``timeout`` apply to ``with lock:``."""
+        return Lock(self, LockSpec.build(self.config, name, ttl), blocking, timeout)
+
+    def acquire(
+        self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
+    ) -> Lease | None:
+        """Acquire ``name`` for ``ttl`` seconds; the lease, or None if not acquired in time.
+
+        Raises:
+            QuorumUnreachable: so many nodes failed that no majority is possible.
+            ServerUnsupported: nodes refused a command tenure needs (ACL).
+            ConfigurationError: bad name, TTL or timeout.
+        """
+        return self._acquire(LockSpec.build(self.config, name, ttl), blocking, timeout)
+
+    def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | None:
+        timeout = check_acquire_args(blocking, timeout)
+        acq = Acquisition(
+            spec,
+            self.config.retry,
+            self._rng,
+            blocking=blocking,
+            timeout=timeout,
+            now=_clock(),
+            node_names=self.node_names,
+        )
+        with self._links() as links:
+            while True:
+                token = secrets.token_hex(16)
+                rnd = acq.begin(_clock())
+                try:
+                    links.run(commands.acquire(spec.key, token, spec.ttl_ms), rnd, acq.deadline(rnd), _clock)
+                except BaseException:
+                    # Interrupted mid-round (KeyboardInterrupt): the SET may have landed.
+                    self._cleanup(spec, token, rnd.maybe_holding())
+                    raise
+                step = acq.conclude(rnd, token, _clock())
+                if isinstance(step, Granted):
+                    return Lease(self, step.lease, spec)
+                if step.cleanup:
+                    self._release_round(links, spec.key, token, step.cleanup)
+                if isinstance(step, GiveUp):
+                    if step.error is not None:
+                        raise step.error
+                    return None
+                time.sleep(step.sleep)
+
+    def _links(self) -> _Borrowed:
+        return _Borrowed(self._pool)
+
+    def _release_round(
+        self, links: LinkSet, key: str, token: str, targets: frozenset[int] | None = None
+    ) -> Round:
+        now = _clock()
+        rnd = Round(len(self.node_names), self.config.quorum, now)
+        order = None if targets is None else sorted(targets)
+        links.run(commands.release(key, token), rnd, now + self.config.node_timeout, _clock, order)
+        return rnd
+
+    def _cleanup(self, spec: LockSpec, token: str, targets: frozenset[int]) -> None:
+        with self._links() as links:
+            self._release_round(links, spec.key, token, targets)
+
+    def close(self) -> None:
+        """Close every connection. Leases still held expire by their TTL."""
+        self._pool.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Client nodes={self.node_names}>"
+
+
+class _Borrowed:
+    """A link set borrowed from the pool; one interrupted mid-round is closed, not reused.
+
+    An interrupted round leaves replies unaccounted for on its connections, and reading
+    them later as answers to other commands would be a disaster, so such a set is closed.
+    """
+
+    def __init__(self, pool: LinkPool) -> None:
+        self._pool = pool
+        self._links = pool.get()
+
+    def __enter__(self) -> LinkSet:
+        return self._links
+
+    def __exit__(self, *exc: object) -> None:
+        if self._links.clean:
+            self._pool.put(self._links)
+        else:
+            for link in self._links.links:
+                link.drop(_clock())
+
+
+class Lease(LeaseView):
+    """One successful acquisition: extend it, check it, release it.
+
+    ``with lease:`` releases on exit.
+    """
+
+    def __init__(self, client: Client, state: LeaseState, spec: LockSpec) -> None:
+        super().__init__(state, spec, client.node_names)
+        self._client = client
+        self._op_lock = threading.Lock()
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Give the lease ``ttl`` more seconds (default: its lock's TTL) from now.
+
+        Raises:
+            LeaseExpired: its validity already ended; nothing was sent.
+            LeaseLost: fewer than a majority still held it (it is then released everywhere).
+            NotHeld: it was released.
+        """
+        client = self._client
+        spec = self._spec if ttl is None else LockSpec.build(client.config, self.name, ttl)
+        with self._op_lock:
+            self._check_not_released()
+            rnd = begin_extend(self._state, spec, _clock())
+            with client._links() as links:
+                links.run(
+                    commands.extend(spec.key, self.token, spec.ttl_ms),
+                    rnd,
+                    rnd.started + spec.node_timeout,
+                    _clock,
+                )
+                outcome = conclude_extend(self._state, spec, rnd, _clock(), client.node_names)
+                if isinstance(outcome, LeaseState):
+                    self._state = outcome
+                    return
+                self._lost = True
+                self._released = True
+                client._release_round(links, spec.key, self.token)
+            raise outcome
+
+    def release(self) -> None:
+        """Release on every node.
+
+        Raises:
+            LeaseLost: fewer than a majority still held it: the lock expired during the
+                critical section, which may have overlapped another holder.
+            NotHeld: it was already released.
+        """
+        client = self._client
+        with self._op_lock:
+            self._check_not_released()
+            self._released = True
+            with client._links() as links:
+                rnd = client._release_round(links, self.key, self.token)
+            error = conclude_release(
+                self._state, len(client.node_names), client.config.quorum, rnd, _clock(), client.node_names
+            )
+        if error is not None:
+            self._lost = True
+            raise error
+
+    def _check_not_released(self) -> None:
+        if self._released:
+            raise NotHeld(self.name, "this lease was already released")
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._released:
+            self.release()
+
+
+class Lock:
+    """A distributed lock that feels like ``threading.Lock``.
+
+    Any thread may release it; it holds at most one lease at a time (``lock.lease``).
+    ``with lock as lease:`` acquires with the ``blocking``/``timeout`` given to
+    ``Client.lock`` and raises ``LockTimeout`` if that fails.
+    """
+
+    def __init__(self, client: Client, spec: LockSpec, blocking: bool, timeout: float | None) -> None:
+        check_acquire_args(blocking, timeout)
+        self._client = client
+        self._spec = spec
+        self._blocking = blocking
+        self._timeout = timeout
+        self._lease: Lease | None = None
+        self._guard = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self._spec.name
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease this object holds, or None."""
+        return self._lease
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Acquire the lock; False if ``blocking`` is False or ``timeout`` passed first.
+
+        ``timeout`` is in seconds; None (or -1, as for ``threading.Lock``) waits forever.
+        """
+        lease = self._client._acquire(self._spec, blocking, timeout)
+        if lease is None:
+            return False
+        with self._guard:
+            self._lease = lease
+        return True
+
+    def release(self) -> None:
+        """Release the lease this object holds.
+
+        Raises:
+            NotHeld: this object holds no lease.
+            LeaseLost: the lease had expired on a majority before release.
+        """
+        with self._guard:
+            lease, self._lease = self._lease, None
+        if lease is None:
+            raise NotHeld(self.name, "release() of a lock this object does not hold")
+        lease.release()
+
+    def locked(self) -> bool:
+        """Whether a majority of nodes hold this lock now (for anyone). One round trip."""
+        client = self._client
+        now = _clock()
+        rnd = Round(len(client.node_names), client.config.quorum, now)
+        with client._links() as links:
+            links.run(commands.exists(self._spec.key), rnd, now + client.config.node_timeout, _clock)
+        return rnd.succeeded
+
+    def __enter__(self) -> Lease:
+        if not self.acquire(self._blocking, self._timeout):
+            raise LockTimeout(self.name, f"not acquired within timeout={self._timeout}s")
+        assert self._lease is not None
+        return self._lease
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease = self._lease
+        if lease is not None and lease.released:
+            # Already released because it was lost (a failed extend); that error was
+            # raised where it happened, so leaving the block must not raise NotHeld.
+            self._lease = None
+            return
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<Lock {self.name!r} held={self._lease is not None}>"

@@ -1,0 +1,267 @@
+"""Multiplexed rounds over plain redis-py connections, in the calling thread.
+
+Theory of operation
+-------------------
+A round writes one command to every node's connection, then waits on all the sockets at
+once with ``select`` under one deadline, reading each reply as it arrives and feeding it
+to the core's ``Round``. It stops the moment the round is decided. No thread per request,
+no thread per node: the cost is one round trip to the slowest node *needed*.
+
+A node that has not answered when the round ends (frozen, slow) keeps its request on the
+wire. We do not close the connection, which would lose the ordering guarantee below;
+instead the link remembers that it *owes* one reply and discards it before reading the
+next. Later commands (the release) are pipelined behind the unanswered one on the same
+connection, and Redis executes one connection's commands in order, so a late ``SET NX``
+that lands when the node wakes up is always followed by its own release. A link that
+owes too many replies is closed and the node is left alone for a back-off period, so a
+dead node costs nothing per round and a frozen one cannot fill our socket buffers.
+
+Links are grouped in sets (one link per node) that one operation uses at a time; a pool
+of sets lets many threads lock at once. After ``fork()`` the child drops the parent's
+sets (without closing the parent's sockets) and opens its own.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .._core.commands import Command
+from .._core.config import ClientConfig, NodeAddress
+from .._core.quorum import Failure, Round
+from .._redis_compat import classify_error, connection_kwargs
+
+__all__ = ["LinkPool", "LinkSet", "NodeState"]
+
+# Replies a link may owe before we give up on its connection (each is one small request).
+MAX_OWED = 16
+# Reconnect back-off after a node refused a connection or was abandoned.
+BACKOFF_MIN = 0.025
+BACKOFF_MAX = 1.0
+
+_NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class NodeState:
+    """What all links to one node share: its address and when to try connecting again."""
+
+    def __init__(self, address: NodeAddress, pool: redis.ConnectionPool) -> None:
+        self.address = address
+        self.name = address.display
+        self._factory = pool
+        self._lock = threading.Lock()
+        self.retry_at = 0.0
+        self._backoff = BACKOFF_MIN
+
+    def new_connection(self) -> redis.Connection:
+        conn: redis.Connection = self._factory.make_connection()
+        return conn
+
+    def down(self, now: float) -> None:
+        with self._lock:
+            self.retry_at = now + self._backoff
+            self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+
+    def up(self) -> None:
+        if self._backoff != BACKOFF_MIN:
+            with self._lock:
+                self._backoff = BACKOFF_MIN
+
+
+class _Down(Exception):
+    """The node is in its reconnect back-off; not even tried."""
+
+
+class Link:
+    """One connection to one node, used by one operation at a time."""
+
+    __slots__ = ("conn", "node", "owed")
+
+    def __init__(self, node: NodeState) -> None:
+        self.node = node
+        self.conn: redis.Connection | None = None
+        self.owed = 0
+
+    def send(self, packed: bytes, now: float) -> None:
+        conn = self.conn
+        if conn is None:
+            if now < self.node.retry_at:
+                raise _Down(f"not retried until the back-off ends ({self.node.retry_at - now:.3f}s)")
+            conn = self.conn = self.node.new_connection()
+        try:
+            conn.send_packed_command([packed], check_health=False)
+        except _NETWORK_ERRORS:
+            self.drop(now)
+            raise
+        self.node.up()
+
+    def socket(self) -> Any:
+        # redis-py has no public accessor for the socket it owns; we only select() on it.
+        return self.conn._sock if self.conn is not None else None  # noqa: SLF001
+
+    def read(self) -> tuple[bool, Any]:
+        """Read one reply: (True, reply) if it is ours, (False, None) if it was owed."""
+        assert self.conn is not None
+        if self.owed:
+            try:
+                self.conn.read_response()
+            except ResponseError:
+                pass
+            self.owed -= 1
+            return False, None
+        return True, self.conn.read_response()
+
+    def more_ready(self) -> bool:
+        """Is another reply already buffered or readable without waiting?"""
+        return self.conn is not None and bool(self.conn.can_read(timeout=0))
+
+    def abandon(self, now: float) -> None:
+        """Stop waiting for the in-flight reply; discard it when it comes."""
+        self.owed += 1
+        if self.owed > MAX_OWED:
+            self.drop(now)
+
+    def drop(self, now: float) -> None:
+        if self.conn is not None:
+            self.conn.disconnect()
+            self.conn = None
+        self.owed = 0
+        self.node.down(now)
+
+
+class LinkSet:
+    """One link per node, in the configured node order."""
+
+    __slots__ = ("clean", "links")
+
+    def __init__(self, nodes: Sequence[NodeState]) -> None:
+        self.links = [Link(n) for n in nodes]
+        # False while a round is in progress: a set left unclean by an exception has
+        # replies nobody accounted for, and must be closed rather than reused.
+        self.clean = True
+
+    def run(
+        self,
+        command: Command,
+        rnd: Round,
+        deadline: float,
+        clock: Callable[[], float],
+        targets: Sequence[int] | None = None,
+    ) -> None:
+        """Send ``command`` to ``targets`` (all nodes by default) and tally into ``rnd``.
+
+        Returns when ``rnd`` is decided or at ``deadline``; nodes still silent then are
+        recorded as unreachable and their replies are owed, never left unread.
+        """
+        self.clean = False
+        links = self.links
+        packed = command.packed
+        waiting: list[int] = []
+        now = rnd.started
+        for i in range(len(links)) if targets is None else targets:
+            try:
+                links[i].send(packed, now)
+            except _Down as exc:
+                rnd.fail(i, Failure.UNREACHABLE, str(exc))
+            except _NETWORK_ERRORS as exc:
+                rnd.fail(i, Failure.UNREACHABLE, str(exc) or type(exc).__name__)
+            else:
+                waiting.append(i)
+        if targets is not None:
+            # Nodes outside the targets were not asked; they count as "not a yes".
+            for i in set(range(len(links))) - set(targets):
+                rnd.record(i, False)
+
+        while waiting and not rnd.decided:
+            timeout = deadline - clock()
+            if timeout <= 0:
+                break
+            by_socket = {links[i].socket(): i for i in waiting}
+            readable, _, _ = select.select(list(by_socket), [], [], timeout)
+            for sock in readable:
+                i = by_socket[sock]
+                if self._read_one(i, command, rnd, clock):
+                    waiting.remove(i)
+
+        now = clock()
+        for i in waiting:
+            links[i].abandon(now)
+        if not rnd.decided:
+            rnd.time_out()
+        self.clean = True
+
+    def _read_one(self, i: int, command: Command, rnd: Round, clock: Callable[[], float]) -> bool:
+        """Read what node ``i`` has for us; True once its answer to this round is in."""
+        link = self.links[i]
+        try:
+            while True:
+                ours, reply = link.read()
+                if ours:
+                    rnd.record(i, command.is_yes(reply))
+                    return True
+                if not link.more_ready():
+                    return False
+        except NoScriptError:
+            if command.on_noscript is None:
+                rnd.fail(i, Failure.ERROR, "NOSCRIPT")
+                return True
+            # The node lost its script cache (restart, SCRIPT FLUSH): resend the source
+            # now, on the same connection, still under this round's deadline.
+            try:
+                link.send(command.on_noscript, clock())
+            except (_Down, *_NETWORK_ERRORS) as exc:
+                rnd.fail(i, Failure.UNREACHABLE, str(exc))
+                return True
+            return False
+        except ResponseError as exc:
+            rnd.fail(i, classify_error(exc), str(exc))
+            return True
+        except _NETWORK_ERRORS as exc:
+            link.drop(clock())
+            rnd.fail(i, Failure.UNREACHABLE, str(exc) or type(exc).__name__)
+            return True
+
+
+class LinkPool:
+    """Link sets for concurrent operations of one client; fork-aware."""
+
+    def __init__(self, config: ClientConfig, connection_options: dict[str, Any]) -> None:
+        options = {**connection_kwargs(config.node_timeout, asyncio=False), **connection_options}
+        self.nodes = [
+            NodeState(a, redis.ConnectionPool.from_url(a.url, **options)) for a in config.nodes
+        ]
+        self._free: list[LinkSet] = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def get(self) -> LinkSet:
+        with self._lock:
+            if self._pid != os.getpid():
+                # A forked child must not touch the parent's connections; forget them.
+                self._free = []
+                self._pid = os.getpid()
+            if self._free:
+                return self._free.pop()
+        return LinkSet(self.nodes)
+
+    def put(self, links: LinkSet) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                self._free.append(links)
+
+    def close(self) -> None:
+        with self._lock:
+            sets, self._free = self._free, []
+        for s in sets:
+            for link in s.links:
+                if link.conn is not None:
+                    link.conn.disconnect()
+                    link.conn = None

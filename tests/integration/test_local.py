@@ -1,0 +1,260 @@
+"""tenure.local against real redis-server processes: start, faults, persistence, cleanup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from tenure._errors import ConfigurationError
+from tenure.local import (
+    LocalCluster,
+    LocalNode,
+    LocalNodeError,
+    Persistence,
+    find_server_binary,
+)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _config(c: redis.Redis, key: str) -> str:
+    # redis-py decodes CONFIG GET replies itself in some versions, whatever decode_responses says.
+    (value,) = c.config_get(key).values()
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _proc_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def _dead_or_zombie(pid: int) -> bool:
+    try:
+        return _proc_state(pid) == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_three_tcp_nodes_answer_ping() -> None:
+    with LocalCluster(3) as cluster:
+        assert len(cluster) == 3
+        assert [node.name for node in cluster] == ["n1", "n2", "n3"]
+        assert len(set(cluster.urls)) == 3
+        for node in cluster:
+            assert node.url == f"redis://127.0.0.1:{node.port}"
+            with node.client() as c:
+                assert c.ping() is True
+                assert _config(c, "bind") == "127.0.0.1"
+
+
+def test_unix_socket_mode() -> None:
+    with LocalCluster(1, unix=True) as cluster:
+        node = cluster[0]
+        assert node.port is None
+        assert node.unix_path is not None
+        assert node.unix_path.is_socket()
+        assert node.url == f"unix://{node.unix_path}"
+        with redis.Redis.from_url(node.url) as c:
+            assert c.ping() is True
+            assert _config(c, "port") == "0"
+
+
+def test_pause_times_out_and_resume_answers() -> None:
+    with LocalCluster(1) as cluster:
+        node = cluster[0]
+        assert node.pid is not None
+        node.pause()
+        assert node.is_paused()
+        if sys.platform.startswith("linux"):
+            assert _proc_state(node.pid) in ("T", "t")
+        with node.client(socket_timeout=0.3) as c, pytest.raises(redis.TimeoutError):
+            c.ping()
+        node.resume()
+        assert not node.is_paused()
+        with node.client() as c:
+            assert c.ping() is True
+
+
+def test_kill_removes_process_and_refuses_connections() -> None:
+    with LocalCluster(1) as cluster:
+        node = cluster[0]
+        pid = node.pid
+        assert pid is not None
+        node.kill()
+        assert _gone(pid)
+        assert node.pid is None
+        assert not node.is_running()
+        with node.client() as c, pytest.raises(redis.ConnectionError):
+            c.ping()
+        node.kill()  # idempotent
+
+
+def test_stop_terminates_a_paused_node() -> None:
+    with LocalCluster(1) as cluster:
+        node = cluster[0]
+        pid = node.pid
+        assert pid is not None
+        node.pause()
+        node.stop()
+        assert _gone(pid)
+        node.start()
+        with node.client() as c:
+            assert c.ping() is True
+
+
+@pytest.mark.parametrize(("keep_data", "expected"), [(True, b"v"), (False, None)])
+def test_restart_after_crash(keep_data: bool, expected: bytes | None) -> None:
+    with LocalCluster(1, persistence=Persistence.AOF_ALWAYS) as cluster:
+        node = cluster[0]
+        port, old_pid = node.port, node.pid
+        with node.client() as c:
+            c.set("k", "v")
+        node.restart(keep_data=keep_data)
+        assert node.port == port
+        assert node.pid not in (None, old_pid)
+        with node.client() as c:
+            assert c.get("k") == expected
+
+
+@pytest.mark.parametrize(
+    ("persistence", "appendonly", "appendfsync"),
+    [
+        (Persistence.NONE, "no", None),
+        (Persistence.AOF_EVERYSEC, "yes", "everysec"),
+        (Persistence.AOF_ALWAYS, "yes", "always"),
+    ],
+)
+def test_persistence_modes(
+    persistence: Persistence, appendonly: str, appendfsync: str | None
+) -> None:
+    with LocalCluster(1, persistence=persistence) as cluster, cluster[0].client() as c:
+        assert _config(c, "appendonly") == appendonly
+        assert _config(c, "save") == ""
+        if appendfsync is not None:
+            assert _config(c, "appendfsync") == appendfsync
+
+
+def test_close_leaves_no_process_even_after_an_error() -> None:
+    pids: list[int] = []
+    with pytest.raises(RuntimeError, match="boom"), LocalCluster(3) as cluster:  # noqa: PT012
+        directory = cluster.directory
+        pids = [pid for pid in (node.pid for node in cluster) if pid is not None]
+        cluster[1].pause()
+        raise RuntimeError("boom")
+    assert len(pids) == 3
+    assert all(_gone(pid) for pid in pids)
+    assert not directory.exists()
+
+
+def test_base_dir_is_kept(tmp_path: Path) -> None:
+    cluster = LocalCluster(1, base_dir=tmp_path, extra_config={"maxmemory": "10mb"})
+    with cluster, cluster[0].client() as c:
+        assert _config(c, "maxmemory") == "10485760"
+    assert (tmp_path / "n1" / "redis.log").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
+def test_servers_die_with_a_killed_parent(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import sys, time
+        from tenure.local import LocalCluster
+        cluster = LocalCluster(2, base_dir=sys.argv[1])  # no one will be left to clean up
+        cluster.start()
+        print(*(node.pid for node in cluster), flush=True)
+        time.sleep(60)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    with subprocess.Popen(
+        [sys.executable, "-c", script, os.fspath(tmp_path)], stdout=subprocess.PIPE, env=env
+    ) as parent:
+        assert parent.stdout is not None
+        pids = [int(pid) for pid in parent.stdout.readline().split()]
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    # The orphans are reparented to init, which may take a while to reap them: a zombie
+    # is already dead.
+    deadline = time.monotonic() + 5
+    while not all(_dead_or_zombie(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"still alive: {pids}"
+        time.sleep(0.01)
+    assert len(pids) == 2
+
+
+def test_taken_port_is_replaced_on_first_start(tmp_path: Path) -> None:
+    node = LocalNode("n1", tmp_path)
+    assert node.port is not None
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", node.port))
+        squatter.listen()
+        taken = node.port
+        try:
+            node.start()
+            assert node.port != taken
+            with node.client() as c:
+                assert c.ping() is True
+        finally:
+            node.stop()
+
+
+def test_start_failure_reports_the_log(tmp_path: Path) -> None:
+    node = LocalNode("n1", tmp_path, extra_config={"no-such-directive": "1"})
+    with pytest.raises(LocalNodeError, match="no-such-directive") as info:
+        node.start()
+    assert info.value.node == "n1"
+    assert not node.is_running()
+
+
+def test_replicate_and_promote() -> None:
+    with LocalCluster(2) as cluster:
+        primary, replica = cluster
+        replica.replicate_from(primary)
+        with primary.client() as c:
+            c.set("k", "v")
+            assert c.execute_command("WAIT", 1, 5000) == 1
+        replica.promote()
+        with replica.client() as c:
+            assert c.get("k") == b"v"
+            assert c.execute_command("ROLE")[0] == b"master"
+
+
+def test_unix_nodes_cannot_replicate() -> None:
+    with LocalCluster(2, unix=True) as cluster:
+        with pytest.raises(ConfigurationError) as info:
+            cluster[1].replicate_from(cluster[0])
+        assert info.value.parameter == "unix"
+
+
+def test_find_server_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    found = find_server_binary()
+    assert os.access(found, os.X_OK)
+    monkeypatch.setenv("TENURE_REDIS_SERVER", os.fspath(found))
+    assert find_server_binary() == found
+    with pytest.raises(ConfigurationError, match="binary") as info:
+        find_server_binary(tmp_path / "missing-redis-server")
+    assert info.value.parameter == "binary"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"),
+    [({"n": 0}, "n"), ({"extra_config": {"bind": "0.0.0.0"}}, "extra_config")],
+)
+def test_cluster_rejects_bad_configuration(kwargs: dict[str, object], parameter: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        LocalCluster(**kwargs)  # type: ignore[arg-type]
+    assert info.value.parameter == parameter
