@@ -44,6 +44,11 @@ class LeaseView:
         return self._state.ttl
 
     @property
+    def acquired_at(self) -> float:
+        """``time.monotonic()`` instant the round that granted (or last extended) it began."""
+        return self._state.started
+
+    @property
     def valid_until(self) -> float:
         """``time.monotonic()`` instant at which the lease stops being trustworthy."""
         return self._state.valid_until

@@ -31,7 +31,7 @@ _NO_SETINFO: dict[str, Any] = (
 )
 
 
-def connection_kwargs(node_timeout: float, *, asyncio: bool) -> dict[str, Any]:
+def connection_kwargs(node_timeout: float, *, asyncio: bool, unix: bool) -> dict[str, Any]:
     """Options for every connection tenure opens.
 
     redis-py's own retries are off: it would re-send ``SET NX`` after a timeout and stall
@@ -40,14 +40,20 @@ def connection_kwargs(node_timeout: float, *, asyncio: bool) -> dict[str, Any]:
     task, so it waits without a socket timeout and enforces deadlines itself.
     """
     retry_cls = redis.asyncio.retry.Retry if asyncio else redis.retry.Retry
-    return {
+    options: dict[str, Any] = {
         "socket_timeout": None if asyncio else node_timeout,
         "socket_connect_timeout": node_timeout,
-        "socket_keepalive": True,
         "retry": retry_cls(NoBackoff(), 0),
         "health_check_interval": 0,
+        # RESP2: redis-py 8 defaults to RESP3, whose HELLO handshake is a blocking round
+        # trip on every connect; our replies (OK, nil, integers) read the same in both.
+        "protocol": 2,
         **_NO_SETINFO,
     }
+    if not unix:
+        # TCP keepalive lets the kernel notice a peer that vanished without a reset.
+        options["socket_keepalive"] = True
+    return options
 
 
 def classify_error(exc: ResponseError) -> Failure:

@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any
 
 import redis.asyncio
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
@@ -59,30 +59,34 @@ class Channel:
         self._pool = pool
         self._conn: redis.asyncio.Connection | None = None
         self._pending: deque[tuple[asyncio.Future[Reply], float]] = deque()
-        self._unsent: list[tuple[bytes, asyncio.Future[Reply]]] = []
+        self._unsent: list[tuple[Command, asyncio.Future[Reply]]] = []
         self._task: asyncio.Task[None] | None = None
         self._retry_at = 0.0
         self._backoff = BACKOFF_MIN
 
-    def send(self, packed: bytes) -> asyncio.Future[Reply]:
-        """Write ``packed`` now (or as soon as the connection is up); its reply's future."""
+    def send(self, command: Command) -> asyncio.Future[Reply]:
+        """Write ``command`` now (or as soon as the connection is up); its reply's future."""
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         if self._pending and now - self._pending[0][1] > STALL:
             self._reset(ConnectionError(f"no reply for {STALL}s"), now)
         fut: asyncio.Future[Reply] = loop.create_future()
         if self._conn is not None and self._task is not None and not self._unsent:
-            # redis-py has no public synchronous write; we use its StreamWriter directly
-            # so that the write happens before this call returns.
-            self._conn._writer.write(packed)  # type: ignore[union-attr]  # noqa: SLF001
+            self._write(command.packed)
             self._pending.append((fut, now))
             return fut
         if self._task is None:
             if now < self._retry_at:
                 raise _Down(f"not retried until the back-off ends ({self._retry_at - now:.3f}s)")
             self._task = loop.create_task(self._run())
-        self._unsent.append((packed, fut))
+        self._unsent.append((command, fut))
         return fut
+
+    def _write(self, packed: bytes) -> None:
+        # redis-py has no public synchronous write; we use its StreamWriter directly so
+        # that the write happens before the caller's next statement.
+        assert self._conn is not None
+        self._conn._writer.write(packed)  # type: ignore[union-attr]  # noqa: SLF001
 
     async def _run(self) -> None:
         """Connect, flush what was queued meanwhile, then read replies until the link fails."""
@@ -91,8 +95,8 @@ class Channel:
             await conn.connect()
             self._conn = conn
             now = time.monotonic()
-            for packed, fut in self._unsent:
-                conn._writer.write(packed)  # type: ignore[union-attr]  # noqa: SLF001
+            for command, fut in self._unsent:
+                self._write(command.packed)
                 self._pending.append((fut, now))
             self._unsent.clear()
             self._backoff = BACKOFF_MIN
@@ -132,7 +136,15 @@ class Channel:
         if task is not None and not from_task:
             task.cancel()
 
-    async def close(self) -> None:
+    async def close(self, grace: float) -> None:
+        """Close, first giving requests already made up to ``grace`` seconds to be answered.
+
+        A release written just before ``aclose()`` (or queued while connecting) must reach
+        its node, or the key would stay until its TTL.
+        """
+        waiting = [f for f, _ in self._pending] + [f for _, f in self._unsent]
+        if waiting:
+            await asyncio.wait(waiting, timeout=grace)
         self._fail_all(ConnectionError("client closed"))
         task, self._task = self._task, None
         self._conn = None
@@ -146,8 +158,11 @@ class Channels:
 
     def __init__(self, config: ClientConfig, connection_options: dict[str, Any]) -> None:
         self._config = config
-        options = {**connection_kwargs(config.node_timeout, asyncio=True), **connection_options}
-        self._pools = [redis.asyncio.ConnectionPool.from_url(a.url, **options) for a in config.nodes]
+        def pool(a: NodeAddress) -> redis.asyncio.ConnectionPool:
+            defaults = connection_kwargs(config.node_timeout, asyncio=True, unix=a.path is not None)
+            return redis.asyncio.ConnectionPool.from_url(a.url, **{**defaults, **connection_options})
+
+        self._pools = [pool(a) for a in config.nodes]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channels: list[Channel] = []
 
@@ -167,7 +182,7 @@ class Channels:
         sent = []
         for i in range(len(channels)) if targets is None else targets:
             try:
-                sent.append((i, channels[i].send(command.packed)))
+                sent.append((i, channels[i].send(command)))
             except _Down as exc:
                 rnd.fail(i, Failure.UNREACHABLE, str(exc))
         return sent
@@ -179,9 +194,6 @@ class Channels:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         channels = self._current()
-        if targets is not None:
-            for i in set(range(len(channels))) - set(targets):
-                rnd.record(i, False)
 
         def settle() -> None:
             if not done.done():
@@ -193,13 +205,6 @@ class Channels:
             ok, value = fut.result()
             if ok:
                 rnd.record(i, command.is_yes(value))
-            elif isinstance(value, NoScriptError) and command.on_noscript is not None:
-                # Script cache lost (restart, SCRIPT FLUSH): resend the source, same deadline.
-                try:
-                    channels[i].send(command.on_noscript).add_done_callback(partial(on_reply, i))
-                    return
-                except _Down as exc:
-                    rnd.fail(i, Failure.UNREACHABLE, str(exc))
             elif isinstance(value, ResponseError):
                 rnd.fail(i, classify_error(value), str(value))
             else:
@@ -224,6 +229,6 @@ class Channels:
     async def close(self) -> None:
         channels, self._channels = self._channels, []
         self._loop = None
-        await asyncio.gather(*(c.close() for c in channels))
+        await asyncio.gather(*(c.close(self._config.node_timeout) for c in channels))
         for pool in self._pools:
             await pool.disconnect()

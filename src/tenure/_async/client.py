@@ -98,7 +98,13 @@ class AsyncClient:
             if isinstance(step, Granted):
                 return AsyncLease(self, step.lease, spec)
             if step.cleanup:
-                await self._release_round(spec.key, token, step.cleanup)
+                now = _clock()
+                await self._channels.run(
+                    commands.release(spec.key, token),
+                    Round.cleanup(len(self.node_names), step.cleanup, now),
+                    now + self.config.node_timeout,
+                    sorted(step.cleanup),
+                )
             if isinstance(step, GiveUp):
                 if step.error is not None:
                     raise step.error
@@ -109,14 +115,8 @@ class AsyncClient:
         rnd = Round(len(self.node_names), self.config.quorum, _clock())
         self._channels.send(commands.release(key, token), rnd, sorted(targets))
 
-    async def _release_round(self, key: str, token: str, targets: frozenset[int] | None = None) -> Round:
-        now = _clock()
-        rnd = Round(len(self.node_names), self.config.quorum, now)
-        order = None if targets is None else sorted(targets)
-        await self._channels.run(commands.release(key, token), rnd, now + self.config.node_timeout, order)
-        return rnd
-
     async def _round(self, command: commands.Command) -> Round:
+        """``command`` on every node; decided once a majority said yes (or can't)."""
         now = _clock()
         rnd = Round(len(self.node_names), self.config.quorum, now)
         await self._channels.run(command, rnd, now + self.config.node_timeout)
@@ -158,7 +158,7 @@ class AsyncLease(LeaseView):
             return
         self._lost = True
         self._released = True
-        client._send_release(spec.key, self.token, frozenset(range(len(client.node_names))))
+        await client._round(commands.release(spec.key, self.token))
         raise outcome
 
     async def release(self) -> None:
@@ -166,7 +166,7 @@ class AsyncLease(LeaseView):
         client = self._client
         self._check_not_released()
         self._released = True
-        rnd = await client._release_round(self.key, self.token)
+        rnd = await client._round(commands.release(self.key, self.token))
         error = conclude_release(
             self._state, len(client.node_names), client.config.quorum, rnd, _clock(), client.node_names
         )

@@ -63,9 +63,18 @@ def conclude_release(
     if rnd.yes >= quorum:
         return None
     expired = now >= lease.valid_until
-    message = (
-        f"released, but only {rnd.yes} of {n_nodes} nodes still held it ({quorum} needed): "
-        "the lock expired during the critical section and another client may have held it"
-    )
+    failed = len(rnd.failures())
+    if rnd.yes + failed >= quorum:
+        # Not proven lost, but not proven held either: say which nodes could not answer.
+        message = (
+            f"release confirmed by only {rnd.yes} of {n_nodes} nodes ({quorum} needed); "
+            f"{failed} did not answer, so it cannot be shown that the lease held to the end "
+            "(keys left on them expire by their TTL)"
+        )
+    else:
+        message = (
+            f"released, but only {rnd.yes} of {n_nodes} nodes still held it ({quorum} needed): "
+            "the lock expired during the critical section and another client may have held it"
+        )
     error_type = LeaseExpired if expired else LeaseLost
     return error_type(lease.name, message, round_errors(rnd, names))

@@ -70,6 +70,20 @@ class Round:
         self._yes = 0
         self._no = 0  # refusals and failures: both mean "not a yes"
 
+    @classmethod
+    def cleanup(cls, n: int, targets: frozenset[int], started: float) -> Round:
+        """A release round after a failed attempt: done when *every* target answered.
+
+        Cleanup is off the fast path, and the caller wants the keys gone when it returns,
+        so it waits for all targets (or the deadline), not for a majority. Nodes outside
+        ``targets`` proved they hold nothing of ours and count as done.
+        """
+        rnd = cls(n, n, started)
+        for i in range(n):
+            if i not in targets:
+                rnd.record(i, True)
+        return rnd
+
     def record(self, node: int, ok: bool) -> None:
         """Record a definite answer from ``node``."""
         if self.results[node] is not None:

@@ -113,7 +113,7 @@ class Client:
                 if isinstance(step, Granted):
                     return Lease(self, step.lease, spec)
                 if step.cleanup:
-                    self._release_round(links, spec.key, token, step.cleanup)
+                    self._cleanup_round(links, spec.key, token, step.cleanup)
                 if isinstance(step, GiveUp):
                     if step.error is not None:
                         raise step.error
@@ -123,18 +123,21 @@ class Client:
     def _links(self) -> _Borrowed:
         return _Borrowed(self._pool)
 
-    def _release_round(
-        self, links: LinkSet, key: str, token: str, targets: frozenset[int] | None = None
-    ) -> Round:
+    def _release_round(self, links: LinkSet, key: str, token: str) -> Round:
+        """Compare-and-delete on every node; decided once a majority confirmed (or can't)."""
         now = _clock()
         rnd = Round(len(self.node_names), self.config.quorum, now)
-        order = None if targets is None else sorted(targets)
-        links.run(commands.release(key, token), rnd, now + self.config.node_timeout, _clock, order)
+        links.run(commands.release(key, token), rnd, now + self.config.node_timeout, _clock)
         return rnd
+
+    def _cleanup_round(self, links: LinkSet, key: str, token: str, targets: frozenset[int]) -> None:
+        now = _clock()
+        rnd = Round.cleanup(len(self.node_names), targets, now)
+        links.run(commands.release(key, token), rnd, now + self.config.node_timeout, _clock, sorted(targets))
 
     def _cleanup(self, spec: LockSpec, token: str, targets: frozenset[int]) -> None:
         with self._links() as links:
-            self._release_round(links, spec.key, token, targets)
+            self._cleanup_round(links, spec.key, token, targets)
 
     def close(self) -> None:
         """Close every connection. Leases still held expire by their TTL."""

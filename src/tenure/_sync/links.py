@@ -31,7 +31,7 @@ from typing import Any
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.commands import Command
@@ -88,16 +88,16 @@ class Link:
     def __init__(self, node: NodeState) -> None:
         self.node = node
         self.conn: redis.Connection | None = None
-        self.owed = 0
+        self.owed = 0  # replies of abandoned requests, read and dropped before ours
 
-    def send(self, packed: bytes, now: float) -> None:
+    def send(self, command: Command, now: float) -> None:
         conn = self.conn
         if conn is None:
             if now < self.node.retry_at:
                 raise _Down(f"not retried until the back-off ends ({self.node.retry_at - now:.3f}s)")
             conn = self.conn = self.node.new_connection()
         try:
-            conn.send_packed_command([packed], check_health=False)
+            conn.send_packed_command([command.packed], check_health=False)
         except _NETWORK_ERRORS:
             self.drop(now)
             raise
@@ -107,24 +107,24 @@ class Link:
         # redis-py has no public accessor for the socket it owns; we only select() on it.
         return self.conn._sock if self.conn is not None else None  # noqa: SLF001
 
-    def read(self) -> tuple[bool, Any]:
-        """Read one reply: (True, reply) if it is ours, (False, None) if it was owed."""
+    def read(self) -> Any:
+        """Read one reply: ours (error replies raise), or ``_NOT_YET`` if it was owed."""
         assert self.conn is not None
         if self.owed:
+            self.owed -= 1
             try:
                 self.conn.read_response()
             except ResponseError:
-                pass
-            self.owed -= 1
-            return False, None
-        return True, self.conn.read_response()
+                pass  # an abandoned request's error is nobody's business now
+            return _NOT_YET
+        return self.conn.read_response()
 
     def more_ready(self) -> bool:
         """Is another reply already buffered or readable without waiting?"""
         return self.conn is not None and bool(self.conn.can_read(timeout=0))
 
     def abandon(self, now: float) -> None:
-        """Stop waiting for the in-flight reply; discard it when it comes."""
+        """Stop waiting for the in-flight reply; it is read and dropped when it comes."""
         self.owed += 1
         if self.owed > MAX_OWED:
             self.drop(now)
@@ -135,6 +135,9 @@ class Link:
             self.conn = None
         self.owed = 0
         self.node.down(now)
+
+
+_NOT_YET = object()
 
 
 class LinkSet:
@@ -159,37 +162,37 @@ class LinkSet:
         """Send ``command`` to ``targets`` (all nodes by default) and tally into ``rnd``.
 
         Returns when ``rnd`` is decided or at ``deadline``; nodes still silent then are
-        recorded as unreachable and their replies are owed, never left unread.
+        recorded as unreachable and their replies are owed, never left unread. Nodes
+        outside ``targets`` are not touched: the caller records them in ``rnd`` first.
         """
         self.clean = False
         links = self.links
-        packed = command.packed
         waiting: list[int] = []
         now = rnd.started
-        for i in range(len(links)) if targets is None else targets:
+        order = range(len(links)) if targets is None else targets
+        # Connected links first: connecting (and any AUTH handshake) blocks, and must not
+        # delay the requests to nodes that are ready.
+        for i in sorted(order, key=lambda i: links[i].conn is None):
             try:
-                links[i].send(packed, now)
+                links[i].send(command, now)
             except _Down as exc:
                 rnd.fail(i, Failure.UNREACHABLE, str(exc))
             except _NETWORK_ERRORS as exc:
                 rnd.fail(i, Failure.UNREACHABLE, str(exc) or type(exc).__name__)
             else:
                 waiting.append(i)
-        if targets is not None:
-            # Nodes outside the targets were not asked; they count as "not a yes".
-            for i in set(range(len(links))) - set(targets):
-                rnd.record(i, False)
-
         while waiting and not rnd.decided:
-            timeout = deadline - clock()
-            if timeout <= 0:
-                break
+            # Past the deadline we still poll once without waiting: replies that arrived
+            # while we were busy (a slow connect) count; only true silence is a timeout.
+            timeout = max(deadline - clock(), 0.0)
             by_socket = {links[i].socket(): i for i in waiting}
             readable, _, _ = select.select(list(by_socket), [], [], timeout)
             for sock in readable:
                 i = by_socket[sock]
-                if self._read_one(i, command, rnd, clock):
+                if self._read_one(i, command, rnd, clock()):
                     waiting.remove(i)
+            if timeout == 0.0 or not readable:
+                break
 
         now = clock()
         for i in waiting:
@@ -198,34 +201,22 @@ class LinkSet:
             rnd.time_out()
         self.clean = True
 
-    def _read_one(self, i: int, command: Command, rnd: Round, clock: Callable[[], float]) -> bool:
+    def _read_one(self, i: int, command: Command, rnd: Round, now: float) -> bool:
         """Read what node ``i`` has for us; True once its answer to this round is in."""
         link = self.links[i]
         try:
             while True:
-                ours, reply = link.read()
-                if ours:
+                reply = link.read()
+                if reply is not _NOT_YET:
                     rnd.record(i, command.is_yes(reply))
                     return True
                 if not link.more_ready():
                     return False
-        except NoScriptError:
-            if command.on_noscript is None:
-                rnd.fail(i, Failure.ERROR, "NOSCRIPT")
-                return True
-            # The node lost its script cache (restart, SCRIPT FLUSH): resend the source
-            # now, on the same connection, still under this round's deadline.
-            try:
-                link.send(command.on_noscript, clock())
-            except (_Down, *_NETWORK_ERRORS) as exc:
-                rnd.fail(i, Failure.UNREACHABLE, str(exc))
-                return True
-            return False
         except ResponseError as exc:
             rnd.fail(i, classify_error(exc), str(exc))
             return True
         except _NETWORK_ERRORS as exc:
-            link.drop(clock())
+            link.drop(now)
             rnd.fail(i, Failure.UNREACHABLE, str(exc) or type(exc).__name__)
             return True
 
@@ -234,10 +225,11 @@ class LinkPool:
     """Link sets for concurrent operations of one client; fork-aware."""
 
     def __init__(self, config: ClientConfig, connection_options: dict[str, Any]) -> None:
-        options = {**connection_kwargs(config.node_timeout, asyncio=False), **connection_options}
-        self.nodes = [
-            NodeState(a, redis.ConnectionPool.from_url(a.url, **options)) for a in config.nodes
-        ]
+        def pool(a: NodeAddress) -> redis.ConnectionPool:
+            defaults = connection_kwargs(config.node_timeout, asyncio=False, unix=a.path is not None)
+            return redis.ConnectionPool.from_url(a.url, **{**defaults, **connection_options})
+
+        self.nodes = [NodeState(a, pool(a)) for a in config.nodes]
         self._free: list[LinkSet] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()

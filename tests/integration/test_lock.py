@@ -1,0 +1,245 @@
+"""The lock's behaviour against real redis-server processes, for both APIs (R1-R7)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+import tenure
+from tenure.local import LocalCluster
+
+from .conftest import Api, holders
+
+TTL = 2.0
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_acquire_release_cycle(api: Api, shared5: LocalCluster, key: str, n: int) -> None:
+    client = api.client(shared5.urls[:n])
+    lock = client.lock(key, ttl=TTL)
+    assert lock.acquire() is True
+    lease = lock.lease
+    assert lease.valid and 0 < lease.remaining <= TTL
+    assert len(lease.nodes) >= n // 2 + 1
+    assert lock.locked() is True
+    # Only the holder's token is on the nodes, under the documented key.
+    values = holders(shared5, lease.key)[:n]
+    assert values.count(lease.token.encode()) >= n // 2 + 1
+    lock.release()
+    assert lock.locked() is False
+    assert holders(shared5, lease.key) == [None] * 5
+
+
+def test_second_client_is_refused_while_held(api: Api, shared5: LocalCluster, key: str) -> None:
+    a, b = api.client(shared5.urls), api.client(shared5.urls)
+    with a.lock(key, ttl=TTL) as lease:
+        assert lease.valid
+        assert b.lock(key, ttl=TTL).acquire(blocking=False) is False
+        started = time.monotonic()
+        assert b.lock(key, ttl=TTL).acquire(timeout=0.2) is False
+        assert 0.2 <= time.monotonic() - started < 1.0
+        with pytest.raises(tenure.LockTimeout):
+            with b.lock(key, ttl=TTL, blocking=False):
+                pass
+    # Released: the other client gets it at once.
+    assert b.acquire(key, ttl=TTL, blocking=False) is not None
+
+
+def test_blocking_acquire_waits_for_release_by_expiry(api: Api, shared5: LocalCluster, key: str) -> None:
+    a, b = api.client(shared5.urls), api.client(shared5.urls)
+    first = a.acquire(key, ttl=0.3)
+    assert first is not None
+    second = b.acquire(key, ttl=TTL, timeout=3.0)
+    assert second is not None
+    # No early takeover: the second lease began after the first one's validity ended.
+    assert second.acquired_at >= first.valid_until
+    with pytest.raises(tenure.LeaseLost):
+        first.release()  # it had expired: the caller must learn it
+    second.release()
+
+
+def test_failed_quorum_leaves_no_key_of_ours(api: Api, shared5: LocalCluster, key: str) -> None:
+    client = api.client(shared5.urls)
+    lock_key = client.lock(key, ttl=TTL).lease  # no lease yet; use the documented key name
+    assert lock_key is None
+    name = f"tenure:{{{key}}}:lock"
+    # A stranger holds three of five nodes; we can win at most two.
+    for node in shared5.nodes[:3]:
+        with node.client() as c:
+            c.set(name, b"stranger", px=10_000)
+    assert client.acquire(key, ttl=TTL, blocking=False) is None
+    # Right after: our two grants were released, the stranger's keys untouched.
+    assert holders(shared5, name) == [b"stranger"] * 3 + [None, None]
+    for node in shared5.nodes[:3]:
+        with node.client() as c:
+            c.delete(name)
+
+
+def test_tokens_are_unique_and_random(api: Api, shared5: LocalCluster, key: str) -> None:
+    client = api.client(shared5.urls[:1])
+    tokens = []
+    for _ in range(300):
+        lease = client.acquire(key, ttl=TTL)
+        tokens.append(lease.token)
+        lease.release()
+    assert len(set(tokens)) == len(tokens)
+    assert all(len(t) == 32 and int(t, 16) >= 0 for t in tokens)  # 128 bits, hex
+
+
+def test_extend_moves_validity_and_ttl(api: Api, shared5: LocalCluster, key: str) -> None:
+    client = api.client(shared5.urls)
+    lease = client.acquire(key, ttl=1.0)
+    before = lease.valid_until
+    lease.extend(5.0)
+    assert lease.valid_until > before + 3.5
+    with shared5[0].client() as c:
+        assert 4000 < c.pttl(lease.key) <= 5000
+    lease.release()
+
+
+def test_extend_never_resurrects(api: Api, shared5: LocalCluster, key: str) -> None:
+    client = api.client(shared5.urls)
+    lease = client.acquire(key, ttl=5.0)
+    # The key vanishes from a majority (as if expired there) while our clock says valid.
+    for node in shared5.nodes[:3]:
+        with node.client() as c:
+            c.delete(lease.key)
+    with pytest.raises(tenure.LeaseLost):
+        lease.extend()
+    assert not lease.valid
+    assert holders(shared5, lease.key) == [None] * 5  # not re-created; the rest released
+
+
+def test_extend_after_validity_is_refused(api: Api, shared5: LocalCluster, key: str) -> None:
+    client = api.client(shared5.urls)
+    lease = client.acquire(key, ttl=0.2)
+    while lease.remaining > 0:
+        time.sleep(0.02)
+    with pytest.raises(tenure.LeaseExpired):
+        lease.extend()
+    with shared5[0].client() as c:
+        deadline = time.monotonic() + 2
+        while c.exists(lease.key) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert holders(shared5, lease.key) == [None] * 5
+
+
+def test_a_strangers_token_is_never_released(api: Api, shared5: LocalCluster, key: str) -> None:
+    client = api.client(shared5.urls)
+    lease = client.acquire(key, ttl=TTL)
+    # Our lease expired and a stranger took the lock on every node.
+    for node in shared5:
+        with node.client() as c:
+            c.set(lease.key, b"stranger", px=10_000)
+    with pytest.raises(tenure.LeaseLost) as info:
+        lease.release()
+    assert "expired during the critical section" in str(info.value)
+    assert holders(shared5, lease.key) == [b"stranger"] * 5
+    for node in shared5:
+        with node.client() as c:
+            c.delete(lease.key)
+
+
+def test_release_errors(api: Api, shared5: LocalCluster, key: str) -> None:
+    client = api.client(shared5.urls)
+    lock = client.lock(key, ttl=TTL)
+    with pytest.raises(tenure.NotHeld):
+        lock.release()
+    lease = client.acquire(key, ttl=TTL)
+    lease.release()
+    with pytest.raises(tenure.NotHeld, match="already released"):
+        lease.release()
+    with pytest.raises(tenure.NotHeld):
+        lease.extend()
+
+
+def test_leases_of_different_locks_coexist(api: Api, shared5: LocalCluster, key: str) -> None:
+    client = api.client(shared5.urls)
+    a = client.acquire(key + "-a", ttl=TTL)
+    b = client.acquire(key + "-b", ttl=TTL)
+    assert a is not None and b is not None and a.token != b.token
+    b.release()
+    a.release()
+
+
+def test_scripts_reloaded_after_script_flush(api: Api, shared5: LocalCluster, key: str) -> None:
+    client = api.client(shared5.urls)
+    client.acquire(key, ttl=TTL).release()  # scripts cached
+    for node in shared5:
+        with node.client() as c:
+            c.script_flush()
+    lease = client.acquire(key, ttl=TTL)
+    lease.extend()  # scripts go as EVAL: a flushed cache cannot make a round fail
+    lease.release()
+    assert holders(shared5, lease.key) == [None] * 5
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "parameter"),
+    [
+        ("ttl", 0, "ttl"),
+        ("ttl", -1, "ttl"),
+        ("ttl", 0.05, "ttl"),  # too small for the 50 ms node timeout
+        ("timeout", -2, "timeout"),
+    ],
+)
+def test_bad_arguments_name_the_parameter(
+    api: Api, shared5: LocalCluster, key: str, option: str, value: Any, parameter: str
+) -> None:
+    client = api.client(shared5.urls)
+    kwargs: dict[str, Any] = {"ttl": TTL, option: value}
+    with pytest.raises(tenure.ConfigurationError) as info:
+        client.acquire(key, **kwargs)
+    assert info.value.parameter == parameter
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "parameter"),
+    [
+        ([], "nodes"),
+        (["redis://127.0.0.1:1", "redis://127.0.0.1:2"], "nodes"),
+        (["http://127.0.0.1:6379"], "nodes[0]"),
+        (["redis://127.0.0.1:99999"], "nodes[0]"),
+        (["redis://127.0.0.1:1", "redis://127.0.0.1:2", "redis://127.0.0.1:1"], "nodes[2]"),
+    ],
+)
+def test_bad_node_lists(api: Api, nodes: list[str], parameter: str) -> None:
+    with pytest.raises(tenure.ConfigurationError) as info:
+        api.client(nodes)
+    assert info.value.parameter == parameter
+
+
+def test_unix_socket_nodes(api: Api, key: str) -> None:
+    with LocalCluster(3, unix=True) as cluster:
+        client = api.client(cluster.urls)
+        with client.lock(key, ttl=TTL) as lease:
+            assert len(lease.nodes) >= 2
+        # The first round connects; the release to a node still connecting is queued and
+        # written once it is up. Closing the client waits for it (the loop must run).
+        api.close_clients()
+        assert holders(cluster, lease.key) == [None] * 3
+
+
+def test_acl_refusal_is_a_clear_error(api: Api, cluster5: LocalCluster, key: str) -> None:
+    node = cluster5[0]
+    with node.client() as c:
+        c.execute_command("ACL", "SETUSER", "nolocks", "on", ">pw", "~*", "+@all", "-set")
+    port = node.port
+    client = api.client([f"redis://nolocks:pw@127.0.0.1:{port}"])
+    with pytest.raises(tenure.ServerUnsupported) as info:
+        client.acquire(key, ttl=TTL)
+    assert "NOPERM" in str(info.value) or "no permissions" in str(info.value)
+
+
+def test_all_nodes_unreachable(api: Api, key: str) -> None:
+    with LocalCluster(3) as cluster:
+        urls = cluster.urls
+    client = api.client(urls)  # every node is gone: connection refused
+    started = time.monotonic()
+    with pytest.raises(tenure.QuorumUnreachable) as info:
+        client.acquire(key, ttl=TTL)
+    assert time.monotonic() - started < 0.5
+    assert len(info.value.node_errors) >= 2  # decided as soon as a majority failed

@@ -1,0 +1,453 @@
+"""Configuration: node URLs, node counts, client settings, lock specs, acquire arguments."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tenure import ConfigurationError
+from tenure._core.config import (
+    ClientConfig,
+    LockSpec,
+    NodeAddress,
+    check_acquire_args,
+    check_node_count,
+    lock_key,
+    parse_node_url,
+)
+from tenure._core.policy import wait_random, wait_random_exponential
+
+SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=200)
+
+THREE = ["redis://a:6379", "redis://b:6379", "redis://c:6379"]
+
+
+def config(nodes: list[str] | None = None, **options: float) -> ClientConfig:
+    return ClientConfig.build(nodes or THREE, **options)
+
+
+# --- node URLs -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "scheme", "host", "port", "path", "db"),
+    [
+        ("redis://localhost", "redis", "localhost", 6379, None, 0),
+        ("redis://localhost:6380", "redis", "localhost", 6380, None, 0),
+        ("redis://localhost:6380/3", "redis", "localhost", 6380, None, 3),
+        ("redis://localhost/3", "redis", "localhost", 6379, None, 3),
+        ("redis://localhost:6380/", "redis", "localhost", 6380, None, 0),
+        ("redis://localhost?db=4", "redis", "localhost", 6379, None, 4),
+        ("redis://10.0.0.7:7000/0", "redis", "10.0.0.7", 7000, None, 0),
+        ("REDIS://Example.COM:1", "redis", "example.com", 1, None, 0),
+        ("redis://[::1]:6390", "redis", "::1", 6390, None, 0),
+        ("rediss://secure.example:6380/1", "rediss", "secure.example", 6380, None, 1),
+        ("rediss://secure.example", "rediss", "secure.example", 6379, None, 0),
+        ("redis://user:secret@host:6390/2", "redis", "host", 6390, None, 2),
+        ("redis://:secret@host", "redis", "host", 6379, None, 0),
+        ("redis://host:65535", "redis", "host", 65535, None, 0),
+        ("unix:///tmp/redis.sock", "unix", None, None, "/tmp/redis.sock", 0),
+        ("unix:///tmp/redis.sock?db=2", "unix", None, None, "/tmp/redis.sock", 2),
+        ("unix:///tmp/with%20space.sock", "unix", None, None, "/tmp/with space.sock", 0),
+    ],
+)
+def test_parse_node_url(
+    url: str, scheme: str, host: str | None, port: int | None, path: str | None, db: int
+) -> None:
+    a = parse_node_url(url)
+    assert (a.url, a.scheme, a.host, a.port, a.path, a.db) == (url, scheme, host, port, path, db)
+
+
+@pytest.mark.parametrize(
+    ("url", "display"),
+    [
+        ("redis://user:secret@host:6390/2", "redis://host:6390/2"),
+        ("redis://:secret@host", "redis://host:6379"),
+        ("rediss://admin:hunter2@h:1", "rediss://h:1"),
+        ("redis://h:7000/0", "redis://h:7000"),
+        ("unix://:pw@/tmp/r.sock?db=3", "unix:///tmp/r.sock?db=3"),
+        ("unix:///tmp/r.sock", "unix:///tmp/r.sock"),
+    ],
+)
+def test_display_hides_credentials(url: str, display: str) -> None:
+    a = parse_node_url(url)
+    assert a.display == display
+    for secret in ("secret", "hunter2", "admin", "user", "pw"):
+        assert secret not in a.display
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://host",
+        "redis://host:7000/5",
+        "rediss://u:p@host:7000",
+        "unix:///tmp/x.sock?db=1",
+        "redis://[::1]:6390",
+        "redis://[2001:db8::1]/3",
+    ],
+)
+def test_display_is_a_url_for_the_same_server(url: str) -> None:
+    """What goes into logs and error messages can be pasted back and means the same node."""
+    a = parse_node_url(url)
+    assert parse_node_url(a.display).identity == a.identity
+
+
+def test_identity() -> None:
+    assert parse_node_url("redis://h").identity == parse_node_url("rediss://u:p@H:6379/0").identity
+    assert parse_node_url("redis://h/1").identity != parse_node_url("redis://h/2").identity
+    assert parse_node_url("redis://h:1").identity != parse_node_url("redis://h:2").identity
+    assert parse_node_url("unix:///a").identity != parse_node_url("unix:///b").identity
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "   ",
+        "redis://",
+        "redis://:6379",
+        "redis:///0",
+        "redis://host:99999",
+        "redis://host:65536",
+        "redis://host:abc",
+        "redis://host:-1",
+        "redis://host:0",
+        "redis://host/abc",
+        "redis://host/-1",
+        "redis://host?db=x",
+        "http://host:6379",
+        "tcp://host:6379",
+        "host:6379",
+        "localhost",
+        "unix://",
+        "unix:///tmp/x.sock?db=abc",
+        "unix:///tmp/x.sock?db=-2",
+        "redis://[::1",
+    ],
+)
+def test_malformed_urls_are_refused(url: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        parse_node_url(url, "nodes[3]")
+    assert info.value.parameter == "nodes[3]"
+
+
+@pytest.mark.parametrize("url", [None, 6379, b"redis://h", ["redis://h"], 1.5])
+def test_non_string_urls_are_refused(url: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        parse_node_url(url, "nodes[0]")
+    assert info.value.parameter == "nodes[0]"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "index"),
+    [
+        (["redis://a", "http://b", "redis://c"], 1),
+        (["redis://a", "redis://b", "redis://c:99999"], 2),
+        ([42, "redis://b", "redis://c"], 0),
+        (["redis://a", "redis://b", ""], 2),
+        (["redis://a", "redis://b", "redis://c:abc"], 2),
+    ],
+)
+def test_client_config_names_the_bad_node(nodes: list[object], index: int) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build(nodes)
+    assert info.value.parameter == f"nodes[{index}]"
+    assert str(info.value).startswith(f"nodes[{index}]:")
+
+
+@pytest.mark.parametrize("nodes", ["redis://a", None, 3, {"redis://a"}, b"redis://a"])
+def test_nodes_must_be_a_list(nodes: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build(nodes)
+    assert info.value.parameter == "nodes"
+
+
+def test_malformed_url_error_hides_nothing_it_should_not_need() -> None:
+    # The error names the offending entry; it is a ValueError for generic callers.
+    with pytest.raises(ValueError, match=r"nodes\[1\]"):
+        ClientConfig.build(["redis://a", "ftp://b", "redis://c"])
+
+
+# --- node counts ---------------------------------------------------------------------------
+
+
+def test_empty_node_list_refused() -> None:
+    with pytest.raises(ConfigurationError, match="empty") as info:
+        ClientConfig.build([])
+    assert info.value.parameter == "nodes"
+    with pytest.raises(ConfigurationError):
+        ClientConfig.build([], allow_even=True)
+
+
+@pytest.mark.parametrize("n", [2, 4, 6])
+def test_even_node_counts_refused_unless_allowed(n: int) -> None:
+    urls = [f"redis://h{i}" for i in range(n)]
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build(urls)
+    message = str(info.value)
+    assert info.value.parameter == "nodes"
+    assert "odd" in message
+    assert "allow_even=True" in message
+    assert f"majority is {n // 2 + 1}" in message
+    cfg = ClientConfig.build(urls, allow_even=True)
+    assert len(cfg.nodes) == n
+    assert cfg.quorum == n // 2 + 1
+    assert cfg.allow_even
+
+
+@pytest.mark.parametrize(("n", "quorum"), [(1, 1), (3, 2), (5, 3), (7, 4)])
+def test_odd_node_counts_accepted(n: int, quorum: int) -> None:
+    cfg = ClientConfig.build([f"redis://h{i}" for i in range(n)])
+    assert cfg.quorum == quorum
+    assert all(isinstance(a, NodeAddress) for a in cfg.nodes)
+
+
+def test_check_node_count_directly() -> None:
+    check_node_count(1, allow_even=False)
+    check_node_count(4, allow_even=True)
+    with pytest.raises(ConfigurationError):
+        check_node_count(0, allow_even=True)
+    with pytest.raises(ConfigurationError):
+        check_node_count(2, allow_even=False)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "second", "first"),
+    [
+        (["redis://a", "redis://b", "redis://a"], 2, 0),
+        (["redis://a", "redis://a:6379/0", "redis://c"], 1, 0),
+        (["redis://a", "redis://b", "rediss://u:p@A:6379"], 2, 0),
+        (["redis://x", "redis://b/1", "redis://b?db=1"], 2, 1),
+        (["unix:///s", "redis://b", "unix:///s?db=0"], 2, 0),
+    ],
+)
+def test_duplicate_nodes_refused_naming_the_second(
+    nodes: list[str], second: int, first: int
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build(nodes)
+    assert info.value.parameter == f"nodes[{second}]"
+    assert f"nodes[{first}]" in str(info.value)
+    assert "twice" in str(info.value)
+
+
+def test_same_host_different_db_or_port_is_not_a_duplicate() -> None:
+    cfg = ClientConfig.build(["redis://a/0", "redis://a/1", "redis://a:6380"])
+    assert len(cfg.nodes) == 3
+
+
+# --- client settings ----------------------------------------------------------------------
+
+
+def test_client_defaults() -> None:
+    cfg = config()
+    assert cfg.node_timeout == 0.05
+    assert cfg.drift_factor == 0.01
+    assert cfg.drift_floor == 0.002
+    assert isinstance(cfg.retry, wait_random_exponential)
+    assert cfg.quorum == 2
+    custom = ClientConfig.build(THREE, retry=wait_random(0.0, 0.1))
+    assert custom.retry == wait_random(0.0, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("parameter", "good", "bad"),
+    [
+        ("node_timeout", [0.001, 1, 60.0], [0, 0.0, -1, 60.001, math.nan, math.inf, True, "1"]),
+        ("drift_factor", [0, 0.0, 0.01, 0.499], [-0.01, 0.5, 1, math.nan, math.inf, False]),
+        ("drift_floor", [0, 0.0, 0.002, 10], [-0.001, 10.001, math.nan, -math.inf, True]),
+    ],
+)
+def test_numeric_ranges(parameter: str, good: list[object], bad: list[object]) -> None:
+    for value in good:
+        cfg = ClientConfig.build(THREE, **{parameter: value})  # type: ignore[arg-type]
+        assert getattr(cfg, parameter) == value
+        assert type(getattr(cfg, parameter)) is float
+    for value in bad:
+        with pytest.raises(ConfigurationError) as info:
+            ClientConfig.build(THREE, **{parameter: value})  # type: ignore[arg-type]
+        assert info.value.parameter == parameter, value
+
+
+# --- lock specs ---------------------------------------------------------------------------
+
+
+def test_lock_spec_fields() -> None:
+    cfg = config(["redis://a", "redis://b", "redis://c", "redis://d", "redis://e"])
+    spec = LockSpec.build(cfg, "orders:42", 10)
+    assert spec.name == "orders:42"
+    assert spec.key == lock_key("orders:42")
+    assert spec.ttl == 10.0
+    assert spec.ttl_ms == 10_000
+    assert spec.drift == pytest.approx(10 * 0.01 + 0.002)
+    assert spec.node_timeout == cfg.node_timeout
+    assert spec.n_nodes == 5
+    assert spec.quorum == 3
+
+
+@pytest.mark.parametrize(
+    ("ttl", "ttl_ms"),
+    [(1, 1000), (1.0009, 1000), (2.5, 2500), (0.2999, 299), (30.0000001, 30000), (1.001, 1001)],
+)
+def test_ttl_rounds_down_to_whole_milliseconds(ttl: float, ttl_ms: int) -> None:
+    spec = LockSpec.build(config(), "r", ttl)
+    assert spec.ttl_ms == ttl_ms
+    assert spec.ttl == ttl_ms / 1000
+    assert spec.ttl <= ttl
+
+
+@SETTINGS
+@given(st.integers(min_value=200, max_value=10_000_000))
+def test_ttl_of_whole_milliseconds_is_kept_exactly(ms: int) -> None:
+    """A TTL the caller wrote in whole milliseconds (1.001 s) must not lose one."""
+    spec = LockSpec.build(config(), "r", ms / 1000)
+    assert spec.ttl_ms == ms
+
+
+@SETTINGS
+@given(st.floats(min_value=0.2, max_value=1e6))
+def test_ttl_never_rounds_up(ttl: float) -> None:
+    spec = LockSpec.build(config(), "r", ttl)
+    assert spec.ttl <= ttl
+    assert ttl - spec.ttl < 0.001 + 1e-9 * ttl
+
+
+@pytest.mark.parametrize(
+    "ttl", [0, 0.0, -1, -0.5, 0.0009, math.nan, math.inf, -math.inf, True, False, "10", None]
+)
+def test_bad_ttl_refused(ttl: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        LockSpec.build(config(), "r", ttl)
+    assert info.value.parameter == "ttl"
+
+
+def test_huge_ttl_refused() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        LockSpec.build(config(), "r", 2.0**40)
+    assert info.value.parameter == "ttl"
+
+
+def test_ttl_too_small_for_node_timeout() -> None:
+    cfg = config(node_timeout=0.5)
+    with pytest.raises(ConfigurationError) as info:
+        LockSpec.build(cfg, "r", 1.0)
+    assert info.value.parameter == "ttl"
+    assert "node_timeout" in str(info.value)
+    # 2 x (node_timeout + drift) is the smallest accepted TTL.
+    drift = 1.1 * 0.01 + 0.002
+    assert 1.1 >= 2 * (0.5 + drift)
+    assert LockSpec.build(cfg, "r", 1.1).ttl == 1.1
+
+
+@SETTINGS
+@given(
+    node_timeout=st.floats(0.001, 5),
+    factor=st.floats(0, 0.49),
+    floor=st.floats(0, 1),
+    ttl=st.floats(0.001, 100),
+)
+def test_accepted_ttl_leaves_half_after_the_slowest_round(
+    node_timeout: float, factor: float, floor: float, ttl: float
+) -> None:
+    cfg = config(node_timeout=node_timeout, drift_factor=factor, drift_floor=floor)
+    try:
+        spec = LockSpec.build(cfg, "r", ttl)
+    except ConfigurationError as exc:
+        assert exc.parameter == "ttl"
+        return
+    assert spec.ttl - spec.node_timeout - spec.drift >= spec.ttl / 2 - 1e-12
+
+
+@pytest.mark.parametrize("name", ["", None, 1, b"name", ["x"]])
+def test_bad_lock_name_refused(name: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        LockSpec.build(config(), name, 10)
+    assert info.value.parameter == "name"
+
+
+# --- lock keys ----------------------------------------------------------------------------
+
+
+def _hash_tag(key: str) -> str:
+    """The part of ``key`` Redis Cluster hashes (its rules: first '{', then the next '}')."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
+
+
+@SETTINGS
+@given(st.text(alphabet=st.characters(blacklist_characters="{}"), min_size=1))
+def test_lock_key_carries_the_name_as_hash_tag(name: str) -> None:
+    key = lock_key(name)
+    assert f"{{{name}}}" in key
+    assert _hash_tag(key) == name
+
+
+@SETTINGS
+@given(st.text(min_size=1), st.text(min_size=1))
+def test_lock_keys_of_different_names_differ(a: str, b: str) -> None:
+    assert (lock_key(a) == lock_key(b)) == (a == b)
+
+
+def test_lock_key_shape() -> None:
+    assert re.fullmatch(r"tenure:\{orders:42\}:lock", lock_key("orders:42"))
+
+
+# --- acquire(blocking, timeout) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("blocking", "timeout", "expected"),
+    [
+        (True, None, None),
+        (True, -1, None),
+        (True, -1.0, None),
+        (False, None, None),
+        (False, -1, None),
+        (True, 0, 0.0),
+        (True, 2.5, 2.5),
+        (True, 3, 3.0),
+    ],
+)
+def test_check_acquire_args_accepts_threading_lock_forms(
+    blocking: bool, timeout: float | None, expected: float | None
+) -> None:
+    assert check_acquire_args(blocking, timeout) == expected
+
+
+@pytest.mark.parametrize(
+    ("blocking", "timeout", "parameter"),
+    [
+        (False, 1.0, "timeout"),
+        (False, 0, "timeout"),
+        (True, -2, "timeout"),
+        (True, -0.5, "timeout"),
+        (True, math.nan, "timeout"),
+        (True, math.inf, "timeout"),
+        (True, "1", "timeout"),
+        (True, True, "timeout"),
+        (1, None, "blocking"),
+        (None, None, "blocking"),
+        ("yes", 1.0, "blocking"),
+    ],
+)
+def test_check_acquire_args_refuses(blocking: object, timeout: object, parameter: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        check_acquire_args(blocking, timeout)
+    assert info.value.parameter == parameter
+    assert isinstance(info.value, ValueError)
+
+
+def test_negative_timeout_message_explains_forever() -> None:
+    with pytest.raises(ConfigurationError, match=r"-1 \(forever\)"):
+        check_acquire_args(True, -3)
+    with pytest.raises(ConfigurationError, match="non-blocking"):
+        check_acquire_args(False, 5)

@@ -1,0 +1,181 @@
+"""Extending and releasing a lease, with a fake clock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tenure import LeaseExpired, LeaseLost, OwnershipError
+from tenure._core.acquire import LeaseState
+from tenure._core.config import ClientConfig, LockSpec
+from tenure._core.lease import begin_extend, conclude_extend, conclude_release
+from tenure._core.quorum import Failure, Round
+
+SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=300)
+
+N = 5
+NAMES = [f"node{i}" for i in range(N)]
+CONFIG = ClientConfig.build([f"redis://h{i}" for i in range(N)], drift_factor=0.01, drift_floor=0.0)
+SPEC = LockSpec.build(CONFIG, "res", 10.0)
+DRIFT = 0.1
+
+
+def lease(started: float = 0.0) -> LeaseState:
+    return LeaseState(
+        name="res",
+        key=SPEC.key,
+        token="tok",
+        ttl=SPEC.ttl,
+        started=started,
+        valid_until=started + SPEC.ttl - SPEC.drift,
+        granted=frozenset({0, 1, 2}),
+    )
+
+
+def tally(answers: str, started: float, n: int = N, quorum: int = 3) -> Round:
+    """y = yes, n = no, u = failed, . = silent (then timed out)."""
+    rnd = Round(n, quorum, started)
+    for i, a in enumerate(answers):
+        if a == "y":
+            rnd.record(i, True)
+        elif a == "n":
+            rnd.record(i, False)
+        elif a == "u":
+            rnd.fail(i, Failure.UNREACHABLE, f"down{i}")
+    rnd.time_out()
+    return rnd
+
+
+# --- extend -------------------------------------------------------------------------------
+
+
+def test_spec_drift() -> None:
+    assert SPEC.drift == pytest.approx(DRIFT)
+
+
+@pytest.mark.parametrize("now", [9.9, 9.9 + 1e-9, 10.0, 50.0])
+def test_begin_extend_refuses_an_expired_lease(now: float) -> None:
+    held = lease(started=0.0)
+    assert now >= held.valid_until
+    with pytest.raises(LeaseExpired) as info:
+        begin_extend(held, SPEC, now)
+    error = info.value
+    assert isinstance(error, LeaseLost)
+    assert isinstance(error, OwnershipError)
+    assert isinstance(error, RuntimeError)
+    assert error.name == "res"
+    assert "cannot extend" in str(error)
+
+
+def test_begin_extend_opens_a_round_while_valid() -> None:
+    rnd = begin_extend(lease(0.0), SPEC, 5.0)
+    assert (rnd.started, rnd.needed, len(rnd.results)) == (5.0, 3, N)
+    assert not rnd.decided
+
+
+def test_conclude_extend_moves_validity_to_the_new_round() -> None:
+    held = lease(0.0)
+    rnd = begin_extend(held, SPEC, 5.0)
+    for i in (1, 2, 4):
+        rnd.record(i, True)
+    result = conclude_extend(held, SPEC, rnd, 5.02, NAMES)
+    assert isinstance(result, LeaseState)
+    assert result.valid_until == 5.0 + SPEC.ttl - SPEC.drift
+    assert result.started == 5.0
+    assert result.granted == frozenset({1, 2, 4})
+    assert (result.name, result.key, result.token) == (held.name, held.key, held.token)
+
+
+def test_conclude_extend_with_a_new_ttl() -> None:
+    held = lease(0.0)
+    longer = LockSpec.build(CONFIG, "res", 30.0)
+    rnd = tally("yyyyy", started=1.0)
+    result = conclude_extend(held, longer, rnd, 1.01, NAMES)
+    assert isinstance(result, LeaseState)
+    assert result.ttl == 30.0
+    assert result.valid_until == 1.0 + 30.0 - longer.drift
+
+
+@pytest.mark.parametrize("answers", ["yy...", "yynnn", "yuu..", "nnnnn", "....."])
+def test_conclude_extend_minority_loses_the_lease(answers: str) -> None:
+    held = lease(0.0)
+    rnd = tally(answers, started=2.0)
+    result = conclude_extend(held, SPEC, rnd, 2.05, NAMES)
+    assert isinstance(result, LeaseLost)
+    assert not isinstance(result, LeaseExpired)
+    message = str(result)
+    assert f"only {answers.count('y')} of {N} nodes still held it, 3 needed" in message
+    assert result.name == "res"
+    failed = {f"node{i}" for i, a in enumerate(answers) if a in "u."}
+    assert set(result.node_errors) == failed
+
+
+def test_conclude_extend_that_took_too_long_loses_the_lease() -> None:
+    held = lease(0.0)
+    rnd = tally("yyyyy", started=5.0)
+    result = conclude_extend(held, SPEC, rnd, 5.0 + SPEC.ttl - SPEC.drift, NAMES)
+    assert isinstance(result, LeaseLost)
+    assert "took too long" in str(result)
+
+
+@SETTINGS
+@given(
+    answers=st.text(alphabet="ynu.", min_size=N, max_size=N),
+    started=st.floats(0, 9.8),
+    elapsed=st.one_of(st.floats(0, 0.1), st.floats(0, 20)),
+)
+def test_conclude_extend_property(answers: str, started: float, elapsed: float) -> None:
+    held = lease(0.0)
+    rnd = tally(answers, started)
+    now = started + elapsed
+    result = conclude_extend(held, SPEC, rnd, now, NAMES)
+    ok = answers.count("y") >= 3 and started + SPEC.ttl - SPEC.drift - now > 0
+    if ok:
+        assert isinstance(result, LeaseState)
+        assert result.valid_until == started + SPEC.ttl - SPEC.drift > now
+        assert result == replace(
+            held,
+            started=started,
+            valid_until=started + SPEC.ttl - SPEC.drift,
+            granted=frozenset(i for i, a in enumerate(answers) if a == "y"),
+        )
+    else:
+        assert isinstance(result, LeaseLost)
+
+
+# --- release ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answers", ["yyy..", "yyyyy", "nyyuy"])
+@pytest.mark.parametrize("now", [1.0, 9.95, 100.0])
+def test_release_with_a_majority_is_clean(answers: str, now: float) -> None:
+    rnd = tally(answers, started=now)
+    assert conclude_release(lease(0.0), N, 3, rnd, now, NAMES) is None
+
+
+@pytest.mark.parametrize("answers", ["yy...", "nnnnn", "yyuuu", "....."])
+def test_release_without_a_majority_before_expiry_is_lease_lost(answers: str) -> None:
+    rnd = tally(answers, started=3.0)
+    error = conclude_release(lease(0.0), N, 3, rnd, 3.0, NAMES)
+    assert isinstance(error, LeaseLost)
+    assert not isinstance(error, LeaseExpired)
+    assert f"only {answers.count('y')} of {N} nodes still held it (3 needed)" in str(error)
+    assert set(error.node_errors) == {f"node{i}" for i, a in enumerate(answers) if a in "u."}
+
+
+@pytest.mark.parametrize("now", [9.9, 10.0, 1000.0])
+def test_release_without_a_majority_after_expiry_is_lease_expired(now: float) -> None:
+    rnd = tally("ynnnn", started=now)
+    error = conclude_release(lease(0.0), N, 3, rnd, now, NAMES)
+    assert isinstance(error, LeaseExpired)
+    assert error.name == "res"
+
+
+def test_release_single_node() -> None:
+    single = replace(lease(0.0), granted=frozenset({0}))
+    assert conclude_release(single, 1, 1, tally("y", 1.0, n=1, quorum=1), 1.0, ["a"]) is None
+    error = conclude_release(single, 1, 1, tally("n", 1.0, n=1, quorum=1), 1.0, ["a"])
+    assert isinstance(error, LeaseLost)

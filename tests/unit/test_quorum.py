@@ -1,0 +1,267 @@
+"""Majorities, the tally of one round, and validity."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tenure._core.quorum import Failure, NodeResult, Round, drift_allowance, majority
+
+SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=300)
+
+Answer = Literal["yes", "no", "fail"]
+ANSWERS: tuple[Answer, ...] = ("yes", "no", "fail")
+
+
+# --- majority ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("n", "expected"), [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4), (7, 4), (99, 50)]
+)
+def test_majority_table(n: int, expected: int) -> None:
+    assert majority(n) == expected
+
+
+@pytest.mark.parametrize("n", range(1, 100))
+def test_majority_is_the_smallest_strict_majority(n: int) -> None:
+    m = majority(n)
+    assert m > n / 2
+    assert m - 1 <= n / 2
+    assert m <= n
+
+
+@SETTINGS
+@given(st.data())
+def test_two_majorities_always_intersect(data: st.DataObject) -> None:
+    n = data.draw(st.integers(1, 99), label="n")
+    nodes = list(range(n))
+    m = majority(n)
+    a = set(data.draw(st.permutations(nodes), label="a")[:m])
+    b = set(data.draw(st.permutations(nodes), label="b")[:m])
+    assert a & b
+
+
+def test_drift_allowance() -> None:
+    assert drift_allowance(10.0, 0.01, 0.002) == pytest.approx(0.102)
+    assert drift_allowance(10.0, 0.0, 0.0) == 0.0
+
+
+# --- Round: tables -------------------------------------------------------------------------
+
+
+def _feed(rnd: Round, node: int, answer: Answer) -> None:
+    if answer == "yes":
+        rnd.record(node, True)
+    elif answer == "no":
+        rnd.record(node, False)
+    else:
+        rnd.fail(node, Failure.ERROR, "boom")
+
+
+@pytest.mark.parametrize(
+    ("n", "answers", "decided", "succeeded", "impossible"),
+    [
+        (3, "", False, False, False),
+        (3, "y", False, False, False),
+        (3, "yy", True, True, False),
+        (3, "n", False, False, False),
+        (3, "nn", True, False, True),
+        (3, "ff", True, False, True),
+        (3, "nf", True, False, True),
+        (3, "yn", False, False, False),
+        (3, "ynf", True, False, True),
+        (3, "yny", True, True, False),
+        (1, "y", True, True, False),
+        (1, "n", True, False, True),
+        (1, "f", True, False, True),
+        (5, "yyy", True, True, False),
+        (5, "yy", False, False, False),
+        (5, "nny", False, False, False),
+        (5, "nnf", True, False, True),
+        (5, "yynn", False, False, False),
+        (5, "yynny", True, True, False),
+        (5, "yynnn", True, False, True),
+    ],
+)
+def test_round_table(
+    n: int, answers: str, decided: bool, succeeded: bool, impossible: bool
+) -> None:
+    rnd = Round(n, majority(n), started=0.0)
+    code: dict[str, Answer] = {"y": "yes", "n": "no", "f": "fail"}
+    for node, a in enumerate(answers):
+        _feed(rnd, node, code[a])
+    assert (rnd.decided, rnd.succeeded, rnd.impossible) == (decided, succeeded, impossible)
+    assert rnd.yes == answers.count("y")
+
+
+def test_round_starts_undecided_and_all_maybe_holding() -> None:
+    rnd = Round(5, 3, started=1.5)
+    assert rnd.started == 1.5
+    assert rnd.needed == 3
+    assert not rnd.decided
+    assert rnd.granted() == frozenset()
+    assert rnd.maybe_holding() == frozenset(range(5))
+    assert rnd.failures() == {}
+
+
+def test_second_answer_from_a_node_is_ignored() -> None:
+    rnd = Round(3, 2, started=0.0)
+    rnd.record(0, True)
+    rnd.record(0, True)
+    assert rnd.yes == 1
+    assert not rnd.decided
+    rnd.fail(0, Failure.UNREACHABLE, "late")
+    rnd.record(0, False)
+    assert rnd.results[0] == NodeResult(ok=True)
+    rnd.fail(1, Failure.ERROR, "x")
+    rnd.record(1, True)
+    assert rnd.yes == 1
+    assert rnd.results[1] == NodeResult(failure=Failure.ERROR, detail="x")
+
+
+def test_failures_and_unreachable_blocks_quorum() -> None:
+    rnd = Round(3, 2, started=0.0)
+    rnd.record(0, False)
+    rnd.fail(1, Failure.UNREACHABLE, "refused")
+    # One refusal and one failure: impossible, but not because of failures alone.
+    assert rnd.impossible
+    assert not rnd.unreachable_blocks_quorum()
+    assert rnd.failures() == {1: NodeResult(failure=Failure.UNREACHABLE, detail="refused")}
+    rnd.fail(2, Failure.UNSUPPORTED, "NOPERM")
+    assert rnd.unreachable_blocks_quorum()
+    assert set(rnd.failures()) == {1, 2}
+
+
+def test_time_out_fails_exactly_the_silent_nodes() -> None:
+    rnd = Round(5, 3, started=0.0)
+    rnd.record(0, True)
+    rnd.record(1, False)
+    rnd.fail(2, Failure.ERROR, "oops")
+    rnd.time_out()
+    assert rnd.results[0] == NodeResult(ok=True)
+    assert rnd.results[1] == NodeResult(ok=False)
+    assert rnd.results[2] == NodeResult(failure=Failure.ERROR, detail="oops")
+    for i in (3, 4):
+        result = rnd.results[i]
+        assert result is not None
+        assert result.failure is Failure.UNREACHABLE
+        assert result.ok is None
+    assert rnd.decided
+    assert not rnd.succeeded
+    assert rnd.maybe_holding() == frozenset({0, 2, 3, 4})
+
+
+@pytest.mark.parametrize(
+    ("started", "ttl", "drift", "now", "expected"),
+    [
+        (100.0, 10.0, 0.1, 100.0, 9.9),
+        (100.0, 10.0, 0.1, 105.0, 4.9),
+        (100.0, 10.0, 0.1, 109.9, 0.0),
+        (100.0, 10.0, 0.1, 111.0, -1.1),
+        (0.0, 1.0, 0.0, 0.25, 0.75),
+    ],
+)
+def test_validity(started: float, ttl: float, drift: float, now: float, expected: float) -> None:
+    rnd = Round(3, 2, started=started)
+    assert rnd.validity(now, ttl, drift) == pytest.approx(expected, abs=1e-9)
+
+
+@SETTINGS
+@given(
+    started=st.floats(-1e6, 1e6),
+    ttl=st.floats(0.001, 1e4),
+    drift=st.floats(0, 100),
+    now=st.floats(-1e6, 1e6),
+)
+def test_validity_formula(started: float, ttl: float, drift: float, now: float) -> None:
+    rnd = Round(3, 2, started=started)
+    assert rnd.validity(now, ttl, drift) == started + ttl - drift - now
+
+
+# --- Round: properties ---------------------------------------------------------------------
+
+
+@st.composite
+def rounds(draw: st.DrawFn) -> tuple[int, int, list[tuple[int, Answer]]]:
+    """(n, needed, events): answers in any order, some nodes repeated, some never heard."""
+    n = draw(st.integers(1, 9), label="n")
+    needed = draw(st.one_of(st.just(majority(n)), st.integers(1, n)), label="needed")
+    events = draw(
+        st.lists(st.tuples(st.integers(0, n - 1), st.sampled_from(ANSWERS)), max_size=3 * n),
+        label="events",
+    )
+    return n, needed, events
+
+
+@SETTINGS
+@given(rounds())
+def test_round_tally_properties(case: tuple[int, int, list[tuple[int, Answer]]]) -> None:
+    n, needed, events = case
+    rnd = Round(n, needed, started=0.0)
+    first: dict[int, Answer] = {}
+    was_succeeded = False
+    was_decided = False
+    outcome_when_decided: bool | None = None
+    for node, answer in events:
+        _feed(rnd, node, answer)
+        first.setdefault(node, answer)  # a second answer from a node is ignored
+
+        yes = sum(1 for a in first.values() if a == "yes")
+        not_yes = len(first) - yes
+        assert rnd.yes == yes
+        assert rnd.succeeded == (yes >= needed)
+        assert rnd.impossible == (not_yes > n - needed)
+        assert rnd.decided == (yes >= needed or not_yes > n - needed)
+        assert not (rnd.succeeded and rnd.impossible)
+
+        # Once decided, the outcome is final: more answers never change it.
+        assert not (was_decided and not rnd.decided)
+        assert not (was_succeeded and not rnd.succeeded)
+        if rnd.decided and outcome_when_decided is None:
+            outcome_when_decided = rnd.succeeded
+        if outcome_when_decided is not None:
+            assert rnd.succeeded == outcome_when_decided
+        was_decided, was_succeeded = rnd.decided, rnd.succeeded
+
+        said = {a: {i for i, x in first.items() if x == a} for a in ANSWERS}
+        silent = set(range(n)) - set(first)
+        assert rnd.granted() == said["yes"]
+        assert set(rnd.failures()) == said["fail"]
+        holding = rnd.maybe_holding()
+        assert not holding & said["no"], "a definite no can never be holding our token"
+        assert holding == said["yes"] | said["fail"] | silent
+
+    silent_before = set(range(n)) - set(first)
+    before = list(rnd.results)
+    rnd.time_out()
+    assert rnd.decided
+    for i in range(n):
+        result = rnd.results[i]
+        assert result is not None
+        if i in silent_before:
+            assert result.failure is Failure.UNREACHABLE
+        else:
+            assert result is before[i], "time_out must not touch a node that answered"
+    assert set(rnd.failures()) == {i for i, a in first.items() if a == "fail"} | silent_before
+    assert not rnd.maybe_holding() & {i for i, a in first.items() if a == "no"}
+
+
+@SETTINGS
+@given(rounds())
+def test_unreachable_blocks_quorum_counts_only_failures(
+    case: tuple[int, int, list[tuple[int, Answer]]],
+) -> None:
+    n, needed, events = case
+    rnd = Round(n, needed, started=0.0)
+    first: dict[int, Answer] = {}
+    for node, answer in events:
+        _feed(rnd, node, answer)
+        first.setdefault(node, answer)
+    failed = sum(1 for a in first.values() if a == "fail")
+    assert rnd.unreachable_blocks_quorum() == (failed > n - needed)
+    if rnd.unreachable_blocks_quorum():
+        assert rnd.impossible
