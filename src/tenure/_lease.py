@@ -7,7 +7,14 @@ import time
 from ._core.acquire import LeaseState
 from ._core.config import LockSpec
 
-__all__ = ["LeaseView"]
+__all__ = ["LeaseView", "not_acquired"]
+
+
+def not_acquired(blocking: bool, timeout: float | None) -> str:
+    """Why an acquire gave up, for ``LockTimeout`` messages."""
+    if not blocking:
+        return "held by another client (non-blocking attempt)"
+    return f"still held by another client after timeout={timeout}s"
 
 
 class LeaseView:
@@ -73,7 +80,11 @@ class LeaseView:
         return self._released
 
     def __repr__(self) -> str:
-        status = "released" if self._released else "lost" if self._lost else (
-            f"valid {self.remaining:.3f}s" if self.valid else "expired"
+        status = (
+            "released"
+            if self._released
+            else "lost"
+            if self._lost
+            else (f"valid {self.remaining:.3f}s" if self.valid else "expired")
         )
         return f"<{type(self).__name__} {self.name!r} {status} nodes={list(self.nodes)}>"

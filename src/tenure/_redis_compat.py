@@ -20,14 +20,21 @@ __all__ = ["classify_error", "connection_kwargs"]
 
 
 def _accepts(cls: type, name: str) -> bool:
-    return any(name in inspect.signature(c.__init__).parameters for c in cls.__mro__ if "__init__" in c.__dict__)
+    """Whether ``cls(...)`` takes keyword ``name`` anywhere along its MRO."""
+    return any(
+        name in inspect.signature(c.__dict__["__init__"]).parameters
+        for c in cls.__mro__
+        if "__init__" in c.__dict__
+    )
 
 
 # redis-py 5-7 name the CLIENT SETINFO handshake lib_name/lib_version; 8 deprecates them
 # for driver_info. Either way we switch it off: it costs two round trips per connect and
 # would block a reconnect to a frozen node for the whole socket timeout.
 _NO_SETINFO: dict[str, Any] = (
-    {"driver_info": None} if _accepts(redis.Connection, "driver_info") else {"lib_name": None, "lib_version": None}
+    {"driver_info": None}
+    if _accepts(redis.Connection, "driver_info")
+    else {"lib_name": None, "lib_version": None}
 )
 
 

@@ -21,7 +21,8 @@ def test_acquire_release_cycle(api: Api, shared5: LocalCluster, key: str, n: int
     lock = client.lock(key, ttl=TTL)
     assert lock.acquire() is True
     lease = lock.lease
-    assert lease.valid and 0 < lease.remaining <= TTL
+    assert lease.valid
+    assert 0 < lease.remaining <= TTL
     assert len(lease.nodes) >= n // 2 + 1
     assert lock.locked() is True
     # Only the holder's token is on the nodes, under the documented key.
@@ -40,19 +41,18 @@ def test_second_client_is_refused_while_held(api: Api, shared5: LocalCluster, ke
         started = time.monotonic()
         assert b.lock(key, ttl=TTL).acquire(timeout=0.2) is False
         assert 0.2 <= time.monotonic() - started < 1.0
-        with pytest.raises(tenure.LockTimeout):
-            with b.lock(key, ttl=TTL, blocking=False):
-                pass
+        with pytest.raises(tenure.LockTimeout), b.lock(key, ttl=TTL, blocking=False):
+            pass
     # Released: the other client gets it at once.
-    assert b.acquire(key, ttl=TTL, blocking=False) is not None
+    b.acquire(key, ttl=TTL, blocking=False).release()
 
 
-def test_blocking_acquire_waits_for_release_by_expiry(api: Api, shared5: LocalCluster, key: str) -> None:
+def test_blocking_acquire_waits_for_release_by_expiry(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
     a, b = api.client(shared5.urls), api.client(shared5.urls)
     first = a.acquire(key, ttl=0.3)
-    assert first is not None
     second = b.acquire(key, ttl=TTL, timeout=3.0)
-    assert second is not None
     # No early takeover: the second lease began after the first one's validity ended.
     assert second.acquired_at >= first.valid_until
     with pytest.raises(tenure.LeaseLost):
@@ -62,14 +62,13 @@ def test_blocking_acquire_waits_for_release_by_expiry(api: Api, shared5: LocalCl
 
 def test_failed_quorum_leaves_no_key_of_ours(api: Api, shared5: LocalCluster, key: str) -> None:
     client = api.client(shared5.urls)
-    lock_key = client.lock(key, ttl=TTL).lease  # no lease yet; use the documented key name
-    assert lock_key is None
-    name = f"tenure:{{{key}}}:lock"
+    name = f"tenure:{{{key}}}:lock"  # the documented key of lock `key`
     # A stranger holds three of five nodes; we can win at most two.
     for node in shared5.nodes[:3]:
         with node.client() as c:
             c.set(name, b"stranger", px=10_000)
-    assert client.acquire(key, ttl=TTL, blocking=False) is None
+    with pytest.raises(tenure.LockTimeout):
+        client.acquire(key, ttl=TTL, blocking=False)
     # Right after: our two grants were released, the stranger's keys untouched.
     assert holders(shared5, name) == [b"stranger"] * 3 + [None, None]
     for node in shared5.nodes[:3]:
@@ -159,7 +158,7 @@ def test_leases_of_different_locks_coexist(api: Api, shared5: LocalCluster, key:
     client = api.client(shared5.urls)
     a = client.acquire(key + "-a", ttl=TTL)
     b = client.acquire(key + "-b", ttl=TTL)
-    assert a is not None and b is not None and a.token != b.token
+    assert a.token != b.token
     b.release()
     a.release()
 

@@ -8,7 +8,6 @@ accidental network call into a quiet "node unreachable".
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from typing import NoReturn
 
 import pytest
@@ -19,7 +18,7 @@ def _forbidden(what: str) -> NoReturn:
 
 
 @pytest.fixture(autouse=True)
-def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every way of opening a connection fail the test loudly."""
 
     def connect(self: socket.socket, address: object) -> NoReturn:
@@ -34,4 +33,3 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(socket.socket, "connect", connect)
     monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
     monkeypatch.setattr(socket, "create_connection", create_connection)
-    yield

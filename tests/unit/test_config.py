@@ -26,8 +26,19 @@ SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples
 THREE = ["redis://a:6379", "redis://b:6379", "redis://c:6379"]
 
 
-def config(nodes: list[str] | None = None, **options: float) -> ClientConfig:
-    return ClientConfig.build(nodes or THREE, **options)
+def config(
+    nodes: list[str] | None = None,
+    *,
+    node_timeout: float = 0.05,
+    drift_factor: float = 0.01,
+    drift_floor: float = 0.002,
+) -> ClientConfig:
+    return ClientConfig.build(
+        nodes or THREE,
+        node_timeout=node_timeout,
+        drift_factor=drift_factor,
+        drift_floor=drift_floor,
+    )
 
 
 # --- node URLs -----------------------------------------------------------------------------
@@ -340,7 +351,7 @@ def test_ttl_too_small_for_node_timeout() -> None:
     assert "node_timeout" in str(info.value)
     # 2 x (node_timeout + drift) is the smallest accepted TTL.
     drift = 1.1 * 0.01 + 0.002
-    assert 1.1 >= 2 * (0.5 + drift)
+    assert 2 * (0.5 + drift) <= 1.1
     assert LockSpec.build(cfg, "r", 1.1).ttl == 1.1
 
 
@@ -355,12 +366,15 @@ def test_accepted_ttl_leaves_half_after_the_slowest_round(
     node_timeout: float, factor: float, floor: float, ttl: float
 ) -> None:
     cfg = config(node_timeout=node_timeout, drift_factor=factor, drift_floor=floor)
-    try:
+    ttl_ms = int(ttl * 1000)
+    drift = ttl_ms / 1000 * factor + floor
+    if ttl_ms / 1000 < 2 * (node_timeout + drift) * (1 - 1e-9):
+        with pytest.raises(ConfigurationError) as info:
+            LockSpec.build(cfg, "r", ttl)
+        assert info.value.parameter == "ttl"
+    elif ttl_ms / 1000 > 2 * (node_timeout + drift) * (1 + 1e-9):
         spec = LockSpec.build(cfg, "r", ttl)
-    except ConfigurationError as exc:
-        assert exc.parameter == "ttl"
-        return
-    assert spec.ttl - spec.node_timeout - spec.drift >= spec.ttl / 2 - 1e-12
+        assert spec.ttl - spec.node_timeout - spec.drift >= spec.ttl / 2 - 1e-9
 
 
 @pytest.mark.parametrize("name", ["", None, 1, b"name", ["x"]])

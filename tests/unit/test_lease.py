@@ -162,8 +162,20 @@ def test_release_without_a_majority_before_expiry_is_lease_lost(answers: str) ->
     error = conclude_release(lease(0.0), N, 3, rnd, 3.0, NAMES)
     assert isinstance(error, LeaseLost)
     assert not isinstance(error, LeaseExpired)
-    assert f"only {answers.count('y')} of {N} nodes still held it (3 needed)" in str(error)
+    assert f"only {answers.count('y')} of {N} nodes" in str(error)
+    assert "(3 needed)" in str(error)
     assert set(error.node_errors) == {f"node{i}" for i, a in enumerate(answers) if a in "u."}
+
+
+@pytest.mark.parametrize(
+    ("answers", "unanswered"), [("yy...", True), ("yyuuu", True), ("yynnn", False)]
+)
+def test_release_says_whether_the_lease_was_proven_lost(answers: str, unanswered: bool) -> None:
+    """Nodes that did not answer may still have held it; nodes that said no did not."""
+    error = conclude_release(lease(0.0), N, 3, tally(answers, started=3.0), 3.0, NAMES)
+    assert error is not None
+    assert ("did not answer" in str(error)) == unanswered
+    assert ("another client may have held it" in str(error)) == (not unanswered)
 
 
 @pytest.mark.parametrize("now", [9.9, 10.0, 1000.0])

@@ -265,3 +265,46 @@ def test_unreachable_blocks_quorum_counts_only_failures(
     assert rnd.unreachable_blocks_quorum() == (failed > n - needed)
     if rnd.unreachable_blocks_quorum():
         assert rnd.impossible
+
+
+# --- cleanup rounds -----------------------------------------------------------------------
+
+
+def test_cleanup_round_counts_non_targets_as_done() -> None:
+    rnd = Round.cleanup(5, frozenset({1, 3}), started=2.0)
+    assert rnd.started == 2.0
+    assert rnd.needed == 5
+    assert rnd.maybe_holding() == frozenset({0, 1, 2, 3, 4})  # yes counts as maybe holding
+    assert [r is None for r in rnd.results] == [False, True, False, True, False]
+    assert not rnd.decided
+    rnd.record(1, True)
+    assert not rnd.decided
+    rnd.record(3, True)
+    assert rnd.decided
+
+
+def test_cleanup_round_with_no_targets_is_decided_at_once() -> None:
+    assert Round.cleanup(3, frozenset(), started=0.0).decided
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        pytest.param("no", id="release-answered-0"),
+        pytest.param("fail", id="release-failed"),
+    ],
+)
+def test_cleanup_round_waits_for_every_target(first: Answer) -> None:
+    """Its docstring: "done when *every* target answered", not at the first 0 or error.
+
+    The drivers stop reading as soon as ``decided``; a target that answers 0 (it never
+    stored our token, e.g. its SET timed out before running) must not cut the wait for
+    the other targets short, or the caller returns while our keys may still be there.
+    """
+    rnd = Round.cleanup(5, frozenset({0, 2, 4}), started=0.0)
+    _feed(rnd, 0, first)
+    assert not rnd.decided, "targets 2 and 4 have not answered yet"
+    rnd.record(2, True)
+    assert not rnd.decided, "target 4 has not answered yet"
+    rnd.record(4, True)
+    assert rnd.decided

@@ -86,13 +86,13 @@ class Channel:
         # redis-py has no public synchronous write; we use its StreamWriter directly so
         # that the write happens before the caller's next statement.
         assert self._conn is not None
-        self._conn._writer.write(packed)  # type: ignore[union-attr]  # noqa: SLF001
+        self._conn._writer.write(packed)  # type: ignore[union-attr]
 
     async def _run(self) -> None:
         """Connect, flush what was queued meanwhile, then read replies until the link fails."""
-        conn: redis.asyncio.Connection = self._pool.make_connection()
+        conn: redis.asyncio.Connection = self._pool.make_connection()  # type: ignore[no-untyped-call]
         try:
-            await conn.connect()
+            await conn.connect()  # type: ignore[no-untyped-call]
             self._conn = conn
             now = time.monotonic()
             for command, fut in self._unsent:
@@ -158,9 +158,12 @@ class Channels:
 
     def __init__(self, config: ClientConfig, connection_options: dict[str, Any]) -> None:
         self._config = config
+
         def pool(a: NodeAddress) -> redis.asyncio.ConnectionPool:
             defaults = connection_kwargs(config.node_timeout, asyncio=True, unix=a.path is not None)
-            return redis.asyncio.ConnectionPool.from_url(a.url, **{**defaults, **connection_options})
+            return redis.asyncio.ConnectionPool.from_url(
+                a.url, **{**defaults, **connection_options}
+            )
 
         self._pools = [pool(a) for a in config.nodes]
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -171,7 +174,9 @@ class Channels:
         if loop is not self._loop:
             # Connections belong to the loop that made them; a new loop gets new ones.
             self._loop = loop
-            self._channels = [Channel(a, p) for a, p in zip(self._config.nodes, self._pools)]
+            self._channels = [
+                Channel(a, p) for a, p in zip(self._config.nodes, self._pools, strict=True)
+            ]
         return self._channels
 
     def send(
@@ -190,10 +195,9 @@ class Channels:
     async def run(
         self, command: Command, rnd: Round, deadline: float, targets: Sequence[int] | None = None
     ) -> None:
-        """Send to ``targets`` (all nodes by default); return once ``rnd`` is decided or at ``deadline``."""
+        """Send to ``targets`` (default: all); return when ``rnd`` is decided or at ``deadline``."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
-        channels = self._current()
 
         def settle() -> None:
             if not done.done():

@@ -23,6 +23,7 @@ from .._core.policy import RetryPolicy
 from .._core.quorum import Round
 from .._errors import LockTimeout, NotHeld
 from .._lease import LeaseView
+from .._lease import not_acquired as _not_acquired
 from .channels import Channels
 
 __all__ = ["AsyncClient", "AsyncLease", "AsyncLock"]
@@ -68,11 +69,17 @@ class AsyncClient:
 
     async def acquire(
         self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
-    ) -> AsyncLease | None:
-        """Acquire ``name`` for ``ttl`` seconds; the lease, or None if not acquired in time."""
-        return await self._acquire(LockSpec.build(self.config, name, ttl), blocking, timeout)
+    ) -> AsyncLease:
+        """Acquire ``name`` for ``ttl`` seconds; see ``Client.acquire``."""
+        spec = LockSpec.build(self.config, name, ttl)
+        lease = await self._acquire(spec, blocking, timeout)
+        if lease is None:
+            raise LockTimeout(name, _not_acquired(blocking, timeout))
+        return lease
 
-    async def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> AsyncLease | None:
+    async def _acquire(
+        self, spec: LockSpec, blocking: bool, timeout: float | None
+    ) -> AsyncLease | None:
         timeout = check_acquire_args(blocking, timeout)
         acq = Acquisition(
             spec,
@@ -168,7 +175,12 @@ class AsyncLease(LeaseView):
         self._released = True
         rnd = await client._round(commands.release(self.key, self.token))
         error = conclude_release(
-            self._state, len(client.node_names), client.config.quorum, rnd, _clock(), client.node_names
+            self._state,
+            len(client.node_names),
+            client.config.quorum,
+            rnd,
+            _clock(),
+            client.node_names,
         )
         if error is not None:
             self._lost = True
@@ -189,7 +201,9 @@ class AsyncLease(LeaseView):
 class AsyncLock:
     """The asyncio twin of ``tenure.Lock``: ``async with lock as lease:``."""
 
-    def __init__(self, client: AsyncClient, spec: LockSpec, blocking: bool, timeout: float | None) -> None:
+    def __init__(
+        self, client: AsyncClient, spec: LockSpec, blocking: bool, timeout: float | None
+    ) -> None:
         check_acquire_args(blocking, timeout)
         self._client = client
         self._spec = spec
@@ -227,7 +241,7 @@ class AsyncLock:
 
     async def __aenter__(self) -> AsyncLease:
         if not await self.acquire(self._blocking, self._timeout):
-            raise LockTimeout(self.name, f"not acquired within timeout={self._timeout}s")
+            raise LockTimeout(self.name, _not_acquired(self._blocking, self._timeout))
         assert self._lease is not None
         return self._lease
 

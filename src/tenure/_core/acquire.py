@@ -26,7 +26,7 @@ from .config import LockSpec
 from .policy import RetryPolicy
 from .quorum import Failure, Round
 
-__all__ = ["Acquisition", "Granted", "GiveUp", "LeaseState", "Retry", "round_errors"]
+__all__ = ["Acquisition", "GiveUp", "Granted", "LeaseState", "Retry", "round_errors"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class GiveUp:
     """Stop trying. ``error`` is None for an ordinary timeout (acquire returns False)."""
 
     cleanup: frozenset[int]
-    error: LockError | None
+    error: LockError | ServerUnsupported | None
 
 
 Step = Granted | Retry | GiveUp
@@ -142,7 +142,7 @@ class Acquisition:
             sleep = min(sleep, left)
         return Retry(sleep, cleanup)
 
-    def _unreachable(self, rnd: Round) -> LockError:
+    def _unreachable(self, rnd: Round) -> LockError | ServerUnsupported:
         errors = round_errors(rnd, self._names)
         unsupported = [
             self._names[i] for i, r in rnd.failures().items() if r.failure is Failure.UNSUPPORTED

@@ -68,13 +68,16 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
         raise ConfigurationError(
-            parameter, f"URL {url!r} has scheme {parts.scheme!r}; accepted: redis://, rediss://, unix://"
+            parameter,
+            f"URL {url!r} has scheme {parts.scheme!r}; accepted: redis://, rediss://, unix://",
         )
     db_text = parse_qs(parts.query).get("db", [""])[0]
     if scheme == "unix":
         path = unquote(parts.path)
         if not path:
-            raise ConfigurationError(parameter, f"URL {url!r} names no socket path (unix:///path/to/sock)")
+            raise ConfigurationError(
+                parameter, f"URL {url!r} names no socket path (unix:///path/to/sock)"
+            )
         host, port_num = None, None
     else:
         if not parts.hostname:
@@ -87,7 +90,9 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
     try:
         db = int(db_text) if db_text else 0
     except ValueError:
-        raise ConfigurationError(parameter, f"URL {url!r}: database must be an integer >= 0") from None
+        raise ConfigurationError(
+            parameter, f"URL {url!r}: database must be an integer >= 0"
+        ) from None
     if db < 0:
         raise ConfigurationError(parameter, f"URL {url!r}: database must be an integer >= 0")
     return NodeAddress(url=url, scheme=scheme, host=host, port=port_num, path=path, db=db)
@@ -140,13 +145,17 @@ class ClientConfig:
             seen[a.identity] = i
         timeout = _finite("node_timeout", node_timeout)
         if not 0 < timeout <= 60:
-            raise ConfigurationError("node_timeout", f"must be in (0, 60] seconds, got {node_timeout}")
+            raise ConfigurationError(
+                "node_timeout", f"must be in (0, 60] seconds, got {node_timeout}"
+            )
         factor = _finite("drift_factor", drift_factor)
         if not 0 <= factor < 0.5:
             raise ConfigurationError("drift_factor", f"must be in [0, 0.5), got {drift_factor}")
         floor = _finite("drift_floor", drift_floor)
         if not 0 <= floor <= 10:
-            raise ConfigurationError("drift_floor", f"must be in [0, 10] seconds, got {drift_floor}")
+            raise ConfigurationError(
+                "drift_floor", f"must be in [0, 10] seconds, got {drift_floor}"
+            )
         return cls(
             nodes=addresses,
             node_timeout=timeout,
@@ -244,7 +253,11 @@ def check_acquire_args(blocking: object, timeout: object) -> float | None:
         return None
     seconds = _finite("timeout", timeout)
     if seconds < 0:
-        raise ConfigurationError("timeout", f"must be >= 0 seconds, None or -1 (forever), got {timeout!r}")
+        raise ConfigurationError(
+            "timeout", f"must be >= 0 seconds, None or -1 (forever), got {timeout!r}"
+        )
     if not blocking:
-        raise ConfigurationError("timeout", "cannot be given for a non-blocking acquire (blocking=False)")
+        raise ConfigurationError(
+            "timeout", "cannot be given for a non-blocking acquire (blocking=False)"
+        )
     return seconds

@@ -27,11 +27,13 @@ class RetryPolicy(Protocol):
 
 def _check_delay(parameter: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-        raise ConfigurationError(parameter, f"must be a finite number of seconds >= 0, got {value!r}")
+        raise ConfigurationError(
+            parameter, f"must be a finite number of seconds >= 0, got {value!r}"
+        )
 
 
 @dataclass(frozen=True)
-class wait_random:  # noqa: N801 - named like a function, as tenacity's policies are
+class wait_random:
     """Sleep a uniformly random time between ``minimum`` and ``maximum`` seconds."""
 
     minimum: float = 0.0
@@ -41,15 +43,20 @@ class wait_random:  # noqa: N801 - named like a function, as tenacity's policies
         _check_delay("minimum", self.minimum)
         _check_delay("maximum", self.maximum)
         if self.maximum < self.minimum:
-            raise ConfigurationError("maximum", f"must be >= minimum ({self.minimum}), got {self.maximum}")
+            raise ConfigurationError(
+                "maximum", f"must be >= minimum ({self.minimum}), got {self.maximum}"
+            )
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         return rng.uniform(self.minimum, self.maximum)
 
 
 @dataclass(frozen=True)
-class wait_random_exponential:  # noqa: N801
-    """Full-jitter exponential back-off: uniform in ``[0, min(maximum, initial * 2**(attempt-1))]``."""
+class wait_random_exponential:
+    """Full-jitter exponential back-off.
+
+    The delay after attempt ``k`` is uniform in ``[0, min(maximum, initial * 2**(k-1))]``.
+    """
 
     initial: float = 0.002
     maximum: float = 0.1

@@ -22,6 +22,7 @@ from .._core.policy import RetryPolicy
 from .._core.quorum import Round
 from .._errors import LockTimeout, NotHeld
 from .._lease import LeaseView
+from .._lease import not_acquired as _not_acquired
 from .links import LinkPool, LinkSet
 
 __all__ = ["Client", "Lease", "Lock"]
@@ -78,15 +79,24 @@ class Client:
 
     def acquire(
         self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
-    ) -> Lease | None:
-        """Acquire ``name`` for ``ttl`` seconds; the lease, or None if not acquired in time.
+    ) -> Lease:
+        """Acquire ``name`` for ``ttl`` seconds and return the lease.
+
+        Unlike ``Lock.acquire`` (which returns False, as ``threading.Lock`` does), this
+        raises when the lock was not acquired, so the result is always a lease.
 
         Raises:
+            LockTimeout: held elsewhere: at once if ``blocking`` is False, else after
+                ``timeout`` seconds (None waits forever).
             QuorumUnreachable: so many nodes failed that no majority is possible.
             ServerUnsupported: nodes refused a command tenure needs (ACL).
             ConfigurationError: bad name, TTL or timeout.
         """
-        return self._acquire(LockSpec.build(self.config, name, ttl), blocking, timeout)
+        spec = LockSpec.build(self.config, name, ttl)
+        lease = self._acquire(spec, blocking, timeout)
+        if lease is None:
+            raise LockTimeout(name, _not_acquired(blocking, timeout))
+        return lease
 
     def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | None:
         timeout = check_acquire_args(blocking, timeout)
@@ -104,7 +114,12 @@ class Client:
                 token = secrets.token_hex(16)
                 rnd = acq.begin(_clock())
                 try:
-                    links.run(commands.acquire(spec.key, token, spec.ttl_ms), rnd, acq.deadline(rnd), _clock)
+                    links.run(
+                        commands.acquire(spec.key, token, spec.ttl_ms),
+                        rnd,
+                        acq.deadline(rnd),
+                        _clock,
+                    )
                 except BaseException:
                     # Interrupted mid-round (KeyboardInterrupt): the SET may have landed.
                     self._cleanup(spec, token, rnd.maybe_holding())
@@ -133,7 +148,13 @@ class Client:
     def _cleanup_round(self, links: LinkSet, key: str, token: str, targets: frozenset[int]) -> None:
         now = _clock()
         rnd = Round.cleanup(len(self.node_names), targets, now)
-        links.run(commands.release(key, token), rnd, now + self.config.node_timeout, _clock, sorted(targets))
+        links.run(
+            commands.release(key, token),
+            rnd,
+            now + self.config.node_timeout,
+            _clock,
+            sorted(targets),
+        )
 
     def _cleanup(self, spec: LockSpec, token: str, targets: frozenset[int]) -> None:
         with self._links() as links:
@@ -230,7 +251,12 @@ class Lease(LeaseView):
             with client._links() as links:
                 rnd = client._release_round(links, self.key, self.token)
             error = conclude_release(
-                self._state, len(client.node_names), client.config.quorum, rnd, _clock(), client.node_names
+                self._state,
+                len(client.node_names),
+                client.config.quorum,
+                rnd,
+                _clock(),
+                client.node_names,
             )
         if error is not None:
             self._lost = True
@@ -256,7 +282,9 @@ class Lock:
     ``Client.lock`` and raises ``LockTimeout`` if that fails.
     """
 
-    def __init__(self, client: Client, spec: LockSpec, blocking: bool, timeout: float | None) -> None:
+    def __init__(
+        self, client: Client, spec: LockSpec, blocking: bool, timeout: float | None
+    ) -> None:
         check_acquire_args(blocking, timeout)
         self._client = client
         self._spec = spec
@@ -305,12 +333,14 @@ class Lock:
         now = _clock()
         rnd = Round(len(client.node_names), client.config.quorum, now)
         with client._links() as links:
-            links.run(commands.exists(self._spec.key), rnd, now + client.config.node_timeout, _clock)
+            links.run(
+                commands.exists(self._spec.key), rnd, now + client.config.node_timeout, _clock
+            )
         return rnd.succeeded
 
     def __enter__(self) -> Lease:
         if not self.acquire(self._blocking, self._timeout):
-            raise LockTimeout(self.name, f"not acquired within timeout={self._timeout}s")
+            raise LockTimeout(self.name, _not_acquired(self._blocking, self._timeout))
         assert self._lease is not None
         return self._lease
 

@@ -23,6 +23,7 @@ sets (without closing the parent's sockets) and opens its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import threading
@@ -62,8 +63,9 @@ class NodeState:
         self._backoff = BACKOFF_MIN
 
     def new_connection(self) -> redis.Connection:
-        conn: redis.Connection = self._factory.make_connection()
-        return conn
+        conn = self._factory.make_connection()
+        assert isinstance(conn, redis.connection.AbstractConnection)
+        return conn  # type: ignore[return-value]  # a Connection or UnixDomainSocketConnection
 
     def down(self, now: float) -> None:
         with self._lock:
@@ -94,10 +96,12 @@ class Link:
         conn = self.conn
         if conn is None:
             if now < self.node.retry_at:
-                raise _Down(f"not retried until the back-off ends ({self.node.retry_at - now:.3f}s)")
+                raise _Down(
+                    f"not retried until the back-off ends ({self.node.retry_at - now:.3f}s)"
+                )
             conn = self.conn = self.node.new_connection()
         try:
-            conn.send_packed_command([command.packed], check_health=False)
+            conn.send_packed_command([command.packed], check_health=False)  # type: ignore[no-untyped-call]
         except _NETWORK_ERRORS:
             self.drop(now)
             raise
@@ -105,17 +109,16 @@ class Link:
 
     def socket(self) -> Any:
         # redis-py has no public accessor for the socket it owns; we only select() on it.
-        return self.conn._sock if self.conn is not None else None  # noqa: SLF001
+        return self.conn._sock if self.conn is not None else None
 
     def read(self) -> Any:
         """Read one reply: ours (error replies raise), or ``_NOT_YET`` if it was owed."""
         assert self.conn is not None
         if self.owed:
             self.owed -= 1
-            try:
+            # An abandoned request's error reply is nobody's business any more.
+            with contextlib.suppress(ResponseError):
                 self.conn.read_response()
-            except ResponseError:
-                pass  # an abandoned request's error is nobody's business now
             return _NOT_YET
         return self.conn.read_response()
 
@@ -131,7 +134,7 @@ class Link:
 
     def drop(self, now: float) -> None:
         if self.conn is not None:
-            self.conn.disconnect()
+            self.conn.disconnect()  # type: ignore[no-untyped-call]
             self.conn = None
         self.owed = 0
         self.node.down(now)
@@ -226,7 +229,9 @@ class LinkPool:
 
     def __init__(self, config: ClientConfig, connection_options: dict[str, Any]) -> None:
         def pool(a: NodeAddress) -> redis.ConnectionPool:
-            defaults = connection_kwargs(config.node_timeout, asyncio=False, unix=a.path is not None)
+            defaults = connection_kwargs(
+                config.node_timeout, asyncio=False, unix=a.path is not None
+            )
             return redis.ConnectionPool.from_url(a.url, **{**defaults, **connection_options})
 
         self.nodes = [NodeState(a, pool(a)) for a in config.nodes]
@@ -255,5 +260,5 @@ class LinkPool:
         for s in sets:
             for link in s.links:
                 if link.conn is not None:
-                    link.conn.disconnect()
+                    link.conn.disconnect()  # type: ignore[no-untyped-call]
                     link.conn = None

@@ -1,0 +1,117 @@
+"""asyncio cancellation never leaves a key behind and never reports a cancelled acquire as won."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import tenure
+from tenure.local import LocalCluster
+
+from .conftest import holders
+
+
+def wait_until_gone(cluster: LocalCluster, key: str, within: float = 2.0) -> list[bytes | None]:
+    deadline = time.monotonic() + within
+    while True:
+        values = holders(cluster, key)
+        if not any(values) or time.monotonic() > deadline:
+            return values
+
+
+def test_cancel_mid_acquire_leaves_no_key(cluster5: LocalCluster, key: str) -> None:
+    """Every node is frozen while the SETs are in flight; the task is cancelled; then they wake."""
+
+    async def main() -> tuple[bool, str]:
+        async with tenure.AsyncClient(cluster5.urls, node_timeout=0.5) as client:
+            lease = await client.acquire(key + "-warm", ttl=5.0)  # connections up
+            await lease.release()
+            for node in cluster5:
+                node.pause()
+            task = asyncio.create_task(client.acquire(key, ttl=5.0))
+            await asyncio.sleep(0.1)  # the SETs are written; no node can answer
+            task.cancel()
+            try:
+                await task
+                won = True
+            except asyncio.CancelledError:
+                won = False
+            for node in cluster5:
+                node.resume()
+            return won, f"tenure:{{{key}}}:lock"
+
+    won, lock_key = asyncio.run(main())
+    assert won is False
+    # The nodes executed SET then the release written behind it on the same connection.
+    assert wait_until_gone(cluster5, lock_key) == [None] * 5
+
+
+def test_cancel_mid_release_still_releases(cluster5: LocalCluster, key: str) -> None:
+    async def main() -> str:
+        async with tenure.AsyncClient(cluster5.urls, node_timeout=0.5) as client:
+            lease = await client.acquire(key, ttl=5.0)
+            for node in cluster5:
+                node.pause()
+            task = asyncio.create_task(lease.release())
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            for node in cluster5:
+                node.resume()
+            assert lease.released
+            return lease.key
+
+    lock_key = asyncio.run(main())
+    assert wait_until_gone(cluster5, lock_key) == [None] * 5
+
+
+def test_cancel_during_retry_sleep(cluster5: LocalCluster, key: str) -> None:
+    async def main() -> None:
+        async with tenure.AsyncClient(cluster5.urls) as a, tenure.AsyncClient(cluster5.urls) as b:
+            held = await a.acquire(key, ttl=5.0)
+            waiter = asyncio.create_task(b.acquire(key, ttl=5.0))
+            await asyncio.sleep(0.2)  # b is retrying, between attempts or mid-attempt
+            waiter.cancel()
+            try:
+                await waiter
+                raise AssertionError("a cancelled acquire reported success")
+            except asyncio.CancelledError:
+                pass
+            # Only the holder's token is anywhere.
+            values = holders(cluster5, held.key)
+            assert {v for v in values if v} == {held.token.encode()}
+            await held.release()
+
+    asyncio.run(main())
+
+
+def test_many_tasks_hold_different_locks(cluster5: LocalCluster, key: str) -> None:
+    async def main() -> None:
+        async with tenure.AsyncClient(cluster5.urls) as client:
+
+            async def work(i: int) -> str:
+                async with client.lock(f"{key}-{i}", ttl=5.0) as lease:
+                    await asyncio.sleep(0.01)
+                    return lease.token
+
+            tokens = await asyncio.gather(*(work(i) for i in range(50)))
+            assert len(set(tokens)) == 50
+
+            # And many tasks contending for one lock take turns.
+            inside = 0
+            most = 0
+
+            async def contend() -> None:
+                nonlocal inside, most
+                async with client.lock(key, ttl=5.0):
+                    inside += 1
+                    most = max(most, inside)
+                    await asyncio.sleep(0.002)
+                    inside -= 1
+
+            await asyncio.gather(*(contend() for _ in range(20)))
+            assert most == 1
+
+    asyncio.run(main())

@@ -1,0 +1,126 @@
+"""Faulty nodes: paused (SIGSTOP), killed (SIGKILL), restarted; R1 liveness B, R4, R7."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+
+import tenure
+from tenure.local import LocalCluster
+
+from .conftest import Api, holders
+
+NODE_TIMEOUT = 0.05
+
+
+def timed_cycles(client: object, key: str, n: int) -> list[float]:
+    """Latencies of ``n`` acquire+extend+release cycles (seconds)."""
+    out = []
+    for _ in range(n):
+        started = time.monotonic()
+        lease = client.acquire(key, ttl=2.0, blocking=False)  # type: ignore[attr-defined]
+        lease.extend()
+        lease.release()
+        out.append(time.monotonic() - started)
+    return out
+
+
+@pytest.mark.parametrize("fault", ["pause", "kill"])
+def test_two_of_five_down_still_works(
+    api: Api, cluster5: LocalCluster, key: str, fault: str
+) -> None:
+    client = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
+    timed_cycles(client, key, 5)  # connections up
+    for node in cluster5.nodes[3:]:
+        getattr(node, fault)()
+    latencies = timed_cycles(client, key, 40)
+    # Each of the three rounds is decided by the three live nodes; a frozen node is
+    # never waited for, so even the slowest cycle stays well under one node timeout
+    # per round (generous bound: CI machines are noisy).
+    assert statistics.median(latencies) < NODE_TIMEOUT
+    assert max(latencies) < 3 * NODE_TIMEOUT + 0.25
+    lease = client.acquire(key, ttl=2.0)
+    assert len(lease.nodes) == 3
+    lease.release()
+    for node in cluster5.nodes[3:]:
+        if fault == "pause":
+            node.resume()
+
+
+@pytest.mark.parametrize("fault", ["pause", "kill"])
+def test_three_of_five_down_is_a_quick_clear_error(
+    api: Api, cluster5: LocalCluster, key: str, fault: str
+) -> None:
+    client = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
+    client.acquire(key, ttl=2.0).release()
+    for node in cluster5.nodes[2:]:
+        getattr(node, fault)()
+    started = time.monotonic()
+    with pytest.raises(tenure.QuorumUnreachable) as info:
+        client.acquire(key, ttl=2.0)  # blocking, no timeout: still fails fast
+    assert time.monotonic() - started < NODE_TIMEOUT + 0.25
+    assert len(info.value.node_errors) == 3
+    assert all(n.startswith("redis://127.0.0.1:") for n in info.value.node_errors)
+    # Nothing of ours stays on the two live nodes.
+    assert holders(cluster5, f"tenure:{{{key}}}:lock") == [None] * 5
+    if fault == "pause":
+        for node in cluster5.nodes[2:]:
+            node.resume()
+
+
+def test_frozen_node_replies_are_drained_and_its_late_grant_released(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    """A SET that a frozen node executes when it wakes up is followed by its release."""
+    client = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
+    client.acquire(key, ttl=5.0).release()
+    frozen = cluster5[4]
+    frozen.pause()
+    for _ in range(5):
+        client.acquire(key, ttl=5.0).release()
+    frozen.resume()
+    # The frozen node now runs its queued SET, release, SET, release...: no key remains.
+    deadline = time.monotonic() + 2.0
+    with frozen.client() as c:
+        while c.exists(f"tenure:{{{key}}}:lock") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not c.exists(f"tenure:{{{key}}}:lock")
+    # And the client reads past the stale replies: the next cycles use all five nodes.
+    for _ in range(3):
+        lease = client.acquire(key, ttl=5.0)
+        lease.release()
+
+
+def test_restarted_node_rejoins(api: Api, cluster5: LocalCluster, key: str) -> None:
+    client = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
+    client.acquire(key, ttl=2.0).release()
+    for node in cluster5.nodes[:2]:
+        node.kill()
+    client.acquire(key, ttl=2.0).release()
+    for node in cluster5.nodes[:2]:
+        node.restart(keep_data=False)
+    # Within the reconnect back-off (at most 1 s) the restarted nodes grant again.
+    restarted = set(client.node_names[:2])
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        lease = client.acquire(key, ttl=2.0)
+        lease.release()
+        if restarted <= set(lease.nodes):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("restarted nodes never rejoined")
+
+
+def test_release_with_a_majority_down_says_unconfirmed(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    client = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
+    lease = client.acquire(key, ttl=2.0)
+    for node in cluster5.nodes[:3]:
+        node.kill()
+    with pytest.raises(tenure.LeaseLost, match="did not answer"):
+        lease.release()
+    assert holders(cluster5, lease.key) == [None] * 5

@@ -1,0 +1,154 @@
+"""Competing processes: mutual exclusion (R1 safety) and a crashed holder (R1 liveness A).
+
+Workers are separate processes on one machine, so ``time.monotonic_ns()`` readings are
+comparable across them: each critical section is recorded as [enter, exit] and the
+intervals of all workers must never overlap. The shared counter is incremented with an
+unsafe GET-then-SET on a node outside the lock's quorum, so any overlap would also show
+up as a lost update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+
+import pytest
+import redis
+
+import tenure
+from tenure.local import LocalCluster
+
+WORKERS = 8
+CYCLES = 250  # per worker: 2,000 critical sections per API
+TTL = 2.0
+
+# forkserver: fork() from a possibly multi-threaded pytest process is unsafe (and warns on 3.12+).
+_ctx = multiprocessing.get_context("forkserver")
+
+
+@pytest.fixture(scope="module")
+def counter_node() -> Iterator[LocalCluster]:
+    with LocalCluster(1) as node:
+        yield node
+
+
+def _critical_section(store: redis.Redis) -> tuple[int, int]:
+    enter = time.monotonic_ns()
+    value = int(store.get("counter") or 0)
+    store.set("counter", value + 1)
+    return enter, time.monotonic_ns()
+
+
+def _sync_worker(urls: list[str], store_url: str, key: str, out: Connection) -> None:
+    intervals = []
+    with tenure.Client(urls) as client, redis.Redis.from_url(store_url) as store:
+        for _ in range(CYCLES):
+            with client.lock(key, ttl=TTL) as lease:
+                interval = _critical_section(store)
+                assert lease.remaining > 0, "critical section outlived its lease"
+            intervals.append(interval)
+    out.send(intervals)
+
+
+def _async_worker(urls: list[str], store_url: str, key: str, out: Connection) -> None:
+    async def main() -> list[tuple[int, int]]:
+        intervals = []
+        async with tenure.AsyncClient(urls) as client:
+            with redis.Redis.from_url(store_url) as store:
+                for _ in range(CYCLES):
+                    async with client.lock(key, ttl=TTL) as lease:
+                        interval = _critical_section(store)  # blocking on purpose: tiny
+                        assert lease.remaining > 0, "critical section outlived its lease"
+                    intervals.append(interval)
+        return intervals
+
+    out.send(asyncio.run(main()))
+
+
+def max_overlap(intervals: list[tuple[int, int]]) -> int:
+    """The largest number of intervals open at one instant (sweep over sorted events)."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    open_now = most = 0
+    for _, step in events:
+        open_now += step
+        most = max(most, open_now)
+    return most
+
+
+def test_max_overlap_detects_overlap() -> None:
+    assert max_overlap([(0, 10), (10, 20), (30, 40)]) == 1
+    assert max_overlap([(0, 10), (5, 20), (6, 7)]) == 3
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_mutual_exclusion_across_processes(
+    shared5: LocalCluster, counter_node: LocalCluster, key: str, flavour: str
+) -> None:
+    target = _sync_worker if flavour == "sync" else _async_worker
+    store_url = counter_node.urls[0]
+    with redis.Redis.from_url(store_url) as store:
+        store.delete("counter")
+    pipes, procs = [], []
+    for _ in range(WORKERS):
+        parent_end, child_end = _ctx.Pipe(duplex=False)
+        proc = _ctx.Process(target=target, args=(shared5.urls, store_url, key, child_end))
+        proc.start()
+        pipes.append(parent_end)
+        procs.append(proc)
+    intervals: list[tuple[int, int]] = []
+    per_worker = []
+    try:
+        for pipe in pipes:
+            assert pipe.poll(120), "a worker made no progress"
+            got = pipe.recv()
+            per_worker.append(len(got))
+            intervals.extend(got)
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    assert per_worker == [CYCLES] * WORKERS
+    assert max_overlap(intervals) == 1
+    with redis.Redis.from_url(store_url) as store:
+        assert int(store.get("counter") or 0) == WORKERS * CYCLES  # no lost update
+
+
+def _holder(urls: list[str], key: str, out: Connection) -> None:
+    client = tenure.Client(urls)
+    lease = client.acquire(key, ttl=1.0)
+    out.send((lease.acquired_at, lease.valid_until))
+    time.sleep(60)  # holds until SIGKILLed
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_crashed_holder_blocks_no_one_beyond_its_ttl(
+    shared5: LocalCluster, key: str, n: int
+) -> None:
+    urls = shared5.urls[:n]
+    parent_end, child_end = _ctx.Pipe(duplex=False)
+    proc = _ctx.Process(target=_holder, args=(urls, key, child_end))
+    proc.start()
+    try:
+        assert parent_end.poll(10)
+        acquired_at, valid_until = parent_end.recv()
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+    finally:
+        proc.join(5)
+    with tenure.Client(urls) as client:
+        lease = client.acquire(key, ttl=1.0, timeout=5.0)
+        got_it = time.monotonic()
+        # Nobody takes over early: not before the dead holder's validity ended...
+        assert lease.acquired_at >= valid_until
+        # ...and someone does within its TTL plus the retry back-off.
+        assert got_it - acquired_at <= 1.0 + 0.5
+        assert got_it - killed_at <= 1.0 + 0.5
+        lease.release()
