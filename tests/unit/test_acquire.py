@@ -263,9 +263,7 @@ def test_unsupported_failures_raise_server_unsupported() -> None:
     acq = make(3)
     _, step = attempt(acq, "yxx", started=0.0, now=0.01)
     assert isinstance(step, GiveUp)
-    # (typed as object: GiveUp.error is annotated LockError | None, which ServerUnsupported
-    # is not, so mypy would call the checks below unreachable)
-    error: object = step.error
+    error = step.error
     assert isinstance(error, ServerUnsupported)
     assert isinstance(error, ConfigurationError)
     assert error.node == "node1"
@@ -276,9 +274,8 @@ def test_unsupported_wins_over_unreachable() -> None:
     acq = make(5)
     _, step = attempt(acq, "uuxyy", started=0.0, now=0.01)
     assert isinstance(step, GiveUp)
-    error: object = step.error
-    assert isinstance(error, ServerUnsupported)
-    assert error.node == "node2"
+    assert isinstance(step.error, ServerUnsupported)
+    assert step.error.node == "node2"
 
 
 # --- plumbing -----------------------------------------------------------------------------

@@ -210,8 +210,9 @@ class LockModel(RuleBasedStateMachine):
         c = eligible[pick % len(eligible)]
         state = self.clients[c]
         # A client backing off sleeps until it wakes up: the clock moves on meanwhile.
-        self.ms = max(self.ms, math.ceil(state.wake_at * 1000))
-        assert self.now >= state.wake_at
+        self.ms = max(self.ms, math.floor(state.wake_at * 1000))
+        while self.now < state.wake_at:
+            self.ms += 1
         if state.acquisition is None:
             state.acquisition = Acquisition(
                 self.spec,

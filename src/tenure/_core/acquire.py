@@ -4,9 +4,9 @@ A driver runs::
 
     acq = Acquisition(spec, retry, rng, blocking=..., timeout=..., now=clock())
     while True:
-        rnd = acq.begin(clock(), token)        # send SET key token NX PX ttl to every node
-        ...feed replies into rnd until rnd.decided or its deadline, then rnd.time_out()
-        step = acq.conclude(rnd, clock())
+        rnd = acq.begin(clock())               # send SET key token NX PX ttl to every node
+        ...feed replies into rnd until rnd.decided or acq.deadline(rnd), then rnd.time_out()
+        step = acq.conclude(rnd, token, clock())
         Granted -> hand out step.lease
         Retry   -> release on step.cleanup (now), sleep step.sleep, loop
         GiveUp  -> release on step.cleanup (now), then return False or raise step.error

@@ -47,7 +47,8 @@ class NodeAddress:
         """The URL without credentials, safe for logs and error messages."""
         if self.path:
             return f"unix://{self.path}" + (f"?db={self.db}" if self.db else "")
-        return f"{self.scheme}://{self.host}:{self.port}" + (f"/{self.db}" if self.db else "")
+        host = f"[{self.host}]" if self.host and ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}" + (f"/{self.db}" if self.db else "")
 
 
 def _finite(parameter: str, value: object) -> float:
@@ -216,7 +217,8 @@ class LockSpec:
         if not isinstance(name, str) or not name:
             raise ConfigurationError("name", f"must be a non-empty string, got {name!r}")
         seconds = _finite("ttl", ttl)
-        ttl_ms = math.floor(seconds * 1000)
+        # round() first: 1.001 * 1000 is 1000.9999999999999 in floating point.
+        ttl_ms = math.floor(round(seconds * 1000, 6))
         if ttl_ms < 1:
             raise ConfigurationError("ttl", f"must be at least 0.001 seconds, got {ttl!r}")
         if ttl_ms > 2**40:

@@ -26,7 +26,8 @@ class RetryPolicy(Protocol):
 
 
 def _check_delay(parameter: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value >= 0):
         raise ConfigurationError(
             parameter, f"must be a finite number of seconds >= 0, got {value!r}"
         )

@@ -61,7 +61,7 @@ class Round:
         started: monotonic time the first request was sent.
     """
 
-    __slots__ = ("_no", "_yes", "needed", "results", "started")
+    __slots__ = ("_answered", "_no", "_wait_all", "_yes", "needed", "results", "started")
 
     def __init__(self, n: int, needed: int, started: float) -> None:
         self.needed = needed
@@ -69,6 +69,8 @@ class Round:
         self.results: list[NodeResult | None] = [None] * n
         self._yes = 0
         self._no = 0  # refusals and failures: both mean "not a yes"
+        self._answered = 0
+        self._wait_all = False
 
     @classmethod
     def cleanup(cls, n: int, targets: frozenset[int], started: float) -> Round:
@@ -79,6 +81,7 @@ class Round:
         ``targets`` proved they hold nothing of ours and count as done.
         """
         rnd = cls(n, n, started)
+        rnd._wait_all = True
         for i in range(n):
             if i not in targets:
                 rnd.record(i, True)
@@ -89,6 +92,7 @@ class Round:
         if self.results[node] is not None:
             return
         self.results[node] = NodeResult(ok=ok)
+        self._answered += 1
         if ok:
             self._yes += 1
         else:
@@ -99,6 +103,7 @@ class Round:
         if self.results[node] is not None:
             return
         self.results[node] = NodeResult(failure=failure, detail=detail)
+        self._answered += 1
         self._no += 1
 
     def time_out(self) -> None:
@@ -121,6 +126,8 @@ class Round:
 
     @property
     def decided(self) -> bool:
+        if self._wait_all:
+            return self._answered == len(self.results)
         return self._yes >= self.needed or self._no > len(self.results) - self.needed
 
     def granted(self) -> frozenset[int]:
