@@ -90,6 +90,10 @@ class Stats:
     elapsed_ns: int = 0
     failures: int = 0
     first_error: str = ""
+    # Client-side CPU time of the whole process (its threads included). Unlike latency,
+    # it barely moves when other processes compete for the CPUs, so it shows a library's
+    # own cost even on a busy machine.
+    cpu_ns: int = 0
 
     @property
     def cycles(self) -> int:
@@ -100,6 +104,9 @@ class Stats:
         ordered = sorted(self.latencies_ns)
         rank = max(math.ceil(q * len(ordered)) - 1, 0)
         return ordered[rank] / 1000
+
+    def cpu_us_per_cycle(self) -> float:
+        return self.cpu_ns / self.cycles / 1000 if self.cycles else 0.0
 
     def ops_per_s(self) -> float:
         return self.cycles / (self.elapsed_ns / 1e9) if self.elapsed_ns else 0.0
@@ -132,7 +139,7 @@ class SyncRunner:
 
     def batch(self, n: int, stats: Stats) -> None:
         cycle, clock, out = self._cycle, time.perf_counter_ns, stats.latencies_ns
-        start = clock()
+        cpu_start, start = time.process_time_ns(), clock()
         for _ in range(n):
             t0 = clock()
             try:
@@ -143,6 +150,7 @@ class SyncRunner:
                 stats.failures += not ok
             out.append(clock() - t0)
         stats.elapsed_ns += clock() - start
+        stats.cpu_ns += time.process_time_ns() - cpu_start
 
     def close(self) -> None:
         for closer in self._closers:
@@ -165,7 +173,7 @@ class AsyncRunner:
 
     async def _batch(self, n: int, stats: Stats) -> None:
         cycle, clock, out = self._cycle, time.perf_counter_ns, stats.latencies_ns
-        start = clock()
+        cpu_start, start = time.process_time_ns(), clock()
         for _ in range(n):
             t0 = clock()
             try:
@@ -176,6 +184,7 @@ class AsyncRunner:
                 stats.failures += not ok
             out.append(clock() - t0)
         stats.elapsed_ns += clock() - start
+        stats.cpu_ns += time.process_time_ns() - cpu_start
 
     def batch(self, n: int, stats: Stats) -> None:
         self._loop.run_until_complete(self._batch(n, stats))
@@ -482,6 +491,7 @@ class ChildReport:
     failed: int = 0
     latencies_ns: list[int] = field(default_factory=list)
     elapsed_ns: int = 0
+    cpu_ns: int = 0
     threads_before: int = 0
     threads_after: int = 0
     hung: bool = False
@@ -528,7 +538,7 @@ def _child_loop(cycle: SyncCycle, cycles: int, budget: float, pipe: Any) -> None
     failed = 0
     error = ""
     stop_at = time.monotonic() + budget
-    start = time.perf_counter_ns()
+    cpu_start, start = time.process_time_ns(), time.perf_counter_ns()
     while len(latencies) < cycles and time.monotonic() < stop_at:
         t0 = time.perf_counter_ns()
         try:
@@ -539,8 +549,9 @@ def _child_loop(cycle: SyncCycle, cycles: int, budget: float, pipe: Any) -> None
         latencies.append(time.perf_counter_ns() - t0)
         # Outside the timed section; a few µs against the peers' milliseconds per cycle.
         pipe.send(("progress", len(latencies), failed))
-    elapsed = time.perf_counter_ns() - start
-    pipe.send(("done", latencies, elapsed, failed, threads_before, threading.active_count(), error))
+    elapsed, cpu = time.perf_counter_ns() - start, time.process_time_ns() - cpu_start
+    threads_after = threading.active_count()
+    pipe.send(("done", latencies, elapsed, cpu, failed, threads_before, threads_after, error))
 
 
 def frozen_child(
@@ -595,8 +606,8 @@ def apply_message(report: ChildReport, message: tuple[Any, ...]) -> bool:
         report.done, report.failed = message[1], message[2]
         return True
     if kind == "done":
-        _, report.latencies_ns, report.elapsed_ns, report.failed = message[:4]
-        report.threads_before, report.threads_after, report.error = message[4:]
+        _, report.latencies_ns, report.elapsed_ns, report.cpu_ns, report.failed = message[:5]
+        report.threads_before, report.threads_after, report.error = message[5:]
         report.done = len(report.latencies_ns)
     else:
         report.error = message[1]
@@ -632,7 +643,9 @@ def frozen_phase(
             print(f"  {peer} against the frozen node ({args.budget:.0f} s budget)", file=sys.stderr)
             report = run_frozen_peer(peer, env.addresses(5), args.iterations, args.budget)
             subject = Subject(peer, 5, "peer", frozen=True)
-            subject.stats = Stats(report.latencies_ns, report.elapsed_ns, report.failed)
+            subject.stats = Stats(
+                report.latencies_ns, report.elapsed_ns, report.failed, cpu_ns=report.cpu_ns
+            )
             subject.note = describe_child(report, args.iterations, args.budget)
             frozen.append(subject)
     finally:
@@ -673,7 +686,7 @@ def healthy_rows(subjects: Sequence[Subject]) -> list[list[str]]:
     rows = []
     for s in subjects:
         if not s.stats.cycles:
-            rows.append([row_name(s), "-", "-", "-", "-", "-", s.note or "not run"])
+            rows.append([row_name(s), "-", "-", "-", "-", "-", "-", s.note or "not run"])
             continue
         p50 = s.stats.percentile_us(0.5)
         target = TARGET_VS_FLOOR if s.role == "tenure" else None
@@ -689,6 +702,7 @@ def healthy_rows(subjects: Sequence[Subject]) -> list[list[str]]:
                 fmt(p50),
                 fmt(s.stats.percentile_us(0.99)),
                 fmt(s.stats.ops_per_s()),
+                fmt(s.stats.cpu_us_per_cycle()),
                 ratio_cell(p50 / floors[s.nodes].stats.percentile_us(0.5), target),
                 str(s.stats.failures),
                 "; ".join(notes),
@@ -704,7 +718,7 @@ def frozen_rows(frozen: Sequence[Subject], healthy: Sequence[Subject]) -> list[l
     for s in frozen:
         base = by_name.get(s.name)
         if not s.stats.cycles:
-            rows.append([row_name(s), "-", "-", "-", "-", "-", s.note])
+            rows.append([row_name(s), "-", "-", "-", "-", "-", "-", s.note])
             continue
         p50 = s.stats.percentile_us(0.5)
         is_tenure = s.role == "tenure"
@@ -724,6 +738,7 @@ def frozen_rows(frozen: Sequence[Subject], healthy: Sequence[Subject]) -> list[l
                 fmt(p50),
                 fmt(s.stats.percentile_us(0.99)),
                 fmt(s.stats.ops_per_s()),
+                fmt(s.stats.cpu_us_per_cycle()),
                 ratio,
                 failed,
                 "; ".join(notes),
@@ -742,13 +757,14 @@ def error_lines(subjects: Sequence[Subject]) -> list[str]:
     return lines
 
 
-HEALTHY_HEADER = ["system", "p50 µs", "p99 µs", "ops/s", "p50 / floor", "failed", "notes"]
-FROZEN_HEADER = ["system", "p50 µs", "p99 µs", "ops/s", "p50 / own healthy p50", "failed", "notes"]
+_COMMON = ["system", "p50 µs", "p99 µs", "ops/s", "CPU µs/cycle"]
+HEALTHY_HEADER = [*_COMMON, "p50 / floor", "failed", "notes"]
+FROZEN_HEADER = [*_COMMON, "p50 / own healthy p50", "failed", "notes"]
 
 
 def text_table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    numeric = {1, 2, 3}
+    numeric = {1, 2, 3, 4}
 
     def line(cells: list[str]) -> str:
         return "  ".join(
@@ -760,7 +776,7 @@ def text_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    align = ["---" if i in (0, 5, 6) else "---:" for i in range(len(header))]
+    align = ["---" if i in (0, 6, 7) else "---:" for i in range(len(header))]
     out = [header, align, *rows]
     return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in out)
 
@@ -788,11 +804,14 @@ def server_version(node: LocalNode) -> str:
         return str(c.info("server")["redis_version"])
 
 
-def context_lines(args: argparse.Namespace, redis_version: str) -> list[str]:
+def context_lines(args: argparse.Namespace, redis_version: str, load_before: float) -> list[str]:
     libs = ", ".join(f"{k} {v}" for k, v in versions().items())
+    # Other processes competing for the CPUs stretch every wait for a reply, which
+    # inflates all latencies and squeezes the ratios towards 1; record how busy it was.
+    load = f"load average {load_before:.2f} before the run, {os.getloadavg()[0]:.2f} after"
     return [
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, {platform.machine()}",
+        f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, {platform.machine()}; {load}",
         f"- Python {platform.python_version()} ({platform.python_implementation()}), "
         f"redis-server {redis_version} (5 local nodes over TCP loopback, persistence none)",
         f"- libraries: {libs}",
@@ -863,6 +882,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> str:
+    load_before = os.getloadavg()[0]
     source = files("tenure._lua").joinpath("release.lua").read_bytes()
     loop = asyncio.new_event_loop()
     subjects: list[Subject] = []
@@ -882,7 +902,7 @@ def run(args: argparse.Namespace) -> str:
             print("freezing node 5", file=sys.stderr)
             tenure5 = [s for s in subjects if s.role == "tenure" and s.nodes == 5]
             frozen = frozen_phase(env, cluster, tenure5, args)
-            context = context_lines(args, server_version(cluster[0]))
+            context = context_lines(args, server_version(cluster[0]), load_before)
         finally:
             for s in subjects:
                 close_quietly(s)

@@ -46,7 +46,7 @@ def test_wait_random_exponential_within_cap(
     rng = random.Random(seed)
     # initial * 2**(attempt-1), computed without overflow (inf when it would not fit).
     exponent = attempt - 1
-    growth = math.inf if exponent > 1100 else initial * 2.0**exponent
+    growth = math.inf if exponent > 1000 else initial * 2.0**exponent
     cap = min(maximum, growth)
     d = policy.delay(attempt, rng)
     assert math.isfinite(d)
