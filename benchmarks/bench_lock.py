@@ -11,6 +11,7 @@ masters, no persistence):
   ``EVALSHA`` of tenure's compare-and-delete script), written to every node and then
   read back on bare redis-py connections. No lock library can do less work than this,
   so ``p50 / floor`` is what the library adds on top of the network and Redis.
+  **floor (asyncio)** is the same on bare asyncio streams.
 * **tenure** sync (``Client``) and asyncio (``AsyncClient``), on 1 node and on 5.
 * peers: redis-py's ``Lock`` and python-redis-lock (1 node), pottery's ``Redlock`` and
   aioredlock (5 nodes).
@@ -22,10 +23,15 @@ masters, no persistence):
 
 Why side by side
 ----------------
-Absolute microseconds depend on the machine, the kernel and whatever else is running.
-Only ratios measured in the same run on the same nodes mean anything, so every system
-is warmed up, then the systems take turns in R rounds of N cycles each (the order
-rotates every round): a noisy moment hits all of them, not one.
+Absolute microseconds depend on the machine, the kernel and whatever else is running
+(on a shared VM the same loopback round trip swings between ~40 and ~200 µs from one
+minute to the next). Only comparisons made in the same run, on the same nodes, at the
+same moment mean anything. So every system is warmed up, then the systems take turns:
+R rounds of N cycles each, run in chunks of ``--chunk`` cycles with the order rotating,
+and each system's chunk p50 is compared with the floor's chunk p50 *of the same turn*.
+The table reports the median over turns of that ratio (``p50 / floor``) and of that
+difference (``µs over floor``: what the library itself adds per cycle, the figure that
+moves least when the machine's round trips slow down).
 
 Run ``python benchmarks/bench_lock.py`` (``--quick`` for a smoke run, ``--markdown``
 to print the tables as Markdown). A full run also writes
@@ -44,6 +50,7 @@ import multiprocessing
 import os
 import platform
 import secrets
+import statistics
 import sys
 import threading
 import time
@@ -90,10 +97,9 @@ class Stats:
     elapsed_ns: int = 0
     failures: int = 0
     first_error: str = ""
-    # Client-side CPU time of the whole process (its threads included). Unlike latency,
-    # it barely moves when other processes compete for the CPUs, so it shows a library's
-    # own cost even on a busy machine.
-    cpu_ns: int = 0
+    # p50 of each turn's chunk, in turn order: every system runs a chunk in every turn,
+    # so two systems' lists line up, and chunks of one turn ran seconds apart at most.
+    turn_p50s: list[int] = field(default_factory=list)
 
     @property
     def cycles(self) -> int:
@@ -105,8 +111,21 @@ class Stats:
         rank = max(math.ceil(q * len(ordered)) - 1, 0)
         return ordered[rank] / 1000
 
-    def cpu_us_per_cycle(self) -> float:
-        return self.cpu_ns / self.cycles / 1000 if self.cycles else 0.0
+    def paired_ratio(self, base: Stats) -> float:
+        """Median over turns of (our chunk p50 / ``base``'s chunk p50 in the same turn).
+
+        A burst of load from another process moves both chunks of a turn together, so
+        this ratio holds still where the ratio of the pooled p50s drifts with the load.
+        """
+        pairs = zip(self.turn_p50s, base.turn_p50s, strict=True)
+        return statistics.median(a / b for a, b in pairs)
+
+    def paired_excess_us(self, base: Stats) -> float:
+        """Median over turns of (our chunk p50 - ``base``'s), in µs: the time a library
+        adds per cycle. Unlike the ratio, it hardly moves when the machine's round trips
+        slow down (on a shared VM they swing 4x from minute to minute)."""
+        pairs = zip(self.turn_p50s, base.turn_p50s, strict=True)
+        return statistics.median(a - b for a, b in pairs) / 1000
 
     def ops_per_s(self) -> float:
         return self.cycles / (self.elapsed_ns / 1e9) if self.elapsed_ns else 0.0
@@ -139,7 +158,7 @@ class SyncRunner:
 
     def batch(self, n: int, stats: Stats) -> None:
         cycle, clock, out = self._cycle, time.perf_counter_ns, stats.latencies_ns
-        cpu_start, start = time.process_time_ns(), clock()
+        start = clock()
         for _ in range(n):
             t0 = clock()
             try:
@@ -150,7 +169,6 @@ class SyncRunner:
                 stats.failures += not ok
             out.append(clock() - t0)
         stats.elapsed_ns += clock() - start
-        stats.cpu_ns += time.process_time_ns() - cpu_start
 
     def close(self) -> None:
         for closer in self._closers:
@@ -173,7 +191,7 @@ class AsyncRunner:
 
     async def _batch(self, n: int, stats: Stats) -> None:
         cycle, clock, out = self._cycle, time.perf_counter_ns, stats.latencies_ns
-        cpu_start, start = time.process_time_ns(), clock()
+        start = clock()
         for _ in range(n):
             t0 = clock()
             try:
@@ -184,7 +202,6 @@ class AsyncRunner:
                 stats.failures += not ok
             out.append(clock() - t0)
         stats.elapsed_ns += clock() - start
-        stats.cpu_ns += time.process_time_ns() - cpu_start
 
     def batch(self, n: int, stats: Stats) -> None:
         self._loop.run_until_complete(self._batch(n, stats))
@@ -466,7 +483,9 @@ def measure(subjects: Sequence[Subject], rounds: int, iterations: int, chunk: in
                 assert s.runner is not None
                 # Collect the previous system's garbage now, not inside this one's timing.
                 gc.collect()
+                before = s.stats.cycles
                 s.runner.batch(n, s.stats)
+                s.stats.turn_p50s.append(sorted(s.stats.latencies_ns[before:])[(n - 1) // 2])
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr)
 
 
@@ -491,7 +510,6 @@ class ChildReport:
     failed: int = 0
     latencies_ns: list[int] = field(default_factory=list)
     elapsed_ns: int = 0
-    cpu_ns: int = 0
     threads_before: int = 0
     threads_after: int = 0
     hung: bool = False
@@ -538,7 +556,7 @@ def _child_loop(cycle: SyncCycle, cycles: int, budget: float, pipe: Any) -> None
     failed = 0
     error = ""
     stop_at = time.monotonic() + budget
-    cpu_start, start = time.process_time_ns(), time.perf_counter_ns()
+    start = time.perf_counter_ns()
     while len(latencies) < cycles and time.monotonic() < stop_at:
         t0 = time.perf_counter_ns()
         try:
@@ -549,9 +567,9 @@ def _child_loop(cycle: SyncCycle, cycles: int, budget: float, pipe: Any) -> None
         latencies.append(time.perf_counter_ns() - t0)
         # Outside the timed section; a few µs against the peers' milliseconds per cycle.
         pipe.send(("progress", len(latencies), failed))
-    elapsed, cpu = time.perf_counter_ns() - start, time.process_time_ns() - cpu_start
+    elapsed = time.perf_counter_ns() - start
     threads_after = threading.active_count()
-    pipe.send(("done", latencies, elapsed, cpu, failed, threads_before, threads_after, error))
+    pipe.send(("done", latencies, elapsed, failed, threads_before, threads_after, error))
 
 
 def frozen_child(
@@ -606,8 +624,8 @@ def apply_message(report: ChildReport, message: tuple[Any, ...]) -> bool:
         report.done, report.failed = message[1], message[2]
         return True
     if kind == "done":
-        _, report.latencies_ns, report.elapsed_ns, report.cpu_ns, report.failed = message[:5]
-        report.threads_before, report.threads_after, report.error = message[5:]
+        _, report.latencies_ns, report.elapsed_ns, report.failed = message[:4]
+        report.threads_before, report.threads_after, report.error = message[4:]
         report.done = len(report.latencies_ns)
     else:
         report.error = message[1]
@@ -643,9 +661,7 @@ def frozen_phase(
             print(f"  {peer} against the frozen node ({args.budget:.0f} s budget)", file=sys.stderr)
             report = run_frozen_peer(peer, env.addresses(5), args.iterations, args.budget)
             subject = Subject(peer, 5, "peer", frozen=True)
-            subject.stats = Stats(
-                report.latencies_ns, report.elapsed_ns, report.failed, cpu_ns=report.cpu_ns
-            )
+            subject.stats = Stats(report.latencies_ns, report.elapsed_ns, report.failed)
             subject.note = describe_child(report, args.iterations, args.budget)
             frozen.append(subject)
     finally:
@@ -689,11 +705,12 @@ def healthy_rows(subjects: Sequence[Subject]) -> list[list[str]]:
             rows.append([row_name(s), "-", "-", "-", "-", "-", "-", s.note or "not run"])
             continue
         p50 = s.stats.percentile_us(0.5)
+        floor = floors[s.nodes].stats
         target = TARGET_VS_FLOOR if s.role == "tenure" else None
         notes = [short(s.note)] if s.note else []
         if s.name == "tenure asyncio" and s.nodes in async_floors:
-            vs_async = p50 / async_floors[s.nodes].stats.percentile_us(0.5)
-            notes.append(f"{vs_async:.2f}x the asyncio floor")
+            vs_async = s.stats.paired_ratio(async_floors[s.nodes].stats)
+            notes.append(f"{vs_async:.2f}x the asyncio floor (paired)")
         if s.stats.failures:
             notes.append(short(s.stats.first_error))
         rows.append(
@@ -702,8 +719,8 @@ def healthy_rows(subjects: Sequence[Subject]) -> list[list[str]]:
                 fmt(p50),
                 fmt(s.stats.percentile_us(0.99)),
                 fmt(s.stats.ops_per_s()),
-                fmt(s.stats.cpu_us_per_cycle()),
-                ratio_cell(p50 / floors[s.nodes].stats.percentile_us(0.5), target),
+                f"{s.stats.paired_excess_us(floor):+.0f}",
+                ratio_cell(s.stats.paired_ratio(floor), target),
                 str(s.stats.failures),
                 "; ".join(notes),
             ]
@@ -718,7 +735,7 @@ def frozen_rows(frozen: Sequence[Subject], healthy: Sequence[Subject]) -> list[l
     for s in frozen:
         base = by_name.get(s.name)
         if not s.stats.cycles:
-            rows.append([row_name(s), "-", "-", "-", "-", "-", "-", s.note])
+            rows.append([row_name(s), "-", "-", "-", "-", "-", s.note])
             continue
         p50 = s.stats.percentile_us(0.5)
         is_tenure = s.role == "tenure"
@@ -738,7 +755,6 @@ def frozen_rows(frozen: Sequence[Subject], healthy: Sequence[Subject]) -> list[l
                 fmt(p50),
                 fmt(s.stats.percentile_us(0.99)),
                 fmt(s.stats.ops_per_s()),
-                fmt(s.stats.cpu_us_per_cycle()),
                 ratio,
                 failed,
                 "; ".join(notes),
@@ -757,26 +773,27 @@ def error_lines(subjects: Sequence[Subject]) -> list[str]:
     return lines
 
 
-_COMMON = ["system", "p50 µs", "p99 µs", "ops/s", "CPU µs/cycle"]
-HEALTHY_HEADER = [*_COMMON, "p50 / floor", "failed", "notes"]
+_COMMON = ["system", "p50 µs", "p99 µs", "ops/s"]
+HEALTHY_HEADER = [*_COMMON, "µs over floor", "p50 / floor", "failed", "notes"]
 FROZEN_HEADER = [*_COMMON, "p50 / own healthy p50", "failed", "notes"]
+# Columns of numbers, aligned right; the rest (names, verdicts, notes) align left.
+NUMERIC = frozenset([*_COMMON[1:], "µs over floor"])
 
 
 def text_table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    numeric = {1, 2, 3, 4}
+    right = [h in NUMERIC for h in header]
 
     def line(cells: list[str]) -> str:
         return "  ".join(
-            c.rjust(w) if i in numeric else c.ljust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)
         ).rstrip()
 
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    align = ["---" if i in (0, 6, 7) else "---:" for i in range(len(header))]
+    align = ["---:" if h in NUMERIC else "---" for h in header]
     out = [header, align, *rows]
     return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in out)
 

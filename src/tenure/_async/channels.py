@@ -2,13 +2,14 @@
 
 Theory of operation
 -------------------
-Each node has one ``Channel``: a redis-py asyncio connection, a FIFO of futures for the
-requests written to it, and a reader task that resolves them in order as replies arrive.
+Each node has one ``Channel``: a redis-py asyncio connection, a FIFO of callbacks for the
+requests written to it, and a reader task that calls them in order as replies arrive.
 Writing a request is synchronous (no ``await``), so
 
 * requests from many tasks are pipelined on one connection, in the order they were made;
-* a round writes to every node, then awaits one future that the reply callbacks resolve
-  as soon as the core's ``Round`` is decided, or a timer at the deadline;
+* a round writes to every node, then awaits one future that the reply callbacks settle
+  as soon as the core's ``Round`` is decided, or a timer at the deadline (the callbacks
+  run inside the reader task, so a reply costs no extra trip through the event loop);
 * cleanup after a cancelled acquire needs no ``await``: the release is written behind the
   ``SET`` on the same connection before ``CancelledError`` propagates, and Redis executes
   one connection's commands in order. Nothing to shield, nothing to lose.
@@ -16,8 +17,6 @@ Writing a request is synchronous (no ``await``), so
 A reply that comes after its round ended is still read (by the reader task) and dropped,
 so no connection is ever left with an unread reply. A node that answers nothing for
 ``STALL`` seconds while requests wait is disconnected and left alone for a back-off.
-Futures are resolved with values, never exceptions, so an abandoned one cannot log
-"exception was never retrieved".
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -43,8 +42,14 @@ STALL = 1.0
 BACKOFF_MIN = 0.025
 BACKOFF_MAX = 1.0
 
-# A reply: (True, value) or (False, the error it came as).
+# A reply: (True, value) or (False, the error it came as), handed to the request's
+# callback by the reader task itself: no future, no extra trip through the event loop.
 Reply = tuple[bool, Any]
+OnReply = Callable[[Reply], None]
+
+
+def _ignore(reply: Reply) -> None:
+    """The callback of a request nobody waits for (a cleanup written on cancellation)."""
 
 
 class _Down(Exception):
@@ -58,29 +63,30 @@ class Channel:
         self.address = address
         self._pool = pool
         self._conn: redis.asyncio.Connection | None = None
-        self._pending: deque[tuple[asyncio.Future[Reply], float]] = deque()
-        self._unsent: list[tuple[Command, asyncio.Future[Reply]]] = []
+        self._pending: deque[tuple[OnReply, float]] = deque()
+        self._unsent: list[tuple[Command, OnReply]] = []
         self._task: asyncio.Task[None] | None = None
         self._retry_at = 0.0
         self._backoff = BACKOFF_MIN
 
-    def send(self, command: Command) -> asyncio.Future[Reply]:
-        """Write ``command`` now (or as soon as the connection is up); its reply's future."""
-        loop = asyncio.get_running_loop()
+    def send(self, command: Command, on_reply: OnReply = _ignore) -> None:
+        """Write ``command`` now (or as soon as the connection is up).
+
+        ``on_reply`` is called exactly once, from the reader task: with the reply, or with
+        the error that ended the connection first.
+        """
         now = time.monotonic()
         if self._pending and now - self._pending[0][1] > STALL:
             self._reset(ConnectionError(f"no reply for {STALL}s"), now)
-        fut: asyncio.Future[Reply] = loop.create_future()
         if self._conn is not None and self._task is not None and not self._unsent:
             self._write(command.packed)
-            self._pending.append((fut, now))
-            return fut
+            self._pending.append((on_reply, now))
+            return
         if self._task is None:
             if now < self._retry_at:
                 raise _Down(f"not retried until the back-off ends ({self._retry_at - now:.3f}s)")
-            self._task = loop.create_task(self._run())
-        self._unsent.append((command, fut))
-        return fut
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._unsent.append((command, on_reply))
 
     def _write(self, packed: bytes) -> None:
         # redis-py has no public synchronous write; we use its StreamWriter directly so
@@ -95,9 +101,9 @@ class Channel:
             await conn.connect()  # type: ignore[no-untyped-call]
             self._conn = conn
             now = time.monotonic()
-            for command, fut in self._unsent:
+            for command, on_reply in self._unsent:
                 self._write(command.packed)
-                self._pending.append((fut, now))
+                self._pending.append((on_reply, now))
             self._unsent.clear()
             self._backoff = BACKOFF_MIN
             while True:
@@ -106,11 +112,9 @@ class Channel:
                 except ResponseError as exc:
                     reply = (False, exc)
                 if self._pending:
-                    fut, _ = self._pending.popleft()
-                    if not fut.done():
-                        fut.set_result(reply)
+                    self._pending.popleft()[0](reply)
         except asyncio.CancelledError:
-            # Whoever cancelled us (reset, close) already failed our futures; the channel
+            # Whoever cancelled us (reset, close) already failed our requests; the channel
             # may own a new connection by now, so touch nothing but our own.
             await conn.disconnect()
             raise
@@ -123,9 +127,8 @@ class Channel:
         waiting = [f for f, _ in self._pending] + [f for _, f in self._unsent]
         self._pending.clear()
         self._unsent.clear()
-        for fut in waiting:
-            if not fut.done():
-                fut.set_result((False, exc))
+        for on_reply in waiting:
+            on_reply((False, exc))
 
     def _reset(self, exc: BaseException, now: float, *, from_task: bool = False) -> None:
         self._fail_all(exc)
@@ -142,9 +145,9 @@ class Channel:
         A release written just before ``aclose()`` (or queued while connecting) must reach
         its node, or the key would stay until its TTL.
         """
-        waiting = [f for f, _ in self._pending] + [f for _, f in self._unsent]
-        if waiting:
-            await asyncio.wait(waiting, timeout=grace)
+        deadline = time.monotonic() + grace
+        while (self._pending or self._unsent) and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
         self._fail_all(ConnectionError("client closed"))
         task, self._task = self._task, None
         self._conn = None
@@ -180,17 +183,19 @@ class Channels:
         return self._channels
 
     def send(
-        self, command: Command, rnd: Round, targets: Sequence[int] | None = None
-    ) -> list[tuple[int, asyncio.Future[Reply]]]:
+        self,
+        command: Command,
+        rnd: Round,
+        targets: Sequence[int] | None = None,
+        on_reply: Callable[[int, Reply], None] | None = None,
+    ) -> None:
         """Write ``command`` to ``targets`` now; failures to even send go into ``rnd``."""
         channels = self._current()
-        sent = []
         for i in range(len(channels)) if targets is None else targets:
             try:
-                sent.append((i, channels[i].send(command)))
+                channels[i].send(command, _ignore if on_reply is None else partial(on_reply, i))
             except _Down as exc:
                 rnd.fail(i, Failure.UNREACHABLE, str(exc))
-        return sent
 
     async def run(
         self, command: Command, rnd: Round, deadline: float, targets: Sequence[int] | None = None
@@ -203,10 +208,10 @@ class Channels:
             if not done.done():
                 done.set_result(None)
 
-        def on_reply(i: int, fut: asyncio.Future[Reply]) -> None:
+        def on_reply(i: int, reply: Reply) -> None:
             if done.done():
                 return  # the round is over; this reply was read and is dropped
-            ok, value = fut.result()
+            ok, value = reply
             if ok:
                 rnd.record(i, command.is_yes(value))
             elif isinstance(value, ResponseError):
@@ -216,8 +221,7 @@ class Channels:
             if rnd.decided:
                 settle()
 
-        for i, fut in self.send(command, rnd, targets):
-            fut.add_done_callback(partial(on_reply, i))
+        self.send(command, rnd, targets, on_reply)
         if not rnd.decided:
             timer = loop.call_later(max(deadline - time.monotonic(), 0), settle)
             try:

@@ -17,7 +17,7 @@ from typing import Any
 
 from .._core import commands
 from .._core.acquire import Acquisition, GiveUp, Granted, LeaseState
-from .._core.config import ClientConfig, LockSpec, check_acquire_args
+from .._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.policy import RetryPolicy
 from .._core.quorum import Round
@@ -58,6 +58,7 @@ class AsyncClient:
             allow_even=allow_even,
         )
         self.node_names = [a.display for a in self.config.nodes]
+        self._specs = SpecCache(self.config)
         self._channels = Channels(self.config, dict(connection_options or {}))
         self._rng = random.Random(secrets.randbits(64))
 
@@ -65,13 +66,13 @@ class AsyncClient:
         self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
     ) -> AsyncLock:
         """A lock object for ``name``; ``blocking``/``timeout`` apply to ``async with lock:``."""
-        return AsyncLock(self, LockSpec.build(self.config, name, ttl), blocking, timeout)
+        return AsyncLock(self, self._specs.get(name, ttl), blocking, timeout)
 
     async def acquire(
         self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
     ) -> AsyncLease:
         """Acquire ``name`` for ``ttl`` seconds; see ``Client.acquire``."""
-        spec = LockSpec.build(self.config, name, ttl)
+        spec = self._specs.get(name, ttl)
         lease = await self._acquire(spec, blocking, timeout)
         if lease is None:
             raise LockTimeout(name, _not_acquired(blocking, timeout))

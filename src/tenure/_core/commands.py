@@ -7,6 +7,7 @@ classify each reply with the same functions, so the protocol lives here once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from .._lua import script
 
@@ -15,11 +16,21 @@ __all__ = ["Command", "acquire", "exists", "extend", "pack", "release"]
 
 def pack(*args: bytes | str | int) -> bytes:
     """Encode one command in RESP (an array of bulk strings)."""
-    out = [b"*%d\r\n" % len(args)]
+    return b"*%d\r\n" % len(args) + _bulk(args)
+
+
+def _bulk(args: tuple[bytes | str | int, ...]) -> bytes:
+    out = []
     for arg in args:
         data = arg if isinstance(arg, bytes) else str(arg).encode()
         out.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
+
+
+@cache
+def _eval_head(name: str, argc: int) -> bytes:
+    # The script source is the bulk of every EVAL: encode it once, not per call.
+    return b"*%d\r\n" % (argc + 3) + _bulk(("EVAL", script(name).source, 1))
 
 
 @dataclass(frozen=True)
@@ -40,7 +51,7 @@ def _eval(name: str, key: str, *args: bytes | str | int) -> Command:
     # leaving our key there until its TTL. EVAL cannot fail that way, and costs the same
     # on the server (it hashes the body and reuses the compiled script): measured equal
     # within noise on loopback, see docs/architecture.md.
-    return Command(pack("EVAL", script(name).source, 1, key, *args))
+    return Command(_eval_head(name, len(args) + 1) + _bulk((key, *args)))
 
 
 def acquire(key: str, token: str, ttl_ms: int) -> Command:

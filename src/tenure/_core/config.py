@@ -17,6 +17,7 @@ from .quorum import drift_allowance, majority
 __all__ = [
     "ClientConfig",
     "LockSpec",
+    "SpecCache",
     "NodeAddress",
     "check_acquire_args",
     "lock_key",
@@ -263,3 +264,26 @@ def check_acquire_args(blocking: object, timeout: object) -> float | None:
             "timeout", "cannot be given for a non-blocking acquire (blocking=False)"
         )
     return seconds
+
+
+class SpecCache:
+    """``LockSpec`` by (name, ttl) for one client: validation is pure but not free, and a
+    program locks the same few names again and again. Bounded; cleared when full."""
+
+    LIMIT = 1024
+
+    def __init__(self, config: ClientConfig) -> None:
+        self._config = config
+        self._specs: dict[tuple[object, object], LockSpec] = {}
+
+    def get(self, name: object, ttl: object) -> LockSpec:
+        try:
+            return self._specs[(name, ttl)]
+        except (KeyError, TypeError):  # TypeError: unhashable input, rejected by build()
+            spec = LockSpec.build(self._config, name, ttl)
+        if len(self._specs) >= self.LIMIT:
+            self._specs.clear()
+        # bool is an int: (name, True) must not find the spec of (name, 1).
+        if not isinstance(ttl, bool):
+            self._specs[(name, ttl)] = spec
+        return spec

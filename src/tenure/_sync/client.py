@@ -16,7 +16,7 @@ from typing import Any
 
 from .._core import commands
 from .._core.acquire import Acquisition, GiveUp, Granted, LeaseState
-from .._core.config import ClientConfig, LockSpec, check_acquire_args
+from .._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.policy import RetryPolicy
 from .._core.quorum import Round
@@ -68,6 +68,7 @@ class Client:
             allow_even=allow_even,
         )
         self.node_names = [a.display for a in self.config.nodes]
+        self._specs = SpecCache(self.config)
         self._pool = LinkPool(self.config, dict(connection_options or {}))
         self._rng = random.Random(secrets.randbits(64))
 
@@ -75,7 +76,7 @@ class Client:
         self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
     ) -> Lock:
         """A lock object for ``name``; ``blocking``/``timeout`` apply to ``with lock:``."""
-        return Lock(self, LockSpec.build(self.config, name, ttl), blocking, timeout)
+        return Lock(self, self._specs.get(name, ttl), blocking, timeout)
 
     def acquire(
         self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
@@ -92,7 +93,7 @@ class Client:
             ServerUnsupported: nodes refused a command tenure needs (ACL).
             ConfigurationError: bad name, TTL or timeout.
         """
-        spec = LockSpec.build(self.config, name, ttl)
+        spec = self._specs.get(name, ttl)
         lease = self._acquire(spec, blocking, timeout)
         if lease is None:
             raise LockTimeout(name, _not_acquired(blocking, timeout))

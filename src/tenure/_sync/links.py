@@ -172,10 +172,12 @@ class LinkSet:
         links = self.links
         waiting: list[int] = []
         now = rnd.started
-        order = range(len(links)) if targets is None else targets
-        # Connected links first: connecting (and any AUTH handshake) blocks, and must not
-        # delay the requests to nodes that are ready.
-        for i in sorted(order, key=lambda i: links[i].conn is None):
+        order: Sequence[int] = range(len(links)) if targets is None else targets
+        if any(links[i].conn is None for i in order):
+            # Connected links first: connecting (and any AUTH handshake) blocks, and must
+            # not delay the requests to nodes that are ready.
+            order = sorted(order, key=lambda i: links[i].conn is None)
+        for i in order:
             try:
                 links[i].send(command, now)
             except _Down as exc:
