@@ -152,3 +152,28 @@ def test_crashed_holder_blocks_no_one_beyond_its_ttl(
         assert got_it - acquired_at <= 1.0 + 0.5
         assert got_it - killed_at <= 1.0 + 0.5
         lease.release()
+
+
+def _use_inherited_client(client: tenure.Client, key: str, out: Connection) -> None:
+    # The parent's connections were forgotten at fork: this opens the child's own.
+    lease = client.acquire(key, ttl=TTL)
+    lease.release()
+    out.send(lease.token)
+
+
+def test_a_client_survives_fork(shared5: LocalCluster, key: str) -> None:
+    client = tenure.Client(shared5.urls)
+    client.acquire(key, ttl=TTL).release()  # the parent has pooled connections now
+    parent_end, child_end = multiprocessing.Pipe(duplex=False)
+    proc = multiprocessing.get_context("fork").Process(
+        target=_use_inherited_client, args=(client, key, child_end)
+    )
+    proc.start()
+    assert parent_end.poll(10)
+    token = parent_end.recv()
+    proc.join(5)
+    assert proc.exitcode == 0
+    assert len(token) == 32
+    # The parent's own connections were not disturbed by the child.
+    client.acquire(key, ttl=TTL).release()
+    client.close()

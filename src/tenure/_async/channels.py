@@ -22,6 +22,7 @@ so no connection is ever left with an unread reply. A node that answers nothing 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -68,6 +69,7 @@ class Channel:
         self._task: asyncio.Task[None] | None = None
         self._retry_at = 0.0
         self._backoff = BACKOFF_MIN
+        self._idle: asyncio.Event | None = None  # set when nothing is pending (for close)
 
     def send(self, command: Command, on_reply: OnReply = _ignore) -> None:
         """Write ``command`` now (or as soon as the connection is up).
@@ -113,6 +115,8 @@ class Channel:
                     reply = (False, exc)
                 if self._pending:
                     self._pending.popleft()[0](reply)
+                    if self._idle is not None and not self._pending and not self._unsent:
+                        self._idle.set()
         except asyncio.CancelledError:
             # Whoever cancelled us (reset, close) already failed our requests; the channel
             # may own a new connection by now, so touch nothing but our own.
@@ -145,9 +149,10 @@ class Channel:
         A release written just before ``aclose()`` (or queued while connecting) must reach
         its node, or the key would stay until its TTL.
         """
-        deadline = time.monotonic() + grace
-        while (self._pending or self._unsent) and time.monotonic() < deadline:
-            await asyncio.sleep(0.001)
+        if self._pending or self._unsent:
+            self._idle = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), grace)
         self._fail_all(ConnectionError("client closed"))
         task, self._task = self._task, None
         self._conn = None

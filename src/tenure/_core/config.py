@@ -17,8 +17,8 @@ from .quorum import drift_allowance, majority
 __all__ = [
     "ClientConfig",
     "LockSpec",
-    "SpecCache",
     "NodeAddress",
+    "SpecCache",
     "check_acquire_args",
     "lock_key",
     "parse_node_url",

@@ -27,6 +27,7 @@ import contextlib
 import os
 import select
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,7 +39,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
 from .._core.quorum import Failure, Round
-from .._redis_compat import classify_error, connection_kwargs
+from .._redis_compat import classify_error, connection_kwargs, kernel_timeouts
 
 __all__ = ["LinkPool", "LinkSet", "NodeState"]
 
@@ -54,8 +55,9 @@ _NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 class NodeState:
     """What all links to one node share: its address and when to try connecting again."""
 
-    def __init__(self, address: NodeAddress, pool: redis.ConnectionPool) -> None:
+    def __init__(self, address: NodeAddress, pool: redis.ConnectionPool, timeout: float) -> None:
         self.address = address
+        self.timeout = timeout
         self.name = address.display
         self._factory = pool
         self._lock = threading.Lock()
@@ -73,6 +75,7 @@ class NodeState:
             self._backoff = min(self._backoff * 2, BACKOFF_MAX)
 
     def up(self) -> None:
+        """The node accepted a connection: reset the back-off."""
         if self._backoff != BACKOFF_MIN:
             with self._lock:
                 self._backoff = BACKOFF_MIN
@@ -94,18 +97,19 @@ class Link:
 
     def send(self, command: Command, now: float) -> None:
         conn = self.conn
-        if conn is None:
-            if now < self.node.retry_at:
-                raise _Down(
-                    f"not retried until the back-off ends ({self.node.retry_at - now:.3f}s)"
-                )
-            conn = self.conn = self.node.new_connection()
         try:
+            if conn is None:
+                if now < self.node.retry_at:
+                    wait = self.node.retry_at - now
+                    raise _Down(f"not retried until the back-off ends ({wait:.3f}s)")
+                conn = self.conn = self.node.new_connection()
+                conn.connect()  # type: ignore[no-untyped-call]
+                kernel_timeouts(self.socket(), self.node.timeout)
+                self.node.up()
             conn.send_packed_command([command.packed], check_health=False)  # type: ignore[no-untyped-call]
         except _NETWORK_ERRORS:
             self.drop(now)
             raise
-        self.node.up()
 
     def socket(self) -> Any:
         # redis-py has no public accessor for the socket it owns; we only select() on it.
@@ -124,7 +128,11 @@ class Link:
 
     def more_ready(self) -> bool:
         """Is another reply already buffered or readable without waiting?"""
-        return self.conn is not None and bool(self.conn.can_read(timeout=0))
+        if self.conn is None:
+            return False
+        ready = bool(self.conn.can_read(timeout=0))
+        self.socket().settimeout(None)  # can_read restored redis-py's Python-level timeout
+        return ready
 
     def abandon(self, now: float) -> None:
         """Stop waiting for the in-flight reply; it is read and dropped when it comes."""
@@ -227,7 +235,12 @@ class LinkSet:
 
 
 class LinkPool:
-    """Link sets for concurrent operations of one client; fork-aware."""
+    """Link sets for concurrent operations of one client; fork-aware.
+
+    ``list.append`` and ``list.pop`` are atomic, so borrowing needs no lock. After
+    ``fork()`` the child forgets the parent's sets (see ``_forget_after_fork``) without
+    closing them: the sockets are the parent's.
+    """
 
     def __init__(self, config: ClientConfig, connection_options: dict[str, Any]) -> None:
         def pool(a: NodeAddress) -> redis.ConnectionPool:
@@ -236,31 +249,37 @@ class LinkPool:
             )
             return redis.ConnectionPool.from_url(a.url, **{**defaults, **connection_options})
 
-        self.nodes = [NodeState(a, pool(a)) for a in config.nodes]
+        self.nodes = [NodeState(a, pool(a), config.node_timeout) for a in config.nodes]
         self._free: list[LinkSet] = []
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
+        _POOLS.add(self)
 
     def get(self) -> LinkSet:
-        with self._lock:
-            if self._pid != os.getpid():
-                # A forked child must not touch the parent's connections; forget them.
-                self._free = []
-                self._pid = os.getpid()
-            if self._free:
-                return self._free.pop()
-        return LinkSet(self.nodes)
+        try:
+            return self._free.pop()
+        except IndexError:
+            return LinkSet(self.nodes)
 
     def put(self, links: LinkSet) -> None:
-        with self._lock:
-            if self._pid == os.getpid():
-                self._free.append(links)
+        self._free.append(links)
+
+    def forget(self) -> None:
+        self._free = []
 
     def close(self) -> None:
-        with self._lock:
-            sets, self._free = self._free, []
+        sets, self._free = self._free, []
         for s in sets:
             for link in s.links:
                 if link.conn is not None:
                     link.conn.disconnect()  # type: ignore[no-untyped-call]
                     link.conn = None
+
+
+_POOLS: weakref.WeakSet[LinkPool] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    for pool in list(_POOLS):
+        pool.forget()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
