@@ -21,6 +21,7 @@ from ._errors import (
     OwnershipError,
     QuorumUnreachable,
     ServerUnsupported,
+    StaleToken,
     TenureError,
 )
 from ._sync.client import Client, Lease, Lock
@@ -43,6 +44,7 @@ __all__ = [
     "QuorumUnreachable",
     "RetryPolicy",
     "ServerUnsupported",
+    "StaleToken",
     "TenureError",
     "wait_random",
     "wait_random_exponential",

@@ -5,6 +5,7 @@
     TenureError
     ├── ConfigurationError (ValueError)      bad parameter; names it and the accepted range
     ├── ServerUnsupported (ConfigurationError) a node refuses a command (ACL) or is too old
+    ├── StaleToken (RuntimeError)             a fenced store refused a write with an old token
     └── LockError
         ├── AcquireError
         │   ├── LockTimeout (TimeoutError)   waited `timeout` seconds, lock still held elsewhere
@@ -36,6 +37,7 @@ __all__ = [
     "OwnershipError",
     "QuorumUnreachable",
     "ServerUnsupported",
+    "StaleToken",
     "TenureError",
 ]
 
@@ -62,6 +64,26 @@ class ServerUnsupported(ConfigurationError):
     def __init__(self, node: str, message: str) -> None:
         super().__init__(f"node {node}", message)
         self.node = node
+
+
+class StaleToken(TenureError, RuntimeError):
+    """A fenced store refused a write: its fencing token is older than the highest it has seen.
+
+    The writer's lease was superseded (it expired, or its holder paused past it, and
+    another holder wrote since). Nothing was written.
+
+    Attributes:
+        resource: what was being written (the fenced resource's name or key).
+        token: the token the write carried.
+        highest: the highest token the store had seen, when the store can tell.
+    """
+
+    def __init__(self, resource: str, token: int, highest: int | None = None) -> None:
+        seen = "" if highest is None else f" (highest seen: {highest})"
+        super().__init__(f"stale fencing token {token} for {resource!r}{seen}; nothing written")
+        self.resource = resource
+        self.token = token
+        self.highest = highest
 
 
 class LockError(TenureError):

@@ -41,6 +41,15 @@ class LeaseView:
         return self._state.token
 
     @property
+    def fencing_token(self) -> int:
+        """Strictly increases in the order leases of this lock are granted (R11).
+
+        Send it with every write to a fenced store (``tenure.fencing``), which rejects a
+        write whose token is older than one it has seen.
+        """
+        return self._state.fencing_token
+
+    @property
     def key(self) -> str:
         """The Redis key that holds the token on each node."""
         return self._state.key

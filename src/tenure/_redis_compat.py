@@ -70,6 +70,9 @@ def classify_error(exc: ResponseError) -> Failure:
     text = str(exc)
     if isinstance(exc, NoPermissionError) or text.startswith(("NOPERM", "ERR unknown command")):
         return Failure.UNSUPPORTED
+    # A command denied by ACL inside one of our scripts (Redis 6.2 wording; 7 says NOPERM).
+    if "can't run this command" in text or "no permissions" in text.lower():
+        return Failure.UNSUPPORTED
     return Failure.ERROR
 
 

@@ -93,23 +93,51 @@ def test_frozen_node_replies_are_drained_and_its_late_grant_released(
         lease.release()
 
 
-def test_restarted_node_rejoins(api: Api, cluster5: LocalCluster, key: str) -> None:
-    client = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
-    client.acquire(key, ttl=2.0).release()
-    for node in cluster5.nodes[:2]:
-        node.kill()
-    client.acquire(key, ttl=2.0).release()
-    for node in cluster5.nodes[:2]:
+def test_node_that_lost_its_data_is_kept_out_for_max_ttl(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    """A node restarted empty could grant a lock another client still holds (R8).
+
+    tenure recognises it (no fencing history for the lock), seeds its counter from the
+    others and keeps it out for max_ttl, after which it votes again.
+    """
+    max_ttl = 1.0
+    client = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT, max_ttl=max_ttl)
+    before = client.acquire(key, ttl=max_ttl)
+    before.release()
+    lost = cluster5.nodes[:2]
+    for node in lost:
         node.restart(keep_data=False)
-    # Within the reconnect back-off (at most 1 s) the restarted nodes grant again.
-    restarted = set(client.node_names[:2])
+    fence_key = f"tenure:{{{key}}}:fence"
+
+    def counters() -> list[int | None]:
+        values = []
+        for node in lost:
+            with node.client() as c:
+                raw = c.get(fence_key)
+            values.append(None if raw is None else int(raw))
+        return values
+
+    # Lock rounds notice the empty nodes (once reconnected) and seed them.
     deadline = time.monotonic() + 3.0
-    while time.monotonic() < deadline:
-        lease = client.acquire(key, ttl=2.0)
+    while None in counters() and time.monotonic() < deadline:
+        client.acquire(key, ttl=max_ttl).release()
+    seeded_at = time.monotonic()
+    # Seeded from the others' history: at least every token handed out before the loss.
+    assert all(c is not None and c >= before.fencing_token for c in counters())
+    restarted = set(client.node_names[:2])
+    lease = client.acquire(key, ttl=max_ttl)
+    lease.release()
+    assert not restarted & set(lease.nodes)  # kept out while warming up
+    assert lease.fencing_token > before.fencing_token
+    # After max_ttl they grant again.
+    while time.monotonic() < seeded_at + max_ttl + 2.0:
+        lease = client.acquire(key, ttl=max_ttl)
         lease.release()
         if restarted <= set(lease.nodes):
+            assert time.monotonic() - seeded_at >= max_ttl - 0.05
             break
-        time.sleep(0.05)
+        time.sleep(0.02)
     else:
         pytest.fail("restarted nodes never rejoined")
 

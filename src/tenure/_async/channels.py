@@ -218,7 +218,7 @@ class Channels:
                 return  # the round is over; this reply was read and is dropped
             ok, value = reply
             if ok:
-                rnd.record(i, command.is_yes(value))
+                rnd.record(i, *command.parse(value))
             elif isinstance(value, ResponseError):
                 rnd.fail(i, classify_error(value), str(value))
             else:

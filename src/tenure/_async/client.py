@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import random
 import secrets
-import time
 from collections.abc import Sequence
 from typing import Any
 
+from .._clock import monotonic, wall_us
 from .._core import commands
-from .._core.acquire import Acquisition, GiveUp, Granted, LeaseState
+from .._core.acquire import Acquisition, GiveUp, Granted, LeaseState, Seed, refused_by
 from .._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.policy import RetryPolicy
@@ -28,7 +28,7 @@ from .channels import Channels
 
 __all__ = ["AsyncClient", "AsyncLease", "AsyncLock"]
 
-_clock = time.monotonic
+_clock = monotonic
 
 
 class AsyncClient:
@@ -47,6 +47,7 @@ class AsyncClient:
         drift_floor: float = 0.002,
         retry: RetryPolicy | None = None,
         allow_even: bool = False,
+        max_ttl: float = 60.0,
         connection_options: dict[str, Any] | None = None,
     ) -> None:
         self.config = ClientConfig.build(
@@ -56,9 +57,11 @@ class AsyncClient:
             drift_floor=drift_floor,
             retry=retry,
             allow_even=allow_even,
+            max_ttl=max_ttl,
         )
         self.node_names = [a.display for a in self.config.nodes]
         self._specs = SpecCache(self.config)
+        self._fence_floor = 1  # proposals stay above every fencing token this client saw
         self._channels = Channels(self.config, dict(connection_options or {}))
         self._rng = random.Random(secrets.randbits(64))
 
@@ -90,34 +93,48 @@ class AsyncClient:
             timeout=timeout,
             now=_clock(),
             node_names=self.node_names,
+            max_ttl_ms=self.config.max_ttl_ms,
+            floor=self._fence_floor,
         )
         while True:
             token = secrets.token_hex(16)
             rnd = acq.begin(_clock())
+            command = commands.acquire(spec.keys, token, spec.ttl_ms, acq.proposal(wall_us()))
             try:
-                await self._channels.run(
-                    commands.acquire(spec.key, token, spec.ttl_ms), rnd, acq.deadline(rnd)
-                )
+                await self._channels.run(command, rnd, acq.deadline(rnd))
             except asyncio.CancelledError:
-                # Written before the cancellation propagates, behind our SET on each link.
+                # Written before the cancellation propagates, behind our grant on each link.
                 self._send_release(spec.key, token, rnd.maybe_holding())
                 raise
             step = acq.conclude(rnd, token, _clock())
+            self._fence_floor = max(self._fence_floor, acq.floor)
             if isinstance(step, Granted):
+                if step.seed is not None:
+                    await self._seed(spec, step.seed)
                 return AsyncLease(self, step.lease, spec)
             if step.cleanup:
-                now = _clock()
-                await self._channels.run(
-                    commands.release(spec.key, token),
-                    Round.cleanup(len(self.node_names), step.cleanup, now),
-                    now + self.config.node_timeout,
-                    sorted(step.cleanup),
-                )
+                await self._cleanup_round(commands.release(spec.key, token), step.cleanup)
             if isinstance(step, GiveUp):
                 if step.error is not None:
                     raise step.error
                 return None
-            await asyncio.sleep(step.sleep)
+            if step.seed is not None:
+                await self._seed(spec, step.seed)
+            if step.sleep:
+                await asyncio.sleep(step.sleep)
+
+    async def _seed(self, spec: LockSpec, seed: Seed) -> None:
+        command = commands.seed(spec.keys, seed.counter, seed.warm_ms)
+        await self._cleanup_round(command, seed.nodes)
+
+    async def _cleanup_round(self, command: commands.Command, targets: frozenset[int]) -> None:
+        """``command`` on ``targets``, waiting for every one of them (up to the timeout)."""
+        now = _clock()
+        rnd = Round.cleanup(len(self.node_names), targets, now)
+        await self._channels.run(command, rnd, now + self.config.node_timeout, sorted(targets))
+        refused = refused_by(rnd, self.node_names)
+        if refused is not None:
+            raise refused
 
     def _send_release(self, key: str, token: str, targets: frozenset[int]) -> None:
         rnd = Round(len(self.node_names), self.config.quorum, _clock())

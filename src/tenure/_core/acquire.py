@@ -2,18 +2,41 @@
 
 A driver runs::
 
-    acq = Acquisition(spec, retry, rng, blocking=..., timeout=..., now=clock())
+    acq = Acquisition(spec, retry, rng, blocking=..., timeout=..., now=clock(), ...)
     while True:
-        rnd = acq.begin(clock())               # send SET key token NX PX ttl to every node
+        rnd = acq.begin(clock())
+        send commands.acquire(spec.keys, token, spec.ttl_ms, acq.proposal(wall_us))
         ...feed replies into rnd until rnd.decided or acq.deadline(rnd), then rnd.time_out()
         step = acq.conclude(rnd, token, clock())
-        Granted -> hand out step.lease
-        Retry   -> release on step.cleanup (now), sleep step.sleep, loop
-        GiveUp  -> release on step.cleanup (now), then return False or raise step.error
+        Granted -> hand out step.lease (its fencing token is the proposal)
+        Retry   -> release on step.cleanup, seed step.seed (if any), sleep step.sleep, loop
+        GiveUp  -> release on step.cleanup, then return False or raise step.error
 
 The machine never sleeps past the caller's timeout, raises ``QuorumUnreachable`` as soon
 as failures alone make a majority impossible (waiting would not help), and draws every
 retry delay at random so that colliding clients drift apart (R6).
+
+Fencing tokens (R11), one round trip
+------------------------------------
+The client *proposes* the token F; each node grants only if the lock is free there and
+F is above that node's counter, and then sets its counter to F in the same script. So a
+majority that granted has committed F, and any later majority overlaps it in a node
+whose counter is already >= F: it can only grant a larger token. No second round is
+needed to write F back. Tokens strictly increase in the order leases are granted.
+
+The proposal is ``max(wall-clock microseconds, highest counter seen + 1)``. The clock
+only makes the first guess usually high enough; correctness never depends on it. A node
+that answers "too low" returns its counter, and the next attempt (immediate, not a
+back-off: nobody holds the lock) proposes above it.
+
+A node with no counter for the lock has no history for it: either the lock is new, or
+the node lost its data (restart without persistence). It grants nothing until seeded:
+
+* if every node says so, the lock is new everywhere and all are seeded at 0, at once;
+* otherwise, once a majority of nodes with history has answered, the others are seeded
+  with the highest counter among them (which covers every token a past majority
+  committed, since that majority overlaps this one) and kept out for ``max_ttl``, so
+  every lease they might have granted before losing their data has expired first.
 """
 
 from __future__ import annotations
@@ -26,7 +49,22 @@ from .config import LockSpec
 from .policy import RetryPolicy
 from .quorum import Failure, Round
 
-__all__ = ["Acquisition", "GiveUp", "Granted", "LeaseState", "Retry", "round_errors"]
+__all__ = [
+    "Acquisition",
+    "GiveUp",
+    "Granted",
+    "LeaseState",
+    "Retry",
+    "Seed",
+    "refused_by",
+    "round_errors",
+]
+
+# Statuses of acquire.lua.
+GRANTED, HELD, TOO_LOW, NO_HISTORY, WARMING = 1, 0, -1, -2, -3
+# Immediate re-tries for a low proposal or a seeding, per acquire call, before falling
+# back to the random back-off (other clients may keep raising the counters meanwhile).
+MAX_FIXES = 4
 
 
 @dataclass(frozen=True)
@@ -40,17 +78,33 @@ class LeaseState:
     started: float
     valid_until: float
     granted: frozenset[int]
+    fencing_token: int = 0
+
+
+@dataclass(frozen=True)
+class Seed:
+    """Nodes without history to seed (seed.lua): their counter, and warm-up in ms."""
+
+    nodes: frozenset[int]
+    counter: int
+    warm_ms: int
 
 
 @dataclass(frozen=True)
 class Granted:
+    """Acquired. ``seed``: nodes seen without history, to seed before handing it out."""
+
     lease: LeaseState
+    seed: Seed | None = None
 
 
 @dataclass(frozen=True)
 class Retry:
+    """Try again after ``sleep`` seconds; first release on ``cleanup``, then ``seed``."""
+
     sleep: float
     cleanup: frozenset[int]
+    seed: Seed | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +116,14 @@ class GiveUp:
 
 
 Step = Granted | Retry | GiveUp
+
+
+def refused_by(rnd: Round, names: list[str]) -> ServerUnsupported | None:
+    """The error to raise if a node refused one of our commands (ACL, unknown command)."""
+    for i, r in rnd.failures().items():
+        if r.failure is Failure.UNSUPPORTED:
+            return ServerUnsupported(names[i], f"refused a command tenure needs: {r.detail}")
+    return None
 
 
 def round_errors(rnd: Round, names: list[str] | None = None) -> dict[str, str]:
@@ -79,10 +141,12 @@ class Acquisition:
         spec: the lock being acquired.
         retry: back-off policy between attempts.
         rng: source of the random delays.
-        blocking: False makes exactly one attempt.
+        blocking: False makes one attempt (plus immediate fixes of a low proposal).
         timeout: for a blocking acquire, seconds after ``now`` to give up; None waits forever.
         now: monotonic time of the call.
         node_names: for error messages.
+        max_ttl_ms: how long a node that lost its data is kept out.
+        floor: the lowest token the client may propose (above any it has seen).
     """
 
     def __init__(
@@ -95,6 +159,8 @@ class Acquisition:
         timeout: float | None,
         now: float,
         node_names: list[str],
+        max_ttl_ms: int,
+        floor: int = 1,
     ) -> None:
         self.spec = spec
         self._retry = retry
@@ -102,12 +168,22 @@ class Acquisition:
         self._blocking = blocking
         self._give_up_at = None if timeout is None or not blocking else now + timeout
         self._names = node_names
+        self._max_ttl_ms = max_ttl_ms
+        self.floor = floor
         self.attempts = 0
+        self._fixes = 0
+        self._proposal = 0
+        self._hear_all = False
 
     def begin(self, now: float) -> Round:
-        """Start an attempt at ``now``: the driver sends SET NX PX to every node."""
+        """Start an attempt at ``now``."""
         self.attempts += 1
-        return Round(self.spec.n_nodes, self.spec.quorum, now)
+        return Round(self.spec.n_nodes, self.spec.quorum, now, wait_all=self._hear_all)
+
+    def proposal(self, wall_us: int) -> int:
+        """The fencing token to propose in this attempt, given the wall clock in µs."""
+        self._proposal = max(wall_us, self.floor)
+        return self._proposal
 
     def deadline(self, rnd: Round) -> float:
         """When the driver stops waiting for replies of this attempt."""
@@ -116,8 +192,17 @@ class Acquisition:
     def conclude(self, rnd: Round, token: str, now: float) -> Step:
         """Decide the attempt once ``rnd`` is decided or its deadline passed."""
         spec = self.spec
+        statuses = {i: r.info for i, r in enumerate(rnd.results) if r is not None and r.info}
+        counters = [n for s, n in statuses.values() if s in (GRANTED, HELD, TOO_LOW)]
+        if counters:
+            self.floor = max(self.floor, max(counters) + 1)
         validity = rnd.validity(now, spec.ttl, spec.drift)
         if rnd.succeeded and validity > 0:
+            self.floor = max(self.floor, self._proposal + 1)
+            blank = frozenset(i for i, (s, _) in statuses.items() if s == NO_HISTORY)
+            # Nodes that lost their data (the others answered with history): seed them now,
+            # or they would sit out every round until a failed one noticed them.
+            seed = Seed(blank, max(counters), self._max_ttl_ms) if blank else None
             return Granted(
                 LeaseState(
                     name=spec.name,
@@ -127,11 +212,16 @@ class Acquisition:
                     started=rnd.started,
                     valid_until=rnd.started + spec.ttl - spec.drift,
                     granted=rnd.granted(),
-                )
+                    fencing_token=self._proposal,
+                ),
+                seed,
             )
         cleanup = rnd.maybe_holding()
         if rnd.unreachable_blocks_quorum():
             return GiveUp(cleanup, self._unreachable(rnd))
+        fix = self._fix(statuses, counters)
+        if fix is not None:
+            return Retry(0.0, cleanup, fix if isinstance(fix, Seed) else None)
         if not self._blocking:
             return GiveUp(cleanup, None)
         sleep = self._retry.delay(self.attempts, self._rng)
@@ -142,14 +232,39 @@ class Acquisition:
             sleep = min(sleep, left)
         return Retry(sleep, cleanup)
 
+    def _fix(self, statuses: dict[int, tuple[int, int]], counters: list[int]) -> Seed | bool | None:
+        """What to seed (or True: nothing) if retrying at once can succeed; else None.
+
+        Retrying at once is right when the attempt failed for a reason of ours, not
+        because someone holds the lock: the proposal was too low, or nodes need seeding.
+        """
+        if self._fixes >= MAX_FIXES:
+            return None
+        kinds = [s for s, _ in statuses.values()]
+        blank = frozenset(i for i, (s, _) in statuses.items() if s == NO_HISTORY)
+        seed: Seed | None = None
+        if blank and len(blank) == self.spec.n_nodes:
+            seed = Seed(blank, 0, 0)  # a new lock: every node agrees it has no past
+        elif blank and len(counters) >= self.spec.quorum:
+            seed = Seed(blank, max(counters), self._max_ttl_ms)
+        elif blank and not self._hear_all:
+            # The round was decided before every node answered. Whether this lock is new
+            # everywhere (seed at once) or some node lost its data (seed with a warm-up)
+            # takes every node's answer: ask again and wait for all of them.
+            self._hear_all = True
+            self._fixes += 1
+            return True
+        if seed is None and (TOO_LOW not in kinds or HELD in kinds):
+            return None  # nothing of ours to fix, or held elsewhere: a contention back-off
+        self._fixes += 1
+        self._hear_all = False
+        return seed or True
+
     def _unreachable(self, rnd: Round) -> LockError | ServerUnsupported:
         errors = round_errors(rnd, self._names)
-        unsupported = [
-            self._names[i] for i, r in rnd.failures().items() if r.failure is Failure.UNSUPPORTED
-        ]
-        if unsupported:
-            node = unsupported[0]
-            return ServerUnsupported(node, f"refused a command tenure needs: {errors[node]}")
+        refused = refused_by(rnd, self._names)
+        if refused is not None:
+            return refused
         failed = len(rnd.failures())
         return QuorumUnreachable(
             self.spec.name,

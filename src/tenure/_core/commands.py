@@ -6,12 +6,14 @@ classify each reply with the same functions, so the protocol lives here once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
 from .._lua import script
+from .config import LockKeys
 
-__all__ = ["Command", "acquire", "exists", "extend", "pack", "release"]
+__all__ = ["Command", "acquire", "exists", "extend", "pack", "release", "seed"]
 
 
 def pack(*args: bytes | str | int) -> bytes:
@@ -28,42 +30,63 @@ def _bulk(args: tuple[bytes | str | int, ...]) -> bytes:
 
 
 @cache
-def _eval_head(name: str, argc: int) -> bytes:
+def _eval_head(name: str, numkeys: int, argc: int) -> bytes:
     # The script source is the bulk of every EVAL: encode it once, not per call.
-    return b"*%d\r\n" % (argc + 3) + _bulk(("EVAL", script(name).source, 1))
+    return b"*%d\r\n" % (3 + argc) + _bulk(("EVAL", script(name).source, numkeys))
 
 
-@dataclass(frozen=True)
-class Command:
-    """A round's command, already packed."""
-
-    packed: bytes
-
-    def is_yes(self, reply: object) -> bool:
-        # SET NX answers OK or nil; the scripts answer 1 or 0; EXISTS answers 1 or 0.
-        return reply == b"OK" or reply == 1 or reply == "OK"
-
-
-def _eval(name: str, key: str, *args: bytes | str | int) -> Command:
+def _eval(name: str, keys: tuple[str, ...], *args: bytes | str | int) -> bytes:
     # EVAL with the source, not EVALSHA. A release is sent to every node but only a
     # majority of replies is awaited; after SCRIPT FLUSH or a restart, EVALSHA on a node
     # nobody waits for would answer NOSCRIPT and its follow-up EVAL would never be sent,
     # leaving our key there until its TTL. EVAL cannot fail that way, and costs the same
     # on the server (it hashes the body and reuses the compiled script): measured equal
     # within noise on loopback, see docs/architecture.md.
-    return Command(_eval_head(name, len(args) + 1) + _bulk((key, *args)))
+    return _eval_head(name, len(keys), len(keys) + len(args)) + _bulk((*keys, *args))
 
 
-def acquire(key: str, token: str, ttl_ms: int) -> Command:
-    return Command(pack("SET", key, token, "NX", "PX", ttl_ms))
+Info = tuple[int, int] | None
+
+
+def _yes_if_one(reply: object) -> tuple[bool, Info]:
+    # The release/extend/seed scripts and EXISTS answer 1 or 0.
+    return reply == 1, None
+
+
+def _acquire_reply(reply: object) -> tuple[bool, Info]:
+    # acquire.lua answers {status, number}; status 1 is a grant.
+    if isinstance(reply, list) and len(reply) == 2:
+        status, number = int(reply[0]), int(reply[1])
+        return status == 1, (status, number)
+    return False, None
+
+
+@dataclass(frozen=True)
+class Command:
+    """A round's command, already packed, and how to read a node's reply to it."""
+
+    packed: bytes
+    parse: Callable[[object], tuple[bool, Info]] = _yes_if_one
+
+    def is_yes(self, reply: object) -> bool:
+        return self.parse(reply)[0]
+
+
+def acquire(keys: LockKeys, token: str, ttl_ms: int, proposal: int) -> Command:
+    packed = _eval("acquire", (keys.lock, keys.fence, keys.warm), token, ttl_ms, proposal)
+    return Command(packed, _acquire_reply)
+
+
+def seed(keys: LockKeys, counter: int, warm_ms: int) -> Command:
+    return Command(_eval("seed", (keys.fence, keys.warm), counter, warm_ms))
 
 
 def release(key: str, token: str) -> Command:
-    return _eval("release", key, token)
+    return Command(_eval("release", (key,), token))
 
 
 def extend(key: str, token: str, ttl_ms: int) -> Command:
-    return _eval("extend", key, token, ttl_ms)
+    return Command(_eval("extend", (key,), token, ttl_ms))
 
 
 def exists(key: str) -> Command:

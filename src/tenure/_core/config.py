@@ -16,6 +16,7 @@ from .quorum import drift_allowance, majority
 
 __all__ = [
     "ClientConfig",
+    "LockKeys",
     "LockSpec",
     "NodeAddress",
     "SpecCache",
@@ -112,6 +113,9 @@ class ClientConfig:
         drift_floor: seconds added to the drift allowance (timer and scheduling granularity).
         retry: back-off policy between attempts of a blocking acquire.
         allow_even: accept an even number of nodes (see ``check_node_count``).
+        max_ttl: the longest TTL any lease may have, in seconds. A node found to have
+            lost its data (no fencing history) is kept out for this long, so every lease
+            it might have granted has expired before it votes again.
     """
 
     nodes: tuple[NodeAddress, ...]
@@ -120,6 +124,7 @@ class ClientConfig:
     drift_floor: float = 0.002
     retry: RetryPolicy = field(default_factory=wait_random_exponential)
     allow_even: bool = False
+    max_ttl_ms: int = 60_000
 
     @classmethod
     def build(
@@ -131,6 +136,7 @@ class ClientConfig:
         drift_floor: float = 0.002,
         retry: RetryPolicy | None = None,
         allow_even: bool = False,
+        max_ttl: float = 60.0,
     ) -> ClientConfig:
         if isinstance(nodes, str) or not isinstance(nodes, (list, tuple)):
             raise ConfigurationError("nodes", f"must be a list of node URLs, got {nodes!r}")
@@ -158,6 +164,9 @@ class ClientConfig:
             raise ConfigurationError(
                 "drift_floor", f"must be in [0, 10] seconds, got {drift_floor}"
             )
+        longest = _finite("max_ttl", max_ttl)
+        if not 0.001 <= longest <= 86_400:
+            raise ConfigurationError("max_ttl", f"must be in [0.001, 86400] seconds, got {max_ttl}")
         return cls(
             nodes=addresses,
             node_timeout=timeout,
@@ -165,6 +174,7 @@ class ClientConfig:
             drift_floor=floor,
             retry=retry or wait_random_exponential(),
             allow_even=allow_even,
+            max_ttl_ms=math.floor(round(longest * 1000, 6)),
         )
 
     @property
@@ -197,6 +207,25 @@ def lock_key(name: str) -> str:
 
 
 @dataclass(frozen=True)
+class LockKeys:
+    """A lock's keys on every node, sharing the ``{name}`` hash tag.
+
+    ``fence`` (the fencing counter) has no TTL: it is this node's history of the lock, and
+    its absence is how a node that lost its data is recognised (see ``_lua/acquire.lua``).
+    It costs one small key per lock name ever used.
+    """
+
+    lock: str
+    fence: str
+    warm: str
+
+    @classmethod
+    def of(cls, name: str) -> LockKeys:
+        tag = f"tenure:{{{name}}}"
+        return cls(lock=f"{tag}:lock", fence=f"{tag}:fence", warm=f"{tag}:warm")
+
+
+@dataclass(frozen=True)
 class LockSpec:
     """Validated settings of one lock: everything a round needs to know.
 
@@ -206,6 +235,7 @@ class LockSpec:
 
     name: str
     key: str
+    keys: LockKeys
     ttl: float
     ttl_ms: int
     drift: float
@@ -222,8 +252,13 @@ class LockSpec:
         ttl_ms = math.floor(round(seconds * 1000, 6))
         if ttl_ms < 1:
             raise ConfigurationError("ttl", f"must be at least 0.001 seconds, got {ttl!r}")
-        if ttl_ms > 2**40:
-            raise ConfigurationError("ttl", f"must be at most {2**40 // 1000} seconds, got {ttl!r}")
+        if ttl_ms > config.max_ttl_ms:
+            raise ConfigurationError(
+                "ttl",
+                f"{seconds}s exceeds max_ttl={config.max_ttl_ms / 1000}s, the longest lease a "
+                "node that lost its data waits out before voting again; raise max_ttl on "
+                "every client of these nodes to use longer leases",
+            )
         effective = ttl_ms / 1000
         drift = drift_allowance(effective, config.drift_factor, config.drift_floor)
         # A round may take up to node_timeout before it is decided; the lease must still
@@ -236,9 +271,11 @@ class LockSpec:
                 f"at least 2 x (node_timeout + drift) = {smallest:.4f}s, so a lease keeps half "
                 "its TTL after the slowest acquisition",
             )
+        keys = LockKeys.of(name)
         return cls(
             name=name,
-            key=lock_key(name),
+            key=keys.lock,
+            keys=keys,
             ttl=effective,
             ttl_ms=ttl_ms,
             drift=drift,

@@ -45,11 +45,16 @@ class Failure(enum.Enum):
 
 @dataclass
 class NodeResult:
-    """What one node answered in a round; ``ok`` is None when it failed."""
+    """What one node answered in a round; ``ok`` is None when it failed.
+
+    ``info`` carries what an acquire reply says beyond yes/no: (status, number), see
+    ``_lua/acquire.lua``.
+    """
 
     ok: bool | None = None
     failure: Failure | None = None
     detail: str = ""
+    info: tuple[int, int] | None = None
 
 
 class Round:
@@ -63,14 +68,14 @@ class Round:
 
     __slots__ = ("_answered", "_no", "_wait_all", "_yes", "needed", "results", "started")
 
-    def __init__(self, n: int, needed: int, started: float) -> None:
+    def __init__(self, n: int, needed: int, started: float, *, wait_all: bool = False) -> None:
         self.needed = needed
         self.started = started
         self.results: list[NodeResult | None] = [None] * n
         self._yes = 0
         self._no = 0  # refusals and failures: both mean "not a yes"
         self._answered = 0
-        self._wait_all = False
+        self._wait_all = wait_all  # decided only when every node answered (or the deadline)
 
     @classmethod
     def cleanup(cls, n: int, targets: frozenset[int], started: float) -> Round:
@@ -80,18 +85,17 @@ class Round:
         so it waits for all targets (or the deadline), not for a majority. Nodes outside
         ``targets`` proved they hold nothing of ours and count as done.
         """
-        rnd = cls(n, n, started)
-        rnd._wait_all = True
+        rnd = cls(n, n, started, wait_all=True)
         for i in range(n):
             if i not in targets:
                 rnd.record(i, True)
         return rnd
 
-    def record(self, node: int, ok: bool) -> None:
+    def record(self, node: int, ok: bool, info: tuple[int, int] | None = None) -> None:
         """Record a definite answer from ``node``."""
         if self.results[node] is not None:
             return
-        self.results[node] = NodeResult(ok=ok)
+        self.results[node] = NodeResult(ok=ok, info=info)
         self._answered += 1
         if ok:
             self._yes += 1

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
+from .._clock import monotonic, wall_us
 from .._core import commands
-from .._core.acquire import Acquisition, GiveUp, Granted, LeaseState
+from .._core.acquire import Acquisition, GiveUp, Granted, LeaseState, Seed, refused_by
 from .._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.policy import RetryPolicy
@@ -27,7 +28,7 @@ from .links import LinkPool, LinkSet
 
 __all__ = ["Client", "Lease", "Lock"]
 
-_clock = time.monotonic
+_clock = monotonic
 
 
 class Client:
@@ -41,6 +42,9 @@ class Client:
         retry: back-off between attempts of a blocking acquire (default full-jitter
             exponential from 2 ms to 100 ms).
         allow_even: accept an even number of nodes.
+        max_ttl: the longest TTL a lease may have (default 60 s). A node that lost its
+            data is kept out of locking for this long; every client of the same nodes
+            must use the same value.
         connection_options: extra keyword arguments for redis-py connections (TLS
             certificates, credentials); they override tenure's defaults.
 
@@ -57,6 +61,7 @@ class Client:
         drift_floor: float = 0.002,
         retry: RetryPolicy | None = None,
         allow_even: bool = False,
+        max_ttl: float = 60.0,
         connection_options: dict[str, Any] | None = None,
     ) -> None:
         self.config = ClientConfig.build(
@@ -66,9 +71,11 @@ class Client:
             drift_floor=drift_floor,
             retry=retry,
             allow_even=allow_even,
+            max_ttl=max_ttl,
         )
         self.node_names = [a.display for a in self.config.nodes]
         self._specs = SpecCache(self.config)
+        self._fence_floor = 1  # proposals stay above every fencing token this client saw
         self._pool = LinkPool(self.config, dict(connection_options or {}))
         self._rng = random.Random(secrets.randbits(64))
 
@@ -109,32 +116,36 @@ class Client:
             timeout=timeout,
             now=_clock(),
             node_names=self.node_names,
+            max_ttl_ms=self.config.max_ttl_ms,
+            floor=self._fence_floor,
         )
         with self._links() as links:
             while True:
                 token = secrets.token_hex(16)
                 rnd = acq.begin(_clock())
+                command = commands.acquire(spec.keys, token, spec.ttl_ms, acq.proposal(wall_us()))
                 try:
-                    links.run(
-                        commands.acquire(spec.key, token, spec.ttl_ms),
-                        rnd,
-                        acq.deadline(rnd),
-                        _clock,
-                    )
+                    links.run(command, rnd, acq.deadline(rnd), _clock)
                 except BaseException:
-                    # Interrupted mid-round (KeyboardInterrupt): the SET may have landed.
+                    # Interrupted mid-round (KeyboardInterrupt): the grant may have landed.
                     self._cleanup(spec, token, rnd.maybe_holding())
                     raise
                 step = acq.conclude(rnd, token, _clock())
+                self._fence_floor = max(self._fence_floor, acq.floor)
                 if isinstance(step, Granted):
+                    if step.seed is not None:
+                        self._seed(links, spec, step.seed)
                     return Lease(self, step.lease, spec)
                 if step.cleanup:
-                    self._cleanup_round(links, spec.key, token, step.cleanup)
+                    self._cleanup_round(links, commands.release(spec.key, token), step.cleanup)
                 if isinstance(step, GiveUp):
                     if step.error is not None:
                         raise step.error
                     return None
-                time.sleep(step.sleep)
+                if step.seed is not None:
+                    self._seed(links, spec, step.seed)
+                if step.sleep:
+                    time.sleep(step.sleep)
 
     def _links(self) -> _Borrowed:
         return _Borrowed(self._pool)
@@ -146,20 +157,28 @@ class Client:
         links.run(commands.release(key, token), rnd, now + self.config.node_timeout, _clock)
         return rnd
 
-    def _cleanup_round(self, links: LinkSet, key: str, token: str, targets: frozenset[int]) -> None:
+    def _seed(self, links: LinkSet, spec: LockSpec, seed: Seed) -> None:
+        command = commands.seed(spec.keys, seed.counter, seed.warm_ms)
+        self._cleanup_round(links, command, seed.nodes)
+
+    def _cleanup_round(
+        self, links: LinkSet, command: commands.Command, targets: frozenset[int]
+    ) -> None:
+        """``command`` on ``targets``, waiting for every one of them (up to the timeout).
+
+        Raises:
+            ServerUnsupported: a node refused the command (ACL).
+        """
         now = _clock()
         rnd = Round.cleanup(len(self.node_names), targets, now)
-        links.run(
-            commands.release(key, token),
-            rnd,
-            now + self.config.node_timeout,
-            _clock,
-            sorted(targets),
-        )
+        links.run(command, rnd, now + self.config.node_timeout, _clock, sorted(targets))
+        refused = refused_by(rnd, self.node_names)
+        if refused is not None:
+            raise refused
 
     def _cleanup(self, spec: LockSpec, token: str, targets: frozenset[int]) -> None:
         with self._links() as links:
-            self._cleanup_round(links, spec.key, token, targets)
+            self._cleanup_round(links, commands.release(spec.key, token), targets)
 
     def close(self) -> None:
         """Close every connection. Leases still held expire by their TTL."""

@@ -221,7 +221,7 @@ class LinkSet:
             while True:
                 reply = link.read()
                 if reply is not _NOT_YET:
-                    rnd.record(i, command.is_yes(reply))
+                    rnd.record(i, *command.parse(reply))
                     return True
                 if not link.more_ready():
                     return False

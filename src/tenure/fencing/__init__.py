@@ -1,0 +1,25 @@
+"""Fencing tokens enforced at the storage (R11): writes from superseded leases are refused.
+
+A lease's fencing token increases with every grant of its lock. A fenced store keeps,
+per resource, the highest token that has written it and accepts a write only if its
+token is **greater than or equal to** that (equal: the same lease writing again); an
+older token raises :class:`tenure.StaleToken` and writes nothing.
+
+* :class:`FencedStore` / :class:`AsyncFencedStore`: values on Redis, checked by a Lua
+  script (:mod:`tenure.fencing.redis_store`).
+* SQL databases through SQLAlchemy (``pip install 'tenure[sql]'``): import
+  :mod:`tenure.fencing.sql` (``fenced_update``, ``fenced_execute``, ``FencedMixin``,
+  ``fence``); it is not imported here, so this package does not need SQLAlchemy.
+"""
+
+from .redis_store import MAX_TOKEN, AsyncFencedStore, FencedStore, fenced_keys, fenced_write_args
+
+# The HTTP gate (tenure.fencing.http) adds its exports here.
+
+__all__ = [
+    "MAX_TOKEN",
+    "AsyncFencedStore",
+    "FencedStore",
+    "fenced_keys",
+    "fenced_write_args",
+]

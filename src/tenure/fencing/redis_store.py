@@ -1,0 +1,209 @@
+"""A key-value store on Redis that refuses writes from superseded lease holders (R11).
+
+Theory of operation
+-------------------
+
+A lock alone cannot stop a holder that paused (GC, swap, a frozen VM) past its lease
+from writing late, after another client took the lock and wrote::
+
+    client A  acquire (token 33) ...... pause .................... write(33)  -> refused
+    client B                 lease A expires, acquire (token 34) -- write(34)
+
+So the *storage* checks. Every lease carries a fencing token, strictly increasing in the
+order leases are granted for a resource. The store remembers, per resource, the highest
+token it has accepted, and:
+
+* accepts a write whose token is **greater than or equal to** the highest seen. Equal is
+  the same lease writing again (a holder writes many times with one token), and it makes
+  a retry after an ambiguous failure (a timeout after sending) safe;
+* refuses a write whose token is **lower**: raises :class:`~tenure.StaleToken` carrying
+  the highest token, and writes nothing.
+
+Check and write are one Lua script (``fenced_write.lua``), so no other write can land
+between them. The value and the token live in two keys that share a ``{resource}`` hash
+tag, ``<namespace>:{<resource>}:value`` and ``<namespace>:{<resource>}:token``, so the
+script also works on Redis Cluster. The Redis here is any Redis the application stores
+data in; it need not be one of the lock's nodes.
+
+Assumptions: the token key is only written by this module, and this Redis keeps its data
+(a store that forgets the highest token it saw, e.g. restarted without persistence,
+would accept a stale write once). Lua numbers are doubles, so tokens are checked to be
+integers in ``[0, 2**53)``, where every integer is exact.
+
+:class:`FencedStore` (blocking) and :class:`AsyncFencedStore` (asyncio) differ only in
+their I/O: the commands are built and their replies read by the same functions.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from .._errors import ConfigurationError, StaleToken
+from .._lua import script
+
+__all__ = [
+    "MAX_TOKEN",
+    "AsyncFencedStore",
+    "FencedStore",
+    "fenced_keys",
+    "fenced_write_args",
+]
+
+MAX_TOKEN = 2**53
+"""Tokens must be below this: above it, Lua's doubles no longer tell neighbours apart."""
+
+
+def fenced_keys(resource: str, namespace: str = "tenure") -> tuple[str, str]:
+    """The Redis keys of a fenced resource: ``(value key, token key)``.
+
+    Raises:
+        ConfigurationError: (``resource``, ``namespace``) not a non-empty string.
+    """
+    _check_name("resource", resource)
+    _check_name("namespace", namespace)
+    prefix = f"{namespace}:{{{resource}}}"
+    return f"{prefix}:value", f"{prefix}:token"
+
+
+def _check_name(parameter: str, name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(parameter, f"must be a non-empty string, got {name!r}")
+
+
+def _check_token(token: object) -> int:
+    """``token`` itself, once checked to be an int in ``[0, MAX_TOKEN)``.
+
+    Raises:
+        ConfigurationError: (``token``) anything else, ``bool`` included.
+    """
+    # bool is an int, but True as a token is a bug in the caller.
+    if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < MAX_TOKEN:
+        raise ConfigurationError("token", f"must be an int in [0, 2**53), got {token!r}")
+    return token
+
+
+def fenced_write_args(
+    resource: str, token: int, value: bytes | str, namespace: str = "tenure"
+) -> tuple[str, int, str, str, str, bytes | str]:
+    """The arguments of one fenced write for ``client.eval(*args)``.
+
+    For callers that batch writes in their own pipeline (``pipe.eval(*args)``). Each
+    reply is ``[1, highest]`` (written) or ``[0, highest]`` (refused: stale token).
+
+    Raises:
+        ConfigurationError: a bad ``resource``, ``namespace``, ``token`` or ``value``.
+    """
+    value_key, token_key = fenced_keys(resource, namespace)
+    _check_token(token)
+    if not isinstance(value, (bytes, str)):
+        raise ConfigurationError("value", f"must be bytes or str, got {type(value).__name__}")
+    # EVAL with the source, never EVALSHA: nothing to go missing after SCRIPT FLUSH or a
+    # restart, and the same cost (docs/architecture.md, "EVAL, not EVALSHA").
+    return (_source(), 2, value_key, token_key, str(token), value)
+
+
+@cache
+def _source() -> str:
+    return script("fenced_write").source.decode()
+
+
+def _raise_if_refused(resource: str, token: int, reply: Any) -> None:
+    accepted, highest = int(reply[0]), int(reply[1])
+    if not accepted:
+        raise StaleToken(resource, token, highest)
+
+
+def _read_reply(reply: list[bytes | str | None]) -> tuple[bytes | None, int | None]:
+    value, token = reply
+    return _as_bytes(value), _as_int(token)
+
+
+def _as_int(reply: bytes | str | None) -> int | None:
+    return None if reply is None else int(reply)
+
+
+def _as_bytes(reply: bytes | str | None) -> bytes | None:
+    # A client made with decode_responses=True hands back str; give bytes back regardless.
+    return reply.encode() if isinstance(reply, str) else reply
+
+
+class FencedStore:
+    """Values on Redis guarded by fencing tokens, with a blocking redis-py client.
+
+    Args:
+        redis_client: any ``redis.Redis``; the store does not close it.
+        namespace: the first part of every key this store writes.
+
+    Example::
+
+        store = FencedStore(redis.Redis())
+        with client.lock("report", ttl=10) as lease:
+            store.write("report", lease.fencing_token, render())
+    """
+
+    def __init__(self, redis_client: redis.Redis, namespace: str = "tenure") -> None:
+        _check_name("namespace", namespace)  # now, rather than at the first write
+        self.client = redis_client
+        self.namespace = namespace
+
+    def write(self, resource: str, token: int, value: bytes | str) -> None:
+        """Store ``value`` for ``resource`` unless a newer lease has written it.
+
+        Args:
+            resource: the fenced resource's name, usually the lock's name.
+            token: the fencing token of the writer's lease.
+            value: what to store.
+
+        Raises:
+            StaleToken: ``token`` is lower than the highest token this resource has seen
+                (``.highest``); nothing was written.
+            ConfigurationError: a bad argument (see :func:`fenced_write_args`).
+            redis.RedisError: from the client; the write may or may not have been applied,
+                and retrying it with the same token is safe.
+        """
+        reply = self.client.eval(*fenced_write_args(resource, token, value, self.namespace))
+        _raise_if_refused(resource, token, reply)
+
+    def read(self, resource: str) -> tuple[bytes | None, int | None]:
+        """The stored value and the highest token seen, read at one instant.
+
+        Returns:
+            ``(value, highest)``; ``(None, None)`` if nothing was ever written.
+        """
+        # MGET is atomic and both keys are in one slot: value and token of one instant.
+        return _read_reply(self.client.mget(*fenced_keys(resource, self.namespace)))
+
+    def highest(self, resource: str) -> int | None:
+        """The highest token ``resource`` has accepted, or ``None`` if none yet."""
+        return _as_int(self.client.get(fenced_keys(resource, self.namespace)[1]))
+
+
+class AsyncFencedStore:
+    """The asyncio twin of :class:`FencedStore`, with a ``redis.asyncio.Redis`` client.
+
+    Args:
+        redis_client: any ``redis.asyncio.Redis``; the store does not close it.
+        namespace: the first part of every key this store writes.
+    """
+
+    def __init__(self, redis_client: redis.asyncio.Redis, namespace: str = "tenure") -> None:
+        _check_name("namespace", namespace)
+        self.client = redis_client
+        self.namespace = namespace
+
+    async def write(self, resource: str, token: int, value: bytes | str) -> None:
+        """As :meth:`FencedStore.write`."""
+        args = fenced_write_args(resource, token, value, self.namespace)
+        _raise_if_refused(resource, token, await self.client.eval(*args))
+
+    async def read(self, resource: str) -> tuple[bytes | None, int | None]:
+        """As :meth:`FencedStore.read`."""
+        return _read_reply(await self.client.mget(*fenced_keys(resource, self.namespace)))
+
+    async def highest(self, resource: str) -> int | None:
+        """As :meth:`FencedStore.highest`."""
+        return _as_int(await self.client.get(fenced_keys(resource, self.namespace)[1]))

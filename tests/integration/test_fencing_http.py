@@ -1,0 +1,636 @@
+"""The HTTP fencing gate, in front of a real (loopback) HTTP store that checks nothing.
+
+The store is a ``ThreadingHTTPServer`` on 127.0.0.1 that applies every write it receives
+and records them in arrival order: a stand-in for a store that cannot check tokens. The
+gate and proxy run in-process, driven through ``httpx.ASGITransport``; the proxy then
+talks real HTTP to the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from tenure._errors import ConfigurationError
+from tenure.fencing.http import (
+    GATE_TOKEN_LIMIT,
+    FencingGate,
+    FencingProxy,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    TokenBook,
+)
+
+T = TypeVar("T")
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coroutine)
+
+
+# ---------------------------------------------------------------------------------------
+# The store that cannot check tokens
+
+
+@dataclass(frozen=True)
+class Write:
+    method: str
+    path: str
+    token: int | None
+    body: bytes
+
+
+class Store:
+    """Records every write in arrival order; GET returns a path's last written body."""
+
+    def __init__(self, *, jitter: float = 0.0) -> None:
+        self.writes: list[Write] = []
+        self.values: dict[str, bytes] = {}
+        self.jitter = jitter
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        # A short poll interval keeps shutdown() (and so every test's teardown) quick.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def tokens(self) -> list[int | None]:
+        with self._lock:
+            return [write.token for write in self.writes]
+
+    def apply(self, write: Write) -> None:
+        if self.jitter:
+            # Widens the window in which two forwarded writes could overtake each other.
+            time.sleep(random.uniform(0, self.jitter))
+        with self._lock:
+            self.writes.append(write)
+            if write.method == "DELETE":
+                self.values.pop(write.path, None)
+            else:
+                self.values[write.path] = write.body
+
+    def __enter__(self) -> Store:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+def _handler_for(store: Store) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.partition("?")[0]
+            with store._lock:
+                value = store.values.get(path)
+            if value is None:
+                self._reply(404, b"")
+            else:
+                self._reply(200, value)
+
+        def do_PUT(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            raw_token = self.headers.get("Fencing-Token")
+            token = None if raw_token is None else int(raw_token)
+            store.apply(Write(self.command, self.path.partition("?")[0], token, body))
+            # Echo what arrived, so tests can see what the proxy forwarded.
+            echo = {
+                "method": self.command,
+                "target": self.path,
+                "headers": {k.lower(): v for k, v in self.headers.items()},
+                "body": body.decode(),
+            }
+            self._reply(201, json.dumps(echo).encode(), {"X-Store": "recorded"})
+
+        do_POST = do_PUT
+        do_PATCH = do_PUT
+        do_DELETE = do_PUT
+
+        def _reply(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+            self.send_response(status)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # keep test output clean
+
+    return Handler
+
+
+@pytest.fixture
+def store() -> Iterator[Store]:
+    with Store() as server:
+        yield server
+
+
+@asynccontextmanager
+async def through(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client whose requests go to the ASGI ``app`` in-process."""
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gate.invalid") as client:
+        yield client
+
+
+@asynccontextmanager
+async def proxied(store: Store, **options: Any) -> AsyncIterator[httpx.AsyncClient]:
+    async with FencingProxy(store.url, **options) as proxy, through(proxy) as client:
+        yield client
+
+
+def fenced(token: int | str) -> dict[str, str]:
+    return {"Fencing-Token": str(token)}
+
+
+class Recorder:
+    """An in-process ASGI app that answers 200 and remembers each request's method."""
+
+    def __init__(self, *, fail_first: int = 0) -> None:
+        self.seen: list[str] = []
+        self.fail_first = fail_first
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.seen.append(scope["method"])
+        if self.fail_first:
+            self.fail_first -= 1
+            raise RuntimeError("the store fell over mid-write")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+# ---------------------------------------------------------------------------------------
+# Admission
+
+
+def test_newer_and_equal_tokens_pass(store: Store) -> None:
+    async def scenario() -> list[int]:
+        async with proxied(store) as client:
+            statuses = []
+            for token in (3, 3, 7, GATE_TOKEN_LIMIT - 1):
+                response = await client.put("/doc", content=b"v", headers=fenced(token))
+                statuses.append(response.status_code)
+            return statuses
+
+    assert run(scenario()) == [201, 201, 201, 201]
+    assert store.tokens() == [3, 3, 7, GATE_TOKEN_LIMIT - 1]
+
+
+def test_older_token_is_refused_with_409_and_never_reaches_the_store(store: Store) -> None:
+    async def scenario() -> httpx.Response:
+        async with proxied(store) as client:
+            await client.put("/doc", content=b"new", headers=fenced(7))
+            return await client.put("/doc", content=b"old", headers=fenced(5))
+
+    response = run(scenario())
+    assert response.status_code == 409
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == {
+        "error": "stale fencing token",
+        "resource": "/doc",
+        "token": 5,
+        "highest": 7,
+    }
+    assert store.tokens() == [7]
+    assert store.values == {"/doc": b"new"}
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["abc", "-1", "1.5", "", "  ", "+5", "1_000", "0x10", "5 6", "9223372036854775808", "9" * 80],
+)
+def test_malformed_token_is_400_naming_the_header(store: Store, value: str) -> None:
+    async def scenario() -> httpx.Response:
+        async with proxied(store) as client:
+            return await client.put("/doc", headers=fenced(value))
+
+    response = run(scenario())
+    assert response.status_code == 400
+    assert response.json()["header"] == "Fencing-Token"
+    assert "Fencing-Token" in response.json()["error"]
+    assert store.writes == []
+
+
+def test_repeated_token_header_is_400(store: Store) -> None:
+    async def scenario() -> httpx.Response:
+        async with proxied(store) as client:
+            headers = [("Fencing-Token", "5"), ("Fencing-Token", "9")]
+            return await client.put("/doc", headers=headers)
+
+    response = run(scenario())
+    assert response.status_code == 400
+    assert "exactly once" in response.json()["detail"]
+    assert store.writes == []
+
+
+def test_token_with_leading_zeros_is_read_as_decimal(store: Store) -> None:
+    async def scenario() -> int:
+        async with proxied(store) as client:
+            await client.put("/doc", headers=fenced(11))
+            response = await client.put("/doc", headers=fenced("0" * 90 + "12"))
+            return response.status_code
+
+    assert run(scenario()) == 201
+
+
+def test_missing_token_is_428(store: Store) -> None:
+    async def scenario() -> httpx.Response:
+        async with proxied(store) as client:
+            return await client.post("/doc", content=b"x")
+
+    response = run(scenario())
+    assert response.status_code == 428
+    assert response.json() == {"error": "fencing token required", "header": "Fencing-Token"}
+    assert store.writes == []
+
+
+def test_missing_token_passes_through_when_not_required(store: Store) -> None:
+    async def scenario() -> list[int]:
+        async with proxied(store, require_token=False) as client:
+            untokened = await client.post("/doc", content=b"x")
+            await client.post("/doc", headers=fenced(4))
+            stale = await client.post("/doc", headers=fenced(3))
+            return [untokened.status_code, stale.status_code]
+
+    # Not requiring a token does not stop checking the tokens that are sent.
+    assert run(scenario()) == [201, 409]
+    assert store.tokens() == [None, 4]
+
+
+def test_get_passes_without_a_token(store: Store) -> None:
+    async def scenario() -> httpx.Response:
+        async with proxied(store) as client:
+            await client.put("/doc", content=b"value", headers=fenced(1))
+            return await client.get("/doc")
+
+    response = run(scenario())
+    assert response.status_code == 200
+    assert response.content == b"value"
+
+
+def test_unguarded_methods_are_not_even_parsed() -> None:
+    app = Recorder()
+
+    async def scenario() -> list[int]:
+        async with through(FencingGate(app, methods=frozenset({"put"}))) as client:
+            post = await client.post("/doc", headers=fenced("garbage"))
+            put = await client.put("/doc")
+            return [post.status_code, put.status_code]
+
+    assert run(scenario()) == [200, 428]
+    assert app.seen == ["POST"]
+
+
+def test_resources_are_independent(store: Store) -> None:
+    async def scenario() -> list[int]:
+        async with proxied(store) as client:
+            return [
+                (await client.put(path, headers=fenced(token))).status_code
+                for path, token in [("/a", 9), ("/b", 2), ("/a", 2), ("/b", 3), ("/a", 9)]
+            ]
+
+    assert run(scenario()) == [201, 201, 409, 201, 201]
+    assert [(w.path, w.token) for w in store.writes] == [("/a", 9), ("/b", 2), ("/b", 3), ("/a", 9)]
+
+
+def test_resource_header_groups_paths_under_one_lock(store: Store) -> None:
+    # One lock guards an order and its lines: a stale write to any of them is refused.
+    async def scenario() -> httpx.Response:
+        async with proxied(store) as client:
+            lock = {"Fencing-Resource": "order-17"}
+            await client.put("/orders/17", headers={**fenced(6), **lock})
+            return await client.put("/orders/17/lines/1", headers={**fenced(5), **lock})
+
+    response = run(scenario())
+    assert response.status_code == 409
+    assert response.json()["resource"] == "order-17"
+
+
+def test_resource_callable_is_used_when_the_header_is_absent() -> None:
+    def by_tenant(scope: Scope) -> str:
+        return str(scope["path"]).split("/")[1]
+
+    gate = FencingGate(Recorder(), resource=by_tenant, resource_header=None)
+
+    async def scenario() -> list[int]:
+        async with through(gate) as client:
+            first = await client.put("/acme/x", headers=fenced(8))
+            # resource_header=None: a client cannot escape its resource by naming another.
+            headers = {**fenced(7), "Fencing-Resource": "elsewhere"}
+            second = await client.put("/acme/y", headers=headers)
+            return [first.status_code, second.status_code]
+
+    assert run(scenario()) == [200, 409]
+    assert gate.tokens.highest("acme") == 8
+    assert gate.tokens.highest("elsewhere") is None
+
+
+def test_non_http_scopes_pass_through() -> None:
+    seen: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(scope["type"])
+
+    async def receive() -> Message:
+        return {"type": "lifespan.startup"}
+
+    async def send(message: Message) -> None:
+        pass
+
+    run(FencingGate(app)({"type": "lifespan"}, receive, send))
+    assert seen == ["lifespan"]
+
+
+# ---------------------------------------------------------------------------------------
+# Ordering under concurrency and failure
+
+
+def test_concurrent_shuffled_tokens_reach_the_store_in_nondecreasing_order() -> None:
+    rng = random.Random(11)
+    tokens = [rng.randrange(1, 100) for _ in range(150)]
+
+    async def scenario(store: Store) -> list[httpx.Response]:
+        async with proxied(store) as client:
+            return await asyncio.gather(
+                *(client.put("/hot", content=b"%d" % t, headers=fenced(t)) for t in tokens)
+            )
+
+    with Store(jitter=0.004) as store:
+        responses = run(scenario(store))
+        accepted = [token for token in store.tokens() if token is not None]
+
+    assert len(accepted) == len(store.writes)
+    assert accepted == sorted(accepted), "the store applied an older token after a newer one"
+    assert accepted[-1] == max(tokens)
+    assert sorted(accepted + [r.json()["token"] for r in responses if r.status_code == 409]) == (
+        sorted(tokens)
+    )
+    for response in responses:
+        if response.status_code == 409:
+            assert response.json()["highest"] > response.json()["token"]
+        else:
+            assert response.status_code == 201
+
+
+def test_holder_paused_past_its_lease_cannot_overwrite_its_successor(store: Store) -> None:
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        async with proxied(store) as client:
+            # A acquired the lock with token 5, then paused (GC, VM freeze) before writing.
+            # Its lease expired; B acquired token 6 and wrote.
+            b_write = await client.put("/accounts/1", content=b"B", headers=fenced(6))
+            # A resumes, still believing it holds the lock.
+            a_write = await client.put("/accounts/1", content=b"A", headers=fenced(5))
+            return b_write, a_write
+
+    b_write, a_write = run(scenario())
+    assert b_write.status_code == 201
+    assert a_write.status_code == 409
+    assert a_write.json()["highest"] == 6
+    assert store.values == {"/accounts/1": b"B"}
+    assert store.tokens() == [6]
+
+
+def test_token_stays_recorded_when_the_app_fails_and_its_holder_may_retry() -> None:
+    app = Recorder(fail_first=1)
+    gate = FencingGate(app)
+
+    async def scenario() -> list[int]:
+        async with through(gate) as client:
+            with pytest.raises(RuntimeError, match="fell over"):
+                await client.put("/doc", headers=fenced(5))
+            retry = await client.put("/doc", headers=fenced(5))
+            older = await client.put("/doc", headers=fenced(4))
+            return [retry.status_code, older.status_code]
+
+    assert run(scenario()) == [200, 409]
+    assert app.seen == ["PUT", "PUT"]
+    assert gate.tokens.highest("/doc") == 5
+
+
+# ---------------------------------------------------------------------------------------
+# The proxy
+
+
+def test_proxy_forwards_method_path_query_headers_and_body(store: Store) -> None:
+    async def scenario() -> httpx.Response:
+        async with proxied(store) as client:
+            headers = {
+                **fenced(1),
+                "X-Trace": "t-1",
+                "Connection": "X-Private",
+                "X-Private": "secret for the next hop only",
+                "Keep-Alive": "timeout=5",
+                "TE": "trailers",
+            }
+            return await client.patch(
+                "/files/a%20b", params={"q": "1 2"}, content=b"payload", headers=headers
+            )
+
+    response = run(scenario())
+    assert response.status_code == 201
+    assert response.headers["x-store"] == "recorded"
+    echo = response.json()
+    assert echo["method"] == "PATCH"
+    assert echo["target"] == "/files/a%20b?q=1+2"
+    assert echo["body"] == "payload"
+    assert echo["headers"]["x-trace"] == "t-1"
+    assert echo["headers"]["fencing-token"] == "1"
+    host, port = store.url.removeprefix("http://").split(":")
+    assert echo["headers"]["host"] == f"{host}:{port}"
+    for hop_by_hop in ("x-private", "keep-alive", "te"):
+        assert hop_by_hop not in echo["headers"]
+
+
+def test_proxy_appends_paths_to_the_upstream_prefix(store: Store) -> None:
+    async def scenario() -> httpx.Response:
+        async with FencingProxy(store.url + "/v1/") as proxy, through(proxy) as client:
+            return await client.put("/doc", headers=fenced(1))
+
+    assert run(scenario()).json()["target"] == "/v1/doc"
+
+
+def test_unreachable_upstream_is_502() -> None:
+    with Store() as closed:
+        url = closed.url  # a loopback port nobody listens on once the store is closed
+
+    async def scenario() -> httpx.Response:
+        async with FencingProxy(url) as proxy, through(proxy) as client:
+            return await client.put("/doc", headers=fenced(1))
+
+    response = run(scenario())
+    assert response.status_code == 502
+    assert response.json()["error"] == "upstream request failed"
+    assert "ConnectError" in response.json()["detail"]
+
+
+def test_proxy_closes_its_client_at_lifespan_shutdown(store: Store) -> None:
+    proxy = FencingProxy(store.url)
+    messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+    sent: list[str] = []
+
+    async def receive() -> Message:
+        return next(messages)
+
+    async def send(message: Message) -> None:
+        sent.append(message["type"])
+
+    run(proxy({"type": "lifespan"}, receive, send))
+    assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert proxy.forwarder._client.is_closed
+
+
+def test_proxy_leaves_a_callers_client_open(store: Store) -> None:
+    async def scenario() -> bool:
+        async with httpx.AsyncClient() as mine:
+            async with FencingProxy(store.url, client=mine) as proxy, through(proxy) as client:
+                await client.put("/doc", headers=fenced(1))
+            return mine.is_closed
+
+    assert run(scenario()) is False
+    assert store.tokens() == [1]
+
+
+def test_proxy_without_httpx_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "httpx", None)
+    with pytest.raises(ImportError, match="pip install httpx"):
+        FencingProxy("http://127.0.0.1:9")
+
+
+@pytest.mark.parametrize(
+    "upstream", ["ftp://127.0.0.1/", "http:///nohost", "http://127.0.0.1/?a=1", "http://h/#f"]
+)
+def test_proxy_rejects_a_bad_upstream(upstream: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        FencingProxy(upstream)
+    assert caught.value.parameter == "upstream"
+
+
+@pytest.mark.parametrize(
+    ("options", "parameter"),
+    [
+        ({"header": "Bad Header"}, "header"),
+        ({"resource_header": ""}, "resource_header"),
+        ({"methods": frozenset()}, "methods"),
+        ({"methods": "PUT"}, "methods"),
+    ],
+)
+def test_gate_rejects_bad_configuration(options: dict[str, Any], parameter: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        FencingGate(Recorder(), **options)
+    assert caught.value.parameter == parameter
+
+
+# ---------------------------------------------------------------------------------------
+# The token book
+
+
+def test_token_book_admits_newer_and_equal_and_reports_the_highest() -> None:
+    book = TokenBook()
+    assert book.highest("r") is None
+    assert book.admit("r", 5) is None
+    assert book.admit("r", 5) is None
+    assert book.admit("r", 4) == 5
+    assert book.admit("r", 0) == 5
+    assert book.admit("other", 0) is None
+    assert book.highest("r") == 5
+
+
+@pytest.mark.parametrize("token", [-1, GATE_TOKEN_LIMIT, True, 1.0, "5"])
+def test_token_book_rejects_tokens_out_of_range(token: Any) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        TokenBook().admit("r", token)
+    assert caught.value.parameter == "token"
+
+
+def test_token_book_is_thread_safe() -> None:
+    book = TokenBook()
+    rng = random.Random(3)
+    tokens = [rng.randrange(1000) for _ in range(4000)]
+
+    def admit(token: int) -> tuple[int, int | None]:
+        return token, book.admit("r", token)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        verdicts = list(pool.map(admit, tokens, chunksize=50))
+
+    assert book.highest("r") == max(tokens)
+    assert all(highest > token for token, highest in verdicts if highest is not None)
+    assert max(tokens) in {token for token, highest in verdicts if highest is None}
+
+
+def test_token_book_persists_across_restarts(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    first = TokenBook(path)
+    assert first.admit("a", 6) is None
+    assert first.admit("b", 2) is None
+    assert first.admit("a", 3) == 6
+
+    again = TokenBook(path)
+    assert again.highest("a") == 6
+    assert again.highest("b") == 2
+    assert again.admit("a", 5) == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokens.json"]  # no temp files left
+
+
+def test_restarted_gate_still_refuses_the_paused_holder(store: Store, tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+
+    async def write(token: int, value: bytes) -> int:
+        async with proxied(store, tokens=TokenBook(path, fsync=False)) as client:
+            return (
+                await client.put("/accounts/1", content=value, headers=fenced(token))
+            ).status_code
+
+    assert run(write(6, b"B")) == 201
+    assert run(write(5, b"A")) == 409  # a new gate process, same book file
+    assert store.values == {"/accounts/1": b"B"}
+
+
+def test_token_book_refuses_a_file_that_is_not_a_book(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    for text in ["not json", "[]", '{"version": 1, "highest": {"a": -3}}', '{"highest": {}}']:
+        path.write_text(text)
+        with pytest.raises(ConfigurationError, match="not a tenure token book"):
+            TokenBook(path)
+
+
+def test_unpersistable_token_is_not_admitted_and_the_gate_answers_503(tmp_path: Path) -> None:
+    book = TokenBook(tmp_path / "missing-directory" / "tokens.json")
+    with pytest.raises(OSError, match="missing-directory"):
+        book.admit("r", 1)
+    assert book.highest("r") is None
+
+    app = Recorder()
+
+    async def scenario() -> httpx.Response:
+        async with through(FencingGate(app, tokens=book)) as client:
+            return await client.put("/doc", headers=fenced(1))
+
+    response = run(scenario())
+    assert response.status_code == 503
+    assert app.seen == []
