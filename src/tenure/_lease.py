@@ -1,11 +1,17 @@
-"""What the sync and async leases have in common: read-only facts about one acquisition."""
+"""What the sync and async leases have in common: the facts of one acquisition, and
+the record of its loss (R12: a holder must learn the moment its lease is lost)."""
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 
 from ._core.acquire import LeaseState
 from ._core.config import LockSpec
+from ._errors import LeaseExpired, LeaseLost
+
+_log = logging.getLogger("tenure")
 
 __all__ = ["LeaseView", "not_acquired"]
 
@@ -27,10 +33,64 @@ class LeaseView:
 
     def __init__(self, state: LeaseState, spec: LockSpec, node_names: list[str]) -> None:
         self._state = state
+        self._first_started = state.started
         self._spec = spec
         self._node_names = node_names
         self._released = False
-        self._lost = False
+        self._loss: LeaseLost | None = None
+        self._callbacks: list[Callable[[LeaseLost], object]] = []
+
+    @property
+    def _lost(self) -> bool:
+        return self._loss is not None
+
+    @property
+    def lost_error(self) -> LeaseLost | None:
+        """Why the lease was lost, once it is known to be; None until then."""
+        return self._loss
+
+    def on_lost(self, callback: Callable[[LeaseLost], object]) -> None:
+        """Call ``callback(error)`` once, when the lease is found lost (at once if it is).
+
+        It runs in whichever thread or task found the loss (the watchdog's, usually), so
+        it should be quick: set a flag, cancel a task, signal a process.
+        """
+        if self._loss is not None:
+            callback(self._loss)
+        else:
+            self._callbacks.append(callback)
+
+    def check(self) -> float:
+        """Seconds of validity left; raises if the lease can no longer be trusted.
+
+        Call it before each step of a critical section that must not run unprotected.
+
+        Raises:
+            LeaseLost: it was found lost (extension failed, a node lost it, it expired).
+            LeaseExpired: its validity deadline has passed.
+        """
+        if self._loss is not None:
+            raise self._loss
+        left = self._state.valid_until - time.monotonic()
+        if left <= 0:
+            raise LeaseExpired(self.name, f"its validity ended {-left:.3f}s ago")
+        return left
+
+    def _mark_lost(self, error: LeaseLost) -> None:
+        """Record the loss (the first reason wins) and tell whoever asked to know."""
+        if self._loss is not None:
+            return
+        self._loss = error
+        self._signal_lost()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback(error)
+            except Exception:  # a failing callback must not stop the others, nor the watchdog
+                _log.exception("tenure: on_lost callback for %r failed", self.name)
+
+    def _signal_lost(self) -> None:
+        """Set the driver's ``lost`` event (a ``threading.Event`` or an ``asyncio.Event``)."""
 
     @property
     def name(self) -> str:

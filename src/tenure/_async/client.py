@@ -9,9 +9,11 @@ acquire that is cancelled never returns a lease. ``CancelledError`` is never swa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import secrets
 from collections.abc import Sequence
+from types import TracebackType
 from typing import Any
 
 from .._clock import monotonic, wall_us
@@ -21,10 +23,12 @@ from .._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.policy import RetryPolicy
 from .._core.quorum import Round
-from .._errors import LockTimeout, NotHeld
+from .._core.watchdog import KeepAlive
+from .._errors import LeaseLost, LockTimeout, NotHeld
 from .._lease import LeaseView
 from .._lease import not_acquired as _not_acquired
 from .channels import Channels
+from .watchdog import watch
 
 __all__ = ["AsyncClient", "AsyncLease", "AsyncLock"]
 
@@ -66,19 +70,37 @@ class AsyncClient:
         self._rng = random.Random(secrets.randbits(64))
 
     def lock(
-        self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
+        self,
+        name: str,
+        ttl: float = 10.0,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        watchdog: bool = False,
+        max_hold: float | None = None,
     ) -> AsyncLock:
-        """A lock object for ``name``; ``blocking``/``timeout`` apply to ``async with lock:``."""
-        return AsyncLock(self, self._specs.get(name, ttl), blocking, timeout)
+        """A lock object for ``name``; see ``Client.lock`` and ``AsyncLock``."""
+        keep = KeepAlive(max_hold=max_hold) if watchdog else None
+        return AsyncLock(self, self._specs.get(name, ttl), blocking, timeout, keep)
 
     async def acquire(
-        self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
+        self,
+        name: str,
+        ttl: float = 10.0,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        watchdog: bool = False,
+        max_hold: float | None = None,
     ) -> AsyncLease:
         """Acquire ``name`` for ``ttl`` seconds; see ``Client.acquire``."""
         spec = self._specs.get(name, ttl)
+        keep = KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
         lease = await self._acquire(spec, blocking, timeout)
         if lease is None:
             raise LockTimeout(name, _not_acquired(blocking, timeout))
+        if watchdog:
+            lease.keep_alive(max_hold=keep.max_hold)
         return lease
 
     async def _acquire(
@@ -167,6 +189,27 @@ class AsyncLease(LeaseView):
     def __init__(self, client: AsyncClient, state: LeaseState, spec: LockSpec) -> None:
         super().__init__(state, spec, client.node_names)
         self._client = client
+        self._watcher: asyncio.Task[None] | None = None
+        self.lost = asyncio.Event()
+        """Set the moment the lease is found lost (see ``lost_error``)."""
+
+    def _signal_lost(self) -> None:
+        self.lost.set()
+
+    def keep_alive(self, *, max_hold: float | None = None) -> None:
+        """Start a watchdog task that extends the lease every TTL/3; see ``Lease.keep_alive``."""
+        self._watch(KeepAlive(max_hold=max_hold))
+
+    def _watch(self, policy: KeepAlive) -> None:
+        self._check_not_released()
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(watch(self, policy))
+
+    async def _stop_watching(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and watcher is not asyncio.current_task():
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
 
     async def extend(self, ttl: float | None = None) -> None:
         """Give the lease ``ttl`` more seconds (default: its lock's TTL); see ``Lease.extend``."""
@@ -181,9 +224,9 @@ class AsyncLease(LeaseView):
         if isinstance(outcome, LeaseState):
             self._state = outcome
             return
-        self._lost = True
         self._released = True
         await client._round(commands.release(spec.key, self.token))
+        self._mark_lost(outcome)
         raise outcome
 
     async def release(self) -> None:
@@ -191,6 +234,7 @@ class AsyncLease(LeaseView):
         client = self._client
         self._check_not_released()
         self._released = True
+        await self._stop_watching()
         rnd = await client._round(commands.release(self.key, self.token))
         error = conclude_release(
             self._state,
@@ -201,7 +245,7 @@ class AsyncLease(LeaseView):
             client.node_names,
         )
         if error is not None:
-            self._lost = True
+            self._mark_lost(error)
             raise error
 
     def _check_not_released(self) -> None:
@@ -211,23 +255,39 @@ class AsyncLease(LeaseView):
     async def __aenter__(self) -> AsyncLease:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         if not self._released:
             await self.release()
+        elif self._loss is not None and exc_type is None:
+            raise self._loss  # lost (and released) while the block ran: say so
 
 
 class AsyncLock:
-    """The asyncio twin of ``tenure.Lock``: ``async with lock as lease:``."""
+    """The asyncio twin of ``tenure.Lock``: ``async with lock as lease:``.
+
+    Inside ``async with``, the body is cancelled the moment the lease is found lost (an
+    extension failed, a node lost it, or it ran out: with ``watchdog=False`` it is
+    watched until its validity ends), and ``LeaseLost`` is raised out of the block in
+    place of the ``CancelledError``. A body that finishes after its lease was lost also
+    gets ``LeaseLost``: it ran, at least in part, unprotected.
+    """
 
     def __init__(
-        self, client: AsyncClient, spec: LockSpec, blocking: bool, timeout: float | None
+        self,
+        client: AsyncClient,
+        spec: LockSpec,
+        blocking: bool,
+        timeout: float | None,
+        keep_alive: KeepAlive | None = None,
     ) -> None:
         check_acquire_args(blocking, timeout)
         self._client = client
         self._spec = spec
         self._blocking = blocking
         self._timeout = timeout
+        self._keep_alive = keep_alive
         self._lease: AsyncLease | None = None
+        self._cancelled_body: asyncio.Task[object] | None = None
 
     @property
     def name(self) -> str:
@@ -242,6 +302,8 @@ class AsyncLock:
         lease = await self._client._acquire(self._spec, blocking, timeout)
         if lease is None:
             return False
+        if self._keep_alive is not None:
+            lease.keep_alive(max_hold=self._keep_alive.max_hold)
         self._lease = lease
         return True
 
@@ -260,15 +322,45 @@ class AsyncLock:
     async def __aenter__(self) -> AsyncLease:
         if not await self.acquire(self._blocking, self._timeout):
             raise LockTimeout(self.name, _not_acquired(self._blocking, self._timeout))
-        assert self._lease is not None
-        return self._lease
-
-    async def __aexit__(self, *exc: object) -> None:
         lease = self._lease
-        if lease is not None and lease.released:
-            self._lease = None
-            return
-        await self.release()
+        assert lease is not None
+        lease._watch(self._keep_alive or KeepAlive(extend=False))
+        body = asyncio.current_task()
+        self._cancelled_body = None
+
+        def cancel_body(error: LeaseLost) -> None:
+            if body is not None and not body.done():
+                self._cancelled_body = body
+                body.cancel(f"tenure: lease lost: {error}")
+
+        lease.on_lost(cancel_body)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return False
+        error = lease.lost_error
+        if error is None:
+            await lease.release()
+            return False
+        if not lease.released:
+            with contextlib.suppress(LeaseLost):
+                await lease.release()  # clear what is left of it on the nodes
+        body, self._cancelled_body = self._cancelled_body, None
+        if body is not None and exc_type is asyncio.CancelledError:
+            uncancel = getattr(body, "uncancel", None)  # Python >= 3.11
+            if uncancel is not None:
+                uncancel()
+            raise error from None
+        if exc_type is None:
+            raise error
+        return False  # the body's own exception propagates
 
     def __repr__(self) -> str:
         return f"<AsyncLock {self.name!r} held={self._lease is not None}>"

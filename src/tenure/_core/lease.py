@@ -41,6 +41,19 @@ def conclude_extend(
 ) -> LeaseState | LeaseLost:
     """The extended lease, or the reason it is lost (the driver then releases everywhere)."""
     validity = rnd.validity(now, spec.ttl, spec.drift)
+    dropped = [
+        names[i] for i in lease.granted if (r := rnd.results[i]) is not None and r.ok is False
+    ]
+    if dropped:
+        # A node that granted us said "not yours" before our validity ended: it restarted
+        # without its data, evicted the key, or its clock jumped. Whatever it was, the
+        # assumptions behind this lease broke; do not keep using it.
+        return LeaseLost(
+            lease.name,
+            f"node(s) {', '.join(dropped)} no longer hold it before its validity ended "
+            "(restarted without data, evicted, or a clock jump)",
+            round_errors(rnd, names),
+        )
     if rnd.succeeded and validity > 0:
         return replace(
             lease,

@@ -21,10 +21,12 @@ from .._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.policy import RetryPolicy
 from .._core.quorum import Round
+from .._core.watchdog import KeepAlive
 from .._errors import LockTimeout, NotHeld
 from .._lease import LeaseView
 from .._lease import not_acquired as _not_acquired
 from .links import LinkPool, LinkSet
+from .watchdog import Watchdog
 
 __all__ = ["Client", "Lease", "Lock"]
 
@@ -80,18 +82,38 @@ class Client:
         self._rng = random.Random(secrets.randbits(64))
 
     def lock(
-        self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
+        self,
+        name: str,
+        ttl: float = 10.0,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        watchdog: bool = False,
+        max_hold: float | None = None,
     ) -> Lock:
-        """A lock object for ``name``; ``blocking``/``timeout`` apply to ``with lock:``."""
-        return Lock(self, self._specs.get(name, ttl), blocking, timeout)
+        """A lock object for ``name``; ``blocking``/``timeout`` apply to ``with lock:``.
+
+        ``watchdog=True`` keeps every lease it acquires alive (``Lease.keep_alive``), up
+        to ``max_hold`` seconds.
+        """
+        keep = KeepAlive(max_hold=max_hold) if watchdog else None
+        return Lock(self, self._specs.get(name, ttl), blocking, timeout, keep)
 
     def acquire(
-        self, name: str, ttl: float = 10.0, *, blocking: bool = True, timeout: float | None = None
+        self,
+        name: str,
+        ttl: float = 10.0,
+        *,
+        blocking: bool = True,
+        timeout: float | None = None,
+        watchdog: bool = False,
+        max_hold: float | None = None,
     ) -> Lease:
         """Acquire ``name`` for ``ttl`` seconds and return the lease.
 
         Unlike ``Lock.acquire`` (which returns False, as ``threading.Lock`` does), this
         raises when the lock was not acquired, so the result is always a lease.
+        ``watchdog=True`` keeps it alive (``Lease.keep_alive(max_hold=max_hold)``).
 
         Raises:
             LockTimeout: held elsewhere: at once if ``blocking`` is False, else after
@@ -101,9 +123,12 @@ class Client:
             ConfigurationError: bad name, TTL or timeout.
         """
         spec = self._specs.get(name, ttl)
+        keep = KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
         lease = self._acquire(spec, blocking, timeout)
         if lease is None:
             raise LockTimeout(name, _not_acquired(blocking, timeout))
+        if watchdog:
+            lease.keep_alive(max_hold=keep.max_hold)
         return lease
 
     def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | None:
@@ -226,6 +251,29 @@ class Lease(LeaseView):
         super().__init__(state, spec, client.node_names)
         self._client = client
         self._op_lock = threading.Lock()
+        self._watchdog: Watchdog | None = None
+        self.lost = threading.Event()
+        """Set the moment the lease is found lost (see ``lost_error``)."""
+
+    def _signal_lost(self) -> None:
+        self.lost.set()
+
+    def keep_alive(self, *, max_hold: float | None = None) -> None:
+        """Start a watchdog that extends the lease every TTL/3 until it is released.
+
+        Args:
+            max_hold: stop extending once the total hold would exceed this many seconds;
+                the lease then runs out and is reported lost.
+
+        The watchdog marks the lease lost (``lost`` event, ``on_lost`` callbacks,
+        ``check()``) when an extension fails, when it wakes after the validity ended (the
+        process was paused), or when ``max_hold`` runs out.
+        """
+        self._check_not_released()
+        if self._watchdog is not None:
+            return
+        self._watchdog = Watchdog(self, KeepAlive(max_hold=max_hold))
+        self._watchdog.start()
 
     def extend(self, ttl: float | None = None) -> None:
         """Give the lease ``ttl`` more seconds (default: its lock's TTL) from now.
@@ -251,9 +299,9 @@ class Lease(LeaseView):
                 if isinstance(outcome, LeaseState):
                     self._state = outcome
                     return
-                self._lost = True
                 self._released = True
                 client._release_round(links, spec.key, self.token)
+            self._mark_lost(outcome)
             raise outcome
 
     def release(self) -> None:
@@ -265,6 +313,8 @@ class Lease(LeaseView):
             NotHeld: it was already released.
         """
         client = self._client
+        if self._watchdog is not None:
+            self._watchdog.stop()
         with self._op_lock:
             self._check_not_released()
             self._released = True
@@ -279,7 +329,7 @@ class Lease(LeaseView):
                 client.node_names,
             )
         if error is not None:
-            self._lost = True
+            self._mark_lost(error)
             raise error
 
     def _check_not_released(self) -> None:
@@ -289,9 +339,11 @@ class Lease(LeaseView):
     def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
         if not self._released:
             self.release()
+        elif self._loss is not None and exc_type is None:
+            raise self._loss  # lost (and released) while the block ran: say so
 
 
 class Lock:
@@ -303,13 +355,19 @@ class Lock:
     """
 
     def __init__(
-        self, client: Client, spec: LockSpec, blocking: bool, timeout: float | None
+        self,
+        client: Client,
+        spec: LockSpec,
+        blocking: bool,
+        timeout: float | None,
+        keep_alive: KeepAlive | None = None,
     ) -> None:
         check_acquire_args(blocking, timeout)
         self._client = client
         self._spec = spec
         self._blocking = blocking
         self._timeout = timeout
+        self._keep_alive = keep_alive
         self._lease: Lease | None = None
         self._guard = threading.Lock()
 
@@ -330,6 +388,8 @@ class Lock:
         lease = self._client._acquire(self._spec, blocking, timeout)
         if lease is None:
             return False
+        if self._keep_alive is not None:
+            lease.keep_alive(max_hold=self._keep_alive.max_hold)
         with self._guard:
             self._lease = lease
         return True
@@ -372,9 +432,11 @@ class Lock:
     ) -> None:
         lease = self._lease
         if lease is not None and lease.released:
-            # Already released because it was lost (a failed extend); that error was
-            # raised where it happened, so leaving the block must not raise NotHeld.
+            # Released already because it was lost (a failed extend): leaving the block
+            # must not raise NotHeld, but must tell that the body ran unprotected.
             self._lease = None
+            if lease.lost_error is not None and exc_type is None:
+                raise lease.lost_error
             return
         self.release()
 

@@ -1,0 +1,95 @@
+"""Keeping a lease alive while its holder works, and deciding when it is lost (R12).
+
+Theory of operation
+-------------------
+A watchdog wakes about a third of the TTL after the lease's latest grant or extension
+and extends it, so two extensions can fail in a row before the lease runs out. Each wake
+is decided here from the clock reading the driver passes in:
+
+* woke after ``valid_until``: the holder (and its watchdog with it) was paused past the
+  lease, by a GC, a SIGSTOP, a swapped-out VM. Extending now could not undo that another
+  client may have held the lock meanwhile; the lease is lost;
+* extending would take the total hold past ``max_hold``: stop extending, let the lease
+  run out, and report it lost when it does;
+* otherwise extend (the extend round re-checks the majority and the validity).
+
+The honest caveat: a watchdog lowers the risk that a slow holder loses its lease, but it
+cannot stop a holder that pauses *after* its last check from writing late. Only fencing
+at the storage can (``lease.fencing_token``, ``tenure.fencing``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._errors import ConfigurationError, LeaseExpired, LeaseLost
+from .acquire import LeaseState
+
+__all__ = ["Extend", "GiveUp", "KeepAlive", "Lost"]
+
+
+@dataclass(frozen=True)
+class Extend:
+    """Extend the lease now."""
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """Stop extending; at ``at`` (the end of validity) the lease is lost with ``error``."""
+
+    at: float
+    error: LeaseExpired
+
+
+@dataclass(frozen=True)
+class Lost:
+    error: LeaseLost
+
+
+Action = Extend | GiveUp | Lost
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    """A watchdog's policy.
+
+    Args:
+        extend: extend the lease (False only watches for its expiry).
+        max_hold: the longest total hold in seconds from the first grant; None: no cap.
+    """
+
+    extend: bool = True
+    max_hold: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_hold is not None and not self.max_hold > 0:
+            raise ConfigurationError(
+                "max_hold", f"must be > 0 seconds or None, got {self.max_hold}"
+            )
+
+    def next_wake(self, lease: LeaseState) -> float:
+        """When to wake next (monotonic seconds)."""
+        if not self.extend:
+            return lease.valid_until
+        return lease.started + lease.ttl / 3
+
+    def decide(self, now: float, lease: LeaseState, first_started: float) -> Action:
+        """What to do on waking at ``now``; ``first_started`` began the first grant."""
+        if not self.extend:
+            expired = LeaseExpired(lease.name, "its validity ended (no watchdog extends it)")
+            return Lost(expired) if now >= lease.valid_until else GiveUp(lease.valid_until, expired)
+        if now >= lease.valid_until:
+            late = now - self.next_wake(lease)
+            return Lost(
+                LeaseExpired(
+                    lease.name,
+                    f"the holder was paused: its watchdog woke {late:.3f}s late, after the "
+                    "validity ended, so another client may have held the lock meanwhile",
+                )
+            )
+        if self.max_hold is not None and now + lease.ttl - first_started > self.max_hold:
+            capped = LeaseExpired(
+                lease.name, f"held for max_hold={self.max_hold}s; the watchdog stopped extending it"
+            )
+            return GiveUp(lease.valid_until, capped)
+        return Extend()

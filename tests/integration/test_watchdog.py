@@ -1,0 +1,185 @@
+"""Watchdog leases and loss signalling (R12), against real nodes, for both APIs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+
+import pytest
+
+import tenure
+from tenure.local import LocalCluster
+
+from .conftest import Api, holders
+
+TTL = 1.0
+
+
+def _alive_through(api: Api, client: object, key: str, seconds: float) -> object:
+    """Hold ``key`` with a watchdog through ``seconds`` of work, checking as we go."""
+    lease = client.acquire(key, ttl=TTL, watchdog=True)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if api.loop is not None:  # let the watchdog task run
+            api.loop.run_until_complete(asyncio.sleep(0.1))
+        else:
+            time.sleep(0.1)
+        lease.check()
+    return lease
+
+
+def test_watchdog_keeps_a_1s_lease_through_10s_of_work(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    client = api.client(shared5.urls)
+    threads_before = threading.active_count()
+    lease = _alive_through(api, client, key, 10.0)
+    assert lease.valid
+    assert not lease.lost.is_set()
+    lease.release()
+    # Stopped at release: no key left, no thread (or task) left.
+    assert holders(shared5, lease.key) == [None] * 5
+    assert threading.active_count() == threads_before
+    if api.loop is not None:
+        watchers = [
+            t
+            for t in asyncio.all_tasks(api.loop)
+            if not t.done() and getattr(t.get_coro(), "__qualname__", "") == "watch"
+        ]
+        assert watchers == []  # (the client's connection readers stay until it is closed)
+
+
+def test_watchdog_gives_up_at_the_hold_cap(api: Api, shared5: LocalCluster, key: str) -> None:
+    client = api.client(shared5.urls)
+    lease = client.acquire(key, ttl=0.6, watchdog=True, max_hold=1.5)
+    started = time.monotonic()
+    while not lease.lost.is_set() and time.monotonic() - started < 5:
+        if api.loop is not None:
+            api.loop.run_until_complete(asyncio.sleep(0.05))
+        else:
+            lease.lost.wait(0.05)
+    held = time.monotonic() - started
+    assert lease.lost.is_set()
+    assert isinstance(lease.lost_error, tenure.LeaseExpired)
+    assert "max_hold" in str(lease.lost_error)
+    assert 0.9 <= held <= 1.5 + 0.3  # never extended past the cap
+    with pytest.raises(tenure.LeaseLost):
+        lease.check()
+    with contextlib.suppress(tenure.LeaseLost):
+        lease.release()
+
+
+def test_loss_is_signalled_within_one_interval_after_a_majority_dies(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    client = api.client(cluster5.urls)
+    lease = client.acquire(key, ttl=TTL, watchdog=True)
+    seen: list[tenure.LeaseLost] = []
+    lease.on_lost(seen.append)
+    for node in cluster5.nodes[:3]:
+        node.kill()
+    killed = time.monotonic()
+    while not lease.lost.is_set() and time.monotonic() - killed < 3:
+        if api.loop is not None:
+            api.loop.run_until_complete(asyncio.sleep(0.01))
+        else:
+            lease.lost.wait(0.01)
+    # One extension interval is TTL/3; allow the round's node timeout on top.
+    assert time.monotonic() - killed <= TTL / 3 + 0.15
+    assert len(seen) == 1
+    assert seen[0] is lease.lost_error
+    with pytest.raises(tenure.LeaseLost):
+        lease.check()
+
+
+def test_a_granting_node_that_loses_the_key_makes_the_lease_lost(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    client = api.client(shared5.urls)
+    lease = client.acquire(key, ttl=5.0)
+    granted = set(lease.nodes)
+    # One granting node forgets the key early (as after a restart without data).
+    victim = next(n for n in shared5 if n.url in granted)
+    with victim.client() as c:
+        c.delete(lease.key)
+    with pytest.raises(tenure.LeaseLost, match="no longer hold it"):
+        lease.extend()
+    assert lease.lost_error is not None
+
+
+def test_sync_lock_reports_a_loss_that_happened_in_the_block(
+    cluster5: LocalCluster, key: str
+) -> None:
+    client = tenure.Client(cluster5.urls)
+    with pytest.raises(tenure.LeaseLost):  # noqa: PT012 - the body is the point
+        with client.lock(key, ttl=TTL, watchdog=True) as lease:
+            for node in cluster5.nodes[:3]:
+                node.kill()
+            assert lease.lost.wait(2.0)
+    client.close()
+
+
+def test_async_with_body_is_cancelled_when_the_lease_is_lost(
+    cluster5: LocalCluster, key: str
+) -> None:
+    reached_end = False
+
+    async def main() -> BaseException | None:
+        nonlocal reached_end
+        async with tenure.AsyncClient(cluster5.urls) as client:
+            try:
+                async with client.lock(key, ttl=TTL, watchdog=True):
+                    for node in cluster5.nodes[:3]:
+                        node.kill()
+                    await asyncio.sleep(5)  # cancelled as soon as the watchdog finds out
+                    reached_end = True
+            except tenure.LeaseLost as exc:
+                assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+                return exc
+        return None
+
+    started = time.monotonic()
+    error = asyncio.run(main())
+    assert isinstance(error, tenure.LeaseLost)
+    assert not reached_end
+    assert time.monotonic() - started < 2.0
+
+
+def test_async_with_body_is_cancelled_at_expiry_without_watchdog(
+    shared5: LocalCluster, key: str
+) -> None:
+    async def main() -> None:
+        async with tenure.AsyncClient(shared5.urls) as client:
+            with pytest.raises(tenure.LeaseExpired):
+                async with client.lock(key, ttl=0.3):
+                    await asyncio.sleep(3)
+
+    started = time.monotonic()
+    asyncio.run(main())
+    assert time.monotonic() - started < 1.5
+
+
+def _child_sees_lease_lost(lease: tenure.Lease, out: object) -> None:
+    out.send((lease.lost.is_set(), repr(lease.lost_error)))  # type: ignore[attr-defined]
+
+
+def test_watchdog_lease_is_invalid_in_a_forked_child(shared5: LocalCluster, key: str) -> None:
+    import multiprocessing
+
+    client = tenure.Client(shared5.urls)
+    lease = client.acquire(key, ttl=TTL, watchdog=True)
+    parent_end, child_end = multiprocessing.Pipe(duplex=False)
+    proc = multiprocessing.get_context("fork").Process(
+        target=_child_sees_lease_lost, args=(lease, child_end)
+    )
+    proc.start()
+    assert parent_end.poll(10)
+    lost_in_child, why = parent_end.recv()
+    proc.join(5)
+    assert lost_in_child
+    assert "fork" in why
+    assert not lease.lost.is_set()  # the parent still holds it
+    lease.release()
+    client.close()
