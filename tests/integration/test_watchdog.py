@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -17,9 +18,9 @@ from .conftest import Api, holders
 TTL = 1.0
 
 
-def _alive_through(api: Api, client: object, key: str, seconds: float) -> object:
+def _alive_through(api: Api, client: Any, key: str, seconds: float) -> Any:
     """Hold ``key`` with a watchdog through ``seconds`` of work, checking as we go."""
-    lease = client.acquire(key, ttl=TTL, watchdog=True)  # type: ignore[attr-defined]
+    lease = client.acquire(key, ttl=TTL, watchdog=True)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if api.loop is not None:  # let the watchdog task run
@@ -113,11 +114,11 @@ def test_sync_lock_reports_a_loss_that_happened_in_the_block(
     cluster5: LocalCluster, key: str
 ) -> None:
     client = tenure.Client(cluster5.urls)
-    with pytest.raises(tenure.LeaseLost):  # noqa: PT012 - the body is the point
-        with client.lock(key, ttl=TTL, watchdog=True) as lease:
-            for node in cluster5.nodes[:3]:
-                node.kill()
-            assert lease.lost.wait(2.0)
+    lock = client.lock(key, ttl=TTL, watchdog=True)
+    with pytest.raises(tenure.LeaseLost), lock as lease:  # noqa: PT012 - the body is the point
+        for node in cluster5.nodes[:3]:
+            node.kill()
+        assert lease.lost.wait(2.0)
     client.close()
 
 

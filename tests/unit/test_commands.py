@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenure._core import commands
+from tenure._core.acquire import GRANTED, HELD, NO_HISTORY, TOO_LOW, WARMING
 from tenure._core.commands import Command, pack
+from tenure._core.config import LockKeys
 from tenure._lua import Script, script
 
 SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=300)
@@ -84,16 +86,59 @@ def test_packed_commands_concatenate(
 # --- the commands of each round -----------------------------------------------------------
 
 
-def test_acquire_command() -> None:
-    cmd = commands.acquire("tenure:{r}:lock", "tok", 1500)
-    assert cmd.packed == pack("SET", "tenure:{r}:lock", "tok", "NX", "PX", 1500)
-    assert parse_command(cmd.packed)[0] == [
-        b"SET",
+KEYS = LockKeys.of("r")
+
+
+def test_acquire_command_evals_acquire_lua_with_three_keys() -> None:
+    cmd = commands.acquire(KEYS, "tok", 1500, 1_700_000_000_000_123)
+    items, rest = parse_command(cmd.packed)
+    assert rest == b""
+    assert items == [
+        b"EVAL",
+        script("acquire").source,
+        b"3",
         b"tenure:{r}:lock",
+        b"tenure:{r}:fence",
+        b"tenure:{r}:warm",
         b"tok",
-        b"NX",
-        b"PX",
         b"1500",
+        b"1700000000000123",
+    ]
+
+
+def test_seed_command_evals_seed_lua_with_two_keys() -> None:
+    items, rest = parse_command(commands.seed(KEYS, 42, 60_000).packed)
+    assert rest == b""
+    assert items == [
+        b"EVAL",
+        script("seed").source,
+        b"2",
+        b"tenure:{r}:fence",
+        b"tenure:{r}:warm",
+        b"42",
+        b"60000",
+    ]
+
+
+@SETTINGS
+@given(
+    name=st.text(min_size=1, max_size=20),
+    token=st.text(alphabet="0123456789abcdef", min_size=1, max_size=32),
+    ttl_ms=st.integers(1, 86_400_000),
+    proposal=st.integers(0, 2**53 - 1),
+)
+def test_acquire_command_round_trips(name: str, token: str, ttl_ms: int, proposal: int) -> None:
+    keys = LockKeys.of(name)
+    items, rest = parse_command(commands.acquire(keys, token, ttl_ms, proposal).packed)
+    assert rest == b""
+    assert items[2:] == [
+        b"3",
+        keys.lock.encode(),
+        keys.fence.encode(),
+        keys.warm.encode(),
+        token.encode(),
+        str(ttl_ms).encode(),
+        str(proposal).encode(),
     ]
 
 
@@ -120,24 +165,67 @@ def test_exists_command() -> None:
     assert parse_command(cmd.packed)[0] == [b"EXISTS", b"K"]
 
 
+# --- reading replies ----------------------------------------------------------------------
+
+YES_NO_COMMANDS = [
+    commands.release("k", "t"),
+    commands.extend("k", "t", 10),
+    commands.seed(KEYS, 0, 0),
+    commands.exists("k"),
+]
+
+
 @pytest.mark.parametrize(
     ("reply", "yes"),
     [
-        (b"OK", True),
-        ("OK", True),
         (1, True),
         (0, False),
         (None, False),
         (b"", False),
-        (b"ok", False),
-        (b"QUEUED", False),
+        (b"OK", False),  # nothing answered by these commands is a status reply
+        ("OK", False),
+        (b"1", False),
         (2, False),
         (-1, False),
+        ([1, 1], False),
     ],
 )
-def test_is_yes(reply: object, yes: bool) -> None:
-    for cmd in (commands.acquire("k", "t", 10), commands.release("k", "t"), commands.exists("k")):
+def test_yes_no_replies(reply: object, yes: bool) -> None:
+    for cmd in YES_NO_COMMANDS:
         assert cmd.is_yes(reply) is yes
+        assert cmd.parse(reply) == (yes, None)
+
+
+@pytest.mark.parametrize(
+    ("reply", "parsed"),
+    [
+        ([1, 1_700_000_000_000_000], (True, (GRANTED, 1_700_000_000_000_000))),
+        ([0, 17], (False, (HELD, 17))),
+        ([-1, 99], (False, (TOO_LOW, 99))),
+        ([-2, 0], (False, (NO_HISTORY, 0))),
+        ([-3, 59_000], (False, (WARMING, 59_000))),
+        ([b"1", b"5"], (True, (GRANTED, 5))),  # RESP2 readers may leave integers as bytes
+        # Anything that is not {status, number} says nothing: a "no" without info.
+        (1, (False, None)),
+        (b"OK", (False, None)),
+        (None, (False, None)),
+        ([1], (False, None)),
+        ([1, 2, 3], (False, None)),
+        ((1, 5), (False, None)),
+    ],
+)
+def test_acquire_replies(reply: object, parsed: tuple[bool, tuple[int, int] | None]) -> None:
+    cmd = commands.acquire(KEYS, "t", 10, 5)
+    assert cmd.parse(reply) == parsed
+    assert cmd.is_yes(reply) is parsed[0]
+
+
+@SETTINGS
+@given(status=st.integers(-3, 1), number=st.integers(0, 2**53 - 1))
+def test_acquire_reply_status_one_is_the_only_yes(status: int, number: int) -> None:
+    ok, info = commands.acquire(KEYS, "t", 10, 5).parse([status, number])
+    assert ok is (status == GRANTED)
+    assert info == (status, number)
 
 
 # --- Lua scripts --------------------------------------------------------------------------
@@ -148,7 +236,7 @@ SCRIPT_NAMES = sorted(
 
 
 def test_expected_scripts_ship() -> None:
-    assert {"release", "extend"} <= set(SCRIPT_NAMES)
+    assert {"acquire", "seed", "release", "extend"} <= set(SCRIPT_NAMES)
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)

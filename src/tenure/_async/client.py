@@ -341,14 +341,14 @@ class AsyncLock:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         lease, self._lease = self._lease, None
         if lease is None:
-            return False
+            return
         error = lease.lost_error
         if error is None:
             await lease.release()
-            return False
+            return
         if not lease.released:
             with contextlib.suppress(LeaseLost):
                 await lease.release()  # clear what is left of it on the nodes
@@ -360,7 +360,7 @@ class AsyncLock:
             raise error from None
         if exc_type is None:
             raise error
-        return False  # the body's own exception propagates
+        # Otherwise the body's own exception propagates.
 
     def __repr__(self) -> str:
         return f"<AsyncLock {self.name!r} held={self._lease is not None}>"
