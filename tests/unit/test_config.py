@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 from tenure import ConfigurationError
 from tenure._core.config import (
     ClientConfig,
+    LockKeys,
     LockSpec,
     NodeAddress,
+    SpecCache,
     check_acquire_args,
     check_node_count,
     lock_key,
@@ -32,12 +34,14 @@ def config(
     node_timeout: float = 0.05,
     drift_factor: float = 0.01,
     drift_floor: float = 0.002,
+    max_ttl: float = 60.0,
 ) -> ClientConfig:
     return ClientConfig.build(
         nodes or THREE,
         node_timeout=node_timeout,
         drift_factor=drift_factor,
         drift_floor=drift_floor,
+        max_ttl=max_ttl,
     )
 
 
@@ -262,6 +266,8 @@ def test_client_defaults() -> None:
     assert cfg.drift_floor == 0.002
     assert isinstance(cfg.retry, wait_random_exponential)
     assert cfg.quorum == 2
+    assert cfg.max_ttl_ms == 60_000
+    assert ClientConfig.build(THREE).max_ttl_ms == 60_000
     custom = ClientConfig.build(THREE, retry=wait_random(0.0, 0.1))
     assert custom.retry == wait_random(0.0, 0.1)
 
@@ -285,6 +291,25 @@ def test_numeric_ranges(parameter: str, good: list[object], bad: list[object]) -
         assert info.value.parameter == parameter, value
 
 
+@pytest.mark.parametrize(
+    ("max_ttl", "max_ttl_ms"),
+    [(0.001, 1), (1, 1000), (1.001, 1001), (2.5, 2500), (60, 60_000), (86_400, 86_400_000)],
+)
+def test_max_ttl_in_whole_milliseconds(max_ttl: float, max_ttl_ms: int) -> None:
+    cfg = ClientConfig.build(THREE, max_ttl=max_ttl)
+    assert cfg.max_ttl_ms == max_ttl_ms
+    assert type(cfg.max_ttl_ms) is int
+
+
+@pytest.mark.parametrize(
+    "max_ttl", [0, 0.0009, -1, 86_400.001, math.nan, math.inf, True, "60", None]
+)
+def test_bad_max_ttl_refused(max_ttl: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build(THREE, max_ttl=max_ttl)  # type: ignore[arg-type]
+    assert info.value.parameter == "max_ttl"
+
+
 # --- lock specs ---------------------------------------------------------------------------
 
 
@@ -293,6 +318,8 @@ def test_lock_spec_fields() -> None:
     spec = LockSpec.build(cfg, "orders:42", 10)
     assert spec.name == "orders:42"
     assert spec.key == lock_key("orders:42")
+    assert spec.keys == LockKeys.of("orders:42")
+    assert spec.keys.lock == spec.key
     assert spec.ttl == 10.0
     assert spec.ttl_ms == 10_000
     assert spec.drift == pytest.approx(10 * 0.01 + 0.002)
@@ -316,15 +343,20 @@ def test_ttl_rounds_down_to_whole_milliseconds(ttl: float, ttl_ms: int) -> None:
 @given(st.integers(min_value=200, max_value=10_000_000))
 def test_ttl_of_whole_milliseconds_is_kept_exactly(ms: int) -> None:
     """A TTL the caller wrote in whole milliseconds (1.001 s) must not lose one."""
-    spec = LockSpec.build(config(), "r", ms / 1000)
+    spec = LockSpec.build(config(max_ttl=10_000), "r", ms / 1000)
     assert spec.ttl_ms == ms
 
 
 @SETTINGS
-@given(st.floats(min_value=0.2, max_value=1e6))
+@given(st.floats(min_value=0.2, max_value=86_400))
 def test_ttl_never_rounds_up(ttl: float) -> None:
-    spec = LockSpec.build(config(), "r", ttl)
-    assert spec.ttl <= ttl
+    spec = LockSpec.build(config(max_ttl=86_400), "r", ttl)
+    # Milliseconds are rounded to 6 decimals before flooring, so that 1.001 s keeps its
+    # last millisecond despite floating point: a TTL within 1 ns below a whole millisecond
+    # is taken as that millisecond. What matters for safety is that validity is computed
+    # from exactly what PX is given (ttl_ms), never from more.
+    assert spec.ttl == spec.ttl_ms / 1000
+    assert spec.ttl <= ttl + 1e-9
     assert ttl - spec.ttl < 0.001 + 1e-9 * ttl
 
 
@@ -337,10 +369,34 @@ def test_bad_ttl_refused(ttl: object) -> None:
     assert info.value.parameter == "ttl"
 
 
-def test_huge_ttl_refused() -> None:
+@pytest.mark.parametrize("ttl", [60.001, 61, 3600, 2.0**40])
+def test_ttl_above_max_ttl_refused(ttl: float) -> None:
     with pytest.raises(ConfigurationError) as info:
-        LockSpec.build(config(), "r", 2.0**40)
+        LockSpec.build(config(), "r", ttl)
     assert info.value.parameter == "ttl"
+    assert "max_ttl=60.0s" in str(info.value)
+
+
+def test_ttl_up_to_max_ttl_accepted() -> None:
+    assert LockSpec.build(config(), "r", 60).ttl_ms == 60_000
+    assert LockSpec.build(config(), "r", 60.0009).ttl_ms == 60_000  # rounds down to the cap
+    assert LockSpec.build(config(max_ttl=5), "r", 5).ttl_ms == 5_000
+    with pytest.raises(ConfigurationError):
+        LockSpec.build(config(max_ttl=5), "r", 5.001)
+    assert LockSpec.build(config(max_ttl=3600), "r", 3600).ttl_ms == 3_600_000
+
+
+@SETTINGS
+@given(max_ttl_ms=st.integers(200, 86_400_000), ttl_ms=st.integers(200, 86_400_000))
+def test_ttl_accepted_exactly_up_to_max_ttl(max_ttl_ms: int, ttl_ms: int) -> None:
+    cfg = config(max_ttl=max_ttl_ms / 1000)
+    assert cfg.max_ttl_ms == max_ttl_ms
+    if ttl_ms <= max_ttl_ms:
+        assert LockSpec.build(cfg, "r", ttl_ms / 1000).ttl_ms == ttl_ms
+    else:
+        with pytest.raises(ConfigurationError) as info:
+            LockSpec.build(cfg, "r", ttl_ms / 1000)
+        assert info.value.parameter == "ttl"
 
 
 def test_ttl_too_small_for_node_timeout() -> None:
@@ -365,7 +421,7 @@ def test_ttl_too_small_for_node_timeout() -> None:
 def test_accepted_ttl_leaves_half_after_the_slowest_round(
     node_timeout: float, factor: float, floor: float, ttl: float
 ) -> None:
-    cfg = config(node_timeout=node_timeout, drift_factor=factor, drift_floor=floor)
+    cfg = config(node_timeout=node_timeout, drift_factor=factor, drift_floor=floor, max_ttl=100)
     ttl_ms = int(ttl * 1000)
     drift = ttl_ms / 1000 * factor + floor
     if ttl_ms / 1000 < 2 * (node_timeout + drift) * (1 - 1e-9):
@@ -413,6 +469,74 @@ def test_lock_keys_of_different_names_differ(a: str, b: str) -> None:
 
 def test_lock_key_shape() -> None:
     assert re.fullmatch(r"tenure:\{orders:42\}:lock", lock_key("orders:42"))
+
+
+def test_lock_keys_shape() -> None:
+    keys = LockKeys.of("orders:42")
+    assert keys == LockKeys(
+        lock="tenure:{orders:42}:lock",
+        fence="tenure:{orders:42}:fence",
+        warm="tenure:{orders:42}:warm",
+    )
+    assert keys.lock == lock_key("orders:42")
+
+
+@SETTINGS
+@given(st.text(alphabet=st.characters(blacklist_characters="{}"), min_size=1))
+def test_lock_keys_share_one_hash_tag(name: str) -> None:
+    # One Redis Cluster slot: acquire.lua and seed.lua touch several of them atomically.
+    keys = LockKeys.of(name)
+    assert {_hash_tag(keys.lock), _hash_tag(keys.fence), _hash_tag(keys.warm)} == {name}
+    assert len({keys.lock, keys.fence, keys.warm}) == 3
+
+
+@SETTINGS
+@given(st.text(min_size=1), st.text(min_size=1))
+def test_lock_keys_of_different_names_share_no_key(a: str, b: str) -> None:
+    ka, kb = LockKeys.of(a), LockKeys.of(b)
+    shared = {ka.lock, ka.fence, ka.warm} & {kb.lock, kb.fence, kb.warm}
+    assert bool(shared) == (a == b)
+
+
+# --- spec cache ---------------------------------------------------------------------------
+
+
+def test_spec_cache_returns_the_same_spec() -> None:
+    cache = SpecCache(config())
+    spec = cache.get("r", 10)
+    assert spec == LockSpec.build(config(), "r", 10)
+    assert cache.get("r", 10) is spec
+    assert cache.get("r", 10.5) is not spec
+
+
+def test_spec_cache_validates_like_build() -> None:
+    cache = SpecCache(config(max_ttl=5))
+    with pytest.raises(ConfigurationError) as info:
+        cache.get("r", 6)
+    assert info.value.parameter == "ttl"
+    with pytest.raises(ConfigurationError):
+        cache.get(["unhashable"], 1)
+    with pytest.raises(ConfigurationError):
+        cache.get("r", [1])
+
+
+def test_spec_cache_refuses_true_as_a_ttl_even_after_caching_one() -> None:
+    # True == 1 and hash(True) == hash(1): a dict lookup of ("r", True) finds ("r", 1).
+    # The cache's own comment says it must not; build() refuses a bool TTL.
+    cache = SpecCache(config())
+    with pytest.raises(ConfigurationError):
+        cache.get("r", True)
+    assert cache.get("r", 1).ttl == 1.0
+    with pytest.raises(ConfigurationError) as info:
+        cache.get("r", True)
+    assert info.value.parameter == "ttl"
+
+
+def test_spec_cache_is_bounded() -> None:
+    cache = SpecCache(config())
+    for i in range(SpecCache.LIMIT + 10):
+        assert cache.get(f"r{i}", 1).name == f"r{i}"
+    assert len(cache._specs) <= SpecCache.LIMIT
 
 
 # --- acquire(blocking, timeout) -----------------------------------------------------------

@@ -10,16 +10,21 @@ older token raises :class:`tenure.StaleToken` and writes nothing.
 * SQL databases through SQLAlchemy (``pip install 'tenure[sql]'``): import
   :mod:`tenure.fencing.sql` (``fenced_update``, ``fenced_execute``, ``FencedMixin``,
   ``fence``); it is not imported here, so this package does not need SQLAlchemy.
+* Stores that cannot check tokens themselves: :class:`FencingGate`, ASGI middleware that
+  answers 409 to an older token, and :class:`FencingProxy`, the same in front of an
+  upstream HTTP server (:mod:`tenure.fencing.http`; the proxy needs ``httpx``).
 """
 
+from .http import FencingGate, FencingProxy, TokenBook
 from .redis_store import MAX_TOKEN, AsyncFencedStore, FencedStore, fenced_keys, fenced_write_args
-
-# The HTTP gate (tenure.fencing.http) adds its exports here.
 
 __all__ = [
     "MAX_TOKEN",
     "AsyncFencedStore",
     "FencedStore",
+    "FencingGate",
+    "FencingProxy",
+    "TokenBook",
     "fenced_keys",
     "fenced_write_args",
 ]
