@@ -1,8 +1,15 @@
-"""The acquisition state machine, driven with a fake clock (plain floats) and a seeded RNG."""
+"""The acquisition state machine, driven with a fake clock (plain floats) and a seeded RNG.
+
+Replies are written as strings, one letter per node, in the words of ``acquire.lua``:
+``y`` granted, ``n`` held by another client, ``l`` proposal too low, ``b`` no history
+(blank), ``w`` warming up; ``u``/``e``/``x`` failed (unreachable, error, unsupported);
+``.`` silent (timed out).
+"""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Literal
 
 import pytest
@@ -11,11 +18,18 @@ from hypothesis import strategies as st
 
 from tenure import ConfigurationError, QuorumUnreachable, ServerUnsupported
 from tenure._core.acquire import (
+    GRANTED,
+    HELD,
+    MAX_FIXES,
+    NO_HISTORY,
+    TOO_LOW,
+    WARMING,
     Acquisition,
     GiveUp,
     Granted,
     LeaseState,
     Retry,
+    Seed,
     Step,
     round_errors,
 )
@@ -28,6 +42,9 @@ SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples
 TTL = 10.0
 DRIFT = TTL * 0.01 + 0.002
 POLICY = wait_random_exponential(initial=0.01, maximum=0.5)
+MAX_TTL_MS = 60_000
+WALL = 1_700_000_000_000_000  # a wall clock in µs: the usual first proposal
+HELD_COUNTER = WALL - 5_000_000  # what a node holding someone's earlier lease answers
 
 
 def names(n: int) -> list[str]:
@@ -53,6 +70,7 @@ def make(
     now: float = 100.0,
     retry: RetryPolicy = POLICY,
     seed: int = 0,
+    floor: int = 1,
 ) -> Acquisition:
     return Acquisition(
         make_spec(n),
@@ -62,24 +80,54 @@ def make(
         timeout=timeout,
         now=now,
         node_names=names(n),
+        max_ttl_ms=MAX_TTL_MS,
+        floor=floor,
     )
 
 
-def feed(rnd: Round, answers: str) -> None:
-    """y = yes, n = no, u/e/x = failed unreachable/error/unsupported, . = silent."""
+def reply(rnd: Round, i: int, a: str, proposal: int, counter: int | None = None) -> None:
+    """Record node ``i``'s answer ``a`` to an acquire proposing ``proposal``.
+
+    ``counter``: the node's counter for ``n`` (default: an earlier token) and ``l``
+    (default: equal to the proposal, the smallest that is too low).
+    """
+    if a == "y":
+        rnd.record(i, True, (GRANTED, proposal))
+    elif a == "n":
+        rnd.record(i, False, (HELD, HELD_COUNTER if counter is None else counter))
+    elif a == "l":
+        rnd.record(i, False, (TOO_LOW, proposal if counter is None else counter))
+    elif a == "b":
+        rnd.record(i, False, (NO_HISTORY, 0))
+    elif a == "w":
+        rnd.record(i, False, (WARMING, 30_000 if counter is None else counter))
+    elif a in "uex":
+        failure = {"u": Failure.UNREACHABLE, "e": Failure.ERROR, "x": Failure.UNSUPPORTED}[a]
+        rnd.fail(i, failure, f"detail{i}")
+    else:
+        assert a == ".", a
+
+
+def feed(
+    rnd: Round, answers: str, proposal: int = WALL, counters: Sequence[int | None] = ()
+) -> None:
     for i, a in enumerate(answers):
-        if a == "y":
-            rnd.record(i, True)
-        elif a == "n":
-            rnd.record(i, False)
-        elif a in "uex":
-            failure = {"u": Failure.UNREACHABLE, "e": Failure.ERROR, "x": Failure.UNSUPPORTED}[a]
-            rnd.fail(i, failure, f"detail{i}")
+        reply(rnd, i, a, proposal, counters[i] if i < len(counters) else None)
 
 
-def attempt(acq: Acquisition, answers: str, started: float, now: float) -> tuple[Round, Step]:
+def attempt(
+    acq: Acquisition,
+    answers: str,
+    started: float,
+    now: float,
+    *,
+    wall: int = WALL,
+    counters: Sequence[int | None] = (),
+) -> tuple[Round, Step]:
+    """One attempt: begin, propose from ``wall``, answer, conclude."""
     rnd = acq.begin(started)
-    feed(rnd, answers)
+    proposal = acq.proposal(wall)
+    feed(rnd, answers, proposal, counters)
     if not rnd.decided:
         rnd.time_out()
     return rnd, acq.conclude(rnd, "tok", now)
@@ -100,7 +148,9 @@ def test_majority_with_validity_is_granted() -> None:
         started=100.0,
         valid_until=100.0 + TTL - DRIFT,
         granted=frozenset({0, 1, 2}),
+        fencing_token=WALL,
     )
+    assert step.seed is None
     assert step.lease.valid_until == rnd.started + acq.spec.ttl - acq.spec.drift
 
 
