@@ -4,6 +4,7 @@ tokens strictly increase across competing processes, skewed counters and data lo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing
 import os
 import signal
@@ -213,5 +214,5 @@ def test_tokens_strictly_increase_with_skewed_counters_and_a_restart(
     assert len(grants) == workers * cycles
     tokens = [token for _, token in sorted(grants)]
     # Critical sections do not overlap, so grant order is their order: strictly increasing.
-    assert all(a < b for a, b in zip(tokens, tokens[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(tokens))
     assert tokens[0] > ahead + 5  # above every counter a majority could have held
