@@ -115,6 +115,15 @@ def feed(
         reply(rnd, i, a, proposal, counters[i] if i < len(counters) else None)
 
 
+def waits_for_every_node(rnd: Round) -> bool:
+    """Whether ``rnd`` stays undecided once a majority is impossible (it is used up)."""
+    n = len(rnd.results)
+    for i in range(n - rnd.needed + 1):
+        rnd.record(i, False, (HELD, 1))
+    assert rnd.impossible
+    return not rnd.decided
+
+
 def attempt(
     acq: Acquisition,
     answers: str,
@@ -348,10 +357,280 @@ def test_round_errors_uses_names_or_indexes() -> None:
     assert round_errors(rnd, ["a", "b", "c"]) == {"c": "error: WRONGTYPE"}
 
 
+# --- fencing: the proposal ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("wall", "floor", "proposal"),
+    [
+        (WALL, 1, WALL),  # the wall clock is the usual first guess
+        (WALL, WALL + 7, WALL + 7),  # a client behind the counters it has seen
+        (0, 1, 1),  # a clock at (or before) the epoch still proposes above 0
+        (-5, 1, 1),
+        (WALL, WALL, WALL),
+    ],
+)
+def test_proposal_is_the_wall_clock_or_the_floor_whichever_is_higher(
+    wall: int, floor: int, proposal: int
+) -> None:
+    acq = make(floor=floor)
+    assert acq.proposal(wall) == proposal
+    assert acq.floor == floor  # proposing does not move the floor; a grant does
+
+
+@SETTINGS
+@given(wall=st.integers(-(2**53), 2**53), floor=st.integers(1, 2**53))
+def test_proposal_is_max_of_wall_and_floor(wall: int, floor: int) -> None:
+    assert make(floor=floor).proposal(wall) == max(wall, floor)
+
+
+def test_granted_lease_carries_the_proposal_as_its_fencing_token() -> None:
+    acq = make(floor=WALL + 100)
+    _, step = attempt(acq, "yyy..", started=0.0, now=0.01, wall=WALL)
+    assert isinstance(step, Granted)
+    assert step.lease.fencing_token == WALL + 100
+    # The next acquisition by this client proposes above the token it was handed.
+    assert acq.floor == WALL + 101
+
+
+def test_granted_on_the_last_proposal_of_several_attempts() -> None:
+    acq = make(3)
+    _, first = attempt(acq, "nn.", started=0.0, now=0.001, wall=WALL)
+    assert isinstance(first, Retry)
+    _, second = attempt(acq, "yy.", started=1.0, now=1.001, wall=WALL + 1_000_000)
+    assert isinstance(second, Granted)
+    assert second.lease.fencing_token == WALL + 1_000_000
+
+
+def test_failed_round_raises_the_floor_above_every_counter_heard() -> None:
+    acq = make(5)
+    # A partial grant commits our proposal on node 0; nodes 1 and 2 hold older counters.
+    _, step = attempt(
+        acq, "ynn..", started=0.0, now=0.01, wall=WALL, counters=[None, WALL + 9, WALL - 9]
+    )
+    assert isinstance(step, Retry)
+    assert acq.floor == WALL + 10
+    assert acq.proposal(WALL) == WALL + 10
+
+
+def test_warming_pttl_is_not_a_counter() -> None:
+    acq = make(3)
+    _, step = attempt(acq, "www", started=0.0, now=0.01, wall=5, counters=[10**12] * 3)
+    assert isinstance(step, Retry)
+    assert acq.floor == 1
+
+
+# --- fencing: a proposal that is too low --------------------------------------------------
+
+
+def test_too_low_retries_at_once_above_the_highest_counter() -> None:
+    acq = make(5)
+    counters = [WALL + 50, WALL + 70, WALL + 60]
+    rnd, step = attempt(acq, "lllnn"[:3] + "..", started=0.0, now=0.01, counters=counters)
+    assert step == Retry(0.0, rnd.maybe_holding(), None)
+    assert step.cleanup == frozenset({3, 4})
+    assert acq.floor == WALL + 71
+    # A clock still behind the counters proposes above them.
+    rnd2 = acq.begin(0.01)
+    assert not rnd2.decided
+    assert acq.proposal(WALL) == WALL + 71
+
+
+def test_too_low_retries_at_once_even_when_non_blocking() -> None:
+    acq = make(3, blocking=False)
+    _, step = attempt(acq, "lly", started=0.0, now=0.01, counters=[WALL + 3, WALL + 4])
+    assert step == Retry(0.0, frozenset({2}), None)
+    _, step = attempt(acq, "yyy", started=0.01, now=0.02)
+    assert isinstance(step, Granted)
+    assert step.lease.fencing_token == WALL + 5
+
+
+def test_too_low_retries_at_once_even_after_the_timeout() -> None:
+    acq = make(3, timeout=0.0, now=0.0)
+    _, step = attempt(acq, "ll.", started=0.0, now=0.01, counters=[WALL + 1, WALL + 1])
+    assert step == Retry(0.0, frozenset({2}), None)
+
+
+def test_too_low_fixes_are_bounded() -> None:
+    acq = make(3, blocking=False)
+    wall = WALL
+    for k in range(MAX_FIXES):
+        # Other clients keep raising the counters faster than we catch up.
+        _, step = attempt(acq, "lll", started=k, now=k, wall=wall, counters=[acq.floor + 1] * 3)
+        assert step == Retry(0.0, frozenset(), None), k
+    _, step = attempt(acq, "lll", started=9.0, now=9.0, counters=[acq.floor + 1] * 3)
+    assert step == GiveUp(frozenset(), None)
+    assert acq.attempts == MAX_FIXES + 1
+
+
+def test_too_low_fixes_are_bounded_then_back_off_when_blocking() -> None:
+    acq = make(3, seed=4)
+    for k in range(MAX_FIXES):
+        _, step = attempt(acq, "ll.", started=k, now=k, counters=[acq.floor] * 2)
+        assert step == Retry(0.0, frozenset({2}), None)
+    _, step = attempt(acq, "ll.", started=9.0, now=9.0, counters=[acq.floor] * 2)
+    assert isinstance(step, Retry)
+    assert 0.0 < step.sleep <= POLICY.maximum
+
+
+@pytest.mark.parametrize("answers", ["lnn..", "nlnnn", "llnl.", "ln.uy"])
+def test_too_low_and_held_is_contention(answers: str) -> None:
+    # Somebody holds the lock: proposing higher at once would only be refused again.
+    acq = make(5, seed=2)
+    _, step = attempt(acq, answers, started=0.0, now=0.01)
+    assert isinstance(step, Retry)
+    assert step.seed is None
+    assert 0.0 < step.sleep <= POLICY.initial
+    non_blocking = make(5, blocking=False)
+    _, step = attempt(non_blocking, answers, started=0.0, now=0.01)
+    assert isinstance(step, GiveUp)
+    assert step.error is None
+
+
+def test_too_low_with_failures_only_is_still_ours_to_fix() -> None:
+    acq = make(5, blocking=False)
+    rnd, step = attempt(acq, "lluu.", started=0.0, now=0.01, counters=[WALL + 1, WALL + 2])
+    assert step == Retry(0.0, frozenset({2, 3, 4}), None)
+    assert rnd.maybe_holding() == frozenset({2, 3, 4})
+
+
+# --- fencing: nodes without history -------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_all_nodes_without_history_are_seeded_at_zero_without_warm_up(n: int) -> None:
+    acq = make(n, blocking=False)
+    rnd, step = attempt(acq, "b" * n, started=0.0, now=0.01)
+    every = frozenset(range(n))
+    assert step == Retry(0.0, frozenset(), Seed(every, 0, 0))
+    assert rnd.maybe_holding() == frozenset()
+    # Seeded: the next round asks every node again and may be decided early.
+    rnd = acq.begin(0.02)
+    feed(rnd, "y" * (n // 2 + 1), acq.proposal(WALL))
+    assert rnd.decided
+    assert isinstance(acq.conclude(rnd, "tok", 0.03), Granted)
+
+
+def test_some_without_history_and_a_majority_with_are_seeded_with_the_max_and_a_warm_up() -> None:
+    acq = make(5, blocking=False)
+    counters = [None, WALL + 8, WALL + 30, WALL - 1]
+    rnd, step = attempt(acq, "bllnb", started=0.0, now=0.01, counters=counters)
+    assert step == Retry(0.0, frozenset(), Seed(frozenset({0, 4}), WALL + 30, MAX_TTL_MS))
+    assert acq.floor == WALL + 31
+    assert not waits_for_every_node(acq.begin(1.0))
+
+
+def test_blank_with_a_majority_of_counters_is_seeded_even_if_held() -> None:
+    # The lock is held by someone else, but a blank node must still be seeded before it
+    # can vote; the immediate retry then meets the holder and backs off.
+    acq = make(3, seed=1)
+    _, step = attempt(acq, "bnn", started=0.0, now=0.01, counters=[None, 7, 9])
+    assert step == Retry(0.0, frozenset(), Seed(frozenset({0}), 9, MAX_TTL_MS))
+    _, step = attempt(acq, "wnn", started=0.01, now=0.02, counters=[None, 7, 9])
+    assert isinstance(step, Retry)
+    assert step.seed is None
+    assert step.sleep > 0
+
+
+def test_granted_round_seeds_the_blank_nodes_it_heard() -> None:
+    acq = make(5)
+    _, step = attempt(acq, "yybyn", started=0.0, now=0.01, wall=WALL, counters=[None] * 4 + [3])
+    assert isinstance(step, Granted)
+    assert step.lease.fencing_token == WALL
+    assert step.lease.granted == frozenset({0, 1, 3})
+    # The highest counter now is our own token: every past token is below it.
+    assert step.seed == Seed(frozenset({2}), WALL, MAX_TTL_MS)
+
+
+def test_granted_round_without_blank_nodes_seeds_nothing() -> None:
+    _, step = attempt(make(5), "yyywn", started=0.0, now=0.01)
+    assert isinstance(step, Granted)
+    assert step.seed is None
+
+
+def test_blank_heard_before_an_early_decision_asks_every_node_again() -> None:
+    acq = make(5, blocking=False)
+    first = acq.begin(0.0)
+    proposal = acq.proposal(WALL)
+    feed(first, "bbn", proposal)  # three "no"s out of five: decided without nodes 3, 4
+    assert first.decided
+    step = acq.conclude(first, "tok", 0.01)
+    # New lock everywhere, or two nodes that lost their data? Only all five can say.
+    assert step == Retry(0.0, frozenset({3, 4}), None)
+
+    second = acq.begin(0.01)
+    proposal = acq.proposal(WALL)
+    feed(second, "bbnn", proposal)
+    # Not decided before every node has answered, however many "no"s came in.
+    assert second.impossible
+    assert not second.decided
+    reply(second, 4, "n", proposal)
+    assert second.decided
+    step = acq.conclude(second, "tok", 0.02)
+    assert step == Retry(0.0, frozenset(), Seed(frozenset({0, 1}), HELD_COUNTER, MAX_TTL_MS))
+    # Seeded: later rounds are decided early again.
+    third = acq.begin(0.02)
+    feed(third, "yyy", acq.proposal(WALL))
+    assert third.decided
+
+
+def test_wait_all_round_that_finds_every_node_blank_seeds_at_zero() -> None:
+    acq = make(3, blocking=False)
+    _, step = attempt(acq, "bb.", started=0.0, now=0.01)
+    assert step == Retry(0.0, frozenset({2}), None)
+    rnd, step = attempt(acq, "bbb", started=0.01, now=0.02)
+    assert step == Retry(0.0, frozenset(), Seed(frozenset({0, 1, 2}), 0, 0))
+
+
+def test_wait_all_round_times_out_on_a_silent_node() -> None:
+    acq = make(3, blocking=False)
+    attempt(acq, "bb.", started=0.0, now=0.01)
+    rnd, step = attempt(acq, "bb.", started=0.01, now=0.07)
+    # Two blank, one silent: neither "new everywhere" nor "a majority with history".
+    assert rnd.failures().keys() == {2}
+    assert step == GiveUp(frozenset({2}), None)
+
+
+def test_blank_without_a_majority_of_counters_is_not_seeded() -> None:
+    # Two of three nodes without history, one with: it cannot be known which tokens the
+    # lost majority committed, so nothing is seeded (the lock waits for an operator).
+    acq = make(3, seed=3)
+    _, step = attempt(acq, "bb.", started=0.0, now=0.01)
+    assert step == Retry(0.0, frozenset({2}), None)  # first, hear every node
+    for k in range(1, 4):
+        _, step = attempt(acq, "bbn", started=k, now=k, counters=[None, None, 5])
+        assert isinstance(step, Retry)
+        assert step.seed is None
+        assert step.sleep > 0
+        assert waits_for_every_node(acq.begin(k))
+
+
+def test_warming_counts_as_a_refusal() -> None:
+    acq = make(5, blocking=False)
+    rnd, step = attempt(acq, "wwy..", started=0.0, now=0.01)
+    assert rnd.yes == 1
+    assert step == GiveUp(frozenset({2, 3, 4}), None)
+    acq = make(3)
+    _, step = attempt(acq, "wyy", started=0.0, now=0.01)
+    assert isinstance(step, Granted)
+    assert step.lease.granted == frozenset({1, 2})
+    assert step.seed is None  # a warming node has been seeded already
+
+
+def test_seeding_fixes_are_bounded() -> None:
+    acq = make(3, blocking=False)
+    for k in range(MAX_FIXES):
+        # Each attempt finds every node blank again (its seeds were lost).
+        _, step = attempt(acq, "bbb", started=k, now=k)
+        assert step == Retry(0.0, frozenset(), Seed(frozenset({0, 1, 2}), 0, 0)), k
+    _, step = attempt(acq, "bbb", started=9.0, now=9.0)
+    assert step == GiveUp(frozenset(), None)
+
+
 # --- property -----------------------------------------------------------------------------
 
-Vote = Literal["y", "n", "u", "e", "."]
-VOTES: tuple[Vote, ...] = ("y", "n", "u", "e", ".")
+Vote = Literal["y", "n", "l", "b", "w", "u", "e", "."]
+VOTES: tuple[Vote, ...] = ("y", "n", "l", "b", "w", "u", "e", ".")
 
 
 @SETTINGS
@@ -362,6 +641,8 @@ VOTES: tuple[Vote, ...] = ("y", "n", "u", "e", ".")
     blocking=st.booleans(),
     timeout=st.one_of(st.none(), st.floats(0, 1)),
     seed=st.integers(0, 1000),
+    wall=st.integers(0, 2**52),
+    floor=st.integers(1, 2**52),
 )
 def test_granted_exactly_with_a_majority_and_positive_validity(
     n: int,
@@ -370,25 +651,39 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
     blocking: bool,
     timeout: float | None,
     seed: int,
+    wall: int,
+    floor: int,
 ) -> None:
     votes: list[Vote] = data.draw(
         st.lists(st.sampled_from(VOTES), min_size=n, max_size=n),
         label="votes",
     )
+    counters = data.draw(st.lists(st.integers(0, 2**52), min_size=n, max_size=n), label="ctr")
     order = data.draw(st.permutations(range(n)), label="order")
-    acq = make(n, blocking=blocking, timeout=timeout, now=0.0, seed=seed)
+    acq = make(n, blocking=blocking, timeout=timeout, now=0.0, seed=seed, floor=floor)
     started = data.draw(st.floats(0, 1), label="started")
     rnd = acq.begin(started)
+    proposal = acq.proposal(wall)
+    assert proposal == max(wall, floor)
+    heard: dict[int, Vote] = {}
     for i in order:  # replies arrive in any order; the driver stops once decided
         if rnd.decided:
             break
-        feed_one(rnd, i, votes[i])
+        vote = votes[i]
+        # A node that says "too low" has a counter >= the proposal.
+        counter = max(counters[i], proposal) if vote == "l" else counters[i]
+        reply(rnd, i, vote, proposal, counter)
+        heard[i] = vote
     if not rnd.decided:
         rnd.time_out()
     now = started + elapsed
     step = acq.conclude(rnd, "tok", now)
 
     spec = acq.spec
+    infos = {i: r.info for i, r in enumerate(rnd.results) if r is not None and r.info}
+    numbers = [num for st_, num in infos.values() if st_ in (GRANTED, HELD, TOO_LOW)]
+    blank = frozenset(i for i, v in heard.items() if v == "b")
+    assert acq.floor >= max([floor, *(x + 1 for x in numbers)])
     validity = started + spec.ttl - spec.drift - now
     if isinstance(step, Granted):
         assert rnd.yes >= spec.quorum
@@ -397,12 +692,32 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
         assert step.lease.valid_until > now
         assert len(step.lease.granted) >= spec.quorum
         assert step.lease.granted == rnd.granted()
+        assert step.lease.fencing_token == proposal
+        assert acq.floor > proposal
+        if blank:
+            assert step.seed == Seed(blank, max(numbers), MAX_TTL_MS)
+            assert step.seed.counter >= proposal
+        else:
+            assert step.seed is None
         return
     assert not (rnd.yes >= spec.quorum and validity > 0)
     assert step.cleanup == rnd.maybe_holding()
     assert rnd.granted() <= step.cleanup
+    ours = bool(blank) or ("l" in heard.values() and "n" not in heard.values())
     if isinstance(step, Retry):
+        if step.sleep == 0.0 and (ours or step.seed):
+            assert ours
+            if step.seed is not None:
+                assert step.seed.nodes == blank
+                if blank == frozenset(range(n)):
+                    assert step.seed == Seed(blank, 0, 0)
+                else:
+                    # Seeded from a majority of nodes with history, kept out for max_ttl.
+                    assert len(numbers) >= spec.quorum
+                    assert step.seed == Seed(blank, max(numbers), MAX_TTL_MS)
+            return
         assert blocking
+        assert step.seed is None
         assert 0.0 <= step.sleep <= min(POLICY.maximum, POLICY.initial)
         if timeout is not None:
             assert now + step.sleep <= timeout + 1e-9
@@ -410,15 +725,5 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
         assert isinstance(step, GiveUp)
         assert (step.error is not None) == rnd.unreachable_blocks_quorum()
         if step.error is None:
+            assert not ours or (blank and len(numbers) < spec.quorum and blank != set(range(n)))
             assert not blocking or (timeout is not None and now >= timeout)
-
-
-def feed_one(rnd: Round, i: int, vote: Vote) -> None:
-    if vote == "y":
-        rnd.record(i, True)
-    elif vote == "n":
-        rnd.record(i, False)
-    elif vote == "u":
-        rnd.fail(i, Failure.UNREACHABLE, "refused")
-    elif vote == "e":
-        rnd.fail(i, Failure.ERROR, "ERR")

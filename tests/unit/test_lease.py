@@ -32,6 +32,7 @@ def lease(started: float = 0.0) -> LeaseState:
         started=started,
         valid_until=started + SPEC.ttl - SPEC.drift,
         granted=frozenset({0, 1, 2}),
+        fencing_token=1_700_000_000_000_042,
     )
 
 
@@ -87,6 +88,8 @@ def test_conclude_extend_moves_validity_to_the_new_round() -> None:
     assert result.started == 5.0
     assert result.granted == frozenset({1, 2, 4})
     assert (result.name, result.key, result.token) == (held.name, held.key, held.token)
+    # Extending keeps the lease, and so its fencing token: only an acquisition mints one.
+    assert result.fencing_token == held.fencing_token
 
 
 def test_conclude_extend_with_a_new_ttl() -> None:

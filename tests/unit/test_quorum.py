@@ -123,6 +123,34 @@ def test_second_answer_from_a_node_is_ignored() -> None:
     assert rnd.results[1] == NodeResult(failure=Failure.ERROR, detail="x")
 
 
+def test_record_keeps_the_acquire_info() -> None:
+    rnd = Round(3, 2, started=0.0)
+    rnd.record(0, True, (1, 1234))
+    rnd.record(1, False, (-1, 99))
+    rnd.record(1, True, (1, 5))  # a second answer changes nothing
+    rnd.record(2, False)
+    assert [r.info for r in rnd.results if r is not None] == [(1, 1234), (-1, 99), None]
+    assert rnd.yes == 1
+
+
+def test_wait_all_round_is_decided_only_when_every_node_answered() -> None:
+    rnd = Round(5, 3, started=0.0, wait_all=True)
+    for i in range(4):
+        rnd.record(i, True)
+        assert not rnd.decided, i
+    assert rnd.succeeded
+    rnd.fail(4, Failure.UNREACHABLE, "down")
+    assert rnd.decided
+    refused = Round(3, 2, started=0.0, wait_all=True)
+    refused.record(0, False)
+    refused.record(1, False)
+    assert refused.impossible
+    assert not refused.decided
+    refused.time_out()
+    assert refused.decided
+    assert not Round(3, 2, started=0.0).decided
+
+
 def test_failures_and_unreachable_blocks_quorum() -> None:
     rnd = Round(3, 2, started=0.0)
     rnd.record(0, False)
