@@ -76,13 +76,19 @@ class LeaseView:
             raise LeaseExpired(self.name, f"its validity ended {-left:.3f}s ago")
         return left
 
-    def _mark_lost(self, error: LeaseLost) -> None:
-        """Record the loss (the first reason wins) and tell whoever asked to know."""
+    def _mark_lost(self, error: LeaseLost, *, notify: bool = True) -> None:
+        """Record the loss (the first reason wins) and tell whoever asked to know.
+
+        ``notify=False`` runs no callbacks: in a child right after ``fork()`` they belong
+        to the parent and must not act from the child (the ``lost`` event is still set).
+        """
         if self._loss is not None:
             return
         self._loss = error
         self._signal_lost()
         callbacks, self._callbacks = self._callbacks, []
+        if not notify:
+            return
         for callback in callbacks:
             try:
                 callback(error)

@@ -3,10 +3,17 @@
 Each subcommand is one small pair of functions: ``_add_<name>(subparsers)`` declares its
 options and sets ``handler``; ``_cmd_<name>(args) -> int`` runs it and returns the exit
 code. To add a subcommand, write that pair and list ``_add_<name>`` in ``_SUBCOMMANDS``.
+A subcommand that runs another command (``run``) declares a ``command`` positional and
+sets ``takes_command=True``: everything after the first ``--`` on the command line is
+then appended to it verbatim, never parsed as tenure's options.
 
 Exit codes: 0 success, 1 the command ran but its check failed (for ``demo``: the locked
 run was not clean), 2 usage errors and errors reported by tenure (``TenureError``: a bad
 parameter, no redis-server, a node that would not start), 130 interrupted by Ctrl-C.
+``tenure run`` passes its command's status through and adds 69 (nodes unreachable), 75
+(lock held elsewhere), 79 (lease lost while the command ran), 126/127 (cannot execute /
+not found) and 128+N (got signal N); ``tenure status`` exits 69 when fewer than a
+majority of nodes answered. See ``tenure.run`` for the details.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 from . import __version__
 from ._errors import TenureError
+from .run import RUN_EXIT_CODES, RunOptions, nodes_from, run, status
 
 __all__ = ["main"]
 
@@ -29,8 +37,21 @@ Handler = Callable[[argparse.Namespace], int]
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tenure`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     parser = _build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    # argparse mangles a trailing command (it drops every "--" and parses the command's
+    # options as ours), so everything after the first "--" is set aside and handed over
+    # verbatim to a subcommand that takes a command.
+    tail: list[str] | None = None
+    if "--" in words:
+        cut = words.index("--")
+        words, tail = words[:cut], words[cut + 1 :]
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(words)
+        if tail is not None:
+            if not getattr(args, "takes_command", False):
+                parser.error(f"unrecognized arguments: -- {' '.join(tail)}")
+            # Words before "--" (``tenure run NAME make -- -j4``) start the command.
+            args.command = [*args.command, "--", *tail] if args.command else tail
     except SystemExit as exc:  # --help, --version and usage errors: argparse has printed
         return _exit_code(exc)
     handler: Handler | None = getattr(args, "handler", None)
@@ -104,11 +125,131 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(workers=workers, duration=duration, nodes=args.nodes, ttl=args.ttl)
 
 
+# --- run ------------------------------------------------------------------------------
+
+
+def _add_nodes_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--redis",
+        metavar="URL",
+        action="append",
+        help=(
+            "a lock node (redis://host:port[/db], rediss://..., unix:///path); repeat for "
+            "each node (3 or more independent masters: Redlock). Default: $TENURE_REDIS, "
+            "URLs separated by commas or spaces"
+        ),
+    )
+
+
+def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="run a command while holding a lock (a distributed flock)",
+        usage="tenure run NAME [options] -- COMMAND [ARG ...]",
+        description=(
+            "Acquire lock NAME, keep it alive with the watchdog while COMMAND runs, and "
+            "release it when COMMAND ends. If the lock is lost meanwhile, COMMAND's "
+            "process group gets SIGTERM, then SIGKILL after --grace seconds."
+        ),
+        epilog=RUN_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("name", metavar="NAME", help="the lock's name")
+    p.add_argument("command", metavar="COMMAND", nargs="*", help=argparse.SUPPRESS)
+    _add_nodes_option(p)
+    p.add_argument(
+        "--ttl",
+        type=_positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="lease TTL; the watchdog extends it every TTL/3 (default 10)",
+    )
+    waiting = p.add_mutually_exclusive_group()
+    waiting.add_argument(
+        "--wait",
+        type=_non_negative_float,
+        metavar="SECONDS",
+        help="give up (exit 75) if the lock is still held after this long (default: forever)",
+    )
+    waiting.add_argument(
+        "--no-wait", action="store_true", help="give up at once (exit 75) if the lock is held"
+    )
+    p.add_argument(
+        "--grace",
+        type=_non_negative_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="between SIGTERM and SIGKILL when the command must stop (default 5)",
+    )
+    p.add_argument(
+        "--max-hold",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="stop extending after holding this long: the lease then runs out and the "
+        "command is terminated (exit 79). Default: no cap",
+    )
+    p.add_argument(
+        "--node-timeout",
+        type=_positive_float,
+        default=0.05,
+        metavar="SECONDS",
+        help="wait at most this long for any one node in a round (default 0.05)",
+    )
+    p.set_defaults(handler=_cmd_run, takes_command=True)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    options = RunOptions(
+        name=args.name,
+        command=tuple(args.command),
+        nodes=tuple(nodes_from(args.redis)),
+        ttl=args.ttl,
+        wait=args.wait,
+        no_wait=args.no_wait,
+        grace=args.grace,
+        max_hold=args.max_hold,
+        node_timeout=args.node_timeout,
+    )
+    return run(options)
+
+
+# --- status ---------------------------------------------------------------------------
+
+
+def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "status",
+        help="show what every node says about a lock",
+        description=(
+            "One line per node: held (with the first 8 characters of the holder's token) or "
+            "free, the lock key's PTTL, the fencing counter (- if the node has none), the "
+            "warm-up left after a data loss (- if none), or unreachable. Exit 0 if a "
+            "majority of nodes answered, else 69."
+        ),
+    )
+    p.add_argument("name", metavar="NAME", help="the lock's name")
+    _add_nodes_option(p)
+    p.add_argument(
+        "--node-timeout",
+        type=_positive_float,
+        default=0.5,
+        metavar="SECONDS",
+        help="wait at most this long for each node (default 0.5)",
+    )
+    p.set_defaults(handler=_cmd_status)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    return status(args.name, nodes_from(args.redis), node_timeout=args.node_timeout)
+
+
 # --- helpers --------------------------------------------------------------------------
 
 
 _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_demo,
+    _add_run,
+    _add_status,
 ]
 
 
@@ -129,6 +270,16 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value}")
     return value
 
 

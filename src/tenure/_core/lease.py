@@ -65,7 +65,11 @@ def conclude_extend(
     if rnd.succeeded:
         why = f"the extend round took too long (validity {validity * 1000:.1f} ms)"
     else:
-        why = f"only {rnd.yes} of {spec.n_nodes} nodes still held it, {spec.quorum} needed"
+        failed = len(rnd.failures())
+        why = (
+            f"confirmed by {rnd.yes} of {spec.n_nodes} nodes before a majority of "
+            f"{spec.quorum} became impossible ({failed} failed to answer)"
+        )
     return LeaseLost(lease.name, f"extend failed: {why}", round_errors(rnd, names))
 
 

@@ -1,0 +1,588 @@
+"""``tenure run``: run a command while holding a distributed lock (a distributed flock(1)),
+and ``tenure status``: what every node says about a lock.
+
+``tenure run NAME [options] -- COMMAND [ARG ...]``
+
+1. Acquire lock ``NAME`` on the nodes (Redlock when there are three or more), waiting as
+   told (``--wait``, ``--no-wait``; by default forever).
+2. Keep the lease alive with the watchdog (extended every TTL/3, up to ``--max-hold``).
+3. Start the command in a new session (its own process group), with stdin, stdout and
+   stderr inherited and two variables added to its environment:
+   ``TENURE_FENCING_TOKEN`` (the lease's fencing token: pass it with every write to a
+   fenced store, R11) and ``TENURE_LOCK_NAME``.
+4. Wait for it. If the lease is lost meanwhile (an extension failed, the watchdog woke
+   after the validity ended, ``--max-hold`` ran out), print one line to stderr saying
+   why, send SIGTERM to the command's process group (so every process of a shell
+   pipeline gets it), SIGKILL the group ``--grace`` seconds later if anything in it is
+   still alive, and exit 79.
+5. Release the lease and exit with the command's status.
+
+Exit codes
+----------
+====== ==========================================================================
+0-255  the command's own exit status, passed through; a command killed by signal N
+       gives 128+N, as shells report it
+2      usage or configuration error: no nodes (``--redis``/``TENURE_REDIS``), a bad
+       URL or option, an empty command, a node refusing tenure's commands (ACL)
+69     EX_UNAVAILABLE: so many nodes are unreachable that no majority can be reached;
+       the command was not started (``tenure status``: fewer than a majority answered)
+75     EX_TEMPFAIL: the lock is held by another client (at once with ``--no-wait``,
+       or still after ``--wait`` seconds); the command was not started
+79     the lease was lost while the command ran: the command was terminated (or had
+       already ended after the lease's validity); it may have overlapped another holder
+126    the command was found but could not be executed (permission denied)
+127    the command was not found
+128+N  ``tenure run`` itself received signal N (SIGHUP 129, SIGINT 130, SIGTERM 143):
+       it was forwarded to the command's group, the command was waited for (SIGKILL
+       after ``--grace`` seconds) and the lease released; before the command started,
+       the acquisition is abandoned
+====== ==========================================================================
+
+The command's own status may also be 2, 69, 75 or 79; as with ``flock(1)``, a caller
+that must tell them apart should have the command avoid those codes.
+
+When is a run "lost" (79) rather than the command's status?
+-----------------------------------------------------------
+The deciding fact is whether the command ended while the lease could still be trusted:
+not reported lost, and before its validity deadline (``Lease.valid_until``, on the
+monotonic clock, as of the latest successful extension). The instant is taken when
+``tenure run`` reaps the command, which is after it actually ended, so the test errs on
+the side of 79.
+
+* Ended in time, and releasing then succeeded: its status.
+* Ended in time, but the release could not confirm a majority (``LeaseLost``: the key
+  expired on, or could not be deleted from, a majority after the command finished, e.g.
+  because nodes crashed just then): its status, plus a warning on stderr. Redlock's
+  guarantee is that nobody else can acquire before the validity deadline (a node that
+  restarts without data is kept out for ``max_ttl``), so the command ran protected; what
+  failed is only the clean-up, and the keys left behind expire by their TTL.
+* Ended after the lease was reported lost, or after its validity deadline (``tenure
+  run`` itself was paused, so the watchdog could not extend): 79, with a line on stderr,
+  even if the command exited 0: it may have run unprotected and must be treated so.
+* Lost *and* interrupted by a signal: 79 wins over 128+N, because "this may have
+  overlapped another holder" is the fact a caller most needs.
+
+Signals
+-------
+SIGINT, SIGTERM and SIGHUP received by ``tenure run`` are forwarded to the command's
+process group (the command runs in its own session, so a Ctrl-C at the terminal reaches
+only ``tenure run``, which passes it on exactly once). If the command is still running
+``--grace`` seconds after the first one, its group gets SIGKILL: ``tenure run`` never
+leaves a command running after it gives up the lease. A signal that was ignored when
+``tenure run`` started (``nohup``, a background job) stays ignored.
+
+Limits, honestly (R12)
+----------------------
+* The watchdog lowers the risk of losing the lease but cannot stop a command that keeps
+  writing while ``tenure run`` is frozen (SIGSTOP, a stalled VM): the command is a
+  separate process and keeps running; it is terminated only once ``tenure run`` runs
+  again and sees the loss. Pass ``$TENURE_FENCING_TOKEN`` with every write to a fenced
+  store (``tenure.fencing``) so late writes are refused.
+* If ``tenure run`` is killed with SIGKILL, its command keeps running, unprotected once
+  the lease expires (it is not extended any more). Nothing in-process can prevent that.
+* Because the command runs in a new session it has no controlling terminal: interactive
+  programs that open ``/dev/tty`` or use job control will not work under it.
+* Only the command's process group is signalled; a process that moved itself to another
+  group or session (a daemon) is not reached. After a normal exit nothing is signalled:
+  background processes the command left behind keep running, as with ``flock(1)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, TextIO
+
+import redis
+
+from ._core.config import LockKeys, parse_node_url
+from ._core.quorum import majority
+from ._errors import (
+    ConfigurationError,
+    LeaseLost,
+    LockTimeout,
+    QuorumUnreachable,
+    TenureError,
+)
+from ._redis_compat import connection_kwargs
+from ._sync.client import Client, Lease
+
+__all__ = [
+    "ENV_NODES",
+    "EXIT_CANNOT_EXECUTE",
+    "EXIT_LOST",
+    "EXIT_NOT_ACQUIRED",
+    "EXIT_NOT_FOUND",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "RUN_EXIT_CODES",
+    "RunOptions",
+    "nodes_from",
+    "run",
+    "status",
+]
+
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE (sysexits.h)
+EXIT_NOT_ACQUIRED = 75  # EX_TEMPFAIL (sysexits.h)
+EXIT_LOST = 79
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
+
+ENV_NODES = "TENURE_REDIS"
+ENV_TOKEN = "TENURE_FENCING_TOKEN"
+ENV_NAME = "TENURE_LOCK_NAME"
+
+# For --help (kept next to the codes so the two cannot drift apart).
+RUN_EXIT_CODES = """\
+exit codes:
+  0-255  the command's own status (killed by signal N: 128+N, as shells report it)
+  2      usage or configuration error (no --redis/TENURE_REDIS, bad option or URL)
+  69     nodes unreachable: no majority possible; the command was not started
+  75     lock held elsewhere (--no-wait, or still after --wait); not started
+  79     lease lost while the command ran: it was terminated (SIGTERM, SIGKILL after
+         --grace) or had ended too late; it may have overlapped another holder
+  126    the command could not be executed; 127: the command was not found
+  128+N  tenure run got signal N (129 HUP, 130 INT, 143 TERM): forwarded to the
+         command's process group, waited for (SIGKILL after --grace), lease released
+
+The command gets TENURE_FENCING_TOKEN (pass it with every write to a fenced store)
+and TENURE_LOCK_NAME in its environment. It runs in its own session and process
+group; signals go to the whole group, so shell pipelines stop too.
+"""
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_TICK = 0.05  # seconds between looks at pending signals (handlers only record them)
+_PROG = "tenure run"
+
+
+def nodes_from(urls: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The node URLs: ``--redis`` values if any, else ``$TENURE_REDIS`` split on commas and
+    whitespace.
+
+    Raises:
+        ConfigurationError: (``--redis``) neither gives a node.
+    """
+    if urls:
+        return list(urls)
+    env = os.environ if environ is None else environ
+    found = env.get(ENV_NODES, "").replace(",", " ").split()
+    if not found:
+        raise ConfigurationError(
+            "--redis",
+            f"no Redis nodes given: pass --redis URL (once per node) or set {ENV_NODES} "
+            "(URLs separated by commas or spaces)",
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``tenure run`` was asked to do (validated by the CLI and by ``Client``)."""
+
+    name: str
+    command: tuple[str, ...]
+    nodes: tuple[str, ...]
+    ttl: float = 10.0
+    wait: float | None = None  # None: forever (unless no_wait)
+    no_wait: bool = False
+    grace: float = 5.0
+    max_hold: float | None = None
+    node_timeout: float = 0.05
+
+
+class _Interrupted(BaseException):
+    """A forwarded signal arrived while acquiring (not an Exception: nothing swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Signals:
+    """SIGINT/SIGTERM/SIGHUP handlers: raise while acquiring, only record afterwards.
+
+    A handler must not touch locks or events (it may run while the main thread holds the
+    very lock it would take), so in recording mode it only appends to a list, which the
+    supervising loop drains every ``_TICK``.
+    """
+
+    def __init__(self) -> None:
+        self.raising = True
+        self.received: list[int] = []
+        self._pending: list[int] = []
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        if self.raising:
+            raise _Interrupted(signum)
+        self._pending.append(signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_Signals]:
+        if threading.current_thread() is threading.main_thread():
+            for sig in _FORWARDED:
+                previous = signal.getsignal(sig)
+                if previous is signal.SIG_IGN:
+                    continue  # ignored when we started (nohup, background job): keep it so
+                self._previous[sig] = previous
+                signal.signal(sig, self._handle)
+        try:
+            yield self
+        finally:
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
+            self._previous.clear()
+
+    def take(self) -> list[int]:
+        """Signals received since the last call (recording mode)."""
+        taken: list[int] = []
+        while self._pending:
+            taken.append(self._pending.pop(0))
+        return taken
+
+    @property
+    def first(self) -> int | None:
+        return self.received[0] if self.received else None
+
+
+class _Child:
+    """The command's process, reaped by a thread that notes whether it ended in time."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], lease: Lease, wake: threading.Event):
+        self.proc = proc
+        self.pgid = proc.pid  # start_new_session: it leads its own session and group
+        self.done = threading.Event()
+        self.in_time = False  # ended before the lease was lost or its validity ran out
+        self._lease = lease
+        self._wake = wake
+        self._thread = threading.Thread(target=self._reap, name="tenure-run-reaper", daemon=True)
+        self._thread.start()
+
+    def _reap(self) -> None:
+        self.proc.wait()
+        lease = self._lease
+        self.in_time = not lease.lost.is_set() and time.monotonic() < lease.valid_until
+        self.done.set()
+        self._wake.set()
+
+    @property
+    def status(self) -> int:
+        """The exit status as a shell reports it (killed by signal N: 128+N)."""
+        code = self.proc.returncode
+        assert code is not None
+        return 128 - code if code < 0 else code
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the command's process group (members may outlive the leader)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, sig)
+
+    def group_alive(self) -> bool:
+        """Whether any process of the command's group is still alive (zombies aside)."""
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return _live_member(self.pgid)
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+def _live_member(pgid: int) -> bool:
+    """Whether group ``pgid`` has a member that is not a zombie (Linux: from /proc).
+
+    A zombie still counts for ``killpg(pgid, 0)``, and an orphan's zombie lingers until
+    init gets round to reaping it, so without /proc every member counts as alive.
+    """
+    try:
+        entries = os.scandir("/proc")
+    except OSError:
+        return True
+    with entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue  # it exited meanwhile
+            # The fields after the command name, which is in parentheses and may contain
+            # ") ": state, ppid, pgrp, ...
+            fields = stat.rpartition(b")")[2].split()
+            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                return True
+    return False
+
+
+def _say(err: TextIO, message: str) -> None:
+    print(f"{_PROG}: {message}", file=err, flush=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def run(options: RunOptions, *, err: TextIO | None = None) -> int:
+    """Run ``options.command`` under lock ``options.name``; return the exit code.
+
+    See the module docstring for the exit codes and the rules behind them.
+
+    Raises:
+        TenureError: bad configuration (the CLI reports it and exits 2).
+    """
+    out = sys.stderr if err is None else err
+    if not options.command:
+        raise ConfigurationError("command", "no command given: tenure run NAME -- COMMAND ...")
+    signals = _Signals()
+    try:
+        with (
+            signals.installed(),
+            Client(list(options.nodes), node_timeout=options.node_timeout) as client,
+        ):
+            try:
+                lease = client.acquire(
+                    options.name,
+                    options.ttl,
+                    blocking=not options.no_wait,
+                    timeout=None if options.no_wait else options.wait,
+                    max_hold=options.max_hold,  # validated here, before acquiring
+                )
+            except LockTimeout as exc:
+                _say(out, f"not acquired: {_one_line(exc)}")
+                return EXIT_NOT_ACQUIRED
+            except QuorumUnreachable as exc:
+                _say(out, f"nodes unreachable: {_one_line(exc)}")
+                return EXIT_UNAVAILABLE
+            signals.raising = False
+            return _hold_and_run(lease, options, signals, out)
+    except _Interrupted as exc:
+        # Interrupted while acquiring: the client released any partial grant. (A signal
+        # in the instant between the grant and `raising = False` also lands here; that
+        # lease is not kept alive and expires by its TTL.)
+        return 128 + exc.signum
+
+
+def _hold_and_run(lease: Lease, options: RunOptions, signals: _Signals, err: TextIO) -> int:
+    wake = threading.Event()
+    lease.on_lost(lambda _error: wake.set())
+    child: _Child | None = None
+    try:
+        lease.keep_alive(max_hold=options.max_hold)
+        if signals.first is not None:
+            return 128 + signals.first
+        try:
+            lease.check()
+        except LeaseLost as exc:
+            _say(err, f"lease lost before the command started: {_one_line(exc)}")
+            return EXIT_LOST
+        env = dict(os.environ)
+        env[ENV_TOKEN] = str(lease.fencing_token)
+        env[ENV_NAME] = options.name
+        try:
+            # No preexec_fn (e.g. for PR_SET_PDEATHSIG): it is unsafe with the watchdog
+            # thread running, and it makes the child run Python's at-fork hooks, where
+            # tenure marks kept-alive leases lost and runs their on_lost callbacks.
+            proc = subprocess.Popen(list(options.command), env=env, start_new_session=True)
+        except FileNotFoundError as exc:
+            _say(err, f"{options.command[0]}: command not found ({exc.strerror})")
+            return EXIT_NOT_FOUND
+        except OSError as exc:
+            _say(err, f"{options.command[0]}: cannot execute ({exc.strerror})")
+            return EXIT_CANNOT_EXECUTE
+        child = _Child(proc, lease, wake)
+        lost_reported = _supervise(child, lease, signals, options.grace, wake, err)
+        return _outcome(child, lease, signals, lost_reported, err)
+    finally:
+        if child is not None and not child.done.is_set():
+            # Leaving early (an unexpected error): never leave the command running
+            # without the lock.
+            child.signal_group(signal.SIGKILL)
+            child.join()
+        if not lease.released:
+            with contextlib.suppress(TenureError):
+                lease.release()
+
+
+def _supervise(
+    child: _Child,
+    lease: Lease,
+    signals: _Signals,
+    grace: float,
+    wake: threading.Event,
+    err: TextIO,
+) -> bool:
+    """Wait for the command, forwarding signals and stopping it if the lease is lost.
+
+    Returns whether the loss was reported (the command was told to stop because of it).
+    """
+    kill_at: float | None = None  # when the group gets SIGKILL, once it is told to stop
+    killed = False
+    lost_reported = False
+    while True:
+        wake.clear()  # every condition below is re-read after this, so no wake-up is lost
+        now = time.monotonic()
+        stopping = False
+        for sig in signals.take():
+            child.signal_group(sig)
+            stopping = True
+        if lease.lost.is_set() and not lost_reported and not child.done.is_set():
+            lost_reported = True
+            stopping = True
+            _say(
+                err,
+                f"{_one_line(lease.lost_error or LeaseLost(lease.name, 'lost'))}; "
+                f"terminating the command (SIGTERM, SIGKILL after {grace:g}s)",
+            )
+            child.signal_group(signal.SIGTERM)
+        if stopping and kill_at is None:
+            kill_at = now + grace
+        if child.done.is_set():
+            if kill_at is None or killed:
+                return lost_reported
+            # Told to stop, and the leader is gone: give the rest of its group (the other
+            # processes of a pipeline) the same grace, then kill what is left.
+            if not child.group_alive():
+                return lost_reported
+        if kill_at is not None and not killed and now >= kill_at:
+            child.signal_group(signal.SIGKILL)
+            killed = True
+            continue
+        timeout = _TICK if kill_at is None or killed else min(_TICK, max(kill_at - now, 0.0))
+        if child.done.is_set():
+            time.sleep(timeout)  # polling the group: nothing sets `wake` any more
+        else:
+            wake.wait(timeout)
+
+
+def _outcome(
+    child: _Child, lease: Lease, signals: _Signals, lost_reported: bool, err: TextIO
+) -> int:
+    """Release, and decide the exit code (rules in the module docstring)."""
+    child.join()
+    release_error: TenureError | None = None
+    if not lease.released:  # a failed extension releases (and marks the lease lost) itself
+        try:
+            lease.release()
+        except TenureError as exc:
+            release_error = exc
+    if not child.in_time:
+        if not lost_reported:
+            why = lease.lost_error or release_error
+            reason = _one_line(why) if why is not None else "its validity ran out"
+            _say(
+                err,
+                f"lease lost: {reason}; the command ended after that (status {child.status}) "
+                "and may have overlapped another holder",
+            )
+        return EXIT_LOST
+    if release_error is not None:
+        _say(
+            err,
+            f"warning: {_one_line(release_error)}; the command had ended within the "
+            "lease's validity, so its status is returned",
+        )
+    if signals.first is not None:
+        return 128 + signals.first
+    return child.status
+
+
+# --- tenure status --------------------------------------------------------------------
+
+
+def status(
+    name: str,
+    nodes: Sequence[str],
+    *,
+    node_timeout: float = 0.5,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Print one line per node about lock ``name``; 0 if a majority answered, else 69.
+
+    Each line: the node, then ``held token=<first 8 chars of the holder's token>`` or
+    ``free token=-``, ``pttl=<ms>`` of the lock key, ``fence=<counter>`` (``-``: this node
+    has no history for the lock), ``warm=<ms>`` (the warm-up left after a data loss, or
+    ``-``); or ``unreachable: <error>``.
+
+    Raises:
+        ConfigurationError: an empty name, or a malformed URL.
+    """
+    stdout = sys.stdout if out is None else out
+    stderr = sys.stderr if err is None else err
+    if not name:
+        raise ConfigurationError("name", "must be a non-empty string")
+    if not nodes:
+        raise ConfigurationError("--redis", "no Redis nodes given")
+    addresses = [parse_node_url(url, f"--redis[{i}]") for i, url in enumerate(nodes)]
+    keys = LockKeys.of(name)
+    with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
+        lines = list(
+            pool.map(
+                lambda a: _node_status(a.url, a.scheme == "unix", keys, node_timeout), addresses
+            )
+        )
+    width = max(len(a.display) for a in addresses)
+    answered = 0
+    for address, (ok, text) in zip(addresses, lines, strict=True):
+        answered += ok
+        print(f"{address.display:<{width}}  {text}", file=stdout)
+    stdout.flush()
+    needed = majority(len(addresses))
+    if answered < needed:
+        print(
+            f"tenure status: only {answered} of {len(addresses)} nodes answered; "
+            f"a majority is {needed}",
+            file=stderr,
+            flush=True,
+        )
+        return EXIT_UNAVAILABLE
+    return 0
+
+
+def _node_status(url: str, unix: bool, keys: LockKeys, timeout: float) -> tuple[bool, str]:
+    options = connection_kwargs(timeout, asyncio=False, unix=unix)
+    options["socket_timeout"] = timeout
+    client = redis.Redis.from_url(url, **options)
+    try:
+        with client.pipeline(transaction=True) as pipe:  # one consistent snapshot
+            pipe.get(keys.lock)
+            pipe.pttl(keys.lock)
+            pipe.get(keys.fence)
+            pipe.pttl(keys.warm)
+            holder, pttl, fence, warm = pipe.execute()
+    except (redis.RedisError, OSError) as exc:
+        return False, f"unreachable: {_one_line(exc)}"
+    finally:
+        client.close()
+    fence_text = "-" if fence is None else _text(fence)
+    warm_text = f"{warm}ms" if isinstance(warm, int) and warm > 0 else "-"
+    if holder is None:
+        state, token, pttl_text = "free", "-", "-"
+    else:
+        state, token = "held", _text(holder)[:8]
+        pttl_text = f"{pttl}ms" if isinstance(pttl, int) and pttl >= 0 else "none"
+    return True, (
+        f"{state}  token={token:<8}  pttl={pttl_text:<7}  fence={fence_text}  warm={warm_text}"
+    )
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)

@@ -1,0 +1,360 @@
+"""``tenure run`` and ``tenure status`` end to end: real processes on real redis-server nodes.
+
+Every ``tenure`` here is a separate ``python -m tenure.cli`` process, and every command it
+runs is a real ``sh``, so exit statuses, environment, process groups and signals are the
+operating system's, not a simulation's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tenure
+from tenure.local import LocalCluster
+from tenure.run import EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE
+
+_TIMEOUT = 30  # seconds for any one tenure process; far above what each should take
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    """Three healthy nodes shared by the tests that inject no faults (names are per test)."""
+    with LocalCluster(3) as c:
+        yield c
+
+
+@pytest.fixture
+def faulty() -> Iterator[LocalCluster]:
+    """Three fresh nodes a test may kill."""
+    with LocalCluster(3) as c:
+        yield c
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TENURE_REDIS"}
+    env.update(extra)
+    return env
+
+
+def _redis(c: LocalCluster) -> list[str]:
+    return [arg for url in c.urls for arg in ("--redis", url)]
+
+
+def _tenure(
+    *args: str, env: dict[str, str] | None = None, timeout: float = _TIMEOUT
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tenure.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=_env() if env is None else env,
+    )
+
+
+def _spawn(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tenure.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+
+
+def _wait_for_pids(path: Path, proc: subprocess.Popen[str]) -> list[int]:
+    """The PIDs the command wrote to ``path`` (it writes them once it runs)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().endswith("\n"):
+            return [int(p) for p in path.read_text().split()]
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    raise AssertionError(f"the command never wrote {path}")
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie waiting for init to reap it counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+
+def _all_gone(pids: list[int], within: float = 2.0) -> bool:
+    deadline = time.monotonic() + within
+    while not all(_gone(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _status(c: LocalCluster, name: str) -> tuple[int, list[str]]:
+    result = _tenure("status", name, *_redis(c))
+    return result.returncode, result.stdout.splitlines()
+
+
+def _no_key_left(c: LocalCluster, name: str) -> bool:
+    key = f"tenure:{{{name}}}:lock"
+    for node in c:
+        with node.client() as r:
+            if r.exists(key):
+                return False
+    return True
+
+
+# --- the command's status, environment and arguments ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [("exit 0", 0), ("exit 7", 7), ("exit 255", 255), ("kill -TERM $$", 128 + 15)],
+)
+def test_exit_status_is_passed_through(
+    cluster: LocalCluster, key: str, script: str, expected: int
+) -> None:
+    result = _tenure("run", key, *_redis(cluster), "--", "sh", "-c", script)
+    assert result.returncode == expected, result.stderr
+    assert result.stderr == ""
+    assert _no_key_left(cluster, key)  # released
+
+
+def test_env_has_token_and_name_and_tokens_increase(cluster: LocalCluster, key: str) -> None:
+    script = 'echo "$TENURE_FENCING_TOKEN $TENURE_LOCK_NAME"'
+    first = _tenure("run", key, *_redis(cluster), "--", "sh", "-c", script)
+    # The second run takes its nodes from $TENURE_REDIS instead of --redis.
+    second = _tenure(
+        "run", key, "--", "sh", "-c", script, env=_env(TENURE_REDIS=",".join(cluster.urls))
+    )
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    token1, name1 = first.stdout.split()
+    token2, name2 = second.stdout.split()
+    assert name1 == name2 == key
+    assert int(token2) > int(token1) > 0
+
+
+def test_everything_after_double_dash_is_the_commands(cluster: LocalCluster, key: str) -> None:
+    script = 'printf "%s|" "$@"'
+    result = _tenure(
+        "run", key, *_redis(cluster), "--ttl", "5", "--", "sh", "-c", script, "sh",
+        "--ttl", "x", "--", "--no-wait",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "--ttl|x|--|--no-wait|"
+
+
+def test_command_not_found_is_127_and_releases(cluster: LocalCluster, key: str) -> None:
+    result = _tenure("run", key, *_redis(cluster), "--", "/nonexistent/tenure-test-command")
+    assert result.returncode == 127
+    assert "not found" in result.stderr
+    assert _no_key_left(cluster, key)
+
+
+# --- not acquired ---------------------------------------------------------------------
+
+
+def test_no_wait_while_held_exits_75_at_once(
+    cluster: LocalCluster, key: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    with tenure.Client(cluster.urls) as client, client.lock(key, ttl=10):
+        started = time.monotonic()
+        result = _tenure(
+            "run", key, *_redis(cluster), "--no-wait", "--", "sh", "-c", f"touch {marker}"
+        )
+        elapsed = time.monotonic() - started
+        waited = _tenure(
+            "run", key, *_redis(cluster), "--wait", "0.3", "--", "sh", "-c", f"touch {marker}"
+        )
+    assert result.returncode == EXIT_NOT_ACQUIRED == 75, result.stderr
+    assert "held by another client" in result.stderr
+    assert elapsed < 3  # interpreter start-up plus one round trip; no waiting
+    assert waited.returncode == 75, waited.stderr
+    assert "timeout=0.3" in waited.stderr
+    assert not marker.exists()  # the command never ran
+
+
+def test_sigint_while_waiting_exits_130_without_running(
+    cluster: LocalCluster, key: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    with tenure.Client(cluster.urls) as client, client.lock(key, ttl=10):
+        proc = _spawn("run", key, *_redis(cluster), "--", "sh", "-c", f"touch {marker}")
+        time.sleep(1.0)  # started and waiting for the lock
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=_TIMEOUT)
+    assert proc.returncode == 130, err
+    assert not marker.exists()
+
+
+# --- losing the lease -----------------------------------------------------------------
+
+
+def test_lost_lease_kills_the_command_group_and_exits_79(
+    faulty: LocalCluster, key: str, tmp_path: Path
+) -> None:
+    pids = tmp_path / "pids"
+    # Ignores SIGTERM (and so does its background child, which inherits that), so only the
+    # SIGKILL escalation after --grace can stop them.
+    script = f'trap "" TERM; sleep 30 & echo $$ $! > {pids}; wait; wait'
+    ttl, grace = 1.0, 0.5
+    proc = _spawn(
+        "run", key, *_redis(faulty), "--ttl", str(ttl), "--grace", str(grace),
+        "--", "sh", "-c", script,
+    )  # fmt: skip
+    try:
+        shell, sleeper = _wait_for_pids(pids, proc)
+        started = time.monotonic()
+        faulty[0].kill()
+        faulty[1].kill()
+        _, err = proc.communicate(timeout=_TIMEOUT)
+        elapsed = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == EXIT_LOST == 79, err
+    # Found at the next extension (TTL/3 at most), then SIGTERM, --grace, SIGKILL.
+    assert elapsed < ttl / 3 + grace + 1.5, elapsed
+    assert elapsed >= grace  # it did wait the grace before SIGKILL
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "extend failed" in lines[0]
+    assert "terminating the command" in lines[0]
+    assert _all_gone([shell, sleeper]), "the command outlived its lease"
+
+    # tenure status: the dead nodes say so, and without a majority it exits 69.
+    code, out = _status(faulty, key)
+    assert code == EXIT_UNAVAILABLE == 69
+    assert [line.split()[1] for line in out] == ["unreachable:", "unreachable:", "free"]
+    # And tenure run refuses at once.
+    refused = _tenure("run", key, *_redis(faulty), "--", "true")
+    assert refused.returncode == 69, refused.stderr
+    assert "unreachable" in refused.stderr
+
+
+def test_max_hold_ends_the_command(cluster: LocalCluster, key: str) -> None:
+    started = time.monotonic()
+    result = _tenure(
+        "run", key, *_redis(cluster), "--ttl", "0.6", "--max-hold", "1", "--grace", "0.2",
+        "--", "sleep", "20",
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert result.returncode == 79, result.stderr
+    assert "max_hold" in result.stderr
+    assert elapsed < 5
+
+
+def test_nodes_lost_after_the_command_ended_is_a_warning(faulty: LocalCluster, key: str) -> None:
+    # The command itself crashes a majority of nodes, then exits 0 at once: it ended well
+    # within the lease's validity, so its status stands; the failed release is a warning.
+    pids = " ".join(str(faulty[i].pid) for i in (0, 1))
+    result = _tenure("run", key, *_redis(faulty), "--", "sh", "-c", f"kill -9 {pids}; exit 0")
+    assert result.returncode == 0, result.stderr
+    assert "warning" in result.stderr
+    assert "release confirmed by only" in result.stderr
+
+
+# --- signals to tenure run itself -----------------------------------------------------
+
+
+def test_sigterm_is_forwarded_waited_for_and_released(
+    cluster: LocalCluster, key: str, tmp_path: Path
+) -> None:
+    pids, seen = tmp_path / "pids", tmp_path / "seen"
+    script = f'trap "echo TERM > {seen}; exit 3" TERM; echo $$ > {pids}; sleep 30 & wait'
+    proc = _spawn("run", key, *_redis(cluster), "--", "sh", "-c", script)
+    try:
+        [shell] = _wait_for_pids(pids, proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM == 143, err
+    assert seen.read_text() == "TERM\n"  # the command got it, exactly once
+    assert _all_gone([shell])
+    assert _no_key_left(cluster, key)
+
+
+# --- tenure status --------------------------------------------------------------------
+
+
+def test_status_shows_holder_and_counter_then_free(cluster: LocalCluster, key: str) -> None:
+    with tenure.Client(cluster.urls) as client:
+        lease = client.acquire(key, ttl=10)
+        code, held = _status(cluster, key)
+        lease.release()
+    code_after, free = _status(cluster, key)
+    assert code == code_after == 0
+    assert len(held) == len(free) == 3
+    for url, line in zip(cluster.urls, held, strict=True):
+        fields = line.split()
+        assert fields[0] == url
+        assert fields[1] == "held"
+        assert f"token={lease.token[:8]}" in fields
+        assert f"fence={lease.fencing_token}" in fields
+        assert "warm=-" in fields
+        pttl = re.search(r"pttl=(\d+)ms", line)
+        assert pttl is not None
+        assert 0 < int(pttl.group(1)) <= 10_000
+    for line in free:
+        fields = line.split()
+        assert fields[1] == "free"
+        assert "token=-" in fields
+        assert f"fence={lease.fencing_token}" in fields  # the counter outlives the lock
+
+
+def test_status_of_a_lock_never_used(cluster: LocalCluster, key: str) -> None:
+    code, lines = _status(cluster, key)
+    assert code == 0
+    assert all(line.split()[1:] == ["free", "token=-", "pttl=-", "fence=-", "warm=-"]
+               for line in lines)  # fmt: skip
+
+
+# --- usage errors ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["run", "status"])
+def test_no_nodes_is_a_usage_error_naming_redis(command: str) -> None:
+    args = [command, "some-lock"] + (["--", "true"] if command == "run" else [])
+    result = _tenure(*args)
+    assert result.returncode == 2
+    assert "--redis" in result.stderr
+    assert "TENURE_REDIS" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "x", "--redis", "redis://127.0.0.1:1"],  # no command
+        ["run", "x", "--wait", "1", "--no-wait", "--redis", "redis://127.0.0.1:1", "--", "true"],
+        ["run", "x", "--ttl", "0", "--redis", "redis://127.0.0.1:1", "--", "true"],
+        ["run", "x", "--redis", "http://127.0.0.1:1", "--", "true"],
+        ["demo", "--", "true"],  # only run takes a command
+    ],
+)
+def test_bad_usage_exits_2(args: list[str]) -> None:
+    result = _tenure(*args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
