@@ -13,7 +13,9 @@ parameter, no redis-server, a node that would not start), 130 interrupted by Ctr
 ``tenure run`` passes its command's status through and adds 69 (nodes unreachable), 75
 (lock held elsewhere), 79 (lease lost while the command ran), 126/127 (cannot execute /
 not found) and 128+N (got signal N); ``tenure status`` exits 69 when fewer than a
-majority of nodes answered. See ``tenure.run`` for the details.
+majority of nodes answered. See ``tenure.run`` for the details. ``tenure check`` exits 0
+(all OK), 1 (warnings only), 3 (something UNSAFE) or 69 (a majority unreachable); see
+``tenure.check``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 from . import __version__
 from ._errors import TenureError
+from .check import CHECK_EXIT_CODES, check
 from .run import RUN_EXIT_CODES, RunOptions, nodes_from, run, status
 
 __all__ = ["main"]
@@ -243,6 +246,54 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return status(args.name, nodes_from(args.redis), node_timeout=args.node_timeout)
 
 
+# --- check ----------------------------------------------------------------------------
+
+
+def _add_check(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "check",
+        help="inspect the lock nodes: what threatens the lock's safety",
+        description=(
+            "Read every node's persistence, eviction policy, role, replication IDs, uptime, "
+            "version and ACL permissions, and say per node what threatens the lock's "
+            "safety: one row per node and check (OK, WARN or UNSAFE) and a summary line."
+        ),
+        epilog=CHECK_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_nodes_option(p)
+    p.add_argument(
+        "--max-ttl",
+        type=_positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="the longest lease TTL your clients use (their max_ttl); a node started "
+        "less than this long ago is reported (default 60)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the findings as a JSON list of {node, check, level, detail}",
+    )
+    p.add_argument(
+        "--node-timeout",
+        type=_positive_float,
+        default=1.0,
+        metavar="SECONDS",
+        help="wait at most this long for each node's reply (default 1)",
+    )
+    p.set_defaults(handler=_cmd_check)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    return check(
+        nodes_from(args.redis),
+        max_ttl=args.max_ttl,
+        node_timeout=args.node_timeout,
+        as_json=args.json,
+    )
+
+
 # --- helpers --------------------------------------------------------------------------
 
 
@@ -250,6 +301,7 @@ _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]
     _add_demo,
     _add_run,
     _add_status,
+    _add_check,
 ]
 
 

@@ -76,7 +76,9 @@ _WATCHED: weakref.WeakSet[Lease] = weakref.WeakSet()
 def _disown_after_fork() -> None:
     for lease in list(_WATCHED):
         lease._mark_lost(
-            LeaseLost(lease.name, "this process is a fork of the holder; the lease is the parent's"),
+            LeaseLost(
+                lease.name, "this process is a fork of the holder; the lease is the parent's"
+            ),
             notify=False,
         )
     _WATCHED.clear()

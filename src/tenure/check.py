@@ -1,0 +1,867 @@
+"""``tenure check``: inspect the lock nodes and say what threatens the lock's safety.
+
+``tenure check [--redis URL ...] [--max-ttl SECONDS] [--json]``
+
+Every node is read in parallel with a plain redis-py client (the same connection options
+as ``tenure status``: no retries, RESP2, short timeouts). One pipelined round reads
+``INFO``, ``CONFIG GET`` of the settings below and ``ACL WHOAMI``; a second checks that
+the node lets tenure run its commands (``ACL DRYRUN`` on Redis >= 7 where permitted,
+otherwise the real, harmless operations on the probe key ``tenure:{check}:probe``, which
+expires after 2 s even if it cannot be deleted). Nothing else is written.
+
+The module has two halves. *Gathering* (:func:`gather`) turns a node into a
+:class:`NodeFacts` of plain strings and dicts. *Evaluation* (:func:`evaluate` and the
+``check_*`` functions) is pure: facts in, :class:`Finding` s out, so every rule below is
+unit-tested without a server.
+
+Levels
+------
+======= =================================================================================
+OK      nothing found that threatens safety.
+WARN    safe only under an assumption that the detail states (the host does not crash
+        and come back at once, memory never runs short, ...), or something that could not
+        be checked (a command not permitted, an unknown server), or a risk to liveness.
+UNSAFE  mutual exclusion or fencing can break through an ordinary event (a process
+        crash, memory pressure, a failover), or tenure cannot work on the node at all
+        (unreachable, commands refused by ACL): do not use the node as it is.
+======= =================================================================================
+
+The checks
+----------
+``persistence``
+    ``appendonly yes`` + ``appendfsync always``: OK. ``everysec`` (or ``no``): WARN, a
+    crash of the *host* loses the last second (or ~30 s) of acknowledged writes. No AOF
+    and no RDB (``save ""``): WARN, a restart comes back empty, which tenure detects (no
+    fencing counter) and answers with a ``max_ttl`` warm-up (docs/fencing.md). No AOF
+    but RDB snapshots: UNSAFE, a crash restarts from an old snapshot whose older
+    counters tenure cannot tell from current ones, so grants made since are forgotten
+    unnoticed (R8).
+``eviction``
+    ``noeviction``: OK. ``volatile-*``: WARN, lock keys (and warm-up markers) have a TTL
+    and can be evicted under memory pressure; fencing counters have none and cannot.
+    ``allkeys-*``: UNSAFE, lock keys and counters can go (WARN while ``maxmemory`` is 0,
+    since nothing is evicted until a limit is set).
+``role``
+    A replica: UNSAFE. A master with replicas, or a Redis Cluster node: WARN (failover to
+    an async replica can lose grants, R9). A master alone: OK.
+``independent``
+    Two entries with the same ``run_id`` (the same server listed twice) or the same
+    ``master_replid`` (one replication set): UNSAFE, their votes are not independent.
+``uptime``
+    Started less than ``--max-ttl`` ago: WARN, unless AOF with ``appendfsync always``
+    brought its data back (OK).
+``server``
+    ``redis_version`` < 2.6.12 (no ``SET ... PX``, no Lua): UNSAFE; < 6.2: WARN
+    (untested); not Redis (no ``redis_version``, or a fork such as Valkey or Dragonfly):
+    WARN (untested).
+``acl``
+    The user may not run ``EVAL``, ``EXISTS``, or one of ``GET``, ``SET``, ``PEXPIRE``,
+    ``PTTL``, ``EXISTS``, ``DEL`` inside scripts, on ``tenure:*`` keys: UNSAFE, with
+    Redis's message.
+``reachable``
+    Unreachable, or the login failed: UNSAFE, and nothing else is checked on that node.
+
+Commands that are not permitted degrade one check to WARN ("cannot read persistence
+settings (CONFIG not permitted)") instead of failing the run; ``INFO memory`` stands in
+for ``CONFIG GET maxmemory-policy`` where it can.
+
+Exit codes
+----------
+== ======================================================================================
+0  every finding is OK
+1  warnings, nothing UNSAFE
+2  usage error (no nodes, a malformed URL or option)
+3  at least one UNSAFE finding
+69 fewer than a majority of the nodes answered (EX_UNAVAILABLE, as ``tenure status``)
+== ======================================================================================
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TextIO
+from urllib.parse import unquote, urlsplit
+
+import redis
+
+from ._core.config import NodeAddress, parse_node_url
+from ._core.quorum import majority
+from ._errors import ConfigurationError
+from ._redis_compat import connection_kwargs
+
+__all__ = [
+    "CHECK_EXIT_CODES",
+    "EXIT_OK",
+    "EXIT_UNAVAILABLE",
+    "EXIT_UNSAFE",
+    "EXIT_WARN",
+    "PROBE_KEY",
+    "Finding",
+    "Level",
+    "NodeFacts",
+    "check",
+    "check_access",
+    "check_eviction",
+    "check_independence",
+    "check_persistence",
+    "check_role",
+    "check_server",
+    "check_uptime",
+    "evaluate",
+    "exit_code",
+    "gather",
+]
+
+EXIT_OK = 0
+EXIT_WARN = 1
+EXIT_UNSAFE = 3
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE (sysexits.h), as tenure status and tenure run
+
+# For --help (kept next to the codes so the two cannot drift apart).
+CHECK_EXIT_CODES = """\
+levels:
+  OK      nothing found that threatens safety
+  WARN    safe only under a stated assumption, or could not be checked
+  UNSAFE  mutual exclusion or fencing can break, or tenure cannot work on the node
+
+exit codes:
+  0   every finding is OK
+  1   warnings, nothing UNSAFE
+  2   usage error (no --redis/TENURE_REDIS, bad option or URL)
+  3   at least one UNSAFE finding
+  69  fewer than a majority of the nodes answered
+
+The checks write nothing but the probe key tenure:{check}:probe (2 s TTL, deleted at
+once), and only where ACL DRYRUN cannot answer. See docs/fencing.md.
+"""
+
+PROBE_KEY = "tenure:{check}:probe"
+_PROBE_TTL_MS = 2000
+_DEFAULT_MAX_TTL = 60.0
+
+# What CONFIG GET reads (one pattern per call: Redis < 7 takes only one).
+CONFIG_KEYS = (
+    "appendonly",
+    "appendfsync",
+    "save",
+    "maxmemory-policy",
+    "maxmemory",
+    "replica-read-only",
+)
+
+# The commands tenure's scripts run on a lock node (acquire, extend, release, seed).
+SCRIPT_COMMANDS = ("SET", "GET", "PTTL", "PEXPIRE", "EXISTS", "DEL")
+
+# Runs each command a lock script needs on the probe key and reports, per command, "OK"
+# or the error (an ACL refusal is an error reply that pcall catches, in 6.2 and 7 alike).
+_PROBE_SCRIPT = """\
+local calls = {
+  {"SET", KEYS[1], "probe", "PX", ARGV[1]},
+  {"GET", KEYS[1]},
+  {"PTTL", KEYS[1]},
+  {"PEXPIRE", KEYS[1], ARGV[1]},
+  {"EXISTS", KEYS[1]},
+  {"DEL", KEYS[1]},
+}
+local out = {}
+for i, call in ipairs(calls) do
+  local reply = redis.pcall(unpack(call))
+  if type(reply) == "table" and reply.err then
+    out[i] = reply.err
+  else
+    out[i] = "OK"
+  end
+end
+return out
+"""
+
+_DATA_LOSS_NOTE = (
+    "a node that comes back empty is detected (no fencing counter) and kept out for "
+    "max_ttl per lock; one that comes back with older data is not (docs/fencing.md)"
+)
+
+
+class Level(enum.Enum):
+    """How bad a finding is; see the module docstring."""
+
+    OK = "OK"
+    WARN = "WARN"
+    UNSAFE = "UNSAFE"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+
+_RANK = {Level.OK: 0, Level.WARN: 1, Level.UNSAFE: 2}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of the report: what ``check`` found on ``node``."""
+
+    node: str
+    check: str
+    level: Level
+    detail: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "node": self.node,
+            "check": self.check,
+            "level": self.level.value,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class NodeFacts:
+    """What was read from one node, as plain strings (the input of the evaluation).
+
+    Attributes:
+        node: the node's URL without credentials.
+        error: why the node could not be read at all (unreachable, login failed), or
+            ``None``; when set, nothing else was gathered.
+        info: ``INFO`` (default sections), every value as text; ``None`` if refused.
+        info_error: why ``info`` is missing (e.g. "INFO not permitted").
+        config: ``CONFIG GET`` results for :data:`CONFIG_KEYS` (absent keys: unknown).
+        config_error: why ``config`` is missing or partial (e.g. "CONFIG not permitted").
+        user: the ACL user (``ACL WHOAMI``, else the URL's, else ``None``).
+        access: what was tried (``"EVAL"``, ``"EXISTS"``, ``"SET in scripts"``, ...) ->
+            ``None`` if allowed, else the refusal or error text; ``None`` if not checked.
+        access_method: ``"ACL DRYRUN"`` or ``"probe"``.
+        access_error: why the access check could not run, if it could not.
+    """
+
+    node: str
+    error: str | None = None
+    info: dict[str, str] | None = None
+    info_error: str | None = None
+    config: dict[str, str] | None = None
+    config_error: str | None = None
+    user: str | None = None
+    access: dict[str, str | None] | None = None
+    access_method: str | None = None
+    access_error: str | None = None
+
+
+# --- evaluation (pure) ------------------------------------------------------------------
+
+
+def evaluate(nodes: Sequence[NodeFacts], max_ttl: float = _DEFAULT_MAX_TTL) -> list[Finding]:
+    """Every finding for ``nodes``, node by node in the given order, checks in a fixed order."""
+    independence = _independence(nodes)
+    findings: list[Finding] = []
+    for facts, independent in zip(nodes, independence, strict=True):
+        if facts.error is not None:
+            findings.append(Finding(facts.node, "reachable", Level.UNSAFE, facts.error))
+            continue
+        findings += [
+            check_server(facts),
+            check_role(facts),
+            check_persistence(facts),
+            check_eviction(facts),
+            check_uptime(facts, max_ttl),
+        ]
+        if independent is not None:
+            findings.append(independent)
+        findings += check_access(facts)
+    return findings
+
+
+def exit_code(nodes: Sequence[NodeFacts], findings: Iterable[Finding]) -> int:
+    """69 if fewer than a majority answered, else 3 (UNSAFE), 1 (WARN) or 0."""
+    answered = sum(1 for f in nodes if f.error is None)
+    if nodes and answered < majority(len(nodes)):
+        return EXIT_UNAVAILABLE
+    worst = max((f.level.rank for f in findings), default=0)
+    return {0: EXIT_OK, 1: EXIT_WARN, 2: EXIT_UNSAFE}[worst]
+
+
+def check_server(facts: NodeFacts) -> Finding:
+    """Which server this is, and whether tenure can work on (and was tested with) it."""
+    info = facts.info
+    if info is None:
+        return _cannot(facts, "server", "server version", facts.info_error, "INFO")
+    version = info.get("redis_version")
+    if version is None:
+        server = info.get("server_name") or info.get("server") or "unknown"
+        return Finding(
+            facts.node,
+            "server",
+            Level.WARN,
+            f"not Redis? INFO has no redis_version (server: {server}); tenure is tested on "
+            "Redis only",
+        )
+    for fork, key in (("Valkey", "valkey_version"), ("Dragonfly", "dragonfly_version")):
+        if key in info:
+            return Finding(
+                facts.node,
+                "server",
+                Level.WARN,
+                f"not Redis: {fork} {info[key]} (reports redis_version {version}); tenure is "
+                "tested on Redis only",
+            )
+    parsed = _version(version)
+    if parsed < (2, 6, 12):
+        return Finding(
+            facts.node,
+            "server",
+            Level.UNSAFE,
+            f"Redis {version}: older than 2.6.12, which brought SET ... NX PX (Lua scripts "
+            "came in 2.6.0); tenure cannot lock here",
+        )
+    if parsed < (6, 2):
+        return Finding(
+            facts.node,
+            "server",
+            Level.WARN,
+            f"Redis {version}: older than 6.2, untested by tenure",
+        )
+    return Finding(facts.node, "server", Level.OK, f"Redis {version}")
+
+
+def check_role(facts: NodeFacts) -> Finding:
+    """A lock node must be a master of its own, without replicas that could take over."""
+    info = facts.info
+    if info is None:
+        return _cannot(facts, "role", "role", facts.info_error, "INFO")
+    role = info.get("role")
+    if role in ("slave", "replica"):
+        master = f"{info.get('master_host', '?')}:{info.get('master_port', '?')}"
+        link = info.get("master_link_status", "?")
+        read_only = (facts.config or {}).get("replica-read-only")
+        writes = (
+            "writes to it are lost at the next resync (replica-read-only no)"
+            if read_only == "no"
+            else "writes to it fail (READONLY)"
+        )
+        return Finding(
+            facts.node,
+            "role",
+            Level.UNSAFE,
+            f"a replica of {master} (link {link}): a lock node must be an independent "
+            f"master; {writes}",
+        )
+    if role != "master":
+        return Finding(facts.node, "role", Level.WARN, f"unknown role {role!r}")
+    if info.get("cluster_enabled") == "1":
+        return Finding(
+            facts.node,
+            "role",
+            Level.WARN,
+            "a Redis Cluster node: the cluster fails a master over to an async replica, "
+            "which can lose grants (R9); use independent masters, not a cluster",
+        )
+    replicas = _int(info.get("connected_slaves"), 0)
+    if replicas > 0:
+        where = [
+            _replica_address(info[f"slave{i}"]) for i in range(replicas) if f"slave{i}" in info
+        ]
+        listed = f" ({', '.join(where)})" if where else ""
+        return Finding(
+            facts.node,
+            "role",
+            Level.WARN,
+            f"a master with {replicas} connected replica(s){listed}: failing over to an "
+            "async replica can lose grants (R9); Redlock wants independent masters without "
+            "failover",
+        )
+    return Finding(facts.node, "role", Level.OK, "master, no replicas")
+
+
+def check_persistence(facts: NodeFacts) -> Finding:
+    """What survives a crash: decides whether a restart can forget grants unnoticed (R8)."""
+    config = facts.config or {}
+    appendonly = config.get("appendonly")
+    if appendonly is None:
+        reason = facts.config_error or "CONFIG GET appendonly answered nothing"
+        detail = f"cannot read persistence settings ({reason})"
+        aof = (facts.info or {}).get("aof_enabled")
+        if aof is not None:
+            detail += f"; INFO says AOF is {'on' if aof == '1' else 'off'}"
+        return Finding(facts.node, "persistence", Level.WARN, detail)
+    if appendonly.lower() == "yes":
+        fsync = config.get("appendfsync", "?").lower()
+        if fsync == "always":
+            return Finding(
+                facts.node,
+                "persistence",
+                Level.OK,
+                "appendonly yes, appendfsync always: a grant is on disk before it is acknowledged",
+            )
+        window = {"everysec": "~1 s", "no": "~30 s (kernel writeback)"}.get(fsync)
+        if window is None:
+            return Finding(
+                facts.node, "persistence", Level.WARN, f"appendonly yes, appendfsync {fsync}?"
+            )
+        return Finding(
+            facts.node,
+            "persistence",
+            Level.WARN,
+            f"appendonly yes, appendfsync {fsync}: a crash of the host (not of redis-server "
+            f"alone) loses up to {window} of acknowledged grants. tenure's data-loss "
+            "detection and max_ttl warm-up cover a node that lost a lock's fencing counter, "
+            "not one that kept an older counter, so after a host crash keep the node out for "
+            "max_ttl before restarting it (R8), or use appendfsync always",
+        )
+    save = config.get("save")
+    if save is not None and save.strip() not in ("", '""'):
+        return Finding(
+            facts.node,
+            "persistence",
+            Level.UNSAFE,
+            f"appendonly no with RDB snapshots (save {save}): a crash restarts from the last "
+            "snapshot, missing the grants made since but with older fencing counters, which "
+            "tenure cannot tell from a healthy node, so a second client can win a majority "
+            '(R8). Use appendonly yes + appendfsync always, or no persistence (save "") so '
+            "that a restart comes back empty and is detected",
+        )
+    snapshots = "save unknown" if save is None else 'save ""'
+    return Finding(
+        facts.node,
+        "persistence",
+        Level.WARN,
+        f"no AOF (appendonly no, {snapshots}): a restart comes back without data; tenure "
+        "keeps the node out for max_ttl after it notices; see docs/fencing.md. Safe while "
+        "fewer than a majority of the nodes lose their data within max_ttl; appendonly yes "
+        "+ appendfsync always avoids the warm-up",
+    )
+
+
+def check_eviction(facts: NodeFacts) -> Finding:
+    """Whether Redis may evict lock keys or fencing counters under memory pressure."""
+    config = facts.config or {}
+    info = facts.info or {}
+    policy = config.get("maxmemory-policy") or info.get("maxmemory_policy")
+    if policy is None:
+        reason = facts.config_error or "CONFIG GET maxmemory-policy answered nothing"
+        return Finding(
+            facts.node, "eviction", Level.WARN, f"cannot read maxmemory-policy ({reason})"
+        )
+    maxmemory = config.get("maxmemory") or info.get("maxmemory")
+    unlimited = maxmemory == "0"
+    limit = " (maxmemory 0: no limit, so nothing is evicted until one is set)" if unlimited else ""
+    if policy == "noeviction":
+        return Finding(
+            facts.node,
+            "eviction",
+            Level.OK,
+            "noeviction: keys are never evicted (a full node refuses writes instead)",
+        )
+    if policy.startswith("volatile-"):
+        return Finding(
+            facts.node,
+            "eviction",
+            Level.WARN,
+            f"{policy}: under memory pressure Redis evicts keys that have a TTL, which "
+            "includes lock keys (a lost lock key lets a second client in: mutual exclusion "
+            "breaks) and warm-up markers; fencing counters have no TTL and are kept. Use "
+            f"noeviction{limit}",
+        )
+    if policy.startswith("allkeys-"):
+        return Finding(
+            facts.node,
+            "eviction",
+            Level.WARN if unlimited else Level.UNSAFE,
+            f"{policy}: under memory pressure Redis evicts any key, lock keys and fencing "
+            f"counters included (mutual exclusion and fencing break). Use noeviction{limit}",
+        )
+    return Finding(facts.node, "eviction", Level.WARN, f"unknown maxmemory-policy {policy!r}")
+
+
+def check_uptime(facts: NodeFacts, max_ttl: float) -> Finding:
+    """A node (re)started within ``max_ttl`` may have forgotten leases that are still valid."""
+    info = facts.info
+    if info is None:
+        return _cannot(facts, "uptime", "uptime", facts.info_error, "INFO")
+    uptime = _int(info.get("uptime_in_seconds"), -1)
+    if uptime < 0:
+        return Finding(facts.node, "uptime", Level.WARN, "INFO has no uptime_in_seconds")
+    if uptime >= max_ttl:
+        return Finding(facts.node, "uptime", Level.OK, f"up {_duration(uptime)}")
+    config = facts.config or {}
+    if config.get("appendonly") == "yes" and config.get("appendfsync") == "always":
+        return Finding(
+            facts.node,
+            "uptime",
+            Level.OK,
+            f"started {uptime} s ago (less than max_ttl {max_ttl:g} s), with AOF fsync'd "
+            "on every write: it came back with all its data",
+        )
+    return Finding(
+        facts.node,
+        "uptime",
+        Level.WARN,
+        f"(re)started {uptime} s ago (less than max_ttl {max_ttl:g} s): leases it granted "
+        f"before may still be valid; {_DATA_LOSS_NOTE}",
+    )
+
+
+def check_independence(nodes: Sequence[NodeFacts]) -> list[Finding]:
+    """Whether the nodes are independent servers: no ``run_id`` or ``master_replid`` twice."""
+    return [f for f in _independence(nodes) if f is not None]
+
+
+def _independence(nodes: Sequence[NodeFacts]) -> list[Finding | None]:
+    """One finding per node (``None``: not checkable or alone), in the order of ``nodes``."""
+    readable = [f for f in nodes if f.error is None and f.info is not None]
+    by_run: dict[str, list[NodeFacts]] = {}
+    by_set: dict[str, list[NodeFacts]] = {}
+    for facts in readable:
+        info = facts.info or {}
+        if run_id := info.get("run_id"):
+            by_run.setdefault(run_id, []).append(facts)
+        if replid := info.get("master_replid"):
+            by_set.setdefault(replid, []).append(facts)
+    findings: list[Finding | None] = []
+    for facts in nodes:
+        if facts.error is not None or facts.info is None or len(nodes) < 2:
+            findings.append(None)
+            continue
+        info = facts.info or {}
+        run_id, replid = info.get("run_id", ""), info.get("master_replid", "")
+        twins = [o for o in by_run.get(run_id, []) if o is not facts]
+        kin = [
+            o for o in by_set.get(replid, []) if o is not facts and all(o is not t for t in twins)
+        ]
+        if twins:
+            finding = Finding(
+                facts.node,
+                "independent",
+                Level.UNSAFE,
+                f"the same server as {', '.join(o.node for o in twins)} (run_id "
+                f"{run_id[:8]}...): one server counted as several votes, so its crash or data "
+                "loss costs them all at once",
+            )
+        elif kin:
+            finding = Finding(
+                facts.node,
+                "independent",
+                Level.UNSAFE,
+                f"one replication set with {', '.join(o.node for o in kin)} (master_replid "
+                f"{replid[:8]}...): not independent masters; replication copies grants "
+                "between them and a failover can lose them (R9)",
+            )
+        elif not run_id:
+            finding = Finding(facts.node, "independent", Level.WARN, "INFO has no run_id")
+        else:
+            finding = Finding(
+                facts.node,
+                "independent",
+                Level.OK,
+                "no other node shares its run_id or replication ID",
+            )
+        findings.append(finding)
+    return findings
+
+
+def check_access(facts: NodeFacts) -> list[Finding]:
+    """Whether the node's ACL lets tenure run its commands on ``tenure:*`` keys."""
+    who = f"user {facts.user!r}" if facts.user else "the user"
+    if facts.access is None:
+        if facts.access_error is None:
+            return []
+        return [
+            Finding(
+                facts.node,
+                "acl",
+                Level.WARN,
+                f"cannot check the permissions of {who}: {facts.access_error}",
+            )
+        ]
+    refused = {what: text for what, text in facts.access.items() if text and _denied(text)}
+    failed = {what: text for what, text in facts.access.items() if text and not _denied(text)}
+    method = facts.access_method or "probe"
+    if refused:
+        text = next(iter(refused.values()))
+        return [
+            Finding(
+                facts.node,
+                "acl",
+                Level.UNSAFE,
+                f"{who} may not run {', '.join(refused)} ({method}: {_first_line(text)}); "
+                "tenure cannot lock on this node",
+            )
+        ]
+    if failed:
+        text = next(iter(failed.values()))
+        return [
+            Finding(
+                facts.node,
+                "acl",
+                Level.WARN,
+                f"the {method} of {', '.join(failed)} failed: {_first_line(text)}",
+            )
+        ]
+    return [
+        Finding(
+            facts.node,
+            "acl",
+            Level.OK,
+            f"{who} may run EVAL ({', '.join(SCRIPT_COMMANDS)} in scripts) and EXISTS on "
+            f"tenure keys ({method})",
+        )
+    ]
+
+
+def _cannot(facts: NodeFacts, check: str, what: str, reason: str | None, command: str) -> Finding:
+    return Finding(
+        facts.node, check, Level.WARN, f"cannot read {what} ({reason or command + ' failed'})"
+    )
+
+
+def _denied(text: str) -> bool:
+    """Whether an error text (or an ACL DRYRUN answer) is an ACL refusal."""
+    lower = text.lower()
+    return lower.startswith("noperm") or any(
+        phrase in lower
+        for phrase in (
+            "no permissions",  # 6.2/7 replies and DRYRUN answers
+            "can't run this command",  # 6.2, a command refused inside a script
+            "can't access at least one of the keys",  # 6.2, a key refused inside a script
+        )
+    )
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in text.split("."):
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def _int(text: str | None, default: int) -> int:
+    try:
+        return int(text) if text is not None else default
+    except ValueError:
+        return default
+
+
+def _duration(seconds: int) -> str:
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    if seconds < 172800:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} days"
+
+
+def _replica_address(text: str) -> str:
+    fields = dict(part.partition("=")[::2] for part in text.split(","))
+    return f"{fields.get('ip', '?')}:{fields.get('port', '?')}"
+
+
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0] if lines else text
+
+
+# --- gathering ---------------------------------------------------------------------------
+
+
+def gather(address: NodeAddress, timeout: float) -> NodeFacts:
+    """Read one node (two pipelined rounds); never raises for the node's own failures."""
+    facts = NodeFacts(node=address.display)
+    options = connection_kwargs(timeout, asyncio=False, unix=address.scheme == "unix")
+    options["socket_timeout"] = timeout
+    client = redis.Redis.from_url(address.url, decode_responses=True, **options)
+    try:
+        try:
+            _read_state(client, facts)
+        except redis.AuthenticationError as exc:
+            facts.error = f"login failed: {_one_line(exc)}"
+        except redis.ResponseError as exc:  # e.g. SELECT refused while connecting
+            facts.error = f"connection set-up refused: {_one_line(exc)}"
+        except (redis.RedisError, OSError) as exc:
+            facts.error = f"unreachable: {_one_line(exc)}"
+        if facts.error is not None:
+            return facts
+        if facts.user is None:
+            facts.user = unquote(urlsplit(address.url).username or "") or None
+        try:
+            _read_access(client, facts)
+        except (redis.RedisError, OSError) as exc:
+            facts.access_error = _one_line(exc)
+    finally:
+        client.close()
+    return facts
+
+
+def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
+    with client.pipeline(transaction=False) as pipe:
+        pipe.info()
+        for key in CONFIG_KEYS:
+            pipe.config_get(key)
+        pipe.acl_whoami()
+        replies = pipe.execute(raise_on_error=False)
+    info, *configs, whoami = replies
+    if isinstance(info, redis.AuthenticationError):
+        raise info  # NOAUTH: a password is required
+    if isinstance(info, Exception):
+        facts.info_error = _refusal(info, "INFO")
+    else:
+        facts.info = _flatten(info)
+    config: dict[str, str] = {}
+    for key, reply in zip(CONFIG_KEYS, configs, strict=True):
+        if isinstance(reply, Exception):
+            facts.config_error = facts.config_error or _refusal(reply, "CONFIG")
+        elif isinstance(reply, dict) and key in reply:
+            config[key] = str(reply[key])
+    facts.config = config if config or facts.config_error is None else None
+    if not isinstance(whoami, Exception) and whoami:
+        facts.user = str(whoami)
+
+
+def _read_access(client: redis.Redis, facts: NodeFacts) -> None:
+    info = facts.info or {}
+    if info.get("role") in ("slave", "replica"):
+        return  # not probed (the probe writes); the role check already says UNSAFE
+    if _version(info.get("redis_version", "0")) >= (7,) and _dry_run(client, facts):
+        return
+    with client.pipeline(transaction=False) as pipe:
+        pipe.eval(_PROBE_SCRIPT, 1, PROBE_KEY, _PROBE_TTL_MS)
+        pipe.exists(PROBE_KEY)
+        script_reply, exists_reply = pipe.execute(raise_on_error=False)
+    access: dict[str, str | None] = {"EVAL": None}
+    access["EXISTS"] = _one_line(exists_reply) if isinstance(exists_reply, Exception) else None
+    if isinstance(script_reply, Exception):
+        access["EVAL"] = _one_line(script_reply)
+    elif isinstance(script_reply, list) and len(script_reply) == len(SCRIPT_COMMANDS):
+        for name, reply in zip(SCRIPT_COMMANDS, script_reply, strict=True):
+            access[f"{name} in scripts"] = None if reply == "OK" else str(reply)
+    else:
+        access["EVAL"] = f"unexpected reply to the probe script: {script_reply!r}"
+    facts.access = access
+    facts.access_method = "probe"
+
+
+def _dry_run(client: redis.Redis, facts: NodeFacts) -> bool:
+    """``ACL DRYRUN`` for every command (Redis >= 7); False if DRYRUN itself is refused."""
+    user = facts.user or "default"
+    key = PROBE_KEY
+    tries: list[tuple[str, tuple[str | int, ...]]] = [
+        ("EVAL", ("EVAL", "return 1", 1, key)),
+        ("EXISTS", ("EXISTS", key)),
+        ("SET in scripts", ("SET", key, "probe", "PX", _PROBE_TTL_MS)),
+        ("GET in scripts", ("GET", key)),
+        ("PTTL in scripts", ("PTTL", key)),
+        ("PEXPIRE in scripts", ("PEXPIRE", key, _PROBE_TTL_MS)),
+        ("EXISTS in scripts", ("EXISTS", key)),
+        ("DEL in scripts", ("DEL", key)),
+    ]
+    with client.pipeline(transaction=False) as pipe:
+        for _, command in tries:
+            pipe.acl_dryrun(user, *command)
+        replies = pipe.execute(raise_on_error=False)
+    if any(isinstance(r, Exception) for r in replies):
+        return False  # DRYRUN not permitted to this user: probe instead
+    facts.access = {
+        what: None if str(reply) == "OK" else str(reply)
+        for (what, _), reply in zip(tries, replies, strict=True)
+    }
+    facts.access_method = "ACL DRYRUN"
+    return True
+
+
+def _refusal(exc: Exception, command: str) -> str:
+    text = _one_line(exc)
+    if _denied(text):
+        return f"{command} not permitted"
+    return f"{command} failed: {text}"
+
+
+def _flatten(info: Mapping[str, Any]) -> dict[str, str]:
+    """redis-py's parsed INFO, back to text (``slave0`` and friends: ``k=v,k=v``)."""
+    flat: dict[str, str] = {}
+    for key, value in info.items():
+        if isinstance(value, dict):
+            flat[key] = ",".join(f"{k}={v}" for k, v in value.items())
+        else:
+            flat[key] = str(value)
+    return flat
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+# --- the command -------------------------------------------------------------------------
+
+
+def check(
+    nodes: Sequence[str],
+    *,
+    max_ttl: float = _DEFAULT_MAX_TTL,
+    node_timeout: float = 1.0,
+    as_json: bool = False,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Inspect ``nodes``, print the findings (a table, or JSON), return the exit code.
+
+    Raises:
+        ConfigurationError: no nodes, or a malformed URL.
+    """
+    stdout = sys.stdout if out is None else out
+    stderr = sys.stderr if err is None else err
+    if not nodes:
+        raise ConfigurationError("--redis", "no Redis nodes given")
+    addresses = [parse_node_url(url, f"--redis[{i}]") for i, url in enumerate(nodes)]
+    with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
+        facts = list(pool.map(lambda a: gather(a, node_timeout), addresses))
+    findings = evaluate(facts, max_ttl)
+    code = exit_code(facts, findings)
+    if as_json:
+        json.dump([f.as_dict() for f in findings], stdout, indent=2)
+        stdout.write("\n")
+    else:
+        _print_table(findings, stdout)
+        print(_summary(facts, findings, code), file=stdout)
+    stdout.flush()
+    if code == EXIT_UNAVAILABLE:
+        answered = sum(1 for f in facts if f.error is None)
+        print(
+            f"tenure check: only {answered} of {len(facts)} nodes answered; "
+            f"a majority is {majority(len(facts))}",
+            file=stderr,
+            flush=True,
+        )
+    return code
+
+
+def _print_table(findings: Sequence[Finding], out: TextIO) -> None:
+    header = ("NODE", "CHECK", "LEVEL", "DETAIL")
+    rows = [(f.node, f.check, f.level.value, f.detail) for f in findings]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(3)]
+    for row in [header, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[3]]), file=out)
+
+
+def _summary(facts: Sequence[NodeFacts], findings: Sequence[Finding], code: int) -> str:
+    counts = {level: sum(1 for f in findings if f.level is level) for level in Level}
+    verdict = {
+        EXIT_OK: "all OK",
+        EXIT_WARN: "warnings",
+        EXIT_UNSAFE: "UNSAFE",
+        EXIT_UNAVAILABLE: "a majority of the nodes is unreachable",
+    }[code]
+    return (
+        f"tenure check: {len(facts)} node(s), {counts[Level.OK]} OK, "
+        f"{counts[Level.WARN]} WARN, {counts[Level.UNSAFE]} UNSAFE: {verdict} (exit {code})"
+    )

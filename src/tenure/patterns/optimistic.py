@@ -1,0 +1,624 @@
+"""Optimistic concurrency: read, compute, write only if nothing changed meanwhile (R13).
+
+Theory of operation
+-------------------
+
+A lock makes writers wait *before* they read. Optimistic concurrency lets them all read
+and compute at once, and checks at write time that what they read is still current; the
+losers of a race find out, throw their work away, and start again from a fresh read::
+
+    client A  read stock=5 ........ write 4 if still 5 -> ok
+    client B  read stock=5 ..... write 4 if still 5 --------> conflict: re-read 4, write 3
+
+No update is lost, nobody holds anything while paused, and there is no lease to expire
+under a slow client. The price is wasted work under contention, so every retry here waits
+a random, growing delay (full jitter, :mod:`tenure._core.policy`), and the number of
+attempts is **bounded**: when it runs out, :class:`ConflictError` says so. Nothing here
+retries forever, and no other error is retried or swallowed.
+
+Two back-ends, one retry loop:
+
+* **Redis** (:func:`optimistic`, :func:`aoptimistic`): ``WATCH`` the keys, read them (one
+  ``MGET``, plus any reads ``fn`` makes through the watched connection), let ``fn`` turn
+  what it read into a :class:`Plan` (its writes and its result), and queue the writes in
+  ``MULTI``/``EXEC``. Redis runs ``EXEC`` only if no watched key was written since
+  ``WATCH`` (by anyone else, or expired); otherwise it runs nothing and the attempt is a
+  conflict. ``EXEC`` runs even for a plan with no writes, so a result computed from the
+  reads (e.g. "sold out") is confirmed to hold at one instant too.
+* **SQL** (:func:`versioned_update`, SQLAlchemy): each row carries a version number; an
+  update names the version it read and bumps it, in one statement::
+
+      UPDATE items SET stock = :stock, version = version + 1
+       WHERE items.id = :id AND version = :expected
+
+  A database applies an UPDATE's WHERE and SET under the row's write lock, so of two
+  writers that read the same version exactly one matches; the other updates no row and
+  gets :class:`StaleVersion`. (PostgreSQL in READ COMMITTED re-checks the WHERE against
+  the version committed while it waited; in REPEATABLE READ it raises a serialization
+  failure instead, which is worth retrying too: pass it in ``retry_on``. SQLite lets one
+  writer in at a time.)
+
+:func:`retry_optimistic` / :func:`aretry_optimistic` are that loop on its own: they run a
+read-compute-write function until it does not raise a conflict, at most ``retries + 1``
+times. :func:`optimistic` is built on it.
+
+What ``fn`` may do
+------------------
+
+``fn`` runs once per attempt, so **several times** under contention, and its last run is
+the one whose writes land. It must therefore be free of side effects outside the
+transaction (no e-mail, no charge, no write through ``reads.reader``): those would repeat,
+or happen for an attempt that was thrown away. That is the caller's business; the
+idempotency keys in :mod:`tenure.patterns.idempotency` are one answer. If ``fn`` raises,
+the attempt ends, nothing is written, and the exception propagates unchanged: raising is
+how ``fn`` refuses (e.g. stock would go below zero).
+
+A connection lost during the transaction is **not** a conflict. redis-py reports it as a
+``WatchError`` too ("A ConnectionError occurred while watching ..."), even when it
+happened after ``EXEC`` was sent, when the writes may have been applied; retrying then
+could apply them twice. Here it surfaces as the ``redis.ConnectionError`` (or
+``TimeoutError``) it is, and the caller decides.
+
+Redis Cluster: all keys of one transaction must share a hash slot (``{tag}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+import redis
+import redis.asyncio
+from redis.asyncio.client import Pipeline as AsyncPipeline
+from redis.client import Pipeline
+
+from .._core.policy import RetryPolicy, wait_random_exponential
+from .._errors import ConfigurationError, TenureError
+
+if TYPE_CHECKING:
+    from sqlalchemy import ColumnElement, Table
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.orm import Session
+
+__all__ = [
+    "DEFAULT_BACKOFF",
+    "DEFAULT_RETRIES",
+    "ConflictError",
+    "OptimisticStats",
+    "Plan",
+    "Reads",
+    "RowMissing",
+    "StaleVersion",
+    "Writes",
+    "aoptimistic",
+    "aretry_optimistic",
+    "optimistic",
+    "retry_optimistic",
+    "versioned_update",
+]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+DEFAULT_RETRIES = 10
+"""Retries after the first attempt, so at most 11 attempts."""
+
+DEFAULT_BACKOFF: RetryPolicy = wait_random_exponential(initial=0.002, maximum=0.1)
+"""Full-jitter exponential back-off: uniform in [0, min(0.1, 0.002 * 2**(k-1))] seconds."""
+
+# What a value in a Plan's write mapping may be; None deletes the key.
+Value = bytes | str | int | float | None
+
+
+# --- Errors -------------------------------------------------------------------------------
+
+
+class ConflictError(TenureError, RuntimeError):
+    """An optimistic update lost to a concurrent write, and (for a retry loop) kept losing.
+
+    Raised by :func:`optimistic` and :func:`retry_optimistic` when the bound is reached;
+    its ``__cause__`` is the last conflict. Nothing of the failed attempts was written.
+
+    Attributes:
+        keys: what was contended: the Redis keys, or the row (``items WHERE items.id = 1``).
+        attempts: how many attempts were made, all of which conflicted.
+    """
+
+    def __init__(self, keys: Sequence[str], attempts: int, message: str | None = None) -> None:
+        self.keys = tuple(keys)
+        self.attempts = attempts
+        what = ", ".join(self.keys) or "(unnamed)"
+        plural = "" if attempts == 1 else "s"
+        super().__init__(
+            message or f"optimistic update of {what} conflicted on {attempts} attempt{plural}"
+        )
+
+
+class StaleVersion(ConflictError):
+    """A version-checked UPDATE found the row at another version than the one read.
+
+    Another writer updated the row since it was read; nothing was written. Re-read and
+    try again (:func:`retry_optimistic` does).
+
+    Attributes:
+        row: the row, as ``table WHERE clause``.
+        expected: the version the writer had read.
+        actual: the row's version when the UPDATE ran.
+    """
+
+    def __init__(self, row: str, expected: int, actual: int) -> None:
+        super().__init__(
+            (row,), 1, f"{row}: version is {actual}, not {expected} as read; nothing written"
+        )
+        self.row = row
+        self.expected = expected
+        self.actual = actual
+
+
+class RowMissing(TenureError, LookupError):
+    """A version-checked UPDATE found no row to update (it was never there, or deleted).
+
+    Not a conflict: re-reading would not help, so the retry helpers do not retry it.
+
+    Attributes:
+        row: the row, as ``table WHERE clause``.
+    """
+
+    def __init__(self, row: str) -> None:
+        super().__init__(f"{row}: no such row; nothing written")
+        self.row = row
+
+
+# --- Statistics ---------------------------------------------------------------------------
+
+
+@dataclass
+class OptimisticStats:
+    """Counters a retry loop adds to, for tests, benchmarks and metrics.
+
+    One object may be shared by many calls and threads (updates take a lock). It pickles
+    (without its lock), so worker processes can send theirs back to be merged.
+
+    Attributes:
+        attempts: attempts started (each ran ``fn`` once).
+        conflicts: attempts that ended in a conflict.
+        committed: calls that succeeded.
+        gave_up: calls that raised :class:`ConflictError` because the bound was reached.
+    """
+
+    attempts: int = 0
+    conflicts: int = 0
+    committed: int = 0
+    gave_up: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def merge(self, other: OptimisticStats) -> None:
+        """Add ``other``'s counts to this one's (e.g. the stats of each worker process)."""
+        self._add(
+            attempts=other.attempts,
+            conflicts=other.conflicts,
+            committed=other.committed,
+            gave_up=other.gave_up,
+        )
+
+    def _add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def __getstate__(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "attempts": self.attempts,
+                "conflicts": self.conflicts,
+                "committed": self.committed,
+                "gave_up": self.gave_up,
+            }
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+# --- The retry loop, written once ---------------------------------------------------------
+
+
+class _Budget:
+    """The decisions of one retry loop; the sync and async drivers only do the waiting."""
+
+    def __init__(
+        self,
+        retries: int,
+        backoff: RetryPolicy,
+        rng: random.Random | None,
+        stats: OptimisticStats | None,
+    ) -> None:
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ConfigurationError("retries", f"must be an int >= 0, got {retries!r}")
+        self.retries = retries
+        self.backoff = backoff
+        self.rng = rng
+        self.stats = stats
+        self.attempts = 0
+
+    def started(self) -> None:
+        self.attempts += 1
+        if self.stats is not None:
+            self.stats._add(attempts=1)
+
+    def committed(self) -> None:
+        if self.stats is not None:
+            self.stats._add(committed=1)
+
+    def conflicted(self, conflict: BaseException) -> float:
+        """How long to sleep before the next attempt; raises once the bound is reached."""
+        if self.stats is not None:
+            self.stats._add(conflicts=1)
+        if self.attempts > self.retries:
+            if self.stats is not None:
+                self.stats._add(gave_up=1)
+            keys = conflict.keys if isinstance(conflict, ConflictError) else ()
+            raise ConflictError(keys, self.attempts) from conflict
+        if self.rng is None:
+            # Only a loop that conflicts pays for seeding one (from the OS).
+            self.rng = random.Random()
+        return self.backoff.delay(self.attempts, self.rng)
+
+
+def retry_optimistic(
+    fn: Callable[[], T],
+    *,
+    retries: int = DEFAULT_RETRIES,
+    backoff: RetryPolicy = DEFAULT_BACKOFF,
+    retry_on: tuple[type[BaseException], ...] = (ConflictError,),
+    rng: random.Random | None = None,
+    stats: OptimisticStats | None = None,
+) -> T:
+    """Run a read-compute-write function until it does not conflict, at most ``retries + 1`` times.
+
+    Args:
+        fn: one whole attempt: read, compute, write (e.g. in its own transaction, with
+            :func:`versioned_update`). Raises one of ``retry_on`` on a conflict.
+        retries: how many times to try again after the first conflict.
+        backoff: the delay before each retry (jittered: competing writers de-synchronise).
+        retry_on: the exceptions that mean "conflict, re-read and retry".
+        rng: the randomness for the back-off; default a fresh ``random.Random()``.
+        stats: counters to add this call's attempts and conflicts to.
+
+    Returns:
+        What the successful attempt returned.
+
+    Raises:
+        ConflictError: every attempt conflicted; ``.attempts`` is ``retries + 1``.
+        ConfigurationError: ``retries`` is not an int >= 0.
+        Exception: anything else ``fn`` raises, at once and unchanged.
+
+    Example::
+
+        def redeem() -> int:
+            with engine.begin() as conn:
+                row = conn.execute(select(coupons).where(coupons.c.code == "SPRING")).one()
+                if row.left == 0:
+                    raise SoldOut
+                versioned_update(conn, coupons, coupons.c.code == "SPRING", row.version,
+                                 {"left": row.left - 1})
+                return row.left - 1
+
+        left = retry_optimistic(redeem)
+    """
+    budget = _Budget(retries, backoff, rng, stats)
+    while True:
+        budget.started()
+        try:
+            result = fn()
+        except retry_on as conflict:
+            time.sleep(budget.conflicted(conflict))
+        else:
+            budget.committed()
+            return result
+
+
+async def aretry_optimistic(
+    fn: Callable[[], Awaitable[T]],
+    *,
+    retries: int = DEFAULT_RETRIES,
+    backoff: RetryPolicy = DEFAULT_BACKOFF,
+    retry_on: tuple[type[BaseException], ...] = (ConflictError,),
+    rng: random.Random | None = None,
+    stats: OptimisticStats | None = None,
+) -> T:
+    """The asyncio twin of :func:`retry_optimistic`: ``fn`` is a coroutine function."""
+    budget = _Budget(retries, backoff, rng, stats)
+    while True:
+        budget.started()
+        try:
+            result = await fn()
+        except retry_on as conflict:
+            await asyncio.sleep(budget.conflicted(conflict))
+        else:
+            budget.committed()
+            return result
+
+
+# --- Redis: WATCH / MULTI / EXEC ----------------------------------------------------------
+
+
+class Reads(Mapping[str, bytes | None], Generic[R]):
+    """What an attempt read: the watched keys' string values, read at one instant.
+
+    A mapping from each watched key to its value (``bytes``), or ``None`` where the key
+    is absent or holds no string (``MGET`` answers nil for a hash, a set, ...).
+
+    Attributes:
+        reader: the watched connection in immediate mode, for reads ``MGET`` cannot do
+            (``reads.reader.hgetall(key)``). Every key read here should be watched.
+            Do not write through it: such a write is applied at once, outside the
+            transaction, and once per attempt.
+    """
+
+    def __init__(self, values: Mapping[str, bytes | None], reader: R) -> None:
+        self._values = dict(values)
+        self.reader = reader
+
+    def __getitem__(self, key: str) -> bytes | None:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def int(self, key: str, default: int = 0) -> int:
+        """The value of ``key`` as an integer, or ``default`` if it is absent."""
+        value = self._values[key]
+        return default if value is None else int(value)
+
+    def __repr__(self) -> str:
+        return f"Reads({self._values!r})"
+
+
+Writes = Mapping[str, Value] | Callable[[Any], object] | None
+"""A plan's writes: ``{key: value}``, or a function that queues commands on the pipeline."""
+
+
+@dataclass(frozen=True)
+class Plan(Generic[T]):
+    """What an attempt decided: the writes to commit, and the result to return if they do.
+
+    Attributes:
+        result: returned by :func:`optimistic` once the writes are committed.
+        writes: ``None`` (write nothing, but still confirm the reads at ``EXEC``); a
+            mapping ``{key: value}`` (``SET key value``, or ``DEL key`` for ``None``;
+            ``SET`` drops any TTL the key had); or a function that queues commands on
+            the transaction, e.g. ``lambda tx: tx.hincrby("cart", "n", 1)``. Those
+            commands are queued, not run: their replies are not available to ``fn``.
+    """
+
+    result: T
+    writes: Writes = None
+
+
+def _queue_writes(pipe: Any, writes: Writes) -> None:
+    """Queue a plan's writes on a pipeline in MULTI mode (redis-py or redis.asyncio)."""
+    if writes is None:
+        return
+    if callable(writes):
+        writes(pipe)
+        return
+    if not isinstance(writes, Mapping):
+        raise ConfigurationError(
+            "writes", f"must be None, a mapping or a callable, got {type(writes).__name__}"
+        )
+    for key, value in writes.items():
+        if value is None:
+            pipe.delete(key)
+        else:
+            pipe.set(key, value)
+
+
+def _check_keys(keys: Sequence[str]) -> list[str]:
+    if isinstance(keys, (str, bytes)):
+        raise ConfigurationError("keys", "must be a sequence of key names, not one string")
+    checked = list(keys)
+    if not checked or not all(isinstance(k, str) and k for k in checked):
+        raise ConfigurationError("keys", f"must be non-empty strings, at least one: {keys!r}")
+    return checked
+
+
+def _values(keys: Sequence[str], replies: Sequence[bytes | str | None]) -> dict[str, bytes | None]:
+    """MGET's replies by key, as bytes even from a client with ``decode_responses=True``."""
+    return {
+        key: reply.encode() if isinstance(reply, str) else reply
+        for key, reply in zip(keys, replies, strict=True)
+    }
+
+
+def _watch_conflict(error: redis.WatchError, keys: Sequence[str]) -> BaseException:
+    """What a WatchError means: a conflict, or a lost connection in disguise.
+
+    redis-py raises WatchError *from* a ConnectionError or TimeoutError when the
+    connection died while keys were watched, EXEC included, where the writes may have
+    been applied. That one must not be retried as a conflict.
+    """
+    context = error.__context__
+    if isinstance(context, (redis.ConnectionError, redis.TimeoutError)):
+        return context
+    return ConflictError(keys, 1)
+
+
+def optimistic(
+    client: redis.Redis,
+    keys: Sequence[str],
+    fn: Callable[[Reads[Pipeline]], Plan[T]],
+    *,
+    retries: int = DEFAULT_RETRIES,
+    backoff: RetryPolicy = DEFAULT_BACKOFF,
+    rng: random.Random | None = None,
+    stats: OptimisticStats | None = None,
+) -> T:
+    """Run ``fn`` on ``WATCH``ed keys and commit its plan in ``MULTI``/``EXEC``; retry conflicts.
+
+    Args:
+        client: a ``redis.Redis``; one pooled connection is used per attempt.
+        keys: the keys whose values ``fn`` depends on; watched, then read with one MGET.
+        fn: turns what was read into a :class:`Plan`. Runs once per attempt (so maybe
+            several times); raise from it to give up without writing.
+        retries, backoff, rng, stats: as :func:`retry_optimistic`.
+
+    Returns:
+        The ``result`` of the plan whose writes were committed.
+
+    Raises:
+        ConflictError: a watched key changed during every one of ``retries + 1`` attempts.
+        redis.ConnectionError, redis.TimeoutError: the connection failed; if it failed
+            after EXEC was sent, the writes may or may not have been applied.
+        redis.ResponseError: a queued write failed inside EXEC (e.g. WRONGTYPE). Redis
+            does not roll back: the other queued writes were applied.
+        ConfigurationError: bad ``keys``, ``retries`` or plan ``writes``.
+        Exception: whatever ``fn`` raises, unchanged; nothing was written.
+
+    Example (never sell below zero)::
+
+        def sell(reads: Reads[Pipeline]) -> Plan[int]:
+            stock = reads.int("stock:42")
+            if stock == 0:
+                raise SoldOut
+            return Plan(result=stock - 1, writes={"stock:42": stock - 1})
+
+        left = optimistic(r, ["stock:42"], sell)
+    """
+    watched = _check_keys(keys)
+
+    def attempt() -> T:
+        with client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(*watched)  # type: ignore[no-untyped-call]
+                values = pipe.mget(watched)
+                plan = fn(Reads(_values(watched, values), pipe))
+                pipe.multi()
+                _queue_writes(pipe, plan.writes)
+                pipe.execute()
+            except redis.WatchError as error:
+                raise _watch_conflict(error, watched) from error
+            return plan.result
+
+    return retry_optimistic(attempt, retries=retries, backoff=backoff, rng=rng, stats=stats)
+
+
+async def aoptimistic(
+    client: redis.asyncio.Redis,
+    keys: Sequence[str],
+    fn: Callable[[Reads[AsyncPipeline]], Plan[T] | Awaitable[Plan[T]]],
+    *,
+    retries: int = DEFAULT_RETRIES,
+    backoff: RetryPolicy = DEFAULT_BACKOFF,
+    rng: random.Random | None = None,
+    stats: OptimisticStats | None = None,
+) -> T:
+    """The asyncio twin of :func:`optimistic`.
+
+    ``fn`` may be a plain function or a coroutine function (to ``await`` more reads
+    through ``reads.reader``). A write function in the plan queues commands on the
+    redis.asyncio pipeline without awaiting them.
+    """
+    watched = _check_keys(keys)
+
+    async def attempt() -> T:
+        async with client.pipeline(transaction=True) as pipe:
+            try:
+                await pipe.watch(*watched)
+                values = await pipe.mget(watched)
+                planned = fn(Reads(_values(watched, values), pipe))
+                plan = await planned if inspect.isawaitable(planned) else planned
+                pipe.multi()  # type: ignore[no-untyped-call]
+                _queue_writes(pipe, plan.writes)
+                await pipe.execute()
+            except redis.WatchError as error:
+                raise _watch_conflict(error, watched) from error
+            return plan.result
+
+    return await aretry_optimistic(attempt, retries=retries, backoff=backoff, rng=rng, stats=stats)
+
+
+# --- SQL: version-checked UPDATE ----------------------------------------------------------
+
+
+def versioned_update(
+    connection: Connection | Session,
+    table: Table,
+    id_clause: ColumnElement[bool],
+    expected_version: int,
+    values: Mapping[str, Any],
+    version_column: str = "version",
+) -> int:
+    """Update one row if it is still at the version read, and bump its version.
+
+    Runs ``UPDATE table SET values, version = version + 1 WHERE id_clause AND version =
+    expected_version`` in the caller's transaction (nothing here begins or commits one).
+
+    Args:
+        connection: a SQLAlchemy ``Connection`` or ORM ``Session``.
+        table: the table; it needs an integer ``version_column``.
+        id_clause: identifies exactly one row, e.g. ``items.c.id == 42``.
+        expected_version: the version the caller read with the values it computed from.
+        values: the columns to set, by name (not the version column).
+        version_column: the name of the version column.
+
+    Returns:
+        The row's new version, ``expected_version + 1``.
+
+    Raises:
+        StaleVersion: the row is at another version (``.actual``); nothing was written.
+        RowMissing: no row matches ``id_clause``; nothing was written.
+        ConfigurationError: ``id_clause`` matched several rows (they were updated in the
+            caller's transaction: roll it back), ``values`` sets the version column, the
+            table has no such column, or ``expected_version`` is not an int.
+    """
+    from sqlalchemy import select, update
+
+    if not isinstance(expected_version, int) or isinstance(expected_version, bool):
+        raise ConfigurationError("expected_version", f"must be an int, got {expected_version!r}")
+    if version_column in values:
+        raise ConfigurationError("values", f"{version_column!r} is set by versioned_update")
+    try:
+        version = table.c[version_column]
+    except KeyError:
+        raise ConfigurationError(
+            "version_column", f"table {table.name!r} has no column {version_column!r}"
+        ) from None
+    stmt = (
+        update(table)
+        .where(id_clause, version == expected_version)
+        .values({**values, version_column: version + 1})
+    )
+    updated: int = cast(Any, connection.execute(stmt)).rowcount
+    if updated == 1:
+        return expected_version + 1
+    row = _describe(connection, table, id_clause)
+    if updated > 1:
+        raise ConfigurationError("id_clause", f"{row} matched {updated} rows, not one")
+    # Read in the same transaction, to say why nothing matched.
+    actual = connection.execute(select(version).where(id_clause)).scalar()
+    if actual is None:
+        raise RowMissing(row)
+    raise StaleVersion(row, expected_version, int(actual))
+
+
+def _describe(connection: Connection | Session, table: Table, clause: ColumnElement[bool]) -> str:
+    """``items WHERE items.id = 42``, to name a row in an error."""
+    from sqlalchemy import exc
+    from sqlalchemy.orm import Session
+
+    bind = connection.get_bind() if isinstance(connection, Session) else connection
+    try:
+        text = clause.compile(dialect=bind.dialect, compile_kwargs={"literal_binds": True})
+    except (exc.CompileError, NotImplementedError):  # a type with no literal form
+        text = clause.compile(dialect=bind.dialect)
+    return f"{table.name} WHERE {text}"

@@ -1,0 +1,782 @@
+"""Idempotency keys (R15) on real servers: Redis claims with a lease, SQL unique keys.
+
+The effects are the documents' examples: points deducted from an account, units of stock
+sold. "Exactly once" is checked by the effect itself (the balance, the stock), not by
+what the library says about it.
+
+* Concurrent duplicates: K processes (forkserver, started once per module) send the same
+  request at once; the effect happens once and every one of them gets the same answer.
+* A crashed first attempt: a worker process is SIGKILLed at a chosen point (after its
+  claim, after its effect, after its record); the retry takes over after the lease (or
+  finds the record). Which points give exactly-once and which give at-least-once is the
+  difference between the Redis single-MULTI mode and an effect outside Redis, as the
+  module docstring of ``tenure.patterns.idempotency`` says; the tests pin it down.
+* SQL: the same on SQLite (a file) and PostgreSQL (embedded, ``tests/integration/pg.py``).
+
+No test orders events with ``time.sleep``: workers report each point they reach on a
+pipe, and a waiting duplicate is observed through its poll policy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from importlib.resources import files
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.client import Pipeline
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Engine,
+    Integer,
+    MetaData,
+    Table,
+    create_engine,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.orm import Session
+
+from tenure import ConfigurationError
+from tenure.local import LocalCluster
+from tenure.patterns import (
+    ClaimLost,
+    Codec,
+    InProgress,
+    NotClaimed,
+    Plan,
+    Reads,
+    RedisIdempotency,
+    SqlIdempotency,
+    idempotency_table,
+    idempotent,
+)
+
+from .pg import EmbeddedPostgres
+
+K = 6
+LEASE = 0.5  # seconds: short, so a takeover after a crash costs little test time
+POINTS = 1000
+COST = 100
+
+# forkserver: fork() from a possibly multi-threaded pytest process is unsafe.
+_ctx = multiprocessing.get_context("forkserver")
+
+
+class SoldOut(Exception):
+    pass
+
+
+# --- Fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[LocalCluster]:
+    with LocalCluster(1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def raw(node: LocalCluster) -> Iterator[redis.Redis]:
+    with node[0].client() as client:
+        yield client
+
+
+@pytest.fixture
+def key(request: pytest.FixtureRequest) -> str:
+    """A key no other test uses (the node is shared by the module)."""
+    return f"{request.node.name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[EmbeddedPostgres]:
+    with EmbeddedPostgres() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'idempotency.db'}"
+    url: str = request.getfixturevalue("postgres").url
+    return url
+
+
+metadata = MetaData()
+keys_table = idempotency_table(metadata, "test_idempotency_keys")
+accounts = Table(
+    "test_idempotency_accounts",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("points", BigInteger, nullable=False),
+)
+
+
+@contextmanager
+def fresh_tables(url: str) -> Iterator[Engine]:
+    """An engine on ``url`` with the tables created (one account) and dropped after."""
+    eng = create_engine(url)
+    metadata.create_all(eng)
+    with eng.begin() as conn:
+        conn.execute(accounts.insert().values(id=1, points=POINTS))
+    try:
+        yield eng
+    finally:
+        metadata.drop_all(eng)
+        eng.dispose()
+
+
+@pytest.fixture
+def engine(sql_url: str) -> Iterator[Engine]:
+    with fresh_tables(sql_url) as eng:
+        yield eng
+
+
+# --- The effects ---------------------------------------------------------------------------
+
+
+def deduct_in_redis(client: redis.Redis, account: str) -> dict[str, Any]:
+    """An effect outside the record's transaction: a separate command on the account key."""
+    return {"balance": int(client.decrby(account, COST)), "by": os.getpid()}
+
+
+def sell_one(stock: str) -> Callable[[Reads[Pipeline]], Plan[dict[str, Any]]]:
+    """An effect for RedisOnce.apply: one unit of stock, in the record's MULTI."""
+
+    def plan(reads: Reads[Pipeline]) -> Plan[dict[str, Any]]:
+        left = reads.int(stock)
+        if left <= 0:
+            raise SoldOut
+        return Plan(result={"left": left - 1, "by": os.getpid()}, writes={stock: left - 1})
+
+    return plan
+
+
+def deduct_in_sql(conn: Any) -> dict[str, Any]:
+    conn.execute(update(accounts).where(accounts.c.id == 1).values(points=accounts.c.points - COST))
+    balance = conn.execute(select(accounts.c.points).where(accounts.c.id == 1)).scalar_one()
+    return {"balance": balance, "by": os.getpid()}
+
+
+def balance(engine: Engine) -> int:
+    with engine.connect() as conn:
+        points: int = conn.execute(select(accounts.c.points).where(accounts.c.id == 1)).scalar_one()
+        return points
+
+
+class Noticing:
+    """A poll policy that tells the test when a duplicate has seen the key in progress."""
+
+    def __init__(self) -> None:
+        self.waiting = threading.Event()
+
+    def delay(self, attempt: int, rng: Any) -> float:
+        self.waiting.set()
+        return 0.005
+
+
+# --- Redis: one process -------------------------------------------------------------------
+
+
+def test_a_duplicate_gets_the_recorded_result(raw: redis.Redis, key: str) -> None:
+    store = RedisIdempotency(raw, retention=3600)
+    account = f"{key}:points"
+    raw.set(account, POINTS)
+    answers = []
+    for _ in range(3):
+        with store.once(key) as once:
+            if once.done:
+                answers.append(once.result)
+                continue
+            once.record(deduct_in_redis(raw, account))
+            answers.append(once.result)
+    assert raw.get(account) == b"900"
+    assert answers == [answers[0]] * 3
+    assert answers[0]["balance"] == 900
+    assert 3_590_000 < raw.pttl(store.redis_key(key)) <= 3_600_000  # the retention
+
+
+def test_the_decorator_runs_a_handler_once_per_key(raw: redis.Redis, key: str) -> None:
+    store = RedisIdempotency(raw)
+    account = f"{key}:points"
+    raw.set(account, POINTS)
+
+    @idempotent(store, key=lambda request: request.get("Idempotency-Key"))
+    def handle(request: dict[str, str]) -> dict[str, Any]:
+        return deduct_in_redis(raw, account)
+
+    first = handle({"Idempotency-Key": key})
+    assert handle({"Idempotency-Key": key}) == first
+    assert raw.get(account) == b"900"
+    handle({})  # no key: no idempotency, the handler runs
+    assert raw.get(account) == b"800"
+    assert handle.__name__ == "handle"
+
+
+def test_in_progress_is_reported_at_once_by_default(raw: redis.Redis, key: str) -> None:
+    store = RedisIdempotency(raw, lease=30)
+    with store.once(key) as first:
+        assert not first.done
+        with pytest.raises(InProgress) as info, store.once(key):
+            pass
+        assert info.value.key == key
+        assert info.value.retry_after is not None
+        assert 29 < info.value.retry_after <= 30
+        first.record("ok")
+    with store.once(key) as again:
+        assert (again.done, again.result) == (True, "ok")
+
+
+def test_a_waiting_duplicate_gets_the_result(raw: redis.Redis, key: str) -> None:
+    poll = Noticing()
+    store = RedisIdempotency(raw, lease=30, wait=10, poll=poll)
+    got: list[Any] = []
+
+    def duplicate() -> None:
+        with store.once(key) as once:
+            got.append((once.done, once.result))
+
+    with store.once(key) as first:
+        waiter = threading.Thread(target=duplicate)
+        waiter.start()
+        assert poll.waiting.wait(10)  # it saw the key in progress and is polling
+        first.record({"balance": 900})
+    waiter.join(10)
+    assert got == [(True, {"balance": 900})]
+
+
+def test_waiting_gives_up_after_its_timeout(raw: redis.Redis, key: str) -> None:
+    store = RedisIdempotency(raw, lease=30)
+    with store.once(key), pytest.raises(InProgress) as info, store.once(key, wait=0.05):
+        pass
+    assert info.value.waited >= 0.05
+
+
+def test_an_exception_releases_the_claim(raw: redis.Redis, key: str) -> None:
+    store = RedisIdempotency(raw, lease=30)
+    with pytest.raises(RuntimeError), store.once(key):
+        raise RuntimeError("payment gateway down")
+    assert raw.exists(store.redis_key(key)) == 0
+    with store.once(key) as retry:  # no need to wait for the lease
+        assert not retry.done
+        retry.record(1)
+
+
+def test_leaving_without_recording_records_none(raw: redis.Redis, key: str) -> None:
+    store = RedisIdempotency(raw)
+    with store.once(key) as once:
+        assert not once.done
+    with store.once(key) as again:
+        assert (again.done, again.result) == (True, None)
+        with pytest.raises(NotClaimed):
+            again.record("late")
+
+
+def test_recording_after_a_takeover_is_refused(raw: redis.Redis, key: str) -> None:
+    """Our lease ran out (here: the key is deleted) and another attempt took the key."""
+    store = RedisIdempotency(raw, lease=30)
+    with store.once(key) as slow:
+        raw.delete(store.redis_key(key))  # as if our lease had run out...
+        with store.once(key) as fast:  # ...and a duplicate took over and finished
+            fast.record({"by": "fast"})
+        with pytest.raises(ClaimLost) as info:
+            slow.record({"by": "slow"})  # our effect happened too: say so
+    assert info.value.holder == "record"
+    assert isinstance(info.value, RuntimeError)
+    assert info.value.key == key
+    with store.once(key) as later:
+        assert later.result == {"by": "fast"}
+
+
+def test_recording_after_the_lease_with_no_takeover_is_kept(raw: redis.Redis, key: str) -> None:
+    store = RedisIdempotency(raw, lease=30)
+    stock = f"{key}:stock"
+    raw.set(stock, 3)
+    with store.once(f"{key}:record") as slow:
+        raw.delete(store.redis_key(f"{key}:record"))  # the lease ran out; nobody came
+        slow.record("done late")
+    with store.once(f"{key}:apply") as slow:
+        raw.delete(store.redis_key(f"{key}:apply"))
+        late = slow.apply([stock], sell_one(stock))
+    with store.once(f"{key}:record") as later:
+        assert later.result == "done late"
+    with store.once(f"{key}:apply") as later:
+        assert later.result == late
+    assert raw.get(stock) == b"2"
+
+
+def test_apply_puts_effect_and_record_in_one_multi(raw: redis.Redis, key: str) -> None:
+    store = RedisIdempotency(raw)
+    stock = f"{key}:stock"
+    raw.set(stock, 3)
+    with store.once(key) as once:
+        result = once.apply([stock], sell_one(stock))
+    assert result["left"] == 2
+    assert raw.get(stock) == b"2"
+    with store.once(key) as again:
+        assert again.done
+        assert again.result == result
+    assert raw.get(stock) == b"2"
+
+
+def test_apply_after_a_takeover_applies_nothing(raw: redis.Redis, key: str) -> None:
+    store = RedisIdempotency(raw, lease=30)
+    stock = f"{key}:stock"
+    raw.set(stock, 3)
+    with store.once(key) as slow:
+        raw.delete(store.redis_key(key))  # our lease ran out...
+        with store.once(key) as fast:  # ...and a duplicate took over and finished
+            fast.apply([stock], sell_one(stock))
+        with pytest.raises(ClaimLost) as info:
+            slow.apply([stock], sell_one(stock))
+    assert info.value.holder == "record"
+    assert raw.get(stock) == b"2"
+
+
+def test_apply_refusing_writes_nothing_and_releases(raw: redis.Redis, key: str) -> None:
+    store = RedisIdempotency(raw)
+    stock = f"{key}:stock"
+    raw.set(stock, 0)
+    with pytest.raises(SoldOut), store.once(key) as once:
+        once.apply([stock], sell_one(stock))
+    assert raw.get(stock) == b"0"
+    assert raw.exists(store.redis_key(key)) == 0
+
+
+def test_a_custom_codec_and_namespace(raw: redis.Redis, key: str) -> None:
+    store = RedisIdempotency(raw, namespace="shop", codec=Codec(dumps=bytes, loads=bytes))
+    assert store.redis_key(key) == f"shop:{{{key}}}"
+    with store.once(key) as once:
+        once.record(b"\x00receipt")
+    with store.once(key) as again:
+        assert again.result == b"\x00receipt"
+
+
+def test_a_damaged_key_is_never_taken_as_free(raw: redis.Redis, key: str) -> None:
+    store = RedisIdempotency(raw)
+    raw.set(store.redis_key(key), "something else")
+    with pytest.raises(redis.ResponseError, match="no idempotency state"), store.once(key):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("lease", 0), ("retention", -1), ("wait", float("nan")), ("namespace", "")],
+)
+def test_bad_options_are_refused(raw: redis.Redis, option: str, value: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RedisIdempotency(raw, **{option: value})  # type: ignore[arg-type]
+    assert info.value.parameter == option
+
+
+def test_scripts_name_their_keys_and_arguments() -> None:
+    for name in ("idem_claim", "idem_record", "idem_release"):
+        source = files("tenure._lua").joinpath(f"{name}.lua").read_text()
+        header = "\n".join(line for line in source.splitlines() if line.startswith("--"))
+        for word in ("KEYS[1]", "ARGV[1]", "Returns"):
+            assert word in header, f"{name}.lua: {word}"
+
+
+# --- Redis: K processes at once -----------------------------------------------------------
+
+
+class Workers:
+    """K worker processes, started once per module, that run jobs all at the same moment.
+
+    Starting K interpreters costs seconds on a small machine, so the module's contention
+    tests share one set. ``run(target, *args)`` sends the job to every worker; each waits
+    on a barrier, then calls ``target(*args)`` and sends back what it returned.
+    """
+
+    def __init__(self) -> None:
+        # Kept referenced: collecting it in the parent unlinks the semaphore the workers use.
+        self.ready = ready = _ctx.Barrier(K)
+        self.pipes: list[Connection] = []
+        self.procs: list[Any] = []
+        for _ in range(K):
+            parent_end, child_end = _ctx.Pipe()
+            proc = _ctx.Process(target=_serve, args=(ready, child_end), daemon=True)
+            proc.start()
+            child_end.close()
+            self.pipes.append(parent_end)
+            self.procs.append(proc)
+
+    def run(self, target: Callable[..., Any], *args: Any) -> list[Any]:
+        for pipe in self.pipes:
+            pipe.send((target, args))
+        results = []
+        for pipe in self.pipes:
+            assert pipe.poll(60), "a worker made no progress"
+            ok, value = pipe.recv()
+            assert ok, f"a worker failed:\n{value}"
+            results.append(value)
+        return results
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError):
+                pipe.send(None)
+            pipe.close()
+        for proc in self.procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def _serve(ready: Barrier, jobs: Connection) -> None:
+    """A worker's loop: run each job after the barrier, send back (ok, result or traceback)."""
+    while (job := jobs.recv()) is not None:
+        target, args = job
+        ready.wait()
+        try:
+            jobs.send((True, target(*args)))
+        except Exception:
+            jobs.send((False, traceback.format_exc()))
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[Workers]:
+    pool = Workers()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def _redis_duplicate(url: str, key: str) -> tuple[Any, Any]:
+    """Send the same two requests as every other worker: a point deduction, a sale."""
+    with redis.Redis.from_url(url) as client:
+        store = RedisIdempotency(client, lease=10, wait=20)
+
+        @idempotent(store, key=lambda request_id: request_id)
+        def deduct(request_id: str) -> dict[str, Any]:
+            return deduct_in_redis(client, f"{key}:points")
+
+        deducted = deduct(f"{key}:deduct")
+        with store.once(f"{key}:sell") as once:
+            sold = (
+                once.result if once.done else once.apply([f"{key}:stock"], sell_one(f"{key}:stock"))
+            )
+        return deducted, sold
+
+
+def test_concurrent_duplicates_apply_the_effect_once(
+    workers: Workers, node: LocalCluster, raw: redis.Redis, key: str
+) -> None:
+    raw.set(f"{key}:points", POINTS)
+    raw.set(f"{key}:stock", 10)
+    answers = workers.run(_redis_duplicate, node.urls[0], key)
+    assert raw.get(f"{key}:points") == b"900"  # deducted once...
+    assert raw.get(f"{key}:stock") == b"9"  # ...sold once
+    assert answers == [answers[0]] * K  # ...and every caller got the same answer
+    assert answers[0][0]["balance"] == 900
+    assert answers[0][1]["left"] == 9
+
+
+# --- Redis: a worker killed mid-request ---------------------------------------------------
+
+
+def _redis_victim(
+    url: str, key: str, mode: str, effects: str, stop_after: str, out: Connection
+) -> None:
+    """One attempt that reports each point it reaches, and halts (to be killed) at one."""
+
+    def reached(point: str) -> None:
+        if point == stop_after:
+            out.send(point)
+            threading.Event().wait()  # until SIGKILL
+
+    with redis.Redis.from_url(url) as client:
+        store = RedisIdempotency(client, lease=LEASE)
+        with store.once(key) as once:
+            reached("claim")
+            if mode == "atomic":
+                once.apply([f"{key}:stock"], sell_one(f"{key}:stock"))
+                reached("record")  # effect and record are one step: there is no "effect"
+            else:
+                with Path(effects).open("a") as log:  # an effect outside Redis
+                    log.write("shipped\n")
+                reached("effect")
+                once.record("shipped")
+                reached("record")
+
+
+def kill_at(target: Callable[..., None], *args: Any, point: str) -> None:
+    """Run ``target(*args, point, out)`` in a process and SIGKILL it once it reaches ``point``."""
+    parent_end, child_end = _ctx.Pipe(duplex=False)
+    proc = _ctx.Process(target=target, args=(*args, point, child_end))
+    proc.start()
+    child_end.close()
+    try:
+        assert parent_end.poll(60), f"the worker never reached {point!r}"
+        assert parent_end.recv() == point
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        parent_end.close()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    assert proc.exitcode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize(
+    ("mode", "point", "effects"),
+    [
+        # Effect and record in one MULTI: exactly once wherever the crash falls.
+        ("atomic", "claim", 1),  # nothing applied; the retry takes over after the lease
+        ("atomic", "record", 1),  # applied and recorded; the reply was lost; retry reads it
+        # Effect outside Redis: the window between effect and record is at-least-once.
+        ("outside", "claim", 1),  # nothing done; the retry takes over and does it
+        ("outside", "effect", 2),  # done, not recorded: the retry does it AGAIN
+        ("outside", "record", 1),  # done and recorded; retry reads it
+    ],
+)
+def test_a_retry_after_the_worker_was_killed(
+    node: LocalCluster,
+    raw: redis.Redis,
+    key: str,
+    tmp_path: Path,
+    mode: str,
+    point: str,
+    effects: int,
+) -> None:
+    raw.set(f"{key}:stock", 10)
+    shipped = tmp_path / "shipped.log"
+    shipped.touch()
+    kill_at(_redis_victim, node.urls[0], key, mode, os.fspath(shipped), point=point)
+
+    store = RedisIdempotency(raw, lease=LEASE, wait=10)
+    with store.once(key) as retry:
+        took_over = not retry.done
+        if took_over and mode == "atomic":
+            retry.apply([f"{key}:stock"], sell_one(f"{key}:stock"))
+        elif took_over:
+            with shipped.open("a") as log:
+                log.write("shipped\n")
+            retry.record("shipped")
+    assert took_over == (point != "record")
+    if mode == "atomic":
+        assert raw.get(f"{key}:stock") == str(10 - effects).encode()
+    else:
+        assert shipped.read_text().count("shipped") == effects
+
+
+# --- SQL ----------------------------------------------------------------------------------
+
+
+def test_sql_a_duplicate_gets_the_recorded_result(engine: Engine, key: str) -> None:
+    store = SqlIdempotency(keys_table)
+    answers = []
+    for _ in range(3):
+        with engine.begin() as conn, store.once(conn, key) as once:
+            if not once.done:
+                once.record(deduct_in_sql(conn))
+            answers.append(once.result)
+    assert balance(engine) == POINTS - COST
+    assert answers == [answers[0]] * 3
+    with engine.begin() as conn, store.once(conn, key) as once, pytest.raises(NotClaimed):
+        once.record("late")
+
+
+def test_sql_works_in_an_orm_session(engine: Engine, key: str) -> None:
+    store = SqlIdempotency(keys_table)
+    for _ in range(2):
+        with Session(engine) as session, session.begin(), store.once(session, key) as once:
+            if not once.done:
+                once.record(deduct_in_sql(session))
+    assert balance(engine) == POINTS - COST
+
+
+def test_sql_an_exception_rolls_back_effect_and_key(engine: Engine, key: str) -> None:
+    store = SqlIdempotency(keys_table)
+
+    def crash_before_commit() -> None:
+        with engine.begin() as conn, store.once(conn, key) as once:
+            assert not once.done
+            deduct_in_sql(conn)
+            raise RuntimeError("crash before commit")
+
+    with pytest.raises(RuntimeError):
+        crash_before_commit()
+    assert balance(engine) == POINTS
+    with engine.begin() as conn, store.once(conn, key) as retry:
+        assert not retry.done  # the key went with the effect
+        retry.record(deduct_in_sql(conn))
+    assert balance(engine) == POINTS - COST
+
+
+def test_sql_leaving_without_recording_records_none(engine: Engine, key: str) -> None:
+    store = SqlIdempotency(keys_table)
+    with engine.begin() as conn, store.once(conn, key):
+        pass
+    with engine.begin() as conn, store.once(conn, key) as again:
+        assert (again.done, again.result) == (True, None)
+
+
+def test_sql_purge_forgets_old_keys(engine: Engine, key: str) -> None:
+    store = SqlIdempotency(keys_table)
+    with engine.begin() as conn, store.once(conn, key) as once:
+        once.record(1)
+    with engine.begin() as conn:
+        assert store.purge(conn, datetime.now(timezone.utc) - timedelta(hours=1)) == 0
+        assert store.purge(conn, datetime.now(timezone.utc) + timedelta(seconds=1)) == 1
+        with pytest.raises(ConfigurationError):
+            store.purge(conn, datetime.now())  # naive: ambiguous
+    with engine.begin() as conn, store.once(conn, key) as once:
+        assert not once.done
+
+
+def test_sql_savepoint_mode_is_refused_on_sqlite(tmp_path: Path) -> None:
+    eng = create_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    try:
+        metadata.create_all(eng)
+        store = SqlIdempotency(keys_table, on_conflict="savepoint")
+        with pytest.raises(ConfigurationError) as info, eng.begin() as conn, store.once(conn, "k"):
+            pass
+        assert info.value.parameter == "on_conflict"
+    finally:
+        eng.dispose()
+    with pytest.raises(ConfigurationError):
+        SqlIdempotency(on_conflict="sometimes")
+
+
+def test_sql_default_table() -> None:
+    store = SqlIdempotency()
+    assert store.table.name == "idempotency_keys"
+    assert {c.name for c in store.table.c} == {"key", "response", "created_at"}
+    assert [c.name for c in store.table.primary_key] == ["key"]
+
+
+def _sql_duplicate(url: str, key: str, on_conflict: str) -> Any:
+    engine = create_engine(url)
+    store = SqlIdempotency(keys_table, on_conflict=on_conflict)
+    try:
+        with engine.begin() as conn, store.once(conn, key) as once:
+            if not once.done:
+                once.record(deduct_in_sql(conn))
+            answer = once.result
+    finally:
+        engine.dispose()
+    return answer
+
+
+def test_sql_concurrent_duplicates_apply_the_effect_once(
+    workers: Workers, engine: Engine, sql_url: str, key: str
+) -> None:
+    answers = workers.run(_sql_duplicate, sql_url, key, "auto")
+    assert balance(engine) == POINTS - COST
+    assert answers == [answers[0]] * K
+    assert answers[0]["balance"] == POINTS - COST
+
+
+def test_sql_savepoint_mode_on_postgresql(
+    workers: Workers, postgres: EmbeddedPostgres, key: str
+) -> None:
+    """A plain INSERT in a SAVEPOINT; a duplicate's IntegrityError is rolled back to it."""
+    with fresh_tables(postgres.url) as eng:
+        store = SqlIdempotency(keys_table, on_conflict="savepoint")
+        for _ in range(2):  # the second INSERT fails at once: the row is committed
+            with eng.begin() as conn, store.once(conn, f"{key}:seq") as once:
+                if not once.done:
+                    once.record(deduct_in_sql(conn))
+                # The caller's transaction survived the IntegrityError and is usable.
+                assert conn.execute(select(accounts.c.points)).scalar_one() == POINTS - COST
+        # Concurrent: the duplicates' INSERTs wait for the first commit, then fail.
+        answers = workers.run(_sql_duplicate, postgres.url, f"{key}:par", "savepoint")
+        assert balance(eng) == POINTS - 2 * COST
+        assert answers == [answers[0]] * K
+
+
+def await_blocked_backend(engine: Engine) -> None:
+    """Return once some backend of this database waits on a lock (polled, 10 s at most)."""
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    )
+    deadline = time.monotonic() + 10
+    with engine.connect() as conn:
+        while conn.execute(query).scalar_one() == 0:
+            assert time.monotonic() < deadline, "the duplicate never blocked"
+            time.sleep(0.01)
+            conn.rollback()  # a fresh snapshot of pg_stat_activity
+
+
+@pytest.mark.parametrize("on_conflict", ["insert", "savepoint"])
+@pytest.mark.parametrize("first_commits", [True, False])
+def test_sql_a_duplicate_blocks_until_the_first_ends(
+    postgres: EmbeddedPostgres, key: str, on_conflict: str, first_commits: bool
+) -> None:
+    """The race itself: the duplicate's INSERT meets the first one's uncommitted row.
+
+    It waits for the first transaction; if that commits, the duplicate gets its result;
+    if it rolls back, the duplicate is the first and does the effect.
+    """
+    with fresh_tables(postgres.url) as eng:
+        store = SqlIdempotency(keys_table, on_conflict=on_conflict)
+        got: list[tuple[bool, Any]] = []
+
+        def duplicate() -> None:
+            with eng.begin() as conn, store.once(conn, key) as once:
+                if not once.done:
+                    once.record(deduct_in_sql(conn))
+                got.append((once.done, once.result))
+
+        first = eng.connect()
+        try:
+            transaction = first.begin()
+            with store.once(first, key) as once:
+                once.record(deduct_in_sql(first))
+            waiter = threading.Thread(target=duplicate)
+            waiter.start()
+            await_blocked_backend(eng)
+            if first_commits:
+                transaction.commit()
+            else:
+                transaction.rollback()
+            waiter.join(10)
+        finally:
+            first.close()
+        assert len(got) == 1
+        done, result = got[0]
+        assert done == first_commits
+        assert balance(eng) == POINTS - COST
+        assert result["balance"] == POINTS - COST
+
+
+def _sql_victim(url: str, key: str, point: str, out: Connection) -> None:
+    """Claim the key and deduct the points in one transaction, then halt before commit."""
+    engine = create_engine(url)
+    store = SqlIdempotency(keys_table)
+    with engine.begin() as conn, store.once(conn, key) as once:
+        once.record(deduct_in_sql(conn))
+        out.send(point)
+        threading.Event().wait()  # until SIGKILL: the transaction never commits
+
+
+def test_sql_a_retry_after_the_worker_was_killed(engine: Engine, sql_url: str, key: str) -> None:
+    """Killed after effect and record but before commit: the database drops both."""
+    kill_at(_sql_victim, sql_url, key, point="before-commit")
+    store = SqlIdempotency(keys_table)
+    with engine.begin() as conn, store.once(conn, key) as retry:
+        assert not retry.done
+        retry.record(deduct_in_sql(conn))
+    assert balance(engine) == POINTS - COST

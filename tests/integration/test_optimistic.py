@@ -1,0 +1,642 @@
+"""Optimistic concurrency (R13) on real servers: Redis WATCH/MULTI/EXEC and versioned SQL updates.
+
+Redis behaviour runs through both drivers (``optimistic`` and ``aoptimistic``) with one
+test body (the ``run`` fixture). SQL behaviour runs on SQLite (a file) and PostgreSQL
+(embedded, ``tests/integration/pg.py``) through the ``sql_url`` fixture.
+
+The contention tests run K processes (forkserver, started once per module) that each,
+many times, increment one counter and try to sell one unit of a limited stock, all
+through the pattern under test.
+An update lost to a race would show as a final counter below the number of successful
+increments, or as more units sold than there were; the conflicts the retry loops absorbed
+are counted and must be there (K processes on one key do collide).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Barrier
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import redis
+import redis.asyncio
+from sqlalchemy import (
+    Column,
+    Engine,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session
+from sqlalchemy.orm.exc import StaleDataError
+
+from tenure import ConfigurationError, wait_random
+from tenure.local import LocalCluster
+from tenure.patterns import (
+    ConflictError,
+    OptimisticStats,
+    Plan,
+    Reads,
+    RowMissing,
+    StaleVersion,
+    aoptimistic,
+    optimistic,
+    retry_optimistic,
+    versioned_update,
+)
+
+from .pg import EmbeddedPostgres
+
+K = 6  # processes
+ROUNDS = 30  # per process: one increment and one sale attempt each
+STOCK = 100  # fewer units than K * ROUNDS sale attempts: some must find it sold out
+RETRIES = 200  # generous: contention tests check exact totals, not the bound
+
+# forkserver: fork() from a possibly multi-threaded pytest process is unsafe.
+_ctx = multiprocessing.get_context("forkserver")
+
+metadata = MetaData()
+items = Table(
+    "optimistic_items",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(40)),
+    Column("value", Integer, nullable=False),
+    Column("version", Integer, nullable=False),
+)
+
+
+class SoldOut(Exception):
+    pass
+
+
+# --- Fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[LocalCluster]:
+    with LocalCluster(1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def raw(node: LocalCluster) -> Iterator[redis.Redis]:
+    with node[0].client() as client:
+        yield client
+
+
+@pytest.fixture
+def key(request: pytest.FixtureRequest) -> str:
+    """A key no other test uses (the node is shared by the module)."""
+    return f"{request.node.name}-{uuid.uuid4().hex[:8]}"
+
+
+class Run:
+    """``run(keys, fn, **options)``: optimistic() or aoptimistic(), called the same way."""
+
+    def __init__(self, flavour: str, url: str, raw: redis.Redis) -> None:
+        self.flavour = flavour
+        self.raw = raw
+        self.loop = asyncio.new_event_loop() if flavour == "async" else None
+        self.client = redis.asyncio.Redis.from_url(url) if flavour == "async" else None
+
+    def __call__(self, keys: Any, fn: Callable[[Reads[Any]], Any], **options: Any) -> Any:
+        if self.loop is None:
+            return optimistic(self.raw, keys, fn, **options)
+        assert self.client is not None
+        return self.loop.run_until_complete(aoptimistic(self.client, keys, fn, **options))
+
+    def close(self) -> None:
+        if self.loop is not None:
+            assert self.client is not None
+            self.loop.run_until_complete(self.client.aclose())
+            self.loop.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def run(request: pytest.FixtureRequest, node: LocalCluster, raw: redis.Redis) -> Iterator[Run]:
+    runner = Run(request.param, node.urls[0], raw)
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[EmbeddedPostgres]:
+    with EmbeddedPostgres() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'optimistic.db'}"
+    url: str = request.getfixturevalue("postgres").url
+    return url
+
+
+@pytest.fixture
+def engine(sql_url: str) -> Iterator[Engine]:
+    eng = create_engine(sql_url)
+    metadata.create_all(eng)
+    with eng.begin() as conn:
+        conn.execute(
+            insert(items),
+            [
+                {"id": 1, "name": "counter", "value": 0, "version": 0},
+                {"id": 2, "name": "stock", "value": STOCK, "version": 0},
+            ],
+        )
+    try:
+        yield eng
+    finally:
+        metadata.drop_all(eng)
+        eng.dispose()
+
+
+# --- Plans used by the tests and the worker processes -------------------------------------
+
+
+def increment(key: str) -> Callable[[Reads[Any]], Plan[int]]:
+    def plan(reads: Reads[Any]) -> Plan[int]:
+        value = reads.int(key) + 1
+        return Plan(result=value, writes={key: value})
+
+    return plan
+
+
+def sell(key: str) -> Callable[[Reads[Any]], Plan[int]]:
+    """Take one unit; never below zero: refuse by raising."""
+
+    def plan(reads: Reads[Any]) -> Plan[int]:
+        left = reads.int(key)
+        if left <= 0:
+            raise SoldOut
+        return Plan(result=left - 1, writes={key: left - 1})
+
+    return plan
+
+
+def interfering(
+    other: redis.Redis, key: str, calls: list[int]
+) -> Callable[[Reads[Any]], Plan[int]]:
+    """A plan whose key is written by another client between the read and EXEC: a real conflict."""
+
+    def plan(reads: Reads[Any]) -> Plan[int]:
+        calls.append(1)
+        other.incr(key)
+        return Plan(result=0, writes={key: -1})
+
+    return plan
+
+
+# --- Redis: behaviour (sync and async) ----------------------------------------------------
+
+
+def test_commits_the_plan_and_returns_its_result(run: Run, raw: redis.Redis, key: str) -> None:
+    stats = OptimisticStats()
+    assert [run([key], increment(key), stats=stats) for _ in range(3)] == [1, 2, 3]
+    assert raw.get(key) == b"3"
+    assert (stats.attempts, stats.conflicts, stats.committed, stats.gave_up) == (3, 0, 3, 0)
+
+
+def test_fn_raising_writes_nothing_and_propagates(run: Run, raw: redis.Redis, key: str) -> None:
+    raw.set(key, 0)
+    stats = OptimisticStats()
+    with pytest.raises(SoldOut):
+        run([key], sell(key), stats=stats)
+    assert raw.get(key) == b"0"
+    assert (stats.attempts, stats.conflicts) == (1, 0)  # never retried
+
+
+@pytest.mark.parametrize("retries", [0, 3])
+def test_the_bound_is_respected(run: Run, node: LocalCluster, key: str, retries: int) -> None:
+    calls: list[int] = []
+    stats = OptimisticStats()
+    with node[0].client() as other, pytest.raises(ConflictError) as info:
+        run([key], interfering(other, key, calls), retries=retries, stats=stats)
+    assert info.value.attempts == retries + 1 == len(calls)
+    assert info.value.keys == (key,)
+    assert isinstance(info.value.__cause__, ConflictError)
+    assert (stats.attempts, stats.conflicts, stats.committed, stats.gave_up) == (
+        retries + 1,
+        retries + 1,
+        0,
+        1,
+    )
+
+
+def test_a_conflict_is_retried_from_a_fresh_read(
+    run: Run, node: LocalCluster, raw: redis.Redis, key: str
+) -> None:
+    raw.set(key, 10)
+    seen: list[int] = []
+
+    with node[0].client() as other:
+
+        def plan(reads: Reads[Any]) -> Plan[int]:
+            seen.append(reads.int(key))
+            if len(seen) == 1:
+                other.incr(key)  # someone else's update lands during our first attempt
+            return Plan(result=reads.int(key) + 1, writes={key: reads.int(key) + 1})
+
+        stats = OptimisticStats()
+        assert run([key], plan, backoff=wait_random(0, 0.001), stats=stats) == 12
+    assert seen == [10, 11]
+    assert raw.get(key) == b"12"  # both updates survive
+    assert (stats.attempts, stats.conflicts) == (2, 1)
+
+
+def test_a_plan_without_writes_is_still_confirmed(run: Run, node: LocalCluster, key: str) -> None:
+    """A result computed from the reads (here: "sold out") must hold at EXEC too."""
+    calls: list[int] = []
+    with node[0].client() as other:
+
+        def plan(reads: Reads[Any]) -> Plan[str]:
+            calls.append(1)
+            if len(calls) == 1:
+                other.set(key, 5)
+            return Plan(result="sold out" if reads.int(key) == 0 else "in stock")
+
+        assert run([key], plan) == "in stock"
+    assert len(calls) == 2
+
+
+def test_writes_may_be_a_function_and_delete(run: Run, raw: redis.Redis, key: str) -> None:
+    raw.set(f"{key}:gone", 1)
+
+    def plan(reads: Reads[Any]) -> Plan[None]:
+        def writes(tx: Any) -> None:
+            tx.hincrby(f"{key}:cart", "n", 2)
+            tx.delete(f"{key}:gone")
+
+        return Plan(result=None, writes=writes)
+
+    run([key], plan)
+    run([key], lambda reads: Plan(result=None, writes={f"{key}:x": "y", f"{key}:cart": None}))
+    assert raw.exists(f"{key}:cart", f"{key}:gone") == 0
+    assert raw.get(f"{key}:x") == b"y"
+
+
+def test_reads_of_other_types_go_through_the_reader(run: Run, raw: redis.Redis, key: str) -> None:
+    raw.hset(key, mapping={"points": 7})
+
+    def sync_plan(reads: Reads[Any]) -> Plan[int]:
+        assert reads[key] is None  # MGET answers nil for a hash
+        points = int(reads.reader.hget(key, "points"))
+        return Plan(result=points, writes=lambda tx: tx.hset(key, "points", points - 1))
+
+    async def async_plan(reads: Reads[Any]) -> Plan[int]:
+        points = int(await reads.reader.hget(key, "points"))
+        return Plan(result=points, writes=lambda tx: tx.hset(key, "points", points - 1))
+
+    assert run([key], sync_plan if run.flavour == "sync" else async_plan) == 7
+    assert raw.hget(key, "points") == b"6"
+
+
+def test_bad_arguments_are_refused(run: Run, key: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        run(key, increment(key))  # one string, not a sequence of keys
+    assert info.value.parameter == "keys"
+    with pytest.raises(ConfigurationError) as info:
+        run([key], increment(key), retries=-1)
+    assert info.value.parameter == "retries"
+    with pytest.raises(ConfigurationError) as info:
+        run([key], lambda reads: Plan(result=None, writes=[("a", 1)]))  # type: ignore[arg-type]
+    assert info.value.parameter == "writes"
+
+
+def test_a_lost_connection_is_not_a_conflict() -> None:
+    """redis-py reports a connection lost while watching as a WatchError; it is not retried.
+
+    Retrying it would be wrong: had EXEC been sent, the writes may have been applied.
+    """
+    with LocalCluster(1) as doomed:
+        calls: list[int] = []
+
+        def plan(reads: Reads[Any]) -> Plan[int]:
+            calls.append(1)
+            doomed[0].kill()
+            return Plan(result=1, writes={"k": 1})
+
+        sync = redis.Redis.from_url(doomed.urls[0])
+        aclient = redis.asyncio.Redis.from_url(doomed.urls[0])
+        loop = asyncio.new_event_loop()
+        try:
+            with pytest.raises(redis.ConnectionError):
+                optimistic(sync, ["k"], plan)
+            assert calls == [1]
+            doomed[0].start()
+            calls.clear()
+            with pytest.raises(redis.ConnectionError):
+                loop.run_until_complete(aoptimistic(aclient, ["k"], plan))
+            assert calls == [1]
+        finally:
+            sync.close()
+            loop.run_until_complete(aclient.aclose())
+            loop.close()
+
+
+# --- SQL: versioned_update ----------------------------------------------------------------
+
+
+def read_item(conn: Any, item_id: int) -> tuple[int, int]:
+    row = conn.execute(select(items.c.value, items.c.version).where(items.c.id == item_id)).one()
+    return row.value, row.version
+
+
+def test_versioned_update_bumps_the_version(engine: Engine) -> None:
+    with engine.begin() as conn:
+        assert versioned_update(conn, items, items.c.id == 1, 0, {"value": 5}) == 1
+        assert versioned_update(conn, items, items.c.id == 1, 1, {"value": 6}) == 2
+    with engine.connect() as conn:
+        assert read_item(conn, 1) == (6, 2)
+
+
+def test_versioned_update_refuses_a_stale_version(engine: Engine) -> None:
+    with engine.begin() as conn:
+        versioned_update(conn, items, items.c.id == 1, 0, {"value": 5})
+    with engine.begin() as conn, pytest.raises(StaleVersion) as info:
+        versioned_update(conn, items, items.c.id == 1, 0, {"value": 99})
+    assert (info.value.expected, info.value.actual) == (0, 1)
+    assert info.value.row == "optimistic_items WHERE optimistic_items.id = 1"
+    assert info.value.keys == (info.value.row,)
+    assert isinstance(info.value, ConflictError)
+    with engine.connect() as conn:
+        assert read_item(conn, 1) == (5, 1)
+
+
+def test_versioned_update_reports_a_missing_row(engine: Engine) -> None:
+    with engine.begin() as conn, pytest.raises(RowMissing) as info:
+        versioned_update(conn, items, items.c.id == 42, 0, {"value": 1})
+    assert "optimistic_items.id = 42" in info.value.row
+    assert isinstance(info.value, LookupError)
+    assert not isinstance(info.value, ConflictError)  # not retried
+
+
+def test_versioned_update_refuses_bad_arguments(engine: Engine) -> None:
+    with engine.begin() as conn:
+        with pytest.raises(ConfigurationError) as info:
+            versioned_update(conn, items, items.c.id == 1, 0, {"version": 7})
+        assert info.value.parameter == "values"
+        with pytest.raises(ConfigurationError) as info:
+            versioned_update(conn, items, items.c.id == 1, 0, {"value": 1}, version_column="rev")
+        assert info.value.parameter == "version_column"
+        with pytest.raises(ConfigurationError) as info:
+            versioned_update(conn, items, items.c.id == 1, "0", {"value": 1})  # type: ignore[arg-type]
+        assert info.value.parameter == "expected_version"
+    # Several rows matched: refused, and the caller's transaction is rolled back with it.
+    with pytest.raises(ConfigurationError) as info, engine.begin() as conn:
+        versioned_update(conn, items, items.c.version == 0, 0, {"value": 1})
+    assert info.value.parameter == "id_clause"
+    with engine.connect() as conn:
+        assert read_item(conn, 1) == (0, 0)
+
+
+def test_versioned_update_works_in_an_orm_session(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        assert versioned_update(session, items, items.c.id == 1, 0, {"value": 3}) == 1
+        with pytest.raises(StaleVersion):
+            versioned_update(session, items, items.c.id == 1, 0, {"value": 4})
+
+
+def test_sql_retry_bound_with_a_forced_conflict(engine: Engine) -> None:
+    """retries=0: one attempt, whose row another transaction bumps before the update."""
+    calls: list[int] = []
+
+    def attempt() -> int:
+        calls.append(1)
+        with engine.begin() as conn:
+            value, version = read_item(conn, 1)
+        with engine.begin() as other:  # a concurrent writer commits first
+            versioned_update(other, items, items.c.id == 1, version, {"value": value + 10})
+        with engine.begin() as conn:
+            return versioned_update(conn, items, items.c.id == 1, version, {"value": value + 1})
+
+    stats = OptimisticStats()
+    with pytest.raises(ConflictError) as info:
+        retry_optimistic(attempt, retries=0, stats=stats)
+    assert calls == [1]
+    assert info.value.attempts == 1
+    assert isinstance(info.value.__cause__, StaleVersion)
+    assert (stats.attempts, stats.conflicts, stats.gave_up) == (1, 1, 1)
+    with engine.connect() as conn:
+        assert read_item(conn, 1) == (10, 1)  # the other writer's update, and only it
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Item(Base):
+    """The same table through the ORM, with SQLAlchemy's own version counter."""
+
+    __table__ = items
+    __mapper_args__ = {"version_id_col": items.c.version}  # noqa: RUF012
+    if TYPE_CHECKING:
+        id: Mapped[int]
+        value: Mapped[int]
+
+
+def test_orm_version_id_col_retries_with_retry_optimistic(engine: Engine) -> None:
+    """The ORM's version_id_col raises StaleDataError; retry_optimistic retries it too."""
+    calls: list[int] = []
+
+    def attempt() -> int:
+        calls.append(1)
+        with Session(engine) as session, session.begin():
+            item = session.get(Item, 1)
+            assert item is not None
+            if len(calls) == 1:  # another writer commits between our read and our flush
+                with engine.begin() as other:
+                    other.execute(
+                        update(items)
+                        .where(items.c.id == 1)
+                        .values(value=items.c.value + 10, version=items.c.version + 1)
+                    )
+            item.value += 1
+            return item.value  # read before the commit expires it
+
+    assert retry_optimistic(attempt, retry_on=(StaleDataError,)) == 11
+    assert len(calls) == 2
+
+
+# --- Contention: K processes --------------------------------------------------------------
+
+
+class Workers:
+    """K worker processes, started once per module, that run jobs all at the same moment.
+
+    Starting K interpreters costs seconds on a small machine, so the module's contention
+    tests share one set. ``run(target, *args)`` sends the job to every worker; each waits
+    on a barrier, then calls ``target(*args)`` and sends back what it returned.
+    """
+
+    def __init__(self) -> None:
+        # Kept referenced: collecting it in the parent unlinks the semaphore the workers use.
+        self.ready = ready = _ctx.Barrier(K)
+        self.pipes: list[Connection] = []
+        self.procs: list[Any] = []
+        for _ in range(K):
+            parent_end, child_end = _ctx.Pipe()
+            proc = _ctx.Process(target=_serve, args=(ready, child_end), daemon=True)
+            proc.start()
+            child_end.close()
+            self.pipes.append(parent_end)
+            self.procs.append(proc)
+
+    def run(self, target: Callable[..., Any], *args: Any) -> list[Any]:
+        for pipe in self.pipes:
+            pipe.send((target, args))
+        results = []
+        for pipe in self.pipes:
+            assert pipe.poll(60), "a worker made no progress"
+            ok, value = pipe.recv()
+            assert ok, f"a worker failed:\n{value}"
+            results.append(value)
+        return results
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError):
+                pipe.send(None)
+            pipe.close()
+        for proc in self.procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def _serve(ready: Barrier, jobs: Connection) -> None:
+    """A worker's loop: run each job after the barrier, send back (ok, result or traceback)."""
+    while (job := jobs.recv()) is not None:
+        target, args = job
+        ready.wait()
+        try:
+            jobs.send((True, target(*args)))
+        except Exception:
+            jobs.send((False, traceback.format_exc()))
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[Workers]:
+    pool = Workers()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+Tally = tuple[int, int, OptimisticStats]  # (increments, units sold, stats)
+
+
+def _redis_worker(url: str, counter: str, stock: str) -> Tally:
+    stats, sold = OptimisticStats(), 0
+    with redis.Redis.from_url(url) as client:
+        for _ in range(ROUNDS):
+            optimistic(client, [counter], increment(counter), retries=RETRIES, stats=stats)
+            try:
+                optimistic(client, [stock], sell(stock), retries=RETRIES, stats=stats)
+                sold += 1
+            except SoldOut:
+                pass
+    return ROUNDS, sold, stats
+
+
+def _sql_worker(url: str) -> Tally:
+    engine = create_engine(url)
+    stats, sold = OptimisticStats(), 0
+
+    def bump(item_id: int) -> int:
+        with engine.begin() as conn:
+            value, version = read_item(conn, item_id)
+            if item_id == 2 and value <= 0:
+                raise SoldOut
+            new = value + 1 if item_id == 1 else value - 1
+            versioned_update(conn, items, items.c.id == item_id, version, {"value": new})
+            return new
+
+    try:
+        for _ in range(ROUNDS):
+            retry_optimistic(lambda: bump(1), retries=RETRIES, stats=stats)
+            try:
+                retry_optimistic(lambda: bump(2), retries=RETRIES, stats=stats)
+                sold += 1
+            except SoldOut:
+                pass
+    finally:
+        engine.dispose()
+    return ROUNDS, sold, stats
+
+
+def check_tallies(tallies: list[Tally], counter: int, stock: int) -> OptimisticStats:
+    increments = sum(t[0] for t in tallies)
+    sold = sum(t[1] for t in tallies)
+    total = OptimisticStats()
+    for _, _, stats in tallies:
+        total.merge(stats)
+    assert counter == increments == K * ROUNDS  # no lost update
+    assert sold == STOCK  # sold exactly what there was...
+    assert stock == 0  # ...and never went below zero
+    assert total.gave_up == 0
+    assert total.attempts == total.committed + total.conflicts + (K * ROUNDS - STOCK)
+    assert total.conflicts > 0  # K processes on one key do collide
+    return total
+
+
+def test_redis_processes_lose_no_update(
+    workers: Workers, node: LocalCluster, raw: redis.Redis, key: str
+) -> None:
+    counter, stock = f"{key}:counter", f"{key}:stock"
+    raw.set(stock, STOCK)
+    tallies = workers.run(_redis_worker, node.urls[0], counter, stock)
+    stats = check_tallies(tallies, int(raw.get(counter) or 0), int(raw.get(stock) or 0))
+    print(f"redis: {stats}")
+
+
+def test_redis_tasks_lose_no_update(node: LocalCluster, raw: redis.Redis, key: str) -> None:
+    counter = f"{key}:counter"
+
+    async def main() -> OptimisticStats:
+        client = redis.asyncio.Redis.from_url(node.urls[0])
+        stats = OptimisticStats()
+
+        async def task() -> None:
+            for _ in range(ROUNDS):
+                await aoptimistic(
+                    client, [counter], increment(counter), retries=RETRIES, stats=stats
+                )
+
+        try:
+            await asyncio.gather(*(task() for _ in range(K)))
+        finally:
+            await client.aclose()
+        return stats
+
+    stats = asyncio.run(main())
+    assert raw.get(counter) == str(K * ROUNDS).encode()
+    assert stats.committed == K * ROUNDS
+    assert stats.conflicts > 0
+    assert stats.attempts == stats.committed + stats.conflicts
+
+
+def test_sql_processes_lose_no_update(workers: Workers, engine: Engine, sql_url: str) -> None:
+    tallies = workers.run(_sql_worker, sql_url)
+    with engine.connect() as conn:
+        (counter, _), (stock, _) = read_item(conn, 1), read_item(conn, 2)
+    stats = check_tallies(tallies, counter, stock)
+    print(f"{engine.dialect.name}: {stats}")
