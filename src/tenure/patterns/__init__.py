@@ -8,6 +8,9 @@
   effect not applied twice; claims with a lease on Redis (:class:`RedisIdempotency`),
   or a unique key inserted in the effect's own SQL transaction (:class:`SqlIdempotency`),
   and the :func:`idempotent` decorator for request handlers.
+* :mod:`tenure.patterns.streams` (R14): single-writer streams: writes for a key go to one
+  of P Redis Streams partitions (:class:`StreamProducer`), each consumed by exactly one
+  worker holding a fenced tenure lease on it (:class:`StreamWorker`).
 
 The SQL helpers need SQLAlchemy (``pip install 'tenure[sql]'``); it is imported only when
 they are first called, so the Redis half needs nothing but redis-py.
@@ -41,17 +44,32 @@ from .optimistic import (
     retry_optimistic,
     versioned_update,
 )
+from .streams import (
+    KEY_FIELD,
+    Handler,
+    Partitioner,
+    StopSignal,
+    StreamProducer,
+    StreamWorker,
+    WorkerStats,
+    fair_share,
+    partition_lock_name,
+    partition_stream,
+)
 
 __all__ = [
     "JSON",
+    "KEY_FIELD",
     "ClaimLost",
     "Codec",
     "ConflictError",
+    "Handler",
     "IdempotencyStore",
     "InProgress",
     "NotClaimed",
     "Once",
     "OptimisticStats",
+    "Partitioner",
     "Plan",
     "Reads",
     "RedisIdempotency",
@@ -60,11 +78,18 @@ __all__ = [
     "SqlIdempotency",
     "SqlOnce",
     "StaleVersion",
+    "StopSignal",
+    "StreamProducer",
+    "StreamWorker",
+    "WorkerStats",
     "aoptimistic",
     "aretry_optimistic",
+    "fair_share",
     "idempotency_table",
     "idempotent",
     "optimistic",
+    "partition_lock_name",
+    "partition_stream",
     "retry_optimistic",
     "versioned_update",
 ]

@@ -1,0 +1,805 @@
+"""Single-writer streams (R14): every write for a key goes through one ordered stream,
+consumed by exactly one worker at a time, instead of taking a lock per write.
+
+Theory of operation
+-------------------
+
+Layout, for a ``stream_prefix`` such as ``"orders"`` and P partitions::
+
+    orders:{p}            a Redis stream: the writes of every key whose partition is p
+    orders:{p}:owner      the fencing token of the lease that owns partition p now
+    orders:workers        sorted set: live workers, scored by heartbeat expiry (ms)
+    orders:partition:<p>  the tenure lock (on the lock nodes) that grants partition p
+
+A key's partition is ``crc32(key) mod P`` (:class:`Partitioner`), the same in every
+process (Python's ``hash()`` is salted per process). A producer ``XADD``s a write to its
+key's stream, so per-key order is the order of ``XADD`` on one stream. P is fixed for the
+life of the streams: changing it moves keys between streams and mixes their order.
+
+A worker owns a partition while it holds a tenure lease on ``<prefix>:partition:<p>``,
+taken without blocking and kept alive by the lease's watchdog. It consumes a stream it
+owns through one consumer group (``XREADGROUP``), calls
+``handler(key, payload, fencing_token)`` for each entry in stream order, and
+acknowledges the batch (``XACK``) afterwards.
+
+**Taking a partition over.** Whatever the previous owner read but did not acknowledge is
+in the group's pending list, under its consumer name. Those entries all precede every
+undelivered one (``>`` delivers in id order, past the group's last-delivered id), so the
+new owner first claims the whole pending list in id order (``XAUTOCLAIM`` with idle time
+0: the lease, not an idle timer, says the previous owner is gone) and processes it, then
+reads new entries. Stream order, hence per-key order, is kept across owners; nothing
+read by a dead owner is lost; what it had handled but not acknowledged is delivered again.
+
+**Fencing the stream itself.** A lease can end while its holder still runs (a pause, a
+slow network). Without care, such a holder's late ``XREADGROUP`` would move fresh entries
+into *its* pending list after the new owner's claim, where nobody would process them
+before newer ones. So every read and acknowledgement is a Lua script that first compares
+the caller's fencing token with ``<prefix>:{p}:owner``, and a new owner writes its token
+there (refused if a newer one is there already) in the same script that creates the
+group. From the moment the new owner took the stream, the old one can neither read nor
+acknowledge; before that moment whatever it read is pending and will be claimed.
+
+**A worker that lost its lease stops before writing again.** Before each handler call
+the worker calls ``lease.check()``; a lease found lost (watchdog, failed extension, or
+validity over because the process was paused) drops the partition: no handler call, no
+acknowledgement. A holder that pauses *after* its check can still write late; that is
+what the fencing token handed to the handler is for: the handler writes through a fenced
+store (:class:`tenure.fencing.FencedStore`, per partition or per key), which refuses the
+late write with :class:`~tenure.StaleToken`, and the worker drops the partition.
+
+**Delivery: at least once.** An entry is handed to the handler at least once, and again
+after a crash, a lost lease or a handler error between the handler call and the
+acknowledgement (at most one batch per such event). Effects are exactly once only if the
+handler is idempotent *and* fenced: it records, atomically with its effect, what it has
+applied (a per-key sequence number checked as ``seq == last + 1``, or an
+``applied:<request id>`` marker from the payload). The stream's message id is not a good
+idempotency key on its own: a producer that retries an ``XADD`` whose reply was lost
+appends a second entry with a new id.
+
+**Spreading partitions.** Each worker refreshes its entry in ``<prefix>:workers`` every
+``rebalance_interval`` (expiry = Redis server time + ``heartbeat_ttl``, so the workers'
+clocks never need to agree), reads the live names, and aims at its share: with W live
+workers sorted by name, ``P // W`` partitions plus one for the first ``P % W`` names, so
+the shares add up to P and never exceed ``ceil(P / W)``. A worker above its share
+releases the extra partitions (between batches, with everything acknowledged); below it,
+it tries free partitions in random order. A worker that dies stops heartbeating and
+renewing: within about one TTL its leases expire, the others count one worker fewer,
+and take the partitions. The registry only guides the shares; the leases are what
+decide ownership, so a stale view costs balance, never safety.
+
+**What a handler error does.** The entries already handled are acknowledged, and the
+partition rewinds: after ``retry_delay`` it claims its own pending list again from the
+start, so the failed entry is retried before anything newer (per-key order over
+progress). An entry that always fails therefore stops its partition; the handler should
+catch what it can deal with.
+
+Assumptions: the stream Redis keeps its data (a stream node restarted empty has lost the
+writes themselves); consumer names are unique among live workers; the handler does not
+run longer than the lease can be kept alive (the watchdog extends it meanwhile).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import secrets
+import threading
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import redis
+
+from .._clock import monotonic
+from .._errors import ConfigurationError, LeaseLost, LockTimeout, NotHeld, StaleToken, TenureError
+from .._sync.client import Client, Lease
+
+__all__ = [
+    "KEY_FIELD",
+    "Handler",
+    "Partitioner",
+    "StopSignal",
+    "StreamProducer",
+    "StreamWorker",
+    "WorkerStats",
+    "fair_share",
+    "partition_lock_name",
+    "partition_stream",
+]
+
+_log = logging.getLogger("tenure.streams")
+
+KEY_FIELD = "tenure.key"
+"""The stream-entry field that carries the resource key; payloads may not use it."""
+
+MAX_BATCH = 1000  # ids per XACK are unpacked onto the Lua stack, which holds ~8000
+
+Handler = Callable[[str, Mapping[str, bytes], int], object]
+"""``handler(key, payload, fencing_token)``: apply one write; its return value is ignored."""
+
+Payload = Mapping[str, str | bytes | int]
+
+_NO_CURSOR = ""  # the read script's "read new entries" (an XAUTOCLAIM cursor otherwise)
+_CLAIM_FROM_START = "0-0"
+
+
+class StopSignal(Protocol):
+    """What ``StreamWorker.run`` needs of its stop event (``threading.Event`` and
+    ``multiprocessing.Event`` both fit)."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+def _check_partitions(partitions: object) -> int:
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+        raise ConfigurationError("partitions", f"must be an int >= 1, got {partitions!r}")
+    return partitions
+
+
+def _check_name(parameter: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(parameter, f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _check_positive(parameter: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigurationError(parameter, f"must be a number > 0, got {value!r}")
+    if math.isinf(value):
+        raise ConfigurationError(parameter, "must be finite")
+    return float(value)
+
+
+def partition_stream(stream_prefix: str, partition: int) -> str:
+    """The stream key of ``partition``: ``<prefix>:{<partition>}``.
+
+    The ``{partition}`` hash tag keeps the stream and its owner key in one Redis Cluster
+    slot, which the fenced scripts need.
+    """
+    return f"{stream_prefix}:{{{partition}}}"
+
+
+def partition_lock_name(stream_prefix: str, partition: int) -> str:
+    """The tenure lock name whose lease owns ``partition``: ``<prefix>:partition:<p>``."""
+    return f"{stream_prefix}:partition:{partition}"
+
+
+def _owner_key(stream_prefix: str, partition: int) -> str:
+    return f"{partition_stream(stream_prefix, partition)}:owner"
+
+
+def _registry_key(stream_prefix: str) -> str:
+    return f"{stream_prefix}:workers"
+
+
+class Partitioner:
+    """Maps a resource key to its partition, identically in every process.
+
+    ``Partitioner(8)("orders:42")`` is ``crc32(b"orders:42") % 8``. CRC-32 rather than
+    Python's ``hash()``, which is salted per process, so producers and workers agree.
+
+    Args:
+        partitions: the number of partitions P (>= 1).
+
+    Raises:
+        ConfigurationError: ``partitions`` is not an int >= 1.
+    """
+
+    __slots__ = ("partitions",)
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = _check_partitions(partitions)
+
+    def __call__(self, key: str) -> int:
+        return zlib.crc32(key.encode()) % self.partitions
+
+    def __repr__(self) -> str:
+        return f"Partitioner({self.partitions})"
+
+
+def _entry_fields(key: str, payload: Payload) -> dict[Any, Any]:
+    """The fields of one stream entry: the key, then the payload.
+
+    Raises:
+        ConfigurationError: (``key``, ``payload``) an empty key, a field named
+            ``KEY_FIELD``, or a value that is not str, bytes or int.
+    """
+    _check_name("key", key)
+    # dict[Any, Any]: what redis-py's xadd accepts has changed between versions.
+    fields: dict[Any, Any] = {KEY_FIELD: key}
+    for name, value in payload.items():
+        if not isinstance(name, str) or name == KEY_FIELD:
+            raise ConfigurationError("payload", f"field name {name!r} is reserved or not a str")
+        # bool is an int, but True in a payload is a bug in the caller.
+        if isinstance(value, bool) or not isinstance(value, (str, bytes, int)):
+            raise ConfigurationError("payload", f"{name!r}: {type(value).__name__} value")
+        fields[name] = value
+    return fields
+
+
+class StreamProducer:
+    """Appends keyed writes to the partition streams.
+
+    Args:
+        redis_client: the Redis that holds the streams; the producer does not close it.
+        stream_prefix: the streams' common prefix (the workers' ``stream_prefix``).
+        partitions: P, the same as the workers'.
+
+    Raises:
+        ConfigurationError: an empty prefix, or ``partitions`` not an int >= 1.
+    """
+
+    def __init__(self, redis_client: redis.Redis, stream_prefix: str, partitions: int) -> None:
+        self.client = redis_client
+        self.stream_prefix = _check_name("stream_prefix", stream_prefix)
+        self.partitioner = Partitioner(partitions)
+
+    def stream_of(self, key: str) -> str:
+        """The stream ``key``'s writes go to."""
+        return partition_stream(self.stream_prefix, self.partitioner(key))
+
+    def append(self, key: str, payload: Payload) -> str:
+        """Append one write for ``key``; writes of one key are consumed in append order.
+
+        Returns:
+            The stream entry id.
+
+        Raises:
+            ConfigurationError: a bad key or payload (see :data:`KEY_FIELD`).
+            redis.RedisError: from the client. After a timeout the entry may or may not
+                have been appended; a retry may append it twice, which is why handlers
+                deduplicate on a key the payload carries, not on the entry id.
+        """
+        fields = _entry_fields(key, payload)
+        return _text(self.client.xadd(self.stream_of(key), fields))
+
+    def append_many(
+        self, writes: Iterable[tuple[str, Payload]], *, atomic: bool = False
+    ) -> list[str]:
+        """Append several writes in one round trip, in the order given.
+
+        Args:
+            writes: ``(key, payload)`` pairs.
+            atomic: wrap them in ``MULTI``/``EXEC``, so no reader sees some without the
+                others (single Redis only: on a cluster the streams are in other slots).
+
+        Returns:
+            The entry ids, in the order of ``writes``.
+        """
+        batch = [(self.stream_of(key), _entry_fields(key, payload)) for key, payload in writes]
+        with self.client.pipeline(transaction=atomic) as pipe:
+            for stream, fields in batch:
+                pipe.xadd(stream, fields)
+            return [_text(entry_id) for entry_id in pipe.execute()]
+
+
+@dataclass
+class WorkerStats:
+    """What one worker has done so far; for monitoring and tests."""
+
+    taken: int = 0
+    """Partitions acquired."""
+    released: int = 0
+    """Partitions given back (rebalancing, ``stop``)."""
+    lost: int = 0
+    """Partitions dropped because their lease was found lost (check, watchdog)."""
+    fenced: int = 0
+    """Partitions dropped because a store or the stream refused the lease's token."""
+    claimed: int = 0
+    """Entries claimed from a pending list (a previous owner's, or ours after an error)."""
+    handled: int = 0
+    """Handler calls that returned (an entry may be handled more than once)."""
+    failed: int = 0
+    """Handler calls that raised something other than a loss of the lease."""
+    skipped: int = 0
+    """Entries acknowledged without a handler call: deleted from the stream while
+    pending, or without a ``KEY_FIELD``."""
+
+
+@dataclass
+class _Held:
+    """A partition this worker holds the lease of."""
+
+    number: int
+    lease: Lease
+    cursor: str = _CLAIM_FROM_START
+    """Where the next ``XAUTOCLAIM`` starts; ``_NO_CURSOR`` once the pending list is
+    drained and new entries are read."""
+    resume_at: float = 0.0
+    """After a handler error: not read again before this instant."""
+
+    @property
+    def token(self) -> int:
+        return self.lease.fencing_token
+
+
+class StreamWorker:
+    """Consumes the partitions it holds leases on, one handler call at a time.
+
+    Args:
+        lock_client: the tenure client whose leases own partitions (not closed here).
+        redis_client: the Redis of the streams (not closed here).
+        stream_prefix: as given to :class:`StreamProducer`.
+        partitions: P, as given to :class:`StreamProducer`.
+        group: the consumer group's name; created at "0" if missing (a group deleted
+            while in use is recreated there, so what the stream still holds is
+            delivered again: harmless to an idempotent handler).
+        consumer_name: this worker's name, unique among live workers.
+        handler: ``handler(key, payload, fencing_token)``; payload values are bytes.
+        lease_ttl: TTL of each partition lease (the watchdog extends it every TTL/3);
+            a dead worker's partitions move after about this long.
+        batch_size: entries read per partition per pass (1..1000); also the most a
+            crash can deliver twice per partition.
+        poll_interval: seconds to sleep when no held partition had anything.
+        rebalance_interval: seconds between heartbeats and share checks (default
+            ``lease_ttl / 3``).
+        heartbeat_ttl: how long a silent worker still counts as live (default
+            ``lease_ttl``).
+        retry_delay: seconds before a partition whose handler raised is tried again.
+
+    Raises:
+        ConfigurationError: a parameter out of range.
+    """
+
+    def __init__(
+        self,
+        lock_client: Client,
+        redis_client: redis.Redis,
+        stream_prefix: str,
+        partitions: int,
+        group: str,
+        consumer_name: str,
+        handler: Handler,
+        *,
+        lease_ttl: float = 10.0,
+        batch_size: int = 100,
+        poll_interval: float = 0.05,
+        rebalance_interval: float | None = None,
+        heartbeat_ttl: float | None = None,
+        retry_delay: float = 1.0,
+    ) -> None:
+        self.lock_client = lock_client
+        self.client = redis_client
+        self.stream_prefix = _check_name("stream_prefix", stream_prefix)
+        self.partitions = _check_partitions(partitions)
+        self.group = _check_name("group", group)
+        self.consumer_name = _check_name("consumer_name", consumer_name)
+        self.handler = handler
+        self.lease_ttl = _check_positive("lease_ttl", lease_ttl)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+            raise ConfigurationError("batch_size", f"must be an int, got {batch_size!r}")
+        if not 1 <= batch_size <= MAX_BATCH:
+            raise ConfigurationError("batch_size", f"must be in 1..{MAX_BATCH}, got {batch_size}")
+        self.batch_size = batch_size
+        self.poll_interval = _check_positive("poll_interval", poll_interval)
+        self.rebalance_interval = _check_positive(
+            "rebalance_interval",
+            self.lease_ttl / 3 if rebalance_interval is None else rebalance_interval,
+        )
+        self.heartbeat_ttl = _check_positive(
+            "heartbeat_ttl", self.lease_ttl if heartbeat_ttl is None else heartbeat_ttl
+        )
+        self.retry_delay = _check_positive("retry_delay", retry_delay)
+        self.stats = WorkerStats()
+        self._held: dict[int, _Held] = {}
+        self._next_balance = 0.0
+        self._rng = random.Random(secrets.randbits(64))
+        self._stopping = threading.Event()
+        self._guard = threading.Lock()  # run() and stop() from different threads
+        self._running = False
+
+    @property
+    def held(self) -> frozenset[int]:
+        """The partitions this worker holds leases on now."""
+        return frozenset(self._held)
+
+    def run(self, stop_event: StopSignal | None = None) -> None:
+        """Consume until ``stop_event`` is set or :meth:`stop` is called, then release
+        every lease and leave the registry (also when the handler raises
+        ``BaseException``).
+
+        Raises:
+            RuntimeError: ``run`` is already running on this worker.
+        """
+        with self._guard:
+            if self._running:
+                raise RuntimeError(f"worker {self.consumer_name!r} is already running")
+            self._running = True
+        try:
+            while not self._stop_requested(stop_event):
+                if self.run_once() == 0:
+                    self._idle(stop_event)
+        finally:
+            with self._guard:
+                self._running = False
+                self._shutdown()
+
+    def run_once(self) -> int:
+        """One pass: rebalance if due, then one batch from each held partition.
+
+        For callers that drive the loop themselves; only ever from one thread at a time.
+
+        Returns:
+            The number of entries handled or skipped (0: nothing to do).
+        """
+        now = monotonic()
+        if now >= self._next_balance:
+            self._next_balance = now + self.rebalance_interval
+            self._balance()
+        return self._consume()
+
+    def stop(self) -> None:
+        """Stop for good: ``run`` returns after the current batch and releases every
+        lease; without a running loop, release them now."""
+        self._stopping.set()
+        with self._guard:
+            if not self._running:
+                self._shutdown()
+
+    def __repr__(self) -> str:
+        return f"<StreamWorker {self.consumer_name!r} holds {sorted(self._held)}>"
+
+    # -- loop --------------------------------------------------------------------------
+
+    def _stop_requested(self, stop_event: StopSignal | None) -> bool:
+        return self._stopping.is_set() or (stop_event is not None and stop_event.is_set())
+
+    def _idle(self, stop_event: StopSignal | None) -> None:
+        # Wait on the caller's event when there is one, so that setting it wakes us at
+        # once; stop() is seen after at most one poll interval.
+        if stop_event is not None:
+            stop_event.wait(self.poll_interval)
+        else:
+            self._stopping.wait(self.poll_interval)
+
+    def _shutdown(self) -> None:
+        for number in list(self._held):
+            self._release(number)
+        try:
+            _call(
+                self.client,
+                _HEARTBEAT,
+                [_registry_key(self.stream_prefix)],
+                [self.consumer_name, 0],
+            )
+        except redis.RedisError as exc:
+            # Harmless: the entry expires after heartbeat_ttl.
+            _log.warning(
+                "tenure: worker %r could not leave the registry: %r", self.consumer_name, exc
+            )
+
+    # -- ownership ---------------------------------------------------------------------
+
+    def _balance(self) -> None:
+        """Heartbeat, then release or take partitions to match this worker's share."""
+        self._drop_lost()
+        try:
+            live = self._heartbeat()
+        except redis.RedisError as exc:
+            _log.warning("tenure: worker %r heartbeat failed: %r", self.consumer_name, exc)
+            return  # keep what we hold; take nothing on a view we could not refresh
+        target = fair_share(self.partitions, live, self.consumer_name)
+        extra = len(self._held) - target
+        for number in sorted(self._held, reverse=True)[: max(extra, 0)]:
+            self._release(number)
+        if extra < 0:
+            self._take_up_to(target)
+
+    def _heartbeat(self) -> list[str]:
+        ttl_ms = max(1, int(self.heartbeat_ttl * 1000))
+        reply = _call(
+            self.client,
+            _HEARTBEAT,
+            [_registry_key(self.stream_prefix)],
+            [self.consumer_name, ttl_ms],
+        )
+        return [_text(name) for name in reply]
+
+    def _take_up_to(self, target: int) -> None:
+        free = [p for p in range(self.partitions) if p not in self._held]
+        self._rng.shuffle(free)  # competing workers start at different partitions
+        for number in free:
+            if len(self._held) >= target or not self._try_take(number):
+                return
+
+    def _try_take(self, number: int) -> bool:
+        """Acquire ``number``'s lease and fence its stream; False: stop trying for now."""
+        name = partition_lock_name(self.stream_prefix, number)
+        try:
+            lease = self.lock_client.acquire(name, self.lease_ttl, blocking=False, watchdog=True)
+        except LockTimeout:
+            return True  # another worker has it: try the next one
+        except ConfigurationError:
+            raise  # a TTL the lock client refuses, an ACL: no retry will fix it
+        except TenureError as exc:  # no quorum, ACL...: no partition is to be had now
+            _log.warning("tenure: worker %r cannot acquire %r: %r", self.consumer_name, name, exc)
+            return False
+        try:
+            taken = self._fence_stream(number, lease.fencing_token)
+        except redis.RedisError as exc:
+            _log.warning(
+                "tenure: worker %r cannot take stream %d: %r", self.consumer_name, number, exc
+            )
+            _quiet_release(lease)
+            return False
+        if not taken:  # a newer lease took the stream already: ours is superseded
+            self.stats.fenced += 1
+            _quiet_release(lease)
+            return True
+        self._held[number] = _Held(number, lease)
+        self.stats.taken += 1
+        return True
+
+    def _fence_stream(self, number: int, token: int) -> bool:
+        reply = _call(self.client, _TAKE, self._keys(number), [token, self.group])
+        return int(reply) == 1
+
+    def _keys(self, number: int) -> list[str]:
+        """The keys of the fenced stream scripts: the stream, then its owner key."""
+        return [
+            partition_stream(self.stream_prefix, number),
+            _owner_key(self.stream_prefix, number),
+        ]
+
+    def _release(self, number: int) -> None:
+        held = self._held.pop(number)
+        self.stats.released += 1
+        _quiet_release(held.lease)
+
+    def _drop(self, held: _Held, *, fenced: bool) -> None:
+        """Give up a partition whose lease can no longer be trusted."""
+        if self._held.get(held.number) is not held:
+            return
+        del self._held[held.number]
+        if fenced:
+            self.stats.fenced += 1
+        else:
+            self.stats.lost += 1
+        _log.info(
+            "tenure: worker %r dropped partition %d (%s)",
+            self.consumer_name,
+            held.number,
+            "token refused" if fenced else "lease lost",
+        )
+        _quiet_release(held.lease)
+
+    def _drop_lost(self) -> None:
+        for held in list(self._held.values()):
+            if held.lease.lost.is_set() or not held.lease.valid:
+                self._drop(held, fenced=False)
+
+    # -- consuming ---------------------------------------------------------------------
+
+    def _consume(self) -> int:
+        self._drop_lost()
+        now = monotonic()
+        ready = [h for h in self._held.values() if h.resume_at <= now]
+        if not ready:
+            return 0
+        try:
+            replies = self._read(ready)
+        except redis.RedisError as exc:  # the stream node is unreachable
+            _log.warning("tenure: worker %r cannot read: %r", self.consumer_name, exc)
+            return 0
+        return sum(self._on_reply(held, reply) for held, reply in zip(ready, replies, strict=True))
+
+    def _read(self, ready: Sequence[_Held]) -> list[Any]:
+        """One batch from each partition in ``ready``, in one round trip."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for held in ready:
+                keys = self._keys(held.number)
+                args: list[str | int] = [
+                    held.token,
+                    self.group,
+                    self.consumer_name,
+                    self.batch_size,
+                    held.cursor,
+                ]
+                pipe.eval(_READ, len(keys), *keys, *args)
+            return pipe.execute(raise_on_error=False)
+
+    def _on_reply(self, held: _Held, reply: Any) -> int:
+        if isinstance(reply, redis.ResponseError):
+            # NOGROUP (the stream or group was deleted) and the like: give the partition
+            # back; whoever takes it next recreates the group.
+            _log.warning(
+                "tenure: worker %r partition %d: %s", self.consumer_name, held.number, reply
+            )
+            self._release(held.number)
+            return 0
+        if isinstance(reply, Exception):
+            self._rewind(held, reply)
+            return 0
+        kind = _text(reply[0])
+        if kind == "stale":
+            self._drop(held, fenced=True)
+            return 0
+        entries, skipped = reply[2], int(reply[3])
+        self.stats.skipped += skipped
+        if kind == "claim":
+            self.stats.claimed += len(entries)
+            next_cursor = _text(reply[1])
+            held.cursor = _NO_CURSOR if next_cursor == _CLAIM_FROM_START else next_cursor
+        return self._process(held, entries) + skipped
+
+    def _process(self, held: _Held, entries: Sequence[Any]) -> int:
+        """Hand ``entries`` to the handler in order, then acknowledge those handled."""
+        done: list[str] = []
+        for raw_id, raw_fields in entries:
+            entry_id = _text(raw_id)
+            parsed = _parse_fields(raw_fields)
+            if parsed is None:
+                _log.warning("tenure: entry %s has no %s field; skipped", entry_id, KEY_FIELD)
+                self.stats.skipped += 1
+                done.append(entry_id)
+                continue
+            try:
+                # The last moment to notice a lost lease before writing (R12).
+                held.lease.check()
+                self.handler(parsed[0], parsed[1], held.token)
+            except LeaseLost:
+                # No acknowledgement either: after a loss this worker writes nothing, and
+                # the next owner handles the rest (the handled ones again, idempotently).
+                self._drop(held, fenced=False)
+                return len(done)
+            except StaleToken:
+                self._drop(held, fenced=True)
+                return len(done)
+            except Exception as exc:
+                self.stats.failed += 1
+                _log.exception("tenure: handler failed on %s (key %r)", entry_id, parsed[0])
+                self._ack(held, done)
+                self._rewind(held, exc)
+                return len(done)
+            self.stats.handled += 1
+            done.append(entry_id)
+        self._ack(held, done)
+        return len(done)
+
+    def _ack(self, held: _Held, entry_ids: Sequence[str]) -> None:
+        if not entry_ids:
+            return
+        keys = self._keys(held.number)
+        try:
+            acked = int(_call(self.client, _ACK, keys, [held.token, self.group, *entry_ids]))
+        except redis.RedisError as exc:
+            # Maybe acknowledged, maybe not: claim our pending list again, which delivers
+            # the unacknowledged ones again, in order.
+            self._rewind(held, exc)
+            return
+        if acked < 0:
+            self._drop(held, fenced=True)
+
+    def _rewind(self, held: _Held, error: BaseException) -> None:
+        """Retry from our own pending list after ``retry_delay``: nothing newer first."""
+        _log.warning(
+            "tenure: worker %r partition %d rewinds after %r",
+            self.consumer_name,
+            held.number,
+            error,
+        )
+        held.cursor = _CLAIM_FROM_START
+        held.resume_at = monotonic() + self.retry_delay
+
+
+def fair_share(partitions: int, live: Sequence[str], me: str) -> int:
+    """How many partitions worker ``me`` should hold among the ``live`` workers.
+
+    The live names sorted; each gets ``partitions // W``, and the first
+    ``partitions % W`` one more, so the shares add up to ``partitions`` exactly and none
+    exceeds ``ceil(partitions / W)``. ``me`` counts as live even if missing from ``live``.
+    """
+    names = sorted(set(live) | {me})
+    base, extra = divmod(partitions, len(names))
+    return base + (1 if names.index(me) < extra else 0)
+
+
+def _quiet_release(lease: Lease) -> None:
+    """Release ``lease``; a lease already lost or released is fine here."""
+    try:
+        lease.release()
+    except (LeaseLost, NotHeld):
+        pass
+    except TenureError as exc:  # nodes unreachable: the lease expires by its TTL
+        _log.warning("tenure: releasing %r failed: %r", lease.name, exc)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _parse_fields(raw: Sequence[Any]) -> tuple[str, dict[str, bytes]] | None:
+    """``(key, payload)`` of a flat ``[field, value, ...]`` list; None without a key."""
+    fields = {_text(raw[i]): _bytes(raw[i + 1]) for i in range(0, len(raw) - 1, 2)}
+    key = fields.pop(KEY_FIELD, None)
+    return None if key is None else (key.decode(), fields)
+
+
+def _call(client: redis.Redis, source: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+    # EVAL with the source, never EVALSHA: nothing to go missing after SCRIPT FLUSH or a
+    # restart (docs/architecture.md, "EVAL, not EVALSHA").
+    return client.eval(source, len(keys), *keys, *args)
+
+
+# Take a partition's stream: record the new owner's token unless a newer one is there,
+# and create the consumer group (at "0": entries appended before any worker existed
+# count too). KEYS: stream, owner key. ARGV: token, group. Returns 1 (taken) or 0.
+_TAKE = """
+local stored = redis.call("GET", KEYS[2])
+if stored and tonumber(stored) > tonumber(ARGV[1]) then
+    return 0
+end
+local made = redis.pcall("XGROUP", "CREATE", KEYS[1], ARGV[2], "0", "MKSTREAM")
+if type(made) == "table" and made.err and not string.find(made.err, "BUSYGROUP", 1, true) then
+    return made
+end
+redis.call("SET", KEYS[2], ARGV[1])
+return 1
+"""
+
+# One batch for the owner whose token is ARGV[1], or {"stale"}.
+# KEYS: stream, owner key. ARGV: token, group, consumer, count, cursor ("" = new entries).
+# Returns {kind, next cursor, entries, skipped}: kind "claim" (XAUTOCLAIM from the
+# cursor, idle time 0) or "new" (XREADGROUP >).
+_READ = """
+if redis.call("GET", KEYS[2]) ~= ARGV[1] then
+    return {"stale"}
+end
+if ARGV[5] == "" then
+    local reply = redis.call("XREADGROUP", "GROUP", ARGV[2], ARGV[3], "COUNT", ARGV[4],
+                             "STREAMS", KEYS[1], ">")
+    if not reply then
+        return {"new", "", {}, 0}
+    end
+    return {"new", "", reply[1][2], 0}
+end
+local reply = redis.call("XAUTOCLAIM", KEYS[1], ARGV[2], ARGV[3], 0, ARGV[5],
+                         "COUNT", ARGV[4])
+local live, skipped, pending = {}, 0, nil
+for i, entry in ipairs(reply[2]) do
+    if entry then
+        live[#live + 1] = entry
+    else
+        -- Before Redis 7 an entry deleted from the stream while pending comes back as
+        -- nil, without its id, and stays pending for ever. XPENDING over the range just
+        -- scanned lists the same ids in the same order: acknowledge the i-th.
+        pending = pending or redis.call("XPENDING", KEYS[1], ARGV[2], ARGV[5], "+", #reply[2])
+        redis.call("XACK", KEYS[1], ARGV[2], pending[i][1])
+        skipped = skipped + 1
+    end
+end
+return {"claim", reply[1], live, skipped}
+"""
+
+# Acknowledge ids for the owner whose token is ARGV[1]. KEYS: stream, owner key.
+# ARGV: token, group, ids... Returns the number acknowledged, or -1 (not the owner).
+_ACK = """
+if redis.call("GET", KEYS[2]) ~= ARGV[1] then
+    return -1
+end
+return redis.call("XACK", KEYS[1], ARGV[2], unpack(ARGV, 3))
+"""
+
+# Heartbeat: drop expired workers, then add (ARGV[2] > 0) or remove (0) ARGV[1].
+# Expiry is on the server's clock, so the workers' clocks need not agree.
+# KEYS: registry. ARGV: name, ttl ms. Returns the live names.
+_HEARTBEAT = """
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", now)
+local ttl = tonumber(ARGV[2])
+if ttl > 0 then
+    redis.call("ZADD", KEYS[1], now + ttl, ARGV[1])
+else
+    redis.call("ZREM", KEYS[1], ARGV[1])
+end
+return redis.call("ZRANGE", KEYS[1], 0, -1)
+"""

@@ -1,0 +1,613 @@
+"""Single-writer streams (R14) on real processes: workers crash, join and pause while
+thousands of keyed writes flow; every write is applied exactly once, in per-key order, by
+one worker per partition at a time, and a superseded worker writes nothing.
+
+The workers' handler applies ``seq`` to its key only if ``seq == last + 1`` (a duplicate
+delivery is counted and skipped; a gap would mean lost order), fenced per partition by
+the lease's token, and logs every apply with the store's own order number, all in one
+Lua script: the history the assertions read is exactly the order of effects.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import zlib
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import pytest
+import redis
+
+import tenure
+from tenure.local import LocalCluster
+from tenure.patterns.streams import (
+    KEY_FIELD,
+    Handler,
+    Partitioner,
+    StreamProducer,
+    StreamWorker,
+    fair_share,
+    partition_stream,
+)
+
+TTL = 1.0  # partition leases: a dead worker's partitions move after about this long
+GROUP = "appliers"
+_ctx = multiprocessing.get_context("forkserver")
+
+
+@pytest.fixture(scope="module")
+def lock_nodes() -> Iterator[LocalCluster]:
+    with LocalCluster(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def data_node() -> Iterator[LocalCluster]:
+    """The streams and the applied data (not a lock node)."""
+    with LocalCluster(1) as node:
+        yield node
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"orders-{uuid.uuid4().hex[:8]}"
+
+
+# --- the data store ------------------------------------------------------------------
+
+# KEYS: fence (partition -> highest token), last (key -> last seq), order counter,
+# history, refused, duplicates counter, gaps.
+# ARGV: partition, key, seq, token, worker, monotonic_ns.
+_APPLY = """
+local highest = redis.call("HGET", KEYS[1], ARGV[1])
+if highest and tonumber(highest) > tonumber(ARGV[4]) then
+    redis.call("RPUSH", KEYS[5], table.concat({ARGV[5], ARGV[4], ARGV[2], ARGV[3]}, " "))
+    return {"stale", highest}
+end
+redis.call("HSET", KEYS[1], ARGV[1], ARGV[4])
+local last = tonumber(redis.call("HGET", KEYS[2], ARGV[2]) or "0")
+local seq = tonumber(ARGV[3])
+if seq <= last then
+    redis.call("INCR", KEYS[6])
+    return {"duplicate", tostring(last)}
+end
+if seq ~= last + 1 then
+    redis.call("RPUSH", KEYS[7], table.concat({ARGV[2], last, seq}, " "))
+    return {"gap", tostring(last)}
+end
+redis.call("HSET", KEYS[2], ARGV[2], ARGV[3])
+local order = redis.call("INCR", KEYS[3])
+redis.call("RPUSH", KEYS[4],
+           table.concat({order, ARGV[1], ARGV[5], ARGV[4], ARGV[2], ARGV[3], ARGV[6]}, " "))
+return {"applied", tostring(order)}
+"""
+
+
+@dataclass(frozen=True)
+class Applied:
+    order: int  # the store's own sequence: the true order of effects
+    partition: int
+    worker: str
+    token: int
+    key: str
+    seq: int
+    monotonic_ns: int  # the worker's clock just before the write, for reading a failure
+
+
+class Store:
+    """Per-key sequence numbers, fenced per partition, with an apply history."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        names = ("fence", "last", "order", "history", "refused", "duplicates", "gaps")
+        self.keys = [f"{prefix}:data:{name}" for name in names]
+
+    def apply(self, partition: int, key: str, seq: int, token: int, worker: str) -> str:
+        """``"applied"``, ``"duplicate"`` or ``"gap"``.
+
+        Raises:
+            tenure.StaleToken: a newer lease has written this partition.
+        """
+        args: list[str | int] = [partition, key, seq, token, worker, time.monotonic_ns()]
+        outcome, detail = self.client.eval(_APPLY, len(self.keys), *self.keys, *args)
+        if _s(outcome) == "stale":
+            raise tenure.StaleToken(f"partition {partition}", token, int(detail))
+        return _s(outcome)
+
+    def applied(self) -> int:
+        return int(self.client.get(self.keys[2]) or 0)
+
+    def history(self) -> list[Applied]:
+        rows = (_s(line).split() for line in self.client.lrange(self.keys[3], 0, -1))
+        return [
+            Applied(int(o), int(p), w, int(t), k, int(s), int(ns)) for o, p, w, t, k, s, ns in rows
+        ]
+
+    def refused(self) -> list[str]:
+        return [_s(line) for line in self.client.lrange(self.keys[4], 0, -1)]
+
+    def duplicates(self) -> int:
+        return int(self.client.get(self.keys[5]) or 0)
+
+    def gaps(self) -> list[str]:
+        return [_s(line) for line in self.client.lrange(self.keys[6], 0, -1)]
+
+    def last(self) -> dict[str, int]:
+        return {_s(k): int(v) for k, v in self.client.hgetall(self.keys[1]).items()}
+
+    # A worker stalls inside its handler until the test says "go" (or kills it).
+    def stall(self, worker: str) -> None:
+        self.client.set(f"{self.prefix}:trapped", worker)
+        while not self.client.exists(f"{self.prefix}:go"):
+            time.sleep(0.005)
+
+    def trapped(self) -> str | None:
+        value = self.client.get(f"{self.prefix}:trapped")
+        return None if value is None else _s(value)
+
+    def go(self) -> None:
+        self.client.set(f"{self.prefix}:go", 1)
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# --- worker processes ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trap:
+    """Where a worker stalls in its handler, once: on an entry whose payload has a
+    ``trap`` field, or on its ``nth`` handler call."""
+
+    where: str  # "before_write" (lease checked, write not done) or "after_write"
+    nth: int | None = None
+
+
+def _worker_main(
+    lock_urls: list[str],
+    data_url: str,
+    prefix: str,
+    partitions: int,
+    name: str,
+    trap: Trap | None,
+    control: Connection,
+) -> None:
+    stop = PipeSignal(control)
+    with tenure.Client(lock_urls) as locks, redis.Redis.from_url(data_url) as client:
+        store = Store(client, prefix)
+        partition_of = Partitioner(partitions)
+        calls, armed = 0, trap
+
+        def handler(key: str, payload: Mapping[str, bytes], token: int) -> None:
+            nonlocal calls, armed
+            calls += 1
+            where = None
+            if armed is not None and (calls == armed.nth if armed.nth else "trap" in payload):
+                where, armed = armed.where, None
+            if where == "before_write":
+                store.stall(name)
+            store.apply(partition_of(key), key, int(payload["seq"]), token, name)
+            if where == "after_write":
+                store.stall(name)
+
+        worker = StreamWorker(
+            locks, client, prefix, partitions, GROUP, name, handler, lease_ttl=TTL, batch_size=50
+        )
+
+        def report_holdings() -> None:
+            while not stop.wait(0.05):
+                client.hset(f"{prefix}:held", name, ",".join(map(str, sorted(worker.held))))
+
+        reporter = threading.Thread(target=report_holdings, daemon=True)
+        reporter.start()
+        worker.run(stop)
+        reporter.join()
+        control.send(asdict(worker.stats))
+
+
+class PipeSignal:
+    """A stop signal that survives SIGKILLed waiters: set by a message on a pipe.
+
+    (A ``multiprocessing.Event`` does not: its ``set()`` waits for every sleeper to
+    acknowledge the wake-up, and a killed sleeper never does.)
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def is_set(self) -> bool:
+        return self.conn.poll()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.conn.poll(timeout)
+
+
+class Fleet:
+    """Worker processes of one test; ``finish()`` stops them and collects their stats."""
+
+    def __init__(self, lock_urls: list[str], data_url: str, prefix: str, partitions: int) -> None:
+        self.args = (lock_urls, data_url, prefix, partitions)
+        self.procs: dict[str, BaseProcess] = {}
+        self.pipes: dict[str, Connection] = {}
+
+    def start(self, name: str, trap: Trap | None = None) -> None:
+        ours, theirs = _ctx.Pipe()
+        proc = _ctx.Process(target=_worker_main, args=(*self.args, name, trap, theirs), name=name)
+        proc.start()
+        theirs.close()
+        self.procs[name], self.pipes[name] = proc, ours
+
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        pid = self.procs[name].pid
+        assert pid is not None
+        os.kill(pid, sig)
+
+    def kill(self, name: str) -> None:
+        self.signal(name, signal.SIGKILL)
+        self.procs[name].join(10)
+
+    def finish(self) -> dict[str, dict[str, int]]:
+        """Stop every live worker (they release their leases); their final stats."""
+        live = {name: proc for name, proc in self.procs.items() if proc.exitcode is None}
+        for name in live:
+            self.pipes[name].send("stop")
+        stats = {}
+        for name, proc in live.items():
+            assert self.pipes[name].poll(20), f"worker {name} did not stop"
+            stats[name] = self.pipes[name].recv()
+            proc.join(10)
+            assert proc.exitcode == 0, f"worker {name} exited with {proc.exitcode}"
+        return stats
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.is_alive():
+                proc.kill()
+            proc.join(10)
+        for pipe in self.pipes.values():
+            pipe.close()
+
+
+@pytest.fixture
+def fleet(
+    lock_nodes: LocalCluster, data_node: LocalCluster, prefix: str
+) -> Iterator[Callable[[int], Fleet]]:
+    made: list[Fleet] = []
+
+    def make(partitions: int) -> Fleet:
+        made.append(Fleet(lock_nodes.urls, data_node.urls[0], prefix, partitions))
+        return made[-1]
+
+    yield make
+    for f in made:
+        f.close()
+
+
+@pytest.fixture
+def data(data_node: LocalCluster, prefix: str) -> Iterator[Store]:
+    with data_node[0].client() as client:
+        yield Store(client, prefix)
+
+
+def _wait_until(what: str, condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.01)
+
+
+def _rounds(keys: Sequence[str], seqs: range) -> list[list[tuple[str, Mapping[str, int]]]]:
+    """One round per sequence number: every key's next write."""
+    return [[(key, {"seq": seq}) for key in keys] for seq in seqs]
+
+
+# --- what every run must show ------------------------------------------------------------
+
+
+def _assert_exactly_once_in_order(store: Store, keys: Sequence[str], n: int) -> None:
+    history = store.history()
+    assert store.gaps() == []  # no write was ever offered ahead of its predecessor
+    per_key: dict[str, list[int]] = defaultdict(list)
+    for h in history:
+        per_key[h.key].append(h.seq)
+    assert dict(per_key) == {key: list(range(1, n + 1)) for key in keys}
+    assert store.last() == dict.fromkeys(keys, n)
+
+
+def _assert_one_writer_per_partition(history: Sequence[Applied]) -> None:
+    """The applies of one lease form one run in the store's order: never interleaved
+    with another lease's on the same partition, and tokens only go up.
+
+    Compared on the store's order (taken inside the atomic script), not on the workers'
+    monotonic_ns: a timestamp is read before its write is sent, so two adjacent writes
+    of a hand-over could carry stamps in either order without overlapping at all.
+    """
+    runs: dict[int, list[tuple[int, str]]] = defaultdict(list)  # partition -> (token, worker)
+    for h in sorted(history, key=lambda h: h.order):
+        run = runs[h.partition]
+        if not run or run[-1] != (h.token, h.worker):
+            run.append((h.token, h.worker))
+    for partition, run in runs.items():
+        tokens = [token for token, _ in run]
+        # Strictly increasing: a lease's applies are contiguous, and one token is one
+        # worker's (a token shared by two workers would show as two runs with one token).
+        assert tokens == sorted(set(tokens)), f"partition {partition}: {run}"
+
+
+def _assert_nothing_pending(client: redis.Redis, prefix: str, partitions: int) -> None:
+    for p in range(partitions):
+        assert client.xpending(partition_stream(prefix, p), GROUP)["pending"] == 0
+
+
+# --- the tests -------------------------------------------------------------------------------
+
+
+def test_a_crash_and_a_join_lose_nothing_and_keep_order(
+    fleet: Callable[[int], Fleet], data: Store, data_node: LocalCluster, prefix: str
+) -> None:
+    partitions, keys, n = 8, [f"acct-{i}" for i in range(200)], 15
+    workers = fleet(partitions)
+    workers.start("w0", Trap("after_write", nth=150))  # stalls with a batch unacknowledged
+    workers.start("w1")
+    workers.start("w2")
+    # Whoever came up first took all 8; the others' heartbeats make it hand some over.
+    _wait_until("an even spread", lambda: _holdings(data, ["w0", "w1", "w2"]) == [2, 3, 3])
+
+    w3_in, cancelled = threading.Event(), threading.Event()
+
+    def may_append(i: int) -> bool:
+        # Keep about three rounds in flight, so the crash happens mid-stream; hold the last
+        # rounds back until w3 owns partitions, so that it must write some.
+        if cancelled.is_set():
+            return True
+        held_back = i >= n - 3 and not w3_in.is_set()
+        return not held_back and data.applied() >= (i - 3) * len(keys)
+
+    def produce() -> None:
+        with data_node[0].client() as client:
+            producer = StreamProducer(client, prefix, partitions)
+            for i, writes in enumerate(_rounds(keys, range(1, n + 1))):
+                _wait_until(f"room for round {i + 1}", functools.partial(may_append, i))
+                producer.append_many(writes)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:
+        producing = pool.submit(produce)
+        try:
+            _wait_until("w0 to stall", lambda: data.trapped() == "w0")
+            workers.kill("w0")  # mid-batch: one write applied but not acknowledged
+            workers.start("w3")  # joins: the others must hand partitions over
+            _wait_until("w3 to get partitions", lambda: _holds(data, "w3") != set())
+            w3_in.set()
+            producing.result()
+        finally:
+            cancelled.set()
+        _wait_until("every write", lambda: data.applied() == len(keys) * n, timeout=30)
+        elapsed = time.monotonic() - started
+    # Spread: once the dead worker's heartbeat is gone, shares of 3, 3 and 2, covering all.
+    _wait_until("an even spread", lambda: _holdings(data, ["w1", "w2", "w3"]) == [2, 3, 3])
+    stats = workers.finish()
+
+    _assert_exactly_once_in_order(data, keys, n)
+    history = data.history()
+    _assert_one_writer_per_partition(history)
+    _assert_nothing_pending(data.client, prefix, partitions)
+    assert data.refused() == []  # nobody even tried to write with a superseded lease
+    assert data.duplicates() >= 1  # w0's last write was delivered again, and skipped
+    assert sum(s["claimed"] for s in stats.values()) >= 1
+    assert {h.worker for h in history} == {"w0", "w1", "w2", "w3"}  # w3 got partitions
+    print(f"\n{len(history)} writes in {elapsed:.1f} s; stats {stats}")
+
+
+def _holds(store: Store, name: str) -> set[int]:
+    """The partitions worker ``name`` reported holding last (every 50 ms)."""
+    raw = _s(store.client.hget(f"{store.prefix}:held", name) or b"")
+    return {int(p) for p in raw.split(",") if p}
+
+
+def _holdings(store: Store, names: Sequence[str]) -> list[int] | None:
+    """How many partitions each named worker holds, sorted; None unless all 8 are held
+    exactly once."""
+    sets = [_holds(store, name) for name in names]
+    if len(set().union(*sets)) != 8 or sum(map(len, sets)) != 8:
+        return None
+    return sorted(map(len, sets))
+
+
+@pytest.mark.parametrize("where", ["before_write", "after_write"])
+def test_a_paused_worker_writes_nothing_after_it_resumes(
+    fleet: Callable[[int], Fleet], data: Store, data_node: LocalCluster, prefix: str, where: str
+) -> None:
+    """Timeline (partition 0 of 2)::
+
+    alpha  takes both ... trap entry: stall ... SIGSTOP ............ SIGCONT: check or write
+    bravo                                  join, take over, claim, apply rounds 2-3
+    """
+    partitions, keys = 2, [f"acct-{i}" for i in range(20)]
+    partition_of = Partitioner(partitions)
+    trap_key = next(key for key in keys if partition_of(key) == 0)
+    workers = fleet(partitions)
+    producer = StreamProducer(data.client, prefix, partitions)
+    workers.start("alpha", Trap(where))
+    producer.append_many(_rounds(keys, range(1, 2))[0])
+    _wait_until("round 1", lambda: data.applied() == len(keys))
+
+    # Round 2 in one MULTI, so alpha reads the trap entry with others behind it.
+    round2: list[tuple[str, Mapping[str, int]]] = [
+        (key, {"seq": 2, "trap": 1} if key == trap_key else {"seq": 2}) for key in keys
+    ]
+    producer.append_many(round2, atomic=True)
+    _wait_until("alpha to stall", lambda: data.trapped() == "alpha")
+    workers.signal("alpha", signal.SIGSTOP)
+    workers.start("bravo")
+    _wait_until("bravo to finish round 2", lambda: data.applied() == 2 * len(keys))
+    producer.append_many(_rounds(keys, range(3, 4))[0])
+    _wait_until("round 3", lambda: data.applied() == 3 * len(keys))
+    resumed_at = data.applied()
+    alpha_tokens = {h.token for h in data.history() if h.worker == "alpha"}
+
+    data.go()
+    workers.signal("alpha", signal.SIGCONT)
+    if where == "before_write":
+        # It had passed its check; the write it makes on waking carries the old token.
+        _wait_until("alpha's late write", lambda: data.refused() != [])
+    producer.append_many(_rounds(keys, range(4, 5))[0])
+    _wait_until("round 4", lambda: data.applied() == 4 * len(keys))
+    stats = workers.finish()
+
+    history = data.history()
+    late = [h for h in history if h.order > resumed_at and h.token in alpha_tokens]
+    assert late == []  # nothing applied with alpha's old leases after it woke
+    _assert_exactly_once_in_order(data, keys, 4)
+    _assert_one_writer_per_partition(history)
+    _assert_nothing_pending(data.client, prefix, partitions)
+    refused = data.refused()
+    if where == "before_write":
+        (line,) = refused
+        worker, token, key, seq = line.split()
+        assert (worker, key, seq) == ("alpha", trap_key, "2")
+        assert int(token) in alpha_tokens
+        assert stats["alpha"]["fenced"] >= 1
+    else:
+        assert refused == []  # its lease check stopped it before any write
+        assert stats["alpha"]["lost"] >= 1
+        assert data.duplicates() >= 1  # bravo got the trap entry again and skipped it
+
+
+# --- one worker, in this process ---------------------------------------------------------
+
+
+def test_the_partition_is_the_same_in_every_process() -> None:
+    keys = [f"orders:{i}" for i in range(64)]
+    ours = [Partitioner(8)(key) for key in keys]
+    assert ours == [zlib.crc32(key.encode()) % 8 for key in keys]
+    code = "from tenure.patterns.streams import Partitioner; print([Partitioner(8)(f'orders:{i}') for i in range(64)])"  # noqa: E501
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}  # another salt for hash(): not used
+    theirs = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert theirs.stdout.strip() == str(ours)
+
+
+def test_shares_add_up_and_none_exceeds_the_ceiling() -> None:
+    for partitions in range(1, 20):
+        for workers in range(1, 12):
+            names = [f"w{i}" for i in range(workers)]
+            shares = [fair_share(partitions, names, name) for name in names]
+            assert sum(shares) == partitions
+            assert max(shares) == math.ceil(partitions / workers)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{KEY_FIELD: "x"}, {"flag": True}, {"ratio": 0.5}, {"nested": {"a": 1}}],
+)
+def test_a_bad_payload_is_refused_before_anything_is_sent(payload: Any) -> None:
+    producer = StreamProducer(redis.Redis(), "orders", 4)  # never connects
+    with pytest.raises(tenure.ConfigurationError):
+        producer.append("k", payload)
+    producer.client.close()
+
+
+@pytest.fixture
+def solo(
+    lock_nodes: LocalCluster, data_node: LocalCluster, prefix: str
+) -> Iterator[Callable[..., StreamWorker]]:
+    """Makes in-process workers; stops them and closes their clients afterwards."""
+    made: list[StreamWorker] = []
+    with tenure.Client(lock_nodes.urls) as locks, data_node[0].client() as client:
+
+        def make(name: str, handler: Handler, partitions: int = 1, **options: Any) -> StreamWorker:
+            worker = StreamWorker(
+                locks, client, prefix, partitions, GROUP, name, handler, lease_ttl=TTL, **options
+            )
+            made.append(worker)
+            return worker
+
+        yield make
+        for worker in made:
+            worker.stop()
+
+
+def _drain(worker: StreamWorker, until: Callable[[], bool]) -> None:
+    _wait_until("the worker to catch up", lambda: worker.run_once() >= 0 and until())
+
+
+def test_a_failing_handler_retries_the_entry_before_anything_newer(
+    solo: Callable[..., StreamWorker], data: Store, prefix: str
+) -> None:
+    applied: list[tuple[str, int]] = []
+    failures = iter([RuntimeError("database hiccup")])
+
+    def handler(key: str, payload: Mapping[str, bytes], token: int) -> None:
+        seq = int(payload["seq"])
+        if (key, seq) == ("k1", 2):
+            failure = next(failures, None)
+            if failure is not None:
+                raise failure
+        applied.append((key, seq))
+
+    worker = solo("solo", handler, retry_delay=0.05)
+    writes = [(key, seq) for seq in range(1, 6) for key in ("k1", "k2")]
+    StreamProducer(data.client, prefix, 1).append_many((k, {"seq": s}) for k, s in writes)
+    _drain(worker, lambda: len(applied) == len(writes))
+    assert applied == writes  # the failed entry first on retry, nothing twice
+    assert (worker.stats.failed, worker.stats.handled) == (1, len(writes))
+    assert worker.stats.claimed >= 1  # what followed it was claimed back, in order
+    _assert_nothing_pending(data.client, prefix, 1)
+
+
+def test_an_entry_deleted_while_pending_is_acknowledged_and_skipped(
+    solo: Callable[..., StreamWorker], data: Store, prefix: str
+) -> None:
+    client, stream = data.client, partition_stream(prefix, 0)
+    ids = StreamProducer(client, prefix, 1).append_many([(f"k{i}", {"seq": 1}) for i in range(3)])
+    # A worker that died after reading all three; then the middle one was deleted.
+    client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    client.xreadgroup(GROUP, "ghost", {stream: ">"})
+    client.xdel(stream, ids[1])
+    seen: list[str] = []
+    worker = solo("heir", lambda key, payload, token: seen.append(key))
+    _drain(worker, lambda: client.xpending(stream, GROUP)["pending"] == 0)
+    assert seen == ["k0", "k2"]
+    # Redis 6.2 reports it as a nil entry (acknowledged by the read script); 7 drops it.
+    major = int(_s(client.info("server")["redis_version"]).split(".")[0])
+    assert worker.stats.skipped == (1 if major < 7 else 0)
+
+
+def test_workers_split_partitions_and_take_over_when_one_stops(
+    solo: Callable[..., StreamWorker],
+) -> None:
+    first = solo("first", lambda *entry: None, partitions=4, rebalance_interval=0.02)
+    second = solo("second", lambda *entry: None, partitions=4, rebalance_interval=0.02)
+    first.run_once()
+    assert first.held == {0, 1, 2, 3}  # alone: everything
+    _wait_until(
+        "a 2/2 split",
+        lambda: (
+            [first.run_once(), second.run_once()] != []
+            and (len(first.held), len(second.held)) == (2, 2)
+        ),
+    )
+    assert first.held.isdisjoint(second.held)
+    first.stop()  # releases at once: no waiting for the TTL
+    _wait_until(
+        "the survivor to take all", lambda: second.run_once() >= 0 and len(second.held) == 4
+    )
