@@ -95,12 +95,13 @@ class AsyncClient:
     ) -> AsyncLease:
         """Acquire ``name`` for ``ttl`` seconds; see ``Client.acquire``."""
         spec = self._specs.get(name, ttl)
-        keep = KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
+        if max_hold is not None:
+            KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
         lease = await self._acquire(spec, blocking, timeout)
         if lease is None:
             raise LockTimeout(name, _not_acquired(blocking, timeout))
         if watchdog:
-            lease.keep_alive(max_hold=keep.max_hold)
+            lease.keep_alive(max_hold=max_hold)
         return lease
 
     async def _acquire(
@@ -135,7 +136,9 @@ class AsyncClient:
                     await self._seed(spec, step.seed)
                 return AsyncLease(self, step.lease, spec)
             if step.cleanup:
-                await self._cleanup_round(commands.release(spec.key, token), step.cleanup)
+                wait = rnd.answered_or_silent(step.cleanup)
+                command = commands.release(spec.key, token)
+                await self._cleanup_round(command, step.cleanup, wait)
             if isinstance(step, GiveUp):
                 if step.error is not None:
                     raise step.error
@@ -147,12 +150,14 @@ class AsyncClient:
 
     async def _seed(self, spec: LockSpec, seed: Seed) -> None:
         command = commands.seed(spec.keys, seed.counter, seed.warm_ms)
-        await self._cleanup_round(command, seed.nodes)
+        await self._cleanup_round(command, seed.nodes, seed.nodes)
 
-    async def _cleanup_round(self, command: commands.Command, targets: frozenset[int]) -> None:
-        """``command`` on ``targets``, waiting for every one of them (up to the timeout)."""
+    async def _cleanup_round(
+        self, command: commands.Command, targets: frozenset[int], wait_for: frozenset[int]
+    ) -> None:
+        """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the timeout)."""
         now = _clock()
-        rnd = Round.cleanup(len(self.node_names), targets, now)
+        rnd = Round.cleanup(len(self.node_names), wait_for, now)
         await self._channels.run(command, rnd, now + self.config.node_timeout, sorted(targets))
         refused = refused_by(rnd, self.node_names)
         if refused is not None:

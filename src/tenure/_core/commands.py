@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 from .._lua import script
 from .config import LockKeys
@@ -72,9 +72,14 @@ class Command:
         return self.parse(reply)[0]
 
 
+@lru_cache(maxsize=4096)
+def _acquire_head(keys: LockKeys) -> bytes:
+    # Everything but the per-attempt arguments, encoded once per lock name.
+    return _eval_head("acquire", 3, 6) + _bulk((keys.lock, keys.fence, keys.warm))
+
+
 def acquire(keys: LockKeys, token: str, ttl_ms: int, proposal: int) -> Command:
-    packed = _eval("acquire", (keys.lock, keys.fence, keys.warm), token, ttl_ms, proposal)
-    return Command(packed, _acquire_reply)
+    return Command(_acquire_head(keys) + _bulk((token, ttl_ms, proposal)), _acquire_reply)
 
 
 def seed(keys: LockKeys, counter: int, warm_ms: int) -> Command:

@@ -83,13 +83,24 @@ class Round:
 
         Cleanup is off the fast path, and the caller wants the keys gone when it returns,
         so it waits for all targets (or the deadline), not for a majority. Nodes outside
-        ``targets`` proved they hold nothing of ours and count as done.
+        ``targets`` count as done.
         """
         rnd = cls(n, n, started, wait_all=True)
         for i in range(n):
             if i not in targets:
                 rnd.record(i, True)
         return rnd
+
+    def answered_or_silent(self, nodes: frozenset[int]) -> frozenset[int]:
+        """Those of ``nodes`` that did not fail in this round.
+
+        A cleanup is sent to every node that may hold our token, but waiting for one that
+        just failed (timed out, refused the connection) is pointless: its release is
+        queued behind the unanswered request on the same connection, or it has no
+        connection at all.
+        """
+        results = self.results
+        return frozenset(i for i in nodes if (r := results[i]) is None or r.failure is None)
 
     def record(self, node: int, ok: bool, info: tuple[int, int] | None = None) -> None:
         """Record a definite answer from ``node``."""

@@ -123,12 +123,13 @@ class Client:
             ConfigurationError: bad name, TTL or timeout.
         """
         spec = self._specs.get(name, ttl)
-        keep = KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
+        if max_hold is not None:
+            KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
         lease = self._acquire(spec, blocking, timeout)
         if lease is None:
             raise LockTimeout(name, _not_acquired(blocking, timeout))
         if watchdog:
-            lease.keep_alive(max_hold=keep.max_hold)
+            lease.keep_alive(max_hold=max_hold)
         return lease
 
     def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | None:
@@ -162,7 +163,9 @@ class Client:
                         self._seed(links, spec, step.seed)
                     return Lease(self, step.lease, spec)
                 if step.cleanup:
-                    self._cleanup_round(links, commands.release(spec.key, token), step.cleanup)
+                    wait = rnd.answered_or_silent(step.cleanup)
+                    command = commands.release(spec.key, token)
+                    self._cleanup_round(links, command, step.cleanup, wait)
                 if isinstance(step, GiveUp):
                     if step.error is not None:
                         raise step.error
@@ -184,18 +187,22 @@ class Client:
 
     def _seed(self, links: LinkSet, spec: LockSpec, seed: Seed) -> None:
         command = commands.seed(spec.keys, seed.counter, seed.warm_ms)
-        self._cleanup_round(links, command, seed.nodes)
+        self._cleanup_round(links, command, seed.nodes, seed.nodes)
 
     def _cleanup_round(
-        self, links: LinkSet, command: commands.Command, targets: frozenset[int]
+        self,
+        links: LinkSet,
+        command: commands.Command,
+        targets: frozenset[int],
+        wait_for: frozenset[int],
     ) -> None:
-        """``command`` on ``targets``, waiting for every one of them (up to the timeout).
+        """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the timeout).
 
         Raises:
             ServerUnsupported: a node refused the command (ACL).
         """
         now = _clock()
-        rnd = Round.cleanup(len(self.node_names), targets, now)
+        rnd = Round.cleanup(len(self.node_names), wait_for, now)
         links.run(command, rnd, now + self.config.node_timeout, _clock, sorted(targets))
         refused = refused_by(rnd, self.node_names)
         if refused is not None:
@@ -203,7 +210,7 @@ class Client:
 
     def _cleanup(self, spec: LockSpec, token: str, targets: frozenset[int]) -> None:
         with self._links() as links:
-            self._cleanup_round(links, commands.release(spec.key, token), targets)
+            self._cleanup_round(links, commands.release(spec.key, token), targets, frozenset())
 
     def close(self) -> None:
         """Close every connection. Leases still held expire by their TTL."""
@@ -252,11 +259,23 @@ class Lease(LeaseView):
         self._client = client
         self._op_lock = threading.Lock()
         self._watchdog: Watchdog | None = None
-        self.lost = threading.Event()
+        self._lost_event: threading.Event | None = None
+
+    @property
+    def lost(self) -> threading.Event:
         """Set the moment the lease is found lost (see ``lost_error``)."""
+        # Made on first use: most leases are never waited on, and an Event is not free.
+        with self._op_lock:
+            if self._lost_event is None:
+                self._lost_event = threading.Event()
+                if self._loss is not None:
+                    self._lost_event.set()
+            return self._lost_event
 
     def _signal_lost(self) -> None:
-        self.lost.set()
+        event = self._lost_event
+        if event is not None:
+            event.set()
 
     def keep_alive(self, *, max_hold: float | None = None) -> None:
         """Start a watchdog that extends the lease every TTL/3 until it is released.

@@ -194,6 +194,12 @@ class LinkSet:
                 rnd.fail(i, Failure.UNREACHABLE, str(exc) or type(exc).__name__)
             else:
                 waiting.append(i)
+        if len(links) == 1 and waiting and not links[0].owed:
+            # One node, nothing owed: nothing to multiplex, so wait in recv itself. Its
+            # kernel timeout (SO_RCVTIMEO = node_timeout) bounds the wait; no select().
+            self._read_alone(command, rnd, clock)
+            self.clean = True
+            return
         while waiting and not rnd.decided:
             # Past the deadline we still poll once without waiting: replies that arrived
             # while we were busy (a slow connect) count; only true silence is a timeout.
@@ -213,6 +219,25 @@ class LinkSet:
         if not rnd.decided:
             rnd.time_out()
         self.clean = True
+
+    def _read_alone(self, command: Command, rnd: Round, clock: Callable[[], float]) -> None:
+        link = self.links[0]
+        assert link.conn is not None
+        try:
+            reply = link.conn.read_response(disconnect_on_error=False)
+        except ResponseError as exc:
+            rnd.fail(0, classify_error(exc), str(exc))
+        except _NETWORK_ERRORS as exc:
+            if isinstance(exc.__context__, BlockingIOError):
+                # The kernel timeout: the node is silent (frozen?). Keep the connection
+                # and owe the reply, exactly as the select() path does at its deadline.
+                link.abandon(clock())
+                rnd.time_out()
+            else:
+                link.drop(clock())
+                rnd.fail(0, Failure.UNREACHABLE, str(exc) or type(exc).__name__)
+        else:
+            rnd.record(0, *command.parse(reply))
 
     def _read_one(self, i: int, command: Command, rnd: Round, now: float) -> bool:
         """Read what node ``i`` has for us; True once its answer to this round is in."""
