@@ -19,6 +19,7 @@ from typing import Any
 from .._clock import monotonic, wall_us
 from .._core import commands
 from .._core.acquire import Acquisition, GiveUp, Granted, LeaseState, Seed, refused_by
+from .._core.acquire import cleanup_wait as _cleanup_wait
 from .._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.policy import RetryPolicy
@@ -136,9 +137,8 @@ class AsyncClient:
                     await self._seed(spec, step.seed)
                 return AsyncLease(self, step.lease, spec)
             if step.cleanup:
-                wait = rnd.answered_or_silent(step.cleanup)
                 command = commands.release(spec.key, token)
-                await self._cleanup_round(command, step.cleanup, wait)
+                await self._cleanup_round(command, step.cleanup, _cleanup_wait(step, rnd))
             if isinstance(step, GiveUp):
                 if step.error is not None:
                     raise step.error

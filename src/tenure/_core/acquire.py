@@ -12,9 +12,10 @@ A driver runs::
         Retry   -> release on step.cleanup, seed step.seed (if any), sleep step.sleep, loop
         GiveUp  -> release on step.cleanup, then return False or raise step.error
 
-The machine never sleeps past the caller's timeout, raises ``QuorumUnreachable`` as soon
-as failures alone make a majority impossible (waiting would not help), and draws every
-retry delay at random so that colliding clients drift apart (R6).
+The machine never sleeps past the caller's timeout, raises ``QuorumUnreachable`` once
+failures alone have made a majority impossible in a few consecutive attempts (at once for
+a non-blocking acquire; waiting would not help), and draws every retry delay at random so
+that colliding clients drift apart (R6).
 
 Fencing tokens (R11), one round trip
 ------------------------------------
@@ -56,6 +57,7 @@ __all__ = [
     "LeaseState",
     "Retry",
     "Seed",
+    "cleanup_wait",
     "refused_by",
     "round_errors",
 ]
@@ -65,6 +67,10 @@ GRANTED, HELD, TOO_LOW, NO_HISTORY, WARMING = 1, 0, -1, -2, -3
 # Immediate re-tries for a low proposal or a seeding, per acquire call, before falling
 # back to the random back-off (other clients may keep raising the counters meanwhile).
 MAX_FIXES = 4
+# Consecutive attempts in which failures alone ruled out a majority before a blocking
+# acquire gives up with QuorumUnreachable. One is not enough: on a loaded machine our own
+# process can be descheduled past the node timeout, and every node then looks silent.
+UNREACHABLE_STRIKES = 3
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,19 @@ class GiveUp:
 
 
 Step = Granted | Retry | GiveUp
+
+
+def cleanup_wait(step: Retry | GiveUp, rnd: Round) -> frozenset[int]:
+    """Which cleanup replies to wait for after a failed attempt.
+
+    Before another attempt, none: the release is written on the same connections ahead
+    of the next command, and each node runs one connection's commands in order, so the
+    next attempt cannot overtake it. Before returning to the caller, those of the nodes
+    that did not just fail, so that no key of ours is left when ``acquire`` returns.
+    """
+    if isinstance(step, Retry):
+        return frozenset()
+    return rnd.answered_or_silent(step.cleanup)
 
 
 def refused_by(rnd: Round, names: list[str]) -> ServerUnsupported | None:
@@ -174,6 +193,7 @@ class Acquisition:
         self._fixes = 0
         self._proposal = 0
         self._hear_all = False
+        self._strikes = 0
 
     def begin(self, now: float) -> Round:
         """Start an attempt at ``now``."""
@@ -218,7 +238,11 @@ class Acquisition:
             )
         cleanup = rnd.maybe_holding()
         if rnd.unreachable_blocks_quorum():
-            return GiveUp(cleanup, self._unreachable(rnd))
+            self._strikes += 1
+            if not self._blocking or self._strikes >= UNREACHABLE_STRIKES:
+                return GiveUp(cleanup, self._unreachable(rnd))
+        else:
+            self._strikes = 0
         fix = self._fix(statuses, counters)
         if fix is not None:
             return Retry(0.0, cleanup, fix if isinstance(fix, Seed) else None)
