@@ -102,7 +102,8 @@ def test_conclude_extend_with_a_new_ttl() -> None:
     assert result.valid_until == 1.0 + 30.0 - longer.drift
 
 
-@pytest.mark.parametrize("answers", ["yy...", "yynnn", "yuu..", "nnnnn", "....."])
+# The lease was granted by nodes 0, 1, 2; only nodes 3 and 4 may say "no" here.
+@pytest.mark.parametrize("answers", ["yy...", "yyunn", "yuu..", "uuunn", "....."])
 def test_conclude_extend_minority_loses_the_lease(answers: str) -> None:
     held = lease(0.0)
     rnd = tally(answers, started=2.0)
@@ -110,10 +111,37 @@ def test_conclude_extend_minority_loses_the_lease(answers: str) -> None:
     assert isinstance(result, LeaseLost)
     assert not isinstance(result, LeaseExpired)
     message = str(result)
-    assert f"only {answers.count('y')} of {N} nodes still held it, 3 needed" in message
+    silent = sum(a in "u." for a in answers)
+    assert (
+        f"confirmed by {answers.count('y')} of {N} nodes before a majority of 3 became "
+        f"impossible ({silent} failed to answer)"
+    ) in message
     assert result.name == "res"
     failed = {f"node{i}" for i, a in enumerate(answers) if a in "u."}
     assert set(result.node_errors) == failed
+
+
+@pytest.mark.parametrize(
+    ("answers", "dropped"),
+    [
+        ("nyyyy", "node0"),
+        ("nnyyy", "node0, node1"),
+        ("yynyy", "node2"),
+        ("nnnnn", "node0, node1, node2"),
+    ],
+)
+def test_conclude_extend_refused_by_a_granting_node_loses_the_lease(
+    answers: str, dropped: str
+) -> None:
+    # A node that granted the lease says it is not ours before the lease ran out: it lost
+    # its data (or evicted the key, or its clock jumped). Even with a majority of yeses
+    # the assumptions behind the lease broke.
+    held = lease(0.0)
+    rnd = tally(answers, started=2.0)
+    result = conclude_extend(held, SPEC, rnd, 2.05, NAMES)
+    assert isinstance(result, LeaseLost)
+    assert not isinstance(result, LeaseExpired)
+    assert f"node(s) {dropped} no longer hold it" in str(result)
 
 
 def test_conclude_extend_that_took_too_long_loses_the_lease() -> None:
@@ -135,7 +163,8 @@ def test_conclude_extend_property(answers: str, started: float, elapsed: float) 
     rnd = tally(answers, started)
     now = started + elapsed
     result = conclude_extend(held, SPEC, rnd, now, NAMES)
-    ok = answers.count("y") >= 3 and started + SPEC.ttl - SPEC.drift - now > 0
+    dropped = any(answers[i] == "n" for i in held.granted)
+    ok = answers.count("y") >= 3 and started + SPEC.ttl - SPEC.drift - now > 0 and not dropped
     if ok:
         assert isinstance(result, LeaseState)
         assert result.valid_until == started + SPEC.ttl - SPEC.drift > now

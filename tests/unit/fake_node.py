@@ -1,0 +1,134 @@
+"""A fake Redis node for the model tests: the lock's keys, their expiry, and the scripts.
+
+Only what tenure's scripts touch is imitated, on an integer-millisecond clock passed in
+by the caller (the model's fake time), with Redis's own rules:
+
+* a key set with ``PX ttl`` at ``t`` expires when ``now > t + ttl`` (``keyIsExpired``:
+  ``now > when``), so it still exists at ``t + ttl`` itself;
+* ``PTTL`` answers -2 for a missing key, -1 for a key without expiry, and otherwise the
+  milliseconds left, never below 0;
+* a script runs atomically, at one instant.
+
+Each ``*_lua`` function below follows its script in ``src/tenure/_lua`` line by line, so a
+reader can check one against the other; ``tests/unit/test_fake_node.py`` pins every
+return branch. A node that restarts without its data is ``wipe()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tenure._core.config import LockKeys
+
+__all__ = [
+    "FakeNode",
+    "acquire_lua",
+    "extend_lua",
+    "release_lua",
+    "seed_lua",
+]
+
+
+@dataclass
+class FakeNode:
+    """Keys -> (value, absolute expiry in ms or None), read at the caller's ``now``."""
+
+    data: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+
+    def _live(self, key: str, now: int) -> tuple[str, int | None] | None:
+        entry = self.data.get(key)
+        if entry is not None and entry[1] is not None and now > entry[1]:
+            del self.data[key]  # Redis expires lazily on access (or actively; same answers)
+            return None
+        return entry
+
+    def get(self, key: str, now: int) -> str | None:
+        entry = self._live(key, now)
+        return None if entry is None else entry[0]
+
+    def exists(self, key: str, now: int) -> int:
+        return int(self._live(key, now) is not None)
+
+    def set(self, key: str, value: str | int, now: int, px: int | None = None) -> None:
+        """SET key value [PX px]: a plain SET drops any previous expiry."""
+        assert px is None or px > 0, "Redis refuses PX <= 0"
+        self.data[key] = (str(value), None if px is None else now + px)
+
+    def pttl(self, key: str, now: int) -> int:
+        entry = self._live(key, now)
+        if entry is None:
+            return -2
+        if entry[1] is None:
+            return -1
+        return max(entry[1] - now, 0)
+
+    def pexpire(self, key: str, ms: int, now: int) -> int:
+        entry = self._live(key, now)
+        if entry is None:
+            return 0
+        self.data[key] = (entry[0], now + ms)
+        return 1
+
+    def delete(self, key: str, now: int) -> int:
+        existed = self._live(key, now) is not None
+        self.data.pop(key, None)
+        return int(existed)
+
+    def incr(self, key: str, now: int) -> int:
+        """INCR (only the naive scheme the model rejects uses it)."""
+        entry = self._live(key, now)
+        value = int(entry[0]) + 1 if entry is not None else 1
+        self.data[key] = (str(value), entry[1] if entry is not None else None)
+        return value
+
+    def wipe(self) -> None:
+        """Restart without persistence: every key is gone."""
+        self.data.clear()
+
+    def counter(self, keys: LockKeys, now: int) -> int | None:
+        value = self.get(keys.fence, now)
+        return None if value is None else int(value)
+
+
+def acquire_lua(
+    node: FakeNode, keys: LockKeys, token: str, ttl_ms: int, proposal: int, now: int
+) -> list[int]:
+    """``acquire.lua``: KEYS lock, fence, warm; ARGV token, ttl_ms, proposal."""
+    counter = node.get(keys.fence, now)
+    if counter is None:
+        return [-2, 0]
+    warm = node.pttl(keys.warm, now)
+    if warm > 0:
+        return [-3, warm]
+    number = int(counter)
+    if node.exists(keys.lock, now) == 1:
+        return [0, number]
+    if proposal <= number:
+        return [-1, number]
+    node.set(keys.lock, token, now, px=ttl_ms)
+    node.set(keys.fence, proposal, now)
+    return [1, proposal]
+
+
+def seed_lua(node: FakeNode, keys: LockKeys, counter: int, warm_ms: int, now: int) -> int:
+    """``seed.lua``: KEYS fence, warm; ARGV counter, warm_ms."""
+    if node.exists(keys.fence, now) == 1:
+        return 0
+    node.set(keys.fence, counter, now)
+    if warm_ms > 0:
+        node.set(keys.warm, "1", now, px=warm_ms)
+    return 1
+
+
+def release_lua(node: FakeNode, key: str, token: str, now: int) -> int:
+    """``release.lua``: compare-and-delete."""
+    if node.get(key, now) == token:
+        return node.delete(key, now)
+    return 0
+
+
+def extend_lua(node: FakeNode, key: str, token: str, ttl_ms: int, now: int) -> int:
+    """``extend.lua``: compare-and-expire (never re-creates an expired key)."""
+    if node.get(key, now) == token:
+        return node.pexpire(key, ttl_ms, now)
+    return 0
