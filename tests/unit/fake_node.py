@@ -91,12 +91,23 @@ class FakeNode:
 
 
 def acquire_lua(
-    node: FakeNode, keys: LockKeys, token: str, ttl_ms: int, proposal: int, now: int
+    node: FakeNode,
+    keys: LockKeys,
+    token: str,
+    ttl_ms: int,
+    proposal: int,
+    now: int,
+    mark: int = 1,
+    mark_ms: int = 60_000,
 ) -> list[int]:
-    """``acquire.lua``: KEYS lock, fence, warm; ARGV token, ttl_ms, proposal."""
+    """``acquire.lua``: KEYS lock, fence, warm; ARGV token, ttl_ms, proposal, mark, mark_ms."""
     counter = node.get(keys.fence, now)
     if counter is None:
-        return [-2, 0]
+        existing = node.get(keys.warm, now)
+        if existing is None:
+            node.set(keys.warm, mark, now, px=mark_ms)
+            existing = str(mark)
+        return [-2, int(existing)]
     warm = node.pttl(keys.warm, now)
     if warm > 0:
         return [-3, warm]
@@ -110,13 +121,28 @@ def acquire_lua(
     return [1, proposal]
 
 
-def seed_lua(node: FakeNode, keys: LockKeys, counter: int, warm_ms: int, now: int) -> int:
-    """``seed.lua``: KEYS fence, warm; ARGV counter, warm_ms."""
+def seed_lua(
+    node: FakeNode,
+    keys: LockKeys,
+    counter: int,
+    warm_ms: int,
+    now: int,
+    marks: frozenset[int] | None = None,
+) -> int:
+    """``seed.lua``: KEYS fence, warm; ARGV counter, warm_ms, marks...
+
+    ``marks=None`` stands for "the mark the node holds now" (tests that seed directly).
+    """
     if node.exists(keys.fence, now) == 1:
         return 0
+    mark = node.get(keys.warm, now)
+    if marks is not None and (mark is None or int(mark) not in marks):
+        return -1
     node.set(keys.fence, counter, now)
     if warm_ms > 0:
         node.set(keys.warm, "1", now, px=warm_ms)
+    else:
+        node.delete(keys.warm, now)
     return 1
 
 

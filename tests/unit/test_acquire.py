@@ -650,18 +650,17 @@ def test_wait_all_round_times_out_on_a_silent_node() -> None:
     assert step == GiveUp(frozenset({2}), None)
 
 
-def test_blank_without_a_majority_of_counters_is_not_seeded() -> None:
-    # Two of three nodes without history, one with: it cannot be known which tokens the
-    # lost majority committed, so nothing is seeded (the lock waits for an operator).
+def test_blank_majority_is_seeded_from_what_is_left_once_every_node_answered() -> None:
+    # Two of three nodes without history, one with: no answer can vouch for the tokens the
+    # lost majority committed, but never seeding would leave the lock unusable for good.
+    # Once every node has answered, the blank ones are seeded from what is left, with the
+    # warm-up (docs/fencing.md states what this costs the token guarantee).
     acq = make(3, seed=3)
     _, step = attempt(acq, "bb.", started=0.0, now=0.01)
     assert step == Retry(0.0, frozenset({2}), None)  # first, hear every node
-    for k in range(1, 4):
-        _, step = attempt(acq, "bbn", started=k, now=k, counters=[None, None, 5])
-        assert isinstance(step, Retry)
-        assert step.seed is None
-        assert step.sleep > 0
-        assert waits_for_every_node(acq.begin(k))
+    assert waits_for_every_node(acq.begin(0.02))
+    _, step = attempt(acq, "bbn", started=1, now=1, counters=[None, None, 5])
+    assert step == Retry(0.0, frozenset(), Seed(frozenset({0, 1}), 5, MAX_TTL_MS))
 
 
 def test_warming_counts_as_a_refusal() -> None:
@@ -771,8 +770,9 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
                 if blank == frozenset(range(n)):
                     assert step.seed == Seed(blank, 0, 0)
                 else:
-                    # Seeded from a majority of nodes with history, kept out for max_ttl.
-                    assert len(numbers) >= spec.quorum
+                    # Seeded from the nodes with history (a majority of them, or whatever
+                    # is left once every node answered), kept out for max_ttl.
+                    assert len(numbers) >= spec.quorum or (len(infos) == n and numbers)
                     assert step.seed == Seed(blank, max(numbers), MAX_TTL_MS)
             return
         assert blocking

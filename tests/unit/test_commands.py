@@ -90,7 +90,7 @@ KEYS = LockKeys.of("r")
 
 
 def test_acquire_command_evals_acquire_lua_with_three_keys() -> None:
-    cmd = commands.acquire(KEYS, "tok", 1500, 1_700_000_000_000_123)
+    cmd = commands.acquire(KEYS, "tok", 1500, 1_700_000_000_000_123, 77, 60_000)
     items, rest = parse_command(cmd.packed)
     assert rest == b""
     assert items == [
@@ -103,11 +103,13 @@ def test_acquire_command_evals_acquire_lua_with_three_keys() -> None:
         b"tok",
         b"1500",
         b"1700000000000123",
+        b"77",
+        b"60000",
     ]
 
 
 def test_seed_command_evals_seed_lua_with_two_keys() -> None:
-    items, rest = parse_command(commands.seed(KEYS, 42, 60_000).packed)
+    items, rest = parse_command(commands.seed(KEYS, 42, 60_000, frozenset({9, 3})).packed)
     assert rest == b""
     assert items == [
         b"EVAL",
@@ -117,6 +119,8 @@ def test_seed_command_evals_seed_lua_with_two_keys() -> None:
         b"tenure:{r}:warm",
         b"42",
         b"60000",
+        b"3",
+        b"9",
     ]
 
 
@@ -129,7 +133,7 @@ def test_seed_command_evals_seed_lua_with_two_keys() -> None:
 )
 def test_acquire_command_round_trips(name: str, token: str, ttl_ms: int, proposal: int) -> None:
     keys = LockKeys.of(name)
-    items, rest = parse_command(commands.acquire(keys, token, ttl_ms, proposal).packed)
+    items, rest = parse_command(commands.acquire(keys, token, ttl_ms, proposal, 5, 9).packed)
     assert rest == b""
     assert items[2:] == [
         b"3",
@@ -139,6 +143,8 @@ def test_acquire_command_round_trips(name: str, token: str, ttl_ms: int, proposa
         token.encode(),
         str(ttl_ms).encode(),
         str(proposal).encode(),
+        b"5",
+        b"9",
     ]
 
 
@@ -170,7 +176,7 @@ def test_exists_command() -> None:
 YES_NO_COMMANDS = [
     commands.release("k", "t"),
     commands.extend("k", "t", 10),
-    commands.seed(KEYS, 0, 0),
+    commands.seed(KEYS, 0, 0, frozenset({1})),
     commands.exists("k"),
 ]
 
@@ -215,7 +221,7 @@ def test_yes_no_replies(reply: object, yes: bool) -> None:
     ],
 )
 def test_acquire_replies(reply: object, parsed: tuple[bool, tuple[int, int] | None]) -> None:
-    cmd = commands.acquire(KEYS, "t", 10, 5)
+    cmd = commands.acquire(KEYS, "t", 10, 5, 1, 10)
     assert cmd.parse(reply) == parsed
     assert cmd.is_yes(reply) is parsed[0]
 
@@ -223,7 +229,7 @@ def test_acquire_replies(reply: object, parsed: tuple[bool, tuple[int, int] | No
 @SETTINGS
 @given(status=st.integers(-3, 1), number=st.integers(0, 2**53 - 1))
 def test_acquire_reply_status_one_is_the_only_yes(status: int, number: int) -> None:
-    ok, info = commands.acquire(KEYS, "t", 10, 5).parse([status, number])
+    ok, info = commands.acquire(KEYS, "t", 10, 5, 1, 10).parse([status, number])
     assert ok is (status == GRANTED)
     assert info == (status, number)
 

@@ -25,7 +25,7 @@ def seeded(counter: int = 10, warm_ms: int = 0, now: int = 0) -> FakeNode:
 
 def test_script_headers_state_the_statuses_the_fake_returns() -> None:
     acquire = script("acquire").source.decode()
-    for line in ("{ 1, F}", "{ 0, counter}", "{-1, counter}", "{-2, 0}", "{-3, pttl}"):
+    for line in ("{ 1, F}", "{ 0, counter}", "{-1, counter}", "{-2, mark}", "{-3, pttl}"):
         assert line in acquire
     assert (
         "Returns 1 if seeded, 0 if the node already had a counter" in script("seed").source.decode()
@@ -34,8 +34,8 @@ def test_script_headers_state_the_statuses_the_fake_returns() -> None:
 
 def test_acquire_without_history_grants_nothing() -> None:
     node = FakeNode()
-    assert acquire_lua(node, KEYS, "t", 1000, 5, now=0) == [-2, 0]
-    assert node.data == {}
+    assert acquire_lua(node, KEYS, "t", 1000, 5, now=0, mark=7) == [-2, 7]
+    assert set(node.data) == {KEYS.warm}  # only the observation mark
 
 
 def test_acquire_grants_above_the_counter_and_commits_the_proposal() -> None:
@@ -112,4 +112,4 @@ def test_wipe_loses_everything() -> None:
     node = seeded(10, warm_ms=1500)
     acquire_lua(node, KEYS, "a", 1000, 11, now=1600)
     node.wipe()
-    assert acquire_lua(node, KEYS, "b", 1000, 12, now=1601) == [-2, 0]
+    assert acquire_lua(node, KEYS, "b", 1000, 12, now=1601, mark=5) == [-2, 5]

@@ -123,7 +123,14 @@ class AsyncClient:
         while True:
             token = secrets.token_hex(16)
             rnd = acq.begin(_clock())
-            command = commands.acquire(spec.keys, token, spec.ttl_ms, acq.proposal(wall_us()))
+            command = commands.acquire(
+                spec.keys,
+                token,
+                spec.ttl_ms,
+                acq.proposal(wall_us()),
+                acq.mark,
+                self.config.max_ttl_ms,
+            )
             try:
                 await self._channels.run(command, rnd, acq.deadline(rnd))
             except asyncio.CancelledError:
@@ -149,7 +156,7 @@ class AsyncClient:
                 await asyncio.sleep(step.sleep)
 
     async def _seed(self, spec: LockSpec, seed: Seed) -> None:
-        command = commands.seed(spec.keys, seed.counter, seed.warm_ms)
+        command = commands.seed(spec.keys, seed.counter, seed.warm_ms, seed.marks)
         await self._cleanup_round(command, seed.nodes, seed.nodes)
 
     async def _cleanup_round(

@@ -43,7 +43,7 @@ the node lost its data (restart without persistence). It grants nothing until se
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._errors import LockError, QuorumUnreachable, ServerUnsupported
 from .config import LockSpec
@@ -89,11 +89,16 @@ class LeaseState:
 
 @dataclass(frozen=True)
 class Seed:
-    """Nodes without history to seed (seed.lua): their counter, and warm-up in ms."""
+    """Nodes without history to seed (seed.lua): their counter, and warm-up in ms.
+
+    ``marks`` are the observation marks those nodes answered with; a node seeds only if
+    its mark is still one of them (it has not restarted since the observation).
+    """
 
     nodes: frozenset[int]
     counter: int
     warm_ms: int
+    marks: frozenset[int] = field(default=frozenset(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -194,10 +199,13 @@ class Acquisition:
         self._proposal = 0
         self._hear_all = False
         self._strikes = 0
+        self.mark = 1
 
     def begin(self, now: float) -> Round:
         """Start an attempt at ``now``."""
         self.attempts += 1
+        # Marks a node without history answers with (see acquire.lua); never 0.
+        self.mark = self._rng.getrandbits(52) | 1
         return Round(self.spec.n_nodes, self.spec.quorum, now, wait_all=self._hear_all)
 
     def proposal(self, wall_us: int) -> int:
@@ -222,7 +230,7 @@ class Acquisition:
             blank = frozenset(i for i, (s, _) in statuses.items() if s == NO_HISTORY)
             # Nodes that lost their data (the others answered with history): seed them now,
             # or they would sit out every round until a failed one noticed them.
-            seed = Seed(blank, max(counters), self._max_ttl_ms) if blank else None
+            seed = self._seed(blank, statuses, max(counters), self._max_ttl_ms) if blank else None
             return Granted(
                 LeaseState(
                     name=spec.name,
@@ -268,9 +276,15 @@ class Acquisition:
         blank = frozenset(i for i, (s, _) in statuses.items() if s == NO_HISTORY)
         seed: Seed | None = None
         if blank and len(blank) == self.spec.n_nodes:
-            seed = Seed(blank, 0, 0)  # a new lock: every node agrees it has no past
+            seed = self._seed(blank, statuses, 0, 0)  # a new lock: no node has a past
         elif blank and len(counters) >= self.spec.quorum:
-            seed = Seed(blank, max(counters), self._max_ttl_ms)
+            seed = self._seed(blank, statuses, max(counters), self._max_ttl_ms)
+        elif blank and counters and len(statuses) == self.spec.n_nodes:
+            # Every node answered, but most have lost their history (one at a time, the
+            # lock idle in between). No answer can vouch for the last token a majority
+            # committed; seed from what is left rather than never (docs/fencing.md says
+            # what this costs the token guarantee). The warm-up still protects the lock.
+            seed = self._seed(blank, statuses, max(counters), self._max_ttl_ms)
         elif blank and not self._hear_all:
             # The round was decided before every node answered. Whether this lock is new
             # everywhere (seed at once) or some node lost its data (seed with a warm-up)
@@ -283,6 +297,13 @@ class Acquisition:
         self._fixes += 1
         self._hear_all = False
         return seed or True
+
+    @staticmethod
+    def _seed(
+        blank: frozenset[int], statuses: dict[int, tuple[int, int]], counter: int, warm_ms: int
+    ) -> Seed:
+        marks = frozenset(statuses[i][1] for i in blank)
+        return Seed(blank, counter, warm_ms, marks)
 
     def _unreachable(self, rnd: Round) -> LockError | ServerUnsupported:
         errors = round_errors(rnd, self._names)

@@ -75,15 +75,18 @@ class Command:
 @lru_cache(maxsize=4096)
 def _acquire_head(keys: LockKeys) -> bytes:
     # Everything but the per-attempt arguments, encoded once per lock name.
-    return _eval_head("acquire", 3, 6) + _bulk((keys.lock, keys.fence, keys.warm))
+    return _eval_head("acquire", 3, 8) + _bulk((keys.lock, keys.fence, keys.warm))
 
 
-def acquire(keys: LockKeys, token: str, ttl_ms: int, proposal: int) -> Command:
-    return Command(_acquire_head(keys) + _bulk((token, ttl_ms, proposal)), _acquire_reply)
+def acquire(
+    keys: LockKeys, token: str, ttl_ms: int, proposal: int, mark: int, mark_ms: int
+) -> Command:
+    args = (token, ttl_ms, proposal, mark, mark_ms)
+    return Command(_acquire_head(keys) + _bulk(args), _acquire_reply)
 
 
-def seed(keys: LockKeys, counter: int, warm_ms: int) -> Command:
-    return Command(_eval("seed", (keys.fence, keys.warm), counter, warm_ms))
+def seed(keys: LockKeys, counter: int, warm_ms: int, marks: frozenset[int]) -> Command:
+    return Command(_eval("seed", (keys.fence, keys.warm), counter, warm_ms, *sorted(marks)))
 
 
 def release(key: str, token: str) -> Command:

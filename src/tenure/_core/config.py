@@ -314,13 +314,13 @@ class SpecCache:
         self._specs: dict[tuple[object, object], LockSpec] = {}
 
     def get(self, name: object, ttl: object) -> LockSpec:
+        if isinstance(ttl, bool):  # True == 1 as a dict key: never let it find a spec
+            return LockSpec.build(self._config, name, ttl)  # raises ConfigurationError
         try:
             return self._specs[(name, ttl)]
         except (KeyError, TypeError):  # TypeError: unhashable input, rejected by build()
             spec = LockSpec.build(self._config, name, ttl)
         if len(self._specs) >= self.LIMIT:
             self._specs.clear()
-        # bool is an int: (name, True) must not find the spec of (name, 1).
-        if not isinstance(ttl, bool):
-            self._specs[(name, ttl)] = spec
+        self._specs[(name, ttl)] = spec
         return spec

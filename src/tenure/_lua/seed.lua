@@ -8,13 +8,29 @@
 -- ARGV[2]  warm-up in milliseconds: 0 for a lock no node has seen, else the client's
 --          maximum TTL, so every lease this node might have granted before losing its
 --          data has expired before it votes again
+-- ARGV[3..] the observation marks the client's decision was based on (acquire.lua put
+--          one in KEYS[2] of each node without history)
 --
--- Returns 1 if seeded, 0 if the node already had a counter (another client was first).
+-- Returns 1 if seeded, 0 if the node already had a counter (another client was first),
+-- -1 if the node's mark is not among ARGV[3..]: it restarted (or its mark expired) after
+-- the observation, so the decision no longer applies to it and nothing is written.
 if redis.call("EXISTS", KEYS[1]) == 1 then
     return 0
+end
+local mark = redis.call("GET", KEYS[2])
+local known = false
+for i = 3, #ARGV do
+    if mark == ARGV[i] then
+        known = true
+    end
+end
+if not known then
+    return -1
 end
 redis.call("SET", KEYS[1], ARGV[1])
 if tonumber(ARGV[2]) > 0 then
     redis.call("SET", KEYS[2], "1", "PX", ARGV[2])
+else
+    redis.call("DEL", KEYS[2])
 end
 return 1

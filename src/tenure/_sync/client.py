@@ -150,7 +150,14 @@ class Client:
             while True:
                 token = secrets.token_hex(16)
                 rnd = acq.begin(_clock())
-                command = commands.acquire(spec.keys, token, spec.ttl_ms, acq.proposal(wall_us()))
+                command = commands.acquire(
+                    spec.keys,
+                    token,
+                    spec.ttl_ms,
+                    acq.proposal(wall_us()),
+                    acq.mark,
+                    self.config.max_ttl_ms,
+                )
                 try:
                     links.run(command, rnd, acq.deadline(rnd), _clock)
                 except BaseException:
@@ -186,7 +193,7 @@ class Client:
         return rnd
 
     def _seed(self, links: LinkSet, spec: LockSpec, seed: Seed) -> None:
-        command = commands.seed(spec.keys, seed.counter, seed.warm_ms)
+        command = commands.seed(spec.keys, seed.counter, seed.warm_ms, seed.marks)
         self._cleanup_round(links, command, seed.nodes, seed.nodes)
 
     def _cleanup_round(
