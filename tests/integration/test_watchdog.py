@@ -105,8 +105,11 @@ def test_a_granting_node_that_loses_the_key_makes_the_lease_lost(
     victim = next(n for n in shared5 if n.url in granted)
     with victim.client() as c:
         c.delete(lease.key)
-    with pytest.raises(tenure.LeaseLost, match="no longer hold it"):
-        lease.extend()
+    # An extend round is decided by the first majority to answer, so the victim's "not
+    # mine" is seen only when it is among them; within a few extends it is.
+    with pytest.raises(tenure.LeaseLost, match="no longer hold it"):  # noqa: PT012
+        for _ in range(50):
+            lease.extend()
     assert lease.lost_error is not None
 
 
