@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import secrets
-from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
+from .._client_base import ClientBase
 from .._clock import monotonic, wall_us
 from .._core import commands
-from .._core.acquire import Acquisition, GiveUp, Granted, LeaseState, Seed, refused_by
+from .._core.acquire import GiveUp, Granted, LeaseState, Seed, refused_by
 from .._core.acquire import cleanup_wait as _cleanup_wait
-from .._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
+from .._core.config import LockSpec, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
-from .._core.policy import RetryPolicy
 from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
 from .._errors import LeaseLost, LockTimeout, NotHeld
@@ -36,39 +34,15 @@ __all__ = ["AsyncClient", "AsyncLease", "AsyncLock"]
 _clock = monotonic
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """The asyncio twin of ``tenure.Client``; same arguments, same errors.
 
     Many tasks share one pipelined connection per node. Use ``async with`` or call
     ``aclose()`` so the reader tasks end with the client.
     """
 
-    def __init__(
-        self,
-        nodes: Sequence[str],
-        *,
-        node_timeout: float = 0.05,
-        drift_factor: float = 0.01,
-        drift_floor: float = 0.002,
-        retry: RetryPolicy | None = None,
-        allow_even: bool = False,
-        max_ttl: float = 60.0,
-        connection_options: dict[str, Any] | None = None,
-    ) -> None:
-        self.config = ClientConfig.build(
-            nodes,
-            node_timeout=node_timeout,
-            drift_factor=drift_factor,
-            drift_floor=drift_floor,
-            retry=retry,
-            allow_even=allow_even,
-            max_ttl=max_ttl,
-        )
-        self.node_names = [a.display for a in self.config.nodes]
-        self._specs = SpecCache(self.config)
-        self._fence_floor = 1  # proposals stay above every fencing token this client saw
-        self._channels = Channels(self.config, dict(connection_options or {}))
-        self._rng = random.Random(secrets.randbits(64))
+    def _open(self, connection_options: dict[str, Any]) -> None:
+        self._channels = Channels(self.config, connection_options)
 
     def lock(
         self,
@@ -108,18 +82,7 @@ class AsyncClient:
     async def _acquire(
         self, spec: LockSpec, blocking: bool, timeout: float | None
     ) -> AsyncLease | None:
-        timeout = check_acquire_args(blocking, timeout)
-        acq = Acquisition(
-            spec,
-            self.config.retry,
-            self._rng,
-            blocking=blocking,
-            timeout=timeout,
-            now=_clock(),
-            node_names=self.node_names,
-            max_ttl_ms=self.config.max_ttl_ms,
-            floor=self._fence_floor,
-        )
+        acq = self._acquisition(spec, blocking, timeout)
         while True:
             token = secrets.token_hex(16)
             rnd = acq.begin(_clock())

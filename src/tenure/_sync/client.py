@@ -6,21 +6,19 @@ runs each round on a ``LinkSet``, sleeps when told to, and hands out leases.
 
 from __future__ import annotations
 
-import random
 import secrets
 import threading
 import time
-from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
+from .._client_base import ClientBase
 from .._clock import monotonic, wall_us
 from .._core import commands
-from .._core.acquire import Acquisition, GiveUp, Granted, LeaseState, Seed, refused_by
+from .._core.acquire import GiveUp, Granted, LeaseState, Seed, refused_by
 from .._core.acquire import cleanup_wait as _cleanup_wait
-from .._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
+from .._core.config import LockSpec, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
-from .._core.policy import RetryPolicy
 from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
 from .._errors import LockTimeout, NotHeld
@@ -34,7 +32,7 @@ __all__ = ["Client", "Lease", "Lock"]
 _clock = monotonic
 
 
-class Client:
+class Client(ClientBase):
     """A connection to 1 node (single-instance lock) or N independent masters (Redlock).
 
     Args:
@@ -55,32 +53,8 @@ class Client:
         ConfigurationError: a parameter is out of range or a URL is malformed.
     """
 
-    def __init__(
-        self,
-        nodes: Sequence[str],
-        *,
-        node_timeout: float = 0.05,
-        drift_factor: float = 0.01,
-        drift_floor: float = 0.002,
-        retry: RetryPolicy | None = None,
-        allow_even: bool = False,
-        max_ttl: float = 60.0,
-        connection_options: dict[str, Any] | None = None,
-    ) -> None:
-        self.config = ClientConfig.build(
-            nodes,
-            node_timeout=node_timeout,
-            drift_factor=drift_factor,
-            drift_floor=drift_floor,
-            retry=retry,
-            allow_even=allow_even,
-            max_ttl=max_ttl,
-        )
-        self.node_names = [a.display for a in self.config.nodes]
-        self._specs = SpecCache(self.config)
-        self._fence_floor = 1  # proposals stay above every fencing token this client saw
-        self._pool = LinkPool(self.config, dict(connection_options or {}))
-        self._rng = random.Random(secrets.randbits(64))
+    def _open(self, connection_options: dict[str, Any]) -> None:
+        self._pool = LinkPool(self.config, connection_options)
 
     def lock(
         self,
@@ -134,18 +108,7 @@ class Client:
         return lease
 
     def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | None:
-        timeout = check_acquire_args(blocking, timeout)
-        acq = Acquisition(
-            spec,
-            self.config.retry,
-            self._rng,
-            blocking=blocking,
-            timeout=timeout,
-            now=_clock(),
-            node_names=self.node_names,
-            max_ttl_ms=self.config.max_ttl_ms,
-            floor=self._fence_floor,
-        )
+        acq = self._acquisition(spec, blocking, timeout)
         with self._links() as links:
             while True:
                 token = secrets.token_hex(16)
