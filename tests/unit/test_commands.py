@@ -95,7 +95,7 @@ def test_acquire_command_evals_acquire_lua_with_three_keys() -> None:
     assert rest == b""
     assert items == [
         b"EVAL",
-        script("acquire").source,
+        script("acquire").wire,
         b"3",
         b"tenure:{r}:lock",
         b"tenure:{r}:fence",
@@ -113,7 +113,7 @@ def test_seed_command_evals_seed_lua_with_two_keys() -> None:
     assert rest == b""
     assert items == [
         b"EVAL",
-        script("seed").source,
+        script("seed").wire,
         b"2",
         b"tenure:{r}:fence",
         b"tenure:{r}:warm",
@@ -163,7 +163,7 @@ def test_script_commands_send_the_source_with_eval(
     assert isinstance(cmd, Command)
     items, rest = parse_command(cmd.packed)
     assert rest == b""
-    assert items == [b"EVAL", script(name).source, b"1", b"K", *extra]
+    assert items == [b"EVAL", script(name).wire, b"1", b"K", *extra]
 
 
 def test_exists_command() -> None:
@@ -281,3 +281,12 @@ def test_script_opens_with_a_comment_block_naming_keys_and_argv(name: str) -> No
 def test_unknown_script_raises() -> None:
     with pytest.raises(OSError, match="no-such-script"):
         script("no-such-script")
+
+
+@pytest.mark.parametrize("name", ["acquire", "seed", "release", "extend"])
+def test_wire_form_is_the_code_without_its_comments(name: str) -> None:
+    s = script(name)
+    code = [line for line in s.source.splitlines() if not line.lstrip().startswith(b"--")]
+    assert s.wire.splitlines() == b"\n".join(code).strip().splitlines()
+    assert b"--" not in s.wire
+    assert len(s.wire) < len(s.source) / 2

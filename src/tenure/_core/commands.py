@@ -32,7 +32,7 @@ def _bulk(args: tuple[bytes | str | int, ...]) -> bytes:
 @cache
 def _eval_head(name: str, numkeys: int, argc: int) -> bytes:
     # The script source is the bulk of every EVAL: encode it once, not per call.
-    return b"*%d\r\n" % (3 + argc) + _bulk(("EVAL", script(name).source, numkeys))
+    return b"*%d\r\n" % (3 + argc) + _bulk(("EVAL", script(name).wire, numkeys))
 
 
 def _eval(name: str, keys: tuple[str, ...], *args: bytes | str | int) -> bytes:
