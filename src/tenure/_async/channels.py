@@ -35,6 +35,7 @@ from redis.exceptions import ResponseError
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
 from .._core.quorum import Failure, Round
+from .._core.resp import ErrorReply, ReplyReader
 from .._redis_compat import classify_error, connection_kwargs
 
 __all__ = ["Channels"]
@@ -55,6 +56,37 @@ def _ignore(reply: Reply) -> None:
 
 class _Down(Exception):
     """The node is in its reconnect back-off."""
+
+
+class _Replies(asyncio.Protocol):
+    """Reads replies off the connection's transport and hands each one on at once."""
+
+    def __init__(
+        self, deliver: Callable[[object], None], lost: asyncio.Future[BaseException]
+    ) -> None:
+        self._reader = ReplyReader()
+        self._deliver = deliver
+        self._lost = lost
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            replies = self._reader.feed(data)
+        except ValueError as exc:  # not RESP2: nothing more on this connection can be trusted
+            self._end(ConnectionError(f"unreadable reply: {exc}"))
+            return
+        for value in replies:
+            self._deliver(value)
+
+    def eof_received(self) -> bool:
+        self._end(ConnectionError("connection closed by the node"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(exc or ConnectionError("connection lost"))
+
+    def _end(self, exc: BaseException) -> None:
+        if not self._lost.done():
+            self._lost.set_result(exc)
 
 
 class Channel:
@@ -97,10 +129,18 @@ class Channel:
         self._conn._writer.write(packed)  # type: ignore[union-attr]
 
     async def _run(self) -> None:
-        """Connect, flush what was queued meanwhile, then read replies until the link fails."""
+        """Connect, flush what was queued meanwhile, then read replies until the link fails.
+
+        redis-py connects (TLS, AUTH, SELECT); then the transport's protocol is replaced by
+        ``_Replies``, which parses each reply as it arrives and hands it to its request's
+        callback right there, without waking a reader task first.
+        """
         conn: redis.asyncio.Connection = self._pool.make_connection()  # type: ignore[no-untyped-call]
         try:
             await conn.connect()  # type: ignore[no-untyped-call]
+            lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+            transport = conn._writer.transport  # type: ignore[union-attr]
+            transport.set_protocol(_Replies(self._deliver, lost))
             self._conn = conn
             now = time.monotonic()
             for command, on_reply in self._unsent:
@@ -108,24 +148,31 @@ class Channel:
                 self._pending.append((on_reply, now))
             self._unsent.clear()
             self._backoff = BACKOFF_MIN
-            while True:
-                try:
-                    reply: Reply = (True, await conn.read_response())
-                except ResponseError as exc:
-                    reply = (False, exc)
-                if self._pending:
-                    self._pending.popleft()[0](reply)
-                    if self._idle is not None and not self._pending and not self._unsent:
-                        self._idle.set()
+            raise await lost
         except asyncio.CancelledError:
             # Whoever cancelled us (reset, close) already failed our requests; the channel
             # may own a new connection by now, so touch nothing but our own.
-            await conn.disconnect()
+            await conn.disconnect(
+                nowait=True
+            )  # our protocol replaced the stream's: no wait_closed()
             raise
         except Exception as exc:
             if self._task is asyncio.current_task():
                 self._reset(exc, time.monotonic(), from_task=True)
-            await conn.disconnect()
+            await conn.disconnect(
+                nowait=True
+            )  # our protocol replaced the stream's: no wait_closed()
+
+    def _deliver(self, value: object) -> None:
+        reply: Reply = (
+            (False, ResponseError(value.message))
+            if isinstance(value, ErrorReply)
+            else (True, value)
+        )
+        if self._pending:
+            self._pending.popleft()[0](reply)
+            if self._idle is not None and not self._pending and not self._unsent:
+                self._idle.set()
 
     def _fail_all(self, exc: BaseException) -> None:
         waiting = [f for f, _ in self._pending] + [f for _, f in self._unsent]
