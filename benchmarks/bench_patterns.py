@@ -61,6 +61,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Barrier
@@ -68,14 +69,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import redis
-from redis.backoff import NoBackoff
 from redis.client import Pipeline
-from redis.retry import Retry
 
 import tenure
+from _common import fmt, no_retry, server_version, write_results
+from _common import table as _table
 from tenure._core.acquire import Acquisition
 from tenure._core.quorum import Round
-from tenure.local import LocalCluster, LocalNode, Persistence
+from tenure.local import LocalCluster, Persistence
 from tenure.patterns import (
     ConflictError,
     OptimisticStats,
@@ -101,11 +102,6 @@ LOCK_NODES: dict[Variant, int] = {"lock1": 1, "lock5": 5}
 
 # _ctx is module-level so that the children (forkserver) find it too.
 _ctx = multiprocessing.get_context("forkserver")
-
-
-def no_retry() -> Retry:
-    # redis-py retries silently by default; a benchmark sees each failure once.
-    return Retry(NoBackoff(), 0)
 
 
 def data_client(url: str) -> redis.Redis:
@@ -523,10 +519,6 @@ def build_rows(results: Sequence[RoundResult]) -> list[Row]:
     return rows
 
 
-def fmt(value: float) -> str:
-    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
-
-
 def us(ns: float) -> str:
     return fmt(ns / 1000)
 
@@ -624,22 +616,8 @@ MAIN_HEADER = [
 NUMERIC = frozenset(["ops/s", "ops/s vs DECR", "p50 µs", "p99 µs", "p50 vs DECR"])
 
 
-def text_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    right = [h in NUMERIC or h.startswith("round") for h in header]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)
-        ).rstrip()
-
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    align = ["---:" if h in NUMERIC or h.startswith("round") else "---" for h in header]
-    out = [header, align, *rows]
-    return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in out)
+def _numeric(header: str) -> bool:
+    return header in NUMERIC or header.startswith("round")
 
 
 # --------------------------------------------------------------------------- report
@@ -653,11 +631,6 @@ def versions() -> str:
         except importlib.metadata.PackageNotFoundError:
             found.append(f"{dist} not installed")
     return ", ".join(found)
-
-
-def server_version(node: LocalNode) -> str:
-    with node.client() as c:
-        return str(c.info("server")["redis_version"])
 
 
 def context_lines(args: argparse.Namespace, redis_version: str, load_before: float) -> list[str]:
@@ -691,7 +664,7 @@ class Report:
 
 
 def render(report: Report, markdown: bool) -> str:
-    table = markdown_table if markdown else text_table
+    table = partial(_table, numeric=_numeric, markdown=markdown)
     heading = "## " if markdown else ""
     round_header = ["variant", *(f"round {r + 1}" for r in range(report.rounds))]
     parts = [
@@ -703,15 +676,6 @@ def render(report: Report, markdown: bool) -> str:
         "\n".join(report.context),
     ]
     return "\n\n".join(parts)
-
-
-def write_results(path: Path, body: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    intro = (
-        "# bench_patterns: one stock counter, 8 processes: lock, optimistic, single writer\n\n"
-        "Written by `python benchmarks/bench_patterns.py`; see `benchmarks/README.md`.\n\n"
-    )
-    path.write_text(intro + body + "\n")
 
 
 # --------------------------------------------------------------------------- main
@@ -764,7 +728,12 @@ def run(args: argparse.Namespace) -> str:
     rows = build_rows(results)
     report = Report(table_rows(rows), per_round_rows(rows), args.rounds, context)
     if args.output is not None:
-        write_results(args.output, render(report, markdown=True))
+        write_results(
+            args.output,
+            "bench_patterns",
+            "one stock counter, 8 processes: lock, optimistic, single writer",
+            render(report, markdown=True),
+        )
         print(f"wrote {args.output}", file=sys.stderr)
     return render(report, args.markdown)
 

@@ -56,7 +56,14 @@ from redis.retry import Retry
 
 from tenure._errors import ConfigurationError, TenureError
 
-__all__ = ["LocalCluster", "LocalNode", "LocalNodeError", "Persistence", "find_server_binary"]
+__all__ = [
+    "DIE_WITH_PARENT",
+    "LocalCluster",
+    "LocalNode",
+    "LocalNodeError",
+    "Persistence",
+    "find_server_binary",
+]
 
 _HOST = "127.0.0.1"
 _START_TIMEOUT = 10.0  # seconds for a node to answer PING after spawn
@@ -85,9 +92,12 @@ if sys.platform.startswith("linux"):
         # nodes); spawning from a short-lived worker thread would kill them when it ends.
         _prctl(_PR_SET_PDEATHSIG, _sigkill)
 
-    _PREEXEC: Callable[[], None] | None = _die_with_parent
+    DIE_WITH_PARENT: Callable[[], None] | None = _die_with_parent
 else:
-    _PREEXEC = None
+    DIE_WITH_PARENT = None
+"""A ``preexec_fn`` that has the kernel kill the child if we die (Linux; else None).
+
+Also used by the test suite's PostgreSQL and the benchmarks' helper servers."""
 
 
 class LocalNodeError(TenureError, RuntimeError):
@@ -390,7 +400,7 @@ class LocalNode:
                 stderr=subprocess.STDOUT,
                 # Out of the terminal's process group: Ctrl-C reaches us, and we stop them.
                 start_new_session=True,
-                preexec_fn=_PREEXEC,
+                preexec_fn=DIE_WITH_PARENT,
             )
         self._proc = proc
         self._reaper = weakref.finalize(self, _kill_and_reap, proc)

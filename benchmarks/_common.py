@@ -1,0 +1,198 @@
+"""What the benchmark scripts share: timing runners, their statistics, and tables.
+
+Imported by ``bench_lock.py``, ``bench_fencing.py`` and ``bench_patterns.py`` (run as
+``python benchmarks/<script>.py``, so this directory is on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from tenure.local import LocalNode
+
+__all__ = [
+    "AsyncCycle",
+    "AsyncRunner",
+    "Runner",
+    "Stats",
+    "SyncCycle",
+    "SyncRunner",
+    "fmt",
+    "no_retry",
+    "server_version",
+    "table",
+    "write_results",
+]
+
+
+def no_retry() -> Retry:
+    # redis-py retries silently by default; a benchmark (and a lock) must see each
+    # failure once, as it happens, not after a hidden back-off.
+    return Retry(NoBackoff(), 0)
+
+
+@dataclass
+class Stats:
+    """Everything measured for one row: per-cycle latencies and the batches' wall time."""
+
+    latencies_ns: list[int] = field(default_factory=list)
+    elapsed_ns: int = 0
+    failures: int = 0
+    first_error: str = ""
+    # p50 of each turn's chunk, in turn order: every row runs a chunk in every turn, so
+    # two rows' lists line up, and chunks of one turn ran seconds apart at most.
+    turn_p50s: list[int] = field(default_factory=list)
+
+    @property
+    def cycles(self) -> int:
+        return len(self.latencies_ns)
+
+    def percentile_us(self, q: float) -> float:
+        """Nearest-rank percentile, in microseconds."""
+        ordered = sorted(self.latencies_ns)
+        rank = max(math.ceil(q * len(ordered)) - 1, 0)
+        return ordered[rank] / 1000
+
+    def paired_ratio(self, base: Stats) -> float:
+        """Median over turns of (our chunk p50 / ``base``'s chunk p50 in the same turn).
+
+        A burst of load from another process moves both chunks of a turn together, so
+        this ratio holds still where the ratio of the pooled p50s drifts with the load.
+        """
+        pairs = zip(self.turn_p50s, base.turn_p50s, strict=True)
+        return statistics.median(a / b for a, b in pairs)
+
+    def paired_excess_us(self, base: Stats) -> float:
+        """Median over turns of (our chunk p50 - ``base``'s), in µs: the time a library
+        adds per cycle. Unlike the ratio, it hardly moves when the machine's round trips
+        slow down (on a shared VM they swing 4x from minute to minute)."""
+        pairs = zip(self.turn_p50s, base.turn_p50s, strict=True)
+        return statistics.median(a - b for a, b in pairs) / 1000
+
+    def ops_per_s(self) -> float:
+        return self.cycles / (self.elapsed_ns / 1e9) if self.elapsed_ns else 0.0
+
+    def fail(self, exc: BaseException) -> None:
+        self.failures += 1
+        if not self.first_error:
+            self.first_error = f"{type(exc).__name__}: {exc}"
+
+
+class Runner(Protocol):
+    def batch(self, n: int, stats: Stats) -> None: ...
+
+    def close(self) -> None: ...
+
+
+SyncCycle = Callable[[], bool]
+AsyncCycle = Callable[[], Awaitable[bool]]
+
+
+class SyncRunner:
+    """Runs a blocking cycle function ``n`` times in this thread."""
+
+    def __init__(self, cycle: SyncCycle, closers: Sequence[Callable[[], object]] = ()) -> None:
+        self._cycle = cycle
+        self._closers = closers
+
+    def batch(self, n: int, stats: Stats) -> None:
+        cycle, clock, out = self._cycle, time.perf_counter_ns, stats.latencies_ns
+        start = clock()
+        for _ in range(n):
+            t0 = clock()
+            try:
+                ok = cycle()
+            except Exception as exc:
+                stats.fail(exc)
+            else:
+                stats.failures += not ok
+            out.append(clock() - t0)
+        stats.elapsed_ns += clock() - start
+
+    def close(self) -> None:
+        for closer in self._closers:
+            closer()
+
+
+class AsyncRunner:
+    """Runs an async cycle ``n`` times inside one coroutine, so the event loop is entered
+    once per batch, not once per cycle (which would time the loop's start-up)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        cycle: AsyncCycle,
+        closers: Sequence[Callable[[], Awaitable[object]]] = (),
+    ) -> None:
+        self._loop = loop
+        self._cycle = cycle
+        self._closers = closers
+
+    async def _batch(self, n: int, stats: Stats) -> None:
+        cycle, clock, out = self._cycle, time.perf_counter_ns, stats.latencies_ns
+        start = clock()
+        for _ in range(n):
+            t0 = clock()
+            try:
+                ok = await cycle()
+            except Exception as exc:
+                stats.fail(exc)
+            else:
+                stats.failures += not ok
+            out.append(clock() - t0)
+        stats.elapsed_ns += clock() - start
+
+    def batch(self, n: int, stats: Stats) -> None:
+        self._loop.run_until_complete(self._batch(n, stats))
+
+    def close(self) -> None:
+        for closer in self._closers:
+            self._loop.run_until_complete(closer())
+
+
+def fmt(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def table(
+    header: list[str], rows: list[list[str]], numeric: Callable[[str], bool], *, markdown: bool
+) -> str:
+    """A plain-text or Markdown table; columns whose header is ``numeric`` align right."""
+    right = [numeric(h) for h in header]
+    if markdown:
+        align = ["---:" if r else "---" for r in right]
+        out = [header, align, *rows]
+        return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in out)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)
+        ).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def server_version(node: LocalNode) -> str:
+    with node.client() as c:
+        return str(c.info("server")["redis_version"])
+
+
+def write_results(path: Path, script: str, title: str, body: str) -> None:
+    """Write ``body`` to ``path`` under ``title``, naming the script that wrote it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    intro = (
+        f"# {script}: {title}\n\n"
+        f"Written by `python benchmarks/{script}.py`; see `benchmarks/README.md`.\n\n"
+    )
+    path.write_text(intro + body + "\n")
