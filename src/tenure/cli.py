@@ -131,6 +131,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # --- run ------------------------------------------------------------------------------
 
 
+def _add_node_timeout_option(p: argparse.ArgumentParser, default: float, what: str) -> None:
+    p.add_argument(
+        "--node-timeout",
+        type=_positive_float,
+        default=default,
+        metavar="SECONDS",
+        help=f"wait at most this long {what} (default {default:g})",
+    )
+
+
 def _add_nodes_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--redis",
@@ -191,13 +201,7 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="stop extending after holding this long: the lease then runs out and the "
         "command is terminated (exit 79). Default: no cap",
     )
-    p.add_argument(
-        "--node-timeout",
-        type=_positive_float,
-        default=0.05,
-        metavar="SECONDS",
-        help="wait at most this long for any one node in a round (default 0.05)",
-    )
+    _add_node_timeout_option(p, 0.05, "for any one node in a round")
     p.set_defaults(handler=_cmd_run, takes_command=True)
 
 
@@ -232,13 +236,7 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     p.add_argument("name", metavar="NAME", help="the lock's name")
     _add_nodes_option(p)
-    p.add_argument(
-        "--node-timeout",
-        type=_positive_float,
-        default=0.5,
-        metavar="SECONDS",
-        help="wait at most this long for each node (default 0.5)",
-    )
+    _add_node_timeout_option(p, 0.5, "for each node")
     p.set_defaults(handler=_cmd_status)
 
 
@@ -275,13 +273,7 @@ def _add_check(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help="print the findings as a JSON list of {node, check, level, detail}",
     )
-    p.add_argument(
-        "--node-timeout",
-        type=_positive_float,
-        default=1.0,
-        metavar="SECONDS",
-        help="wait at most this long for each node's reply (default 1)",
-    )
+    _add_node_timeout_option(p, 1.0, "for each node's reply")
     p.set_defaults(handler=_cmd_check)
 
 
