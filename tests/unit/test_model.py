@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal, NoReturn
 
@@ -63,7 +64,9 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
+)
+from hypothesis.stateful import (
+    run_state_machine_as_test as _run_state_machine_untyped,
 )
 
 from tenure import LeaseExpired
@@ -75,6 +78,12 @@ from tenure._core.policy import wait_random
 from tenure._core.quorum import Failure, Round
 
 from .fake_node import FakeNode, acquire_lua, extend_lua, release_lua, seed_lua
+
+# Older hypothesis releases (6.155 and before) ship this function without annotations, and
+# mypy --strict refuses to call it from typed code; a typed alias keeps the tests independent of
+# the installed release.
+run_state_machine_as_test: Callable[..., None] = _run_state_machine_untyped
+
 
 K = 3  # clients
 TTL_MS = 1000
