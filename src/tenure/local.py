@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import enum
+import ipaddress
 import os
 import shutil
 import signal
@@ -184,6 +185,15 @@ def _quote(value: str | os.PathLike[str]) -> str:
     return f'"{text}"'
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _kill_and_reap(proc: subprocess.Popen[bytes]) -> None:
     # Popen.kill() is a no-op once the child has been reaped, so a recycled PID is never
     # signalled.
@@ -201,6 +211,9 @@ class LocalNode:
         unix: listen on a unix socket in ``directory`` instead of a TCP port.
         binary: the server executable (see :func:`find_server_binary`).
         extra_config: more ``redis.conf`` directives, each written as ``key value``.
+        env: extra environment variables for the server process, on top of ours (e.g.
+            ``LD_PRELOAD`` of libfaketime, see :mod:`tenure.verify.clock`). Kept in
+            :attr:`env` and applied on every start, so they survive restarts.
 
     Raises:
         ConfigurationError: no binary, a socket path too long, or ``extra_config`` sets
@@ -216,6 +229,7 @@ class LocalNode:
         unix: bool = False,
         binary: str | os.PathLike[str] | None = None,
         extra_config: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self.directory = Path(directory).resolve()
@@ -225,6 +239,8 @@ class LocalNode:
         self.host = _HOST
         self.binary = find_server_binary(binary)
         self.extra_config = dict(extra_config or {})
+        self.env: dict[str, str] = dict(env or {})
+        """Extra environment for the server; a change takes effect at the next start."""
         clash = sorted(k for k in self.extra_config if k.lower() in _MANAGED_KEYS)
         if clash:
             raise ConfigurationError("extra_config", f"{clash} are managed by LocalNode")
@@ -341,16 +357,54 @@ class LocalNode:
         options.update(kwargs)
         return redis.Redis(**options)
 
-    def replicate_from(self, other: LocalNode) -> None:
+    def replicate_from(self, other: LocalNode | tuple[str, int]) -> None:
         """Make this node a replica of ``other`` (``REPLICAOF host port``).
 
+        Args:
+            other: another node, or the loopback ``(host, port)`` of something in front
+                of one, e.g. a :class:`tenure.verify.proxy.Proxy` whose link can then
+                be cut.
+
         Raises:
-            ConfigurationError: (``unix``) either node listens on a unix socket.
+            ConfigurationError: (``unix``) either node listens on a unix socket;
+                (``other``) the address is not on loopback.
         """
-        if other.port is None or self.port is None:
+        if isinstance(other, LocalNode):
+            if other.port is None:
+                raise ConfigurationError("unix", "replication needs TCP nodes")
+            host, port = other.host, other.port
+        else:
+            host, port = other
+            if not _is_loopback(host):
+                raise ConfigurationError("other", f"{host!r} is not a loopback address")
+        if self.port is None:
             raise ConfigurationError("unix", "replication needs TCP nodes")
         with self.client() as c:
-            c.execute_command("REPLICAOF", other.host, other.port)
+            c.execute_command("REPLICAOF", host, port)
+
+    def master_link_status(self) -> str | None:
+        """``master_link_status`` from ``INFO replication``.
+
+        Returns:
+            ``"up"`` or ``"down"`` on a replica; ``None`` on a master.
+        """
+        with self.client() as c:
+            value = c.info("replication").get("master_link_status")
+        return None if value is None else str(value)
+
+    def wait_replication_link(self, timeout: float = 10.0) -> None:
+        """Wait until this replica's link to its master is up (initial sync done).
+
+        Raises:
+            LocalNodeError: the link is not up after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while (status := self.master_link_status()) != "up":
+            if time.monotonic() > deadline:
+                raise LocalNodeError(
+                    self.name, f"master_link_status is {status!r} after {timeout} s"
+                )
+            time.sleep(_POLL_INTERVAL)
 
     def promote(self) -> None:
         """Make this node a master again (``REPLICAOF NO ONE``).
@@ -398,6 +452,7 @@ class LocalNode:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env} if self.env else None,
                 # Out of the terminal's process group: Ctrl-C reaches us, and we stop them.
                 start_new_session=True,
                 preexec_fn=DIE_WITH_PARENT,
@@ -472,6 +527,9 @@ class LocalCluster:
         base_dir: where node directories go; kept on close. Default: a temporary
             directory, removed on close.
         extra_config: more ``redis.conf`` directives for every node.
+        env_for: given a node's index (0-based, as in ``cluster[i]``), the extra
+            environment for that node's server, or ``None``; e.g.
+            ``env_for=lambda i: clock.env() if i == 0 else None`` fakes one node's clock.
 
     Raises:
         ConfigurationError: ``n`` < 1, or as :class:`LocalNode`.
@@ -486,6 +544,7 @@ class LocalCluster:
         binary: str | os.PathLike[str] | None = None,
         base_dir: str | os.PathLike[str] | None = None,
         extra_config: Mapping[str, str] | None = None,
+        env_for: Callable[[int], Mapping[str, str] | None] | None = None,
     ) -> None:
         if n < 1:
             raise ConfigurationError("n", f"a cluster needs at least 1 node, got {n}")
@@ -507,6 +566,7 @@ class LocalCluster:
                 unix=unix,
                 binary=server,
                 extra_config=extra_config,
+                env=env_for(i - 1) if env_for is not None else None,
             )
             for i in range(1, n + 1)
         ]

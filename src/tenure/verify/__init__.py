@@ -1,0 +1,1 @@
+"""tenure verify: fault-injection scenarios, history recorder, checker, report."""
