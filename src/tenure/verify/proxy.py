@@ -62,6 +62,7 @@ import dataclasses
 import enum
 import errno
 import heapq
+import ipaddress
 import itertools
 import selectors
 import socket
@@ -186,12 +187,12 @@ class Proxy:
     """A TCP proxy on a free loopback port in front of ``target_host:target_port``.
 
     Args:
-        target_host: the target's address; loopback only.
+        target_host: the target's IPv4 loopback address (or ``"localhost"``).
         target_port: the target's port.
         name: a label for the loop thread and ``repr``, e.g. the node's name.
 
     Raises:
-        ConfigurationError: (``target_host``) not a loopback address.
+        ConfigurationError: (``target_host``) not an IPv4 loopback address.
 
     Use as a context manager, or call :meth:`start` and :meth:`close`. The fault methods
     (:meth:`heal`, :meth:`delay`, :meth:`blackhole`, :meth:`reset`,
@@ -199,17 +200,23 @@ class Proxy:
     """
 
     def __init__(self, target_host: str, target_port: int, *, name: str = "") -> None:
-        if target_host not in ("127.0.0.1", "localhost", "::1"):
-            raise ConfigurationError("target_host", f"{target_host!r} is not loopback")
-        self.target = (target_host, target_port)
+        # Resolved here, once: a name lookup in the loop thread would stall every link.
+        host = _HOST if target_host == "localhost" else target_host
+        try:
+            loopback = ipaddress.IPv4Address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise ConfigurationError("target_host", f"{target_host!r} is not IPv4 loopback")
+        self.target = (host, target_port)
         self.name = name or f"proxy->{target_port}"
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind((_HOST, 0))
         self._listener.listen(_BACKLOG)
         self._listener.setblocking(False)
-        host, port = self._listener.getsockname()[:2]
-        self._address: tuple[str, int] = (host, port)
+        bound_host, bound_port = self._listener.getsockname()[:2]
+        self._address: tuple[str, int] = (bound_host, bound_port)
         self._mode = ProxyMode.PASS
         self._delay = 0.0
         self._counters = _Counters()
