@@ -10,12 +10,14 @@ while it runs. The file holds a relative offset such as ``+60.000000``: the fake
 the real time plus that offset, so the clock keeps ticking at its normal rate and a
 :meth:`NodeClock.jump` is a step, like an NTP correction or an operator's ``date -s``.
 
-Only the wall clock moves (``FAKETIME_DONT_FAKE_MONOTONIC=1``). That is what a real
-clock step does, and it is what matters for locks: Redis 6.2 computes key expiry from
-the wall clock (``mstime()`` -> ``gettimeofday``), so a forward jump expires a lock's
-key early, while its event loop and timers run on ``CLOCK_MONOTONIC`` and carry on.
-``TIME`` (see :func:`server_time`) reports the faked wall clock: the proof that a jump
-happened.
+Only the wall clock moves: ``gettimeofday``, ``time`` and ``clock_gettime`` on
+``CLOCK_REALTIME`` (and its coarse variant) are faked; ``CLOCK_MONOTONIC`` (raw, coarse)
+and ``CLOCK_BOOTTIME`` are not (``FAKETIME_DONT_FAKE_MONOTONIC=1``), nor are file
+timestamps (``NO_FAKE_STAT=1``). That is what a real clock step does, and it is what
+matters for locks: Redis 6.2 computes key expiry from the wall clock (``mstime()`` ->
+``gettimeofday``), so a forward jump expires a lock's key early, while its event loop
+and timers run on ``CLOCK_MONOTONIC`` and carry on. ``TIME`` (see :func:`server_time`)
+reports the faked wall clock: the proof that a jump happened.
 
 Assumptions and limits:
 
@@ -123,6 +125,8 @@ class NodeClock:
             "FAKETIME_NO_CACHE": "1",
             # A real clock step leaves CLOCK_MONOTONIC alone; so must we.
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            # File timestamps from stat() stay real: only the clock is wrong.
+            "NO_FAKE_STAT": "1",
         }
 
     def jump(self, seconds: float) -> None:
