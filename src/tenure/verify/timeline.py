@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from .checker import LeaseSpan, Verdict, lease_spans
 from .history import History
 
-__all__ = ["MAX_LEASES", "render_html", "write_html"]
+__all__ = ["MAX_LEASES", "render_html", "render_svg", "write_html"]
 
 MAX_LEASES = 2000
 """Beyond this many leases, only a window of the history is drawn."""
@@ -546,3 +546,22 @@ def write_html(
     """Write :func:`render_html` of the arguments to ``path`` (UTF-8)."""
     with open(path, "w", encoding="utf-8") as f:
         f.write(render_html(history, verdict, title))
+
+
+def render_svg(history: History, verdict: Verdict, title: str) -> str:
+    """The timeline alone, as a standalone SVG image with its styles inside.
+
+    For documents that embed pictures but not HTML (a README): the same drawing as in
+    :func:`render_html`, with the title as the image's accessible name.
+    """
+    spans = sorted(lease_spans(history), key=lambda s: s.start)
+    view, _ = _view(history, verdict, spans)
+    svg = _svg(history, verdict, spans, view)
+    head_end = svg.index(">") + 1
+    # A white background: the image may be shown on a dark page.
+    return (
+        svg[:head_end]
+        + f"<title>{_esc(title)}</title><style>{_CSS}</style>"
+        + '<rect width="100%" height="100%" fill="#ffffff"/>'
+        + svg[head_end:]
+    )

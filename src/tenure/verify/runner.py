@@ -1,0 +1,216 @@
+"""Run scenarios, check their histories, and report: a table, a verdict, timelines.
+
+Each (scenario, configuration) pair runs in a fresh :class:`World` in its own directory
+under the report directory, so its history files and node logs stay for inspection. The
+checker reads the merged history; the configuration's expectations turn the counts into
+PASS or FAIL. The whole verification passes only if every expectation holds: the
+mitigated configurations show no violation, *and* every control shows the violation it
+exists to show.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .checker import Verdict, check
+from .history import Grant, History, read_history
+from .scenarios import SCENARIOS, Config, Scenario, at_least
+from .timeline import render_html
+from .world import World
+
+__all__ = ["Mode", "RunResult", "format_table", "run_scenarios"]
+
+Mode = str  # "quick" | "standard" | "soak"
+_STANDARD_CYCLES = 10
+
+
+@dataclass(frozen=True)
+class RunResult:
+    scenario: Scenario
+    config: Config
+    figures: dict[str, float | int | None]
+    verdict: Verdict
+    failures: tuple[str, ...]
+    seconds: float
+    timeline: Path | None
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and self.error is None
+
+
+def cycles_for(scenario: Scenario, mode: Mode) -> int:
+    if mode == "quick":
+        return scenario.quick_cycles
+    if mode == "soak":
+        return scenario.soak_cycles
+    return _STANDARD_CYCLES
+
+
+def run_scenarios(
+    keys: Sequence[str],
+    mode: Mode,
+    report_dir: Path | None,
+    progress: Callable[[RunResult], None] | None = None,
+) -> list[RunResult]:
+    """Run the named scenarios (all when empty); keep files under ``report_dir`` if given."""
+    chosen = [s for s in SCENARIOS if not keys or s.key in keys or str(s.number) in keys]
+    root = report_dir or Path(tempfile.mkdtemp(prefix="tenure-verify-"))
+    root.mkdir(parents=True, exist_ok=True)
+    results = []
+    try:
+        for scenario in chosen:
+            for config in scenario.configs:
+                result = run_config(scenario, config, cycles_for(scenario, mode), root)
+                results.append(result)
+                if progress is not None:
+                    progress(result)
+        if report_dir is not None:
+            (root / "summary.txt").write_text(format_table(results) + "\n")
+            (root / "summary.json").write_text(json.dumps(_as_json(results), indent=2) + "\n")
+    finally:
+        if report_dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
+def run_config(scenario: Scenario, config: Config, cycles: int, root: Path) -> RunResult:
+    directory = root / f"{scenario.number}-{scenario.key}" / _slug(config.name)
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    started = time.monotonic()
+    error = None
+    stats: dict[str, float] = {}
+    with World(directory) as world:
+        try:
+            stats = config.run(world, cycles)
+        except Exception as exc:  # the run is reported as failed, with what went wrong
+            error = f"{type(exc).__name__}: {exc}"
+        try:
+            world.final()
+        except Exception as exc:
+            error = error or f"reading the register: {exc}"
+    history = read_history(sorted((directory / "history").glob("*.jsonl")))
+    verdict = check(history)
+    figures = _figures(verdict, stats, history)
+    # A run in which nobody ever held the lock proves nothing, whatever else it shows.
+    expect = [at_least("cycles", 1), *config.expect]
+    failures = tuple(e.label for e in expect if not e.holds(figures))
+    timeline = directory / "timeline.html"
+    title = f"Scenario {scenario.number}: {scenario.title} / {config.name}"
+    timeline.write_text(render_html(history, verdict, title))
+    return RunResult(
+        scenario, config, figures, verdict, failures, time.monotonic() - started, timeline, error
+    )
+
+
+def _figures(
+    verdict: Verdict, stats: dict[str, float], history: History
+) -> dict[str, float | int | None]:
+    figures: dict[str, float | int | None] = dict(verdict.summary())
+    figures.update(
+        C1=verdict.overlaps,
+        C3=verdict.stale_accepted,
+        C4=verdict.token_order,
+        C5=verdict.lost_updates,
+        takeover_s=None if verdict.takeover_ns is None else verdict.takeover_ns / 1e9,
+    )
+    grants = history.of_type(Grant)
+    for key, value in stats.items():
+        if key.startswith("window:"):
+            name = key.removeprefix("window:").split("#")[0]
+            start, end = int(value), int(stats["window_end:" + key.removeprefix("window:")])
+            # Requested and granted inside the window: an answer already on its way when
+            # the fault began does not count against it.
+            inside = sum(1 for g in grants if g.t_request >= start and g.t <= end)
+            figures[f"grants_in_{name}"] = int(figures.get(f"grants_in_{name}") or 0) + inside
+        elif not key.startswith("window_end:"):
+            figures[key] = value
+    return figures
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+_COLUMNS = (
+    ("cycles", "cycles"),
+    ("faults", "faults"),
+    ("C1", "C1 overlaps"),
+    ("C3", "stale acc."),
+    ("stale_rejected", "stale rej."),
+    ("C4", "C4 order"),
+    ("C5", "C5 lost"),
+    ("longest_unavailable_ms", "max unavail ms"),
+)
+
+
+def format_table(results: Sequence[RunResult]) -> str:
+    """One row per scenario x configuration, then what each fault's proof said."""
+    head = ["#", "configuration", "kind", *(title for _, title in _COLUMNS), "result"]
+    rows = []
+    for r in results:
+        cells = [_cell(r.figures.get(key)) for key, _ in _COLUMNS]
+        kind = "mitigated" if r.config.mitigated else "control"
+        verdict = "PASS" if r.passed else "FAIL"
+        rows.append([str(r.scenario.number), r.config.name, kind, *cells, verdict])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
+    lines = [_line(head, widths), _line(["-" * w for w in widths], widths)]
+    lines += [_line(row, widths) for row in rows]
+    for r in results:
+        if not r.passed:
+            why = r.error or "expected " + ", ".join(r.failures)
+            lines.append(f"FAIL {r.scenario.number} {r.config.name}: {why}")
+    return "\n".join(lines)
+
+
+def format_proofs(results: Sequence[RunResult]) -> str:
+    lines = []
+    for r in results:
+        seen: dict[str, str] = {}
+        for f in r.verdict.faults:
+            seen.setdefault(f"{f.name} {f.target}", f.proof)
+        proofs = "; ".join(f"{k}: {v}" for k, v in list(seen.items())[:4])
+        lines.append(f"{r.scenario.number} {r.config.name}: {proofs or 'no faults'}")
+    return "\n".join(lines)
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+
+def _cell(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.0f}" if value >= 10 else f"{value:.2f}"
+    return str(value)
+
+
+def _as_json(results: Sequence[RunResult]) -> list[dict[str, object]]:
+    return [
+        {
+            "scenario": r.scenario.number,
+            "key": r.scenario.key,
+            "config": r.config.name,
+            "mitigated": r.config.mitigated,
+            "passed": r.passed,
+            "failures": list(r.failures),
+            "error": r.error,
+            "seconds": round(r.seconds, 2),
+            "figures": r.figures,
+            "faults": [
+                {"name": f.name, "target": f.target, "proof": f.proof} for f in r.verdict.faults
+            ],
+        }
+        for r in results
+    ]

@@ -1,0 +1,703 @@
+"""The failure scenarios, each with the configuration that fails and the one that survives.
+
+A scenario is a choreography: workers take steps (acquire, read, write, release) and the
+nemesis places a fault exactly between two steps, so the race that breaks a lock happens
+on every cycle instead of once in a blue moon. Each configuration runs the *same*
+choreography with a different lock, store or server setting, and states what the checker
+must find: zero for the checks a mitigation guarantees, a violation for the control (a
+verifier that finds nothing where it must is broken).
+
+Timings are chosen so that every step fits comfortably inside the leases involved on a
+loaded 2-core machine: a worker's reply arrives in milliseconds, leases last a second or
+more, and a pause lasts past the lease by a clear margin.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import redis
+
+from ..local import Persistence
+from .actors import Actor
+from .locks import LockRecipe
+from .world import World
+
+__all__ = ["SCENARIOS", "Config", "Expect", "Scenario"]
+
+Stats = dict[str, float]
+"""Figures a choreography measures itself, beside the checker's (e.g. "grants_in_cut")."""
+
+NAME = "verify-lock"
+MAX_TTL = 2.0  # seconds: every tenure client here; a restarted node sits out this long
+
+
+@dataclass(frozen=True)
+class Expect:
+    """One thing the run must show, e.g. ``C1 = 0`` or ``C1 > 0``."""
+
+    label: str
+    holds: Callable[[dict[str, float | int | None]], bool]
+
+
+def zero(*checks: str) -> list[Expect]:
+    return [_zero(c) for c in checks]
+
+
+def _zero(check: str) -> Expect:
+    return Expect(f"{check} = 0", lambda f: f.get(check) == 0)
+
+
+def violated(check: str) -> Expect:
+    return Expect(f"{check} > 0", lambda f: (f.get(check) or 0) > 0)
+
+
+def at_least(stat: str, n: float) -> Expect:
+    return Expect(f"{stat} >= {n:g}", lambda f: (f.get(stat) or 0) >= n)
+
+
+def at_most(stat: str, n: float) -> Expect:
+    return Expect(f"{stat} <= {n:g}", lambda f: f.get(stat) is not None and (f.get(stat) or 0) <= n)
+
+
+SAFE = ("C1", "C3", "C4", "C5")
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    mitigated: bool
+    run: Callable[[World, int], Stats]
+    expect: Sequence[Expect]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    number: int
+    title: str
+    configs: Sequence[Config]
+    quick_cycles: int = 3
+    soak_cycles: int = 300
+    requirement: str = ""
+    tags: tuple[str, ...] = field(default=())
+
+
+# --- shared steps ------------------------------------------------------------------------
+
+
+def tenure(urls: Sequence[str], ttl: float, **options: float | int) -> LockRecipe:
+    return LockRecipe("tenure", tuple(urls), NAME, ttl, max_ttl=MAX_TTL, **options)  # type: ignore[arg-type]
+
+
+def baseline(kind: str, urls: Sequence[str], ttl: float, **options: float) -> LockRecipe:
+    return LockRecipe(kind, tuple(urls), NAME, ttl, **options)  # type: ignore[arg-type]
+
+
+def use_and_release(actor: Actor) -> None:
+    """The rest of a normal critical section: read, write, release."""
+    actor.call("read")
+    actor.call("write")
+    actor.call("release")
+
+
+def wait_until(deadline_ns: int) -> None:
+    delay = (deadline_ns - time.monotonic_ns()) / 1e9
+    if delay > 0:
+        time.sleep(delay)
+
+
+# --- 1. failover --------------------------------------------------------------------------
+
+
+def failover_single(world: World, cycles: int, wait_replicas: int = 0) -> Stats:
+    """One master, one async replica fed through a proxy; cut the feed, lock, fail over."""
+    refused = 0
+    for c in range(cycles):
+        master = world.node(f"m{c}")
+        replica = world.node(f"r{c}")
+        feed = world.proxy(master)
+        world.replicate(replica, feed)
+        lock = tenure([master.url], 2.0, wait_replicas=wait_replicas)
+        a = world.actor(f"A{c}", lock, fenced=True)
+        # B is what a client sees after a failover: the same lock, served by the replica.
+        b = world.actor(f"B{c}", tenure([replica.url], 2.0), fenced=True)
+        cut = world.cut([feed])
+        if a.call("acquire", 0.0) == "granted":
+            a.call("read")
+        else:
+            refused += 1
+        world.kill_node(master)
+        world.heal(cut, "replication cut")
+        world.promote(replica)
+        if b.call("acquire", 1.0) == "granted":
+            use_and_release(b)
+        a.call("write")
+        a.call("release")
+        a.close()
+        b.close()
+    return {"fail_closed": refused}
+
+
+def failover_redlock(world: World, cycles: int) -> Stats:
+    """Three independent masters; the first has a replica that takes its place."""
+    for c in range(cycles):
+        masters = [world.node(f"m{c}.{i}") for i in range(1, 4)]
+        replica = world.node(f"r{c}.1")
+        feed = world.proxy(masters[0])
+        world.replicate(replica, feed)
+        a = world.actor(f"A{c}", tenure([m.url for m in masters], 2.0), fenced=True)
+        urls = [replica.url, masters[1].url, masters[2].url]
+        b = world.actor(f"B{c}", tenure(urls, 2.0), fenced=True)
+        cut = world.cut([feed])
+        a.call("acquire", 1.0)
+        a.call("read")
+        world.kill_node(masters[0])
+        world.heal(cut, "replication cut")
+        world.promote(replica)
+        if b.call("acquire", 0.5) == "granted":
+            use_and_release(b)
+        a.call("write")
+        a.call("release")
+        # Once A is gone, B gets the lock: the mitigation costs no liveness.
+        if b.call("acquire", 2.0) == "granted":
+            use_and_release(b)
+        a.close()
+        b.close()
+    return {}
+
+
+# --- 2. restart without persistence -------------------------------------------------------
+
+
+def restart(persistence: Persistence, kind: str) -> Callable[[World, int], Stats]:
+    def run(world: World, cycles: int) -> Stats:
+        nodes = [world.node(f"n{i}", persistence=persistence) for i in range(1, 6)]
+        proxies = [world.proxy(n) for n in nodes]
+        urls = [p.url for p in proxies]
+        fenced = kind == "tenure"
+        lock = tenure(urls, MAX_TTL) if fenced else baseline(kind, urls, MAX_TTL)
+        a = world.actor("A", lock, fenced=fenced)
+        b = world.actor("B", lock, fenced=fenced)
+        # The lock has been in use on every node before the trouble starts.
+        a.call("acquire", 2.0)
+        a.call("release")
+        for _ in range(cycles):
+            cut = world.cut(proxies[3:])
+            a.call("acquire", 2.0)
+            a.call("read")
+            world.heal(cut)
+            world.restart_node(nodes[2])
+            cut = world.cut(proxies[:2])
+            if b.call("acquire", 0.3) == "granted":
+                use_and_release(b)
+            world.heal(cut)
+            a.call("write")
+            a.call("release")
+            time.sleep(MAX_TTL)  # let a restarted node's warm-up end before the next cycle
+        return {}
+
+    return run
+
+
+# --- 3. client pause ----------------------------------------------------------------------
+
+
+def client_pause(fenced: bool) -> Callable[[World, int], Stats]:
+    def run(world: World, cycles: int) -> Stats:
+        nodes = [world.node(f"n{i}") for i in range(1, 4)]
+        lock = tenure([n.url for n in nodes], 0.5)
+        a = world.actor("A", lock, fenced=fenced)
+        b = world.actor("B", lock, fenced=fenced)
+        for _ in range(cycles):
+            a.call("acquire", 2.0)
+            a.call("read")
+            # A checks its lease is valid, then stalls before writing: the pause lands
+            # between check and write, where no library can see it coming.
+            a.send("write", 0.4)
+            time.sleep(0.1)
+            world.pause_worker(a)
+            time.sleep(0.6)  # past A's lease
+            b.call("acquire", 3.0)
+            use_and_release(b)
+            world.resume_worker(a)
+            a.result()
+            a.call("release")
+        return {}
+
+    return run
+
+
+# --- 4. clock jump ------------------------------------------------------------------------
+
+
+def clock_jump(fenced: bool) -> Callable[[World, int], Stats]:
+    def run(world: World, cycles: int) -> Stats:
+        nodes = [world.node(f"n{i}", fake_clock=(i == 3)) for i in range(1, 6)]
+        proxies = [world.proxy(n) for n in nodes]
+        lock = tenure([p.url for p in proxies], 1.2)
+        a = world.actor("A", lock, fenced=fenced)
+        b = world.actor("B", lock, fenced=fenced)
+        a.call("acquire", 2.0)
+        a.call("release")
+        for _ in range(cycles):
+            cut = world.cut(proxies[3:])
+            a.call("acquire", 2.0)
+            a.call("read")
+            world.heal(cut)
+            world.jump_clock(nodes[2], 10.0)
+            cut = world.cut(proxies[:2])
+            if b.call("acquire", 0.3) == "granted":
+                use_and_release(b)
+            world.heal(cut)
+            a.call("write")
+            a.call("release")
+        return {}
+
+    return run
+
+
+# --- 5. partitions and slow nodes ---------------------------------------------------------
+
+
+def slow_reply(kind: str) -> Callable[[World, int], Stats]:
+    """A reply delayed by most of the TTL, then a fast competitor after the key expired."""
+
+    def run(world: World, cycles: int) -> Stats:
+        node = world.node("n1")
+        proxy = world.proxy(node)
+        ttl, delay = 1.0, 0.4
+        if kind == "tenure":
+            lock = tenure([proxy.url], ttl, node_timeout=0.45)
+        else:
+            lock = baseline(kind, [proxy.url], ttl, node_timeout=0.45)
+        a = world.actor("A", lock, fenced=False)
+        b = world.actor("B", lock, fenced=False)
+        for w in (a, b):  # connect (and seed the lock's history) before the slow network
+            w.call("acquire", 2.0)
+            w.call("release")
+        for _ in range(cycles):
+            t = time.monotonic_ns()
+            proxy.delay(delay / 2)  # each way: the round trip takes `delay`
+            sent = time.monotonic_ns()
+            a.call("acquire", 0.0)
+            proxy.heal()
+            world.fault(
+                "delay", proxy.name, t, f"round trip {(time.monotonic_ns() - sent) / 1e6:.0f} ms"
+            )
+            # The key was set when the request reached the server, ~delay/2 after sent.
+            wait_until(sent + int((ttl + 0.05) * 1e9))
+            b.call("acquire", 2.0)
+            use_and_release(b)
+            a.call("write")
+            a.call("release")
+        return {}
+
+    return run
+
+
+def partitions(world: World, cycles: int) -> Stats:
+    """Free-running workers on five nodes while the network misbehaves."""
+    nodes = [world.node(f"n{i}") for i in range(1, 6)]
+    proxies = [world.proxy(n) for n in nodes]
+    lock = tenure([p.url for p in proxies], 1.0)
+    workers = [world.actor(f"W{i}", lock, fenced=True) for i in range(1, 4)]
+    phase = 1.2
+    rounds = max(1, cycles // 3)
+    seconds = phase * 6 * rounds
+    for w in workers:
+        w.send("loop", seconds, 0.5, 0.01)
+    spans: Stats = {}
+
+    def hold(name: str, r: int) -> None:
+        """Let the fault just started last one phase; note when (for grants_in_<name>)."""
+        start = time.monotonic_ns()
+        time.sleep(phase)
+        spans[f"window:{name}#{r}"] = start
+        spans[f"window_end:{name}#{r}"] = time.monotonic_ns()
+
+    for r in range(rounds):
+        time.sleep(phase / 2)
+        cut = world.cut(proxies[:2])
+        hold("minority_cut", r)
+        world.heal(cut, "minority cut")
+        cut = world.cut(proxies[:3])
+        hold("majority_cut", r)
+        world.heal(cut, "majority cut")
+        t, dropped = time.monotonic_ns(), sum(p.stats.bytes_dropped for p in proxies[3:])
+        for p in proxies[3:]:
+            p.drop_replies()
+        hold("dropped_replies", r)
+        for p in proxies[3:]:
+            p.heal()
+        dropped = sum(p.stats.bytes_dropped for p in proxies[3:]) - dropped
+        world.fault("drop replies", "n4,n5", t, f"{dropped} reply bytes dropped by the proxies")
+        t, resets = time.monotonic_ns(), sum(p.stats.resets for p in proxies[:2])
+        for p in proxies[:2]:
+            p.reset()
+        hold("resets", r)
+        for p in proxies[:2]:
+            p.heal()
+        resets = sum(p.stats.resets for p in proxies[:2]) - resets
+        world.fault("reset", "n1,n2", t, f"{resets} connections reset by the proxies")
+        t = time.monotonic_ns()
+        for p in proxies:
+            p.delay(1.5)
+        hold("slow", r)
+        for p in proxies:
+            p.heal()
+        world.fault("delay 1.5s", "n1..n5", t, "every round trip slower than the 1 s TTL")
+    for w in workers:
+        w.result(seconds + 60)
+    return spans
+
+
+# --- 6. holder crash ----------------------------------------------------------------------
+
+
+def holder_crash(kind: str) -> Callable[[World, int], Stats]:
+    def run(world: World, cycles: int) -> Stats:
+        nodes = [world.node(f"n{i}") for i in range(1, 4 if kind == "tenure" else 2)]
+        ttl = 1.0
+        urls = [n.url for n in nodes]
+        lock = tenure(urls, ttl) if kind == "tenure" else baseline(kind, urls, ttl)
+        b = world.actor("B", lock, fenced=False)
+        stuck = 0
+        for c in range(cycles):
+            a = world.actor(f"A{c}", lock, fenced=False)
+            a.call("acquire", 2.0)
+            a.call("read")
+            world.crash_worker(a)
+            if b.call("acquire", ttl + 2.0) == "granted":
+                use_and_release(b)
+            else:
+                stuck += 1
+                with nodes[0].client() as r:  # an operator deletes the orphan by hand
+                    r.delete(f"baseline:{NAME}")
+                world.note("operator deleted the orphaned lock key")
+        return {"deadlocks": stuck}
+
+    return run
+
+
+# --- 7. legacy patterns -------------------------------------------------------------------
+
+
+def pause_then_release(kind: str) -> Callable[[World, int], Stats]:
+    """A pauses past its TTL, B takes over, A wakes and releases, C walks in."""
+
+    def run(world: World, cycles: int) -> Stats:
+        node = world.node("n1")
+        ttl = 0.5
+        lock = tenure([node.url], ttl) if kind == "tenure" else baseline(kind, [node.url], ttl)
+        a, b, c = (world.actor(p, lock, fenced=False) for p in "ABC")
+        for _ in range(cycles):
+            a.call("acquire", 2.0)
+            world.pause_worker(a)
+            time.sleep(ttl + 0.2)
+            b.call("acquire", 2.0)
+            b.call("read")
+            world.resume_worker(a)
+            a.call("release")
+            if c.call("acquire", 0.2) == "granted":
+                use_and_release(c)
+            b.call("write")
+            b.call("release")
+        return {}
+
+    return run
+
+
+# --- 8. eviction and script loss ----------------------------------------------------------
+
+
+def eviction(policy: str) -> Callable[[World, int], Stats]:
+    def run(world: World, cycles: int) -> Stats:
+        node = world.node("n1", extra_config={"maxmemory": "4mb", "maxmemory-policy": policy})
+        lock = tenure([node.url], MAX_TTL)
+        a = world.actor("A", lock, fenced=False)
+        b = world.actor("B", lock, fenced=False)
+        refused_fill = 0
+        for c in range(cycles):
+            a.call("acquire", 2.0)
+            a.call("read")
+            t = time.monotonic_ns()
+            refused = 0
+            with node.client() as r:
+                before = int(r.info("stats")["evicted_keys"])
+                payload = b"x" * 10_000
+                for i in range(800):
+                    try:
+                        r.set(f"fill:{c}:{i}", payload, px=600_000)
+                    except redis.ResponseError:
+                        refused += 1
+                evicted = int(r.info("stats")["evicted_keys"]) - before
+                r.delete(*[f"fill:{c}:{i}" for i in range(800)])
+            world.fault(
+                "memory pressure",
+                node.name,
+                t,
+                f"{evicted} keys evicted, {refused} writes refused (OOM)",
+            )
+            refused_fill += refused
+            if b.call("acquire", 0.2) == "granted":
+                use_and_release(b)
+            a.call("write")
+            a.call("release")
+        return {"oom_refusals": refused_fill}
+
+    return run
+
+
+def script_flush(world: World, cycles: int) -> Stats:
+    nodes = [world.node(f"n{i}") for i in range(1, 4)]
+    lock = tenure([n.url for n in nodes], 1.0)
+    workers = [world.actor(f"W{i}", lock, fenced=True) for i in range(1, 4)]
+    seconds = 1.0 * cycles
+    for w in workers:
+        w.send("loop", seconds, 0.5, 0.002)
+    stop = time.monotonic() + seconds
+    flushes = 0
+    t = time.monotonic_ns()
+    clients = [n.client() for n in nodes]
+    try:
+        while time.monotonic() < stop:
+            for r in clients:
+                r.script_flush()
+                flushes += 1
+            time.sleep(0.02)
+        cached = sum(int(r.info("memory").get("number_of_cached_scripts", 0)) for r in clients)
+    finally:
+        for r in clients:
+            r.close()
+    world.fault(
+        "SCRIPT FLUSH", "n1..n3", t, f"{flushes} flushes; {cached} scripts cached at the end"
+    )
+    for w in workers:
+        w.result(seconds + 60)
+    return {"flushes": flushes}
+
+
+# --- the catalogue ------------------------------------------------------------------------
+
+_STORE_SAFE = ("C3", "C4", "C5")
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        "failover",
+        1,
+        "Failover to an async replica that missed the lock",
+        (
+            Config(
+                "1 master + async replica",
+                False,
+                failover_single,
+                [violated("C1")],
+                "the replica never saw A's lock; promoted, it grants B the same lock",
+            ),
+            Config(
+                "Redlock, 3 independent masters",
+                True,
+                failover_redlock,
+                zero(*SAFE),
+                "the promoted replica is one vote of three; B cannot win a majority",
+            ),
+        ),
+        requirement="R9",
+    ),
+    Scenario(
+        "restart",
+        2,
+        "A lock node restarts without persistence",
+        (
+            Config(
+                "plain Redlock, no persistence",
+                False,
+                restart(Persistence.NONE, "plain-redlock"),
+                [violated("C1")],
+                "node 3 forgets A's lock; B wins {3,4,5}",
+            ),
+            Config(
+                "plain Redlock, AOF always",
+                True,
+                restart(Persistence.AOF_ALWAYS, "plain-redlock"),
+                zero("C1", "C5"),
+                "node 3 comes back with A's lock",
+            ),
+            Config(
+                "tenure, no persistence (delayed restart)",
+                True,
+                restart(Persistence.NONE, "tenure"),
+                zero(*SAFE),
+                "node 3 lost its data, so it sits out max_ttl before voting again",
+            ),
+        ),
+        requirement="R8",
+    ),
+    Scenario(
+        "pause",
+        3,
+        "The holder pauses past its lease between check and write",
+        (
+            Config(
+                "unfenced store",
+                False,
+                client_pause(False),
+                [violated("C3"), violated("C5")],
+                "A's late write lands on top of B's",
+            ),
+            Config(
+                "fenced store",
+                True,
+                client_pause(True),
+                [*zero(*SAFE), at_least("stale_rejected", 1)],
+                "the store refuses A's older token",
+            ),
+        ),
+        requirement="R11, R12",
+    ),
+    Scenario(
+        "clock",
+        4,
+        "A node's wall clock jumps forward (Kleppmann's five-node case)",
+        (
+            Config(
+                "Redlock, unfenced store",
+                False,
+                clock_jump(False),
+                [violated("C1"), violated("C3")],
+                "node 3 expires A's key early; B wins {3,4,5}; A's write lands late",
+            ),
+            Config(
+                "Redlock, fenced store",
+                True,
+                clock_jump(True),
+                [violated("C1"), *zero(*_STORE_SAFE), at_least("stale_rejected", 1)],
+                "the lock is broken (honestly: Redlock trusts clocks), the store is not",
+            ),
+        ),
+        requirement="R10",
+    ),
+    Scenario(
+        "network",
+        5,
+        "Partitions, resets, dropped replies and slow nodes",
+        (
+            Config(
+                "validity counted from the reply",
+                False,
+                slow_reply("naive-validity"),
+                [violated("C1")],
+                "a slow reply eats into a lease the holder thinks it still has",
+            ),
+            Config(
+                "tenure, slow reply",
+                True,
+                slow_reply("tenure"),
+                zero(*SAFE),
+                "validity = TTL - elapsed - drift, measured from the send",
+            ),
+            Config(
+                "tenure, 5 nodes, faults",
+                True,
+                partitions,
+                [
+                    *zero(*SAFE),
+                    at_least("grants_in_minority_cut", 1),
+                    at_most("grants_in_majority_cut", 0),
+                    at_most("grants_in_slow", 0),
+                ],
+                "a minority cut stays live, a majority cut refuses, late replies grant nothing",
+            ),
+        ),
+        quick_cycles=3,
+        requirement="R2-R5",
+    ),
+    Scenario(
+        "crash",
+        6,
+        "The holder crashes mid-hold",
+        (
+            Config(
+                "SETNX without TTL",
+                False,
+                holder_crash("setnx-no-ttl"),
+                [at_least("deadlocks", 1)],
+                "nobody ever takes over: the lock outlives its holder",
+            ),
+            Config(
+                "tenure",
+                True,
+                holder_crash("tenure"),
+                [*zero("C1", "C4", "C5", "early_takeover"), at_most("takeover_s", 3.5)],
+                "nobody before the lease ends; someone within TTL + back-off",
+            ),
+        ),
+        requirement="R1",
+    ),
+    Scenario(
+        "legacy",
+        7,
+        "Legacy lock patterns under a pause",
+        (
+            Config(
+                "SETNX + GETSET expiry trick",
+                False,
+                pause_then_release("setnx-getset"),
+                [violated("C1")],
+                "A wakes and DELetes B's lock; C walks in beside B",
+            ),
+            Config(
+                "SET NX PX, DEL without owner check",
+                False,
+                pause_then_release("no-owner-check"),
+                [violated("C1")],
+                "A wakes and DELetes B's lock; C walks in beside B",
+            ),
+            Config(
+                "tenure",
+                True,
+                pause_then_release("tenure"),
+                zero(*SAFE),
+                "release is compare-and-delete: A's release finds B's token and leaves it",
+            ),
+        ),
+        requirement="R16",
+    ),
+    Scenario(
+        "eviction",
+        8,
+        "Memory eviction and script loss",
+        (
+            Config(
+                "maxmemory-policy volatile-ttl",
+                False,
+                eviction("volatile-ttl"),
+                [violated("C1")],
+                "the lock key has a TTL, so it is evicted first",
+            ),
+            Config(
+                "maxmemory-policy noeviction",
+                True,
+                eviction("noeviction"),
+                zero(*SAFE),
+                "writes fail with OOM instead; locks stay",
+            ),
+            Config(
+                "tenure under SCRIPT FLUSH",
+                True,
+                script_flush,
+                zero(*SAFE),
+                "EVAL carries the script; a flushed cache costs nothing",
+            ),
+        ),
+        requirement="R8",
+    ),
+)
+
+
+def by_key() -> dict[str, Scenario]:
+    return {s.key: s for s in SCENARIOS}

@@ -1,0 +1,237 @@
+"""One scenario run's world: lock nodes, proxies, the store, workers, and the faults.
+
+Everything a run starts is tracked here and stopped by :meth:`World.close`, in reverse
+order, whatever happened: workers first (so nothing writes while nodes go away), then
+proxies, then nodes. Only processes this world spawned are ever signalled, by PID.
+
+Every fault is named after what it does (``pause_worker``, ``kill_node``, ``cut``,
+``jump_clock``) and recorded as a ``Fault`` event in the run's history with a *proof* that
+it happened, observed rather than assumed: the kernel's ``T`` state of a stopped process,
+the bytes a proxy threw away, the node's ``TIME`` before and after a jump, a new
+``run_id`` after a restart. A fault without its proof is reported as such.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import redis
+
+from ..local import LocalNode, Persistence
+from .actors import Actor, ActorSpec
+from .clock import NodeClock, server_time
+from .history import Crash, Fault, Final, HistoryWriter, Note
+from .locks import LockRecipe
+from .proof import process_state, wait_for_state
+from .proxy import Proxy
+from .register import Register
+
+__all__ = ["World"]
+
+_LINK_TIMEOUT = 10.0
+
+
+class World:
+    """The processes of one run, and the faults done to them.
+
+    Args:
+        directory: the run's directory; ``history/`` in it receives every process's
+            history file, ``nodes/`` the nodes' directories.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.history_dir = directory / "history"
+        self.history_dir.mkdir(parents=True, exist_ok=True)
+        self._log = HistoryWriter(self.history_dir / "nemesis.jsonl")
+        self._nodes: list[LocalNode] = []
+        self._proxies: list[Proxy] = []
+        self._actors: list[Actor] = []
+        self._clocks: dict[str, NodeClock] = {}
+        self._paused: dict[str, tuple[int, str]] = {}  # worker -> (since, proof)
+        self.faults = 0
+        self.store = self.node("store")
+        self.store_url = self.store.url
+
+    # --- building ---------------------------------------------------------------------
+
+    def node(
+        self,
+        name: str,
+        *,
+        persistence: Persistence = Persistence.NONE,
+        extra_config: Mapping[str, str] | None = None,
+        fake_clock: bool = False,
+    ) -> LocalNode:
+        """Start a redis-server; ``fake_clock`` lets :meth:`jump_clock` move its wall clock."""
+        directory = self.directory / "nodes" / f"{name}-{len(self._nodes)}"
+        env: dict[str, str] | None = None
+        if fake_clock:
+            clock = NodeClock(directory)
+            self._clocks[name] = clock
+            env = clock.env()
+        node = LocalNode(
+            name, directory, persistence=persistence, extra_config=extra_config, env=env
+        )
+        self._nodes.append(node)
+        node.start()
+        return node
+
+    def proxy(self, node: LocalNode) -> Proxy:
+        assert node.port is not None
+        proxy = Proxy(node.host, node.port, name=node.name)
+        self._proxies.append(proxy)
+        proxy.start()
+        return proxy
+
+    def actor(self, proc: str, lock: LockRecipe, *, fenced: bool) -> Actor:
+        spec = ActorSpec(
+            proc=proc,
+            lock=lock,
+            store_url=self.store_url,
+            fenced=fenced,
+            history_path=os.fspath(self.history_dir / f"{proc}.jsonl"),
+        )
+        actor = Actor(spec)
+        self._actors.append(actor)
+        return actor
+
+    def replicate(self, replica: LocalNode, source: LocalNode | Proxy) -> None:
+        """Make ``replica`` follow ``source`` (a node, or a proxy in front of one)."""
+        address = source.address if isinstance(source, Proxy) else source
+        replica.replicate_from(address)
+        deadline = time.monotonic() + _LINK_TIMEOUT
+        with replica.client() as c:
+            while c.info("replication").get("master_link_status") != "up":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{replica.name} did not link to its master")
+                time.sleep(0.02)
+
+    # --- recording ----------------------------------------------------------------------
+
+    def note(self, text: str) -> None:
+        self._log.write(Note(time.monotonic_ns(), text))
+
+    def fault(self, name: str, target: str, t_start: int, proof: str) -> None:
+        self.faults += 1
+        self._log.write(Fault(name, target, t_start, time.monotonic_ns(), proof))
+
+    def final(self, resource: str = "register") -> list[str]:
+        """Read the register's final content into the history."""
+        reg = Register(self.store_url, fenced=False, resource=resource)
+        try:
+            ops = reg.read()
+        finally:
+            reg.close()
+        self._log.write(Final(time.monotonic_ns(), tuple(ops)))
+        return ops
+
+    # --- faults -------------------------------------------------------------------------
+
+    def pause_worker(self, actor: Actor) -> None:
+        """SIGSTOP a worker: a GC pause or a frozen VM, until :meth:`resume_worker`."""
+        t = time.monotonic_ns()
+        actor.pause()
+        state = wait_for_state(actor.pid, "T", 5.0)
+        self._paused[actor.name] = (t, f"state {state} in /proc/{actor.pid}/stat")
+
+    def resume_worker(self, actor: Actor) -> None:
+        actor.resume()
+        t, proof = self._paused.pop(actor.name)
+        self.fault("pause", actor.name, t, proof)
+
+    def crash_worker(self, actor: Actor) -> None:
+        """SIGKILL a worker mid-hold."""
+        t = time.monotonic_ns()
+        pid = actor.pid
+        actor.kill()
+        self._log.write(Crash(actor.name, t))
+        self.fault("crash", actor.name, t, f"pid {pid} gone: {not _exists(pid)}")
+
+    def kill_node(self, node: LocalNode) -> None:
+        t = time.monotonic_ns()
+        pid = node.pid
+        node.kill()
+        self.fault("kill", node.name, t, f"pid {pid} gone: {pid is not None and not _exists(pid)}")
+
+    def restart_node(self, node: LocalNode) -> None:
+        """Crash and restart a node; what survives depends on its persistence."""
+        t = time.monotonic_ns()
+        before = _run_id(node)
+        node.restart(keep_data=True)
+        with node.client() as c:
+            after = str(c.info("server")["run_id"])
+            keys = c.dbsize()
+        self.fault(
+            "restart",
+            node.name,
+            t,
+            f"run_id {before[:8]} -> {after[:8]}, {keys} keys after ({node.persistence.value})",
+        )
+
+    def promote(self, node: LocalNode) -> None:
+        t = time.monotonic_ns()
+        node.promote()
+        with node.client() as c:
+            role = c.info("replication")["role"]
+        self.fault("promote", node.name, t, f"role {role}")
+
+    def cut(self, proxies: Iterable[Proxy]) -> list[tuple[Proxy, int, int]]:
+        """Partition: the proxies swallow everything. Returns what :meth:`heal` needs."""
+        started = []
+        for p in proxies:
+            started.append((p, time.monotonic_ns(), p.stats.bytes_dropped))
+            p.blackhole()
+        return started
+
+    def heal(self, cuts: list[tuple[Proxy, int, int]], name: str = "partition") -> None:
+        for p, t, dropped in cuts:
+            now_dropped = p.stats.bytes_dropped
+            p.heal()
+            self.fault(name, p.name, t, f"{now_dropped - dropped} bytes dropped by the proxy")
+
+    def jump_clock(self, node: LocalNode, seconds: float) -> None:
+        """Move ``node``'s wall clock forward (libfaketime): its keys expire early."""
+        t = time.monotonic_ns()
+        with node.client() as c:
+            before = server_time(c)
+            self._clocks[node.name].jump(seconds)
+            after = server_time(c)
+        self.fault("clock jump", node.name, t, f"TIME jumped {after - before:+.1f}s")
+
+    # --- teardown -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        for actor in reversed(self._actors):
+            with contextlib.suppress(Exception):
+                actor.close()
+        for proxy in reversed(self._proxies):
+            with contextlib.suppress(Exception):
+                proxy.close()
+        for node in reversed(self._nodes):
+            with contextlib.suppress(Exception):
+                node.kill()
+        self._log.close()
+
+    def __enter__(self) -> World:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _exists(pid: int) -> bool:
+    try:
+        return process_state(pid) not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _run_id(node: LocalNode) -> str:
+    with contextlib.suppress(redis.RedisError), node.client(socket_timeout=1.0) as c:
+        return str(c.info("server")["run_id"])
+    return "?"
