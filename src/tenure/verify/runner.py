@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .checker import Verdict, check
-from .history import Grant, History, read_history
+from .history import Grant, History, Refused, read_history
 from .scenarios import SCENARIOS, Config, Scenario, at_least
 from .timeline import render_html
 from .world import World
@@ -41,6 +41,7 @@ class RunResult:
     seconds: float
     timeline: Path | None
     error: str | None = None
+    extra_figures: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -108,8 +109,17 @@ def run_config(scenario: Scenario, config: Config, cycles: int, root: Path) -> R
     timeline = directory / "timeline.html"
     title = f"Scenario {scenario.number}: {scenario.title} / {config.name}"
     timeline.write_text(render_html(history, verdict, title))
+    extra = tuple(k for k in stats if not k.startswith(("window:", "window_end:")))
     return RunResult(
-        scenario, config, figures, verdict, failures, time.monotonic() - started, timeline, error
+        scenario,
+        config,
+        figures,
+        verdict,
+        failures,
+        time.monotonic() - started,
+        timeline,
+        error,
+        extra,
     )
 
 
@@ -125,6 +135,10 @@ def _figures(
         takeover_s=None if verdict.takeover_ns is None else verdict.takeover_ns / 1e9,
     )
     grants = history.of_type(Grant)
+    refusals = history.of_type(Refused)
+    # A lease handed out already expired would be a lie the checker cannot see (its
+    # interval is empty); count them on their own.
+    figures["nonpositive_validity"] = sum(1 for g in grants if g.valid_until <= g.t)
     for key, value in stats.items():
         if key.startswith("window:"):
             name = key.removeprefix("window:").split("#")[0]
@@ -133,6 +147,13 @@ def _figures(
             # the fault began does not count against it.
             inside = sum(1 for g in grants if g.t_request >= start and g.t <= end)
             figures[f"grants_in_{name}"] = int(figures.get(f"grants_in_{name}") or 0) + inside
+            unreachable = sum(
+                1
+                for r in refusals
+                if start <= r.t <= end and r.reason.startswith("QuorumUnreachable")
+            )
+            key_u = f"unreachable_in_{name}"
+            figures[key_u] = int(figures.get(key_u) or 0) + unreachable
         elif not key.startswith("window_end:"):
             figures[key] = value
     return figures
@@ -156,13 +177,13 @@ _COLUMNS = (
 
 def format_table(results: Sequence[RunResult]) -> str:
     """One row per scenario x configuration, then what each fault's proof said."""
-    head = ["#", "configuration", "kind", *(title for _, title in _COLUMNS), "result"]
+    head = ["#", "configuration", "kind", *(title for _, title in _COLUMNS), "result", "details"]
     rows = []
     for r in results:
         cells = [_cell(r.figures.get(key)) for key, _ in _COLUMNS]
         kind = "mitigated" if r.config.mitigated else "control"
         verdict = "PASS" if r.passed else "FAIL"
-        rows.append([str(r.scenario.number), r.config.name, kind, *cells, verdict])
+        rows.append([str(r.scenario.number), r.config.name, kind, *cells, verdict, _details(r)])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
     lines = [_line(head, widths), _line(["-" * w for w in widths], widths)]
     lines += [_line(row, widths) for row in rows]
@@ -171,6 +192,20 @@ def format_table(results: Sequence[RunResult]) -> str:
             why = r.error or "expected " + ", ".join(r.failures)
             lines.append(f"FAIL {r.scenario.number} {r.config.name}: {why}")
     return "\n".join(lines)
+
+
+def _details(r: RunResult) -> str:
+    """The figures this configuration's expectations speak of, beyond the columns."""
+    shown = {key for key, _ in _COLUMNS}
+    names = []
+    for e in r.config.expect:
+        name = e.label.split()[0]
+        if name not in shown and name not in names:
+            names.append(name)
+    for name in r.extra_figures:
+        if name not in names:
+            names.append(name)
+    return ", ".join(f"{n} {_cell(r.figures.get(n))}" for n in names)
 
 
 def format_proofs(results: Sequence[RunResult]) -> str:

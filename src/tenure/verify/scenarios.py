@@ -597,7 +597,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "tenure, slow reply",
                 True,
                 slow_reply("tenure"),
-                zero(*SAFE),
+                zero(*SAFE, "nonpositive_validity"),
                 "validity = TTL - elapsed - drift, measured from the send",
             ),
             Config(
@@ -605,8 +605,9 @@ SCENARIOS: tuple[Scenario, ...] = (
                 True,
                 partitions,
                 [
-                    *zero(*SAFE),
+                    *zero(*SAFE, "nonpositive_validity"),
                     at_least("grants_in_minority_cut", 1),
+                    at_least("unreachable_in_majority_cut", 1),
                     at_most("grants_in_majority_cut", 0),
                     at_most("grants_in_slow", 0),
                 ],
@@ -626,7 +627,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 False,
                 holder_crash("setnx-no-ttl"),
                 [at_least("deadlocks", 1)],
-                "nobody ever takes over: the lock outlives its holder",
+                "nobody takes over until an operator deletes the key, which is no safer (C1: the holder may only be paused)",
             ),
             Config(
                 "tenure",
