@@ -627,7 +627,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 False,
                 holder_crash("setnx-no-ttl"),
                 [at_least("deadlocks", 1)],
-                "nobody takes over until an operator deletes the key, which is no safer (C1: the holder may only be paused)",
+                "nobody takes over until an operator deletes the key, itself unsafe (C1)",
             ),
             Config(
                 "tenure",
