@@ -182,10 +182,13 @@ def restart(persistence: Persistence, kind: str) -> Callable[[World, int], Stats
         lock = tenure(urls, MAX_TTL) if fenced else baseline(kind, urls, MAX_TTL)
         a = world.actor("A", lock, fenced=fenced)
         b = world.actor("B", lock, fenced=fenced)
-        # The lock has been in use on every node before the trouble starts.
-        a.call("acquire", 2.0)
-        a.call("release")
         for _ in range(cycles):
+            # Steady state first: both clients use every node (so tenure notices a node
+            # restarted in the last cycle, and starts its warm-up), then the warm-up ends.
+            for w in (a, b):
+                w.call("acquire", 2 * MAX_TTL + 1.0)
+                w.call("release")
+            time.sleep(MAX_TTL + 0.1)
             cut = world.cut(proxies[3:])
             a.call("acquire", 2.0)
             a.call("read")
@@ -197,7 +200,6 @@ def restart(persistence: Persistence, kind: str) -> Callable[[World, int], Stats
             world.heal(cut)
             a.call("write")
             a.call("release")
-            time.sleep(MAX_TTL)  # let a restarted node's warm-up end before the next cycle
         return {}
 
     return run
