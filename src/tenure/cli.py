@@ -312,6 +312,12 @@ def _add_verify(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     size.add_argument("--quick", action="store_true", help="a few cycles each (CI, ~5 min)")
     size.add_argument("--soak", action="store_true", help="hundreds of cycles each (long)")
     p.add_argument(
+        "--cycles",
+        type=_positive_int,
+        metavar="N",
+        help="cycles per configuration, overriding --quick/--soak (default 10)",
+    )
+    p.add_argument(
         "--report",
         metavar="DIR",
         help="keep histories, node logs, timelines (timeline.html) and summary.txt/json here",
@@ -353,7 +359,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    results = run_scenarios(args.scenarios, mode, report, progress)
+    results = run_scenarios(args.scenarios, mode, report, progress, args.cycles)
     print()
     print(format_table(results))
     print()

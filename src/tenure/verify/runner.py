@@ -61,8 +61,12 @@ def run_scenarios(
     mode: Mode,
     report_dir: Path | None,
     progress: Callable[[RunResult], None] | None = None,
+    cycles: int | None = None,
 ) -> list[RunResult]:
-    """Run the named scenarios (all when empty); keep files under ``report_dir`` if given."""
+    """Run the named scenarios (all when empty); keep files under ``report_dir`` if given.
+
+    ``cycles`` overrides the mode's number of cycles per configuration.
+    """
     chosen = [s for s in SCENARIOS if not keys or s.key in keys or str(s.number) in keys]
     root = report_dir or Path(tempfile.mkdtemp(prefix="tenure-verify-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -70,7 +74,8 @@ def run_scenarios(
     try:
         for scenario in chosen:
             for config in scenario.configs:
-                result = run_config(scenario, config, cycles_for(scenario, mode), root)
+                n = cycles or cycles_for(scenario, mode)
+                result = run_config(scenario, config, n, root)
                 results.append(result)
                 if progress is not None:
                     progress(result)

@@ -81,7 +81,7 @@ class Scenario:
     title: str
     configs: Sequence[Config]
     quick_cycles: int = 3
-    soak_cycles: int = 300
+    soak_cycles: int = 200
     requirement: str = ""
     tags: tuple[str, ...] = field(default=())
 
@@ -458,7 +458,7 @@ def script_flush(world: World, cycles: int) -> Stats:
     nodes = [world.node(f"n{i}") for i in range(1, 4)]
     lock = tenure([n.url for n in nodes], 1.0)
     workers = [world.actor(f"W{i}", lock, fenced=True) for i in range(1, 4)]
-    seconds = 1.0 * cycles
+    seconds = 0.3 * cycles if cycles > 10 else 1.0 * cycles
     for w in workers:
         w.send("loop", seconds, 0.5, 0.002)
     stop = time.monotonic() + seconds
@@ -508,6 +508,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "the promoted replica is one vote of three; B cannot win a majority",
             ),
         ),
+        soak_cycles=100,
         requirement="R9",
     ),
     Scenario(
@@ -537,6 +538,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "node 3 lost its data, so it sits out max_ttl before voting again",
             ),
         ),
+        soak_cycles=60,
         requirement="R8",
     ),
     Scenario(
@@ -559,6 +561,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "the store refuses A's older token",
             ),
         ),
+        soak_cycles=200,
         requirement="R11, R12",
     ),
     Scenario(
@@ -581,6 +584,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "the lock is broken (honestly: Redlock trusts clocks), the store is not",
             ),
         ),
+        soak_cycles=200,
         requirement="R10",
     ),
     Scenario(
@@ -617,6 +621,7 @@ SCENARIOS: tuple[Scenario, ...] = (
             ),
         ),
         quick_cycles=3,
+        soak_cycles=90,
         requirement="R2-R5",
     ),
     Scenario(
@@ -639,6 +644,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "nobody before the lease ends; someone within TTL + back-off",
             ),
         ),
+        soak_cycles=100,
         requirement="R1",
     ),
     Scenario(
@@ -668,6 +674,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "release is compare-and-delete: A's release finds B's token and leaves it",
             ),
         ),
+        soak_cycles=150,
         requirement="R16",
     ),
     Scenario(
@@ -697,6 +704,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "EVAL carries the script; a flushed cache costs nothing",
             ),
         ),
+        soak_cycles=200,
         requirement="R8",
     ),
 )
