@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from tenure.cli import main
-from tenure.verify.scenarios import SCENARIOS
+from tenure.verify.history import Grant, HistoryWriter, Release, Request
+from tenure.verify.runner import format_table, run_config
+from tenure.verify.scenarios import SCENARIOS, Config, Expect, Stats, violated, zero
+from tenure.verify.world import World
 
-pytestmark = pytest.mark.timeout(900)
 
-
+@pytest.mark.timeout(900)
 def test_quick_verification_holds_every_expectation(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -49,3 +51,57 @@ def test_unknown_scenario_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
 def test_quick_and_soak_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", "--quick", "--soak"]) == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+# --- the verdict logic: a verifier that finds nothing where it must is broken -------------
+
+
+def _history(world: World, overlapping: bool) -> Stats:
+    """Two leases of 100 ms, back to back or overlapping, written as a worker would."""
+    with HistoryWriter(world.history_dir / "fake.jsonl") as out:
+        t0 = 1_000_000_000
+        second = t0 + (50_000_000 if overlapping else 150_000_000)
+        for i, start in enumerate((t0, second)):
+            out.write(Request(f"P{i}", start - 1_000))
+            out.write(Grant(f"P{i}", f"lease{i}", i + 1, start - 1_000, start, start + 100_000_000))
+            out.write(Release(f"P{i}", f"lease{i}", start + 100_000_000, start + 100_100_000, "ok"))
+    world.fault("nothing", "nobody", t0, "planted history")
+    return {}
+
+
+def _fails(world: World, cycles: int) -> Stats:
+    raise RuntimeError("the choreography broke")
+
+
+@pytest.mark.parametrize(
+    ("overlapping", "mitigated", "expect", "failures"),
+    [
+        (True, False, [violated("C1")], ()),
+        (False, False, [violated("C1")], ("C1 > 0",)),  # a control that shows nothing fails
+        (False, True, zero("C1"), ()),
+        (True, True, zero("C1"), ("C1 = 0",)),
+    ],
+)
+def test_expectations_decide_the_verdict(
+    tmp_path: Path,
+    overlapping: bool,
+    mitigated: bool,
+    expect: list[Expect],
+    failures: tuple[str, ...],
+) -> None:
+    scenario = SCENARIOS[0]
+    config = Config("planted", mitigated, lambda w, n: _history(w, overlapping), expect)
+    result = run_config(scenario, config, 1, tmp_path)
+    assert result.failures == failures
+    assert result.passed is (not failures)
+    assert result.figures["C1"] == (1 if overlapping else 0)
+
+
+def test_a_run_without_grants_or_with_an_error_fails(tmp_path: Path) -> None:
+    scenario = SCENARIOS[0]
+    empty = run_config(scenario, Config("empty", True, lambda w, n: {}, zero("C1")), 1, tmp_path)
+    assert empty.failures == ("cycles >= 1",)
+    broken = run_config(scenario, Config("broken", True, _fails, zero("C1")), 1, tmp_path)
+    assert not broken.passed
+    assert broken.error == "RuntimeError: the choreography broke"
+    assert "FAIL 1 broken: RuntimeError: the choreography broke" in format_table([broken])
