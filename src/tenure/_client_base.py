@@ -37,6 +37,7 @@ class ClientBase:
         retry: RetryPolicy | None = None,
         allow_even: bool = False,
         max_ttl: float = 60.0,
+        recheck: float = 0.5,
         connection_options: dict[str, Any] | None = None,
     ) -> None:
         self.config = ClientConfig.build(
@@ -47,6 +48,7 @@ class ClientBase:
             retry=retry,
             allow_even=allow_even,
             max_ttl=max_ttl,
+            recheck=recheck,
         )
         self.node_names = [a.display for a in self.config.nodes]
         self._specs = SpecCache(self.config)
@@ -70,4 +72,5 @@ class ClientBase:
             node_names=self.node_names,
             max_ttl_ms=self.config.max_ttl_ms,
             floor=self._fence_floor,
+            recheck=self.config.recheck,
         )

@@ -477,6 +477,7 @@ def test_lock_keys_shape() -> None:
         lock="tenure:{orders:42}:lock",
         fence="tenure:{orders:42}:fence",
         warm="tenure:{orders:42}:warm",
+        queue="tenure:{orders:42}:q",
     )
     assert keys.lock == lock_key("orders:42")
 

@@ -221,6 +221,7 @@ class Channels:
             )
 
         self._pools = [pool(a) for a in config.nodes]
+        self.pools = self._pools  # the notification listener connects through them too
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channels: list[Channel] = []
 

@@ -17,21 +17,35 @@ from typing import Any
 from .._client_base import ClientBase
 from .._clock import monotonic, wall_us
 from .._core import commands
-from .._core.acquire import GiveUp, Granted, LeaseState, Seed, refused_by
+from .._core.acquire import (
+    Acquisition,
+    GiveUp,
+    Granted,
+    LeaseState,
+    Retry,
+    Seed,
+    Wait,
+    refused_by,
+)
 from .._core.acquire import cleanup_wait as _cleanup_wait
 from .._core.config import LockSpec, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.quorum import Round
+from .._core.waiting import place_ms
 from .._core.watchdog import KeepAlive
 from .._errors import LeaseLost, LockTimeout, NotHeld
 from .._lease import LeaseView
 from .._lease import not_acquired as _not_acquired
 from .channels import Channels
+from .notify import AsyncListener, AsyncSlot
 from .watchdog import watch
 
 __all__ = ["AsyncClient", "AsyncLease", "AsyncLock"]
 
 _clock = monotonic
+# After the first node's release notification, how long a waiter on a quorum waits for a
+# majority of them before trying (see ``AsyncSlot.wait``).
+STRAGGLE = 0.002
 
 
 class AsyncClient(ClientBase):
@@ -43,6 +57,18 @@ class AsyncClient(ClientBase):
 
     def _open(self, connection_options: dict[str, Any]) -> None:
         self._channels = Channels(self.config, connection_options)
+        self._listener_loop: asyncio.AbstractEventLoop | None = None
+        self._listener_ = AsyncListener(self._channels.pools)
+        self._place_ms = place_ms(self.config.recheck, self.config.node_timeout)
+
+    @property
+    def _listener(self) -> AsyncListener:
+        loop = asyncio.get_running_loop()
+        if loop is not self._listener_loop:
+            # Connections belong to the loop that made them; a new loop gets new ones.
+            self._listener_loop = loop
+            self._listener_ = AsyncListener(self._channels.pools)
+        return self._listener_
 
     def lock(
         self,
@@ -53,10 +79,11 @@ class AsyncClient(ClientBase):
         timeout: float | None = None,
         watchdog: bool = False,
         max_hold: float | None = None,
+        fair: bool = False,
     ) -> AsyncLock:
         """A lock object for ``name``; see ``Client.lock`` and ``AsyncLock``."""
         keep = KeepAlive(max_hold=max_hold) if watchdog else None
-        return AsyncLock(self, self._specs.get(name, ttl), blocking, timeout, keep)
+        return AsyncLock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
 
     async def acquire(
         self,
@@ -67,9 +94,10 @@ class AsyncClient(ClientBase):
         timeout: float | None = None,
         watchdog: bool = False,
         max_hold: float | None = None,
+        fair: bool = False,
     ) -> AsyncLease:
         """Acquire ``name`` for ``ttl`` seconds; see ``Client.acquire``."""
-        spec = self._specs.get(name, ttl)
+        spec = self._specs.get(name, ttl, fair)
         if max_hold is not None:
             KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
         lease = await self._acquire(spec, blocking, timeout)
@@ -83,40 +111,86 @@ class AsyncClient(ClientBase):
         self, spec: LockSpec, blocking: bool, timeout: float | None
     ) -> AsyncLease | None:
         acq = self._acquisition(spec, blocking, timeout)
-        while True:
-            token = secrets.token_hex(16)
-            rnd = acq.begin(_clock())
-            command = commands.acquire(
-                spec.keys,
-                token,
-                spec.ttl_ms,
-                acq.proposal(wall_us()),
-                acq.mark,
-                self.config.max_ttl_ms,
-            )
-            try:
-                await self._channels.run(command, rnd, acq.deadline(rnd))
-            except asyncio.CancelledError:
-                # Written before the cancellation propagates, behind our grant on each link.
-                self._send_release(spec.key, token, rnd.maybe_holding())
-                raise
-            step = acq.conclude(rnd, token, _clock())
-            self._fence_floor = max(self._fence_floor, acq.floor)
-            if isinstance(step, Granted):
-                if step.seed is not None:
+        listener = self._listener
+        waiter = secrets.token_hex(16)
+        slot: AsyncSlot | None = None
+        if blocking and listener.started and self.config.recheck > 0:
+            slot = listener.register_now(waiter)
+        queued = False
+        lease: AsyncLease | None = None
+        try:
+            while True:
+                token = waiter if spec.fair else secrets.token_hex(16)
+                wait_args = None
+                if slot is not None or spec.fair:
+                    place = self._place_ms if slot is not None else 0
+                    mode = "f" if spec.fair else "n"
+                    wait_args = commands.WaitArgs(mode, waiter, listener.channel, place)
+                    queued = queued or place > 0
+                if slot is not None:
+                    slot.take()  # this attempt sees every release notified so far
+                rnd = acq.begin(_clock())
+                command = commands.acquire(
+                    spec.keys,
+                    token,
+                    spec.ttl_ms,
+                    acq.proposal(wall_us()),
+                    acq.mark,
+                    self.config.max_ttl_ms,
+                    wait_args,
+                )
+                try:
+                    await self._channels.run(command, rnd, acq.deadline(rnd))
+                except asyncio.CancelledError:
+                    # Written before the cancellation propagates, behind our grant on each link.
+                    self._send_release(spec.key, token, rnd.maybe_holding())
+                    raise
+                step = acq.conclude(rnd, token, _clock())
+                self._fence_floor = max(self._fence_floor, acq.floor)
+                if isinstance(step, Granted):
+                    if step.seed is not None:
+                        await self._seed(spec, step.seed)
+                    lease = AsyncLease(self, step.lease, spec)
+                    return lease
+                if step.cleanup:
+                    command = commands.release(spec.key, token)
+                    await self._cleanup_round(command, step.cleanup, _cleanup_wait(step, rnd))
+                if isinstance(step, GiveUp):
+                    if step.error is not None:
+                        raise step.error
+                    return None
+                if isinstance(step, Retry) and step.seed is not None:
                     await self._seed(spec, step.seed)
-                return AsyncLease(self, step.lease, spec)
-            if step.cleanup:
-                command = commands.release(spec.key, token)
-                await self._cleanup_round(command, step.cleanup, _cleanup_wait(step, rnd))
-            if isinstance(step, GiveUp):
-                if step.error is not None:
-                    raise step.error
-                return None
-            if step.seed is not None:
-                await self._seed(spec, step.seed)
-            if step.sleep:
-                await asyncio.sleep(step.sleep)
+                if isinstance(step, Wait):
+                    if slot is None:
+                        # First wait of this client: subscribe, then queue at once.
+                        slot = await listener.register(waiter, self.config.node_timeout)
+                        continue
+                    if await slot.wait(step.timeout, spec.quorum, STRAGGLE):
+                        lease = self._handed_over(slot, acq, spec, waiter)
+                        if lease is not None:
+                            return lease
+                elif step.sleep:
+                    await asyncio.sleep(step.sleep)
+        finally:
+            if slot is not None:
+                listener.unregister(waiter)
+            if queued and lease is None:
+                # Written at once (no await), so a cancelled acquire leaves its place too.
+                rnd = Round(len(self.node_names), self.config.quorum, _clock())
+                self._channels.send(commands.dequeue(spec.keys, waiter, spec.fair), rnd)
+
+    def _handed_over(
+        self, slot: AsyncSlot, acq: Acquisition, spec: LockSpec, waiter: str
+    ) -> AsyncLease | None:
+        """The lease a fair hand-off gave us, if a notification says so (else re-check)."""
+        for wake in slot.take():
+            if wake.handed_over and wake.waiter == waiter:
+                granted = acq.transferred(waiter, wake.token, _clock())
+                if granted is not None:
+                    self._fence_floor = max(self._fence_floor, acq.floor)
+                    return AsyncLease(self, granted.lease, spec)
+        return None
 
     async def _seed(self, spec: LockSpec, seed: Seed) -> None:
         command = commands.seed(spec.keys, seed.counter, seed.warm_ms, seed.marks)
@@ -146,6 +220,7 @@ class AsyncClient(ClientBase):
 
     async def aclose(self) -> None:
         """Close every connection and reader task. Leases still held expire by their TTL."""
+        await self._listener_.close()
         await self._channels.close()
 
     async def __aenter__(self) -> AsyncClient:
@@ -200,7 +275,7 @@ class AsyncLease(LeaseView):
             self._state = outcome
             return
         self._released = True
-        await client._round(commands.release(spec.key, self.token))
+        await client._round(commands.release_waking(spec.keys, self.token, spec.fair))
         self._mark_lost(outcome)
         raise outcome
 
@@ -210,7 +285,8 @@ class AsyncLease(LeaseView):
         self._check_not_released()
         self._released = True
         await self._stop_watching()
-        rnd = await client._round(commands.release(self.key, self.token))
+        spec = self._spec
+        rnd = await client._round(commands.release_waking(spec.keys, self.token, spec.fair))
         error = conclude_release(
             self._state,
             len(client.node_names),

@@ -10,7 +10,16 @@ A driver runs::
         step = acq.conclude(rnd, token, clock())
         Granted -> hand out step.lease (its fencing token is the proposal)
         Retry   -> release on step.cleanup, seed step.seed (if any), sleep step.sleep, loop
+        Wait    -> release on step.cleanup, wait up to step.timeout for a release
+                   notification (fair: a hand-off, see ``transferred``), loop
         GiveUp  -> release on step.cleanup, then return False or raise step.error
+
+Waiting (docs/waiting.md): with notifications on (``recheck > 0``), an attempt refused
+because another client holds the lock on a majority does not sleep a back-off: the
+attempt queued the caller on the nodes, and the driver waits for the release
+notification, or at most a random ``[recheck/2, recheck]`` (the fallback bound), or until
+the holder's key expires by its TTL, whichever is first. Split votes (nobody holds a
+majority) still back off at random (R6): waking on a release would only collide again.
 
 The machine never sleeps past the caller's timeout, raises ``QuorumUnreachable`` once
 failures alone have made a majority impossible in a few consecutive attempts (at once for
@@ -57,6 +66,7 @@ __all__ = [
     "LeaseState",
     "Retry",
     "Seed",
+    "Wait",
     "cleanup_wait",
     "refused_by",
     "round_errors",
@@ -126,10 +136,19 @@ class GiveUp:
     error: LockError | ServerUnsupported | None
 
 
-Step = Granted | Retry | GiveUp
+@dataclass(frozen=True)
+class Wait:
+    """Held by another client: release ``cleanup``, then wait for a release notification
+    for at most ``timeout`` seconds, then try again."""
+
+    timeout: float
+    cleanup: frozenset[int]
 
 
-def cleanup_wait(step: Retry | GiveUp, rnd: Round) -> frozenset[int]:
+Step = Granted | Retry | Wait | GiveUp
+
+
+def cleanup_wait(step: Retry | Wait | GiveUp, rnd: Round) -> frozenset[int]:
     """Which cleanup replies to wait for after a failed attempt.
 
     Before another attempt, none: the release is written on the same connections ahead
@@ -137,7 +156,7 @@ def cleanup_wait(step: Retry | GiveUp, rnd: Round) -> frozenset[int]:
     next attempt cannot overtake it. Before returning to the caller, those of the nodes
     that did not just fail, so that no key of ours is left when ``acquire`` returns.
     """
-    if isinstance(step, Retry):
+    if isinstance(step, (Retry, Wait)):
         return frozenset()
     return rnd.answered_or_silent(step.cleanup)
 
@@ -171,6 +190,7 @@ class Acquisition:
         node_names: for error messages.
         max_ttl_ms: how long a node that lost its data is kept out.
         floor: the lowest token the client may propose (above any it has seen).
+        recheck: the fallback bound of a notified wait (0: no notifications, back off).
     """
 
     def __init__(
@@ -185,6 +205,7 @@ class Acquisition:
         node_names: list[str],
         max_ttl_ms: int,
         floor: int = 1,
+        recheck: float = 0.0,
     ) -> None:
         self.spec = spec
         self._retry = retry
@@ -200,6 +221,10 @@ class Acquisition:
         self._hear_all = False
         self._strikes = 0
         self.mark = 1
+        self._recheck = recheck
+        # (start of the latest round that found the lock held by another, the highest
+        # counter it saw): the base of a transferred lease's validity (``transferred``).
+        self._observed: tuple[float, int] | None = None
 
     def begin(self, now: float) -> Round:
         """Start an attempt at ``now``."""
@@ -220,13 +245,18 @@ class Acquisition:
     def conclude(self, rnd: Round, token: str, now: float) -> Step:
         """Decide the attempt once ``rnd`` is decided or its deadline passed."""
         spec = self.spec
-        statuses = {i: r.info for i, r in enumerate(rnd.results) if r is not None and r.info}
+        infos = {i: r.info for i, r in enumerate(rnd.results) if r is not None and r.info}
+        statuses = {i: (info[0], info[1]) for i, info in infos.items()}
         counters = [n for s, n in statuses.values() if s in (GRANTED, HELD, TOO_LOW)]
         if counters:
             self.floor = max(self.floor, max(counters) + 1)
         validity = rnd.validity(now, spec.ttl, spec.drift)
         if rnd.succeeded and validity > 0:
-            self.floor = max(self.floor, self._proposal + 1)
+            # The token is our proposal, except in fair mode when the lock had already
+            # been handed to us: the node then answers the token the hand-off minted.
+            minted = {n for s, n in statuses.values() if s == GRANTED}
+            fencing = minted.pop() if spec.fair and len(minted) == 1 else self._proposal
+            self.floor = max(self.floor, fencing + 1, self._proposal + 1)
             blank = frozenset(i for i, (s, _) in statuses.items() if s == NO_HISTORY)
             # Nodes that lost their data (the others answered with history): seed them now,
             # or they would sit out every round until a failed one noticed them.
@@ -240,7 +270,7 @@ class Acquisition:
                     started=rnd.started,
                     valid_until=rnd.started + spec.ttl - spec.drift,
                     granted=rnd.granted(),
-                    fencing_token=self._proposal,
+                    fencing_token=fencing,
                 ),
                 seed,
             )
@@ -256,6 +286,9 @@ class Acquisition:
             return Retry(0.0, cleanup, fix if isinstance(fix, Seed) else None)
         if not self._blocking:
             return GiveUp(cleanup, None)
+        held = [i for i, (s, _) in statuses.items() if s == HELD]
+        if self._recheck > 0 and len(held) >= spec.quorum:
+            return self._wait(rnd, infos, held, cleanup, now)
         sleep = self._retry.delay(self.attempts, self._rng)
         if self._give_up_at is not None:
             left = self._give_up_at - now
@@ -263,6 +296,66 @@ class Acquisition:
                 return GiveUp(cleanup, None)
             sleep = min(sleep, left)
         return Retry(sleep, cleanup)
+
+    def _wait(
+        self,
+        rnd: Round,
+        infos: dict[int, tuple[int, ...]],
+        held: list[int],
+        cleanup: frozenset[int],
+        now: float,
+    ) -> Wait | GiveUp:
+        """Held on a majority: wait for the release notification, within the bounds."""
+        self._observed = (rnd.started, max(infos[i][1] for i in held))
+        wait = self._recheck * self._rng.uniform(0.5, 1.0)
+        # Do not sleep past the holder's expiry (a crashed holder sends no notification):
+        # the lock is free on a majority once k more of the holding nodes let it go.
+        k = len(held) - (self.spec.n_nodes - self.spec.quorum)
+        ttls = sorted(p for i in held if len(infos[i]) > 2 and (p := infos[i][2]) >= 0)
+        if len(ttls) >= k:
+            wait = min(wait, ttls[k - 1] / 1000 + 0.001)
+        if self._give_up_at is not None:
+            left = self._give_up_at - now
+            if left <= 0:
+                return GiveUp(cleanup, None)
+            wait = min(wait, left)
+        return Wait(wait, cleanup)
+
+    def transferred(self, token: str, fencing_token: int, now: float) -> Granted | None:
+        """A fair hand-off notification ("the lock is yours, token F"): the lease, or None.
+
+        The hand-off set the key's TTL at an instant the client never sees. What it knows
+        is that the instant came *after* the latest round that found the lock held by
+        another client with a counter below F (the hand-off raised the counter to F; a
+        counter never goes down), and that round executed after it began. So the key
+        lives until at least that round's start + ttl on the node, and the lease is
+        valid until ``started + ttl - drift`` on our clock, exactly like an acquisition
+        whose round began then. None when F is not above that round's counter (a stale
+        notification from before it), or when less than half the TTL would be left: the
+        driver then re-checks at once, and the re-check renews the TTL from its own start.
+        """
+        if self._observed is None:
+            return None
+        started, counter = self._observed
+        if fencing_token <= counter:
+            return None
+        spec = self.spec
+        valid_until = started + spec.ttl - spec.drift
+        if valid_until - now < spec.ttl / 2:
+            return None
+        self.floor = max(self.floor, fencing_token + 1)
+        return Granted(
+            LeaseState(
+                name=spec.name,
+                key=spec.key,
+                token=token,
+                ttl=spec.ttl,
+                started=started,
+                valid_until=valid_until,
+                granted=frozenset(range(spec.n_nodes)),
+                fencing_token=fencing_token,
+            )
+        )
 
     def _fix(self, statuses: dict[int, tuple[int, int]], counters: list[int]) -> Seed | bool | None:
         """What to seed (or True: nothing) if retrying at once can succeed; else None.

@@ -13,7 +13,18 @@ from functools import cache, lru_cache
 from .._lua import script
 from .config import LockKeys
 
-__all__ = ["Command", "acquire", "exists", "extend", "pack", "release", "seed"]
+__all__ = [
+    "Command",
+    "WaitArgs",
+    "acquire",
+    "dequeue",
+    "exists",
+    "extend",
+    "pack",
+    "release",
+    "release_waking",
+    "seed",
+]
 
 
 def pack(*args: bytes | str | int) -> bytes:
@@ -45,7 +56,8 @@ def _eval(name: str, keys: tuple[str, ...], *args: bytes | str | int) -> bytes:
     return _eval_head(name, len(keys), len(keys) + len(args)) + _bulk((*keys, *args))
 
 
-Info = tuple[int, int] | None
+# (status, number) of an acquire reply, and the lock's PTTL when the reply carries it.
+Info = tuple[int, ...] | None
 
 
 def _yes_if_one(reply: object) -> tuple[bool, Info]:
@@ -54,10 +66,11 @@ def _yes_if_one(reply: object) -> tuple[bool, Info]:
 
 
 def _acquire_reply(reply: object) -> tuple[bool, Info]:
-    # acquire.lua answers {status, number}; status 1 is a grant.
-    if isinstance(reply, list) and len(reply) == 2:
-        status, number = int(reply[0]), int(reply[1])
-        return status == 1, (status, number)
+    # acquire.lua answers {status, number} or, held while waiting, {0, counter, pttl};
+    # status 1 is a grant.
+    if isinstance(reply, list) and (len(reply) == 2 or (len(reply) == 3 and reply[0] == 0)):
+        info = tuple(int(x) for x in reply)
+        return info[0] == 1, info
     return False, None
 
 
@@ -72,17 +85,44 @@ class Command:
         return self.parse(reply)[0]
 
 
+@dataclass(frozen=True)
+class WaitArgs:
+    """What queues a blocked acquirer (acquire.lua ARGV[6..9]).
+
+    ``mode`` is "n" (notified waiting) or "f" (fair); ``waiter`` the waiter id, stable
+    over one acquire call; ``channel`` where its process listens; ``place_ms`` how long
+    its place lives unless renewed (0: a non-blocking attempt, never queued).
+    """
+
+    mode: str
+    waiter: str
+    channel: str
+    place_ms: int
+
+
 @lru_cache(maxsize=4096)
-def _acquire_head(keys: LockKeys) -> bytes:
+def _acquire_head(keys: LockKeys, waiting: bool) -> bytes:
     # Everything but the per-attempt arguments, encoded once per lock name.
+    if waiting:
+        head = _eval_head("acquire", 4, 13)
+        return head + _bulk((keys.lock, keys.fence, keys.warm, keys.queue))
     return _eval_head("acquire", 3, 8) + _bulk((keys.lock, keys.fence, keys.warm))
 
 
 def acquire(
-    keys: LockKeys, token: str, ttl_ms: int, proposal: int, mark: int, mark_ms: int
+    keys: LockKeys,
+    token: str,
+    ttl_ms: int,
+    proposal: int,
+    mark: int,
+    mark_ms: int,
+    wait: WaitArgs | None = None,
 ) -> Command:
     args = (token, ttl_ms, proposal, mark, mark_ms)
-    return Command(_acquire_head(keys) + _bulk(args), _acquire_reply)
+    if wait is None:
+        return Command(_acquire_head(keys, False) + _bulk(args), _acquire_reply)
+    extra = (wait.mode, wait.waiter, wait.channel, wait.place_ms)
+    return Command(_acquire_head(keys, True) + _bulk((*args, *extra)), _acquire_reply)
 
 
 def seed(keys: LockKeys, counter: int, warm_ms: int, marks: frozenset[int]) -> Command:
@@ -90,7 +130,27 @@ def seed(keys: LockKeys, counter: int, warm_ms: int, marks: frozenset[int]) -> C
 
 
 def release(key: str, token: str) -> Command:
+    """Compare-and-delete that wakes nobody (cleanup of an attempt that failed)."""
     return Command(_eval("release", (key,), token))
+
+
+def release_waking(keys: LockKeys, token: str, fair: bool) -> Command:
+    """A lease's release: compare-and-delete, then wake the next waiter (fair: hand over)."""
+    return Command(
+        _eval("release", (keys.lock, keys.fence, keys.queue), token, "f" if fair else "n")
+    )
+
+
+def dequeue(keys: LockKeys, waiter: str, fair: bool) -> Command:
+    """A waiter gives up its place (and, fair, passes on a lock handed to it meanwhile)."""
+    return Command(
+        _eval("dequeue", (keys.lock, keys.fence, keys.queue), waiter, "f" if fair else "n"),
+        _any_reply,
+    )
+
+
+def _any_reply(reply: object) -> tuple[bool, Info]:
+    return isinstance(reply, int), None
 
 
 def extend(key: str, token: str, ttl_ms: int) -> Command:

@@ -116,6 +116,10 @@ class ClientConfig:
         max_ttl: the longest TTL any lease may have, in seconds. A node found to have
             lost its data (no fencing history) is kept out for this long, so every lease
             it might have granted has expired before it votes again.
+        recheck: the fallback bound of a blocking acquire: a waiter re-checks the lock
+            after a random delay in [recheck/2, recheck] even if no release
+            notification came (see docs/waiting.md). 0 turns notifications off: waiters
+            then poll with the ``retry`` back-off.
     """
 
     nodes: tuple[NodeAddress, ...]
@@ -125,6 +129,7 @@ class ClientConfig:
     retry: RetryPolicy = field(default_factory=wait_random_exponential)
     allow_even: bool = False
     max_ttl_ms: int = 60_000
+    recheck: float = 0.5
 
     @classmethod
     def build(
@@ -137,6 +142,7 @@ class ClientConfig:
         retry: RetryPolicy | None = None,
         allow_even: bool = False,
         max_ttl: float = 60.0,
+        recheck: float = 0.5,
     ) -> ClientConfig:
         if isinstance(nodes, str) or not isinstance(nodes, (list, tuple)):
             raise ConfigurationError("nodes", f"must be a list of node URLs, got {nodes!r}")
@@ -167,6 +173,11 @@ class ClientConfig:
         longest = _finite("max_ttl", max_ttl)
         if not 0.001 <= longest <= 86_400:
             raise ConfigurationError("max_ttl", f"must be in [0.001, 86400] seconds, got {max_ttl}")
+        every = _finite("recheck", recheck)
+        if not (every == 0 or 0.01 <= every <= 60):
+            raise ConfigurationError(
+                "recheck", f"must be 0 (no notifications) or in [0.01, 60] seconds, got {recheck}"
+            )
         return cls(
             nodes=addresses,
             node_timeout=timeout,
@@ -175,6 +186,7 @@ class ClientConfig:
             retry=retry or wait_random_exponential(),
             allow_even=allow_even,
             max_ttl_ms=math.floor(round(longest * 1000, 6)),
+            recheck=every,
         )
 
     @property
@@ -210,6 +222,8 @@ def lock_key(name: str) -> str:
 class LockKeys:
     """A lock's keys on every node, sharing the ``{name}`` hash tag.
 
+    ``queue`` is the wait queue of blocked acquirers (a sorted set, empty and so absent
+    while nobody waits), each waiter's place being ``<queue>:<waiter id>``.
     ``fence`` (the fencing counter) has no TTL: it is this node's history of the lock, and
     its absence is how a node that lost its data is recognised (see ``_lua/acquire.lua``).
     It costs one small key per lock name ever used.
@@ -218,11 +232,12 @@ class LockKeys:
     lock: str
     fence: str
     warm: str
+    queue: str = ""
 
     @classmethod
     def of(cls, name: str) -> LockKeys:
         tag = f"tenure:{{{name}}}"
-        return cls(lock=f"{tag}:lock", fence=f"{tag}:fence", warm=f"{tag}:warm")
+        return cls(lock=f"{tag}:lock", fence=f"{tag}:fence", warm=f"{tag}:warm", queue=f"{tag}:q")
 
 
 @dataclass(frozen=True)
@@ -242,9 +257,12 @@ class LockSpec:
     node_timeout: float
     n_nodes: int
     quorum: int
+    fair: bool = False
 
     @classmethod
-    def build(cls, config: ClientConfig, name: object, ttl: object) -> LockSpec:
+    def build(
+        cls, config: ClientConfig, name: object, ttl: object, fair: object = False
+    ) -> LockSpec:
         if not isinstance(name, str) or not name:
             raise ConfigurationError("name", f"must be a non-empty string, got {name!r}")
         seconds = _finite("ttl", ttl)
@@ -271,6 +289,18 @@ class LockSpec:
                 f"at least 2 x (node_timeout + drift) = {smallest:.4f}s, so a lease keeps half "
                 "its TTL after the slowest acquisition",
             )
+        if not isinstance(fair, bool):
+            raise ConfigurationError("fair", f"must be True or False, got {fair!r}")
+        if fair and len(config.nodes) > 1:
+            raise ConfigurationError(
+                "fair",
+                "fair mode needs a single node: on a Redlock quorum each node would keep its "
+                "own queue, their heads can differ, and a hand-off made by each node alone "
+                "could neither give one waiter a majority nor mint a fencing token that a "
+                "majority committed (docs/waiting.md); notified waiting works on a quorum",
+            )
+        if fair and config.recheck == 0:
+            raise ConfigurationError("fair", "needs notifications (recheck > 0)")
         keys = LockKeys.of(name)
         return cls(
             name=name,
@@ -282,6 +312,7 @@ class LockSpec:
             node_timeout=config.node_timeout,
             n_nodes=len(config.nodes),
             quorum=config.quorum,
+            fair=fair,
         )
 
 
@@ -311,16 +342,17 @@ class SpecCache:
 
     def __init__(self, config: ClientConfig) -> None:
         self._config = config
-        self._specs: dict[tuple[object, object], LockSpec] = {}
+        self._specs: dict[tuple[object, object, bool], LockSpec] = {}
 
-    def get(self, name: object, ttl: object) -> LockSpec:
-        if isinstance(ttl, bool):  # True == 1 as a dict key: never let it find a spec
-            return LockSpec.build(self._config, name, ttl)  # raises ConfigurationError
+    def get(self, name: object, ttl: object, fair: object = False) -> LockSpec:
+        if isinstance(ttl, bool) or not isinstance(fair, bool):
+            # True == 1 as a dict key: never let it find a spec
+            return LockSpec.build(self._config, name, ttl, fair)  # raises ConfigurationError
         try:
-            return self._specs[(name, ttl)]
+            return self._specs[(name, ttl, fair)]
         except (KeyError, TypeError):  # TypeError: unhashable input, rejected by build()
-            spec = LockSpec.build(self._config, name, ttl)
+            spec = LockSpec.build(self._config, name, ttl, fair)
         if len(self._specs) >= self.LIMIT:
             self._specs.clear()
-        self._specs[(name, ttl)] = spec
+        self._specs[(name, ttl, fair)] = spec
         return spec

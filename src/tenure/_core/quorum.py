@@ -47,14 +47,14 @@ class Failure(enum.Enum):
 class NodeResult:
     """What one node answered in a round; ``ok`` is None when it failed.
 
-    ``info`` carries what an acquire reply says beyond yes/no: (status, number), see
-    ``_lua/acquire.lua``.
+    ``info`` carries what an acquire reply says beyond yes/no: (status, number) and, when
+    the lock is held and the caller waits, its PTTL; see ``_lua/acquire.lua``.
     """
 
     ok: bool | None = None
     failure: Failure | None = None
     detail: str = ""
-    info: tuple[int, int] | None = None
+    info: tuple[int, ...] | None = None
 
 
 class Round:
@@ -102,7 +102,7 @@ class Round:
         results = self.results
         return frozenset(i for i in nodes if (r := results[i]) is None or r.failure is None)
 
-    def record(self, node: int, ok: bool, info: tuple[int, int] | None = None) -> None:
+    def record(self, node: int, ok: bool, info: tuple[int, ...] | None = None) -> None:
         """Record a definite answer from ``node``."""
         if self.results[node] is not None:
             return

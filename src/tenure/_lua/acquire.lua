@@ -1,17 +1,27 @@
--- Acquire a lock and mint its fencing token, in one step on one node.
+-- Acquire a lock and mint its fencing token, in one step on one node; optionally queue
+-- the caller to be notified (or, in fair mode, handed the lock) when it is released.
 --
 -- KEYS[1]  the lock key                    tenure:{name}:lock
 -- KEYS[2]  the fencing counter             tenure:{name}:fence  (no TTL: it is the history)
 -- KEYS[3]  the warm-up marker              tenure:{name}:warm   (PX: expires when warm)
--- ARGV[1]  the owner token of this attempt
+-- KEYS[4]  (waiting only) the wait queue   tenure:{name}:q      (see _handoff.lua)
+-- ARGV[1]  the owner token of this attempt (in fair mode: the waiter id, ARGV[7])
 -- ARGV[2]  the TTL in milliseconds
 -- ARGV[3]  the proposed fencing token F (an integer below 2^53)
 -- ARGV[4]  a random observation mark (an integer below 2^52), for a node without history
 -- ARGV[5]  how long that mark lives, in milliseconds
+-- ARGV[6]  (waiting only) "n": notified waiting; "f": fair (FIFO, hand-off on release)
+-- ARGV[7]  (waiting only) the waiter id, stable across the attempts of one acquire
+-- ARGV[8]  (waiting only) the channel the waiter's process listens on
+-- ARGV[9]  (waiting only) how long the waiter's place lives unless renewed, ms; "0" for a
+--          non-blocking attempt (never queued)
 --
--- Returns {status, number}:
---   { 1, F}        granted: the lock is ours and the counter is now F
---   { 0, counter}  held by another client (nothing changed)
+-- Returns {status, number[, pttl]}:
+--   { 1, F}        granted: the lock is ours and the counter is now F. In fair mode also
+--                  when the lock had already been handed to this waiter (F is then the
+--                  counter the hand-off set); its TTL is renewed to ARGV[2] from now.
+--   { 0, counter}  held by another client (nothing changed); when waiting: {0, counter,
+--                  pttl}, the lock's PTTL, and the caller is queued (its place renewed)
 --   {-1, counter}  free, but F is not above this node's counter: propose counter + 1
 --   {-2, mark}     no counter: this node has no history for this lock (new, or it lost
 --                  its data); it grants nothing until the client seeds it (seed.lua).
@@ -23,6 +33,10 @@
 -- Why the counter must exist before a grant: a node that lost its data would otherwise
 -- accept any F, and a majority that overlaps the previous one only in such nodes could
 -- hand out a token smaller than one already used. See docs/fencing.md.
+--
+-- Fair mode: a free lock with live waiters ahead of the caller is handed to the head of
+-- the queue (the caller queues behind); newcomers never overtake the queue.
+--@include handoff
 local counter = redis.call("GET", KEYS[2])
 if not counter then
     local mark = redis.call("GET", KEYS[3])
@@ -37,8 +51,36 @@ if warm > 0 then
     return {-3, warm}
 end
 counter = tonumber(counter)
-if redis.call("EXISTS", KEYS[1]) == 1 then
-    return {0, counter}
+local mode = ARGV[6]
+if not mode then
+    if redis.call("EXISTS", KEYS[1]) == 1 then
+        return {0, counter}
+    end
+else
+    local queue, me = KEYS[4], ARGV[7]
+    local holder = redis.call("GET", KEYS[1])
+    if mode == "f" and holder == ARGV[1] then
+        redis.call("PEXPIRE", KEYS[1], ARGV[2])
+        return {1, counter}
+    end
+    if not holder and mode == "f" and handoff(KEYS[1], KEYS[2], queue, true, me) == 1 then
+        holder = true
+        counter = tonumber(redis.call("GET", KEYS[2]))
+    end
+    if holder then
+        if ARGV[9] ~= "0" then
+            if not redis.call("ZSCORE", queue, me) then
+                local tail = redis.call("ZRANGE", queue, -1, -1, "WITHSCORES")
+                local ticket = 0
+                if tail[2] then
+                    ticket = tonumber(tail[2]) + 1
+                end
+                redis.call("ZADD", queue, ticket, me)
+            end
+            redis.call("SET", queue .. ":" .. me, ARGV[8] .. " " .. ARGV[2], "PX", ARGV[9])
+        end
+        return {0, counter, redis.call("PTTL", KEYS[1])}
+    end
 end
 local proposal = tonumber(ARGV[3])
 if proposal <= counter then
@@ -46,4 +88,8 @@ if proposal <= counter then
 end
 redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
 redis.call("SET", KEYS[2], ARGV[3])
+if mode then
+    redis.call("ZREM", KEYS[4], ARGV[7])
+    redis.call("DEL", KEYS[4] .. ":" .. ARGV[7])
+end
 return {1, proposal}

@@ -6,6 +6,7 @@ runs each round on a ``LinkSet``, sleeps when told to, and hands out leases.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 import time
@@ -15,21 +16,35 @@ from typing import Any
 from .._client_base import ClientBase
 from .._clock import monotonic, wall_us
 from .._core import commands
-from .._core.acquire import GiveUp, Granted, LeaseState, Seed, refused_by
+from .._core.acquire import (
+    Acquisition,
+    GiveUp,
+    Granted,
+    LeaseState,
+    Retry,
+    Seed,
+    Wait,
+    refused_by,
+)
 from .._core.acquire import cleanup_wait as _cleanup_wait
 from .._core.config import LockSpec, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.quorum import Round
+from .._core.waiting import place_ms
 from .._core.watchdog import KeepAlive
 from .._errors import LockTimeout, NotHeld
 from .._lease import LeaseView
 from .._lease import not_acquired as _not_acquired
 from .links import LinkPool, LinkSet
+from .notify import Listener, Slot
 from .watchdog import Watchdog
 
 __all__ = ["Client", "Lease", "Lock"]
 
 _clock = monotonic
+# After the first node's release notification, how long a waiter on a quorum waits for a
+# majority of them before trying (see ``Slot.wait``).
+STRAGGLE = 0.002
 
 
 class Client(ClientBase):
@@ -40,12 +55,16 @@ class Client(ClientBase):
         node_timeout: seconds to wait for any one node in a round (default 50 ms).
         drift_factor: clock-drift allowance as a fraction of the TTL (default 1%).
         drift_floor: seconds added to the drift allowance (default 2 ms).
-        retry: back-off between attempts of a blocking acquire (default full-jitter
-            exponential from 2 ms to 100 ms).
+        retry: back-off after a split vote (nobody holds a majority; default
+            full-jitter exponential from 2 ms to 100 ms), and between attempts when
+            notifications are off.
         allow_even: accept an even number of nodes.
         max_ttl: the longest TTL a lease may have (default 60 s). A node that lost its
             data is kept out of locking for this long; every client of the same nodes
             must use the same value.
+        recheck: a blocking acquire waits for a release notification, but re-checks
+            after a random delay in [recheck/2, recheck] at the latest (default 0.5 s;
+            see docs/waiting.md). 0 turns notifications off (waiters poll).
         connection_options: extra keyword arguments for redis-py connections (TLS
             certificates, credentials); they override tenure's defaults.
 
@@ -55,6 +74,8 @@ class Client(ClientBase):
 
     def _open(self, connection_options: dict[str, Any]) -> None:
         self._pool = LinkPool(self.config, connection_options)
+        self._listener = Listener(self._pool.nodes)
+        self._place_ms = place_ms(self.config.recheck, self.config.node_timeout)
 
     def lock(
         self,
@@ -65,14 +86,17 @@ class Client(ClientBase):
         timeout: float | None = None,
         watchdog: bool = False,
         max_hold: float | None = None,
+        fair: bool = False,
     ) -> Lock:
         """A lock object for ``name``; ``blocking``/``timeout`` apply to ``with lock:``.
 
         ``watchdog=True`` keeps every lease it acquires alive (``Lease.keep_alive``), up
-        to ``max_hold`` seconds.
+        to ``max_hold`` seconds. ``fair=True`` (one node only) grants the lock in the
+        order it was requested, handing it over inside the release (docs/waiting.md);
+        every client of a lock must use the same mode.
         """
         keep = KeepAlive(max_hold=max_hold) if watchdog else None
-        return Lock(self, self._specs.get(name, ttl), blocking, timeout, keep)
+        return Lock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
 
     def acquire(
         self,
@@ -83,6 +107,7 @@ class Client(ClientBase):
         timeout: float | None = None,
         watchdog: bool = False,
         max_hold: float | None = None,
+        fair: bool = False,
     ) -> Lease:
         """Acquire ``name`` for ``ttl`` seconds and return the lease.
 
@@ -95,9 +120,9 @@ class Client(ClientBase):
                 ``timeout`` seconds (None waits forever).
             QuorumUnreachable: so many nodes failed that no majority is possible.
             ServerUnsupported: nodes refused a command tenure needs (ACL).
-            ConfigurationError: bad name, TTL or timeout.
+            ConfigurationError: bad name, TTL or timeout; ``fair`` on more than one node.
         """
-        spec = self._specs.get(name, ttl)
+        spec = self._specs.get(name, ttl, fair)
         if max_hold is not None:
             KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
         lease = self._acquire(spec, blocking, timeout)
@@ -109,50 +134,103 @@ class Client(ClientBase):
 
     def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | None:
         acq = self._acquisition(spec, blocking, timeout)
-        with self._links() as links:
-            while True:
-                token = secrets.token_hex(16)
-                rnd = acq.begin(_clock())
-                command = commands.acquire(
-                    spec.keys,
-                    token,
-                    spec.ttl_ms,
-                    acq.proposal(wall_us()),
-                    acq.mark,
-                    self.config.max_ttl_ms,
-                )
-                try:
-                    links.run(command, rnd, acq.deadline(rnd), _clock)
-                except BaseException:
-                    # Interrupted mid-round (KeyboardInterrupt): the grant may have landed.
-                    self._cleanup(spec, token, rnd.maybe_holding())
-                    raise
-                step = acq.conclude(rnd, token, _clock())
-                self._fence_floor = max(self._fence_floor, acq.floor)
-                if isinstance(step, Granted):
-                    if step.seed is not None:
+        listener = self._listener
+        waiter = secrets.token_hex(16)
+        slot: Slot | None = None
+        if blocking and listener.started and self.config.recheck > 0:
+            slot = listener.register(waiter, 0.0)
+        queued = False
+        lease: Lease | None = None
+        try:
+            with self._links() as links:
+                while True:
+                    token = waiter if spec.fair else secrets.token_hex(16)
+                    wait_args = None
+                    if slot is not None or spec.fair:
+                        place = self._place_ms if slot is not None else 0
+                        mode = "f" if spec.fair else "n"
+                        wait_args = commands.WaitArgs(mode, waiter, listener.channel, place)
+                        queued = queued or place > 0
+                    if slot is not None:
+                        slot.take()  # this attempt sees every release notified so far
+                    rnd = acq.begin(_clock())
+                    command = commands.acquire(
+                        spec.keys,
+                        token,
+                        spec.ttl_ms,
+                        acq.proposal(wall_us()),
+                        acq.mark,
+                        self.config.max_ttl_ms,
+                        wait_args,
+                    )
+                    try:
+                        links.run(command, rnd, acq.deadline(rnd), _clock)
+                    except BaseException:
+                        # Interrupted mid-round (KeyboardInterrupt): the grant may have landed.
+                        self._cleanup(spec, token, rnd.maybe_holding())
+                        raise
+                    step = acq.conclude(rnd, token, _clock())
+                    self._fence_floor = max(self._fence_floor, acq.floor)
+                    if isinstance(step, Granted):
+                        if step.seed is not None:
+                            self._seed(links, spec, step.seed)
+                        lease = Lease(self, step.lease, spec)
+                        return lease
+                    if step.cleanup:
+                        command = commands.release(spec.key, token)
+                        self._cleanup_round(links, command, step.cleanup, _cleanup_wait(step, rnd))
+                    if isinstance(step, GiveUp):
+                        if step.error is not None:
+                            raise step.error
+                        return None
+                    if isinstance(step, Retry) and step.seed is not None:
                         self._seed(links, spec, step.seed)
-                    return Lease(self, step.lease, spec)
-                if step.cleanup:
-                    command = commands.release(spec.key, token)
-                    self._cleanup_round(links, command, step.cleanup, _cleanup_wait(step, rnd))
-                if isinstance(step, GiveUp):
-                    if step.error is not None:
-                        raise step.error
-                    return None
-                if step.seed is not None:
-                    self._seed(links, spec, step.seed)
-                if step.sleep:
-                    time.sleep(step.sleep)
+                    if isinstance(step, Wait):
+                        if slot is None:
+                            # First wait of this client: subscribe, then queue at once.
+                            slot = listener.register(waiter, self.config.node_timeout)
+                            continue
+                        if slot.wait(step.timeout, spec.quorum, STRAGGLE):
+                            lease = self._handed_over(slot, acq, spec, waiter)
+                            if lease is not None:
+                                return lease
+                    elif step.sleep:
+                        time.sleep(step.sleep)
+        finally:
+            if slot is not None:
+                listener.unregister(waiter)
+            if queued and lease is None:
+                self._dequeue(spec, waiter)
+
+    def _handed_over(
+        self, slot: Slot, acq: Acquisition, spec: LockSpec, waiter: str
+    ) -> Lease | None:
+        """The lease a fair hand-off gave us, if a notification says so (else re-check)."""
+        for wake in slot.take():
+            if wake.handed_over and wake.waiter == waiter:
+                granted = acq.transferred(waiter, wake.token, _clock())
+                if granted is not None:
+                    self._fence_floor = max(self._fence_floor, acq.floor)
+                    return Lease(self, granted.lease, spec)
+        return None
+
+    def _dequeue(self, spec: LockSpec, waiter: str) -> None:
+        """Leave the wait queue on every node (best effort: a lost one's place expires)."""
+        everyone = frozenset(range(len(self.node_names)))
+        with contextlib.suppress(Exception), self._links() as links:
+            command = commands.dequeue(spec.keys, waiter, spec.fair)
+            self._cleanup_round(links, command, everyone, everyone)
 
     def _links(self) -> _Borrowed:
         return _Borrowed(self._pool)
 
-    def _release_round(self, links: LinkSet, key: str, token: str) -> Round:
-        """Compare-and-delete on every node; decided once a majority confirmed (or can't)."""
+    def _release_round(self, links: LinkSet, spec: LockSpec, token: str) -> Round:
+        """Compare-and-delete on every node, waking the next waiter (fair: handing over);
+        decided once a majority confirmed (or can't)."""
         now = _clock()
         rnd = Round(len(self.node_names), self.config.quorum, now)
-        links.run(commands.release(key, token), rnd, now + self.config.node_timeout, _clock)
+        command = commands.release_waking(spec.keys, token, spec.fair)
+        links.run(command, rnd, now + self.config.node_timeout, _clock)
         return rnd
 
     def _seed(self, links: LinkSet, spec: LockSpec, seed: Seed) -> None:
@@ -184,6 +262,7 @@ class Client(ClientBase):
 
     def close(self) -> None:
         """Close every connection. Leases still held expire by their TTL."""
+        self._listener.close()
         self._pool.close()
 
     def __enter__(self) -> Client:
@@ -289,7 +368,7 @@ class Lease(LeaseView):
                     self._state = outcome
                     return
                 self._released = True
-                client._release_round(links, spec.key, self.token)
+                client._release_round(links, self._spec, self.token)
             self._mark_lost(outcome)
             raise outcome
 
@@ -308,7 +387,7 @@ class Lease(LeaseView):
             self._check_not_released()
             self._released = True
             with client._links() as links:
-                rnd = client._release_round(links, self.key, self.token)
+                rnd = client._release_round(links, self._spec, self.token)
             error = conclude_release(
                 self._state,
                 len(client.node_names),

@@ -1,0 +1,206 @@
+"""Release notifications for the asyncio client: one subscription per node, shared.
+
+Theory of operation
+-------------------
+The first time a task of an ``AsyncClient`` has to wait for a lock, the client opens one
+pub/sub connection per node (in its event loop) and subscribes to its own channel. Every
+waiting task registers an ``AsyncSlot`` under its waiter id; the connection's protocol
+parses each message in ``data_received`` and settles the slot's future right there, so
+a notification reaches its task in one trip through the event loop, and a thousand
+waiting tasks cost one connection per node, not one each.
+
+A connection that fails is re-established after a back-off; once subscribed again,
+every slot is nudged to re-check (notifications sent meanwhile reached nobody).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Callable, Sequence
+
+import redis.asyncio
+
+from .._core.commands import pack
+from .._core.resp import ReplyReader
+from .._core.waiting import Wake, parse_wake
+
+__all__ = ["AsyncListener", "AsyncSlot"]
+
+BACKOFF_MIN = 0.025
+BACKOFF_MAX = 1.0
+
+
+class AsyncSlot:
+    """Where the notifications of one waiting task are filed."""
+
+    __slots__ = ("_flag", "_future", "nodes", "wakes")
+
+    def __init__(self) -> None:
+        self.wakes: list[Wake] = []
+        self.nodes: set[int] = set()  # the nodes whose notifications are in ``wakes``
+        self._flag = False
+        self._future: asyncio.Future[None] | None = None
+
+    def put(self, wake: Wake | None, node: int = -1) -> None:
+        if wake is not None:
+            self.wakes.append(wake)
+            self.nodes.add(node)
+        self._flag = True
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def take(self) -> list[Wake]:
+        self._flag = False
+        wakes, self.wakes = self.wakes, []
+        self.nodes = set()
+        return wakes
+
+    async def _until(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        future = self._future = loop.create_future()
+        timer = loop.call_later(timeout, _settle, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self._future = None
+
+    async def wait(self, timeout: float, quorum: int = 1, straggle: float = 0.0) -> bool:
+        """Until a notification is filed (True) or ``timeout`` seconds pass (False); on a
+        quorum, then up to ``straggle`` more for a majority of nodes (``Slot.wait``)."""
+        if not self._flag:
+            await self._until(timeout)
+            if not self._flag:
+                return False
+        if quorum > 1 and self.wakes:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + straggle
+            while len(self.nodes) < quorum and (left := end - loop.time()) > 0:
+                await self._until(left)
+        return True
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class _Messages(asyncio.Protocol):
+    def __init__(
+        self, handle: Callable[[object], None], lost: asyncio.Future[BaseException]
+    ) -> None:
+        self._reader = ReplyReader()
+        self._handle = handle
+        self._lost = lost
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            replies = self._reader.feed(data)
+        except ValueError as exc:
+            self._end(ConnectionError(f"unreadable reply: {exc}"))
+            return
+        for reply in replies:
+            self._handle(reply)
+
+    def eof_received(self) -> bool:
+        self._end(ConnectionError("connection closed by the node"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(exc or ConnectionError("connection lost"))
+
+    def _end(self, exc: BaseException) -> None:
+        if not self._lost.done():
+            self._lost.set_result(exc)
+
+
+class AsyncListener:
+    """The subscriptions of one client in one event loop, started on first need."""
+
+    def __init__(self, pools: Sequence[redis.asyncio.ConnectionPool]) -> None:
+        self._pools = list(pools)
+        self.channel = f"tenure:wake:{secrets.token_hex(8)}"
+        self._slots: dict[str, AsyncSlot] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._up = [False] * len(pools)
+        self._all_up: asyncio.Event | None = None
+        self._closed = False
+
+    @property
+    def started(self) -> bool:
+        return bool(self._tasks)
+
+    def register_now(self, waiter: str) -> AsyncSlot:
+        slot = self._slots[waiter] = AsyncSlot()
+        return slot
+
+    async def register(self, waiter: str, timeout: float) -> AsyncSlot:
+        """A slot for ``waiter``; subscribes first if needed (waiting up to ``timeout``)."""
+        slot = self.register_now(waiter)
+        if not self._tasks and not self._closed:
+            self._all_up = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._run(i)) for i in range(len(self._pools))]
+        if self._all_up is not None and not self._all_up.is_set():
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._all_up.wait(), timeout)
+        return slot
+
+    def unregister(self, waiter: str) -> None:
+        self._slots.pop(waiter, None)
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _nudge_all(self) -> None:
+        for slot in list(self._slots.values()):
+            slot.put(None)
+
+    async def _run(self, i: int) -> None:
+        backoff = BACKOFF_MIN
+        ever = False
+        while True:
+            conn: redis.asyncio.Connection = self._pools[i].make_connection()  # type: ignore[no-untyped-call]
+            try:
+                await conn.connect()  # type: ignore[no-untyped-call]
+                lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+                def handle(reply: object) -> None:
+                    nonlocal ever, backoff
+                    if not isinstance(reply, list) or len(reply) != 3:
+                        return
+                    if reply[0] == b"message":
+                        wake = parse_wake(reply[2])
+                        if wake is not None:
+                            slot = self._slots.get(wake.waiter)
+                            if slot is not None:
+                                slot.put(wake, i)
+                    elif reply[0] == b"subscribe":
+                        self._up[i] = True
+                        backoff = BACKOFF_MIN
+                        if all(self._up) and self._all_up is not None:
+                            self._all_up.set()
+                        if ever:
+                            self._nudge_all()
+                        ever = True
+
+                transport = conn._writer.transport  # type: ignore[union-attr]
+                transport.set_protocol(_Messages(handle, lost))
+                transport.write(pack("SUBSCRIBE", self.channel))
+                await lost
+            except asyncio.CancelledError:
+                await conn.disconnect(nowait=True)
+                raise
+            except Exception:  # a failed connection is retried after a back-off
+                pass
+            self._up[i] = False
+            await conn.disconnect(nowait=True)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)

@@ -1,0 +1,66 @@
+"""Notified waiting: the messages release.lua sends, and the numbers a waiter lives by.
+
+Theory of operation (docs/waiting.md has the whole story)
+---------------------------------------------------------
+A blocked acquirer is queued on each node by the very attempt that found the lock held
+(acquire.lua with ``WaitArgs``): a sorted set of waiter ids in arrival order, and per
+waiter a *place* key with a TTL that says where to notify it. Each client process
+subscribes once per node to its own channel; every waiter of that process shares it.
+
+A release (release.lua) walks the queue from its head, dropping waiters whose place
+expired or whose channel nobody listens to any more (``PUBLISH`` answered 0), and
+
+* not fair: publishes ``W <waiter>`` to the first live one, which tries again at once
+  (it stays queued until it acquires, so a waiter that loses the race to a newcomer is
+  woken by the next release again);
+* fair: makes the first live one the owner right there (its waiter id is its owner
+  token, the fencing counter goes up by one) and publishes ``G <waiter> <token>``.
+
+A notification may never come (the notification connection was killed, the holder
+crashed and its key expired, a node restarted): a waiter re-checks at the latest after
+a random delay in ``[recheck/2, recheck]`` (renewing its place), and never later than
+the holder's key expires. A place lives ``place_ms`` without renewal, long enough for
+several missed re-checks, so a live but slow waiter keeps its turn and a dead one is
+skipped within that time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Wake", "parse_wake", "place_ms"]
+
+
+@dataclass(frozen=True)
+class Wake:
+    """A notification: ``waiter`` may try again (``token`` 0), or, fair, owns the lock
+    with fencing token ``token``."""
+
+    waiter: str
+    token: int = 0
+
+    @property
+    def handed_over(self) -> bool:
+        return self.token > 0
+
+
+def parse_wake(data: object) -> Wake | None:
+    """Read a message published by release.lua (``W <id>`` or ``G <id> <token>``)."""
+    if not isinstance(data, bytes):
+        return None
+    parts = data.split()
+    try:
+        if len(parts) == 2 and parts[0] == b"W":
+            return Wake(parts[1].decode())
+        if len(parts) == 3 and parts[0] == b"G":
+            token = int(parts[2])
+            return Wake(parts[1].decode(), token) if token > 0 else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def place_ms(recheck: float, node_timeout: float) -> int:
+    """How long a waiter's place lives without renewal: three of its longest re-check
+    intervals plus a round, so one or two lost re-checks do not cost it its turn."""
+    return max(1, round((3 * recheck + node_timeout) * 1000))

@@ -1,0 +1,517 @@
+"""Waiting without polling (issue 5): notified waiting, fair hand-off, lost notifications.
+
+Every test here runs real redis-server nodes. Timing bounds are generous functional
+bounds (a waiter is woken *well before* its fallback re-check could have fired), never
+performance claims: those are measured in ``benchmarks/bench_contention.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pytest
+import redis
+
+import tenure
+from tenure._core.config import LockKeys
+from tenure._lua import script
+from tenure.local import LocalCluster
+
+from .conftest import Api
+from .test_processes import max_overlap
+
+_ctx = multiprocessing.get_context("forkserver")
+TTL = 2.0
+
+
+def _scripts_run(cluster: LocalCluster, n: int) -> int:
+    """EVAL calls so far on the first ``n`` nodes (INFO commandstats)."""
+    total = 0
+    for node in list(cluster)[:n]:
+        with node.client() as c:
+            total += int(c.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
+    return total
+
+
+def _release_raw(cluster: LocalCluster, n: int, name: str, token: str, fair: bool) -> None:
+    """Release a lease from outside its client: its release command, written to every
+    node before any reply is read (as a release round does)."""
+    keys = LockKeys.of(name)
+    body = script("release").wire
+    mode = "f" if fair else "n"
+    clients = [node.client() for node in list(cluster)[:n]]
+    conns = [c.connection_pool.get_connection() for c in clients]
+    for conn in conns:
+        conn.send_command("EVAL", body, 3, keys.lock, keys.fence, keys.queue, token, mode)  # type: ignore[no-untyped-call]
+    for conn in conns:
+        assert conn.read_response() == 1
+    for c in clients:
+        c.close()
+
+
+def _queue_length(cluster: LocalCluster, name: str) -> int:
+    with cluster[0].client() as c:
+        return int(c.zcard(LockKeys.of(name).queue))
+
+
+def _wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+# --- one process, both APIs ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "fair"), [(1, False), (1, True), (5, False)])
+def test_a_release_wakes_the_waiter_without_polling(
+    api: Api, shared5: LocalCluster, key: str, n: int, fair: bool
+) -> None:
+    urls = shared5.urls[:n]
+    holder = api.client(urls).acquire(key, ttl=10.0, fair=fair)
+    # A fallback this long would make any poll-driven wake-up visible.
+    waiter = api.client(urls, recheck=20.0)
+    released_at: list[float] = []
+
+    def release_soon() -> None:
+        time.sleep(0.4)
+        released_at.append(time.monotonic())
+        _release_raw(shared5, n, key, holder.token, fair)
+
+    before = _scripts_run(shared5, n)
+    thread = threading.Thread(target=release_soon)
+    thread.start()
+    lease = waiter.acquire(key, ttl=TTL, timeout=15.0, fair=fair)
+    got = time.monotonic()
+    thread.join()
+    assert got - released_at[0] < 2.0  # woken by the release, far before any re-check
+    assert lease.fencing_token > holder.fencing_token
+    assert 0 < lease.remaining <= TTL
+    # Per node: the waiter's first attempt, one queued attempt (the first wait of a
+    # client subscribes first), the release, the attempt after the wake (fair: none),
+    # and on a quorum the cleanup of a node not heard from before a round was decided.
+    assert _scripts_run(shared5, n) - before <= 5 * n
+    lease.release()
+
+
+def test_fair_mode_is_refused_on_a_quorum(api: Api, shared5: LocalCluster, key: str) -> None:
+    client = api.client(shared5.urls)
+    with pytest.raises(tenure.ConfigurationError, match="fair"):
+        client.lock(key, ttl=TTL, fair=True)
+    with pytest.raises(tenure.ConfigurationError, match="fair"):
+        client.acquire(key, ttl=TTL, fair=True)
+
+
+def test_fair_newcomer_does_not_overtake_the_queue(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    urls = shared5.urls[:1]
+    holder = api.client(urls).acquire(key, ttl=0.4, fair=True)
+    box: list[Any] = []
+    queued = threading.Thread(
+        target=lambda: box.append(tenure.Client(urls).acquire(key, ttl=TTL, fair=True))
+    )
+    queued.start()
+    _wait_until(lambda: _queue_length(shared5, key) == 1)
+    time.sleep(0.5)  # the holder's key expires: free, but someone is queued
+    newcomer = api.client(urls)
+    assert newcomer.lock(key, ttl=TTL, fair=True).acquire(blocking=False) is False
+    queued.join(5)
+    assert box, "the queued waiter was handed the lock"
+    assert box[0].fencing_token > holder.fencing_token
+    box[0].release()
+
+
+def test_a_waiter_that_times_out_leaves_the_queue(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    urls = shared5.urls[:1]
+    holder = api.client(urls).acquire(key, ttl=10.0, fair=True)
+    waiter = api.client(urls)
+    assert waiter.lock(key, ttl=TTL, fair=True).acquire(timeout=0.3) is False
+    assert _queue_length(shared5, key) == 0
+    holder.release()
+    with shared5[0].client() as c:
+        assert c.get(LockKeys.of(key).lock) is None  # nobody was handed it
+
+
+def test_fair_handoff_to_a_waiter_that_gave_up_is_passed_on(
+    shared5: LocalCluster, key: str
+) -> None:
+    """The hand-off and the give-up cross: dequeue.lua passes the lock on."""
+    urls = shared5.urls[:1]
+    keys = LockKeys.of(key)
+    with tenure.Client(urls) as a, shared5[0].client() as c:
+        lease = a.acquire(key, ttl=10.0, fair=True)
+        channel = "tenure:wake:test"
+        sub = c.pubsub()
+        sub.subscribe(channel)
+        acquire = script("acquire").wire.decode()
+        queue_keys = (keys.lock, keys.fence, keys.warm, keys.queue)
+        reply = c.eval(
+            acquire, 4, *queue_keys, "ghost", 5000, 1, 1, 1000, "f", "ghost", channel, 5000
+        )
+        assert reply[0] == 0  # held: queued
+        assert _queue_length(shared5, key) == 1
+        lease.release()
+        assert c.get(keys.lock) == b"ghost"  # handed to the (silent) ghost
+        dequeue = script("dequeue").wire.decode()
+        assert c.eval(dequeue, 3, keys.lock, keys.fence, keys.queue, "ghost", "f") == 1
+        assert c.get(keys.lock) is None  # passed on (nobody else waits: free)
+        sub.close()
+
+
+# --- notification connections killed -------------------------------------------------
+
+
+def _kill_pubsub(cluster: LocalCluster, n: int) -> int:
+    killed = 0
+    for node in list(cluster)[:n]:
+        with node.client() as c:
+            killed += int(c.execute_command("CLIENT", "KILL", "TYPE", "pubsub"))
+    return killed
+
+
+@pytest.mark.parametrize(("n", "fair"), [(1, False), (1, True), (5, False)])
+def test_killed_notification_connections_cost_at_most_the_fallback(
+    api: Api, shared5: LocalCluster, key: str, n: int, fair: bool
+) -> None:
+    urls = shared5.urls[:n]
+    recheck = 1.0
+    holder = api.client(urls).acquire(key, ttl=10.0, fair=fair)
+    waiters = 4
+    done: list[float] = []
+    stop = threading.Event()
+
+    def killer() -> None:  # keeps killing them while the waiters run
+        while not stop.wait(0.05):
+            _kill_pubsub(shared5, n)
+
+    def wait_one() -> None:
+        with tenure.Client(urls, recheck=recheck) as c:
+            lease = c.acquire(key, ttl=TTL, timeout=20.0, fair=fair)
+            done.append(time.monotonic())
+            time.sleep(0.01)
+            lease.release()
+
+    threads = [threading.Thread(target=wait_one) for _ in range(waiters)]
+    for t in threads:
+        t.start()
+    _wait_until(lambda: _queue_length(shared5, key) == waiters)
+    assert _kill_pubsub(shared5, n) >= waiters * n
+    kill = threading.Thread(target=killer)
+    kill.start()
+    time.sleep(0.2)
+    released = time.monotonic()
+    _release_raw(shared5, n, key, holder.token, fair)
+    for t in threads:
+        t.join(20)
+    stop.set()
+    kill.join()
+    assert len(done) == waiters
+    # Every notification may be lost: each waiter in turn still gets in within one
+    # fallback re-check (plus the others' short critical sections).
+    assert max(done) - released <= waiters * (recheck + 0.3)
+
+
+# --- many processes ------------------------------------------------------------------
+
+
+def _worker(
+    flavour: str, urls: list[str], key: str, fair: bool, cycles: int, out: Connection
+) -> None:
+    record: list[tuple[int, int, int]] = []  # (enter ns, exit ns, fencing token)
+    if flavour == "sync":
+        with tenure.Client(urls) as client:
+            for _ in range(cycles):
+                with client.lock(key, ttl=TTL, fair=fair) as lease:
+                    enter = time.monotonic_ns()
+                    time.sleep(0.0005)
+                    record.append((enter, time.monotonic_ns(), lease.fencing_token))
+    else:
+
+        async def main() -> None:
+            async with tenure.AsyncClient(urls) as client:
+                for _ in range(cycles):
+                    async with client.lock(key, ttl=TTL, fair=fair) as lease:
+                        enter = time.monotonic_ns()
+                        await asyncio.sleep(0.0005)
+                        record.append((enter, time.monotonic_ns(), lease.fencing_token))
+
+        asyncio.run(main())
+    out.send(record)
+
+
+def _run_workers(target: Callable[..., None], args_of: list[tuple[Any, ...]]) -> list[Any]:
+    pipes, procs = [], []
+    for args in args_of:
+        parent_end, child_end = _ctx.Pipe(duplex=False)
+        proc = _ctx.Process(target=target, args=(*args, child_end))
+        proc.start()
+        pipes.append(parent_end)
+        procs.append(proc)
+    results = []
+    try:
+        for pipe in pipes:
+            assert pipe.poll(120), "a worker made no progress"
+            results.append(pipe.recv())
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    return results
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize(("n", "fair"), [(1, False), (1, True), (5, False)])
+def test_processes_contend_without_overlap(
+    shared5: LocalCluster, key: str, flavour: str, n: int, fair: bool
+) -> None:
+    workers, cycles = 6, 40
+    results = _run_workers(
+        _worker, [(flavour, shared5.urls[:n], key, fair, cycles) for _ in range(workers)]
+    )
+    assert [len(r) for r in results] == [cycles] * workers  # every worker progressed
+    intervals = [(s, e) for r in results for s, e, _ in r]
+    assert max_overlap(intervals) == 1
+    # Fencing tokens strictly increase in the order the critical sections ran.
+    ordered = sorted(t for r in results for t in r)
+    tokens = [t for _, _, t in ordered]
+    assert tokens == sorted(set(tokens))
+
+
+def _queued_waiter(flavour: str, urls: list[str], key: str, me: int, out: Connection) -> None:
+    if flavour == "sync":
+        with tenure.Client(urls) as client:
+            lease = client.acquire(key, ttl=TTL, timeout=30, fair=True)
+            got = (me, time.monotonic_ns(), lease.fencing_token)
+            lease.release()
+    else:
+
+        async def main() -> tuple[int, int, int]:
+            async with tenure.AsyncClient(urls) as client:
+                lease = await client.acquire(key, ttl=TTL, timeout=30, fair=True)
+                got = (me, time.monotonic_ns(), lease.fencing_token)
+                await lease.release()
+                return got
+
+        got = asyncio.run(main())
+    out.send(got)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_fair_grants_follow_the_order_of_requests(
+    shared5: LocalCluster, key: str, flavour: str
+) -> None:
+    urls = shared5.urls[:1]
+    k = 6
+    with tenure.Client(urls) as holder_client:
+        holder = holder_client.acquire(key, ttl=30.0, fair=True)
+        pipes, procs = [], []
+        for me in range(k):
+            parent_end, child_end = _ctx.Pipe(duplex=False)
+            proc = _ctx.Process(target=_queued_waiter, args=(flavour, urls, key, me, child_end))
+            proc.start()
+            pipes.append(parent_end)
+            procs.append(proc)
+            # The next request is made only once this one is queued: a known order.
+            queued = me + 1
+            _wait_until(lambda: _queue_length(shared5, key) >= queued, 30)  # noqa: B023
+        holder.release()
+        got = []
+        for pipe in pipes:
+            assert pipe.poll(30)
+            got.append(pipe.recv())
+        for proc in procs:
+            proc.join(10)
+    by_time = [me for me, _, _ in sorted(got, key=lambda g: g[1])]
+    assert by_time == list(range(k))
+    tokens = [t for _, _, t in sorted(got)]
+    assert tokens == [holder.fencing_token + 1 + i for i in range(k)]
+
+
+def _sleeping_waiter(urls: list[str], key: str, out: Connection) -> None:
+    with tenure.Client(urls) as client:
+        out.send("started")
+        client.acquire(key, ttl=TTL, timeout=60, fair=True)
+        out.send("acquired")  # never reached: SIGKILLed while queued
+        time.sleep(60)
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_a_waiter_killed_while_queued_does_not_block_the_queue(
+    shared5: LocalCluster, key: str, fair: bool
+) -> None:
+    urls = shared5.urls[:1]
+    with tenure.Client(urls) as holder_client, tenure.Client(urls) as next_client:
+        holder = holder_client.acquire(key, ttl=30.0, fair=fair)
+        _parent_end, child_end = _ctx.Pipe(duplex=False)
+        proc = _ctx.Process(target=_sleeping_waiter, args=(urls, key, child_end))
+        proc.start()
+        _wait_until(lambda: _queue_length(shared5, key) == 1, 30)
+        box: list[Any] = []
+        after = threading.Thread(
+            target=lambda: box.append(next_client.acquire(key, ttl=TTL, timeout=10, fair=fair))
+        )
+        after.start()
+        _wait_until(lambda: _queue_length(shared5, key) == 2)
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(5)
+        released = time.monotonic()
+        holder.release()
+        after.join(10)
+        assert box, "the waiter behind the dead one got the lock"
+        # Its notification connection closed with it, so release.lua skipped it at once;
+        # had it not, its place would have expired (place_ms, about 1.55 s by default).
+        assert time.monotonic() - released < 1.0
+        box[0].release()
+
+
+def _crowd(
+    flavour: str, urls: list[str], key: str, tasks: int, cycles: int, out: Connection
+) -> None:
+    counts = [0] * tasks
+    if flavour == "sync":
+        with tenure.Client(urls) as client:
+
+            def run(i: int) -> None:
+                for _ in range(cycles):
+                    with client.lock(key, ttl=5.0, fair=True):
+                        counts[i] += 1
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(tasks)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    else:
+
+        async def main() -> None:
+            async with tenure.AsyncClient(urls) as client:
+
+                async def run(i: int) -> None:
+                    for _ in range(cycles):
+                        async with client.lock(key, ttl=5.0, fair=True):
+                            counts[i] += 1
+
+                await asyncio.gather(*(run(i) for i in range(tasks)))
+
+        asyncio.run(main())
+    out.send(counts)
+
+
+def _node_stats(cluster: LocalCluster) -> tuple[dict[str, int], int]:
+    with cluster[0].client() as c:
+        stats = {k: int(v["calls"]) for k, v in c.info("commandstats").items()}
+        clients = len(c.client_list(_type="pubsub"))
+    return stats, clients
+
+
+def test_200_waiters_commands_per_handoff_are_bounded(
+    shared5: LocalCluster, key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """4 processes x 50 waiting tasks (asyncio) on one key, 10 turns each, fair mode."""
+    urls = shared5.urls[:1]
+    processes, tasks, cycles = 4, 50, 10
+    before, _ = _node_stats(shared5)
+    results = _run_workers(_crowd, [("async", urls, key, tasks, cycles) for _ in range(processes)])
+    after, _ = _node_stats(shared5)
+    assert all(counts == [cycles] * tasks for counts in results)
+    handoffs = processes * tasks * cycles
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    scripts = delta.get("cmdstat_eval", 0)
+    inner = sum(v for k, v in delta.items() if k not in ("cmdstat_eval", "cmdstat_info"))
+    with capsys.disabled():
+        print(
+            f"\n200 waiters: {scripts / handoffs:.2f} scripts and {inner / handoffs:.2f} "
+            f"commands inside them per hand-off; SUBSCRIBE {delta.get('cmdstat_subscribe', 0)}"
+        )
+    # One acquire and one release per critical section; re-checks add a bounded share.
+    assert scripts / handoffs <= 6
+    assert inner / handoffs <= 40
+    # One notification connection per process, not one per waiting task.
+    assert delta.get("cmdstat_subscribe", 0) <= processes * 3
+
+
+def test_many_tasks_share_one_notification_connection(shared5: LocalCluster, key: str) -> None:
+    urls = shared5.urls[:1]
+
+    _, before = _node_stats(shared5)
+
+    async def main() -> int:
+        async with tenure.AsyncClient(urls) as client:
+            holder = await client.acquire(key, ttl=10.0, fair=True)
+            waiters = [
+                asyncio.ensure_future(client.acquire(key, ttl=TTL, timeout=10, fair=True))
+                for _ in range(30)
+            ]
+            while _queue_length(shared5, key) < 30:  # noqa: ASYNC110 - polls a server
+                await asyncio.sleep(0.01)
+            _, subscribers = _node_stats(shared5)
+            subscribers -= before  # other tests' clients of the shared node
+            await holder.release()
+            for w in asyncio.as_completed(waiters):  # granted in queue order
+                await (await w).release()
+            return subscribers
+
+    assert asyncio.run(main()) == 1
+
+
+def test_release_notifications_reach_only_the_head(shared5: LocalCluster, key: str) -> None:
+    """No thundering herd: one release publishes one notification, whatever the crowd."""
+    urls = shared5.urls[:1]
+    with tenure.Client(urls) as a:
+        holder = a.acquire(key, ttl=10.0)
+
+        async def crowd() -> None:
+            async with tenure.AsyncClient(urls, recheck=30.0) as client:
+                go = asyncio.Event()
+                got: list[tenure.AsyncLease] = []
+
+                async def one() -> None:
+                    lease = await client.acquire(key, ttl=TTL, timeout=20)
+                    got.append(lease)
+                    await go.wait()
+                    await lease.release()
+
+                waiters = [asyncio.ensure_future(one()) for _ in range(50)]
+                while _queue_length(shared5, key) < 50:  # noqa: ASYNC110 - polls a server
+                    await asyncio.sleep(0.01)
+                before, _ = _node_stats(shared5)
+                await asyncio.get_running_loop().run_in_executor(None, holder.release)
+                while not got:  # noqa: ASYNC110 - a list filled by the waiters
+                    await asyncio.sleep(0.001)
+                await asyncio.sleep(0.05)
+                after, _ = _node_stats(shared5)
+                published = after.get("cmdstat_publish", 0) - before.get("cmdstat_publish", 0)
+                scripts = after.get("cmdstat_eval", 0) - before.get("cmdstat_eval", 0)
+                assert published == 1
+                assert scripts <= 3  # the release, the woken waiter's attempt (+ INFO noise)
+                assert len(got) == 1
+                go.set()
+                await asyncio.gather(*waiters)
+
+        asyncio.run(crowd())
+
+
+def test_redis_is_left_clean(shared5: LocalCluster, key: str) -> None:
+    """After waiting and giving up, no queue or place keys remain."""
+    urls = shared5.urls[:1]
+    with tenure.Client(urls) as a, tenure.Client(urls) as b:
+        lease = a.acquire(key, ttl=10.0)
+        assert b.lock(key, ttl=TTL).acquire(timeout=0.2) is False
+        lease.release()
+    with redis.Redis.from_url(urls[0]) as c:
+        assert c.keys(f"tenure:{{{key}}}:q*") == []

@@ -1,0 +1,163 @@
+"""The pure parts of notified waiting: when to wait, how long, and transferred leases."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tenure import ConfigurationError
+from tenure._core.acquire import HELD, Acquisition, GiveUp, Granted, Retry, Wait
+from tenure._core.config import ClientConfig, LockSpec
+from tenure._core.policy import wait_random
+from tenure._core.quorum import Round
+from tenure._core.waiting import Wake, parse_wake, place_ms
+
+SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=300)
+TTL = 10.0
+COUNTER = 1_000
+
+
+def make(n: int = 1, recheck: float = 0.5, timeout: float | None = None) -> Acquisition:
+    cfg = ClientConfig.build([f"redis://h{i}" for i in range(n)], recheck=recheck)
+    spec = LockSpec.build(cfg, "res", TTL, fair=n == 1 and recheck > 0)
+    return Acquisition(
+        spec,
+        wait_random(0.01, 0.02),
+        random.Random(7),
+        blocking=True,
+        timeout=timeout,
+        now=0.0,
+        node_names=[f"n{i}" for i in range(n)],
+        max_ttl_ms=60_000,
+        recheck=recheck,
+    )
+
+
+def held_round(acq: Acquisition, now: float, pttls: list[int], granted: int = 0) -> Round:
+    rnd = acq.begin(now)
+    for i in range(granted):
+        rnd.record(i, True, (1, COUNTER + 1))
+    for j, pttl in enumerate(pttls):
+        rnd.record(granted + j, False, (HELD, COUNTER, pttl))
+    return rnd
+
+
+def test_held_lock_means_wait_not_back_off() -> None:
+    acq = make()
+    step = acq.conclude(held_round(acq, 0.0, [9_000]), "t", 0.001)
+    assert isinstance(step, Wait)
+    assert 0.25 <= step.timeout <= 0.5  # the fallback bound, jittered
+
+
+@given(st.integers(0, 20_000), st.floats(0.01, 5.0))
+@SETTINGS
+def test_wait_never_sleeps_past_the_holders_expiry_or_the_fallback(
+    pttl: int, recheck: float
+) -> None:
+    acq = make(recheck=recheck)
+    step = acq.conclude(held_round(acq, 0.0, [pttl]), "t", 0.001)
+    assert isinstance(step, Wait)
+    assert step.timeout <= recheck
+    assert step.timeout <= pttl / 1000 + 0.001
+    assert step.timeout >= min(recheck / 2, pttl / 1000 + 0.001)
+
+
+def test_wait_respects_the_callers_timeout() -> None:
+    acq = make(timeout=0.1)
+    step = acq.conclude(held_round(acq, 0.0, [9_000]), "t", 0.05)
+    assert isinstance(step, Wait)
+    assert step.timeout == pytest.approx(0.05)
+    assert isinstance(acq.conclude(held_round(acq, 0.2, [9_000]), "t", 0.2), GiveUp)
+
+
+def test_quorum_waits_for_the_node_that_frees_a_majority() -> None:
+    # 5 nodes, all held: a majority (3) is free once 3 keys expired: the 3rd smallest PTTL.
+    acq = make(n=5, recheck=2.0)
+    step = acq.conclude(held_round(acq, 0.0, [400, 100, 300, 200, 900]), "t", 0.001)
+    assert isinstance(step, Wait)
+    assert step.timeout == pytest.approx(0.301)
+
+
+def test_split_vote_backs_off_at_random() -> None:
+    # Nobody holds a majority: waking on a release would only collide again (R6).
+    acq = make(n=5)
+    step = acq.conclude(held_round(acq, 0.0, [9_000, 9_000], granted=2), "t", 0.001)
+    assert isinstance(step, Retry)
+    assert 0.01 <= step.sleep <= 0.02
+    assert step.cleanup == frozenset({0, 1, 4})  # node 4 was not heard from: maybe ours
+
+
+def test_no_notifications_means_back_off() -> None:
+    acq = make(recheck=0.0)
+    assert isinstance(acq.conclude(held_round(acq, 0.0, [9_000]), "t", 0.001), Retry)
+
+
+def test_transferred_lease_counts_validity_from_the_last_look() -> None:
+    acq = make()
+    assert acq.transferred("w", COUNTER + 1, 0.0) is None  # never looked: nothing to count from
+    acq.conclude(held_round(acq, 2.0, [9_000]), "w", 2.001)
+    got = acq.transferred("w", COUNTER + 1, 2.3)
+    assert isinstance(got, Granted)
+    lease = got.lease
+    assert lease.started == 2.0
+    assert lease.valid_until == pytest.approx(2.0 + TTL - lease.ttl * 0.01 - 0.002)
+    assert lease.fencing_token == COUNTER + 1
+    assert lease.token == "w"
+    assert acq.floor > COUNTER + 1
+
+
+def test_stale_or_late_hand_off_is_not_trusted() -> None:
+    acq = make()
+    acq.conclude(held_round(acq, 2.0, [9_000]), "w", 2.001)
+    # Not above the counter our last look saw: from before it.
+    assert acq.transferred("w", COUNTER, 2.1) is None
+    # Less than half the TTL left: re-check (which renews the TTL) instead.
+    assert acq.transferred("w", COUNTER + 1, 2.0 + TTL / 2 + 0.1) is None
+
+
+@given(st.floats(0.0, 100.0), st.floats(0.0, 20.0), st.integers(1, 50))
+@SETTINGS
+def test_transferred_validity_never_exceeds_the_key_lifetime(
+    look: float, delay: float, bump: int
+) -> None:
+    """The hand-off set PX ttl at some instant after the look began: the lease must end
+    no later than look + ttl - drift, whatever the delay before the notification."""
+    acq = make()
+    acq.conclude(held_round(acq, look, [9_000]), "w", look + 0.001)
+    got = acq.transferred("w", COUNTER + bump, look + delay)
+    if got is not None:
+        assert got.lease.valid_until <= look + TTL - got.lease.ttl * 0.01
+        assert got.lease.valid_until - (look + delay) >= TTL / 2
+
+
+def test_fair_mode_needs_one_node() -> None:
+    cfg = ClientConfig.build(["redis://a", "redis://b", "redis://c"])
+    with pytest.raises(ConfigurationError, match="fair"):
+        LockSpec.build(cfg, "x", 1.0, fair=True)
+    with pytest.raises(ConfigurationError, match="fair"):
+        LockSpec.build(ClientConfig.build(["redis://a"]), "x", 1.0, fair="yes")
+    with pytest.raises(ConfigurationError, match="fair"):
+        LockSpec.build(ClientConfig.build(["redis://a"], recheck=0), "x", 1.0, fair=True)
+
+
+@pytest.mark.parametrize("recheck", [-1, 0.001, 61, float("nan"), True])
+def test_bad_recheck_is_refused(recheck: float) -> None:
+    with pytest.raises(ConfigurationError, match="recheck"):
+        ClientConfig.build(["redis://a"], recheck=recheck)
+
+
+def test_wake_messages() -> None:
+    assert parse_wake(b"W abc") == Wake("abc")
+    assert parse_wake(b"G abc 17") == Wake("abc", 17)
+    assert parse_wake(b"G abc 17").handed_over  # type: ignore[union-attr]
+    assert not Wake("abc").handed_over
+    for bad in (b"", b"X abc", b"G abc", b"G abc x", b"G abc 0", b"W", "W abc", None, b"\xff"):
+        assert parse_wake(bad) is None
+
+
+@given(st.floats(0.01, 60), st.floats(0.001, 60))
+def test_a_place_outlives_several_rechecks(recheck: float, node_timeout: float) -> None:
+    assert place_ms(recheck, node_timeout) >= 3 * recheck * 1000 - 1
