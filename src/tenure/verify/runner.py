@@ -243,6 +243,7 @@ def _as_json(results: Sequence[RunResult]) -> list[dict[str, object]]:
             "key": r.scenario.key,
             "config": r.config.name,
             "mitigated": r.config.mitigated,
+            "what happens": r.config.note,
             "passed": r.passed,
             "failures": list(r.failures),
             "error": r.error,

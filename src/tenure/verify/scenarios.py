@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import redis
 
@@ -83,18 +83,29 @@ class Scenario:
     quick_cycles: int = 3
     soak_cycles: int = 200
     requirement: str = ""
-    tags: tuple[str, ...] = field(default=())
 
 
 # --- shared steps ------------------------------------------------------------------------
 
 
-def tenure(urls: Sequence[str], ttl: float, **options: float | int) -> LockRecipe:
-    return LockRecipe("tenure", tuple(urls), NAME, ttl, max_ttl=MAX_TTL, **options)  # type: ignore[arg-type]
+def tenure(
+    urls: Sequence[str], ttl: float, *, node_timeout: float = 0.05, wait_replicas: int = 0
+) -> LockRecipe:
+    return LockRecipe(
+        "tenure",
+        tuple(urls),
+        NAME,
+        ttl,
+        node_timeout=node_timeout,
+        max_ttl=MAX_TTL,
+        wait_replicas=wait_replicas,
+    )
 
 
-def baseline(kind: str, urls: Sequence[str], ttl: float, **options: float) -> LockRecipe:
-    return LockRecipe(kind, tuple(urls), NAME, ttl, **options)  # type: ignore[arg-type]
+def baseline(
+    kind: str, urls: Sequence[str], ttl: float, *, node_timeout: float = 0.05
+) -> LockRecipe:
+    return LockRecipe(kind, tuple(urls), NAME, ttl, node_timeout=node_timeout)
 
 
 def use_and_release(actor: Actor) -> None:
