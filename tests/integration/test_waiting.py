@@ -50,7 +50,7 @@ def _release_raw(cluster: LocalCluster, n: int, name: str, token: str, fair: boo
     clients = [node.client() for node in list(cluster)[:n]]
     conns = [c.connection_pool.get_connection() for c in clients]
     for conn in conns:
-        conn.send_command("EVAL", body, 3, keys.lock, keys.fence, keys.queue, token, mode)  # type: ignore[no-untyped-call]
+        conn.send_command("EVAL", body, 3, keys.lock, keys.fence, keys.queue, token, mode, 100)  # type: ignore[no-untyped-call]
     for conn in conns:
         assert conn.read_response() == 1
     for c in clients:
@@ -147,7 +147,7 @@ def test_a_waiter_that_times_out_leaves_the_queue(
 def test_fair_handoff_to_a_waiter_that_gave_up_is_passed_on(
     shared5: LocalCluster, key: str
 ) -> None:
-    """The hand-off and the give-up cross: dequeue.lua passes the lock on."""
+    """The hand-off and the give-up cross: the give-up (release.lua) passes the lock on."""
     urls = shared5.urls[:1]
     keys = LockKeys.of(key)
     with tenure.Client(urls) as a, shared5[0].client() as c:
@@ -164,8 +164,8 @@ def test_fair_handoff_to_a_waiter_that_gave_up_is_passed_on(
         assert _queue_length(shared5, key) == 1
         lease.release()
         assert c.get(keys.lock) == b"ghost"  # handed to the (silent) ghost
-        dequeue = script("dequeue").wire.decode()
-        assert c.eval(dequeue, 3, keys.lock, keys.fence, keys.queue, "ghost", "f") == 1
+        release = script("release").wire.decode()  # what a waiter that gives up sends
+        assert c.eval(release, 3, keys.lock, keys.fence, keys.queue, "ghost", "f", 100) == 1
         assert c.get(keys.lock) is None  # passed on (nobody else waits: free)
         sub.close()
 

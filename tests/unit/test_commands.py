@@ -283,7 +283,7 @@ def test_unknown_script_raises() -> None:
         script("no-such-script")
 
 
-@pytest.mark.parametrize("name", ["acquire", "seed", "release", "extend", "dequeue"])
+@pytest.mark.parametrize("name", ["acquire", "seed", "release", "extend"])
 def test_wire_form_is_the_code_without_its_comments(name: str) -> None:
     s = script(name)
     code = [line for line in expand(s.source).splitlines() if not line.lstrip().startswith(b"--")]

@@ -31,7 +31,7 @@ from .._core.acquire import cleanup_wait as _cleanup_wait
 from .._core.config import LockSpec, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.quorum import Round
-from .._core.waiting import place_ms
+from .._core.waiting import hold_ms, place_ms
 from .._core.watchdog import KeepAlive
 from .._errors import LeaseLost, LockTimeout, NotHeld
 from .._lease import LeaseView
@@ -43,9 +43,6 @@ from .watchdog import watch
 __all__ = ["AsyncClient", "AsyncLease", "AsyncLock"]
 
 _clock = monotonic
-# After the first node's release notification, how long a waiter on a quorum waits for a
-# majority of them before trying (see ``AsyncSlot.wait``).
-STRAGGLE = 0.002
 
 
 class AsyncClient(ClientBase):
@@ -60,6 +57,7 @@ class AsyncClient(ClientBase):
         self._listener_loop: asyncio.AbstractEventLoop | None = None
         self._listener_ = AsyncListener(self._channels.pools)
         self._place_ms = place_ms(self.config.recheck, self.config.node_timeout)
+        self._hold_ms = hold_ms(self.config.node_timeout)
 
     @property
     def _listener(self) -> AsyncListener:
@@ -79,7 +77,7 @@ class AsyncClient(ClientBase):
         timeout: float | None = None,
         watchdog: bool = False,
         max_hold: float | None = None,
-        fair: bool = False,
+        fair: bool | None = None,
     ) -> AsyncLock:
         """A lock object for ``name``; see ``Client.lock`` and ``AsyncLock``."""
         keep = KeepAlive(max_hold=max_hold) if watchdog else None
@@ -94,7 +92,7 @@ class AsyncClient(ClientBase):
         timeout: float | None = None,
         watchdog: bool = False,
         max_hold: float | None = None,
-        fair: bool = False,
+        fair: bool | None = None,
     ) -> AsyncLease:
         """Acquire ``name`` for ``ttl`` seconds; see ``Client.acquire``."""
         spec = self._specs.get(name, ttl, fair)
@@ -115,18 +113,20 @@ class AsyncClient(ClientBase):
         waiter = secrets.token_hex(16)
         slot: AsyncSlot | None = None
         if blocking and listener.started and self.config.recheck > 0:
-            slot = listener.register_now(waiter)
+            slot = listener.register_now(waiter, spec.quorum)
         queued = False
         lease: AsyncLease | None = None
         try:
             while True:
-                token = waiter if spec.fair else secrets.token_hex(16)
-                wait_args = None
-                if slot is not None or spec.fair:
-                    place = self._place_ms if slot is not None else 0
-                    mode = "f" if spec.fair else "n"
-                    wait_args = commands.WaitArgs(mode, waiter, listener.channel, place)
-                    queued = queued or place > 0
+                # One token per acquire call (its waiter id): release.lua then also takes
+                # the holder out of queues it joined on nodes that said "held".
+                token = waiter
+                # Always the waiting form: even an attempt that will not queue must see
+                # the queue (fair) and a reservation for a woken waiter.
+                place = self._place_ms if slot is not None else 0
+                mode = "f" if spec.fair else "n"
+                wait_args = commands.WaitArgs(mode, waiter, listener.channel, place)
+                queued = queued or place > 0
                 if slot is not None:
                     slot.take()  # this attempt sees every release notified so far
                 rnd = acq.begin(_clock())
@@ -164,9 +164,11 @@ class AsyncClient(ClientBase):
                 if isinstance(step, Wait):
                     if slot is None:
                         # First wait of this client: subscribe, then queue at once.
-                        slot = await listener.register(waiter, self.config.node_timeout)
+                        slot = await listener.register(
+                            waiter, self.config.node_timeout, spec.quorum
+                        )
                         continue
-                    if await slot.wait(step.timeout, spec.quorum, STRAGGLE):
+                    if await slot.wait(step.timeout):
                         lease = self._handed_over(slot, acq, spec, waiter)
                         if lease is not None:
                             return lease
@@ -178,7 +180,9 @@ class AsyncClient(ClientBase):
             if queued and lease is None:
                 # Written at once (no await), so a cancelled acquire leaves its place too.
                 rnd = Round(len(self.node_names), self.config.quorum, _clock())
-                self._channels.send(commands.dequeue(spec.keys, waiter, spec.fair), rnd)
+                self._channels.send(
+                    commands.dequeue(spec.keys, waiter, spec.fair, self._hold_ms), rnd
+                )
 
     def _handed_over(
         self, slot: AsyncSlot, acq: Acquisition, spec: LockSpec, waiter: str
@@ -275,7 +279,9 @@ class AsyncLease(LeaseView):
             self._state = outcome
             return
         self._released = True
-        await client._round(commands.release_waking(spec.keys, self.token, spec.fair))
+        await client._round(
+            commands.release_waking(spec.keys, self.token, spec.fair, client._hold_ms)
+        )
         self._mark_lost(outcome)
         raise outcome
 
@@ -286,7 +292,9 @@ class AsyncLease(LeaseView):
         self._released = True
         await self._stop_watching()
         spec = self._spec
-        rnd = await client._round(commands.release_waking(spec.keys, self.token, spec.fair))
+        rnd = await client._round(
+            commands.release_waking(spec.keys, self.token, spec.fair, client._hold_ms)
+        )
         error = conclude_release(
             self._state,
             len(client.node_names),

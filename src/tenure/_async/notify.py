@@ -30,23 +30,38 @@ __all__ = ["AsyncListener", "AsyncSlot"]
 
 BACKOFF_MIN = 0.025
 BACKOFF_MAX = 1.0
+STRAGGLE = 0.002  # see AsyncSlot
 
 
 class AsyncSlot:
-    """Where the notifications of one waiting task are filed."""
+    """Where the notifications of one waiting task are filed.
 
-    __slots__ = ("_flag", "_future", "nodes", "wakes")
+    On a quorum (``need`` > 1) the waiter is woken once a majority of nodes have notified
+    it, or ``STRAGGLE`` seconds after the first did (see ``_sync.notify.Slot``).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_flag", "_future", "_timer", "need", "nodes", "wakes")
+
+    def __init__(self, need: int = 1) -> None:
         self.wakes: list[Wake] = []
         self.nodes: set[int] = set()  # the nodes whose notifications are in ``wakes``
+        self.need = need
         self._flag = False
         self._future: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def put(self, wake: Wake | None, node: int = -1) -> None:
         if wake is not None:
             self.wakes.append(wake)
             self.nodes.add(node)
+            if len(self.nodes) < self.need:
+                if self._timer is None:
+                    loop = asyncio.get_running_loop()
+                    self._timer = loop.call_later(STRAGGLE, self._fire)
+                return
+        self._fire()
+
+    def _fire(self) -> None:
         self._flag = True
         future = self._future
         if future is not None and not future.done():
@@ -54,11 +69,17 @@ class AsyncSlot:
 
     def take(self) -> list[Wake]:
         self._flag = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         wakes, self.wakes = self.wakes, []
         self.nodes = set()
         return wakes
 
-    async def _until(self, timeout: float) -> None:
+    async def wait(self, timeout: float) -> bool:
+        """Until a notification is filed (True) or ``timeout`` seconds pass (False)."""
+        if self._flag:
+            return True
         loop = asyncio.get_running_loop()
         future = self._future = loop.create_future()
         timer = loop.call_later(timeout, _settle, future)
@@ -67,20 +88,7 @@ class AsyncSlot:
         finally:
             timer.cancel()
             self._future = None
-
-    async def wait(self, timeout: float, quorum: int = 1, straggle: float = 0.0) -> bool:
-        """Until a notification is filed (True) or ``timeout`` seconds pass (False); on a
-        quorum, then up to ``straggle`` more for a majority of nodes (``Slot.wait``)."""
-        if not self._flag:
-            await self._until(timeout)
-            if not self._flag:
-                return False
-        if quorum > 1 and self.wakes:
-            loop = asyncio.get_running_loop()
-            end = loop.time() + straggle
-            while len(self.nodes) < quorum and (left := end - loop.time()) > 0:
-                await self._until(left)
-        return True
+        return self._flag
 
 
 def _settle(future: asyncio.Future[None]) -> None:
@@ -133,13 +141,13 @@ class AsyncListener:
     def started(self) -> bool:
         return bool(self._tasks)
 
-    def register_now(self, waiter: str) -> AsyncSlot:
-        slot = self._slots[waiter] = AsyncSlot()
+    def register_now(self, waiter: str, need: int = 1) -> AsyncSlot:
+        slot = self._slots[waiter] = AsyncSlot(need)
         return slot
 
-    async def register(self, waiter: str, timeout: float) -> AsyncSlot:
+    async def register(self, waiter: str, timeout: float, need: int = 1) -> AsyncSlot:
         """A slot for ``waiter``; subscribes first if needed (waiting up to ``timeout``)."""
-        slot = self.register_now(waiter)
+        slot = self.register_now(waiter, need)
         if not self._tasks and not self._closed:
             self._all_up = asyncio.Event()
             loop = asyncio.get_running_loop()

@@ -222,6 +222,7 @@ class Acquisition:
         self._strikes = 0
         self.mark = 1
         self._recheck = recheck
+        self._backoffs = 0
         # (start of the latest round that found the lock held by another, the highest
         # counter it saw): the base of a transferred lease's validity (``transferred``).
         self._observed: tuple[float, int] | None = None
@@ -288,8 +289,12 @@ class Acquisition:
             return GiveUp(cleanup, None)
         held = [i for i, (s, _) in statuses.items() if s == HELD]
         if self._recheck > 0 and len(held) >= spec.quorum:
+            self._backoffs = 0
             return self._wait(rnd, infos, held, cleanup, now)
-        sleep = self._retry.delay(self.attempts, self._rng)
+        # The back-off grows with consecutive contended attempts, not with waits: a split
+        # vote after a long notified wait starts again from the shortest delay.
+        self._backoffs += 1
+        sleep = self._retry.delay(self._backoffs, self._rng)
         if self._give_up_at is not None:
             left = self._give_up_at - now
             if left <= 0:

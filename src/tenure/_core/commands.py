@@ -134,19 +134,17 @@ def release(key: str, token: str) -> Command:
     return Command(_eval("release", (key,), token))
 
 
-def release_waking(keys: LockKeys, token: str, fair: bool) -> Command:
-    """A lease's release: compare-and-delete, then wake the next waiter (fair: hand over)."""
-    return Command(
-        _eval("release", (keys.lock, keys.fence, keys.queue), token, "f" if fair else "n")
-    )
+def release_waking(keys: LockKeys, token: str, fair: bool, hold_ms: int) -> Command:
+    """A lease's release: compare-and-delete, then wake the next waiter and reserve the
+    lock for it for ``hold_ms`` (fair: hand it over)."""
+    queue_keys = (keys.lock, keys.fence, keys.queue)
+    return Command(_eval("release", queue_keys, token, "f" if fair else "n", hold_ms))
 
 
-def dequeue(keys: LockKeys, waiter: str, fair: bool) -> Command:
-    """A waiter gives up its place (and, fair, passes on a lock handed to it meanwhile)."""
-    return Command(
-        _eval("dequeue", (keys.lock, keys.fence, keys.queue), waiter, "f" if fair else "n"),
-        _any_reply,
-    )
+def dequeue(keys: LockKeys, waiter: str, fair: bool, hold_ms: int) -> Command:
+    """A waiter gives up its place: release.lua with its waiter id (which also passes on
+    a fair hand-off that crossed the give-up)."""
+    return Command(release_waking(keys, waiter, fair, hold_ms).packed, _any_reply)
 
 
 def _any_reply(reply: object) -> tuple[bool, Info]:

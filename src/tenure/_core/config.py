@@ -261,7 +261,7 @@ class LockSpec:
 
     @classmethod
     def build(
-        cls, config: ClientConfig, name: object, ttl: object, fair: object = False
+        cls, config: ClientConfig, name: object, ttl: object, fair: object = None
     ) -> LockSpec:
         if not isinstance(name, str) or not name:
             raise ConfigurationError("name", f"must be a non-empty string, got {name!r}")
@@ -289,8 +289,12 @@ class LockSpec:
                 f"at least 2 x (node_timeout + drift) = {smallest:.4f}s, so a lease keeps half "
                 "its TTL after the slowest acquisition",
             )
+        if fair is None:
+            # The default: fair on one node (its hand-off is also the fastest), notified
+            # waiting with reservations on a quorum, where fair mode cannot be had.
+            fair = len(config.nodes) == 1 and config.recheck > 0
         if not isinstance(fair, bool):
-            raise ConfigurationError("fair", f"must be True or False, got {fair!r}")
+            raise ConfigurationError("fair", f"must be True, False or None, got {fair!r}")
         if fair and len(config.nodes) > 1:
             raise ConfigurationError(
                 "fair",
@@ -342,10 +346,10 @@ class SpecCache:
 
     def __init__(self, config: ClientConfig) -> None:
         self._config = config
-        self._specs: dict[tuple[object, object, bool], LockSpec] = {}
+        self._specs: dict[tuple[object, object, bool | None], LockSpec] = {}
 
-    def get(self, name: object, ttl: object, fair: object = False) -> LockSpec:
-        if isinstance(ttl, bool) or not isinstance(fair, bool):
+    def get(self, name: object, ttl: object, fair: object = None) -> LockSpec:
+        if isinstance(ttl, bool) or not isinstance(fair, (bool, type(None))):
             # True == 1 as a dict key: never let it find a spec
             return LockSpec.build(self._config, name, ttl, fair)  # raises ConfigurationError
         try:

@@ -10,9 +10,10 @@ subscribes once per node to its own channel; every waiter of that process shares
 A release (release.lua) walks the queue from its head, dropping waiters whose place
 expired or whose channel nobody listens to any more (``PUBLISH`` answered 0), and
 
-* not fair: publishes ``W <waiter>`` to the first live one, which tries again at once
-  (it stays queued until it acquires, so a waiter that loses the race to a newcomer is
-  woken by the next release again);
+* not fair: publishes ``W <waiter>`` to the first live one and reserves the free lock
+  for it for ``hold_ms`` (newcomers are turned away meanwhile); it tries again at once,
+  and stays queued until it acquires, so if it still loses (a split vote on a quorum),
+  the next release wakes it again;
 * fair: makes the first live one the owner right there (its waiter id is its owner
   token, the fencing counter goes up by one) and publishes ``G <waiter> <token>``.
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Wake", "parse_wake", "place_ms"]
+__all__ = ["Wake", "hold_ms", "parse_wake", "place_ms"]
 
 
 @dataclass(frozen=True)
@@ -64,3 +65,10 @@ def place_ms(recheck: float, node_timeout: float) -> int:
     """How long a waiter's place lives without renewal: three of its longest re-check
     intervals plus a round, so one or two lost re-checks do not cost it its turn."""
     return max(1, round((3 * recheck + node_timeout) * 1000))
+
+
+def hold_ms(node_timeout: float) -> int:
+    """How long a released lock stays reserved for the waiter it woke: enough for the
+    notification, a wake-up and one round, two node timeouts (100 ms by default). Only a
+    waiter that is alive but frozen makes others wait that long."""
+    return max(5, round(2000 * node_timeout))

@@ -4,7 +4,7 @@
 -- KEYS[1]  the lock key                    tenure:{name}:lock
 -- KEYS[2]  the fencing counter             tenure:{name}:fence  (no TTL: it is the history)
 -- KEYS[3]  the warm-up marker              tenure:{name}:warm   (PX: expires when warm)
--- KEYS[4]  (waiting only) the wait queue   tenure:{name}:q      (see _handoff.lua)
+-- KEYS[4]  (waiting only) the wait queue   tenure:{name}:q      (see handoff.lua.inc)
 -- ARGV[1]  the owner token of this attempt (in fair mode: the waiter id, ARGV[7])
 -- ARGV[2]  the TTL in milliseconds
 -- ARGV[3]  the proposed fencing token F (an integer below 2^53)
@@ -21,7 +21,9 @@
 --                  when the lock had already been handed to this waiter (F is then the
 --                  counter the hand-off set); its TTL is renewed to ARGV[2] from now.
 --   { 0, counter}  held by another client (nothing changed); when waiting: {0, counter,
---                  pttl}, the lock's PTTL, and the caller is queued (its place renewed)
+--                  pttl}, the lock's PTTL, and the caller is queued (its place renewed).
+--                  Not fair: a free lock reserved for a woken waiter (<queue>:next, see
+--                  handoff.lua.inc) counts as held, with the reservation's PTTL.
 --   {-1, counter}  free, but F is not above this node's counter: propose counter + 1
 --   {-2, mark}     no counter: this node has no history for this lock (new, or it lost
 --                  its data); it grants nothing until the client seeds it (seed.lua).
@@ -59,13 +61,21 @@ if not mode then
 else
     local queue, me = KEYS[4], ARGV[7]
     local holder = redis.call("GET", KEYS[1])
+    local busy = KEYS[1]
     if mode == "f" and holder == ARGV[1] then
         redis.call("PEXPIRE", KEYS[1], ARGV[2])
         return {1, counter}
     end
-    if not holder and mode == "f" and handoff(KEYS[1], KEYS[2], queue, true, me) == 1 then
+    if not holder and mode == "f" and handoff(KEYS[1], KEYS[2], queue, true, me, 0) == 1 then
         holder = true
         counter = tonumber(redis.call("GET", KEYS[2]))
+    end
+    if not holder and mode == "n" then
+        local nxt = redis.call("GET", queue .. ":next")
+        if nxt and nxt ~= me then
+            holder = true
+            busy = queue .. ":next"
+        end
     end
     if holder then
         if ARGV[9] ~= "0" then
@@ -79,7 +89,7 @@ else
             end
             redis.call("SET", queue .. ":" .. me, ARGV[8] .. " " .. ARGV[2], "PX", ARGV[9])
         end
-        return {0, counter, redis.call("PTTL", KEYS[1])}
+        return {0, counter, redis.call("PTTL", busy)}
     end
 end
 local proposal = tonumber(ARGV[3])
@@ -90,6 +100,6 @@ redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
 redis.call("SET", KEYS[2], ARGV[3])
 if mode then
     redis.call("ZREM", KEYS[4], ARGV[7])
-    redis.call("DEL", KEYS[4] .. ":" .. ARGV[7])
+    redis.call("DEL", KEYS[4] .. ":" .. ARGV[7], KEYS[4] .. ":next")
 end
 return {1, proposal}

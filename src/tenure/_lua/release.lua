@@ -1,20 +1,38 @@
--- Compare-and-delete: remove the lock only if it still holds our token; then wake the
--- next waiter, or in fair mode hand the lock to it (see _handoff.lua).
+-- Compare-and-delete: remove the lock only if it still holds our token; then, for a
+-- lock with waiters, leave the queue and wake the next waiter (fair: hand the lock to
+-- it; see handoff.lua.inc). Also what a waiter that gives up sends (dequeue).
 --
 -- KEYS[1]  the lock key
 -- KEYS[2]  (waiting only) the fencing counter
 -- KEYS[3]  (waiting only) the wait queue
--- ARGV[1]  the owner token of the lease being released
+-- ARGV[1]  the owner token of the lease being released (its waiter id, when waiting)
 -- ARGV[2]  (waiting only) "n": wake the head of the queue; "f": hand the lock to it
+-- ARGV[3]  (waiting only) "n": how long the lock stays reserved for the woken head, ms
 --
 -- Returns 1 if the key held our token and was deleted, 0 otherwise (absent, expired,
--- or held by someone else: their lock is left alone, and nobody is woken).
+-- or held by someone else: their lock is left alone).
+--
+-- Waiting mode, whether or not the key was ours here: the caller leaves the queue (an
+-- attempt that found this node held queued it here, even if a majority elsewhere then
+-- granted it the lock) and drops a reservation made for it; then, if the lock is free
+-- and reserved for nobody, the next waiter is woken or, fair, handed the lock. So a
+-- fair hand-off that crossed a waiter's give-up is passed on, not left to expire.
 --@include handoff
+local released = 0
 if redis.call("GET", KEYS[1]) == ARGV[1] then
     redis.call("DEL", KEYS[1])
-    if ARGV[2] then
-        handoff(KEYS[1], KEYS[2], KEYS[3], ARGV[2] == "f", "")
-    end
-    return 1
+    released = 1
 end
-return 0
+if ARGV[2] then
+    local queue, me = KEYS[3], ARGV[1]
+    local reserved = queue .. ":next"
+    redis.call("ZREM", queue, me)
+    redis.call("DEL", queue .. ":" .. me)
+    if redis.call("GET", reserved) == me then
+        redis.call("DEL", reserved)
+    end
+    if redis.call("EXISTS", KEYS[1], reserved) == 0 then
+        handoff(KEYS[1], KEYS[2], queue, ARGV[2] == "f", "", ARGV[3])
+    end
+end
+return released

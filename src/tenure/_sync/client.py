@@ -30,7 +30,7 @@ from .._core.acquire import cleanup_wait as _cleanup_wait
 from .._core.config import LockSpec, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.quorum import Round
-from .._core.waiting import place_ms
+from .._core.waiting import hold_ms, place_ms
 from .._core.watchdog import KeepAlive
 from .._errors import LockTimeout, NotHeld
 from .._lease import LeaseView
@@ -42,9 +42,6 @@ from .watchdog import Watchdog
 __all__ = ["Client", "Lease", "Lock"]
 
 _clock = monotonic
-# After the first node's release notification, how long a waiter on a quorum waits for a
-# majority of them before trying (see ``Slot.wait``).
-STRAGGLE = 0.002
 
 
 class Client(ClientBase):
@@ -76,6 +73,7 @@ class Client(ClientBase):
         self._pool = LinkPool(self.config, connection_options)
         self._listener = Listener(self._pool.nodes)
         self._place_ms = place_ms(self.config.recheck, self.config.node_timeout)
+        self._hold_ms = hold_ms(self.config.node_timeout)
 
     def lock(
         self,
@@ -86,14 +84,16 @@ class Client(ClientBase):
         timeout: float | None = None,
         watchdog: bool = False,
         max_hold: float | None = None,
-        fair: bool = False,
+        fair: bool | None = None,
     ) -> Lock:
         """A lock object for ``name``; ``blocking``/``timeout`` apply to ``with lock:``.
 
         ``watchdog=True`` keeps every lease it acquires alive (``Lease.keep_alive``), up
-        to ``max_hold`` seconds. ``fair=True`` (one node only) grants the lock in the
-        order it was requested, handing it over inside the release (docs/waiting.md);
-        every client of a lock must use the same mode.
+        to ``max_hold`` seconds. ``fair`` (default: True on one node, False on a
+        quorum, where True is refused) grants the lock in the order it was requested,
+        handing it over inside the release; False wakes the next waiter and reserves the
+        lock for it briefly (docs/waiting.md). Every client of a lock must use the same
+        mode.
         """
         keep = KeepAlive(max_hold=max_hold) if watchdog else None
         return Lock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
@@ -107,7 +107,7 @@ class Client(ClientBase):
         timeout: float | None = None,
         watchdog: bool = False,
         max_hold: float | None = None,
-        fair: bool = False,
+        fair: bool | None = None,
     ) -> Lease:
         """Acquire ``name`` for ``ttl`` seconds and return the lease.
 
@@ -138,19 +138,21 @@ class Client(ClientBase):
         waiter = secrets.token_hex(16)
         slot: Slot | None = None
         if blocking and listener.started and self.config.recheck > 0:
-            slot = listener.register(waiter, 0.0)
+            slot = listener.register(waiter, 0.0, spec.quorum)
         queued = False
         lease: Lease | None = None
         try:
             with self._links() as links:
                 while True:
-                    token = waiter if spec.fair else secrets.token_hex(16)
-                    wait_args = None
-                    if slot is not None or spec.fair:
-                        place = self._place_ms if slot is not None else 0
-                        mode = "f" if spec.fair else "n"
-                        wait_args = commands.WaitArgs(mode, waiter, listener.channel, place)
-                        queued = queued or place > 0
+                    # One token per acquire call (its waiter id): release.lua then also takes
+                    # the holder out of queues it joined on nodes that said "held".
+                    token = waiter
+                    # Always the waiting form: even an attempt that will not queue must
+                    # see the queue (fair) and a reservation for a woken waiter.
+                    place = self._place_ms if slot is not None else 0
+                    mode = "f" if spec.fair else "n"
+                    wait_args = commands.WaitArgs(mode, waiter, listener.channel, place)
+                    queued = queued or place > 0
                     if slot is not None:
                         slot.take()  # this attempt sees every release notified so far
                     rnd = acq.begin(_clock())
@@ -188,9 +190,9 @@ class Client(ClientBase):
                     if isinstance(step, Wait):
                         if slot is None:
                             # First wait of this client: subscribe, then queue at once.
-                            slot = listener.register(waiter, self.config.node_timeout)
+                            slot = listener.register(waiter, self.config.node_timeout, spec.quorum)
                             continue
-                        if slot.wait(step.timeout, spec.quorum, STRAGGLE):
+                        if slot.wait(step.timeout):
                             lease = self._handed_over(slot, acq, spec, waiter)
                             if lease is not None:
                                 return lease
@@ -218,7 +220,7 @@ class Client(ClientBase):
         """Leave the wait queue on every node (best effort: a lost one's place expires)."""
         everyone = frozenset(range(len(self.node_names)))
         with contextlib.suppress(Exception), self._links() as links:
-            command = commands.dequeue(spec.keys, waiter, spec.fair)
+            command = commands.dequeue(spec.keys, waiter, spec.fair, self._hold_ms)
             self._cleanup_round(links, command, everyone, everyone)
 
     def _links(self) -> _Borrowed:
@@ -229,7 +231,7 @@ class Client(ClientBase):
         decided once a majority confirmed (or can't)."""
         now = _clock()
         rnd = Round(len(self.node_names), self.config.quorum, now)
-        command = commands.release_waking(spec.keys, token, spec.fair)
+        command = commands.release_waking(spec.keys, token, spec.fair, self._hold_ms)
         links.run(command, rnd, now + self.config.node_timeout, _clock)
         return rnd
 

@@ -40,24 +40,45 @@ __all__ = ["Listener", "Slot"]
 
 BACKOFF_MIN = 0.025
 BACKOFF_MAX = 1.0
+# After the first node's notification, how long a waiter on a quorum waits for a
+# majority of them before trying (see ``Slot``).
+STRAGGLE = 0.002
 _NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class Slot:
-    """Where the notifications of one waiting thread are filed."""
+    """Where the notifications of one waiting thread are filed.
 
-    __slots__ = ("event", "nodes", "wakes")
+    On a quorum (``need`` > 1) the event is set once a majority of nodes have notified,
+    or ``STRAGGLE`` seconds after the first did: a release reaches the nodes one after
+    another, and trying after the first notification would find the others still held (a
+    wasted round, and a partial grant to clean up). The listener thread does the
+    counting and keeps the timer, so the waiter wakes once, not once per node.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("event", "need", "nodes", "since", "wakes")
+
+    def __init__(self, need: int = 1) -> None:
         self.event = threading.Event()
         self.wakes: list[Wake] = []
         self.nodes: set[int] = set()  # the nodes whose notifications are in ``wakes``
+        self.need = need
+        self.since = 0.0  # when the first notification of this round of them came
 
     def put(self, wake: Wake | None, node: int = -1) -> None:
-        if wake is not None:
-            self.wakes.append(wake)
-            self.nodes.add(node)
-        self.event.set()
+        if wake is None:
+            self.event.set()  # a nudge: re-check now
+            return
+        self.wakes.append(wake)
+        self.nodes.add(node)
+        if len(self.nodes) >= self.need:
+            self.event.set()
+        elif len(self.nodes) == 1:
+            self.since = time.monotonic()
+
+    def overdue(self, now: float) -> bool:
+        """Notified by too few nodes for too long: let the waiter try anyway."""
+        return bool(self.wakes) and not self.event.is_set() and now - self.since >= STRAGGLE
 
     def take(self) -> list[Wake]:
         """The notifications so far (clears the event first, so none can be missed)."""
@@ -66,22 +87,9 @@ class Slot:
         self.nodes = set()
         return wakes
 
-    def wait(self, timeout: float, quorum: int, straggle: float) -> bool:
-        """Until notified (True) or ``timeout`` (False). On a quorum, once the first node
-        has notified, up to ``straggle`` more seconds for a majority of them: a release
-        reaches the nodes one after another, and trying after the first would find the
-        others still held (a wasted round, and a partial grant to clean up)."""
-        if not self.event.wait(timeout):
-            return False
-        if quorum > 1 and self.wakes:
-            end = time.monotonic() + straggle
-            while len(self.nodes) < quorum:
-                self.event.clear()
-                left = end - time.monotonic()
-                if len(self.nodes) >= quorum or left <= 0 or not self.event.wait(left):
-                    break
-            self.event.set()
-        return True
+    def wait(self, timeout: float) -> bool:
+        """Until notified (True) or ``timeout`` seconds pass (False)."""
+        return self.event.wait(timeout)
 
 
 class Listener:
@@ -102,11 +110,11 @@ class Listener:
     def started(self) -> bool:
         return self._thread is not None
 
-    def register(self, waiter: str, timeout: float) -> Slot:
+    def register(self, waiter: str, timeout: float, need: int = 1) -> Slot:
         """A slot for ``waiter``; starts the thread if needed and waits (up to ``timeout``)
         until every node confirmed the subscription, so the first queued attempt can be
-        notified."""
-        slot = Slot()
+        notified. ``need``: the notifications that make a majority (see ``Slot``)."""
+        slot = Slot(need)
         self._slots[waiter] = slot
         if self._thread is None:
             with self._guard:
@@ -187,7 +195,13 @@ class Listener:
                         except _NETWORK_ERRORS:
                             drop(i, now)
                 pending = [retry_at[i] - now for i in range(n) if socks[i] is None]
-                timeout = max(min(pending), 0.001) if pending else None
+                if n > 1:
+                    for slot in list(self._slots.values()):
+                        if slot.overdue(now):
+                            slot.event.set()
+                        elif slot.wakes and not slot.event.is_set():
+                            pending.append(slot.since + STRAGGLE - now)
+                timeout = max(min(pending), 0.0005) if pending else None
                 watched = [waker[0]] + [s for s in socks if s is not None]
                 readable, _, _ = select.select(watched, [], [], timeout)
                 for sock in readable:

@@ -1,0 +1,423 @@
+"""K processes contending for one key: throughput, hand-off latency, fairness.
+
+What is measured
+----------------
+K worker processes (K = 2, 8, 32) loop on *one* key for ``--duration`` seconds each:
+acquire (blocking), an empty critical section, release. Each worker records, per
+critical section, ``time.monotonic_ns()`` when it asked, when it got the lock, and when it
+began to release. ``CLOCK_MONOTONIC`` is one clock for the whole machine, so readings of
+different processes compare. From those:
+
+* **CS/s**: critical sections per second, all workers together;
+* **hand-off p50/p99**: for consecutive critical sections held by *different* workers,
+  where the next one was already waiting: from the release call of one to the lock being
+  acquired by the other (what the lock adds between two holders);
+* **wait p99/max**: time from asking to getting, per acquire;
+* **min/max**: critical sections of the least and the most served worker (fairness: the
+  target is min >= max / 2);
+* **EVAL/CS** (tenure): scripts run per critical section on the nodes, from ``INFO
+  commandstats`` deltas (PUBLISH and the other commands run inside the scripts are not
+  client round trips and are not counted); **split/1k** (5 nodes): attempts per 1,000
+  critical sections in which the votes split (some nodes granted, no majority).
+
+Systems, in one run on the same ``redis-server`` nodes (``tenure.local.LocalCluster``, no
+persistence): tenure ``Client`` with notified waiting (1 and 5 nodes), tenure fair mode
+(1 node), tenure ``AsyncClient`` fair (1 node); peers on 1 node: redis-py's
+``redis.lock.Lock`` (``blocking=True``, its default 0.1 s sleep between tries) and
+python-redis-lock (``redis_lock.Lock``, ``BLPOP`` on a signal list).
+
+Run ``python benchmarks/bench_contention.py`` (``--quick`` for a smoke run, ``--markdown``
+to print Markdown). A full run writes ``benchmarks/results/contention.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import importlib.metadata
+import itertools
+import math
+import multiprocessing
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import redis
+
+import tenure
+from _common import fmt, no_retry, server_version, table, write_results
+from tenure.local import LocalCluster
+
+RESULTS = Path(__file__).resolve().parent / "results" / "contention.md"
+TTL_S = 10
+_ctx = multiprocessing.get_context("forkserver")
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    nodes: int
+    kind: str  # tenure | tenure-unfair | tenure-async | redis-py | python-redis-lock
+
+
+SYSTEMS = [
+    System("tenure (default: fair)", 1, "tenure"),
+    System("tenure fair=False", 1, "tenure-unfair"),
+    System("tenure asyncio (fair)", 1, "tenure-async"),
+    System("redis-py Lock", 1, "redis-py"),
+    System("python-redis-lock", 1, "python-redis-lock"),
+    System("tenure (notified)", 5, "tenure"),
+]
+
+Record = tuple[int, int, int]  # asked, got, releasing (monotonic ns)
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _count_splits() -> list[int]:
+    """Count attempts whose votes split, by wrapping the core (in this worker only)."""
+    from tenure._core import acquire as core
+
+    counter = [0]
+    conclude = core.Acquisition.conclude
+
+    def counting(self: Any, rnd: Any, token: str, now: float) -> Any:
+        if 0 < rnd.yes < self.spec.quorum:
+            counter[0] += 1
+        return conclude(self, rnd, token, now)
+
+    core.Acquisition.conclude = counting  # type: ignore[method-assign]
+    return counter
+
+
+def _wait_start(start_at: Any) -> float:
+    while start_at.value == 0.0:
+        time.sleep(0.001)
+    while time.monotonic() < start_at.value:
+        time.sleep(0.0005)
+    return float(start_at.value)
+
+
+def worker(
+    kind: str,
+    urls: list[str],
+    key: str,
+    duration: float,
+    ready: Any,
+    start_at: Any,
+    out: Connection,
+) -> None:
+    records: list[Record] = []
+    splits = _count_splits()
+    clock = time.monotonic_ns
+    if kind == "tenure-async":
+
+        async def main() -> None:
+            async with tenure.AsyncClient(urls) as client:
+                lock = client.lock(key, ttl=TTL_S)
+                if await lock.acquire(blocking=False):  # connects
+                    await lock.release()
+                ready.release()
+                end = _wait_start(start_at) + duration
+                while time.monotonic() < end:
+                    asked = clock()
+                    await lock.acquire()
+                    got = clock()
+                    releasing = clock()
+                    await lock.release()
+                    records.append((asked, got, releasing))
+
+        asyncio.run(main())
+        out.send((records, splits[0]))
+        return
+    if kind in ("tenure", "tenure-unfair"):
+        client = tenure.Client(urls)
+        lock: Any = client.lock(key, ttl=TTL_S, fair=False if kind == "tenure-unfair" else None)
+        if lock.acquire(blocking=False):
+            lock.release()
+    elif kind == "redis-py":
+        conn = redis.Redis.from_url(urls[0], retry=no_retry())
+        lock = conn.lock(key, timeout=TTL_S, blocking=True)
+        conn.ping()
+    else:
+        import redis_lock
+
+        conn = redis.Redis.from_url(urls[0], retry=no_retry())
+        conn.ping()
+        lock = None
+    ready.release()
+    end = _wait_start(start_at) + duration
+    while time.monotonic() < end:
+        if kind == "python-redis-lock":
+            lock = redis_lock.Lock(conn, key, expire=TTL_S)  # its token is fixed per object
+        asked = clock()
+        lock.acquire()
+        got = clock()
+        releasing = clock()
+        lock.release()
+        records.append((asked, got, releasing))
+    out.send((records, splits[0]))
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass
+class Row:
+    system: System
+    k: int
+    records: list[list[Record]] = field(default_factory=list)
+    splits: int = 0
+    evals: int = 0
+    elapsed: float = 0.0
+    error: str = ""
+
+    @property
+    def cycles(self) -> int:
+        return sum(len(r) for r in self.records)
+
+    def handoffs_us(self) -> list[float]:
+        events = sorted(
+            (got, rel, w, asked) for w, rs in enumerate(self.records) for asked, got, rel in rs
+        )
+        out = []
+        for (_, rel, w, _), (got, _, w2, asked) in itertools.pairwise(events):
+            if w2 != w and asked < rel and got >= rel:
+                out.append((got - rel) / 1000)
+        return out
+
+    def waits_ms(self) -> list[float]:
+        return [(got - asked) / 1e6 for rs in self.records for asked, got, _ in rs]
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
+
+
+def evals(cluster: LocalCluster, n: int) -> int:
+    total = 0
+    for node in list(cluster)[:n]:
+        with node.client() as c:
+            total += int(c.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
+    return total
+
+
+def measure(cluster: LocalCluster, system: System, k: int, duration: float) -> Row:
+    row = Row(system, k)
+    urls = cluster.urls[: system.nodes]
+    key = f"bench:contention:{system.kind}:{system.nodes}:{k}"
+    ready = _ctx.Semaphore(0)
+    start_at = _ctx.Value("d", 0.0)
+    pipes, procs = [], []
+    for _ in range(k):
+        parent_end, child_end = _ctx.Pipe(duplex=False)
+        proc = _ctx.Process(
+            target=worker,
+            args=(system.kind, urls, key, duration, ready, start_at, child_end),
+        )
+        proc.start()
+        pipes.append(parent_end)
+        procs.append(proc)
+    try:
+        for _ in range(k):
+            if not ready.acquire(timeout=60):
+                raise RuntimeError("a worker did not start")
+        before = evals(cluster, system.nodes)
+        start_at.value = time.monotonic() + 0.2
+        for pipe in pipes:
+            if not pipe.poll(duration + 60):
+                raise RuntimeError("a worker did not finish")
+            records, splits = pipe.recv()
+            row.records.append(records)
+            row.splits += splits
+        row.evals = evals(cluster, system.nodes) - before
+        row.elapsed = duration
+    except Exception as exc:
+        row.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return row
+
+
+# --------------------------------------------------------------------------- report
+
+HEADER = [
+    "system",
+    "nodes",
+    "K",
+    "CS/s",
+    "hand-off p50 µs",
+    "hand-off p99 µs",
+    "wait p99 ms",
+    "wait max ms",
+    "min/max per worker",
+    "EVAL/CS",
+    "split/1k",
+]
+
+
+def cells(row: Row) -> list[str]:
+    s = row.system
+    if row.error:
+        return [s.name, str(s.nodes), str(row.k), row.error, *[""] * (len(HEADER) - 4)]
+    counts = [len(r) for r in row.records]
+    handoffs, waits = row.handoffs_us(), row.waits_ms()
+    tenure_row = s.kind.startswith("tenure")
+    return [
+        s.name,
+        str(s.nodes),
+        str(row.k),
+        fmt(row.cycles / row.elapsed),
+        fmt(pct(handoffs, 0.5)),
+        fmt(pct(handoffs, 0.99)),
+        fmt(pct(waits, 0.99)),
+        fmt(max(waits)),
+        f"{min(counts)}/{max(counts)}",
+        f"{row.evals / row.cycles:.2f}" if tenure_row and row.cycles else "",
+        f"{1000 * row.splits / row.cycles:.1f}" if s.nodes > 1 and row.cycles else "",
+    ]
+
+
+def targets(rows: list[Row]) -> list[str]:
+    def find(kind: str, nodes: int, k: int) -> Row | None:
+        for r in rows:
+            if r.system.kind == kind and r.system.nodes == nodes and r.k == k and not r.error:
+                return r
+        return None
+
+    lines = []
+    ks = sorted({r.k for r in rows})
+    for k in ks:
+        ours, peer = find("tenure", 1, k), find("python-redis-lock", 1, k)
+        if ours is None or peer is None:
+            continue
+        a, b = pct(ours.handoffs_us(), 0.5), pct(peer.handoffs_us(), 0.5)
+        ok = "met" if a <= b else "MISSED"
+        lines.append(
+            f"- K={k}, 1 node: tenure hand-off p50 {fmt(a)} µs vs python-redis-lock "
+            f"{fmt(b)} µs (target: no slower): {ok}"
+        )
+    ours, peer = find("tenure", 1, max(ks)), find("python-redis-lock", 1, max(ks))
+    if ours is not None and peer is not None:
+        ratio = ours.cycles / max(peer.cycles, 1)
+        ok = "met" if ratio >= 1.5 else "MISSED"
+        lines.append(
+            f"- K={max(ks)}, 1 node: tenure {ratio:.2f}x python-redis-lock's critical "
+            f"sections/s (target: >= 1.5x): {ok}"
+        )
+    for r in rows:
+        if r.system.kind.startswith("tenure") and not r.error:
+            counts = [len(x) for x in r.records]
+            ok = "met" if min(counts) * 2 >= max(counts) else "MISSED"
+            lines.append(
+                f"- {r.system.name}, {r.system.nodes} node(s), K={r.k}: least/most served "
+                f"worker {min(counts)}/{max(counts)} (target: >= 1/2): {ok}"
+            )
+    for k in ks:
+        five = find("tenure", 5, k)
+        for kind, label in (
+            ("tenure", "the 1-node default (fair hand-off)"),
+            ("tenure-unfair", "1 node with fair=False (same mechanism)"),
+        ):
+            one = find(kind, 1, k)
+            if one is None or five is None:
+                continue
+            a, b = pct(one.handoffs_us(), 0.5), pct(five.handoffs_us(), 0.5)
+            ok = "met" if b <= 1.5 * a else "MISSED"
+            lines.append(
+                f"- K={k}: 5-node hand-off p50 {fmt(b)} µs vs {fmt(a)} µs on {label}: "
+                f"{b / a:.2f}x (target <= 1.5x): {ok}"
+            )
+    return lines
+
+
+def context(args: argparse.Namespace, version: str) -> list[str]:
+    def v(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "?"
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+    return [
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"- machine: {platform.platform()}, {os.cpu_count()} CPUs; load average {load:.2f}",
+        f"- Python {platform.python_version()}; redis-server {version}; redis-py "
+        f"{v('redis')}; python-redis-lock {v('python-redis-lock')}; tenure {v('tenure')}",
+        f"- {args.duration:g} s per row, K in {args.k}; workers are separate processes "
+        "(forkserver); empty critical sections; TTL 10 s",
+    ]
+
+
+def run(args: argparse.Namespace) -> str:
+    rows: list[Row] = []
+    with LocalCluster(5) as cluster:
+        version = server_version(cluster[0])
+        for k in args.k:
+            for system in SYSTEMS:
+                if args.only and system.kind not in args.only:
+                    continue
+                row = measure(cluster, system, k, args.duration)
+                rows.append(row)
+                print("  ".join(cells(row)), file=sys.stderr, flush=True)
+    body = [
+        "\n".join(context(args, version)),
+        "",
+        table(HEADER, [cells(r) for r in rows], lambda h: h not in ("system",), markdown=True),
+        "",
+        "Targets:",
+        "",
+        *targets(rows),
+    ]
+    text = "\n".join(body)
+    if args.write:
+        write_results(RESULTS, "bench_contention", "K processes on one key", text)
+    if not args.markdown:
+        text = "\n".join(
+            [
+                "\n".join(context(args, version)),
+                "",
+                table(HEADER, [cells(r) for r in rows], lambda h: h != "system", markdown=False),
+                "",
+                *targets(rows),
+            ]
+        )
+    return text
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds per row")
+    parser.add_argument("--k", type=int, nargs="+", default=[2, 8, 32], help="process counts")
+    parser.add_argument("--only", nargs="*", help="system kinds to run (default: all)")
+    parser.add_argument("--quick", action="store_true", help="1 s per row, writes nothing")
+    parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    args = parser.parse_args(argv)
+    args.write = not args.quick and not args.only and args.k == [2, 8, 32]
+    if args.quick:
+        args.duration = 1.0
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    print(run(args))
+
+
+if __name__ == "__main__":
+    main()
