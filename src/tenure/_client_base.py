@@ -14,6 +14,7 @@ from typing import Any
 
 from ._clock import monotonic
 from ._core.acquire import Acquisition
+from ._core.commands import Command, acked_by_replicas
 from ._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
 from ._core.policy import RetryPolicy
 
@@ -38,6 +39,7 @@ class ClientBase:
         allow_even: bool = False,
         max_ttl: float = 60.0,
         recheck: float = 0.5,
+        wait_replicas: int = 0,
         connection_options: dict[str, Any] | None = None,
     ) -> None:
         self.config = ClientConfig.build(
@@ -49,12 +51,20 @@ class ClientBase:
             allow_even=allow_even,
             max_ttl=max_ttl,
             recheck=recheck,
+            wait_replicas=wait_replicas,
         )
         self.node_names = [a.display for a in self.config.nodes]
         self._specs = SpecCache(self.config)
         self._rng = random.Random(secrets.randbits(64))
         self._fence_floor = 1  # proposals stay above every fencing token this client saw
         self._open(dict(connection_options or {}))
+
+    def _replicated(self, command: Command) -> Command:
+        """``command`` as it must be sent when grants count only once replicated."""
+        config = self.config
+        if not config.wait_replicas:
+            return command
+        return acked_by_replicas(command, config.wait_replicas, config.wait_timeout_ms)
 
     def _open(self, connection_options: dict[str, Any]) -> None:
         """Set up the driver's connections (lazily connected)."""

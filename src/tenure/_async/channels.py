@@ -54,6 +54,33 @@ def _ignore(reply: Reply) -> None:
     """The callback of a request nobody waits for (a cleanup written on cancellation)."""
 
 
+class _Collect:
+    """One callback per reply of a command that has several; the last hands on all of them.
+
+    The request's callback then sees ``(True, [values])``, or the first error among them.
+    """
+
+    __slots__ = ("_n", "_on_reply", "_parts")
+
+    def __init__(self, n: int, on_reply: OnReply) -> None:
+        self._n = n
+        self._on_reply = on_reply
+        self._parts: list[Reply] = []
+
+    def __call__(self, reply: Reply) -> None:
+        self._parts.append(reply)
+        if len(self._parts) == self._n:
+            failed = [part for part in self._parts if not part[0]]
+            self._on_reply(failed[0] if failed else (True, [value for _, value in self._parts]))
+
+
+def _callbacks(command: Command, on_reply: OnReply) -> list[OnReply]:
+    if command.replies == 1:
+        return [on_reply]
+    collect = _Collect(command.replies, on_reply)
+    return [collect] * command.replies
+
+
 class _Down(Exception):
     """The node is in its reconnect back-off."""
 
@@ -114,7 +141,10 @@ class Channel:
             self._reset(ConnectionError(f"no reply for {STALL}s"), now)
         if self._conn is not None and self._task is not None and not self._unsent:
             self._write(command.packed)
-            self._pending.append((on_reply, now))
+            if command.replies == 1:
+                self._pending.append((on_reply, now))
+            else:
+                self._pending.extend((c, now) for c in _callbacks(command, on_reply))
             return
         if self._task is None:
             if now < self._retry_at:
@@ -145,7 +175,7 @@ class Channel:
             now = time.monotonic()
             for command, on_reply in self._unsent:
                 self._write(command.packed)
-                self._pending.append((on_reply, now))
+                self._pending.extend((c, now) for c in _callbacks(command, on_reply))
             self._unsent.clear()
             self._backoff = BACKOFF_MIN
             raise await lost
@@ -175,7 +205,8 @@ class Channel:
                 self._idle.set()
 
     def _fail_all(self, exc: BaseException) -> None:
-        waiting = [f for f, _ in self._pending] + [f for _, f in self._unsent]
+        waiting = [f for f, _ in self._pending]
+        waiting += [c for command, f in self._unsent for c in _callbacks(command, f)]
         self._pending.clear()
         self._unsent.clear()
         for on_reply in waiting:

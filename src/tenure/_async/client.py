@@ -130,14 +130,16 @@ class AsyncClient(ClientBase):
                 if slot is not None:
                     slot.take()  # this attempt sees every release notified so far
                 rnd = acq.begin(_clock())
-                command = commands.acquire(
-                    spec.keys,
-                    token,
-                    spec.ttl_ms,
-                    acq.proposal(wall_us()),
-                    acq.mark,
-                    self.config.max_ttl_ms,
-                    wait_args,
+                command = self._replicated(
+                    commands.acquire(
+                        spec.keys,
+                        token,
+                        spec.ttl_ms,
+                        acq.proposal(wall_us()),
+                        acq.mark,
+                        self.config.max_ttl_ms,
+                        wait_args,
+                    )
                 )
                 try:
                     await self._channels.run(command, rnd, acq.deadline(rnd))
@@ -272,7 +274,9 @@ class AsyncLease(LeaseView):
         self._check_not_released()
         rnd = begin_extend(self._state, spec, _clock())
         await client._channels.run(
-            commands.extend(spec.key, self.token, spec.ttl_ms), rnd, rnd.started + spec.node_timeout
+            client._replicated(commands.extend(spec.key, self.token, spec.ttl_ms)),
+            rnd,
+            rnd.started + spec.node_timeout,
         )
         outcome = conclude_extend(self._state, spec, rnd, _clock(), client.node_names)
         if isinstance(outcome, LeaseState):

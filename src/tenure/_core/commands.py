@@ -16,6 +16,7 @@ from .config import LockKeys
 __all__ = [
     "Command",
     "WaitArgs",
+    "acked_by_replicas",
     "acquire",
     "dequeue",
     "exists",
@@ -76,13 +77,41 @@ def _acquire_reply(reply: object) -> tuple[bool, Info]:
 
 @dataclass(frozen=True)
 class Command:
-    """A round's command, already packed, and how to read a node's reply to it."""
+    """A round's command, already packed, and how to read a node's reply to it.
+
+    ``parse`` answers (yes, info); yes is None for "no, but our key may be there", so the
+    node is cleaned up after a failed attempt. ``replies`` is how many replies the packed
+    bytes produce; when more than one, ``parse`` receives them as a list.
+    """
 
     packed: bytes
-    parse: Callable[[object], tuple[bool, Info]] = _yes_if_one
+    parse: Callable[[object], tuple[bool | None, Info]] = _yes_if_one
+    replies: int = 1
 
     def is_yes(self, reply: object) -> bool:
-        return self.parse(reply)[0]
+        return self.parse(reply)[0] is True
+
+
+def acked_by_replicas(command: Command, replicas: int, timeout_ms: int) -> Command:
+    """``command``, then ``WAIT replicas timeout_ms`` on the same connection.
+
+    Redis answers ``WAIT`` with the number of replicas that acknowledged every write this
+    connection made before it, so a "yes" to ``command`` stands only when that number
+    reaches ``replicas``. Below it the node's answer becomes None: not a vote, and the
+    key we may have set there is released with the rest of a failed attempt (fail closed).
+    """
+    inner = command.parse
+
+    def parse(replies: object) -> tuple[bool | None, Info]:
+        assert isinstance(replies, list)  # the drivers hand over both replies as a list
+        reply, acked = replies
+        yes, info = inner(reply)
+        if yes and not (isinstance(acked, int) and acked >= replicas):
+            return None, info
+        return yes, info
+
+    wait = pack("WAIT", replicas, timeout_ms)
+    return Command(command.packed + wait, parse, command.replies + 1)
 
 
 @dataclass(frozen=True)

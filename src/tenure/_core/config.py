@@ -120,6 +120,11 @@ class ClientConfig:
             after a random delay in [recheck/2, recheck] even if no release
             notification came (see docs/waiting.md). 0 turns notifications off: waiters
             then poll with the ``retry`` back-off.
+        wait_replicas: for nodes that are replicated masters: a node's grant (or
+            extension) counts only once this many of its replicas acknowledged it, by a
+            ``WAIT`` pipelined behind the command on the same connection; otherwise the
+            node's vote is "no" and our key there is released (fail closed). 0 (the
+            default) for independent masters. See docs/safety.md for how far it goes.
     """
 
     nodes: tuple[NodeAddress, ...]
@@ -130,6 +135,7 @@ class ClientConfig:
     allow_even: bool = False
     max_ttl_ms: int = 60_000
     recheck: float = 0.5
+    wait_replicas: int = 0
 
     @classmethod
     def build(
@@ -143,6 +149,7 @@ class ClientConfig:
         allow_even: bool = False,
         max_ttl: float = 60.0,
         recheck: float = 0.5,
+        wait_replicas: int = 0,
     ) -> ClientConfig:
         if isinstance(nodes, str) or not isinstance(nodes, (list, tuple)):
             raise ConfigurationError("nodes", f"must be a list of node URLs, got {nodes!r}")
@@ -187,11 +194,25 @@ class ClientConfig:
             allow_even=allow_even,
             max_ttl_ms=math.floor(round(longest * 1000, 6)),
             recheck=every,
+            wait_replicas=_replicas(wait_replicas),
         )
 
     @property
     def quorum(self) -> int:
         return majority(len(self.nodes))
+
+    @property
+    def wait_timeout_ms(self) -> int:
+        """How long a node's ``WAIT`` may block: half the round, so its answer fits in it."""
+        return max(1, math.floor(self.node_timeout * 500))
+
+
+def _replicas(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 64:
+        raise ConfigurationError(
+            "wait_replicas", f"must be an int in [0, 64] (replicas per node), got {value!r}"
+        )
+    return value
 
 
 def check_node_count(n: int, allow_even: bool) -> None:
@@ -292,7 +313,7 @@ class LockSpec:
         if fair is None:
             # The default: fair on one node (its hand-off is also the fastest), notified
             # waiting with reservations on a quorum, where fair mode cannot be had.
-            fair = len(config.nodes) == 1 and config.recheck > 0
+            fair = len(config.nodes) == 1 and config.recheck > 0 and not config.wait_replicas
         if not isinstance(fair, bool):
             raise ConfigurationError("fair", f"must be True, False or None, got {fair!r}")
         if fair and len(config.nodes) > 1:
@@ -302,6 +323,12 @@ class LockSpec:
                 "own queue, their heads can differ, and a hand-off made by each node alone "
                 "could neither give one waiter a majority nor mint a fencing token that a "
                 "majority committed (docs/waiting.md); notified waiting works on a quorum",
+            )
+        if fair and config.wait_replicas:
+            raise ConfigurationError(
+                "fair",
+                "cannot be combined with wait_replicas: a fair hand-off is written by the "
+                "releaser's script, where no WAIT of the new holder covers it",
             )
         if fair and config.recheck == 0:
             raise ConfigurationError("fair", "needs notifications (recheck > 0)")

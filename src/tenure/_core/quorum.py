@@ -102,8 +102,12 @@ class Round:
         results = self.results
         return frozenset(i for i in nodes if (r := results[i]) is None or r.failure is None)
 
-    def record(self, node: int, ok: bool, info: tuple[int, ...] | None = None) -> None:
-        """Record a definite answer from ``node``."""
+    def record(self, node: int, ok: bool | None, info: tuple[int, ...] | None = None) -> None:
+        """Record a definite answer from ``node``.
+
+        ``ok`` None is a "no" after which our key may still be on the node (it granted,
+        but a replica did not acknowledge): not a vote, but cleaned up like a yes.
+        """
         if self.results[node] is not None:
             return
         self.results[node] = NodeResult(ok=ok, info=info)

@@ -62,6 +62,10 @@ class Client(ClientBase):
         recheck: a blocking acquire waits for a release notification, but re-checks
             after a random delay in [recheck/2, recheck] at the latest (default 0.5 s;
             see docs/waiting.md). 0 turns notifications off (waiters poll).
+        wait_replicas: only for nodes that are replicated masters (prefer independent
+            masters): a node's grant or extension counts once this many of its replicas
+            acknowledged it (``WAIT``, pipelined on the same connection); otherwise it
+            fails closed. Default 0. What it does and does not cover: docs/safety.md.
         connection_options: extra keyword arguments for redis-py connections (TLS
             certificates, credentials); they override tenure's defaults.
 
@@ -156,14 +160,16 @@ class Client(ClientBase):
                     if slot is not None:
                         slot.take()  # this attempt sees every release notified so far
                     rnd = acq.begin(_clock())
-                    command = commands.acquire(
-                        spec.keys,
-                        token,
-                        spec.ttl_ms,
-                        acq.proposal(wall_us()),
-                        acq.mark,
-                        self.config.max_ttl_ms,
-                        wait_args,
+                    command = self._replicated(
+                        commands.acquire(
+                            spec.keys,
+                            token,
+                            spec.ttl_ms,
+                            acq.proposal(wall_us()),
+                            acq.mark,
+                            self.config.max_ttl_ms,
+                            wait_args,
+                        )
                     )
                     try:
                         links.run(command, rnd, acq.deadline(rnd), _clock)
@@ -360,7 +366,7 @@ class Lease(LeaseView):
             rnd = begin_extend(self._state, spec, _clock())
             with client._links() as links:
                 links.run(
-                    commands.extend(spec.key, self.token, spec.ttl_ms),
+                    client._replicated(commands.extend(spec.key, self.token, spec.ttl_ms)),
                     rnd,
                     rnd.started + spec.node_timeout,
                     _clock,

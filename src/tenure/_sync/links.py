@@ -88,12 +88,13 @@ class _Down(Exception):
 class Link:
     """One connection to one node, used by one operation at a time."""
 
-    __slots__ = ("conn", "node", "owed")
+    __slots__ = ("conn", "node", "owed", "partial")
 
     def __init__(self, node: NodeState) -> None:
         self.node = node
         self.conn: redis.Connection | None = None
         self.owed = 0  # replies of abandoned requests, read and dropped before ours
+        self.partial: list[Any] = []  # replies so far of a command that has several
 
     def send(self, command: Command, now: float) -> None:
         conn = self.conn
@@ -134,9 +135,10 @@ class Link:
         self.socket().settimeout(None)  # can_read restored redis-py's Python-level timeout
         return ready
 
-    def abandon(self, now: float) -> None:
-        """Stop waiting for the in-flight reply; it is read and dropped when it comes."""
-        self.owed += 1
+    def abandon(self, now: float, replies: int = 1) -> None:
+        """Stop waiting for the in-flight command; its ``replies`` are dropped when they come."""
+        self.owed += replies - len(self.partial)
+        self.partial = []
         if self.owed > MAX_OWED:
             self.drop(now)
 
@@ -145,6 +147,7 @@ class Link:
             self.conn.disconnect()  # type: ignore[no-untyped-call]
             self.conn = None
         self.owed = 0
+        self.partial = []
         self.node.down(now)
 
 
@@ -215,7 +218,7 @@ class LinkSet:
 
         now = clock()
         for i in waiting:
-            links[i].abandon(now)
+            links[i].abandon(now, command.replies)
         if not rnd.decided:
             rnd.time_out()
         self.clean = True
@@ -224,14 +227,22 @@ class LinkSet:
         link = self.links[0]
         assert link.conn is not None
         try:
-            reply = link.conn.read_response(disconnect_on_error=False)
+            if command.replies == 1:
+                reply = link.conn.read_response(disconnect_on_error=False)
+            else:
+                while len(link.partial) < command.replies:
+                    link.partial.append(link.conn.read_response(disconnect_on_error=False))
+                reply, link.partial = link.partial, []
         except ResponseError as exc:
+            # The command's later replies (a WAIT behind a failed script) still come.
+            link.owed += command.replies - 1 - len(link.partial)
+            link.partial = []
             rnd.fail(0, classify_error(exc), str(exc))
         except _NETWORK_ERRORS as exc:
             if isinstance(exc.__context__, BlockingIOError):
                 # The kernel timeout: the node is silent (frozen?). Keep the connection
                 # and owe the reply, exactly as the select() path does at its deadline.
-                link.abandon(clock())
+                link.abandon(clock(), command.replies)
                 rnd.time_out()
             else:
                 link.drop(clock())
@@ -246,11 +257,20 @@ class LinkSet:
             while True:
                 reply = link.read()
                 if reply is not _NOT_YET:
-                    rnd.record(i, *command.parse(reply))
-                    return True
+                    if command.replies == 1:
+                        rnd.record(i, *command.parse(reply))
+                        return True
+                    link.partial.append(reply)
+                    if len(link.partial) == command.replies:
+                        replies, link.partial = link.partial, []
+                        rnd.record(i, *command.parse(replies))
+                        return True
                 if not link.more_ready():
                     return False
         except ResponseError as exc:
+            # Replies of this command still to come (a WAIT behind a failed script) are owed.
+            link.owed += command.replies - 1 - len(link.partial)
+            link.partial = []
             rnd.fail(i, classify_error(exc), str(exc))
             return True
         except _NETWORK_ERRORS as exc:

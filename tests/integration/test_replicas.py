@@ -1,0 +1,117 @@
+"""``wait_replicas``: on a replicated master, a grant counts only once a replica has it.
+
+The replica follows its master through a proxy of ours, so a test can cut the
+replication link without touching either server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tenure
+from tenure.local import LocalNode
+from tenure.verify.proxy import Proxy
+
+from .conftest import Api
+
+TTL = 2.0
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[tuple[LocalNode, LocalNode, Proxy]]:
+    """A master, and a replica that follows it through a proxy."""
+    master = LocalNode("master", tmp_path / "master")
+    replica = LocalNode("replica", tmp_path / "replica")
+    master.start()
+    replica.start()
+    assert master.port is not None
+    feed = Proxy(master.host, master.port, name="feed")
+    feed.start()
+    try:
+        replica.replicate_from(feed.address)
+        replica.wait_replication_link(10)
+        yield master, replica, feed
+    finally:
+        feed.close()
+        replica.kill()
+        master.kill()
+
+
+def test_grant_counts_once_the_replica_has_it(
+    api: Api, replicated: tuple[LocalNode, LocalNode, Proxy], key: str
+) -> None:
+    master, replica, _ = replicated
+    client = api.client([master.url], wait_replicas=1)
+    with client.lock(key, ttl=TTL) as lease:
+        assert lease.valid
+        # WAIT returned 1 before the grant counted: the replica already has the lock.
+        with replica.client() as r:
+            assert r.get(lease.key) == lease.token.encode()
+        lease.extend()
+        with replica.client() as r:
+            assert r.pttl(lease.key) > (TTL - 0.5) * 1000
+
+
+def test_unreplicated_grant_fails_closed_and_leaves_no_key(
+    api: Api, replicated: tuple[LocalNode, LocalNode, Proxy], key: str
+) -> None:
+    master, replica, feed = replicated
+    client = api.client([master.url], wait_replicas=1, node_timeout=0.1)
+    feed.blackhole()
+    assert client.lock(key, ttl=TTL).acquire(blocking=False) is False
+    # The grant the master made was released again: nothing is left to fail over.
+    with master.client() as m:
+        assert m.keys("tenure:{" + key + "}:lock") == []
+    feed.heal()
+    replica.wait_replication_link(10)
+    assert client.lock(key, ttl=TTL).acquire(blocking=True, timeout=5) is True
+
+
+def test_extension_without_the_replica_loses_the_lease(
+    api: Api, replicated: tuple[LocalNode, LocalNode, Proxy], key: str
+) -> None:
+    master, _, feed = replicated
+    client = api.client([master.url], wait_replicas=1, node_timeout=0.1)
+    lease = client.acquire(key, ttl=TTL)
+    feed.blackhole()
+    with pytest.raises(tenure.LeaseLost):
+        lease.extend()
+    assert lease.lost_error is not None
+
+
+def test_without_wait_replicas_an_unreplicated_grant_counts(
+    api: Api, replicated: tuple[LocalNode, LocalNode, Proxy], key: str
+) -> None:
+    # The control: this is the failover hazard wait_replicas closes (verifier scenario 1).
+    master, replica, feed = replicated
+    client = api.client([master.url])
+    feed.blackhole()
+    with client.lock(key, ttl=TTL) as lease, replica.client() as r:
+        assert r.get(lease.key) is None
+
+
+@pytest.mark.parametrize(
+    ("options", "parameter"),
+    [
+        ({"wait_replicas": -1}, "wait_replicas"),
+        ({"wait_replicas": 65}, "wait_replicas"),
+        ({"wait_replicas": True}, "wait_replicas"),
+        ({"wait_replicas": 1.5}, "wait_replicas"),
+    ],
+)
+def test_bad_wait_replicas_is_refused(options: dict[str, object], parameter: str) -> None:
+    with pytest.raises(tenure.ConfigurationError) as info:
+        tenure.Client(["redis://127.0.0.1:1"], **options)  # type: ignore[arg-type]
+    assert info.value.parameter == parameter
+    assert "[0, 64]" in str(info.value)
+
+
+def test_fair_mode_cannot_wait_for_replicas() -> None:
+    client = tenure.Client(["redis://127.0.0.1:1"], wait_replicas=1)
+    with pytest.raises(tenure.ConfigurationError) as info:
+        client.lock("x", ttl=TTL, fair=True)
+    assert info.value.parameter == "fair"
+    client.close()
