@@ -103,8 +103,13 @@ def reply(rnd: Round, i: int, a: str, proposal: int, counter: int | None = None)
         rnd.record(i, False, (NO_HISTORY, 0))
     elif a == "w":
         rnd.record(i, False, (WARMING, 30_000 if counter is None else counter))
-    elif a in "uex":
-        failure = {"u": Failure.UNREACHABLE, "e": Failure.ERROR, "x": Failure.UNSUPPORTED}[a]
+    elif a in "uexo":
+        failure = {
+            "u": Failure.UNREACHABLE,
+            "e": Failure.ERROR,
+            "x": Failure.UNSUPPORTED,
+            "o": Failure.BACKING_OFF,
+        }[a]
         rnd.fail(i, failure, f"detail{i}")
     else:
         assert a == ".", a
@@ -331,6 +336,31 @@ def test_blocking_acquire_gives_up_after_consecutive_unreachable_attempts() -> N
     assert isinstance(step, GiveUp)
     assert isinstance(step.error, QuorumUnreachable)
     assert acq.attempts == UNREACHABLE_STRIKES
+
+
+def test_nodes_still_in_their_back_off_are_no_new_evidence() -> None:
+    # After a blip reset every connection, the next attempts find the nodes in their
+    # reconnect back-off, not tried at all: waiting that out is not three strikes.
+    acq = make(3, seed=1)
+    _, step = attempt(acq, "uu.", started=0.0, now=0.05)
+    assert isinstance(step, Retry)
+    for k in range(3 * UNREACHABLE_STRIKES):
+        _, step = attempt(acq, "oo.", started=1.0 + k, now=1.0 + k)
+        assert isinstance(step, Retry), k
+    # Tried again and failed again: the strikes continue from where they were.
+    _, step = attempt(acq, "uo.", started=20.0, now=20.05)
+    assert isinstance(step, Retry)
+    _, step = attempt(acq, "ou.", started=21.0, now=21.05)
+    assert isinstance(step, GiveUp)
+    assert isinstance(step.error, QuorumUnreachable)
+    assert step.error.node_errors["node0"] == "backing off: detail0"
+
+
+def test_non_blocking_gives_up_at_once_on_nodes_in_back_off() -> None:
+    acq = make(3, blocking=False)
+    _, step = attempt(acq, "oo.", started=0.0, now=0.0)
+    assert isinstance(step, GiveUp)
+    assert isinstance(step.error, QuorumUnreachable)
 
 
 def test_an_attempt_that_reaches_a_majority_resets_the_unreachable_count() -> None:

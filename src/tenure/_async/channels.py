@@ -279,7 +279,7 @@ class Channels:
             try:
                 channels[i].send(command, _ignore if on_reply is None else partial(on_reply, i))
             except _Down as exc:
-                rnd.fail(i, Failure.UNREACHABLE, str(exc))
+                rnd.fail(i, Failure.BACKING_OFF, str(exc))
 
     async def run(
         self, command: Command, rnd: Round, deadline: float, targets: Sequence[int] | None = None

@@ -277,7 +277,11 @@ class Acquisition:
             )
         cleanup = rnd.maybe_holding()
         if rnd.unreachable_blocks_quorum():
-            self._strikes += 1
+            # Only nodes actually tried count against them: a round that found them all
+            # still in their reconnect back-off (say, right after a network blip reset
+            # every connection) proves nothing new, and a blocking acquire waits it out.
+            if not rnd.failed_untried():
+                self._strikes += 1
             if not self._blocking or self._strikes >= UNREACHABLE_STRIKES:
                 return GiveUp(cleanup, self._unreachable(rnd))
         else:

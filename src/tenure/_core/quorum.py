@@ -39,6 +39,8 @@ class Failure(enum.Enum):
     """Why a node gave no usable answer."""
 
     UNREACHABLE = "unreachable"  # refused connection, reset, or no reply before the deadline
+    # Not even tried: the node failed recently and its reconnect back-off has not ended.
+    BACKING_OFF = "backing off"
     UNSUPPORTED = "unsupported"  # the node refused the command: ACL, unknown command
     ERROR = "error"  # any other error reply
 
@@ -168,6 +170,14 @@ class Round:
     def unreachable_blocks_quorum(self) -> bool:
         """True when failures alone (not refusals) leave too few nodes for a majority."""
         return len(self.failures()) > len(self.results) - self.needed
+
+    def failed_untried(self) -> bool:
+        """True when every failure was a node not even tried (still in its back-off).
+
+        Such a round is no new evidence that the nodes are down: it repeats what an
+        earlier round found, until the back-off ends.
+        """
+        return all(r.failure is Failure.BACKING_OFF for r in self.failures().values())
 
     def validity(self, now: float, ttl: float, drift: float) -> float:
         """Seconds of validity left at ``now`` for a lease whose round began at ``started``."""

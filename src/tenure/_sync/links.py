@@ -192,7 +192,7 @@ class LinkSet:
             try:
                 links[i].send(command, now)
             except _Down as exc:
-                rnd.fail(i, Failure.UNREACHABLE, str(exc))
+                rnd.fail(i, Failure.BACKING_OFF, str(exc))
             except _NETWORK_ERRORS as exc:
                 rnd.fail(i, Failure.UNREACHABLE, str(exc) or type(exc).__name__)
             else:
