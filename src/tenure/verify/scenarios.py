@@ -597,7 +597,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "node 3 expires A's key early; B wins {3,4,5}; A's write lands late",
             ),
             Config(
-                "Redlock, fenced store",
+                "Redlock, fenced store (store safe, lock not)",
                 True,
                 clock_jump(True),
                 [violated("C1"), *zero(*_STORE_SAFE), at_least("stale_rejected", 1)],
