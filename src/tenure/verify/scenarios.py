@@ -23,6 +23,7 @@ import redis
 from ..local import Persistence
 from .actors import Actor
 from .locks import LockRecipe
+from .proxy import Proxy
 from .world import World
 
 __all__ = ["SCENARIOS", "Config", "Expect", "Scenario"]
@@ -121,6 +122,24 @@ def wait_until(deadline_ns: int) -> None:
         time.sleep(delay)
 
 
+def split_around_node3(
+    world: World, proxies: Sequence[Proxy], a: Actor, b: Actor, fault: Callable[[], None]
+) -> None:
+    """Five nodes: A wins {1,2,3} while 4 and 5 are cut off, ``fault`` strikes node 3, and
+    B tries {3,4,5} while 1 and 2 are cut off; then A, who still believes, writes."""
+    cut = world.cut(proxies[3:])
+    a.call("acquire", 2.0)
+    a.call("read")
+    world.heal(cut)
+    fault()
+    cut = world.cut(proxies[:2])
+    if b.call("acquire", 0.3) == "granted":
+        use_and_release(b)
+    world.heal(cut)
+    a.call("write")
+    a.call("release")
+
+
 # --- 1. failover --------------------------------------------------------------------------
 
 
@@ -202,17 +221,7 @@ def restart(persistence: Persistence, kind: str) -> Callable[[World, int], Stats
                 w.call("acquire", 2 * MAX_TTL + 1.0)
                 w.call("release")
             time.sleep(MAX_TTL + 0.1)
-            cut = world.cut(proxies[3:])
-            a.call("acquire", 2.0)
-            a.call("read")
-            world.heal(cut)
-            world.restart_node(nodes[2])
-            cut = world.cut(proxies[:2])
-            if b.call("acquire", 0.3) == "granted":
-                use_and_release(b)
-            world.heal(cut)
-            a.call("write")
-            a.call("release")
+            split_around_node3(world, proxies, a, b, lambda: world.restart_node(nodes[2]))
         return {}
 
     return run
@@ -259,17 +268,7 @@ def clock_jump(fenced: bool) -> Callable[[World, int], Stats]:
         a.call("acquire", 2.0)
         a.call("release")
         for _ in range(cycles):
-            cut = world.cut(proxies[3:])
-            a.call("acquire", 2.0)
-            a.call("read")
-            world.heal(cut)
-            world.jump_clock(nodes[2], 10.0)
-            cut = world.cut(proxies[:2])
-            if b.call("acquire", 0.3) == "granted":
-                use_and_release(b)
-            world.heal(cut)
-            a.call("write")
-            a.call("release")
+            split_around_node3(world, proxies, a, b, lambda: world.jump_clock(nodes[2], 10.0))
         return {}
 
     return run
