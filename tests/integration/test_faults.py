@@ -63,8 +63,13 @@ def test_three_of_five_down_is_a_quick_clear_error(
     assert time.monotonic() - started < NODE_TIMEOUT + 0.25
     assert len(info.value.node_errors) == 3
     assert all(n.startswith("redis://127.0.0.1:") for n in info.value.node_errors)
-    # Nothing of ours stays on the two live nodes.
-    assert holders(cluster5, f"tenure:{{{key}}}:lock") == [None] * 5
+    # Nothing of ours stays on the two live nodes. A live node that the loaded machine
+    # made miss the last round's deadline is released without waiting for its reply, so
+    # allow the release a moment to run.
+    deadline = time.monotonic() + 1.0
+    while holders(cluster5, f"tenure:{{{key}}}:lock") != [None] * 5:
+        assert time.monotonic() < deadline, holders(cluster5, f"tenure:{{{key}}}:lock")
+        time.sleep(0.01)
     if fault == "pause":
         for node in cluster5.nodes[2:]:
             node.resume()
