@@ -152,6 +152,10 @@ class Channel:
             self._task = asyncio.get_running_loop().create_task(self._run())
         self._unsent.append((command, on_reply))
 
+    def backing_off(self, now: float) -> float:
+        """Seconds until a new connection may be tried (0 when it may be tried now)."""
+        return self._retry_at - now if self._task is None and now < self._retry_at else 0.0
+
     def _write(self, packed: bytes) -> None:
         # redis-py has no public synchronous write; we use its StreamWriter directly so
         # that the write happens before the caller's next statement.
@@ -282,9 +286,31 @@ class Channels:
                 rnd.fail(i, Failure.BACKING_OFF, str(exc))
 
     async def run(
-        self, command: Command, rnd: Round, deadline: float, targets: Sequence[int] | None = None
+        self,
+        command: Command,
+        rnd: Round,
+        deadline: float,
+        targets: Sequence[int] | None = None,
+        *,
+        hopeless_unsent: bool = False,
     ) -> None:
-        """Send to ``targets`` (default: all); return when ``rnd`` is decided or at ``deadline``."""
+        """Send to ``targets`` (default: all); return when ``rnd`` is decided or at ``deadline``.
+
+        ``hopeless_unsent``: as for the blocking driver's ``LinkSet.run``, send nothing if
+        the nodes in their reconnect back-off already make the round impossible.
+        """
+        if hopeless_unsent:
+            channels = self._current()
+            now = time.monotonic()
+            for i in range(len(channels)) if targets is None else targets:
+                wait = channels[i].backing_off(now)
+                if wait:
+                    rnd.fail(
+                        i, Failure.BACKING_OFF, f"not retried until the back-off ends ({wait:.3f}s)"
+                    )
+            if rnd.decided:
+                return
+            targets = [i for i in range(len(channels)) if rnd.results[i] is None]
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
 

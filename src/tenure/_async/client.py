@@ -142,7 +142,7 @@ class AsyncClient(ClientBase):
                     )
                 )
                 try:
-                    await self._channels.run(command, rnd, acq.deadline(rnd))
+                    await self._channels.run(command, rnd, acq.deadline(rnd), hopeless_unsent=True)
                 except asyncio.CancelledError:
                     # Written before the cancellation propagates, behind our grant on each link.
                     self._send_release(spec.key, token, rnd.maybe_holding())

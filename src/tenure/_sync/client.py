@@ -172,7 +172,7 @@ class Client(ClientBase):
                         )
                     )
                     try:
-                        links.run(command, rnd, acq.deadline(rnd), _clock)
+                        links.run(command, rnd, acq.deadline(rnd), _clock, hopeless_unsent=True)
                     except BaseException:
                         # Interrupted mid-round (KeyboardInterrupt): the grant may have landed.
                         self._cleanup(spec, token, rnd.maybe_holding())

@@ -172,18 +172,35 @@ class LinkSet:
         deadline: float,
         clock: Callable[[], float],
         targets: Sequence[int] | None = None,
+        *,
+        hopeless_unsent: bool = False,
     ) -> None:
         """Send ``command`` to ``targets`` (all nodes by default) and tally into ``rnd``.
 
         Returns when ``rnd`` is decided or at ``deadline``; nodes still silent then are
         recorded as unreachable and their replies are owed, never left unread. Nodes
         outside ``targets`` are not touched: the caller records them in ``rnd`` first.
+        ``hopeless_unsent``: if the nodes in their reconnect back-off already make the
+        round impossible, send nothing at all (an acquire that cannot win would only
+        leave keys to clean up, and replies to owe, on the nodes that are up).
         """
         self.clean = False
         links = self.links
         waiting: list[int] = []
         now = rnd.started
         order: Sequence[int] = range(len(links)) if targets is None else targets
+        if hopeless_unsent:
+            for i in order:
+                node = links[i].node
+                if links[i].conn is None and now < node.retry_at:
+                    wait = node.retry_at - now
+                    rnd.fail(
+                        i, Failure.BACKING_OFF, f"not retried until the back-off ends ({wait:.3f}s)"
+                    )
+            if rnd.decided:
+                self.clean = True
+                return
+            order = [i for i in order if rnd.results[i] is None]
         if any(links[i].conn is None for i in order):
             # Connected links first: connecting (and any AUTH handshake) blocks, and must
             # not delay the requests to nodes that are ready.
