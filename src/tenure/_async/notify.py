@@ -30,7 +30,7 @@ __all__ = ["AsyncListener", "AsyncSlot"]
 
 BACKOFF_MIN = 0.025
 BACKOFF_MAX = 1.0
-STRAGGLE = 0.002  # see AsyncSlot
+STRAGGLE = 0.005  # see AsyncSlot
 
 
 class AsyncSlot:

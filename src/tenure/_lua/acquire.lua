@@ -23,7 +23,9 @@
 --   { 0, counter}  held by another client (nothing changed); when waiting: {0, counter,
 --                  pttl}, the lock's PTTL, and the caller is queued (its place renewed).
 --                  Not fair: a free lock reserved for a woken waiter (<queue>:next, see
---                  handoff.lua.inc) counts as held, with the reservation's PTTL.
+--                  handoff.lua.inc) counts as held, with pttl -1: the others wait for the
+--                  next release (re-checking at their fallback bound), not for the
+--                  reservation's end, lest every waiter re-check at every hand-off.
 --   {-1, counter}  free, but F is not above this node's counter: propose counter + 1
 --   {-2, mark}     no counter: this node has no history for this lock (new, or it lost
 --                  its data); it grants nothing until the client seeds it (seed.lua).
@@ -61,7 +63,7 @@ if not mode then
 else
     local queue, me = KEYS[4], ARGV[7]
     local holder = redis.call("GET", KEYS[1])
-    local busy = KEYS[1]
+    local pttl = nil
     if mode == "f" and holder == ARGV[1] then
         redis.call("PEXPIRE", KEYS[1], ARGV[2])
         return {1, counter}
@@ -74,7 +76,7 @@ else
         local nxt = redis.call("GET", queue .. ":next")
         if nxt and nxt ~= me then
             holder = true
-            busy = queue .. ":next"
+            pttl = -1
         end
     end
     if holder then
@@ -89,7 +91,7 @@ else
             end
             redis.call("SET", queue .. ":" .. me, ARGV[8] .. " " .. ARGV[2], "PX", ARGV[9])
         end
-        return {0, counter, redis.call("PTTL", busy)}
+        return {0, counter, pttl or redis.call("PTTL", KEYS[1])}
     end
 end
 local proposal = tonumber(ARGV[3])

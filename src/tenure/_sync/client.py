@@ -198,7 +198,7 @@ class Client(ClientBase):
                             # First wait of this client: subscribe, then queue at once.
                             slot = listener.register(waiter, self.config.node_timeout, spec.quorum)
                             continue
-                        if slot.wait(step.timeout):
+                        if listener.wait(waiter, slot, step.timeout):
                             lease = self._handed_over(slot, acq, spec, waiter)
                             if lease is not None:
                                 return lease
