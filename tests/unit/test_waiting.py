@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tenure import ConfigurationError
 from tenure._core.acquire import HELD, Acquisition, GiveUp, Granted, Retry, Wait
 from tenure._core.config import ClientConfig, LockSpec
-from tenure._core.policy import wait_random
+from tenure._core.policy import wait_random, wait_random_exponential
 from tenure._core.quorum import Round
 from tenure._core.waiting import Wake, parse_wake, place_ms
 
@@ -161,3 +161,34 @@ def test_wake_messages() -> None:
 @given(st.floats(0.01, 60), st.floats(0.001, 60))
 def test_a_place_outlives_several_rechecks(recheck: float, node_timeout: float) -> None:
     assert place_ms(recheck, node_timeout) >= 3 * recheck * 1000 - 1
+
+
+def test_partial_grant_with_the_rest_held_is_a_split_not_a_wait() -> None:
+    # 1 of 5 granted us, 4 "held": on a quorum those may be another waiter's partial
+    # grant or a reservation for it; both waiting for a notification would stall.
+    acq = make(n=5)
+    step = acq.conclude(held_round(acq, 0.0, [9_000] * 4, granted=1), "t", 0.001)
+    assert isinstance(step, Retry)
+    assert step.cleanup == frozenset({0})
+
+
+def test_split_back_off_restarts_after_a_wait() -> None:
+    # The back-off grows with consecutive split votes only: after a wait, it is short.
+    cfg = ClientConfig.build([f"redis://h{i}" for i in range(5)])
+    spec = LockSpec.build(cfg, "res", TTL)
+    acq = Acquisition(
+        spec,
+        wait_random_exponential(initial=0.001, maximum=10.0),
+        random.Random(1),
+        blocking=True,
+        timeout=None,
+        now=0.0,
+        node_names=[f"n{i}" for i in range(5)],
+        max_ttl_ms=60_000,
+        recheck=0.5,
+    )
+    for _ in range(12):  # many waits
+        assert isinstance(acq.conclude(held_round(acq, 0.0, [9_000] * 5), "t", 0.0), Wait)
+    step = acq.conclude(held_round(acq, 0.0, [9_000, 9_000], granted=2), "t", 0.0)
+    assert isinstance(step, Retry)
+    assert step.sleep <= 0.001

@@ -292,7 +292,11 @@ class Acquisition:
         if not self._blocking:
             return GiveUp(cleanup, None)
         held = [i for i, (s, _) in statuses.items() if s == HELD]
-        if self._recheck > 0 and len(held) >= spec.quorum:
+        # Wait for a notification only when nodes held by others make a majority and
+        # none granted us: with a partial grant of ours, "held" may mean another
+        # waiter's partial grant or a reservation for it (a split vote, not a holder
+        # who will release), so back off at random instead (R6).
+        if self._recheck > 0 and len(held) >= spec.quorum and rnd.yes == 0:
             self._backoffs = 0
             return self._wait(rnd, infos, held, cleanup, now)
         # The back-off grows with consecutive contended attempts, not with waits: a split
