@@ -364,6 +364,10 @@ def targets(rows: list[Row]) -> list[str]:
     return lines
 
 
+def load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+
+
 def context(args: argparse.Namespace, version: str) -> list[str]:
     def v(name: str) -> str:
         try:
@@ -371,10 +375,11 @@ def context(args: argparse.Namespace, version: str) -> list[str]:
         except importlib.metadata.PackageNotFoundError:
             return "?"
 
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
     return [
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
-        f"- machine: {platform.platform()}, {os.cpu_count()} CPUs; load average {load:.2f}",
+        f"- machine: {platform.platform()}, {os.cpu_count()} CPUs; 1-minute load average "
+        f"{args.load_before:.2f} before the run, {load_average():.2f} after (other "
+        "processes on the machine take the same cores)",
         f"- Python {platform.python_version()}; redis-server {version}; redis-py "
         f"{v('redis')}; python-redis-lock {v('python-redis-lock')}; tenure {v('tenure')}",
         f"- {args.duration:g} s per row, K in {args.k}; workers are separate processes "
@@ -383,6 +388,7 @@ def context(args: argparse.Namespace, version: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> str:
+    args.load_before = load_average()
     rows: list[Row] = []
     with LocalCluster(5) as cluster:
         version = server_version(cluster[0])
