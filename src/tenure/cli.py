@@ -320,7 +320,7 @@ def _add_verify(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument(
         "--report",
         metavar="DIR",
-        help="keep histories, node logs, timelines (timeline.html) and summary.txt/json here",
+        help="keep histories, node logs, timelines (timeline.html) and summary.md/json here",
     )
     p.set_defaults(handler=_cmd_verify)
 
@@ -366,7 +366,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     print("proof of each fault:")
     print(format_proofs(results))
     if report is not None:
-        print(f"\nreport: {report}/summary.txt, timelines: {report}/*/*/timeline.html")
+        print(f"\nreport: {report}/summary.md, timelines: {report}/*/*/timeline.html")
     return 0 if all(r.passed for r in results) else 1
 
 

@@ -38,7 +38,7 @@ def test_quick_verification_holds_every_expectation(
     for scenario in SCENARIOS:
         timelines = list(tmp_path.glob(f"{scenario.number}-{scenario.key}/*/timeline.html"))
         assert len(timelines) == len(scenario.configs)
-    assert "C1 overlaps" in (tmp_path / "summary.txt").read_text()
+    assert "C1 overlaps" in (tmp_path / "summary.md").read_text()
 
 
 def test_unknown_scenario_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -80,7 +80,7 @@ def run_scenarios(
                 if progress is not None:
                     progress(result)
         if report_dir is not None:
-            (root / "summary.txt").write_text(format_table(results) + "\n")
+            (root / "summary.md").write_text(format_table(results) + "\n")
             (root / "summary.json").write_text(json.dumps(_as_json(results), indent=2) + "\n")
     finally:
         if report_dir is None:
@@ -181,7 +181,8 @@ _COLUMNS = (
 
 
 def format_table(results: Sequence[RunResult]) -> str:
-    """One row per scenario x configuration, then what each fault's proof said."""
+    """One row per scenario x configuration (a Markdown table, aligned for a terminal),
+    then a line per run that failed, saying why."""
     head = ["#", "configuration", "kind", *(title for _, title in _COLUMNS), "result", "details"]
     rows = []
     for r in results:
@@ -190,7 +191,7 @@ def format_table(results: Sequence[RunResult]) -> str:
         verdict = "PASS" if r.passed else "FAIL"
         rows.append([str(r.scenario.number), r.config.name, kind, *cells, verdict, _details(r)])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
-    lines = [_line(head, widths), _line(["-" * w for w in widths], widths)]
+    lines = [_line(head, widths), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     lines += [_line(row, widths) for row in rows]
     for r in results:
         if not r.passed:
@@ -225,7 +226,7 @@ def format_proofs(results: Sequence[RunResult]) -> str:
 
 
 def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
-    return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+    return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
 
 
 def _cell(value: float | int | None) -> str:
