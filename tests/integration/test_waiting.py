@@ -515,3 +515,46 @@ def test_redis_is_left_clean(shared5: LocalCluster, key: str) -> None:
         lease.release()
     with redis.Redis.from_url(urls[0]) as c:
         assert c.keys(f"tenure:{{{key}}}:q*") == []
+
+
+@pytest.mark.parametrize(("n", "fair"), [(1, True), (5, False)])
+def test_killed_notification_connections_asyncio(
+    shared5: LocalCluster, key: str, n: int, fair: bool
+) -> None:
+    """The asyncio twin: tasks of one client share one subscription per node, killed
+    over and over; each still acquires within its fallback bound."""
+    urls = shared5.urls[:n]
+    recheck, waiters = 1.0, 4
+
+    async def main() -> float:
+        async with tenure.AsyncClient(urls) as h, tenure.AsyncClient(urls, recheck=recheck) as c:
+            holder = await h.acquire(key, ttl=10.0, fair=fair)
+            done: list[float] = []
+
+            async def one() -> None:
+                lease = await c.acquire(key, ttl=TTL, timeout=20.0, fair=fair)
+                done.append(time.monotonic())
+                await asyncio.sleep(0.01)
+                await lease.release()
+
+            tasks = [asyncio.ensure_future(one()) for _ in range(waiters)]
+            while _queue_length(shared5, key) < waiters:  # noqa: ASYNC110 - polls a server
+                await asyncio.sleep(0.01)
+            loop = asyncio.get_running_loop()
+            stop = False
+
+            async def killer() -> None:
+                while not stop:
+                    await loop.run_in_executor(None, _kill_pubsub, shared5, n)
+                    await asyncio.sleep(0.05)
+
+            kill = asyncio.ensure_future(killer())
+            await asyncio.sleep(0.2)
+            released = time.monotonic()
+            await holder.release()
+            await asyncio.gather(*tasks)
+            stop = True
+            await kill
+            return max(done) - released
+
+    assert asyncio.run(main()) <= waiters * (recheck + 0.3)
