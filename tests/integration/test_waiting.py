@@ -558,3 +558,69 @@ def test_killed_notification_connections_asyncio(
             return max(done) - released
 
     assert asyncio.run(main()) <= waiters * (recheck + 0.3)
+
+
+def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> None:
+    """The model's mirror of the waiting scripts (tests/unit/fake_node.py) against the
+    real scripts, step by step: same replies, same keys, same notifications."""
+    from tests.unit.fake_node import Bus, FakeNode, _zset, acquire_wait_lua, release_wait_lua
+
+    keys = LockKeys.of(key)
+    acquire, release = script("acquire").wire.decode(), script("release").wire.decode()
+    fake, bus = FakeNode(), Bus()
+    with shared5[0].client() as c:
+        sub = c.pubsub()
+        channels = [f"ch:{key}:{w}" for w in ("a", "b", "c", "d", "e")]
+        sub.subscribe(*channels[:4])  # "e" listens nowhere: its hand-off reaches nobody
+        while sum(1 for _ in iter(lambda: sub.get_message(timeout=0.5), None)) < 4:
+            pass
+        bus.listening.update(channels[:4])
+        c.set(keys.fence, 5)
+        fake.set(keys.fence, 5, 0)
+
+        def both_acquire(w: str, mode: str, proposal: int) -> None:
+            ch = f"ch:{key}:{w}"
+            real = c.eval(
+                acquire, 4, keys.lock, keys.fence, keys.warm, keys.queue,
+                w, 5000, proposal, 1, 1000, mode, w, ch, 3000,
+            )  # fmt: skip
+            mirror = acquire_wait_lua(fake, bus, keys, w, 5000, proposal, mode, w, ch, 3000, 0)
+            assert real[:2] == mirror[:2], (w, real, mirror)
+            assert (len(real) > 2) == (len(mirror) > 2)
+            if len(real) > 2:
+                assert (real[2] < 0) == (mirror[2] < 0)
+
+        def both_release(w: str, mode: str) -> None:
+            real = c.eval(release, 3, keys.lock, keys.fence, keys.queue, w, mode, 100)
+            assert real == release_wait_lua(fake, bus, keys, w, mode, 100, 0), w
+
+        def same_state() -> None:
+            assert (c.get(keys.lock) or b"").decode() == (fake.get(keys.lock, 0) or "")
+            assert int(c.get(keys.fence) or 0) == int(fake.get(keys.fence, 0) or 0)
+            real_queue = [m.decode() for m in c.zrange(keys.queue, 0, -1)]
+            assert real_queue == [m for _, m in _zset(fake, keys.queue, 0)]
+            real_next = c.get(f"{keys.queue}:next")
+            assert (real_next or b"").decode() == (fake.get(f"{keys.queue}:next", 0) or "")
+
+        for mode in ("f", "n"):
+            c.delete(keys.lock, keys.queue, f"{keys.queue}:next")
+            fake.delete(keys.lock, 0)
+            fake.delete(keys.queue, 0)
+            fake.delete(f"{keys.queue}:next", 0)
+            both_acquire("a", mode, 10**9)  # granted
+            for w in ("e", "b", "c", "d"):
+                both_acquire(w, mode, 10**9)  # held: queued ("e" first)
+            same_state()
+            both_release("a", mode)  # fair: "e" skipped (nobody listens), "b" handed it
+            same_state()
+            both_release("c", mode)  # "c" gives up
+            same_state()
+            both_acquire("d", mode, 2 * 10**9)  # fair: still held by "b"; not fair: reserved
+            same_state()
+            both_release("b", mode)  # fair: "b" held it: handed to "d"
+            both_acquire("b", mode, 3 * 10**9)
+            same_state()
+            both_release("d", mode)
+            both_release("b", mode)
+            same_state()
+        sub.close()

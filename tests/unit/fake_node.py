@@ -158,3 +158,130 @@ def extend_lua(node: FakeNode, key: str, token: str, ttl_ms: int, now: int) -> i
     if node.get(key, now) == token:
         return node.pexpire(key, ttl_ms, now)
     return 0
+
+
+# --- waiting (handoff.lua.inc, and the waiting paths of acquire.lua and release.lua) ---
+#
+# ``published`` collects (channel, message) for the caller; ``listening`` says which
+# channels have a subscriber (PUBLISH's receiver count).
+
+
+@dataclass
+class Bus:
+    listening: set[str] = field(default_factory=set)
+    published: list[tuple[str, str]] = field(default_factory=list)
+
+    def publish(self, channel: str, message: str) -> int:
+        if channel not in self.listening:
+            return 0
+        self.published.append((channel, message))
+        return 1
+
+
+def _zset(node: FakeNode, key: str, now: int) -> list[tuple[float, str]]:
+    raw = node.get(key, now)
+    if not raw:
+        return []
+    return sorted((float(s), m) for s, m in (item.split("|", 1) for item in raw.split(";")))
+
+
+def _zstore(node: FakeNode, key: str, items: list[tuple[float, str]], now: int) -> None:
+    if items:
+        node.set(key, ";".join(f"{s}|{m}" for s, m in sorted(items)), now)
+    else:
+        node.delete(key, now)
+
+
+def handoff_lua(
+    node: FakeNode, bus: Bus, keys: LockKeys, fair: bool, me: str, hold: int, now: int
+) -> int:
+    """``handoff.lua.inc``: pass a free lock on to the head of the queue."""
+    while True:
+        queue = _zset(node, keys.queue, now)
+        if not queue:
+            return 0
+        head = queue[0][1]
+        if head == me:
+            return 2
+        pkey = f"{keys.queue}:{head}"
+        place = node.get(pkey, now)
+        if place is not None:
+            channel, ttl = place.split(" ")
+            if fair:
+                token = int(node.get(keys.fence, now) or 0) + 1
+                if bus.publish(channel, f"G {head} {token}") > 0:
+                    node.set(keys.lock, head, now, px=int(ttl))
+                    node.set(keys.fence, token, now)
+                    _zstore(node, keys.queue, queue[1:], now)
+                    node.delete(pkey, now)
+                    return 1
+            elif bus.publish(channel, f"W {head}") > 0:
+                node.set(f"{keys.queue}:next", head, now, px=hold)
+                return 1
+            node.delete(pkey, now)
+        _zstore(node, keys.queue, queue[1:], now)
+
+
+def acquire_wait_lua(
+    node: FakeNode,
+    bus: Bus,
+    keys: LockKeys,
+    token: str,
+    ttl_ms: int,
+    proposal: int,
+    mode: str,
+    waiter: str,
+    channel: str,
+    place_ms: int,
+    now: int,
+) -> list[int]:
+    """``acquire.lua`` with ARGV[6..9] (the node has a counter and is not warming up)."""
+    counter = int(node.get(keys.fence, now) or 0)
+    holder: object = node.get(keys.lock, now)
+    pttl: int | None = None
+    if mode == "f" and holder == token:
+        node.pexpire(keys.lock, ttl_ms, now)
+        return [1, counter]
+    if holder is None and mode == "f" and handoff_lua(node, bus, keys, True, waiter, 0, now) == 1:
+        holder = True
+        counter = int(node.get(keys.fence, now) or 0)
+    if holder is None and mode == "n":
+        nxt = node.get(f"{keys.queue}:next", now)
+        if nxt is not None and nxt != waiter:
+            holder, pttl = True, -1
+    if holder is not None:
+        if place_ms != 0:
+            queue = _zset(node, keys.queue, now)
+            if waiter not in [m for _, m in queue]:
+                ticket = queue[-1][0] + 1 if queue else 0
+                _zstore(node, keys.queue, [*queue, (ticket, waiter)], now)
+            node.set(f"{keys.queue}:{waiter}", f"{channel} {ttl_ms}", now, px=place_ms)
+        return [0, counter, pttl if pttl is not None else node.pttl(keys.lock, now)]
+    if proposal <= counter:
+        return [-1, counter]
+    node.set(keys.lock, token, now, px=ttl_ms)
+    node.set(keys.fence, proposal, now)
+    queue = _zset(node, keys.queue, now)
+    _zstore(node, keys.queue, [(s, m) for s, m in queue if m != waiter], now)
+    node.delete(f"{keys.queue}:{waiter}", now)
+    node.delete(f"{keys.queue}:next", now)
+    return [1, proposal]
+
+
+def release_wait_lua(
+    node: FakeNode, bus: Bus, keys: LockKeys, token: str, mode: str, hold: int, now: int
+) -> int:
+    """``release.lua`` with ARGV[2..3] (a lease's release, or a waiter giving up)."""
+    released = 0
+    if node.get(keys.lock, now) == token:
+        node.delete(keys.lock, now)
+        released = 1
+    queue = _zset(node, keys.queue, now)
+    _zstore(node, keys.queue, [(s, m) for s, m in queue if m != token], now)
+    node.delete(f"{keys.queue}:{token}", now)
+    reserved = f"{keys.queue}:next"
+    if node.get(reserved, now) == token:
+        node.delete(reserved, now)
+    if node.exists(keys.lock, now) == 0 and node.exists(reserved, now) == 0:
+        handoff_lua(node, bus, keys, mode == "f", "", hold, now)
+    return released
