@@ -198,7 +198,14 @@ def test_sigint_while_waiting_exits_130_without_running(
     marker = tmp_path / "ran"
     with tenure.Client(cluster.urls) as client, client.lock(key, ttl=10):
         proc = _spawn("run", key, *_redis(cluster), "--", "sh", "-c", f"touch {marker}")
-        time.sleep(1.0)  # started and waiting for the lock
+        # Signal only once it waits for the lock (queued on the nodes): earlier, on a
+        # loaded machine, the signal would land while the interpreter is still starting.
+        deadline = time.monotonic() + _TIMEOUT
+        with cluster[0].client() as r:
+            while not r.zcard(f"tenure:{{{key}}}:q"):
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "tenure run never queued for the lock"
+                time.sleep(0.02)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=_TIMEOUT)
     assert proc.returncode == 130, err
