@@ -297,11 +297,11 @@ def _add_verify(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "verify",
         help="reproduce failure scenarios on local nodes and check the histories",
         description=(
-            "Start local redis-server nodes, run worker processes that take the lock and "
-            "read-modify-write a register on a store kept out of the faults, inject each "
-            "scenario's fault, and check the recorded history: overlapping valid leases "
-            "(C1), stale writes the store accepted (C3), token order (C4), lost updates "
-            "(C5), and unavailability. Every scenario runs a control configuration that "
+            "Start local redis-server nodes, run worker processes that take the lock and\n"
+            "read-modify-write a register on a store kept out of the faults, inject each\n"
+            "scenario's fault, and check the recorded history: overlapping valid leases\n"
+            "(C1), stale writes the store accepted (C3), token order (C4), lost updates\n"
+            "(C5), and unavailability. Every scenario runs a control configuration that\n"
             "must show its violation and mitigated ones that must show none."
         ),
         epilog=f"scenarios (by number or name; default all):\n{catalogue}\n\n{VERIFY_EXIT_CODES}",
@@ -309,7 +309,7 @@ def _add_verify(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     p.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenarios to run")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="a few cycles each (CI, ~5 min)")
+    size.add_argument("--quick", action="store_true", help="a few cycles each (CI, about 2 min)")
     size.add_argument("--soak", action="store_true", help="hundreds of cycles each (long)")
     p.add_argument(
         "--cycles",
