@@ -157,3 +157,21 @@ def test_release_with_a_majority_down_says_unconfirmed(
     with pytest.raises(tenure.LeaseLost, match="did not answer"):
         lease.release()
     assert holders(cluster5, lease.key) == [None] * 5
+
+
+def test_a_node_stays_reachable_after_many_reconnects(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    # redis-py's pool, if asked to make the connections, refuses the 101st for good; a
+    # client whose links to a node were cut 100 times must still reach it.
+    node = shared5[0]
+    client = api.client([node.url])
+    with node.client() as admin:
+        for _ in range(120):
+            client.acquire(key, ttl=2.0, timeout=5.0).release()
+            # Cut every connection but ours: the client reconnects on its next round.
+            admin.client_kill_filter(_type="normal", skipme=True)
+            admin.client_kill_filter(_type="pubsub", skipme=True)
+    lease = client.acquire(key, ttl=2.0, timeout=5.0)
+    assert lease.valid
+    lease.release()

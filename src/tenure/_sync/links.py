@@ -65,7 +65,12 @@ class NodeState:
         self._backoff = BACKOFF_MIN
 
     def new_connection(self) -> redis.Connection:
-        conn = self._factory.make_connection()
+        # The pool is only our parsed URL and settings. Its make_connection() counts each
+        # connection against max_connections (100) and is never told when we close one, so
+        # after 100 reconnects the node would stay unreachable for good (found by
+        # `tenure verify network --soak`). Build the connection from its settings instead.
+        factory = self._factory
+        conn = factory.connection_class(**factory.connection_kwargs)
         assert isinstance(conn, redis.connection.AbstractConnection)
         return conn  # type: ignore[return-value]  # a Connection or UnixDomainSocketConnection
 
