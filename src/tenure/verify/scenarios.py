@@ -633,6 +633,8 @@ SCENARIOS: tuple[Scenario, ...] = (
                     *zero(*SAFE, "nonpositive_validity"),
                     at_least("grants_in_minority_cut", 1),
                     at_least("unreachable_in_majority_cut", 1),
+                    # Each fault lasts 1.2 s; the lock must come back soon after each one.
+                    at_most("longest_unavailable_ms", 10_000),
                     at_most("grants_in_majority_cut", 0),
                     at_most("grants_in_slow", 0),
                 ],
