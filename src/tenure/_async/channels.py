@@ -84,6 +84,9 @@ def _callbacks(command: Command, on_reply: OnReply) -> list[OnReply]:
 class _Down(Exception):
     """The node is in its reconnect back-off."""
 
+    def __init__(self, wait: float) -> None:
+        super().__init__(f"not retried until the back-off ends ({wait:.3f}s)")
+
 
 class _Replies(asyncio.Protocol):
     """Reads replies off the connection's transport and hands each one on at once."""
@@ -147,8 +150,9 @@ class Channel:
                 self._pending.extend((c, now) for c in _callbacks(command, on_reply))
             return
         if self._task is None:
-            if now < self._retry_at:
-                raise _Down(f"not retried until the back-off ends ({self._retry_at - now:.3f}s)")
+            wait = self.backing_off(now)
+            if wait:
+                raise _Down(wait)
             self._task = asyncio.get_running_loop().create_task(self._run())
         self._unsent.append((command, on_reply))
 
@@ -302,15 +306,14 @@ class Channels:
         if hopeless_unsent:
             channels = self._current()
             now = time.monotonic()
-            for i in range(len(channels)) if targets is None else targets:
+            order = range(len(channels)) if targets is None else targets
+            for i in order:
                 wait = channels[i].backing_off(now)
                 if wait:
-                    rnd.fail(
-                        i, Failure.BACKING_OFF, f"not retried until the back-off ends ({wait:.3f}s)"
-                    )
+                    rnd.fail(i, Failure.BACKING_OFF, str(_Down(wait)))
             if rnd.decided:
                 return
-            targets = [i for i in range(len(channels)) if rnd.results[i] is None]
+            targets = [i for i in order if rnd.results[i] is None]
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
 

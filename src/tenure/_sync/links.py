@@ -89,6 +89,9 @@ class NodeState:
 class _Down(Exception):
     """The node is in its reconnect back-off; not even tried."""
 
+    def __init__(self, wait: float) -> None:
+        super().__init__(f"not retried until the back-off ends ({wait:.3f}s)")
+
 
 class Link:
     """One connection to one node, used by one operation at a time."""
@@ -105,9 +108,9 @@ class Link:
         conn = self.conn
         try:
             if conn is None:
-                if now < self.node.retry_at:
-                    wait = self.node.retry_at - now
-                    raise _Down(f"not retried until the back-off ends ({wait:.3f}s)")
+                wait = self.backing_off(now)
+                if wait:
+                    raise _Down(wait)
                 conn = self.conn = self.node.new_connection()
                 conn.connect()  # type: ignore[no-untyped-call]
                 kernel_timeouts(self.socket(), self.node.timeout)
@@ -116,6 +119,11 @@ class Link:
         except _NETWORK_ERRORS:
             self.drop(now)
             raise
+
+    def backing_off(self, now: float) -> float:
+        """Seconds until a new connection may be tried (0 when connected or it may be now)."""
+        retry_at = self.node.retry_at
+        return retry_at - now if self.conn is None and now < retry_at else 0.0
 
     def socket(self) -> Any:
         # redis-py has no public accessor for the socket it owns; we only select() on it.
@@ -196,12 +204,9 @@ class LinkSet:
         order: Sequence[int] = range(len(links)) if targets is None else targets
         if hopeless_unsent:
             for i in order:
-                node = links[i].node
-                if links[i].conn is None and now < node.retry_at:
-                    wait = node.retry_at - now
-                    rnd.fail(
-                        i, Failure.BACKING_OFF, f"not retried until the back-off ends ({wait:.3f}s)"
-                    )
+                wait = links[i].backing_off(now)
+                if wait:
+                    rnd.fail(i, Failure.BACKING_OFF, str(_Down(wait)))
             if rnd.decided:
                 self.clean = True
                 return
