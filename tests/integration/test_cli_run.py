@@ -23,6 +23,9 @@ from tenure.local import LocalCluster
 from tenure.run import EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE
 
 _TIMEOUT = 30  # seconds for any one tenure process; far above what each should take
+# A lock the test holds while a tenure process starts and runs must outlive it: a 10 s
+# TTL once expired under a loaded machine before the process even queued.
+_HELD_TTL = 2 * _TIMEOUT
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +72,15 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
+        preexec_fn=_default_sigint,
     )
+
+
+def _default_sigint() -> None:
+    # A shell without job control starts background commands with SIGINT ignored, and
+    # tenure run keeps an ignored signal ignored (as nohup expects); the tests that
+    # signal it must not depend on how pytest itself was started.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_pids(path: Path, proc: subprocess.Popen[str]) -> list[int]:
@@ -175,7 +186,7 @@ def test_no_wait_while_held_exits_75_at_once(
     cluster: LocalCluster, key: str, tmp_path: Path
 ) -> None:
     marker = tmp_path / "ran"
-    with tenure.Client(cluster.urls) as client, client.lock(key, ttl=10):
+    with tenure.Client(cluster.urls) as client, client.lock(key, ttl=_HELD_TTL):
         started = time.monotonic()
         result = _tenure(
             "run", key, *_redis(cluster), "--no-wait", "--", "sh", "-c", f"touch {marker}"
@@ -196,18 +207,23 @@ def test_sigint_while_waiting_exits_130_without_running(
     cluster: LocalCluster, key: str, tmp_path: Path
 ) -> None:
     marker = tmp_path / "ran"
-    with tenure.Client(cluster.urls) as client, client.lock(key, ttl=10):
+    with tenure.Client(cluster.urls) as client, client.lock(key, ttl=_HELD_TTL):
         proc = _spawn("run", key, *_redis(cluster), "--", "sh", "-c", f"touch {marker}")
-        # Signal only once it waits for the lock (queued on the nodes): earlier, on a
-        # loaded machine, the signal would land while the interpreter is still starting.
-        deadline = time.monotonic() + _TIMEOUT
-        with cluster[0].client() as r:
-            while not r.zcard(f"tenure:{{{key}}}:q"):
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, "tenure run never queued for the lock"
-                time.sleep(0.02)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=_TIMEOUT)
+        try:
+            # Signal only once it waits for the lock (queued on the nodes): earlier, on a
+            # loaded machine, the signal would land while the interpreter is still starting.
+            deadline = time.monotonic() + _TIMEOUT
+            with cluster[0].client() as r:
+                while not r.zcard(f"tenure:{{{key}}}:q"):
+                    assert proc.poll() is None, proc.communicate()
+                    assert time.monotonic() < deadline, "tenure run never queued for the lock"
+                    time.sleep(0.02)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=_TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     assert proc.returncode == 130, err
     assert not marker.exists()
 
@@ -308,7 +324,7 @@ def test_sigterm_is_forwarded_waited_for_and_released(
 
 def test_status_shows_holder_and_counter_then_free(cluster: LocalCluster, key: str) -> None:
     with tenure.Client(cluster.urls) as client:
-        lease = client.acquire(key, ttl=10)
+        lease = client.acquire(key, ttl=_HELD_TTL)
         code, held = _status(cluster, key)
         lease.release()
     code_after, free = _status(cluster, key)
@@ -323,7 +339,7 @@ def test_status_shows_holder_and_counter_then_free(cluster: LocalCluster, key: s
         assert "warm=-" in fields
         pttl = re.search(r"pttl=(\d+)ms", line)
         assert pttl is not None
-        assert 0 < int(pttl.group(1)) <= 10_000
+        assert 0 < int(pttl.group(1)) <= _HELD_TTL * 1000
     for line in free:
         fields = line.split()
         assert fields[1] == "free"

@@ -54,31 +54,9 @@ def _ignore(reply: Reply) -> None:
     """The callback of a request nobody waits for (a cleanup written on cancellation)."""
 
 
-class _Collect:
-    """One callback per reply of a command that has several; the last hands on all of them.
-
-    The request's callback then sees ``(True, [values])``, or the first error among them.
-    """
-
-    __slots__ = ("_n", "_on_reply", "_parts")
-
-    def __init__(self, n: int, on_reply: OnReply) -> None:
-        self._n = n
-        self._on_reply = on_reply
-        self._parts: list[Reply] = []
-
-    def __call__(self, reply: Reply) -> None:
-        self._parts.append(reply)
-        if len(self._parts) == self._n:
-            failed = [part for part in self._parts if not part[0]]
-            self._on_reply(failed[0] if failed else (True, [value for _, value in self._parts]))
-
-
 def _callbacks(command: Command, on_reply: OnReply) -> list[OnReply]:
-    if command.replies == 1:
-        return [on_reply]
-    collect = _Collect(command.replies, on_reply)
-    return [collect] * command.replies
+    # A command with several replies (a script, then WAIT) calls back once per reply.
+    return [on_reply] * command.replies
 
 
 class _Down(Exception):
@@ -136,18 +114,16 @@ class Channel:
     def send(self, command: Command, on_reply: OnReply = _ignore) -> None:
         """Write ``command`` now (or as soon as the connection is up).
 
-        ``on_reply`` is called exactly once, from the reader task: with the reply, or with
-        the error that ended the connection first.
+        ``on_reply`` is called once per reply the command produces (``command.replies``),
+        from the reader task: with the reply, or with the error that ended the connection
+        first.
         """
         now = time.monotonic()
         if self._pending and now - self._pending[0][1] > STALL:
             self._reset(ConnectionError(f"no reply for {STALL}s"), now)
         if self._conn is not None and self._task is not None and not self._unsent:
             self._write(command.packed)
-            if command.replies == 1:
-                self._pending.append((on_reply, now))
-            else:
-                self._pending.extend((c, now) for c in _callbacks(command, on_reply))
+            self._pending.extend((c, now) for c in _callbacks(command, on_reply))
             return
         if self._task is None:
             wait = self.backing_off(now)
@@ -321,10 +297,18 @@ class Channels:
             if not done.done():
                 done.set_result(None)
 
+        parts: dict[int, list[Any]] = {}  # replies so far of a command that has several
+
         def on_reply(i: int, reply: Reply) -> None:
-            if done.done():
-                return  # the round is over; this reply was read and is dropped
+            if done.done() or rnd.results[i] is not None:
+                return  # the round, or this node's part in it, is over: dropped
             ok, value = reply
+            if ok and command.replies > 1:
+                got = parts.setdefault(i, [])
+                got.append(value)
+                if len(got) < command.replies:
+                    return
+                value = got
             if ok:
                 rnd.record(i, *command.parse(value))
             elif isinstance(value, ResponseError):
@@ -345,6 +329,10 @@ class Channels:
         else:
             settle()
         if not rnd.decided:
+            for i, got in parts.items():
+                # A node that answered the command but not yet all of it (a WAIT still
+                # blocked in Redis) is judged on what came: it is not silent.
+                rnd.record(i, *command.parse(got))
             rnd.time_out()
 
     async def close(self) -> None:

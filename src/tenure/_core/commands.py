@@ -81,7 +81,9 @@ class Command:
 
     ``parse`` answers (yes, info); yes is None for "no, but our key may be there", so the
     node is cleaned up after a failed attempt. ``replies`` is how many replies the packed
-    bytes produce; when more than one, ``parse`` receives them as a list.
+    bytes produce; when more than one, ``parse`` receives them as a list, and at a
+    round's deadline it also judges a node from the replies that came so far (at least
+    one): a node that answered only part is not silent.
     """
 
     packed: bytes
@@ -99,12 +101,18 @@ def acked_by_replicas(command: Command, replicas: int, timeout_ms: int) -> Comma
     connection made before it, so a "yes" to ``command`` stands only when that number
     reaches ``replicas``. Below it the node's answer becomes None: not a vote, and the
     key we may have set there is released with the rest of a failed attempt (fail closed).
+    A ``WAIT`` not answered by the round's deadline counts as no acknowledgement: Redis
+    times a blocked ``WAIT`` out only on its cron tick (every 100 ms at the default
+    ``hz 10``), so with an absent replica its answer often comes just too late.
     """
     inner = command.parse
 
     def parse(replies: object) -> tuple[bool | None, Info]:
-        assert isinstance(replies, list)  # the drivers hand over both replies as a list
-        reply, acked = replies
+        # The drivers hand over the replies as a list: both, or the first alone when the
+        # WAIT was still blocked at the round's deadline.
+        assert isinstance(replies, list)
+        assert replies
+        reply, acked = replies[0], replies[1] if len(replies) > 1 else None
         yes, info = inner(reply)
         if yes and not (isinstance(acked, int) and acked >= replicas):
             return None, info

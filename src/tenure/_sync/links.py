@@ -245,10 +245,21 @@ class LinkSet:
 
         now = clock()
         for i in waiting:
-            links[i].abandon(now, command.replies)
+            self._give_up_on(i, command, rnd, now)
         if not rnd.decided:
             rnd.time_out()
         self.clean = True
+
+    def _give_up_on(self, i: int, command: Command, rnd: Round, now: float) -> None:
+        """The deadline passed before node ``i`` answered all of ``command``.
+
+        Its replies still to come are owed. A node that answered part (a WAIT still
+        blocked in Redis) is judged on what came: it is not silent.
+        """
+        link = self.links[i]
+        if link.partial and not rnd.decided:
+            rnd.record(i, *command.parse(list(link.partial)))
+        link.abandon(now, command.replies)
 
     def _read_alone(self, command: Command, rnd: Round, clock: Callable[[], float]) -> None:
         link = self.links[0]
@@ -269,7 +280,7 @@ class LinkSet:
             if isinstance(exc.__context__, BlockingIOError):
                 # The kernel timeout: the node is silent (frozen?). Keep the connection
                 # and owe the reply, exactly as the select() path does at its deadline.
-                link.abandon(clock(), command.replies)
+                self._give_up_on(0, command, rnd, clock())
                 rnd.time_out()
             else:
                 link.drop(clock())
