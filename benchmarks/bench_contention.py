@@ -74,7 +74,8 @@ SYSTEMS = [
     System("tenure asyncio (fair)", 1, "tenure-async"),
     System("redis-py Lock", 1, "redis-py"),
     System("python-redis-lock", 1, "python-redis-lock"),
-    System("tenure (notified)", 5, "tenure"),
+    System("tenure (default: fair)", 5, "tenure"),
+    System("tenure fair=False", 5, "tenure-unfair"),
 ]
 
 Record = tuple[int, int, int]  # asked, got, releasing (monotonic ns)

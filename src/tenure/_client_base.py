@@ -12,11 +12,13 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from ._clock import monotonic
-from ._core.acquire import Acquisition
+from ._clock import monotonic, wall_us
+from ._core import commands
+from ._core.acquire import Acquisition, Granted
 from ._core.commands import Command, acked_by_replicas
 from ._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
 from ._core.policy import RetryPolicy
+from ._core.waiting import Wake, hold_ms, place_ms
 
 __all__ = ["ClientBase"]
 
@@ -57,6 +59,8 @@ class ClientBase:
         self._specs = SpecCache(self.config)
         self._rng = random.Random(secrets.randbits(64))
         self._fence_floor = 1  # proposals stay above every fencing token this client saw
+        self._place_ms = place_ms(self.config.recheck, self.config.node_timeout)
+        self._hold_ms = hold_ms(self.config.node_timeout)
         self._open(dict(connection_options or {}))
 
     def _replicated(self, command: Command) -> Command:
@@ -84,3 +88,42 @@ class ClientBase:
             floor=self._fence_floor,
             recheck=self.config.recheck,
         )
+
+    def _wait_args(
+        self, spec: LockSpec, waiter: str, channel: str, queued: bool, ticket: int
+    ) -> commands.WaitArgs:
+        """The waiting arguments of an attempt (``queued``: it joins the queue if held)."""
+        place = self._place_ms if queued else 0
+        return commands.WaitArgs(spec.wait_mode, waiter, channel, place, ticket)
+
+    def _release_waking(
+        self, spec: LockSpec, token: str, fencing: int = 0, *, cleanup: bool = False
+    ) -> Command:
+        """release.lua for a lease (or, with a waiter id, a waiter giving up): delete our
+        key, leave the queue (``cleanup``: stay), pass the lock on to the next waiter."""
+        if spec.wait_mode == "q":
+            # The hand-off's token: one value for every node, above our own and every
+            # token this client saw. A node whose counter is not below it only wakes the
+            # next waiter, which then acquires with an ordinary round.
+            arg = max(wall_us(), fencing + 1, self._fence_floor)
+        else:
+            arg = self._hold_ms
+        return commands.release_waking(spec.keys, token, spec.wait_mode, arg, cleanup=cleanup)
+
+    def _cleanup_release(self, spec: LockSpec, token: str) -> Command:
+        """What releases the grants of a failed attempt. Fair on a quorum, they are
+        passed on to the next in line: a waiter that needs them is told, rather than
+        left waiting for its fallback re-check."""
+        if spec.wait_mode == "q":
+            return self._release_waking(spec, token, cleanup=True)
+        return commands.release(spec.key, token)
+
+    def _transferred(
+        self, wakes: list[tuple[int, Wake]], acq: Acquisition, waiter: str
+    ) -> Granted | None:
+        """The grant fair hand-offs gave us, if the notifications say so (else re-check)."""
+        grants = [(i, w.token) for i, w in wakes if w.handed_over and w.waiter == waiter]
+        granted = acq.transferred(waiter, grants, monotonic()) if grants else None
+        if granted is not None:
+            self._fence_floor = max(self._fence_floor, acq.floor)
+        return granted

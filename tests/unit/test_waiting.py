@@ -20,9 +20,11 @@ TTL = 10.0
 COUNTER = 1_000
 
 
-def make(n: int = 1, recheck: float = 0.5, timeout: float | None = None) -> Acquisition:
+def make(
+    n: int = 1, recheck: float = 0.5, timeout: float | None = None, fair: bool | None = None
+) -> Acquisition:
     cfg = ClientConfig.build([f"redis://h{i}" for i in range(n)], recheck=recheck)
-    spec = LockSpec.build(cfg, "res", TTL, fair=n == 1 and recheck > 0)
+    spec = LockSpec.build(cfg, "res", TTL, fair=(n == 1 and recheck > 0) if fair is None else fair)
     return Acquisition(
         spec,
         wait_random(0.01, 0.02),
@@ -97,9 +99,11 @@ def test_no_notifications_means_back_off() -> None:
 
 def test_transferred_lease_counts_validity_from_the_last_look() -> None:
     acq = make()
-    assert acq.transferred("w", COUNTER + 1, 0.0) is None  # never looked: nothing to count from
+    assert (
+        acq.transferred("w", [(0, COUNTER + 1)], 0.0) is None
+    )  # never looked: nothing to count from
     acq.conclude(held_round(acq, 2.0, [9_000]), "w", 2.001)
-    got = acq.transferred("w", COUNTER + 1, 2.3)
+    got = acq.transferred("w", [(0, COUNTER + 1)], 2.3)
     assert isinstance(got, Granted)
     lease = got.lease
     assert lease.started == 2.0
@@ -113,9 +117,9 @@ def test_stale_or_late_hand_off_is_not_trusted() -> None:
     acq = make()
     acq.conclude(held_round(acq, 2.0, [9_000]), "w", 2.001)
     # Not above the counter our last look saw: from before it.
-    assert acq.transferred("w", COUNTER, 2.1) is None
+    assert acq.transferred("w", [(0, COUNTER)], 2.1) is None
     # Less than half the TTL left: re-check (which renews the TTL) instead.
-    assert acq.transferred("w", COUNTER + 1, 2.0 + TTL / 2 + 0.1) is None
+    assert acq.transferred("w", [(0, COUNTER + 1)], 2.0 + TTL / 2 + 0.1) is None
 
 
 @given(st.floats(0.0, 100.0), st.floats(0.0, 20.0), st.integers(1, 50))
@@ -127,16 +131,24 @@ def test_transferred_validity_never_exceeds_the_key_lifetime(
     no later than look + ttl - drift, whatever the delay before the notification."""
     acq = make()
     acq.conclude(held_round(acq, look, [9_000]), "w", look + 0.001)
-    got = acq.transferred("w", COUNTER + bump, look + delay)
+    got = acq.transferred("w", [(0, COUNTER + bump)], look + delay)
     if got is not None:
         assert got.lease.valid_until <= look + TTL - got.lease.ttl * 0.01
         assert got.lease.valid_until - (look + delay) >= TTL / 2
 
 
-def test_fair_mode_needs_one_node() -> None:
-    cfg = ClientConfig.build(["redis://a", "redis://b", "redis://c"])
-    with pytest.raises(ConfigurationError, match="fair"):
-        LockSpec.build(cfg, "x", 1.0, fair=True)
+def test_fair_is_the_default_on_one_node_and_on_a_quorum() -> None:
+    quorum = ClientConfig.build(["redis://a", "redis://b", "redis://c"])
+    assert LockSpec.build(quorum, "x", 1.0).wait_mode == "q"
+    assert LockSpec.build(quorum, "x", 1.0, fair=False).wait_mode == "n"
+    assert LockSpec.build(ClientConfig.build(["redis://a"]), "x", 1.0).wait_mode == "f"
+    # Without notifications, or with wait_replicas, the default is not fair.
+    assert LockSpec.build(ClientConfig.build(["redis://a"], recheck=0), "x", 1.0).wait_mode == "n"
+    replicated = ClientConfig.build(["redis://a"], wait_replicas=1)
+    assert LockSpec.build(replicated, "x", 1.0).wait_mode == "n"
+
+
+def test_bad_fair_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="fair"):
         LockSpec.build(ClientConfig.build(["redis://a"]), "x", 1.0, fair="yes")
     with pytest.raises(ConfigurationError, match="fair"):
@@ -166,16 +178,54 @@ def test_a_place_outlives_several_rechecks(recheck: float, node_timeout: float) 
 def test_partial_grant_with_the_rest_held_is_a_split_not_a_wait() -> None:
     # 1 of 5 granted us, 4 "held": on a quorum those may be another waiter's partial
     # grant or a reservation for it; both waiting for a notification would stall.
-    acq = make(n=5)
+    acq = make(n=5, fair=False)
     step = acq.conclude(held_round(acq, 0.0, [9_000] * 4, granted=1), "t", 0.001)
     assert isinstance(step, Retry)
     assert step.cleanup == frozenset({0})
 
 
+def test_fair_on_a_quorum_waits_with_a_partial_grant_and_the_rest_held() -> None:
+    # Fair on a quorum: no reservations, and a partial grant is passed on when released,
+    # so "held" is followed by a notification. Our grant is released (with a hand-off).
+    acq = make(n=5, fair=True)
+    step = acq.conclude(held_round(acq, 0.0, [9_000] * 4, granted=1), "t", 0.001)
+    assert isinstance(step, Wait)
+    assert step.cleanup == frozenset({0})
+    # A split with no majority held by anyone still backs off at random (R6).
+    step = acq.conclude(held_round(acq, 0.0, [9_000, 9_000], granted=2), "t", 0.001)
+    assert isinstance(step, Retry)
+
+
+def quorum_look(acq: Acquisition, counters: dict[int, int], now: float = 1.0) -> None:
+    """A round in which ``counters``' nodes answered "held" (the others were silent)."""
+    rnd = acq.begin(now)
+    for i, counter in counters.items():
+        rnd.record(i, False, (HELD, counter, 9_000))
+    assert isinstance(acq.conclude(rnd, "w", now + 0.001), Wait)
+
+
+def test_quorum_hand_off_needs_one_token_from_a_majority_of_looked_at_nodes() -> None:
+    acq = make(n=5, fair=True)
+    quorum_look(acq, {0: 10, 1: 10, 2: 10, 3: 12})
+    f = 20
+    got = acq.transferred("w", [(0, f), (1, f), (3, f)], 1.1)
+    assert isinstance(got, Granted)
+    assert got.lease.granted == frozenset({0, 1, 3})
+    assert got.lease.fencing_token == f
+    assert got.lease.started == 1.0
+    assert acq.floor > f
+    # Two tokens (two releases' hand-offs): neither is committed by a majority.
+    assert acq.transferred("w", [(0, f), (1, f), (2, f + 1)], 1.1) is None
+    # Node 4 was not looked at: its hand-off may predate our look, so it does not count.
+    assert acq.transferred("w", [(0, f), (1, f), (4, f)], 1.1) is None
+    # A token not above the counter a node showed is a stale notification there.
+    assert acq.transferred("w", [(0, f), (1, f), (3, 12)], 1.1) is None
+
+
 def test_split_back_off_restarts_after_a_wait() -> None:
     # The back-off grows with consecutive split votes only: after a wait, it is short.
     cfg = ClientConfig.build([f"redis://h{i}" for i in range(5)])
-    spec = LockSpec.build(cfg, "res", TTL)
+    spec = LockSpec.build(cfg, "res", TTL, fair=False)
     acq = Acquisition(
         spec,
         wait_random_exponential(initial=0.001, maximum=10.0),

@@ -31,7 +31,6 @@ from .._core.acquire import cleanup_wait as _cleanup_wait
 from .._core.config import LockSpec, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.quorum import Round
-from .._core.waiting import hold_ms, place_ms
 from .._core.watchdog import KeepAlive
 from .._errors import LeaseLost, LockTimeout, NotHeld
 from .._lease import LeaseView
@@ -56,8 +55,6 @@ class AsyncClient(ClientBase):
         self._channels = Channels(self.config, connection_options)
         self._listener_loop: asyncio.AbstractEventLoop | None = None
         self._listener_ = AsyncListener(self._channels.pools)
-        self._place_ms = place_ms(self.config.recheck, self.config.node_timeout)
-        self._hold_ms = hold_ms(self.config.node_timeout)
 
     @property
     def _listener(self) -> AsyncListener:
@@ -111,6 +108,7 @@ class AsyncClient(ClientBase):
         acq = self._acquisition(spec, blocking, timeout)
         listener = self._listener
         waiter = secrets.token_hex(16)
+        ticket = wall_us()  # its place in a quorum's queues ("q"), the same on every node
         slot: AsyncSlot | None = None
         if blocking and listener.started and self.config.recheck > 0:
             slot = listener.register_now(waiter, spec.quorum)
@@ -123,10 +121,10 @@ class AsyncClient(ClientBase):
                 token = waiter
                 # Always the waiting form: even an attempt that will not queue must see
                 # the queue (fair) and a reservation for a woken waiter.
-                place = self._place_ms if slot is not None else 0
-                mode = "f" if spec.fair else "n"
-                wait_args = commands.WaitArgs(mode, waiter, listener.channel, place)
-                queued = queued or place > 0
+                wait_args = self._wait_args(
+                    spec, waiter, listener.channel, slot is not None, ticket
+                )
+                queued = queued or slot is not None
                 if slot is not None:
                     slot.take()  # this attempt sees every release notified so far
                 rnd = acq.begin(_clock())
@@ -155,7 +153,7 @@ class AsyncClient(ClientBase):
                     lease = AsyncLease(self, step.lease, spec)
                     return lease
                 if step.cleanup:
-                    command = commands.release(spec.key, token)
+                    command = self._cleanup_release(spec, token)
                     await self._cleanup_round(command, step.cleanup, _cleanup_wait(step, rnd))
                 if isinstance(step, GiveUp):
                     if step.error is not None:
@@ -182,21 +180,14 @@ class AsyncClient(ClientBase):
             if queued and lease is None:
                 # Written at once (no await), so a cancelled acquire leaves its place too.
                 rnd = Round(len(self.node_names), self.config.quorum, _clock())
-                self._channels.send(
-                    commands.dequeue(spec.keys, waiter, spec.fair, self._hold_ms), rnd
-                )
+                self._channels.send(commands.dequeue(self._release_waking(spec, waiter)), rnd)
 
     def _handed_over(
         self, slot: AsyncSlot, acq: Acquisition, spec: LockSpec, waiter: str
     ) -> AsyncLease | None:
-        """The lease a fair hand-off gave us, if a notification says so (else re-check)."""
-        for wake in slot.take():
-            if wake.handed_over and wake.waiter == waiter:
-                granted = acq.transferred(waiter, wake.token, _clock())
-                if granted is not None:
-                    self._fence_floor = max(self._fence_floor, acq.floor)
-                    return AsyncLease(self, granted.lease, spec)
-        return None
+        """The lease a fair hand-off gave us, if the notifications say so (else re-check)."""
+        granted = self._transferred(slot.take(), acq, waiter)
+        return None if granted is None else AsyncLease(self, granted.lease, spec)
 
     async def _seed(self, spec: LockSpec, seed: Seed) -> None:
         command = commands.seed(spec.keys, seed.counter, seed.warm_ms, seed.marks)
@@ -283,9 +274,7 @@ class AsyncLease(LeaseView):
             self._state = outcome
             return
         self._released = True
-        await client._round(
-            commands.release_waking(spec.keys, self.token, spec.fair, client._hold_ms)
-        )
+        await client._round(client._release_waking(spec, self.token, self.fencing_token))
         self._mark_lost(outcome)
         raise outcome
 
@@ -296,9 +285,7 @@ class AsyncLease(LeaseView):
         self._released = True
         await self._stop_watching()
         spec = self._spec
-        rnd = await client._round(
-            commands.release_waking(spec.keys, self.token, spec.fair, client._hold_ms)
-        )
+        rnd = await client._round(client._release_waking(spec, self.token, self.fencing_token))
         error = conclude_release(
             self._state,
             len(client.node_names),

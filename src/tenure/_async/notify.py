@@ -43,7 +43,7 @@ class AsyncSlot:
     __slots__ = ("_flag", "_future", "_timer", "need", "nodes", "wakes")
 
     def __init__(self, need: int = 1) -> None:
-        self.wakes: list[Wake] = []
+        self.wakes: list[tuple[int, Wake]] = []  # (node, notification)
         self.nodes: set[int] = set()  # the nodes whose notifications are in ``wakes``
         self.need = need
         self._flag = False
@@ -52,7 +52,7 @@ class AsyncSlot:
 
     def put(self, wake: Wake | None, node: int = -1) -> None:
         if wake is not None:
-            self.wakes.append(wake)
+            self.wakes.append((node, wake))
             self.nodes.add(node)
             if len(self.nodes) < self.need:
                 if self._timer is None:
@@ -67,7 +67,7 @@ class AsyncSlot:
         if future is not None and not future.done():
             future.set_result(None)
 
-    def take(self) -> list[Wake]:
+    def take(self) -> list[tuple[int, Wake]]:
         self._flag = False
         if self._timer is not None:
             self._timer.cancel()

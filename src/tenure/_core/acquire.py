@@ -225,7 +225,9 @@ class Acquisition:
         self._backoffs = 0
         # (start of the latest round that found the lock held by another, the highest
         # counter it saw): the base of a transferred lease's validity (``transferred``).
-        self._observed: tuple[float, int] | None = None
+        # The latest round that found the lock held: when it began, and each holding
+        # node's counter then (what a hand-off notification is judged against).
+        self._observed: tuple[float, dict[int, int]] | None = None
 
     def begin(self, now: float) -> Round:
         """Start an attempt at ``now``."""
@@ -253,10 +255,12 @@ class Acquisition:
             self.floor = max(self.floor, max(counters) + 1)
         validity = rnd.validity(now, spec.ttl, spec.drift)
         if rnd.succeeded and validity > 0:
-            # The token is our proposal, except in fair mode when the lock had already
-            # been handed to us: the node then answers the token the hand-off minted.
+            # The token is our proposal, except in fair mode on one node when the lock had
+            # already been handed to us: the node then answers the token the hand-off
+            # minted. (Fair on a quorum, such a node takes our proposal like the others.)
             minted = {n for s, n in statuses.values() if s == GRANTED}
-            fencing = minted.pop() if spec.fair and len(minted) == 1 else self._proposal
+            one_node_fair = spec.wait_mode == "f" and len(minted) == 1
+            fencing = minted.pop() if one_node_fair else self._proposal
             self.floor = max(self.floor, fencing + 1, self._proposal + 1)
             blank = frozenset(i for i, (s, _) in statuses.items() if s == NO_HISTORY)
             # Nodes that lost their data (the others answered with history): seed them now,
@@ -295,8 +299,14 @@ class Acquisition:
         # Wait for a notification only when nodes held by others make a majority and
         # none granted us: with a partial grant of ours, "held" may mean another
         # waiter's partial grant or a reservation for it (a split vote, not a holder
-        # who will release), so back off at random instead (R6).
-        if self._recheck > 0 and len(held) >= spec.quorum and rnd.yes == 0:
+        # who will release), so back off at random instead (R6). Fair on a quorum
+        # ("q") waits either way: there are no reservations, a waiter's partial grants
+        # are released with a hand-off to the next in line (so "held" by one is
+        # followed by a notification), and a grant of ours next to nodes held by others
+        # is most often a release that reached that node before our attempt did and
+        # the others after it: their hand-offs to us are on their way.
+        partial_ok = rnd.yes == 0 or spec.wait_mode == "q"
+        if self._recheck > 0 and len(held) >= spec.quorum and partial_ok:
             self._backoffs = 0
             return self._wait(rnd, infos, held, cleanup, now)
         # The back-off grows with consecutive contended attempts, not with waits: a split
@@ -319,7 +329,7 @@ class Acquisition:
         now: float,
     ) -> Wait | GiveUp:
         """Held on a majority: wait for the release notification, within the bounds."""
-        self._observed = (rnd.started, max(infos[i][1] for i in held))
+        self._observed = (rnd.started, {i: infos[i][1] for i in held})
         wait = self._recheck * self._rng.uniform(0.5, 1.0)
         # Do not sleep past the holder's expiry (a crashed holder sends no notification):
         # the lock is free on a majority once k more of the holding nodes let it go.
@@ -334,25 +344,36 @@ class Acquisition:
             wait = min(wait, left)
         return Wait(wait, cleanup)
 
-    def transferred(self, token: str, fencing_token: int, now: float) -> Granted | None:
-        """A fair hand-off notification ("the lock is yours, token F"): the lease, or None.
+    def transferred(self, token: str, grants: list[tuple[int, int]], now: float) -> Granted | None:
+        """Fair hand-off notifications ("the lock is yours, token F", from node i, as
+        ``(i, F)`` pairs): the lease, or None.
 
-        The hand-off set the key's TTL at an instant the client never sees. What it knows
-        is that the instant came *after* the latest round that found the lock held by
-        another client with a counter below F (the hand-off raised the counter to F; a
-        counter never goes down), and that round executed after it began. So the key
-        lives until at least that round's start + ttl on the node, and the lease is
-        valid until ``started + ttl - drift`` on our clock, exactly like an acquisition
-        whose round began then. None when F is not above that round's counter (a stale
-        notification from before it), or when less than half the TTL would be left: the
-        driver then re-checks at once, and the re-check renews the TTL from its own start.
+        A hand-off set the key's TTL at an instant the client never sees. What it knows
+        is that on node i the instant came *after* the latest round that found the lock
+        held there by another client with a counter below F (the hand-off raised the
+        counter to F; a counter never goes down), and that round executed after it
+        began. So the key lives until at least that round's start + ttl on the node.
+        With a majority of such nodes handing over one token F (on a quorum every node
+        of one release is given the same F, so F is committed by that majority, as any
+        granted token is), the lease is valid until ``started + ttl - drift`` on our
+        clock, exactly like an acquisition whose round began then. None when no token
+        has such a majority (a stale notification from before that round, or a split:
+        the queues' heads differed), or when less than half the TTL would be left: the
+        driver then re-checks at once, and the re-check takes the lock with an ordinary
+        round (on nodes already handed to us, it renews the TTL from its own start).
         """
         if self._observed is None:
             return None
-        started, counter = self._observed
-        if fencing_token <= counter:
-            return None
+        started, counters = self._observed
         spec = self.spec
+        by_token: dict[int, set[int]] = {}
+        for node, fencing in grants:
+            if node in counters and fencing > counters[node]:
+                by_token.setdefault(fencing, set()).add(node)
+        won = [(f, nodes) for f, nodes in by_token.items() if len(nodes) >= spec.quorum]
+        if not won:
+            return None
+        fencing_token, nodes = max(won)
         valid_until = started + spec.ttl - spec.drift
         if valid_until - now < spec.ttl / 2:
             return None
@@ -365,7 +386,7 @@ class Acquisition:
                 ttl=spec.ttl,
                 started=started,
                 valid_until=valid_until,
-                granted=frozenset(range(spec.n_nodes)),
+                granted=frozenset(nodes),
                 fencing_token=fencing_token,
             )
         )

@@ -124,24 +124,27 @@ def acked_by_replicas(command: Command, replicas: int, timeout_ms: int) -> Comma
 
 @dataclass(frozen=True)
 class WaitArgs:
-    """What queues a blocked acquirer (acquire.lua ARGV[6..9]).
+    """What queues a blocked acquirer (acquire.lua ARGV[6..10]).
 
-    ``mode`` is "n" (notified waiting) or "f" (fair); ``waiter`` the waiter id, stable
-    over one acquire call; ``channel`` where its process listens; ``place_ms`` how long
-    its place lives unless renewed (0: a non-blocking attempt, never queued).
+    ``mode`` is "n" (notified waiting), "f" (fair, one node) or "q" (fair on a quorum);
+    ``waiter`` the waiter id, stable over one acquire call; ``channel`` where its
+    process listens; ``place_ms`` how long its place lives unless renewed (0: a
+    non-blocking attempt, never queued); ``ticket`` ("q") its place in the queue, the
+    same on every node (the wall clock in µs when the acquire call began).
     """
 
     mode: str
     waiter: str
     channel: str
     place_ms: int
+    ticket: int = 0
 
 
 @lru_cache(maxsize=4096)
 def _acquire_head(keys: LockKeys, waiting: bool) -> bytes:
     # Everything but the per-attempt arguments, encoded once per lock name.
     if waiting:
-        head = _eval_head("acquire", 4, 13)
+        head = _eval_head("acquire", 4, 14)
         return head + _bulk((keys.lock, keys.fence, keys.warm, keys.queue))
     return _eval_head("acquire", 3, 8) + _bulk((keys.lock, keys.fence, keys.warm))
 
@@ -158,7 +161,7 @@ def acquire(
     args = (token, ttl_ms, proposal, mark, mark_ms)
     if wait is None:
         return Command(_acquire_head(keys, False) + _bulk(args), _acquire_reply)
-    extra = (wait.mode, wait.waiter, wait.channel, wait.place_ms)
+    extra = (wait.mode, wait.waiter, wait.channel, wait.place_ms, wait.ticket)
     return Command(_acquire_head(keys, True) + _bulk((*args, *extra)), _acquire_reply)
 
 
@@ -171,17 +174,22 @@ def release(key: str, token: str) -> Command:
     return Command(_eval("release", (key,), token))
 
 
-def release_waking(keys: LockKeys, token: str, fair: bool, hold_ms: int) -> Command:
-    """A lease's release: compare-and-delete, then wake the next waiter and reserve the
-    lock for it for ``hold_ms`` (fair: hand it over)."""
+def release_waking(
+    keys: LockKeys, token: str, mode: str, arg: int, *, cleanup: bool = False
+) -> Command:
+    """A lease's release: compare-and-delete, then pass the lock on to the next waiter
+    (``mode`` as in ``WaitArgs``): "n" wakes it and reserves the lock for it for ``arg``
+    ms; "f" hands the lock over; "q" hands it over with the fencing token ``arg``.
+    ``cleanup``: releasing a failed attempt's grants, the caller keeps its place."""
     queue_keys = (keys.lock, keys.fence, keys.queue)
-    return Command(_eval("release", queue_keys, token, "f" if fair else "n", hold_ms))
+    extra = ("c",) if cleanup else ()
+    return Command(_eval("release", queue_keys, token, mode, arg, *extra))
 
 
-def dequeue(keys: LockKeys, waiter: str, fair: bool, hold_ms: int) -> Command:
-    """A waiter gives up its place: release.lua with its waiter id (which also passes on
-    a fair hand-off that crossed the give-up)."""
-    return Command(release_waking(keys, waiter, fair, hold_ms).packed, _any_reply)
+def dequeue(release: Command) -> Command:
+    """A waiter gives up its place: ``release_waking`` with its waiter id (which also
+    passes on a fair hand-off that crossed the give-up); any answer will do."""
+    return Command(release.packed, _any_reply)
 
 
 def _any_reply(reply: object) -> tuple[bool, Info]:

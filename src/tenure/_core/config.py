@@ -280,6 +280,14 @@ class LockSpec:
     quorum: int
     fair: bool = False
 
+    @property
+    def wait_mode(self) -> str:
+        """How waiters are queued and the lock passed on (``WaitArgs.mode``): "f" fair on
+        one node, "q" fair on a quorum, "n" notified."""
+        if not self.fair:
+            return "n"
+        return "f" if self.n_nodes == 1 else "q"
+
     @classmethod
     def build(
         cls, config: ClientConfig, name: object, ttl: object, fair: object = None
@@ -311,19 +319,11 @@ class LockSpec:
                 "its TTL after the slowest acquisition",
             )
         if fair is None:
-            # The default: fair on one node (its hand-off is also the fastest), notified
-            # waiting with reservations on a quorum, where fair mode cannot be had.
-            fair = len(config.nodes) == 1 and config.recheck > 0 and not config.wait_replicas
+            # The default: fair wherever it can be had, since its hand-off (inside the
+            # release, no round trip for the next holder) is also the fastest.
+            fair = config.recheck > 0 and not config.wait_replicas
         if not isinstance(fair, bool):
             raise ConfigurationError("fair", f"must be True, False or None, got {fair!r}")
-        if fair and len(config.nodes) > 1:
-            raise ConfigurationError(
-                "fair",
-                "fair mode needs a single node: on a Redlock quorum each node would keep its "
-                "own queue, their heads can differ, and a hand-off made by each node alone "
-                "could neither give one waiter a majority nor mint a fencing token that a "
-                "majority committed (docs/waiting.md); notified waiting works on a quorum",
-            )
         if fair and config.wait_replicas:
             raise ConfigurationError(
                 "fair",

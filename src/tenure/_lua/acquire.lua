@@ -10,16 +10,22 @@
 -- ARGV[3]  the proposed fencing token F (an integer below 2^53)
 -- ARGV[4]  a random observation mark (an integer below 2^52), for a node without history
 -- ARGV[5]  how long that mark lives, in milliseconds
--- ARGV[6]  (waiting only) "n": notified waiting; "f": fair (FIFO, hand-off on release)
+-- ARGV[6]  (waiting only) "n": notified waiting; "f": fair (FIFO, hand-off on release);
+--          "q": fair on a quorum (the same, with the tokens and queue order below)
 -- ARGV[7]  (waiting only) the waiter id, stable across the attempts of one acquire
 -- ARGV[8]  (waiting only) the channel the waiter's process listens on
 -- ARGV[9]  (waiting only) how long the waiter's place lives unless renewed, ms; "0" for a
 --          non-blocking attempt (never queued)
+-- ARGV[10] (waiting only) "q": the waiter's place in the queue, chosen by the client
+--          (when its acquire call began) and the same on every node, so that waiters
+--          queued on several nodes in different orders still line up alike on each
 --
 -- Returns {status, number[, pttl]}:
 --   { 1, F}        granted: the lock is ours and the counter is now F. In fair mode also
 --                  when the lock had already been handed to this waiter (F is then the
---                  counter the hand-off set); its TTL is renewed to ARGV[2] from now.
+--                  counter the hand-off set; "q": the proposal, as for any grant, so
+--                  every node of one round grants the same token); its TTL is renewed to
+--                  ARGV[2] from now.
 --   { 0, counter}  held by another client (nothing changed); when waiting: {0, counter,
 --                  pttl}, the lock's PTTL, and the caller is queued (its place renewed).
 --                  Not fair: a free lock reserved for a woken waiter (<queue>:next, see
@@ -39,7 +45,8 @@
 -- hand out a token smaller than one already used. See docs/fencing.md.
 --
 -- Fair mode: a free lock with live waiters ahead of the caller is handed to the head of
--- the queue (the caller queues behind); newcomers never overtake the queue.
+-- the queue (the caller queues behind); newcomers never overtake the queue. ("q": with
+-- the caller's proposal as the hand-off's token, so only once that is above the counter.)
 --@include handoff
 local counter = redis.call("GET", KEYS[2])
 if not counter then
@@ -68,7 +75,15 @@ else
         redis.call("PEXPIRE", KEYS[1], ARGV[2])
         return {1, counter}
     end
-    if not holder and mode == "f" and handoff(KEYS[1], KEYS[2], queue, true, me, 0) == 1 then
+    if mode == "q" and (holder == ARGV[1] or not holder) and tonumber(ARGV[3]) <= counter then
+        return {-1, counter}
+    end
+    if mode == "q" and holder == ARGV[1] then
+        redis.call("PEXPIRE", KEYS[1], ARGV[2])
+        redis.call("SET", KEYS[2], ARGV[3])
+        return {1, tonumber(ARGV[3])}
+    end
+    if not holder and mode ~= "n" and handoff(KEYS[1], KEYS[2], queue, mode, me, ARGV[3]) == 1 then
         holder = true
         counter = tonumber(redis.call("GET", KEYS[2]))
     end
@@ -81,7 +96,9 @@ else
     end
     if holder then
         if ARGV[9] ~= "0" then
-            if not redis.call("ZSCORE", queue, me) then
+            if mode == "q" then
+                redis.call("ZADD", queue, "NX", ARGV[10], me)
+            elseif not redis.call("ZSCORE", queue, me) then
                 local tail = redis.call("ZRANGE", queue, -1, -1, "WITHSCORES")
                 local ticket = 0
                 if tail[2] then

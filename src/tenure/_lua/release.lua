@@ -6,8 +6,12 @@
 -- KEYS[2]  (waiting only) the fencing counter
 -- KEYS[3]  (waiting only) the wait queue
 -- ARGV[1]  the owner token of the lease being released (its waiter id, when waiting)
--- ARGV[2]  (waiting only) "n": wake the head of the queue; "f": hand the lock to it
--- ARGV[3]  (waiting only) "n": how long the lock stays reserved for the woken head, ms
+-- ARGV[2]  (waiting only) "n": wake the head of the queue; "f" or "q": hand the lock to it
+-- ARGV[3]  (waiting only) "n": how long the lock stays reserved for the woken head, ms;
+--          "q": the fencing token of the hand-off (see handoff.lua.inc)
+-- ARGV[4]  (waiting only, optional) "c": the cleanup of a failed attempt: the caller
+--          keeps its place in the queue, and if it heads the queue the lock is left free
+--          here (it is the one a hand-off would go to)
 --
 -- Returns 1 if the key held our token and was deleted, 0 otherwise (absent, expired,
 -- or held by someone else: their lock is left alone).
@@ -26,13 +30,16 @@ end
 if ARGV[2] then
     local queue, me = KEYS[3], ARGV[1]
     local reserved = queue .. ":next"
-    redis.call("ZREM", queue, me)
-    redis.call("DEL", queue .. ":" .. me)
-    if redis.call("GET", reserved) == me then
-        redis.call("DEL", reserved)
+    local cleanup = ARGV[4] == "c"
+    if not cleanup then
+        redis.call("ZREM", queue, me)
+        redis.call("DEL", queue .. ":" .. me)
+        if redis.call("GET", reserved) == me then
+            redis.call("DEL", reserved)
+        end
     end
     if redis.call("EXISTS", KEYS[1], reserved) == 0 then
-        handoff(KEYS[1], KEYS[2], queue, ARGV[2] == "f", "", ARGV[3])
+        handoff(KEYS[1], KEYS[2], queue, ARGV[2], cleanup and me or "", ARGV[3])
     end
 end
 return released

@@ -30,7 +30,6 @@ from .._core.acquire import cleanup_wait as _cleanup_wait
 from .._core.config import LockSpec, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.quorum import Round
-from .._core.waiting import hold_ms, place_ms
 from .._core.watchdog import KeepAlive
 from .._errors import LockTimeout, NotHeld
 from .._lease import LeaseView
@@ -76,8 +75,6 @@ class Client(ClientBase):
     def _open(self, connection_options: dict[str, Any]) -> None:
         self._pool = LinkPool(self.config, connection_options)
         self._listener = Listener(self._pool.nodes)
-        self._place_ms = place_ms(self.config.recheck, self.config.node_timeout)
-        self._hold_ms = hold_ms(self.config.node_timeout)
 
     def lock(
         self,
@@ -140,6 +137,7 @@ class Client(ClientBase):
         acq = self._acquisition(spec, blocking, timeout)
         listener = self._listener
         waiter = secrets.token_hex(16)
+        ticket = wall_us()  # its place in a quorum's queues ("q"), the same on every node
         slot: Slot | None = None
         if blocking and listener.started and self.config.recheck > 0:
             slot = listener.register(waiter, 0.0, spec.quorum)
@@ -153,10 +151,10 @@ class Client(ClientBase):
                     token = waiter
                     # Always the waiting form: even an attempt that will not queue must
                     # see the queue (fair) and a reservation for a woken waiter.
-                    place = self._place_ms if slot is not None else 0
-                    mode = "f" if spec.fair else "n"
-                    wait_args = commands.WaitArgs(mode, waiter, listener.channel, place)
-                    queued = queued or place > 0
+                    wait_args = self._wait_args(
+                        spec, waiter, listener.channel, slot is not None, ticket
+                    )
+                    queued = queued or slot is not None
                     if slot is not None:
                         slot.take()  # this attempt sees every release notified so far
                     rnd = acq.begin(_clock())
@@ -185,7 +183,7 @@ class Client(ClientBase):
                         lease = Lease(self, step.lease, spec)
                         return lease
                     if step.cleanup:
-                        command = commands.release(spec.key, token)
+                        command = self._cleanup_release(spec, token)
                         self._cleanup_round(links, command, step.cleanup, _cleanup_wait(step, rnd))
                     if isinstance(step, GiveUp):
                         if step.error is not None:
@@ -213,31 +211,26 @@ class Client(ClientBase):
     def _handed_over(
         self, slot: Slot, acq: Acquisition, spec: LockSpec, waiter: str
     ) -> Lease | None:
-        """The lease a fair hand-off gave us, if a notification says so (else re-check)."""
-        for wake in slot.take():
-            if wake.handed_over and wake.waiter == waiter:
-                granted = acq.transferred(waiter, wake.token, _clock())
-                if granted is not None:
-                    self._fence_floor = max(self._fence_floor, acq.floor)
-                    return Lease(self, granted.lease, spec)
-        return None
+        """The lease a fair hand-off gave us, if the notifications say so (else re-check)."""
+        granted = self._transferred(slot.take(), acq, waiter)
+        return None if granted is None else Lease(self, granted.lease, spec)
 
     def _dequeue(self, spec: LockSpec, waiter: str) -> None:
         """Leave the wait queue on every node (best effort: a lost one's place expires)."""
         everyone = frozenset(range(len(self.node_names)))
         with contextlib.suppress(Exception), self._links() as links:
-            command = commands.dequeue(spec.keys, waiter, spec.fair, self._hold_ms)
+            command = commands.dequeue(self._release_waking(spec, waiter))
             self._cleanup_round(links, command, everyone, everyone)
 
     def _links(self) -> _Borrowed:
         return _Borrowed(self._pool)
 
-    def _release_round(self, links: LinkSet, spec: LockSpec, token: str) -> Round:
+    def _release_round(self, links: LinkSet, spec: LockSpec, token: str, fencing: int) -> Round:
         """Compare-and-delete on every node, waking the next waiter (fair: handing over);
         decided once a majority confirmed (or can't)."""
         now = _clock()
         rnd = Round(len(self.node_names), self.config.quorum, now)
-        command = commands.release_waking(spec.keys, token, spec.fair, self._hold_ms)
+        command = self._release_waking(spec, token, fencing)
         links.run(command, rnd, now + self.config.node_timeout, _clock)
         return rnd
 
@@ -376,7 +369,7 @@ class Lease(LeaseView):
                     self._state = outcome
                     return
                 self._released = True
-                client._release_round(links, self._spec, self.token)
+                client._release_round(links, self._spec, self.token, self.fencing_token)
             self._mark_lost(outcome)
             raise outcome
 
@@ -395,7 +388,7 @@ class Lease(LeaseView):
             self._check_not_released()
             self._released = True
             with client._links() as links:
-                rnd = client._release_round(links, self._spec, self.token)
+                rnd = client._release_round(links, self._spec, self.token, self.fencing_token)
             error = conclude_release(
                 self._state,
                 len(client.node_names),

@@ -60,7 +60,7 @@ class Slot:
 
     def __init__(self, need: int = 1) -> None:
         self.event = threading.Event()
-        self.wakes: list[Wake] = []
+        self.wakes: list[tuple[int, Wake]] = []  # (node, notification)
         self.nodes: set[int] = set()  # the nodes whose notifications are in ``wakes``
         self.need = need
         self.since = 0.0  # when the first notification of this round of them came
@@ -69,7 +69,7 @@ class Slot:
         if wake is None:
             self.event.set()  # a nudge: re-check now
             return
-        self.wakes.append(wake)
+        self.wakes.append((node, wake))
         self.nodes.add(node)
         if len(self.nodes) >= self.need:
             self.event.set()
@@ -80,8 +80,9 @@ class Slot:
         """Notified by too few nodes for too long: let the waiter try anyway."""
         return bool(self.wakes) and not self.event.is_set() and now - self.since >= STRAGGLE
 
-    def take(self) -> list[Wake]:
-        """The notifications so far (clears the event first, so none can be missed)."""
+    def take(self) -> list[tuple[int, Wake]]:
+        """The notifications so far, with their nodes (clears the event first, so none
+        can be missed)."""
         self.event.clear()
         wakes, self.wakes = self.wakes, []
         self.nodes = set()
