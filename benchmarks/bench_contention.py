@@ -273,6 +273,91 @@ def measure(cluster: LocalCluster, system: System, k: int, duration: float) -> R
     return row
 
 
+# --------------------------------------------------------------------------- floor
+
+# A stand-in for release.lua's hand-off: set the lock, publish to the next holder.
+_FLOOR_SCRIPT = "redis.call('SET', KEYS[1], ARGV[2]) return redis.call('PUBLISH', ARGV[1], 'G')"
+_FLOOR_HANDOFFS = 2000
+
+
+def _pack(*args: str | int) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        data = str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def _connect(address: str | int) -> Any:
+    import socket
+
+    if isinstance(address, str):  # a unix socket's path
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(address)
+        return sock
+    sock = socket.create_connection(("127.0.0.1", address))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _ping_pong(
+    addresses: list[str | int], me: str, other: str, first: bool, start: Any, out: Any
+) -> None:
+    """One of two players: on a majority of notifications, "release" to every node."""
+    import select
+
+    need = len(addresses) // 2 + 1
+    cmd = [_connect(a) for a in addresses]
+    sub = [_connect(a) for a in addresses]
+    for sock in sub:
+        sock.sendall(_pack("SUBSCRIBE", me))
+        sock.recv(4096)
+    payload = _pack("EVAL", _FLOOR_SCRIPT, 1, "floor", other, "x" * 32)
+    start.wait()
+    began = time.perf_counter_ns()
+    if first:
+        for sock in cmd:
+            sock.sendall(payload)
+    for _ in range(_FLOOR_HANDOFFS):
+        got = 0
+        while got < need:
+            readable, _, _ = select.select(sub, [], [])
+            for sock in readable:
+                got += sock.recv(65536).count(b"message")
+        replies, _, _ = select.select(cmd, [], [], 0)
+        for sock in replies:
+            sock.recv(65536)
+        for sock in cmd:
+            sock.sendall(payload)
+    out.put(time.perf_counter_ns() - began)
+
+
+def floor(cluster: LocalCluster, rounds: int) -> dict[int, float]:
+    """Median µs per hand-off of a bare ping-pong (raw sockets, a 1-line script, no
+    client library): what 1 and 5 nodes cost on this machine before any lock logic."""
+    addresses: list[str | int] = [
+        node.port if node.port is not None else str(node.unix_path) for node in cluster
+    ]
+    runs: dict[int, list[float]] = {1: [], 5: []}
+    for _ in range(rounds):
+        for n in (1, 5):
+            start, out = _ctx.Event(), _ctx.Queue()
+            players = [
+                _ctx.Process(target=_ping_pong, args=(addresses[:n], a, b, a == "a", start, out))
+                for a, b in (("a", "b"), ("b", "a"))
+            ]
+            for proc in players:
+                proc.start()
+            time.sleep(0.5)
+            start.set()
+            elapsed = out.get(timeout=60)  # the first player done: both passed the lock
+            for proc in players:
+                proc.terminate()
+                proc.join()
+            runs[n].append(elapsed / 1000 / (2 * _FLOOR_HANDOFFS))
+    return {n: sorted(v)[len(v) // 2] for n, v in runs.items()}
+
+
 # --------------------------------------------------------------------------- report
 
 HEADER = [
@@ -348,21 +433,28 @@ def targets(rows: list[Row]) -> list[str]:
                 f"worker {min(counts)}/{max(counts)} (target: >= 1/2): {ok}"
             )
     for k in ks:
-        five = find("tenure", 5, k)
-        for kind, label in (
-            ("tenure", "the 1-node default (fair hand-off)"),
-            ("tenure-unfair", "1 node with fair=False (same mechanism)"),
-        ):
-            one = find(kind, 1, k)
+        for kind, label in (("tenure", "the default (fair)"), ("tenure-unfair", "fair=False")):
+            one, five = find(kind, 1, k), find(kind, 5, k)
             if one is None or five is None:
                 continue
             a, b = pct(one.handoffs_us(), 0.5), pct(five.handoffs_us(), 0.5)
             ok = "met" if b <= 1.5 * a else "MISSED"
             lines.append(
-                f"- K={k}: 5-node hand-off p50 {fmt(b)} µs vs {fmt(a)} µs on {label}: "
+                f"- K={k}, {label}: 5-node hand-off p50 {fmt(b)} µs vs {fmt(a)} µs on 1 node: "
                 f"{b / a:.2f}x (target <= 1.5x): {ok}"
             )
     return lines
+
+
+def floor_lines(medians: dict[int, float]) -> list[str]:
+    one, five = medians[1], medians[5]
+    return [
+        "Floor (no lock library: two processes pass a key back and forth over raw sockets, "
+        "each release a 1-line script that publishes to the other, who goes on after a "
+        "majority of notifications):",
+        "",
+        f"- 1 node {one:.0f} µs, 5 nodes {five:.0f} µs per hand-off: {five / one:.2f}x",
+    ]
 
 
 def load_average() -> float:
@@ -383,7 +475,8 @@ def context(args: argparse.Namespace, version: str) -> list[str]:
         "processes on the machine take the same cores)",
         f"- Python {platform.python_version()}; redis-server {version}; redis-py "
         f"{v('redis')}; python-redis-lock {v('python-redis-lock')}; tenure {v('tenure')}",
-        f"- {args.duration:g} s per row, K in {args.k}; workers are separate processes "
+        f"- nodes on {'unix sockets' if args.unix else 'TCP loopback'}; "
+        f"{args.duration:g} s per row, K in {args.k}; workers are separate processes "
         "(forkserver); empty critical sections; TTL 10 s",
     ]
 
@@ -391,8 +484,10 @@ def context(args: argparse.Namespace, version: str) -> list[str]:
 def run(args: argparse.Namespace) -> str:
     args.load_before = load_average()
     rows: list[Row] = []
-    with LocalCluster(5) as cluster:
+    with LocalCluster(5, unix=args.unix) as cluster:
         version = server_version(cluster[0])
+        medians = floor(cluster, 1 if args.quick else 3)
+        print(*floor_lines(medians), sep="\n", file=sys.stderr, flush=True)
         for k in args.k:
             for system in SYSTEMS:
                 if args.only and system.kind not in args.only:
@@ -408,6 +503,8 @@ def run(args: argparse.Namespace) -> str:
         "Targets:",
         "",
         *targets(rows),
+        "",
+        *floor_lines(medians),
     ]
     text = "\n".join(body)
     if args.write:
@@ -420,6 +517,8 @@ def run(args: argparse.Namespace) -> str:
                 table(HEADER, [cells(r) for r in rows], lambda h: h != "system", markdown=False),
                 "",
                 *targets(rows),
+                "",
+                *floor_lines(medians),
             ]
         )
     return text
@@ -432,8 +531,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", nargs="*", help="system kinds to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="1 s per row, writes nothing")
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    parser.add_argument(
+        "--unix", action="store_true", help="nodes on unix sockets, not TCP (writes nothing)"
+    )
     args = parser.parse_args(argv)
-    args.write = not args.quick and not args.only and args.k == [2, 8, 32]
+    args.write = not args.quick and not args.only and args.k == [2, 8, 32] and not args.unix
     if args.quick:
         args.duration = 1.0
     return args

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import secrets
 from types import TracebackType
 from typing import Any
@@ -179,8 +180,18 @@ class AsyncClient(ClientBase):
                 listener.unregister(waiter)
             if queued and lease is None:
                 # Written at once (no await), so a cancelled acquire leaves its place too.
-                rnd = Round(len(self.node_names), self.config.quorum, _clock())
-                self._channels.send(commands.dequeue(self._release_waking(spec, waiter)), rnd)
+                self._decline(spec, waiter, None)
+                now = _clock()
+                decline = functools.partial(self._decline, spec, waiter)
+                listener.departed.add(waiter, decline, now + self._place_ms / 1000, now)
+
+    def _decline(self, spec: LockSpec, waiter: str, node: int | None) -> None:
+        """Leave the queue on ``node`` (None: every node), passing on a lock handed to
+        ``waiter`` meanwhile; again for a notification that reaches it after it gave up
+        (see ``Departed``). Written at once, no await."""
+        rnd = Round(len(self.node_names), self.config.quorum, _clock())
+        command = commands.dequeue(self._release_waking(spec, waiter))
+        self._channels.send(command, rnd, None if node is None else [node])
 
     def _handed_over(
         self, slot: AsyncSlot, acq: Acquisition, spec: LockSpec, waiter: str

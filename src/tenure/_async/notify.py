@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 from collections.abc import Callable, Sequence
 
 import redis.asyncio
 
 from .._core.commands import pack
 from .._core.resp import ReplyReader
-from .._core.waiting import Wake, parse_wake
+from .._core.waiting import Departed, Wake, parse_wake
 
 __all__ = ["AsyncListener", "AsyncSlot"]
 
@@ -132,6 +133,7 @@ class AsyncListener:
         self._pools = list(pools)
         self.channel = f"tenure:wake:{secrets.token_hex(8)}"
         self._slots: dict[str, AsyncSlot] = {}
+        self.departed = Departed()
         self._tasks: list[asyncio.Task[None]] = []
         self._up = [False] * len(pools)
         self._all_up: asyncio.Event | None = None
@@ -190,6 +192,8 @@ class AsyncListener:
                             slot = self._slots.get(wake.waiter)
                             if slot is not None:
                                 slot.put(wake, i)
+                            else:
+                                self.departed.decline(wake.waiter, i, time.monotonic())
                     elif reply[0] == b"subscribe":
                         self._up[i] = True
                         backoff = BACKOFF_MIN

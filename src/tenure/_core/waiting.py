@@ -27,9 +27,10 @@ skipped within that time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Wake", "hold_ms", "parse_wake", "place_ms"]
+__all__ = ["Departed", "Wake", "hold_ms", "parse_wake", "place_ms"]
 
 
 @dataclass(frozen=True)
@@ -72,3 +73,35 @@ def hold_ms(node_timeout: float) -> int:
     notification, a wake-up and one round, two node timeouts (100 ms by default). Only a
     waiter that is alive but frozen makes others wait that long."""
     return max(5, round(2000 * node_timeout))
+
+
+class Departed:
+    """Waiters of this client that gave up lately, and how to decline what still comes.
+
+    A waiter that gives up (timeout, error, cancellation) leaves every queue with a
+    dequeue; a node that dequeue did not reach (cut off, restarting, a reply lost) keeps
+    its place until the place expires, and may hand it the lock meanwhile: the client's
+    notification connection is still subscribed, so the release sees a live receiver.
+    Nobody would hold that node for a whole TTL. So for as long as such a place can live,
+    a notification to a departed waiter is declined: the dequeue is sent again, to that
+    node, which passes the lock on at once.
+    """
+
+    __slots__ = ("_until",)
+
+    def __init__(self) -> None:
+        self._until: dict[str, tuple[float, Callable[[int], None]]] = {}
+
+    def add(self, waiter: str, decline: Callable[[int], None], until: float, now: float) -> None:
+        """``decline(node)`` answers a notification to ``waiter`` until ``until``."""
+        for old in [w for w, (t, _) in self._until.items() if t <= now]:
+            del self._until[old]
+        self._until[waiter] = (until, decline)
+
+    def decline(self, waiter: str, node: int, now: float) -> bool:
+        """Decline a notification from ``node`` if ``waiter`` departed lately."""
+        entry = self._until.get(waiter)
+        if entry is None or entry[0] <= now:
+            return False
+        entry[1](node)
+        return True

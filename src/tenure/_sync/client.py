@@ -7,6 +7,7 @@ runs each round on a ``LinkSet``, sleeps when told to, and hands out leases.
 from __future__ import annotations
 
 import contextlib
+import functools
 import secrets
 import threading
 import time
@@ -90,11 +91,11 @@ class Client(ClientBase):
         """A lock object for ``name``; ``blocking``/``timeout`` apply to ``with lock:``.
 
         ``watchdog=True`` keeps every lease it acquires alive (``Lease.keep_alive``), up
-        to ``max_hold`` seconds. ``fair`` (default: True on one node, False on a
-        quorum, where True is refused) grants the lock in the order it was requested,
-        handing it over inside the release; False wakes the next waiter and reserves the
-        lock for it briefly (docs/waiting.md). Every client of a lock must use the same
-        mode.
+        to ``max_hold`` seconds. ``fair`` (default: True, unless ``recheck=0`` or
+        ``wait_replicas``) grants the lock in the order it was requested, handing it over
+        inside the release (on a quorum, with one fencing token for every node); False
+        wakes the next waiter and reserves the lock for it briefly (docs/waiting.md).
+        Every client of a lock must use the same mode.
         """
         keep = KeepAlive(max_hold=max_hold) if watchdog else None
         return Lock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
@@ -121,7 +122,8 @@ class Client(ClientBase):
                 ``timeout`` seconds (None waits forever).
             QuorumUnreachable: so many nodes failed that no majority is possible.
             ServerUnsupported: nodes refused a command tenure needs (ACL).
-            ConfigurationError: bad name, TTL or timeout; ``fair`` on more than one node.
+            ConfigurationError: bad name, TTL or timeout; ``fair=True`` without
+                notifications or with ``wait_replicas``.
         """
         spec = self._specs.get(name, ttl, fair)
         if max_hold is not None:
@@ -207,6 +209,9 @@ class Client(ClientBase):
                 listener.unregister(waiter)
             if queued and lease is None:
                 self._dequeue(spec, waiter)
+                now = _clock()
+                decline = functools.partial(self._decline, spec, waiter)
+                listener.departed.add(waiter, decline, now + self._place_ms / 1000, now)
 
     def _handed_over(
         self, slot: Slot, acq: Acquisition, spec: LockSpec, waiter: str
@@ -221,6 +226,13 @@ class Client(ClientBase):
         with contextlib.suppress(Exception), self._links() as links:
             command = commands.dequeue(self._release_waking(spec, waiter))
             self._cleanup_round(links, command, everyone, everyone)
+
+    def _decline(self, spec: LockSpec, waiter: str, node: int) -> None:
+        """A notification reached ``waiter`` after it gave up (see ``Departed``): send
+        its dequeue again, to that node, which passes the lock on."""
+        with contextlib.suppress(Exception), self._links() as links:
+            command = commands.dequeue(self._release_waking(spec, waiter))
+            self._cleanup_round(links, command, frozenset({node}), frozenset())
 
     def _links(self) -> _Borrowed:
         return _Borrowed(self._pool)

@@ -33,7 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.commands import pack
 from .._core.resp import ReplyReader
-from .._core.waiting import Wake, parse_wake
+from .._core.waiting import Departed, Wake, parse_wake
 from .links import NodeState
 
 __all__ = ["Listener", "Slot"]
@@ -116,6 +116,7 @@ class Listener:
     def _reset(self) -> None:
         n = len(self._nodes)
         self._slots: dict[str, Slot] = {}
+        self.departed = Departed()
         self._guard = threading.Condition()
         self._read = threading.Lock()  # held by whoever reads the sockets
         self._reader: str | None = None  # the waiter reading them, if any
@@ -314,6 +315,8 @@ class Listener:
                 slot = self._slots.get(wake.waiter)
                 if slot is not None:
                     slot.put(wake, i)
+                else:
+                    self.departed.decline(wake.waiter, i, time.monotonic())
         elif kind == b"subscribe":
             with self._guard:
                 self._up[i] = True
