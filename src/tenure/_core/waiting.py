@@ -81,8 +81,9 @@ class Departed:
     A waiter that gives up (timeout, error, cancellation) leaves every queue with a
     dequeue; a node that dequeue did not reach (cut off, restarting, a reply lost) keeps
     its place until the place expires, and may hand it the lock meanwhile: the client's
-    notification connection is still subscribed, so the release sees a live receiver.
-    Nobody would hold that node for a whole TTL. So for as long as such a place can live,
+    notification connection is still subscribed, so the release sees a live receiver,
+    and the node would then be held by nobody for a whole TTL. So for as long as such a
+    place can live,
     a notification to a departed waiter is declined: the dequeue is sent again, to that
     node, which passes the lock on at once.
     """
