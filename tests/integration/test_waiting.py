@@ -572,65 +572,193 @@ def test_killed_notification_connections_asyncio(
 
 def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> None:
     """The model's mirror of the waiting scripts (tests/unit/fake_node.py) against the
-    real scripts, step by step: same replies, same keys, same notifications."""
+    real scripts, step by step: same replies, same keys, same notifications; for fair
+    on one node ("f"), notified ("n") and fair on a quorum ("q", one node's view)."""
     from tests.unit.fake_node import Bus, FakeNode, _zset, acquire_wait_lua, release_wait_lua
 
     keys = LockKeys.of(key)
     acquire, release = script("acquire").wire.decode(), script("release").wire.decode()
     fake, bus = FakeNode(), Bus()
+    waiters = ("a", "b", "c", "d", "e")
     with shared5[0].client() as c:
         sub = c.pubsub()
-        channels = [f"ch:{key}:{w}" for w in ("a", "b", "c", "d", "e")]
+        channels = [f"ch:{key}:{w}" for w in waiters]
         sub.subscribe(*channels[:4])  # "e" listens nowhere: its hand-off reaches nobody
         while sum(1 for _ in iter(lambda: sub.get_message(timeout=0.5), None)) < 4:
             pass
         bus.listening.update(channels[:4])
-        c.set(keys.fence, 5)
-        fake.set(keys.fence, 5, 0)
 
-        def both_acquire(w: str, mode: str, proposal: int) -> None:
+        def heard(expected: list[str]) -> None:
+            # What the real scripts published, in order, against the mirror's Bus; each
+            # step names what it expects, so a step that no longer exercises its case
+            # (the sequence drifted) fails here rather than passing vacuously.
+            mirror = [f"{ch.rsplit(':', 1)[1]}: {m}" for ch, m in bus.published]
+            bus.published.clear()
+            real: list[str] = []
+            while len(real) < len(mirror):
+                message = sub.get_message(timeout=2.0)
+                assert message is not None, ("missing notifications", real, mirror)
+                channel, data = message["channel"].decode(), message["data"].decode()
+                real.append(f"{channel.rsplit(':', 1)[1]}: {data}")
+            assert real == mirror
+            assert mirror == expected
+
+        def nothing_more() -> None:
+            # Checked once per sequence, not per step: a "n" reservation lives 100 ms of
+            # real time, and the steps must reach the real node within it.
+            assert sub.get_message(timeout=0.05) is None
+
+        def both_acquire(
+            w: str,
+            mode: str,
+            proposal: int,
+            ticket: int = 0,
+            *,
+            place: int = 3000,
+            expect: int | None = None,
+            notes: tuple[str, ...] = (),
+        ) -> None:
             ch = f"ch:{key}:{w}"
             real = c.eval(
                 acquire, 4, keys.lock, keys.fence, keys.warm, keys.queue,
-                w, 5000, proposal, 1, 1000, mode, w, ch, 3000,
+                w, 5000, proposal, 1, 1000, mode, w, ch, place, ticket,
             )  # fmt: skip
-            mirror = acquire_wait_lua(fake, bus, keys, w, 5000, proposal, mode, w, ch, 3000, 0)
+            mirror = acquire_wait_lua(
+                fake, bus, keys, w, 5000, proposal, mode, w, ch, place, 0, ticket
+            )
             assert real[:2] == mirror[:2], (w, real, mirror)
             assert (len(real) > 2) == (len(mirror) > 2)
             if len(real) > 2:
                 assert (real[2] < 0) == (mirror[2] < 0)
+            if expect is not None:
+                assert mirror[0] == expect, (w, mirror)
+            heard(list(notes))
 
-        def both_release(w: str, mode: str) -> None:
-            real = c.eval(release, 3, keys.lock, keys.fence, keys.queue, w, mode, 100)
-            assert real == release_wait_lua(fake, bus, keys, w, mode, 100, 0), w
+        def both_release(
+            w: str,
+            mode: str,
+            arg: int = 100,
+            *,
+            cleanup: bool = False,
+            expect: int | None = None,
+            notes: tuple[str, ...] = (),
+        ) -> None:
+            extra = ("c",) if cleanup else ()
+            real = c.eval(release, 3, keys.lock, keys.fence, keys.queue, w, mode, arg, *extra)
+            mirror = release_wait_lua(fake, bus, keys, w, mode, arg, 0, cleanup)
+            assert real == mirror, w
+            if expect is not None:
+                assert mirror == expect, w
+            heard(list(notes))
 
-        def same_state() -> None:
-            assert (c.get(keys.lock) or b"").decode() == (fake.get(keys.lock, 0) or "")
+        def same_state(lock: str | None = None, fence: int | None = None) -> None:
+            real_lock = (c.get(keys.lock) or b"").decode()
+            assert real_lock == (fake.get(keys.lock, 0) or "")
             assert int(c.get(keys.fence) or 0) == int(fake.get(keys.fence, 0) or 0)
-            real_queue = [m.decode() for m in c.zrange(keys.queue, 0, -1)]
-            assert real_queue == [m for _, m in _zset(fake, keys.queue, 0)]
+            real_queue = [(m.decode(), s) for m, s in c.zrange(keys.queue, 0, -1, withscores=True)]
+            assert real_queue == [(m, s) for s, m in _zset(fake, keys.queue, 0)]
             real_next = c.get(f"{keys.queue}:next")
             assert (real_next or b"").decode() == (fake.get(f"{keys.queue}:next", 0) or "")
+            for w in waiters:
+                place = c.get(f"{keys.queue}:{w}")
+                assert (place or b"").decode() == (fake.get(f"{keys.queue}:{w}", 0) or ""), w
+            if lock is not None:
+                assert real_lock == lock
+            if fence is not None:
+                assert int(c.get(keys.fence) or 0) == fence
+
+        def queue_is(*order: str) -> None:
+            assert [m.decode() for m in c.zrange(keys.queue, 0, -1)] == list(order)
+
+        def reset(fence: int) -> None:
+            places = [f"{keys.queue}:{w}" for w in waiters]
+            for k in (keys.lock, keys.queue, f"{keys.queue}:next", *places):
+                c.delete(k)
+                fake.delete(k, 0)
+            c.set(keys.fence, fence)
+            fake.set(keys.fence, fence, 0)
 
         for mode in ("f", "n"):
-            c.delete(keys.lock, keys.queue, f"{keys.queue}:next")
-            fake.delete(keys.lock, 0)
-            fake.delete(keys.queue, 0)
-            fake.delete(f"{keys.queue}:next", 0)
+            fair = mode == "f"
+            reset(5)
             both_acquire("a", mode, 10**9)  # granted
             for w in ("e", "b", "c", "d"):
                 both_acquire(w, mode, 10**9)  # held: queued ("e" first)
             same_state()
-            both_release("a", mode)  # fair: "e" skipped (nobody listens), "b" handed it
+            # fair: "e" skipped (nobody listens), "b" handed it; not fair: "b" woken
+            both_release("a", mode, notes=("b: G b 1000000001",) if fair else ("b: W b",))
             same_state()
             both_release("c", mode)  # "c" gives up
             same_state()
             both_acquire("d", mode, 2 * 10**9)  # fair: still held by "b"; not fair: reserved
             same_state()
-            both_release("b", mode)  # fair: "b" held it: handed to "d"
+            # fair: "b" held it: handed to "d"; not fair: "b" leaves, "d" woken
+            both_release("b", mode, notes=("d: G d 1000000002",) if fair else ("d: W d",))
             both_acquire("b", mode, 3 * 10**9)
             same_state()
-            both_release("d", mode)
+            both_release("d", mode, notes=("b: G b 1000000003",) if fair else ("b: W b",))
             both_release("b", mode)
             same_state()
+            nothing_more()
+
+        # Fair on a quorum ("q"): queue order by ticket, hand-off with the caller's token.
+        tl, held, granted = -1, 0, 1
+        reset(100)
+        both_acquire("a", "q", 50, 10, expect=tl)  # free, but not above the counter
+        both_acquire("a", "q", 200, 10, expect=granted)
+        # Arrivals d, e, b, c with tickets 40, 5, 20, 30: the queue is e, b, c, d.
+        for w, ticket in (("d", 40), ("e", 5), ("b", 20), ("c", 30)):
+            both_acquire(w, "q", 210, ticket, expect=held)
+        both_acquire("d", "q", 210, 1, expect=held)  # ZADD NX: "d" keeps its first ticket
+        both_acquire("b", "q", 210, 0, place=0, expect=held)  # not queuing: nothing changes
+        queue_is("e", "b", "c", "d")
+        same_state("a", 200)
+        # P not above the counter: nothing handed over; "e" (nobody listens) is dropped,
+        # "b" is only woken, and the lock stays free.
+        both_release("a", "q", 150, expect=1, notes=("b: W b",))
+        queue_is("b", "c", "d")
+        same_state("", 200)
+        both_acquire("c", "q", 150, 30, expect=tl)  # free with a queue, but too low
+        same_state("", 200)
+        # A newcomer finding the lock free with a queue hands it to the head, with the
+        # newcomer's proposal as the token, and queues behind.
+        both_acquire("a", "q", 300, 50, expect=held, notes=("b: G b 300",))
+        queue_is("c", "d", "a")
+        same_state("b", 300)
+        both_acquire("b", "q", 250, 20, expect=tl)  # handed to "b", but too low: no renewal
+        both_acquire("b", "q", 400, 20, expect=granted)  # renewed; the counter is the proposal
+        same_state("b", 400)
+        both_release("b", "q", 400, expect=1, notes=("c: W c",))  # P = counter: only wakes
+        same_state("", 400)
+        # Cleanup by the head of the queue: it keeps its place, the lock stays free.
+        both_release("c", "q", 500, cleanup=True, expect=0)
+        queue_is("c", "d", "a")
+        same_state("", 400)
+        # Cleanup by a waiter behind the head: it keeps its place; the head is handed it.
+        both_release("d", "q", 500, cleanup=True, expect=0, notes=("c: G c 500",))
+        queue_is("d", "a")
+        same_state("c", 500)
+        # Cleanup of a grant (the holder's own key): deleted and passed on with P.
+        both_release("c", "q", 600, cleanup=True, expect=1, notes=("d: G d 600",))
+        queue_is("a")
+        same_state("d", 600)
+        both_acquire("d", "q", 700, 40, expect=granted)  # renewed: counter = proposal
+        same_state("d", 700)
+        both_release("d", "q", 800, expect=1, notes=("a: G a 800",))
+        queue_is()
+        same_state("a", 800)
+        both_release("a", "q", 900, expect=1)  # nobody waits
+        same_state("", 800)
+        both_acquire("b", "q", 1000, 60, expect=granted)
+        both_acquire("c", "q", 1100, 70, expect=held)
+        both_acquire("d", "q", 1100, 65, expect=held)
+        queue_is("d", "c")
+        both_release("d", "q", 1100, expect=0)  # "d" gives up: leaves the queue
+        queue_is("c")
+        same_state("b", 1000)
+        both_release("b", "q", 999, expect=1, notes=("c: W c",))
+        both_release("c", "q", 2000, expect=0)  # "c" gives up after its wake-up
+        queue_is()
+        same_state("", 1000)
+        nothing_more()
         sub.close()

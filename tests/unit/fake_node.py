@@ -21,10 +21,14 @@ from dataclasses import dataclass, field
 from tenure._core.config import LockKeys
 
 __all__ = [
+    "Bus",
     "FakeNode",
     "acquire_lua",
+    "acquire_wait_lua",
     "extend_lua",
+    "handoff_lua",
     "release_lua",
+    "release_wait_lua",
     "seed_lua",
 ]
 
@@ -163,7 +167,9 @@ def extend_lua(node: FakeNode, key: str, token: str, ttl_ms: int, now: int) -> i
 # --- waiting (handoff.lua.inc, and the waiting paths of acquire.lua and release.lua) ---
 #
 # ``published`` collects (channel, message) for the caller; ``listening`` says which
-# channels have a subscriber (PUBLISH's receiver count).
+# channels have a subscriber (PUBLISH's receiver count). Nodes of a quorum each have
+# their own Bus (a message is known by the node that sent it), and may share one
+# ``listening`` set: a process subscribes on every node at once.
 
 
 @dataclass
@@ -193,9 +199,14 @@ def _zstore(node: FakeNode, key: str, items: list[tuple[float, str]], now: int) 
 
 
 def handoff_lua(
-    node: FakeNode, bus: Bus, keys: LockKeys, fair: bool, me: str, hold: int, now: int
+    node: FakeNode, bus: Bus, keys: LockKeys, mode: str, me: str, arg: int, now: int
 ) -> int:
-    """``handoff.lua.inc``: pass a free lock on to the head of the queue."""
+    """``handoff.lua.inc``: pass a free lock on to the head of the queue.
+
+    ``mode`` and ``arg`` as in the script: "f" hands over with counter + 1, "q" with
+    ``arg`` (only above the counter; otherwise it wakes the head), "n" wakes the head
+    and reserves the lock for it for ``arg`` ms.
+    """
     while True:
         queue = _zset(node, keys.queue, now)
         if not queue:
@@ -207,8 +218,14 @@ def handoff_lua(
         place = node.get(pkey, now)
         if place is not None:
             channel, ttl = place.split(" ")
-            if fair:
+            token: int | None = None
+            if mode == "f":
                 token = int(node.get(keys.fence, now) or 0) + 1
+            elif mode == "q":
+                fence = node.get(keys.fence, now)
+                if fence is not None and arg > int(fence):
+                    token = arg
+            if token is not None:
                 if bus.publish(channel, f"G {head} {token}") > 0:
                     node.set(keys.lock, head, now, px=int(ttl))
                     node.set(keys.fence, token, now)
@@ -216,7 +233,8 @@ def handoff_lua(
                     node.delete(pkey, now)
                     return 1
             elif bus.publish(channel, f"W {head}") > 0:
-                node.set(f"{keys.queue}:next", head, now, px=hold)
+                if mode == "n":
+                    node.set(f"{keys.queue}:next", head, now, px=arg)
                 return 1
             node.delete(pkey, now)
         _zstore(node, keys.queue, queue[1:], now)
@@ -234,15 +252,26 @@ def acquire_wait_lua(
     channel: str,
     place_ms: int,
     now: int,
+    ticket: int = 0,
 ) -> list[int]:
-    """``acquire.lua`` with ARGV[6..9] (the node has a counter and is not warming up)."""
+    """``acquire.lua`` with ARGV[6..10] (the node has a counter and is not warming up)."""
     counter = int(node.get(keys.fence, now) or 0)
     holder: object = node.get(keys.lock, now)
     pttl: int | None = None
     if mode == "f" and holder == token:
         node.pexpire(keys.lock, ttl_ms, now)
         return [1, counter]
-    if holder is None and mode == "f" and handoff_lua(node, bus, keys, True, waiter, 0, now) == 1:
+    if mode == "q" and (holder == token or holder is None) and proposal <= counter:
+        return [-1, counter]
+    if mode == "q" and holder == token:
+        node.pexpire(keys.lock, ttl_ms, now)
+        node.set(keys.fence, proposal, now)
+        return [1, proposal]
+    if (
+        holder is None
+        and mode != "n"
+        and handoff_lua(node, bus, keys, mode, waiter, proposal, now) == 1
+    ):
         holder = True
         counter = int(node.get(keys.fence, now) or 0)
     if holder is None and mode == "n":
@@ -252,9 +281,12 @@ def acquire_wait_lua(
     if holder is not None:
         if place_ms != 0:
             queue = _zset(node, keys.queue, now)
-            if waiter not in [m for _, m in queue]:
-                ticket = queue[-1][0] + 1 if queue else 0
-                _zstore(node, keys.queue, [*queue, (ticket, waiter)], now)
+            if mode == "q":
+                if waiter not in [m for _, m in queue]:  # ZADD NX: a waiter keeps its ticket
+                    _zstore(node, keys.queue, [*queue, (float(ticket), waiter)], now)
+            elif waiter not in [m for _, m in queue]:
+                tail = queue[-1][0] + 1 if queue else 0
+                _zstore(node, keys.queue, [*queue, (tail, waiter)], now)
             node.set(f"{keys.queue}:{waiter}", f"{channel} {ttl_ms}", now, px=place_ms)
         return [0, counter, pttl if pttl is not None else node.pttl(keys.lock, now)]
     if proposal <= counter:
@@ -269,19 +301,28 @@ def acquire_wait_lua(
 
 
 def release_wait_lua(
-    node: FakeNode, bus: Bus, keys: LockKeys, token: str, mode: str, hold: int, now: int
+    node: FakeNode,
+    bus: Bus,
+    keys: LockKeys,
+    token: str,
+    mode: str,
+    arg: int,
+    now: int,
+    cleanup: bool = False,
 ) -> int:
-    """``release.lua`` with ARGV[2..3] (a lease's release, or a waiter giving up)."""
+    """``release.lua`` with ARGV[2..4] (a lease's release, a waiter giving up, or with
+    ``cleanup`` the release of a failed attempt's grants, "c")."""
     released = 0
     if node.get(keys.lock, now) == token:
         node.delete(keys.lock, now)
         released = 1
-    queue = _zset(node, keys.queue, now)
-    _zstore(node, keys.queue, [(s, m) for s, m in queue if m != token], now)
-    node.delete(f"{keys.queue}:{token}", now)
     reserved = f"{keys.queue}:next"
-    if node.get(reserved, now) == token:
-        node.delete(reserved, now)
+    if not cleanup:
+        queue = _zset(node, keys.queue, now)
+        _zstore(node, keys.queue, [(s, m) for s, m in queue if m != token], now)
+        node.delete(f"{keys.queue}:{token}", now)
+        if node.get(reserved, now) == token:
+            node.delete(reserved, now)
     if node.exists(keys.lock, now) == 0 and node.exists(reserved, now) == 0:
-        handoff_lua(node, bus, keys, mode == "f", "", hold, now)
+        handoff_lua(node, bus, keys, mode, token if cleanup else "", arg, now)
     return released

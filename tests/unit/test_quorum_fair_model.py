@@ -1,0 +1,950 @@
+"""A model of fair waiting on a quorum ("q"): three fake nodes, up to four processes.
+
+The nodes run the waiting paths of the scripts as mirrored in ``fake_node``
+(``acquire_wait_lua``, ``release_wait_lua``, ``handoff_lua``; checked against the real
+scripts by ``test_the_fake_node_answers_like_redis``). The clients run the real core:
+``Acquisition`` (``begin``, ``proposal``, ``conclude``, ``transferred``), ``Round``, and
+the drivers' reading of replies (``commands._acquire_reply``) and of notifications
+(``parse_wake``); the client-side choices the drivers make around them are copied from
+``Client._acquire`` and ``ClientBase._release_waking``: one waiter id per acquire call,
+a ticket per call, the first attempt of a process not queued until its listener runs,
+cleanup of a failed attempt's grants with the "c" release, a dequeue when a call ends
+without a lease, the hand-off token P = max(wall clock, own token + 1, client floor).
+
+Only transport and time are fake. Every command is delivered by its own rule, in the
+order of its connection (one per client and node: a node runs one connection's commands
+in order) but interleaved freely with everything else, so a release can reach some
+nodes before an attempt and others after it. A round is concluded once decided, or at
+its deadline with the silent nodes failed, and its late commands still run afterwards;
+it reads the replies that come after it was decided (the sync driver, when they are
+ready in the same select()) or not (the asyncio driver).
+Notifications travel per node and client, and may arrive late, after the next attempt
+(which drops them, as ``Slot.take`` does) or never. Wall clocks are arbitrary (they only
+seed proposals, tickets and hand-off tokens); processes lose their notification
+connections for a while or die (PUBLISH to them answers 0), and the dead are replaced
+by new ones that know no tokens. Some runs are calm (whole rounds and releases only):
+busy runs are mostly split votes, partial grants and their cleanups, calm ones mostly
+holds, waits and hand-offs.
+
+Invariants, after every step (times in model ms, the core's seconds are ms / 1000):
+
+(a) mutual exclusion: at most one client holds a lease with ``now <= valid_until``;
+(b) while a lease is valid, every node that granted it (or handed it over) still has
+    the lock key naming the holder, and the key does not expire before the lease ends
+    (nobody but the holder could shorten it, so this catches a too long validity at
+    the grant, without waiting for the time to pass);
+(c) fencing tokens strictly increase in the order leases are granted;
+(d) while a lease is valid, the counter of every node that granted it equals its token
+    (the token is committed by a majority, as docs/waiting.md argues);
+
+and, at the end of every run, (e) liveness smoke: once everything in flight has been
+delivered and every key and place has expired, a client that wants the lock, driven
+alone, gets it within a few rounds (nothing is left stuck on the nodes).
+
+The ``*Scheme`` subclasses at the end break the core or the scripts on purpose and
+check that the model notices, so a model too weak to find anything cannot pass.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal, NoReturn
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+from hypothesis.stateful import run_state_machine_as_test as _run_state_machine_untyped
+
+from tenure._core.acquire import Acquisition, GiveUp, Granted, LeaseState, Retry, Wait
+from tenure._core.commands import _acquire_reply
+from tenure._core.config import ClientConfig, LockSpec
+from tenure._core.policy import wait_random
+from tenure._core.quorum import Round
+from tenure._core.waiting import Wake, parse_wake, place_ms
+
+from .fake_node import Bus, FakeNode, _zset, acquire_wait_lua, release_lua, release_wait_lua
+
+# See test_model.py: older hypothesis releases ship this without annotations.
+run_state_machine_as_test: Callable[..., None] = _run_state_machine_untyped
+
+N = 3  # nodes
+K = 4  # client processes at a time
+CONFIG = ClientConfig.build([f"redis://node{i}" for i in range(N)], recheck=0.5)
+SPEC = LockSpec.build(CONFIG, "qfair", 1.0, fair=True)
+assert SPEC.wait_mode == "q"
+KEYS = SPEC.keys
+TTL_MS = SPEC.ttl_ms
+PLACE_MS = place_ms(CONFIG.recheck, CONFIG.node_timeout)
+NODE_TIMEOUT_MS = round(CONFIG.node_timeout * 1000)
+PICK = st.integers(0, 2**16)  # index into whatever is eligible, modulo its length
+# A wall-clock reading is the model clock plus one of these (the unit is immaterial):
+# in step, a little off, far behind (proposals then come from the floors), far ahead.
+# Readings are drawn afresh each time, so a clock may even run backwards: safety must
+# not depend on wall clocks at all.
+SKEW = st.sampled_from([0, 0, 1, -1, 20, -20, 900, -5000, 10**6])
+TICKET = st.integers(0, 12)  # small: ties are common, and ordered by waiter id
+# Time steps (ms): mostly small, rarely long; 0: until the next key expires.
+TIME = st.sampled_from(
+    [1, 1, 2, 2, 5, 5, 5, 10, 10, 20, 20, 50, 50, 100] * 2 + [400, 1100, 1700, 0]
+)
+
+State = Literal["idle", "ready", "round", "waiting", "holding", "dead"]
+
+
+class Violation(AssertionError):
+    """An invariant of the model failed; the message names which one."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One script call on the wire from a client to a node."""
+
+    kind: Literal["acquire", "release", "delete"]  # delete: a plain compare-and-delete
+    token: str
+    arg: int = 0  # acquire: the proposal; release: the hand-off token P
+    ticket: int = 0
+    place: int = 0
+    cleanup: bool = False
+    attempt: int = 0  # acquire: which of the client's rounds it belongs to
+
+
+@dataclass
+class Lease:
+    client: int
+    waiter: str
+    state: LeaseState
+    granted_ms: int
+    how: str
+    ended_ms: int | None = None  # released or its process died: no longer relied on
+
+    def valid(self, ms: int) -> bool:
+        return self.ended_ms is None and ms / 1000 <= self.state.valid_until
+
+    def last_ms(self) -> int:
+        """The last model instant at which the lease is valid (as ``valid`` reads it)."""
+        ms = int(self.state.valid_until * 1000)
+        while (ms + 1) / 1000 <= self.state.valid_until:
+            ms += 1
+        while ms / 1000 > self.state.valid_until:
+            ms -= 1
+        return ms
+
+
+@dataclass
+class Client:
+    """A client process (one per channel) and its current acquire call."""
+
+    name: str
+    channel: str
+    rng: random.Random
+    alive: bool = True
+    floor: int = 1  # ClientBase._fence_floor
+    listening: bool = False  # the listener has been started (after its first wait)
+    calls: int = 0
+    state: State = "idle"
+    # The current acquire call.
+    waiter: str = ""
+    acq: Acquisition | None = None
+    ticket: int = 0
+    slot: bool = False
+    queued: bool = False
+    rnd: Round | None = None
+    greedy: bool = False  # this round reads replies that came after it was decided
+    started_ms: int = 0
+    attempt: int = 0
+    seen: list[tuple[int, Wake]] = field(default_factory=list)
+    lease: Lease | None = None
+    # Per node: commands on the connection, and notifications on their way.
+    wire: list[deque[Command]] = field(default_factory=lambda: [deque() for _ in range(N)])
+    inbox: list[deque[str]] = field(default_factory=lambda: [deque() for _ in range(N)])
+
+
+class QuorumFairModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ms = 0
+        self.nodes = [FakeNode() for _ in range(N)]
+        listening: set[str] = set()
+        self.buses = [Bus(listening=listening) for _ in range(N)]
+        for node in self.nodes:
+            node.set(KEYS.fence, 0, self.ms)  # a lock used before: no seeding in this model
+        self.spawned = 0
+        self.clients = [self._spawn() for _ in range(K)]
+        self.leases: list[Lease] = []
+        self.last_token = 0
+        self.story: list[str] = []
+        self.failed = False
+        self.active = K
+        self.calm = False
+
+    @initialize(active=st.sampled_from([2, 3, 4, 4]), calm=st.sampled_from([False, False, True]))
+    def setup(self, active: int, calm: bool) -> None:
+        """How many of the K processes take part, and whether the run is calm: whole
+        rounds and releases only (no command delivered on its own, no deadline, no
+        process fault). Busy runs are mostly split votes, partial grants and their cleanups;
+        calm ones are mostly holds, waits and hand-offs."""
+        self.active = active
+        self.calm = calm
+
+    # --- what tests with a broken scheme override -------------------------------------
+
+    def make_acquisition(self, client: Client) -> Acquisition:
+        return self._build(Acquisition, client)
+
+    def _build(self, kind: type[Acquisition], client: Client) -> Acquisition:
+        return kind(
+            SPEC,
+            wait_random(0.01, 0.02),
+            client.rng,
+            blocking=True,
+            timeout=None,
+            now=self.ms / 1000,
+            node_names=[f"node{i}" for i in range(N)],
+            max_ttl_ms=CONFIG.max_ttl_ms,
+            floor=client.floor,
+            recheck=CONFIG.recheck,
+        )
+
+    def hand_off_token(self, p: int, node: int) -> int:
+        """The token of a release's hand-off on ``node``: the same P on every node."""
+        return p
+
+    def node_acquire(self, i: int, command: Command, channel: str) -> list[int]:
+        return acquire_wait_lua(
+            self.nodes[i], self.buses[i], KEYS, command.token, TTL_MS, command.arg, "q",
+            command.token, channel, command.place, self.ms, command.ticket,
+        )  # fmt: skip
+
+    def node_release(self, i: int, command: Command) -> int:
+        return release_wait_lua(
+            self.nodes[i], self.buses[i], KEYS, command.token, "q", command.arg, self.ms,
+            command.cleanup,
+        )  # fmt: skip
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _spawn(self) -> Client:
+        self.spawned += 1
+        client = Client(f"p{self.spawned}", f"ch:p{self.spawned}", random.Random(self.spawned))
+        self.buses[0].listening.add(client.channel)  # subscribed on every node at once
+        return client
+
+    def _log(self, text: str) -> None:
+        self.story.append(f"{self.ms:>6} ms  {text}")
+
+    def _fail(self, message: str) -> NoReturn:
+        self.failed = True  # hypothesis still runs teardown: not on a half-done step
+        raise Violation(f"{message}\n{self._dump()}\n" + "\n".join(self.story[-80:]))
+
+    def _dump(self) -> str:
+        lines = []
+        for i, node in enumerate(self.nodes):
+            queue = [(int(s), m) for s, m in _zset(node, KEYS.queue, self.ms)]
+            lines.append(
+                f"node {i}: lock={node.get(KEYS.lock, self.ms)!r} "
+                f"pttl={node.pttl(KEYS.lock, self.ms)} fence={node.get(KEYS.fence, self.ms)} "
+                f"queue={queue}"
+            )
+        return "\n".join(lines)
+
+    def _wall(self, skew: int) -> int:
+        return max(0, self.ms + skew)
+
+    def _with(self, states: tuple[State, ...]) -> list[int]:
+        return [
+            c
+            for c, cl in enumerate(self.clients)
+            if cl.state in states and (c < self.active or cl.state != "idle")
+        ]
+
+    def _pick(self, states: tuple[State, ...], pick: int) -> tuple[int, Client]:
+        eligible = self._with(states)
+        c = eligible[pick % len(eligible)]
+        return c, self.clients[c]
+
+    def _send(self, client: Client, nodes: frozenset[int] | range, command: Command) -> None:
+        for i in nodes:
+            client.wire[i].append(command)
+
+    def _granted(self, c: int, client: Client, state: LeaseState, how: str) -> None:
+        lease = Lease(c, client.waiter, state, self.ms, how)
+        self._log(
+            f"{client.waiter} GRANTED by {how}: token {state.fencing_token}, "
+            f"nodes {sorted(state.granted)}, valid until {state.valid_until:.3f} s"
+        )
+        if state.fencing_token <= self.last_token:
+            self._fail(
+                f"(c) token order: {client.waiter} granted token {state.fencing_token} "
+                f"after a lease with token {self.last_token}"
+            )
+        self.last_token = state.fencing_token
+        self.leases.append(lease)
+        client.lease = lease
+        client.state = "holding"
+        self._check()
+
+    def _end_call(self, client: Client, wall: int) -> None:
+        """The acquire call returns without a lease: leave the queues (``_dequeue``)."""
+        if client.queued:
+            p = max(wall, 1, client.floor)
+            self._log(f"{client.waiter} dequeues (P={p})")
+            self._send(client, range(N), Command("release", client.waiter, p))
+        client.state = "idle"
+        client.acq = client.rnd = None
+
+    def _conclude(self, c: int, client: Client, wall: int) -> None:
+        acq, rnd = client.acq, client.rnd
+        assert acq is not None
+        assert rnd is not None
+        step = acq.conclude(rnd, client.waiter, self.ms / 1000)
+        client.floor = max(client.floor, acq.floor)
+        client.rnd = None
+        infos = [r.info if r is not None else None for r in rnd.results]
+        self._log(f"{client.waiter} concludes {infos}: {type(step).__name__}")
+        if isinstance(step, Granted):
+            assert step.seed is None  # every node has its counter
+            self._granted(c, client, step.lease, "a round")
+            return
+        if step.cleanup:
+            p = max(wall, 1, client.floor)  # _cleanup_release: fencing 0
+            self._log(f"{client.waiter} cleans up {sorted(step.cleanup)} (P={p})")
+            self._send(client, step.cleanup, Command("release", client.waiter, p, cleanup=True))
+        if isinstance(step, GiveUp):
+            self._end_call(client, wall)
+        elif isinstance(step, Retry):
+            client.state = "ready"
+        else:
+            assert isinstance(step, Wait)
+            if client.slot:
+                client.state = "waiting"
+            else:
+                # First wait of this call without a listener: start it, queue at once.
+                client.slot = client.listening = True
+                client.state = "ready"
+
+    def _deliver(self, c: int, i: int, prompt: bool = False) -> None:
+        """Run the next command of client ``c``'s connection to node ``i``. ``prompt``:
+        its notifications reach their listeners at once (unless others from that node
+        are still on their way to them: a connection delivers in order)."""
+        client = self.clients[c]
+        command = client.wire[i].popleft()
+        if command.kind == "acquire":
+            reply = self.node_acquire(i, command, client.channel)
+            self._log(f"node {i} runs {client.name}'s attempt {command}: {reply}")
+            rnd = client.rnd
+            # Once decided, the asyncio driver reads no more replies (they are owed); the
+            # sync one still reads those ready in the same select(): ``greedy``.
+            if (
+                rnd is not None
+                and client.attempt == command.attempt
+                and (client.greedy or not rnd.decided)
+            ):
+                ok, info = _acquire_reply(reply)
+                rnd.record(i, ok, info)
+        elif command.kind == "release":
+            released = self.node_release(i, command)
+            self._log(f"node {i} runs {client.name}'s release {command}: {released}")
+        else:
+            released = release_lua(self.nodes[i], KEYS.lock, command.token, self.ms)
+            self._log(f"node {i} runs {client.name}'s plain release {command}: {released}")
+        for channel, message in self.buses[i].published:
+            self._log(f"node {i} publishes {message!r} to {channel}")
+            for d, other in enumerate(self.clients):
+                if other.channel == channel:
+                    other.inbox[i].append(message)
+                    if prompt and len(other.inbox[i]) == 1:
+                        self._notify(d, i)
+        self.buses[i].published.clear()
+        if prompt:
+            self._woken()
+
+    def _advance(self, ms: int) -> None:
+        """Move the clock, stopping at every instant an invariant could break in between:
+        when a valid lease's key expires on a node that granted it (nothing else goes
+        wrong by time alone: leases and keys only end)."""
+        end = self.ms + ms
+        self._log(f"time +{ms}")
+        stops = set()
+        for lease in self.leases:
+            if lease.valid(self.ms):
+                for i in lease.state.granted:
+                    entry = self.nodes[i].data.get(KEYS.lock)
+                    if entry is not None and entry[1] is not None and self.ms <= entry[1] < end:
+                        stops.add(entry[1] + 1)  # the first instant it is gone
+        for t in sorted(stops):
+            self.ms = t
+            self._check()
+        self.ms = end
+
+    def _check(self) -> None:
+        valid = [lease for lease in self.leases if lease.valid(self.ms)]
+        if len(valid) > 1:
+            self._fail(f"(a) mutual exclusion: at {self.ms} ms, valid leases {valid}")
+        for lease in valid:
+            for i in lease.state.granted:
+                holder = self.nodes[i].get(KEYS.lock, self.ms)
+                if holder != lease.waiter:
+                    self._fail(
+                        f"(b) node {i} holds {holder!r} at {self.ms} ms while the lease "
+                        f"{lease} it granted is valid"
+                    )
+                # Only the holder may shorten its key (it does not), so a key that
+                # expires before the lease ends is a violation of (b) already.
+                expires = self.nodes[i].data[KEYS.lock][1]
+                if expires is not None and expires < lease.last_ms():
+                    self._fail(
+                        f"(b) node {i}'s key expires at {expires} ms, before the lease "
+                        f"{lease} it granted ends"
+                    )
+                counter = self.nodes[i].counter(KEYS, self.ms)
+                if counter != lease.state.fencing_token:
+                    self._fail(
+                        f"(d) node {i} has counter {counter} at {self.ms} ms while the lease "
+                        f"{lease} it granted is valid"
+                    )
+
+    # --- what a client does (rules pick the client; the liveness check drives them) -----
+
+    def _start(self, client: Client, ticket: int) -> None:
+        client.calls += 1
+        client.waiter = f"{client.name}.{client.calls}"
+        client.acq = self.make_acquisition(client)
+        client.ticket = ticket
+        client.slot = client.listening
+        client.queued = False
+        client.lease = None
+        client.state = "ready"
+        self._log(f"{client.waiter} starts (ticket {ticket}, listening={client.listening})")
+
+    def _attempt(self, client: Client, skew: int, greedy: bool = False) -> None:
+        acq = client.acq
+        assert acq is not None
+        client.seen.clear()  # Slot.take(): this attempt sees every notification so far
+        client.queued = client.queued or client.slot
+        client.rnd = acq.begin(self.ms / 1000)
+        client.greedy = greedy
+        client.started_ms = self.ms
+        client.attempt += 1
+        proposal = acq.proposal(self._wall(skew))
+        place = PLACE_MS if client.slot else 0
+        command = Command(
+            "acquire", client.waiter, proposal, client.ticket, place, attempt=client.attempt
+        )
+        self._log(f"{client.waiter} attempts: proposal {proposal}, place {place}")
+        client.state = "round"
+        self._send(client, range(N), command)
+
+    def _deadline(self, c: int, skew: int) -> None:
+        client = self.clients[c]
+        assert client.rnd is not None
+        end = client.started_ms + NODE_TIMEOUT_MS
+        if end > self.ms:
+            self._advance(end - self.ms)
+        client.rnd.time_out()
+        self._conclude(c, client, self._wall(skew))
+
+    def _notify(self, c: int, i: int) -> None:
+        client = self.clients[c]
+        message = client.inbox[i].popleft()
+        wake = parse_wake(message.encode())
+        assert wake is not None, message
+        self._log(f"{client.name} hears {message!r} from node {i}")
+        # The listener routes by waiter id, to a registered slot of a call still running.
+        calling = client.state in ("ready", "round", "waiting")
+        if client.alive and client.slot and calling and wake.waiter == client.waiter:
+            client.seen.append((i, wake))
+
+    def _wake(self, c: int) -> None:
+        client = self.clients[c]
+        acq = client.acq
+        assert acq is not None
+        grants = [(i, w.token) for i, w in client.seen if w.handed_over]
+        if grants:
+            granted = acq.transferred(client.waiter, grants, self.ms / 1000)
+            self._log(f"{client.waiter} woken with {grants}: {granted is not None}")
+            if granted is not None:
+                client.floor = max(client.floor, acq.floor)
+                self._granted(c, client, granted.lease, f"hand-off {grants}")
+                return
+        client.state = "ready"
+
+    def _woken(self) -> None:
+        """The listener wakes a waiter once a majority of nodes have notified it."""
+        for c in self._with(("waiting",)):
+            if len({i for i, _ in self.clients[c].seen}) >= SPEC.quorum:
+                self._wake(c)
+
+    def _release(self, client: Client, skew: int) -> None:
+        lease = client.lease
+        assert lease is not None
+        lease.ended_ms = self.ms
+        p = max(self._wall(skew), lease.state.fencing_token + 1, client.floor)
+        self._log(f"{client.waiter} releases token {lease.state.fencing_token} with P={p}")
+        for i in range(N):
+            client.wire[i].append(Command("release", client.waiter, self.hand_off_token(p, i)))
+        client.state = "idle"
+        client.lease = None
+        client.acq = None
+
+    # --- rules --------------------------------------------------------------------------
+    #
+    # Hypothesis draws rules about evenly (and switches some off per run), so the common
+    # steps have more than one rule, rare faults share one, and ``round_at_once`` takes a
+    # whole attempt in one step: without them a run rarely gets past its first grant.
+
+    @precondition(lambda self: not self.calm and bool(self._with(("idle", "ready"))))
+    @rule(pick=PICK, ticket=TICKET, skew=SKEW, greedy=st.booleans())
+    def attempt(self, pick: int, ticket: int, skew: int, greedy: bool) -> None:
+        """An attempt begins (an idle client first starts an acquire call): sent to every
+        node, each delivered by ``deliver``."""
+        _, client = self._pick(("idle", "ready"), pick)
+        if client.state == "idle":
+            self._start(client, ticket)
+        self._attempt(client, skew, greedy)
+
+    @precondition(lambda self: bool(self._with(("idle", "ready"))))
+    @rule(
+        pick=PICK,
+        ticket=TICKET,
+        skew=SKEW,
+        order=st.permutations(range(N)),
+        reach=st.sampled_from([1, 2, 2, 3, 3, 3]),
+        prompt=st.sampled_from([True, True, False]),
+        greedy=st.booleans(),
+    )
+    def round_at_once(
+        self,
+        pick: int,
+        ticket: int,
+        skew: int,
+        order: list[int],
+        reach: int,
+        prompt: bool,
+        greedy: bool,
+    ) -> None:
+        """An attempt whose commands run at once on ``reach`` nodes, in ``order`` (behind
+        whatever this client sent them before), concluded if that decided it."""
+        c, client = self._pick(("idle", "ready"), pick)
+        if client.state == "idle":
+            self._start(client, ticket)
+        self._attempt(client, skew, greedy)
+        for i in order[: N if self.calm else reach]:
+            while client.wire[i]:
+                self._deliver(c, i, prompt)
+        if client.rnd is not None and client.rnd.decided:
+            self._conclude(c, client, self._wall(skew))
+
+    def _deliverable(self) -> bool:
+        return not self.calm and any(any(cl.wire) for cl in self.clients)
+
+    def _deliver_some(self, pick: int, node: int, burst: int, prompt: bool) -> None:
+        for _ in range(burst):
+            ready = [(c, i) for c, cl in enumerate(self.clients) for i in range(N) if cl.wire[i]]
+            if not ready:
+                return
+            preferred = [(c, i) for c, i in ready if i == node] or ready
+            c, i = preferred[pick % len(preferred)]
+            self._deliver(c, i, prompt)
+
+    @precondition(_deliverable)
+    @rule(
+        pick=PICK,
+        node=st.integers(0, N - 1),
+        burst=st.sampled_from([1, 1, 2, 4]),
+        prompt=st.booleans(),
+    )
+    def deliver(self, pick: int, node: int, burst: int, prompt: bool) -> None:
+        """The next command of a connection runs on its node (a few, with ``burst``)."""
+        self._deliver_some(pick, node, burst, prompt)
+
+    @precondition(_deliverable)
+    @rule(pick=PICK, node=st.integers(0, N - 1), burst=st.sampled_from([1, 3, 8]))
+    def deliver_more(self, pick: int, node: int, burst: int) -> None:
+        self._deliver_some(pick, node, burst, prompt=True)
+
+    @precondition(
+        lambda self: any(
+            cl.state == "round" and cl.rnd is not None and cl.rnd.decided for cl in self.clients
+        )
+    )
+    @rule(pick=PICK, skew=SKEW)
+    def conclude(self, pick: int, skew: int) -> None:
+        """A decided round is concluded (maybe long after: a paused process)."""
+        eligible = [
+            c
+            for c, cl in enumerate(self.clients)
+            if cl.state == "round" and cl.rnd is not None and cl.rnd.decided
+        ]
+        c = eligible[pick % len(eligible)]
+        self._conclude(c, self.clients[c], self._wall(skew))
+
+    def _undecided(self) -> list[int]:
+        if self.calm:
+            return []
+        return [
+            c
+            for c, cl in enumerate(self.clients)
+            if cl.state == "round" and cl.rnd is not None and not cl.rnd.decided
+        ]
+
+    @precondition(lambda self: bool(self._undecided()))
+    @rule(pick=PICK, skew=SKEW, interrupted=st.sampled_from([False, False, False, True]))
+    def deadline(self, pick: int, skew: int, interrupted: bool) -> None:
+        """An undecided round reaches its deadline: the silent nodes are failed (their
+        commands still run later), then it concludes. ``interrupted``: the call is
+        interrupted mid-round instead (``Client._acquire``'s except and finally: a plain
+        delete where the grant may have landed, then the dequeue)."""
+        undecided = self._undecided()
+        c = undecided[pick % len(undecided)]
+        if not interrupted:
+            self._deadline(c, skew)
+            return
+        client = self.clients[c]
+        assert client.rnd is not None
+        self._log(f"{client.waiter} interrupted mid-round")
+        self._send(client, client.rnd.maybe_holding(), Command("delete", client.waiter))
+        self._end_call(client, self._wall(skew))
+
+    def _notifiable(self) -> bool:
+        return any(any(cl.inbox) for cl in self.clients)
+
+    def _notify_some(self, pick: int, node: int, burst: int) -> None:
+        for _ in range(burst):
+            ready = [(c, i) for c, cl in enumerate(self.clients) for i in range(N) if cl.inbox[i]]
+            if not ready:
+                return
+            preferred = [(c, i) for c, i in ready if i == node] or ready
+            self._notify(*preferred[pick % len(preferred)])
+
+    @precondition(_notifiable)
+    @rule(
+        pick=PICK,
+        node=st.integers(0, N - 1),
+        burst=st.sampled_from([1, 1, 3]),
+        prompt=st.sampled_from([True, True, False]),
+    )
+    def notify(self, pick: int, node: int, burst: int, prompt: bool) -> None:
+        """Notifications reach their process's listener (in order per node). A waiter
+        notified by a majority of nodes is woken (``Slot.put``); with ``prompt`` off its
+        thread is slow to run, and ``wake`` picks it up later."""
+        self._notify_some(pick, node, burst)
+        if prompt:
+            self._woken()
+
+    @precondition(lambda self: bool(self._with(("waiting",))))
+    @rule(pick=PICK, skew=SKEW, give_up=st.sampled_from([False] * 5 + [True]))
+    def wake(self, pick: int, skew: int, give_up: bool) -> None:
+        """The wait ends, with the notifications heard so far: hand-offs among them are
+        judged by ``transferred`` (none yet: the fallback bound came first, a re-check).
+        ``give_up``: the call times out or is cancelled instead (dequeue everywhere)."""
+        c, client = self._pick(("waiting",), pick)
+        if give_up:
+            self._log(f"{client.waiter} gives up")
+            self._end_call(client, self._wall(skew))
+        else:
+            self._wake(c)
+
+    @precondition(lambda self: bool(self._with(("holding",))))
+    @rule(
+        pick=PICK,
+        skew=SKEW,
+        order=st.permutations(range(N)),
+        reach=st.sampled_from([0, 0, 1, 2, 3, 3]),
+        prompt=st.sampled_from([True, True, False]),
+    )
+    def release(self, pick: int, skew: int, order: list[int], reach: int, prompt: bool) -> None:
+        """The holder releases (maybe after its lease expired), one P for every node;
+        the commands run at once on ``reach`` nodes, in ``order``, the others later."""
+        c, client = self._pick(("holding",), pick)
+        self._release(client, skew)
+        for i in order[: N if self.calm else reach]:
+            while client.wire[i]:
+                self._deliver(c, i, prompt)
+
+    @precondition(lambda self: not self.calm)
+    @rule(pick=PICK, kind=st.sampled_from(["die", "deaf", "deaf"]))
+    def process(self, pick: int, kind: str) -> None:
+        """A process fault. "die" (twice at most per run): what it sent still runs, its
+        channel stops listening, its lease is no longer used, and a new process that
+        knows no tokens takes its place. "deaf": its notification connections drop
+        (PUBLISH to it answers 0, so releases skip its waiters and drop them from the
+        queues) or, if down, come back: the listener then wakes every waiter of the
+        process, since what was published meanwhile reached nobody."""
+        c = pick % K
+        client = self.clients[c]
+        if kind == "deaf":
+            listening = self.buses[0].listening
+            if client.channel in listening:
+                self._log(f"{client.name}'s notification connections drop")
+                listening.discard(client.channel)
+            else:
+                self._log(f"{client.name}'s notification connections are back")
+                listening.add(client.channel)
+                if client.state == "waiting":
+                    self._wake(c)
+            return
+        if self.spawned >= K + 2:
+            return
+        self._log(f"{client.name} dies in state {client.state}")
+        client.alive = False
+        self.buses[0].listening.discard(client.channel)
+        if client.lease is not None:
+            client.lease.ended_ms = self.ms
+        client.state = "dead"
+        for inbox in client.inbox:
+            inbox.clear()
+        self.clients.append(client)  # past the first K: only its wire is still drained
+        self.clients[c] = self._spawn()
+
+    @rule(ms=TIME)
+    def advance(self, ms: int) -> None:
+        """Time passes: mostly a little (a hand-off is judged against half a TTL), now
+        and then past a TTL or a place's life; 0: until the next lock key expires on
+        some node, where a lease that outlives its keys would show (a holder may keep
+        the lock that long)."""
+        if ms == 0:
+            ends = [e[1] for n in self.nodes if (e := n.data.get(KEYS.lock)) and e[1] is not None]
+            ms = max(1, min((t for t in ends if t >= self.ms), default=self.ms) + 1 - self.ms)
+        self._advance(ms)
+
+    @precondition(lambda self: bool(self._with(("holding",))))
+    @rule(pick=PICK)
+    def hold_long(self, pick: int) -> None:
+        """A holder keeps the lock until its key expires on a node that granted it: the
+        instant a lease that outlives its keys would show."""
+        _, client = self._pick(("holding",), pick)
+        assert client.lease is not None
+        ends = [
+            e[1]
+            for i in client.lease.state.granted
+            if (e := self.nodes[i].data.get(KEYS.lock)) and e[1] is not None and e[1] >= self.ms
+        ]
+        if ends:
+            self._advance(min(ends) + 1 - self.ms)
+
+    @invariant()
+    def safe(self) -> None:
+        self._check()
+
+    # --- (e) liveness smoke -------------------------------------------------------------
+
+    def teardown(self) -> None:
+        """Deliver everything, let every key and place expire, then drive one client that
+        still wants the lock, alone, one synchronous step at a time: it gets it. (Alone:
+        the others would sleep a random back-off between split attempts; driving them all
+        in lockstep would be a livelock of the model's making.)"""
+        wanting = [c for c in range(K) if self.clients[c].state in ("ready", "round", "waiting")]
+        if not wanting or self.failed:
+            return
+        c = wanting[0]
+        client = self.clients[c]
+        for other in self.clients[:K]:
+            if other.state == "holding":
+                self._release(other, 0)
+        self._drain()
+        self._advance(max(TTL_MS, PLACE_MS) + 1)
+        before = len(self.leases)
+        for _ in range(12):
+            if client.state == "round":
+                self._deadline(c, 0)
+            elif client.state == "waiting":
+                self._wake(c)
+            elif client.state == "ready":
+                self._attempt(client, 0)
+            else:
+                break
+            self._drain()
+        if len(self.leases) == before and client.state != "idle":
+            self._fail(f"(e) liveness: {client.waiter}, alone, never acquired a free lock")
+
+    def _drain(self) -> None:
+        while True:
+            wires = [(c, i) for c, cl in enumerate(self.clients) for i in range(N) if cl.wire[i]]
+            notes = [(c, i) for c, cl in enumerate(self.clients) for i in range(N) if cl.inbox[i]]
+            if not wires and not notes:
+                return
+            for c, i in wires:
+                self._deliver(c, i)
+            for c, i in notes:
+                if self.clients[c].inbox[i]:
+                    self._notify(c, i)
+
+
+MODEL_SETTINGS = settings(
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=300,
+    stateful_step_count=80,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+def test_quorum_fair_model() -> None:
+    run_state_machine_as_test(QuorumFairModel, settings=MODEL_SETTINGS)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(3600)  # it takes about 10 minutes
+def test_quorum_fair_model_soak() -> None:
+    run_state_machine_as_test(
+        QuorumFairModel,
+        settings=settings(MODEL_SETTINGS, max_examples=20_000, stateful_step_count=150),
+    )
+
+
+# --- the model has teeth ----------------------------------------------------------------
+
+# Measured over unseeded runs, the schemes tested by default are found after a median
+# of about 10 (TokenPerNode), 15 (RoundOfOne) and 230 (RenewBelowCounter) examples, at
+# most about 600 seen. Three take longer and run with the soak tests: HandOffFromOneNode
+# (median about 160, but over 1300 in some processes: hypothesis's search differs from
+# one process to another even when derandomized), ValidityFromNotification (median
+# about 1200, at most about 2200 seen: it needs a hand-off lease whose notification came
+# late) and HandOffBelowCounter (a lease, a waiter's look from before it and a low-floor
+# give-up; half the runs of 3600 miss it). The bound only matters if the search got
+# much weaker.
+FIND_SETTINGS = settings(
+    MODEL_SETTINGS,
+    max_examples=3000,
+    phases=[Phase.generate],
+    report_multiple_bugs=False,
+)
+
+
+class OneGrantAcquisition(Acquisition):
+    def begin(self, now: float) -> Round:
+        rnd = super().begin(now)
+        rnd.needed = 1
+        return rnd
+
+
+class RoundOfOneScheme(QuorumFairModel):
+    """A core that took one node's grant for a majority: two clients hold at once as
+    soon as their grants land on different nodes."""
+
+    def make_acquisition(self, client: Client) -> Acquisition:
+        return self._build(OneGrantAcquisition, client)
+
+
+class LateValidityAcquisition(Acquisition):
+    def transferred(self, token: str, grants: list[tuple[int, int]], now: float) -> Granted | None:
+        got = super().transferred(token, grants, now)
+        if got is None:
+            return None
+        spec = self.spec
+        return Granted(replace(got.lease, started=now, valid_until=now + spec.ttl - spec.drift))
+
+
+class ValidityFromNotificationScheme(QuorumFairModel):
+    """A core that counted a hand-off's validity from the notification's arrival: the
+    keys were set earlier, at the release, and expire before such a lease ends."""
+
+    def make_acquisition(self, client: Client) -> Acquisition:
+        return self._build(LateValidityAcquisition, client)
+
+
+class OneNodeAcquisition(Acquisition):
+    def transferred(self, token: str, grants: list[tuple[int, int]], now: float) -> Granted | None:
+        spec, self.spec = self.spec, replace(self.spec, quorum=1)
+        try:
+            return super().transferred(token, grants, now)
+        finally:
+            self.spec = spec
+
+
+class HandOffFromOneNodeScheme(QuorumFairModel):
+    """A core that took one node's hand-off for the lock (queues differ from node to
+    node, so two waiters are each handed some of the nodes)."""
+
+    def make_acquisition(self, client: Client) -> Acquisition:
+        return self._build(OneNodeAcquisition, client)
+
+
+class AnyTokensAcquisition(Acquisition):
+    def transferred(self, token: str, grants: list[tuple[int, int]], now: float) -> Granted | None:
+        top = max((f for _, f in grants), default=0)
+        return super().transferred(token, [(i, top) for i, _ in grants], now)
+
+
+class TokenPerNodeScheme(QuorumFairModel):
+    """Each node minting its own hand-off token (as on one node: counter + 1, here P
+    plus the node's index), and a core that took the highest of a majority of them:
+    the token is committed on one node only, and a later majority can propose below."""
+
+    def make_acquisition(self, client: Client) -> Acquisition:
+        return self._build(AnyTokensAcquisition, client)
+
+    def hand_off_token(self, p: int, node: int) -> int:
+        return p + 10 * node
+
+
+class HandOffBelowCounterScheme(QuorumFairModel):
+    """A release script that handed the lock over with P whatever the node's counter:
+    a node's counter goes down, and a later lease can get a token already used."""
+
+    def node_release(self, i: int, command: Command) -> int:
+        node = self.nodes[i]
+        counter = node.get(KEYS.fence, self.ms)
+        node.set(KEYS.fence, 0, self.ms)  # nothing for P to beat
+        released = super().node_release(i, command)
+        if node.get(KEYS.fence, self.ms) == "0" and counter is not None:
+            node.set(KEYS.fence, counter, self.ms)  # nothing handed over: as it was
+        return released
+
+
+class RenewBelowCounterScheme(QuorumFairModel):
+    """An acquire script that renewed a lock handed to the caller with any proposal,
+    even one not above the counter (the hand-off's token)."""
+
+    def node_acquire(self, i: int, command: Command, channel: str) -> list[int]:
+        node = self.nodes[i]
+        if node.get(KEYS.lock, self.ms) == command.token:
+            node.pexpire(KEYS.lock, TTL_MS, self.ms)
+            node.set(KEYS.fence, command.arg, self.ms)
+            return [1, command.arg]
+        return super().node_acquire(i, command, channel)
+
+
+@pytest.mark.parametrize(
+    ("machine", "violated"),
+    [
+        pytest.param(machine, violated, id=machine.__name__)
+        for machine, violated in [
+            (RoundOfOneScheme, r"\((a|b|c|d)\) "),
+            (TokenPerNodeScheme, r"\((c|d)\) "),
+            (RenewBelowCounterScheme, r"\((c|d)\) "),
+        ]
+    ],
+)
+def test_model_catches_a_broken_scheme(machine: type[QuorumFairModel], violated: str) -> None:
+    with pytest.raises(Violation, match=violated):
+        run_state_machine_as_test(machine, settings=FIND_SETTINGS)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize(
+    ("machine", "violated"),
+    [
+        pytest.param(machine, violated, id=machine.__name__)
+        for machine, violated in [
+            (HandOffFromOneNodeScheme, r"\((a|b|c|d)\) "),
+            (ValidityFromNotificationScheme, r"\(b\) "),
+            (HandOffBelowCounterScheme, r"\((c|d)\) "),
+        ]
+    ],
+)
+def test_model_catches_a_rarer_broken_scheme(machine: type[QuorumFairModel], violated: str) -> None:
+    with pytest.raises(Violation, match=violated):
+        run_state_machine_as_test(machine, settings=settings(FIND_SETTINGS, max_examples=20_000))
