@@ -7,6 +7,7 @@ fencing floor it proposes above) is built here once.
 
 from __future__ import annotations
 
+import functools
 import random
 import secrets
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from ._core.acquire import Acquisition, Granted
 from ._core.commands import Command, acked_by_replicas
 from ._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
 from ._core.policy import RetryPolicy
-from ._core.waiting import Wake, hold_ms, place_ms
+from ._core.waiting import Departed, Wake, hold_ms, place_ms
 
 __all__ = ["ClientBase"]
 
@@ -117,6 +118,17 @@ class ClientBase:
         if spec.wait_mode == "q":
             return self._release_waking(spec, token, cleanup=True)
         return commands.release(spec.key, token)
+
+    def _decline(self, spec: LockSpec, waiter: str, node: int | None) -> None:
+        """Send ``waiter``'s dequeue to ``node`` (None: every node), at once."""
+        raise NotImplementedError
+
+    def _departed(self, departed: Departed, spec: LockSpec, waiter: str) -> None:
+        """``waiter`` gave up: decline what still reaches it while a place it may have
+        kept on a node its dequeue missed can live."""
+        now = monotonic()
+        decline = functools.partial(self._decline, spec, waiter)
+        departed.add(waiter, decline, now + self._place_ms / 1000, now)
 
     def _transferred(
         self, wakes: list[tuple[int, Wake]], acq: Acquisition, waiter: str

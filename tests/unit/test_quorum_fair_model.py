@@ -294,7 +294,7 @@ class QuorumFairModel(RuleBasedStateMachine):
         self._check()
 
     def _end_call(self, client: Client, wall: int) -> None:
-        """The acquire call returns without a lease: leave the queues (``_dequeue``)."""
+        """The acquire call returns without a lease: leave the queues (``_decline``)."""
         if client.queued:
             p = max(wall, 1, client.floor)
             self._log(f"{client.waiter} dequeues (P={p})")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import secrets
 from types import TracebackType
 from typing import Any
@@ -181,9 +180,7 @@ class AsyncClient(ClientBase):
             if queued and lease is None:
                 # Written at once (no await), so a cancelled acquire leaves its place too.
                 self._decline(spec, waiter, None)
-                now = _clock()
-                decline = functools.partial(self._decline, spec, waiter)
-                listener.departed.add(waiter, decline, now + self._place_ms / 1000, now)
+                self._departed(listener.departed, spec, waiter)
 
     def _decline(self, spec: LockSpec, waiter: str, node: int | None) -> None:
         """Leave the queue on ``node`` (None: every node), passing on a lock handed to

@@ -7,7 +7,6 @@ runs each round on a ``LinkSet``, sleeps when told to, and hands out leases.
 from __future__ import annotations
 
 import contextlib
-import functools
 import secrets
 import threading
 import time
@@ -208,10 +207,8 @@ class Client(ClientBase):
             if slot is not None:
                 listener.unregister(waiter)
             if queued and lease is None:
-                self._dequeue(spec, waiter)
-                now = _clock()
-                decline = functools.partial(self._decline, spec, waiter)
-                listener.departed.add(waiter, decline, now + self._place_ms / 1000, now)
+                self._decline(spec, waiter, None)
+                self._departed(listener.departed, spec, waiter)
 
     def _handed_over(
         self, slot: Slot, acq: Acquisition, spec: LockSpec, waiter: str
@@ -220,19 +217,18 @@ class Client(ClientBase):
         granted = self._transferred(slot.take(), acq, waiter)
         return None if granted is None else Lease(self, granted.lease, spec)
 
-    def _dequeue(self, spec: LockSpec, waiter: str) -> None:
-        """Leave the wait queue on every node (best effort: a lost one's place expires)."""
+    def _decline(self, spec: LockSpec, waiter: str, node: int | None) -> None:
+        """Leave the queue on ``node`` (None: every node, waiting for their answers),
+        passing on a lock handed to ``waiter`` meanwhile; again, without waiting, for a
+        notification that reaches it after it gave up (see ``Departed``). Best effort: a
+        node it misses keeps the place until it expires."""
         everyone = frozenset(range(len(self.node_names)))
+        targets, wait_for = (
+            (everyone, everyone) if node is None else (frozenset({node}), frozenset())
+        )
         with contextlib.suppress(Exception), self._links() as links:
             command = commands.dequeue(self._release_waking(spec, waiter))
-            self._cleanup_round(links, command, everyone, everyone)
-
-    def _decline(self, spec: LockSpec, waiter: str, node: int) -> None:
-        """A notification reached ``waiter`` after it gave up (see ``Departed``): send
-        its dequeue again, to that node, which passes the lock on."""
-        with contextlib.suppress(Exception), self._links() as links:
-            command = commands.dequeue(self._release_waking(spec, waiter))
-            self._cleanup_round(links, command, frozenset({node}), frozenset())
+            self._cleanup_round(links, command, targets, wait_for)
 
     def _links(self) -> _Borrowed:
         return _Borrowed(self._pool)
