@@ -76,6 +76,13 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
     )
 
 
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """Kill a spawned ``tenure run`` that a failed test left running."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
 def _default_sigint() -> None:
     # A shell without job control starts background commands with SIGINT ignored, and
     # tenure run keeps an ignored signal ignored (as nohup expects); the tests that
@@ -221,9 +228,7 @@ def test_sigint_while_waiting_exits_130_without_running(
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=_TIMEOUT)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+            _reap(proc)
     assert proc.returncode == 130, err
     assert not marker.exists()
 
@@ -251,9 +256,7 @@ def test_lost_lease_kills_the_command_group_and_exits_79(
         _, err = proc.communicate(timeout=_TIMEOUT)
         elapsed = time.monotonic() - started
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _reap(proc)
     assert proc.returncode == EXIT_LOST == 79, err
     # Found at the next extension (TTL/3 at most), then SIGTERM, --grace, SIGKILL.
     assert elapsed < ttl / 3 + grace + 1.5, elapsed
@@ -310,9 +313,7 @@ def test_sigterm_is_forwarded_waited_for_and_released(
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=_TIMEOUT)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _reap(proc)
     assert proc.returncode == 128 + signal.SIGTERM == 143, err
     assert seen.read_text() == "TERM\n"  # the command got it, exactly once
     assert _all_gone([shell])

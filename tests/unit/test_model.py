@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal, NoReturn
 
@@ -65,9 +64,6 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from hypothesis.stateful import (
-    run_state_machine_as_test as _run_state_machine_untyped,
-)
 
 from tenure import LeaseExpired
 from tenure._core import commands
@@ -78,12 +74,7 @@ from tenure._core.policy import wait_random
 from tenure._core.quorum import Failure, Round
 
 from .fake_node import FakeNode, acquire_lua, extend_lua, release_lua, seed_lua
-
-# Older hypothesis releases (6.155 and before) ship this function without annotations, and
-# mypy --strict refuses to call it from typed code; a typed alias keeps the tests independent of
-# the installed release.
-run_state_machine_as_test: Callable[..., None] = _run_state_machine_untyped
-
+from .stateful import run_state_machine_as_test
 
 K = 3  # clients
 TTL_MS = 1000
