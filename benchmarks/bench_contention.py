@@ -42,9 +42,10 @@ import math
 import multiprocessing
 import os
 import platform
+import resource
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -67,6 +68,13 @@ class System:
     nodes: int
     kind: str  # tenure | tenure-unfair | tenure-async | redis-py | python-redis-lock
 
+
+# The second table's systems: the targets' pairs (1 node vs the peer, 5 nodes vs 1).
+IO_SYSTEMS = [
+    System("tenure (default: fair)", 1, "tenure"),
+    System("python-redis-lock", 1, "python-redis-lock"),
+    System("tenure (default: fair)", 5, "tenure"),
+]
 
 SYSTEMS = [
     System("tenure (default: fair)", 1, "tenure"),
@@ -103,6 +111,11 @@ def _count_splits() -> list[int]:
     return counter
 
 
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _wait_start(start_at: Any) -> float:
     while start_at.value == 0.0:
         time.sleep(0.001)
@@ -119,10 +132,12 @@ def worker(
     ready: Any,
     start_at: Any,
     out: Connection,
+    hold: float = 0.0,
 ) -> None:
     records: list[Record] = []
     splits = _count_splits()
     clock = time.monotonic_ns
+    cpu = [0.0]  # this process's CPU seconds (every thread) in the measured loop
     if kind == "tenure-async":
 
         async def main() -> None:
@@ -137,16 +152,20 @@ def worker(
                         await asyncio.sleep(0.05)
                 ready.release()
                 end = _wait_start(start_at) + duration
+                cpu[0] = -_cpu_seconds()
                 while time.monotonic() < end:
                     asked = clock()
                     await lock.acquire()
                     got = clock()
+                    if hold:
+                        await asyncio.sleep(hold)
                     releasing = clock()
                     await lock.release()
                     records.append((asked, got, releasing))
+                cpu[0] += _cpu_seconds()
 
         asyncio.run(main())
-        out.send((records, splits[0]))
+        out.send((records, splits[0], cpu[0]))
         return
     if kind in ("tenure", "tenure-unfair"):
         client = tenure.Client(urls)
@@ -174,16 +193,20 @@ def worker(
             lock = None
     ready.release()
     end = _wait_start(start_at) + duration
+    cpu[0] = -_cpu_seconds()
     while time.monotonic() < end:
         if kind == "python-redis-lock":
             lock = redis_lock.Lock(conn, key, expire=TTL_S)  # its token is fixed per object
         asked = clock()
         lock.acquire()
         got = clock()
+        if hold:
+            time.sleep(hold)
         releasing = clock()
         lock.release()
         records.append((asked, got, releasing))
-    out.send((records, splits[0]))
+    cpu[0] += _cpu_seconds()
+    out.send((records, splits[0], cpu[0]))
 
 
 # --------------------------------------------------------------------------- one run
@@ -196,6 +219,8 @@ class Row:
     records: list[list[Record]] = field(default_factory=list)
     splits: int = 0
     evals: int = 0
+    cpu_clients: float = 0.0  # CPU seconds of the workers in the measured loops
+    cpu_servers: float = 0.0  # CPU seconds of the redis-server processes meanwhile
     elapsed: float = 0.0
     error: str = ""
 
@@ -224,15 +249,20 @@ def pct(values: list[float], q: float) -> float:
     return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
 
 
-def evals(cluster: LocalCluster, n: int) -> int:
-    total = 0
+def server_counts(cluster: LocalCluster, n: int) -> tuple[int, float]:
+    """Scripts run so far and CPU seconds used so far, summed over the first ``n`` nodes."""
+    scripts, cpu = 0, 0.0
     for node in list(cluster)[:n]:
         with node.client() as c:
-            total += int(c.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
-    return total
+            scripts += int(c.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
+            info = c.info("cpu")
+            cpu += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return scripts, cpu
 
 
-def measure(cluster: LocalCluster, system: System, k: int, duration: float) -> Row:
+def measure(
+    cluster: LocalCluster, system: System, k: int, duration: float, hold: float = 0.0
+) -> Row:
     row = Row(system, k)
     urls = cluster.urls[: system.nodes]
     key = f"bench:contention:{system.kind}:{system.nodes}:{k}"
@@ -243,7 +273,7 @@ def measure(cluster: LocalCluster, system: System, k: int, duration: float) -> R
         parent_end, child_end = _ctx.Pipe(duplex=False)
         proc = _ctx.Process(
             target=worker,
-            args=(system.kind, urls, key, duration, ready, start_at, child_end),
+            args=(system.kind, urls, key, duration, ready, start_at, child_end, hold),
         )
         proc.start()
         pipes.append(parent_end)
@@ -252,15 +282,19 @@ def measure(cluster: LocalCluster, system: System, k: int, duration: float) -> R
         for _ in range(k):
             if not ready.acquire(timeout=60):
                 raise RuntimeError("a worker did not start")
-        before = evals(cluster, system.nodes)
         start_at.value = time.monotonic() + 0.2
+        time.sleep(0.2)
+        scripts, cpu = server_counts(cluster, system.nodes)
         for pipe in pipes:
             if not pipe.poll(duration + 60):
                 raise RuntimeError("a worker did not finish")
-            records, splits = pipe.recv()
+            records, splits, cpu_worker = pipe.recv()
             row.records.append(records)
             row.splits += splits
-        row.evals = evals(cluster, system.nodes) - before
+            row.cpu_clients += cpu_worker
+        scripts_after, cpu_after = server_counts(cluster, system.nodes)
+        row.evals = scripts_after - scripts
+        row.cpu_servers = cpu_after - cpu
         row.elapsed = duration
     except Exception as exc:
         row.error = f"{type(exc).__name__}: {exc}"
@@ -372,6 +406,7 @@ HEADER = [
     "min/max per worker",
     "EVAL/CS",
     "split/1k",
+    "CPU µs/CS",
 ]
 
 
@@ -394,10 +429,19 @@ def cells(row: Row) -> list[str]:
         f"{min(counts)}/{max(counts)}",
         f"{row.evals / row.cycles:.2f}" if tenure_row and row.cycles else "",
         f"{1000 * row.splits / row.cycles:.1f}" if s.nodes > 1 and row.cycles else "",
+        cpu_cell(row),
     ]
 
 
-def targets(rows: list[Row]) -> list[str]:
+def cpu_cell(row: Row) -> str:
+    """CPU per critical section: the workers' + the servers' (µs)."""
+    if not row.cycles:
+        return ""
+    clients, servers = (1e6 * x / row.cycles for x in (row.cpu_clients, row.cpu_servers))
+    return f"{clients:.0f}+{servers:.0f}"
+
+
+def targets(rows: list[Row], *, throughput: bool = True) -> list[str]:
     def find(kind: str, nodes: int, k: int) -> Row | None:
         for r in rows:
             if r.system.kind == kind and r.system.nodes == nodes and r.k == k and not r.error:
@@ -417,7 +461,7 @@ def targets(rows: list[Row]) -> list[str]:
             f"{fmt(b)} µs (target: no slower): {ok}"
         )
     ours, peer = find("tenure", 1, max(ks)), find("python-redis-lock", 1, max(ks))
-    if ours is not None and peer is not None:
+    if throughput and ours is not None and peer is not None:
         ratio = ours.cycles / max(peer.cycles, 1)
         ok = "met" if ratio >= 1.5 else "MISSED"
         lines.append(
@@ -495,6 +539,15 @@ def run(args: argparse.Namespace) -> str:
                 row = measure(cluster, system, k, args.duration)
                 rows.append(row)
                 print("  ".join(cells(row)), file=sys.stderr, flush=True)
+        io_rows: list[Row] = []
+        for k in args.k if args.io_ms > 0 else []:
+            for system in IO_SYSTEMS:
+                if args.only and system.kind not in args.only:
+                    continue
+                row = measure(cluster, system, k, args.duration, args.io_ms / 1000)
+                io_rows.append(row)
+                print("  ".join(cells(row)), f"({args.io_ms:g} ms CS)", file=sys.stderr, flush=True)
+    io_text = io_section(args, io_rows)
     body = [
         "\n".join(context(args, version)),
         "",
@@ -505,6 +558,7 @@ def run(args: argparse.Namespace) -> str:
         *targets(rows),
         "",
         *floor_lines(medians),
+        *io_text(True),
     ]
     text = "\n".join(body)
     if args.write:
@@ -519,9 +573,30 @@ def run(args: argparse.Namespace) -> str:
                 *targets(rows),
                 "",
                 *floor_lines(medians),
+                *io_text(False),
             ]
         )
     return text
+
+
+def io_section(args: argparse.Namespace, rows: list[Row]) -> Callable[[bool], list[str]]:
+    """The second table: critical sections that sleep (as a holder waiting on I/O does),
+    so the machine's two cores are not saturated by the run itself."""
+
+    def lines(markdown: bool) -> list[str]:
+        if not rows:
+            return []
+        return [
+            "",
+            f"Critical sections of {args.io_ms:g} ms (the holder sleeps, as it would waiting "
+            "for I/O; the CPU is no longer saturated, as it is with empty ones):",
+            "",
+            table(HEADER, [cells(r) for r in rows], lambda h: h != "system", markdown=markdown),
+            "",
+            *targets(rows, throughput=False),
+        ]
+
+    return lines
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -530,12 +605,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, nargs="+", default=[2, 8, 32], help="process counts")
     parser.add_argument("--only", nargs="*", help="system kinds to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="1 s per row, writes nothing")
+    parser.add_argument(
+        "--io-ms",
+        type=float,
+        default=1.0,
+        help="the second table's critical sections sleep this long (0: no second table)",
+    )
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     parser.add_argument(
         "--unix", action="store_true", help="nodes on unix sockets, not TCP (writes nothing)"
     )
     args = parser.parse_args(argv)
-    args.write = not args.quick and not args.only and args.k == [2, 8, 32] and not args.unix
+    args.write = (
+        not args.quick
+        and not args.only
+        and args.k == [2, 8, 32]
+        and not args.unix
+        and args.io_ms == 1.0
+    )
     if args.quick:
         args.duration = 1.0
     return args

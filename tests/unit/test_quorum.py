@@ -156,6 +156,27 @@ def test_wait_all_round_is_decided_only_when_every_node_answered() -> None:
     assert not Round(3, 2, started=0.0).decided
 
 
+def test_a_heard_out_round_decides_a_success_at_once_and_a_failure_when_all_answered() -> None:
+    won = Round(5, 3, started=0.0, hear_out=True)
+    for i in range(3):
+        won.record(i, True)
+    assert won.decided
+    assert won.succeeded
+    held = Round(5, 3, started=0.0, hear_out=True)
+    for i in range(3):
+        held.record(i, False)
+    assert held.impossible
+    assert not held.decided, "the other two nodes are still to be heard"
+    held.record(3, False)
+    held.fail(4, Failure.UNREACHABLE, "down")
+    assert decided(held)
+    late = Round(3, 2, started=0.0, hear_out=True)
+    late.record(0, False)
+    late.record(1, False)
+    late.time_out()
+    assert decided(late)
+
+
 def test_failures_and_unreachable_blocks_quorum() -> None:
     rnd = Round(3, 2, started=0.0)
     rnd.record(0, False)
@@ -231,10 +252,12 @@ def rounds(draw: st.DrawFn) -> tuple[int, int, list[tuple[int, Answer]]]:
 
 
 @SETTINGS
-@given(rounds())
-def test_round_tally_properties(case: tuple[int, int, list[tuple[int, Answer]]]) -> None:
+@given(rounds(), st.booleans())
+def test_round_tally_properties(
+    case: tuple[int, int, list[tuple[int, Answer]]], hear_out: bool
+) -> None:
     n, needed, events = case
-    rnd = Round(n, needed, started=0.0)
+    rnd = Round(n, needed, started=0.0, hear_out=hear_out)
     first: dict[int, Answer] = {}
     was_succeeded = False
     was_decided = False
@@ -248,7 +271,9 @@ def test_round_tally_properties(case: tuple[int, int, list[tuple[int, Answer]]])
         assert rnd.yes == yes
         assert rnd.succeeded == (yes >= needed)
         assert rnd.impossible == (not_yes > n - needed)
-        assert rnd.decided == (yes >= needed or not_yes > n - needed)
+        # Hearing out a failure: decided only once every node answered.
+        failed = not_yes > n - needed and (not hear_out or len(first) == n)
+        assert rnd.decided == (yes >= needed or failed)
         assert not (rnd.succeeded and rnd.impossible)
 
         # Once decided, the outcome is final: more answers never change it.

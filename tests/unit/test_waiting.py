@@ -21,7 +21,12 @@ COUNTER = 1_000
 
 
 def make(
-    n: int = 1, recheck: float = 0.5, timeout: float | None = None, fair: bool | None = None
+    n: int = 1,
+    recheck: float = 0.5,
+    timeout: float | None = None,
+    fair: bool | None = None,
+    *,
+    blocking: bool = True,
 ) -> Acquisition:
     cfg = ClientConfig.build([f"redis://h{i}" for i in range(n)], recheck=recheck)
     spec = LockSpec.build(cfg, "res", TTL, fair=(n == 1 and recheck > 0) if fair is None else fair)
@@ -29,7 +34,7 @@ def make(
         spec,
         wait_random(0.01, 0.02),
         random.Random(7),
-        blocking=True,
+        blocking=blocking,
         timeout=timeout,
         now=0.0,
         node_names=[f"n{i}" for i in range(n)],
@@ -220,6 +225,37 @@ def test_quorum_hand_off_needs_one_token_from_a_majority_of_looked_at_nodes() ->
     assert acq.transferred("w", [(0, f), (1, f), (4, f)], 1.1) is None
     # A token not above the counter a node showed is a stale notification there.
     assert acq.transferred("w", [(0, f), (1, f), (3, 12)], 1.1) is None
+
+
+def test_a_fair_quorum_waiter_hears_every_node_before_it_waits() -> None:
+    # Its look must cover the nodes whose hand-offs will wake it, and the first majority
+    # of hand-offs may come from any nodes: a failed attempt is decided once all answered.
+    acq = make(n=5, fair=True)
+    rnd = acq.begin(0.0)
+    for i in range(3):
+        rnd.record(i, False, (HELD, COUNTER, 9_000))
+    assert rnd.impossible
+    undecided = rnd.decided
+    rnd.record(3, False, (HELD, COUNTER, 9_000))
+    rnd.record(4, False, (HELD, COUNTER + 1, 9_000))
+    assert not undecided
+    assert rnd.decided
+    assert isinstance(acq.conclude(rnd, "w", 0.001), Wait)
+    f = COUNTER + 50
+    got = acq.transferred("w", [(4, f), (3, f), (0, f)], 0.1)
+    assert isinstance(got, Granted)
+    assert got.lease.granted == frozenset({0, 3, 4})
+    # A success is still decided at the first majority.
+    won = acq.begin(1.0)
+    for i in range(3):
+        won.record(i, True, (1, COUNTER + 2))
+    assert won.decided
+    # Others decide a failed round at once: a non-blocking attempt, or not fair.
+    for other in (make(n=5, fair=False), make(n=5, fair=True, blocking=False)):
+        quick = other.begin(0.0)
+        for i in range(3):
+            quick.record(i, False, (HELD, COUNTER, 9_000))
+        assert quick.decided
 
 
 def test_split_back_off_restarts_after_a_wait() -> None:

@@ -287,7 +287,7 @@ class Channels:
                 wait = channels[i].backing_off(now)
                 if wait:
                     rnd.fail(i, Failure.BACKING_OFF, str(_Down(wait)))
-            if rnd.decided:
+            if rnd.decided or rnd.impossible:
                 return
             targets = [i for i in order if rnd.results[i] is None]
         loop = asyncio.get_running_loop()

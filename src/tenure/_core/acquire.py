@@ -222,6 +222,13 @@ class Acquisition:
         self._strikes = 0
         self.mark = 1
         self._recheck = recheck
+        # Fair on a quorum, a waiter hears out a failed attempt: a hand-off counts only
+        # from a node that attempt saw held (``transferred``), and the first majority of
+        # hand-offs comes from any nodes, so a round decided at the first majority of
+        # "held" would turn most hand-offs into one more round. The rest answer within
+        # microseconds (a frozen node costs a node timeout), and a success is still
+        # decided at once.
+        self._hear_out = blocking and recheck > 0 and spec.wait_mode == "q"
         self._backoffs = 0
         # (start of the latest round that found the lock held by another, the highest
         # counter it saw): the base of a transferred lease's validity (``transferred``).
@@ -234,7 +241,13 @@ class Acquisition:
         self.attempts += 1
         # Marks a node without history answers with (see acquire.lua); never 0.
         self.mark = self._rng.getrandbits(52) | 1
-        return Round(self.spec.n_nodes, self.spec.quorum, now, wait_all=self._hear_all)
+        return Round(
+            self.spec.n_nodes,
+            self.spec.quorum,
+            now,
+            wait_all=self._hear_all,
+            hear_out=self._hear_out,
+        )
 
     def proposal(self, wall_us: int) -> int:
         """The fencing token to propose in this attempt, given the wall clock in µs."""

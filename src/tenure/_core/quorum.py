@@ -68,9 +68,26 @@ class Round:
         started: monotonic time the first request was sent.
     """
 
-    __slots__ = ("_answered", "_no", "_wait_all", "_yes", "needed", "results", "started")
+    __slots__ = (
+        "_answered",
+        "_hear_out",
+        "_no",
+        "_wait_all",
+        "_yes",
+        "needed",
+        "results",
+        "started",
+    )
 
-    def __init__(self, n: int, needed: int, started: float, *, wait_all: bool = False) -> None:
+    def __init__(
+        self,
+        n: int,
+        needed: int,
+        started: float,
+        *,
+        wait_all: bool = False,
+        hear_out: bool = False,
+    ) -> None:
         self.needed = needed
         self.started = started
         self.results: list[NodeResult | None] = [None] * n
@@ -78,6 +95,9 @@ class Round:
         self._no = 0  # refusals and failures: both mean "not a yes"
         self._answered = 0
         self._wait_all = wait_all  # decided only when every node answered (or the deadline)
+        # A failure is decided only when every node answered (a success still at once):
+        # for a waiter, whose wait is judged against what every node said (acquire.py).
+        self._hear_out = hear_out
 
     @classmethod
     def cleanup(cls, n: int, targets: frozenset[int], started: float) -> Round:
@@ -149,7 +169,11 @@ class Round:
     def decided(self) -> bool:
         if self._wait_all:
             return self._answered == len(self.results)
-        return self._yes >= self.needed or self._no > len(self.results) - self.needed
+        if self._yes >= self.needed:
+            return True
+        if self._no > len(self.results) - self.needed:
+            return not self._hear_out or self._answered == len(self.results)
+        return False
 
     def granted(self) -> frozenset[int]:
         """Nodes that answered yes."""

@@ -207,7 +207,7 @@ class LinkSet:
                 wait = links[i].backing_off(now)
                 if wait:
                     rnd.fail(i, Failure.BACKING_OFF, str(_Down(wait)))
-            if rnd.decided:
+            if rnd.decided or rnd.impossible:
                 self.clean = True
                 return
             order = [i for i in order if rnd.results[i] is None]

@@ -43,6 +43,9 @@ BACKOFF_MAX = 1.0
 # After the first node's notification, how long a waiter on a quorum waits for a
 # majority of them before trying (see ``Slot``).
 STRAGGLE = 0.005
+# How long the subscriber thread stays parked once a waiter has been reading the sockets,
+# before it checks whether it must read them again (see ``Listener.wait``).
+PARK = 0.02
 _NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
@@ -103,7 +106,9 @@ class Listener:
     itself, filing every message it reads (its own, or other waiters'). A notification
     then wakes the waiter directly, not a thread that wakes the waiter: one context
     switch less on the path of every hand-off. Other waiters of the same client wait on
-    their slots' events as before.
+    their slots' events as before. The thread is poked only while it is in ``select()``,
+    and takes the sockets back after a wait only when needed (see ``wait``), so a worker
+    that acquires in a loop passes them from one wait to the next without waking it.
     """
 
     def __init__(self, nodes: Sequence[NodeState]) -> None:
@@ -121,6 +126,8 @@ class Listener:
         self._read = threading.Lock()  # held by whoever reads the sockets
         self._reader: str | None = None  # the waiter reading them, if any
         self._wanting = 0  # waiters that want the subscriber thread to step aside
+        self._followers = 0  # waiters waiting on their slots while another one reads
+        self._thread_reading = False  # the thread is (about to be) in select(): poke it
         self._thread: threading.Thread | None = None
         self._waker: tuple[socket.socket, socket.socket] | None = None
         self._up = [False] * n
@@ -166,11 +173,19 @@ class Listener:
             if lead:
                 self._reader = waiter
                 self._wanting += 1
+                poke = self._thread_reading
+            else:
+                self._followers += 1
         if not lead:
-            return slot.wait(timeout)
+            try:
+                return slot.wait(timeout)
+            finally:
+                with self._guard:
+                    self._followers -= 1
         end = time.monotonic() + timeout
         try:
-            self._poke()
+            if poke:
+                self._poke()
             if not self._read.acquire(timeout=timeout):
                 return slot.event.is_set()
             try:
@@ -185,7 +200,11 @@ class Listener:
             with self._guard:
                 self._reader = None
                 self._wanting -= 1
-                self._guard.notify_all()
+                # The thread takes the sockets back within PARK, or at once if someone
+                # needs it now: another waiting thread, or a connection to re-establish.
+                # A client that acquires in a loop then does not wake it at every turn.
+                if self._followers or not all(self._up):
+                    self._guard.notify_all()
         return slot.event.is_set()
 
     def close(self) -> None:
@@ -292,14 +311,21 @@ class Listener:
             while not self._stop:
                 with self._guard:
                     while self._wanting and not self._stop:
-                        self._guard.wait(0.1)  # a waiter reads the sockets meanwhile
-                if not self._read.acquire(timeout=0.1):
-                    continue
+                        self._guard.wait(PARK)  # a waiter reads the sockets meanwhile
+                    # Set under the guard, with no waiter wanting the sockets: a waiter
+                    # that comes from now on pokes the thread out of its select().
+                    self._thread_reading = True
                 try:
-                    self._connect(time.monotonic())
-                    self._pump(None, watch_waker=True)
+                    if not self._read.acquire(timeout=0.1):
+                        continue
+                    try:
+                        self._connect(time.monotonic())
+                        self._pump(None, watch_waker=True)
+                    finally:
+                        self._read.release()
                 finally:
-                    self._read.release()
+                    with self._guard:
+                        self._thread_reading = False
         finally:
             with self._read:
                 for i in range(len(self._nodes)):
