@@ -270,11 +270,17 @@ class Listener:
         pending = [] if limit is None else [limit]
         pending += [self._retry_at[i] - now for i, s in enumerate(socks) if s is None]
         if len(socks) > 1:
+            overdue = False
             for slot in list(self._slots.values()):
                 if slot.overdue(now):
                     slot.event.set()
+                    overdue = True
                 elif slot.wakes and not slot.event.is_set():
                     pending.append(slot.since + STRAGGLE - now)
+            if overdue:
+                # Return before select(): the reader may be the very waiter just set,
+                # and it must not sleep out its wait in select() with its event set.
+                return
         timeout = max(min(pending), 0.0005) if pending else None
         watched = [s for s in socks if s is not None]
         waker = self._waker
