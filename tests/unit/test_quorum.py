@@ -157,12 +157,12 @@ def test_wait_all_round_is_decided_only_when_every_node_answered() -> None:
 
 
 def test_a_heard_out_round_decides_a_success_at_once_and_a_failure_when_all_answered() -> None:
-    won = Round(5, 3, started=0.0, hear_out=True)
+    won = Round(5, 3, started=0.0, hear_out=0.002)
     for i in range(3):
         won.record(i, True)
     assert won.decided
     assert won.succeeded
-    held = Round(5, 3, started=0.0, hear_out=True)
+    held = Round(5, 3, started=0.0, hear_out=0.002)
     for i in range(3):
         held.record(i, False)
     assert held.impossible
@@ -170,11 +170,15 @@ def test_a_heard_out_round_decides_a_success_at_once_and_a_failure_when_all_answ
     held.record(3, False)
     held.fail(4, Failure.UNREACHABLE, "down")
     assert decided(held)
-    late = Round(3, 2, started=0.0, hear_out=True)
+    late = Round(3, 2, started=0.0, hear_out=0.002)
     late.record(0, False)
     late.record(1, False)
-    late.time_out()
+    assert not late.decided
+    # Its time is up: decided, and the node not heard from is unknown, not failed.
+    late.stop_hearing()
     assert decided(late)
+    assert late.results[2] is None
+    assert not late.failures()
 
 
 def test_failures_and_unreachable_blocks_quorum() -> None:
@@ -257,7 +261,7 @@ def test_round_tally_properties(
     case: tuple[int, int, list[tuple[int, Answer]]], hear_out: bool
 ) -> None:
     n, needed, events = case
-    rnd = Round(n, needed, started=0.0, hear_out=hear_out)
+    rnd = Round(n, needed, started=0.0, hear_out=0.002 if hear_out else 0.0)
     first: dict[int, Answer] = {}
     was_succeeded = False
     was_decided = False

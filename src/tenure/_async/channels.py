@@ -317,7 +317,11 @@ class Channels:
                 rnd.fail(i, Failure.UNREACHABLE, str(value) or type(value).__name__)
             if rnd.decided:
                 settle()
+            elif rnd.impossible and not heard_out:
+                # A failed round heard out (see ``Round``): for a little longer only.
+                heard_out.append(loop.call_later(rnd.hear_out, settle))
 
+        heard_out: list[asyncio.TimerHandle] = []
         self.send(command, rnd, targets, on_reply)
         if not rnd.decided:
             timer = loop.call_later(max(deadline - time.monotonic(), 0), settle)
@@ -325,9 +329,12 @@ class Channels:
                 await done
             finally:
                 timer.cancel()
+                for handle in heard_out:
+                    handle.cancel()
                 settle()
         else:
             settle()
+        rnd.stop_hearing()
         if not rnd.decided:
             for i, got in parts.items():
                 # A node that answered the command but not yet all of it (a WAIT still

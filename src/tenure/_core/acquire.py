@@ -81,6 +81,10 @@ MAX_FIXES = 4
 # acquire gives up with QuorumUnreachable. One is not enough: on a loaded machine our own
 # process can be descheduled past the node timeout, and every node then looks silent.
 UNREACHABLE_STRIKES = 3
+# How long a fair waiter on a quorum goes on reading a failed attempt's replies (seconds):
+# long enough for the nodes that are up, even on a busy machine; short enough that a
+# node cut off barely delays the wait (``Acquisition.begin``).
+HEAR_OUT = 0.002
 
 
 @dataclass(frozen=True)
@@ -225,10 +229,10 @@ class Acquisition:
         # Fair on a quorum, a waiter hears out a failed attempt: a hand-off counts only
         # from a node that attempt saw held (``transferred``), and the first majority of
         # hand-offs comes from any nodes, so a round decided at the first majority of
-        # "held" would turn most hand-offs into one more round. The rest answer within
-        # microseconds (a frozen node costs a node timeout), and a success is still
+        # "held" would turn many hand-offs into one more round. The rest answer within
+        # microseconds; a node cut off or frozen costs HEAR_OUT, and a success is still
         # decided at once.
-        self._hear_out = blocking and recheck > 0 and spec.wait_mode == "q"
+        self._hear_out = HEAR_OUT if blocking and recheck > 0 and spec.wait_mode == "q" else 0.0
         self._backoffs = 0
         # (start of the latest round that found the lock held by another, the highest
         # counter it saw): the base of a transferred lease's validity (``transferred``).

@@ -70,10 +70,10 @@ class Round:
 
     __slots__ = (
         "_answered",
-        "_hear_out",
         "_no",
         "_wait_all",
         "_yes",
+        "hear_out",
         "needed",
         "results",
         "started",
@@ -86,7 +86,7 @@ class Round:
         started: float,
         *,
         wait_all: bool = False,
-        hear_out: bool = False,
+        hear_out: float = 0.0,
     ) -> None:
         self.needed = needed
         self.started = started
@@ -95,9 +95,11 @@ class Round:
         self._no = 0  # refusals and failures: both mean "not a yes"
         self._answered = 0
         self._wait_all = wait_all  # decided only when every node answered (or the deadline)
-        # A failure is decided only when every node answered (a success still at once):
-        # for a waiter, whose wait is judged against what every node said (acquire.py).
-        self._hear_out = hear_out
+        # Seconds to go on reading once the round became impossible: a failure is then
+        # decided when every node answered or that time passed (``stop_hearing``), a
+        # success still at once. For a waiter, whose wait is judged against what the
+        # nodes said (acquire.py); a node cut off costs that long, not a node timeout.
+        self.hear_out = hear_out
 
     @classmethod
     def cleanup(cls, n: int, targets: frozenset[int], started: float) -> Round:
@@ -147,6 +149,11 @@ class Round:
         self._answered += 1
         self._no += 1
 
+    def stop_hearing(self) -> None:
+        """Stop waiting for more answers to a failed round (its ``hear_out`` is over):
+        nodes not heard from stay unknown, not failed."""
+        self.hear_out = 0.0
+
     def time_out(self) -> None:
         """Mark every node that has not answered as unreachable (the deadline passed)."""
         for i, r in enumerate(self.results):
@@ -172,7 +179,7 @@ class Round:
         if self._yes >= self.needed:
             return True
         if self._no > len(self.results) - self.needed:
-            return not self._hear_out or self._answered == len(self.results)
+            return not self.hear_out or self._answered == len(self.results)
         return False
 
     def granted(self) -> frozenset[int]:

@@ -230,7 +230,12 @@ class LinkSet:
             self._read_alone(command, rnd, clock)
             self.clean = True
             return
+        heard_out = False
         while waiting and not rnd.decided:
+            if rnd.impossible and not heard_out:
+                # A failed round heard out (see ``Round``): for a little longer only.
+                heard_out = True
+                deadline = min(deadline, clock() + rnd.hear_out)
             # Past the deadline we still poll once without waiting: replies that arrived
             # while we were busy (a slow connect) count; only true silence is a timeout.
             timeout = max(deadline - clock(), 0.0)
@@ -244,6 +249,7 @@ class LinkSet:
                 break
 
         now = clock()
+        rnd.stop_hearing()
         for i in waiting:
             self._give_up_on(i, command, rnd, now)
         if not rnd.decided:
