@@ -9,6 +9,7 @@ import pytest
 
 import tenure
 from tenure.local import LocalCluster
+from tenure.verify.proxy import Proxy
 
 from .conftest import Api, holders
 
@@ -175,3 +176,27 @@ def test_a_node_stays_reachable_after_many_reconnects(
     lease = client.acquire(key, ttl=2.0, timeout=5.0)
     assert lease.valid
     lease.release()
+
+
+def test_a_new_lock_with_slow_nodes_is_seeded_on_every_node(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    # A new lock has no counter anywhere; the attempt that finds that out must hear every
+    # node (a majority saying "no history" cannot tell a new lock from lost data), so it
+    # waits for the slow ones too. (A bounded "hear out" once cut this round short.)
+    slow = cluster5.nodes[3:]
+    assert all(n.port is not None for n in slow)
+    proxies = [Proxy(n.host, n.port or 0, name=n.name) for n in slow]
+    try:
+        for p in proxies:
+            p.start()
+            p.delay(0.01)
+        urls = cluster5.urls[:3] + [f"redis://{p.address[0]}:{p.address[1]}" for p in proxies]
+        client = api.client(urls, node_timeout=0.2)
+        lease = client.acquire(key, ttl=2.0, blocking=False)
+        assert len(lease.nodes) >= 3
+        lease.release()
+        assert all(c is not None for c in holders(cluster5, f"tenure:{{{key}}}:fence"))
+    finally:
+        for p in proxies:
+            p.close()

@@ -317,7 +317,7 @@ class Channels:
                 rnd.fail(i, Failure.UNREACHABLE, str(value) or type(value).__name__)
             if rnd.decided:
                 settle()
-            elif rnd.impossible and not heard_out:
+            elif rnd.hear_out and rnd.impossible and not heard_out:
                 # A failed round heard out (see ``Round``): for a little longer only.
                 heard_out.append(loop.call_later(rnd.hear_out, settle))
 

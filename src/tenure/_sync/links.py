@@ -232,7 +232,7 @@ class LinkSet:
             return
         heard_out = False
         while waiting and not rnd.decided:
-            if rnd.impossible and not heard_out:
+            if rnd.hear_out and rnd.impossible and not heard_out:
                 # A failed round heard out (see ``Round``): for a little longer only.
                 heard_out = True
                 deadline = min(deadline, clock() + rnd.hear_out)
