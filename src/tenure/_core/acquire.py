@@ -234,10 +234,9 @@ class Acquisition:
         # decided at once.
         self._hear_out = HEAR_OUT if blocking and recheck > 0 and spec.wait_mode == "q" else 0.0
         self._backoffs = 0
-        # (start of the latest round that found the lock held by another, the highest
-        # counter it saw): the base of a transferred lease's validity (``transferred``).
-        # The latest round that found the lock held: when it began, and each holding
-        # node's counter then (what a hand-off notification is judged against).
+        # The latest round that found the lock held by another: when it began (the base
+        # of a transferred lease's validity) and each holding node's counter then (what
+        # a hand-off notification is judged against; see ``transferred``).
         self._observed: tuple[float, dict[int, int]] | None = None
 
     def begin(self, now: float) -> Round:
