@@ -43,6 +43,7 @@ import multiprocessing
 import os
 import platform
 import resource
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -68,6 +69,12 @@ class System:
     nodes: int
     kind: str  # tenure | tenure-unfair | tenure-async | redis-py | python-redis-lock
 
+
+# Compared for the throughput target in repeated pairs (``duel``).
+DUEL = (
+    System("tenure (default: fair)", 1, "tenure"),
+    System("python-redis-lock", 1, "python-redis-lock"),
+)
 
 # The second table's systems: the targets' pairs (1 node vs the peer, 5 nodes vs 1).
 IO_SYSTEMS = [
@@ -539,6 +546,7 @@ def run(args: argparse.Namespace) -> str:
                 row = measure(cluster, system, k, args.duration)
                 rows.append(row)
                 print("  ".join(cells(row)), file=sys.stderr, flush=True)
+        pairs = duel(cluster, args) if args.duel_runs and not args.only else []
         io_rows: list[Row] = []
         for k in args.k if args.io_ms > 0 else []:
             for system in IO_SYSTEMS:
@@ -555,7 +563,8 @@ def run(args: argparse.Namespace) -> str:
         "",
         "Targets:",
         "",
-        *targets(rows),
+        *targets(rows, throughput=not pairs),
+        *duel_lines(args, pairs),
         "",
         *floor_lines(medians),
         *io_text(True),
@@ -570,13 +579,48 @@ def run(args: argparse.Namespace) -> str:
                 "",
                 table(HEADER, [cells(r) for r in rows], lambda h: h != "system", markdown=False),
                 "",
-                *targets(rows),
+                *targets(rows, throughput=not pairs),
+                *duel_lines(args, pairs),
                 "",
                 *floor_lines(medians),
                 *io_text(False),
             ]
         )
     return text
+
+
+def duel(cluster: LocalCluster, args: argparse.Namespace) -> list[tuple[float, float]]:
+    """Critical sections per second of tenure and python-redis-lock at the largest K,
+    in ``args.duel_runs`` back-to-back pairs of short runs, who goes first alternating:
+    one row of each is at the mercy of whatever else the machine did in its seconds."""
+    k = max(args.k)
+    first, second = DUEL
+    pairs = []
+    for i in range(args.duel_runs):
+        rates: dict[str, float] = {}
+        for system in (first, second) if i % 2 == 0 else (second, first):
+            row = measure(cluster, system, k, args.duration / 2)
+            if row.error:
+                raise RuntimeError(f"{system.name}, K={k}: {row.error}")
+            rates[system.kind] = row.cycles / row.elapsed
+        pairs.append((rates[first.kind], rates[second.kind]))
+        print(f"pair {i + 1}: {pairs[-1][0]:,.0f} vs {pairs[-1][1]:,.0f} CS/s", file=sys.stderr)
+    return pairs
+
+
+def duel_lines(args: argparse.Namespace, pairs: list[tuple[float, float]]) -> list[str]:
+    if not pairs:
+        return []
+    ratios = sorted(a / b for a, b in pairs)
+    ratio = statistics.median(ratios)
+    ok = "met" if ratio >= 1.5 else "MISSED"
+    ours, peer = (statistics.median(x) for x in zip(*pairs, strict=True))
+    return [
+        f"- K={max(args.k)}, 1 node, back-to-back pairs of {args.duration / 2:g} s runs "
+        f"({len(pairs)}): tenure {ours:,.0f} vs python-redis-lock {peer:,.0f} "
+        f"critical sections/s (medians); ratio per pair "
+        f"{', '.join(f'{r:.2f}' for r in ratios)}: median {ratio:.2f}x (target: >= 1.5x): {ok}"
+    ]
 
 
 def io_section(args: argparse.Namespace, rows: list[Row]) -> Callable[[bool], list[str]]:
@@ -606,6 +650,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", nargs="*", help="system kinds to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="1 s per row, writes nothing")
     parser.add_argument(
+        "--duel-runs",
+        type=int,
+        default=5,
+        help="pairs of runs for the throughput target at the largest K (0: none)",
+    )
+    parser.add_argument(
         "--io-ms",
         type=float,
         default=1.0,
@@ -622,9 +672,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         and args.k == [2, 8, 32]
         and not args.unix
         and args.io_ms == 1.0
+        and args.duel_runs == 5
     )
     if args.quick:
         args.duration = 1.0
+        args.duel_runs = min(args.duel_runs, 1)
     return args
 
 
