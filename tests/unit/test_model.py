@@ -690,6 +690,7 @@ def test_model_mutual_exclusion_and_fencing() -> None:
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(3600)  # 20,000 examples outlast the suite's 300 s limit
 def test_model_mutual_exclusion_and_fencing_soak() -> None:
     run_state_machine_as_test(
         LockModel, settings=settings(MODEL_SETTINGS, max_examples=20_000, stateful_step_count=100)
