@@ -46,7 +46,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -56,6 +56,7 @@ import redis
 
 import tenure
 from _common import fmt, no_retry, server_version, table, write_results
+from tenure._core.commands import pack
 from tenure.local import LocalCluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "contention.md"
@@ -70,28 +71,21 @@ class System:
     kind: str  # tenure | tenure-unfair | tenure-async | redis-py | python-redis-lock
 
 
-# Compared for the throughput target in repeated pairs (``duel``).
-DUEL = (
-    System("tenure (default: fair)", 1, "tenure"),
-    System("python-redis-lock", 1, "python-redis-lock"),
-)
-
-# The second table's systems: the targets' pairs (1 node vs the peer, 5 nodes vs 1).
-IO_SYSTEMS = [
-    System("tenure (default: fair)", 1, "tenure"),
-    System("python-redis-lock", 1, "python-redis-lock"),
-    System("tenure (default: fair)", 5, "tenure"),
-]
+FAIR_1 = System("tenure (default: fair)", 1, "tenure")
+PEER = System("python-redis-lock", 1, "python-redis-lock")
+FAIR_5 = System("tenure (default: fair)", 5, "tenure")
 
 SYSTEMS = [
-    System("tenure (default: fair)", 1, "tenure"),
+    FAIR_1,
     System("tenure fair=False", 1, "tenure-unfair"),
     System("tenure asyncio (fair)", 1, "tenure-async"),
     System("redis-py Lock", 1, "redis-py"),
-    System("python-redis-lock", 1, "python-redis-lock"),
-    System("tenure (default: fair)", 5, "tenure"),
+    PEER,
+    FAIR_5,
     System("tenure fair=False", 5, "tenure-unfair"),
 ]
+# The second table's systems: the targets' pairs (1 node vs the peer, 5 nodes vs 1).
+IO_SYSTEMS = [FAIR_1, PEER, FAIR_5]
 
 Record = tuple[int, int, int]  # asked, got, releasing (monotonic ns)
 
@@ -321,14 +315,6 @@ _FLOOR_SCRIPT = "redis.call('SET', KEYS[1], ARGV[2]) return redis.call('PUBLISH'
 _FLOOR_HANDOFFS = 2000
 
 
-def _pack(*args: str | int) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        data = str(a).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
-
-
 def _connect(address: str | int) -> Any:
     import socket
 
@@ -351,9 +337,9 @@ def _ping_pong(
     cmd = [_connect(a) for a in addresses]
     sub = [_connect(a) for a in addresses]
     for sock in sub:
-        sock.sendall(_pack("SUBSCRIBE", me))
+        sock.sendall(pack("SUBSCRIBE", me))
         sock.recv(4096)
-    payload = _pack("EVAL", _FLOOR_SCRIPT, 1, "floor", other, "x" * 32)
+    payload = pack("EVAL", _FLOOR_SCRIPT, 1, "floor", other, "x" * 32)
     start.wait()
     began = time.perf_counter_ns()
     if first:
@@ -534,59 +520,63 @@ def context(args: argparse.Namespace, version: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> str:
     args.load_before = load_average()
-    rows: list[Row] = []
     with LocalCluster(5, unix=args.unix) as cluster:
         version = server_version(cluster[0])
         medians = floor(cluster, 1 if args.quick else 3)
         print(*floor_lines(medians), sep="\n", file=sys.stderr, flush=True)
-        for k in args.k:
-            for system in SYSTEMS:
-                if args.only and system.kind not in args.only:
-                    continue
-                row = measure(cluster, system, k, args.duration)
-                rows.append(row)
-                print("  ".join(cells(row)), file=sys.stderr, flush=True)
+        rows = measure_all(cluster, args, SYSTEMS, 0.0)
         pairs = duel(cluster, args) if args.duel_runs and not args.only else []
-        io_rows: list[Row] = []
-        for k in args.k if args.io_ms > 0 else []:
-            for system in IO_SYSTEMS:
-                if args.only and system.kind not in args.only:
-                    continue
-                row = measure(cluster, system, k, args.duration, args.io_ms / 1000)
-                io_rows.append(row)
-                print("  ".join(cells(row)), f"({args.io_ms:g} ms CS)", file=sys.stderr, flush=True)
-    io_text = io_section(args, io_rows)
-    body = [
-        "\n".join(context(args, version)),
-        "",
-        table(HEADER, [cells(r) for r in rows], lambda h: h not in ("system",), markdown=True),
-        "",
-        "Targets:",
-        "",
-        *targets(rows, throughput=not pairs),
-        *duel_lines(args, pairs),
-        "",
-        *floor_lines(medians),
-        *io_text(True),
-    ]
-    text = "\n".join(body)
-    if args.write:
-        write_results(RESULTS, "bench_contention", "K processes on one key", text)
-    if not args.markdown:
-        text = "\n".join(
+        io_rows = (
+            measure_all(cluster, args, IO_SYSTEMS, args.io_ms / 1000) if args.io_ms > 0 else []
+        )
+
+    def report(markdown: bool) -> str:
+        def rows_table(rs: list[Row]) -> str:
+            return table(HEADER, [cells(r) for r in rs], lambda h: h != "system", markdown=markdown)
+
+        io_part = [
+            "",
+            f"Critical sections of {args.io_ms:g} ms (the holder sleeps, as it would waiting "
+            "for I/O; the CPU is no longer saturated, as it is with empty ones):",
+            "",
+            rows_table(io_rows),
+            "",
+            *targets(io_rows, throughput=False),
+        ]
+        return "\n".join(
             [
                 "\n".join(context(args, version)),
                 "",
-                table(HEADER, [cells(r) for r in rows], lambda h: h != "system", markdown=False),
+                rows_table(rows),
                 "",
+                *(["Targets:", ""] if markdown else []),
                 *targets(rows, throughput=not pairs),
                 *duel_lines(args, pairs),
                 "",
                 *floor_lines(medians),
-                *io_text(False),
+                *(io_part if io_rows else []),
             ]
         )
-    return text
+
+    if args.write:
+        write_results(RESULTS, "bench_contention", "K processes on one key", report(True))
+    return report(args.markdown)
+
+
+def measure_all(
+    cluster: LocalCluster, args: argparse.Namespace, systems: list[System], hold: float
+) -> list[Row]:
+    """Every system (of ``--only``) at every K, critical sections ``hold`` s long."""
+    rows = []
+    note = f" ({hold * 1000:g} ms CS)" if hold else ""
+    for k in args.k:
+        for system in systems:
+            if args.only and system.kind not in args.only:
+                continue
+            row = measure(cluster, system, k, args.duration, hold)
+            rows.append(row)
+            print("  ".join(cells(row)) + note, file=sys.stderr, flush=True)
+    return rows
 
 
 def duel(cluster: LocalCluster, args: argparse.Namespace) -> list[tuple[float, float]]:
@@ -594,7 +584,7 @@ def duel(cluster: LocalCluster, args: argparse.Namespace) -> list[tuple[float, f
     in ``args.duel_runs`` back-to-back pairs of short runs, who goes first alternating:
     one row of each is at the mercy of whatever else the machine did in its seconds."""
     k = max(args.k)
-    first, second = DUEL
+    first, second = FAIR_1, PEER
     pairs = []
     for i in range(args.duel_runs):
         rates: dict[str, float] = {}
@@ -621,26 +611,6 @@ def duel_lines(args: argparse.Namespace, pairs: list[tuple[float, float]]) -> li
         f"critical sections/s (medians); ratio per pair "
         f"{', '.join(f'{r:.2f}' for r in ratios)}: median {ratio:.2f}x (target: >= 1.5x): {ok}"
     ]
-
-
-def io_section(args: argparse.Namespace, rows: list[Row]) -> Callable[[bool], list[str]]:
-    """The second table: critical sections that sleep (as a holder waiting on I/O does),
-    so the machine's two cores are not saturated by the run itself."""
-
-    def lines(markdown: bool) -> list[str]:
-        if not rows:
-            return []
-        return [
-            "",
-            f"Critical sections of {args.io_ms:g} ms (the holder sleeps, as it would waiting "
-            "for I/O; the CPU is no longer saturated, as it is with empty ones):",
-            "",
-            table(HEADER, [cells(r) for r in rows], lambda h: h != "system", markdown=markdown),
-            "",
-            *targets(rows, throughput=False),
-        ]
-
-    return lines
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -123,9 +123,10 @@ class ClientBase:
         """Send ``waiter``'s dequeue to ``node`` (None: every node), at once."""
         raise NotImplementedError
 
-    def _departed(self, departed: Departed, spec: LockSpec, waiter: str) -> None:
-        """``waiter`` gave up: decline what still reaches it while a place it may have
-        kept on a node its dequeue missed can live."""
+    def _depart(self, departed: Departed, spec: LockSpec, waiter: str) -> None:
+        """``waiter`` gave up: leave every queue now, and decline what still reaches it
+        while a place it may have kept on a node its dequeue missed can live."""
+        self._decline(spec, waiter, None)
         now = monotonic()
         decline = functools.partial(self._decline, spec, waiter)
         departed.add(waiter, decline, now + self._place_ms / 1000, now)

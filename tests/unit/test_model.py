@@ -55,7 +55,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal, NoReturn
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -74,7 +74,7 @@ from tenure._core.policy import wait_random
 from tenure._core.quorum import Failure, Round
 
 from .fake_node import FakeNode, acquire_lua, extend_lua, release_lua, seed_lua
-from .stateful import run_state_machine_as_test
+from .stateful import find_settings, model_settings, run_state_machine_as_test
 
 K = 3  # clients
 TTL_MS = 1000
@@ -675,14 +675,7 @@ class LockModel(RuleBasedStateMachine):
                     )
 
 
-MODEL_SETTINGS = settings(
-    derandomize=True,
-    database=None,
-    deadline=None,
-    max_examples=600,
-    stateful_step_count=60,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+MODEL_SETTINGS = model_settings(max_examples=600, stateful_step_count=60)
 
 
 def test_model_mutual_exclusion_and_fencing() -> None:
@@ -701,12 +694,7 @@ def test_model_mutual_exclusion_and_fencing_soak() -> None:
 
 # Each broken scheme is found after ~10-450 examples (median under 100, measured over
 # unseeded runs); the bound only matters if the search got much weaker.
-FIND_SETTINGS = settings(
-    MODEL_SETTINGS,
-    max_examples=2000,
-    phases=[Phase.generate],
-    report_multiple_bugs=False,
-)
+FIND_SETTINGS = find_settings(MODEL_SETTINGS, max_examples=2000)
 
 
 class QuorumOfOneScheme(LockModel):

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, NoReturn
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -71,7 +71,7 @@ from tenure._core.quorum import Round
 from tenure._core.waiting import Wake, parse_wake, place_ms
 
 from .fake_node import Bus, FakeNode, _zset, acquire_wait_lua, release_lua, release_wait_lua
-from .stateful import run_state_machine_as_test
+from .stateful import find_settings, model_settings, run_state_machine_as_test
 
 N = 3  # nodes
 K = 4  # client processes at a time
@@ -776,14 +776,7 @@ class QuorumFairModel(RuleBasedStateMachine):
                     self._notify(c, i)
 
 
-MODEL_SETTINGS = settings(
-    derandomize=True,
-    database=None,
-    deadline=None,
-    max_examples=300,
-    stateful_step_count=80,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+MODEL_SETTINGS = model_settings(max_examples=300, stateful_step_count=80)
 
 
 def test_quorum_fair_model() -> None:
@@ -810,12 +803,7 @@ def test_quorum_fair_model_soak() -> None:
 # late) and HandOffBelowCounter (a lease, a waiter's look from before it and a low-floor
 # give-up; half the runs of 3600 miss it). The bound only matters if the search got
 # much weaker.
-FIND_SETTINGS = settings(
-    MODEL_SETTINGS,
-    max_examples=3000,
-    phases=[Phase.generate],
-    report_multiple_bugs=False,
-)
+FIND_SETTINGS = find_settings(MODEL_SETTINGS, max_examples=3000)
 
 
 class OneGrantAcquisition(Acquisition):

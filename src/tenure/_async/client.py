@@ -179,8 +179,7 @@ class AsyncClient(ClientBase):
                 listener.unregister(waiter)
             if queued and lease is None:
                 # Written at once (no await), so a cancelled acquire leaves its place too.
-                self._decline(spec, waiter, None)
-                self._departed(listener.departed, spec, waiter)
+                self._depart(listener.departed, spec, waiter)
 
     def _decline(self, spec: LockSpec, waiter: str, node: int | None) -> None:
         """Leave the queue on ``node`` (None: every node), passing on a lock handed to

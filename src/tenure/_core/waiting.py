@@ -83,9 +83,8 @@ class Departed:
     its place until the place expires, and may hand it the lock meanwhile: the client's
     notification connection is still subscribed, so the release sees a live receiver,
     and the node would then be held by nobody for a whole TTL. So for as long as such a
-    place can live,
-    a notification to a departed waiter is declined: the dequeue is sent again, to that
-    node, which passes the lock on at once.
+    place can live, a notification to a departed waiter is declined: the dequeue is sent
+    again, to that node, which passes the lock on at once.
     """
 
     __slots__ = ("_until",)

@@ -207,8 +207,7 @@ class Client(ClientBase):
             if slot is not None:
                 listener.unregister(waiter)
             if queued and lease is None:
-                self._decline(spec, waiter, None)
-                self._departed(listener.departed, spec, waiter)
+                self._depart(listener.departed, spec, waiter)
 
     def _handed_over(
         self, slot: Slot, acq: Acquisition, spec: LockSpec, waiter: str
