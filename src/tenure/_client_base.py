@@ -43,6 +43,7 @@ class ClientBase:
         max_ttl: float = 60.0,
         recheck: float = 0.5,
         wait_replicas: int = 0,
+        retention: float = 3600.0,
         connection_options: dict[str, Any] | None = None,
     ) -> None:
         self.config = ClientConfig.build(
@@ -55,6 +56,7 @@ class ClientBase:
             max_ttl=max_ttl,
             recheck=recheck,
             wait_replicas=wait_replicas,
+            retention=retention,
         )
         self.node_names = [a.display for a in self.config.nodes]
         self._specs = SpecCache(self.config)
@@ -109,7 +111,7 @@ class ClientBase:
             arg = max(wall_us(), fencing + 1, self._fence_floor)
         else:
             arg = self._hold_ms
-        return commands.release_waking(spec.keys, token, spec.wait_mode, arg, cleanup=cleanup)
+        return commands.release_waking(spec, token, spec.wait_mode, arg, cleanup=cleanup)
 
     def _cleanup_release(self, spec: LockSpec, token: str) -> Command:
         """What releases the grants of a failed attempt. Fair on a quorum, they are

@@ -130,9 +130,8 @@ class AsyncClient(ClientBase):
                 rnd = acq.begin(_clock())
                 command = self._replicated(
                     commands.acquire(
-                        spec.keys,
+                        spec,
                         token,
-                        spec.ttl_ms,
                         acq.proposal(wall_us()),
                         acq.mark,
                         self.config.max_ttl_ms,
@@ -197,7 +196,7 @@ class AsyncClient(ClientBase):
         return None if granted is None else AsyncLease(self, granted.lease, spec)
 
     async def _seed(self, spec: LockSpec, seed: Seed) -> None:
-        command = commands.seed(spec.keys, seed.counter, seed.warm_ms, seed.marks)
+        command = commands.seed(spec, seed.floor, seed.warm_ms, seed.marks)
         await self._cleanup_round(command, seed.nodes, seed.nodes)
 
     async def _cleanup_round(
@@ -272,7 +271,7 @@ class AsyncLease(LeaseView):
         self._check_not_released()
         rnd = begin_extend(self._state, spec, _clock())
         await client._channels.run(
-            client._replicated(commands.extend(spec.key, self.token, spec.ttl_ms)),
+            client._replicated(commands.extend(spec, self.token)),
             rnd,
             rnd.started + spec.node_timeout,
         )

@@ -39,14 +39,21 @@ only makes the first guess usually high enough; correctness never depends on it.
 that answers "too low" returns its counter, and the next attempt (immediate, not a
 back-off: nobody holds the lock) proposes above it.
 
-A node with no counter for the lock has no history for it: either the lock is new, or
-the node lost its data (restart without persistence). It grants nothing until seeded:
+A node keeps a *floor*: the highest token it has committed for any lock. A lock that
+has no counter on a node (never used there, or its counter expired after the retention)
+takes the floor as its counter, so a new name is granted in the same round as an old one.
+A node without a floor is *blank*: it has never been used, or it lost its data (restart
+without persistence, flush). It grants nothing until seeded, per node, not per lock:
 
-* if every node says so, the lock is new everywhere and all are seeded at 0, at once;
-* otherwise, once a majority of nodes with history has answered, the others are seeded
-  with the highest counter among them (which covers every token a past majority
-  committed, since that majority overlaps this one) and kept out for ``max_ttl``, so
-  every lease they might have granted before losing their data has expired first.
+* if every node is blank, the node set is new (or was idle for longer than the retention)
+  and all are seeded with floor 0, at once;
+* otherwise, once a majority of nodes with a floor has answered, the blank ones are seeded
+  with the highest floor among them (which covers every token a past majority committed,
+  since that majority overlaps this one) and kept out for ``max_ttl``, so every lease
+  they might have granted before losing their data has expired first;
+* if, having heard every node that answers, a majority answered but fewer than a majority
+  have a floor, the blank ones are seeded from what is there, with the warm-up (rather
+  than never: the set would otherwise stay unusable while any node is down).
 """
 
 from __future__ import annotations
@@ -103,21 +110,21 @@ class LeaseState:
 
 @dataclass(frozen=True)
 class Seed:
-    """Nodes without history to seed (seed.lua): their counter, and warm-up in ms.
+    """Blank nodes to seed (seed.lua): their floor, and warm-up in ms.
 
     ``marks`` are the observation marks those nodes answered with; a node seeds only if
     its mark is still one of them (it has not restarted since the observation).
     """
 
     nodes: frozenset[int]
-    counter: int
+    floor: int
     warm_ms: int
     marks: frozenset[int] = field(default=frozenset(), compare=False)
 
 
 @dataclass(frozen=True)
 class Granted:
-    """Acquired. ``seed``: nodes seen without history, to seed before handing it out."""
+    """Acquired. ``seed``: blank nodes seen, to seed before handing it out."""
 
     lease: LeaseState
     seed: Seed | None = None
@@ -269,6 +276,8 @@ class Acquisition:
         counters = [n for s, n in statuses.values() if s in (GRANTED, HELD, TOO_LOW)]
         if counters:
             self.floor = max(self.floor, max(counters) + 1)
+        # Each node's floor, from the nodes that have one (the blank ones answer 0).
+        floors = {i: info[2] for i, info in infos.items() if info[0] != NO_HISTORY}
         validity = rnd.validity(now, spec.ttl, spec.drift)
         if rnd.succeeded and validity > 0:
             # The token is our proposal, except in fair mode on one node when the lock had
@@ -279,9 +288,9 @@ class Acquisition:
             fencing = minted.pop() if one_node_fair else self._proposal
             self.floor = max(self.floor, fencing + 1, self._proposal + 1)
             blank = frozenset(i for i, (s, _) in statuses.items() if s == NO_HISTORY)
-            # Nodes that lost their data (the others answered with history): seed them now,
+            # Nodes that lost their data (a majority answered with a floor): seed them now,
             # or they would sit out every round until a failed one noticed them.
-            seed = self._seed(blank, statuses, max(counters), self._max_ttl_ms) if blank else None
+            seed = self._seed(blank, statuses, floors, self._max_ttl_ms) if blank else None
             return Granted(
                 LeaseState(
                     name=spec.name,
@@ -306,7 +315,7 @@ class Acquisition:
                 return GiveUp(cleanup, self._unreachable(rnd))
         else:
             self._strikes = 0
-        fix = self._fix(statuses, counters)
+        fix = self._fix(statuses, floors)
         if fix is not None:
             return Retry(0.0, cleanup, fix if isinstance(fix, Seed) else None)
         if not self._blocking:
@@ -350,7 +359,7 @@ class Acquisition:
         # Do not sleep past the holder's expiry (a crashed holder sends no notification):
         # the lock is free on a majority once k more of the holding nodes let it go.
         k = len(held) - (self.spec.n_nodes - self.spec.quorum)
-        ttls = sorted(p for i in held if len(infos[i]) > 2 and (p := infos[i][2]) >= 0)
+        ttls = sorted(p for i in held if len(infos[i]) > 3 and (p := infos[i][3]) >= 0)
         if len(ttls) >= k:
             wait = min(wait, ttls[k - 1] / 1000 + 0.001)
         if self._give_up_at is not None:
@@ -407,7 +416,9 @@ class Acquisition:
             )
         )
 
-    def _fix(self, statuses: dict[int, tuple[int, int]], counters: list[int]) -> Seed | bool | None:
+    def _fix(
+        self, statuses: dict[int, tuple[int, int]], floors: dict[int, int]
+    ) -> Seed | bool | None:
         """What to seed (or True: nothing) if retrying at once can succeed; else None.
 
         Retrying at once is right when the attempt failed for a reason of ours, not
@@ -419,22 +430,23 @@ class Acquisition:
         blank = frozenset(i for i, (s, _) in statuses.items() if s == NO_HISTORY)
         seed: Seed | None = None
         if blank and len(blank) == self.spec.n_nodes:
-            seed = self._seed(blank, statuses, 0, 0)  # a new lock: no node has a past
-        elif blank and len(counters) >= self.spec.quorum:
-            seed = self._seed(blank, statuses, max(counters), self._max_ttl_ms)
-        elif blank and counters and len(statuses) == self.spec.n_nodes:
-            # Every node answered, but most have lost their history (one at a time, the
-            # lock idle in between). No answer can vouch for the last token a majority
-            # committed; seed from what is left rather than never (docs/fencing.md says
-            # what this costs the token guarantee). The warm-up still protects the lock.
-            seed = self._seed(blank, statuses, max(counters), self._max_ttl_ms)
+            seed = self._seed(blank, statuses, floors, 0)  # a new node set: no node has a past
+        elif blank and len(floors) >= self.spec.quorum:
+            seed = self._seed(blank, statuses, floors, self._max_ttl_ms)
         elif blank and not self._hear_all:
-            # The round was decided before every node answered. Whether this lock is new
-            # everywhere (seed at once) or some node lost its data (seed with a warm-up)
-            # takes every node's answer: ask again and wait for all of them.
+            # The round was decided before every node answered. Whether the node set is
+            # new (seed at once) or some node lost its data (seed with a warm-up) takes
+            # every node's answer: ask again and wait for all of them.
             self._hear_all = True
             self._fixes += 1
             return True
+        elif blank and len(statuses) >= self.spec.quorum:
+            # Every node that answers has answered, but most are blank (nodes lost their
+            # data one at a time while idle, or the set idled past the retention while a
+            # node is down). No answer can vouch for the last token a majority committed;
+            # seed from what is there rather than never (docs/fencing.md says what this
+            # costs the token guarantee). The warm-up still protects the lock.
+            seed = self._seed(blank, statuses, floors, self._max_ttl_ms)
         if seed is None and (TOO_LOW not in kinds or HELD in kinds):
             return None  # nothing of ours to fix, or held elsewhere: a contention back-off
         self._fixes += 1
@@ -443,10 +455,13 @@ class Acquisition:
 
     @staticmethod
     def _seed(
-        blank: frozenset[int], statuses: dict[int, tuple[int, int]], counter: int, warm_ms: int
+        blank: frozenset[int],
+        statuses: dict[int, tuple[int, int]],
+        floors: dict[int, int],
+        warm_ms: int,
     ) -> Seed:
         marks = frozenset(statuses[i][1] for i in blank)
-        return Seed(blank, counter, warm_ms, marks)
+        return Seed(blank, max(floors.values(), default=0), warm_ms, marks)
 
     def _unreachable(self, rnd: Round) -> LockError | ServerUnsupported:
         errors = round_errors(rnd, self._names)

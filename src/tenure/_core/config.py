@@ -120,6 +120,13 @@ class ClientConfig:
             after a random delay in [recheck/2, recheck] even if no release
             notification came (see docs/waiting.md). 0 turns notifications off: waiters
             then poll with the ``retry`` back-off.
+        retention: seconds that a lock's fencing counter, and a node's floor, are kept
+            after the last grant that wrote them (default one hour; at least ``max_ttl``).
+            Everything tenure keeps for an idle name is gone after it, so memory returns
+            to its baseline. Safety does not depend on it while any lock of the node is
+            used within it; when a whole node set sat idle for longer, tokens restart from
+            the wall clocks, which keeps them increasing while clocks disagree by much
+            less than the retention (docs/fencing.md).
         wait_replicas: for nodes that are replicated masters: a node's grant (or
             extension) counts only once this many of its replicas acknowledged it, by a
             ``WAIT`` pipelined behind the command on the same connection; otherwise the
@@ -136,6 +143,7 @@ class ClientConfig:
     max_ttl_ms: int = 60_000
     recheck: float = 0.5
     wait_replicas: int = 0
+    retention_ms: int = 3_600_000
 
     @classmethod
     def build(
@@ -150,6 +158,7 @@ class ClientConfig:
         max_ttl: float = 60.0,
         recheck: float = 0.5,
         wait_replicas: int = 0,
+        retention: float = 3600.0,
     ) -> ClientConfig:
         if isinstance(nodes, str) or not isinstance(nodes, (list, tuple)):
             raise ConfigurationError("nodes", f"must be a list of node URLs, got {nodes!r}")
@@ -185,6 +194,14 @@ class ClientConfig:
             raise ConfigurationError(
                 "recheck", f"must be 0 (no notifications) or in [0.01, 60] seconds, got {recheck}"
             )
+        kept = _finite("retention", retention)
+        if not longest <= kept <= 30 * 86_400:
+            raise ConfigurationError(
+                "retention",
+                f"must be in [max_ttl, 30 days] = [{longest:g}, 2592000] seconds, got "
+                f"{retention}; a history shorter than the longest lease could be forgotten "
+                "while that lease is held: raise retention or lower max_ttl",
+            )
         return cls(
             nodes=addresses,
             node_timeout=timeout,
@@ -195,6 +212,7 @@ class ClientConfig:
             max_ttl_ms=math.floor(round(longest * 1000, 6)),
             recheck=every,
             wait_replicas=_replicas(wait_replicas),
+            retention_ms=math.floor(round(kept * 1000, 6)),
         )
 
     @property
@@ -234,6 +252,11 @@ def check_node_count(n: int, allow_even: bool) -> None:
         )
 
 
+# The node's own keys: its floor and warm-up marker, shared by every lock on the node.
+NODE_FLOOR = "tenure:node:floor"
+NODE_WARM = "tenure:node:warm"
+
+
 def lock_key(name: str) -> str:
     """The Redis key of a lock; the ``{name}`` hash tag keeps companion keys in one slot."""
     return f"tenure:{{{name}}}:lock"
@@ -245,20 +268,22 @@ class LockKeys:
 
     ``queue`` is the wait queue of blocked acquirers (a sorted set, empty and so absent
     while nobody waits), each waiter's place being ``<queue>:<waiter id>``.
-    ``fence`` (the fencing counter) has no TTL: it is this node's history of the lock, and
-    its absence is how a node that lost its data is recognised (see ``_lua/acquire.lua``).
-    It costs one small key per lock name ever used.
+    ``fence`` (the lock's fencing counter) is kept for the retention after the last grant.
+    ``floor`` and ``warm`` belong to the node, not to the lock: the node's floor (the
+    highest token it committed for any lock, and the mark that it has not lost its data)
+    and its warm-up marker (see ``_lua/acquire.lua`` and docs/fencing.md).
     """
 
     lock: str
     fence: str
-    warm: str
+    floor: str = NODE_FLOOR
+    warm: str = NODE_WARM
     queue: str = ""
 
     @classmethod
     def of(cls, name: str) -> LockKeys:
         tag = f"tenure:{{{name}}}"
-        return cls(lock=f"{tag}:lock", fence=f"{tag}:fence", warm=f"{tag}:warm", queue=f"{tag}:q")
+        return cls(lock=f"{tag}:lock", fence=f"{tag}:fence", queue=f"{tag}:q")
 
 
 @dataclass(frozen=True)
@@ -279,6 +304,7 @@ class LockSpec:
     n_nodes: int
     quorum: int
     fair: bool = False
+    retention_ms: int = 3_600_000
 
     @property
     def wait_mode(self) -> str:
@@ -343,6 +369,7 @@ class LockSpec:
             node_timeout=config.node_timeout,
             n_nodes=len(config.nodes),
             quorum=config.quorum,
+            retention_ms=config.retention_ms,
             fair=fair,
         )
 

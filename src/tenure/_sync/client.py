@@ -65,6 +65,11 @@ class Client(ClientBase):
             masters): a node's grant or extension counts once this many of its replicas
             acknowledged it (``WAIT``, pipelined on the same connection); otherwise it
             fails closed. Default 0. What it does and does not cover: docs/safety.md.
+        retention: seconds a lock's fencing counter and each node's floor are kept after
+            the last grant that wrote them (default 3600, at least ``max_ttl``): after
+            it, nothing tenure wrote for an idle name is left on the nodes. Use the same
+            value on every client of the same nodes. docs/fencing.md says what it
+            relies on.
         connection_options: extra keyword arguments for redis-py connections (TLS
             certificates, credentials); they override tenure's defaults.
 
@@ -161,9 +166,8 @@ class Client(ClientBase):
                     rnd = acq.begin(_clock())
                     command = self._replicated(
                         commands.acquire(
-                            spec.keys,
+                            spec,
                             token,
-                            spec.ttl_ms,
                             acq.proposal(wall_us()),
                             acq.mark,
                             self.config.max_ttl_ms,
@@ -242,7 +246,7 @@ class Client(ClientBase):
         return rnd
 
     def _seed(self, links: LinkSet, spec: LockSpec, seed: Seed) -> None:
-        command = commands.seed(spec.keys, seed.counter, seed.warm_ms, seed.marks)
+        command = commands.seed(spec, seed.floor, seed.warm_ms, seed.marks)
         self._cleanup_round(links, command, seed.nodes, seed.nodes)
 
     def _cleanup_round(
@@ -366,7 +370,7 @@ class Lease(LeaseView):
             rnd = begin_extend(self._state, spec, _clock())
             with client._links() as links:
                 links.run(
-                    client._replicated(commands.extend(spec.key, self.token, spec.ttl_ms)),
+                    client._replicated(commands.extend(spec, self.token)),
                     rnd,
                     rnd.started + spec.node_timeout,
                     _clock,
