@@ -516,9 +516,10 @@ def status(
     """Print one line per node about lock ``name``; 0 if a majority answered, else 69.
 
     Each line: the node, then ``held token=<first 8 chars of the holder's token>`` or
-    ``free token=-``, ``pttl=<ms>`` of the lock key, ``fence=<counter>`` (``-``: this node
-    has no history for the lock), ``warm=<ms>`` (the warm-up left after a data loss, or
-    ``-``); or ``unreachable: <error>``.
+    ``free token=-``, ``pttl=<ms>`` of the lock key, ``fence=<counter>`` (``-``: the lock
+    has no counter there: new, or idle past the retention), ``floor=<token>`` (the node's
+    floor; ``-``: the node is blank, never used or it lost its data), ``warm=<ms>`` (the
+    warm-up left after a data loss, or ``-``); or ``unreachable: <error>``.
 
     Raises:
         ConfigurationError: an empty name, or a malformed URL.
@@ -564,13 +565,15 @@ def _node_status(url: str, unix: bool, keys: LockKeys, timeout: float) -> tuple[
             pipe.get(keys.lock)
             pipe.pttl(keys.lock)
             pipe.get(keys.fence)
+            pipe.get(keys.floor)
             pipe.pttl(keys.warm)
-            holder, pttl, fence, warm = pipe.execute()
+            holder, pttl, fence, floor, warm = pipe.execute()
     except (redis.RedisError, OSError) as exc:
         return False, f"unreachable: {_one_line(exc)}"
     finally:
         client.close()
     fence_text = "-" if fence is None else _text(fence)
+    floor_text = "-" if floor is None else _text(floor)
     warm_text = f"{warm}ms" if isinstance(warm, int) and warm > 0 else "-"
     if holder is None:
         state, token, pttl_text = "free", "-", "-"
@@ -578,7 +581,8 @@ def _node_status(url: str, unix: bool, keys: LockKeys, timeout: float) -> tuple[
         state, token = "held", _text(holder)[:8]
         pttl_text = f"{pttl}ms" if isinstance(pttl, int) and pttl >= 0 else "none"
     return True, (
-        f"{state}  token={token:<8}  pttl={pttl_text:<7}  fence={fence_text}  warm={warm_text}"
+        f"{state}  token={token:<8}  pttl={pttl_text:<7}  fence={fence_text}  "
+        f"floor={floor_text}  warm={warm_text}"
     )
 
 

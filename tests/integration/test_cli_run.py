@@ -337,6 +337,9 @@ def test_status_shows_holder_and_counter_then_free(cluster: LocalCluster, key: s
         assert fields[1] == "held"
         assert f"token={lease.token[:8]}" in fields
         assert f"fence={lease.fencing_token}" in fields
+        floor = re.search(r"floor=(\d+)", line)
+        assert floor is not None
+        assert int(floor.group(1)) >= lease.fencing_token  # the node's highest token
         assert "warm=-" in fields
         pttl = re.search(r"pttl=(\d+)ms", line)
         assert pttl is not None
@@ -351,8 +354,11 @@ def test_status_shows_holder_and_counter_then_free(cluster: LocalCluster, key: s
 def test_status_of_a_lock_never_used(cluster: LocalCluster, key: str) -> None:
     code, lines = _status(cluster, key)
     assert code == 0
-    assert all(line.split()[1:] == ["free", "token=-", "pttl=-", "fence=-", "warm=-"]
-               for line in lines)  # fmt: skip
+    for line in lines:
+        fields = line.split()
+        assert fields[1:5] == ["free", "token=-", "pttl=-", "fence=-"]
+        assert fields[5].startswith("floor=")  # the node's, whatever other locks did
+        assert fields[6] == "warm=-"
 
 
 # --- usage errors ---------------------------------------------------------------------
