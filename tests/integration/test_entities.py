@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-import tenure
 from tenure import _clock
 from tenure._core.config import NODE_FLOOR, NODE_WARM, LockKeys
 from tenure.local import LocalCluster
