@@ -111,6 +111,26 @@ class TenureLock:
             return "error"
         return "ok"
 
+    def fresh(self, count: int) -> dict[str, int]:
+        """Lock ``count`` names never used before, twice each, without waiting: a lock
+        per entity. Counts the refusals and any second token not above the first."""
+        granted = refused = disorder = 0
+        for _ in range(count):
+            name = f"{self._spec.name}:entity:{secrets.token_hex(8)}"
+            tokens = []
+            for _ in range(2):
+                try:
+                    lease = self._client.acquire(name, self._spec.ttl, blocking=False)
+                except AcquireError:
+                    refused += 1
+                    continue
+                granted += 1
+                tokens.append(lease.fencing_token)
+                with contextlib.suppress(TenureError):
+                    lease.release()
+            disorder += len(tokens) == 2 and tokens[1] <= tokens[0]
+        return {"fresh_granted": granted, "fresh_refused": refused, "fresh_disorder": disorder}
+
     def close(self) -> None:
         self._client.close()
 

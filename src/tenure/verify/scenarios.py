@@ -369,6 +369,41 @@ def partitions(world: World, cycles: int) -> Stats:
     return spans
 
 
+def fresh_names(world: World, cycles: int) -> Stats:
+    """A lock per entity: workers lock names never used before while a minority of the
+    five nodes is down (frozen, killed, cut off): every one must be granted at once."""
+    nodes = [world.node(f"n{i}") for i in range(1, 6)]
+    proxies = [world.proxy(n) for n in nodes]
+    lock = tenure([p.url for p in proxies], 1.0)
+    workers = [world.actor(f"W{i}", lock, fenced=False) for i in range(1, 3)]
+    for w in workers:  # the node set is in use before the faults
+        w.call("acquire", 2.0)
+        w.call("release")
+    totals: Stats = {"fresh_granted": 0, "fresh_refused": 0, "fresh_disorder": 0}
+
+    def lock_fresh_names() -> None:
+        for w in workers:
+            w.send("fresh", 20)
+        for w in workers:
+            for k, v in w.result(60).items():
+                totals[k] += v
+
+    for _ in range(max(1, cycles)):
+        t = time.monotonic_ns()
+        nodes[0].pause()
+        world.fault("pause", nodes[0].name, t, "SIGSTOP")
+        lock_fresh_names()
+        nodes[0].resume()
+        time.sleep(1.0)  # the clients' reconnect back-off from the frozen node runs out
+        t = time.monotonic_ns()
+        world.kill_node(nodes[1])
+        cut = world.cut(proxies[2:3])
+        lock_fresh_names()
+        world.heal(cut, "cut off")
+        nodes[1].start()  # back empty: blank, seeded, warming up (a minority)
+    return totals
+
+
 # --- 6. holder crash ----------------------------------------------------------------------
 
 
@@ -639,6 +674,19 @@ SCENARIOS: tuple[Scenario, ...] = (
                     at_most("grants_in_slow", 0),
                 ],
                 "a minority cut stays live, a majority cut refuses, late replies grant nothing",
+            ),
+            Config(
+                "tenure, 5 nodes, new names through a minority outage",
+                True,
+                fresh_names,
+                [
+                    *zero(*SAFE),
+                    at_least("fresh_granted", 80),
+                    at_most("fresh_refused", 0),
+                    at_most("fresh_disorder", 0),
+                ],
+                "a lock per entity: every name never used before is granted at once while "
+                "a majority is up, its tokens in order",
             ),
         ),
         quick_cycles=3,
