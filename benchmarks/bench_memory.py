@@ -46,7 +46,10 @@ def _facts(r: redis.Redis) -> tuple[int, int]:
 
 async def _lock_names(url: str, names: int, concurrency: int) -> float:
     started = time.monotonic()
-    async with tenure.AsyncClient([url], retention=RETENTION, max_ttl=MAX_TTL) as client:
+    # A generous node timeout: this measures memory, and a loaded machine must not fail it.
+    async with tenure.AsyncClient(
+        [url], retention=RETENTION, max_ttl=MAX_TTL, node_timeout=1.0
+    ) as client:
         queue = iter(range(names))
 
         async def worker() -> None:
