@@ -47,7 +47,9 @@ _clock = monotonic
 class AsyncClient(ClientBase):
     """The asyncio twin of ``tenure.Client``; same arguments, same errors.
 
-    Many tasks share one pipelined connection per node. Use ``async with`` or call
+    As there, every lock's ``ttl`` must be at least ``2 * (node_timeout + drift)``, where
+    ``drift = ttl * drift_factor + drift_floor`` (a shorter one raises
+    ``ConfigurationError`` naming the minimum). Many tasks share one pipelined connection per node. Use ``async with`` or call
     ``aclose()`` so the reader tasks end with the client.
     """
 
@@ -76,7 +78,11 @@ class AsyncClient(ClientBase):
         max_hold: float | None = None,
         fair: bool | None = None,
     ) -> AsyncLock:
-        """A lock object for ``name``; see ``Client.lock`` and ``AsyncLock``."""
+        """A lock object for ``name``; see ``Client.lock`` and ``AsyncLock``.
+
+        ``ttl`` must be at least ``2 * (node_timeout + drift)`` with ``drift = ttl *
+        drift_factor + drift_floor``.
+        """
         keep = KeepAlive(max_hold=max_hold) if watchdog else None
         return AsyncLock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
 
@@ -91,7 +97,11 @@ class AsyncClient(ClientBase):
         max_hold: float | None = None,
         fair: bool | None = None,
     ) -> AsyncLease:
-        """Acquire ``name`` for ``ttl`` seconds; see ``Client.acquire``."""
+        """Acquire ``name`` for ``ttl`` seconds; see ``Client.acquire``.
+
+        ``ttl`` must be at least ``2 * (node_timeout + drift)`` with ``drift = ttl *
+        drift_factor + drift_floor``.
+        """
         spec = self._specs.get(name, ttl, fair)
         if max_hold is not None:
             KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring

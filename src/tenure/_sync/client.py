@@ -46,9 +46,15 @@ _clock = monotonic
 class Client(ClientBase):
     """A connection to 1 node (single-instance lock) or N independent masters (Redlock).
 
+    Every lock's ``ttl`` must be at least ``2 * (node_timeout + drift)``, where ``drift =
+    ttl * drift_factor + drift_floor``, so that a lease keeps half its TTL after the
+    slowest acquisition (about 0.107 s with the defaults; a shorter TTL raises
+    ``ConfigurationError`` naming the minimum).
+
     Args:
         nodes: node URLs (``redis://``, ``rediss://``, ``unix://``).
-        node_timeout: seconds to wait for any one node in a round (default 50 ms).
+        node_timeout: seconds to wait for any one node in a round (default 50 ms); it
+            bounds the shortest TTL (see above).
         drift_factor: clock-drift allowance as a fraction of the TTL (default 1%).
         drift_floor: seconds added to the drift allowance (default 2 ms).
         retry: back-off after a split vote (nobody holds a majority; default
@@ -89,7 +95,8 @@ class Client(ClientBase):
     ) -> Lock:
         """A lock object for ``name``; ``blocking``/``timeout`` apply to ``with lock:``.
 
-        ``watchdog=True`` keeps every lease it acquires alive (``Lease.keep_alive``), up
+        ``ttl`` (seconds) must be at least ``2 * (node_timeout + drift)`` with ``drift =
+        ttl * drift_factor + drift_floor`` (see ``Client``). ``watchdog=True`` keeps every lease it acquires alive (``Lease.keep_alive``), up
         to ``max_hold`` seconds. ``fair`` (default: True, unless ``recheck=0`` or
         ``wait_replicas``) grants the lock in the order it was requested, handing it over
         inside the release (on a quorum, with one fencing token for every node); False
@@ -114,14 +121,17 @@ class Client(ClientBase):
 
         Unlike ``Lock.acquire`` (which returns False, as ``threading.Lock`` does), this
         raises when the lock was not acquired, so the result is always a lease.
-        ``watchdog=True`` keeps it alive (``Lease.keep_alive(max_hold=max_hold)``).
+        ``ttl`` must be at least ``2 * (node_timeout + drift)`` with ``drift = ttl *
+        drift_factor + drift_floor`` (see ``Client``). ``watchdog=True`` keeps it alive
+        (``Lease.keep_alive(max_hold=max_hold)``).
 
         Raises:
             LockTimeout: held elsewhere: at once if ``blocking`` is False, else after
                 ``timeout`` seconds (None waits forever).
             QuorumUnreachable: so many nodes failed that no majority is possible.
             ServerUnsupported: nodes refused a command tenure needs (ACL).
-            ConfigurationError: bad name, TTL or timeout; ``fair=True`` without
+            ConfigurationError: bad name, TTL (longer than ``max_ttl``, or shorter than
+                ``2 * (node_timeout + drift)``) or timeout; ``fair=True`` without
                 notifications or with ``wait_replicas``.
         """
         spec = self._specs.get(name, ttl, fair)
