@@ -431,7 +431,9 @@ def test_ttl_too_small_names_the_rule_the_minimum_and_the_fix() -> None:
     factor=st.floats(0, 0.49),
     floor=st.floats(0, 1),
 )
-def test_min_ttl_is_the_shortest_accepted_ttl(node_timeout: float, factor: float, floor: float) -> None:
+def test_min_ttl_is_the_shortest_accepted_ttl(
+    node_timeout: float, factor: float, floor: float
+) -> None:
     cfg = config(node_timeout=node_timeout, drift_factor=factor, drift_floor=floor, max_ttl=86_400)
     shortest = min_ttl(cfg)
     if shortest > 86_400:

@@ -49,7 +49,9 @@ class AsyncClient(ClientBase):
 
     As there, every lock's ``ttl`` must be at least ``2 * (node_timeout + drift)``, where
     ``drift = ttl * drift_factor + drift_floor`` (a shorter one raises
-    ``ConfigurationError`` naming the minimum). Many tasks share one pipelined connection per node. Use ``async with`` or call
+    ``ConfigurationError`` naming the minimum).
+
+    Many tasks share one pipelined connection per node. Use ``async with`` or call
     ``aclose()`` so the reader tasks end with the client.
     """
 

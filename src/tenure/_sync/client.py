@@ -96,12 +96,13 @@ class Client(ClientBase):
         """A lock object for ``name``; ``blocking``/``timeout`` apply to ``with lock:``.
 
         ``ttl`` (seconds) must be at least ``2 * (node_timeout + drift)`` with ``drift =
-        ttl * drift_factor + drift_floor`` (see ``Client``). ``watchdog=True`` keeps every lease it acquires alive (``Lease.keep_alive``), up
-        to ``max_hold`` seconds. ``fair`` (default: True, unless ``recheck=0`` or
-        ``wait_replicas``) grants the lock in the order it was requested, handing it over
-        inside the release (on a quorum, with one fencing token for every node); False
-        wakes the next waiter and reserves the lock for it briefly (docs/waiting.md).
-        Every client of a lock must use the same mode.
+        ttl * drift_factor + drift_floor`` (see ``Client``). ``watchdog=True`` keeps every
+        lease it acquires alive (``Lease.keep_alive``), up to ``max_hold`` seconds.
+        ``fair`` (default: True, unless ``recheck=0`` or ``wait_replicas``) grants the lock
+        in the order it was requested, handing it over inside the release (on a quorum,
+        with one fencing token for every node); False wakes the next waiter and reserves
+        the lock for it briefly (docs/waiting.md). Every client of a lock must use the
+        same mode.
         """
         keep = KeepAlive(max_hold=max_hold) if watchdog else None
         return Lock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
