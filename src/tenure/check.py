@@ -89,6 +89,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 
+from . import _acl
 from ._core.config import NodeAddress, parse_node_url
 from ._core.quorum import majority
 from ._errors import ConfigurationError
@@ -100,7 +101,6 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_UNSAFE",
     "EXIT_WARN",
-    "PROBE_KEY",
     "Finding",
     "Level",
     "NodeFacts",
@@ -136,12 +136,12 @@ exit codes:
   3   at least one UNSAFE finding
   69  fewer than a majority of the nodes answered
 
-The checks write nothing but the probe key tenure:{check}:probe (2 s TTL, deleted at
-once), and only where ACL DRYRUN cannot answer. See docs/fencing.md.
+Where neither ACL DRYRUN (Redis >= 7) nor ACL GETUSER (6.2) may be used, the ACL check
+runs each command for real: it writes the probe keys tenure:{check}:probe (2 s TTL) and
+tenure:{check}:probe:q, deletes them at once, and publishes to tenure:wake:check-probe.
+Nothing else is written. See docs/deployment.md.
 """
 
-PROBE_KEY = "tenure:{check}:probe"
-_PROBE_TTL_MS = 2000
 _DEFAULT_MAX_TTL = 60.0
 
 # What CONFIG GET reads (one pattern per call: Redis < 7 takes only one).
@@ -154,29 +154,22 @@ CONFIG_KEYS = (
     "replica-read-only",
 )
 
-# The commands tenure's scripts run on a lock node (acquire, extend, release, seed).
-SCRIPT_COMMANDS = ("SET", "GET", "PTTL", "PEXPIRE", "EXISTS", "DEL")
-
-# Runs each command a lock script needs on the probe key and reports, per command, "OK"
-# or the error (an ACL refusal is an error reply that pcall catches, in 6.2 and 7 alike).
+# Runs calls given in ARGV as (count, command, args...)... and reports, per call, "OK" or
+# the error (an ACL refusal is an error reply that pcall catches, in 6.2 and 7 alike),
+# then deletes the probe keys it was given.
 _PROBE_SCRIPT = """\
-local calls = {
-  {"SET", KEYS[1], "probe", "PX", ARGV[1]},
-  {"GET", KEYS[1]},
-  {"PTTL", KEYS[1]},
-  {"PEXPIRE", KEYS[1], ARGV[1]},
-  {"EXISTS", KEYS[1]},
-  {"DEL", KEYS[1]},
-}
-local out = {}
-for i, call in ipairs(calls) do
-  local reply = redis.pcall(unpack(call))
+local out, i = {}, 1
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  local reply = redis.pcall(unpack(ARGV, i + 1, i + n))
   if type(reply) == "table" and reply.err then
-    out[i] = reply.err
+    out[#out + 1] = reply.err
   else
-    out[i] = "OK"
+    out[#out + 1] = "OK"
   end
+  i = i + n + 1
 end
+redis.pcall("DEL", unpack(KEYS))
 return out
 """
 
@@ -562,7 +555,8 @@ def _independence(nodes: Sequence[NodeFacts]) -> list[Finding | None]:
 
 
 def check_access(facts: NodeFacts) -> list[Finding]:
-    """Whether the node's ACL lets tenure run its commands on ``tenure:*`` keys."""
+    """Whether the node's ACL lets tenure send everything it sends (see :mod:`tenure._acl`):
+    UNSAFE naming what is refused and the ``ACL SETUSER`` line that grants it."""
     who = f"user {facts.user!r}" if facts.user else "the user"
     if facts.access is None:
         if facts.access_error is None:
@@ -575,18 +569,48 @@ def check_access(facts: NodeFacts) -> list[Finding]:
                 f"cannot check the permissions of {who}: {facts.access_error}",
             )
         ]
-    refused = {what: text for what, text in facts.access.items() if text and _denied(text)}
-    failed = {what: text for what, text in facts.access.items() if text and not _denied(text)}
+    wanted = {need.command: need for need in _acl.needs()}
     method = facts.access_method or "probe"
+    refused: dict[str, str] = {}  # command -> "command" | "key" | "channel"
+    texts: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for command, text in facts.access.items():
+        if not text:
+            continue
+        kind = _acl.denial(text)
+        if kind is None:
+            failed[command] = text
+        else:
+            refused[command], texts[command] = kind, text
     if refused:
-        text = next(iter(refused.values()))
+        required = [c for c in refused if c not in wanted or wanted[c].only is None]
+        first = texts[(required or list(refused))[0]]
+        fix = _acl.fix_line(facts.user or "default", refused)
+        what = ", ".join(_refused_item(c, kind) for c, kind in refused.items())
+        unchecked = (
+            f"; not checked: {', '.join(failed)} ({_first_line(next(iter(failed.values())))}): "
+            "run tenure check again after the fix"
+            if failed
+            else ""
+        )
+        if required:
+            return [
+                Finding(
+                    facts.node,
+                    "acl",
+                    Level.UNSAFE,
+                    f"{who} may not run {what} ({method}: {_first_line(first)}); tenure "
+                    f"cannot lock on this node. Fix: {fix}{unchecked}",
+                )
+            ]
+        when = "; ".join(f"{c} only {wanted[c].only}" for c in refused)
         return [
             Finding(
                 facts.node,
                 "acl",
-                Level.UNSAFE,
-                f"{who} may not run {', '.join(refused)} ({method}: {_first_line(text)}); "
-                "tenure cannot lock on this node",
+                Level.WARN,
+                f"{who} may not run {what} ({method}); tenure sends {when}. Fix if you use "
+                f"that: {fix}{unchecked}",
             )
         ]
     if failed:
@@ -599,33 +623,31 @@ def check_access(facts: NodeFacts) -> list[Finding]:
                 f"the {method} of {', '.join(failed)} failed: {_first_line(text)}",
             )
         ]
+    direct = [n.command for n in wanted.values() if n.where != "scripts"]
+    scripted = sorted(n.command for n in wanted.values() if n.where != "direct")
     return [
         Finding(
             facts.node,
             "acl",
             Level.OK,
-            f"{who} may run EVAL ({', '.join(SCRIPT_COMMANDS)} in scripts) and EXISTS on "
-            f"tenure keys ({method})",
+            f"{who} may run everything tenure sends ({', '.join(direct)}; in scripts: "
+            f"{', '.join(scripted)}) on keys {_acl.KEY_PATTERN} and channels "
+            f"{_acl.CHANNEL_PATTERN} ({method})",
         )
     ]
+
+
+def _refused_item(command: str, kind: str) -> str:
+    if kind == "key":
+        return f"{command} on keys {_acl.KEY_PATTERN}"
+    if kind == "channel":
+        return f"{command} on channels {_acl.CHANNEL_PATTERN}"
+    return command
 
 
 def _cannot(facts: NodeFacts, check: str, what: str, reason: str | None, command: str) -> Finding:
     return Finding(
         facts.node, check, Level.WARN, f"cannot read {what} ({reason or command + ' failed'})"
-    )
-
-
-def _denied(text: str) -> bool:
-    """Whether an error text (or an ACL DRYRUN answer) is an ACL refusal."""
-    lower = text.lower()
-    return lower.startswith("noperm") or any(
-        phrase in lower
-        for phrase in (
-            "no permissions",  # 6.2/7 replies and DRYRUN answers
-            "can't run this command",  # 6.2, a command refused inside a script
-            "can't access at least one of the keys",  # 6.2, a key refused inside a script
-        )
     )
 
 
@@ -727,59 +749,137 @@ def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
 
 
 def _read_access(client: redis.Redis, facts: NodeFacts) -> None:
+    """Ask the node what the user may run: ``ACL DRYRUN`` (Redis >= 7), else ``ACL
+    GETUSER`` (6.2), else, where the user may use neither, try every command for real."""
     info = facts.info or {}
     if info.get("role") in ("slave", "replica"):
         return  # not probed (the probe writes); the role check already says UNSAFE
-    if _version(info.get("redis_version", "0")) >= (7,) and _dry_run(client, facts):
-        return
-    with client.pipeline(transaction=False) as pipe:
-        pipe.eval(_PROBE_SCRIPT, 1, PROBE_KEY, _PROBE_TTL_MS)
-        pipe.exists(PROBE_KEY)
-        script_reply, exists_reply = pipe.execute(raise_on_error=False)
-    access: dict[str, str | None] = {"EVAL": None}
-    access["EXISTS"] = _one_line(exists_reply) if isinstance(exists_reply, Exception) else None
-    if isinstance(script_reply, Exception):
-        access["EVAL"] = _one_line(script_reply)
-    elif isinstance(script_reply, list) and len(script_reply) == len(SCRIPT_COMMANDS):
-        for name, reply in zip(SCRIPT_COMMANDS, script_reply, strict=True):
-            access[f"{name} in scripts"] = None if reply == "OK" else str(reply)
-    else:
-        access["EVAL"] = f"unexpected reply to the probe script: {script_reply!r}"
-    facts.access = access
-    facts.access_method = "probe"
-
-
-def _dry_run(client: redis.Redis, facts: NodeFacts) -> bool:
-    """``ACL DRYRUN`` for every command (Redis >= 7); False if DRYRUN itself is refused."""
     user = facts.user or "default"
-    key = PROBE_KEY
-    tries: list[tuple[str, tuple[str | int, ...]]] = [
-        ("EVAL", ("EVAL", "return 1", 1, key)),
-        ("EXISTS", ("EXISTS", key)),
-        ("SET in scripts", ("SET", key, "probe", "PX", _PROBE_TTL_MS)),
-        ("GET in scripts", ("GET", key)),
-        ("PTTL in scripts", ("PTTL", key)),
-        ("PEXPIRE in scripts", ("PEXPIRE", key, _PROBE_TTL_MS)),
-        ("EXISTS in scripts", ("EXISTS", key)),
-        ("DEL in scripts", ("DEL", key)),
-    ]
+    needs = _acl.needs()
+    if _version(info.get("redis_version", "0")) >= (7,):
+        answers = _dry_run(client, user, needs)
+        method = "ACL DRYRUN"
+    else:
+        answers = _get_user(client, user, needs)
+        method = "ACL GETUSER"
+    if answers is None:
+        answers = _probe(client, needs)
+        method = "probe"
+    facts.access = answers
+    facts.access_method = method
+
+
+def _dry_run(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _Answers | None:
+    """``ACL DRYRUN`` of every command; None if DRYRUN itself is refused."""
     with client.pipeline(transaction=False) as pipe:
-        for _, command in tries:
-            pipe.acl_dryrun(user, *command)
+        for need in needs:
+            pipe.acl_dryrun(user, *need.call)
         replies = pipe.execute(raise_on_error=False)
-    if any(isinstance(r, Exception) for r in replies):
-        return False  # DRYRUN not permitted to this user: probe instead
-    facts.access = {
-        what: None if str(reply) == "OK" else str(reply)
-        for (what, _), reply in zip(tries, replies, strict=True)
-    }
-    facts.access_method = "ACL DRYRUN"
-    return True
+    if all(isinstance(r, Exception) for r in replies):
+        return None  # DRYRUN not permitted to this user: try another way
+    return {need.command: _answer(reply) for need, reply in zip(needs, replies, strict=True)}
+
+
+def _get_user(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _Answers | None:
+    """Redis 6.2's rules for ``user`` (``ACL GETUSER``) and the commands' categories
+    (``COMMAND INFO``), evaluated; None if either is refused or unreadable."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.execute_command("ACL", "GETUSER", user)  # type: ignore[no-untyped-call]
+        pipe.execute_command("COMMAND", "INFO", *(n.command for n in needs))  # type: ignore[no-untyped-call]
+        described, commands = pipe.execute(raise_on_error=False)
+    rules = _pairs(described)
+    if rules is None or isinstance(commands, Exception):
+        return None
+    flags = {str(f) for f in rules.get("flags") or []}
+    rule_text = rules.get("commands")
+    if not isinstance(rule_text, str):
+        return None  # not 6.2's shape (Redis >= 7 answers DRYRUN instead)
+    keys = None if "allkeys" in flags else [str(k) for k in rules.get("keys") or []]
+    channels = None if "allchannels" in flags else [str(c) for c in rules.get("channels") or []]
+    answers: _Answers = {}
+    for need in needs:
+        categories = _categories(commands, need.command)
+        if categories is None:
+            return None
+        answers[need.command] = _acl.permitted_by_rules(need, rule_text, categories, keys, channels)
+    return answers
+
+
+def _probe(client: redis.Redis, needs: Sequence[_acl.Need]) -> _Answers:
+    """Run every command for real, harmlessly: the scripts' commands inside one probe
+    script (so a refusal there is what a lock script would meet), the others directly,
+    ``SUBSCRIBE`` on a connection of its own."""
+    scripted = [n for n in needs if n.where == "scripts"]
+    argv: list[str] = []
+    for need in scripted:
+        argv += [str(len(need.call)), *need.call]
+    direct = [n for n in needs if n.where != "scripts" and n.command not in ("EVAL", "SUBSCRIBE")]
+    with client.pipeline(transaction=False) as pipe:
+        pipe.eval(_PROBE_SCRIPT, 2, _acl.PROBE_KEY, _acl.PROBE_QUEUE, *argv)
+        for need in direct:
+            pipe.execute_command(*need.call)  # type: ignore[no-untyped-call]
+        script_reply, *direct_replies = pipe.execute(raise_on_error=False)
+    answers: _Answers = {}
+    if isinstance(script_reply, Exception):
+        answers["EVAL"] = _one_line(script_reply)
+        for need in scripted:
+            answers[need.command] = "the probe script could not run"
+    elif isinstance(script_reply, list) and len(script_reply) == len(scripted):
+        answers["EVAL"] = None
+        for need, reply in zip(scripted, script_reply, strict=True):
+            answers[need.command] = None if reply == "OK" else str(reply)
+    else:
+        answers["EVAL"] = f"unexpected reply to the probe script: {script_reply!r}"
+    for need, reply in zip(direct, direct_replies, strict=True):
+        answers[need.command] = _one_line(reply) if isinstance(reply, Exception) else None
+    answers["SUBSCRIBE"] = _probe_subscribe(client)
+    return answers
+
+
+def _probe_subscribe(client: redis.Redis) -> str | None:
+    conn = client.connection_pool.make_connection()
+    try:
+        conn.connect()  # type: ignore[no-untyped-call]
+        conn.send_command("SUBSCRIBE", _acl.PROBE_CHANNEL)  # type: ignore[no-untyped-call]
+        conn.read_response()
+        return None
+    except redis.ResponseError as exc:
+        return _one_line(exc)
+    finally:
+        conn.disconnect()  # type: ignore[no-untyped-call]
+
+
+_Answers = dict[str, "str | None"]
+
+
+def _answer(reply: object) -> str | None:
+    if isinstance(reply, Exception):
+        return _one_line(reply)
+    return None if str(reply) == "OK" else str(reply)
+
+
+def _pairs(reply: object) -> dict[str, Any] | None:
+    """``ACL GETUSER``'s reply as a dict (redis-py parses it into one, or not)."""
+    if isinstance(reply, dict):
+        return {str(k): v for k, v in reply.items()}
+    if isinstance(reply, list) and len(reply) % 2 == 0:
+        return {str(k): v for k, v in zip(reply[::2], reply[1::2], strict=True)}
+    return None
+
+
+def _categories(reply: object, command: str) -> list[str] | None:
+    """A command's ACL categories from ``COMMAND INFO``'s parsed reply."""
+    if not isinstance(reply, dict):
+        return None
+    entry = reply.get(command.lower())
+    if not isinstance(entry, dict) or not isinstance(entry.get("acl_categories"), list):
+        return None
+    return [str(c) for c in entry["acl_categories"]]
 
 
 def _refusal(exc: Exception, command: str) -> str:
     text = _one_line(exc)
-    if _denied(text):
+    if _acl.denial(text) is not None:
         return f"{command} not permitted"
     return f"{command} failed: {text}"
 

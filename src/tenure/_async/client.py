@@ -313,9 +313,10 @@ class AsyncLease(LeaseView):
             _clock(),
             client.node_names,
         )
-        if error is not None:
+        if isinstance(error, LeaseLost):
             self._mark_lost(error)
-            raise error
+        if error is not None:
+            raise error  # LeaseLost, or ServerUnsupported: a node refused the release (ACL)
 
     def _check_not_released(self) -> None:
         if self._released:

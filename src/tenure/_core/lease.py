@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .._errors import LeaseExpired, LeaseLost
+from .._errors import LeaseExpired, LeaseLost, ServerUnsupported
 from .acquire import LeaseState, round_errors
 from .config import LockSpec
-from .quorum import Round
+from .quorum import Failure, Round
 
 __all__ = ["begin_extend", "conclude_extend", "conclude_release"]
 
@@ -75,10 +75,24 @@ def conclude_extend(
 
 def conclude_release(
     lease: LeaseState, n_nodes: int, quorum: int, rnd: Round, now: float, names: list[str]
-) -> LeaseLost | None:
-    """None if a majority still held the lease at release; otherwise why it was lost."""
+) -> LeaseLost | ServerUnsupported | None:
+    """None if a majority still held the lease at release; otherwise why it was lost, or
+    ``ServerUnsupported`` if a node refused the release (ACL): a configuration error,
+    which says nothing about the lease."""
     if rnd.yes >= quorum:
         return None
+    for i, r in rnd.failures().items():
+        if r.failure is Failure.UNSUPPORTED:
+            # The release script stops at the refused command, but Redis keeps what the
+            # script wrote before it: with PUBLISH refused, the lock key is already gone
+            # when the hand-off to a waiter fails. Not a lost lease: a node set up wrong.
+            return ServerUnsupported(
+                names[i],
+                f"refused a command of the release of lock {lease.name!r} ({r.detail}); "
+                "the script may have deleted the lock there before the refused command, "
+                "and the key expires by its TTL in any case. `tenure check` prints the "
+                "ACL SETUSER line that fixes it",
+            )
     expired = now >= lease.valid_until
     failed = len(rnd.failures())
     if rnd.yes + failed >= quorum:

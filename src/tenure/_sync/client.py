@@ -31,7 +31,7 @@ from .._core.config import LockSpec, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
-from .._errors import LockTimeout, NotHeld
+from .._errors import LeaseLost, LockTimeout, NotHeld
 from .._lease import LeaseView
 from .._lease import not_acquired as _not_acquired
 from .links import LinkPool, LinkSet
@@ -397,6 +397,9 @@ class Lease(LeaseView):
         Raises:
             LeaseLost: fewer than a majority still held it: the lock expired during the
                 critical section, which may have overlapped another holder.
+            ServerUnsupported: a node refused the release (an ACL without a command the
+                release runs, e.g. ``PUBLISH`` when someone waits): a configuration error,
+                not a lost lease; ``tenure check`` names the fix.
             NotHeld: it was already released.
         """
         client = self._client
@@ -415,9 +418,10 @@ class Lease(LeaseView):
                 _clock(),
                 client.node_names,
             )
-        if error is not None:
+        if isinstance(error, LeaseLost):
             self._mark_lost(error)
-            raise error
+        if error is not None:
+            raise error  # LeaseLost, or ServerUnsupported: a node refused the release (ACL)
 
     def _check_not_released(self) -> None:
         if self._released:
