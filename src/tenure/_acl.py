@@ -39,6 +39,7 @@ __all__ = [
     "PROBE_KEY",
     "PROBE_QUEUE",
     "Need",
+    "commands_in",
     "denial",
     "fix_line",
     "glob_match",
@@ -134,23 +135,31 @@ def script_commands() -> tuple[str, ...]:
     """Every command the lock scripts call, upper case, sorted.
 
     Raises:
-        RuntimeError: a script calls ``redis.call`` with a computed command name, which
-            this derivation cannot see (write the name as a literal).
+        RuntimeError: as :func:`commands_in`.
     """
     found: set[str] = set()
     for name in lock_scripts():
-        source = expand(files("tenure._lua").joinpath(f"{name}.lua").read_bytes())
-        code = b"\n".join(
-            line.split(b"--", 1)[0] for line in source.splitlines()
-        )  # comments may mention redis.call without calling it
-        literal = _CALL.findall(code)
-        if len(literal) != len(_ANY_CALL.findall(code)):
-            raise RuntimeError(
-                f"{name}.lua calls redis.call with a computed command name; tenure check "
-                "derives the ACL from literal names only"
-            )
-        found.update(command.decode().upper() for _, command in literal)
+        source = files("tenure._lua").joinpath(f"{name}.lua").read_bytes()
+        found |= commands_in(f"{name}.lua", expand(source))
     return tuple(sorted(found))
+
+
+def commands_in(name: str, source: bytes) -> set[str]:
+    """The commands a Lua script calls (``redis.call("CMD"``, ``redis.pcall('CMD'``), upper
+    case; comments are skipped.
+
+    Raises:
+        RuntimeError: the script calls ``redis.call`` with a computed command name, which
+            this cannot see (write the name as a literal).
+    """
+    code = b"\n".join(line.split(b"--", 1)[0] for line in source.splitlines())
+    literal = _CALL.findall(code)
+    if len(literal) != len(_ANY_CALL.findall(code)):
+        raise RuntimeError(
+            f"{name} calls redis.call with a computed command name; tenure check derives "
+            "the ACL from literal names only"
+        )
+    return {command.decode().upper() for _, command in literal}
 
 
 def needs() -> tuple[Need, ...]:

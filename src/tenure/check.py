@@ -5,9 +5,10 @@
 Every node is read in parallel with a plain redis-py client (the same connection options
 as ``tenure status``: no retries, RESP2, short timeouts). One pipelined round reads
 ``INFO``, ``CONFIG GET`` of the settings below and ``ACL WHOAMI``; a second checks that
-the node lets tenure run its commands (``ACL DRYRUN`` on Redis >= 7 where permitted,
-otherwise the real, harmless operations on the probe key ``tenure:{check}:probe``, which
-expires after 2 s even if it cannot be deleted). Nothing else is written.
+the node lets tenure run its commands (``ACL DRYRUN`` on Redis >= 7, ``ACL GETUSER`` on
+6.2, where the user may use them; otherwise the real, harmless operations on the probe
+keys ``tenure:{check}:probe``, which expires after 2 s even if it cannot be deleted, and
+``tenure:{check}:probe:q``, emptied at once). Nothing else is written.
 
 The module has two halves. *Gathering* (:func:`gather`) turns a node into a
 :class:`NodeFacts` of plain strings and dicts. *Evaluation* (:func:`evaluate` and the
@@ -37,10 +38,10 @@ The checks
     counters tenure cannot tell from current ones, so grants made since are forgotten
     unnoticed (R8).
 ``eviction``
-    ``noeviction``: OK. ``volatile-*``: WARN, lock keys (and warm-up markers) have a TTL
-    and can be evicted under memory pressure; fencing counters have none and cannot.
-    ``allkeys-*``: UNSAFE, lock keys and counters can go (WARN while ``maxmemory`` is 0,
-    since nothing is evicted until a limit is set).
+    ``noeviction``: OK. Any ``volatile-*`` or ``allkeys-*`` policy: UNSAFE, since every
+    lock key has a TTL and so can be evicted while held (``tenure verify eviction``
+    shows it for ``volatile-ttl``, ``volatile-lru`` and ``allkeys-lru``); WARN while
+    ``maxmemory`` is 0, since nothing is evicted until a limit is set.
 ``role``
     A replica: UNSAFE. A master with replicas, or a Redis Cluster node: WARN (failover to
     an async replica can lose grants, R9). A master alone: OK.
@@ -55,9 +56,13 @@ The checks
     (untested); not Redis (no ``redis_version``, or a fork such as Valkey or Dragonfly):
     WARN (untested).
 ``acl``
-    The user may not run ``EVAL``, ``EXISTS``, or one of ``GET``, ``SET``, ``PEXPIRE``,
-    ``PTTL``, ``EXISTS``, ``DEL`` inside scripts, on ``tenure:*`` keys: UNSAFE, with
-    Redis's message.
+    Whether the user may send everything tenure sends (:mod:`tenure._acl`: the commands
+    of the lock scripts, read from their Lua source, and the drivers' ``EVAL``,
+    ``EXISTS``, ``SUBSCRIBE``, ``WAIT``) on keys ``tenure:*`` and channels
+    ``tenure:wake:*``. Asked with ``ACL DRYRUN`` on Redis >= 7 (and Valkey), with ``ACL
+    GETUSER`` + ``COMMAND INFO`` on 6.2, or, where the user may not use those, by running
+    each command harmlessly. Anything refused: UNSAFE, naming it, with the ``ACL SETUSER``
+    line that grants it; only ``WAIT`` refused: WARN (sent only with ``wait_replicas``).
 ``reachable``
     Unreachable, or the login failed: UNSAFE, and nothing else is checked on that node.
 
@@ -428,7 +433,7 @@ def check_persistence(facts: NodeFacts) -> Finding:
 
 
 def check_eviction(facts: NodeFacts) -> Finding:
-    """Whether Redis may evict lock keys or fencing counters under memory pressure."""
+    """Whether Redis may evict a held lock under memory pressure: only ``noeviction`` is safe."""
     config = facts.config or {}
     info = facts.info or {}
     policy = config.get("maxmemory-policy") or info.get("maxmemory_policy")
@@ -439,7 +444,6 @@ def check_eviction(facts: NodeFacts) -> Finding:
         )
     maxmemory = config.get("maxmemory") or info.get("maxmemory")
     unlimited = maxmemory == "0"
-    limit = " (maxmemory 0: no limit, so nothing is evicted until one is set)" if unlimited else ""
     if policy == "noeviction":
         return Finding(
             facts.node,
@@ -447,24 +451,30 @@ def check_eviction(facts: NodeFacts) -> Finding:
             Level.OK,
             "noeviction: keys are never evicted (a full node refuses writes instead)",
         )
-    if policy.startswith("volatile-"):
-        return Finding(
-            facts.node,
-            "eviction",
-            Level.WARN,
-            f"{policy}: under memory pressure Redis evicts keys that have a TTL, which "
-            "includes lock keys (a lost lock key lets a second client in: mutual exclusion "
-            "breaks) and warm-up markers; fencing counters have no TTL and are kept. Use "
-            f"noeviction{limit}",
+    if policy.startswith(("volatile-", "allkeys-")):
+        # Every lock key has a TTL (it is how a crashed holder's lock ends), so the
+        # volatile-* policies, which evict only keys with a TTL, pick among lock keys
+        # too; allkeys-* pick among every key. tenure verify eviction shows it.
+        victims = (
+            "keys with a TTL, and every lock key has one"
+            if policy.startswith("volatile-")
+            else "any key, lock keys included"
         )
-    if policy.startswith("allkeys-"):
-        return Finding(
-            facts.node,
-            "eviction",
-            Level.WARN if unlimited else Level.UNSAFE,
-            f"{policy}: under memory pressure Redis evicts any key, lock keys and fencing "
-            f"counters included (mutual exclusion and fencing break). Use noeviction{limit}",
+        breaks = (
+            f"{policy}: under memory pressure Redis evicts {victims}, so a held lock can "
+            "vanish and a second client acquire it: mutual exclusion breaks (tenure verify "
+            "eviction shows it). Use noeviction: a full node then refuses new writes "
+            "(acquires fail) and keeps the locks it holds"
         )
+        if unlimited:
+            return Finding(
+                facts.node,
+                "eviction",
+                Level.WARN,
+                f"{breaks}. Nothing is evicted while maxmemory is 0 (no limit), but setting a "
+                "limit later makes it unsafe",
+            )
+        return Finding(facts.node, "eviction", Level.UNSAFE, breaks)
     return Finding(facts.node, "eviction", Level.WARN, f"unknown maxmemory-policy {policy!r}")
 
 
@@ -609,8 +619,8 @@ def check_access(facts: NodeFacts) -> list[Finding]:
                 facts.node,
                 "acl",
                 Level.WARN,
-                f"{who} may not run {what} ({method}); tenure sends {when}. Fix if you use "
-                f"that: {fix}{unchecked}",
+                f"{who} may not run {what} ({method}: {_first_line(first)}); tenure sends "
+                f"{when}. Fix if you use that: {fix}{unchecked}",
             )
         ]
     if failed:

@@ -440,7 +440,7 @@ def test_min_ttl_is_the_shortest_accepted_ttl(
         return
     assert LockSpec.build(cfg, "r", shortest).ttl == shortest
     if shortest >= 0.002:
-        with pytest.raises(ConfigurationError, match=f"minimum of {shortest:g}s"):
+        with pytest.raises(ConfigurationError, match=re.escape(f"minimum of {shortest:g}s")):
             LockSpec.build(cfg, "r", shortest - 0.001)
 
 

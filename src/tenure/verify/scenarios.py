@@ -708,7 +708,21 @@ SCENARIOS: tuple[Scenario, ...] = (
                 False,
                 eviction("volatile-ttl"),
                 [violated("C1")],
-                "the lock key has a TTL, so it is evicted first",
+                "every lock key has a TTL; this policy evicts the shortest TTL first",
+            ),
+            Config(
+                "maxmemory-policy volatile-lru",
+                False,
+                eviction("volatile-lru"),
+                [violated("C1")],
+                "every lock key has a TTL, so any volatile-* policy may evict a held lock",
+            ),
+            Config(
+                "maxmemory-policy allkeys-lru",
+                False,
+                eviction("allkeys-lru"),
+                [violated("C1")],
+                "allkeys-* policies evict any key, held locks included",
             ),
             Config(
                 "maxmemory-policy noeviction",
