@@ -685,14 +685,19 @@ def test_a_documented_user_without_a_pattern_fails_the_check(
     assert f"Fix: ACL SETUSER {user} {grant}" in acl["detail"]
 
 
+@pytest.mark.parametrize(
+    "without", [("+publish",), ("&tenure:wake:*", "&app:*")], ids=["command", "channel"]
+)
 def test_a_release_refused_by_acl_is_a_configuration_error(
-    api: Api, server: LocalCluster, key: str
+    api: Api, server: LocalCluster, key: str, without: tuple[str, ...]
 ) -> None:
-    """Without PUBLISH, the release script deletes the lock, then fails to hand it to the
-    waiter: the client says the node is set up wrong, not that the lease was lost."""
-    with _setuser(server, *_documented(without="+publish")) as (_, urls):
+    """Without PUBLISH (or its channels), the release script deletes the lock, then fails
+    to hand it to the waiter: the client says the node is set up wrong, not that the lease
+    was lost."""
+    rules = _documented(without=without[0], extra=without[1:])
+    with _setuser(server, *rules) as (_, urls):
         lease = api.client(urls).acquire(key, ttl=30.0)
-        box: list[object] = []
+        box: list[int] = []
 
         def wait() -> None:
             with tenure.Client([server[0].url], recheck=0.2) as waiter:
@@ -702,16 +707,18 @@ def test_a_release_refused_by_acl_is_a_configuration_error(
 
         thread = threading.Thread(target=wait)
         thread.start()
-        _wait_until(lambda: _queued(server, key))
-        with pytest.raises(tenure.ServerUnsupported) as info:
-            lease.release()
-        thread.join()
+        try:
+            _wait_until(lambda: _queued(server, key))
+            with pytest.raises(tenure.ServerUnsupported) as info:
+                lease.release()
+        finally:
+            thread.join()  # the waiter gets the lock at its next re-check
         acl = _acl_finding(urls)
     assert not isinstance(info.value, tenure.LeaseLost)
     assert info.value.node == server[0].url
     assert "refused PUBLISH in the release of lock" in str(info.value)
     assert "tenure check" in str(info.value)
-    assert box, "the waiter got the lock at its next re-check"
+    assert box, "the waiter got the lock"
     assert acl["level"] == "UNSAFE"
     assert "may not run PUBLISH" in acl["detail"]
 
