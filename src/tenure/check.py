@@ -1,6 +1,6 @@
 """``tenure check``: inspect the lock nodes and say what threatens the lock's safety.
 
-``tenure check [--redis URL ...] [--max-ttl SECONDS] [--json]``
+``tenure check [--redis URL ...] [--max-ttl SECONDS] [--acl-user NAME] [--json]``
 
 Every node is read in parallel with a plain redis-py client (the same connection options
 as ``tenure status``: no retries, RESP2, short timeouts). One pipelined round reads
@@ -583,7 +583,8 @@ def check_access(facts: NodeFacts) -> list[Finding]:
     method = facts.access_method or "probe"
     refused: dict[str, str] = {}  # command -> "command" | "key" | "channel"
     texts: dict[str, str] = {}
-    failed: dict[str, str] = {}
+    # Never OK for a command nobody asked about (a reply that was cut short, say).
+    failed = {c: "not checked" for c in wanted if c not in facts.access}
     for command, text in facts.access.items():
         if not text:
             continue
@@ -705,8 +706,11 @@ def _first_line(text: str) -> str:
 # --- gathering ---------------------------------------------------------------------------
 
 
-def gather(address: NodeAddress, timeout: float) -> NodeFacts:
-    """Read one node (two pipelined rounds); never raises for the node's own failures."""
+def gather(address: NodeAddress, timeout: float, acl_user: str | None = None) -> NodeFacts:
+    """Read one node (two pipelined rounds); never raises for the node's own failures.
+
+    ``acl_user``: whose permissions to check (default: the user this login is).
+    """
     facts = NodeFacts(node=address.display)
     options = connection_kwargs(timeout, asyncio=False, unix=address.scheme == "unix")
     options["socket_timeout"] = timeout
@@ -725,7 +729,7 @@ def gather(address: NodeAddress, timeout: float) -> NodeFacts:
         if facts.user is None:
             facts.user = unquote(urlsplit(address.url).username or "") or None
         try:
-            _read_access(client, facts)
+            _read_access(client, facts, acl_user)
         except (redis.RedisError, OSError) as exc:
             facts.access_error = _one_line(exc)
     finally:
@@ -758,12 +762,15 @@ def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
         facts.user = str(whoami)
 
 
-def _read_access(client: redis.Redis, facts: NodeFacts) -> None:
+def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) -> None:
     """Ask the node what the user may run: ``ACL DRYRUN`` (Redis >= 7), else ``ACL
-    GETUSER`` (6.2), else, where the user may use neither, try every command for real."""
+    GETUSER`` (6.2), else, where the user may use neither, try every command for real
+    (only possible for the user this login is, not for ``acl_user``)."""
     info = facts.info or {}
     if info.get("role") in ("slave", "replica"):
         return  # not probed (the probe writes); the role check already says UNSAFE
+    if acl_user is not None:
+        facts.user = acl_user
     user = facts.user or "default"
     needs = _acl.needs()
     if _version(info.get("redis_version", "0")) >= (7,):
@@ -772,6 +779,12 @@ def _read_access(client: redis.Redis, facts: NodeFacts) -> None:
     else:
         answers = _get_user(client, user, needs)
         method = "ACL GETUSER"
+    if answers is None and acl_user is not None:
+        facts.access_error = (
+            f"--acl-user needs a login that may run {method} (or log in as "
+            f"{acl_user!r} and leave --acl-user out)"
+        )
+        return
     if answers is None:
         answers = _probe(client, needs)
         method = "probe"
@@ -918,11 +931,23 @@ def check(
     *,
     max_ttl: float = _DEFAULT_MAX_TTL,
     node_timeout: float = 1.0,
+    acl_user: str | None = None,
     as_json: bool = False,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
     """Inspect ``nodes``, print the findings (a table, or JSON), return the exit code.
+
+    Args:
+        nodes: node URLs.
+        max_ttl: the longest lease TTL the clients use (the ``uptime`` check).
+        node_timeout: seconds to wait for each node's reply.
+        acl_user: check this ACL user's permissions instead of the login's own (the
+            login must be allowed ``ACL DRYRUN`` or, on Redis 6.2, ``ACL GETUSER``), so
+            that one admin login reads the settings and checks the clients' user.
+        as_json: print a JSON list instead of a table.
+        out: where the findings go (default stdout).
+        err: where the majority-unreachable message goes (default stderr).
 
     Raises:
         ConfigurationError: no nodes, or a malformed URL.
@@ -933,7 +958,7 @@ def check(
         raise ConfigurationError("--redis", "no Redis nodes given")
     addresses = [parse_node_url(url, f"--redis[{i}]") for i, url in enumerate(nodes)]
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
-        facts = list(pool.map(lambda a: gather(a, node_timeout), addresses))
+        facts = list(pool.map(lambda a: gather(a, node_timeout, acl_user), addresses))
     findings = evaluate(facts, max_ttl)
     code = exit_code(facts, findings)
     if as_json:

@@ -312,6 +312,11 @@ def test_uptime_rules(
             "failed: OOM",
         ),
         ({"access_error": "Timeout reading from socket"}, Level.WARN, "cannot check"),
+        (
+            {"access": {c: None for c in _ALLOWED if c != "ZREM"}},
+            Level.WARN,
+            "the probe of ZREM failed: not checked",
+        ),
     ],
 )
 def test_access_rules(fields: dict[str, Any], level: Level, fragment: str) -> None:
@@ -721,6 +726,35 @@ def test_a_release_refused_by_acl_is_a_configuration_error(
     assert box, "the waiter got the lock"
     assert acl["level"] == "UNSAFE"
     assert "may not run PUBLISH" in acl["detail"]
+
+
+@pytest.mark.parametrize("without", ["", "+zadd"])
+def test_an_admin_login_checks_the_clients_user(server: LocalCluster, without: str) -> None:
+    """--acl-user: one admin login reads every setting and judges the clients' user."""
+    with _setuser(server, *_documented(without=without)) as (user, _):
+        _, findings = _check_json(server.urls, "--acl-user", user)
+    [acl] = [f for f in findings if f["check"] == "acl"]
+    assert re.search(r"\(ACL (DRYRUN|GETUSER)", acl["detail"]), acl
+    if without:
+        assert acl["level"] == "UNSAFE", acl
+        assert f"user '{user}' may not run ZADD" in acl["detail"]
+        assert acl["detail"].endswith(f"Fix: ACL SETUSER {user} +zadd")
+    else:
+        assert acl["level"] == "OK", acl
+        assert f"user '{user}' may run everything tenure sends" in acl["detail"]
+    # The admin login reads what a least-privilege user may not.
+    assert not [f for f in findings if "not permitted" in f["detail"]], findings
+
+
+def test_acl_user_needs_a_login_that_may_ask(server: LocalCluster) -> None:
+    with _setuser(server, *_documented()) as (_, urls):
+        _, findings = _check_json(urls, "--acl-user", "someone")
+    [acl] = [f for f in findings if f["check"] == "acl"]
+    assert acl["level"] == "WARN", acl
+    assert (
+        "cannot check the permissions of user 'someone': --acl-user needs a login that "
+        in (acl["detail"])
+    )
 
 
 def test_the_probe_leaves_nothing_behind(server: LocalCluster) -> None:
