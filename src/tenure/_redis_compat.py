@@ -16,6 +16,7 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError, ResponseError
 
+from ._acl import denial
 from ._core.quorum import Failure
 
 __all__ = ["classify_error", "connection_kwargs", "kernel_timeouts"]
@@ -70,8 +71,9 @@ def classify_error(exc: ResponseError) -> Failure:
     text = str(exc)
     if isinstance(exc, NoPermissionError) or text.startswith(("NOPERM", "ERR unknown command")):
         return Failure.UNSUPPORTED
-    # A command denied by ACL inside one of our scripts (Redis 6.2 wording; 7 says NOPERM).
-    if "can't run this command" in text or "no permissions" in text.lower():
+    # A command, key or channel refused by ACL inside one of our scripts: each Redis
+    # version words it differently, and none of them starts the reply with NOPERM.
+    if denial(text) is not None:
         return Failure.UNSUPPORTED
     return Failure.ERROR
 

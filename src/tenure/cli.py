@@ -273,6 +273,14 @@ def _add_check(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help="print the findings as a JSON list of {node, check, level, detail}",
     )
+    p.add_argument(
+        "--acl-user",
+        metavar="NAME",
+        help="check the permissions of ACL user NAME (the one your clients log in as) "
+        "instead of the user the URLs log in as; needs a login allowed ACL DRYRUN (Redis "
+        ">= 7) or ACL GETUSER (6.2), e.g. an admin, which can also read the settings a "
+        "least-privilege user may not (docs/deployment.md)",
+    )
     _add_node_timeout_option(p, 1.0, "for each node's reply")
     p.set_defaults(handler=_cmd_check)
 
@@ -282,6 +290,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         nodes_from(args.redis),
         max_ttl=args.max_ttl,
         node_timeout=args.node_timeout,
+        acl_user=args.acl_user,
         as_json=args.json,
     )
 

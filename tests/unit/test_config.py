@@ -19,6 +19,7 @@ from tenure._core.config import (
     check_acquire_args,
     check_node_count,
     lock_key,
+    min_ttl,
     parse_node_url,
 )
 from tenure._core.policy import wait_random, wait_random_exponential
@@ -409,6 +410,38 @@ def test_ttl_too_small_for_node_timeout() -> None:
     drift = 1.1 * 0.01 + 0.002
     assert 2 * (0.5 + drift) <= 1.1
     assert LockSpec.build(cfg, "r", 1.1).ttl == 1.1
+
+
+def test_ttl_too_small_names_the_rule_the_minimum_and_the_fix() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        LockSpec.build(config(), "r", 0.1)
+    assert info.value.parameter == "ttl"
+    message = str(info.value)
+    assert message.startswith("ttl: 0.1s is below the minimum of 0.107s for node_timeout=0.05s")
+    assert "ttl >= 2 x (node_timeout + drift)" in message
+    assert "Use ttl >= 0.107s, or a node_timeout of at most 0.047s" in message
+    # Both fixes it proposes are accepted.
+    assert LockSpec.build(config(), "r", 0.107).ttl == 0.107
+    assert LockSpec.build(config(node_timeout=0.047), "r", 0.1).ttl == 0.1
+
+
+@SETTINGS
+@given(
+    node_timeout=st.floats(0.001, 5),
+    factor=st.floats(0, 0.49),
+    floor=st.floats(0, 1),
+)
+def test_min_ttl_is_the_shortest_accepted_ttl(
+    node_timeout: float, factor: float, floor: float
+) -> None:
+    cfg = config(node_timeout=node_timeout, drift_factor=factor, drift_floor=floor, max_ttl=86_400)
+    shortest = min_ttl(cfg)
+    if shortest > 86_400:
+        return
+    assert LockSpec.build(cfg, "r", shortest).ttl == shortest
+    if shortest >= 0.002:
+        with pytest.raises(ConfigurationError, match=re.escape(f"minimum of {shortest:g}s")):
+            LockSpec.build(cfg, "r", shortest - 0.001)
 
 
 @SETTINGS

@@ -47,6 +47,10 @@ _clock = monotonic
 class AsyncClient(ClientBase):
     """The asyncio twin of ``tenure.Client``; same arguments, same errors.
 
+    As there, every lock's ``ttl`` must be at least ``2 * (node_timeout + drift)``, where
+    ``drift = ttl * drift_factor + drift_floor`` (a shorter one raises
+    ``ConfigurationError`` naming the minimum).
+
     Many tasks share one pipelined connection per node. Use ``async with`` or call
     ``aclose()`` so the reader tasks end with the client.
     """
@@ -76,7 +80,11 @@ class AsyncClient(ClientBase):
         max_hold: float | None = None,
         fair: bool | None = None,
     ) -> AsyncLock:
-        """A lock object for ``name``; see ``Client.lock`` and ``AsyncLock``."""
+        """A lock object for ``name``; see ``Client.lock`` and ``AsyncLock``.
+
+        ``ttl`` must be at least ``2 * (node_timeout + drift)`` with ``drift = ttl *
+        drift_factor + drift_floor``.
+        """
         keep = KeepAlive(max_hold=max_hold) if watchdog else None
         return AsyncLock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
 
@@ -91,7 +99,11 @@ class AsyncClient(ClientBase):
         max_hold: float | None = None,
         fair: bool | None = None,
     ) -> AsyncLease:
-        """Acquire ``name`` for ``ttl`` seconds; see ``Client.acquire``."""
+        """Acquire ``name`` for ``ttl`` seconds; see ``Client.acquire``.
+
+        ``ttl`` must be at least ``2 * (node_timeout + drift)`` with ``drift = ttl *
+        drift_factor + drift_floor``.
+        """
         spec = self._specs.get(name, ttl, fair)
         if max_hold is not None:
             KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
@@ -300,9 +312,10 @@ class AsyncLease(LeaseView):
             _clock(),
             client.node_names,
         )
-        if error is not None:
+        if isinstance(error, LeaseLost):
             self._mark_lost(error)
-            raise error
+        if error is not None:
+            raise error  # LeaseLost, or ServerUnsupported: a node refused the release (ACL)
 
     def _check_not_released(self) -> None:
         if self._released:

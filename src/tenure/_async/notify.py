@@ -25,7 +25,7 @@ import redis.asyncio
 
 from .._core.commands import pack
 from .._core.resp import ReplyReader
-from .._core.waiting import Departed, Wake, parse_wake
+from .._core.waiting import Departed, Wake, channel_name, parse_wake
 
 __all__ = ["AsyncListener", "AsyncSlot"]
 
@@ -131,7 +131,7 @@ class AsyncListener:
 
     def __init__(self, pools: Sequence[redis.asyncio.ConnectionPool]) -> None:
         self._pools = list(pools)
-        self.channel = f"tenure:wake:{secrets.token_hex(8)}"
+        self.channel = channel_name(secrets.token_hex(8))
         self._slots: dict[str, AsyncSlot] = {}
         self.departed = Departed()
         self._tasks: list[asyncio.Task[None]] = []

@@ -22,6 +22,7 @@ __all__ = [
     "SpecCache",
     "check_acquire_args",
     "lock_key",
+    "min_ttl",
     "parse_node_url",
 ]
 
@@ -334,16 +335,11 @@ class LockSpec:
             )
         effective = ttl_ms / 1000
         drift = drift_allowance(effective, config.drift_factor, config.drift_floor)
-        # A round may take up to node_timeout before it is decided; the lease must still
-        # have at least half its TTL left after such a slow round to be worth having.
-        smallest = 2 * (config.node_timeout + drift)
-        if effective < smallest:
-            raise ConfigurationError(
-                "ttl",
-                f"{effective}s is too small for node_timeout={config.node_timeout}s: it must be "
-                f"at least 2 x (node_timeout + drift) = {smallest:.4f}s, so a lease keeps half "
-                "its TTL after the slowest acquisition",
-            )
+        # The TTL rule, ttl >= 2 x (node_timeout + drift): a round may take up to
+        # node_timeout before it is decided, and the lease must still have at least half
+        # its TTL left after such a slow round to be worth having (docs/architecture.md).
+        if effective < 2 * (config.node_timeout + drift):
+            raise ConfigurationError("ttl", _ttl_too_small(config, effective))
         if fair is None:
             # The default: fair wherever it can be had, since its hand-off (inside the
             # release, no round trip for the next holder) is also the fastest.
@@ -372,6 +368,41 @@ class LockSpec:
             retention_ms=config.retention_ms,
             fair=fair,
         )
+
+
+def min_ttl(config: ClientConfig) -> float:
+    """The shortest TTL ``LockSpec.build`` accepts with ``config``, in whole milliseconds.
+
+    The rule is ``ttl >= 2 * (node_timeout + drift)`` with ``drift = ttl * drift_factor +
+    drift_floor``, so the bound is ``2 * (node_timeout + drift_floor) / (1 - 2 *
+    drift_factor)``, rounded up to the millisecond (TTLs are whole milliseconds).
+    """
+    bound = 2 * (config.node_timeout + config.drift_floor) / (1 - 2 * config.drift_factor)
+    ms = math.ceil(round(bound * 1000, 6))
+    # Floating point may put the rounded bound a hair below the rule; step up until it holds.
+    while ms / 1000 < 2 * (
+        config.node_timeout + drift_allowance(ms / 1000, config.drift_factor, config.drift_floor)
+    ):
+        ms += 1
+    return ms / 1000
+
+
+def _ttl_too_small(config: ClientConfig, ttl: float) -> str:
+    shortest = min_ttl(config)
+    # The longest node_timeout that this ttl allows (none if the drift alone is too much).
+    longest = ttl / 2 - drift_allowance(ttl, config.drift_factor, config.drift_floor)
+    timeout_fix = (
+        f", or a node_timeout of at most {math.floor(longest * 1000) / 1000:g}s"
+        if longest >= 0.001
+        else ""
+    )
+    return (
+        f"{ttl:g}s is below the minimum of {shortest:g}s for node_timeout="
+        f"{config.node_timeout:g}s, drift_factor={config.drift_factor:g} and drift_floor="
+        f"{config.drift_floor:g}s. The rule is ttl >= 2 x (node_timeout + drift), with "
+        "drift = ttl x drift_factor + drift_floor, so that a lease keeps at least half its "
+        f"TTL after the slowest acquisition. Use ttl >= {shortest:g}s{timeout_fix}"
+    )
 
 
 def check_acquire_args(blocking: object, timeout: object) -> float | None:

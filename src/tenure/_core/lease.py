@@ -15,12 +15,14 @@ another holder.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
-from .._errors import LeaseExpired, LeaseLost
+from .._errors import LeaseExpired, LeaseLost, ServerUnsupported
+from .._lua import script
 from .acquire import LeaseState, round_errors
 from .config import LockSpec
-from .quorum import Round
+from .quorum import Failure, Round
 
 __all__ = ["begin_extend", "conclude_extend", "conclude_release"]
 
@@ -75,10 +77,25 @@ def conclude_extend(
 
 def conclude_release(
     lease: LeaseState, n_nodes: int, quorum: int, rnd: Round, now: float, names: list[str]
-) -> LeaseLost | None:
-    """None if a majority still held the lease at release; otherwise why it was lost."""
+) -> LeaseLost | ServerUnsupported | None:
+    """None if a majority still held the lease at release; otherwise why it was lost, or
+    ``ServerUnsupported`` if a node refused the release (ACL): a configuration error,
+    which says nothing about the lease."""
     if rnd.yes >= quorum:
         return None
+    for i, r in rnd.failures().items():
+        if r.failure is Failure.UNSUPPORTED:
+            # The release script stops at the refused command, but Redis keeps what the
+            # script wrote before it: with PUBLISH refused, the lock key is already gone
+            # when the hand-off to a waiter fails. Not a lost lease: a node set up wrong.
+            return ServerUnsupported(
+                names[i],
+                f"refused {_script_command('release', r.detail)} in the release of lock "
+                f"{lease.name!r} ({r.detail}); "
+                "the script may have deleted the lock there before the refused command, "
+                "and the key expires by its TTL in any case. `tenure check` prints the "
+                "ACL SETUSER line that fixes it",
+            )
     expired = now >= lease.valid_until
     failed = len(rnd.failures())
     if rnd.yes + failed >= quorum:
@@ -95,3 +112,18 @@ def conclude_release(
         )
     error_type = LeaseExpired if expired else LeaseLost
     return error_type(lease.name, message, round_errors(rnd, names))
+
+
+_LINE = re.compile(r"user_script: ?(\d+)")
+_CALL = re.compile(rb"""redis\.p?call\(\s*["']([A-Za-z]+)["']""")
+
+
+def _script_command(name: str, error: str) -> str:
+    """The command a script error points at ("PUBLISH"), from the line number in Redis's
+    message (6.2 says only "can't run this command"), or "a command"."""
+    found = _LINE.search(error)
+    lines = script(name).wire.splitlines()
+    if found is None or not 0 < int(found.group(1)) <= len(lines):
+        return "a command"
+    called = _CALL.findall(lines[int(found.group(1)) - 1])
+    return called[0].decode().upper() if len(called) == 1 else "a command"

@@ -31,7 +31,7 @@ from .._core.config import LockSpec, check_acquire_args
 from .._core.lease import begin_extend, conclude_extend, conclude_release
 from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
-from .._errors import LockTimeout, NotHeld
+from .._errors import LeaseLost, LockTimeout, NotHeld
 from .._lease import LeaseView
 from .._lease import not_acquired as _not_acquired
 from .links import LinkPool, LinkSet
@@ -46,9 +46,15 @@ _clock = monotonic
 class Client(ClientBase):
     """A connection to 1 node (single-instance lock) or N independent masters (Redlock).
 
+    Every lock's ``ttl`` must be at least ``2 * (node_timeout + drift)``, where ``drift =
+    ttl * drift_factor + drift_floor``, so that a lease keeps half its TTL after the
+    slowest acquisition (about 0.107 s with the defaults; a shorter TTL raises
+    ``ConfigurationError`` naming the minimum).
+
     Args:
         nodes: node URLs (``redis://``, ``rediss://``, ``unix://``).
-        node_timeout: seconds to wait for any one node in a round (default 50 ms).
+        node_timeout: seconds to wait for any one node in a round (default 50 ms); it
+            bounds the shortest TTL (see above).
         drift_factor: clock-drift allowance as a fraction of the TTL (default 1%).
         drift_floor: seconds added to the drift allowance (default 2 ms).
         retry: back-off after a split vote (nobody holds a majority; default
@@ -94,12 +100,14 @@ class Client(ClientBase):
     ) -> Lock:
         """A lock object for ``name``; ``blocking``/``timeout`` apply to ``with lock:``.
 
-        ``watchdog=True`` keeps every lease it acquires alive (``Lease.keep_alive``), up
-        to ``max_hold`` seconds. ``fair`` (default: True, unless ``recheck=0`` or
-        ``wait_replicas``) grants the lock in the order it was requested, handing it over
-        inside the release (on a quorum, with one fencing token for every node); False
-        wakes the next waiter and reserves the lock for it briefly (docs/waiting.md).
-        Every client of a lock must use the same mode.
+        ``ttl`` (seconds) must be at least ``2 * (node_timeout + drift)`` with ``drift =
+        ttl * drift_factor + drift_floor`` (see ``Client``). ``watchdog=True`` keeps every
+        lease it acquires alive (``Lease.keep_alive``), up to ``max_hold`` seconds.
+        ``fair`` (default: True, unless ``recheck=0`` or ``wait_replicas``) grants the lock
+        in the order it was requested, handing it over inside the release (on a quorum,
+        with one fencing token for every node); False wakes the next waiter and reserves
+        the lock for it briefly (docs/waiting.md). Every client of a lock must use the
+        same mode.
         """
         keep = KeepAlive(max_hold=max_hold) if watchdog else None
         return Lock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
@@ -119,14 +127,17 @@ class Client(ClientBase):
 
         Unlike ``Lock.acquire`` (which returns False, as ``threading.Lock`` does), this
         raises when the lock was not acquired, so the result is always a lease.
-        ``watchdog=True`` keeps it alive (``Lease.keep_alive(max_hold=max_hold)``).
+        ``ttl`` must be at least ``2 * (node_timeout + drift)`` with ``drift = ttl *
+        drift_factor + drift_floor`` (see ``Client``). ``watchdog=True`` keeps it alive
+        (``Lease.keep_alive(max_hold=max_hold)``).
 
         Raises:
             LockTimeout: held elsewhere: at once if ``blocking`` is False, else after
                 ``timeout`` seconds (None waits forever).
             QuorumUnreachable: so many nodes failed that no majority is possible.
             ServerUnsupported: nodes refused a command tenure needs (ACL).
-            ConfigurationError: bad name, TTL or timeout; ``fair=True`` without
+            ConfigurationError: bad name, TTL (longer than ``max_ttl``, or shorter than
+                ``2 * (node_timeout + drift)``) or timeout; ``fair=True`` without
                 notifications or with ``wait_replicas``.
         """
         spec = self._specs.get(name, ttl, fair)
@@ -390,6 +401,9 @@ class Lease(LeaseView):
         Raises:
             LeaseLost: fewer than a majority still held it: the lock expired during the
                 critical section, which may have overlapped another holder.
+            ServerUnsupported: a node refused the release (an ACL without a command the
+                release runs, e.g. ``PUBLISH`` when someone waits): a configuration error,
+                not a lost lease; ``tenure check`` names the fix.
             NotHeld: it was already released.
         """
         client = self._client
@@ -408,9 +422,10 @@ class Lease(LeaseView):
                 _clock(),
                 client.node_names,
             )
-        if error is not None:
+        if isinstance(error, LeaseLost):
             self._mark_lost(error)
-            raise error
+        if error is not None:
+            raise error  # LeaseLost, or ServerUnsupported: a node refused the release (ACL)
 
     def _check_not_released(self) -> None:
         if self._released:

@@ -33,7 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.commands import pack
 from .._core.resp import ReplyReader
-from .._core.waiting import Departed, Wake, parse_wake
+from .._core.waiting import Departed, Wake, channel_name, parse_wake
 from .links import NodeState
 
 __all__ = ["Listener", "Slot"]
@@ -137,7 +137,7 @@ class Listener:
         self._retry_at = [0.0] * n
         self._backoff = [BACKOFF_MIN] * n
         self._ever = [False] * n
-        self.channel = f"tenure:wake:{secrets.token_hex(8)}"
+        self.channel = channel_name(secrets.token_hex(8))
 
     @property
     def started(self) -> bool:

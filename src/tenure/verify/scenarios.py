@@ -463,8 +463,14 @@ def pause_then_release(kind: str) -> Callable[[World, int], Stats]:
 # --- 8. eviction and script loss ----------------------------------------------------------
 
 
-def eviction(policy: str) -> Callable[[World, int], Stats]:
+def eviction(policy: str, min_cycles: int = 1) -> Callable[[World, int], Stats]:
+    """Fill a 4 MB node while A holds the lock, then let B try. ``min_cycles``: for
+    policies that evict the lock key only some of the time (LRU idle times have a 1 s
+    resolution, so the key is one of many equally idle candidates: about 2 cycles in 3),
+    so that even a --quick run shows what they do."""
+
     def run(world: World, cycles: int) -> Stats:
+        cycles = max(cycles, min_cycles)
         node = world.node("n1", extra_config={"maxmemory": "4mb", "maxmemory-policy": policy})
         lock = tenure([node.url], MAX_TTL)
         a = world.actor("A", lock, fenced=False)
@@ -756,7 +762,21 @@ SCENARIOS: tuple[Scenario, ...] = (
                 False,
                 eviction("volatile-ttl"),
                 [violated("C1")],
-                "the lock key has a TTL, so it is evicted first",
+                "every lock key has a TTL; this policy evicts the shortest TTL first",
+            ),
+            Config(
+                "maxmemory-policy volatile-lru",
+                False,
+                eviction("volatile-lru", min_cycles=10),
+                [violated("C1")],
+                "every lock key has a TTL, so any volatile-* policy may evict a held lock",
+            ),
+            Config(
+                "maxmemory-policy allkeys-lru",
+                False,
+                eviction("allkeys-lru", min_cycles=10),
+                [violated("C1")],
+                "allkeys-* policies evict any key, held locks included",
             ),
             Config(
                 "maxmemory-policy noeviction",
