@@ -43,7 +43,7 @@ class ClientBase:
         max_ttl: float = 60.0,
         recheck: float = 0.5,
         wait_replicas: int = 0,
-        retention: float = 3600.0,
+        retention: float | None = None,
         connection_options: dict[str, Any] | None = None,
     ) -> None:
         self.config = ClientConfig.build(

@@ -122,7 +122,8 @@ class ClientConfig:
             notification came (see docs/waiting.md). 0 turns notifications off: waiters
             then poll with the ``retry`` back-off.
         retention: seconds that a lock's fencing counter, and a node's floor, are kept
-            after the last grant that wrote them (default one hour; at least ``max_ttl``).
+            after the last grant that wrote them (default: one hour, or ``max_ttl`` if
+            that is longer; at least ``max_ttl``).
             Everything tenure keeps for an idle name is gone after it, so memory returns
             to its baseline. Safety does not depend on it while any lock of the node is
             used within it; when a whole node set sat idle for longer, tokens restart from
@@ -159,7 +160,7 @@ class ClientConfig:
         max_ttl: float = 60.0,
         recheck: float = 0.5,
         wait_replicas: int = 0,
-        retention: float = 3600.0,
+        retention: float | None = None,
     ) -> ClientConfig:
         if isinstance(nodes, str) or not isinstance(nodes, (list, tuple)):
             raise ConfigurationError("nodes", f"must be a list of node URLs, got {nodes!r}")
@@ -195,7 +196,11 @@ class ClientConfig:
             raise ConfigurationError(
                 "recheck", f"must be 0 (no notifications) or in [0.01, 60] seconds, got {recheck}"
             )
-        kept = _finite("retention", retention)
+        kept = (
+            max(DEFAULT_RETENTION, longest)
+            if retention is None
+            else _finite("retention", retention)
+        )
         if not longest <= kept <= 30 * 86_400:
             raise ConfigurationError(
                 "retention",
@@ -252,6 +257,9 @@ def check_node_count(n: int, allow_even: bool) -> None:
             "(or pass allow_even=True)",
         )
 
+
+# Seconds a lock's counter and a node's floor are kept after their last use, unless set.
+DEFAULT_RETENTION = 3600.0
 
 # The node's own keys: its floor and warm-up marker, shared by every lock on the node.
 NODE_FLOOR = "tenure:node:floor"
