@@ -574,11 +574,13 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
     """The model's mirror of the waiting scripts (tests/unit/fake_node.py) against the
     real scripts, step by step: same replies, same keys, same notifications; for fair
     on one node ("f"), notified ("n") and fair on a quorum ("q", one node's view)."""
+    from tests.unit.fake_node import RETENTION_MS as RETENTION
     from tests.unit.fake_node import Bus, FakeNode, _zset, acquire_wait_lua, release_wait_lua
 
     keys = LockKeys.of(key)
     acquire, release = script("acquire").wire.decode(), script("release").wire.decode()
     fake, bus = FakeNode(), Bus()
+    lent: list[str] = []
     waiters = ("a", "b", "c", "d", "e")
     with shared5[0].client() as c:
         sub = c.pubsub()
@@ -620,16 +622,16 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         ) -> None:
             ch = f"ch:{key}:{w}"
             real = c.eval(
-                acquire, 4, keys.lock, keys.fence, keys.warm, keys.queue,
-                w, 5000, proposal, 1, 1000, mode, w, ch, place, ticket,
+                acquire, 5, keys.lock, keys.fence, keys.floor, keys.warm, keys.queue,
+                w, 5000, proposal, 1, 1000, RETENTION, mode, w, ch, place, ticket,
             )  # fmt: skip
             mirror = acquire_wait_lua(
-                fake, bus, keys, w, 5000, proposal, mode, w, ch, place, 0, ticket
+                fake, bus, keys, w, 5000, proposal, mode, w, ch, place, 0, ticket, RETENTION
             )
-            assert real[:2] == mirror[:2], (w, real, mirror)
-            assert (len(real) > 2) == (len(mirror) > 2)
-            if len(real) > 2:
-                assert (real[2] < 0) == (mirror[2] < 0)
+            assert real[:3] == mirror[:3], (w, real, mirror)
+            assert (len(real) > 3) == (len(mirror) > 3)
+            if len(real) > 3:
+                assert (real[3] < 0) == (mirror[3] < 0)
             if expect is not None:
                 assert mirror[0] == expect, (w, mirror)
             heard(list(notes))
@@ -644,8 +646,11 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
             notes: tuple[str, ...] = (),
         ) -> None:
             extra = ("c",) if cleanup else ()
-            real = c.eval(release, 3, keys.lock, keys.fence, keys.queue, w, mode, arg, *extra)
-            mirror = release_wait_lua(fake, bus, keys, w, mode, arg, 0, cleanup)
+            real = c.eval(
+                release, 4, keys.lock, keys.fence, keys.floor, keys.queue,
+                w, mode, arg, RETENTION, *extra,
+            )  # fmt: skip
+            mirror = release_wait_lua(fake, bus, keys, w, mode, arg, 0, cleanup, RETENTION)
             assert real == mirror, w
             if expect is not None:
                 assert mirror == expect, w
@@ -655,6 +660,7 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
             real_lock = (c.get(keys.lock) or b"").decode()
             assert real_lock == (fake.get(keys.lock, 0) or "")
             assert int(c.get(keys.fence) or 0) == int(fake.get(keys.fence, 0) or 0)
+            assert int(c.get(keys.floor) or 0) == int(fake.get(keys.floor, 0) or 0)
             real_queue = [(m.decode(), s) for m, s in c.zrange(keys.queue, 0, -1, withscores=True)]
             assert real_queue == [(m, s) for s, m in _zset(fake, keys.queue, 0)]
             real_next = c.get(f"{keys.queue}:next")
@@ -677,6 +683,12 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
                 fake.delete(k, 0)
             c.set(keys.fence, fence)
             fake.set(keys.fence, fence, 0)
+            # The floor belongs to the node, shared with the other tests' locks: mirror
+            # it as it is (a blank node gets one for the test, removed at the end).
+            if c.get(keys.floor) is None:
+                c.set(keys.floor, 0, px=RETENTION)
+                lent.append(keys.floor)
+            fake.set(keys.floor, int(c.get(keys.floor) or 0), 0)
 
         for mode in ("f", "n"):
             fair = mode == "f"
@@ -762,3 +774,5 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         same_state("", 1000)
         nothing_more()
         sub.close()
+        if lent:
+            c.delete(*lent)

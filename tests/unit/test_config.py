@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from tenure import ConfigurationError
 from tenure._core.config import (
+    NODE_FLOOR,
+    NODE_WARM,
     ClientConfig,
     LockKeys,
     LockSpec,
@@ -509,27 +511,31 @@ def test_lock_keys_shape() -> None:
     assert keys == LockKeys(
         lock="tenure:{orders:42}:lock",
         fence="tenure:{orders:42}:fence",
-        warm="tenure:{orders:42}:warm",
+        floor="tenure:node:floor",
+        warm="tenure:node:warm",
         queue="tenure:{orders:42}:q",
     )
+    assert (keys.floor, keys.warm) == (NODE_FLOOR, NODE_WARM)
     assert keys.lock == lock_key("orders:42")
 
 
 @SETTINGS
 @given(st.text(alphabet=st.characters(blacklist_characters="{}"), min_size=1))
 def test_lock_keys_share_one_hash_tag(name: str) -> None:
-    # One Redis Cluster slot: acquire.lua and seed.lua touch several of them atomically.
+    # A lock's own keys share its name's hash tag; the node's floor and warm-up marker
+    # are the node's, the same for every lock.
     keys = LockKeys.of(name)
-    assert {_hash_tag(keys.lock), _hash_tag(keys.fence), _hash_tag(keys.warm)} == {name}
-    assert len({keys.lock, keys.fence, keys.warm}) == 3
+    assert {_hash_tag(keys.lock), _hash_tag(keys.fence), _hash_tag(keys.queue)} == {name}
+    assert len({keys.lock, keys.fence, keys.queue, keys.floor, keys.warm}) == 5
 
 
 @SETTINGS
 @given(st.text(min_size=1), st.text(min_size=1))
-def test_lock_keys_of_different_names_share_no_key(a: str, b: str) -> None:
+def test_lock_keys_of_different_names_share_only_the_node_keys(a: str, b: str) -> None:
     ka, kb = LockKeys.of(a), LockKeys.of(b)
-    shared = {ka.lock, ka.fence, ka.warm} & {kb.lock, kb.fence, kb.warm}
+    shared = {ka.lock, ka.fence, ka.queue} & {kb.lock, kb.fence, kb.queue}
     assert bool(shared) == (a == b)
+    assert (ka.floor, ka.warm) == (kb.floor, kb.warm)
 
 
 # --- spec cache ---------------------------------------------------------------------------
