@@ -25,7 +25,6 @@ from .._core.acquire import (
     Retry,
     Seed,
     Wait,
-    refused_by,
 )
 from .._core.acquire import cleanup_wait as _cleanup_wait
 from .._core.config import LockSpec, check_acquire_args
@@ -51,10 +50,12 @@ class AsyncClient(ClientBase):
     ``aclose()`` so the reader tasks end with the client.
     """
 
+    _ASYNCIO = True
+
     def _open(self, connection_options: dict[str, Any]) -> None:
-        self._channels = Channels(self.config, connection_options)
+        self._channels = Channels(self.config, connection_options, self._reporter)
         self._listener_loop: asyncio.AbstractEventLoop | None = None
-        self._listener_ = AsyncListener(self._channels.pools)
+        self._listener_ = AsyncListener(self._channels.pools, self._reporter)
 
     @property
     def _listener(self) -> AsyncListener:
@@ -62,7 +63,7 @@ class AsyncClient(ClientBase):
         if loop is not self._listener_loop:
             # Connections belong to the loop that made them; a new loop gets new ones.
             self._listener_loop = loop
-            self._listener_ = AsyncListener(self._channels.pools)
+            self._listener_ = AsyncListener(self._channels.pools, self._reporter)
         return self._listener_
 
     def lock(
@@ -203,13 +204,11 @@ class AsyncClient(ClientBase):
     async def _cleanup_round(
         self, command: commands.Command, targets: frozenset[int], wait_for: frozenset[int]
     ) -> None:
-        """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the timeout)."""
+        """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the
+        timeout); best effort, never an error of its own (see ``Client._cleanup_round``)."""
         now = _clock()
         rnd = Round.cleanup(len(self.node_names), wait_for, now)
         await self._channels.run(command, rnd, now + self.config.node_timeout, sorted(targets))
-        refused = refused_by(rnd, self.node_names)
-        if refused is not None:
-            raise refused
 
     def _send_release(self, key: str, token: str, targets: frozenset[int]) -> None:
         rnd = Round(len(self.node_names), self.config.quorum, _clock())

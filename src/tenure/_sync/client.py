@@ -24,7 +24,6 @@ from .._core.acquire import (
     Retry,
     Seed,
     Wait,
-    refused_by,
 )
 from .._core.acquire import cleanup_wait as _cleanup_wait
 from .._core.config import LockSpec, check_acquire_args
@@ -73,8 +72,8 @@ class Client(ClientBase):
     """
 
     def _open(self, connection_options: dict[str, Any]) -> None:
-        self._pool = LinkPool(self.config, connection_options)
-        self._listener = Listener(self._pool.nodes)
+        self._pool = LinkPool(self.config, connection_options, self._reporter)
+        self._listener = Listener(self._pool.nodes, self._reporter)
 
     def lock(
         self,
@@ -254,15 +253,13 @@ class Client(ClientBase):
     ) -> None:
         """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the timeout).
 
-        Raises:
-            ServerUnsupported: a node refused the command (ACL).
+        Best effort, and never an error of its own: a node that refuses it (ACL, a
+        read-only replica) is logged once as misconfigured (``NodeReporter``); what it
+        means for the lock is decided by the rounds that need a majority.
         """
         now = _clock()
         rnd = Round.cleanup(len(self.node_names), wait_for, now)
         links.run(command, rnd, now + self.config.node_timeout, _clock, sorted(targets))
-        refused = refused_by(rnd, self.node_names)
-        if refused is not None:
-            raise refused
 
     def _cleanup(self, spec: LockSpec, token: str, targets: frozenset[int]) -> None:
         with self._links() as links:
