@@ -27,8 +27,8 @@ from .._core.acquire import (
     Wait,
 )
 from .._core.acquire import cleanup_wait as _cleanup_wait
-from .._core.config import LockSpec, check_acquire_args
-from .._core.lease import begin_extend, conclude_extend, conclude_release
+from .._core.config import LockSpec, check_acquire_args, check_flag
+from .._core.lease import begin_extend, conclude_extend, conclude_locked, conclude_release
 from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
 from .._errors import LeaseLost, LockTimeout, NotHeld
@@ -78,7 +78,7 @@ class AsyncClient(ClientBase):
         fair: bool | None = None,
     ) -> AsyncLock:
         """A lock object for ``name``; see ``Client.lock`` and ``AsyncLock``."""
-        keep = KeepAlive(max_hold=max_hold) if watchdog else None
+        keep = KeepAlive(max_hold=max_hold) if check_flag("watchdog", watchdog) else None
         return AsyncLock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
 
     async def acquire(
@@ -94,6 +94,7 @@ class AsyncClient(ClientBase):
     ) -> AsyncLease:
         """Acquire ``name`` for ``ttl`` seconds; see ``Client.acquire``."""
         spec = self._specs.get(name, ttl, fair)
+        check_flag("watchdog", watchdog)
         if max_hold is not None:
             KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
         lease = await self._acquire(spec, blocking, timeout)
@@ -373,7 +374,7 @@ class AsyncLock:
     async def locked(self) -> bool:
         """Whether a majority of nodes hold this lock now (for anyone). One round trip."""
         rnd = await self._client._round(commands.exists(self._spec.key))
-        return rnd.succeeded
+        return conclude_locked(rnd, self._client.node_names)
 
     async def __aenter__(self) -> AsyncLease:
         if not await self.acquire(self._blocking, self._timeout):

@@ -124,9 +124,7 @@ def error_reply(text: str) -> Diagnosis:
             "standalone Redis servers instead"
         )
     if "db index is out of range" in lower or "invalid db index" in lower:
-        return _misconfigured(
-            f"has no such database ({said}): check the /db part of the node URL"
-        )
+        return _misconfigured(f"has no such database ({said}): check the /db part of the node URL")
     return Diagnosis(Failure.ERROR, said)
 
 

@@ -20,9 +20,10 @@ from dataclasses import replace
 from .._errors import LeaseExpired, LeaseLost
 from .acquire import LeaseState, round_errors
 from .config import LockSpec
+from .diagnosis import configuration_error
 from .quorum import Round
 
-__all__ = ["begin_extend", "conclude_extend", "conclude_release"]
+__all__ = ["begin_extend", "conclude_extend", "conclude_locked", "conclude_release"]
 
 
 def begin_extend(lease: LeaseState, spec: LockSpec, now: float) -> Round:
@@ -95,3 +96,17 @@ def conclude_release(
         )
     error_type = LeaseExpired if expired else LeaseLost
     return error_type(lease.name, message, round_errors(rnd, names))
+
+
+def conclude_locked(rnd: Round, names: list[str]) -> bool:
+    """``Lock.locked()``: whether a majority of nodes hold the lock key (for anyone).
+
+    Raises:
+        NodeMisconfigured: misconfigured nodes alone leave too few for a majority, so
+            the answer would say nothing about the lock.
+    """
+    if rnd.misconfigured_blocks_quorum():
+        error = configuration_error(rnd, names)
+        assert error is not None
+        raise error
+    return rnd.succeeded

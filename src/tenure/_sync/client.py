@@ -26,8 +26,8 @@ from .._core.acquire import (
     Wait,
 )
 from .._core.acquire import cleanup_wait as _cleanup_wait
-from .._core.config import LockSpec, check_acquire_args
-from .._core.lease import begin_extend, conclude_extend, conclude_release
+from .._core.config import LockSpec, check_acquire_args, check_flag
+from .._core.lease import begin_extend, conclude_extend, conclude_locked, conclude_release
 from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
 from .._errors import LockTimeout, NotHeld
@@ -52,8 +52,10 @@ class Client(ClientBase):
         drift_floor: seconds added to the drift allowance (default 2 ms).
         retry: back-off after a split vote (nobody holds a majority; default
             full-jitter exponential from 2 ms to 100 ms), and between attempts when
-            notifications are off.
-        allow_even: accept an even number of nodes.
+            notifications are off: ``tenure.wait_random_exponential``,
+            ``tenure.wait_random``, or any object with ``delay(attempt, rng)`` returning
+            seconds (tried once at construction).
+        allow_even: accept an even number of nodes (True or False).
         max_ttl: the longest TTL a lease may have (default 60 s). A node that lost its
             data is kept out of locking for this long; every client of the same nodes
             must use the same value.
@@ -65,10 +67,21 @@ class Client(ClientBase):
             acknowledged it (``WAIT``, pipelined on the same connection); otherwise it
             fails closed. Default 0. What it does and does not cover: docs/safety.md.
         connection_options: extra keyword arguments for redis-py connections (TLS
-            certificates, credentials); they override tenure's defaults.
+            certificates, credentials), checked at construction against what redis-py's
+            connection for each node's URL accepts, without connecting. Options tenure
+            owns are refused with the setting to use instead: retries and socket
+            timeouts (``node_timeout``), health checks, ``protocol`` other than 2, and
+            the address (``host``, ``port``, ``db``: they belong in each node URL).
 
     Raises:
-        ConfigurationError: a parameter is out of range or a URL is malformed.
+        ConfigurationError: a parameter is out of range, of the wrong type, or a URL or
+            connection option redis-py would refuse; it names the parameter.
+
+    A node that answers but is set up wrongly (a read-only replica, a wrong password, an
+    ACL user without a permission, not a Redis server) fails like a down node in every
+    round: locking goes on while the other nodes form a majority, and each such node is
+    logged once on the ``tenure`` logger. When they leave no majority, acquiring (and
+    ``locked()``) raises ``NodeMisconfigured`` at once, naming the node and the fix.
     """
 
     def _open(self, connection_options: dict[str, Any]) -> None:
@@ -95,7 +108,7 @@ class Client(ClientBase):
         wakes the next waiter and reserves the lock for it briefly (docs/waiting.md).
         Every client of a lock must use the same mode.
         """
-        keep = KeepAlive(max_hold=max_hold) if watchdog else None
+        keep = KeepAlive(max_hold=max_hold) if check_flag("watchdog", watchdog) else None
         return Lock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
 
     def acquire(
@@ -119,11 +132,14 @@ class Client(ClientBase):
             LockTimeout: held elsewhere: at once if ``blocking`` is False, else after
                 ``timeout`` seconds (None waits forever).
             QuorumUnreachable: so many nodes failed that no majority is possible.
-            ServerUnsupported: nodes refused a command tenure needs (ACL).
+            NodeMisconfigured: misconfigured nodes (read-only replica, credentials,
+                not Redis) leave no majority; ``ServerUnsupported`` (a subclass) when
+                they refuse a command tenure needs (ACL).
             ConfigurationError: bad name, TTL or timeout; ``fair=True`` without
                 notifications or with ``wait_replicas``.
         """
         spec = self._specs.get(name, ttl, fair)
+        check_flag("watchdog", watchdog)
         if max_hold is not None:
             KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
         lease = self._acquire(spec, blocking, timeout)
@@ -489,7 +505,7 @@ class Lock:
             links.run(
                 commands.exists(self._spec.key), rnd, now + client.config.node_timeout, _clock
             )
-        return rnd.succeeded
+        return conclude_locked(rnd, client.node_names)
 
     def __enter__(self) -> Lease:
         if not self.acquire(self._blocking, self._timeout):
