@@ -169,7 +169,7 @@ def check_connection_options(
             nodes accepts, or one tenure must own; a value redis-py refuses.
     """
     if options is None:
-        return {}
+        options = {}  # the URLs are still checked: a query option may be one redis-py refuses
     param = "connection_options"
     if not isinstance(options, Mapping):
         raise ConfigurationError(
@@ -209,8 +209,10 @@ def check_connection_options(
             pool = pool_cls.from_url(address.url, **{**defaults, **result})
             pool.connection_class(**pool.connection_kwargs)
         except (TypeError, ValueError, rx.RedisError) as exc:
+            what = "them" if result else "its URL"
             raise ConfigurationError(
-                param, f"redis-py refuses them for {address.display} (nodes[{i}]): {exc}"
+                param if result else f"nodes[{i}]",
+                f"redis-py refuses {what} for {address.display} (nodes[{i}]): {exc}",
             ) from None
     return result
 

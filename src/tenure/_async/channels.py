@@ -208,8 +208,9 @@ class Channel:
         for on_reply in waiting:
             on_reply((False, exc))
 
-    def corrupt(self, exc: Exception) -> None:
-        """A reply on this connection made no sense (not Redis): start over after a back-off."""
+    def drop(self, exc: Exception) -> None:
+        """Start over after a back-off: a reply made no sense (not Redis), or the node
+        refused for its configuration (it would again; see ``_sync.links.Link.fail``)."""
         self._reset(exc, time.monotonic())
 
     def _reset(self, exc: BaseException, now: float, *, from_task: bool = False) -> None:
@@ -341,7 +342,7 @@ class Channels:
                 except Exception as exc:  # a reply of the wrong shape: not Redis speaking
                     why = diagnose(NotRedis(f"a reply tenure cannot read: {exc!r}"))
                     rnd.fail(i, why.failure, why.detail)
-                    self._current()[i].corrupt(NotRedis(why.detail))
+                    self._current()[i].drop(NotRedis(why.detail))
                 else:
                     rnd.record(i, *answer)
             else:
@@ -352,6 +353,8 @@ class Channels:
                     else Diagnosis(Failure.UNREACHABLE, type(value).__name__)
                 )
                 rnd.fail(i, why.failure, why.detail)
+                if isinstance(value, ResponseError) and why.failure.configuration:
+                    self._current()[i].drop(value)
             if rnd.decided:
                 settle()
             elif rnd.hear_out and rnd.impossible and not heard_out:

@@ -198,9 +198,13 @@ class Link:
         An error reply leaves the connection in step (the command's later replies are
         owed); anything else (a network error, bytes that are not RESP, a reply our
         parser cannot read) means the stream can no longer be trusted, so it is dropped.
+        So is a node that refused for its configuration (a read-only replica, NOAUTH):
+        it will refuse again, so it is left alone for a back-off like a down node, and
+        reported meanwhile with what is wrong (``_Down``). Redis also closes some of
+        those connections itself (an unauthenticated client sending a script).
         """
         why = diagnose(exc)
-        if not isinstance(exc, ResponseError):
+        if not isinstance(exc, ResponseError) or why.failure.configuration:
             self.drop(now, why)
         rnd.fail(i, why.failure, why.detail)
 
