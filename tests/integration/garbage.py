@@ -3,7 +3,9 @@
 It answers every chunk it receives, on every connection, until the client hangs up:
 
 * ``"http"``: ``HTTP/1.1 400 Bad Request`` (an HTTP server, a load balancer's port);
-* ``"random"``: 64 bytes from a seeded random source (a binary protocol, a TLS port).
+* ``"random"``: 1 to 64 bytes from a seeded random source, then CRLF, so that a RESP
+  parser reads them as a (garbled) line rather than waiting for more (a binary protocol,
+  a TLS port).
 
 Bounded by construction: it only ever answers what a client sent, and stops with the
 test (``with GarbageServer(...) as g:``).
@@ -35,7 +37,10 @@ class _Answer(socketserver.BaseRequestHandler):
         rng = random.Random(server.seed)
         try:
             while self.request.recv(65536):
-                reply = HTTP_400 if server.speaks == "http" else rng.randbytes(64)
+                if server.speaks == "http":
+                    reply = HTTP_400
+                else:
+                    reply = rng.randbytes(rng.randint(1, 64)).replace(b"\r\n", b"") + b"\r\n"
                 self.request.sendall(reply)
         except OSError:
             pass  # the client hung up

@@ -20,11 +20,13 @@ import pytest
 
 import tenure
 from tenure.local import LocalCluster
-from tenure.run import EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_TENURE_ERROR, EXIT_UNAVAILABLE
+from tenure.run import EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE
 
 from .garbage import GarbageServer
 
 _TIMEOUT = 30  # seconds for any one tenure process; far above what each should take
+# tenure run's own errors (documented in its --help): a literal, so that the tests pin it.
+EXIT_TENURE_ERROR = 78
 # A lock the test holds while a tenure process starts and runs must outlive it: a 10 s
 # TTL once expired under a loaded machine before the process even queued.
 _HELD_TTL = 2 * _TIMEOUT

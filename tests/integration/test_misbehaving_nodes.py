@@ -48,17 +48,26 @@ def _tenure_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "tenure"]
 
 
-@pytest.mark.parametrize("speaks", ["http", "random"])
+@pytest.mark.parametrize(
+    ("speaks", "password"),
+    [
+        ("http", False),  # garbage in reply to our commands
+        ("http", True),  # garbage in reply to the AUTH of the connection handshake
+        ("random", False),
+    ],
+)
 def test_a_node_that_is_not_redis_is_one_failed_node(
     api: Api,
     redis2: LocalCluster,
     key: str,
     speaks: str,
+    password: bool,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with GarbageServer(speaks) as garbage, caplog.at_level(logging.WARNING, logger="tenure"):
         _give_history(api, redis2.urls, key)
-        urls = [redis2.urls[0], garbage.url, redis2.urls[1]]
+        listed = garbage.url.replace("redis://", "redis://:secret@") if password else garbage.url
+        urls = [redis2.urls[0], listed, redis2.urls[1]]
         a, b = api.client(urls), api.client(urls)
         for _ in range(5):
             lease = a.acquire(key, ttl=TTL)
@@ -76,7 +85,7 @@ def test_a_node_that_is_not_redis_is_one_failed_node(
         assert second.acquired_at >= short.valid_until
         second.release()
         # Alone, it is a clear error of tenure's, never a redis-py exception.
-        alone = api.client([garbage.url])
+        alone = api.client([listed])
         with pytest.raises(tenure.TenureError) as info:
             alone.acquire(key, ttl=TTL, blocking=False)
         if speaks == "http":
@@ -106,6 +115,13 @@ def _misconfigure(kind: str, node: LocalNode, spare: LocalNode, first: bool) -> 
         # A user who may run anything, but on no key of tenure's.
         c.execute_command("ACL", "SETUSER", "app", "on", ">pw", "~app:*", "&*", "+@all")
     return f"redis://app:pw@127.0.0.1:{node.port}"
+
+
+def _evals(node: LocalNode) -> int:
+    """How many scripts ``node`` has run (INFO commandstats)."""
+    with node.client() as c:
+        stats = c.info("commandstats")
+    return int(stats.get("cmdstat_eval", {}).get("calls", 0))
 
 
 # What the error and the warning must say, per kind: the problem, and the fix.
@@ -144,8 +160,12 @@ def test_misconfigured_nodes_are_named_with_the_fix(
         # Two of three: no majority is left, and waiting would not bring one back.
         urls[1] = _misconfigure(kind, cluster[1], spare, first=False)
         stuck = api.client(urls)
+        evals = _evals(cluster[2])
         with pytest.raises(tenure.NodeMisconfigured) as info:
             stuck.acquire(key, ttl=TTL)  # blocking, no timeout: raises at once
+        # At once: one attempt reached the healthy node, then the release of its grant
+        # there; no retries, as there would be for nodes that are merely down.
+        assert _evals(cluster[2]) - evals <= 2
         error = info.value
         assert isinstance(error, tenure.ConfigurationError)
         assert isinstance(error, ValueError)
