@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import random
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._clock import monotonic, wall_us
@@ -20,6 +20,8 @@ from ._core.commands import Command, acked_by_replicas
 from ._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
 from ._core.policy import RetryPolicy
 from ._core.waiting import Departed, Wake, hold_ms, place_ms
+from ._redis_compat import check_connection_options
+from ._report import NodeReporter
 
 __all__ = ["ClientBase"]
 
@@ -30,6 +32,8 @@ class ClientBase:
     The arguments are documented on ``tenure.Client``; subclasses set up their driver's
     connections in ``_open``.
     """
+
+    _ASYNCIO = False  # which redis-py connection classes ``connection_options`` must suit
 
     def __init__(
         self,
@@ -44,7 +48,7 @@ class ClientBase:
         recheck: float = 0.5,
         wait_replicas: int = 0,
         retention: float | None = None,
-        connection_options: dict[str, Any] | None = None,
+        connection_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.config = ClientConfig.build(
             nodes,
@@ -58,13 +62,17 @@ class ClientBase:
             wait_replicas=wait_replicas,
             retention=retention,
         )
+        options = check_connection_options(
+            connection_options, self.config.nodes, self.config.node_timeout, asyncio=self._ASYNCIO
+        )
         self.node_names = [a.display for a in self.config.nodes]
+        self._reporter = NodeReporter(self.node_names)
         self._specs = SpecCache(self.config)
         self._rng = random.Random(secrets.randbits(64))
         self._fence_floor = 1  # proposals stay above every fencing token this client saw
         self._place_ms = place_ms(self.config.recheck, self.config.node_timeout)
         self._hold_ms = hold_ms(self.config.node_timeout)
-        self._open(dict(connection_options or {}))
+        self._open(options)
 
     def _replicated(self, command: Command) -> Command:
         """``command`` as it must be sent when grants count only once replicated."""

@@ -4,7 +4,9 @@
 
     TenureError
     ├── ConfigurationError (ValueError)      bad parameter; names it and the accepted range
-    ├── ServerUnsupported (ConfigurationError) a node refuses a command (ACL) or is too old
+    │   └── NodeMisconfigured                a node's setup, not an outage, stops locking on
+    │       │                                it: read-only replica, wrong password, not Redis
+    │       └── ServerUnsupported            a node refuses a command (ACL) or is too old
     ├── StaleToken (RuntimeError)             a fenced store refused a write with an old token
     └── LockError
         ├── AcquireError
@@ -33,6 +35,7 @@ __all__ = [
     "LeaseLost",
     "LockError",
     "LockTimeout",
+    "NodeMisconfigured",
     "NotHeld",
     "OwnershipError",
     "QuorumUnreachable",
@@ -58,12 +61,43 @@ class ConfigurationError(TenureError, ValueError):
         self.parameter = parameter
 
 
-class ServerUnsupported(ConfigurationError):
-    """A node refused a command tenure needs (ACL), or its version is too old."""
+class NodeMisconfigured(ConfigurationError):
+    """A node answers, but its setup keeps tenure from locking on it; waiting will not help.
 
-    def __init__(self, node: str, message: str) -> None:
-        super().__init__(f"node {node}", message)
+    A read-only replica listed instead of its master, a wrong or missing password, an ACL
+    user without a permission tenure needs, a server that does not speak the Redis
+    protocol at that address. Raised when such nodes leave too few others for a majority
+    (otherwise the lock goes on with the others, and each such node is logged once as a
+    warning on the ``tenure`` logger).
+
+    Attributes:
+        node: the node, as displayed (its URL without credentials).
+        problem: what is wrong with it and how to fix it.
+        node_errors: what every node that failed said (node name -> message).
+    """
+
+    def __init__(
+        self,
+        node: str,
+        problem: str,
+        node_errors: Mapping[str, str] | None = None,
+        *,
+        parameter: str | None = None,
+    ) -> None:
+        others = {n: e for n, e in (node_errors or {}).items() if n != node}
+        detail = ""
+        if others:
+            detail = " [also " + "; ".join(f"{n}: {e}" for n, e in sorted(others.items())) + "]"
+        # Not ConfigurationError.__init__: "node X is a read-only replica", not "node X: ...".
+        Exception.__init__(self, f"node {node} {problem}{detail}")
+        self.parameter = parameter or f"node {node}"
         self.node = node
+        self.problem = problem
+        self.node_errors: dict[str, str] = dict(node_errors or {})
+
+
+class ServerUnsupported(NodeMisconfigured):
+    """A node refused a command tenure needs (ACL), or its version is too old."""
 
 
 class StaleToken(TenureError, RuntimeError):

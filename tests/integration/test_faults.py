@@ -115,6 +115,7 @@ def test_node_that_lost_its_data_is_kept_out_for_max_ttl(
     lost = cluster5.nodes[:2]
     for node in lost:
         node.restart(keep_data=False)
+
     def counters() -> list[int | None]:
         values = []
         for node in lost:

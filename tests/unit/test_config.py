@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import re
 
 import pytest
@@ -629,3 +630,63 @@ def test_negative_timeout_message_explains_forever() -> None:
         check_acquire_args(True, -3)
     with pytest.raises(ConfigurationError, match="non-blocking"):
         check_acquire_args(False, 5)
+
+
+# --- retry policies and flags ---------------------------------------------------------------
+
+
+class _Fixed:
+    """A user's own retry policy: any object with delay(attempt, rng)."""
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return 0.01
+
+
+class _Broken:
+    def delay(self) -> float:  # the wrong signature
+        return 0.01
+
+
+class _Negative:
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return -1.0
+
+
+class _NotANumber:
+    def delay(self, attempt: int, rng: random.Random) -> object:
+        return "soon"
+
+
+def test_retry_accepts_the_policies_and_any_object_with_delay() -> None:
+    assert isinstance(ClientConfig.build(THREE, retry=None).retry, wait_random_exponential)
+    policy = _Fixed()
+    assert ClientConfig.build(THREE, retry=policy).retry is policy
+
+
+@pytest.mark.parametrize(
+    ("retry", "says"),
+    [
+        (5, "must be a retry policy"),
+        ("exponential", "must be a retry policy"),
+        (wait_random_exponential, "delay(1, rng) raised"),  # the class, not an instance
+        (_Broken(), "delay(1, rng) raised"),
+        (_Negative(), "returned -1.0"),
+        (_NotANumber(), "returned 'soon'"),
+    ],
+)
+def test_bad_retry_is_refused_at_construction(retry: object, says: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build(THREE, retry=retry)  # type: ignore[arg-type]
+    assert info.value.parameter == "retry"
+    assert says in str(info.value)
+    # Names what is accepted.
+    assert "wait_random_exponential" in str(info.value)
+    assert "delay(attempt, rng)" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", None])
+def test_allow_even_must_be_a_bool(value: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build(THREE, allow_even=value)  # type: ignore[arg-type]
+    assert info.value.parameter == "allow_even"
+    assert "True or False" in str(info.value)

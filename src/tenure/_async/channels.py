@@ -34,9 +34,11 @@ from redis.exceptions import ResponseError
 
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
+from .._core.diagnosis import Diagnosis
 from .._core.quorum import Failure, Round
 from .._core.resp import ErrorReply, ReplyReader
-from .._redis_compat import classify_error, connection_kwargs
+from .._redis_compat import NotRedis, connection_kwargs, diagnose
+from .._report import NodeReporter
 
 __all__ = ["Channels"]
 
@@ -62,8 +64,14 @@ def _callbacks(command: Command, on_reply: OnReply) -> list[OnReply]:
 class _Down(Exception):
     """The node is in its reconnect back-off."""
 
-    def __init__(self, wait: float) -> None:
-        super().__init__(f"not retried until the back-off ends ({wait:.3f}s)")
+    def __init__(self, wait: float, last: Diagnosis | None = None) -> None:
+        self.failure = Failure.BACKING_OFF
+        self.detail = f"not retried until the back-off ends ({wait:.3f}s)"
+        if last is not None and last.failure.configuration:
+            # Still the node's configuration, whose message says what to fix.
+            self.failure = last.failure
+            self.detail = last.detail
+        super().__init__(self.detail)
 
 
 class _Replies(asyncio.Protocol):
@@ -80,7 +88,7 @@ class _Replies(asyncio.Protocol):
         try:
             replies = self._reader.feed(data)
         except ValueError as exc:  # not RESP2: nothing more on this connection can be trusted
-            self._end(ConnectionError(f"unreadable reply: {exc}"))
+            self._end(NotRedis(str(exc)))
             return
         for value in replies:
             self._deliver(value)
@@ -110,6 +118,9 @@ class Channel:
         self._retry_at = 0.0
         self._backoff = BACKOFF_MIN
         self._idle: asyncio.Event | None = None  # set when nothing is pending (for close)
+        # Why the connection last ended: a node in its back-off for a configuration
+        # failure is reported with that failure, not as merely "backing off".
+        self.last: Diagnosis | None = None
 
     def send(self, command: Command, on_reply: OnReply = _ignore) -> None:
         """Write ``command`` now (or as soon as the connection is up).
@@ -128,7 +139,7 @@ class Channel:
         if self._task is None:
             wait = self.backing_off(now)
             if wait:
-                raise _Down(wait)
+                raise _Down(wait, self.last)
             self._task = asyncio.get_running_loop().create_task(self._run())
         self._unsent.append((command, on_reply))
 
@@ -162,6 +173,7 @@ class Channel:
                 self._pending.extend((c, now) for c in _callbacks(command, on_reply))
             self._unsent.clear()
             self._backoff = BACKOFF_MIN
+            self.last = None
             raise await lost
         except asyncio.CancelledError:
             # Whoever cancelled us (reset, close) already failed our requests; the channel
@@ -196,7 +208,14 @@ class Channel:
         for on_reply in waiting:
             on_reply((False, exc))
 
+    def drop(self, exc: Exception) -> None:
+        """Start over after a back-off: a reply made no sense (not Redis), or the node
+        refused for its configuration (it would again; see ``_sync.links.Link.fail``)."""
+        self._reset(exc, time.monotonic())
+
     def _reset(self, exc: BaseException, now: float, *, from_task: bool = False) -> None:
+        if isinstance(exc, Exception):
+            self.last = diagnose(exc)
         self._fail_all(exc)
         self._retry_at = now + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
@@ -226,8 +245,14 @@ class Channel:
 class Channels:
     """One channel per node, bound to the event loop that first used them."""
 
-    def __init__(self, config: ClientConfig, connection_options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        config: ClientConfig,
+        connection_options: dict[str, Any],
+        reporter: NodeReporter,
+    ) -> None:
         self._config = config
+        self.reporter = reporter
 
         def pool(a: NodeAddress) -> redis.asyncio.ConnectionPool:
             defaults = connection_kwargs(config.node_timeout, asyncio=True, unix=a.path is not None)
@@ -263,7 +288,7 @@ class Channels:
             try:
                 channels[i].send(command, _ignore if on_reply is None else partial(on_reply, i))
             except _Down as exc:
-                rnd.fail(i, Failure.BACKING_OFF, str(exc))
+                rnd.fail(i, exc.failure, exc.detail)
 
     async def run(
         self,
@@ -286,8 +311,10 @@ class Channels:
             for i in order:
                 wait = channels[i].backing_off(now)
                 if wait:
-                    rnd.fail(i, Failure.BACKING_OFF, str(_Down(wait)))
+                    down = _Down(wait, channels[i].last)
+                    rnd.fail(i, down.failure, down.detail)
             if rnd.decided or rnd.impossible:
+                self.reporter.round(rnd)
                 return
             targets = [i for i in order if rnd.results[i] is None]
         loop = asyncio.get_running_loop()
@@ -310,11 +337,24 @@ class Channels:
                     return
                 value = got
             if ok:
-                rnd.record(i, *command.parse(value))
-            elif isinstance(value, ResponseError):
-                rnd.fail(i, classify_error(value), str(value))
+                try:
+                    answer = command.parse(value)
+                except Exception as exc:  # a reply of the wrong shape: not Redis speaking
+                    why = diagnose(NotRedis(f"a reply tenure cannot read: {exc!r}"))
+                    rnd.fail(i, why.failure, why.detail)
+                    self._current()[i].drop(NotRedis(why.detail))
+                else:
+                    rnd.record(i, *answer)
             else:
-                rnd.fail(i, Failure.UNREACHABLE, str(value) or type(value).__name__)
+                # The error reply, or whatever ended the connection first.
+                why = (
+                    diagnose(value)
+                    if isinstance(value, Exception)
+                    else Diagnosis(Failure.UNREACHABLE, type(value).__name__)
+                )
+                rnd.fail(i, why.failure, why.detail)
+                if isinstance(value, ResponseError) and why.failure.configuration:
+                    self._current()[i].drop(value)
             if rnd.decided:
                 settle()
             elif rnd.hear_out and rnd.impossible and not heard_out:
@@ -339,8 +379,13 @@ class Channels:
             for i, got in parts.items():
                 # A node that answered the command but not yet all of it (a WAIT still
                 # blocked in Redis) is judged on what came: it is not silent.
-                rnd.record(i, *command.parse(got))
+                try:
+                    rnd.record(i, *command.parse(got))
+                except Exception as exc:  # a reply of the wrong shape: not Redis speaking
+                    why = diagnose(NotRedis(f"a reply tenure cannot read: {exc!r}"))
+                    rnd.fail(i, why.failure, why.detail)
             rnd.time_out()
+        self.reporter.round(rnd)
 
     async def close(self) -> None:
         channels, self._channels = self._channels, []

@@ -25,11 +25,10 @@ from .._core.acquire import (
     Retry,
     Seed,
     Wait,
-    refused_by,
 )
 from .._core.acquire import cleanup_wait as _cleanup_wait
-from .._core.config import LockSpec, check_acquire_args
-from .._core.lease import begin_extend, conclude_extend, conclude_release
+from .._core.config import LockSpec, check_acquire_args, check_flag
+from .._core.lease import begin_extend, conclude_extend, conclude_locked, conclude_release
 from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
 from .._errors import LeaseLost, LockTimeout, NotHeld
@@ -55,10 +54,12 @@ class AsyncClient(ClientBase):
     ``aclose()`` so the reader tasks end with the client.
     """
 
+    _ASYNCIO = True
+
     def _open(self, connection_options: dict[str, Any]) -> None:
-        self._channels = Channels(self.config, connection_options)
+        self._channels = Channels(self.config, connection_options, self._reporter)
         self._listener_loop: asyncio.AbstractEventLoop | None = None
-        self._listener_ = AsyncListener(self._channels.pools)
+        self._listener_ = AsyncListener(self._channels.pools, self._reporter)
 
     @property
     def _listener(self) -> AsyncListener:
@@ -66,7 +67,7 @@ class AsyncClient(ClientBase):
         if loop is not self._listener_loop:
             # Connections belong to the loop that made them; a new loop gets new ones.
             self._listener_loop = loop
-            self._listener_ = AsyncListener(self._channels.pools)
+            self._listener_ = AsyncListener(self._channels.pools, self._reporter)
         return self._listener_
 
     def lock(
@@ -85,7 +86,7 @@ class AsyncClient(ClientBase):
         ``ttl`` must be at least ``2 * (node_timeout + drift)`` with ``drift = ttl *
         drift_factor + drift_floor``.
         """
-        keep = KeepAlive(max_hold=max_hold) if watchdog else None
+        keep = KeepAlive(max_hold=max_hold) if check_flag("watchdog", watchdog) else None
         return AsyncLock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
 
     async def acquire(
@@ -105,6 +106,7 @@ class AsyncClient(ClientBase):
         drift_factor + drift_floor``.
         """
         spec = self._specs.get(name, ttl, fair)
+        check_flag("watchdog", watchdog)
         if max_hold is not None:
             KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
         lease = await self._acquire(spec, blocking, timeout)
@@ -214,13 +216,11 @@ class AsyncClient(ClientBase):
     async def _cleanup_round(
         self, command: commands.Command, targets: frozenset[int], wait_for: frozenset[int]
     ) -> None:
-        """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the timeout)."""
+        """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the
+        timeout); best effort, never an error of its own (see ``Client._cleanup_round``)."""
         now = _clock()
         rnd = Round.cleanup(len(self.node_names), wait_for, now)
         await self._channels.run(command, rnd, now + self.config.node_timeout, sorted(targets))
-        refused = refused_by(rnd, self.node_names)
-        if refused is not None:
-            raise refused
 
     def _send_release(self, key: str, token: str, targets: frozenset[int]) -> None:
         rnd = Round(len(self.node_names), self.config.quorum, _clock())
@@ -386,7 +386,7 @@ class AsyncLock:
     async def locked(self) -> bool:
         """Whether a majority of nodes hold this lock now (for anyone). One round trip."""
         rnd = await self._client._round(commands.exists(self._spec.key))
-        return rnd.succeeded
+        return conclude_locked(rnd, self._client.node_names)
 
     async def __aenter__(self) -> AsyncLease:
         if not await self.acquire(self._blocking, self._timeout):

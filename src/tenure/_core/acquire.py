@@ -61,10 +61,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from .._errors import LockError, QuorumUnreachable, ServerUnsupported
+from .._errors import LockError, NodeMisconfigured, QuorumUnreachable
 from .config import LockSpec
+from .diagnosis import configuration_error
 from .policy import RetryPolicy
-from .quorum import Failure, Round
+from .quorum import Round
 
 __all__ = [
     "Acquisition",
@@ -144,7 +145,7 @@ class GiveUp:
     """Stop trying. ``error`` is None for an ordinary timeout (acquire returns False)."""
 
     cleanup: frozenset[int]
-    error: LockError | ServerUnsupported | None
+    error: LockError | NodeMisconfigured | None
 
 
 @dataclass(frozen=True)
@@ -172,12 +173,10 @@ def cleanup_wait(step: Retry | Wait | GiveUp, rnd: Round) -> frozenset[int]:
     return rnd.answered_or_silent(step.cleanup)
 
 
-def refused_by(rnd: Round, names: list[str]) -> ServerUnsupported | None:
-    """The error to raise if a node refused one of our commands (ACL, unknown command)."""
-    for i, r in rnd.failures().items():
-        if r.failure is Failure.UNSUPPORTED:
-            return ServerUnsupported(names[i], f"refused a command tenure needs: {r.detail}")
-    return None
+def refused_by(rnd: Round, names: list[str]) -> NodeMisconfigured | None:
+    """The error to raise if a node failed for its configuration (ACL, read-only replica,
+    credentials, not Redis; see ``diagnosis``)."""
+    return configuration_error(rnd, names)
 
 
 def round_errors(rnd: Round, names: list[str] | None = None) -> dict[str, str]:
@@ -305,6 +304,9 @@ class Acquisition:
                 seed,
             )
         cleanup = rnd.maybe_holding()
+        if rnd.misconfigured_blocks_quorum():
+            # Misconfigured nodes alone leave no majority: retrying cannot help.
+            return GiveUp(cleanup, self._unreachable(rnd))
         if rnd.unreachable_blocks_quorum():
             # Only nodes actually tried count against them: a round that found them all
             # still in their reconnect back-off (say, right after a network blip reset
@@ -463,7 +465,7 @@ class Acquisition:
         marks = frozenset(statuses[i][1] for i in blank)
         return Seed(blank, max(floors.values(), default=0), warm_ms, marks)
 
-    def _unreachable(self, rnd: Round) -> LockError | ServerUnsupported:
+    def _unreachable(self, rnd: Round) -> LockError | NodeMisconfigured:
         errors = round_errors(rnd, self._names)
         refused = refused_by(rnd, self._names)
         if refused is not None:

@@ -7,6 +7,7 @@ before any connection is made, so bad input loses nothing.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -21,6 +22,7 @@ __all__ = [
     "NodeAddress",
     "SpecCache",
     "check_acquire_args",
+    "check_flag",
     "lock_key",
     "min_ttl",
     "parse_node_url",
@@ -165,6 +167,7 @@ class ClientConfig:
         if isinstance(nodes, str) or not isinstance(nodes, (list, tuple)):
             raise ConfigurationError("nodes", f"must be a list of node URLs, got {nodes!r}")
         addresses = tuple(parse_node_url(u, f"nodes[{i}]") for i, u in enumerate(nodes))
+        check_flag("allow_even", allow_even)
         check_node_count(len(addresses), allow_even)
         seen: dict[tuple[object, ...], int] = {}
         for i, a in enumerate(addresses):
@@ -213,7 +216,7 @@ class ClientConfig:
             node_timeout=timeout,
             drift_factor=factor,
             drift_floor=floor,
-            retry=retry or wait_random_exponential(),
+            retry=_retry_policy(retry),
             allow_even=allow_even,
             max_ttl_ms=math.floor(round(longest * 1000, 6)),
             recheck=every,
@@ -229,6 +232,47 @@ class ClientConfig:
     def wait_timeout_ms(self) -> int:
         """How long a node's ``WAIT`` may block: half the round, so its answer fits in it."""
         return max(1, math.floor(self.node_timeout * 500))
+
+
+def check_flag(parameter: str, value: object) -> bool:
+    """Refuse anything but True or False (a truthy string would silently mean True)."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(parameter, f"must be True or False, got {value!r}")
+    return value
+
+
+_RETRY_HELP = (
+    "tenure.wait_random_exponential(initial, maximum) (the default), "
+    "tenure.wait_random(minimum, maximum), or an object whose delay(attempt, rng) returns "
+    "the seconds to sleep before attempt number `attempt` (random.Random rng)"
+)
+
+
+def _retry_policy(value: object) -> RetryPolicy:
+    """A usable retry policy: it has ``delay(attempt, rng)`` returning seconds >= 0.
+
+    Tried once here, on a throwaway random source, so that a wrong object fails now
+    rather than at the first contention, where a blocking acquire needs it.
+    """
+    if value is None:
+        return wait_random_exponential()
+    delay = getattr(value, "delay", None)
+    if not callable(delay):
+        raise ConfigurationError("retry", f"must be a retry policy: {_RETRY_HELP}; got {value!r}")
+    try:
+        sample = delay(1, random.Random(0))
+    except Exception as exc:
+        raise ConfigurationError(
+            "retry", f"{value!r}.delay(1, rng) raised {exc!r}; expected {_RETRY_HELP}"
+        ) from None
+    number = isinstance(sample, (int, float)) and not isinstance(sample, bool)
+    if not (number and math.isfinite(sample) and sample >= 0):
+        raise ConfigurationError(
+            "retry",
+            f"{value!r}.delay(1, rng) returned {sample!r}, not a number of seconds >= 0; "
+            f"expected {_RETRY_HELP}",
+        )
+    return value  # type: ignore[return-value]  # it has a working delay(): a RetryPolicy
 
 
 def _replicas(value: object) -> int:

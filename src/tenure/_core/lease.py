@@ -22,9 +22,10 @@ from .._errors import LeaseExpired, LeaseLost, ServerUnsupported
 from .._lua import script
 from .acquire import LeaseState, round_errors
 from .config import LockSpec
+from .diagnosis import configuration_error
 from .quorum import Failure, Round
 
-__all__ = ["begin_extend", "conclude_extend", "conclude_release"]
+__all__ = ["begin_extend", "conclude_extend", "conclude_locked", "conclude_release"]
 
 
 def begin_extend(lease: LeaseState, spec: LockSpec, now: float) -> Round:
@@ -127,3 +128,17 @@ def _script_command(name: str, error: str) -> str:
         return "a command"
     called = _CALL.findall(lines[int(found.group(1)) - 1])
     return called[0].decode().upper() if len(called) == 1 else "a command"
+
+
+def conclude_locked(rnd: Round, names: list[str]) -> bool:
+    """``Lock.locked()``: whether a majority of nodes hold the lock key (for anyone).
+
+    Raises:
+        NodeMisconfigured: misconfigured nodes alone leave too few for a majority, so
+            the answer would say nothing about the lock.
+    """
+    if rnd.misconfigured_blocks_quorum():
+        error = configuration_error(rnd, names)
+        assert error is not None
+        raise error
+    return rnd.succeeded

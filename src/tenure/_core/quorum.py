@@ -42,7 +42,15 @@ class Failure(enum.Enum):
     # Not even tried: the node failed recently and its reconnect back-off has not ended.
     BACKING_OFF = "backing off"
     UNSUPPORTED = "unsupported"  # the node refused the command: ACL, unknown command
+    # The node's setup, not an outage: a read-only replica, a wrong or missing password,
+    # not a Redis server at that address. It fails every round until someone fixes it.
+    MISCONFIGURED = "misconfigured"
     ERROR = "error"  # any other error reply
+
+    @property
+    def configuration(self) -> bool:
+        """Whether this failure is the node's configuration (it will not recover by itself)."""
+        return self is Failure.UNSUPPORTED or self is Failure.MISCONFIGURED
 
 
 @dataclass
@@ -201,6 +209,17 @@ class Round:
     def unreachable_blocks_quorum(self) -> bool:
         """True when failures alone (not refusals) leave too few nodes for a majority."""
         return len(self.failures()) > len(self.results) - self.needed
+
+    def misconfigured_blocks_quorum(self) -> bool:
+        """True when nodes failing for their configuration alone leave too few for a majority.
+
+        Unlike an outage this does not pass: retrying cannot help, so an acquire gives up
+        at once (``Acquisition.conclude``).
+        """
+        misconfigured = sum(
+            1 for r in self.results if r is not None and r.failure and r.failure.configuration
+        )
+        return misconfigured > len(self.results) - self.needed
 
     def failed_untried(self) -> bool:
         """True when every failure was a node not even tried (still in its back-off).

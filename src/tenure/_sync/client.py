@@ -24,11 +24,10 @@ from .._core.acquire import (
     Retry,
     Seed,
     Wait,
-    refused_by,
 )
 from .._core.acquire import cleanup_wait as _cleanup_wait
-from .._core.config import LockSpec, check_acquire_args
-from .._core.lease import begin_extend, conclude_extend, conclude_release
+from .._core.config import LockSpec, check_acquire_args, check_flag
+from .._core.lease import begin_extend, conclude_extend, conclude_locked, conclude_release
 from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
 from .._errors import LeaseLost, LockTimeout, NotHeld
@@ -59,8 +58,10 @@ class Client(ClientBase):
         drift_floor: seconds added to the drift allowance (default 2 ms).
         retry: back-off after a split vote (nobody holds a majority; default
             full-jitter exponential from 2 ms to 100 ms), and between attempts when
-            notifications are off.
-        allow_even: accept an even number of nodes.
+            notifications are off: ``tenure.wait_random_exponential``,
+            ``tenure.wait_random``, or any object with ``delay(attempt, rng)`` returning
+            seconds (tried once at construction).
+        allow_even: accept an even number of nodes (True or False).
         max_ttl: the longest TTL a lease may have (default 60 s). A node that lost its
             data is kept out of locking for this long; every client of the same nodes
             must use the same value.
@@ -77,15 +78,26 @@ class Client(ClientBase):
             value on every client of the same nodes. docs/fencing.md says what it
             relies on.
         connection_options: extra keyword arguments for redis-py connections (TLS
-            certificates, credentials); they override tenure's defaults.
+            certificates, credentials), checked at construction against what redis-py's
+            connection for each node's URL accepts, without connecting. Options tenure
+            owns are refused with the setting to use instead: retries and socket
+            timeouts (``node_timeout``), health checks, ``protocol`` other than 2, and
+            the address (``host``, ``port``, ``db``: they belong in each node URL).
 
     Raises:
-        ConfigurationError: a parameter is out of range or a URL is malformed.
+        ConfigurationError: a parameter is out of range, of the wrong type, or a URL or
+            connection option redis-py would refuse; it names the parameter.
+
+    A node that answers but is set up wrongly (a read-only replica, a wrong password, an
+    ACL user without a permission, not a Redis server) fails like a down node in every
+    round: locking goes on while the other nodes form a majority, and each such node is
+    logged once on the ``tenure`` logger. When they leave no majority, acquiring (and
+    ``locked()``) raises ``NodeMisconfigured`` at once, naming the node and the fix.
     """
 
     def _open(self, connection_options: dict[str, Any]) -> None:
-        self._pool = LinkPool(self.config, connection_options)
-        self._listener = Listener(self._pool.nodes)
+        self._pool = LinkPool(self.config, connection_options, self._reporter)
+        self._listener = Listener(self._pool.nodes, self._reporter)
 
     def lock(
         self,
@@ -109,7 +121,7 @@ class Client(ClientBase):
         the lock for it briefly (docs/waiting.md). Every client of a lock must use the
         same mode.
         """
-        keep = KeepAlive(max_hold=max_hold) if watchdog else None
+        keep = KeepAlive(max_hold=max_hold) if check_flag("watchdog", watchdog) else None
         return Lock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
 
     def acquire(
@@ -135,12 +147,15 @@ class Client(ClientBase):
             LockTimeout: held elsewhere: at once if ``blocking`` is False, else after
                 ``timeout`` seconds (None waits forever).
             QuorumUnreachable: so many nodes failed that no majority is possible.
-            ServerUnsupported: nodes refused a command tenure needs (ACL).
+            NodeMisconfigured: misconfigured nodes (read-only replica, credentials,
+                not Redis) leave no majority; ``ServerUnsupported`` (a subclass) when
+                they refuse a command tenure needs (ACL).
             ConfigurationError: bad name, TTL (longer than ``max_ttl``, or shorter than
                 ``2 * (node_timeout + drift)``) or timeout; ``fair=True`` without
                 notifications or with ``wait_replicas``.
         """
         spec = self._specs.get(name, ttl, fair)
+        check_flag("watchdog", watchdog)
         if max_hold is not None:
             KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
         lease = self._acquire(spec, blocking, timeout)
@@ -269,15 +284,13 @@ class Client(ClientBase):
     ) -> None:
         """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the timeout).
 
-        Raises:
-            ServerUnsupported: a node refused the command (ACL).
+        Best effort, and never an error of its own: a node that refuses it (ACL, a
+        read-only replica) is logged once as misconfigured (``NodeReporter``); what it
+        means for the lock is decided by the rounds that need a majority.
         """
         now = _clock()
         rnd = Round.cleanup(len(self.node_names), wait_for, now)
         links.run(command, rnd, now + self.config.node_timeout, _clock, sorted(targets))
-        refused = refused_by(rnd, self.node_names)
-        if refused is not None:
-            raise refused
 
     def _cleanup(self, spec: LockSpec, token: str, targets: frozenset[int]) -> None:
         with self._links() as links:
@@ -511,7 +524,7 @@ class Lock:
             links.run(
                 commands.exists(self._spec.key), rnd, now + client.config.node_timeout, _clock
             )
-        return rnd.succeeded
+        return conclude_locked(rnd, client.node_names)
 
     def __enter__(self) -> Lease:
         if not self.acquire(self._blocking, self._timeout):

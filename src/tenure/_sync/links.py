@@ -38,8 +38,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
+from .._core.diagnosis import Diagnosis
 from .._core.quorum import Failure, Round
-from .._redis_compat import classify_error, connection_kwargs, kernel_timeouts
+from .._redis_compat import connection_kwargs, diagnose, kernel_timeouts
+from .._report import NodeReporter
 
 __all__ = ["LinkPool", "LinkSet", "NodeState"]
 
@@ -63,6 +65,9 @@ class NodeState:
         self._lock = threading.Lock()
         self.retry_at = 0.0
         self._backoff = BACKOFF_MIN
+        # Why it was last dropped: a node in its back-off for a configuration failure is
+        # reported with that failure, not as merely "backing off".
+        self.last: Diagnosis | None = None
 
     def new_connection(self) -> redis.Connection:
         # The pool is only our parsed URL and settings. Its make_connection() counts each
@@ -74,10 +79,11 @@ class NodeState:
         assert isinstance(conn, redis.connection.AbstractConnection)
         return conn  # type: ignore[return-value]  # a Connection or UnixDomainSocketConnection
 
-    def down(self, now: float) -> None:
+    def down(self, now: float, why: Diagnosis | None = None) -> None:
         with self._lock:
             self.retry_at = now + self._backoff
             self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+            self.last = why
 
     def up(self) -> None:
         """The node accepted a connection: reset the back-off."""
@@ -89,8 +95,22 @@ class NodeState:
 class _Down(Exception):
     """The node is in its reconnect back-off; not even tried."""
 
-    def __init__(self, wait: float) -> None:
-        super().__init__(f"not retried until the back-off ends ({wait:.3f}s)")
+    def __init__(self, wait: float, last: Diagnosis | None = None) -> None:
+        self.failure = Failure.BACKING_OFF
+        self.detail = f"not retried until the back-off ends ({wait:.3f}s)"
+        if last is not None and last.failure.configuration:
+            # Still the node's configuration, whose message says what to fix.
+            self.failure = last.failure
+            self.detail = last.detail
+        super().__init__(self.detail)
+
+
+class _Failed(Exception):
+    """Sending to the node failed (connect, handshake, write); already diagnosed."""
+
+    def __init__(self, why: Diagnosis) -> None:
+        super().__init__(why.detail)
+        self.diagnosis = why
 
 
 class Link:
@@ -105,20 +125,29 @@ class Link:
         self.partial: list[Any] = []  # replies so far of a command that has several
 
     def send(self, command: Command, now: float) -> None:
+        """Write ``command``, connecting first if needed.
+
+        Raises:
+            _Down: the node is in its back-off; nothing was tried.
+            _Failed: connecting or writing failed (for any reason: a refused connection,
+                an AUTH refused, a handshake answered with garbage); the link is dropped.
+        """
         conn = self.conn
+        if conn is None:
+            wait = self.backing_off(now)
+            if wait:
+                raise _Down(wait, self.node.last)
         try:
             if conn is None:
-                wait = self.backing_off(now)
-                if wait:
-                    raise _Down(wait)
                 conn = self.conn = self.node.new_connection()
                 conn.connect()  # type: ignore[no-untyped-call]
                 kernel_timeouts(self.socket(), self.node.timeout)
                 self.node.up()
             conn.send_packed_command([command.packed], check_health=False)  # type: ignore[no-untyped-call]
-        except _NETWORK_ERRORS:
-            self.drop(now)
-            raise
+        except Exception as exc:  # not BaseException: an interrupt is no node's failure
+            why = diagnose(exc)
+            self.drop(now, why)
+            raise _Failed(why) from exc
 
     def backing_off(self, now: float) -> float:
         """Seconds until a new connection may be tried (0 when connected or it may be now)."""
@@ -155,13 +184,29 @@ class Link:
         if self.owed > MAX_OWED:
             self.drop(now)
 
-    def drop(self, now: float) -> None:
+    def drop(self, now: float, why: Diagnosis | None = None) -> None:
         if self.conn is not None:
             self.conn.disconnect()  # type: ignore[no-untyped-call]
             self.conn = None
         self.owed = 0
         self.partial = []
-        self.node.down(now)
+        self.node.down(now, why)
+
+    def fail(self, i: int, exc: Exception, rnd: Round, now: float) -> None:
+        """Node ``i`` raised ``exc`` while we read its reply: a per-node failure.
+
+        An error reply leaves the connection in step (the command's later replies are
+        owed); anything else (a network error, bytes that are not RESP, a reply our
+        parser cannot read) means the stream can no longer be trusted, so it is dropped.
+        So is a node that refused for its configuration (a read-only replica, NOAUTH):
+        it will refuse again, so it is left alone for a back-off like a down node, and
+        reported meanwhile with what is wrong (``_Down``). Redis also closes some of
+        those connections itself (an unauthenticated client sending a script).
+        """
+        why = diagnose(exc)
+        if not isinstance(exc, ResponseError) or why.failure.configuration:
+            self.drop(now, why)
+        rnd.fail(i, why.failure, why.detail)
 
 
 _NOT_YET = object()
@@ -170,10 +215,11 @@ _NOT_YET = object()
 class LinkSet:
     """One link per node, in the configured node order."""
 
-    __slots__ = ("clean", "links")
+    __slots__ = ("_reporter", "clean", "links")
 
-    def __init__(self, nodes: Sequence[NodeState]) -> None:
+    def __init__(self, nodes: Sequence[NodeState], reporter: NodeReporter) -> None:
         self.links = [Link(n) for n in nodes]
+        self._reporter = reporter
         # False while a round is in progress: a set left unclean by an exception has
         # replies nobody accounted for, and must be closed rather than reused.
         self.clean = True
@@ -206,8 +252,10 @@ class LinkSet:
             for i in order:
                 wait = links[i].backing_off(now)
                 if wait:
-                    rnd.fail(i, Failure.BACKING_OFF, str(_Down(wait)))
+                    down = _Down(wait, links[i].node.last)
+                    rnd.fail(i, down.failure, down.detail)
             if rnd.decided or rnd.impossible:
+                self._reporter.round(rnd)
                 self.clean = True
                 return
             order = [i for i in order if rnd.results[i] is None]
@@ -219,15 +267,16 @@ class LinkSet:
             try:
                 links[i].send(command, now)
             except _Down as exc:
-                rnd.fail(i, Failure.BACKING_OFF, str(exc))
-            except _NETWORK_ERRORS as exc:
-                rnd.fail(i, Failure.UNREACHABLE, str(exc) or type(exc).__name__)
+                rnd.fail(i, exc.failure, exc.detail)
+            except _Failed as exc:
+                rnd.fail(i, exc.diagnosis.failure, exc.diagnosis.detail)
             else:
                 waiting.append(i)
         if len(links) == 1 and waiting and not links[0].owed:
             # One node, nothing owed: nothing to multiplex, so wait in recv itself. Its
             # kernel timeout (SO_RCVTIMEO = node_timeout) bounds the wait; no select().
             self._read_alone(command, rnd, clock)
+            self._reporter.round(rnd)
             self.clean = True
             return
         heard_out = False
@@ -254,6 +303,7 @@ class LinkSet:
             self._give_up_on(i, command, rnd, now)
         if not rnd.decided:
             rnd.time_out()
+        self._reporter.round(rnd)
         self.clean = True
 
     def _give_up_on(self, i: int, command: Command, rnd: Round, now: float) -> None:
@@ -277,11 +327,12 @@ class LinkSet:
                 while len(link.partial) < command.replies:
                     link.partial.append(link.conn.read_response(disconnect_on_error=False))
                 reply, link.partial = link.partial, []
+            answer = command.parse(reply)
         except ResponseError as exc:
             # The command's later replies (a WAIT behind a failed script) still come.
             link.owed += command.replies - 1 - len(link.partial)
             link.partial = []
-            rnd.fail(0, classify_error(exc), str(exc))
+            link.fail(0, exc, rnd, clock())
         except _NETWORK_ERRORS as exc:
             if isinstance(exc.__context__, BlockingIOError):
                 # The kernel timeout: the node is silent (frozen?). Keep the connection
@@ -289,10 +340,11 @@ class LinkSet:
                 self._give_up_on(0, command, rnd, clock())
                 rnd.time_out()
             else:
-                link.drop(clock())
-                rnd.fail(0, Failure.UNREACHABLE, str(exc) or type(exc).__name__)
+                link.fail(0, exc, rnd, clock())
+        except Exception as exc:  # not Redis speaking (InvalidResponse, a garbled reply)
+            link.fail(0, exc, rnd, clock())
         else:
-            rnd.record(0, *command.parse(reply))
+            rnd.record(0, *answer)
 
     def _read_one(self, i: int, command: Command, rnd: Round, now: float) -> bool:
         """Read what node ``i`` has for us; True once its answer to this round is in."""
@@ -315,11 +367,12 @@ class LinkSet:
             # Replies of this command still to come (a WAIT behind a failed script) are owed.
             link.owed += command.replies - 1 - len(link.partial)
             link.partial = []
-            rnd.fail(i, classify_error(exc), str(exc))
+            link.fail(i, exc, rnd, now)
             return True
-        except _NETWORK_ERRORS as exc:
-            link.drop(now)
-            rnd.fail(i, Failure.UNREACHABLE, str(exc) or type(exc).__name__)
+        except Exception as exc:  # not BaseException: an interrupt is no node's failure
+            # A network error, or a node that does not speak Redis (InvalidResponse, a
+            # reply the parser cannot read): a per-node failure, never the caller's.
+            link.fail(i, exc, rnd, now)
             return True
 
 
@@ -331,7 +384,12 @@ class LinkPool:
     closing them: the sockets are the parent's.
     """
 
-    def __init__(self, config: ClientConfig, connection_options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        config: ClientConfig,
+        connection_options: dict[str, Any],
+        reporter: NodeReporter,
+    ) -> None:
         def pool(a: NodeAddress) -> redis.ConnectionPool:
             defaults = connection_kwargs(
                 config.node_timeout, asyncio=False, unix=a.path is not None
@@ -339,6 +397,7 @@ class LinkPool:
             return redis.ConnectionPool.from_url(a.url, **{**defaults, **connection_options})
 
         self.nodes = [NodeState(a, pool(a), config.node_timeout) for a in config.nodes]
+        self.reporter = reporter
         self._free: list[LinkSet] = []
         _POOLS.add(self)
 
@@ -346,7 +405,7 @@ class LinkPool:
         try:
             return self._free.pop()
         except IndexError:
-            return LinkSet(self.nodes)
+            return LinkSet(self.nodes, self.reporter)
 
     def put(self, links: LinkSet) -> None:
         self._free.append(links)

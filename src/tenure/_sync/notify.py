@@ -28,12 +28,12 @@ import weakref
 from collections.abc import Sequence
 from typing import cast
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
+from .._core import diagnosis
 from .._core.commands import pack
-from .._core.resp import ReplyReader
+from .._core.resp import ErrorReply, ReplyReader
 from .._core.waiting import Departed, Wake, channel_name, parse_wake
+from .._redis_compat import diagnose
+from .._report import NodeReporter
 from .links import NodeState
 
 __all__ = ["Listener", "Slot"]
@@ -46,7 +46,6 @@ STRAGGLE = 0.005
 # How long the subscriber thread stays parked once a waiter has been reading the sockets,
 # before it checks whether it must read them again (see ``Listener.wait``).
 PARK = 0.02
-_NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class Slot:
@@ -111,8 +110,9 @@ class Listener:
     that acquires in a loop passes them from one wait to the next without waking it.
     """
 
-    def __init__(self, nodes: Sequence[NodeState]) -> None:
+    def __init__(self, nodes: Sequence[NodeState], reporter: NodeReporter | None = None) -> None:
         self._nodes = list(nodes)
+        self._reporter = reporter or NodeReporter([n.name for n in self._nodes])
         self.channel = ""
         self._stop = False
         self._reset()
@@ -260,8 +260,11 @@ class Listener:
                 sock.sendall(subscribe)
                 self._socks[i] = sock
                 self._readers[i] = ReplyReader()
-            except _NETWORK_ERRORS:
+            except Exception as exc:  # whatever the node did, this thread must live on
                 self._drop(i, now)
+                why = diagnose(exc)
+                if why.failure.configuration:
+                    self._reporter.note(i, why.failure, why.detail)
 
     def _pump(self, limit: float | None, *, watch_waker: bool) -> None:
         """One ``select()`` on the sockets (at most ``limit`` s) and what it brings."""
@@ -304,13 +307,17 @@ class Listener:
                 data = b""
             try:
                 replies = self._readers[i].feed(data) if data else None
-            except ValueError:
+            except ValueError as exc:  # not the Redis protocol
+                why = diagnosis.not_redis(str(exc))
+                self._reporter.note(i, why.failure, why.detail)
                 replies = None
             if replies is None:
                 self._drop(i, time.monotonic())
                 continue
             for reply in replies:
-                self._handle(i, reply)
+                if not self._handle(i, reply):
+                    self._drop(i, time.monotonic())
+                    break
 
     def _run(self) -> None:
         try:
@@ -337,9 +344,17 @@ class Listener:
                 for i in range(len(self._nodes)):
                     self._drop(i, 0.0)
 
-    def _handle(self, i: int, reply: object) -> None:
+    def _handle(self, i: int, reply: object) -> bool:
+        """File one message from node ``i``; False if the subscription was refused."""
+        if isinstance(reply, ErrorReply):
+            # SUBSCRIBE refused (an ACL without the channel, NOAUTH): retried after the
+            # back-off; waiters fall back to re-checking meanwhile.
+            why = diagnosis.error_reply(reply.message)
+            if why.failure.configuration:
+                self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
+            return False
         if not isinstance(reply, list) or len(reply) != 3:
-            return
+            return True
         kind = reply[0]
         if kind == b"message":
             wake = parse_wake(reply[2])
@@ -356,6 +371,7 @@ class Listener:
             if self._ever[i]:
                 self._nudge_all()  # notifications sent while we were away reached nobody
             self._ever[i] = True
+        return True
 
 
 _LISTENERS: weakref.WeakSet[Listener] = weakref.WeakSet()
