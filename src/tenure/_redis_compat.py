@@ -130,12 +130,12 @@ def diagnose(exc: Exception) -> Diagnosis:
     """
     if isinstance(exc, (rx.ResponseError, rx.AuthenticationError)):
         text = _reply_text(exc)
-        found = diagnosis.error_reply(text)
         # A command, key or channel refused by ACL inside one of our scripts: each Redis
         # version words it differently, and none of them starts the reply with NOPERM.
-        if found.failure is not Failure.UNSUPPORTED and denial(text) is not None:
+        # The whole text is kept: its script line names the refused command on 6.2.
+        if denial(text) is not None:
             return Diagnosis(Failure.UNSUPPORTED, f"refused by ACL ({text}): {diagnosis.ACL_HINT}")
-        return found
+        return diagnosis.error_reply(text)
     if isinstance(exc, _GARBLED):
         return diagnosis.not_redis(str(exc) or type(exc).__name__)
     if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, OSError)):

@@ -136,8 +136,8 @@ def test_a_misconfigured_minority_does_not_stop_an_acquire() -> None:
     rnd = acq.begin(0.0)
     proposal = acq.proposal(1_000)
     rnd.fail(0, *_readonly())
-    rnd.record(1, True, (GRANTED, proposal))
-    rnd.record(2, True, (GRANTED, proposal))
+    rnd.record(1, True, (GRANTED, proposal, proposal))  # {status, token, floor}
+    rnd.record(2, True, (GRANTED, proposal, proposal))
     assert isinstance(acq.conclude(rnd, "t", 0.001), Granted)
 
 
