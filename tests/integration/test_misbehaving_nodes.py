@@ -35,11 +35,10 @@ def redis2() -> Iterator[LocalCluster]:
 
 
 def _give_history(api: Api, urls: list[str], key: str) -> None:
-    """Use lock ``key`` once on ``urls`` alone, so those nodes have its fencing history.
+    """Use lock ``key`` once on ``urls`` alone, so those nodes have a floor.
 
-    A lock no node has seen is seeded only once every node has answered (docs/fencing.md);
-    with a node that never answers it stays unusable, which is not what these tests are
-    about.
+    A node set that was never used is set up once every node has answered, or else with
+    a warm-up of max_ttl (docs/fencing.md); that is not what these tests are about.
     """
     api.client(urls, allow_even=len(urls) % 2 == 0).acquire(key, ttl=TTL).release()
 
