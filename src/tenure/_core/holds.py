@@ -54,8 +54,9 @@ class Holds:
     def add(self, owner: Hashable, lease: Held, now: float) -> None:
         """``owner`` was just granted ``lease``."""
         key = (lease.name, owner)
-        self._book[key] = [*self._live(key, now), lease]
-        if len(self._book) >= self._sweep_at:
+        book = self._book
+        book[key] = [*self._live(key, now), lease] if key in book else [lease]
+        if len(book) >= self._sweep_at:
             # Leases that ran out without a release would otherwise stay forever; an
             # occasional sweep keeps the book as large as what is really held (amortised O(1)).
             for other in list(self._book):
@@ -69,6 +70,9 @@ class Holds:
         leases = self._book.get(key)
         if leases is None:
             return
+        if len(leases) == 1 and leases[0] is lease:  # the usual case: one lease per owner
+            del self._book[key]
+            return
         rest = [held for held in leases if held is not lease]
         if rest:
             self._book[key] = rest
@@ -80,6 +84,8 @@ class Holds:
         if not blocking:
             return None
         key = (name, owner)
+        if key not in self._book:
+            return None
         live = self._live(key, now)
         if not live:
             self._book.pop(key, None)
