@@ -155,9 +155,20 @@ def api(request: pytest.FixtureRequest) -> Iterator[Flavour]:
     flavour.close()
 
 
-def _drop_keys(cluster: LocalCluster, key: str, n: int) -> None:
-    """The lock vanishes from every node of ``n`` (expired there, or a stranger's delete)."""
-    for node in cluster.nodes[:n]:
+@pytest.fixture(scope="module")
+def sets() -> Iterator[dict[int, LocalCluster]]:
+    """A node set of 1 and one of 3, shared by this module's tests (keys are per test).
+
+    Separate sets, not slices of one: a node that a 1-node client never used would be
+    a blank node to a 3-node client, which keeps it out of locking for ``max_ttl``.
+    """
+    with LocalCluster(1) as one, LocalCluster(3) as three:
+        yield {1: one, 3: three}
+
+
+def _drop_keys(cluster: LocalCluster, key: str) -> None:
+    """The lock vanishes from every node (expired there, or a stranger's delete)."""
+    for node in cluster:
         with node.client() as c:
             c.delete(key)
 
@@ -173,13 +184,13 @@ def _notes(exc: BaseException) -> list[str]:
 @pytest.mark.parametrize("form", ["lock", "lease"])
 def test_body_exception_wins_over_a_lease_lost_meanwhile(
     api: Flavour,
-    shared5: LocalCluster,
+    sets: dict[int, LocalCluster],
     key: str,
     n: int,
     form: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    client = api.client(shared5.urls[:n])
+    client = api.client(sets[n].urls)
     a = api.main
     cm = client.lock(key, ttl=TTL) if form == "lock" else a(client.acquire, key, ttl=TTL)
     with (  # noqa: PT012 - the body is the point
@@ -187,7 +198,7 @@ def test_body_exception_wins_over_a_lease_lost_meanwhile(
         pytest.raises(ValueError, match="the body's own") as info,
         a.holding(cm) as lease,
     ):
-        _drop_keys(shared5, lease.key, n)  # lost while the body runs
+        _drop_keys(sets[n], lease.key)  # lost while the body runs
         raise ValueError("the body's own")
     # The loss is attached to the body's exception, not raised in its place.
     assert isinstance(lease.lost_error, tenure.LeaseLost)
@@ -200,9 +211,9 @@ def test_body_exception_wins_over_a_lease_lost_meanwhile(
 
 @pytest.mark.parametrize("form", ["lock", "lease"])
 def test_body_exception_wins_over_expiry_found_at_exit(
-    api: Flavour, shared5: LocalCluster, key: str, form: str
+    api: Flavour, sets: dict[int, LocalCluster], key: str, form: str
 ) -> None:
-    client = api.client(shared5.urls[:3])
+    client = api.client(sets[3].urls)
     a = api.main
     cm = client.lock(key, ttl=0.3) if form == "lock" else a(client.acquire, key, ttl=0.3)
     with pytest.raises(KeyError) as info, a.holding(cm) as lease:  # noqa: PT012 - the body is the point
@@ -216,19 +227,19 @@ def test_body_exception_wins_over_expiry_found_at_exit(
 
 @pytest.mark.parametrize("form", ["lock", "lease"])
 def test_a_body_that_finished_still_learns_of_the_loss(
-    api: Flavour, shared5: LocalCluster, key: str, form: str
+    api: Flavour, sets: dict[int, LocalCluster], key: str, form: str
 ) -> None:
-    client = api.client(shared5.urls[:3])
+    client = api.client(sets[3].urls)
     a = api.main
     cm = client.lock(key, ttl=TTL) if form == "lock" else a(client.acquire, key, ttl=TTL)
     with pytest.raises(tenure.LeaseLost), a.holding(cm) as lease:
-        _drop_keys(shared5, lease.key, 3)
+        _drop_keys(sets[3], lease.key)
 
 
 def test_body_exception_wins_over_a_release_that_fails(
-    api: Flavour, shared5: LocalCluster, key: str
+    api: Flavour, sets: dict[int, LocalCluster], key: str
 ) -> None:
-    client = api.client(shared5.urls[:3])
+    client = api.client(sets[3].urls)
     a = api.main
     lock = client.lock(key, ttl=TTL)
     with pytest.raises(ZeroDivisionError) as info, a.holding(lock):  # noqa: PT012 - the body is the point
@@ -236,18 +247,18 @@ def test_body_exception_wins_over_a_release_that_fails(
         raise ZeroDivisionError
     if hasattr(info.value, "add_note"):
         assert any("ClientClosed" in note for note in _notes(info.value))
-    assert holders(shared5, f"tenure:{{{key}}}:lock")[:3].count(None) < 2  # left to its TTL
-    _drop_keys(shared5, f"tenure:{{{key}}}:lock", 3)
+    assert holders(sets[3], f"tenure:{{{key}}}:lock").count(None) < 2  # left to its TTL
+    _drop_keys(sets[3], f"tenure:{{{key}}}:lock")
 
 
 def test_async_body_cancelled_by_the_loss_still_gets_lease_lost(
-    shared5: LocalCluster, key: str
+    sets: dict[int, LocalCluster], key: str
 ) -> None:
     async def main() -> None:
-        async with tenure.AsyncClient(shared5.urls[:3]) as client:
+        async with tenure.AsyncClient(sets[3].urls) as client:
             with pytest.raises(tenure.LeaseLost):  # noqa: PT012 - the body is the point
                 async with client.lock(key, ttl=TTL, watchdog=True) as lease:
-                    _drop_keys(shared5, lease.key, 3)
+                    _drop_keys(sets[3], lease.key)
                     await asyncio.sleep(WAIT)  # cancelled at the watchdog's next extension
             task = asyncio.current_task()
             assert task is not None
@@ -259,13 +270,13 @@ def test_async_body_cancelled_by_the_loss_still_gets_lease_lost(
 
 
 def test_async_body_that_raises_its_own_after_our_cancellation_keeps_it(
-    shared5: LocalCluster, key: str
+    sets: dict[int, LocalCluster], key: str
 ) -> None:
     async def main() -> None:
-        async with tenure.AsyncClient(shared5.urls[:3]) as client:
+        async with tenure.AsyncClient(sets[3].urls) as client:
             with pytest.raises(ValueError, match="cleanup failed") as info:  # noqa: PT012 - the body is the point
                 async with client.lock(key, ttl=TTL, watchdog=True) as lease:
-                    _drop_keys(shared5, lease.key, 3)
+                    _drop_keys(sets[3], lease.key)
                     try:
                         await asyncio.sleep(WAIT)
                     finally:
@@ -283,13 +294,13 @@ def test_async_body_that_raises_its_own_after_our_cancellation_keeps_it(
 
 
 def test_async_body_that_finds_the_loss_itself_is_not_cancelled_later(
-    shared5: LocalCluster, key: str
+    sets: dict[int, LocalCluster], key: str
 ) -> None:
     async def main() -> None:
-        async with tenure.AsyncClient(shared5.urls[:3]) as client:
+        async with tenure.AsyncClient(sets[3].urls) as client:
             with pytest.raises(tenure.LeaseLost):  # noqa: PT012 - the body is the point
                 async with client.lock(key, ttl=TTL) as lease:
-                    _drop_keys(shared5, lease.key, 3)
+                    _drop_keys(sets[3], lease.key)
                     await lease.extend()  # raises here, in the body's own task
             # No cancellation of this task was left behind by the loss.
             await asyncio.sleep(0)
@@ -303,9 +314,9 @@ def test_async_body_that_finds_the_loss_itself_is_not_cancelled_later(
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_nested_acquire_by_the_same_caller_is_refused_at_once(
-    api: Flavour, shared5: LocalCluster, key: str, n: int
+    api: Flavour, sets: dict[int, LocalCluster], key: str, n: int
 ) -> None:
-    client = api.client(shared5.urls[:n])
+    client = api.client(sets[n].urls)
     a = api.main
     with a.holding(client.lock(key, ttl=TTL, watchdog=True)) as outer:
         # Without the check, this waits for itself (here: until its timeout, as the
@@ -329,9 +340,9 @@ def test_nested_acquire_by_the_same_caller_is_refused_at_once(
 
 
 def test_lock_object_reacquired_by_its_holder_is_refused(
-    api: Flavour, shared5: LocalCluster, key: str
+    api: Flavour, sets: dict[int, LocalCluster], key: str
 ) -> None:
-    client = api.client(shared5.urls[:3])
+    client = api.client(sets[3].urls)
     a = api.main
     lock = client.lock(key, ttl=TTL, watchdog=True)
     assert a(lock.acquire) is True
@@ -348,9 +359,9 @@ def test_lock_object_reacquired_by_its_holder_is_refused(
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_other_callers_sharing_the_client_still_wait(
-    api: Flavour, shared5: LocalCluster, key: str, n: int
+    api: Flavour, sets: dict[int, LocalCluster], key: str, n: int
 ) -> None:
-    client = api.client(shared5.urls[:n])
+    client = api.client(sets[n].urls)
     a, b = api.main, api.caller()
     lock = client.lock(key, ttl=TTL, watchdog=True)
     assert a(lock.acquire) is True
@@ -381,13 +392,13 @@ def _cycle(api: Flavour, caller: Caller, client: Any, key: str) -> None:
 
 
 def test_the_book_forgets_leases_lost_or_run_out(
-    api: Flavour, shared5: LocalCluster, key: str
+    api: Flavour, sets: dict[int, LocalCluster], key: str
 ) -> None:
-    client = api.client(shared5.urls[:3])
+    client = api.client(sets[3].urls)
     a = api.main
     # Lost: a failed extend.
     lease = a(client.acquire, key, ttl=TTL)
-    _drop_keys(shared5, lease.key, 3)
+    _drop_keys(sets[3], lease.key)
     with pytest.raises(tenure.LeaseLost):
         a(lease.extend)
     _cycle(api, a, client, key)  # not refused
@@ -448,16 +459,16 @@ async def _awaited(awaitable: Any) -> Any:
 @pytest.mark.parametrize("watchdog", [False, True])
 @pytest.mark.parametrize("n", [1, 3])
 def test_a_forked_child_cannot_extend_or_release_its_parents_lease(
-    api: Flavour, shared5: LocalCluster, key: str, n: int, watchdog: bool
+    api: Flavour, sets: dict[int, LocalCluster], key: str, n: int, watchdog: bool
 ) -> None:
-    nodes = shared5.nodes[:n]
-    client = api.client(shared5.urls[:n])
+    nodes = sets[n].nodes
+    client = api.client(sets[n].urls)
     a = api.main
     lock = client.lock(key, ttl=30.0, watchdog=watchdog)
     assert a(lock.acquire) is True
     lease = lock.lease
     assert lease is not None
-    before = holders(shared5, lease.key)[:n]
+    before = holders(sets[n], lease.key)
     assert before.count(lease.token.encode()) >= n // 2 + 1
 
     def child() -> dict[str, Any]:
@@ -491,7 +502,7 @@ def test_a_forked_child_cannot_extend_or_release_its_parents_lease(
         assert report["locked"] == "ok: True"  # the lock itself is held (by the parent)
         assert report["acquire"].startswith("LockTimeout"), report
     # The child touched no key: still the parent's token, and not extended to 60 s.
-    assert holders(shared5, lease.key)[:n] == before
+    assert holders(sets[n], lease.key) == before
     for node in nodes:
         with node.client() as c:
             assert c.pttl(lease.key) <= 30_000
@@ -500,7 +511,7 @@ def test_a_forked_child_cannot_extend_or_release_its_parents_lease(
     assert lease.lost_error is None
     a(lease.extend)
     a(lock.release)
-    assert holders(shared5, lease.key) == [None] * 5
+    assert holders(sets[n], lease.key) == [None] * n
 
 
 def _exit_lease(lease: Any) -> Any:
@@ -514,9 +525,9 @@ def _exit_lease(lease: Any) -> Any:
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_a_closed_client_refuses_everything_and_does_not_reconnect(
-    api: Flavour, shared5: LocalCluster, key: str, n: int
+    api: Flavour, sets: dict[int, LocalCluster], key: str, n: int
 ) -> None:
-    client = api.client(shared5.urls[:n])
+    client = api.client(sets[n].urls)
     a = api.main
     lock = client.lock(key, ttl=TTL)
     other = client.lock(key + "-other", ttl=TTL)
@@ -542,15 +553,15 @@ def test_a_closed_client_refuses_everything_and_does_not_reconnect(
         assert "closed" in str(info.value)
     assert lock.lease is lease  # still held: nothing was released
     # Left on the nodes until their TTL: close() does not release (see docs).
-    assert holders(shared5, lease.key)[:n].count(lease.token.encode()) >= n // 2 + 1
+    assert holders(sets[n], lease.key).count(lease.token.encode()) >= n // 2 + 1
     assert lease.valid  # a fact about the keys, which are still there
-    _drop_keys(shared5, lease.key, n)
+    _drop_keys(sets[n], lease.key)
 
 
 def test_a_watchdog_lease_is_lost_once_its_client_is_closed(
-    api: Flavour, shared5: LocalCluster, key: str
+    api: Flavour, sets: dict[int, LocalCluster], key: str
 ) -> None:
-    client = api.client(shared5.urls[:3])
+    client = api.client(sets[3].urls)
     a = api.main
     lease = a(client.acquire, key, ttl=0.6, watchdog=True)
     api.close_client(client)
@@ -563,9 +574,11 @@ def test_a_watchdog_lease_is_lost_once_its_client_is_closed(
         a(lease.release)
 
 
-def test_leaving_with_client_closes_it(api: Flavour, shared5: LocalCluster, key: str) -> None:
+def test_leaving_with_client_closes_it(
+    api: Flavour, sets: dict[int, LocalCluster], key: str
+) -> None:
     a = api.main
-    client = api.client(shared5.urls[:1])
+    client = api.client(sets[1].urls)
     with a.holding(client), a.holding(client.lock(key, ttl=TTL)):
         pass
     with pytest.raises(tenure.ClientClosed):
