@@ -103,8 +103,17 @@ class Caller:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        elif self._loop is not None and self._queue is not None:
+        elif self._loop is not None and self._queue is not None and self.task is not None:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+            asyncio.run_coroutine_threadsafe(_finish(self.task), self._loop).result(WAIT)
+
+
+async def _finish(task: asyncio.Task[None]) -> None:
+    """Let a caller's task end (cancelled if a failed test left it inside a call)."""
+    _, pending = await asyncio.wait([task], timeout=1.0)
+    for stuck in pending:
+        stuck.cancel()
+        await asyncio.gather(stuck, return_exceptions=True)
 
 
 class Flavour:
