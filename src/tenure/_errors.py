@@ -8,15 +8,18 @@
     │       │                                it: read-only replica, wrong password, not Redis
     │       └── ServerUnsupported            a node refuses a command (ACL) or is too old
     ├── StaleToken (RuntimeError)             a fenced store refused a write with an old token
+    ├── ClientClosed (RuntimeError)           the client was closed; it does not reconnect
     └── LockError
         ├── AcquireError
         │   ├── LockTimeout (TimeoutError)   waited `timeout` seconds, lock still held elsewhere
         │   └── QuorumUnreachable (ConnectionError)
         │                                    too many nodes failed for a majority to be possible
+        ├── SelfDeadlock (RuntimeError)      this thread/task already holds the lock it waits for
         └── OwnershipError (RuntimeError)
             ├── NotHeld                      release() of a lock object that holds no lease
             └── LeaseLost                    the lease can no longer be trusted
-                └── LeaseExpired             its validity ended before the operation
+                ├── LeaseExpired             its validity ended before the operation
+                └── InheritedLease           used in a forked child: the lease is the parent's
 
 Errors subclass the matching built-in so that ``except TimeoutError`` and friends keep
 working, and carry their context as fields: which lock, and what each node said
@@ -30,7 +33,9 @@ from collections.abc import Mapping
 
 __all__ = [
     "AcquireError",
+    "ClientClosed",
     "ConfigurationError",
+    "InheritedLease",
     "LeaseExpired",
     "LeaseLost",
     "LockError",
@@ -39,6 +44,7 @@ __all__ = [
     "NotHeld",
     "OwnershipError",
     "QuorumUnreachable",
+    "SelfDeadlock",
     "ServerUnsupported",
     "StaleToken",
     "TenureError",
@@ -120,6 +126,26 @@ class StaleToken(TenureError, RuntimeError):
         self.highest = highest
 
 
+class ClientClosed(TenureError, RuntimeError):
+    """The client was closed (``close()``, ``aclose()``, or leaving its ``with`` block).
+
+    A closed client does not reconnect: acquiring, extending, releasing and asking
+    ``locked()`` through it, or through a lock or lease it made, raise this. Leases it
+    still held stay on the nodes until their TTL runs out.
+
+    Attributes:
+        name: the lock the refused operation was about, or None.
+    """
+
+    def __init__(self, operation: str, name: str | None = None) -> None:
+        about = "" if name is None else f"lock {name!r}: "
+        super().__init__(
+            f"{about}cannot {operation}: its client was closed and does not reconnect; "
+            "use an open client (leases it held stay on the nodes until their TTL runs out)"
+        )
+        self.name = name
+
+
 class LockError(TenureError):
     """Base class of errors about a particular lock.
 
@@ -154,6 +180,22 @@ class QuorumUnreachable(AcquireError, ConnectionError):
     """
 
 
+class SelfDeadlock(LockError, RuntimeError):
+    """A blocking acquire of a lock that the same thread (or asyncio task) already holds
+    through the same client: it would wait for itself until the TTL ran out, or forever
+    with a watchdog. Raised at once, before any I/O; tenure locks are not reentrant.
+
+    Other threads and tasks sharing the client still wait for each other as usual.
+
+    Attributes:
+        holder: the lease already held (a ``Lease`` or ``AsyncLease``).
+    """
+
+    def __init__(self, name: str, message: str, holder: object) -> None:
+        super().__init__(name, message)
+        self.holder = holder
+
+
 class OwnershipError(LockError, RuntimeError):
     """An operation needs a lease the caller does not (or no longer) hold."""
 
@@ -168,3 +210,24 @@ class LeaseLost(OwnershipError):
 
 class LeaseExpired(LeaseLost):
     """The lease's validity deadline passed before the operation (extend, release)."""
+
+
+class InheritedLease(LeaseLost):
+    """A lease used in a process forked from its holder: it belongs to the parent.
+
+    To the child the lease is lost (the parent holds the lock), but it must not act on
+    it either: extending or releasing it would act on the parent's lock, so the child
+    refuses and sends nothing. The parent's lease is unaffected.
+
+    Attributes:
+        pid: the process that acquired the lease.
+    """
+
+    def __init__(self, name: str, operation: str, pid: int) -> None:
+        super().__init__(
+            name,
+            f"cannot {operation} in this process: the lease belongs to process {pid}, which "
+            "acquired it before fork(); let that process release it, or acquire the lock "
+            "here with this process's own client",
+        )
+        self.pid = pid

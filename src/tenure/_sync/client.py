@@ -10,6 +10,7 @@ import contextlib
 import secrets
 import threading
 import time
+from collections.abc import Hashable
 from types import TracebackType
 from typing import Any
 
@@ -31,7 +32,7 @@ from .._core.lease import begin_extend, conclude_extend, conclude_locked, conclu
 from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
 from .._errors import LeaseLost, LockTimeout, NotHeld
-from .._lease import LeaseView
+from .._lease import LeaseView, leave_block
 from .._lease import not_acquired as _not_acquired
 from .links import LinkPool, LinkSet
 from .notify import Listener, Slot
@@ -99,6 +100,15 @@ class Client(ClientBase):
         self._pool = LinkPool(self.config, connection_options, self._reporter)
         self._listener = Listener(self._pool.nodes, self._reporter)
 
+    def _owner(self) -> Hashable:
+        # The Thread object, not its ident: idents are reused once a thread ends, and a
+        # new thread must not inherit a dead one's leases.
+        return threading.current_thread()
+
+    def _describe(self, owner: Hashable) -> str:
+        assert isinstance(owner, threading.Thread)
+        return f"thread {owner.name!r}"
+
     def lock(
         self,
         name: str,
@@ -120,7 +130,12 @@ class Client(ClientBase):
         with one fencing token for every node); False wakes the next waiter and reserves
         the lock for it briefly (docs/waiting.md). Every client of a lock must use the
         same mode.
+
+        Raises:
+            ClientClosed: the client was closed.
+            ConfigurationError: bad name, TTL, timeout or ``max_hold``.
         """
+        self._check_open("make a lock object", name)
         keep = KeepAlive(max_hold=max_hold) if check_flag("watchdog", watchdog) else None
         return Lock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
 
@@ -143,9 +158,15 @@ class Client(ClientBase):
         drift_factor + drift_floor`` (see ``Client``). ``watchdog=True`` keeps it alive
         (``Lease.keep_alive(max_hold=max_hold)``).
 
+        Locks are not reentrant: a blocking acquire of a lock that the calling thread
+        already holds through this client raises ``SelfDeadlock`` at once instead of
+        waiting for itself. Other threads wait for it as for any holder.
+
         Raises:
             LockTimeout: held elsewhere: at once if ``blocking`` is False, else after
                 ``timeout`` seconds (None waits forever).
+            SelfDeadlock: blocking, and this thread already holds it through this client.
+            ClientClosed: the client was closed.
             QuorumUnreachable: so many nodes failed that no majority is possible.
             NodeMisconfigured: misconfigured nodes (read-only replica, credentials,
                 not Redis) leave no majority; ``ServerUnsupported`` (a subclass) when
@@ -166,6 +187,8 @@ class Client(ClientBase):
         return lease
 
     def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | None:
+        self._check_open("acquire", spec.name)
+        self._check_reentry(spec, blocking)
         acq = self._acquisition(spec, blocking, timeout)
         listener = self._listener
         waiter = secrets.token_hex(16)
@@ -178,6 +201,8 @@ class Client(ClientBase):
         try:
             with self._links() as links:
                 while True:
+                    # Closed by another thread while this one waited: stop, don't reconnect.
+                    self._check_open("acquire", spec.name)
                     # One token per acquire call (its waiter id): release.lua then also takes
                     # the holder out of queues it joined on nodes that said "held".
                     token = waiter
@@ -260,6 +285,7 @@ class Client(ClientBase):
             self._cleanup_round(links, command, targets, wait_for)
 
     def _links(self) -> _Borrowed:
+        self._check_open("reach the nodes")  # every round borrows links: none after close
         return _Borrowed(self._pool)
 
     def _release_round(self, links: LinkSet, spec: LockSpec, token: str, fencing: int) -> Round:
@@ -297,7 +323,14 @@ class Client(ClientBase):
             self._cleanup_round(links, commands.release(spec.key, token), targets, frozenset())
 
     def close(self) -> None:
-        """Close every connection. Leases still held expire by their TTL."""
+        """Close every connection; the client can't be used again (``ClientClosed``).
+
+        Leases still held are not released: their keys stay on the nodes until their TTL
+        runs out, so no other client gets the lock early while a thread of this process
+        may still be working under it. Extending or releasing them then raises
+        ``ClientClosed``; a watchdog marks its lease lost at its next extension.
+        """
+        self._closed = True
         self._listener.close()
         self._pool.close()
 
@@ -336,12 +369,20 @@ class _Borrowed:
 class Lease(LeaseView):
     """One successful acquisition: extend it, check it, release it.
 
-    ``with lease:`` releases on exit.
+    ``with lease:`` releases on exit. If the block raised, its exception propagates even
+    when the lease was lost or the release failed; that failure is attached to it (a note
+    on Python 3.11+ and a warning on the ``tenure`` logger), ``lost_error`` records the
+    loss. If the block finished, a loss raises ``LeaseLost`` at exit.
+
+    Only the process that acquired a lease may act on it: in a child forked from it,
+    ``extend()`` and ``release()`` raise ``InheritedLease`` without touching the nodes,
+    ``check()`` raises it too, and ``valid`` is False.
     """
 
+    _client: Client
+
     def __init__(self, client: Client, state: LeaseState, spec: LockSpec) -> None:
-        super().__init__(state, spec, client.node_names)
-        self._client = client
+        super().__init__(state, spec, client)
         self._op_lock = threading.Lock()
         self._watchdog: Watchdog | None = None
         self._lost_event: threading.Event | None = None
@@ -372,7 +413,13 @@ class Lease(LeaseView):
         The watchdog marks the lease lost (``lost`` event, ``on_lost`` callbacks,
         ``check()``) when an extension fails, when it wakes after the validity ended (the
         process was paused), or when ``max_hold`` runs out.
+
+        Raises:
+            NotHeld: it was released.
+            InheritedLease: this process is a fork of the one that acquired it.
+            ClientClosed: its client was closed.
         """
+        self._check_usable("keep it alive")
         self._check_not_released()
         if self._watchdog is not None:
             return
@@ -386,8 +433,12 @@ class Lease(LeaseView):
             LeaseExpired: its validity already ended; nothing was sent.
             LeaseLost: fewer than a majority still held it (it is then released everywhere).
             NotHeld: it was released.
+            InheritedLease: this process is a fork of the one that acquired it; nothing
+                was sent.
+            ClientClosed: its client was closed; nothing was sent.
         """
         client = self._client
+        self._check_usable("extend")
         spec = self._spec if ttl is None else LockSpec.build(client.config, self.name, ttl)
         with self._op_lock:
             self._check_not_released()
@@ -403,7 +454,7 @@ class Lease(LeaseView):
                 if isinstance(outcome, LeaseState):
                     self._state = outcome
                     return
-                self._released = True
+                self._set_released()
                 client._release_round(links, self._spec, self.token, self.fencing_token)
             self._mark_lost(outcome)
             raise outcome
@@ -418,13 +469,18 @@ class Lease(LeaseView):
                 release runs, e.g. ``PUBLISH`` when someone waits): a configuration error,
                 not a lost lease; ``tenure check`` names the fix.
             NotHeld: it was already released.
+            InheritedLease: this process is a fork of the one that acquired it; nothing
+                was sent (the parent still holds the lock).
+            ClientClosed: its client was closed; nothing was sent (the keys expire by
+                their TTL).
         """
         client = self._client
+        self._check_usable("release")
         if self._watchdog is not None:
             self._watchdog.stop()
         with self._op_lock:
             self._check_not_released()
-            self._released = True
+            self._set_released()
             with client._links() as links:
                 rnd = client._release_round(links, self._spec, self.token, self.fencing_token)
             error = conclude_release(
@@ -447,11 +503,19 @@ class Lease(LeaseView):
     def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        failure: Exception | None = None
         if not self._released:
-            self.release()
-        elif self._loss is not None and exc_type is None:
-            raise self._loss  # lost (and released) while the block ran: say so
+            try:
+                self.release()
+            except Exception as error:  # reported below; the body's exception wins
+                failure = error
+        leave_block(self.name, self.lost_error, exc, failure)
 
 
 class Lock:
@@ -459,7 +523,12 @@ class Lock:
 
     Any thread may release it; it holds at most one lease at a time (``lock.lease``).
     ``with lock as lease:`` acquires with the ``blocking``/``timeout`` given to
-    ``Client.lock`` and raises ``LockTimeout`` if that fails.
+    ``Client.lock`` and raises ``LockTimeout`` if that fails. Leaving the block releases;
+    the body's exception always wins, as for ``with lease:``.
+
+    It is not reentrant: a blocking ``acquire()`` from a thread that already holds this
+    lock through the same client (this object, or a nested ``with client.lock(name)``)
+    raises ``SelfDeadlock`` at once; other threads wait as for any holder.
     """
 
     def __init__(
@@ -492,6 +561,12 @@ class Lock:
         """Acquire the lock; False if ``blocking`` is False or ``timeout`` passed first.
 
         ``timeout`` is in seconds; None (or -1, as for ``threading.Lock``) waits forever.
+
+        Raises:
+            SelfDeadlock: blocking, and this thread already holds the lock through the
+                same client.
+            ClientClosed: the client was closed.
+            QuorumUnreachable: so many nodes failed that no majority is possible.
         """
         lease = self._client._acquire(self._spec, blocking, timeout)
         if lease is None:
@@ -508,16 +583,28 @@ class Lock:
         Raises:
             NotHeld: this object holds no lease.
             LeaseLost: the lease had expired on a majority before release.
+            InheritedLease: this process is a fork of the holder; the lease is kept.
+            ClientClosed: the client was closed; the lease is kept.
         """
         with self._guard:
-            lease, self._lease = self._lease, None
-        if lease is None:
-            raise NotHeld(self.name, "release() of a lock this object does not hold")
+            lease = self._lease
+            if lease is None:
+                raise NotHeld(self.name, "release() of a lock this object does not hold")
+            lease._check_usable("release")
+            self._lease = None
         lease.release()
 
     def locked(self) -> bool:
-        """Whether a majority of nodes hold this lock now (for anyone). One round trip."""
+        """Whether a majority of nodes hold this lock now (for anyone). One round trip.
+
+        In a child forked from the holder it is still True while the parent holds it:
+        it tells about the lock, not about who may act on it.
+
+        Raises:
+            ClientClosed: the client was closed.
+        """
         client = self._client
+        client._check_open("ask whether it is locked", self.name)
         now = _clock()
         rnd = Round(len(client.node_names), client.config.quorum, now)
         with client._links() as links:
@@ -539,14 +626,17 @@ class Lock:
         tb: TracebackType | None,
     ) -> None:
         lease = self._lease
+        failure: Exception | None = None
         if lease is not None and lease.released:
             # Released already because it was lost (a failed extend): leaving the block
             # must not raise NotHeld, but must tell that the body ran unprotected.
             self._lease = None
-            if lease.lost_error is not None and exc_type is None:
-                raise lease.lost_error
-            return
-        self.release()
+        else:
+            try:
+                self.release()
+            except Exception as error:  # reported below; the body's exception wins
+                failure = error
+        leave_block(self.name, None if lease is None else lease.lost_error, exc, failure)
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r} held={self._lease is not None}>"

@@ -399,6 +399,7 @@ class LinkPool:
         self.nodes = [NodeState(a, pool(a), config.node_timeout) for a in config.nodes]
         self.reporter = reporter
         self._free: list[LinkSet] = []
+        self._closed = False
         _POOLS.add(self)
 
     def get(self) -> LinkSet:
@@ -408,18 +409,26 @@ class LinkPool:
             return LinkSet(self.nodes, self.reporter)
 
     def put(self, links: LinkSet) -> None:
+        if self._closed:
+            _disconnect(links)  # borrowed when the pool was closed: not kept open
+            return
         self._free.append(links)
 
     def forget(self) -> None:
         self._free = []
 
     def close(self) -> None:
+        self._closed = True
         sets, self._free = self._free, []
         for s in sets:
-            for link in s.links:
-                if link.conn is not None:
-                    link.conn.disconnect()  # type: ignore[no-untyped-call]
-                    link.conn = None
+            _disconnect(s)
+
+
+def _disconnect(links: LinkSet) -> None:
+    for link in links.links:
+        if link.conn is not None:
+            link.conn.disconnect()  # type: ignore[no-untyped-call]
+            link.conn = None
 
 
 _POOLS: weakref.WeakSet[LinkPool] = weakref.WeakSet()
