@@ -22,6 +22,7 @@ def test_public_names() -> None:
         "Lock",
         "LockError",
         "LockTimeout",
+        "NodeMisconfigured",
         "NotHeld",
         "OwnershipError",
         "QuorumUnreachable",
