@@ -207,7 +207,8 @@ def test_nothing_is_left_after_the_retention(api: Api) -> None:
         for i in range(200):
             client.acquire(f"order:{i}", ttl=1.0).release()
         lease = client.acquire("order:held", ttl=1.0)
-        lock = client.lock("order:held", ttl=1.0)
+        other = api.client(cluster.urls, retention=2.0, max_ttl=1.0, node_timeout=NODE_TIMEOUT)
+        lock = other.lock("order:held", ttl=1.0)
         assert not lock.acquire(timeout=0.2)  # a waiter queued, then gave up
         lease.release()
         for node in cluster:

@@ -28,6 +28,8 @@ from tenure.local import LocalCluster
 from .conftest import Api
 from .test_processes import max_overlap
 
+RETENTION = 3_600_000  # ms: the client default (ClientConfig.retention_ms)
+
 _ctx = multiprocessing.get_context("forkserver")
 TTL = 2.0
 
@@ -53,8 +55,9 @@ def _release_raw(cluster: LocalCluster, n: int, name: str, lease: tenure.Lease, 
     conns = [c.connection_pool.get_connection() for c in clients]
     for conn in conns:
         conn.send_command(  # type: ignore[no-untyped-call]
-            "EVAL", body, 3, keys.lock, keys.fence, keys.queue, lease.token, mode, arg
-        )
+            "EVAL", body, 4, keys.lock, keys.fence, keys.floor, keys.queue,
+            lease.token, mode, arg, RETENTION,
+        )  # fmt: skip
     for conn in conns:
         assert conn.read_response() == 1
     for c in clients:
@@ -161,16 +164,21 @@ def test_fair_handoff_to_a_waiter_that_gave_up_is_passed_on(
         sub = c.pubsub()
         sub.subscribe(channel)
         acquire = script("acquire").wire.decode()
-        queue_keys = (keys.lock, keys.fence, keys.warm, keys.queue)
+        queue_keys = (keys.lock, keys.fence, keys.floor, keys.warm, keys.queue)
         reply = c.eval(
-            acquire, 4, *queue_keys, "ghost", 5000, 1, 1, 1000, "f", "ghost", channel, 5000
-        )
+            acquire, 5, *queue_keys,
+            "ghost", 5000, 1, 1, 1000, RETENTION, "f", "ghost", channel, 5000,
+        )  # fmt: skip
         assert reply[0] == 0  # held: queued
         assert _queue_length(shared5, key) == 1
         lease.release()
         assert c.get(keys.lock) == b"ghost"  # handed to the (silent) ghost
         release = script("release").wire.decode()  # what a waiter that gives up sends
-        assert c.eval(release, 3, keys.lock, keys.fence, keys.queue, "ghost", "f", 100) == 1
+        released = c.eval(
+            release, 4, keys.lock, keys.fence, keys.floor, keys.queue,
+            "ghost", "f", 100, RETENTION,
+        )  # fmt: skip
+        assert released == 1
         assert c.get(keys.lock) is None  # passed on (nobody else waits: free)
         sub.close()
 
@@ -574,7 +582,6 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
     """The model's mirror of the waiting scripts (tests/unit/fake_node.py) against the
     real scripts, step by step: same replies, same keys, same notifications; for fair
     on one node ("f"), notified ("n") and fair on a quorum ("q", one node's view)."""
-    from tests.unit.fake_node import RETENTION_MS as RETENTION
     from tests.unit.fake_node import Bus, FakeNode, _zset, acquire_wait_lua, release_wait_lua
 
     keys = LockKeys.of(key)
