@@ -112,15 +112,17 @@ class TenureLock:
         return "ok"
 
     def fresh(self, count: int) -> dict[str, int]:
-        """Lock ``count`` names never used before, twice each, without waiting: a lock
-        per entity. Counts the refusals and any second token not above the first."""
+        """Lock ``count`` names never used before, twice each: a lock per entity. Nobody
+        else holds them, so each acquire may take a retry or two (a node that timed out
+        on a loaded machine), never a wait: refused if not granted within 2 s. Counts
+        the refusals and any second token not above the first."""
         granted = refused = disorder = 0
         for _ in range(count):
             name = f"{self._spec.name}:entity:{secrets.token_hex(8)}"
             tokens = []
             for _ in range(2):
                 try:
-                    lease = self._client.acquire(name, self._spec.ttl, blocking=False)
+                    lease = self._client.acquire(name, self._spec.ttl, timeout=2.0)
                 except AcquireError:
                     refused += 1
                     continue
