@@ -33,7 +33,8 @@ The checks
     ``appendonly yes`` + ``appendfsync always``: OK. ``everysec`` (or ``no``): WARN, a
     crash of the *host* loses the last second (or ~30 s) of acknowledged writes. No AOF
     and no RDB (``save ""``): WARN, a restart comes back empty, which tenure detects (no
-    fencing counter) and answers with a ``max_ttl`` warm-up (docs/fencing.md). No AOF
+    floor: the node's record of the tokens it issued) and answers with a ``max_ttl``
+    warm-up (docs/fencing.md). No AOF
     but RDB snapshots: UNSAFE, a crash restarts from an old snapshot whose older
     counters tenure cannot tell from current ones, so grants made since are forgotten
     unnoticed (R8).
@@ -179,8 +180,8 @@ return out
 """
 
 _DATA_LOSS_NOTE = (
-    "a node that comes back empty is detected (no fencing counter) and kept out for "
-    "max_ttl per lock; one that comes back with older data is not (docs/fencing.md)"
+    "a node that comes back empty is detected (no floor) and kept out for max_ttl; "
+    "one that comes back with older data is not (docs/fencing.md)"
 )
 
 
@@ -404,8 +405,8 @@ def check_persistence(facts: NodeFacts) -> Finding:
             Level.WARN,
             f"appendonly yes, appendfsync {fsync}: a crash of the host (not of redis-server "
             f"alone) loses up to {window} of acknowledged grants. tenure's data-loss "
-            "detection and max_ttl warm-up cover a node that lost a lock's fencing counter, "
-            "not one that kept an older counter, so after a host crash keep the node out for "
+            "detection and max_ttl warm-up cover a node that lost its floor, "
+            "not one that kept an older floor, so after a host crash keep the node out for "
             "max_ttl before restarting it (R8), or use appendfsync always",
         )
     save = config.get("save")

@@ -248,7 +248,7 @@ class Acquisition:
     def begin(self, now: float) -> Round:
         """Start an attempt at ``now``."""
         self.attempts += 1
-        # Marks a node without history answers with (see acquire.lua); never 0.
+        # Marks a blank node (no floor) answers with (see acquire.lua); never 0.
         self.mark = self._rng.getrandbits(52) | 1
         return Round(
             self.spec.n_nodes,

@@ -117,8 +117,8 @@ class ClientConfig:
         retry: back-off policy between attempts of a blocking acquire.
         allow_even: accept an even number of nodes (see ``check_node_count``).
         max_ttl: the longest TTL any lease may have, in seconds. A node found to have
-            lost its data (no fencing history) is kept out for this long, so every lease
-            it might have granted has expired before it votes again.
+            lost its data (no floor, see docs/fencing.md) is kept out for this long, so
+            every lease it might have granted has expired before it votes again.
         recheck: the fallback bound of a blocking acquire: a waiter re-checks the lock
             after a random delay in [recheck/2, recheck] even if no release
             notification came (see docs/waiting.md). 0 turns notifications off: waiters
