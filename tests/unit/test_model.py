@@ -884,8 +884,11 @@ def test_model_mutual_exclusion_and_fencing_soak() -> None:
 
 # --- the model has teeth ----------------------------------------------------------------
 
-# How many examples each broken scheme takes to be found: FIND_EXAMPLES below; the bound
-# only matters if the search got much weaker.
+# Examples each broken scheme takes to be found, measured over unseeded runs (seven
+# each): QuorumOfOne, ValidityTooLong, Incr and NoWarmUp 4-160, SeedWithoutWarmUp 4-540,
+# MissingCounterAsZero and FloorNotRaised 20-800, SeedFromCounter 260-3700 (with 30
+# steps a run; its budget is larger). The bounds only matter if the search got much
+# weaker.
 FIND_SETTINGS = find_settings(MODEL_SETTINGS, max_examples=2000)
 
 
@@ -1005,14 +1008,15 @@ class SeedFocus(RestartFocus):
         self.nodes[0].wipe()
         self._lose(0)
 
-    # Whole blocking acquisitions that lose at most one node's requests.
+    # Whole blocking acquisitions that reach every node (a node that remembers and is
+    # not heard is another story: see test_one_restart_and_one_node_down_...).
     @precondition(lambda self: self.nodes and self._eligible_to_start())
     @rule(
         pick=PICK,
         name=NAME,
         blocking=st.just(True),
         order=st.randoms(use_true_random=False),
-        lost=st.sampled_from([0, 1, 2, 4]),
+        lost=st.just(0),
         batch=st.booleans(),
     )
     def acquire_at_once(
@@ -1103,28 +1107,32 @@ def test_no_warm_up_is_harmless_without_restarts() -> None:
 
 
 @pytest.mark.parametrize(
-    ("machine", "violated", "steps"),
+    ("machine", "violated", "find"),
     [
-        pytest.param(machine, violated, steps, id=machine.__name__)
-        for machine, violated, steps in [
-            (QuorumOfOneScheme, r"\((a|c)\) ", None),
-            (ValidityTooLongScheme, r"\(a\) ", None),
-            (IncrScheme, r"\((b|c)\) token", None),
-            (NoWarmUpScheme, r"\((a|b|c)\) ", None),
-            (SeedWithoutWarmUpScheme, r"\(a\) mutual exclusion", None),
-            (MissingCounterAsZeroScheme, r"\((b|c)\) token", None),
-            (FloorNotRaisedScheme, r"\((b|c)\) token", None),
-            # Shorter runs: fewer steps that spoil the attack before it completes.
-            (SeedFromCounterScheme, r"\((b|c)\) token", 30),
+        pytest.param(machine, violated, find, id=machine.__name__)
+        for machine, violated, find in [
+            (QuorumOfOneScheme, r"\((a|c)\) ", FIND_SETTINGS),
+            (ValidityTooLongScheme, r"\(a\) ", FIND_SETTINGS),
+            (IncrScheme, r"\((b|c)\) token", FIND_SETTINGS),
+            (NoWarmUpScheme, r"\((a|b|c)\) ", FIND_SETTINGS),
+            (SeedWithoutWarmUpScheme, r"\(a\) mutual exclusion", FIND_SETTINGS),
+            (MissingCounterAsZeroScheme, r"\((b|c)\) token", FIND_SETTINGS),
+            (FloorNotRaisedScheme, r"\((b|c)\) token", FIND_SETTINGS),
+            # Shorter runs (fewer steps that spoil the attack before it completes), and
+            # a larger budget: its search has a long tail.
+            (
+                SeedFromCounterScheme,
+                r"\((b|c)\) token",
+                settings(FIND_SETTINGS, max_examples=6000, stateful_step_count=30),
+            ),
         ]
     ],
 )
 def test_model_catches_a_broken_scheme(
-    machine: type[LockModel], violated: str, steps: int | None
+    machine: type[LockModel], violated: str, find: settings
 ) -> None:
-    found = FIND_SETTINGS if steps is None else settings(FIND_SETTINGS, stateful_step_count=steps)
     with pytest.raises(Violation, match=violated):
-        run_state_machine_as_test(machine, settings=found)
+        run_state_machine_as_test(machine, settings=find)
 
 
 # --- histories the random search is unlikely to reach in CI time, replayed step by step ---
@@ -1139,9 +1147,6 @@ def _model(n: int, skews: list[int], history: int | None) -> LockModel:
 def _granted(model: LockModel) -> list[tuple[int, Grant]]:
     """The grants of the run (not the history the nodes started with), by index."""
     return [(k, g) for k, g in enumerate(model.grants) if g.client >= 0]
-
-
-SAME = random.Random(0)  # the order requests reach the nodes in (any will do)
 
 
 def test_stale_seed_of_a_new_node_set_after_a_restart() -> None:
@@ -1161,15 +1166,16 @@ def test_stale_seed_of_a_new_node_set_after_a_restart() -> None:
         client 2: resumes, concludes round 2: Seed({0,1,2}, 0, warm 0) reaches node 0
         client 1: nodes 0 and 2 grant it while T2 is valid (without the marks)
     """
+    same = random.Random(0)  # the order requests reach the nodes in (any will do)
     model = _model(3, [0, 0, 0], None)
     model.start_acquire(pick=2, name=0, blocking=True, timeout=None)
-    model.deliver_all(pick=0, order=SAME, lost=0)
+    model.deliver_all(pick=0, order=same, lost=0)
     model.conclude(pick=0)
     model.start_acquire(pick=2, name=0, blocking=True, timeout=None)
-    model.deliver_all(pick=0, order=SAME, lost=0)  # every node heard: all blank
-    model.acquire_at_once(pick=0, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.deliver_all(pick=0, order=same, lost=0)  # every node heard: all blank
+    model.acquire_at_once(pick=0, name=0, blocking=True, order=same, lost=0, batch=True)
     model.release(pick=0)
-    model.acquire_at_once(pick=0, name=0, blocking=True, order=SAME, lost=0b100, batch=True)
+    model.acquire_at_once(pick=0, name=0, blocking=True, order=same, lost=0b100, batch=True)
     holder = model.clients[0].lease
     assert holder is not None
     assert holder.granted == frozenset({0, 1})
@@ -1180,7 +1186,7 @@ def test_stale_seed_of_a_new_node_set_after_a_restart() -> None:
     model.deliver_loose(pick=seeds[0], lost=False)
     assert model.nodes[0].floor_of(model.spec.keys, model.ms) is None  # refused: stale
     assert model.now < holder.valid_until
-    model.acquire_at_once(pick=0, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=0, name=0, blocking=True, order=same, lost=0, batch=True)
     model.at_most_one_valid_lease()
 
 
@@ -1197,13 +1203,14 @@ def test_history_lost_on_every_node_restarts_tokens_from_the_clock() -> None:
         node 0 restarts without data; 1.5 s later node 1; 1.5 s later node 2
         client 2 (wall clock behind): every node blank -> Seed(all, 0, 0) -> token 1 < T
     """
+    same = random.Random(0)  # the order requests reach the nodes in (any will do)
     model = _model(3, [0, 0, -2 * BASE_US], 1)
-    model.acquire_at_once(pick=0, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=0, name=0, blocking=True, order=same, lost=0, batch=True)
     model.release(pick=0)
     for node in range(3):
         model.restart_without_data(pick=node, down_ms=0, holder=False)
         model.advance_time(step=MAX_TTL_MS + 1)
-    model.acquire_at_once(pick=2, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=2, name=0, blocking=True, order=same, lost=0, batch=True)
     (k, first), (_, last) = _granted(model)
     assert last.client == 2
     assert last.token < first.token
@@ -1232,13 +1239,14 @@ def test_history_expired_on_every_node_restarts_tokens_from_the_clock(
         nothing happens for the retention + 1 ms: every key expires
         client 1 (clock behind by ``skew``): every node blank -> seeded at 0 -> its clock
     """
+    same = random.Random(0)  # the order requests reach the nodes in (any will do)
     model = _model(3, [0, skew, 0], 1)
-    model.acquire_at_once(pick=0, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=0, name=0, blocking=True, order=same, lost=0, batch=True)
     model.release(pick=0)
     model.idle_past_retention(extra=1)
     keys = model.spec.keys
     assert all(n.floor_of(keys, model.ms) is n.counter(keys, model.ms) is None for n in model.nodes)
-    model.acquire_at_once(pick=1, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=1, name=0, blocking=True, order=same, lost=0, batch=True)
     (k, first), (_, last) = _granted(model)
     assert last.client == 1
     assert k in model.forgotten
@@ -1260,21 +1268,22 @@ def test_history_expired_but_on_one_node_keeps_tokens_increasing() -> None:
         client 2 (clock far behind): for "a": nodes 1, 2 blank, node 0 too low ->
                   seeds 1, 2 with its floor and a warm-up; after it, granted above T
     """
+    same = random.Random(0)  # the order requests reach the nodes in (any will do)
     model = _model(3, [0, -2 * BASE_US, -2 * BASE_US], 1)
-    model.acquire_at_once(pick=0, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=0, name=0, blocking=True, order=same, lost=0, batch=True)
     model.release(pick=0)
     [(k, first)] = _granted(model)
     model.advance_time(step=RETENTION_MS - 200)
-    model.acquire_at_once(pick=1, name=1, blocking=True, order=SAME, lost=0b110, batch=True)
+    model.acquire_at_once(pick=1, name=1, blocking=True, order=same, lost=0b110, batch=True)
     assert model.nodes[0].floor_of(model.spec.keys, model.ms) == first.token + 1
     assert len(_granted(model)) == 1
     model.advance_time(step=300)  # nodes 1 and 2 forget; node 0 does not
     assert [n.floor_of(model.spec.keys, model.ms) for n in model.nodes[1:]] == [None, None]
-    model.acquire_at_once(pick=2, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=2, name=0, blocking=True, order=same, lost=0, batch=True)
     state = model.clients[2]
     assert state.lease is None  # nodes 1 and 2 warm up
     model.advance_time(step=MAX_TTL_MS + 1)
-    model.acquire_at_once(pick=2, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=2, name=0, blocking=True, order=same, lost=0, batch=True)
     last = model.grants[-1]
     assert last.client == 2
     assert last.token > first.token + 1
@@ -1285,18 +1294,19 @@ def test_a_lease_extended_past_the_retention_keeps_its_nodes_floors() -> None:
     """Extensions keep the floor of every node that extends: a lease held for longer
     than the retention leaves no blank node behind it (which would sit out a warm-up),
     and the next holder's token is above it, even from a clock far behind."""
+    same = random.Random(0)  # the order requests reach the nodes in (any will do)
     model = _model(3, [0, -2 * BASE_US, 0], 1)
-    model.acquire_at_once(pick=0, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=0, name=0, blocking=True, order=same, lost=0, batch=True)
     [(_, first)] = _granted(model)
     for _ in range(2 * RETENTION_MS // (TTL_MS // 2)):
         model.advance_time(step=TTL_MS // 2)
         model.start_extend(pick=0)
-        model.deliver_all(pick=0, order=SAME, lost=0)
+        model.deliver_all(pick=0, order=same, lost=0)
         model.conclude(pick=0)
     assert model.clients[0].lease is not None
     assert model.nodes[0].counter(model.spec.keys, model.ms) is None  # expired
     model.release(pick=0)
-    model.acquire_at_once(pick=1, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=1, name=0, blocking=True, order=same, lost=0, batch=True)
     last = model.grants[-1]
     assert last.client == 1
     assert last.token > first.token
@@ -1318,18 +1328,19 @@ def test_one_restart_and_one_node_down_keep_the_token_order() -> None:
         client 2 (clock far behind): node 0 blank, node 2 too low (T0) -> node 0 seeded
                   with T0 and a warm-up; after it, nodes 0 and 2 grant T0 + 1 < T1
     """
+    same = random.Random(0)  # the order requests reach the nodes in (any will do)
     model = _model(3, [0, 0, -2 * BASE_US], 1)
-    model.acquire_at_once(pick=0, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=0, name=0, blocking=True, order=same, lost=0, batch=True)
     model.release(pick=0)
     model.node_goes_down(pick=2, duration=100)
     model.advance_time(step=10)
-    model.acquire_at_once(pick=0, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=0, name=0, blocking=True, order=same, lost=0, batch=True)
     model.release(pick=0)
     (_, t0), (_, t1) = _granted(model)
     assert t1.token > t0.token
     model.advance_time(step=100)  # node 2 is back
     model.restart_without_data(pick=0, down_ms=0, holder=False)
     model.node_goes_down(pick=1, duration=2 * MAX_TTL_MS)
-    model.acquire_at_once(pick=2, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=2, name=0, blocking=True, order=same, lost=0, batch=True)
     model.advance_time(step=MAX_TTL_MS + 1)
-    model.acquire_at_once(pick=2, name=0, blocking=True, order=SAME, lost=0, batch=True)
+    model.acquire_at_once(pick=2, name=0, blocking=True, order=same, lost=0, batch=True)
