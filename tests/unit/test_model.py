@@ -76,8 +76,9 @@ The replayed tests at the end pin, step by step, histories the random search doe
 reach in CI time: a stale seed that the observation marks make harmless; the token
 order when the history is lost everywhere (by restarts, by the retention); the floor of
 one node keeping it when the others expired; extensions keeping the floors; and, as a
-strict xfail, a single restart while another node is down, where the current core
-seeds from a stale floor and the token order breaks although a node remembers.
+strict xfail, a single restart while another node is down, where the core seeds from
+a stale floor and the token order breaks although a node remembers (a documented limit:
+the random search does not reach it in CI time, a soak run might).
 """
 
 from __future__ import annotations
@@ -1313,15 +1314,17 @@ def test_a_lease_extended_past_the_retention_keeps_its_nodes_floors() -> None:
     assert not model.forgotten
 
 
-@pytest.mark.xfail(strict=True, raises=Violation, reason="a limit of the core, see docstring")
+@pytest.mark.xfail(strict=True, raises=Violation, reason="a documented limit of the core")
 def test_one_restart_and_one_node_down_keep_the_token_order() -> None:
-    """Tokens should keep increasing with a single restart (the assumption allows one per
-    max_ttl) while another node is cut off: the node that is down still remembers the
-    last token. The core instead seeds the restarted node from what the nodes that
-    answer have (here a stale floor), once a majority answered but fewer than a majority
-    have a floor, and a client whose clock is behind is then granted a token below one
-    already handed out. Strict xfail: this test passes once the core waits for a node
-    that may remember (it did, when that seeding required every node to answer).
+    """The documented limit of seeding without a majority of floors (docs/fencing.md): a
+    single restart (the assumption allows one per max_ttl) while another node is cut
+    off. The node that is down still remembers the last token, but the core does not
+    wait for it: once a majority answered and fewer than a majority have a floor, it
+    seeds the restarted node from what the nodes that answer have (here a stale floor),
+    with the warm-up, and a client whose clock is far behind is then granted a token
+    below one already handed out. The model asserts the token order while any node
+    remembers, so this fails; it is a strict xfail so that a change of the core here
+    (waiting for every node, as that seeding once did) shows up. Mutual exclusion holds.
 
         client 0: granted T0 on every node; later, node 2 cut off, T1 > T0 on nodes 0, 1
         node 2 is back (its floor is T0); node 0 restarts without data; node 1 cut off
