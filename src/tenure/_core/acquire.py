@@ -5,7 +5,7 @@ A driver runs::
     acq = Acquisition(spec, retry, rng, blocking=..., timeout=..., now=clock(), ...)
     while True:
         rnd = acq.begin(clock())
-        send commands.acquire(spec.keys, token, spec.ttl_ms, acq.proposal(wall_us))
+        send commands.acquire(spec, token, acq.proposal(wall_us), acq.mark, max_ttl_ms)
         ...feed replies into rnd until rnd.decided or acq.deadline(rnd), then rnd.time_out()
         step = acq.conclude(rnd, token, clock())
         Granted -> hand out step.lease (its fencing token is the proposal)
@@ -463,7 +463,10 @@ class Acquisition:
         warm_ms: int,
     ) -> Seed:
         marks = frozenset(statuses[i][1] for i in blank)
-        return Seed(blank, max(floors.values(), default=0), warm_ms, marks)
+        # Counters too: a "held" reply right after a hand-off carries the floor read
+        # before the hand-off raised it, and a seed must not land below what was seen.
+        counters = [n for s, n in statuses.values() if s in (GRANTED, HELD, TOO_LOW)]
+        return Seed(blank, max([*floors.values(), *counters], default=0), warm_ms, marks)
 
     def _unreachable(self, rnd: Round) -> LockError | NodeMisconfigured:
         errors = round_errors(rnd, self._names)

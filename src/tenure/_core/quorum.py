@@ -57,8 +57,8 @@ class Failure(enum.Enum):
 class NodeResult:
     """What one node answered in a round; ``ok`` is None when it failed.
 
-    ``info`` carries what an acquire reply says beyond yes/no: (status, number) and, when
-    the lock is held and the caller waits, its PTTL; see ``_lua/acquire.lua``.
+    ``info`` carries what an acquire reply says beyond yes/no: (status, number, floor)
+    and, when the lock is held and the caller waits, its PTTL; see ``_lua/acquire.lua``.
     """
 
     ok: bool | None = None
