@@ -1,5 +1,5 @@
 """What the sync and async leases have in common: the facts of one acquisition, the
-record of its loss (R12: a holder must learn the moment its lease is lost), who may act
+record of its loss (a holder must learn the moment its lease is lost), who may act
 on it (not a forked child, not through a closed client), and how a loss is reported when
 the body of a ``with`` block raised its own exception."""
 
@@ -187,7 +187,7 @@ class LeaseView:
 
     @property
     def fencing_token(self) -> int:
-        """Strictly increases in the order leases of this lock are granted (R11).
+        """Strictly increases in the order leases of this lock are granted.
 
         Send it with every write to a fenced store (``tenure.fencing``), which rejects a
         write whose token is older than one it has seen.

@@ -37,7 +37,7 @@ The checks
     warm-up (docs/fencing.md). No AOF
     but RDB snapshots: UNSAFE, a crash restarts from an old snapshot whose older
     counters tenure cannot tell from current ones, so grants made since are forgotten
-    unnoticed (R8).
+    unnoticed.
 ``eviction``
     ``noeviction``: OK. Any ``volatile-*`` or ``allkeys-*`` policy: UNSAFE, since every
     lock key has a TTL and so can be evicted while held (``tenure verify eviction``
@@ -45,7 +45,7 @@ The checks
     ``maxmemory`` is 0, since nothing is evicted until a limit is set.
 ``role``
     A replica: UNSAFE. A master with replicas, or a Redis Cluster node: WARN (failover to
-    an async replica can lose grants, R9). A master alone: OK.
+    an async replica can lose grants). A master alone: OK.
 ``independent``
     Two entries with the same ``run_id`` (the same server listed twice) or the same
     ``master_replid`` (one replication set): UNSAFE, their votes are not independent.
@@ -355,7 +355,7 @@ def check_role(facts: NodeFacts) -> Finding:
             "role",
             Level.WARN,
             "a Redis Cluster node: the cluster fails a master over to an async replica, "
-            "which can lose grants (R9); use independent masters, not a cluster",
+            "which can lose grants; use independent masters, not a cluster",
         )
     replicas = _int(info.get("connected_slaves"), 0)
     if replicas > 0:
@@ -368,14 +368,14 @@ def check_role(facts: NodeFacts) -> Finding:
             "role",
             Level.WARN,
             f"a master with {replicas} connected replica(s){listed}: failing over to an "
-            "async replica can lose grants (R9); Redlock wants independent masters without "
+            "async replica can lose grants; Redlock wants independent masters without "
             "failover",
         )
     return Finding(facts.node, "role", Level.OK, "master, no replicas")
 
 
 def check_persistence(facts: NodeFacts) -> Finding:
-    """What survives a crash: decides whether a restart can forget grants unnoticed (R8)."""
+    """What survives a crash: decides whether a restart can forget grants unnoticed."""
     config = facts.config or {}
     appendonly = config.get("appendonly")
     if appendonly is None:
@@ -407,7 +407,7 @@ def check_persistence(facts: NodeFacts) -> Finding:
             f"alone) loses up to {window} of acknowledged grants. tenure's data-loss "
             "detection and max_ttl warm-up cover a node that lost its floor, "
             "not one that kept an older floor, so after a host crash keep the node out for "
-            "max_ttl before restarting it (R8), or use appendfsync always",
+            "max_ttl before restarting it, or use appendfsync always",
         )
     save = config.get("save")
     if save is not None and save.strip() not in ("", '""'):
@@ -417,8 +417,8 @@ def check_persistence(facts: NodeFacts) -> Finding:
             Level.UNSAFE,
             f"appendonly no with RDB snapshots (save {save}): a crash restarts from the last "
             "snapshot, missing the grants made since but with older fencing counters, which "
-            "tenure cannot tell from a healthy node, so a second client can win a majority "
-            '(R8). Use appendonly yes + appendfsync always, or no persistence (save "") so '
+            "tenure cannot tell from a healthy node, so a second client can win a majority"
+            '. Use appendonly yes + appendfsync always, or no persistence (save "") so '
             "that a restart comes back empty and is detected",
         )
     snapshots = "save unknown" if save is None else 'save ""'
@@ -550,7 +550,7 @@ def _independence(nodes: Sequence[NodeFacts]) -> list[Finding | None]:
                 Level.UNSAFE,
                 f"one replication set with {', '.join(o.node for o in kin)} (master_replid "
                 f"{replid[:8]}...): not independent masters; replication copies grants "
-                "between them and a failover can lose them (R9)",
+                "between them and a failover can lose them",
             )
         elif not run_id:
             finding = Finding(facts.node, "independent", Level.WARN, "INFO has no run_id")

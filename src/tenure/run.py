@@ -9,7 +9,7 @@ and ``tenure status``: what every node says about a lock.
 3. Start the command in a new session (its own process group), with stdin, stdout and
    stderr inherited and two variables added to its environment:
    ``TENURE_FENCING_TOKEN`` (the lease's fencing token: pass it with every write to a
-   fenced store, R11) and ``TENURE_LOCK_NAME``.
+   fenced store) and ``TENURE_LOCK_NAME``.
 4. Wait for it. If the lease is lost meanwhile (an extension failed, the watchdog woke
    after the validity ended, ``--max-hold`` ran out), print one line to stderr saying
    why, send SIGTERM to the command's process group (so every process of a shell
@@ -82,7 +82,7 @@ only ``tenure run``, which passes it on exactly once). If the command is still r
 leaves a command running after it gives up the lease. A signal that was ignored when
 ``tenure run`` started (``nohup``, a background job) stays ignored.
 
-Limits, honestly (R12)
+Limits, honestly
 ----------------------
 * The watchdog lowers the risk of losing the lease but cannot stop a command that keeps
   writing while ``tenure run`` is frozen (SIGSTOP, a stalled VM): the command is a

@@ -199,7 +199,11 @@ _REPLICA = {"role": "slave", "master_host": "10.0.0.1", "master_port": "6379"}
             Level.WARN,
             "2 connected replica(s) (10.0.0.2:6380)",
         ),
-        (_facts({"connected_slaves": "1"}), Level.WARN, "R9"),
+        (
+            _facts({"connected_slaves": "1"}),
+            Level.WARN,
+            "failing over to an async replica can lose grants",
+        ),
         (_facts(_REPLICA), Level.UNSAFE, "a replica of 10.0.0.1:6379"),
         (_facts(_REPLICA), Level.UNSAFE, "fail (READONLY)"),
         (
@@ -505,7 +509,7 @@ def test_replica_is_unsafe() -> None:
     assert code == EXIT_UNSAFE
     levels = _levels(findings)
     assert (replica.url, "role", "UNSAFE") in levels
-    assert (master.url, "role", "WARN") in levels  # a master with a replica (R9)
+    assert (master.url, "role", "WARN") in levels  # a master with a replica
     assert (master.url, "independent", "UNSAFE") in levels  # one replication set
     assert (replica.url, "independent", "UNSAFE") in levels
     role = next(f for f in findings if f["node"] == replica.url and f["check"] == "role")

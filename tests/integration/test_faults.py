@@ -103,7 +103,7 @@ def test_frozen_node_replies_are_drained_and_its_late_grant_released(
 def test_node_that_lost_its_data_is_kept_out_for_max_ttl(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:
-    """A node restarted empty could grant a lock another client still holds (R8).
+    """A node restarted empty could grant a lock another client still holds.
 
     tenure recognises it (no floor: the node's own record that it kept its data), seeds
     its floor from the others and keeps it out for max_ttl, after which it votes again.

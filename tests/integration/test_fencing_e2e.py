@@ -1,4 +1,4 @@
-"""Fencing end to end (R11): a paused holder's late writes are refused by every store, and
+"""Fencing end to end: a paused holder's late writes are refused by every store, and
 tokens strictly increase across competing processes, skewed counters and data loss."""
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def test_quorum_waits_for_the_node_that_frees_a_majority() -> None:
 
 
 def test_split_vote_backs_off_at_random() -> None:
-    # Nobody holds a majority: waking on a release would only collide again (R6).
+    # Nobody holds a majority: waking on a release would only collide again.
     acq = make(n=5)
     step = acq.conclude(held_round(acq, 0.0, [9_000, 9_000], granted=2), "t", 0.001)
     assert isinstance(step, Retry)
@@ -213,7 +213,7 @@ def test_fair_on_a_quorum_waits_with_a_partial_grant_and_the_rest_held() -> None
     step = acq.conclude(held_round(acq, 0.0, [9_000] * 4, granted=1), "t", 0.001)
     assert isinstance(step, Wait)
     assert step.cleanup == frozenset({0})
-    # A split with no majority held by anyone still backs off at random (R6).
+    # A split with no majority held by anyone still backs off at random.
     step = acq.conclude(held_round(acq, 0.0, [9_000, 9_000], granted=2), "t", 0.001)
     assert isinstance(step, Retry)
 

@@ -19,14 +19,14 @@ because another client holds the lock on a majority does not sleep a back-off: t
 attempt queued the caller on the nodes, and the driver waits for the release
 notification, or at most a random ``[recheck/2, recheck]`` (the fallback bound), or until
 the holder's key expires by its TTL, whichever is first. Split votes (nobody holds a
-majority) still back off at random (R6): waking on a release would only collide again.
+majority) still back off at random: waking on a release would only collide again.
 
 The machine never sleeps past the caller's timeout, raises ``QuorumUnreachable`` once
 failures alone have made a majority impossible in a few consecutive attempts (at once for
 a non-blocking acquire; waiting would not help), and draws every retry delay at random so
-that colliding clients drift apart (R6).
+that colliding clients drift apart.
 
-Fencing tokens (R11), one round trip
+Fencing tokens, one round trip
 ------------------------------------
 The client *proposes* the token F; each node grants only if the lock is free there and
 F is above that node's counter, and then sets its counter to F in the same script. So a
@@ -326,7 +326,7 @@ class Acquisition:
         # Wait for a notification only when nodes held by others make a majority and
         # none granted us: with a partial grant of ours, "held" may mean another
         # waiter's partial grant or a reservation for it (a split vote, not a holder
-        # who will release), so back off at random instead (R6). Fair on a quorum
+        # who will release), so back off at random instead. Fair on a quorum
         # ("q") waits either way: there are no reservations, a waiter's partial grants
         # are released with a hand-off to the next in line (so "held" by one is
         # followed by a notification), and a grant of ours next to nodes held by others

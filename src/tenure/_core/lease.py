@@ -1,11 +1,11 @@
 """Extending and releasing a lease: when each succeeds, and what failure means.
 
-Extend (R3) is compare-and-expire on every node: a node extends only while it still holds
+Extend is compare-and-expire on every node: a node extends only while it still holds
 our token, so an expired key is never re-created. The new validity is measured from the
 start of the extend round, exactly as for acquisition, and a majority is required again;
 anything less means another client may be able to win a majority, so the lease is lost.
 
-Release (R7) is compare-and-delete on every node. A node that still held our token at
+Release is compare-and-delete on every node. A node that still held our token at
 release held it without interruption since it granted it (tokens are never reused), so
 if a majority still held it, nobody else can have held a majority meanwhile, barring
 nodes that lost their data or had their clock jump. If fewer did, the lock expired

@@ -174,7 +174,7 @@ class SetNxNoTtl(_SingleKeyBaseline):
     """UNSAFE baseline: ``SETNX`` with no expiry, ``DEL`` to release.
 
     Mutual exclusion holds, but a holder that crashes holds the lock forever: every other
-    client waits until an operator deletes the key (R1 liveness).
+    client waits until an operator deletes the key.
     """
 
     def _try(self) -> Held | str:

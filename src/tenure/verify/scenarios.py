@@ -83,7 +83,6 @@ class Scenario:
     configs: Sequence[Config]
     quick_cycles: int = 3
     soak_cycles: int = 200
-    requirement: str = ""
 
 
 # --- shared steps ------------------------------------------------------------------------
@@ -569,7 +568,6 @@ SCENARIOS: tuple[Scenario, ...] = (
             ),
         ),
         soak_cycles=100,
-        requirement="R9",
     ),
     Scenario(
         "restart",
@@ -599,7 +597,6 @@ SCENARIOS: tuple[Scenario, ...] = (
             ),
         ),
         soak_cycles=60,
-        requirement="R8",
     ),
     Scenario(
         "pause",
@@ -622,7 +619,6 @@ SCENARIOS: tuple[Scenario, ...] = (
             ),
         ),
         soak_cycles=200,
-        requirement="R11, R12",
     ),
     Scenario(
         "clock",
@@ -645,7 +641,6 @@ SCENARIOS: tuple[Scenario, ...] = (
             ),
         ),
         soak_cycles=200,
-        requirement="R10",
     ),
     Scenario(
         "network",
@@ -697,7 +692,6 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
         quick_cycles=3,
         soak_cycles=90,
-        requirement="R2-R5",
     ),
     Scenario(
         "crash",
@@ -720,7 +714,6 @@ SCENARIOS: tuple[Scenario, ...] = (
             ),
         ),
         soak_cycles=100,
-        requirement="R1",
     ),
     Scenario(
         "legacy",
@@ -750,7 +743,6 @@ SCENARIOS: tuple[Scenario, ...] = (
             ),
         ),
         soak_cycles=150,
-        requirement="R16",
     ),
     Scenario(
         "eviction",
@@ -794,7 +786,6 @@ SCENARIOS: tuple[Scenario, ...] = (
             ),
         ),
         soak_cycles=200,
-        requirement="R8",
     ),
 )
 
