@@ -34,7 +34,7 @@ from redis.exceptions import ResponseError
 
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
-from .._core.diagnosis import Diagnosis
+from .._core.diagnosis import BackingOff, Diagnosis
 from .._core.quorum import Failure, Round
 from .._core.resp import ErrorReply, ReplyReader
 from .._redis_compat import NotRedis, connection_kwargs, diagnose
@@ -59,19 +59,6 @@ def _ignore(reply: Reply) -> None:
 def _callbacks(command: Command, on_reply: OnReply) -> list[OnReply]:
     # A command with several replies (a script, then WAIT) calls back once per reply.
     return [on_reply] * command.replies
-
-
-class _Down(Exception):
-    """The node is in its reconnect back-off."""
-
-    def __init__(self, wait: float, last: Diagnosis | None = None) -> None:
-        self.failure = Failure.BACKING_OFF
-        self.detail = f"not retried until the back-off ends ({wait:.3f}s)"
-        if last is not None and last.failure.configuration:
-            # Still the node's configuration, whose message says what to fix.
-            self.failure = last.failure
-            self.detail = last.detail
-        super().__init__(self.detail)
 
 
 class _Replies(asyncio.Protocol):
@@ -139,7 +126,7 @@ class Channel:
         if self._task is None:
             wait = self.backing_off(now)
             if wait:
-                raise _Down(wait, self.last)
+                raise BackingOff(wait, self.last)
             self._task = asyncio.get_running_loop().create_task(self._run())
         self._unsent.append((command, on_reply))
 
@@ -287,7 +274,7 @@ class Channels:
         for i in range(len(channels)) if targets is None else targets:
             try:
                 channels[i].send(command, _ignore if on_reply is None else partial(on_reply, i))
-            except _Down as exc:
+            except BackingOff as exc:
                 rnd.fail(i, exc.failure, exc.detail)
 
     async def run(
@@ -311,7 +298,7 @@ class Channels:
             for i in order:
                 wait = channels[i].backing_off(now)
                 if wait:
-                    down = _Down(wait, channels[i].last)
+                    down = BackingOff(wait, channels[i].last)
                     rnd.fail(i, down.failure, down.detail)
             if rnd.decided or rnd.impossible:
                 self.reporter.round(rnd)

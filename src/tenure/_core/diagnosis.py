@@ -22,6 +22,7 @@ from .._errors import NodeMisconfigured, ServerUnsupported
 from .quorum import Failure, Round
 
 __all__ = [
+    "BackingOff",
     "Diagnosis",
     "configuration_error",
     "error_reply",
@@ -49,6 +50,22 @@ class Diagnosis:
 
     failure: Failure
     detail: str
+
+
+class BackingOff(Exception):
+    """A node in its reconnect back-off: not even tried. Both drivers raise it.
+
+    It is reported as backing off, unless it was dropped for its configuration: then it
+    is still that failure, whose message says what to fix.
+    """
+
+    def __init__(self, wait: float, last: Diagnosis | None = None) -> None:
+        self.failure = Failure.BACKING_OFF
+        self.detail = f"not retried until the back-off ends ({wait:.3f}s)"
+        if last is not None and last.failure.configuration:
+            self.failure = last.failure
+            self.detail = last.detail
+        super().__init__(self.detail)
 
 
 def _quote(text: str) -> str:

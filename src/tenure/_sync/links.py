@@ -38,8 +38,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
-from .._core.diagnosis import Diagnosis
-from .._core.quorum import Failure, Round
+from .._core.diagnosis import BackingOff, Diagnosis
+from .._core.quorum import Round
 from .._redis_compat import connection_kwargs, diagnose, kernel_timeouts
 from .._report import NodeReporter
 
@@ -92,19 +92,6 @@ class NodeState:
                 self._backoff = BACKOFF_MIN
 
 
-class _Down(Exception):
-    """The node is in its reconnect back-off; not even tried."""
-
-    def __init__(self, wait: float, last: Diagnosis | None = None) -> None:
-        self.failure = Failure.BACKING_OFF
-        self.detail = f"not retried until the back-off ends ({wait:.3f}s)"
-        if last is not None and last.failure.configuration:
-            # Still the node's configuration, whose message says what to fix.
-            self.failure = last.failure
-            self.detail = last.detail
-        super().__init__(self.detail)
-
-
 class _Failed(Exception):
     """Sending to the node failed (connect, handshake, write); already diagnosed."""
 
@@ -128,7 +115,7 @@ class Link:
         """Write ``command``, connecting first if needed.
 
         Raises:
-            _Down: the node is in its back-off; nothing was tried.
+            BackingOff: the node is in its back-off; nothing was tried.
             _Failed: connecting or writing failed (for any reason: a refused connection,
                 an AUTH refused, a handshake answered with garbage); the link is dropped.
         """
@@ -136,7 +123,7 @@ class Link:
         if conn is None:
             wait = self.backing_off(now)
             if wait:
-                raise _Down(wait, self.node.last)
+                raise BackingOff(wait, self.node.last)
         try:
             if conn is None:
                 conn = self.conn = self.node.new_connection()
@@ -200,7 +187,7 @@ class Link:
         parser cannot read) means the stream can no longer be trusted, so it is dropped.
         So is a node that refused for its configuration (a read-only replica, NOAUTH):
         it will refuse again, so it is left alone for a back-off like a down node, and
-        reported meanwhile with what is wrong (``_Down``). Redis also closes some of
+        reported meanwhile with what is wrong (``BackingOff``). Redis also closes some of
         those connections itself (an unauthenticated client sending a script).
         """
         why = diagnose(exc)
@@ -252,7 +239,7 @@ class LinkSet:
             for i in order:
                 wait = links[i].backing_off(now)
                 if wait:
-                    down = _Down(wait, links[i].node.last)
+                    down = BackingOff(wait, links[i].node.last)
                     rnd.fail(i, down.failure, down.detail)
             if rnd.decided or rnd.impossible:
                 self._reporter.round(rnd)
@@ -266,7 +253,7 @@ class LinkSet:
         for i in order:
             try:
                 links[i].send(command, now)
-            except _Down as exc:
+            except BackingOff as exc:
                 rnd.fail(i, exc.failure, exc.detail)
             except _Failed as exc:
                 rnd.fail(i, exc.diagnosis.failure, exc.diagnosis.detail)
