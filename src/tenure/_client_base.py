@@ -174,7 +174,7 @@ class ClientBase:
         key, leave the queue (``cleanup``: stay), pass the lock on to the next waiter."""
         if spec.wait_mode == "q":
             # The hand-off's token: one value for every node, above our own and every
-            # token this client saw. A node whose counter is not below it only wakes the
+            # token this client saw. A node whose floor is not below it only wakes the
             # next waiter, which then acquires with an ordinary round.
             arg = max(wall_us(), fencing + 1, self._fence_floor)
         else:

@@ -248,8 +248,9 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         help="show what every node says about a lock",
         description=(
             "One line per node: held (with the first 8 characters of the holder's token) or "
-            "free, the lock key's PTTL, the fencing counter (- if the node has none), the "
-            "warm-up left after a data loss (- if none), or unreachable. Exit 0 if a "
+            "free, the lock key's PTTL, the node's floor (the highest fencing token it "
+            "granted; - if the node is blank), the warm-up left after a data loss (- if "
+            "none), or unreachable. Exit 0 if a "
             "majority of nodes answered, else 69."
         ),
     )

@@ -542,9 +542,9 @@ def status(
     """Print one line per node about lock ``name``; 0 if a majority answered, else 69.
 
     Each line: the node, then ``held token=<first 8 chars of the holder's token>`` or
-    ``free token=-``, ``pttl=<ms>`` of the lock key, ``fence=<counter>`` (``-``: the lock
-    has no counter there: new, or idle past the retention), ``floor=<token>`` (the node's
-    floor; ``-``: the node is blank, never used or it lost its data), ``warm=<ms>`` (the
+    ``free token=-``, ``pttl=<ms>`` of the lock key, ``floor=<token>`` (the node's floor,
+    the highest fencing token it granted for any lock: the next token it grants is above
+    it; ``-``: the node is blank, never used or it lost its data), ``warm=<ms>`` (the
     warm-up left after a data loss, or ``-``); or ``unreachable: <error>``.
 
     Raises:
@@ -590,10 +590,9 @@ def _node_status(url: str, unix: bool, keys: LockKeys, timeout: float) -> tuple[
         with client.pipeline(transaction=True) as pipe:  # one consistent snapshot
             pipe.get(keys.lock)
             pipe.pttl(keys.lock)
-            pipe.get(keys.fence)
             pipe.get(keys.floor)
             pipe.pttl(keys.warm)
-            holder, pttl, fence, floor, warm = pipe.execute()
+            holder, pttl, floor, warm = pipe.execute()
     except Exception as exc:  # anything the node did: that line says so, the rest go on
         why = diagnose(exc)
         if why.failure is Failure.UNREACHABLE:
@@ -601,7 +600,6 @@ def _node_status(url: str, unix: bool, keys: LockKeys, timeout: float) -> tuple[
         return False, f"{why.failure.value}: {why.detail}"
     finally:
         client.close()
-    fence_text = "-" if fence is None else _text(fence)
     floor_text = "-" if floor is None else _text(floor)
     warm_text = f"{warm}ms" if isinstance(warm, int) and warm > 0 else "-"
     if holder is None:
@@ -610,8 +608,7 @@ def _node_status(url: str, unix: bool, keys: LockKeys, timeout: float) -> tuple[
         state, token = "held", _text(holder)[:8]
         pttl_text = f"{pttl}ms" if isinstance(pttl, int) and pttl >= 0 else "none"
     return True, (
-        f"{state}  token={token:<8}  pttl={pttl_text:<7}  fence={fence_text}  "
-        f"floor={floor_text}  warm={warm_text}"
+        f"{state}  token={token:<8}  pttl={pttl_text:<7}  floor={floor_text}  warm={warm_text}"
     )
 
 

@@ -183,15 +183,13 @@ def _competitor(urls: list[str], key: str, cycles: int, out: Connection) -> None
     out.send(grants)
 
 
-def test_tokens_strictly_increase_with_skewed_counters_and_a_restart(
+def test_tokens_strictly_increase_with_skewed_floors_and_a_restart(
     cluster5: LocalCluster, key: str
 ) -> None:
-    fence_key = f"tenure:{{{key}}}:fence"
     # Skew: two nodes far ahead of the wall clock, one behind, two never used (blank).
     ahead = time.time_ns() // 1000 + 10**9
     for node, value in zip(cluster5.nodes[:3], (ahead, ahead + 5, 17), strict=True):
         with node.client() as c:
-            c.set(fence_key, value)
             c.set(NODE_FLOOR, value)
     workers, cycles = 6, 250
     pipes, procs = [], []

@@ -55,7 +55,7 @@ def _release_raw(cluster: LocalCluster, n: int, name: str, lease: tenure.Lease, 
     conns = [c.connection_pool.get_connection() for c in clients]
     for conn in conns:
         conn.send_command(  # type: ignore[no-untyped-call]
-            "EVAL", body, 4, keys.lock, keys.fence, keys.floor, keys.queue,
+            "EVAL", body, 3, keys.lock, keys.floor, keys.queue,
             lease.token, mode, arg, RETENTION,
         )  # fmt: skip
     for conn in conns:
@@ -164,9 +164,9 @@ def test_fair_handoff_to_a_waiter_that_gave_up_is_passed_on(
         sub = c.pubsub()
         sub.subscribe(channel)
         acquire = script("acquire").wire.decode()
-        queue_keys = (keys.lock, keys.fence, keys.floor, keys.warm, keys.queue)
+        queue_keys = (keys.lock, keys.floor, keys.warm, keys.queue)
         reply = c.eval(
-            acquire, 5, *queue_keys,
+            acquire, 4, *queue_keys,
             "ghost", 5000, 1, 1, 1000, RETENTION, "f", "ghost", channel, 5000,
         )  # fmt: skip
         assert reply[0] == 0  # held: queued
@@ -175,7 +175,7 @@ def test_fair_handoff_to_a_waiter_that_gave_up_is_passed_on(
         assert c.get(keys.lock) == b"ghost"  # handed to the (silent) ghost
         release = script("release").wire.decode()  # what a waiter that gives up sends
         released = c.eval(
-            release, 4, keys.lock, keys.fence, keys.floor, keys.queue,
+            release, 3, keys.lock, keys.floor, keys.queue,
             "ghost", "f", 100, RETENTION,
         )  # fmt: skip
         assert released == 1
@@ -587,9 +587,9 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
     keys = LockKeys.of(key)
     acquire, release = script("acquire").wire.decode(), script("release").wire.decode()
     fake, bus = FakeNode(), Bus()
-    lent: list[str] = []
     waiters = ("a", "b", "c", "d", "e")
     with shared5[0].client() as c:
+        kept = c.get(keys.floor)
         sub = c.pubsub()
         channels = [f"ch:{key}:{w}" for w in waiters]
         sub.subscribe(*channels[:4])  # "e" listens nowhere: its hand-off reaches nobody
@@ -629,7 +629,7 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         ) -> None:
             ch = f"ch:{key}:{w}"
             real = c.eval(
-                acquire, 5, keys.lock, keys.fence, keys.floor, keys.warm, keys.queue,
+                acquire, 4, keys.lock, keys.floor, keys.warm, keys.queue,
                 w, 5000, proposal, 1, 1000, RETENTION, mode, w, ch, place, ticket,
             )  # fmt: skip
             mirror = acquire_wait_lua(
@@ -654,7 +654,7 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         ) -> None:
             extra = ("c",) if cleanup else ()
             real = c.eval(
-                release, 4, keys.lock, keys.fence, keys.floor, keys.queue,
+                release, 3, keys.lock, keys.floor, keys.queue,
                 w, mode, arg, RETENTION, *extra,
             )  # fmt: skip
             mirror = release_wait_lua(fake, bus, keys, w, mode, arg, 0, cleanup, RETENTION)
@@ -663,10 +663,9 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
                 assert mirror == expect, w
             heard(list(notes))
 
-        def same_state(lock: str | None = None, fence: int | None = None) -> None:
+        def same_state(lock: str | None = None, floor: int | None = None) -> None:
             real_lock = (c.get(keys.lock) or b"").decode()
             assert real_lock == (fake.get(keys.lock, 0) or "")
-            assert int(c.get(keys.fence) or 0) == int(fake.get(keys.fence, 0) or 0)
             assert int(c.get(keys.floor) or 0) == int(fake.get(keys.floor, 0) or 0)
             real_queue = [(m.decode(), s) for m, s in c.zrange(keys.queue, 0, -1, withscores=True)]
             assert real_queue == [(m, s) for s, m in _zset(fake, keys.queue, 0)]
@@ -677,25 +676,21 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
                 assert (place or b"").decode() == (fake.get(f"{keys.queue}:{w}", 0) or ""), w
             if lock is not None:
                 assert real_lock == lock
-            if fence is not None:
-                assert int(c.get(keys.fence) or 0) == fence
+            if floor is not None:
+                assert int(c.get(keys.floor) or 0) == floor
 
         def queue_is(*order: str) -> None:
             assert [m.decode() for m in c.zrange(keys.queue, 0, -1)] == list(order)
 
-        def reset(fence: int) -> None:
+        def reset(floor: int) -> None:
             places = [f"{keys.queue}:{w}" for w in waiters]
             for k in (keys.lock, keys.queue, f"{keys.queue}:next", *places):
                 c.delete(k)
                 fake.delete(k, 0)
-            c.set(keys.fence, fence)
-            fake.set(keys.fence, fence, 0)
-            # The floor belongs to the node, shared with the other tests' locks: mirror
-            # it as it is (a blank node gets one for the test, removed at the end).
-            if c.get(keys.floor) is None:
-                c.set(keys.floor, 0, px=RETENTION)
-                lent.append(keys.floor)
-            fake.set(keys.floor, int(c.get(keys.floor) or 0), 0)
+            # The floor belongs to the node, shared with the other tests' locks: it is
+            # set low for the sequence and put back (never lower) at the end.
+            c.set(keys.floor, floor, px=RETENTION)
+            fake.set(keys.floor, floor, 0, px=RETENTION)
 
         for mode in ("f", "n"):
             fair = mode == "f"
@@ -723,7 +718,7 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         # Fair on a quorum ("q"): queue order by ticket, hand-off with the caller's token.
         tl, held, granted = -1, 0, 1
         reset(100)
-        both_acquire("a", "q", 50, 10, expect=tl)  # free, but not above the counter
+        both_acquire("a", "q", 50, 10, expect=tl)  # free, but not above the floor
         both_acquire("a", "q", 200, 10, expect=granted)
         # Arrivals d, e, b, c with tickets 40, 5, 20, 30: the queue is e, b, c, d.
         for w, ticket in (("d", 40), ("e", 5), ("b", 20), ("c", 30)):
@@ -732,7 +727,7 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         both_acquire("b", "q", 210, 0, place=0, expect=held)  # not queuing: nothing changes
         queue_is("e", "b", "c", "d")
         same_state("a", 200)
-        # P not above the counter: nothing handed over; "e" (nobody listens) is dropped,
+        # P not above the floor: nothing handed over; "e" (nobody listens) is dropped,
         # "b" is only woken, and the lock stays free.
         both_release("a", "q", 150, expect=1, notes=("b: W b",))
         queue_is("b", "c", "d")
@@ -745,9 +740,9 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         queue_is("c", "d", "a")
         same_state("b", 300)
         both_acquire("b", "q", 250, 20, expect=tl)  # handed to "b", but too low: no renewal
-        both_acquire("b", "q", 400, 20, expect=granted)  # renewed; the counter is the proposal
+        both_acquire("b", "q", 400, 20, expect=granted)  # renewed; the floor is the proposal
         same_state("b", 400)
-        both_release("b", "q", 400, expect=1, notes=("c: W c",))  # P = counter: only wakes
+        both_release("b", "q", 400, expect=1, notes=("c: W c",))  # P = floor: only wakes
         same_state("", 400)
         # Cleanup by the head of the queue: it keeps its place, the lock stays free.
         both_release("c", "q", 500, cleanup=True, expect=0)
@@ -761,7 +756,7 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         both_release("c", "q", 600, cleanup=True, expect=1, notes=("d: G d 600",))
         queue_is("a")
         same_state("d", 600)
-        both_acquire("d", "q", 700, 40, expect=granted)  # renewed: counter = proposal
+        both_acquire("d", "q", 700, 40, expect=granted)  # renewed: floor = proposal
         same_state("d", 700)
         both_release("d", "q", 800, expect=1, notes=("a: G a 800",))
         queue_is()
@@ -781,5 +776,7 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         same_state("", 1000)
         nothing_more()
         sub.close()
-        if lent:
-            c.delete(*lent)
+        if kept is None:
+            c.delete(keys.floor)
+        else:
+            c.set(keys.floor, max(int(kept), int(c.get(keys.floor) or 0)), px=RETENTION)

@@ -11,7 +11,7 @@ by the caller (the model's fake time), with Redis's own rules:
   it, and a sorted set emptied by ``ZREM`` is gone;
 * a script runs atomically, at one instant.
 
-The node holds every lock's keys (``tenure:{name}:lock``, ``:fence``, the wait queue) and
+The node holds every lock's keys (``tenure:{name}:lock``, the wait queue) and
 its own two (``tenure:node:floor``, ``tenure:node:warm``): one ``FakeNode`` is one Redis
 server, shared by every lock name. Each ``*_lua`` function below follows its script in
 ``src/tenure/_lua`` line by line (``commit_lua`` and ``handoff_lua`` the fragments of
@@ -105,11 +105,6 @@ class FakeNode:
         """FLUSHALL: every key is gone (the node stays up, its connections too)."""
         self.data.clear()
 
-    def counter(self, keys: LockKeys, now: int) -> int | None:
-        """The lock's own counter (its ``fence`` key), None where it has none."""
-        value = self.get(keys.fence, now)
-        return None if value is None else int(value)
-
     def floor_of(self, keys: LockKeys, now: int) -> int | None:
         """This node's floor, None if it is blank."""
         value = self.get(keys.floor, now)
@@ -117,10 +112,9 @@ class FakeNode:
 
 
 def commit_lua(node: FakeNode, keys: LockKeys, token: int, retention_ms: int, now: int) -> int:
-    """``commit`` of ``handoff.lua.inc``: counter := token, floor := max(floor, token),
-    both kept for ``retention_ms`` from now."""
+    """``commit`` of ``handoff.lua.inc``: floor := max(floor, token), kept for
+    ``retention_ms`` from now."""
     value = token
-    node.set(keys.fence, token, now, px=retention_ms)
     old = int(node.get(keys.floor, now) or 0)
     if value > old:
         node.set(keys.floor, token, now, px=retention_ms)
@@ -147,7 +141,7 @@ def acquire_lua(
     place_ms: int = 0,
     ticket: int = 0,
 ) -> list[int]:
-    """``acquire.lua``: KEYS lock, fence, floor, warm[, queue]; ARGV token, ttl_ms,
+    """``acquire.lua``: KEYS lock, floor, warm[, queue]; ARGV token, ttl_ms,
     proposal, mark, mark_ms, retention_ms[, mode, waiter, channel, place_ms, ticket].
 
     ``mode`` None is the plain acquire (no ARGV[7..]); with a mode, ``bus`` carries the
@@ -164,11 +158,10 @@ def acquire_lua(
     warm = node.pttl(keys.warm, now)
     if warm > 0:
         return [-3, warm, floor]
-    counter = int(node.get(keys.fence, now) or floor)
     retention = retention_ms
     if mode is None:
         if node.exists(keys.lock, now) == 1:
-            return [0, counter, floor]
+            return [0, floor, floor]
     else:
         assert bus is not None
         queue, me = keys.queue, waiter
@@ -176,20 +169,21 @@ def acquire_lua(
         pttl: int | None = None
         if mode == "f" and holder == token:
             node.pexpire(keys.lock, ttl_ms, now)
-            return [1, counter, floor]
-        if mode == "q" and (holder == token or holder is None) and proposal <= counter:
-            return [-1, counter, floor]
+            node.pexpire(keys.floor, retention, now)
+            return [1, floor, floor]
+        if mode == "q" and (holder == token or holder is None) and proposal <= floor:
+            return [-1, floor, floor]
         if mode == "q" and holder == token:
             node.pexpire(keys.lock, ttl_ms, now)
             committed = commit_lua(node, keys, proposal, retention, now)
-            return [1, committed, max(floor, committed)]
+            return [1, committed, committed]
         if (
             holder is None
             and mode != "n"
             and handoff_lua(node, bus, keys, mode, me, proposal, now, retention) == 1
         ):
             holder = True
-            counter = int(node.get(keys.fence, now) or 0)
+            floor = int(node.get(keys.floor, now) or 0)
         if holder is None and mode == "n":
             nxt = node.get(f"{queue}:next", now)
             if nxt is not None and nxt != me:
@@ -208,9 +202,9 @@ def acquire_lua(
                 # The queue outlives its longest-lived place, and no more.
                 if node.pttl(queue, now) < place:
                     node.pexpire(queue, place, now)
-            return [0, counter, floor, pttl if pttl is not None else node.pttl(keys.lock, now)]
-    if proposal <= counter:
-        return [-1, counter, floor]
+            return [0, floor, floor, pttl if pttl is not None else node.pttl(keys.lock, now)]
+    if proposal <= floor:
+        return [-1, floor, floor]
     node.set(keys.lock, token, now, px=ttl_ms)
     commit_lua(node, keys, proposal, retention, now)
     if mode is not None:
@@ -218,7 +212,7 @@ def acquire_lua(
         _zstore(node, keys.queue, [(s, m) for s, m in items if m != waiter], now)
         node.delete(f"{keys.queue}:{waiter}", now)
         node.delete(f"{keys.queue}:next", now)
-    return [1, proposal, max(floor, proposal)]
+    return [1, proposal, proposal]
 
 
 def seed_lua(
@@ -322,10 +316,9 @@ def handoff_lua(
 ) -> int:
     """``handoff`` of ``handoff.lua.inc``: pass a free lock on to the head of the queue.
 
-    ``mode`` and ``arg`` as in the script: "f" hands over with counter + 1, "q" with
-    ``arg`` (only above the counter; otherwise it wakes the head), "n" wakes the head
-    and reserves the lock for it for ``arg`` ms. The counter is the lock's, or the
-    node's floor where the lock has none; a blank node (neither) only wakes the head.
+    ``mode`` and ``arg`` as in the script: "f" hands over with floor + 1, "q" with
+    ``arg`` (only above the floor; otherwise it wakes the head), "n" wakes the head
+    and reserves the lock for it for ``arg`` ms; a blank node only wakes the head.
     """
     while True:
         queue = _zset(node, keys.queue, now)
@@ -339,11 +332,11 @@ def handoff_lua(
         if place is not None:
             channel, ttl = place.split(" ")
             token: int | None = None
-            raw = node.get(keys.fence, now) or node.get(keys.floor, now)
-            counter = None if raw is None else int(raw)
-            if counter is not None and mode == "f":
-                token = counter + 1
-            elif counter is not None and mode == "q" and arg > counter:
+            raw = node.get(keys.floor, now)
+            top = None if raw is None else int(raw)
+            if top is not None and mode == "f":
+                token = top + 1
+            elif top is not None and mode == "q" and arg > top:
                 token = arg
             if token is not None:
                 if bus.publish(channel, f"G {head} {token}") > 0:
@@ -393,7 +386,7 @@ def release_wait_lua(
     cleanup: bool = False,
     retention_ms: int = RETENTION_MS,
 ) -> int:
-    """``release.lua`` with KEYS lock, fence, floor, queue and ARGV[2..5] (a lease's
+    """``release.lua`` with KEYS lock, floor, queue and ARGV[2..5] (a lease's
     release, a waiter giving up, or with ``cleanup`` the release of a failed attempt's
     grants, "c")."""
     released = 0
@@ -443,16 +436,16 @@ def eval_packed(node: FakeNode, packed: bytes, now: int, bus: Bus | None = None)
     args = [a.decode() for a in argv]
     name = next(n for n in ("acquire", "seed", "extend", "release") if script(n).wire == items[1])
     if name == "acquire":
-        lock = LockKeys(lock=keys[0], fence=keys[1], floor=keys[2], warm=keys[3])
+        lock = LockKeys(lock=keys[0], floor=keys[1], warm=keys[2])
         token, ttl, proposal, mark, mark_ms, retention = args[:6]
         common = (node, lock, token, int(ttl), int(proposal), now, int(mark), int(mark_ms))
-        if numkeys == 4:
+        if numkeys == 3:
             assert len(args) == 6
             return acquire_lua(*common, int(retention))
-        assert numkeys == 5
+        assert numkeys == 4
         assert len(args) == 11
         assert bus is not None
-        lock = LockKeys(lock=keys[0], fence=keys[1], floor=keys[2], warm=keys[3], queue=keys[4])
+        lock = LockKeys(lock=keys[0], floor=keys[1], warm=keys[2], queue=keys[3])
         mode, waiter, channel, place, ticket = args[6:]
         return acquire_lua(
             node, lock, token, int(ttl), int(proposal), now, int(mark), int(mark_ms),
@@ -461,7 +454,7 @@ def eval_packed(node: FakeNode, packed: bytes, now: int, bus: Bus | None = None)
         )  # fmt: skip
     if name == "seed":
         assert numkeys == 2
-        seeded = LockKeys(lock="", fence="", floor=keys[0], warm=keys[1])
+        seeded = LockKeys(lock="", floor=keys[0], warm=keys[1])
         marks = frozenset(int(m) for m in args[3:])
         return seed_lua(node, seeded, int(args[0]), int(args[1]), now, marks, int(args[2]))
     if name == "extend":
@@ -474,10 +467,10 @@ def eval_packed(node: FakeNode, packed: bytes, now: int, bus: Bus | None = None)
     if numkeys == 1:
         assert len(args) == 1
         return release_lua(node, keys[0], args[0], now)
-    assert numkeys == 4
+    assert numkeys == 3
     assert len(args) in (4, 5)
     assert bus is not None
-    lock = LockKeys(lock=keys[0], fence=keys[1], floor=keys[2], queue=keys[3])
+    lock = LockKeys(lock=keys[0], floor=keys[1], queue=keys[2])
     cleanup = args[4:] == ["c"]
     assert cleanup or len(args) == 4
     return release_wait_lua(

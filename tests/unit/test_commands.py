@@ -92,16 +92,15 @@ KEYS = SPEC.keys
 RETENTION = b"3600000"  # the default retention, in ms
 
 
-def test_acquire_command_evals_acquire_lua_with_four_keys() -> None:
+def test_acquire_command_evals_acquire_lua_with_three_keys() -> None:
     cmd = commands.acquire(SPEC, "tok", 1_700_000_000_000_123, 77, 60_000)
     items, rest = parse_command(cmd.packed)
     assert rest == b""
     assert items == [
         b"EVAL",
         script("acquire").wire,
-        b"4",
+        b"3",
         b"tenure:{r}:lock",
-        b"tenure:{r}:fence",
         b"tenure:node:floor",
         b"tenure:node:warm",
         b"tok",
@@ -118,9 +117,8 @@ def test_waiting_acquire_command_adds_the_queue_and_the_waiter() -> None:
     items, rest = parse_command(commands.acquire(SPEC, "w1", 99, 5, 9, wait).packed)
     assert rest == b""
     assert items[2:] == [
-        b"5",
+        b"4",
         b"tenure:{r}:lock",
-        b"tenure:{r}:fence",
         b"tenure:node:floor",
         b"tenure:node:warm",
         b"tenure:{r}:q",
@@ -181,9 +179,8 @@ def test_acquire_command_round_trips(name: str, token: str, ttl_ms: int, proposa
     items, rest = parse_command(commands.acquire(spec, token, proposal, 5, 9).packed)
     assert rest == b""
     assert items[2:] == [
-        b"4",
+        b"3",
         keys.lock.encode(),
-        keys.fence.encode(),
         b"tenure:node:floor",
         b"tenure:node:warm",
         token.encode(),
@@ -208,13 +205,13 @@ def test_acquire_command_round_trips(name: str, token: str, ttl_ms: int, proposa
         (
             lambda: commands.release_waking(SPEC, "T", "q", 77),
             "release",
-            [b"tenure:{r}:lock", b"tenure:{r}:fence", b"tenure:node:floor", b"tenure:{r}:q"],
+            [b"tenure:{r}:lock", b"tenure:node:floor", b"tenure:{r}:q"],
             [b"T", b"q", b"77", RETENTION],
         ),
         (
             lambda: commands.release_waking(SPEC, "T", "n", 100, cleanup=True),
             "release",
-            [b"tenure:{r}:lock", b"tenure:{r}:fence", b"tenure:node:floor", b"tenure:{r}:q"],
+            [b"tenure:{r}:lock", b"tenure:node:floor", b"tenure:{r}:q"],
             [b"T", b"n", b"100", RETENTION, b"c"],
         ),
     ],

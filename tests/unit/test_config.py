@@ -511,7 +511,6 @@ def test_lock_keys_shape() -> None:
     keys = LockKeys.of("orders:42")
     assert keys == LockKeys(
         lock="tenure:{orders:42}:lock",
-        fence="tenure:{orders:42}:fence",
         floor="tenure:node:floor",
         warm="tenure:node:warm",
         queue="tenure:{orders:42}:q",
@@ -526,15 +525,15 @@ def test_lock_keys_share_one_hash_tag(name: str) -> None:
     # A lock's own keys share its name's hash tag; the node's floor and warm-up marker
     # are the node's, the same for every lock.
     keys = LockKeys.of(name)
-    assert {_hash_tag(keys.lock), _hash_tag(keys.fence), _hash_tag(keys.queue)} == {name}
-    assert len({keys.lock, keys.fence, keys.queue, keys.floor, keys.warm}) == 5
+    assert {_hash_tag(keys.lock), _hash_tag(keys.queue)} == {name}
+    assert len({keys.lock, keys.queue, keys.floor, keys.warm}) == 4
 
 
 @SETTINGS
 @given(st.text(min_size=1), st.text(min_size=1))
 def test_lock_keys_of_different_names_share_only_the_node_keys(a: str, b: str) -> None:
     ka, kb = LockKeys.of(a), LockKeys.of(b)
-    shared = {ka.lock, ka.fence, ka.queue} & {kb.lock, kb.fence, kb.queue}
+    shared = {ka.lock, ka.queue} & {kb.lock, kb.queue}
     assert bool(shared) == (a == b)
     assert (ka.floor, ka.warm) == (kb.floor, kb.warm)
 

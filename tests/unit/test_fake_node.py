@@ -46,14 +46,14 @@ def test_script_headers_state_the_statuses_the_fake_returns() -> None:
     acquire = script("acquire").source.decode()
     for line in (
         "{ 1, F, floor}",
-        "{ 0, counter, floor}",
-        "{0, counter, floor, pttl}",
-        "{-1, counter, floor}",
+        "{ 0, floor, floor}",
+        "{0, floor, floor, pttl}",
+        "{-1, floor, floor}",
         "{-2, mark, 0}",
         "{-3, pttl, floor}",
     ):
         assert line in acquire, line
-    assert "KEYS[3]  this node's floor" in acquire
+    assert "KEYS[2]  this node's floor" in acquire
     assert "ARGV[6]  the retention" in acquire
     seed = script("seed").source.decode()
     assert "Returns 1 if seeded, 0 if the node already had a floor" in seed
@@ -64,7 +64,7 @@ def test_script_headers_state_the_statuses_the_fake_returns() -> None:
 
 def test_the_node_keys_are_shared_by_every_lock() -> None:
     assert (KEYS.floor, KEYS.warm) == (OTHER.floor, OTHER.warm) == (NODE_FLOOR, NODE_WARM)
-    assert KEYS.fence != OTHER.fence
+    assert KEYS.lock != OTHER.lock
 
 
 # --- acquire.lua ----------------------------------------------------------------------------
@@ -81,60 +81,39 @@ def test_a_blank_node_grants_nothing_and_keeps_its_first_mark() -> None:
     assert acquire_lua(node, KEYS, "t", 1000, 5, now=101, mark=9, mark_ms=100) == [-2, 9, 0]
 
 
-def test_a_blank_node_with_a_counter_left_is_still_blank() -> None:
-    # The floor is the node's record of its past; a lock's counter alone is not.
+def test_a_blank_node_with_a_lock_left_is_still_blank() -> None:
+    # The floor is the node's record of its past; a lock key alone is not.
     node = FakeNode()
-    node.set(KEYS.fence, 40, 0)
+    node.set(KEYS.lock, "x", 0)
     assert acquire_lua(node, KEYS, "t", 1000, 50, now=0, mark=3) == [-2, 3, 0]
 
 
-def test_acquire_grants_above_the_counter_and_commits_counter_and_floor() -> None:
+def test_acquire_grants_above_the_floor_and_raises_it() -> None:
     node = seeded(10)
     assert acquire_lua(node, KEYS, "t", 1000, 11, now=7, retention_ms=RET) == [1, 11, 11]
     assert node.get(KEYS.lock, 7) == "t"
     assert node.pttl(KEYS.lock, 7) == 1000
-    assert node.counter(KEYS, 7) == 11
     assert node.floor_of(KEYS, 7) == 11
-    # Both kept for the retention from the grant.
-    assert node.pttl(KEYS.fence, 7) == RET
-    assert node.pttl(NODE_FLOOR, 7) == RET
+    assert node.pttl(NODE_FLOOR, 7) == RET  # kept for the retention from the grant
+    assert set(node.data) == {KEYS.lock, NODE_FLOOR}  # nothing else, per name or not
 
 
-def test_a_name_without_a_counter_takes_the_floor() -> None:
+def test_every_name_is_judged_against_the_node_floor() -> None:
     node = seeded(10)
     acquire_lua(node, KEYS, "a", 1000, 30, now=0)
-    # A new name on this node: its counter is the floor (30), not 0.
+    # A new name on this node: it must beat the floor (30), like any other.
     assert acquire_lua(node, OTHER, "b", 1000, 30, now=1) == [-1, 30, 30]
     assert acquire_lua(node, OTHER, "b", 1000, 5, now=1) == [-1, 30, 30]
     assert acquire_lua(node, OTHER, "b", 1000, 31, now=1) == [1, 31, 31]
-    assert node.counter(OTHER, 1) == 31
-
-
-def test_a_counter_deleted_by_hand_falls_back_to_the_floor() -> None:
-    node = seeded(10)
-    acquire_lua(node, KEYS, "a", 1000, 30, now=0)
-    release_lua(node, KEYS.lock, "a", now=1)
-    node.delete(KEYS.fence, 1)
-    assert acquire_lua(node, KEYS, "b", 1000, 20, now=2) == [-1, 30, 30]
-    assert acquire_lua(node, KEYS, "b", 1000, 31, now=2) == [1, 31, 31]
-
-
-def test_a_grant_below_the_floor_keeps_the_floor_and_its_expiry_is_renewed() -> None:
-    # The lock's own counter (20) is below the floor another lock raised (50): the lock
-    # is granted above its counter, and the floor stays where it is, kept another
-    # retention from now.
-    node = seeded(10)
-    acquire_lua(node, KEYS, "a", 1000, 20, now=0, retention_ms=RET)
-    release_lua(node, KEYS.lock, "a", now=1)
-    acquire_lua(node, OTHER, "b", 1000, 50, now=2, retention_ms=RET)
-    assert acquire_lua(node, KEYS, "c", 1000, 21, now=3000, retention_ms=RET) == [1, 21, 50]
-    assert node.floor_of(KEYS, 3000) == 50
-    assert node.pttl(NODE_FLOOR, 3000) == RET
-    assert node.counter(KEYS, 3000) == 21
+    # And an old one, released, after another name raised the floor.
+    release_lua(node, KEYS.lock, "a", now=2)
+    assert acquire_lua(node, KEYS, "c", 1000, 31, now=3) == [-1, 31, 31]
+    assert acquire_lua(node, KEYS, "c", 1000, 32, now=3000, retention_ms=RET) == [1, 32, 32]
+    assert node.pttl(NODE_FLOOR, 3000) == RET  # renewed by every grant
 
 
 @pytest.mark.parametrize("proposal", [10, 9, 0])
-def test_acquire_refuses_a_proposal_not_above_the_counter(proposal: int) -> None:
+def test_acquire_refuses_a_proposal_not_above_the_floor(proposal: int) -> None:
     node = seeded(10)
     assert acquire_lua(node, KEYS, "t", 1000, proposal, now=0) == [-1, 10, 10]
     assert node.exists(KEYS.lock, 0) == 0
@@ -163,20 +142,19 @@ def test_warming_node_grants_nothing_until_its_marker_expires() -> None:
     assert acquire_lua(node, KEYS, "t", 1000, 11, now=1500) == [1, 11, 11]
 
 
-def test_counter_and_floor_expire_after_the_retention_and_the_node_is_blank() -> None:
+def test_the_floor_expires_after_the_retention_and_the_node_is_blank() -> None:
     node = seeded(10, retention=RET)
     acquire_lua(node, KEYS, "a", 100, 20, now=0, retention_ms=RET)
-    assert node.counter(KEYS, RET) == 20  # still there at t + retention
-    assert node.floor_of(KEYS, RET) == 20
+    assert node.floor_of(KEYS, RET) == 20  # still there at t + retention
     assert acquire_lua(node, KEYS, "b", 100, 21, now=RET + 1, mark=4) == [-2, 4, 0]
-    assert node.counter(KEYS, RET + 1) is None
+    live = {key for key in list(node.data) if node.exists(key, RET + 1)}
+    assert live == {NODE_WARM}  # the mark of the new observation, nothing else
 
 
-def test_the_counter_expires_before_the_floor_another_lock_renewed() -> None:
+def test_a_lock_idle_past_the_retention_keeps_the_floor_other_locks_renewed() -> None:
     node = seeded(10)
     acquire_lua(node, KEYS, "a", 100, 20, now=0, retention_ms=RET)
     acquire_lua(node, OTHER, "b", 100, 30, now=1000, retention_ms=RET)
-    assert node.counter(KEYS, RET + 1) is None
     assert acquire_lua(node, KEYS, "c", 100, 25, now=RET + 1) == [-1, 30, 30]
 
 
@@ -189,7 +167,6 @@ def test_seed_gives_a_blank_node_its_floor_for_the_retention() -> None:
     assert fresh.floor_of(KEYS, 5) == 0
     assert fresh.pttl(NODE_FLOOR, 5) == RET
     assert fresh.exists(NODE_WARM, 5) == 0  # no warm-up: the mark is dropped
-    assert fresh.counter(KEYS, 5) is None  # per node, not per lock
     assert acquire_lua(fresh, OTHER, "t", 1000, 1, now=5) == [1, 1, 1]
 
 
@@ -240,7 +217,6 @@ def test_extend_keeps_the_floor_for_another_retention() -> None:
     acquire_lua(node, KEYS, "a", 1000, 11, now=0, retention_ms=RET)
     assert extend_lua(node, KEYS.lock, "a", 1000, 900, NODE_FLOOR, RET) == 1
     assert node.pttl(NODE_FLOOR, 900) == RET
-    assert node.pttl(KEYS.fence, 900) == RET - 900  # the counter is not renewed
     # Refused (not our token): the floor is left alone.
     assert extend_lua(node, KEYS.lock, "b", 1000, 1000, NODE_FLOOR, 2 * RET) == 0
     assert node.pttl(NODE_FLOOR, 1000) == RET - 100
@@ -314,16 +290,16 @@ def test_a_blank_or_warming_node_answers_a_waiter_before_queuing_it() -> None:
     assert blank.exists(KEYS.queue, 0) == warming.exists(KEYS.queue, 0) == 0
 
 
-def test_fair_hand_off_on_one_node_commits_counter_plus_one() -> None:
+def test_fair_hand_off_on_one_node_commits_floor_plus_one() -> None:
     node, bus = seeded(10), Bus(listening={"ch:b"})
     acquire_wait_lua(node, bus, KEYS, "a", 1000, 20, "f", "a", "ch:a", 300, now=0)
     acquire_wait_lua(node, bus, KEYS, "b", 1000, 30, "f", "b", "ch:b", 300, now=1)
     assert release_wait_lua(node, bus, KEYS, "a", "f", 100, now=2, retention_ms=RET) == 1
     assert bus.published == [("ch:b", "G b 21")]
     assert node.get(KEYS.lock, 2) == "b"
-    assert (node.counter(KEYS, 2), node.floor_of(KEYS, 2)) == (21, 21)
+    assert node.floor_of(KEYS, 2) == 21
     assert node.pttl(NODE_FLOOR, 2) == RET
-    # "b" comes to take it: renewed, with the hand-off's token.
+    # "b" comes to take it: renewed, with the floor (here the hand-off's token).
     assert acquire_wait_lua(node, bus, KEYS, "b", 1000, 99, "f", "b", "ch:b", 300, now=3) == [
         1,
         21,
@@ -332,11 +308,10 @@ def test_fair_hand_off_on_one_node_commits_counter_plus_one() -> None:
     assert node.pttl(KEYS.lock, 3) == 1000
 
 
-def test_fair_hand_off_of_a_name_without_a_counter_starts_from_the_floor() -> None:
+def test_fair_hand_off_starts_from_the_floor_other_locks_raised() -> None:
     node, bus = seeded(10), Bus(listening={"ch:b"})
     acquire_wait_lua(node, bus, KEYS, "a", 1000, 20, "f", "a", "ch:a", 300, now=0)
     acquire_wait_lua(node, bus, KEYS, "b", 1000, 30, "f", "b", "ch:b", 300, now=1)
-    node.delete(KEYS.fence, 1)
     acquire_lua(node, OTHER, "x", 1000, 70, now=1)  # raises the floor to 70
     release_wait_lua(node, bus, KEYS, "a", "f", 100, now=2)
     assert bus.published == [("ch:b", "G b 71")]
@@ -346,8 +321,7 @@ def test_a_release_on_a_blank_node_only_wakes_the_head() -> None:
     node, bus = seeded(10), Bus(listening={"ch:b"})
     acquire_wait_lua(node, bus, KEYS, "a", 1000, 20, "f", "a", "ch:a", 300, now=0)
     acquire_wait_lua(node, bus, KEYS, "b", 1000, 30, "f", "b", "ch:b", 300, now=1)
-    node.delete(NODE_FLOOR, 1)  # evicted, say; the lock's counter goes too
-    node.delete(KEYS.fence, 1)
+    node.delete(NODE_FLOOR, 1)  # evicted, say
     release_wait_lua(node, bus, KEYS, "a", "f", 100, now=2)
     assert bus.published == [("ch:b", "W b")]
     assert node.exists(KEYS.lock, 2) == 0
@@ -369,20 +343,20 @@ def test_quorum_fair_renewal_commits_the_proposal_and_refuses_a_low_one() -> Non
         node, bus, KEYS, "b", 1000, 45, "q", "b", "ch:b", 300, now=4, retention_ms=RET
     )
     assert reply == [1, 45, 45]
-    assert node.pttl(KEYS.fence, 4) == RET
+    assert node.pttl(NODE_FLOOR, 4) == RET
 
 
-def test_a_newcomer_hands_a_free_lock_to_the_head_and_reports_the_old_floor() -> None:
+def test_a_newcomer_hands_a_free_lock_to_the_head_and_reports_the_new_floor() -> None:
     node, bus = seeded(10), Bus(listening={"ch:b"})
     acquire_wait_lua(node, bus, KEYS, "a", 1000, 20, "q", "a", "ch:a", 300, now=0, ticket=1)
     acquire_wait_lua(node, bus, KEYS, "b", 1000, 30, "q", "b", "ch:b", 300, now=1, ticket=2)
-    release_wait_lua(node, bus, KEYS, "a", "q", 20, now=2)  # P = counter: only wakes "b"
+    release_wait_lua(node, bus, KEYS, "a", "q", 20, now=2)  # P = floor: only wakes "b"
     assert bus.published == [("ch:b", "W b")]
     bus.published.clear()
     reply = acquire_wait_lua(node, bus, KEYS, "c", 1000, 60, "q", "c", "ch:c", 300, 3, 5)
-    # Handed to "b" with the newcomer's proposal; the reply's floor is the one read
-    # before the hand-off (the counter is the hand-off's).
-    assert reply == [0, 60, 20, 1000]
+    # Handed to "b" with the newcomer's proposal; the reply carries the floor as the
+    # hand-off left it (a seed must never land below a token it committed).
+    assert reply == [0, 60, 60, 1000]
     assert bus.published == [("ch:b", "G b 60")]
     assert node.floor_of(KEYS, 3) == 60
 
@@ -408,7 +382,7 @@ def test_packed_commands_run_on_the_fake_with_the_scripts_argument_layout() -> N
     assert granted == [1, 120, 120]
     assert commands.acquire(SPEC, "t1", 120, 77, 2000).parse(granted) == (True, (1, 120, 120))
     assert node.pttl(KEYS.lock, 3) == 1000
-    assert node.pttl(KEYS.fence, 3) == 6000
+    assert node.pttl(NODE_FLOOR, 3) == 6000
     wait = commands.WaitArgs("f", "w", "ch:w", 300)
     held = eval_packed(node, commands.acquire(SPEC, "w", 130, 77, 2000, wait).packed, 4, bus)
     assert held == [0, 120, 120, 999]

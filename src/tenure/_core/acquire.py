@@ -28,22 +28,22 @@ that colliding clients drift apart.
 
 Fencing tokens, one round trip
 ------------------------------------
-The client *proposes* the token F; each node grants only if the lock is free there and
-F is above that node's counter, and then sets its counter to F in the same script. So a
-majority that granted has committed F, and any later majority overlaps it in a node
-whose counter is already >= F: it can only grant a larger token. No second round is
-needed to write F back. Tokens strictly increase in the order leases are granted.
+Each node keeps one number, its *floor*: the highest token it has committed, for any
+lock. The client *proposes* the token F; a node grants only if the lock is free there and
+F is above its floor, and then raises its floor to F in the same script. So a majority
+that granted has committed F, and any later majority overlaps it in a node whose floor is
+already >= F: it can only grant a larger token. No second round is needed to write F
+back. Tokens strictly increase in the order leases are granted, for every lock (the
+floor is shared by all the locks of a node, so nothing is kept per name: a new name is
+granted in the same round as an old one, and an idle name leaves no key behind).
 
-The proposal is ``max(wall-clock microseconds, highest counter seen + 1)``. The clock
+The proposal is ``max(wall-clock microseconds, highest floor seen + 1)``. The clock
 only makes the first guess usually high enough; correctness never depends on it. A node
-that answers "too low" returns its counter, and the next attempt (immediate, not a
+that answers "too low" returns its floor, and the next attempt (immediate, not a
 back-off: nobody holds the lock) proposes above it.
 
-A node keeps a *floor*: the highest token it has committed for any lock. A lock that
-has no counter on a node (never used there, or its counter expired after the retention)
-takes the floor as its counter, so a new name is granted in the same round as an old one.
 A node without a floor is *blank*: it has never been used, or it lost its data (restart
-without persistence, flush). It grants nothing until seeded, per node, not per lock:
+without persistence, flush). It grants nothing until seeded, per node:
 
 * if every node is blank, the node set is new (or was idle for longer than the retention)
   and all are seeded with floor 0, at once;
@@ -83,7 +83,7 @@ __all__ = [
 # Statuses of acquire.lua.
 GRANTED, HELD, TOO_LOW, NO_HISTORY, WARMING = 1, 0, -1, -2, -3
 # Immediate re-tries for a low proposal or a seeding, per acquire call, before falling
-# back to the random back-off (other clients may keep raising the counters meanwhile).
+# back to the random back-off (other clients may keep raising the floors meanwhile).
 MAX_FIXES = 4
 # Consecutive attempts in which failures alone ruled out a majority before a blocking
 # acquire gives up with QuorumUnreachable. One is not enough: on a loaded machine our own
@@ -241,7 +241,7 @@ class Acquisition:
         self._hear_out = HEAR_OUT if blocking and recheck > 0 and spec.wait_mode == "q" else 0.0
         self._backoffs = 0
         # The latest round that found the lock held by another: when it began (the base
-        # of a transferred lease's validity) and each holding node's counter then (what
+        # of a transferred lease's validity) and each holding node's floor then (what
         # a hand-off notification is judged against; see ``transferred``).
         self._observed: tuple[float, dict[int, int]] | None = None
 
@@ -377,8 +377,8 @@ class Acquisition:
 
         A hand-off set the key's TTL at an instant the client never sees. What it knows
         is that on node i the instant came *after* the latest round that found the lock
-        held there by another client with a counter below F (the hand-off raised the
-        counter to F; a counter never goes down), and that round executed after it
+        held there by another client with a floor below F (the hand-off raised the
+        floor to F; a floor never goes down), and that round executed after it
         began. So the key lives until at least that round's start + ttl on the node.
         With a majority of such nodes handing over one token F (on a quorum every node
         of one release is given the same F, so F is committed by that majority, as any
@@ -463,8 +463,7 @@ class Acquisition:
         warm_ms: int,
     ) -> Seed:
         marks = frozenset(statuses[i][1] for i in blank)
-        # Counters too: a "held" reply right after a hand-off carries the floor read
-        # before the hand-off raised it, and a seed must not land below what was seen.
+        # Every number seen, not only the floors: a seed must not land below any of them.
         counters = [n for s, n in statuses.values() if s in (GRANTED, HELD, TOO_LOW)]
         return Seed(blank, max([*floors.values(), *counters], default=0), warm_ms, marks)
 

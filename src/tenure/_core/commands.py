@@ -143,10 +143,10 @@ class WaitArgs:
 @lru_cache(maxsize=4096)
 def _acquire_head(keys: LockKeys, waiting: bool) -> bytes:
     # Everything but the per-attempt arguments, encoded once per lock name.
-    node_keys = (keys.lock, keys.fence, keys.floor, keys.warm)
+    node_keys = (keys.lock, keys.floor, keys.warm)
     if waiting:
-        return _eval_head("acquire", 5, 16) + _bulk((*node_keys, keys.queue))
-    return _eval_head("acquire", 4, 10) + _bulk(node_keys)
+        return _eval_head("acquire", 4, 15) + _bulk((*node_keys, keys.queue))
+    return _eval_head("acquire", 3, 9) + _bulk(node_keys)
 
 
 def acquire(
@@ -187,7 +187,7 @@ def release_waking(
     ms; "f" hands the lock over; "q" hands it over with the fencing token ``arg``.
     ``cleanup``: releasing a failed attempt's grants, the caller keeps its place."""
     keys = spec.keys
-    queue_keys = (keys.lock, keys.fence, keys.floor, keys.queue)
+    queue_keys = (keys.lock, keys.floor, keys.queue)
     extra = ("c",) if cleanup else ()
     return Command(_eval("release", queue_keys, token, mode, arg, spec.retention_ms, *extra))
 

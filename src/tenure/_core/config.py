@@ -123,11 +123,11 @@ class ClientConfig:
             after a random delay in [recheck/2, recheck] even if no release
             notification came (see docs/waiting.md). 0 turns notifications off: waiters
             then poll with the ``retry`` back-off.
-        retention: seconds that a lock's fencing counter, and a node's floor, are kept
-            after the last grant that wrote them (default: one hour, or ``max_ttl`` if
-            that is longer; at least ``max_ttl``).
-            Everything tenure keeps for an idle name is gone after it, so memory returns
-            to its baseline. Safety does not depend on it while any lock of the node is
+        retention: seconds that a node's floor (its fencing history: the highest token
+            it granted) is kept after the last grant or extension on that node (default:
+            one hour, or ``max_ttl`` if that is longer; at least ``max_ttl``). Nothing is
+            kept per name beyond its lease and its waiters, so memory returns to its
+            baseline. Safety does not depend on it while any lock of the node is
             used within it; when a whole node set sat idle for longer, tokens restart from
             the wall clocks, which keeps them increasing while clocks disagree by much
             less than the retention (docs/fencing.md).
@@ -302,7 +302,7 @@ def check_node_count(n: int, allow_even: bool) -> None:
         )
 
 
-# Seconds a lock's counter and a node's floor are kept after their last use, unless set.
+# Seconds a node's floor is kept after its last grant or extension, unless set.
 DEFAULT_RETENTION = 3600.0
 
 # The node's own keys: its floor and warm-up marker, shared by every lock on the node.
@@ -321,14 +321,13 @@ class LockKeys:
 
     ``queue`` is the wait queue of blocked acquirers (a sorted set, empty and so absent
     while nobody waits), each waiter's place being ``<queue>:<waiter id>``.
-    ``fence`` (the lock's fencing counter) is kept for the retention after the last grant.
     ``floor`` and ``warm`` belong to the node, not to the lock: the node's floor (the
-    highest token it committed for any lock, and the mark that it has not lost its data)
-    and its warm-up marker (see ``_lua/acquire.lua`` and docs/fencing.md).
+    highest token it committed for any lock, the only fencing history it keeps, and the
+    mark that it has not lost its data) and its warm-up marker (see ``_lua/acquire.lua``
+    and docs/fencing.md). Nothing about a lock outlives its lease and its waiters.
     """
 
     lock: str
-    fence: str
     floor: str = NODE_FLOOR
     warm: str = NODE_WARM
     queue: str = ""
@@ -336,7 +335,7 @@ class LockKeys:
     @classmethod
     def of(cls, name: str) -> LockKeys:
         tag = f"tenure:{{{name}}}"
-        return cls(lock=f"{tag}:lock", fence=f"{tag}:fence", queue=f"{tag}:q")
+        return cls(lock=f"{tag}:lock", queue=f"{tag}:q")
 
 
 @dataclass(frozen=True)

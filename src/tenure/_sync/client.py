@@ -73,9 +73,9 @@ class Client(ClientBase):
             masters): a node's grant or extension counts once this many of its replicas
             acknowledged it (``WAIT``, pipelined on the same connection); otherwise it
             fails closed. Default 0. What it does and does not cover: docs/safety.md.
-        retention: seconds a lock's fencing counter and each node's floor are kept after
-            the last grant that wrote them (default 3600, at least ``max_ttl``): after
-            it, nothing tenure wrote for an idle name is left on the nodes. Use the same
+        retention: seconds each node's floor (its fencing history) is kept after the
+            last grant or extension on that node (default 3600, at least ``max_ttl``).
+            Nothing is kept per name beyond its lease and its waiters. Use the same
             value on every client of the same nodes. docs/fencing.md says what it
             relies on.
         connection_options: extra keyword arguments for redis-py connections (TLS
