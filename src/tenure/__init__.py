@@ -23,6 +23,7 @@ from ._errors import (
     ServerUnsupported,
     StaleToken,
     TenureError,
+    TLSCertificateError,
 )
 from ._sync.client import Client, Lease, Lock
 
@@ -45,6 +46,7 @@ __all__ = [
     "RetryPolicy",
     "ServerUnsupported",
     "StaleToken",
+    "TLSCertificateError",
     "TenureError",
     "wait_random",
     "wait_random_exponential",

@@ -5,6 +5,7 @@
     TenureError
     ├── ConfigurationError (ValueError)      bad parameter; names it and the accepted range
     ├── ServerUnsupported (ConfigurationError) a node refuses a command (ACL) or is too old
+    ├── TLSCertificateError (ConfigurationError) a node's TLS certificate failed verification
     ├── StaleToken (RuntimeError)             a fenced store refused a write with an old token
     └── LockError
         ├── AcquireError
@@ -38,6 +39,7 @@ __all__ = [
     "QuorumUnreachable",
     "ServerUnsupported",
     "StaleToken",
+    "TLSCertificateError",
     "TenureError",
 ]
 
@@ -60,6 +62,19 @@ class ConfigurationError(TenureError, ValueError):
 
 class ServerUnsupported(ConfigurationError):
     """A node refused a command tenure needs (ACL), or its version is too old."""
+
+    def __init__(self, node: str, message: str) -> None:
+        super().__init__(f"node {node}", message)
+        self.node = node
+
+
+class TLSCertificateError(ConfigurationError):
+    """A node's TLS certificate failed verification: it does not match the node's host
+    name, or no CA we trust signed it. Retrying cannot help; the set-up must be fixed.
+
+    Attributes:
+        node: the node's name (its URL without credentials).
+    """
 
     def __init__(self, node: str, message: str) -> None:
         super().__init__(f"node {node}", message)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import socket
+import ssl
 import struct
 from typing import Any
 
@@ -18,7 +19,7 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from ._core.quorum import Failure
 
-__all__ = ["classify_error", "connection_kwargs", "kernel_timeouts"]
+__all__ = ["classify_error", "connection_kwargs", "kernel_timeouts", "set_up_failure"]
 
 
 def _accepts(cls: type, name: str) -> bool:
@@ -40,18 +41,22 @@ _NO_SETINFO: dict[str, Any] = (
 )
 
 
-def connection_kwargs(node_timeout: float, *, asyncio: bool, unix: bool) -> dict[str, Any]:
+def connection_kwargs(
+    node_timeout: float, *, asyncio: bool, unix: bool, connect_timeout: float | None = None
+) -> dict[str, Any]:
     """Options for every connection tenure opens.
 
     redis-py's own retries are off: it would re-send ``SET NX`` after a timeout and stall
     for seconds, while tenure owns retries and time. Health checks are off for the same
     reason (they are a hidden round trip). The async driver reads replies in a background
     task, so it waits without a socket timeout and enforces deadlines itself.
+    ``connect_timeout`` (default: ``node_timeout``) bounds the TCP connect; the clients'
+    drivers bound the rest of the set-up (TLS handshake, AUTH) by it too.
     """
     retry_cls = redis.asyncio.retry.Retry if asyncio else redis.retry.Retry
     options: dict[str, Any] = {
         "socket_timeout": None if asyncio else node_timeout,
-        "socket_connect_timeout": node_timeout,
+        "socket_connect_timeout": node_timeout if connect_timeout is None else connect_timeout,
         "retry": retry_cls(NoBackoff(), 0),
         "health_check_interval": 0,
         # RESP2: redis-py 8 defaults to RESP3, whose HELLO handshake is a blocking round
@@ -63,6 +68,46 @@ def connection_kwargs(node_timeout: float, *, asyncio: bool, unix: bool) -> dict
         # TCP keepalive lets the kernel notice a peer that vanished without a reset.
         options["socket_keepalive"] = True
     return options
+
+
+def set_up_failure(exc: BaseException) -> tuple[Failure, str]:
+    """Why setting up a connection failed, and how to say it.
+
+    A TLS certificate that failed verification is a configuration problem that no retry
+    fixes, so it is told apart (``Failure.CERTIFICATE``) and said plainly; redis-py wraps
+    the ``ssl`` error in its ConnectionError, so the chain is searched. Anything else
+    means the node could not be reached.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return Failure.CERTIFICATE, _certificate_problem(seen)
+        seen = seen.__cause__ or seen.__context__
+    return Failure.UNREACHABLE, str(exc) or type(exc).__name__
+
+
+# OpenSSL's X509_V_ERR_* codes, as ssl.SSLCertVerificationError.verify_code reports them.
+_NAME_MISMATCH = frozenset({62, 63, 64})  # host name, e-mail, IP address
+_UNTRUSTED = frozenset({18, 19, 20, 21})  # self-signed, unknown issuer, unverifiable
+_EXPIRED, _NOT_YET_VALID = 10, 9
+
+
+def _certificate_problem(exc: ssl.SSLCertVerificationError) -> str:
+    code = getattr(exc, "verify_code", None)
+    said = getattr(exc, "verify_message", None) or str(exc)
+    if code in _NAME_MISMATCH:
+        return (
+            f"its TLS certificate does not match the host in the node's URL ({said}); "
+            "use the name or address the certificate was issued for in the URL"
+        )
+    if code in _UNTRUSTED:
+        return (
+            f"its TLS certificate is not signed by a CA this client trusts ({said}); "
+            "pass the CA certificate in connection_options={'ssl_ca_certs': path}"
+        )
+    if code in (_EXPIRED, _NOT_YET_VALID):
+        return f"its TLS certificate is outside its validity period ({said}); renew it"
+    return f"its TLS certificate failed verification ({said})"
 
 
 def classify_error(exc: ResponseError) -> Failure:

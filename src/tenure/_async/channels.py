@@ -17,6 +17,14 @@ Writing a request is synchronous (no ``await``), so
 A reply that comes after its round ended is still read (by the reader task) and dropped,
 so no connection is ever left with an unread reply. A node that answers nothing for
 ``STALL`` seconds while requests wait is disconnected and left alone for a back-off.
+
+Setting up a connection (TCP, TLS handshake, AUTH) is not part of a round: it runs in the
+channel's task under ``connect_timeout``, every node at once, and a round begins once
+the ready channels could decide it (``Round.enough_ready``) or no set-up is left; its
+clock starts then (``Round.begin_at``). A slow handshake is so never charged to
+``node_timeout``, and a node whose set-up hangs costs nothing to a round the others can
+decide: its request waits in ``_unsent`` and goes out when it connects (so, unlike the
+blocking driver's, such a node may still execute it: it counts as unreachable).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
 from .._core.quorum import Failure, Round
 from .._core.resp import ErrorReply, ReplyReader
-from .._redis_compat import classify_error, connection_kwargs
+from .._redis_compat import classify_error, connection_kwargs, set_up_failure
 
 __all__ = ["Channels"]
 
@@ -64,6 +72,14 @@ class _Down(Exception):
 
     def __init__(self, wait: float) -> None:
         super().__init__(f"not retried until the back-off ends ({wait:.3f}s)")
+
+
+class _SetUpFailed(ConnectionError):
+    """Setting up the connection failed; what the requests queued meanwhile are told."""
+
+    def __init__(self, failure: Failure, detail: str) -> None:
+        super().__init__(detail)
+        self.failure = failure
 
 
 class _Replies(asyncio.Protocol):
@@ -100,9 +116,19 @@ class _Replies(asyncio.Protocol):
 class Channel:
     """One pipelined connection to one node."""
 
-    def __init__(self, address: NodeAddress, pool: redis.asyncio.ConnectionPool) -> None:
+    def __init__(
+        self,
+        address: NodeAddress,
+        pool: redis.asyncio.ConnectionPool,
+        connect_timeout: float,
+        changed: asyncio.Event,
+    ) -> None:
         self.address = address
         self._pool = pool
+        self._connect_timeout = connect_timeout
+        self._changed = changed  # set when a set-up ends (Channels.run waits on it)
+        # Why the latest set-up failed, for the round that waited for it.
+        self.set_up_failed: _SetUpFailed | None = None
         self._conn: redis.asyncio.Connection | None = None
         self._pending: deque[tuple[OnReply, float]] = deque()
         self._unsent: list[tuple[Command, OnReply]] = []
@@ -125,12 +151,30 @@ class Channel:
             self._write(command.packed)
             self._pending.extend((c, now) for c in _callbacks(command, on_reply))
             return
+        self.connect(now)
+        self._unsent.append((command, on_reply))
+
+    def connect(self, now: float) -> None:
+        """Start setting up a connection unless there is one (or one on its way).
+
+        Raises:
+            _Down: the node is in its reconnect back-off.
+        """
         if self._task is None:
             wait = self.backing_off(now)
             if wait:
                 raise _Down(wait)
+            self.set_up_failed = None
             self._task = asyncio.get_running_loop().create_task(self._run())
-        self._unsent.append((command, on_reply))
+
+    @property
+    def ready(self) -> bool:
+        """Connected: a request written now goes out at once."""
+        return self._conn is not None and self._task is not None
+
+    @property
+    def connecting(self) -> bool:
+        return self._conn is None and self._task is not None
 
     def backing_off(self, now: float) -> float:
         """Seconds until a new connection may be tried (0 when it may be tried now)."""
@@ -151,7 +195,21 @@ class Channel:
         """
         conn: redis.asyncio.Connection = self._pool.make_connection()  # type: ignore[no-untyped-call]
         try:
-            await conn.connect()  # type: ignore[no-untyped-call]
+            try:
+                # redis-py bounds the TCP connect and TLS handshake by the connect timeout,
+                # but not AUTH/SELECT (the async driver has no socket timeout): bound all.
+                await asyncio.wait_for(conn.connect(), self._connect_timeout)  # type: ignore[no-untyped-call]
+            except (asyncio.TimeoutError, TimeoutError):
+                self.set_up_failed = _SetUpFailed(
+                    Failure.UNREACHABLE,
+                    f"not connected within connect_timeout ({self._connect_timeout} s)",
+                )
+                raise self.set_up_failed from None
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.set_up_failed = _SetUpFailed(*set_up_failure(exc))
+                raise self.set_up_failed from exc
             lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
             transport = conn._writer.transport  # type: ignore[union-attr]
             transport.set_protocol(_Replies(self._deliver, lost))
@@ -162,6 +220,7 @@ class Channel:
                 self._pending.extend((c, now) for c in _callbacks(command, on_reply))
             self._unsent.clear()
             self._backoff = BACKOFF_MIN
+            self._changed.set()
             raise await lost
         except asyncio.CancelledError:
             # Whoever cancelled us (reset, close) already failed our requests; the channel
@@ -173,6 +232,7 @@ class Channel:
         except Exception as exc:
             if self._task is asyncio.current_task():
                 self._reset(exc, time.monotonic(), from_task=True)
+                self._changed.set()
             await conn.disconnect(
                 nowait=True
             )  # our protocol replaced the stream's: no wait_closed()
@@ -230,7 +290,12 @@ class Channels:
         self._config = config
 
         def pool(a: NodeAddress) -> redis.asyncio.ConnectionPool:
-            defaults = connection_kwargs(config.node_timeout, asyncio=True, unix=a.path is not None)
+            defaults = connection_kwargs(
+                config.node_timeout,
+                asyncio=True,
+                unix=a.path is not None,
+                connect_timeout=config.connect_timeout,
+            )
             return redis.asyncio.ConnectionPool.from_url(
                 a.url, **{**defaults, **connection_options}
             )
@@ -239,14 +304,18 @@ class Channels:
         self.pools = self._pools  # the notification listener connects through them too
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channels: list[Channel] = []
+        self._changed = asyncio.Event()  # a channel's set-up ended
 
     def _current(self) -> list[Channel]:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             # Connections belong to the loop that made them; a new loop gets new ones.
             self._loop = loop
+            self._changed = asyncio.Event()
+            connect_timeout = self._config.connect_timeout
             self._channels = [
-                Channel(a, p) for a, p in zip(self._config.nodes, self._pools, strict=True)
+                Channel(a, p, connect_timeout, self._changed)
+                for a, p in zip(self._config.nodes, self._pools, strict=True)
             ]
         return self._channels
 
@@ -276,20 +345,28 @@ class Channels:
     ) -> None:
         """Send to ``targets`` (default: all); return when ``rnd`` is decided or at ``deadline``.
 
+        Channels without a connection are set up first (``_set_up``), and then the round,
+        ``deadline`` included, begins again from that moment.
         ``hopeless_unsent``: as for the blocking driver's ``LinkSet.run``, send nothing if
-        the nodes in their reconnect back-off already make the round impossible.
+        the nodes in their reconnect back-off (or whose set-up failed) already make the
+        round impossible.
         """
+        channels = self._current()
+        order: Sequence[int] = range(len(channels)) if targets is None else targets
         if hopeless_unsent:
-            channels = self._current()
             now = time.monotonic()
-            order = range(len(channels)) if targets is None else targets
             for i in order:
                 wait = channels[i].backing_off(now)
                 if wait:
                     rnd.fail(i, Failure.BACKING_OFF, str(_Down(wait)))
             if rnd.decided or rnd.impossible:
                 return
-            targets = [i for i in order if rnd.results[i] is None]
+            targets = order = [i for i in order if rnd.results[i] is None]
+        if not all(channels[i].ready for i in order):
+            await self._set_up(channels, order, rnd)
+            if hopeless_unsent and rnd.impossible:
+                return
+            deadline += rnd.begin_at(time.monotonic())
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
 
@@ -313,6 +390,8 @@ class Channels:
                 rnd.record(i, *command.parse(value))
             elif isinstance(value, ResponseError):
                 rnd.fail(i, classify_error(value), str(value))
+            elif isinstance(value, _SetUpFailed):
+                rnd.fail(i, value.failure, str(value))
             else:
                 rnd.fail(i, Failure.UNREACHABLE, str(value) or type(value).__name__)
             if rnd.decided:
@@ -340,7 +419,53 @@ class Channels:
                 # A node that answered the command but not yet all of it (a WAIT still
                 # blocked in Redis) is judged on what came: it is not silent.
                 rnd.record(i, *command.parse(got))
+            for i in order:
+                if rnd.results[i] is None and channels[i].connecting:
+                    # Not CONNECTING ("not asked"): the request is queued, and goes out
+                    # (its cleanup behind it) once the connection is up.
+                    rnd.fail(i, Failure.UNREACHABLE, "not connected yet; sent once it is")
             rnd.time_out()
+
+    async def _set_up(self, channels: list[Channel], order: Sequence[int], rnd: Round) -> None:
+        """Connect the channels of ``order`` that have no connection, all at once, and
+        wait until the round may begin: the ready channels could decide it
+        (``Round.enough_ready``), or no set-up is left.
+
+        Nodes that cannot be asked are recorded in ``rnd`` (back-off, failed set-up);
+        those still connecting are not: their request waits in the channel's queue.
+        """
+        now = time.monotonic()
+        waiting: list[int] = []
+        for i in order:
+            channel = channels[i]
+            if rnd.results[i] is not None or channel.ready:
+                continue  # a cleanup's bystander is not waited for
+            try:
+                channel.connect(now)
+            except _Down as exc:
+                rnd.fail(i, Failure.BACKING_OFF, str(exc))
+            else:
+                waiting.append(i)
+        changed = self._changed
+        while True:
+            changed.clear()  # before looking, so that a set-up ending meanwhile is not missed
+            still: list[int] = []
+            for i in waiting:
+                channel = channels[i]
+                if channel.connecting:
+                    still.append(i)
+                elif not channel.ready:
+                    failed = channel.set_up_failed
+                    if failed is None:
+                        rnd.fail(i, Failure.UNREACHABLE, "connection lost")
+                    else:
+                        rnd.fail(i, failed.failure, str(failed))
+            waiting = still
+            ready = sum(1 for i in order if rnd.results[i] is None and channels[i].ready)
+            if not waiting or rnd.enough_ready(ready):
+                return
+            # Every set-up ends within the connect timeout (Channel._run): no deadline here.
+            await changed.wait()
 
     async def close(self) -> None:
         channels, self._channels = self._channels, []

@@ -54,7 +54,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from .._errors import LockError, QuorumUnreachable, ServerUnsupported
+from .._errors import (
+    ConfigurationError,
+    LockError,
+    QuorumUnreachable,
+    ServerUnsupported,
+    TLSCertificateError,
+)
 from .config import LockSpec
 from .policy import RetryPolicy
 from .quorum import Failure, Round
@@ -137,7 +143,7 @@ class GiveUp:
     """Stop trying. ``error`` is None for an ordinary timeout (acquire returns False)."""
 
     cleanup: frozenset[int]
-    error: LockError | ServerUnsupported | None
+    error: LockError | ConfigurationError | None
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,14 @@ def refused_by(rnd: Round, names: list[str]) -> ServerUnsupported | None:
     for i, r in rnd.failures().items():
         if r.failure is Failure.UNSUPPORTED:
             return ServerUnsupported(names[i], f"refused a command tenure needs: {r.detail}")
+    return None
+
+
+def certificate_rejected(rnd: Round, names: list[str]) -> TLSCertificateError | None:
+    """The error to raise if a node's TLS certificate failed verification."""
+    for i, r in rnd.failures().items():
+        if r.failure is Failure.CERTIFICATE:
+            return TLSCertificateError(names[i], r.detail)
     return None
 
 
@@ -448,9 +462,9 @@ class Acquisition:
         marks = frozenset(statuses[i][1] for i in blank)
         return Seed(blank, counter, warm_ms, marks)
 
-    def _unreachable(self, rnd: Round) -> LockError | ServerUnsupported:
+    def _unreachable(self, rnd: Round) -> LockError | ConfigurationError:
         errors = round_errors(rnd, self._names)
-        refused = refused_by(rnd, self._names)
+        refused = refused_by(rnd, self._names) or certificate_rejected(rnd, self._names)
         if refused is not None:
             return refused
         failed = len(rnd.failures())

@@ -41,6 +41,11 @@ class Failure(enum.Enum):
     UNREACHABLE = "unreachable"  # refused connection, reset, or no reply before the deadline
     # Not even tried: the node failed recently and its reconnect back-off has not ended.
     BACKING_OFF = "backing off"
+    # Not asked (nothing was sent): its connection was still being set up when the round
+    # began (see ``Round.enough_ready``); the set-up goes on for the rounds after.
+    CONNECTING = "still connecting"
+    # Its TLS certificate failed verification: no connection until the set-up is fixed.
+    CERTIFICATE = "certificate rejected"
     UNSUPPORTED = "unsupported"  # the node refused the command: ACL, unknown command
     ERROR = "error"  # any other error reply
 
@@ -114,6 +119,31 @@ class Round:
             if i not in targets:
                 rnd.record(i, True)
         return rnd
+
+    def enough_ready(self, ready: int) -> bool:
+        """Whether ``ready`` more nodes (connected, not yet asked) could decide the round.
+
+        Connecting to a node (TCP, TLS handshake, AUTH) is not part of a round: the
+        round begins once connections are set up (``begin_at``), so a slow handshake is
+        not charged to ``node_timeout``. But a round does not wait for every set-up
+        either: once the ready nodes could give it its ``needed`` yeses, it begins, and
+        nodes still connecting sit it out. So a node whose set-up hangs delays only
+        rounds that cannot be decided without it, and those by at most the connect
+        timeout. A round already impossible waits for nothing; a round that must hear
+        every node (``wait_all``: a cleanup, or an attempt that asks every node whether
+        the lock is new) waits for every set-up.
+        """
+        if self._wait_all:
+            return False
+        return self._yes + ready >= self.needed or self.impossible
+
+    def begin_at(self, now: float) -> float:
+        """The requests go out at ``now``, after connections were set up: validity and
+        the deadline count from here, not from the earlier ``started``. Returns the
+        shift. (A node can only have executed a request after it was sent.)"""
+        shift = max(now - self.started, 0.0)
+        self.started += shift
+        return shift
 
     def answered_or_silent(self, nodes: frozenset[int]) -> frozenset[int]:
         """Those of ``nodes`` that did not fail in this round.
@@ -190,9 +220,14 @@ class Round:
         """Nodes that may hold our token: yes, failed, or not heard from yet.
 
         A definite "no" proves the node did not store the token (tokens are unique per
-        acquisition, so no later command can store it), so cleanup can skip it.
+        acquisition, so no later command can store it), so cleanup can skip it; so can a
+        node never asked because it was still connecting.
         """
-        return frozenset(i for i, r in enumerate(self.results) if r is None or r.ok is not False)
+        return frozenset(
+            i
+            for i, r in enumerate(self.results)
+            if r is None or (r.ok is not False and r.failure is not Failure.CONNECTING)
+        )
 
     def failures(self) -> dict[int, NodeResult]:
         """Nodes that failed, with why."""
@@ -203,12 +238,14 @@ class Round:
         return len(self.failures()) > len(self.results) - self.needed
 
     def failed_untried(self) -> bool:
-        """True when every failure was a node not even tried (still in its back-off).
+        """True when every failure was a node not even tried (still in its back-off, or
+        still connecting).
 
         Such a round is no new evidence that the nodes are down: it repeats what an
         earlier round found, until the back-off ends.
         """
-        return all(r.failure is Failure.BACKING_OFF for r in self.failures().values())
+        untried = (Failure.BACKING_OFF, Failure.CONNECTING)
+        return all(r.failure in untried for r in self.failures().values())
 
     def validity(self, now: float, ttl: float, drift: float) -> float:
         """Seconds of validity left at ``now`` for a lease whose round began at ``started``."""

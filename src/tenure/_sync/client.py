@@ -49,6 +49,11 @@ class Client(ClientBase):
     Args:
         nodes: node URLs (``redis://``, ``rediss://``, ``unix://``).
         node_timeout: seconds to wait for any one node in a round (default 50 ms).
+        connect_timeout: seconds a new connection to a node may take to be set up: TCP
+            connect, TLS handshake, AUTH (default 1 s). Set-up is not charged to a
+            round's ``node_timeout``: a round begins once the connected nodes could
+            decide it, and a node still connecting sits that round out
+            (docs/connections.md).
         drift_factor: clock-drift allowance as a fraction of the TTL (default 1%).
         drift_floor: seconds added to the drift allowance (default 2 ms).
         retry: back-off after a split vote (nobody holds a majority; default
@@ -120,6 +125,8 @@ class Client(ClientBase):
             LockTimeout: held elsewhere: at once if ``blocking`` is False, else after
                 ``timeout`` seconds (None waits forever).
             QuorumUnreachable: so many nodes failed that no majority is possible.
+            TLSCertificateError: so many nodes failed TLS certificate verification
+                (wrong host name, untrusted CA) that no majority is possible.
             ServerUnsupported: nodes refused a command tenure needs (ACL).
             ConfigurationError: bad name, TTL or timeout; ``fair=True`` without
                 notifications or with ``wait_replicas``.

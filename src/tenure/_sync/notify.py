@@ -34,6 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._core.commands import pack
 from .._core.resp import ReplyReader
 from .._core.waiting import Departed, Wake, parse_wake
+from .connect import SetUp
 from .links import NodeState
 
 __all__ = ["Listener", "Slot"]
@@ -133,6 +134,7 @@ class Listener:
         self._up = [False] * n
         self._socks: list[socket.socket | None] = [None] * n
         self._conns: list[object] = [None] * n
+        self._setups: list[SetUp | None] = [None] * n  # connections being set up
         self._readers = [ReplyReader() for _ in range(n)]
         self._retry_at = [0.0] * n
         self._backoff = [BACKOFF_MIN] * n
@@ -234,6 +236,9 @@ class Listener:
             slot.put(None)
 
     def _drop(self, i: int, now: float) -> None:
+        setup, self._setups[i] = self._setups[i], None
+        if setup is not None:
+            setup.abandon()
         conn = self._conns[i]
         self._conns[i] = self._socks[i] = None
         if conn is not None:
@@ -244,15 +249,38 @@ class Listener:
         self._backoff[i] = min(self._backoff[i] * 2, BACKOFF_MAX)
 
     def _connect(self, now: float) -> None:
-        """(Re)connect and subscribe where needed (the subscriber thread, holding _read)."""
+        """(Re)connect and subscribe where needed (the subscriber thread, holding _read).
+
+        Connections are set up in threads of their own (``SetUp``), every node at once,
+        so a slow TLS handshake or a node that does not answer never holds up the
+        notifications of the others; the thread is poked when a set-up ends.
+        """
         subscribe = pack("SUBSCRIBE", self.channel)
         for i, node in enumerate(self._nodes):
-            if self._socks[i] is not None or now < self._retry_at[i]:
+            if self._socks[i] is not None:
+                continue
+            setup = self._setups[i]
+            if setup is None:
+                if now >= self._retry_at[i]:
+                    self._setups[i] = SetUp(
+                        node.new_connection(),
+                        node.connect_timeout,
+                        node.timeout,
+                        self._poke,
+                        now + node.connect_timeout,
+                    )
+                continue
+            if not setup.done:
+                if now >= setup.deadline:
+                    self._drop(i, now)
+                continue
+            self._setups[i] = None
+            if setup.error is not None:
+                self._drop(i, now)
                 continue
             try:
-                conn = node.new_connection()
+                conn = setup.take()
                 self._conns[i] = conn
-                conn.connect()  # type: ignore[no-untyped-call]
                 sock = cast("socket.socket | None", conn._sock)
                 if sock is None:
                     raise OSError("not connected")
@@ -268,7 +296,11 @@ class Listener:
         socks = self._socks
         now = time.monotonic()
         pending = [] if limit is None else [limit]
-        pending += [self._retry_at[i] - now for i, s in enumerate(socks) if s is None]
+        for i, s in enumerate(socks):
+            if s is None:
+                setup = self._setups[i]
+                # A set-up pokes the thread when it ends: wake by its deadline only.
+                pending.append(self._retry_at[i] - now if setup is None else setup.deadline - now)
         if len(socks) > 1:
             overdue = False
             for slot in list(self._slots.values()):
