@@ -94,7 +94,7 @@ _EXPIRED, _NOT_YET_VALID = 10, 9
 
 def _certificate_problem(exc: ssl.SSLCertVerificationError) -> str:
     code = getattr(exc, "verify_code", None)
-    said = getattr(exc, "verify_message", None) or str(exc)
+    said = (getattr(exc, "verify_message", None) or str(exc)).rstrip(".")
     if code in _NAME_MISMATCH:
         return (
             f"its TLS certificate does not match the host in the node's URL ({said}); "

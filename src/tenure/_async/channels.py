@@ -232,7 +232,6 @@ class Channel:
         except Exception as exc:
             if self._task is asyncio.current_task():
                 self._reset(exc, time.monotonic(), from_task=True)
-                self._changed.set()
             await conn.disconnect(
                 nowait=True
             )  # our protocol replaced the stream's: no wait_closed()
@@ -262,6 +261,7 @@ class Channel:
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
         task, self._task = self._task, None
         self._conn = None
+        self._changed.set()  # a round waiting for this channel's set-up looks again
         if task is not None and not from_task:
             task.cancel()
 
@@ -278,6 +278,7 @@ class Channel:
         self._fail_all(ConnectionError("client closed"))
         task, self._task = self._task, None
         self._conn = None
+        self._changed.set()
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
