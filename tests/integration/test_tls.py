@@ -9,6 +9,7 @@ against that CA, passed as ``ssl_ca_certs``.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import tenure
+from tenure._core.config import LockKeys
 from tenure.local import LocalCluster
 
 from .conftest import Api, holders
@@ -171,6 +173,43 @@ def test_a_node_whose_handshake_hangs_does_not_hold_up_the_others(
         return True
 
     assert _while_running(api, cleaned_up)
+
+
+def test_waiters_are_notified_over_slow_tls(
+    api: Api, shared5: LocalCluster, key: str, ca: CertificateAuthority, proxies: ExitStack
+) -> None:
+    # The notification subscription is set up under connect_timeout too: a slow handshake
+    # must not keep a waiter from hearing the release (it would then wait out the
+    # holder's TTL, far past this acquire's timeout).
+    proxy = _proxy(proxies, shared5, 0, ca, ["127.0.0.1"], SLOW_HANDSHAKE)
+    # The holder is released from another thread: a blocking client, whatever the waiter.
+    holder_client = tenure.Client(shared5.urls[:1])
+    proxies.callback(holder_client.close)
+    holder = holder_client.acquire(key, ttl=60.0)
+    with shared5[0].client() as c:
+        before = set(c.pubsub_channels("tenure:wake:*"))
+    waiter = api.client([proxy.url], connection_options=_verified(ca), recheck=60.0)
+    queue = LockKeys.of(key).queue
+    released = threading.Event()
+
+    def release_once_the_waiter_listens() -> None:
+        deadline = time.monotonic() + 20.0
+        with shared5[0].client() as c:
+            while not (set(c.pubsub_channels("tenure:wake:*")) - before and c.zcard(queue)):
+                if time.monotonic() > deadline:
+                    return  # never subscribed: the waiter times out, and the test fails
+                time.sleep(0.005)
+        holder.release()
+        released.set()
+
+    thread = threading.Thread(target=release_once_the_waiter_listens)
+    thread.start()
+    try:
+        lease = waiter.acquire(key, ttl=TTL, timeout=30.0)
+    finally:
+        thread.join()
+    assert released.is_set()
+    lease.release()
 
 
 def test_connect_timeout_is_validated(api: Api, shared5: LocalCluster) -> None:

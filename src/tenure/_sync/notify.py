@@ -192,10 +192,15 @@ class Listener:
                 return slot.event.is_set()
             try:
                 while not slot.event.is_set() and not self._stop:
-                    left = end - time.monotonic()
+                    now = time.monotonic()
+                    left = end - now
                     if left <= 0:
                         break
-                    self._pump(left, watch_waker=False)
+                    if any(self._setups):
+                        # A subscription being set up must not wait for this wait to
+                        # end: the reader finishes it (a set-up pokes when it ends).
+                        self._connect(now)
+                    self._pump(left, watch_waker=any(self._setups))
             finally:
                 self._read.release()
         finally:
@@ -332,6 +337,12 @@ class Listener:
             i = socks.index(sock)
             try:
                 data = sock.recv(65536)
+                # TLS: recv returns one record at a time, and records already received
+                # are not readable to select(); take them now, or a notification could
+                # sit in the TLS buffer until the next one comes.
+                buffered = getattr(sock, "pending", None)
+                while data and buffered is not None and (more := buffered()):
+                    data += sock.recv(more)
             except OSError:
                 data = b""
             try:
