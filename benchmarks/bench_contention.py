@@ -55,7 +55,7 @@ from typing import Any
 import redis
 
 import tenure
-from _common import fmt, no_retry, server_version, table, write_results
+from _common import fmt, initialise, no_retry, server_version, table, write_results
 from tenure._core.commands import pack
 from tenure.local import LocalCluster
 
@@ -521,6 +521,7 @@ def context(args: argparse.Namespace, version: str) -> list[str]:
 def run(args: argparse.Namespace) -> str:
     args.load_before = load_average()
     with LocalCluster(5, unix=args.unix) as cluster:
+        initialise(cluster.urls)
         version = server_version(cluster[0])
         medians = floor(cluster, 1 if args.quick else 3)
         print(*floor_lines(medians), sep="\n", file=sys.stderr, flush=True)

@@ -87,6 +87,7 @@ from _common import (
     SyncCycle,
     SyncRunner,
     fmt,
+    initialise,
     no_retry,
     write_results,
 )
@@ -792,6 +793,7 @@ def run(args: argparse.Namespace) -> str:
         print("starting redis-server x6, postgres, the upstream server", file=sys.stderr)
         store_node = stack.enter_context(LocalCluster(1, persistence=Persistence.NONE))[0]
         lock_nodes = stack.enter_context(LocalCluster(5, persistence=Persistence.NONE))
+        initialise(lock_nodes.urls)
         postgres = stack.enter_context(EmbeddedPostgres())
         upstream = stack.enter_context(Upstream())
         loop = stack.enter_context(event_loop())

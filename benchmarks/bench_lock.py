@@ -69,6 +69,7 @@ from _common import (
     SyncCycle,
     SyncRunner,
     fmt,
+    initialise,
     no_retry,
     server_version,
     write_results,
@@ -752,6 +753,7 @@ def run(args: argparse.Namespace) -> str:
     loop = asyncio.new_event_loop()
     subjects: list[Subject] = []
     with LocalCluster(5, persistence=Persistence.NONE) as cluster:
+        initialise(cluster.urls)
         try:
             with cluster[0].client() as c:
                 sha = str(c.script_load(source))

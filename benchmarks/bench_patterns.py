@@ -72,7 +72,7 @@ import redis
 from redis.client import Pipeline
 
 import tenure
-from _common import fmt, no_retry, server_version, write_results
+from _common import fmt, initialise, no_retry, server_version, write_results
 from _common import table as _table
 from tenure._core.acquire import Acquisition
 from tenure._core.quorum import Round
@@ -717,6 +717,7 @@ def run(args: argparse.Namespace) -> str:
         LocalCluster(5, persistence=Persistence.NONE) as lock_nodes,
         LocalCluster(1, persistence=Persistence.NONE) as data_nodes,
     ):
+        initialise(lock_nodes.urls)
         data_node = data_nodes[0]
         fleet = Fleet(lock_nodes.urls, data_node.url, args.poll_interval, args.timeout)
         try:

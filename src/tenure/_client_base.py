@@ -1,16 +1,20 @@
 """What the blocking and asyncio clients share: their settings and per-client state.
 
 The drivers differ only in how a round reaches the nodes; everything a client *is* (its
-validated configuration, the specs of the locks it has used, its random source and the
-fencing floor it proposes above) is built here once.
+validated configuration, the specs of the locks it has used, its random source, the
+fencing floor it proposes above, which thread or task holds which of its leases, and
+whether it was closed) is built here once.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import random
 import secrets
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from ._clock import monotonic, wall_us
@@ -18,8 +22,12 @@ from ._core import commands
 from ._core.acquire import Acquisition, Granted
 from ._core.commands import Command, acked_by_replicas
 from ._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
+from ._core.holds import Held, Holds, self_deadlock
 from ._core.policy import RetryPolicy
 from ._core.waiting import Departed, Wake, hold_ms, place_ms
+from ._errors import ClientClosed
+from ._redis_compat import check_connection_options
+from ._report import NodeReporter
 
 __all__ = ["ClientBase"]
 
@@ -30,6 +38,8 @@ class ClientBase:
     The arguments are documented on ``tenure.Client``; subclasses set up their driver's
     connections in ``_open``.
     """
+
+    _ASYNCIO = False  # which redis-py connection classes ``connection_options`` must suit
 
     def __init__(
         self,
@@ -44,7 +54,8 @@ class ClientBase:
         max_ttl: float = 60.0,
         recheck: float = 0.5,
         wait_replicas: int = 0,
-        connection_options: dict[str, Any] | None = None,
+        retention: float | None = None,
+        connection_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.config = ClientConfig.build(
             nodes,
@@ -57,14 +68,73 @@ class ClientBase:
             max_ttl=max_ttl,
             recheck=recheck,
             wait_replicas=wait_replicas,
+            retention=retention,
+        )
+        options = check_connection_options(
+            connection_options, self.config.nodes, self.config.node_timeout, asyncio=self._ASYNCIO
         )
         self.node_names = [a.display for a in self.config.nodes]
+        self._reporter = NodeReporter(self.node_names)
         self._specs = SpecCache(self.config)
         self._rng = random.Random(secrets.randbits(64))
         self._fence_floor = 1  # proposals stay above every fencing token this client saw
         self._place_ms = place_ms(self.config.recheck, self.config.node_timeout)
         self._hold_ms = hold_ms(self.config.node_timeout)
-        self._open(dict(connection_options or {}))
+        self._closed = False
+        # Leases are released from any thread (a watchdog's, another worker's), so the
+        # book of who holds what is guarded; the lock is only ever held for a dict update.
+        self._holds = Holds()
+        self._holds_guard = threading.Lock()
+        _CLIENTS.add(self)
+        self._open(options)
+
+    @property
+    def closed(self) -> bool:
+        """True once the client was closed; it then refuses every operation."""
+        return self._closed
+
+    def _check_open(self, operation: str, name: str | None = None) -> None:
+        """Raise ``ClientClosed`` if the client was closed (it must not reconnect)."""
+        if self._closed:
+            raise ClientClosed(operation, name)
+
+    def _owner(self) -> Hashable:
+        """Who is calling: the current thread (blocking) or asyncio task."""
+        raise NotImplementedError
+
+    def _describe(self, owner: Hashable) -> str:
+        """``owner`` in words, for error messages."""
+        raise NotImplementedError
+
+    def _check_reentry(self, spec: LockSpec, blocking: bool) -> None:
+        """Refuse a blocking acquire of a lock its caller already holds through this client.
+
+        Raises:
+            SelfDeadlock: the caller would wait for itself.
+        """
+        owner = self._owner()
+        with self._holds_guard:
+            holder = self._holds.conflict(spec.name, owner, monotonic(), blocking=blocking)
+        if holder is not None:
+            raise self_deadlock(spec.name, self._describe(owner), holder)
+
+    def _hold(self, lease: Held) -> Hashable:
+        """Enter a new lease in the book under its caller; returns that owner."""
+        owner = self._owner()
+        with self._holds_guard:
+            self._holds.add(owner, lease, monotonic())
+        return owner
+
+    def _unhold(self, owner: Hashable, lease: Held) -> None:
+        """Take a released or lost lease out of the book (from whichever thread)."""
+        with self._holds_guard:
+            self._holds.discard(owner, lease)
+
+    def _forget_after_fork(self) -> None:
+        """In a child after fork: it holds nothing (its inherited leases are the parent's),
+        and the guard may have been copied locked by a thread that does not exist here."""
+        self._holds = Holds()
+        self._holds_guard = threading.Lock()
 
     def _replicated(self, command: Command) -> Command:
         """``command`` as it must be sent when grants count only once replicated."""
@@ -111,7 +181,7 @@ class ClientBase:
             arg = max(wall_us(), fencing + 1, self._fence_floor)
         else:
             arg = self._hold_ms
-        return commands.release_waking(spec.keys, token, spec.wait_mode, arg, cleanup=cleanup)
+        return commands.release_waking(spec, token, spec.wait_mode, arg, cleanup=cleanup)
 
     def _cleanup_release(self, spec: LockSpec, token: str) -> Command:
         """What releases the grants of a failed attempt. Fair on a quorum, they are
@@ -142,3 +212,14 @@ class ClientBase:
         if granted is not None:
             self._fence_floor = max(self._fence_floor, acq.floor)
         return granted
+
+
+_CLIENTS: weakref.WeakSet[ClientBase] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    for client in list(_CLIENTS):
+        client._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

@@ -4,18 +4,23 @@
 
     TenureError
     ├── ConfigurationError (ValueError)      bad parameter; names it and the accepted range
-    ├── ServerUnsupported (ConfigurationError) a node refuses a command (ACL) or is too old
-    ├── TLSCertificateError (ConfigurationError) a node's TLS certificate failed verification
+    │   └── NodeMisconfigured                a node's setup, not an outage, stops locking on
+    │       │                                it: read-only replica, wrong password, not Redis
+    │       ├── ServerUnsupported            a node refuses a command (ACL) or is too old
+    │       └── TLSCertificateError          a node's TLS certificate failed verification
     ├── StaleToken (RuntimeError)             a fenced store refused a write with an old token
+    ├── ClientClosed (RuntimeError)           the client was closed; it does not reconnect
     └── LockError
         ├── AcquireError
         │   ├── LockTimeout (TimeoutError)   waited `timeout` seconds, lock still held elsewhere
         │   └── QuorumUnreachable (ConnectionError)
         │                                    too many nodes failed for a majority to be possible
+        ├── SelfDeadlock (RuntimeError)      this thread/task already holds the lock it waits for
         └── OwnershipError (RuntimeError)
             ├── NotHeld                      release() of a lock object that holds no lease
             └── LeaseLost                    the lease can no longer be trusted
-                └── LeaseExpired             its validity ended before the operation
+                ├── LeaseExpired             its validity ended before the operation
+                └── InheritedLease           used in a forked child: the lease is the parent's
 
 Errors subclass the matching built-in so that ``except TimeoutError`` and friends keep
 working, and carry their context as fields: which lock, and what each node said
@@ -29,14 +34,18 @@ from collections.abc import Mapping
 
 __all__ = [
     "AcquireError",
+    "ClientClosed",
     "ConfigurationError",
+    "InheritedLease",
     "LeaseExpired",
     "LeaseLost",
     "LockError",
     "LockTimeout",
+    "NodeMisconfigured",
     "NotHeld",
     "OwnershipError",
     "QuorumUnreachable",
+    "SelfDeadlock",
     "ServerUnsupported",
     "StaleToken",
     "TLSCertificateError",
@@ -60,25 +69,57 @@ class ConfigurationError(TenureError, ValueError):
         self.parameter = parameter
 
 
-class ServerUnsupported(ConfigurationError):
-    """A node refused a command tenure needs (ACL), or its version is too old."""
+class NodeMisconfigured(ConfigurationError):
+    """A node answers, but its setup keeps tenure from locking on it; waiting will not help.
 
-    def __init__(self, node: str, message: str) -> None:
-        super().__init__(f"node {node}", message)
-        self.node = node
-
-
-class TLSCertificateError(ConfigurationError):
-    """A node's TLS certificate failed verification: it does not match the node's host
-    name, or no CA we trust signed it. Retrying cannot help; the set-up must be fixed.
+    A read-only replica listed instead of its master, a wrong or missing password, an ACL
+    user without a permission tenure needs, a server that does not speak the Redis
+    protocol at that address. Raised when such nodes leave too few others for a majority
+    (otherwise the lock goes on with the others, and each such node is logged once as a
+    warning on the ``tenure`` logger).
 
     Attributes:
-        node: the node's name (its URL without credentials).
+        node: the node, as displayed (its URL without credentials).
+        problem: what is wrong with it and how to fix it.
+        node_errors: what every node that failed said (node name -> message).
     """
 
-    def __init__(self, node: str, message: str) -> None:
-        super().__init__(f"node {node}", message)
+    # What joins the node's name to ``problem`` in the message.
+    _after_name = " "
+
+    def __init__(
+        self,
+        node: str,
+        problem: str,
+        node_errors: Mapping[str, str] | None = None,
+        *,
+        parameter: str | None = None,
+    ) -> None:
+        others = {n: e for n, e in (node_errors or {}).items() if n != node}
+        detail = ""
+        if others:
+            detail = " [also " + "; ".join(f"{n}: {e}" for n, e in sorted(others.items())) + "]"
+        # Not ConfigurationError.__init__: "node X is a read-only replica", not "node X: ...".
+        Exception.__init__(self, f"node {node}{self._after_name}{problem}{detail}")
+        self.parameter = parameter or f"node {node}"
         self.node = node
+        self.problem = problem
+        self.node_errors: dict[str, str] = dict(node_errors or {})
+
+
+class ServerUnsupported(NodeMisconfigured):
+    """A node refused a command tenure needs (ACL), or its version is too old."""
+
+
+class TLSCertificateError(NodeMisconfigured):
+    """A node's TLS certificate failed verification: it does not match the host in the
+    node's URL, no CA the client trusts signed it, or it has expired. Retrying cannot
+    help; the certificate, the URL or ``ssl_ca_certs`` must be fixed.
+
+    The message reads "node rediss://host:port: its TLS certificate ...", then the fix.
+    """
+
+    _after_name = ": "
 
 
 class StaleToken(TenureError, RuntimeError):
@@ -99,6 +140,26 @@ class StaleToken(TenureError, RuntimeError):
         self.resource = resource
         self.token = token
         self.highest = highest
+
+
+class ClientClosed(TenureError, RuntimeError):
+    """The client was closed (``close()``, ``aclose()``, or leaving its ``with`` block).
+
+    A closed client does not reconnect: acquiring, extending, releasing and asking
+    ``locked()`` through it, or through a lock or lease it made, raise this. Leases it
+    still held stay on the nodes until their TTL runs out.
+
+    Attributes:
+        name: the lock the refused operation was about, or None.
+    """
+
+    def __init__(self, operation: str, name: str | None = None) -> None:
+        about = "" if name is None else f"lock {name!r}: "
+        super().__init__(
+            f"{about}cannot {operation}: its client was closed and does not reconnect; "
+            "use an open client (leases it held stay on the nodes until their TTL runs out)"
+        )
+        self.name = name
 
 
 class LockError(TenureError):
@@ -135,6 +196,22 @@ class QuorumUnreachable(AcquireError, ConnectionError):
     """
 
 
+class SelfDeadlock(LockError, RuntimeError):
+    """A blocking acquire of a lock that the same thread (or asyncio task) already holds
+    through the same client: it would wait for itself until the TTL ran out, or forever
+    with a watchdog. Raised at once, before any I/O; tenure locks are not reentrant.
+
+    Other threads and tasks sharing the client still wait for each other as usual.
+
+    Attributes:
+        holder: the lease already held (a ``Lease`` or ``AsyncLease``).
+    """
+
+    def __init__(self, name: str, message: str, holder: object) -> None:
+        super().__init__(name, message)
+        self.holder = holder
+
+
 class OwnershipError(LockError, RuntimeError):
     """An operation needs a lease the caller does not (or no longer) hold."""
 
@@ -149,3 +226,24 @@ class LeaseLost(OwnershipError):
 
 class LeaseExpired(LeaseLost):
     """The lease's validity deadline passed before the operation (extend, release)."""
+
+
+class InheritedLease(LeaseLost):
+    """A lease used in a process forked from its holder: it belongs to the parent.
+
+    To the child the lease is lost (the parent holds the lock), but it must not act on
+    it either: extending or releasing it would act on the parent's lock, so the child
+    refuses and sends nothing. The parent's lease is unaffected.
+
+    Attributes:
+        pid: the process that acquired the lease.
+    """
+
+    def __init__(self, name: str, operation: str, pid: int) -> None:
+        super().__init__(
+            name,
+            f"cannot {operation} in this process: the lease belongs to process {pid}, which "
+            "acquired it before fork(); let that process release it, or acquire the lock "
+            "here with this process's own client",
+        )
+        self.pid = pid

@@ -1,19 +1,26 @@
-"""What the sync and async leases have in common: the facts of one acquisition, and
-the record of its loss (R12: a holder must learn the moment its lease is lost)."""
+"""What the sync and async leases have in common: the facts of one acquisition, the
+record of its loss (a holder must learn the moment its lease is lost), who may act
+on it (not a forked child, not through a closed client), and how a loss is reported when
+the body of a ``with`` block raised its own exception."""
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ._core.acquire import LeaseState
 from ._core.config import LockSpec
-from ._errors import LeaseExpired, LeaseLost
+from ._errors import InheritedLease, LeaseExpired, LeaseLost
+
+if TYPE_CHECKING:
+    from ._client_base import ClientBase
 
 _log = logging.getLogger("tenure")
 
-__all__ = ["LeaseView", "not_acquired"]
+__all__ = ["LeaseView", "attach_loss", "closed_under", "leave_block", "not_acquired"]
 
 
 def not_acquired(blocking: bool, timeout: float | None) -> str:
@@ -23,22 +30,90 @@ def not_acquired(blocking: bool, timeout: float | None) -> str:
     return f"still held by another client after timeout={timeout}s"
 
 
+def closed_under(name: str) -> LeaseLost:
+    """Why a kept-alive lease is lost once its client was closed."""
+    return LeaseLost(
+        name,
+        "its client was closed, so its watchdog can no longer extend it; its keys expire "
+        "by their TTL",
+    )
+
+
+def attach_loss(body_error: BaseException, error: BaseException, name: str) -> None:
+    """Tell of ``error`` (the lease was lost, or its release failed) on the exception the
+    body of a ``with`` block raised, which keeps propagating: a note on Python 3.11+, and
+    a warning on the ``tenure`` logger in every version."""
+    text = f"tenure: {type(error).__name__} on the lease of {name!r} meanwhile: {error}"
+    add_note = getattr(body_error, "add_note", None)  # Python >= 3.11
+    if add_note is not None and text not in getattr(body_error, "__notes__", ()):
+        add_note(text)
+    _log.warning(
+        "tenure: %s on the lease of %r while its block raised %s: %s",
+        type(error).__name__,
+        name,
+        type(body_error).__name__,
+        error,
+    )
+
+
+def leave_block(
+    name: str, lost: LeaseLost | None, exc: BaseException | None, failure: Exception | None
+) -> None:
+    """The end of a ``with`` block whose lease was lost (``lost``) or whose release at exit
+    raised (``failure``).
+
+    The body's exception ``exc`` wins: the caller's ``except`` clauses must keep working,
+    so the loss is attached to it rather than raised in its place. A body that finished
+    learns of a loss: it ran, at least in part, unprotected.
+    """
+    error = lost or failure
+    if error is None:
+        return
+    if exc is None:
+        raise error
+    attach_loss(exc, error, name)
+
+
 class LeaseView:
-    """The facts of a lease. Ownership belongs to this object, not to a thread or task.
+    """The facts of a lease. Ownership belongs to this object, not to a thread or task,
+    and to the process that acquired it (a forked child may not act on it).
 
     Attributes:
         name: the lock's resource name.
         token: the owner token: 128 random bits, fresh for every acquisition.
     """
 
-    def __init__(self, state: LeaseState, spec: LockSpec, node_names: list[str]) -> None:
+    def __init__(self, state: LeaseState, spec: LockSpec, client: ClientBase) -> None:
         self._state = state
         self._first_started = state.started
         self._spec = spec
-        self._node_names = node_names
+        self._node_names = client.node_names
         self._released = False
         self._loss: LeaseLost | None = None
         self._callbacks: list[Callable[[LeaseLost], object]] = []
+        self._pid = os.getpid()
+        self._client = client
+        self._owner = client._hold(self)  # the thread or task that acquired it
+
+    def _held_at(self, now: float) -> bool:
+        """Whether the client's book should count it as held by its owner at ``now``."""
+        return not self._released and self._loss is None and now < self._state.valid_until
+
+    def _set_released(self) -> None:
+        """No longer ours to use: released, or being released after a failed extend."""
+        self._released = True
+        self._client._unhold(self._owner, self)
+
+    def _check_usable(self, operation: str) -> None:
+        """Refuse to act on the nodes from a forked child or through a closed client.
+
+        Raises:
+            InheritedLease: this process is a fork of the one that acquired the lease.
+            ClientClosed: the client was closed.
+        """
+        if os.getpid() != self._pid:
+            raise InheritedLease(self.name, operation, self._pid)
+        self._client._check_open(operation, self.name)
 
     @property
     def _lost(self) -> bool:
@@ -68,7 +143,10 @@ class LeaseView:
         Raises:
             LeaseLost: it was found lost (extension failed, a node lost it, it expired).
             LeaseExpired: its validity deadline has passed.
+            InheritedLease: this process is a fork of its holder (the lease is the parent's).
         """
+        if os.getpid() != self._pid:
+            raise InheritedLease(self.name, "use the lease", self._pid)
         if self._loss is not None:
             raise self._loss
         left = self._state.valid_until - time.monotonic()
@@ -88,7 +166,8 @@ class LeaseView:
         self._signal_lost()
         callbacks, self._callbacks = self._callbacks, []
         if not notify:
-            return
+            return  # a child after fork: its client's book starts empty anyway
+        self._client._unhold(self._owner, self)
         for callback in callbacks:
             try:
                 callback(error)
@@ -108,7 +187,7 @@ class LeaseView:
 
     @property
     def fencing_token(self) -> int:
-        """Strictly increases in the order leases of this lock are granted (R11).
+        """Strictly increases in the order leases of this lock are granted.
 
         Send it with every write to a fenced store (``tenure.fencing``), which rejects a
         write whose token is older than one it has seen.
@@ -142,8 +221,13 @@ class LeaseView:
 
     @property
     def valid(self) -> bool:
-        """True while not released, not lost, and before ``valid_until``."""
-        return not (self._released or self._lost) and time.monotonic() < self._state.valid_until
+        """True while not released, not lost, and before ``valid_until``; always False in
+        a process forked from the holder (the lease is the parent's)."""
+        return (
+            not (self._released or self._lost)
+            and time.monotonic() < self._state.valid_until
+            and os.getpid() == self._pid
+        )
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -156,7 +240,9 @@ class LeaseView:
 
     def __repr__(self) -> str:
         status = (
-            "released"
+            f"inherited from process {self._pid}"
+            if os.getpid() != self._pid
+            else "released"
             if self._released
             else "lost"
             if self._lost

@@ -6,29 +6,51 @@ exercise every function here against the installed version.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import socket
 import ssl
 import struct
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
 import redis.asyncio
+from redis import exceptions as rx
 from redis.backoff import NoBackoff
-from redis.exceptions import NoPermissionError, ResponseError
 
+from ._acl import denial
+from ._core import diagnosis
+from ._core.config import NodeAddress
+from ._core.diagnosis import Diagnosis
 from ._core.quorum import Failure
+from ._errors import ConfigurationError
 
-__all__ = ["classify_error", "connection_kwargs", "kernel_timeouts", "set_up_failure"]
+__all__ = [
+    "NotRedis",
+    "check_connection_options",
+    "connection_kwargs",
+    "diagnose",
+    "kernel_timeouts",
+]
+
+
+def _keywords(cls: type) -> set[str]:
+    """Every keyword ``cls(...)`` takes along its MRO (each ``__init__`` passes the rest on)."""
+    names: set[str] = set()
+    for c in cls.__mro__:
+        init = c.__dict__.get("__init__")
+        if init is None or not inspect.isfunction(init):
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                names.add(p.name)
+    return names
 
 
 def _accepts(cls: type, name: str) -> bool:
     """Whether ``cls(...)`` takes keyword ``name`` anywhere along its MRO."""
-    return any(
-        name in inspect.signature(c.__dict__["__init__"]).parameters
-        for c in cls.__mro__
-        if "__init__" in c.__dict__
-    )
+    return name in _keywords(cls)
 
 
 # redis-py 5-7 name the CLIENT SETINFO handshake lib_name/lib_version; 8 deprecates them
@@ -70,55 +92,175 @@ def connection_kwargs(
     return options
 
 
-def set_up_failure(exc: BaseException) -> tuple[Failure, str]:
-    """Why setting up a connection failed, and how to say it.
-
-    A TLS certificate that failed verification is a configuration problem that no retry
-    fixes, so it is told apart (``Failure.CERTIFICATE``) and said plainly; redis-py wraps
-    the ``ssl`` error in its ConnectionError, so the chain is searched. Anything else
-    means the node could not be reached.
-    """
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            return Failure.CERTIFICATE, _certificate_problem(seen)
-        seen = seen.__cause__ or seen.__context__
-    return Failure.UNREACHABLE, str(exc) or type(exc).__name__
+class NotRedis(rx.ConnectionError):
+    """The node sent bytes that are not the Redis protocol (the asyncio driver's reader)."""
 
 
-# OpenSSL's X509_V_ERR_* codes, as ssl.SSLCertVerificationError.verify_code reports them.
-_NAME_MISMATCH = frozenset({62, 63, 64})  # host name, e-mail, IP address
-_UNTRUSTED = frozenset({18, 19, 20, 21})  # self-signed, unknown issuer, unverifiable
-_EXPIRED, _NOT_YET_VALID = 10, 9
+# Error codes redis-py strips off the replies it maps to exception classes, for redis-py
+# versions that do not keep them (``status_code`` came in redis-py 6).
+_CODES: tuple[tuple[type[Exception], str], ...] = (
+    (rx.ReadOnlyError, "READONLY"),
+    (rx.NoPermissionError, "NOPERM"),
+    (rx.MovedError, "MOVED"),
+    (rx.AskError, "ASK"),
+    (rx.ClusterCrossSlotError, "CROSSSLOT"),
+    (rx.ClusterDownError, "CLUSTERDOWN"),
+    (rx.BusyLoadingError, "LOADING"),
+    (rx.OutOfMemoryError, "OOM"),
+)
 
 
-def _certificate_problem(exc: ssl.SSLCertVerificationError) -> str:
-    code = getattr(exc, "verify_code", None)
-    said = (getattr(exc, "verify_message", None) or str(exc)).rstrip(".")
-    if code in _NAME_MISMATCH:
-        return (
-            f"its TLS certificate does not match the host in the node's URL ({said}); "
-            "use the name or address the certificate was issued for in the URL"
-        )
-    if code in _UNTRUSTED:
-        return (
-            f"its TLS certificate is not signed by a CA this client trusts ({said}); "
-            "pass the CA certificate in connection_options={'ssl_ca_certs': path}"
-        )
-    if code in (_EXPIRED, _NOT_YET_VALID):
-        return f"its TLS certificate is outside its validity period ({said}); renew it"
-    return f"its TLS certificate failed verification ({said})"
-
-
-def classify_error(exc: ResponseError) -> Failure:
-    """An error reply: the node refusing the command (ACL, missing command) or another error."""
+def _reply_text(exc: rx.RedisError) -> str:
+    """An error reply's text as the node sent it, code first ("READONLY You can't ...")."""
     text = str(exc)
-    if isinstance(exc, NoPermissionError) or text.startswith(("NOPERM", "ERR unknown command")):
-        return Failure.UNSUPPORTED
-    # A command denied by ACL inside one of our scripts (Redis 6.2 wording; 7 says NOPERM).
-    if "can't run this command" in text or "no permissions" in text.lower():
-        return Failure.UNSUPPORTED
-    return Failure.ERROR
+    code = getattr(exc, "status_code", None)
+    if not isinstance(code, str) or not code:
+        code = next((c for cls, c in _CODES if isinstance(exc, cls)), "")
+        if not code and isinstance(exc, rx.AuthenticationError):
+            code = "NOAUTH" if "required" in text.lower() else "WRONGPASS"
+    return f"{code} {text}" if code and not text.startswith(code) else text
+
+
+# Exceptions a reply that is not the Redis protocol raises in redis-py's parser (``int()``
+# of a garbled length, a decoder fed random bytes) or in a command's reply reader.
+_GARBLED = (rx.InvalidResponse, rx.DataError, NotRedis, ValueError, TypeError, IndexError)
+
+
+def diagnose(exc: Exception) -> Diagnosis:
+    """Any exception a node's connection raised, as a per-node failure.
+
+    Error replies and authentication failures are classified by ``_core.diagnosis``;
+    bytes that are not the Redis protocol make the node misconfigured (something else
+    listens there); a TLS certificate that failed verification is a configuration
+    failure too (``diagnosis.certificate_rejected``); network errors make the node
+    unreachable. Nothing is raised.
+    """
+    rejected = _certificate_error(exc)
+    if rejected is not None:
+        return diagnosis.certificate_rejected(
+            getattr(rejected, "verify_code", None),
+            getattr(rejected, "verify_message", None) or str(rejected),
+        )
+    if isinstance(exc, (rx.ResponseError, rx.AuthenticationError)):
+        text = _reply_text(exc)
+        # A command, key or channel refused by ACL inside one of our scripts: each Redis
+        # version words it differently, and none of them starts the reply with NOPERM.
+        # The whole text is kept: its script line names the refused command on 6.2.
+        if denial(text) is not None:
+            return Diagnosis(Failure.UNSUPPORTED, f"refused by ACL ({text}): {diagnosis.ACL_HINT}")
+        return diagnosis.error_reply(text)
+    if isinstance(exc, _GARBLED):
+        return diagnosis.not_redis(str(exc) or type(exc).__name__)
+    if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, OSError)):
+        return Diagnosis(Failure.UNREACHABLE, str(exc) or type(exc).__name__)
+    return Diagnosis(Failure.ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def _certificate_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification error behind ``exc``, if any: redis-py wraps the
+    ``ssl`` module's error in its own ConnectionError (sync: ``raise ... from``; asyncio:
+    raised while handling it), so the chain is searched."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain is short; the bound guards against a cycle
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+# connection_options that would take from tenure what it must own, and what to do instead.
+_OWNED = {
+    "retry": "tenure owns retries (redis-py's would re-send SET NX after a timeout and "
+    "stall a round for seconds)",
+    "retry_on_timeout": "tenure owns retries",
+    "retry_on_error": "tenure owns retries",
+    "socket_timeout": "tenure owns time: set Client(node_timeout=...) instead",
+    "socket_connect_timeout": "tenure owns time: set Client(connect_timeout=...) instead",
+    "health_check_interval": "a health check is a hidden round trip inside a round; "
+    "tenure notices a dead node by itself",
+    "host": "give it in each node URL",
+    "port": "give it in each node URL",
+    "path": "give it in each node URL (unix:///path)",
+    "unix_socket_path": "give it in each node URL (unix:///path)",
+    "db": "give it in each node URL (redis://host:port/DB)",
+}
+
+
+def check_connection_options(
+    options: object, nodes: Sequence[NodeAddress], node_timeout: float, *, asyncio: bool
+) -> dict[str, Any]:
+    """Validate ``connection_options`` against the connections redis-py would make.
+
+    For every node, redis-py builds its pool from the URL and these options and one
+    connection object is made from it, exactly as a round would, without connecting.
+    So a misspelt key, a TLS option on a ``redis://`` node or a value redis-py refuses
+    fails here, naming the key, rather than at the first acquire.
+
+    Raises:
+        ConfigurationError: not a mapping of str keys; a key no connection of these
+            nodes accepts, or one tenure must own; a value redis-py refuses.
+    """
+    if options is None:
+        options = {}  # the URLs are still checked: a query option may be one redis-py refuses
+    param = "connection_options"
+    if not isinstance(options, Mapping):
+        raise ConfigurationError(
+            param,
+            "must be a dict of redis-py connection keyword arguments, e.g. "
+            f"{{'password': '...', 'ssl_ca_certs': '/path/ca.pem'}}, got {options!r}",
+        )
+    result: dict[str, Any] = {}
+    for key, value in options.items():
+        if not isinstance(key, str):
+            raise ConfigurationError(param, f"keys must be str (keyword names), got {key!r}")
+        if key in _OWNED:
+            raise ConfigurationError(f"{param}[{key!r}]", f"not accepted: {_OWNED[key]}")
+        if key == "protocol" and value not in (2, "2"):
+            raise ConfigurationError(
+                f"{param}['protocol']",
+                f"must be 2 or left out, got {value!r}: tenure reads RESP2 replies and "
+                "notifications itself",
+            )
+        result[key] = value
+    pool_cls = redis.asyncio.ConnectionPool if asyncio else redis.ConnectionPool
+    for i, address in enumerate(nodes):
+        defaults = connection_kwargs(node_timeout, asyncio=asyncio, unix=address.path is not None)
+        try:
+            conn_cls = pool_cls.from_url(address.url).connection_class
+        except (TypeError, ValueError, rx.RedisError) as exc:
+            raise ConfigurationError(
+                f"nodes[{i}]", f"redis-py refuses {address.display}: {exc}"
+            ) from None
+        accepted = _keywords(conn_cls)
+        for key in result:
+            if key not in accepted:
+                raise ConfigurationError(
+                    f"{param}[{key!r}]", _unknown(key, conn_cls, address, accepted)
+                )
+        try:
+            pool = pool_cls.from_url(address.url, **{**defaults, **result})
+            pool.connection_class(**pool.connection_kwargs)
+        except (TypeError, ValueError, rx.RedisError) as exc:
+            what = "them" if result else "its URL"
+            raise ConfigurationError(
+                param if result else f"nodes[{i}]",
+                f"redis-py refuses {what} for {address.display} (nodes[{i}]): {exc}",
+            ) from None
+    return result
+
+
+def _unknown(key: str, cls: type, address: NodeAddress, accepted: set[str]) -> str:
+    usable = sorted(accepted - set(_OWNED) - {"protocol"})
+    close = difflib.get_close_matches(key, usable, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    if key.startswith("ssl") and address.scheme == "redis":
+        hint = f"TLS options need a rediss:// URL ({address.display} is redis://); " + hint
+    return (
+        f"not an option of redis-py's {cls.__module__}.{cls.__name__}, which connects to "
+        f"{address.display}; {hint}accepted: {', '.join(usable)}"
+    )
 
 
 def kernel_timeouts(sock: socket.socket, seconds: float) -> None:

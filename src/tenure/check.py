@@ -1,13 +1,14 @@
 """``tenure check``: inspect the lock nodes and say what threatens the lock's safety.
 
-``tenure check [--redis URL ...] [--max-ttl SECONDS] [--json]``
+``tenure check [--redis URL ...] [--max-ttl SECONDS] [--acl-user NAME] [--json]``
 
 Every node is read in parallel with a plain redis-py client (the same connection options
 as ``tenure status``: no retries, RESP2, short timeouts). One pipelined round reads
 ``INFO``, ``CONFIG GET`` of the settings below and ``ACL WHOAMI``; a second checks that
-the node lets tenure run its commands (``ACL DRYRUN`` on Redis >= 7 where permitted,
-otherwise the real, harmless operations on the probe key ``tenure:{check}:probe``, which
-expires after 2 s even if it cannot be deleted). Nothing else is written.
+the node lets tenure run its commands (``ACL DRYRUN`` on Redis >= 7, ``ACL GETUSER`` on
+6.2, where the user may use them; otherwise the real, harmless operations on the probe
+keys ``tenure:{check}:probe``, which expires after 2 s even if it cannot be deleted, and
+``tenure:{check}:probe:q``, emptied at once). Nothing else is written.
 
 The module has two halves. *Gathering* (:func:`gather`) turns a node into a
 :class:`NodeFacts` of plain strings and dicts. *Evaluation* (:func:`evaluate` and the
@@ -32,18 +33,19 @@ The checks
     ``appendonly yes`` + ``appendfsync always``: OK. ``everysec`` (or ``no``): WARN, a
     crash of the *host* loses the last second (or ~30 s) of acknowledged writes. No AOF
     and no RDB (``save ""``): WARN, a restart comes back empty, which tenure detects (no
-    fencing counter) and answers with a ``max_ttl`` warm-up (docs/fencing.md). No AOF
+    floor: the node's record of the tokens it issued) and answers with a ``max_ttl``
+    warm-up (docs/fencing.md). No AOF
     but RDB snapshots: UNSAFE, a crash restarts from an old snapshot whose older
     counters tenure cannot tell from current ones, so grants made since are forgotten
-    unnoticed (R8).
+    unnoticed.
 ``eviction``
-    ``noeviction``: OK. ``volatile-*``: WARN, lock keys (and warm-up markers) have a TTL
-    and can be evicted under memory pressure; fencing counters have none and cannot.
-    ``allkeys-*``: UNSAFE, lock keys and counters can go (WARN while ``maxmemory`` is 0,
-    since nothing is evicted until a limit is set).
+    ``noeviction``: OK. Any ``volatile-*`` or ``allkeys-*`` policy: UNSAFE, since every
+    lock key has a TTL and so can be evicted while held (``tenure verify eviction``
+    shows it for ``volatile-ttl``, ``volatile-lru`` and ``allkeys-lru``); WARN while
+    ``maxmemory`` is 0, since nothing is evicted until a limit is set.
 ``role``
     A replica: UNSAFE. A master with replicas, or a Redis Cluster node: WARN (failover to
-    an async replica can lose grants, R9). A master alone: OK.
+    an async replica can lose grants). A master alone: OK.
 ``independent``
     Two entries with the same ``run_id`` (the same server listed twice) or the same
     ``master_replid`` (one replication set): UNSAFE, their votes are not independent.
@@ -55,9 +57,13 @@ The checks
     (untested); not Redis (no ``redis_version``, or a fork such as Valkey or Dragonfly):
     WARN (untested).
 ``acl``
-    The user may not run ``EVAL``, ``EXISTS``, or one of ``GET``, ``SET``, ``PEXPIRE``,
-    ``PTTL``, ``EXISTS``, ``DEL`` inside scripts, on ``tenure:*`` keys: UNSAFE, with
-    Redis's message.
+    Whether the user may send everything tenure sends (:mod:`tenure._acl`: the commands
+    of the lock scripts, read from their Lua source, and the drivers' ``EVAL``,
+    ``EXISTS``, ``SUBSCRIBE``, ``WAIT``) on keys ``tenure:*`` and channels
+    ``tenure:wake:*``. Asked with ``ACL DRYRUN`` on Redis >= 7 (and Valkey), with ``ACL
+    GETUSER`` + ``COMMAND INFO`` on 6.2, or, where the user may not use those, by running
+    each command harmlessly. Anything refused: UNSAFE, naming it, with the ``ACL SETUSER``
+    line that grants it; only ``WAIT`` refused: WARN (sent only with ``wait_replicas``).
 ``reachable``
     Unreachable, or the login failed: UNSAFE, and nothing else is checked on that node.
 
@@ -89,6 +95,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 
+from . import _acl
 from ._core.config import NodeAddress, parse_node_url
 from ._core.quorum import majority
 from ._errors import ConfigurationError
@@ -100,7 +107,6 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_UNSAFE",
     "EXIT_WARN",
-    "PROBE_KEY",
     "Finding",
     "Level",
     "NodeFacts",
@@ -136,12 +142,12 @@ exit codes:
   3   at least one UNSAFE finding
   69  fewer than a majority of the nodes answered
 
-The checks write nothing but the probe key tenure:{check}:probe (2 s TTL, deleted at
-once), and only where ACL DRYRUN cannot answer. See docs/fencing.md.
+Where neither ACL DRYRUN (Redis >= 7) nor ACL GETUSER (6.2) may be used, the ACL check
+runs each command for real: it writes the probe keys tenure:{check}:probe (2 s TTL) and
+tenure:{check}:probe:q, deletes them at once, and publishes to tenure:wake:check-probe.
+Nothing else is written. See docs/deployment.md.
 """
 
-PROBE_KEY = "tenure:{check}:probe"
-_PROBE_TTL_MS = 2000
 _DEFAULT_MAX_TTL = 60.0
 
 # What CONFIG GET reads (one pattern per call: Redis < 7 takes only one).
@@ -154,35 +160,28 @@ CONFIG_KEYS = (
     "replica-read-only",
 )
 
-# The commands tenure's scripts run on a lock node (acquire, extend, release, seed).
-SCRIPT_COMMANDS = ("SET", "GET", "PTTL", "PEXPIRE", "EXISTS", "DEL")
-
-# Runs each command a lock script needs on the probe key and reports, per command, "OK"
-# or the error (an ACL refusal is an error reply that pcall catches, in 6.2 and 7 alike).
+# Runs calls given in ARGV as (count, command, args...)... and reports, per call, "OK" or
+# the error (an ACL refusal is an error reply that pcall catches, in 6.2 and 7 alike),
+# then deletes the probe keys it was given.
 _PROBE_SCRIPT = """\
-local calls = {
-  {"SET", KEYS[1], "probe", "PX", ARGV[1]},
-  {"GET", KEYS[1]},
-  {"PTTL", KEYS[1]},
-  {"PEXPIRE", KEYS[1], ARGV[1]},
-  {"EXISTS", KEYS[1]},
-  {"DEL", KEYS[1]},
-}
-local out = {}
-for i, call in ipairs(calls) do
-  local reply = redis.pcall(unpack(call))
+local out, i = {}, 1
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  local reply = redis.pcall(unpack(ARGV, i + 1, i + n))
   if type(reply) == "table" and reply.err then
-    out[i] = reply.err
+    out[#out + 1] = reply.err
   else
-    out[i] = "OK"
+    out[#out + 1] = "OK"
   end
+  i = i + n + 1
 end
+redis.pcall("DEL", unpack(KEYS))
 return out
 """
 
 _DATA_LOSS_NOTE = (
-    "a node that comes back empty is detected (no fencing counter) and kept out for "
-    "max_ttl per lock; one that comes back with older data is not (docs/fencing.md)"
+    "a node that comes back empty is detected (no floor) and kept out for max_ttl; "
+    "one that comes back with older data is not (docs/fencing.md)"
 )
 
 
@@ -356,7 +355,7 @@ def check_role(facts: NodeFacts) -> Finding:
             "role",
             Level.WARN,
             "a Redis Cluster node: the cluster fails a master over to an async replica, "
-            "which can lose grants (R9); use independent masters, not a cluster",
+            "which can lose grants; use independent masters, not a cluster",
         )
     replicas = _int(info.get("connected_slaves"), 0)
     if replicas > 0:
@@ -369,14 +368,14 @@ def check_role(facts: NodeFacts) -> Finding:
             "role",
             Level.WARN,
             f"a master with {replicas} connected replica(s){listed}: failing over to an "
-            "async replica can lose grants (R9); Redlock wants independent masters without "
+            "async replica can lose grants; Redlock wants independent masters without "
             "failover",
         )
     return Finding(facts.node, "role", Level.OK, "master, no replicas")
 
 
 def check_persistence(facts: NodeFacts) -> Finding:
-    """What survives a crash: decides whether a restart can forget grants unnoticed (R8)."""
+    """What survives a crash: decides whether a restart can forget grants unnoticed."""
     config = facts.config or {}
     appendonly = config.get("appendonly")
     if appendonly is None:
@@ -406,9 +405,9 @@ def check_persistence(facts: NodeFacts) -> Finding:
             Level.WARN,
             f"appendonly yes, appendfsync {fsync}: a crash of the host (not of redis-server "
             f"alone) loses up to {window} of acknowledged grants. tenure's data-loss "
-            "detection and max_ttl warm-up cover a node that lost a lock's fencing counter, "
-            "not one that kept an older counter, so after a host crash keep the node out for "
-            "max_ttl before restarting it (R8), or use appendfsync always",
+            "detection and max_ttl warm-up cover a node that lost its floor, "
+            "not one that kept an older floor, so after a host crash keep the node out for "
+            "max_ttl before restarting it, or use appendfsync always",
         )
     save = config.get("save")
     if save is not None and save.strip() not in ("", '""'):
@@ -418,8 +417,8 @@ def check_persistence(facts: NodeFacts) -> Finding:
             Level.UNSAFE,
             f"appendonly no with RDB snapshots (save {save}): a crash restarts from the last "
             "snapshot, missing the grants made since but with older fencing counters, which "
-            "tenure cannot tell from a healthy node, so a second client can win a majority "
-            '(R8). Use appendonly yes + appendfsync always, or no persistence (save "") so '
+            "tenure cannot tell from a healthy node, so a second client can win a majority"
+            '. Use appendonly yes + appendfsync always, or no persistence (save "") so '
             "that a restart comes back empty and is detected",
         )
     snapshots = "save unknown" if save is None else 'save ""'
@@ -435,7 +434,7 @@ def check_persistence(facts: NodeFacts) -> Finding:
 
 
 def check_eviction(facts: NodeFacts) -> Finding:
-    """Whether Redis may evict lock keys or fencing counters under memory pressure."""
+    """Whether Redis may evict a held lock under memory pressure: only ``noeviction`` is safe."""
     config = facts.config or {}
     info = facts.info or {}
     policy = config.get("maxmemory-policy") or info.get("maxmemory_policy")
@@ -446,7 +445,6 @@ def check_eviction(facts: NodeFacts) -> Finding:
         )
     maxmemory = config.get("maxmemory") or info.get("maxmemory")
     unlimited = maxmemory == "0"
-    limit = " (maxmemory 0: no limit, so nothing is evicted until one is set)" if unlimited else ""
     if policy == "noeviction":
         return Finding(
             facts.node,
@@ -454,24 +452,30 @@ def check_eviction(facts: NodeFacts) -> Finding:
             Level.OK,
             "noeviction: keys are never evicted (a full node refuses writes instead)",
         )
-    if policy.startswith("volatile-"):
-        return Finding(
-            facts.node,
-            "eviction",
-            Level.WARN,
-            f"{policy}: under memory pressure Redis evicts keys that have a TTL, which "
-            "includes lock keys (a lost lock key lets a second client in: mutual exclusion "
-            "breaks) and warm-up markers; fencing counters have no TTL and are kept. Use "
-            f"noeviction{limit}",
+    if policy.startswith(("volatile-", "allkeys-")):
+        # Every lock key has a TTL (it is how a crashed holder's lock ends), so the
+        # volatile-* policies, which evict only keys with a TTL, pick among lock keys
+        # too; allkeys-* pick among every key. tenure verify eviction shows it.
+        victims = (
+            "keys with a TTL, and every lock key has one"
+            if policy.startswith("volatile-")
+            else "any key, lock keys included"
         )
-    if policy.startswith("allkeys-"):
-        return Finding(
-            facts.node,
-            "eviction",
-            Level.WARN if unlimited else Level.UNSAFE,
-            f"{policy}: under memory pressure Redis evicts any key, lock keys and fencing "
-            f"counters included (mutual exclusion and fencing break). Use noeviction{limit}",
+        breaks = (
+            f"{policy}: under memory pressure Redis evicts {victims}, so a held lock can "
+            "vanish and a second client acquire it: mutual exclusion breaks (tenure verify "
+            "eviction shows it). Use noeviction: a full node then refuses new writes "
+            "(acquires fail) and keeps the locks it holds"
         )
+        if unlimited:
+            return Finding(
+                facts.node,
+                "eviction",
+                Level.WARN,
+                f"{breaks}. Nothing is evicted while maxmemory is 0 (no limit), but setting a "
+                "limit later makes it unsafe",
+            )
+        return Finding(facts.node, "eviction", Level.UNSAFE, breaks)
     return Finding(facts.node, "eviction", Level.WARN, f"unknown maxmemory-policy {policy!r}")
 
 
@@ -546,7 +550,7 @@ def _independence(nodes: Sequence[NodeFacts]) -> list[Finding | None]:
                 Level.UNSAFE,
                 f"one replication set with {', '.join(o.node for o in kin)} (master_replid "
                 f"{replid[:8]}...): not independent masters; replication copies grants "
-                "between them and a failover can lose them (R9)",
+                "between them and a failover can lose them",
             )
         elif not run_id:
             finding = Finding(facts.node, "independent", Level.WARN, "INFO has no run_id")
@@ -562,7 +566,8 @@ def _independence(nodes: Sequence[NodeFacts]) -> list[Finding | None]:
 
 
 def check_access(facts: NodeFacts) -> list[Finding]:
-    """Whether the node's ACL lets tenure run its commands on ``tenure:*`` keys."""
+    """Whether the node's ACL lets tenure send everything it sends (see :mod:`tenure._acl`):
+    UNSAFE naming what is refused and the ``ACL SETUSER`` line that grants it."""
     who = f"user {facts.user!r}" if facts.user else "the user"
     if facts.access is None:
         if facts.access_error is None:
@@ -575,18 +580,49 @@ def check_access(facts: NodeFacts) -> list[Finding]:
                 f"cannot check the permissions of {who}: {facts.access_error}",
             )
         ]
-    refused = {what: text for what, text in facts.access.items() if text and _denied(text)}
-    failed = {what: text for what, text in facts.access.items() if text and not _denied(text)}
+    wanted = {need.command: need for need in _acl.needs()}
     method = facts.access_method or "probe"
+    refused: dict[str, str] = {}  # command -> "command" | "key" | "channel"
+    texts: dict[str, str] = {}
+    # Never OK for a command nobody asked about (a reply that was cut short, say).
+    failed = {c: "not checked" for c in wanted if c not in facts.access}
+    for command, text in facts.access.items():
+        if not text:
+            continue
+        kind = _acl.denial(text)
+        if kind is None:
+            failed[command] = text
+        else:
+            refused[command], texts[command] = kind, text
     if refused:
-        text = next(iter(refused.values()))
+        required = [c for c in refused if c not in wanted or wanted[c].only is None]
+        first = texts[(required or list(refused))[0]]
+        fix = _acl.fix_line(facts.user or "default", refused)
+        what = ", ".join(_refused_item(c, kind) for c, kind in refused.items())
+        unchecked = (
+            f"; not checked: {', '.join(failed)} ({_first_line(next(iter(failed.values())))}): "
+            "run tenure check again after the fix"
+            if failed
+            else ""
+        )
+        if required:
+            return [
+                Finding(
+                    facts.node,
+                    "acl",
+                    Level.UNSAFE,
+                    f"{who} may not run {what} ({method}: {_first_line(first)}); tenure "
+                    f"cannot lock on this node. Fix: {fix}{unchecked}",
+                )
+            ]
+        when = "; ".join(f"{c} only {wanted[c].only}" for c in refused)
         return [
             Finding(
                 facts.node,
                 "acl",
-                Level.UNSAFE,
-                f"{who} may not run {', '.join(refused)} ({method}: {_first_line(text)}); "
-                "tenure cannot lock on this node",
+                Level.WARN,
+                f"{who} may not run {what} ({method}: {_first_line(first)}); tenure sends "
+                f"{when}. Fix if you use that: {fix}{unchecked}",
             )
         ]
     if failed:
@@ -599,33 +635,31 @@ def check_access(facts: NodeFacts) -> list[Finding]:
                 f"the {method} of {', '.join(failed)} failed: {_first_line(text)}",
             )
         ]
+    direct = [n.command for n in wanted.values() if n.where != "scripts"]
+    scripted = sorted(n.command for n in wanted.values() if n.where != "direct")
     return [
         Finding(
             facts.node,
             "acl",
             Level.OK,
-            f"{who} may run EVAL ({', '.join(SCRIPT_COMMANDS)} in scripts) and EXISTS on "
-            f"tenure keys ({method})",
+            f"{who} may run everything tenure sends ({', '.join(direct)}; in scripts: "
+            f"{', '.join(scripted)}) on keys {_acl.KEY_PATTERN} and channels "
+            f"{_acl.CHANNEL_PATTERN} ({method})",
         )
     ]
+
+
+def _refused_item(command: str, kind: str) -> str:
+    if kind == "key":
+        return f"{command} on keys {_acl.KEY_PATTERN}"
+    if kind == "channel":
+        return f"{command} on channels {_acl.CHANNEL_PATTERN}"
+    return command
 
 
 def _cannot(facts: NodeFacts, check: str, what: str, reason: str | None, command: str) -> Finding:
     return Finding(
         facts.node, check, Level.WARN, f"cannot read {what} ({reason or command + ' failed'})"
-    )
-
-
-def _denied(text: str) -> bool:
-    """Whether an error text (or an ACL DRYRUN answer) is an ACL refusal."""
-    lower = text.lower()
-    return lower.startswith("noperm") or any(
-        phrase in lower
-        for phrase in (
-            "no permissions",  # 6.2/7 replies and DRYRUN answers
-            "can't run this command",  # 6.2, a command refused inside a script
-            "can't access at least one of the keys",  # 6.2, a key refused inside a script
-        )
     )
 
 
@@ -673,8 +707,11 @@ def _first_line(text: str) -> str:
 # --- gathering ---------------------------------------------------------------------------
 
 
-def gather(address: NodeAddress, timeout: float) -> NodeFacts:
-    """Read one node (two pipelined rounds); never raises for the node's own failures."""
+def gather(address: NodeAddress, timeout: float, acl_user: str | None = None) -> NodeFacts:
+    """Read one node (two pipelined rounds); never raises for the node's own failures.
+
+    ``acl_user``: whose permissions to check (default: the user this login is).
+    """
     facts = NodeFacts(node=address.display)
     options = connection_kwargs(timeout, asyncio=False, unix=address.scheme == "unix")
     options["socket_timeout"] = timeout
@@ -693,7 +730,7 @@ def gather(address: NodeAddress, timeout: float) -> NodeFacts:
         if facts.user is None:
             facts.user = unquote(urlsplit(address.url).username or "") or None
         try:
-            _read_access(client, facts)
+            _read_access(client, facts, acl_user)
         except (redis.RedisError, OSError) as exc:
             facts.access_error = _one_line(exc)
     finally:
@@ -726,60 +763,147 @@ def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
         facts.user = str(whoami)
 
 
-def _read_access(client: redis.Redis, facts: NodeFacts) -> None:
+def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) -> None:
+    """Ask the node what the user may run: ``ACL DRYRUN`` (Redis >= 7), else ``ACL
+    GETUSER`` (6.2), else, where the user may use neither, try every command for real
+    (only possible for the user this login is, not for ``acl_user``)."""
     info = facts.info or {}
     if info.get("role") in ("slave", "replica"):
         return  # not probed (the probe writes); the role check already says UNSAFE
-    if _version(info.get("redis_version", "0")) >= (7,) and _dry_run(client, facts):
-        return
-    with client.pipeline(transaction=False) as pipe:
-        pipe.eval(_PROBE_SCRIPT, 1, PROBE_KEY, _PROBE_TTL_MS)
-        pipe.exists(PROBE_KEY)
-        script_reply, exists_reply = pipe.execute(raise_on_error=False)
-    access: dict[str, str | None] = {"EVAL": None}
-    access["EXISTS"] = _one_line(exists_reply) if isinstance(exists_reply, Exception) else None
-    if isinstance(script_reply, Exception):
-        access["EVAL"] = _one_line(script_reply)
-    elif isinstance(script_reply, list) and len(script_reply) == len(SCRIPT_COMMANDS):
-        for name, reply in zip(SCRIPT_COMMANDS, script_reply, strict=True):
-            access[f"{name} in scripts"] = None if reply == "OK" else str(reply)
-    else:
-        access["EVAL"] = f"unexpected reply to the probe script: {script_reply!r}"
-    facts.access = access
-    facts.access_method = "probe"
-
-
-def _dry_run(client: redis.Redis, facts: NodeFacts) -> bool:
-    """``ACL DRYRUN`` for every command (Redis >= 7); False if DRYRUN itself is refused."""
+    if acl_user is not None:
+        facts.user = acl_user
     user = facts.user or "default"
-    key = PROBE_KEY
-    tries: list[tuple[str, tuple[str | int, ...]]] = [
-        ("EVAL", ("EVAL", "return 1", 1, key)),
-        ("EXISTS", ("EXISTS", key)),
-        ("SET in scripts", ("SET", key, "probe", "PX", _PROBE_TTL_MS)),
-        ("GET in scripts", ("GET", key)),
-        ("PTTL in scripts", ("PTTL", key)),
-        ("PEXPIRE in scripts", ("PEXPIRE", key, _PROBE_TTL_MS)),
-        ("EXISTS in scripts", ("EXISTS", key)),
-        ("DEL in scripts", ("DEL", key)),
-    ]
+    needs = _acl.needs()
+    if _version(info.get("redis_version", "0")) >= (7,):
+        answers = _dry_run(client, user, needs)
+        method = "ACL DRYRUN"
+    else:
+        answers = _get_user(client, user, needs)
+        method = "ACL GETUSER"
+    if answers is None and acl_user is not None:
+        facts.access_error = (
+            f"--acl-user needs a login that may run {method} (or log in as "
+            f"{acl_user!r} and leave --acl-user out)"
+        )
+        return
+    if answers is None:
+        answers = _probe(client, needs)
+        method = "probe"
+    facts.access = answers
+    facts.access_method = method
+
+
+def _dry_run(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _Answers | None:
+    """``ACL DRYRUN`` of every command; None if DRYRUN itself is refused."""
     with client.pipeline(transaction=False) as pipe:
-        for _, command in tries:
-            pipe.acl_dryrun(user, *command)
+        for need in needs:
+            pipe.acl_dryrun(user, *need.call)
         replies = pipe.execute(raise_on_error=False)
-    if any(isinstance(r, Exception) for r in replies):
-        return False  # DRYRUN not permitted to this user: probe instead
-    facts.access = {
-        what: None if str(reply) == "OK" else str(reply)
-        for (what, _), reply in zip(tries, replies, strict=True)
-    }
-    facts.access_method = "ACL DRYRUN"
-    return True
+    if all(isinstance(r, Exception) for r in replies):
+        return None  # DRYRUN not permitted to this user: try another way
+    return {need.command: _answer(reply) for need, reply in zip(needs, replies, strict=True)}
+
+
+def _get_user(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _Answers | None:
+    """Redis 6.2's rules for ``user`` (``ACL GETUSER``) and the commands' categories
+    (``COMMAND INFO``), evaluated; None if either is refused or unreadable."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.execute_command("ACL", "GETUSER", user)  # type: ignore[no-untyped-call]
+        pipe.execute_command("COMMAND", "INFO", *(n.command for n in needs))  # type: ignore[no-untyped-call]
+        described, commands = pipe.execute(raise_on_error=False)
+    rules = _pairs(described)
+    if rules is None or isinstance(commands, Exception):
+        return None
+    flags = {str(f) for f in rules.get("flags") or []}
+    rule_text = rules.get("commands")
+    if not isinstance(rule_text, str):
+        return None  # not 6.2's shape (Redis >= 7 answers DRYRUN instead)
+    keys = None if "allkeys" in flags else [str(k) for k in rules.get("keys") or []]
+    channels = None if "allchannels" in flags else [str(c) for c in rules.get("channels") or []]
+    answers: _Answers = {}
+    for need in needs:
+        categories = _categories(commands, need.command)
+        if categories is None:
+            return None
+        answers[need.command] = _acl.permitted_by_rules(need, rule_text, categories, keys, channels)
+    return answers
+
+
+def _probe(client: redis.Redis, needs: Sequence[_acl.Need]) -> _Answers:
+    """Run every command for real, harmlessly: the scripts' commands inside one probe
+    script (so a refusal there is what a lock script would meet), the others directly,
+    ``SUBSCRIBE`` on a connection of its own."""
+    scripted = [n for n in needs if n.where == "scripts"]
+    argv: list[str] = []
+    for need in scripted:
+        argv += [str(len(need.call)), *need.call]
+    direct = [n for n in needs if n.where != "scripts" and n.command not in ("EVAL", "SUBSCRIBE")]
+    with client.pipeline(transaction=False) as pipe:
+        pipe.eval(_PROBE_SCRIPT, 2, _acl.PROBE_KEY, _acl.PROBE_QUEUE, *argv)
+        for need in direct:
+            pipe.execute_command(*need.call)  # type: ignore[no-untyped-call]
+        script_reply, *direct_replies = pipe.execute(raise_on_error=False)
+    answers: _Answers = {}
+    if isinstance(script_reply, Exception):
+        answers["EVAL"] = _one_line(script_reply)
+        for need in scripted:
+            answers[need.command] = "the probe script could not run"
+    elif isinstance(script_reply, list) and len(script_reply) == len(scripted):
+        answers["EVAL"] = None
+        for need, reply in zip(scripted, script_reply, strict=True):
+            answers[need.command] = None if reply == "OK" else str(reply)
+    else:
+        answers["EVAL"] = f"unexpected reply to the probe script: {script_reply!r}"
+    for need, reply in zip(direct, direct_replies, strict=True):
+        answers[need.command] = _one_line(reply) if isinstance(reply, Exception) else None
+    answers["SUBSCRIBE"] = _probe_subscribe(client)
+    return answers
+
+
+def _probe_subscribe(client: redis.Redis) -> str | None:
+    conn = client.connection_pool.make_connection()
+    try:
+        conn.connect()  # type: ignore[no-untyped-call]
+        conn.send_command("SUBSCRIBE", _acl.PROBE_CHANNEL)  # type: ignore[no-untyped-call]
+        conn.read_response()
+        return None
+    except redis.ResponseError as exc:
+        return _one_line(exc)
+    finally:
+        conn.disconnect()  # type: ignore[no-untyped-call]
+
+
+_Answers = dict[str, "str | None"]
+
+
+def _answer(reply: object) -> str | None:
+    if isinstance(reply, Exception):
+        return _one_line(reply)
+    return None if str(reply) == "OK" else str(reply)
+
+
+def _pairs(reply: object) -> dict[str, Any] | None:
+    """``ACL GETUSER``'s reply as a dict (redis-py parses it into one, or not)."""
+    if isinstance(reply, dict):
+        return {str(k): v for k, v in reply.items()}
+    if isinstance(reply, list) and len(reply) % 2 == 0:
+        return {str(k): v for k, v in zip(reply[::2], reply[1::2], strict=True)}
+    return None
+
+
+def _categories(reply: object, command: str) -> list[str] | None:
+    """A command's ACL categories from ``COMMAND INFO``'s parsed reply."""
+    if not isinstance(reply, dict):
+        return None
+    entry = reply.get(command.lower())
+    if not isinstance(entry, dict) or not isinstance(entry.get("acl_categories"), list):
+        return None
+    return [str(c) for c in entry["acl_categories"]]
 
 
 def _refusal(exc: Exception, command: str) -> str:
     text = _one_line(exc)
-    if _denied(text):
+    if _acl.denial(text) is not None:
         return f"{command} not permitted"
     return f"{command} failed: {text}"
 
@@ -808,11 +932,23 @@ def check(
     *,
     max_ttl: float = _DEFAULT_MAX_TTL,
     node_timeout: float = 1.0,
+    acl_user: str | None = None,
     as_json: bool = False,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
     """Inspect ``nodes``, print the findings (a table, or JSON), return the exit code.
+
+    Args:
+        nodes: node URLs.
+        max_ttl: the longest lease TTL the clients use (the ``uptime`` check).
+        node_timeout: seconds to wait for each node's reply.
+        acl_user: check this ACL user's permissions instead of the login's own (the
+            login must be allowed ``ACL DRYRUN`` or, on Redis 6.2, ``ACL GETUSER``), so
+            that one admin login reads the settings and checks the clients' user.
+        as_json: print a JSON list instead of a table.
+        out: where the findings go (default stdout).
+        err: where the majority-unreachable message goes (default stderr).
 
     Raises:
         ConfigurationError: no nodes, or a malformed URL.
@@ -823,7 +959,7 @@ def check(
         raise ConfigurationError("--redis", "no Redis nodes given")
     addresses = [parse_node_url(url, f"--redis[{i}]") for i, url in enumerate(nodes)]
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
-        facts = list(pool.map(lambda a: gather(a, node_timeout), addresses))
+        facts = list(pool.map(lambda a: gather(a, node_timeout, acl_user), addresses))
     findings = evaluate(facts, max_ttl)
     code = exit_code(facts, findings)
     if as_json:

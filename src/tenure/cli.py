@@ -11,23 +11,25 @@ Exit codes: 0 success, 1 the command ran but its check failed (for ``demo``: the
 run was not clean), 2 usage errors and errors reported by tenure (``TenureError``: a bad
 parameter, no redis-server, a node that would not start), 130 interrupted by Ctrl-C.
 ``tenure run`` passes its command's status through and adds 69 (nodes unreachable), 75
-(lock held elsewhere), 79 (lease lost while the command ran), 126/127 (cannot execute /
-not found) and 128+N (got signal N); ``tenure status`` exits 69 when fewer than a
-majority of nodes answered. See ``tenure.run`` for the details. ``tenure check`` exits 0
-(all OK), 1 (warnings only), 3 (something UNSAFE) or 69 (a majority unreachable); see
-``tenure.check``.
+(lock held elsewhere), 78 (tenure's own error: usage, configuration, a misconfigured
+node, an internal failure; never 2 or 1, which its command could return), 79 (lease lost
+while the command ran), 126/127 (cannot execute / not found) and 128+N (got signal N);
+``tenure status`` exits 69 when fewer than a majority of nodes answered. See
+``tenure.run`` for the details. ``tenure check`` exits 0 (all OK), 1 (warnings only),
+3 (something UNSAFE) or 69 (a majority unreachable); see ``tenure.check``.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
 
 from . import __version__
 from ._errors import TenureError
 from .check import CHECK_EXIT_CODES, check
-from .run import RUN_EXIT_CODES, RunOptions, nodes_from, run, status
+from .run import EXIT_TENURE_ERROR, RUN_EXIT_CODES, RunOptions, nodes_from, run, status
 
 __all__ = ["main"]
 
@@ -48,6 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in words:
         cut = words.index("--")
         words, tail = words[:cut], words[cut + 1 :]
+    # `tenure run` reports every error of its own with one code that its command would not
+    # return for itself (see tenure.run); the other subcommands keep argparse's 2.
+    error_exit = EXIT_TENURE_ERROR if words[:1] == ["run"] else EXIT_USAGE
+    _log_warnings(parser.prog)
     try:
         args = parser.parse_args(words)
         if tail is not None:
@@ -56,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Words before "--" (``tenure run NAME make -- -j4``) start the command.
             args.command = [*args.command, "--", *tail] if args.command else tail
     except SystemExit as exc:  # --help, --version and usage errors: argparse has printed
-        return _exit_code(exc)
+        code = _exit_code(exc)
+        return error_exit if code == EXIT_USAGE else code
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_usage(sys.stderr)
@@ -67,11 +74,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TenureError as exc:
         # Expected failures (bad parameter, missing server): one line, no traceback.
         print(f"{parser.prog}: error: {_first_line(exc)}", file=sys.stderr)
-        return EXIT_USAGE
+        return error_exit
     except KeyboardInterrupt:
         # The command has cleaned up on its way out (its finally blocks ran).
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _log_warnings(prog: str) -> None:
+    """Show the library's warnings (a misconfigured node the lock does without) as one
+    line each on stderr, unless the program has set up logging itself."""
+    logger = logging.getLogger("tenure")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{prog}: %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -273,6 +292,14 @@ def _add_check(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help="print the findings as a JSON list of {node, check, level, detail}",
     )
+    p.add_argument(
+        "--acl-user",
+        metavar="NAME",
+        help="check the permissions of ACL user NAME (the one your clients log in as) "
+        "instead of the user the URLs log in as; needs a login allowed ACL DRYRUN (Redis "
+        ">= 7) or ACL GETUSER (6.2), e.g. an admin, which can also read the settings a "
+        "least-privilege user may not (docs/deployment.md)",
+    )
     _add_node_timeout_option(p, 1.0, "for each node's reply")
     p.set_defaults(handler=_cmd_check)
 
@@ -282,6 +309,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         nodes_from(args.redis),
         max_ttl=args.max_ttl,
         node_timeout=args.node_timeout,
+        acl_user=args.acl_user,
         as_json=args.json,
     )
 

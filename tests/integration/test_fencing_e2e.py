@@ -1,4 +1,4 @@
-"""Fencing end to end (R11): a paused holder's late writes are refused by every store, and
+"""Fencing end to end: a paused holder's late writes are refused by every store, and
 tokens strictly increase across competing processes, skewed counters and data loss."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import redis
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, create_engine, select
 
 import tenure
+from tenure._core.config import NODE_FLOOR
 from tenure.fencing import FencedStore, FencingGate
 from tenure.fencing.sql import fenced_execute
 from tenure.local import LocalCluster
@@ -186,11 +187,12 @@ def test_tokens_strictly_increase_with_skewed_counters_and_a_restart(
     cluster5: LocalCluster, key: str
 ) -> None:
     fence_key = f"tenure:{{{key}}}:fence"
-    # Skew: two nodes far ahead of the wall clock, one behind, two never used.
+    # Skew: two nodes far ahead of the wall clock, one behind, two never used (blank).
     ahead = time.time_ns() // 1000 + 10**9
     for node, value in zip(cluster5.nodes[:3], (ahead, ahead + 5, 17), strict=True):
         with node.client() as c:
             c.set(fence_key, value)
+            c.set(NODE_FLOOR, value)
     workers, cycles = 6, 250
     pipes, procs = [], []
     for _ in range(workers):

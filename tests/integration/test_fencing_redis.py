@@ -1,4 +1,4 @@
-"""Fenced writes on Redis (R11): FencedStore and AsyncFencedStore on a real redis-server.
+"""Fenced writes on Redis: FencedStore and AsyncFencedStore on a real redis-server.
 
 Behavioural tests run against both classes through the ``store`` fixture: the asyncio
 store is driven by an event loop of its own, so one test body serves both.

@@ -1,4 +1,4 @@
-"""Fenced SQL writes (R11) on real databases: SQLite (a file) and PostgreSQL (embedded).
+"""Fenced SQL writes on real databases: SQLite (a file) and PostgreSQL (embedded).
 
 Every behavioural test runs on both, through the ``engine`` fixture. PostgreSQL is started
 once per session on a unix socket in a temporary directory (``tests/integration/pg.py``)

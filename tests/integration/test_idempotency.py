@@ -1,4 +1,4 @@
-"""Idempotency keys (R15) on real servers: Redis claims with a lease, SQL unique keys.
+"""Idempotency keys on real servers: Redis claims with a lease, SQL unique keys.
 
 The effects are the documents' examples: points deducted from an account, units of stock
 sold. "Exactly once" is checked by the effect itself (the balance, the stock), not by

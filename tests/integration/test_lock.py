@@ -1,4 +1,4 @@
-"""The lock's behaviour against real redis-server processes, for both APIs (R1-R7)."""
+"""The lock's behaviour against real redis-server processes, for both APIs."""
 
 from __future__ import annotations
 

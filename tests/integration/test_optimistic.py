@@ -1,4 +1,4 @@
-"""Optimistic concurrency (R13) on real servers: Redis WATCH/MULTI/EXEC and versioned SQL updates.
+"""Optimistic concurrency on real servers: Redis WATCH/MULTI/EXEC and versioned SQL updates.
 
 Redis behaviour runs through both drivers (``optimistic`` and ``aoptimistic``) with one
 test body (the ``run`` fixture). SQL behaviour runs on SQLite (a file) and PostgreSQL

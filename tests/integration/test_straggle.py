@@ -77,7 +77,8 @@ def test_a_minority_hand_off_is_followed_by_a_recheck_not_a_fallback_sleep(
             time.sleep(0.05)  # let its last look settle; it now waits
             before = _scripts_run(nodes[1])
             # The holder's release reaches node 0 only: a minority hand-off to the waiter.
-            release = commands.release_waking(keys, held.token, "q", held.fencing_token + 1)
+            spec = a._specs.get(key, 30.0)
+            release = commands.release_waking(spec, held.token, "q", held.fencing_token + 1)
             with raw(nodes[0]) as c:
                 conn = c.connection_pool.get_connection()
                 try:

@@ -1,4 +1,4 @@
-"""Single-writer streams (R14) on real processes: workers crash, join and pause while
+"""Single-writer streams on real processes: workers crash, join and pause while
 thousands of keyed writes flow; every write is applied exactly once, in per-key order, by
 one worker per partition at a time, and a superseded worker writes nothing.
 

@@ -9,6 +9,7 @@ against that CA, passed as ``ssl_ca_certs``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -133,14 +134,55 @@ def test_certificate_failure_is_a_clear_error(
 
 
 def test_one_bad_certificate_among_three_nodes_costs_only_its_vote(
-    api: Api, shared5: LocalCluster, key: str, ca: CertificateAuthority, proxies: ExitStack
+    api: Api,
+    shared5: LocalCluster,
+    key: str,
+    ca: CertificateAuthority,
+    proxies: ExitStack,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     good = [_proxy(proxies, shared5, i, ca, ["127.0.0.1"]) for i in range(2)]
     bad = _proxy(proxies, shared5, 2, ca, ["other-node.tenure.test"])
     _used_before(api, shared5, key, 3)
     client = api.client([p.url for p in [*good, bad]], connection_options=_verified(ca))
+    with caplog.at_level(logging.WARNING, logger="tenure"):
+        for _ in range(2):
+            lease = client.acquire(key, ttl=TTL, blocking=False)
+            assert set(lease.nodes) == {p.url for p in good}
+            lease.release()
+    # Nothing raised, so the client says it once, as for any misconfigured node.
+    told = [r.getMessage() for r in caplog.records if r.name == "tenure"]
+    assert len(told) == 1, told
+    assert told[0].startswith(f"node {bad.url}: its TLS certificate does not match the host")
+
+
+@pytest.mark.parametrize("delay", [0.0, SLOW_HANDSHAKE])
+def test_a_new_clients_first_acquire_asks_every_node(
+    api: Api,
+    shared5: LocalCluster,
+    key: str,
+    ca: CertificateAuthority,
+    proxies: ExitStack,
+    delay: float,
+) -> None:
+    # Set-ups that end a little apart: the round waits for the last one (for up to a
+    # node timeout once the others could decide it), so every node is asked and the
+    # lease is on every node, as it would be on connections already set up. (The round
+    # is decided by the first two answers, so lease.nodes may name only those.)
+    nodes = [_proxy(proxies, shared5, i, ca, ["127.0.0.1"], delay) for i in range(3)]
+    _used_before(api, shared5, key, 3)
+    client = api.client([p.url for p in nodes], connection_options=_verified(ca))
     lease = client.acquire(key, ttl=TTL, blocking=False)
-    assert set(lease.nodes) == {p.url for p in good}
+
+    def on_every_node() -> bool:
+        deadline = time.monotonic() + 10.0  # a hang guard: the third SET is on its way
+        while holders(shared5, lease.key)[:3] != [lease.token.encode()] * 3:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    assert _while_running(api, on_every_node)
     lease.release()
 
 

@@ -28,6 +28,8 @@ from tenure.local import LocalCluster
 from .conftest import Api
 from .test_processes import max_overlap
 
+RETENTION = 3_600_000  # ms: the client default (ClientConfig.retention_ms)
+
 _ctx = multiprocessing.get_context("forkserver")
 TTL = 2.0
 
@@ -53,8 +55,9 @@ def _release_raw(cluster: LocalCluster, n: int, name: str, lease: tenure.Lease, 
     conns = [c.connection_pool.get_connection() for c in clients]
     for conn in conns:
         conn.send_command(  # type: ignore[no-untyped-call]
-            "EVAL", body, 3, keys.lock, keys.fence, keys.queue, lease.token, mode, arg
-        )
+            "EVAL", body, 4, keys.lock, keys.fence, keys.floor, keys.queue,
+            lease.token, mode, arg, RETENTION,
+        )  # fmt: skip
     for conn in conns:
         assert conn.read_response() == 1
     for c in clients:
@@ -161,16 +164,21 @@ def test_fair_handoff_to_a_waiter_that_gave_up_is_passed_on(
         sub = c.pubsub()
         sub.subscribe(channel)
         acquire = script("acquire").wire.decode()
-        queue_keys = (keys.lock, keys.fence, keys.warm, keys.queue)
+        queue_keys = (keys.lock, keys.fence, keys.floor, keys.warm, keys.queue)
         reply = c.eval(
-            acquire, 4, *queue_keys, "ghost", 5000, 1, 1, 1000, "f", "ghost", channel, 5000
-        )
+            acquire, 5, *queue_keys,
+            "ghost", 5000, 1, 1, 1000, RETENTION, "f", "ghost", channel, 5000,
+        )  # fmt: skip
         assert reply[0] == 0  # held: queued
         assert _queue_length(shared5, key) == 1
         lease.release()
         assert c.get(keys.lock) == b"ghost"  # handed to the (silent) ghost
         release = script("release").wire.decode()  # what a waiter that gives up sends
-        assert c.eval(release, 3, keys.lock, keys.fence, keys.queue, "ghost", "f", 100) == 1
+        released = c.eval(
+            release, 4, keys.lock, keys.fence, keys.floor, keys.queue,
+            "ghost", "f", 100, RETENTION,
+        )  # fmt: skip
+        assert released == 1
         assert c.get(keys.lock) is None  # passed on (nobody else waits: free)
         sub.close()
 
@@ -579,6 +587,7 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
     keys = LockKeys.of(key)
     acquire, release = script("acquire").wire.decode(), script("release").wire.decode()
     fake, bus = FakeNode(), Bus()
+    lent: list[str] = []
     waiters = ("a", "b", "c", "d", "e")
     with shared5[0].client() as c:
         sub = c.pubsub()
@@ -620,16 +629,16 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         ) -> None:
             ch = f"ch:{key}:{w}"
             real = c.eval(
-                acquire, 4, keys.lock, keys.fence, keys.warm, keys.queue,
-                w, 5000, proposal, 1, 1000, mode, w, ch, place, ticket,
+                acquire, 5, keys.lock, keys.fence, keys.floor, keys.warm, keys.queue,
+                w, 5000, proposal, 1, 1000, RETENTION, mode, w, ch, place, ticket,
             )  # fmt: skip
             mirror = acquire_wait_lua(
-                fake, bus, keys, w, 5000, proposal, mode, w, ch, place, 0, ticket
+                fake, bus, keys, w, 5000, proposal, mode, w, ch, place, 0, ticket, RETENTION
             )
-            assert real[:2] == mirror[:2], (w, real, mirror)
-            assert (len(real) > 2) == (len(mirror) > 2)
-            if len(real) > 2:
-                assert (real[2] < 0) == (mirror[2] < 0)
+            assert real[:3] == mirror[:3], (w, real, mirror)
+            assert (len(real) > 3) == (len(mirror) > 3)
+            if len(real) > 3:
+                assert (real[3] < 0) == (mirror[3] < 0)
             if expect is not None:
                 assert mirror[0] == expect, (w, mirror)
             heard(list(notes))
@@ -644,8 +653,11 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
             notes: tuple[str, ...] = (),
         ) -> None:
             extra = ("c",) if cleanup else ()
-            real = c.eval(release, 3, keys.lock, keys.fence, keys.queue, w, mode, arg, *extra)
-            mirror = release_wait_lua(fake, bus, keys, w, mode, arg, 0, cleanup)
+            real = c.eval(
+                release, 4, keys.lock, keys.fence, keys.floor, keys.queue,
+                w, mode, arg, RETENTION, *extra,
+            )  # fmt: skip
+            mirror = release_wait_lua(fake, bus, keys, w, mode, arg, 0, cleanup, RETENTION)
             assert real == mirror, w
             if expect is not None:
                 assert mirror == expect, w
@@ -655,6 +667,7 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
             real_lock = (c.get(keys.lock) or b"").decode()
             assert real_lock == (fake.get(keys.lock, 0) or "")
             assert int(c.get(keys.fence) or 0) == int(fake.get(keys.fence, 0) or 0)
+            assert int(c.get(keys.floor) or 0) == int(fake.get(keys.floor, 0) or 0)
             real_queue = [(m.decode(), s) for m, s in c.zrange(keys.queue, 0, -1, withscores=True)]
             assert real_queue == [(m, s) for s, m in _zset(fake, keys.queue, 0)]
             real_next = c.get(f"{keys.queue}:next")
@@ -677,6 +690,12 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
                 fake.delete(k, 0)
             c.set(keys.fence, fence)
             fake.set(keys.fence, fence, 0)
+            # The floor belongs to the node, shared with the other tests' locks: mirror
+            # it as it is (a blank node gets one for the test, removed at the end).
+            if c.get(keys.floor) is None:
+                c.set(keys.floor, 0, px=RETENTION)
+                lent.append(keys.floor)
+            fake.set(keys.floor, int(c.get(keys.floor) or 0), 0)
 
         for mode in ("f", "n"):
             fair = mode == "f"
@@ -762,3 +781,5 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         same_state("", 1000)
         nothing_more()
         sub.close()
+        if lent:
+            c.delete(*lent)

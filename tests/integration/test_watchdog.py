@@ -1,4 +1,4 @@
-"""Watchdog leases and loss signalling (R12), against real nodes, for both APIs."""
+"""Watchdog leases and loss signalling, against real nodes, for both APIs."""
 
 from __future__ import annotations
 

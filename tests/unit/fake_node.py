@@ -1,4 +1,4 @@
-"""A fake Redis node for the model tests: the lock's keys, their expiry, and the scripts.
+"""A fake Redis node for the model tests: tenure's keys, their expiry, and the scripts.
 
 Only what tenure's scripts touch is imitated, on an integer-millisecond clock passed in
 by the caller (the model's fake time), with Redis's own rules:
@@ -7,11 +7,18 @@ by the caller (the model's fake time), with Redis's own rules:
   ``now > when``), so it still exists at ``t + ttl`` itself;
 * ``PTTL`` answers -2 for a missing key, -1 for a key without expiry, and otherwise the
   milliseconds left, never below 0;
+* ``SET`` drops a key's expiry unless given one; ``PEXPIRE``, ``ZADD`` and ``ZREM`` keep
+  it, and a sorted set emptied by ``ZREM`` is gone;
 * a script runs atomically, at one instant.
 
-Each ``*_lua`` function below follows its script in ``src/tenure/_lua`` line by line, so a
-reader can check one against the other; ``tests/unit/test_fake_node.py`` pins every
-return branch. A node that restarts without its data is ``wipe()``.
+The node holds every lock's keys (``tenure:{name}:lock``, ``:fence``, the wait queue) and
+its own two (``tenure:node:floor``, ``tenure:node:warm``): one ``FakeNode`` is one Redis
+server, shared by every lock name. Each ``*_lua`` function below follows its script in
+``src/tenure/_lua`` line by line (``commit_lua`` and ``handoff_lua`` the fragments of
+``handoff.lua.inc``), so a reader can check one against the other;
+``tests/unit/test_fake_node.py`` pins every return branch. A node that restarts without
+its data is ``wipe()``; ``FLUSHALL`` is ``flush()`` (the same keys are gone; what
+differs, the connections, is the model's business).
 """
 
 from __future__ import annotations
@@ -21,16 +28,21 @@ from dataclasses import dataclass, field
 from tenure._core.config import LockKeys
 
 __all__ = [
+    "RETENTION_MS",
     "Bus",
     "FakeNode",
     "acquire_lua",
     "acquire_wait_lua",
+    "commit_lua",
+    "eval_packed",
     "extend_lua",
     "handoff_lua",
     "release_lua",
     "release_wait_lua",
     "seed_lua",
 ]
+
+RETENTION_MS = 3_600_000  # the client's default retention (ClientConfig.retention_ms)
 
 
 @dataclass
@@ -89,9 +101,32 @@ class FakeNode:
         """Restart without persistence: every key is gone."""
         self.data.clear()
 
+    def flush(self) -> None:
+        """FLUSHALL: every key is gone (the node stays up, its connections too)."""
+        self.data.clear()
+
     def counter(self, keys: LockKeys, now: int) -> int | None:
+        """The lock's own counter (its ``fence`` key), None where it has none."""
         value = self.get(keys.fence, now)
         return None if value is None else int(value)
+
+    def floor_of(self, keys: LockKeys, now: int) -> int | None:
+        """This node's floor, None if it is blank."""
+        value = self.get(keys.floor, now)
+        return None if value is None else int(value)
+
+
+def commit_lua(node: FakeNode, keys: LockKeys, token: int, retention_ms: int, now: int) -> int:
+    """``commit`` of ``handoff.lua.inc``: counter := token, floor := max(floor, token),
+    both kept for ``retention_ms`` from now."""
+    value = token
+    node.set(keys.fence, token, now, px=retention_ms)
+    old = int(node.get(keys.floor, now) or 0)
+    if value > old:
+        node.set(keys.floor, token, now, px=retention_ms)
+    else:
+        node.pexpire(keys.floor, retention_ms, now)
+    return value
 
 
 def acquire_lua(
@@ -103,46 +138,108 @@ def acquire_lua(
     now: int,
     mark: int = 1,
     mark_ms: int = 60_000,
+    retention_ms: int = RETENTION_MS,
+    *,
+    bus: Bus | None = None,
+    mode: str | None = None,
+    waiter: str = "",
+    channel: str = "",
+    place_ms: int = 0,
+    ticket: int = 0,
 ) -> list[int]:
-    """``acquire.lua``: KEYS lock, fence, warm; ARGV token, ttl_ms, proposal, mark, mark_ms."""
-    counter = node.get(keys.fence, now)
-    if counter is None:
+    """``acquire.lua``: KEYS lock, fence, floor, warm[, queue]; ARGV token, ttl_ms,
+    proposal, mark, mark_ms, retention_ms[, mode, waiter, channel, place_ms, ticket].
+
+    ``mode`` None is the plain acquire (no ARGV[7..]); with a mode, ``bus`` carries the
+    hand-off notifications (see ``acquire_wait_lua``).
+    """
+    floor_raw = node.get(keys.floor, now)
+    if floor_raw is None:
         existing = node.get(keys.warm, now)
         if existing is None:
             node.set(keys.warm, mark, now, px=mark_ms)
             existing = str(mark)
-        return [-2, int(existing)]
+        return [-2, int(existing), 0]
+    floor = int(floor_raw)
     warm = node.pttl(keys.warm, now)
     if warm > 0:
-        return [-3, warm]
-    number = int(counter)
-    if node.exists(keys.lock, now) == 1:
-        return [0, number]
-    if proposal <= number:
-        return [-1, number]
+        return [-3, warm, floor]
+    counter = int(node.get(keys.fence, now) or floor)
+    retention = retention_ms
+    if mode is None:
+        if node.exists(keys.lock, now) == 1:
+            return [0, counter, floor]
+    else:
+        assert bus is not None
+        queue, me = keys.queue, waiter
+        holder: object = node.get(keys.lock, now)
+        pttl: int | None = None
+        if mode == "f" and holder == token:
+            node.pexpire(keys.lock, ttl_ms, now)
+            return [1, counter, floor]
+        if mode == "q" and (holder == token or holder is None) and proposal <= counter:
+            return [-1, counter, floor]
+        if mode == "q" and holder == token:
+            node.pexpire(keys.lock, ttl_ms, now)
+            committed = commit_lua(node, keys, proposal, retention, now)
+            return [1, committed, max(floor, committed)]
+        if (
+            holder is None
+            and mode != "n"
+            and handoff_lua(node, bus, keys, mode, me, proposal, now, retention) == 1
+        ):
+            holder = True
+            counter = int(node.get(keys.fence, now) or 0)
+        if holder is None and mode == "n":
+            nxt = node.get(f"{queue}:next", now)
+            if nxt is not None and nxt != me:
+                holder, pttl = True, -1
+        if holder is not None:
+            place = place_ms
+            if place != 0:
+                items = _zset(node, queue, now)
+                if mode == "q":
+                    if me not in [m for _, m in items]:  # ZADD NX: a waiter keeps its ticket
+                        _zstore(node, queue, [*items, (float(ticket), me)], now)
+                elif me not in [m for _, m in items]:
+                    tail = items[-1][0] + 1 if items else 0
+                    _zstore(node, queue, [*items, (tail, me)], now)
+                node.set(f"{queue}:{me}", f"{channel} {ttl_ms}", now, px=place)
+                # The queue outlives its longest-lived place, and no more.
+                if node.pttl(queue, now) < place:
+                    node.pexpire(queue, place, now)
+            return [0, counter, floor, pttl if pttl is not None else node.pttl(keys.lock, now)]
+    if proposal <= counter:
+        return [-1, counter, floor]
     node.set(keys.lock, token, now, px=ttl_ms)
-    node.set(keys.fence, proposal, now)
-    return [1, proposal]
+    commit_lua(node, keys, proposal, retention, now)
+    if mode is not None:
+        items = _zset(node, keys.queue, now)
+        _zstore(node, keys.queue, [(s, m) for s, m in items if m != waiter], now)
+        node.delete(f"{keys.queue}:{waiter}", now)
+        node.delete(f"{keys.queue}:next", now)
+    return [1, proposal, max(floor, proposal)]
 
 
 def seed_lua(
     node: FakeNode,
     keys: LockKeys,
-    counter: int,
+    floor: int,
     warm_ms: int,
     now: int,
     marks: frozenset[int] | None = None,
+    retention_ms: int = RETENTION_MS,
 ) -> int:
-    """``seed.lua``: KEYS fence, warm; ARGV counter, warm_ms, marks...
+    """``seed.lua``: KEYS floor, warm; ARGV floor, warm_ms, retention_ms, marks...
 
     ``marks=None`` stands for "the mark the node holds now" (tests that seed directly).
     """
-    if node.exists(keys.fence, now) == 1:
+    if node.exists(keys.floor, now) == 1:
         return 0
     mark = node.get(keys.warm, now)
     if marks is not None and (mark is None or int(mark) not in marks):
         return -1
-    node.set(keys.fence, counter, now)
+    node.set(keys.floor, floor, now, px=retention_ms)
     if warm_ms > 0:
         node.set(keys.warm, "1", now, px=warm_ms)
     else:
@@ -151,15 +248,27 @@ def seed_lua(
 
 
 def release_lua(node: FakeNode, key: str, token: str, now: int) -> int:
-    """``release.lua``: compare-and-delete."""
+    """``release.lua`` without waiting (KEYS lock; ARGV token): compare-and-delete."""
     if node.get(key, now) == token:
         return node.delete(key, now)
     return 0
 
 
-def extend_lua(node: FakeNode, key: str, token: str, ttl_ms: int, now: int) -> int:
-    """``extend.lua``: compare-and-expire (never re-creates an expired key)."""
+def extend_lua(
+    node: FakeNode,
+    key: str,
+    token: str,
+    ttl_ms: int,
+    now: int,
+    floor: str | None = None,
+    retention_ms: int = RETENTION_MS,
+) -> int:
+    """``extend.lua``: KEYS lock[, floor]; ARGV token, ttl_ms[, retention_ms].
+    Compare-and-expire (never re-creates an expired key); with ``floor``, an extension
+    also keeps the node's floor for another retention."""
     if node.get(key, now) == token:
+        if floor is not None:
+            node.pexpire(floor, retention_ms, now)
         return node.pexpire(key, ttl_ms, now)
     return 0
 
@@ -192,20 +301,31 @@ def _zset(node: FakeNode, key: str, now: int) -> list[tuple[float, str]]:
 
 
 def _zstore(node: FakeNode, key: str, items: list[tuple[float, str]], now: int) -> None:
+    """Write a sorted set back: ZADD and ZREM keep the key's expiry; empty, it is gone."""
     if items:
-        node.set(key, ";".join(f"{s}|{m}" for s, m in sorted(items)), now)
+        entry = node._live(key, now)
+        expiry = entry[1] if entry is not None else None
+        node.data[key] = (";".join(f"{s}|{m}" for s, m in sorted(items)), expiry)
     else:
         node.delete(key, now)
 
 
 def handoff_lua(
-    node: FakeNode, bus: Bus, keys: LockKeys, mode: str, me: str, arg: int, now: int
+    node: FakeNode,
+    bus: Bus,
+    keys: LockKeys,
+    mode: str,
+    me: str,
+    arg: int,
+    now: int,
+    retention_ms: int = RETENTION_MS,
 ) -> int:
-    """``handoff.lua.inc``: pass a free lock on to the head of the queue.
+    """``handoff`` of ``handoff.lua.inc``: pass a free lock on to the head of the queue.
 
     ``mode`` and ``arg`` as in the script: "f" hands over with counter + 1, "q" with
     ``arg`` (only above the counter; otherwise it wakes the head), "n" wakes the head
-    and reserves the lock for it for ``arg`` ms.
+    and reserves the lock for it for ``arg`` ms. The counter is the lock's, or the
+    node's floor where the lock has none; a blank node (neither) only wakes the head.
     """
     while True:
         queue = _zset(node, keys.queue, now)
@@ -219,16 +339,16 @@ def handoff_lua(
         if place is not None:
             channel, ttl = place.split(" ")
             token: int | None = None
-            if mode == "f":
-                token = int(node.get(keys.fence, now) or 0) + 1
-            elif mode == "q":
-                fence = node.get(keys.fence, now)
-                if fence is not None and arg > int(fence):
-                    token = arg
+            raw = node.get(keys.fence, now) or node.get(keys.floor, now)
+            counter = None if raw is None else int(raw)
+            if counter is not None and mode == "f":
+                token = counter + 1
+            elif counter is not None and mode == "q" and arg > counter:
+                token = arg
             if token is not None:
                 if bus.publish(channel, f"G {head} {token}") > 0:
                     node.set(keys.lock, head, now, px=int(ttl))
-                    node.set(keys.fence, token, now)
+                    commit_lua(node, keys, token, retention_ms, now)
                     _zstore(node, keys.queue, queue[1:], now)
                     node.delete(pkey, now)
                     return 1
@@ -253,51 +373,13 @@ def acquire_wait_lua(
     place_ms: int,
     now: int,
     ticket: int = 0,
+    retention_ms: int = RETENTION_MS,
 ) -> list[int]:
-    """``acquire.lua`` with ARGV[6..10] (the node has a counter and is not warming up)."""
-    counter = int(node.get(keys.fence, now) or 0)
-    holder: object = node.get(keys.lock, now)
-    pttl: int | None = None
-    if mode == "f" and holder == token:
-        node.pexpire(keys.lock, ttl_ms, now)
-        return [1, counter]
-    if mode == "q" and (holder == token or holder is None) and proposal <= counter:
-        return [-1, counter]
-    if mode == "q" and holder == token:
-        node.pexpire(keys.lock, ttl_ms, now)
-        node.set(keys.fence, proposal, now)
-        return [1, proposal]
-    if (
-        holder is None
-        and mode != "n"
-        and handoff_lua(node, bus, keys, mode, waiter, proposal, now) == 1
-    ):
-        holder = True
-        counter = int(node.get(keys.fence, now) or 0)
-    if holder is None and mode == "n":
-        nxt = node.get(f"{keys.queue}:next", now)
-        if nxt is not None and nxt != waiter:
-            holder, pttl = True, -1
-    if holder is not None:
-        if place_ms != 0:
-            queue = _zset(node, keys.queue, now)
-            if mode == "q":
-                if waiter not in [m for _, m in queue]:  # ZADD NX: a waiter keeps its ticket
-                    _zstore(node, keys.queue, [*queue, (float(ticket), waiter)], now)
-            elif waiter not in [m for _, m in queue]:
-                tail = queue[-1][0] + 1 if queue else 0
-                _zstore(node, keys.queue, [*queue, (tail, waiter)], now)
-            node.set(f"{keys.queue}:{waiter}", f"{channel} {ttl_ms}", now, px=place_ms)
-        return [0, counter, pttl if pttl is not None else node.pttl(keys.lock, now)]
-    if proposal <= counter:
-        return [-1, counter]
-    node.set(keys.lock, token, now, px=ttl_ms)
-    node.set(keys.fence, proposal, now)
-    queue = _zset(node, keys.queue, now)
-    _zstore(node, keys.queue, [(s, m) for s, m in queue if m != waiter], now)
-    node.delete(f"{keys.queue}:{waiter}", now)
-    node.delete(f"{keys.queue}:next", now)
-    return [1, proposal]
+    """``acquire.lua`` with ARGV[7..11] (mode, waiter, channel, place_ms, ticket)."""
+    return acquire_lua(
+        node, keys, token, ttl_ms, proposal, now, 1, 60_000, retention_ms,
+        bus=bus, mode=mode, waiter=waiter, channel=channel, place_ms=place_ms, ticket=ticket,
+    )  # fmt: skip
 
 
 def release_wait_lua(
@@ -309,9 +391,11 @@ def release_wait_lua(
     arg: int,
     now: int,
     cleanup: bool = False,
+    retention_ms: int = RETENTION_MS,
 ) -> int:
-    """``release.lua`` with ARGV[2..4] (a lease's release, a waiter giving up, or with
-    ``cleanup`` the release of a failed attempt's grants, "c")."""
+    """``release.lua`` with KEYS lock, fence, floor, queue and ARGV[2..5] (a lease's
+    release, a waiter giving up, or with ``cleanup`` the release of a failed attempt's
+    grants, "c")."""
     released = 0
     if node.get(keys.lock, now) == token:
         node.delete(keys.lock, now)
@@ -324,5 +408,78 @@ def release_wait_lua(
         if node.get(reserved, now) == token:
             node.delete(reserved, now)
     if node.exists(keys.lock, now) == 0 and node.exists(reserved, now) == 0:
-        handoff_lua(node, bus, keys, mode, token if cleanup else "", arg, now)
+        handoff_lua(node, bus, keys, mode, token if cleanup else "", arg, now, retention_ms)
     return released
+
+
+# --- the commands as packed by tenure._core.commands -------------------------------------
+
+
+def _items(packed: bytes) -> list[bytes]:
+    """The bulk strings of one RESP array (what ``commands.pack`` writes)."""
+    assert packed[:1] == b"*"
+    end = packed.index(b"\r\n")
+    count, pos, items = int(packed[1:end]), end + 2, []
+    for _ in range(count):
+        end = packed.index(b"\r\n", pos)
+        assert packed[pos : pos + 1] == b"$"
+        size = int(packed[pos + 1 : end])
+        items.append(packed[end + 2 : end + 2 + size])
+        pos = end + 4 + size
+    assert pos == len(packed), "one command only"
+    return items
+
+
+def eval_packed(node: FakeNode, packed: bytes, now: int, bus: Bus | None = None) -> list[int] | int:
+    """Run a command packed by ``tenure._core.commands`` (an ``EVAL`` of acquire, seed,
+    extend or release) on the fake: KEYS and ARGV are read by position, as the scripts'
+    headers number them, so a command whose layout drifts from its script fails here."""
+    from tenure._lua import script
+
+    items = _items(packed)
+    assert items[0] == b"EVAL"
+    numkeys = int(items[2])
+    keys, argv = [k.decode() for k in items[3 : 3 + numkeys]], items[3 + numkeys :]
+    args = [a.decode() for a in argv]
+    name = next(n for n in ("acquire", "seed", "extend", "release") if script(n).wire == items[1])
+    if name == "acquire":
+        lock = LockKeys(lock=keys[0], fence=keys[1], floor=keys[2], warm=keys[3])
+        token, ttl, proposal, mark, mark_ms, retention = args[:6]
+        common = (node, lock, token, int(ttl), int(proposal), now, int(mark), int(mark_ms))
+        if numkeys == 4:
+            assert len(args) == 6
+            return acquire_lua(*common, int(retention))
+        assert numkeys == 5
+        assert len(args) == 11
+        assert bus is not None
+        lock = LockKeys(lock=keys[0], fence=keys[1], floor=keys[2], warm=keys[3], queue=keys[4])
+        mode, waiter, channel, place, ticket = args[6:]
+        return acquire_lua(
+            node, lock, token, int(ttl), int(proposal), now, int(mark), int(mark_ms),
+            int(retention), bus=bus, mode=mode, waiter=waiter, channel=channel,
+            place_ms=int(place), ticket=int(ticket),
+        )  # fmt: skip
+    if name == "seed":
+        assert numkeys == 2
+        seeded = LockKeys(lock="", fence="", floor=keys[0], warm=keys[1])
+        marks = frozenset(int(m) for m in args[3:])
+        return seed_lua(node, seeded, int(args[0]), int(args[1]), now, marks, int(args[2]))
+    if name == "extend":
+        if numkeys == 1:
+            assert len(args) == 2
+            return extend_lua(node, keys[0], args[0], int(args[1]), now)
+        assert numkeys == 2
+        assert len(args) == 3
+        return extend_lua(node, keys[0], args[0], int(args[1]), now, keys[1], int(args[2]))
+    if numkeys == 1:
+        assert len(args) == 1
+        return release_lua(node, keys[0], args[0], now)
+    assert numkeys == 4
+    assert len(args) in (4, 5)
+    assert bus is not None
+    lock = LockKeys(lock=keys[0], fence=keys[1], floor=keys[2], queue=keys[3])
+    cleanup = args[4:] == ["c"]
+    assert cleanup or len(args) == 4
+    return release_wait_lua(
+        node, bus, lock, args[0], args[1], int(args[2]), now, cleanup, int(args[3])
+    )

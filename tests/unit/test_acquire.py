@@ -87,22 +87,33 @@ def make(
     )
 
 
-def reply(rnd: Round, i: int, a: str, proposal: int, counter: int | None = None) -> None:
+def reply(
+    rnd: Round,
+    i: int,
+    a: str,
+    proposal: int,
+    counter: int | None = None,
+    floor: int | None = None,
+) -> None:
     """Record node ``i``'s answer ``a`` to an acquire proposing ``proposal``.
 
     ``counter``: the node's counter for ``n`` (default: an earlier token) and ``l``
-    (default: equal to the proposal, the smallest that is too low).
+    (default: equal to the proposal, the smallest that is too low); the pttl for ``w``.
+    ``floor``: the node's floor (default: its counter, or the granted token; 1 for ``w``).
     """
     if a == "y":
-        rnd.record(i, True, (GRANTED, proposal))
+        rnd.record(i, True, (GRANTED, proposal, proposal if floor is None else floor))
     elif a == "n":
-        rnd.record(i, False, (HELD, HELD_COUNTER if counter is None else counter))
+        number = HELD_COUNTER if counter is None else counter
+        rnd.record(i, False, (HELD, number, number if floor is None else floor))
     elif a == "l":
-        rnd.record(i, False, (TOO_LOW, proposal if counter is None else counter))
+        number = proposal if counter is None else counter
+        rnd.record(i, False, (TOO_LOW, number, number if floor is None else floor))
     elif a == "b":
-        rnd.record(i, False, (NO_HISTORY, 0))
+        rnd.record(i, False, (NO_HISTORY, 1000 + i, 0))  # its observation mark
     elif a == "w":
-        rnd.record(i, False, (WARMING, 30_000 if counter is None else counter))
+        pttl = 30_000 if counter is None else counter
+        rnd.record(i, False, (WARMING, pttl, 1 if floor is None else floor))
     elif a in "uexo":
         failure = {
             "u": Failure.UNREACHABLE,
@@ -116,10 +127,15 @@ def reply(rnd: Round, i: int, a: str, proposal: int, counter: int | None = None)
 
 
 def feed(
-    rnd: Round, answers: str, proposal: int = WALL, counters: Sequence[int | None] = ()
+    rnd: Round,
+    answers: str,
+    proposal: int = WALL,
+    counters: Sequence[int | None] = (),
+    floors: Sequence[int | None] = (),
 ) -> None:
     for i, a in enumerate(answers):
-        reply(rnd, i, a, proposal, counters[i] if i < len(counters) else None)
+        counter = counters[i] if i < len(counters) else None
+        reply(rnd, i, a, proposal, counter, floors[i] if i < len(floors) else None)
 
 
 def decided(rnd: Round) -> bool:
@@ -144,11 +160,12 @@ def attempt(
     *,
     wall: int = WALL,
     counters: Sequence[int | None] = (),
+    floors: Sequence[int | None] = (),
 ) -> tuple[Round, Step]:
     """One attempt: begin, propose from ``wall``, answer, conclude."""
     rnd = acq.begin(started)
     proposal = acq.proposal(wall)
-    feed(rnd, answers, proposal, counters)
+    feed(rnd, answers, proposal, counters, floors)
     if not rnd.decided:
         rnd.time_out()
     return rnd, acq.conclude(rnd, "tok", now)
@@ -583,15 +600,18 @@ def test_too_low_with_failures_only_is_still_ours_to_fix() -> None:
     assert rnd.maybe_holding() == frozenset({2, 3, 4})
 
 
-# --- fencing: nodes without history -------------------------------------------------------
+# --- fencing: blank nodes (no floor), seeded per node ------------------------------------
 
 
 @pytest.mark.parametrize("n", [1, 3, 5])
-def test_all_nodes_without_history_are_seeded_at_zero_without_warm_up(n: int) -> None:
+def test_all_nodes_blank_are_seeded_at_zero_without_warm_up(n: int) -> None:
     acq = make(n, blocking=False)
     rnd, step = attempt(acq, "b" * n, started=0.0, now=0.01)
     every = frozenset(range(n))
     assert step == Retry(0.0, frozenset(), Seed(every, 0, 0))
+    assert isinstance(step, Retry)
+    assert step.seed is not None
+    assert step.seed.marks == frozenset(range(1000, 1000 + n))  # what each node answered
     assert rnd.maybe_holding() == frozenset()
     # Seeded: the next round asks every node again and may be decided early.
     rnd = acq.begin(0.02)
@@ -600,7 +620,30 @@ def test_all_nodes_without_history_are_seeded_at_zero_without_warm_up(n: int) ->
     assert isinstance(acq.conclude(rnd, "tok", 0.03), Granted)
 
 
-def test_some_without_history_and_a_majority_with_are_seeded_with_the_max_and_a_warm_up() -> None:
+def test_a_new_name_on_nodes_with_floors_is_granted_in_the_first_round() -> None:
+    # A name never used answers like any other lock once its nodes have a floor: the
+    # floor stands in for its counter. Nothing to seed, no round to hear every node.
+    acq = make(5, blocking=False)
+    rnd, step = attempt(acq, "yyy..", started=0.0, now=0.01, floors=[WALL, WALL, WALL])
+    assert isinstance(step, Granted)
+    assert step.seed is None
+    assert acq.attempts == 1
+    assert rnd.decided
+
+
+def test_a_new_name_whose_floor_is_ahead_is_too_low_once_then_granted() -> None:
+    acq = make(3, blocking=False)
+    floor = WALL + 10**9  # another lock's tokens on these nodes, far ahead of our clock
+    _, step = attempt(acq, "lll", started=0.0, now=0.01, counters=[floor] * 3)
+    assert step == Retry(0.0, frozenset(), None)
+    _, step = attempt(acq, "yyy", started=0.01, now=0.02)
+    assert isinstance(step, Granted)
+    assert step.lease.fencing_token == floor + 1
+
+
+def test_blank_nodes_and_a_majority_with_floors_are_seeded_with_the_max_floor_and_a_warm_up() -> (
+    None
+):
     acq = make(5, blocking=False)
     counters = [None, WALL + 8, WALL + 30, WALL - 1]
     _, step = attempt(acq, "bllnb", started=0.0, now=0.01, counters=counters)
@@ -609,7 +652,24 @@ def test_some_without_history_and_a_majority_with_are_seeded_with_the_max_and_a_
     assert not waits_for_every_node(acq.begin(1.0))
 
 
-def test_blank_with_a_majority_of_counters_is_seeded_even_if_held() -> None:
+def test_the_seed_is_the_highest_floor_not_the_highest_counter_of_this_lock() -> None:
+    # This lock's counters are low; another lock raised the floors far above them. A
+    # blank node seeded from this lock's counter could later grant that other lock a
+    # token below one it already handed out.
+    acq = make(3, blocking=False)
+    _, step = attempt(
+        acq, "bln", started=0.0, now=0.01, counters=[None, 5, 6], floors=[None, 900, 700]
+    )
+    assert step == Retry(0.0, frozenset(), Seed(frozenset({0}), 900, MAX_TTL_MS))
+
+
+def test_warming_nodes_count_as_nodes_with_a_floor() -> None:
+    acq = make(3, blocking=False)
+    _, step = attempt(acq, "bww", started=0.0, now=0.01, floors=[None, 40, 70])
+    assert step == Retry(0.0, frozenset(), Seed(frozenset({0}), 70, MAX_TTL_MS))
+
+
+def test_blank_with_a_majority_of_floors_is_seeded_even_if_held() -> None:
     # The lock is held by someone else, but a blank node must still be seeded before it
     # can vote; the immediate retry then meets the holder and backs off.
     acq = make(3, seed=1)
@@ -627,8 +687,17 @@ def test_granted_round_seeds_the_blank_nodes_it_heard() -> None:
     assert isinstance(step, Granted)
     assert step.lease.fencing_token == WALL
     assert step.lease.granted == frozenset({0, 1, 3})
-    # The highest counter now is our own token: every past token is below it.
+    # The highest floor now is at least our own token: every past token is below it.
     assert step.seed == Seed(frozenset({2}), WALL, MAX_TTL_MS)
+
+
+def test_granted_round_seeds_from_a_floor_above_the_token() -> None:
+    # Our lock's counter was low, the nodes' floors (another lock's tokens) are higher.
+    acq = make(3)
+    _, step = attempt(acq, "yyb", started=0.0, now=0.01, floors=[WALL + 5, WALL + 9])
+    assert isinstance(step, Granted)
+    assert step.lease.fencing_token == WALL
+    assert step.seed == Seed(frozenset({2}), WALL + 9, MAX_TTL_MS)
 
 
 def test_granted_round_without_blank_nodes_seeds_nothing() -> None:
@@ -644,7 +713,7 @@ def test_blank_heard_before_an_early_decision_asks_every_node_again() -> None:
     feed(first, "bbn", proposal)  # three "no"s out of five: decided without nodes 3, 4
     assert first.decided
     step = acq.conclude(first, "tok", 0.01)
-    # New lock everywhere, or two nodes that lost their data? Only all five can say.
+    # A new node set, or two nodes that lost their data? Only all five can say.
     assert step == Retry(0.0, frozenset({3, 4}), None)
 
     second = acq.begin(0.01)
@@ -671,18 +740,33 @@ def test_wait_all_round_that_finds_every_node_blank_seeds_at_zero() -> None:
     assert step == Retry(0.0, frozenset(), Seed(frozenset({0, 1, 2}), 0, 0))
 
 
-def test_wait_all_round_times_out_on_a_silent_node() -> None:
+def test_a_blank_majority_with_a_silent_node_is_seeded_at_zero_with_a_warm_up() -> None:
+    # Two blank, one silent: a node set idle past the retention while a node was down
+    # (or two nodes that lost their data one at a time). Having heard every node that
+    # answers, the blank ones are seeded from what is there (nothing: 0), kept out for
+    # max_ttl, rather than left unusable until the silent node answers. The token order
+    # across this is only as good as the clocks (docs/fencing.md).
     acq = make(3, blocking=False)
     attempt(acq, "bb.", started=0.0, now=0.01)
     rnd, step = attempt(acq, "bb.", started=0.01, now=0.07)
-    # Two blank, one silent: neither "new everywhere" nor "a majority with history".
     assert rnd.failures().keys() == {2}
-    assert step == GiveUp(frozenset({2}), None)
+    assert step == Retry(0.0, frozenset({2}), Seed(frozenset({0, 1}), 0, MAX_TTL_MS))
+
+
+def test_a_blank_minority_that_answered_alone_is_not_seeded() -> None:
+    # Fewer than a majority answered at all: nothing to decide from; back off.
+    acq = make(5, seed=2)
+    _, step = attempt(acq, "bb...", started=0.0, now=0.01)
+    assert step == Retry(0.0, frozenset({2, 3, 4}), None)  # hear every node first
+    _, step = attempt(acq, "bb...", started=0.01, now=0.07)
+    assert isinstance(step, Retry)
+    assert step.seed is None
+    assert step.sleep > 0
 
 
 def test_blank_majority_is_seeded_from_what_is_left_once_every_node_answered() -> None:
-    # Two of three nodes without history, one with: no answer can vouch for the tokens the
-    # lost majority committed, but never seeding would leave the lock unusable for good.
+    # Two of three nodes blank, one with a floor: no answer can vouch for the tokens the
+    # lost majority committed, but never seeding would leave the set unusable for good.
     # Once every node has answered, the blank ones are seeded from what is left, with the
     # warm-up (docs/fencing.md states what this costs the token guarantee).
     acq = make(3, seed=3)
@@ -747,6 +831,7 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
         label="votes",
     )
     counters = data.draw(st.lists(st.integers(0, 2**52), min_size=n, max_size=n), label="ctr")
+    drawn = data.draw(st.lists(st.integers(0, 2**52), min_size=n, max_size=n), label="floors")
     order = data.draw(st.permutations(range(n)), label="order")
     acq = make(n, blocking=blocking, timeout=timeout, now=0.0, seed=seed, floor=floor)
     started = data.draw(st.floats(0, 1), label="started")
@@ -758,9 +843,11 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
         if rnd.decided:
             break
         vote = votes[i]
-        # A node that says "too low" has a counter >= the proposal.
+        # A node that says "too low" has a counter >= the proposal; a node's floor is at
+        # least its counter (and, once it granted, the token).
         counter = max(counters[i], proposal) if vote == "l" else counters[i]
-        reply(rnd, i, vote, proposal, counter)
+        node_floor = max(drawn[i], proposal if vote == "y" else counter)
+        reply(rnd, i, vote, proposal, counter, node_floor)
         heard[i] = vote
     if not rnd.decided:
         rnd.time_out()
@@ -769,7 +856,8 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
 
     spec = acq.spec
     infos = {i: r.info for i, r in enumerate(rnd.results) if r is not None and r.info}
-    numbers = [num for st_, num in infos.values() if st_ in (GRANTED, HELD, TOO_LOW)]
+    numbers = [info[1] for info in infos.values() if info[0] in (GRANTED, HELD, TOO_LOW)]
+    floors = [info[2] for info in infos.values() if info[0] != NO_HISTORY]
     blank = frozenset(i for i, v in heard.items() if v == "b")
     assert acq.floor >= max([floor, *(x + 1 for x in numbers)])
     validity = started + spec.ttl - spec.drift - now
@@ -783,8 +871,8 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
         assert step.lease.fencing_token == proposal
         assert acq.floor > proposal
         if blank:
-            assert step.seed == Seed(blank, max(numbers), MAX_TTL_MS)
-            assert step.seed.counter >= proposal
+            assert step.seed == Seed(blank, max(floors), MAX_TTL_MS)
+            assert step.seed.floor >= proposal
         else:
             assert step.seed is None
         return
@@ -800,10 +888,10 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
                 if blank == frozenset(range(n)):
                     assert step.seed == Seed(blank, 0, 0)
                 else:
-                    # Seeded from the nodes with history (a majority of them, or whatever
-                    # is left once every node answered), kept out for max_ttl.
-                    assert len(numbers) >= spec.quorum or (len(infos) == n and numbers)
-                    assert step.seed == Seed(blank, max(numbers), MAX_TTL_MS)
+                    # Seeded from the nodes with a floor (a majority of them, or whatever
+                    # is there once a majority answered), kept out for max_ttl.
+                    assert len(floors) >= spec.quorum or len(infos) >= spec.quorum
+                    assert step.seed == Seed(blank, max(floors, default=0), MAX_TTL_MS)
             return
         assert blocking
         assert step.seed is None
@@ -815,5 +903,5 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
         # One attempt: a blocking acquire does not give up on unreachable nodes yet.
         assert (step.error is not None) == (rnd.unreachable_blocks_quorum() and not blocking)
         if step.error is None:
-            assert not ours or (blank and len(numbers) < spec.quorum and blank != set(range(n)))
+            assert not ours or (blank and len(floors) < spec.quorum and blank != set(range(n)))
             assert not blocking or (timeout is not None and now >= timeout)

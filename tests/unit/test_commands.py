@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from importlib.resources import files
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from tenure._core import commands
 from tenure._core.acquire import GRANTED, HELD, NO_HISTORY, TOO_LOW, WARMING
 from tenure._core.commands import Command, pack
-from tenure._core.config import LockKeys
+from tenure._core.config import ClientConfig, LockKeys, LockSpec
 from tenure._lua import Script, expand, script
 
 SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=300)
@@ -86,42 +87,85 @@ def test_packed_commands_concatenate(
 # --- the commands of each round -----------------------------------------------------------
 
 
-KEYS = LockKeys.of("r")
+SPEC = LockSpec.build(ClientConfig.build(["redis://a", "redis://b", "redis://c"]), "r", 1.5)
+KEYS = SPEC.keys
+RETENTION = b"3600000"  # the default retention, in ms
 
 
-def test_acquire_command_evals_acquire_lua_with_three_keys() -> None:
-    cmd = commands.acquire(KEYS, "tok", 1500, 1_700_000_000_000_123, 77, 60_000)
+def test_acquire_command_evals_acquire_lua_with_four_keys() -> None:
+    cmd = commands.acquire(SPEC, "tok", 1_700_000_000_000_123, 77, 60_000)
     items, rest = parse_command(cmd.packed)
     assert rest == b""
     assert items == [
         b"EVAL",
         script("acquire").wire,
-        b"3",
+        b"4",
         b"tenure:{r}:lock",
         b"tenure:{r}:fence",
-        b"tenure:{r}:warm",
+        b"tenure:node:floor",
+        b"tenure:node:warm",
         b"tok",
         b"1500",
         b"1700000000000123",
         b"77",
         b"60000",
+        RETENTION,
     ]
 
 
-def test_seed_command_evals_seed_lua_with_two_keys() -> None:
-    items, rest = parse_command(commands.seed(KEYS, 42, 60_000, frozenset({9, 3})).packed)
+def test_waiting_acquire_command_adds_the_queue_and_the_waiter() -> None:
+    wait = commands.WaitArgs("q", "w1", "ch:1", 3000, 42)
+    items, rest = parse_command(commands.acquire(SPEC, "w1", 99, 5, 9, wait).packed)
+    assert rest == b""
+    assert items[2:] == [
+        b"5",
+        b"tenure:{r}:lock",
+        b"tenure:{r}:fence",
+        b"tenure:node:floor",
+        b"tenure:node:warm",
+        b"tenure:{r}:q",
+        b"w1",
+        b"1500",
+        b"99",
+        b"5",
+        b"9",
+        RETENTION,
+        b"q",
+        b"w1",
+        b"ch:1",
+        b"3000",
+        b"42",
+    ]
+
+
+def test_seed_command_evals_seed_lua_with_the_node_keys() -> None:
+    items, rest = parse_command(commands.seed(SPEC, 42, 60_000, frozenset({9, 3})).packed)
     assert rest == b""
     assert items == [
         b"EVAL",
         script("seed").wire,
         b"2",
-        b"tenure:{r}:fence",
-        b"tenure:{r}:warm",
+        b"tenure:node:floor",
+        b"tenure:node:warm",
         b"42",
         b"60000",
+        RETENTION,
         b"3",
         b"9",
     ]
+
+
+def test_the_retention_is_the_clients() -> None:
+    config = ClientConfig.build(["redis://a"], max_ttl=2.0, retention=7.5)
+    spec = LockSpec.build(config, "r", 1.0)
+    assert spec.retention_ms == 7_500
+    for cmd in (
+        commands.acquire(spec, "t", 5, 1, 1),
+        commands.seed(spec, 0, 0, frozenset({1})),
+        commands.extend(spec, "t"),
+        commands.release_waking(spec, "t", "f", 0),
+    ):
+        assert b"7500" in parse_command(cmd.packed)[0]
 
 
 @SETTINGS
@@ -132,38 +176,58 @@ def test_seed_command_evals_seed_lua_with_two_keys() -> None:
     proposal=st.integers(0, 2**53 - 1),
 )
 def test_acquire_command_round_trips(name: str, token: str, ttl_ms: int, proposal: int) -> None:
-    keys = LockKeys.of(name)
-    items, rest = parse_command(commands.acquire(keys, token, ttl_ms, proposal, 5, 9).packed)
+    spec = replace(SPEC, name=name, keys=LockKeys.of(name), ttl_ms=ttl_ms)
+    keys = spec.keys
+    items, rest = parse_command(commands.acquire(spec, token, proposal, 5, 9).packed)
     assert rest == b""
     assert items[2:] == [
-        b"3",
+        b"4",
         keys.lock.encode(),
         keys.fence.encode(),
-        keys.warm.encode(),
+        b"tenure:node:floor",
+        b"tenure:node:warm",
         token.encode(),
         str(ttl_ms).encode(),
         str(proposal).encode(),
         b"5",
         b"9",
+        RETENTION,
     ]
 
 
 @pytest.mark.parametrize(
-    ("make", "name", "extra"),
+    ("make", "name", "keys", "extra"),
     [
-        (lambda: commands.release("K", "T"), "release", [b"T"]),
-        (lambda: commands.extend("K", "T", 2500), "extend", [b"T", b"2500"]),
+        (lambda: commands.release("K", "T"), "release", [b"K"], [b"T"]),
+        (
+            lambda: commands.extend(SPEC, "T"),
+            "extend",
+            [b"tenure:{r}:lock", b"tenure:node:floor"],
+            [b"T", b"1500", RETENTION],
+        ),
+        (
+            lambda: commands.release_waking(SPEC, "T", "q", 77),
+            "release",
+            [b"tenure:{r}:lock", b"tenure:{r}:fence", b"tenure:node:floor", b"tenure:{r}:q"],
+            [b"T", b"q", b"77", RETENTION],
+        ),
+        (
+            lambda: commands.release_waking(SPEC, "T", "n", 100, cleanup=True),
+            "release",
+            [b"tenure:{r}:lock", b"tenure:{r}:fence", b"tenure:node:floor", b"tenure:{r}:q"],
+            [b"T", b"n", b"100", RETENTION, b"c"],
+        ),
     ],
 )
 def test_script_commands_send_the_source_with_eval(
-    make: object, name: str, extra: list[bytes]
+    make: object, name: str, keys: list[bytes], extra: list[bytes]
 ) -> None:
     assert callable(make)
     cmd = make()
     assert isinstance(cmd, Command)
     items, rest = parse_command(cmd.packed)
     assert rest == b""
-    assert items == [b"EVAL", script(name).wire, b"1", b"K", *extra]
+    assert items == [b"EVAL", script(name).wire, str(len(keys)).encode(), *keys, *extra]
 
 
 def test_exists_command() -> None:
@@ -175,8 +239,8 @@ def test_exists_command() -> None:
 
 YES_NO_COMMANDS = [
     commands.release("k", "t"),
-    commands.extend("k", "t", 10),
-    commands.seed(KEYS, 0, 0, frozenset({1})),
+    commands.extend(SPEC, "t"),
+    commands.seed(SPEC, 0, 0, frozenset({1})),
     commands.exists("k"),
 ]
 
@@ -205,33 +269,47 @@ def test_yes_no_replies(reply: object, yes: bool) -> None:
 @pytest.mark.parametrize(
     ("reply", "parsed"),
     [
-        ([1, 1_700_000_000_000_000], (True, (GRANTED, 1_700_000_000_000_000))),
-        ([0, 17], (False, (HELD, 17))),
-        ([-1, 99], (False, (TOO_LOW, 99))),
-        ([-2, 0], (False, (NO_HISTORY, 0))),
-        ([-3, 59_000], (False, (WARMING, 59_000))),
-        ([b"1", b"5"], (True, (GRANTED, 5))),  # RESP2 readers may leave integers as bytes
-        # Anything that is not {status, number} says nothing: a "no" without info.
+        (
+            [1, 1_700_000_000_000_000, 1_700_000_000_000_000],
+            (True, (GRANTED, 1_700_000_000_000_000, 1_700_000_000_000_000)),
+        ),
+        ([1, 17, 40], (True, (GRANTED, 17, 40))),  # a lock below another's floor
+        ([0, 17, 20], (False, (HELD, 17, 20))),
+        ([0, 17, 20, 900], (False, (HELD, 17, 20, 900))),  # held, while waiting: its PTTL
+        ([0, 17, 20, -1], (False, (HELD, 17, 20, -1))),  # reserved for a woken waiter
+        ([-1, 99, 99], (False, (TOO_LOW, 99, 99))),
+        ([-2, 12345, 0], (False, (NO_HISTORY, 12345, 0))),
+        ([-3, 59_000, 7], (False, (WARMING, 59_000, 7))),
+        ([b"1", b"5", b"5"], (True, (GRANTED, 5, 5))),  # RESP2 readers may leave bytes
+        # Anything else says nothing: a "no" without info.
         (1, (False, None)),
         (b"OK", (False, None)),
         (None, (False, None)),
         ([1], (False, None)),
-        ([1, 2, 3], (False, None)),
-        ((1, 5), (False, None)),
+        ([1, 2], (False, None)),  # the replies of the scripts before the node floor
+        ([0, 2], (False, None)),
+        ([1, 2, 3, 4], (False, None)),  # a pttl only comes with "held"
+        ([-1, 2, 3, 4], (False, None)),
+        ([0, 1, 2, 3, 4], (False, None)),
+        ((1, 5, 5), (False, None)),
     ],
 )
-def test_acquire_replies(reply: object, parsed: tuple[bool, tuple[int, int] | None]) -> None:
-    cmd = commands.acquire(KEYS, "t", 10, 5, 1, 10)
+def test_acquire_replies(reply: object, parsed: tuple[bool, tuple[int, ...] | None]) -> None:
+    cmd = commands.acquire(SPEC, "t", 5, 1, 10)
     assert cmd.parse(reply) == parsed
     assert cmd.is_yes(reply) is parsed[0]
 
 
 @SETTINGS
-@given(status=st.integers(-3, 1), number=st.integers(0, 2**53 - 1))
-def test_acquire_reply_status_one_is_the_only_yes(status: int, number: int) -> None:
-    ok, info = commands.acquire(KEYS, "t", 10, 5, 1, 10).parse([status, number])
+@given(
+    status=st.integers(-3, 1),
+    number=st.integers(0, 2**53 - 1),
+    floor=st.integers(0, 2**53 - 1),
+)
+def test_acquire_reply_status_one_is_the_only_yes(status: int, number: int, floor: int) -> None:
+    ok, info = commands.acquire(SPEC, "t", 5, 1, 10).parse([status, number, floor])
     assert ok is (status == GRANTED)
-    assert info == (status, number)
+    assert info == (status, number, floor)
 
 
 # --- Lua scripts --------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import re
 
 import pytest
@@ -11,6 +12,8 @@ from hypothesis import strategies as st
 
 from tenure import ConfigurationError
 from tenure._core.config import (
+    NODE_FLOOR,
+    NODE_WARM,
     ClientConfig,
     LockKeys,
     LockSpec,
@@ -19,6 +22,7 @@ from tenure._core.config import (
     check_acquire_args,
     check_node_count,
     lock_key,
+    min_ttl,
     parse_node_url,
 )
 from tenure._core.policy import wait_random, wait_random_exponential
@@ -413,6 +417,38 @@ def test_ttl_too_small_for_node_timeout() -> None:
     assert LockSpec.build(cfg, "r", 1.1).ttl == 1.1
 
 
+def test_ttl_too_small_names_the_rule_the_minimum_and_the_fix() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        LockSpec.build(config(), "r", 0.1)
+    assert info.value.parameter == "ttl"
+    message = str(info.value)
+    assert message.startswith("ttl: 0.1s is below the minimum of 0.107s for node_timeout=0.05s")
+    assert "ttl >= 2 x (node_timeout + drift)" in message
+    assert "Use ttl >= 0.107s, or a node_timeout of at most 0.047s" in message
+    # Both fixes it proposes are accepted.
+    assert LockSpec.build(config(), "r", 0.107).ttl == 0.107
+    assert LockSpec.build(config(node_timeout=0.047), "r", 0.1).ttl == 0.1
+
+
+@SETTINGS
+@given(
+    node_timeout=st.floats(0.001, 5),
+    factor=st.floats(0, 0.49),
+    floor=st.floats(0, 1),
+)
+def test_min_ttl_is_the_shortest_accepted_ttl(
+    node_timeout: float, factor: float, floor: float
+) -> None:
+    cfg = config(node_timeout=node_timeout, drift_factor=factor, drift_floor=floor, max_ttl=86_400)
+    shortest = min_ttl(cfg)
+    if shortest > 86_400:
+        return
+    assert LockSpec.build(cfg, "r", shortest).ttl == shortest
+    if shortest >= 0.002:
+        with pytest.raises(ConfigurationError, match=re.escape(f"minimum of {shortest:g}s")):
+            LockSpec.build(cfg, "r", shortest - 0.001)
+
+
 @SETTINGS
 @given(
     node_timeout=st.floats(0.001, 5),
@@ -478,27 +514,31 @@ def test_lock_keys_shape() -> None:
     assert keys == LockKeys(
         lock="tenure:{orders:42}:lock",
         fence="tenure:{orders:42}:fence",
-        warm="tenure:{orders:42}:warm",
+        floor="tenure:node:floor",
+        warm="tenure:node:warm",
         queue="tenure:{orders:42}:q",
     )
+    assert (keys.floor, keys.warm) == (NODE_FLOOR, NODE_WARM)
     assert keys.lock == lock_key("orders:42")
 
 
 @SETTINGS
 @given(st.text(alphabet=st.characters(blacklist_characters="{}"), min_size=1))
 def test_lock_keys_share_one_hash_tag(name: str) -> None:
-    # One Redis Cluster slot: acquire.lua and seed.lua touch several of them atomically.
+    # A lock's own keys share its name's hash tag; the node's floor and warm-up marker
+    # are the node's, the same for every lock.
     keys = LockKeys.of(name)
-    assert {_hash_tag(keys.lock), _hash_tag(keys.fence), _hash_tag(keys.warm)} == {name}
-    assert len({keys.lock, keys.fence, keys.warm}) == 3
+    assert {_hash_tag(keys.lock), _hash_tag(keys.fence), _hash_tag(keys.queue)} == {name}
+    assert len({keys.lock, keys.fence, keys.queue, keys.floor, keys.warm}) == 5
 
 
 @SETTINGS
 @given(st.text(min_size=1), st.text(min_size=1))
-def test_lock_keys_of_different_names_share_no_key(a: str, b: str) -> None:
+def test_lock_keys_of_different_names_share_only_the_node_keys(a: str, b: str) -> None:
     ka, kb = LockKeys.of(a), LockKeys.of(b)
-    shared = {ka.lock, ka.fence, ka.warm} & {kb.lock, kb.fence, kb.warm}
+    shared = {ka.lock, ka.fence, ka.queue} & {kb.lock, kb.fence, kb.queue}
     assert bool(shared) == (a == b)
+    assert (ka.floor, ka.warm) == (kb.floor, kb.warm)
 
 
 # --- spec cache ---------------------------------------------------------------------------
@@ -592,3 +632,63 @@ def test_negative_timeout_message_explains_forever() -> None:
         check_acquire_args(True, -3)
     with pytest.raises(ConfigurationError, match="non-blocking"):
         check_acquire_args(False, 5)
+
+
+# --- retry policies and flags ---------------------------------------------------------------
+
+
+class _Fixed:
+    """A user's own retry policy: any object with delay(attempt, rng)."""
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return 0.01
+
+
+class _Broken:
+    def delay(self) -> float:  # the wrong signature
+        return 0.01
+
+
+class _Negative:
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return -1.0
+
+
+class _NotANumber:
+    def delay(self, attempt: int, rng: random.Random) -> object:
+        return "soon"
+
+
+def test_retry_accepts_the_policies_and_any_object_with_delay() -> None:
+    assert isinstance(ClientConfig.build(THREE, retry=None).retry, wait_random_exponential)
+    policy = _Fixed()
+    assert ClientConfig.build(THREE, retry=policy).retry is policy
+
+
+@pytest.mark.parametrize(
+    ("retry", "says"),
+    [
+        (5, "must be a retry policy"),
+        ("exponential", "must be a retry policy"),
+        (wait_random_exponential, "delay(1, rng) raised"),  # the class, not an instance
+        (_Broken(), "delay(1, rng) raised"),
+        (_Negative(), "returned -1.0"),
+        (_NotANumber(), "returned 'soon'"),
+    ],
+)
+def test_bad_retry_is_refused_at_construction(retry: object, says: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build(THREE, retry=retry)  # type: ignore[arg-type]
+    assert info.value.parameter == "retry"
+    assert says in str(info.value)
+    # Names what is accepted.
+    assert "wait_random_exponential" in str(info.value)
+    assert "delay(attempt, rng)" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", None])
+def test_allow_even_must_be_a_bool(value: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build(THREE, allow_even=value)  # type: ignore[arg-type]
+    assert info.value.parameter == "allow_even"
+    assert "True or False" in str(info.value)

@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from tenure._core.config import LockKeys
 
-from .fake_node import Bus, FakeNode, acquire_wait_lua, release_wait_lua
+from .fake_node import Bus, FakeNode, acquire_wait_lua, release_wait_lua, seed_lua
 
 KEYS = LockKeys.of("fair")
 TTL_MS = 1000
@@ -32,7 +32,7 @@ class FairModel(RuleBasedStateMachine):
         self.node = FakeNode()
         self.bus = Bus()
         self.now = 0
-        self.node.set(KEYS.fence, 0, 0)
+        seed_lua(self.node, KEYS, 0, 0, 0)  # a node in use: it has its floor
         self.count = 0
         self.queue: list[str] = []  # the model's own FIFO of waiting requesters
         self.place_until: dict[str, int] = {}

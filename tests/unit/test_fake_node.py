@@ -2,90 +2,224 @@
 
 These pin the fake to the semantics stated in ``src/tenure/_lua/*.lua``; the scripts'
 headers are checked here too, so a change of a script's contract shows up as a failure
-in the fake's tests rather than as a model that silently tests something else.
+in the fake's tests rather than as a model that silently tests something else. The
+commands as ``tenure._core.commands`` packs them are run on the fake as well
+(``eval_packed`` reads KEYS and ARGV by position), so the argument layout is pinned too.
+``tests/integration/test_waiting.py::test_the_fake_node_answers_like_redis`` runs the
+waiting paths against a real server.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tenure._core.config import LockKeys
+from tenure._core import commands
+from tenure._core.acquire import Seed
+from tenure._core.config import NODE_FLOOR, NODE_WARM, ClientConfig, LockKeys, LockSpec
 from tenure._lua import script
 
-from .fake_node import FakeNode, acquire_lua, extend_lua, release_lua, seed_lua
+from .fake_node import (
+    RETENTION_MS,
+    Bus,
+    FakeNode,
+    acquire_lua,
+    acquire_wait_lua,
+    eval_packed,
+    extend_lua,
+    release_lua,
+    release_wait_lua,
+    seed_lua,
+)
 
 KEYS = LockKeys.of("r")
+OTHER = LockKeys.of("s")  # another lock name on the same node
+RET = 5_000  # a short retention, to see keys expire
 
 
-def seeded(counter: int = 10, warm_ms: int = 0, now: int = 0) -> FakeNode:
+def seeded(floor: int = 10, warm_ms: int = 0, now: int = 0, retention: int = RET) -> FakeNode:
     node = FakeNode()
-    assert seed_lua(node, KEYS, counter, warm_ms, now) == 1
+    assert seed_lua(node, KEYS, floor, warm_ms, now, retention_ms=retention) == 1
     return node
 
 
 def test_script_headers_state_the_statuses_the_fake_returns() -> None:
     acquire = script("acquire").source.decode()
-    for line in ("{ 1, F}", "{ 0, counter}", "{-1, counter}", "{-2, mark}", "{-3, pttl}"):
-        assert line in acquire
-    assert (
-        "Returns 1 if seeded, 0 if the node already had a counter" in script("seed").source.decode()
-    )
+    for line in (
+        "{ 1, F, floor}",
+        "{ 0, counter, floor}",
+        "{0, counter, floor, pttl}",
+        "{-1, counter, floor}",
+        "{-2, mark, 0}",
+        "{-3, pttl, floor}",
+    ):
+        assert line in acquire, line
+    assert "KEYS[3]  this node's floor" in acquire
+    assert "ARGV[6]  the retention" in acquire
+    seed = script("seed").source.decode()
+    assert "Returns 1 if seeded, 0 if the node already had a floor" in seed
+    assert "ARGV[3]  the retention" in seed
+    assert "KEYS[2]  (optional) this node's floor" in script("extend").source.decode()
+    assert "ARGV[4]  (waiting only) the retention" in script("release").source.decode()
 
 
-def test_acquire_without_history_grants_nothing() -> None:
+def test_the_node_keys_are_shared_by_every_lock() -> None:
+    assert (KEYS.floor, KEYS.warm) == (OTHER.floor, OTHER.warm) == (NODE_FLOOR, NODE_WARM)
+    assert KEYS.fence != OTHER.fence
+
+
+# --- acquire.lua ----------------------------------------------------------------------------
+
+
+def test_a_blank_node_grants_nothing_and_keeps_its_first_mark() -> None:
     node = FakeNode()
-    assert acquire_lua(node, KEYS, "t", 1000, 5, now=0, mark=7) == [-2, 7]
-    assert set(node.data) == {KEYS.warm}  # only the observation mark
+    assert acquire_lua(node, KEYS, "t", 1000, 5, now=0, mark=7, mark_ms=100) == [-2, 7, 0]
+    assert set(node.data) == {NODE_WARM}  # only the observation mark
+    # Another lock, another client: the node answers with the mark it holds.
+    assert acquire_lua(node, OTHER, "u", 1000, 5, now=50, mark=9, mark_ms=100) == [-2, 7, 0]
+    assert node.pttl(NODE_WARM, 50) == 50
+    # The mark lives mark_ms; after it, the next attempt leaves its own.
+    assert acquire_lua(node, KEYS, "t", 1000, 5, now=101, mark=9, mark_ms=100) == [-2, 9, 0]
 
 
-def test_acquire_grants_above_the_counter_and_commits_the_proposal() -> None:
+def test_a_blank_node_with_a_counter_left_is_still_blank() -> None:
+    # The floor is the node's record of its past; a lock's counter alone is not.
+    node = FakeNode()
+    node.set(KEYS.fence, 40, 0)
+    assert acquire_lua(node, KEYS, "t", 1000, 50, now=0, mark=3) == [-2, 3, 0]
+
+
+def test_acquire_grants_above_the_counter_and_commits_counter_and_floor() -> None:
     node = seeded(10)
-    assert acquire_lua(node, KEYS, "t", 1000, 11, now=0) == [1, 11]
-    assert node.get(KEYS.lock, 0) == "t"
-    assert node.counter(KEYS, 0) == 11
-    assert node.pttl(KEYS.lock, 0) == 1000
-    assert node.pttl(KEYS.fence, 0) == -1  # the history never expires
+    assert acquire_lua(node, KEYS, "t", 1000, 11, now=7, retention_ms=RET) == [1, 11, 11]
+    assert node.get(KEYS.lock, 7) == "t"
+    assert node.pttl(KEYS.lock, 7) == 1000
+    assert node.counter(KEYS, 7) == 11
+    assert node.floor_of(KEYS, 7) == 11
+    # Both kept for the retention from the grant.
+    assert node.pttl(KEYS.fence, 7) == RET
+    assert node.pttl(NODE_FLOOR, 7) == RET
+
+
+def test_a_name_without_a_counter_takes_the_floor() -> None:
+    node = seeded(10)
+    acquire_lua(node, KEYS, "a", 1000, 30, now=0)
+    # A new name on this node: its counter is the floor (30), not 0.
+    assert acquire_lua(node, OTHER, "b", 1000, 30, now=1) == [-1, 30, 30]
+    assert acquire_lua(node, OTHER, "b", 1000, 5, now=1) == [-1, 30, 30]
+    assert acquire_lua(node, OTHER, "b", 1000, 31, now=1) == [1, 31, 31]
+    assert node.counter(OTHER, 1) == 31
+
+
+def test_a_counter_deleted_by_hand_falls_back_to_the_floor() -> None:
+    node = seeded(10)
+    acquire_lua(node, KEYS, "a", 1000, 30, now=0)
+    release_lua(node, KEYS.lock, "a", now=1)
+    node.delete(KEYS.fence, 1)
+    assert acquire_lua(node, KEYS, "b", 1000, 20, now=2) == [-1, 30, 30]
+    assert acquire_lua(node, KEYS, "b", 1000, 31, now=2) == [1, 31, 31]
+
+
+def test_a_grant_below_the_floor_keeps_the_floor_and_its_expiry_is_renewed() -> None:
+    # The lock's own counter (20) is below the floor another lock raised (50): the lock
+    # is granted above its counter, and the floor stays where it is, kept another
+    # retention from now.
+    node = seeded(10)
+    acquire_lua(node, KEYS, "a", 1000, 20, now=0, retention_ms=RET)
+    release_lua(node, KEYS.lock, "a", now=1)
+    acquire_lua(node, OTHER, "b", 1000, 50, now=2, retention_ms=RET)
+    assert acquire_lua(node, KEYS, "c", 1000, 21, now=3000, retention_ms=RET) == [1, 21, 50]
+    assert node.floor_of(KEYS, 3000) == 50
+    assert node.pttl(NODE_FLOOR, 3000) == RET
+    assert node.counter(KEYS, 3000) == 21
 
 
 @pytest.mark.parametrize("proposal", [10, 9, 0])
 def test_acquire_refuses_a_proposal_not_above_the_counter(proposal: int) -> None:
     node = seeded(10)
-    assert acquire_lua(node, KEYS, "t", 1000, proposal, now=0) == [-1, 10]
+    assert acquire_lua(node, KEYS, "t", 1000, proposal, now=0) == [-1, 10, 10]
     assert node.exists(KEYS.lock, 0) == 0
 
 
 def test_acquire_reports_a_held_lock_before_a_low_proposal() -> None:
     node = seeded(10)
     acquire_lua(node, KEYS, "a", 1000, 20, now=0)
-    assert acquire_lua(node, KEYS, "b", 1000, 5, now=1) == [0, 20]
-    assert acquire_lua(node, KEYS, "b", 1000, 50, now=1) == [0, 20]
+    assert acquire_lua(node, KEYS, "b", 1000, 5, now=1) == [0, 20, 20]
+    assert acquire_lua(node, KEYS, "b", 1000, 50, now=1) == [0, 20, 20]
     assert node.get(KEYS.lock, 1) == "a"
 
 
 def test_lock_expires_after_its_ttl_like_redis() -> None:
     node = seeded(10)
     acquire_lua(node, KEYS, "a", 1000, 20, now=0)
-    assert acquire_lua(node, KEYS, "b", 1000, 21, now=1000) == [0, 20]  # still there at t+ttl
-    assert acquire_lua(node, KEYS, "b", 1000, 21, now=1001) == [1, 21]
+    assert acquire_lua(node, KEYS, "b", 1000, 21, now=1000) == [0, 20, 20]  # there at t+ttl
+    assert acquire_lua(node, KEYS, "b", 1000, 21, now=1001) == [1, 21, 21]
 
 
 def test_warming_node_grants_nothing_until_its_marker_expires() -> None:
     node = seeded(10, warm_ms=1500, now=0)
-    assert acquire_lua(node, KEYS, "t", 1000, 11, now=0) == [-3, 1500]
-    assert acquire_lua(node, KEYS, "t", 1000, 11, now=1499) == [-3, 1]
+    assert acquire_lua(node, KEYS, "t", 1000, 11, now=0) == [-3, 1500, 10]
+    assert acquire_lua(node, OTHER, "t", 1000, 11, now=1499) == [-3, 1, 10]  # any lock
     # At the marker's last millisecond PTTL is 0: warm.
-    assert acquire_lua(node, KEYS, "t", 1000, 11, now=1500) == [1, 11]
+    assert acquire_lua(node, KEYS, "t", 1000, 11, now=1500) == [1, 11, 11]
 
 
-def test_seed_only_a_node_without_history() -> None:
+def test_counter_and_floor_expire_after_the_retention_and_the_node_is_blank() -> None:
+    node = seeded(10, retention=RET)
+    acquire_lua(node, KEYS, "a", 100, 20, now=0, retention_ms=RET)
+    assert node.counter(KEYS, RET) == 20  # still there at t + retention
+    assert node.floor_of(KEYS, RET) == 20
+    assert acquire_lua(node, KEYS, "b", 100, 21, now=RET + 1, mark=4) == [-2, 4, 0]
+    assert node.counter(KEYS, RET + 1) is None
+
+
+def test_the_counter_expires_before_the_floor_another_lock_renewed() -> None:
+    node = seeded(10)
+    acquire_lua(node, KEYS, "a", 100, 20, now=0, retention_ms=RET)
+    acquire_lua(node, OTHER, "b", 100, 30, now=1000, retention_ms=RET)
+    assert node.counter(KEYS, RET + 1) is None
+    assert acquire_lua(node, KEYS, "c", 100, 25, now=RET + 1) == [-1, 30, 30]
+
+
+# --- seed.lua -------------------------------------------------------------------------------
+
+
+def test_seed_gives_a_blank_node_its_floor_for_the_retention() -> None:
+    fresh = FakeNode()
+    assert seed_lua(fresh, KEYS, 0, 0, now=5, retention_ms=RET) == 1
+    assert fresh.floor_of(KEYS, 5) == 0
+    assert fresh.pttl(NODE_FLOOR, 5) == RET
+    assert fresh.exists(NODE_WARM, 5) == 0  # no warm-up: the mark is dropped
+    assert fresh.counter(KEYS, 5) is None  # per node, not per lock
+    assert acquire_lua(fresh, OTHER, "t", 1000, 1, now=5) == [1, 1, 1]
+
+
+def test_seed_with_a_warm_up() -> None:
+    node = FakeNode()
+    acquire_lua(node, KEYS, "t", 1000, 5, now=0, mark=3)
+    assert seed_lua(node, KEYS, 99, 1500, now=1, marks=frozenset({3})) == 1
+    assert node.floor_of(KEYS, 1) == 99
+    assert node.get(NODE_WARM, 1) == "1"
+    assert node.pttl(NODE_WARM, 1) == 1500
+
+
+def test_seed_only_a_blank_node() -> None:
     node = seeded(10)
     assert seed_lua(node, KEYS, 99, 1500, now=0) == 0
-    assert node.counter(KEYS, 0) == 10
-    assert node.pttl(KEYS.warm, 0) == -2
-    fresh = FakeNode()
-    assert seed_lua(fresh, KEYS, 0, 0, now=0) == 1
-    assert fresh.counter(KEYS, 0) == 0
-    assert fresh.exists(KEYS.warm, 0) == 0
+    assert node.floor_of(KEYS, 0) == 10
+    assert node.pttl(NODE_WARM, 0) == -2
+
+
+@pytest.mark.parametrize("marks", [frozenset({4}), frozenset()])
+def test_seed_needs_the_mark_the_node_holds(marks: frozenset[int]) -> None:
+    node = FakeNode()
+    acquire_lua(node, KEYS, "t", 1000, 5, now=0, mark=3)
+    assert seed_lua(node, KEYS, 99, 0, now=1, marks=marks) == -1
+    assert node.floor_of(KEYS, 1) is None
+    node.wipe()  # restarted since the observation: no mark at all
+    assert seed_lua(node, KEYS, 99, 0, now=1, marks=frozenset({3})) == -1
+
+
+# --- release.lua and extend.lua -------------------------------------------------------------
 
 
 def test_release_and_extend_compare_the_token() -> None:
@@ -101,15 +235,193 @@ def test_release_and_extend_compare_the_token() -> None:
     assert node.exists(KEYS.lock, 601) == 0
 
 
+def test_extend_keeps_the_floor_for_another_retention() -> None:
+    node = seeded(10)
+    acquire_lua(node, KEYS, "a", 1000, 11, now=0, retention_ms=RET)
+    assert extend_lua(node, KEYS.lock, "a", 1000, 900, NODE_FLOOR, RET) == 1
+    assert node.pttl(NODE_FLOOR, 900) == RET
+    assert node.pttl(KEYS.fence, 900) == RET - 900  # the counter is not renewed
+    # Refused (not our token): the floor is left alone.
+    assert extend_lua(node, KEYS.lock, "b", 1000, 1000, NODE_FLOOR, 2 * RET) == 0
+    assert node.pttl(NODE_FLOOR, 1000) == RET - 100
+    # Without the floor key (the optional KEYS[2]): the lock alone.
+    assert extend_lua(node, KEYS.lock, "a", 1000, 1100) == 1
+    assert node.pttl(NODE_FLOOR, 1100) == RET - 200
+
+
 def test_extend_does_not_revive_an_expired_key() -> None:
     node = seeded(10)
     acquire_lua(node, KEYS, "a", 1000, 11, now=0)
-    assert extend_lua(node, KEYS.lock, "a", 1000, now=1001) == 0
+    assert extend_lua(node, KEYS.lock, "a", 1000, 1001, NODE_FLOOR, RET) == 0
     assert release_lua(node, KEYS.lock, "a", now=1001) == 0
 
 
-def test_wipe_loses_everything() -> None:
+# --- data loss ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lose", [FakeNode.wipe, FakeNode.flush])
+def test_wipe_and_flush_lose_everything(lose: object) -> None:
+    assert callable(lose)
     node = seeded(10, warm_ms=1500)
     acquire_lua(node, KEYS, "a", 1000, 11, now=1600)
-    node.wipe()
-    assert acquire_lua(node, KEYS, "b", 1000, 12, now=1601, mark=5) == [-2, 5]
+    lose(node)
+    assert node.data == {}
+    assert acquire_lua(node, OTHER, "b", 1000, 12, now=1601, mark=5) == [-2, 5, 0]
+
+
+# --- the waiting paths ----------------------------------------------------------------------
+
+
+def test_held_while_waiting_queues_with_the_pttl_and_the_queue_expires_with_the_places() -> None:
+    node, bus = seeded(10), Bus(listening={"ch:b"})
+    acquire_lua(node, KEYS, "a", 1000, 20, now=0)
+    reply = acquire_wait_lua(node, bus, KEYS, "b", 1000, 30, "f", "b", "ch:b", 300, now=100)
+    assert reply == [0, 20, 20, 900]
+    assert node.pttl(KEYS.queue, 100) == 300  # the queue lives as long as its place
+    # A renewal with a shorter place does not shorten the queue; a longer one extends it.
+    acquire_wait_lua(node, bus, KEYS, "b", 1000, 30, "f", "b", "ch:b", 100, now=150)
+    assert node.pttl(KEYS.queue, 150) == 250
+    acquire_wait_lua(node, bus, KEYS, "b", 1000, 30, "f", "b", "ch:b", 800, now=200)
+    assert node.pttl(KEYS.queue, 200) == 800
+    assert node.exists(KEYS.queue, 1001) == 0
+
+
+def test_a_non_blocking_waiter_is_not_queued() -> None:
+    node, bus = seeded(10), Bus()
+    acquire_lua(node, KEYS, "a", 1000, 20, now=0)
+    assert acquire_wait_lua(node, bus, KEYS, "b", 1000, 30, "n", "b", "ch:b", 0, now=1) == [
+        0,
+        20,
+        20,
+        999,
+    ]
+    assert node.exists(KEYS.queue, 1) == 0
+
+
+def test_a_blank_or_warming_node_answers_a_waiter_before_queuing_it() -> None:
+    blank, bus = FakeNode(), Bus()
+    assert acquire_wait_lua(blank, bus, KEYS, "b", 1000, 30, "q", "b", "c", 300, now=0) == [
+        -2,
+        1,
+        0,
+    ]
+    warming = seeded(10, warm_ms=500)
+    assert acquire_wait_lua(warming, bus, KEYS, "b", 1000, 30, "q", "b", "c", 300, now=0) == [
+        -3,
+        500,
+        10,
+    ]
+    assert blank.exists(KEYS.queue, 0) == warming.exists(KEYS.queue, 0) == 0
+
+
+def test_fair_hand_off_on_one_node_commits_counter_plus_one() -> None:
+    node, bus = seeded(10), Bus(listening={"ch:b"})
+    acquire_wait_lua(node, bus, KEYS, "a", 1000, 20, "f", "a", "ch:a", 300, now=0)
+    acquire_wait_lua(node, bus, KEYS, "b", 1000, 30, "f", "b", "ch:b", 300, now=1)
+    assert release_wait_lua(node, bus, KEYS, "a", "f", 100, now=2, retention_ms=RET) == 1
+    assert bus.published == [("ch:b", "G b 21")]
+    assert node.get(KEYS.lock, 2) == "b"
+    assert (node.counter(KEYS, 2), node.floor_of(KEYS, 2)) == (21, 21)
+    assert node.pttl(NODE_FLOOR, 2) == RET
+    # "b" comes to take it: renewed, with the hand-off's token.
+    assert acquire_wait_lua(node, bus, KEYS, "b", 1000, 99, "f", "b", "ch:b", 300, now=3) == [
+        1,
+        21,
+        21,
+    ]
+    assert node.pttl(KEYS.lock, 3) == 1000
+
+
+def test_fair_hand_off_of_a_name_without_a_counter_starts_from_the_floor() -> None:
+    node, bus = seeded(10), Bus(listening={"ch:b"})
+    acquire_wait_lua(node, bus, KEYS, "a", 1000, 20, "f", "a", "ch:a", 300, now=0)
+    acquire_wait_lua(node, bus, KEYS, "b", 1000, 30, "f", "b", "ch:b", 300, now=1)
+    node.delete(KEYS.fence, 1)
+    acquire_lua(node, OTHER, "x", 1000, 70, now=1)  # raises the floor to 70
+    release_wait_lua(node, bus, KEYS, "a", "f", 100, now=2)
+    assert bus.published == [("ch:b", "G b 71")]
+
+
+def test_a_release_on_a_blank_node_only_wakes_the_head() -> None:
+    node, bus = seeded(10), Bus(listening={"ch:b"})
+    acquire_wait_lua(node, bus, KEYS, "a", 1000, 20, "f", "a", "ch:a", 300, now=0)
+    acquire_wait_lua(node, bus, KEYS, "b", 1000, 30, "f", "b", "ch:b", 300, now=1)
+    node.delete(NODE_FLOOR, 1)  # evicted, say; the lock's counter goes too
+    node.delete(KEYS.fence, 1)
+    release_wait_lua(node, bus, KEYS, "a", "f", 100, now=2)
+    assert bus.published == [("ch:b", "W b")]
+    assert node.exists(KEYS.lock, 2) == 0
+
+
+def test_quorum_fair_renewal_commits_the_proposal_and_refuses_a_low_one() -> None:
+    node, bus = seeded(10), Bus(listening={"ch:b"})
+    acquire_wait_lua(node, bus, KEYS, "a", 1000, 20, "q", "a", "ch:a", 300, now=0, ticket=1)
+    acquire_wait_lua(node, bus, KEYS, "b", 1000, 30, "q", "b", "ch:b", 300, now=1, ticket=2)
+    assert release_wait_lua(node, bus, KEYS, "a", "q", 40, now=2, retention_ms=RET) == 1
+    assert bus.published == [("ch:b", "G b 40")]
+    assert node.floor_of(KEYS, 2) == 40
+    assert acquire_wait_lua(node, bus, KEYS, "b", 1000, 40, "q", "b", "ch:b", 300, now=3) == [
+        -1,
+        40,
+        40,
+    ]
+    reply = acquire_wait_lua(
+        node, bus, KEYS, "b", 1000, 45, "q", "b", "ch:b", 300, now=4, retention_ms=RET
+    )
+    assert reply == [1, 45, 45]
+    assert node.pttl(KEYS.fence, 4) == RET
+
+
+def test_a_newcomer_hands_a_free_lock_to_the_head_and_reports_the_old_floor() -> None:
+    node, bus = seeded(10), Bus(listening={"ch:b"})
+    acquire_wait_lua(node, bus, KEYS, "a", 1000, 20, "q", "a", "ch:a", 300, now=0, ticket=1)
+    acquire_wait_lua(node, bus, KEYS, "b", 1000, 30, "q", "b", "ch:b", 300, now=1, ticket=2)
+    release_wait_lua(node, bus, KEYS, "a", "q", 20, now=2)  # P = counter: only wakes "b"
+    assert bus.published == [("ch:b", "W b")]
+    bus.published.clear()
+    reply = acquire_wait_lua(node, bus, KEYS, "c", 1000, 60, "q", "c", "ch:c", 300, 3, 5)
+    # Handed to "b" with the newcomer's proposal; the reply's floor is the one read
+    # before the hand-off (the counter is the hand-off's).
+    assert reply == [0, 60, 20, 1000]
+    assert bus.published == [("ch:b", "G b 60")]
+    assert node.floor_of(KEYS, 3) == 60
+
+
+# --- the commands tenure packs, run on the fake --------------------------------------------
+
+
+SPEC = LockSpec.build(
+    ClientConfig.build(["redis://a"], max_ttl=2.0, retention=6.0), "r", 1.0, fair=True
+)
+
+
+def test_packed_commands_run_on_the_fake_with_the_scripts_argument_layout() -> None:
+    node, bus = FakeNode(), Bus(listening={"ch:w"})
+    acquire = commands.acquire(SPEC, "t1", 100, 77, 2000)
+    assert eval_packed(node, acquire.packed, 0) == [-2, 77, 0]
+    seed = Seed(frozenset({0}), 50, 0, frozenset({77}))
+    assert eval_packed(node, commands.seed(SPEC, seed.floor, seed.warm_ms, seed.marks).packed, 1)
+    assert node.pttl(NODE_FLOOR, 1) == 6000
+    low = eval_packed(node, commands.acquire(SPEC, "t1", 40, 77, 2000).packed, 2)
+    assert low == [-1, 50, 50]
+    granted = eval_packed(node, commands.acquire(SPEC, "t1", 120, 77, 2000).packed, 3)
+    assert granted == [1, 120, 120]
+    assert commands.acquire(SPEC, "t1", 120, 77, 2000).parse(granted) == (True, (1, 120, 120))
+    assert node.pttl(KEYS.lock, 3) == 1000
+    assert node.pttl(KEYS.fence, 3) == 6000
+    wait = commands.WaitArgs("f", "w", "ch:w", 300)
+    held = eval_packed(node, commands.acquire(SPEC, "w", 130, 77, 2000, wait).packed, 4, bus)
+    assert held == [0, 120, 120, 999]
+    assert eval_packed(node, commands.extend(SPEC, "t1").packed, 200) == 1
+    assert node.pttl(NODE_FLOOR, 200) == 6000
+    assert node.pttl(KEYS.lock, 200) == 1000
+    release = commands.release_waking(SPEC, "t1", "f", 0)
+    assert eval_packed(node, release.packed, 250, bus) == 1
+    assert bus.published == [("ch:w", "G w 121")]
+    assert eval_packed(node, commands.release(SPEC.key, "w").packed, 260) == 1
+    cleanup = commands.release_waking(SPEC, "w", "f", 0, cleanup=True)
+    assert eval_packed(node, cleanup.packed, 261, bus) == 0
+
+
+def test_the_retention_default_matches_the_clients() -> None:
+    assert ClientConfig.build(["redis://a"]).retention_ms == RETENTION_MS

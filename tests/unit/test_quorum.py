@@ -391,6 +391,34 @@ def test_a_round_begins_once_the_ready_nodes_could_decide_it() -> None:
 )
 def test_a_round_that_hears_every_node_waits_for_every_set_up(rnd: Round) -> None:
     assert not rnd.enough_ready(3)
+    assert rnd.set_up_wait(2, 1, 0, now=5.0, grace=0.05) is None
+
+
+def test_set_ups_a_round_started_get_the_grace_once_the_others_could_decide_it() -> None:
+    rnd = Round(3, 2, started=0.0)
+    # Too few ready: wait for a set-up to end, however long that takes.
+    assert rnd.set_up_wait(1, 2, 2, now=0.1, grace=0.05) is None
+    # Two ready could decide it: the third, connecting for this round, gets the grace,
+    # counted from the moment the round could begin.
+    assert rnd.set_up_wait(2, 1, 1, now=0.3, grace=0.05) == pytest.approx(0.05)
+    assert rnd.set_up_wait(2, 1, 1, now=0.32, grace=0.05) == pytest.approx(0.03)
+    assert rnd.set_up_wait(2, 1, 1, now=0.35, grace=0.05) == 0.0
+    # Nothing left to set up: begin.
+    assert Round(3, 2, started=0.0).set_up_wait(3, 0, 0, now=0.0, grace=0.05) == 0.0
+
+
+def test_a_set_up_an_earlier_round_waited_for_is_not_waited_for_again() -> None:
+    rnd = Round(3, 2, started=0.0)
+    assert rnd.set_up_wait(2, 1, 0, now=0.0, grace=0.05) == 0.0
+    # ... unless the round cannot begin without it.
+    assert rnd.set_up_wait(1, 1, 0, now=0.0, grace=0.05) is None
+
+
+def test_an_impossible_round_waits_for_no_set_up() -> None:
+    rnd = Round(3, 2, started=0.0)
+    rnd.fail(0, Failure.CERTIFICATE, "wrong host")
+    rnd.fail(1, Failure.MISCONFIGURED, "wrong password")
+    assert rnd.set_up_wait(0, 1, 1, now=0.0, grace=0.05) == 0.0
 
 
 def test_begin_at_moves_the_start_and_the_validity_with_it() -> None:

@@ -70,7 +70,15 @@ from tenure._core.policy import wait_random
 from tenure._core.quorum import Round
 from tenure._core.waiting import Wake, parse_wake, place_ms
 
-from .fake_node import Bus, FakeNode, _zset, acquire_wait_lua, release_lua, release_wait_lua
+from .fake_node import (
+    Bus,
+    FakeNode,
+    _zset,
+    acquire_wait_lua,
+    release_lua,
+    release_wait_lua,
+    seed_lua,
+)
 from .stateful import find_settings, model_settings, run_state_machine_as_test
 
 N = 3  # nodes
@@ -173,7 +181,8 @@ class QuorumFairModel(RuleBasedStateMachine):
         listening: set[str] = set()
         self.buses = [Bus(listening=listening) for _ in range(N)]
         for node in self.nodes:
-            node.set(KEYS.fence, 0, self.ms)  # a lock used before: no seeding in this model
+            # Nodes in use (they have their floor): no seeding in this model.
+            seed_lua(node, KEYS, 0, 0, self.ms, retention_ms=SPEC.retention_ms)
         self.spawned = 0
         self.clients = [self._spawn() for _ in range(K)]
         self.leases: list[Lease] = []
@@ -218,13 +227,13 @@ class QuorumFairModel(RuleBasedStateMachine):
     def node_acquire(self, i: int, command: Command, channel: str) -> list[int]:
         return acquire_wait_lua(
             self.nodes[i], self.buses[i], KEYS, command.token, TTL_MS, command.arg, "q",
-            command.token, channel, command.place, self.ms, command.ticket,
+            command.token, channel, command.place, self.ms, command.ticket, SPEC.retention_ms,
         )  # fmt: skip
 
     def node_release(self, i: int, command: Command) -> int:
         return release_wait_lua(
             self.nodes[i], self.buses[i], KEYS, command.token, "q", command.arg, self.ms,
-            command.cleanup,
+            command.cleanup, SPEC.retention_ms,
         )  # fmt: skip
 
     # --- helpers ------------------------------------------------------------------------
@@ -895,8 +904,10 @@ class RenewBelowCounterScheme(QuorumFairModel):
         node = self.nodes[i]
         if node.get(KEYS.lock, self.ms) == command.token:
             node.pexpire(KEYS.lock, TTL_MS, self.ms)
-            node.set(KEYS.fence, command.arg, self.ms)
-            return [1, command.arg]
+            node.set(KEYS.fence, command.arg, self.ms, px=SPEC.retention_ms)
+            floor = int(node.get(KEYS.floor, self.ms) or 0)
+            node.set(KEYS.floor, max(floor, command.arg), self.ms, px=SPEC.retention_ms)
+            return [1, command.arg, max(floor, command.arg)]
         return super().node_acquire(i, command, channel)
 
 

@@ -46,9 +46,9 @@ def make(
 def held_round(acq: Acquisition, now: float, pttls: list[int], granted: int = 0) -> Round:
     rnd = acq.begin(now)
     for i in range(granted):
-        rnd.record(i, True, (1, COUNTER + 1))
+        rnd.record(i, True, (1, COUNTER + 1, COUNTER + 1))
     for j, pttl in enumerate(pttls):
-        rnd.record(granted + j, False, (HELD, COUNTER, pttl))
+        rnd.record(granted + j, False, (HELD, COUNTER, COUNTER, pttl))
     return rnd
 
 
@@ -72,6 +72,23 @@ def test_wait_never_sleeps_past_the_holders_expiry_or_the_fallback(
     assert step.timeout >= min(recheck / 2, pttl / 1000 + 0.001)
 
 
+def test_the_pttl_is_read_after_the_floor() -> None:
+    # {0, counter, floor, pttl}: a floor (any size) is not the holder's remaining TTL.
+    acq = make(recheck=5.0)
+    rnd = acq.begin(0.0)
+    rnd.record(0, False, (HELD, COUNTER, 7, 200))
+    step = acq.conclude(rnd, "t", 0.001)
+    assert isinstance(step, Wait)
+    assert step.timeout == pytest.approx(0.201)
+    # Without a pttl (not queued: {0, counter, floor}) only the fallback bound applies.
+    acq = make(recheck=5.0)
+    rnd = acq.begin(0.0)
+    rnd.record(0, False, (HELD, COUNTER, 7))
+    step = acq.conclude(rnd, "t", 0.001)
+    assert isinstance(step, Wait)
+    assert 2.5 <= step.timeout <= 5.0
+
+
 def test_wait_respects_the_callers_timeout() -> None:
     acq = make(timeout=0.1)
     step = acq.conclude(held_round(acq, 0.0, [9_000]), "t", 0.05)
@@ -89,7 +106,7 @@ def test_quorum_waits_for_the_node_that_frees_a_majority() -> None:
 
 
 def test_split_vote_backs_off_at_random() -> None:
-    # Nobody holds a majority: waking on a release would only collide again (R6).
+    # Nobody holds a majority: waking on a release would only collide again.
     acq = make(n=5)
     step = acq.conclude(held_round(acq, 0.0, [9_000, 9_000], granted=2), "t", 0.001)
     assert isinstance(step, Retry)
@@ -196,7 +213,7 @@ def test_fair_on_a_quorum_waits_with_a_partial_grant_and_the_rest_held() -> None
     step = acq.conclude(held_round(acq, 0.0, [9_000] * 4, granted=1), "t", 0.001)
     assert isinstance(step, Wait)
     assert step.cleanup == frozenset({0})
-    # A split with no majority held by anyone still backs off at random (R6).
+    # A split with no majority held by anyone still backs off at random.
     step = acq.conclude(held_round(acq, 0.0, [9_000, 9_000], granted=2), "t", 0.001)
     assert isinstance(step, Retry)
 
@@ -205,7 +222,7 @@ def quorum_look(acq: Acquisition, counters: dict[int, int], now: float = 1.0) ->
     """A round in which ``counters``' nodes answered "held" (the others were silent)."""
     rnd = acq.begin(now)
     for i, counter in counters.items():
-        rnd.record(i, False, (HELD, counter, 9_000))
+        rnd.record(i, False, (HELD, counter, counter, 9_000))
     assert isinstance(acq.conclude(rnd, "w", now + 0.001), Wait)
 
 
@@ -233,11 +250,11 @@ def test_a_fair_quorum_waiter_hears_every_node_before_it_waits() -> None:
     acq = make(n=5, fair=True)
     rnd = acq.begin(0.0)
     for i in range(3):
-        rnd.record(i, False, (HELD, COUNTER, 9_000))
+        rnd.record(i, False, (HELD, COUNTER, COUNTER, 9_000))
     assert rnd.impossible
     undecided = rnd.decided
-    rnd.record(3, False, (HELD, COUNTER, 9_000))
-    rnd.record(4, False, (HELD, COUNTER + 1, 9_000))
+    rnd.record(3, False, (HELD, COUNTER, COUNTER, 9_000))
+    rnd.record(4, False, (HELD, COUNTER + 1, COUNTER + 1, 9_000))
     assert not undecided
     assert rnd.decided
     assert isinstance(acq.conclude(rnd, "w", 0.001), Wait)
@@ -248,13 +265,13 @@ def test_a_fair_quorum_waiter_hears_every_node_before_it_waits() -> None:
     # A success is still decided at the first majority.
     won = acq.begin(1.0)
     for i in range(3):
-        won.record(i, True, (1, COUNTER + 2))
+        won.record(i, True, (1, COUNTER + 2, COUNTER + 2))
     assert won.decided
     # Others decide a failed round at once: a non-blocking attempt, or not fair.
     for other in (make(n=5, fair=False), make(n=5, fair=True, blocking=False)):
         quick = other.begin(0.0)
         for i in range(3):
-            quick.record(i, False, (HELD, COUNTER, 9_000))
+            quick.record(i, False, (HELD, COUNTER, COUNTER, 9_000))
         assert quick.decided
 
 

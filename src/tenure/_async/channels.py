@@ -19,12 +19,13 @@ so no connection is ever left with an unread reply. A node that answers nothing 
 ``STALL`` seconds while requests wait is disconnected and left alone for a back-off.
 
 Setting up a connection (TCP, TLS handshake, AUTH) is not part of a round: it runs in the
-channel's task under ``connect_timeout``, every node at once, and a round begins once
-the ready channels could decide it (``Round.enough_ready``) or no set-up is left; its
-clock starts then (``Round.begin_at``). A slow handshake is so never charged to
-``node_timeout``, and a node whose set-up hangs costs nothing to a round the others can
-decide: its request waits in ``_unsent`` and goes out when it connects (so, unlike the
-blocking driver's, such a node may still execute it: it counts as unreachable).
+channel's task under ``connect_timeout``, every node at once, and a round begins when
+no set-up is left, or once the ready channels could decide it and a short grace has
+passed (``Round.set_up_wait``); its clock starts then (``Round.begin_at``). A slow
+handshake is so never charged to ``node_timeout``, and a node whose set-up hangs costs
+at most that grace to a round the others can decide: its request waits in ``_unsent``
+and goes out when it connects (so, unlike the blocking driver's, such a node may still
+execute it: it counts as unreachable).
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ from redis.exceptions import ResponseError
 
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
+from .._core.diagnosis import BackingOff, Diagnosis
 from .._core.quorum import Failure, Round
 from .._core.resp import ErrorReply, ReplyReader
-from .._redis_compat import classify_error, connection_kwargs, set_up_failure
+from .._redis_compat import NotRedis, connection_kwargs, diagnose
+from .._report import NodeReporter
 
 __all__ = ["Channels"]
 
@@ -67,21 +70,6 @@ def _callbacks(command: Command, on_reply: OnReply) -> list[OnReply]:
     return [on_reply] * command.replies
 
 
-class _Down(Exception):
-    """The node is in its reconnect back-off."""
-
-    def __init__(self, wait: float) -> None:
-        super().__init__(f"not retried until the back-off ends ({wait:.3f}s)")
-
-
-class _SetUpFailed(ConnectionError):
-    """Setting up the connection failed; what the requests queued meanwhile are told."""
-
-    def __init__(self, failure: Failure, detail: str) -> None:
-        super().__init__(detail)
-        self.failure = failure
-
-
 class _Replies(asyncio.Protocol):
     """Reads replies off the connection's transport and hands each one on at once."""
 
@@ -96,7 +84,7 @@ class _Replies(asyncio.Protocol):
         try:
             replies = self._reader.feed(data)
         except ValueError as exc:  # not RESP2: nothing more on this connection can be trusted
-            self._end(ConnectionError(f"unreadable reply: {exc}"))
+            self._end(NotRedis(str(exc)))
             return
         for value in replies:
             self._deliver(value)
@@ -126,9 +114,7 @@ class Channel:
         self.address = address
         self._pool = pool
         self._connect_timeout = connect_timeout
-        self._changed = changed  # set when a set-up ends (Channels.run waits on it)
-        # Why the latest set-up failed, for the round that waited for it.
-        self.set_up_failed: _SetUpFailed | None = None
+        self._changed = changed  # set when a set-up ends (Channels._set_up waits on it)
         self._conn: redis.asyncio.Connection | None = None
         self._pending: deque[tuple[OnReply, float]] = deque()
         self._unsent: list[tuple[Command, OnReply]] = []
@@ -136,6 +122,9 @@ class Channel:
         self._retry_at = 0.0
         self._backoff = BACKOFF_MIN
         self._idle: asyncio.Event | None = None  # set when nothing is pending (for close)
+        # Why the connection last ended: a node in its back-off for a configuration
+        # failure is reported with that failure, not as merely "backing off".
+        self.last: Diagnosis | None = None
 
     def send(self, command: Command, on_reply: OnReply = _ignore) -> None:
         """Write ``command`` now (or as soon as the connection is up).
@@ -158,13 +147,12 @@ class Channel:
         """Start setting up a connection unless there is one (or one on its way).
 
         Raises:
-            _Down: the node is in its reconnect back-off.
+            BackingOff: the node is in its reconnect back-off.
         """
         if self._task is None:
             wait = self.backing_off(now)
             if wait:
-                raise _Down(wait)
-            self.set_up_failed = None
+                raise BackingOff(wait, self.last)
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     @property
@@ -199,17 +187,10 @@ class Channel:
                 # redis-py bounds the TCP connect and TLS handshake by the connect timeout,
                 # but not AUTH/SELECT (the async driver has no socket timeout): bound all.
                 await asyncio.wait_for(conn.connect(), self._connect_timeout)  # type: ignore[no-untyped-call]
-            except (asyncio.TimeoutError, TimeoutError):
-                self.set_up_failed = _SetUpFailed(
-                    Failure.UNREACHABLE,
-                    f"not connected within connect_timeout ({self._connect_timeout} s)",
-                )
-                raise self.set_up_failed from None
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.set_up_failed = _SetUpFailed(*set_up_failure(exc))
-                raise self.set_up_failed from exc
+            except (asyncio.TimeoutError, TimeoutError):  # the same class from Python 3.11
+                raise ConnectionError(
+                    f"not connected within connect_timeout ({self._connect_timeout} s)"
+                ) from None
             lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
             transport = conn._writer.transport  # type: ignore[union-attr]
             transport.set_protocol(_Replies(self._deliver, lost))
@@ -220,6 +201,7 @@ class Channel:
                 self._pending.extend((c, now) for c in _callbacks(command, on_reply))
             self._unsent.clear()
             self._backoff = BACKOFF_MIN
+            self.last = None
             self._changed.set()
             raise await lost
         except asyncio.CancelledError:
@@ -255,7 +237,14 @@ class Channel:
         for on_reply in waiting:
             on_reply((False, exc))
 
+    def drop(self, exc: Exception) -> None:
+        """Start over after a back-off: a reply made no sense (not Redis), or the node
+        refused for its configuration (it would again; see ``_sync.links.Link.fail``)."""
+        self._reset(exc, time.monotonic())
+
     def _reset(self, exc: BaseException, now: float, *, from_task: bool = False) -> None:
+        if isinstance(exc, Exception):
+            self.last = diagnose(exc)
         self._fail_all(exc)
         self._retry_at = now + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
@@ -287,8 +276,14 @@ class Channel:
 class Channels:
     """One channel per node, bound to the event loop that first used them."""
 
-    def __init__(self, config: ClientConfig, connection_options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        config: ClientConfig,
+        connection_options: dict[str, Any],
+        reporter: NodeReporter,
+    ) -> None:
         self._config = config
+        self.reporter = reporter
 
         def pool(a: NodeAddress) -> redis.asyncio.ConnectionPool:
             defaults = connection_kwargs(
@@ -332,8 +327,8 @@ class Channels:
         for i in range(len(channels)) if targets is None else targets:
             try:
                 channels[i].send(command, _ignore if on_reply is None else partial(on_reply, i))
-            except _Down as exc:
-                rnd.fail(i, Failure.BACKING_OFF, str(exc))
+            except BackingOff as exc:
+                rnd.fail(i, exc.failure, exc.detail)
 
     async def run(
         self,
@@ -359,13 +354,16 @@ class Channels:
             for i in order:
                 wait = channels[i].backing_off(now)
                 if wait:
-                    rnd.fail(i, Failure.BACKING_OFF, str(_Down(wait)))
+                    down = BackingOff(wait, channels[i].last)
+                    rnd.fail(i, down.failure, down.detail)
             if rnd.decided or rnd.impossible:
+                self.reporter.round(rnd)
                 return
             targets = order = [i for i in order if rnd.results[i] is None]
         if not all(channels[i].ready for i in order):
             await self._set_up(channels, order, rnd)
             if hopeless_unsent and rnd.impossible:
+                self.reporter.round(rnd)
                 return
             deadline += rnd.begin_at(time.monotonic())
         loop = asyncio.get_running_loop()
@@ -388,13 +386,24 @@ class Channels:
                     return
                 value = got
             if ok:
-                rnd.record(i, *command.parse(value))
-            elif isinstance(value, ResponseError):
-                rnd.fail(i, classify_error(value), str(value))
-            elif isinstance(value, _SetUpFailed):
-                rnd.fail(i, value.failure, str(value))
+                try:
+                    answer = command.parse(value)
+                except Exception as exc:  # a reply of the wrong shape: not Redis speaking
+                    why = diagnose(NotRedis(f"a reply tenure cannot read: {exc!r}"))
+                    rnd.fail(i, why.failure, why.detail)
+                    self._current()[i].drop(NotRedis(why.detail))
+                else:
+                    rnd.record(i, *answer)
             else:
-                rnd.fail(i, Failure.UNREACHABLE, str(value) or type(value).__name__)
+                # The error reply, or whatever ended the connection first.
+                why = (
+                    diagnose(value)
+                    if isinstance(value, Exception)
+                    else Diagnosis(Failure.UNREACHABLE, type(value).__name__)
+                )
+                rnd.fail(i, why.failure, why.detail)
+                if isinstance(value, ResponseError) and why.failure.configuration:
+                    self._current()[i].drop(value)
             if rnd.decided:
                 settle()
             elif rnd.hear_out and rnd.impossible and not heard_out:
@@ -419,32 +428,39 @@ class Channels:
             for i, got in parts.items():
                 # A node that answered the command but not yet all of it (a WAIT still
                 # blocked in Redis) is judged on what came: it is not silent.
-                rnd.record(i, *command.parse(got))
+                try:
+                    rnd.record(i, *command.parse(got))
+                except Exception as exc:  # a reply of the wrong shape: not Redis speaking
+                    why = diagnose(NotRedis(f"a reply tenure cannot read: {exc!r}"))
+                    rnd.fail(i, why.failure, why.detail)
             for i in order:
                 if rnd.results[i] is None and channels[i].connecting:
                     # Not CONNECTING ("not asked"): the request is queued, and goes out
                     # (its cleanup behind it) once the connection is up.
                     rnd.fail(i, Failure.UNREACHABLE, "not connected yet; sent once it is")
             rnd.time_out()
+        self.reporter.round(rnd)
 
     async def _set_up(self, channels: list[Channel], order: Sequence[int], rnd: Round) -> None:
         """Connect the channels of ``order`` that have no connection, all at once, and
-        wait until the round may begin: the ready channels could decide it
-        (``Round.enough_ready``), or no set-up is left.
+        wait until the round may begin (``Round.set_up_wait``).
 
         Nodes that cannot be asked are recorded in ``rnd`` (back-off, failed set-up);
         those still connecting are not: their request waits in the channel's queue.
         """
         now = time.monotonic()
         waiting: list[int] = []
+        fresh: set[int] = set()  # set-ups this round started
         for i in order:
             channel = channels[i]
             if rnd.results[i] is not None or channel.ready:
                 continue  # a cleanup's bystander is not waited for
+            if not channel.connecting:
+                fresh.add(i)
             try:
                 channel.connect(now)
-            except _Down as exc:
-                rnd.fail(i, Failure.BACKING_OFF, str(exc))
+            except BackingOff as exc:
+                rnd.fail(i, exc.failure, exc.detail)
             else:
                 waiting.append(i)
         changed = self._changed
@@ -456,17 +472,24 @@ class Channels:
                 if channel.connecting:
                     still.append(i)
                 elif not channel.ready:
-                    failed = channel.set_up_failed
-                    if failed is None:
-                        rnd.fail(i, Failure.UNREACHABLE, "connection lost")
-                    else:
-                        rnd.fail(i, failed.failure, str(failed))
+                    # Its set-up failed: why, as diagnosed when the channel was reset.
+                    why = channel.last or Diagnosis(Failure.UNREACHABLE, "connection lost")
+                    rnd.fail(i, why.failure, why.detail)
             waiting = still
             ready = sum(1 for i in order if rnd.results[i] is None and channels[i].ready)
-            if not waiting or rnd.enough_ready(ready):
+            wait = rnd.set_up_wait(
+                ready,
+                len(waiting),
+                len(fresh.intersection(waiting)),
+                time.monotonic(),
+                self._config.node_timeout,
+            )
+            if wait == 0.0:
                 return
-            # Every set-up ends within the connect timeout (Channel._run): no deadline here.
-            await changed.wait()
+            # Every set-up ends within the connect timeout (Channel._run), so without a
+            # wait of the round's own this ends too.
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(changed.wait(), wait)
 
     async def close(self) -> None:
         channels, self._channels = self._channels, []

@@ -9,8 +9,8 @@ acquire that is cancelled never returns a lease. ``CancelledError`` is never swa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
+from collections.abc import Hashable
 from types import TracebackType
 from typing import Any
 
@@ -25,15 +25,14 @@ from .._core.acquire import (
     Retry,
     Seed,
     Wait,
-    refused_by,
 )
 from .._core.acquire import cleanup_wait as _cleanup_wait
-from .._core.config import LockSpec, check_acquire_args
-from .._core.lease import begin_extend, conclude_extend, conclude_release
+from .._core.config import LockSpec, check_acquire_args, check_flag
+from .._core.lease import begin_extend, conclude_extend, conclude_locked, conclude_release
 from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
 from .._errors import LeaseLost, LockTimeout, NotHeld
-from .._lease import LeaseView
+from .._lease import LeaseView, leave_block
 from .._lease import not_acquired as _not_acquired
 from .channels import Channels
 from .notify import AsyncListener, AsyncSlot
@@ -47,14 +46,26 @@ _clock = monotonic
 class AsyncClient(ClientBase):
     """The asyncio twin of ``tenure.Client``; same arguments, same errors.
 
+    As there, every lock's ``ttl`` must be at least ``2 * (node_timeout + drift)``, where
+    ``drift = ttl * drift_factor + drift_floor`` (a shorter one raises
+    ``ConfigurationError`` naming the minimum).
+
     Many tasks share one pipelined connection per node. Use ``async with`` or call
-    ``aclose()`` so the reader tasks end with the client.
+    ``aclose()`` so the reader tasks end with the client; a closed client can't be used
+    again (``ClientClosed``).
+
+    Locks are not reentrant: a blocking acquire of a lock that the calling *task*
+    already holds through this client raises ``SelfDeadlock`` at once. Other tasks wait
+    for it as for any holder (a task that holds a lock and awaits another task acquiring
+    the same lock still deadlocks: that can't be told apart from ordinary waiting).
     """
 
+    _ASYNCIO = True
+
     def _open(self, connection_options: dict[str, Any]) -> None:
-        self._channels = Channels(self.config, connection_options)
+        self._channels = Channels(self.config, connection_options, self._reporter)
         self._listener_loop: asyncio.AbstractEventLoop | None = None
-        self._listener_ = AsyncListener(self._channels.pools)
+        self._listener_ = AsyncListener(self._channels.pools, self._reporter)
 
     @property
     def _listener(self) -> AsyncListener:
@@ -62,8 +73,17 @@ class AsyncClient(ClientBase):
         if loop is not self._listener_loop:
             # Connections belong to the loop that made them; a new loop gets new ones.
             self._listener_loop = loop
-            self._listener_ = AsyncListener(self._channels.pools)
+            self._listener_ = AsyncListener(self._channels.pools, self._reporter)
         return self._listener_
+
+    def _owner(self) -> Hashable:
+        # A coroutine driven without a task has no identity to compare: a fresh object
+        # never conflicts, so such a caller is simply never refused.
+        return asyncio.current_task() or object()
+
+    def _describe(self, owner: Hashable) -> str:
+        name = owner.get_name() if isinstance(owner, asyncio.Task) else repr(owner)
+        return f"asyncio task {name!r}"
 
     def lock(
         self,
@@ -76,8 +96,17 @@ class AsyncClient(ClientBase):
         max_hold: float | None = None,
         fair: bool | None = None,
     ) -> AsyncLock:
-        """A lock object for ``name``; see ``Client.lock`` and ``AsyncLock``."""
-        keep = KeepAlive(max_hold=max_hold) if watchdog else None
+        """A lock object for ``name``; see ``Client.lock`` and ``AsyncLock``.
+
+        ``ttl`` must be at least ``2 * (node_timeout + drift)`` with ``drift = ttl *
+        drift_factor + drift_floor``.
+
+        Raises:
+            ClientClosed: the client was closed.
+            ConfigurationError: bad name, TTL, timeout or ``max_hold``.
+        """
+        self._check_open("make a lock object", name)
+        keep = KeepAlive(max_hold=max_hold) if check_flag("watchdog", watchdog) else None
         return AsyncLock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
 
     async def acquire(
@@ -91,8 +120,19 @@ class AsyncClient(ClientBase):
         max_hold: float | None = None,
         fair: bool | None = None,
     ) -> AsyncLease:
-        """Acquire ``name`` for ``ttl`` seconds; see ``Client.acquire``."""
+        """Acquire ``name`` for ``ttl`` seconds; see ``Client.acquire``.
+
+        ``ttl`` must be at least ``2 * (node_timeout + drift)`` with ``drift = ttl *
+        drift_factor + drift_floor``.
+
+        Raises:
+            SelfDeadlock: blocking, and this task already holds it through this client.
+            ClientClosed: the client was closed.
+            LockTimeout, QuorumUnreachable, ServerUnsupported, ConfigurationError: as
+                for ``Client.acquire``.
+        """
         spec = self._specs.get(name, ttl, fair)
+        check_flag("watchdog", watchdog)
         if max_hold is not None:
             KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
         lease = await self._acquire(spec, blocking, timeout)
@@ -105,6 +145,8 @@ class AsyncClient(ClientBase):
     async def _acquire(
         self, spec: LockSpec, blocking: bool, timeout: float | None
     ) -> AsyncLease | None:
+        self._check_open("acquire", spec.name)
+        self._check_reentry(spec, blocking)
         acq = self._acquisition(spec, blocking, timeout)
         listener = self._listener
         waiter = secrets.token_hex(16)
@@ -116,6 +158,8 @@ class AsyncClient(ClientBase):
         lease: AsyncLease | None = None
         try:
             while True:
+                # Closed by another task while this one waited: stop, don't reconnect.
+                self._check_open("acquire", spec.name)
                 # One token per acquire call (its waiter id): release.lua then also takes
                 # the holder out of queues it joined on nodes that said "held".
                 token = waiter
@@ -130,9 +174,8 @@ class AsyncClient(ClientBase):
                 rnd = acq.begin(_clock())
                 command = self._replicated(
                     commands.acquire(
-                        spec.keys,
+                        spec,
                         token,
-                        spec.ttl_ms,
                         acq.proposal(wall_us()),
                         acq.mark,
                         self.config.max_ttl_ms,
@@ -185,6 +228,8 @@ class AsyncClient(ClientBase):
         """Leave the queue on ``node`` (None: every node), passing on a lock handed to
         ``waiter`` meanwhile; again for a notification that reaches it after it gave up
         (see ``Departed``). Written at once, no await."""
+        if self._closed:
+            return  # closed: no reconnecting for it; the place expires on the nodes
         rnd = Round(len(self.node_names), self.config.quorum, _clock())
         command = commands.dequeue(self._release_waking(spec, waiter))
         self._channels.send(command, rnd, None if node is None else [node])
@@ -197,19 +242,17 @@ class AsyncClient(ClientBase):
         return None if granted is None else AsyncLease(self, granted.lease, spec)
 
     async def _seed(self, spec: LockSpec, seed: Seed) -> None:
-        command = commands.seed(spec.keys, seed.counter, seed.warm_ms, seed.marks)
+        command = commands.seed(spec, seed.floor, seed.warm_ms, seed.marks)
         await self._cleanup_round(command, seed.nodes, seed.nodes)
 
     async def _cleanup_round(
         self, command: commands.Command, targets: frozenset[int], wait_for: frozenset[int]
     ) -> None:
-        """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the timeout)."""
+        """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the
+        timeout); best effort, never an error of its own (see ``Client._cleanup_round``)."""
         now = _clock()
         rnd = Round.cleanup(len(self.node_names), wait_for, now)
         await self._channels.run(command, rnd, now + self.config.node_timeout, sorted(targets))
-        refused = refused_by(rnd, self.node_names)
-        if refused is not None:
-            raise refused
 
     def _send_release(self, key: str, token: str, targets: frozenset[int]) -> None:
         rnd = Round(len(self.node_names), self.config.quorum, _clock())
@@ -223,7 +266,12 @@ class AsyncClient(ClientBase):
         return rnd
 
     async def aclose(self) -> None:
-        """Close every connection and reader task. Leases still held expire by their TTL."""
+        """Close every connection and reader task; the client can't be used again.
+
+        Leases still held are not released (see ``Client.close``): their keys expire by
+        their TTL, and extending or releasing them raises ``ClientClosed``.
+        """
+        self._closed = True
         await self._listener_.close()
         await self._channels.close()
 
@@ -238,11 +286,17 @@ class AsyncClient(ClientBase):
 
 
 class AsyncLease(LeaseView):
-    """One successful acquisition (asyncio): ``await lease.extend()``, ``await lease.release()``."""
+    """One successful acquisition (asyncio): ``await lease.extend()``, ``await lease.release()``.
+
+    ``async with lease:`` releases on exit; the body's exception wins over a loss or a
+    failed release, as for ``Lease``. A forked child may not extend or release it
+    (``InheritedLease``), nor may anyone once its client was closed (``ClientClosed``).
+    """
+
+    _client: AsyncClient
 
     def __init__(self, client: AsyncClient, state: LeaseState, spec: LockSpec) -> None:
-        super().__init__(state, spec, client.node_names)
-        self._client = client
+        super().__init__(state, spec, client)
         self._watcher: asyncio.Task[None] | None = None
         self.lost = asyncio.Event()
         """Set the moment the lease is found lost (see ``lost_error``)."""
@@ -255,6 +309,7 @@ class AsyncLease(LeaseView):
         self._watch(KeepAlive(max_hold=max_hold))
 
     def _watch(self, policy: KeepAlive) -> None:
+        self._check_usable("keep it alive")
         self._check_not_released()
         if self._watcher is None:
             self._watcher = asyncio.get_running_loop().create_task(watch(self, policy))
@@ -268,11 +323,12 @@ class AsyncLease(LeaseView):
     async def extend(self, ttl: float | None = None) -> None:
         """Give the lease ``ttl`` more seconds (default: its lock's TTL); see ``Lease.extend``."""
         client = self._client
+        self._check_usable("extend")
         spec = self._spec if ttl is None else LockSpec.build(client.config, self.name, ttl)
         self._check_not_released()
         rnd = begin_extend(self._state, spec, _clock())
         await client._channels.run(
-            client._replicated(commands.extend(spec.key, self.token, spec.ttl_ms)),
+            client._replicated(commands.extend(spec, self.token)),
             rnd,
             rnd.started + spec.node_timeout,
         )
@@ -280,7 +336,7 @@ class AsyncLease(LeaseView):
         if isinstance(outcome, LeaseState):
             self._state = outcome
             return
-        self._released = True
+        self._set_released()
         await client._round(client._release_waking(spec, self.token, self.fencing_token))
         self._mark_lost(outcome)
         raise outcome
@@ -288,8 +344,9 @@ class AsyncLease(LeaseView):
     async def release(self) -> None:
         """Release on every node; see ``Lease.release``. Cancelling it still releases."""
         client = self._client
+        self._check_usable("release")
         self._check_not_released()
-        self._released = True
+        self._set_released()
         await self._stop_watching()
         spec = self._spec
         rnd = await client._round(client._release_waking(spec, self.token, self.fencing_token))
@@ -301,9 +358,10 @@ class AsyncLease(LeaseView):
             _clock(),
             client.node_names,
         )
-        if error is not None:
+        if isinstance(error, LeaseLost):
             self._mark_lost(error)
-            raise error
+        if error is not None:
+            raise error  # LeaseLost, or ServerUnsupported: a node refused the release (ACL)
 
     def _check_not_released(self) -> None:
         if self._released:
@@ -312,11 +370,30 @@ class AsyncLease(LeaseView):
     async def __aenter__(self) -> AsyncLease:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        failure: Exception | None = None
         if not self._released:
-            await self.release()
-        elif self._loss is not None and exc_type is None:
-            raise self._loss  # lost (and released) while the block ran: say so
+            try:
+                await self.release()
+            except Exception as error:  # reported below; the body's exception wins
+                failure = error
+        leave_block(self.name, self.lost_error, exc, failure)
+
+
+class _Block:
+    """One ``async with lock:`` block: its task, and whether tenure cancelled it."""
+
+    __slots__ = ("body", "cancelled", "open")
+
+    def __init__(self, body: asyncio.Task[Any] | None) -> None:
+        self.body = body
+        self.open = True  # cancelling the body is only right while the block runs
+        self.cancelled = False
 
 
 class AsyncLock:
@@ -327,6 +404,15 @@ class AsyncLock:
     watched until its validity ends), and ``LeaseLost`` is raised out of the block in
     place of the ``CancelledError``. A body that finishes after its lease was lost also
     gets ``LeaseLost``: it ran, at least in part, unprotected.
+
+    A body that raises an exception of its own keeps it: the loss, or a release that
+    failed at exit, is attached to it (a note on Python 3.11+, a warning on the
+    ``tenure`` logger; ``lease.lost_error`` records the loss). So does a cancellation
+    that did not come from tenure: if the task was also cancelled by someone else, its
+    ``CancelledError`` goes on (Python 3.11+, where cancellations are counted).
+
+    It is not reentrant: a blocking ``acquire()`` by a task that already holds this lock
+    through the same client raises ``SelfDeadlock`` at once; other tasks wait.
     """
 
     def __init__(
@@ -344,7 +430,7 @@ class AsyncLock:
         self._timeout = timeout
         self._keep_alive = keep_alive
         self._lease: AsyncLease | None = None
-        self._cancelled_body: asyncio.Task[object] | None = None
+        self._block: _Block | None = None
 
     @property
     def name(self) -> str:
@@ -355,7 +441,14 @@ class AsyncLock:
         return self._lease
 
     async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        """Acquire the lock; False if ``blocking`` is False or ``timeout`` passed first."""
+        """Acquire the lock; False if ``blocking`` is False or ``timeout`` passed first.
+
+        Raises:
+            SelfDeadlock: blocking, and this task already holds the lock through the
+                same client.
+            ClientClosed: the client was closed.
+            QuorumUnreachable: so many nodes failed that no majority is possible.
+        """
         lease = await self._client._acquire(self._spec, blocking, timeout)
         if lease is None:
             return False
@@ -365,16 +458,30 @@ class AsyncLock:
         return True
 
     async def release(self) -> None:
-        """Release the lease this object holds (``NotHeld`` if none)."""
-        lease, self._lease = self._lease, None
+        """Release the lease this object holds.
+
+        Raises:
+            NotHeld: this object holds no lease.
+            LeaseLost: the lease had expired on a majority before release.
+            InheritedLease: this process is a fork of the holder; the lease is kept.
+            ClientClosed: the client was closed; the lease is kept.
+        """
+        lease = self._lease
         if lease is None:
             raise NotHeld(self.name, "release() of a lock this object does not hold")
+        lease._check_usable("release")
+        self._lease = None
         await lease.release()
 
     async def locked(self) -> bool:
-        """Whether a majority of nodes hold this lock now (for anyone). One round trip."""
+        """Whether a majority of nodes hold this lock now (for anyone). One round trip.
+
+        Raises:
+            ClientClosed: the client was closed.
+        """
+        self._client._check_open("ask whether it is locked", self.name)
         rnd = await self._client._round(commands.exists(self._spec.key))
-        return rnd.succeeded
+        return conclude_locked(rnd, self._client.node_names)
 
     async def __aenter__(self) -> AsyncLease:
         if not await self.acquire(self._blocking, self._timeout):
@@ -382,13 +489,16 @@ class AsyncLock:
         lease = self._lease
         assert lease is not None
         lease._watch(self._keep_alive or KeepAlive(extend=False))
-        body = asyncio.current_task()
-        self._cancelled_body = None
+        block = self._block = _Block(asyncio.current_task())
 
         def cancel_body(error: LeaseLost) -> None:
-            if body is not None and not body.done():
-                self._cancelled_body = body
-                body.cancel(f"tenure: lease lost: {error}")
+            body = block.body
+            if not block.open or body is None or body.done():
+                return
+            if body is asyncio.current_task():
+                return  # the body found the loss itself (extend, release): it was raised there
+            block.cancelled = True
+            body.cancel(f"tenure: lease lost: {error}")
 
         lease.on_lost(cancel_body)
         return lease
@@ -400,24 +510,28 @@ class AsyncLock:
         tb: TracebackType | None,
     ) -> None:
         lease, self._lease = self._lease, None
+        block, self._block = self._block, None
+        ours = False  # the body's CancelledError is the one tenure caused, and only that
+        if block is not None:
+            block.open = False  # from here on, a loss no longer cancels the task
+            if block.cancelled and block.body is not None:
+                # Take back our cancellation, even if the body swallowed it, so that the
+                # task's count (asyncio.timeout, TaskGroup) sees only other cancellations.
+                uncancel = getattr(block.body, "uncancel", None)  # Python >= 3.11
+                remaining = uncancel() if uncancel is not None else 0
+                ours = isinstance(exc, asyncio.CancelledError) and remaining == 0
         if lease is None:
             return
-        error = lease.lost_error
-        if error is None:
-            await lease.release()
-            return
+        failure: Exception | None = None
         if not lease.released:
-            with contextlib.suppress(LeaseLost):
-                await lease.release()  # clear what is left of it on the nodes
-        body, self._cancelled_body = self._cancelled_body, None
-        if body is not None and exc_type is asyncio.CancelledError:
-            uncancel = getattr(body, "uncancel", None)  # Python >= 3.11
-            if uncancel is not None:
-                uncancel()
-            raise error from None
-        if exc_type is None:
-            raise error
-        # Otherwise the body's own exception propagates.
+            try:
+                await lease.release()
+            except Exception as error:  # reported below; the body's exception wins
+                failure = error
+        lost = lease.lost_error
+        if ours and lost is not None:
+            raise lost from None  # in place of the cancellation tenure caused
+        leave_block(self.name, lost, exc, failure)
 
     def __repr__(self) -> str:
         return f"<AsyncLock {self.name!r} held={self._lease is not None}>"

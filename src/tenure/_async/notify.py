@@ -23,9 +23,12 @@ from collections.abc import Callable, Sequence
 
 import redis.asyncio
 
+from .._core import diagnosis
 from .._core.commands import pack
-from .._core.resp import ReplyReader
-from .._core.waiting import Departed, Wake, parse_wake
+from .._core.resp import ErrorReply, ReplyReader
+from .._core.waiting import Departed, Wake, channel_name, parse_wake
+from .._redis_compat import NotRedis, diagnose
+from .._report import NodeReporter
 
 __all__ = ["AsyncListener", "AsyncSlot"]
 
@@ -108,8 +111,8 @@ class _Messages(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             replies = self._reader.feed(data)
-        except ValueError as exc:
-            self._end(ConnectionError(f"unreadable reply: {exc}"))
+        except ValueError as exc:  # not the Redis protocol
+            self._end(NotRedis(str(exc)))
             return
         for reply in replies:
             self._handle(reply)
@@ -126,12 +129,19 @@ class _Messages(asyncio.Protocol):
             self._lost.set_result(exc)
 
 
+class ResponseRefused(Exception):
+    """The node answered our SUBSCRIBE with an error (its text, as sent)."""
+
+
 class AsyncListener:
     """The subscriptions of one client in one event loop, started on first need."""
 
-    def __init__(self, pools: Sequence[redis.asyncio.ConnectionPool]) -> None:
+    def __init__(
+        self, pools: Sequence[redis.asyncio.ConnectionPool], reporter: NodeReporter | None = None
+    ) -> None:
         self._pools = list(pools)
-        self.channel = f"tenure:wake:{secrets.token_hex(8)}"
+        self._reporter = reporter or NodeReporter([str(i) for i in range(len(self._pools))])
+        self.channel = channel_name(secrets.token_hex(8))
         self._slots: dict[str, AsyncSlot] = {}
         self.departed = Departed()
         self._tasks: list[asyncio.Task[None]] = []
@@ -182,8 +192,14 @@ class AsyncListener:
                 await conn.connect()  # type: ignore[no-untyped-call]
                 lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
-                def handle(reply: object) -> None:
+                def handle(reply: object, lost: asyncio.Future[BaseException] = lost) -> None:
                     nonlocal ever, backoff
+                    if isinstance(reply, ErrorReply):
+                        # SUBSCRIBE refused (ACL without the channel, NOAUTH): retried
+                        # after the back-off; waiters re-check meanwhile.
+                        if not lost.done():
+                            lost.set_result(ResponseRefused(reply.message))
+                        return
                     if not isinstance(reply, list) or len(reply) != 3:
                         return
                     if reply[0] == b"message":
@@ -206,12 +222,18 @@ class AsyncListener:
                 transport = conn._writer.transport  # type: ignore[union-attr]
                 transport.set_protocol(_Messages(handle, lost))
                 transport.write(pack("SUBSCRIBE", self.channel))
-                await lost
+                raise await lost
             except asyncio.CancelledError:
                 await conn.disconnect(nowait=True)
                 raise
-            except Exception:  # a failed connection is retried after a back-off
-                pass
+            except Exception as exc:  # a failed connection is retried after a back-off
+                why = (
+                    diagnosis.error_reply(str(exc))
+                    if isinstance(exc, ResponseRefused)
+                    else diagnose(exc)
+                )
+                if why.failure.configuration:
+                    self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
             self._up[i] = False
             await conn.disconnect(nowait=True)
             await asyncio.sleep(backoff)

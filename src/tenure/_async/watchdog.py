@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from .._clock import monotonic
 from .._core.watchdog import Extend, GiveUp, KeepAlive, Lost
-from .._errors import LeaseLost, NotHeld
+from .._errors import ClientClosed, LeaseLost, NotHeld
+from .._lease import closed_under
 
 if TYPE_CHECKING:
     from .client import AsyncLease
@@ -36,6 +37,9 @@ async def watch(lease: AsyncLease, policy: KeepAlive) -> None:
             await lease.extend()
         except (NotHeld, LeaseLost):
             return  # released meanwhile, or extend() marked it lost
+        except ClientClosed:
+            lease._mark_lost(closed_under(lease.name))
+            return
         except Exception as exc:  # anything unexpected: the lease can't be vouched for
             lease._mark_lost(LeaseLost(lease.name, f"the watchdog failed: {exc!r}"))
             return

@@ -5,7 +5,7 @@ A driver runs::
     acq = Acquisition(spec, retry, rng, blocking=..., timeout=..., now=clock(), ...)
     while True:
         rnd = acq.begin(clock())
-        send commands.acquire(spec.keys, token, spec.ttl_ms, acq.proposal(wall_us))
+        send commands.acquire(spec, token, acq.proposal(wall_us), acq.mark, max_ttl_ms)
         ...feed replies into rnd until rnd.decided or acq.deadline(rnd), then rnd.time_out()
         step = acq.conclude(rnd, token, clock())
         Granted -> hand out step.lease (its fencing token is the proposal)
@@ -19,14 +19,14 @@ because another client holds the lock on a majority does not sleep a back-off: t
 attempt queued the caller on the nodes, and the driver waits for the release
 notification, or at most a random ``[recheck/2, recheck]`` (the fallback bound), or until
 the holder's key expires by its TTL, whichever is first. Split votes (nobody holds a
-majority) still back off at random (R6): waking on a release would only collide again.
+majority) still back off at random: waking on a release would only collide again.
 
 The machine never sleeps past the caller's timeout, raises ``QuorumUnreachable`` once
 failures alone have made a majority impossible in a few consecutive attempts (at once for
 a non-blocking acquire; waiting would not help), and draws every retry delay at random so
-that colliding clients drift apart (R6).
+that colliding clients drift apart.
 
-Fencing tokens (R11), one round trip
+Fencing tokens, one round trip
 ------------------------------------
 The client *proposes* the token F; each node grants only if the lock is free there and
 F is above that node's counter, and then sets its counter to F in the same script. So a
@@ -39,14 +39,21 @@ only makes the first guess usually high enough; correctness never depends on it.
 that answers "too low" returns its counter, and the next attempt (immediate, not a
 back-off: nobody holds the lock) proposes above it.
 
-A node with no counter for the lock has no history for it: either the lock is new, or
-the node lost its data (restart without persistence). It grants nothing until seeded:
+A node keeps a *floor*: the highest token it has committed for any lock. A lock that
+has no counter on a node (never used there, or its counter expired after the retention)
+takes the floor as its counter, so a new name is granted in the same round as an old one.
+A node without a floor is *blank*: it has never been used, or it lost its data (restart
+without persistence, flush). It grants nothing until seeded, per node, not per lock:
 
-* if every node says so, the lock is new everywhere and all are seeded at 0, at once;
-* otherwise, once a majority of nodes with history has answered, the others are seeded
-  with the highest counter among them (which covers every token a past majority
-  committed, since that majority overlaps this one) and kept out for ``max_ttl``, so
-  every lease they might have granted before losing their data has expired first.
+* if every node is blank, the node set is new (or was idle for longer than the retention)
+  and all are seeded with floor 0, at once;
+* otherwise, once a majority of nodes with a floor has answered, the blank ones are seeded
+  with the highest floor among them (which covers every token a past majority committed,
+  since that majority overlaps this one) and kept out for ``max_ttl``, so every lease
+  they might have granted before losing their data has expired first;
+* if, having heard every node that answers, a majority answered but fewer than a majority
+  have a floor, the blank ones are seeded from what is there, with the warm-up (rather
+  than never: the set would otherwise stay unusable while any node is down).
 """
 
 from __future__ import annotations
@@ -54,16 +61,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from .._errors import (
-    ConfigurationError,
-    LockError,
-    QuorumUnreachable,
-    ServerUnsupported,
-    TLSCertificateError,
-)
+from .._errors import LockError, NodeMisconfigured, QuorumUnreachable
 from .config import LockSpec
+from .diagnosis import configuration_error
 from .policy import RetryPolicy
-from .quorum import Failure, Round
+from .quorum import Round
 
 __all__ = [
     "Acquisition",
@@ -109,21 +111,21 @@ class LeaseState:
 
 @dataclass(frozen=True)
 class Seed:
-    """Nodes without history to seed (seed.lua): their counter, and warm-up in ms.
+    """Blank nodes to seed (seed.lua): their floor, and warm-up in ms.
 
     ``marks`` are the observation marks those nodes answered with; a node seeds only if
     its mark is still one of them (it has not restarted since the observation).
     """
 
     nodes: frozenset[int]
-    counter: int
+    floor: int
     warm_ms: int
     marks: frozenset[int] = field(default=frozenset(), compare=False)
 
 
 @dataclass(frozen=True)
 class Granted:
-    """Acquired. ``seed``: nodes seen without history, to seed before handing it out."""
+    """Acquired. ``seed``: blank nodes seen, to seed before handing it out."""
 
     lease: LeaseState
     seed: Seed | None = None
@@ -143,7 +145,7 @@ class GiveUp:
     """Stop trying. ``error`` is None for an ordinary timeout (acquire returns False)."""
 
     cleanup: frozenset[int]
-    error: LockError | ConfigurationError | None
+    error: LockError | NodeMisconfigured | None
 
 
 @dataclass(frozen=True)
@@ -171,20 +173,10 @@ def cleanup_wait(step: Retry | Wait | GiveUp, rnd: Round) -> frozenset[int]:
     return rnd.answered_or_silent(step.cleanup)
 
 
-def refused_by(rnd: Round, names: list[str]) -> ServerUnsupported | None:
-    """The error to raise if a node refused one of our commands (ACL, unknown command)."""
-    for i, r in rnd.failures().items():
-        if r.failure is Failure.UNSUPPORTED:
-            return ServerUnsupported(names[i], f"refused a command tenure needs: {r.detail}")
-    return None
-
-
-def certificate_rejected(rnd: Round, names: list[str]) -> TLSCertificateError | None:
-    """The error to raise if a node's TLS certificate failed verification."""
-    for i, r in rnd.failures().items():
-        if r.failure is Failure.CERTIFICATE:
-            return TLSCertificateError(names[i], r.detail)
-    return None
+def refused_by(rnd: Round, names: list[str]) -> NodeMisconfigured | None:
+    """The error to raise if a node failed for its configuration (ACL, read-only replica,
+    credentials, not Redis; see ``diagnosis``)."""
+    return configuration_error(rnd, names)
 
 
 def round_errors(rnd: Round, names: list[str] | None = None) -> dict[str, str]:
@@ -256,7 +248,7 @@ class Acquisition:
     def begin(self, now: float) -> Round:
         """Start an attempt at ``now``."""
         self.attempts += 1
-        # Marks a node without history answers with (see acquire.lua); never 0.
+        # Marks a blank node (no floor) answers with (see acquire.lua); never 0.
         self.mark = self._rng.getrandbits(52) | 1
         return Round(
             self.spec.n_nodes,
@@ -283,6 +275,8 @@ class Acquisition:
         counters = [n for s, n in statuses.values() if s in (GRANTED, HELD, TOO_LOW)]
         if counters:
             self.floor = max(self.floor, max(counters) + 1)
+        # Each node's floor, from the nodes that have one (the blank ones answer 0).
+        floors = {i: info[2] for i, info in infos.items() if info[0] != NO_HISTORY}
         validity = rnd.validity(now, spec.ttl, spec.drift)
         if rnd.succeeded and validity > 0:
             # The token is our proposal, except in fair mode on one node when the lock had
@@ -293,9 +287,9 @@ class Acquisition:
             fencing = minted.pop() if one_node_fair else self._proposal
             self.floor = max(self.floor, fencing + 1, self._proposal + 1)
             blank = frozenset(i for i, (s, _) in statuses.items() if s == NO_HISTORY)
-            # Nodes that lost their data (the others answered with history): seed them now,
+            # Nodes that lost their data (a majority answered with a floor): seed them now,
             # or they would sit out every round until a failed one noticed them.
-            seed = self._seed(blank, statuses, max(counters), self._max_ttl_ms) if blank else None
+            seed = self._seed(blank, statuses, floors, self._max_ttl_ms) if blank else None
             return Granted(
                 LeaseState(
                     name=spec.name,
@@ -310,6 +304,9 @@ class Acquisition:
                 seed,
             )
         cleanup = rnd.maybe_holding()
+        if rnd.misconfigured_blocks_quorum():
+            # Misconfigured nodes alone leave no majority: retrying cannot help.
+            return GiveUp(cleanup, self._unreachable(rnd))
         if rnd.unreachable_blocks_quorum():
             # Only nodes actually tried count against them: a round that found them all
             # still in their reconnect back-off (say, right after a network blip reset
@@ -320,7 +317,7 @@ class Acquisition:
                 return GiveUp(cleanup, self._unreachable(rnd))
         else:
             self._strikes = 0
-        fix = self._fix(statuses, counters)
+        fix = self._fix(statuses, floors)
         if fix is not None:
             return Retry(0.0, cleanup, fix if isinstance(fix, Seed) else None)
         if not self._blocking:
@@ -329,7 +326,7 @@ class Acquisition:
         # Wait for a notification only when nodes held by others make a majority and
         # none granted us: with a partial grant of ours, "held" may mean another
         # waiter's partial grant or a reservation for it (a split vote, not a holder
-        # who will release), so back off at random instead (R6). Fair on a quorum
+        # who will release), so back off at random instead. Fair on a quorum
         # ("q") waits either way: there are no reservations, a waiter's partial grants
         # are released with a hand-off to the next in line (so "held" by one is
         # followed by a notification), and a grant of ours next to nodes held by others
@@ -364,7 +361,7 @@ class Acquisition:
         # Do not sleep past the holder's expiry (a crashed holder sends no notification):
         # the lock is free on a majority once k more of the holding nodes let it go.
         k = len(held) - (self.spec.n_nodes - self.spec.quorum)
-        ttls = sorted(p for i in held if len(infos[i]) > 2 and (p := infos[i][2]) >= 0)
+        ttls = sorted(p for i in held if len(infos[i]) > 3 and (p := infos[i][3]) >= 0)
         if len(ttls) >= k:
             wait = min(wait, ttls[k - 1] / 1000 + 0.001)
         if self._give_up_at is not None:
@@ -421,7 +418,9 @@ class Acquisition:
             )
         )
 
-    def _fix(self, statuses: dict[int, tuple[int, int]], counters: list[int]) -> Seed | bool | None:
+    def _fix(
+        self, statuses: dict[int, tuple[int, int]], floors: dict[int, int]
+    ) -> Seed | bool | None:
         """What to seed (or True: nothing) if retrying at once can succeed; else None.
 
         Retrying at once is right when the attempt failed for a reason of ours, not
@@ -433,22 +432,23 @@ class Acquisition:
         blank = frozenset(i for i, (s, _) in statuses.items() if s == NO_HISTORY)
         seed: Seed | None = None
         if blank and len(blank) == self.spec.n_nodes:
-            seed = self._seed(blank, statuses, 0, 0)  # a new lock: no node has a past
-        elif blank and len(counters) >= self.spec.quorum:
-            seed = self._seed(blank, statuses, max(counters), self._max_ttl_ms)
-        elif blank and counters and len(statuses) == self.spec.n_nodes:
-            # Every node answered, but most have lost their history (one at a time, the
-            # lock idle in between). No answer can vouch for the last token a majority
-            # committed; seed from what is left rather than never (docs/fencing.md says
-            # what this costs the token guarantee). The warm-up still protects the lock.
-            seed = self._seed(blank, statuses, max(counters), self._max_ttl_ms)
+            seed = self._seed(blank, statuses, floors, 0)  # a new node set: no node has a past
+        elif blank and len(floors) >= self.spec.quorum:
+            seed = self._seed(blank, statuses, floors, self._max_ttl_ms)
         elif blank and not self._hear_all:
-            # The round was decided before every node answered. Whether this lock is new
-            # everywhere (seed at once) or some node lost its data (seed with a warm-up)
-            # takes every node's answer: ask again and wait for all of them.
+            # The round was decided before every node answered. Whether the node set is
+            # new (seed at once) or some node lost its data (seed with a warm-up) takes
+            # every node's answer: ask again and wait for all of them.
             self._hear_all = True
             self._fixes += 1
             return True
+        elif blank and len(statuses) >= self.spec.quorum:
+            # Every node that answers has answered, but most are blank (nodes lost their
+            # data one at a time while idle, or the set idled past the retention while a
+            # node is down). No answer can vouch for the last token a majority committed;
+            # seed from what is there rather than never (docs/fencing.md says what this
+            # costs the token guarantee). The warm-up still protects the lock.
+            seed = self._seed(blank, statuses, floors, self._max_ttl_ms)
         if seed is None and (TOO_LOW not in kinds or HELD in kinds):
             return None  # nothing of ours to fix, or held elsewhere: a contention back-off
         self._fixes += 1
@@ -457,14 +457,20 @@ class Acquisition:
 
     @staticmethod
     def _seed(
-        blank: frozenset[int], statuses: dict[int, tuple[int, int]], counter: int, warm_ms: int
+        blank: frozenset[int],
+        statuses: dict[int, tuple[int, int]],
+        floors: dict[int, int],
+        warm_ms: int,
     ) -> Seed:
         marks = frozenset(statuses[i][1] for i in blank)
-        return Seed(blank, counter, warm_ms, marks)
+        # Counters too: a "held" reply right after a hand-off carries the floor read
+        # before the hand-off raised it, and a seed must not land below what was seen.
+        counters = [n for s, n in statuses.values() if s in (GRANTED, HELD, TOO_LOW)]
+        return Seed(blank, max([*floors.values(), *counters], default=0), warm_ms, marks)
 
-    def _unreachable(self, rnd: Round) -> LockError | ConfigurationError:
+    def _unreachable(self, rnd: Round) -> LockError | NodeMisconfigured:
         errors = round_errors(rnd, self._names)
-        refused = refused_by(rnd, self._names) or certificate_rejected(rnd, self._names)
+        refused = refused_by(rnd, self._names)
         if refused is not None:
             return refused
         failed = len(rnd.failures())

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 
 from .._lua import script
-from .config import LockKeys
+from .config import LockKeys, LockSpec
 
 __all__ = [
     "Command",
@@ -57,7 +57,7 @@ def _eval(name: str, keys: tuple[str, ...], *args: bytes | str | int) -> bytes:
     return _eval_head(name, len(keys), len(keys) + len(args)) + _bulk((*keys, *args))
 
 
-# (status, number) of an acquire reply, and the lock's PTTL when the reply carries it.
+# (status, number, floor) of an acquire reply, and the lock's PTTL when it carries it.
 Info = tuple[int, ...] | None
 
 
@@ -67,9 +67,9 @@ def _yes_if_one(reply: object) -> tuple[bool, Info]:
 
 
 def _acquire_reply(reply: object) -> tuple[bool, Info]:
-    # acquire.lua answers {status, number} or, held while waiting, {0, counter, pttl};
-    # status 1 is a grant.
-    if isinstance(reply, list) and (len(reply) == 2 or (len(reply) == 3 and reply[0] == 0)):
+    # acquire.lua answers {status, number, floor} or, held while waiting,
+    # {0, counter, floor, pttl}; status 1 is a grant.
+    if isinstance(reply, list) and (len(reply) == 3 or (len(reply) == 4 and reply[0] == 0)):
         info = tuple(int(x) for x in reply)
         return info[0] == 1, info
     return False, None
@@ -143,30 +143,35 @@ class WaitArgs:
 @lru_cache(maxsize=4096)
 def _acquire_head(keys: LockKeys, waiting: bool) -> bytes:
     # Everything but the per-attempt arguments, encoded once per lock name.
+    node_keys = (keys.lock, keys.fence, keys.floor, keys.warm)
     if waiting:
-        head = _eval_head("acquire", 4, 14)
-        return head + _bulk((keys.lock, keys.fence, keys.warm, keys.queue))
-    return _eval_head("acquire", 3, 8) + _bulk((keys.lock, keys.fence, keys.warm))
+        return _eval_head("acquire", 5, 16) + _bulk((*node_keys, keys.queue))
+    return _eval_head("acquire", 4, 10) + _bulk(node_keys)
 
 
 def acquire(
-    keys: LockKeys,
+    spec: LockSpec,
     token: str,
-    ttl_ms: int,
     proposal: int,
     mark: int,
     mark_ms: int,
     wait: WaitArgs | None = None,
 ) -> Command:
-    args = (token, ttl_ms, proposal, mark, mark_ms)
+    """acquire.lua: take ``spec``'s lock with fencing token ``proposal`` (``mark``: the
+    observation mark a blank node keeps for ``mark_ms``); ``wait`` queues the caller."""
+    args = (token, spec.ttl_ms, proposal, mark, mark_ms, spec.retention_ms)
     if wait is None:
-        return Command(_acquire_head(keys, False) + _bulk(args), _acquire_reply)
+        return Command(_acquire_head(spec.keys, False) + _bulk(args), _acquire_reply)
     extra = (wait.mode, wait.waiter, wait.channel, wait.place_ms, wait.ticket)
-    return Command(_acquire_head(keys, True) + _bulk((*args, *extra)), _acquire_reply)
+    return Command(_acquire_head(spec.keys, True) + _bulk((*args, *extra)), _acquire_reply)
 
 
-def seed(keys: LockKeys, counter: int, warm_ms: int, marks: frozenset[int]) -> Command:
-    return Command(_eval("seed", (keys.fence, keys.warm), counter, warm_ms, *sorted(marks)))
+def seed(spec: LockSpec, floor: int, warm_ms: int, marks: frozenset[int]) -> Command:
+    """seed.lua: give a blank node the floor ``floor`` and a warm-up of ``warm_ms``."""
+    keys = spec.keys
+    return Command(
+        _eval("seed", (keys.floor, keys.warm), floor, warm_ms, spec.retention_ms, *sorted(marks))
+    )
 
 
 def release(key: str, token: str) -> Command:
@@ -175,15 +180,16 @@ def release(key: str, token: str) -> Command:
 
 
 def release_waking(
-    keys: LockKeys, token: str, mode: str, arg: int, *, cleanup: bool = False
+    spec: LockSpec, token: str, mode: str, arg: int, *, cleanup: bool = False
 ) -> Command:
     """A lease's release: compare-and-delete, then pass the lock on to the next waiter
     (``mode`` as in ``WaitArgs``): "n" wakes it and reserves the lock for it for ``arg``
     ms; "f" hands the lock over; "q" hands it over with the fencing token ``arg``.
     ``cleanup``: releasing a failed attempt's grants, the caller keeps its place."""
-    queue_keys = (keys.lock, keys.fence, keys.queue)
+    keys = spec.keys
+    queue_keys = (keys.lock, keys.fence, keys.floor, keys.queue)
     extra = ("c",) if cleanup else ()
-    return Command(_eval("release", queue_keys, token, mode, arg, *extra))
+    return Command(_eval("release", queue_keys, token, mode, arg, spec.retention_ms, *extra))
 
 
 def dequeue(release: Command) -> Command:
@@ -196,8 +202,10 @@ def _any_reply(reply: object) -> tuple[bool, Info]:
     return isinstance(reply, int), None
 
 
-def extend(key: str, token: str, ttl_ms: int) -> Command:
-    return Command(_eval("extend", (key,), token, ttl_ms))
+def extend(spec: LockSpec, token: str) -> Command:
+    """extend.lua: a new TTL for our key, and another retention for the node's floor."""
+    keys = spec.keys
+    return Command(_eval("extend", (keys.lock, keys.floor), token, spec.ttl_ms, spec.retention_ms))
 
 
 def exists(key: str) -> Command:

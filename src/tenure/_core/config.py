@@ -7,6 +7,7 @@ before any connection is made, so bad input loses nothing.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -21,7 +22,9 @@ __all__ = [
     "NodeAddress",
     "SpecCache",
     "check_acquire_args",
+    "check_flag",
     "lock_key",
+    "min_ttl",
     "parse_node_url",
 ]
 
@@ -116,12 +119,20 @@ class ClientConfig:
         retry: back-off policy between attempts of a blocking acquire.
         allow_even: accept an even number of nodes (see ``check_node_count``).
         max_ttl: the longest TTL any lease may have, in seconds. A node found to have
-            lost its data (no fencing history) is kept out for this long, so every lease
-            it might have granted has expired before it votes again.
+            lost its data (no floor, see docs/fencing.md) is kept out for this long, so
+            every lease it might have granted has expired before it votes again.
         recheck: the fallback bound of a blocking acquire: a waiter re-checks the lock
             after a random delay in [recheck/2, recheck] even if no release
             notification came (see docs/waiting.md). 0 turns notifications off: waiters
             then poll with the ``retry`` back-off.
+        retention: seconds that a lock's fencing counter, and a node's floor, are kept
+            after the last grant that wrote them (default: one hour, or ``max_ttl`` if
+            that is longer; at least ``max_ttl``).
+            Everything tenure keeps for an idle name is gone after it, so memory returns
+            to its baseline. Safety does not depend on it while any lock of the node is
+            used within it; when a whole node set sat idle for longer, tokens restart from
+            the wall clocks, which keeps them increasing while clocks disagree by much
+            less than the retention (docs/fencing.md).
         wait_replicas: for nodes that are replicated masters: a node's grant (or
             extension) counts only once this many of its replicas acknowledged it, by a
             ``WAIT`` pipelined behind the command on the same connection; otherwise the
@@ -139,6 +150,7 @@ class ClientConfig:
     max_ttl_ms: int = 60_000
     recheck: float = 0.5
     wait_replicas: int = 0
+    retention_ms: int = 3_600_000
 
     @classmethod
     def build(
@@ -154,10 +166,12 @@ class ClientConfig:
         max_ttl: float = 60.0,
         recheck: float = 0.5,
         wait_replicas: int = 0,
+        retention: float | None = None,
     ) -> ClientConfig:
         if isinstance(nodes, str) or not isinstance(nodes, (list, tuple)):
             raise ConfigurationError("nodes", f"must be a list of node URLs, got {nodes!r}")
         addresses = tuple(parse_node_url(u, f"nodes[{i}]") for i, u in enumerate(nodes))
+        check_flag("allow_even", allow_even)
         check_node_count(len(addresses), allow_even)
         seen: dict[tuple[object, ...], int] = {}
         for i, a in enumerate(addresses):
@@ -196,17 +210,30 @@ class ClientConfig:
             raise ConfigurationError(
                 "recheck", f"must be 0 (no notifications) or in [0.01, 60] seconds, got {recheck}"
             )
+        kept = (
+            max(DEFAULT_RETENTION, longest)
+            if retention is None
+            else _finite("retention", retention)
+        )
+        if not longest <= kept <= 30 * 86_400:
+            raise ConfigurationError(
+                "retention",
+                f"must be in [max_ttl, 30 days] = [{longest:g}, 2592000] seconds, got "
+                f"{retention}; a history shorter than the longest lease could be forgotten "
+                "while that lease is held: raise retention or lower max_ttl",
+            )
         return cls(
             nodes=addresses,
             node_timeout=timeout,
             connect_timeout=connect,
             drift_factor=factor,
             drift_floor=floor,
-            retry=retry or wait_random_exponential(),
+            retry=_retry_policy(retry),
             allow_even=allow_even,
             max_ttl_ms=math.floor(round(longest * 1000, 6)),
             recheck=every,
             wait_replicas=_replicas(wait_replicas),
+            retention_ms=math.floor(round(kept * 1000, 6)),
         )
 
     @property
@@ -217,6 +244,47 @@ class ClientConfig:
     def wait_timeout_ms(self) -> int:
         """How long a node's ``WAIT`` may block: half the round, so its answer fits in it."""
         return max(1, math.floor(self.node_timeout * 500))
+
+
+def check_flag(parameter: str, value: object) -> bool:
+    """Refuse anything but True or False (a truthy string would silently mean True)."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(parameter, f"must be True or False, got {value!r}")
+    return value
+
+
+_RETRY_HELP = (
+    "tenure.wait_random_exponential(initial, maximum) (the default), "
+    "tenure.wait_random(minimum, maximum), or an object whose delay(attempt, rng) returns "
+    "the seconds to sleep before attempt number `attempt` (random.Random rng)"
+)
+
+
+def _retry_policy(value: object) -> RetryPolicy:
+    """A usable retry policy: it has ``delay(attempt, rng)`` returning seconds >= 0.
+
+    Tried once here, on a throwaway random source, so that a wrong object fails now
+    rather than at the first contention, where a blocking acquire needs it.
+    """
+    if value is None:
+        return wait_random_exponential()
+    delay = getattr(value, "delay", None)
+    if not callable(delay):
+        raise ConfigurationError("retry", f"must be a retry policy: {_RETRY_HELP}; got {value!r}")
+    try:
+        sample = delay(1, random.Random(0))
+    except Exception as exc:
+        raise ConfigurationError(
+            "retry", f"{value!r}.delay(1, rng) raised {exc!r}; expected {_RETRY_HELP}"
+        ) from None
+    number = isinstance(sample, (int, float)) and not isinstance(sample, bool)
+    if not (number and math.isfinite(sample) and sample >= 0):
+        raise ConfigurationError(
+            "retry",
+            f"{value!r}.delay(1, rng) returned {sample!r}, not a number of seconds >= 0; "
+            f"expected {_RETRY_HELP}",
+        )
+    return value  # type: ignore[return-value]  # it has a working delay(): a RetryPolicy
 
 
 def _replicas(value: object) -> int:
@@ -246,6 +314,14 @@ def check_node_count(n: int, allow_even: bool) -> None:
         )
 
 
+# Seconds a lock's counter and a node's floor are kept after their last use, unless set.
+DEFAULT_RETENTION = 3600.0
+
+# The node's own keys: its floor and warm-up marker, shared by every lock on the node.
+NODE_FLOOR = "tenure:node:floor"
+NODE_WARM = "tenure:node:warm"
+
+
 def lock_key(name: str) -> str:
     """The Redis key of a lock; the ``{name}`` hash tag keeps companion keys in one slot."""
     return f"tenure:{{{name}}}:lock"
@@ -257,20 +333,22 @@ class LockKeys:
 
     ``queue`` is the wait queue of blocked acquirers (a sorted set, empty and so absent
     while nobody waits), each waiter's place being ``<queue>:<waiter id>``.
-    ``fence`` (the fencing counter) has no TTL: it is this node's history of the lock, and
-    its absence is how a node that lost its data is recognised (see ``_lua/acquire.lua``).
-    It costs one small key per lock name ever used.
+    ``fence`` (the lock's fencing counter) is kept for the retention after the last grant.
+    ``floor`` and ``warm`` belong to the node, not to the lock: the node's floor (the
+    highest token it committed for any lock, and the mark that it has not lost its data)
+    and its warm-up marker (see ``_lua/acquire.lua`` and docs/fencing.md).
     """
 
     lock: str
     fence: str
-    warm: str
+    floor: str = NODE_FLOOR
+    warm: str = NODE_WARM
     queue: str = ""
 
     @classmethod
     def of(cls, name: str) -> LockKeys:
         tag = f"tenure:{{{name}}}"
-        return cls(lock=f"{tag}:lock", fence=f"{tag}:fence", warm=f"{tag}:warm", queue=f"{tag}:q")
+        return cls(lock=f"{tag}:lock", fence=f"{tag}:fence", queue=f"{tag}:q")
 
 
 @dataclass(frozen=True)
@@ -291,6 +369,7 @@ class LockSpec:
     n_nodes: int
     quorum: int
     fair: bool = False
+    retention_ms: int = 3_600_000
 
     @property
     def wait_mode(self) -> str:
@@ -320,16 +399,11 @@ class LockSpec:
             )
         effective = ttl_ms / 1000
         drift = drift_allowance(effective, config.drift_factor, config.drift_floor)
-        # A round may take up to node_timeout before it is decided; the lease must still
-        # have at least half its TTL left after such a slow round to be worth having.
-        smallest = 2 * (config.node_timeout + drift)
-        if effective < smallest:
-            raise ConfigurationError(
-                "ttl",
-                f"{effective}s is too small for node_timeout={config.node_timeout}s: it must be "
-                f"at least 2 x (node_timeout + drift) = {smallest:.4f}s, so a lease keeps half "
-                "its TTL after the slowest acquisition",
-            )
+        # The TTL rule, ttl >= 2 x (node_timeout + drift): a round may take up to
+        # node_timeout before it is decided, and the lease must still have at least half
+        # its TTL left after such a slow round to be worth having (docs/architecture.md).
+        if effective < 2 * (config.node_timeout + drift):
+            raise ConfigurationError("ttl", _ttl_too_small(config, effective))
         if fair is None:
             # The default: fair wherever it can be had, since its hand-off (inside the
             # release, no round trip for the next holder) is also the fastest.
@@ -355,8 +429,44 @@ class LockSpec:
             node_timeout=config.node_timeout,
             n_nodes=len(config.nodes),
             quorum=config.quorum,
+            retention_ms=config.retention_ms,
             fair=fair,
         )
+
+
+def min_ttl(config: ClientConfig) -> float:
+    """The shortest TTL ``LockSpec.build`` accepts with ``config``, in whole milliseconds.
+
+    The rule is ``ttl >= 2 * (node_timeout + drift)`` with ``drift = ttl * drift_factor +
+    drift_floor``, so the bound is ``2 * (node_timeout + drift_floor) / (1 - 2 *
+    drift_factor)``, rounded up to the millisecond (TTLs are whole milliseconds).
+    """
+    bound = 2 * (config.node_timeout + config.drift_floor) / (1 - 2 * config.drift_factor)
+    ms = math.ceil(round(bound * 1000, 6))
+    # Floating point may put the rounded bound a hair below the rule; step up until it holds.
+    while ms / 1000 < 2 * (
+        config.node_timeout + drift_allowance(ms / 1000, config.drift_factor, config.drift_floor)
+    ):
+        ms += 1
+    return ms / 1000
+
+
+def _ttl_too_small(config: ClientConfig, ttl: float) -> str:
+    shortest = min_ttl(config)
+    # The longest node_timeout that this ttl allows (none if the drift alone is too much).
+    longest = ttl / 2 - drift_allowance(ttl, config.drift_factor, config.drift_floor)
+    timeout_fix = (
+        f", or a node_timeout of at most {math.floor(longest * 1000) / 1000:g}s"
+        if longest >= 0.001
+        else ""
+    )
+    return (
+        f"{ttl:g}s is below the minimum of {shortest:g}s for node_timeout="
+        f"{config.node_timeout:g}s, drift_factor={config.drift_factor:g} and drift_floor="
+        f"{config.drift_floor:g}s. The rule is ttl >= 2 x (node_timeout + drift), with "
+        "drift = ttl x drift_factor + drift_floor, so that a lease keeps at least half its "
+        f"TTL after the slowest acquisition. Use ttl >= {shortest:g}s{timeout_fix}"
+    )
 
 
 def check_acquire_args(blocking: object, timeout: object) -> float | None:

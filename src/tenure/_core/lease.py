@@ -1,11 +1,11 @@
 """Extending and releasing a lease: when each succeeds, and what failure means.
 
-Extend (R3) is compare-and-expire on every node: a node extends only while it still holds
+Extend is compare-and-expire on every node: a node extends only while it still holds
 our token, so an expired key is never re-created. The new validity is measured from the
 start of the extend round, exactly as for acquisition, and a majority is required again;
 anything less means another client may be able to win a majority, so the lease is lost.
 
-Release (R7) is compare-and-delete on every node. A node that still held our token at
+Release is compare-and-delete on every node. A node that still held our token at
 release held it without interruption since it granted it (tokens are never reused), so
 if a majority still held it, nobody else can have held a majority meanwhile, barring
 nodes that lost their data or had their clock jump. If fewer did, the lock expired
@@ -15,14 +15,17 @@ another holder.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
-from .._errors import LeaseExpired, LeaseLost
+from .._errors import LeaseExpired, LeaseLost, ServerUnsupported
+from .._lua import script
 from .acquire import LeaseState, round_errors
 from .config import LockSpec
-from .quorum import Round
+from .diagnosis import configuration_error
+from .quorum import Failure, Round
 
-__all__ = ["begin_extend", "conclude_extend", "conclude_release"]
+__all__ = ["begin_extend", "conclude_extend", "conclude_locked", "conclude_release"]
 
 
 def begin_extend(lease: LeaseState, spec: LockSpec, now: float) -> Round:
@@ -75,10 +78,25 @@ def conclude_extend(
 
 def conclude_release(
     lease: LeaseState, n_nodes: int, quorum: int, rnd: Round, now: float, names: list[str]
-) -> LeaseLost | None:
-    """None if a majority still held the lease at release; otherwise why it was lost."""
+) -> LeaseLost | ServerUnsupported | None:
+    """None if a majority still held the lease at release; otherwise why it was lost, or
+    ``ServerUnsupported`` if a node refused the release (ACL): a configuration error,
+    which says nothing about the lease."""
     if rnd.yes >= quorum:
         return None
+    for i, r in rnd.failures().items():
+        if r.failure is Failure.UNSUPPORTED:
+            # The release script stops at the refused command, but Redis keeps what the
+            # script wrote before it: with PUBLISH refused, the lock key is already gone
+            # when the hand-off to a waiter fails. Not a lost lease: a node set up wrong.
+            return ServerUnsupported(
+                names[i],
+                f"refused {_script_command('release', r.detail)} in the release of lock "
+                f"{lease.name!r} ({r.detail}); "
+                "the script may have deleted the lock there before the refused command, "
+                "and the key expires by its TTL in any case. `tenure check` prints the "
+                "ACL SETUSER line that fixes it",
+            )
     expired = now >= lease.valid_until
     failed = len(rnd.failures())
     if rnd.yes + failed >= quorum:
@@ -95,3 +113,32 @@ def conclude_release(
         )
     error_type = LeaseExpired if expired else LeaseLost
     return error_type(lease.name, message, round_errors(rnd, names))
+
+
+_LINE = re.compile(r"user_script: ?(\d+)")
+_CALL = re.compile(rb"""redis\.p?call\(\s*["']([A-Za-z]+)["']""")
+
+
+def _script_command(name: str, error: str) -> str:
+    """The command a script error points at ("PUBLISH"), from the line number in Redis's
+    message (6.2 says only "can't run this command"), or "a command"."""
+    found = _LINE.search(error)
+    lines = script(name).wire.splitlines()
+    if found is None or not 0 < int(found.group(1)) <= len(lines):
+        return "a command"
+    called = _CALL.findall(lines[int(found.group(1)) - 1])
+    return called[0].decode().upper() if len(called) == 1 else "a command"
+
+
+def conclude_locked(rnd: Round, names: list[str]) -> bool:
+    """``Lock.locked()``: whether a majority of nodes hold the lock key (for anyone).
+
+    Raises:
+        NodeMisconfigured: misconfigured nodes alone leave too few for a majority, so
+            the answer would say nothing about the lock.
+    """
+    if rnd.misconfigured_blocks_quorum():
+        error = configuration_error(rnd, names)
+        assert error is not None
+        raise error
+    return rnd.succeeded

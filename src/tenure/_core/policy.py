@@ -1,7 +1,7 @@
 """Retry back-off policies: small objects that say how long to wait before the next try.
 
 Competing clients that fail together must not retry together, or they split the votes of
-a quorum again (R6). Every policy here is therefore random ("full jitter"): the delay is
+a quorum again. Every policy here is therefore random ("full jitter"): the delay is
 drawn uniformly from ``[0, cap]``, so two clients that collided are unlikely to collide
 on the next attempt. The caller owns the ``random.Random`` (a fresh one seeded from the OS
 per client), which keeps the policies pure and the tests reproducible.

@@ -42,20 +42,29 @@ class Failure(enum.Enum):
     # Not even tried: the node failed recently and its reconnect back-off has not ended.
     BACKING_OFF = "backing off"
     # Not asked (nothing was sent): its connection was still being set up when the round
-    # began (see ``Round.enough_ready``); the set-up goes on for the rounds after.
+    # began (see ``Round.set_up_wait``); the set-up goes on for the rounds after.
     CONNECTING = "still connecting"
-    # Its TLS certificate failed verification: no connection until the set-up is fixed.
+    # Its TLS certificate failed verification: a configuration failure like the next two
+    # (no connection until the certificate, the URL or the trusted CAs are fixed).
     CERTIFICATE = "certificate rejected"
     UNSUPPORTED = "unsupported"  # the node refused the command: ACL, unknown command
+    # The node's setup, not an outage: a read-only replica, a wrong or missing password,
+    # not a Redis server at that address. It fails every round until someone fixes it.
+    MISCONFIGURED = "misconfigured"
     ERROR = "error"  # any other error reply
+
+    @property
+    def configuration(self) -> bool:
+        """Whether this failure is the node's configuration (it will not recover by itself)."""
+        return self in (Failure.UNSUPPORTED, Failure.MISCONFIGURED, Failure.CERTIFICATE)
 
 
 @dataclass
 class NodeResult:
     """What one node answered in a round; ``ok`` is None when it failed.
 
-    ``info`` carries what an acquire reply says beyond yes/no: (status, number) and, when
-    the lock is held and the caller waits, its PTTL; see ``_lua/acquire.lua``.
+    ``info`` carries what an acquire reply says beyond yes/no: (status, number, floor)
+    and, when the lock is held and the caller waits, its PTTL; see ``_lua/acquire.lua``.
     """
 
     ok: bool | None = None
@@ -75,6 +84,7 @@ class Round:
 
     __slots__ = (
         "_answered",
+        "_could_begin",
         "_no",
         "_wait_all",
         "_yes",
@@ -99,6 +109,7 @@ class Round:
         self._yes = 0
         self._no = 0  # refusals and failures: both mean "not a yes"
         self._answered = 0
+        self._could_begin: float | None = None  # when the ready nodes could first decide it
         self._wait_all = wait_all  # decided only when every node answered (or the deadline)
         # Seconds to go on reading once the round became impossible: a failure is then
         # decided when every node answered or that time passed (``stop_hearing``), a
@@ -123,19 +134,41 @@ class Round:
     def enough_ready(self, ready: int) -> bool:
         """Whether ``ready`` more nodes (connected, not yet asked) could decide the round.
 
-        Connecting to a node (TCP, TLS handshake, AUTH) is not part of a round: the
-        round begins once connections are set up (``begin_at``), so a slow handshake is
-        not charged to ``node_timeout``. But a round does not wait for every set-up
-        either: once the ready nodes could give it its ``needed`` yeses, it begins, and
-        nodes still connecting sit it out. So a node whose set-up hangs delays only
-        rounds that cannot be decided without it, and those by at most the connect
-        timeout. A round already impossible waits for nothing; a round that must hear
-        every node (``wait_all``: a cleanup, or an attempt that asks every node whether
-        the lock is new) waits for every set-up.
+        A round already impossible waits for nothing; a round that must hear every node
+        (``wait_all``: a cleanup, or an attempt that asks every node whether the node set
+        is new) is never decided by some of them.
         """
         if self._wait_all:
             return False
         return self._yes + ready >= self.needed or self.impossible
+
+    def set_up_wait(
+        self, ready: int, connecting: int, fresh: int, now: float, grace: float
+    ) -> float | None:
+        """How much longer the round waits for connections being set up before it begins:
+        0.0 to begin now, else at most that many seconds, or None for as long as it takes
+        a set-up to end (each ends within the connect timeout).
+
+        Connecting to a node (TCP, TLS handshake, AUTH) is not part of a round: the
+        round begins once connections are set up (``begin_at``), so a slow handshake is
+        not charged to ``node_timeout``. ``ready`` nodes are connected, ``connecting``
+        are still being set up, ``fresh`` of them by this round. The round waits for
+        every set-up while the ready nodes could not decide it (``enough_ready``), and
+        once they could, for the set-ups it started itself for ``grace`` seconds more
+        (the node timeout): a healthy node connected a little later than the others is
+        still asked, as it would be on a warm connection, but a node whose set-up hangs
+        delays a round the others can decide by at most ``grace``, and only the round
+        that started that set-up. Nodes still connecting when it begins sit it out.
+        """
+        if not connecting or self.impossible:
+            return 0.0
+        if not self.enough_ready(ready):
+            return None
+        if not fresh:
+            return 0.0
+        if self._could_begin is None:
+            self._could_begin = now
+        return max(self._could_begin + grace - now, 0.0)
 
     def begin_at(self, now: float) -> float:
         """The requests go out at ``now``, after connections were set up: validity and
@@ -236,6 +269,17 @@ class Round:
     def unreachable_blocks_quorum(self) -> bool:
         """True when failures alone (not refusals) leave too few nodes for a majority."""
         return len(self.failures()) > len(self.results) - self.needed
+
+    def misconfigured_blocks_quorum(self) -> bool:
+        """True when nodes failing for their configuration alone leave too few for a majority.
+
+        Unlike an outage this does not pass: retrying cannot help, so an acquire gives up
+        at once (``Acquisition.conclude``).
+        """
+        misconfigured = sum(
+            1 for r in self.results if r is not None and r.failure and r.failure.configuration
+        )
+        return misconfigured > len(self.results) - self.needed
 
     def failed_untried(self) -> bool:
         """True when every failure was a node not even tried (still in its back-off, or

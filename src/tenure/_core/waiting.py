@@ -30,7 +30,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Departed", "Wake", "hold_ms", "parse_wake", "place_ms"]
+__all__ = [
+    "CHANNEL_PREFIX",
+    "Departed",
+    "Wake",
+    "channel_name",
+    "hold_ms",
+    "parse_wake",
+    "place_ms",
+]
+
+# Every client's notification channel starts with this; an ACL grants them all with
+# ``&tenure:wake:*`` (docs/deployment.md).
+CHANNEL_PREFIX = "tenure:wake:"
+
+
+def channel_name(suffix: str) -> str:
+    """The notification channel of one client: ``CHANNEL_PREFIX`` + a random ``suffix``."""
+    return CHANNEL_PREFIX + suffix
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Keeping a lease alive while its holder works, and deciding when it is lost (R12).
+"""Keeping a lease alive while its holder works, and deciding when it is lost.
 
 Theory of operation
 -------------------

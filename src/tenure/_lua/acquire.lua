@@ -2,88 +2,100 @@
 -- the caller to be notified (or, in fair mode, handed the lock) when it is released.
 --
 -- KEYS[1]  the lock key                    tenure:{name}:lock
--- KEYS[2]  the fencing counter             tenure:{name}:fence  (no TTL: it is the history)
--- KEYS[3]  the warm-up marker              tenure:{name}:warm   (PX: expires when warm)
--- KEYS[4]  (waiting only) the wait queue   tenure:{name}:q      (see handoff.lua.inc)
--- ARGV[1]  the owner token of this attempt (in fair mode: the waiter id, ARGV[7])
+-- KEYS[2]  the lock's fencing counter      tenure:{name}:fence  (PX retention)
+-- KEYS[3]  this node's floor               tenure:node:floor    (PX retention)
+-- KEYS[4]  this node's warm-up marker      tenure:node:warm     (PX: expires when warm)
+-- KEYS[5]  (waiting only) the wait queue   tenure:{name}:q      (see handoff.lua.inc)
+-- ARGV[1]  the owner token of this attempt (in fair mode: the waiter id, ARGV[8])
 -- ARGV[2]  the TTL in milliseconds
 -- ARGV[3]  the proposed fencing token F (an integer below 2^53)
--- ARGV[4]  a random observation mark (an integer below 2^52), for a node without history
+-- ARGV[4]  a random observation mark (an integer below 2^52), for a node without a floor
 -- ARGV[5]  how long that mark lives, in milliseconds
--- ARGV[6]  (waiting only) "n": notified waiting; "f": fair (FIFO, hand-off on release);
+-- ARGV[6]  the retention in milliseconds: how long the counter and the floor outlive
+--          the last grant that wrote them
+-- ARGV[7]  (waiting only) "n": notified waiting; "f": fair (FIFO, hand-off on release);
 --          "q": fair on a quorum (the same, with the tokens and queue order below)
--- ARGV[7]  (waiting only) the waiter id, stable across the attempts of one acquire
--- ARGV[8]  (waiting only) the channel the waiter's process listens on
--- ARGV[9]  (waiting only) how long the waiter's place lives unless renewed, ms; "0" for a
+-- ARGV[8]  (waiting only) the waiter id, stable across the attempts of one acquire
+-- ARGV[9]  (waiting only) the channel the waiter's process listens on
+-- ARGV[10] (waiting only) how long the waiter's place lives unless renewed, ms; "0" for a
 --          non-blocking attempt (never queued)
--- ARGV[10] (waiting only) "q": the waiter's place in the queue, chosen by the client
+-- ARGV[11] (waiting only) "q": the waiter's place in the queue, chosen by the client
 --          (when its acquire call began) and the same on every node, so that waiters
 --          queued on several nodes in different orders still line up alike on each
 --
--- Returns {status, number[, pttl]}:
---   { 1, F}        granted: the lock is ours and the counter is now F. In fair mode also
---                  when the lock had already been handed to this waiter (F is then the
---                  counter the hand-off set; "q": the proposal, as for any grant, so
---                  every node of one round grants the same token); its TTL is renewed to
---                  ARGV[2] from now.
---   { 0, counter}  held by another client (nothing changed); when waiting: {0, counter,
---                  pttl}, the lock's PTTL, and the caller is queued (its place renewed).
---                  Not fair: a free lock reserved for a woken waiter (<queue>:next, see
---                  handoff.lua.inc) counts as held, with pttl -1: the others wait for the
---                  next release (re-checking at their fallback bound), not for the
---                  reservation's end, lest every waiter re-check at every hand-off.
---   {-1, counter}  free, but F is not above this node's counter: propose counter + 1
---   {-2, mark}     no counter: this node has no history for this lock (new, or it lost
---                  its data); it grants nothing until the client seeds it (seed.lua).
---                  The mark (kept in KEYS[3] until then) names this state of the node:
---                  a seed must quote it, so a seed decided from a stale observation
---                  cannot reach a node that has restarted since (its mark is gone).
---   {-3, pttl}     seeded after a data loss and still warming up for pttl ms
+-- The floor is the highest fencing token this node has committed for any lock. It is
+-- the node's incarnation: a node without one has lost its data (restart without
+-- persistence, flush, eviction) or has never been used, and grants nothing until the
+-- client seeds it (seed.lua). A node *with* a floor but without a counter for this lock
+-- has simply not seen the lock lately (new, or its counter expired after the retention,
+-- or was deleted): the floor stands in for the counter, so a token it grants is above
+-- every token it ever granted, for any lock. See docs/fencing.md.
 --
--- Why the counter must exist before a grant: a node that lost its data would otherwise
--- accept any F, and a majority that overlaps the previous one only in such nodes could
--- hand out a token smaller than one already used. See docs/fencing.md.
+-- Returns {status, number, floor[, pttl]}; floor is this node's floor (0 when it has none):
+--   { 1, F, floor}   granted: the lock is ours and the counter is now F. In fair mode
+--                    also when the lock had already been handed to this waiter (F is
+--                    then the counter the hand-off set; "q": the proposal, as for any
+--                    grant, so every node of one round grants the same token); its TTL
+--                    is renewed to ARGV[2] from now.
+--   { 0, counter, floor}  held by another client (nothing changed); when waiting:
+--                    {0, counter, floor, pttl}, the lock's PTTL, and the caller is queued
+--                    (its place renewed). Not fair: a free lock reserved for a woken
+--                    waiter (<queue>:next, see handoff.lua.inc) counts as held, with pttl
+--                    -1: the others wait for the next release (re-checking at their
+--                    fallback bound), not for the reservation's end, lest every waiter
+--                    re-check at every hand-off.
+--   {-1, counter, floor}  free, but F is not above the counter: propose counter + 1
+--   {-2, mark, 0}    no floor: this node is blank (never used, or it lost its data); it
+--                    grants nothing until the client seeds it (seed.lua). The mark (kept
+--                    in KEYS[4] until then) names this state of the node: a seed must
+--                    quote it, so a seed decided from a stale observation cannot reach a
+--                    node that has restarted since (its mark is gone).
+--   {-3, pttl, floor}  seeded after a data loss and still warming up for pttl ms
+-- "counter" is the lock's counter, or the floor where the lock has none.
 --
 -- Fair mode: a free lock with live waiters ahead of the caller is handed to the head of
 -- the queue (the caller queues behind); newcomers never overtake the queue. ("q": with
 -- the caller's proposal as the hand-off's token, so only once that is above the counter.)
 --@include handoff
-local counter = redis.call("GET", KEYS[2])
-if not counter then
-    local mark = redis.call("GET", KEYS[3])
+local floor = redis.call("GET", KEYS[3])
+if not floor then
+    local mark = redis.call("GET", KEYS[4])
     if not mark then
-        redis.call("SET", KEYS[3], ARGV[4], "PX", ARGV[5])
+        redis.call("SET", KEYS[4], ARGV[4], "PX", ARGV[5])
         mark = ARGV[4]
     end
-    return {-2, tonumber(mark)}
+    return {-2, tonumber(mark), 0}
 end
-local warm = redis.call("PTTL", KEYS[3])
+floor = tonumber(floor)
+local warm = redis.call("PTTL", KEYS[4])
 if warm > 0 then
-    return {-3, warm}
+    return {-3, warm, floor}
 end
-counter = tonumber(counter)
-local mode = ARGV[6]
+local counter = tonumber(redis.call("GET", KEYS[2]) or floor)
+local retention = ARGV[6]
+local mode = ARGV[7]
 if not mode then
     if redis.call("EXISTS", KEYS[1]) == 1 then
-        return {0, counter}
+        return {0, counter, floor}
     end
 else
-    local queue, me = KEYS[4], ARGV[7]
+    local queue, me = KEYS[5], ARGV[8]
     local holder = redis.call("GET", KEYS[1])
     local pttl = nil
     if mode == "f" and holder == ARGV[1] then
         redis.call("PEXPIRE", KEYS[1], ARGV[2])
-        return {1, counter}
+        return {1, counter, floor}
     end
     if mode == "q" and (holder == ARGV[1] or not holder) and tonumber(ARGV[3]) <= counter then
-        return {-1, counter}
+        return {-1, counter, floor}
     end
     if mode == "q" and holder == ARGV[1] then
         redis.call("PEXPIRE", KEYS[1], ARGV[2])
-        redis.call("SET", KEYS[2], ARGV[3])
-        return {1, tonumber(ARGV[3])}
+        local token = commit(KEYS[2], KEYS[3], ARGV[3], retention)
+        return {1, token, math.max(floor, token)}
     end
-    if not holder and mode ~= "n" and handoff(KEYS[1], KEYS[2], queue, mode, me, ARGV[3]) == 1 then
+    if not holder and mode ~= "n"
+        and handoff(KEYS[1], KEYS[2], KEYS[3], queue, mode, me, ARGV[3], retention) == 1 then
         holder = true
         counter = tonumber(redis.call("GET", KEYS[2]))
     end
@@ -95,9 +107,10 @@ else
         end
     end
     if holder then
-        if ARGV[9] ~= "0" then
+        local place = ARGV[10]
+        if place ~= "0" then
             if mode == "q" then
-                redis.call("ZADD", queue, "NX", ARGV[10], me)
+                redis.call("ZADD", queue, "NX", ARGV[11], me)
             elseif not redis.call("ZSCORE", queue, me) then
                 local tail = redis.call("ZRANGE", queue, -1, -1, "WITHSCORES")
                 local ticket = 0
@@ -106,19 +119,24 @@ else
                 end
                 redis.call("ZADD", queue, ticket, me)
             end
-            redis.call("SET", queue .. ":" .. me, ARGV[8] .. " " .. ARGV[2], "PX", ARGV[9])
+            redis.call("SET", queue .. ":" .. me, ARGV[9] .. " " .. ARGV[2], "PX", place)
+            -- The queue outlives its longest-lived place, and no more: a queue whose
+            -- waiters all died goes with their places.
+            if redis.call("PTTL", queue) < tonumber(place) then
+                redis.call("PEXPIRE", queue, place)
+            end
         end
-        return {0, counter, pttl or redis.call("PTTL", KEYS[1])}
+        return {0, counter, floor, pttl or redis.call("PTTL", KEYS[1])}
     end
 end
 local proposal = tonumber(ARGV[3])
 if proposal <= counter then
-    return {-1, counter}
+    return {-1, counter, floor}
 end
 redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
-redis.call("SET", KEYS[2], ARGV[3])
+commit(KEYS[2], KEYS[3], ARGV[3], retention)
 if mode then
-    redis.call("ZREM", KEYS[4], ARGV[7])
-    redis.call("DEL", KEYS[4] .. ":" .. ARGV[7], KEYS[4] .. ":next")
+    redis.call("ZREM", KEYS[5], ARGV[8])
+    redis.call("DEL", KEYS[5] .. ":" .. ARGV[8], KEYS[5] .. ":next")
 end
-return {1, proposal}
+return {1, proposal, math.max(floor, proposal)}

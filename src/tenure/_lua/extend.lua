@@ -1,12 +1,21 @@
 -- Compare-and-expire: give the lock a new TTL only if it still holds our token.
 --
 -- KEYS[1]  the lock key
+-- KEYS[2]  (optional) this node's floor (see acquire.lua)
 -- ARGV[1]  the owner token of the lease being extended
 -- ARGV[2]  the new TTL in milliseconds
+-- ARGV[3]  (with KEYS[2]) the retention in milliseconds
 --
 -- Returns 1 if extended, 0 if the key is absent or held by someone else. An expired key
 -- is never re-created: PEXPIRE on a missing key does nothing.
+--
+-- An extension also keeps the floor for another retention: a node whose only activity
+-- is one lease kept alive for longer than the retention must not forget its floor (it
+-- would then look like a node that lost its data, and sit out a warm-up).
 if redis.call("GET", KEYS[1]) == ARGV[1] then
+    if KEYS[2] then
+        redis.call("PEXPIRE", KEYS[2], ARGV[3])
+    end
     return redis.call("PEXPIRE", KEYS[1], ARGV[2])
 end
 return 0

@@ -4,12 +4,14 @@
 --
 -- KEYS[1]  the lock key
 -- KEYS[2]  (waiting only) the fencing counter
--- KEYS[3]  (waiting only) the wait queue
+-- KEYS[3]  (waiting only) this node's floor (see acquire.lua)
+-- KEYS[4]  (waiting only) the wait queue
 -- ARGV[1]  the owner token of the lease being released (its waiter id, when waiting)
 -- ARGV[2]  (waiting only) "n": wake the head of the queue; "f" or "q": hand the lock to it
 -- ARGV[3]  (waiting only) "n": how long the lock stays reserved for the woken head, ms;
 --          "q": the fencing token of the hand-off (see handoff.lua.inc)
--- ARGV[4]  (waiting only, optional) "c": the cleanup of a failed attempt: the caller
+-- ARGV[4]  (waiting only) the retention in milliseconds, for a hand-off's counter
+-- ARGV[5]  (waiting only, optional) "c": the cleanup of a failed attempt: the caller
 --          keeps its place in the queue, and if it heads the queue the lock is left free
 --          here (it is the one a hand-off would go to)
 --
@@ -28,9 +30,9 @@ if redis.call("GET", KEYS[1]) == ARGV[1] then
     released = 1
 end
 if ARGV[2] then
-    local queue, me = KEYS[3], ARGV[1]
+    local queue, me = KEYS[4], ARGV[1]
     local reserved = queue .. ":next"
-    local cleanup = ARGV[4] == "c"
+    local cleanup = ARGV[5] == "c"
     if not cleanup then
         redis.call("ZREM", queue, me)
         redis.call("DEL", queue .. ":" .. me)
@@ -39,7 +41,7 @@ if ARGV[2] then
         end
     end
     if redis.call("EXISTS", KEYS[1], reserved) == 0 then
-        handoff(KEYS[1], KEYS[2], queue, ARGV[2], cleanup and me or "", ARGV[3])
+        handoff(KEYS[1], KEYS[2], KEYS[3], queue, ARGV[2], cleanup and me or "", ARGV[3], ARGV[4])
     end
 end
 return released

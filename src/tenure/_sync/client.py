@@ -10,6 +10,7 @@ import contextlib
 import secrets
 import threading
 import time
+from collections.abc import Hashable
 from types import TracebackType
 from typing import Any
 
@@ -24,15 +25,14 @@ from .._core.acquire import (
     Retry,
     Seed,
     Wait,
-    refused_by,
 )
 from .._core.acquire import cleanup_wait as _cleanup_wait
-from .._core.config import LockSpec, check_acquire_args
-from .._core.lease import begin_extend, conclude_extend, conclude_release
+from .._core.config import LockSpec, check_acquire_args, check_flag
+from .._core.lease import begin_extend, conclude_extend, conclude_locked, conclude_release
 from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
-from .._errors import LockTimeout, NotHeld
-from .._lease import LeaseView
+from .._errors import LeaseLost, LockTimeout, NotHeld
+from .._lease import LeaseView, leave_block
 from .._lease import not_acquired as _not_acquired
 from .links import LinkPool, LinkSet
 from .notify import Listener, Slot
@@ -46,20 +46,29 @@ _clock = monotonic
 class Client(ClientBase):
     """A connection to 1 node (single-instance lock) or N independent masters (Redlock).
 
+    Every lock's ``ttl`` must be at least ``2 * (node_timeout + drift)``, where ``drift =
+    ttl * drift_factor + drift_floor``, so that a lease keeps half its TTL after the
+    slowest acquisition (about 0.107 s with the defaults; a shorter TTL raises
+    ``ConfigurationError`` naming the minimum).
+
     Args:
         nodes: node URLs (``redis://``, ``rediss://``, ``unix://``).
-        node_timeout: seconds to wait for any one node in a round (default 50 ms).
+        node_timeout: seconds to wait for any one node in a round (default 50 ms); it
+            bounds the shortest TTL (see above).
         connect_timeout: seconds a new connection to a node may take to be set up: TCP
             connect, TLS handshake, AUTH (default 1 s). Set-up is not charged to a
-            round's ``node_timeout``: a round begins once the connected nodes could
-            decide it, and a node still connecting sits that round out
+            round's ``node_timeout``: a round waits for set-ups while the connected
+            nodes could not decide it, and for one more ``node_timeout`` once they
+            could; a node still connecting then sits that round out
             (docs/connections.md).
         drift_factor: clock-drift allowance as a fraction of the TTL (default 1%).
         drift_floor: seconds added to the drift allowance (default 2 ms).
         retry: back-off after a split vote (nobody holds a majority; default
             full-jitter exponential from 2 ms to 100 ms), and between attempts when
-            notifications are off.
-        allow_even: accept an even number of nodes.
+            notifications are off: ``tenure.wait_random_exponential``,
+            ``tenure.wait_random``, or any object with ``delay(attempt, rng)`` returning
+            seconds (tried once at construction).
+        allow_even: accept an even number of nodes (True or False).
         max_ttl: the longest TTL a lease may have (default 60 s). A node that lost its
             data is kept out of locking for this long; every client of the same nodes
             must use the same value.
@@ -70,16 +79,41 @@ class Client(ClientBase):
             masters): a node's grant or extension counts once this many of its replicas
             acknowledged it (``WAIT``, pipelined on the same connection); otherwise it
             fails closed. Default 0. What it does and does not cover: docs/safety.md.
+        retention: seconds a lock's fencing counter and each node's floor are kept after
+            the last grant that wrote them (default 3600, at least ``max_ttl``): after
+            it, nothing tenure wrote for an idle name is left on the nodes. Use the same
+            value on every client of the same nodes. docs/fencing.md says what it
+            relies on.
         connection_options: extra keyword arguments for redis-py connections (TLS
-            certificates, credentials); they override tenure's defaults.
+            certificates, credentials), checked at construction against what redis-py's
+            connection for each node's URL accepts, without connecting. Options tenure
+            owns are refused with the setting to use instead: retries and socket
+            timeouts (``node_timeout``), health checks, ``protocol`` other than 2, and
+            the address (``host``, ``port``, ``db``: they belong in each node URL).
 
     Raises:
-        ConfigurationError: a parameter is out of range or a URL is malformed.
+        ConfigurationError: a parameter is out of range, of the wrong type, or a URL or
+            connection option redis-py would refuse; it names the parameter.
+
+    A node that answers but is set up wrongly (a read-only replica, a wrong password, an
+    ACL user without a permission, not a Redis server) fails like a down node in every
+    round: locking goes on while the other nodes form a majority, and each such node is
+    logged once on the ``tenure`` logger. When they leave no majority, acquiring (and
+    ``locked()``) raises ``NodeMisconfigured`` at once, naming the node and the fix.
     """
 
     def _open(self, connection_options: dict[str, Any]) -> None:
-        self._pool = LinkPool(self.config, connection_options)
-        self._listener = Listener(self._pool.nodes)
+        self._pool = LinkPool(self.config, connection_options, self._reporter)
+        self._listener = Listener(self._pool.nodes, self._reporter)
+
+    def _owner(self) -> Hashable:
+        # The Thread object, not its ident: idents are reused once a thread ends, and a
+        # new thread must not inherit a dead one's leases.
+        return threading.current_thread()
+
+    def _describe(self, owner: Hashable) -> str:
+        assert isinstance(owner, threading.Thread)
+        return f"thread {owner.name!r}"
 
     def lock(
         self,
@@ -94,14 +128,21 @@ class Client(ClientBase):
     ) -> Lock:
         """A lock object for ``name``; ``blocking``/``timeout`` apply to ``with lock:``.
 
-        ``watchdog=True`` keeps every lease it acquires alive (``Lease.keep_alive``), up
-        to ``max_hold`` seconds. ``fair`` (default: True, unless ``recheck=0`` or
-        ``wait_replicas``) grants the lock in the order it was requested, handing it over
-        inside the release (on a quorum, with one fencing token for every node); False
-        wakes the next waiter and reserves the lock for it briefly (docs/waiting.md).
-        Every client of a lock must use the same mode.
+        ``ttl`` (seconds) must be at least ``2 * (node_timeout + drift)`` with ``drift =
+        ttl * drift_factor + drift_floor`` (see ``Client``). ``watchdog=True`` keeps every
+        lease it acquires alive (``Lease.keep_alive``), up to ``max_hold`` seconds.
+        ``fair`` (default: True, unless ``recheck=0`` or ``wait_replicas``) grants the lock
+        in the order it was requested, handing it over inside the release (on a quorum,
+        with one fencing token for every node); False wakes the next waiter and reserves
+        the lock for it briefly (docs/waiting.md). Every client of a lock must use the
+        same mode.
+
+        Raises:
+            ClientClosed: the client was closed.
+            ConfigurationError: bad name, TTL, timeout or ``max_hold``.
         """
-        keep = KeepAlive(max_hold=max_hold) if watchdog else None
+        self._check_open("make a lock object", name)
+        keep = KeepAlive(max_hold=max_hold) if check_flag("watchdog", watchdog) else None
         return Lock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
 
     def acquire(
@@ -119,19 +160,31 @@ class Client(ClientBase):
 
         Unlike ``Lock.acquire`` (which returns False, as ``threading.Lock`` does), this
         raises when the lock was not acquired, so the result is always a lease.
-        ``watchdog=True`` keeps it alive (``Lease.keep_alive(max_hold=max_hold)``).
+        ``ttl`` must be at least ``2 * (node_timeout + drift)`` with ``drift = ttl *
+        drift_factor + drift_floor`` (see ``Client``). ``watchdog=True`` keeps it alive
+        (``Lease.keep_alive(max_hold=max_hold)``).
+
+        Locks are not reentrant: a blocking acquire of a lock that the calling thread
+        already holds through this client raises ``SelfDeadlock`` at once instead of
+        waiting for itself. Other threads wait for it as for any holder.
 
         Raises:
             LockTimeout: held elsewhere: at once if ``blocking`` is False, else after
                 ``timeout`` seconds (None waits forever).
+            SelfDeadlock: blocking, and this thread already holds it through this client.
+            ClientClosed: the client was closed.
             QuorumUnreachable: so many nodes failed that no majority is possible.
-            TLSCertificateError: so many nodes failed TLS certificate verification
-                (wrong host name, untrusted CA) that no majority is possible.
-            ServerUnsupported: nodes refused a command tenure needs (ACL).
-            ConfigurationError: bad name, TTL or timeout; ``fair=True`` without
+            NodeMisconfigured: misconfigured nodes (read-only replica, credentials,
+                not Redis) leave no majority; ``ServerUnsupported`` (a subclass) when
+                they refuse a command tenure needs (ACL), ``TLSCertificateError`` (a
+                subclass) when their TLS certificates fail verification (wrong host
+                name, untrusted CA).
+            ConfigurationError: bad name, TTL (longer than ``max_ttl``, or shorter than
+                ``2 * (node_timeout + drift)``) or timeout; ``fair=True`` without
                 notifications or with ``wait_replicas``.
         """
         spec = self._specs.get(name, ttl, fair)
+        check_flag("watchdog", watchdog)
         if max_hold is not None:
             KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
         lease = self._acquire(spec, blocking, timeout)
@@ -142,6 +195,8 @@ class Client(ClientBase):
         return lease
 
     def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | None:
+        self._check_open("acquire", spec.name)
+        self._check_reentry(spec, blocking)
         acq = self._acquisition(spec, blocking, timeout)
         listener = self._listener
         waiter = secrets.token_hex(16)
@@ -154,6 +209,8 @@ class Client(ClientBase):
         try:
             with self._links() as links:
                 while True:
+                    # Closed by another thread while this one waited: stop, don't reconnect.
+                    self._check_open("acquire", spec.name)
                     # One token per acquire call (its waiter id): release.lua then also takes
                     # the holder out of queues it joined on nodes that said "held".
                     token = waiter
@@ -168,9 +225,8 @@ class Client(ClientBase):
                     rnd = acq.begin(_clock())
                     command = self._replicated(
                         commands.acquire(
-                            spec.keys,
+                            spec,
                             token,
-                            spec.ttl_ms,
                             acq.proposal(wall_us()),
                             acq.mark,
                             self.config.max_ttl_ms,
@@ -237,6 +293,7 @@ class Client(ClientBase):
             self._cleanup_round(links, command, targets, wait_for)
 
     def _links(self) -> _Borrowed:
+        self._check_open("reach the nodes")  # every round borrows links: none after close
         return _Borrowed(self._pool)
 
     def _release_round(self, links: LinkSet, spec: LockSpec, token: str, fencing: int) -> Round:
@@ -249,7 +306,7 @@ class Client(ClientBase):
         return rnd
 
     def _seed(self, links: LinkSet, spec: LockSpec, seed: Seed) -> None:
-        command = commands.seed(spec.keys, seed.counter, seed.warm_ms, seed.marks)
+        command = commands.seed(spec, seed.floor, seed.warm_ms, seed.marks)
         self._cleanup_round(links, command, seed.nodes, seed.nodes)
 
     def _cleanup_round(
@@ -261,22 +318,27 @@ class Client(ClientBase):
     ) -> None:
         """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the timeout).
 
-        Raises:
-            ServerUnsupported: a node refused the command (ACL).
+        Best effort, and never an error of its own: a node that refuses it (ACL, a
+        read-only replica) is logged once as misconfigured (``NodeReporter``); what it
+        means for the lock is decided by the rounds that need a majority.
         """
         now = _clock()
         rnd = Round.cleanup(len(self.node_names), wait_for, now)
         links.run(command, rnd, now + self.config.node_timeout, _clock, sorted(targets))
-        refused = refused_by(rnd, self.node_names)
-        if refused is not None:
-            raise refused
 
     def _cleanup(self, spec: LockSpec, token: str, targets: frozenset[int]) -> None:
         with self._links() as links:
             self._cleanup_round(links, commands.release(spec.key, token), targets, frozenset())
 
     def close(self) -> None:
-        """Close every connection. Leases still held expire by their TTL."""
+        """Close every connection; the client can't be used again (``ClientClosed``).
+
+        Leases still held are not released: their keys stay on the nodes until their TTL
+        runs out, so no other client gets the lock early while a thread of this process
+        may still be working under it. Extending or releasing them then raises
+        ``ClientClosed``; a watchdog marks its lease lost at its next extension.
+        """
+        self._closed = True
         self._listener.close()
         self._pool.close()
 
@@ -315,12 +377,20 @@ class _Borrowed:
 class Lease(LeaseView):
     """One successful acquisition: extend it, check it, release it.
 
-    ``with lease:`` releases on exit.
+    ``with lease:`` releases on exit. If the block raised, its exception propagates even
+    when the lease was lost or the release failed; that failure is attached to it (a note
+    on Python 3.11+ and a warning on the ``tenure`` logger), ``lost_error`` records the
+    loss. If the block finished, a loss raises ``LeaseLost`` at exit.
+
+    Only the process that acquired a lease may act on it: in a child forked from it,
+    ``extend()`` and ``release()`` raise ``InheritedLease`` without touching the nodes,
+    ``check()`` raises it too, and ``valid`` is False.
     """
 
+    _client: Client
+
     def __init__(self, client: Client, state: LeaseState, spec: LockSpec) -> None:
-        super().__init__(state, spec, client.node_names)
-        self._client = client
+        super().__init__(state, spec, client)
         self._op_lock = threading.Lock()
         self._watchdog: Watchdog | None = None
         self._lost_event: threading.Event | None = None
@@ -351,7 +421,13 @@ class Lease(LeaseView):
         The watchdog marks the lease lost (``lost`` event, ``on_lost`` callbacks,
         ``check()``) when an extension fails, when it wakes after the validity ended (the
         process was paused), or when ``max_hold`` runs out.
+
+        Raises:
+            NotHeld: it was released.
+            InheritedLease: this process is a fork of the one that acquired it.
+            ClientClosed: its client was closed.
         """
+        self._check_usable("keep it alive")
         self._check_not_released()
         if self._watchdog is not None:
             return
@@ -365,15 +441,19 @@ class Lease(LeaseView):
             LeaseExpired: its validity already ended; nothing was sent.
             LeaseLost: fewer than a majority still held it (it is then released everywhere).
             NotHeld: it was released.
+            InheritedLease: this process is a fork of the one that acquired it; nothing
+                was sent.
+            ClientClosed: its client was closed; nothing was sent.
         """
         client = self._client
+        self._check_usable("extend")
         spec = self._spec if ttl is None else LockSpec.build(client.config, self.name, ttl)
         with self._op_lock:
             self._check_not_released()
             rnd = begin_extend(self._state, spec, _clock())
             with client._links() as links:
                 links.run(
-                    client._replicated(commands.extend(spec.key, self.token, spec.ttl_ms)),
+                    client._replicated(commands.extend(spec, self.token)),
                     rnd,
                     rnd.started + spec.node_timeout,
                     _clock,
@@ -382,7 +462,7 @@ class Lease(LeaseView):
                 if isinstance(outcome, LeaseState):
                     self._state = outcome
                     return
-                self._released = True
+                self._set_released()
                 client._release_round(links, self._spec, self.token, self.fencing_token)
             self._mark_lost(outcome)
             raise outcome
@@ -393,14 +473,22 @@ class Lease(LeaseView):
         Raises:
             LeaseLost: fewer than a majority still held it: the lock expired during the
                 critical section, which may have overlapped another holder.
+            ServerUnsupported: a node refused the release (an ACL without a command the
+                release runs, e.g. ``PUBLISH`` when someone waits): a configuration error,
+                not a lost lease; ``tenure check`` names the fix.
             NotHeld: it was already released.
+            InheritedLease: this process is a fork of the one that acquired it; nothing
+                was sent (the parent still holds the lock).
+            ClientClosed: its client was closed; nothing was sent (the keys expire by
+                their TTL).
         """
         client = self._client
+        self._check_usable("release")
         if self._watchdog is not None:
             self._watchdog.stop()
         with self._op_lock:
             self._check_not_released()
-            self._released = True
+            self._set_released()
             with client._links() as links:
                 rnd = client._release_round(links, self._spec, self.token, self.fencing_token)
             error = conclude_release(
@@ -411,9 +499,10 @@ class Lease(LeaseView):
                 _clock(),
                 client.node_names,
             )
-        if error is not None:
+        if isinstance(error, LeaseLost):
             self._mark_lost(error)
-            raise error
+        if error is not None:
+            raise error  # LeaseLost, or ServerUnsupported: a node refused the release (ACL)
 
     def _check_not_released(self) -> None:
         if self._released:
@@ -422,11 +511,19 @@ class Lease(LeaseView):
     def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        failure: Exception | None = None
         if not self._released:
-            self.release()
-        elif self._loss is not None and exc_type is None:
-            raise self._loss  # lost (and released) while the block ran: say so
+            try:
+                self.release()
+            except Exception as error:  # reported below; the body's exception wins
+                failure = error
+        leave_block(self.name, self.lost_error, exc, failure)
 
 
 class Lock:
@@ -434,7 +531,12 @@ class Lock:
 
     Any thread may release it; it holds at most one lease at a time (``lock.lease``).
     ``with lock as lease:`` acquires with the ``blocking``/``timeout`` given to
-    ``Client.lock`` and raises ``LockTimeout`` if that fails.
+    ``Client.lock`` and raises ``LockTimeout`` if that fails. Leaving the block releases;
+    the body's exception always wins, as for ``with lease:``.
+
+    It is not reentrant: a blocking ``acquire()`` from a thread that already holds this
+    lock through the same client (this object, or a nested ``with client.lock(name)``)
+    raises ``SelfDeadlock`` at once; other threads wait as for any holder.
     """
 
     def __init__(
@@ -467,6 +569,12 @@ class Lock:
         """Acquire the lock; False if ``blocking`` is False or ``timeout`` passed first.
 
         ``timeout`` is in seconds; None (or -1, as for ``threading.Lock``) waits forever.
+
+        Raises:
+            SelfDeadlock: blocking, and this thread already holds the lock through the
+                same client.
+            ClientClosed: the client was closed.
+            QuorumUnreachable: so many nodes failed that no majority is possible.
         """
         lease = self._client._acquire(self._spec, blocking, timeout)
         if lease is None:
@@ -483,23 +591,35 @@ class Lock:
         Raises:
             NotHeld: this object holds no lease.
             LeaseLost: the lease had expired on a majority before release.
+            InheritedLease: this process is a fork of the holder; the lease is kept.
+            ClientClosed: the client was closed; the lease is kept.
         """
         with self._guard:
-            lease, self._lease = self._lease, None
-        if lease is None:
-            raise NotHeld(self.name, "release() of a lock this object does not hold")
+            lease = self._lease
+            if lease is None:
+                raise NotHeld(self.name, "release() of a lock this object does not hold")
+            lease._check_usable("release")
+            self._lease = None
         lease.release()
 
     def locked(self) -> bool:
-        """Whether a majority of nodes hold this lock now (for anyone). One round trip."""
+        """Whether a majority of nodes hold this lock now (for anyone). One round trip.
+
+        In a child forked from the holder it is still True while the parent holds it:
+        it tells about the lock, not about who may act on it.
+
+        Raises:
+            ClientClosed: the client was closed.
+        """
         client = self._client
+        client._check_open("ask whether it is locked", self.name)
         now = _clock()
         rnd = Round(len(client.node_names), client.config.quorum, now)
         with client._links() as links:
             links.run(
                 commands.exists(self._spec.key), rnd, now + client.config.node_timeout, _clock
             )
-        return rnd.succeeded
+        return conclude_locked(rnd, client.node_names)
 
     def __enter__(self) -> Lease:
         if not self.acquire(self._blocking, self._timeout):
@@ -514,14 +634,17 @@ class Lock:
         tb: TracebackType | None,
     ) -> None:
         lease = self._lease
+        failure: Exception | None = None
         if lease is not None and lease.released:
             # Released already because it was lost (a failed extend): leaving the block
             # must not raise NotHeld, but must tell that the body ran unprotected.
             self._lease = None
-            if lease.lost_error is not None and exc_type is None:
-                raise lease.lost_error
-            return
-        self.release()
+        else:
+            try:
+                self.release()
+            except Exception as error:  # reported below; the body's exception wins
+                failure = error
+        leave_block(self.name, None if lease is None else lease.lost_error, exc, failure)
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r} held={self._lease is not None}>"

@@ -18,11 +18,12 @@ dead node costs nothing per round and a frozen one cannot fill our socket buffer
 
 A link without a connection is set up before the round begins, not inside it: every such
 node is connected at once, each in a thread of its own (``SetUp``, bounded by
-``connect_timeout``), and the round begins as soon as the ready links could decide it
-(``Round.enough_ready``), or when the set-ups ended. Its clock starts then
-(``Round.begin_at``), so a slow TLS handshake is never charged to ``node_timeout``, and
-a node whose set-up hangs costs nothing to a round the others can decide: it sits that
-round out (``Failure.CONNECTING``) while its set-up goes on for the next.
+``connect_timeout``), and the round begins when the set-ups ended, or once the ready
+links could decide it and a short grace has passed (``Round.set_up_wait``). Its clock
+starts then (``Round.begin_at``), so a slow TLS handshake is never charged to
+``node_timeout``, and a node whose set-up hangs costs at most that grace to a round the
+others can decide: it sits that round out (``Failure.CONNECTING``) while its set-up
+goes on for the next.
 
 Links are grouped in sets (one link per node) that one operation uses at a time; a pool
 of sets lets many threads lock at once. After ``fork()`` the child drops the parent's
@@ -46,8 +47,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
+from .._core.diagnosis import BackingOff, Diagnosis
 from .._core.quorum import Failure, Round
-from .._redis_compat import classify_error, connection_kwargs, set_up_failure
+from .._redis_compat import connection_kwargs, diagnose
+from .._report import NodeReporter
 from .connect import SetUp
 
 __all__ = ["LinkPool", "LinkSet", "NodeState"]
@@ -79,6 +82,9 @@ class NodeState:
         self._lock = threading.Lock()
         self.retry_at = 0.0
         self._backoff = BACKOFF_MIN
+        # Why it was last dropped: a node in its back-off for a configuration failure is
+        # reported with that failure, not as merely "backing off".
+        self.last: Diagnosis | None = None
 
     def new_connection(self) -> redis.Connection:
         # The pool is only our parsed URL and settings. Its make_connection() counts each
@@ -90,10 +96,11 @@ class NodeState:
         assert isinstance(conn, redis.connection.AbstractConnection)
         return conn  # type: ignore[return-value]  # a Connection or UnixDomainSocketConnection
 
-    def down(self, now: float) -> None:
+    def down(self, now: float, why: Diagnosis | None = None) -> None:
         with self._lock:
             self.retry_at = now + self._backoff
             self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+            self.last = why
 
     def up(self) -> None:
         """The node accepted a connection: reset the back-off."""
@@ -102,11 +109,12 @@ class NodeState:
                 self._backoff = BACKOFF_MIN
 
 
-class _Down(Exception):
-    """The node is in its reconnect back-off; not even tried."""
+class _Failed(Exception):
+    """Writing to the node failed; already diagnosed."""
 
-    def __init__(self, wait: float) -> None:
-        super().__init__(f"not retried until the back-off ends ({wait:.3f}s)")
+    def __init__(self, why: Diagnosis) -> None:
+        super().__init__(why.detail)
+        self.diagnosis = why
 
 
 class Link:
@@ -122,19 +130,27 @@ class Link:
         self.partial: list[Any] = []  # replies so far of a command that has several
 
     def send(self, command: Command, now: float) -> None:
+        """Write ``command`` on the connection (set up beforehand: ``prepare``).
+
+        Raises:
+            _Failed: writing failed; the link is dropped.
+        """
         conn = self.conn
         assert conn is not None  # set up by LinkSet._set_up
         try:
             conn.send_packed_command([command.packed], check_health=False)  # type: ignore[no-untyped-call]
-        except _NETWORK_ERRORS:
-            self.drop(now)
-            raise
+        except Exception as exc:  # not BaseException: an interrupt is no node's failure
+            why = diagnose(exc)
+            self.drop(now, why)
+            raise _Failed(why) from exc
 
-    def prepare(self, now: float, wake: Callable[[], None]) -> tuple[Failure, str] | None:
+    def prepare(self, now: float, wake: Callable[[], None]) -> Diagnosis | None:
         """Start or follow this link's set-up.
 
         Returns None when the link is connected (``conn``) or still being set up
-        (``setup``); otherwise why its node cannot be asked now.
+        (``setup``); otherwise why its node cannot be asked now: its back-off, or why
+        the set-up failed (for any reason: a refused connection, a TLS certificate that
+        fails verification, an AUTH refused, a handshake answered with garbage).
         """
         if self.conn is not None:
             return None
@@ -143,7 +159,8 @@ class Link:
         if setup is None:
             wait = self.backing_off(now)
             if wait:
-                return Failure.BACKING_OFF, str(_Down(wait))
+                down = BackingOff(wait, node.last)
+                return Diagnosis(down.failure, down.detail)
             setup = self.setup = SetUp(
                 node.new_connection(),
                 node.connect_timeout,
@@ -157,16 +174,18 @@ class Link:
                 self.conn = setup.take()
                 node.up()
                 return None
-            node.down(now)
-            return set_up_failure(setup.error)
+            why = diagnose(setup.error)
+            node.down(now, why)
+            return why
         if now >= setup.deadline:
             self.setup = None
             setup.abandon()
-            node.down(now)
-            return (
+            why = Diagnosis(
                 Failure.UNREACHABLE,
                 f"not connected within connect_timeout ({node.connect_timeout} s)",
             )
+            node.down(now, why)
+            return why
         return None
 
     def backing_off(self, now: float) -> float:
@@ -204,7 +223,7 @@ class Link:
         if self.owed > MAX_OWED:
             self.drop(now)
 
-    def drop(self, now: float) -> None:
+    def drop(self, now: float, why: Diagnosis | None = None) -> None:
         if self.setup is not None:
             self.setup.abandon()
             self.setup = None
@@ -213,7 +232,23 @@ class Link:
             self.conn = None
         self.owed = 0
         self.partial = []
-        self.node.down(now)
+        self.node.down(now, why)
+
+    def fail(self, i: int, exc: Exception, rnd: Round, now: float) -> None:
+        """Node ``i`` raised ``exc`` while we read its reply: a per-node failure.
+
+        An error reply leaves the connection in step (the command's later replies are
+        owed); anything else (a network error, bytes that are not RESP, a reply our
+        parser cannot read) means the stream can no longer be trusted, so it is dropped.
+        So is a node that refused for its configuration (a read-only replica, NOAUTH):
+        it will refuse again, so it is left alone for a back-off like a down node, and
+        reported meanwhile with what is wrong (``BackingOff``). Redis also closes some of
+        those connections itself (an unauthenticated client sending a script).
+        """
+        why = diagnose(exc)
+        if not isinstance(exc, ResponseError) or why.failure.configuration:
+            self.drop(now, why)
+        rnd.fail(i, why.failure, why.detail)
 
 
 _NOT_YET = object()
@@ -222,10 +257,11 @@ _NOT_YET = object()
 class LinkSet:
     """One link per node, in the configured node order."""
 
-    __slots__ = ("_wake", "clean", "links")
+    __slots__ = ("_reporter", "_wake", "clean", "links")
 
-    def __init__(self, nodes: Sequence[NodeState]) -> None:
+    def __init__(self, nodes: Sequence[NodeState], reporter: NodeReporter) -> None:
         self.links = [Link(n) for n in nodes]
+        self._reporter = reporter
         # False while a round is in progress: a set left unclean by an exception has
         # replies nobody accounted for, and must be closed rather than reused.
         self.clean = True
@@ -262,14 +298,17 @@ class LinkSet:
             for i in order:
                 wait = links[i].backing_off(now)
                 if wait:
-                    rnd.fail(i, Failure.BACKING_OFF, str(_Down(wait)))
+                    down = BackingOff(wait, links[i].node.last)
+                    rnd.fail(i, down.failure, down.detail)
             if rnd.decided or rnd.impossible:
+                self._reporter.round(rnd)
                 self.clean = True
                 return
             order = [i for i in order if rnd.results[i] is None]
         if any(links[i].conn is None for i in order):
             order = self._set_up(order, rnd, clock)
             if hopeless_unsent and rnd.impossible:
+                self._reporter.round(rnd)
                 self.clean = True
                 return
             deadline += rnd.begin_at(clock())
@@ -277,14 +316,15 @@ class LinkSet:
         for i in order:
             try:
                 links[i].send(command, now)
-            except _NETWORK_ERRORS as exc:
-                rnd.fail(i, Failure.UNREACHABLE, str(exc) or type(exc).__name__)
+            except _Failed as exc:
+                rnd.fail(i, exc.diagnosis.failure, exc.diagnosis.detail)
             else:
                 waiting.append(i)
         if len(links) == 1 and waiting and not links[0].owed:
             # One node, nothing owed: nothing to multiplex, so wait in recv itself. Its
             # kernel timeout (SO_RCVTIMEO = node_timeout) bounds the wait; no select().
             self._read_alone(command, rnd, clock)
+            self._reporter.round(rnd)
             self.clean = True
             return
         heard_out = False
@@ -311,12 +351,12 @@ class LinkSet:
             self._give_up_on(i, command, rnd, now)
         if not rnd.decided:
             rnd.time_out()
+        self._reporter.round(rnd)
         self.clean = True
 
     def _set_up(self, order: Sequence[int], rnd: Round, clock: Callable[[], float]) -> list[int]:
         """Connect the links of ``order`` that have no connection, all at once, and wait
-        until the round may begin: the ready links could decide it
-        (``Round.enough_ready``), or no set-up is left.
+        until the round may begin (``Round.set_up_wait``).
 
         Nodes that cannot be asked are recorded in ``rnd``: back-off, failed set-up, or
         still connecting (its set-up goes on, for a later round). Returns the nodes to
@@ -324,6 +364,7 @@ class LinkSet:
         """
         links = self.links
         wake = self._wake
+        fresh: set[int] = set()  # set-ups this round started
         while True:
             wake.clear()  # before looking, so that a set-up ending meanwhile is not missed
             now = clock()
@@ -333,17 +374,24 @@ class LinkSet:
                 if rnd.results[i] is not None:
                     continue  # not waited for (a cleanup's bystander): sent only if connected
                 link = links[i]
-                failure = link.prepare(now, wake.set)
-                if failure is not None:
-                    rnd.fail(i, *failure)
+                before = link.setup
+                why = link.prepare(now, wake.set)
+                if why is not None:
+                    rnd.fail(i, why.failure, why.detail)
                 elif link.conn is not None:
                     ready += 1
                 else:
                     pending.append(i)
-            if not pending or rnd.enough_ready(ready):
+                    if before is None:
+                        fresh.add(i)
+            wait = rnd.set_up_wait(
+                ready, len(pending), len(fresh.intersection(pending)), now, links[0].node.timeout
+            )
+            if wait == 0.0:
                 break
             first = min(s.deadline for i in pending if (s := links[i].setup) is not None)
-            wake.wait(max(first - now, 0.0))
+            timeout = first - now if wait is None else min(wait, first - now)
+            wake.wait(max(timeout, 0.0))
         for i in pending:
             rnd.fail(i, Failure.CONNECTING, "not connected yet when the round began")
         return [i for i in order if links[i].conn is not None]
@@ -369,11 +417,12 @@ class LinkSet:
                 while len(link.partial) < command.replies:
                     link.partial.append(link.conn.read_response(disconnect_on_error=False))
                 reply, link.partial = link.partial, []
+            answer = command.parse(reply)
         except ResponseError as exc:
             # The command's later replies (a WAIT behind a failed script) still come.
             link.owed += command.replies - 1 - len(link.partial)
             link.partial = []
-            rnd.fail(0, classify_error(exc), str(exc))
+            link.fail(0, exc, rnd, clock())
         except _NETWORK_ERRORS as exc:
             if isinstance(exc.__context__, BlockingIOError):
                 # The kernel timeout: the node is silent (frozen?). Keep the connection
@@ -381,10 +430,11 @@ class LinkSet:
                 self._give_up_on(0, command, rnd, clock())
                 rnd.time_out()
             else:
-                link.drop(clock())
-                rnd.fail(0, Failure.UNREACHABLE, str(exc) or type(exc).__name__)
+                link.fail(0, exc, rnd, clock())
+        except Exception as exc:  # not Redis speaking (InvalidResponse, a garbled reply)
+            link.fail(0, exc, rnd, clock())
         else:
-            rnd.record(0, *command.parse(reply))
+            rnd.record(0, *answer)
 
     def _read_one(self, i: int, command: Command, rnd: Round, now: float) -> bool:
         """Read what node ``i`` has for us; True once its answer to this round is in."""
@@ -407,11 +457,12 @@ class LinkSet:
             # Replies of this command still to come (a WAIT behind a failed script) are owed.
             link.owed += command.replies - 1 - len(link.partial)
             link.partial = []
-            rnd.fail(i, classify_error(exc), str(exc))
+            link.fail(i, exc, rnd, now)
             return True
-        except _NETWORK_ERRORS as exc:
-            link.drop(now)
-            rnd.fail(i, Failure.UNREACHABLE, str(exc) or type(exc).__name__)
+        except Exception as exc:  # not BaseException: an interrupt is no node's failure
+            # A network error, or a node that does not speak Redis (InvalidResponse, a
+            # reply the parser cannot read): a per-node failure, never the caller's.
+            link.fail(i, exc, rnd, now)
             return True
 
 
@@ -423,7 +474,12 @@ class LinkPool:
     closing them: the sockets are the parent's.
     """
 
-    def __init__(self, config: ClientConfig, connection_options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        config: ClientConfig,
+        connection_options: dict[str, Any],
+        reporter: NodeReporter,
+    ) -> None:
         def pool(a: NodeAddress) -> redis.ConnectionPool:
             defaults = connection_kwargs(
                 config.node_timeout,
@@ -436,31 +492,41 @@ class LinkPool:
         self.nodes = [
             NodeState(a, pool(a), config.node_timeout, config.connect_timeout) for a in config.nodes
         ]
+        self.reporter = reporter
         self._free: list[LinkSet] = []
+        self._closed = False
         _POOLS.add(self)
 
     def get(self) -> LinkSet:
         try:
             return self._free.pop()
         except IndexError:
-            return LinkSet(self.nodes)
+            return LinkSet(self.nodes, self.reporter)
 
     def put(self, links: LinkSet) -> None:
+        if self._closed:
+            _disconnect(links)  # borrowed when the pool was closed: not kept open
+            return
         self._free.append(links)
 
     def forget(self) -> None:
         self._free = []
 
     def close(self) -> None:
+        self._closed = True
         sets, self._free = self._free, []
         for s in sets:
-            for link in s.links:
-                if link.setup is not None:
-                    link.setup.abandon()
-                    link.setup = None
-                if link.conn is not None:
-                    link.conn.disconnect()  # type: ignore[no-untyped-call]
-                    link.conn = None
+            _disconnect(s)
+
+
+def _disconnect(links: LinkSet) -> None:
+    for link in links.links:
+        if link.setup is not None:
+            link.setup.abandon()
+            link.setup = None
+        if link.conn is not None:
+            link.conn.disconnect()  # type: ignore[no-untyped-call]
+            link.conn = None
 
 
 _POOLS: weakref.WeakSet[LinkPool] = weakref.WeakSet()

@@ -28,12 +28,12 @@ import weakref
 from collections.abc import Sequence
 from typing import cast
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
+from .._core import diagnosis
 from .._core.commands import pack
-from .._core.resp import ReplyReader
-from .._core.waiting import Departed, Wake, parse_wake
+from .._core.resp import ErrorReply, ReplyReader
+from .._core.waiting import Departed, Wake, channel_name, parse_wake
+from .._redis_compat import diagnose
+from .._report import NodeReporter
 from .connect import SetUp
 from .links import NodeState
 
@@ -47,7 +47,6 @@ STRAGGLE = 0.005
 # How long the subscriber thread stays parked once a waiter has been reading the sockets,
 # before it checks whether it must read them again (see ``Listener.wait``).
 PARK = 0.02
-_NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class Slot:
@@ -112,8 +111,9 @@ class Listener:
     that acquires in a loop passes them from one wait to the next without waking it.
     """
 
-    def __init__(self, nodes: Sequence[NodeState]) -> None:
+    def __init__(self, nodes: Sequence[NodeState], reporter: NodeReporter | None = None) -> None:
         self._nodes = list(nodes)
+        self._reporter = reporter or NodeReporter([n.name for n in self._nodes])
         self.channel = ""
         self._stop = False
         self._reset()
@@ -139,7 +139,7 @@ class Listener:
         self._retry_at = [0.0] * n
         self._backoff = [BACKOFF_MIN] * n
         self._ever = [False] * n
-        self.channel = f"tenure:wake:{secrets.token_hex(8)}"
+        self.channel = channel_name(secrets.token_hex(8))
 
     @property
     def started(self) -> bool:
@@ -254,11 +254,11 @@ class Listener:
         self._backoff[i] = min(self._backoff[i] * 2, BACKOFF_MAX)
 
     def _connect(self, now: float) -> None:
-        """(Re)connect and subscribe where needed (the subscriber thread, holding _read).
+        """(Re)connect and subscribe where needed (whoever reads the sockets, holding _read).
 
         Connections are set up in threads of their own (``SetUp``), every node at once,
         so a slow TLS handshake or a node that does not answer never holds up the
-        notifications of the others; the thread is poked when a set-up ends.
+        notifications of the others; the reader is poked when a set-up ends.
         """
         subscribe = pack("SUBSCRIBE", self.channel)
         for i, node in enumerate(self._nodes):
@@ -280,21 +280,25 @@ class Listener:
                     self._drop(i, now)
                 continue
             self._setups[i] = None
-            if setup.error is not None:
+            error = setup.error
+            if error is None:
+                try:
+                    conn = setup.take()
+                    self._conns[i] = conn
+                    sock = cast("socket.socket | None", conn._sock)
+                    if sock is None:
+                        raise OSError("not connected")
+                    sock.settimeout(node.timeout)
+                    sock.sendall(subscribe)
+                    self._socks[i] = sock
+                    self._readers[i] = ReplyReader()
+                except Exception as exc:  # whatever the node did, this thread must live on
+                    error = exc
+            if error is not None:
                 self._drop(i, now)
-                continue
-            try:
-                conn = setup.take()
-                self._conns[i] = conn
-                sock = cast("socket.socket | None", conn._sock)
-                if sock is None:
-                    raise OSError("not connected")
-                sock.settimeout(node.timeout)
-                sock.sendall(subscribe)
-                self._socks[i] = sock
-                self._readers[i] = ReplyReader()
-            except _NETWORK_ERRORS:
-                self._drop(i, now)
+                why = diagnose(error)
+                if why.failure.configuration:
+                    self._reporter.note(i, why.failure, why.detail)
 
     def _pump(self, limit: float | None, *, watch_waker: bool) -> None:
         """One ``select()`` on the sockets (at most ``limit`` s) and what it brings."""
@@ -304,7 +308,7 @@ class Listener:
         for i, s in enumerate(socks):
             if s is None:
                 setup = self._setups[i]
-                # A set-up pokes the thread when it ends: wake by its deadline only.
+                # A set-up pokes the reader when it ends: wake by its deadline only.
                 pending.append(self._retry_at[i] - now if setup is None else setup.deadline - now)
         if len(socks) > 1:
             overdue = False
@@ -347,13 +351,17 @@ class Listener:
                 data = b""
             try:
                 replies = self._readers[i].feed(data) if data else None
-            except ValueError:
+            except ValueError as exc:  # not the Redis protocol
+                why = diagnosis.not_redis(str(exc))
+                self._reporter.note(i, why.failure, why.detail)
                 replies = None
             if replies is None:
                 self._drop(i, time.monotonic())
                 continue
             for reply in replies:
-                self._handle(i, reply)
+                if not self._handle(i, reply):
+                    self._drop(i, time.monotonic())
+                    break
 
     def _run(self) -> None:
         try:
@@ -380,9 +388,17 @@ class Listener:
                 for i in range(len(self._nodes)):
                     self._drop(i, 0.0)
 
-    def _handle(self, i: int, reply: object) -> None:
+    def _handle(self, i: int, reply: object) -> bool:
+        """File one message from node ``i``; False if the subscription was refused."""
+        if isinstance(reply, ErrorReply):
+            # SUBSCRIBE refused (an ACL without the channel, NOAUTH): retried after the
+            # back-off; waiters fall back to re-checking meanwhile.
+            why = diagnosis.error_reply(reply.message)
+            if why.failure.configuration:
+                self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
+            return False
         if not isinstance(reply, list) or len(reply) != 3:
-            return
+            return True
         kind = reply[0]
         if kind == b"message":
             wake = parse_wake(reply[2])
@@ -399,6 +415,7 @@ class Listener:
             if self._ever[i]:
                 self._nudge_all()  # notifications sent while we were away reached nobody
             self._ever[i] = True
+        return True
 
 
 _LISTENERS: weakref.WeakSet[Listener] = weakref.WeakSet()

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from .._clock import monotonic
 from .._core.watchdog import Extend, GiveUp, KeepAlive, Lost
-from .._errors import LeaseLost, NotHeld
+from .._errors import ClientClosed, InheritedLease, LeaseLost, NotHeld
+from .._lease import closed_under
 
 if TYPE_CHECKING:
     from .client import Lease
@@ -64,6 +65,9 @@ class Watchdog:
                 return  # released meanwhile
             except LeaseLost:
                 return  # extend() marked it lost
+            except ClientClosed:
+                lease._mark_lost(closed_under(lease.name))
+                return
             except Exception as exc:  # anything unexpected: the lease can't be vouched for
                 lease._mark_lost(LeaseLost(lease.name, f"the watchdog failed: {exc!r}"))
                 return
@@ -75,12 +79,7 @@ _WATCHED: weakref.WeakSet[Lease] = weakref.WeakSet()
 
 def _disown_after_fork() -> None:
     for lease in list(_WATCHED):
-        lease._mark_lost(
-            LeaseLost(
-                lease.name, "this process is a fork of the holder; the lease is the parent's"
-            ),
-            notify=False,
-        )
+        lease._mark_lost(InheritedLease(lease.name, "use the lease", lease._pid), notify=False)
     _WATCHED.clear()
 
 

@@ -1,4 +1,4 @@
-"""Fencing tokens enforced at the storage (R11): writes from superseded leases are refused.
+"""Fencing tokens enforced at the storage: writes from superseded leases are refused.
 
 A lease's fencing token increases with every grant of its lock. A fenced store keeps,
 per resource, the highest token that has written it and accepts a write only if its

@@ -6,7 +6,7 @@ Theory of operation
 A fencing token is an int minted with every lock acquisition, strictly increasing in the
 order the locks for one resource were granted. A store that remembers the highest token
 it has seen per resource and refuses writes carrying a smaller one makes a superseded
-holder harmless, however long it paused (R11). Many stores (an object store, a legacy
+holder harmless, however long it paused. Many stores (an object store, a legacy
 HTTP service) cannot do that, so :class:`FencingGate` does it in front of them::
 
     A (token 5)  acquires ... GC pause / lease expires .............. resumes ─ PUT t=5 ─▶ 409

@@ -1,4 +1,4 @@
-"""A key-value store on Redis that refuses writes from superseded lease holders (R11).
+"""A key-value store on Redis that refuses writes from superseded lease holders.
 
 Theory of operation
 -------------------

@@ -1,4 +1,4 @@
-"""Fencing for SQL databases through SQLAlchemy: an UPDATE that checks and records the token (R11).
+"""Fencing for SQL databases through SQLAlchemy: an UPDATE that checks and records the token.
 
 Theory of operation
 -------------------

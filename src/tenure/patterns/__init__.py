@@ -1,14 +1,14 @@
 """The other answers to "a lease can expire under a slow holder": patterns that need no lock.
 
-* :mod:`tenure.patterns.optimistic` (R13): read, compute, and write only if nothing
+* :mod:`tenure.patterns.optimistic`: read, compute, and write only if nothing
   changed meanwhile; Redis ``WATCH``/``MULTI``/``EXEC`` (:func:`optimistic`) and
   version-checked SQL updates (:func:`versioned_update`), with a bounded, jittered
   retry loop (:func:`retry_optimistic`) and a clear :class:`ConflictError` at the bound.
-* :mod:`tenure.patterns.idempotency` (R15): a repeated request is recognised and its
+* :mod:`tenure.patterns.idempotency`: a repeated request is recognised and its
   effect not applied twice; claims with a lease on Redis (:class:`RedisIdempotency`),
   or a unique key inserted in the effect's own SQL transaction (:class:`SqlIdempotency`),
   and the :func:`idempotent` decorator for request handlers.
-* :mod:`tenure.patterns.streams` (R14): single-writer streams: writes for a key go to one
+* :mod:`tenure.patterns.streams`: single-writer streams: writes for a key go to one
   of P Redis Streams partitions (:class:`StreamProducer`), each consumed by exactly one
   worker holding a fenced tenure lease on it (:class:`StreamWorker`).
 

@@ -1,4 +1,4 @@
-"""Idempotency keys: a repeated request is recognised, and its effect is not applied twice (R15).
+"""Idempotency keys: a repeated request is recognised, and its effect is not applied twice.
 
 A client that sends "deduct 100 points", times out and sends it again cannot know
 whether the first one happened. If both requests carry the same idempotency key, the

@@ -1,4 +1,4 @@
-"""Optimistic concurrency: read, compute, write only if nothing changed meanwhile (R13).
+"""Optimistic concurrency: read, compute, write only if nothing changed meanwhile.
 
 Theory of operation
 -------------------

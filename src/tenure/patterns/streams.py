@@ -1,4 +1,4 @@
-"""Single-writer streams (R14): every write for a key goes through one ordered stream,
+"""Single-writer streams: every write for a key goes through one ordered stream,
 consumed by exactly one worker at a time, instead of taking a lock per write.
 
 Theory of operation
@@ -638,7 +638,7 @@ class StreamWorker:
                 done.append(entry_id)
                 continue
             try:
-                # The last moment to notice a lost lease before writing (R12).
+                # The last moment to notice a lost lease before writing.
                 held.lease.check()
                 self.handler(parsed[0], parsed[1], held.token)
             except LeaseLost:

@@ -146,6 +146,13 @@ class _Worker:
             self.release()
         return granted
 
+    def fresh(self, count: int) -> dict[str, int]:
+        """Names never used before, each locked twice (tenure's lock only)."""
+        fresh = getattr(self.lock, "fresh", None)
+        if fresh is None:
+            raise ActorError(f"{type(self.lock).__name__} cannot lock fresh names")
+        return dict(fresh(count))
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.lock.close()
@@ -165,6 +172,7 @@ def _serve(conn: Connection, spec: ActorSpec) -> None:
         "write": worker.write,
         "release": worker.release,
         "loop": worker.loop,
+        "fresh": worker.fresh,
     }
     conn.send(("ready", os.getpid()))
     try:

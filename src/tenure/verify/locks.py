@@ -111,6 +111,28 @@ class TenureLock:
             return "error"
         return "ok"
 
+    def fresh(self, count: int) -> dict[str, int]:
+        """Lock ``count`` names never used before, twice each: a lock per entity. Nobody
+        else holds them, so each acquire may take a retry or two (a node that timed out
+        on a loaded machine), never a wait: refused if not granted within 2 s. Counts
+        the refusals and any second token not above the first."""
+        granted = refused = disorder = 0
+        for _ in range(count):
+            name = f"{self._spec.name}:entity:{secrets.token_hex(8)}"
+            tokens = []
+            for _ in range(2):
+                try:
+                    lease = self._client.acquire(name, self._spec.ttl, timeout=2.0)
+                except AcquireError:
+                    refused += 1
+                    continue
+                granted += 1
+                tokens.append(lease.fencing_token)
+                with contextlib.suppress(TenureError):
+                    lease.release()
+            disorder += len(tokens) == 2 and tokens[1] <= tokens[0]
+        return {"fresh_granted": granted, "fresh_refused": refused, "fresh_disorder": disorder}
+
     def close(self) -> None:
         self._client.close()
 
@@ -152,7 +174,7 @@ class SetNxNoTtl(_SingleKeyBaseline):
     """UNSAFE baseline: ``SETNX`` with no expiry, ``DEL`` to release.
 
     Mutual exclusion holds, but a holder that crashes holds the lock forever: every other
-    client waits until an operator deletes the key (R1 liveness).
+    client waits until an operator deletes the key.
     """
 
     def _try(self) -> Held | str:

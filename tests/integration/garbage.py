@@ -1,0 +1,75 @@
+"""A TCP server on loopback that is not Redis: what a wrong port in a node URL finds.
+
+It answers every chunk it receives, on every connection, until the client hangs up:
+
+* ``"http"``: ``HTTP/1.1 400 Bad Request`` (an HTTP server, a load balancer's port);
+* ``"random"``: 1 to 64 bytes from a seeded random source, then CRLF, so that a RESP
+  parser reads them as a (garbled) line rather than waiting for more (a binary protocol,
+  a TLS port).
+
+Bounded by construction: it only ever answers what a client sent, and stops with the
+test (``with GarbageServer(...) as g:``).
+"""
+
+from __future__ import annotations
+
+import random
+import socketserver
+import threading
+from types import TracebackType
+
+__all__ = ["GarbageServer"]
+
+HTTP_400 = b"HTTP/1.1 400 Bad Request\r\n\r\n"
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    speaks = "http"
+    seed = 0
+
+
+class _Answer(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        server = self.server
+        assert isinstance(server, _Server)
+        rng = random.Random(server.seed)
+        try:
+            while self.request.recv(65536):
+                if server.speaks == "http":
+                    reply = HTTP_400
+                else:
+                    reply = rng.randbytes(rng.randint(1, 64)).replace(b"\r\n", b"") + b"\r\n"
+                self.request.sendall(reply)
+        except OSError:
+            pass  # the client hung up
+
+
+class GarbageServer:
+    """A server on 127.0.0.1 answering ``speaks`` ("http" or "random") to anything."""
+
+    def __init__(self, speaks: str, seed: int = 1) -> None:
+        assert speaks in ("http", "random")
+        self._server = _Server(("127.0.0.1", 0), _Answer)
+        self._server.speaks = speaks
+        self._server.seed = seed
+        self.port: int = self._server.server_address[1]
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name=f"garbage-{speaks}", daemon=True
+        )
+
+    def __enter__(self) -> GarbageServer:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        et: type[BaseException] | None,
+        ev: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()

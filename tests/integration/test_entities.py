@@ -1,0 +1,222 @@
+"""A lock per entity: names never used before, through node outages, growing node sets,
+and the state left on the nodes (expired after the retention)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tenure import _clock
+from tenure._core.config import NODE_FLOOR, NODE_WARM, LockKeys
+from tenure.local import LocalCluster
+from tenure.verify.proxy import Proxy
+
+from .conftest import Api
+
+NODE_TIMEOUT = 0.05
+FRESH = 12  # fresh names per check
+
+
+@pytest.fixture(scope="module", params=[3, 5], ids=["3nodes", "5nodes"])
+def proxied(request: pytest.FixtureRequest) -> Iterator[tuple[LocalCluster, list[Proxy]]]:
+    """Nodes, each behind a proxy that a test may cut off (and heals after)."""
+    with LocalCluster(request.param) as cluster:
+        proxies = [Proxy(n.host, n.port or 0, name=n.name) for n in cluster]
+        for p in proxies:
+            p.start()
+        try:
+            yield cluster, proxies
+        finally:
+            for p in proxies:
+                p.close()
+
+
+def _evals(cluster: LocalCluster, index: int) -> int:
+    """How many scripts node ``index`` has run (its rounds, seeds and cleanups)."""
+    with cluster[index].client() as c:
+        stats = c.info("commandstats")
+    return sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_eval", "cmdstat_evalsha"))
+
+
+def _fault(
+    cluster: LocalCluster, proxies: list[Proxy], fault: str, victim: int
+) -> Callable[[], None]:
+    """Inflict ``fault`` on node ``victim``; returns what undoes it."""
+    node, proxy = cluster[victim], proxies[victim]
+    if fault == "frozen":
+        node.pause()
+        return node.resume
+    if fault == "refusing":
+        node.stop()  # the port is closed: connections are refused
+        return node.start
+    if fault == "killed":
+        node.kill()
+        return node.start
+    assert fault == "cut off"
+    proxy.blackhole()  # connections accepted, nothing ever answered
+    return proxy.heal
+
+
+@pytest.mark.parametrize("fair", [True, False], ids=["fair", "notfair"])
+@pytest.mark.parametrize("fault", ["frozen", "refusing", "killed", "cut off"])
+def test_new_names_are_as_available_as_old_ones_with_a_node_down(
+    api: Api, proxied: tuple[LocalCluster, list[Proxy]], fault: str, fair: bool
+) -> None:
+    cluster, proxies = proxied
+    urls = [p.url for p in proxies]
+    client = api.client(urls, node_timeout=NODE_TIMEOUT)
+    old = f"old-{uuid.uuid4().hex}"
+    client.acquire(old, ttl=2.0, fair=fair).release()  # the node set is in use
+    undo = _fault(cluster, proxies, fault, victim=0)
+    try:
+        witness = 1  # a healthy node: counts the rounds every acquisition sends it
+
+        def rounds(names: list[str]) -> list[int]:
+            """Scripts per acquire+release (the release is one) on the witness node."""
+            out = []
+            for name in names:
+                before = _evals(cluster, witness)
+                lease = client.acquire(name, ttl=2.0, blocking=False, fair=fair)
+                assert lease.valid
+                assert cluster[0].url not in lease.nodes or fault == "cut off"
+                lease.release()
+                out.append(_evals(cluster, witness) - before)
+            return out
+
+        for name in [old] * 3 + [f"new-{uuid.uuid4().hex}" for _ in range(3)]:
+            client.acquire(name, ttl=2.0, blocking=False, fair=fair).release()  # settle
+        used = rounds([old] * FRESH)
+        fresh = rounds([f"new-{uuid.uuid4().hex}" for _ in range(FRESH)])
+        # The same number of rounds, give or take one (a fresh name's first proposal
+        # may be below the node's floor: one immediate retry).
+        assert max(fresh) <= max(used) + 1, (used, fresh)
+        # A blocking acquire of a new name does not wait either.
+        started = time.monotonic()
+        lease = client.acquire(f"new-{uuid.uuid4().hex}", ttl=2.0, timeout=5.0, fair=fair)
+        assert time.monotonic() - started < 1.0
+        lease.release()
+    finally:
+        undo()
+
+
+def test_a_new_name_gets_a_token_above_every_token_its_nodes_issued(
+    api: Api, shared5: LocalCluster
+) -> None:
+    client = api.client(shared5.urls, node_timeout=NODE_TIMEOUT)
+    tokens = []
+    for _ in range(20):
+        lease = client.acquire(f"entity-{uuid.uuid4().hex}", ttl=2.0)
+        tokens.append(lease.fencing_token)
+        lease.release()
+    # Each new name starts above its nodes' floor, which every earlier grant raised.
+    assert all(a < b for a, b in itertools.pairwise(tokens))
+
+
+def test_a_client_whose_clock_is_behind_after_the_history_expired(
+    api: Api, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The edge of the retention: the lock's counters have expired, then a client whose
+    wall clock is an hour behind takes the lock. Its first proposal is below the
+    nodes' floors, which they still have (other locks keep them alive): it is told so
+    and proposes above them, so the token still exceeds every earlier one."""
+    with LocalCluster(3) as cluster:
+        options: dict[str, Any] = {"node_timeout": NODE_TIMEOUT, "max_ttl": 1.0}
+        writer = api.client(cluster.urls, retention=2.0, **options)
+        first = writer.acquire(key, ttl=1.0)
+        first.release()
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:  # another lock keeps the floors alive
+            writer.acquire(f"{key}-other", ttl=1.0).release()
+            time.sleep(0.2)
+        fence = LockKeys.of(key).fence
+        for node in cluster:
+            with node.client() as c:
+                assert c.get(fence) is None  # the lock's own history has expired
+                assert c.get(NODE_FLOOR) is not None
+        behind = _clock.wall_us() - 3_600_000_000
+        module = "tenure._sync.client" if api.flavour == "sync" else "tenure._async.client"
+        monkeypatch.setattr(f"{module}.wall_us", lambda: behind)
+        late = api.client(cluster.urls, retention=2.0, **options)
+        lease = late.acquire(key, ttl=1.0)
+        assert lease.fencing_token > first.fencing_token
+        lease.release()
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 3), (3, 5)])
+def test_growing_the_node_set_costs_at_most_max_ttl(
+    api: Api, key: str, before: int, after: int
+) -> None:
+    """The new nodes are blank: they sit out max_ttl, then vote (docs/fencing.md)."""
+    max_ttl = 1.0
+    with LocalCluster(after) as cluster:
+        options: dict[str, Any] = {"node_timeout": NODE_TIMEOUT, "max_ttl": max_ttl}
+        small = api.client(cluster.urls[:before], **options)
+        old = small.acquire(key, ttl=max_ttl)
+        old.release()
+        grown = api.client(cluster.urls, **options)
+        started = time.monotonic()
+        lease = grown.acquire(key, ttl=max_ttl, timeout=max_ttl + 2.0)
+        waited = time.monotonic() - started
+        assert waited < max_ttl + 1.0
+        assert lease.fencing_token > old.fencing_token
+        lease.release()
+        # Names never used on either set are just as available.
+        fresh = grown.acquire(f"{key}-fresh", ttl=max_ttl, timeout=max_ttl + 2.0)
+        assert fresh.fencing_token > old.fencing_token
+        fresh.release()
+        if before == 1:
+            # A majority of the grown set needs a new node: once warm, they vote.
+            time.sleep(max_ttl)
+            lease = grown.acquire(key, ttl=max_ttl, timeout=2.0)
+            assert len(set(lease.nodes) - {cluster[0].url}) >= 1
+            lease.release()
+
+
+@pytest.mark.parametrize("wipe", ["flushall", "restart"])
+def test_a_node_that_lost_its_data_is_still_kept_out(api: Api, key: str, wipe: str) -> None:
+    """Losing data is told apart from a new name: the node's floor is gone with it."""
+    max_ttl = 1.0
+    with LocalCluster(3) as cluster:
+        client = api.client(cluster.urls, node_timeout=NODE_TIMEOUT, max_ttl=max_ttl)
+        client.acquire(key, ttl=max_ttl).release()
+        victim = cluster[0]
+        if wipe == "flushall":
+            with victim.client() as c:
+                c.flushall()
+        else:
+            victim.restart(keep_data=False)
+        for name in (key, f"{key}-new"):
+            lease = client.acquire(name, ttl=max_ttl, timeout=2.0)
+            assert cluster[0].url not in lease.nodes
+            with victim.client() as c:
+                assert c.get(lease.key) is None  # blank or warming: it granted nothing
+                if c.get(NODE_FLOOR) is not None:  # seeded from the others...
+                    assert 0 < c.pttl(NODE_WARM) <= max_ttl * 1000  # ...and warming up
+            lease.release()
+
+
+def test_nothing_is_left_after_the_retention(api: Api) -> None:
+    """Every key tenure writes expires: after the retention, the nodes are empty."""
+    with LocalCluster(3) as cluster:
+        client = api.client(cluster.urls, retention=2.0, max_ttl=1.0, node_timeout=NODE_TIMEOUT)
+        for i in range(200):
+            client.acquire(f"order:{i}", ttl=1.0).release()
+        lease = client.acquire("order:held", ttl=1.0)
+        other = api.client(cluster.urls, retention=2.0, max_ttl=1.0, node_timeout=NODE_TIMEOUT)
+        lock = other.lock("order:held", ttl=1.0)
+        assert not lock.acquire(timeout=0.2)  # a waiter queued, then gave up
+        lease.release()
+        for node in cluster:
+            with node.client() as c:
+                keys = list(c.scan_iter("tenure:*"))
+                assert len(keys) >= 200
+                assert all(c.pttl(k) > 0 for k in keys), [k for k in keys if c.pttl(k) <= 0]
+        time.sleep(2.2)
+        for node in cluster:
+            with node.client() as c:
+                assert list(c.scan_iter("tenure:*")) == []

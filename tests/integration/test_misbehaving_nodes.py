@@ -1,0 +1,180 @@
+"""Nodes that answer, but wrongly: never a redis-py exception, always a per-node failure.
+
+Two kinds, against real servers, for both APIs in one body:
+
+* something that is not Redis at a node's address (an HTTP server, random bytes): every
+  path (acquire, extend, release, the cleanup of a failed attempt, waiting with its
+  notifications, ``locked()``) counts it as one failed node, and the others lock on;
+* a node set up wrongly (a read-only replica, a wrong or missing password, an ACL user
+  without the keys): one such node of three is logged once and done without; two leave
+  no majority, and a blocking acquire raises ``NodeMisconfigured`` at once, naming the
+  node and the fix, rather than waiting for a recovery that will not come.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+import tenure
+from tenure.local import LocalCluster, LocalNode
+
+from .conftest import Api
+from .garbage import GarbageServer
+
+TTL = 2.0
+
+
+@pytest.fixture(scope="module")
+def redis2() -> Iterator[LocalCluster]:
+    """Two healthy nodes, next to which a test puts a third that is not Redis."""
+    with LocalCluster(2) as cluster:
+        yield cluster
+
+
+def _give_history(api: Api, urls: list[str], key: str) -> None:
+    """Use lock ``key`` once on ``urls`` alone, so those nodes have a floor.
+
+    A node set that was never used is set up once every node has answered, or else with
+    a warm-up of max_ttl (docs/fencing.md); that is not what these tests are about.
+    """
+    api.client(urls, allow_even=len(urls) % 2 == 0).acquire(key, ttl=TTL).release()
+
+
+def _tenure_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "tenure"]
+
+
+@pytest.mark.parametrize(
+    ("speaks", "password"),
+    [
+        ("http", False),  # garbage in reply to our commands
+        ("http", True),  # garbage in reply to the AUTH of the connection handshake
+        ("random", False),
+    ],
+)
+def test_a_node_that_is_not_redis_is_one_failed_node(
+    api: Api,
+    redis2: LocalCluster,
+    key: str,
+    speaks: str,
+    password: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with GarbageServer(speaks) as garbage, caplog.at_level(logging.WARNING, logger="tenure"):
+        _give_history(api, redis2.urls, key)
+        listed = garbage.url.replace("redis://", "redis://:secret@") if password else garbage.url
+        urls = [redis2.urls[0], listed, redis2.urls[1]]
+        a, b = api.client(urls), api.client(urls)
+        for _ in range(5):
+            lease = a.acquire(key, ttl=TTL)
+            assert set(lease.nodes) == set(redis2.urls)
+            assert a.lock(key, ttl=TTL).locked() is True
+            lease.extend()
+            # Held: b's attempt fails, and its cleanup goes to the node that failed too.
+            assert b.lock(key, ttl=TTL).acquire(blocking=False) is False
+            lease.release()
+            assert a.lock(key, ttl=TTL).locked() is False
+        # Waiting: b subscribes on every node (the garbage one too) and waits for a lease
+        # that runs out, then gets the lock from the two real nodes.
+        short = a.acquire(key, ttl=0.3)
+        second = b.acquire(key, ttl=TTL, timeout=10.0)
+        assert second.acquired_at >= short.valid_until
+        second.release()
+        # Alone, it is a clear error of tenure's, never a redis-py exception.
+        alone = api.client([listed])
+        with pytest.raises(tenure.TenureError) as info:
+            alone.acquire(key, ttl=TTL, blocking=False)
+        if speaks == "http":
+            assert isinstance(info.value, tenure.NodeMisconfigured)
+            assert info.value.node == garbage.url
+            assert "does not speak the Redis protocol" in str(info.value)
+            assert "check the host and port" in str(info.value)
+            told = [w for w in _tenure_warnings(caplog) if garbage.url in w]
+            # Once per client: a, b and alone each say it once.
+            assert len(told) == 3, told
+
+
+def _misconfigure(kind: str, node: LocalNode, spare: LocalNode, first: bool) -> str:
+    """Set ``node`` up wrongly in the way ``kind`` says; the URL a client would list."""
+    assert node.port is not None
+    if kind == "replica":
+        node.replicate_from(spare)
+        node.wait_replication_link()
+        return node.url
+    if kind == "password":
+        with node.client() as c:
+            c.config_set("requirepass", "secret")
+        # A wrong password, or none at all.
+        return f"redis://:wrong@127.0.0.1:{node.port}" if first else node.url
+    assert kind == "acl"
+    with node.client() as c:
+        # A user who may run anything, but on no key of tenure's.
+        c.execute_command("ACL", "SETUSER", "app", "on", ">pw", "~app:*", "&*", "+@all")
+    return f"redis://app:pw@127.0.0.1:{node.port}"
+
+
+def _evals(node: LocalNode) -> int:
+    """How many scripts ``node`` has run (INFO commandstats)."""
+    with node.client() as c:
+        stats = c.info("commandstats")
+    return int(stats.get("cmdstat_eval", {}).get("calls", 0))
+
+
+# What the error and the warning must say, per kind: the problem, and the fix.
+_SAYS = {
+    "replica": ("read-only replica", "list its master instead"),
+    "password": ("password", "node URL"),
+    "acl": ("ACL", "~tenure:*"),
+}
+
+
+@pytest.mark.parametrize("kind", ["replica", "password", "acl"])
+def test_misconfigured_nodes_are_named_with_the_fix(
+    api: Api, key: str, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with LocalCluster(4) as cluster, caplog.at_level(logging.WARNING, logger="tenure"):
+        spare = cluster[3]  # the replica's master, never a lock node
+        _give_history(api, cluster.urls[1:3], key)
+        urls = cluster.urls[:3]
+        shown = list(urls)  # as nodes are named in leases and errors (no credentials)
+        urls[0] = _misconfigure(kind, cluster[0], spare, first=True)
+
+        # One of three: the other two lock, and the node is logged once, with the fix.
+        client = api.client(urls)
+        for _ in range(3):
+            lease = client.acquire(key, ttl=TTL)  # blocking, no timeout: must not hang
+            assert set(lease.nodes) == {shown[1], shown[2]}
+            assert client.lock(key, ttl=TTL).locked() is True
+            lease.extend()
+            lease.release()
+        told = _tenure_warnings(caplog)
+        assert len(told) == 1, told
+        assert shown[0] in told[0]
+        for words in _SAYS[kind]:
+            assert words in told[0], told[0]
+
+        # Two of three: no majority is left, and waiting would not bring one back.
+        urls[1] = _misconfigure(kind, cluster[1], spare, first=False)
+        stuck = api.client(urls)
+        evals = _evals(cluster[2])
+        with pytest.raises(tenure.NodeMisconfigured) as info:
+            stuck.acquire(key, ttl=TTL)  # blocking, no timeout: raises at once
+        # At once: one attempt reached the healthy node, then the release of its grant
+        # there; no retries, as there would be for nodes that are merely down.
+        assert _evals(cluster[2]) - evals <= 2
+        error = info.value
+        assert isinstance(error, tenure.ConfigurationError)
+        assert isinstance(error, ValueError)
+        assert error.node in (shown[0], shown[1])
+        assert error.parameter in ("nodes[0]", "nodes[1]")
+        assert set(error.node_errors) >= {shown[0], shown[1]}
+        for words in _SAYS[kind]:
+            assert words in str(error), str(error)
+        if kind == "acl":
+            assert isinstance(error, tenure.ServerUnsupported)
+        if kind != "replica":  # a replica answers reads; the others refuse EXISTS too
+            with pytest.raises(tenure.NodeMisconfigured):
+                stuck.lock(key, ttl=TTL).locked()

@@ -1,0 +1,285 @@
+"""What a node's failure means: error replies and exceptions as per-node failures, and when
+misconfigured nodes end an acquire (pure core, plus the redis-py glue that feeds it)."""
+
+from __future__ import annotations
+
+import random
+import ssl
+
+import pytest
+from redis import exceptions as rx
+
+import tenure
+from tenure._core.acquire import GRANTED, Acquisition, GiveUp, Granted, Retry
+from tenure._core.config import ClientConfig, LockSpec
+from tenure._core.diagnosis import (
+    certificate_rejected,
+    configuration_error,
+    error_reply,
+    naming,
+    not_redis,
+)
+from tenure._core.lease import conclude_locked
+from tenure._core.policy import wait_random_exponential
+from tenure._core.quorum import Failure, Round
+from tenure._redis_compat import NotRedis, diagnose
+
+WRAPPED_READONLY = (
+    "ERR Error running script (call to f_131b5f2ed4a6e4f431cc21897ae043d687859f08): "
+    "@user_script:1: @user_script: 1: -READONLY You can't write against a read only replica."
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "failure", "says"),
+    [
+        ("READONLY You can't write against a read only replica.", Failure.MISCONFIGURED,
+         ["read-only replica", "list its master instead", "READONLY You can't"]),
+        (WRAPPED_READONLY, Failure.MISCONFIGURED,
+         ["read-only replica", "(READONLY You can't write against a read only replica.)"]),
+        ("NOAUTH Authentication required.", Failure.MISCONFIGURED,
+         ["requires a password", "node URL", "connection_options"]),
+        ("ERR Protocol error: unauthenticated multibulk length", Failure.MISCONFIGURED,
+         ["requires a password"]),
+        ("WRONGPASS invalid username-password pair or user is disabled.", Failure.MISCONFIGURED,
+         ["authentication failed", "password in the node URL"]),
+        ("ERR invalid password", Failure.MISCONFIGURED, ["authentication failed"]),
+        ("ERR AUTH <password> called without any password configured for the default user.",
+         Failure.MISCONFIGURED, ["authentication failed"]),
+        ("NOPERM this user has no permissions to run the 'eval' command", Failure.UNSUPPORTED,
+         ["ACL", "~tenure:*", "&tenure:*", "tenure check"]),
+        ("ERR Error running script (call to f_ab): @user_script:1: @user_script: 1: The user "
+         "executing the script can't run this command or subcommand", Failure.UNSUPPORTED,
+         ["ACL: The user executing the script can't run this command"]),
+        ("ERR unknown command 'EVAL'", Failure.UNSUPPORTED, ["Redis 6.2"]),
+        ("MOVED 3999 127.0.0.1:6381", Failure.MISCONFIGURED, ["Redis Cluster", "independent"]),
+        ("ERR DB index is out of range", Failure.MISCONFIGURED, ["/db"]),
+        ("LOADING Redis is loading the dataset in memory", Failure.ERROR, ["LOADING"]),
+        ("BUSY Redis is busy running a script", Failure.ERROR, ["BUSY"]),
+    ],
+)  # fmt: skip
+def test_error_replies(text: str, failure: Failure, says: list[str]) -> None:
+    why = error_reply(text)
+    assert why.failure is failure
+    for words in says:
+        assert words in why.detail, why.detail
+
+
+def test_long_replies_are_quoted_short() -> None:
+    why = not_redis("Protocol Error: " + "x" * 10_000)
+    assert why.failure is Failure.MISCONFIGURED
+    assert len(why.detail) < 300
+    assert "check the host and port" in why.detail
+
+
+@pytest.mark.parametrize(
+    ("exc", "failure", "says"),
+    [
+        (rx.InvalidResponse("Protocol Error: b'HTTP/1.1 400 Bad Request'"),
+         Failure.MISCONFIGURED, "does not speak the Redis protocol"),
+        (ValueError("invalid literal for int() with base 10: b'\\x8e'"),
+         Failure.MISCONFIGURED, "does not speak the Redis protocol"),
+        (NotRedis("not a RESP2 reply: b'HTTP/1.1'"), Failure.MISCONFIGURED, "Redis protocol"),
+        # redis-py strips the code off the errors it maps to classes (and keeps it as
+        # status_code only since version 6): the code is put back either way.
+        (rx.ReadOnlyError("You can't write against a read only replica."),
+         Failure.MISCONFIGURED, "READONLY You can't"),
+        (rx.AuthenticationError("Authentication required."), Failure.MISCONFIGURED,
+         "requires a password"),
+        (rx.AuthenticationError("invalid username-password pair or user is disabled."),
+         Failure.MISCONFIGURED, "authentication failed"),
+        (rx.NoPermissionError("this user has no permissions to access one of the keys"),
+         Failure.UNSUPPORTED, "NOPERM this user"),
+        (rx.ResponseError("ERR something else"), Failure.ERROR, "ERR something else"),
+        (rx.ConnectionError("Connection refused."), Failure.UNREACHABLE, "refused"),
+        (rx.TimeoutError("Timeout reading from socket"), Failure.UNREACHABLE, "Timeout"),
+        (ConnectionResetError(104, "reset"), Failure.UNREACHABLE, "reset"),
+        (RuntimeError("what"), Failure.ERROR, "RuntimeError: what"),
+    ],
+)  # fmt: skip
+def test_any_exception_of_a_node_is_a_diagnosis(
+    exc: Exception, failure: Failure, says: str
+) -> None:
+    why = diagnose(exc)
+    assert why.failure is failure
+    assert says in why.detail, why.detail
+
+
+def test_configuration_failures() -> None:
+    assert Failure.MISCONFIGURED.configuration
+    assert Failure.UNSUPPORTED.configuration
+    assert Failure.CERTIFICATE.configuration
+    for other in (Failure.UNREACHABLE, Failure.BACKING_OFF, Failure.CONNECTING, Failure.ERROR):
+        assert not other.configuration
+
+
+def test_misconfigured_blocks_quorum_counts_configuration_failures_only() -> None:
+    rnd = Round(3, 2, started=0.0)
+    rnd.fail(0, Failure.MISCONFIGURED, "read-only")
+    rnd.fail(1, Failure.UNREACHABLE, "refused")
+    assert rnd.unreachable_blocks_quorum()
+    assert not rnd.misconfigured_blocks_quorum()  # the down node may come back
+    rnd = Round(3, 2, started=0.0)
+    rnd.fail(0, Failure.MISCONFIGURED, "read-only")
+    rnd.fail(2, Failure.UNSUPPORTED, "NOPERM")
+    assert rnd.misconfigured_blocks_quorum()
+
+
+def _acquisition(n: int = 3) -> Acquisition:
+    cfg = ClientConfig.build([f"redis://h{i}" for i in range(n)])
+    return Acquisition(
+        LockSpec.build(cfg, "res", 10.0),
+        wait_random_exponential(),
+        random.Random(0),
+        blocking=True,
+        timeout=None,
+        now=0.0,
+        node_names=[f"redis://h{i}:6379" for i in range(n)],
+        max_ttl_ms=60_000,
+    )
+
+
+def test_a_misconfigured_minority_does_not_stop_an_acquire() -> None:
+    acq = _acquisition()
+    rnd = acq.begin(0.0)
+    proposal = acq.proposal(1_000)
+    rnd.fail(0, *_readonly())
+    rnd.record(1, True, (GRANTED, proposal, proposal))  # {status, token, floor}
+    rnd.record(2, True, (GRANTED, proposal, proposal))
+    assert isinstance(acq.conclude(rnd, "t", 0.001), Granted)
+
+
+def test_a_misconfigured_majority_gives_up_at_once_even_blocking() -> None:
+    acq = _acquisition()
+    rnd = acq.begin(0.0)
+    acq.proposal(1_000)
+    rnd.fail(0, *_readonly())
+    rnd.fail(1, Failure.MISCONFIGURED, "requires a password: give it in the node URL")
+    step = acq.conclude(rnd, "t", 0.001)
+    assert isinstance(step, GiveUp)
+    error = step.error
+    assert isinstance(error, tenure.NodeMisconfigured)
+    assert not isinstance(error, tenure.ServerUnsupported)
+    assert isinstance(error, tenure.ConfigurationError)
+    assert isinstance(error, ValueError)
+    assert error.node == "redis://h0:6379"
+    assert error.parameter == "nodes[0]"
+    assert str(error).startswith("node redis://h0:6379 is a read-only replica: list its master")
+    assert "redis://h1:6379: misconfigured: requires a password" in str(error)
+    assert set(error.node_errors) == {"redis://h0:6379", "redis://h1:6379"}
+
+
+def test_an_outage_next_to_a_misconfigured_node_is_retried_then_named() -> None:
+    acq = _acquisition()
+    for k in range(3):
+        rnd = acq.begin(float(k))
+        acq.proposal(1_000)
+        rnd.fail(0, *_readonly())
+        rnd.fail(1, Failure.UNREACHABLE, "refused")
+        step = acq.conclude(rnd, "t", k + 0.001)
+        if k < 2:
+            assert isinstance(step, Retry)
+    assert isinstance(step, GiveUp)
+    assert isinstance(step.error, tenure.NodeMisconfigured)
+    assert step.error.node == "redis://h0:6379"
+
+
+def test_configuration_error_is_server_unsupported_for_a_refused_command() -> None:
+    rnd = Round(3, 2, started=0.0)
+    why = error_reply("NOPERM no permissions to run the 'eval' command")
+    rnd.fail(2, why.failure, why.detail)
+    error = configuration_error(rnd, ["a", "b", "c"])
+    assert isinstance(error, tenure.ServerUnsupported)
+    assert isinstance(error, tenure.NodeMisconfigured)
+    assert error.node == "c"
+    assert configuration_error(Round(3, 2, started=0.0), ["a", "b", "c"]) is None
+
+
+def test_locked_refuses_to_answer_when_misconfigured_nodes_leave_no_majority() -> None:
+    rnd = Round(3, 2, started=0.0)
+    rnd.record(0, True)
+    rnd.fail(1, *_readonly())
+    rnd.fail(2, *_readonly())
+    with pytest.raises(tenure.NodeMisconfigured):
+        conclude_locked(rnd, ["a", "b", "c"])
+    rnd = Round(3, 2, started=0.0)
+    rnd.record(0, True)
+    rnd.record(1, True)
+    rnd.fail(2, *_readonly())
+    assert conclude_locked(rnd, ["a", "b", "c"]) is True
+
+
+def _readonly() -> tuple[Failure, str]:
+    why = error_reply("READONLY You can't write against a read only replica.")
+    return why.failure, why.detail
+
+
+# --- TLS certificates ------------------------------------------------------------------
+
+
+def _wrapped(cause: ssl.SSLError) -> rx.ConnectionError:
+    """A TLS failure as redis-py raises it: its ConnectionError, the ``ssl`` module's
+    error behind it."""
+    try:
+        raise rx.ConnectionError(f"Error 1 connecting to h0:6380. {cause}") from cause
+    except rx.ConnectionError as exc:
+        return exc
+
+
+def _verify_error(code: int, message: str) -> rx.ConnectionError:
+    cause = ssl.SSLCertVerificationError(1, f"[SSL: CERTIFICATE_VERIFY_FAILED] {message}")
+    cause.verify_code = code
+    cause.verify_message = message
+    return _wrapped(cause)
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "says"),
+    [
+        (64, "IP address mismatch, certificate is not valid for '10.0.0.7'.",
+         ["does not match the host in the node's URL", "(IP address mismatch",
+          "use the name or address the certificate was issued for"]),
+        (62, "Hostname mismatch, certificate is not valid for 'redis-a'.",
+         ["does not match the host"]),
+        (20, "unable to get local issuer certificate",
+         ["not signed by a CA this client trusts", "ssl_ca_certs"]),
+        (10, "certificate has expired", ["outside its validity period", "renew it"]),
+        (50, "application verification failure", ["failed verification"]),
+    ],
+)  # fmt: skip
+def test_a_certificate_failure_is_a_configuration_failure_with_the_fix(
+    code: int, message: str, says: list[str]
+) -> None:
+    why = diagnose(_verify_error(code, message))
+    assert why == certificate_rejected(code, message)
+    assert why.failure is Failure.CERTIFICATE
+    assert why.detail.startswith("its TLS certificate ")
+    for words in says:
+        assert words in why.detail, why.detail
+
+
+def test_other_tls_failures_are_an_outage() -> None:
+    handshake = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
+    assert diagnose(_wrapped(handshake)).failure is Failure.UNREACHABLE
+
+
+def test_configuration_error_is_a_tls_certificate_error_naming_the_node() -> None:
+    rnd = Round(3, 2, started=0.0)
+    why = certificate_rejected(64, "IP address mismatch")
+    rnd.fail(1, why.failure, why.detail)
+    rnd.fail(2, Failure.UNREACHABLE, "refused")
+    error = configuration_error(rnd, ["a", "rediss://h1:6380", "c"])
+    assert isinstance(error, tenure.TLSCertificateError)
+    assert isinstance(error, tenure.NodeMisconfigured)
+    assert not isinstance(error, tenure.ServerUnsupported)
+    assert error.node == "rediss://h1:6380"
+    assert error.parameter == "nodes[1]"
+    assert str(error).startswith("node rediss://h1:6380: its TLS certificate does not match")
+    assert "c: unreachable: refused" in str(error)
+    # The warning logged when the others lock on says it the same way.
+    assert naming("rediss://h1:6380", why.failure, why.detail) == (
+        f"node rediss://h1:6380: {why.detail}"
+    )
+    assert naming("h0", Failure.MISCONFIGURED, "is a read-only replica") == (
+        "node h0 is a read-only replica"
+    )
