@@ -27,6 +27,7 @@ from ._errors import (
     ServerUnsupported,
     StaleToken,
     TenureError,
+    TLSCertificateError,
 )
 from ._sync.client import Client, Lease, Lock
 
@@ -53,6 +54,7 @@ __all__ = [
     "SelfDeadlock",
     "ServerUnsupported",
     "StaleToken",
+    "TLSCertificateError",
     "TenureError",
     "wait_random",
     "wait_random_exponential",

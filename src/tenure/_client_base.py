@@ -46,6 +46,7 @@ class ClientBase:
         nodes: Sequence[str],
         *,
         node_timeout: float = 0.05,
+        connect_timeout: float = 1.0,
         drift_factor: float = 0.01,
         drift_floor: float = 0.002,
         retry: RetryPolicy | None = None,
@@ -59,6 +60,7 @@ class ClientBase:
         self.config = ClientConfig.build(
             nodes,
             node_timeout=node_timeout,
+            connect_timeout=connect_timeout,
             drift_factor=drift_factor,
             drift_floor=drift_floor,
             retry=retry,

@@ -6,7 +6,8 @@
     ├── ConfigurationError (ValueError)      bad parameter; names it and the accepted range
     │   └── NodeMisconfigured                a node's setup, not an outage, stops locking on
     │       │                                it: read-only replica, wrong password, not Redis
-    │       └── ServerUnsupported            a node refuses a command (ACL) or is too old
+    │       ├── ServerUnsupported            a node refuses a command (ACL) or is too old
+    │       └── TLSCertificateError          a node's TLS certificate failed verification
     ├── StaleToken (RuntimeError)             a fenced store refused a write with an old token
     ├── ClientClosed (RuntimeError)           the client was closed; it does not reconnect
     └── LockError
@@ -47,6 +48,7 @@ __all__ = [
     "SelfDeadlock",
     "ServerUnsupported",
     "StaleToken",
+    "TLSCertificateError",
     "TenureError",
 ]
 
@@ -82,6 +84,9 @@ class NodeMisconfigured(ConfigurationError):
         node_errors: what every node that failed said (node name -> message).
     """
 
+    # What joins the node's name to ``problem`` in the message.
+    _after_name = " "
+
     def __init__(
         self,
         node: str,
@@ -95,7 +100,7 @@ class NodeMisconfigured(ConfigurationError):
         if others:
             detail = " [also " + "; ".join(f"{n}: {e}" for n, e in sorted(others.items())) + "]"
         # Not ConfigurationError.__init__: "node X is a read-only replica", not "node X: ...".
-        Exception.__init__(self, f"node {node} {problem}{detail}")
+        Exception.__init__(self, f"node {node}{self._after_name}{problem}{detail}")
         self.parameter = parameter or f"node {node}"
         self.node = node
         self.problem = problem
@@ -104,6 +109,17 @@ class NodeMisconfigured(ConfigurationError):
 
 class ServerUnsupported(NodeMisconfigured):
     """A node refused a command tenure needs (ACL), or its version is too old."""
+
+
+class TLSCertificateError(NodeMisconfigured):
+    """A node's TLS certificate failed verification: it does not match the host in the
+    node's URL, no CA the client trusts signed it, or it has expired. Retrying cannot
+    help; the certificate, the URL or ``ssl_ca_certs`` must be fixed.
+
+    The message reads "node rediss://host:port: its TLS certificate ...", then the fix.
+    """
+
+    _after_name = ": "
 
 
 class StaleToken(TenureError, RuntimeError):

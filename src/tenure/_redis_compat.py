@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import socket
+import ssl
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -62,18 +63,22 @@ _NO_SETINFO: dict[str, Any] = (
 )
 
 
-def connection_kwargs(node_timeout: float, *, asyncio: bool, unix: bool) -> dict[str, Any]:
+def connection_kwargs(
+    node_timeout: float, *, asyncio: bool, unix: bool, connect_timeout: float | None = None
+) -> dict[str, Any]:
     """Options for every connection tenure opens.
 
     redis-py's own retries are off: it would re-send ``SET NX`` after a timeout and stall
     for seconds, while tenure owns retries and time. Health checks are off for the same
     reason (they are a hidden round trip). The async driver reads replies in a background
     task, so it waits without a socket timeout and enforces deadlines itself.
+    ``connect_timeout`` (default: ``node_timeout``) bounds the TCP connect; the clients'
+    drivers bound the rest of the set-up (TLS handshake, AUTH) by it too.
     """
     retry_cls = redis.asyncio.retry.Retry if asyncio else redis.retry.Retry
     options: dict[str, Any] = {
         "socket_timeout": None if asyncio else node_timeout,
-        "socket_connect_timeout": node_timeout,
+        "socket_connect_timeout": node_timeout if connect_timeout is None else connect_timeout,
         "retry": retry_cls(NoBackoff(), 0),
         "health_check_interval": 0,
         # RESP2: redis-py 8 defaults to RESP3, whose HELLO handshake is a blocking round
@@ -126,8 +131,16 @@ def diagnose(exc: Exception) -> Diagnosis:
 
     Error replies and authentication failures are classified by ``_core.diagnosis``;
     bytes that are not the Redis protocol make the node misconfigured (something else
-    listens there); network errors make it unreachable. Nothing is raised.
+    listens there); a TLS certificate that failed verification is a configuration
+    failure too (``diagnosis.certificate_rejected``); network errors make the node
+    unreachable. Nothing is raised.
     """
+    rejected = _certificate_error(exc)
+    if rejected is not None:
+        return diagnosis.certificate_rejected(
+            getattr(rejected, "verify_code", None),
+            getattr(rejected, "verify_message", None) or str(rejected),
+        )
     if isinstance(exc, (rx.ResponseError, rx.AuthenticationError)):
         text = _reply_text(exc)
         # A command, key or channel refused by ACL inside one of our scripts: each Redis
@@ -143,6 +156,20 @@ def diagnose(exc: Exception) -> Diagnosis:
     return Diagnosis(Failure.ERROR, f"{type(exc).__name__}: {exc}")
 
 
+def _certificate_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification error behind ``exc``, if any: redis-py wraps the
+    ``ssl`` module's error in its own ConnectionError (sync: ``raise ... from``; asyncio:
+    raised while handling it), so the chain is searched."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain is short; the bound guards against a cycle
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 # connection_options that would take from tenure what it must own, and what to do instead.
 _OWNED = {
     "retry": "tenure owns retries (redis-py's would re-send SET NX after a timeout and "
@@ -150,7 +177,7 @@ _OWNED = {
     "retry_on_timeout": "tenure owns retries",
     "retry_on_error": "tenure owns retries",
     "socket_timeout": "tenure owns time: set Client(node_timeout=...) instead",
-    "socket_connect_timeout": "tenure owns time: set Client(node_timeout=...) instead",
+    "socket_connect_timeout": "tenure owns time: set Client(connect_timeout=...) instead",
     "health_check_interval": "a health check is a hidden round trip inside a round; "
     "tenure notices a dead node by itself",
     "host": "give it in each node URL",

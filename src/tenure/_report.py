@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from ._core.diagnosis import naming
 from ._core.quorum import Failure, Round
 
 __all__ = ["NodeReporter"]
@@ -42,7 +43,6 @@ class NodeReporter:
         # A set's add is atomic; two threads racing here at worst both warn once.
         self._told.add(key)
         log.warning(
-            "node %s %s; until it is fixed, locks need a majority of the other nodes",
-            self._names[node],
-            detail,
+            "%s; until it is fixed, locks need a majority of the other nodes",
+            naming(self._names[node], failure, detail),
         )

@@ -82,7 +82,7 @@ def test_tls_options_on_a_plain_node_point_at_rediss(make: Make) -> None:
         ("retry", "tenure owns retries"),
         ("retry_on_timeout", "tenure owns retries"),
         ("socket_timeout", "node_timeout"),
-        ("socket_connect_timeout", "node_timeout"),
+        ("socket_connect_timeout", "connect_timeout"),
         ("health_check_interval", "health check"),
         ("host", "node URL"),
         ("port", "node URL"),

@@ -266,6 +266,7 @@ def test_same_host_different_db_or_port_is_not_a_duplicate() -> None:
 def test_client_defaults() -> None:
     cfg = config()
     assert cfg.node_timeout == 0.05
+    assert cfg.connect_timeout == 1.0
     assert cfg.drift_factor == 0.01
     assert cfg.drift_floor == 0.002
     assert isinstance(cfg.retry, wait_random_exponential)
@@ -280,6 +281,7 @@ def test_client_defaults() -> None:
     ("parameter", "good", "bad"),
     [
         ("node_timeout", [0.001, 1, 60.0], [0, 0.0, -1, 60.001, math.nan, math.inf, True, "1"]),
+        ("connect_timeout", [0.001, 2, 60.0], [0, -1, 60.001, math.nan, math.inf, False, None]),
         ("drift_factor", [0, 0.0, 0.01, 0.499], [-0.01, 0.5, 1, math.nan, math.inf, False]),
         ("drift_floor", [0, 0.0, 0.002, 10], [-0.001, 10.001, math.nan, -math.inf, True]),
     ],

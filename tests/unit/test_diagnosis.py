@@ -4,6 +4,7 @@ misconfigured nodes end an acquire (pure core, plus the redis-py glue that feeds
 from __future__ import annotations
 
 import random
+import ssl
 
 import pytest
 from redis import exceptions as rx
@@ -11,7 +12,13 @@ from redis import exceptions as rx
 import tenure
 from tenure._core.acquire import GRANTED, Acquisition, GiveUp, Granted, Retry
 from tenure._core.config import ClientConfig, LockSpec
-from tenure._core.diagnosis import configuration_error, error_reply, not_redis
+from tenure._core.diagnosis import (
+    certificate_rejected,
+    configuration_error,
+    error_reply,
+    naming,
+    not_redis,
+)
 from tenure._core.lease import conclude_locked
 from tenure._core.policy import wait_random_exponential
 from tenure._core.quorum import Failure, Round
@@ -101,7 +108,8 @@ def test_any_exception_of_a_node_is_a_diagnosis(
 def test_configuration_failures() -> None:
     assert Failure.MISCONFIGURED.configuration
     assert Failure.UNSUPPORTED.configuration
-    for other in (Failure.UNREACHABLE, Failure.BACKING_OFF, Failure.ERROR):
+    assert Failure.CERTIFICATE.configuration
+    for other in (Failure.UNREACHABLE, Failure.BACKING_OFF, Failure.CONNECTING, Failure.ERROR):
         assert not other.configuration
 
 
@@ -204,3 +212,74 @@ def test_locked_refuses_to_answer_when_misconfigured_nodes_leave_no_majority() -
 def _readonly() -> tuple[Failure, str]:
     why = error_reply("READONLY You can't write against a read only replica.")
     return why.failure, why.detail
+
+
+# --- TLS certificates ------------------------------------------------------------------
+
+
+def _wrapped(cause: ssl.SSLError) -> rx.ConnectionError:
+    """A TLS failure as redis-py raises it: its ConnectionError, the ``ssl`` module's
+    error behind it."""
+    try:
+        raise rx.ConnectionError(f"Error 1 connecting to h0:6380. {cause}") from cause
+    except rx.ConnectionError as exc:
+        return exc
+
+
+def _verify_error(code: int, message: str) -> rx.ConnectionError:
+    cause = ssl.SSLCertVerificationError(1, f"[SSL: CERTIFICATE_VERIFY_FAILED] {message}")
+    cause.verify_code = code
+    cause.verify_message = message
+    return _wrapped(cause)
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "says"),
+    [
+        (64, "IP address mismatch, certificate is not valid for '10.0.0.7'.",
+         ["does not match the host in the node's URL", "(IP address mismatch",
+          "use the name or address the certificate was issued for"]),
+        (62, "Hostname mismatch, certificate is not valid for 'redis-a'.",
+         ["does not match the host"]),
+        (20, "unable to get local issuer certificate",
+         ["not signed by a CA this client trusts", "ssl_ca_certs"]),
+        (10, "certificate has expired", ["outside its validity period", "renew it"]),
+        (50, "application verification failure", ["failed verification"]),
+    ],
+)  # fmt: skip
+def test_a_certificate_failure_is_a_configuration_failure_with_the_fix(
+    code: int, message: str, says: list[str]
+) -> None:
+    why = diagnose(_verify_error(code, message))
+    assert why == certificate_rejected(code, message)
+    assert why.failure is Failure.CERTIFICATE
+    assert why.detail.startswith("its TLS certificate ")
+    for words in says:
+        assert words in why.detail, why.detail
+
+
+def test_other_tls_failures_are_an_outage() -> None:
+    handshake = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
+    assert diagnose(_wrapped(handshake)).failure is Failure.UNREACHABLE
+
+
+def test_configuration_error_is_a_tls_certificate_error_naming_the_node() -> None:
+    rnd = Round(3, 2, started=0.0)
+    why = certificate_rejected(64, "IP address mismatch")
+    rnd.fail(1, why.failure, why.detail)
+    rnd.fail(2, Failure.UNREACHABLE, "refused")
+    error = configuration_error(rnd, ["a", "rediss://h1:6380", "c"])
+    assert isinstance(error, tenure.TLSCertificateError)
+    assert isinstance(error, tenure.NodeMisconfigured)
+    assert not isinstance(error, tenure.ServerUnsupported)
+    assert error.node == "rediss://h1:6380"
+    assert error.parameter == "nodes[1]"
+    assert str(error).startswith("node rediss://h1:6380: its TLS certificate does not match")
+    assert "c: unreachable: refused" in str(error)
+    # The warning logged when the others lock on says it the same way.
+    assert naming("rediss://h1:6380", why.failure, why.detail) == (
+        f"node rediss://h1:6380: {why.detail}"
+    )
+    assert naming("h0", Failure.MISCONFIGURED, "is a read-only replica") == (
+        "node h0 is a read-only replica"
+    )

@@ -30,6 +30,7 @@ def test_public_names() -> None:
         "SelfDeadlock",
         "ServerUnsupported",
         "StaleToken",
+        "TLSCertificateError",
         "TenureError",
         "wait_random",
         "wait_random_exponential",

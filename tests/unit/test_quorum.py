@@ -367,3 +367,77 @@ def test_cleanup_round_waits_for_every_target(first: Answer) -> None:
     assert not rnd.decided, "target 4 has not answered yet"
     rnd.record(4, True)
     assert rnd.decided
+
+
+# --- connection set-up before a round ------------------------------------------------------
+
+
+def test_a_round_begins_once_the_ready_nodes_could_decide_it() -> None:
+    rnd = Round(5, 3, started=0.0)
+    assert not rnd.enough_ready(2)
+    assert rnd.enough_ready(3)
+    rnd.fail(0, Failure.BACKING_OFF, "down")
+    rnd.fail(1, Failure.UNREACHABLE, "refused")
+    assert not rnd.enough_ready(2)  # three nodes left, all of them needed
+    rnd.fail(2, Failure.CERTIFICATE, "wrong host")
+    assert rnd.impossible
+    assert rnd.enough_ready(0)  # nothing to wait for: it cannot succeed
+
+
+@pytest.mark.parametrize(
+    "rnd",
+    [Round(3, 2, started=0.0, wait_all=True), Round.cleanup(3, frozenset({0, 1}), started=0.0)],
+    ids=["hear-every-node", "cleanup"],
+)
+def test_a_round_that_hears_every_node_waits_for_every_set_up(rnd: Round) -> None:
+    assert not rnd.enough_ready(3)
+    assert rnd.set_up_wait(2, 1, 0, now=5.0, grace=0.05) is None
+
+
+def test_set_ups_a_round_started_get_the_grace_once_the_others_could_decide_it() -> None:
+    rnd = Round(3, 2, started=0.0)
+    # Too few ready: wait for a set-up to end, however long that takes.
+    assert rnd.set_up_wait(1, 2, 2, now=0.1, grace=0.05) is None
+    # Two ready could decide it: the third, connecting for this round, gets the grace,
+    # counted from the moment the round could begin.
+    assert rnd.set_up_wait(2, 1, 1, now=0.3, grace=0.05) == pytest.approx(0.05)
+    assert rnd.set_up_wait(2, 1, 1, now=0.32, grace=0.05) == pytest.approx(0.03)
+    assert rnd.set_up_wait(2, 1, 1, now=0.35, grace=0.05) == 0.0
+    # Nothing left to set up: begin.
+    assert Round(3, 2, started=0.0).set_up_wait(3, 0, 0, now=0.0, grace=0.05) == 0.0
+
+
+def test_a_set_up_an_earlier_round_waited_for_is_not_waited_for_again() -> None:
+    rnd = Round(3, 2, started=0.0)
+    assert rnd.set_up_wait(2, 1, 0, now=0.0, grace=0.05) == 0.0
+    # ... unless the round cannot begin without it.
+    assert rnd.set_up_wait(1, 1, 0, now=0.0, grace=0.05) is None
+
+
+def test_an_impossible_round_waits_for_no_set_up() -> None:
+    rnd = Round(3, 2, started=0.0)
+    rnd.fail(0, Failure.CERTIFICATE, "wrong host")
+    rnd.fail(1, Failure.MISCONFIGURED, "wrong password")
+    assert rnd.set_up_wait(0, 1, 1, now=0.0, grace=0.05) == 0.0
+
+
+def test_begin_at_moves_the_start_and_the_validity_with_it() -> None:
+    rnd = Round(3, 2, started=10.0)
+    assert rnd.begin_at(10.25) == 0.25
+    assert rnd.started == 10.25
+    assert rnd.validity(10.25, ttl=5.0, drift=0.0) == 5.0
+    assert rnd.begin_at(10.0) == 0.0  # never earlier
+    assert rnd.started == 10.25
+
+
+def test_a_node_not_asked_while_connecting_needs_no_cleanup_and_is_no_strike() -> None:
+    rnd = Round(3, 2, started=0.0)
+    rnd.record(0, False)
+    rnd.fail(1, Failure.CONNECTING, "not connected yet")
+    rnd.fail(2, Failure.BACKING_OFF, "down")
+    assert rnd.maybe_holding() == frozenset({2})
+    assert rnd.failed_untried()
+    rnd = Round(3, 2, started=0.0)
+    rnd.fail(0, Failure.CONNECTING, "not connected yet")
+    rnd.fail(1, Failure.UNREACHABLE, "no reply before the deadline")
+    assert not rnd.failed_untried()

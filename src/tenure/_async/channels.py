@@ -17,6 +17,15 @@ Writing a request is synchronous (no ``await``), so
 A reply that comes after its round ended is still read (by the reader task) and dropped,
 so no connection is ever left with an unread reply. A node that answers nothing for
 ``STALL`` seconds while requests wait is disconnected and left alone for a back-off.
+
+Setting up a connection (TCP, TLS handshake, AUTH) is not part of a round: it runs in the
+channel's task under ``connect_timeout``, every node at once, and a round begins when
+no set-up is left, or once the ready channels could decide it and a short grace has
+passed (``Round.set_up_wait``); its clock starts then (``Round.begin_at``). A slow
+handshake is so never charged to ``node_timeout``, and a node whose set-up hangs costs
+at most that grace to a round the others can decide: its request waits in ``_unsent``
+and goes out when it connects (so, unlike the blocking driver's, such a node may still
+execute it: it counts as unreachable).
 """
 
 from __future__ import annotations
@@ -95,9 +104,17 @@ class _Replies(asyncio.Protocol):
 class Channel:
     """One pipelined connection to one node."""
 
-    def __init__(self, address: NodeAddress, pool: redis.asyncio.ConnectionPool) -> None:
+    def __init__(
+        self,
+        address: NodeAddress,
+        pool: redis.asyncio.ConnectionPool,
+        connect_timeout: float,
+        changed: asyncio.Event,
+    ) -> None:
         self.address = address
         self._pool = pool
+        self._connect_timeout = connect_timeout
+        self._changed = changed  # set when a set-up ends (Channels._set_up waits on it)
         self._conn: redis.asyncio.Connection | None = None
         self._pending: deque[tuple[OnReply, float]] = deque()
         self._unsent: list[tuple[Command, OnReply]] = []
@@ -123,12 +140,29 @@ class Channel:
             self._write(command.packed)
             self._pending.extend((c, now) for c in _callbacks(command, on_reply))
             return
+        self.connect(now)
+        self._unsent.append((command, on_reply))
+
+    def connect(self, now: float) -> None:
+        """Start setting up a connection unless there is one (or one on its way).
+
+        Raises:
+            BackingOff: the node is in its reconnect back-off.
+        """
         if self._task is None:
             wait = self.backing_off(now)
             if wait:
                 raise BackingOff(wait, self.last)
             self._task = asyncio.get_running_loop().create_task(self._run())
-        self._unsent.append((command, on_reply))
+
+    @property
+    def ready(self) -> bool:
+        """Connected: a request written now goes out at once."""
+        return self._conn is not None and self._task is not None
+
+    @property
+    def connecting(self) -> bool:
+        return self._conn is None and self._task is not None
 
     def backing_off(self, now: float) -> float:
         """Seconds until a new connection may be tried (0 when it may be tried now)."""
@@ -149,7 +183,14 @@ class Channel:
         """
         conn: redis.asyncio.Connection = self._pool.make_connection()  # type: ignore[no-untyped-call]
         try:
-            await conn.connect()  # type: ignore[no-untyped-call]
+            try:
+                # redis-py bounds the TCP connect and TLS handshake by the connect timeout,
+                # but not AUTH/SELECT (the async driver has no socket timeout): bound all.
+                await asyncio.wait_for(conn.connect(), self._connect_timeout)  # type: ignore[no-untyped-call]
+            except (asyncio.TimeoutError, TimeoutError):  # the same class from Python 3.11
+                raise ConnectionError(
+                    f"not connected within connect_timeout ({self._connect_timeout} s)"
+                ) from None
             lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
             transport = conn._writer.transport  # type: ignore[union-attr]
             transport.set_protocol(_Replies(self._deliver, lost))
@@ -161,6 +202,7 @@ class Channel:
             self._unsent.clear()
             self._backoff = BACKOFF_MIN
             self.last = None
+            self._changed.set()
             raise await lost
         except asyncio.CancelledError:
             # Whoever cancelled us (reset, close) already failed our requests; the channel
@@ -208,6 +250,7 @@ class Channel:
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
         task, self._task = self._task, None
         self._conn = None
+        self._changed.set()  # a round waiting for this channel's set-up looks again
         if task is not None and not from_task:
             task.cancel()
 
@@ -224,6 +267,7 @@ class Channel:
         self._fail_all(ConnectionError("client closed"))
         task, self._task = self._task, None
         self._conn = None
+        self._changed.set()
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -242,7 +286,12 @@ class Channels:
         self.reporter = reporter
 
         def pool(a: NodeAddress) -> redis.asyncio.ConnectionPool:
-            defaults = connection_kwargs(config.node_timeout, asyncio=True, unix=a.path is not None)
+            defaults = connection_kwargs(
+                config.node_timeout,
+                asyncio=True,
+                unix=a.path is not None,
+                connect_timeout=config.connect_timeout,
+            )
             return redis.asyncio.ConnectionPool.from_url(
                 a.url, **{**defaults, **connection_options}
             )
@@ -251,14 +300,18 @@ class Channels:
         self.pools = self._pools  # the notification listener connects through them too
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channels: list[Channel] = []
+        self._changed = asyncio.Event()  # a channel's set-up ended
 
     def _current(self) -> list[Channel]:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             # Connections belong to the loop that made them; a new loop gets new ones.
             self._loop = loop
+            self._changed = asyncio.Event()
+            connect_timeout = self._config.connect_timeout
             self._channels = [
-                Channel(a, p) for a, p in zip(self._config.nodes, self._pools, strict=True)
+                Channel(a, p, connect_timeout, self._changed)
+                for a, p in zip(self._config.nodes, self._pools, strict=True)
             ]
         return self._channels
 
@@ -288,13 +341,16 @@ class Channels:
     ) -> None:
         """Send to ``targets`` (default: all); return when ``rnd`` is decided or at ``deadline``.
 
+        Channels without a connection are set up first (``_set_up``), and then the round,
+        ``deadline`` included, begins again from that moment.
         ``hopeless_unsent``: as for the blocking driver's ``LinkSet.run``, send nothing if
-        the nodes in their reconnect back-off already make the round impossible.
+        the nodes in their reconnect back-off (or whose set-up failed) already make the
+        round impossible.
         """
+        channels = self._current()
+        order: Sequence[int] = range(len(channels)) if targets is None else targets
         if hopeless_unsent:
-            channels = self._current()
             now = time.monotonic()
-            order = range(len(channels)) if targets is None else targets
             for i in order:
                 wait = channels[i].backing_off(now)
                 if wait:
@@ -303,7 +359,13 @@ class Channels:
             if rnd.decided or rnd.impossible:
                 self.reporter.round(rnd)
                 return
-            targets = [i for i in order if rnd.results[i] is None]
+            targets = order = [i for i in order if rnd.results[i] is None]
+        if not all(channels[i].ready for i in order):
+            await self._set_up(channels, order, rnd)
+            if hopeless_unsent and rnd.impossible:
+                self.reporter.round(rnd)
+                return
+            deadline += rnd.begin_at(time.monotonic())
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
 
@@ -371,8 +433,63 @@ class Channels:
                 except Exception as exc:  # a reply of the wrong shape: not Redis speaking
                     why = diagnose(NotRedis(f"a reply tenure cannot read: {exc!r}"))
                     rnd.fail(i, why.failure, why.detail)
+            for i in order:
+                if rnd.results[i] is None and channels[i].connecting:
+                    # Not CONNECTING ("not asked"): the request is queued, and goes out
+                    # (its cleanup behind it) once the connection is up.
+                    rnd.fail(i, Failure.UNREACHABLE, "not connected yet; sent once it is")
             rnd.time_out()
         self.reporter.round(rnd)
+
+    async def _set_up(self, channels: list[Channel], order: Sequence[int], rnd: Round) -> None:
+        """Connect the channels of ``order`` that have no connection, all at once, and
+        wait until the round may begin (``Round.set_up_wait``).
+
+        Nodes that cannot be asked are recorded in ``rnd`` (back-off, failed set-up);
+        those still connecting are not: their request waits in the channel's queue.
+        """
+        now = time.monotonic()
+        waiting: list[int] = []
+        fresh: set[int] = set()  # set-ups this round started
+        for i in order:
+            channel = channels[i]
+            if rnd.results[i] is not None or channel.ready:
+                continue  # a cleanup's bystander is not waited for
+            if not channel.connecting:
+                fresh.add(i)
+            try:
+                channel.connect(now)
+            except BackingOff as exc:
+                rnd.fail(i, exc.failure, exc.detail)
+            else:
+                waiting.append(i)
+        changed = self._changed
+        while True:
+            changed.clear()  # before looking, so that a set-up ending meanwhile is not missed
+            still: list[int] = []
+            for i in waiting:
+                channel = channels[i]
+                if channel.connecting:
+                    still.append(i)
+                elif not channel.ready:
+                    # Its set-up failed: why, as diagnosed when the channel was reset.
+                    why = channel.last or Diagnosis(Failure.UNREACHABLE, "connection lost")
+                    rnd.fail(i, why.failure, why.detail)
+            waiting = still
+            ready = sum(1 for i in order if rnd.results[i] is None and channels[i].ready)
+            wait = rnd.set_up_wait(
+                ready,
+                len(waiting),
+                len(fresh.intersection(waiting)),
+                time.monotonic(),
+                self._config.node_timeout,
+            )
+            if wait == 0.0:
+                return
+            # Every set-up ends within the connect timeout (Channel._run), so without a
+            # wait of the round's own this ends too.
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(changed.wait(), wait)
 
     async def close(self) -> None:
         channels, self._channels = self._channels, []

@@ -112,6 +112,8 @@ class ClientConfig:
         nodes: node URLs. One node is a single-instance lock; three or more independent
             masters (no replication between them) make a Redlock quorum.
         node_timeout: seconds to wait for any one node in a round; much shorter than TTLs.
+        connect_timeout: seconds a new connection to a node may take to be set up (TCP,
+            TLS handshake, AUTH), apart from any round's ``node_timeout``.
         drift_factor: fraction of the TTL allowed for clock-rate drift between nodes and us.
         drift_floor: seconds added to the drift allowance (timer and scheduling granularity).
         retry: back-off policy between attempts of a blocking acquire.
@@ -140,6 +142,7 @@ class ClientConfig:
 
     nodes: tuple[NodeAddress, ...]
     node_timeout: float = 0.05
+    connect_timeout: float = 1.0
     drift_factor: float = 0.01
     drift_floor: float = 0.002
     retry: RetryPolicy = field(default_factory=wait_random_exponential)
@@ -155,6 +158,7 @@ class ClientConfig:
         nodes: object,
         *,
         node_timeout: float = 0.05,
+        connect_timeout: float = 1.0,
         drift_factor: float = 0.01,
         drift_floor: float = 0.002,
         retry: RetryPolicy | None = None,
@@ -182,6 +186,13 @@ class ClientConfig:
         if not 0 < timeout <= 60:
             raise ConfigurationError(
                 "node_timeout", f"must be in (0, 60] seconds, got {node_timeout}"
+            )
+        connect = _finite("connect_timeout", connect_timeout)
+        if not 0 < connect <= 60:
+            raise ConfigurationError(
+                "connect_timeout",
+                f"must be in (0, 60] seconds, got {connect_timeout} (the default, 1 s, "
+                "covers a TLS handshake across regions)",
             )
         factor = _finite("drift_factor", drift_factor)
         if not 0 <= factor < 0.5:
@@ -214,6 +225,7 @@ class ClientConfig:
         return cls(
             nodes=addresses,
             node_timeout=timeout,
+            connect_timeout=connect,
             drift_factor=factor,
             drift_floor=floor,
             retry=_retry_policy(retry),

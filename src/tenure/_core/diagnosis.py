@@ -2,7 +2,8 @@
 
 A node can fail because it is down (refused, reset, silent: it may come back) or because
 of how it is set up: a read-only replica listed instead of its master, a wrong or missing
-password, an ACL user lacking a permission, something that is not Redis at that address.
+password, an ACL user lacking a permission, something that is not Redis at that address,
+a TLS certificate the client cannot accept.
 The second kind does not pass with time, so tenure says which node and what to change,
 rather than "impossible until they recover".
 
@@ -18,14 +19,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .._errors import NodeMisconfigured, ServerUnsupported
+from .._errors import NodeMisconfigured, ServerUnsupported, TLSCertificateError
 from .quorum import Failure, Round
 
 __all__ = [
     "BackingOff",
     "Diagnosis",
+    "certificate_rejected",
     "configuration_error",
     "error_reply",
+    "naming",
     "not_redis",
 ]
 
@@ -153,15 +156,59 @@ def not_redis(what: str) -> Diagnosis:
     )
 
 
+# OpenSSL's X509_V_ERR_* codes, as the ssl module reports them (``verify_code``).
+_NAME_MISMATCH = frozenset({62, 63, 64})  # host name, e-mail, IP address
+_UNTRUSTED = frozenset({18, 19, 20, 21})  # self-signed, unknown issuer, unverifiable
+_OUT_OF_DATE = frozenset({9, 10})  # not yet valid, expired
+
+
+def certificate_rejected(code: int | None, said: str) -> Diagnosis:
+    """A node whose TLS certificate failed verification (OpenSSL's ``code`` and words).
+
+    A configuration failure, not an outage: the handshake fails the same way until the
+    certificate, the node's URL or the CAs the client trusts change. ``detail`` reads
+    after the node's name and a colon: "its TLS certificate does not match ...".
+    """
+    said = _quote(said.rstrip("."))
+    if code in _NAME_MISMATCH:
+        detail = (
+            f"its TLS certificate does not match the host in the node's URL ({said}); "
+            "use the name or address the certificate was issued for in the URL"
+        )
+    elif code in _UNTRUSTED:
+        detail = (
+            f"its TLS certificate is not signed by a CA this client trusts ({said}); "
+            "pass the CA certificate in connection_options={'ssl_ca_certs': path}"
+        )
+    elif code in _OUT_OF_DATE:
+        detail = f"its TLS certificate is outside its validity period ({said}); renew it"
+    else:
+        detail = f"its TLS certificate failed verification ({said})"
+    return Diagnosis(Failure.CERTIFICATE, detail)
+
+
 def _misconfigured(detail: str) -> Diagnosis:
     return Diagnosis(Failure.MISCONFIGURED, detail)
+
+
+_ERRORS: dict[Failure, type[NodeMisconfigured]] = {
+    Failure.UNSUPPORTED: ServerUnsupported,
+    Failure.CERTIFICATE: TLSCertificateError,
+}
+
+
+def naming(node: str, failure: Failure, detail: str) -> str:
+    """A configuration failure's ``detail`` said of ``node``, as its error would say it:
+    "node X is a read-only replica: ...", "node X: its TLS certificate ..."."""
+    return str(_ERRORS.get(failure, NodeMisconfigured)(node, detail))
 
 
 def configuration_error(rnd: Round, names: list[str]) -> NodeMisconfigured | None:
     """The error naming the first node of ``rnd`` that failed for its configuration.
 
-    ``ServerUnsupported`` for a refused command (ACL, too old), ``NodeMisconfigured`` for
-    the rest; either carries every failed node's message.
+    ``ServerUnsupported`` for a refused command (ACL, too old), ``TLSCertificateError``
+    for a certificate that failed verification, ``NodeMisconfigured`` for the rest; each
+    carries every failed node's message.
     """
     failures = rnd.failures()
     for i, r in failures.items():
@@ -170,6 +217,6 @@ def configuration_error(rnd: Round, names: list[str]) -> NodeMisconfigured | Non
                 names[j]: f"{f.failure.value}: {f.detail}" if f.failure else f.detail
                 for j, f in failures.items()
             }
-            kind = ServerUnsupported if r.failure is Failure.UNSUPPORTED else NodeMisconfigured
+            kind = _ERRORS.get(r.failure, NodeMisconfigured)
             return kind(names[i], r.detail, errors, parameter=f"nodes[{i}]")
     return None

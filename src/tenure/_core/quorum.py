@@ -41,6 +41,12 @@ class Failure(enum.Enum):
     UNREACHABLE = "unreachable"  # refused connection, reset, or no reply before the deadline
     # Not even tried: the node failed recently and its reconnect back-off has not ended.
     BACKING_OFF = "backing off"
+    # Not asked (nothing was sent): its connection was still being set up when the round
+    # began (see ``Round.set_up_wait``); the set-up goes on for the rounds after.
+    CONNECTING = "still connecting"
+    # Its TLS certificate failed verification: a configuration failure like the next two
+    # (no connection until the certificate, the URL or the trusted CAs are fixed).
+    CERTIFICATE = "certificate rejected"
     UNSUPPORTED = "unsupported"  # the node refused the command: ACL, unknown command
     # The node's setup, not an outage: a read-only replica, a wrong or missing password,
     # not a Redis server at that address. It fails every round until someone fixes it.
@@ -50,7 +56,7 @@ class Failure(enum.Enum):
     @property
     def configuration(self) -> bool:
         """Whether this failure is the node's configuration (it will not recover by itself)."""
-        return self is Failure.UNSUPPORTED or self is Failure.MISCONFIGURED
+        return self in (Failure.UNSUPPORTED, Failure.MISCONFIGURED, Failure.CERTIFICATE)
 
 
 @dataclass
@@ -78,6 +84,7 @@ class Round:
 
     __slots__ = (
         "_answered",
+        "_could_begin",
         "_no",
         "_wait_all",
         "_yes",
@@ -102,6 +109,7 @@ class Round:
         self._yes = 0
         self._no = 0  # refusals and failures: both mean "not a yes"
         self._answered = 0
+        self._could_begin: float | None = None  # when the ready nodes could first decide it
         self._wait_all = wait_all  # decided only when every node answered (or the deadline)
         # Seconds to go on reading once the round became impossible: a failure is then
         # decided when every node answered or that time passed (``stop_hearing``), a
@@ -122,6 +130,53 @@ class Round:
             if i not in targets:
                 rnd.record(i, True)
         return rnd
+
+    def enough_ready(self, ready: int) -> bool:
+        """Whether ``ready`` more nodes (connected, not yet asked) could decide the round.
+
+        A round already impossible waits for nothing; a round that must hear every node
+        (``wait_all``: a cleanup, or an attempt that asks every node whether the node set
+        is new) is never decided by some of them.
+        """
+        if self._wait_all:
+            return False
+        return self._yes + ready >= self.needed or self.impossible
+
+    def set_up_wait(
+        self, ready: int, connecting: int, fresh: int, now: float, grace: float
+    ) -> float | None:
+        """How much longer the round waits for connections being set up before it begins:
+        0.0 to begin now, else at most that many seconds, or None for as long as it takes
+        a set-up to end (each ends within the connect timeout).
+
+        Connecting to a node (TCP, TLS handshake, AUTH) is not part of a round: the
+        round begins once connections are set up (``begin_at``), so a slow handshake is
+        not charged to ``node_timeout``. ``ready`` nodes are connected, ``connecting``
+        are still being set up, ``fresh`` of them by this round. The round waits for
+        every set-up while the ready nodes could not decide it (``enough_ready``), and
+        once they could, for the set-ups it started itself for ``grace`` seconds more
+        (the node timeout): a healthy node connected a little later than the others is
+        still asked, as it would be on a warm connection, but a node whose set-up hangs
+        delays a round the others can decide by at most ``grace``, and only the round
+        that started that set-up. Nodes still connecting when it begins sit it out.
+        """
+        if not connecting or self.impossible:
+            return 0.0
+        if not self.enough_ready(ready):
+            return None
+        if not fresh:
+            return 0.0
+        if self._could_begin is None:
+            self._could_begin = now
+        return max(self._could_begin + grace - now, 0.0)
+
+    def begin_at(self, now: float) -> float:
+        """The requests go out at ``now``, after connections were set up: validity and
+        the deadline count from here, not from the earlier ``started``. Returns the
+        shift. (A node can only have executed a request after it was sent.)"""
+        shift = max(now - self.started, 0.0)
+        self.started += shift
+        return shift
 
     def answered_or_silent(self, nodes: frozenset[int]) -> frozenset[int]:
         """Those of ``nodes`` that did not fail in this round.
@@ -198,9 +253,14 @@ class Round:
         """Nodes that may hold our token: yes, failed, or not heard from yet.
 
         A definite "no" proves the node did not store the token (tokens are unique per
-        acquisition, so no later command can store it), so cleanup can skip it.
+        acquisition, so no later command can store it), so cleanup can skip it; so can a
+        node never asked because it was still connecting.
         """
-        return frozenset(i for i, r in enumerate(self.results) if r is None or r.ok is not False)
+        return frozenset(
+            i
+            for i, r in enumerate(self.results)
+            if r is None or (r.ok is not False and r.failure is not Failure.CONNECTING)
+        )
 
     def failures(self) -> dict[int, NodeResult]:
         """Nodes that failed, with why."""
@@ -222,12 +282,14 @@ class Round:
         return misconfigured > len(self.results) - self.needed
 
     def failed_untried(self) -> bool:
-        """True when every failure was a node not even tried (still in its back-off).
+        """True when every failure was a node not even tried (still in its back-off, or
+        still connecting).
 
         Such a round is no new evidence that the nodes are down: it repeats what an
         earlier round found, until the back-off ends.
         """
-        return all(r.failure is Failure.BACKING_OFF for r in self.failures().values())
+        untried = (Failure.BACKING_OFF, Failure.CONNECTING)
+        return all(r.failure in untried for r in self.failures().values())
 
     def validity(self, now: float, ttl: float, drift: float) -> float:
         """Seconds of validity left at ``now`` for a lease whose round began at ``started``."""

@@ -55,6 +55,12 @@ class Client(ClientBase):
         nodes: node URLs (``redis://``, ``rediss://``, ``unix://``).
         node_timeout: seconds to wait for any one node in a round (default 50 ms); it
             bounds the shortest TTL (see above).
+        connect_timeout: seconds a new connection to a node may take to be set up: TCP
+            connect, TLS handshake, AUTH (default 1 s). Set-up is not charged to a
+            round's ``node_timeout``: a round waits for set-ups while the connected
+            nodes could not decide it, and for one more ``node_timeout`` once they
+            could; a node still connecting then sits that round out
+            (docs/connections.md).
         drift_factor: clock-drift allowance as a fraction of the TTL (default 1%).
         drift_floor: seconds added to the drift allowance (default 2 ms).
         retry: back-off after a split vote (nobody holds a majority; default
@@ -170,7 +176,9 @@ class Client(ClientBase):
             QuorumUnreachable: so many nodes failed that no majority is possible.
             NodeMisconfigured: misconfigured nodes (read-only replica, credentials,
                 not Redis) leave no majority; ``ServerUnsupported`` (a subclass) when
-                they refuse a command tenure needs (ACL).
+                they refuse a command tenure needs (ACL), ``TLSCertificateError`` (a
+                subclass) when their TLS certificates fail verification (wrong host
+                name, untrusted CA).
             ConfigurationError: bad name, TTL (longer than ``max_ttl``, or shorter than
                 ``2 * (node_timeout + drift)``) or timeout; ``fair=True`` without
                 notifications or with ``wait_replicas``.

@@ -16,6 +16,15 @@ that lands when the node wakes up is always followed by its own release. A link 
 owes too many replies is closed and the node is left alone for a back-off period, so a
 dead node costs nothing per round and a frozen one cannot fill our socket buffers.
 
+A link without a connection is set up before the round begins, not inside it: every such
+node is connected at once, each in a thread of its own (``SetUp``, bounded by
+``connect_timeout``), and the round begins when the set-ups ended, or once the ready
+links could decide it and a short grace has passed (``Round.set_up_wait``). Its clock
+starts then (``Round.begin_at``), so a slow TLS handshake is never charged to
+``node_timeout``, and a node whose set-up hangs costs at most that grace to a round the
+others can decide: it sits that round out (``Failure.CONNECTING``) while its set-up
+goes on for the next.
+
 Links are grouped in sets (one link per node) that one operation uses at a time; a pool
 of sets lets many threads lock at once. After ``fork()`` the child drops the parent's
 sets (without closing the parent's sockets) and opens its own.
@@ -39,9 +48,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis
-from .._core.quorum import Round
-from .._redis_compat import connection_kwargs, diagnose, kernel_timeouts
+from .._core.quorum import Failure, Round
+from .._redis_compat import connection_kwargs, diagnose
 from .._report import NodeReporter
+from .connect import SetUp
 
 __all__ = ["LinkPool", "LinkSet", "NodeState"]
 
@@ -57,9 +67,16 @@ _NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 class NodeState:
     """What all links to one node share: its address and when to try connecting again."""
 
-    def __init__(self, address: NodeAddress, pool: redis.ConnectionPool, timeout: float) -> None:
+    def __init__(
+        self,
+        address: NodeAddress,
+        pool: redis.ConnectionPool,
+        timeout: float,
+        connect_timeout: float,
+    ) -> None:
         self.address = address
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         self.name = address.display
         self._factory = pool
         self._lock = threading.Lock()
@@ -93,7 +110,7 @@ class NodeState:
 
 
 class _Failed(Exception):
-    """Sending to the node failed (connect, handshake, write); already diagnosed."""
+    """Writing to the node failed; already diagnosed."""
 
     def __init__(self, why: Diagnosis) -> None:
         super().__init__(why.detail)
@@ -103,38 +120,73 @@ class _Failed(Exception):
 class Link:
     """One connection to one node, used by one operation at a time."""
 
-    __slots__ = ("conn", "node", "owed", "partial")
+    __slots__ = ("conn", "node", "owed", "partial", "setup")
 
     def __init__(self, node: NodeState) -> None:
         self.node = node
         self.conn: redis.Connection | None = None
+        self.setup: SetUp | None = None  # the connection being set up, while conn is None
         self.owed = 0  # replies of abandoned requests, read and dropped before ours
         self.partial: list[Any] = []  # replies so far of a command that has several
 
     def send(self, command: Command, now: float) -> None:
-        """Write ``command``, connecting first if needed.
+        """Write ``command`` on the connection (set up beforehand: ``prepare``).
 
         Raises:
-            BackingOff: the node is in its back-off; nothing was tried.
-            _Failed: connecting or writing failed (for any reason: a refused connection,
-                an AUTH refused, a handshake answered with garbage); the link is dropped.
+            _Failed: writing failed; the link is dropped.
         """
         conn = self.conn
-        if conn is None:
-            wait = self.backing_off(now)
-            if wait:
-                raise BackingOff(wait, self.node.last)
+        assert conn is not None  # set up by LinkSet._set_up
         try:
-            if conn is None:
-                conn = self.conn = self.node.new_connection()
-                conn.connect()  # type: ignore[no-untyped-call]
-                kernel_timeouts(self.socket(), self.node.timeout)
-                self.node.up()
             conn.send_packed_command([command.packed], check_health=False)  # type: ignore[no-untyped-call]
         except Exception as exc:  # not BaseException: an interrupt is no node's failure
             why = diagnose(exc)
             self.drop(now, why)
             raise _Failed(why) from exc
+
+    def prepare(self, now: float, wake: Callable[[], None]) -> Diagnosis | None:
+        """Start or follow this link's set-up.
+
+        Returns None when the link is connected (``conn``) or still being set up
+        (``setup``); otherwise why its node cannot be asked now: its back-off, or why
+        the set-up failed (for any reason: a refused connection, a TLS certificate that
+        fails verification, an AUTH refused, a handshake answered with garbage).
+        """
+        if self.conn is not None:
+            return None
+        node = self.node
+        setup = self.setup
+        if setup is None:
+            wait = self.backing_off(now)
+            if wait:
+                down = BackingOff(wait, node.last)
+                return Diagnosis(down.failure, down.detail)
+            setup = self.setup = SetUp(
+                node.new_connection(),
+                node.connect_timeout,
+                node.timeout,
+                wake,
+                now + node.connect_timeout,
+            )
+        if setup.done:
+            self.setup = None
+            if setup.error is None:
+                self.conn = setup.take()
+                node.up()
+                return None
+            why = diagnose(setup.error)
+            node.down(now, why)
+            return why
+        if now >= setup.deadline:
+            self.setup = None
+            setup.abandon()
+            why = Diagnosis(
+                Failure.UNREACHABLE,
+                f"not connected within connect_timeout ({node.connect_timeout} s)",
+            )
+            node.down(now, why)
+            return why
+        return None
 
     def backing_off(self, now: float) -> float:
         """Seconds until a new connection may be tried (0 when connected or it may be now)."""
@@ -172,6 +224,9 @@ class Link:
             self.drop(now)
 
     def drop(self, now: float, why: Diagnosis | None = None) -> None:
+        if self.setup is not None:
+            self.setup.abandon()
+            self.setup = None
         if self.conn is not None:
             self.conn.disconnect()  # type: ignore[no-untyped-call]
             self.conn = None
@@ -202,7 +257,7 @@ _NOT_YET = object()
 class LinkSet:
     """One link per node, in the configured node order."""
 
-    __slots__ = ("_reporter", "clean", "links")
+    __slots__ = ("_reporter", "_wake", "clean", "links")
 
     def __init__(self, nodes: Sequence[NodeState], reporter: NodeReporter) -> None:
         self.links = [Link(n) for n in nodes]
@@ -210,6 +265,7 @@ class LinkSet:
         # False while a round is in progress: a set left unclean by an exception has
         # replies nobody accounted for, and must be closed rather than reused.
         self.clean = True
+        self._wake = threading.Event()  # set by a set-up of ours when it ends
 
     def run(
         self,
@@ -226,9 +282,12 @@ class LinkSet:
         Returns when ``rnd`` is decided or at ``deadline``; nodes still silent then are
         recorded as unreachable and their replies are owed, never left unread. Nodes
         outside ``targets`` are not touched: the caller records them in ``rnd`` first.
-        ``hopeless_unsent``: if the nodes in their reconnect back-off already make the
-        round impossible, send nothing at all (an acquire that cannot win would only
-        leave keys to clean up, and replies to owe, on the nodes that are up).
+        Links without a connection are set up first (``_set_up``), and then the round,
+        ``deadline`` included, begins again from that moment.
+        ``hopeless_unsent``: if the nodes in their reconnect back-off (or whose set-up
+        failed) already make the round impossible, send nothing at all (an acquire that
+        cannot win would only leave keys to clean up, and replies to owe, on the nodes
+        that are up).
         """
         self.clean = False
         links = self.links
@@ -247,14 +306,16 @@ class LinkSet:
                 return
             order = [i for i in order if rnd.results[i] is None]
         if any(links[i].conn is None for i in order):
-            # Connected links first: connecting (and any AUTH handshake) blocks, and must
-            # not delay the requests to nodes that are ready.
-            order = sorted(order, key=lambda i: links[i].conn is None)
+            order = self._set_up(order, rnd, clock)
+            if hopeless_unsent and rnd.impossible:
+                self._reporter.round(rnd)
+                self.clean = True
+                return
+            deadline += rnd.begin_at(clock())
+            now = rnd.started
         for i in order:
             try:
                 links[i].send(command, now)
-            except BackingOff as exc:
-                rnd.fail(i, exc.failure, exc.detail)
             except _Failed as exc:
                 rnd.fail(i, exc.diagnosis.failure, exc.diagnosis.detail)
             else:
@@ -292,6 +353,48 @@ class LinkSet:
             rnd.time_out()
         self._reporter.round(rnd)
         self.clean = True
+
+    def _set_up(self, order: Sequence[int], rnd: Round, clock: Callable[[], float]) -> list[int]:
+        """Connect the links of ``order`` that have no connection, all at once, and wait
+        until the round may begin (``Round.set_up_wait``).
+
+        Nodes that cannot be asked are recorded in ``rnd``: back-off, failed set-up, or
+        still connecting (its set-up goes on, for a later round). Returns the nodes to
+        send to: those of ``order`` that are connected.
+        """
+        links = self.links
+        wake = self._wake
+        fresh: set[int] = set()  # set-ups this round started
+        while True:
+            wake.clear()  # before looking, so that a set-up ending meanwhile is not missed
+            now = clock()
+            ready = 0
+            pending: list[int] = []
+            for i in order:
+                if rnd.results[i] is not None:
+                    continue  # not waited for (a cleanup's bystander): sent only if connected
+                link = links[i]
+                before = link.setup
+                why = link.prepare(now, wake.set)
+                if why is not None:
+                    rnd.fail(i, why.failure, why.detail)
+                elif link.conn is not None:
+                    ready += 1
+                else:
+                    pending.append(i)
+                    if before is None:
+                        fresh.add(i)
+            wait = rnd.set_up_wait(
+                ready, len(pending), len(fresh.intersection(pending)), now, links[0].node.timeout
+            )
+            if wait == 0.0:
+                break
+            first = min(s.deadline for i in pending if (s := links[i].setup) is not None)
+            timeout = first - now if wait is None else min(wait, first - now)
+            wake.wait(max(timeout, 0.0))
+        for i in pending:
+            rnd.fail(i, Failure.CONNECTING, "not connected yet when the round began")
+        return [i for i in order if links[i].conn is not None]
 
     def _give_up_on(self, i: int, command: Command, rnd: Round, now: float) -> None:
         """The deadline passed before node ``i`` answered all of ``command``.
@@ -379,11 +482,16 @@ class LinkPool:
     ) -> None:
         def pool(a: NodeAddress) -> redis.ConnectionPool:
             defaults = connection_kwargs(
-                config.node_timeout, asyncio=False, unix=a.path is not None
+                config.node_timeout,
+                asyncio=False,
+                unix=a.path is not None,
+                connect_timeout=config.connect_timeout,
             )
             return redis.ConnectionPool.from_url(a.url, **{**defaults, **connection_options})
 
-        self.nodes = [NodeState(a, pool(a), config.node_timeout) for a in config.nodes]
+        self.nodes = [
+            NodeState(a, pool(a), config.node_timeout, config.connect_timeout) for a in config.nodes
+        ]
         self.reporter = reporter
         self._free: list[LinkSet] = []
         self._closed = False
@@ -413,6 +521,9 @@ class LinkPool:
 
 def _disconnect(links: LinkSet) -> None:
     for link in links.links:
+        if link.setup is not None:
+            link.setup.abandon()
+            link.setup = None
         if link.conn is not None:
             link.conn.disconnect()  # type: ignore[no-untyped-call]
             link.conn = None

@@ -34,6 +34,7 @@ from .._core.resp import ErrorReply, ReplyReader
 from .._core.waiting import Departed, Wake, channel_name, parse_wake
 from .._redis_compat import diagnose
 from .._report import NodeReporter
+from .connect import SetUp
 from .links import NodeState
 
 __all__ = ["Listener", "Slot"]
@@ -133,6 +134,7 @@ class Listener:
         self._up = [False] * n
         self._socks: list[socket.socket | None] = [None] * n
         self._conns: list[object] = [None] * n
+        self._setups: list[SetUp | None] = [None] * n  # connections being set up
         self._readers = [ReplyReader() for _ in range(n)]
         self._retry_at = [0.0] * n
         self._backoff = [BACKOFF_MIN] * n
@@ -190,10 +192,15 @@ class Listener:
                 return slot.event.is_set()
             try:
                 while not slot.event.is_set() and not self._stop:
-                    left = end - time.monotonic()
+                    now = time.monotonic()
+                    left = end - now
                     if left <= 0:
                         break
-                    self._pump(left, watch_waker=False)
+                    if any(self._setups):
+                        # A subscription being set up must not wait for this wait to
+                        # end: the reader finishes it (a set-up pokes when it ends).
+                        self._connect(now)
+                    self._pump(left, watch_waker=any(self._setups))
             finally:
                 self._read.release()
         finally:
@@ -234,6 +241,9 @@ class Listener:
             slot.put(None)
 
     def _drop(self, i: int, now: float) -> None:
+        setup, self._setups[i] = self._setups[i], None
+        if setup is not None:
+            setup.abandon()
         conn = self._conns[i]
         self._conns[i] = self._socks[i] = None
         if conn is not None:
@@ -244,25 +254,49 @@ class Listener:
         self._backoff[i] = min(self._backoff[i] * 2, BACKOFF_MAX)
 
     def _connect(self, now: float) -> None:
-        """(Re)connect and subscribe where needed (the subscriber thread, holding _read)."""
+        """(Re)connect and subscribe where needed (whoever reads the sockets, holding _read).
+
+        Connections are set up in threads of their own (``SetUp``), every node at once,
+        so a slow TLS handshake or a node that does not answer never holds up the
+        notifications of the others; the reader is poked when a set-up ends.
+        """
         subscribe = pack("SUBSCRIBE", self.channel)
         for i, node in enumerate(self._nodes):
-            if self._socks[i] is not None or now < self._retry_at[i]:
+            if self._socks[i] is not None:
                 continue
-            try:
-                conn = node.new_connection()
-                self._conns[i] = conn
-                conn.connect()  # type: ignore[no-untyped-call]
-                sock = cast("socket.socket | None", conn._sock)
-                if sock is None:
-                    raise OSError("not connected")
-                sock.settimeout(node.timeout)
-                sock.sendall(subscribe)
-                self._socks[i] = sock
-                self._readers[i] = ReplyReader()
-            except Exception as exc:  # whatever the node did, this thread must live on
+            setup = self._setups[i]
+            if setup is None:
+                if now >= self._retry_at[i]:
+                    self._setups[i] = SetUp(
+                        node.new_connection(),
+                        node.connect_timeout,
+                        node.timeout,
+                        self._poke,
+                        now + node.connect_timeout,
+                    )
+                continue
+            if not setup.done:
+                if now >= setup.deadline:
+                    self._drop(i, now)
+                continue
+            self._setups[i] = None
+            error = setup.error
+            if error is None:
+                try:
+                    conn = setup.take()
+                    self._conns[i] = conn
+                    sock = cast("socket.socket | None", conn._sock)
+                    if sock is None:
+                        raise OSError("not connected")
+                    sock.settimeout(node.timeout)
+                    sock.sendall(subscribe)
+                    self._socks[i] = sock
+                    self._readers[i] = ReplyReader()
+                except Exception as exc:  # whatever the node did, this thread must live on
+                    error = exc
+            if error is not None:
                 self._drop(i, now)
-                why = diagnose(exc)
+                why = diagnose(error)
                 if why.failure.configuration:
                     self._reporter.note(i, why.failure, why.detail)
 
@@ -271,7 +305,11 @@ class Listener:
         socks = self._socks
         now = time.monotonic()
         pending = [] if limit is None else [limit]
-        pending += [self._retry_at[i] - now for i, s in enumerate(socks) if s is None]
+        for i, s in enumerate(socks):
+            if s is None:
+                setup = self._setups[i]
+                # A set-up pokes the reader when it ends: wake by its deadline only.
+                pending.append(self._retry_at[i] - now if setup is None else setup.deadline - now)
         if len(socks) > 1:
             overdue = False
             for slot in list(self._slots.values()):
@@ -303,6 +341,12 @@ class Listener:
             i = socks.index(sock)
             try:
                 data = sock.recv(65536)
+                # TLS: recv returns one record at a time, and records already received
+                # are not readable to select(); take them now, or a notification could
+                # sit in the TLS buffer until the next one comes.
+                buffered = getattr(sock, "pending", None)
+                while data and buffered is not None and (more := buffered()):
+                    data += sock.recv(more)
             except OSError:
                 data = b""
             try:

@@ -1,0 +1,93 @@
+"""Setting up one connection in a thread of its own, so that rounds never wait on it.
+
+Setting up a connection is a TCP connect, then (``rediss://``) a TLS handshake, then
+(with credentials or a database) AUTH and SELECT: one or more round trips, each of which
+blocks in redis-py. Done inline in a round, it would be charged to the round's
+``node_timeout`` (a TLS handshake alone often takes longer than the default 50 ms), and
+the nodes would have to be connected one after the other. A ``SetUp`` runs it in a
+short-lived daemon thread instead, under ``connect_timeout``, so the caller can connect
+every node at once and go on with the nodes that are ready (``LinkSet.run``); the
+notification listener sets up its subscriptions the same way. The thread
+ends with the set-up; a set-up nobody wants any more is closed when it ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import redis
+
+from .._redis_compat import kernel_timeouts
+
+__all__ = ["SetUp"]
+
+
+class SetUp:
+    """One connection being set up; ``done`` once it is connected or failed.
+
+    Args:
+        conn: the unconnected redis-py connection.
+        connect_timeout: bounds each step of the set-up (connect, handshake, each reply).
+        node_timeout: the kernel timeouts the connection gets once set up (see
+            ``kernel_timeouts``).
+        on_done: called (in the set-up's thread) when it ends, to wake whoever waits.
+        deadline: when the caller stops waiting for it (the steps' own bounds add up).
+    """
+
+    def __init__(
+        self,
+        conn: redis.Connection,
+        connect_timeout: float,
+        node_timeout: float,
+        on_done: Callable[[], None],
+        deadline: float,
+    ) -> None:
+        self.deadline = deadline
+        self._conn = conn
+        self._timeouts = (connect_timeout, node_timeout)
+        self._on_done = on_done
+        self._lock = threading.Lock()
+        self._done = False
+        self._abandoned = False
+        self.error: Exception | None = None
+        threading.Thread(target=self._run, name="tenure-connect", daemon=True).start()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def take(self) -> redis.Connection:
+        """The connection, once ``done`` without ``error``."""
+        assert self._done
+        assert self.error is None
+        return self._conn
+
+    def abandon(self) -> None:
+        """Nobody will use this connection: close it now, or when its set-up ends."""
+        with self._lock:
+            self._abandoned = True
+            done = self._done
+        if done:
+            self._conn.disconnect()  # type: ignore[no-untyped-call]
+
+    def _run(self) -> None:
+        conn = self._conn
+        connect_timeout, node_timeout = self._timeouts
+        error: Exception | None = None
+        try:
+            # redis-py runs the TLS handshake and AUTH under ``socket_timeout``: they get
+            # the connect timeout, then the connection gets the round's timeouts back.
+            conn.socket_timeout = connect_timeout
+            conn.connect()  # type: ignore[no-untyped-call]
+            conn.socket_timeout = node_timeout
+            kernel_timeouts(conn._sock, node_timeout)  # type: ignore[arg-type]
+        except Exception as exc:  # reported to the round, which classifies it
+            error = exc
+        with self._lock:
+            self.error = error
+            self._done = True
+            close = self._abandoned or error is not None
+        if close:
+            conn.disconnect()  # type: ignore[no-untyped-call]
+        self._on_done()

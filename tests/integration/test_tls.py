@@ -1,0 +1,262 @@
+"""TLS nodes (``rediss://``, certificates verified) and slow connection set-up, both APIs.
+
+The embedded redis-server has no TLS: each node here is a real redis-server behind a
+TLS-terminating proxy (``tls_proxy.py``) whose certificate is issued by a CA the test
+makes; clients verify it (redis-py's default: certificate required, host name checked)
+against that CA, passed as ``ssl_ca_certs``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+import tenure
+from tenure._core.config import LockKeys
+from tenure.local import LocalCluster
+
+from .conftest import Api, holders
+from .tls_proxy import CertificateAuthority, TLSProxy
+
+TTL = 5.0
+# Several times the default node timeout (50 ms): a handshake this slow used to be
+# charged to the first round, which then failed.
+SLOW_HANDSHAKE = 0.25
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> CertificateAuthority:
+    return CertificateAuthority(tmp_path / "ca")
+
+
+@pytest.fixture
+def proxies() -> Iterator[ExitStack]:
+    with ExitStack() as stack:
+        yield stack
+
+
+def _proxy(
+    stack: ExitStack,
+    cluster: LocalCluster,
+    i: int,
+    ca: CertificateAuthority,
+    names: list[str],
+    delay: float = 0.0,
+) -> TLSProxy:
+    node = cluster[i]
+    assert node.port is not None
+    proxy = TLSProxy((node.host, node.port), ca.issue(names), handshake_delay=delay)
+    return stack.enter_context(proxy)
+
+
+def _verified(ca: CertificateAuthority) -> dict[str, str]:
+    return {"ssl_ca_certs": str(ca.ca_file)}
+
+
+def _while_running(api: Api, wait: Callable[..., bool], *args: object) -> bool:
+    """``wait(*args)``, with the asyncio client's event loop running meanwhile (the
+    wrapped client runs it only inside its calls), so that its connections progress."""
+    if api.loop is None:
+        return wait(*args)
+    return api.loop.run_until_complete(asyncio.to_thread(wait, *args))
+
+
+def _used_before(api: Api, cluster: LocalCluster, key: str, n: int) -> None:
+    """Acquire and release ``key`` on the first ``n`` nodes directly: a lock with a
+    history, so that an attempt is decided by a majority (a new lock must hear every
+    node: docs/fencing.md)."""
+    api.client(cluster.urls[:n]).acquire(key, ttl=TTL).release()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_slow_handshake_does_not_fail_the_first_acquire(
+    api: Api,
+    shared5: LocalCluster,
+    key: str,
+    ca: CertificateAuthority,
+    proxies: ExitStack,
+    n: int,
+) -> None:
+    nodes = [_proxy(proxies, shared5, i, ca, ["127.0.0.1"], SLOW_HANDSHAKE) for i in range(n)]
+    client = api.client([p.url for p in nodes], connection_options=_verified(ca))
+    assert client.config.node_timeout == 0.05  # the default
+    # One attempt, on connections not yet set up: the handshakes are not charged to it.
+    lease = client.acquire(key, ttl=TTL, blocking=False)
+    assert len(lease.nodes) >= n // 2 + 1
+    assert sum(p.handshakes for p in nodes) >= n // 2 + 1  # over TLS, certificate verified
+    values = holders(shared5, lease.key)[:n]
+    assert values.count(lease.token.encode()) >= n // 2 + 1
+    lease.release()
+
+
+@pytest.mark.parametrize(
+    ("names", "trust", "says"),
+    [
+        (["other-node.tenure.test"], True, "does not match the host"),
+        (["127.0.0.1"], False, "not signed by a CA this client trusts"),
+    ],
+    ids=["wrong-host-name", "unknown-ca"],
+)
+@pytest.mark.parametrize("blocking", [False, True])
+def test_certificate_failure_is_a_clear_error(
+    api: Api,
+    shared5: LocalCluster,
+    key: str,
+    ca: CertificateAuthority,
+    proxies: ExitStack,
+    names: list[str],
+    trust: bool,
+    says: str,
+    blocking: bool,
+) -> None:
+    proxy = _proxy(proxies, shared5, 0, ca, names)
+    client = api.client([proxy.url], connection_options=_verified(ca) if trust else {})
+    with pytest.raises(tenure.TLSCertificateError) as info:
+        client.acquire(key, ttl=TTL, blocking=blocking, timeout=10.0 if blocking else None)
+    error = info.value
+    assert isinstance(error, tenure.ConfigurationError)
+    assert not isinstance(error, tenure.QuorumUnreachable)
+    assert error.node == proxy.url
+    message = str(error)
+    assert message.startswith(f"node {proxy.url}: its TLS certificate ")
+    assert says in message
+    assert "impossible until they recover" not in message
+    assert proxy.wait_handshakes(0, rejected=1)  # the client broke the handshake off
+    assert proxy.handshakes == 0
+    assert holders(shared5, f"tenure:{{{key}}}:lock")[0] is None
+
+
+def test_one_bad_certificate_among_three_nodes_costs_only_its_vote(
+    api: Api,
+    shared5: LocalCluster,
+    key: str,
+    ca: CertificateAuthority,
+    proxies: ExitStack,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    good = [_proxy(proxies, shared5, i, ca, ["127.0.0.1"]) for i in range(2)]
+    bad = _proxy(proxies, shared5, 2, ca, ["other-node.tenure.test"])
+    _used_before(api, shared5, key, 3)
+    client = api.client([p.url for p in [*good, bad]], connection_options=_verified(ca))
+    with caplog.at_level(logging.WARNING, logger="tenure"):
+        for _ in range(2):
+            lease = client.acquire(key, ttl=TTL, blocking=False)
+            assert set(lease.nodes) == {p.url for p in good}
+            lease.release()
+    # Nothing raised, so the client says it once, as for any misconfigured node.
+    told = [r.getMessage() for r in caplog.records if r.name == "tenure"]
+    assert len(told) == 1, told
+    assert told[0].startswith(f"node {bad.url}: its TLS certificate does not match the host")
+
+
+@pytest.mark.parametrize("delay", [0.0, SLOW_HANDSHAKE])
+def test_a_new_clients_first_acquire_asks_every_node(
+    api: Api,
+    shared5: LocalCluster,
+    key: str,
+    ca: CertificateAuthority,
+    proxies: ExitStack,
+    delay: float,
+) -> None:
+    # Set-ups that end a little apart: the round waits for the last one (for up to a
+    # node timeout once the others could decide it), so every node is asked and the
+    # lease is on every node, as it would be on connections already set up. (The round
+    # is decided by the first two answers, so lease.nodes may name only those.)
+    nodes = [_proxy(proxies, shared5, i, ca, ["127.0.0.1"], delay) for i in range(3)]
+    _used_before(api, shared5, key, 3)
+    client = api.client([p.url for p in nodes], connection_options=_verified(ca))
+    lease = client.acquire(key, ttl=TTL, blocking=False)
+
+    def on_every_node() -> bool:
+        deadline = time.monotonic() + 10.0  # a hang guard: the third SET is on its way
+        while holders(shared5, lease.key)[:3] != [lease.token.encode()] * 3:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    assert _while_running(api, on_every_node)
+    lease.release()
+
+
+@pytest.mark.timeout(40)  # a hang guard only: were the set-up waited for, 60 s
+def test_a_node_whose_handshake_hangs_does_not_hold_up_the_others(
+    api: Api, shared5: LocalCluster, key: str, ca: CertificateAuthority, proxies: ExitStack
+) -> None:
+    nodes = [_proxy(proxies, shared5, i, ca, ["127.0.0.1"]) for i in range(3)]
+    nodes[2].hold()  # its handshake does not even start until released
+    _used_before(api, shared5, key, 3)
+    client = api.client(
+        [p.url for p in nodes], connection_options=_verified(ca), connect_timeout=60.0
+    )
+    # Two nodes can decide the round: it begins without the third, whose set-up goes on.
+    lease = client.acquire(key, ttl=TTL, blocking=False)
+    assert set(lease.nodes) == {nodes[0].url, nodes[1].url}
+    assert nodes[2].handshakes == 0
+    nodes[2].release()
+    assert _while_running(api, nodes[2].wait_handshakes, 1)
+    lease.release()
+
+    # No key of ours is left anywhere once the third node is up (the asyncio client
+    # sends it the acquire when it connects, and the release right behind it).
+    def cleaned_up() -> bool:
+        deadline = time.monotonic() + 10.0
+        while holders(shared5, lease.key)[:3] != [None] * 3:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    assert _while_running(api, cleaned_up)
+
+
+def test_waiters_are_notified_over_slow_tls(
+    api: Api, shared5: LocalCluster, key: str, ca: CertificateAuthority, proxies: ExitStack
+) -> None:
+    # The notification subscription is set up under connect_timeout too: a slow handshake
+    # must not keep a waiter from hearing the release (it would then wait out the
+    # holder's TTL, far past this acquire's timeout).
+    proxy = _proxy(proxies, shared5, 0, ca, ["127.0.0.1"], SLOW_HANDSHAKE)
+    # The holder is released from another thread: a blocking client, whatever the waiter.
+    holder_client = tenure.Client(shared5.urls[:1])
+    proxies.callback(holder_client.close)
+    holder = holder_client.acquire(key, ttl=60.0)
+    with shared5[0].client() as c:
+        before = set(c.pubsub_channels("tenure:wake:*"))
+    waiter = api.client([proxy.url], connection_options=_verified(ca), recheck=60.0)
+    queue = LockKeys.of(key).queue
+    released = threading.Event()
+
+    def release_once_the_waiter_listens() -> None:
+        deadline = time.monotonic() + 20.0
+        with shared5[0].client() as c:
+            while not (set(c.pubsub_channels("tenure:wake:*")) - before and c.zcard(queue)):
+                if time.monotonic() > deadline:
+                    return  # never subscribed: the waiter times out, and the test fails
+                time.sleep(0.005)
+        holder.release()
+        released.set()
+
+    thread = threading.Thread(target=release_once_the_waiter_listens)
+    thread.start()
+    try:
+        lease = waiter.acquire(key, ttl=TTL, timeout=30.0)
+    finally:
+        thread.join()
+    assert released.is_set()
+    lease.release()
+
+
+def test_connect_timeout_is_validated(api: Api, shared5: LocalCluster) -> None:
+    for bad in (0, -1, 61, float("nan"), "1"):
+        with pytest.raises(tenure.ConfigurationError) as info:
+            api.client(shared5.urls[:1], connect_timeout=bad)
+        assert info.value.parameter == "connect_timeout"
+        assert "(0, 60] seconds" in str(info.value) or "finite number" in str(info.value)
