@@ -18,7 +18,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from ._clock import monotonic, wall_us
-from ._core import commands
+from ._core import commands, waiting
 from ._core.acquire import Acquisition, Granted
 from ._core.commands import Command, acked_by_replicas
 from ._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
@@ -175,10 +175,7 @@ class ClientBase:
         """release.lua for a lease (or, with a waiter id, a waiter giving up): delete our
         key, leave the queue (``cleanup``: stay), pass the lock on to the next waiter."""
         if spec.wait_mode == "q":
-            # The hand-off's token: one value for every node, above our own and every
-            # token this client saw. A node whose floor is not below it only wakes the
-            # next waiter, which then acquires with an ordinary round.
-            arg = max(wall_us(), fencing + 1, self._fence_floor)
+            arg = waiting.handoff_token(wall_us(), fencing, self._fence_floor)
         else:
             arg = self._hold_ms
         return commands.release_waking(spec, token, spec.wait_mode, arg, cleanup=cleanup)

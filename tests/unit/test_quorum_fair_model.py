@@ -69,7 +69,7 @@ from tenure._core.commands import _acquire_reply
 from tenure._core.config import ClientConfig, LockSpec
 from tenure._core.policy import wait_random
 from tenure._core.quorum import Round
-from tenure._core.waiting import Wake, parse_wake, place_ms
+from tenure._core.waiting import Wake, handoff_token, parse_wake, place_ms
 
 from .fake_node import (
     Bus,
@@ -302,7 +302,7 @@ class QuorumFairModel(RuleBasedStateMachine):
     def _end_call(self, client: Client, wall: int) -> None:
         """The acquire call returns without a lease: leave the queues (``_decline``)."""
         if client.queued:
-            p = max(wall, 1, client.floor)
+            p = handoff_token(wall, 0, client.floor)
             self._log(f"{client.waiter} dequeues (P={p})")
             self._send(client, range(N), Command("release", client.waiter, p))
         client.state = "idle"
@@ -322,7 +322,7 @@ class QuorumFairModel(RuleBasedStateMachine):
             self._granted(c, client, step.lease, "a round")
             return
         if step.cleanup:
-            p = max(wall, 1, client.floor)  # _cleanup_release: fencing 0
+            p = handoff_token(wall, 0, client.floor)  # _cleanup_release: fencing 0
             self._log(f"{client.waiter} cleans up {sorted(step.cleanup)} (P={p})")
             self._send(client, step.cleanup, Command("release", client.waiter, p, cleanup=True))
         if isinstance(step, GiveUp):
@@ -494,7 +494,7 @@ class QuorumFairModel(RuleBasedStateMachine):
         lease = client.lease
         assert lease is not None
         lease.ended_ms = self.ms
-        p = max(self._wall(skew), lease.state.fencing_token + 1, client.floor)
+        p = handoff_token(self._wall(skew), lease.state.fencing_token, client.floor)
         self._log(f"{client.waiter} releases token {lease.state.fencing_token} with P={p}")
         for i in range(N):
             client.wire[i].append(Command("release", client.waiter, self.hand_off_token(p, i)))

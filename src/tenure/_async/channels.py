@@ -41,6 +41,7 @@ from typing import Any
 import redis.asyncio
 from redis.exceptions import ResponseError
 
+from .._core.backoff import Reconnect
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis
@@ -52,8 +53,6 @@ from .._report import NodeReporter
 __all__ = ["Channels"]
 
 STALL = 1.0
-BACKOFF_MIN = 0.025
-BACKOFF_MAX = 1.0
 
 # A reply: (True, value) or (False, the error it came as), handed to the request's
 # callback by the reader task itself: no future, no extra trip through the event loop.
@@ -119,8 +118,7 @@ class Channel:
         self._pending: deque[tuple[OnReply, float]] = deque()
         self._unsent: list[tuple[Command, OnReply]] = []
         self._task: asyncio.Task[None] | None = None
-        self._retry_at = 0.0
-        self._backoff = BACKOFF_MIN
+        self._reconnect = Reconnect()
         self._idle: asyncio.Event | None = None  # set when nothing is pending (for close)
         # Why the connection last ended: a node in its back-off for a configuration
         # failure is reported with that failure, not as merely "backing off".
@@ -166,7 +164,7 @@ class Channel:
 
     def backing_off(self, now: float) -> float:
         """Seconds until a new connection may be tried (0 when it may be tried now)."""
-        return self._retry_at - now if self._task is None and now < self._retry_at else 0.0
+        return self._reconnect.left(now) if self._task is None else 0.0
 
     def _write(self, packed: bytes) -> None:
         # redis-py has no public synchronous write; we use its StreamWriter directly so
@@ -200,7 +198,7 @@ class Channel:
                 self._write(command.packed)
                 self._pending.extend((c, now) for c in _callbacks(command, on_reply))
             self._unsent.clear()
-            self._backoff = BACKOFF_MIN
+            self._reconnect.succeeded()
             self.last = None
             self._changed.set()
             raise await lost
@@ -246,8 +244,7 @@ class Channel:
         if isinstance(exc, Exception):
             self.last = diagnose(exc)
         self._fail_all(exc)
-        self._retry_at = now + self._backoff
-        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+        self._reconnect.failed(now)
         task, self._task = self._task, None
         self._conn = None
         self._changed.set()  # a round waiting for this channel's set-up looks again

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 import redis.asyncio
 
 from .._core import diagnosis
+from .._core.backoff import Reconnect
 from .._core.commands import pack
 from .._core.resp import ErrorReply, ReplyReader
 from .._core.waiting import Departed, Wake, channel_name, parse_wake
@@ -32,8 +33,6 @@ from .._report import NodeReporter
 
 __all__ = ["AsyncListener", "AsyncSlot"]
 
-BACKOFF_MIN = 0.025
-BACKOFF_MAX = 1.0
 STRAGGLE = 0.005  # see AsyncSlot
 
 
@@ -184,7 +183,7 @@ class AsyncListener:
             slot.put(None)
 
     async def _run(self, i: int) -> None:
-        backoff = BACKOFF_MIN
+        reconnect = Reconnect()
         ever = False
         while True:
             conn: redis.asyncio.Connection = self._pools[i].make_connection()  # type: ignore[no-untyped-call]
@@ -193,7 +192,7 @@ class AsyncListener:
                 lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
                 def handle(reply: object, lost: asyncio.Future[BaseException] = lost) -> None:
-                    nonlocal ever, backoff
+                    nonlocal ever
                     if isinstance(reply, ErrorReply):
                         # SUBSCRIBE refused (ACL without the channel, NOAUTH): retried
                         # after the back-off; waiters re-check meanwhile.
@@ -212,7 +211,7 @@ class AsyncListener:
                                 self.departed.decline(wake.waiter, i, time.monotonic())
                     elif reply[0] == b"subscribe":
                         self._up[i] = True
-                        backoff = BACKOFF_MIN
+                        reconnect.succeeded()
                         if all(self._up) and self._all_up is not None:
                             self._all_up.set()
                         if ever:
@@ -236,5 +235,4 @@ class AsyncListener:
                     self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
             self._up[i] = False
             await conn.disconnect(nowait=True)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX)
+            await asyncio.sleep(reconnect.failed(time.monotonic()))

@@ -35,6 +35,7 @@ __all__ = [
     "Departed",
     "Wake",
     "channel_name",
+    "handoff_token",
     "hold_ms",
     "parse_wake",
     "place_ms",
@@ -77,6 +78,18 @@ def parse_wake(data: object) -> Wake | None:
     except (ValueError, UnicodeDecodeError):
         return None
     return None
+
+
+def handoff_token(wall_us: int, fencing: int, seen: int) -> int:
+    """The fencing token a release on a quorum hands the lock over with (mode "q").
+
+    One value for every node, so that a majority handing over commits one token: above
+    the releaser's own token (``fencing``) and every token it has seen (``seen``, already
+    one above the highest), and at least its wall clock in µs, so that it is usually
+    above the nodes' floors too. A node whose floor is not below it only wakes the next
+    waiter, which then acquires with an ordinary round (docs/waiting.md).
+    """
+    return max(wall_us, fencing + 1, seen)
 
 
 def place_ms(recheck: float, node_timeout: float) -> int:

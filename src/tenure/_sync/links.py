@@ -45,6 +45,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .._core.backoff import Reconnect
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis
@@ -57,9 +58,6 @@ __all__ = ["LinkPool", "LinkSet", "NodeState"]
 
 # Replies a link may owe before we give up on its connection (each is one small request).
 MAX_OWED = 16
-# Reconnect back-off after a node refused a connection or was abandoned.
-BACKOFF_MIN = 0.025
-BACKOFF_MAX = 1.0
 
 _NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
@@ -80,8 +78,7 @@ class NodeState:
         self.name = address.display
         self._factory = pool
         self._lock = threading.Lock()
-        self.retry_at = 0.0
-        self._backoff = BACKOFF_MIN
+        self._reconnect = Reconnect()
         # Why it was last dropped: a node in its back-off for a configuration failure is
         # reported with that failure, not as merely "backing off".
         self.last: Diagnosis | None = None
@@ -98,15 +95,17 @@ class NodeState:
 
     def down(self, now: float, why: Diagnosis | None = None) -> None:
         with self._lock:
-            self.retry_at = now + self._backoff
-            self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+            self._reconnect.failed(now)
             self.last = why
 
     def up(self) -> None:
         """The node accepted a connection: reset the back-off."""
-        if self._backoff != BACKOFF_MIN:
-            with self._lock:
-                self._backoff = BACKOFF_MIN
+        with self._lock:
+            self._reconnect.succeeded()
+
+    def backing_off(self, now: float) -> float:
+        """Seconds left of the node's reconnect back-off (0: connect now)."""
+        return self._reconnect.left(now)
 
 
 class _Failed(Exception):
@@ -190,8 +189,7 @@ class Link:
 
     def backing_off(self, now: float) -> float:
         """Seconds until a new connection may be tried (0 when connected or it may be now)."""
-        retry_at = self.node.retry_at
-        return retry_at - now if self.conn is None and now < retry_at else 0.0
+        return self.node.backing_off(now) if self.conn is None else 0.0
 
     def socket(self) -> Any:
         # redis-py has no public accessor for the socket it owns; we only select() on it.

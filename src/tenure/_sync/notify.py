@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import cast
 
 from .._core import diagnosis
+from .._core.backoff import Reconnect
 from .._core.commands import pack
 from .._core.resp import ErrorReply, ReplyReader
 from .._core.waiting import Departed, Wake, channel_name, parse_wake
@@ -39,8 +40,6 @@ from .links import NodeState
 
 __all__ = ["Listener", "Slot"]
 
-BACKOFF_MIN = 0.025
-BACKOFF_MAX = 1.0
 # After the first node's notification, how long a waiter on a quorum waits for a
 # majority of them before trying (see ``Slot``).
 STRAGGLE = 0.005
@@ -136,8 +135,7 @@ class Listener:
         self._conns: list[object] = [None] * n
         self._setups: list[SetUp | None] = [None] * n  # connections being set up
         self._readers = [ReplyReader() for _ in range(n)]
-        self._retry_at = [0.0] * n
-        self._backoff = [BACKOFF_MIN] * n
+        self._reconnect = [Reconnect() for _ in range(n)]
         self._ever = [False] * n
         self.channel = channel_name(secrets.token_hex(8))
 
@@ -250,8 +248,7 @@ class Listener:
             with contextlib.suppress(Exception):
                 conn.disconnect()  # type: ignore[attr-defined]
         self._up[i] = False
-        self._retry_at[i] = now + self._backoff[i]
-        self._backoff[i] = min(self._backoff[i] * 2, BACKOFF_MAX)
+        self._reconnect[i].failed(now)
 
     def _connect(self, now: float) -> None:
         """(Re)connect and subscribe where needed (whoever reads the sockets, holding _read).
@@ -266,7 +263,7 @@ class Listener:
                 continue
             setup = self._setups[i]
             if setup is None:
-                if now >= self._retry_at[i]:
+                if not self._reconnect[i].left(now):
                     self._setups[i] = SetUp(
                         node.new_connection(),
                         node.connect_timeout,
@@ -309,7 +306,9 @@ class Listener:
             if s is None:
                 setup = self._setups[i]
                 # A set-up pokes the reader when it ends: wake by its deadline only.
-                pending.append(self._retry_at[i] - now if setup is None else setup.deadline - now)
+                pending.append(
+                    self._reconnect[i].retry_at - now if setup is None else setup.deadline - now
+                )
         if len(socks) > 1:
             overdue = False
             for slot in list(self._slots.values()):

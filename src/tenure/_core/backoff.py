@@ -1,0 +1,42 @@
+"""Reconnect back-off: how long a node whose connection failed is left alone.
+
+Both drivers keep connections to every node (the round's links and the notification
+subscriptions). A node that refuses connections, or whose connection was abandoned, is
+not retried at once: each failure doubles the wait before the next attempt, from 25 ms
+up to 1 s, and a connection that comes up resets it. The wait is short at first, so a
+node that restarts is back in the next round or two, and bounded, so a node that stays
+down costs one connect attempt a second per connection, not a busy loop. Rounds meanwhile
+count the node as failed at once (``BackingOff``) instead of waiting on it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "Reconnect"]
+
+BACKOFF_MIN = 0.025
+BACKOFF_MAX = 1.0
+
+
+class Reconnect:
+    """One connection's back-off, on the caller's monotonic clock (seconds)."""
+
+    __slots__ = ("_delay", "retry_at")
+
+    def __init__(self) -> None:
+        self.retry_at = 0.0
+        self._delay = BACKOFF_MIN
+
+    def failed(self, now: float) -> float:
+        """The connection failed at ``now``: the delay before the next attempt."""
+        delay = self._delay
+        self.retry_at = now + delay
+        self._delay = min(delay * 2, BACKOFF_MAX)
+        return delay
+
+    def succeeded(self) -> None:
+        """The connection came up: the next failure waits the shortest delay again."""
+        self._delay = BACKOFF_MIN
+
+    def left(self, now: float) -> float:
+        """Seconds until the next attempt may be made (0: now)."""
+        return self.retry_at - now if now < self.retry_at else 0.0
