@@ -140,7 +140,7 @@ def test_async_with_body_is_cancelled_when_the_lease_is_lost(
     error = asyncio.run(main())
     assert isinstance(error, tenure.LeaseLost)
     assert not reached_end
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 4.0  # well before the body's 5 s sleep ended
 
 
 def test_async_with_body_is_cancelled_at_expiry_without_watchdog(
@@ -154,7 +154,7 @@ def test_async_with_body_is_cancelled_at_expiry_without_watchdog(
 
     started = time.monotonic()
     asyncio.run(main())
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 2.5  # well before the body's 3 s sleep ended
 
 
 def _child_sees_lease_lost(lease: tenure.Lease, out: object) -> None:
