@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -90,34 +92,85 @@ def _wrap(value: Any, loop: asyncio.AbstractEventLoop) -> Any:
 
 
 class Api:
-    """Makes clients of one flavour and closes them at the end of the test."""
+    """Makes clients of one flavour and closes them at the end of the test.
+
+    Everything that differs between the flavours lives here, so a test body never asks
+    which flavour it runs: ``idle`` and ``wait_until`` let the client's background work
+    run (the watchdog and notification tasks of the asyncio client run only while its
+    loop does), ``watchdogs`` finds the watchdog threads or tasks still alive, and
+    ``sibling`` gives a thread of the test its own client factory. A child process makes
+    its own with ``Api(flavour)`` (a context manager).
+    """
 
     def __init__(self, flavour: str) -> None:
         self.flavour = flavour
-        self.loop = asyncio.new_event_loop() if flavour == "async" else None
+        self._loop = asyncio.new_event_loop() if flavour == "async" else None
         self._clients: list[Any] = []
+        self._siblings: list[Api] = []
+
+    def __enter__(self) -> Api:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def client(self, nodes: list[str], **options: Any) -> Any:
-        if self.loop is None:
+        if self._loop is None:
             c: Any = tenure.Client(nodes, **options)
         else:
-            c = Synced(tenure.AsyncClient(nodes, **options), self.loop)
+            c = Synced(tenure.AsyncClient(nodes, **options), self._loop)
         self._clients.append(c)
         return c
+
+    def sibling(self) -> Api:
+        """Another factory of this flavour, for a thread of its own (its own event loop);
+        closed with this one."""
+        other = Api(self.flavour)
+        self._siblings.append(other)
+        return other
+
+    def idle(self, seconds: float) -> None:
+        """Let ``seconds`` pass with the clients' background work running."""
+        if self._loop is None:
+            time.sleep(seconds)
+        else:
+            self._loop.run_until_complete(asyncio.sleep(seconds))
+
+    def wait_until(
+        self, predicate: Callable[[], object], within: float = 10.0, what: str = "condition"
+    ) -> None:
+        """Poll ``predicate`` (the clients' background work running between polls) until
+        it holds; fail the test if it does not within ``within`` seconds."""
+        deadline = time.monotonic() + within
+        while not predicate():
+            assert time.monotonic() < deadline, f"{what}: not reached within {within} s"
+            self.idle(0.005)
+
+    def watchdogs(self) -> list[Any]:
+        """The watchdog threads (blocking) or tasks (asyncio) still running."""
+        if self._loop is None:
+            return [t for t in threading.enumerate() if t.name.startswith("tenure-watchdog")]
+        return [
+            t
+            for t in asyncio.all_tasks(self._loop)
+            if not t.done() and getattr(t.get_coro(), "__qualname__", "") == "watch"
+        ]
 
     def close_clients(self) -> None:
         """Close every client made so far."""
         clients, self._clients = self._clients, []
         for c in clients:
-            if self.loop is None:
+            if self._loop is None:
                 c.close()
             else:
                 c.aclose()
 
     def close(self) -> None:
+        for other in self._siblings:
+            other.close()
         self.close_clients()
-        if self.loop is not None:
-            self.loop.close()
+        if self._loop is not None:
+            self._loop.close()
 
 
 @pytest.fixture(params=["sync", "async"])

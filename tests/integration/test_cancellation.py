@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 import tenure
-from tenure.local import LocalCluster
+from tenure._core.config import LockKeys
+from tenure.local import LocalCluster, LocalNode
 
 from .conftest import holders
 
@@ -20,6 +22,30 @@ def wait_until_gone(cluster: LocalCluster, key: str, within: float = 2.0) -> lis
             return values
 
 
+def unread(node: LocalNode) -> int:
+    """Bytes clients wrote to ``node`` that it has not read yet: the receive queues of its
+    connections (/proc/net/tcp). A frozen node's queue grows with every command sent to it."""
+    port = f":{node.port:04X}"
+    total = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            next(lines)  # the header
+            for line in lines:
+                fields = line.split()
+                local, state, queues = fields[1], fields[3], fields[4]
+                if local.endswith(port) and state == "01":  # ESTABLISHED, on the node's side
+                    total += int(queues.split(":")[1], 16)
+    return total
+
+
+async def until(predicate: Callable[[], bool], what: str, within: float = 10.0) -> None:
+    """Poll ``predicate`` (the event loop running between polls) until it holds."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {within} s"
+        await asyncio.sleep(0.005)
+
+
 def test_cancel_mid_acquire_leaves_no_key(cluster5: LocalCluster, key: str) -> None:
     """Every node is frozen while the SETs are in flight; the task is cancelled; then they wake."""
 
@@ -29,8 +55,13 @@ def test_cancel_mid_acquire_leaves_no_key(cluster5: LocalCluster, key: str) -> N
             await lease.release()
             for node in cluster5:
                 node.pause()
+            before = [unread(node) for node in cluster5]
             task = asyncio.create_task(client.acquire(key, ttl=5.0))
-            await asyncio.sleep(0.1)  # the SETs are written; no node can answer
+            # The SETs are written (each frozen node has them unread); no node can answer.
+            await until(
+                lambda: all(unread(n) > b for n, b in zip(cluster5, before, strict=True)),
+                "SETs written",
+            )
             task.cancel()
             try:
                 await task
@@ -53,8 +84,12 @@ def test_cancel_mid_release_still_releases(cluster5: LocalCluster, key: str) -> 
             lease = await client.acquire(key, ttl=5.0)
             for node in cluster5:
                 node.pause()
+            before = [unread(node) for node in cluster5]
             task = asyncio.create_task(lease.release())
-            await asyncio.sleep(0.1)
+            await until(
+                lambda: all(unread(n) > b for n, b in zip(cluster5, before, strict=True)),
+                "release written",
+            )
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -72,7 +107,9 @@ def test_cancel_during_retry_sleep(cluster5: LocalCluster, key: str) -> None:
         async with tenure.AsyncClient(cluster5.urls) as a, tenure.AsyncClient(cluster5.urls) as b:
             held = await a.acquire(key, ttl=5.0)
             waiter = asyncio.create_task(b.acquire(key, ttl=5.0))
-            await asyncio.sleep(0.2)  # b is retrying, between attempts or mid-attempt
+            # b queues on the nodes once it waits for a notification between attempts.
+            queue = LockKeys.of(key).queue
+            await until(lambda: all(_zcard(n, queue) == 1 for n in cluster5), "b waits")
             waiter.cancel()
             try:
                 await waiter
@@ -85,6 +122,11 @@ def test_cancel_during_retry_sleep(cluster5: LocalCluster, key: str) -> None:
             await held.release()
 
     asyncio.run(main())
+
+
+def _zcard(node: LocalNode, name: str) -> int:
+    with node.client() as c:
+        return int(c.zcard(name))
 
 
 def test_many_tasks_hold_different_locks(cluster5: LocalCluster, key: str) -> None:

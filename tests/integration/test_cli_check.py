@@ -621,7 +621,7 @@ def test_the_documented_acl_is_enough(api: Api, server: LocalCluster, key: str, 
     """A user with exactly the documented ACL acquires, waits for a notification, extends
     and releases, and ``tenure check`` says OK for it."""
     with _setuser(server, *_documented()) as (_, urls):
-        other = Api(api.flavour)  # the holder, released from a thread of its own
+        other = api.sibling()  # the holder, released from a thread of its own
         try:
             lease = other.client(urls).acquire(key, ttl=30.0, fair=fair)
             lease.extend()

@@ -39,10 +39,10 @@ def test_two_of_five_down_still_works(
         getattr(node, fault)()
     latencies = timed_cycles(client, key, 40)
     # Each of the three rounds is decided by the three live nodes; a frozen node is
-    # never waited for, so even the slowest cycle stays well under one node timeout
-    # per round (generous bound: CI machines are noisy).
+    # never waited for, so a typical cycle stays under one node timeout (waiting for it
+    # would cost three), and no cycle stalls (generous bound: CI machines are noisy).
     assert statistics.median(latencies) < NODE_TIMEOUT
-    assert max(latencies) < 3 * NODE_TIMEOUT + 0.25
+    assert max(latencies) < 1.0
     lease = client.acquire(key, ttl=2.0)
     assert len(lease.nodes) == 3
     lease.release()
@@ -62,7 +62,9 @@ def test_three_of_five_down_is_a_quick_clear_error(
     started = time.monotonic()
     with pytest.raises(tenure.QuorumUnreachable) as info:
         client.acquire(key, ttl=2.0)  # blocking, no timeout: still fails fast
-    assert time.monotonic() - started < NODE_TIMEOUT + 0.25
+    # Fails at the first round instead of retrying (an acquire without timeout would
+    # retry for ever); a generous bound, as a loaded machine may stall a round.
+    assert time.monotonic() - started < 1.0
     assert len(info.value.node_errors) == 3
     assert all(n.startswith("redis://127.0.0.1:") for n in info.value.node_errors)
     # Nothing of ours stays on the two live nodes. A live node that the loaded machine

@@ -9,7 +9,6 @@ up as a lost update.
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
 import os
 import signal
@@ -22,6 +21,8 @@ import redis
 
 import tenure
 from tenure.local import LocalCluster
+
+from .conftest import Api
 
 WORKERS = 8
 CYCLES = 250  # per worker: 2,000 critical sections per API
@@ -44,30 +45,16 @@ def _critical_section(store: redis.Redis) -> tuple[int, int]:
     return enter, time.monotonic_ns()
 
 
-def _sync_worker(urls: list[str], store_url: str, key: str, out: Connection) -> None:
+def _worker(flavour: str, urls: list[str], store_url: str, key: str, out: Connection) -> None:
     intervals = []
-    with tenure.Client(urls) as client, redis.Redis.from_url(store_url) as store:
+    with Api(flavour) as api, redis.Redis.from_url(store_url) as store:
+        client = api.client(urls)
         for _ in range(CYCLES):
             with client.lock(key, ttl=TTL) as lease:
-                interval = _critical_section(store)
+                interval = _critical_section(store)  # blocking on purpose (asyncio too): tiny
                 assert lease.remaining > 0, "critical section outlived its lease"
             intervals.append(interval)
     out.send(intervals)
-
-
-def _async_worker(urls: list[str], store_url: str, key: str, out: Connection) -> None:
-    async def main() -> list[tuple[int, int]]:
-        intervals = []
-        async with tenure.AsyncClient(urls) as client:
-            with redis.Redis.from_url(store_url) as store:
-                for _ in range(CYCLES):
-                    async with client.lock(key, ttl=TTL) as lease:
-                        interval = _critical_section(store)  # blocking on purpose: tiny
-                        assert lease.remaining > 0, "critical section outlived its lease"
-                    intervals.append(interval)
-        return intervals
-
-    out.send(asyncio.run(main()))
 
 
 def max_overlap(intervals: list[tuple[int, int]]) -> int:
@@ -85,18 +72,18 @@ def test_max_overlap_detects_overlap() -> None:
     assert max_overlap([(0, 10), (5, 20), (6, 7)]) == 3
 
 
-@pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_mutual_exclusion_across_processes(
-    shared5: LocalCluster, counter_node: LocalCluster, key: str, flavour: str
+    api: Api, shared5: LocalCluster, counter_node: LocalCluster, key: str
 ) -> None:
-    target = _sync_worker if flavour == "sync" else _async_worker
     store_url = counter_node.urls[0]
     with redis.Redis.from_url(store_url) as store:
         store.delete("counter")
     pipes, procs = [], []
     for _ in range(WORKERS):
         parent_end, child_end = _ctx.Pipe(duplex=False)
-        proc = _ctx.Process(target=target, args=(shared5.urls, store_url, key, child_end))
+        proc = _ctx.Process(
+            target=_worker, args=(api.flavour, shared5.urls, store_url, key, child_end)
+        )
         proc.start()
         pipes.append(parent_end)
         procs.append(proc)

@@ -11,18 +11,16 @@ while every waiter with a minority held its nodes: the whole queue stalled.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-
-import pytest
+from collections.abc import Callable
 
 import tenure
 from tenure._core import commands
 from tenure._core.config import LockKeys
 from tenure.local import LocalCluster, LocalNode
 
-from .conftest import raw
+from .conftest import Api, raw
 
 RECHECK = 5.0  # a waiter that misses the straggle window would sleep 2.5-5 s
 
@@ -37,30 +35,15 @@ def _queued(node: LocalNode, keys: LockKeys) -> int:
         return int(c.zcard(keys.queue))
 
 
-def _waiter(flavour: str, urls: list[str], key: str, got: list[int]) -> threading.Thread:
-    """Acquire in a thread (the asyncio client in its own loop there); record the token."""
-
-    def blocking() -> None:
-        with tenure.Client(urls, recheck=RECHECK) as b:
-            lease = b.acquire(key, ttl=10.0)
-            got.append(lease.fencing_token)
-            lease.release()
-
-    async def tasks() -> None:
-        async with tenure.AsyncClient(urls, recheck=RECHECK) as b:
-            lease = await b.acquire(key, ttl=10.0)
-            got.append(lease.fencing_token)
-            await lease.release()
-
-    target = blocking if flavour == "sync" else lambda: asyncio.run(tasks())
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread
+def _wait_until(predicate: Callable[[], bool], what: str, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {within} s"
+        time.sleep(0.005)
 
 
-@pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_a_minority_hand_off_is_followed_by_a_recheck_not_a_fallback_sleep(
-    shared5: LocalCluster, key: str, flavour: str
+    api: Api, shared5: LocalCluster, key: str
 ) -> None:
     nodes = list(shared5)[:3]
     urls = [n.url for n in nodes]
@@ -68,13 +51,19 @@ def test_a_minority_hand_off_is_followed_by_a_recheck_not_a_fallback_sleep(
     with tenure.Client(urls) as a:
         held = a.acquire(key, ttl=30.0)
         got: list[int] = []
-        waiter = _waiter(flavour, urls, key, got)
+        b = api.client(urls, recheck=RECHECK)
+
+        def wait_for_it() -> None:  # in a thread of its own (the asyncio client: its loop)
+            lease = b.acquire(key, ttl=10.0)
+            got.append(lease.fencing_token)
+            lease.release()
+
+        waiter = threading.Thread(target=wait_for_it)
+        waiter.start()
         try:
-            deadline = time.monotonic() + 5.0
-            while not all(_queued(n, keys) == 1 for n in nodes):
-                assert time.monotonic() < deadline, "the waiter never queued on every node"
-                time.sleep(0.005)
-            time.sleep(0.05)  # let its last look settle; it now waits
+            # A client queues only once subscribed, in the attempt that follows: queued on
+            # every node, it has made its last look there and now waits to be notified.
+            _wait_until(lambda: all(_queued(n, keys) == 1 for n in nodes), "queued everywhere")
             before = _scripts_run(nodes[1])
             # The holder's release reaches node 0 only: a minority hand-off to the waiter.
             spec = a._specs.get(key, 30.0)
@@ -86,10 +75,7 @@ def test_a_minority_hand_off_is_followed_by_a_recheck_not_a_fallback_sleep(
                     assert conn.read_response() == 1
                 finally:
                     c.connection_pool.release(conn)
-            deadline = time.monotonic() + 1.0
-            while _scripts_run(nodes[1]) == before:
-                assert time.monotonic() < deadline, "no re-check within 1 s of the hand-off"
-                time.sleep(0.005)
+            _wait_until(lambda: _scripts_run(nodes[1]) > before, "a re-check", within=1.0)
             assert not got, "a minority hand-off is not the lock"
         finally:
             held.release()

@@ -69,6 +69,11 @@ def _queue_length(cluster: LocalCluster, name: str) -> int:
         return int(c.zcard(LockKeys.of(name).queue))
 
 
+def _value(cluster: LocalCluster, name: str) -> bytes | None:
+    with cluster[0].client() as c:
+        return c.get(name)  # type: ignore[no-any-return]
+
+
 def _queued_everywhere(cluster: LocalCluster, n: int, name: str) -> int:
     """The shortest queue among the first ``n`` nodes."""
     lengths = []
@@ -98,13 +103,15 @@ def test_a_release_wakes_the_waiter_without_polling(
     waiter = api.client(urls, recheck=20.0)
     released_at: list[float] = []
 
-    def release_soon() -> None:
-        time.sleep(0.4)
+    def release_once_waiting() -> None:
+        # A client queues only once subscribed, in the attempt that follows: queued on
+        # every node, it waits for a notification (or the 20 s fallback).
+        _wait_until(lambda: _queued_everywhere(shared5, n, key) == 1)
         released_at.append(time.monotonic())
         _release_raw(shared5, n, key, holder, fair)
 
     before = _scripts_run(shared5, n)
-    thread = threading.Thread(target=release_soon)
+    thread = threading.Thread(target=release_once_waiting)
     thread.start()
     lease = waiter.acquire(key, ttl=TTL, timeout=15.0, fair=fair)
     got = time.monotonic()
@@ -130,7 +137,8 @@ def test_fair_newcomer_does_not_overtake_the_queue(
     )
     queued.start()
     _wait_until(lambda: _queue_length(shared5, key) == 1)
-    time.sleep(0.5)  # the holder's key expires: free, but someone is queued
+    # The holder's key expires (the waiter, queued, re-checks then and may take it).
+    _wait_until(lambda: _value(shared5, LockKeys.of(key).lock) != holder.token.encode())
     newcomer = api.client(urls)
     assert newcomer.lock(key, ttl=TTL, fair=True).acquire(blocking=False) is False
     queued.join(5)
@@ -243,24 +251,13 @@ def _worker(
     flavour: str, urls: list[str], key: str, fair: bool, cycles: int, out: Connection
 ) -> None:
     record: list[tuple[int, int, int]] = []  # (enter ns, exit ns, fencing token)
-    if flavour == "sync":
-        with tenure.Client(urls) as client:
-            for _ in range(cycles):
-                with client.lock(key, ttl=TTL, fair=fair) as lease:
-                    enter = time.monotonic_ns()
-                    time.sleep(0.0005)
-                    record.append((enter, time.monotonic_ns(), lease.fencing_token))
-    else:
-
-        async def main() -> None:
-            async with tenure.AsyncClient(urls) as client:
-                for _ in range(cycles):
-                    async with client.lock(key, ttl=TTL, fair=fair) as lease:
-                        enter = time.monotonic_ns()
-                        await asyncio.sleep(0.0005)
-                        record.append((enter, time.monotonic_ns(), lease.fencing_token))
-
-        asyncio.run(main())
+    with Api(flavour) as api:
+        client = api.client(urls)
+        for _ in range(cycles):
+            with client.lock(key, ttl=TTL, fair=fair) as lease:
+                enter = time.monotonic_ns()
+                time.sleep(0.0005)
+                record.append((enter, time.monotonic_ns(), lease.fencing_token))
     out.send(record)
 
 
@@ -286,14 +283,13 @@ def _run_workers(target: Callable[..., None], args_of: list[tuple[Any, ...]]) ->
     return results
 
 
-@pytest.mark.parametrize("flavour", ["sync", "async"])
 @pytest.mark.parametrize(("n", "fair"), [(1, False), (1, True), (5, False), (5, True)])
 def test_processes_contend_without_overlap(
-    shared5: LocalCluster, key: str, flavour: str, n: int, fair: bool
+    api: Api, shared5: LocalCluster, key: str, n: int, fair: bool
 ) -> None:
     workers, cycles = 6, 40
     results = _run_workers(
-        _worker, [(flavour, shared5.urls[:n], key, fair, cycles) for _ in range(workers)]
+        _worker, [(api.flavour, shared5.urls[:n], key, fair, cycles) for _ in range(workers)]
     )
     assert [len(r) for r in results] == [cycles] * workers  # every worker progressed
     intervals = [(s, e) for r in results for s, e, _ in r]
@@ -305,28 +301,16 @@ def test_processes_contend_without_overlap(
 
 
 def _queued_waiter(flavour: str, urls: list[str], key: str, me: int, out: Connection) -> None:
-    if flavour == "sync":
-        with tenure.Client(urls) as client:
-            lease = client.acquire(key, ttl=TTL, timeout=30, fair=True)
-            got = (me, time.monotonic_ns(), lease.fencing_token)
-            lease.release()
-    else:
-
-        async def main() -> tuple[int, int, int]:
-            async with tenure.AsyncClient(urls) as client:
-                lease = await client.acquire(key, ttl=TTL, timeout=30, fair=True)
-                got = (me, time.monotonic_ns(), lease.fencing_token)
-                await lease.release()
-                return got
-
-        got = asyncio.run(main())
+    with Api(flavour) as api:
+        lease = api.client(urls).acquire(key, ttl=TTL, timeout=30, fair=True)
+        got = (me, time.monotonic_ns(), lease.fencing_token)
+        lease.release()
     out.send(got)
 
 
-@pytest.mark.parametrize("flavour", ["sync", "async"])
 @pytest.mark.parametrize("n", [1, 5])
 def test_fair_grants_follow_the_order_of_requests(
-    shared5: LocalCluster, key: str, flavour: str, n: int
+    api: Api, shared5: LocalCluster, key: str, n: int
 ) -> None:
     urls = shared5.urls[:n]
     k = 6
@@ -335,7 +319,7 @@ def test_fair_grants_follow_the_order_of_requests(
         pipes, procs = [], []
         for me in range(k):
             parent_end, child_end = _ctx.Pipe(duplex=False)
-            proc = _ctx.Process(target=_queued_waiter, args=(flavour, urls, key, me, child_end))
+            proc = _ctx.Process(target=_queued_waiter, args=(api.flavour, urls, key, me, child_end))
             proc.start()
             pipes.append(parent_end)
             procs.append(proc)
@@ -397,36 +381,22 @@ def test_a_waiter_killed_while_queued_does_not_block_the_queue(
         box[0].release()
 
 
-def _crowd(
-    flavour: str, urls: list[str], key: str, tasks: int, cycles: int, out: Connection
-) -> None:
+def _crowd(urls: list[str], key: str, tasks: int, cycles: int, out: Connection) -> None:
+    """``tasks`` asyncio tasks of one client take ``cycles`` turns each (the many-waiters
+    case is the asyncio one: threads would cost a connection each)."""
     counts = [0] * tasks
-    if flavour == "sync":
-        with tenure.Client(urls) as client:
 
-            def run(i: int) -> None:
+    async def main() -> None:
+        async with tenure.AsyncClient(urls) as client:
+
+            async def run(i: int) -> None:
                 for _ in range(cycles):
-                    with client.lock(key, ttl=5.0, fair=True):
+                    async with client.lock(key, ttl=5.0, fair=True):
                         counts[i] += 1
 
-            threads = [threading.Thread(target=run, args=(i,)) for i in range(tasks)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-    else:
+            await asyncio.gather(*(run(i) for i in range(tasks)))
 
-        async def main() -> None:
-            async with tenure.AsyncClient(urls) as client:
-
-                async def run(i: int) -> None:
-                    for _ in range(cycles):
-                        async with client.lock(key, ttl=5.0, fair=True):
-                            counts[i] += 1
-
-                await asyncio.gather(*(run(i) for i in range(tasks)))
-
-        asyncio.run(main())
+    asyncio.run(main())
     out.send(counts)
 
 
@@ -444,7 +414,7 @@ def test_200_waiters_commands_per_handoff_are_bounded(
     urls = shared5.urls[:1]
     processes, tasks, cycles = 4, 50, 10
     before, _ = _node_stats(shared5)
-    results = _run_workers(_crowd, [("async", urls, key, tasks, cycles) for _ in range(processes)])
+    results = _run_workers(_crowd, [(urls, key, tasks, cycles) for _ in range(processes)])
     after, _ = _node_stats(shared5)
     assert all(counts == [cycles] * tasks for counts in results)
     handoffs = processes * tasks * cycles

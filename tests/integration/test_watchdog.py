@@ -23,46 +23,38 @@ def _alive_through(api: Api, client: Any, key: str, seconds: float) -> Any:
     lease = client.acquire(key, ttl=TTL, watchdog=True)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if api.loop is not None:  # let the watchdog task run
-            api.loop.run_until_complete(asyncio.sleep(0.1))
-        else:
-            time.sleep(0.1)
+        api.idle(0.1)
         lease.check()
     return lease
 
 
-def test_watchdog_keeps_a_1s_lease_through_10s_of_work(
-    api: Api, shared5: LocalCluster, key: str
+# Three TTLs are already nine extensions, each needed for the lease to survive; the ten
+# seconds the README quotes run with the slow tests.
+@pytest.mark.parametrize(
+    "seconds", [3.0, pytest.param(10.0, marks=pytest.mark.slow)], ids=["3s", "10s"]
+)
+def test_watchdog_keeps_a_1s_lease_through_long_work(
+    api: Api, shared5: LocalCluster, key: str, seconds: float
 ) -> None:
     client = api.client(shared5.urls)
     threads_before = threading.active_count()
-    lease = _alive_through(api, client, key, 10.0)
+    lease = _alive_through(api, client, key, seconds)
     assert lease.valid
     assert not lease.lost.is_set()
+    assert api.watchdogs()  # (what the check below would miss if it never started)
     lease.release()
     # Stopped at release: no key left, no thread (or task) left.
     assert holders(shared5, lease.key) == [None] * 5
     assert threading.active_count() == threads_before
-    if api.loop is not None:
-        watchers = [
-            t
-            for t in asyncio.all_tasks(api.loop)
-            if not t.done() and getattr(t.get_coro(), "__qualname__", "") == "watch"
-        ]
-        assert watchers == []  # (the client's connection readers stay until it is closed)
+    assert api.watchdogs() == []  # (the client's connection readers stay until it is closed)
 
 
 def test_watchdog_gives_up_at_the_hold_cap(api: Api, shared5: LocalCluster, key: str) -> None:
     client = api.client(shared5.urls)
     lease = client.acquire(key, ttl=0.6, watchdog=True, max_hold=1.5)
     started = time.monotonic()
-    while not lease.lost.is_set() and time.monotonic() - started < 5:
-        if api.loop is not None:
-            api.loop.run_until_complete(asyncio.sleep(0.05))
-        else:
-            lease.lost.wait(0.05)
+    api.wait_until(lease.lost.is_set, 5.0, "the lease lost at max_hold")
     held = time.monotonic() - started
-    assert lease.lost.is_set()
     assert isinstance(lease.lost_error, tenure.LeaseExpired)
     assert "max_hold" in str(lease.lost_error)
     assert 0.9 <= held <= 1.5 + 0.3  # never extended past the cap
@@ -82,13 +74,11 @@ def test_loss_is_signalled_within_one_interval_after_a_majority_dies(
     for node in cluster5.nodes[:3]:
         node.kill()
     killed = time.monotonic()
-    while not lease.lost.is_set() and time.monotonic() - killed < 3:
-        if api.loop is not None:
-            api.loop.run_until_complete(asyncio.sleep(0.01))
-        else:
-            lease.lost.wait(0.01)
-    # One extension interval is TTL/3; allow the round's node timeout on top.
-    assert time.monotonic() - killed <= TTL / 3 + 0.15
+    api.wait_until(lease.lost.is_set, 3.0, "the loss signalled")
+    # Found at the next extension, TTL/3 at most after the kill (plus that round's node
+    # timeout). The bound is the second extension: a loss noticed only there (or at
+    # expiry) fails, a loaded machine's scheduling does not.
+    assert time.monotonic() - killed < 2 * TTL / 3
     assert len(seen) == 1
     assert seen[0] is lease.lost_error
     with pytest.raises(tenure.LeaseLost):
@@ -150,7 +140,7 @@ def test_async_with_body_is_cancelled_when_the_lease_is_lost(
     error = asyncio.run(main())
     assert isinstance(error, tenure.LeaseLost)
     assert not reached_end
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 4.0  # well before the body's 5 s sleep ended
 
 
 def test_async_with_body_is_cancelled_at_expiry_without_watchdog(
@@ -164,7 +154,7 @@ def test_async_with_body_is_cancelled_at_expiry_without_watchdog(
 
     started = time.monotonic()
     asyncio.run(main())
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 2.5  # well before the body's 3 s sleep ended
 
 
 def _child_sees_lease_lost(lease: tenure.Lease, out: object) -> None:
