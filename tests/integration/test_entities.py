@@ -92,9 +92,11 @@ def test_new_names_are_as_available_as_old_ones_with_a_node_down(
             client.acquire(name, ttl=2.0, blocking=False, fair=fair).release()  # settle
         used = rounds([old] * FRESH)
         fresh = rounds([f"new-{uuid.uuid4().hex}" for _ in range(FRESH)])
-        # The same number of rounds, give or take one (a fresh name's first proposal
-        # may be below the node's floor: one immediate retry).
-        assert max(fresh) <= max(used) + 1, (used, fresh)
+        # The same number of rounds, give or take one per name (a fresh name's first
+        # proposal may be below the node's floor: one immediate retry). Summed, since a
+        # release awaits only a majority: its script may reach the witness after the
+        # next acquisition has begun, and count there.
+        assert sum(fresh) <= sum(used) + len(fresh), (used, fresh)
         # A blocking acquire of a new name does not wait either.
         started = time.monotonic()
         lease = client.acquire(f"new-{uuid.uuid4().hex}", ttl=2.0, timeout=5.0, fair=fair)
