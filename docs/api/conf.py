@@ -30,6 +30,10 @@ autodoc_default_options = {"members": True, "show-inheritance": True}
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
 
+html_theme = "alabaster"  # ships with Sphinx
+html_static_path: list[str] = []
+exclude_patterns = ["_build"]
+
 # Every cross-reference must resolve, except to what this reference does not document:
 # other libraries (no intersphinx: the build stays offline), tenure's private modules
 # (they show up in signatures), type variables, and names that the docstrings' modules
@@ -66,7 +70,3 @@ def _resolve_by_suffix(app: Any, env: Any, node: Any, contnode: Any) -> Any:
 
 def setup(app: Any) -> None:
     app.connect("missing-reference", _resolve_by_suffix)
-
-html_theme = "alabaster"
-html_static_path: list[str] = []
-exclude_patterns = ["_build"]
