@@ -19,7 +19,7 @@ different processes compare. From those:
   commandstats`` deltas (PUBLISH and the other commands run inside the scripts are not
   client round trips and are not counted); **split/1k** (5 nodes): attempts per 1,000
   critical sections in which the votes split (some nodes granted, no majority, and no
-  majority held by another either: the attempt backs off at random, R6).
+  majority held by another either: the attempt backs off for a random time).
 
 Systems, in one run on the same ``redis-server`` nodes (``tenure.local.LocalCluster``, no
 persistence): tenure ``Client`` with notified waiting (1 and 5 nodes), tenure fair mode
@@ -102,7 +102,7 @@ def _count_splits() -> list[int]:
 
     def counting(self: Any, rnd: Any, token: str, now: float) -> Any:
         step = conclude(self, rnd, token, now)
-        # A split vote (R6): some nodes granted, no majority, and nobody holds a majority
+        # A split vote: some nodes granted, no majority, and nobody holds a majority
         # either (the core then backs off at random rather than waiting).
         if 0 < rnd.yes < self.spec.quorum and isinstance(step, core.Retry):
             counter[0] += 1

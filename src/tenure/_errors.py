@@ -1,6 +1,9 @@
 """Every exception tenure raises.
 
-::
+The classes of the lock client live here and are exported by ``tenure``; those of the
+optional parts live beside the code that raises them (the module is named on the right)
+and are exported by it. All of them are drawn in this one tree (a unit test checks that
+no ``TenureError`` subclass anywhere in the package is missing from it)::
 
     TenureError
     ├── ConfigurationError (ValueError)      bad parameter; names it and the accepted range
@@ -8,19 +11,34 @@
     │       │                                it: read-only replica, wrong password, not Redis
     │       ├── ServerUnsupported            a node refuses a command (ACL) or is too old
     │       └── TLSCertificateError          a node's TLS certificate failed verification
-    ├── StaleToken (RuntimeError)             a fenced store refused a write with an old token
-    ├── ClientClosed (RuntimeError)           the client was closed; it does not reconnect
-    └── LockError
-        ├── AcquireError
-        │   ├── LockTimeout (TimeoutError)   waited `timeout` seconds, lock still held elsewhere
-        │   └── QuorumUnreachable (ConnectionError)
-        │                                    too many nodes failed for a majority to be possible
-        ├── SelfDeadlock (RuntimeError)      this thread/task already holds the lock it waits for
-        └── OwnershipError (RuntimeError)
-            ├── NotHeld                      release() of a lock object that holds no lease
-            └── LeaseLost                    the lease can no longer be trusted
-                ├── LeaseExpired             its validity ended before the operation
-                └── InheritedLease           used in a forked child: the lease is the parent's
+    ├── StaleToken (RuntimeError)            a fenced store refused a write with an old token
+    ├── ClientClosed (RuntimeError)          the client was closed; it does not reconnect
+    ├── LockError
+    │   ├── AcquireError
+    │   │   ├── LockTimeout (TimeoutError)   waited `timeout` seconds, lock still held elsewhere
+    │   │   └── QuorumUnreachable (ConnectionError)
+    │   │                                    too many nodes failed for a majority to be possible
+    │   ├── SelfDeadlock (RuntimeError)      this thread/task already holds the lock it waits for
+    │   └── OwnershipError (RuntimeError)
+    │       ├── NotHeld                      release() of a lock object that holds no lease
+    │       └── LeaseLost                    the lease can no longer be trusted
+    │           ├── LeaseExpired             its validity ended before the operation
+    │           └── InheritedLease           used in a forked child: the lease is the parent's
+    │
+    │   tenure.patterns (optimistic updates, idempotency keys)
+    ├── ConflictError (RuntimeError)         an optimistic update kept losing to other writes
+    │   └── StaleVersion                     a version-checked UPDATE found another version
+    ├── RowMissing (LookupError)             a version-checked UPDATE found no row at all
+    ├── InProgress (RuntimeError)            another attempt holds the idempotency key
+    ├── ClaimLost (RuntimeError)             our claim on an idempotency key ran out, taken over
+    ├── NotClaimed (RuntimeError)            record/apply by an attempt that holds no claim
+    │
+    │   tenure.local (local test servers)
+    ├── LocalNodeError (RuntimeError)        a local redis-server failed to start, pause or stop
+    │
+    │   tenure.verify (the verifier)
+    ├── FaultNotObserved (TimeoutError)      the evidence of an injected fault did not appear
+    └── ProxyError (RuntimeError)            the fault proxy's loop is not running or too slow
 
 Errors subclass the matching built-in so that ``except TimeoutError`` and friends keep
 working, and carry their context as fields: which lock, and what each node said

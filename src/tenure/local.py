@@ -93,12 +93,11 @@ if sys.platform.startswith("linux"):
         # nodes); spawning from a short-lived worker thread would kill them when it ends.
         _prctl(_PR_SET_PDEATHSIG, _sigkill)
 
+    #: A ``preexec_fn`` that has the kernel kill the child if we die (Linux; else None).
+    #: Also used by the test suite's PostgreSQL and the benchmarks' helper servers.
     DIE_WITH_PARENT: Callable[[], None] | None = _die_with_parent
 else:
     DIE_WITH_PARENT = None
-"""A ``preexec_fn`` that has the kernel kill the child if we die (Linux; else None).
-
-Also used by the test suite's PostgreSQL and the benchmarks' helper servers."""
 
 
 class LocalNodeError(TenureError, RuntimeError):
@@ -220,7 +219,7 @@ class LocalNode:
         binary: the server executable (see :func:`find_server_binary`).
         extra_config: more ``redis.conf`` directives, each written as ``key value``.
         env: extra environment variables for the server process, on top of ours (e.g.
-            ``LD_PRELOAD`` of libfaketime, see :mod:`tenure.verify.clock`). Kept in
+            ``LD_PRELOAD`` of libfaketime, see ``tenure.verify.clock``). Kept in
             :attr:`env` and applied on every start, so they survive restarts.
 
     Raises:
@@ -370,7 +369,7 @@ class LocalNode:
 
         Args:
             other: another node, or the loopback ``(host, port)`` of something in front
-                of one, e.g. a :class:`tenure.verify.proxy.Proxy` whose link can then
+                of one, e.g. a ``tenure.verify.proxy.Proxy`` whose link can then
                 be cut.
 
         Raises:

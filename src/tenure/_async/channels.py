@@ -3,18 +3,20 @@
 Theory of operation
 -------------------
 Each node has one ``Channel``: a redis-py asyncio connection, a FIFO of callbacks for the
-requests written to it, and a reader task that calls them in order as replies arrive.
-Writing a request is synchronous (no ``await``), so
+requests written to it, and a task that sets the connection up and then only waits for it
+to end. Once connected, the transport's protocol is replaced by ``_Replies``, which parses
+replies in ``data_received`` and calls the callbacks in order as replies arrive: no task
+reads the connection. Writing a request is synchronous (no ``await``), so
 
 * requests from many tasks are pipelined on one connection, in the order they were made;
 * a round writes to every node, then awaits one future that the reply callbacks settle
   as soon as the core's ``Round`` is decided, or a timer at the deadline (the callbacks
-  run inside the reader task, so a reply costs no extra trip through the event loop);
+  run inside ``data_received``, so a reply costs no extra trip through the event loop);
 * cleanup after a cancelled acquire needs no ``await``: the release is written behind the
   ``SET`` on the same connection before ``CancelledError`` propagates, and Redis executes
   one connection's commands in order. Nothing to shield, nothing to lose.
 
-A reply that comes after its round ended is still read (by the reader task) and dropped,
+A reply that comes after its round ended is still read (by ``_Replies``) and dropped,
 so no connection is ever left with an unread reply. A node that answers nothing for
 ``STALL`` seconds while requests wait is disconnected and left alone for a back-off.
 
@@ -55,7 +57,7 @@ __all__ = ["Channels"]
 STALL = 1.0
 
 # A reply: (True, value) or (False, the error it came as), handed to the request's
-# callback by the reader task itself: no future, no extra trip through the event loop.
+# callback from ``_Replies.data_received``: no future, no extra trip through the event loop.
 Reply = tuple[bool, Any]
 OnReply = Callable[[Reply], None]
 
@@ -128,8 +130,8 @@ class Channel:
         """Write ``command`` now (or as soon as the connection is up).
 
         ``on_reply`` is called once per reply the command produces (``command.replies``),
-        from the reader task: with the reply, or with the error that ended the connection
-        first.
+        from the protocol's ``data_received``: with the reply, or with the error that
+        ended the connection first.
         """
         now = time.monotonic()
         if self._pending and now - self._pending[0][1] > STALL:
@@ -173,7 +175,7 @@ class Channel:
         self._conn._writer.write(packed)  # type: ignore[union-attr]
 
     async def _run(self) -> None:
-        """Connect, flush what was queued meanwhile, then read replies until the link fails.
+        """Connect, flush what was queued meanwhile, then wait until the link fails.
 
         redis-py connects (TLS, AUTH, SELECT); then the transport's protocol is replaced by
         ``_Replies``, which parses each reply as it arrives and hands it to its request's

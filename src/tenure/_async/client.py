@@ -51,8 +51,8 @@ class AsyncClient(ClientBase):
     ``ConfigurationError`` naming the minimum).
 
     Many tasks share one pipelined connection per node. Use ``async with`` or call
-    ``aclose()`` so the reader tasks end with the client; a closed client can't be used
-    again (``ClientClosed``).
+    ``aclose()`` so the connections and their tasks end with the client; a closed client
+    can't be used again (``ClientClosed``).
 
     Locks are not reentrant: a blocking acquire of a lock that the calling *task*
     already holds through this client raises ``SelfDeadlock`` at once. Other tasks wait
@@ -266,7 +266,7 @@ class AsyncClient(ClientBase):
         return rnd
 
     async def aclose(self) -> None:
-        """Close every connection and reader task; the client can't be used again.
+        """Close every connection (and the task behind it); the client can't be used again.
 
         Leases still held are not released (see ``Client.close``): their keys expire by
         their TTL, and extending or releasing them raises ``ClientClosed``.

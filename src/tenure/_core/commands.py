@@ -68,7 +68,7 @@ def _yes_if_one(reply: object) -> tuple[bool, Info]:
 
 def _acquire_reply(reply: object) -> tuple[bool, Info]:
     # acquire.lua answers {status, number, floor} or, held while waiting,
-    # {0, counter, floor, pttl}; status 1 is a grant.
+    # {0, floor, floor, pttl}; status 1 is a grant.
     if isinstance(reply, list) and (len(reply) == 3 or (len(reply) == 4 and reply[0] == 0)):
         info = tuple(int(x) for x in reply)
         return info[0] == 1, info

@@ -15,7 +15,7 @@ expired or whose channel nobody listens to any more (``PUBLISH`` answered 0), an
   and stays queued until it acquires, so if it still loses (a split vote on a quorum),
   the next release wakes it again;
 * fair: makes the first live one the owner right there (its waiter id is its owner
-  token, the fencing counter goes up by one) and publishes ``G <waiter> <token>``.
+  token, its fencing token is the node's floor + 1) and publishes ``G <waiter> <token>``.
 
 A notification may never come (the notification connection was killed, the holder
 crashed and its key expired, a node restarted): a waiter re-checks at the latest after

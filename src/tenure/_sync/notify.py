@@ -4,10 +4,12 @@ Theory of operation
 -------------------
 A client that ever waits for a lock starts one daemon thread that holds one pub/sub
 connection per node, subscribed to the client's own channel, and ``select()``s on all of
-them. Every waiting thread of the client registers a ``Slot`` under its waiter id; the
-thread files each message (``_core.waiting.Wake``) in its waiter's slot and sets the
-slot's event. A waiter blocks on that event for at most the time the core allows
-(``Wait.timeout``): the notification or the fallback re-check, whichever comes first.
+them. Every waiting thread of the client registers a ``Slot`` under its waiter id; whoever
+reads the sockets files each message (``_core.waiting.Wake``) in its waiter's slot and sets
+the slot's event. That is the subscriber thread, or, while one waits, a waiting thread
+that took the sockets over (the *reader*, see ``Listener``: one context switch less per
+hand-off). A waiter waits for at most the time the core allows (``Wait.timeout``): the
+notification or the fallback re-check, whichever comes first.
 
 A connection that fails is re-established after a back-off; once subscribed again,
 every slot is nudged to re-check at once, since notifications sent meanwhile reached

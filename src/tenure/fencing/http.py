@@ -80,12 +80,12 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-#: Tokens must be below this: they are non-negative and fit a signed 64-bit integer, like
+#: Tokens must be below this. They are non-negative and fit a signed 64-bit integer, like
 #: Redis ``INCR`` counters and SQL ``BIGINT`` columns. (The Redis fenced store's own
 #: limit, ``tenure.fencing.MAX_TOKEN``, is lower because Lua numbers are doubles.)
 GATE_TOKEN_LIMIT = 2**63
 
-#: The methods a gate guards unless told otherwise: the ones that write.
+#: The methods a gate guards unless told otherwise (the ones that write).
 GUARDED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 _BOOK_VERSION = 1

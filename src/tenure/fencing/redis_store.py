@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 MAX_TOKEN = 2**53
-"""Tokens must be below this: above it, Lua's doubles no longer tell neighbours apart."""
+"""Tokens must be below this, since above it Lua's doubles no longer tell neighbours apart."""
 
 
 def fenced_keys(resource: str, namespace: str = "tenure") -> tuple[str, str]:

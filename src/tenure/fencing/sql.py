@@ -73,7 +73,7 @@ from .._errors import ConfigurationError, StaleToken
 __all__ = ["MAX_SQL_TOKEN", "FencedMixin", "fence", "fenced_execute", "fenced_update"]
 
 MAX_SQL_TOKEN = 2**63
-"""Tokens must be below this: the largest BIGINT is ``2**63 - 1``."""
+"""Tokens must be below this, as the largest BIGINT is ``2**63 - 1``."""
 
 _SESSION_KEY = "tenure.fence_token"  # in Session.info: the token of the active fence()
 

@@ -230,7 +230,7 @@ class Once(Protocol):
 
     @property
     def done(self) -> bool:
-        """True if a previous attempt finished: skip the effect, answer ``result``."""
+        """True if a previous attempt finished (skip the effect, answer ``result``)."""
 
     @property
     def result(self) -> Any:

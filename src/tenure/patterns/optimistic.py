@@ -110,7 +110,7 @@ DEFAULT_RETRIES = 10
 """Retries after the first attempt, so at most 11 attempts."""
 
 DEFAULT_BACKOFF: RetryPolicy = wait_random_exponential(initial=0.002, maximum=0.1)
-"""Full-jitter exponential back-off: uniform in [0, min(0.1, 0.002 * 2**(k-1))] seconds."""
+"""Full-jitter exponential back-off, uniform in [0, min(0.1, 0.002 * 2**(k-1))] seconds."""
 
 # What a value in a Plan's write mapping may be; None deletes the key.
 Value = bytes | str | int | float | None
@@ -385,7 +385,7 @@ class Reads(Mapping[str, bytes | None], Generic[R]):
 
 
 Writes = Mapping[str, Value] | Callable[[Any], object] | None
-"""A plan's writes: ``{key: value}``, or a function that queues commands on the pipeline."""
+"""A plan's writes, ``{key: value}`` or a function that queues commands on the pipeline."""
 
 
 @dataclass(frozen=True)

@@ -296,8 +296,8 @@ class WorkerStats:
     failed: int = 0
     """Handler calls that raised something other than a loss of the lease."""
     skipped: int = 0
-    """Entries acknowledged without a handler call: deleted from the stream while
-    pending, or without a ``KEY_FIELD``."""
+    """Entries acknowledged without a handler call, as they were deleted from the stream
+    while pending or carry no ``KEY_FIELD``."""
 
 
 @dataclass

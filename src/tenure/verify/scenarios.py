@@ -289,7 +289,7 @@ def slow_reply(kind: str) -> Callable[[World, int], Stats]:
             lock = baseline(kind, [proxy.url], ttl, node_timeout=0.45)
         a = world.actor("A", lock, fenced=False)
         b = world.actor("B", lock, fenced=False)
-        for w in (a, b):  # connect (and seed the lock's history) before the slow network
+        for w in (a, b):  # connect (and seed blank nodes) before the slow network
             w.call("acquire", 2.0)
             w.call("release")
         for _ in range(cycles):
