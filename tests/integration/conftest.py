@@ -15,13 +15,15 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import redis
 
 import tenure
 from tenure.local import LocalCluster, LocalNode
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -135,6 +137,13 @@ class Api:
             time.sleep(seconds)
         else:
             self._loop.run_until_complete(asyncio.sleep(seconds))
+
+    def run_blocking(self, call: Callable[..., T], *args: object) -> T:
+        """``call(*args)`` (a blocking function), with the clients' background work
+        running meanwhile (the asyncio clients' loop runs only inside their calls)."""
+        if self._loop is None:
+            return call(*args)
+        return self._loop.run_until_complete(asyncio.to_thread(call, *args))
 
     def wait_until(
         self, predicate: Callable[[], object], within: float = 10.0, what: str = "condition"

@@ -8,7 +8,6 @@ against that CA, passed as ``ssl_ca_certs``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -63,9 +62,7 @@ def _verified(ca: CertificateAuthority) -> dict[str, str]:
 def _while_running(api: Api, wait: Callable[..., bool], *args: object) -> bool:
     """``wait(*args)``, with the asyncio client's event loop running meanwhile (the
     wrapped client runs it only inside its calls), so that its connections progress."""
-    if api.loop is None:
-        return wait(*args)
-    return api.loop.run_until_complete(asyncio.to_thread(wait, *args))
+    return api.run_blocking(wait, *args)
 
 
 def _used_before(api: Api, cluster: LocalCluster, key: str, n: int) -> None:
