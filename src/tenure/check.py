@@ -57,7 +57,7 @@ The checks
     (untested); not Redis (no ``redis_version``, or a fork such as Valkey or Dragonfly):
     WARN (untested).
 ``acl``
-    Whether the user may send everything tenure sends (:mod:`tenure._acl`: the commands
+    Whether the user may send everything tenure sends (:mod:`tenure._driver.acl`: the commands
     of the lock scripts, read from their Lua source, and the drivers' ``EVAL``,
     ``EXISTS``, ``SUBSCRIBE``, ``WAIT``) on keys ``tenure:*`` and channels
     ``tenure:wake:*``. Asked with ``ACL DRYRUN`` on Redis >= 7 (and Valkey), with ``ACL
@@ -95,11 +95,11 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 
-from . import _acl
 from ._core.config import NodeAddress, parse_node_url
 from ._core.quorum import majority
+from ._driver import acl as _acl
+from ._driver.redis_compat import connection_kwargs
 from ._errors import ConfigurationError
-from ._redis_compat import connection_kwargs
 
 __all__ = [
     "CHECK_EXIT_CODES",
@@ -566,7 +566,7 @@ def _independence(nodes: Sequence[NodeFacts]) -> list[Finding | None]:
 
 
 def check_access(facts: NodeFacts) -> list[Finding]:
-    """Whether the node's ACL lets tenure send everything it sends (see :mod:`tenure._acl`):
+    """Whether the node's ACL lets tenure send everything it sends (see :mod:`tenure._driver.acl`):
     UNSAFE naming what is refused and the ``ACL SETUSER`` line that grants it."""
     who = f"user {facts.user!r}" if facts.user else "the user"
     if facts.access is None:

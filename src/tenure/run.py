@@ -117,6 +117,7 @@ import redis
 
 from ._core.config import LockKeys, parse_node_url
 from ._core.quorum import Failure, majority
+from ._driver.redis_compat import connection_kwargs, diagnose
 from ._errors import (
     ConfigurationError,
     LeaseLost,
@@ -124,7 +125,6 @@ from ._errors import (
     QuorumUnreachable,
     TenureError,
 )
-from ._redis_compat import connection_kwargs, diagnose
 from ._sync.client import Client, Lease
 
 __all__ = [

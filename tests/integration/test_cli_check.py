@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 import tenure
-from tenure import _acl
 from tenure._core.config import LockKeys
+from tenure._driver import acl as _acl
 from tenure.check import (
     EXIT_OK,
     EXIT_UNAVAILABLE,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tenure import _clock
 from tenure._core.config import NODE_FLOOR, NODE_WARM
+from tenure._driver import clock as _clock
 from tenure.local import LocalCluster
 from tenure.verify.proxy import Proxy
 

@@ -1,4 +1,4 @@
-"""What a lock node's ACL must allow (``tenure._acl``): derived from the code, judged purely.
+"""What a lock node's ACL must allow (``tenure._driver.acl``): derived from the code, judged purely.
 
 The derivation is checked against the code it stands for: every command the drivers pack
 is in ``DIRECT``, every key of a lock matches ``tenure:*``, every notification channel
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tenure import _acl
 from tenure._core.config import LockKeys
 from tenure._core.waiting import channel_name
+from tenure._driver import acl as _acl
 
-SRC = Path(_acl.__file__).parent
+SRC = Path(_acl.__file__).parent.parent
 ROOT = SRC.parent.parent
 
 
@@ -52,7 +52,7 @@ def test_every_script_command_has_harmless_probe_arguments() -> None:
     # A command without a line in _SCRIPT_ARGS is still checked, with the probe key alone;
     # give it real arguments so that DRYRUN and the probe ask the right question.
     missing = set(_acl.script_commands()) - set(_acl._SCRIPT_ARGS)
-    assert not missing, f"add arguments for {sorted(missing)} to tenure._acl._SCRIPT_ARGS"
+    assert not missing, f"add arguments for {sorted(missing)} to tenure._driver.acl._SCRIPT_ARGS"
 
 
 def test_every_command_the_drivers_send_is_a_need() -> None:

@@ -22,7 +22,7 @@ from tenure._core.diagnosis import (
 from tenure._core.lease import conclude_locked
 from tenure._core.policy import wait_random_exponential
 from tenure._core.quorum import Failure, Round
-from tenure._redis_compat import NotRedis, diagnose
+from tenure._driver.redis_compat import NotRedis, diagnose
 
 WRAPPED_READONLY = (
     "ERR Error running script (call to f_131b5f2ed4a6e4f431cc21897ae043d687859f08): "

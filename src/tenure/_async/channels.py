@@ -49,8 +49,8 @@ from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis
 from .._core.quorum import Failure, Round
 from .._core.resp import ErrorReply, ReplyReader
-from .._redis_compat import NotRedis, connection_kwargs, diagnose
-from .._report import NodeReporter
+from .._driver.redis_compat import NotRedis, connection_kwargs, diagnose
+from .._driver.report import NodeReporter
 
 __all__ = ["Channels"]
 

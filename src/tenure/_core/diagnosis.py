@@ -7,7 +7,7 @@ a TLS certificate the client cannot accept.
 The second kind does not pass with time, so tenure says which node and what to change,
 rather than "impossible until they recover".
 
-The drivers turn every exception of a node into a ``Diagnosis`` (``_redis_compat``) and
+The drivers turn every exception of a node into a ``Diagnosis`` (``_driver.redis_compat``) and
 record it in the round as a per-node failure; nothing a node says escapes raw. Whether
 such failures end an acquire is decided in ``Acquisition.conclude``: at once when the
 misconfigured nodes alone leave no majority (retrying cannot help), otherwise the lock

@@ -14,8 +14,6 @@ from collections.abc import Hashable
 from types import TracebackType
 from typing import Any
 
-from .._client_base import ClientBase
-from .._clock import monotonic, wall_us
 from .._core import commands
 from .._core.acquire import (
     Acquisition,
@@ -31,9 +29,11 @@ from .._core.config import LockSpec, check_acquire_args, check_flag
 from .._core.lease import begin_extend, conclude_extend, conclude_locked, conclude_release
 from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
+from .._driver.client_base import ClientBase
+from .._driver.clock import monotonic, wall_us
+from .._driver.lease import LeaseView, leave_block
+from .._driver.lease import not_acquired as _not_acquired
 from .._errors import LeaseLost, LockTimeout, NotHeld
-from .._lease import LeaseView, leave_block
-from .._lease import not_acquired as _not_acquired
 from .links import LinkPool, LinkSet
 from .notify import Listener, Slot
 from .watchdog import Watchdog

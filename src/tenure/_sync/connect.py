@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import redis
 
-from .._redis_compat import kernel_timeouts
+from .._driver.redis_compat import kernel_timeouts
 
 __all__ = ["SetUp"]
 

@@ -50,8 +50,8 @@ from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis
 from .._core.quorum import Failure, Round
-from .._redis_compat import connection_kwargs, diagnose
-from .._report import NodeReporter
+from .._driver.redis_compat import connection_kwargs, diagnose
+from .._driver.report import NodeReporter
 from .connect import SetUp
 
 __all__ = ["LinkPool", "LinkSet", "NodeState"]

@@ -35,8 +35,8 @@ from .._core.backoff import Reconnect
 from .._core.commands import pack
 from .._core.resp import ErrorReply, ReplyReader
 from .._core.waiting import Departed, Wake, channel_name, parse_wake
-from .._redis_compat import diagnose
-from .._report import NodeReporter
+from .._driver.redis_compat import diagnose
+from .._driver.report import NodeReporter
 from .connect import SetUp
 from .links import NodeState
 

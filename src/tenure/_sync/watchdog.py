@@ -14,10 +14,10 @@ import threading
 import weakref
 from typing import TYPE_CHECKING
 
-from .._clock import monotonic
 from .._core.watchdog import Extend, GiveUp, KeepAlive, Lost
+from .._driver.clock import monotonic
+from .._driver.lease import closed_under
 from .._errors import ClientClosed, InheritedLease, LeaseLost, NotHeld
-from .._lease import closed_under
 
 if TYPE_CHECKING:
     from .client import Lease

@@ -92,7 +92,7 @@ from typing import Any, Protocol
 
 import redis
 
-from .._clock import monotonic
+from .._driver.clock import monotonic
 from .._errors import ConfigurationError, LeaseLost, LockTimeout, NotHeld, StaleToken, TenureError
 from .._sync.client import Client, Lease
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from ._core.diagnosis import naming
-from ._core.quorum import Failure, Round
+from .._core.diagnosis import naming
+from .._core.quorum import Failure, Round
 
 __all__ = ["NodeReporter"]
 

@@ -17,17 +17,17 @@ import weakref
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from ._clock import monotonic, wall_us
-from ._core import commands, waiting
-from ._core.acquire import Acquisition, Granted
-from ._core.commands import Command, acked_by_replicas
-from ._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
-from ._core.holds import Held, Holds, self_deadlock
-from ._core.policy import RetryPolicy
-from ._core.waiting import Departed, Wake, hold_ms, place_ms
-from ._errors import ClientClosed
-from ._redis_compat import check_connection_options
-from ._report import NodeReporter
+from .._core import commands, waiting
+from .._core.acquire import Acquisition, Granted
+from .._core.commands import Command, acked_by_replicas
+from .._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
+from .._core.holds import Held, Holds, self_deadlock
+from .._core.policy import RetryPolicy
+from .._core.waiting import Departed, Wake, hold_ms, place_ms
+from .._errors import ClientClosed
+from .clock import monotonic, wall_us
+from .redis_compat import check_connection_options
+from .report import NodeReporter
 
 __all__ = ["ClientBase"]
 

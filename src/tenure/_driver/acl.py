@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 
-from ._core.waiting import CHANNEL_PREFIX
-from ._lua import expand
+from .._core.waiting import CHANNEL_PREFIX
+from .._lua import expand
 
 __all__ = [
     "CHANNEL_PATTERN",

@@ -11,12 +11,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._core.acquire import LeaseState
-from ._core.config import LockSpec
-from ._errors import InheritedLease, LeaseExpired, LeaseLost
+from .._core.acquire import LeaseState
+from .._core.config import LockSpec
+from .._errors import InheritedLease, LeaseExpired, LeaseLost
 
 if TYPE_CHECKING:
-    from ._client_base import ClientBase
+    from .client_base import ClientBase
 
 _log = logging.getLogger("tenure")
 

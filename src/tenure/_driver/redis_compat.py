@@ -19,12 +19,12 @@ import redis.asyncio
 from redis import exceptions as rx
 from redis.backoff import NoBackoff
 
-from ._acl import denial
-from ._core import diagnosis
-from ._core.config import NodeAddress
-from ._core.diagnosis import Diagnosis
-from ._core.quorum import Failure
-from ._errors import ConfigurationError
+from .._core import diagnosis
+from .._core.config import NodeAddress
+from .._core.diagnosis import Diagnosis
+from .._core.quorum import Failure
+from .._errors import ConfigurationError
+from .acl import denial
 
 __all__ = [
     "NotRedis",
