@@ -9,32 +9,32 @@ acquire that is cancelled never returns a lease. ``CancelledError`` is never swa
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 from collections.abc import Hashable
 from types import TracebackType
 from typing import Any
 
-from .._core import commands
-from .._core.acquire import (
-    Acquisition,
-    GiveUp,
-    Granted,
-    LeaseState,
-    Retry,
-    Seed,
-    Wait,
-)
-from .._core.acquire import cleanup_wait as _cleanup_wait
+from .._core.acquire import LeaseState
 from .._core.config import LockSpec, check_acquire_args, check_flag
-from .._core.lease import begin_extend, conclude_extend, conclude_locked, conclude_release
-from .._core.quorum import Round
+from .._core.flows import (
+    AwaitWake,
+    Depart,
+    Listen,
+    Op,
+    Run,
+    Send,
+    Sleep,
+    Unlisten,
+)
 from .._core.watchdog import KeepAlive
 from .._driver.client_base import ClientBase
-from .._driver.clock import monotonic, wall_us
+from .._driver.clock import monotonic
 from .._driver.lease import LeaseView, leave_block
 from .._driver.lease import not_acquired as _not_acquired
 from .._errors import LeaseLost, LockTimeout, NotHeld
 from .channels import Channels
+from .drive import adrive
 from .notify import AsyncListener, AsyncSlot
 from .watchdog import watch
 
@@ -147,123 +147,48 @@ class AsyncClient(ClientBase):
     ) -> AsyncLease | None:
         self._check_open("acquire", spec.name)
         self._check_reentry(spec, blocking)
-        acq = self._acquisition(spec, blocking, timeout)
         listener = self._listener
-        waiter = secrets.token_hex(16)
-        ticket = wall_us()  # its place in a quorum's queues ("q"), the same on every node
-        slot: AsyncSlot | None = None
-        if blocking and listener.started and self.config.recheck > 0:
-            slot = listener.register_now(waiter, spec.quorum)
-        queued = False
-        lease: AsyncLease | None = None
-        try:
-            while True:
-                # Closed by another task while this one waited: stop, don't reconnect.
-                self._check_open("acquire", spec.name)
-                # One token per acquire call (its waiter id): release.lua then also takes
-                # the holder out of queues it joined on nodes that said "held".
-                token = waiter
-                # Always the waiting form: even an attempt that will not queue must see
-                # the queue (fair) and a reservation for a woken waiter.
-                wait_args = self._wait_args(
-                    spec, waiter, listener.channel, slot is not None, ticket
-                )
-                queued = queued or slot is not None
-                if slot is not None:
-                    slot.take()  # this attempt sees every release notified so far
-                rnd = acq.begin(_clock())
-                command = self._replicated(
-                    commands.acquire(
-                        spec,
-                        token,
-                        acq.proposal(wall_us()),
-                        acq.mark,
-                        self.config.max_ttl_ms,
-                        wait_args,
-                    )
-                )
-                try:
-                    await self._channels.run(command, rnd, acq.deadline(rnd), hopeless_unsent=True)
-                except asyncio.CancelledError:
-                    # Written before the cancellation propagates, behind our grant on each link.
-                    self._send_release(spec.key, token, rnd.maybe_holding())
-                    raise
-                step = acq.conclude(rnd, token, _clock())
-                self._fence_floor = max(self._fence_floor, acq.floor)
-                if isinstance(step, Granted):
-                    if step.seed is not None:
-                        await self._seed(spec, step.seed)
-                    lease = AsyncLease(self, step.lease, spec)
-                    return lease
-                if step.cleanup:
-                    command = self._cleanup_release(spec, token)
-                    await self._cleanup_round(command, step.cleanup, _cleanup_wait(step, rnd))
-                if isinstance(step, GiveUp):
-                    if step.error is not None:
-                        raise step.error
-                    return None
-                if isinstance(step, Retry) and step.seed is not None:
-                    await self._seed(spec, step.seed)
-                if isinstance(step, Wait):
-                    if slot is None:
-                        # First wait of this client: subscribe, then queue at once.
-                        slot = await listener.register(
-                            waiter, self.config.node_timeout, spec.quorum
-                        )
-                        continue
-                    if await slot.wait(step.timeout):
-                        lease = self._handed_over(slot, acq, spec, waiter)
-                        if lease is not None:
-                            return lease
-                elif step.sleep:
-                    await asyncio.sleep(step.sleep)
-        finally:
-            if slot is not None:
-                listener.unregister(waiter)
-            if queued and lease is None:
-                # Written at once (no await), so a cancelled acquire leaves its place too.
-                self._depart(listener.departed, spec, waiter)
+        flow = self._flows.acquire(
+            spec,
+            blocking,
+            timeout,
+            waiter=secrets.token_hex(16),
+            channel=listener.channel,
+            listening=listener.started,
+        )
+        state = await adrive(flow, self._perform)
+        return None if state is None else AsyncLease(self, state, spec)
 
-    def _decline(self, spec: LockSpec, waiter: str, node: int | None) -> None:
-        """Leave the queue on ``node`` (None: every node), passing on a lock handed to
-        ``waiter`` meanwhile; again for a notification that reaches it after it gave up
-        (see ``Departed``). Written at once, no await."""
-        if self._closed:
-            return  # closed: no reconnecting for it; the place expires on the nodes
-        rnd = Round(len(self.node_names), self.config.quorum, _clock())
-        command = commands.dequeue(self._release_waking(spec, waiter))
-        self._channels.send(command, rnd, None if node is None else [node])
+    async def _perform(self, op: Op) -> Any:
+        """Carry out one operation of a flow (``_core.flows``). Those a flow yields while
+        a cancellation propagates (``flows.INSTANT``) complete without awaiting."""
+        if isinstance(op, Run):
+            await self._channels.run(
+                op.command, op.rnd, op.deadline, op.targets, hopeless_unsent=op.hopeless_unsent
+            )
+        elif isinstance(op, Listen):
+            if op.timeout == 0:
+                return self._listener.register_now(op.waiter, op.need)
+            return await self._listener.register(op.waiter, op.timeout, op.need)
+        elif isinstance(op, AwaitWake):
+            assert isinstance(op.inbox, AsyncSlot)
+            return await op.inbox.wait(op.timeout)
+        elif isinstance(op, Sleep):
+            await asyncio.sleep(op.seconds)
+        elif isinstance(op, Send):
+            self._send_now(op)
+        elif isinstance(op, Unlisten):
+            self._listener.unregister(op.waiter)
+        elif isinstance(op, Depart):
+            decline = functools.partial(self._declined, op.spec, op.waiter)
+            self._listener.departed.add(op.waiter, decline, op.until, _clock())
+        else:
+            raise TypeError(f"not an operation of the asyncio driver: {op!r}")
+        return None
 
-    def _handed_over(
-        self, slot: AsyncSlot, acq: Acquisition, spec: LockSpec, waiter: str
-    ) -> AsyncLease | None:
-        """The lease a fair hand-off gave us, if the notifications say so (else re-check)."""
-        granted = self._transferred(slot.take(), acq, waiter)
-        return None if granted is None else AsyncLease(self, granted.lease, spec)
-
-    async def _seed(self, spec: LockSpec, seed: Seed) -> None:
-        command = commands.seed(spec, seed.floor, seed.warm_ms, seed.marks)
-        await self._cleanup_round(command, seed.nodes, seed.nodes)
-
-    async def _cleanup_round(
-        self, command: commands.Command, targets: frozenset[int], wait_for: frozenset[int]
-    ) -> None:
-        """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the
-        timeout); best effort, never an error of its own (see ``Client._cleanup_round``)."""
-        now = _clock()
-        rnd = Round.cleanup(len(self.node_names), wait_for, now)
-        await self._channels.run(command, rnd, now + self.config.node_timeout, sorted(targets))
-
-    def _send_release(self, key: str, token: str, targets: frozenset[int]) -> None:
-        rnd = Round(len(self.node_names), self.config.quorum, _clock())
-        self._channels.send(commands.release(key, token), rnd, sorted(targets))
-
-    async def _round(self, command: commands.Command) -> Round:
-        """``command`` on every node; decided once a majority said yes (or can't)."""
-        now = _clock()
-        rnd = Round(len(self.node_names), self.config.quorum, now)
-        await self._channels.run(command, rnd, now + self.config.node_timeout)
-        return rnd
+    def _send_now(self, send: Send) -> None:
+        if not self.closed:
+            self._channels.send(send.command, send.rnd, send.targets)
 
     async def aclose(self) -> None:
         """Close every connection (and the task behind it); the client can't be used again.
@@ -271,7 +196,7 @@ class AsyncClient(ClientBase):
         Leases still held are not released (see ``Client.close``): their keys expire by
         their TTL, and extending or releasing them raises ``ClientClosed``.
         """
-        self._closed = True
+        self._flows.closed = True
         await self._listener_.close()
         await self._channels.close()
 
@@ -298,6 +223,9 @@ class AsyncLease(LeaseView):
     def __init__(self, client: AsyncClient, state: LeaseState, spec: LockSpec) -> None:
         super().__init__(state, spec, client)
         self._watcher: asyncio.Task[None] | None = None
+        # Extensions (the watchdog's) and the release run one at a time, as for the
+        # blocking ``Lease``: an extension must not conclude on a lease being released.
+        self._op_lock = asyncio.Lock()
         self.lost = asyncio.Event()
         """Set the moment the lease is found lost (see ``lost_error``)."""
 
@@ -310,62 +238,35 @@ class AsyncLease(LeaseView):
 
     def _watch(self, policy: KeepAlive) -> None:
         self._check_usable("keep it alive")
-        self._check_not_released()
+        if self._released:
+            raise NotHeld(self.name, "this lease was already released")
         if self._watcher is None:
             self._watcher = asyncio.get_running_loop().create_task(watch(self, policy))
 
-    async def _stop_watching(self) -> None:
-        watcher, self._watcher = self._watcher, None
+    def _stop_watching(self) -> None:
+        watcher = self._watcher
         if watcher is not None and watcher is not asyncio.current_task():
             watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
 
     async def extend(self, ttl: float | None = None) -> None:
         """Give the lease ``ttl`` more seconds (default: its lock's TTL); see ``Lease.extend``."""
         client = self._client
         self._check_usable("extend")
-        spec = self._spec if ttl is None else LockSpec.build(client.config, self.name, ttl)
-        self._check_not_released()
-        rnd = begin_extend(self._state, spec, _clock())
-        await client._channels.run(
-            client._replicated(commands.extend(spec, self.token)),
-            rnd,
-            rnd.started + spec.node_timeout,
-        )
-        outcome = conclude_extend(self._state, spec, rnd, _clock(), client.node_names)
-        if isinstance(outcome, LeaseState):
-            self._state = outcome
-            return
-        self._set_released()
-        await client._round(client._release_waking(spec, self.token, self.fencing_token))
-        self._mark_lost(outcome)
-        raise outcome
+        async with self._op_lock:
+            await adrive(client._flows.extend(self, ttl), client._perform)
 
     async def release(self) -> None:
-        """Release on every node; see ``Lease.release``. Cancelling it still releases."""
+        """Release on every node; see ``Lease.release``. Cancelling it still releases
+        once it began (the release is written before the first await)."""
         client = self._client
         self._check_usable("release")
-        self._check_not_released()
-        self._set_released()
-        await self._stop_watching()
-        spec = self._spec
-        rnd = await client._round(client._release_waking(spec, self.token, self.fencing_token))
-        error = conclude_release(
-            self._state,
-            len(client.node_names),
-            client.config.quorum,
-            rnd,
-            _clock(),
-            client.node_names,
-        )
-        if isinstance(error, LeaseLost):
-            self._mark_lost(error)
-        if error is not None:
-            raise error  # LeaseLost, or ServerUnsupported: a node refused the release (ACL)
-
-    def _check_not_released(self) -> None:
-        if self._released:
-            raise NotHeld(self.name, "this lease was already released")
+        try:
+            async with self._op_lock:
+                await adrive(client._flows.release(self), client._perform)
+        finally:
+            watcher, self._watcher = self._watcher, None
+            if watcher is not None and watcher is not asyncio.current_task():
+                await asyncio.gather(watcher, return_exceptions=True)
 
     async def __aenter__(self) -> AsyncLease:
         return self
@@ -479,9 +380,8 @@ class AsyncLock:
         Raises:
             ClientClosed: the client was closed.
         """
-        self._client._check_open("ask whether it is locked", self.name)
-        rnd = await self._client._round(commands.exists(self._spec.key))
-        return conclude_locked(rnd, self._client.node_names)
+        client = self._client
+        return await adrive(client._flows.locked(self._spec), client._perform)
 
     async def __aenter__(self) -> AsyncLease:
         if not await self.acquire(self._blocking, self._timeout):

@@ -8,7 +8,6 @@ whether it was closed) is built here once.
 
 from __future__ import annotations
 
-import functools
 import os
 import random
 import secrets
@@ -17,14 +16,10 @@ import weakref
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from .._core import commands, waiting
-from .._core.acquire import Acquisition, Granted
-from .._core.commands import Command, acked_by_replicas
-from .._core.config import ClientConfig, LockSpec, SpecCache, check_acquire_args
+from .._core.config import ClientConfig, LockSpec, SpecCache
+from .._core.flows import Flows, Send
 from .._core.holds import Held, Holds, self_deadlock
 from .._core.policy import RetryPolicy
-from .._core.waiting import Departed, Wake, hold_ms, place_ms
-from .._errors import ClientClosed
 from .clock import monotonic, wall_us
 from .redis_compat import check_connection_options
 from .report import NodeReporter
@@ -76,11 +71,10 @@ class ClientBase:
         self.node_names = [a.display for a in self.config.nodes]
         self._reporter = NodeReporter(self.node_names)
         self._specs = SpecCache(self.config)
-        self._rng = random.Random(secrets.randbits(64))
-        self._fence_floor = 1  # proposals stay above every fencing token this client saw
-        self._place_ms = place_ms(self.config.recheck, self.config.node_timeout)
-        self._hold_ms = hold_ms(self.config.node_timeout)
-        self._closed = False
+        # Every operation is a flow of the core (``_core.flows``); the driver carries out
+        # what it yields.
+        rng = random.Random(secrets.randbits(64))
+        self._flows: Flows = Flows(self.config, self.node_names, rng, monotonic, wall_us)
         # Leases are released from any thread (a watchdog's, another worker's), so the
         # book of who holds what is guarded; the lock is only ever held for a dict update.
         self._holds = Holds()
@@ -91,12 +85,11 @@ class ClientBase:
     @property
     def closed(self) -> bool:
         """True once the client was closed; it then refuses every operation."""
-        return self._closed
+        return self._flows.closed
 
     def _check_open(self, operation: str, name: str | None = None) -> None:
         """Raise ``ClientClosed`` if the client was closed (it must not reconnect)."""
-        if self._closed:
-            raise ClientClosed(operation, name)
+        self._flows.check_open(operation, name)
 
     def _owner(self) -> Hashable:
         """Who is calling: the current thread (blocking) or asyncio task."""
@@ -136,79 +129,20 @@ class ClientBase:
         self._holds = Holds()
         self._holds_guard = threading.Lock()
 
-    def _replicated(self, command: Command) -> Command:
-        """``command`` as it must be sent when grants count only once replicated."""
-        config = self.config
-        if not config.wait_replicas:
-            return command
-        return acked_by_replicas(command, config.wait_replicas, config.wait_timeout_ms)
-
     def _open(self, connection_options: dict[str, Any]) -> None:
         """Set up the driver's connections (lazily connected)."""
         raise NotImplementedError
 
-    def _acquisition(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Acquisition:
-        """The core's state machine for one acquire call."""
-        return Acquisition(
-            spec,
-            self.config.retry,
-            self._rng,
-            blocking=blocking,
-            timeout=check_acquire_args(blocking, timeout),
-            now=monotonic(),
-            node_names=self.node_names,
-            max_ttl_ms=self.config.max_ttl_ms,
-            floor=self._fence_floor,
-            recheck=self.config.recheck,
-        )
-
-    def _wait_args(
-        self, spec: LockSpec, waiter: str, channel: str, queued: bool, ticket: int
-    ) -> commands.WaitArgs:
-        """The waiting arguments of an attempt (``queued``: it joins the queue if held)."""
-        place = self._place_ms if queued else 0
-        return commands.WaitArgs(spec.wait_mode, waiter, channel, place, ticket)
-
-    def _release_waking(
-        self, spec: LockSpec, token: str, fencing: int = 0, *, cleanup: bool = False
-    ) -> Command:
-        """release.lua for a lease (or, with a waiter id, a waiter giving up): delete our
-        key, leave the queue (``cleanup``: stay), pass the lock on to the next waiter."""
-        if spec.wait_mode == "q":
-            arg = waiting.handoff_token(wall_us(), fencing, self._fence_floor)
-        else:
-            arg = self._hold_ms
-        return commands.release_waking(spec, token, spec.wait_mode, arg, cleanup=cleanup)
-
-    def _cleanup_release(self, spec: LockSpec, token: str) -> Command:
-        """What releases the grants of a failed attempt. Fair on a quorum, they are
-        passed on to the next in line: a waiter that needs them is told, rather than
-        left waiting for its fallback re-check."""
-        if spec.wait_mode == "q":
-            return self._release_waking(spec, token, cleanup=True)
-        return commands.release(spec.key, token)
-
-    def _decline(self, spec: LockSpec, waiter: str, node: int | None) -> None:
-        """Send ``waiter``'s dequeue to ``node`` (None: every node), at once."""
+    def _send_now(self, send: Send) -> None:
+        """Write ``send.command`` to its targets without waiting; never raises."""
         raise NotImplementedError
 
-    def _depart(self, departed: Departed, spec: LockSpec, waiter: str) -> None:
-        """``waiter`` gave up: leave every queue now, and decline what still reaches it
-        while a place it may have kept on a node its dequeue missed can live."""
-        self._decline(spec, waiter, None)
-        now = monotonic()
-        decline = functools.partial(self._decline, spec, waiter)
-        departed.add(waiter, decline, now + self._place_ms / 1000, now)
-
-    def _transferred(
-        self, wakes: list[tuple[int, Wake]], acq: Acquisition, waiter: str
-    ) -> Granted | None:
-        """The grant fair hand-offs gave us, if the notifications say so (else re-check)."""
-        grants = [(i, w.token) for i, w in wakes if w.handed_over and w.waiter == waiter]
-        granted = acq.transferred(waiter, grants, monotonic()) if grants else None
-        if granted is not None:
-            self._fence_floor = max(self._fence_floor, acq.floor)
-        return granted
+    def _declined(self, spec: LockSpec, waiter: str, node: int) -> None:
+        """A notification reached ``waiter`` after it departed: decline it on ``node``
+        (``waiting.Departed``), at once and best effort."""
+        send = self._flows.decline(spec, waiter, node)
+        if send is not None:
+            self._send_now(send)
 
 
 _CLIENTS: weakref.WeakSet[ClientBase] = weakref.WeakSet()

@@ -1,12 +1,13 @@
 """The blocking API: ``Client``, ``Lock`` (shaped like ``threading.Lock``) and ``Lease``.
 
-This module is a thin loop around the pure core: it asks ``Acquisition`` what to do,
-runs each round on a ``LinkSet``, sleeps when told to, and hands out leases.
+This module is a thin driver of the pure core: every operation is a flow of
+``_core.flows``, and ``Client._perform`` carries out what a flow yields (a round on a
+``LinkSet``, a sleep, a wait for a notification) in the caller's thread.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import secrets
 import threading
 import time
@@ -14,26 +15,25 @@ from collections.abc import Hashable
 from types import TracebackType
 from typing import Any
 
-from .._core import commands
-from .._core.acquire import (
-    Acquisition,
-    GiveUp,
-    Granted,
-    LeaseState,
-    Retry,
-    Seed,
-    Wait,
-)
-from .._core.acquire import cleanup_wait as _cleanup_wait
+from .._core.acquire import LeaseState
 from .._core.config import LockSpec, check_acquire_args, check_flag
-from .._core.lease import begin_extend, conclude_extend, conclude_locked, conclude_release
-from .._core.quorum import Round
+from .._core.flows import (
+    AwaitWake,
+    Depart,
+    Listen,
+    Op,
+    Run,
+    Send,
+    Sleep,
+    Unlisten,
+    drive,
+)
 from .._core.watchdog import KeepAlive
 from .._driver.client_base import ClientBase
-from .._driver.clock import monotonic, wall_us
+from .._driver.clock import monotonic
 from .._driver.lease import LeaseView, leave_block
 from .._driver.lease import not_acquired as _not_acquired
-from .._errors import LeaseLost, LockTimeout, NotHeld
+from .._errors import LockTimeout, NotHeld
 from .links import LinkPool, LinkSet
 from .notify import Listener, Slot
 from .watchdog import Watchdog
@@ -197,138 +197,63 @@ class Client(ClientBase):
     def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | None:
         self._check_open("acquire", spec.name)
         self._check_reentry(spec, blocking)
-        acq = self._acquisition(spec, blocking, timeout)
         listener = self._listener
-        waiter = secrets.token_hex(16)
-        ticket = wall_us()  # its place in a quorum's queues ("q"), the same on every node
-        slot: Slot | None = None
-        if blocking and listener.started and self.config.recheck > 0:
-            slot = listener.register(waiter, 0.0, spec.quorum)
-        queued = False
-        lease: Lease | None = None
-        try:
-            with self._links() as links:
-                while True:
-                    # Closed by another thread while this one waited: stop, don't reconnect.
-                    self._check_open("acquire", spec.name)
-                    # One token per acquire call (its waiter id): release.lua then also takes
-                    # the holder out of queues it joined on nodes that said "held".
-                    token = waiter
-                    # Always the waiting form: even an attempt that will not queue must
-                    # see the queue (fair) and a reservation for a woken waiter.
-                    wait_args = self._wait_args(
-                        spec, waiter, listener.channel, slot is not None, ticket
-                    )
-                    queued = queued or slot is not None
-                    if slot is not None:
-                        slot.take()  # this attempt sees every release notified so far
-                    rnd = acq.begin(_clock())
-                    command = self._replicated(
-                        commands.acquire(
-                            spec,
-                            token,
-                            acq.proposal(wall_us()),
-                            acq.mark,
-                            self.config.max_ttl_ms,
-                            wait_args,
-                        )
-                    )
-                    try:
-                        links.run(command, rnd, acq.deadline(rnd), _clock, hopeless_unsent=True)
-                    except BaseException:
-                        # Interrupted mid-round (KeyboardInterrupt): the grant may have landed.
-                        self._cleanup(spec, token, rnd.maybe_holding())
-                        raise
-                    step = acq.conclude(rnd, token, _clock())
-                    self._fence_floor = max(self._fence_floor, acq.floor)
-                    if isinstance(step, Granted):
-                        if step.seed is not None:
-                            self._seed(links, spec, step.seed)
-                        lease = Lease(self, step.lease, spec)
-                        return lease
-                    if step.cleanup:
-                        command = self._cleanup_release(spec, token)
-                        self._cleanup_round(links, command, step.cleanup, _cleanup_wait(step, rnd))
-                    if isinstance(step, GiveUp):
-                        if step.error is not None:
-                            raise step.error
-                        return None
-                    if isinstance(step, Retry) and step.seed is not None:
-                        self._seed(links, spec, step.seed)
-                    if isinstance(step, Wait):
-                        if slot is None:
-                            # First wait of this client: subscribe, then queue at once.
-                            slot = listener.register(waiter, self.config.node_timeout, spec.quorum)
-                            continue
-                        if listener.wait(waiter, slot, step.timeout):
-                            lease = self._handed_over(slot, acq, spec, waiter)
-                            if lease is not None:
-                                return lease
-                    elif step.sleep:
-                        time.sleep(step.sleep)
-        finally:
-            if slot is not None:
-                listener.unregister(waiter)
-            if queued and lease is None:
-                self._depart(listener.departed, spec, waiter)
-
-    def _handed_over(
-        self, slot: Slot, acq: Acquisition, spec: LockSpec, waiter: str
-    ) -> Lease | None:
-        """The lease a fair hand-off gave us, if the notifications say so (else re-check)."""
-        granted = self._transferred(slot.take(), acq, waiter)
-        return None if granted is None else Lease(self, granted.lease, spec)
-
-    def _decline(self, spec: LockSpec, waiter: str, node: int | None) -> None:
-        """Leave the queue on ``node`` (None: every node, waiting for their answers),
-        passing on a lock handed to ``waiter`` meanwhile; again, without waiting, for a
-        notification that reaches it after it gave up (see ``Departed``). Best effort: a
-        node it misses keeps the place until it expires."""
-        everyone = frozenset(range(len(self.node_names)))
-        targets, wait_for = (
-            (everyone, everyone) if node is None else (frozenset({node}), frozenset())
+        flow = self._flows.acquire(
+            spec,
+            blocking,
+            timeout,
+            waiter=secrets.token_hex(16),
+            channel=listener.channel,
+            listening=listener.started,
         )
-        with contextlib.suppress(Exception), self._links() as links:
-            command = commands.dequeue(self._release_waking(spec, waiter))
-            self._cleanup_round(links, command, targets, wait_for)
+        state = drive(flow, self._perform)
+        return None if state is None else Lease(self, state, spec)
+
+    def _perform(self, op: Op) -> Any:
+        """Carry out one operation of a flow (``_core.flows``) in the caller's thread."""
+        if isinstance(op, Run):
+            with self._links() as links:
+                links.run(
+                    op.command,
+                    op.rnd,
+                    op.deadline,
+                    _clock,
+                    op.targets,
+                    hopeless_unsent=op.hopeless_unsent,
+                )
+        elif isinstance(op, Listen):
+            return self._listener.register(op.waiter, op.timeout, op.need)
+        elif isinstance(op, AwaitWake):
+            assert isinstance(op.inbox, Slot)
+            return self._listener.wait(op.waiter, op.inbox, op.timeout)
+        elif isinstance(op, Sleep):
+            time.sleep(op.seconds)
+        elif isinstance(op, Send):
+            self._send_now(op)
+        elif isinstance(op, Unlisten):
+            self._listener.unregister(op.waiter)
+        elif isinstance(op, Depart):
+            decline = functools.partial(self._declined, op.spec, op.waiter)
+            self._listener.departed.add(op.waiter, decline, op.until, _clock())
+        else:
+            raise TypeError(f"not an operation of the blocking driver: {op!r}")
+        return None
+
+    def _send_now(self, send: Send) -> None:
+        # Not through _links(): a closed client sends nothing, and raises nothing here
+        # (this runs while an interrupt propagates, or from the notification thread).
+        if self.closed:
+            return
+        links = self._pool.get()
+        try:
+            now = _clock()
+            links.run(send.command, send.rnd, now + self.config.node_timeout, _clock, send.targets)
+        finally:
+            _Borrowed.give_back(self._pool, links)
 
     def _links(self) -> _Borrowed:
         self._check_open("reach the nodes")  # every round borrows links: none after close
         return _Borrowed(self._pool)
-
-    def _release_round(self, links: LinkSet, spec: LockSpec, token: str, fencing: int) -> Round:
-        """Compare-and-delete on every node, waking the next waiter (fair: handing over);
-        decided once a majority confirmed (or can't)."""
-        now = _clock()
-        rnd = Round(len(self.node_names), self.config.quorum, now)
-        command = self._release_waking(spec, token, fencing)
-        links.run(command, rnd, now + self.config.node_timeout, _clock)
-        return rnd
-
-    def _seed(self, links: LinkSet, spec: LockSpec, seed: Seed) -> None:
-        command = commands.seed(spec, seed.floor, seed.warm_ms, seed.marks)
-        self._cleanup_round(links, command, seed.nodes, seed.nodes)
-
-    def _cleanup_round(
-        self,
-        links: LinkSet,
-        command: commands.Command,
-        targets: frozenset[int],
-        wait_for: frozenset[int],
-    ) -> None:
-        """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the timeout).
-
-        Best effort, and never an error of its own: a node that refuses it (ACL, a
-        read-only replica) is logged once as misconfigured (``NodeReporter``); what it
-        means for the lock is decided by the rounds that need a majority.
-        """
-        now = _clock()
-        rnd = Round.cleanup(len(self.node_names), wait_for, now)
-        links.run(command, rnd, now + self.config.node_timeout, _clock, sorted(targets))
-
-    def _cleanup(self, spec: LockSpec, token: str, targets: frozenset[int]) -> None:
-        with self._links() as links:
-            self._cleanup_round(links, commands.release(spec.key, token), targets, frozenset())
 
     def close(self) -> None:
         """Close every connection; the client can't be used again (``ClientClosed``).
@@ -338,7 +263,7 @@ class Client(ClientBase):
         may still be working under it. Extending or releasing them then raises
         ``ClientClosed``; a watchdog marks its lease lost at its next extension.
         """
-        self._closed = True
+        self._flows.closed = True
         self._listener.close()
         self._pool.close()
 
@@ -367,10 +292,14 @@ class _Borrowed:
         return self._links
 
     def __exit__(self, *exc: object) -> None:
-        if self._links.clean:
-            self._pool.put(self._links)
+        self.give_back(self._pool, self._links)
+
+    @staticmethod
+    def give_back(pool: LinkPool, links: LinkSet) -> None:
+        if links.clean:
+            pool.put(links)
         else:
-            for link in self._links.links:
+            for link in links.links:
                 link.drop(_clock())
 
 
@@ -428,7 +357,8 @@ class Lease(LeaseView):
             ClientClosed: its client was closed.
         """
         self._check_usable("keep it alive")
-        self._check_not_released()
+        if self._released:
+            raise NotHeld(self.name, "this lease was already released")
         if self._watchdog is not None:
             return
         self._watchdog = Watchdog(self, KeepAlive(max_hold=max_hold))
@@ -447,25 +377,8 @@ class Lease(LeaseView):
         """
         client = self._client
         self._check_usable("extend")
-        spec = self._spec if ttl is None else LockSpec.build(client.config, self.name, ttl)
         with self._op_lock:
-            self._check_not_released()
-            rnd = begin_extend(self._state, spec, _clock())
-            with client._links() as links:
-                links.run(
-                    client._replicated(commands.extend(spec, self.token)),
-                    rnd,
-                    rnd.started + spec.node_timeout,
-                    _clock,
-                )
-                outcome = conclude_extend(self._state, spec, rnd, _clock(), client.node_names)
-                if isinstance(outcome, LeaseState):
-                    self._state = outcome
-                    return
-                self._set_released()
-                client._release_round(links, self._spec, self.token, self.fencing_token)
-            self._mark_lost(outcome)
-            raise outcome
+            drive(client._flows.extend(self, ttl), client._perform)
 
     def release(self) -> None:
         """Release on every node.
@@ -484,29 +397,19 @@ class Lease(LeaseView):
         """
         client = self._client
         self._check_usable("release")
+        try:
+            with self._op_lock:
+                drive(client._flows.release(self), client._perform)
+        finally:
+            watchdog = self._watchdog
+            if watchdog is not None:
+                watchdog.join()
+
+    def _stop_watching(self) -> None:
+        # Signalled under the lock, not waited for: a watchdog in the middle of an
+        # extension holds the lock; it finishes, then finds the lease released.
         if self._watchdog is not None:
             self._watchdog.stop()
-        with self._op_lock:
-            self._check_not_released()
-            self._set_released()
-            with client._links() as links:
-                rnd = client._release_round(links, self._spec, self.token, self.fencing_token)
-            error = conclude_release(
-                self._state,
-                len(client.node_names),
-                client.config.quorum,
-                rnd,
-                _clock(),
-                client.node_names,
-            )
-        if isinstance(error, LeaseLost):
-            self._mark_lost(error)
-        if error is not None:
-            raise error  # LeaseLost, or ServerUnsupported: a node refused the release (ACL)
-
-    def _check_not_released(self) -> None:
-        if self._released:
-            raise NotHeld(self.name, "this lease was already released")
 
     def __enter__(self) -> Lease:
         return self
@@ -612,14 +515,7 @@ class Lock:
             ClientClosed: the client was closed.
         """
         client = self._client
-        client._check_open("ask whether it is locked", self.name)
-        now = _clock()
-        rnd = Round(len(client.node_names), client.config.quorum, now)
-        with client._links() as links:
-            links.run(
-                commands.exists(self._spec.key), rnd, now + client.config.node_timeout, _clock
-            )
-        return conclude_locked(rnd, client.node_names)
+        return drive(client._flows.locked(self._spec), client._perform)
 
     def __enter__(self) -> Lease:
         if not self.acquire(self._blocking, self._timeout):

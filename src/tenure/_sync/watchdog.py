@@ -1,8 +1,9 @@
 """The blocking driver's watchdog: one daemon thread per kept-alive lease.
 
-The thread carries out ``_core.watchdog.KeepAlive``: it sleeps on an event (so a release
-stops it at once), extends, and marks the lease lost when an extension fails, when it
-wakes after the validity ended (the process was paused), or when the hold cap runs out.
+The thread drives the core's watchdog flow (``Flows.watchdog``): it sleeps on an event
+(so a release stops it at once) and extends through ``Lease.extend``; the flow marks the
+lease lost when an extension fails, when it wakes after the validity ended (the process
+was paused), or when the hold cap runs out.
 After ``fork()`` the child marks every kept-alive lease lost: the lease and its thread
 belong to the parent, and the child must not act as the holder.
 """
@@ -12,12 +13,12 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .._core.watchdog import Extend, GiveUp, KeepAlive, Lost
+from .._core.flows import ExtendLease, Op, Pause, drive
+from .._core.watchdog import KeepAlive
 from .._driver.clock import monotonic
-from .._driver.lease import closed_under
-from .._errors import ClientClosed, InheritedLease, LeaseLost, NotHeld
+from .._errors import InheritedLease
 
 if TYPE_CHECKING:
     from .client import Lease
@@ -41,37 +42,24 @@ class Watchdog:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop and wait for the thread (unless called from it)."""
+        """Tell the thread to stop (it ends after an extension in progress)."""
         self._stop.set()
+
+    def join(self) -> None:
+        """Wait for the thread to end (unless called from it)."""
         if threading.current_thread() is not self._thread and self._thread.is_alive():
             self._thread.join()
 
     def _run(self) -> None:
-        lease, policy = self._lease, self._policy
-        wake = policy.next_wake(lease._state)
-        while not self._stop.wait(max(wake - monotonic(), 0.0)):
-            action = policy.decide(monotonic(), lease._state, lease._first_started)
-            if isinstance(action, Lost):
-                lease._mark_lost(action.error)
-                return
-            if isinstance(action, GiveUp):
-                if not self._stop.wait(max(action.at - monotonic(), 0.0)):
-                    lease._mark_lost(action.error)
-                return
-            assert isinstance(action, Extend)
-            try:
-                lease.extend()
-            except NotHeld:
-                return  # released meanwhile
-            except LeaseLost:
-                return  # extend() marked it lost
-            except ClientClosed:
-                lease._mark_lost(closed_under(lease.name))
-                return
-            except Exception as exc:  # anything unexpected: the lease can't be vouched for
-                lease._mark_lost(LeaseLost(lease.name, f"the watchdog failed: {exc!r}"))
-                return
-            wake = policy.next_wake(lease._state)
+        lease = self._lease
+        drive(lease._client._flows.watchdog(lease, self._policy), self._perform)
+
+    def _perform(self, op: Op) -> Any:
+        if isinstance(op, Pause):
+            return self._stop.wait(max(op.until - monotonic(), 0.0))
+        if isinstance(op, ExtendLease):
+            return self._lease.extend()
+        raise TypeError(f"not an operation of a watchdog: {op!r}")
 
 
 _WATCHED: weakref.WeakSet[Lease] = weakref.WeakSet()

@@ -1,0 +1,605 @@
+"""Acquire, extend, release, ``locked()`` and the watchdog, each written once, as a flow.
+
+Theory of operation
+-------------------
+A flow is a generator that holds the whole sequence of one operation, every decision in
+it included, and does no I/O: to reach the nodes, sleep or wait for a notification it
+*yields* an operation (``Run``, ``Send``, ``Sleep``, ``Listen``, ``AwaitWake``, ...)
+and is resumed with its result, the pattern of httpx's ``Auth.auth_flow``. Each driver
+carries operations out with its own I/O (the blocking driver with ``select()`` in the
+caller's thread, the asyncio driver with its pipelined protocol) in one short loop,
+``drive``, and the model tests carry them out against fake nodes, so all three run the
+same sequencing.
+
+An exception raised while carrying out an operation (``KeyboardInterrupt``, asyncio's
+``CancelledError``, a closed client) is thrown into the flow at its ``yield``. The flow
+answers with the cleanup to write and lets the exception go on. While an exception
+propagates, a flow yields only operations that complete without waiting (``Send``,
+``Depart``, ``Unlisten``: ``INSTANT``): so an asyncio task that is being cancelled
+has its cleanup *written* before ``CancelledError`` leaves it, with nothing to shield,
+and the blocking driver does the same under Ctrl-C. ``drive`` checks that rule.
+
+The clocks are injected (``Flows.clock``, monotonic seconds; ``Flows.wall_us``, wall
+microseconds for token proposals), so the flows stay pure.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Protocol, TypeVar
+
+from .._errors import ClientClosed, LeaseLost, NotHeld
+from . import commands, waiting
+from .acquire import (
+    Acquisition,
+    GiveUp,
+    Granted,
+    LeaseState,
+    Retry,
+    Seed,
+    Wait,
+    cleanup_wait,
+)
+from .commands import Command
+from .config import ClientConfig, LockSpec, check_acquire_args
+from .lease import begin_extend, conclude_extend, conclude_locked, conclude_release
+from .quorum import Round
+from .waiting import Wake
+from .watchdog import Extend, KeepAlive, Lost
+
+__all__ = [
+    "INSTANT",
+    "AwaitWake",
+    "Depart",
+    "ExtendLease",
+    "Flow",
+    "Flows",
+    "Inbox",
+    "Listen",
+    "Op",
+    "Pause",
+    "Run",
+    "Send",
+    "Sleep",
+    "Unlisten",
+    "WatchedLease",
+    "check_instant",
+    "closed_under",
+    "drive",
+]
+
+T = TypeVar("T")
+
+
+class Run:
+    """Send ``command`` to ``targets`` (every node by default) and tally the replies
+    into ``rnd`` until it is decided or ``deadline`` (monotonic) passes; result None.
+
+    ``hopeless_unsent``: send nothing if the nodes known to be down (reconnect back-off,
+    a failed set-up) already make the round impossible (``quorum.rule_out``).
+    """
+
+    __slots__ = ("command", "deadline", "hopeless_unsent", "rnd", "targets")
+
+    def __init__(
+        self,
+        command: Command,
+        rnd: Round,
+        deadline: float,
+        targets: Sequence[int] | None = None,
+        *,
+        hopeless_unsent: bool = False,
+    ) -> None:
+        self.command = command
+        self.rnd = rnd
+        self.deadline = deadline
+        self.targets = targets
+        self.hopeless_unsent = hopeless_unsent
+
+
+class Send:
+    """Write ``command`` to ``targets`` now and wait for nothing; result None.
+
+    ``rnd`` (a cleanup round waiting for no node) records nodes it could not even be
+    written to. The replies are read and dropped later, in order, so the connections
+    stay in step.
+    """
+
+    __slots__ = ("command", "rnd", "targets")
+
+    def __init__(self, command: Command, rnd: Round, targets: Sequence[int]) -> None:
+        self.command = command
+        self.rnd = rnd
+        self.targets = targets
+
+
+class Sleep:
+    """Sleep ``seconds``; result None."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
+class Inbox(Protocol):
+    """What a driver's notification slot gives a flow: the wake-ups so far."""
+
+    def take(self) -> list[tuple[int, Wake]]:
+        """The notifications (node, wake) received since the last call, oldest first."""
+        ...
+
+
+class Listen:
+    """Subscribe ``waiter`` to release notifications (``need``: how many nodes' wake-ups
+    make one); result its ``Inbox``. ``timeout``: how long to wait for the subscription
+    to be confirmed (0: not at all, the process's listener already runs)."""
+
+    __slots__ = ("need", "timeout", "waiter")
+
+    def __init__(self, waiter: str, timeout: float, need: int) -> None:
+        self.waiter = waiter
+        self.timeout = timeout
+        self.need = need
+
+
+class AwaitWake:
+    """Wait up to ``timeout`` seconds for a notification to ``waiter`` in ``inbox``;
+    result True if one came (or is overdue), False at the timeout."""
+
+    __slots__ = ("inbox", "timeout", "waiter")
+
+    def __init__(self, waiter: str, inbox: Inbox, timeout: float) -> None:
+        self.waiter = waiter
+        self.inbox = inbox
+        self.timeout = timeout
+
+
+class Unlisten:
+    """``waiter`` no longer takes notifications; result None."""
+
+    __slots__ = ("waiter",)
+
+    def __init__(self, waiter: str) -> None:
+        self.waiter = waiter
+
+
+class Depart:
+    """``waiter`` gave up waiting for ``spec``: until ``until`` (monotonic), answer a
+    notification that still reaches it by sending ``Flows.dequeue`` to that node
+    (``waiting.Departed``); result None."""
+
+    __slots__ = ("spec", "until", "waiter")
+
+    def __init__(self, spec: LockSpec, waiter: str, until: float) -> None:
+        self.spec = spec
+        self.waiter = waiter
+        self.until = until
+
+
+class Pause:
+    """The watchdog sleeps until ``until`` (monotonic); result True if it was told to
+    stop meanwhile (the blocking driver's stop event; asyncio cancels its task)."""
+
+    __slots__ = ("until",)
+
+    def __init__(self, until: float) -> None:
+        self.until = until
+
+
+class ExtendLease:
+    """The watchdog extends its lease through the lease's own ``extend()`` (which
+    serialises with a release); result None, or the exception thrown in."""
+
+    __slots__ = ()
+
+
+Op = Run | Send | Sleep | Listen | AwaitWake | Unlisten | Depart | Pause | ExtendLease
+Flow = Generator[Op, Any, T]
+
+# What a flow may yield while an interrupt (KeyboardInterrupt, CancelledError) propagates
+# through it: done without waiting.
+INSTANT = (Send, Unlisten, Depart)
+
+
+def drive(flow: Flow[T], perform: Callable[[Op], Any]) -> T:
+    """Run ``flow`` to its end, carrying out each operation with ``perform``.
+
+    The asyncio driver has the same loop with ``await`` (a loop is all a driver keeps).
+    """
+    unwinding = False
+    try:
+        op = next(flow)
+        while True:
+            try:
+                result = perform(op)
+            except BaseException as exc:
+                unwinding = unwinding or not isinstance(exc, Exception)
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+            if unwinding:
+                check_instant(flow, op)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def check_instant(flow: Flow[Any], op: Op) -> None:
+    """Refuse an operation that would wait, yielded while a ``KeyboardInterrupt`` or a
+    ``CancelledError`` propagates (the cleanup must be written before it leaves)."""
+    if not isinstance(op, INSTANT):
+        flow.close()
+        raise RuntimeError(f"a flow yielded {type(op).__name__} while being interrupted")
+
+
+class WatchedLease(Protocol):
+    """What the flows read and change on a lease (``_driver.lease.LeaseView``)."""
+
+    _state: LeaseState
+    _spec: LockSpec
+    _first_started: float
+
+    @property
+    def released(self) -> bool: ...
+
+    @property
+    def token(self) -> str: ...
+
+    def _set_released(self) -> None: ...
+
+    def _mark_lost(self, error: LeaseLost) -> None: ...
+
+    def _stop_watching(self) -> None: ...
+
+
+class _Call:
+    """What one acquire call has done that its end must undo."""
+
+    __slots__ = ("inbox", "queued")
+
+    def __init__(self) -> None:
+        self.inbox: Inbox | None = None
+        self.queued = False
+
+
+class Flows:
+    """The flows of one client, and the state they share across its calls.
+
+    Args:
+        config: the client's validated settings.
+        node_names: for error messages.
+        rng: the client's random source (retry delays, observation marks).
+        clock: monotonic seconds.
+        wall_us: wall-clock microseconds (token proposals, queue tickets).
+    """
+
+    def __init__(
+        self,
+        config: ClientConfig,
+        node_names: list[str],
+        rng: random.Random,
+        clock: Callable[[], float],
+        wall_us: Callable[[], int],
+    ) -> None:
+        self.config = config
+        self.names = node_names
+        self.rng = rng
+        self.clock = clock
+        self.wall_us = wall_us
+        self.n = len(config.nodes)
+        self.closed = False
+        # Proposals stay above every fencing token this client saw (acquire.py).
+        self.fence_floor = 1
+        self.place_ms = waiting.place_ms(config.recheck, config.node_timeout)
+        self.hold_ms = waiting.hold_ms(config.node_timeout)
+
+    # --- acquire ------------------------------------------------------------------------
+
+    def acquire(
+        self,
+        spec: LockSpec,
+        blocking: bool,
+        timeout: float | None,
+        *,
+        waiter: str,
+        channel: str,
+        listening: bool,
+    ) -> Flow[LeaseState | None]:
+        """One acquire call: attempts until granted (the lease's state), refused (None)
+        or an error.
+
+        ``waiter`` is the call's random id, also its owner token; ``channel`` where its
+        process hears notifications; ``listening``: the process's listener already runs
+        (so subscribing costs no wait).
+
+        Raises:
+            ClientClosed, QuorumUnreachable, NodeMisconfigured: as ``Client.acquire``.
+        """
+        acq = Acquisition(
+            spec,
+            self.config.retry,
+            self.rng,
+            blocking=blocking,
+            timeout=check_acquire_args(blocking, timeout),
+            now=self.clock(),
+            node_names=self.names,
+            max_ttl_ms=self.config.max_ttl_ms,
+            floor=self.fence_floor,
+            recheck=self.config.recheck,
+        )
+        call = _Call()
+        granted: LeaseState | None = None
+        try:
+            if blocking and listening and self.config.recheck > 0:
+                call.inbox = yield Listen(waiter, 0.0, spec.quorum)
+            granted = yield from self._attempts(acq, spec, call, waiter, channel)
+        except BaseException:
+            yield from self._end_call(spec, call, waiter, granted=False, unwinding=True)
+            raise
+        yield from self._end_call(spec, call, waiter, granted=granted is not None, unwinding=False)
+        return granted
+
+    def _attempts(
+        self, acq: Acquisition, spec: LockSpec, call: _Call, waiter: str, channel: str
+    ) -> Flow[LeaseState | None]:
+        # One token per acquire call (its waiter id): release.lua then also takes the
+        # holder out of queues it joined on nodes that said "held".
+        token = waiter
+        ticket = self.wall_us()  # its place in a quorum's queues ("q"), the same everywhere
+        while True:
+            # Closed by another thread or task while this one waited: stop, don't reconnect.
+            self.check_open("acquire", spec.name)
+            # Always the waiting form: even an attempt that will not queue must see the
+            # queue (fair) and a reservation for a woken waiter.
+            place = self.place_ms if call.inbox is not None else 0
+            wait_args = commands.WaitArgs(spec.wait_mode, waiter, channel, place, ticket)
+            if call.inbox is not None:
+                call.queued = True
+                call.inbox.take()  # this attempt sees every release notified so far
+            rnd = acq.begin(self.clock())
+            command = self.replicated(
+                commands.acquire(
+                    spec,
+                    token,
+                    acq.proposal(self.wall_us()),
+                    acq.mark,
+                    self.config.max_ttl_ms,
+                    wait_args,
+                )
+            )
+            try:
+                yield Run(command, rnd, acq.deadline(rnd), hopeless_unsent=True)
+            except BaseException:
+                # Interrupted mid-round: the grant may have landed. Written behind it.
+                yield self._send(commands.release(spec.key, token), rnd.maybe_holding())
+                raise
+            step = acq.conclude(rnd, token, self.clock())
+            self.fence_floor = max(self.fence_floor, acq.floor)
+            if isinstance(step, Granted):
+                if step.seed is not None:
+                    yield self._seed(spec, step.seed)
+                return step.lease
+            if step.cleanup:
+                release = self._cleanup_release(spec, token)
+                yield self._cleanup_round(release, step.cleanup, cleanup_wait(step, rnd))
+            if isinstance(step, GiveUp):
+                if step.error is not None:
+                    raise step.error
+                return None
+            if isinstance(step, Retry) and step.seed is not None:
+                yield self._seed(spec, step.seed)
+            if isinstance(step, Wait):
+                if call.inbox is None:
+                    # First wait of this process: subscribe, then queue at once.
+                    call.inbox = yield Listen(waiter, self.config.node_timeout, spec.quorum)
+                    continue
+                if (yield AwaitWake(waiter, call.inbox, step.timeout)):
+                    handed = self._transferred(call.inbox.take(), acq, waiter)
+                    if handed is not None:
+                        return handed.lease
+            elif step.sleep:
+                yield Sleep(step.sleep)
+
+    def _end_call(
+        self, spec: LockSpec, call: _Call, waiter: str, *, granted: bool, unwinding: bool
+    ) -> Flow[None]:
+        """The end of an acquire call: stop listening and, if it queued without getting
+        the lock, leave every queue. It waits for the nodes' answers (so that no place is
+        left behind when ``acquire`` returns) unless an exception is on its way out."""
+        if call.inbox is not None:
+            yield Unlisten(waiter)
+        if granted or not call.queued or self.closed:
+            return  # closed: no reconnecting for it; its places expire on the nodes
+        dequeue = self.dequeue(spec, waiter)
+        everyone = frozenset(range(self.n))
+        try:
+            if unwinding:
+                yield self._send(dequeue, everyone)
+            else:
+                yield self._cleanup_round(dequeue, everyone, everyone)
+        except Exception:
+            pass  # best effort: a node it misses keeps the place until it expires
+        yield Depart(spec, waiter, self.clock() + self.place_ms / 1000)
+
+    def _transferred(
+        self, wakes: list[tuple[int, Wake]], acq: Acquisition, waiter: str
+    ) -> Granted | None:
+        """The grant fair hand-offs gave us, if the notifications say so (else re-check)."""
+        grants = [(i, w.token) for i, w in wakes if w.handed_over and w.waiter == waiter]
+        granted = acq.transferred(waiter, grants, self.clock()) if grants else None
+        if granted is not None:
+            self.fence_floor = max(self.fence_floor, acq.floor)
+        return granted
+
+    # --- extend, release, locked --------------------------------------------------------
+
+    def extend(self, lease: WatchedLease, ttl: float | None) -> Flow[None]:
+        """Extend ``lease`` by ``ttl`` (default: its lock's TTL) from now. On failure it
+        is released everywhere (so a waiter need not wait out the TTL), then lost.
+
+        Raises:
+            NotHeld, LeaseExpired, LeaseLost, ConfigurationError: as ``Lease.extend``.
+        """
+        spec = lease._spec if ttl is None else LockSpec.build(self.config, lease._spec.name, ttl)
+        _check_not_released(lease)
+        rnd = begin_extend(lease._state, spec, self.clock())
+        command = self.replicated(commands.extend(spec, lease.token))
+        yield Run(command, rnd, rnd.started + spec.node_timeout)
+        outcome = conclude_extend(lease._state, spec, rnd, self.clock(), self.names)
+        if isinstance(outcome, LeaseState):
+            lease._state = outcome
+            return
+        lease._set_released()
+        yield from self._release_round(lease)
+        lease._mark_lost(outcome)
+        raise outcome
+
+    def release(self, lease: WatchedLease) -> Flow[None]:
+        """Release ``lease`` on every node, waking (fair: handing over to) the next waiter.
+
+        Its watchdog is told to stop first; the driver waits for it to end afterwards
+        (a watchdog in the middle of an extension finishes it, and then finds the lease
+        released).
+
+        Raises:
+            NotHeld, LeaseLost, LeaseExpired, ServerUnsupported: as ``Lease.release``.
+        """
+        lease._stop_watching()
+        _check_not_released(lease)
+        lease._set_released()
+        rnd = yield from self._release_round(lease)
+        error = conclude_release(
+            lease._state, self.n, self.config.quorum, rnd, self.clock(), self.names
+        )
+        if isinstance(error, LeaseLost):
+            lease._mark_lost(error)
+        if error is not None:
+            raise error  # LeaseLost, or ServerUnsupported: a node refused the release (ACL)
+
+    def _release_round(self, lease: WatchedLease) -> Flow[Round]:
+        """Compare-and-delete on every node, waking the next waiter; decided once a
+        majority confirmed (or can't)."""
+        now = self.clock()
+        rnd = Round(self.n, self.config.quorum, now)
+        command = self.release_waking(lease._spec, lease.token, lease._state.fencing_token)
+        yield Run(command, rnd, now + self.config.node_timeout)
+        return rnd
+
+    def locked(self, spec: LockSpec) -> Flow[bool]:
+        """Whether a majority of nodes hold ``spec``'s lock now (for anyone).
+
+        Raises:
+            ClientClosed, NodeMisconfigured: as ``Lock.locked``.
+        """
+        self.check_open("ask whether it is locked", spec.name)
+        now = self.clock()
+        rnd = Round(self.n, self.config.quorum, now)
+        yield Run(commands.exists(spec.key), rnd, now + self.config.node_timeout)
+        return conclude_locked(rnd, self.names)
+
+    # --- the watchdog -------------------------------------------------------------------
+
+    def watchdog(self, lease: WatchedLease, policy: KeepAlive) -> Flow[None]:
+        """Keep ``lease`` alive (or only watch its expiry) until it is released, lost or
+        capped (``_core.watchdog``), marking it lost when it is."""
+        wake = policy.next_wake(lease._state)
+        while True:
+            if (yield Pause(wake)) or lease.released:
+                return
+            action = policy.decide(self.clock(), lease._state, lease._first_started)
+            if isinstance(action, Lost):
+                lease._mark_lost(action.error)
+                return
+            if not isinstance(action, Extend):
+                if not (yield Pause(action.at)) and not lease.released:
+                    lease._mark_lost(action.error)
+                return
+            try:
+                yield ExtendLease()
+            except (NotHeld, LeaseLost):
+                return  # released meanwhile, or extend() marked it lost
+            except ClientClosed:
+                lease._mark_lost(closed_under(lease._spec.name))
+                return
+            except Exception as exc:  # anything unexpected: the lease can't be vouched for
+                lease._mark_lost(LeaseLost(lease._spec.name, f"the watchdog failed: {exc!r}"))
+                return
+            wake = policy.next_wake(lease._state)
+
+    # --- commands and small rounds ------------------------------------------------------
+
+    def check_open(self, operation: str, name: str | None = None) -> None:
+        """Raise ``ClientClosed`` if the client was closed (it must not reconnect)."""
+        if self.closed:
+            raise ClientClosed(operation, name)
+
+    def replicated(self, command: Command) -> Command:
+        """``command`` as it must be sent when grants count only once replicated."""
+        config = self.config
+        if not config.wait_replicas:
+            return command
+        return commands.acked_by_replicas(command, config.wait_replicas, config.wait_timeout_ms)
+
+    def release_waking(
+        self, spec: LockSpec, token: str, fencing: int = 0, *, cleanup: bool = False
+    ) -> Command:
+        """release.lua for a lease (or, with a waiter id, a waiter giving up): delete our
+        key, leave the queue (``cleanup``: stay), pass the lock on to the next waiter."""
+        if spec.wait_mode == "q":
+            arg = waiting.handoff_token(self.wall_us(), fencing, self.fence_floor)
+        else:
+            arg = self.hold_ms
+        return commands.release_waking(spec, token, spec.wait_mode, arg, cleanup=cleanup)
+
+    def dequeue(self, spec: LockSpec, waiter: str) -> Command:
+        """What ``waiter`` sends to leave its queues, passing on a lock handed to it
+        meanwhile."""
+        return commands.dequeue(self.release_waking(spec, waiter))
+
+    def _cleanup_release(self, spec: LockSpec, token: str) -> Command:
+        """What releases the grants of a failed attempt. Fair on a quorum, they are
+        passed on to the next in line: a waiter that needs them is told, rather than
+        left waiting for its fallback re-check."""
+        if spec.wait_mode == "q":
+            return self.release_waking(spec, token, cleanup=True)
+        return commands.release(spec.key, token)
+
+    def _seed(self, spec: LockSpec, seed: Seed) -> Run:
+        command = commands.seed(spec, seed.floor, seed.warm_ms, seed.marks)
+        return self._cleanup_round(command, seed.nodes, seed.nodes)
+
+    def _cleanup_round(
+        self, command: Command, targets: frozenset[int], wait_for: frozenset[int]
+    ) -> Run:
+        """``command`` on ``targets``, waiting for every one of ``wait_for`` (up to the
+        node timeout). Best effort, never an error of its own: a node that refuses it is
+        reported as misconfigured; what that means for the lock is decided by the
+        rounds that need a majority."""
+        now = self.clock()
+        rnd = Round.cleanup(self.n, wait_for, now)
+        return Run(command, rnd, now + self.config.node_timeout, sorted(targets))
+
+    def _send(self, command: Command, targets: frozenset[int]) -> Send:
+        return Send(command, Round.cleanup(self.n, frozenset(), self.clock()), sorted(targets))
+
+    def decline(self, spec: LockSpec, waiter: str, node: int) -> Send | None:
+        """What answers a notification that reached ``waiter`` after it departed: its
+        dequeue again, to that node (None once the client is closed)."""
+        if self.closed:
+            return None
+        return self._send(self.dequeue(spec, waiter), frozenset({node}))
+
+
+def _check_not_released(lease: WatchedLease) -> None:
+    if lease.released:
+        raise NotHeld(lease._spec.name, "this lease was already released")
+
+
+def closed_under(name: str) -> LeaseLost:
+    """Why a kept-alive lease is lost once its client was closed."""
+    return LeaseLost(
+        name,
+        "its client was closed, so its watchdog can no longer extend it; its keys expire "
+        "by their TTL",
+    )
