@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Each node has one ``Channel``: a redis-py asyncio connection, a FIFO of callbacks for the
 requests written to it, and a task that sets the connection up and then only waits for it
-to end. Once connected, the transport's protocol is replaced by ``_Replies``, which parses
+to end. Once connected, the transport's protocol is replaced by ``RespProtocol``, which parses
 replies in ``data_received`` and calls the callbacks in order as replies arrive: no task
 reads the connection. Writing a request is synchronous (no ``await``), so
 
@@ -16,7 +16,7 @@ reads the connection. Writing a request is synchronous (no ``await``), so
   ``SET`` on the same connection before ``CancelledError`` propagates, and Redis executes
   one connection's commands in order. Nothing to shield, nothing to lose.
 
-A reply that comes after its round ended is still read (by ``_Replies``) and dropped,
+A reply that comes after its round ended is still read (by ``RespProtocol``) and dropped,
 so no connection is ever left with an unread reply. A node that answers nothing for
 ``STALL`` seconds while requests wait is disconnected and left alone for a back-off.
 
@@ -46,11 +46,12 @@ from redis.exceptions import ResponseError
 from .._core.backoff import Reconnect
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
-from .._core.diagnosis import BackingOff, Diagnosis
+from .._core.diagnosis import BackingOff, Diagnosis, rule_out
 from .._core.quorum import Failure, Round
-from .._core.resp import ErrorReply, ReplyReader
+from .._core.resp import ErrorReply
 from .._driver.redis_compat import NotRedis, connection_kwargs, diagnose
 from .._driver.report import NodeReporter
+from .protocol import RespProtocol
 
 __all__ = ["Channels"]
 
@@ -69,37 +70,6 @@ def _ignore(reply: Reply) -> None:
 def _callbacks(command: Command, on_reply: OnReply) -> list[OnReply]:
     # A command with several replies (a script, then WAIT) calls back once per reply.
     return [on_reply] * command.replies
-
-
-class _Replies(asyncio.Protocol):
-    """Reads replies off the connection's transport and hands each one on at once."""
-
-    def __init__(
-        self, deliver: Callable[[object], None], lost: asyncio.Future[BaseException]
-    ) -> None:
-        self._reader = ReplyReader()
-        self._deliver = deliver
-        self._lost = lost
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            replies = self._reader.feed(data)
-        except ValueError as exc:  # not RESP2: nothing more on this connection can be trusted
-            self._end(NotRedis(str(exc)))
-            return
-        for value in replies:
-            self._deliver(value)
-
-    def eof_received(self) -> bool:
-        self._end(ConnectionError("connection closed by the node"))
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._end(exc or ConnectionError("connection lost"))
-
-    def _end(self, exc: BaseException) -> None:
-        if not self._lost.done():
-            self._lost.set_result(exc)
 
 
 class Channel:
@@ -178,7 +148,7 @@ class Channel:
         """Connect, flush what was queued meanwhile, then wait until the link fails.
 
         redis-py connects (TLS, AUTH, SELECT); then the transport's protocol is replaced by
-        ``_Replies``, which parses each reply as it arrives and hands it to its request's
+        ``RespProtocol``, which parses each reply as it arrives and hands it to its request's
         callback right there, without waking a reader task first.
         """
         conn: redis.asyncio.Connection = self._pool.make_connection()  # type: ignore[no-untyped-call]
@@ -193,7 +163,7 @@ class Channel:
                 ) from None
             lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
             transport = conn._writer.transport  # type: ignore[union-attr]
-            transport.set_protocol(_Replies(self._deliver, lost))
+            transport.set_protocol(RespProtocol(self._deliver, lost))
             self._conn = conn
             now = time.monotonic()
             for command, on_reply in self._unsent:
@@ -350,15 +320,11 @@ class Channels:
         order: Sequence[int] = range(len(channels)) if targets is None else targets
         if hopeless_unsent:
             now = time.monotonic()
-            for i in order:
-                wait = channels[i].backing_off(now)
-                if wait:
-                    down = BackingOff(wait, channels[i].last)
-                    rnd.fail(i, down.failure, down.detail)
-            if rnd.decided or rnd.impossible:
+            asked = rule_out(rnd, order, lambda i: (channels[i].backing_off(now), channels[i].last))
+            if asked is None:
                 self.reporter.round(rnd)
                 return
-            targets = order = [i for i in order if rnd.results[i] is None]
+            targets = order = asked
         if not all(channels[i].ready for i in order):
             await self._set_up(channels, order, rnd)
             if hopeless_unsent and rnd.impossible:

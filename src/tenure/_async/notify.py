@@ -19,49 +19,43 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import redis.asyncio
 
 from .._core import diagnosis
 from .._core.backoff import Reconnect
 from .._core.commands import pack
-from .._core.resp import ErrorReply, ReplyReader
-from .._core.waiting import Departed, Wake, channel_name, parse_wake
-from .._driver.redis_compat import NotRedis, diagnose
+from .._core.resp import ErrorReply
+from .._core.waiting import STRAGGLE, Switchboard, Wake, WakeTally, channel_name
+from .._driver.redis_compat import diagnose
 from .._driver.report import NodeReporter
+from .protocol import RespProtocol
 
 __all__ = ["AsyncListener", "AsyncSlot"]
 
-STRAGGLE = 0.005  # see AsyncSlot
 
-
-class AsyncSlot:
+class AsyncSlot(WakeTally):
     """Where the notifications of one waiting task are filed.
 
     On a quorum (``need`` > 1) the waiter is woken once a majority of nodes have notified
-    it, or ``STRAGGLE`` seconds after the first did (see ``_sync.notify.Slot``).
+    it, or ``STRAGGLE`` seconds after the first did (``waiting.WakeTally``).
     """
 
-    __slots__ = ("_flag", "_future", "_timer", "need", "nodes", "wakes")
+    __slots__ = ("_flag", "_future", "_timer")
 
     def __init__(self, need: int = 1) -> None:
-        self.wakes: list[tuple[int, Wake]] = []  # (node, notification)
-        self.nodes: set[int] = set()  # the nodes whose notifications are in ``wakes``
-        self.need = need
+        super().__init__(need)
         self._flag = False
         self._future: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     def put(self, wake: Wake | None, node: int = -1) -> None:
-        if wake is not None:
-            self.wakes.append((node, wake))
-            self.nodes.add(node)
-            if len(self.nodes) < self.need:
-                if self._timer is None:
-                    loop = asyncio.get_running_loop()
-                    self._timer = loop.call_later(STRAGGLE, self._fire)
-                return
+        if wake is not None and not self.file(wake, node):
+            if self._timer is None:
+                loop = asyncio.get_running_loop()
+                self._timer = loop.call_later(STRAGGLE, self._fire)
+            return
         self._fire()
 
     def _fire(self) -> None:
@@ -75,9 +69,7 @@ class AsyncSlot:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        wakes, self.wakes = self.wakes, []
-        self.nodes = set()
-        return wakes
+        return super().take()
 
     async def wait(self, timeout: float) -> bool:
         """Until a notification is filed (True) or ``timeout`` seconds pass (False)."""
@@ -99,35 +91,6 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class _Messages(asyncio.Protocol):
-    def __init__(
-        self, handle: Callable[[object], None], lost: asyncio.Future[BaseException]
-    ) -> None:
-        self._reader = ReplyReader()
-        self._handle = handle
-        self._lost = lost
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            replies = self._reader.feed(data)
-        except ValueError as exc:  # not the Redis protocol
-            self._end(NotRedis(str(exc)))
-            return
-        for reply in replies:
-            self._handle(reply)
-
-    def eof_received(self) -> bool:
-        self._end(ConnectionError("connection closed by the node"))
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._end(exc or ConnectionError("connection lost"))
-
-    def _end(self, exc: BaseException) -> None:
-        if not self._lost.done():
-            self._lost.set_result(exc)
-
-
 class ResponseRefused(Exception):
     """The node answered our SUBSCRIBE with an error (its text, as sent)."""
 
@@ -141,8 +104,9 @@ class AsyncListener:
         self._pools = list(pools)
         self._reporter = reporter or NodeReporter([str(i) for i in range(len(self._pools))])
         self.channel = channel_name(secrets.token_hex(8))
-        self._slots: dict[str, AsyncSlot] = {}
-        self.departed = Departed()
+        self._board = Switchboard[AsyncSlot]()
+        self._slots = self._board.slots
+        self.departed = self._board.departed
         self._tasks: list[asyncio.Task[None]] = []
         self._up = [False] * len(pools)
         self._all_up: asyncio.Event | None = None
@@ -179,8 +143,7 @@ class AsyncListener:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _nudge_all(self) -> None:
-        for slot in list(self._slots.values()):
-            slot.put(None)
+        self._board.nudge_all()
 
     async def _run(self, i: int) -> None:
         reconnect = Reconnect()
@@ -199,17 +162,7 @@ class AsyncListener:
                         if not lost.done():
                             lost.set_result(ResponseRefused(reply.message))
                         return
-                    if not isinstance(reply, list) or len(reply) != 3:
-                        return
-                    if reply[0] == b"message":
-                        wake = parse_wake(reply[2])
-                        if wake is not None:
-                            slot = self._slots.get(wake.waiter)
-                            if slot is not None:
-                                slot.put(wake, i)
-                            else:
-                                self.departed.decline(wake.waiter, i, time.monotonic())
-                    elif reply[0] == b"subscribe":
+                    if self._board.message(reply, i, time.monotonic()):
                         self._up[i] = True
                         reconnect.succeeded()
                         if all(self._up) and self._all_up is not None:
@@ -219,7 +172,7 @@ class AsyncListener:
                         ever = True
 
                 transport = conn._writer.transport  # type: ignore[union-attr]
-                transport.set_protocol(_Messages(handle, lost))
+                transport.set_protocol(RespProtocol(handle, lost))
                 transport.write(pack("SUBSCRIBE", self.channel))
                 raise await lost
             except asyncio.CancelledError:

@@ -62,7 +62,7 @@ import random
 from dataclasses import dataclass, field
 
 from .._errors import LockError, NodeMisconfigured, QuorumUnreachable
-from .config import LockSpec
+from .config import LockSpec, WaitMode
 from .diagnosis import configuration_error
 from .policy import RetryPolicy
 from .quorum import Round
@@ -238,7 +238,8 @@ class Acquisition:
         # "held" would turn many hand-offs into one more round. The rest answer within
         # microseconds; a node cut off or frozen costs HEAR_OUT, and a success is still
         # decided at once.
-        self._hear_out = HEAR_OUT if blocking and recheck > 0 and spec.wait_mode == "q" else 0.0
+        fair_quorum = spec.wait_mode is WaitMode.FAIR_QUORUM
+        self._hear_out = HEAR_OUT if blocking and recheck > 0 and fair_quorum else 0.0
         self._backoffs = 0
         # The latest round that found the lock held by another: when it began (the base
         # of a transferred lease's validity) and each holding node's floor then (what
@@ -283,7 +284,7 @@ class Acquisition:
             # already been handed to us: the node then answers the token the hand-off
             # minted. (Fair on a quorum, such a node takes our proposal like the others.)
             minted = {n for s, n in statuses.values() if s == GRANTED}
-            one_node_fair = spec.wait_mode == "f" and len(minted) == 1
+            one_node_fair = spec.wait_mode is WaitMode.FAIR_ONE_NODE and len(minted) == 1
             fencing = minted.pop() if one_node_fair else self._proposal
             self.floor = max(self.floor, fencing + 1, self._proposal + 1)
             blank = frozenset(i for i, (s, _) in statuses.items() if s == NO_HISTORY)
@@ -332,7 +333,7 @@ class Acquisition:
         # followed by a notification), and a grant of ours next to nodes held by others
         # is most often a release that reached that node before our attempt did and
         # the others after it: their hand-offs to us are on their way.
-        partial_ok = rnd.yes == 0 or spec.wait_mode == "q"
+        partial_ok = rnd.yes == 0 or spec.wait_mode is WaitMode.FAIR_QUORUM
         if self._recheck > 0 and len(held) >= spec.quorum and partial_ok:
             self._backoffs = 0
             return self._wait(rnd, infos, held, cleanup, now)

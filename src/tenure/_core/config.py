@@ -6,6 +6,7 @@ before any connection is made, so bad input loses nothing.
 
 from __future__ import annotations
 
+import enum
 import math
 import random
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ __all__ = [
     "LockSpec",
     "NodeAddress",
     "SpecCache",
+    "WaitMode",
     "check_acquire_args",
     "check_flag",
     "lock_key",
@@ -350,6 +352,15 @@ class LockKeys:
         return cls(lock=f"{tag}:lock", queue=f"{tag}:q")
 
 
+class WaitMode(str, enum.Enum):
+    """How waiters of a lock are queued and the lock passed on; the value is what the
+    scripts read (``WaitArgs.mode``)."""
+
+    NOTIFIED = "n"  # the next waiter is woken, and the free lock reserved for it briefly
+    FAIR_ONE_NODE = "f"  # the lock is handed over inside the release, on the one node
+    FAIR_QUORUM = "q"  # handed over on every node with one token (docs/waiting.md)
+
+
 @dataclass(frozen=True)
 class LockSpec:
     """Validated settings of one lock: everything a round needs to know.
@@ -371,12 +382,11 @@ class LockSpec:
     retention_ms: int = 3_600_000
 
     @property
-    def wait_mode(self) -> str:
-        """How waiters are queued and the lock passed on (``WaitArgs.mode``): "f" fair on
-        one node, "q" fair on a quorum, "n" notified."""
+    def wait_mode(self) -> WaitMode:
+        """How waiters are queued and the lock passed on (``WaitArgs.mode``)."""
         if not self.fair:
-            return "n"
-        return "f" if self.n_nodes == 1 else "q"
+            return WaitMode.NOTIFIED
+        return WaitMode.FAIR_ONE_NODE if self.n_nodes == 1 else WaitMode.FAIR_QUORUM
 
     @classmethod
     def build(

@@ -17,6 +17,7 @@ goes on with the other nodes and the client logs each misconfigured node once.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .._errors import NodeMisconfigured, ServerUnsupported, TLSCertificateError
@@ -69,6 +70,27 @@ class BackingOff(Exception):
             self.failure = last.failure
             self.detail = last.detail
         super().__init__(self.detail)
+
+
+def rule_out(
+    rnd: Round, order: Sequence[int], backing_off: Callable[[int], tuple[float, Diagnosis | None]]
+) -> list[int] | None:
+    """The "send nothing if hopeless" check before an acquire round.
+
+    ``backing_off(i)`` is node ``i``'s reconnect back-off (seconds left, 0 if none) and
+    why it last failed. Those nodes are recorded in ``rnd`` as not tried. Returns the
+    nodes still to ask, or None when the round is already decided or impossible: an
+    acquire that cannot win would only leave keys to clean up, and replies to owe, on
+    the nodes that are up.
+    """
+    for i in order:
+        wait, last = backing_off(i)
+        if wait:
+            down = BackingOff(wait, last)
+            rnd.fail(i, down.failure, down.detail)
+    if rnd.decided or rnd.impossible:
+        return None
+    return [i for i in order if rnd.results[i] is None]
 
 
 def _quote(text: str) -> str:

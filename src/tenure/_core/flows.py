@@ -5,7 +5,7 @@ Theory of operation
 A flow is a generator that holds the whole sequence of one operation, every decision in
 it included, and does no I/O: to reach the nodes, sleep or wait for a notification it
 *yields* an operation (``Run``, ``Send``, ``Sleep``, ``Listen``, ``AwaitWake``, ...)
-and is resumed with its result, the pattern of httpx's ``Auth.auth_flow``. Each driver
+and is resumed with its result, the pattern of httpx's authentication flows. Each driver
 carries operations out with its own I/O (the blocking driver with ``select()`` in the
 caller's thread, the asyncio driver with its pipelined protocol) in one short loop,
 ``drive``, and the model tests carry them out against fake nodes, so all three run the
@@ -42,7 +42,7 @@ from .acquire import (
     cleanup_wait,
 )
 from .commands import Command
-from .config import ClientConfig, LockSpec, check_acquire_args
+from .config import ClientConfig, LockSpec, WaitMode, check_acquire_args
 from .lease import begin_extend, conclude_extend, conclude_locked, conclude_release
 from .quorum import Round
 from .waiting import Wake
@@ -353,7 +353,7 @@ class Flows:
             # Always the waiting form: even an attempt that will not queue must see the
             # queue (fair) and a reservation for a woken waiter.
             place = self.place_ms if call.inbox is not None else 0
-            wait_args = commands.WaitArgs(spec.wait_mode, waiter, channel, place, ticket)
+            wait_args = commands.WaitArgs(spec.wait_mode.value, waiter, channel, place, ticket)
             if call.inbox is not None:
                 call.queued = True
                 call.inbox.take()  # this attempt sees every release notified so far
@@ -546,11 +546,11 @@ class Flows:
     ) -> Command:
         """release.lua for a lease (or, with a waiter id, a waiter giving up): delete our
         key, leave the queue (``cleanup``: stay), pass the lock on to the next waiter."""
-        if spec.wait_mode == "q":
+        if spec.wait_mode is WaitMode.FAIR_QUORUM:
             arg = waiting.handoff_token(self.wall_us(), fencing, self.fence_floor)
         else:
             arg = self.hold_ms
-        return commands.release_waking(spec, token, spec.wait_mode, arg, cleanup=cleanup)
+        return commands.release_waking(spec, token, spec.wait_mode.value, arg, cleanup=cleanup)
 
     def dequeue(self, spec: LockSpec, waiter: str) -> Command:
         """What ``waiter`` sends to leave its queues, passing on a lock handed to it
@@ -561,7 +561,7 @@ class Flows:
         """What releases the grants of a failed attempt. Fair on a quorum, they are
         passed on to the next in line: a waiter that needs them is told, rather than
         left waiting for its fallback re-check."""
-        if spec.wait_mode == "q":
+        if spec.wait_mode is WaitMode.FAIR_QUORUM:
             return self.release_waking(spec, token, cleanup=True)
         return commands.release(spec.key, token)
 

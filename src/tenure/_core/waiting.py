@@ -29,11 +29,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 __all__ = [
     "CHANNEL_PREFIX",
+    "STRAGGLE",
     "Departed",
+    "Filing",
+    "Switchboard",
     "Wake",
+    "WakeTally",
     "channel_name",
     "handoff_token",
     "hold_ms",
@@ -78,6 +83,84 @@ def parse_wake(data: object) -> Wake | None:
     except (ValueError, UnicodeDecodeError):
         return None
     return None
+
+
+# On a quorum, a waiter wakes once a majority of nodes notified it, or this many seconds
+# after the first did: a release reaches the nodes one after another, and trying after
+# the first notification would find the others still held (a wasted round, and a
+# partial grant to clean up).
+STRAGGLE = 0.005
+
+
+class WakeTally:
+    """The notifications filed for one waiter since it last looked (a driver's slot
+    adds how the waiter is woken: an event, a future)."""
+
+    __slots__ = ("need", "nodes", "wakes")
+
+    def __init__(self, need: int = 1) -> None:
+        self.wakes: list[tuple[int, Wake]] = []  # (node, notification)
+        self.nodes: set[int] = set()  # the nodes whose notifications are in ``wakes``
+        self.need = need  # how many nodes' notifications make a majority
+
+    def file(self, wake: Wake, node: int) -> bool | None:
+        """File ``wake`` from ``node``: True when the waiter should wake now, False when
+        it is the first of too few (wake it ``STRAGGLE`` seconds from now unless more
+        come), None otherwise."""
+        self.wakes.append((node, wake))
+        self.nodes.add(node)
+        if len(self.nodes) >= self.need:
+            return True
+        return False if len(self.nodes) == 1 else None
+
+    def take(self) -> list[tuple[int, Wake]]:
+        """The notifications so far, with their nodes, oldest first; starts afresh."""
+        wakes, self.wakes = self.wakes, []
+        self.nodes = set()
+        return wakes
+
+
+class Filing(Protocol):
+    """A driver's slot: where ``Switchboard`` files a waiter's notifications."""
+
+    def put(self, wake: Wake | None, node: int = -1) -> None:
+        """File ``wake`` from ``node``; None only nudges the waiter to re-check."""
+        ...
+
+
+S = TypeVar("S", bound=Filing)
+
+
+class Switchboard(Generic[S]):
+    """The waiters of one client process, and where each message of its notification
+    connections goes."""
+
+    __slots__ = ("departed", "slots")
+
+    def __init__(self) -> None:
+        self.slots: dict[str, S] = {}
+        self.departed = Departed()
+
+    def message(self, reply: object, node: int, now: float) -> bool:
+        """Handle one pub/sub reply from ``node`` (a message, or another kind); True
+        if it confirmed the subscription."""
+        if not isinstance(reply, list) or len(reply) != 3:
+            return False
+        if reply[0] == b"message":
+            wake = parse_wake(reply[2])
+            if wake is not None:
+                slot = self.slots.get(wake.waiter)
+                if slot is not None:
+                    slot.put(wake, node)
+                else:
+                    self.departed.decline(wake.waiter, node, now)
+            return False
+        return bool(reply[0] == b"subscribe")
+
+    def nudge_all(self) -> None:
+        """Every waiter re-checks now (notifications sent while we were away were lost)."""
+        for slot in list(self.slots.values()):
+            slot.put(None)
 
 
 def handoff_token(wall_us: int, fencing: int, seen: int) -> int:

@@ -48,7 +48,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._core.backoff import Reconnect
 from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
-from .._core.diagnosis import BackingOff, Diagnosis
+from .._core.diagnosis import BackingOff, Diagnosis, rule_out
 from .._core.quorum import Failure, Round
 from .._driver.redis_compat import connection_kwargs, diagnose
 from .._driver.report import NodeReporter
@@ -293,16 +293,12 @@ class LinkSet:
         now = rnd.started
         order: Sequence[int] = range(len(links)) if targets is None else targets
         if hopeless_unsent:
-            for i in order:
-                wait = links[i].backing_off(now)
-                if wait:
-                    down = BackingOff(wait, links[i].node.last)
-                    rnd.fail(i, down.failure, down.detail)
-            if rnd.decided or rnd.impossible:
+            asked = rule_out(rnd, order, lambda i: (links[i].backing_off(now), links[i].node.last))
+            if asked is None:
                 self._reporter.round(rnd)
                 self.clean = True
                 return
-            order = [i for i in order if rnd.results[i] is None]
+            order = asked
         if any(links[i].conn is None for i in order):
             order = self._set_up(order, rnd, clock)
             if hopeless_unsent and rnd.impossible:

@@ -34,7 +34,7 @@ from .._core import diagnosis
 from .._core.backoff import Reconnect
 from .._core.commands import pack
 from .._core.resp import ErrorReply, ReplyReader
-from .._core.waiting import Departed, Wake, channel_name, parse_wake
+from .._core.waiting import STRAGGLE, Switchboard, Wake, WakeTally, channel_name
 from .._driver.redis_compat import diagnose
 from .._driver.report import NodeReporter
 from .connect import SetUp
@@ -44,40 +44,35 @@ __all__ = ["Listener", "Slot"]
 
 # After the first node's notification, how long a waiter on a quorum waits for a
 # majority of them before trying (see ``Slot``).
-STRAGGLE = 0.005
 # How long the subscriber thread stays parked once a waiter has been reading the sockets,
 # before it checks whether it must read them again (see ``Listener.wait``).
 PARK = 0.02
 
 
-class Slot:
+class Slot(WakeTally):
     """Where the notifications of one waiting thread are filed.
 
     On a quorum (``need`` > 1) the event is set once a majority of nodes have notified,
-    or ``STRAGGLE`` seconds after the first did: a release reaches the nodes one after
-    another, and trying after the first notification would find the others still held (a
-    wasted round, and a partial grant to clean up). The listener thread does the
-    counting and keeps the timer, so the waiter wakes once, not once per node.
+    or ``STRAGGLE`` seconds after the first did (``waiting.WakeTally``). The listener
+    thread does the counting and keeps the timer, so the waiter wakes once, not once
+    per node.
     """
 
-    __slots__ = ("event", "need", "nodes", "since", "wakes")
+    __slots__ = ("event", "since")
 
     def __init__(self, need: int = 1) -> None:
+        super().__init__(need)
         self.event = threading.Event()
-        self.wakes: list[tuple[int, Wake]] = []  # (node, notification)
-        self.nodes: set[int] = set()  # the nodes whose notifications are in ``wakes``
-        self.need = need
         self.since = 0.0  # when the first notification of this round of them came
 
     def put(self, wake: Wake | None, node: int = -1) -> None:
         if wake is None:
             self.event.set()  # a nudge: re-check now
             return
-        self.wakes.append((node, wake))
-        self.nodes.add(node)
-        if len(self.nodes) >= self.need:
+        now = self.file(wake, node)
+        if now:
             self.event.set()
-        elif len(self.nodes) == 1:
+        elif now is False:
             self.since = time.monotonic()
 
     def overdue(self, now: float) -> bool:
@@ -88,9 +83,7 @@ class Slot:
         """The notifications so far, with their nodes (clears the event first, so none
         can be missed)."""
         self.event.clear()
-        wakes, self.wakes = self.wakes, []
-        self.nodes = set()
-        return wakes
+        return super().take()
 
     def wait(self, timeout: float) -> bool:
         """Until notified (True) or ``timeout`` seconds pass (False)."""
@@ -122,8 +115,9 @@ class Listener:
 
     def _reset(self) -> None:
         n = len(self._nodes)
-        self._slots: dict[str, Slot] = {}
-        self.departed = Departed()
+        self._board = Switchboard[Slot]()
+        self._slots = self._board.slots
+        self.departed = self._board.departed
         self._guard = threading.Condition()
         self._read = threading.Lock()  # held by whoever reads the sockets
         self._reader: str | None = None  # the waiter reading them, if any
@@ -237,8 +231,7 @@ class Listener:
                 waker[1].send(b"x")
 
     def _nudge_all(self) -> None:
-        for slot in list(self._slots.values()):
-            slot.put(None)
+        self._board.nudge_all()
 
     def _drop(self, i: int, now: float) -> None:
         setup, self._setups[i] = self._setups[i], None
@@ -398,18 +391,7 @@ class Listener:
             if why.failure.configuration:
                 self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
             return False
-        if not isinstance(reply, list) or len(reply) != 3:
-            return True
-        kind = reply[0]
-        if kind == b"message":
-            wake = parse_wake(reply[2])
-            if wake is not None:
-                slot = self._slots.get(wake.waiter)
-                if slot is not None:
-                    slot.put(wake, i)
-                else:
-                    self.departed.decline(wake.waiter, i, time.monotonic())
-        elif kind == b"subscribe":
+        if self._board.message(reply, i, time.monotonic()):
             with self._guard:
                 self._up[i] = True
                 self._guard.notify_all()

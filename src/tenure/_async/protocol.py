@@ -1,0 +1,50 @@
+"""The asyncio protocol both kinds of connection use once set up: RESP off the transport.
+
+redis-py connects (TCP or unix socket, TLS, AUTH, SELECT); then the transport's protocol
+is replaced by ``RespProtocol``, which parses replies as they arrive and hands each one
+on at once, from ``data_received``: no reader task, no future per reply. The lock
+connections (``channels``) hand them to their pending requests, the notification
+connections (``notify``) to the listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from .._core.resp import ReplyReader
+from .._driver.redis_compat import NotRedis
+
+__all__ = ["RespProtocol"]
+
+
+class RespProtocol(asyncio.Protocol):
+    """Reads replies off a transport and hands each one to ``deliver``; sets ``lost``
+    (once) to why the connection ended."""
+
+    def __init__(
+        self, deliver: Callable[[object], None], lost: asyncio.Future[BaseException]
+    ) -> None:
+        self._reader = ReplyReader()
+        self._deliver = deliver
+        self._lost = lost
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            replies = self._reader.feed(data)
+        except ValueError as exc:  # not RESP2: nothing more on this connection can be trusted
+            self._end(NotRedis(str(exc)))
+            return
+        for reply in replies:
+            self._deliver(reply)
+
+    def eof_received(self) -> bool:
+        self._end(ConnectionError("connection closed by the node"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(exc or ConnectionError("connection lost"))
+
+    def _end(self, exc: BaseException) -> None:
+        if not self._lost.done():
+            self._lost.set_result(exc)
