@@ -49,7 +49,7 @@ from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, rule_out
 from .._core.quorum import Failure, Round
 from .._core.resp import ErrorReply
-from .._driver.redis_compat import NotRedis, connection_kwargs, diagnose
+from .._driver.redis_compat import NotRedis, diagnose, node_pool
 from .._driver.report import NodeReporter
 from .protocol import RespProtocol
 
@@ -254,18 +254,9 @@ class Channels:
         self._config = config
         self.reporter = reporter
 
-        def pool(a: NodeAddress) -> redis.asyncio.ConnectionPool:
-            defaults = connection_kwargs(
-                config.node_timeout,
-                asyncio=True,
-                unix=a.path is not None,
-                connect_timeout=config.connect_timeout,
-            )
-            return redis.asyncio.ConnectionPool.from_url(
-                a.url, **{**defaults, **connection_options}
-            )
-
-        self._pools = [pool(a) for a in config.nodes]
+        self._pools: list[redis.asyncio.ConnectionPool] = [
+            node_pool(a, config, connection_options, asyncio=True) for a in config.nodes
+        ]
         self.pools = self._pools  # the notification listener connects through them too
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channels: list[Channel] = []

@@ -9,23 +9,19 @@ acquire that is cancelled never returns a lease. ``CancelledError`` is never swa
 from __future__ import annotations
 
 import asyncio
-import functools
-import secrets
 from collections.abc import Hashable
 from types import TracebackType
 from typing import Any
 
 from .._core.acquire import LeaseState
-from .._core.config import LockSpec, check_acquire_args, check_flag
+from .._core.config import LockSpec, check_acquire_args
 from .._core.flows import (
     AwaitWake,
-    Depart,
     Listen,
     Op,
     Run,
     Send,
     Sleep,
-    Unlisten,
 )
 from .._core.watchdog import KeepAlive
 from .._driver.client_base import ClientBase
@@ -76,6 +72,9 @@ class AsyncClient(ClientBase):
             self._listener_ = AsyncListener(self._channels.pools, self._reporter)
         return self._listener_
 
+    def _notifications(self) -> AsyncListener:
+        return self._listener
+
     def _owner(self) -> Hashable:
         # A coroutine driven without a task has no identity to compare: a fresh object
         # never conflicts, so such a caller is simply never refused.
@@ -105,9 +104,8 @@ class AsyncClient(ClientBase):
             ClientClosed: the client was closed.
             ConfigurationError: bad name, TTL, timeout or ``max_hold``.
         """
-        self._check_open("make a lock object", name)
-        keep = KeepAlive(max_hold=max_hold) if check_flag("watchdog", watchdog) else None
-        return AsyncLock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
+        spec, keep = self._lock_args(name, ttl, fair, watchdog, max_hold)
+        return AsyncLock(self, spec, blocking, timeout, keep)
 
     async def acquire(
         self,
@@ -131,31 +129,14 @@ class AsyncClient(ClientBase):
             LockTimeout, QuorumUnreachable, ServerUnsupported, ConfigurationError: as
                 for ``Client.acquire``.
         """
-        spec = self._specs.get(name, ttl, fair)
-        check_flag("watchdog", watchdog)
-        if max_hold is not None:
-            KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
+        spec = self._acquire_args(name, ttl, fair, watchdog, max_hold)
         lease = await self._acquire(spec, blocking, timeout)
-        if lease is None:
-            raise LockTimeout(name, _not_acquired(blocking, timeout))
-        if watchdog:
-            lease.keep_alive(max_hold=max_hold)
-        return lease
+        return self._handed_out(lease, name, blocking, timeout, watchdog, max_hold)
 
     async def _acquire(
         self, spec: LockSpec, blocking: bool, timeout: float | None
     ) -> AsyncLease | None:
-        self._check_open("acquire", spec.name)
-        self._check_reentry(spec, blocking)
-        listener = self._listener
-        flow = self._flows.acquire(
-            spec,
-            blocking,
-            timeout,
-            waiter=secrets.token_hex(16),
-            channel=listener.channel,
-            listening=listener.started,
-        )
+        flow = self._acquire_flow(spec, blocking, timeout)
         state = await adrive(flow, self._perform)
         return None if state is None else AsyncLease(self, state, spec)
 
@@ -175,15 +156,8 @@ class AsyncClient(ClientBase):
             return await op.inbox.wait(op.timeout)
         elif isinstance(op, Sleep):
             await asyncio.sleep(op.seconds)
-        elif isinstance(op, Send):
-            self._send_now(op)
-        elif isinstance(op, Unlisten):
-            self._listener.unregister(op.waiter)
-        elif isinstance(op, Depart):
-            decline = functools.partial(self._declined, op.spec, op.waiter)
-            self._listener.departed.add(op.waiter, decline, op.until, _clock())
         else:
-            raise TypeError(f"not an operation of the asyncio driver: {op!r}")
+            self._perform_now(op)
         return None
 
     def _send_now(self, send: Send) -> None:

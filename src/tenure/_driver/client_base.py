@@ -8,23 +8,47 @@ whether it was closed) is built here once.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import secrets
 import threading
 import weakref
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from .._core.config import ClientConfig, LockSpec, SpecCache
-from .._core.flows import Flows, Send
+from .._core.acquire import LeaseState
+from .._core.config import ClientConfig, LockSpec, SpecCache, check_flag
+from .._core.flows import Depart, Flow, Flows, Op, Send, Unlisten
 from .._core.holds import Held, Holds, self_deadlock
 from .._core.policy import RetryPolicy
+from .._core.waiting import Departed
+from .._core.watchdog import KeepAlive
+from .._errors import LockTimeout
 from .clock import monotonic, wall_us
+from .lease import not_acquired
 from .redis_compat import check_connection_options
 from .report import NodeReporter
 
-__all__ = ["ClientBase"]
+__all__ = ["ClientBase", "Listening"]
+
+L = TypeVar("L", bound="KeptAlive")
+
+
+class Listening(Protocol):
+    """What both drivers' notification listeners offer the glue."""
+
+    channel: str
+    departed: Departed
+
+    @property
+    def started(self) -> bool: ...
+
+    def unregister(self, waiter: str) -> None: ...
+
+
+class KeptAlive(Protocol):
+    def keep_alive(self, *, max_hold: float | None = None) -> None: ...
 
 
 class ClientBase:
@@ -132,6 +156,74 @@ class ClientBase:
     def _open(self, connection_options: dict[str, Any]) -> None:
         """Set up the driver's connections (lazily connected)."""
         raise NotImplementedError
+
+    def _lock_args(
+        self, name: str, ttl: float, fair: bool | None, watchdog: bool, max_hold: float | None
+    ) -> tuple[LockSpec, KeepAlive | None]:
+        """The checked arguments of ``lock()``: the lock's spec, and its watchdog policy."""
+        self._check_open("make a lock object", name)
+        keep = KeepAlive(max_hold=max_hold) if check_flag("watchdog", watchdog) else None
+        return self._specs.get(name, ttl, fair), keep
+
+    def _acquire_args(
+        self, name: str, ttl: float, fair: bool | None, watchdog: bool, max_hold: float | None
+    ) -> LockSpec:
+        """The checked arguments of ``acquire()``, all of them before anything is sent."""
+        spec = self._specs.get(name, ttl, fair)
+        check_flag("watchdog", watchdog)
+        if max_hold is not None:
+            KeepAlive(max_hold=max_hold)
+        return spec
+
+    @staticmethod
+    def _handed_out(
+        lease: L | None,
+        name: str,
+        blocking: bool,
+        timeout: float | None,
+        watchdog: bool,
+        max_hold: float | None,
+    ) -> L:
+        """What ``acquire()`` returns: the lease (kept alive if asked), or it raises."""
+        if lease is None:
+            raise LockTimeout(name, not_acquired(blocking, timeout))
+        if watchdog:
+            lease.keep_alive(max_hold=max_hold)
+        return lease
+
+    def _acquire_flow(
+        self, spec: LockSpec, blocking: bool, timeout: float | None
+    ) -> Flow[LeaseState | None]:
+        """The flow of one acquire call, once the caller may make it."""
+        self._check_open("acquire", spec.name)
+        self._check_reentry(spec, blocking)
+        listener = self._notifications()
+        return self._flows.acquire(
+            spec,
+            blocking,
+            timeout,
+            waiter=secrets.token_hex(16),
+            channel=listener.channel,
+            listening=listener.started,
+        )
+
+    def _notifications(self) -> Listening:
+        """The driver's notification listener."""
+        raise NotImplementedError
+
+    def _perform_now(self, op: Op) -> None:
+        """Carry out an operation that completes without waiting (``flows.INSTANT``):
+        the same in both drivers, and never an await, so a cancelled task writes its
+        cleanup before the cancellation leaves it."""
+        if isinstance(op, Send):
+            self._send_now(op)
+        elif isinstance(op, Unlisten):
+            self._notifications().unregister(op.waiter)
+        elif isinstance(op, Depart):
+            decline = functools.partial(self._declined, op.spec, op.waiter)
+            self._notifications().departed.add(op.waiter, decline, op.until, monotonic())
+        else:
+            raise TypeError(f"not an operation of a driver: {op!r}")
 
     def _send_now(self, send: Send) -> None:
         """Write ``send.command`` to its targets without waiting; never raises."""

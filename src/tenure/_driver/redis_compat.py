@@ -20,7 +20,7 @@ from redis import exceptions as rx
 from redis.backoff import NoBackoff
 
 from .._core import diagnosis
-from .._core.config import NodeAddress
+from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import Diagnosis
 from .._core.quorum import Failure
 from .._errors import ConfigurationError
@@ -32,6 +32,7 @@ __all__ = [
     "connection_kwargs",
     "diagnose",
     "kernel_timeouts",
+    "node_pool",
 ]
 
 
@@ -90,6 +91,25 @@ def connection_kwargs(
         # TCP keepalive lets the kernel notice a peer that vanished without a reset.
         options["socket_keepalive"] = True
     return options
+
+
+def node_pool(
+    address: NodeAddress,
+    config: ClientConfig,
+    connection_options: Mapping[str, Any],
+    *,
+    asyncio: bool,
+) -> Any:
+    """The redis-py connection pool a driver connects to one node through: its URL, the
+    options tenure owns (``connection_kwargs``), then the user's checked options."""
+    defaults = connection_kwargs(
+        config.node_timeout,
+        asyncio=asyncio,
+        unix=address.path is not None,
+        connect_timeout=config.connect_timeout,
+    )
+    cls = redis.asyncio.ConnectionPool if asyncio else redis.ConnectionPool
+    return cls.from_url(address.url, **{**defaults, **connection_options})
 
 
 class NotRedis(rx.ConnectionError):

@@ -7,8 +7,6 @@ This module is a thin driver of the pure core: every operation is a flow of
 
 from __future__ import annotations
 
-import functools
-import secrets
 import threading
 import time
 from collections.abc import Hashable
@@ -16,16 +14,14 @@ from types import TracebackType
 from typing import Any
 
 from .._core.acquire import LeaseState
-from .._core.config import LockSpec, check_acquire_args, check_flag
+from .._core.config import LockSpec, check_acquire_args
 from .._core.flows import (
     AwaitWake,
-    Depart,
     Listen,
     Op,
     Run,
     Send,
     Sleep,
-    Unlisten,
     drive,
 )
 from .._core.watchdog import KeepAlive
@@ -106,6 +102,9 @@ class Client(ClientBase):
         self._pool = LinkPool(self.config, connection_options, self._reporter)
         self._listener = Listener(self._pool.nodes, self._reporter)
 
+    def _notifications(self) -> Listener:
+        return self._listener
+
     def _owner(self) -> Hashable:
         # The Thread object, not its ident: idents are reused once a thread ends, and a
         # new thread must not inherit a dead one's leases.
@@ -141,9 +140,8 @@ class Client(ClientBase):
             ClientClosed: the client was closed.
             ConfigurationError: bad name, TTL, timeout or ``max_hold``.
         """
-        self._check_open("make a lock object", name)
-        keep = KeepAlive(max_hold=max_hold) if check_flag("watchdog", watchdog) else None
-        return Lock(self, self._specs.get(name, ttl, fair), blocking, timeout, keep)
+        spec, keep = self._lock_args(name, ttl, fair, watchdog, max_hold)
+        return Lock(self, spec, blocking, timeout, keep)
 
     def acquire(
         self,
@@ -183,29 +181,12 @@ class Client(ClientBase):
                 ``2 * (node_timeout + drift)``) or timeout; ``fair=True`` without
                 notifications or with ``wait_replicas``.
         """
-        spec = self._specs.get(name, ttl, fair)
-        check_flag("watchdog", watchdog)
-        if max_hold is not None:
-            KeepAlive(max_hold=max_hold)  # validates max_hold before acquiring
+        spec = self._acquire_args(name, ttl, fair, watchdog, max_hold)
         lease = self._acquire(spec, blocking, timeout)
-        if lease is None:
-            raise LockTimeout(name, _not_acquired(blocking, timeout))
-        if watchdog:
-            lease.keep_alive(max_hold=max_hold)
-        return lease
+        return self._handed_out(lease, name, blocking, timeout, watchdog, max_hold)
 
     def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | None:
-        self._check_open("acquire", spec.name)
-        self._check_reentry(spec, blocking)
-        listener = self._listener
-        flow = self._flows.acquire(
-            spec,
-            blocking,
-            timeout,
-            waiter=secrets.token_hex(16),
-            channel=listener.channel,
-            listening=listener.started,
-        )
+        flow = self._acquire_flow(spec, blocking, timeout)
         state = drive(flow, self._perform)
         return None if state is None else Lease(self, state, spec)
 
@@ -228,15 +209,8 @@ class Client(ClientBase):
             return self._listener.wait(op.waiter, op.inbox, op.timeout)
         elif isinstance(op, Sleep):
             time.sleep(op.seconds)
-        elif isinstance(op, Send):
-            self._send_now(op)
-        elif isinstance(op, Unlisten):
-            self._listener.unregister(op.waiter)
-        elif isinstance(op, Depart):
-            decline = functools.partial(self._declined, op.spec, op.waiter)
-            self._listener.departed.add(op.waiter, decline, op.until, _clock())
         else:
-            raise TypeError(f"not an operation of the blocking driver: {op!r}")
+            self._perform_now(op)
         return None
 
     def _send_now(self, send: Send) -> None:

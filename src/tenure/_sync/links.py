@@ -50,7 +50,7 @@ from .._core.commands import Command
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, rule_out
 from .._core.quorum import Failure, Round
-from .._driver.redis_compat import connection_kwargs, diagnose
+from .._driver.redis_compat import diagnose, node_pool
 from .._driver.report import NodeReporter
 from .connect import SetUp
 
@@ -474,17 +474,14 @@ class LinkPool:
         connection_options: dict[str, Any],
         reporter: NodeReporter,
     ) -> None:
-        def pool(a: NodeAddress) -> redis.ConnectionPool:
-            defaults = connection_kwargs(
-                config.node_timeout,
-                asyncio=False,
-                unix=a.path is not None,
-                connect_timeout=config.connect_timeout,
-            )
-            return redis.ConnectionPool.from_url(a.url, **{**defaults, **connection_options})
-
         self.nodes = [
-            NodeState(a, pool(a), config.node_timeout, config.connect_timeout) for a in config.nodes
+            NodeState(
+                a,
+                node_pool(a, config, connection_options, asyncio=False),
+                config.node_timeout,
+                config.connect_timeout,
+            )
+            for a in config.nodes
         ]
         self.reporter = reporter
         self._free: list[LinkSet] = []
