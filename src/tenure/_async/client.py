@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from .._core.acquire import LeaseState
-from .._core.config import LockSpec, check_acquire_args
+from .._core.config import LockSpec
 from .._core.flows import (
     AwaitWake,
     Listen,
@@ -27,8 +27,8 @@ from .._core.watchdog import KeepAlive
 from .._driver.client_base import ClientBase
 from .._driver.clock import monotonic
 from .._driver.lease import LeaseView, leave_block
-from .._driver.lease import not_acquired as _not_acquired
-from .._errors import LeaseLost, LockTimeout, NotHeld
+from .._driver.lock import LockView
+from .._errors import LeaseLost, NotHeld
 from .channels import Channels
 from .drive import adrive
 from .notify import AsyncListener, AsyncSlot
@@ -271,7 +271,7 @@ class _Block:
         self.cancelled = False
 
 
-class AsyncLock:
+class AsyncLock(LockView[AsyncLease]):
     """The asyncio twin of ``tenure.Lock``: ``async with lock as lease:``.
 
     Inside ``async with``, the body is cancelled the moment the lease is found lost (an
@@ -298,22 +298,9 @@ class AsyncLock:
         timeout: float | None,
         keep_alive: KeepAlive | None = None,
     ) -> None:
-        check_acquire_args(blocking, timeout)
+        super().__init__(client, spec, blocking, timeout, keep_alive)
         self._client = client
-        self._spec = spec
-        self._blocking = blocking
-        self._timeout = timeout
-        self._keep_alive = keep_alive
-        self._lease: AsyncLease | None = None
         self._block: _Block | None = None
-
-    @property
-    def name(self) -> str:
-        return self._spec.name
-
-    @property
-    def lease(self) -> AsyncLease | None:
-        return self._lease
 
     async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Acquire the lock; False if ``blocking`` is False or ``timeout`` passed first.
@@ -324,29 +311,11 @@ class AsyncLock:
             ClientClosed: the client was closed.
             QuorumUnreachable: so many nodes failed that no majority is possible.
         """
-        lease = await self._client._acquire(self._spec, blocking, timeout)
-        if lease is None:
-            return False
-        if self._keep_alive is not None:
-            lease.keep_alive(max_hold=self._keep_alive.max_hold)
-        self._lease = lease
-        return True
+        return self._took(await self._client._acquire(self._spec, blocking, timeout))
 
     async def release(self) -> None:
-        """Release the lease this object holds.
-
-        Raises:
-            NotHeld: this object holds no lease.
-            LeaseLost: the lease had expired on a majority before release.
-            InheritedLease: this process is a fork of the holder; the lease is kept.
-            ClientClosed: the client was closed; the lease is kept.
-        """
-        lease = self._lease
-        if lease is None:
-            raise NotHeld(self.name, "release() of a lock this object does not hold")
-        lease._check_usable("release")
-        self._lease = None
-        await lease.release()
+        """Release the lease this object holds; see ``Lock.release``."""
+        await self._to_release().release()
 
     async def locked(self) -> bool:
         """Whether a majority of nodes hold this lock now (for anyone). One round trip.
@@ -358,10 +327,7 @@ class AsyncLock:
         return await adrive(client._flows.locked(self._spec), client._perform)
 
     async def __aenter__(self) -> AsyncLease:
-        if not await self.acquire(self._blocking, self._timeout):
-            raise LockTimeout(self.name, _not_acquired(self._blocking, self._timeout))
-        lease = self._lease
-        assert lease is not None
+        lease = self._entered(await self.acquire(self._blocking, self._timeout))
         lease._watch(self._keep_alive or KeepAlive(extend=False))
         block = self._block = _Block(asyncio.current_task())
 
@@ -406,6 +372,3 @@ class AsyncLock:
         if ours and lost is not None:
             raise lost from None  # in place of the cancellation tenure caused
         leave_block(self.name, lost, exc, failure)
-
-    def __repr__(self) -> str:
-        return f"<AsyncLock {self.name!r} held={self._lease is not None}>"

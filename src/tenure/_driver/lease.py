@@ -174,6 +174,10 @@ class LeaseView:
             except Exception:  # a failing callback must not stop the others, nor the watchdog
                 _log.exception("tenure: on_lost callback for %r failed", self.name)
 
+    def keep_alive(self, *, max_hold: float | None = None) -> None:
+        """Start a watchdog that extends the lease (each driver's own)."""
+        raise NotImplementedError
+
     def _signal_lost(self) -> None:
         """Set the driver's ``lost`` event (a ``threading.Event`` or an ``asyncio.Event``)."""
 

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from .._core.acquire import LeaseState
-from .._core.config import LockSpec, check_acquire_args
+from .._core.config import LockSpec
 from .._core.flows import (
     AwaitWake,
     Listen,
@@ -28,8 +28,8 @@ from .._core.watchdog import KeepAlive
 from .._driver.client_base import ClientBase
 from .._driver.clock import monotonic
 from .._driver.lease import LeaseView, leave_block
-from .._driver.lease import not_acquired as _not_acquired
-from .._errors import LockTimeout, NotHeld
+from .._driver.lock import LockView
+from .._errors import NotHeld
 from .links import LinkPool, LinkSet
 from .notify import Listener, Slot
 from .watchdog import Watchdog
@@ -403,7 +403,7 @@ class Lease(LeaseView):
         leave_block(self.name, self.lost_error, exc, failure)
 
 
-class Lock:
+class Lock(LockView[Lease]):
     """A distributed lock that feels like ``threading.Lock``.
 
     Any thread may release it; it holds at most one lease at a time (``lock.lease``).
@@ -424,23 +424,8 @@ class Lock:
         timeout: float | None,
         keep_alive: KeepAlive | None = None,
     ) -> None:
-        check_acquire_args(blocking, timeout)
+        super().__init__(client, spec, blocking, timeout, keep_alive)
         self._client = client
-        self._spec = spec
-        self._blocking = blocking
-        self._timeout = timeout
-        self._keep_alive = keep_alive
-        self._lease: Lease | None = None
-        self._guard = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return self._spec.name
-
-    @property
-    def lease(self) -> Lease | None:
-        """The lease this object holds, or None."""
-        return self._lease
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Acquire the lock; False if ``blocking`` is False or ``timeout`` passed first.
@@ -453,14 +438,7 @@ class Lock:
             ClientClosed: the client was closed.
             QuorumUnreachable: so many nodes failed that no majority is possible.
         """
-        lease = self._client._acquire(self._spec, blocking, timeout)
-        if lease is None:
-            return False
-        if self._keep_alive is not None:
-            lease.keep_alive(max_hold=self._keep_alive.max_hold)
-        with self._guard:
-            self._lease = lease
-        return True
+        return self._took(self._client._acquire(self._spec, blocking, timeout))
 
     def release(self) -> None:
         """Release the lease this object holds.
@@ -471,13 +449,7 @@ class Lock:
             InheritedLease: this process is a fork of the holder; the lease is kept.
             ClientClosed: the client was closed; the lease is kept.
         """
-        with self._guard:
-            lease = self._lease
-            if lease is None:
-                raise NotHeld(self.name, "release() of a lock this object does not hold")
-            lease._check_usable("release")
-            self._lease = None
-        lease.release()
+        self._to_release().release()
 
     def locked(self) -> bool:
         """Whether a majority of nodes hold this lock now (for anyone). One round trip.
@@ -492,10 +464,7 @@ class Lock:
         return drive(client._flows.locked(self._spec), client._perform)
 
     def __enter__(self) -> Lease:
-        if not self.acquire(self._blocking, self._timeout):
-            raise LockTimeout(self.name, _not_acquired(self._blocking, self._timeout))
-        assert self._lease is not None
-        return self._lease
+        return self._entered(self.acquire(self._blocking, self._timeout))
 
     def __exit__(
         self,
@@ -515,6 +484,3 @@ class Lock:
             except Exception as error:  # reported below; the body's exception wins
                 failure = error
         leave_block(self.name, None if lease is None else lease.lost_error, exc, failure)
-
-    def __repr__(self) -> str:
-        return f"<Lock {self.name!r} held={self._lease is not None}>"
