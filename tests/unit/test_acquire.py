@@ -32,7 +32,7 @@ from tenure._core.acquire import (
     Retry,
     Seed,
     Step,
-    cleanup_wait,
+    cleanup_to_await,
     round_errors,
 )
 from tenure._core.config import ClientConfig, LockSpec
@@ -433,24 +433,24 @@ def test_begin_and_deadline() -> None:
     assert acq.deadline(rnd) == 3.0 + acq.spec.node_timeout
 
 
-def test_cleanup_wait_only_before_returning_and_not_on_failed_nodes() -> None:
+def test_cleanup_to_await_only_before_returning_and_not_on_failed_nodes() -> None:
     acq = make(5, blocking=False)
     rnd, step = attempt(acq, "yue.n", started=0.0, now=0.05)  # decided before node 3
     assert isinstance(step, GiveUp)
     assert step.cleanup == frozenset({0, 1, 2, 3})
     # Nodes 1 and 2 just failed: their release would queue behind a request nobody
     # answered. Node 3 was merely not read: wait for it.
-    assert cleanup_wait(step, rnd) == frozenset({0, 3})
+    assert cleanup_to_await(step, rnd) == frozenset({0, 3})
     rnd, step = attempt(make(3, blocking=False), "yu.", started=0.0, now=0.05)
     assert isinstance(step, GiveUp)
     assert rnd.failures().keys() == {1, 2}  # node 2 timed out
-    assert cleanup_wait(step, rnd) == frozenset({0})
+    assert cleanup_to_await(step, rnd) == frozenset({0})
     retrying = make(5)
     rnd, step = attempt(retrying, "ynnn.", started=0.0, now=0.01)
     assert isinstance(step, Retry)
     assert step.cleanup == frozenset({0, 4})
     # Before another attempt: the release goes ahead of it on the same connections.
-    assert cleanup_wait(step, rnd) == frozenset()
+    assert cleanup_to_await(step, rnd) == frozenset()
 
 
 def test_round_errors_uses_names_or_indexes() -> None:

@@ -73,9 +73,10 @@ __all__ = [
     "Granted",
     "LeaseState",
     "Retry",
+    "RetryNow",
     "Seed",
     "Wait",
-    "cleanup_wait",
+    "cleanup_to_await",
     "refused_by",
     "round_errors",
 ]
@@ -160,8 +161,16 @@ class Wait:
 Step = Granted | Retry | Wait | GiveUp
 
 
-def cleanup_wait(step: Retry | Wait | GiveUp, rnd: Round) -> frozenset[int]:
-    """Which cleanup replies to wait for after a failed attempt.
+@dataclass(frozen=True)
+class RetryNow:
+    """An attempt failed for a reason of ours (a proposal below a floor, blank nodes),
+    not because someone holds the lock: try again at once, after seeding ``seed``."""
+
+    seed: Seed | None = None
+
+
+def cleanup_to_await(step: Retry | Wait | GiveUp, rnd: Round) -> frozenset[int]:
+    """The nodes whose cleanup replies to await after a failed attempt.
 
     Before another attempt, none: the release is written on the same connections ahead
     of the next command, and each node runs one connection's commands in order, so the
@@ -320,7 +329,7 @@ class Acquisition:
             self._strikes = 0
         fix = self._fix(statuses, floors)
         if fix is not None:
-            return Retry(0.0, cleanup, fix if isinstance(fix, Seed) else None)
+            return Retry(0.0, cleanup, fix.seed)
         if not self._blocking:
             return GiveUp(cleanup, None)
         held = [i for i, (s, _) in statuses.items() if s == HELD]
@@ -419,10 +428,8 @@ class Acquisition:
             )
         )
 
-    def _fix(
-        self, statuses: dict[int, tuple[int, int]], floors: dict[int, int]
-    ) -> Seed | bool | None:
-        """What to seed (or True: nothing) if retrying at once can succeed; else None.
+    def _fix(self, statuses: dict[int, tuple[int, int]], floors: dict[int, int]) -> RetryNow | None:
+        """How to retry at once, if that can succeed; else None.
 
         Retrying at once is right when the attempt failed for a reason of ours, not
         because someone holds the lock: the proposal was too low, or nodes need seeding.
@@ -442,7 +449,7 @@ class Acquisition:
             # every node's answer: ask again and wait for all of them.
             self._hear_all = True
             self._fixes += 1
-            return True
+            return RetryNow()
         elif blank and len(statuses) >= self.spec.quorum:
             # Every node that answers has answered, but most are blank (nodes lost their
             # data one at a time while idle, or the set idled past the retention while a
@@ -454,7 +461,7 @@ class Acquisition:
             return None  # nothing of ours to fix, or held elsewhere: a contention back-off
         self._fixes += 1
         self._hear_all = False
-        return seed or True
+        return RetryNow(seed)
 
     @staticmethod
     def _seed(

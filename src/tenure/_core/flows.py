@@ -39,7 +39,7 @@ from .acquire import (
     Retry,
     Seed,
     Wait,
-    cleanup_wait,
+    cleanup_to_await,
 )
 from .commands import Command
 from .config import ClientConfig, LockSpec, WaitMode, check_acquire_args
@@ -382,7 +382,7 @@ class Flows:
                 return step.lease
             if step.cleanup:
                 release = self._cleanup_release(spec, token)
-                yield self._cleanup_round(release, step.cleanup, cleanup_wait(step, rnd))
+                yield self._cleanup_round(release, step.cleanup, cleanup_to_await(step, rnd))
             if isinstance(step, GiveUp):
                 if step.error is not None:
                     raise step.error
