@@ -136,7 +136,7 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    # Imported here: the demo pulls in multiprocessing and tenure.local, which other
+    # Imported here: the demo pulls in multiprocessing and tenure.testing, which other
     # subcommands do not need.
     from .demo import run_demo
 

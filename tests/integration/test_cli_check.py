@@ -44,7 +44,7 @@ from tenure.check import (
     exit_code,
 )
 from tenure.cli import main
-from tenure.local import LocalCluster, LocalNode, Persistence
+from tenure.testing import LocalCluster, LocalNode, Persistence
 
 from .conftest import Api
 

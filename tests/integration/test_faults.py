@@ -9,7 +9,7 @@ import pytest
 
 import tenure
 from tenure._core.config import NODE_FLOOR
-from tenure.local import LocalCluster
+from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
 from .conftest import Api, holders

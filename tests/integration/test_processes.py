@@ -20,7 +20,7 @@ import pytest
 import redis
 
 import tenure
-from tenure.local import LocalCluster
+from tenure.testing import LocalCluster
 
 from .conftest import Api
 
