@@ -44,6 +44,7 @@ from .._core.quorum import majority
 from .._driver import acl as _acl
 from .._driver.redis_compat import connection_kwargs
 from .._errors import ConfigurationError
+from .._lua import script
 from ._text import one_line
 from .node_rules import (
     CONFIG_KEYS,
@@ -82,24 +83,9 @@ tenure:{check}:probe:q, deletes them at once, and publishes to tenure:wake:check
 Nothing else is written. See docs/deployment.md.
 """
 
-# Runs calls given in ARGV as (count, command, args...)... and reports, per call, "OK" or
-# the error (an ACL refusal is an error reply that pcall catches, in 6.2 and 7 alike),
-# then deletes the probe keys it was given.
-_PROBE_SCRIPT = """\
-local out, i = {}, 1
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  local reply = redis.pcall(unpack(ARGV, i + 1, i + n))
-  if type(reply) == "table" and reply.err then
-    out[#out + 1] = reply.err
-  else
-    out[#out + 1] = "OK"
-  end
-  i = i + n + 1
-end
-redis.pcall("DEL", unpack(KEYS))
-return out
-"""
+# Runs each call given in ARGV and reports, per call, "OK" or the error; then deletes the
+# probe keys (src/tenure/_lua/check_probe.lua).
+_PROBE_SCRIPT = script("check_probe").wire.decode()
 
 # --- gathering ---------------------------------------------------------------------------
 
