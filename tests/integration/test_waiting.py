@@ -1,4 +1,4 @@
-"""Waiting without polling (issue 5): notified waiting, fair hand-off, lost notifications.
+"""Waiting without polling: notified waiting, fair hand-off, lost notifications.
 
 Every test here runs real redis-server nodes. Timing bounds are generous functional
 bounds (a waiter is woken *well before* its fallback re-check could have fired), never

@@ -24,10 +24,9 @@ The checks
     crash of the *host* loses the last second (or ~30 s) of acknowledged writes. No AOF
     and no RDB (``save ""``): WARN, a restart comes back empty, which tenure detects (no
     floor: the node's record of the tokens it issued) and answers with a ``max_ttl``
-    warm-up (docs/fencing.md). No AOF
-    but RDB snapshots: UNSAFE, a crash restarts from an old snapshot whose older
-    counters tenure cannot tell from current ones, so grants made since are forgotten
-    unnoticed.
+    warm-up (docs/fencing.md). No AOF but RDB snapshots: UNSAFE, a crash restarts from an
+    old snapshot with an older floor (``tenure:node:floor``), which tenure cannot tell from
+    a current one, so grants made since are forgotten unnoticed.
 ``eviction``
     ``noeviction``: OK. Any ``volatile-*`` or ``allkeys-*`` policy: UNSAFE, since every
     lock key has a TTL and so can be evicted while held (``tenure verify eviction``
@@ -344,8 +343,8 @@ def check_persistence(facts: NodeFacts) -> Finding:
             "persistence",
             Level.UNSAFE,
             f"appendonly no with RDB snapshots (save {save}): a crash restarts from the last "
-            "snapshot, missing the grants made since but with older fencing counters, which "
-            "tenure cannot tell from a healthy node, so a second client can win a majority"
+            "snapshot, missing the grants made since but with an older floor, which tenure "
+            "cannot tell from a healthy node, so a second client can win a majority"
             '. Use appendonly yes + appendfsync always, or no persistence (save "") so '
             "that a restart comes back empty and is detected",
         )
