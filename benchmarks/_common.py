@@ -19,7 +19,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import tenure
-from tenure.local import LocalNode
+from tenure.testing import LocalNode
 
 __all__ = [
     "AsyncCycle",

@@ -21,7 +21,7 @@ different processes compare. From those:
   critical sections in which the votes split (some nodes granted, no majority, and no
   majority held by another either: the attempt backs off for a random time).
 
-Systems, in one run on the same ``redis-server`` nodes (``tenure.local.LocalCluster``, no
+Systems, in one run on the same ``redis-server`` nodes (``tenure.testing.LocalCluster``, no
 persistence): tenure ``Client`` with notified waiting (1 and 5 nodes), tenure fair mode
 (1 node), tenure ``AsyncClient`` fair (1 node); peers on 1 node: redis-py's
 ``redis.lock.Lock`` (``blocking=True``, its default 0.1 s sleep between tries) and
@@ -57,7 +57,7 @@ import redis
 import tenure
 from _common import fmt, initialise, no_retry, server_version, table, write_results
 from tenure._core.commands import pack
-from tenure.local import LocalCluster
+from tenure.testing import LocalCluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "contention.md"
 TTL_S = 10

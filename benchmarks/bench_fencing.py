@@ -97,7 +97,7 @@ from tenure._sync.links import LinkSet
 from tenure.fencing import AsyncFencedStore, FencedStore, FencingGate, FencingProxy, TokenBook
 from tenure.fencing.http import Receive, Scope, Send
 from tenure.fencing.sql import FencedMixin, fence, fenced_execute
-from tenure.local import DIE_WITH_PARENT, LocalCluster, LocalNode, Persistence
+from tenure.testing import DIE_WITH_PARENT, LocalCluster, LocalNode, Persistence
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_fencing.md"
 TTL_S = 10

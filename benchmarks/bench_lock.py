@@ -4,7 +4,7 @@ What is measured
 ----------------
 One client takes a lock nobody else wants and gives it back, over and over; each cycle
 is timed with ``time.perf_counter_ns``. The systems, all in one run, on the same local
-``redis-server`` nodes (started here with ``tenure.local.LocalCluster``, 5 independent
+``redis-server`` nodes (started here with ``tenure.testing.LocalCluster``, 5 independent
 masters, no persistence):
 
 * **floor**: the two commands tenure itself sends (``SET key token NX PX`` and
@@ -75,7 +75,7 @@ from _common import (
     write_results,
 )
 from _common import table as _table
-from tenure.local import LocalCluster, LocalNode, Persistence
+from tenure.testing import LocalCluster, LocalNode, Persistence
 
 TTL_S = 10
 TTL_MS = TTL_S * 1000

@@ -26,7 +26,7 @@ import redis
 
 import tenure
 from _common import server_version, table, write_results
-from tenure.local import LocalCluster, find_server_binary
+from tenure.testing import LocalCluster, find_server_binary
 
 # Seconds: longer than locking the names takes (so whatever the names left is still there
 # right after), short enough that the run then sees it all expire.

@@ -3,7 +3,7 @@
 What is measured
 ----------------
 The same work, done several ways, side by side in one run on the same local
-``redis-server`` nodes (``tenure.local.LocalCluster``: 5 lock nodes, and a separate data
+``redis-server`` nodes (``tenure.testing.LocalCluster``: 5 lock nodes, and a separate data
 node that holds the stock). The stock starts at a large number; 8 processes (forkserver)
 wait on a barrier, then each performs ``--ops`` decrements:
 
@@ -76,7 +76,6 @@ from _common import fmt, initialise, no_retry, server_version, write_results
 from _common import table as _table
 from tenure._core.acquire import Acquisition
 from tenure._core.quorum import Round
-from tenure.local import LocalCluster, Persistence
 from tenure.patterns import (
     ConflictError,
     OptimisticStats,
@@ -86,6 +85,7 @@ from tenure.patterns import (
     StreamWorker,
     optimistic,
 )
+from tenure.testing import LocalCluster, Persistence
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_patterns.md"
 PROCESSES = 8

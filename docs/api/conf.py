@@ -68,5 +68,17 @@ def _resolve_by_suffix(app: Any, env: Any, node: Any, contnode: Any) -> Any:
     )
 
 
+def _dataclass_factories(
+    app: Any, what: str, name: str, obj: Any, options: Any, signature: Any, annotation: Any
+) -> Any:
+    """Show a dataclass field's ``default_factory`` default as ``...``: Python renders it
+    ``<factory>``, which is not Python, so Sphinx cannot parse the signature and splits
+    it at every comma, inside ``list[tuple[str, str]]`` too (a warning, so an error)."""
+    if signature and "<factory>" in signature:
+        return signature.replace("<factory>", "..."), annotation
+    return None
+
+
 def setup(app: Any) -> None:
     app.connect("missing-reference", _resolve_by_suffix)
+    app.connect("autodoc-process-signature", _dataclass_factories)

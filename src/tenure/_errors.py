@@ -33,7 +33,7 @@ no ``TenureError`` subclass anywhere in the package is missing from it)::
     ├── ClaimLost (RuntimeError)             our claim on an idempotency key ran out, taken over
     ├── NotClaimed (RuntimeError)            record/apply by an attempt that holds no claim
     │
-    │   tenure.local (local test servers)
+    │   tenure.testing (local test servers)
     ├── LocalNodeError (RuntimeError)        a local redis-server failed to start, pause or stop
     │
     │   tenure.verify (the verifier)

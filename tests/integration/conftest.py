@@ -21,7 +21,7 @@ import pytest
 import redis
 
 import tenure
-from tenure.local import LocalCluster, LocalNode
+from tenure.testing import LocalCluster, LocalNode
 
 T = TypeVar("T")
 

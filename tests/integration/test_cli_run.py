@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import tenure
-from tenure.local import LocalCluster
-from tenure.run import EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE
+from tenure.cli.run import EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE
+from tenure.testing import LocalCluster
 
 from .garbage import GarbageServer
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tenure._core.config import LockKeys
-from tenure.local import LocalCluster
+from tenure.testing import LocalCluster
 
 from .conftest import Api
 

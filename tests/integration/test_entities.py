@@ -13,7 +13,7 @@ import pytest
 
 from tenure._core.config import NODE_FLOOR, NODE_WARM
 from tenure._driver import clock as _clock
-from tenure.local import LocalCluster
+from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
 from .conftest import Api

@@ -1,4 +1,9 @@
-"""Faulty nodes: paused (SIGSTOP), killed (SIGKILL), restarted; R1 liveness B, R4, R7."""
+"""Faulty nodes: paused (SIGSTOP), killed (SIGKILL), restarted.
+
+A minority down leaves the lock working; a majority down is a quick, clear error; a
+frozen node's late grant is released; a node that lost its data is kept out for
+``max_ttl``; reconnecting many times leaves a node reachable.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import pytest
 
 import tenure
 from tenure._core.config import NODE_FLOOR
-from tenure.local import LocalCluster
+from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
 from .conftest import Api, holders

@@ -22,7 +22,7 @@ import tenure
 from tenure._core.config import NODE_FLOOR
 from tenure.fencing import FencedStore, FencingGate
 from tenure.fencing.sql import fenced_execute
-from tenure.local import LocalCluster
+from tenure.testing import LocalCluster
 
 from .pg import EmbeddedPostgres
 

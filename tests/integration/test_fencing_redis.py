@@ -37,7 +37,7 @@ from tenure.fencing import (
     fenced_keys,
     fenced_write_args,
 )
-from tenure.local import LocalCluster
+from tenure.testing import LocalCluster
 
 PROCESSES = 4
 WRITES = 800  # tokens 1..WRITES, shuffled and dealt to the writers

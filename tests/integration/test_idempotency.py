@@ -54,7 +54,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from tenure import ConfigurationError
-from tenure.local import LocalCluster
 from tenure.patterns import (
     ClaimLost,
     Codec,
@@ -67,6 +66,7 @@ from tenure.patterns import (
     idempotency_table,
     idempotent,
 )
+from tenure.testing import LocalCluster
 
 from .pg import EmbeddedPostgres
 

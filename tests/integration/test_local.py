@@ -1,4 +1,4 @@
-"""tenure.local against real redis-server processes: start, faults, persistence, cleanup."""
+"""tenure.testing.local against real redis-server processes: start, faults, persistence, cleanup."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from tenure._errors import ConfigurationError
-from tenure.local import (
+from tenure.testing import (
     LocalCluster,
     LocalNode,
     LocalNodeError,
@@ -173,7 +173,7 @@ def test_servers_die_with_a_killed_parent(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import sys, time
-        from tenure.local import LocalCluster
+        from tenure.testing import LocalCluster
         cluster = LocalCluster(2, base_dir=sys.argv[1])  # no one will be left to clean up
         cluster.start()
         print(*(node.pid for node in cluster), flush=True)

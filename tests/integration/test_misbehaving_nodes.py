@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 import tenure
-from tenure.local import LocalCluster, LocalNode
+from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import Api
 from .garbage import GarbageServer

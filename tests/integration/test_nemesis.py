@@ -1,7 +1,7 @@
 """The verifier's fault injectors against real redis-server processes, each with its proof.
 
 Proxy faults (delay, blackhole, reset, lost replies), wall-clock jumps with libfaketime,
-process-state evidence from /proc, and the tenure.local additions they rely on.
+process-state evidence from /proc, and the tenure.testing additions they rely on.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tenure._errors import ConfigurationError
-from tenure.local import LocalCluster, LocalNode, find_server_binary
+from tenure.testing import LocalCluster, LocalNode, find_server_binary
 from tenure.verify.clock import NodeClock, faketime_library, server_time
 from tenure.verify.proof import (
     FaultNotObserved,

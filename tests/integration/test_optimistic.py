@@ -43,7 +43,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from tenure import ConfigurationError, wait_random
-from tenure.local import LocalCluster
 from tenure.patterns import (
     ConflictError,
     OptimisticStats,
@@ -56,6 +55,7 @@ from tenure.patterns import (
     retry_optimistic,
     versioned_update,
 )
+from tenure.testing import LocalCluster
 
 from .pg import EmbeddedPostgres
 

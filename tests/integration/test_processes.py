@@ -1,4 +1,4 @@
-"""Competing processes: mutual exclusion (R1 safety) and a crashed holder (R1 liveness A).
+"""Competing processes: mutual exclusion, and a crashed holder that blocks no one for long.
 
 Workers are separate processes on one machine, so ``time.monotonic_ns()`` readings are
 comparable across them: each critical section is recorded as [enter, exit] and the
@@ -20,7 +20,7 @@ import pytest
 import redis
 
 import tenure
-from tenure.local import LocalCluster
+from tenure.testing import LocalCluster
 
 from .conftest import Api
 

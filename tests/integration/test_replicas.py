@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import tenure
-from tenure.local import LocalNode
+from tenure.testing import LocalNode
 from tenure.verify.proxy import Proxy
 
 from .conftest import Api

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import tenure
 from tenure._core import commands
 from tenure._core.config import LockKeys
-from tenure.local import LocalCluster, LocalNode
+from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import Api, raw
 

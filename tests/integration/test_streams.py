@@ -33,7 +33,6 @@ import pytest
 import redis
 
 import tenure
-from tenure.local import LocalCluster
 from tenure.patterns.streams import (
     KEY_FIELD,
     Handler,
@@ -43,6 +42,7 @@ from tenure.patterns.streams import (
     fair_share,
     partition_stream,
 )
+from tenure.testing import LocalCluster
 
 TTL = 1.0  # partition leases: a dead worker's partitions move after about this long
 GROUP = "appliers"

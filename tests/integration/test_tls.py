@@ -19,7 +19,7 @@ import pytest
 
 import tenure
 from tenure._core.config import LockKeys
-from tenure.local import LocalCluster
+from tenure.testing import LocalCluster
 
 from .conftest import Api, holders
 from .tls_proxy import CertificateAuthority, TLSProxy

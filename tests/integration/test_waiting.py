@@ -1,4 +1,4 @@
-"""Waiting without polling (issue 5): notified waiting, fair hand-off, lost notifications.
+"""Waiting without polling: notified waiting, fair hand-off, lost notifications.
 
 Every test here runs real redis-server nodes. Timing bounds are generous functional
 bounds (a waiter is woken *well before* its fallback re-check could have fired), never
@@ -23,7 +23,7 @@ import redis
 import tenure
 from tenure._core.config import LockKeys
 from tenure._lua import script
-from tenure.local import LocalCluster
+from tenure.testing import LocalCluster
 
 from .conftest import Api
 from .test_processes import max_overlap
@@ -549,10 +549,10 @@ def test_killed_notification_connections_asyncio(
 
 
 def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> None:
-    """The model's mirror of the waiting scripts (tests/unit/fake_node.py) against the
+    """The model's mirror of the waiting scripts (tenure.testing.fake) against the
     real scripts, step by step: same replies, same keys, same notifications; for fair
     on one node ("f"), notified ("n") and fair on a quorum ("q", one node's view)."""
-    from tests.unit.fake_node import Bus, FakeNode, _zset, acquire_wait_lua, release_wait_lua
+    from tenure.testing.fake import Bus, FakeNode, _zset, acquire_wait_lua, release_wait_lua
 
     keys = LockKeys.of(key)
     acquire, release = script("acquire").wire.decode(), script("release").wire.decode()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import tenure
-from tenure.local import LocalCluster
+from tenure.testing import LocalCluster
 
 from .conftest import Api, holders
 

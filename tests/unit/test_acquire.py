@@ -508,7 +508,7 @@ def test_granted_on_the_last_proposal_of_several_attempts() -> None:
 
 def test_failed_round_raises_the_floor_above_every_counter_heard() -> None:
     acq = make(5)
-    # A partial grant commits our proposal on node 0; nodes 1 and 2 hold older counters.
+    # A partial grant commits our proposal on node 0; nodes 1 and 2 hold older floors.
     _, step = attempt(
         acq, "ynn..", started=0.0, now=0.01, wall=WALL, counters=[None, WALL + 9, WALL - 9]
     )

@@ -31,7 +31,8 @@ DOCUMENTED = [
     "tenure.patterns.idempotency",
     "tenure.patterns.optimistic",
     "tenure.patterns.streams",
-    "tenure.local",
+    "tenure.testing",
+    "tenure.testing.fake",
 ]
 
 

@@ -1,6 +1,6 @@
 """A model of fair mode on one node: arrivals, releases, re-checks, deaths, give-ups, time.
 
-The fake node runs the waiting paths of the scripts (``fake_node.acquire_wait_lua``,
+The fake node runs the waiting paths of the scripts (``tenure.testing.fake.acquire_wait_lua``,
 ``release_wait_lua``, ``handoff_lua``, line by line after ``acquire.lua``,
 ``release.lua`` and ``handoff.lua.inc``). The model keeps its own account of who asked
 when, who is alive and whose place has expired, and checks after every step:
@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tenure._core.config import LockKeys
-
-from .fake_node import Bus, FakeNode, acquire_wait_lua, release_wait_lua, seed_lua
+from tenure.testing.fake import Bus, FakeNode, acquire_wait_lua, release_wait_lua, seed_lua
 
 KEYS = LockKeys.of("fair")
 TTL_MS = 1000

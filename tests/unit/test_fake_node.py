@@ -17,8 +17,7 @@ from tenure._core import commands
 from tenure._core.acquire import Seed
 from tenure._core.config import NODE_FLOOR, NODE_WARM, ClientConfig, LockKeys, LockSpec
 from tenure._lua import script
-
-from .fake_node import (
+from tenure.testing.fake import (
     RETENTION_MS,
     Bus,
     FakeNode,

@@ -116,8 +116,8 @@ from tenure._core.config import NODE_FLOOR, ClientConfig, LockKeys, LockSpec
 from tenure._core.lease import begin_extend, conclude_extend, conclude_release
 from tenure._core.policy import wait_random
 from tenure._core.quorum import Failure, Round
+from tenure.testing.fake import FakeNode, acquire_lua, extend_lua, release_lua, seed_lua
 
-from .fake_node import FakeNode, acquire_lua, extend_lua, release_lua, seed_lua
 from .stateful import find_settings, model_settings, run_state_machine_as_test
 
 K = 3  # clients

@@ -70,8 +70,7 @@ from tenure._core.config import ClientConfig, LockSpec
 from tenure._core.policy import wait_random
 from tenure._core.quorum import Round
 from tenure._core.waiting import Wake, handoff_token, parse_wake, place_ms
-
-from .fake_node import (
+from tenure.testing.fake import (
     Bus,
     FakeNode,
     _zset,
@@ -80,6 +79,7 @@ from .fake_node import (
     release_wait_lua,
     seed_lua,
 )
+
 from .stateful import find_settings, model_settings, run_state_machine_as_test
 
 N = 3  # nodes

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from tenure import cli, run
-from tenure.run import EXIT_TENURE_ERROR, RunOptions
+from tenure import cli
+from tenure.cli import run
+from tenure.cli.run import EXIT_TENURE_ERROR, RunOptions
 
 
 class _Failing:

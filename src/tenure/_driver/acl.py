@@ -60,9 +60,13 @@ PROBE_QUEUE = "tenure:{check}:probe:q"
 PROBE_CHANNEL = CHANNEL_PREFIX + "check-probe"
 PROBE_TTL_MS = "2000"
 
-# Scripts in tenure._lua that never run on a lock node: the fenced Redis store and the
-# idempotency keys run on whatever Redis the application gives them.
-NOT_ON_LOCK_NODES = frozenset({"fenced_write", "idem_claim", "idem_record", "idem_release"})
+# Scripts in tenure._lua that are not the lock's: the fenced Redis store, the idempotency
+# keys and the streams run on whatever Redis the application gives them, and check_probe
+# is how `tenure check` tries the lock's commands (any of them), not one the lock sends.
+NOT_ON_LOCK_NODES = frozenset(
+    {"fenced_write", "idem_claim", "idem_record", "idem_release", "check_probe"}
+    | {"stream_take", "stream_read", "stream_ack", "stream_heartbeat"}
+)
 
 _CALL = re.compile(rb"""redis\.p?call\(\s*(["'])([A-Za-z]+)\1""")
 _ANY_CALL = re.compile(rb"redis\.p?call\(")

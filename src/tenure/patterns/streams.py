@@ -94,6 +94,7 @@ import redis
 
 from .._driver.clock import monotonic
 from .._errors import ConfigurationError, LeaseLost, LockTimeout, NotHeld, StaleToken, TenureError
+from .._lua import script
 from .._sync.client import Client, Lease
 
 __all__ = [
@@ -729,77 +730,9 @@ def _call(client: redis.Redis, source: str, keys: Sequence[str], args: Sequence[
     return client.eval(source, len(keys), *keys, *args)
 
 
-# Take a partition's stream: record the new owner's token unless a newer one is there,
-# and create the consumer group (at "0": entries appended before any worker existed
-# count too). KEYS: stream, owner key. ARGV: token, group. Returns 1 (taken) or 0.
-_TAKE = """
-local stored = redis.call("GET", KEYS[2])
-if stored and tonumber(stored) > tonumber(ARGV[1]) then
-    return 0
-end
-local made = redis.pcall("XGROUP", "CREATE", KEYS[1], ARGV[2], "0", "MKSTREAM")
-if type(made) == "table" and made.err and not string.find(made.err, "BUSYGROUP", 1, true) then
-    return made
-end
-redis.call("SET", KEYS[2], ARGV[1])
-return 1
-"""
-
-# One batch for the owner whose token is ARGV[1], or {"stale"}.
-# KEYS: stream, owner key. ARGV: token, group, consumer, count, cursor ("" = new entries).
-# Returns {kind, next cursor, entries, skipped}: kind "claim" (XAUTOCLAIM from the
-# cursor, idle time 0) or "new" (XREADGROUP >).
-_READ = """
-if redis.call("GET", KEYS[2]) ~= ARGV[1] then
-    return {"stale"}
-end
-if ARGV[5] == "" then
-    local reply = redis.call("XREADGROUP", "GROUP", ARGV[2], ARGV[3], "COUNT", ARGV[4],
-                             "STREAMS", KEYS[1], ">")
-    if not reply then
-        return {"new", "", {}, 0}
-    end
-    return {"new", "", reply[1][2], 0}
-end
-local reply = redis.call("XAUTOCLAIM", KEYS[1], ARGV[2], ARGV[3], 0, ARGV[5],
-                         "COUNT", ARGV[4])
-local live, skipped, pending = {}, 0, nil
-for i, entry in ipairs(reply[2]) do
-    if entry then
-        live[#live + 1] = entry
-    else
-        -- Before Redis 7 an entry deleted from the stream while pending comes back as
-        -- nil, without its id, and stays pending for ever. XPENDING over the range just
-        -- scanned lists the same ids in the same order: acknowledge the i-th.
-        pending = pending or redis.call("XPENDING", KEYS[1], ARGV[2], ARGV[5], "+", #reply[2])
-        redis.call("XACK", KEYS[1], ARGV[2], pending[i][1])
-        skipped = skipped + 1
-    end
-end
-return {"claim", reply[1], live, skipped}
-"""
-
-# Acknowledge ids for the owner whose token is ARGV[1]. KEYS: stream, owner key.
-# ARGV: token, group, ids... Returns the number acknowledged, or -1 (not the owner).
-_ACK = """
-if redis.call("GET", KEYS[2]) ~= ARGV[1] then
-    return -1
-end
-return redis.call("XACK", KEYS[1], ARGV[2], unpack(ARGV, 3))
-"""
-
-# Heartbeat: drop expired workers, then add (ARGV[2] > 0) or remove (0) ARGV[1].
-# Expiry is on the server's clock, so the workers' clocks need not agree.
-# KEYS: registry. ARGV: name, ttl ms. Returns the live names.
-_HEARTBEAT = """
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", now)
-local ttl = tonumber(ARGV[2])
-if ttl > 0 then
-    redis.call("ZADD", KEYS[1], now + ttl, ARGV[1])
-else
-    redis.call("ZREM", KEYS[1], ARGV[1])
-end
-return redis.call("ZRANGE", KEYS[1], 0, -1)
-"""
+# The scripts (src/tenure/_lua/stream_*.lua: their headers give KEYS, ARGV and replies),
+# sent without their comments.
+_TAKE = script("stream_take").wire.decode()
+_READ = script("stream_read").wire.decode()
+_ACK = script("stream_ack").wire.decode()
+_HEARTBEAT = script("stream_heartbeat").wire.decode()

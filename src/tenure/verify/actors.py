@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from ..local import DIE_WITH_PARENT
+from ..testing.local import DIE_WITH_PARENT
 from .history import Grant, HistoryWriter, Refused, Release, Request, Write
 from .locks import Held, LockRecipe, make_lock
 from .register import Register

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import redis
 
-from ..local import Persistence
+from ..testing.local import Persistence
 from .actors import Actor
 from .locks import LockRecipe
 from .proxy import Proxy

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import redis
 
-from ..local import LocalNode, Persistence
+from ..testing.local import LocalNode, Persistence
 from .actors import Actor, ActorSpec
 from .clock import NodeClock, server_time
 from .history import Crash, Fault, Final, HistoryWriter, Note

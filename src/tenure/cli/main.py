@@ -15,8 +15,8 @@ parameter, no redis-server, a node that would not start), 130 interrupted by Ctr
 node, an internal failure; never 2 or 1, which its command could return), 79 (lease lost
 while the command ran), 126/127 (cannot execute / not found) and 128+N (got signal N);
 ``tenure status`` exits 69 when fewer than a majority of nodes answered. See
-``tenure.run`` for the details. ``tenure check`` exits 0 (all OK), 1 (warnings only),
-3 (something UNSAFE) or 69 (a majority unreachable); see ``tenure.check``.
+``tenure.cli.run`` for the details. ``tenure check`` exits 0 (all OK), 1 (warnings only),
+3 (something UNSAFE) or 69 (a majority unreachable); see ``tenure.cli.node_check``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from . import __version__
-from ._errors import TenureError
-from .check import CHECK_EXIT_CODES, check
-from .run import EXIT_TENURE_ERROR, RUN_EXIT_CODES, RunOptions, nodes_from, run, status
+from .. import __version__
+from .._errors import TenureError
+from ._text import one_line
+from .node_check import CHECK_EXIT_CODES, check
+from .run import EXIT_TENURE_ERROR, RUN_EXIT_CODES, RunOptions, nodes_from, run
+from .status import status
 
 __all__ = ["main"]
 
@@ -51,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cut = words.index("--")
         words, tail = words[:cut], words[cut + 1 :]
     # `tenure run` reports every error of its own with one code that its command would not
-    # return for itself (see tenure.run); the other subcommands keep argparse's 2.
+    # return for itself (see tenure.cli.run); the other subcommands keep argparse's 2.
     error_exit = EXIT_TENURE_ERROR if words[:1] == ["run"] else EXIT_USAGE
     _log_warnings(parser.prog)
     try:
@@ -73,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except TenureError as exc:
         # Expected failures (bad parameter, missing server): one line, no traceback.
-        print(f"{parser.prog}: error: {_first_line(exc)}", file=sys.stderr)
+        print(f"{parser.prog}: error: {one_line(exc)}", file=sys.stderr)
         return error_exit
     except KeyboardInterrupt:
         # The command has cleaned up on its way out (its finally blocks ran).
@@ -136,9 +138,9 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    # Imported here: the demo pulls in multiprocessing and tenure.local, which other
+    # Imported here: the demo pulls in multiprocessing and tenure.testing, which other
     # subcommands do not need.
-    from .demo import run_demo
+    from ..demo import run_demo
 
     # --quick only changes the defaults: an explicit --workers or --duration wins.
     quick: bool = args.quick
@@ -319,7 +321,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _add_verify(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .verify.scenarios import SCENARIOS
+    from ..verify.scenarios import SCENARIOS
 
     catalogue = "\n".join(f"  {s.number} {s.key:<9} {s.title}" for s in SCENARIOS)
     p = subparsers.add_parser(
@@ -363,8 +365,8 @@ VERIFY_EXIT_CODES = (
 def _cmd_verify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .verify.runner import format_proofs, format_table, run_scenarios
-    from .verify.scenarios import SCENARIOS
+    from ..verify.runner import format_proofs, format_table, run_scenarios
+    from ..verify.scenarios import SCENARIOS
 
     known = {s.key for s in SCENARIOS} | {str(s.number) for s in SCENARIOS}
     unknown = [s for s in args.scenarios if s not in known]
@@ -378,7 +380,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     report = Path(args.report) if args.report else None
 
     def progress(result: object) -> None:
-        from .verify.runner import RunResult
+        from ..verify.runner import RunResult
 
         assert isinstance(result, RunResult)
         mark = "ok  " if result.passed else "FAIL"
@@ -445,12 +447,3 @@ def _exit_code(exc: SystemExit) -> int:
     if exc.code is None:
         return 0
     return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,15 @@
-"""A fake Redis node for the model tests: tenure's keys, their expiry, and the scripts.
+"""A fake Redis node in pure Python that runs tenure's server scripts, for model tests.
 
-Only what tenure's scripts touch is imitated, on an integer-millisecond clock passed in
-by the caller (the model's fake time), with Redis's own rules:
+:class:`FakeNode` holds the keys tenure's scripts touch, with their expiry, on an
+integer-millisecond clock that the caller passes in (a model's fake time, so a test
+decides every instant). Each ``*_lua`` function mirrors one script of ``tenure/_lua``
+line by line (``commit_lua`` and ``handoff_lua`` the fragments of ``handoff.lua.inc``),
+so a reader can check one against the other, and :func:`eval_packed` runs a command
+exactly as the client packs it. Use it to drive the real pure core
+(``tenure._core``) against many nodes, faults and clock jumps in one process, with no
+server and no sleeping.
+
+It follows Redis's own rules for what the scripts use:
 
 * a key set with ``PX ttl`` at ``t`` expires when ``now > t + ttl`` (``keyIsExpired``:
   ``now > when``), so it still exists at ``t + ttl`` itself;
@@ -11,14 +19,19 @@ by the caller (the model's fake time), with Redis's own rules:
   it, and a sorted set emptied by ``ZREM`` is gone;
 * a script runs atomically, at one instant.
 
-The node holds every lock's keys (``tenure:{name}:lock``, the wait queue) and
-its own two (``tenure:node:floor``, ``tenure:node:warm``): one ``FakeNode`` is one Redis
-server, shared by every lock name. Each ``*_lua`` function below follows its script in
-``src/tenure/_lua`` line by line (``commit_lua`` and ``handoff_lua`` the fragments of
-``handoff.lua.inc``), so a reader can check one against the other;
-``tests/unit/test_fake_node.py`` pins every return branch. A node that restarts without
-its data is ``wipe()``; ``FLUSHALL`` is ``flush()`` (the same keys are gone; what
-differs, the connections, is the model's business).
+One ``FakeNode`` is one Redis server, shared by every lock name: it holds every lock's
+keys (``tenure:{name}:lock``, the wait queue) and the node's own two
+(``tenure:node:floor``, ``tenure:node:warm``). A node that restarts without its data is
+:meth:`FakeNode.wipe`; ``FLUSHALL`` is :meth:`FakeNode.flush` (the same keys are gone;
+what differs, the connections, is the model's business).
+
+Limits: only tenure's keys and scripts are imitated, nothing else of Redis (no other
+commands, no connections, no replication, no persistence modes, no memory limits);
+pub/sub is the :class:`Bus`, which delivers to whoever listens at the instant of
+publishing. It is checked against the real scripts by tenure's own tests (every return
+branch, and the waiting paths step by step against a real ``redis-server``), but it
+describes the scripts of the tenure version it ships with only: it is a test double,
+versioned with the package, not a Redis.
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ __all__ = [
     "RETENTION_MS",
     "Bus",
     "FakeNode",
+    "LockKeys",
     "acquire_lua",
     "acquire_wait_lua",
     "commit_lua",
@@ -42,7 +56,8 @@ __all__ = [
     "seed_lua",
 ]
 
-RETENTION_MS = 3_600_000  # the client's default retention (ClientConfig.retention_ms)
+#: The client's default retention (``ClientConfig.retention_ms``), in milliseconds.
+RETENTION_MS = 3_600_000
 
 
 @dataclass
@@ -277,6 +292,8 @@ def extend_lua(
 
 @dataclass
 class Bus:
+    """Pub/sub across a model's nodes: who listens now, and what was published to them."""
+
     listening: set[str] = field(default_factory=set)
     published: list[tuple[str, str]] = field(default_factory=list)
 

@@ -1,5 +1,4 @@
-"""``tenure run``: run a command while holding a distributed lock (a distributed flock(1)),
-and ``tenure status``: what every node says about a lock.
+"""``tenure run``: run a command while holding a distributed lock (a distributed flock(1)).
 
 ``tenure run NAME [options] -- COMMAND [ARG ...]``
 
@@ -108,24 +107,19 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TextIO
 
-import redis
-
-from ._core.config import LockKeys, parse_node_url
-from ._core.quorum import Failure, majority
-from ._driver.redis_compat import connection_kwargs, diagnose
-from ._errors import (
+from .._errors import (
     ConfigurationError,
     LeaseLost,
     LockTimeout,
     QuorumUnreachable,
     TenureError,
 )
-from ._sync.client import Client, Lease
+from .._sync.client import Client, Lease
+from ._text import one_line
 
 __all__ = [
     "ENV_NODES",
@@ -140,7 +134,6 @@ __all__ = [
     "RunOptions",
     "nodes_from",
     "run",
-    "status",
 ]
 
 EXIT_USAGE = 2
@@ -349,11 +342,6 @@ def _say(err: TextIO, message: str) -> None:
     print(f"{_PROG}: {message}", file=err, flush=True)
 
 
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
 def run(options: RunOptions, *, err: TextIO | None = None) -> int:
     """Run ``options.command`` under lock ``options.name``; return the exit code.
 
@@ -381,10 +369,10 @@ def run(options: RunOptions, *, err: TextIO | None = None) -> int:
                     max_hold=options.max_hold,  # validated here, before acquiring
                 )
             except LockTimeout as exc:
-                _say(out, f"not acquired: {_one_line(exc)}")
+                _say(out, f"not acquired: {one_line(exc)}")
                 return EXIT_NOT_ACQUIRED
             except QuorumUnreachable as exc:
-                _say(out, f"nodes unreachable: {_one_line(exc)}")
+                _say(out, f"nodes unreachable: {one_line(exc)}")
                 return EXIT_UNAVAILABLE
             signals.raising = False
             return _hold_and_run(lease, options, signals, out)
@@ -394,13 +382,13 @@ def run(options: RunOptions, *, err: TextIO | None = None) -> int:
         # lease is not kept alive and expires by its TTL.)
         return 128 + exc.signum
     except TenureError as exc:
-        _say(out, f"error: {_one_line(exc)}")
+        _say(out, f"error: {one_line(exc)}")
         return EXIT_TENURE_ERROR
     except Exception as exc:
         # A bug, or something no one foresaw: still one line and tenure's own code, not
         # a traceback and 1, which the caller would take for the command's failure.
         # (_hold_and_run killed the command on its way out, had it started.)
-        _say(out, f"internal error: {type(exc).__name__}: {_one_line(exc)}")
+        _say(out, f"internal error: {type(exc).__name__}: {one_line(exc)}")
         return EXIT_TENURE_ERROR
 
 
@@ -415,7 +403,7 @@ def _hold_and_run(lease: Lease, options: RunOptions, signals: _Signals, err: Tex
         try:
             lease.check()
         except LeaseLost as exc:
-            _say(err, f"lease lost before the command started: {_one_line(exc)}")
+            _say(err, f"lease lost before the command started: {one_line(exc)}")
             return EXIT_LOST
         env = dict(os.environ)
         env[ENV_TOKEN] = str(lease.fencing_token)
@@ -472,7 +460,7 @@ def _supervise(
             stopping = True
             _say(
                 err,
-                f"{_one_line(lease.lost_error or LeaseLost(lease.name, 'lost'))}; "
+                f"{one_line(lease.lost_error or LeaseLost(lease.name, 'lost'))}; "
                 f"terminating the command (SIGTERM, SIGKILL after {grace:g}s)",
             )
             child.signal_group(signal.SIGTERM)
@@ -510,7 +498,7 @@ def _outcome(
     if not child.in_time:
         if not lost_reported:
             why = lease.lost_error or release_error
-            reason = _one_line(why) if why is not None else "its validity ran out"
+            reason = one_line(why) if why is not None else "its validity ran out"
             _say(
                 err,
                 f"lease lost: {reason}; the command ended after that (status {child.status}) "
@@ -520,99 +508,9 @@ def _outcome(
     if release_error is not None:
         _say(
             err,
-            f"warning: {_one_line(release_error)}; the command had ended within the "
+            f"warning: {one_line(release_error)}; the command had ended within the "
             "lease's validity, so its status is returned",
         )
     if signals.first is not None:
         return 128 + signals.first
     return child.status
-
-
-# --- tenure status --------------------------------------------------------------------
-
-
-def status(
-    name: str,
-    nodes: Sequence[str],
-    *,
-    node_timeout: float = 0.5,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-) -> int:
-    """Print one line per node about lock ``name``; 0 if a majority answered, else 69.
-
-    Each line: the node, then ``held token=<first 8 chars of the holder's token>`` or
-    ``free token=-``, ``pttl=<ms>`` of the lock key, ``floor=<token>`` (the node's floor,
-    the highest fencing token it granted for any lock: the next token it grants is above
-    it; ``-``: the node is blank, never used or it lost its data), ``warm=<ms>`` (the
-    warm-up left after a data loss, or ``-``); or ``unreachable: <error>``.
-
-    Raises:
-        ConfigurationError: an empty name, or a malformed URL.
-    """
-    stdout = sys.stdout if out is None else out
-    stderr = sys.stderr if err is None else err
-    if not name:
-        raise ConfigurationError("name", "must be a non-empty string")
-    if not nodes:
-        raise ConfigurationError("--redis", "no Redis nodes given")
-    addresses = [parse_node_url(url, f"--redis[{i}]") for i, url in enumerate(nodes)]
-    keys = LockKeys.of(name)
-    with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
-        lines = list(
-            pool.map(
-                lambda a: _node_status(a.url, a.scheme == "unix", keys, node_timeout), addresses
-            )
-        )
-    width = max(len(a.display) for a in addresses)
-    answered = 0
-    for address, (ok, text) in zip(addresses, lines, strict=True):
-        answered += ok
-        print(f"{address.display:<{width}}  {text}", file=stdout)
-    stdout.flush()
-    needed = majority(len(addresses))
-    if answered < needed:
-        print(
-            f"tenure status: only {answered} of {len(addresses)} nodes answered; "
-            f"a majority is {needed}",
-            file=stderr,
-            flush=True,
-        )
-        return EXIT_UNAVAILABLE
-    return 0
-
-
-def _node_status(url: str, unix: bool, keys: LockKeys, timeout: float) -> tuple[bool, str]:
-    options = connection_kwargs(timeout, asyncio=False, unix=unix)
-    options["socket_timeout"] = timeout
-    client = redis.Redis.from_url(url, **options)
-    try:
-        with client.pipeline(transaction=True) as pipe:  # one consistent snapshot
-            pipe.get(keys.lock)
-            pipe.pttl(keys.lock)
-            pipe.get(keys.floor)
-            pipe.pttl(keys.warm)
-            holder, pttl, floor, warm = pipe.execute()
-    except Exception as exc:  # anything the node did: that line says so, the rest go on
-        why = diagnose(exc)
-        if why.failure is Failure.UNREACHABLE:
-            return False, f"unreachable: {_one_line(exc)}"
-        return False, f"{why.failure.value}: {why.detail}"
-    finally:
-        client.close()
-    floor_text = "-" if floor is None else _text(floor)
-    warm_text = f"{warm}ms" if isinstance(warm, int) and warm > 0 else "-"
-    if holder is None:
-        state, token, pttl_text = "free", "-", "-"
-    else:
-        state, token = "held", _text(holder)[:8]
-        pttl_text = f"{pttl}ms" if isinstance(pttl, int) and pttl >= 0 else "none"
-    return True, (
-        f"{state}  token={token:<8}  pttl={pttl_text:<7}  floor={floor_text}  warm={warm_text}"
-    )
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    return str(value)

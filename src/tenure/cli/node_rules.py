@@ -1,19 +1,9 @@
-"""``tenure check``: inspect the lock nodes and say what threatens the lock's safety.
+"""The rules of ``tenure check``, pure: what a node's facts say about the lock's safety.
 
-``tenure check [--redis URL ...] [--max-ttl SECONDS] [--acl-user NAME] [--json]``
-
-Every node is read in parallel with a plain redis-py client (the same connection options
-as ``tenure status``: no retries, RESP2, short timeouts). One pipelined round reads
-``INFO``, ``CONFIG GET`` of the settings below and ``ACL WHOAMI``; a second checks that
-the node lets tenure run its commands (``ACL DRYRUN`` on Redis >= 7, ``ACL GETUSER`` on
-6.2, where the user may use them; otherwise the real, harmless operations on the probe
-keys ``tenure:{check}:probe``, which expires after 2 s even if it cannot be deleted, and
-``tenure:{check}:probe:q``, emptied at once). Nothing else is written.
-
-The module has two halves. *Gathering* (:func:`gather`) turns a node into a
-:class:`NodeFacts` of plain strings and dicts. *Evaluation* (:func:`evaluate` and the
-``check_*`` functions) is pure: facts in, :class:`Finding` s out, so every rule below is
-unit-tested without a server.
+:func:`evaluate` and the ``check_*`` functions take :class:`NodeFacts` (what
+:mod:`tenure.cli.node_check` read from the nodes, as plain strings and dicts) and return
+:class:`Finding` s; nothing here talks to a server, so every rule is unit-tested without
+one.
 
 Levels
 ------
@@ -34,10 +24,9 @@ The checks
     crash of the *host* loses the last second (or ~30 s) of acknowledged writes. No AOF
     and no RDB (``save ""``): WARN, a restart comes back empty, which tenure detects (no
     floor: the node's record of the tokens it issued) and answers with a ``max_ttl``
-    warm-up (docs/fencing.md). No AOF
-    but RDB snapshots: UNSAFE, a crash restarts from an old snapshot whose older
-    counters tenure cannot tell from current ones, so grants made since are forgotten
-    unnoticed.
+    warm-up (docs/fencing.md). No AOF but RDB snapshots: UNSAFE, a crash restarts from an
+    old snapshot with an older floor (``tenure:node:floor``), which tenure cannot tell from
+    a current one, so grants made since are forgotten unnoticed.
 ``eviction``
     ``noeviction``: OK. Any ``volatile-*`` or ``allkeys-*`` policy: UNSAFE, since every
     lock key has a TTL and so can be evicted while held (``tenure verify eviction``
@@ -70,39 +59,20 @@ The checks
 Commands that are not permitted degrade one check to WARN ("cannot read persistence
 settings (CONFIG not permitted)") instead of failing the run; ``INFO memory`` stands in
 for ``CONFIG GET maxmemory-policy`` where it can.
-
-Exit codes
-----------
-== ======================================================================================
-0  every finding is OK
-1  warnings, nothing UNSAFE
-2  usage error (no nodes, a malformed URL or option)
-3  at least one UNSAFE finding
-69 fewer than a majority of the nodes answered (EX_UNAVAILABLE, as ``tenure status``)
-== ======================================================================================
 """
 
 from __future__ import annotations
 
 import enum
-import json
-import sys
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
-from urllib.parse import unquote, urlsplit
 
-import redis
-
-from ._core.config import NodeAddress, parse_node_url
-from ._core.quorum import majority
-from ._driver import acl as _acl
-from ._driver.redis_compat import connection_kwargs
-from ._errors import ConfigurationError
+from .._core.quorum import majority
+from .._driver import acl as _acl
 
 __all__ = [
-    "CHECK_EXIT_CODES",
+    "CONFIG_KEYS",
+    "DEFAULT_MAX_TTL",
     "EXIT_OK",
     "EXIT_UNAVAILABLE",
     "EXIT_UNSAFE",
@@ -110,7 +80,6 @@ __all__ = [
     "Finding",
     "Level",
     "NodeFacts",
-    "check",
     "check_access",
     "check_eviction",
     "check_independence",
@@ -120,7 +89,7 @@ __all__ = [
     "check_uptime",
     "evaluate",
     "exit_code",
-    "gather",
+    "parse_version",
 ]
 
 EXIT_OK = 0
@@ -128,27 +97,7 @@ EXIT_WARN = 1
 EXIT_UNSAFE = 3
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE (sysexits.h), as tenure status and tenure run
 
-# For --help (kept next to the codes so the two cannot drift apart).
-CHECK_EXIT_CODES = """\
-levels:
-  OK      nothing found that threatens safety
-  WARN    safe only under a stated assumption, or could not be checked
-  UNSAFE  mutual exclusion or fencing can break, or tenure cannot work on the node
-
-exit codes:
-  0   every finding is OK
-  1   warnings, nothing UNSAFE
-  2   usage error (no --redis/TENURE_REDIS, bad option or URL)
-  3   at least one UNSAFE finding
-  69  fewer than a majority of the nodes answered
-
-Where neither ACL DRYRUN (Redis >= 7) nor ACL GETUSER (6.2) may be used, the ACL check
-runs each command for real: it writes the probe keys tenure:{check}:probe (2 s TTL) and
-tenure:{check}:probe:q, deletes them at once, and publishes to tenure:wake:check-probe.
-Nothing else is written. See docs/deployment.md.
-"""
-
-_DEFAULT_MAX_TTL = 60.0
+DEFAULT_MAX_TTL = 60.0
 
 # What CONFIG GET reads (one pattern per call: Redis < 7 takes only one).
 CONFIG_KEYS = (
@@ -159,25 +108,6 @@ CONFIG_KEYS = (
     "maxmemory",
     "replica-read-only",
 )
-
-# Runs calls given in ARGV as (count, command, args...)... and reports, per call, "OK" or
-# the error (an ACL refusal is an error reply that pcall catches, in 6.2 and 7 alike),
-# then deletes the probe keys it was given.
-_PROBE_SCRIPT = """\
-local out, i = {}, 1
-while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  local reply = redis.pcall(unpack(ARGV, i + 1, i + n))
-  if type(reply) == "table" and reply.err then
-    out[#out + 1] = reply.err
-  else
-    out[#out + 1] = "OK"
-  end
-  i = i + n + 1
-end
-redis.pcall("DEL", unpack(KEYS))
-return out
-"""
 
 _DATA_LOSS_NOTE = (
     "a node that comes back empty is detected (no floor) and kept out for max_ttl; "
@@ -249,10 +179,7 @@ class NodeFacts:
     access_error: str | None = None
 
 
-# --- evaluation (pure) ------------------------------------------------------------------
-
-
-def evaluate(nodes: Sequence[NodeFacts], max_ttl: float = _DEFAULT_MAX_TTL) -> list[Finding]:
+def evaluate(nodes: Sequence[NodeFacts], max_ttl: float = DEFAULT_MAX_TTL) -> list[Finding]:
     """Every finding for ``nodes``, node by node in the given order, checks in a fixed order."""
     independence = _independence(nodes)
     findings: list[Finding] = []
@@ -306,7 +233,7 @@ def check_server(facts: NodeFacts) -> Finding:
                 f"not Redis: {fork} {info[key]} (reports redis_version {version}); tenure is "
                 "tested on Redis only",
             )
-    parsed = _version(version)
+    parsed = parse_version(version)
     if parsed < (2, 6, 12):
         return Finding(
             facts.node,
@@ -416,8 +343,8 @@ def check_persistence(facts: NodeFacts) -> Finding:
             "persistence",
             Level.UNSAFE,
             f"appendonly no with RDB snapshots (save {save}): a crash restarts from the last "
-            "snapshot, missing the grants made since but with older fencing counters, which "
-            "tenure cannot tell from a healthy node, so a second client can win a majority"
+            "snapshot, missing the grants made since but with an older floor, which tenure "
+            "cannot tell from a healthy node, so a second client can win a majority"
             '. Use appendonly yes + appendfsync always, or no persistence (save "") so '
             "that a restart comes back empty and is detected",
         )
@@ -663,7 +590,9 @@ def _cannot(facts: NodeFacts, check: str, what: str, reason: str | None, command
     )
 
 
-def _version(text: str) -> tuple[int, ...]:
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"7.2.4"`` -> ``(7, 2, 4)``: the leading digits of each part, up to the first
+    part without any (``"6.2-rc1"`` -> ``(6, 2)``)."""
     parts: list[int] = []
     for piece in text.split("."):
         digits = ""
@@ -702,302 +631,3 @@ def _replica_address(text: str) -> str:
 def _first_line(text: str) -> str:
     lines = text.strip().splitlines()
     return lines[0] if lines else text
-
-
-# --- gathering ---------------------------------------------------------------------------
-
-
-def gather(address: NodeAddress, timeout: float, acl_user: str | None = None) -> NodeFacts:
-    """Read one node (two pipelined rounds); never raises for the node's own failures.
-
-    ``acl_user``: whose permissions to check (default: the user this login is).
-    """
-    facts = NodeFacts(node=address.display)
-    options = connection_kwargs(timeout, asyncio=False, unix=address.scheme == "unix")
-    options["socket_timeout"] = timeout
-    client = redis.Redis.from_url(address.url, decode_responses=True, **options)
-    try:
-        try:
-            _read_state(client, facts)
-        except redis.AuthenticationError as exc:
-            facts.error = f"login failed: {_one_line(exc)}"
-        except redis.ResponseError as exc:  # e.g. SELECT refused while connecting
-            facts.error = f"connection set-up refused: {_one_line(exc)}"
-        except (redis.RedisError, OSError) as exc:
-            facts.error = f"unreachable: {_one_line(exc)}"
-        if facts.error is not None:
-            return facts
-        if facts.user is None:
-            facts.user = unquote(urlsplit(address.url).username or "") or None
-        try:
-            _read_access(client, facts, acl_user)
-        except (redis.RedisError, OSError) as exc:
-            facts.access_error = _one_line(exc)
-    finally:
-        client.close()
-    return facts
-
-
-def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
-    with client.pipeline(transaction=False) as pipe:
-        pipe.info()
-        for key in CONFIG_KEYS:
-            pipe.config_get(key)
-        pipe.acl_whoami()
-        replies = pipe.execute(raise_on_error=False)
-    info, *configs, whoami = replies
-    if isinstance(info, redis.AuthenticationError):
-        raise info  # NOAUTH: a password is required
-    if isinstance(info, Exception):
-        facts.info_error = _refusal(info, "INFO")
-    else:
-        facts.info = _flatten(info)
-    config: dict[str, str] = {}
-    for key, reply in zip(CONFIG_KEYS, configs, strict=True):
-        if isinstance(reply, Exception):
-            facts.config_error = facts.config_error or _refusal(reply, "CONFIG")
-        elif isinstance(reply, dict) and key in reply:
-            config[key] = str(reply[key])
-    facts.config = config if config or facts.config_error is None else None
-    if not isinstance(whoami, Exception) and whoami:
-        facts.user = str(whoami)
-
-
-def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) -> None:
-    """Ask the node what the user may run: ``ACL DRYRUN`` (Redis >= 7), else ``ACL
-    GETUSER`` (6.2), else, where the user may use neither, try every command for real
-    (only possible for the user this login is, not for ``acl_user``)."""
-    info = facts.info or {}
-    if info.get("role") in ("slave", "replica"):
-        return  # not probed (the probe writes); the role check already says UNSAFE
-    if acl_user is not None:
-        facts.user = acl_user
-    user = facts.user or "default"
-    needs = _acl.needs()
-    if _version(info.get("redis_version", "0")) >= (7,):
-        answers = _dry_run(client, user, needs)
-        method = "ACL DRYRUN"
-    else:
-        answers = _get_user(client, user, needs)
-        method = "ACL GETUSER"
-    if answers is None and acl_user is not None:
-        facts.access_error = (
-            f"--acl-user needs a login that may run {method} (or log in as "
-            f"{acl_user!r} and leave --acl-user out)"
-        )
-        return
-    if answers is None:
-        answers = _probe(client, needs)
-        method = "probe"
-    facts.access = answers
-    facts.access_method = method
-
-
-def _dry_run(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _Answers | None:
-    """``ACL DRYRUN`` of every command; None if DRYRUN itself is refused."""
-    with client.pipeline(transaction=False) as pipe:
-        for need in needs:
-            pipe.acl_dryrun(user, *need.call)
-        replies = pipe.execute(raise_on_error=False)
-    if all(isinstance(r, Exception) for r in replies):
-        return None  # DRYRUN not permitted to this user: try another way
-    return {need.command: _answer(reply) for need, reply in zip(needs, replies, strict=True)}
-
-
-def _get_user(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _Answers | None:
-    """Redis 6.2's rules for ``user`` (``ACL GETUSER``) and the commands' categories
-    (``COMMAND INFO``), evaluated; None if either is refused or unreadable."""
-    with client.pipeline(transaction=False) as pipe:
-        pipe.execute_command("ACL", "GETUSER", user)  # type: ignore[no-untyped-call]
-        pipe.execute_command("COMMAND", "INFO", *(n.command for n in needs))  # type: ignore[no-untyped-call]
-        described, commands = pipe.execute(raise_on_error=False)
-    rules = _pairs(described)
-    if rules is None or isinstance(commands, Exception):
-        return None
-    flags = {str(f) for f in rules.get("flags") or []}
-    rule_text = rules.get("commands")
-    if not isinstance(rule_text, str):
-        return None  # not 6.2's shape (Redis >= 7 answers DRYRUN instead)
-    keys = None if "allkeys" in flags else [str(k) for k in rules.get("keys") or []]
-    channels = None if "allchannels" in flags else [str(c) for c in rules.get("channels") or []]
-    answers: _Answers = {}
-    for need in needs:
-        categories = _categories(commands, need.command)
-        if categories is None:
-            return None
-        answers[need.command] = _acl.permitted_by_rules(need, rule_text, categories, keys, channels)
-    return answers
-
-
-def _probe(client: redis.Redis, needs: Sequence[_acl.Need]) -> _Answers:
-    """Run every command for real, harmlessly: the scripts' commands inside one probe
-    script (so a refusal there is what a lock script would meet), the others directly,
-    ``SUBSCRIBE`` on a connection of its own."""
-    scripted = [n for n in needs if n.where == "scripts"]
-    argv: list[str] = []
-    for need in scripted:
-        argv += [str(len(need.call)), *need.call]
-    direct = [n for n in needs if n.where != "scripts" and n.command not in ("EVAL", "SUBSCRIBE")]
-    with client.pipeline(transaction=False) as pipe:
-        pipe.eval(_PROBE_SCRIPT, 2, _acl.PROBE_KEY, _acl.PROBE_QUEUE, *argv)
-        for need in direct:
-            pipe.execute_command(*need.call)  # type: ignore[no-untyped-call]
-        script_reply, *direct_replies = pipe.execute(raise_on_error=False)
-    answers: _Answers = {}
-    if isinstance(script_reply, Exception):
-        answers["EVAL"] = _one_line(script_reply)
-        for need in scripted:
-            answers[need.command] = "the probe script could not run"
-    elif isinstance(script_reply, list) and len(script_reply) == len(scripted):
-        answers["EVAL"] = None
-        for need, reply in zip(scripted, script_reply, strict=True):
-            answers[need.command] = None if reply == "OK" else str(reply)
-    else:
-        answers["EVAL"] = f"unexpected reply to the probe script: {script_reply!r}"
-    for need, reply in zip(direct, direct_replies, strict=True):
-        answers[need.command] = _one_line(reply) if isinstance(reply, Exception) else None
-    answers["SUBSCRIBE"] = _probe_subscribe(client)
-    return answers
-
-
-def _probe_subscribe(client: redis.Redis) -> str | None:
-    conn = client.connection_pool.make_connection()
-    try:
-        conn.connect()  # type: ignore[no-untyped-call]
-        conn.send_command("SUBSCRIBE", _acl.PROBE_CHANNEL)  # type: ignore[no-untyped-call]
-        conn.read_response()
-        return None
-    except redis.ResponseError as exc:
-        return _one_line(exc)
-    finally:
-        conn.disconnect()  # type: ignore[no-untyped-call]
-
-
-_Answers = dict[str, "str | None"]
-
-
-def _answer(reply: object) -> str | None:
-    if isinstance(reply, Exception):
-        return _one_line(reply)
-    return None if str(reply) == "OK" else str(reply)
-
-
-def _pairs(reply: object) -> dict[str, Any] | None:
-    """``ACL GETUSER``'s reply as a dict (redis-py parses it into one, or not)."""
-    if isinstance(reply, dict):
-        return {str(k): v for k, v in reply.items()}
-    if isinstance(reply, list) and len(reply) % 2 == 0:
-        return {str(k): v for k, v in zip(reply[::2], reply[1::2], strict=True)}
-    return None
-
-
-def _categories(reply: object, command: str) -> list[str] | None:
-    """A command's ACL categories from ``COMMAND INFO``'s parsed reply."""
-    if not isinstance(reply, dict):
-        return None
-    entry = reply.get(command.lower())
-    if not isinstance(entry, dict) or not isinstance(entry.get("acl_categories"), list):
-        return None
-    return [str(c) for c in entry["acl_categories"]]
-
-
-def _refusal(exc: Exception, command: str) -> str:
-    text = _one_line(exc)
-    if _acl.denial(text) is not None:
-        return f"{command} not permitted"
-    return f"{command} failed: {text}"
-
-
-def _flatten(info: Mapping[str, Any]) -> dict[str, str]:
-    """redis-py's parsed INFO, back to text (``slave0`` and friends: ``k=v,k=v``)."""
-    flat: dict[str, str] = {}
-    for key, value in info.items():
-        if isinstance(value, dict):
-            flat[key] = ",".join(f"{k}={v}" for k, v in value.items())
-        else:
-            flat[key] = str(value)
-    return flat
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
-# --- the command -------------------------------------------------------------------------
-
-
-def check(
-    nodes: Sequence[str],
-    *,
-    max_ttl: float = _DEFAULT_MAX_TTL,
-    node_timeout: float = 1.0,
-    acl_user: str | None = None,
-    as_json: bool = False,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-) -> int:
-    """Inspect ``nodes``, print the findings (a table, or JSON), return the exit code.
-
-    Args:
-        nodes: node URLs.
-        max_ttl: the longest lease TTL the clients use (the ``uptime`` check).
-        node_timeout: seconds to wait for each node's reply.
-        acl_user: check this ACL user's permissions instead of the login's own (the
-            login must be allowed ``ACL DRYRUN`` or, on Redis 6.2, ``ACL GETUSER``), so
-            that one admin login reads the settings and checks the clients' user.
-        as_json: print a JSON list instead of a table.
-        out: where the findings go (default stdout).
-        err: where the majority-unreachable message goes (default stderr).
-
-    Raises:
-        ConfigurationError: no nodes, or a malformed URL.
-    """
-    stdout = sys.stdout if out is None else out
-    stderr = sys.stderr if err is None else err
-    if not nodes:
-        raise ConfigurationError("--redis", "no Redis nodes given")
-    addresses = [parse_node_url(url, f"--redis[{i}]") for i, url in enumerate(nodes)]
-    with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
-        facts = list(pool.map(lambda a: gather(a, node_timeout, acl_user), addresses))
-    findings = evaluate(facts, max_ttl)
-    code = exit_code(facts, findings)
-    if as_json:
-        json.dump([f.as_dict() for f in findings], stdout, indent=2)
-        stdout.write("\n")
-    else:
-        _print_table(findings, stdout)
-        print(_summary(facts, findings, code), file=stdout)
-    stdout.flush()
-    if code == EXIT_UNAVAILABLE:
-        answered = sum(1 for f in facts if f.error is None)
-        print(
-            f"tenure check: only {answered} of {len(facts)} nodes answered; "
-            f"a majority is {majority(len(facts))}",
-            file=stderr,
-            flush=True,
-        )
-    return code
-
-
-def _print_table(findings: Sequence[Finding], out: TextIO) -> None:
-    header = ("NODE", "CHECK", "LEVEL", "DETAIL")
-    rows = [(f.node, f.check, f.level.value, f.detail) for f in findings]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(3)]
-    for row in [header, *rows]:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        print("  ".join([*cells, row[3]]), file=out)
-
-
-def _summary(facts: Sequence[NodeFacts], findings: Sequence[Finding], code: int) -> str:
-    counts = {level: sum(1 for f in findings if f.level is level) for level in Level}
-    verdict = {
-        EXIT_OK: "all OK",
-        EXIT_WARN: "warnings",
-        EXIT_UNSAFE: "UNSAFE",
-        EXIT_UNAVAILABLE: "a majority of the nodes is unreachable",
-    }[code]
-    return (
-        f"tenure check: {len(facts)} node(s), {counts[Level.OK]} OK, "
-        f"{counts[Level.WARN]} WARN, {counts[Level.UNSAFE]} UNSAFE: {verdict} (exit {code})"
-    )

@@ -1,0 +1,247 @@
+"""The gate: ASGI middleware that admits a write only with a current fencing token.
+
+Part of :mod:`tenure.fencing.http` (its module docstring is the theory of operation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tenure._errors import ConfigurationError
+
+from ._tokenbook import GATE_TOKEN_LIMIT, TokenBook
+
+# ASGI 3 callables, spelled as httpx's ASGITransport spells them so the two type-check.
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# The methods a gate guards unless told otherwise; documented, and exported, by
+# tenure.fencing.http.
+GUARDED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+_DIGITS = re.compile(r"[0-9]+")
+# RFC 9110 token characters: what a header name may be made of.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+class _Refusal(Exception):
+    """A request the gate answers itself, with ``status`` and a JSON ``payload``."""
+
+    def __init__(self, status: int, payload: dict[str, object]) -> None:
+        super().__init__(status, payload)
+        self.status = status
+        self.payload = payload
+
+
+@dataclass
+class _Turn:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
+class _Turns:
+    """One asyncio lock per resource, dropped again when nobody waits for it."""
+
+    def __init__(self) -> None:
+        self._turns: dict[str, _Turn] = {}
+
+    @contextlib.asynccontextmanager
+    async def take(self, resource: str) -> AsyncIterator[None]:
+        turn = self._turns.setdefault(resource, _Turn())
+        turn.users += 1
+        try:
+            async with turn.lock:
+                yield
+        finally:
+            turn.users -= 1
+            if turn.users == 0:
+                del self._turns[resource]
+
+
+class FencingGate:
+    """ASGI middleware that refuses writes carrying a stale fencing token.
+
+    For a request whose method is in ``methods``:
+
+    - no token header: ``428 Precondition Required`` if ``require_token``, else passed on;
+    - a token that is not a decimal integer in [0, 2**63), or a repeated header: ``400``;
+    - a token smaller than the highest seen for the resource: ``409 Conflict`` with
+      ``{"error": "stale fencing token", "resource": ..., "token": ..., "highest": ...}``;
+    - otherwise the token is recorded and the request goes to ``app``, once no other
+      request for the same resource is in the app (see the module docstring).
+
+    All other requests, and non-HTTP scopes (lifespan, websocket), pass through untouched.
+
+    Args:
+        app: the ASGI application to protect.
+        header: the request header carrying the token.
+        resource_header: the request header naming the resource (the lock's name), or
+            None to ignore it; it wins over ``resource`` and the path.
+        resource: derives the resource from the ASGI scope when the header is absent;
+            by default the request path is the resource.
+        methods: the methods to guard (case-insensitive).
+        require_token: refuse guarded requests that carry no token.
+        tokens: the book of highest tokens; a fresh in-memory one by default. Share one
+            book between gates only if they run in the same process.
+
+    Raises:
+        ConfigurationError: a header name or method is not a valid HTTP token.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        header: str = "Fencing-Token",
+        resource_header: str | None = "Fencing-Resource",
+        resource: Callable[[Scope], str] | None = None,
+        methods: frozenset[str] = GUARDED_METHODS,
+        require_token: bool = True,
+        tokens: TokenBook | None = None,
+    ) -> None:
+        self.app = app
+        self.header = _check_header_name("header", header)
+        self.resource_header = (
+            None
+            if resource_header is None
+            else _check_header_name("resource_header", resource_header)
+        )
+        self.resource = resource
+        self.methods = _check_methods(methods)
+        self.require_token = require_token
+        self.tokens = TokenBook() if tokens is None else tokens
+        self._turns = _Turns()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"].upper() not in self.methods:
+            await self.app(scope, receive, send)
+            return
+        try:
+            token = self._token(scope)
+            if token is None:  # no token, and none required
+                await self.app(scope, receive, send)
+                return
+            await self._fenced(self._resource(scope), token, scope, receive, send)
+        except _Refusal as refusal:
+            await _send_json(send, refusal.status, refusal.payload)
+
+    async def _fenced(
+        self, resource: str, token: int, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        async with self._turns.take(resource):
+            highest = await self._admit(resource, token)
+            if highest is None:
+                await self.app(scope, receive, send)
+                return
+        # Answered outside the turn: a refused writer need not hold up the next one.
+        raise _Refusal(
+            409,
+            {
+                "error": "stale fencing token",
+                "resource": resource,
+                "token": token,
+                "highest": highest,
+            },
+        )
+
+    async def _admit(self, resource: str, token: int) -> int | None:
+        try:
+            if self.tokens.path is None:
+                return self.tokens.admit(resource, token)
+            # Persisting fsyncs a file; keep that off the event loop. The turn is held,
+            # so this resource's order is unaffected.
+            return await asyncio.to_thread(self.tokens.admit, resource, token)
+        except OSError as exc:
+            # Fail closed: a token that could not be recorded is not admitted.
+            raise _Refusal(
+                503, {"error": "fencing gate cannot record the token", "detail": str(exc)}
+            ) from exc
+
+    def _token(self, scope: Scope) -> int | None:
+        values = _header_values(scope, self.header)
+        if not values:
+            if self.require_token:
+                raise _Refusal(428, {"error": "fencing token required", "header": self.header})
+            return None
+        return _parse_token(self.header, values)
+
+    def _resource(self, scope: Scope) -> str:
+        if self.resource_header is not None:
+            values = _header_values(scope, self.resource_header)
+            if values:
+                return _parse_resource(self.resource_header, values)
+        if self.resource is not None:
+            return self.resource(scope)
+        path: str = scope["path"]
+        return path
+
+
+def _check_header_name(parameter: str, name: str) -> str:
+    if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+        raise ConfigurationError(parameter, f"must be an HTTP header name, got {name!r}")
+    return name
+
+
+def _check_methods(methods: Iterable[str]) -> frozenset[str]:
+    if isinstance(methods, str):
+        raise ConfigurationError("methods", f"must be a set of method names, got {methods!r}")
+    normalised = frozenset(_check_header_name("methods", m).upper() for m in methods)
+    if not normalised:
+        raise ConfigurationError("methods", "must name at least one method")
+    return normalised
+
+
+def _header_values(scope: Scope, name: str) -> list[bytes]:
+    # ASGI servers lower-case header names; compare case-insensitively all the same.
+    wanted = name.lower().encode("ascii")
+    return [value for key, value in scope["headers"] if key.lower() == wanted]
+
+
+def _parse_token(header: str, values: list[bytes]) -> int:
+    # Two tokens on one request is ambiguous (a client bug, or a proxy appending one);
+    # picking either could admit a write that should have been refused.
+    if len(values) != 1:
+        raise _Refusal(400, _malformed(header, "the header must appear exactly once"))
+    # Strictly ASCII digits: int() would also take "+5", "1_000", " 7" and other scripts'
+    # digits, which other fenced stores would read differently or not at all.
+    text = values[0].decode("latin-1").strip(" \t")
+    if not _DIGITS.fullmatch(text):
+        raise _Refusal(400, _malformed(header, "must be a non-negative decimal integer"))
+    # Past 19 significant digits a token is out of range; don't make int() chew on it.
+    digits = text.lstrip("0") or "0"
+    token = int(digits) if len(digits) <= 19 else GATE_TOKEN_LIMIT
+    if token >= GATE_TOKEN_LIMIT:
+        raise _Refusal(400, _malformed(header, "must be less than 2**63"))
+    return token
+
+
+def _parse_resource(header: str, values: list[bytes]) -> str:
+    if len(values) != 1:
+        raise _Refusal(400, _malformed(header, "the header must appear exactly once"))
+    try:
+        resource = values[0].decode("utf-8").strip(" \t")
+    except UnicodeDecodeError:
+        raise _Refusal(400, _malformed(header, "must be UTF-8")) from None
+    if not resource:
+        raise _Refusal(400, _malformed(header, "must not be empty"))
+    return resource
+
+
+def _malformed(header: str, detail: str) -> dict[str, object]:
+    return {"error": f"malformed {header} header", "header": header, "detail": detail}
+
+
+async def _send_json(send: Send, status: int, payload: dict[str, object]) -> None:
+    body = json.dumps(payload).encode("utf-8")
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,235 @@
+"""The reverse proxy: a fencing gate in front of an upstream HTTP server (needs httpx).
+
+Part of :mod:`tenure.fencing.http` (its module docstring is the theory of operation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING
+from urllib.parse import quote
+
+from tenure._errors import ConfigurationError
+
+from ._gate import GUARDED_METHODS, FencingGate, Receive, Scope, Send, _send_json
+from ._tokenbook import TokenBook
+
+if TYPE_CHECKING:
+    import httpx
+
+# RFC 9110 section 7.6.1, plus Proxy-Connection which old clients still send.
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+# Recomputed by the proxy for the upstream: Host names the upstream, the body is buffered
+# (so its length is known and there is nothing to wait for with 100-continue).
+_REQUEST_ONLY = frozenset({b"host", b"content-length", b"expect"})
+
+
+class FencingProxy(FencingGate):
+    """A :class:`FencingGate` whose app forwards admitted requests to an upstream server.
+
+    Run it under any ASGI server (one worker process). Method, path, query, headers
+    (minus hop-by-hop ones and Host) and body are forwarded; the upstream's status,
+    headers and body come back unchanged. Request bodies are buffered in memory;
+    response bodies are streamed. An upstream that cannot be reached, or fails at the
+    HTTP level, is answered ``502``, and a timeout ``504``; in both cases the token stays
+    recorded (see the module docstring).
+
+    Args:
+        upstream: base URL of the store, ``http://host:port[/prefix]``; request paths
+            are appended to it.
+        client: an ``httpx.AsyncClient`` to forward with; the caller keeps ownership.
+            By default the proxy makes one and closes it in ``aclose()`` or at ASGI
+            lifespan shutdown.
+        timeout: seconds for each forwarded request when the proxy makes the client.
+        header, resource_header, resource, methods, require_token, tokens: as for
+            :class:`FencingGate`.
+
+    Raises:
+        ImportError: httpx is not installed (``pip install httpx``).
+        ConfigurationError: ``upstream`` is not an http(s) URL without query or fragment.
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        client: httpx.AsyncClient | None = None,
+        timeout: float = 10.0,
+        header: str = "Fencing-Token",
+        resource_header: str | None = "Fencing-Resource",
+        resource: Callable[[Scope], str] | None = None,
+        methods: frozenset[str] = GUARDED_METHODS,
+        require_token: bool = True,
+        tokens: TokenBook | None = None,
+    ) -> None:
+        self.forwarder = _Forwarder(upstream, client, timeout)
+        super().__init__(
+            self.forwarder,
+            header=header,
+            resource_header=resource_header,
+            resource=resource,
+            methods=methods,
+            require_token=require_token,
+            tokens=tokens,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, if the proxy made it."""
+        await self.forwarder.aclose()
+
+    async def __aenter__(self) -> FencingProxy:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def _require_httpx() -> None:
+    try:
+        import httpx  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "FencingProxy forwards requests with httpx, which is not installed: pip install httpx",
+            name="httpx",
+        ) from exc
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+class _Forwarder:
+    """The ASGI app behind a FencingProxy's gate: relays a request to the upstream."""
+
+    def __init__(self, upstream: str, client: httpx.AsyncClient | None, timeout: float) -> None:
+        _require_httpx()
+        import httpx
+
+        self.upstream = _check_upstream(upstream)
+        self._owns_client = client is None
+        self._client = httpx.AsyncClient(timeout=timeout) if client is None else client
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            with contextlib.suppress(_ClientGone):
+                await self._forward(scope, receive, send)
+        else:
+            raise RuntimeError(f"FencingProxy does not handle {scope['type']!r} connections")
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        import httpx
+
+        request = httpx.Request(
+            scope["method"],
+            self._url(scope),
+            headers=_forwardable(scope["headers"], drop=_REQUEST_ONLY),
+            content=await _read_body(receive),
+        )
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            await _send_json(send, 504, {"error": "upstream timed out", "detail": str(exc)})
+            return
+        except httpx.TransportError as exc:
+            # Refused connection, reset, or a request h11 would not send.
+            detail = f"{type(exc).__name__}: {exc}"
+            await _send_json(send, 502, {"error": "upstream request failed", "detail": detail})
+            return
+        try:
+            await _relay(response, send)
+        finally:
+            await response.aclose()
+
+    def _url(self, scope: Scope) -> httpx.URL:
+        raw_path: bytes | None = scope.get("raw_path")
+        path = raw_path if raw_path else quote(scope["path"]).encode("ascii")
+        query: bytes = scope.get("query_string", b"")
+        target = self.upstream.raw_path.rstrip(b"/") + path + (b"?" + query if query else b"")
+        return self.upstream.copy_with(raw_path=target)
+
+
+def _check_upstream(upstream: str) -> httpx.URL:
+    import httpx
+
+    try:
+        url = httpx.URL(upstream)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise ConfigurationError("upstream", f"not a URL: {upstream!r} ({exc})") from exc
+    if url.scheme not in ("http", "https") or not url.host or url.query or url.fragment:
+        raise ConfigurationError(
+            "upstream", f"must be http(s)://host[:port][/prefix] with no query, got {upstream!r}"
+        )
+    return url
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _relay(response: httpx.Response, send: Send) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": _forwardable(response.headers.raw),
+        }
+    )
+    # Raw bytes: the body keeps its Content-Encoding and Content-Length, so the client
+    # receives exactly what the upstream sent.
+    async for chunk in response.aiter_raw():
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _forwardable(
+    headers: Iterable[tuple[bytes, bytes]], *, drop: frozenset[bytes] = frozenset()
+) -> list[tuple[bytes, bytes]]:
+    """The end-to-end headers: hop-by-hop ones, and those Connection names, removed."""
+    pairs = [(name.lower(), value) for name, value in headers]
+    named = {
+        option.strip().lower().encode("latin-1")
+        for name, value in pairs
+        if name == b"connection"
+        for option in value.decode("latin-1").split(",")
+    }
+    excluded = _HOP_BY_HOP | named | drop
+    return [(name, value) for name, value in pairs if name not in excluded]

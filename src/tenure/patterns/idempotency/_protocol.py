@@ -1,0 +1,123 @@
+"""Results and the protocol ``idempotent`` needs: codecs, ``Once``, the store, the checks.
+
+Part of :mod:`tenure.patterns.idempotency` (its module docstring is the theory of
+operation).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
+
+from ..._errors import ConfigurationError
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How results are stored: ``dumps(result) -> bytes`` and ``loads(bytes) -> result``.
+
+    ``None`` is stored without the codec (as "no result"), so a codec need not handle it.
+    """
+
+    dumps: Callable[[Any], bytes]
+    loads: Callable[[bytes], Any]
+
+
+def _json_dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+JSON = Codec(dumps=_json_dumps, loads=json.loads)
+"""The default codec. Results must be JSON-serialisable; tuples come back as lists."""
+
+
+class Once(Protocol):
+    """One attempt at an idempotent operation, as ``store.once(key)`` yields it."""
+
+    @property
+    def done(self) -> bool:
+        """True if a previous attempt finished (skip the effect, answer ``result``)."""
+
+    @property
+    def result(self) -> Any:
+        """The recorded result (when ``done``), or what this attempt recorded."""
+
+    def record(self, result: Any) -> None:
+        """Record this attempt's result: later duplicates will get it."""
+
+
+class IdempotencyStore(Protocol):
+    """Anything :func:`idempotent` can use: ``with store.once(key) as once: ...``."""
+
+    def once(self, key: str) -> AbstractContextManager[Once]: ...
+
+
+def idempotent(
+    store: IdempotencyStore, *, key: Callable[P, str | None]
+) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """Make a request handler run at most once per idempotency key; duplicates get its result.
+
+    Args:
+        store: where keys are claimed and results recorded, e.g. :class:`RedisIdempotency`.
+        key: computes the idempotency key from the handler's arguments; ``None`` (e.g.
+            the request carries no key) runs the handler without idempotency.
+
+    Returns:
+        A decorator. The wrapped handler claims the key, runs, records what it returns,
+        and returns it; a duplicate returns the recorded result without running. If the
+        handler raises, nothing is recorded and the claim is released.
+
+    Example::
+
+        @idempotent(store, key=lambda request: request.headers.get("Idempotency-Key"))
+        def deduct_points(request: Request) -> dict[str, int]:
+            balance = ledger.deduct(request.user, request.json["points"])
+            return {"balance": balance}
+    """
+
+    def decorate(handler: Callable[P, T]) -> Callable[P, T]:
+        @functools.wraps(handler)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            name = key(*args, **kwargs)
+            if name is None:
+                return handler(*args, **kwargs)
+            with store.once(name) as once:
+                if once.done:
+                    return cast("T", once.result)
+                result = handler(*args, **kwargs)
+                once.record(result)
+                return result
+
+        return wrapper
+
+    return decorate
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise ConfigurationError("key", f"must be a non-empty string, got {key!r}")
+    return key
+
+
+def _seconds_to_ms(parameter: str, seconds: float) -> int:
+    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    if not (number and math.isfinite(seconds) and seconds >= 0.001):
+        raise ConfigurationError(
+            parameter, f"must be a number of seconds >= 0.001, got {seconds!r}"
+        )
+    return round(seconds * 1000)
+
+
+def _check_wait(wait: float) -> float:
+    number = isinstance(wait, (int, float)) and not isinstance(wait, bool)
+    if not (number and math.isfinite(wait) and wait >= 0):
+        raise ConfigurationError("wait", f"must be a finite number of seconds >= 0, got {wait!r}")
+    return float(wait)

@@ -1,0 +1,328 @@
+"""Idempotency keys on Redis: a claim with a lease, the record applied with the effect.
+
+Part of :mod:`tenure.patterns.idempotency` (its module docstring is the theory of
+operation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import redis
+from redis.client import Pipeline
+
+from ..._core.policy import RetryPolicy, wait_random_exponential
+from ..._errors import ConfigurationError
+from ..._lua import script
+from ..optimistic import (
+    DEFAULT_BACKOFF,
+    DEFAULT_RETRIES,
+    OptimisticStats,
+    Plan,
+    Reads,
+    _check_keys,
+    _queue_writes,
+    optimistic,
+)
+from ._errors import ClaimLost, InProgress, NotClaimed
+from ._protocol import JSON, Codec, _check_key, _check_wait, _seconds_to_ms
+
+T = TypeVar("T")
+
+DEFAULT_POLL: RetryPolicy = wait_random_exponential(initial=0.005, maximum=0.25)
+"""How a duplicate polls a key in progress: full jitter, up to 0.25 s between looks."""
+
+
+_CLAIMED, _DONE, _DONE_NO_RESULT, _BUSY = 1, 2, 3, 0
+
+
+@functools.cache
+def _source(name: str) -> str:
+    # EVAL with the source, never EVALSHA: nothing to go missing after SCRIPT FLUSH or a
+    # restart (docs/architecture.md, "EVAL, not EVALSHA").
+    return script(name).source.decode()
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    # A client made with decode_responses=True hands back str.
+    return value.encode() if isinstance(value, str) else value
+
+
+def _holder(value: bytes) -> str:
+    """What another attempt left in the key: its ``"claim"``, or its ``"record"``."""
+    return "claim" if value.startswith(b"p:") else "record"
+
+
+class RedisOnce:
+    """One attempt at an idempotent operation on Redis, from :meth:`RedisIdempotency.once`.
+
+    Attributes:
+        key: the idempotency key.
+        done: True if a previous attempt had finished when this one began.
+        result: the recorded result when ``done``; after :meth:`record` or :meth:`apply`,
+            this attempt's result.
+    """
+
+    def __init__(
+        self,
+        store: RedisIdempotency,
+        key: str,
+        *,
+        marker: bytes | None = None,
+        done: bool = False,
+        result: Any = None,
+    ) -> None:
+        self.key = key
+        self.done = done
+        self.result = result
+        self._store = store
+        self._redis_key = store.redis_key(key)
+        self._marker = marker  # our claim; None once recorded, released, or never held
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else "claimed" if self._marker else "finished"
+        return f"<RedisOnce {self.key!r} {state}>"
+
+    def _require_claim(self, action: str) -> bytes:
+        if self._marker is None:
+            why = "a previous attempt finished it" if self.done else "recorded or lost already"
+            raise NotClaimed(self.key, f"cannot {action}: this attempt holds no claim ({why})")
+        return self._marker
+
+    def record(self, result: Any) -> None:
+        """Store ``result`` as the outcome; later duplicates get it instead of running.
+
+        Call it after the effect. Only a record that replaces our own claim is stored.
+
+        Raises:
+            ClaimLost: our lease ran out and another attempt took the key; our effect
+                happened and theirs may too. Nothing was recorded.
+            NotClaimed: this attempt holds no claim (``done``, or recorded already).
+        """
+        marker = self._require_claim("record")
+        store = self._store
+        status, holding = store.client.eval(
+            _source("idem_record"),
+            1,
+            self._redis_key,
+            marker,
+            store._record_value(result),
+            store._retention_ms,
+        )
+        if status != 1:
+            self._marker = None  # the claim is gone: leaving the block must not record
+            holder = _holder(_as_bytes(holding))
+            raise ClaimLost(
+                self.key,
+                holder,
+                f"our claim's lease ({store.lease} s) ran out and another attempt "
+                f"took the key (it holds a {holder}); our effect happened and may happen "
+                "again: not recorded",
+            )
+        self._marker = None
+        self.result = result
+
+    def apply(
+        self,
+        keys: Sequence[str],
+        fn: Callable[[Reads[Pipeline]], Plan[T]],
+        *,
+        retries: int = DEFAULT_RETRIES,
+        backoff: RetryPolicy = DEFAULT_BACKOFF,
+        stats: OptimisticStats | None = None,
+    ) -> T:
+        """Apply an effect on this Redis and record its result in the same ``MULTI``/``EXEC``.
+
+        ``fn`` reads ``keys`` and returns a :class:`~tenure.patterns.optimistic.Plan`: its
+        writes are the effect, its result is recorded. Runs as
+        :func:`~tenure.patterns.optimistic.optimistic` over the idempotency key and
+        ``keys``, so a concurrent write to ``keys`` is retried (up to ``retries``), and the
+        effect is committed only while the key holds our claim.
+
+        Args:
+            keys: the keys the effect reads (watched; read with one MGET).
+            fn: computes the effect from what it read; may run several times. Raising
+                from it writes nothing (and the block's exit releases the claim).
+            retries, backoff, stats: as :func:`~tenure.patterns.optimistic.optimistic`.
+
+        Returns:
+            The plan's result, now recorded.
+
+        Raises:
+            ClaimLost: another attempt took the key over; nothing of ours was applied.
+            ConflictError: ``keys`` kept changing; nothing was applied, the claim is kept.
+            NotClaimed: this attempt holds no claim.
+            Exception: whatever ``fn`` raises.
+
+        Example (one coupon, redeemed once per request)::
+
+            with store.once(request_id) as once:
+                if once.done:
+                    return once.result
+                return once.apply(["coupons:SPRING"], redeem)
+        """
+        marker = self._require_claim("apply")
+        store = self._store
+        own, effect_keys = self._redis_key, _check_keys(keys)
+
+        def guarded(reads: Reads[Pipeline]) -> Plan[T]:
+            holding = reads[own]
+            # Absent: our lease ran out but nobody took over. As in record(), go ahead:
+            # the key is watched, so a claim landing before EXEC makes EXEC fail.
+            if holding is not None and holding != marker:
+                self._marker = None  # the claim is gone: leaving the block must not record
+                holder = _holder(holding)
+                raise ClaimLost(
+                    self.key,
+                    holder,
+                    f"our claim's lease ({store.lease} s) ran out before the effect; "
+                    f"the key holds {holder}; nothing of ours was applied",
+                )
+            plan = fn(Reads({k: reads[k] for k in effect_keys}, reads.reader))
+            record = store._record_value(plan.result)
+
+            def writes(tx: Pipeline) -> None:
+                _queue_writes(tx, plan.writes)
+                tx.set(own, record, px=store._retention_ms)
+
+            return Plan(result=plan.result, writes=writes)
+
+        result = optimistic(
+            store.client,
+            [own, *effect_keys],
+            guarded,
+            retries=retries,
+            backoff=backoff,
+            stats=stats,
+        )
+        self._marker = None
+        self.result = result
+        return result
+
+    def _release(self) -> None:
+        """Give the claim up after a failed block, so a retry need not wait for the lease."""
+        marker, self._marker = self._marker, None
+        if marker is None:
+            return
+        # The block's own exception matters more than a failed release, and the lease
+        # frees the key anyway.
+        with contextlib.suppress(redis.RedisError):
+            self._store.client.eval(_source("idem_release"), 1, self._redis_key, marker)
+
+
+class RedisIdempotency:
+    """Idempotency keys on Redis: claims with a lease, results kept for a retention time.
+
+    Args:
+        client: a ``redis.Redis`` (raw bytes replies recommended); not closed by the store.
+        namespace: the first part of every key: ``<namespace>:{<key>}``.
+        lease: seconds a claim lasts; after it, a crashed attempt is taken over. Must
+            exceed the longest effect (see the module docstring for what happens if not).
+        retention: seconds a result is kept; a duplicate arriving later runs again.
+        wait: default seconds a duplicate waits for an attempt in progress before
+            raising :class:`InProgress` (0: raise at once).
+        poll: the back-off between looks while waiting.
+        codec: how results are stored (JSON by default).
+
+    Example::
+
+        store = RedisIdempotency(redis.Redis(), lease=30, wait=5)
+        with store.once(request.headers["Idempotency-Key"]) as once:
+            if once.done:
+                return once.result
+            receipt = payments.charge(card, amount, idempotency_key=once.key)
+            once.record(receipt)
+            return receipt
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        namespace: str = "tenure:idem",
+        lease: float = 30.0,
+        retention: float = 86400.0,
+        wait: float = 0.0,
+        poll: RetryPolicy = DEFAULT_POLL,
+        codec: Codec = JSON,
+    ) -> None:
+        if not isinstance(namespace, str) or not namespace:
+            raise ConfigurationError("namespace", f"must be a non-empty string, got {namespace!r}")
+        self.client = client
+        self.namespace = namespace
+        self._lease_ms = _seconds_to_ms("lease", lease)
+        self._retention_ms = _seconds_to_ms("retention", retention)
+        self.lease = lease
+        self.retention = retention
+        self.wait = _check_wait(wait)
+        self.poll = poll
+        self.codec = codec
+        self._rng = random.Random()
+
+    def redis_key(self, key: str) -> str:
+        """The Redis key that holds idempotency key ``key``'s claim or record."""
+        return f"{self.namespace}:{{{_check_key(key)}}}"
+
+    def _record_value(self, result: Any) -> bytes:
+        return b"n:" if result is None else b"d:" + self.codec.dumps(result)
+
+    @contextmanager
+    def once(self, key: str, *, wait: float | None = None) -> Iterator[RedisOnce]:
+        """Claim ``key`` for one attempt, or find the result of the attempt that finished.
+
+        Args:
+            key: the idempotency key (e.g. the request's ``Idempotency-Key`` header).
+            wait: seconds to wait for an attempt in progress; default the store's.
+
+        Yields:
+            A :class:`RedisOnce`: ``done`` with the recorded ``result``, or holding the
+            claim. Leaving the block normally records ``None`` if nothing was recorded;
+            leaving it with an exception releases the claim (nothing is recorded).
+
+        Raises:
+            InProgress: another attempt held the key for all of ``wait``.
+            ConfigurationError: a bad ``key`` or ``wait``.
+            redis.ResponseError: the key holds something that is not idempotency state.
+        """
+        attempt = self._claim(_check_key(key), _check_wait(self.wait if wait is None else wait))
+        try:
+            yield attempt
+        except BaseException:
+            attempt._release()
+            raise
+        if attempt._marker is not None:
+            attempt.record(None)
+
+    def _claim(self, key: str, wait: float) -> RedisOnce:
+        """Run the claim script until it claims or finds a record, or ``wait`` runs out."""
+        marker = b"p:" + secrets.token_hex(16).encode()
+        started = time.monotonic()
+        polls = 0
+        while True:
+            status, payload = self.client.eval(
+                _source("idem_claim"), 1, self.redis_key(key), marker, self._lease_ms
+            )
+            if status == _CLAIMED:
+                return RedisOnce(self, key, marker=marker)
+            if status == _DONE:
+                return RedisOnce(self, key, done=True, result=self.codec.loads(_as_bytes(payload)))
+            if status == _DONE_NO_RESULT:
+                return RedisOnce(self, key, done=True)
+            lease_left = int(payload) / 1000 if int(payload) >= 0 else None
+            waited = time.monotonic() - started
+            if waited >= wait:
+                raise InProgress(key, lease_left, waited)
+            polls += 1
+            delay = self.poll.delay(polls, self._rng)
+            if lease_left is not None:
+                # Look again no later than the holder's lease ends: if it crashed, we are
+                # the one to take over.
+                delay = min(delay, lease_left)
+            time.sleep(max(min(delay, wait - waited), 0.001))

