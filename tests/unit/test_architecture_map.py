@@ -21,13 +21,6 @@ DESCRIPTION_COLUMN = 20
 # What the map counts as a module of the tree (package __init__.py files go without saying).
 MAPPED = ("*.py", "*.lua", "*.lua.inc")
 
-# Named in the map ahead of the code. Allowed to be missing, one entry each, on purpose:
-NOT_YET = {
-    # The drivers' sequencing as generators, being written in another branch: delete
-    # this entry when _core/flows.py lands.
-    "_core/flows.py",
-}
-
 
 def layers_block(markdown: str) -> str:
     """The first fenced block after the "## Layers" heading."""
@@ -86,67 +79,11 @@ def missing_from_map(entries: list[str], root: Path) -> list[str]:
 
 def test_every_path_in_the_map_exists() -> None:
     entries = map_entries(layers_block(DOC.read_text(encoding="utf-8")))
-    missing = [e for e in missing_from_tree(entries, PACKAGE) if e not in NOT_YET]
-    assert missing == [], "docs/architecture.md names modules that do not exist"
+    assert missing_from_tree(entries, PACKAGE) == [], (
+        "docs/architecture.md names modules that do not exist"
+    )
 
 
 def test_every_module_is_in_the_map() -> None:
     entries = map_entries(layers_block(DOC.read_text(encoding="utf-8")))
     assert missing_from_map(entries, PACKAGE) == [], "docs/architecture.md's map misses these"
-
-
-def test_the_allowed_exceptions_are_still_needed() -> None:
-    """An entry of NOT_YET whose module has landed must go."""
-    assert [e for e in NOT_YET if (PACKAGE / e).exists()] == []
-
-
-# --- the reader itself --------------------------------------------------------------------
-
-_SAMPLE = """\
-src/tenure/          the root
-  _errors.py         errors
-  _core/             pure
-    quorum.py        votes
-                     continued.py is not an entry
-    a.py, b.py       two at once
-  fencing/           fences
-    http/            a package
-      _gate.py       the gate
-    sql.py           back one level
-  cli.py             back at the top
-"""
-
-
-def test_the_map_is_read_by_indentation() -> None:
-    assert map_entries(_SAMPLE) == [
-        "_errors.py",
-        "_core/",
-        "_core/quorum.py",
-        "_core/a.py",
-        "_core/b.py",
-        "fencing/",
-        "fencing/http/",
-        "fencing/http/_gate.py",
-        "fencing/sql.py",
-        "cli.py",
-    ]
-
-
-def test_a_stale_or_a_missing_entry_is_noticed(tmp_path: Path) -> None:
-    (tmp_path / "_core").mkdir()
-    for name in ("_errors.py", "_core/quorum.py", "_core/a.py", "_core/b.py", "_core/new.py"):
-        (tmp_path / name).write_text("")
-    entries = map_entries(_SAMPLE)
-    assert missing_from_tree(entries, tmp_path) == [
-        "fencing/",
-        "fencing/http/",
-        "fencing/http/_gate.py",
-        "fencing/sql.py",
-        "cli.py",
-    ]
-    assert missing_from_map(entries, tmp_path) == ["_core/new.py"]
-
-
-def test_the_real_map_is_found() -> None:
-    block = layers_block(DOC.read_text(encoding="utf-8"))
-    assert "_core/" in map_entries(block)
