@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ._errors import ConfigurationError
+from .verify.history import Fault
 from .verify.race import NodeFault, Progress, RaceResult, demo_faults, race
 
 __all__ = ["run_demo"]
@@ -146,7 +147,16 @@ def _run(
 # --- the report -----------------------------------------------------------------------
 
 _COLUMNS = ("run", "workers", "cycles", "cycles/s", "max holders", "overlaps", "lost updates")
-_PHASE_COLUMNS = ("from", "to", "faults in force", "cycles", "cycles/s", "refused", "longest wait")
+_PHASE_COLUMNS = ("from", "to", "faults in force", "cycles", "cycles/s", "refused", "longest gap")
+
+
+_LEGEND = """\
+Every figure is the checker's, read from the workers' histories (as in tenure verify):
+cycles are leases granted; max holders, the most leases valid at one instant; overlaps,
+pairs of leases valid at the same time; lost updates, increments the store acknowledged
+that are missing from the final counter; refused, acquisitions that gave up (busy lock,
+or no majority); longest gap, the longest time a worker waited while nobody held the lock.
+"""
 
 
 def _rate(count: int, seconds: float) -> str:
@@ -201,7 +211,13 @@ def _phase_table(result: RaceResult) -> list[str]:
     return _align(rows, left=3)
 
 
-_SIGNALS = {"pause": ("paused (SIGSTOP)", "resumed (SIGCONT)"), "kill": ("killed (SIGKILL)", "")}
+# What each fault the world records did, and how (and what undid it, if anything).
+_FAULTS = {"pause": ("paused (SIGSTOP)", "resumed (SIGCONT)"), "kill": ("killed (SIGKILL)", "")}
+
+
+def _did(fault: Fault) -> str:
+    """``"paused"`` for a pause: the verb alone."""
+    return _FAULTS.get(fault.name, (fault.name, ""))[0].split(" (")[0]
 
 
 def _fault_lines(result: RaceResult) -> list[str]:
@@ -211,8 +227,8 @@ def _fault_lines(result: RaceResult) -> list[str]:
         return f"t={(t - result.start) / 1e9:.1f}s"
 
     lines = []
-    for f in sorted(result.verdict.faults, key=lambda f: f.t_start):
-        did, undid = _SIGNALS.get(f.name, (f.name, ""))
+    for f in result.verdict.faults:  # in the order they began
+        did, undid = _FAULTS.get(f.name, (f.name, ""))
         what = f"{at(f.t_start)} {f.target} {did}"
         if undid and f.t_end is not None:
             what += f", {at(f.t_end)} {undid}"
@@ -257,7 +273,7 @@ def _example(text: str) -> str:
 
 def _verdict(locked: RaceResult, unlocked: RaceResult) -> str:
     v, u = locked.verdict, unlocked.verdict
-    faults = [f"{f.target} {_SIGNALS.get(f.name, (f.name,))[0].split()[0]}" for f in v.faults]
+    faults = [f"{f.target} {_did(f)}" for f in v.faults]
     through = f"through {', '.join(faults)}" if faults else "with no faults injected"
     if locked.clean:
         if u.cycles:
@@ -384,6 +400,7 @@ def run_demo(
     for line in _phase_table(locked):
         print(f"  {line}", file=out)
     print(file=out)
+    print(_LEGEND, file=out)
     for note in _notes(locked, unlocked):
         print(note if note.startswith(" ") else f"note: {note}", file=out)
     print(_verdict(locked, unlocked), file=out, flush=True)
