@@ -59,11 +59,7 @@ RACE_WINDOW = 0.001  # seconds: the longest wait between read and write, as real
 _TICK = 0.1  # seconds between fault checks and progress reports
 _RESULT_GRACE = 60.0  # seconds past the run for a worker's last cycle and its answer
 
-_ACTIONS = {
-    "pause": ("paused", "SIGSTOP"),
-    "resume": ("resumed", "SIGCONT"),
-    "kill": ("killed", "SIGKILL"),
-}
+_VERBS = {"pause": "paused", "resume": "resumed", "kill": "killed"}
 
 
 @dataclass(frozen=True)
@@ -77,11 +73,8 @@ class NodeFault:
 
     @property
     def verb(self) -> str:
-        return _ACTIONS[self.action][0]
-
-    @property
-    def signal(self) -> str:
-        return _ACTIONS[self.action][1]
+        """``"paused"``, as in "n2 paused"."""
+        return _VERBS[self.action]
 
 
 def demo_faults(nodes: int) -> tuple[NodeFault, ...]:
