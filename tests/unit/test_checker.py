@@ -11,6 +11,7 @@ on arbitrary interval sets.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tenure.verify.checker import MAX_LISTED, Verdict, check, lease_spans
+from tenure.verify.checker import (
+    MAX_LISTED,
+    Verdict,
+    check,
+    lease_spans,
+    max_holders,
+    unavailable_stretches,
+)
 from tenure.verify.history import (
     Crash,
     Event,
@@ -323,6 +331,10 @@ def test_overlap_and_token_counts_match_brute_force(
     for t in range(140):
         depth = sum(1 for a, b in ivs if a <= t < b)
         assert (depth >= 2) == any(a <= t < b for a, b in v.overlap_windows), t
+    # Integer end points: the deepest integer instant is the deepest instant.
+    deepest = max((sum(1 for a, b in ivs if a <= t < b) for t in range(140)), default=0)
+    assert max_holders(History(events)) == deepest
+    assert (max_holders(History(events)) <= 1) == (v.overlaps == 0)
 
 
 @SETTINGS
@@ -335,6 +347,52 @@ def test_stale_accepted_matches_brute_force(raw: list[tuple[int, bool]]) -> None
     in_order = [tok for tok, has_seq in raw if has_seq]
     expected = sum(1 for k, tok in enumerate(in_order) if any(t > tok for t in in_order[:k]))
     assert verdict_of(writes).stale_accepted == expected
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 60),  # t_request
+            st.integers(0, 20),  # wait
+            st.booleans(),  # granted (else refused after the wait)
+            st.integers(0, 30),  # validity
+            st.one_of(st.none(), st.integers(0, 40)),  # release after grant
+        ),
+        max_size=20,
+    )
+)
+def test_unavailable_stretches_match_brute_force(
+    raw: list[tuple[int, int, bool, int, int | None]],
+) -> None:
+    events: list[Event] = []
+    waits: list[tuple[int, int]] = []
+    for i, (req, wait, granted, validity, release) in enumerate(raw):
+        proc, lease = f"p{i}", f"L{i}"
+        events.append(Request(proc, req))
+        waits.append((req, req + wait))
+        if not granted:
+            events.append(Refused(proc, req, req + wait, "timeout"))
+            continue
+        g = Grant(proc, lease, None, req, req + wait, req + wait + validity)
+        events.append(g)
+        if release is not None:
+            events.append(Release(proc, lease, g.t + release, g.t + release, "ok"))
+    history = History(events)
+    valid = [(s.start, s.end) for s in lease_spans(history)]
+    stretches = unavailable_stretches(history)
+    for t in range(140):
+        waiting = any(a <= t < b for a, b in waits)
+        holding = any(a <= t < b for a, b in valid)
+        assert (waiting and not holding) == any(a <= t < b for a, b in stretches), t
+    # In time order, each maximal: none touches the next.
+    assert all(a < b for a, b in stretches)
+    assert all(e < s for (_, e), (s, _) in itertools.pairwise(stretches))
+    # The verdict's longest stretch is the earliest of the longest of them.
+    v = check(history)
+    longest = max(stretches, key=lambda s: s[1] - s[0], default=None)
+    assert v.unavailable_window == longest
+    assert v.longest_unavailable_ns == (0 if longest is None else longest[1] - longest[0])
 
 
 # --- tables --------------------------------------------------------------------------------
@@ -480,6 +538,12 @@ def test_unavailability_is_waiting_without_a_valid_lease() -> None:
     v = verdict_of(events)
     assert v.longest_unavailable_ns == 300
     assert v.unavailable_window in {(500, 800), (1_000, 1_300)}
+    assert unavailable_stretches(History(events)) == [
+        (0, 100),  # a waits for its first grant
+        (500, 800),
+        (1_000, 1_300),
+        (1_400, 1_450),
+    ]
 
 
 def test_unavailability_joins_overlapping_waits() -> None:
@@ -567,6 +631,22 @@ def test_summary_and_faults() -> None:
     assert all(isinstance(x, int | float) or x is None for x in s.values())
     assert {"overlaps", "stale_accepted", "token_order", "lost_updates"} <= set(s)
     assert {"longest_unavailable_ns", "takeover_ns", "early_takeover"} <= set(s)
+
+
+@pytest.mark.parametrize(
+    ("intervals", "expected"),
+    [
+        ([], 0),
+        ([(0, 10)], 1),
+        ([(0, 10), (10, 20)], 1),  # touching intervals are not held together
+        ([(0, 10), (5, 20), (6, 7)], 3),
+        ([(0, 10), (11, 20), (12, 13), (30, 40)], 2),
+        ([(0, 10), (5, 5)], 1),  # an empty interval holds nothing
+    ],
+)
+def test_max_holders_table(intervals: list[tuple[int, int]], expected: int) -> None:
+    events: list[Event] = [grant(f"p{i}", f"L{i}", a, b) for i, (a, b) in enumerate(intervals)]
+    assert max_holders(History(events)) == expected
 
 
 def test_empty_history() -> None:

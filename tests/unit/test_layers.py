@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-# The command's applications. ``tenure.demo`` is one too; it still lives beside the
-# library until it moves into ``tenure.cli``.
-APPLICATIONS = ("tenure.cli", "tenure.demo")
+# The command's applications.
+APPLICATIONS = ("tenure.cli",)
 # Calls that import by name at run time (their first argument, when a literal, is checked).
 DYNAMIC_IMPORTS = frozenset({"__import__", "import_module"})
 
@@ -117,7 +116,6 @@ def test_the_applications_are_there() -> None:
         ("from .. import cli", "tenure.fencing.http", False),
         ("from ..cli.run import run", "tenure.patterns.streams", False),
         ("from ...cli import status", "tenure._core.x.y", False),
-        ("from .. import demo", "tenure.verify.world", False),
         ("def f():\n    from ..cli import main\n", "tenure.verify.world", False),
         ("if TYPE_CHECKING:\n    from tenure.cli.run import RunOptions\n", "tenure.x", False),
         ("importlib.import_module('tenure.cli.main')", "tenure.x", False),

@@ -140,7 +140,7 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
 def _cmd_demo(args: argparse.Namespace) -> int:
     # Imported here: the demo pulls in multiprocessing and tenure.testing, which other
     # subcommands do not need.
-    from ..demo import run_demo
+    from .demo import run_demo
 
     # --quick only changes the defaults: an explicit --workers or --duration wins.
     quick: bool = args.quick

@@ -195,9 +195,16 @@ class ActorError(RuntimeError):
 
 
 class Actor:
-    """The scenario's handle on one worker process."""
+    """The scenario's handle on one worker process.
 
-    def __init__(self, spec: ActorSpec) -> None:
+    Args:
+        spec: what the worker runs.
+        wait: wait here until the worker is ready; ``False`` returns as soon as the
+            process is started (several then start side by side) and
+            :meth:`wait_ready` must be called before any command.
+    """
+
+    def __init__(self, spec: ActorSpec, *, wait: bool = True) -> None:
         self.spec = spec
         self.name = spec.proc
         ctx = multiprocessing.get_context("spawn")
@@ -208,10 +215,22 @@ class Actor:
         self._process.start()
         child.close()
         self._pending = 0
+        # Known from the start, so that close() can signal a worker that never got ready.
+        assert self._process.pid is not None
+        self.pid: int = self._process.pid
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait until the worker has built its lock and store connection.
+
+        Raises:
+            ActorError: it died or gave no sign within a minute.
+        """
         status, pid = self._receive(_START_TIMEOUT)
         if status != "ready":
             raise ActorError(f"worker {self.name} did not start: {pid}")
-        self.pid: int = pid
+        self.pid = pid
 
     def call(self, name: str, *args: Any, timeout: float = 30.0) -> Any:
         """Run a command and wait for its result."""

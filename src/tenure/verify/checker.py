@@ -44,7 +44,8 @@ Liveness
 A process has a *pending request* from its ``Request`` until its next ``Grant`` or
 ``Refused`` (or its ``Crash``, or the end of the history). ``longest_unavailable_ns``
 is the longest stretch during which some request was pending and no lease was valid:
-the lock was free in the sense that nobody could rely on it, yet nobody got it.
+the lock was free in the sense that nobody could rely on it, yet nobody got it;
+:func:`unavailable_stretches` lists every such stretch, for an account by phase.
 
 For each ``Crash`` of a process that held a lease (granted and not released before the
 crash, valid or not), ``takeover_ns`` is the time from the crash to the next grant to any
@@ -68,7 +69,15 @@ from dataclasses import dataclass
 
 from .history import Crash, Fault, Grant, History, Refused, Request, Write
 
-__all__ = ["MAX_LISTED", "LeaseSpan", "Verdict", "check", "lease_spans"]
+__all__ = [
+    "MAX_LISTED",
+    "LeaseSpan",
+    "Verdict",
+    "check",
+    "lease_spans",
+    "max_holders",
+    "unavailable_stretches",
+]
 
 MAX_LISTED = 1000
 """At most this many offending items are listed per check; the counts stay exact."""
@@ -401,9 +410,10 @@ def _pending(history: History, problems: list[str]) -> list[tuple[int, int]]:
     return intervals
 
 
-def _unavailable(
+def _unavailable_stretches(
     pending: list[tuple[int, int]], spans: list[LeaseSpan]
-) -> tuple[int, tuple[int, int] | None]:
+) -> list[tuple[int, int]]:
+    """The maximal stretches ``(start, end)`` with a request pending and no valid lease."""
     # Per instant: (+/-1 pending, +/-1 valid). Between two change points the state is
     # constant; stretches where some request waits and no lease is valid are joined.
     changes: dict[int, list[int]] = {}
@@ -417,19 +427,52 @@ def _unavailable(
             changes.setdefault(s.end, [0, 0])[1] -= 1
     waiting = holding = 0
     run_start: int | None = None
-    best: tuple[int, int] | None = None
+    stretches: list[tuple[int, int]] = []
     for t in sorted(changes):
-        if run_start is not None and (best is None or t - run_start > best[1] - best[0]):
-            best = (run_start, t)
         dw, dh = changes[t]
         waiting += dw
         holding += dh
         if waiting > 0 and holding == 0:
             if run_start is None:
                 run_start = t
-        else:
+        elif run_start is not None:
+            stretches.append((run_start, t))
             run_start = None
+    # Every pending interval and every valid span ends at a change point, so the last
+    # change point leaves nobody waiting: no stretch is left open here.
+    return stretches
+
+
+def _unavailable(
+    pending: list[tuple[int, int]], spans: list[LeaseSpan]
+) -> tuple[int, tuple[int, int] | None]:
+    # max() keeps the first of equally long stretches: the earliest one is reported.
+    best = max(_unavailable_stretches(pending, spans), key=lambda s: s[1] - s[0], default=None)
     return (0 if best is None else best[1] - best[0]), best
+
+
+def unavailable_stretches(history: History) -> list[tuple[int, int]]:
+    """Every stretch ``(start, end)`` during which a request was pending and no lease was
+    valid, in time order: the liveness check's raw material, for a per-phase account
+    (``Verdict.longest_unavailable_ns`` is the longest of them)."""
+    return _unavailable_stretches(_pending(history, []), _spans(history, []))
+
+
+def max_holders(history: History) -> int:
+    """The largest number of leases valid at one instant (0 without a valid lease).
+
+    Valid intervals as for C1: touching intervals (one ends exactly when the next
+    begins) are not held together, so this is 1 exactly when C1 finds no overlap and
+    some lease was valid.
+    """
+    valid = [s for s in _spans(history, []) if s.valid]
+    # At one instant, ends (-1) sort before starts (+1).
+    points = sorted([(s.start, 1) for s in valid] + [(s.end, -1) for s in valid])
+    depth = highest = 0
+    for _, step in points:
+        depth += step
+        highest = max(highest, depth)
+    return highest
 
 
 def _takeovers(

@@ -313,16 +313,37 @@ class PlainRedlock:
             node.close()
 
 
+class NoLock:
+    """UNSAFE baseline: no lock at all. Every acquire is granted at once, for ever.
+
+    The control of the counter race (``tenure demo``): with nothing to exclude them, the
+    workers' critical sections overlap and their read-modify-writes lose updates.
+    """
+
+    def __init__(self, spec: LockRecipe) -> None:
+        self._spec = spec
+
+    def acquire(self, timeout: float) -> Held | str:
+        return Held(_lease_id(), None, time.monotonic_ns(), FOREVER_NS)
+
+    def release(self) -> str:
+        return "ok"
+
+    def close(self) -> None:
+        pass
+
+
 _COMPARE_AND_DELETE = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
 
-BASELINES: dict[str, type[_SingleKeyBaseline] | type[PlainRedlock]] = {
+BASELINES: dict[str, type[_SingleKeyBaseline] | type[PlainRedlock] | type[NoLock]] = {
     "setnx-no-ttl": SetNxNoTtl,
     "setnx-getset": SetNxGetSet,
     "no-owner-check": NoOwnerCheck,
     "naive-validity": NaiveValidity,
     "plain-redlock": PlainRedlock,
+    "no-lock": NoLock,
 }
 
 

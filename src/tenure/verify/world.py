@@ -52,7 +52,7 @@ class World:
         self._proxies: list[Proxy] = []
         self._actors: list[Actor] = []
         self._clocks: dict[str, NodeClock] = {}
-        self._paused: dict[str, tuple[int, str]] = {}  # worker -> (since, proof)
+        self._paused: dict[str, tuple[int, str]] = {}  # worker or node -> (since, proof)
         self.faults = 0
         self.store = self.node("store")
         self.store_url = self.store.url
@@ -88,17 +88,31 @@ class World:
         proxy.start()
         return proxy
 
-    def actor(self, proc: str, lock: LockRecipe, *, fenced: bool) -> Actor:
-        spec = ActorSpec(
+    def _spec(self, proc: str, lock: LockRecipe, fenced: bool) -> ActorSpec:
+        return ActorSpec(
             proc=proc,
             lock=lock,
             store_url=self.store_url,
             fenced=fenced,
             history_path=os.fspath(self.history_dir / f"{proc}.jsonl"),
         )
-        actor = Actor(spec)
+
+    def actor(self, proc: str, lock: LockRecipe, *, fenced: bool) -> Actor:
+        actor = Actor(self._spec(proc, lock, fenced))
         self._actors.append(actor)
         return actor
+
+    def actors(self, procs: Iterable[str], lock: LockRecipe, *, fenced: bool) -> list[Actor]:
+        """Start one worker per name side by side (spawning takes a while each), then
+        wait until all are ready."""
+        started = []
+        for proc in procs:
+            actor = Actor(self._spec(proc, lock, fenced), wait=False)
+            self._actors.append(actor)
+            started.append(actor)
+        for actor in started:
+            actor.wait_ready()
+        return started
 
     def replicate(self, replica: LocalNode, source: LocalNode | Proxy) -> None:
         """Make ``replica`` follow ``source`` (a node, or a proxy in front of one)."""
@@ -151,6 +165,25 @@ class World:
         actor.kill()
         self._log.write(Crash(actor.name, t))
         self.fault("crash", actor.name, t, f"pid {pid} gone: {not _exists(pid)}")
+
+    def pause_node(self, node: LocalNode) -> None:
+        """SIGSTOP a node: it accepts connections and answers nothing (a frozen VM),
+        until :meth:`resume_node`."""
+        t = time.monotonic_ns()
+        node.pause()
+        pid = node.pid
+        assert pid is not None  # pause() raised if it was not running
+        state = wait_for_state(pid, "Tt", 5.0)
+        self._paused[node.name] = (t, f"state {state} in /proc/{pid}/stat")
+
+    def resume_node(self, node: LocalNode) -> None:
+        """SIGCONT a node paused by :meth:`pause_node`; the pause is recorded now, with
+        the proof of its start and that the node answered again."""
+        node.resume()
+        with node.client(socket_timeout=5.0) as c:
+            c.ping()
+        t, proof = self._paused.pop(node.name)
+        self.fault("pause", node.name, t, f"{proof}; PONG after SIGCONT")
 
     def kill_node(self, node: LocalNode) -> None:
         t = time.monotonic_ns()
