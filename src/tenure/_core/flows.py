@@ -316,18 +316,7 @@ class Flows:
         Raises:
             ClientClosed, QuorumUnreachable, NodeMisconfigured: as ``Client.acquire``.
         """
-        acq = Acquisition(
-            spec,
-            self.config.retry,
-            self.rng,
-            blocking=blocking,
-            timeout=check_acquire_args(blocking, timeout),
-            now=self.clock(),
-            node_names=self.names,
-            max_ttl_ms=self.config.max_ttl_ms,
-            floor=self.fence_floor,
-            recheck=self.config.recheck,
-        )
+        acq = self._acquisition(spec, blocking, check_acquire_args(blocking, timeout))
         call = _Call()
         granted: LeaseState | None = None
         try:
@@ -335,10 +324,29 @@ class Flows:
                 call.inbox = yield Listen(waiter, 0.0, spec.quorum)
             granted = yield from self._attempts(acq, spec, call, waiter, channel)
         except BaseException:
-            yield from self._end_call(spec, call, waiter, granted=False, unwinding=True)
+            if call.inbox is not None or call.queued:
+                yield from self._end_call(spec, call, waiter, granted=False, unwinding=True)
             raise
-        yield from self._end_call(spec, call, waiter, granted=granted is not None, unwinding=False)
+        if call.inbox is not None or call.queued:
+            yield from self._end_call(
+                spec, call, waiter, granted=granted is not None, unwinding=False
+            )
         return granted
+
+    def _acquisition(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Acquisition:
+        """The retry loop of a new acquire call (the model tests plant broken ones here)."""
+        return Acquisition(
+            spec,
+            self.config.retry,
+            self.rng,
+            blocking=blocking,
+            timeout=timeout,
+            now=self.clock(),
+            node_names=self.names,
+            max_ttl_ms=self.config.max_ttl_ms,
+            floor=self.fence_floor,
+            recheck=self.config.recheck,
+        )
 
     def _attempts(
         self, acq: Acquisition, spec: LockSpec, call: _Call, waiter: str, channel: str
@@ -451,7 +459,7 @@ class Flows:
             lease._state = outcome
             return
         lease._set_released()
-        yield from self._release_round(lease)
+        yield self._release_round(lease)
         lease._mark_lost(outcome)
         raise outcome
 
@@ -468,7 +476,9 @@ class Flows:
         lease._stop_watching()
         _check_not_released(lease)
         lease._set_released()
-        rnd = yield from self._release_round(lease)
+        release = self._release_round(lease)
+        yield release
+        rnd = release.rnd
         error = conclude_release(
             lease._state, self.n, self.config.quorum, rnd, self.clock(), self.names
         )
@@ -477,14 +487,13 @@ class Flows:
         if error is not None:
             raise error  # LeaseLost, or ServerUnsupported: a node refused the release (ACL)
 
-    def _release_round(self, lease: WatchedLease) -> Flow[Round]:
+    def _release_round(self, lease: WatchedLease) -> Run:
         """Compare-and-delete on every node, waking the next waiter; decided once a
         majority confirmed (or can't)."""
         now = self.clock()
         rnd = Round(self.n, self.config.quorum, now)
         command = self.release_waking(lease._spec, lease.token, lease._state.fencing_token)
-        yield Run(command, rnd, now + self.config.node_timeout)
-        return rnd
+        return Run(command, rnd, now + self.config.node_timeout)
 
     def locked(self, spec: LockSpec) -> Flow[bool]:
         """Whether a majority of nodes hold ``spec``'s lock now (for anyone).

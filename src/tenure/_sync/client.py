@@ -226,7 +226,8 @@ class Client(ClientBase):
             _Borrowed.give_back(self._pool, links)
 
     def _links(self) -> _Borrowed:
-        self._check_open("reach the nodes")  # every round borrows links: none after close
+        if self._flows.closed:  # every round borrows links: none after close
+            self._check_open("reach the nodes")
         return _Borrowed(self._pool)
 
     def close(self) -> None:
