@@ -19,6 +19,11 @@ propagates, a flow yields only operations that complete without waiting (``Send`
 has its cleanup *written* before ``CancelledError`` leaves it, with nothing to shield,
 and the blocking driver does the same under Ctrl-C. ``drive`` checks that rule.
 
+A driver writes the rounds of one flow to each node on one connection, in order (the
+blocking driver holds one link set for the whole flow; the asyncio driver has one
+connection per node). The acquire flow relies on it: a failed attempt's cleanup is not
+awaited before the next attempt, whose owner token is the same (``cleanup_to_await``).
+
 The clocks are injected (``Flows.clock``, monotonic seconds; ``Flows.wall_us``, wall
 microseconds for token proposals), so the flows stay pure.
 """
@@ -323,6 +328,8 @@ class Flows:
             if blocking and listening and self.config.recheck > 0:
                 call.inbox = yield Listen(waiter, 0.0, spec.quorum)
             granted = yield from self._attempts(acq, spec, call, waiter, channel)
+        except GeneratorExit:
+            raise
         except BaseException:
             if call.inbox is not None or call.queued:
                 yield from self._end_call(spec, call, waiter, granted=False, unwinding=True)
@@ -378,6 +385,8 @@ class Flows:
             )
             try:
                 yield Run(command, rnd, acq.deadline(rnd), hopeless_unsent=True)
+            except GeneratorExit:
+                raise  # closed unfinished (its task destroyed): nobody is left to write
             except BaseException:
                 # Interrupted mid-round: the grant may have landed. Written behind it.
                 yield self._send(commands.release(spec.key, token), rnd.maybe_holding())

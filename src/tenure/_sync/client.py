@@ -11,12 +11,13 @@ import threading
 import time
 from collections.abc import Hashable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from .._core.acquire import LeaseState
 from .._core.config import LockSpec
 from .._core.flows import (
     AwaitWake,
+    Flow,
     Listen,
     Op,
     Run,
@@ -35,6 +36,8 @@ from .notify import Listener, Slot
 from .watchdog import Watchdog
 
 __all__ = ["Client", "Lease", "Lock"]
+
+T = TypeVar("T")
 
 _clock = monotonic
 
@@ -187,21 +190,31 @@ class Client(ClientBase):
 
     def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | None:
         flow = self._acquire_flow(spec, blocking, timeout)
-        state = drive(flow, self._perform)
+        state = self._drive(flow)
         return None if state is None else Lease(self, state, spec)
 
-    def _perform(self, op: Op) -> Any:
+    def _drive(self, flow: Flow[T]) -> T:
+        """Run ``flow`` in the caller's thread, its rounds on one borrowed link set.
+
+        One set for the whole flow, so that its commands reach each node in the order
+        they were written, on one connection: a failed attempt's cleanup, which is not
+        awaited, runs before the next attempt of the same call (which has the same
+        owner token), as ``acquire.cleanup_to_await`` relies on.
+        """
+        with self._links() as links:
+            return drive(flow, lambda op: self._perform(op, links))
+
+    def _perform(self, op: Op, links: LinkSet) -> Any:
         """Carry out one operation of a flow (``_core.flows``) in the caller's thread."""
         if isinstance(op, Run):
-            with self._links() as links:
-                links.run(
-                    op.command,
-                    op.rnd,
-                    op.deadline,
-                    _clock,
-                    op.targets,
-                    hopeless_unsent=op.hopeless_unsent,
-                )
+            links.run(
+                op.command,
+                op.rnd,
+                op.deadline,
+                _clock,
+                op.targets,
+                hopeless_unsent=op.hopeless_unsent,
+            )
         elif isinstance(op, Listen):
             return self._listener.register(op.waiter, op.timeout, op.need)
         elif isinstance(op, AwaitWake):
@@ -353,7 +366,7 @@ class Lease(LeaseView):
         client = self._client
         self._check_usable("extend")
         with self._op_lock:
-            drive(client._flows.extend(self, ttl), client._perform)
+            client._drive(client._flows.extend(self, ttl))
 
     def release(self) -> None:
         """Release on every node.
@@ -374,7 +387,7 @@ class Lease(LeaseView):
         self._check_usable("release")
         try:
             with self._op_lock:
-                drive(client._flows.release(self), client._perform)
+                client._drive(client._flows.release(self))
         finally:
             watchdog = self._watchdog
             if watchdog is not None:
@@ -462,7 +475,7 @@ class Lock(LockView[Lease]):
             ClientClosed: the client was closed.
         """
         client = self._client
-        return drive(client._flows.locked(self._spec), client._perform)
+        return client._drive(client._flows.locked(self._spec))
 
     def __enter__(self) -> Lease:
         return self._entered(self.acquire(self._blocking, self._timeout))
