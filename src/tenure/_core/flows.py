@@ -316,18 +316,7 @@ class Flows:
         Raises:
             ClientClosed, QuorumUnreachable, NodeMisconfigured: as ``Client.acquire``.
         """
-        acq = Acquisition(
-            spec,
-            self.config.retry,
-            self.rng,
-            blocking=blocking,
-            timeout=check_acquire_args(blocking, timeout),
-            now=self.clock(),
-            node_names=self.names,
-            max_ttl_ms=self.config.max_ttl_ms,
-            floor=self.fence_floor,
-            recheck=self.config.recheck,
-        )
+        acq = self._acquisition(spec, blocking, check_acquire_args(blocking, timeout))
         call = _Call()
         granted: LeaseState | None = None
         try:
@@ -339,6 +328,21 @@ class Flows:
             raise
         yield from self._end_call(spec, call, waiter, granted=granted is not None, unwinding=False)
         return granted
+
+    def _acquisition(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Acquisition:
+        """The retry loop of a new acquire call (the model tests plant broken ones here)."""
+        return Acquisition(
+            spec,
+            self.config.retry,
+            self.rng,
+            blocking=blocking,
+            timeout=timeout,
+            now=self.clock(),
+            node_names=self.names,
+            max_ttl_ms=self.config.max_ttl_ms,
+            floor=self.fence_floor,
+            recheck=self.config.recheck,
+        )
 
     def _attempts(
         self, acq: Acquisition, spec: LockSpec, call: _Call, waiter: str, channel: str
