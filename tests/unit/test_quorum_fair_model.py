@@ -90,7 +90,6 @@ from tenure._core.config import ClientConfig, LockSpec
 from tenure._core.flows import (
     AwaitWake,
     Depart,
-    Flows,
     Listen,
     Op,
     Run,
@@ -111,7 +110,7 @@ from .fake_node import (
     release_wait_lua,
     seed_lua,
 )
-from .model_flows import Interrupt, ModelInbox, ModelLease, Stepper, decode
+from .model_flows import Interrupt, ModelFlows, ModelInbox, ModelLease, Stepper, decode
 from .stateful import find_settings, model_settings, run_state_machine_as_test
 
 N = 3  # nodes
@@ -205,26 +204,6 @@ class Lease:
         while ms / 1000 > self.state.valid_until:
             ms -= 1
         return ms
-
-
-class ModelFlows(Flows):
-    """A process's flows, with the model's choice of ``Acquisition`` (broken ones)."""
-
-    kind: type[Acquisition] = Acquisition
-
-    def _acquisition(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Acquisition:
-        return self.kind(
-            spec,
-            self.config.retry,
-            self.rng,
-            blocking=blocking,
-            timeout=timeout,
-            now=self.clock(),
-            node_names=self.names,
-            max_ttl_ms=self.config.max_ttl_ms,
-            floor=self.fence_floor,
-            recheck=self.config.recheck,
-        )
 
 
 @dataclass
