@@ -81,7 +81,11 @@ class Stepper:
             self.done, self.error, self.op = True, error, None
             return None
         if self.unwinding:
-            check_instant(self.flow, op)  # raises: the model fails
+            try:
+                check_instant(self.flow, op)  # closes the flow and raises: the model fails
+            except RuntimeError:
+                self.done, self.op = True, None
+                raise
         self.op = op
         return op
 
