@@ -1,30 +1,46 @@
 """A model of fair waiting on a quorum ("q"): three fake nodes, up to four processes.
 
-The nodes run the waiting paths of the scripts as mirrored in ``fake_node``
+The nodes run the waiting paths of the scripts as mirrored in ``tenure.testing.fake``
 (``acquire_wait_lua``, ``release_wait_lua``, ``handoff_lua``; checked against the real
-scripts by ``test_the_fake_node_answers_like_redis``). The clients run the real core:
-``Acquisition`` (``begin``, ``proposal``, ``conclude``, ``transferred``), ``Round``, and
-the drivers' reading of replies (``commands._acquire_reply``) and of notifications
-(``parse_wake``); the client-side choices the drivers make around them are copied from
-``Client._acquire`` and ``ClientBase._release_waking``: one waiter id per acquire call,
-a ticket per call, the first attempt of a process not queued until its listener runs,
-cleanup of a failed attempt's grants with the "c" release, a dequeue when a call ends
-without a lease, the hand-off token P = max(wall clock, own token + 1, client floor).
+scripts by ``test_the_fake_node_answers_like_redis``). The clients run the shipped
+flows: each process has its own ``Flows`` (``tenure._core.flows``) with the model's
+clocks injected, and each acquire or release call is the real ``Flows.acquire`` or
+``Flows.release`` generator, suspended at the operation it yielded last. Every choice
+around the core (one waiter id per acquire call, a ticket per call, the first attempt
+of a process not queued until its listener runs, the "c" release of a failed attempt's
+grants, the dequeue when a call ends without a lease, the hand-off token, what is
+written when a call is interrupted) is the flow's; the model only decides *when* each
+operation completes, as a driver would (``model_flows.Stepper``):
+
+* ``Run``: the command goes on the client's wires to the nodes; the ``conclude`` rule
+  resumes the flow once the round is decided, the ``deadline`` rule at its deadline
+  (``stop_hearing``, then ``time_out`` if still undecided, as the drivers do), or
+  throws an interrupt into it (a ``CancelledError`` or Ctrl-C mid-round);
+* ``Send``: the command goes on the wires, and the flow goes on at once;
+* ``Listen``: the process's listener files the notifications of this waiter in a
+  ``ModelInbox`` (at once if it runs already, else once the ``attempt`` rule says its
+  subscription is confirmed); ``Unlisten`` stops that; ``Depart`` registers the waiter
+  in the process's ``waiting.Departed``, which declines a late notification by sending
+  ``Flows.decline``;
+* ``AwaitWake``: the listener wakes it once a majority of nodes notified it, or the
+  ``wake`` rule ends the wait (True if anything was heard: the drivers' straggler
+  timer; else the re-check timeout), or throws an interrupt into it;
+* ``Sleep``: the back-off ends when the ``attempt`` rule says.
 
 Only transport and time are fake. Every command is delivered by its own rule, in the
 order of its connection (one per client and node: a node runs one connection's commands
 in order) but interleaved freely with everything else, so a release can reach some
-nodes before an attempt and others after it. A round is concluded once decided, or at
-its deadline with the silent nodes failed, and its late commands still run afterwards;
-it reads the replies that come after it was decided (the sync driver, when they are
-ready in the same select()) or not (the asyncio driver).
+nodes before an attempt and others after it. A round's late commands still run after
+it was concluded; it reads the replies that come after it was decided (the sync driver,
+when they are ready in the same select()) or not (the asyncio driver).
 Notifications travel per node and client, and may arrive late, after the next attempt
 (which drops them, as ``Slot.take`` does) or never. Wall clocks are arbitrary (they only
 seed proposals, tickets and hand-off tokens); processes lose their notification
-connections for a while or die (PUBLISH to them answers 0), and the dead are replaced
-by new ones that know no tokens. Some runs are calm (whole rounds and releases only):
-busy runs are mostly split votes, partial grants and their cleanups, calm ones mostly
-holds, waits and hand-offs.
+connections for a while or die (PUBLISH to them answers 0; a dead process's flow is
+unwound and what it would write is dropped), and the dead are replaced by new ones that
+know no tokens. Some runs are calm (whole rounds and releases only): busy runs are
+mostly split votes, partial grants and their cleanups, calm ones mostly holds, waits
+and hand-offs.
 
 Invariants, after every step (times in model ms, the core's seconds are ms / 1000):
 
@@ -40,7 +56,9 @@ Invariants, after every step (times in model ms, the core's seconds are ms / 100
 
 and, at the end of every run, (e) liveness smoke: once everything in flight has been
 delivered and every key and place has expired, a client that wants the lock, driven
-alone, gets it within a few rounds (nothing is left stuck on the nodes).
+alone, gets it within a few rounds (nothing is left stuck on the nodes). Throughout,
+a flow interrupted mid-operation may yield only instant operations until the interrupt
+leaves it (``flows.check_instant``).
 
 The ``*Scheme`` subclasses at the end break the core or the scripts on purpose and
 check that the model notices, so a model too weak to find anything cannot pass.
@@ -48,10 +66,12 @@ check that the model notices, so a model too weak to find anything cannot pass.
 
 from __future__ import annotations
 
+import functools
+import math
 import random
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Literal, NoReturn
+from typing import ClassVar, Literal, NoReturn
 
 import pytest
 from hypothesis import settings
@@ -64,12 +84,22 @@ from hypothesis.stateful import (
     rule,
 )
 
-from tenure._core.acquire import Acquisition, GiveUp, Granted, LeaseState, Retry, Wait
-from tenure._core.commands import _acquire_reply
+from tenure._core import commands
+from tenure._core.acquire import Acquisition, Granted, LeaseState
 from tenure._core.config import ClientConfig, LockSpec
-from tenure._core.policy import wait_random
+from tenure._core.flows import (
+    AwaitWake,
+    Depart,
+    Listen,
+    Op,
+    Run,
+    Send,
+    Sleep,
+    Unlisten,
+)
 from tenure._core.quorum import Round
-from tenure._core.waiting import Wake, handoff_token, parse_wake, place_ms
+from tenure._core.waiting import Departed, parse_wake, place_ms
+from tenure._errors import TenureError
 from tenure.testing.fake import (
     Bus,
     FakeNode,
@@ -80,29 +110,32 @@ from tenure.testing.fake import (
     seed_lua,
 )
 
+from .model_flows import Interrupt, ModelFlows, ModelInbox, ModelLease, Stepper, decode
 from .stateful import find_settings, model_settings, run_state_machine_as_test
 
 N = 3  # nodes
 K = 4  # client processes at a time
 CONFIG = ClientConfig.build([f"redis://node{i}" for i in range(N)], recheck=0.5)
+NAMES = [f"node{i}" for i in range(N)]
 SPEC = LockSpec.build(CONFIG, "qfair", 1.0, fair=True)
 assert SPEC.wait_mode == "q"
 KEYS = SPEC.keys
 TTL_MS = SPEC.ttl_ms
 PLACE_MS = place_ms(CONFIG.recheck, CONFIG.node_timeout)
-NODE_TIMEOUT_MS = round(CONFIG.node_timeout * 1000)
 PICK = st.integers(0, 2**16)  # index into whatever is eligible, modulo its length
 # A wall-clock reading is the model clock plus one of these (the unit is immaterial):
 # in step, a little off, far behind (proposals then come from the floors), far ahead.
-# Readings are drawn afresh each time, so a clock may even run backwards: safety must
-# not depend on wall clocks at all.
+# Readings are drawn afresh for each step, so a clock may even run backwards: safety
+# must not depend on wall clocks at all. A call's ticket is its first reading, so
+# tickets tie often (calls begun at the same instant), and ties are ordered by waiter id.
 SKEW = st.sampled_from([0, 0, 1, -1, 20, -20, 900, -5000, 10**6])
-TICKET = st.integers(0, 12)  # small: ties are common, and ordered by waiter id
 # Time steps (ms): mostly small, rarely long; 0: until the next key expires.
 TIME = st.sampled_from(
     [1, 1, 2, 2, 5, 5, 5, 10, 10, 20, 20, 50, 50, 100] * 2 + [400, 1100, 1700, 0]
 )
 
+# What a process's current call waits for: nothing (idle), the attempt rule (a back-off,
+# or its listener's first subscription), a round, a notification, or it holds a lease.
 State = Literal["idle", "ready", "round", "waiting", "holding", "dead"]
 
 
@@ -112,7 +145,8 @@ class Violation(AssertionError):
 
 @dataclass(frozen=True)
 class Command:
-    """One script call on the wire from a client to a node."""
+    """One script call on the wire from a client to a node, read back from the bytes a
+    flow packed (``commands``)."""
 
     kind: Literal["acquire", "release", "delete"]  # delete: a plain compare-and-delete
     token: str
@@ -120,7 +154,34 @@ class Command:
     ticket: int = 0
     place: int = 0
     cleanup: bool = False
-    attempt: int = 0  # acquire: which of the client's rounds it belongs to
+
+    @classmethod
+    def read(cls, packed: bytes) -> Command:
+        name, keys, args = decode(packed)
+        if name == "acquire":
+            assert keys == [KEYS.lock, KEYS.floor, KEYS.warm, KEYS.queue]
+            token, proposal, mode, waiter, _, place, ticket = (
+                args[i] for i in (0, 2, 6, 7, 8, 9, 10)
+            )
+            assert mode == "q"
+            assert waiter == token  # a call's waiter id is its owner token
+            return cls("acquire", token, int(proposal), int(ticket), int(place))
+        assert name == "release", f"no {name} in this model (every node has its floor)"
+        if len(keys) == 1:
+            return cls("delete", args[0])
+        assert args[1] == "q"
+        assert args[4:] in ([], ["c"])
+        return cls("release", args[0], int(args[2]), cleanup=args[4:] == ["c"])
+
+
+@dataclass(frozen=True, eq=False)
+class Wire:
+    """A command on a connection, and the round its reply is tallied into (None: a
+    ``Send``, whose reply is read and dropped)."""
+
+    command: Command
+    parse: commands.Command
+    rnd: Round | None
 
 
 @dataclass
@@ -147,34 +208,40 @@ class Lease:
 
 @dataclass
 class Client:
-    """A client process (one per channel) and its current acquire call."""
+    """A client process (one per channel, one ``Flows``) and its current call."""
 
     name: str
     channel: str
-    rng: random.Random
+    flows: ModelFlows
     alive: bool = True
-    floor: int = 1  # ClientBase._fence_floor
-    listening: bool = False  # the listener has been started (after its first wait)
+    listening: bool = False  # its listener runs (after its first wait)
     calls: int = 0
     state: State = "idle"
-    # The current acquire call.
+    # The current call: its flow, suspended at ``flow.op``.
+    call: Literal["acquire", "release", ""] = ""
     waiter: str = ""
-    acq: Acquisition | None = None
-    ticket: int = 0
-    slot: bool = False
-    queued: bool = False
-    rnd: Round | None = None
-    greedy: bool = False  # this round reads replies that came after it was decided
-    started_ms: int = 0
-    attempt: int = 0
-    seen: list[tuple[int, Wake]] = field(default_factory=list)
+    flow: Stepper | None = None
+    inbox: ModelInbox | None = None  # registered by Listen, until Unlisten
+    greedy: bool = False  # the pending round reads replies that came after it was decided
+    how: str = "a round"  # how the lease it may return was got (for the story)
+    skew: int = 0  # its wall clock reads the model clock plus this, for now
     lease: Lease | None = None
+    held: ModelLease | None = None
+    departed: Departed = field(default_factory=Departed)
     # Per node: commands on the connection, and notifications on their way.
-    wire: list[deque[Command]] = field(default_factory=lambda: [deque() for _ in range(N)])
-    inbox: list[deque[str]] = field(default_factory=lambda: [deque() for _ in range(N)])
+    wire: list[deque[Wire]] = field(default_factory=lambda: [deque() for _ in range(N)])
+    mail: list[deque[str]] = field(default_factory=lambda: [deque() for _ in range(N)])
+
+    @property
+    def run(self) -> Run | None:
+        """The round the call waits on, if it does."""
+        op = self.flow.op if self.flow is not None else None
+        return op if isinstance(op, Run) else None
 
 
 class QuorumFairModel(RuleBasedStateMachine):
+    ACQUISITION: ClassVar[type[Acquisition]] = Acquisition  # broken schemes replace it
+
     def __init__(self) -> None:
         super().__init__()
         self.ms = 0
@@ -204,23 +271,6 @@ class QuorumFairModel(RuleBasedStateMachine):
 
     # --- what tests with a broken scheme override -------------------------------------
 
-    def make_acquisition(self, client: Client) -> Acquisition:
-        return self._build(Acquisition, client)
-
-    def _build(self, kind: type[Acquisition], client: Client) -> Acquisition:
-        return kind(
-            SPEC,
-            wait_random(0.01, 0.02),
-            client.rng,
-            blocking=True,
-            timeout=None,
-            now=self.ms / 1000,
-            node_names=[f"node{i}" for i in range(N)],
-            max_ttl_ms=CONFIG.max_ttl_ms,
-            floor=client.floor,
-            recheck=CONFIG.recheck,
-        )
-
     def hand_off_token(self, p: int, node: int) -> int:
         """The token of a release's hand-off on ``node``: the same P on every node."""
         return p
@@ -233,17 +283,28 @@ class QuorumFairModel(RuleBasedStateMachine):
 
     def node_release(self, i: int, command: Command) -> int:
         return release_wait_lua(
-            self.nodes[i], self.buses[i], KEYS, command.token, "q", command.arg, self.ms,
-            command.cleanup, SPEC.retention_ms,
+            self.nodes[i], self.buses[i], KEYS, command.token, "q",
+            self.hand_off_token(command.arg, i), self.ms, command.cleanup, SPEC.retention_ms,
         )  # fmt: skip
 
     # --- helpers ------------------------------------------------------------------------
 
     def _spawn(self) -> Client:
         self.spawned += 1
-        client = Client(f"p{self.spawned}", f"ch:p{self.spawned}", random.Random(self.spawned))
+        rng = random.Random(self.spawned)
+        flows = ModelFlows(CONFIG, NAMES, rng, clock=self._clock, wall_us=self._clock_us)
+        flows.kind = self.ACQUISITION
+        client = Client(f"p{self.spawned}", f"ch:p{self.spawned}", flows)
+        # Its wall clock: the model's, plus the skew its current step drew.
+        flows.wall_us = lambda: self._wall(client.skew)
         self.buses[0].listening.add(client.channel)  # subscribed on every node at once
         return client
+
+    def _clock(self) -> float:
+        return self.ms / 1000
+
+    def _clock_us(self) -> int:
+        return self.ms * 1000
 
     def _log(self, text: str) -> None:
         self.story.append(f"{self.ms:>6} ms  {text}")
@@ -278,10 +339,6 @@ class QuorumFairModel(RuleBasedStateMachine):
         c = eligible[pick % len(eligible)]
         return c, self.clients[c]
 
-    def _send(self, client: Client, nodes: frozenset[int] | range, command: Command) -> None:
-        for i in nodes:
-            client.wire[i].append(command)
-
     def _granted(self, c: int, client: Client, state: LeaseState, how: str) -> None:
         lease = Lease(c, client.waiter, state, self.ms, how)
         self._log(
@@ -296,79 +353,241 @@ class QuorumFairModel(RuleBasedStateMachine):
         self.last_token = state.fencing_token
         self.leases.append(lease)
         client.lease = lease
+        client.held = ModelLease(state, SPEC)
         client.state = "holding"
         self._check()
 
-    def _end_call(self, client: Client, wall: int) -> None:
-        """The acquire call returns without a lease: leave the queues (``_decline``)."""
-        if client.queued:
-            p = handoff_token(wall, 0, client.floor)
-            self._log(f"{client.waiter} dequeues (P={p})")
-            self._send(client, range(N), Command("release", client.waiter, p))
-        client.state = "idle"
-        client.acq = client.rnd = None
+    # --- carrying out what a flow yields --------------------------------------------------
 
-    def _conclude(self, c: int, client: Client, wall: int) -> None:
-        acq, rnd = client.acq, client.rnd
-        assert acq is not None
-        assert rnd is not None
-        step = acq.conclude(rnd, client.waiter, self.ms / 1000)
-        client.floor = max(client.floor, acq.floor)
-        client.rnd = None
-        infos = [r.info if r is not None else None for r in rnd.results]
-        self._log(f"{client.waiter} concludes {infos}: {type(step).__name__}")
-        if isinstance(step, Granted):
-            assert step.seed is None  # every node has its floor
-            self._granted(c, client, step.lease, "a round")
-            return
-        if step.cleanup:
-            p = handoff_token(wall, 0, client.floor)  # _cleanup_release: fencing 0
-            self._log(f"{client.waiter} cleans up {sorted(step.cleanup)} (P={p})")
-            self._send(client, step.cleanup, Command("release", client.waiter, p, cleanup=True))
-        if isinstance(step, GiveUp):
-            self._end_call(client, wall)
-        elif isinstance(step, Retry):
-            client.state = "ready"
-        else:
-            assert isinstance(step, Wait)
-            if client.slot:
+    def _put(
+        self, client: Client, command: commands.Command, targets: object, rnd: Round | None
+    ) -> None:
+        """Write ``command`` on the client's connections to ``targets`` (None: every node)."""
+        read = Command.read(command.packed)
+        nodes = range(N) if targets is None else targets
+        assert isinstance(nodes, (range, list))
+        self._log(f"{client.waiter} writes {read} to {list(nodes)}")
+        for i in nodes:
+            client.wire[i].append(Wire(read, command, rnd))
+
+    def _decline(self, client: Client, spec: LockSpec, waiter: str, node: int) -> None:
+        """``waiting.Departed`` calls this: a notification reached a departed waiter."""
+        send = client.flows.decline(spec, waiter, node)
+        self._log(f"{client.name} declines a notification to {waiter} from node {node}")
+        if send is not None:
+            self._put(client, send.command, send.targets, None)
+
+    def _go(self, c: int, op: Op | None) -> None:
+        """Carry out what client ``c``'s flow yields, from ``op`` on, until it must wait
+        for a rule (or its call ends)."""
+        client = self.clients[c]
+        flow = client.flow
+        assert flow is not None
+        while op is not None:
+            if isinstance(op, Run):
+                self._put(client, op.command, op.targets, op.rnd)
+                if not op.rnd.decided:
+                    client.state = "round"
+                    return
+                op = flow.send(None)  # waits for no node: on with it
+            elif isinstance(op, Send):
+                self._put(client, op.command, op.targets, None)
+                op = flow.send(None)
+            elif isinstance(op, Listen):
+                client.inbox = ModelInbox(op.waiter, op.need)
+                if op.timeout > 0 and not client.listening:
+                    client.listening = True  # its subscription is confirmed at `attempt`
+                    client.state = "ready"
+                    return
+                op = flow.send(client.inbox)
+            elif isinstance(op, Unlisten):
+                client.inbox = None
+                op = flow.send(None)
+            elif isinstance(op, Depart):
+                decline = functools.partial(self._decline, client, op.spec, op.waiter)
+                client.departed.add(op.waiter, decline, op.until, self.ms / 1000)
+                op = flow.send(None)
+            elif isinstance(op, AwaitWake):
+                assert op.inbox is client.inbox
                 client.state = "waiting"
-            else:
-                # First wait of this call without a listener: start it, queue at once.
-                client.slot = client.listening = True
+                return
+            elif isinstance(op, Sleep):
                 client.state = "ready"
+                return
+            else:
+                raise AssertionError(f"no such operation in an acquire or release: {op!r}")
+        self._ended(c, client)
+
+    def _ended(self, c: int, client: Client) -> None:
+        """The call returned or raised."""
+        flow = client.flow
+        assert flow is not None
+        assert flow.done
+        client.flow = None
+        assert client.inbox is None, "a call ended still listening"
+        error = flow.error
+        if error is not None and not isinstance(error, (Interrupt, TenureError)):
+            raise error
+        if client.call == "acquire" and flow.result is not None:
+            assert isinstance(flow.result, LeaseState)
+            self._granted(c, client, flow.result, client.how)
+            client.call = ""
+            return
+        self._log(f"{client.waiter}'s {client.call} ends: {error!r}")
+        client.state = "idle"
+        client.call = ""
+        client.lease = None
+        client.held = None
+
+    def _resume(self, c: int, value: object = None) -> None:
+        client = self.clients[c]
+        assert client.flow is not None
+        if isinstance(client.flow.op, Listen):
+            value = client.inbox  # the subscription is confirmed
+        self._go(c, client.flow.send(value))
+
+    def _interrupt(self, c: int) -> None:
+        client = self.clients[c]
+        assert client.flow is not None
+        self._log(f"{client.waiter} is interrupted at {type(client.flow.op).__name__}")
+        self._go(c, client.flow.throw(Interrupt("cancelled")))
+
+    def _start(self, c: int, skew: int) -> None:
+        """An idle process begins an acquire call."""
+        client = self.clients[c]
+        client.calls += 1
+        client.waiter = f"{client.name}.{client.calls}"
+        client.call = "acquire"
+        client.how = "a round"
+        client.lease = None
+        client.skew = skew
+        self._log(f"{client.waiter} starts (listening={client.listening})")
+        flow = client.flows.acquire(
+            SPEC,
+            True,
+            None,
+            waiter=client.waiter,
+            channel=client.channel,
+            listening=client.listening,
+        )
+        client.flow = Stepper(flow)
+        self._go(c, client.flow.start())
+
+    def _attempt(self, c: int, skew: int, greedy: bool = False) -> None:
+        """The ``attempt`` rule: an idle process starts a call, a ready one goes on."""
+        client = self.clients[c]
+        client.greedy = greedy
+        client.skew = skew
+        if client.state == "idle":
+            self._start(c, skew)
+        else:
+            self._resume(c)
+
+    def _conclude(self, c: int, skew: int) -> None:
+        """The pending round returns to its flow (decided, or at its deadline)."""
+        client = self.clients[c]
+        run = client.run
+        assert run is not None
+        infos = [r.info if r is not None else None for r in run.rnd.results]
+        self._log(f"{client.waiter} concludes {infos}")
+        client.skew = skew
+        self._resume(c)
+
+    def _deadline(self, c: int, skew: int) -> None:
+        client = self.clients[c]
+        run = client.run
+        assert run is not None
+        end = math.ceil(run.deadline * 1000)
+        if end > self.ms:
+            self._advance(end - self.ms)
+        run.rnd.stop_hearing()
+        if not run.rnd.decided:
+            run.rnd.time_out()
+        self._conclude(c, skew)
+
+    def _notify(self, c: int, i: int) -> None:
+        client = self.clients[c]
+        message = client.mail[i].popleft()
+        wake = parse_wake(message.encode())
+        assert wake is not None, message
+        self._log(f"{client.name} hears {message!r} from node {i}")
+        if not client.alive:
+            return
+        # The listener files it by waiter id, in the slot of a call still listening, or
+        # declines it for a waiter that departed lately.
+        inbox = client.inbox
+        if inbox is not None and wake.waiter == inbox.waiter:
+            inbox.put(i, wake)
+        else:
+            client.departed.decline(wake.waiter, i, self.ms / 1000)
+
+    def _wake(self, c: int, heard: bool | None = None) -> None:
+        """The wait ends: notified (True), or at its timeout (False); by default, True
+        if anything was heard (the straggler timer) or the process was nudged."""
+        client = self.clients[c]
+        inbox = client.inbox
+        assert inbox is not None
+        if heard is None:
+            heard = bool(inbox.wakes) or inbox.nudged
+        grants = [(i, w.token) for i, w in inbox.wakes if w.handed_over]
+        client.how = f"hand-off {grants}"
+        self._log(f"{client.waiter} wakes ({heard}) with {grants}")
+        self._resume(c, heard)
+        if client.state != "holding":
+            client.how = "a round"
+
+    def _woken(self) -> None:
+        """The listener wakes a waiter once a majority of nodes have notified it."""
+        for c in self._with(("waiting",)):
+            inbox = self.clients[c].inbox
+            if inbox is not None and inbox.ready():
+                self._wake(c, True)
+
+    def _release(self, c: int, skew: int) -> None:
+        """The holder calls release (``Flows.release``): it no longer relies on its lease."""
+        client = self.clients[c]
+        lease, held = client.lease, client.held
+        assert lease is not None
+        assert held is not None
+        lease.ended_ms = self.ms
+        self._log(f"{client.waiter} releases token {lease.state.fencing_token}")
+        client.call = "release"
+        client.skew = skew
+        client.flow = Stepper(client.flows.release(held))
+        self._go(c, client.flow.start())
 
     def _deliver(self, c: int, i: int, prompt: bool = False) -> None:
         """Run the next command of client ``c``'s connection to node ``i``. ``prompt``:
         its notifications reach their listeners at once (unless others from that node
         are still on their way to them: a connection delivers in order)."""
         client = self.clients[c]
-        command = client.wire[i].popleft()
+        wire = client.wire[i].popleft()
+        command = wire.command
+        reply: list[int] | int
         if command.kind == "acquire":
             reply = self.node_acquire(i, command, client.channel)
-            self._log(f"node {i} runs {client.name}'s attempt {command}: {reply}")
-            rnd = client.rnd
-            # Once decided, the asyncio driver reads no more replies (they are owed); the
-            # sync one still reads those ready in the same select(): ``greedy``.
-            if (
-                rnd is not None
-                and client.attempt == command.attempt
-                and (client.greedy or not rnd.decided)
-            ):
-                ok, info = _acquire_reply(reply)
-                rnd.record(i, ok, info)
         elif command.kind == "release":
-            released = self.node_release(i, command)
-            self._log(f"node {i} runs {client.name}'s release {command}: {released}")
+            reply = self.node_release(i, command)
         else:
-            released = release_lua(self.nodes[i], KEYS.lock, command.token, self.ms)
-            self._log(f"node {i} runs {client.name}'s plain release {command}: {released}")
+            reply = release_lua(self.nodes[i], KEYS.lock, command.token, self.ms)
+        self._log(f"node {i} runs {client.name}'s {command}: {reply}")
+        run = client.run
+        # A reply is tallied into the round the flow waits on. Once decided, the asyncio
+        # driver reads no more replies (they are owed); the sync one still reads those
+        # ready in the same select(): ``greedy``.
+        if (
+            client.alive
+            and run is not None
+            and wire.rnd is run.rnd
+            and (client.greedy or not run.rnd.decided)
+        ):
+            run.rnd.record(i, *wire.parse.parse(reply))
         for channel, message in self.buses[i].published:
             self._log(f"node {i} publishes {message!r} to {channel}")
             for d, other in enumerate(self.clients):
                 if other.channel == channel:
-                    other.inbox[i].append(message)
-                    if prompt and len(other.inbox[i]) == 1:
+                    other.mail[i].append(message)
+                    if prompt and len(other.mail[i]) == 1:
                         self._notify(d, i)
         self.buses[i].published.clear()
         if prompt:
@@ -419,89 +638,6 @@ class QuorumFairModel(RuleBasedStateMachine):
                         f"{lease} it granted is valid"
                     )
 
-    # --- what a client does (rules pick the client; the liveness check drives them) -----
-
-    def _start(self, client: Client, ticket: int) -> None:
-        client.calls += 1
-        client.waiter = f"{client.name}.{client.calls}"
-        client.acq = self.make_acquisition(client)
-        client.ticket = ticket
-        client.slot = client.listening
-        client.queued = False
-        client.lease = None
-        client.state = "ready"
-        self._log(f"{client.waiter} starts (ticket {ticket}, listening={client.listening})")
-
-    def _attempt(self, client: Client, skew: int, greedy: bool = False) -> None:
-        acq = client.acq
-        assert acq is not None
-        client.seen.clear()  # Slot.take(): this attempt sees every notification so far
-        client.queued = client.queued or client.slot
-        client.rnd = acq.begin(self.ms / 1000)
-        client.greedy = greedy
-        client.started_ms = self.ms
-        client.attempt += 1
-        proposal = acq.proposal(self._wall(skew))
-        place = PLACE_MS if client.slot else 0
-        command = Command(
-            "acquire", client.waiter, proposal, client.ticket, place, attempt=client.attempt
-        )
-        self._log(f"{client.waiter} attempts: proposal {proposal}, place {place}")
-        client.state = "round"
-        self._send(client, range(N), command)
-
-    def _deadline(self, c: int, skew: int) -> None:
-        client = self.clients[c]
-        assert client.rnd is not None
-        end = client.started_ms + NODE_TIMEOUT_MS
-        if end > self.ms:
-            self._advance(end - self.ms)
-        client.rnd.time_out()
-        self._conclude(c, client, self._wall(skew))
-
-    def _notify(self, c: int, i: int) -> None:
-        client = self.clients[c]
-        message = client.inbox[i].popleft()
-        wake = parse_wake(message.encode())
-        assert wake is not None, message
-        self._log(f"{client.name} hears {message!r} from node {i}")
-        # The listener routes by waiter id, to a registered slot of a call still running.
-        calling = client.state in ("ready", "round", "waiting")
-        if client.alive and client.slot and calling and wake.waiter == client.waiter:
-            client.seen.append((i, wake))
-
-    def _wake(self, c: int) -> None:
-        client = self.clients[c]
-        acq = client.acq
-        assert acq is not None
-        grants = [(i, w.token) for i, w in client.seen if w.handed_over]
-        if grants:
-            granted = acq.transferred(client.waiter, grants, self.ms / 1000)
-            self._log(f"{client.waiter} woken with {grants}: {granted is not None}")
-            if granted is not None:
-                client.floor = max(client.floor, acq.floor)
-                self._granted(c, client, granted.lease, f"hand-off {grants}")
-                return
-        client.state = "ready"
-
-    def _woken(self) -> None:
-        """The listener wakes a waiter once a majority of nodes have notified it."""
-        for c in self._with(("waiting",)):
-            if len({i for i, _ in self.clients[c].seen}) >= SPEC.quorum:
-                self._wake(c)
-
-    def _release(self, client: Client, skew: int) -> None:
-        lease = client.lease
-        assert lease is not None
-        lease.ended_ms = self.ms
-        p = handoff_token(self._wall(skew), lease.state.fencing_token, client.floor)
-        self._log(f"{client.waiter} releases token {lease.state.fencing_token} with P={p}")
-        for i in range(N):
-            client.wire[i].append(Command("release", client.waiter, self.hand_off_token(p, i)))
-        client.state = "idle"
-        client.lease = None
-        client.acq = None
-
     # --- rules --------------------------------------------------------------------------
     #
     # Hypothesis draws rules about evenly (and switches some off per run), so the common
@@ -509,19 +645,17 @@ class QuorumFairModel(RuleBasedStateMachine):
     # whole attempt in one step: without them a run rarely gets past its first grant.
 
     @precondition(lambda self: not self.calm and bool(self._with(("idle", "ready"))))
-    @rule(pick=PICK, ticket=TICKET, skew=SKEW, greedy=st.booleans())
-    def attempt(self, pick: int, ticket: int, skew: int, greedy: bool) -> None:
-        """An attempt begins (an idle client first starts an acquire call): sent to every
-        node, each delivered by ``deliver``."""
-        _, client = self._pick(("idle", "ready"), pick)
-        if client.state == "idle":
-            self._start(client, ticket)
-        self._attempt(client, skew, greedy)
+    @rule(pick=PICK, skew=SKEW, greedy=st.booleans())
+    def attempt(self, pick: int, skew: int, greedy: bool) -> None:
+        """An idle process starts an acquire call, or a ready one goes on (its back-off
+        ended, or its listener's subscription is confirmed): its next attempt is sent
+        to every node, each delivered by ``deliver``."""
+        c, _ = self._pick(("idle", "ready"), pick)
+        self._attempt(c, skew, greedy)
 
     @precondition(lambda self: bool(self._with(("idle", "ready"))))
     @rule(
         pick=PICK,
-        ticket=TICKET,
         skew=SKEW,
         order=st.permutations(range(N)),
         reach=st.sampled_from([1, 2, 2, 3, 3, 3]),
@@ -529,26 +663,22 @@ class QuorumFairModel(RuleBasedStateMachine):
         greedy=st.booleans(),
     )
     def round_at_once(
-        self,
-        pick: int,
-        ticket: int,
-        skew: int,
-        order: list[int],
-        reach: int,
-        prompt: bool,
-        greedy: bool,
+        self, pick: int, skew: int, order: list[int], reach: int, prompt: bool, greedy: bool
     ) -> None:
         """An attempt whose commands run at once on ``reach`` nodes, in ``order`` (behind
         whatever this client sent them before), concluded if that decided it."""
-        c, client = self._pick(("idle", "ready"), pick)
-        if client.state == "idle":
-            self._start(client, ticket)
-        self._attempt(client, skew, greedy)
-        for i in order[: N if self.calm else reach]:
+        c, _ = self._pick(("idle", "ready"), pick)
+        self._attempt(c, skew, greedy)
+        self._at_once(c, order[: N if self.calm else reach], prompt, skew)
+
+    def _at_once(self, c: int, nodes: list[int], prompt: bool, skew: int) -> None:
+        client = self.clients[c]
+        for i in nodes:
             while client.wire[i]:
                 self._deliver(c, i, prompt)
-        if client.rnd is not None and client.rnd.decided:
-            self._conclude(c, client, self._wall(skew))
+        run = client.run
+        if run is not None and run.rnd.decided and client.state == "round":
+            self._conclude(c, skew)
 
     def _deliverable(self) -> bool:
         return not self.calm and any(any(cl.wire) for cl in self.clients)
@@ -578,21 +708,19 @@ class QuorumFairModel(RuleBasedStateMachine):
     def deliver_more(self, pick: int, node: int, burst: int) -> None:
         self._deliver_some(pick, node, burst, prompt=True)
 
-    @precondition(
-        lambda self: any(
-            cl.state == "round" and cl.rnd is not None and cl.rnd.decided for cl in self.clients
-        )
-    )
-    @rule(pick=PICK, skew=SKEW)
-    def conclude(self, pick: int, skew: int) -> None:
-        """A decided round is concluded (maybe long after: a paused process)."""
-        eligible = [
+    def _decided(self) -> list[int]:
+        return [
             c
             for c, cl in enumerate(self.clients)
-            if cl.state == "round" and cl.rnd is not None and cl.rnd.decided
+            if cl.state == "round" and (run := cl.run) is not None and run.rnd.decided
         ]
-        c = eligible[pick % len(eligible)]
-        self._conclude(c, self.clients[c], self._wall(skew))
+
+    @precondition(lambda self: bool(self._decided()))
+    @rule(pick=PICK, skew=SKEW)
+    def conclude(self, pick: int, skew: int) -> None:
+        """A decided round returns to its flow (maybe long after: a paused process)."""
+        decided = self._decided()
+        self._conclude(decided[pick % len(decided)], skew)
 
     def _undecided(self) -> list[int]:
         if self.calm:
@@ -600,33 +728,30 @@ class QuorumFairModel(RuleBasedStateMachine):
         return [
             c
             for c, cl in enumerate(self.clients)
-            if cl.state == "round" and cl.rnd is not None and not cl.rnd.decided
+            if cl.state == "round" and (run := cl.run) is not None and not run.rnd.decided
         ]
 
     @precondition(lambda self: bool(self._undecided()))
     @rule(pick=PICK, skew=SKEW, interrupted=st.sampled_from([False, False, False, True]))
     def deadline(self, pick: int, skew: int, interrupted: bool) -> None:
         """An undecided round reaches its deadline: the silent nodes are failed (their
-        commands still run later), then it concludes. ``interrupted``: the call is
-        interrupted mid-round instead (``Client._acquire``'s except and finally: a plain
-        delete where the grant may have landed, then the dequeue)."""
+        commands still run later), then it returns to its flow. ``interrupted``: the call
+        is interrupted mid-round instead (cancelled, or Ctrl-C): the flow writes its
+        cleanup on the way out."""
         undecided = self._undecided()
         c = undecided[pick % len(undecided)]
-        if not interrupted:
+        self.clients[c].skew = skew
+        if interrupted:
+            self._interrupt(c)
+        else:
             self._deadline(c, skew)
-            return
-        client = self.clients[c]
-        assert client.rnd is not None
-        self._log(f"{client.waiter} interrupted mid-round")
-        self._send(client, client.rnd.maybe_holding(), Command("delete", client.waiter))
-        self._end_call(client, self._wall(skew))
 
     def _notifiable(self) -> bool:
-        return any(any(cl.inbox) for cl in self.clients)
+        return any(any(cl.mail) for cl in self.clients)
 
     def _notify_some(self, pick: int, node: int, burst: int) -> None:
         for _ in range(burst):
-            ready = [(c, i) for c, cl in enumerate(self.clients) for i in range(N) if cl.inbox[i]]
+            ready = [(c, i) for c, cl in enumerate(self.clients) for i in range(N) if cl.mail[i]]
             if not ready:
                 return
             preferred = [(c, i) for c, i in ready if i == node] or ready
@@ -641,8 +766,8 @@ class QuorumFairModel(RuleBasedStateMachine):
     )
     def notify(self, pick: int, node: int, burst: int, prompt: bool) -> None:
         """Notifications reach their process's listener (in order per node). A waiter
-        notified by a majority of nodes is woken (``Slot.put``); with ``prompt`` off its
-        thread is slow to run, and ``wake`` picks it up later."""
+        notified by a majority of nodes is woken; with ``prompt`` off its thread is slow
+        to run, and ``wake`` picks it up later."""
         self._notify_some(pick, node, burst)
         if prompt:
             self._woken()
@@ -650,13 +775,12 @@ class QuorumFairModel(RuleBasedStateMachine):
     @precondition(lambda self: bool(self._with(("waiting",))))
     @rule(pick=PICK, skew=SKEW, give_up=st.sampled_from([False] * 5 + [True]))
     def wake(self, pick: int, skew: int, give_up: bool) -> None:
-        """The wait ends, with the notifications heard so far: hand-offs among them are
-        judged by ``transferred`` (none yet: the fallback bound came first, a re-check).
-        ``give_up``: the call times out or is cancelled instead (dequeue everywhere)."""
+        """The wait ends, with the notifications heard so far (the straggler timer) or
+        none (the re-check). ``give_up``: the call is cancelled instead."""
         c, client = self._pick(("waiting",), pick)
+        client.skew = skew
         if give_up:
-            self._log(f"{client.waiter} gives up")
-            self._end_call(client, self._wall(skew))
+            self._interrupt(c)
         else:
             self._wake(c)
 
@@ -671,11 +795,9 @@ class QuorumFairModel(RuleBasedStateMachine):
     def release(self, pick: int, skew: int, order: list[int], reach: int, prompt: bool) -> None:
         """The holder releases (maybe after its lease expired), one P for every node;
         the commands run at once on ``reach`` nodes, in ``order``, the others later."""
-        c, client = self._pick(("holding",), pick)
-        self._release(client, skew)
-        for i in order[: N if self.calm else reach]:
-            while client.wire[i]:
-                self._deliver(c, i, prompt)
+        c, _ = self._pick(("holding",), pick)
+        self._release(c, skew)
+        self._at_once(c, order[: N if self.calm else reach], prompt, skew)
 
     @precondition(lambda self: not self.calm)
     @rule(pick=PICK, kind=st.sampled_from(["die", "deaf", "deaf"]))
@@ -684,7 +806,7 @@ class QuorumFairModel(RuleBasedStateMachine):
         channel stops listening, its lease is no longer used, and a new process that
         knows no tokens takes its place. "deaf": its notification connections drop
         (PUBLISH to it answers 0, so releases skip its waiters and drop them from the
-        queues) or, if down, come back: the listener then wakes every waiter of the
+        queues) or, if down, come back: the listener then nudges every waiter of the
         process, since what was published meanwhile reached nobody."""
         c = pick % K
         client = self.clients[c]
@@ -696,8 +818,10 @@ class QuorumFairModel(RuleBasedStateMachine):
             else:
                 self._log(f"{client.name}'s notification connections are back")
                 listening.add(client.channel)
+                if client.inbox is not None:
+                    client.inbox.nudged = True
                 if client.state == "waiting":
-                    self._wake(c)
+                    self._wake(c, True)
             return
         if self.spawned >= K + 2:
             return
@@ -706,9 +830,13 @@ class QuorumFairModel(RuleBasedStateMachine):
         self.buses[0].listening.discard(client.channel)
         if client.lease is not None:
             client.lease.ended_ms = self.ms
+        if client.flow is not None:
+            client.flow.abandon()  # what it would still write never leaves the process
+            client.flow = None
+        client.inbox = None
         client.state = "dead"
-        for inbox in client.inbox:
-            inbox.clear()
+        for mail in client.mail:
+            mail.clear()
         self.clients.append(client)  # past the first K: only its wire is still drained
         self.clients[c] = self._spawn()
 
@@ -748,41 +876,71 @@ class QuorumFairModel(RuleBasedStateMachine):
         """Deliver everything, let every key and place expire, then drive one client that
         still wants the lock, alone, one synchronous step at a time: it gets it. (Alone:
         the others would sleep a random back-off between split attempts; driving them all
-        in lockstep would be a livelock of the model's making.)"""
-        wanting = [c for c in range(K) if self.clients[c].state in ("ready", "round", "waiting")]
-        if not wanting or self.failed:
+        in lockstep would be a livelock of the model's making.) At the end every flow
+        still suspended is unwound."""
+        try:
+            if not self.failed:
+                self._liveness()
+        finally:
+            for client in self.clients:
+                if client.flow is not None:
+                    client.flow.abandon()
+                    client.flow = None
+
+    def _liveness(self) -> None:
+        wanting = [
+            c
+            for c in range(K)
+            if self.clients[c].call == "acquire"
+            and self.clients[c].state in ("ready", "round", "waiting")
+        ]
+        if not wanting:
             return
         c = wanting[0]
         client = self.clients[c]
-        for other in self.clients[:K]:
+        for d, other in enumerate(self.clients[:K]):
             if other.state == "holding":
-                self._release(other, 0)
+                self._release(d, 0)
+        self._drain()
+        for d, other in enumerate(self.clients[:K]):
+            if d != c and other.call == "release" and other.state == "round":
+                self._finish_round(d)
         self._drain()
         self._advance(max(TTL_MS, PLACE_MS) + 1)
         before = len(self.leases)
         for _ in range(12):
             if client.state == "round":
-                self._deadline(c, 0)
+                self._finish_round(c)
             elif client.state == "waiting":
                 self._wake(c)
-            elif client.state == "ready":
-                self._attempt(client, 0)
+            elif client.state in ("ready", "idle"):
+                # "idle": its call gave up (QuorumUnreachable after rounds the model let
+                # time out); it still wants the lock, so it calls again.
+                self._attempt(c, 0)
             else:
                 break
             self._drain()
-        if len(self.leases) == before and client.state != "idle":
+        if len(self.leases) == before and client.state != "holding":
             self._fail(f"(e) liveness: {client.waiter}, alone, never acquired a free lock")
+
+    def _finish_round(self, c: int) -> None:
+        run = self.clients[c].run
+        assert run is not None
+        if run.rnd.decided:
+            self._conclude(c, 0)
+        else:
+            self._deadline(c, 0)
 
     def _drain(self) -> None:
         while True:
             wires = [(c, i) for c, cl in enumerate(self.clients) for i in range(N) if cl.wire[i]]
-            notes = [(c, i) for c, cl in enumerate(self.clients) for i in range(N) if cl.inbox[i]]
+            notes = [(c, i) for c, cl in enumerate(self.clients) for i in range(N) if cl.mail[i]]
             if not wires and not notes:
                 return
             for c, i in wires:
                 self._deliver(c, i)
             for c, i in notes:
-                if self.clients[c].inbox[i]:
+                if self.clients[c].mail[i]:
                     self._notify(c, i)
 
 
@@ -827,8 +985,7 @@ class RoundOfOneScheme(QuorumFairModel):
     """A core that took one node's grant for a majority: two clients hold at once as
     soon as their grants land on different nodes."""
 
-    def make_acquisition(self, client: Client) -> Acquisition:
-        return self._build(OneGrantAcquisition, client)
+    ACQUISITION = OneGrantAcquisition
 
 
 class LateValidityAcquisition(Acquisition):
@@ -844,8 +1001,7 @@ class ValidityFromNotificationScheme(QuorumFairModel):
     """A core that counted a hand-off's validity from the notification's arrival: the
     keys were set earlier, at the release, and expire before such a lease ends."""
 
-    def make_acquisition(self, client: Client) -> Acquisition:
-        return self._build(LateValidityAcquisition, client)
+    ACQUISITION = LateValidityAcquisition
 
 
 class OneNodeAcquisition(Acquisition):
@@ -861,8 +1017,7 @@ class HandOffFromOneNodeScheme(QuorumFairModel):
     """A core that took one node's hand-off for the lock (queues differ from node to
     node, so two waiters are each handed some of the nodes)."""
 
-    def make_acquisition(self, client: Client) -> Acquisition:
-        return self._build(OneNodeAcquisition, client)
+    ACQUISITION = OneNodeAcquisition
 
 
 class AnyTokensAcquisition(Acquisition):
@@ -876,8 +1031,7 @@ class TokenPerNodeScheme(QuorumFairModel):
     plus the node's index), and a core that took the highest of a majority of them:
     the token is committed on one node only, and a later majority can propose below."""
 
-    def make_acquisition(self, client: Client) -> Acquisition:
-        return self._build(AnyTokensAcquisition, client)
+    ACQUISITION = AnyTokensAcquisition
 
     def hand_off_token(self, p: int, node: int) -> int:
         return p + 10 * node
