@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from redis.exceptions import AskError, MovedError
+from redis.exceptions import AskError, MovedError, TryAgainError
 
 from tenure import ConfigurationError
 from tenure._core.config import LockKeys
@@ -244,3 +244,32 @@ def test_bad_settings_are_refused_before_any_process_starts(
     with pytest.raises(ConfigurationError) as info:
         make()
     assert info.value.parameter == parameter
+
+
+def test_a_script_over_a_migrating_slot_fails_closed(binary: str) -> None:
+    # What docs/cluster-and-sentinel.md relies on: while a slot migrates, a script over
+    # keys some of which are absent (a free lock, its node's floor present) is sent on
+    # with ASK by the source and refused with TRYAGAIN by the target; it never runs on
+    # a part of the keys.
+    with LocalRedisCluster(binary=binary) as cluster:
+        floor, lock = "tenure:{x}:floor", "tenure:{x}:lock"
+        slot = cluster.keyslot(floor)
+        source = cluster.slot_owner(slot)
+        target = next(m for m in cluster.masters() if m is not source)
+        with source.client() as c:
+            c.set(floor, 5)
+        script = "return redis.call('EXISTS', KEYS[1], KEYS[2])"
+
+        migration = cluster.migrate_slot(slot, target, finish=False)
+
+        with source.client() as c, pytest.raises(AskError) as asked:
+            c.eval(script, 2, floor, lock)
+        assert type(asked.value) is AskError
+        with target.client() as c, c.pipeline(transaction=False) as pipe:
+            pipe.execute_command("ASKING").eval(script, 2, floor, lock)
+            asking, reply = pipe.execute(raise_on_error=False)
+        assert asking is True
+        assert isinstance(reply, TryAgainError)
+        migration.finish()
+        with target.client() as c:
+            assert c.eval(script, 2, floor, lock) == 1
