@@ -70,6 +70,7 @@ _BUS_OFFSET = 10000  # a cluster node's bus port is its port + 10000 (Redis 6.2:
 _PORT_ATTEMPTS = 5
 _MIGRATE_BATCH = 100
 _MIGRATE_TIMEOUT_MS = 5000
+_MANUAL_FAILOVER_WAIT = 7.0  # Redis abandons a manual failover after 5 s
 # A replica's first sync at once: Redis 7 and Valkey sync over the socket by default,
 # after waiting 5 s for more replicas to join the same transfer.
 _FAST_SYNC = {"repl-diskless-sync-delay": "0"}
@@ -763,7 +764,8 @@ class LocalRedisCluster(_Topology):
         """Have a replica of ``master`` take over (``CLUSTER FAILOVER`` on the replica).
 
         The manual failover loses no write: the master stops taking writes until the
-        replica has them all. Waits until the whole cluster agrees.
+        replica has them all. Waits until every running node sees the replica serve the
+        slots and the old master (if it runs) as its replica.
 
         Returns:
             The replica that is now master.
@@ -777,14 +779,38 @@ class LocalRedisCluster(_Topology):
             raise LocalNodeError(master.name, "has no replica to fail over to")
         replica = replicas[0]
         slots = next(v.slots for v in self.view() if v.port == master.port)
-        self._command(replica, "CLUSTER", "FAILOVER")
 
         def taken_over() -> bool | None:
             views = {v.port: v for v in self.view(replica)}
             return True if views[_port(replica)].slots == slots else None
 
-        _until(f"failover of {master.name}", timeout, taken_over)
+        # A manual failover the master does not join within 5 s (a loaded machine) is
+        # abandoned by the replica without a word: ask again until the deadline.
+        deadline = time.monotonic() + timeout
+        while True:
+            # Refused only if the replica has become master meanwhile: seen below.
+            with contextlib.suppress(redis.ResponseError):
+                self._command(replica, "CLUSTER", "FAILOVER")
+            try:
+                _until(f"failover of {master.name}", _MANUAL_FAILOVER_WAIT, taken_over)
+                break
+            except LocalNodeError:
+                if time.monotonic() > deadline:
+                    raise
         self.wait_converged(timeout)
+        # The old master turns into a replica of the new one; wait until every node
+        # says so, so that replicas_of() is the same whichever node is asked.
+        replica_id = self.node_id(replica)
+
+        def demoted() -> bool | None:
+            for node in self._running():
+                views = {v.port: v for v in self.view(node)}
+                if views[_port(master)].master_id != replica_id:
+                    return None
+            return True
+
+        if master.is_running():
+            _until(f"{master.name} as a replica of {replica.name}", timeout, demoted)
         return replica
 
     def kill(self, node: LocalNode) -> None:
