@@ -540,6 +540,87 @@ def test_lock_keys_of_different_names_share_only_the_node_keys(a: str, b: str) -
     assert (ka.floor, ka.warm) == (kb.floor, kb.warm)
 
 
+def _crc16(data: bytes) -> int:
+    """CRC16-CCITT (XMODEM), the checksum Redis Cluster takes of a key's hash tag."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def key_slot(key: str) -> int:
+    """The slot Redis Cluster puts ``key`` in (redis-py sends keys as UTF-8)."""
+    data = key.encode()
+    start = data.find(b"{")
+    if start >= 0:
+        end = data.find(b"}", start + 1)
+        if end > start + 1:
+            data = data[start + 1 : end]
+    return _crc16(data) % 16384
+
+
+def test_key_slot_agrees_with_redis() -> None:
+    # The CRC's published check value, and slots Redis's CLUSTER KEYSLOT gives
+    # (tests/integration/test_topologies.py asks a real cluster too).
+    assert _crc16(b"123456789") == 0x31C3
+    assert key_slot("somekey") == 11058
+    assert key_slot("{}somekey") != key_slot("{}otherkey")
+    assert key_slot("a{user}b") == key_slot("{user}") == key_slot("user")
+
+
+# Names rich in braces, ``:`` and ``#``, where tags and prefixes could go wrong.
+BRACY = st.text(alphabet="{}:#qa", min_size=1, max_size=8)
+NAMES = st.one_of(st.text(min_size=1), BRACY)
+ODD_NAMES = ["}", "}}", "}x", "}{x}", "{}", "{}x", "x}", "a}b", "{x}", "x{y}z", "#", "}:q"]
+
+
+def _every_key(keys: LockKeys) -> list[str]:
+    # The lock, its queue, a waiter's place and the reservation of a woken waiter.
+    return [keys.lock, keys.queue, f"{keys.queue}:0f3a9c", f"{keys.queue}:next"]
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_every_key_of_an_odd_name_shares_one_slot(name: str) -> None:
+    keys = LockKeys.of(name)
+    assert len({key_slot(k) for k in _every_key(keys)}) == 1, _every_key(keys)
+    assert keys.lock == lock_key(name)
+
+
+@SETTINGS
+@given(NAMES)
+def test_every_key_of_a_lock_shares_one_slot(name: str) -> None:
+    keys = LockKeys.of(name)
+    assert len({key_slot(k) for k in _every_key(keys)}) == 1, _every_key(keys)
+    assert keys.lock == lock_key(name)
+
+
+@SETTINGS
+@given(NAMES.filter(lambda name: not name.startswith("}")))
+def test_ordinary_names_keep_their_keys(name: str) -> None:
+    # The keys of every name not starting with "}" are what they always were, so
+    # clients of an older release and of this one still contend on the same keys.
+    keys = LockKeys.of(name)
+    assert keys.lock == lock_key(name) == f"tenure:{{{name}}}:lock"
+    assert keys.queue == f"tenure:{{{name}}}:q"
+
+
+def test_a_name_starting_with_a_brace_gets_a_tag_of_its_own() -> None:
+    keys = LockKeys.of("}x")
+    assert re.fullmatch(r"tenure:#\{[0-9a-f]{16}\}:\}x:lock", keys.lock)
+    assert keys.queue == keys.lock.removesuffix(":lock") + ":q"
+    assert key_slot(keys.lock) != key_slot(LockKeys.of("}y").lock)  # spread, not one slot
+
+
+@SETTINGS
+@given(BRACY, BRACY)
+def test_bracy_names_share_no_lock_keys(a: str, b: str) -> None:
+    ka, kb = LockKeys.of(a), LockKeys.of(b)
+    assert bool({ka.lock, ka.queue} & {kb.lock, kb.queue}) == (a == b)
+
+
 # --- spec cache ---------------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ before any connection is made, so bad input loses nothing.
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 import random
 from dataclasses import dataclass, field
@@ -324,17 +325,39 @@ NODE_FLOOR = "tenure:node:floor"
 NODE_WARM = "tenure:node:warm"
 
 
+def _key_prefix(name: str) -> str:
+    """What every key of lock ``name`` starts with, ending in its hash tag.
+
+    Redis Cluster hashes only a key's *hash tag*, the text between its first ``{`` and
+    the next ``}``, when that text is not empty. The usual prefix is ``tenure:{<name>}``:
+    its tag is ``name``, or ``name`` up to its first ``}``, the same for every key of the
+    lock either way. A name starting with ``}`` would leave the tag empty, so each key
+    would hash whole and the lock's keys would land in different slots; such a name
+    takes ``tenure:#{<digest>}:<name>`` instead, whose tag is a digest of the name (a
+    tag spread over the slots like names are, never empty, never holding a brace). The
+    ``#`` keeps these keys apart from every ``tenure:{...`` key of an ordinary name, and
+    the name itself, in full after the tag, keeps them apart from each other.
+    """
+    if not name.startswith("}"):
+        return f"tenure:{{{name}}}"
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"tenure:#{{{digest}}}:{name}"
+
+
 def lock_key(name: str) -> str:
-    """The Redis key of a lock; the ``{name}`` hash tag keeps companion keys in one slot."""
-    return f"tenure:{{{name}}}:lock"
+    """The Redis key of a lock: ``tenure:{<name>}:lock`` (see :class:`LockKeys`)."""
+    return f"{_key_prefix(name)}:lock"
 
 
 @dataclass(frozen=True)
 class LockKeys:
-    """A lock's keys on every node, sharing the ``{name}`` hash tag.
+    """A lock's keys on every node, all of them in one Redis Cluster hash slot.
 
-    ``queue`` is the wait queue of blocked acquirers (a sorted set, empty and so absent
-    while nobody waits), each waiter's place being ``<queue>:<waiter id>``.
+    ``lock`` is ``tenure:{<name>}:lock`` and ``queue`` ``tenure:{<name>}:q``: the wait
+    queue of blocked acquirers (a sorted set, empty and so absent while nobody waits),
+    each waiter's place being ``<queue>:<waiter id>``. A name starting with ``}``, which
+    would leave that hash tag empty, takes ``tenure:#{<digest>}:<name>:lock`` and
+    ``...:q`` instead, so that its keys too share one slot (``_key_prefix``).
     ``floor`` and ``warm`` belong to the node, not to the lock: the node's floor (the
     highest token it committed for any lock, the only fencing history it keeps, and the
     mark that it has not lost its data) and its warm-up marker (see ``_lua/acquire.lua``
@@ -348,8 +371,8 @@ class LockKeys:
 
     @classmethod
     def of(cls, name: str) -> LockKeys:
-        tag = f"tenure:{{{name}}}"
-        return cls(lock=f"{tag}:lock", queue=f"{tag}:q")
+        prefix = _key_prefix(name)
+        return cls(lock=f"{prefix}:lock", queue=f"{prefix}:q")
 
 
 class WaitMode(str, enum.Enum):

@@ -5,6 +5,10 @@ Two tools, versioned with the package (their behaviour follows tenure's releases
 * :mod:`tenure.testing.local` starts, stops, pauses, kills and restarts real
   ``redis-server`` processes on loopback (:class:`LocalNode`, :class:`LocalCluster`),
   for integration tests with real faults. Its public names are re-exported here.
+* :mod:`tenure.testing.topologies` starts whole deployments from the same servers: a
+  master with replicas under Sentinel (:class:`LocalSentinelSet`) and a Redis Cluster
+  (:class:`LocalRedisCluster`), with their faults: failovers, crashes, slot migrations.
+  Its public names are re-exported here.
 * :mod:`tenure.testing.fake` is a pure-Python node that runs tenure's server scripts on
   a clock the test controls, for model tests of many nodes in one process. Import it
   from its module (``from tenure.testing.fake import FakeNode``): it is a separate tool,
@@ -23,12 +27,24 @@ from .local import (
     Persistence,
     find_server_binary,
 )
+from .topologies import (
+    ClusterNodeView,
+    LocalRedisCluster,
+    LocalSentinelSet,
+    SlotMigration,
+    server_version,
+)
 
 __all__ = [
     "DIE_WITH_PARENT",
+    "ClusterNodeView",
     "LocalCluster",
     "LocalNode",
     "LocalNodeError",
+    "LocalRedisCluster",
+    "LocalSentinelSet",
     "Persistence",
+    "SlotMigration",
     "find_server_binary",
+    "server_version",
 ]
