@@ -134,6 +134,7 @@ PINNED: dict[str, list[str]] = {
     ],
     "tenure.testing": [
         "DIE_WITH_PARENT",
+        "EMBEDDED_SERVERS",
         "LocalCluster",
         "LocalNode",
         "LocalNodeError",
@@ -142,6 +143,7 @@ PINNED: dict[str, list[str]] = {
     ],
     "tenure.testing.local": [
         "DIE_WITH_PARENT",
+        "EMBEDDED_SERVERS",
         "LocalCluster",
         "LocalNode",
         "LocalNodeError",

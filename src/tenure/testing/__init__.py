@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .local import (
     DIE_WITH_PARENT,
+    EMBEDDED_SERVERS,
     LocalCluster,
     LocalNode,
     LocalNodeError,
@@ -26,6 +27,7 @@ from .local import (
 
 __all__ = [
     "DIE_WITH_PARENT",
+    "EMBEDDED_SERVERS",
     "LocalCluster",
     "LocalNode",
     "LocalNodeError",
