@@ -1,4 +1,4 @@
-"""Start, stop, pause, kill and restart real ``redis-server`` processes.
+"""Start, stop, pause, kill and restart real server processes (Valkey or Redis).
 
 Theory of operation
 -------------------
