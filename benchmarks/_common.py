@@ -186,8 +186,13 @@ def table(
 
 
 def server_version(node: LocalNode) -> str:
+    """The server and its version, e.g. ``Valkey 9.1.2`` or ``Redis 6.2.14`` (Valkey's
+    ``redis_version`` is the Redis it is compatible with, not its own)."""
     with node.client() as c:
-        return str(c.info("server")["redis_version"])
+        info = c.info("server")
+    if "valkey_version" in info:
+        return f"Valkey {info['valkey_version']}"
+    return f"Redis {info['redis_version']}"
 
 
 def write_results(path: Path, script: str, title: str, body: str) -> None:

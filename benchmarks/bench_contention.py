@@ -510,7 +510,7 @@ def context(args: argparse.Namespace, version: str) -> list[str]:
         f"- machine: {platform.platform()}, {os.cpu_count()} CPUs; 1-minute load average "
         f"{args.load_before:.2f} before the run, {load_average():.2f} after (other "
         "processes on the machine take the same cores)",
-        f"- Python {platform.python_version()}; redis-server {version}; redis-py "
+        f"- Python {platform.python_version()}; {version}; redis-py "
         f"{v('redis')}; python-redis-lock {v('python-redis-lock')}; tenure {v('tenure')}",
         f"- nodes on {'unix sockets' if args.unix else 'TCP loopback'}; "
         f"{args.duration:g} s per row, K in {args.k}; workers are separate processes "

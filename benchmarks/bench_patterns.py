@@ -639,7 +639,7 @@ def context_lines(args: argparse.Namespace, redis_version: str, load_before: flo
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, {platform.machine()}; {load}",
         f"- Python {platform.python_version()} ({platform.python_implementation()}), "
-        f"redis-server {redis_version}: 5 lock nodes and 1 data node (the stock, the "
+        f"{redis_version}: 5 lock nodes and 1 data node (the stock, the "
         "stream), TCP loopback, persistence none",
         f"- libraries: {versions()}; redis-py clients with protocol 2 and retries off",
         f"- method: {PROCESSES} processes (multiprocessing forkserver, started once, "

