@@ -1,0 +1,75 @@
+"""A client too busy to read its replies in time is slow, not cut off from its nodes.
+
+An asyncio client's event loop can be blocked by other work (a CPU-bound callback, 256
+tasks) past a round's deadline while the nodes' replies wait in its sockets. When the
+loop runs again it reads the sockets before it fires the deadline, so those replies
+count: every node is up, and none may be reported as failed. The tests block the loop
+deterministically, for three node timeouts, right after a round was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import tenure
+from tenure.testing import LocalCluster
+
+NODE_TIMEOUT = 0.05
+BLOCK = 3 * NODE_TIMEOUT
+
+
+@pytest.fixture(scope="module")
+def nodes() -> Iterator[LocalCluster]:
+    with LocalCluster(3) as cluster:
+        yield cluster
+
+
+def _block_the_loop_after_this_send() -> None:
+    # call_soon runs after the current task next yields: right after the round's
+    # commands are written, before a reply can be read.
+    asyncio.get_running_loop().call_soon(time.sleep, BLOCK)
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_replies_waiting_in_the_sockets_are_not_silence(nodes: LocalCluster, fair: bool) -> None:
+    async def main() -> None:
+        async with tenure.AsyncClient(nodes.urls, node_timeout=NODE_TIMEOUT) as client:
+            for i in range(5):
+                name = f"overload-{fair}-{i}"
+                _block_the_loop_after_this_send()
+                started = time.monotonic()
+                # Non-blocking: one attempt, so a reply taken for silence would fail it.
+                lease = await client.acquire(name, ttl=5.0, fair=fair, blocking=False)
+                assert time.monotonic() - started >= BLOCK  # the loop really was blocked
+                _block_the_loop_after_this_send()
+                assert await client.lock(name).locked()  # a majority heard saying "held"
+                _block_the_loop_after_this_send()
+                await lease.release()  # a release heard from too few would raise LeaseLost
+
+    asyncio.run(main())
+
+
+def test_a_busy_loop_never_reports_healthy_nodes_unreachable(nodes: LocalCluster) -> None:
+    """256 tasks locking their own names, with the loop blocked now and then: slower,
+    never ``QuorumUnreachable``."""
+
+    async def main() -> None:
+        async with tenure.AsyncClient(nodes.urls, node_timeout=NODE_TIMEOUT) as client:
+
+            async def worker(k: int) -> None:
+                for i in range(3):
+                    lease = await client.acquire(f"busy-{k}-{i}", ttl=5.0)
+                    await lease.release()
+
+            async def hog() -> None:
+                for _ in range(5):
+                    await asyncio.sleep(0.02)
+                    time.sleep(BLOCK)  # noqa: ASYNC251 - blocking the loop is the point
+
+            await asyncio.gather(hog(), *(worker(k) for k in range(256)))
+
+    asyncio.run(main())
