@@ -535,15 +535,19 @@ def run(args: argparse.Namespace) -> str:
         def rows_table(rs: list[Row]) -> str:
             return table(HEADER, [cells(r) for r in rs], lambda h: h != "system", markdown=markdown)
 
-        io_part = [
-            "",
-            f"Critical sections of {args.io_ms:g} ms (the holder sleeps, as it would waiting "
-            "for I/O; the CPU is no longer saturated, as it is with empty ones):",
-            "",
-            rows_table(io_rows),
-            "",
-            *targets(io_rows, throughput=False),
-        ]
+        io_part = (
+            [
+                "",
+                f"Critical sections of {args.io_ms:g} ms (the holder sleeps, as it would waiting "
+                "for I/O; the CPU is no longer saturated, as it is with empty ones):",
+                "",
+                rows_table(io_rows),
+                "",
+                *targets(io_rows, throughput=False),
+            ]
+            if io_rows
+            else []
+        )
         return "\n".join(
             [
                 "\n".join(context(args, version)),
@@ -555,7 +559,7 @@ def run(args: argparse.Namespace) -> str:
                 *duel_lines(args, pairs, markdown=markdown),
                 "",
                 *floor_lines(medians),
-                *(io_part if io_rows else []),
+                *io_part,
             ]
         )
 
