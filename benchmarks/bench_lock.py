@@ -11,7 +11,12 @@ masters, no persistence):
   ``EVALSHA`` of tenure's compare-and-delete script), written to every node and then
   read back on bare redis-py connections. No lock library can do less work than this,
   so ``p50 / floor`` is what the library adds on top of the network and Redis.
-  **floor (asyncio)** is the same on bare asyncio streams.
+  **floor (asyncio)** is the same on bare asyncio streams. On 5 nodes the **first
+  majority** floors (blocking and asyncio, ``_floors.py``) decide each round at the
+  first majority of replies, as a correct Redlock client may: the floor tenure is
+  judged against there (its "own floor").
+* **client CPU** per cycle of every system (``time.process_time``, best of 3 runs of
+  3,000 untimed cycles), beside its latency.
 * **tenure** sync (``Client``) and asyncio (``AsyncClient``), on 1 node and on 5.
 * peers: redis-py's ``Lock`` and python-redis-lock (1 node), pottery's ``Redlock`` and
   aioredlock (5 nodes).
