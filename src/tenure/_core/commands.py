@@ -93,7 +93,7 @@ def _acquire_reply(reply: object) -> tuple[bool, Info]:
     # acquire.lua answers {status, number, floor} or, held while waiting,
     # {0, floor, floor, pttl}; status 1 is a grant.
     if isinstance(reply, list) and (len(reply) == 3 or (len(reply) == 4 and reply[0] == 0)):
-        info = tuple(int(x) for x in reply)
+        info = tuple(map(int, reply))
         return info[0] == 1, info
     return False, None
 
