@@ -328,7 +328,13 @@ def _connect(address: str | int) -> Any:
 
 
 def _ping_pong(
-    addresses: list[str | int], me: str, other: str, first: bool, start: Any, out: Any
+    addresses: list[str | int],
+    me: str,
+    other: str,
+    first: bool,
+    ready: Any,
+    start: Any,
+    out: Any,
 ) -> None:
     """One of two players: on a majority of notifications, "release" to every node."""
     import select
@@ -340,6 +346,7 @@ def _ping_pong(
         sock.sendall(pack("SUBSCRIBE", me))
         sock.recv(4096)
     payload = pack("EVAL", _FLOOR_SCRIPT, 1, "floor", other, "x" * 32)
+    ready.release()  # subscribed: the other's first notification cannot be lost
     start.wait()
     began = time.perf_counter_ns()
     if first:
@@ -368,14 +375,20 @@ def floor(cluster: LocalCluster, rounds: int) -> dict[int, float]:
     runs: dict[int, list[float]] = {1: [], 5: []}
     for _ in range(rounds):
         for n in (1, 5):
-            start, out = _ctx.Event(), _ctx.Queue()
+            ready, start, out = _ctx.Semaphore(0), _ctx.Event(), _ctx.Queue()
             players = [
-                _ctx.Process(target=_ping_pong, args=(addresses[:n], a, b, a == "a", start, out))
+                _ctx.Process(
+                    target=_ping_pong, args=(addresses[:n], a, b, a == "a", ready, start, out)
+                )
                 for a, b in (("a", "b"), ("b", "a"))
             ]
             for proc in players:
                 proc.start()
-            time.sleep(0.5)
+            # Both subscribed before the first notification is sent (on a loaded machine
+            # a fixed sleep was not always enough, and the first notification was lost).
+            for _ in players:
+                if not ready.acquire(timeout=60):
+                    raise RuntimeError("a ping-pong player did not start")
             start.set()
             elapsed = out.get(timeout=60)  # the first player done: both passed the lock
             for proc in players:
