@@ -384,16 +384,20 @@ def floor(cluster: LocalCluster, rounds: int) -> dict[int, float]:
             ]
             for proc in players:
                 proc.start()
-            # Both subscribed before the first notification is sent (on a loaded machine
-            # a fixed sleep was not always enough, and the first notification was lost).
-            for _ in players:
-                if not ready.acquire(timeout=60):
-                    raise RuntimeError("a ping-pong player did not start")
-            start.set()
-            elapsed = out.get(timeout=60)  # the first player done: both passed the lock
-            for proc in players:
-                proc.terminate()
-                proc.join()
+            try:
+                # Both subscribed before the first notification is sent (on a loaded
+                # machine a fixed sleep was not always enough: the first was lost).
+                for _ in players:
+                    if not ready.acquire(timeout=60):
+                        raise RuntimeError("a ping-pong player did not start")
+                start.set()
+                elapsed = out.get(timeout=60)  # the first player done: both passed the lock
+            finally:
+                # Also on failure: a player waits for notifications without a timeout,
+                # and the interpreter would wait for it at exit.
+                for proc in players:
+                    proc.terminate()
+                    proc.join()
             runs[n].append(elapsed / 1000 / (2 * _FLOOR_HANDOFFS))
     return {n: sorted(v)[len(v) // 2] for n, v in runs.items()}
 
