@@ -59,8 +59,17 @@ def _parse(buf: bytes, pos: int) -> tuple[object, int]:
         count = int(buf[pos + 1 : eol])
         if count < 0:
             return None, nxt
-        items = []
+        items: list[object] = []
+        size = len(buf)
         for _ in range(count):
+            if nxt < size and buf[nxt] == _COLON:
+                # An integer (acquire.lua answers an array of them): read in place.
+                end = buf.find(b"\r\n", nxt)
+                if end < 0:
+                    return _INCOMPLETE, pos
+                items.append(int(buf[nxt + 1 : end]))
+                nxt = end + 2
+                continue
             item, nxt = _parse(buf, nxt)
             if item is _INCOMPLETE:
                 return _INCOMPLETE, pos
