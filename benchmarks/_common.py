@@ -1,12 +1,14 @@
 """What the benchmark scripts share: timing runners, their statistics, and tables.
 
-Imported by ``bench_lock.py``, ``bench_fencing.py`` and ``bench_patterns.py`` (run as
+Imported by ``bench_lock.py``, ``bench_throughput.py``, ``bench_fencing.py`` and
+``bench_patterns.py`` (run as
 ``python benchmarks/<script>.py``, so this directory is on ``sys.path``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import statistics
 import time
@@ -28,6 +30,7 @@ __all__ = [
     "Stats",
     "SyncCycle",
     "SyncRunner",
+    "best_cpu_us",
     "fmt",
     "initialise",
     "no_retry",
@@ -93,6 +96,10 @@ class Stats:
 class Runner(Protocol):
     def batch(self, n: int, stats: Stats) -> None: ...
 
+    def cpu(self, n: int) -> float:
+        """CPU seconds of this process (every thread) for ``n`` cycles, untimed."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -120,6 +127,17 @@ class SyncRunner:
                 stats.failures += not ok
             out.append(clock() - t0)
         stats.elapsed_ns += clock() - start
+
+    def cpu(self, n: int) -> float:
+        cycle = self._cycle
+        start = time.process_time()
+        for _ in range(n):
+            # try/except, not contextlib.suppress: no context manager's cost per cycle.
+            try:  # noqa: SIM105
+                cycle()
+            except Exception:  # counted by the timed batches; here only CPU matters
+                pass
+        return time.process_time() - start
 
     def close(self) -> None:
         for closer in self._closers:
@@ -157,9 +175,35 @@ class AsyncRunner:
     def batch(self, n: int, stats: Stats) -> None:
         self._loop.run_until_complete(self._batch(n, stats))
 
+    async def _cpu(self, n: int) -> float:
+        cycle = self._cycle
+        start = time.process_time()
+        for _ in range(n):
+            try:  # noqa: SIM105 (as above)
+                await cycle()
+            except Exception:  # counted by the timed batches; here only CPU matters
+                pass
+        return time.process_time() - start
+
+    def cpu(self, n: int) -> float:
+        return self._loop.run_until_complete(self._cpu(n))
+
     def close(self) -> None:
         for closer in self._closers:
             self._loop.run_until_complete(closer())
+
+
+def best_cpu_us(runners: Sequence[Runner], cycles: int, runs: int) -> list[float]:
+    """Client CPU per cycle of each runner, in µs: the best of ``runs`` runs of
+    ``cycles`` cycles (``time.process_time``: this process, every thread), the runners
+    taking turns so that a burst of load elsewhere touches them all. The best, not the
+    median: other processes only ever add to a run's CPU (cache misses, migrations)."""
+    best = [math.inf] * len(runners)
+    for _ in range(runs):
+        for i, runner in enumerate(runners):
+            gc.collect()
+            best[i] = min(best[i], runner.cpu(cycles) / cycles * 1e6)
+    return best
 
 
 def fmt(value: float) -> str:

@@ -11,7 +11,12 @@ masters, no persistence):
   ``EVALSHA`` of tenure's compare-and-delete script), written to every node and then
   read back on bare redis-py connections. No lock library can do less work than this,
   so ``p50 / floor`` is what the library adds on top of the network and Redis.
-  **floor (asyncio)** is the same on bare asyncio streams.
+  **floor (asyncio)** is the same on bare asyncio streams. On 5 nodes the **first
+  majority** floors (blocking and asyncio, ``_floors.py``) decide each round at the
+  first majority of replies, as a correct Redlock client may: the floor tenure is
+  judged against there (its "own floor").
+* **client CPU** per cycle of every system (``time.process_time``, best of 3 runs of
+  3,000 untimed cycles), beside its latency.
 * **tenure** sync (``Client``) and asyncio (``AsyncClient``), on 1 node and on 5.
 * peers: redis-py's ``Lock`` and python-redis-lock (1 node), pottery's ``Redlock`` and
   aioredlock (5 nodes).
@@ -45,6 +50,7 @@ import asyncio
 import datetime
 import gc
 import importlib.metadata
+import math
 import multiprocessing
 import os
 import platform
@@ -68,6 +74,7 @@ from _common import (
     Stats,
     SyncCycle,
     SyncRunner,
+    best_cpu_us,
     fmt,
     initialise,
     no_retry,
@@ -75,14 +82,33 @@ from _common import (
     write_results,
 )
 from _common import table as _table
+from _floors import AsyncMajorityFloor, MajorityFloor, Payloads
 from tenure.testing import LocalCluster, LocalNode, Persistence
 
 TTL_S = 10
 TTL_MS = TTL_S * 1000
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_lock.md"
-# Targets for tenure, as ratios of p50s.
-TARGET_VS_FLOOR = 1.3
+# Targets for tenure, as ratios of p50s against the floor each row is judged by
+# (``own_floor``): the blocking client's, and the asyncio client's.
+TARGET_VS_FLOOR = 1.15
+TARGET_ASYNC_VS_FLOOR = 1.25
 TARGET_FROZEN_VS_HEALTHY = 2.0
+# Client CPU per cycle, against the same floor's.
+TARGET_CPU_VS_FLOOR = 1.2
+# tenure sync against redis-py's Lock on 1 node: at least this much faster (p50).
+TARGET_VS_REDIS_PY = 0.85
+# The floors a row is judged by (its "own floor"): the cheapest correct round on each
+# node count, blocking or asyncio like the row. On 1 node a first majority is the one
+# reply, so the read-all floors serve.
+OWN_FLOOR = {
+    (1, False): "floor",
+    (1, True): "floor (asyncio)",
+    (5, False): "floor, first majority",
+    (5, True): "floor (asyncio), first majority",
+}
+ASYNC_SYSTEMS = frozenset(
+    ["floor (asyncio)", "floor (asyncio), first majority", "tenure asyncio", "aioredlock"]
+)
 # Seconds a frozen-node child may run past its budget before it is killed.
 KILL_GRACE_S = 5.0
 
@@ -107,6 +133,11 @@ class Subject:
     note: str = ""  # why it could not be measured, or what it did under a fault
     stats: Stats = field(default_factory=Stats)
     frozen: bool = False  # measured with node 5 stopped
+    cpu_us: float = math.nan  # client CPU per cycle (best of --cpu-runs)
+
+    @property
+    def own_floor(self) -> str:
+        return OWN_FLOOR[self.nodes, self.name in ASYNC_SYSTEMS]
 
 
 @dataclass
@@ -203,6 +234,20 @@ def floor_async_runner(env: Env, count: int, key: str) -> Runner:
             await writer.wait_closed()
 
     return AsyncRunner(env.loop, cycle, [close])
+
+
+def majority_runner(env: Env, count: int, key: str) -> Runner:
+    """The cheapest correct Redlock round, blocking: each of the two rounds decided at
+    the first majority of replies (``_floors.MajorityFloor``)."""
+    floor = MajorityFloor(env.addresses(count), Payloads(key, TTL_MS, env.release_sha))
+    return SyncRunner(floor.cycle, [floor.close])
+
+
+def majority_async_runner(env: Env, count: int, key: str) -> Runner:
+    """The same on asyncio: one connection per node, a future per round."""
+    floor = env.loop.run_until_complete(AsyncMajorityFloor.connect(env.addresses(count)))
+    payloads = Payloads(key, TTL_MS, env.release_sha)
+    return AsyncRunner(env.loop, partial(floor.cycle, payloads), [floor.close])
 
 
 def tenure_runner(env: Env, count: int, key: str) -> Runner:
@@ -303,8 +348,10 @@ SYSTEMS: list[tuple[str, int, Role, Factory]] = [
     ("redis-py Lock", 1, "peer", redis_py_lock_runner),
     ("python-redis-lock", 1, "peer", python_redis_lock_runner),
     ("floor", 5, "floor", floor_runner),
+    ("floor, first majority", 5, "floor", majority_runner),
     ("tenure sync", 5, "tenure", tenure_runner),
     ("floor (asyncio)", 5, "floor", floor_async_runner),
+    ("floor (asyncio), first majority", 5, "floor", majority_async_runner),
     ("tenure asyncio", 5, "tenure", tenure_async_runner),
     ("pottery Redlock", 5, "peer", pottery_runner),
     ("aioredlock", 5, "peer", aioredlock_runner),
@@ -372,6 +419,14 @@ def measure(subjects: Sequence[Subject], rounds: int, iterations: int, chunk: in
                 s.runner.batch(n, s.stats)
                 s.stats.turn_p50s.append(sorted(s.stats.latencies_ns[before:])[(n - 1) // 2])
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr)
+
+
+def measure_cpu(subjects: Sequence[Subject], cycles: int, runs: int) -> None:
+    """Client CPU per cycle of every system that runs here (best of ``runs``)."""
+    live = [(s, s.runner) for s in subjects if s.runner is not None]
+    cpus = best_cpu_us([runner for _, runner in live], cycles, runs)
+    for (s, _), cpu in zip(live, cpus, strict=True):
+        s.cpu_us = cpu
 
 
 def close_quietly(subject: Subject) -> None:
@@ -542,6 +597,7 @@ def frozen_phase(
     try:
         warm_up(frozen, args.warmup)
         measure(frozen, args.rounds, args.iterations, args.chunk)
+        measure_cpu(frozen, args.cpu_cycles, args.cpu_runs)
         for peer in ("pottery Redlock", "aioredlock"):
             print(f"  {peer} against the frozen node ({args.budget:.0f} s budget)", file=sys.stderr)
             report = run_frozen_peer(peer, env.addresses(5), args.iterations, args.budget)
@@ -577,36 +633,65 @@ def row_name(s: Subject) -> str:
     return f"{name}, 1 frozen" if s.frozen else name
 
 
+def cpu_cell(s: Subject, base: Subject | None, target: float | None) -> str:
+    if math.isnan(s.cpu_us) or base is None or base is s or math.isnan(base.cpu_us):
+        return "-"
+    return ratio_cell(s.cpu_us / base.cpu_us, target)
+
+
 def healthy_rows(subjects: Sequence[Subject]) -> list[list[str]]:
-    floors = {s.nodes: s for s in subjects if s.name == "floor" and s.stats.cycles}
-    async_floors = {s.nodes: s for s in subjects if s.name == "floor (asyncio)" and s.stats.cycles}
+    by_name = {(s.name, s.nodes): s for s in subjects if s.stats.cycles}
     rows = []
     for s in subjects:
         if not s.stats.cycles:
-            rows.append([row_name(s), "-", "-", "-", "-", "-", "-", s.note or "not run"])
+            rows.append([row_name(s), *["-"] * 9, s.note or "not run"])
             continue
-        p50 = s.stats.percentile_us(0.5)
-        floor = floors[s.nodes].stats
-        target = TARGET_VS_FLOOR if s.role == "tenure" else None
+        floor = by_name[("floor", s.nodes)].stats
+        own = by_name.get((s.own_floor, s.nodes))
+        is_async = s.name in ASYNC_SYSTEMS
+        target = None
+        if s.role == "tenure":
+            target = TARGET_ASYNC_VS_FLOOR if is_async else TARGET_VS_FLOOR
+        cpu_target = TARGET_CPU_VS_FLOOR if s.role == "tenure" else None
+        own_ratio = "-"
+        if own is not None and own is not s:
+            own_ratio = ratio_cell(s.stats.paired_ratio(own.stats), target)
         notes = [short(s.note)] if s.note else []
-        if s.name == "tenure asyncio" and s.nodes in async_floors:
-            vs_async = s.stats.paired_ratio(async_floors[s.nodes].stats)
-            notes.append(f"{vs_async:.2f}x the asyncio floor (paired)")
+        if own is not None and own is not s:
+            notes.append(f"own floor: {s.own_floor}")
         if s.stats.failures:
             notes.append(short(s.stats.first_error))
         rows.append(
             [
                 row_name(s),
-                fmt(p50),
+                fmt(s.stats.percentile_us(0.5)),
                 fmt(s.stats.percentile_us(0.99)),
                 fmt(s.stats.ops_per_s()),
+                "-" if math.isnan(s.cpu_us) else f"{s.cpu_us:.1f}",
                 f"{s.stats.paired_excess_us(floor):+.0f}",
-                ratio_cell(s.stats.paired_ratio(floor), target),
+                ratio_cell(s.stats.paired_ratio(floor), None),
+                own_ratio,
+                cpu_cell(s, own, cpu_target),
                 str(s.stats.failures),
                 "; ".join(notes),
             ]
         )
     return rows
+
+
+def verdict_lines(subjects: Sequence[Subject]) -> list[str]:
+    """The targets that compare two rows other than a row and its own floor."""
+    by_name = {(s.name, s.nodes): s for s in subjects if s.stats.cycles}
+    ours, peer = by_name.get(("tenure sync", 1)), by_name.get(("redis-py Lock", 1))
+    if ours is None or peer is None:
+        return []
+    ratio = ours.stats.paired_ratio(peer.stats)
+    ok = "ok" if ratio <= TARGET_VS_REDIS_PY else "MISSED"
+    return [
+        f"- tenure sync, 1 node, p50 against redis-py's Lock (paired): {ratio:.2f}x, "
+        f"{(1 - ratio) * 100:+.0f}% faster (target: >= "
+        f"{(1 - TARGET_VS_REDIS_PY) * 100:.0f}% faster, <= {TARGET_VS_REDIS_PY:g}x): {ok}"
+    ]
 
 
 def frozen_rows(frozen: Sequence[Subject], healthy: Sequence[Subject]) -> list[list[str]]:
@@ -616,10 +701,11 @@ def frozen_rows(frozen: Sequence[Subject], healthy: Sequence[Subject]) -> list[l
     for s in frozen:
         base = by_name.get(s.name)
         if not s.stats.cycles:
-            rows.append([row_name(s), "-", "-", "-", "-", "-", s.note])
+            rows.append([row_name(s), "-", "-", "-", "-", "-", "-", s.note])
             continue
         p50 = s.stats.percentile_us(0.5)
         is_tenure = s.role == "tenure"
+        cpu = "-" if math.isnan(s.cpu_us) else f"{s.cpu_us:.1f}"
         ratio = "-"
         if base is not None and base.stats.cycles:
             target = TARGET_FROZEN_VS_HEALTHY if is_tenure else None
@@ -636,6 +722,7 @@ def frozen_rows(frozen: Sequence[Subject], healthy: Sequence[Subject]) -> list[l
                 fmt(p50),
                 fmt(s.stats.percentile_us(0.99)),
                 fmt(s.stats.ops_per_s()),
+                cpu,
                 ratio,
                 failed,
                 "; ".join(notes),
@@ -654,8 +741,16 @@ def error_lines(subjects: Sequence[Subject]) -> list[str]:
     return lines
 
 
-_COMMON = ["system", "p50 µs", "p99 µs", "ops/s"]
-HEALTHY_HEADER = [*_COMMON, "µs over floor", "p50 / floor", "failed", "notes"]
+_COMMON = ["system", "p50 µs", "p99 µs", "ops/s", "CPU µs/cycle"]
+HEALTHY_HEADER = [
+    *_COMMON,
+    "µs over floor",
+    "p50 / floor",
+    "p50 / own floor",
+    "CPU / own floor",
+    "failed",
+    "notes",
+]
 FROZEN_HEADER = [*_COMMON, "p50 / own healthy p50", "failed", "notes"]
 # Columns of numbers, aligned right; the rest (names, verdicts, notes) align left.
 NUMERIC = frozenset([*_COMMON[1:], "µs over floor"])
@@ -693,12 +788,16 @@ def context_lines(args: argparse.Namespace, redis_version: str, load_before: flo
         f"- method: {args.warmup} warm-up cycles, then {args.rounds} rounds of "
         f"{args.iterations} cycles per system (in turns of {args.chunk}, order rotating); "
         f"frozen-node peers in a child process with a {args.budget:.0f} s budget",
+        f"- client CPU: time.process_time() over {args.cpu_cycles} untimed cycles per "
+        f"system, best of {args.cpu_runs} runs taken in turns (this process, every thread; "
+        "the servers are other processes)",
     ]
 
 
 @dataclass
 class Report:
     healthy: list[list[str]]
+    verdicts: list[str]
     frozen: list[list[str]]
     errors: list[str]
     context: list[str]
@@ -710,6 +809,7 @@ def render(report: Report, markdown: bool) -> str:
     parts = [
         f"{heading}Uncontended acquire + release, healthy nodes",
         table(HEALTHY_HEADER, report.healthy),
+        "\n".join(report.verdicts),
         f"{heading}Node 5 of 5 frozen (SIGSTOP)",
         table(FROZEN_HEADER, report.frozen),
     ]
@@ -731,7 +831,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--warmup", type=int, default=200, help="warm-up cycles per system")
     parser.add_argument("--budget", type=float, default=10.0, help="seconds per frozen peer")
-    parser.add_argument("--quick", action="store_true", help="N=300, R=2 (a smoke run)")
+    parser.add_argument("--cpu-cycles", type=int, default=3000, help="cycles per client-CPU run")
+    parser.add_argument("--cpu-runs", type=int, default=3, help="client-CPU runs (the best counts)")
+    parser.add_argument(
+        "--quick", action="store_true", help="N=300, R=2, CPU 2 x 500 (a smoke run)"
+    )
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     parser.add_argument(
         "--output",
@@ -742,6 +846,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.iterations, args.rounds = 300, 2
+        args.cpu_cycles, args.cpu_runs = 500, 2
     if args.output is None and not args.quick:
         args.output = RESULTS
     return args
@@ -766,6 +871,8 @@ def run(args: argparse.Namespace) -> str:
             warm_up(subjects, args.warmup)
             print(f"measuring: {args.rounds} rounds x {args.iterations} cycles", file=sys.stderr)
             measure(subjects, args.rounds, args.iterations, args.chunk)
+            print(f"client CPU: {args.cpu_runs} x {args.cpu_cycles} cycles", file=sys.stderr)
+            measure_cpu(subjects, args.cpu_cycles, args.cpu_runs)
             print("freezing node 5", file=sys.stderr)
             tenure5 = [s for s in subjects if s.role == "tenure" and s.nodes == 5]
             frozen = frozen_phase(env, cluster, tenure5, args)
@@ -776,6 +883,7 @@ def run(args: argparse.Namespace) -> str:
             loop.close()
     report = Report(
         healthy_rows(subjects),
+        verdict_lines(subjects),
         frozen_rows(frozen, subjects),
         error_lines([*subjects, *frozen]),
         context,

@@ -14,7 +14,7 @@ from tenure._core import commands
 from tenure._core.acquire import GRANTED, HELD, NO_HISTORY, TOO_LOW, WARMING
 from tenure._core.commands import Command, pack
 from tenure._core.config import ClientConfig, LockKeys, LockSpec
-from tenure._lua import Script, expand, script
+from tenure._lua import Script, expand, script, wire_form
 
 SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=300)
 
@@ -362,6 +362,53 @@ def test_unknown_script_raises() -> None:
 def test_wire_form_is_the_code_without_its_comments(name: str) -> None:
     s = script(name)
     code = [line for line in expand(s.source).splitlines() if not line.lstrip().startswith(b"--")]
-    assert s.wire.splitlines() == b"\n".join(code).strip().splitlines()
+    assert s.wire.splitlines() == [line.strip() for line in code if line.strip()]
     assert b"--" not in s.wire
-    assert len(s.wire) < len(expand(s.source)) * 0.7
+    # Redis hashes the whole body of every EVAL: no comment, blank line or indentation.
+    assert all(line and line == line.strip() for line in s.wire.splitlines())
+    assert len(s.wire) < len(expand(s.source)) * 0.6
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        b"local s = [[two\n    lines]]\nreturn s",
+        b"local s = [==[two\n  lines]==]",
+        b"--[[ a block\n  comment ]]\nreturn 1",
+        b'local s = "two\\\n  lines"',
+    ],
+)
+def test_wire_form_refuses_tokens_that_span_lines(source: bytes) -> None:
+    # Stripping the indentation inside a long string would change the string, and the
+    # lines of a block comment would be sent as code.
+    with pytest.raises(ValueError, match="spans lines"):
+        wire_form(source)
+
+
+def test_wire_form_keeps_the_code_of_each_line() -> None:
+    source = b"-- about\nlocal x = 1\n\n    if x then\n        return x -- one\n    end\n"
+    assert wire_form(source) == b"local x = 1\nif x then\nreturn x -- one\nend"
+
+
+@SETTINGS
+@given(arguments)
+def test_the_text_path_encodes_as_the_general_one(args: list[bytes | str | int]) -> None:
+    # _bulk formats ASCII text and integers as one str; anything else byte by byte.
+    general = b"".join(b"$%d\r\n%s\r\n" % (len(_as_bytes(a)), _as_bytes(a)) for a in args)
+    assert commands._bulk(tuple(args)) == general
+    text_only = tuple(a for a in args if not isinstance(a, bytes))
+    assert commands._bulk(text_only) == b"".join(
+        b"$%d\r\n%s\r\n" % (len(_as_bytes(a)), _as_bytes(a)) for a in text_only
+    )
+
+
+def test_the_script_source_is_encoded_once_not_per_call() -> None:
+    # Only the per-call arguments are encoded per call: the head (with the source) and
+    # the keys come from caches, and two calls send the very same head object's bytes.
+    wait = commands.WaitArgs("q", "w1", "ch:1", 3000, 42)
+    first = commands.acquire(SPEC, "t1", 7, 1, 1, wait).packed
+    hits = commands._eval_head.cache_info().hits
+    second = commands.acquire(SPEC, "t2", 8, 1, 1, wait).packed
+    assert commands._eval_head.cache_info().hits == hits + 1
+    body = script("acquire").wire
+    assert first.index(body) == second.index(body)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 
 from .._lua import script
-from .config import LockKeys, LockSpec
+from .config import LockSpec
 
 __all__ = [
     "Command",
@@ -34,6 +34,20 @@ def pack(*args: bytes | str | int) -> bytes:
 
 
 def _bulk(args: tuple[bytes | str | int, ...]) -> bytes:
+    # The arguments of a round are short ASCII text and integers (tokens, TTLs, modes):
+    # format them as one str and encode once, which is a third cheaper than encoding
+    # each. The length of an ASCII str is its length in bytes; anything else (bytes, or
+    # text that is not ASCII, where they differ) takes the general path.
+    parts = []
+    for arg in args:
+        if arg.__class__ is bytes:
+            break
+        text = str(arg)
+        parts.append(f"${len(text)}\r\n{text}\r\n")
+    else:
+        text = "".join(parts)
+        if text.isascii():
+            return text.encode()
     out = []
     for arg in args:
         data = arg if isinstance(arg, bytes) else str(arg).encode()
@@ -42,19 +56,28 @@ def _bulk(args: tuple[bytes | str | int, ...]) -> bytes:
 
 
 @cache
-def _eval_head(name: str, numkeys: int, argc: int) -> bytes:
-    # The script source is the bulk of every EVAL: encode it once, not per call.
-    return b"*%d\r\n" % (3 + argc) + _bulk(("EVAL", script(name).wire, numkeys))
+def _eval_head(name: str, argc: int) -> bytes:
+    # The script source is the bulk of every EVAL: encoded once per script and argument
+    # count, so that only the keys and arguments after it are encoded per call.
+    body = script(name).wire
+    return b"*%d\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n" % (3 + argc, len(body), body)
+
+
+@lru_cache(maxsize=4096)
+def _keys(keys: tuple[str, ...]) -> bytes:
+    # numkeys and the keys: the same for every call on one lock name, and small, so a
+    # few thousand names' worth are kept (the source is kept once, not per name).
+    return _bulk((len(keys), *keys))
 
 
 def _eval(name: str, keys: tuple[str, ...], *args: bytes | str | int) -> bytes:
     # EVAL with the source, not EVALSHA. A release is sent to every node but only a
     # majority of replies is awaited; after SCRIPT FLUSH or a restart, EVALSHA on a node
     # nobody waits for would answer NOSCRIPT and its follow-up EVAL would never be sent,
-    # leaving our key there until its TTL. EVAL cannot fail that way, and costs the same
-    # on the server (it hashes the body and reuses the compiled script): measured equal
-    # within noise on loopback, see docs/architecture.md.
-    return _eval_head(name, len(keys), len(keys) + len(args)) + _bulk((*keys, *args))
+    # leaving our key there until its TTL. EVAL cannot fail that way; what it costs (the
+    # server hashes the body of every call) and why acquire.lua is not sent by EVALSHA
+    # either: docs/architecture.md, "EVAL, not EVALSHA".
+    return b"".join((_eval_head(name, len(keys) + len(args)), _keys(keys), _bulk(args)))
 
 
 # (status, number, floor) of an acquire reply, and the lock's PTTL when it carries it.
@@ -70,7 +93,7 @@ def _acquire_reply(reply: object) -> tuple[bool, Info]:
     # acquire.lua answers {status, number, floor} or, held while waiting,
     # {0, floor, floor, pttl}; status 1 is a grant.
     if isinstance(reply, list) and (len(reply) == 3 or (len(reply) == 4 and reply[0] == 0)):
-        info = tuple(int(x) for x in reply)
+        info = tuple(map(int, reply))
         return info[0] == 1, info
     return False, None
 
@@ -140,15 +163,6 @@ class WaitArgs:
     ticket: int = 0
 
 
-@lru_cache(maxsize=4096)
-def _acquire_head(keys: LockKeys, waiting: bool) -> bytes:
-    # Everything but the per-attempt arguments, encoded once per lock name.
-    node_keys = (keys.lock, keys.floor, keys.warm)
-    if waiting:
-        return _eval_head("acquire", 4, 15) + _bulk((*node_keys, keys.queue))
-    return _eval_head("acquire", 3, 9) + _bulk(node_keys)
-
-
 def acquire(
     spec: LockSpec,
     token: str,
@@ -159,11 +173,13 @@ def acquire(
 ) -> Command:
     """acquire.lua: take ``spec``'s lock with fencing token ``proposal`` (``mark``: the
     observation mark a blank node keeps for ``mark_ms``); ``wait`` queues the caller."""
+    keys = spec.keys
     args = (token, spec.ttl_ms, proposal, mark, mark_ms, spec.retention_ms)
     if wait is None:
-        return Command(_acquire_head(spec.keys, False) + _bulk(args), _acquire_reply)
+        return Command(_eval("acquire", (keys.lock, keys.floor, keys.warm), *args), _acquire_reply)
     extra = (wait.mode, wait.waiter, wait.channel, wait.place_ms, wait.ticket)
-    return Command(_acquire_head(spec.keys, True) + _bulk((*args, *extra)), _acquire_reply)
+    node_keys = (keys.lock, keys.floor, keys.warm, keys.queue)
+    return Command(_eval("acquire", node_keys, *args, *extra), _acquire_reply)
 
 
 def seed(spec: LockSpec, floor: int, warm_ms: int, marks: frozenset[int]) -> Command:
