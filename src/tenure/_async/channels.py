@@ -92,6 +92,7 @@ class Channel:
         self._task: asyncio.Task[None] | None = None
         self._reconnect = Reconnect()
         self._idle: asyncio.Event | None = None  # set when nothing is pending (for close)
+        self._outbox: list[bytes] = []  # written this turn of the loop, flushed at its end
         # Why the connection last ended: a node in its back-off for a configuration
         # failure is reported with that failure, not as merely "backing off".
         self.last: Diagnosis | None = None
@@ -139,10 +140,32 @@ class Channel:
         return self._reconnect.left(now) if self._task is None else 0.0
 
     def _write(self, packed: bytes) -> None:
-        # redis-py has no public synchronous write; we use its StreamWriter directly so
-        # that the write happens before the caller's next statement.
-        assert self._conn is not None
-        self._conn._writer.write(packed)  # type: ignore[union-attr]
+        # Many tasks share this connection. With requests already in flight (other
+        # tasks are busy too), the command joins the ones written in this turn of the
+        # event loop, and all go out in one write at the end of the turn (``_flush``):
+        # one system call for many rounds. On an idle connection it is written at once.
+        # Either way it is written before the caller's next await can be cancelled,
+        # in the order commands were made, so a cleanup follows what it cleans up.
+        outbox = self._outbox
+        if outbox:
+            outbox.append(packed)
+        elif self._pending:
+            outbox.append(packed)
+            asyncio.get_running_loop().call_soon(self._flush, self._conn)
+        else:
+            assert self._conn is not None
+            # redis-py has no public synchronous write: its StreamWriter, directly.
+            self._conn._writer.write(packed)  # type: ignore[union-attr]
+
+    @property
+    def batched(self) -> bool:
+        """Commands wait in this turn's batch (``_write``)."""
+        return bool(self._outbox)
+
+    def _flush(self, conn: redis.asyncio.Connection | None) -> None:
+        outbox, self._outbox = self._outbox, []
+        if conn is not None and conn is self._conn and outbox:
+            conn._writer.write(b"".join(outbox))  # type: ignore[union-attr]
 
     async def _run(self) -> None:
         """Connect, flush what was queued meanwhile, then wait until the link fails.
@@ -216,6 +239,7 @@ class Channel:
         if isinstance(exc, Exception):
             self.last = diagnose(exc)
         self._fail_all(exc)
+        self._outbox = []  # their requests just failed: never to reach a later connection
         self._reconnect.failed(now)
         task, self._task = self._task, None
         self._conn = None
@@ -369,11 +393,23 @@ class Channels:
         heard_out: list[asyncio.TimerHandle] = []
         self.send(command, rnd, targets, on_reply)
         if not rnd.decided:
-            timer = loop.call_later(max(deadline - time.monotonic(), 0), settle)
+            budget = max(deadline - time.monotonic(), 0)
+
+            def arm() -> None:
+                if not done.done():
+                    heard_out.append(loop.call_later(budget, settle))
+
+            if any(channels[i].batched for i in order):
+                # Written into this turn's batch: the wait for replies begins once the
+                # batch went out (its flush runs before this), not while the loop was
+                # still busy with other tasks: a client too busy to send is not a
+                # node too slow to answer.
+                loop.call_soon(arm)
+            else:
+                arm()
             try:
                 await done
             finally:
-                timer.cancel()
                 for handle in heard_out:
                     handle.cancel()
                 settle()
