@@ -689,7 +689,7 @@ def verdict_lines(subjects: Sequence[Subject]) -> list[str]:
     ok = "ok" if ratio <= TARGET_VS_REDIS_PY else "MISSED"
     return [
         f"- tenure sync, 1 node, p50 against redis-py's Lock (paired): {ratio:.2f}x, "
-        f"{(1 - ratio) * 100:+.0f}% faster (target: >= "
+        f"{abs(1 - ratio) * 100:.0f}% {'faster' if ratio <= 1 else 'slower'} (target: >= "
         f"{(1 - TARGET_VS_REDIS_PY) * 100:.0f}% faster, <= {TARGET_VS_REDIS_PY:g}x): {ok}"
     ]
 
