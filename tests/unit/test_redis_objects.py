@@ -147,8 +147,12 @@ def test_a_custom_connection_class_is_refused(make: Make) -> None:
         make([pool])
 
 
+def _on_connect() -> None:
+    pass
+
+
 def test_a_custom_connect_function_is_refused(make: Make) -> None:
-    client = redis.Redis(host="127.0.0.1", port=7001, redis_connect_func=lambda conn: None)
+    client = redis.Redis(host="127.0.0.1", port=7001, redis_connect_func=_on_connect)
     with pytest.raises(ConfigurationError, match=r"sets redis_connect_func, which is refused"):
         make([client])
 
@@ -163,9 +167,9 @@ def test_a_tls_setting_the_asyncio_connections_lack_is_refused() -> None:
 
 
 def _sentinels() -> list[object]:
-    sync = redis.sentinel.Sentinel([("127.0.0.1", 26379)])
-    lazy = redis.asyncio.sentinel.Sentinel([("127.0.0.1", 26379)])
-    return [sync, lazy, sync.master_for("locks"), lazy.master_for("locks")]
+    sync = redis.sentinel.Sentinel([("127.0.0.1", 26379)])  # type: ignore[no-untyped-call]
+    lazy = redis.asyncio.sentinel.Sentinel([("127.0.0.1", 26379)])  # type: ignore[no-untyped-call]
+    return [sync, lazy, sync.master_for("locks"), lazy.master_for("locks")]  # type: ignore[no-untyped-call]
 
 
 @pytest.mark.parametrize("obj", _sentinels(), ids=["sync", "async", "master_for", "amaster_for"])
