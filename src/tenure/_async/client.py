@@ -61,7 +61,9 @@ class AsyncClient(ClientBase):
     def _open(self, connection_options: dict[str, Any]) -> None:
         self._channels = Channels(self.config, connection_options, self._reporter)
         self._listener_loop: asyncio.AbstractEventLoop | None = None
-        self._listener_ = AsyncListener(self._channels.pools, self._reporter)
+        self._listener_ = AsyncListener(
+            self._channels.pools, self._reporter, self.config.channel_prefix
+        )
 
     @property
     def _listener(self) -> AsyncListener:
@@ -69,7 +71,9 @@ class AsyncClient(ClientBase):
         if loop is not self._listener_loop:
             # Connections belong to the loop that made them; a new loop gets new ones.
             self._listener_loop = loop
-            self._listener_ = AsyncListener(self._channels.pools, self._reporter)
+            self._listener_ = AsyncListener(
+                self._channels.pools, self._reporter, self.config.channel_prefix
+            )
         return self._listener_
 
     def _notifications(self) -> AsyncListener:

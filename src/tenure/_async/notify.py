@@ -27,7 +27,7 @@ from .._core import diagnosis
 from .._core.backoff import Reconnect
 from .._core.commands import pack
 from .._core.resp import ErrorReply
-from .._core.waiting import STRAGGLE, Switchboard, Wake, WakeTally, channel_name
+from .._core.waiting import CHANNEL_PREFIX, STRAGGLE, Switchboard, Wake, WakeTally
 from .._driver.redis_compat import diagnose
 from .._driver.report import NodeReporter
 from .protocol import RespProtocol
@@ -99,11 +99,14 @@ class AsyncListener:
     """The subscriptions of one client in one event loop, started on first need."""
 
     def __init__(
-        self, pools: Sequence[redis.asyncio.ConnectionPool], reporter: NodeReporter | None = None
+        self,
+        pools: Sequence[redis.asyncio.ConnectionPool],
+        reporter: NodeReporter | None = None,
+        channel_prefix: str = CHANNEL_PREFIX,
     ) -> None:
         self._pools = list(pools)
         self._reporter = reporter or NodeReporter([str(i) for i in range(len(self._pools))])
-        self.channel = channel_name(secrets.token_hex(8))
+        self.channel = channel_prefix + secrets.token_hex(8)  # key prefix + "wake:" + random
         self._board = Switchboard[AsyncSlot]()
         self._slots = self._board.slots
         self.departed = self._board.departed

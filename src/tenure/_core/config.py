@@ -10,14 +10,17 @@ import enum
 import hashlib
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from .._errors import ConfigurationError
 from .policy import RetryPolicy, wait_random_exponential
 from .quorum import drift_allowance, majority
 
 __all__ = [
+    "DEFAULT_KEY_PREFIX",
     "ClientConfig",
     "LockKeys",
     "LockSpec",
@@ -26,8 +29,11 @@ __all__ = [
     "WaitMode",
     "check_acquire_args",
     "check_flag",
+    "check_key_prefix",
     "lock_key",
     "min_ttl",
+    "node_address",
+    "node_keys",
     "parse_node_url",
 ]
 
@@ -36,7 +42,14 @@ SCHEMES = ("redis", "rediss", "unix")
 
 @dataclass(frozen=True)
 class NodeAddress:
-    """A parsed node URL; ``identity`` is what makes two entries the same server."""
+    """A parsed node URL; ``identity`` is what makes two entries the same server.
+
+    ``options`` are connection settings that belong to this node alone (credentials,
+    TLS settings), taken from a redis-py client or pool given in place of a URL
+    (``node_address``); a URL carries its own in ``url``. They never take part in
+    comparisons: they may hold objects (a credential provider) and say nothing about
+    which server it is.
+    """
 
     url: str
     scheme: str
@@ -44,6 +57,7 @@ class NodeAddress:
     port: int | None
     path: str | None
     db: int
+    options: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def identity(self) -> tuple[object, ...]:
@@ -107,13 +121,52 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
     return NodeAddress(url=url, scheme=scheme, host=host, port=port_num, path=path, db=db)
 
 
+def node_address(
+    *,
+    host: str | None,
+    port: int | None,
+    path: str | None,
+    db: int,
+    tls: bool,
+    options: Mapping[str, Any],
+    parameter: str = "nodes",
+) -> NodeAddress:
+    """A node given by its settings rather than a URL (a redis-py client or pool).
+
+    Its ``url`` is built from the address alone, without credentials, so it is safe to
+    show; the credentials and TLS settings travel in ``options``.
+
+    Raises:
+        ConfigurationError: no host or path, a port outside 1..65535, a negative or
+            non-integer database.
+    """
+    if isinstance(db, bool) or not isinstance(db, int) or db < 0:
+        raise ConfigurationError(parameter, f"database must be an integer >= 0, got {db!r}")
+    if path is not None:
+        if not isinstance(path, str) or not path:
+            raise ConfigurationError(
+                parameter, f"unix socket path must be a non-empty str, got {path!r}"
+            )
+        url = "unix://" + quote(path) + (f"?db={db}" if db else "")
+        return NodeAddress(url, "unix", None, None, path, db, tuple(options.items()))
+    if not isinstance(host, str) or not host:
+        raise ConfigurationError(parameter, f"names no host (got host={host!r})")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
+        raise ConfigurationError(parameter, f"port must be in 1..65535, got {port!r}")
+    scheme = "rediss" if tls else "redis"
+    where = f"[{host}]" if ":" in host else host
+    url = f"{scheme}://{where}:{port}/{db}"
+    return NodeAddress(url, scheme, host, port, None, db, tuple(options.items()))
+
+
 @dataclass(frozen=True)
 class ClientConfig:
     """Settings shared by every lock of one client.
 
     Args:
-        nodes: node URLs. One node is a single-instance lock; three or more independent
-            masters (no replication between them) make a Redlock quorum.
+        nodes: node URLs (or addresses already built by ``node_address``). One node is
+            a single-instance lock; three or more independent masters (no replication
+            between them) make a Redlock quorum.
         node_timeout: seconds to wait for any one node in a round; much shorter than TTLs.
         connect_timeout: seconds a new connection to a node may take to be set up (TCP,
             TLS handshake, AUTH), apart from any round's ``node_timeout``.
@@ -141,6 +194,8 @@ class ClientConfig:
             ``WAIT`` pipelined behind the command on the same connection; otherwise the
             node's vote is "no" and our key there is released (fail closed). 0 (the
             default) for independent masters. See docs/safety.md for how far it goes.
+        key_prefix: what every key tenure writes on a lock node and every notification
+            channel starts with (default ``"tenure:"``); see ``check_key_prefix``.
     """
 
     nodes: tuple[NodeAddress, ...]
@@ -154,6 +209,7 @@ class ClientConfig:
     recheck: float = 0.5
     wait_replicas: int = 0
     retention_ms: int = 3_600_000
+    key_prefix: str = "tenure:"
 
     @classmethod
     def build(
@@ -170,10 +226,14 @@ class ClientConfig:
         recheck: float = 0.5,
         wait_replicas: int = 0,
         retention: float | None = None,
+        key_prefix: str = "tenure:",
     ) -> ClientConfig:
         if isinstance(nodes, str) or not isinstance(nodes, (list, tuple)):
             raise ConfigurationError("nodes", f"must be a list of node URLs, got {nodes!r}")
-        addresses = tuple(parse_node_url(u, f"nodes[{i}]") for i, u in enumerate(nodes))
+        addresses = tuple(
+            u if isinstance(u, NodeAddress) else parse_node_url(u, f"nodes[{i}]")
+            for i, u in enumerate(nodes)
+        )
         check_flag("allow_even", allow_even)
         check_node_count(len(addresses), allow_even)
         seen: dict[tuple[object, ...], int] = {}
@@ -237,7 +297,13 @@ class ClientConfig:
             recheck=every,
             wait_replicas=_replicas(wait_replicas),
             retention_ms=math.floor(round(kept * 1000, 6)),
+            key_prefix=check_key_prefix(key_prefix),
         )
+
+    @property
+    def channel_prefix(self) -> str:
+        """What every notification channel of these clients starts with."""
+        return self.key_prefix + "wake:"
 
     @property
     def quorum(self) -> int:
@@ -320,33 +386,100 @@ def check_node_count(n: int, allow_even: bool) -> None:
 # Seconds a node's floor is kept after its last grant or extension, unless set.
 DEFAULT_RETENTION = 3600.0
 
-# The node's own keys: its floor and warm-up marker, shared by every lock on the node.
+# What every key and channel starts with unless the client is given another prefix.
+DEFAULT_KEY_PREFIX = "tenure:"
+
+# The node's own keys under the default prefix: its floor and warm-up marker, shared by
+# every lock of that prefix on the node (``node_keys`` for another prefix).
 NODE_FLOOR = "tenure:node:floor"
 NODE_WARM = "tenure:node:warm"
 
+# Characters a key prefix may not hold, and why (``check_key_prefix``).
+_PREFIX_REFUSED = (
+    (
+        "{}",
+        "braces would break the hash tag that keeps a lock's keys in one Redis "
+        "Cluster slot (the tag is the text between the first '{' and the next '}')",
+    ),
+    (
+        "#",
+        "'#{' marks the keys of names that start with '}', and a prefix ending in or "
+        "holding '#' could make two prefixes' keys meet",
+    ),
+    (
+        "*?[]\\",
+        "the prefix is written into ACL key and channel patterns (~PREFIX*), "
+        "where these are glob characters",
+    ),
+)
 
-def _key_prefix(name: str) -> str:
+
+def check_key_prefix(prefix: object, parameter: str = "key_prefix") -> str:
+    """Validate a key prefix: what every key and notification channel of a client starts
+    with, so that applications sharing a Redis database (or an ACL key pattern) keep
+    their locks apart.
+
+    Accepted: a non-empty str of printable characters without whitespace, braces, ``#``
+    or glob characters (``*?[]\\``), at most 128 characters. Whitespace and control
+    characters would split the ACL rules written from it (``~PREFIX*``).
+
+    Raises:
+        ConfigurationError: naming ``key_prefix``, the character refused and why.
+    """
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigurationError(
+            parameter, f"must be a non-empty str such as 'tenure:' or 'app1:', got {prefix!r}"
+        )
+    if len(prefix) > 128:
+        raise ConfigurationError(
+            parameter,
+            f"must be at most 128 characters (every key carries it), got {len(prefix)}",
+        )
+    for ch in prefix:
+        if ch.isspace() or not ch.isprintable():
+            raise ConfigurationError(
+                parameter,
+                f"{prefix!r} holds {ch!r}: whitespace and control characters would split "
+                "the ACL rules written from it (~PREFIX*); use e.g. 'app1:'",
+            )
+        for chars, why in _PREFIX_REFUSED:
+            if ch in chars:
+                raise ConfigurationError(
+                    parameter,
+                    f"{prefix!r} holds {ch!r}, which is refused: {why}; use e.g. 'app1:'",
+                )
+    return prefix
+
+
+def node_keys(prefix: str = DEFAULT_KEY_PREFIX) -> tuple[str, str]:
+    """The node's own keys under ``prefix``: its floor and its warm-up marker."""
+    return f"{prefix}node:floor", f"{prefix}node:warm"
+
+
+def _key_prefix(name: str, prefix: str = DEFAULT_KEY_PREFIX) -> str:
     """What every key of lock ``name`` starts with, ending in its hash tag.
 
     Redis Cluster hashes only a key's *hash tag*, the text between its first ``{`` and
-    the next ``}``, when that text is not empty. The usual prefix is ``tenure:{<name>}``:
-    its tag is ``name``, or ``name`` up to its first ``}``, the same for every key of the
-    lock either way. A name starting with ``}`` would leave the tag empty, so each key
-    would hash whole and the lock's keys would land in different slots; such a name
-    takes ``tenure:#{<digest>}:<name>`` instead, whose tag is a digest of the name (a
-    tag spread over the slots like names are, never empty, never holding a brace). The
-    ``#`` keeps these keys apart from every ``tenure:{...`` key of an ordinary name, and
-    the name itself, in full after the tag, keeps them apart from each other.
+    the next ``}``, when that text is not empty. The usual start is ``<prefix>{<name>}``
+    (``tenure:{<name>}`` by default): its tag is ``name``, or ``name`` up to its first
+    ``}``, the same for every key of the lock either way (the prefix holds no brace). A
+    name starting with ``}`` would leave the tag empty, so each key would hash whole and
+    the lock's keys would land in different slots; such a name takes
+    ``<prefix>#{<digest>}:<name>`` instead, whose tag is a digest of the name (a tag
+    spread over the slots like names are, never empty, never holding a brace). The
+    ``#`` keeps these keys apart from every ``<prefix>{...`` key of an ordinary name
+    (the prefix holds no ``#``), and the name itself, in full after the tag, keeps them
+    apart from each other.
     """
     if not name.startswith("}"):
-        return f"tenure:{{{name}}}"
+        return f"{prefix}{{{name}}}"
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"tenure:#{{{digest}}}:{name}"
+    return f"{prefix}#{{{digest}}}:{name}"
 
 
-def lock_key(name: str) -> str:
+def lock_key(name: str, prefix: str = DEFAULT_KEY_PREFIX) -> str:
     """The Redis key of a lock: ``tenure:{<name>}:lock`` (see :class:`LockKeys`)."""
-    return f"{_key_prefix(name)}:lock"
+    return f"{_key_prefix(name, prefix)}:lock"
 
 
 @dataclass(frozen=True)
@@ -362,6 +495,8 @@ class LockKeys:
     highest token it committed for any lock, the only fencing history it keeps, and the
     mark that it has not lost its data) and its warm-up marker (see ``_lua/acquire.lua``
     and docs/fencing.md). Nothing about a lock outlives its lease and its waiters.
+    With another key prefix, ``tenure:`` is that prefix in every one of these keys,
+    the node's two included: each prefix has a fencing history of its own.
     """
 
     lock: str
@@ -370,9 +505,10 @@ class LockKeys:
     queue: str = ""
 
     @classmethod
-    def of(cls, name: str) -> LockKeys:
-        prefix = _key_prefix(name)
-        return cls(lock=f"{prefix}:lock", queue=f"{prefix}:q")
+    def of(cls, name: str, prefix: str = DEFAULT_KEY_PREFIX) -> LockKeys:
+        start = _key_prefix(name, prefix)
+        floor, warm = node_keys(prefix)
+        return cls(lock=f"{start}:lock", floor=floor, warm=warm, queue=f"{start}:q")
 
 
 class WaitMode(str, enum.Enum):
@@ -450,7 +586,7 @@ class LockSpec:
             )
         if fair and config.recheck == 0:
             raise ConfigurationError("fair", "needs notifications (recheck > 0)")
-        keys = LockKeys.of(name)
+        keys = LockKeys.of(name, config.key_prefix)
         return cls(
             name=name,
             key=keys.lock,

@@ -8,10 +8,12 @@ compares the two). The commands the drivers send themselves are listed in
 :data:`DIRECT`; a test greps the drivers for every command they pack, so that list
 cannot fall behind either.
 
-Keys: every key a lock script touches is ``tenure:{<name>}:...`` (the lock, its fencing
-counter, warm-up marker, wait queue, places, reservation): ``~tenure:*``. Channels: each
-client listens on ``tenure:wake:<random>``, and the release script publishes there:
-``&tenure:wake:*``.
+Keys: every key a lock script touches starts with the client's key prefix
+(``tenure:`` by default): ``tenure:{<name>}:...`` (the lock, its wait queue, places,
+reservation) and ``tenure:node:...`` (the node's floor and warm-up marker):
+``~tenure:*``. Channels: each client listens on ``tenure:wake:<random>``, and the
+release script publishes there: ``&tenure:wake:*``. With another prefix, every pattern
+and probe key here takes that prefix (the functions' ``prefix`` argument).
 
 Besides the derivation, this module holds the pure judgement used by ``tenure check``:
 what an ACL refusal looks like in each server version's words, Redis 6.2's ``ACL
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 
-from .._core.waiting import CHANNEL_PREFIX
+from .._core.config import DEFAULT_KEY_PREFIX
 from .._lua import expand
 
 __all__ = [
@@ -39,26 +41,44 @@ __all__ = [
     "PROBE_KEY",
     "PROBE_QUEUE",
     "Need",
+    "channel_pattern",
     "commands_in",
     "denial",
     "fix_line",
     "glob_match",
+    "key_pattern",
     "least_privilege_acl",
     "lock_scripts",
     "needs",
     "permitted_by_rules",
+    "probe_keys",
     "script_commands",
 ]
 
-KEY_PATTERN = "tenure:*"
-CHANNEL_PATTERN = CHANNEL_PREFIX + "*"
 
-# What ``tenure check`` names in its questions (and, where it must try for real, uses:
-# a string key with a 2 s TTL, a sorted set emptied at once, a channel nobody hears).
-PROBE_KEY = "tenure:{check}:probe"
-PROBE_QUEUE = "tenure:{check}:probe:q"
-PROBE_CHANNEL = CHANNEL_PREFIX + "check-probe"
+def key_pattern(prefix: str = DEFAULT_KEY_PREFIX) -> str:
+    """The ACL key pattern that covers every key of clients with ``prefix``."""
+    return prefix + "*"
+
+
+def channel_pattern(prefix: str = DEFAULT_KEY_PREFIX) -> str:
+    """The ACL channel pattern that covers every notification channel of ``prefix``."""
+    return prefix + "wake:*"
+
+
+def probe_keys(prefix: str = DEFAULT_KEY_PREFIX) -> tuple[str, str, str]:
+    """What ``tenure check`` names in its questions (and, where it must try for real,
+    uses: a string key with a 2 s TTL, a sorted set emptied at once, a channel nobody
+    hears): the probe key, the probe queue, the probe channel."""
+    return f"{prefix}{{check}}:probe", f"{prefix}{{check}}:probe:q", f"{prefix}wake:check-probe"
+
+
+KEY_PATTERN = key_pattern()
+CHANNEL_PATTERN = channel_pattern()
+PROBE_KEY, PROBE_QUEUE, PROBE_CHANNEL = probe_keys()
 PROBE_TTL_MS = "2000"
+# The probe's keys end so (the prefix holds no brace): how a key argument is told apart.
+_PROBE_KEY_ENDS = ("{check}:probe", "{check}:probe:q")
 
 # Scripts in tenure._lua that are not the lock's: the fenced Redis store, the idempotency
 # keys and the streams run on whatever Redis the application gives them, and check_probe
@@ -78,8 +98,8 @@ class Need:
 
     Attributes:
         command: the command, upper case.
-        args: representative arguments: keys under ``tenure:``, channels under
-            ``tenure:wake:``, so that asking about them also asks about the key and
+        args: representative arguments: keys under the key prefix (``tenure:``),
+            channels under ``<prefix>wake:``, so that asking about them also asks about the key and
             channel patterns. Harmless when run for real (``tenure check``'s probe).
         where: ``"scripts"``, ``"direct"`` or ``"direct and scripts"``.
         only: when tenure sends it, if not always (e.g. ``"with wait_replicas > 0"``).
@@ -95,32 +115,42 @@ class Need:
         return (self.command, *self.args)
 
 
+def _direct(prefix: str) -> dict[str, tuple[tuple[str, ...], str | None]]:
+    key, _, channel = probe_keys(prefix)
+    return {
+        "EVAL": (("return 1", "1", key), None),
+        "EXISTS": ((key,), None),  # Lock.locked()
+        "SUBSCRIBE": ((channel,), None),  # release notifications (docs/waiting.md)
+        "WAIT": (("0", "0"), "with wait_replicas > 0"),
+    }
+
+
+def _script_args(prefix: str) -> dict[str, tuple[str, ...]]:
+    key, queue, channel = probe_keys(prefix)
+    return {
+        "SET": (key, "probe", "PX", PROBE_TTL_MS),
+        "GET": (key,),
+        "PTTL": (key,),
+        "PEXPIRE": (key, PROBE_TTL_MS),
+        "EXISTS": (key,),
+        "DEL": (key,),
+        "ZADD": (queue, "0", "probe"),
+        "ZRANGE": (queue, "0", "0"),
+        "ZSCORE": (queue, "probe"),
+        "ZREM": (queue, "probe"),
+        "PUBLISH": (channel, "probe"),
+    }
+
+
 # Sent by the drivers themselves (tests/unit/test_acl.py greps the drivers for pack()).
 # EVAL, not EVALSHA/SCRIPT: scripts travel with every call (docs/architecture.md). No
 # PING, INFO or CLIENT: redis-py's health checks and CLIENT SETINFO are switched off.
-DIRECT: dict[str, tuple[tuple[str, ...], str | None]] = {
-    "EVAL": (("return 1", "1", PROBE_KEY), None),
-    "EXISTS": ((PROBE_KEY,), None),  # Lock.locked()
-    "SUBSCRIBE": ((PROBE_CHANNEL,), None),  # release notifications (docs/waiting.md)
-    "WAIT": (("0", "0"), "with wait_replicas > 0"),
-}
+DIRECT = _direct(DEFAULT_KEY_PREFIX)
 
 # Harmless arguments for the commands the scripts run. A command missing here (a script
 # started calling something new) is still asked about, with the probe key alone, and a
 # unit test fails until it gets a proper line.
-_SCRIPT_ARGS: dict[str, tuple[str, ...]] = {
-    "SET": (PROBE_KEY, "probe", "PX", PROBE_TTL_MS),
-    "GET": (PROBE_KEY,),
-    "PTTL": (PROBE_KEY,),
-    "PEXPIRE": (PROBE_KEY, PROBE_TTL_MS),
-    "EXISTS": (PROBE_KEY,),
-    "DEL": (PROBE_KEY,),
-    "ZADD": (PROBE_QUEUE, "0", "probe"),
-    "ZRANGE": (PROBE_QUEUE, "0", "0"),
-    "ZSCORE": (PROBE_QUEUE, "probe"),
-    "ZREM": (PROBE_QUEUE, "probe"),
-    "PUBLISH": (PROBE_CHANNEL, "probe"),
-}
+_SCRIPT_ARGS = _script_args(DEFAULT_KEY_PREFIX)
 
 
 def lock_scripts() -> tuple[str, ...]:
@@ -166,30 +196,35 @@ def commands_in(name: str, source: bytes) -> set[str]:
     return {command.decode().upper() for _, command in literal}
 
 
-def needs() -> tuple[Need, ...]:
-    """Everything tenure sends to a lock node: the direct commands, then the scripts'."""
+def needs(prefix: str = DEFAULT_KEY_PREFIX) -> tuple[Need, ...]:
+    """Everything tenure sends to a lock node: the direct commands, then the scripts';
+    their key and channel arguments under ``prefix``."""
     scripted = set(script_commands())
+    direct, script_args = _direct(prefix), _script_args(prefix)
     out = [
         Need(command, args, "direct and scripts" if command in scripted else "direct", only)
-        for command, (args, only) in DIRECT.items()
+        for command, (args, only) in direct.items()
     ]
     out += [
-        Need(command, _SCRIPT_ARGS.get(command, (PROBE_KEY,)), "scripts")
-        for command in sorted(scripted - DIRECT.keys())
+        Need(command, script_args.get(command, (probe_keys(prefix)[0],)), "scripts")
+        for command in sorted(scripted - direct.keys())
     ]
     return tuple(out)
 
 
-def least_privilege_acl(user: str = "tenure", password: str = "PASSWORD") -> str:
-    """The ``ACL SETUSER`` line that grants exactly what tenure needs on a lock node.
+def least_privilege_acl(
+    user: str = "tenure", password: str = "PASSWORD", prefix: str = DEFAULT_KEY_PREFIX
+) -> str:
+    """The ``ACL SETUSER`` line that grants exactly what tenure needs on a lock node, for
+    clients whose key prefix is ``prefix``.
 
     ``resetchannels`` is explicit because Redis 6.2's ``reset`` leaves the user every
     channel (``acl-pubsub-default allchannels``), after which a channel pattern is an error.
     """
-    commands = " ".join(f"+{n.command.lower()}" for n in needs())
+    commands = " ".join(f"+{n.command.lower()}" for n in needs(prefix))
     return (
-        f"ACL SETUSER {user} reset on >{password} resetchannels ~{KEY_PATTERN} "
-        f"&{CHANNEL_PATTERN} {commands}"
+        f"ACL SETUSER {user} reset on >{password} resetchannels ~{key_pattern(prefix)} "
+        f"&{channel_pattern(prefix)} {commands}"
     )
 
 
@@ -227,14 +262,14 @@ def denial(text: str) -> str | None:
     return None
 
 
-def fix_line(user: str, refused: Mapping[str, str]) -> str:
+def fix_line(user: str, refused: Mapping[str, str], prefix: str = DEFAULT_KEY_PREFIX) -> str:
     """The ``ACL SETUSER`` line that grants ``refused`` (command -> what was refused,
-    as :func:`denial` names it)."""
+    as :func:`denial` names it) to clients whose key prefix is ``prefix``."""
     parts = [f"+{c.lower()}" for c, kind in refused.items() if kind == "command"]
     if "key" in refused.values():
-        parts.append(f"~{KEY_PATTERN}")
+        parts.append(f"~{key_pattern(prefix)}")
     if "channel" in refused.values():
-        parts.append(f"&{CHANNEL_PATTERN}")
+        parts.append(f"&{channel_pattern(prefix)}")
     return f"ACL SETUSER {user} {' '.join(parts)}"
 
 
@@ -277,7 +312,7 @@ def permitted_by_rules(
         return None
     if keys is not None:
         for arg in need.args:
-            if arg.startswith("tenure:") and not any(glob_match(p, arg) for p in keys):
+            if arg.endswith(_PROBE_KEY_ENDS) and not any(glob_match(p, arg) for p in keys):
                 return f"no permissions to access the '{arg}' key"
     return None
 

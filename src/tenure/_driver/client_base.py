@@ -18,7 +18,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from .._core.acquire import LeaseState
-from .._core.config import ClientConfig, LockSpec, SpecCache, check_flag
+from .._core.config import DEFAULT_KEY_PREFIX, ClientConfig, LockSpec, SpecCache, check_flag
 from .._core.flows import Depart, Flow, Flows, Op, Send, Unlisten
 from .._core.holds import Held, Holds, self_deadlock
 from .._core.policy import RetryPolicy
@@ -28,6 +28,7 @@ from .._errors import LockTimeout
 from .clock import monotonic, wall_us
 from .lease import not_acquired
 from .redis_compat import check_connection_options
+from .redis_objects import node_addresses
 from .report import NodeReporter
 
 __all__ = ["ClientBase", "Listening"]
@@ -62,7 +63,7 @@ class ClientBase:
 
     def __init__(
         self,
-        nodes: Sequence[str],
+        nodes: Sequence[str | Any],
         *,
         node_timeout: float = 0.05,
         connect_timeout: float = 1.0,
@@ -75,9 +76,11 @@ class ClientBase:
         wait_replicas: int = 0,
         retention: float | None = None,
         connection_options: Mapping[str, Any] | None = None,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
     ) -> None:
         self.config = ClientConfig.build(
-            nodes,
+            # redis-py clients and pools in the list become addresses with their settings
+            node_addresses(nodes, asyncio=self._ASYNCIO),
             node_timeout=node_timeout,
             connect_timeout=connect_timeout,
             drift_factor=drift_factor,
@@ -88,6 +91,7 @@ class ClientBase:
             recheck=recheck,
             wait_replicas=wait_replicas,
             retention=retention,
+            key_prefix=key_prefix,
         )
         options = check_connection_options(
             connection_options, self.config.nodes, self.config.node_timeout, asyncio=self._ASYNCIO

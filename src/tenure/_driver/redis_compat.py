@@ -32,11 +32,12 @@ __all__ = [
     "connection_kwargs",
     "diagnose",
     "kernel_timeouts",
+    "keywords",
     "node_pool",
 ]
 
 
-def _keywords(cls: type) -> set[str]:
+def keywords(cls: type) -> set[str]:
     """Every keyword ``cls(...)`` takes along its MRO (each ``__init__`` passes the rest on)."""
     names: set[str] = set()
     for c in cls.__mro__:
@@ -51,7 +52,7 @@ def _keywords(cls: type) -> set[str]:
 
 def _accepts(cls: type, name: str) -> bool:
     """Whether ``cls(...)`` takes keyword ``name`` anywhere along its MRO."""
-    return name in _keywords(cls)
+    return name in keywords(cls)
 
 
 # redis-py 5-7 name the CLIENT SETINFO handshake lib_name/lib_version; 8 deprecates them
@@ -101,7 +102,10 @@ def node_pool(
     asyncio: bool,
 ) -> Any:
     """The redis-py connection pool a driver connects to one node through: its URL, the
-    options tenure owns (``connection_kwargs``), then the user's checked options."""
+    options tenure owns (``connection_kwargs``), the user's checked options, then the
+    settings taken from a redis-py object given as the node (``address.options``: the
+    node's own, as a URL's credentials are, and never in conflict with the others, which
+    ``check_connection_options`` made sure of)."""
     defaults = connection_kwargs(
         config.node_timeout,
         asyncio=asyncio,
@@ -109,7 +113,7 @@ def node_pool(
         connect_timeout=config.connect_timeout,
     )
     cls = redis.asyncio.ConnectionPool if asyncio else redis.ConnectionPool
-    return cls.from_url(address.url, **{**defaults, **connection_options})
+    return cls.from_url(address.url, **{**defaults, **connection_options, **dict(address.options)})
 
 
 class NotRedis(rx.ConnectionError):
@@ -216,11 +220,15 @@ def check_connection_options(
     For every node, redis-py builds its pool from the URL and these options and one
     connection object is made from it, exactly as a round would, without connecting.
     So a misspelt key, a TLS option on a ``redis://`` node or a value redis-py refuses
-    fails here, naming the key, rather than at the first acquire.
+    fails here, naming the key, rather than at the first acquire. A node given as a
+    redis-py object brings settings of its own (``address.options``); an option set
+    both there and here to different values is refused rather than one silently
+    winning.
 
     Raises:
         ConfigurationError: not a mapping of str keys; a key no connection of these
-            nodes accepts, or one tenure must own; a value redis-py refuses.
+            nodes accepts, or one tenure must own; a value redis-py refuses; a key the
+            node's object sets otherwise.
     """
     if options is None:
         options = {}  # the URLs are still checked: a query option may be one redis-py refuses
@@ -253,22 +261,45 @@ def check_connection_options(
             raise ConfigurationError(
                 f"nodes[{i}]", f"redis-py refuses {address.display}: {exc}"
             ) from None
-        accepted = _keywords(conn_cls)
+        accepted = keywords(conn_cls)
+        own = dict(address.options)
         for key in result:
             if key not in accepted:
                 raise ConfigurationError(
                     f"{param}[{key!r}]", _unknown(key, conn_cls, address, accepted)
                 )
+            if key in own and not _same(own[key], result[key]):
+                raise ConfigurationError(
+                    f"{param}[{key!r}]",
+                    f"the redis-py object given as nodes[{i}] ({address.display}) sets "
+                    f"{key} to another value; set it in one place (the object's settings "
+                    "are that node's own, connection_options apply to every node)",
+                )
         try:
-            pool = pool_cls.from_url(address.url, **{**defaults, **result})
+            pool = pool_cls.from_url(address.url, **{**defaults, **result, **own})
             pool.connection_class(**pool.connection_kwargs)
         except (TypeError, ValueError, rx.RedisError) as exc:
-            what = "them" if result else "its URL"
+            what = (
+                "them"
+                if result
+                else ("the settings taken from its redis-py object" if own else "its URL")
+            )
             raise ConfigurationError(
                 param if result else f"nodes[{i}]",
                 f"redis-py refuses {what} for {address.display} (nodes[{i}]): {exc}",
             ) from None
     return result
+
+
+def _same(a: object, b: object) -> bool:
+    """Whether two option values are the same (an object that cannot be compared is the
+    same only as itself)."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def _unknown(key: str, cls: type, address: NodeAddress, accepted: set[str]) -> str:

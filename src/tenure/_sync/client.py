@@ -51,7 +51,11 @@ class Client(ClientBase):
     ``ConfigurationError`` naming the minimum).
 
     Args:
-        nodes: node URLs (``redis://``, ``rediss://``, ``unix://``).
+        nodes: node URLs (``redis://``, ``rediss://``, ``unix://``), or redis-py clients
+            (``redis.Redis``, ``redis.asyncio.Redis``) or connection pools in their
+            place: tenure takes the node's address, database, TLS settings and
+            credentials from them and opens its own connections (docs/connections.md,
+            "Passing a redis-py client"). Sentinel and Cluster objects are refused.
         node_timeout: seconds to wait for any one node in a round (default 50 ms); it
             bounds the shortest TTL (see above).
         connect_timeout: seconds a new connection to a node may take to be set up: TCP
@@ -89,6 +93,12 @@ class Client(ClientBase):
             owns are refused with the setting to use instead: retries and socket
             timeouts (``node_timeout``), health checks, ``protocol`` other than 2, and
             the address (``host``, ``port``, ``db``: they belong in each node URL).
+        key_prefix: what every key tenure writes on the nodes and every notification
+            channel starts with (default ``"tenure:"``): clients with different prefixes
+            on the same nodes never see each other's locks, and each prefix has its own
+            fencing history there (docs/fencing.md). A non-empty str without braces,
+            ``#``, glob characters or whitespace; the ACL's key and channel patterns
+            follow it (``tenure check --key-prefix``).
 
     Raises:
         ConfigurationError: a parameter is out of range, of the wrong type, or a URL or
@@ -103,7 +113,7 @@ class Client(ClientBase):
 
     def _open(self, connection_options: dict[str, Any]) -> None:
         self._pool = LinkPool(self.config, connection_options, self._reporter)
-        self._listener = Listener(self._pool.nodes, self._reporter)
+        self._listener = Listener(self._pool.nodes, self._reporter, self.config.channel_prefix)
 
     def _notifications(self) -> Listener:
         return self._listener

@@ -34,7 +34,7 @@ from .._core import diagnosis
 from .._core.backoff import Reconnect
 from .._core.commands import pack
 from .._core.resp import ErrorReply, ReplyReader
-from .._core.waiting import STRAGGLE, Switchboard, Wake, WakeTally, channel_name
+from .._core.waiting import CHANNEL_PREFIX, STRAGGLE, Switchboard, Wake, WakeTally
 from .._driver.redis_compat import diagnose
 from .._driver.report import NodeReporter
 from .connect import SetUp
@@ -105,8 +105,14 @@ class Listener:
     that acquires in a loop passes them from one wait to the next without waking it.
     """
 
-    def __init__(self, nodes: Sequence[NodeState], reporter: NodeReporter | None = None) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[NodeState],
+        reporter: NodeReporter | None = None,
+        channel_prefix: str = CHANNEL_PREFIX,
+    ) -> None:
         self._nodes = list(nodes)
+        self._channel_prefix = channel_prefix  # the client's key prefix + "wake:"
         self._reporter = reporter or NodeReporter([n.name for n in self._nodes])
         self.channel = ""
         self._stop = False
@@ -133,7 +139,7 @@ class Listener:
         self._readers = [ReplyReader() for _ in range(n)]
         self._reconnect = [Reconnect() for _ in range(n)]
         self._ever = [False] * n
-        self.channel = channel_name(secrets.token_hex(8))
+        self.channel = self._channel_prefix + secrets.token_hex(8)
 
     @property
     def started(self) -> bool:

@@ -30,7 +30,7 @@ from .. import __version__
 from .._errors import TenureError
 from ._text import one_line
 from .node_check import CHECK_EXIT_CODES, check
-from .run import EXIT_TENURE_ERROR, RUN_EXIT_CODES, RunOptions, nodes_from, run
+from .run import EXIT_TENURE_ERROR, RUN_EXIT_CODES, RunOptions, key_prefix_from, nodes_from, run
 from .status import status
 
 __all__ = ["main"]
@@ -175,6 +175,17 @@ def _add_nodes_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_key_prefix_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--key-prefix",
+        metavar="PREFIX",
+        help=(
+            "the key prefix your clients use (their key_prefix): what every lock key and "
+            "notification channel starts with. Default: $TENURE_KEY_PREFIX, else tenure:"
+        ),
+    )
+
+
 def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "run",
@@ -223,6 +234,7 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "command is terminated (exit 79). Default: no cap",
     )
     _add_node_timeout_option(p, 0.05, "for any one node in a round")
+    _add_key_prefix_option(p)
     p.set_defaults(handler=_cmd_run, takes_command=True)
 
 
@@ -237,6 +249,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         grace=args.grace,
         max_hold=args.max_hold,
         node_timeout=args.node_timeout,
+        key_prefix=key_prefix_from(args.key_prefix),
     )
     return run(options)
 
@@ -259,11 +272,17 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("name", metavar="NAME", help="the lock's name")
     _add_nodes_option(p)
     _add_node_timeout_option(p, 0.5, "for each node")
+    _add_key_prefix_option(p)
     p.set_defaults(handler=_cmd_status)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    return status(args.name, nodes_from(args.redis), node_timeout=args.node_timeout)
+    return status(
+        args.name,
+        nodes_from(args.redis),
+        node_timeout=args.node_timeout,
+        key_prefix=key_prefix_from(args.key_prefix),
+    )
 
 
 # --- check ----------------------------------------------------------------------------
@@ -304,6 +323,7 @@ def _add_check(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "least-privilege user may not (docs/deployment.md)",
     )
     _add_node_timeout_option(p, 1.0, "for each node's reply")
+    _add_key_prefix_option(p)
     p.set_defaults(handler=_cmd_check)
 
 
@@ -314,6 +334,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         node_timeout=args.node_timeout,
         acl_user=args.acl_user,
         as_json=args.json,
+        key_prefix=key_prefix_from(args.key_prefix),
     )
 
 

@@ -10,7 +10,8 @@ scripts run here?); a second checks that the node lets tenure run its commands (
 Redis >= 7, ``ACL GETUSER`` on 6.2, where the user may use them; otherwise the real,
 harmless operations on the probe keys ``tenure:{check}:probe``, which expires after 2 s
 even if it cannot be deleted, and ``tenure:{check}:probe:q``, emptied at once). Nothing
-else is written.
+else is written. With ``--key-prefix``, that prefix replaces ``tenure:`` in every key and
+channel asked about or written.
 
 This module is the gathering and the command: :func:`gather` turns a node into a
 :class:`~tenure.cli.node_rules.NodeFacts` of plain strings and dicts, and :func:`check`
@@ -40,7 +41,13 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 
-from .._core.config import NODE_FLOOR, NodeAddress, parse_node_url
+from .._core.config import (
+    DEFAULT_KEY_PREFIX,
+    NodeAddress,
+    check_key_prefix,
+    node_keys,
+    parse_node_url,
+)
 from .._core.quorum import majority
 from .._driver import acl as _acl
 from .._driver.redis_compat import connection_kwargs
@@ -80,8 +87,8 @@ exit codes:
 
 Where neither ACL DRYRUN (Redis >= 7) nor ACL GETUSER (6.2) may be used, the ACL check
 runs each command for real: it writes the probe keys tenure:{check}:probe (2 s TTL) and
-tenure:{check}:probe:q, deletes them at once, and publishes to tenure:wake:check-probe.
-Nothing else is written. See docs/deployment.md.
+tenure:{check}:probe:q, deletes them at once, and publishes to tenure:wake:check-probe
+(with --key-prefix, under that prefix). Nothing else is written. See docs/deployment.md.
 """
 
 # Runs each call given in ARGV and reports, per call, "OK" or the error; then deletes the
@@ -91,12 +98,18 @@ _PROBE_SCRIPT = script("check_probe").wire.decode()
 # --- gathering ---------------------------------------------------------------------------
 
 
-def gather(address: NodeAddress, timeout: float, acl_user: str | None = None) -> NodeFacts:
+def gather(
+    address: NodeAddress,
+    timeout: float,
+    acl_user: str | None = None,
+    key_prefix: str = DEFAULT_KEY_PREFIX,
+) -> NodeFacts:
     """Read one node (two pipelined rounds); never raises for the node's own failures.
 
     ``acl_user``: whose permissions to check (default: the user this login is).
+    ``key_prefix``: the clients' key prefix; the keys and channels asked about are under it.
     """
-    facts = NodeFacts(node=address.display)
+    facts = NodeFacts(node=address.display, key_prefix=key_prefix)
     options = connection_kwargs(timeout, asyncio=False, unix=address.scheme == "unix")
     options["socket_timeout"] = timeout
     client = redis.Redis.from_url(address.url, decode_responses=True, **options)
@@ -131,7 +144,8 @@ def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
         # Whether tenure's scripts can run here at all: a script that does nothing but
         # declare a lock key and the node's floor, in two hash slots as every lock
         # script does (cluster mode refuses that; a server without Lua, EVAL).
-        pipe.eval("return 1", 2, _acl.PROBE_KEY, NODE_FLOOR)
+        prefix = facts.key_prefix
+        pipe.eval("return 1", 2, _acl.probe_keys(prefix)[0], node_keys(prefix)[0])
         replies = pipe.execute(raise_on_error=False)
     info, *configs, whoami, scripts = replies
     if isinstance(info, redis.AuthenticationError):
@@ -162,7 +176,7 @@ def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) ->
     if acl_user is not None:
         facts.user = acl_user
     user = facts.user or "default"
-    needs = _acl.needs()
+    needs = _acl.needs(facts.key_prefix)
     if parse_version(info.get("redis_version", "0")) >= (7,):
         answers = _dry_run(client, user, needs)
         method = "ACL DRYRUN"
@@ -176,7 +190,7 @@ def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) ->
         )
         return
     if answers is None:
-        answers = _probe(client, needs)
+        answers = _probe(client, needs, facts.key_prefix)
         method = "probe"
     facts.access = answers
     facts.access_method = method
@@ -223,7 +237,7 @@ def _get_user(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _An
     return answers
 
 
-def _probe(client: redis.Redis, needs: Sequence[_acl.Need]) -> _Answers:
+def _probe(client: redis.Redis, needs: Sequence[_acl.Need], prefix: str) -> _Answers:
     """Run every command for real, harmlessly: the scripts' commands inside one probe
     script (so a refusal there is what a lock script would meet), the others directly,
     ``SUBSCRIBE`` on a connection of its own."""
@@ -233,7 +247,8 @@ def _probe(client: redis.Redis, needs: Sequence[_acl.Need]) -> _Answers:
         argv += [str(len(need.call)), *need.call]
     direct = [n for n in needs if n.where != "scripts" and n.command not in ("EVAL", "SUBSCRIBE")]
     with client.pipeline(transaction=False) as pipe:
-        pipe.eval(_PROBE_SCRIPT, 2, _acl.PROBE_KEY, _acl.PROBE_QUEUE, *argv)
+        key, queue, channel = _acl.probe_keys(prefix)
+        pipe.eval(_PROBE_SCRIPT, 2, key, queue, *argv)
         for need in direct:
             pipe.execute_command(*need.call)  # type: ignore[no-untyped-call]
         script_reply, *direct_replies = pipe.execute(raise_on_error=False)
@@ -250,15 +265,15 @@ def _probe(client: redis.Redis, needs: Sequence[_acl.Need]) -> _Answers:
         answers["EVAL"] = f"unexpected reply to the probe script: {script_reply!r}"
     for need, reply in zip(direct, direct_replies, strict=True):
         answers[need.command] = one_line(reply) if isinstance(reply, Exception) else None
-    answers["SUBSCRIBE"] = _probe_subscribe(client)
+    answers["SUBSCRIBE"] = _probe_subscribe(client, channel)
     return answers
 
 
-def _probe_subscribe(client: redis.Redis) -> str | None:
+def _probe_subscribe(client: redis.Redis, channel: str) -> str | None:
     conn = client.connection_pool.make_connection()
     try:
         conn.connect()  # type: ignore[no-untyped-call]
-        conn.send_command("SUBSCRIBE", _acl.PROBE_CHANNEL)  # type: ignore[no-untyped-call]
+        conn.send_command("SUBSCRIBE", channel)  # type: ignore[no-untyped-call]
         conn.read_response()
         return None
     except redis.ResponseError as exc:
@@ -341,6 +356,7 @@ def check(
     node_timeout: float = 1.0,
     acl_user: str | None = None,
     as_json: bool = False,
+    key_prefix: str = DEFAULT_KEY_PREFIX,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
@@ -354,19 +370,23 @@ def check(
             login must be allowed ``ACL DRYRUN`` or, on Redis 6.2, ``ACL GETUSER``), so
             that one admin login reads the settings and checks the clients' user.
         as_json: print a JSON list instead of a table.
+        key_prefix: the clients' key prefix (their ``key_prefix``): the ACL is checked
+            for keys and channels under it.
         out: where the findings go (default stdout).
         err: where the majority-unreachable message goes (default stderr).
 
     Raises:
-        ConfigurationError: no nodes, or a malformed URL.
+        ConfigurationError: no nodes, a malformed URL, or a key prefix the clients
+            would refuse.
     """
     stdout = sys.stdout if out is None else out
     stderr = sys.stderr if err is None else err
     if not nodes:
         raise ConfigurationError("--redis", "no Redis nodes given")
     addresses = [parse_node_url(url, f"--redis[{i}]") for i, url in enumerate(nodes)]
+    prefix = check_key_prefix(key_prefix, "--key-prefix")
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
-        facts = list(pool.map(lambda a: gather(a, node_timeout, acl_user), addresses))
+        facts = list(pool.map(lambda a: gather(a, node_timeout, acl_user, prefix), addresses))
     findings = evaluate(facts, max_ttl)
     code = exit_code(facts, findings)
     if as_json:

@@ -59,8 +59,9 @@ The checks
     Whether the user may send everything tenure sends (:mod:`tenure._driver.acl`: the commands
     of the lock scripts, read from their Lua source, and the drivers' ``EVAL``,
     ``EXISTS``, ``SUBSCRIBE``, ``WAIT``) on keys ``tenure:*`` and channels
-    ``tenure:wake:*``. Asked with ``ACL DRYRUN`` on Redis >= 7 (and Valkey), with ``ACL
-    GETUSER`` + ``COMMAND INFO`` on 6.2, or, where the user may not use those, by running
+    ``tenure:wake:*`` (with ``--key-prefix``, that prefix in place of ``tenure:``).
+    Asked with ``ACL DRYRUN`` on Redis >= 7 (and Valkey), with ``ACL GETUSER`` +
+    ``COMMAND INFO`` on 6.2, or, where the user may not use those, by running
     each command harmlessly. Anything refused: UNSAFE, naming it, with the ``ACL SETUSER``
     line that grants it; only ``WAIT`` refused: WARN (sent only with ``wait_replicas``).
 ``reachable``
@@ -77,6 +78,7 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .._core.config import DEFAULT_KEY_PREFIX
 from .._core.quorum import majority
 from .._driver import acl as _acl
 
@@ -182,6 +184,8 @@ class NodeFacts:
         scripts: the reply to a script that only declares two keys of different hash
             slots (``EVAL "return 1" 2 <lock key> <node floor>``): ``"OK"``, the error
             text, or ``None`` if not tried.
+        key_prefix: the clients' key prefix: the ACL is judged for keys and channels
+            under it.
     """
 
     node: str
@@ -195,6 +199,7 @@ class NodeFacts:
     access_method: str | None = None
     access_error: str | None = None
     scripts: str | None = None
+    key_prefix: str = DEFAULT_KEY_PREFIX
 
 
 def evaluate(nodes: Sequence[NodeFacts], max_ttl: float = DEFAULT_MAX_TTL) -> list[Finding]:
@@ -593,7 +598,8 @@ def check_access(facts: NodeFacts) -> list[Finding]:
                 f"cannot check the permissions of {who}: {facts.access_error}",
             )
         ]
-    wanted = {need.command: need for need in _acl.needs()}
+    prefix = facts.key_prefix
+    wanted = {need.command: need for need in _acl.needs(prefix)}
     method = facts.access_method or "probe"
     refused: dict[str, str] = {}  # command -> "command" | "key" | "channel"
     texts: dict[str, str] = {}
@@ -610,8 +616,8 @@ def check_access(facts: NodeFacts) -> list[Finding]:
     if refused:
         required = [c for c in refused if c not in wanted or wanted[c].only is None]
         first = texts[(required or list(refused))[0]]
-        fix = _acl.fix_line(facts.user or "default", refused)
-        what = ", ".join(_refused_item(c, kind) for c, kind in refused.items())
+        fix = _acl.fix_line(facts.user or "default", refused, prefix)
+        what = ", ".join(_refused_item(c, kind, prefix) for c, kind in refused.items())
         unchecked = (
             f"; not checked: {', '.join(failed)} ({_first_line(next(iter(failed.values())))}): "
             "run tenure check again after the fix"
@@ -656,17 +662,17 @@ def check_access(facts: NodeFacts) -> list[Finding]:
             "acl",
             Level.OK,
             f"{who} may run everything tenure sends ({', '.join(direct)}; in scripts: "
-            f"{', '.join(scripted)}) on keys {_acl.KEY_PATTERN} and channels "
-            f"{_acl.CHANNEL_PATTERN} ({method})",
+            f"{', '.join(scripted)}) on keys {_acl.key_pattern(prefix)} and channels "
+            f"{_acl.channel_pattern(prefix)} ({method})",
         )
     ]
 
 
-def _refused_item(command: str, kind: str) -> str:
+def _refused_item(command: str, kind: str, prefix: str) -> str:
     if kind == "key":
-        return f"{command} on keys {_acl.KEY_PATTERN}"
+        return f"{command} on keys {_acl.key_pattern(prefix)}"
     if kind == "channel":
-        return f"{command} on channels {_acl.CHANNEL_PATTERN}"
+        return f"{command} on channels {_acl.channel_pattern(prefix)}"
     return command
 
 

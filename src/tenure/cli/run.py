@@ -111,6 +111,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TextIO
 
+from .._core.config import DEFAULT_KEY_PREFIX, check_key_prefix
 from .._errors import (
     ConfigurationError,
     LeaseLost,
@@ -145,6 +146,7 @@ EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
 
 ENV_NODES = "TENURE_REDIS"
+ENV_KEY_PREFIX = "TENURE_KEY_PREFIX"
 ENV_TOKEN = "TENURE_FENCING_TOKEN"
 ENV_NAME = "TENURE_LOCK_NAME"
 
@@ -194,6 +196,18 @@ def nodes_from(urls: Sequence[str] | None, environ: Mapping[str, str] | None = N
     return found
 
 
+def key_prefix_from(value: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """The key prefix: ``--key-prefix`` if given, else ``$TENURE_KEY_PREFIX``, else
+    ``tenure:`` (the clients' default), checked as the clients check it.
+
+    Raises:
+        ConfigurationError: (``--key-prefix``) a prefix the clients would refuse.
+    """
+    env = os.environ if environ is None else environ
+    chosen = value if value is not None else env.get(ENV_KEY_PREFIX, DEFAULT_KEY_PREFIX)
+    return check_key_prefix(chosen, "--key-prefix")
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """What ``tenure run`` was asked to do (validated by the CLI and by ``Client``)."""
@@ -207,6 +221,7 @@ class RunOptions:
     grace: float = 5.0
     max_hold: float | None = None
     node_timeout: float = 0.05
+    key_prefix: str = DEFAULT_KEY_PREFIX
 
 
 class _Interrupted(BaseException):
@@ -358,7 +373,11 @@ def run(options: RunOptions, *, err: TextIO | None = None) -> int:
             raise ConfigurationError("command", "no command given: tenure run NAME -- COMMAND ...")
         with (
             signals.installed(),
-            Client(list(options.nodes), node_timeout=options.node_timeout) as client,
+            Client(
+                list(options.nodes),
+                node_timeout=options.node_timeout,
+                key_prefix=options.key_prefix,
+            ) as client,
         ):
             try:
                 lease = client.acquire(

@@ -16,7 +16,7 @@ from typing import TextIO
 
 import redis
 
-from .._core.config import LockKeys, parse_node_url
+from .._core.config import DEFAULT_KEY_PREFIX, LockKeys, check_key_prefix, parse_node_url
 from .._core.quorum import Failure, majority
 from .._driver.redis_compat import connection_kwargs, diagnose
 from .._errors import ConfigurationError
@@ -31,6 +31,7 @@ def status(
     nodes: Sequence[str],
     *,
     node_timeout: float = 0.5,
+    key_prefix: str = DEFAULT_KEY_PREFIX,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
@@ -42,8 +43,11 @@ def status(
     it; ``-``: the node is blank, never used or it lost its data), ``warm=<ms>`` (the
     warm-up left after a data loss, or ``-``); or ``unreachable: <error>``.
 
+    ``key_prefix``: the prefix of the clients whose lock this is (their ``key_prefix``).
+
     Raises:
-        ConfigurationError: an empty name, or a malformed URL.
+        ConfigurationError: an empty name, a malformed URL, or a key prefix the clients
+            would refuse.
     """
     stdout = sys.stdout if out is None else out
     stderr = sys.stderr if err is None else err
@@ -52,7 +56,7 @@ def status(
     if not nodes:
         raise ConfigurationError("--redis", "no Redis nodes given")
     addresses = [parse_node_url(url, f"--redis[{i}]") for i, url in enumerate(nodes)]
-    keys = LockKeys.of(name)
+    keys = LockKeys.of(name, check_key_prefix(key_prefix, "--key-prefix"))
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
         lines = list(
             pool.map(

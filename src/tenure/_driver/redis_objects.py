@@ -1,0 +1,241 @@
+"""redis-py clients and connection pools given as lock nodes in place of URLs.
+
+tenure takes a node's *settings* from such an object (its address, database, TLS
+settings, credentials) and opens its own connections with them, under its own timeouts
+and without redis-py's retries; it never uses the object's connections, so the
+application's own use of the object is untouched. What is carried over, what is
+ignored and what is refused, setting by setting, is written in docs/connections.md
+("Passing a redis-py client"); this module is that table.
+
+It reads redis-py's ``connection_pool``, ``connection_class`` and ``connection_kwargs``,
+which exist in redis-py 5 through 8 (tests/unit/test_redis_objects.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.connection
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.connection
+import redis.sentinel
+
+from .._core.config import NodeAddress, node_address
+from .._errors import ConfigurationError
+from .redis_compat import keywords
+
+__all__ = ["CARRIED", "IGNORED", "node_addresses", "settings_of"]
+
+_SYNC = redis.connection
+_ASYNC = redis.asyncio.connection
+_ASYNC_SENTINEL = redis.asyncio.sentinel
+
+# redis-py's own connection classes, by what they connect to (sync, then asyncio). A
+# subclass is refused: tenure cannot know what it changes (a handshake, a wrapped socket).
+_TCP: tuple[type, type] = (_SYNC.Connection, _ASYNC.Connection)
+_TLS: tuple[type, type] = (_SYNC.SSLConnection, _ASYNC.SSLConnection)
+_UNIX: tuple[type, type] = (_SYNC.UnixDomainSocketConnection, _ASYNC.UnixDomainSocketConnection)
+
+_SENTINEL_HELP = (
+    "Sentinel-managed nodes are planned (docs/cluster-and-sentinel.md), not supported "
+    "yet. Until then pass the master's address (sentinel.discover_master(service) gives "
+    "(host, port): 'redis://host:port'), knowing that a failover moves it to a replica "
+    "that may lack the last grants; better, pass independent masters"
+)
+_CLUSTER_HELP = (
+    "a Redis Cluster as one lock node is planned (docs/cluster-and-sentinel.md), not "
+    "supported yet: the node's floor and a lock's keys live in different hash slots. "
+    "Pass independent masters that are not in cluster mode ('redis://host:port')"
+)
+
+# The settings taken from the object (each only when set, i.e. not None), beside the
+# address (host and port, or the unix socket path) and the database. Every ``ssl_*``
+# setting the connection class has is carried too.
+CARRIED = (
+    "username",
+    "password",
+    "credential_provider",
+    "client_name",
+    "socket_keepalive_options",
+    "socket_type",
+)
+
+# Settings that are ignored, and why (docs/connections.md says the same). They concern
+# how the object's own connections behave; tenure's connections are its own.
+IGNORED: dict[str, str] = {
+    "socket_timeout": "tenure owns time: node_timeout bounds every round",
+    "socket_connect_timeout": "tenure owns time: connect_timeout bounds every set-up",
+    "retry": "tenure owns retries; redis-py's would re-send SET NX after a timeout",
+    "retry_on_timeout": "tenure owns retries",
+    "retry_on_error": "tenure owns retries",
+    "health_check_interval": "a health check is a hidden round trip inside a round",
+    "protocol": "tenure speaks RESP2 on its connections and reads the replies itself",
+    "decode_responses": "tenure reads its own replies, never through redis-py's decoder",
+    "encoding": "tenure encodes its own commands",
+    "encoding_errors": "tenure encodes its own commands",
+    "socket_read_size": "tenure reads its own replies",
+    "parser_class": "tenure reads its own replies",
+    "socket_keepalive": "always on in tenure's TCP connections",
+    "lib_name": "tenure turns the CLIENT SETINFO handshake off (a round trip per connect)",
+    "lib_version": "tenure turns the CLIENT SETINFO handshake off",
+    "driver_info": "tenure turns the CLIENT SETINFO handshake off",
+    "max_connections": "tenure keeps its own connections (one per node and round)",
+    "cache": "tenure's commands are scripts and never read through a client-side cache",
+}
+
+# Settings that are refused when set, with what to do instead.
+_REFUSED: dict[str, str] = {
+    "redis_connect_func": "a custom on-connect function (as Sentinel and Cluster clients "
+    "install) may send commands tenure cannot account for; give the node as a URL",
+}
+
+
+def settings_of(obj: object, parameter: str, *, asyncio: bool) -> NodeAddress:
+    """The node a redis-py client or connection pool connects to, with the settings tenure
+    carries over to its own connections (``CARRIED``, every ``ssl_*``).
+
+    Args:
+        obj: a ``redis.Redis`` or ``redis.asyncio.Redis`` client, or a sync or asyncio
+            ``ConnectionPool`` (either flavour suits either tenure client: only its
+            settings are used).
+        parameter: how errors name the entry (``nodes[2]``).
+        asyncio: whether the settings are for the asyncio client's connections.
+
+    Raises:
+        ConfigurationError: a Sentinel or Redis Cluster object, a custom connection
+            class, a setting tenure refuses, a TLS setting the target connections lack.
+    """
+    kind = _kind(obj)
+    _refuse_topologies(obj, parameter, kind)
+    pool = getattr(obj, "connection_pool", obj)
+    sentinel_pools = (redis.sentinel.SentinelConnectionPool, _ASYNC_SENTINEL.SentinelConnectionPool)
+    if isinstance(pool, sentinel_pools):
+        raise ConfigurationError(
+            parameter, f"{kind} is a Sentinel-managed client (master_for): {_SENTINEL_HELP}"
+        )
+    cls = getattr(pool, "connection_class", None)
+    raw = getattr(pool, "connection_kwargs", None)
+    if not isinstance(cls, type) or not isinstance(raw, Mapping):
+        raise ConfigurationError(
+            parameter, f"{kind} has no connection settings tenure can read (connection_pool)"
+        )
+    if cls not in (*_TCP, *_TLS, *_UNIX):
+        sentinel = "Sentinel" in cls.__name__
+        raise ConfigurationError(
+            parameter,
+            f"{kind} connects through {cls.__module__}.{cls.__name__}: "
+            + (
+                _SENTINEL_HELP
+                if sentinel
+                else "not one of redis-py's own connection classes, so tenure cannot know "
+                "what it changes; give the node as a URL, with connection_options"
+            ),
+        )
+    for key, why in _REFUSED.items():
+        if raw.get(key) is not None:
+            raise ConfigurationError(parameter, f"{kind} sets {key}, which is refused: {why}")
+    tls = cls in _TLS
+    target = _target_class(asyncio, tls=tls, unix=cls in _UNIX)
+    accepted = keywords(target)
+    options: dict[str, Any] = {}
+    for key, value in raw.items():
+        if value is None or not (key in CARRIED or key.startswith("ssl_")):
+            continue
+        if key == "socket_keepalive_options" and not (isinstance(value, Mapping) and value):
+            continue  # redis-py's default is a sentinel object, not a mapping
+        if key == "socket_type" and not value:
+            continue
+        if key not in accepted:
+            if not value:
+                continue  # off, as it is where the setting does not exist
+            raise ConfigurationError(
+                parameter,
+                f"{kind} sets {key}, but redis-py's {target.__module__}.{target.__name__}, "
+                "which tenure connects with here, has no such setting; leave it unset on "
+                "the object, or give the node as a URL",
+            )
+        options[key] = value
+    db = raw.get("db", 0)
+    if isinstance(db, str) and db.isdigit():
+        db = int(db)
+    if cls in _UNIX:
+        return node_address(
+            host=None, port=None, path=raw.get("path"), db=db, tls=False, options=options,
+            parameter=parameter,
+        )  # fmt: skip
+    port = raw.get("port", 6379)
+    if isinstance(port, str) and port.isdigit():
+        port = int(port)
+    return node_address(
+        host=raw.get("host", "localhost"), port=port, path=None, db=db, tls=tls,
+        options=options, parameter=parameter,
+    )  # fmt: skip
+
+
+def node_addresses(nodes: object, *, asyncio: bool) -> object:
+    """``nodes`` with every redis-py client or pool turned into a ``NodeAddress``.
+
+    URLs are left for ``ClientConfig.build`` to parse, and anything that is not a list is
+    passed on for it to refuse.
+
+    Raises:
+        ConfigurationError: an entry that is neither a URL nor a usable redis-py object.
+    """
+    if isinstance(nodes, str) or not isinstance(nodes, (list, tuple)):
+        return nodes
+    out: list[object] = []
+    for i, entry in enumerate(nodes):
+        if isinstance(entry, (str, NodeAddress)):
+            out.append(entry)
+        elif _is_redis_object(entry):
+            out.append(settings_of(entry, f"nodes[{i}]", asyncio=asyncio))
+        else:
+            raise ConfigurationError(
+                f"nodes[{i}]",
+                "must be a node URL ('redis://host:6379/0', 'rediss://...', "
+                "'unix:///path/redis.sock'), a redis.Redis or redis.asyncio.Redis client, "
+                f"or a redis-py ConnectionPool; got {entry!r}",
+            )
+    return out
+
+
+def _is_redis_object(obj: object) -> bool:
+    return isinstance(obj, (*_OBJECTS, *_TOPOLOGIES))
+
+
+def _kind(obj: object) -> str:
+    cls = type(obj)
+    return f"the {cls.__module__}.{cls.__qualname__} object"
+
+
+def _refuse_topologies(obj: object, parameter: str, kind: str) -> None:
+    if isinstance(obj, (redis.sentinel.Sentinel, redis.asyncio.sentinel.Sentinel)):
+        raise ConfigurationError(parameter, f"{kind} is a Sentinel: {_SENTINEL_HELP}")
+    if isinstance(obj, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
+        raise ConfigurationError(parameter, f"{kind} is a Redis Cluster client: {_CLUSTER_HELP}")
+
+
+def _target_class(asyncio: bool, *, tls: bool, unix: bool) -> type:
+    """The connection class tenure's own connections to such a node are made of."""
+    if unix:
+        return _UNIX[asyncio]
+    return _TLS[asyncio] if tls else _TCP[asyncio]
+
+
+_OBJECTS: tuple[type, ...] = (
+    redis.Redis,
+    redis.asyncio.Redis,
+    redis.ConnectionPool,
+    redis.asyncio.ConnectionPool,
+)
+_TOPOLOGIES: tuple[type, ...] = (
+    redis.sentinel.Sentinel,
+    redis.asyncio.sentinel.Sentinel,
+    redis.cluster.RedisCluster,
+    redis.asyncio.cluster.RedisCluster,
+)

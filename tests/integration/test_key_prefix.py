@@ -1,0 +1,157 @@
+"""The key prefix on real servers, both APIs: the default keeps today's keys and channels
+exactly, two prefixes on the same nodes are two independent sets of locks, and an ACL
+user confined to one prefix's keys and channels can lock under that prefix (which
+``tenure check --key-prefix`` confirms, and ``tenure status --key-prefix`` reads)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+from collections.abc import Iterator
+
+import pytest
+
+import tenure
+from tenure._driver import acl as _acl
+from tenure.cli.node_check import check
+from tenure.cli.status import status
+from tenure.testing import LocalCluster
+
+from .conftest import Api
+
+TTL = 5.0
+_USERS = itertools.count()
+
+
+def _keys(cluster: LocalCluster, pattern: str) -> set[bytes]:
+    """The keys matching ``pattern`` on the first three nodes."""
+    found: set[bytes] = set()
+    for node in list(cluster)[:3]:
+        with node.client() as c:
+            found |= set(c.scan_iter(pattern))
+    return found
+
+
+def _named(cluster: LocalCluster, name: str) -> set[bytes]:
+    """The keys holding ``name`` on the first three nodes (not a glob: names hold [])."""
+    return {k for k in _keys(cluster, "*") if name.encode() in k}
+
+
+def _channels(cluster: LocalCluster, pattern: str) -> set[bytes]:
+    with cluster[0].client() as c:
+        return set(c.pubsub_channels(pattern))
+
+
+def _wait_in_vain(client: object, key: str) -> None:
+    """A blocking acquire that queues and subscribes, then times out."""
+    with pytest.raises(tenure.LockTimeout):
+        client.acquire(key, ttl=TTL, timeout=0.2)  # type: ignore[attr-defined]
+
+
+def test_the_default_prefix_keeps_todays_keys_and_channels(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    urls = shared5.urls[:3]
+    before = _channels(shared5, "tenure:wake:*")
+    holder = api.client(urls)
+    explicit = api.client(urls, key_prefix="tenure:")  # the same as leaving it out
+    lease = holder.acquire(key, ttl=TTL)
+    assert lease.key == f"tenure:{{{key}}}:lock"
+    assert _named(shared5, key) == {f"tenure:{{{key}}}:lock".encode()}
+    assert _keys(shared5, "tenure:node:*") >= {b"tenure:node:floor"}
+    _wait_in_vain(explicit, key)
+    assert len(_channels(shared5, "tenure:wake:*") - before) == 1  # its channel, as before
+    lease.release()
+    assert _named(shared5, key) == set()
+
+
+def test_two_prefixes_do_not_see_each_others_locks(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    urls = shared5.urls[:3]
+    app1, app1_again = api.client(urls, key_prefix="app1:"), api.client(urls, key_prefix="app1:")
+    default = api.client(urls)
+    mine = app1.acquire(key, ttl=TTL)
+    assert mine.key == f"app1:{{{key}}}:lock"
+    # The same name under the default prefix is another lock, free.
+    assert not default.lock(key, ttl=TTL).locked()
+    theirs = default.acquire(key, ttl=TTL, blocking=False)
+    assert theirs.key == f"tenure:{{{key}}}:lock"
+    # Under the same prefix it is the same lock: held.
+    assert app1_again.lock(key, ttl=TTL).locked()
+    with pytest.raises(tenure.LockTimeout):
+        app1_again.acquire(key, ttl=TTL, blocking=False)
+    # Each prefix has its own floor, so its own fencing history.
+    assert _keys(shared5, "app1:node:*") >= {b"app1:node:floor"}
+    before = _channels(shared5, "app1:wake:*")
+    _wait_in_vain(app1_again, key)
+    assert len(_channels(shared5, "app1:wake:*") - before) == 1
+    mine.release()
+    assert default.lock(key, ttl=TTL).locked()  # untouched by the other prefix's release
+    app1_again.acquire(key, ttl=TTL, blocking=False).release()
+    theirs.release()
+    assert _named(shared5, key) == set()
+
+
+@contextlib.contextmanager
+def _confined_user(cluster: LocalCluster, prefix: str) -> Iterator[list[str]]:
+    """An ACL user with exactly what docs/deployment.md grants clients of ``prefix``;
+    yields URLs logging in as it."""
+    name = f"tenure-prefix-{next(_USERS)}"
+    rules = _acl.least_privilege_acl(name, "pw", prefix=prefix).split()[3:]
+    for node in cluster:
+        with node.client() as c:
+            c.execute_command("ACL", "SETUSER", name, *rules)
+    try:
+        yield [f"redis://{name}:pw@{node.host}:{node.port}" for node in cluster]
+    finally:
+        for node in cluster:
+            with node.client() as c:
+                c.acl_deluser(name)
+
+
+def _acl_finding(urls: list[str], *prefix: str) -> dict[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    if prefix:
+        check(urls, as_json=True, out=out, err=err, key_prefix=prefix[0])
+    else:
+        check(urls, as_json=True, out=out, err=err)  # the default prefix
+    findings: list[dict[str, str]] = json.loads(out.getvalue())
+    [finding] = [f for f in findings if f["check"] == "acl"]
+    return finding
+
+
+def test_a_user_confined_to_a_prefix_locks_under_it(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    with _confined_user(shared5, "app2:") as urls:
+        client = api.client(urls[:3], key_prefix="app2:")
+        lease = client.acquire(key, ttl=TTL)
+        before = _channels(shared5, "app2:wake:*")
+        _wait_in_vain(api.client(urls[:3], key_prefix="app2:"), key)  # SUBSCRIBE allowed
+        assert len(_channels(shared5, "app2:wake:*") - before) == 1
+        lease.release()
+        # The default prefix's keys are outside the user's pattern.
+        with pytest.raises(tenure.NodeMisconfigured):
+            api.client(urls[:3]).acquire(key, ttl=TTL, blocking=False)
+
+
+def test_tenure_check_and_status_follow_the_prefix(shared5: LocalCluster, key: str) -> None:
+    with _confined_user(shared5, "app3:") as urls:
+        ok = _acl_finding(urls[:1], "app3:")
+        assert ok["level"] == "OK", ok
+        assert "keys app3:* and channels app3:wake:*" in ok["detail"]
+        refused = _acl_finding(urls[:1])
+        assert refused["level"] == "UNSAFE", refused
+        assert "~tenure:*" in refused["detail"]
+        with tenure.Client(urls[:1], key_prefix="app3:") as client:
+            lease = client.acquire(key, ttl=TTL)
+            lines = io.StringIO()  # (status reads in MULTI: not granted to clients)
+            assert status(key, shared5.urls[:1], key_prefix="app3:", out=lines) == 0
+            assert f"held  token={lease.token[:8]}" in lines.getvalue()
+            lines = io.StringIO()
+            assert status(key, shared5.urls[:1], out=lines) == 0
+            assert "free  token=-" in lines.getvalue()
+            lease.release()

@@ -1,0 +1,154 @@
+"""Lock nodes given as redis-py clients and connection pools, both APIs, on real servers:
+TCP, a unix socket, TLS, and an ACL user whose credentials come from the object.
+
+tenure takes the node's settings from the object and opens connections of its own; the
+object's own pool is never used (docs/connections.md, "Passing a redis-py client")."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+import tenure
+from tenure.testing import LocalCluster
+
+from .conftest import Api, holders
+from .tls_proxy import CertificateAuthority, TLSProxy
+
+TTL = 5.0
+
+_USERS = itertools.count()
+
+
+def _flavour(api: Api) -> Any:
+    """The redis-py module of the client's own flavour (either would do)."""
+    return redis if api.flavour == "sync" else redis.asyncio
+
+
+def _unused(obj: Any) -> bool:
+    """Whether the object's own pool never made a connection."""
+    pool = getattr(obj, "connection_pool", obj)
+    return not pool._available_connections and not pool._in_use_connections
+
+
+@pytest.mark.parametrize("kind", ["client", "pool"])
+def test_acquire_and_release_through_redis_py_objects(
+    api: Api, shared5: LocalCluster, key: str, kind: str
+) -> None:
+    flavour = _flavour(api)
+    cls = flavour.Redis if kind == "client" else flavour.ConnectionPool
+    objects = [cls.from_url(url) for url in shared5.urls[:3]]
+    client = api.client(objects)
+    assert client.node_names == shared5.urls[:3]
+    lease = client.acquire(key, ttl=TTL)
+    assert set(lease.nodes) <= set(shared5.urls[:3])  # named by the objects' addresses
+    assert len(lease.nodes) >= 2
+    assert holders(shared5, lease.key)[:3].count(lease.token.encode()) >= 2
+    assert client.lock(key, ttl=TTL).locked()
+    lease.release()
+    assert holders(shared5, lease.key)[:3] == [None] * 3
+    assert all(_unused(o) for o in objects)  # tenure's connections are its own
+
+
+@contextlib.contextmanager
+def _user(cluster: LocalCluster, *rules: str) -> Iterator[str]:
+    """A fresh ACL user on every node (password ``pw``)."""
+    name = f"tenure-obj-{next(_USERS)}"
+    for node in cluster:
+        with node.client() as c:
+            c.execute_command("ACL", "SETUSER", name, "on", ">pw", *rules)
+    try:
+        yield name
+    finally:
+        for node in cluster:
+            with node.client() as c:
+                c.acl_deluser(name)
+
+
+def _logged_in(cluster: LocalCluster, user: str, name: str) -> int:
+    """How many connections on the first three nodes are logged in as ``user`` under
+    the client name ``name``."""
+    count = 0
+    for node in list(cluster)[:3]:
+        with node.client() as c:
+            count += sum(
+                1 for e in c.client_list() if e.get("user") == user and e.get("name") == name
+            )
+    return count
+
+
+@pytest.mark.parametrize("how", ["password", "credential_provider"])
+def test_credentials_are_carried_over(api: Api, shared5: LocalCluster, key: str, how: str) -> None:
+    flavour = _flavour(api)
+    with _user(shared5, "~tenure:*", "&tenure:wake:*", "+@all") as user:
+        if how == "password":
+            auth: dict[str, Any] = {"username": user, "password": "pw"}
+        else:
+            auth = {"credential_provider": redis.UsernamePasswordCredentialProvider(user, "pw")}
+        label = f"{user}-{api.flavour}"
+        objects = [
+            flavour.Redis(host=n.host, port=n.port, client_name=label, **auth)
+            for n in list(shared5)[:3]
+        ]
+        client = api.client(objects)
+        lease = client.acquire(key, ttl=TTL)
+        # tenure's own connections, logged in as the object's user, under its name
+        assert _logged_in(shared5, user, label) >= 2
+        lease.release()
+        api.close_clients()
+
+
+def test_wrong_credentials_in_the_object_are_the_nodes_misconfiguration(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    flavour = _flavour(api)
+    with _user(shared5, "~tenure:*", "&tenure:wake:*", "+@all") as user:
+        objects = [
+            flavour.Redis(host=n.host, port=n.port, username=user, password="wrong")
+            for n in list(shared5)[:3]
+        ]
+        client = api.client(objects)
+        with pytest.raises(tenure.NodeMisconfigured, match=r"redis://127\.0\.0\.1:"):
+            client.acquire(key, ttl=TTL, blocking=False)
+
+
+def test_a_unix_socket_node_given_as_a_client(api: Api, key: str) -> None:
+    with LocalCluster(1, unix=True) as cluster:
+        node = cluster[0]
+        assert node.unix_path is not None
+        obj = _flavour(api).Redis(unix_socket_path=str(node.unix_path), db=2)
+        client = api.client([obj])
+        assert client.node_names == [f"unix://{node.unix_path}?db=2"]
+        lease = client.acquire(key, ttl=TTL)
+        with node.client(db=2) as c:
+            assert c.get(lease.key) == lease.token.encode()  # in the object's database
+        with node.client() as c:
+            assert c.get(lease.key) is None
+        lease.release()
+        assert _unused(obj)
+
+
+def test_a_tls_node_given_as_a_client(
+    api: Api, shared5: LocalCluster, key: str, tmp_path: Path
+) -> None:
+    ca = CertificateAuthority(tmp_path / "ca")
+    target = shared5[0]
+    assert target.port is not None
+    with TLSProxy((target.host, target.port), ca.issue(["127.0.0.1"])) as proxy:
+        obj = _flavour(api).Redis(
+            host="127.0.0.1", port=proxy.port, ssl=True, ssl_ca_certs=str(ca.ca_file)
+        )
+        client = api.client([obj])
+        assert client.node_names == [proxy.url]
+        lease = client.acquire(key, ttl=TTL)
+        assert proxy.handshakes >= 1  # over TLS, the certificate verified with the object's CA
+        assert holders(shared5, lease.key)[0] == lease.token.encode()
+        lease.release()
+        assert _unused(obj)

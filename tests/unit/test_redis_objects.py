@@ -1,0 +1,213 @@
+"""redis-py clients and pools as nodes: which settings are taken from them, which are
+ignored and which refused, without a connection (the unit conftest refuses any)."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.sentinel
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+import tenure
+from tenure import ConfigurationError
+from tenure._driver.redis_compat import node_pool
+from tenure._driver.redis_objects import node_addresses, settings_of
+
+Make = Callable[..., Any]
+
+
+@pytest.fixture(params=["sync", "async"])
+def make(request: pytest.FixtureRequest) -> Make:
+    return tenure.Client if request.param == "sync" else tenure.AsyncClient
+
+
+def _options(obj: object, asyncio: bool = False) -> dict[str, Any]:
+    return dict(settings_of(obj, "nodes[0]", asyncio=asyncio).options)
+
+
+@pytest.mark.parametrize("flavour", [redis, redis.asyncio])
+def test_address_database_and_credentials_are_taken(flavour: Any) -> None:
+    client = flavour.Redis(
+        host="10.1.2.3", port=6380, db=4, username="app", password="s3cret", client_name="w1"
+    )
+    address = settings_of(client, "nodes[0]", asyncio=False)
+    assert (address.scheme, address.host, address.port, address.db) == (
+        "redis",
+        "10.1.2.3",
+        6380,
+        4,
+    )
+    assert address.display == "redis://10.1.2.3:6380/4"
+    assert "s3cret" not in address.url
+    assert "s3cret" not in repr(address)
+    assert dict(address.options) == {"username": "app", "password": "s3cret", "client_name": "w1"}
+
+
+@pytest.mark.parametrize("flavour", [redis, redis.asyncio])
+def test_a_pool_from_a_url_gives_the_same_node(flavour: Any) -> None:
+    pool = flavour.ConnectionPool.from_url("redis://app:pw@127.0.0.1:7001/2")
+    address = settings_of(pool, "nodes[0]", asyncio=True)
+    assert address.identity == ("127.0.0.1", 7001, 2)
+    assert dict(address.options) == {"username": "app", "password": "pw"}
+
+
+def test_a_unix_socket_client() -> None:
+    address = settings_of(redis.Redis(unix_socket_path="/run/r e.sock", db=3), "n", asyncio=False)
+    assert (address.scheme, address.path, address.db) == ("unix", "/run/r e.sock", 3)
+    assert address.display == "unix:///run/r e.sock?db=3"
+    # redis-py reads the built URL back to the same socket and database
+    pool = node_pool(address, tenure.Client(["redis://127.0.0.1:7001"]).config, {}, asyncio=False)
+    assert pool.connection_kwargs["path"] == "/run/r e.sock"
+    assert pool.connection_kwargs["db"] == 3
+
+
+@pytest.mark.parametrize("asyncio", [False, True])
+def test_tls_settings_are_taken(asyncio: bool) -> None:
+    client = redis.Redis(
+        host="h", port=6390, ssl=True, ssl_ca_certs="/ca.pem", ssl_cert_reqs="required"
+    )
+    address = settings_of(client, "nodes[0]", asyncio=asyncio)
+    assert address.scheme == "rediss"
+    assert address.display == "rediss://h:6390"
+    options = dict(address.options)
+    assert options["ssl_ca_certs"] == "/ca.pem"
+    assert options["ssl_cert_reqs"] == "required"
+    assert all(v is not None for v in options.values())
+
+
+def test_a_credential_provider_is_taken() -> None:
+    provider = redis.UsernamePasswordCredentialProvider("app", "pw")
+    assert _options(redis.Redis(credential_provider=provider)) == {"credential_provider": provider}
+
+
+def test_settings_tenure_owns_are_ignored() -> None:
+    client = redis.Redis(
+        socket_timeout=7,
+        socket_connect_timeout=3,
+        retry=Retry(ExponentialBackoff(), 5),
+        health_check_interval=30,
+        decode_responses=True,
+        protocol=3,
+    )
+    assert _options(client) == {}
+    # the object itself is left as it was
+    assert client.connection_pool.connection_kwargs["socket_timeout"] == 7
+
+
+def test_connection_options_and_the_objects_settings_must_agree(make: Make) -> None:
+    node = redis.Redis(host="127.0.0.1", port=7001, password="a")
+    make([node], connection_options={"password": "a"})  # the same: fine
+    with pytest.raises(ConfigurationError) as info:
+        make([node], connection_options={"password": "b"})
+    text = str(info.value)
+    assert info.value.parameter == "connection_options['password']"
+    assert "nodes[0] (redis://127.0.0.1:7001)" in text
+    assert "one place" in text
+    assert "'a'" not in text
+    assert "'b'" not in text
+    # one the object leaves unset still applies to it
+    make([redis.Redis(host="127.0.0.1", port=7001)], connection_options={"password": "b"})
+
+
+def test_a_node_given_twice_is_refused(make: Make) -> None:
+    with pytest.raises(ConfigurationError, match=r"nodes\[1\]: .* same server as nodes\[0\]"):
+        make(["redis://127.0.0.1:7001/0", redis.Redis(host="127.0.0.1", port=7001), "redis://x:1"])
+
+
+def test_the_client_names_nodes_without_credentials(make: Make) -> None:
+    nodes = [
+        redis.Redis(host="127.0.0.1", port=7001, password="pw"),
+        redis.ConnectionPool.from_url("redis://u:pw@127.0.0.1:7002/5"),
+        "redis://127.0.0.1:7003",
+    ]
+    client = make(nodes)
+    assert client.node_names == [
+        "redis://127.0.0.1:7001",
+        "redis://127.0.0.1:7002/5",
+        "redis://127.0.0.1:7003",
+    ]
+
+
+class _Custom(redis.Connection):
+    pass
+
+
+def test_a_custom_connection_class_is_refused(make: Make) -> None:
+    pool = redis.ConnectionPool(connection_class=_Custom, host="127.0.0.1", port=7001)
+    with pytest.raises(ConfigurationError, match=r"nodes\[0\]: .*_Custom: not one of redis-py"):
+        make([pool])
+
+
+def _on_connect() -> None:
+    pass
+
+
+def test_a_custom_connect_function_is_refused(make: Make) -> None:
+    client = redis.Redis(host="127.0.0.1", port=7001, redis_connect_func=_on_connect)
+    with pytest.raises(ConfigurationError, match=r"sets redis_connect_func, which is refused"):
+        make([client])
+
+
+def test_a_tls_setting_the_asyncio_connections_lack_is_refused() -> None:
+    client = redis.Redis(host="h", ssl=True, ssl_validate_ocsp=True)
+    with pytest.raises(ConfigurationError, match=r"sets ssl_validate_ocsp, but redis-py's"):
+        settings_of(client, "nodes[0]", asyncio=True)
+    assert "ssl_validate_ocsp" in _options(client, asyncio=False)
+    # off, it means what its absence means: dropped
+    assert "ssl_validate_ocsp" not in _options(redis.Redis(host="h", ssl=True), asyncio=True)
+
+
+def _sentinels() -> list[object]:
+    sync = redis.sentinel.Sentinel([("127.0.0.1", 26379)])  # type: ignore[no-untyped-call]
+    lazy = redis.asyncio.sentinel.Sentinel([("127.0.0.1", 26379)])  # type: ignore[no-untyped-call]
+    return [sync, lazy, sync.master_for("locks"), lazy.master_for("locks")]  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.parametrize("obj", _sentinels(), ids=["sync", "async", "master_for", "amaster_for"])
+def test_a_sentinel_is_refused_naming_the_plan(make: Make, obj: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        make([obj])
+    text = str(info.value)
+    assert text.startswith("nodes[0]: ")
+    assert "Sentinel" in text
+    assert "docs/cluster-and-sentinel.md" in text
+    assert "redis://host:port" in text
+
+
+def test_a_cluster_client_is_refused_naming_the_plan(make: Make) -> None:
+    lazy = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=7001)  # connects later
+    sync = object.__new__(redis.cluster.RedisCluster)  # its constructor would connect
+    for obj in (lazy, sync):
+        with pytest.raises(ConfigurationError) as info:
+            make(["redis://127.0.0.1:7002", obj, "redis://127.0.0.1:7003"])
+        text = str(info.value)
+        assert text.startswith("nodes[1]: ")
+        assert "Redis Cluster" in text
+        assert "docs/cluster-and-sentinel.md" in text
+
+
+def test_anything_else_is_refused_saying_what_is_accepted(make: Make) -> None:
+    with pytest.raises(ConfigurationError, match=r"nodes\[0\]: must be a node URL .*redis.Redis"):
+        make([("127.0.0.1", 7001)])
+
+
+def test_urls_pass_through_untouched() -> None:
+    assert node_addresses(["redis://h:1"], asyncio=False) == ["redis://h:1"]
+    assert node_addresses("redis://h:1", asyncio=False) == "redis://h:1"  # refused later
+
+
+def test_an_ssl_context_object_is_not_needed() -> None:
+    # ssl_cert_reqs may be given as the ssl module's constant: carried as it is
+    client = redis.Redis(host="h", ssl=True, ssl_cert_reqs=ssl.CERT_NONE, ssl_check_hostname=False)
+    options = _options(client)
+    assert options["ssl_cert_reqs"] == ssl.CERT_NONE
+    assert options["ssl_check_hostname"] is False
