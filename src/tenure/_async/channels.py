@@ -55,10 +55,13 @@ from .protocol import RespProtocol
 
 __all__ = ["Channels"]
 
+# How many times a round's deadline is pushed back while the client itself held up its
+# requests or the timer (``Channels.run``): bounded, so a silent node still times out.
+MAX_GRACES = 3
 STALL = 1.0
 
 # A reply: (True, value) or (False, the error it came as), handed to the request's
-# callback from ``_Replies.data_received``: no future, no extra trip through the event loop.
+# callback from ``RespProtocol.data_received``: no future, no extra trip through the event loop.
 Reply = tuple[bool, Any]
 OnReply = Callable[[Reply], None]
 
@@ -161,6 +164,15 @@ class Channel:
     def batched(self) -> bool:
         """Commands wait in this turn's batch (``_write``)."""
         return bool(self._outbox)
+
+    @property
+    def backlogged(self) -> bool:
+        """Requests of ours have not all left this process yet (the batch, or bytes the
+        transport holds while the socket's send buffer is full)."""
+        if self._outbox:
+            return True
+        writer = None if self._conn is None else self._conn._writer
+        return writer is not None and writer.transport.get_write_buffer_size() > 0
 
     def _flush(self, conn: redis.asyncio.Connection | None) -> None:
         outbox, self._outbox = self._outbox, []
@@ -394,10 +406,25 @@ class Channels:
         self.send(command, rnd, targets, on_reply)
         if not rnd.decided:
             budget = max(deadline - time.monotonic(), 0)
+            graces = 0
 
             def arm() -> None:
                 if not done.done():
-                    heard_out.append(loop.call_later(budget, settle))
+                    heard_out.append(loop.call_later(budget, expire, loop.time() + budget))
+
+            def expire(due: float) -> None:
+                # The deadline of a client too busy to have given the nodes their time:
+                # its event loop ran the timer late (blocked by other work), or the
+                # request still sits in its own send buffer. Once more, up to MAX_GRACES
+                # times; a node that is really silent is a timeout a little later.
+                nonlocal graces
+                late = loop.time() - due > budget
+                unsent = any(channels[i].backlogged for i in order if rnd.results[i] is None)
+                if (late or unsent) and graces < MAX_GRACES and not done.done():
+                    graces += 1
+                    heard_out.append(loop.call_later(budget, expire, loop.time() + budget))
+                else:
+                    settle()
 
             if any(channels[i].batched for i in order):
                 # Written into this turn's batch: the wait for replies begins once the
