@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tenure._core.acquire import Acquisition, LeaseState
+from tenure._core.acquire import LeaseState
 from tenure._core.config import LockSpec
 from tenure._core.flows import Flow, Flows, Op, check_instant
 from tenure._core.waiting import Wake
@@ -91,24 +91,8 @@ class Stepper:
 
 
 class ModelFlows(Flows):
-    """A model process's flows, with the model's choice of ``Acquisition``: the tests
-    that check a model has teeth plant a broken core here."""
-
-    kind: type[Acquisition] = Acquisition
-
-    def _acquisition(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Acquisition:
-        return self.kind(
-            spec,
-            self.config.retry,
-            self.rng,
-            blocking=blocking,
-            timeout=timeout,
-            now=self.clock(),
-            node_names=self.names,
-            max_ttl_ms=self.config.max_ttl_ms,
-            floor=self.fence_floor,
-            recheck=self.config.recheck,
-        )
+    """A model process's flows: the shipped ones; the tests that check a model has teeth
+    plant a broken core through ``acquisition_type``."""
 
 
 class ModelLease:

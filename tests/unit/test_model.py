@@ -334,7 +334,7 @@ class LockModel(RuleBasedStateMachine):
         self.clients = []
         for c, skew in enumerate(skews):
             flows = ModelFlows(config, self.names, self.rng, self._clock, self._clock_us)
-            flows.kind = self.ACQUISITION
+            flows.acquisition_type = self.ACQUISITION
             flows.wall_us = functools.partial(self._wall_us, c)
             self.clients.append(ModelClient(skew, flows))
         self.bus = Bus()  # nobody listens: no notification is ever published

@@ -293,7 +293,7 @@ class QuorumFairModel(RuleBasedStateMachine):
         self.spawned += 1
         rng = random.Random(self.spawned)
         flows = ModelFlows(CONFIG, NAMES, rng, clock=self._clock, wall_us=self._clock_us)
-        flows.kind = self.ACQUISITION
+        flows.acquisition_type = self.ACQUISITION
         client = Client(f"p{self.spawned}", f"ch:p{self.spawned}", flows)
         # Its wall clock: the model's, plus the skew its current step drew.
         flows.wall_us = lambda: self._wall(client.skew)

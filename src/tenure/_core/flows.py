@@ -340,9 +340,12 @@ class Flows:
             )
         return granted
 
+    # The retry loop's class (the model tests plant broken ones here).
+    acquisition_type: type[Acquisition] = Acquisition
+
     def _acquisition(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Acquisition:
-        """The retry loop of a new acquire call (the model tests plant broken ones here)."""
-        return Acquisition(
+        """The retry loop of a new acquire call."""
+        return self.acquisition_type(
             spec,
             self.config.retry,
             self.rng,
