@@ -1,9 +1,11 @@
 """What the blocking and asyncio clients share: their settings and per-client state.
 
-The drivers differ only in how a round reaches the nodes; everything a client *is* (its
-validated configuration, the specs of the locks it has used, its random source, the
-fencing floor it proposes above, which thread or task holds which of its leases, and
-whether it was closed) is built here once.
+The drivers differ only in how an operation reaches the nodes; everything a client *is*
+(its validated configuration, the specs of the locks it has used, its flows with their
+random source and the fencing floor it proposes above, which thread or task holds which
+of its leases, and whether it was closed) is built here once, with the glue around the
+flows both drivers share (the arguments of ``lock()`` and ``acquire()``, the start of an
+acquire flow, and the operations that complete without waiting).
 """
 
 from __future__ import annotations
