@@ -407,10 +407,11 @@ class Channels:
         if not rnd.decided:
             budget = max(deadline - time.monotonic(), 0)
             graces = 0
+            timers: list[asyncio.TimerHandle] = []  # the deadline's (heard_out: the hear-out's)
 
             def arm() -> None:
                 if not done.done():
-                    heard_out.append(loop.call_later(budget, expire, loop.time() + budget))
+                    timers.append(loop.call_later(budget, expire, loop.time() + budget))
 
             def expire(due: float) -> None:
                 # The deadline of a client too busy to have given the nodes their time:
@@ -422,7 +423,7 @@ class Channels:
                 unsent = any(channels[i].backlogged for i in order if rnd.results[i] is None)
                 if (late or unsent) and graces < MAX_GRACES and not done.done():
                     graces += 1
-                    heard_out.append(loop.call_later(budget, expire, loop.time() + budget))
+                    timers.append(loop.call_later(budget, expire, loop.time() + budget))
                 else:
                     settle()
 
@@ -437,7 +438,7 @@ class Channels:
             try:
                 await done
             finally:
-                for handle in heard_out:
+                for handle in timers + heard_out:
                     handle.cancel()
                 settle()
         else:
