@@ -905,7 +905,13 @@ def test_majority_unreachable_exits_69(safe: LocalCluster) -> None:
 
 
 def test_json_output_from_a_real_process(volatile: LocalCluster) -> None:
-    env = {"PATH": "/usr/bin:/bin", "TENURE_REDIS": ",".join(volatile.urls)}
+    # A bare environment (no TENURE_* from the caller), but the same tenure this test
+    # imports, installed or not.
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(Path(tenure.__file__).parents[1]),
+        "TENURE_REDIS": ",".join(volatile.urls),
+    }
     result = subprocess.run(
         [sys.executable, "-m", "tenure.cli", "check", "--json", "--max-ttl", "30"],
         capture_output=True,
