@@ -225,6 +225,9 @@ def test_replicate_and_promote() -> None:
     with LocalCluster(2) as cluster:
         primary, replica = cluster
         replica.replicate_from(primary)
+        # Seen on Valkey 9 under load: WAIT counted the replica before its first sync
+        # had ended, and the promoted replica then had no key. Wait for the link first.
+        replica.wait_replication_link()
         with primary.client() as c:
             c.set("k", "v")
             assert c.execute_command("WAIT", 1, 5000) == 1

@@ -444,6 +444,8 @@ class LocalNode:
     def replicate_from(self, other: LocalNode | tuple[str, int]) -> None:
         """Make this node a replica of ``other`` (``REPLICAOF host port``).
 
+        Returns at once; ``wait_replication_link`` waits for the first sync to end.
+
         Args:
             other: another node, or the loopback ``(host, port)`` of something in front
                 of one, e.g. a ``tenure.verify.proxy.Proxy`` whose link can then
