@@ -48,15 +48,14 @@ import pwd
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from tenure.testing import DIE_WITH_PARENT
+from tenure.testing._group import ProcessGroup, kill_and_reap
 
 __all__ = ["SETTINGS", "EmbeddedPostgres", "PostgresError", "find_binaries"]
 
@@ -97,14 +96,11 @@ def find_binaries() -> Path:
     return Path(spec.origin).parent / "pginstall" / "bin"
 
 
-def _kill_and_reap(proc: subprocess.Popen[bytes]) -> None:
-    # Popen.kill() is a no-op once the child has been reaped: a recycled PID is safe.
-    proc.kill()
-    proc.wait()
-
-
-class EmbeddedPostgres:
+class EmbeddedPostgres(ProcessGroup):
     """One PostgreSQL server on a unix socket in a private temporary directory.
+
+    A group of one process, the postmaster (its backends exit when it does), stopped and
+    cleaned up as :class:`tenure.testing._group.ProcessGroup` stops its groups.
 
     Args:
         binaries: the directory holding ``initdb`` and ``postgres``; default: the
@@ -115,8 +111,7 @@ class EmbeddedPostgres:
 
     def __init__(self, binaries: Path | None = None) -> None:
         self.binaries = binaries or find_binaries()
-        self.directory = Path(tempfile.mkdtemp(prefix="tenure-pg-"))
-        self._remove_dir = weakref.finalize(self, shutil.rmtree, self.directory, True)
+        super().__init__(None, "tenure-pg-")
         self._log_path = self.directory / "postgres.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._reaper: weakref.finalize[Any, Any] | None = None
@@ -149,30 +144,21 @@ class EmbeddedPostgres:
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT), SIGKILL after 10 s, reap, remove the directory."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+        self.close()
+
+    def _processes(self) -> list[EmbeddedPostgres]:
+        return [self]
+
+    def _terminate(self) -> None:
+        if self._proc is not None:  # a no-op once it has been reaped
+            self._proc.send_signal(signal.SIGINT)  # fast shutdown
+
+    def _reap(self) -> None:
+        if self._proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=_STOP_TIMEOUT)
+                self._proc.wait(timeout=_STOP_TIMEOUT)
         if self._reaper is not None:
             self._reaper()  # SIGKILL if it is still there, and reap
-        self._remove_dir()
-
-    def __enter__(self) -> EmbeddedPostgres:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _run(self, name: str, *args: str) -> subprocess.CompletedProcess[bytes]:
         """Run one of the binaries to completion, as the server's user, output to the log."""
@@ -241,7 +227,7 @@ class EmbeddedPostgres:
                 **self._as_user(),
             )
         self._proc = proc
-        self._reaper = weakref.finalize(self, _kill_and_reap, proc)
+        self._reaper = weakref.finalize(self, kill_and_reap, proc)
 
     def _await_ready(self) -> None:
         proc = self._proc

@@ -161,6 +161,17 @@ def test_close_leaves_no_process_even_after_an_error() -> None:
     assert not directory.exists()
 
 
+def test_a_failed_start_stops_the_nodes_already_started() -> None:
+    cluster = LocalCluster(2)
+    cluster[1].extra_config["no-such-directive"] = "1"  # n2 exits at once; n1 is up
+    with pytest.raises(LocalNodeError, match="no-such-directive"), cluster:
+        pytest.fail("the body runs only after a start that succeeded")
+    started = cluster[0]._proc  # the with statement hands out no node to ask
+    assert started is not None, "n1 was never started: the test proves nothing"
+    assert started.poll() is not None, f"n1 (pid {started.pid}) outlived the failed start"
+    assert not cluster.directory.exists()
+
+
 def test_base_dir_is_kept(tmp_path: Path) -> None:
     cluster = LocalCluster(1, base_dir=tmp_path, extra_config={"maxmemory": "10mb"})
     with cluster, cluster[0].client() as c:

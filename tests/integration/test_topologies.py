@@ -19,7 +19,7 @@ from redis.exceptions import AskError, MovedError, TryAgainError
 
 from tenure import ConfigurationError
 from tenure._core.config import LockKeys
-from tenure.testing import LocalNode, LocalRedisCluster, LocalSentinelSet
+from tenure.testing import LocalNode, LocalNodeError, LocalRedisCluster, LocalSentinelSet
 
 
 def _redis_binary() -> str | None:
@@ -116,6 +116,18 @@ def test_sentinel_promotes_a_replica_when_the_master_dies(binary: str) -> None:
         assert sentinels.master() is new
         assert _info(new)["role"] == "master"
         assert sentinels.replicas() == [killed]
+
+
+def test_a_sentinel_that_fails_to_start_stops_the_data_nodes_already_up(binary: str) -> None:
+    sentinels = LocalSentinelSet(replicas=1, sentinels=1, binary=binary)
+    sentinels.sentinels[0].extra_config["no-such-directive"] = "1"
+    with pytest.raises(LocalNodeError, match="no-such-directive"), sentinels:
+        pytest.fail("the body runs only after a start that succeeded")
+    # The master and its replica were up and replicating when the Sentinel failed.
+    procs = [node._proc for node in sentinels.nodes]
+    assert all(proc is not None for proc in procs), "a data node was never started"
+    assert [p.pid for p in procs if p is not None and p.poll() is None] == []
+    assert not sentinels.directory.exists()
 
 
 # --- Cluster ------------------------------------------------------------------------------

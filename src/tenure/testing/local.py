@@ -46,12 +46,10 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import redis
@@ -59,6 +57,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tenure._errors import ConfigurationError, TenureError
+
+# Under private names: tenure.testing.local exports only what its __all__ lists.
+from ._group import ProcessGroup as _ProcessGroup
+from ._group import kill_and_reap as _kill_and_reap
 
 __all__ = [
     "DIE_WITH_PARENT",
@@ -276,13 +278,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _kill_and_reap(proc: subprocess.Popen[bytes]) -> None:
-    # Popen.kill() is a no-op once the child has been reaped, so a recycled PID is never
-    # signalled.
-    proc.kill()
-    proc.wait()
 
 
 class LocalNode:
@@ -607,7 +602,31 @@ class LocalNode:
         self.kill()
 
 
-class LocalCluster:
+def _start_all(nodes: Iterable[LocalNode]) -> None:
+    """Spawn every node, then wait for each: they boot side by side."""
+    nodes = list(nodes)
+    for node in nodes:
+        node._spawn()
+    for node in nodes:
+        node._await_ready()
+
+
+class _NodeList:
+    """``group[i]``, ``len(group)`` and ``for node in group`` over a group's ``nodes``."""
+
+    nodes: list[LocalNode]
+
+    def __getitem__(self, index: int) -> LocalNode:
+        return self.nodes[index]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[LocalNode]:
+        return iter(self.nodes)
+
+
+class LocalCluster(_ProcessGroup, _NodeList):
     """N independent ``redis-server`` nodes (no replication), as a context manager.
 
     Args:
@@ -640,15 +659,7 @@ class LocalCluster:
         if n < 1:
             raise ConfigurationError("n", f"a cluster needs at least 1 node, got {n}")
         server = find_server_binary(binary)
-        if base_dir is None:
-            self.directory = Path(tempfile.mkdtemp(prefix="tenure-"))
-            # Registered before the nodes' finalizers, so at exit it runs after them.
-            self._cleanup: weakref.finalize[Any, Any] | None = weakref.finalize(
-                self, shutil.rmtree, self.directory, ignore_errors=True
-            )
-        else:
-            self.directory = Path(base_dir).resolve()
-            self._cleanup = None
+        super().__init__(base_dir, "tenure-")
         self.nodes: list[LocalNode] = [
             LocalNode(
                 f"n{i}",
@@ -671,43 +682,10 @@ class LocalCluster:
         """Start every node concurrently and wait until all answer PING.
 
         Raises:
-            LocalNodeError: a node failed to start; the others keep running.
+            LocalNodeError: a node failed to start; the others keep running (a ``with``
+                block closes them all).
         """
-        for node in self.nodes:
-            node._spawn()
-        for node in self.nodes:
-            node._await_ready()
+        _start_all(self.nodes)
 
-    def close(self) -> None:
-        """Stop every node (SIGTERM all, then reap all) and remove the temp directory."""
-        for node in self.nodes:
-            node._terminate()
-        for node in self.nodes:
-            node._reap()
-        if self._cleanup is not None:
-            self._cleanup()
-
-    def __enter__(self) -> LocalCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def __getitem__(self, index: int) -> LocalNode:
-        return self.nodes[index]
-
-    def __len__(self) -> int:
-        return len(self.nodes)
-
-    def __iter__(self) -> Iterator[LocalNode]:
-        return iter(self.nodes)
+    def _processes(self) -> list[LocalNode]:
+        return self.nodes

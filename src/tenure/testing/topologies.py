@@ -37,23 +37,27 @@ import contextlib
 import os
 import random
 import re
-import shutil
 import socket
 import subprocess
-import tempfile
 import time
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 import redis
 
 from tenure._errors import ConfigurationError
 
-from .local import LocalNode, LocalNodeError, Persistence, find_server_binary
+from ._group import ProcessGroup as _ProcessGroup
+from .local import (
+    LocalNode,
+    LocalNodeError,
+    Persistence,
+    _NodeList,
+    _start_all,
+    find_server_binary,
+)
 
 __all__ = [
     "ClusterNodeView",
@@ -137,20 +141,8 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class _Topology:
-    """The directory, node list and shutdown shared by both deployments."""
-
-    def __init__(self, base_dir: str | os.PathLike[str] | None, prefix: str) -> None:
-        if base_dir is None:
-            self.directory = Path(tempfile.mkdtemp(prefix=prefix))
-            # Registered before the nodes' finalizers, so at exit it runs after them.
-            self._cleanup: weakref.finalize[Any, Any] | None = weakref.finalize(
-                self, shutil.rmtree, self.directory, ignore_errors=True
-            )
-        else:
-            self.directory = Path(base_dir).resolve()
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._cleanup = None
+class _Topology(_ProcessGroup):
+    """A deployment of :class:`LocalNode` processes, found again by port."""
 
     def _processes(self) -> list[LocalNode]:
         raise NotImplementedError
@@ -160,40 +152,6 @@ class _Topology:
             if node.port == port:
                 return node
         raise LocalNodeError(f"{_HOST}:{port}", "is not a process of this deployment")
-
-    def start(self) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Stop every process (SIGTERM all, then reap all) and remove the temp directory."""
-        for node in self._processes():
-            node._terminate()
-        for node in self._processes():
-            node._reap()
-        if self._cleanup is not None:
-            self._cleanup()
-
-    def _enter(self) -> None:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-def _start_all(nodes: Sequence[LocalNode]) -> None:
-    for node in nodes:
-        node._spawn()
-    for node in nodes:
-        node._await_ready()
 
 
 # --- Sentinel -----------------------------------------------------------------------------
@@ -298,10 +256,6 @@ class LocalSentinelSet(_Topology):
 
     def _processes(self) -> list[LocalNode]:
         return [*self.sentinels, *self.nodes]
-
-    def __enter__(self) -> LocalSentinelSet:
-        self._enter()
-        return self
 
     def __repr__(self) -> str:
         return f"<LocalSentinelSet {self.url}>"
@@ -556,7 +510,7 @@ def _free_port_pair() -> int:
     raise LocalNodeError("cluster", "found no free pair of ports (P, P + 10000)")
 
 
-class LocalRedisCluster(_Topology):
+class LocalRedisCluster(_Topology, _NodeList):
     """A Redis Cluster of masters with replicas on loopback, as a context manager.
 
     Args:
@@ -621,10 +575,6 @@ class LocalRedisCluster(_Topology):
 
     def _processes(self) -> list[LocalNode]:
         return list(self.nodes)
-
-    def __enter__(self) -> LocalRedisCluster:
-        self._enter()
-        return self
 
     def __repr__(self) -> str:
         return f"<LocalRedisCluster {self.url}>"
@@ -855,15 +805,6 @@ class LocalRedisCluster(_Topology):
         if finish:
             migration.finish()
         return migration
-
-    def __getitem__(self, index: int) -> LocalNode:
-        return self.nodes[index]
-
-    def __len__(self) -> int:
-        return len(self.nodes)
-
-    def __iter__(self) -> Iterator[LocalNode]:
-        return iter(self.nodes)
 
 
 @dataclass
