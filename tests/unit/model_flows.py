@@ -161,8 +161,11 @@ def _items(packed: bytes) -> list[bytes]:
 
 
 def decode(packed: bytes) -> tuple[str, list[str], list[str]]:
-    """(script name, KEYS, ARGV) of a packed ``EVAL``."""
+    """(script name, KEYS, ARGV) of a packed ``EVAL``; ("exists", [key], []) for the
+    ``EXISTS`` of ``Flows.locked``."""
     items = _items(packed)
+    if items[0] == b"EXISTS":
+        return "exists", [x.decode() for x in items[1:]], []
     assert items[0] == b"EVAL", items[0]
     numkeys = int(items[2])
     name = next(n for n in ("acquire", "seed", "extend", "release") if script(n).wire == items[1])
