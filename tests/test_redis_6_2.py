@@ -20,6 +20,7 @@ import pytest
 
 from tenure._errors import ConfigurationError
 from tenure.testing import find_server_binary
+from tenure.verify import scenarios as verify_scenarios
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,6 +32,10 @@ CORE = [
     "tests/integration/test_faults.py",
     "tests/integration/test_cancellation.py",
 ]
+
+
+# The verifier's scenarios, one test each.
+SCENARIOS = [scenario.key for scenario in verify_scenarios.SCENARIOS]
 
 
 def _redis_6_2() -> Path | None:
@@ -77,14 +82,21 @@ def _run(
 
 
 @pytest.mark.skipif(_default() == _redis_6_2(), reason="the suite itself runs on Redis 6.2 already")
-def test_integration_core_on_redis_6_2(capsys: pytest.CaptureFixture[str]) -> None:
-    _run(capsys, "integration core", "-m", "pytest", "-q", "-p", "no:cacheprovider", *CORE)
-
-
-def test_verify_quick_on_redis_6_2(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("path", CORE, ids=lambda p: Path(p).stem)
+def test_integration_core_on_redis_6_2(capsys: pytest.CaptureFixture[str], path: str) -> None:
+    # One file per test, so that a parallel run (pytest-xdist) spreads them over workers.
     _run(
         capsys,
-        "tenure verify --quick",
-        *("-m", "tenure.cli", "verify", "--quick"),
+        f"integration core, {Path(path).name}",
+        *("-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", path),
+    )
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_verify_quick_on_redis_6_2(capsys: pytest.CaptureFixture[str], scenario: str) -> None:
+    _run(
+        capsys,
+        f"tenure verify --quick {scenario}",
+        *("-m", "tenure.cli", "verify", "--quick", scenario),
         summary=lambda lines: f"{sum(line.startswith('ok ') for line in lines)} configurations ok",
     )

@@ -55,17 +55,14 @@ end plant a bug, one per property, in the flows (a ``ModelFlows`` subclass) or i
 watchdog's policy (a ``KeepAlive`` subclass: the core type the watchdog flow is given),
 and the tests check that the model catches each.
 
-Two histories the shipped flows get wrong are replayed at the end as strict xfails, and
-kept out of the random runs by their switches (``PAUSE_BEFORE_EXTEND``, and holder
-extensions under a policy that gives up: ``HOLDER_EXTENDS_GIVING_UP``):
+Two histories the flows once got wrong are replayed at the end, as regressions:
 
 * a watchdog paused between deciding to extend and starting the extension, past the
-  validity, ends without marking the lease lost (``begin_extend`` raises
-  ``LeaseExpired``, a ``LeaseLost``, which the watchdog takes for "``extend()`` marked
-  it lost") (W3);
-* a watchdog that gave up extending (watch only, or the hold cap) marks the lease lost
-  at the validity end it saw when it decided, although the holder extended the lease
-  by hand meanwhile (W5).
+  validity, must mark the lease lost (``begin_extend`` raises ``LeaseExpired``, and
+  ``extend()`` marks the lease lost before raising it) (W3);
+* a watchdog that gave up extending (watch only, or the hold cap) must look at the
+  lease again at the validity end it waited for: the holder may have extended it by
+  hand meanwhile (W5).
 """
 
 from __future__ import annotations
@@ -170,11 +167,11 @@ class WatchdogModel(RuleBasedStateMachine):
     ]
     # The holder extends by hand (and the watchdog's extension waits for it).
     HOLDER_EXTENDS: ClassVar[bool] = True
-    # ... also under a policy that gives up (watch only, the cap): a known false loss.
-    HOLDER_EXTENDS_GIVING_UP: ClassVar[bool] = False
+    # ... also under a policy that gives up (watch only, the cap).
+    HOLDER_EXTENDS_GIVING_UP: ClassVar[bool] = True
     # The watchdog may be paused between deciding to extend and starting the extension
-    # (not only while waiting for the lease's lock): a known unreported loss.
-    PAUSE_BEFORE_EXTEND: ClassVar[bool] = False
+    # (not only while waiting for the lease's lock).
+    PAUSE_BEFORE_EXTEND: ClassVar[bool] = True
     FAULTS: ClassVar[bool] = True  # nodes restart, are flushed, cut off, their clocks jump
 
     def __init__(self) -> None:
@@ -927,7 +924,9 @@ def test_a_healthy_lease_is_kept_alive(policy: type[KeepAlive]) -> None:
     """With nodes that answer at once and a watchdog woken on time, the lease is extended
     before it expires, for as long as the holder holds it (the planted
     ``LateWakePolicy`` wakes at the validity's end and must lose it)."""
-    machine = type("Calm", (WatchdogModel,), {"POLICY": policy, "FAULTS": False})
+    machine = type(
+        "Calm", (WatchdogModel,), {"POLICY": policy, "FAULTS": False, "PAUSE_BEFORE_EXTEND": False}
+    )
     model = _replay(machine, policy=0)
     lease = model.lease
     assert lease is not None
@@ -947,18 +946,16 @@ def test_a_healthy_lease_is_kept_alive(policy: type[KeepAlive]) -> None:
         assert lease.loss is None
 
 
-@pytest.mark.xfail(strict=True, raises=Violation, reason="a bug of Flows.watchdog")
 def test_a_watchdog_paused_before_its_extension_reports_the_loss() -> None:
     """(W3) The watchdog wakes on time and decides to extend; its process is paused
     before the extension starts, past the validity. ``begin_extend`` then refuses the
-    extension with ``LeaseExpired`` (a ``LeaseLost``), which the watchdog takes for
-    "``extend()`` marked it lost" (``except (NotHeld, LeaseLost): return``): it ends,
-    and the lease is never marked lost (no ``lost`` event, no ``on_lost``, and in
-    ``async with`` the body is not cancelled).
+    extension with ``LeaseExpired``, and the lease must be marked lost (the ``lost``
+    event, ``on_lost``, and in ``async with`` the body cancelled), not left looking
+    held by a watchdog that ended.
 
         0 ms     granted (valid until 1000 ms), kept alive
         334 ms   the watchdog wakes, decides to extend
-        1100 ms  the extension starts: LeaseExpired; the watchdog ends, the lease not lost
+        1100 ms  the extension starts: LeaseExpired; the lease is marked lost
     """
     machine = type("Paused", (WatchdogModel,), {"PAUSE_BEFORE_EXTEND": True, "FAULTS": False})
     model = _replay(machine, policy=0)
@@ -967,19 +964,18 @@ def test_a_watchdog_paused_before_its_extension_reports_the_loss() -> None:
     model.extension_begins(late=1100 - model.ms)
 
 
-@pytest.mark.xfail(strict=True, raises=Violation, reason="a bug of Flows.watchdog")
 def test_a_watch_only_watchdog_sees_the_holders_extensions() -> None:
     """(W5) A watchdog that only watches the expiry (``async with`` without a watchdog)
     or gave up at ``max_hold`` pauses until the validity end it read when it woke
-    (``GiveUp.at``) and then marks the lease lost without reading the lease again: an
-    extension the holder made meanwhile is ignored, and a valid lease is reported lost
-    (in ``async with``, its body is cancelled).
+    (``GiveUp.at``), and must then read the lease again: the holder extended it
+    meanwhile, so it is still valid and must not be reported lost (in ``async with``,
+    its body would be cancelled).
 
         0 ms     granted (valid until 1000 ms), watched only
         500 ms   the holder extends: valid until 1500 ms
         1000 ms  the watchdog wakes: not expired, GiveUp(at=1500 ms)
         1200 ms  the holder extends: valid until 2200 ms
-        1500 ms  the watchdog marks the lease lost ("its validity ended")
+        1500 ms  the watchdog wakes, sees 2200 ms, and waits again
     """
     machine = type(
         "WatchedByHand", (WatchdogModel,), {"HOLDER_EXTENDS_GIVING_UP": True, "FAULTS": False}

@@ -34,7 +34,7 @@ import random
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .._errors import ClientClosed, LeaseLost, NotHeld
+from .._errors import ClientClosed, LeaseExpired, LeaseLost, NotHeld
 from . import commands, waiting
 from .acquire import (
     Acquisition,
@@ -463,7 +463,13 @@ class Flows:
         """
         spec = lease._spec if ttl is None else LockSpec.build(self.config, lease._spec.name, ttl)
         _check_not_released(lease)
-        rnd = begin_extend(lease._state, spec, self.clock())
+        try:
+            rnd = begin_extend(lease._state, spec, self.clock())
+        except LeaseExpired as expired:
+            # Too late to extend is the lease lost, for whoever watches it too (a
+            # watchdog paused between deciding to extend and extending ends here).
+            lease._mark_lost(expired)
+            raise
         command = self.replicated(commands.extend(spec, lease.token))
         yield Run(command, rnd, rnd.started + spec.node_timeout)
         outcome = conclude_extend(lease._state, spec, rnd, self.clock(), self.names)
@@ -532,10 +538,16 @@ class Flows:
             if isinstance(action, Lost):
                 lease._mark_lost(action.error)
                 return
-            if not isinstance(action, Extend):
-                if not (yield Pause(action.at)) and not lease.released:
+            if not isinstance(action, Extend):  # give up: wait for the validity's end
+                if (yield Pause(action.at)) or lease.released:
+                    return
+                if self.clock() >= lease._state.valid_until:
                     lease._mark_lost(action.error)
-                return
+                    return
+                # The holder extended by hand while we waited: decide again on the new
+                # validity, never report a valid lease lost.
+                wake = policy.next_wake(lease._state)
+                continue
             try:
                 yield ExtendLease()
             except (NotHeld, LeaseLost):
