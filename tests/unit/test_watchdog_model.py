@@ -834,8 +834,11 @@ def _planted(
     **focus: object,
 ) -> type[WatchdogModel]:
     """The model with a planted bug; ``focus`` switches off what its search does not
-    need (as ``FAULTS=False``: the bug shows without faults)."""
-    return type(name, (WatchdogModel,), {"FLOWS": flows, "POLICY": policy, **focus})
+    need (as ``FAULTS=False``: the bug shows without faults). The two paths the
+    regressions below replay are off too: no planted bug needs them, and they widen the
+    search."""
+    paths = {"PAUSE_BEFORE_EXTEND": False, "HOLDER_EXTENDS_GIVING_UP": False}
+    return type(name, (WatchdogModel,), {"FLOWS": flows, "POLICY": policy, **paths, **focus})
 
 
 CALM: dict[str, Any] = {"FAULTS": False, "HOLDER_EXTENDS": False}
