@@ -16,6 +16,13 @@ from tenure._errors import ConfigurationError
 from tenure.testing import find_server_binary
 
 
+_WORLDS = (
+    "tests/chaos/test_verify_runs.py",
+    "tests/integration/test_demo.py",
+    "tests/test_redis_6_2.py::test_verify_quick",
+)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--soak", action="store_true", default=False, help="also run the long soak tests"
@@ -29,6 +36,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The second server's pass is the longest work of the run, in subprocesses: first,
     # so that a parallel run (pytest-xdist) does not start it last.
     items.sort(key=lambda item: "second_server" not in item.keywords)
+    # Whole verifier worlds (nodes, proxies, worker processes, faults) with liveness
+    # expectations ("some grants while a minority is cut off"): one at a time, on one
+    # worker, so that a parallel run never stacks several of them on the same cores.
+    for item in items:
+        if item.nodeid.startswith(_WORLDS):
+            item.add_marker(pytest.mark.xdist_group("worlds"))
     for marker in ("soak", "slow"):
         if config.getoption(f"--{marker}"):
             continue
