@@ -15,7 +15,6 @@ import pytest
 from tenure._errors import ConfigurationError
 from tenure.testing import find_server_binary
 
-
 _WORLDS = (
     "tests/chaos/test_verify_runs.py",
     "tests/integration/test_demo.py",
