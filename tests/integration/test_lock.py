@@ -170,7 +170,7 @@ def test_scripts_reloaded_after_script_flush(api: Api, shared5: LocalCluster, ke
         with node.client() as c:
             c.script_flush()
     lease = client.acquire(key, ttl=TTL)
-    lease.extend()  # scripts go as EVAL: a flushed cache cannot make a round fail
+    lease.extend()  # by EVAL, and the acquire's EVALSHA fell back to EVAL: no round failed
     lease.release()
     assert holders(shared5, lease.key) == [None] * 5
 

@@ -17,7 +17,7 @@ from tenure._core.config import LockSpec
 from tenure._core.flows import Flow, Flows, Op, check_instant
 from tenure._core.waiting import Wake
 from tenure._errors import LeaseLost
-from tenure._lua import script
+from tenure.testing.fake import script_call
 
 __all__ = ["Interrupt", "ModelFlows", "ModelInbox", "ModelLease", "Stepper", "decode"]
 
@@ -161,13 +161,9 @@ def _items(packed: bytes) -> list[bytes]:
 
 
 def decode(packed: bytes) -> tuple[str, list[str], list[str]]:
-    """(script name, KEYS, ARGV) of a packed ``EVAL``; ("exists", [key], []) for the
-    ``EXISTS`` of ``Flows.locked``."""
+    """(script name, KEYS, ARGV) of a packed ``EVAL`` or ``EVALSHA``; ("exists", [key], [])
+    for the ``EXISTS`` of ``Flows.locked``."""
     items = _items(packed)
     if items[0] == b"EXISTS":
         return "exists", [x.decode() for x in items[1:]], []
-    assert items[0] == b"EVAL", items[0]
-    numkeys = int(items[2])
-    name = next(n for n in ("acquire", "seed", "extend", "release") if script(n).wire == items[1])
-    words = [x.decode() for x in items[3:]]
-    return name, words[:numkeys], words[numkeys:]
+    return script_call(packed)

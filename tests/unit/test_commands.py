@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import replace
 from importlib.resources import files
@@ -96,9 +97,15 @@ def test_acquire_command_evals_acquire_lua_with_three_keys() -> None:
     cmd = commands.acquire(SPEC, "tok", 1_700_000_000_000_123, 77, 60_000)
     items, rest = parse_command(cmd.packed)
     assert rest == b""
+    # By EVALSHA, with the EVAL form (the same arguments after the body) as its fallback.
+    assert cmd.fallback is not None
+    fallback, rest = parse_command(cmd.fallback)
+    assert rest == b""
+    assert fallback[:2] == [b"EVAL", script("acquire").wire]
+    assert fallback[2:] == items[2:]
     assert items == [
-        b"EVAL",
-        script("acquire").wire,
+        b"EVALSHA",
+        hashlib.sha1(script("acquire").wire).hexdigest().encode(),
         b"3",
         b"tenure:{r}:lock",
         b"tenure:node:floor",
@@ -406,9 +413,87 @@ def test_the_script_source_is_encoded_once_not_per_call() -> None:
     # Only the per-call arguments are encoded per call: the head (with the source) and
     # the keys come from caches, and two calls send the very same head object's bytes.
     wait = commands.WaitArgs("q", "w1", "ch:1", 3000, 42)
-    first = commands.acquire(SPEC, "t1", 7, 1, 1, wait).packed
+    first = commands.acquire(SPEC, "t1", 7, 1, 1, wait).fallback
     hits = commands._eval_head.cache_info().hits
-    second = commands.acquire(SPEC, "t2", 8, 1, 1, wait).packed
+    second = commands.acquire(SPEC, "t2", 8, 1, 1, wait).fallback
+    assert first is not None
+    assert second is not None
     assert commands._eval_head.cache_info().hits == hits + 1
     body = script("acquire").wire
     assert first.index(body) == second.index(body)
+
+
+_NOSCRIPT = "NOSCRIPT No matching script. Please use EVAL."
+_NOPERM_EVALSHA = "NOPERM User app has no permissions to run the 'evalsha' command"
+
+
+def test_a_node_without_the_script_is_sent_eval_within_the_round() -> None:
+    cmd = commands.acquire(SPEC, "tok", 7, 1, 1)
+    cache = commands.ScriptCache()
+    assert cache.packed(cmd) == cmd.packed  # EVALSHA
+    retry = cache.answered(_NOSCRIPT, cmd)
+    assert retry is not None
+    assert retry.packed == cmd.fallback
+    assert retry.parse is cmd.parse
+    assert retry.fallback is None  # once: an EVAL never answers NOSCRIPT
+    assert cache.packed(cmd) == cmd.packed  # that EVAL cached the script again
+
+
+def test_a_late_noscript_makes_the_next_acquire_go_by_eval() -> None:
+    # The node answered after its round ended (outside the first majority): nothing is
+    # resent, but it must not refuse every acquire from then on.
+    cmd = commands.acquire(SPEC, "tok", 7, 1, 1)
+    cache = commands.ScriptCache()
+    assert cache.answered(_NOSCRIPT, None) is None
+    assert cache.packed(cmd) == cmd.fallback
+    assert cache.packed(cmd) == cmd.packed
+
+
+def test_a_node_refusing_evalsha_is_sent_eval_from_then_on() -> None:
+    cmd = commands.acquire(SPEC, "tok", 7, 1, 1)
+    cache = commands.ScriptCache()
+    retry = cache.answered(_NOPERM_EVALSHA, cmd)
+    assert retry is not None
+    assert retry.packed == cmd.fallback
+    assert [cache.packed(cmd) for _ in range(3)] == [cmd.fallback] * 3
+    late = commands.ScriptCache()
+    assert late.answered(_NOPERM_EVALSHA, None) is None
+    assert late.packed(cmd) == cmd.fallback
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "NOPERM User app has no permissions to run the 'eval' command",
+        "ERR Error running script (call to f_...): @user_script:12: OOM",
+        "READONLY You can't write against a read only replica.",
+        "BUSY Redis is busy running a script.",
+    ],
+)
+def test_other_errors_are_the_nodes_answer(error: str) -> None:
+    cmd = commands.acquire(SPEC, "tok", 7, 1, 1)
+    cache = commands.ScriptCache()
+    assert cache.answered(error, cmd) is None
+    assert cache.packed(cmd) == cmd.packed
+
+
+def test_only_the_acquire_goes_by_evalsha() -> None:
+    # A release or an extension is awaited from a majority only: a NOSCRIPT on a node
+    # nobody waits for would never be followed by its EVAL.
+    cache = commands.ScriptCache()
+    for cmd in (
+        commands.release("k", "tok"),
+        commands.release_waking(SPEC, "tok", "q", 7),
+        commands.extend(SPEC, "tok"),
+        commands.seed(SPEC, 7, 100, frozenset({1})),
+    ):
+        assert parse_command(cmd.packed)[0][0] == b"EVAL"
+        assert cmd.fallback is None
+        assert cache.answered(_NOSCRIPT, cmd) is None
+
+
+def test_a_replicated_acquire_goes_by_eval() -> None:
+    # Its WAIT's reply follows the script's: a NOSCRIPT would need the pair resent.
+    cmd = commands.acked_by_replicas(commands.acquire(SPEC, "tok", 7, 1, 1), 1, 100)
+    assert parse_command(cmd.packed)[0][0] == b"EVAL"
+    assert cmd.fallback is None

@@ -175,6 +175,7 @@ PINNED: dict[str, list[str]] = {
         "handoff_lua",
         "release_lua",
         "release_wait_lua",
+        "script_call",
         "seed_lua",
     ],
     # The old path of tenure.testing.local, kept working.

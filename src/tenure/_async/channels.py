@@ -44,7 +44,7 @@ import redis.asyncio
 from redis.exceptions import ResponseError
 
 from .._core.backoff import Reconnect
-from .._core.commands import Command
+from .._core.commands import Command, ScriptCache
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, rule_out
 from .._core.quorum import Failure, Round
@@ -99,6 +99,7 @@ class Channel:
         # Why the connection last ended: a node in its back-off for a configuration
         # failure is reported with that failure, not as merely "backing off".
         self.last: Diagnosis | None = None
+        self.scripts = ScriptCache()  # what its answers to EVALSHA told us
 
     def send(self, command: Command, on_reply: OnReply = _ignore) -> None:
         """Write ``command`` now (or as soon as the connection is up).
@@ -111,7 +112,7 @@ class Channel:
         if self._pending and now - self._pending[0][1] > STALL:
             self._reset(ConnectionError(f"no reply for {STALL}s"), now)
         if self._conn is not None and self._task is not None and not self._unsent:
-            self._write(command.packed)
+            self._write(self.scripts.packed(command))
             self._pending.extend((c, now) for c in _callbacks(command, on_reply))
             return
         self.connect(now)
@@ -202,7 +203,7 @@ class Channel:
             self._conn = conn
             now = time.monotonic()
             for command, on_reply in self._unsent:
-                self._write(command.packed)
+                self._write(self.scripts.packed(command))
                 self._pending.extend((c, now) for c in _callbacks(command, on_reply))
             self._unsent.clear()
             self._reconnect.succeeded()
@@ -368,9 +369,13 @@ class Channels:
         parts: dict[int, list[Any]] = {}  # replies so far of a command that has several
 
         def on_reply(i: int, reply: Reply) -> None:
-            if done.done() or rnd.results[i] is not None:
-                return  # the round, or this node's part in it, is over: dropped
             ok, value = reply
+            if done.done() or rnd.results[i] is not None:
+                # The round, or this node's part in it, is over: dropped, but for what it
+                # says of the node's scripts (a late NOSCRIPT).
+                if isinstance(value, ResponseError):
+                    channels[i].scripts.answered(str(value), None)
+                return
             if ok and command.replies > 1:
                 got = parts.setdefault(i, [])
                 got.append(value)
@@ -386,6 +391,20 @@ class Channels:
                     self._current()[i].drop(NotRedis(why.detail))
                 else:
                     rnd.record(i, *answer)
+            elif (
+                isinstance(value, ResponseError)
+                and command.replies == 1
+                # Our parser keeps the reply's code in the text, as the node sent it.
+                and (retry := channels[i].scripts.answered(str(value), command)) is not None
+            ):
+                # The EVAL form of an EVALSHA the node could not run, behind anything
+                # written since; its reply comes back here.
+                try:
+                    channels[i].send(retry, partial(on_reply, i))
+                except BackingOff as exc:  # it stalled meanwhile, and was reset
+                    rnd.fail(i, exc.failure, exc.detail)
+                else:
+                    return
             else:
                 # The error reply, or whatever ended the connection first.
                 why = (

@@ -6,6 +6,7 @@ classify each reply with the same functions, so the protocol lives here once.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -15,15 +16,18 @@ from .config import LockSpec
 
 __all__ = [
     "Command",
+    "ScriptCache",
     "WaitArgs",
     "acked_by_replicas",
     "acquire",
     "dequeue",
+    "evalsha_refused",
     "exists",
     "extend",
     "pack",
     "release",
     "release_waking",
+    "script_missing",
     "seed",
 ]
 
@@ -70,14 +74,40 @@ def _keys(keys: tuple[str, ...]) -> bytes:
     return _bulk((len(keys), *keys))
 
 
+@cache
+def _evalsha_head(name: str, argc: int) -> bytes:
+    sha = hashlib.sha1(script(name).wire).hexdigest()
+    return b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n" % (3 + argc, sha.encode())
+
+
 def _eval(name: str, keys: tuple[str, ...], *args: bytes | str | int) -> bytes:
-    # EVAL with the source, not EVALSHA. A release is sent to every node but only a
-    # majority of replies is awaited; after SCRIPT FLUSH or a restart, EVALSHA on a node
-    # nobody waits for would answer NOSCRIPT and its follow-up EVAL would never be sent,
-    # leaving our key there until its TTL. EVAL cannot fail that way; what it costs (the
-    # server hashes the body of every call) and why acquire.lua is not sent by EVALSHA
-    # either: docs/architecture.md, "EVAL, not EVALSHA".
+    # EVAL with the source. A release is sent to every node but only a majority of
+    # replies is awaited; after SCRIPT FLUSH or a restart, EVALSHA on a node nobody waits
+    # for would answer NOSCRIPT and no EVAL would follow, leaving our key there until its
+    # TTL. EVAL cannot fail that way. Only the acquire goes by EVALSHA (``_evalsha``):
+    # docs/architecture.md, "EVALSHA for the acquire, EVAL for the rest".
     return b"".join((_eval_head(name, len(keys) + len(args)), _keys(keys), _bulk(args)))
+
+
+def _evalsha(
+    name: str, keys: tuple[str, ...], args: tuple[bytes | str | int, ...]
+) -> tuple[bytes, bytes]:
+    """The command by EVALSHA, and by EVAL for a node that cannot run the first."""
+    argc = len(keys) + len(args)
+    tail = _keys(keys) + _bulk(args)
+    return _evalsha_head(name, argc) + tail, _eval_head(name, argc) + tail
+
+
+def script_missing(error: str) -> bool:
+    """A node answered EVALSHA with ``error`` because its script cache lacks the script
+    (restarted, ``SCRIPT FLUSH``): the EVAL form runs it, and caches it again."""
+    return error.startswith("NOSCRIPT")
+
+
+def evalsha_refused(error: str) -> bool:
+    """A node's ACL refused EVALSHA (a user granted ``+eval`` only): send it EVAL from now
+    on. Redis and Valkey name the refused command in the reply, quoted."""
+    return error.startswith("NOPERM") and "'evalsha'" in error.lower()
 
 
 # (status, number, floor) of an acquire reply, and the lock's PTTL when it carries it.
@@ -112,9 +142,54 @@ class Command:
     packed: bytes
     parse: Callable[[object], tuple[bool | None, Info]] = _yes_if_one
     replies: int = 1
+    # The same command by EVAL when ``packed`` is an EVALSHA: what a node that cannot run
+    # that is sent instead (``ScriptCache``). None: ``packed`` runs on any node.
+    fallback: bytes | None = None
 
     def is_yes(self, reply: object) -> bool:
         return self.parse(reply)[0] is True
+
+
+class ScriptCache:
+    """What a client knows of one node's script cache, from its answers to EVALSHA.
+
+    A node that answers an acquire's EVALSHA with NOSCRIPT (restarted, ``SCRIPT
+    FLUSH``) granted nothing. Within the round it is sent the EVAL form at once, on the
+    same connection (``answered`` returns it), which runs the script and caches it
+    again; a NOSCRIPT that comes after the round ended (a node outside the first
+    majority) makes the *next* acquire go to it by EVAL. Either way the node is never
+    left refusing every acquire, silently lowering how many failures a quorum survives.
+    A node whose ACL refuses EVALSHA (a user granted ``+eval`` only) is sent EVAL from
+    then on.
+    """
+
+    __slots__ = ("eval_only", "missing")
+
+    def __init__(self) -> None:
+        self.eval_only = False  # its ACL refused EVALSHA
+        self.missing = False  # it answered NOSCRIPT and was not sent the EVAL form since
+
+    def packed(self, command: Command) -> bytes:
+        """The bytes of ``command`` for this node."""
+        if command.fallback is not None and (self.eval_only or self.missing):
+            self.missing = False  # the EVAL form caches the script again
+            return command.fallback
+        return command.packed
+
+    def answered(self, error: str, command: Command | None) -> Command | None:
+        """Note the node's error reply ``error`` to ``command`` (None: to a command whose
+        round is over); return what to write to it within the round, or None (then the
+        error is the node's answer)."""
+        if evalsha_refused(error):
+            self.eval_only = True
+        elif script_missing(error):
+            self.missing = True
+        else:
+            return None
+        if command is None or command.fallback is None:
+            return None
+        self.missing = False
+        return Command(command.fallback, command.parse, command.replies)
 
 
 def acked_by_replicas(command: Command, replicas: int, timeout_ms: int) -> Command:
@@ -142,7 +217,8 @@ def acked_by_replicas(command: Command, replicas: int, timeout_ms: int) -> Comma
         return yes, info
 
     wait = pack("WAIT", replicas, timeout_ms)
-    return Command(command.packed + wait, parse, command.replies + 1)
+    # By EVAL: a NOSCRIPT followed by WAIT's reply would have to be resent with its WAIT.
+    return Command((command.fallback or command.packed) + wait, parse, command.replies + 1)
 
 
 @dataclass(frozen=True)
@@ -174,12 +250,23 @@ def acquire(
     """acquire.lua: take ``spec``'s lock with fencing token ``proposal`` (``mark``: the
     observation mark a blank node keeps for ``mark_ms``); ``wait`` queues the caller."""
     keys = spec.keys
-    args = (token, spec.ttl_ms, proposal, mark, mark_ms, spec.retention_ms)
+    args: tuple[bytes | str | int, ...] = (
+        token,
+        spec.ttl_ms,
+        proposal,
+        mark,
+        mark_ms,
+        spec.retention_ms,
+    )
     if wait is None:
-        return Command(_eval("acquire", (keys.lock, keys.floor, keys.warm), *args), _acquire_reply)
-    extra = (wait.mode, wait.waiter, wait.channel, wait.place_ms, wait.ticket)
-    node_keys = (keys.lock, keys.floor, keys.warm, keys.queue)
-    return Command(_eval("acquire", node_keys, *args, *extra), _acquire_reply)
+        node_keys: tuple[str, ...] = (keys.lock, keys.floor, keys.warm)
+    else:
+        node_keys = (keys.lock, keys.floor, keys.warm, keys.queue)
+        args += (wait.mode, wait.waiter, wait.channel, wait.place_ms, wait.ticket)
+    # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
+    # cannot run it answers without granting anything (``ScriptCache``).
+    packed, fallback = _evalsha("acquire", node_keys, args)
+    return Command(packed, _acquire_reply, fallback=fallback)
 
 
 def seed(spec: LockSpec, floor: int, warm_ms: int, marks: frozenset[int]) -> Command:

@@ -12,6 +12,7 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
@@ -540,7 +541,7 @@ class LockSpec:
     fair: bool = False
     retention_ms: int = 3_600_000
 
-    @property
+    @cached_property  # read several times a round
     def wait_mode(self) -> WaitMode:
         """How waiters are queued and the lock passed on (``WaitArgs.mode``)."""
         if not self.fair:

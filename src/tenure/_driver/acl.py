@@ -143,7 +143,7 @@ def _script_args(prefix: str) -> dict[str, tuple[str, ...]]:
 
 
 # Sent by the drivers themselves (tests/unit/test_acl.py greps the drivers for pack()).
-# EVAL, not EVALSHA/SCRIPT: scripts travel with every call (docs/architecture.md). No
+# EVALSHA is optional (a node that refuses it is sent EVAL: docs/deployment.md). No
 # PING, INFO or CLIENT: redis-py's health checks and CLIENT SETINFO are switched off.
 DIRECT = _direct(DEFAULT_KEY_PREFIX)
 

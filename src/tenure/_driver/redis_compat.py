@@ -125,6 +125,7 @@ class NotRedis(rx.ConnectionError):
 _CODES: tuple[tuple[type[Exception], str], ...] = (
     (rx.ReadOnlyError, "READONLY"),
     (rx.NoPermissionError, "NOPERM"),
+    (rx.NoScriptError, "NOSCRIPT"),
     (rx.MovedError, "MOVED"),
     (rx.AskError, "ASK"),
     (rx.ClusterCrossSlotError, "CROSSSLOT"),
@@ -328,3 +329,8 @@ def kernel_timeouts(sock: socket.socket, seconds: float) -> None:
     sock.settimeout(None)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+
+def reply_text(exc: rx.ResponseError) -> str:
+    """An error reply's text as the node sent it, code first (``NOSCRIPT No matching``)."""
+    return _reply_text(exc)

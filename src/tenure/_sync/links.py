@@ -32,7 +32,6 @@ sets (without closing the parent's sockets) and opens its own.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import threading
@@ -46,11 +45,11 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.backoff import Reconnect
-from .._core.commands import Command
+from .._core.commands import Command, ScriptCache
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, rule_out
 from .._core.quorum import Failure, Round
-from .._driver.redis_compat import diagnose, node_pool
+from .._driver.redis_compat import diagnose, node_pool, reply_text
 from .._driver.report import NodeReporter
 from .connect import SetUp
 
@@ -82,6 +81,7 @@ class NodeState:
         # Why it was last dropped: a node in its back-off for a configuration failure is
         # reported with that failure, not as merely "backing off".
         self.last: Diagnosis | None = None
+        self.scripts = ScriptCache()  # what its answers to EVALSHA told us
 
     def new_connection(self) -> redis.Connection:
         # The pool is only our parsed URL and settings. Its make_connection() counts each
@@ -137,7 +137,8 @@ class Link:
         conn = self.conn
         assert conn is not None  # set up by LinkSet._set_up
         try:
-            conn.send_packed_command([command.packed], check_health=False)  # type: ignore[no-untyped-call]
+            packed = self.node.scripts.packed(command)
+            conn.send_packed_command([packed], check_health=False)  # type: ignore[no-untyped-call]
         except Exception as exc:  # not BaseException: an interrupt is no node's failure
             why = diagnose(exc)
             self.drop(now, why)
@@ -200,9 +201,12 @@ class Link:
         assert self.conn is not None
         if self.owed:
             self.owed -= 1
-            # An abandoned request's error reply is nobody's business any more.
-            with contextlib.suppress(ResponseError):
+            # An abandoned request's error reply is nobody's business any more, but
+            # for what it says of the node's scripts (a late NOSCRIPT).
+            try:
                 self.conn.read_response()
+            except ResponseError as exc:
+                self.node.scripts.answered(reply_text(exc), None)
             return _NOT_YET
         return self.conn.read_response()
 
@@ -231,6 +235,19 @@ class Link:
         self.owed = 0
         self.partial = []
         self.node.down(now, why)
+
+    def resend(self, command: Command, exc: ResponseError, now: float) -> Command | None:
+        """Write what ``command`` takes after the error reply ``exc`` within the round
+        (the EVAL form of an EVALSHA the node could not run: ``ScriptCache``), and
+        return it; None if nothing is to be resent.
+
+        Raises:
+            _Failed: writing failed; the link is dropped.
+        """
+        retry = self.node.scripts.answered(reply_text(exc), command)
+        if retry is not None:
+            self.send(retry, now)
+        return retry
 
     def fail(self, i: int, exc: Exception, rnd: Round, now: float) -> None:
         """Node ``i`` raised ``exc`` while we read its reply: a per-node failure.
@@ -406,12 +423,21 @@ class LinkSet:
         assert link.conn is not None
         try:
             if command.replies == 1:
-                reply = link.conn.read_response(disconnect_on_error=False)
+                try:
+                    reply = link.conn.read_response(disconnect_on_error=False)
+                except ResponseError as exc:
+                    retry = link.resend(command, exc, clock())
+                    if retry is None:
+                        raise
+                    command = retry
+                    reply = link.conn.read_response(disconnect_on_error=False)
             else:
                 while len(link.partial) < command.replies:
                     link.partial.append(link.conn.read_response(disconnect_on_error=False))
                 reply, link.partial = link.partial, []
             answer = command.parse(reply)
+        except _Failed as exc:  # the resend could not be written; the link is dropped
+            rnd.fail(0, exc.diagnosis.failure, exc.diagnosis.detail)
         except ResponseError as exc:
             # The command's later replies (a WAIT behind a failed script) still come.
             link.owed += command.replies - 1 - len(link.partial)
@@ -448,6 +474,13 @@ class LinkSet:
                 if not link.more_ready():
                     return False
         except ResponseError as exc:
+            if command.replies == 1:
+                try:
+                    if link.resend(command, exc, now) is not None:
+                        return False  # its EVAL form is on the way: wait for that reply
+                except _Failed as failed:
+                    rnd.fail(i, failed.diagnosis.failure, failed.diagnosis.detail)
+                    return True
             # Replies of this command still to come (a WAIT behind a failed script) are owed.
             link.owed += command.replies - 1 - len(link.partial)
             link.partial = []

@@ -102,7 +102,7 @@ def fenced_write_args(
     if not isinstance(value, (bytes, str)):
         raise ConfigurationError("value", f"must be bytes or str, got {type(value).__name__}")
     # EVAL with the source, never EVALSHA: nothing to go missing after SCRIPT FLUSH or a
-    # restart, and the same cost (docs/architecture.md, "EVAL, not EVALSHA").
+    # restart (docs/architecture.md, "EVALSHA for the acquire, EVAL for the rest").
     return (_source(), 2, value_key, token_key, str(token), value)
 
 

@@ -36,6 +36,7 @@ versioned with the package, not a Redis.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from tenure._core.config import LockKeys
@@ -53,6 +54,7 @@ __all__ = [
     "handoff_lua",
     "release_lua",
     "release_wait_lua",
+    "script_call",
     "seed_lua",
 ]
 
@@ -440,18 +442,32 @@ def _items(packed: bytes) -> list[bytes]:
     return items
 
 
-def eval_packed(node: FakeNode, packed: bytes, now: int, bus: Bus | None = None) -> list[int] | int:
-    """Run a command packed by ``tenure._core.commands`` (an ``EVAL`` of acquire, seed,
-    extend or release) on the fake: KEYS and ARGV are read by position, as the scripts'
-    headers number them, so a command whose layout drifts from its script fails here."""
+def script_call(packed: bytes) -> tuple[str, list[str], list[str]]:
+    """(script name, KEYS, ARGV) of an ``EVAL`` or ``EVALSHA`` packed by
+    ``tenure._core.commands``, the script known by its body or by that body's SHA1."""
     from tenure._lua import script
 
     items = _items(packed)
-    assert items[0] == b"EVAL"
+    names = ("acquire", "seed", "extend", "release")
+    if items[0] == b"EVALSHA":
+        name = next(
+            n for n in names if hashlib.sha1(script(n).wire).hexdigest().encode() == items[1]
+        )
+    else:
+        assert items[0] == b"EVAL", items[0]
+        name = next(n for n in names if script(n).wire == items[1])
     numkeys = int(items[2])
-    keys, argv = [k.decode() for k in items[3 : 3 + numkeys]], items[3 + numkeys :]
-    args = [a.decode() for a in argv]
-    name = next(n for n in ("acquire", "seed", "extend", "release") if script(n).wire == items[1])
+    words = [x.decode() for x in items[3:]]
+    return name, words[:numkeys], words[numkeys:]
+
+
+def eval_packed(node: FakeNode, packed: bytes, now: int, bus: Bus | None = None) -> list[int] | int:
+    """Run a command packed by ``tenure._core.commands`` (an ``EVAL`` or ``EVALSHA`` of
+    acquire, seed, extend or release) on the fake: KEYS and ARGV are read by position, as
+    the scripts' headers number them, so a command whose layout drifts from its script
+    fails here."""
+    name, keys, args = script_call(packed)
+    numkeys = len(keys)
     if name == "acquire":
         lock = LockKeys(lock=keys[0], floor=keys[1], warm=keys[2])
         token, ttl, proposal, mark, mark_ms, retention = args[:6]

@@ -1,0 +1,102 @@
+"""The acquire goes by EVALSHA; a node that cannot run it is sent the EVAL form at once.
+
+A node's script cache is empty after a restart or ``SCRIPT FLUSH`` (it answers NOSCRIPT),
+and an ACL may grant ``+eval`` without ``+evalsha`` (NOPERM). Neither may cost the node
+its vote: the EVAL form goes on the same connection within the same round. A node whose
+ACL refused EVALSHA is sent EVAL from then on, not refused once per acquire.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tenure.testing import LocalCluster
+
+from .conftest import Api, holders
+
+# The commands docs/deployment.md's ACL line grants, which do not include EVALSHA.
+_WITHOUT_EVALSHA = [
+    "+eval", "+exists", "+subscribe", "+wait", "+del", "+get", "+pexpire", "+pttl",
+    "+publish", "+set", "+zadd", "+zrange", "+zrem", "+zscore",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def nodes3() -> Iterator[LocalCluster]:
+    with LocalCluster(3) as cluster:
+        yield cluster
+
+
+def _evalsha_refused(cluster: LocalCluster) -> list[int]:
+    """EVALSHA calls each node refused or failed (INFO commandstats)."""
+    counts = []
+    for node in cluster:
+        with node.client() as c:
+            stats = c.info("commandstats").get("cmdstat_evalsha", {})
+        counts.append(int(stats.get("rejected_calls", 0)) + int(stats.get("failed_calls", 0)))
+    return counts
+
+
+def _granted_everywhere(api: Api, client: Any, name: str, cluster: LocalCluster) -> None:
+    """Acquire ``name`` once, without waiting, and see every node hold it: the nodes
+    outside the first majority too, whose replies nobody awaited."""
+    lease = client.acquire(name, ttl=5.0, blocking=False)
+    api.wait_until(
+        lambda: holders(cluster, lease.key) == [lease.token.encode()] * len(cluster),
+        what="the key on every node",
+    )
+    lease.release()
+
+
+def test_a_flushed_script_cache_costs_no_vote(api: Api, nodes3: LocalCluster) -> None:
+    with LocalCluster(1) as one:
+        for cluster in (one, nodes3):
+            client = api.client(cluster.urls)
+            name = f"flushed-{uuid.uuid4().hex}"
+            client.acquire(name, ttl=2.0).release()  # the scripts are cached
+            for node in cluster:
+                with node.client() as c:
+                    c.script_flush()
+            before = _evalsha_refused(cluster)
+            # NOSCRIPT on every node: the EVAL form within the round, or, for a node
+            # that answered after the round was decided, at the next acquire.
+            client.acquire(name, ttl=2.0, blocking=False).release()
+            _granted_everywhere(api, client, name, cluster)
+            after = _evalsha_refused(cluster)
+            assert [a - b for a, b in zip(after, before, strict=True)] == [1] * len(cluster)
+            # The EVAL loaded the script again: from now on EVALSHA runs everywhere.
+            _granted_everywhere(api, client, name, cluster)
+            assert _evalsha_refused(cluster) == after
+
+
+def test_a_user_without_evalsha_is_sent_eval(api: Api, nodes3: LocalCluster) -> None:
+    user = f"u{uuid.uuid4().hex[:8]}"
+    for node in nodes3:
+        with node.client() as c:
+            c.acl_setuser(
+                user,
+                enabled=True,
+                reset=True,
+                passwords=["+pw"],
+                keys=["*"],
+                channels=["*"],
+                commands=_WITHOUT_EVALSHA,
+            )
+    try:
+        urls = [f"redis://{user}:pw@{node.host}:{node.port}" for node in nodes3]
+        client = api.client(urls)
+        before = _evalsha_refused(nodes3)
+        client.acquire(f"acl-{uuid.uuid4().hex}", ttl=2.0, blocking=False).release()
+        for _ in range(5):
+            _granted_everywhere(api, client, f"acl-{uuid.uuid4().hex}", nodes3)
+        # Refused once per node, then never tried again by this client.
+        after = _evalsha_refused(nodes3)
+        assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1]
+    finally:
+        for node in nodes3:
+            with node.client() as c:
+                c.acl_deluser(user)
