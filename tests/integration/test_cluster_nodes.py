@@ -8,11 +8,17 @@ another master serves). Each is diagnosed as the node's configuration, through t
 path every misconfigured node takes: no majority left, ``NodeMisconfigured`` at once,
 naming the node and the fix; otherwise one warning and the lock goes on without it.
 Both APIs, one body; real cluster processes (``tenure.testing.LocalRedisCluster``).
+
+The fenced Redis store (``tenure.fencing.redis_store``) is meant to work on a cluster as
+it is: its last test checks that a resource of any name keeps its two keys in one slot
+there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +26,7 @@ import redis
 
 import tenure
 from tenure._core.config import LockKeys
+from tenure.fencing.redis_store import AsyncFencedStore, FencedStore, fenced_keys
 from tenure.testing import LocalCluster, LocalRedisCluster
 
 from .conftest import Api
@@ -137,3 +144,33 @@ def test_one_cluster_node_of_three_is_logged_once_and_done_without(
     assert len(told) == 1, told
     assert cluster_node in told[0]
     _says_all(told[0])
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("resource", ["}", "}x", "}}", "{}x", "a}b", "orders:42"])
+def test_a_fenced_resource_of_any_name_is_written_on_a_cluster(
+    redis_cluster: LocalRedisCluster, resource: str, flavour: str
+) -> None:
+    resource = f"{resource}-{uuid.uuid4().hex[:8]}"
+    value_key, token_key = fenced_keys(resource)
+    slot = redis_cluster.keyslot(value_key)
+    assert redis_cluster.keyslot(token_key) == slot
+    owner = redis_cluster.slot_owner(slot)
+    if flavour == "sync":
+        with owner.client() as c:
+            store = FencedStore(c)
+            store.write(resource, 3, b"v3")
+            with pytest.raises(tenure.StaleToken):
+                store.write(resource, 2, b"v2")
+            assert store.read(resource) == (b"v3", 3)
+        return
+
+    async def go() -> tuple[bytes | None, int | None]:
+        async with redis.asyncio.Redis.from_url(owner.url) as c:
+            store = AsyncFencedStore(c)
+            await store.write(resource, 3, b"v3")
+            with pytest.raises(tenure.StaleToken):
+                await store.write(resource, 2, b"v2")
+            return await store.read(resource)
+
+    assert asyncio.run(go()) == (b"v3", 3)
