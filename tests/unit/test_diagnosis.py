@@ -312,3 +312,24 @@ def test_configuration_error_is_a_tls_certificate_error_naming_the_node() -> Non
     assert naming("h0", Failure.MISCONFIGURED, "is a read-only replica") == (
         "node h0 is a read-only replica"
     )
+
+
+def test_an_acl_hint_follows_the_clients_key_prefix() -> None:
+    # The drivers diagnose with the default prefix's hint; what a client says names its
+    # own keys and channels (the error, its node_errors, and the warning's text).
+    why = error_reply("NOPERM this user has no permissions to access one of the keys")
+    denied = diagnose(rx.ResponseError("ERR ACL failure in script: No permissions to access a key"))
+    rnd = Round(3, 2, started=0.0)
+    rnd.fail(0, why.failure, why.detail)
+    rnd.fail(1, denied.failure, denied.detail)
+    names = ["a", "b", "c"]
+    error = configuration_error(rnd, names, "app1:")
+    assert error is not None
+    texts = [str(error), *error.node_errors.values(), naming("a", why.failure, why.detail, "app1:")]
+    for text in texts:
+        assert "~app1:* and channels &app1:*" in text, text
+        assert "`tenure check --key-prefix app1:`" in text, text
+        assert "tenure:" not in text, text
+    default = configuration_error(rnd, names)
+    assert default is not None
+    assert "~tenure:* and channels &tenure:* (`tenure check` names" in str(default)
