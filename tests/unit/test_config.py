@@ -609,6 +609,13 @@ def test_key_slot_agrees_with_redis() -> None:
     assert key_slot("a{user}b") == key_slot("{user}") == key_slot("user")
 
 
+def test_a_nodes_own_keys_are_in_two_slots() -> None:
+    # What docs/errors.md says: every acquire touches both, so a Redis Cluster node listed
+    # as a plain node answers CROSSSLOT whatever the lock name, never granting a name by
+    # an accident of slots.
+    assert (key_slot(NODE_FLOOR), key_slot(NODE_WARM)) == (9106, 5942)
+
+
 # Names rich in braces, ``:`` and ``#``, where tags and prefixes could go wrong.
 BRACY = st.text(alphabet="{}:#qa", min_size=1, max_size=8)
 NAMES = st.one_of(st.text(min_size=1), BRACY)
