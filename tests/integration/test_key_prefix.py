@@ -9,6 +9,7 @@ import contextlib
 import io
 import itertools
 import json
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -136,6 +137,30 @@ def test_a_user_confined_to_a_prefix_locks_under_it(
         # The default prefix's keys are outside the user's pattern.
         with pytest.raises(tenure.NodeMisconfigured):
             api.client(urls[:3]).acquire(key, ttl=TTL, blocking=False)
+
+
+def test_an_acl_refusal_names_the_clients_prefix(
+    api: Api, shared5: LocalCluster, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A user confined to the default prefix, and clients of another: the fix they are
+    # told names their own keys and channels, and how to check them.
+    says = ("~app4:*", "&app4:*", "`tenure check --key-prefix app4:`")
+    with _confined_user(shared5, "tenure:") as urls:
+        # One such node of three: logged once, and the other two lock.
+        api.client(shared5.urls[1:3], key_prefix="app4:", allow_even=True).acquire(
+            key, ttl=TTL
+        ).release()  # the prefix's history on those two
+        with caplog.at_level(logging.WARNING, logger="tenure"):
+            client = api.client([urls[0], *shared5.urls[1:3]], key_prefix="app4:")
+            client.acquire(key, ttl=TTL).release()
+        [told] = [r.getMessage() for r in caplog.records if r.name == "tenure"]
+        # All three: no majority, raised at once.
+        with pytest.raises(tenure.ServerUnsupported) as info:
+            api.client(urls[:3], key_prefix="app4:").acquire(key, ttl=TTL)
+        for text in (told, str(info.value)):
+            for words in says:
+                assert words in text, text
+            assert "~tenure:*" not in text, text
 
 
 def test_tenure_check_and_status_follow_the_prefix(shared5: LocalCluster, key: str) -> None:

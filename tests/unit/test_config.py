@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import tenure
 from tenure import ConfigurationError
 from tenure._core.config import (
     NODE_FLOOR,
@@ -153,6 +154,43 @@ def test_malformed_urls_are_refused(url: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         parse_node_url(url, "nodes[3]")
     assert info.value.parameter == "nodes[3]"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown", "says"),
+    [
+        ("redis+sentinel://:s3cret@10.0.0.1:26379,10.0.0.2:26379/locks/0",
+         "redis+sentinel://:***@10.0.0.1:26379,10.0.0.2:26379/locks/0",
+         ["Sentinel-managed master", "the current master's address", "'redis://host:port'",
+          "failover", "data loss", "tenure verify"]),
+        ("rediss+sentinel://app:p%40ss@s1:26379/locks", "rediss+sentinel://app:***@s1:26379/locks",
+         ["Sentinel-managed master", "the current master's address"]),
+        ("redis+cluster://h1:6379,h2:6379", "redis+cluster://h1:6379,h2:6379",
+         ["whole Redis Cluster as one node", "independent masters", "not in cluster mode"]),
+        ("REDISS+CLUSTER://app:pw@h1:6379", "REDISS+CLUSTER://app:***@h1:6379",
+         ["whole Redis Cluster as one node", "independent masters"]),
+    ],
+)  # fmt: skip
+def test_sentinel_and_cluster_urls_are_refused_as_planned(
+    url: str, shown: str, says: list[str]
+) -> None:
+    # Refused by what they are, not as a malformed URL (a list of hosts has no port), and
+    # without the password.
+    for refuse in (
+        lambda: parse_node_url(url, "nodes[1]"),
+        lambda: tenure.Client(["redis://a", url, "redis://c"]),
+        lambda: tenure.AsyncClient(["redis://a", url, "redis://c"]),
+    ):
+        with pytest.raises(ConfigurationError) as info:
+            refuse()
+        message = str(info.value)
+        assert info.value.parameter == "nodes[1]"
+        assert f"URL {shown!r}" in message
+        assert "planned (docs/cluster-and-sentinel.md), not supported yet" in message
+        for words in says:
+            assert words in message, message
+        for secret in ("s3cret", ":pw@", "p%40ss"):
+            assert secret not in message
 
 
 @pytest.mark.parametrize("url", [None, 6379, b"redis://h", ["redis://h"], 1.5])
@@ -569,6 +607,13 @@ def test_key_slot_agrees_with_redis() -> None:
     assert key_slot("somekey") == 11058
     assert key_slot("{}somekey") != key_slot("{}otherkey")
     assert key_slot("a{user}b") == key_slot("{user}") == key_slot("user")
+
+
+def test_a_nodes_own_keys_are_in_two_slots() -> None:
+    # What docs/errors.md says: every acquire touches both, so a Redis Cluster node listed
+    # as a plain node answers CROSSSLOT whatever the lock name, never granting a name by
+    # an accident of slots.
+    assert (key_slot(NODE_FLOOR), key_slot(NODE_WARM)) == (9106, 5942)
 
 
 # Names rich in braces, ``:`` and ``#``, where tags and prefixes could go wrong.

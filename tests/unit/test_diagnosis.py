@@ -30,6 +30,22 @@ WRAPPED_READONLY = (
 )
 
 
+# What a Redis Cluster node listed as a plain node answers, and what tenure says of it.
+CLUSTER_REPLIES = [
+    "MOVED 3999 127.0.0.1:6381",
+    "ASK 3999 127.0.0.1:6381",
+    "TRYAGAIN Multiple keys request during rehashing of slot",
+    "CLUSTERDOWN Hash slot not served",
+    "CROSSSLOT Keys in request don't hash to the same slot",
+]
+CLUSTER_SAYS = [
+    "is a Redis Cluster node (cluster mode",
+    "does not route lock names by slot on a cluster node yet",
+    "independent masters that are not in cluster mode",
+    "docs/cluster-and-sentinel.md",
+]
+
+
 @pytest.mark.parametrize(
     ("text", "failure", "says"),
     [
@@ -51,8 +67,12 @@ WRAPPED_READONLY = (
         ("ERR Error running script (call to f_ab): @user_script:1: @user_script: 1: The user "
          "executing the script can't run this command or subcommand", Failure.UNSUPPORTED,
          ["ACL: The user executing the script can't run this command"]),
-        ("ERR unknown command 'EVAL'", Failure.UNSUPPORTED, ["Redis 6.2"]),
-        ("MOVED 3999 127.0.0.1:6381", Failure.MISCONFIGURED, ["Redis Cluster", "independent"]),
+        ("ERR unknown command 'EVAL'", Failure.UNSUPPORTED,
+         ["Redis >= 6.2 or Valkey >= 7.2", "Lua scripting"]),
+        *[
+            (reply, Failure.MISCONFIGURED, [f"it answered {reply}", *CLUSTER_SAYS])
+            for reply in CLUSTER_REPLIES
+        ],
         ("ERR DB index is out of range", Failure.MISCONFIGURED, ["/db"]),
         ("LOADING Redis is loading the dataset in memory", Failure.ERROR, ["LOADING"]),
         ("BUSY Redis is busy running a script", Failure.ERROR, ["BUSY"]),
@@ -91,6 +111,15 @@ def test_long_replies_are_quoted_short() -> None:
         (rx.NoPermissionError("this user has no permissions to access one of the keys"),
          Failure.UNSUPPORTED, "NOPERM this user"),
         (rx.ResponseError("ERR something else"), Failure.ERROR, "ERR something else"),
+        # The cluster replies redis-py maps to classes, code stripped: put back too.
+        (rx.MovedError("3999 127.0.0.1:6381"), Failure.MISCONFIGURED, "answered MOVED 3999"),
+        (rx.AskError("3999 127.0.0.1:6381"), Failure.MISCONFIGURED, "answered ASK 3999"),
+        (rx.TryAgainError("Multiple keys request during rehashing of slot"),
+         Failure.MISCONFIGURED, "answered TRYAGAIN Multiple keys"),
+        (rx.ClusterDownError("The cluster is down"), Failure.MISCONFIGURED,
+         "answered CLUSTERDOWN The cluster is down"),
+        (rx.ClusterCrossSlotError("Keys in request don't hash to the same slot"),
+         Failure.MISCONFIGURED, "answered CROSSSLOT Keys"),
         (rx.ConnectionError("Connection refused."), Failure.UNREACHABLE, "refused"),
         (rx.TimeoutError("Timeout reading from socket"), Failure.UNREACHABLE, "Timeout"),
         (ConnectionResetError(104, "reset"), Failure.UNREACHABLE, "reset"),
@@ -283,3 +312,24 @@ def test_configuration_error_is_a_tls_certificate_error_naming_the_node() -> Non
     assert naming("h0", Failure.MISCONFIGURED, "is a read-only replica") == (
         "node h0 is a read-only replica"
     )
+
+
+def test_an_acl_hint_follows_the_clients_key_prefix() -> None:
+    # The drivers diagnose with the default prefix's hint; what a client says names its
+    # own keys and channels (the error, its node_errors, and the warning's text).
+    why = error_reply("NOPERM this user has no permissions to access one of the keys")
+    denied = diagnose(rx.ResponseError("ERR ACL failure in script: No permissions to access a key"))
+    rnd = Round(3, 2, started=0.0)
+    rnd.fail(0, why.failure, why.detail)
+    rnd.fail(1, denied.failure, denied.detail)
+    names = ["a", "b", "c"]
+    error = configuration_error(rnd, names, "app1:")
+    assert error is not None
+    texts = [str(error), *error.node_errors.values(), naming("a", why.failure, why.detail, "app1:")]
+    for text in texts:
+        assert "~app1:* and channels &app1:*" in text, text
+        assert "`tenure check --key-prefix app1:`" in text, text
+        assert "tenure:" not in text, text
+    default = configuration_error(rnd, names)
+    assert default is not None
+    assert "~tenure:* and channels &tenure:* (`tenure check` names" in str(default)

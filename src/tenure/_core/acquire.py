@@ -62,7 +62,7 @@ import random
 from dataclasses import dataclass, field
 
 from .._errors import LockError, NodeMisconfigured, QuorumUnreachable
-from .config import LockSpec, WaitMode
+from .config import DEFAULT_KEY_PREFIX, LockSpec, WaitMode
 from .diagnosis import configuration_error
 from .policy import RetryPolicy
 from .quorum import Round
@@ -182,10 +182,12 @@ def cleanup_to_await(step: Retry | Wait | GiveUp, rnd: Round) -> frozenset[int]:
     return rnd.answered_or_silent(step.cleanup)
 
 
-def refused_by(rnd: Round, names: list[str]) -> NodeMisconfigured | None:
+def refused_by(
+    rnd: Round, names: list[str], prefix: str = DEFAULT_KEY_PREFIX
+) -> NodeMisconfigured | None:
     """The error to raise if a node failed for its configuration (ACL, read-only replica,
-    credentials, not Redis; see ``diagnosis``)."""
-    return configuration_error(rnd, names)
+    credentials, not Redis; see ``diagnosis``), said to a client with key ``prefix``."""
+    return configuration_error(rnd, names, prefix)
 
 
 def round_errors(rnd: Round, names: list[str] | None = None) -> dict[str, str]:
@@ -210,6 +212,7 @@ class Acquisition:
         max_ttl_ms: how long a node that lost its data is kept out.
         floor: the lowest token the client may propose (above any it has seen).
         recheck: the fallback bound of a notified wait (0: no notifications, back off).
+        key_prefix: the client's, for the fixes its errors suggest (an ACL's key pattern).
     """
 
     def __init__(
@@ -225,8 +228,10 @@ class Acquisition:
         max_ttl_ms: int,
         floor: int = 1,
         recheck: float = 0.0,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
     ) -> None:
         self.spec = spec
+        self._key_prefix = key_prefix
         self._retry = retry
         self._rng = rng
         self._blocking = blocking
@@ -477,7 +482,7 @@ class Acquisition:
 
     def _unreachable(self, rnd: Round) -> LockError | NodeMisconfigured:
         errors = round_errors(rnd, self._names)
-        refused = refused_by(rnd, self._names)
+        refused = refused_by(rnd, self._names, self._key_prefix)
         if refused is not None:
             return refused
         failed = len(rnd.failures())

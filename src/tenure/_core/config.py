@@ -80,10 +80,61 @@ def _finite(parameter: str, value: object) -> float:
     return float(value)
 
 
+# Node kinds that are planned (docs/cluster-and-sentinel.md) but not built, by scheme, and
+# what to do meanwhile.
+_PLANNED = {
+    "sentinel": (
+        "a Sentinel-managed master",
+        "pass the current master's address as a plain node ('redis://host:port'; "
+        "SENTINEL GET-MASTER-ADDR-BY-NAME <service> gives it), knowing that a failover "
+        "then moves the service to a replica that may lack the last grants: a data loss, "
+        "under which two clients can hold the lock at once, as the failover scenario of "
+        "`tenure verify` shows (docs/safety.md). Better, pass independent masters",
+    ),
+    "cluster": (
+        "a whole Redis Cluster as one node",
+        "pass independent masters that are not in cluster mode ('redis://host:port', "
+        "an odd number of at least 3 for a quorum)",
+    ),
+}
+
+
+def _redacted(url: str) -> str:
+    """``url`` with the password of its user part, if any, replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    end = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    at = rest.rfind("@", 0, end)
+    if not sep or at < 0:
+        return url
+    user, colon, _ = rest[:at].partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}{rest[at:]}"
+
+
+def _refuse_planned(url: str, parameter: str) -> None:
+    """Refuse a ``redis+sentinel://`` or ``redis+cluster://`` URL (``rediss+`` too)."""
+    scheme = url.partition("://")[0].lower()
+    base, plus, kind = scheme.partition("+")
+    if not plus or base not in ("redis", "rediss") or kind not in _PLANNED:
+        return
+    what, meanwhile = _PLANNED[kind]
+    raise ConfigurationError(
+        parameter,
+        f"URL {_redacted(url)!r} names {what} ({scheme}://): planned "
+        f"(docs/cluster-and-sentinel.md), not supported yet. Meanwhile {meanwhile}",
+    )
+
+
 def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
-    """Parse ``redis://[user:pass@]host[:port][/db]``, ``rediss://...`` or ``unix:///path[?db=N]``."""
+    """Parse ``redis://[user:pass@]host[:port][/db]``, ``rediss://...`` or ``unix:///path[?db=N]``.
+
+    Raises:
+        ConfigurationError: naming ``parameter``: not such a URL; a ``redis+sentinel://``
+            or ``redis+cluster://`` URL (``rediss+`` too), node kinds not built yet.
+    """
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError(parameter, f"must be a non-empty URL string, got {url!r}")
+    # Before the URL is split: a list of hosts has no port urlsplit could read.
+    _refuse_planned(url.strip(), parameter)
     try:
         parts = urlsplit(url)
         port = parts.port  # raises ValueError when out of 0..65535 or not a number
@@ -93,7 +144,8 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
     if scheme not in SCHEMES:
         raise ConfigurationError(
             parameter,
-            f"URL {url!r} has scheme {parts.scheme!r}; accepted: redis://, rediss://, unix://",
+            f"URL {_redacted(url)!r} has scheme {parts.scheme!r}; accepted: redis://, "
+            "rediss://, unix://",
         )
     db_text = parse_qs(parts.query).get("db", [""])[0]
     if scheme == "unix":

@@ -21,14 +21,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .._errors import NodeMisconfigured, ServerUnsupported, TLSCertificateError
+from .config import DEFAULT_KEY_PREFIX
 from .quorum import Failure, Round
 
 __all__ = [
+    "ACL_HINT",
     "BackingOff",
     "Diagnosis",
+    "acl_hint",
     "certificate_rejected",
+    "cluster_node",
     "configuration_error",
     "error_reply",
+    "for_prefix",
     "naming",
     "not_redis",
 ]
@@ -37,11 +42,30 @@ __all__ = [
 # kilobytes; the first few bytes say what it is).
 _QUOTE = 80
 
-# An ACL user tenure can lock with, for the messages below.
-ACL_HINT = (
-    "give its ACL user EVAL, EXISTS, WAIT, SUBSCRIBE and the commands tenure's scripts "
-    "call, on keys ~tenure:* and channels &tenure:* (`tenure check` names what is refused)"
-)
+
+def acl_hint(prefix: str = DEFAULT_KEY_PREFIX) -> str:
+    """What to grant an ACL user so that clients with key prefix ``prefix`` can lock."""
+    check = "tenure check"
+    if prefix != DEFAULT_KEY_PREFIX:
+        check += f" --key-prefix {prefix}"
+    return (
+        "give its ACL user EVAL, EXISTS, WAIT, SUBSCRIBE and the commands tenure's scripts "
+        f"call, on keys ~{prefix}* and channels &{prefix}* (`{check}` names what is refused)"
+    )
+
+
+# The hint under the default prefix. The drivers diagnose a node's reply without knowing
+# the client's prefix (a reply is the node's, not the client's), so a diagnosis carries
+# this one; ``for_prefix`` turns it into the client's where a message is made for people.
+ACL_HINT = acl_hint()
+
+
+def for_prefix(detail: str, prefix: str) -> str:
+    """``detail`` as said to a client whose key prefix is ``prefix``: an ACL hint in it
+    names that prefix's keys and channels rather than the default's."""
+    if prefix == DEFAULT_KEY_PREFIX or ACL_HINT not in detail:
+        return detail
+    return detail.replace(ACL_HINT, acl_hint(prefix))
 
 
 @dataclass(frozen=True)
@@ -157,17 +181,35 @@ def error_reply(text: str) -> Diagnosis:
     if "unknown command" in lower:
         return Diagnosis(
             Failure.UNSUPPORTED,
-            f"refused a command tenure needs ({said}): tenure needs Redis 6.2 or later with "
-            "Lua scripting",
+            f"refused a command tenure needs ({said}): tenure needs Redis >= 6.2 or Valkey "
+            ">= 7.2, with Lua scripting",
         )
-    if upper.startswith(("MOVED", "ASK ", "CROSSSLOT", "CLUSTERDOWN")):
-        return _misconfigured(
-            f"is a Redis Cluster node ({said}): tenure needs independent masters; list "
-            "standalone Redis servers instead"
-        )
+    if _essence(text).upper().startswith(_CLUSTER_CODES):
+        return cluster_node(said)
     if "db index is out of range" in lower or "invalid db index" in lower:
         return _misconfigured(f"has no such database ({said}): check the /db part of the node URL")
     return Diagnosis(Failure.ERROR, said)
+
+
+# The replies only a server in cluster mode gives: a key's slot served elsewhere (MOVED),
+# a slot being migrated (ASK, TRYAGAIN), a cluster without a majority of its masters or
+# with slots unserved (CLUSTERDOWN), and one command's keys in different slots (CROSSSLOT:
+# what nearly every acquire meets, since a node's floor and a lock's keys hash apart).
+_CLUSTER_CODES = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "CROSSSLOT")
+
+
+def cluster_node(said: str) -> Diagnosis:
+    """A node listed as a plain one that is a Redis Cluster node (``said``: its reply).
+
+    A configuration failure, not an outage: the node answers the same for a lock name
+    until the node list changes, whichever way the slots move.
+    """
+    return _misconfigured(
+        f"is a Redis Cluster node (cluster mode; it answered {said}): tenure does not route "
+        "lock names by slot on a cluster node yet, so it cannot lock there. List "
+        "independent masters that are not in cluster mode (redis://host:port) instead; "
+        "Redis Cluster as one lock node is planned (docs/cluster-and-sentinel.md)"
+    )
 
 
 def not_redis(what: str) -> Diagnosis:
@@ -219,26 +261,31 @@ _ERRORS: dict[Failure, type[NodeMisconfigured]] = {
 }
 
 
-def naming(node: str, failure: Failure, detail: str) -> str:
+def naming(node: str, failure: Failure, detail: str, prefix: str = DEFAULT_KEY_PREFIX) -> str:
     """A configuration failure's ``detail`` said of ``node``, as its error would say it:
-    "node X is a read-only replica: ...", "node X: its TLS certificate ..."."""
-    return str(_ERRORS.get(failure, NodeMisconfigured)(node, detail))
+    "node X is a read-only replica: ...", "node X: its TLS certificate ...", to a client
+    whose key prefix is ``prefix``."""
+    return str(_ERRORS.get(failure, NodeMisconfigured)(node, for_prefix(detail, prefix)))
 
 
-def configuration_error(rnd: Round, names: list[str]) -> NodeMisconfigured | None:
+def configuration_error(
+    rnd: Round, names: list[str], prefix: str = DEFAULT_KEY_PREFIX
+) -> NodeMisconfigured | None:
     """The error naming the first node of ``rnd`` that failed for its configuration.
 
     ``ServerUnsupported`` for a refused command (ACL, too old), ``TLSCertificateError``
     for a certificate that failed verification, ``NodeMisconfigured`` for the rest; each
-    carries every failed node's message.
+    carries every failed node's message, said to a client whose key prefix is ``prefix``.
     """
     failures = rnd.failures()
     for i, r in failures.items():
         if r.failure is not None and r.failure.configuration:
             errors = {
-                names[j]: f"{f.failure.value}: {f.detail}" if f.failure else f.detail
+                names[j]: for_prefix(
+                    f"{f.failure.value}: {f.detail}" if f.failure else f.detail, prefix
+                )
                 for j, f in failures.items()
             }
             kind = _ERRORS.get(r.failure, NodeMisconfigured)
-            return kind(names[i], r.detail, errors, parameter=f"nodes[{i}]")
+            return kind(names[i], for_prefix(r.detail, prefix), errors, parameter=f"nodes[{i}]")
     return None

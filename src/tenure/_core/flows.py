@@ -356,6 +356,7 @@ class Flows:
             max_ttl_ms=self.config.max_ttl_ms,
             floor=self.fence_floor,
             recheck=self.config.recheck,
+            key_prefix=self.config.key_prefix,
         )
 
     def _attempts(
@@ -523,7 +524,7 @@ class Flows:
         now = self.clock()
         rnd = Round(self.n, self.config.quorum, now)
         yield Run(commands.exists(spec.key), rnd, now + self.config.node_timeout)
-        return conclude_locked(rnd, self.names)
+        return conclude_locked(rnd, self.names, self.config.key_prefix)
 
     # --- the watchdog -------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from .._errors import LeaseExpired, LeaseLost, ServerUnsupported
 from .._lua import script
 from .acquire import LeaseState, round_errors
-from .config import LockSpec
+from .config import DEFAULT_KEY_PREFIX, LockSpec
 from .diagnosis import configuration_error
 from .quorum import Failure, Round
 
@@ -130,7 +130,7 @@ def _script_command(name: str, error: str) -> str:
     return called[0].decode().upper() if len(called) == 1 else "a command"
 
 
-def conclude_locked(rnd: Round, names: list[str]) -> bool:
+def conclude_locked(rnd: Round, names: list[str], prefix: str = DEFAULT_KEY_PREFIX) -> bool:
     """``Lock.locked()``: whether a majority of nodes hold the lock key (for anyone).
 
     Raises:
@@ -138,7 +138,7 @@ def conclude_locked(rnd: Round, names: list[str]) -> bool:
             the answer would say nothing about the lock.
     """
     if rnd.misconfigured_blocks_quorum():
-        error = configuration_error(rnd, names)
+        error = configuration_error(rnd, names, prefix)
         assert error is not None
         raise error
     return rnd.succeeded

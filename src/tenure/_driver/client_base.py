@@ -99,7 +99,7 @@ class ClientBase:
             connection_options, self.config.nodes, self.config.node_timeout, asyncio=self._ASYNCIO
         )
         self.node_names = [a.display for a in self.config.nodes]
-        self._reporter = NodeReporter(self.node_names)
+        self._reporter = NodeReporter(self.node_names, self.config.key_prefix)
         self._specs = SpecCache(self.config)
         # Every operation is a flow of the core (``_core.flows``); the driver carries out
         # what it yields.

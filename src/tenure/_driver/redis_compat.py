@@ -130,6 +130,7 @@ _CODES: tuple[tuple[type[Exception], str], ...] = (
     (rx.AskError, "ASK"),
     (rx.ClusterCrossSlotError, "CROSSSLOT"),
     (rx.ClusterDownError, "CLUSTERDOWN"),
+    (rx.TryAgainError, "TRYAGAIN"),
     (rx.BusyLoadingError, "LOADING"),
     (rx.OutOfMemoryError, "OOM"),
 )

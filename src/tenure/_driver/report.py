@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from .._core.config import DEFAULT_KEY_PREFIX
 from .._core.diagnosis import naming
 from .._core.quorum import Failure, Round
 
@@ -23,10 +24,11 @@ log = logging.getLogger("tenure")
 class NodeReporter:
     """Logs each misconfigured node of one client once (per node and kind of failure)."""
 
-    __slots__ = ("_names", "_told")
+    __slots__ = ("_names", "_prefix", "_told")
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str], prefix: str = DEFAULT_KEY_PREFIX) -> None:
         self._names = list(names)
+        self._prefix = prefix  # the client's key prefix, for an ACL fix
         self._told: set[tuple[int, Failure]] = set()
 
     def round(self, rnd: Round) -> None:
@@ -44,5 +46,5 @@ class NodeReporter:
         self._told.add(key)
         log.warning(
             "%s; until it is fixed, locks need a majority of the other nodes",
-            naming(self._names[node], failure, detail),
+            naming(self._names[node], failure, detail, self._prefix),
         )

@@ -22,8 +22,9 @@ token it has accepted, and:
 Check and write are one Lua script (``fenced_write.lua``), so no other write can land
 between them. The value and the token live in two keys that share a ``{resource}`` hash
 tag, ``<namespace>:{<resource>}:value`` and ``<namespace>:{<resource>}:token``, so the
-script also works on Redis Cluster. The Redis here is any Redis the application stores
-data in; it need not be one of the lock's nodes.
+script also works on Redis Cluster (a resource whose tag would be empty, one starting
+with ``}``, takes a tag of its own: ``fenced_keys``). The Redis here is any Redis the
+application stores data in; it need not be one of the lock's nodes.
 
 Assumptions: the token key is only written by this module, and this Redis keeps its data
 (a store that forgets the highest token it saw, e.g. restarted without persistence,
@@ -36,6 +37,7 @@ their I/O: the commands are built and their replies read by the same functions.
 
 from __future__ import annotations
 
+import hashlib
 from functools import cache
 from typing import Any
 
@@ -58,7 +60,20 @@ MAX_TOKEN = 2**53
 
 
 def fenced_keys(resource: str, namespace: str = "tenure") -> tuple[str, str]:
-    """The Redis keys of a fenced resource: ``(value key, token key)``.
+    """The Redis keys of a fenced resource: ``(value key, token key)``, in one Redis
+    Cluster hash slot whatever the resource and namespace.
+
+    Usually ``<namespace>:{<resource>}:value`` and ``...:token``: Redis Cluster hashes
+    the text between a key's first ``{`` and the next ``}``, which that prefix closes,
+    so both keys hash alike. Unless that text is empty (a resource starting with ``}``):
+    then each key would hash whole, into different slots, and the script could not run
+    on a cluster. Such a resource takes ``<namespace>:#{<digest>}:<resource>`` instead,
+    as lock names do (``LockKeys``): the digest of the resource is the tag, the ``#``
+    keeps these keys apart from every ordinary resource's, and the resource in full
+    keeps them apart from each other. A namespace whose own first braces are empty
+    (``"x{}"``) leaves every resource's tag empty; its keys take the tag at the front,
+    ``#{<digest>}:<namespace>:<resource>``. Every other key is what it always was, so
+    data written before stays readable.
 
     Raises:
         ConfigurationError: (``resource``, ``namespace``) not a non-empty string.
@@ -66,7 +81,25 @@ def fenced_keys(resource: str, namespace: str = "tenure") -> tuple[str, str]:
     _check_name("resource", resource)
     _check_name("namespace", namespace)
     prefix = f"{namespace}:{{{resource}}}"
+    if not _hash_tag(prefix):
+        prefix = f"{namespace}:#{{{_digest(resource)}}}:{resource}"
+        if not _hash_tag(prefix):
+            prefix = f"#{{{_digest(namespace, resource)}}}:{namespace}:{resource}"
     return f"{prefix}:value", f"{prefix}:token"
+
+
+def _hash_tag(key: str) -> str:
+    """What Redis Cluster hashes of a key starting with ``key``, if it is decided there:
+    the text between the first ``{`` and the next ``}`` ("" if none or empty)."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return key[start + 1 : end] if end > start + 1 else ""
+
+
+def _digest(*parts: str) -> str:
+    """A tag spread over the slots like names are, never empty, never holding a brace."""
+    data = b"\0".join(p.encode("utf-8", "surrogatepass") for p in parts)
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 def _check_name(parameter: str, name: object) -> None:
