@@ -6,20 +6,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tenure._async.protocol import HiredisReader
 from tenure._core.resp import ErrorReply, ReplyReader
+
+# The pure-Python reader, and hiredis's doing the same work (the one used when installed).
+READERS = [ReplyReader, HiredisReader]
 
 STREAM = b"+OK\r\n:1\r\n:-2\r\n$3\r\nabc\r\n$-1\r\n$0\r\n\r\n*2\r\n:-2\r\n:17\r\n-ERR no\r\n*-1\r\n"
 VALUES: list[object] = [b"OK", 1, -2, b"abc", None, b"", [-2, 17], ErrorReply("ERR no"), None]
 
 
-def test_whole_stream_at_once() -> None:
-    assert ReplyReader().feed(STREAM) == VALUES
+@pytest.mark.parametrize("reader", READERS)
+def test_whole_stream_at_once(reader: type[ReplyReader]) -> None:
+    assert reader().feed(STREAM) == VALUES
 
 
 @settings(max_examples=200, derandomize=True, database=None)
-@given(cuts=st.lists(st.integers(0, len(STREAM)), max_size=12))
-def test_any_split_gives_the_same_replies(cuts: list[int]) -> None:
-    reader = ReplyReader()
+@given(cuts=st.lists(st.integers(0, len(STREAM)), max_size=12), make=st.sampled_from(READERS))
+def test_any_split_gives_the_same_replies(cuts: list[int], make: type[ReplyReader]) -> None:
+    reader = make()
     out: list[object] = []
     last = 0
     for cut in [*sorted(cuts), len(STREAM)]:
@@ -28,14 +33,22 @@ def test_any_split_gives_the_same_replies(cuts: list[int]) -> None:
     assert out == VALUES
 
 
-def test_byte_by_byte() -> None:
-    reader = ReplyReader()
+@pytest.mark.parametrize("make", READERS)
+def test_byte_by_byte(make: type[ReplyReader]) -> None:
+    reader = make()
     out: list[object] = []
     for i in range(len(STREAM)):
         out += reader.feed(STREAM[i : i + 1])
     assert out == VALUES
 
 
-def test_garbage_is_an_error() -> None:
+@pytest.mark.parametrize("reader", READERS)
+def test_garbage_is_an_error(reader: type[ReplyReader]) -> None:
     with pytest.raises(ValueError, match="not a RESP2 reply"):
-        ReplyReader().feed(b"?what\r\n")
+        reader().feed(b"?what\r\n")
+
+
+def test_the_protocol_reads_with_hiredis_when_installed() -> None:
+    from tenure._async import protocol
+
+    assert isinstance(protocol.reply_reader(), HiredisReader)
