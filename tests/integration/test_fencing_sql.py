@@ -1,7 +1,7 @@
 """Fenced SQL writes on real databases: SQLite (a file) and PostgreSQL (embedded).
 
 Every behavioural test runs on both, through the ``engine`` fixture. PostgreSQL is started
-once per session on a unix socket in a temporary directory (``tests/integration/pg.py``)
+once per session on a unix socket in a temporary directory (``tenure.testing._postgres``)
 and stopped at the end; tables are created and dropped around each test.
 """
 
@@ -18,8 +18,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from tenure import ConfigurationError, StaleToken
 from tenure.fencing.sql import MAX_SQL_TOKEN, FencedMixin, fence, fenced_execute, fenced_update
-
-from .pg import EmbeddedPostgres
+from tenure.testing._postgres import EmbeddedPostgres
 
 THREADS = 8
 WRITES = 200  # tokens 1..WRITES, shuffled and dealt to the threads

@@ -11,7 +11,7 @@ what the library says about it.
   finds the record). Which points give exactly-once and which give at-least-once is the
   difference between the Redis single-MULTI mode and an effect outside Redis, as the
   module docstring of ``tenure.patterns.idempotency`` says; the tests pin it down.
-* SQL: the same on SQLite (a file) and PostgreSQL (embedded, ``tests/integration/pg.py``).
+* SQL: the same on SQLite (a file) and PostgreSQL (embedded, ``tenure.testing._postgres``).
 
 No test orders events with ``time.sleep``: workers report each point they reach on a
 pipe, and a waiting duplicate is observed through its poll policy.
@@ -67,8 +67,7 @@ from tenure.patterns import (
     idempotent,
 )
 from tenure.testing import LocalCluster
-
-from .pg import EmbeddedPostgres
+from tenure.testing._postgres import EmbeddedPostgres
 
 K = 6
 LEASE = 0.5  # seconds: short, so a takeover after a crash costs little test time

@@ -11,6 +11,7 @@ import itertools
 import json
 import logging
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -101,16 +102,22 @@ def _confined_user(cluster: LocalCluster, prefix: str) -> Iterator[list[str]]:
     """An ACL user with exactly what docs/deployment.md grants clients of ``prefix``;
     yields URLs logging in as it."""
     name = f"tenure-prefix-{next(_USERS)}"
-    rules = _acl.least_privilege_acl(name, "pw", prefix=prefix).split()[3:]
-    for node in cluster:
-        with node.client() as c:
-            c.execute_command("ACL", "SETUSER", name, *rules)
+    _confine(cluster, name, prefix)
     try:
         yield [f"redis://{name}:pw@{node.host}:{node.port}" for node in cluster]
     finally:
         for node in cluster:
             with node.client() as c:
                 c.acl_deluser(name)
+
+
+def _confine(cluster: LocalCluster, name: str, prefix: str) -> None:
+    """Set ACL user ``name`` to what clients of ``prefix`` need, on every node (its
+    connections already logged in are held to it from their next command)."""
+    rules = _acl.least_privilege_acl(name, "pw", prefix=prefix).split()[3:]
+    for node in cluster:
+        with node.client() as c:
+            c.execute_command("ACL", "SETUSER", name, *rules)
 
 
 def _acl_finding(urls: list[str], *prefix: str) -> dict[str, str]:
@@ -180,3 +187,43 @@ def test_tenure_check_and_status_follow_the_prefix(shared5: LocalCluster, key: s
             assert status(key, shared5.urls[:1], out=lines) == 0
             assert "free  token=-" in lines.getvalue()
             lease.release()
+
+
+def _says_the_prefix(text: str, prefix: str) -> None:
+    for words in (f"~{prefix}*", f"&{prefix}*", f"`tenure check --key-prefix {prefix}`"):
+        assert words in text, text
+    assert "~tenure:*" not in text, text
+    assert "`tenure check`" not in text, text
+
+
+def test_a_refused_extend_and_release_name_the_clients_prefix(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    # Leases taken while the user may use app5:'s keys, then the user confined to the
+    # default prefix's: the extend is refused on every node (LeaseLost, each node's
+    # message in it) and so is the release (ServerUnsupported); both name app5:'s fix.
+    with _confined_user(shared5, "app5:") as urls:
+        client = api.client(urls[:3], key_prefix="app5:")
+        extended, released = client.acquire(key, ttl=TTL), client.acquire(key + "-2", ttl=TTL)
+        _confine(shared5, urlsplit(urls[0]).username or "", "tenure:")
+        with pytest.raises(tenure.LeaseLost) as lost:
+            extended.extend()
+        assert len(lost.value.node_errors) >= 2, lost.value  # decided at 2 of 3 refusals
+        for text in (str(lost.value), *lost.value.node_errors.values()):
+            _says_the_prefix(text, "app5:")
+        with pytest.raises(tenure.ServerUnsupported) as refused:
+            released.release()
+        _says_the_prefix(str(refused.value), "app5:")
+
+
+def test_tenure_status_names_the_prefixs_acl_fix(shared5: LocalCluster, key: str) -> None:
+    # A user confined to the default prefix, asked about app7:'s lock: each node's line
+    # says what app7:'s clients need, not what the default prefix's would.
+    with _confined_user(shared5, "tenure:") as urls:
+        lines = io.StringIO()
+        assert status(key, urls[:3], key_prefix="app7:", out=lines, err=io.StringIO()) != 0
+        told = lines.getvalue().splitlines()
+        assert len(told) == 3, told
+        for line in told:
+            assert "unsupported: refused by ACL" in line, line
+            _says_the_prefix(line, "app7:")

@@ -2,7 +2,7 @@
 
 Redis behaviour runs through both drivers (``optimistic`` and ``aoptimistic``) with one
 test body (the ``run`` fixture). SQL behaviour runs on SQLite (a file) and PostgreSQL
-(embedded, ``tests/integration/pg.py``) through the ``sql_url`` fixture.
+(embedded, ``tenure.testing._postgres``) through the ``sql_url`` fixture.
 
 The contention tests run K processes (forkserver, started once per module) that each,
 many times, increment one counter and try to sell one unit of a limited stock, all
@@ -56,8 +56,7 @@ from tenure.patterns import (
     versioned_update,
 )
 from tenure.testing import LocalCluster
-
-from .pg import EmbeddedPostgres
+from tenure.testing._postgres import EmbeddedPostgres
 
 K = 6  # processes
 ROUNDS = 30  # per process: one increment and one sale attempt each

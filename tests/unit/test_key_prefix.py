@@ -12,7 +12,17 @@ from hypothesis import strategies as st
 
 import tenure
 from tenure import ConfigurationError
-from tenure._core.config import ClientConfig, LockKeys, LockSpec, check_key_prefix, lock_key
+from tenure._core.acquire import round_errors
+from tenure._core.config import (
+    ClientConfig,
+    LockKeys,
+    LockSpec,
+    check_key_prefix,
+    key_prefix_of,
+    lock_key,
+)
+from tenure._core.diagnosis import error_reply
+from tenure._core.quorum import Failure, Round
 from tenure._driver import acl as _acl
 from tenure.cli.node_rules import Level, NodeFacts, check_access
 
@@ -147,3 +157,30 @@ def test_tenure_checks_verdict_names_the_prefixs_patterns() -> None:
     [finding] = check_access(facts)
     assert finding.level is Level.OK
     assert "keys app1:* and channels app1:wake:*" in finding.detail
+
+
+@settings(max_examples=300, deadline=None)
+@given(_PREFIX, st.text(min_size=1, max_size=8))
+def test_a_locks_key_tells_its_prefix(prefix: str, name: str) -> None:
+    # How the release of a lease (which carries its key, not its client's settings)
+    # names the client's prefix in an ACL fix.
+    keys = LockKeys.of(name, prefix)
+    assert key_prefix_of(keys.lock) == prefix
+    assert key_prefix_of(keys.queue) == prefix
+
+
+def test_round_errors_name_the_clients_prefix() -> None:
+    # The per-node texts of QuorumUnreachable and LeaseLost, as ServerUnsupported's.
+    rnd = Round(3, 2, 0.0)
+    refused = error_reply("NOPERM No permissions to access a key")
+    rnd.fail(1, refused.failure, refused.detail)
+    rnd.fail(2, Failure.ERROR, "WRONGTYPE")
+    [default] = [e for e in round_errors(rnd, ["a", "b", "c"]).values() if "ACL" in e]
+    assert "~tenure:*" in default
+    assert "`tenure check`" in default
+    errors = round_errors(rnd, ["a", "b", "c"], "app1:")
+    assert errors["c"] == "error: WRONGTYPE"
+    assert "~app1:*" in errors["b"]
+    assert "&app1:*" in errors["b"]
+    assert "`tenure check --key-prefix app1:`" in errors["b"]
+    assert "tenure:" not in errors["b"]

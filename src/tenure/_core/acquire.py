@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 
 from .._errors import LockError, NodeMisconfigured, QuorumUnreachable
 from .config import DEFAULT_KEY_PREFIX, LockSpec, WaitMode
-from .diagnosis import configuration_error
+from .diagnosis import configuration_error, for_prefix
 from .policy import RetryPolicy
 from .quorum import Round
 
@@ -190,10 +190,15 @@ def refused_by(
     return configuration_error(rnd, names, prefix)
 
 
-def round_errors(rnd: Round, names: list[str] | None = None) -> dict[str, str]:
-    """Per-node failure messages of a round, keyed by node name (or index)."""
+def round_errors(
+    rnd: Round, names: list[str] | None = None, prefix: str = DEFAULT_KEY_PREFIX
+) -> dict[str, str]:
+    """Per-node failure messages of a round, keyed by node name (or index), as said to a
+    client whose key prefix is ``prefix`` (an ACL fix names that prefix's keys)."""
     return {
-        (names[i] if names else str(i)): f"{r.failure.value}: {r.detail}" if r.failure else r.detail
+        (names[i] if names else str(i)): for_prefix(
+            f"{r.failure.value}: {r.detail}" if r.failure else r.detail, prefix
+        )
         for i, r in rnd.failures().items()
     }
 
@@ -481,7 +486,7 @@ class Acquisition:
         return Seed(blank, max([*floors.values(), *counters], default=0), warm_ms, marks)
 
     def _unreachable(self, rnd: Round) -> LockError | NodeMisconfigured:
-        errors = round_errors(rnd, self._names)
+        errors = round_errors(rnd, self._names, self._key_prefix)
         refused = refused_by(rnd, self._names, self._key_prefix)
         if refused is not None:
             return refused

@@ -31,11 +31,13 @@ __all__ = [
     "check_acquire_args",
     "check_flag",
     "check_key_prefix",
+    "key_prefix_of",
     "lock_key",
     "min_ttl",
     "node_address",
     "node_keys",
     "parse_node_url",
+    "redact_url",
 ]
 
 SCHEMES = ("redis", "rediss", "unix")
@@ -59,6 +61,11 @@ class NodeAddress:
     path: str | None
     db: int
     options: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
+
+    def __repr__(self) -> str:
+        # Not the dataclass's: that would quote ``url`` with its password (a client's
+        # config, logged or shown in a traceback, holds these).
+        return f"NodeAddress({redact_url(self.url)!r})"
 
     @property
     def identity(self) -> tuple[object, ...]:
@@ -99,15 +106,30 @@ _PLANNED = {
 }
 
 
-def _redacted(url: str) -> str:
-    """``url`` with the password of its user part, if any, replaced by ``***``."""
-    scheme, sep, rest = url.partition("://")
-    end = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
-    at = rest.rfind("@", 0, end)
-    if not sep or at < 0:
-        return url
-    user, colon, _ = rest[:at].partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}{rest[at:]}"
+def redact_url(text: str) -> str:
+    """``text`` with the password of the node URL in it hidden: ``redis://user:***@host``.
+
+    The one way a node URL, or anything that may quote one (a repr, a value that should
+    have been a list), reaches an error message or a log line. It errs on the side of
+    hiding: everything from the first ``:`` after the first ``://`` to the last ``@`` is
+    the secret. A password may hold ``@``, and ``/ ? #`` that urllib would take as the
+    end of the host part (``parse_node_url`` refuses those unencoded), and a text may
+    quote several URLs; any password of any URL in ``text`` lies in that span. A text
+    without ``://``, or without a ``:`` before its last ``@``, is returned as it is.
+    """
+    start = text.find("://")
+    at = text.rfind("@")
+    if start < 0 or at < start:
+        return text
+    colon = text.find(":", start + 3, at)
+    if colon < 0:
+        return text  # a user name alone ("redis://app@host") is no secret
+    return f"{text[: colon + 1]}***{text[at:]}"
+
+
+def _quoted(value: object) -> str:
+    """``value``'s repr, for a message, without the password of any URL in it."""
+    return redact_url(repr(value))
 
 
 def _refuse_planned(url: str, parameter: str) -> None:
@@ -119,7 +141,7 @@ def _refuse_planned(url: str, parameter: str) -> None:
     what, meanwhile = _PLANNED[kind]
     raise ConfigurationError(
         parameter,
-        f"URL {_redacted(url)!r} names {what} ({scheme}://): planned "
+        f"URL {redact_url(url)!r} names {what} ({scheme}://): planned "
         f"(docs/cluster-and-sentinel.md), not supported yet. Meanwhile {meanwhile}",
     )
 
@@ -132,34 +154,58 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
             or ``redis+cluster://`` URL (``rediss+`` too), node kinds not built yet.
     """
     if not isinstance(url, str) or not url.strip():
-        raise ConfigurationError(parameter, f"must be a non-empty URL string, got {url!r}")
+        raise ConfigurationError(parameter, f"must be a non-empty URL string, got {_quoted(url)}")
     # Before the URL is split: a list of hosts has no port urlsplit could read.
     _refuse_planned(url.strip(), parameter)
+    # Every message below quotes the URL as ``shown``: never its password.
+    shown = repr(redact_url(url))
+    secret = shown != repr(url)
     try:
         parts = urlsplit(url)
+    except ValueError as exc:
+        # urllib's reason may quote the user part (a bracket or a character that NFKC
+        # normalization turns into '/' there): shown only for a URL without a password.
+        why = (
+            "urllib cannot split it (its reason is not shown: it would quote the "
+            "password); check the brackets of an IPv6 host ([::1]) and any non-ASCII "
+            "character"
+            if secret
+            else str(exc)
+        )
+        raise ConfigurationError(parameter, f"malformed URL {shown}: {why}") from None
+    if secret and "@" not in parts.netloc:
+        # "redis://app:pa/ss@host" is host "app", port "pa" to urllib and to redis-py: a
+        # wrong server, and part of the password shown as its port.
+        raise ConfigurationError(
+            parameter,
+            f"URL {shown}: its user or password holds '/', '?' or '#', which end the host "
+            "part of a URL, so it would name another server; percent-encode them in the "
+            "URL (%2F, %3F, %23; '@' and ':' in a password may stay)",
+        )
+    try:
         port = parts.port  # raises ValueError when out of 0..65535 or not a number
     except ValueError as exc:
-        raise ConfigurationError(parameter, f"malformed URL {url!r}: {exc}") from None
+        # The port is read after the user part's last '@': the reason quotes no password.
+        raise ConfigurationError(parameter, f"malformed URL {shown}: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
         raise ConfigurationError(
             parameter,
-            f"URL {_redacted(url)!r} has scheme {parts.scheme!r}; accepted: redis://, "
-            "rediss://, unix://",
+            f"URL {shown} has scheme {parts.scheme!r}; accepted: redis://, rediss://, unix://",
         )
     db_text = parse_qs(parts.query).get("db", [""])[0]
     if scheme == "unix":
         path = unquote(parts.path)
         if not path:
             raise ConfigurationError(
-                parameter, f"URL {url!r} names no socket path (unix:///path/to/sock)"
+                parameter, f"URL {shown} names no socket path (unix:///path/to/sock)"
             )
         host, port_num = None, None
     else:
         if not parts.hostname:
-            raise ConfigurationError(parameter, f"URL {url!r} names no host ({scheme}://host:port)")
+            raise ConfigurationError(parameter, f"URL {shown} names no host ({scheme}://host:port)")
         if port == 0:
-            raise ConfigurationError(parameter, f"URL {url!r}: port must be in 1..65535")
+            raise ConfigurationError(parameter, f"URL {shown}: port must be in 1..65535")
         host, port_num, path = parts.hostname, port or 6379, None
         if parts.path.strip("/"):
             db_text = parts.path.strip("/")
@@ -167,10 +213,10 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
         db = int(db_text) if db_text else 0
     except ValueError:
         raise ConfigurationError(
-            parameter, f"URL {url!r}: database must be an integer >= 0"
+            parameter, f"URL {shown}: database must be an integer >= 0"
         ) from None
     if db < 0:
-        raise ConfigurationError(parameter, f"URL {url!r}: database must be an integer >= 0")
+        raise ConfigurationError(parameter, f"URL {shown}: database must be an integer >= 0")
     return NodeAddress(url=url, scheme=scheme, host=host, port=port_num, path=path, db=db)
 
 
@@ -282,7 +328,7 @@ class ClientConfig:
         key_prefix: str = "tenure:",
     ) -> ClientConfig:
         if isinstance(nodes, str) or not isinstance(nodes, (list, tuple)):
-            raise ConfigurationError("nodes", f"must be a list of node URLs, got {nodes!r}")
+            raise ConfigurationError("nodes", f"must be a list of node URLs, got {_quoted(nodes)}")
         addresses = tuple(
             u if isinstance(u, NodeAddress) else parse_node_url(u, f"nodes[{i}]")
             for i, u in enumerate(nodes)
@@ -528,6 +574,15 @@ def _key_prefix(name: str, prefix: str = DEFAULT_KEY_PREFIX) -> str:
         return f"{prefix}{{{name}}}"
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return f"{prefix}#{{{digest}}}:{name}"
+
+
+def key_prefix_of(key: str) -> str:
+    """The key prefix a lock's key was made under (``LockKeys.of``): what comes before
+    its hash tag. A prefix holds neither ``{`` nor ``#`` (``check_key_prefix``), and every
+    key of a lock has one of them right after it (``_key_prefix``); a key that has
+    neither is not a lock's, and is taken to be under the default prefix."""
+    found = [i for i in (key.find("{"), key.find("#")) if i > 0]
+    return key[: min(found)] if found else DEFAULT_KEY_PREFIX
 
 
 def lock_key(name: str, prefix: str = DEFAULT_KEY_PREFIX) -> str:

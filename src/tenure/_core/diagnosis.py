@@ -30,6 +30,7 @@ __all__ = [
     "Diagnosis",
     "acl_hint",
     "certificate_rejected",
+    "check_command",
     "cluster_node",
     "configuration_error",
     "error_reply",
@@ -43,14 +44,19 @@ __all__ = [
 _QUOTE = 80
 
 
+def check_command(prefix: str = DEFAULT_KEY_PREFIX) -> str:
+    """The ``tenure check`` command line that checks a node for clients of ``prefix``."""
+    if prefix == DEFAULT_KEY_PREFIX:
+        return "tenure check"
+    return f"tenure check --key-prefix {prefix}"
+
+
 def acl_hint(prefix: str = DEFAULT_KEY_PREFIX) -> str:
     """What to grant an ACL user so that clients with key prefix ``prefix`` can lock."""
-    check = "tenure check"
-    if prefix != DEFAULT_KEY_PREFIX:
-        check += f" --key-prefix {prefix}"
     return (
         "give its ACL user EVAL, EXISTS, WAIT, SUBSCRIBE and the commands tenure's scripts "
-        f"call, on keys ~{prefix}* and channels &{prefix}* (`{check}` names what is refused)"
+        f"call, on keys ~{prefix}* and channels &{prefix}* (`{check_command(prefix)}` "
+        "names what is refused)"
     )
 
 

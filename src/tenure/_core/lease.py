@@ -21,8 +21,8 @@ from dataclasses import replace
 from .._errors import LeaseExpired, LeaseLost, ServerUnsupported
 from .._lua import script
 from .acquire import LeaseState, round_errors
-from .config import DEFAULT_KEY_PREFIX, LockSpec
-from .diagnosis import configuration_error
+from .config import DEFAULT_KEY_PREFIX, LockSpec, key_prefix_of
+from .diagnosis import check_command, configuration_error, for_prefix
 from .quorum import Failure, Round
 
 __all__ = ["begin_extend", "conclude_extend", "conclude_locked", "conclude_release"]
@@ -55,7 +55,7 @@ def conclude_extend(
             lease.name,
             f"node(s) {', '.join(dropped)} no longer hold it before its validity ended "
             "(restarted without data, evicted, or a clock jump)",
-            round_errors(rnd, names),
+            round_errors(rnd, names, key_prefix_of(lease.key)),
         )
     if rnd.succeeded and validity > 0:
         return replace(
@@ -73,7 +73,9 @@ def conclude_extend(
             f"confirmed by {rnd.yes} of {spec.n_nodes} nodes before a majority of "
             f"{spec.quorum} became impossible ({failed} failed to answer)"
         )
-    return LeaseLost(lease.name, f"extend failed: {why}", round_errors(rnd, names))
+    return LeaseLost(
+        lease.name, f"extend failed: {why}", round_errors(rnd, names, key_prefix_of(lease.key))
+    )
 
 
 def conclude_release(
@@ -84,6 +86,8 @@ def conclude_release(
     which says nothing about the lease."""
     if rnd.yes >= quorum:
         return None
+    # The fixes said name the client's key prefix: the one the lease's key was made under.
+    prefix = key_prefix_of(lease.key)
     for i, r in rnd.failures().items():
         if r.failure is Failure.UNSUPPORTED:
             # The release script stops at the refused command, but Redis keeps what the
@@ -92,10 +96,10 @@ def conclude_release(
             return ServerUnsupported(
                 names[i],
                 f"refused {_script_command('release', r.detail)} in the release of lock "
-                f"{lease.name!r} ({r.detail}); "
+                f"{lease.name!r} ({for_prefix(r.detail, prefix)}); "
                 "the script may have deleted the lock there before the refused command, "
-                "and the key expires by its TTL in any case. `tenure check` prints the "
-                "ACL SETUSER line that fixes it",
+                f"and the key expires by its TTL in any case. `{check_command(prefix)}` "
+                "prints the ACL SETUSER line that fixes it",
             )
     expired = now >= lease.valid_until
     failed = len(rnd.failures())
@@ -112,7 +116,7 @@ def conclude_release(
             "the lock expired during the critical section and another client may have held it"
         )
     error_type = LeaseExpired if expired else LeaseLost
-    return error_type(lease.name, message, round_errors(rnd, names))
+    return error_type(lease.name, message, round_errors(rnd, names, prefix))
 
 
 _LINE = re.compile(r"user_script: ?(\d+)")

@@ -25,7 +25,7 @@ import redis.cluster
 import redis.connection
 import redis.sentinel
 
-from .._core.config import NodeAddress, node_address
+from .._core.config import NodeAddress, node_address, redact_url
 from .._errors import ConfigurationError
 from .redis_compat import keywords
 
@@ -199,7 +199,7 @@ def node_addresses(nodes: object, *, asyncio: bool) -> object:
                 f"nodes[{i}]",
                 "must be a node URL ('redis://host:6379/0', 'rediss://...', "
                 "'unix:///path/redis.sock'), a redis.Redis or redis.asyncio.Redis client, "
-                f"or a redis-py ConnectionPool; got {entry!r}",
+                f"or a redis-py ConnectionPool; got {redact_url(repr(entry))}",
             )
     return out
 

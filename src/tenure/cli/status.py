@@ -17,6 +17,7 @@ from typing import TextIO
 import redis
 
 from .._core.config import DEFAULT_KEY_PREFIX, LockKeys, check_key_prefix, parse_node_url
+from .._core.diagnosis import for_prefix
 from .._core.quorum import Failure, majority
 from .._driver.redis_compat import connection_kwargs, diagnose
 from .._errors import ConfigurationError
@@ -56,11 +57,13 @@ def status(
     if not nodes:
         raise ConfigurationError("--redis", "no Redis nodes given")
     addresses = [parse_node_url(url, f"--redis[{i}]") for i, url in enumerate(nodes)]
-    keys = LockKeys.of(name, check_key_prefix(key_prefix, "--key-prefix"))
+    prefix = check_key_prefix(key_prefix, "--key-prefix")
+    keys = LockKeys.of(name, prefix)
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
         lines = list(
             pool.map(
-                lambda a: _node_status(a.url, a.scheme == "unix", keys, node_timeout), addresses
+                lambda a: _node_status(a.url, a.scheme == "unix", keys, node_timeout, prefix),
+                addresses,
             )
         )
     width = max(len(a.display) for a in addresses)
@@ -81,7 +84,9 @@ def status(
     return 0
 
 
-def _node_status(url: str, unix: bool, keys: LockKeys, timeout: float) -> tuple[bool, str]:
+def _node_status(
+    url: str, unix: bool, keys: LockKeys, timeout: float, prefix: str
+) -> tuple[bool, str]:
     options = connection_kwargs(timeout, asyncio=False, unix=unix)
     options["socket_timeout"] = timeout
     client = redis.Redis.from_url(url, **options)
@@ -96,7 +101,8 @@ def _node_status(url: str, unix: bool, keys: LockKeys, timeout: float) -> tuple[
         why = diagnose(exc)
         if why.failure is Failure.UNREACHABLE:
             return False, f"unreachable: {one_line(exc)}"
-        return False, f"{why.failure.value}: {why.detail}"
+        # A fix it suggests (an ACL's key pattern) is for the clients of ``prefix``.
+        return False, f"{why.failure.value}: {for_prefix(why.detail, prefix)}"
     finally:
         client.close()
     floor_text = "-" if floor is None else _text(floor)

