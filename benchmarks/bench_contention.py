@@ -255,7 +255,11 @@ def server_counts(cluster: LocalCluster, n: int) -> tuple[int, float]:
     scripts, cpu = 0, 0.0
     for node in list(cluster)[:n]:
         with node.client() as c:
-            scripts += int(c.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
+            stats = c.info("commandstats")
+            # By EVAL, and by EVALSHA for the acquire.
+            scripts += sum(
+                int(stats.get(k, {}).get("calls", 0)) for k in ("cmdstat_eval", "cmdstat_evalsha")
+            )
             info = c.info("cpu")
             cpu += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
     return scripts, cpu

@@ -189,6 +189,17 @@ def api(request: pytest.FixtureRequest) -> Iterator[Api]:
     a.close()
 
 
+# The commands a lock script runs by: EVAL, and EVALSHA for the acquire.
+SCRIPT_COMMANDS = ("cmdstat_eval", "cmdstat_evalsha")
+
+
+def scripts_run(node: LocalNode) -> int:
+    """How many scripts ``node`` has run so far, by EVAL or EVALSHA (INFO commandstats)."""
+    with node.client() as c:
+        stats = c.info("commandstats")
+    return sum(int(stats.get(k, {}).get("calls", 0)) for k in SCRIPT_COMMANDS)
+
+
 def raw(node: LocalNode) -> redis.Redis:
     """A plain redis-py client for inspecting a node (caller closes it)."""
     return node.client()

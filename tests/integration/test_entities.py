@@ -16,7 +16,7 @@ from tenure._driver import clock as _clock
 from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
-from .conftest import Api
+from .conftest import Api, scripts_run
 
 NODE_TIMEOUT = 0.05
 # Behind the in-process proxies every reply crosses two more sockets and this process's
@@ -42,9 +42,7 @@ def proxied(request: pytest.FixtureRequest) -> Iterator[tuple[LocalCluster, list
 
 def _evals(cluster: LocalCluster, index: int) -> int:
     """How many scripts node ``index`` has run (its rounds, seeds and cleanups)."""
-    with cluster[index].client() as c:
-        stats = c.info("commandstats")
-    return sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_eval", "cmdstat_evalsha"))
+    return scripts_run(cluster[index])
 
 
 def _fault(

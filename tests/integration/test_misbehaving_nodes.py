@@ -21,7 +21,7 @@ import pytest
 import tenure
 from tenure.testing import LocalCluster, LocalNode
 
-from .conftest import Api
+from .conftest import Api, scripts_run
 from .garbage import GarbageServer
 
 TTL = 2.0
@@ -118,9 +118,7 @@ def _misconfigure(kind: str, node: LocalNode, spare: LocalNode, first: bool) -> 
 
 def _evals(node: LocalNode) -> int:
     """How many scripts ``node`` has run (INFO commandstats)."""
-    with node.client() as c:
-        stats = c.info("commandstats")
-    return int(stats.get("cmdstat_eval", {}).get("calls", 0))
+    return scripts_run(node)
 
 
 # What the error and the warning must say, per kind: the problem, and the fix.

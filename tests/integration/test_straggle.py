@@ -20,14 +20,13 @@ from tenure._core import commands
 from tenure._core.config import LockKeys
 from tenure.testing import LocalCluster, LocalNode
 
-from .conftest import Api, raw
+from .conftest import Api, raw, scripts_run
 
 RECHECK = 5.0  # a waiter that misses the straggle window would sleep 2.5-5 s
 
 
 def _scripts_run(node: LocalNode) -> int:
-    with raw(node) as c:
-        return int(c.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
+    return scripts_run(node)
 
 
 def _queued(node: LocalNode, keys: LockKeys) -> int:

@@ -25,7 +25,7 @@ from tenure._core.config import LockKeys
 from tenure._lua import script
 from tenure.testing import LocalCluster
 
-from .conftest import Api
+from .conftest import SCRIPT_COMMANDS, Api, scripts_run
 from .test_processes import max_overlap
 
 RETENTION = 3_600_000  # ms: the client default (ClientConfig.retention_ms)
@@ -35,12 +35,8 @@ TTL = 2.0
 
 
 def _scripts_run(cluster: LocalCluster, n: int) -> int:
-    """EVAL calls so far on the first ``n`` nodes (INFO commandstats)."""
-    total = 0
-    for node in list(cluster)[:n]:
-        with node.client() as c:
-            total += int(c.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
-    return total
+    """Scripts run so far on the first ``n`` nodes (INFO commandstats)."""
+    return sum(scripts_run(node) for node in list(cluster)[:n])
 
 
 def _release_raw(cluster: LocalCluster, n: int, name: str, lease: tenure.Lease, fair: bool) -> None:
@@ -419,8 +415,8 @@ def test_200_waiters_commands_per_handoff_are_bounded(
     assert all(counts == [cycles] * tasks for counts in results)
     handoffs = processes * tasks * cycles
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-    scripts = delta.get("cmdstat_eval", 0)
-    inner = sum(v for k, v in delta.items() if k not in ("cmdstat_eval", "cmdstat_info"))
+    scripts = sum(delta.get(k, 0) for k in SCRIPT_COMMANDS)
+    inner = sum(v for k, v in delta.items() if k not in (*SCRIPT_COMMANDS, "cmdstat_info"))
     with capsys.disabled():
         print(
             f"\n200 waiters: {scripts / handoffs:.2f} scripts and {inner / handoffs:.2f} "
@@ -484,7 +480,7 @@ def test_release_notifications_reach_only_the_head(shared5: LocalCluster, key: s
                 await asyncio.sleep(0.05)
                 after, _ = _node_stats(shared5)
                 published = after.get("cmdstat_publish", 0) - before.get("cmdstat_publish", 0)
-                scripts = after.get("cmdstat_eval", 0) - before.get("cmdstat_eval", 0)
+                scripts = sum(after.get(k, 0) - before.get(k, 0) for k in SCRIPT_COMMANDS)
                 assert published == 1
                 assert scripts <= 3  # the release, the woken waiter's attempt (+ INFO noise)
                 assert len(got) == 1

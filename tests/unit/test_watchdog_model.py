@@ -532,7 +532,7 @@ class WatchdogModel(RuleBasedStateMachine):
         return self.HOLDER_EXTENDS_GIVING_UP or not gives_up
 
     @precondition(lambda self: self._may_extend())
-    @rule(ttl=st.sampled_from([None, None, 2.0]))
+    @rule(ttl=st.sampled_from([None, None, 2.0, 0.4]))
     def holder_extends(self, ttl: float | None) -> None:
         """The holder extends its lease by hand (``Lease.extend``)."""
         lease = self.lease
@@ -993,3 +993,21 @@ def test_a_watch_only_watchdog_sees_the_holders_extensions() -> None:
     model.holder_extends(ttl=None)
     _round_at_once(model)
     model.wake(late=0)  # at 1500 ms
+
+
+def test_a_shorter_extension_shortens_the_validity_at_once() -> None:
+    """(W2) The holder extends with a TTL shorter than what is left of the lease. A node
+    applies it on arrival, so its key expires before the lease's old validity; the lease
+    must not look valid past the shorter TTL while the round is still in flight.
+
+        0 ms    granted (valid until 1000 ms); the holder extends with ttl 0.4
+        0 ms    node 0 applies it (its key now lives until 400 ms); nodes 1, 2 silent
+        401 ms  the extension is still in flight: the lease must not be relied on
+    """
+    model = _replay(WatchdogModel, policy=0)
+    model.holder_extends(ttl=0.4)
+    call = model.call
+    assert call is not None
+    model._deliver(call, 0, 0, 0)
+    model.advance_time(step=401)
+    model.a_lease_relied_on_is_held()

