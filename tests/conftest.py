@@ -18,6 +18,7 @@ from tenure.testing import find_server_binary
 _WORLDS = (
     "tests/chaos/test_verify_runs.py",
     "tests/integration/test_demo.py",
+    "tests/test_redis_6_2.py::test_verify_quick",
 )
 
 
@@ -35,12 +36,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # so that a parallel run (pytest-xdist) does not start it last.
     items.sort(key=lambda item: "second_server" not in item.keywords)
     # Whole verifier worlds (nodes, proxies, worker processes, faults) with liveness
-    # expectations ("some grants while a minority is cut off"), and the second server's
-    # pass (a test run of its own in a subprocess): one at a time, on one worker, so that
-    # a parallel run never stacks several of them on the same cores.
+    # expectations ("some grants while a minority is cut off") run one at a time, on one
+    # worker; so do the pieces of the second server's integration core (each a test run
+    # of its own in a subprocess), on another: a parallel run never stacks several of
+    # either on the same cores.
     for item in items:
-        if item.nodeid.startswith(_WORLDS) or "second_server" in item.keywords:
+        if item.nodeid.startswith(_WORLDS):
             item.add_marker(pytest.mark.xdist_group("worlds"))
+        elif "second_server" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("second_server"))
     for marker in ("soak", "slow"):
         if config.getoption(f"--{marker}"):
             continue

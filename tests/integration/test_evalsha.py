@@ -63,13 +63,15 @@ def test_a_flushed_script_cache_costs_no_vote(api: Api, nodes3: LocalCluster) ->
                     c.script_flush()
             before = _evalsha_refused(cluster)
             # NOSCRIPT on every node: the EVAL form within the round, or, for a node
-            # that answered after the round was decided, at the next acquire.
+            # that answered after the round was decided, at its next acquire (a late
+            # answer cannot stop an acquire already on its way: at most one more).
             client.acquire(name, ttl=2.0, blocking=False).release()
             _granted_everywhere(api, client, name, cluster)
             after = _evalsha_refused(cluster)
-            assert [a - b for a, b in zip(after, before, strict=True)] == [1] * len(cluster)
+            assert all(1 <= a - b <= 2 for a, b in zip(after, before, strict=True)), after
             # The EVAL loaded the script again: from now on EVALSHA runs everywhere.
-            _granted_everywhere(api, client, name, cluster)
+            for _ in range(3):
+                _granted_everywhere(api, client, name, cluster)
             assert _evalsha_refused(cluster) == after
 
 
@@ -91,11 +93,15 @@ def test_a_user_without_evalsha_is_sent_eval(api: Api, nodes3: LocalCluster) -> 
         client = api.client(urls)
         before = _evalsha_refused(nodes3)
         client.acquire(f"acl-{uuid.uuid4().hex}", ttl=2.0, blocking=False).release()
+        _granted_everywhere(api, client, f"acl-{uuid.uuid4().hex}", nodes3)
+        # Refused once per node (twice at most, for a node whose refusal came after
+        # the round was decided and after the next acquire left)...
+        after = _evalsha_refused(nodes3)
+        assert all(1 <= a - b <= 2 for a, b in zip(after, before, strict=True)), after
+        # ... and then never tried again by this client.
         for _ in range(5):
             _granted_everywhere(api, client, f"acl-{uuid.uuid4().hex}", nodes3)
-        # Refused once per node, then never tried again by this client.
-        after = _evalsha_refused(nodes3)
-        assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1]
+        assert _evalsha_refused(nodes3) == after
     finally:
         for node in nodes3:
             with node.client() as c:
