@@ -365,8 +365,12 @@ def test_a_waiter_killed_while_queued_does_not_block_the_queue(
         after.start()
         _wait_until(lambda: _queue_length(shared5, key) == 2)
         assert proc.pid is not None
+        listening = _pubsub_clients(shared5, n)
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(5)
+        # Every node has seen its notification connection close (on a loaded machine
+        # that is not at once): what release.lua's PUBLISH count then shows.
+        _wait_until(lambda: _pubsub_clients(shared5, n) <= listening - n)
         released = time.monotonic()
         holder.release()
         after.join(10)
@@ -394,6 +398,15 @@ def _crowd(urls: list[str], key: str, tasks: int, cycles: int, out: Connection) 
 
     asyncio.run(main())
     out.send(counts)
+
+
+def _pubsub_clients(cluster: LocalCluster, n: int) -> int:
+    """Notification connections open on the first ``n`` nodes."""
+    total = 0
+    for node in list(cluster)[:n]:
+        with node.client() as c:
+            total += len(c.client_list(_type="pubsub"))
+    return total
 
 
 def _node_stats(cluster: LocalCluster) -> tuple[dict[str, int], int]:
