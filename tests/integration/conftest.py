@@ -9,6 +9,7 @@ against both drivers without two hand-kept copies.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 import time
@@ -187,6 +188,30 @@ def api(request: pytest.FixtureRequest) -> Iterator[Api]:
     a = Api(request.param)
     yield a
     a.close()
+
+
+@contextlib.contextmanager
+def acl_user(cluster: LocalCluster, name: str, *commands: str) -> Iterator[list[str]]:
+    """User ``name`` (password ``pw``, any key) on every node; yields URLs logging in as it."""
+    for node in cluster:
+        with node.client() as c:
+            c.acl_setuser(
+                name,
+                enabled=True,
+                reset=True,
+                passwords=["+pw"],
+                keys=["*"],
+                # Every channel, as on Redis 6.2 by default (acl-pubsub-default); Redis
+                # >= 7 and Valkey start a user with none.
+                channels=["*"],
+                commands=list(commands),
+            )
+    try:
+        yield [f"redis://{name}:pw@{node.host}:{node.port}" for node in cluster]
+    finally:
+        for node in cluster:
+            with node.client() as c:
+                c.acl_deluser(name)
 
 
 # The commands a lock script runs by: EVAL, and EVALSHA for the acquire.

@@ -51,7 +51,7 @@ from tenure.testing import (
     find_server_binary,
 )
 
-from .conftest import Api
+from .conftest import Api, acl_user
 
 # --- the pure rules ----------------------------------------------------------------------
 
@@ -462,30 +462,6 @@ def _config(node: LocalNode, **settings: str) -> Iterator[None]:
                 c.config_set(key, value)
 
 
-@contextlib.contextmanager
-def _acl_user(cluster: LocalCluster, name: str, *commands: str) -> Iterator[list[str]]:
-    """User ``name`` (password ``pw``, any key) on every node; yields URLs logging in as it."""
-    for node in cluster:
-        with node.client() as c:
-            c.acl_setuser(
-                name,
-                enabled=True,
-                reset=True,
-                passwords=["+pw"],
-                keys=["*"],
-                # Every channel, as on Redis 6.2 by default (acl-pubsub-default); Redis
-                # >= 7 and Valkey start a user with none.
-                channels=["*"],
-                commands=list(commands),
-            )
-    try:
-        yield [f"redis://{name}:pw@{node.host}:{node.port}" for node in cluster]
-    finally:
-        for node in cluster:
-            with node.client() as c:
-                c.acl_deluser(name)
-
-
 def test_aof_always_is_ok(safe: LocalCluster) -> None:
     code, out, _ = _tenure_check(*_redis(safe.urls))
     assert code == EXIT_OK, out
@@ -562,7 +538,7 @@ def test_same_server_listed_twice_is_unsafe(safe: LocalCluster) -> None:
 
 
 def test_user_without_config_degrades_to_a_warning(safe: LocalCluster) -> None:
-    with _acl_user(safe, "tenure-noconfig", "+@all", "-config") as urls:
+    with acl_user(safe, "tenure-noconfig", "+@all", "-config") as urls:
         code, findings = _check_json(urls)
     assert code == EXIT_WARN
     persistence = [f for f in findings if f["check"] == "persistence"]

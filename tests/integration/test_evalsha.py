@@ -16,7 +16,7 @@ import pytest
 
 from tenure.testing import LocalCluster
 
-from .conftest import Api, holders
+from .conftest import Api, acl_user, holders
 
 # The commands docs/deployment.md's ACL line grants, which do not include EVALSHA.
 _WITHOUT_EVALSHA = [
@@ -76,20 +76,7 @@ def test_a_flushed_script_cache_costs_no_vote(api: Api, nodes3: LocalCluster) ->
 
 
 def test_a_user_without_evalsha_is_sent_eval(api: Api, nodes3: LocalCluster) -> None:
-    user = f"u{uuid.uuid4().hex[:8]}"
-    for node in nodes3:
-        with node.client() as c:
-            c.acl_setuser(
-                user,
-                enabled=True,
-                reset=True,
-                passwords=["+pw"],
-                keys=["*"],
-                channels=["*"],
-                commands=_WITHOUT_EVALSHA,
-            )
-    try:
-        urls = [f"redis://{user}:pw@{node.host}:{node.port}" for node in nodes3]
+    with acl_user(nodes3, f"u{uuid.uuid4().hex[:8]}", *_WITHOUT_EVALSHA) as urls:
         client = api.client(urls)
         before = _evalsha_refused(nodes3)
         client.acquire(f"acl-{uuid.uuid4().hex}", ttl=2.0, blocking=False).release()
@@ -102,7 +89,3 @@ def test_a_user_without_evalsha_is_sent_eval(api: Api, nodes3: LocalCluster) -> 
         for _ in range(5):
             _granted_everywhere(api, client, f"acl-{uuid.uuid4().hex}", nodes3)
         assert _evalsha_refused(nodes3) == after
-    finally:
-        for node in nodes3:
-            with node.client() as c:
-                c.acl_deluser(user)
