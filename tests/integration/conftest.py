@@ -206,6 +206,14 @@ def acl_user(cluster: LocalCluster, name: str, *commands: str) -> Iterator[list[
                 channels=["*"],
                 commands=list(commands),
             )
+    with logged_in_as(cluster, name) as urls:
+        yield urls
+
+
+@contextlib.contextmanager
+def logged_in_as(cluster: LocalCluster, name: str) -> Iterator[list[str]]:
+    """URLs logging in as the ACL user ``name`` (password ``pw``) on every node; the user
+    is deleted on the way out."""
     try:
         yield [f"redis://{name}:pw@{node.host}:{node.port}" for node in cluster]
     finally:

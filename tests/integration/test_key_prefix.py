@@ -21,7 +21,7 @@ from tenure.cli.node_check import check
 from tenure.cli.status import status
 from tenure.testing import LocalCluster
 
-from .conftest import Api
+from .conftest import Api, logged_in_as
 
 TTL = 5.0
 _USERS = itertools.count()
@@ -103,12 +103,8 @@ def _confined_user(cluster: LocalCluster, prefix: str) -> Iterator[list[str]]:
     yields URLs logging in as it."""
     name = f"tenure-prefix-{next(_USERS)}"
     _confine(cluster, name, prefix)
-    try:
-        yield [f"redis://{name}:pw@{node.host}:{node.port}" for node in cluster]
-    finally:
-        for node in cluster:
-            with node.client() as c:
-                c.acl_deluser(name)
+    with logged_in_as(cluster, name) as urls:
+        yield urls
 
 
 def _confine(cluster: LocalCluster, name: str, prefix: str) -> None:
