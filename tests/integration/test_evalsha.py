@@ -8,6 +8,7 @@ ACL refused EVALSHA is sent EVAL from then on, not refused once per acquire.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -41,15 +42,26 @@ def _evalsha_refused(cluster: LocalCluster) -> list[int]:
     return counts
 
 
-def _granted_everywhere(api: Api, client: Any, name: str, cluster: LocalCluster) -> None:
-    """Acquire ``name`` once, without waiting, and see every node hold it: the nodes
-    outside the first majority too, whose replies nobody awaited."""
-    lease = client.acquire(name, ttl=5.0, blocking=False)
-    api.wait_until(
-        lambda: holders(cluster, lease.key) == [lease.token.encode()] * len(cluster),
-        what="the key on every node",
-    )
-    lease.release()
+def _granted_everywhere(api: Api, client: Any, name: str, cluster: LocalCluster) -> int:
+    """Acquire ``name`` without waiting until one lease is held on every node: the nodes
+    outside the first majority too, whose replies nobody awaited.
+
+    A node's reply that comes after its round was decided is read only at the link's
+    next use (the blocking client has no reader in the background), so a NOSCRIPT that
+    late makes the *next* acquire go to that node by EVAL. Under load that can take a
+    few acquires; a node that had lost its vote for good never holds the key. Returns
+    how many acquires it took.
+    """
+    for attempt in range(1, 11):
+        lease = client.acquire(name, ttl=5.0, blocking=False)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            if holders(cluster, lease.key) == [lease.token.encode()] * len(cluster):
+                lease.release()
+                return attempt
+            api.idle(0.01)
+        lease.release()
+    raise AssertionError(f"no lease on {name!r} reached every node in 10 acquires")
 
 
 def test_a_flushed_script_cache_costs_no_vote(api: Api, nodes3: LocalCluster) -> None:
@@ -64,11 +76,13 @@ def test_a_flushed_script_cache_costs_no_vote(api: Api, nodes3: LocalCluster) ->
             before = _evalsha_refused(cluster)
             # NOSCRIPT on every node: the EVAL form within the round, or, for a node
             # that answered after the round was decided, at its next acquire (a late
-            # answer cannot stop an acquire already on its way: at most one more).
+            # answer cannot stop an acquire already on its way: at most one refusal
+            # per acquire until the EVAL form reached the node).
             client.acquire(name, ttl=2.0, blocking=False).release()
-            _granted_everywhere(api, client, name, cluster)
+            acquires = 1 + _granted_everywhere(api, client, name, cluster)
             after = _evalsha_refused(cluster)
-            assert all(1 <= a - b <= 2 for a, b in zip(after, before, strict=True)), after
+            refused = [a - b for a, b in zip(after, before, strict=True)]
+            assert all(1 <= r <= acquires for r in refused), (refused, acquires)
             # The EVAL loaded the script again: from now on EVALSHA runs everywhere.
             for _ in range(3):
                 _granted_everywhere(api, client, name, cluster)
@@ -80,11 +94,12 @@ def test_a_user_without_evalsha_is_sent_eval(api: Api, nodes3: LocalCluster) -> 
         client = api.client(urls)
         before = _evalsha_refused(nodes3)
         client.acquire(f"acl-{uuid.uuid4().hex}", ttl=2.0, blocking=False).release()
-        _granted_everywhere(api, client, f"acl-{uuid.uuid4().hex}", nodes3)
-        # Refused once per node (twice at most, for a node whose refusal came after
-        # the round was decided and after the next acquire left)...
+        acquires = 1 + _granted_everywhere(api, client, f"acl-{uuid.uuid4().hex}", nodes3)
+        # Refused once per node (more only while its refusal came after the round was
+        # decided and after the next acquire left)...
         after = _evalsha_refused(nodes3)
-        assert all(1 <= a - b <= 2 for a, b in zip(after, before, strict=True)), after
+        refused = [a - b for a, b in zip(after, before, strict=True)]
+        assert all(1 <= r <= acquires for r in refused), (refused, acquires)
         # ... and then never tried again by this client.
         for _ in range(5):
             _granted_everywhere(api, client, f"acl-{uuid.uuid4().hex}", nodes3)
