@@ -163,7 +163,7 @@ class Api:
         return [
             t
             for t in asyncio.all_tasks(self._loop)
-            if not t.done() and getattr(t.get_coro(), "__qualname__", "") == "watch"
+            if not t.done() and getattr(t.get_coro(), "__qualname__", "") == "Watchdog._watch"
         ]
 
     def close_clients(self) -> None:

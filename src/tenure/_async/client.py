@@ -32,7 +32,7 @@ from .._errors import LeaseLost, NotHeld
 from .channels import Channels
 from .drive import adrive
 from .notify import AsyncListener, AsyncSlot
-from .watchdog import watch
+from .watchdog import Watchdog
 
 __all__ = ["AsyncClient", "AsyncLease", "AsyncLock"]
 
@@ -200,7 +200,7 @@ class AsyncLease(LeaseView):
 
     def __init__(self, client: AsyncClient, state: LeaseState, spec: LockSpec) -> None:
         super().__init__(state, spec, client)
-        self._watcher: asyncio.Task[None] | None = None
+        self._watcher: Watchdog | None = None
         # Extensions (the watchdog's) and the release run one at a time, as for the
         # blocking ``Lease``: an extension must not conclude on a lease being released.
         self._op_lock = asyncio.Lock()
@@ -219,12 +219,11 @@ class AsyncLease(LeaseView):
         if self._released:
             raise NotHeld(self.name, "this lease was already released")
         if self._watcher is None:
-            self._watcher = asyncio.get_running_loop().create_task(watch(self, policy))
+            self._watcher = Watchdog(self, policy)
 
     def _stop_watching(self) -> None:
-        watcher = self._watcher
-        if watcher is not None and watcher is not asyncio.current_task():
-            watcher.cancel()
+        if self._watcher is not None:
+            self._watcher.stop()
 
     async def extend(self, ttl: float | None = None) -> None:
         """Give the lease ``ttl`` more seconds (default: its lock's TTL); see ``Lease.extend``."""
@@ -243,8 +242,8 @@ class AsyncLease(LeaseView):
                 await adrive(client._flows.release(self), client._perform)
         finally:
             watcher, self._watcher = self._watcher, None
-            if watcher is not None and watcher is not asyncio.current_task():
-                await asyncio.gather(watcher, return_exceptions=True)
+            if watcher is not None:
+                await watcher.join()
 
     async def __aenter__(self) -> AsyncLease:
         return self

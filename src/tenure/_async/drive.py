@@ -12,8 +12,11 @@ __all__ = ["adrive"]
 T = TypeVar("T")
 
 
-async def adrive(flow: Flow[T], perform: Callable[[Op], Awaitable[Any]]) -> T:
-    """Run ``flow`` to its end, awaiting ``perform`` for each operation.
+async def adrive(
+    flow: Flow[T], perform: Callable[[Op], Awaitable[Any]], first: Op | None = None
+) -> T:
+    """Run ``flow`` to its end, awaiting ``perform`` for each operation; ``first``: the
+    operation the flow has already yielded (None: it has not begun).
 
     A ``CancelledError`` raised by an operation is thrown into the flow; what the flow
     yields then is instant (``check_instant``), so awaiting it does not suspend the task
@@ -21,7 +24,7 @@ async def adrive(flow: Flow[T], perform: Callable[[Op], Awaitable[Any]]) -> T:
     """
     unwinding = False
     try:
-        op = next(flow)
+        op = next(flow) if first is None else first
         while True:
             try:
                 result = await perform(op)
