@@ -49,6 +49,14 @@ def test_connection_options_must_be_a_mapping(make: Make, options: object) -> No
     error = _refused(make, connection_options=options)
     assert error.parameter == "connection_options"
     assert "must be a dict of redis-py connection keyword arguments" in str(error)
+    assert f"got a {type(options).__name__}" in str(error)
+
+
+def test_connection_options_not_a_mapping_are_not_shown(make: Make) -> None:
+    # What was passed in their place may hold a password: only its type is named.
+    error = _refused(make, connection_options=[("password", "s3cret-pw")])
+    assert "s3cret-pw" not in str(error)
+    assert "got a list" in str(error)
 
 
 def test_connection_options_keys_must_be_str(make: Make) -> None:

@@ -239,7 +239,9 @@ def check_connection_options(
         raise ConfigurationError(
             param,
             "must be a dict of redis-py connection keyword arguments, e.g. "
-            f"{{'password': '...', 'ssl_ca_certs': '/path/ca.pem'}}, got {options!r}",
+            # The type only: what was passed may hold a password.
+            f"{{'password': '...', 'ssl_ca_certs': '/path/ca.pem'}}, got a "
+            f"{type(options).__name__}",
         )
     result: dict[str, Any] = {}
     for key, value in options.items():
