@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import redis.sentinel
 
 import tenure
 from tenure._core.config import LockKeys
@@ -86,6 +87,15 @@ def test_a_lock_through_the_sentinel_url(api: Api, shared_set: LocalSentinelSet)
     with client.lock(name, ttl=3.0):
         assert _holds(shared_set.master(), name)
     assert not _holds(shared_set.master(), name)
+
+
+def test_a_master_for_client_as_the_node(api: Api, shared_set: LocalSentinelSet) -> None:
+    # Its Sentinels, service and settings are taken; tenure connects on its own.
+    name = f"sentinel-object-{api.flavour}"
+    manager = redis.sentinel.Sentinel([("127.0.0.1", s.port) for s in shared_set.sentinels])  # type: ignore[no-untyped-call]
+    client = api.client([manager.master_for(shared_set.service)], **OPTIONS)  # type: ignore[no-untyped-call]
+    with client.lock(name, ttl=3.0):
+        assert _holds(shared_set.master(), name)
 
 
 def test_a_waiter_is_woken_by_the_release(api: Api, shared_set: LocalSentinelSet) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "check_acquire_args",
     "check_flag",
     "check_key_prefix",
+    "check_one_server",
     "key_prefix_of",
     "lock_key",
     "min_ttl",
@@ -366,6 +367,22 @@ def _parse_sentinel_url(url: str, parameter: str) -> NodeAddress:
         db=db,
         sentinel=SentinelService(service, sentinels, tls=scheme == "rediss"),
     )
+
+
+def check_one_server(address: NodeAddress, parameter: str, command: str) -> NodeAddress:
+    """Refuse a Sentinel-managed node where ``command`` reads one server as it is.
+
+    Raises:
+        ConfigurationError: naming ``parameter``: ``address`` is Sentinel-managed.
+    """
+    if address.sentinel is not None:
+        raise ConfigurationError(
+            parameter,
+            f"{address.display} is a Sentinel-managed node, and `{command}` reads one server "
+            "as it is: give the master's address (redis://host:port; SENTINEL "
+            f"GET-MASTER-ADDR-BY-NAME {address.sentinel.service} on a Sentinel names it)",
+        )
+    return address
 
 
 def node_address(

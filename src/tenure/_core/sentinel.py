@@ -149,10 +149,9 @@ def demoted(why: Diagnosis) -> Diagnosis:
     master was demoted (the Sentinels moved the service), not that the node is set up
     wrong. The node is then silent until its next connection finds the new master."""
     if why.failure is Failure.MISCONFIGURED and "read-only replica" in why.detail:
-        said = why.detail.rpartition("(")[2].rstrip(")")
         return Diagnosis(
             Failure.UNREACHABLE,
-            f"its master was demoted to a replica ({said}); the Sentinels are asked for "
-            "the new one",
+            "its master was demoted to a replica (it answered READONLY); the Sentinels are "
+            "asked for the new one",
         )
     return why
