@@ -159,21 +159,13 @@ def test_malformed_urls_are_refused(url: str) -> None:
 @pytest.mark.parametrize(
     ("url", "shown", "says"),
     [
-        ("redis+sentinel://:s3cret@10.0.0.1:26379,10.0.0.2:26379/locks/0",
-         "redis+sentinel://:***@10.0.0.1:26379,10.0.0.2:26379/locks/0",
-         ["Sentinel-managed master", "the current master's address", "'redis://host:port'",
-          "failover", "data loss", "tenure verify"]),
-        ("rediss+sentinel://app:p%40ss@s1:26379/locks", "rediss+sentinel://app:***@s1:26379/locks",
-         ["Sentinel-managed master", "the current master's address"]),
         ("redis+cluster://h1:6379,h2:6379", "redis+cluster://h1:6379,h2:6379",
          ["whole Redis Cluster as one node", "independent masters", "not in cluster mode"]),
         ("REDISS+CLUSTER://app:pw@h1:6379", "REDISS+CLUSTER://app:***@h1:6379",
          ["whole Redis Cluster as one node", "independent masters"]),
     ],
 )  # fmt: skip
-def test_sentinel_and_cluster_urls_are_refused_as_planned(
-    url: str, shown: str, says: list[str]
-) -> None:
+def test_cluster_urls_are_refused_as_planned(url: str, shown: str, says: list[str]) -> None:
     # Refused by what they are, not as a malformed URL (a list of hosts has no port), and
     # without the password.
     for refuse in (

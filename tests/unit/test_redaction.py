@@ -39,7 +39,9 @@ CASES = {
     "port 0": "redis://app:{pw}@host:0",
     "port out of range": "redis://app:{pw}@host:99999",
     "unknown scheme": "http://app:{pw}@host:6379",
-    "planned scheme": "redis+sentinel://app:{pw}@10.0.0.1:26379/locks",
+    "sentinel URL, no service": "redis+sentinel://app:{pw}@10.0.0.1:26379",
+    "sentinel URL, bad port": "redis+sentinel://app:{pw}@10.0.0.1:263x9,h2/locks",
+    "sentinel URL, bad db": "rediss+sentinel://app:{pw}@10.0.0.1/locks/x",
     "planned scheme, no user": "rediss+cluster://:{pw}@h1:6379,h2:6379",
 }
 

@@ -169,18 +169,45 @@ def test_a_tls_setting_the_asyncio_connections_lack_is_refused() -> None:
 def _sentinels() -> list[object]:
     sync = redis.sentinel.Sentinel([("127.0.0.1", 26379)])  # type: ignore[no-untyped-call]
     lazy = redis.asyncio.sentinel.Sentinel([("127.0.0.1", 26379)])  # type: ignore[no-untyped-call]
-    return [sync, lazy, sync.master_for("locks"), lazy.master_for("locks")]  # type: ignore[no-untyped-call]
+    return [sync, lazy]
 
 
-@pytest.mark.parametrize("obj", _sentinels(), ids=["sync", "async", "master_for", "amaster_for"])
-def test_a_sentinel_is_refused_naming_the_plan(make: Make, obj: object) -> None:
+@pytest.mark.parametrize("obj", _sentinels(), ids=["sync", "async"])
+def test_a_sentinel_object_is_refused_naming_what_to_pass(make: Make, obj: object) -> None:
     with pytest.raises(ConfigurationError) as info:
         make([obj])
     text = str(info.value)
     assert text.startswith("nodes[0]: ")
-    assert "Sentinel" in text
-    assert "docs/cluster-and-sentinel.md" in text
-    assert "redis://host:port" in text
+    assert "names no service" in text
+    assert "master_for(service_name)" in text
+    assert "redis+sentinel://" in text
+
+
+@pytest.mark.parametrize("flavour", [redis.sentinel, redis.asyncio.sentinel])
+def test_a_master_for_client_gives_its_service_sentinels_and_settings(flavour: Any) -> None:
+    manager = flavour.Sentinel(
+        [("10.0.0.1", 26379), ("10.0.0.2", 26380)],
+        sentinel_kwargs={"password": "sentinel-pw"},
+        password="s3cret",
+        db=2,
+    )
+    for asyncio in (False, True):
+        address = settings_of(manager.master_for("locks"), "nodes[0]", asyncio=asyncio)
+        assert address.display == "redis+sentinel://10.0.0.1:26379,10.0.0.2:26380/locks/2"
+        assert dict(address.options) == {"password": "s3cret"}
+        assert address.sentinel is not None
+        assert address.sentinel.sentinels == (("10.0.0.1", 26379), ("10.0.0.2", 26380))
+        assert dict(address.sentinel.options) == {"password": "sentinel-pw"}
+        assert "s3cret" not in repr(address)
+        tls = settings_of(manager.master_for("locks", ssl=True), "nodes[0]", asyncio=asyncio)
+        assert tls.display.startswith("rediss+sentinel://")
+        assert not tls.sentinel.tls  # type: ignore[union-attr]  # sentinel_kwargs: no ssl
+
+
+def test_a_replica_client_is_refused(make: Make) -> None:
+    manager = redis.sentinel.Sentinel([("127.0.0.1", 26379)])  # type: ignore[no-untyped-call]
+    with pytest.raises(ConfigurationError, match=r"nodes\[0\]: .*replica client \(slave_for\)"):
+        make([manager.slave_for("locks")])  # type: ignore[no-untyped-call]
 
 
 def test_a_cluster_client_is_refused_naming_the_plan(make: Make) -> None:

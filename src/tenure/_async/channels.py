@@ -49,6 +49,7 @@ from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, rule_out
 from .._core.quorum import Failure, Round
 from .._core.resp import ErrorReply
+from .._core.sentinel import demoted
 from .._driver.redis_compat import NotRedis, diagnose, node_pool
 from .._driver.report import NodeReporter
 from .protocol import RespProtocol
@@ -248,9 +249,15 @@ class Channel:
         refused for its configuration (it would again; see ``_sync.links.Link.fail``)."""
         self._reset(exc, time.monotonic())
 
+    def diagnose(self, exc: Exception) -> Diagnosis:
+        """``exc`` as this node's failure: a Sentinel node's ``READONLY`` is its master
+        demoted, so the channel is dropped and silent until it finds the new one."""
+        why = diagnose(exc)
+        return why if self.address.sentinel is None else demoted(why)
+
     def _reset(self, exc: BaseException, now: float, *, from_task: bool = False) -> None:
         if isinstance(exc, Exception):
-            self.last = diagnose(exc)
+            self.last = self.diagnose(exc)
         self._fail_all(exc)
         self._outbox = []  # their requests just failed: never to reach a later connection
         self._reconnect.failed(now)
@@ -408,12 +415,13 @@ class Channels:
             else:
                 # The error reply, or whatever ended the connection first.
                 why = (
-                    diagnose(value)
+                    channels[i].diagnose(value)
                     if isinstance(value, Exception)
                     else Diagnosis(Failure.UNREACHABLE, type(value).__name__)
                 )
                 rnd.fail(i, why.failure, why.detail)
-                if isinstance(value, ResponseError) and why.failure.configuration:
+                gone = why.failure is Failure.UNREACHABLE  # a Sentinel node's master demoted
+                if isinstance(value, ResponseError) and (why.failure.configuration or gone):
                     self._current()[i].drop(value)
             if rnd.decided:
                 settle()

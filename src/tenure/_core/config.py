@@ -10,6 +10,7 @@ import enum
 import hashlib
 import math
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,11 +27,13 @@ __all__ = [
     "LockKeys",
     "LockSpec",
     "NodeAddress",
+    "SentinelService",
     "SpecCache",
     "WaitMode",
     "check_acquire_args",
     "check_flag",
     "check_key_prefix",
+    "check_one_server",
     "key_prefix_of",
     "lock_key",
     "min_ttl",
@@ -41,6 +44,43 @@ __all__ = [
 ]
 
 SCHEMES = ("redis", "rediss", "unix")
+
+# The port a Sentinel listens on unless its URL says otherwise.
+SENTINEL_PORT = 26379
+
+# The accepted form of a Sentinel-managed node's URL, for messages.
+SENTINEL_FORM = (
+    "redis+sentinel://[user:password@]host:port[,host:port...]/service_name[/db] "
+    "(rediss+sentinel:// for TLS)"
+)
+
+# The host a Sentinel-managed node's connection settings are built with
+# (``NodeAddress.redis_url``): every connection replaces it with the master the
+# Sentinels name before connecting, and ``.invalid`` never resolves should one not.
+_SENTINEL_PLACEHOLDER = "sentinel-master.invalid"
+
+
+@dataclass(frozen=True)
+class SentinelService:
+    """Where a Sentinel-managed node's master is found: a service name and its Sentinels.
+
+    ``tls`` and ``options`` are how the Sentinels are asked: with a URL, over TLS for
+    ``rediss+sentinel://`` and with the node's own credentials (``options`` empty); with
+    a redis-py ``master_for()`` client, with the settings of its Sentinel clients.
+    """
+
+    service: str
+    sentinels: tuple[tuple[str, int], ...]
+    tls: bool = False
+    options: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
+    # Whether ``options`` replace the node's own credentials for the Sentinels (a
+    # redis-py object's sentinel settings) rather than the node's being used.
+    own_settings: bool = field(default=False, compare=False)
+
+    @property
+    def hosts(self) -> str:
+        """``host:port,host:port``: the Sentinels as a URL lists them."""
+        return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.sentinels)
 
 
 @dataclass(frozen=True)
@@ -61,6 +101,9 @@ class NodeAddress:
     path: str | None
     db: int
     options: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
+    # A Sentinel-managed master (``redis+sentinel://``): found through these Sentinels
+    # at every connection, so it has no host or port of its own.
+    sentinel: SentinelService | None = None
 
     def __repr__(self) -> str:
         # Not the dataclass's: that would quote ``url`` with its password (a client's
@@ -69,12 +112,36 @@ class NodeAddress:
 
     @property
     def identity(self) -> tuple[object, ...]:
+        if self.sentinel is not None:
+            # The same service through the same Sentinels, in any order, is one master.
+            s = self.sentinel
+            return ("sentinel", s.service, tuple(sorted(set(s.sentinels))), self.db)
         where: tuple[object, ...] = (self.path,) if self.path else (self.host, self.port)
         return (*where, self.db)
 
     @property
+    def redis_url(self) -> str:
+        """The URL redis-py builds this node's connection settings from: ``url``, or
+        for a Sentinel-managed node a ``redis://`` (``rediss://``) URL with its
+        credentials, database and options and a placeholder host, which every
+        connection replaces with the master the Sentinels name."""
+        if self.sentinel is None:
+            return self.url
+        rest = self.url.partition("://")[2]
+        netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
+        user = netloc.rpartition("@")[0]
+        query = urlsplit(f"x://h/{rest[len(netloc) :]}").query
+        return (
+            f"{self.scheme}://{user + '@' if user else ''}{_SENTINEL_PLACEHOLDER}:6379/"
+            f"{self.db}" + (f"?{query}" if query else "")
+        )
+
+    @property
     def display(self) -> str:
         """The URL without credentials, safe for logs and error messages."""
+        if self.sentinel is not None:
+            tail = f"/{self.db}" if self.db else ""
+            return f"{self.scheme}+sentinel://{self.sentinel.hosts}/{self.sentinel.service}{tail}"
         if self.path:
             return f"unix://{self.path}" + (f"?db={self.db}" if self.db else "")
         host = f"[{self.host}]" if self.host and ":" in self.host else self.host
@@ -90,14 +157,6 @@ def _finite(parameter: str, value: object) -> float:
 # Node kinds that are planned (docs/cluster-and-sentinel.md) but not built, by scheme, and
 # what to do meanwhile.
 _PLANNED = {
-    "sentinel": (
-        "a Sentinel-managed master",
-        "pass the current master's address as a plain node ('redis://host:port'; "
-        "SENTINEL GET-MASTER-ADDR-BY-NAME <service> gives it), knowing that a failover "
-        "then moves the service to a replica that may lack the last grants: a data loss, "
-        "under which two clients can hold the lock at once, as the failover scenario of "
-        "`tenure verify` shows (docs/safety.md). Better, pass independent masters",
-    ),
     "cluster": (
         "a whole Redis Cluster as one node",
         "pass independent masters that are not in cluster mode ('redis://host:port', "
@@ -133,7 +192,7 @@ def _quoted(value: object) -> str:
 
 
 def _refuse_planned(url: str, parameter: str) -> None:
-    """Refuse a ``redis+sentinel://`` or ``redis+cluster://`` URL (``rediss+`` too)."""
+    """Refuse a ``redis+cluster://`` URL (``rediss+`` too)."""
     scheme = url.partition("://")[0].lower()
     base, plus, kind = scheme.partition("+")
     if not plus or base not in ("redis", "rediss") or kind not in _PLANNED:
@@ -147,16 +206,20 @@ def _refuse_planned(url: str, parameter: str) -> None:
 
 
 def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
-    """Parse ``redis://[user:pass@]host[:port][/db]``, ``rediss://...`` or ``unix:///path[?db=N]``.
+    """Parse ``redis://[user:pass@]host[:port][/db]``, ``rediss://...``, ``unix:///path[?db=N]``
+    or a Sentinel-managed master, ``redis+sentinel://[user:pass@]host:port[,host:port...]
+    /service_name[/db]`` (``rediss+sentinel://`` for TLS).
 
     Raises:
-        ConfigurationError: naming ``parameter``: not such a URL; a ``redis+sentinel://``
-            or ``redis+cluster://`` URL (``rediss+`` too), node kinds not built yet.
+        ConfigurationError: naming ``parameter``: not such a URL; a ``redis+cluster://``
+            URL (``rediss+`` too), a node kind not built yet.
     """
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError(parameter, f"must be a non-empty URL string, got {_quoted(url)}")
     # Before the URL is split: a list of hosts has no port urlsplit could read.
     _refuse_planned(url.strip(), parameter)
+    if re.match(r"(?i)rediss?\+sentinel://", url.strip()):
+        return _parse_sentinel_url(url.strip(), parameter)
     # Every message below quotes the URL as ``shown``: never its password.
     shown = repr(redact_url(url))
     secret = shown != repr(url)
@@ -191,7 +254,8 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
     if scheme not in SCHEMES:
         raise ConfigurationError(
             parameter,
-            f"URL {shown} has scheme {parts.scheme!r}; accepted: redis://, rediss://, unix://",
+            f"URL {shown} has scheme {parts.scheme!r}; accepted: redis://, rediss://, unix://, "
+            "redis+sentinel://, rediss+sentinel://",
         )
     db_text = parse_qs(parts.query).get("db", [""])[0]
     if scheme == "unix":
@@ -218,6 +282,107 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
     if db < 0:
         raise ConfigurationError(parameter, f"URL {shown}: database must be an integer >= 0")
     return NodeAddress(url=url, scheme=scheme, host=host, port=port_num, path=path, db=db)
+
+
+def _sentinel_host(item: str, shown: str, parameter: str) -> tuple[str, int]:
+    """One ``host[:port]`` (``[v6]:port``) of a Sentinel URL's list."""
+    try:
+        parts = urlsplit(f"x://{item}")
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigurationError(
+            parameter, f"URL {shown}: Sentinel {item!r} is not host:port ({exc})"
+        ) from None
+    if not item or not parts.hostname or parts.username is not None:
+        raise ConfigurationError(
+            parameter,
+            f"URL {shown}: Sentinel {item!r} is not host:port; the accepted form is "
+            f"{SENTINEL_FORM}",
+        )
+    if port == 0:
+        raise ConfigurationError(parameter, f"URL {shown}: port must be in 1..65535")
+    return parts.hostname, port or SENTINEL_PORT
+
+
+def _parse_sentinel_url(url: str, parameter: str) -> NodeAddress:
+    """A ``redis+sentinel://`` (``rediss+sentinel://``) node (see ``parse_node_url``)."""
+    shown = repr(redact_url(url))
+    scheme_text, _, rest = url.partition("://")
+    scheme = scheme_text.lower().partition("+")[0]
+    # The host list ends at the first '/', '?' or '#'; a password holding one unencoded
+    # would put part of it in the path (and leave no '@' before it).
+    netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    tail = rest[len(netloc) :]
+    if shown != repr(url) and "@" not in netloc:
+        raise ConfigurationError(
+            parameter,
+            f"URL {shown}: its user or password holds '/', '?' or '#', which end the host "
+            "part of a URL; percent-encode them in the URL (%2F, %3F, %23)",
+        )
+    hosts = netloc.rpartition("@")[2]
+    if not hosts:
+        raise ConfigurationError(
+            parameter, f"URL {shown} names no Sentinel; the accepted form is {SENTINEL_FORM}"
+        )
+    sentinels = tuple(_sentinel_host(h.strip(), shown, parameter) for h in hosts.split(","))
+    parts = urlsplit(f"x://h{tail}")
+    path = [unquote(p) for p in parts.path.split("/")[1:]]
+    if path and path[-1] == "":
+        path.pop()  # a trailing slash
+    if len(path) > 2:
+        raise ConfigurationError(
+            parameter,
+            f"URL {shown}: its path must be /service_name or /service_name/db, got "
+            f"{parts.path!r}; the accepted form is {SENTINEL_FORM}",
+        )
+    if not path or not path[0]:
+        raise ConfigurationError(
+            parameter,
+            f"URL {shown} names no service: give the name the Sentinels monitor the master "
+            f"by, as in {SENTINEL_FORM}",
+        )
+    service = path[0]
+    if any(c.isspace() or not c.isprintable() for c in service):
+        raise ConfigurationError(
+            parameter, f"URL {shown}: service name {service!r} holds whitespace or a control "
+            "character; Sentinel service names have none",
+        )  # fmt: skip
+    db_text = path[1] if len(path) == 2 else parse_qs(parts.query).get("db", [""])[0]
+    try:
+        db = int(db_text) if db_text else 0
+    except ValueError:
+        db = -1
+    if db < 0:
+        raise ConfigurationError(
+            parameter,
+            f"URL {shown}: database must be an integer >= 0 (the part after the service "
+            f"name), got {db_text!r}",
+        )
+    return NodeAddress(
+        url=url,
+        scheme=scheme,
+        host=None,
+        port=None,
+        path=None,
+        db=db,
+        sentinel=SentinelService(service, sentinels, tls=scheme == "rediss"),
+    )
+
+
+def check_one_server(address: NodeAddress, parameter: str, command: str) -> NodeAddress:
+    """Refuse a Sentinel-managed node where ``command`` reads one server as it is.
+
+    Raises:
+        ConfigurationError: naming ``parameter``: ``address`` is Sentinel-managed.
+    """
+    if address.sentinel is not None:
+        raise ConfigurationError(
+            parameter,
+            f"{address.display} is a Sentinel-managed node, and `{command}` reads one server "
+            "as it is: give the master's address (redis://host:port; SENTINEL "
+            f"GET-MASTER-ADDR-BY-NAME {address.sentinel.service} on a Sentinel names it)",
+        )
+    return address
 
 
 def node_address(

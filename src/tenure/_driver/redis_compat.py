@@ -105,7 +105,8 @@ def node_pool(
     options tenure owns (``connection_kwargs``), the user's checked options, then the
     settings taken from a redis-py object given as the node (``address.options``: the
     node's own, as a URL's credentials are, and never in conflict with the others, which
-    ``check_connection_options`` made sure of)."""
+    ``check_connection_options`` made sure of). A Sentinel-managed node's connections
+    find its master when they connect (``_driver.sentinel``)."""
     defaults = connection_kwargs(
         config.node_timeout,
         asyncio=asyncio,
@@ -113,7 +114,14 @@ def node_pool(
         connect_timeout=config.connect_timeout,
     )
     cls = redis.asyncio.ConnectionPool if asyncio else redis.ConnectionPool
-    return cls.from_url(address.url, **{**defaults, **connection_options, **dict(address.options)})
+    settings = {**defaults, **connection_options, **dict(address.options)}
+    pool = cls.from_url(address.redis_url, **settings)
+    if address.sentinel is not None:
+        # Its connections find the master through the Sentinels when they connect.
+        from .sentinel import managed  # imports this module
+
+        pool = managed(pool, address, config.connect_timeout, asyncio=asyncio)
+    return pool
 
 
 class NotRedis(rx.ConnectionError):
@@ -260,7 +268,7 @@ def check_connection_options(
     for i, address in enumerate(nodes):
         defaults = connection_kwargs(node_timeout, asyncio=asyncio, unix=address.path is not None)
         try:
-            conn_cls = pool_cls.from_url(address.url).connection_class
+            conn_cls = pool_cls.from_url(address.redis_url).connection_class
         except (TypeError, ValueError, rx.RedisError) as exc:
             raise ConfigurationError(
                 f"nodes[{i}]", f"redis-py refuses {address.display}: {exc}"
@@ -280,7 +288,7 @@ def check_connection_options(
                     "are that node's own, connection_options apply to every node)",
                 )
         try:
-            pool = pool_cls.from_url(address.url, **{**defaults, **result, **own})
+            pool = pool_cls.from_url(address.redis_url, **{**defaults, **result, **own})
             pool.connection_class(**pool.connection_kwargs)
         except (TypeError, ValueError, rx.RedisError) as exc:
             what = (

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import redis
 import redis.asyncio
@@ -25,7 +26,7 @@ import redis.cluster
 import redis.connection
 import redis.sentinel
 
-from .._core.config import NodeAddress, node_address, redact_url
+from .._core.config import NodeAddress, SentinelService, node_address, redact_url
 from .._errors import ConfigurationError
 from .redis_compat import keywords
 
@@ -40,12 +41,16 @@ _ASYNC_SENTINEL = redis.asyncio.sentinel
 _TCP: tuple[type, type] = (_SYNC.Connection, _ASYNC.Connection)
 _TLS: tuple[type, type] = (_SYNC.SSLConnection, _ASYNC.SSLConnection)
 _UNIX: tuple[type, type] = (_SYNC.UnixDomainSocketConnection, _ASYNC.UnixDomainSocketConnection)
+# A master_for() client's connection classes that speak TLS.
+_SENTINEL_TLS: tuple[type, type] = (
+    redis.sentinel.SentinelManagedSSLConnection,
+    _ASYNC_SENTINEL.SentinelManagedSSLConnection,
+)
 
 _SENTINEL_HELP = (
-    "Sentinel-managed nodes are planned (docs/cluster-and-sentinel.md), not supported "
-    "yet. Until then pass the master's address (sentinel.discover_master(service) gives "
-    "(host, port): 'redis://host:port'), knowing that a failover moves it to a replica "
-    "that may lack the last grants; better, pass independent masters"
+    "a Sentinel object names no service: pass sentinel.master_for(service_name), or the "
+    "node as 'redis+sentinel://host:port[,host:port...]/service_name' "
+    "(docs/cluster-and-sentinel.md)"
 )
 _CLUSTER_HELP = (
     "a Redis Cluster as one lock node is planned (docs/cluster-and-sentinel.md), not "
@@ -115,9 +120,7 @@ def settings_of(obj: object, parameter: str, *, asyncio: bool) -> NodeAddress:
     pool = getattr(obj, "connection_pool", obj)
     sentinel_pools = (redis.sentinel.SentinelConnectionPool, _ASYNC_SENTINEL.SentinelConnectionPool)
     if isinstance(pool, sentinel_pools):
-        raise ConfigurationError(
-            parameter, f"{kind} is a Sentinel-managed client (master_for): {_SENTINEL_HELP}"
-        )
+        return _sentinel_managed(pool, parameter, kind, asyncio=asyncio)
     cls = getattr(pool, "connection_class", None)
     raw = getattr(pool, "connection_kwargs", None)
     if not isinstance(cls, type) or not isinstance(raw, Mapping):
@@ -130,17 +133,43 @@ def settings_of(obj: object, parameter: str, *, asyncio: bool) -> NodeAddress:
             parameter,
             f"{kind} connects through {cls.__module__}.{cls.__name__}: "
             + (
-                _SENTINEL_HELP
+                "a Sentinel-managed connection outside its master_for() client; pass that "
+                "client, or the node as 'redis+sentinel://host:port[,host:port...]/"
+                "service_name'"
                 if sentinel
                 else "not one of redis-py's own connection classes, so tenure cannot know "
                 "what it changes; give the node as a URL, with connection_options"
             ),
         )
+    tls = cls in _TLS
+    options = _carried(raw, _target_class(asyncio, tls=tls, unix=cls in _UNIX), parameter, kind)
+    db = raw.get("db", 0)
+    if isinstance(db, str) and db.isdigit():
+        db = int(db)
+    if cls in _UNIX:
+        return node_address(
+            host=None, port=None, path=raw.get("path"), db=db, tls=False, options=options,
+            parameter=parameter,
+        )  # fmt: skip
+    port = raw.get("port", 6379)
+    if isinstance(port, str) and port.isdigit():
+        port = int(port)
+    return node_address(
+        host=raw.get("host", "localhost"), port=port, path=None, db=db, tls=tls,
+        options=options, parameter=parameter,
+    )  # fmt: skip
+
+
+def _carried(raw: Mapping[str, Any], target: type, parameter: str, kind: str) -> dict[str, Any]:
+    """The settings of ``raw`` (an object's ``connection_kwargs``) tenure carries over to
+    its own connections of class ``target``.
+
+    Raises:
+        ConfigurationError: a setting tenure refuses, or one ``target`` lacks.
+    """
     for key, why in _REFUSED.items():
         if raw.get(key) is not None:
             raise ConfigurationError(parameter, f"{kind} sets {key}, which is refused: {why}")
-    tls = cls in _TLS
-    target = _target_class(asyncio, tls=tls, unix=cls in _UNIX)
     accepted = keywords(target)
     options: dict[str, Any] = {}
     for key, value in raw.items():
@@ -160,21 +189,54 @@ def settings_of(obj: object, parameter: str, *, asyncio: bool) -> NodeAddress:
                 "the object, or give the node as a URL",
             )
         options[key] = value
+    return options
+
+
+def _sentinel_managed(pool: Any, parameter: str, kind: str, *, asyncio: bool) -> NodeAddress:
+    """The node a ``master_for()`` client stands for: its service, its Sentinels (with
+    the settings of the Sentinel object's clients: ``sentinel_kwargs``) and the master's
+    connection settings (taken as from any client). ``min_other_sentinels`` and the
+    Sentinel object's own timeouts and retries are not used.
+
+    Raises:
+        ConfigurationError: a ``slave_for()`` client, a Sentinel object without
+            Sentinels, or a setting refused as for any client.
+    """
+    if not getattr(pool, "is_master", True):
+        raise ConfigurationError(
+            parameter,
+            f"{kind} is a replica client (slave_for): a replica cannot hold locks; pass "
+            "sentinel.master_for(service), or a redis+sentinel:// URL",
+        )
+    manager = pool.sentinel_manager
+    clients = list(getattr(manager, "sentinels", ()))
+    if not clients:
+        raise ConfigurationError(parameter, f"{kind}: its Sentinel object lists no Sentinels")
+    sentinels = []
+    for client in clients:
+        at = settings_of(client, parameter, asyncio=asyncio)
+        assert at.host is not None
+        assert at.port is not None
+        sentinels.append((at.host, at.port))
+    first = settings_of(clients[0], parameter, asyncio=asyncio)
+    raw = pool.connection_kwargs
+    tls = issubclass(pool.connection_class, _SENTINEL_TLS)
+    options = _carried(raw, _target_class(asyncio, tls=tls, unix=False), parameter, kind)
     db = raw.get("db", 0)
     if isinstance(db, str) and db.isdigit():
         db = int(db)
-    if cls in _UNIX:
-        return node_address(
-            host=None, port=None, path=raw.get("path"), db=db, tls=False, options=options,
-            parameter=parameter,
-        )  # fmt: skip
-    port = raw.get("port", 6379)
-    if isinstance(port, str) and port.isdigit():
-        port = int(port)
-    return node_address(
-        host=raw.get("host", "localhost"), port=port, path=None, db=db, tls=tls,
-        options=options, parameter=parameter,
-    )  # fmt: skip
+    if isinstance(db, bool) or not isinstance(db, int) or db < 0:
+        raise ConfigurationError(parameter, f"database must be an integer >= 0, got {db!r}")
+    service = SentinelService(
+        pool.service_name,
+        tuple(sentinels),
+        tls=first.scheme == "rediss",
+        options=first.options,
+        own_settings=True,
+    )
+    scheme = "rediss" if tls else "redis"
+    url = f"{scheme}+sentinel://{service.hosts}/{quote(service.service)}/{db}"
+    return NodeAddress(url, scheme, None, None, None, db, tuple(options.items()), service)
 
 
 def node_addresses(nodes: object, *, asyncio: bool) -> object:
@@ -215,7 +277,7 @@ def _kind(obj: object) -> str:
 
 def _refuse_topologies(obj: object, parameter: str, kind: str) -> None:
     if isinstance(obj, (redis.sentinel.Sentinel, redis.asyncio.sentinel.Sentinel)):
-        raise ConfigurationError(parameter, f"{kind} is a Sentinel: {_SENTINEL_HELP}")
+        raise ConfigurationError(parameter, f"{kind} is a Sentinel, but {_SENTINEL_HELP}")
     if isinstance(obj, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
         raise ConfigurationError(parameter, f"{kind} is a Redis Cluster client: {_CLUSTER_HELP}")
 

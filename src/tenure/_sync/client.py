@@ -51,11 +51,14 @@ class Client(ClientBase):
     ``ConfigurationError`` naming the minimum).
 
     Args:
-        nodes: node URLs (``redis://``, ``rediss://``, ``unix://``), or redis-py clients
-            (``redis.Redis``, ``redis.asyncio.Redis``) or connection pools in their
-            place: tenure takes the node's address, database, TLS settings and
-            credentials from them and opens its own connections (docs/connections.md,
-            "Passing a redis-py client"). Sentinel and Cluster objects are refused.
+        nodes: node URLs (``redis://``, ``rediss://``, ``unix://``; a Sentinel-managed
+            master as ``redis+sentinel://host:port[,host:port...]/service_name[/db]``:
+            docs/cluster-and-sentinel.md), or redis-py clients (``redis.Redis``,
+            ``redis.asyncio.Redis``, a Sentinel's ``master_for()`` client) or connection
+            pools in their place: tenure takes the node's address, database, TLS
+            settings and credentials from them and opens its own connections
+            (docs/connections.md, "Passing a redis-py client"). Cluster objects are
+            refused.
         node_timeout: seconds to wait for any one node in a round (default 50 ms); it
             bounds the shortest TTL (see above).
         connect_timeout: seconds a new connection to a node may take to be set up: TCP

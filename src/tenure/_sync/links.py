@@ -49,6 +49,7 @@ from .._core.commands import Command, ScriptCache
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, rule_out
 from .._core.quorum import Failure, Round
+from .._core.sentinel import demoted
 from .._driver.redis_compat import diagnose, node_pool, reply_text
 from .._driver.report import NodeReporter
 from .connect import SetUp
@@ -92,6 +93,12 @@ class NodeState:
         conn = factory.connection_class(**factory.connection_kwargs)
         assert isinstance(conn, redis.connection.AbstractConnection)
         return conn  # type: ignore[return-value]  # a Connection or UnixDomainSocketConnection
+
+    def diagnose(self, exc: Exception) -> Diagnosis:
+        """``exc`` as this node's failure: a Sentinel node's ``READONLY`` is its master
+        demoted, so the node is dropped and silent until it finds the new one."""
+        why = diagnose(exc)
+        return why if self.address.sentinel is None else demoted(why)
 
     def down(self, now: float, why: Diagnosis | None = None) -> None:
         with self._lock:
@@ -260,8 +267,9 @@ class Link:
         reported meanwhile with what is wrong (``BackingOff``). Redis also closes some of
         those connections itself (an unauthenticated client sending a script).
         """
-        why = diagnose(exc)
-        if not isinstance(exc, ResponseError) or why.failure.configuration:
+        why = self.node.diagnose(exc)
+        gone = why.failure is Failure.UNREACHABLE  # a Sentinel node's master demoted
+        if not isinstance(exc, ResponseError) or why.failure.configuration or gone:
             self.drop(now, why)
         rnd.fail(i, why.failure, why.detail)
 

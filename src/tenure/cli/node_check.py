@@ -45,6 +45,7 @@ from .._core.config import (
     DEFAULT_KEY_PREFIX,
     NodeAddress,
     check_key_prefix,
+    check_one_server,
     node_keys,
     parse_node_url,
 )
@@ -383,7 +384,10 @@ def check(
     stderr = sys.stderr if err is None else err
     if not nodes:
         raise ConfigurationError("--redis", "no Redis nodes given")
-    addresses = [parse_node_url(url, f"--redis[{i}]") for i, url in enumerate(nodes)]
+    addresses = [
+        check_one_server(parse_node_url(url, f"--redis[{i}]"), f"--redis[{i}]", "tenure check")
+        for i, url in enumerate(nodes)
+    ]
     prefix = check_key_prefix(key_prefix, "--key-prefix")
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
         facts = list(pool.map(lambda a: gather(a, node_timeout, acl_user, prefix), addresses))

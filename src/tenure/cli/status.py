@@ -16,7 +16,13 @@ from typing import TextIO
 
 import redis
 
-from .._core.config import DEFAULT_KEY_PREFIX, LockKeys, check_key_prefix, parse_node_url
+from .._core.config import (
+    DEFAULT_KEY_PREFIX,
+    LockKeys,
+    check_key_prefix,
+    check_one_server,
+    parse_node_url,
+)
 from .._core.diagnosis import for_prefix
 from .._core.quorum import Failure, majority
 from .._driver.redis_compat import connection_kwargs, diagnose
@@ -56,7 +62,10 @@ def status(
         raise ConfigurationError("name", "must be a non-empty string")
     if not nodes:
         raise ConfigurationError("--redis", "no Redis nodes given")
-    addresses = [parse_node_url(url, f"--redis[{i}]") for i, url in enumerate(nodes)]
+    addresses = [
+        check_one_server(parse_node_url(url, f"--redis[{i}]"), f"--redis[{i}]", "tenure status")
+        for i, url in enumerate(nodes)
+    ]
     prefix = check_key_prefix(key_prefix, "--key-prefix")
     keys = LockKeys.of(name, prefix)
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:

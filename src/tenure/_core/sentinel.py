@@ -1,0 +1,157 @@
+"""A Sentinel-managed node: which Sentinel to ask, what its answers mean (pure).
+
+A node given as ``redis+sentinel://`` is the master the Sentinels know by a service name.
+Every connection to it (a round's, the notification listener's) starts by asking the
+Sentinels ``SENTINEL GET-MASTER-ADDR-BY-NAME <service>``, one after the other, each under
+a short timeout (``ask_timeout``), then checks with ``ROLE`` that the server named is a
+master before anything else is sent. The drivers' connections do the asking
+(``_driver.sentinel``); this module decides the order, reads the replies and words the
+failures. A connection that fails, and a master that answers ``READONLY`` (it was
+demoted: ``demoted``), make the next connection ask again, so the node follows a
+failover; meanwhile it is silent, like any node that does not answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .diagnosis import Diagnosis
+from .quorum import Failure
+
+__all__ = [
+    "SentinelBook",
+    "ask_timeout",
+    "auth_refused",
+    "demoted",
+    "master_reply",
+    "no_master",
+    "not_a_master",
+    "role_of",
+]
+
+Address = tuple[str, int]
+
+
+def _where(address: Address) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class SentinelBook:
+    """One node's Sentinels, in the order they are asked, and what they said.
+
+    The Sentinel that answered last is asked first next time: it is known to be up and
+    to know the service, so one round trip usually suffices. The master it named is kept
+    (``master``) for when no Sentinel answers at all (``candidates``).
+    """
+
+    __slots__ = ("_no_auth", "_order", "master")
+
+    def __init__(self, sentinels: Sequence[Address]) -> None:
+        self._order = list(dict.fromkeys(sentinels))
+        self._no_auth: set[Address] = set()
+        self.master: Address | None = None
+
+    def order(self) -> list[Address]:
+        """The Sentinels in the order to ask them."""
+        return list(self._order)
+
+    def answered(self, sentinel: Address, master: Address) -> None:
+        """``sentinel`` named ``master``: ask it first from now on."""
+        if sentinel in self._order:
+            self._order.remove(sentinel)
+            self._order.insert(0, sentinel)
+        self.master = master
+
+    def without_auth(self, sentinel: Address) -> bool:
+        """Whether ``sentinel`` is asked without credentials (it refused them once and
+        answered without: ``auth_refused``)."""
+        return sentinel in self._no_auth
+
+    def takes_no_auth(self, sentinel: Address) -> None:
+        self._no_auth.add(sentinel)
+
+    def candidates(self, found: Address | None) -> Address | None:
+        """Where to connect: the master a Sentinel named now, or, when none answered,
+        the one named last (still checked with ``ROLE``): a Sentinel outage alone does
+        not take a healthy master out of the lock."""
+        return found if found is not None else self.master
+
+
+def ask_timeout(connect_timeout: float, sentinels: int) -> float:
+    """How long one Sentinel is given to answer: a share of ``connect_timeout`` such
+    that asking every Sentinel in turn leaves one share for connecting to the master."""
+    return connect_timeout / (sentinels + 1)
+
+
+def master_reply(reply: object) -> Address | None:
+    """The master in a reply to ``SENTINEL GET-MASTER-ADDR-BY-NAME``; None if the
+    Sentinel does not know the service (a nil reply).
+
+    Raises:
+        ValueError: a reply of another shape (not a Sentinel's).
+    """
+    if reply is None:
+        return None
+    if isinstance(reply, (list, tuple)) and len(reply) == 2:
+        host, port = reply
+        if isinstance(host, bytes):
+            host = host.decode("utf-8", "replace")
+        if isinstance(port, bytes):
+            port = port.decode("ascii", "replace")
+        if isinstance(host, str) and host and str(port).isdigit() and 0 < int(port) < 65536:
+            return host, int(port)
+    raise ValueError(f"not a master's address: {reply!r:.80}")
+
+
+def role_of(reply: object) -> str:
+    """The role in a reply to ``ROLE``: ``master``, ``slave``, ``sentinel``, or what it
+    is when the reply is not a role (quoted, for a message)."""
+    if isinstance(reply, (list, tuple)) and reply:
+        role = reply[0]
+        return role.decode("utf-8", "replace") if isinstance(role, bytes) else str(role)
+    return repr(reply)[:40]
+
+
+def auth_refused(text: str) -> bool:
+    """Whether an error reply to a Sentinel's handshake refuses the credentials (sent
+    because the node's URL has them): such a Sentinel is asked again without any, as
+    Sentinels are often run without a password while their masters have one."""
+    lower = text.lower()
+    return (
+        "called without any password configured" in lower
+        or "wrongpass" in lower
+        or "invalid password" in lower
+        or "invalid username-password" in lower
+    )
+
+
+def no_master(service: str, said: Sequence[tuple[Address, str]]) -> str:
+    """Why no master was found: every Sentinel asked, and what each said."""
+    each = "; ".join(f"{_where(s)}: {what}" for s, what in said)
+    return f"no Sentinel named a master for service {service!r} ({each})"
+
+
+UNKNOWN_SERVICE = "does not know the service (check the service name in the node URL)"
+
+
+def not_a_master(service: str, master: Address, role: str, by: Address | None) -> str:
+    """The server the Sentinels named answered ``ROLE`` with another role."""
+    who = f"Sentinel {_where(by)}" if by is not None else "the last Sentinel that answered"
+    return (
+        f"{_where(master)}, named master of service {service!r} by {who}, is a {role}: "
+        "a failover is under way, the node is asked again after its back-off"
+    )
+
+
+def demoted(why: Diagnosis) -> Diagnosis:
+    """A Sentinel node's failure as it should count: a ``READONLY`` reply means its
+    master was demoted (the Sentinels moved the service), not that the node is set up
+    wrong. The node is then silent until its next connection finds the new master."""
+    if why.failure is Failure.MISCONFIGURED and "read-only replica" in why.detail:
+        return Diagnosis(
+            Failure.UNREACHABLE,
+            "its master was demoted to a replica (it answered READONLY); the Sentinels are "
+            "asked for the new one",
+        )
+    return why

@@ -1,0 +1,306 @@
+"""Connections to a Sentinel-managed node: each finds the master before it connects.
+
+A ``redis+sentinel://`` node's connection pool (``managed``) makes connections of the
+classes below. Their ``connect()`` asks the node's Sentinels for the master
+(``Locator``: ``SENTINEL GET-MASTER-ADDR-BY-NAME``, one Sentinel after the other under
+a short timeout each, the one that answered last first), connects to it as redis-py
+would (TLS, AUTH, SELECT), and checks with ``ROLE`` that it is a master before the
+connection is handed over. Both drivers set connections up through ``connect()`` (the
+blocking one in a set-up thread, the asyncio one in its channel's task), rounds and
+notifications alike, so every new connection follows a failover; the decisions are
+``_core.sentinel``'s. Every failure here is raised as a redis-py ``ConnectionError``
+(the node is unreachable for now, with why), so the drivers handle it as any failed
+set-up: back-off, then another try.
+
+The Sentinels are asked with the node's own credentials and TLS (``rediss+sentinel://``)
+unless the node came from a redis-py ``master_for()`` client, whose Sentinel clients'
+settings are used; a Sentinel that refuses the credentials (one without a password) is
+asked again without them, and from then on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis import exceptions as rx
+
+from .._core.config import NodeAddress
+from .._core.sentinel import (
+    UNKNOWN_SERVICE,
+    Address,
+    SentinelBook,
+    ask_timeout,
+    auth_refused,
+    master_reply,
+    no_master,
+    not_a_master,
+    role_of,
+)
+from .redis_compat import connection_kwargs, diagnose
+
+__all__ = ["Locator", "managed"]
+
+_CREDENTIALS = ("username", "password", "credential_provider")
+# The node's settings a Sentinel is asked with too (URL form): who we are, and TLS's.
+_SHARED = (*_CREDENTIALS, "socket_keepalive_options")
+
+
+class _Unknown(Exception):
+    """A Sentinel answered, but does not know the service (or answered nonsense)."""
+
+
+class Locator:
+    """Finds the master of one Sentinel-managed node, for every connection to it.
+
+    Shared by the node's connections of one client (and thread-safe): what one learns,
+    which Sentinel answers, the next one uses.
+    """
+
+    def __init__(
+        self,
+        address: NodeAddress,
+        data_settings: Mapping[str, Any],
+        connect_timeout: float,
+        *,
+        asyncio: bool,
+    ) -> None:
+        spec = address.sentinel
+        assert spec is not None
+        self.service = spec.service
+        self._book = SentinelBook(spec.sentinels)
+        self._lock = threading.Lock()
+        self.timeout = ask_timeout(connect_timeout, len(spec.sentinels))
+        settings = connection_kwargs(
+            self.timeout, asyncio=asyncio, unix=False, connect_timeout=self.timeout
+        )
+        # A Sentinel's reply is read by redis-py, under this timeout, in both drivers.
+        settings["socket_timeout"] = self.timeout
+        if spec.own_settings:
+            own = dict(spec.options)
+        else:
+            own = {
+                k: v
+                for k, v in data_settings.items()
+                if k in _SHARED or (spec.tls and k.startswith("ssl_"))
+            }
+        self._with_auth = {**settings, **own}
+        self._without_auth = {k: v for k, v in self._with_auth.items() if k not in _CREDENTIALS}
+        self._auth = any(self._with_auth.get(k) for k in _CREDENTIALS)
+        if asyncio:
+            self._cls: type = redis.asyncio.SSLConnection if spec.tls else redis.asyncio.Connection
+        else:
+            self._cls = redis.SSLConnection if spec.tls else redis.Connection
+
+    def _settings(self, sentinel: Address, *, auth: bool) -> dict[str, Any]:
+        with self._lock:
+            plain = not auth or self._book.without_auth(sentinel)
+        chosen = self._without_auth if plain else self._with_auth
+        return {**chosen, "host": sentinel[0], "port": sentinel[1]}
+
+    def _order(self) -> list[Address]:
+        with self._lock:
+            return self._book.order()
+
+    def _found(self, sentinel: Address, reply: object) -> Address:
+        """``sentinel``'s reply read; raises ``_Unknown`` when it names no master."""
+        try:
+            master = master_reply(reply)
+        except ValueError as exc:
+            raise _Unknown(str(exc)) from None
+        if master is None:
+            raise _Unknown(UNKNOWN_SERVICE)
+        with self._lock:
+            self._book.answered(sentinel, master)
+        return master
+
+    def _none_found(self, said: list[tuple[Address, str]], answered: bool) -> Address:
+        """No Sentinel named a master: the one named last, if no Sentinel answered at
+        all (an outage of the Sentinels alone); otherwise the node is unreachable."""
+        with self._lock:
+            last = None if answered else self._book.candidates(None)
+        if last is None:
+            raise rx.ConnectionError(no_master(self.service, said))
+        return last
+
+    def _refused_auth(self, sentinel: Address, exc: Exception) -> bool:
+        """Whether to ask ``sentinel`` again without credentials."""
+        if not self._auth or not isinstance(exc, rx.RedisError) or not auth_refused(str(exc)):
+            return False
+        with self._lock:
+            return not self._book.without_auth(sentinel)
+
+    def _no_auth(self, sentinel: Address) -> None:
+        with self._lock:
+            self._book.takes_no_auth(sentinel)
+
+    # --- blocking ---------------------------------------------------------------------
+
+    def _ask(self, sentinel: Address, *, auth: bool = True) -> object:
+        conn = self._cls(**self._settings(sentinel, auth=auth))
+        try:
+            conn.connect()
+            conn.send_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+            return conn.read_response()
+        except Exception as exc:
+            if self._refused_auth(sentinel, exc):
+                reply = self._ask(sentinel, auth=False)
+                self._no_auth(sentinel)
+                return reply
+            raise
+        finally:
+            conn.disconnect()
+
+    def locate(self) -> tuple[Address, Address | None]:
+        """The master to connect to, and the Sentinel that named it (None: the master
+        named last, no Sentinel answering now).
+
+        Raises:
+            redis.exceptions.ConnectionError: no master found, saying why per Sentinel.
+        """
+        said: list[tuple[Address, str]] = []
+        answered = False
+        for sentinel in self._order():
+            try:
+                return self._found(sentinel, self._ask(sentinel)), sentinel
+            except _Unknown as exc:
+                answered = True
+                said.append((sentinel, str(exc)))
+            except Exception as exc:  # not BaseException: an interrupt is nobody's answer
+                said.append((sentinel, diagnose(exc).detail))
+        return self._none_found(said, answered), None
+
+    # --- asyncio ----------------------------------------------------------------------
+
+    async def _aask(self, sentinel: Address, *, auth: bool = True) -> object:
+        conn = self._cls(**self._settings(sentinel, auth=auth))
+        try:
+            await asyncio.wait_for(conn.connect(), self.timeout)
+            await conn.send_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+            return await asyncio.wait_for(conn.read_response(), self.timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise rx.TimeoutError(f"no answer within {self.timeout:.3g} s") from None
+        except Exception as exc:
+            if self._refused_auth(sentinel, exc):
+                reply = await self._aask(sentinel, auth=False)
+                self._no_auth(sentinel)
+                return reply
+            raise
+        finally:
+            await conn.disconnect(nowait=True)
+
+    async def alocate(self) -> tuple[Address, Address | None]:
+        """``locate`` for the asyncio driver."""
+        said: list[tuple[Address, str]] = []
+        answered = False
+        for sentinel in self._order():
+            try:
+                return self._found(sentinel, await self._aask(sentinel)), sentinel
+            except _Unknown as exc:
+                answered = True
+                said.append((sentinel, str(exc)))
+            except Exception as exc:  # not BaseException: cancellation passes
+                said.append((sentinel, diagnose(exc).detail))
+        return self._none_found(said, answered), None
+
+    def check_role(self, master: Address, reply: object, by: Address | None) -> None:
+        """Raise unless ``reply`` (to ``ROLE``) says ``master`` is a master.
+
+        Raises:
+            redis.exceptions.ConnectionError: it is not (a failover is under way).
+        """
+        role = role_of(reply)
+        if role != "master":
+            raise rx.ConnectionError(not_a_master(self.service, master, role, by))
+
+
+def _locator_of(kwargs: dict[str, Any]) -> Locator:
+    locator = kwargs.pop("tenure_sentinel")
+    assert isinstance(locator, Locator)
+    return locator
+
+
+class _Managed:
+    """A blocking connection that finds its master through the Sentinels (mixin)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._locator = _locator_of(kwargs)
+        super().__init__(*args, **kwargs)
+
+    def connect(self) -> None:
+        me: Any = self
+        if me._sock:
+            return
+        master, by = self._locator.locate()
+        me.host, me.port = master
+        super().connect()  # type: ignore[misc]
+        try:
+            me.send_command("ROLE", check_health=False)
+            self._locator.check_role(master, me.read_response(), by)
+        except BaseException:
+            me.disconnect()
+            raise
+
+
+class _AsyncManaged:
+    """An asyncio connection that finds its master through the Sentinels (mixin)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._locator = _locator_of(kwargs)
+        super().__init__(*args, **kwargs)
+
+    async def connect(self) -> None:
+        me: Any = self
+        if me.is_connected:
+            return
+        master, by = await self._locator.alocate()
+        me.host, me.port = master
+        await super().connect()  # type: ignore[misc]
+        try:
+            await me.send_command("ROLE", check_health=False)
+            # The asyncio driver's connections wait without a socket timeout.
+            reply = await asyncio.wait_for(me.read_response(), me.socket_connect_timeout or 1.0)
+            self._locator.check_role(master, reply, by)
+        except (asyncio.TimeoutError, TimeoutError):
+            await me.disconnect(nowait=True)
+            raise rx.TimeoutError(f"{master[0]}:{master[1]} did not answer ROLE") from None
+        except BaseException:
+            await me.disconnect(nowait=True)
+            raise
+
+
+class SentinelConnection(_Managed, redis.Connection):
+    pass
+
+
+class SentinelSSLConnection(_Managed, redis.SSLConnection):
+    pass
+
+
+class AsyncSentinelConnection(_AsyncManaged, redis.asyncio.Connection):
+    pass
+
+
+class AsyncSentinelSSLConnection(_AsyncManaged, redis.asyncio.SSLConnection):
+    pass
+
+
+def managed(pool: Any, address: NodeAddress, connect_timeout: float, *, asyncio: bool) -> Any:
+    """A pool like ``pool`` (built from ``address.redis_url`` and the node's settings)
+    whose connections find the master of Sentinel-managed ``address`` when they connect.
+    """
+    settings = dict(pool.connection_kwargs)
+    tls = address.scheme == "rediss"
+    cls: type
+    if asyncio:
+        cls = AsyncSentinelSSLConnection if tls else AsyncSentinelConnection
+        pool_cls: Any = redis.asyncio.ConnectionPool
+    else:
+        cls = SentinelSSLConnection if tls else SentinelConnection
+        pool_cls = redis.ConnectionPool
+    locator = Locator(address, settings, connect_timeout, asyncio=asyncio)
+    return pool_cls(connection_class=cls, tenure_sentinel=locator, **settings)

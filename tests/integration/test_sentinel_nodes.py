@@ -1,0 +1,240 @@
+"""A Sentinel-managed master as one lock node (``redis+sentinel://``), on real Sentinels.
+
+Every test runs one body against the blocking and the asyncio client (``api``), on
+``tenure.testing.LocalSentinelSet`` (a master, a replica, three Sentinels) started from
+the default server or ``$TENURE_SERVER``. After a fault the tests wait, under a generous
+deadline, for an acquire that lands on the master the Sentinels name: how soon depends
+on the Sentinels (a demoted master keeps its clients until the Sentinels reconfigure
+it) and, once the scripts detect failovers, on a warm-up, so nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.sentinel
+
+import tenure
+from tenure._core.config import LockKeys
+from tenure.testing import LocalNode, LocalSentinelSet
+
+from .conftest import Api
+
+# Short leases and warm-ups, so that waiting out a failover takes seconds.
+OPTIONS = {"max_ttl": 3.0, "connect_timeout": 1.0}
+DEADLINE = 90.0
+
+
+@pytest.fixture(scope="module")
+def shared_set() -> Iterator[LocalSentinelSet]:
+    """One deployment for the tests that inject no fault."""
+    with LocalSentinelSet() as sentinels:
+        yield sentinels
+
+
+@pytest.fixture
+def fresh_set() -> Iterator[LocalSentinelSet]:
+    """A deployment of the test's own, to fail over or break."""
+    with LocalSentinelSet() as sentinels:
+        yield sentinels
+
+
+def _holds(node: LocalNode, name: str) -> bool:
+    with node.client(socket_timeout=2.0) as c:
+        return bool(c.exists(LockKeys.of(name).lock))
+
+
+def _lands_on(api: Api, client: object, name: str, sentinels: LocalSentinelSet) -> LocalNode:
+    """Acquire ``name`` until the lease is held on the master the Sentinels name (a
+    demoted master may grant until the Sentinels close its connections); returns it."""
+    deadline = time.monotonic() + DEADLINE
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            lease = client.acquire(name, ttl=1.0, blocking=True, timeout=0.5)  # type: ignore[attr-defined]
+        except (tenure.QuorumUnreachable, tenure.LockTimeout) as exc:
+            last = exc
+        else:
+            master = sentinels.master()
+            there = _holds(master, name)
+            try:
+                lease.release()
+            except tenure.LeaseLost as exc:  # the connection broke under it: try again
+                last = exc
+                continue
+            if there:
+                return master
+            last = "held on a server that is not the Sentinels' master"
+        api.idle(0.05)
+    raise AssertionError(f"no lease on the Sentinels' master within {DEADLINE} s: {last}")
+
+
+def _no_redis_exception(error: BaseException) -> None:
+    seen: BaseException | None = error
+    while seen is not None:
+        assert not isinstance(seen, redis.RedisError), repr(seen)
+        seen = seen.__cause__ or seen.__context__
+
+
+def test_a_lock_through_the_sentinel_url(api: Api, shared_set: LocalSentinelSet) -> None:
+    name = f"sentinel-url-{api.flavour}"
+    client = api.client([shared_set.url], **OPTIONS)
+    with client.lock(name, ttl=3.0):
+        assert _holds(shared_set.master(), name)
+    assert not _holds(shared_set.master(), name)
+
+
+def test_a_master_for_client_as_the_node(api: Api, shared_set: LocalSentinelSet) -> None:
+    # Its Sentinels, service and settings are taken; tenure connects on its own.
+    name = f"sentinel-object-{api.flavour}"
+    manager = redis.sentinel.Sentinel([("127.0.0.1", s.port) for s in shared_set.sentinels])  # type: ignore[no-untyped-call]
+    client = api.client([manager.master_for(shared_set.service)], **OPTIONS)  # type: ignore[no-untyped-call]
+    with client.lock(name, ttl=3.0):
+        assert _holds(shared_set.master(), name)
+
+
+def test_a_waiter_is_woken_by_the_release(api: Api, shared_set: LocalSentinelSet) -> None:
+    # Notifications are subscribed on the master found through the Sentinels. With a
+    # re-check far beyond the test, only a notification can hand the lock over.
+    name = f"sentinel-wake-{api.flavour}"
+    holder = api.client([shared_set.url], **OPTIONS)
+    lease = holder.acquire(name, ttl=3.0)
+    sibling = api.sibling()
+    other = sibling.client([shared_set.url], recheck=60.0, **OPTIONS)
+    results: list[object] = []
+
+    def wait() -> None:
+        results.append(other.acquire(name, ttl=3.0, timeout=30.0))
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    try:
+        api.wait_until(
+            lambda: _queued(shared_set.master(), name), within=10.0, what="waiter queued"
+        )
+        lease.release()
+        thread.join(30.0)
+        assert results
+        assert results[0] is not None
+        results[0].release()  # type: ignore[attr-defined]
+    finally:
+        thread.join(30.0)
+
+
+def _queued(node: LocalNode, name: str) -> bool:
+    with node.client(socket_timeout=2.0) as c:
+        return bool(c.zcard(LockKeys.of(name).queue))
+
+
+def test_the_client_follows_a_sentinel_failover(api: Api, fresh_set: LocalSentinelSet) -> None:
+    name = "sentinel-failover"
+    client = api.client([fresh_set.url], **OPTIONS)
+    first = _lands_on(api, client, name, fresh_set)
+    new = fresh_set.failover()
+    assert new is not first
+    assert _lands_on(api, client, name, fresh_set) is new
+
+
+def test_the_client_follows_a_killed_master(api: Api, fresh_set: LocalSentinelSet) -> None:
+    name = "sentinel-killed"
+    client = api.client([fresh_set.url], **OPTIONS)
+    killed = _lands_on(api, client, name, fresh_set)
+    fresh_set.kill_master()
+    new = fresh_set.wait_for_promotion(killed)
+    assert _lands_on(api, client, name, fresh_set) is new
+
+
+def test_an_unknown_service_is_an_unreachable_node_saying_why(
+    api: Api, shared_set: LocalSentinelSet
+) -> None:
+    url = shared_set.url.rpartition("/")[0] + "/no-such-service"
+    client = api.client([url], **OPTIONS)
+    with pytest.raises(tenure.QuorumUnreachable) as info:
+        client.acquire("sentinel-unknown", ttl=1.0, blocking=False)
+    text = str(info.value)
+    assert "no Sentinel named a master for service 'no-such-service'" in text, text
+    for sentinel in shared_set.sentinels:
+        assert f"127.0.0.1:{sentinel.port}: does not know the service" in text, text
+    _no_redis_exception(info.value)
+
+
+def _dead_ports(n: int) -> list[int]:
+    ports = []
+    for _ in range(n):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    return ports
+
+
+def test_no_sentinel_reachable_is_an_unreachable_node_saying_why(api: Api) -> None:
+    ports = _dead_ports(3)
+    hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
+    client = api.client([f"redis+sentinel://{hosts}/locks"], **OPTIONS)
+    with pytest.raises(tenure.QuorumUnreachable) as info:
+        client.acquire("sentinel-none", ttl=1.0, blocking=False)
+    text = str(info.value)
+    assert "no Sentinel named a master for service 'locks'" in text, text
+    for port in ports:
+        assert f"127.0.0.1:{port}: " in text, text
+    _no_redis_exception(info.value)
+
+
+def test_without_sentinels_a_reconnect_goes_to_the_master_found_last(
+    api: Api, fresh_set: LocalSentinelSet
+) -> None:
+    # The Sentinels down while the master is fine: a connection that breaks is set up
+    # again to the master they named last, checked with ROLE.
+    name = "sentinel-outage"
+    client = api.client([fresh_set.url], **OPTIONS)
+    master = _lands_on(api, client, name, fresh_set)
+    for sentinel in fresh_set.sentinels:
+        sentinel.stop()
+    with master.client() as c:
+        c.client_kill_filter(_type="normal", skipme=True)
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        try:
+            client.acquire(name, ttl=1.0, timeout=0.5).release()
+            break
+        except (tenure.QuorumUnreachable, tenure.LockTimeout):
+            assert time.monotonic() < deadline
+            api.idle(0.05)
+    assert not _holds(master, name)
+
+
+def test_a_demoted_master_is_silent_not_misconfigured(
+    api: Api, fresh_set: LocalSentinelSet
+) -> None:
+    # READONLY from a Sentinel node's master means it was demoted: the node is
+    # unreachable until the Sentinels name a master again, never NodeMisconfigured
+    # (which a plain node answering READONLY is).
+    name = "sentinel-demoted"
+    client = api.client([fresh_set.url], **OPTIONS)
+    master = _lands_on(api, client, name, fresh_set)
+    nowhere = _dead_ports(1)[0]
+    with master.client() as c:
+        c.replicaof("127.0.0.1", nowhere)
+    try:
+        with pytest.raises(tenure.QuorumUnreachable) as info:
+            client.acquire(name, ttl=1.0, blocking=False)
+        assert "its master was demoted to a replica" in str(info.value), str(info.value)
+        # Connecting again finds the same server, now a replica: still only unreachable.
+        api.wait_until(lambda: _fails_as_replica(client, name), within=20.0, what="ROLE refused")
+    finally:
+        with master.client() as c:
+            c.replicaof("NO", "ONE")
+    assert _lands_on(api, client, name, fresh_set) is master
+
+
+def _fails_as_replica(client: object, name: str) -> bool:
+    try:
+        client.acquire(name, ttl=1.0, blocking=False).release()  # type: ignore[attr-defined]
+    except tenure.QuorumUnreachable as exc:
+        return "is a slave" in str(exc)
+    return False

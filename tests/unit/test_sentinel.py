@@ -1,0 +1,155 @@
+"""Sentinel-managed nodes: the ``redis+sentinel://`` form, and the pure decisions of
+``tenure._core.sentinel`` (which Sentinel to ask, what its replies mean)."""
+
+from __future__ import annotations
+
+import pytest
+
+import tenure
+from tenure import ConfigurationError
+from tenure._core.config import ClientConfig, parse_node_url
+from tenure._core.diagnosis import Diagnosis, error_reply
+from tenure._core.quorum import Failure
+from tenure._core.sentinel import (
+    SentinelBook,
+    ask_timeout,
+    auth_refused,
+    demoted,
+    master_reply,
+    no_master,
+    role_of,
+)
+
+
+@pytest.mark.parametrize(
+    ("url", "display", "sentinels", "service", "db", "redis_url"),
+    [
+        ("redis+sentinel://10.0.0.1:26379,10.0.0.2:26380/locks", "redis+sentinel://10.0.0.1:26379,10.0.0.2:26380/locks",
+         (("10.0.0.1", 26379), ("10.0.0.2", 26380)), "locks", 0, "redis://sentinel-master.invalid:6379/0"),
+        ("rediss+sentinel://app:p%40ss@s1,[::1]:5000/locks/3", "rediss+sentinel://s1:26379,[::1]:5000/locks/3",
+         (("s1", 26379), ("::1", 5000)), "locks", 3, "rediss://app:p%40ss@sentinel-master.invalid:6379/3"),
+        ("REDIS+SENTINEL://s1/my-svc?db=2", "redis+sentinel://s1:26379/my-svc/2",
+         (("s1", 26379),), "my-svc", 2, "redis://sentinel-master.invalid:6379/2?db=2"),
+    ],
+)  # fmt: skip
+def test_the_sentinel_url_form(
+    url: str,
+    display: str,
+    sentinels: tuple[tuple[str, int], ...],
+    service: str,
+    db: int,
+    redis_url: str,
+) -> None:
+    address = parse_node_url(url)
+    assert address.display == display
+    assert address.sentinel is not None
+    assert address.sentinel.sentinels == sentinels
+    assert address.sentinel.service == service
+    assert address.db == db
+    assert address.redis_url == redis_url
+    assert address.sentinel.tls == url.lower().startswith("rediss")
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+sentinel://:Zq9xWv7k@h1:26379", "names no service"),
+        ("redis+sentinel://:Zq9xWv7k@h1:26379/", "names no service"),
+        ("redis+sentinel://:Zq9xWv7k@/locks", "names no Sentinel"),
+        ("redis+sentinel://:Zq9xWv7k@h1:0/locks", "port must be in 1..65535"),
+        ("redis+sentinel://:Zq9xWv7k@h1:abc/locks", "is not host:port"),
+        ("redis+sentinel://:Zq9xWv7k@h1,,h2/locks", "is not host:port"),
+        ("redis+sentinel://:Zq9xWv7k@h1/locks/x", "database must be an integer >= 0"),
+        ("redis+sentinel://:Zq9xWv7k@h1/locks/1/2", "/service_name or /service_name/db"),
+        ("redis+sentinel://:Zq9x/Wv7k@h1/locks", "percent-encode"),
+        ("redis+sentinel://:Zq9xWv7k@h1/my%20locks", "whitespace"),
+    ],
+)
+def test_a_malformed_sentinel_url_names_the_node_the_form_and_hides_the_password(
+    url: str, says: str
+) -> None:
+    for make in (tenure.Client, tenure.AsyncClient):
+        with pytest.raises(ConfigurationError) as info:
+            make(["redis://a", url, "redis://c"])
+        text = str(info.value)
+        assert info.value.parameter == "nodes[1]"
+        assert says in text, text
+        assert "Zq9x" not in text, text
+        assert "Wv7k" not in text, text
+        assert "sentinel" in text.lower()
+
+
+def test_the_same_service_through_the_same_sentinels_is_listed_once() -> None:
+    with pytest.raises(ConfigurationError, match=r"nodes\[1\]: .*same server as nodes\[0\]"):
+        ClientConfig.build(
+            ["redis+sentinel://a:1,b:2/locks", "redis+sentinel://b:2,a:1/locks", "redis://c"]
+        )
+    # Another service, or another database, is another node.
+    ClientConfig.build(
+        ["redis+sentinel://a:1,b:2/locks", "redis+sentinel://a:1,b:2/other", "redis://c"]
+    )
+
+
+def test_a_sentinel_node_is_one_vote() -> None:
+    config = ClientConfig.build(["redis+sentinel://a:1,b:2,c:3/locks"])
+    assert len(config.nodes) == 1
+    assert config.quorum == 1
+
+
+def test_the_sentinel_that_answered_is_asked_first() -> None:
+    a, b, c = ("a", 1), ("b", 2), ("c", 3)
+    book = SentinelBook([a, b, c, a])
+    assert book.order() == [a, b, c]
+    assert book.candidates(None) is None  # nothing named yet
+    book.answered(c, ("m", 6379))
+    assert book.order() == [c, a, b]
+    assert book.master == ("m", 6379)
+    assert book.candidates(None) == ("m", 6379)
+    assert book.candidates(("n", 6380)) == ("n", 6380)
+    book.answered(b, ("n", 6380))
+    assert book.order() == [b, c, a]
+    assert not book.without_auth(a)
+    book.takes_no_auth(a)
+    assert book.without_auth(a)
+
+
+def test_asking_every_sentinel_leaves_a_share_for_the_master() -> None:
+    assert ask_timeout(1.0, 3) == 0.25
+    assert ask_timeout(1.0, 1) == 0.5
+
+
+def test_replies() -> None:
+    assert master_reply([b"10.0.0.5", b"6380"]) == ("10.0.0.5", 6380)
+    assert master_reply(None) is None
+    for garbage in ([b"h"], [b"h", b"x"], b"OK", [b"h", b"0"]):
+        with pytest.raises(ValueError, match="not a master's address"):
+            master_reply(garbage)
+    assert role_of([b"master", 0, []]) == "master"
+    assert role_of([b"slave", b"h", 1, b"connected", 5]) == "slave"
+    assert role_of(b"OK") == "b'OK'"
+
+
+def test_a_sentinel_without_a_password_is_recognised() -> None:
+    assert auth_refused(
+        "AUTH <password> called without any password configured for the default user."
+    )
+    assert auth_refused("WRONGPASS invalid username-password pair or user is disabled.")
+    assert not auth_refused("Error 111 connecting to 127.0.0.1:26379. Connection refused.")
+
+
+def test_a_demoted_master_is_unreachable_not_misconfigured() -> None:
+    readonly = error_reply("READONLY You can't write against a read only replica.")
+    assert readonly.failure is Failure.MISCONFIGURED  # a plain node: listed wrong
+    why = demoted(readonly)
+    assert why.failure is Failure.UNREACHABLE
+    assert "demoted" in why.detail
+    other = Diagnosis(Failure.MISCONFIGURED, "requires a password")
+    assert demoted(other) is other
+
+
+def test_no_master_names_the_service_and_each_sentinel() -> None:
+    text = no_master("locks", [(("a", 1), "connection refused"), (("::1", 2), "timed out")])
+    assert text == (
+        "no Sentinel named a master for service 'locks' "
+        "(a:1: connection refused; [::1]:2: timed out)"
+    )
