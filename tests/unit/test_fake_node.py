@@ -328,6 +328,21 @@ def test_a_floor_without_a_history_records_this_one_and_votes() -> None:
     assert node.get(NODE_REPLID, 1001) == node.replid
 
 
+def test_a_promoted_node_with_a_floor_but_no_history_is_changed() -> None:
+    # Its master may have recorded an ID the replica never received (or wrote the floor
+    # before IDs were kept): a promoted node vouches only for what it recorded itself.
+    node = FakeNode()
+    node.set(NODE_FLOOR, 10, 0, px=RET)
+    node.promote(node.replicate())
+    assert acquire_lua(node, KEYS, "a", 1000, 20, now=1, mark=3) == [-4, 3, 10]
+    assert extend_lua(node, KEYS.lock, "a", 1000, 1, NODE_FLOOR, RET) == 0  # not ours
+    node.set(KEYS.lock, "a", 1, px=1000)
+    assert extend_lua(node, KEYS.lock, "a", 1000, 2, NODE_FLOOR, RET) == 1
+    assert node.get(NODE_REPLID, 2) is None  # an extension records nothing here
+    assert seed_lua(node, KEYS, 5, 500, now=3, marks=frozenset({3})) == 1
+    assert (node.floor_of(KEYS, 3), node.get(NODE_REPLID, 3)) == (10, node.replid)
+
+
 def test_the_history_expires_with_the_floor_and_not_before() -> None:
     node = seeded(10, retention=RET)
     acquire_lua(node, KEYS, "a", 100, 20, now=1000, retention_ms=RET)

@@ -36,7 +36,8 @@
 -- grants of its master; a restart, which starts a new history even with the data on
 -- disk) grants nothing until the client seeds it with a warm-up, like a node that lost
 -- its data. A floor without a stored ID (written by a tenure that kept none) is taken
--- as it is, and the ID recorded.
+-- as it is, and the ID recorded, unless the node was promoted: its master may have
+-- recorded one that never reached it, so that counts as a changed history too.
 --
 -- Returns {status, number, floor[, pttl]}; floor is this node's floor (0 when it has none):
 --   { 1, F, floor}   granted: the lock is ours and the floor is now F. In fair mode
@@ -59,9 +60,9 @@
 --                    node that has restarted since (its mark is gone).
 --   {-3, pttl, floor}  seeded after a data loss and still warming up for pttl ms
 --   {-4, mark, floor}  history changed: the floor (0 if none) was written under another
---                    replication history than this server's, or the node has no floor
---                    and was promoted from a replica (whatever its master had, it may
---                    not have received). It grants nothing until the client seeds it,
+--                    replication history than this server's, or the node was promoted
+--                    from a replica and has no floor, or one without a stored ID
+--                    (whatever its master had, it may not have received). It grants nothing until the client seeds it,
 --                    always with a warm-up; the mark as for -2, valid under this history
 --                    only (history.lua.inc).
 --
@@ -81,7 +82,7 @@ if not floor then
 end
 floor = tonumber(floor)
 local stored = redis.call("GET", replid_key(KEYS[2]))
-if not stored then
+if not stored and not promoted then
     record(KEYS[2], id, ARGV[6])
 elseif stored ~= id then
     return {-4, observed(KEYS[3], ARGV[4], ARGV[5], id), floor}

@@ -29,7 +29,7 @@ local floor = redis.call("GET", KEYS[1])
 local changed = promoted
 if floor then
     local stored = redis.call("GET", replid_key(KEYS[1]))
-    if not stored or stored == id then
+    if stored == id or (not stored and not promoted) then
         return 0
     end
     changed = true

@@ -251,7 +251,7 @@ def acquire_lua(
         return [-4 if promoted else -2, seen, 0]
     floor = int(floor_raw)
     stored = node.get(keys.replid, now)
-    if stored is None:
+    if stored is None and not promoted:
         record_lua(node, keys.floor, rid, retention_ms, now)
     elif stored != rid:
         return [-4, observed_lua(node, keys.warm, mark, mark_ms, rid, now), floor]
@@ -333,7 +333,7 @@ def seed_lua(
     current = node.get(keys.floor, now)
     if current is not None:
         stored = node.get(keys.replid, now)
-        if stored is None or stored == rid:
+        if stored == rid or (stored is None and not changed):
             return 0
         changed = True
     mark = _mark_of(node.get(keys.warm, now), rid)
@@ -375,7 +375,9 @@ def extend_lua(
         if floor is not None:
             kept = node.pexpire(floor, retention_ms, now)
             if node.pexpire(_replid_key(floor), retention_ms, now) == 0 and kept == 1:
-                record_lua(node, floor, history_lua(node)[0], retention_ms, now)
+                rid, promoted = history_lua(node)
+                if not promoted:
+                    record_lua(node, floor, rid, retention_ms, now)
         return node.pexpire(key, ttl_ms, now)
     return 0
 
