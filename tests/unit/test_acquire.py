@@ -20,8 +20,8 @@ from tenure import ConfigurationError, QuorumUnreachable, ServerUnsupported
 from tenure._core.acquire import (
     GRANTED,
     HELD,
-    MAX_FIXES,
     HISTORY_CHANGED,
+    MAX_FIXES,
     NO_HISTORY,
     TOO_LOW,
     UNREACHABLE_STRIKES,

@@ -613,9 +613,10 @@ class LockKeys:
     highest token it committed for any lock, the only fencing history it keeps, and the
     mark that it has not lost its data) and its warm-up marker (see ``_lua/acquire.lua``
     and docs/fencing.md); ``replid``, derived from ``floor``, the replication ID the
-    floor was written under (the scripts find it by the floor's name). Nothing about a lock outlives its lease and its waiters.
-    With another key prefix, ``tenure:`` is that prefix in every one of these keys,
-    the node's two included: each prefix has a fencing history of its own.
+    floor was written under (the scripts find it by the floor's name). Nothing about a
+    lock outlives its lease and its waiters. With another key prefix, ``tenure:`` is
+    that prefix in every one of these keys, the node's included: each prefix has a
+    fencing history of its own.
     """
 
     lock: str

@@ -55,8 +55,8 @@ from tenure._core.config import replid_key as _replid_key
 
 __all__ = [
     "RETENTION_MS",
-    "Bus",
     "ZERO_ID",
+    "Bus",
     "FakeNode",
     "LockKeys",
     "acquire_lua",
