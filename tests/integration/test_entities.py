@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tenure._core.config import NODE_FLOOR, NODE_WARM
+from tenure._core.config import NODE_FLOOR, NODE_REPLID, NODE_WARM
 from tenure._driver import clock as _clock
 from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
@@ -204,8 +204,8 @@ def test_a_node_that_lost_its_data_is_still_kept_out(api: Api, key: str, wipe: s
 
 def test_nothing_is_left_after_the_retention(api: Api) -> None:
     """Nothing is kept per name once its lease and its waiters are gone (only the
-    node's floor), and every key tenure writes expires: after the retention, the nodes
-    are empty."""
+    node's floor and its replication ID), and every key tenure writes expires: after
+    the retention, the nodes are empty."""
     with LocalCluster(3) as cluster:
         client = api.client(cluster.urls, retention=2.0, max_ttl=1.0, node_timeout=NODE_TIMEOUT)
         for i in range(200):
@@ -217,7 +217,8 @@ def test_nothing_is_left_after_the_retention(api: Api) -> None:
         lease.release()
         for node in cluster:
             with node.client() as c:
-                assert list(c.scan_iter("tenure:*")) == [NODE_FLOOR.encode()]
+                # The floor, and the replication ID it was written under.
+                assert set(c.scan_iter("tenure:*")) == {NODE_FLOOR.encode(), NODE_REPLID.encode()}
                 assert c.pttl(NODE_FLOOR) > 0
         time.sleep(2.2)
         for node in cluster:

@@ -20,6 +20,7 @@ from tenure import ConfigurationError, QuorumUnreachable, ServerUnsupported
 from tenure._core.acquire import (
     GRANTED,
     HELD,
+    HISTORY_CHANGED,
     MAX_FIXES,
     NO_HISTORY,
     TOO_LOW,
@@ -111,6 +112,8 @@ def reply(
         rnd.record(i, False, (TOO_LOW, number, number if floor is None else floor))
     elif a == "b":
         rnd.record(i, False, (NO_HISTORY, 1000 + i, 0))  # its observation mark
+    elif a == "c":  # history changed: its mark, and its own (old) floor
+        rnd.record(i, False, (HISTORY_CHANGED, 2000 + i, 1 if floor is None else floor))
     elif a == "w":
         pttl = 30_000 if counter is None else counter
         rnd.record(i, False, (WARMING, pttl, 1 if floor is None else floor))
@@ -789,6 +792,57 @@ def test_warming_counts_as_a_refusal() -> None:
     assert step.seed is None  # a warming node has been seeded already
 
 
+# --- a changed replication history (failover, restart) ------------------------------------
+
+
+def test_one_node_whose_history_changed_is_seeded_from_its_own_floor_with_a_warm_up() -> None:
+    # N = 1 after a failover: no other node to vouch for it. Heard in full already, so
+    # seeded at once (no round to hear every node), and never as a new node set.
+    acq = make(1, blocking=False)
+    _, step = attempt(acq, "c", started=0.0, now=0.01, floors=[WALL - 7])
+    assert step == Retry(0.0, frozenset(), Seed(frozenset({0}), WALL - 7, MAX_TTL_MS))
+    assert isinstance(step, Retry)
+    assert step.seed is not None
+    assert step.seed.marks == frozenset({2000})
+
+
+def test_a_changed_node_never_makes_a_new_node_set() -> None:
+    # Every other node blank, one changed: had it been blank too, all would start at 0
+    # with no warm-up. A failover must not look like a new node set.
+    acq = make(3, blocking=False)
+    _, step = attempt(acq, "bbc", started=0.0, now=0.01, floors=[None, None, 40])
+    assert step == Retry(0.0, frozenset(), Seed(frozenset({0, 1, 2}), 40, MAX_TTL_MS))
+    acq = make(3, blocking=False)
+    _, step = attempt(acq, "ccc", started=0.0, now=0.01, floors=[5, 9, 7])
+    assert step == Retry(0.0, frozenset(), Seed(frozenset({0, 1, 2}), 9, MAX_TTL_MS))
+
+
+def test_a_changed_floor_does_not_vouch_for_a_blank_node() -> None:
+    # One blank, one changed, one with a floor: no majority of floors vouches for the
+    # past, so the round first hears every node, then seeds from what is there.
+    acq = make(5, blocking=False)
+    _, step = attempt(acq, "bcn..", started=0.0, now=0.01, counters=[None, None, 30])
+    assert step == Retry(0.0, frozenset({3, 4}), None)
+    _, step = attempt(
+        acq, "bcnnn", started=0.01, now=0.02, counters=[None, None, 30, 31, 32], floors=[None, 99]
+    )
+    assert step == Retry(0.0, frozenset(), Seed(frozenset({0, 1}), 99, MAX_TTL_MS))
+
+
+def test_a_changed_node_next_to_a_majority_of_floors_is_seeded_from_the_highest() -> None:
+    acq = make(3, seed=4)
+    _, step = attempt(acq, "cnn", started=0.0, now=0.01, counters=[None, 7, 9], floors=[50])
+    assert step == Retry(0.0, frozenset(), Seed(frozenset({0}), 50, MAX_TTL_MS))
+
+
+def test_granted_round_seeds_the_changed_nodes_it_heard() -> None:
+    acq = make(3)
+    _, step = attempt(acq, "yyc", started=0.0, now=0.01, floors=[None, None, WALL + 3])
+    assert isinstance(step, Granted)
+    assert step.lease.fencing_token == WALL
+    assert step.seed == Seed(frozenset({2}), WALL + 3, MAX_TTL_MS)
+
+
 def test_seeding_fixes_are_bounded() -> None:
     acq = make(3, blocking=False)
     for k in range(MAX_FIXES):
@@ -801,8 +855,8 @@ def test_seeding_fixes_are_bounded() -> None:
 
 # --- property -----------------------------------------------------------------------------
 
-Vote = Literal["y", "n", "l", "b", "w", "u", "e", "."]
-VOTES: tuple[Vote, ...] = ("y", "n", "l", "b", "w", "u", "e", ".")
+Vote = Literal["y", "n", "l", "b", "c", "w", "u", "e", "."]
+VOTES: tuple[Vote, ...] = ("y", "n", "l", "b", "c", "w", "u", "e", ".")
 
 
 @SETTINGS
@@ -857,8 +911,11 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
     spec = acq.spec
     infos = {i: r.info for i, r in enumerate(rnd.results) if r is not None and r.info}
     numbers = [info[1] for info in infos.values() if info[0] in (GRANTED, HELD, TOO_LOW)]
-    floors = [info[2] for info in infos.values() if info[0] != NO_HISTORY]
+    # The floors that vouch for a node's past: not a blank one, nor a changed one's.
+    floors = [info[2] for info in infos.values() if info[0] not in (NO_HISTORY, HISTORY_CHANGED)]
+    own = [info[2] for info in infos.values() if info[0] == HISTORY_CHANGED]
     blank = frozenset(i for i, v in heard.items() if v == "b")
+    lost = frozenset(i for i, v in heard.items() if v in "bc")
     assert acq.floor >= max([floor, *(x + 1 for x in numbers)])
     validity = started + spec.ttl - spec.drift - now
     if isinstance(step, Granted):
@@ -870,8 +927,8 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
         assert step.lease.granted == rnd.granted()
         assert step.lease.fencing_token == proposal
         assert acq.floor > proposal
-        if blank:
-            assert step.seed == Seed(blank, max(floors), MAX_TTL_MS)
+        if lost:
+            assert step.seed == Seed(lost, max(floors + own), MAX_TTL_MS)
             assert step.seed.floor >= proposal
         else:
             assert step.seed is None
@@ -879,19 +936,20 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
     assert not (rnd.yes >= spec.quorum and validity > 0)
     assert step.cleanup == rnd.maybe_holding()
     assert rnd.granted() <= step.cleanup
-    ours = bool(blank) or ("l" in heard.values() and "n" not in heard.values())
+    ours = bool(lost) or ("l" in heard.values() and "n" not in heard.values())
     if isinstance(step, Retry):
         if step.sleep == 0.0 and (ours or step.seed):
             assert ours
             if step.seed is not None:
-                assert step.seed.nodes == blank
+                assert step.seed.nodes == lost
                 if blank == frozenset(range(n)):
                     assert step.seed == Seed(blank, 0, 0)
                 else:
                     # Seeded from the nodes with a floor (a majority of them, or whatever
-                    # is there once a majority answered), kept out for max_ttl.
+                    # is there once a majority answered), the changed ones' own floors
+                    # included, kept out for max_ttl: never new while a node changed.
                     assert len(floors) >= spec.quorum or len(infos) >= spec.quorum
-                    assert step.seed == Seed(blank, max(floors, default=0), MAX_TTL_MS)
+                    assert step.seed == Seed(lost, max(floors + own, default=0), MAX_TTL_MS)
             return
         assert blocking
         assert step.seed is None
@@ -903,5 +961,5 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
         # One attempt: a blocking acquire does not give up on unreachable nodes yet.
         assert (step.error is not None) == (rnd.unreachable_blocks_quorum() and not blocking)
         if step.error is None:
-            assert not ours or (blank and len(floors) < spec.quorum and blank != set(range(n)))
+            assert not ours or (lost and len(floors) < spec.quorum and blank != set(range(n)))
             assert not blocking or (timeout is not None and now >= timeout)

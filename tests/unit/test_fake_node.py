@@ -15,7 +15,14 @@ import pytest
 
 from tenure._core import commands
 from tenure._core.acquire import Seed
-from tenure._core.config import NODE_FLOOR, NODE_WARM, ClientConfig, LockKeys, LockSpec
+from tenure._core.config import (
+    NODE_FLOOR,
+    NODE_REPLID,
+    NODE_WARM,
+    ClientConfig,
+    LockKeys,
+    LockSpec,
+)
 from tenure._lua import script
 from tenure.testing.fake import (
     RETENTION_MS,
@@ -50,6 +57,7 @@ def test_script_headers_state_the_statuses_the_fake_returns() -> None:
         "{-1, floor, floor}",
         "{-2, mark, 0}",
         "{-3, pttl, floor}",
+        "{-4, mark, floor}",
     ):
         assert line in acquire, line
     assert "KEYS[2]  this node's floor" in acquire
@@ -57,12 +65,15 @@ def test_script_headers_state_the_statuses_the_fake_returns() -> None:
     seed = script("seed").source.decode()
     assert "Returns 1 if seeded, 0 if the node already had a floor" in seed
     assert "ARGV[3]  the retention" in seed
+    assert "Also -1 for a seed without a warm-up (ARGV[2] = 0) on a node whose" in seed
     assert "KEYS[2]  (optional) this node's floor" in script("extend").source.decode()
     assert "ARGV[4]  (waiting only) the retention" in script("release").source.decode()
 
 
 def test_the_node_keys_are_shared_by_every_lock() -> None:
     assert (KEYS.floor, KEYS.warm) == (OTHER.floor, OTHER.warm) == (NODE_FLOOR, NODE_WARM)
+    assert KEYS.replid == OTHER.replid == NODE_REPLID
+    assert LockKeys.of("r", "app1:").replid == "app1:node:replid"
     assert KEYS.lock != OTHER.lock
 
 
@@ -94,7 +105,10 @@ def test_acquire_grants_above_the_floor_and_raises_it() -> None:
     assert node.pttl(KEYS.lock, 7) == 1000
     assert node.floor_of(KEYS, 7) == 11
     assert node.pttl(NODE_FLOOR, 7) == RET  # kept for the retention from the grant
-    assert set(node.data) == {KEYS.lock, NODE_FLOOR}  # nothing else, per name or not
+    # Nothing else, per name or not: the lock, the floor and the floor's history.
+    assert set(node.data) == {KEYS.lock, NODE_FLOOR, NODE_REPLID}
+    assert node.get(NODE_REPLID, 7) == node.replid
+    assert node.pttl(NODE_REPLID, 7) == RET
 
 
 def test_every_name_is_judged_against_the_node_floor() -> None:
@@ -232,6 +246,127 @@ def test_extend_does_not_revive_an_expired_key() -> None:
 
 
 # --- data loss ------------------------------------------------------------------------------
+
+
+def test_a_failover_that_lost_the_last_grant_is_a_changed_history() -> None:
+    node = seeded(10)
+    acquire_lua(node, KEYS, "a", 1000, 20, now=0)
+    copy = node.replicate()  # the replica has A's grant...
+    release_lua(node, KEYS.lock, "a", now=1)
+    acquire_lua(node, KEYS, "b", 1000, 30, now=2)  # ...but not B's
+    old = node.replid
+    node.promote(copy)
+    assert (node.replid2, node.get(NODE_REPLID, 3)) == (old, old)
+    # The replica's floor (20) is older than the grant it lost (30): no vote, a mark.
+    assert acquire_lua(node, OTHER, "c", 1000, 40, now=3, mark=5) == [-4, 5, 20]
+    assert acquire_lua(node, OTHER, "c", 1000, 40, now=4, mark=7) == [-4, 5, 20]  # kept
+    assert node.get(NODE_WARM, 4) == f"5 {node.replid}"
+    assert node.get(KEYS.lock, 4) == "a"  # nothing else was touched
+    # Never seeded as new; with the warm-up, from the higher of the two floors.
+    assert seed_lua(node, KEYS, 0, 0, now=5, marks=frozenset({5})) == -1
+    assert seed_lua(node, KEYS, 15, 1500, now=5, marks=frozenset({7})) == -1
+    assert seed_lua(node, KEYS, 15, 1500, now=5, marks=frozenset({5})) == 1
+    assert node.floor_of(KEYS, 5) == 20
+    assert node.get(NODE_REPLID, 5) == node.replid
+    assert acquire_lua(node, OTHER, "c", 1000, 40, now=6) == [-3, 1499, 20]
+    assert seed_lua(node, KEYS, 99, 1500, now=6, marks=frozenset({5})) == 0  # done once
+    assert acquire_lua(node, OTHER, "c", 1000, 40, now=1505) == [1, 40, 40]
+
+
+def test_a_restart_with_the_data_kept_is_a_changed_history() -> None:
+    node = seeded(10)
+    acquire_lua(node, KEYS, "a", 1000, 20, now=0)
+    node.restart()  # appendfsync always: every key is back, under a new ID
+    assert node.get(KEYS.lock, 1) == "a"
+    assert acquire_lua(node, OTHER, "b", 1000, 30, now=1, mark=3) == [-4, 3, 20]
+    assert seed_lua(node, KEYS, 25, 1000, now=2, marks=frozenset({3})) == 1
+    assert node.floor_of(KEYS, 2) == 25
+
+
+def test_a_promoted_node_without_a_floor_is_not_blank() -> None:
+    # The replica never received the floor (its master's first grant was lost with it):
+    # that history may have had grants, so the node is not new.
+    node = FakeNode()
+    copy = node.replicate()
+    assert seed_lua(node, KEYS, 0, 0, now=0) == 1
+    acquire_lua(node, KEYS, "a", 1000, 20, now=1)
+    node.promote(copy)
+    assert acquire_lua(node, KEYS, "b", 1000, 30, now=2, mark=9) == [-4, 9, 0]
+    assert seed_lua(node, KEYS, 0, 0, now=3, marks=frozenset({9})) == -1
+    assert seed_lua(node, KEYS, 0, 500, now=3, marks=frozenset({9})) == 1
+    assert acquire_lua(node, KEYS, "b", 1000, 30, now=4) == [-3, 499, 0]
+    # Restarted without its data, the same server is blank again, and may be new.
+    node.wipe()
+    assert acquire_lua(node, KEYS, "b", 1000, 30, now=5, mark=11) == [-2, 11, 0]
+
+
+def test_a_mark_made_under_another_history_is_not_accepted() -> None:
+    # A client saw every node blank (mark 3), then the node failed over to a replica
+    # that received the mark: its seed without a warm-up must not reach the new master.
+    node = FakeNode()
+    assert acquire_lua(node, KEYS, "a", 1000, 20, now=0, mark=3) == [-2, 3, 0]
+    node.promote(node.replicate())
+    assert seed_lua(node, KEYS, 0, 0, now=1, marks=frozenset({3})) == -1
+    assert node.floor_of(KEYS, 1) is None
+    assert acquire_lua(node, KEYS, "a", 1000, 20, now=2, mark=5) == [-4, 5, 0]
+
+
+def test_a_floor_without_a_history_records_this_one_and_votes() -> None:
+    # Written by a tenure that kept no replication ID: taken as it is.
+    node = FakeNode()
+    node.set(NODE_FLOOR, 10, 0, px=RET)
+    assert acquire_lua(node, KEYS, "a", 1000, 20, now=1000, retention_ms=100) == [1, 20, 20]
+    assert node.get(NODE_REPLID, 1000) == node.replid
+    # Kept for at least as long as the floor (granted with a shorter retention here).
+    node.set(NODE_FLOOR, 20, 1000, px=RET)
+    node.delete(NODE_REPLID, 1000)
+    assert acquire_lua(node, KEYS, "b", 1000, 30, now=1000, retention_ms=100) == [0, 20, 20]
+    assert node.pttl(NODE_REPLID, 1000) == RET
+    # An extension records it too.
+    node.delete(NODE_REPLID, 1000)
+    assert extend_lua(node, KEYS.lock, "a", 1000, 1001, NODE_FLOOR, RET) == 1
+    assert node.get(NODE_REPLID, 1001) == node.replid
+
+
+def test_a_promoted_node_with_a_floor_but_no_history_is_changed() -> None:
+    # Its master may have recorded an ID the replica never received (or wrote the floor
+    # before IDs were kept): a promoted node vouches only for what it recorded itself.
+    node = FakeNode()
+    node.set(NODE_FLOOR, 10, 0, px=RET)
+    node.promote(node.replicate())
+    assert acquire_lua(node, KEYS, "a", 1000, 20, now=1, mark=3) == [-4, 3, 10]
+    assert extend_lua(node, KEYS.lock, "a", 1000, 1, NODE_FLOOR, RET) == 0  # not ours
+    node.set(KEYS.lock, "a", 1, px=1000)
+    assert extend_lua(node, KEYS.lock, "a", 1000, 2, NODE_FLOOR, RET) == 1
+    assert node.get(NODE_REPLID, 2) is None  # an extension records nothing here
+    assert seed_lua(node, KEYS, 5, 500, now=3, marks=frozenset({3})) == 1
+    assert (node.floor_of(KEYS, 3), node.get(NODE_REPLID, 3)) == (10, node.replid)
+
+
+def test_the_history_expires_with_the_floor_and_not_before() -> None:
+    node = seeded(10, retention=RET)
+    acquire_lua(node, KEYS, "a", 100, 20, now=1000, retention_ms=RET)
+    assert extend_lua(node, KEYS.lock, "a", 100, 1050, NODE_FLOOR, RET) == 1
+    assert node.pttl(NODE_REPLID, 1050) == node.pttl(NODE_FLOOR, 1050) == RET
+    assert node.exists(NODE_REPLID, 1050 + RET) == 1
+    assert node.exists(NODE_REPLID, 1051 + RET) == node.exists(NODE_FLOOR, 1051 + RET) == 0
+
+
+def test_an_extension_on_a_changed_node_keeps_our_own_key() -> None:
+    node = seeded(10)
+    acquire_lua(node, KEYS, "a", 1000, 20, now=0)
+    node.promote(node.replicate())  # nothing lost this time, but the node cannot know
+    assert extend_lua(node, KEYS.lock, "a", 1000, 10, NODE_FLOOR, RET) == 1
+    assert node.get(NODE_REPLID, 10) == node.replid2  # still the old history
+    assert acquire_lua(node, OTHER, "b", 1000, 30, now=11, mark=3) == [-4, 3, 20]
+
+
+def test_flush_keeps_the_history_of_the_server() -> None:
+    node = seeded(10)
+    rid = node.replid
+    node.flush()
+    assert node.replid == rid
+    assert acquire_lua(node, KEYS, "a", 1000, 20, now=0, mark=3) == [-2, 3, 0]
 
 
 @pytest.mark.parametrize("lose", [FakeNode.wipe, FakeNode.flush])

@@ -43,8 +43,15 @@ before the run), so the other names are first used mid-run, whatever the nodes a
 then. Faults: nodes cut off
 for a while (they keep their data; their keys still expire), nodes that restart without
 their data, nodes flushed (``FLUSHALL``: every key gone, connections kept), a node's
-floor deleted by hand (its locks stay), and time passing beyond the retention, so that
-floors expire (all of them, when the whole set sits idle that long).
+floor deleted by hand (its locks stay), time passing beyond the retention, so that
+floors expire (all of them, when the whole set sits idle that long), and failovers:
+every node has an asynchronous replica that catches up when a rule says so, and a
+failover puts the replica in the node's place (``FakeNode.promote``), losing whatever it
+had not received (a grant, a release, a seed), connections included, under a new
+replication ID. A failover is a data loss like a restart (the assumption below counts
+it), except on a single node, where nothing else could vouch for the past and the
+warm-up alone must keep mutual exclusion (its tokens then rest on the clocks, as after
+any loss of the whole history).
 
 Each client proposes tokens from its own wall clock, with a fixed skew; some clocks are
 far behind (proposals then come from what the client learned from the nodes), some far
@@ -52,9 +59,9 @@ ahead. Like the drivers, a client keeps its floor across acquisitions, for every
 
 Assumptions (under which the core promises safety; see ``_core/acquire.py``):
 
-* a node may lose its data (restart without persistence, flush), but within any window
-  of ``max_ttl`` at most a minority of the nodes do (``_may_lose``); so a single node
-  never does;
+* a node may lose its data (restart without persistence, flush, failover), but within
+  any window of ``max_ttl`` at most a minority of the nodes do (``_may_lose``); so a
+  single node never does, but for a failover;
 * no clock jumps; clock *rates* are equal (drift 0), wall clocks are arbitrary;
 * owner tokens are unique per acquire call (a call's waiter id, as the flows make it).
 
@@ -132,7 +139,7 @@ from tenure._core.acquire import (
     Retry,
     Step,
 )
-from tenure._core.config import NODE_FLOOR, ClientConfig, LockKeys, LockSpec
+from tenure._core.config import NODE_FLOOR, NODE_REPLID, ClientConfig, LockKeys, LockSpec
 from tenure._core.flows import Op, Run, Sleep
 from tenure._core.policy import wait_random
 from tenure._core.quorum import Failure, Round
@@ -259,6 +266,7 @@ class LockModel(RuleBasedStateMachine):
     EXTENDS: ClassVar[bool] = True  # holders may extend their leases
     DELETES: ClassVar[bool] = True  # a node's floor may be deleted by hand
     IDLES: ClassVar[bool] = True  # time may jump past the retention
+    FAILOVERS: ClassVar[bool] = True  # a node's lagging replica may take its place
     NAMES_IN_USE: ClassVar[int] = len(NAMES)  # acquisitions take the first this many
     NAMES_USED_BEFORE: ClassVar[int] = 1  # with a history, these names were granted before
     # The core the clients run (broken schemes plant another), and whether its tokens
@@ -270,6 +278,7 @@ class LockModel(RuleBasedStateMachine):
         super().__init__()
         self.ms = 0  # the fake clock, in whole milliseconds (all clocks share its rate)
         self.nodes: list[FakeNode] = []
+        self.replicas: list[dict[str, tuple[str, int | None]]] = []  # what each one has
         self.epochs: list[int] = []  # per node: restarts (its connections are lost)
         self.losses: list[int] = []  # per node: restarts and flushes (its data is lost)
         self.down_until: list[int] = []
@@ -328,6 +337,7 @@ class LockModel(RuleBasedStateMachine):
                 self.remembers[i] = (history, self.ms + RETENTION_MS)
             for name in range(self.NAMES_USED_BEFORE):
                 self._used_before(name, history)
+        self.replicas = [node.replicate() for node in self.nodes]  # in step at the start
         self.epochs = [0] * n
         self.losses = [0] * n
         self.down_until = [0] * n
@@ -885,6 +895,36 @@ class LockModel(RuleBasedStateMachine):
         self._lose(node)
         self._log(f"node {node} restarts without data (down {down_ms} ms)")
 
+    @precondition(lambda self: self.FAILOVERS and self.nodes)
+    @rule(pick=PICK)
+    def replica_catches_up(self, pick: int) -> None:
+        """A node's replica receives everything the node has now."""
+        node = pick % len(self.nodes)
+        self.replicas[node] = self.nodes[node].replicate()
+
+    @precondition(lambda self: self.FAILOVERS and self.nodes)
+    @rule(
+        pick=PICK,
+        down_ms=st.sampled_from([0, 0, 50]) | st.integers(0, 2000),
+        holder=st.booleans(),
+    )
+    def fail_over(self, pick: int, down_ms: int, holder: bool) -> None:
+        """The node dies; its replica, holding what it last caught up with, is promoted
+        and takes the node's address ``down_ms`` later. The writes it missed are lost, and
+        the connections with the old master."""
+        if len(self.nodes) == 1:
+            node: int | None = 0  # the case the warm-up alone must cover
+        else:
+            node = self._pick_to_lose(pick, holder)
+        if node is None:
+            return
+        self.nodes[node].promote(self.replicas[node])
+        self.replicas[node] = self.nodes[node].replicate()  # a new replica, in step
+        self.epochs[node] += 1
+        self.down_until[node] = max(self.down_until[node], self.ms + down_ms)
+        self._lose(node)
+        self._log(f"node {node} fails over to a replica that lost the last writes")
+
     @precondition(lambda self: self.WIPES and self.nodes and len(self.nodes) > 1)
     @rule(pick=PICK, holder=st.booleans())
     def flush(self, pick: int, holder: bool) -> None:
@@ -995,6 +1035,7 @@ class QuorumOfOneScheme(LockModel):
     """A core that counted one yes as enough would let two clients win."""
 
     WIPES = False
+    FAILOVERS = False  # a failover is a data loss too
 
     def break_spec(self, spec: LockSpec) -> LockSpec:
         return replace(spec, quorum=1)
@@ -1008,6 +1049,7 @@ class ValidityTooLongScheme(LockModel):
     """A core that promised validity beyond the key's TTL would overlap holders."""
 
     WIPES = False
+    FAILOVERS = False  # a failover is a data loss too
 
     def break_spec(self, spec: LockSpec) -> LockSpec:
         return replace(spec, drift=-0.3)
@@ -1033,6 +1075,7 @@ class IncrScheme(LockModel):
     """
 
     WIPES = False
+    FAILOVERS = False  # a failover is a data loss too
 
     def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int]:
         counter_key = f"{keys.lock}:incr"  # the scheme's own per-lock counter
@@ -1060,6 +1103,7 @@ class RestartFocus(LockModel):
     EXTENDS = False
     DELETES = False
     IDLES = False
+    FAILOVERS = False
 
     @initialize(
         n=st.just(3),
@@ -1123,6 +1167,7 @@ class TokenFocus(LockModel):
     records tokens."""
 
     WIPES = False
+    FAILOVERS = False  # a failover is a data loss too
     DELETES = False
     PARTITIONS = False
     STEPWISE = False
@@ -1164,12 +1209,51 @@ class FloorNotRaisedScheme(TokenFocus):
         return answer
 
 
+class FailoverFocus(LockModel):
+    """One or three nodes with history, and only the rules a failover attack needs:
+    whole acquisitions, releases, late messages, time, replicas and failovers."""
+
+    WIPES = False
+    PARTITIONS = False
+    STEPWISE = False
+    EXTENDS = False
+    DELETES = False
+    IDLES = False
+
+    @initialize(
+        n=st.sampled_from([1, 3]),
+        skews=st.lists(SKEWS, min_size=K, max_size=K),
+        history=st.sampled_from([None, 1, BASE_US - 10**9]),
+    )
+    def setup(self, n: int, skews: list[int], history: int | None) -> None:
+        self._setup(n, skews, history)
+
+
+class HistoryIgnoredScheme(FailoverFocus):
+    """Scripts that do not compare replication IDs (tenure before this check): a
+    promoted replica votes with the floor and locks it received, and a grant it never
+    received may still be valid."""
+
+    def _forget_history(self, node: FakeNode) -> None:
+        node.replid2 = "0" * 40
+        if node.get(NODE_REPLID, self.ms) is not None:
+            node.set(NODE_REPLID, node.replid, self.ms, px=RETENTION_MS)
+
+    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int]:
+        self._forget_history(node)
+        return super().node_acquire(node, keys, m)
+
+    def node_seed(self, node: FakeNode, m: Message) -> int:
+        self._forget_history(node)
+        return super().node_seed(node, m)
+
+
 class NoWarmUpWithoutRestartsScheme(NoWarmUpScheme):
     """The control for ``NoWarmUpScheme``: without data loss (restarts, flushes, a floor
     deleted by hand), or floors expiring, counting a missing floor as 0 is harmless (it
     only happens on a new node set), so what the model catches there is the loss."""
 
-    WIPES = DELETES = False
+    WIPES = DELETES = FAILOVERS = False
     PARTITIONS = STEPWISE = EXTENDS = True
     IDLES = False
 
@@ -1190,6 +1274,7 @@ def test_no_warm_up_is_harmless_without_restarts() -> None:
             (IncrScheme, r"\((b|c)\) token", FIND_SETTINGS),
             (NoWarmUpScheme, r"\((a|b|c)\) ", FIND_SETTINGS),
             (SeedWithoutWarmUpScheme, r"\(a\) mutual exclusion", FIND_SETTINGS),
+            (HistoryIgnoredScheme, r"\((a|b|c)\) ", FIND_SETTINGS),
             (GrantAtFloorScheme, r"\((b|c)\) token", FIND_SETTINGS),
             (FloorNotRaisedScheme, r"\((b|c)\) token", FIND_SETTINGS),
         ]
@@ -1469,3 +1554,73 @@ def test_one_restart_and_one_node_down_keep_the_token_order() -> None:
     model.acquire_at_once(pick=2, name=0, blocking=True, order=same, lost=0, batch=True)
     model.advance_time(step=MAX_TTL_MS + 1)
     model.acquire_at_once(pick=2, name=0, blocking=True, order=same, lost=0, batch=True)
+
+
+@pytest.mark.parametrize("machine", [LockModel, HistoryIgnoredScheme])
+@pytest.mark.parametrize("history", [None, 1], ids=["new", "used"])
+def test_one_node_that_fails_over_sits_out_the_warm_up(
+    machine: type[LockModel], history: int | None
+) -> None:
+    """A single node (a Sentinel service) fails over to a replica that never received
+    the lease it just granted. The promoted node has an older floor (a set used before)
+    or none at all (a new one: its first grant was lost with the floor it wrote): either
+    way its history changed, so it is seeded with a warm-up and grants nothing until
+    every lease the old master may have granted has expired. (The planted
+    ``HistoryIgnoredScheme``, scripts that compare no replication ID, grants at once.)
+
+        the replica catches up; client 0: granted by the node, then it fails over
+        client 1: the node answers "history changed": seeded, warming up; not granted
+        max_ttl later: client 1 granted, above client 0's token
+    """
+    same = random.Random(0)
+    model = _made(machine)
+    model._setup(1, [0, 0, 0], history)
+    model.replica_catches_up(pick=0)
+    model.acquire_at_once(pick=0, name=0, blocking=True, order=same, lost=0, batch=True)
+    holder = model.clients[0].lease
+    assert holder is not None
+    model.fail_over(pick=0, down_ms=0, holder=True)
+    if machine is HistoryIgnoredScheme:
+        with pytest.raises(Violation, match=r"\(a\) "):
+            model.acquire_at_once(pick=1, name=0, blocking=False, order=same, lost=0, batch=True)
+        return
+    model.acquire_at_once(pick=1, name=0, blocking=False, order=same, lost=0, batch=True)
+    assert model.clients[1].lease is None
+    keys = model.spec.keys
+    assert model.nodes[0].pttl(keys.warm, model.ms) == MAX_TTL_MS
+    assert model.nodes[0].get(NODE_REPLID, model.ms) == model.nodes[0].replid
+    model.advance_time(step=MAX_TTL_MS + 1)
+    assert model.now > holder.valid_until
+    model.acquire_at_once(pick=1, name=0, blocking=False, order=same, lost=0, batch=True)
+    (_, first), (_, last) = _granted(model)
+    assert last.client != 0
+    assert last.token > first.token  # by the clocks: the node's own floor is older
+
+
+def test_a_failover_of_one_node_of_three_is_seeded_from_the_others() -> None:
+    """Three nodes; node 0 fails over to a replica that missed the last grant. Its own
+    floor is older than that grant, so it must not vouch for anything: it is seeded from
+    the two others' floors, with the warm-up, and the next token is above the grant.
+
+        client 0: granted T1 by all three, releases; node 0's replica catches up
+        client 0: granted T2 by all three, releases; node 0 fails over (floor T1)
+        client 1 (clock far behind): nodes 1, 2 too low (T2), node 0 changed -> seeded
+                  with T2 and a warm-up; then granted by nodes 1 and 2 above T2
+    """
+    same = random.Random(0)
+    model = _model(3, [0, -2 * BASE_US, 0], 1)
+    model.acquire_at_once(pick=0, name=0, blocking=True, order=same, lost=0, batch=True)
+    model.release(pick=0)
+    model.replica_catches_up(pick=0)
+    model.acquire_at_once(pick=0, name=0, blocking=True, order=same, lost=0, batch=True)
+    model.release(pick=0)
+    (_, t1), (_, t2) = _granted(model)
+    model.fail_over(pick=0, down_ms=0, holder=False)
+    keys = model.spec.keys
+    assert model.nodes[0].floor_of(keys, model.ms) == t1.token
+    model.acquire_at_once(pick=1, name=0, blocking=True, order=same, lost=0, batch=True)
+    assert model.nodes[0].floor_of(keys, model.ms) == t2.token
+    assert model.nodes[0].pttl(keys.warm, model.ms) > 0
+    last = model.grants[-1]
+    assert last.client == 1
+    assert last.token > t2.token

@@ -54,6 +54,15 @@ without persistence, flush). It grants nothing until seeded, per node:
 * if, having heard every node that answers, a majority answered but fewer than a majority
   have a floor, the blank ones are seeded from what is there, with the warm-up (rather
   than never: the set would otherwise stay unusable while any node is down).
+
+A node whose *replication history changed* (``HISTORY_CHANGED``: a replica promoted in a
+failover, or a restart; acquire.lua compares the node's replication ID with the one its
+floor was written under) may have lost the last grants while keeping an older floor. It
+is seeded like a node that lost its data, always with the warm-up, from the highest floor
+of the others and its own (its own floor counts toward the seed's value, never toward the
+majority of floors that vouches for it). It never counts as blank in "every node blank:
+a new node set": after a failover that would skip the warm-up exactly when leases the
+node forgot may still be valid.
 """
 
 from __future__ import annotations
@@ -82,7 +91,9 @@ __all__ = [
 ]
 
 # Statuses of acquire.lua.
-GRANTED, HELD, TOO_LOW, NO_HISTORY, WARMING = 1, 0, -1, -2, -3
+GRANTED, HELD, TOO_LOW, NO_HISTORY, WARMING, HISTORY_CHANGED = 1, 0, -1, -2, -3, -4
+# The nodes that need a seed: blank, or under another history than their floor's.
+LOST = (NO_HISTORY, HISTORY_CHANGED)
 # Immediate re-tries for a low proposal or a seeding, per acquire call, before falling
 # back to the random back-off (other clients may keep raising the floors meanwhile).
 MAX_FIXES = 4
@@ -112,7 +123,8 @@ class LeaseState:
 
 @dataclass(frozen=True)
 class Seed:
-    """Blank nodes to seed (seed.lua): their floor, and warm-up in ms.
+    """Blank nodes (or nodes whose history changed) to seed (seed.lua): their floor,
+    and warm-up in ms.
 
     ``marks`` are the observation marks those nodes answered with; a node seeds only if
     its mark is still one of them (it has not restarted since the observation).
@@ -295,8 +307,9 @@ class Acquisition:
         counters = [n for s, n in statuses.values() if s in (GRANTED, HELD, TOO_LOW)]
         if counters:
             self.floor = max(self.floor, max(counters) + 1)
-        # Each node's floor, from the nodes that have one (the blank ones answer 0).
-        floors = {i: info[2] for i, info in infos.items() if info[0] != NO_HISTORY}
+        # Each node's floor, from the nodes whose floor vouches for their past: not the
+        # blank ones (they answer 0), nor those whose history changed (an old floor).
+        floors = {i: info[2] for i, info in infos.items() if info[0] not in LOST}
         validity = rnd.validity(now, spec.ttl, spec.drift)
         if rnd.succeeded and validity > 0:
             # The token is our proposal, except in fair mode on one node when the lock had
@@ -306,10 +319,10 @@ class Acquisition:
             one_node_fair = spec.wait_mode is WaitMode.FAIR_ONE_NODE and len(minted) == 1
             fencing = minted.pop() if one_node_fair else self._proposal
             self.floor = max(self.floor, fencing + 1, self._proposal + 1)
-            blank = frozenset(i for i, (s, _) in statuses.items() if s == NO_HISTORY)
+            lost = frozenset(i for i, (s, _) in statuses.items() if s in LOST)
             # Nodes that lost their data (a majority answered with a floor): seed them now,
             # or they would sit out every round until a failed one noticed them.
-            seed = self._seed(blank, statuses, floors, self._max_ttl_ms) if blank else None
+            seed = self._seed(lost, infos, floors, self._max_ttl_ms) if lost else None
             return Granted(
                 LeaseState(
                     name=spec.name,
@@ -337,7 +350,7 @@ class Acquisition:
                 return GiveUp(cleanup, self._unreachable(rnd))
         else:
             self._strikes = 0
-        fix = self._fix(statuses, floors)
+        fix = self._fix(infos, floors)
         if fix is not None:
             return Retry(0.0, cleanup, fix.seed)
         if not self._blocking:
@@ -438,7 +451,7 @@ class Acquisition:
             )
         )
 
-    def _fix(self, statuses: dict[int, tuple[int, int]], floors: dict[int, int]) -> RetryNow | None:
+    def _fix(self, infos: dict[int, tuple[int, ...]], floors: dict[int, int]) -> RetryNow | None:
         """How to retry at once, if that can succeed; else None.
 
         Retrying at once is right when the attempt failed for a reason of ours, not
@@ -446,27 +459,30 @@ class Acquisition:
         """
         if self._fixes >= MAX_FIXES:
             return None
-        kinds = [s for s, _ in statuses.values()]
-        blank = frozenset(i for i, (s, _) in statuses.items() if s == NO_HISTORY)
+        kinds = [info[0] for info in infos.values()]
+        blank = frozenset(i for i, info in infos.items() if info[0] == NO_HISTORY)
+        # Blank, or under a new history: both are seeded; only the blank ones can be new.
+        lost = frozenset(i for i, info in infos.items() if info[0] in LOST)
         seed: Seed | None = None
         if blank and len(blank) == self.spec.n_nodes:
-            seed = self._seed(blank, statuses, floors, 0)  # a new node set: no node has a past
-        elif blank and len(floors) >= self.spec.quorum:
-            seed = self._seed(blank, statuses, floors, self._max_ttl_ms)
-        elif blank and not self._hear_all:
+            seed = self._seed(blank, infos, floors, 0)  # a new node set: no node has a past
+        elif lost and len(floors) >= self.spec.quorum:
+            seed = self._seed(lost, infos, floors, self._max_ttl_ms)
+        elif lost and not self._hear_all and len(infos) < self.spec.n_nodes:
             # The round was decided before every node answered. Whether the node set is
             # new (seed at once) or some node lost its data (seed with a warm-up) takes
             # every node's answer: ask again and wait for all of them.
             self._hear_all = True
             self._fixes += 1
             return RetryNow()
-        elif blank and len(statuses) >= self.spec.quorum:
-            # Every node that answers has answered, but most are blank (nodes lost their
-            # data one at a time while idle, or the set idled past the retention while a
-            # node is down). No answer can vouch for the last token a majority committed;
-            # seed from what is there rather than never (docs/fencing.md says what this
-            # costs the token guarantee). The warm-up still protects the lock.
-            seed = self._seed(blank, statuses, floors, self._max_ttl_ms)
+        elif lost and len(infos) >= self.spec.quorum:
+            # Every node that answers has answered, but most are blank or changed (nodes
+            # lost their data one at a time while idle, the set idled past the retention
+            # while a node is down, or a single node failed over). No answer can vouch
+            # for the last token a majority committed; seed from what is there, the
+            # changed nodes' own floors included, rather than never (docs/fencing.md says
+            # what this costs the token guarantee). The warm-up still protects the lock.
+            seed = self._seed(lost, infos, floors, self._max_ttl_ms)
         if seed is None and (TOO_LOW not in kinds or HELD in kinds):
             return None  # nothing of ours to fix, or held elsewhere: a contention back-off
         self._fixes += 1
@@ -475,15 +491,18 @@ class Acquisition:
 
     @staticmethod
     def _seed(
-        blank: frozenset[int],
-        statuses: dict[int, tuple[int, int]],
+        lost: frozenset[int],
+        infos: dict[int, tuple[int, ...]],
         floors: dict[int, int],
         warm_ms: int,
     ) -> Seed:
-        marks = frozenset(statuses[i][1] for i in blank)
-        # Every number seen, not only the floors: a seed must not land below any of them.
-        counters = [n for s, n in statuses.values() if s in (GRANTED, HELD, TOO_LOW)]
-        return Seed(blank, max([*floors.values(), *counters], default=0), warm_ms, marks)
+        marks = frozenset(infos[i][1] for i in lost)
+        # Every number seen, not only the floors that vouch for a majority: a seed must
+        # not land below any of them, a changed node's own floor included.
+        counters = [info[1] for info in infos.values() if info[0] in (GRANTED, HELD, TOO_LOW)]
+        changed = [info[2] for info in infos.values() if info[0] == HISTORY_CHANGED]
+        start = max([*floors.values(), *counters, *changed], default=0)
+        return Seed(lost, start, warm_ms, marks)
 
     def _unreachable(self, rnd: Round) -> LockError | NodeMisconfigured:
         errors = round_errors(rnd, self._names, self._key_prefix)

@@ -41,6 +41,7 @@ __all__ = [
     "node_keys",
     "parse_node_url",
     "redact_url",
+    "replid_key",
 ]
 
 SCHEMES = ("redis", "rediss", "unix")
@@ -657,6 +658,8 @@ DEFAULT_KEY_PREFIX = "tenure:"
 # every lock of that prefix on the node (``node_keys`` for another prefix).
 NODE_FLOOR = "tenure:node:floor"
 NODE_WARM = "tenure:node:warm"
+# The replication ID the floor was written under (``replid_key``), next to the floor.
+NODE_REPLID = "tenure:node:replid"
 
 # Characters a key prefix may not hold, and why (``check_key_prefix``).
 _PREFIX_REFUSED = (
@@ -720,6 +723,13 @@ def node_keys(prefix: str = DEFAULT_KEY_PREFIX) -> tuple[str, str]:
     return f"{prefix}node:floor", f"{prefix}node:warm"
 
 
+def replid_key(floor: str) -> str:
+    """The key next to the floor key ``floor`` that keeps the replication ID the floor was
+    written under: ``floor`` with its ending ``floor`` replaced by ``replid``, exactly as
+    the scripts derive it (``_lua/history.lua.inc``), so it carries the floor's prefix."""
+    return floor[: -len("floor")] + "replid"
+
+
 def _key_prefix(name: str, prefix: str = DEFAULT_KEY_PREFIX) -> str:
     """What every key of lock ``name`` starts with, ending in its hash tag.
 
@@ -767,15 +777,22 @@ class LockKeys:
     ``floor`` and ``warm`` belong to the node, not to the lock: the node's floor (the
     highest token it committed for any lock, the only fencing history it keeps, and the
     mark that it has not lost its data) and its warm-up marker (see ``_lua/acquire.lua``
-    and docs/fencing.md). Nothing about a lock outlives its lease and its waiters.
-    With another key prefix, ``tenure:`` is that prefix in every one of these keys,
-    the node's two included: each prefix has a fencing history of its own.
+    and docs/fencing.md); ``replid``, derived from ``floor``, the replication ID the
+    floor was written under (the scripts find it by the floor's name). Nothing about a
+    lock outlives its lease and its waiters. With another key prefix, ``tenure:`` is
+    that prefix in every one of these keys, the node's included: each prefix has a
+    fencing history of its own.
     """
 
     lock: str
     floor: str = NODE_FLOOR
     warm: str = NODE_WARM
     queue: str = ""
+
+    @property
+    def replid(self) -> str:
+        """The node's stored replication ID (``replid_key`` of the floor)."""
+        return replid_key(self.floor)
 
     @classmethod
     def of(cls, name: str, prefix: str = DEFAULT_KEY_PREFIX) -> LockKeys:

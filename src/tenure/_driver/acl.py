@@ -139,6 +139,7 @@ def _script_args(prefix: str) -> dict[str, tuple[str, ...]]:
         "ZSCORE": (queue, "probe"),
         "ZREM": (queue, "probe"),
         "PUBLISH": (channel, "probe"),
+        "INFO": ("replication",),  # the node's replication ID (history.lua.inc)
     }
 
 

@@ -30,6 +30,15 @@
 -- (restart without persistence, flush, eviction) or has never been used, and grants
 -- nothing until the client seeds it (seed.lua). See docs/fencing.md.
 --
+-- A floor is trusted only under the replication history it was written in (the
+-- node's replication ID, stored next to the floor: history.lua.inc). A node whose
+-- history changed since (a replica promoted in a failover, which may lack the last
+-- grants of its master; a restart, which starts a new history even with the data on
+-- disk) grants nothing until the client seeds it with a warm-up, like a node that lost
+-- its data. A floor without a stored ID (written by a tenure that kept none) is taken
+-- as it is, and the ID recorded, unless the node was promoted: its master may have
+-- recorded one that never reached it, so that counts as a changed history too.
+--
 -- Returns {status, number, floor[, pttl]}; floor is this node's floor (0 when it has none):
 --   { 1, F, floor}   granted: the lock is ours and the floor is now F. In fair mode
 --                    also when the lock had already been handed to this waiter (one
@@ -50,21 +59,34 @@
 --                    quote it, so a seed decided from a stale observation cannot reach a
 --                    node that has restarted since (its mark is gone).
 --   {-3, pttl, floor}  seeded after a data loss and still warming up for pttl ms
+--   {-4, mark, floor}  history changed: the floor (0 if none) was written under another
+--                    replication history than this server's, or the node was promoted
+--                    from a replica and has no floor, or one without a stored ID
+--                    (whatever its master had, it may not have received). It grants nothing until the client seeds it,
+--                    always with a warm-up; the mark as for -2, valid under this history
+--                    only (history.lua.inc).
 --
 -- Fair mode: a free lock with live waiters ahead of the caller is handed to the head of
 -- the queue (the caller queues behind); newcomers never overtake the queue. ("q": with
 -- the caller's proposal as the hand-off's token, so only once that is above the floor.)
+--@include history
 --@include handoff
 local floor = redis.call("GET", KEYS[2])
+local id, promoted = history()
 if not floor then
-    local mark = redis.call("GET", KEYS[3])
-    if not mark then
-        redis.call("SET", KEYS[3], ARGV[4], "PX", ARGV[5])
-        mark = ARGV[4]
+    local mark = observed(KEYS[3], ARGV[4], ARGV[5], id)
+    if promoted then
+        return {-4, mark, 0}
     end
-    return {-2, tonumber(mark), 0}
+    return {-2, mark, 0}
 end
 floor = tonumber(floor)
+local stored = redis.call("GET", replid_key(KEYS[2]))
+if not stored and not promoted then
+    record(KEYS[2], id, ARGV[6])
+elseif stored ~= id then
+    return {-4, observed(KEYS[3], ARGV[4], ARGV[5], id), floor}
+end
 local warm = redis.call("PTTL", KEYS[3])
 if warm > 0 then
     return {-3, warm, floor}
@@ -83,6 +105,7 @@ else
         -- Handed to us: renew the lock, and the floor as a grant would.
         redis.call("PEXPIRE", KEYS[1], ARGV[2])
         redis.call("PEXPIRE", KEYS[2], retention)
+        redis.call("PEXPIRE", replid_key(KEYS[2]), retention)
         return {1, floor, floor}
     end
     if mode == "q" and (holder == ARGV[1] or not holder) and tonumber(ARGV[3]) <= floor then

@@ -446,8 +446,8 @@ def check_persistence(facts: NodeFacts) -> Finding:
         Level.WARN,
         f"no AOF (appendonly no, {snapshots}): a restart comes back without data; tenure "
         "keeps the node out for max_ttl after it notices; see docs/fencing.md. Safe while "
-        "fewer than a majority of the nodes lose their data within max_ttl; appendonly yes "
-        "+ appendfsync always avoids the warm-up",
+        "fewer than a majority of the nodes lose their data within max_ttl (a restart with "
+        "its data on disk warms up too: it starts a new replication history)",
     )
 
 

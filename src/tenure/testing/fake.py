@@ -20,13 +20,22 @@ It follows Redis's own rules for what the scripts use:
 * a script runs atomically, at one instant.
 
 One ``FakeNode`` is one Redis server, shared by every lock name: it holds every lock's
-keys (``tenure:{name}:lock``, the wait queue) and the node's own two
-(``tenure:node:floor``, ``tenure:node:warm``). A node that restarts without its data is
-:meth:`FakeNode.wipe`; ``FLUSHALL`` is :meth:`FakeNode.flush` (the same keys are gone;
-what differs, the connections, is the model's business).
+keys (``tenure:{name}:lock``, the wait queue) and the node's own three
+(``tenure:node:floor``, ``tenure:node:warm``, ``tenure:node:replid``). A node that
+restarts without its data is :meth:`FakeNode.wipe`; ``FLUSHALL`` is
+:meth:`FakeNode.flush` (the same keys are gone; what differs, the connections, is the
+model's business).
+
+Replication is imitated only as far as the scripts see it: a node has a replication ID
+(``master_replid``) and a second one (``master_replid2``, all zeros unless it was
+promoted). :meth:`FakeNode.replicate` is what an asynchronous replica holds at that
+instant, :meth:`FakeNode.promote` puts such a copy in the node's place with a new ID
+(a failover that lost every write made since the copy), and :meth:`FakeNode.restart`
+and :meth:`FakeNode.wipe` start a new ID as a real server does on every start.
 
 Limits: only tenure's keys and scripts are imitated, nothing else of Redis (no other
-commands, no connections, no replication, no persistence modes, no memory limits);
+commands, no connections, no replication stream, no persistence modes, no memory
+limits);
 pub/sub is the :class:`Bus`, which delivers to whoever listens at the instant of
 publishing. It is checked against the real scripts by tenure's own tests (every return
 branch, and the waiting paths step by step against a real ``redis-server``), but it
@@ -37,12 +46,16 @@ versioned with the package, not a Redis.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import re
 from dataclasses import dataclass, field
 
 from tenure._core.config import LockKeys
+from tenure._core.config import replid_key as _replid_key
 
 __all__ = [
     "RETENTION_MS",
+    "ZERO_ID",
     "Bus",
     "FakeNode",
     "LockKeys",
@@ -52,6 +65,9 @@ __all__ = [
     "eval_packed",
     "extend_lua",
     "handoff_lua",
+    "history_lua",
+    "observed_lua",
+    "record_lua",
     "release_lua",
     "release_wait_lua",
     "script_call",
@@ -61,12 +77,25 @@ __all__ = [
 #: The client's default retention (``ClientConfig.retention_ms``), in milliseconds.
 RETENTION_MS = 3_600_000
 
+#: ``master_replid2`` of a server that was never promoted.
+ZERO_ID = "0" * 40
+
+_ids = itertools.count(1)
+
+
+def _new_id() -> str:
+    """A replication ID no node of this process has had (40 hex digits, as Redis's)."""
+    return f"{next(_ids):040x}"
+
 
 @dataclass
 class FakeNode:
-    """Keys -> (value, absolute expiry in ms or None), read at the caller's ``now``."""
+    """Keys -> (value, absolute expiry in ms or None), read at the caller's ``now``;
+    ``replid`` and ``replid2``: ``master_replid`` and ``master_replid2``."""
 
     data: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+    replid: str = field(default_factory=_new_id)
+    replid2: str = ZERO_ID
 
     def _live(self, key: str, now: int) -> tuple[str, int | None] | None:
         entry = self.data.get(key)
@@ -115,8 +144,26 @@ class FakeNode:
         return value
 
     def wipe(self) -> None:
-        """Restart without persistence: every key is gone."""
+        """Restart without persistence: every key is gone, under a new history."""
         self.data.clear()
+        self.restart()
+
+    def restart(self) -> None:
+        """Restart with every key kept (``appendfsync always``): a server starts a new
+        replication history on every start (Redis 6.2 and Valkey 9 alike)."""
+        self.replid, self.replid2 = _new_id(), ZERO_ID
+
+    def replicate(self) -> dict[str, tuple[str, int | None]]:
+        """What a replica of this node holds now: a copy of its keys (expiry times are
+        absolute, as replication makes them)."""
+        return dict(self.data)
+
+    def promote(self, copy: dict[str, tuple[str, int | None]]) -> None:
+        """A failover: a replica holding ``copy`` (from :meth:`replicate`, made earlier)
+        takes this node's place. Every write since the copy is lost; the replica keeps
+        this node's ID as its second one and starts a new history."""
+        self.data = dict(copy)
+        self.replid2, self.replid = self.replid, _new_id()
 
     def flush(self) -> None:
         """FLUSHALL: every key is gone (the node stays up, its connections too)."""
@@ -130,14 +177,47 @@ class FakeNode:
 
 def commit_lua(node: FakeNode, keys: LockKeys, token: int, retention_ms: int, now: int) -> int:
     """``commit`` of ``handoff.lua.inc``: floor := max(floor, token), kept for
-    ``retention_ms`` from now."""
+    ``retention_ms`` from now, and its stored replication ID with it."""
     value = token
     old = int(node.get(keys.floor, now) or 0)
     if value > old:
         node.set(keys.floor, token, now, px=retention_ms)
     else:
         node.pexpire(keys.floor, retention_ms, now)
+    node.pexpire(keys.replid, retention_ms, now)
     return value
+
+
+# --- history.lua.inc ------------------------------------------------------------------------
+
+
+def history_lua(node: FakeNode) -> tuple[str, bool]:
+    """``history``: the node's replication ID, and whether it was promoted."""
+    return node.replid, node.replid2 != ZERO_ID
+
+
+def record_lua(node: FakeNode, floor: str, rid: str, retention_ms: int, now: int) -> None:
+    """``record``: store ``rid`` as the floor's history, for at least as long as the floor."""
+    ttl = node.pttl(floor, now)
+    if ttl == -1:
+        node.set(_replid_key(floor), rid, now)
+    else:
+        node.set(_replid_key(floor), rid, now, px=max(ttl, retention_ms))
+
+
+def observed_lua(node: FakeNode, warm: str, mark: int, mark_ms: int, rid: str, now: int) -> int:
+    """``observed``: the node's observation mark under history ``rid``, or ``mark``."""
+    kept = _mark_of(node.get(warm, now), rid)
+    if kept is not None:
+        return kept
+    node.set(warm, f"{mark} {rid}", now, px=mark_ms)
+    return mark
+
+
+def _mark_of(seen: str | None, rid: str) -> int | None:
+    # Lua's string.match(seen, "^(%d+) " .. id .. "$").
+    found = re.fullmatch(r"(\d+) " + re.escape(rid), seen or "")
+    return None if found is None else int(found.group(1))
 
 
 def acquire_lua(
@@ -165,13 +245,16 @@ def acquire_lua(
     hand-off notifications (see ``acquire_wait_lua``).
     """
     floor_raw = node.get(keys.floor, now)
+    rid, promoted = history_lua(node)
     if floor_raw is None:
-        existing = node.get(keys.warm, now)
-        if existing is None:
-            node.set(keys.warm, mark, now, px=mark_ms)
-            existing = str(mark)
-        return [-2, int(existing), 0]
+        seen = observed_lua(node, keys.warm, mark, mark_ms, rid, now)
+        return [-4 if promoted else -2, seen, 0]
     floor = int(floor_raw)
+    stored = node.get(keys.replid, now)
+    if stored is None and not promoted:
+        record_lua(node, keys.floor, rid, retention_ms, now)
+    elif stored != rid:
+        return [-4, observed_lua(node, keys.warm, mark, mark_ms, rid, now), floor]
     warm = node.pttl(keys.warm, now)
     if warm > 0:
         return [-3, warm, floor]
@@ -187,6 +270,7 @@ def acquire_lua(
         if mode == "f" and holder == token:
             node.pexpire(keys.lock, ttl_ms, now)
             node.pexpire(keys.floor, retention, now)
+            node.pexpire(keys.replid, retention, now)
             return [1, floor, floor]
         if mode == "q" and (holder == token or holder is None) and proposal <= floor:
             return [-1, floor, floor]
@@ -245,12 +329,21 @@ def seed_lua(
 
     ``marks=None`` stands for "the mark the node holds now" (tests that seed directly).
     """
-    if node.exists(keys.floor, now) == 1:
-        return 0
-    mark = node.get(keys.warm, now)
-    if marks is not None and (mark is None or int(mark) not in marks):
+    rid, changed = history_lua(node)
+    current = node.get(keys.floor, now)
+    if current is not None:
+        stored = node.get(keys.replid, now)
+        if stored == rid or (stored is None and not changed):
+            return 0
+        changed = True
+    mark = _mark_of(node.get(keys.warm, now), rid)
+    if marks is not None and (mark is None or mark not in marks):
         return -1
-    node.set(keys.floor, floor, now, px=retention_ms)
+    if changed and warm_ms <= 0:
+        return -1
+    start = max(floor, int(current)) if current is not None else floor
+    node.set(keys.floor, start, now, px=retention_ms)
+    node.set(keys.replid, rid, now, px=retention_ms)
     if warm_ms > 0:
         node.set(keys.warm, "1", now, px=warm_ms)
     else:
@@ -276,10 +369,15 @@ def extend_lua(
 ) -> int:
     """``extend.lua``: KEYS lock[, floor]; ARGV token, ttl_ms[, retention_ms].
     Compare-and-expire (never re-creates an expired key); with ``floor``, an extension
-    also keeps the node's floor for another retention."""
+    also keeps the node's floor and its stored replication ID for another retention
+    (recording the ID if the floor has none)."""
     if node.get(key, now) == token:
         if floor is not None:
-            node.pexpire(floor, retention_ms, now)
+            kept = node.pexpire(floor, retention_ms, now)
+            if node.pexpire(_replid_key(floor), retention_ms, now) == 0 and kept == 1:
+                rid, promoted = history_lua(node)
+                if not promoted:
+                    record_lua(node, floor, rid, retention_ms, now)
         return node.pexpire(key, ttl_ms, now)
     return 0
 

@@ -142,18 +142,28 @@ def split_around_node3(
 # --- 1. failover --------------------------------------------------------------------------
 
 
-def failover_single(world: World, cycles: int, wait_replicas: int = 0) -> Stats:
-    """One master, one async replica fed through a proxy; cut the feed, lock, fail over."""
+def failover_single(
+    world: World, cycles: int, wait_replicas: int = 0, kind: str = "tenure"
+) -> Stats:
+    """One master, one async replica fed through a proxy; cut the feed, lock, fail over.
+    ``kind``: tenure's lock, or a baseline that does not check the replication history."""
     refused = 0
+    fenced = kind == "tenure"
+
+    def recipe(urls: list[str], replicas: int = 0) -> LockRecipe:
+        if fenced:
+            return tenure(urls, 2.0, wait_replicas=replicas)
+        return baseline(kind, urls, 2.0)
+
     for c in range(cycles):
         master = world.node(f"m{c}")
         replica = world.node(f"r{c}")
         feed = world.proxy(master)
         world.replicate(replica, feed)
-        lock = tenure([master.url], 2.0, wait_replicas=wait_replicas)
-        a = world.actor(f"A{c}", lock, fenced=True)
+        lock = recipe([master.url], wait_replicas)
+        a = world.actor(f"A{c}", lock, fenced=fenced)
         # B is what a client sees after a failover: the same lock, served by the replica.
-        b = world.actor(f"B{c}", tenure([replica.url], 2.0), fenced=True)
+        b = world.actor(f"B{c}", recipe([replica.url]), fenced=fenced)
         # Every other cycle the replica keeps up: the failover then loses nothing, and
         # wait_replicas must not stand in the way of a grant it could safely make.
         cut = world.cut([feed]) if c % 2 == 0 else []
@@ -551,11 +561,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         "Failover to an async replica that missed the lock",
         (
             Config(
-                "1 master + async replica",
+                "plain Redlock, 1 master + async replica",
                 False,
-                failover_single,
+                lambda world, cycles: failover_single(world, cycles, kind="plain-redlock"),
                 [violated("C1")],
                 "the replica never saw A's lock; promoted, it grants B the same lock",
+            ),
+            Config(
+                "tenure, 1 master + async replica",
+                True,
+                failover_single,
+                zero(*SAFE),
+                "the promoted node's replication history changed: it sits out max_ttl",
             ),
             Config(
                 "1 master + replica, wait_replicas=1",
