@@ -40,7 +40,8 @@ CASES = {
     "port out of range": "redis://app:{pw}@host:99999",
     "unknown scheme": "http://app:{pw}@host:6379",
     "planned scheme": "redis+sentinel://app:{pw}@10.0.0.1:26379/locks",
-    "planned scheme, no user": "rediss+cluster://:{pw}@h1:6379,h2:6379",
+    "malformed cluster, no user": "rediss+cluster://:{pw}@h1:6379,,h2:6379",
+    "cluster with a db": "redis+cluster://app:{pw}@h1:6379/2",
 }
 
 

@@ -19,6 +19,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from .._errors import ConfigurationError
 from .policy import RetryPolicy, wait_random_exponential
 from .quorum import drift_allowance, majority
+from .slots import CLUSTER_FORM, cluster_url, key_slot, slot_tag
 
 __all__ = [
     "DEFAULT_KEY_PREFIX",
@@ -61,6 +62,9 @@ class NodeAddress:
     path: str | None
     db: int
     options: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
+    # A whole Redis Cluster as one node (``redis+cluster://``): its seeds; host and port
+    # are the first of them. Empty for every other node.
+    seeds: tuple[tuple[str, int], ...] = ()
 
     def __repr__(self) -> str:
         # Not the dataclass's: that would quote ``url`` with its password (a client's
@@ -69,16 +73,48 @@ class NodeAddress:
 
     @property
     def identity(self) -> tuple[object, ...]:
+        if self.seeds:
+            return ("cluster", *sorted(self.seeds))
         where: tuple[object, ...] = (self.path,) if self.path else (self.host, self.port)
         return (*where, self.db)
 
     @property
     def display(self) -> str:
         """The URL without credentials, safe for logs and error messages."""
+        if self.seeds:
+            return f"{self.scheme}://" + ",".join(_hostport(h, p) for h, p in self.seeds)
         if self.path:
             return f"unix://{self.path}" + (f"?db={self.db}" if self.db else "")
         host = f"[{self.host}]" if self.host and ":" in self.host else self.host
         return f"{self.scheme}://{host}:{self.port}" + (f"/{self.db}" if self.db else "")
+
+    def member(self, host: str, port: int) -> NodeAddress:
+        """A member of this Cluster node at ``host:port``, as a plain node with the same
+        credentials, TLS and query settings (what its connections are made from)."""
+        base, user, _, query = cluster_url(self.url)
+        url = f"{base}://{user}{_hostport(host, port)}" + (f"?{query}" if query else "")
+        return NodeAddress(url, base, host, port, None, 0, self.options)
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _cluster_node(url: str, parameter: str) -> NodeAddress:
+    """A ``redis+cluster://`` or ``rediss+cluster://`` URL: a whole Redis Cluster as one
+    node (docs/cluster-and-sentinel.md)."""
+    try:
+        base, _, seeds, _ = cluster_url(url)
+    except ValueError as exc:
+        raise ConfigurationError(
+            parameter, f"malformed URL {redact_url(url)!r}: {exc}; accepted: {CLUSTER_FORM}"
+        ) from None
+    host, port = seeds[0]
+    return NodeAddress(url, f"{base}+cluster", host, port, None, 0, seeds=seeds)
+
+
+def _is_cluster_url(url: str) -> bool:
+    return url.partition("://")[0].lower() in ("redis+cluster", "rediss+cluster")
 
 
 def _finite(parameter: str, value: object) -> float:
@@ -155,6 +191,8 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
     """
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError(parameter, f"must be a non-empty URL string, got {_quoted(url)}")
+    if _is_cluster_url(url.strip()):
+        return _cluster_node(url.strip(), parameter)
     # Before the URL is split: a list of hosts has no port urlsplit could read.
     _refuse_planned(url.strip(), parameter)
     # Every message below quotes the URL as ``shown``: never its password.
@@ -409,6 +447,12 @@ class ClientConfig:
         return majority(len(self.nodes))
 
     @property
+    def per_slot(self) -> bool:
+        """Whether node keys are kept per hash slot (``LockKeys.of``): on every node of a
+        client that lists a whole Redis Cluster as one of its nodes."""
+        return any(a.seeds for a in self.nodes)
+
+    @property
     def wait_timeout_ms(self) -> int:
         """How long a node's ``WAIT`` may block: half the round, so its answer fits in it."""
         return max(1, math.floor(self.node_timeout * 500))
@@ -605,6 +649,10 @@ class LockKeys:
     and docs/fencing.md). Nothing about a lock outlives its lease and its waiters.
     With another key prefix, ``tenure:`` is that prefix in every one of these keys,
     the node's two included: each prefix has a fencing history of its own.
+    ``per_slot`` (a client listing a whole Redis Cluster as a node): the node's floor and
+    warm-up marker are those of the lock's hash slot ``s``, ``tenure:{<T[s]>}:floor``
+    and ``:warm`` (``slots.slot_tag``), on every node of the client, so that a script
+    touches one slot only.
     """
 
     lock: str
@@ -613,9 +661,15 @@ class LockKeys:
     queue: str = ""
 
     @classmethod
-    def of(cls, name: str, prefix: str = DEFAULT_KEY_PREFIX) -> LockKeys:
+    def of(cls, name: str, prefix: str = DEFAULT_KEY_PREFIX, *, per_slot: bool = False) -> LockKeys:
         start = _key_prefix(name, prefix)
-        floor, warm = node_keys(prefix)
+        if per_slot:
+            # In a cluster a script touches one slot only: the node keys of the lock's
+            # slot, <prefix>{T[s]}:floor and :warm (docs/cluster-and-sentinel.md).
+            tag = slot_tag(key_slot(start))
+            floor, warm = f"{prefix}{{{tag}}}:floor", f"{prefix}{{{tag}}}:warm"
+        else:
+            floor, warm = node_keys(prefix)
         return cls(lock=f"{start}:lock", floor=floor, warm=warm, queue=f"{start}:q")
 
 
@@ -694,7 +748,7 @@ class LockSpec:
             )
         if fair and config.recheck == 0:
             raise ConfigurationError("fair", "needs notifications (recheck > 0)")
-        keys = LockKeys.of(name, config.key_prefix)
+        keys = LockKeys.of(name, config.key_prefix, per_slot=config.per_slot)
         return cls(
             name=name,
             key=keys.lock,

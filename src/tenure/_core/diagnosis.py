@@ -218,6 +218,30 @@ def cluster_node(said: str) -> Diagnosis:
     )
 
 
+def not_a_cluster(seed: str, said: str) -> Diagnosis:
+    """A ``redis+cluster://`` node's seed ``seed`` answered ``CLUSTER SLOTS`` with the
+    error ``said``: a server not in cluster mode (a configuration failure naming the
+    fix), or a refusal read as any error reply is."""
+    if "cluster support disabled" in said.lower():
+        return _misconfigured(
+            f"lists {seed}, which is not in cluster mode (it answered {_quote(_essence(said))}):"
+            " a redis+cluster:// node must list nodes of one Redis Cluster; list a "
+            "standalone server as a plain node instead (redis://host:port)"
+        )
+    why = error_reply(said)
+    return Diagnosis(why.failure, f"{seed} (asked for the slot map): {why.detail}")
+
+
+def slot_unserved(slot: int) -> Diagnosis:
+    """No master of a Cluster node serves ``slot``, as far as its slot map says."""
+    return Diagnosis(
+        Failure.UNREACHABLE,
+        f"no master of the cluster serves slot {slot} (its slot map gives it none: a "
+        "master down without a replica to take over, or slots never assigned); no vote "
+        "for the locks of that slot until one does",
+    )
+
+
 def not_redis(what: str) -> Diagnosis:
     """A node whose bytes are not the Redis protocol (an HTTP server, a wrong port)."""
     return _misconfigured(

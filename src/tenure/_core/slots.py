@@ -11,6 +11,7 @@ Pure: the drivers hand in replies and error texts and act on what comes back.
   is generated once (``scripts/gen_slot_tags.py``) into ``_slot_tags.py`` and checked by a
   unit test.
 * ``SlotMap``: ``CLUSTER SLOTS`` parsed into slot -> master address.
+* ``cluster_url``: the parts of a ``redis+cluster://`` node URL (``config`` builds the node).
 * ``redirect``: what a cluster error reply asks of the client (``MOVED``, ``ASK``,
   ``TRYAGAIN``, ``CLUSTERDOWN``), and what a node that could not vote says of it.
 """
@@ -26,6 +27,7 @@ __all__ = [
     "SLOTS",
     "Redirect",
     "SlotMap",
+    "cluster_url",
     "crc16",
     "key_slot",
     "redirect",
@@ -222,3 +224,69 @@ def redirect(error: str, replied: Address | None = None) -> Redirect | None:
     if word == "CLUSTERDOWN":
         return Redirect("down")
     return None
+
+
+CLUSTER_FORM = (
+    "redis+cluster://[user:password@]host:port[,host:port...] (rediss+cluster:// for TLS), "
+    "the listed nodes being seeds of one cluster's slot map"
+)
+
+
+def cluster_url(url: str) -> tuple[str, str, tuple[Address, ...], str]:
+    """Split a ``redis+cluster://`` or ``rediss+cluster://`` URL.
+
+    Returns:
+        (``redis`` or ``rediss``, the user part up to and with its ``@`` or "", the
+        seeds as (host, port) in the order given without repeats, the query after ``?``
+        or "").
+
+    Raises:
+        ValueError: why it is malformed, without quoting the URL (the caller does, with
+            its password hidden).
+    """
+    scheme, _, rest = url.partition("://")
+    base = scheme.lower().partition("+")[0]
+    at = rest.rfind("@")
+    user, after = rest[: at + 1], rest[at + 1 :]
+    end = min((i for i in (after.find(c) for c in "/?#") if i >= 0), default=len(after))
+    hosts, tail = after[:end], after[end:]
+    path, _, query = tail.partition("?")
+    if "#" in query or "#" in path:
+        raise ValueError("a fragment ('#') has no meaning in a node URL")
+    if path.strip("/") not in ("", "0"):
+        raise ValueError(
+            f"database {path.strip('/')!r}: a Redis Cluster has database 0 only; "
+            "leave the /db part out"
+        )
+    seeds: dict[Address, None] = {}
+    for item in hosts.split(","):
+        seeds[_seed(item.strip())] = None
+    return base, user, tuple(seeds), query
+
+
+def _seed(item: str) -> Address:
+    if not item:
+        raise ValueError("names an empty host (nothing between two commas, or none at all)")
+    if item.startswith("["):
+        close = item.find("]")
+        if close < 0:
+            raise ValueError(f"host {item!r}: an IPv6 address needs its closing ']'")
+        host, port_text = item[1:close], item[close + 1 :]
+        if port_text and not port_text.startswith(":"):
+            raise ValueError(f"host {item!r}: expected ':port' after ']'")
+        port_text = port_text[1:]
+    else:
+        host, colon, port_text = item.rpartition(":")
+        if not colon:
+            host, port_text = item, ""
+        if ":" in host:
+            raise ValueError(f"host {item!r}: write an IPv6 address in brackets ([::1]:7000)")
+    if not host:
+        raise ValueError(f"{item!r} names no host")
+    try:
+        port = int(port_text) if port_text else 6379
+    except ValueError:
+        raise ValueError(f"{item!r}: port {port_text!r} is not a number") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"{item!r}: port must be in 1..65535")
+    return host, port

@@ -93,6 +93,9 @@ class NodeState:
         assert isinstance(conn, redis.connection.AbstractConnection)
         return conn  # type: ignore[return-value]  # a Connection or UnixDomainSocketConnection
 
+    def new_link(self) -> Link:
+        return Link(self)
+
     def down(self, now: float, why: Diagnosis | None = None) -> None:
         with self._lock:
             self._reconnect.failed(now)
@@ -226,6 +229,11 @@ class Link:
             self.drop(now)
 
     def drop(self, now: float, why: Diagnosis | None = None) -> None:
+        self.close()
+        self.node.down(now, why)
+
+    def close(self) -> None:
+        """Close the connection (or abandon its set-up); owe nothing."""
         if self.setup is not None:
             self.setup.abandon()
             self.setup = None
@@ -234,7 +242,6 @@ class Link:
             self.conn = None
         self.owed = 0
         self.partial = []
-        self.node.down(now, why)
 
     def resend(self, command: Command, exc: ResponseError, now: float) -> Command | None:
         """Write what ``command`` takes after the error reply ``exc`` within the round
@@ -275,7 +282,7 @@ class LinkSet:
     __slots__ = ("_reporter", "_wake", "clean", "links")
 
     def __init__(self, nodes: Sequence[NodeState], reporter: NodeReporter) -> None:
-        self.links = [Link(n) for n in nodes]
+        self.links = [n.new_link() for n in nodes]
         self._reporter = reporter
         # False while a round is in progress: a set left unclean by an exception has
         # replies nobody accounted for, and must be closed rather than reused.
@@ -507,13 +514,16 @@ class LinkPool:
         connection_options: dict[str, Any],
         reporter: NodeReporter,
     ) -> None:
+        from .cluster import ClusterState  # it builds on this module
+
+        def state(a: NodeAddress) -> NodeState:
+            pool = node_pool(a, config, connection_options, asyncio=False)
+            return NodeState(a, pool, config.node_timeout, config.connect_timeout)
+
         self.nodes = [
-            NodeState(
-                a,
-                node_pool(a, config, connection_options, asyncio=False),
-                config.node_timeout,
-                config.connect_timeout,
-            )
+            ClusterState(a, state, config.node_timeout, config.connect_timeout)
+            if a.seeds
+            else state(a)
             for a in config.nodes
         ]
         self.reporter = reporter
@@ -545,12 +555,7 @@ class LinkPool:
 
 def _disconnect(links: LinkSet) -> None:
     for link in links.links:
-        if link.setup is not None:
-            link.setup.abandon()
-            link.setup = None
-        if link.conn is not None:
-            link.conn.disconnect()  # type: ignore[no-untyped-call]
-            link.conn = None
+        link.close()
 
 
 _POOLS: weakref.WeakSet[LinkPool] = weakref.WeakSet()
