@@ -189,8 +189,10 @@ class ClusterChannel:
             return
         if self._stale:
             self._start_load()  # in the background: the patched map serves meanwhile
-        for where in self.map.masters():
-            # A master in its back-off fails the requests of its slots only (``send``).
+        # The replicas too: a failover promotes one, and a MOVED to it is then followed
+        # on a connection already up.
+        for where in dict.fromkeys([*self.map.masters(), *self.map.nodes]):
+            # A member in its back-off fails the requests of its slots only (``send``).
             with contextlib.suppress(BackingOff):
                 self._member(where).connect(now)
 

@@ -737,9 +737,18 @@ class LockSpec:
         if fair is None:
             # The default: fair wherever it can be had, since its hand-off (inside the
             # release, no round trip for the next holder) is also the fastest.
-            fair = config.recheck > 0 and not config.wait_replicas
+            fair = config.recheck > 0 and not config.wait_replicas and not config.per_slot
         if not isinstance(fair, bool):
             raise ConfigurationError("fair", f"must be True, False or None, got {fair!r}")
+        if fair and config.per_slot:
+            raise ConfigurationError(
+                "fair",
+                "cannot be used with a Redis Cluster node (redis+cluster://): a cluster "
+                "delivers a release's PUBLISH to subscribers on every one of its nodes, "
+                "while the release counts only the publishing node's, so a hand-off "
+                "could reach a waiter and be undone (docs/cluster-and-sentinel.md); "
+                "leave fair out (False)",
+            )
         if fair and config.wait_replicas:
             raise ConfigurationError(
                 "fair",

@@ -274,16 +274,18 @@ class ClusterLink(Link):
         return sub
 
     def prepare(self, now: float, wake: Callable[[], None]) -> Diagnosis | None:
-        """Load the slot map (first use), then set up a connection to every master."""
+        """Load the slot map (first use), then set up a connection to every member."""
         slot_map = self.cluster.slot_map(now, wake)
         if isinstance(slot_map, Diagnosis):
             return slot_map
         if slot_map is None:
             return None  # loading: ``setup`` says until when
-        for where in slot_map.masters():
+        # The replicas too: a failover promotes one, and a MOVED to it is then followed
+        # within the round, on a connection already up.
+        for where in dict.fromkeys([*slot_map.masters(), *slot_map.nodes]):
             sub = self._sub(where)
             if sub.conn is None:
-                # A master that cannot be connected fails the rounds of its slots only
+                # A member that cannot be connected fails the rounds of its slots only
                 # (``send``), not the node's: its diagnosis is kept on its state.
                 sub.prepare(now, wake)
         return None

@@ -430,14 +430,17 @@ class LinkSet:
         assert link.conn is not None
         try:
             if command.replies == 1:
-                try:
-                    reply = link.conn.read_response(disconnect_on_error=False)
-                except ResponseError as exc:
-                    retry = link.resend(command, exc, clock())
-                    if retry is None:
-                        raise
-                    command = retry
-                    reply = link.conn.read_response(disconnect_on_error=False)
+                while True:  # a resend may meet another error: a cluster's redirections
+                    try:
+                        while link.owed:  # an ASKING's reply, ahead of the redirected one
+                            link.read()
+                        reply = link.conn.read_response(disconnect_on_error=False)
+                        break
+                    except ResponseError as exc:
+                        retry = link.resend(command, exc, clock())
+                        if retry is None:
+                            raise
+                        command = retry
             else:
                 while len(link.partial) < command.replies:
                     link.partial.append(link.conn.read_response(disconnect_on_error=False))
