@@ -211,10 +211,11 @@ def cluster_node(said: str) -> Diagnosis:
     until the node list changes, whichever way the slots move.
     """
     return _misconfigured(
-        f"is a Redis Cluster node (cluster mode; it answered {said}): tenure does not route "
-        "lock names by slot on a cluster node yet, so it cannot lock there. List "
-        "independent masters that are not in cluster mode (redis://host:port) instead; "
-        "Redis Cluster as one lock node is planned (docs/cluster-and-sentinel.md)"
+        f"is a Redis Cluster node (cluster mode; it answered {said}), listed as a plain "
+        "node, whose commands are not routed by slot, so it cannot lock there. List the "
+        "whole cluster as one node, redis+cluster://host:port[,host:port...] "
+        "(docs/cluster-and-sentinel.md), or independent masters that are not in cluster "
+        "mode (redis://host:port)"
     )
 
 

@@ -384,6 +384,14 @@ def check(
     if not nodes:
         raise ConfigurationError("--redis", "no Redis nodes given")
     addresses = [parse_node_url(url, f"--redis[{i}]") for i, url in enumerate(nodes)]
+    for i, a in enumerate(addresses):
+        if a.seeds:
+            raise ConfigurationError(
+                f"--redis[{i}]",
+                f"{a.display} is a whole Redis Cluster (redis+cluster://), which `tenure "
+                "check` does not read yet; give its masters as plain nodes "
+                "(redis://host:port) to inspect them one by one",
+            )
     prefix = check_key_prefix(key_prefix, "--key-prefix")
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
         facts = list(pool.map(lambda a: gather(a, node_timeout, acl_user, prefix), addresses))

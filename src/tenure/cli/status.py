@@ -57,6 +57,14 @@ def status(
     if not nodes:
         raise ConfigurationError("--redis", "no Redis nodes given")
     addresses = [parse_node_url(url, f"--redis[{i}]") for i, url in enumerate(nodes)]
+    for i, a in enumerate(addresses):
+        if a.seeds:
+            raise ConfigurationError(
+                f"--redis[{i}]",
+                f"{a.display} is a whole Redis Cluster (redis+cluster://), which `tenure "
+                "status` does not read yet; give its masters as plain nodes "
+                "(redis://host:port) to inspect them one by one",
+            )
     prefix = check_key_prefix(key_prefix, "--key-prefix")
     keys = LockKeys.of(name, prefix)
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
