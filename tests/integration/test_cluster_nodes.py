@@ -1,7 +1,8 @@
 """A Redis Cluster node listed as a plain node: a configuration failure, never an outage.
 
-tenure does not route lock names by slot yet (docs/cluster-and-sentinel.md is the plan),
-so a cluster node given as ``redis://host:port`` answers tenure's scripts with cluster
+A plain node's commands are not routed by slot (``redis+cluster://`` lists a whole
+cluster as one node: tests/integration/test_cluster_lock.py), so a cluster node given as
+``redis://host:port`` answers tenure's scripts with cluster
 redirections and refusals (``CROSSSLOT`` for every acquire, since the node's floor and
 warm-up marker hash to slots of their own; ``MOVED`` for a read of a name whose slot
 another master serves). Each is diagnosed as the node's configuration, through the
@@ -38,7 +39,8 @@ TTL = 2.0
 SAYS = (
     "is a Redis Cluster node",
     "cluster mode",
-    "does not route lock names by slot on a cluster node yet",
+    "listed as a plain node, whose commands are not routed by slot",
+    "redis+cluster://host:port[,host:port...]",
     "independent masters that are not in cluster mode",
     "docs/cluster-and-sentinel.md",
 )

@@ -69,7 +69,10 @@ def test_every_command_the_drivers_send_is_a_need() -> None:
             packed.add("EVAL")
         assert not re.search(r"execute_command|send_command", text), path
     assert packed, "found no packed commands: has the driver layout changed?"
-    assert packed <= set(_acl.DIRECT), packed - set(_acl.DIRECT)
+    # Sent to a whole Redis Cluster node (redis+cluster://) only: the documented ACL and
+    # `tenure check` do not cover them yet (docs/cluster-and-sentinel.md says so).
+    cluster_only = {"ASKING", "CLUSTER"}
+    assert packed - cluster_only <= set(_acl.DIRECT), packed - cluster_only - set(_acl.DIRECT)
 
 
 def test_every_lock_key_and_channel_matches_the_patterns() -> None:

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tenure
 from tenure import ConfigurationError
 from tenure._core.config import (
     NODE_FLOOR,
@@ -27,6 +26,7 @@ from tenure._core.config import (
     parse_node_url,
 )
 from tenure._core.policy import wait_random, wait_random_exponential
+from tenure._core.slots import slot_tag
 
 SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=200)
 
@@ -156,33 +156,57 @@ def test_malformed_urls_are_refused(url: str) -> None:
     assert info.value.parameter == "nodes[3]"
 
 
+def test_a_cluster_url_is_one_node() -> None:
+    url = "rediss+cluster://app:s3cret@h1:7000,[::1]:7001,h1:7000?ssl_cert_reqs=none"
+    config = ClientConfig.build(["redis://a", url, "redis://c"])
+    node = config.nodes[1]
+    assert len(config.nodes) == 3  # one vote, however many seeds
+    assert node.seeds == (("h1", 7000), ("::1", 7001))
+    assert node.display == "rediss+cluster://h1:7000,[::1]:7001"
+    assert "s3cret" not in repr(node)
+    member = node.member("10.0.0.5", 7002)
+    assert member.url == "rediss://app:s3cret@10.0.0.5:7002?ssl_cert_reqs=none"
+    assert member.display == "rediss://10.0.0.5:7002"
+    assert config.per_slot
+    assert not ClientConfig.build(["redis://a"]).per_slot
+    # The same cluster listed twice by the same seeds counts its vote twice: refused.
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build([url, "redis://b", "REDISS+CLUSTER://h1:7000,[::1]:7001"])
+    assert info.value.parameter == "nodes[2]"
+
+
 @pytest.mark.parametrize(
-    ("url", "shown", "says"),
+    ("url", "says"),
     [
-        ("redis+cluster://h1:6379,h2:6379", "redis+cluster://h1:6379,h2:6379",
-         ["whole Redis Cluster as one node", "independent masters", "not in cluster mode"]),
-        ("REDISS+CLUSTER://app:pw@h1:6379", "REDISS+CLUSTER://app:***@h1:6379",
-         ["whole Redis Cluster as one node", "independent masters"]),
+        ("redis+cluster://", "names an empty host"),
+        ("redis+cluster://h1:7000,,h2:7001", "names an empty host"),
+        ("redis+cluster://u:s3cret@h1:99999", "port must be in 1..65535"),
+        ("redis+cluster://h1:x", "is not a number"),
+        ("redis+cluster://h1:7000/1", "database 0 only"),
+        ("redis+cluster://::1:7000", "IPv6 address in brackets"),
+        ("redis+cluster://[::1:7000", "closing ']'"),
     ],
-)  # fmt: skip
-def test_cluster_urls_are_refused_as_planned(url: str, shown: str, says: list[str]) -> None:
-    # Refused by what they are, not as a malformed URL (a list of hosts has no port), and
-    # without the password.
-    for refuse in (
-        lambda: parse_node_url(url, "nodes[1]"),
-        lambda: tenure.Client(["redis://a", url, "redis://c"]),
-        lambda: tenure.AsyncClient(["redis://a", url, "redis://c"]),
-    ):
-        with pytest.raises(ConfigurationError) as info:
-            refuse()
-        message = str(info.value)
-        assert info.value.parameter == "nodes[1]"
-        assert f"URL {shown!r}" in message
-        assert "planned (docs/cluster-and-sentinel.md), not supported yet" in message
-        for words in says:
-            assert words in message, message
-        for secret in ("s3cret", ":pw@", "p%40ss"):
-            assert secret not in message
+)
+def test_a_malformed_cluster_url_is_refused_naming_the_form(url: str, says: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build(["redis://a", url, "redis://c"])
+    message = str(info.value)
+    assert info.value.parameter == "nodes[1]"
+    assert says in message
+    assert "redis+cluster://[user:password@]host:port[,host:port...]" in message
+    assert "s3cret" not in message
+
+
+def test_a_cluster_clients_node_keys_are_per_slot_on_every_node() -> None:
+    config = ClientConfig.build(["redis://a", "redis+cluster://h:1", "redis://c"])
+    for name in ("orders:1", "}x", "a}b", "{}"):
+        keys = LockSpec.build(config, name, 2.0).keys
+        slot = key_slot(keys.lock)
+        assert keys.floor == f"tenure:{{{slot_tag(slot)}}}:floor"
+        assert keys.warm == f"tenure:{{{slot_tag(slot)}}}:warm"
+        assert {key_slot(k) for k in (keys.lock, keys.queue, keys.floor, keys.warm)} == {slot}
+    plain = LockSpec.build(ClientConfig.build(["redis://a"]), "orders:1", 2.0).keys
+    assert (plain.floor, plain.warm) == ("tenure:node:floor", "tenure:node:warm")
 
 
 @pytest.mark.parametrize("url", [None, 6379, b"redis://h", ["redis://h"], 1.5])

@@ -40,7 +40,8 @@ CLUSTER_REPLIES = [
 ]
 CLUSTER_SAYS = [
     "is a Redis Cluster node (cluster mode",
-    "does not route lock names by slot on a cluster node yet",
+    "listed as a plain node, whose commands are not routed by slot",
+    "redis+cluster://host:port[,host:port...]",
     "independent masters that are not in cluster mode",
     "docs/cluster-and-sentinel.md",
 ]

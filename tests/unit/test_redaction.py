@@ -42,7 +42,8 @@ CASES = {
     "sentinel URL, no service": "redis+sentinel://app:{pw}@10.0.0.1:26379",
     "sentinel URL, bad port": "redis+sentinel://app:{pw}@10.0.0.1:263x9,h2/locks",
     "sentinel URL, bad db": "rediss+sentinel://app:{pw}@10.0.0.1/locks/x",
-    "planned scheme, no user": "rediss+cluster://:{pw}@h1:6379,h2:6379",
+    "malformed cluster, no user": "rediss+cluster://:{pw}@h1:6379,,h2:6379",
+    "cluster with a db": "redis+cluster://app:{pw}@h1:6379/2",
 }
 
 
@@ -185,3 +186,18 @@ def test_a_password_that_cuts_the_host_part_is_refused_with_the_fix(password: st
     encoded = url.replace("/W", "%2FW").replace("?", "%3F").replace("#", "%23")
     address = parse_node_url(encoded)
     assert (address.host, address.port) == ("host", 6379)
+
+
+@pytest.mark.parametrize("command", ["status", "check"])
+def test_the_commands_refuse_a_cluster_node_they_cannot_read(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = "redis+cluster://app:Zq9xWv7kJm4@h1:7000,h2:7001"
+    argv = ["status", "a-lock"] if command == "status" else ["check"]
+    assert main([*argv, "--redis", url]) != 0
+    out, err = capsys.readouterr()
+    assert "--redis[0]" in err
+    assert f"`tenure {command}` reads one server as it is" in err
+    assert "redis://host:port" in err
+    assert "Traceback" not in err
+    _assert_hidden("Zq9xWv7kJm4", out, err)

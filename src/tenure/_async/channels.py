@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio
 from redis.exceptions import ResponseError
@@ -298,8 +298,13 @@ class Channels:
         self._config = config
         self.reporter = reporter
 
+        self._options = connection_options
+        # A Redis Cluster node's pool is its first seed's (the notification listener's).
         self._pools: list[redis.asyncio.ConnectionPool] = [
-            node_pool(a, config, connection_options, asyncio=True) for a in config.nodes
+            node_pool(
+                a.member(*a.seeds[0]) if a.seeds else a, config, connection_options, asyncio=True
+            )
+            for a in config.nodes
         ]
         self.pools = self._pools  # the notification listener connects through them too
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -314,10 +319,25 @@ class Channels:
             self._changed = asyncio.Event()
             connect_timeout = self._config.connect_timeout
             self._channels = [
-                Channel(a, p, connect_timeout, self._changed)
+                self._cluster(a) if a.seeds else Channel(a, p, connect_timeout, self._changed)
                 for a, p in zip(self._config.nodes, self._pools, strict=True)
             ]
         return self._channels
+
+    def _cluster(self, address: NodeAddress) -> Channel:
+        from .cluster import ClusterChannel  # it builds on this module
+
+        config, options, changed = self._config, self._options, self._changed
+
+        def pool(a: NodeAddress) -> redis.asyncio.ConnectionPool:
+            made: redis.asyncio.ConnectionPool = node_pool(a, config, options, asyncio=True)
+            return made
+
+        def channel(a: NodeAddress) -> Channel:
+            return Channel(a, pool(a), config.connect_timeout, changed)
+
+        cluster = ClusterChannel(address, channel, pool, config.connect_timeout, changed)
+        return cast("Channel", cluster)  # it stands for a Channel: the same attributes
 
     def send(
         self,

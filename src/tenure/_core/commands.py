@@ -145,6 +145,8 @@ class Command:
     # The same command by EVAL when ``packed`` is an EVALSHA: what a node that cannot run
     # that is sent instead (``ScriptCache``). None: ``packed`` runs on any node.
     fallback: bytes | None = None
+    # A key of the command: a Redis Cluster node sends it to the master of its slot.
+    key: str = ""
 
     def is_yes(self, reply: object) -> bool:
         return self.parse(reply)[0] is True
@@ -189,7 +191,7 @@ class ScriptCache:
         if command is None or command.fallback is None:
             return None
         self.missing = False
-        return Command(command.fallback, command.parse, command.replies)
+        return Command(command.fallback, command.parse, command.replies, key=command.key)
 
 
 def acked_by_replicas(command: Command, replicas: int, timeout_ms: int) -> Command:
@@ -218,7 +220,9 @@ def acked_by_replicas(command: Command, replicas: int, timeout_ms: int) -> Comma
 
     wait = pack("WAIT", replicas, timeout_ms)
     # By EVAL: a NOSCRIPT followed by WAIT's reply would have to be resent with its WAIT.
-    return Command((command.fallback or command.packed) + wait, parse, command.replies + 1)
+    return Command(
+        (command.fallback or command.packed) + wait, parse, command.replies + 1, key=command.key
+    )
 
 
 @dataclass(frozen=True)
@@ -266,20 +270,21 @@ def acquire(
     # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
     # cannot run it answers without granting anything (``ScriptCache``).
     packed, fallback = _evalsha("acquire", node_keys, args)
-    return Command(packed, _acquire_reply, fallback=fallback)
+    return Command(packed, _acquire_reply, fallback=fallback, key=keys.lock)
 
 
 def seed(spec: LockSpec, floor: int, warm_ms: int, marks: frozenset[int]) -> Command:
     """seed.lua: give a blank node the floor ``floor`` and a warm-up of ``warm_ms``."""
     keys = spec.keys
     return Command(
-        _eval("seed", (keys.floor, keys.warm), floor, warm_ms, spec.retention_ms, *sorted(marks))
+        _eval("seed", (keys.floor, keys.warm), floor, warm_ms, spec.retention_ms, *sorted(marks)),
+        key=keys.floor,
     )
 
 
 def release(key: str, token: str) -> Command:
     """Compare-and-delete that wakes nobody (cleanup of an attempt that failed)."""
-    return Command(_eval("release", (key,), token))
+    return Command(_eval("release", (key,), token), key=key)
 
 
 def release_waking(
@@ -292,13 +297,15 @@ def release_waking(
     keys = spec.keys
     queue_keys = (keys.lock, keys.floor, keys.queue)
     extra = ("c",) if cleanup else ()
-    return Command(_eval("release", queue_keys, token, mode, arg, spec.retention_ms, *extra))
+    return Command(
+        _eval("release", queue_keys, token, mode, arg, spec.retention_ms, *extra), key=keys.lock
+    )
 
 
 def dequeue(release: Command) -> Command:
     """A waiter gives up its place: ``release_waking`` with its waiter id (which also
     passes on a fair hand-off that crossed the give-up); any answer will do."""
-    return Command(release.packed, _any_reply)
+    return Command(release.packed, _any_reply, key=release.key)
 
 
 def _any_reply(reply: object) -> tuple[bool, Info]:
@@ -308,8 +315,11 @@ def _any_reply(reply: object) -> tuple[bool, Info]:
 def extend(spec: LockSpec, token: str) -> Command:
     """extend.lua: a new TTL for our key, and another retention for the node's floor."""
     keys = spec.keys
-    return Command(_eval("extend", (keys.lock, keys.floor), token, spec.ttl_ms, spec.retention_ms))
+    return Command(
+        _eval("extend", (keys.lock, keys.floor), token, spec.ttl_ms, spec.retention_ms),
+        key=keys.lock,
+    )
 
 
 def exists(key: str) -> Command:
-    return Command(pack("EXISTS", key))
+    return Command(pack("EXISTS", key), key=key)

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from .._errors import ConfigurationError
 from .policy import RetryPolicy, wait_random_exponential
 from .quorum import drift_allowance, majority
+from .slots import CLUSTER_FORM, cluster_url, key_slot, slot_tag
 
 __all__ = [
     "DEFAULT_KEY_PREFIX",
@@ -105,6 +106,9 @@ class NodeAddress:
     # A Sentinel-managed master (``redis+sentinel://``): found through these Sentinels
     # at every connection, so it has no host or port of its own.
     sentinel: SentinelService | None = None
+    # A whole Redis Cluster as one node (``redis+cluster://``): its seeds; host and port
+    # are the first of them. Empty for every other node.
+    seeds: tuple[tuple[str, int], ...] = ()
 
     def __repr__(self) -> str:
         # Not the dataclass's: that would quote ``url`` with its password (a client's
@@ -117,6 +121,8 @@ class NodeAddress:
             # The same service through the same Sentinels, in any order, is one master.
             s = self.sentinel
             return ("sentinel", s.service, tuple(sorted(set(s.sentinels))), self.db)
+        if self.seeds:
+            return ("cluster", *sorted(self.seeds))
         where: tuple[object, ...] = (self.path,) if self.path else (self.host, self.port)
         return (*where, self.db)
 
@@ -143,27 +149,46 @@ class NodeAddress:
         if self.sentinel is not None:
             tail = f"/{self.db}" if self.db else ""
             return f"{self.scheme}+sentinel://{self.sentinel.hosts}/{self.sentinel.service}{tail}"
+        if self.seeds:
+            return f"{self.scheme}://" + ",".join(_hostport(h, p) for h, p in self.seeds)
         if self.path:
             return f"unix://{self.path}" + (f"?db={self.db}" if self.db else "")
         host = f"[{self.host}]" if self.host and ":" in self.host else self.host
         return f"{self.scheme}://{host}:{self.port}" + (f"/{self.db}" if self.db else "")
+
+    def member(self, host: str, port: int) -> NodeAddress:
+        """A member of this Cluster node at ``host:port``, as a plain node with the same
+        credentials, TLS and query settings (what its connections are made from)."""
+        base, user, _, query = cluster_url(self.url)
+        url = f"{base}://{user}{_hostport(host, port)}" + (f"?{query}" if query else "")
+        return NodeAddress(url, base, host, port, None, 0, self.options)
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _cluster_node(url: str, parameter: str) -> NodeAddress:
+    """A ``redis+cluster://`` or ``rediss+cluster://`` URL: a whole Redis Cluster as one
+    node (docs/cluster-and-sentinel.md)."""
+    try:
+        base, _, seeds, _ = cluster_url(url)
+    except ValueError as exc:
+        raise ConfigurationError(
+            parameter, f"malformed URL {redact_url(url)!r}: {exc}; accepted: {CLUSTER_FORM}"
+        ) from None
+    host, port = seeds[0]
+    return NodeAddress(url, f"{base}+cluster", host, port, None, 0, seeds=seeds)
+
+
+def _is_cluster_url(url: str) -> bool:
+    return url.partition("://")[0].lower() in ("redis+cluster", "rediss+cluster")
 
 
 def _finite(parameter: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigurationError(parameter, f"must be a finite number, got {value!r}")
     return float(value)
-
-
-# Node kinds that are planned (docs/cluster-and-sentinel.md) but not built, by scheme, and
-# what to do meanwhile.
-_PLANNED = {
-    "cluster": (
-        "a whole Redis Cluster as one node",
-        "pass independent masters that are not in cluster mode ('redis://host:port', "
-        "an odd number of at least 3 for a quorum)",
-    ),
-}
 
 
 def redact_url(text: str) -> str:
@@ -192,33 +217,20 @@ def _quoted(value: object) -> str:
     return redact_url(repr(value))
 
 
-def _refuse_planned(url: str, parameter: str) -> None:
-    """Refuse a ``redis+cluster://`` URL (``rediss+`` too)."""
-    scheme = url.partition("://")[0].lower()
-    base, plus, kind = scheme.partition("+")
-    if not plus or base not in ("redis", "rediss") or kind not in _PLANNED:
-        return
-    what, meanwhile = _PLANNED[kind]
-    raise ConfigurationError(
-        parameter,
-        f"URL {redact_url(url)!r} names {what} ({scheme}://): planned "
-        f"(docs/cluster-and-sentinel.md), not supported yet. Meanwhile {meanwhile}",
-    )
-
-
 def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
     """Parse ``redis://[user:pass@]host[:port][/db]``, ``rediss://...``, ``unix:///path[?db=N]``
-    or a Sentinel-managed master, ``redis+sentinel://[user:pass@]host:port[,host:port...]
-    /service_name[/db]`` (``rediss+sentinel://`` for TLS).
+    a Sentinel-managed master, ``redis+sentinel://[user:pass@]host:port[,host:port...]
+    /service_name[/db]``, or a whole Redis Cluster, ``redis+cluster://[user:pass@]host:port
+    [,host:port...]`` (``rediss+`` for TLS).
 
     Raises:
-        ConfigurationError: naming ``parameter``: not such a URL; a ``redis+cluster://``
-            URL (``rediss+`` too), a node kind not built yet.
+        ConfigurationError: naming ``parameter``: not such a URL.
     """
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError(parameter, f"must be a non-empty URL string, got {_quoted(url)}")
     # Before the URL is split: a list of hosts has no port urlsplit could read.
-    _refuse_planned(url.strip(), parameter)
+    if _is_cluster_url(url.strip()):
+        return _cluster_node(url.strip(), parameter)
     if re.match(r"(?i)rediss?\+sentinel://", url.strip()):
         return _parse_sentinel_url(url.strip(), parameter)
     # Every message below quotes the URL as ``shown``: never its password.
@@ -371,11 +383,20 @@ def _parse_sentinel_url(url: str, parameter: str) -> NodeAddress:
 
 
 def check_one_server(address: NodeAddress, parameter: str, command: str) -> NodeAddress:
-    """Refuse a Sentinel-managed node where ``command`` reads one server as it is.
+    """Refuse a Sentinel-managed node or a whole Redis Cluster where ``command`` reads
+    one server as it is.
 
     Raises:
-        ConfigurationError: naming ``parameter``: ``address`` is Sentinel-managed.
+        ConfigurationError: naming ``parameter``: ``address`` is Sentinel-managed or a
+            Redis Cluster.
     """
+    if address.seeds:
+        raise ConfigurationError(
+            parameter,
+            f"{address.display} is a whole Redis Cluster (redis+cluster://), and "
+            f"`{command}` reads one server as it is: give its masters as plain nodes "
+            "(redis://host:port) to inspect them one by one",
+        )
     if address.sentinel is not None:
         raise ConfigurationError(
             parameter,
@@ -573,6 +594,12 @@ class ClientConfig:
     @property
     def quorum(self) -> int:
         return majority(len(self.nodes))
+
+    @property
+    def per_slot(self) -> bool:
+        """Whether node keys are kept per hash slot (``LockKeys.of``): on every node of a
+        client that lists a whole Redis Cluster as one of its nodes."""
+        return any(a.seeds for a in self.nodes)
 
     @property
     def wait_timeout_ms(self) -> int:
@@ -781,7 +808,11 @@ class LockKeys:
     floor was written under (the scripts find it by the floor's name). Nothing about a
     lock outlives its lease and its waiters. With another key prefix, ``tenure:`` is
     that prefix in every one of these keys, the node's included: each prefix has a
-    fencing history of its own.
+    fencing history of its own. ``per_slot`` (a client listing a whole Redis Cluster as
+    a node): the node's floor, warm-up marker and stored replication ID are those of the
+    lock's hash slot ``s``, ``tenure:{<T[s]>}:floor``, ``:warm`` and ``:replid``
+    (``slots.slot_tag``), on every node of the client, so that a script touches one slot
+    only.
     """
 
     lock: str
@@ -795,9 +826,15 @@ class LockKeys:
         return replid_key(self.floor)
 
     @classmethod
-    def of(cls, name: str, prefix: str = DEFAULT_KEY_PREFIX) -> LockKeys:
+    def of(cls, name: str, prefix: str = DEFAULT_KEY_PREFIX, *, per_slot: bool = False) -> LockKeys:
         start = _key_prefix(name, prefix)
-        floor, warm = node_keys(prefix)
+        if per_slot:
+            # In a cluster a script touches one slot only: the node keys of the lock's
+            # slot, <prefix>{T[s]}:floor and :warm (docs/cluster-and-sentinel.md).
+            tag = slot_tag(key_slot(start))
+            floor, warm = f"{prefix}{{{tag}}}:floor", f"{prefix}{{{tag}}}:warm"
+        else:
+            floor, warm = node_keys(prefix)
         return cls(lock=f"{start}:lock", floor=floor, warm=warm, queue=f"{start}:q")
 
 
@@ -865,9 +902,18 @@ class LockSpec:
         if fair is None:
             # The default: fair wherever it can be had, since its hand-off (inside the
             # release, no round trip for the next holder) is also the fastest.
-            fair = config.recheck > 0 and not config.wait_replicas
+            fair = config.recheck > 0 and not config.wait_replicas and not config.per_slot
         if not isinstance(fair, bool):
             raise ConfigurationError("fair", f"must be True, False or None, got {fair!r}")
+        if fair and config.per_slot:
+            raise ConfigurationError(
+                "fair",
+                "cannot be used with a Redis Cluster node (redis+cluster://): a cluster "
+                "delivers a release's PUBLISH to subscribers on every one of its nodes, "
+                "while the release counts only the publishing node's, so a hand-off "
+                "could reach a waiter and be undone (docs/cluster-and-sentinel.md); "
+                "leave fair out (False)",
+            )
         if fair and config.wait_replicas:
             raise ConfigurationError(
                 "fair",
@@ -876,7 +922,7 @@ class LockSpec:
             )
         if fair and config.recheck == 0:
             raise ConfigurationError("fair", "needs notifications (recheck > 0)")
-        keys = LockKeys.of(name, config.key_prefix)
+        keys = LockKeys.of(name, config.key_prefix, per_slot=config.per_slot)
         return cls(
             name=name,
             key=keys.lock,

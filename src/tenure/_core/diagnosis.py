@@ -211,10 +211,35 @@ def cluster_node(said: str) -> Diagnosis:
     until the node list changes, whichever way the slots move.
     """
     return _misconfigured(
-        f"is a Redis Cluster node (cluster mode; it answered {said}): tenure does not route "
-        "lock names by slot on a cluster node yet, so it cannot lock there. List "
-        "independent masters that are not in cluster mode (redis://host:port) instead; "
-        "Redis Cluster as one lock node is planned (docs/cluster-and-sentinel.md)"
+        f"is a Redis Cluster node (cluster mode; it answered {said}), listed as a plain "
+        "node, whose commands are not routed by slot, so it cannot lock there. List the "
+        "whole cluster as one node, redis+cluster://host:port[,host:port...] "
+        "(docs/cluster-and-sentinel.md), or independent masters that are not in cluster "
+        "mode (redis://host:port)"
+    )
+
+
+def not_a_cluster(seed: str, said: str) -> Diagnosis:
+    """A ``redis+cluster://`` node's seed ``seed`` answered ``CLUSTER SLOTS`` with the
+    error ``said``: a server not in cluster mode (a configuration failure naming the
+    fix), or a refusal read as any error reply is."""
+    if "cluster support disabled" in said.lower():
+        return _misconfigured(
+            f"lists {seed}, which is not in cluster mode (it answered {_quote(_essence(said))}):"
+            " a redis+cluster:// node must list nodes of one Redis Cluster; list a "
+            "standalone server as a plain node instead (redis://host:port)"
+        )
+    why = error_reply(said)
+    return Diagnosis(why.failure, f"{seed} (asked for the slot map): {why.detail}")
+
+
+def slot_unserved(slot: int) -> Diagnosis:
+    """No master of a Cluster node serves ``slot``, as far as its slot map says."""
+    return Diagnosis(
+        Failure.UNREACHABLE,
+        f"no master of the cluster serves slot {slot} (its slot map gives it none: a "
+        "master down without a replica to take over, or slots never assigned); no vote "
+        "for the locks of that slot until one does",
     )
 
 

@@ -266,6 +266,8 @@ def check_connection_options(
         result[key] = value
     pool_cls = redis.asyncio.ConnectionPool if asyncio else redis.ConnectionPool
     for i, address in enumerate(nodes):
+        if address.seeds:  # a Redis Cluster: checked as its first seed, a plain node
+            address = address.member(*address.seeds[0])
         defaults = connection_kwargs(node_timeout, asyncio=asyncio, unix=address.path is not None)
         try:
             conn_cls = pool_cls.from_url(address.redis_url).connection_class

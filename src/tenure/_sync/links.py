@@ -100,6 +100,9 @@ class NodeState:
         why = diagnose(exc)
         return why if self.address.sentinel is None else demoted(why)
 
+    def new_link(self) -> Link:
+        return Link(self)
+
     def down(self, now: float, why: Diagnosis | None = None) -> None:
         with self._lock:
             self._reconnect.failed(now)
@@ -233,6 +236,11 @@ class Link:
             self.drop(now)
 
     def drop(self, now: float, why: Diagnosis | None = None) -> None:
+        self.close()
+        self.node.down(now, why)
+
+    def close(self) -> None:
+        """Close the connection (or abandon its set-up); owe nothing."""
         if self.setup is not None:
             self.setup.abandon()
             self.setup = None
@@ -241,7 +249,6 @@ class Link:
             self.conn = None
         self.owed = 0
         self.partial = []
-        self.node.down(now, why)
 
     def resend(self, command: Command, exc: ResponseError, now: float) -> Command | None:
         """Write what ``command`` takes after the error reply ``exc`` within the round
@@ -283,7 +290,7 @@ class LinkSet:
     __slots__ = ("_reporter", "_wake", "clean", "links")
 
     def __init__(self, nodes: Sequence[NodeState], reporter: NodeReporter) -> None:
-        self.links = [Link(n) for n in nodes]
+        self.links = [n.new_link() for n in nodes]
         self._reporter = reporter
         # False while a round is in progress: a set left unclean by an exception has
         # replies nobody accounted for, and must be closed rather than reused.
@@ -431,14 +438,17 @@ class LinkSet:
         assert link.conn is not None
         try:
             if command.replies == 1:
-                try:
-                    reply = link.conn.read_response(disconnect_on_error=False)
-                except ResponseError as exc:
-                    retry = link.resend(command, exc, clock())
-                    if retry is None:
-                        raise
-                    command = retry
-                    reply = link.conn.read_response(disconnect_on_error=False)
+                while True:  # a resend may meet another error: a cluster's redirections
+                    try:
+                        while link.owed:  # an ASKING's reply, ahead of the redirected one
+                            link.read()
+                        reply = link.conn.read_response(disconnect_on_error=False)
+                        break
+                    except ResponseError as exc:
+                        retry = link.resend(command, exc, clock())
+                        if retry is None:
+                            raise
+                        command = retry
             else:
                 while len(link.partial) < command.replies:
                     link.partial.append(link.conn.read_response(disconnect_on_error=False))
@@ -515,13 +525,16 @@ class LinkPool:
         connection_options: dict[str, Any],
         reporter: NodeReporter,
     ) -> None:
+        from .cluster import ClusterState  # it builds on this module
+
+        def state(a: NodeAddress) -> NodeState:
+            pool = node_pool(a, config, connection_options, asyncio=False)
+            return NodeState(a, pool, config.node_timeout, config.connect_timeout)
+
         self.nodes = [
-            NodeState(
-                a,
-                node_pool(a, config, connection_options, asyncio=False),
-                config.node_timeout,
-                config.connect_timeout,
-            )
+            ClusterState(a, state, config.node_timeout, config.connect_timeout)
+            if a.seeds
+            else state(a)
             for a in config.nodes
         ]
         self.reporter = reporter
@@ -553,12 +566,7 @@ class LinkPool:
 
 def _disconnect(links: LinkSet) -> None:
     for link in links.links:
-        if link.setup is not None:
-            link.setup.abandon()
-            link.setup = None
-        if link.conn is not None:
-            link.conn.disconnect()  # type: ignore[no-untyped-call]
-            link.conn = None
+        link.close()
 
 
 _POOLS: weakref.WeakSet[LinkPool] = weakref.WeakSet()

@@ -1,0 +1,311 @@
+"""A whole Redis Cluster as one lock node, for the asyncio driver.
+
+Theory of operation
+-------------------
+A ``ClusterChannel`` stands in ``Channels`` for one Cluster node: to the round it is a
+``Channel``, and behind it are one plain ``Channel`` per member address (each with its
+own pipelined connection, back-off and script cache) and the slot map (``CLUSTER
+SLOTS``, loaded from the seeds by a task, reloaded in the background after a ``MOVED``).
+
+Each command goes to the master of its slot (``Command.key``). Its replies come back
+through a callback of this module before the round's: a ``MOVED`` updates the map and
+sends the command to the new owner, an ``ASK`` sends ``ASKING`` and the command to the
+target, at most ``MAX_REDIRECTS`` times per request; the round's callback gets the
+final reply. A redirection not followed, ``TRYAGAIN``, ``CLUSTERDOWN`` and a slot without
+a master reach it as ``SlotSilent`` (no vote this round, never the node's configuration).
+
+Redirections are followed even after the round ended: later requests of the same slot
+(the cleanup of a failed attempt) are redirected the same way, from the same
+connection's FIFO of replies, so they still reach the new owner after the request they
+clean up, as on a plain node. A ``NOSCRIPT`` is passed on (the round resends the EVAL
+form within the round only, as for a plain node), after marking the member's cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from functools import lru_cache, partial
+from typing import Any
+
+import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from .._core.backoff import Reconnect
+from .._core.commands import Command, ScriptCache, evalsha_refused, pack, script_missing
+from .._core.config import NodeAddress
+from .._core.diagnosis import BackingOff, Diagnosis, not_a_cluster, slot_unserved
+from .._core.quorum import Failure
+from .._core.slots import MAX_REDIRECTS, Address, SlotMap, key_slot, redirect
+from .._driver.redis_compat import diagnose
+
+__all__ = ["ClusterChannel", "SlotSilent"]
+
+_ASKING = Command(pack("ASKING"))
+_CLUSTER_SLOTS = pack("CLUSTER", "SLOTS")
+
+
+@lru_cache(maxsize=4096)
+def _slot(key: str) -> int:
+    return key_slot(key)
+
+
+class SlotSilent(RedisConnectionError):
+    """The node gives no vote for this request (a redirection not followed, a slot
+    migrating or unserved, CLUSTERDOWN): a per-round silence, never misconfiguration."""
+
+
+class _Scripts(ScriptCache):
+    """The cluster node's face of the members' script caches, for ``Channels.run``: the
+    member that answered ``NOSCRIPT`` was marked already (``ClusterChannel._on_reply``);
+    this only gives the round the EVAL form to resend within it."""
+
+    def packed(self, command: Command) -> bytes:
+        return command.packed
+
+    def answered(self, error: str, command: Command | None) -> Command | None:
+        if command is None or command.fallback is None:
+            return None
+        if not (script_missing(error) or evalsha_refused(error)):
+            return None
+        return Command(command.fallback, command.parse, command.replies, key=command.key)
+
+
+class ClusterChannel:
+    """One Redis Cluster node of a client, in one event loop (a ``Channel`` to ``Channels``)."""
+
+    def __init__(
+        self,
+        address: NodeAddress,
+        make_channel: Callable[[NodeAddress], Any],
+        make_pool: Callable[[NodeAddress], redis.asyncio.ConnectionPool],
+        connect_timeout: float,
+        changed: asyncio.Event,
+    ) -> None:
+        self.address = address
+        self.name = address.display
+        self.scripts: ScriptCache = _Scripts()
+        self.last: Diagnosis | None = None
+        self._make_channel = make_channel
+        self._make_pool = make_pool
+        self._connect_timeout = connect_timeout
+        self._changed = changed
+        self._members: dict[Address, Any] = {}  # Address -> Channel
+        self._pools: dict[Address, redis.asyncio.ConnectionPool] = {}
+        self.map: SlotMap | None = None
+        self._stale = False
+        self._load: asyncio.Task[None] | None = None
+        self._reconnect = Reconnect()
+        self._blamed: Any = None  # the member whose reply the round judged last
+
+    # --- members and the slot map -----------------------------------------------------
+
+    def _member(self, where: Address) -> Any:
+        channel = self._members.get(where)
+        if channel is None:
+            channel = self._members[where] = self._make_channel(self.address.member(*where))
+        return channel
+
+    def _pool(self, where: Address) -> redis.asyncio.ConnectionPool:
+        pool = self._pools.get(where)
+        if pool is None:
+            pool = self._pools[where] = self._make_pool(self.address.member(*where))
+        return pool
+
+    def _start_load(self) -> None:
+        if self._load is None:
+            self._load = asyncio.get_running_loop().create_task(self._load_map())
+
+    async def _load_map(self) -> None:
+        candidates = list(self.address.seeds)
+        if self.map is not None:
+            candidates = [*self.map.masters(), *self.map.nodes, *candidates]
+        errors: list[Diagnosis] = []
+        try:
+            for where in dict.fromkeys(candidates):
+                name = self.address.member(*where).display
+                conn = self._pool(where).make_connection()  # type: ignore[no-untyped-call]
+                try:
+
+                    async def ask(conn: Any = conn) -> object:
+                        await conn.connect()
+                        await conn.send_packed_command(_CLUSTER_SLOTS, check_health=False)
+                        return await conn.read_response()
+
+                    reply = await asyncio.wait_for(ask(), self._connect_timeout)
+                    self.map, self._stale = SlotMap.parse(reply, where), False
+                    self._reconnect.succeeded()
+                    self.last = None
+                    # The masters' set-ups begin now, so a round waiting for this node
+                    # waits for them too (``connecting``), not within its own deadline.
+                    self.connect(time.monotonic())
+                    return
+                except ResponseError as exc:
+                    errors.append(not_a_cluster(name, str(exc)))
+                except (asyncio.TimeoutError, TimeoutError):
+                    errors.append(
+                        Diagnosis(
+                            Failure.UNREACHABLE,
+                            f"{name}: no slot map within connect_timeout "
+                            f"({self._connect_timeout} s)",
+                        )
+                    )
+                except ValueError as exc:
+                    errors.append(Diagnosis(Failure.ERROR, f"{name}: {exc}"))
+                except Exception as exc:  # not BaseException: cancellation goes on
+                    why = diagnose(exc)
+                    errors.append(Diagnosis(why.failure, f"{name}: {why.detail}"))
+                finally:
+                    with contextlib.suppress(Exception):
+                        await conn.disconnect(nowait=True)
+            if self.map is None:
+                self.last = next((e for e in errors if e.failure.configuration), errors[0])
+                self._reconnect.failed(time.monotonic())
+        finally:
+            self._load = None
+            self._changed.set()
+
+    def _moved(self, slot: int, to: Address) -> None:
+        if self.map is not None:
+            self.map = self.map.moved(slot, to)
+        self._stale = True
+
+    # --- what Channels reads of a channel ---------------------------------------------
+
+    def connect(self, now: float) -> None:
+        """Load the slot map (first use), then connect to every master.
+
+        Raises:
+            BackingOff: the map could not be loaded lately.
+        """
+        if self.map is None:
+            wait = self._reconnect.left(now)
+            if wait and self._load is None:
+                raise BackingOff(wait, self.last)
+            self._start_load()
+            return
+        if self._stale:
+            self._start_load()  # in the background: the patched map serves meanwhile
+        # The replicas too: a failover promotes one, and a MOVED to it is then followed
+        # on a connection already up.
+        for where in dict.fromkeys([*self.map.masters(), *self.map.nodes]):
+            # A member in its back-off fails the requests of its slots only (``send``).
+            with contextlib.suppress(BackingOff):
+                self._member(where).connect(now)
+
+    @property
+    def connecting(self) -> bool:
+        if self.map is None:
+            return self._load is not None
+        return any(self._member(w).connecting for w in self.map.masters())
+
+    @property
+    def ready(self) -> bool:
+        return self.map is not None and not self.connecting
+
+    def backing_off(self, now: float) -> float:
+        return self._reconnect.left(now) if self.map is None and self._load is None else 0.0
+
+    @property
+    def batched(self) -> bool:
+        return any(m.batched for m in self._members.values())
+
+    @property
+    def backlogged(self) -> bool:
+        return any(m.backlogged for m in self._members.values())
+
+    def drop(self, exc: Exception) -> None:
+        """The member whose reply made no sense, or refused for its configuration."""
+        if self._blamed is not None:
+            self._blamed.drop(exc)
+
+    async def close(self, grace: float) -> None:
+        load, self._load = self._load, None
+        if load is not None:
+            load.cancel()
+            await asyncio.gather(load, return_exceptions=True)
+        await asyncio.gather(*(m.close(grace) for m in self._members.values()))
+        for pool in self._pools.values():
+            await pool.disconnect()
+
+    def send(self, command: Command, on_reply: Callable[[Any], None]) -> None:
+        """Write ``command`` to the master of its slot; its replies reach ``on_reply``
+        once redirections were followed.
+
+        Raises:
+            BackingOff: the slot's master is in its back-off.
+        """
+        if self._stale and self.map is not None:
+            self._start_load()
+        self._route(command, on_reply, 0, None)
+
+    def _route(
+        self,
+        command: Command,
+        on_reply: Callable[[Any], None],
+        hops: int,
+        to: tuple[Address, bool] | None,
+    ) -> None:
+        slot = _slot(command.key)
+        if to is None:
+            where = None if self.map is None else self.map.owner(slot)
+            if where is None:
+                why = slot_unserved(slot) if self.map is not None else self.last
+                detail = why.detail if why is not None else "no slot map yet"
+                for _ in range(command.replies):
+                    on_reply((False, SlotSilent(detail)))
+                return
+            asking = False
+        else:
+            where, asking = to
+        member = self._member(where)
+        if asking:
+            member.send(_ASKING)  # its +OK is nobody's
+        member.send(command, partial(self._on_reply, command, on_reply, hops, member))
+
+    def _on_reply(
+        self,
+        command: Command,
+        on_reply: Callable[[Any], None],
+        hops: int,
+        member: Any,
+        reply: tuple[bool, Any],
+    ) -> None:
+        ok, value = reply
+        self._blamed = member
+        if ok or not isinstance(value, ResponseError) or command.replies != 1:
+            if not ok and isinstance(value, ResponseError):
+                value = self._silenced(value) or value
+            on_reply((ok, value))
+            return
+        text = str(value)
+        if script_missing(text) or evalsha_refused(text):
+            member.scripts.answered(text, None)  # its next acquire goes by EVAL
+            on_reply(reply)
+            return
+        where = (member.address.host or "", member.address.port or 0)
+        hop = redirect(text, where)
+        if hop is None:
+            on_reply(reply)
+            return
+        if hop.kind == "moved" and hop.to is not None:
+            self._moved(hop.slot, hop.to)
+            self._start_load()
+        if hop.to is None or hops >= MAX_REDIRECTS:
+            on_reply((False, SlotSilent(hop.detail(member.address.display))))
+            return
+        try:
+            self._route(command, on_reply, hops + 1, (hop.to, hop.kind == "ask"))
+        except BackingOff as exc:
+            on_reply((False, SlotSilent(f"{hop.detail()}: {exc.detail}")))
+
+    def _silenced(self, error: ResponseError) -> SlotSilent | None:
+        hop = redirect(str(error))
+        return None if hop is None else SlotSilent(hop.detail())
+
+
+def is_cluster(channel: object) -> bool:
+    return isinstance(channel, ClusterChannel)

@@ -1,0 +1,399 @@
+"""A whole Redis Cluster as one lock node, for the blocking driver.
+
+Theory of operation
+-------------------
+A ``ClusterState`` is what every link set of a client shares about one Cluster node:
+its slot map (``CLUSTER SLOTS``, loaded from the seeds in a thread of its own) and one
+``NodeState`` per member address (its back-off and script cache). A ``ClusterLink`` is
+that node's link in one ``LinkSet``: one plain ``Link`` per member, and, per round, the
+one that carries the round's command, to the master of the command's slot
+(``Command.key``). The link set sees a ``Link``: it writes, ``select()``s on the socket of
+the member carrying the request, reads, gives up and owes replies exactly as for a plain
+node. Owed replies are counted per member connection, where they are owed.
+
+Within a round a ``MOVED`` is followed once the member it names is connected (the map
+takes the new owner at once, and is reloaded in the background before later rounds),
+an ``ASK`` is followed with ``ASKING`` (whose reply is owed), at most ``MAX_REDIRECTS``
+times; otherwise, and on ``TRYAGAIN`` or ``CLUSTERDOWN``, the node gives no vote this
+round, which is never a configuration failure. A slot the map gives no master is the
+same. A seed that is not in cluster mode is a configuration failure of the node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+import redis
+from redis.exceptions import ResponseError
+
+from .._core.backoff import Reconnect
+from .._core.commands import Command, ScriptCache, pack
+from .._core.config import NodeAddress
+from .._core.diagnosis import Diagnosis, not_a_cluster, slot_unserved
+from .._core.quorum import Failure, Round
+from .._core.slots import MAX_REDIRECTS, Address, Redirect, SlotMap, key_slot, redirect
+from .._driver.redis_compat import diagnose, reply_text
+from .links import Link, NodeState, _Failed
+
+__all__ = ["ClusterLink", "ClusterState"]
+
+_ASKING = Command(pack("ASKING"))
+_CLUSTER_SLOTS = pack("CLUSTER", "SLOTS")
+
+
+@lru_cache(maxsize=4096)
+def _slot(key: str) -> int:
+    return key_slot(key)
+
+
+class _MapLoad:
+    """``CLUSTER SLOTS`` asked of the seeds in turn, in a thread of its own."""
+
+    def __init__(
+        self, members: list[NodeState], deadline: float, on_done: Callable[[], None]
+    ) -> None:
+        self.deadline = deadline
+        self.done = False
+        self.result: SlotMap | None = None
+        self.error: Diagnosis | None = None
+        self._members = members
+        self._on_done = on_done
+        threading.Thread(target=self._run, name="tenure-slots", daemon=True).start()
+
+    def abandon(self) -> None:
+        """Nobody waits for it any more; it ends by itself (each step is bounded)."""
+
+    def _run(self) -> None:
+        errors: list[Diagnosis] = []
+        try:
+            for member in self._members:
+                conn = member.new_connection()
+                try:
+                    conn.socket_timeout = member.connect_timeout
+                    conn.connect()  # type: ignore[no-untyped-call]
+                    conn.send_packed_command([_CLUSTER_SLOTS], check_health=False)  # type: ignore[no-untyped-call]
+                    reply = conn.read_response()
+                    asked = (member.address.host or "", member.address.port or 0)
+                    self.result = SlotMap.parse(reply, asked)
+                    return
+                except ResponseError as exc:
+                    errors.append(not_a_cluster(member.name, reply_text(exc)))
+                except ValueError as exc:
+                    errors.append(Diagnosis(Failure.ERROR, f"{member.name}: {exc}"))
+                except Exception as exc:  # not BaseException: an interrupt is no node's failure
+                    why = diagnose(exc)
+                    errors.append(Diagnosis(why.failure, f"{member.name}: {why.detail}"))
+                finally:
+                    with contextlib.suppress(Exception):
+                        conn.disconnect()  # type: ignore[no-untyped-call]
+            # A configuration failure (a seed not in cluster mode) says most; else the first.
+            self.error = next((e for e in errors if e.failure.configuration), errors[0])
+        finally:
+            self.done = True
+            self._on_done()
+
+
+class ClusterState(NodeState):
+    """What every link set of one client shares about one Redis Cluster node (a
+    ``NodeState`` to the link set and the notification listener)."""
+
+    def __init__(
+        self,
+        address: NodeAddress,
+        member_state: Callable[[NodeAddress], NodeState],
+        timeout: float,
+        connect_timeout: float,
+    ) -> None:
+        # Not NodeState.__init__: the node has no connection of its own, its members do.
+        self.address = address
+        self.name = address.display
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.last: Diagnosis | None = None
+        self.scripts = ScriptCache()  # unused: each member has its own
+        self._member_state = member_state
+        self._members: dict[Address, NodeState] = {}
+        self._lock = threading.Lock()
+        self._reconnect = Reconnect()
+        self.map: SlotMap | None = None
+        self._stale = False
+        self._load: _MapLoad | None = None
+
+    def member(self, where: Address) -> NodeState:
+        """The state of the member at ``where`` (one per address, made on first use)."""
+        with self._lock:
+            state = self._members.get(where)
+            if state is None:
+                state = self._members[where] = self._member_state(self.address.member(*where))
+            return state
+
+    def new_link(self) -> ClusterLink:
+        return ClusterLink(self)
+
+    def new_connection(self) -> redis.Connection:
+        """A connection to a master of the cluster (the first of the map, else the first
+        seed): where the notification listener subscribes."""
+        where = self.map.masters()[0] if self.map is not None and self.map.masters() else None
+        return self.member(where or self.address.seeds[0]).new_connection()
+
+    def backing_off(self, now: float) -> float:
+        return self._reconnect.left(now) if self.map is None else 0.0
+
+    def down(self, now: float, why: Diagnosis | None = None) -> None:
+        self.last = why  # a member's failure: its own state keeps the back-off
+
+    def up(self) -> None:
+        """Members keep their own back-off."""
+
+    def moved(self, slot: int, to: Address) -> None:
+        """A ``MOVED``: the slot's new owner now, the whole map reloaded before long."""
+        with self._lock:
+            if self.map is not None:
+                self.map = self.map.moved(slot, to)
+            self._stale = True
+
+    def slot_map(self, now: float, wake: Callable[[], None]) -> SlotMap | Diagnosis | None:
+        """The slot map; None while it is being loaded for the first time; why there
+        is none (the load failed, or its back-off has not ended)."""
+        with self._lock:
+            load = self._load
+            if load is not None and load.done:
+                self._load = None
+                if load.result is not None:
+                    self.map, self._stale = load.result, False
+                    self._reconnect.succeeded()
+                    self.last = None
+                elif self.map is None:
+                    assert load.error is not None
+                    self.last = load.error
+                    self._reconnect.failed(now)
+                    return load.error
+                load = None
+            if load is None and (self.map is None or self._stale):
+                if self.map is None and self._reconnect.left(now):
+                    return self.last or Diagnosis(Failure.BACKING_OFF, "slot map not loaded")
+                candidates = list(self.address.seeds)
+                if self.map is not None:
+                    # Known members first: a seed may have left the cluster since.
+                    candidates = [*self.map.masters(), *self.map.nodes, *candidates]
+                members = [self._member_or_new(a) for a in dict.fromkeys(candidates)]
+                self._load = load = _MapLoad(members, now + self.connect_timeout, wake)
+            if self.map is not None:
+                return self.map  # a stale map serves while it is reloaded
+            return None if load is not None else self.last
+
+    def _member_or_new(self, where: Address) -> NodeState:
+        state = self._members.get(where)
+        if state is None:
+            state = self._members[where] = self._member_state(self.address.member(*where))
+        return state
+
+    @property
+    def loading(self) -> _MapLoad | None:
+        return self._load
+
+
+class _Pending:
+    """What ``LinkSet._set_up`` waits for: the map's load or members' set-ups."""
+
+    def __init__(self, deadline: float, parts: list[Any]) -> None:
+        self.deadline = deadline
+        self._parts = parts
+
+    def abandon(self) -> None:
+        for part in self._parts:
+            part.abandon()
+
+
+class ClusterLink(Link):
+    """One Cluster node's link in one link set: a plain link per member."""
+
+    __slots__ = ("_asking", "_current", "_hops", "_subs", "cluster")
+
+    def __init__(self, cluster: ClusterState) -> None:  # no Link.__init__: nothing of its own
+        self.cluster = cluster
+        self._subs: dict[Address, Link] = {}
+        self._current: Link | None = None  # the member carrying this round's request
+        self._hops = 0  # redirections followed in this round
+        self._asking = False  # the request went with ASKING (an ASK followed)
+
+    # What LinkSet reads and writes of a link, of the member carrying the request.
+
+    @property
+    def node(self) -> ClusterState:  # type: ignore[override]
+        return self.cluster
+
+    @property
+    def conn(self) -> redis.Connection | None:  # type: ignore[override]
+        current = self._current
+        if current is not None and current.conn is not None:
+            return current.conn
+        return _READY if self._ready() else None
+
+    @property
+    def owed(self) -> int:
+        return 0 if self._current is None else self._current.owed
+
+    @owed.setter
+    def owed(self, value: int) -> None:
+        if self._current is not None:
+            self._current.owed = value
+
+    @property
+    def partial(self) -> list[Any]:
+        return [] if self._current is None else self._current.partial
+
+    @partial.setter
+    def partial(self, value: list[Any]) -> None:
+        if self._current is not None:
+            self._current.partial = value
+
+    @property
+    def setup(self) -> _Pending | None:  # type: ignore[override]
+        load = self.cluster.loading
+        parts: list[Any] = [s.setup for s in self._subs.values() if s.setup is not None]
+        if load is not None and self.cluster.map is None:
+            parts.append(load)
+        if not parts:
+            return None
+        return _Pending(min(p.deadline for p in parts), parts)
+
+    def _ready(self) -> bool:
+        return self.cluster.map is not None and not any(
+            s.setup is not None for s in self._subs.values()
+        )
+
+    def _sub(self, where: Address) -> Link:
+        sub = self._subs.get(where)
+        if sub is None:
+            sub = self._subs[where] = Link(self.cluster.member(where))
+        return sub
+
+    def prepare(self, now: float, wake: Callable[[], None]) -> Diagnosis | None:
+        """Load the slot map (first use), then set up a connection to every member."""
+        slot_map = self.cluster.slot_map(now, wake)
+        if isinstance(slot_map, Diagnosis):
+            return slot_map
+        if slot_map is None:
+            return None  # loading: ``setup`` says until when
+        # The replicas too: a failover promotes one, and a MOVED to it is then followed
+        # within the round, on a connection already up.
+        for where in dict.fromkeys([*slot_map.masters(), *slot_map.nodes]):
+            sub = self._sub(where)
+            if sub.conn is None:
+                # A member that cannot be connected fails the rounds of its slots only
+                # (``send``), not the node's: its diagnosis is kept on its state.
+                sub.prepare(now, wake)
+        return None
+
+    def backing_off(self, now: float) -> float:
+        return self.cluster.backing_off(now)
+
+    def send(self, command: Command, now: float) -> None:
+        """Write ``command`` to the master of its slot.
+
+        Raises:
+            _Failed: no master for the slot, its connection is not up, or the write
+                failed.
+        """
+        self._hops = 0
+        self._asking = False
+        self._current = None
+        slot_map = self.cluster.map
+        slot = _slot(command.key)
+        where = None if slot_map is None else slot_map.owner(slot)
+        if where is None:
+            raise _Failed(slot_unserved(slot))
+        self._write(self._sub(where), command, now, asking=False)
+
+    def _write(self, sub: Link, command: Command, now: float, *, asking: bool) -> None:
+        if sub.conn is None:
+            why = sub.prepare(now, _nothing)  # its set-up goes on for the next rounds
+            raise _Failed(
+                why
+                or Diagnosis(Failure.CONNECTING, f"{sub.node.name} (a master) is not connected yet")
+            )
+        self._current = sub
+        self._asking = asking
+        if asking:
+            sub.send(_ASKING, now)
+            sub.owed += 1  # its +OK comes before our reply and is nobody's
+        sub.send(command, now)
+
+    def socket(self) -> Any:
+        return None if self._current is None else self._current.socket()
+
+    def read(self) -> Any:
+        assert self._current is not None
+        return self._current.read()
+
+    def more_ready(self) -> bool:
+        return self._current is not None and self._current.more_ready()
+
+    def abandon(self, now: float, replies: int = 1) -> None:
+        if self._current is not None:
+            self._current.abandon(now, replies)
+
+    def drop(self, now: float, why: Diagnosis | None = None) -> None:
+        if self._current is not None:
+            self._current.drop(now, why)
+
+    def close(self) -> None:
+        for sub in self._subs.values():
+            sub.close()
+        self._current = None
+
+    def resend(self, command: Command, exc: ResponseError, now: float) -> Command | None:
+        """Follow a redirection (or resend the EVAL form) within the round; None: the
+        error is the node's answer for this round (``fail``)."""
+        current = self._current
+        assert current is not None
+        text = reply_text(exc)
+        where = (current.node.address.host or "", current.node.address.port or 0)
+        hop = redirect(text, where)
+        if hop is None:
+            retry = current.node.scripts.answered(text, command)
+            if retry is not None:
+                self._write(current, retry, now, asking=self._asking)
+            return retry
+        if hop.to is None or self._hops >= MAX_REDIRECTS:
+            return None
+        if hop.kind == "moved":
+            self.cluster.moved(hop.slot, hop.to)
+        sub = self._sub(hop.to)
+        if sub.conn is None:
+            sub.prepare(now, _nothing)  # connected for a later round
+            return None
+        self._hops += 1
+        self._write(sub, command, now, asking=hop.kind == "ask")
+        return command
+
+    def fail(self, i: int, exc: Exception, rnd: Round, now: float) -> None:
+        """A cluster redirection not followed is no vote this round, never the node's
+        configuration; anything else is the member's failure, as for a plain node."""
+        hop: Redirect | None = None
+        if isinstance(exc, ResponseError):
+            hop = redirect(reply_text(exc))
+            if hop is not None and hop.kind == "moved" and hop.to is not None:
+                self.cluster.moved(hop.slot, hop.to)
+        if hop is not None:
+            where = "" if self._current is None else self._current.node.name
+            rnd.fail(i, Failure.UNREACHABLE, hop.detail(where))
+            return
+        if self._current is not None:
+            self._current.fail(i, exc, rnd, now)
+        else:
+            why = diagnose(exc)
+            rnd.fail(i, why.failure, why.detail)
+
+
+def _nothing() -> None:
+    """A set-up's wake-up call nobody waits for."""
+
+
+# ``conn`` of a cluster link between rounds: ready to send (LinkSet tests for None only).
+_READY: Any = object()
