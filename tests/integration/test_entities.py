@@ -217,8 +217,15 @@ def test_nothing_is_left_after_the_retention(api: Api) -> None:
         lease.release()
         for node in cluster:
             with node.client() as c:
-                # The floor, and the replication ID it was written under.
-                assert set(c.scan_iter("tenure:*")) == {NODE_FLOOR.encode(), NODE_REPLID.encode()}
+                # The floor, and the replication ID it was written under. A lock key
+                # whose release did not reach this node in time (a loaded machine) may
+                # remain, but only until its TTL ends: nothing else per name.
+                node_keys = {NODE_FLOOR.encode(), NODE_REPLID.encode()}
+                left = set(c.scan_iter("tenure:*"))
+                assert node_keys <= left
+                for k in left - node_keys:
+                    assert k.endswith(b":lock"), k
+                    assert 0 < c.pttl(k) <= 1000, (k, c.pttl(k))
                 assert c.pttl(NODE_FLOOR) > 0
         time.sleep(2.2)
         for node in cluster:

@@ -174,10 +174,15 @@ def failover_single(
         world.kill_node(master)
         world.heal(cut, "replication cut")
         world.promote(replica)
-        if b.call("acquire", 1.0) == "granted":
+        got = b.call("acquire", 1.0) == "granted"
+        if got:
             use_and_release(b)
         a.call("write")
         a.call("release")
+        # The promoted node sat out max_ttl (its history changed); after that B gets
+        # the lock: the check costs availability for max_ttl, no more.
+        if fenced and not got and b.call("acquire", MAX_TTL + 1.0) == "granted":
+            use_and_release(b)
         a.close()
         b.close()
     return {"fail_closed": refused}
