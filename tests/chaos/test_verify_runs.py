@@ -69,6 +69,7 @@ def _check_sentinel_rows(runs: list[Any]) -> None:
     assert rows["plain lock, Sentinel failover"]["figures"]["C1"] > 0
     assert rows["tenure, Sentinel failover"]["figures"]["C1"] == 0
     assert rows["tenure, Sentinel failover"]["figures"]["b_refused"] >= 1
+    assert rows["tenure, Sentinel failover"]["figures"]["b_after_warmup"] == 1
 
 
 @pytest.mark.slow
