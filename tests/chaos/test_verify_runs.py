@@ -50,6 +50,26 @@ def test_one_cycle_of_each_scenario_holds_every_expectation(
 ) -> None:
     runs = _verify([scenario.key, "--cycles", "1"], tmp_path, capsys)
     _check(runs, (scenario,), tmp_path)
+    if scenario.key == "failover":
+        _check_sentinel_rows(runs)
+
+
+def _check_sentinel_rows(runs: list[Any]) -> None:
+    """The failover rows on a real Sentinel deployment: the replica frozen and cut off,
+    the master killed and the Sentinels' promotion, each proven; the control shows the
+    overlap, tenure refuses B while the promoted node warms up."""
+    rows = {r["config"]: r for r in runs if "Sentinel" in r["config"]}
+    assert set(rows) == {"plain lock, Sentinel failover", "tenure, Sentinel failover"}
+    for run in rows.values():
+        names = {f["name"] for f in run["faults"]}
+        assert names == {"pause", "replication cut", "kill", "promotion"}, run
+        promotion = next(f for f in run["faults"] if f["name"] == "promotion")
+        assert "3 Sentinels name port" in promotion["proof"]
+        assert "role master" in promotion["proof"]
+    assert rows["plain lock, Sentinel failover"]["figures"]["C1"] > 0
+    assert rows["tenure, Sentinel failover"]["figures"]["C1"] == 0
+    assert rows["tenure, Sentinel failover"]["figures"]["b_refused"] >= 1
+    assert rows["tenure, Sentinel failover"]["figures"]["b_after_warmup"] == 1
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redis
+import redis.sentinel
 
 from .._errors import AcquireError, LeaseLost, OwnershipError, TenureError
 from .._sync.client import Client, Lease
@@ -73,6 +74,23 @@ class LockRecipe:
 
 def _lease_id() -> str:
     return secrets.token_hex(6)
+
+
+def _connect(url: str, timeout: float) -> redis.Redis:
+    """A baseline's client for ``url``: a node, or ``redis+sentinel://h:p[,h:p]/service``,
+    the master the Sentinels name (asked again on every new connection, so a baseline
+    follows a failover the way a Sentinel-aware application does)."""
+    if not url.startswith("redis+sentinel://"):
+        return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    hosts, _, service = url.removeprefix("redis+sentinel://").partition("/")
+    addresses = [(h, int(p)) for h, _, p in (a.rpartition(":") for a in hosts.split(","))]
+    manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        addresses, sentinel_kwargs={"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
+    )
+    master: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
+        service, socket_timeout=timeout, socket_connect_timeout=timeout
+    )
+    return master
 
 
 class TenureLock:
@@ -144,9 +162,7 @@ class _SingleKeyBaseline:
         self._spec = spec
         self._key = f"baseline:{spec.name}"
         self._ttl_ms = max(1, int(spec.ttl * 1000))
-        self._r = redis.Redis.from_url(
-            spec.urls[0], socket_timeout=spec.node_timeout, socket_connect_timeout=spec.node_timeout
-        )
+        self._r = _connect(spec.urls[0], spec.node_timeout)
         self._token = ""
 
     def acquire(self, timeout: float) -> Held | str:
@@ -265,12 +281,7 @@ class PlainRedlock:
         self._spec = spec
         self._key = f"baseline:{spec.name}"
         self._ttl_ms = max(1, int(spec.ttl * 1000))
-        self._nodes = [
-            redis.Redis.from_url(
-                u, socket_timeout=spec.node_timeout, socket_connect_timeout=spec.node_timeout
-            )
-            for u in spec.urls
-        ]
+        self._nodes = [_connect(u, spec.node_timeout) for u in spec.urls]
         self._token = ""
 
     def acquire(self, timeout: float) -> Held | str:

@@ -216,6 +216,57 @@ def failover_redlock(world: World, cycles: int) -> Stats:
     return {}
 
 
+SENTINEL_TTL = 8.0  # seconds: outlasts a Sentinel failover (down_after 1 s + election)
+
+
+def failover_sentinel(kind: str) -> Callable[[World, int], Stats]:
+    """A real Sentinel deployment (master, one replica, three Sentinels); every client
+    reaches it through ``redis+sentinel://.../service``. The replica is frozen and its
+    link closed before A locks, so it misses A's grant for certain; the master dies, the
+    Sentinels promote the replica, and B asks the new master while A still believes."""
+    fenced = kind == "tenure"
+
+    def run(world: World, cycles: int) -> Stats:
+        refused = after_warmup = 0
+        for c in range(cycles):
+            # A fresh deployment per cycle: the promoted node would otherwise carry the
+            # last cycle's warm-up and leases into the next.
+            sentinels = world.sentinel_set(f"s{c}")
+            if fenced:
+                lock = LockRecipe(
+                    "tenure", (sentinels.url,), NAME, SENTINEL_TTL, max_ttl=SENTINEL_TTL
+                )
+            else:
+                lock = baseline(kind, [sentinels.url], SENTINEL_TTL)
+            a, b = world.actors([f"A{c}", f"B{c}"], lock, fenced=fenced)
+            master = sentinels.master()
+            replica = sentinels.replicas()[0]
+            world.pause_node(replica)
+            world.drop_replicas(master)
+            if a.call("acquire", 2.0) == "granted":
+                a.call("read")
+            world.kill_node(master)
+            world.resume_node(replica)
+            world.wait_for_promotion(sentinels, master)
+            if b.call("acquire", 1.0) == "granted":
+                use_and_release(b)
+            else:
+                refused += 1
+            a.call("write")
+            a.call("release")
+            # Once the warm-up is over, B gets the lock: the failover costs max_ttl of
+            # liveness, no more (once per run: it waits out a whole warm-up).
+            if fenced and c == 0 and b.call("acquire", SENTINEL_TTL + 5.0) == "granted":
+                after_warmup += 1
+                use_and_release(b)
+            a.close()
+            b.close()
+            sentinels.close()
+        return {"b_refused": refused, **({"b_after_warmup": after_warmup} if fenced else {})}
+
+    return run
+
+
 # --- 2. restart without persistence -------------------------------------------------------
 
 
@@ -592,6 +643,20 @@ SCENARIOS: tuple[Scenario, ...] = (
                 failover_redlock,
                 zero(*SAFE),
                 "the promoted replica is one vote of three; B cannot win a majority",
+            ),
+            Config(
+                "plain lock, Sentinel failover",
+                False,
+                failover_sentinel("plain-redlock"),
+                [violated("C1")],
+                "3 Sentinels promote the replica that missed A's lock; B gets it from them",
+            ),
+            Config(
+                "tenure, Sentinel failover",
+                True,
+                failover_sentinel("tenure"),
+                [*zero(*SAFE), at_least("b_refused", 1), at_least("b_after_warmup", 1)],
+                "the node the Sentinels promote has a new replication history: it warms up",
             ),
         ),
         soak_cycles=100,

@@ -22,6 +22,7 @@ from pathlib import Path
 import redis
 
 from ..testing.local import LocalNode, Persistence
+from ..testing.topologies import LocalSentinelSet
 from .actors import Actor, ActorSpec
 from .clock import NodeClock, server_time
 from .history import Crash, Fault, Final, HistoryWriter, Note
@@ -50,6 +51,7 @@ class World:
         self._log = HistoryWriter(self.history_dir / "nemesis.jsonl")
         self._nodes: list[LocalNode] = []
         self._proxies: list[Proxy] = []
+        self._sentinel_sets: list[LocalSentinelSet] = []
         self._actors: list[Actor] = []
         self._clocks: dict[str, NodeClock] = {}
         self._paused: dict[str, tuple[int, str]] = {}  # worker or node -> (since, proof)
@@ -87,6 +89,20 @@ class World:
         self._proxies.append(proxy)
         proxy.start()
         return proxy
+
+    def sentinel_set(self, name: str, *, down_after: float = 1.0) -> LocalSentinelSet:
+        """Start a master, one replica and three Sentinels (quorum 2) watching it, and
+        wait until they agree; lock clients reach it through ``.url``."""
+        sentinels = LocalSentinelSet(
+            replicas=1,
+            sentinels=3,
+            service=name.replace(".", "-"),
+            down_after=down_after,
+            base_dir=self.directory / "nodes" / f"sentinel-{name}",
+        )
+        self._sentinel_sets.append(sentinels)
+        sentinels.start()
+        return sentinels
 
     def _spec(self, proc: str, lock: LockRecipe, fenced: bool) -> ActorSpec:
         return ActorSpec(
@@ -213,6 +229,35 @@ class World:
             role = c.info("replication")["role"]
         self.fault("promote", node.name, t, f"role {role}")
 
+    def drop_replicas(self, master: LocalNode) -> None:
+        """Close the master's connections to its replicas (``CLIENT KILL TYPE slave``):
+        with the replica paused it cannot come back, so it misses every write from now
+        on. Recorded at once (the link stays down until the run ends or it reconnects)."""
+        t = time.monotonic_ns()
+        with master.client() as c:
+            killed = int(c.execute_command("CLIENT", "KILL", "TYPE", "slave"))
+            left = int(c.info("replication")["connected_slaves"])
+        self.fault(
+            "replication cut", master.name, t, f"{killed} replica link(s) closed, {left} left"
+        )
+
+    def wait_for_promotion(self, sentinels: LocalSentinelSet, old: LocalNode) -> LocalNode:
+        """Wait until every Sentinel names a new master, after ``old`` died or froze;
+        recorded as a ``promotion`` whose proof is what the Sentinels and the node say."""
+        t = time.monotonic_ns()
+        master = sentinels.wait_for_promotion(old, timeout=60.0)
+        with master.client() as c:
+            info = c.info("replication")
+        replid2 = str(info.get("master_replid2", ""))
+        self.fault(
+            "promotion",
+            master.name,
+            t,
+            f"{len(sentinels.sentinels)} Sentinels name port {master.port} (was {old.port}); "
+            f"role {info['role']}, previous replid {replid2[:8]}",
+        )
+        return master
+
     def cut(self, proxies: Iterable[Proxy]) -> list[tuple[Proxy, int, int]]:
         """Partition: the proxies swallow everything. Returns what :meth:`heal` needs."""
         started = []
@@ -246,6 +291,9 @@ class World:
         for proxy in reversed(self._proxies):
             with contextlib.suppress(Exception):
                 proxy.close()
+        for sentinels in reversed(self._sentinel_sets):
+            with contextlib.suppress(Exception):
+                sentinels.close()
         for node in reversed(self._nodes):
             with contextlib.suppress(Exception):
                 node.kill()
