@@ -19,6 +19,7 @@ Pure: the drivers hand in replies and error texts and act on what comes back.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ._slot_tags import TAGS
 
@@ -132,7 +133,12 @@ class SlotMap:
 
     def masters(self) -> list[Address]:
         """Every address serving at least one slot, in order of first slot."""
-        return list(dict.fromkeys(a for a in self.owners if a is not None))
+        return list(self._masters)
+
+    @cached_property
+    def _masters(self) -> tuple[Address, ...]:
+        # Asked at every round: the 16384 owners are scanned once per map, not per round.
+        return tuple(dict.fromkeys(a for a in self.owners if a is not None))
 
     def moved(self, slot: int, to: Address) -> SlotMap:
         """This map with ``slot`` served by ``to`` (what a ``MOVED`` says; the whole map
