@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ import redis
 
 import tenure
 from tenure.testing import LocalCluster, LocalNode
+from tenure.verify.proxy import Proxy
 
 T = TypeVar("T")
 
@@ -248,3 +250,23 @@ def holders(cluster: LocalCluster, key: str) -> list[bytes | None]:
         with node.client() as c:
             values.append(c.get(key))
     return values
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[tuple[LocalNode, LocalNode, Proxy]]:
+    """A master, and a replica that follows it through a proxy (so a test can cut it)."""
+    master = LocalNode("master", tmp_path / "master")
+    replica = LocalNode("replica", tmp_path / "replica")
+    master.start()
+    replica.start()
+    assert master.port is not None
+    feed = Proxy(master.host, master.port, name="feed")
+    feed.start()
+    try:
+        replica.replicate_from(feed.address)
+        replica.wait_replication_link(10)
+        yield master, replica, feed
+    finally:
+        feed.close()
+        replica.kill()
+        master.kill()

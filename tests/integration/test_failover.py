@@ -10,10 +10,7 @@ warm-up of ``max_ttl``, whatever a client knew before. Run on Valkey 9 and on Re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tenure._core.acquire import HISTORY_CHANGED, NO_HISTORY, WARMING
 from tenure._core.config import LockKeys
@@ -27,26 +24,6 @@ from .conftest import Api, scripts_run
 TTL = 1.0
 MAX_TTL = 1.5  # the warm-up: short, so that the tests see it end
 RETENTION_MS = 60_000
-
-
-@pytest.fixture
-def replicated(tmp_path: Path) -> Iterator[tuple[LocalNode, LocalNode, Proxy]]:
-    """A master, and a replica that follows it through a proxy (so a test can cut it)."""
-    master = LocalNode("master", tmp_path / "master")
-    replica = LocalNode("replica", tmp_path / "replica")
-    master.start()
-    replica.start()
-    assert master.port is not None
-    feed = Proxy(master.host, master.port, name="feed")
-    feed.start()
-    try:
-        replica.replicate_from(feed.address)
-        replica.wait_replication_link(10)
-        yield master, replica, feed
-    finally:
-        feed.close()
-        replica.kill()
-        master.kill()
 
 
 def _replid(node: LocalNode) -> str:

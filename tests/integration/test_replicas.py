@@ -7,8 +7,6 @@ replication link without touching either server.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -19,26 +17,6 @@ from tenure.verify.proxy import Proxy
 from .conftest import Api
 
 TTL = 2.0
-
-
-@pytest.fixture
-def replicated(tmp_path: Path) -> Iterator[tuple[LocalNode, LocalNode, Proxy]]:
-    """A master, and a replica that follows it through a proxy."""
-    master = LocalNode("master", tmp_path / "master")
-    replica = LocalNode("replica", tmp_path / "replica")
-    master.start()
-    replica.start()
-    assert master.port is not None
-    feed = Proxy(master.host, master.port, name="feed")
-    feed.start()
-    try:
-        replica.replicate_from(feed.address)
-        replica.wait_replication_link(10)
-        yield master, replica, feed
-    finally:
-        feed.close()
-        replica.kill()
-        master.kill()
 
 
 def test_grant_counts_once_the_replica_has_it(

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 import redis.asyncio
@@ -35,22 +35,21 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from .._core.backoff import Reconnect
-from .._core.commands import Command, ScriptCache, evalsha_refused, pack, script_missing
+from .._core.commands import (
+    ASKING,
+    CLUSTER_SLOTS,
+    Command,
+    ScriptCache,
+    evalsha_refused,
+    script_missing,
+)
 from .._core.config import NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, not_a_cluster, slot_unserved
 from .._core.quorum import Failure
-from .._core.slots import MAX_REDIRECTS, Address, SlotMap, key_slot, redirect
+from .._core.slots import MAX_REDIRECTS, Address, SlotMap, redirect, routed_slot
 from .._driver.redis_compat import diagnose
 
 __all__ = ["ClusterChannel", "SlotSilent"]
-
-_ASKING = Command(pack("ASKING"))
-_CLUSTER_SLOTS = pack("CLUSTER", "SLOTS")
-
-
-@lru_cache(maxsize=4096)
-def _slot(key: str) -> int:
-    return key_slot(key)
 
 
 class SlotSilent(RedisConnectionError):
@@ -132,7 +131,7 @@ class ClusterChannel:
 
                     async def ask(conn: Any = conn) -> object:
                         await conn.connect()
-                        await conn.send_packed_command(_CLUSTER_SLOTS, check_health=False)
+                        await conn.send_packed_command(CLUSTER_SLOTS, check_health=False)
                         return await conn.read_response()
 
                     reply = await asyncio.wait_for(ask(), self._connect_timeout)
@@ -249,7 +248,7 @@ class ClusterChannel:
         hops: int,
         to: tuple[Address, bool] | None,
     ) -> None:
-        slot = _slot(command.key)
+        slot = routed_slot(command.key)
         if to is None:
             where = None if self.map is None else self.map.owner(slot)
             if where is None:
@@ -263,7 +262,7 @@ class ClusterChannel:
             where, asking = to
         member = self._member(where)
         if asking:
-            member.send(_ASKING)  # its +OK is nobody's
+            member.send(ASKING)  # its +OK is nobody's
         member.send(command, partial(self._on_reply, command, on_reply, hops, member))
 
     def _on_reply(

@@ -15,6 +15,8 @@ from .._lua import script
 from .config import LockSpec
 
 __all__ = [
+    "ASKING",
+    "CLUSTER_SLOTS",
     "Command",
     "ScriptCache",
     "WaitArgs",
@@ -150,6 +152,12 @@ class Command:
 
     def is_yes(self, reply: object) -> bool:
         return self.parse(reply)[0] is True
+
+
+# What a driver sends a Redis Cluster node besides the scripts: ASKING before a command
+# an ASK redirection sends to a slot's importing master, and the slot map's query.
+ASKING = Command(pack("ASKING"))
+CLUSTER_SLOTS = pack("CLUSTER", "SLOTS")
 
 
 class ScriptCache:

@@ -19,7 +19,7 @@ Pure: the drivers hand in replies and error texts and act on what comes back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from ._slot_tags import TAGS
 
@@ -32,6 +32,7 @@ __all__ = [
     "crc16",
     "key_slot",
     "redirect",
+    "routed_slot",
     "slot_tag",
 ]
 
@@ -74,6 +75,13 @@ def key_slot(key: str | bytes) -> int:
         if end > start + 1:
             data = data[start + 1 : end]
     return crc16(data) % SLOTS
+
+
+@lru_cache(maxsize=4096)
+def routed_slot(key: str) -> int:
+    """``key_slot`` of a command's routing key, remembered for the names in use: the
+    drivers ask it at every round, and CRC16 in Python costs a few microseconds."""
+    return key_slot(key)
 
 
 def slot_tag(slot: int) -> str:

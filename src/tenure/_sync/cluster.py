@@ -24,30 +24,21 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Any
 
 import redis
 from redis.exceptions import ResponseError
 
 from .._core.backoff import Reconnect
-from .._core.commands import Command, ScriptCache, pack
+from .._core.commands import ASKING, CLUSTER_SLOTS, Command, ScriptCache
 from .._core.config import NodeAddress
 from .._core.diagnosis import Diagnosis, not_a_cluster, slot_unserved
 from .._core.quorum import Failure, Round
-from .._core.slots import MAX_REDIRECTS, Address, Redirect, SlotMap, key_slot, redirect
+from .._core.slots import MAX_REDIRECTS, Address, Redirect, SlotMap, redirect, routed_slot
 from .._driver.redis_compat import diagnose, reply_text
 from .links import Link, NodeState, _Failed
 
 __all__ = ["ClusterLink", "ClusterState"]
-
-_ASKING = Command(pack("ASKING"))
-_CLUSTER_SLOTS = pack("CLUSTER", "SLOTS")
-
-
-@lru_cache(maxsize=4096)
-def _slot(key: str) -> int:
-    return key_slot(key)
 
 
 class _MapLoad:
@@ -75,7 +66,7 @@ class _MapLoad:
                 try:
                     conn.socket_timeout = member.connect_timeout
                     conn.connect()  # type: ignore[no-untyped-call]
-                    conn.send_packed_command([_CLUSTER_SLOTS], check_health=False)  # type: ignore[no-untyped-call]
+                    conn.send_packed_command([CLUSTER_SLOTS], check_health=False)  # type: ignore[no-untyped-call]
                     reply = conn.read_response()
                     asked = (member.address.host or "", member.address.port or 0)
                     self.result = SlotMap.parse(reply, asked)
@@ -304,7 +295,7 @@ class ClusterLink(Link):
         self._asking = False
         self._current = None
         slot_map = self.cluster.map
-        slot = _slot(command.key)
+        slot = routed_slot(command.key)
         where = None if slot_map is None else slot_map.owner(slot)
         if where is None:
             raise _Failed(slot_unserved(slot))
@@ -320,7 +311,7 @@ class ClusterLink(Link):
         self._current = sub
         self._asking = asking
         if asking:
-            sub.send(_ASKING, now)
+            sub.send(ASKING, now)
             sub.owed += 1  # its +OK comes before our reply and is nobody's
         sub.send(command, now)
 
