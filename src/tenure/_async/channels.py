@@ -46,7 +46,7 @@ from redis.exceptions import ResponseError
 from .._core.backoff import Reconnect
 from .._core.commands import Command, ScriptCache
 from .._core.config import ClientConfig, NodeAddress
-from .._core.diagnosis import BackingOff, Diagnosis, rule_out
+from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
 from .._core.quorum import Failure, Round
 from .._core.resp import ErrorReply
 from .._core.sentinel import demoted
@@ -440,8 +440,7 @@ class Channels:
                     else Diagnosis(Failure.UNREACHABLE, type(value).__name__)
                 )
                 rnd.fail(i, why.failure, why.detail)
-                gone = why.failure is Failure.UNREACHABLE  # a Sentinel node's master demoted
-                if isinstance(value, ResponseError) and (why.failure.configuration or gone):
+                if isinstance(value, ResponseError) and reply_ends_link(why):
                     self._current()[i].drop(value)
             if rnd.decided:
                 settle()

@@ -44,9 +44,15 @@ from .._core.commands import (
     script_missing,
 )
 from .._core.config import NodeAddress
-from .._core.diagnosis import BackingOff, Diagnosis, not_a_cluster, slot_unserved
+from .._core.diagnosis import (
+    BackingOff,
+    Diagnosis,
+    no_slot_map,
+    not_a_cluster,
+    slot_unserved,
+)
 from .._core.quorum import Failure
-from .._core.slots import MAX_REDIRECTS, Address, SlotMap, redirect, routed_slot
+from .._core.slots import MAX_REDIRECTS, Address, SlotMap, map_sources, redirect, routed_slot
 from .._driver.redis_compat import diagnose
 
 __all__ = ["ClusterChannel", "SlotSilent"]
@@ -119,12 +125,9 @@ class ClusterChannel:
             self._load = asyncio.get_running_loop().create_task(self._load_map())
 
     async def _load_map(self) -> None:
-        candidates = list(self.address.seeds)
-        if self.map is not None:
-            candidates = [*self.map.masters(), *self.map.nodes, *candidates]
         errors: list[Diagnosis] = []
         try:
-            for where in dict.fromkeys(candidates):
+            for where in map_sources(self.address.seeds, self.map):
                 name = self.address.member(*where).display
                 conn = self._pool(where).make_connection()  # type: ignore[no-untyped-call]
                 try:
@@ -161,7 +164,7 @@ class ClusterChannel:
                     with contextlib.suppress(Exception):
                         await conn.disconnect(nowait=True)
             if self.map is None:
-                self.last = next((e for e in errors if e.failure.configuration), errors[0])
+                self.last = no_slot_map(errors)
                 self._reconnect.failed(time.monotonic())
         finally:
             self._load = None
@@ -188,9 +191,7 @@ class ClusterChannel:
             return
         if self._stale:
             self._start_load()  # in the background: the patched map serves meanwhile
-        # The replicas too: a failover promotes one, and a MOVED to it is then followed
-        # on a connection already up.
-        for where in dict.fromkeys([*self.map.masters(), *self.map.nodes]):
+        for where in self.map.members:  # the replicas too (``SlotMap.members``)
             # A member in its back-off fails the requests of its slots only (``send``).
             with contextlib.suppress(BackingOff):
                 self._member(where).connect(now)
@@ -304,7 +305,3 @@ class ClusterChannel:
     def _silenced(self, error: ResponseError) -> SlotSilent | None:
         hop = redirect(str(error))
         return None if hop is None else SlotSilent(hop.detail())
-
-
-def is_cluster(channel: object) -> bool:
-    return isinstance(channel, ClusterChannel)

@@ -35,6 +35,7 @@ __all__ = [
     "check_flag",
     "check_key_prefix",
     "check_one_server",
+    "host_port",
     "key_prefix_of",
     "lock_key",
     "min_ttl",
@@ -150,7 +151,7 @@ class NodeAddress:
             tail = f"/{self.db}" if self.db else ""
             return f"{self.scheme}+sentinel://{self.sentinel.hosts}/{self.sentinel.service}{tail}"
         if self.seeds:
-            return f"{self.scheme}://" + ",".join(_hostport(h, p) for h, p in self.seeds)
+            return f"{self.scheme}://" + ",".join(host_port(h, p) for h, p in self.seeds)
         if self.path:
             return f"unix://{self.path}" + (f"?db={self.db}" if self.db else "")
         host = f"[{self.host}]" if self.host and ":" in self.host else self.host
@@ -160,11 +161,12 @@ class NodeAddress:
         """A member of this Cluster node at ``host:port``, as a plain node with the same
         credentials, TLS and query settings (what its connections are made from)."""
         base, user, _, query = cluster_url(self.url)
-        url = f"{base}://{user}{_hostport(host, port)}" + (f"?{query}" if query else "")
+        url = f"{base}://{user}{host_port(host, port)}" + (f"?{query}" if query else "")
         return NodeAddress(url, base, host, port, None, 0, self.options)
 
 
-def _hostport(host: str, port: int) -> str:
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it (an IPv6 address in brackets)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 

@@ -233,6 +233,22 @@ def not_a_cluster(seed: str, said: str) -> Diagnosis:
     return Diagnosis(why.failure, f"{seed} (asked for the slot map): {why.detail}")
 
 
+def reply_ends_link(why: Diagnosis) -> bool:
+    """Whether a node's error reply, diagnosed as ``why``, ends its connection: a refusal
+    for its configuration (it would refuse again, so the node is left alone for a
+    back-off), or a Sentinel node's master demoted (``sentinel.demoted``: unreachable,
+    and the next connection asks the Sentinels for the new one). Any other error reply
+    leaves the connection in step."""
+    return why.failure.configuration or why.failure is Failure.UNREACHABLE
+
+
+def no_slot_map(failures: Sequence[Diagnosis]) -> Diagnosis:
+    """Why no seed of a Cluster node gave its slot map, from each one's ``failures`` (at
+    least one): a configuration failure (a seed not in cluster mode) says the most, and
+    names the fix; otherwise the first seed's."""
+    return next((f for f in failures if f.failure.configuration), failures[0])
+
+
 def slot_unserved(slot: int) -> Diagnosis:
     """No master of a Cluster node serves ``slot``, as far as its slot map says."""
     return Diagnosis(

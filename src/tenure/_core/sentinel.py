@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .config import host_port
 from .diagnosis import Diagnosis
 from .quorum import Failure
 
@@ -33,8 +34,7 @@ Address = tuple[str, int]
 
 
 def _where(address: Address) -> str:
-    host, port = address
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return host_port(*address)
 
 
 class SentinelBook:

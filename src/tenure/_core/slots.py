@@ -18,6 +18,7 @@ Pure: the drivers hand in replies and error texts and act on what comes back.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -31,6 +32,7 @@ __all__ = [
     "cluster_url",
     "crc16",
     "key_slot",
+    "map_sources",
     "redirect",
     "routed_slot",
     "slot_tag",
@@ -75,6 +77,13 @@ def key_slot(key: str | bytes) -> int:
         if end > start + 1:
             data = data[start + 1 : end]
     return crc16(data) % SLOTS
+
+
+def map_sources(seeds: Sequence[Address], known: SlotMap | None) -> list[Address]:
+    """Whom to ask for a Cluster node's slot map, in order: the members of the map known
+    so far (a seed may have left the cluster since), then the seeds."""
+    first = known.members if known is not None else ()
+    return list(dict.fromkeys([*first, *seeds]))
 
 
 @lru_cache(maxsize=4096)
@@ -147,6 +156,13 @@ class SlotMap:
     def _masters(self) -> tuple[Address, ...]:
         # Asked at every round: the 16384 owners are scanned once per map, not per round.
         return tuple(dict.fromkeys(a for a in self.owners if a is not None))
+
+    @cached_property
+    def members(self) -> tuple[Address, ...]:
+        """Every address the map names, the masters first: the replicas too, since a
+        failover promotes one, and a ``MOVED`` to it is then followed on a connection
+        already up."""
+        return tuple(dict.fromkeys([*self._masters, *self.nodes]))
 
     def moved(self, slot: int, to: Address) -> SlotMap:
         """This map with ``slot`` served by ``to`` (what a ``MOVED`` says; the whole map

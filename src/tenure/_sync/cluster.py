@@ -32,9 +32,17 @@ from redis.exceptions import ResponseError
 from .._core.backoff import Reconnect
 from .._core.commands import ASKING, CLUSTER_SLOTS, Command, ScriptCache
 from .._core.config import NodeAddress
-from .._core.diagnosis import Diagnosis, not_a_cluster, slot_unserved
+from .._core.diagnosis import Diagnosis, no_slot_map, not_a_cluster, slot_unserved
 from .._core.quorum import Failure, Round
-from .._core.slots import MAX_REDIRECTS, Address, Redirect, SlotMap, redirect, routed_slot
+from .._core.slots import (
+    MAX_REDIRECTS,
+    Address,
+    Redirect,
+    SlotMap,
+    map_sources,
+    redirect,
+    routed_slot,
+)
 from .._driver.redis_compat import diagnose, reply_text
 from .links import Link, NodeState, _Failed
 
@@ -81,8 +89,7 @@ class _MapLoad:
                 finally:
                     with contextlib.suppress(Exception):
                         conn.disconnect()  # type: ignore[no-untyped-call]
-            # A configuration failure (a seed not in cluster mode) says most; else the first.
-            self.error = next((e for e in errors if e.failure.configuration), errors[0])
+            self.error = no_slot_map(errors)
         finally:
             self.done = True
             self._on_done()
@@ -117,10 +124,7 @@ class ClusterState(NodeState):
     def member(self, where: Address) -> NodeState:
         """The state of the member at ``where`` (one per address, made on first use)."""
         with self._lock:
-            state = self._members.get(where)
-            if state is None:
-                state = self._members[where] = self._member_state(self.address.member(*where))
-            return state
+            return self._member_or_new(where)
 
     def new_link(self) -> ClusterLink:
         return ClusterLink(self)
@@ -167,11 +171,8 @@ class ClusterState(NodeState):
             if load is None and (self.map is None or self._stale):
                 if self.map is None and self._reconnect.left(now):
                     return self.last or Diagnosis(Failure.BACKING_OFF, "slot map not loaded")
-                candidates = list(self.address.seeds)
-                if self.map is not None:
-                    # Known members first: a seed may have left the cluster since.
-                    candidates = [*self.map.masters(), *self.map.nodes, *candidates]
-                members = [self._member_or_new(a) for a in dict.fromkeys(candidates)]
+                sources = map_sources(self.address.seeds, self.map)
+                members = [self._member_or_new(a) for a in sources]
                 self._load = load = _MapLoad(members, now + self.connect_timeout, wake)
             if self.map is not None:
                 return self.map  # a stale map serves while it is reloaded
@@ -271,9 +272,7 @@ class ClusterLink(Link):
             return slot_map
         if slot_map is None:
             return None  # loading: ``setup`` says until when
-        # The replicas too: a failover promotes one, and a MOVED to it is then followed
-        # within the round, on a connection already up.
-        for where in dict.fromkeys([*slot_map.masters(), *slot_map.nodes]):
+        for where in slot_map.members:  # the replicas too (``SlotMap.members``)
             sub = self._sub(where)
             if sub.conn is None:
                 # A member that cannot be connected fails the rounds of its slots only

@@ -47,7 +47,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._core.backoff import Reconnect
 from .._core.commands import Command, ScriptCache
 from .._core.config import ClientConfig, NodeAddress
-from .._core.diagnosis import BackingOff, Diagnosis, rule_out
+from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
 from .._core.quorum import Failure, Round
 from .._core.sentinel import demoted
 from .._driver.redis_compat import diagnose, node_pool, reply_text
@@ -275,8 +275,7 @@ class Link:
         those connections itself (an unauthenticated client sending a script).
         """
         why = self.node.diagnose(exc)
-        gone = why.failure is Failure.UNREACHABLE  # a Sentinel node's master demoted
-        if not isinstance(exc, ResponseError) or why.failure.configuration or gone:
+        if not isinstance(exc, ResponseError) or reply_ends_link(why):
             self.drop(now, why)
         rnd.fail(i, why.failure, why.detail)
 
