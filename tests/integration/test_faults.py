@@ -131,11 +131,14 @@ def test_node_that_lost_its_data_is_kept_out_for_max_ttl(
             values.append(None if raw is None else int(raw))
         return values
 
-    # Lock rounds notice the empty nodes (once reconnected) and seed them.
+    # Lock rounds notice the empty nodes (once reconnected) and seed them. The last
+    # seed was sent after the last of these acquires began: its warm-up ends no earlier
+    # than max_ttl after that instant (``seeded_at``, a lower bound on the seed's time).
     deadline = time.monotonic() + 3.0
-    while None in counters() and time.monotonic() < deadline:
-        client.acquire(key, ttl=max_ttl).release()
     seeded_at = time.monotonic()
+    while None in counters() and time.monotonic() < deadline:
+        seeded_at = time.monotonic()
+        client.acquire(key, ttl=max_ttl).release()
     # Seeded from the others' history: at least every token handed out before the loss.
     assert all(c is not None and c >= before.fencing_token for c in counters())
     restarted = set(client.node_names[:2])
