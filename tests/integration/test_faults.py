@@ -43,10 +43,11 @@ def test_two_of_five_down_still_works(
     for node in cluster5.nodes[3:]:
         getattr(node, fault)()
     latencies = timed_cycles(client, key, 40)
-    # Each of the three rounds is decided by the three live nodes; a frozen node is
-    # never waited for, so a typical cycle stays under one node timeout (waiting for it
-    # would cost three), and no cycle stalls (generous bound: CI machines are noisy).
-    assert statistics.median(latencies) < NODE_TIMEOUT
+    # Each round is decided by the three live nodes. A client that waited for a frozen
+    # node would spend a whole node timeout in each of a cycle's three rounds, so the
+    # median cycle stays under two node timeouts only if it never waits (bounds with
+    # room for a loaded CI machine, where one live node may be slow now and then).
+    assert statistics.median(latencies) < 2 * NODE_TIMEOUT
     assert max(latencies) < 1.0
     lease = client.acquire(key, ttl=2.0)
     assert len(lease.nodes) == 3
