@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tenure._core import commands
-from tenure._core.acquire import LeaseState
+from tenure._core.acquire import LeaseState, Refused
 from tenure._core.config import ClientConfig, LockSpec
 from tenure._core.flows import (
     INSTANT,
@@ -62,7 +62,7 @@ def _until(flow: Flow[Any], kind: type[Op]) -> Op:
     return op
 
 
-def _acquire(flows: Flows, listening: bool) -> Flow[LeaseState | None]:
+def _acquire(flows: Flows, listening: bool) -> Flow[LeaseState | Refused]:
     return flows.acquire(SPEC, True, None, waiter="w", channel="ch", listening=listening)
 
 

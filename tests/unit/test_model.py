@@ -583,7 +583,7 @@ class LockModel(RuleBasedStateMachine):
         if error is not None and not isinstance(error, TenureError):
             raise error
         if call == "acquire":
-            if flow.result is not None:
+            if isinstance(flow.result, LeaseState):  # else Refused, or None: it raised
                 self._granted(c, flow.result)
             return
         held = state.held

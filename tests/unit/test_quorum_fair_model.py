@@ -428,8 +428,7 @@ class QuorumFairModel(RuleBasedStateMachine):
         error = flow.error
         if error is not None and not isinstance(error, (Interrupt, TenureError)):
             raise error
-        if client.call == "acquire" and flow.result is not None:
-            assert isinstance(flow.result, LeaseState)
+        if client.call == "acquire" and isinstance(flow.result, LeaseState):
             self._granted(c, client, flow.result, client.how)
             client.call = ""
             return

@@ -13,7 +13,7 @@ from collections.abc import Hashable
 from types import TracebackType
 from typing import Any
 
-from .._core.acquire import LeaseState
+from .._core.acquire import LeaseState, Refused
 from .._core.config import LockSpec
 from .._core.flows import (
     AwaitWake,
@@ -139,10 +139,10 @@ class AsyncClient(ClientBase):
 
     async def _acquire(
         self, spec: LockSpec, blocking: bool, timeout: float | None
-    ) -> AsyncLease | None:
+    ) -> AsyncLease | Refused:
         flow = self._acquire_flow(spec, blocking, timeout)
         state = await adrive(flow, self._perform)
-        return None if state is None else AsyncLease(self, state, spec)
+        return state if isinstance(state, Refused) else AsyncLease(self, state, spec)
 
     async def _perform(self, op: Op) -> Any:
         """Carry out one operation of a flow (``_core.flows``). Those a flow yields while

@@ -81,11 +81,13 @@ __all__ = [
     "GiveUp",
     "Granted",
     "LeaseState",
+    "Refused",
     "Retry",
     "RetryNow",
     "Seed",
     "Wait",
     "cleanup_to_await",
+    "refusal",
     "refused_by",
     "round_errors",
 ]
@@ -171,6 +173,52 @@ class Wait:
 
 
 Step = Granted | Retry | Wait | GiveUp
+
+
+@dataclass(frozen=True)
+class Refused:
+    """What an acquire call that gave up without an error returns: why its last attempt
+    was refused, in words for ``LockTimeout`` ("held by another client", or the nodes
+    that are warming up or did not answer)."""
+
+    reason: str
+
+
+HELD_ELSEWHERE = "held by another client"
+
+
+def refusal(rnd: Round, statuses: dict[int, tuple[int, int]], quorum: int) -> str:
+    """Why a round that granted nothing was refused. Held on a majority is the plain
+    "held by another client"; otherwise each cause of the missing majority is counted,
+    so that a caller refused only because nodes sit out their warm-up (after a restart,
+    a loss of data or a failover) is not told that someone holds the lock."""
+    n = len(rnd.results)
+    held = sum(1 for s, _ in statuses.values() if s == HELD)
+    if held >= quorum:
+        return HELD_ELSEWHERE
+    if rnd.succeeded:
+        return (
+            f"granted by {rnd.yes} of {n} nodes, but the round left no validity "
+            "(it took longer than the TTL minus the clock drift allowance)"
+        )
+    parts = []
+    if held:
+        parts.append(f"held by another client on {held} of {n} nodes")
+    warming = sum(1 for s, _ in statuses.values() if s == WARMING or s in LOST)
+    if warming:
+        parts.append(
+            f"{warming} of {n} nodes warming up after a restart, a loss of data or a "
+            "failover (they grant nothing until every lease they may have forgotten has "
+            "expired, at most max_ttl)"
+        )
+    silent = len(rnd.failures())
+    if silent:
+        parts.append(f"{silent} of {n} nodes failed or did not answer")
+    if not parts or rnd.yes:
+        # Nothing else explains it: a split vote among contenders, or a proposal below
+        # a node's floor that the immediate retries did not get past.
+        parts.append(f"granted by {rnd.yes} of {n} nodes, {quorum} needed")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -261,6 +309,7 @@ class Acquisition:
         self._proposal = 0
         self._hear_all = False
         self._strikes = 0
+        self.refused = Refused(HELD_ELSEWHERE)  # why the latest attempt was refused
         self.mark = 1
         self._recheck = recheck
         # Fair on a quorum, a waiter hears out a failed attempt: a hand-off counts only
@@ -337,6 +386,7 @@ class Acquisition:
                 seed,
             )
         cleanup = rnd.maybe_holding()
+        self.refused = Refused(refusal(rnd, statuses, spec.quorum))
         if rnd.misconfigured_blocks_quorum():
             # Misconfigured nodes alone leave no majority: retrying cannot help.
             return GiveUp(cleanup, self._unreachable(rnd))

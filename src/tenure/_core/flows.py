@@ -42,6 +42,7 @@ from .acquire import (
     GiveUp,
     Granted,
     LeaseState,
+    Refused,
     Retry,
     Seed,
     Wait,
@@ -311,9 +312,9 @@ class Flows:
         waiter: str,
         channel: str,
         listening: bool,
-    ) -> Flow[LeaseState | None]:
-        """One acquire call: attempts until granted (the lease's state), refused (None)
-        or an error.
+    ) -> Flow[LeaseState | Refused]:
+        """One acquire call: attempts until granted (the lease's state), refused (why,
+        for ``LockTimeout``) or an error.
 
         ``waiter`` is the call's random id, also its owner token; ``channel`` where its
         process hears notifications; ``listening``: the process's listener already runs
@@ -339,7 +340,7 @@ class Flows:
             yield from self._end_call(
                 spec, call, waiter, granted=granted is not None, unwinding=False
             )
-        return granted
+        return acq.refused if granted is None else granted
 
     # The retry loop's class (the model tests plant broken ones here).
     acquisition_type: type[Acquisition] = Acquisition

@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .._core.acquire import LeaseState
+from .._core.acquire import LeaseState, Refused
 from .._core.config import DEFAULT_KEY_PREFIX, ClientConfig, LockSpec, SpecCache, check_flag
 from .._core.flows import Depart, Flow, Flows, Op, Send, Unlisten
 from .._core.holds import Held, Holds, self_deadlock
@@ -183,7 +183,7 @@ class ClientBase:
 
     @staticmethod
     def _handed_out(
-        lease: L | None,
+        lease: L | Refused,
         name: str,
         blocking: bool,
         timeout: float | None,
@@ -191,15 +191,15 @@ class ClientBase:
         max_hold: float | None,
     ) -> L:
         """What ``acquire()`` returns: the lease (kept alive if asked), or it raises."""
-        if lease is None:
-            raise LockTimeout(name, not_acquired(blocking, timeout))
+        if isinstance(lease, Refused):
+            raise LockTimeout(name, not_acquired(blocking, timeout, lease.reason))
         if watchdog:
             lease.keep_alive(max_hold=max_hold)
         return lease
 
     def _acquire_flow(
         self, spec: LockSpec, blocking: bool, timeout: float | None
-    ) -> Flow[LeaseState | None]:
+    ) -> Flow[LeaseState | Refused]:
         """The flow of one acquire call, once the caller may make it."""
         self._check_open("acquire", spec.name)
         self._check_reentry(spec, blocking)

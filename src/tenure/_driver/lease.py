@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .._core.acquire import LeaseState
+from .._core.acquire import HELD_ELSEWHERE, LeaseState
 from .._core.config import LockSpec
 from .._errors import InheritedLease, LeaseExpired, LeaseLost
 
@@ -23,11 +23,14 @@ _log = logging.getLogger("tenure")
 __all__ = ["LeaseView", "attach_loss", "closed_under", "leave_block", "not_acquired"]
 
 
-def not_acquired(blocking: bool, timeout: float | None) -> str:
-    """Why an acquire gave up, for ``LockTimeout`` messages."""
+def not_acquired(blocking: bool, timeout: float | None, reason: str = HELD_ELSEWHERE) -> str:
+    """Why an acquire gave up, for ``LockTimeout`` messages; ``reason``: why its last
+    attempt was refused (``_core.acquire.refusal``)."""
     if not blocking:
-        return "held by another client (non-blocking attempt)"
-    return f"still held by another client after timeout={timeout}s"
+        return f"{reason} (non-blocking attempt)"
+    if reason == HELD_ELSEWHERE:
+        return f"still {reason} after timeout={timeout}s"
+    return f"not acquired after timeout={timeout}s: {reason}"
 
 
 def closed_under(name: str) -> LeaseLost:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from .._core.acquire import HELD_ELSEWHERE, Refused
 from .._core.config import LockSpec, check_acquire_args
 from .._core.watchdog import KeepAlive
 from .._errors import LockTimeout, NotHeld
@@ -37,6 +38,8 @@ class LockView(Generic[L]):
         self._timeout = timeout
         self._keep_alive = keep_alive
         self._lease: L | None = None
+        # Why the latest acquire through this object was refused, for ``with``'s error.
+        self._refused = Refused(HELD_ELSEWHERE)
         self._guard = threading.Lock()  # only ever held for an update of ``_lease``
 
     @property
@@ -48,9 +51,10 @@ class LockView(Generic[L]):
         """The lease this object holds, or None."""
         return self._lease
 
-    def _took(self, lease: L | None) -> bool:
-        """Hold what an acquire returned (kept alive if the lock asks); False if nothing."""
-        if lease is None:
+    def _took(self, lease: L | Refused) -> bool:
+        """Hold what an acquire returned (kept alive if the lock asks); False if refused."""
+        if isinstance(lease, Refused):
+            self._refused = lease
             return False
         if self._keep_alive is not None:
             lease.keep_alive(max_hold=self._keep_alive.max_hold)
@@ -61,7 +65,8 @@ class LockView(Generic[L]):
     def _entered(self, took: bool) -> L:
         """The lease ``with lock:`` gives its body, or ``LockTimeout``."""
         if not took:
-            raise LockTimeout(self.name, not_acquired(self._blocking, self._timeout))
+            reason = self._refused.reason
+            raise LockTimeout(self.name, not_acquired(self._blocking, self._timeout, reason))
         lease = self._lease
         assert lease is not None
         return lease

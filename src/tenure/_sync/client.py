@@ -13,7 +13,7 @@ from collections.abc import Hashable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from .._core.acquire import LeaseState
+from .._core.acquire import LeaseState, Refused
 from .._core.config import LockSpec
 from .._core.flows import (
     AwaitWake,
@@ -201,10 +201,10 @@ class Client(ClientBase):
         lease = self._acquire(spec, blocking, timeout)
         return self._handed_out(lease, name, blocking, timeout, watchdog, max_hold)
 
-    def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | None:
+    def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | Refused:
         flow = self._acquire_flow(spec, blocking, timeout)
         state = self._drive(flow)
-        return None if state is None else Lease(self, state, spec)
+        return state if isinstance(state, Refused) else Lease(self, state, spec)
 
     def _drive(self, flow: Flow[T]) -> T:
         """Run ``flow`` in the caller's thread, its rounds on one borrowed link set.
