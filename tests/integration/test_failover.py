@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+import tenure
 from tenure._core.acquire import HISTORY_CHANGED, NO_HISTORY, WARMING
 from tenure._core.config import LockKeys
 from tenure._lua import script
@@ -112,6 +115,10 @@ def test_a_restart_with_the_data_kept_warms_up(api: Api, tmp_path: Path, key: st
         other = api.client(cluster.urls, max_ttl=MAX_TTL)
         assert other.lock(key, ttl=TTL).acquire(blocking=False) is False
         assert _node_keys(node)[2] > 0
+        # Nobody holds the lock: the refusal says the node is warming up.
+        with pytest.raises(tenure.LockTimeout, match="1 of 1 nodes warming up") as info:
+            other.acquire(key, ttl=TTL, blocking=False)
+        assert "held by another client" not in str(info.value)
         _warm_up_ends(api, node)
         lease = other.acquire(key, ttl=TTL)
         assert before is not None

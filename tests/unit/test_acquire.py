@@ -30,6 +30,7 @@ from tenure._core.acquire import (
     GiveUp,
     Granted,
     LeaseState,
+    Refused,
     Retry,
     Seed,
     Step,
@@ -229,6 +230,27 @@ def test_late_majority_non_blocking_gives_up_and_cleans_up() -> None:
     acq = make(blocking=False)
     _, step = attempt(acq, "yyynn", started=0.0, now=TTL)
     assert step == GiveUp(frozenset({0, 1, 2}), None)
+
+
+@pytest.mark.parametrize(
+    ("answers", "said", "not_said"),
+    [
+        ("nnnyy", "held by another client", "nodes"),  # held on a majority: the plain words
+        ("wwwyy", "3 of 5 nodes warming up", "held"),
+        ("ccwyy", "3 of 5 nodes warming up", "held"),  # history changed: the same
+        ("nnwwy", "held by another client on 2 of 5 nodes; 2 of 5 nodes warming up", "?"),
+        ("yyuuu", "3 of 5 nodes failed or did not answer", "held"),
+        ("yynny", "granted by 3 of 5 nodes, but the round left no validity", "?"),
+        ("yyllu", "granted by 2 of 5 nodes, 3 needed", "held"),  # below the floor twice
+    ],
+)
+def test_a_refusal_says_why(answers: str, said: str, not_said: str) -> None:
+    acq = make(blocking=False)
+    now = TTL if answers == "yynny" else 0.01  # that one: a majority, but too late
+    attempt(acq, answers, started=0.0, now=now)
+    assert isinstance(acq.refused, Refused)
+    assert said in acq.refused.reason
+    assert not_said not in acq.refused.reason
 
 
 # --- retry --------------------------------------------------------------------------------
