@@ -171,26 +171,29 @@ def test_demo_figures_come_from_the_checker(tmp_path: Path) -> None:
 
 def test_ctrl_c_stops_the_workers_and_the_nodes() -> None:
     # A terminal's Ctrl-C goes to the whole foreground process group.
-    proc = subprocess.Popen(
+    # ``with``: the pipes are closed whatever happens (left to the garbage collector, they
+    # would fail a later test with a ResourceWarning).
+    with subprocess.Popen(
         [sys.executable, "-m", "tenure.cli", "demo", "--duration", "60"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-    )
-    try:
-        assert proc.stderr is not None
-        for line in proc.stderr:  # the run is under way once cycles are counted
-            if line.startswith("with lock:") and " cycles " in line:
-                break
-        started = _descendants(proc.pid)
-        assert len(started) >= 8 + 6  # workers, lock nodes, store
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        preexec_fn=_default_sigint,
+    ) as proc:
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:  # the run is under way once cycles are counted
+                if line.startswith("with lock:") and " cycles " in line:
+                    break
+            started = _descendants(proc.pid)
+            assert len(started) >= 8 + 6  # workers, lock nodes, store
+            os.killpg(proc.pid, signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     assert proc.returncode == 130, err
     assert "tenure: interrupted" in err
     assert "Traceback" not in err
@@ -202,6 +205,12 @@ def test_ctrl_c_stops_the_workers_and_the_nodes() -> None:
     while (alive := [pid for pid in started if _alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert alive == []
+
+
+def _default_sigint() -> None:
+    # A shell without job control starts background commands with SIGINT ignored, and a
+    # child inherits that: the demo must get Ctrl-C however pytest itself was started.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _descendants(pid: int) -> list[int]:
