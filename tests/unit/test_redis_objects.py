@@ -275,13 +275,13 @@ def test_a_cluster_client_is_a_node_of_either_client(make: Make, cluster: Cluste
 @pytest.mark.parametrize("asyncio", [False, True])
 def test_a_tls_cluster_client_is_a_rediss_cluster_node(cluster: Cluster, asyncio: bool) -> None:
     obj = cluster(
-        host="10.0.0.1", port=7001, ssl=True, ssl_ca_certs="/ca.pem", ssl_check_hostname=False
+        host="10.0.0.1", port=7001, ssl=True, ssl_ca_certs="/ca.pem", ssl_cert_reqs="optional"
     )
     address = settings_of(obj, "nodes[0]", asyncio=asyncio)
     assert address.display == "rediss+cluster://10.0.0.1:7001"
     options = dict(address.options)
     assert options["ssl_ca_certs"] == "/ca.pem"
-    assert options["ssl_check_hostname"] is False
+    assert options["ssl_cert_reqs"] == "optional"
     assert all(v is not None for v in options.values())
     member = address.member("10.0.0.2", 7005)
     assert member.display == "rediss://10.0.0.2:7005"
