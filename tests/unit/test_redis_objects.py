@@ -301,7 +301,7 @@ def test_a_cluster_clients_credential_provider_is_taken(cluster: Cluster) -> Non
     assert _options(obj) == {"credential_provider": provider}
 
 
-@pytest.mark.filterwarnings("ignore:.*read_from_replicas:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:.*deprecated usage:DeprecationWarning")
 def test_a_cluster_clients_timeouts_and_retries_are_ignored(cluster: Cluster) -> None:
     obj = cluster(
         host="10.0.0.1",
@@ -310,7 +310,9 @@ def test_a_cluster_clients_timeouts_and_retries_are_ignored(cluster: Cluster) ->
         socket_connect_timeout=3,
         retry=Retry(ExponentialBackoff(), 5),
         decode_responses=True,
+        cluster_error_retry_attempts=9,
         read_from_replicas=True,  # tenure only ever writes, to masters
+        require_full_coverage=False,
         reinitialize_steps=1,
     )
     before = dict(obj.nodes_manager.connection_kwargs)
