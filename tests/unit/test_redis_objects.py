@@ -359,6 +359,15 @@ def test_a_cluster_client_over_a_unix_socket_is_refused(make: Make) -> None:
         make([_sync_cluster(unix_socket_path="/run/r.sock")])
 
 
+def test_a_cluster_client_sharing_one_pool_among_its_members_is_refused(make: Make) -> None:
+    pool = redis.ConnectionPool(host="10.0.0.1", port=7001, password="s3cret")
+    with pytest.raises(ConfigurationError) as info:
+        make([_sync_cluster(connection_pool=pool)])
+    assert str(info.value).startswith("nodes[0]: ")
+    assert "one connection pool to every member" in str(info.value)
+    assert "s3cret" not in str(info.value)
+
+
 def test_a_cluster_client_in_another_database_is_refused(cluster: Cluster) -> None:
     # redis-py refuses db at construction; a client changed since is refused here too
     obj = cluster(host="10.0.0.1", port=7001)

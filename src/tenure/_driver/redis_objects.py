@@ -68,7 +68,7 @@ _SENTINEL_HELP = (
 _CLUSTERS: tuple[type, type] = (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)
 # What to do instead when a RedisCluster object's settings cannot be carried over.
 _CLUSTER_URL = (
-    "or give the cluster as 'redis+cluster://[user:password@]host:port[,host:port...]' "
+    "give the cluster as 'redis+cluster://[user:password@]host:port[,host:port...]' "
     "('rediss+cluster://' for TLS; docs/cluster-and-sentinel.md)"
 )
 
@@ -273,7 +273,7 @@ def _cluster_client(obj: Any, parameter: str, kind: str, *, asyncio: bool) -> No
         raise ConfigurationError(
             parameter,
             f"{kind} has no connection settings tenure can read (nodes_manager."
-            f"connection_kwargs); {_CLUSTER_URL.removeprefix('or ')}",
+            f"connection_kwargs); {_CLUSTER_URL}",
         )
     if getattr(manager, "address_remap", None) is not None:
         raise ConfigurationError(
@@ -283,9 +283,10 @@ def _cluster_client(obj: Any, parameter: str, kind: str, *, asyncio: bool) -> No
             "the nodes announce addresses the client can reach (cluster-announce-ip, "
             "cluster-announce-port) and drop address_remap",
         )
-    # The sync client installs an on-connect function of its own (READONLY for replica
-    # reads), which tenure has no use for; one the application gave it is kept aside
-    # as ``user_on_connect_func`` and refused as for any client.
+    # A RedisCluster installs an on-connect function of its own (the sync one always, the
+    # asyncio one for replica reads: READONLY), which tenure has no use for. One the
+    # application gave the sync one is kept aside as ``user_on_connect_func``: refused
+    # as for any client.
     settings = dict(raw)
     connect = settings.get("redis_connect_func")
     if connect is not None and getattr(connect, "__self__", None) is obj:
@@ -296,13 +297,13 @@ def _cluster_client(obj: Any, parameter: str, kind: str, *, asyncio: bool) -> No
         raise ConfigurationError(
             parameter,
             f"{kind} connects through a unix socket: a Redis Cluster's members are reached "
-            f"at the host:port each announces; set host and port on the object, {_CLUSTER_URL}",
+            f"at the host:port each announces; set host and port on the object, or {_CLUSTER_URL}",
         )
     if settings.get("connection_pool") is not None:
         raise ConfigurationError(
             parameter,
             f"{kind} hands one connection pool to every member: tenure cannot know which "
-            f"member's settings it holds; set them on the object itself, {_CLUSTER_URL}",
+            f"member's settings it holds; set them on the object itself, or {_CLUSTER_URL}",
         )
     cls = settings.get("connection_class")
     if cls is not None and cls not in (*_TCP, *_TLS):
@@ -310,12 +311,13 @@ def _cluster_client(obj: Any, parameter: str, kind: str, *, asyncio: bool) -> No
             parameter,
             f"{kind} connects through {cls.__module__}.{cls.__name__}: not one of "
             "redis-py's own TCP or TLS connection classes, so tenure cannot know what it "
-            f"changes; leave connection_class unset (ssl=True for TLS), {_CLUSTER_URL}",
+            f"changes; leave connection_class unset (ssl=True for TLS), or {_CLUSTER_URL}",
         )
     db = settings.get("db") or 0
     if db not in (0, "0"):
         raise ConfigurationError(
-            parameter, f"{kind} sets database {db!r}: a Redis Cluster has database 0 only"
+            parameter,
+            f"{kind} sets database {db!r}: a Redis Cluster has database 0 only; leave db unset",
         )
     tls = bool(settings.get("ssl")) or cls in _TLS
     options = _carried(settings, _target_class(asyncio, tls=tls, unix=False), parameter, kind)
@@ -353,7 +355,9 @@ def _cluster_seeds(manager: Any, parameter: str, kind: str) -> list[str]:
             found.add((host, port))
     if not found:
         raise ConfigurationError(
-            parameter, f"{kind} knows no cluster node (nodes_manager.startup_nodes is empty)"
+            parameter,
+            f"{kind} knows no cluster node (nodes_manager.startup_nodes is empty); make it "
+            f"with startup_nodes or host and port, or {_CLUSTER_URL}",
         )
     return [host_port(host, port) for host, port in sorted(found)]
 
