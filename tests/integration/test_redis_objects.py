@@ -1,5 +1,6 @@
-"""Lock nodes given as redis-py clients and connection pools, both APIs, on real servers:
-TCP, a unix socket, TLS, and an ACL user whose credentials come from the object.
+"""Lock nodes given as redis-py clients, connection pools and cluster clients, both APIs,
+on real servers: TCP, a unix socket, TLS, an ACL user whose credentials come from the
+object, and a whole Redis Cluster given as a ``RedisCluster`` object.
 
 tenure takes the node's settings from the object and opens connections of its own; the
 object's own pool is never used (docs/connections.md, "Passing a redis-py client")."""
@@ -8,18 +9,23 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
 
 import tenure
-from tenure.testing import LocalCluster
+from tenure._core.config import LockKeys
+from tenure._core.slots import key_slot
+from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster
 
 from .conftest import Api, holders
+from .test_cluster_lock import _names_per_master
 from .tls_proxy import CertificateAuthority, TLSProxy
 
 TTL = 5.0
@@ -58,7 +64,7 @@ def test_acquire_and_release_through_redis_py_objects(
 
 
 @contextlib.contextmanager
-def _user(cluster: LocalCluster, *rules: str) -> Iterator[str]:
+def _user(cluster: Iterable[LocalNode], *rules: str) -> Iterator[str]:
     """A fresh ACL user on every node (password ``pw``)."""
     name = f"tenure-obj-{next(_USERS)}"
     for node in cluster:
@@ -72,7 +78,7 @@ def _user(cluster: LocalCluster, *rules: str) -> Iterator[str]:
                 c.acl_deluser(name)
 
 
-def _logged_in(cluster: LocalCluster, user: str, name: str) -> int:
+def _logged_in(cluster: Iterable[LocalNode], user: str, name: str) -> int:
     """How many connections on the first three nodes are logged in as ``user`` under
     the client name ``name``."""
     count = 0
@@ -152,3 +158,75 @@ def test_a_tls_node_given_as_a_client(
         assert holders(shared5, lease.key)[0] == lease.token.encode()
         lease.release()
         assert _unused(obj)
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[LocalRedisCluster]:
+    """Three cluster masters (no replicas: nothing here fails over), shared by the
+    tests of this module that give a whole cluster as a ``RedisCluster`` object."""
+    with LocalRedisCluster(replicas=0) as cluster:
+        yield cluster
+
+
+def _pools(obj: Any) -> dict[str, int]:
+    """How many connections each member pool of a sync ``RedisCluster`` has made."""
+    out = {}
+    for node in obj.nodes_manager.nodes_cache.values():
+        pool = node.redis_connection.connection_pool
+        out[node.name] = len(pool._available_connections) + len(pool._in_use_connections)
+    return out
+
+
+# One worker runs every test on the cluster, so that it is started once (module scope
+# is per worker).
+@pytest.mark.xdist_group("redis_cluster_object")
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_redis_cluster_object_locks_on_every_master(
+    api: Api, redis_cluster: LocalRedisCluster, key: str, flavour: str
+) -> None:
+    first = redis_cluster[0]
+    assert first.port is not None
+    with _user(redis_cluster, "~tenure:*", "&tenure:wake:*", "+@all") as user:
+        label = f"{user}-{api.flavour}"
+        auth: dict[str, Any] = {"username": user, "password": "pw", "client_name": label}
+        # Given one startup node: the sync object reads the slot map as it is made, so it
+        # knows every member; the asyncio one has not connected yet.
+        if flavour == "sync":
+            obj: Any = redis.cluster.RedisCluster(host=first.host, port=first.port, **auth)
+            seeds = sorted(n.port for n in redis_cluster if n.port is not None)
+            before = _pools(obj)
+        else:
+            obj = redis.asyncio.cluster.RedisCluster(host=first.host, port=first.port, **auth)
+            seeds = [first.port]
+        try:
+            client = api.client([obj])
+            assert client.node_names == [
+                "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in seeds)
+            ]
+            names = _names_per_master(redis_cluster, key, each=2)
+            for name in names:
+                lease = client.acquire(name, ttl=TTL, blocking=False)
+                owner = redis_cluster.slot_owner(key_slot(LockKeys.of(name, per_slot=True).lock))
+                with owner.client() as c:  # on the master of its slot
+                    assert c.get(lease.key) == lease.token.encode()
+                assert client.lock(name, ttl=TTL).locked()
+                lease.release()
+                with owner.client() as c:
+                    assert c.get(lease.key) is None
+            # tenure's own connections to every master, logged in as the object's user
+            for master in redis_cluster.masters():
+                assert _logged_in([master], user, label) >= 1
+            api.close_clients()
+            # the object is untouched: the asyncio one never connected, the sync one made
+            # no connection for tenure and still works after tenure's client closed
+            if flavour == "sync":
+                assert _pools(obj) == before
+                own = f"tenure:own:{key}"  # a key the ACL user may write
+                obj.set(own, "1")
+                assert obj.get(own) == b"1"
+                obj.delete(own)
+            else:
+                assert not obj.nodes_manager.nodes_cache
+        finally:
+            if flavour == "sync":
+                obj.close()

@@ -210,16 +210,177 @@ def test_a_replica_client_is_refused(make: Make) -> None:
         make([manager.slave_for("locks")])  # type: ignore[no-untyped-call]
 
 
-def test_a_cluster_client_is_refused_naming_the_plan(make: Make) -> None:
-    lazy = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=7001)  # connects later
-    sync = object.__new__(redis.cluster.RedisCluster)  # its constructor would connect
-    for obj in (lazy, sync):
-        with pytest.raises(ConfigurationError) as info:
-            make(["redis://127.0.0.1:7002", obj, "redis://127.0.0.1:7003"])
-        text = str(info.value)
-        assert text.startswith("nodes[1]: ")
-        assert "Redis Cluster" in text
-        assert "docs/cluster-and-sentinel.md" in text
+Cluster = Any  # the RedisCluster class of either flavour
+
+
+@pytest.fixture(params=["sync", "async"])
+def cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    """A ``RedisCluster`` of either flavour, made without a connection. The asyncio one
+    connects at its first command anyway; the sync one would at construction, to read
+    the slot map and the command table, and those two steps are left out here."""
+    if request.param == "async":
+        return redis.asyncio.cluster.RedisCluster
+    _no_connection(monkeypatch)
+    return redis.cluster.RedisCluster
+
+
+def _no_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(redis.cluster.NodesManager, "initialize", lambda self: None)
+    monkeypatch.setattr(redis.cluster, "CommandsParser", lambda *args: None)
+
+
+def _nodes(*ports: int) -> list[Any]:
+    return [redis.cluster.ClusterNode("10.0.0.1", p) for p in ports]  # type: ignore[no-untyped-call]
+
+
+def _learn(obj: Any, *ports: int) -> None:
+    """Have ``obj``'s nodes manager know nodes at ``ports``, as after its slot map was
+    read (the flavour's own ClusterNode; the constructors differ)."""
+    node_cls = type(next(iter(obj.nodes_manager.startup_nodes.values())))
+    for port in ports:
+        node = node_cls("10.0.0.9", port)
+        obj.nodes_manager.nodes_cache[node.name] = node
+
+
+@pytest.mark.parametrize("asyncio", [False, True])
+def test_a_cluster_client_is_the_whole_cluster_as_one_node(cluster: Cluster, asyncio: bool) -> None:
+    obj = cluster(startup_nodes=_nodes(7002, 7001), username="app", password="s3cret")
+    _learn(obj, 7003, 7001)
+    address = settings_of(obj, "nodes[0]", asyncio=asyncio)
+    # every node it knows, the startup nodes and the discovered ones, once each, sorted
+    seeds = (("10.0.0.1", 7001), ("10.0.0.1", 7002), ("10.0.0.9", 7001), ("10.0.0.9", 7003))
+    assert address.seeds == seeds
+    assert address.display == "redis+cluster://" + ",".join(f"{h}:{p}" for h, p in seeds)
+    assert (address.scheme, address.db) == ("redis+cluster", 0)
+    assert dict(address.options) == {"username": "app", "password": "s3cret"}
+    assert "s3cret" not in address.url
+    assert "s3cret" not in repr(address)
+    # as the URL would be: the same node, and its members log in with the object's user
+    url = "redis+cluster://app:s3cret@" + ",".join(f"{h}:{p}" for h, p in seeds)
+    assert address.identity == tenure.Client([url]).config.nodes[0].identity
+    member = address.member("10.0.0.1", 7001)
+    assert member.display == "redis://10.0.0.1:7001"
+    assert dict(member.options) == {"username": "app", "password": "s3cret"}
+
+
+def test_a_cluster_client_is_a_node_of_either_client(make: Make, cluster: Cluster) -> None:
+    obj = cluster(host="10.0.0.1", port=7001)
+    client = make(["redis://127.0.0.1:7002", obj, "redis://127.0.0.1:7003"])
+    assert client.node_names[1] == "redis+cluster://10.0.0.1:7001"
+    assert client.config.per_slot  # a Cluster node: floors per slot, as for the URL
+    with pytest.raises(ConfigurationError, match=r"nodes\[1\]: .* same server as nodes\[0\]"):
+        make(["redis+cluster://10.0.0.1:7001", obj, "redis://127.0.0.1:7003"])
+
+
+@pytest.mark.parametrize("asyncio", [False, True])
+def test_a_tls_cluster_client_is_a_rediss_cluster_node(cluster: Cluster, asyncio: bool) -> None:
+    obj = cluster(
+        host="10.0.0.1", port=7001, ssl=True, ssl_ca_certs="/ca.pem", ssl_cert_reqs="optional"
+    )
+    address = settings_of(obj, "nodes[0]", asyncio=asyncio)
+    assert address.display == "rediss+cluster://10.0.0.1:7001"
+    options = dict(address.options)
+    assert options["ssl_ca_certs"] == "/ca.pem"
+    assert options["ssl_cert_reqs"] == "optional"
+    assert all(v is not None for v in options.values())
+    member = address.member("10.0.0.2", 7005)
+    assert member.display == "rediss://10.0.0.2:7005"
+    assert dict(member.options) == options
+
+
+def test_a_cluster_client_from_a_rediss_url_is_a_tls_node(cluster: Cluster) -> None:
+    obj = cluster.from_url("rediss://u:pw@10.0.0.1:7001/0")
+    address = settings_of(obj, "nodes[0]", asyncio=False)
+    assert address.display == "rediss+cluster://10.0.0.1:7001"
+    assert {"username": "u", "password": "pw"}.items() <= dict(address.options).items()
+
+
+def test_a_cluster_clients_credential_provider_is_taken(cluster: Cluster) -> None:
+    provider = redis.UsernamePasswordCredentialProvider("app", "pw")
+    obj = cluster(host="10.0.0.1", port=7001, credential_provider=provider)
+    assert _options(obj) == {"credential_provider": provider}
+
+
+@pytest.mark.filterwarnings("ignore:.*deprecated usage:DeprecationWarning")
+def test_a_cluster_clients_timeouts_and_retries_are_ignored(cluster: Cluster) -> None:
+    obj = cluster(
+        host="10.0.0.1",
+        port=7001,
+        socket_timeout=7,
+        socket_connect_timeout=3,
+        retry=Retry(ExponentialBackoff(), 5),
+        decode_responses=True,
+        cluster_error_retry_attempts=9,
+        read_from_replicas=True,  # tenure only ever writes, to masters
+        require_full_coverage=False,
+        reinitialize_steps=1,
+    )
+    before = dict(obj.nodes_manager.connection_kwargs)
+    assert _options(obj) == {}
+    # the object itself is left as it was, its own on-connect function included
+    assert obj.nodes_manager.connection_kwargs == before
+    assert obj.nodes_manager.connection_kwargs["socket_timeout"] == 7
+
+
+def test_a_cluster_client_that_remaps_addresses_is_refused(make: Make, cluster: Cluster) -> None:
+    obj = cluster(
+        host="10.0.0.1", port=7001, password="s3cret", address_remap=lambda a: ("proxy", a[1])
+    )
+    with pytest.raises(ConfigurationError) as info:
+        make([obj])
+    text = str(info.value)
+    assert text.startswith("nodes[0]: ")
+    assert "address_remap" in text
+    assert "cluster-announce-ip" in text
+    assert "s3cret" not in text
+
+
+def _sync_cluster(**settings: Any) -> Any:
+    """A sync ``RedisCluster`` made without a connection (see ``cluster``): the settings
+    below are the sync flavour's alone."""
+    with pytest.MonkeyPatch.context() as m:
+        _no_connection(m)
+        return redis.cluster.RedisCluster(host="10.0.0.1", port=7001, **settings)
+
+
+def test_a_cluster_client_with_its_own_connect_function_is_refused(make: Make) -> None:
+    obj = _sync_cluster(redis_connect_func=_on_connect)
+    with pytest.raises(ConfigurationError, match=r"nodes\[0\]: .*sets redis_connect_func, which"):
+        make([obj])
+
+
+def test_a_cluster_client_with_a_custom_connection_class_is_refused(make: Make) -> None:
+    with pytest.raises(ConfigurationError, match=r"nodes\[0\]: .*_Custom: not one of redis-py"):
+        make([_sync_cluster(connection_class=_Custom)])
+
+
+def test_a_cluster_client_over_a_unix_socket_is_refused(make: Make) -> None:
+    with pytest.raises(ConfigurationError, match=r"nodes\[0\]: .*unix socket.*host:port"):
+        make([_sync_cluster(unix_socket_path="/run/r.sock")])
+
+
+def test_a_cluster_client_sharing_one_pool_among_its_members_is_refused(make: Make) -> None:
+    pool = redis.ConnectionPool(host="10.0.0.1", port=7001, password="s3cret")
+    with pytest.raises(ConfigurationError) as info:
+        make([_sync_cluster(connection_pool=pool)])
+    assert str(info.value).startswith("nodes[0]: ")
+    assert "one connection pool to every member" in str(info.value)
+    assert "s3cret" not in str(info.value)
+
+
+def test_a_cluster_client_in_another_database_is_refused(cluster: Cluster) -> None:
+    # redis-py refuses db at construction; a client changed since is refused here too
+    obj = cluster(host="10.0.0.1", port=7001)
+    obj.nodes_manager.connection_kwargs["db"] = 2
+    with pytest.raises(ConfigurationError, match=r"nodes\[0\]: .*database 2: a Redis Cluster"):
+        settings_of(obj, "nodes[0]", asyncio=False)
+
+
+def test_a_cluster_client_that_knows_no_node_is_refused(cluster: Cluster) -> None:
+    obj = cluster(host="10.0.0.1", port=7001)
+    obj.nodes_manager.startup_nodes.clear()
+    with pytest.raises(ConfigurationError, match=r"nodes\[0\]: .*knows no cluster node"):
+        settings_of(obj, "nodes[0]", asyncio=False)
 
 
 def test_anything_else_is_refused_saying_what_is_accepted(make: Make) -> None:

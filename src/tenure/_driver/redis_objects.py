@@ -1,4 +1,5 @@
-"""redis-py clients and connection pools given as lock nodes in place of URLs.
+"""redis-py clients, connection pools and cluster clients given as lock nodes in place
+of URLs.
 
 tenure takes a node's *settings* from such an object (its address, database, TLS
 settings, credentials) and opens its own connections with them, under its own timeouts
@@ -7,12 +8,17 @@ application's own use of the object is untouched. What is carried over, what is
 ignored and what is refused, setting by setting, is written in docs/connections.md
 ("Passing a redis-py client"); this module is that table.
 
-It reads redis-py's ``connection_pool``, ``connection_class`` and ``connection_kwargs``,
-which exist in redis-py 5 through 8 (tests/unit/test_redis_objects.py).
+It reads redis-py's ``connection_pool``, ``connection_class`` and ``connection_kwargs``
+and, of a ``RedisCluster``, ``nodes_manager`` with its ``startup_nodes``,
+``nodes_cache`` and ``connection_kwargs`` (each ``ClusterNode``'s ``host`` and
+``port``), ``nodes_manager.address_remap`` and the sync client's
+``user_on_connect_func``: all exist in redis-py 5 through 8, sync and asyncio (the last
+two are read with a default all the same; tests/unit/test_redis_objects.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -26,7 +32,14 @@ import redis.cluster
 import redis.connection
 import redis.sentinel
 
-from .._core.config import NodeAddress, SentinelService, node_address, redact_url
+from .._core.config import (
+    NodeAddress,
+    SentinelService,
+    host_port,
+    node_address,
+    parse_node_url,
+    redact_url,
+)
 from .._errors import ConfigurationError
 from .redis_compat import keywords
 
@@ -52,10 +65,11 @@ _SENTINEL_HELP = (
     "node as 'redis+sentinel://host:port[,host:port...]/service_name' "
     "(docs/cluster-and-sentinel.md)"
 )
-_CLUSTER_HELP = (
-    "a Redis Cluster as one lock node is planned (docs/cluster-and-sentinel.md), not "
-    "supported yet: the node's floor and a lock's keys live in different hash slots. "
-    "Pass independent masters that are not in cluster mode ('redis://host:port')"
+_CLUSTERS: tuple[type, type] = (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)
+# What to do instead when a RedisCluster object's settings cannot be carried over.
+_CLUSTER_URL = (
+    "give the cluster as 'redis+cluster://[user:password@]host:port[,host:port...]' "
+    "('rediss+cluster://' for TLS; docs/cluster-and-sentinel.md)"
 )
 
 # The settings taken from the object (each only when set, i.e. not None), beside the
@@ -105,18 +119,21 @@ def settings_of(obj: object, parameter: str, *, asyncio: bool) -> NodeAddress:
     carries over to its own connections (``CARRIED``, every ``ssl_*``).
 
     Args:
-        obj: a ``redis.Redis`` or ``redis.asyncio.Redis`` client, or a sync or asyncio
-            ``ConnectionPool`` (either flavour suits either tenure client: only its
-            settings are used).
+        obj: a ``redis.Redis`` or ``redis.asyncio.Redis`` client, a sync or asyncio
+            ``ConnectionPool``, a Sentinel ``master_for()`` client, or a sync or asyncio
+            ``RedisCluster`` (a whole cluster as one node). Either flavour suits either
+            tenure client: only its settings are used.
         parameter: how errors name the entry (``nodes[2]``).
         asyncio: whether the settings are for the asyncio client's connections.
 
     Raises:
-        ConfigurationError: a Sentinel or Redis Cluster object, a custom connection
-            class, a setting tenure refuses, a TLS setting the target connections lack.
+        ConfigurationError: a bare Sentinel object, a custom connection class, a setting
+            tenure refuses, a TLS setting the target connections lack.
     """
     kind = _kind(obj)
     _refuse_topologies(obj, parameter, kind)
+    if isinstance(obj, _CLUSTERS):
+        return _cluster_client(obj, parameter, kind, asyncio=asyncio)
     pool = getattr(obj, "connection_pool", obj)
     sentinel_pools = (redis.sentinel.SentinelConnectionPool, _ASYNC_SENTINEL.SentinelConnectionPool)
     if isinstance(pool, sentinel_pools):
@@ -239,6 +256,112 @@ def _sentinel_managed(pool: Any, parameter: str, kind: str, *, asyncio: bool) ->
     return NodeAddress(url, scheme, None, None, None, db, tuple(options.items()), service)
 
 
+def _cluster_client(obj: Any, parameter: str, kind: str, *, asyncio: bool) -> NodeAddress:
+    """The whole Redis Cluster a ``RedisCluster`` object stands for, as one node: the
+    ``redis+cluster://`` (``rediss+cluster://``) node its seeds make, with the settings
+    its nodes' connections are made with (``nodes_manager.connection_kwargs``), carried
+    as for any client. The object is only read: never initialized, connected or closed.
+
+    Raises:
+        ConfigurationError: an ``address_remap``, a custom on-connect function or
+            connection class, a unix socket, a shared connection pool, a database other
+            than 0, no seeds, or a setting refused as for any client.
+    """
+    manager = getattr(obj, "nodes_manager", None)
+    raw = getattr(manager, "connection_kwargs", None)
+    if not isinstance(raw, Mapping):
+        raise ConfigurationError(
+            parameter,
+            f"{kind} has no connection settings tenure can read (nodes_manager."
+            f"connection_kwargs); {_CLUSTER_URL}",
+        )
+    if getattr(manager, "address_remap", None) is not None:
+        raise ConfigurationError(
+            parameter,
+            f"{kind} sets address_remap, which is refused: tenure connects to the "
+            "addresses the cluster announces (CLUSTER SLOTS) and cannot remap them; make "
+            "the nodes announce addresses the client can reach (cluster-announce-ip, "
+            "cluster-announce-port) and drop address_remap",
+        )
+    # A RedisCluster installs an on-connect function of its own (the sync one always, the
+    # asyncio one for replica reads: READONLY), which tenure has no use for. One the
+    # application gave the sync one is kept aside as ``user_on_connect_func``: refused
+    # as for any client.
+    settings = dict(raw)
+    connect = settings.get("redis_connect_func")
+    if connect is not None and getattr(connect, "__self__", None) is obj:
+        del settings["redis_connect_func"]
+    if getattr(obj, "user_on_connect_func", None) is not None:
+        settings["redis_connect_func"] = obj.user_on_connect_func
+    if settings.get("unix_socket_path") or settings.get("path"):
+        raise ConfigurationError(
+            parameter,
+            f"{kind} connects through a unix socket: a Redis Cluster's members are reached "
+            f"at the host:port each announces; set host and port on the object, or {_CLUSTER_URL}",
+        )
+    if settings.get("connection_pool") is not None:
+        raise ConfigurationError(
+            parameter,
+            f"{kind} hands one connection pool to every member: tenure cannot know which "
+            f"member's settings it holds; set them on the object itself, or {_CLUSTER_URL}",
+        )
+    cls = settings.get("connection_class")
+    if cls is not None and cls not in (*_TCP, *_TLS):
+        raise ConfigurationError(
+            parameter,
+            f"{kind} connects through {cls.__module__}.{cls.__name__}: not one of "
+            "redis-py's own TCP or TLS connection classes, so tenure cannot know what it "
+            f"changes; leave connection_class unset (ssl=True for TLS), or {_CLUSTER_URL}",
+        )
+    db = settings.get("db") or 0
+    if db not in (0, "0"):
+        raise ConfigurationError(
+            parameter,
+            f"{kind} sets database {db!r}: a Redis Cluster has database 0 only; leave db unset",
+        )
+    tls = bool(settings.get("ssl")) or cls in _TLS
+    options = _carried(settings, _target_class(asyncio, tls=tls, unix=False), parameter, kind)
+    seeds = _cluster_seeds(manager, parameter, kind)
+    scheme = "rediss" if tls else "redis"
+    address = parse_node_url(f"{scheme}+cluster://{','.join(seeds)}", parameter)
+    return dataclasses.replace(address, options=tuple(options.items()))
+
+
+def _cluster_seeds(manager: Any, parameter: str, kind: str) -> list[str]:
+    """Every node a ``RedisCluster``'s nodes manager knows, the startup nodes it was
+    given and those it has discovered (replicas too: any member answers ``CLUSTER
+    SLOTS``), once each as ``host:port``, sorted, so that the node's name does not
+    depend on the order in which the object happened to learn them.
+
+    Raises:
+        ConfigurationError: a node without a host or port, or no node at all.
+    """
+    found: set[tuple[str, int]] = set()
+    for attribute in ("startup_nodes", "nodes_cache"):
+        nodes = getattr(manager, attribute, None)
+        for node in nodes.values() if isinstance(nodes, Mapping) else ():
+            host, port = getattr(node, "host", None), getattr(node, "port", None)
+            if isinstance(port, str) and port.isdigit():
+                port = int(port)
+            if not isinstance(host, str) or not host:
+                raise ConfigurationError(
+                    parameter, f"{kind} knows a cluster node without a host ({host!r})"
+                )
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
+                raise ConfigurationError(
+                    parameter,
+                    f"{kind} knows a cluster node whose port is not in 1..65535 ({port!r})",
+                )
+            found.add((host, port))
+    if not found:
+        raise ConfigurationError(
+            parameter,
+            f"{kind} knows no cluster node (nodes_manager.startup_nodes is empty); make it "
+            f"with startup_nodes or host and port, or {_CLUSTER_URL}",
+        )
+    return [host_port(host, port) for host, port in sorted(found)]
+
+
 def node_addresses(nodes: object, *, asyncio: bool) -> object:
     """``nodes`` with every redis-py client or pool turned into a ``NodeAddress``.
 
@@ -260,8 +383,10 @@ def node_addresses(nodes: object, *, asyncio: bool) -> object:
             raise ConfigurationError(
                 f"nodes[{i}]",
                 "must be a node URL ('redis://host:6379/0', 'rediss://...', "
-                "'unix:///path/redis.sock'), a redis.Redis or redis.asyncio.Redis client, "
-                f"or a redis-py ConnectionPool; got {redact_url(repr(entry))}",
+                "'unix:///path/redis.sock', 'redis+cluster://...', 'redis+sentinel://...'), "
+                "a redis.Redis or redis.asyncio.Redis client, a redis-py ConnectionPool, a "
+                "Sentinel master_for() client or a RedisCluster client; got "
+                f"{redact_url(repr(entry))}",
             )
     return out
 
@@ -278,8 +403,6 @@ def _kind(obj: object) -> str:
 def _refuse_topologies(obj: object, parameter: str, kind: str) -> None:
     if isinstance(obj, (redis.sentinel.Sentinel, redis.asyncio.sentinel.Sentinel)):
         raise ConfigurationError(parameter, f"{kind} is a Sentinel, but {_SENTINEL_HELP}")
-    if isinstance(obj, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
-        raise ConfigurationError(parameter, f"{kind} is a Redis Cluster client: {_CLUSTER_HELP}")
 
 
 def _target_class(asyncio: bool, *, tls: bool, unix: bool) -> type:
@@ -298,6 +421,5 @@ _OBJECTS: tuple[type, ...] = (
 _TOPOLOGIES: tuple[type, ...] = (
     redis.sentinel.Sentinel,
     redis.asyncio.sentinel.Sentinel,
-    redis.cluster.RedisCluster,
-    redis.asyncio.cluster.RedisCluster,
+    *_CLUSTERS,
 )
