@@ -20,6 +20,7 @@ import pytest
 
 import tenure
 from tenure.testing import LocalCluster, LocalNode
+from tenure.verify.proxy import Proxy
 
 from .conftest import Api, scripts_run
 from .garbage import GarbageServer
@@ -176,3 +177,33 @@ def test_misconfigured_nodes_are_named_with_the_fix(
         if kind != "replica":  # a replica answers reads; the others refuse EXISTS too
             with pytest.raises(tenure.NodeMisconfigured):
                 stuck.lock(key, ttl=TTL).locked()
+
+
+def test_a_misconfigured_node_that_answers_late_is_told_all_the_same(
+    api: Api, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read-only replica behind a slow link: each of its READONLY replies comes after
+    the two healthy nodes decided the round, and is read (and dropped) by a later one.
+    What it says of the node's configuration is told all the same, once."""
+    with LocalCluster(4) as cluster, caplog.at_level(logging.WARNING, logger="tenure"):
+        _give_history(api, cluster.urls[1:3], key)
+        _misconfigure("replica", cluster[0], cluster[3], first=True)
+        slow = Proxy(cluster[0].host, cluster[0].port or 0, name="slow")
+        slow.start()
+        try:
+            slow.delay(0.2)  # four node timeouts: never in time
+            client = api.client([slow.url, *cluster.urls[1:3]], node_timeout=0.05)
+            for _ in range(20):
+                lease = client.acquire(key, ttl=TTL)
+                assert slow.url not in lease.nodes
+                lease.release()
+                if _tenure_warnings(caplog):
+                    break
+                api.idle(0.25)  # the late replies come in; the next round reads them
+            told = _tenure_warnings(caplog)
+            assert len(told) == 1, told
+            assert slow.url in told[0]
+            for words in _SAYS["replica"]:
+                assert words in told[0], told[0]
+        finally:
+            slow.close()

@@ -399,9 +399,10 @@ class Channels:
             ok, value = reply
             if done.done() or rnd.results[i] is not None:
                 # The round, or this node's part in it, is over: dropped, but for what it
-                # says of the node's scripts (a late NOSCRIPT).
+                # says of the node's scripts (a late NOSCRIPT) and of its configuration.
                 if isinstance(value, ResponseError):
                     channels[i].scripts.answered(str(value), None)
+                    self.reporter.late(i, channels[i].diagnose(value))
                 return
             if ok and command.replies > 1:
                 got = parts.setdefault(i, [])

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 
 from .._core.config import DEFAULT_KEY_PREFIX
-from .._core.diagnosis import naming
+from .._core.diagnosis import Diagnosis, naming
 from .._core.quorum import Failure, Round
 
 __all__ = ["NodeReporter"]
@@ -36,6 +36,13 @@ class NodeReporter:
         for i, r in enumerate(rnd.results):
             if r is not None and r.failure is not None and r.failure.configuration:
                 self.note(i, r.failure, r.detail)
+
+    def late(self, node: int, why: Diagnosis) -> None:
+        """An error reply that came after its round was over: a configuration failure is
+        told all the same. A misconfigured node that is also slow may answer every round
+        late, and its problem would otherwise never be told."""
+        if why.failure.configuration:
+            self.note(node, why.failure, why.detail)
 
     def note(self, node: int, failure: Failure, detail: str) -> None:
         """Warn about ``node`` unless this client already did for this kind of failure."""

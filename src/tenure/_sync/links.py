@@ -129,10 +129,11 @@ class _Failed(Exception):
 class Link:
     """One connection to one node, used by one operation at a time."""
 
-    __slots__ = ("conn", "node", "owed", "partial", "setup")
+    __slots__ = ("conn", "late", "node", "owed", "partial", "setup")
 
     def __init__(self, node: NodeState) -> None:
         self.node = node
+        self.late: ResponseError | None = None  # an owed reply's error, to be told
         self.conn: redis.Connection | None = None
         self.setup: SetUp | None = None  # the connection being set up, while conn is None
         self.owed = 0  # replies of abandoned requests, read and dropped before ours
@@ -217,6 +218,7 @@ class Link:
                 self.conn.read_response()
             except ResponseError as exc:
                 self.node.scripts.answered(reply_text(exc), None)
+                self.late = exc  # and for what it says of the node's configuration
             return _NOT_YET
         return self.conn.read_response()
 
@@ -441,6 +443,7 @@ class LinkSet:
                     try:
                         while link.owed:  # an ASKING's reply, ahead of the redirected one
                             link.read()
+                            self._told_late(0)
                         reply = link.conn.read_response(disconnect_on_error=False)
                         break
                     except ResponseError as exc:
@@ -473,13 +476,22 @@ class LinkSet:
         else:
             rnd.record(0, *answer)
 
+    def _told_late(self, i: int) -> None:
+        """Tell what a late error reply of node ``i`` says of its configuration."""
+        link = self.links[i]
+        if link.late is not None:
+            self._reporter.late(i, link.node.diagnose(link.late))
+            link.late = None
+
     def _read_one(self, i: int, command: Command, rnd: Round, now: float) -> bool:
         """Read what node ``i`` has for us; True once its answer to this round is in."""
         link = self.links[i]
         try:
             while True:
                 reply = link.read()
-                if reply is not _NOT_YET:
+                if reply is _NOT_YET:
+                    self._told_late(i)
+                else:
                     if command.replies == 1:
                         rnd.record(i, *command.parse(reply))
                         return True
