@@ -75,7 +75,9 @@ def _run(
         check=False,
     )
     lines = (result.stdout + result.stderr).strip().splitlines() or ["no output"]
-    tail = "\n".join(lines[-40:])
+    # Enough to hold a failure's traceback and captured output (a thread's exception is
+    # printed far above the summary).
+    tail = "\n".join(lines[-300:])
     assert result.returncode == 0, f"{what} on Redis 6.2 failed:\n{tail}"
     with capsys.disabled():  # the pass's own summary line, in the run's output
         print(f"\n[Redis 6.2] {what}: {summary(lines)}")
@@ -88,7 +90,7 @@ def test_integration_core_on_redis_6_2(capsys: pytest.CaptureFixture[str], path:
     _run(
         capsys,
         f"integration core, {Path(path).name}",
-        *("-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", path),
+        *("-m", "pytest", "-q", "--tb=short", "-n", "0", "-p", "no:cacheprovider", path),
     )
 
 

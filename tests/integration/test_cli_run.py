@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,14 +60,27 @@ def _redis(c: LocalCluster) -> list[str]:
 def _tenure(
     *args: str, env: dict[str, str] | None = None, timeout: float = _TIMEOUT
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tenure.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=_env() if env is None else env,
-    )
+    command = [sys.executable, "-m", "tenure.cli", *args]
+    # faulthandler: a tenure that hangs past the timeout is sent SIGABRT, and the test's
+    # failure shows where each of its threads was. Files, not pipes: a command it started
+    # may hold pipes open after tenure itself is gone.
+    environ = {**(_env() if env is None else env), "PYTHONFAULTHANDLER": "1"}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        with subprocess.Popen(command, stdout=out, stderr=err, text=True, env=environ) as proc:
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGABRT)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                err.seek(0)
+                pytest.fail(f"{command} still ran after {timeout} s; its stderr:\n{err.read()}")
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(command, proc.returncode, out.read(), err.read())
 
 
 def _spawn(*args: str) -> subprocess.Popen[str]:
