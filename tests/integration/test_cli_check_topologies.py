@@ -121,9 +121,9 @@ def test_healthy_sentinel_and_cluster_nodes_get_a_plain_nodes_verdicts(
     members = [f"{redis_cluster.url} (master {_where(m)})" for m in redis_cluster.masters()]
     for name in [master, *members]:
         rows = _rows(findings, name)
-        assert {c: rows[c]["level"] for c in _SAME} == {
-            c: reference[c]["level"] for c in _SAME
-        }, rows
+        assert {c: rows[c]["level"] for c in _SAME} == {c: reference[c]["level"] for c in _SAME}, (
+            rows
+        )
         assert rows["acl"]["level"] == "OK", rows["acl"]
     # The checks a Sentinel master adds; its replica is checked as a future master.
     sentinel_rows = _rows(findings, master)
@@ -133,9 +133,7 @@ def test_healthy_sentinel_and_cluster_nodes_get_a_plain_nodes_verdicts(
     [replica] = sentinels.replicas()
     replica_rows = _rows(findings, f"{sentinels.url} (replica {_where(replica)})")
     assert replica_rows["role"]["level"] == "OK", replica_rows
-    assert {c: replica_rows[c]["level"] for c in _SAME} == {
-        c: reference[c]["level"] for c in _SAME
-    }
+    assert {c: replica_rows[c]["level"] for c in _SAME} == {c: reference[c]["level"] for c in _SAME}
     # A Cluster node: every master and every replica, and its slots as a whole.
     assert "ASKING, CLUSTER|SLOTS" in _rows(findings, members[0])["acl"]["detail"]
     for m in redis_cluster.masters():
@@ -143,7 +141,7 @@ def test_healthy_sentinel_and_cluster_nodes_get_a_plain_nodes_verdicts(
             assert _rows(findings, f"{redis_cluster.url} (replica {_where(r)})")
     slots = _rows(findings, redis_cluster.url)["slots"]
     assert slots["level"] == "OK", slots
-    assert "all 16384 slots served by 3 master(s), cluster_state ok" == slots["detail"]
+    assert slots["detail"] == "all 16384 slots served by 3 master(s), cluster_state ok"
 
 
 def test_min_replicas_on_a_sentinel_master(sentinels: LocalSentinelSet) -> None:
@@ -226,6 +224,28 @@ def test_an_unknown_sentinel_service_is_an_unreachable_node(sentinels: LocalSent
     assert "no Sentinel named a master for service 'no-such-service'" in row["detail"]
     for sentinel in sentinels.sentinels:
         assert f"{_where(sentinel)}: does not know the service" in row["detail"]
+
+
+@pytest.mark.parametrize("scheme", ["redis+cluster", "redis+sentinel"])
+@pytest.mark.parametrize("command", ["status", "check"])
+def test_an_unreachable_cluster_or_sentinel_node_is_a_row_without_the_password(
+    command: str, scheme: str
+) -> None:
+    # Nothing listens on ports 1 and 2 of the loopback.
+    path = "/locks" if scheme == "redis+sentinel" else ""
+    url = f"{scheme}://app:Zq9xWv7kJm4@127.0.0.1:1,127.0.0.1:2{path}"
+    argv = ["status", "a-lock"] if command == "status" else ["check"]
+    code, out = _run(*argv, "--redis", url)
+    assert code == EXIT_UNAVAILABLE, out
+    assert f"{scheme}://127.0.0.1:1,127.0.0.1:2{path}" in out
+    if scheme == "redis+sentinel":  # the service, and what each Sentinel said
+        assert "no Sentinel named a master for service 'locks'" in out, out
+        assert "127.0.0.1:1: " in out, out
+        assert "127.0.0.1:2: " in out, out
+    else:  # as the clients diagnose it: the first seed's failure
+        assert "no slot map: unreachable: 127.0.0.1:1: " in out, out
+    assert "Zq9xWv7kJm4" not in out
+    assert "Traceback" not in out
 
 
 def _status(name: str, *urls: str) -> tuple[int, list[str]]:
