@@ -157,7 +157,7 @@ def test_min_replicas_on_a_sentinel_master(sentinels: LocalSentinelSet) -> None:
             c.config_set("min-replicas-max-lag", "10")
     row = _rows(findings, name)["min-replicas"]
     assert row["level"] == "OK", row
-    assert "stops granting within 5 s" in row["detail"]
+    assert "stops granting within about 5 s" in row["detail"]
 
 
 def test_a_sentinel_master_user_without_role_gets_the_fixing_line(
@@ -287,3 +287,16 @@ def test_status_on_a_cluster_node_reads_the_slots_master_and_per_slot_keys(
         assert f"token={lease.token[:8]}" in line.split(), line
         assert _floor(line) >= lease.fencing_token
         assert re.search(r"replid=[0-9a-f]{8}$", line), line
+
+
+def test_tenure_redis_keeps_the_hosts_of_a_sentinel_or_cluster_url_together(
+    sentinels: LocalSentinelSet,
+    redis_cluster: LocalRedisCluster,
+    monkeypatch: pytest.MonkeyPatch,
+    key: str,
+) -> None:
+    monkeypatch.setenv("TENURE_REDIS", f"{sentinels.url},{redis_cluster.url}")
+    code, lines = _status(key)
+    assert code == 0, lines
+    assert lines[0].startswith(f"{sentinels.url} (master "), lines
+    assert lines[1].startswith(f"{redis_cluster.url} (slot "), lines

@@ -35,8 +35,20 @@ The checks
     shows it for ``volatile-ttl``, ``volatile-lru`` and ``allkeys-lru``); WARN while
     ``maxmemory`` is 0, since nothing is evicted until a limit is set.
 ``role``
-    A replica: UNSAFE. A master with replicas, or a Redis Cluster node: WARN (failover to
-    an async replica can lose grants). A master alone: OK.
+    A replica: UNSAFE. A master with replicas, or a Redis Cluster node listed as a plain
+    one: WARN (failover to an async replica can lose grants). A master alone: OK. A
+    server of a Sentinel-managed or Cluster node (``NodeFacts.listed``): its master with
+    replicas WARN (a failover is a data loss the node detects and sits out), without OK;
+    its replica OK while its link is up (it is what a failover promotes), else WARN.
+``min-replicas``
+    A Sentinel master only: ``min-replicas-to-write`` and ``min-replicas-max-lag`` both
+    at least 1: OK (an isolated old master stops granting); either 0: WARN (two masters
+    grant after a failover unless the clients use ``wait_replicas``); fewer replicas
+    connected than required: WARN (no writes now); unreadable: WARN.
+``slots``
+    A Cluster node as a whole (:func:`check_slots`): every slot has a master and every
+    master says ``cluster_state:ok``: OK; otherwise UNSAFE (those slots' locks get no
+    vote from the node).
 ``independent``
     Two entries with the same ``run_id`` (the same server listed twice) or the same
     ``master_replid`` (one replication set): UNSAFE, their votes are not independent.
@@ -58,7 +70,8 @@ The checks
 ``acl``
     Whether the user may send everything tenure sends (:mod:`tenure._driver.acl`: the commands
     of the lock scripts, read from their Lua source, and the drivers' ``EVAL``,
-    ``EXISTS``, ``SUBSCRIBE``, ``WAIT``) on keys ``tenure:*`` and channels
+    ``EXISTS``, ``SUBSCRIBE``, ``WAIT``, and what the node's kind adds:
+    ``tenure._driver.acl.NODE_KINDS``) on keys ``tenure:*`` and channels
     ``tenure:wake:*`` (with ``--key-prefix``, that prefix in place of ``tenure:``).
     Asked with ``ACL DRYRUN`` on Redis >= 7 (and Valkey), with ``ACL GETUSER`` +
     ``COMMAND INFO`` on 6.2, or, where the user may not use those, by running
@@ -66,6 +79,11 @@ The checks
     line that grants it; only ``WAIT`` refused: WARN (sent only with ``wait_replicas``).
 ``reachable``
     Unreachable, or the login failed: UNSAFE, and nothing else is checked on that node.
+    For a Sentinel-managed node, no master named by its Sentinels; for a Cluster node, no
+    slot map.
+
+The replicas of a Sentinel-managed or Cluster node (``NodeFacts.replica``) get
+``server``, ``role``, ``persistence``, ``eviction`` and ``acl`` (never probed).
 
 Commands that are not permitted degrade one check to WARN ("cannot read persistence
 settings (CONFIG not permitted)") instead of failing the run; ``INFO memory`` stands in
@@ -499,8 +517,8 @@ def check_min_replicas(facts: NodeFacts) -> Finding:
             "reached by some clients keeps granting after the Sentinels promote a "
             "replica, so two masters grant the same lock; safe only if the clients use "
             "wait_replicas >= 1 (an isolated master's grants are never acknowledged). "
-            "Set min-replicas-to-write 1 and min-replicas-max-lag below the Sentinels' "
-            "down-after-milliseconds (docs/cluster-and-sentinel.md)",
+            "Set min-replicas-to-write 1 and min-replicas-max-lag at least 1 s below the "
+            "Sentinels' down-after-milliseconds (docs/cluster-and-sentinel.md)",
         )
     connected = _int(info.get("connected_slaves"), -1)
     if 0 <= connected < wanted:
@@ -517,9 +535,9 @@ def check_min_replicas(facts: NodeFacts) -> Finding:
         "min-replicas",
         Level.OK,
         f"min-replicas-to-write {wanted}, min-replicas-max-lag {max_lag}: a master cut off "
-        f"from its replicas stops granting within {max_lag} s; keep that below the "
-        "Sentinels' down-after-milliseconds, so it has stopped before a replica is "
-        "promoted and starts its warm-up",
+        f"from its replicas stops granting within about {max_lag} s; keep that at least "
+        "1 s below the Sentinels' down-after-milliseconds, so it has stopped before a "
+        "replica is promoted and starts its max_ttl warm-up",
     )
 
 
