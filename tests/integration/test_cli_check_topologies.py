@@ -179,6 +179,34 @@ def test_a_sentinel_master_user_without_role_gets_the_fixing_line(
         assert _rows(findings, name)["acl"]["level"] == "OK"
 
 
+def test_sentinels_refusing_the_question_get_the_fixing_line(
+    sentinels: LocalSentinelSet,
+) -> None:
+    """Sentinels that ask for a login need SENTINEL GET-MASTER-ADDR-BY-NAME, nothing else
+    (the documented line); one that refuses it is asked no further."""
+    servers = sentinels.nodes
+    with _user(servers, *_documented("sentinel")) as user:
+        for sentinel in sentinels.sentinels:  # the same user, but no question allowed
+            with sentinel.client() as c:
+                c.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", "+ping")
+        try:
+            url = _with_user(sentinels.url, user)
+            code, [row] = _check(url)
+            assert code == EXIT_UNAVAILABLE
+            assert (row["check"], row["level"]) == ("reachable", "UNSAFE")
+            found = re.search(r"Fix \(on each Sentinel\): (ACL SETUSER .*)$", row["detail"])
+            assert found is not None, row
+            assert found.group(1) == f"ACL SETUSER {user} +sentinel|get-master-addr-by-name"
+            _apply(sentinels.sentinels, found.group(1))
+            code, findings = _check(url)
+            master = f"{sentinels.url} (master {_where(sentinels.master())})"
+            assert _rows(findings, master)["acl"]["level"] == "OK", findings
+        finally:
+            for sentinel in sentinels.sentinels:
+                with sentinel.client() as c:
+                    c.acl_deluser(user)
+
+
 @pytest.mark.parametrize("without", ["+asking", "+cluster|slots"])
 def test_a_cluster_user_without_a_cluster_command_gets_the_fixing_line(
     redis_cluster: LocalRedisCluster, without: str

@@ -28,13 +28,11 @@ __all__ = ["Resolved", "cluster_map", "sentinel_master", "server_at"]
 
 @dataclass(frozen=True)
 class Resolved:
-    """A server a listed node stands for now: ``address`` (a plain node), ``where`` its
-    ``host:port``, ``by`` who said so (the Sentinel that named it, or the member that gave
-    the slot map)."""
+    """A server a listed node stands for now: ``address`` (a plain node with the listed
+    node's settings) and ``where``, its ``host:port``."""
 
     address: NodeAddress
     where: str
-    by: str
 
 
 def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
@@ -50,7 +48,7 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
     # The clients give each Sentinel a share of connect_timeout; here each gets `timeout`.
     locator = Locator(address, settings, timeout * (len(spec.sentinels) + 1), asyncio=False)
     try:
-        master, by = locator.locate()
+        master, _ = locator.locate()
     except redis.RedisError as exc:
         text = str(exc)
         if _acl.denial(text) == "command":
@@ -58,8 +56,7 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
             rules = " ".join(f"+{n.name.lower()}" for n in _acl.sentinel_needs(spec.service))
             text += f". Fix (on each Sentinel): ACL SETUSER {user} {rules}"
         raise LookupError(text) from None
-    said = f"Sentinel {host_port(*by)}" if by is not None else "the Sentinels"
-    return Resolved(server_at(address, *master), host_port(*master), said)
+    return Resolved(server_at(address, *master), host_port(*master))
 
 
 def server_at(address: NodeAddress, host: str, port: int) -> NodeAddress:
@@ -73,9 +70,9 @@ def server_at(address: NodeAddress, host: str, port: int) -> NodeAddress:
     return parse_node_url(url, "--redis")
 
 
-def cluster_map(address: NodeAddress, timeout: float) -> tuple[SlotMap, str]:
+def cluster_map(address: NodeAddress, timeout: float) -> SlotMap:
     """The slot map of Cluster node ``address`` (``CLUSTER SLOTS``, from the seeds in
-    turn, each under ``timeout``) and the seed that gave it.
+    turn, each under ``timeout``).
 
     Raises:
         LookupError: no seed gave it; why, as the clients diagnose it.
@@ -90,7 +87,7 @@ def cluster_map(address: NodeAddress, timeout: float) -> tuple[SlotMap, str]:
         try:
             conn.connect()  # type: ignore[no-untyped-call]
             conn.send_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
-            return SlotMap.parse(conn.read_response(), (host, port)), name
+            return SlotMap.parse(conn.read_response(), (host, port))
         except redis.ResponseError as exc:
             failures.append(not_a_cluster(name, reply_text(exc)))
         except ValueError as exc:

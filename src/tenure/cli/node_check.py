@@ -505,7 +505,7 @@ def _gather_node(
         return [facts, *_each(address, replicas, timeout, acl_user, prefix, "sentinel")], None
     if address.seeds:
         try:
-            slot_map, _ = cluster_map(address, timeout)
+            slot_map = cluster_map(address, timeout)
         except LookupError as exc:
             return [NodeFacts(node=shown, error=str(exc), key_prefix=prefix)], None
         masters = slot_map.masters()

@@ -115,7 +115,7 @@ def _listed_status(
             master = sentinel_master(address, timeout)
             server, shown = master.address, f"{shown} (master {master.where})"
         elif address.seeds:
-            slot_map, _ = cluster_map(address, timeout)
+            slot_map = cluster_map(address, timeout)
             slot = key_slot(keys.lock)
             owner = slot_map.owner(slot)
             if owner is None:
