@@ -27,6 +27,8 @@ from tenure.cli import main
 from tenure.cli.node_rules import EXIT_UNAVAILABLE
 from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster, LocalSentinelSet
 
+from .conftest import Api
+
 pytestmark = pytest.mark.xdist_group("cli_check_topologies")
 
 
@@ -142,6 +144,34 @@ def test_healthy_sentinel_and_cluster_nodes_get_a_plain_nodes_verdicts(
     slots = _rows(findings, redis_cluster.url)["slots"]
     assert slots["level"] == "OK", slots
     assert slots["detail"] == "all 16384 slots served by 3 master(s), cluster_state ok"
+
+
+@pytest.mark.parametrize("kind", ["sentinel", "cluster"])
+def test_the_documented_line_of_each_kind_is_enough(
+    api: Api,
+    sentinels: LocalSentinelSet,
+    redis_cluster: LocalRedisCluster,
+    kind: str,
+    key: str,
+) -> None:
+    """A user with exactly docs/deployment.md's line for the node's kind, on every server
+    of it, locks through the node's URL, and ``tenure check`` says its ACL is OK."""
+    if kind == "sentinel":
+        servers, node = list(sentinels.nodes), sentinels.url
+    else:
+        servers, node = list(redis_cluster), redis_cluster.url
+    with _user(servers, *_documented(kind)) as user:
+        url = _with_user(node, user)
+        client = api.client([url], connect_timeout=2.0)
+        lease = client.acquire(key, ttl=10.0, timeout=10.0)
+        lease.extend()
+        assert client.lock(key, ttl=10.0).locked()
+        lease.release()
+        _, findings = _check(url)
+    rows = [f for f in findings if f["check"] == "acl" and "(master " in f["node"]]
+    assert rows
+    for acl in rows:
+        assert acl["level"] == "OK", acl
 
 
 def test_min_replicas_on_a_sentinel_master(sentinels: LocalSentinelSet) -> None:
