@@ -187,7 +187,7 @@ def test_min_replicas_on_a_sentinel_master(sentinels: LocalSentinelSet) -> None:
             c.config_set("min-replicas-max-lag", "10")
     row = _rows(findings, name)["min-replicas"]
     assert row["level"] == "OK", row
-    assert "stops granting within about 5 s" in row["detail"]
+    assert "leases of at most max_ttl - 5 s" in row["detail"]
 
 
 def test_a_sentinel_master_user_without_role_gets_the_fixing_line(

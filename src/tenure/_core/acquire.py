@@ -309,7 +309,7 @@ class Acquisition:
         self._proposal = 0
         self._hear_all = False
         self._strikes = 0
-        self.refused = Refused(HELD_ELSEWHERE)  # why the latest attempt was refused
+        self._refusal: tuple[Round, dict[int, tuple[int, int]]] | None = None
         self.mark = 1
         self._recheck = recheck
         # Fair on a quorum, a waiter hears out a failed attempt: a hand-off counts only
@@ -325,6 +325,14 @@ class Acquisition:
         # of a transferred lease's validity) and each holding node's floor then (what
         # a hand-off notification is judged against; see ``transferred``).
         self._observed: tuple[float, dict[int, int]] | None = None
+
+    @property
+    def refused(self) -> Refused:
+        """Why the latest attempt was refused."""
+        if self._refusal is None:
+            return Refused(HELD_ELSEWHERE)
+        rnd, statuses = self._refusal
+        return Refused(refusal(rnd, statuses, self.spec.quorum))
 
     def begin(self, now: float) -> Round:
         """Start an attempt at ``now``."""
@@ -386,7 +394,7 @@ class Acquisition:
                 seed,
             )
         cleanup = rnd.maybe_holding()
-        self.refused = Refused(refusal(rnd, statuses, spec.quorum))
+        self._refusal = (rnd, statuses)  # put in words only if the call gives up
         if rnd.misconfigured_blocks_quorum():
             # Misconfigured nodes alone leave no majority: retrying cannot help.
             return GiveUp(cleanup, self._unreachable(rnd))

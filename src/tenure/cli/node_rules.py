@@ -41,10 +41,13 @@ The checks
     replicas WARN (a failover is a data loss the node detects and sits out), without OK;
     its replica OK while its link is up (it is what a failover promotes), else WARN.
 ``min-replicas``
-    A Sentinel master only: ``min-replicas-to-write`` and ``min-replicas-max-lag`` both
-    at least 1: OK (an isolated old master stops granting); either 0: WARN (two masters
-    grant after a failover unless the clients use ``wait_replicas``); fewer replicas
-    connected than required: WARN (no writes now); unreadable: WARN.
+    A Sentinel master only: ``min-replicas-to-write`` and ``min-replicas-max-lag`` ``L``
+    both at least 1, ``L`` below ``--max-ttl``: OK, saying that leases must be at most
+    ``max_ttl - L`` (an isolated old master stops granting within ``L``, and the new
+    master's warm-up outlasts those grants); either 0: WARN (two masters grant after a
+    failover unless the clients use ``wait_replicas``); ``L`` >= ``--max-ttl``: WARN (no
+    TTL fits); fewer replicas connected than required: WARN (no writes now); unreadable:
+    WARN.
 ``slots``
     A Cluster node as a whole (:func:`check_slots`): every slot has a master and every
     master says ``cluster_state:ok``: OK; otherwise UNSAFE (those slots' locks get no
@@ -253,7 +256,7 @@ def evaluate(nodes: Sequence[NodeFacts], max_ttl: float = DEFAULT_MAX_TTL) -> li
             continue
         findings += [check_server(facts), check_role(facts)]
         if facts.kind == "sentinel" and not facts.replica:
-            findings.append(check_min_replicas(facts))
+            findings.append(check_min_replicas(facts, max_ttl))
         findings += [check_persistence(facts), check_eviction(facts)]
         if not facts.replica:
             findings.append(check_uptime(facts, max_ttl))
@@ -487,10 +490,13 @@ def _managed_role(facts: NodeFacts, info: dict[str, str]) -> Finding:
     )
 
 
-def check_min_replicas(facts: NodeFacts) -> Finding:
+def check_min_replicas(facts: NodeFacts, max_ttl: float = DEFAULT_MAX_TTL) -> Finding:
     """Whether the master of a Sentinel-managed node stops granting when cut off from its
     replicas (``min-replicas-to-write``, ``min-replicas-max-lag``): after a failover, an
-    old master that still reaches some clients grants beside the new one."""
+    old master that still reaches some clients grants beside the new one, and the new
+    one's ``max_ttl`` warm-up covers the old one's grants only if ``max_ttl`` is at least
+    the longest TTL plus the lag (docs/cluster-and-sentinel.md, "An old master that keeps
+    granting")."""
     config = facts.config or {}
     info = facts.info or {}
     need, lag = config.get("min-replicas-to-write"), config.get("min-replicas-max-lag")
@@ -517,8 +523,19 @@ def check_min_replicas(facts: NodeFacts) -> Finding:
             "reached by some clients keeps granting after the Sentinels promote a "
             "replica, so two masters grant the same lock; safe only if the clients use "
             "wait_replicas >= 1 (an isolated master's grants are never acknowledged). "
-            "Set min-replicas-to-write 1 and min-replicas-max-lag at least 1 s below the "
-            "Sentinels' down-after-milliseconds (docs/cluster-and-sentinel.md)",
+            "Set min-replicas-to-write 1 and min-replicas-max-lag L, with the clients' "
+            "max_ttl at least their longest TTL plus L (docs/cluster-and-sentinel.md)",
+        )
+    if max_lag >= max_ttl:
+        return Finding(
+            facts.node,
+            "min-replicas",
+            Level.WARN,
+            f"min-replicas-max-lag {max_lag} is not below max_ttl {max_ttl:g} s: an old "
+            f"master cut off from its replicas grants for up to {max_lag} s more, and the "
+            "new master's max_ttl warm-up outlasts those leases only if max_ttl is at "
+            "least the longest TTL plus the lag: no TTL fits. Lower the lag, raise "
+            "max_ttl (and --max-ttl), or use wait_replicas >= 1",
         )
     connected = _int(info.get("connected_slaves"), -1)
     if 0 <= connected < wanted:
@@ -535,9 +552,9 @@ def check_min_replicas(facts: NodeFacts) -> Finding:
         "min-replicas",
         Level.OK,
         f"min-replicas-to-write {wanted}, min-replicas-max-lag {max_lag}: a master cut off "
-        f"from its replicas stops granting within about {max_lag} s; keep that at least "
-        "1 s below the Sentinels' down-after-milliseconds, so it has stopped before a "
-        "replica is promoted and starts its max_ttl warm-up",
+        f"from its replicas stops granting within {max_lag} s; safe with leases of at "
+        f"most max_ttl - {max_lag} s ({max_ttl - max_lag:g} s with max_ttl {max_ttl:g} s), "
+        "whose last one from the old master the new master's warm-up outlasts",
     )
 
 
