@@ -273,6 +273,36 @@ def test_a_cluster_user_without_a_cluster_command_gets_the_fixing_line(
             assert acl["level"] == "OK", acl
 
 
+def test_a_command_added_to_the_kinds_table_is_checked_on_the_servers_it_is_sent_to(
+    redis_cluster: LocalRedisCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sharded notifications will send SSUBSCRIBE to Cluster nodes of servers >= 7: one
+    line of ``NODE_KINDS``, which the check then asks of such servers (by the probe, on
+    a connection of its own, on a channel of the member's slot), with its fixing line."""
+    extra = ("SSUBSCRIBE", None, ("$CHANNEL",), (7,), None)
+    monkeypatch.setitem(_acl.NODE_KINDS, "cluster", (*_acl.NODE_KINDS["cluster"], extra))
+    servers = list(redis_cluster)
+    with _user(servers, *_documented("cluster", without="+ssubscribe")) as user:
+        url = _with_user(redis_cluster.url, user)
+        _, findings = _check(url)
+        rows = [f for f in findings if f["check"] == "acl" and "(master " in f["node"]]
+        assert len(rows) == 3
+        with servers[0].client(decode_responses=True) as c:
+            sharded = int(str(c.info("server")["redis_version"]).split(".")[0]) >= 7
+        for acl in rows:
+            if not sharded:  # not sent to a 6.2 server, so not asked of it
+                assert acl["level"] == "OK", acl
+                continue
+            assert acl["level"] == "UNSAFE", acl
+            assert f"user '{user}' may not run SSUBSCRIBE" in acl["detail"]
+            assert acl["detail"].endswith(f"Fix: ACL SETUSER {user} +ssubscribe")
+        if sharded:  # 6.2 has no such command, and refuses the rule
+            _apply(servers, f"ACL SETUSER {user} +ssubscribe")
+        _, findings = _check(url)
+    rows = [f for f in findings if f["check"] == "acl" and "(master " in f["node"]]
+    assert all(acl["level"] == "OK" for acl in rows), rows
+
+
 def test_an_unknown_sentinel_service_is_an_unreachable_node(sentinels: LocalSentinelSet) -> None:
     url = sentinels.url.rpartition("/")[0] + "/no-such-service"
     code, findings = _check(url)

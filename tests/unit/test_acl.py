@@ -93,11 +93,17 @@ def test_a_command_sent_from_a_version_on_is_asked_of_those_servers_only(
 ) -> None:
     """Adding a command for newer servers (SSUBSCRIBE on Cluster nodes of servers >= 7,
     say) is one line of ``NODE_KINDS``: older servers are not asked about it."""
-    extra = ("SSUBSCRIBE", None, ("tenure:wake:x",), (7,), None)
+    extra = ("SSUBSCRIBE", None, ("$CHANNEL",), (7,), None)
     monkeypatch.setitem(_acl.NODE_KINDS, "cluster", (*_acl.NODE_KINDS["cluster"], extra))
     assert "SSUBSCRIBE" in {n.name for n in _acl.needs(kind="cluster", version=(7, 2))}
     assert "SSUBSCRIBE" not in {n.name for n in _acl.needs(kind="cluster", version=(6, 2))}
     assert "+ssubscribe" in _acl.least_privilege_acl(kind="cluster")
+    assert "+ssubscribe" not in _acl.least_privilege_acl(kind="cluster", version=(6, 2, 14))
+    [need] = [n for n in _acl.needs("app1:", "cluster", tag="1bz") if n.command == "SSUBSCRIBE"]
+    assert need.args == ("app1:wake:{1bz}:probe",)  # the member's slot, the clients' prefix
+    answer = _acl.permitted_by_rules(need, "+@all", ["@pubsub"], None, ["app1:other:*"])
+    assert answer is not None
+    assert _acl.denial(answer) == "channel"
 
 
 def test_a_cluster_members_probe_keys_take_its_slots_tag() -> None:

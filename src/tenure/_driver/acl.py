@@ -75,9 +75,11 @@ def probe_keys(prefix: str = DEFAULT_KEY_PREFIX, tag: str = "check") -> tuple[st
     hears): the probe key, the probe queue, the probe channel.
 
     ``tag``: the keys' hash tag; on a member of a Redis Cluster, one of the slots that
-    member serves (``T[s]``), so that the probe runs there rather than being redirected.
+    member serves (``T[s]``), so that the probe runs there rather than being redirected;
+    the channel then carries it too (a sharded channel is hashed like a key).
     """
-    return f"{prefix}{{{tag}}}:probe", f"{prefix}{{{tag}}}:probe:q", f"{prefix}wake:check-probe"
+    channel = f"{prefix}wake:check-probe" if tag == "check" else f"{prefix}wake:{{{tag}}}:probe"
+    return f"{prefix}{{{tag}}}:probe", f"{prefix}{{{tag}}}:probe:q", channel
 
 
 KEY_PATTERN = key_pattern()
@@ -131,9 +133,12 @@ class Need:
 
 # What each kind of lock node needs beyond the lock's own commands, sent directly by the
 # drivers (docs/cluster-and-sentinel.md): (command, subcommand, arguments, the oldest
-# server version that is sent it or None, when it is sent). One line per command: a new
-# one (SSUBSCRIBE on a Cluster node of a server >= 7, say) is one more line here, and
-# the documented lines, `tenure check` and its fixing line all follow.
+# server version that is sent it or None, when it is sent). An argument "$KEY", "$QUEUE"
+# or "$CHANNEL" stands for the probe key, queue or channel under the clients' prefix
+# (``probe_keys``). One line per command: a new one is one more line here, e.g.
+#     ("SSUBSCRIBE", None, ("$CHANNEL",), (7,), None),
+# in "cluster" for sharded notifications, and the documented lines, `tenure check` (which
+# subscribes on a connection of its own for any *SUBSCRIBE) and its fixing line follow.
 # ``"plain"``: redis:// and unix://; ``"sentinel"``: the master a redis+sentinel:// node
 # finds (every connection checks its ROLE); ``"cluster"``: every member of a
 # redis+cluster:// node (the slot map, and ASKING before a command a migrating slot's
@@ -176,6 +181,7 @@ def _script_args(prefix: str) -> dict[str, tuple[str, ...]]:
         "ZSCORE": (queue, "probe"),
         "ZREM": (queue, "probe"),
         "PUBLISH": (channel, "probe"),
+        "SPUBLISH": (channel, "probe"),  # sharded notifications, when a script sends it
         "INFO": ("replication",),  # the node's replication ID (history.lua.inc)
     }
 
@@ -265,8 +271,10 @@ def needs(
         Need(command, script_args.get(command, (probe_keys(prefix, tag)[0],)), "scripts")
         for command in sorted(scripted - direct.keys())
     ]
+    key, queue, channel = probe_keys(prefix, tag)
+    named = {"$KEY": key, "$QUEUE": queue, "$CHANNEL": channel}
     out += [
-        Need(command, args, "direct", only, sub)
+        Need(command, tuple(named.get(a, a) for a in args), "direct", only, sub)
         for command, sub, args, since, only in NODE_KINDS[kind]
         if since is None or version is None or version >= since
     ]
@@ -283,16 +291,18 @@ def least_privilege_acl(
     password: str = "PASSWORD",
     prefix: str = DEFAULT_KEY_PREFIX,
     kind: str = "plain",
+    version: tuple[int, ...] | None = None,
 ) -> str:
     """The ``ACL SETUSER`` line that grants exactly what tenure needs on a lock node of
     ``kind`` (:data:`NODE_KINDS`: ``"plain"``, ``"sentinel"`` for the master of a
     Sentinel-managed node, ``"cluster"`` for every member of a Redis Cluster node), for
-    clients whose key prefix is ``prefix``.
+    clients whose key prefix is ``prefix``; for a server of ``version``, without what
+    such a server is not sent (an older server refuses a rule naming a command it lacks).
 
     ``resetchannels`` is explicit because Redis 6.2's ``reset`` leaves the user every
     channel (``acl-pubsub-default allchannels``), after which a channel pattern is an error.
     """
-    commands = " ".join(f"+{n.name.lower()}" for n in needs(prefix, kind))
+    commands = " ".join(f"+{n.name.lower()}" for n in needs(prefix, kind, version))
     return (
         f"ACL SETUSER {user} reset on >{password} resetchannels ~{key_pattern(prefix)} "
         f"&{channel_pattern(prefix)} {commands}"
@@ -392,7 +402,7 @@ def permitted_by_rules(
     if not allowed:
         shown = need.name.lower()
         return f"no permissions to run the '{shown}' command (its rules: {commands})"
-    if name in ("publish", "subscribe"):
+    if name in _CHANNEL_COMMANDS:
         channel = need.args[0]
         if channels is not None and not any(glob_match(p, channel) for p in channels):
             return f"no permissions to access the '{channel}' channel"
@@ -402,6 +412,10 @@ def permitted_by_rules(
             if arg.endswith(_PROBE_KEY_ENDS) and not any(glob_match(p, arg) for p in keys):
                 return f"no permissions to access the '{arg}' key"
     return None
+
+
+# The commands whose argument is a channel (checked against the channel patterns).
+_CHANNEL_COMMANDS = frozenset({"publish", "subscribe", "spublish", "ssubscribe"})
 
 
 def glob_match(pattern: str, text: str) -> bool:

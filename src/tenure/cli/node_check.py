@@ -296,14 +296,16 @@ def _get_user(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _An
 def _probe(client: redis.Redis, needs: Sequence[_acl.Need], prefix: str, tag: str) -> _Answers:
     """Run every command for real, harmlessly: the scripts' commands inside one probe
     script (so a refusal there is what a lock script would meet), the others directly,
-    ``SUBSCRIBE`` on a connection of its own."""
+    each ``SUBSCRIBE`` (``SSUBSCRIBE``) on a connection of its own."""
     scripted = [n for n in needs if n.where == "scripts"]
     argv: list[str] = []
     for need in scripted:
         argv += [str(len(need.call)), *need.call]
-    direct = [n for n in needs if n.where != "scripts" and n.command not in ("EVAL", "SUBSCRIBE")]
+    # Subscribing turns a connection into a subscriber's: each on a connection of its own.
+    listen = [n for n in needs if n.where != "scripts" and n.command.endswith("SUBSCRIBE")]
+    direct = [n for n in needs if n.where != "scripts" and n.command != "EVAL" and n not in listen]
     with client.pipeline(transaction=False) as pipe:
-        key, queue, channel = _acl.probe_keys(prefix, tag)
+        key, queue, _ = _acl.probe_keys(prefix, tag)
         pipe.eval(_PROBE_SCRIPT, 2, key, queue, *argv)
         for need in direct:
             pipe.execute_command(*need.call)  # type: ignore[no-untyped-call]
@@ -321,15 +323,16 @@ def _probe(client: redis.Redis, needs: Sequence[_acl.Need], prefix: str, tag: st
         answers["EVAL"] = f"unexpected reply to the probe script: {script_reply!r}"
     for need, reply in zip(direct, direct_replies, strict=True):
         answers[need.name] = one_line(reply) if isinstance(reply, Exception) else None
-    answers["SUBSCRIBE"] = _probe_subscribe(client, channel)
+    for need in listen:
+        answers[need.name] = _probe_subscribe(client, need.call)
     return answers
 
 
-def _probe_subscribe(client: redis.Redis, channel: str) -> str | None:
+def _probe_subscribe(client: redis.Redis, call: Sequence[str]) -> str | None:
     conn = client.connection_pool.make_connection()
     try:
         conn.connect()  # type: ignore[no-untyped-call]
-        conn.send_command("SUBSCRIBE", channel)  # type: ignore[no-untyped-call]
+        conn.send_command(*call)  # type: ignore[no-untyped-call]
         conn.read_response()
         return None
     except redis.ResponseError as exc:
