@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 import redis
 
@@ -102,10 +103,10 @@ def cluster_map(address: NodeAddress, timeout: float) -> SlotMap:
     why = no_slot_map(failures)
     text = f"no slot map: {why.failure.value}: {why.detail}"
     if any(_acl.denial(f.detail) == "command" for f in failures):
-        user = redis.ConnectionPool.from_url(address.member(*address.seeds[0]).url)
-        name = user.connection_kwargs.get("username") or "default"
+        # What the slot map needs of the URL's user on every member: CLUSTER SLOTS.
+        user = unquote(urlsplit(address.member(*address.seeds[0]).url).username or "")
         rules = " ".join(
-            f"+{n.name.lower()}" for n in _acl.needs(kind="cluster") if n.command == "CLUSTER"
+            f"+{n.name.lower()}" for n in _acl.needs(kind="cluster") if n.name == "CLUSTER|SLOTS"
         )
-        text += f". Fix (on each member): ACL SETUSER {name} {rules}"
+        text += f". Fix (on each member): ACL SETUSER {user or 'default'} {rules}"
     raise LookupError(text)
