@@ -36,9 +36,11 @@ from tenure.cli.node_rules import (
     check_access,
     check_eviction,
     check_independence,
+    check_min_replicas,
     check_persistence,
     check_role,
     check_server,
+    check_slots,
     check_uptime,
     evaluate,
     exit_code,
@@ -82,7 +84,7 @@ _CHANNEL_IN_SCRIPT = (
     "@user_script: 4: The user executing the script can't publish to the channel mentioned "
     "in the command"
 )
-_ALLOWED: dict[str, str | None] = {need.command: None for need in _acl.needs()}
+_ALLOWED: dict[str, str | None] = {need.name: None for need in _acl.needs()}
 
 Overrides = Mapping[str, "str | None"]
 
@@ -398,6 +400,88 @@ def test_evaluate_and_exit_codes() -> None:
     assert exit_code([*ok, down], with_down) == EXIT_UNSAFE
     lonely = [ok[0], down, NodeFacts(node="y", error="unreachable")]
     assert exit_code(lonely, evaluate(lonely)) == EXIT_UNAVAILABLE
+
+
+@pytest.mark.parametrize(
+    ("config", "info", "level", "fragment"),
+    [
+        ({"min-replicas-to-write": "0", "min-replicas-max-lag": "10"}, {}, Level.WARN,
+         "min-replicas-to-write 0: a master cut off"),
+        ({"min-replicas-to-write": "1", "min-replicas-max-lag": "0"}, {}, Level.WARN,
+         "min-replicas-max-lag 0"),
+        ({"min-replicas-to-write": "1", "min-replicas-max-lag": "10"},
+         {"connected_slaves": "1"}, Level.OK, "safe with leases of at most max_ttl - 10 s"),
+        ({"min-replicas-to-write": "1", "min-replicas-max-lag": "60"},
+         {"connected_slaves": "1"}, Level.WARN, "not below max_ttl 60 s"),
+        ({"min-replicas-to-write": "2", "min-replicas-max-lag": "10"},
+         {"connected_slaves": "1"}, Level.WARN, "refuses every write now"),
+        ({"min-replicas-to-write": None}, {}, Level.WARN, "cannot read min-replicas"),
+    ],
+)  # fmt: skip
+def test_min_replicas_rules(
+    config: Overrides, info: Overrides, level: Level, fragment: str
+) -> None:
+    facts = _facts(info, config, kind="sentinel", listed="s")
+    _expect(check_min_replicas(facts), level, fragment)
+    assert "min-replicas" in {f.check for f in evaluate([facts])}
+
+
+def test_min_replicas_is_checked_on_a_sentinel_master_only() -> None:
+    plain = _facts()
+    cluster = _facts(kind="cluster", listed="c")
+    replica = _facts({"role": "slave"}, kind="sentinel", listed="s", replica=True)
+    for facts in (plain, cluster, replica):
+        assert "min-replicas" not in {f.check for f in evaluate([facts])}
+
+
+@pytest.mark.parametrize(
+    ("info", "replica", "level", "fragment"),
+    [
+        ({"connected_slaves": "1"}, False, Level.WARN, "sits out max_ttl"),
+        ({}, False, Level.OK, "no replicas: nothing to fail over to"),
+        ({"role": "slave"}, False, Level.WARN, "a failover under way?"),
+        ({"role": "slave", "master_link_status": "up"}, True, Level.OK, "replica of"),
+        ({"role": "slave", "master_link_status": "down"}, True, Level.WARN, "link down"),
+        ({"role": "master"}, True, Level.WARN, "listed as a replica"),
+    ],
+)
+def test_role_rules_of_a_managed_nodes_servers(
+    info: Overrides, replica: bool, level: Level, fragment: str
+) -> None:
+    """A master of a Sentinel or Cluster node is expected to have replicas, and its
+    replicas are what a failover promotes: not the UNSAFE replica of a plain node."""
+    for kind in ("sentinel", "cluster"):
+        facts = _facts(info, kind=kind, listed="x", replica=replica)
+        _expect(check_role(facts), level, fragment)
+
+
+def test_slots_rules() -> None:
+    _expect(check_slots("c", 0, 3, ["ok", "ok", "ok"]), Level.OK, "all 16384 slots")
+    _expect(check_slots("c", 5461, 2, ["ok", "ok"]), Level.UNSAFE, "5461 of 16384 slots")
+    _expect(check_slots("c", 0, 3, ["ok", "fail", "ok"]), Level.UNSAFE, "cluster_state:fail")
+    _expect(check_slots("c", 0, 3, ["ok", "CLUSTER INFO not permitted", "ok"]), Level.OK,
+            "not read on 1: CLUSTER INFO not permitted")  # fmt: skip
+
+
+def test_a_managed_nodes_servers_count_as_one_node() -> None:
+    """A majority is of the listed nodes: a Cluster node answers when one of its
+    masters does, and its replicas are neither votes nor another replication set."""
+    masters = [
+        _facts({"run_id": f"m{i}", "master_replid": f"r{i}"}, node=f"c{i}", kind="cluster",
+               listed="c")
+        for i in range(3)
+    ]  # fmt: skip
+    replica = _facts(
+        {"role": "slave", "run_id": "x", "master_replid": "r0", "master_link_status": "up"},
+        node="c-replica", kind="cluster", listed="c", replica=True,
+    )  # fmt: skip
+    down = [NodeFacts(node=n, error="unreachable") for n in ("a", "b")]
+    facts = [*masters, replica, *down]
+    findings = evaluate(facts)
+    assert not [f for f in findings if f.check == "independent" and f.level is Level.UNSAFE]
+    assert not [f for f in findings if f.node == "c-replica" and f.check == "uptime"]
+    assert exit_code(facts, findings) == EXIT_UNAVAILABLE  # 1 of 3 listed nodes answered
+    assert exit_code(facts[:4], evaluate(facts[:4])) != EXIT_UNAVAILABLE
 
 
 # --- the command on real nodes -----------------------------------------------------------

@@ -69,10 +69,47 @@ def test_every_command_the_drivers_send_is_a_need() -> None:
             packed.add("EVAL")
         assert not re.search(r"execute_command|send_command", text), path
     assert packed, "found no packed commands: has the driver layout changed?"
-    # Sent to a whole Redis Cluster node (redis+cluster://) only: the documented ACL and
-    # `tenure check` do not cover them yet (docs/cluster-and-sentinel.md says so).
-    cluster_only = {"ASKING", "CLUSTER"}
-    assert packed - cluster_only <= set(_acl.DIRECT), packed - cluster_only - set(_acl.DIRECT)
+    # What only some kinds of node are sent (ASKING and CLUSTER SLOTS to a whole Redis
+    # Cluster) is in the per-kind table.
+    by_kind = {extra[0] for extras in _acl.NODE_KINDS.values() for extra in extras}
+    assert packed <= set(_acl.DIRECT) | by_kind, packed - set(_acl.DIRECT) - by_kind
+
+
+def test_each_kind_of_node_adds_its_commands() -> None:
+    plain = {n.name for n in _acl.needs()}
+    assert {n.name for n in _acl.needs(kind="sentinel")} - plain == {"ROLE"}
+    assert {n.name for n in _acl.needs(kind="cluster")} - plain == {"ASKING", "CLUSTER|SLOTS"}
+    [slots] = [n for n in _acl.needs(kind="cluster") if n.subcommand]
+    assert slots.call == ("CLUSTER", "SLOTS")
+    assert _acl.least_privilege_acl(kind="cluster").endswith(" +asking +cluster|slots")
+    assert _acl.least_privilege_acl(kind="sentinel").endswith(" +role")
+    assert _acl.sentinel_acl() == (
+        "ACL SETUSER tenure reset on >PASSWORD +sentinel|get-master-addr-by-name"
+    )
+
+
+def test_a_command_sent_from_a_version_on_is_asked_of_those_servers_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Adding a command for newer servers (SSUBSCRIBE on Cluster nodes of servers >= 7,
+    say) is one line of ``NODE_KINDS``: older servers are not asked about it."""
+    extra = ("SSUBSCRIBE", None, ("$CHANNEL",), (7,), None)
+    monkeypatch.setitem(_acl.NODE_KINDS, "cluster", (*_acl.NODE_KINDS["cluster"], extra))
+    assert "SSUBSCRIBE" in {n.name for n in _acl.needs(kind="cluster", version=(7, 2))}
+    assert "SSUBSCRIBE" not in {n.name for n in _acl.needs(kind="cluster", version=(6, 2))}
+    assert "+ssubscribe" in _acl.least_privilege_acl(kind="cluster")
+    assert "+ssubscribe" not in _acl.least_privilege_acl(kind="cluster", version=(6, 2, 14))
+    [need] = [n for n in _acl.needs("app1:", "cluster", tag="1bz") if n.command == "SSUBSCRIBE"]
+    assert need.args == ("app1:wake:{1bz}:probe",)  # the member's slot, the clients' prefix
+    answer = _acl.permitted_by_rules(need, "+@all", ["@pubsub"], None, ["app1:other:*"])
+    assert answer is not None
+    assert _acl.denial(answer) == "channel"
+
+
+def test_a_cluster_members_probe_keys_take_its_slots_tag() -> None:
+    for need in _acl.needs(kind="cluster", tag="1bz"):
+        assert "{check}" not in " ".join(need.args), need
+    assert _acl.probe_keys(tag="1bz")[:2] == ("tenure:{1bz}:probe", "tenure:{1bz}:probe:q")
 
 
 def test_every_lock_key_and_channel_matches_the_patterns() -> None:
@@ -88,13 +125,19 @@ def test_every_lock_key_and_channel_matches_the_patterns() -> None:
     assert _acl.glob_match(_acl.CHANNEL_PATTERN, _acl.PROBE_CHANNEL)
 
 
-def test_the_documented_acl_is_the_derived_one() -> None:
-    line = _acl.least_privilege_acl()
+@pytest.mark.parametrize("kind", sorted(_acl.NODE_KINDS))
+def test_the_documented_acl_is_the_derived_one(kind: str) -> None:
+    line = _acl.least_privilege_acl(kind=kind)
     assert line.startswith("ACL SETUSER tenure reset on >PASSWORD resetchannels ~tenure:* ")
-    for need in _acl.needs():
-        assert f" +{need.command.lower()}" in line
+    for need in _acl.needs(kind=kind):
+        assert f" +{need.name.lower()}" in line
     page = (ROOT / "docs" / "deployment.md").read_text()
     assert f"\n{line}\n" in page, f"docs/deployment.md must show:\n{line}"
+
+
+def test_the_documented_sentinel_acl_is_the_derived_one() -> None:
+    page = (ROOT / "docs" / "deployment.md").read_text()
+    assert f"\n{_acl.sentinel_acl()}\n" in page
 
 
 @pytest.mark.parametrize(
@@ -177,6 +220,29 @@ def test_redis62_rules_for_a_command(rules: str, keys: list[str] | None, allowed
     assert (answer is None) is allowed, answer
     if answer is not None:
         assert _acl.denial(answer) == ("key" if "+zadd" in rules else "command")
+
+
+@pytest.mark.parametrize(
+    ("name", "rules", "allowed"),
+    [
+        ("CLUSTER|SLOTS", "-@all +cluster|slots", True),
+        ("CLUSTER|SLOTS", "-@all +cluster", True),
+        ("CLUSTER|SLOTS", "-@all +cluster|nodes", False),
+        ("CLUSTER|SLOTS", "+@all -cluster|slots", False),
+        ("CLUSTER|SLOTS", "-@all +cluster -cluster|slots", False),
+        ("ASKING", "-@all +asking", True),
+        # INFO replication in the scripts: a first-argument rule, as 6.2 takes it.
+        ("INFO", "-@all +info|replication", True),
+        ("INFO", "-@all +info|server", False),
+    ],
+)
+def test_redis62_subcommand_rules(name: str, rules: str, allowed: bool) -> None:
+    [need] = [n for n in _acl.needs(kind="cluster") if n.name == name]
+    answer = _acl.permitted_by_rules(need, rules, ["@slow"], None, None)
+    assert (answer is None) is allowed, answer
+    if answer is not None:
+        assert _acl.denial(answer) == "command"
+        assert f"'{name.lower()}'" in answer
 
 
 @pytest.mark.parametrize(

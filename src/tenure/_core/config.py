@@ -385,26 +385,22 @@ def _parse_sentinel_url(url: str, parameter: str) -> NodeAddress:
 
 
 def check_one_server(address: NodeAddress, parameter: str, command: str) -> NodeAddress:
-    """Refuse a Sentinel-managed node or a whole Redis Cluster where ``command`` reads
-    one server as it is.
+    """Refuse a node ``command`` cannot inspect: one whose connection settings are not all
+    in its URL (a node built from a redis-py client or pool, or a ``master_for()``
+    client's Sentinel settings). A plain node, a Sentinel-managed node (its master, found
+    as the clients find it) and a whole Redis Cluster (every server of its slot map) are
+    inspected.
 
     Raises:
-        ConfigurationError: naming ``parameter``: ``address`` is Sentinel-managed or a
-            Redis Cluster.
+        ConfigurationError: naming ``parameter``: ``address`` carries settings besides
+            its URL.
     """
-    if address.seeds:
+    if address.options or (address.sentinel is not None and address.sentinel.own_settings):
         raise ConfigurationError(
             parameter,
-            f"{address.display} is a whole Redis Cluster (redis+cluster://), and "
-            f"`{command}` reads one server as it is: give its masters as plain nodes "
-            "(redis://host:port) to inspect them one by one",
-        )
-    if address.sentinel is not None:
-        raise ConfigurationError(
-            parameter,
-            f"{address.display} is a Sentinel-managed node, and `{command}` reads one server "
-            "as it is: give the master's address (redis://host:port; SENTINEL "
-            f"GET-MASTER-ADDR-BY-NAME {address.sentinel.service} on a Sentinel names it)",
+            f"{address.display} carries connection settings of a redis-py object, and "
+            f"`{command}` reads nodes from URLs only: give it the node's URL "
+            "(redis://, redis+sentinel:// or redis+cluster://) with its credentials",
         )
     return address
 

@@ -36,6 +36,7 @@ __all__ = [
     "CHANNEL_PATTERN",
     "DIRECT",
     "KEY_PATTERN",
+    "NODE_KINDS",
     "NOT_ON_LOCK_NODES",
     "PROBE_CHANNEL",
     "PROBE_KEY",
@@ -53,6 +54,8 @@ __all__ = [
     "permitted_by_rules",
     "probe_keys",
     "script_commands",
+    "sentinel_acl",
+    "sentinel_needs",
 ]
 
 
@@ -66,11 +69,17 @@ def channel_pattern(prefix: str = DEFAULT_KEY_PREFIX) -> str:
     return prefix + "wake:*"
 
 
-def probe_keys(prefix: str = DEFAULT_KEY_PREFIX) -> tuple[str, str, str]:
+def probe_keys(prefix: str = DEFAULT_KEY_PREFIX, tag: str = "check") -> tuple[str, str, str]:
     """What ``tenure check`` names in its questions (and, where it must try for real,
     uses: a string key with a 2 s TTL, a sorted set emptied at once, a channel nobody
-    hears): the probe key, the probe queue, the probe channel."""
-    return f"{prefix}{{check}}:probe", f"{prefix}{{check}}:probe:q", f"{prefix}wake:check-probe"
+    hears): the probe key, the probe queue, the probe channel.
+
+    ``tag``: the keys' hash tag; on a member of a Redis Cluster, one of the slots that
+    member serves (``T[s]``), so that the probe runs there rather than being redirected;
+    the channel then carries it too (a sharded channel is hashed like a key).
+    """
+    channel = f"{prefix}wake:check-probe" if tag == "check" else f"{prefix}wake:{{{tag}}}:probe"
+    return f"{prefix}{{{tag}}}:probe", f"{prefix}{{{tag}}}:probe:q", channel
 
 
 KEY_PATTERN = key_pattern()
@@ -78,7 +87,7 @@ CHANNEL_PATTERN = channel_pattern()
 PROBE_KEY, PROBE_QUEUE, PROBE_CHANNEL = probe_keys()
 PROBE_TTL_MS = "2000"
 # The probe's keys end so (the prefix holds no brace): how a key argument is told apart.
-_PROBE_KEY_ENDS = ("{check}:probe", "{check}:probe:q")
+_PROBE_KEY_ENDS = ("}:probe", "}:probe:q")
 
 # Scripts in tenure._lua that are not the lock's: the fenced Redis store, the idempotency
 # keys and the streams run on whatever Redis the application gives them, and check_probe
@@ -109,10 +118,43 @@ class Need:
     args: tuple[str, ...]
     where: str
     only: str | None = None
+    subcommand: str | None = None
+
+    @property
+    def name(self) -> str:
+        """What an ACL rule grants: ``EVAL``, or ``CLUSTER|SLOTS`` for a subcommand
+        (granted alone, ``+cluster|slots``, not the whole container command)."""
+        return f"{self.command}|{self.subcommand}" if self.subcommand else self.command
 
     @property
     def call(self) -> tuple[str, ...]:
-        return (self.command, *self.args)
+        return (self.command, *((self.subcommand,) if self.subcommand else ()), *self.args)
+
+
+# What each kind of lock node needs beyond the lock's own commands, sent directly by the
+# drivers (docs/cluster-and-sentinel.md): (command, subcommand, arguments, the oldest
+# server version that is sent it or None, when it is sent). An argument "$KEY", "$QUEUE"
+# or "$CHANNEL" stands for the probe key, queue or channel under the clients' prefix
+# (``probe_keys``). One line per command: a new one is one more line here, e.g.
+#     ("SSUBSCRIBE", None, ("$CHANNEL",), (7,), None),
+# in "cluster" for sharded notifications, and the documented lines, `tenure check` (which
+# subscribes on a connection of its own for any *SUBSCRIBE) and its fixing line follow.
+# ``"plain"``: redis:// and unix://; ``"sentinel"``: the master a redis+sentinel:// node
+# finds (every connection checks its ROLE); ``"cluster"``: every member of a
+# redis+cluster:// node (the slot map, and ASKING before a command a migrating slot's
+# ASK sends on).
+_Extra = tuple[str, "str | None", tuple[str, ...], "tuple[int, ...] | None", "str | None"]
+NODE_KINDS: dict[str, tuple[_Extra, ...]] = {
+    "plain": (),
+    "sentinel": (("ROLE", None, (), None, None),),
+    "cluster": (
+        ("ASKING", None, (), None, None),
+        ("CLUSTER", "SLOTS", (), None, None),
+    ),
+}
+
+# What the Sentinels of a redis+sentinel:// node are sent (the service is the argument).
+_SENTINEL_COMMANDS: tuple[tuple[str, str], ...] = (("SENTINEL", "GET-MASTER-ADDR-BY-NAME"),)
 
 
 def _direct(prefix: str) -> dict[str, tuple[tuple[str, ...], str | None]]:
@@ -139,6 +181,7 @@ def _script_args(prefix: str) -> dict[str, tuple[str, ...]]:
         "ZSCORE": (queue, "probe"),
         "ZREM": (queue, "probe"),
         "PUBLISH": (channel, "probe"),
+        "SPUBLISH": (channel, "probe"),  # sharded notifications, when a script sends it
         "INFO": ("replication",),  # the node's replication ID (history.lua.inc)
     }
 
@@ -197,36 +240,80 @@ def commands_in(name: str, source: bytes) -> set[str]:
     return {command.decode().upper() for _, command in literal}
 
 
-def needs(prefix: str = DEFAULT_KEY_PREFIX) -> tuple[Need, ...]:
+def needs(
+    prefix: str = DEFAULT_KEY_PREFIX,
+    kind: str = "plain",
+    version: tuple[int, ...] | None = None,
+    tag: str = "check",
+) -> tuple[Need, ...]:
     """Everything tenure sends to a lock node: the direct commands, then the scripts';
-    their key and channel arguments under ``prefix``."""
+    their key and channel arguments under ``prefix``; then what a node of ``kind``
+    (:data:`NODE_KINDS`) needs besides, those a server of ``version`` is sent (None:
+    every one).
+
+    ``tag``: the hash tag of the keys asked about (``probe_keys``).
+
+    Raises:
+        KeyError: an unknown ``kind``.
+    """
     scripted = set(script_commands())
     direct, script_args = _direct(prefix), _script_args(prefix)
+    if tag != "check":  # the same keys under another hash tag (a Cluster member's slot)
+        old, new = probe_keys(prefix), probe_keys(prefix, tag)
+        swap = dict(zip(old, new, strict=True))
+        direct = {c: (tuple(swap.get(a, a) for a in args), o) for c, (args, o) in direct.items()}
+        script_args = {c: tuple(swap.get(a, a) for a in args) for c, args in script_args.items()}
     out = [
         Need(command, args, "direct and scripts" if command in scripted else "direct", only)
         for command, (args, only) in direct.items()
     ]
     out += [
-        Need(command, script_args.get(command, (probe_keys(prefix)[0],)), "scripts")
+        Need(command, script_args.get(command, (probe_keys(prefix, tag)[0],)), "scripts")
         for command in sorted(scripted - direct.keys())
+    ]
+    key, queue, channel = probe_keys(prefix, tag)
+    named = {"$KEY": key, "$QUEUE": queue, "$CHANNEL": channel}
+    out += [
+        Need(command, tuple(named.get(a, a) for a in args), "direct", only, sub)
+        for command, sub, args, since, only in NODE_KINDS[kind]
+        if since is None or version is None or version >= since
     ]
     return tuple(out)
 
 
+def sentinel_needs(service: str) -> tuple[Need, ...]:
+    """What tenure sends the Sentinels of a node whose service is ``service``."""
+    return tuple(Need(c, (service,), "direct", None, s) for c, s in _SENTINEL_COMMANDS)
+
+
 def least_privilege_acl(
-    user: str = "tenure", password: str = "PASSWORD", prefix: str = DEFAULT_KEY_PREFIX
+    user: str = "tenure",
+    password: str = "PASSWORD",
+    prefix: str = DEFAULT_KEY_PREFIX,
+    kind: str = "plain",
+    version: tuple[int, ...] | None = None,
 ) -> str:
-    """The ``ACL SETUSER`` line that grants exactly what tenure needs on a lock node, for
-    clients whose key prefix is ``prefix``.
+    """The ``ACL SETUSER`` line that grants exactly what tenure needs on a lock node of
+    ``kind`` (:data:`NODE_KINDS`: ``"plain"``, ``"sentinel"`` for the master of a
+    Sentinel-managed node, ``"cluster"`` for every member of a Redis Cluster node), for
+    clients whose key prefix is ``prefix``; for a server of ``version``, without what
+    such a server is not sent (an older server refuses a rule naming a command it lacks).
 
     ``resetchannels`` is explicit because Redis 6.2's ``reset`` leaves the user every
     channel (``acl-pubsub-default allchannels``), after which a channel pattern is an error.
     """
-    commands = " ".join(f"+{n.command.lower()}" for n in needs(prefix))
+    commands = " ".join(f"+{n.name.lower()}" for n in needs(prefix, kind, version))
     return (
         f"ACL SETUSER {user} reset on >{password} resetchannels ~{key_pattern(prefix)} "
         f"&{channel_pattern(prefix)} {commands}"
     )
+
+
+def sentinel_acl(user: str = "tenure", password: str = "PASSWORD") -> str:
+    """The ``ACL SETUSER`` line for the Sentinels of a Sentinel-managed node (when they
+    ask for a login at all): asking for the master by service name, nothing else."""
+    commands = " ".join(f"+{n.name.lower()}" for n in sentinel_needs("SERVICE"))
+    return f"ACL SETUSER {user} reset on >{password} {commands}"
 
 
 # --- judging answers (pure) ---------------------------------------------------------------
@@ -295,6 +382,9 @@ def permitted_by_rules(
         None if permitted, else why not, in the words :func:`denial` recognises.
     """
     name = need.command.lower()
+    # A rule ``+cmd|first`` grants the command with that subcommand (or, on 6.2 and for
+    # a command without subcommands, that first argument: ``+info|replication``).
+    first = need.call[1].lower() if len(need.call) > 1 else None
     cats = {c.lower().lstrip("@") for c in categories}
     allowed = False
     for word in commands.split():
@@ -302,11 +392,17 @@ def permitted_by_rules(
         sign, body = rule[:1], rule[1:].lower()
         if sign not in "+-" or not body:
             continue
-        if body == "@all" or (body.startswith("@") and body[1:] in cats) or body == name:
+        if (
+            body == "@all"
+            or (body.startswith("@") and body[1:] in cats)
+            or body == name
+            or (first is not None and body == f"{name}|{first}")
+        ):
             allowed = sign == "+"
     if not allowed:
-        return f"no permissions to run the '{name}' command (its rules: {commands})"
-    if name in ("publish", "subscribe"):
+        shown = need.name.lower()
+        return f"no permissions to run the '{shown}' command (its rules: {commands})"
+    if name in _CHANNEL_COMMANDS:
         channel = need.args[0]
         if channels is not None and not any(glob_match(p, channel) for p in channels):
             return f"no permissions to access the '{channel}' channel"
@@ -316,6 +412,10 @@ def permitted_by_rules(
             if arg.endswith(_PROBE_KEY_ENDS) and not any(glob_match(p, arg) for p in keys):
                 return f"no permissions to access the '{arg}' key"
     return None
+
+
+# The commands whose argument is a channel (checked against the channel patterns).
+_CHANNEL_COMMANDS = frozenset({"publish", "subscribe", "spublish", "ssubscribe"})
 
 
 def glob_match(pattern: str, text: str) -> bool:

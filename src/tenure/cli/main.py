@@ -168,9 +168,11 @@ def _add_nodes_option(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         action="append",
         help=(
-            "a lock node (redis://host:port[/db], rediss://..., unix:///path); repeat for "
-            "each node (3 or more independent masters: Redlock). Default: $TENURE_REDIS, "
-            "URLs separated by commas or spaces"
+            "a lock node (redis://host:port[/db], rediss://..., unix:///path, "
+            "redis+sentinel://host:port[,host:port...]/service[/db], "
+            "redis+cluster://host:port[,host:port...]); repeat for each node (3 or more "
+            "independent masters: Redlock). Default: $TENURE_REDIS, URLs separated by "
+            "spaces (or commas between URLs)"
         ),
     )
 
@@ -265,8 +267,11 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
             "One line per node: held (with the first 8 characters of the holder's token) or "
             "free, the lock key's PTTL, the node's floor (the highest fencing token it "
             "granted; - if the node is blank), the warm-up left after a data loss (- if "
-            "none), or unreachable. Exit 0 if a "
-            "majority of nodes answered, else 69."
+            "none), the replication ID the floor was written under, or unreachable. A "
+            "Sentinel-managed node is read on the master its Sentinels name now, a Cluster "
+            "node on the master of the lock's slot (each line names it); with a Cluster "
+            "node listed, every node's floor is the lock's slot's, as the clients keep it. "
+            "Exit 0 if a majority of nodes answered, else 69."
         ),
     )
     p.add_argument("name", metavar="NAME", help="the lock's name")
@@ -295,7 +300,12 @@ def _add_check(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description=(
             "Read every node's persistence, eviction policy, role, replication IDs, uptime, "
             "version and ACL permissions, and say per node what threatens the lock's "
-            "safety: one row per node and check (OK, WARN or UNSAFE) and a summary line."
+            "safety: one row per node and check (OK, WARN or UNSAFE) and a summary line. "
+            "A Sentinel-managed node is checked on the master its Sentinels name (plus "
+            "min-replicas-to-write/-max-lag) and its replicas; a Cluster node on every "
+            "master and replica of its slot map, plus whether every slot has a master. "
+            "The ACL check covers what each kind of node is sent (ROLE; ASKING, CLUSTER "
+            "SLOTS)."
         ),
         epilog=CHECK_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -46,15 +46,18 @@ from .._core.config import (
     NodeAddress,
     check_key_prefix,
     check_one_server,
+    host_port,
     node_keys,
     parse_node_url,
 )
 from .._core.quorum import majority
+from .._core.slots import slot_tag
 from .._driver import acl as _acl
 from .._driver.redis_compat import connection_kwargs
 from .._errors import ConfigurationError
 from .._lua import script
 from ._text import one_line
+from ._topology import cluster_map, sentinel_master, server_at
 from .node_rules import (
     CONFIG_KEYS,
     DEFAULT_MAX_TTL,
@@ -65,6 +68,7 @@ from .node_rules import (
     Finding,
     Level,
     NodeFacts,
+    check_slots,
     evaluate,
     exit_code,
     parse_version,
@@ -104,13 +108,29 @@ def gather(
     timeout: float,
     acl_user: str | None = None,
     key_prefix: str = DEFAULT_KEY_PREFIX,
+    *,
+    name: str | None = None,
+    kind: str = "plain",
+    tag: str = "check",
+    replica: bool = False,
+    listed: str | None = None,
 ) -> NodeFacts:
-    """Read one node (two pipelined rounds); never raises for the node's own failures.
+    """Read one server (two pipelined rounds); never raises for the server's own failures.
 
     ``acl_user``: whose permissions to check (default: the user this login is).
     ``key_prefix``: the clients' key prefix; the keys and channels asked about are under it.
+    ``name``: the row's name (default: the server's URL without credentials). ``kind``,
+    ``tag``, ``replica``, ``listed``: as :class:`NodeFacts` has them, for a server of a
+    Sentinel-managed or Cluster node.
     """
-    facts = NodeFacts(node=address.display, key_prefix=key_prefix)
+    facts = NodeFacts(
+        node=name or address.display,
+        key_prefix=key_prefix,
+        kind=kind,
+        tag=tag,
+        replica=replica,
+        listed=listed,
+    )
     options = connection_kwargs(timeout, asyncio=False, unix=address.scheme == "unix")
     options["socket_timeout"] = timeout
     client = redis.Redis.from_url(address.url, decode_responses=True, **options)
@@ -145,9 +165,22 @@ def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
         # Whether tenure's scripts can run here at all: a script that does nothing but
         # declare a lock key and the node's floor, in two hash slots as every lock
         # script does (cluster mode refuses that; a server without Lua, EVAL).
+        # On a Cluster member both are in a slot it serves, as the lock's keys and the
+        # slot's floor are (a replica is not asked: it would redirect to its master).
         prefix = facts.key_prefix
-        pipe.eval("return 1", 2, _acl.probe_keys(prefix)[0], node_keys(prefix)[0])
+        floor = (
+            f"{prefix}{{{facts.tag}}}:floor" if facts.kind == "cluster" else node_keys(prefix)[0]
+        )
+        if not facts.replica:
+            pipe.eval("return 1", 2, _acl.probe_keys(prefix, facts.tag)[0], floor)
+        cluster_master = facts.kind == "cluster" and not facts.replica
+        if cluster_master:
+            pipe.execute_command("CLUSTER", "INFO")  # type: ignore[no-untyped-call]
         replies = pipe.execute(raise_on_error=False)
+    if facts.replica:
+        replies.append(None)
+    if cluster_master:
+        facts.cluster_state = _cluster_state(replies.pop())
     info, *configs, whoami, scripts = replies
     if isinstance(info, redis.AuthenticationError):
         raise info  # NOAUTH: a password is required
@@ -164,7 +197,20 @@ def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
     facts.config = config if config or facts.config_error is None else None
     if not isinstance(whoami, Exception) and whoami:
         facts.user = str(whoami)
-    facts.scripts = _script_error(scripts) if isinstance(scripts, Exception) else "OK"
+    if scripts is not None:
+        facts.scripts = _script_error(scripts) if isinstance(scripts, Exception) else "OK"
+
+
+def _cluster_state(reply: object) -> str:
+    """``cluster_state`` from ``CLUSTER INFO`` (parsed by redis-py or not): ``ok``,
+    ``fail``, or why it is unknown."""
+    if isinstance(reply, Exception):
+        return _refusal(reply, "CLUSTER INFO")
+    if isinstance(reply, str):
+        reply = dict(line.partition(":")[::2] for line in reply.splitlines())
+    if isinstance(reply, dict):
+        return str(reply.get("cluster_state", "?")).strip()
+    return "?"
 
 
 def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) -> None:
@@ -172,13 +218,14 @@ def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) ->
     GETUSER`` (6.2), else, where the user may use neither, try every command for real
     (only possible for the user this login is, not for ``acl_user``)."""
     info = facts.info or {}
-    if info.get("role") in ("slave", "replica"):
+    if info.get("role") in ("slave", "replica") and not facts.replica:
         return  # not probed (the probe writes); the role check already says UNSAFE
     if acl_user is not None:
         facts.user = acl_user
     user = facts.user or "default"
-    needs = _acl.needs(facts.key_prefix)
-    if parse_version(info.get("redis_version", "0")) >= (7,):
+    version = parse_version(info.get("redis_version", "0"))
+    needs = _acl.needs(facts.key_prefix, facts.kind, version, facts.tag)
+    if version >= (7,):
         answers = _dry_run(client, user, needs)
         method = "ACL DRYRUN"
     else:
@@ -190,8 +237,15 @@ def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) ->
             f"{acl_user!r} and leave --acl-user out)"
         )
         return
+    if answers is None and facts.replica:
+        # A replica is not probed (the probe writes): say what could not be asked.
+        facts.access_error = (
+            f"this login may not run {method}, and a replica is not probed (the probe "
+            "writes); check it with an admin login and --acl-user"
+        )
+        return
     if answers is None:
-        answers = _probe(client, needs, facts.key_prefix)
+        answers = _probe(client, needs, facts.key_prefix, facts.tag)
         method = "probe"
     facts.access = answers
     facts.access_method = method
@@ -205,7 +259,7 @@ def _dry_run(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _Ans
         replies = pipe.execute(raise_on_error=False)
     if all(isinstance(r, Exception) for r in replies):
         return None  # DRYRUN not permitted to this user: try another way
-    return {need.command: _answer(reply) for need, reply in zip(needs, replies, strict=True)}
+    return {need.name: _answer(reply) for need, reply in zip(needs, replies, strict=True)}
 
 
 def _get_user(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _Answers | None:
@@ -213,7 +267,8 @@ def _get_user(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _An
     (``COMMAND INFO``), evaluated; None if either is refused or unreadable."""
     with client.pipeline(transaction=False) as pipe:
         pipe.execute_command("ACL", "GETUSER", user)  # type: ignore[no-untyped-call]
-        pipe.execute_command("COMMAND", "INFO", *(n.command for n in needs))  # type: ignore[no-untyped-call]
+        asked = dict.fromkeys(n.command for n in needs)
+        pipe.execute_command("COMMAND", "INFO", *asked)  # type: ignore[no-untyped-call]
         try:
             described, commands = pipe.execute(raise_on_error=False)
         except TypeError:
@@ -234,21 +289,23 @@ def _get_user(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _An
         categories = _categories(commands, need.command)
         if categories is None:
             return None
-        answers[need.command] = _acl.permitted_by_rules(need, rule_text, categories, keys, channels)
+        answers[need.name] = _acl.permitted_by_rules(need, rule_text, categories, keys, channels)
     return answers
 
 
-def _probe(client: redis.Redis, needs: Sequence[_acl.Need], prefix: str) -> _Answers:
+def _probe(client: redis.Redis, needs: Sequence[_acl.Need], prefix: str, tag: str) -> _Answers:
     """Run every command for real, harmlessly: the scripts' commands inside one probe
     script (so a refusal there is what a lock script would meet), the others directly,
-    ``SUBSCRIBE`` on a connection of its own."""
+    each ``SUBSCRIBE`` (``SSUBSCRIBE``) on a connection of its own."""
     scripted = [n for n in needs if n.where == "scripts"]
     argv: list[str] = []
     for need in scripted:
         argv += [str(len(need.call)), *need.call]
-    direct = [n for n in needs if n.where != "scripts" and n.command not in ("EVAL", "SUBSCRIBE")]
+    # Subscribing turns a connection into a subscriber's: each on a connection of its own.
+    listen = [n for n in needs if n.where != "scripts" and n.command.endswith("SUBSCRIBE")]
+    direct = [n for n in needs if n.where != "scripts" and n.command != "EVAL" and n not in listen]
     with client.pipeline(transaction=False) as pipe:
-        key, queue, channel = _acl.probe_keys(prefix)
+        key, queue, _ = _acl.probe_keys(prefix, tag)
         pipe.eval(_PROBE_SCRIPT, 2, key, queue, *argv)
         for need in direct:
             pipe.execute_command(*need.call)  # type: ignore[no-untyped-call]
@@ -257,24 +314,25 @@ def _probe(client: redis.Redis, needs: Sequence[_acl.Need], prefix: str) -> _Ans
     if isinstance(script_reply, Exception):
         answers["EVAL"] = one_line(script_reply)
         for need in scripted:
-            answers[need.command] = "the probe script could not run"
+            answers[need.name] = "the probe script could not run"
     elif isinstance(script_reply, list) and len(script_reply) == len(scripted):
         answers["EVAL"] = None
         for need, reply in zip(scripted, script_reply, strict=True):
-            answers[need.command] = None if reply == "OK" else str(reply)
+            answers[need.name] = None if reply == "OK" else str(reply)
     else:
         answers["EVAL"] = f"unexpected reply to the probe script: {script_reply!r}"
     for need, reply in zip(direct, direct_replies, strict=True):
-        answers[need.command] = one_line(reply) if isinstance(reply, Exception) else None
-    answers["SUBSCRIBE"] = _probe_subscribe(client, channel)
+        answers[need.name] = one_line(reply) if isinstance(reply, Exception) else None
+    for need in listen:
+        answers[need.name] = _probe_subscribe(client, need.call)
     return answers
 
 
-def _probe_subscribe(client: redis.Redis, channel: str) -> str | None:
+def _probe_subscribe(client: redis.Redis, call: Sequence[str]) -> str | None:
     conn = client.connection_pool.make_connection()
     try:
         conn.connect()  # type: ignore[no-untyped-call]
-        conn.send_command("SUBSCRIBE", channel)  # type: ignore[no-untyped-call]
+        conn.send_command(*call)  # type: ignore[no-untyped-call]
         conn.read_response()
         return None
     except redis.ResponseError as exc:
@@ -390,8 +448,17 @@ def check(
     ]
     prefix = check_key_prefix(key_prefix, "--key-prefix")
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
-        facts = list(pool.map(lambda a: gather(a, node_timeout, acl_user, prefix), addresses))
+        read = list(pool.map(lambda a: _gather_node(a, node_timeout, acl_user, prefix), addresses))
+    facts = [f for node_facts, _ in read for f in node_facts]
     findings = evaluate(facts, max_ttl)
+    # The rows about a listed node as a whole (a Cluster node's slots) after its servers'.
+    for _, whole in read:
+        if whole is not None:
+            last = max(
+                (i for i, f in enumerate(findings) if f.node.startswith(whole.node)),
+                default=len(findings) - 1,
+            )
+            findings.insert(last + 1, whole)
     code = exit_code(facts, findings)
     if as_json:
         json.dump([f.as_dict() for f in findings], stdout, indent=2)
@@ -401,14 +468,119 @@ def check(
         print(_summary(facts, findings, code), file=stdout)
     stdout.flush()
     if code == EXIT_UNAVAILABLE:
-        answered = sum(1 for f in facts if f.error is None)
+        down = {f.listed or f.node for f in facts if f.error is not None and not f.replica}
+        answered = len(addresses) - len(down)
         print(
-            f"tenure check: only {answered} of {len(facts)} nodes answered; "
-            f"a majority is {majority(len(facts))}",
+            f"tenure check: only {answered} of {len(addresses)} nodes answered; "
+            f"a majority is {majority(len(addresses))}",
             file=stderr,
             flush=True,
         )
     return code
+
+
+def _gather_node(
+    address: NodeAddress, timeout: float, acl_user: str | None, prefix: str
+) -> tuple[list[NodeFacts], Finding | None]:
+    """Every server a listed node stands for, read; and the finding about the node as a
+    whole, if it has one (a Cluster node's slots).
+
+    A Sentinel-managed node is the master its Sentinels name now, and that master's
+    replicas (what a failover promotes); a Cluster node is every master and replica of its
+    slot map. Each row names the node as listed and the server.
+    """
+    shown = address.display
+    if address.sentinel is not None:
+        try:
+            master = sentinel_master(address, timeout)
+        except LookupError as exc:
+            return [NodeFacts(node=shown, error=str(exc), key_prefix=prefix)], None
+        facts = gather(
+            master.address,
+            timeout,
+            acl_user,
+            prefix,
+            name=f"{shown} (master {master.where})",
+            kind="sentinel",
+            listed=shown,
+        )
+        replicas = _replicas_of(facts)
+        return [facts, *_each(address, replicas, timeout, acl_user, prefix, "sentinel")], None
+    if address.seeds:
+        try:
+            slot_map = cluster_map(address, timeout)
+        except LookupError as exc:
+            return [NodeFacts(node=shown, error=str(exc), key_prefix=prefix)], None
+        masters = slot_map.masters()
+        first_slot = {}
+        for slot, owner in enumerate(slot_map.owners):
+            if owner is not None and owner not in first_slot:
+                first_slot[owner] = slot
+        read = [
+            gather(
+                address.member(*m),
+                timeout,
+                acl_user,
+                prefix,
+                name=f"{shown} (master {host_port(*m)})",
+                kind="cluster",
+                tag=slot_tag(first_slot[m]),
+                listed=shown,
+            )
+            for m in masters
+        ]
+        others = [m for m in slot_map.members if m not in first_slot]
+        read += _each(address, others, timeout, acl_user, prefix, "cluster")
+        unserved = sum(1 for owner in slot_map.owners if owner is None)
+        states = [f.cluster_state or "?" for f in read if not f.replica]
+        return read, check_slots(shown, unserved, len(masters), states)
+    return [gather(address, timeout, acl_user, prefix)], None
+
+
+def _replicas_of(master: NodeFacts) -> list[tuple[str, int]]:
+    """The replicas a master's ``INFO replication`` lists (``slave0:ip=...,port=...``)."""
+    info = master.info or {}
+    found = []
+    for i in range(_int(info.get("connected_slaves"))):
+        fields = dict(p.partition("=")[::2] for p in info.get(f"slave{i}", "").split(","))
+        if fields.get("ip") and fields.get("port", "").isdigit():
+            found.append((fields["ip"], int(fields["port"])))
+    return found
+
+
+def _int(text: str | None) -> int:
+    return int(text) if text is not None and text.isdigit() else 0
+
+
+def _each(
+    address: NodeAddress,
+    replicas: Sequence[tuple[str, int]],
+    timeout: float,
+    acl_user: str | None,
+    prefix: str,
+    kind: str,
+) -> list[NodeFacts]:
+    """The replicas of a Sentinel-managed or Cluster node, read in parallel, as servers
+    with the node's credentials."""
+    if not replicas:
+        return []
+    shown = address.display
+
+    def one(where: tuple[str, int]) -> NodeFacts:
+        server = server_at(address, *where)
+        return gather(
+            server,
+            timeout,
+            acl_user,
+            prefix,
+            name=f"{shown} (replica {host_port(*where)})",
+            kind=kind,
+            replica=True,
+            listed=shown,
+        )
+
+    with ThreadPoolExecutor(max_workers=len(replicas)) as pool:
+        return list(pool.map(one, replicas))
 
 
 def _print_table(findings: Sequence[Finding], out: TextIO) -> None:
@@ -428,7 +600,9 @@ def _summary(facts: Sequence[NodeFacts], findings: Sequence[Finding], code: int)
         EXIT_UNSAFE: "UNSAFE",
         EXIT_UNAVAILABLE: "a majority of the nodes is unreachable",
     }[code]
+    listed = len({f.listed or f"{i}" for i, f in enumerate(facts)})
+    servers = f" ({len(facts)} servers)" if listed != len(facts) else ""
     return (
-        f"tenure check: {len(facts)} node(s), {counts[Level.OK]} OK, "
+        f"tenure check: {listed} node(s){servers}, {counts[Level.OK]} OK, "
         f"{counts[Level.WARN]} WARN, {counts[Level.UNSAFE]} UNSAFE: {verdict} (exit {code})"
     )

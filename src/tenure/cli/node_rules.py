@@ -35,8 +35,23 @@ The checks
     shows it for ``volatile-ttl``, ``volatile-lru`` and ``allkeys-lru``); WARN while
     ``maxmemory`` is 0, since nothing is evicted until a limit is set.
 ``role``
-    A replica: UNSAFE. A master with replicas, or a Redis Cluster node: WARN (failover to
-    an async replica can lose grants). A master alone: OK.
+    A replica: UNSAFE. A master with replicas, or a Redis Cluster node listed as a plain
+    one: WARN (failover to an async replica can lose grants). A master alone: OK. A
+    server of a Sentinel-managed or Cluster node (``NodeFacts.listed``): its master with
+    replicas WARN (a failover is a data loss the node detects and sits out), without OK;
+    its replica OK while its link is up (it is what a failover promotes), else WARN.
+``min-replicas``
+    A Sentinel master only: ``min-replicas-to-write`` and ``min-replicas-max-lag`` ``L``
+    both at least 1, ``L`` below ``--max-ttl``: OK, saying that leases must be at most
+    ``max_ttl - L`` (an isolated old master stops granting within ``L``, and the new
+    master's warm-up outlasts those grants); either 0: WARN (two masters grant after a
+    failover unless the clients use ``wait_replicas``); ``L`` >= ``--max-ttl``: WARN (no
+    TTL fits); fewer replicas connected than required: WARN (no writes now); unreadable:
+    WARN.
+``slots``
+    A Cluster node as a whole (:func:`check_slots`): every slot has a master and every
+    master says ``cluster_state:ok``: OK; otherwise UNSAFE (those slots' locks get no
+    vote from the node).
 ``independent``
     Two entries with the same ``run_id`` (the same server listed twice) or the same
     ``master_replid`` (one replication set): UNSAFE, their votes are not independent.
@@ -58,7 +73,8 @@ The checks
 ``acl``
     Whether the user may send everything tenure sends (:mod:`tenure._driver.acl`: the commands
     of the lock scripts, read from their Lua source, and the drivers' ``EVAL``,
-    ``EXISTS``, ``SUBSCRIBE``, ``WAIT``) on keys ``tenure:*`` and channels
+    ``EXISTS``, ``SUBSCRIBE``, ``WAIT``, and what the node's kind adds:
+    ``tenure._driver.acl.NODE_KINDS``) on keys ``tenure:*`` and channels
     ``tenure:wake:*`` (with ``--key-prefix``, that prefix in place of ``tenure:``).
     Asked with ``ACL DRYRUN`` on Redis >= 7 (and Valkey), with ``ACL GETUSER`` +
     ``COMMAND INFO`` on 6.2, or, where the user may not use those, by running
@@ -66,6 +82,11 @@ The checks
     line that grants it; only ``WAIT`` refused: WARN (sent only with ``wait_replicas``).
 ``reachable``
     Unreachable, or the login failed: UNSAFE, and nothing else is checked on that node.
+    For a Sentinel-managed node, no master named by its Sentinels; for a Cluster node, no
+    slot map.
+
+The replicas of a Sentinel-managed or Cluster node (``NodeFacts.replica``) get
+``server``, ``role``, ``persistence``, ``eviction`` and ``acl`` (never probed).
 
 Commands that are not permitted degrade one check to WARN ("cannot read persistence
 settings (CONFIG not permitted)") instead of failing the run; ``INFO memory`` stands in
@@ -80,6 +101,7 @@ from dataclasses import dataclass
 
 from .._core.config import DEFAULT_KEY_PREFIX
 from .._core.quorum import majority
+from .._core.slots import SLOTS
 from .._driver import acl as _acl
 
 __all__ = [
@@ -96,9 +118,11 @@ __all__ = [
     "check_access",
     "check_eviction",
     "check_independence",
+    "check_min_replicas",
     "check_persistence",
     "check_role",
     "check_server",
+    "check_slots",
     "check_uptime",
     "evaluate",
     "exit_code",
@@ -123,6 +147,8 @@ CONFIG_KEYS = (
     "maxmemory-policy",
     "maxmemory",
     "replica-read-only",
+    "min-replicas-to-write",
+    "min-replicas-max-lag",
 )
 
 _DATA_LOSS_NOTE = (
@@ -186,6 +212,19 @@ class NodeFacts:
             text, or ``None`` if not tried.
         key_prefix: the clients' key prefix: the ACL is judged for keys and channels
             under it.
+        kind: what the server is to the lock (``tenure._driver.acl.NODE_KINDS``):
+            ``"plain"`` (listed as it is), ``"sentinel"`` (the master, or a replica, of a
+            Sentinel-managed node) or ``"cluster"`` (a member of a Redis Cluster node);
+            what its ACL must allow depends on it.
+        tag: the hash tag of the keys asked about (``tenure._driver.acl.probe_keys``): on
+            a Cluster member, one of the slots it serves.
+        replica: a replica of a Sentinel-managed or Cluster node: what a failover
+            promotes, checked as a future master (not the ``uptime`` and
+            ``independent`` checks, and no probe, which writes).
+        listed: the node as listed (its URL without credentials) when this server is
+            one of a Sentinel-managed or Cluster node's; ``None`` for a plain node.
+        cluster_state: a Cluster master's ``cluster_state`` (``CLUSTER INFO``): ``ok``,
+            ``fail``, or why it could not be read.
     """
 
     node: str
@@ -200,6 +239,11 @@ class NodeFacts:
     access_error: str | None = None
     scripts: str | None = None
     key_prefix: str = DEFAULT_KEY_PREFIX
+    kind: str = "plain"
+    tag: str = "check"
+    replica: bool = False
+    listed: str | None = None
+    cluster_state: str | None = None
 
 
 def evaluate(nodes: Sequence[NodeFacts], max_ttl: float = DEFAULT_MAX_TTL) -> list[Finding]:
@@ -210,13 +254,12 @@ def evaluate(nodes: Sequence[NodeFacts], max_ttl: float = DEFAULT_MAX_TTL) -> li
         if facts.error is not None:
             findings.append(Finding(facts.node, "reachable", Level.UNSAFE, facts.error))
             continue
-        findings += [
-            check_server(facts),
-            check_role(facts),
-            check_persistence(facts),
-            check_eviction(facts),
-            check_uptime(facts, max_ttl),
-        ]
+        findings += [check_server(facts), check_role(facts)]
+        if facts.kind == "sentinel" and not facts.replica:
+            findings.append(check_min_replicas(facts, max_ttl))
+        findings += [check_persistence(facts), check_eviction(facts)]
+        if not facts.replica:
+            findings.append(check_uptime(facts, max_ttl))
         if independent is not None:
             findings.append(independent)
         findings += check_access(facts)
@@ -224,9 +267,13 @@ def evaluate(nodes: Sequence[NodeFacts], max_ttl: float = DEFAULT_MAX_TTL) -> li
 
 
 def exit_code(nodes: Sequence[NodeFacts], findings: Iterable[Finding]) -> int:
-    """69 if fewer than a majority answered, else 3 (UNSAFE), 1 (WARN) or 0."""
-    answered = sum(1 for f in nodes if f.error is None)
-    if nodes and answered < majority(len(nodes)):
+    """69 if fewer than a majority of the listed nodes answered, else 3 (UNSAFE), 1 (WARN)
+    or 0. A Sentinel-managed or Cluster node answered when a master of it did."""
+    answered: dict[str, bool] = {}
+    for f in nodes:
+        key = f.listed if f.listed is not None else f"{id(f)}"
+        answered[key] = answered.get(key, False) or (f.error is None and not f.replica)
+    if answered and sum(answered.values()) < majority(len(answered)):
         return EXIT_UNAVAILABLE
     worst = max((f.level.rank for f in findings), default=0)
     return {0: EXIT_OK, 1: EXIT_WARN, 2: EXIT_UNSAFE}[worst]
@@ -340,6 +387,8 @@ def check_role(facts: NodeFacts) -> Finding:
     if info is None:
         return _cannot(facts, "role", "role", facts.info_error, "INFO")
     role = info.get("role")
+    if facts.listed is not None:
+        return _managed_role(facts, info)
     if role in ("slave", "replica"):
         master = f"{info.get('master_host', '?')}:{info.get('master_port', '?')}"
         link = info.get("master_link_status", "?")
@@ -381,6 +430,164 @@ def check_role(facts: NodeFacts) -> Finding:
             "failover",
         )
     return Finding(facts.node, "role", Level.OK, "master, no replicas")
+
+
+_FAILOVER_IS_A_LOSS = (
+    "a failover promotes an async replica that may lack the last grants: the new master "
+    "sees its replication history changed and sits out max_ttl (docs/fencing.md), which "
+    "is safe while fewer than a majority of the nodes lose their data, a failover "
+    "counted as a loss, within max_ttl"
+)
+
+
+def _managed_role(facts: NodeFacts, info: dict[str, str]) -> Finding:
+    """The role of a server of a Sentinel-managed or Cluster node: its master is expected
+    to have replicas (a failover needs one), and a replica is what a failover promotes."""
+    role = info.get("role")
+    what = "Redis Cluster" if facts.kind == "cluster" else "Sentinel-managed"
+    if facts.replica:
+        if role not in ("slave", "replica"):
+            return Finding(
+                facts.node,
+                "role",
+                Level.WARN,
+                f"listed as a replica but INFO says role {role!r}: a failover under way? "
+                "run tenure check again",
+            )
+        master = f"{info.get('master_host', '?')}:{info.get('master_port', '?')}"
+        link = info.get("master_link_status", "?")
+        level = Level.OK if link == "up" else Level.WARN
+        behind = "" if link == "up" else ": promoted now, it would lack what it missed"
+        return Finding(
+            facts.node,
+            "role",
+            level,
+            f"replica of {master} (link {link}){behind}; checked as the master a failover "
+            "may make it",
+        )
+    if role != "master":
+        # The Sentinels (the slot map) named it master, and it says otherwise.
+        return Finding(
+            facts.node,
+            "role",
+            Level.WARN,
+            f"named master of the {what} node but INFO says role {role!r}: a failover "
+            "under way? run tenure check again",
+        )
+    replicas = _int(info.get("connected_slaves"), 0)
+    if replicas == 0:
+        return Finding(
+            facts.node,
+            "role",
+            Level.OK,
+            f"master of the {what} node, no replicas: nothing to fail over to",
+        )
+    return Finding(
+        facts.node,
+        "role",
+        Level.WARN,
+        f"master of the {what} node with {replicas} connected replica(s): {_FAILOVER_IS_A_LOSS}",
+    )
+
+
+def check_min_replicas(facts: NodeFacts, max_ttl: float = DEFAULT_MAX_TTL) -> Finding:
+    """Whether the master of a Sentinel-managed node stops granting when cut off from its
+    replicas (``min-replicas-to-write``, ``min-replicas-max-lag``): after a failover, an
+    old master that still reaches some clients grants beside the new one, and the new
+    one's ``max_ttl`` warm-up covers the old one's grants only if ``max_ttl`` is at least
+    the longest TTL plus the lag (docs/cluster-and-sentinel.md, "An old master that keeps
+    granting")."""
+    config = facts.config or {}
+    info = facts.info or {}
+    need, lag = config.get("min-replicas-to-write"), config.get("min-replicas-max-lag")
+    if need is None or lag is None:
+        reason = facts.config_error or "CONFIG GET min-replicas-* answered nothing"
+        return Finding(
+            facts.node,
+            "min-replicas",
+            Level.WARN,
+            f"cannot read min-replicas-to-write / min-replicas-max-lag ({reason}): unless "
+            "they are set, an old master cut off from its Sentinels keeps granting after "
+            "the failover; use wait_replicas >= 1 in the clients, or ask the provider",
+        )
+    wanted, max_lag = _int(need, 0), _int(lag, 0)
+    if wanted < 1 or max_lag < 1:
+        setting = (
+            f"min-replicas-to-write {wanted}" if wanted < 1 else f"min-replicas-max-lag {max_lag}"
+        )
+        return Finding(
+            facts.node,
+            "min-replicas",
+            Level.WARN,
+            f"{setting}: a master cut off from its Sentinels and replicas but still "
+            "reached by some clients keeps granting after the Sentinels promote a "
+            "replica, so two masters grant the same lock; safe only if the clients use "
+            "wait_replicas >= 1 (an isolated master's grants are never acknowledged). "
+            "Set min-replicas-to-write 1 and min-replicas-max-lag L, with the clients' "
+            "max_ttl at least their longest TTL plus L (docs/cluster-and-sentinel.md)",
+        )
+    if max_lag >= max_ttl:
+        return Finding(
+            facts.node,
+            "min-replicas",
+            Level.WARN,
+            f"min-replicas-max-lag {max_lag} is not below max_ttl {max_ttl:g} s: an old "
+            f"master cut off from its replicas grants for up to {max_lag} s more, and the "
+            "new master's max_ttl warm-up outlasts those leases only if max_ttl is at "
+            "least the longest TTL plus the lag: no TTL fits. Lower the lag, raise "
+            "max_ttl (and --max-ttl), or use wait_replicas >= 1",
+        )
+    connected = _int(info.get("connected_slaves"), -1)
+    if 0 <= connected < wanted:
+        return Finding(
+            facts.node,
+            "min-replicas",
+            Level.WARN,
+            f"min-replicas-to-write {wanted} but {connected} replica(s) connected: the "
+            "master refuses every write now, so this node grants nothing until a replica "
+            "is back (a risk to liveness, not to safety)",
+        )
+    return Finding(
+        facts.node,
+        "min-replicas",
+        Level.OK,
+        f"min-replicas-to-write {wanted}, min-replicas-max-lag {max_lag}: a master cut off "
+        f"from its replicas stops granting within {max_lag} s; safe with leases of at "
+        f"most max_ttl - {max_lag} s ({max_ttl - max_lag:g} s with max_ttl {max_ttl:g} s), "
+        "whose last one from the old master the new master's warm-up outlasts",
+    )
+
+
+def check_slots(node: str, unserved: int, masters: int, states: Sequence[str]) -> Finding:
+    """Whether every slot of a Cluster node has a master: ``unserved`` slots without one
+    in its slot map, ``masters`` serving the rest, ``states`` each master's
+    ``cluster_state`` (``ok``/``fail``; ``?`` unread)."""
+    failing = sum(1 for s in states if s == "fail")
+    if unserved:
+        return Finding(
+            node,
+            "slots",
+            Level.UNSAFE,
+            f"{unserved} of {SLOTS} slots have no master in the slot map: the locks of "
+            "those slots get no vote from this node (it is unreachable for them) until "
+            "a master serves them",
+        )
+    if failing:
+        return Finding(
+            node,
+            "slots",
+            Level.UNSAFE,
+            f"every slot has a master, but {failing} of {masters} master(s) say "
+            "cluster_state:fail: they answer CLUSTERDOWN, and their slots get no vote",
+        )
+    unread = [s for s in states if s != "ok"]
+    note = f" (cluster_state not read on {len(unread)}: {unread[0]})" if unread else ""
+    return Finding(
+        node,
+        "slots",
+        Level.OK,
+        f"all {SLOTS} slots served by {masters} master(s), cluster_state ok{note}",
+    )
 
 
 def check_persistence(facts: NodeFacts) -> Finding:
@@ -532,7 +739,7 @@ def check_independence(nodes: Sequence[NodeFacts]) -> list[Finding]:
 
 def _independence(nodes: Sequence[NodeFacts]) -> list[Finding | None]:
     """One finding per node (``None``: not checkable or alone), in the order of ``nodes``."""
-    readable = [f for f in nodes if f.error is None and f.info is not None]
+    readable = [f for f in nodes if f.error is None and f.info is not None and not f.replica]
     by_run: dict[str, list[NodeFacts]] = {}
     by_set: dict[str, list[NodeFacts]] = {}
     for facts in readable:
@@ -543,7 +750,7 @@ def _independence(nodes: Sequence[NodeFacts]) -> list[Finding | None]:
             by_set.setdefault(replid, []).append(facts)
     findings: list[Finding | None] = []
     for facts in nodes:
-        if facts.error is not None or facts.info is None or len(nodes) < 2:
+        if facts.error is not None or facts.info is None or len(nodes) < 2 or facts.replica:
             findings.append(None)
             continue
         info = facts.info or {}
@@ -599,7 +806,8 @@ def check_access(facts: NodeFacts) -> list[Finding]:
             )
         ]
     prefix = facts.key_prefix
-    wanted = {need.command: need for need in _acl.needs(prefix)}
+    version = parse_version((facts.info or {}).get("redis_version", "0"))
+    wanted = {n.name: n for n in _acl.needs(prefix, facts.kind, version, facts.tag)}
     method = facts.access_method or "probe"
     refused: dict[str, str] = {}  # command -> "command" | "key" | "channel"
     texts: dict[str, str] = {}
@@ -654,8 +862,8 @@ def check_access(facts: NodeFacts) -> list[Finding]:
                 f"the {method} of {', '.join(failed)} failed: {_first_line(text)}",
             )
         ]
-    direct = [n.command for n in wanted.values() if n.where != "scripts"]
-    scripted = sorted(n.command for n in wanted.values() if n.where != "direct")
+    direct = [n.name for n in wanted.values() if n.where != "scripts"]
+    scripted = sorted(n.name for n in wanted.values() if n.where != "direct")
     return [
         Finding(
             facts.node,

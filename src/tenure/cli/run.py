@@ -101,6 +101,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -177,8 +178,9 @@ _PROG = "tenure run"
 
 
 def nodes_from(urls: Sequence[str] | None, environ: Mapping[str, str] | None = None) -> list[str]:
-    """The node URLs: ``--redis`` values if any, else ``$TENURE_REDIS`` split on commas and
-    whitespace.
+    """The node URLs: ``--redis`` values if any, else ``$TENURE_REDIS`` split on
+    whitespace, and on commas followed by a URL's scheme (so that the hosts of a
+    ``redis+sentinel://`` or ``redis+cluster://`` URL stay together).
 
     Raises:
         ConfigurationError: (``--redis``) neither gives a node.
@@ -186,7 +188,14 @@ def nodes_from(urls: Sequence[str] | None, environ: Mapping[str, str] | None = N
     if urls:
         return list(urls)
     env = os.environ if environ is None else environ
-    found = env.get(ENV_NODES, "").replace(",", " ").split()
+    # A comma separates URLs only before another URL's scheme: inside a Sentinel or
+    # Cluster node's URL it separates that node's hosts.
+    found = [
+        url.strip(",")
+        for word in env.get(ENV_NODES, "").split()
+        for url in re.split(r",(?=[A-Za-z][A-Za-z0-9+.-]*://)", word)
+        if url.strip(",")
+    ]
     if not found:
         raise ConfigurationError(
             "--redis",

@@ -4,7 +4,8 @@
 
 One line per node, read in one transaction (a consistent snapshot of that node), all
 nodes in parallel; exit 0 if a majority of the nodes answered, else 69 (EX_UNAVAILABLE,
-as ``tenure run``).
+as ``tenure run``). A Sentinel-managed node is read on the master its Sentinels name now,
+a Cluster node on the master of the lock's slot; the line names that server.
 """
 
 from __future__ import annotations
@@ -19,15 +20,19 @@ import redis
 from .._core.config import (
     DEFAULT_KEY_PREFIX,
     LockKeys,
+    NodeAddress,
     check_key_prefix,
     check_one_server,
+    host_port,
     parse_node_url,
 )
-from .._core.diagnosis import for_prefix
+from .._core.diagnosis import for_prefix, slot_unserved
 from .._core.quorum import Failure, majority
+from .._core.slots import key_slot
 from .._driver.redis_compat import connection_kwargs, diagnose
 from .._errors import ConfigurationError
 from ._text import one_line
+from ._topology import cluster_map, sentinel_master, server_at
 from .run import EXIT_UNAVAILABLE
 
 __all__ = ["status"]
@@ -44,11 +49,19 @@ def status(
 ) -> int:
     """Print one line per node about lock ``name``; 0 if a majority answered, else 69.
 
-    Each line: the node, then ``held token=<first 8 chars of the holder's token>`` or
-    ``free token=-``, ``pttl=<ms>`` of the lock key, ``floor=<token>`` (the node's floor,
-    the highest fencing token it granted for any lock: the next token it grants is above
-    it; ``-``: the node is blank, never used or it lost its data), ``warm=<ms>`` (the
-    warm-up left after a data loss, or ``-``); or ``unreachable: <error>``.
+    Each line: the node (for a Sentinel-managed node, ``(master host:port)`` after it,
+    the master its Sentinels name now; for a Cluster node, ``(slot s: master
+    host:port)``, the master of the lock's slot), then ``held token=<first 8 chars of the
+    holder's token>`` or ``free token=-``, ``pttl=<ms>`` of the lock key,
+    ``floor=<token>`` (the node's floor, the highest fencing token it granted for any
+    lock: the next token it grants is above it; ``-``: the node is blank, never used or
+    it lost its data), ``warm=<ms>`` (the warm-up left after a data loss, or ``-``),
+    ``replid=<first 8 chars>`` (the replication ID the floor was written under, or
+    ``-``); or ``unreachable: <error>``.
+
+    The node keys are read where the clients keep them: when any node is a whole Redis
+    Cluster, per hash slot on every node (``<prefix>{T[s]}:floor``...), as a client
+    listing these nodes keeps them.
 
     ``key_prefix``: the prefix of the clients whose lock this is (their ``key_prefix``).
 
@@ -67,19 +80,16 @@ def status(
         for i, url in enumerate(nodes)
     ]
     prefix = check_key_prefix(key_prefix, "--key-prefix")
-    keys = LockKeys.of(name, prefix)
+    # Where the clients keep the node keys: per slot on every node when one node is a
+    # whole Redis Cluster (ClientConfig.per_slot).
+    keys = LockKeys.of(name, prefix, per_slot=any(a.seeds for a in addresses))
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
-        lines = list(
-            pool.map(
-                lambda a: _node_status(a.url, a.scheme == "unix", keys, node_timeout, prefix),
-                addresses,
-            )
-        )
-    width = max(len(a.display) for a in addresses)
+        lines = list(pool.map(lambda a: _listed_status(a, keys, node_timeout, prefix), addresses))
+    width = max(len(shown) for shown, _, _ in lines)
     answered = 0
-    for address, (ok, text) in zip(addresses, lines, strict=True):
+    for shown, ok, text in lines:
         answered += ok
-        print(f"{address.display:<{width}}  {text}", file=stdout)
+        print(f"{shown:<{width}}  {text}", file=stdout)
     stdout.flush()
     needed = majority(len(addresses))
     if answered < needed:
@@ -91,6 +101,31 @@ def status(
         )
         return EXIT_UNAVAILABLE
     return 0
+
+
+def _listed_status(
+    address: NodeAddress, keys: LockKeys, timeout: float, prefix: str
+) -> tuple[str, bool, str]:
+    """The line of one listed node: its name (and the server it stands for now), whether
+    it answered, and what it said."""
+    shown = address.display
+    server = address
+    try:
+        if address.sentinel is not None:
+            master = sentinel_master(address, timeout)
+            server, shown = master.address, f"{shown} (master {master.where})"
+        elif address.seeds:
+            slot_map = cluster_map(address, timeout)
+            slot = key_slot(keys.lock)
+            owner = slot_map.owner(slot)
+            if owner is None:
+                return shown, False, f"unreachable: {slot_unserved(slot).detail}"
+            server = server_at(address, *owner)
+            shown = f"{shown} (slot {slot}: master {host_port(*owner)})"
+    except LookupError as exc:
+        return shown, False, f"unreachable: {exc}"
+    ok, text = _node_status(server.url, server.scheme == "unix", keys, timeout, prefix)
+    return shown, ok, text
 
 
 def _node_status(
@@ -105,7 +140,8 @@ def _node_status(
             pipe.pttl(keys.lock)
             pipe.get(keys.floor)
             pipe.pttl(keys.warm)
-            holder, pttl, floor, warm = pipe.execute()
+            pipe.get(keys.replid)
+            holder, pttl, floor, warm, replid = pipe.execute()
     except Exception as exc:  # anything the node did: that line says so, the rest go on
         why = diagnose(exc)
         if why.failure is Failure.UNREACHABLE:
@@ -116,6 +152,7 @@ def _node_status(
         client.close()
     floor_text = "-" if floor is None else _text(floor)
     warm_text = f"{warm}ms" if isinstance(warm, int) and warm > 0 else "-"
+    replid_text = "-" if replid is None else _text(replid)[:8]
     if holder is None:
         state, token, pttl_text = "free", "-", "-"
     else:
@@ -123,6 +160,7 @@ def _node_status(
         pttl_text = f"{pttl}ms" if isinstance(pttl, int) and pttl >= 0 else "none"
     return True, (
         f"{state}  token={token:<8}  pttl={pttl_text:<7}  floor={floor_text}  warm={warm_text}"
+        f"  replid={replid_text}"
     )
 
 

@@ -1,0 +1,112 @@
+"""The servers behind a Sentinel-managed node or a whole Redis Cluster node, for
+``tenure check`` and ``tenure status``.
+
+Both commands read servers one by one; a ``redis+sentinel://`` node is the master its
+Sentinels name now (asked as the clients ask them: ``_driver.sentinel.Locator``), and a
+``redis+cluster://`` node is every server of its slot map (``CLUSTER SLOTS`` from the
+seeds in turn, parsed by ``_core.slots.SlotMap`` as the clients parse it). Each server is
+then a plain node with the listed node's credentials, TLS and query settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+import redis
+
+from .._core.config import _SENTINEL_PLACEHOLDER, NodeAddress, host_port, parse_node_url
+from .._core.diagnosis import Diagnosis, no_slot_map, not_a_cluster
+from .._core.quorum import Failure
+from .._core.slots import SlotMap, map_sources
+from .._driver import acl as _acl
+from .._driver.redis_compat import connection_kwargs, diagnose, reply_text
+from .._driver.sentinel import Locator
+
+__all__ = ["Resolved", "cluster_map", "sentinel_master", "server_at"]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A server a listed node stands for now: ``address`` (a plain node with the listed
+    node's settings) and ``where``, its ``host:port``."""
+
+    address: NodeAddress
+    where: str
+
+
+def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
+    """The master the Sentinels of ``address`` name now, each Sentinel given ``timeout``.
+
+    Raises:
+        LookupError: no Sentinel named a master: the service and what each Sentinel said
+            (and, where a Sentinel refused the question by its ACL, the rule that grants it).
+    """
+    assert address.sentinel is not None
+    spec = address.sentinel
+    settings = redis.ConnectionPool.from_url(address.redis_url).connection_kwargs
+    # The clients give each Sentinel a share of connect_timeout; here each gets `timeout`.
+    locator = Locator(address, settings, timeout * (len(spec.sentinels) + 1), asyncio=False)
+    try:
+        master, _ = locator.locate()
+    except redis.RedisError as exc:
+        text = str(exc)
+        if _acl.denial(text) == "command":
+            user = settings.get("username") or "default"
+            rules = " ".join(f"+{n.name.lower()}" for n in _acl.sentinel_needs(spec.service))
+            text += f". Fix (on each Sentinel): ACL SETUSER {user} {rules}"
+        raise LookupError(text) from None
+    return Resolved(server_at(address, *master), host_port(*master))
+
+
+def server_at(address: NodeAddress, host: str, port: int) -> NodeAddress:
+    """The server at ``host:port`` of Sentinel-managed or Cluster node ``address``, as a
+    plain node with its credentials, TLS, database and query settings."""
+    if address.seeds:
+        return address.member(host, port)
+    # A Sentinel node's settings come as a URL whose placeholder host every connection
+    # replaces with the master found (NodeAddress.redis_url); here, with this server.
+    url = address.redis_url.replace(f"{_SENTINEL_PLACEHOLDER}:6379", host_port(host, port), 1)
+    return parse_node_url(url, "--redis")
+
+
+def cluster_map(address: NodeAddress, timeout: float) -> SlotMap:
+    """The slot map of Cluster node ``address`` (``CLUSTER SLOTS``, from the seeds in
+    turn, each under ``timeout``).
+
+    Raises:
+        LookupError: no seed gave it; why, as the clients diagnose it.
+    """
+    failures: list[Diagnosis] = []
+    for host, port in map_sources(address.seeds, None):
+        member = address.member(host, port)
+        name = host_port(host, port)
+        options = connection_kwargs(timeout, asyncio=False, unix=False)
+        client = redis.Redis.from_url(member.url, **options)
+        conn = client.connection_pool.make_connection()
+        try:
+            conn.connect()  # type: ignore[no-untyped-call]
+            conn.send_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
+            return SlotMap.parse(conn.read_response(), (host, port))
+        except redis.ResponseError as exc:
+            failures.append(not_a_cluster(name, reply_text(exc)))
+        except ValueError as exc:
+            failures.append(Diagnosis(Failure.ERROR, f"{name}: {exc}"))
+        except Exception as exc:  # not BaseException: an interrupt is no node's failure
+            why = diagnose(exc)
+            failures.append(Diagnosis(why.failure, f"{name}: {why.detail}"))
+        finally:
+            with contextlib.suppress(Exception):
+                conn.disconnect()  # type: ignore[no-untyped-call]
+            client.close()
+    why = no_slot_map(failures)
+    text = f"no slot map: {why.failure.value}: {why.detail}"
+    if any(_acl.denial(f.detail) == "command" for f in failures):
+        # What the slot map needs of the URL's user on every member: CLUSTER SLOTS.
+        user = unquote(urlsplit(address.member(*address.seeds[0]).url).username or "")
+        rules = " ".join(
+            f"+{n.name.lower()}" for n in _acl.needs(kind="cluster") if n.name == "CLUSTER|SLOTS"
+        )
+        text += f". Fix (on each member): ACL SETUSER {user or 'default'} {rules}"
+    raise LookupError(text)

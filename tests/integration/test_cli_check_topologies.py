@@ -1,0 +1,390 @@
+"""``tenure check`` and ``tenure status`` on a Sentinel-managed node and a whole Redis
+Cluster node, given as the clients are given them (``redis+sentinel://``,
+``redis+cluster://``), on real deployments.
+
+One ``LocalSentinelSet`` (a master, a replica, three Sentinels) and one
+``LocalRedisCluster`` (three masters, a replica each) serve the whole module: they are
+expensive to start, so the tests run on one xdist worker (``xdist_group``) and inject no
+fault; each test's ACL users and settings are undone by the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import re
+from collections.abc import Iterator
+
+import pytest
+
+import tenure
+from tenure._core.config import LockKeys
+from tenure._core.slots import key_slot
+from tenure._driver import acl as _acl
+from tenure.cli import main
+from tenure.cli.node_rules import EXIT_UNAVAILABLE
+from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster, LocalSentinelSet
+
+from .conftest import Api
+
+pytestmark = pytest.mark.xdist_group("cli_check_topologies")
+
+
+@pytest.fixture(scope="module")
+def sentinels() -> Iterator[LocalSentinelSet]:
+    with LocalSentinelSet() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[LocalRedisCluster]:
+    with LocalRedisCluster(replicas=1) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def plain() -> Iterator[LocalCluster]:
+    """Plain nodes set up as the deployments' servers are (no persistence)."""
+    with LocalCluster(2) as c:
+        yield c
+
+
+def _run(*args: str) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue() + err.getvalue()
+
+
+def _check(*urls: str) -> tuple[int, list[dict[str, str]]]:
+    code, out = _run("check", "--json", *[a for u in urls for a in ("--redis", u)])
+    return code, json.loads(out.partition("\ntenure check:")[0])
+
+
+def _rows(findings: list[dict[str, str]], node: str) -> dict[str, dict[str, str]]:
+    return {f["check"]: f for f in findings if f["node"] == node}
+
+
+def _where(node: LocalNode) -> str:
+    return f"{node.host}:{node.port}"
+
+
+def _with_user(url: str, user: str) -> str:
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{user}:pw@{rest}"
+
+
+_USERS = itertools.count()
+
+
+@contextlib.contextmanager
+def _user(servers: list[LocalNode], *rules: str) -> Iterator[str]:
+    """A user made by ``ACL SETUSER <name> <rules>`` on every one of ``servers`` (ACLs are
+    per server, in a cluster and under Sentinels alike)."""
+    name = f"topo-{next(_USERS)}"
+    for node in servers:
+        with node.client() as c:
+            c.execute_command("ACL", "SETUSER", name, *rules)
+    try:
+        yield name
+    finally:
+        for node in servers:
+            with node.client() as c:
+                c.acl_deluser(name)
+
+
+def _documented(kind: str, *, without: str = "") -> list[str]:
+    rules = _acl.least_privilege_acl("x", "pw", kind=kind).split()[3:]
+    assert without in ("", *rules), without
+    return [r for r in rules if r != without]
+
+
+def _apply(servers: list[LocalNode], line: str) -> None:
+    """Run a fixing ``ACL SETUSER`` line, as printed, on every server."""
+    for node in servers:
+        with node.client() as c:
+            c.execute_command(*line.split())
+
+
+# The per-server checks whose verdict depends on the server alone: a healthy master of a
+# Sentinel or Cluster node gets the verdict a plain node set up alike gets.
+_SAME = ("server", "persistence", "eviction", "acl")
+
+
+def test_healthy_sentinel_and_cluster_nodes_get_a_plain_nodes_verdicts(
+    sentinels: LocalSentinelSet, redis_cluster: LocalRedisCluster, plain: LocalCluster
+) -> None:
+    code, findings = _check(sentinels.url, redis_cluster.url, plain.urls[0])
+    assert code not in (2, 3, EXIT_UNAVAILABLE), findings
+    reference = _rows(findings, plain.urls[0])
+    master = f"{sentinels.url} (master {_where(sentinels.master())})"
+    members = [f"{redis_cluster.url} (master {_where(m)})" for m in redis_cluster.masters()]
+    for name in [master, *members]:
+        rows = _rows(findings, name)
+        assert {c: rows[c]["level"] for c in _SAME} == {c: reference[c]["level"] for c in _SAME}, (
+            rows
+        )
+        assert rows["acl"]["level"] == "OK", rows["acl"]
+    # The checks a Sentinel master adds; its replica is checked as a future master.
+    sentinel_rows = _rows(findings, master)
+    assert "ROLE" in sentinel_rows["acl"]["detail"]
+    assert sentinel_rows["min-replicas"]["level"] == "WARN"
+    assert "wait_replicas >= 1" in sentinel_rows["min-replicas"]["detail"]
+    [replica] = sentinels.replicas()
+    replica_rows = _rows(findings, f"{sentinels.url} (replica {_where(replica)})")
+    assert replica_rows["role"]["level"] == "OK", replica_rows
+    assert {c: replica_rows[c]["level"] for c in _SAME} == {c: reference[c]["level"] for c in _SAME}
+    # A Cluster node: every master and every replica, and its slots as a whole.
+    assert "ASKING, CLUSTER|SLOTS" in _rows(findings, members[0])["acl"]["detail"]
+    for m in redis_cluster.masters():
+        for r in redis_cluster.replicas_of(m):
+            assert _rows(findings, f"{redis_cluster.url} (replica {_where(r)})")
+    slots = _rows(findings, redis_cluster.url)["slots"]
+    assert slots["level"] == "OK", slots
+    assert slots["detail"] == "all 16384 slots served by 3 master(s), cluster_state ok"
+
+
+@pytest.mark.parametrize("kind", ["sentinel", "cluster"])
+def test_the_documented_line_of_each_kind_is_enough(
+    api: Api,
+    sentinels: LocalSentinelSet,
+    redis_cluster: LocalRedisCluster,
+    kind: str,
+    key: str,
+) -> None:
+    """A user with exactly docs/deployment.md's line for the node's kind, on every server
+    of it, locks through the node's URL, and ``tenure check`` says its ACL is OK."""
+    if kind == "sentinel":
+        servers, node = list(sentinels.nodes), sentinels.url
+    else:
+        servers, node = list(redis_cluster), redis_cluster.url
+    with _user(servers, *_documented(kind)) as user:
+        url = _with_user(node, user)
+        client = api.client([url], connect_timeout=2.0)
+        lease = client.acquire(key, ttl=10.0, timeout=10.0)
+        lease.extend()
+        assert client.lock(key, ttl=10.0).locked()
+        lease.release()
+        _, findings = _check(url)
+    rows = [f for f in findings if f["check"] == "acl" and "(master " in f["node"]]
+    assert rows
+    for acl in rows:
+        assert acl["level"] == "OK", acl
+
+
+def test_min_replicas_on_a_sentinel_master(sentinels: LocalSentinelSet) -> None:
+    master = sentinels.master()
+    name = f"{sentinels.url} (master {_where(master)})"
+    with master.client(decode_responses=True) as c:
+        c.config_set("min-replicas-max-lag", "5")
+        c.config_set("min-replicas-to-write", "1")
+        try:
+            _, findings = _check(sentinels.url)
+        finally:
+            c.config_set("min-replicas-to-write", "0")
+            c.config_set("min-replicas-max-lag", "10")
+    row = _rows(findings, name)["min-replicas"]
+    assert row["level"] == "OK", row
+    assert "leases of at most max_ttl - 5 s" in row["detail"]
+
+
+def test_a_sentinel_master_user_without_role_gets_the_fixing_line(
+    sentinels: LocalSentinelSet,
+) -> None:
+    servers = sentinels.nodes
+    name = f"{sentinels.url} (master {_where(sentinels.master())})"
+    with _user(servers, *_documented("sentinel", without="+role")) as user:
+        url = _with_user(sentinels.url, user)
+        code, findings = _check(url)
+        acl = _rows(findings, name)["acl"]
+        assert code == 3
+        assert acl["level"] == "UNSAFE", acl
+        assert f"user '{user}' may not run ROLE" in acl["detail"]
+        fix = acl["detail"].partition("Fix: ")[2]
+        assert fix == f"ACL SETUSER {user} +role"
+        _apply(servers, fix)
+        _, findings = _check(url)
+        assert _rows(findings, name)["acl"]["level"] == "OK"
+
+
+def test_sentinels_refusing_the_question_get_the_fixing_line(
+    sentinels: LocalSentinelSet,
+) -> None:
+    """Sentinels that ask for a login need SENTINEL GET-MASTER-ADDR-BY-NAME, nothing else
+    (the documented line); one that refuses it is asked no further."""
+    servers = sentinels.nodes
+    with _user(servers, *_documented("sentinel")) as user:
+        for sentinel in sentinels.sentinels:  # the same user, but no question allowed
+            with sentinel.client() as c:
+                c.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", "+ping")
+        try:
+            url = _with_user(sentinels.url, user)
+            code, [row] = _check(url)
+            assert code == EXIT_UNAVAILABLE
+            assert (row["check"], row["level"]) == ("reachable", "UNSAFE")
+            found = re.search(r"Fix \(on each Sentinel\): (ACL SETUSER .*)$", row["detail"])
+            assert found is not None, row
+            assert found.group(1) == f"ACL SETUSER {user} +sentinel|get-master-addr-by-name"
+            _apply(sentinels.sentinels, found.group(1))
+            code, findings = _check(url)
+            master = f"{sentinels.url} (master {_where(sentinels.master())})"
+            assert _rows(findings, master)["acl"]["level"] == "OK", findings
+        finally:
+            for sentinel in sentinels.sentinels:
+                with sentinel.client() as c:
+                    c.acl_deluser(user)
+
+
+@pytest.mark.parametrize("without", ["+asking", "+cluster|slots"])
+def test_a_cluster_user_without_a_cluster_command_gets_the_fixing_line(
+    redis_cluster: LocalRedisCluster, without: str
+) -> None:
+    servers = list(redis_cluster)
+    with _user(servers, *_documented("cluster", without=without)) as user:
+        url = _with_user(redis_cluster.url, user)
+        code, findings = _check(url)
+        # Without CLUSTER SLOTS the node is unreachable: no server of it answered.
+        assert code == (3 if without == "+asking" else EXIT_UNAVAILABLE)
+        if without == "+asking":
+            rows = [f for f in findings if f["check"] == "acl" and "(master " in f["node"]]
+            assert len(rows) == 3
+            for acl in rows:
+                assert acl["level"] == "UNSAFE", acl
+                assert f"user '{user}' may not run ASKING" in acl["detail"]
+        else:
+            # The slot map cannot be read at all: the clients could not either.
+            [acl] = findings
+            assert acl["check"] == "reachable"
+            assert "no slot map" in acl["detail"]
+        found = re.search(r"Fix( \(on each member\))?: (ACL SETUSER .*)$", acl["detail"])
+        assert found is not None, acl
+        fix = found.group(2)
+        assert fix == f"ACL SETUSER {user} {without}"
+        _apply(servers, fix)
+        code, findings = _check(url)
+        assert code not in (3, EXIT_UNAVAILABLE), findings
+        # The masters' (a replica is not probed: the probe writes, and this user may not
+        # ask ACL DRYRUN, so its row says it could not check).
+        rows = [f for f in findings if f["check"] == "acl" and "(master " in f["node"]]
+        assert len(rows) == 3
+        for acl in rows:
+            assert acl["level"] == "OK", acl
+
+
+def test_a_command_added_to_the_kinds_table_is_checked_on_the_servers_it_is_sent_to(
+    redis_cluster: LocalRedisCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sharded notifications will send SSUBSCRIBE to Cluster nodes of servers >= 7: one
+    line of ``NODE_KINDS``, which the check then asks of such servers (by the probe, on
+    a connection of its own, on a channel of the member's slot), with its fixing line."""
+    extra = ("SSUBSCRIBE", None, ("$CHANNEL",), (7,), None)
+    monkeypatch.setitem(_acl.NODE_KINDS, "cluster", (*_acl.NODE_KINDS["cluster"], extra))
+    servers = list(redis_cluster)
+    with _user(servers, *_documented("cluster", without="+ssubscribe")) as user:
+        url = _with_user(redis_cluster.url, user)
+        _, findings = _check(url)
+        rows = [f for f in findings if f["check"] == "acl" and "(master " in f["node"]]
+        assert len(rows) == 3
+        with servers[0].client(decode_responses=True) as c:
+            sharded = int(str(c.info("server")["redis_version"]).split(".")[0]) >= 7
+        for acl in rows:
+            if not sharded:  # not sent to a 6.2 server, so not asked of it
+                assert acl["level"] == "OK", acl
+                continue
+            assert acl["level"] == "UNSAFE", acl
+            assert f"user '{user}' may not run SSUBSCRIBE" in acl["detail"]
+            assert acl["detail"].endswith(f"Fix: ACL SETUSER {user} +ssubscribe")
+        if sharded:  # 6.2 has no such command, and refuses the rule
+            _apply(servers, f"ACL SETUSER {user} +ssubscribe")
+        _, findings = _check(url)
+    rows = [f for f in findings if f["check"] == "acl" and "(master " in f["node"]]
+    assert all(acl["level"] == "OK" for acl in rows), rows
+
+
+def test_an_unknown_sentinel_service_is_an_unreachable_node(sentinels: LocalSentinelSet) -> None:
+    url = sentinels.url.rpartition("/")[0] + "/no-such-service"
+    code, findings = _check(url)
+    assert code == EXIT_UNAVAILABLE
+    [row] = findings
+    assert (row["node"], row["check"], row["level"]) == (url, "reachable", "UNSAFE")
+    assert "no Sentinel named a master for service 'no-such-service'" in row["detail"]
+    for sentinel in sentinels.sentinels:
+        assert f"{_where(sentinel)}: does not know the service" in row["detail"]
+
+
+@pytest.mark.parametrize("scheme", ["redis+cluster", "redis+sentinel"])
+@pytest.mark.parametrize("command", ["status", "check"])
+def test_an_unreachable_cluster_or_sentinel_node_is_a_row_without_the_password(
+    command: str, scheme: str
+) -> None:
+    # Nothing listens on ports 1 and 2 of the loopback.
+    path = "/locks" if scheme == "redis+sentinel" else ""
+    url = f"{scheme}://app:Zq9xWv7kJm4@127.0.0.1:1,127.0.0.1:2{path}"
+    argv = ["status", "a-lock"] if command == "status" else ["check"]
+    code, out = _run(*argv, "--redis", url)
+    assert code == EXIT_UNAVAILABLE, out
+    assert f"{scheme}://127.0.0.1:1,127.0.0.1:2{path}" in out
+    if scheme == "redis+sentinel":  # the service, and what each Sentinel said
+        assert "no Sentinel named a master for service 'locks'" in out, out
+        assert "127.0.0.1:1: " in out, out
+        assert "127.0.0.1:2: " in out, out
+    else:  # as the clients diagnose it: the first seed's failure
+        assert "no slot map: unreachable: 127.0.0.1:1: " in out, out
+    assert "Zq9xWv7kJm4" not in out
+    assert "Traceback" not in out
+
+
+def _status(name: str, *urls: str) -> tuple[int, list[str]]:
+    code, out = _run("status", name, *[a for u in urls for a in ("--redis", u)])
+    return code, out.splitlines()
+
+
+def _floor(line: str) -> int:
+    found = re.search(r"floor=(\d+)", line)
+    assert found is not None, line
+    return int(found.group(1))
+
+
+def test_status_on_a_sentinel_node_reads_the_master(sentinels: LocalSentinelSet, key: str) -> None:
+    with tenure.Client([sentinels.url]) as client:
+        lease = client.acquire(key, ttl=60.0)
+        code, [line] = _status(key, sentinels.url)
+        lease.release()
+    assert code == 0
+    assert line.startswith(f"{sentinels.url} (master {_where(sentinels.master())})  held ")
+    assert f"token={lease.token[:8]}" in line.split()
+    assert _floor(line) >= lease.fencing_token
+
+
+def test_status_on_a_cluster_node_reads_the_slots_master_and_per_slot_keys(
+    redis_cluster: LocalRedisCluster, plain: LocalCluster, key: str
+) -> None:
+    """With a Cluster node listed, every node keeps its floor per slot, plain ones too."""
+    urls = [redis_cluster.url, *plain.urls]
+    with tenure.Client(urls) as client:
+        lease = client.acquire(key, ttl=60.0)
+        code, lines = _status(key, *urls)
+        lease.release()
+    assert code == 0
+    slot = key_slot(LockKeys.of(key).lock)
+    owner = redis_cluster.slot_owner(slot)
+    assert lines[0].startswith(f"{redis_cluster.url} (slot {slot}: master {_where(owner)})  held ")
+    for line in lines:
+        assert f"token={lease.token[:8]}" in line.split(), line
+        assert _floor(line) >= lease.fencing_token
+        assert re.search(r"replid=[0-9a-f]{8}$", line), line
+
+
+def test_tenure_redis_keeps_the_hosts_of_a_sentinel_or_cluster_url_together(
+    sentinels: LocalSentinelSet,
+    redis_cluster: LocalRedisCluster,
+    monkeypatch: pytest.MonkeyPatch,
+    key: str,
+) -> None:
+    monkeypatch.setenv("TENURE_REDIS", f"{sentinels.url},{redis_cluster.url}")
+    code, lines = _status(key)
+    assert code == 0, lines
+    assert lines[0].startswith(f"{sentinels.url} (master "), lines
+    assert lines[1].startswith(f"{redis_cluster.url} (slot "), lines
