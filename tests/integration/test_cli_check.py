@@ -129,14 +129,14 @@ def _expect(finding: Finding, level: Level, fragment: str) -> None:
     [
         (_facts(), Level.OK, "appendfsync always"),
         (_facts(config={"appendfsync": "everysec"}), Level.WARN, "up to ~1 s"),
-        (_facts(config={"appendfsync": "everysec"}), Level.WARN, "keep the node out for max_ttl"),
+        (_facts(config={"appendfsync": "everysec"}), Level.WARN, "new replication history"),
         (_facts(config={"appendfsync": "no"}), Level.WARN, "~30 s"),
         (_facts(config={"appendonly": "no"}), Level.WARN, 'appendonly no, save ""'),
         (_facts(config={"appendonly": "no"}), Level.WARN, "docs/fencing.md"),
         (_facts(config={"appendonly": "no", "save": None}), Level.WARN, "save unknown"),
         (
             _facts(config={"appendonly": "no", "save": "3600 1 300 100 60 10000"}),
-            Level.UNSAFE,
+            Level.WARN,
             "RDB snapshots (save 3600 1",
         ),
         (

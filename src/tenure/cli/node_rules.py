@@ -26,9 +26,10 @@ The checks
     crash of the *host* loses the last second (or ~30 s) of acknowledged writes. No AOF
     and no RDB (``save ""``): WARN, a restart comes back empty, which tenure detects (no
     floor: the node's record of the tokens it issued) and answers with a ``max_ttl``
-    warm-up (docs/fencing.md). No AOF but RDB snapshots: UNSAFE, a crash restarts from an
-    old snapshot with an older floor (``tenure:node:floor``), which tenure cannot tell from
-    a current one, so grants made since are forgotten unnoticed.
+    warm-up (docs/fencing.md). No AOF but RDB snapshots: WARN, a crash restarts from an
+    old snapshot with an older floor (``tenure:node:floor``) under a new replication
+    history, which the scripts recognise (the same warm-up), except in the first restart
+    after an upgrade from a tenure that kept no history.
 ``eviction``
     ``noeviction``: OK. Any ``volatile-*`` or ``allkeys-*`` policy: UNSAFE, since every
     lock key has a TTL and so can be evicted while held (``tenure verify eviction``
@@ -370,8 +371,11 @@ def _scripts_unsupported(reply: str | None, info: dict[str, str]) -> str | None:
         return (
             f"cluster mode refuses a script declaring a lock key and the node's floor "
             f"({said}): every tenure script touches both, in different hash slots, so no "
-            "lock operation can run here. A cluster endpoint, even of one (virtual) node, "
-            "is not a lock node; use standalone servers (cluster mode disabled)"
+            "lock operation can run on a cluster endpoint, even of one (virtual) node, "
+            "listed as a plain node. List the cluster as one node, "
+            "redis+cluster://host:port[,host:port...], whose keys a client keeps per hash "
+            "slot (docs/cluster-and-sentinel.md), or use standalone servers (cluster mode "
+            "disabled)"
         )
     if "unknown command" in lower or "disabled" in lower or "not supported" in lower:
         return (
@@ -601,9 +605,10 @@ def check_persistence(facts: NodeFacts) -> Finding:
             detail += (
                 ": CONFIG is disabled or renamed, as managed services do, so the provider's "
                 "settings decide what a node keeps across a restart or a failover. tenure "
-                "detects a node that comes back empty, not one restored from a snapshot or "
-                "replaced by a replica that missed recent grants: ask the provider which "
-                "can happen, and count such a node as one that can lose grants "
+                "recognises a node that comes back empty, restored from a snapshot or "
+                "replaced by a replica (a new replication history) and keeps it out for "
+                "max_ttl, but not data restored by hand without a restart: ask the provider "
+                "which can happen, and count such a node as one that can lose grants "
                 "(docs/deployment.md)"
             )
         aof = (facts.info or {}).get("aof_enabled")
@@ -629,22 +634,25 @@ def check_persistence(facts: NodeFacts) -> Finding:
             "persistence",
             Level.WARN,
             f"appendonly yes, appendfsync {fsync}: a crash of the host (not of redis-server "
-            f"alone) loses up to {window} of acknowledged grants. tenure's data-loss "
-            "detection and max_ttl warm-up cover a node that lost its floor, "
-            "not one that kept an older floor, so after a host crash keep the node out for "
-            "max_ttl before restarting it, or use appendfsync always",
+            f"alone) loses up to {window} of acknowledged grants, keeping an older floor. "
+            "tenure recognises the restart by its new replication history and keeps the "
+            "node out for max_ttl, except in the first restart after an upgrade from a "
+            "tenure that kept no history (docs/fencing.md); appendfsync always loses "
+            "nothing",
         )
     save = config.get("save")
     if save is not None and save.strip() not in ("", '""'):
         return Finding(
             facts.node,
             "persistence",
-            Level.UNSAFE,
+            Level.WARN,
             f"appendonly no with RDB snapshots (save {save}): a crash restarts from the last "
-            "snapshot, missing the grants made since but with an older floor, which tenure "
-            "cannot tell from a healthy node, so a second client can win a majority"
-            '. Use appendonly yes + appendfsync always, or no persistence (save "") so '
-            "that a restart comes back empty and is detected",
+            "snapshot, missing the grants made since but with an older floor. tenure "
+            "recognises the restart by its new replication history and keeps the node out "
+            "for max_ttl, except in the first restart after an upgrade from a tenure that "
+            "kept no history, or for a snapshot restored by hand without a restart "
+            "(docs/fencing.md). appendonly yes + appendfsync always, or no persistence "
+            '(save "") leave no such case',
         )
     snapshots = "save unknown" if save is None else 'save ""'
     return Finding(
