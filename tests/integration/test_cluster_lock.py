@@ -23,6 +23,9 @@ from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster
 from .conftest import Api
 
 TTL = 2.0
+# These tests are about routing, not timing: a loaded machine may take longer than the
+# default 50 ms to set up a member's connection or to follow a redirection.
+SLOW = 0.5  # node_timeout
 # A failover or a finished migration changes the history of the slot's data on the node
 # that serves it now: that slot sits out max_ttl there (docs/fencing.md). Kept short.
 MAX_TTL = 3.0
@@ -133,7 +136,7 @@ def test_locks_keep_working_after_a_shard_fails_over(api: Api, key: str) -> None
 
 
 def _fail_over_and_lock(api: Api, cluster: LocalRedisCluster, key: str) -> None:
-    client = api.client([cluster.url], max_ttl=MAX_TTL)
+    client = api.client([cluster.url], max_ttl=MAX_TTL, node_timeout=SLOW)
     names = _names_per_master(cluster, key, each=2)
     before = {}
     for name in names:  # the client's slot map, before the failover
@@ -160,7 +163,7 @@ def _fail_over_and_lock(api: Api, cluster: LocalRedisCluster, key: str) -> None:
 def test_a_migrating_slot_is_asked_at_its_target_and_moved_after(
     api: Api, cluster: LocalRedisCluster, key: str
 ) -> None:
-    client = api.client([cluster.url], max_ttl=MAX_TTL)
+    client = api.client([cluster.url], max_ttl=MAX_TTL, node_timeout=SLOW)
     name = _names_per_master(cluster, key, each=1)[0]
     slot = key_slot(_keys(name).lock)
     held = client.acquire(name, ttl=MAX_TTL, blocking=False)
@@ -213,7 +216,8 @@ def test_a_redlock_over_three_clusters(api: Api, key: str) -> None:
         LocalRedisCluster(replicas=0) as c,
     ):
         urls = [a.url, b.url, c.url]
-        client = api.client(urls)
+        # A new node set, seeded at once only if every node answers its first rounds.
+        client = api.client(urls, node_timeout=SLOW)
         last: dict[str, int] = {}
         for n in range(6):
             name = f"{key}-{n % 2}"
@@ -221,5 +225,5 @@ def test_a_redlock_over_three_clusters(api: Api, key: str) -> None:
             assert len(lease.nodes) >= 2  # decided once a majority said yes
             assert lease.fencing_token > last.get(name, 0)
             last[name] = lease.fencing_token
-            assert api.client(urls).lock(name, ttl=TTL).locked() is True
+            assert api.client(urls, node_timeout=SLOW).lock(name, ttl=TTL).locked() is True
             lease.release()
