@@ -139,9 +139,14 @@ def _script_args(prefix: str) -> dict[str, tuple[str, ...]]:
         "ZSCORE": (queue, "probe"),
         "ZREM": (queue, "probe"),
         "PUBLISH": (channel, "probe"),
+        "SPUBLISH": (channel, "probe"),
         "INFO": ("replication",),  # the node's replication ID (history.lua.inc)
     }
 
+
+# Run by the scripts on a Redis Cluster node only (a sharded notification, 7.0 and later):
+# never on the plain nodes `tenure check` inspects (docs/cluster-and-sentinel.md).
+CLUSTER_ONLY = frozenset({"SPUBLISH"})
 
 # Sent by the drivers themselves (tests/unit/test_acl.py greps the drivers for pack()).
 # EVALSHA is optional (a node that refuses it is sent EVAL: docs/deployment.md). No
@@ -208,7 +213,7 @@ def needs(prefix: str = DEFAULT_KEY_PREFIX) -> tuple[Need, ...]:
     ]
     out += [
         Need(command, script_args.get(command, (probe_keys(prefix)[0],)), "scripts")
-        for command in sorted(scripted - direct.keys())
+        for command in sorted(scripted - direct.keys() - CLUSTER_ONLY)
     ]
     return tuple(out)
 
