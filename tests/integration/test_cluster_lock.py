@@ -14,6 +14,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import pytest
 import redis
@@ -85,6 +86,10 @@ def _shard_subscribers(node: LocalNode, channel: str) -> int:
     with node.client() as c:
         reply = c.execute_command("PUBSUB", "SHARDNUMSUB", channel)
         return int(reply[1])
+
+
+def _unsubscribed(node: LocalNode, channel: str) -> bool:
+    return _shard_subscribers(node, channel) == 0
 
 
 def _name_in_slot(slot: int, key: str) -> str:
@@ -174,6 +179,8 @@ def test_a_blocking_waiter_is_woken_by_the_release(
             assert record.endswith(" s"), record
             assert cluster.keyslot(channel) == key_slot(keys.lock)
             assert seen["subscribers"] == 1
+            # The last waiter on the slot is gone: the process unsubscribes.
+            api.wait_until(partial(_unsubscribed, owner, channel), what="unsubscribed")
         else:
             assert len(record.split()) == 2, record
             assert "{" not in channel

@@ -223,6 +223,8 @@ class Listener:
                 if shard >= 0:
                     for subs in self._shards:
                         subs.remove(shard)  # the last one out unsubscribes (``_connect``)
+            if shard >= 0:
+                self._poke()
 
     def _settled(self, shard: int) -> bool:
         return shard < 0 or all(subs.settled(shard) for subs in self._shards)
