@@ -161,3 +161,24 @@ def test_a_sharded_place_is_marked_in_the_acquire_arguments() -> None:
     sharded = commands.WaitArgs("n", "w", "tenure:wake:{1bz}:abc", 1000, 0, sharded=True)
     assert not commands.acquire(spec, "t", 5, 1, 100, plain).packed.endswith(b"$1\r\ns\r\n")
     assert commands.acquire(spec, "t", 5, 1, 100, sharded).packed.endswith(b"$1\r\ns\r\n")
+
+
+def test_a_subscription_follows_the_slot_map() -> None:
+    # A map that now names another master (a MOVED seen by a round, a reload) moves the
+    # subscription there: one at a replica of the slot's master would not be counted.
+    subs = ShardSubs(PREFIX, SUFFIX)
+    subs.add(7)
+    subs.plan(owner_a)
+    confirm(subs, A, 7)
+    assert subs.plan(lambda s: B) == [
+        (A, "SUNSUBSCRIBE", subs.channel(7)),
+        (B, "SSUBSCRIBE", subs.channel(7)),
+    ]
+    assert not subs.up(7)
+    confirm(subs, B, 7)
+    assert subs.up(7)
+    # The old master's answer to the SUNSUBSCRIBE leaves the new subscription alone.
+    assert subs.answered(A, [b"sunsubscribe", subs.channel(7).encode(), 0]).kind == ""
+    assert subs.up(7)
+    assert subs.idle(A)
+    assert subs.plan(lambda s: B) == []

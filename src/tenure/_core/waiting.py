@@ -320,7 +320,7 @@ class ShardSubs:
         self._wanted: dict[int, int] = {}  # slot -> waiters on it
         self._at: dict[int, Address] = {}  # slot -> the master subscribed (or asked) at
         self._up: set[int] = set()  # slots whose subscription is confirmed
-        self._leaving: set[int] = set()  # slots being unsubscribed
+        self._leaving: set[tuple[int, Address]] = set()  # being unsubscribed there
         self._asked: dict[Address, list[tuple[str, int]]] = {}  # unanswered, per master
         # Slots whose subscription ended: placed again only by a slot map loaded after
         # that (slot -> the map's generation then). The server ends a subscription when
@@ -367,11 +367,19 @@ class ShardSubs:
         """What to send now: ``(master, "SSUBSCRIBE" | "SUNSUBSCRIBE", channel)``, for
         wanted slots subscribed nowhere (at ``owner(slot)``, the slot map's master; a
         slot without one waits for the map, and one whose subscription ended waits for
-        a map newer than then: ``generation`` counts the maps loaded) and for
-        subscriptions nobody wants."""
+        a map newer than then: ``generation`` counts the maps loaded), for
+        subscriptions nobody wants, and for those the map now puts elsewhere (a
+        failover, a slot moved: they follow it)."""
         out: list[tuple[Address, str, str]] = []
         if self.supported is False:
             return out
+        for slot, where in list(self._at.items()):
+            if slot in self._wanted and (slot, where) not in self._leaving:
+                now_at = owner(slot)
+                if now_at is not None and now_at != where:
+                    del self._at[slot]
+                    self._up.discard(slot)
+                    self._unsubscribe(slot, where, out)
         for slot in self._wanted:
             if slot in self._at:
                 continue
@@ -379,18 +387,21 @@ class ShardSubs:
                 if self._after[slot] >= generation:
                     continue
                 del self._after[slot]
-            where = owner(slot)
-            if where is None:
+            master = owner(slot)
+            if master is None:
                 continue
-            self._at[slot] = where
-            self._asked.setdefault(where, []).append(("s", slot))
-            out.append((where, "SSUBSCRIBE", self.channel(slot)))
+            self._at[slot] = master
+            self._asked.setdefault(master, []).append(("s", slot))
+            out.append((master, "SSUBSCRIBE", self.channel(slot)))
         for slot, where in self._at.items():
-            if slot not in self._wanted and slot not in self._leaving:
-                self._leaving.add(slot)
-                self._asked.setdefault(where, []).append(("u", slot))
-                out.append((where, "SUNSUBSCRIBE", self.channel(slot)))
+            if slot not in self._wanted and (slot, where) not in self._leaving:
+                self._unsubscribe(slot, where, out)
         return out
+
+    def _unsubscribe(self, slot: int, where: Address, out: list[tuple[Address, str, str]]) -> None:
+        self._leaving.add((slot, where))
+        self._asked.setdefault(where, []).append(("u", slot))
+        out.append((where, "SUNSUBSCRIBE", self.channel(slot)))
 
     def unplaced(self) -> bool:
         """Some wanted slot is subscribed nowhere yet (its master unknown)."""
@@ -416,11 +427,9 @@ class ShardSubs:
                 return ShardEvent("refused", detail=error)
             verb, slot = asked.pop(0)
             if verb == "u":
-                self._drop(slot)
+                self._drop(slot, where)
                 return _NOTHING
-            if self._at.get(slot) == where:
-                del self._at[slot]
-            self._up.discard(slot)
+            self._drop(slot, where)
             if sharded_refused(error):
                 self.supported = False
                 return ShardEvent("unsupported", slot)
@@ -442,10 +451,10 @@ class ShardSubs:
         if kind == b"sunsubscribe":
             if asked and asked[0] == ("u", slot):
                 asked.pop(0)  # the answer to ours
-                self._drop(slot)
+                self._drop(slot, where)
                 return _NOTHING
             # The server ended it: the slot moved, or its master became a replica.
-            if self._at.get(slot) == where and slot not in self._leaving:
+            if self._at.get(slot) == where and (slot, where) not in self._leaving:
                 del self._at[slot]
                 was_up = slot in self._up
                 self._up.discard(slot)
@@ -462,16 +471,18 @@ class ShardSubs:
         self._asked.pop(where, None)
         gone = [s for s, w in self._at.items() if w == where]
         was_up = False
+        self._leaving = {(s, w) for s, w in self._leaving if w != where}
         for slot in gone:
             del self._at[slot]
             self._after[slot] = generation
-            self._leaving.discard(slot)
             if slot in self._up:
                 self._up.discard(slot)
                 was_up = was_up or slot in self._wanted
         return was_up
 
-    def _drop(self, slot: int) -> None:
-        self._leaving.discard(slot)
-        self._up.discard(slot)
-        self._at.pop(slot, None)
+    def _drop(self, slot: int, where: Address) -> None:
+        """``slot`` is subscribed at ``where`` no more."""
+        self._leaving.discard((slot, where))
+        if self._at.get(slot) == where:
+            del self._at[slot]
+            self._up.discard(slot)
