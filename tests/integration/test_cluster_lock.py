@@ -88,6 +88,13 @@ def _shard_subscribers(node: LocalNode, channel: str) -> int:
         return int(reply[1])
 
 
+def _sees_held(lock: tenure.Lock) -> bool:
+    try:
+        return lock.locked()
+    except tenure.TenureError:  # the slot's new master not reached yet
+        return False
+
+
 def _unsubscribed(node: LocalNode, channel: str) -> bool:
     return _shard_subscribers(node, channel) == 0
 
@@ -284,9 +291,12 @@ def _fail_over_under_waiters(api: Api, cluster: LocalRedisCluster, key: str) -> 
         # The old master ended the subscription (it serves the slot no more); the
         # waiter's process subscribes again at the slot's new master.
         _wait_for(lambda: _shard_subscribers(promoted, channel) == 1, "subscribed again")
-        # The release (followed to the new master) notifies the waiter there: its
-        # fallback re-check (15 s at the earliest) and the holder's expiry (60 s) are
-        # later than its timeout once the slot's warm-up (3 s) is over.
+        # The holder's client finds the new master (a MOVED to a member it has no
+        # connection to yet is followed from the next round on).
+        _wait_for(partial(_sees_held, holder.lock(name, ttl=60.0)), "the holder's view")
+        # The release (at the new master) notifies the waiter there: its fallback
+        # re-check (15 s at the earliest) and the holder's expiry (60 s) are later than
+        # its timeout once the slot's warm-up (3 s) is over.
         lease.release()
     finally:
         thread.join()

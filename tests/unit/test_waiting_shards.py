@@ -124,13 +124,23 @@ def test_an_ended_subscription_waits_for_a_newer_slot_map() -> None:
     event = subs.answered(A, [b"sunsubscribe", subs.channel(7).encode(), 0], None, 3)
     assert event.kind == "ended"
     assert not subs.up(7)
-    assert subs.stale()
+    assert subs.stale(owner_a)  # the map still names A: load a newer one
     assert subs.unplaced()
     assert subs.plan(owner_a, 3) == []  # the same map: not yet
-    assert subs.plan(lambda s: B, 4) == [(B, "SSUBSCRIBE", subs.channel(7))]
-    assert not subs.stale()
-    confirm(subs, B, 7, 4)
+    assert subs.plan(owner_a, 4) == [(A, "SSUBSCRIBE", subs.channel(7))]  # a newer one
+    assert not subs.stale(owner_a)
+    confirm(subs, A, 7, 4)
     assert subs.up(7)
+
+
+def test_an_ended_subscription_follows_a_map_that_names_another_master() -> None:
+    subs = ShardSubs(PREFIX, SUFFIX)
+    subs.add(7)
+    subs.plan(owner_a, 3)
+    confirm(subs, A, 7, 3)
+    subs.answered(A, [b"sunsubscribe", subs.channel(7).encode(), 0], None, 3)
+    assert not subs.stale(lambda s: B)  # a MOVED already put it at B: no load needed
+    assert subs.plan(lambda s: B, 3) == [(B, "SSUBSCRIBE", subs.channel(7))]
 
 
 def test_a_lost_connection_takes_its_subscriptions() -> None:
@@ -142,7 +152,7 @@ def test_a_lost_connection_takes_its_subscriptions() -> None:
     assert subs.lost(A, 1) is True  # slot 7 was up: its waiters re-check
     assert not subs.up(7)
     assert subs.idle(A)
-    assert subs.plan(owner_a, 1) == []
+    assert subs.plan(owner_a, 1) == []  # the master may have failed: a newer map
     planned = subs.plan(owner_a, 2)
     assert sorted(c for _, _, c in planned) == sorted([subs.channel(7), subs.channel(9)])
 

@@ -237,9 +237,15 @@ class AsyncListener:
         the masters where needed; close the connections nothing uses any more."""
         if self._closed or self._cluster is None:
             return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a waiter let go after its loop stopped: nothing to send
+            return
         unplaced = False
         for i, subs in enumerate(self._shards):
             cluster = self._cluster(i)
+            if subs.stale(cluster.owner):
+                cluster.refresh()  # a subscription ended where the map still puts it
             for where, verb, channel in subs.plan(cluster.owner, cluster.loads):
                 link = self._links.get((i, where))
                 if link is None:
@@ -255,11 +261,11 @@ class AsyncListener:
                     link.task.cancel()
                     link.task = link.transport = None
             elif link.task is None:
-                loop = asyncio.get_running_loop()
                 link.task = loop.create_task(self._run_link(i, where, link))
         if unplaced and self._replan_later is None:
-            # The slot map is not loaded yet: look again shortly.
-            self._replan_later = asyncio.get_running_loop().call_later(0.05, self._replan_again)
+            # The slot map is not loaded yet (or not again since a subscription ended):
+            # look again shortly.
+            self._replan_later = loop.call_later(0.05, self._replan_again)
 
     def _replan_again(self) -> None:
         self._replan_later = None
@@ -270,7 +276,6 @@ class AsyncListener:
             self._cluster(i).moved(event.slot, event.to)
         elif event.kind == "ended" and self._cluster is not None:
             self._nudge_all()  # its waiters' notifications reach nobody until it is back
-            self._cluster(i).refresh()  # where is the slot now?
         if event.kind in ("confirmed", "unsupported"):
             changed, self._shard_changed = self._shard_changed, None
             if changed is not None:
@@ -326,10 +331,8 @@ class AsyncListener:
             link.transport = None
             link.outbox = []
             await conn.disconnect(nowait=True)
-            cluster = self._cluster(i)
-            if subs.lost(where, cluster.loads):
+            if subs.lost(where, self._cluster(i).loads):
                 self._nudge_all()
-            cluster.refresh()  # the master may have failed: ask the cluster where slots are
             self._replan()  # asked again at the slots' owners (here once it is back)
             await asyncio.sleep(reconnect.failed(time.monotonic()))
         if link.task is asyncio.current_task():

@@ -322,12 +322,13 @@ class ShardSubs:
         self._up: set[int] = set()  # slots whose subscription is confirmed
         self._leaving: set[tuple[int, Address]] = set()  # being unsubscribed there
         self._asked: dict[Address, list[tuple[str, int]]] = {}  # unanswered, per master
-        # Slots whose subscription ended: placed again only by a slot map loaded after
-        # that (slot -> the map's generation then). The server ends a subscription when
-        # the slot leaves the node, and a replica of the slot's new master would accept
-        # it again (SSUBSCRIBE is served by a shard's replicas), where SPUBLISH's count,
-        # the master's alone, would not see it.
-        self._after: dict[int, int] = {}
+        # Slots whose subscription ended (slot -> the map's generation then, and the
+        # master it ended at): placed again once the map names another master, or by a
+        # map loaded since. The server ends a subscription when the slot leaves the node,
+        # and that node, a replica of the slot's new master now, would accept it again
+        # (SSUBSCRIBE is served by a shard's replicas), where SPUBLISH's count, the
+        # master's alone, would not see it.
+        self._after: dict[int, tuple[int, Address]] = {}
 
     def channel(self, slot: int) -> str:
         """The process's channel in ``slot``: it hashes to ``slot`` (``{T[s]}``)."""
@@ -383,13 +384,14 @@ class ShardSubs:
         for slot in self._wanted:
             if slot in self._at:
                 continue
-            if slot in self._after:
-                if self._after[slot] >= generation:
-                    continue
-                del self._after[slot]
             master = owner(slot)
             if master is None:
                 continue
+            if slot in self._after:
+                loaded, ended_at = self._after[slot]
+                if master == ended_at and loaded >= generation:
+                    continue
+                del self._after[slot]
             self._at[slot] = master
             self._asked.setdefault(master, []).append(("s", slot))
             out.append((master, "SSUBSCRIBE", self.channel(slot)))
@@ -407,9 +409,12 @@ class ShardSubs:
         """Some wanted slot is subscribed nowhere yet (its master unknown)."""
         return self.supported is not False and any(s not in self._at for s in self._wanted)
 
-    def stale(self) -> bool:
-        """A subscription ended and waits for a newer slot map (have one loaded)."""
-        return bool(self._after) and self.supported is not False
+    def stale(self, owner: Callable[[int], Address | None]) -> bool:
+        """A subscription ended where the slot map (``owner``) still puts it: have a
+        newer map loaded."""
+        if self.supported is False:
+            return False
+        return any(owner(s) == at for s, (_, at) in self._after.items() if s in self._wanted)
 
     def idle(self, where: Address) -> bool:
         """Nothing is subscribed or asked at ``where``: its connection may close."""
@@ -458,7 +463,7 @@ class ShardSubs:
                 del self._at[slot]
                 was_up = slot in self._up
                 self._up.discard(slot)
-                self._after[slot] = generation
+                self._after[slot] = (generation, where)
                 if slot in self._wanted:
                     return ShardEvent("ended", slot) if was_up else _NOTHING
             return _NOTHING
@@ -474,7 +479,7 @@ class ShardSubs:
         self._leaving = {(s, w) for s, w in self._leaving if w != where}
         for slot in gone:
             del self._at[slot]
-            self._after[slot] = generation
+            self._after[slot] = (generation, where)
             if slot in self._up:
                 self._up.discard(slot)
                 was_up = was_up or slot in self._wanted

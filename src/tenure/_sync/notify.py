@@ -376,7 +376,8 @@ class Listener:
         with self._shard_lock:
             for i, subs in enumerate(self._shards):
                 node = cast("ClusterState", self._nodes[i])
-                if subs.stale():
+                if subs.stale(_owner(node.map)):
+                    node.refresh()  # a subscription ended where the map still puts it
                     node.slot_map(now, self._poke)  # loads a newer map (or takes it)
                 for where, verb, channel in subs.plan(_owner(node.map), node.loads):
                     link = self._links.get((i, where))
@@ -452,7 +453,6 @@ class Listener:
         node = cast("ClusterState", self._nodes[i])
         if self._shards[i].lost(where, node.loads):
             self._nudge_all()
-        node.refresh()  # the master may have failed: ask the cluster where the slots are
 
     def _read_link(self, i: int, where: Address, link: _ShardLink) -> None:
         sock = link.sock
@@ -495,7 +495,6 @@ class Listener:
             cast("ClusterState", self._nodes[i]).moved(event.slot, event.to)
         elif event.kind == "ended":
             self._nudge_all()  # its waiters' notifications reach nobody until it is back
-            cast("ClusterState", self._nodes[i]).refresh()  # where is the slot now?
         if event.kind in ("confirmed", "unsupported"):
             with self._guard:
                 self._guard.notify_all()  # a waiter may be waiting for its slot
