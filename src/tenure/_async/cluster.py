@@ -101,6 +101,7 @@ class ClusterChannel:
         self._members: dict[Address, Any] = {}  # Address -> Channel
         self._pools: dict[Address, redis.asyncio.ConnectionPool] = {}
         self.map: SlotMap | None = None
+        self.loads = 0  # slot maps loaded so far (the listener waits for a newer one)
         self._stale = False
         self._load: asyncio.Task[None] | None = None
         self._reconnect = Reconnect()
@@ -139,6 +140,7 @@ class ClusterChannel:
 
                     reply = await asyncio.wait_for(ask(), self._connect_timeout)
                     self.map, self._stale = SlotMap.parse(reply, where), False
+                    self.loads += 1
                     self._reconnect.succeeded()
                     self.last = None
                     # The masters' set-ups begin now, so a round waiting for this node
@@ -169,6 +171,25 @@ class ClusterChannel:
         finally:
             self._load = None
             self._changed.set()
+
+    # --- what the notification listener reads (sharded subscriptions) -----------------
+
+    def owner(self, slot: int) -> Address | None:
+        """The master of ``slot`` in the slot map (None: no map yet, or no master)."""
+        return None if self.map is None else self.map.owner(slot)
+
+    def member_pool(self, where: Address) -> redis.asyncio.ConnectionPool:
+        """The connection pool of the member at ``where`` (made on first use)."""
+        return self._pool(where)
+
+    def moved(self, slot: int, to: Address) -> None:
+        """A ``MOVED`` seen elsewhere (by the listener): as one a round met."""
+        self._moved(slot, to)
+
+    def refresh(self) -> None:
+        """Have the whole map reloaded now (a sharded subscription ended)."""
+        self._stale = True
+        self._start_load()
 
     def _moved(self, slot: int, to: Address) -> None:
         if self.map is not None:

@@ -11,6 +11,12 @@ waiting tasks cost one connection per node, not one each.
 
 A connection that fails is re-established after a back-off; once subscribed again,
 every slot is nudged to re-check (notifications sent meanwhile reached nobody).
+
+A client whose nodes are all Redis Cluster nodes also subscribes per lock slot with
+SSUBSCRIBE (``waiting.ShardSubs`` decides what, where and when): one more connection per
+master of each cluster, each with a task that connects it and re-establishes it. A
+waiter's attempts use the slot's channel once its subscription is confirmed, and the
+process channel until then.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING
 
 import redis.asyncio
 
@@ -27,10 +35,23 @@ from .._core import diagnosis
 from .._core.backoff import Reconnect
 from .._core.commands import pack
 from .._core.resp import ErrorReply
-from .._core.waiting import CHANNEL_PREFIX, STRAGGLE, Switchboard, Wake, WakeTally
+from .._core.slots import Address, routed_slot
+from .._core.waiting import (
+    CHANNEL_PREFIX,
+    STRAGGLE,
+    ShardEvent,
+    ShardSubs,
+    Switchboard,
+    Wake,
+    WakeTally,
+    sharding,
+)
 from .._driver.redis_compat import diagnose
 from .._driver.report import NodeReporter
 from .protocol import RespProtocol
+
+if TYPE_CHECKING:
+    from .cluster import ClusterChannel
 
 __all__ = ["AsyncListener", "AsyncSlot"]
 
@@ -95,6 +116,23 @@ class ResponseRefused(Exception):
     """The node answered our SUBSCRIBE with an error (its text, as sent)."""
 
 
+class _ShardLink:
+    """The sharded-subscription connection of one client to one master of a cluster."""
+
+    __slots__ = ("outbox", "task", "transport")
+
+    def __init__(self) -> None:
+        self.transport: asyncio.WriteTransport | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.outbox: list[bytes] = []  # written once connected
+
+    def send(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+        else:
+            self.outbox.append(data)
+
+
 class AsyncListener:
     """The subscriptions of one client in one event loop, started on first need."""
 
@@ -103,10 +141,21 @@ class AsyncListener:
         pools: Sequence[redis.asyncio.ConnectionPool],
         reporter: NodeReporter | None = None,
         channel_prefix: str = CHANNEL_PREFIX,
+        clusters: Sequence[bool] = (),
+        cluster: Callable[[int], ClusterChannel] | None = None,
     ) -> None:
         self._pools = list(pools)
         self._reporter = reporter or NodeReporter([str(i) for i in range(len(self._pools))])
-        self.channel = channel_prefix + secrets.token_hex(8)  # key prefix + "wake:" + random
+        suffix = secrets.token_hex(8)
+        self.channel = channel_prefix + suffix  # key prefix + "wake:" + random
+        # Sharded subscriptions per slot, when every node is a Redis Cluster node.
+        self._sharding = cluster is not None and sharding(clusters)
+        self._cluster = cluster
+        self._shards = [ShardSubs(channel_prefix, suffix) for _ in self._pools]
+        self._links: dict[tuple[int, Address], _ShardLink] = {}
+        self._waiter_slot: dict[str, int] = {}
+        self._shard_changed: asyncio.Event | None = None  # set when a slot is settled
+        self._replan_later: asyncio.TimerHandle | None = None
         self._board = Switchboard[AsyncSlot]()
         self._slots = self._board.slots
         self.departed = self._board.departed
@@ -119,31 +168,175 @@ class AsyncListener:
     def started(self) -> bool:
         return bool(self._tasks)
 
-    def register_now(self, waiter: str, need: int = 1) -> AsyncSlot:
+    def register_now(self, waiter: str, need: int = 1, key: str = "") -> AsyncSlot:
         slot = self._slots[waiter] = AsyncSlot(need)
+        if self._sharding and key and not self._closed:
+            shard = self._waiter_slot[waiter] = routed_slot(key)
+            for subs in self._shards:
+                subs.add(shard)
+            slot.route = partial(self._route, shard)
+            self._replan()
         return slot
 
-    async def register(self, waiter: str, timeout: float, need: int = 1) -> AsyncSlot:
-        """A slot for ``waiter``; subscribes first if needed (waiting up to ``timeout``)."""
-        slot = self.register_now(waiter, need)
+    async def register(
+        self, waiter: str, timeout: float, need: int = 1, key: str = ""
+    ) -> AsyncSlot:
+        """A slot for ``waiter``; subscribes first if needed (waiting up to ``timeout``).
+        ``key``: the lock's key; on Cluster nodes its slot's channel is subscribed too
+        (and waited for, up to ``timeout``)."""
+        slot = self.register_now(waiter, need, key)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         if not self._tasks and not self._closed:
             self._all_up = asyncio.Event()
-            loop = asyncio.get_running_loop()
             self._tasks = [loop.create_task(self._run(i)) for i in range(len(self._pools))]
         if self._all_up is not None and not self._all_up.is_set():
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
                 await asyncio.wait_for(self._all_up.wait(), timeout)
+        shard = self._waiter_slot.get(waiter, -1)
+        while shard >= 0 and not self._closed and not self._settled(shard):
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            if self._shard_changed is None:
+                self._shard_changed = asyncio.Event()
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._shard_changed.wait(), left)
         return slot
 
     def unregister(self, waiter: str) -> None:
         self._slots.pop(waiter, None)
+        shard = self._waiter_slot.pop(waiter, -1)
+        if shard >= 0:
+            for subs in self._shards:
+                subs.remove(shard)  # the last one out unsubscribes
+            self._replan()
 
     async def close(self) -> None:
         self._closed = True
+        if self._replan_later is not None:
+            self._replan_later.cancel()
         tasks, self._tasks = self._tasks, []
+        tasks += [link.task for link in self._links.values() if link.task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- sharded subscriptions (every node a Redis Cluster node) ------------------------
+
+    def _settled(self, shard: int) -> bool:
+        return all(subs.settled(shard) for subs in self._shards)
+
+    def _route(self, shard: int) -> tuple[str, bool] | None:
+        """The slot's channel once every cluster confirmed it, else the process's."""
+        routes = [subs.route(shard, self.channel) for subs in self._shards]
+        return routes[0] if all(sharded for _, sharded in routes) else None
+
+    def _replan(self) -> None:
+        """Send what the slots' subscriptions need (``ShardSubs.plan``), connecting to
+        the masters where needed; close the connections nothing uses any more."""
+        if self._closed or self._cluster is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a waiter let go after its loop stopped: nothing to send
+            return
+        unplaced = False
+        for i, subs in enumerate(self._shards):
+            cluster = self._cluster(i)
+            if subs.stale(cluster.owner):
+                cluster.refresh()  # a subscription ended where the map still puts it
+            for where, verb, channel in subs.plan(cluster.owner, cluster.loads):
+                link = self._links.get((i, where))
+                if link is None:
+                    link = self._links[(i, where)] = _ShardLink()
+                if verb == "SSUBSCRIBE":
+                    link.send(pack("SSUBSCRIBE", channel))
+                else:
+                    link.send(pack("SUNSUBSCRIBE", channel))
+            unplaced = unplaced or subs.unplaced()
+        for (i, where), link in self._links.items():
+            if self._shards[i].idle(where) and not link.outbox:
+                if link.task is not None:
+                    link.task.cancel()
+                    link.task = link.transport = None
+            elif link.task is None:
+                link.task = loop.create_task(self._run_link(i, where, link))
+        if unplaced and self._replan_later is None:
+            # The slot map is not loaded yet (or not again since a subscription ended):
+            # look again shortly.
+            self._replan_later = loop.call_later(0.05, self._replan_again)
+
+    def _replan_again(self) -> None:
+        self._replan_later = None
+        self._replan()
+
+    def _shard_event(self, i: int, event: ShardEvent) -> None:
+        if event.kind == "moved" and event.to is not None and self._cluster is not None:
+            self._cluster(i).moved(event.slot, event.to)
+        elif event.kind == "ended" and self._cluster is not None:
+            self._nudge_all()  # its waiters' notifications reach nobody until it is back
+        if event.kind in ("confirmed", "unsupported"):
+            changed, self._shard_changed = self._shard_changed, None
+            if changed is not None:
+                changed.set()  # a waiter may be waiting for its slot
+        if event.kind in ("moved", "ended"):
+            asyncio.get_running_loop().call_soon(self._replan)
+
+    async def _run_link(self, i: int, where: Address, link: _ShardLink) -> None:
+        assert self._cluster is not None
+        subs = self._shards[i]
+        reconnect = Reconnect()
+        while not self._closed and not (subs.idle(where) and not link.outbox):
+            pool = self._cluster(i).member_pool(where)
+            conn: redis.asyncio.Connection = pool.make_connection()  # type: ignore[no-untyped-call]
+            try:
+                await conn.connect()  # type: ignore[no-untyped-call]
+                loop = asyncio.get_running_loop()
+                lost: asyncio.Future[BaseException] = loop.create_future()
+
+                def handle(reply: object, lost: asyncio.Future[BaseException] = lost) -> None:
+                    loads = self._cluster(i).loads if self._cluster is not None else 0
+                    if isinstance(reply, ErrorReply):
+                        event = subs.answered(where, None, reply.message, loads)
+                    else:
+                        self._board.message(reply, i, time.monotonic())  # an smessage
+                        event = subs.answered(where, reply, None, loads)
+                    if event.kind == "refused":
+                        if not lost.done():
+                            lost.set_result(ResponseRefused(event.detail))
+                        return
+                    self._shard_event(i, event)
+
+                transport = conn._writer.transport  # type: ignore[union-attr]
+                transport.set_protocol(RespProtocol(handle, lost))
+                link.transport = transport
+                reconnect.succeeded()
+                if link.outbox:
+                    data, link.outbox = b"".join(link.outbox), []
+                    transport.write(data)
+                raise await lost
+            except asyncio.CancelledError:
+                link.transport = None
+                await conn.disconnect(nowait=True)
+                raise
+            except Exception as exc:  # a failed connection is retried after a back-off
+                why = (
+                    diagnosis.error_reply(str(exc))
+                    if isinstance(exc, ResponseRefused)
+                    else diagnose(exc)
+                )
+                if why.failure.configuration:
+                    self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
+            link.transport = None
+            link.outbox = []
+            await conn.disconnect(nowait=True)
+            if subs.lost(where, self._cluster(i).loads):
+                self._nudge_all()
+            self._replan()  # asked again at the slots' owners (here once it is back)
+            await asyncio.sleep(reconnect.failed(time.monotonic()))
+        if link.task is asyncio.current_task():
+            link.task = None
 
     def _nudge_all(self) -> None:
         self._board.nudge_all()

@@ -13,6 +13,7 @@ from functools import cache, lru_cache
 
 from .._lua import script
 from .config import LockSpec
+from .waiting import SHARDED
 
 __all__ = [
     "ASKING",
@@ -241,7 +242,8 @@ class WaitArgs:
     ``waiter`` the waiter id, stable over one acquire call; ``channel`` where its
     process listens; ``place_ms`` how long its place lives unless renewed (0: a
     non-blocking attempt, never queued); ``ticket`` ("q") its place in the queue, the
-    same on every node (the wall clock in µs when the acquire call began).
+    same on every node (the wall clock in µs when the acquire call began); ``sharded``
+    the channel is a Cluster slot's, notified by SPUBLISH (``waiting.ShardSubs``).
     """
 
     mode: str
@@ -249,6 +251,7 @@ class WaitArgs:
     channel: str
     place_ms: int
     ticket: int = 0
+    sharded: bool = False
 
 
 def acquire(
@@ -275,6 +278,8 @@ def acquire(
     else:
         node_keys = (keys.lock, keys.floor, keys.warm, keys.queue)
         args += (wait.mode, wait.waiter, wait.channel, wait.place_ms, wait.ticket)
+        if wait.sharded:
+            args += (SHARDED,)
     # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
     # cannot run it answers without granting anything (``ScriptCache``).
     packed, fallback = _evalsha("acquire", node_keys, args)

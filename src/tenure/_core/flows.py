@@ -141,14 +141,16 @@ class Inbox(Protocol):
 class Listen:
     """Subscribe ``waiter`` to release notifications (``need``: how many nodes' wake-ups
     make one); result its ``Inbox``. ``timeout``: how long to wait for the subscription
-    to be confirmed (0: not at all, the process's listener already runs)."""
+    to be confirmed (0: not at all, the process's listener already runs). ``key``: the
+    lock's key (a Cluster node subscribes per slot, ``waiting.ShardSubs``)."""
 
-    __slots__ = ("need", "timeout", "waiter")
+    __slots__ = ("key", "need", "timeout", "waiter")
 
-    def __init__(self, waiter: str, timeout: float, need: int) -> None:
+    def __init__(self, waiter: str, timeout: float, need: int, key: str = "") -> None:
         self.waiter = waiter
         self.timeout = timeout
         self.need = need
+        self.key = key
 
 
 class AwaitWake:
@@ -328,7 +330,7 @@ class Flows:
         granted: LeaseState | None = None
         try:
             if blocking and listening and self.config.recheck > 0:
-                call.inbox = yield Listen(waiter, 0.0, spec.quorum)
+                call.inbox = yield Listen(waiter, 0.0, spec.quorum, spec.key)
             granted = yield from self._attempts(acq, spec, call, waiter, channel)
         except GeneratorExit:
             raise
@@ -374,7 +376,9 @@ class Flows:
             # Always the waiting form: even an attempt that will not queue must see the
             # queue (fair) and a reservation for a woken waiter.
             place = self.place_ms if call.inbox is not None else 0
-            wait_args = commands.WaitArgs(spec.wait_mode.value, waiter, channel, place, ticket)
+            # The process channel, or the lock's slot's where the listener has it (sharded).
+            via, sharded = waiting.route_of(call.inbox, channel)
+            wait_args = commands.WaitArgs(spec.wait_mode.value, waiter, via, place, ticket, sharded)
             if call.inbox is not None:
                 call.queued = True
                 call.inbox.take()  # this attempt sees every release notified so far
@@ -415,7 +419,9 @@ class Flows:
             if isinstance(step, Wait):
                 if call.inbox is None:
                     # First wait of this process: subscribe, then queue at once.
-                    call.inbox = yield Listen(waiter, self.config.node_timeout, spec.quorum)
+                    call.inbox = yield Listen(
+                        waiter, self.config.node_timeout, spec.quorum, spec.key
+                    )
                     continue
                 if (yield AwaitWake(waiter, call.inbox, step.timeout)):
                     handed = self._transferred(call.inbox.take(), acq, waiter)

@@ -27,15 +27,20 @@ skipped within that time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
+
+from .slots import Address, key_slot, redirect, slot_tag
 
 __all__ = [
     "CHANNEL_PREFIX",
+    "SHARDED",
     "STRAGGLE",
     "Departed",
     "Filing",
+    "ShardEvent",
+    "ShardSubs",
     "Switchboard",
     "Wake",
     "WakeTally",
@@ -44,6 +49,9 @@ __all__ = [
     "hold_ms",
     "parse_wake",
     "place_ms",
+    "route_of",
+    "sharded_refused",
+    "sharding",
 ]
 
 # Every client's notification channel starts with this; an ACL grants them all with
@@ -96,12 +104,15 @@ class WakeTally:
     """The notifications filed for one waiter since it last looked (a driver's slot
     adds how the waiter is woken: an event, a future)."""
 
-    __slots__ = ("need", "nodes", "wakes")
+    __slots__ = ("need", "nodes", "route", "wakes")
 
     def __init__(self, need: int = 1) -> None:
         self.wakes: list[tuple[int, Wake]] = []  # (node, notification)
         self.nodes: set[int] = set()  # the nodes whose notifications are in ``wakes``
         self.need = need  # how many nodes' notifications make a majority
+        # Where the waiter's next attempt says to notify it, when the listener chose
+        # (a Cluster node's sharded channel, see ``ShardSubs``): (channel, sharded).
+        self.route: Callable[[], tuple[str, bool] | None] | None = None
 
     def file(self, wake: Wake, node: int) -> bool | None:
         """File ``wake`` from ``node``: True when the waiter should wake now, False when
@@ -146,7 +157,7 @@ class Switchboard(Generic[S]):
         if it confirmed the subscription."""
         if not isinstance(reply, list) or len(reply) != 3:
             return False
-        if reply[0] == b"message":
+        if reply[0] == b"message" or reply[0] == b"smessage":
             wake = parse_wake(reply[2])
             if wake is not None:
                 slot = self.slots.get(wake.waiter)
@@ -218,3 +229,265 @@ class Departed:
             return False
         entry[1](node)
         return True
+
+
+# --- A Redis Cluster node: sharded pub/sub ----------------------------------------------
+#
+# On a Cluster node whose servers have sharded pub/sub (Redis 7.0 and later, Valkey), a
+# waiter is notified on a channel of its lock's slot, ``<prefix>wake:{<T[s]>}:<random>``
+# (``slots.slot_tag``), to which its process subscribes with SSUBSCRIBE at the slot's
+# master, and the release script publishes with SPUBLISH: the message stays within the
+# shard. The waiter's place then says so ("<channel> <ttl_ms> s", ``SHARDED``). Until a
+# slot's subscription is confirmed (and on servers without sharded pub/sub), the waiter
+# is notified as on any node, on its process channel (classic SUBSCRIBE and PUBLISH), so
+# a place never names a sharded channel nobody has subscribed to.
+
+# The mark a waiter's place carries when its channel is sharded (acquire.lua ARGV[12]).
+SHARDED = "s"
+
+
+def sharding(clusters: Sequence[bool]) -> bool:
+    """Whether a client whose nodes are ``clusters`` (True: a Redis Cluster node) uses
+    sharded channels: only when every node is a Cluster node. One command serves every
+    node of a round, so one channel must do for all of them, and a plain node's process
+    channel has no slot (a mixed set keeps the process channel everywhere)."""
+    return bool(clusters) and all(clusters)
+
+
+def route_of(inbox: object, channel: str) -> tuple[str, bool]:
+    """Where an attempt of a waiter whose notification slot is ``inbox`` asks to be
+    notified: the slot's route if its listener chose one, else the process ``channel``."""
+    route = getattr(inbox, "route", None)
+    chosen = route() if route is not None else None
+    return chosen if chosen is not None else (channel, False)
+
+
+def sharded_refused(error: str) -> bool:
+    """Whether an error answering SSUBSCRIBE says the server has no sharded pub/sub
+    (before Redis 7.0): the cluster then keeps the process channel for good."""
+    lower = error.lower()
+    return "unknown command" in lower or "unknown subcommand" in lower
+
+
+@dataclass(frozen=True)
+class ShardEvent:
+    """What one reply on a sharded subscription connection means to its driver.
+
+    ``kind``: "confirmed" (a slot's subscription is up), "ended" (the server ended a
+    subscription still wanted, or the connection was lost: its waiters re-check now, and
+    it is subscribed again at the slot's current owner), "moved" (SSUBSCRIBE answered
+    ``MOVED``: the slot's owner is ``to``; tell the slot map), "unsupported" (no sharded
+    pub/sub on this cluster), "refused" (another error: ``detail``; drop the connection,
+    it is tried again after its back-off), "" (nothing to do).
+    """
+
+    kind: Literal["", "confirmed", "ended", "moved", "unsupported", "refused"]
+    slot: int = -1
+    to: Address | None = None
+    detail: str = ""
+
+
+_NOTHING = ShardEvent("")
+
+
+class ShardSubs:
+    """The sharded subscriptions of one client process on one Cluster node.
+
+    Reference-counted per slot: the first waiter on a slot makes the process subscribe
+    to the slot's channel at the slot's master, the last to leave unsubscribes, so a
+    long-lived process with waiters on many slots keeps subscriptions only for the
+    slots it waits on. ``plan`` says what to send where; ``answered`` and ``lost`` take
+    what came back. Pure: the driver keeps the connections (one per master).
+    """
+
+    __slots__ = (
+        "_after",
+        "_asked",
+        "_at",
+        "_leaving",
+        "_prefix",
+        "_suffix",
+        "_up",
+        "_wanted",
+        "supported",
+    )
+
+    def __init__(self, prefix: str, suffix: str) -> None:
+        self._prefix = prefix  # the key prefix + "wake:"
+        self._suffix = suffix  # the process's random part
+        # Whether the cluster has sharded pub/sub: unknown until an SSUBSCRIBE is answered.
+        self.supported: bool | None = None
+        self._wanted: dict[int, int] = {}  # slot -> waiters on it
+        self._at: dict[int, Address] = {}  # slot -> the master subscribed (or asked) at
+        self._up: set[int] = set()  # slots whose subscription is confirmed
+        self._leaving: set[tuple[int, Address]] = set()  # being unsubscribed there
+        self._asked: dict[Address, list[tuple[str, int]]] = {}  # unanswered, per master
+        # Slots whose subscription ended (slot -> the map's generation then, and the
+        # master it ended at): placed again once the map names another master, or by a
+        # map loaded since. The server ends a subscription when the slot leaves the node,
+        # and that node, a replica of the slot's new master now, would accept it again
+        # (SSUBSCRIBE is served by a shard's replicas), where SPUBLISH's count, the
+        # master's alone, would not see it.
+        self._after: dict[int, tuple[int, Address]] = {}
+
+    def channel(self, slot: int) -> str:
+        """The process's channel in ``slot``: it hashes to ``slot`` (``{T[s]}``)."""
+        return f"{self._prefix}{{{slot_tag(slot)}}}:{self._suffix}"
+
+    def add(self, slot: int) -> None:
+        """A waiter on ``slot`` registered."""
+        self._wanted[slot] = self._wanted.get(slot, 0) + 1
+
+    def remove(self, slot: int) -> None:
+        """A waiter on ``slot`` is gone."""
+        left = self._wanted.get(slot, 0) - 1
+        if left > 0:
+            self._wanted[slot] = left
+        else:
+            self._wanted.pop(slot, None)
+
+    def up(self, slot: int) -> bool:
+        """The slot's subscription is confirmed (at the master it was asked of)."""
+        return slot in self._up and slot in self._wanted
+
+    def settled(self, slot: int) -> bool:
+        """Nothing more to wait for before a waiter on ``slot`` queues: its subscription
+        is up, or the cluster has no sharded pub/sub."""
+        return self.supported is False or self.up(slot)
+
+    def route(self, slot: int, channel: str) -> tuple[str, bool]:
+        """The channel a waiter on ``slot`` records: sharded once its subscription is
+        confirmed, else the process ``channel`` (classic, always subscribed)."""
+        if self.supported and self.up(slot):
+            return self.channel(slot), True
+        return channel, False
+
+    def plan(
+        self, owner: Callable[[int], Address | None], generation: int = 0
+    ) -> list[tuple[Address, str, str]]:
+        """What to send now: ``(master, "SSUBSCRIBE" | "SUNSUBSCRIBE", channel)``, for
+        wanted slots subscribed nowhere (at ``owner(slot)``, the slot map's master; a
+        slot without one waits for the map, and one whose subscription ended waits for
+        a map newer than then: ``generation`` counts the maps loaded), for
+        subscriptions nobody wants, and for those the map now puts elsewhere (a
+        failover, a slot moved: they follow it)."""
+        out: list[tuple[Address, str, str]] = []
+        if self.supported is False:
+            return out
+        for slot, where in list(self._at.items()):
+            if slot in self._wanted and (slot, where) not in self._leaving:
+                now_at = owner(slot)
+                if now_at is not None and now_at != where:
+                    del self._at[slot]
+                    self._up.discard(slot)
+                    self._unsubscribe(slot, where, out)
+        for slot in self._wanted:
+            if slot in self._at:
+                continue
+            master = owner(slot)
+            if master is None:
+                continue
+            if slot in self._after:
+                loaded, ended_at = self._after[slot]
+                if master == ended_at and loaded >= generation:
+                    continue
+                del self._after[slot]
+            self._at[slot] = master
+            self._asked.setdefault(master, []).append(("s", slot))
+            out.append((master, "SSUBSCRIBE", self.channel(slot)))
+        for slot, where in self._at.items():
+            if slot not in self._wanted and (slot, where) not in self._leaving:
+                self._unsubscribe(slot, where, out)
+        return out
+
+    def _unsubscribe(self, slot: int, where: Address, out: list[tuple[Address, str, str]]) -> None:
+        self._leaving.add((slot, where))
+        self._asked.setdefault(where, []).append(("u", slot))
+        out.append((where, "SUNSUBSCRIBE", self.channel(slot)))
+
+    def unplaced(self) -> bool:
+        """Some wanted slot is subscribed nowhere yet (its master unknown)."""
+        return self.supported is not False and any(s not in self._at for s in self._wanted)
+
+    def stale(self, owner: Callable[[int], Address | None]) -> bool:
+        """A subscription ended where the slot map (``owner``) still puts it: have a
+        newer map loaded."""
+        if self.supported is False:
+            return False
+        return any(owner(s) == at for s, (_, at) in self._after.items() if s in self._wanted)
+
+    def idle(self, where: Address) -> bool:
+        """Nothing is subscribed or asked at ``where``: its connection may close."""
+        return not self._asked.get(where) and where not in self._at.values()
+
+    def answered(
+        self, where: Address, reply: object, error: str | None = None, generation: int = 0
+    ) -> ShardEvent:
+        """A reply from the connection to ``where`` (``error``: the text of an error
+        reply, which answers the oldest unanswered request there; ``generation``: the
+        slot maps loaded so far)."""
+        asked = self._asked.get(where)
+        if error is not None:
+            if not asked:
+                return ShardEvent("refused", detail=error)
+            verb, slot = asked.pop(0)
+            if verb == "u":
+                self._drop(slot, where)
+                return _NOTHING
+            self._drop(slot, where)
+            if sharded_refused(error):
+                self.supported = False
+                return ShardEvent("unsupported", slot)
+            hop = redirect(error, where)
+            if hop is not None and hop.kind == "moved" and hop.to is not None:
+                return ShardEvent("moved", hop.slot, hop.to)
+            return ShardEvent("refused", slot, detail=error)
+        if not isinstance(reply, list) or len(reply) != 3 or not isinstance(reply[1], bytes):
+            return _NOTHING
+        kind, slot = reply[0], key_slot(reply[1])
+        if kind == b"ssubscribe":
+            if asked and asked[0] == ("s", slot):
+                asked.pop(0)
+            self.supported = True
+            if self._at.get(slot) == where:
+                self._up.add(slot)
+                return ShardEvent("confirmed", slot)
+            return _NOTHING
+        if kind == b"sunsubscribe":
+            if asked and asked[0] == ("u", slot):
+                asked.pop(0)  # the answer to ours
+                self._drop(slot, where)
+                return _NOTHING
+            # The server ended it: the slot moved, or its master became a replica.
+            if self._at.get(slot) == where and (slot, where) not in self._leaving:
+                del self._at[slot]
+                was_up = slot in self._up
+                self._up.discard(slot)
+                self._after[slot] = (generation, where)
+                if slot in self._wanted:
+                    return ShardEvent("ended", slot) if was_up else _NOTHING
+            return _NOTHING
+        return _NOTHING
+
+    def lost(self, where: Address, generation: int = 0) -> bool:
+        """The connection to ``where`` is gone, and its subscriptions with it (placed
+        again by a slot map newer than ``generation``: the master may have failed); True
+        if a wanted one was up (its waiters should re-check now)."""
+        self._asked.pop(where, None)
+        gone = [s for s, w in self._at.items() if w == where]
+        was_up = False
+        self._leaving = {(s, w) for s, w in self._leaving if w != where}
+        for slot in gone:
+            del self._at[slot]
+            self._after[slot] = (generation, where)
+            if slot in self._up:
+                self._up.discard(slot)
+                was_up = was_up or slot in self._wanted
+        return was_up
+
+    def _drop(self, slot: int, where: Address) -> None:
+        """``slot`` is subscribed at ``where`` no more."""
+        self._leaving.discard((slot, where))
+        if self._at.get(slot) == where:
+            del self._at[slot]
+            self._up.discard(slot)

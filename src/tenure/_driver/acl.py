@@ -150,6 +150,11 @@ NODE_KINDS: dict[str, tuple[_Extra, ...]] = {
     "cluster": (
         ("ASKING", None, (), None, None),
         ("CLUSTER", "SLOTS", (), None, None),
+        # Sharded notifications, on servers that have them (the release script's
+        # SPUBLISH is left out of the lines derived from the scripts: CLUSTER_ONLY).
+        ("SSUBSCRIBE", None, ("$CHANNEL",), (7,), None),
+        ("SUNSUBSCRIBE", None, ("$CHANNEL",), (7,), None),
+        ("SPUBLISH", None, ("$CHANNEL", "probe"), (7,), None),
     ),
 }
 
@@ -185,6 +190,10 @@ def _script_args(prefix: str) -> dict[str, tuple[str, ...]]:
         "INFO": ("replication",),  # the node's replication ID (history.lua.inc)
     }
 
+
+# Run by the scripts on a Redis Cluster node only (a sharded notification, 7.0 and later):
+# never on the plain nodes `tenure check` inspects (docs/cluster-and-sentinel.md).
+CLUSTER_ONLY = frozenset({"SPUBLISH"})
 
 # Sent by the drivers themselves (tests/unit/test_acl.py greps the drivers for pack()).
 # EVALSHA is optional (a node that refuses it is sent EVAL: docs/deployment.md). No
@@ -269,7 +278,7 @@ def needs(
     ]
     out += [
         Need(command, script_args.get(command, (probe_keys(prefix, tag)[0],)), "scripts")
-        for command in sorted(scripted - direct.keys())
+        for command in sorted(scripted - direct.keys() - CLUSTER_ONLY)
     ]
     key, queue, channel = probe_keys(prefix, tag)
     named = {"$KEY": key, "$QUEUE": queue, "$CHANNEL": channel}

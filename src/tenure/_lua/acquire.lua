@@ -21,6 +21,8 @@
 -- ARGV[11] (waiting only) "q": the waiter's place in the queue, chosen by the client
 --          (when its acquire call began) and the same on every node, so that waiters
 --          queued on several nodes in different orders still line up alike on each
+-- ARGV[12] (waiting only, optional) "s": ARGV[9] is a sharded channel (a Redis Cluster
+--          node, 7.0 and later): the release notifies with SPUBLISH (handoff.lua.inc)
 --
 -- The floor is the highest fencing token this node has committed, for any lock, and the
 -- only fencing history it keeps: a grant must propose a token above it, whatever the
@@ -141,7 +143,11 @@ else
                 end
                 redis.call("ZADD", queue, ticket, me)
             end
-            redis.call("SET", queue .. ":" .. me, ARGV[9] .. " " .. ARGV[2], "PX", place)
+            local record = ARGV[9] .. " " .. ARGV[2]
+            if ARGV[12] then
+                record = record .. " " .. ARGV[12]
+            end
+            redis.call("SET", queue .. ":" .. me, record, "PX", place)
             -- The queue outlives its longest-lived place, and no more: a queue whose
             -- waiters all died goes with their places.
             if redis.call("PTTL", queue) < tonumber(place) then

@@ -229,7 +229,7 @@ class Client(ClientBase):
                 hopeless_unsent=op.hopeless_unsent,
             )
         elif isinstance(op, Listen):
-            return self._listener.register(op.waiter, op.timeout, op.need)
+            return self._listener.register(op.waiter, op.timeout, op.need, op.key)
         elif isinstance(op, AwaitWake):
             assert isinstance(op.inbox, Slot)
             return self._listener.wait(op.waiter, op.inbox, op.timeout)

@@ -118,6 +118,7 @@ class ClusterState(NodeState):
         self._lock = threading.Lock()
         self._reconnect = Reconnect()
         self.map: SlotMap | None = None
+        self.loads = 0  # slot maps loaded so far (the listener waits for a newer one)
         self._stale = False
         self._load: _MapLoad | None = None
 
@@ -151,6 +152,11 @@ class ClusterState(NodeState):
                 self.map = self.map.moved(slot, to)
             self._stale = True
 
+    def refresh(self) -> None:
+        """Have the whole map reloaded (a sharded subscription ended: the slot moved)."""
+        with self._lock:
+            self._stale = True
+
     def slot_map(self, now: float, wake: Callable[[], None]) -> SlotMap | Diagnosis | None:
         """The slot map; None while it is being loaded for the first time; why there
         is none (the load failed, or its back-off has not ended)."""
@@ -160,6 +166,7 @@ class ClusterState(NodeState):
                 self._load = None
                 if load.result is not None:
                     self.map, self._stale = load.result, False
+                    self.loads += 1
                     self._reconnect.succeeded()
                     self.last = None
                 elif self.map is None:

@@ -15,6 +15,12 @@ A connection that fails is re-established after a back-off; once subscribed agai
 every slot is nudged to re-check at once, since notifications sent meanwhile reached
 nobody (release.lua then skipped those waiters; the re-check queues them again). After
 ``fork()`` the child forgets the parent's thread and sockets and picks a new channel.
+
+A client whose nodes are all Redis Cluster nodes also subscribes per lock slot with
+SSUBSCRIBE (``waiting.ShardSubs`` decides what, where and when): one more connection per
+master of each cluster, opened, read and re-subscribed by whoever reads the sockets, like
+the others. A waiter's attempts use the slot's channel once its subscription is
+confirmed, and the process channel until then.
 """
 
 from __future__ import annotations
@@ -27,16 +33,28 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import cast
 
 from .._core import diagnosis
 from .._core.backoff import Reconnect
 from .._core.commands import pack
 from .._core.resp import ErrorReply, ReplyReader
-from .._core.waiting import CHANNEL_PREFIX, STRAGGLE, Switchboard, Wake, WakeTally
+from .._core.slots import Address, SlotMap, routed_slot
+from .._core.waiting import (
+    CHANNEL_PREFIX,
+    STRAGGLE,
+    ShardEvent,
+    ShardSubs,
+    Switchboard,
+    Wake,
+    WakeTally,
+    sharding,
+)
 from .._driver.redis_compat import diagnose
 from .._driver.report import NodeReporter
+from .cluster import ClusterState
 from .connect import SetUp
 from .links import NodeState
 
@@ -90,6 +108,20 @@ class Slot(WakeTally):
         return self.event.wait(timeout)
 
 
+class _ShardLink:
+    """The sharded-subscription connection of one client to one master of a cluster."""
+
+    __slots__ = ("conn", "outbox", "reader", "reconnect", "setup", "sock")
+
+    def __init__(self) -> None:
+        self.conn: object = None
+        self.sock: socket.socket | None = None
+        self.setup: SetUp | None = None
+        self.reader = ReplyReader()
+        self.reconnect = Reconnect()
+        self.outbox: list[bytes] = []  # written once connected
+
+
 class Listener:
     """The notification sockets of one client, and who reads them.
 
@@ -113,6 +145,8 @@ class Listener:
     ) -> None:
         self._nodes = list(nodes)
         self._channel_prefix = channel_prefix  # the client's key prefix + "wake:"
+        # Sharded subscriptions per slot, when every node is a Redis Cluster node.
+        self._sharding = sharding([isinstance(n, ClusterState) for n in self._nodes])
         self._reporter = reporter or NodeReporter([n.name for n in self._nodes])
         self.channel = ""
         self._stop = False
@@ -139,19 +173,34 @@ class Listener:
         self._readers = [ReplyReader() for _ in range(n)]
         self._reconnect = [Reconnect() for _ in range(n)]
         self._ever = [False] * n
-        self.channel = self._channel_prefix + secrets.token_hex(8)
+        suffix = secrets.token_hex(8)
+        self.channel = self._channel_prefix + suffix
+        self._shard_lock = threading.Lock()  # the ShardSubs, their links, _waiter_slot
+        self._shards = [ShardSubs(self._channel_prefix, suffix) for _ in range(n)]
+        self._links: dict[tuple[int, Address], _ShardLink] = {}
+        self._waiter_slot: dict[str, int] = {}  # waiter -> the slot it subscribed for
 
     @property
     def started(self) -> bool:
         return self._thread is not None
 
-    def register(self, waiter: str, timeout: float, need: int = 1) -> Slot:
+    def register(self, waiter: str, timeout: float, need: int = 1, key: str = "") -> Slot:
         """A slot for ``waiter``; starts the thread if needed and waits (up to ``timeout``)
         until every node confirmed the subscription, so the first queued attempt can be
-        notified. ``need``: the notifications that make a majority (see ``Slot``)."""
+        notified. ``need``: the notifications that make a majority (see ``Slot``).
+        ``key``: the lock's key; on Cluster nodes its slot's channel is subscribed too
+        (and waited for, up to ``timeout``)."""
         slot = Slot(need)
+        shard = -1
+        if self._sharding and key:
+            shard = routed_slot(key)
+            with self._shard_lock:
+                self._waiter_slot[waiter] = shard
+                for subs in self._shards:
+                    subs.add(shard)
+            slot.route = partial(self._route, shard)
         self._slots[waiter] = slot
-        if self._thread is None:
+        if self._thread is None or shard >= 0:
             with self._guard:
                 if self._thread is None and not self._stop:
                     self._waker = socket.socketpair()
@@ -159,11 +208,31 @@ class Listener:
                         target=self._run, name="tenure-notify", daemon=True
                     )
                     self._thread.start()
-                self._guard.wait_for(lambda: all(self._up) or self._stop, timeout)
+                if shard >= 0:
+                    self._poke()  # whoever reads the sockets subscribes the slot now
+                self._guard.wait_for(
+                    lambda: (all(self._up) and self._settled(shard)) or self._stop, timeout
+                )
         return slot
 
     def unregister(self, waiter: str) -> None:
         self._slots.pop(waiter, None)
+        if self._sharding:
+            with self._shard_lock:
+                shard = self._waiter_slot.pop(waiter, -1)
+                if shard >= 0:
+                    for subs in self._shards:
+                        subs.remove(shard)  # the last one out unsubscribes (``_connect``)
+            if shard >= 0:
+                self._poke()
+
+    def _settled(self, shard: int) -> bool:
+        return shard < 0 or all(subs.settled(shard) for subs in self._shards)
+
+    def _route(self, shard: int) -> tuple[str, bool] | None:
+        """The slot's channel once every cluster confirmed it, else the process's."""
+        routes = [subs.route(shard, self.channel) for subs in self._shards]
+        return routes[0] if all(sharded for _, sharded in routes) else None
 
     def wait(self, waiter: str, slot: Slot, timeout: float) -> bool:
         """Until ``slot`` is notified (True) or ``timeout`` seconds pass (False); reads
@@ -196,11 +265,12 @@ class Listener:
                     left = end - now
                     if left <= 0:
                         break
-                    if any(self._setups):
+                    if any(self._setups) or self._sharding:
                         # A subscription being set up must not wait for this wait to
-                        # end: the reader finishes it (a set-up pokes when it ends).
+                        # end: the reader finishes it (a set-up pokes when it ends), and
+                        # subscribes the slots other waiters registered (they poke).
                         self._connect(now)
-                    self._pump(left, watch_waker=any(self._setups))
+                    self._pump(left, watch_waker=any(self._setups) or self._sharding)
             finally:
                 self._read.release()
         finally:
@@ -297,6 +367,137 @@ class Listener:
                 why = diagnose(error)
                 if why.failure.configuration:
                     self._reporter.note(i, why.failure, why.detail)
+        if self._sharding:
+            self._connect_shards(now)
+
+    def _connect_shards(self, now: float) -> None:
+        """Send what the slots' subscriptions need (``ShardSubs.plan``), connecting to
+        the masters where needed, and close the connections nothing uses any more."""
+        with self._shard_lock:
+            for i, subs in enumerate(self._shards):
+                node = cast("ClusterState", self._nodes[i])
+                if subs.stale(_owner(node.map)):
+                    node.refresh()  # a subscription ended where the map still puts it
+                    node.slot_map(now, self._poke)  # loads a newer map (or takes it)
+                for where, verb, channel in subs.plan(_owner(node.map), node.loads):
+                    link = self._links.get((i, where))
+                    if link is None:
+                        link = self._links[(i, where)] = _ShardLink()
+                    if verb == "SSUBSCRIBE":
+                        link.outbox.append(pack("SSUBSCRIBE", channel))
+                    else:
+                        link.outbox.append(pack("SUNSUBSCRIBE", channel))
+            for (i, where), link in self._links.items():
+                idle = self._shards[i].idle(where) and not link.outbox
+                if idle:
+                    if link.sock is not None or link.setup is not None:
+                        self._close_link(link)
+                    continue
+                if link.sock is None:
+                    self._set_up_link(i, where, link, now)
+                if link.sock is not None and link.outbox:
+                    data, link.outbox = b"".join(link.outbox), []
+                    try:
+                        link.sock.sendall(data)
+                    except OSError:
+                        self._drop_link(i, where, link, now)
+
+    def _set_up_link(self, i: int, where: Address, link: _ShardLink, now: float) -> None:
+        node = cast("ClusterState", self._nodes[i])
+        setup = link.setup
+        if setup is None:
+            if not link.reconnect.left(now):
+                link.setup = SetUp(
+                    node.member(where).new_connection(),
+                    node.connect_timeout,
+                    node.timeout,
+                    self._poke,
+                    now + node.connect_timeout,
+                )
+            return
+        if not setup.done:
+            if now >= setup.deadline:
+                self._drop_link(i, where, link, now)
+            return
+        link.setup = None
+        if setup.error is None:
+            try:
+                conn = link.conn = setup.take()
+                sock = cast("socket.socket | None", conn._sock)
+                if sock is None:
+                    raise OSError("not connected")
+                sock.settimeout(node.timeout)
+                link.sock = sock
+                link.reader = ReplyReader()
+                link.reconnect.succeeded()
+                return
+            except Exception:  # whatever the node did, the reader must live on
+                pass
+        self._drop_link(i, where, link, now)
+
+    def _close_link(self, link: _ShardLink) -> None:
+        setup, link.setup = link.setup, None
+        if setup is not None:
+            setup.abandon()
+        conn, link.conn, link.sock = link.conn, None, None
+        link.outbox = []
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.disconnect()  # type: ignore[attr-defined]
+
+    def _drop_link(self, i: int, where: Address, link: _ShardLink, now: float) -> None:
+        """The connection to a master failed: its subscriptions are gone (asked again
+        at the slots' owners once it or they are back); their waiters re-check."""
+        self._close_link(link)
+        link.reconnect.failed(now)
+        node = cast("ClusterState", self._nodes[i])
+        if self._shards[i].lost(where, node.loads):
+            self._nudge_all()
+
+    def _read_link(self, i: int, where: Address, link: _ShardLink) -> None:
+        sock = link.sock
+        assert sock is not None
+        try:
+            data = sock.recv(65536)
+            buffered = getattr(sock, "pending", None)  # TLS: see ``_pump``
+            while data and buffered is not None and (more := buffered()):
+                data += sock.recv(more)
+        except OSError:
+            data = b""
+        try:
+            replies = link.reader.feed(data) if data else None
+        except ValueError:
+            replies = None
+        now = time.monotonic()
+        if replies is None:
+            with self._shard_lock:
+                self._drop_link(i, where, link, now)
+            return
+        subs = self._shards[i]
+        node = cast("ClusterState", self._nodes[i])
+        for reply in replies:
+            with self._shard_lock:
+                if isinstance(reply, ErrorReply):
+                    event = subs.answered(where, None, reply.message, node.loads)
+                else:
+                    self._board.message(reply, i, now)  # an smessage: file it
+                    event = subs.answered(where, reply, None, node.loads)
+                if event.kind == "refused":
+                    why = diagnosis.error_reply(event.detail)
+                    if why.failure.configuration:
+                        self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
+                    self._drop_link(i, where, link, now)
+                    return
+            self._shard_event(i, event)
+
+    def _shard_event(self, i: int, event: ShardEvent) -> None:
+        if event.kind == "moved" and event.to is not None:
+            cast("ClusterState", self._nodes[i]).moved(event.slot, event.to)
+        elif event.kind == "ended":
+            self._nudge_all()  # its waiters' notifications reach nobody until it is back
+        if event.kind in ("confirmed", "unsupported"):
+            with self._guard:
+                self._guard.notify_all()  # a waiter may be waiting for its slot
 
     def _pump(self, limit: float | None, *, watch_waker: bool) -> None:
         """One ``select()`` on the sockets (at most ``limit`` s) and what it brings."""
@@ -322,8 +523,21 @@ class Listener:
                 # Return before select(): the reader may be the very waiter just set,
                 # and it must not sleep out its wait in select() with its event set.
                 return
+        links: dict[socket.socket, tuple[int, Address, _ShardLink]] = {}
+        if self._sharding:
+            with self._shard_lock:
+                for (i, where), link in self._links.items():
+                    if link.sock is not None:
+                        links[link.sock] = (i, where, link)
+                    elif link.setup is not None:
+                        pending.append(link.setup.deadline - now)
+                    elif link.outbox:
+                        pending.append(link.reconnect.retry_at - now)
+                if any(subs.unplaced() for subs in self._shards):
+                    pending.append(0.05)  # the slot map is not loaded yet: look again
         timeout = max(min(pending), 0.0005) if pending else None
         watched = [s for s in socks if s is not None]
+        watched += links
         waker = self._waker
         if watch_waker and waker is not None:
             watched.append(waker[0])
@@ -335,6 +549,9 @@ class Listener:
             if waker is not None and sock is waker[0]:
                 with contextlib.suppress(OSError):
                     sock.recv(4096)
+                continue
+            if sock in links:
+                self._read_link(*links[sock])
                 continue
             if sock not in socks:
                 continue
@@ -387,6 +604,9 @@ class Listener:
             with self._read:
                 for i in range(len(self._nodes)):
                     self._drop(i, 0.0)
+                with self._shard_lock:
+                    for link in self._links.values():
+                        self._close_link(link)
 
     def _handle(self, i: int, reply: object) -> bool:
         """File one message from node ``i``; False if the subscription was refused."""
@@ -405,6 +625,15 @@ class Listener:
                 self._nudge_all()  # notifications sent while we were away reached nobody
             self._ever[i] = True
         return True
+
+
+def _owner(slot_map: SlotMap | None) -> Callable[[int], Address | None]:
+    """Where a slot's subscription goes: its master in the slot map (none yet: wait)."""
+    return _nowhere if slot_map is None else slot_map.owner
+
+
+def _nowhere(slot: int) -> Address | None:
+    return None
 
 
 _LISTENERS: weakref.WeakSet[Listener] = weakref.WeakSet()
