@@ -242,6 +242,9 @@ class ClusterLink(Link):
         if self._current is not None:
             self._current.owed = value
 
+    def take_late(self) -> Diagnosis | None:
+        return None if self._current is None else self._current.take_late()
+
     @property
     def partial(self) -> list[Any]:
         return [] if self._current is None else self._current.partial

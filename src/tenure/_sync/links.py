@@ -222,6 +222,12 @@ class Link:
             return _NOT_YET
         return self.conn.read_response()
 
+    def take_late(self) -> Diagnosis | None:
+        """What the error of a reply read after its round was over says of the node,
+        once (then it is forgotten)."""
+        exc, self.late = self.late, None
+        return None if exc is None else self.node.diagnose(exc)
+
     def more_ready(self) -> bool:
         """Is another reply already buffered or readable without waiting?"""
         if self.conn is None:
@@ -478,10 +484,9 @@ class LinkSet:
 
     def _told_late(self, i: int) -> None:
         """Tell what a late error reply of node ``i`` says of its configuration."""
-        link = self.links[i]
-        if link.late is not None:
-            self._reporter.late(i, link.node.diagnose(link.late))
-            link.late = None
+        why = self.links[i].take_late()
+        if why is not None:
+            self._reporter.late(i, why)
 
     def _read_one(self, i: int, command: Command, rnd: Round, now: float) -> bool:
         """Read what node ``i`` has for us; True once its answer to this round is in."""
