@@ -321,13 +321,7 @@ class AsyncListener:
                 await conn.disconnect(nowait=True)
                 raise
             except Exception as exc:  # a failed connection is retried after a back-off
-                why = (
-                    diagnosis.error_reply(str(exc))
-                    if isinstance(exc, ResponseRefused)
-                    else diagnose(exc)
-                )
-                if why.failure.configuration:
-                    self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
+                self._note_failure(i, exc)
             link.transport = None
             link.outbox = []
             await conn.disconnect(nowait=True)
@@ -340,6 +334,13 @@ class AsyncListener:
 
     def _nudge_all(self) -> None:
         self._board.nudge_all()
+
+    def _note_failure(self, i: int, exc: Exception) -> None:
+        """A subscription connection to node ``i`` failed: a failure of its configuration
+        (SUBSCRIBE refused by the ACL, NOAUTH) is told; any is retried after a back-off."""
+        why = diagnosis.error_reply(str(exc)) if isinstance(exc, ResponseRefused) else diagnose(exc)
+        if why.failure.configuration:
+            self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
 
     async def _run(self, i: int) -> None:
         reconnect = Reconnect()
@@ -375,13 +376,7 @@ class AsyncListener:
                 await conn.disconnect(nowait=True)
                 raise
             except Exception as exc:  # a failed connection is retried after a back-off
-                why = (
-                    diagnosis.error_reply(str(exc))
-                    if isinstance(exc, ResponseRefused)
-                    else diagnose(exc)
-                )
-                if why.failure.configuration:
-                    self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
+                self._note_failure(i, exc)
             self._up[i] = False
             await conn.disconnect(nowait=True)
             await asyncio.sleep(reconnect.failed(time.monotonic()))
