@@ -23,6 +23,7 @@ from tenure._core.acquire import (
     HISTORY_CHANGED,
     MAX_FIXES,
     NO_HISTORY,
+    SILENT_ASKS,
     TOO_LOW,
     UNREACHABLE_STRIKES,
     WARMING,
@@ -775,6 +776,25 @@ def test_a_blank_majority_with_a_silent_node_is_seeded_at_zero_with_a_warm_up() 
     attempt(acq, "bb.", started=0.0, now=0.01)
     rnd, step = attempt(acq, "bb.", started=0.01, now=0.07)
     assert rnd.failures().keys() == {2}
+    assert step == Retry(0.0, frozenset({2}), Seed(frozenset({0, 1}), 0, MAX_TTL_MS))
+
+
+def test_a_blocking_acquire_asks_a_silent_node_again_before_the_warm_up() -> None:
+    # A new node set whose first rounds met a slow node (connections still being set up
+    # on a loaded machine): a blocking acquire hears every node again, after back-offs,
+    # before it settles for seeding the blank ones with a warm-up of max_ttl.
+    acq = make(3, seed=4)
+    _, step = attempt(acq, "bb.", started=0.0, now=0.01)
+    assert step == Retry(0.0, frozenset({2}), None)  # first, hear every node at once
+    now = 0.01
+    for _ in range(SILENT_ASKS):
+        assert waits_for_every_node(acq.begin(now))
+        _, step = attempt(acq, "bb.", started=now, now=now + 0.06)
+        assert isinstance(step, Retry)
+        assert step.seed is None
+        assert step.sleep > 0  # a back-off: the slow node gets time
+        now += 0.1
+    _, step = attempt(acq, "bb.", started=now, now=now + 0.06)
     assert step == Retry(0.0, frozenset({2}), Seed(frozenset({0, 1}), 0, MAX_TTL_MS))
 
 

@@ -53,7 +53,9 @@ without persistence, flush). It grants nothing until seeded, per node:
   they might have granted before losing their data has expired first;
 * if, having heard every node that answers, a majority answered but fewer than a majority
   have a floor, the blank ones are seeded from what is there, with the warm-up (rather
-  than never: the set would otherwise stay unusable while any node is down).
+  than never: the set would otherwise stay unusable while any node is down); a blocking
+  acquire first asks every node again ``SILENT_ASKS`` times, after back-offs, in case the
+  silent ones are only slow.
 
 A node whose *replication history changed* (``HISTORY_CHANGED``: a replica promoted in a
 failover, or a restart; acquire.lua compares the node's replication ID with the one its
@@ -103,6 +105,9 @@ MAX_FIXES = 4
 # acquire gives up with QuorumUnreachable. One is not enough: on a loaded machine our own
 # process can be descheduled past the node timeout, and every node then looks silent.
 UNREACHABLE_STRIKES = 3
+# Attempts a blocking acquire makes, each after a back-off, while nodes stay silent and
+# most of those that answer are blank or changed, before it seeds them with the warm-up.
+SILENT_ASKS = 4
 # How long a fair waiter on a quorum goes on reading a failed attempt's replies (seconds):
 # long enough for the nodes that are up, even on a busy machine; short enough that a
 # node cut off barely delays the wait (``Acquisition.begin``).
@@ -309,6 +314,7 @@ class Acquisition:
         self._proposal = 0
         self._hear_all = False
         self._strikes = 0
+        self._silent_asks = 0  # attempts that heard every node but the silent ones again
         self._refusal: tuple[Round, dict[int, tuple[int, int]]] | None = None
         self.mark = 1
         self._recheck = recheck
@@ -533,6 +539,20 @@ class Acquisition:
             self._hear_all = True
             self._fixes += 1
             return RetryNow()
+        elif (
+            lost
+            and self._blocking
+            and len(infos) < self.spec.n_nodes
+            and self._silent_asks < SILENT_ASKS
+        ):
+            # Some nodes stayed silent again while most of those that answered are blank
+            # or changed. A new node set whose first rounds met a slow node (a loaded
+            # machine, connections still being set up) would otherwise settle for the
+            # warm-up below and grant nothing for max_ttl: a blocking acquire asks every
+            # node again after a back-off (the contention back-off, below) a few times
+            # first. Asking again never grants from a blank node, so it costs time only.
+            self._silent_asks += 1
+            return None
         elif lost and len(infos) >= self.spec.quorum:
             # Every node that answers has answered, but most are blank or changed (nodes
             # lost their data one at a time while idle, the set idled past the retention
