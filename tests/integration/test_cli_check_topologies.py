@@ -15,6 +15,7 @@ import io
 import itertools
 import json
 import re
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -113,9 +114,25 @@ def _apply(servers: list[LocalNode], line: str) -> None:
 _SAME = ("server", "persistence", "eviction", "acl")
 
 
+def _every_map_lists_every_replica(cluster: LocalRedisCluster) -> bool:
+    """Whether every member's ``CLUSTER SLOTS`` names every replica: right after the
+    cluster starts, a member may not know a replica yet, and the check reads one map."""
+    want = {r.port for m in cluster.masters() for r in cluster.replicas_of(m)}
+    for node in cluster.nodes:
+        with node.client() as c:
+            ranges = c.execute_command("CLUSTER", "SLOTS")
+        if not want <= {server[1] for entry in ranges for server in entry[3:]}:
+            return False
+    return True
+
+
 def test_healthy_sentinel_and_cluster_nodes_get_a_plain_nodes_verdicts(
     sentinels: LocalSentinelSet, redis_cluster: LocalRedisCluster, plain: LocalCluster
 ) -> None:
+    deadline = time.monotonic() + 10.0
+    while not _every_map_lists_every_replica(redis_cluster):
+        assert time.monotonic() < deadline, "a member never listed every replica"
+        time.sleep(0.05)
     code, findings = _check(sentinels.url, redis_cluster.url, plain.urls[0])
     assert code not in (2, 3, EXIT_UNAVAILABLE), findings
     reference = _rows(findings, plain.urls[0])
