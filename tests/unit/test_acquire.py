@@ -241,6 +241,7 @@ def test_late_majority_non_blocking_gives_up_and_cleans_up() -> None:
         ("ccwyy", "3 of 5 nodes warming up", "held"),  # history changed: the same
         ("nnwwy", "held by another client on 2 of 5 nodes; 2 of 5 nodes warming up", "?"),
         ("yyuuu", "3 of 5 nodes failed or did not answer", "held"),
+        ("bbb..", "3 of 5 nodes blank", "warming"),
         ("yynny", "granted by 3 of 5 nodes, but the round left no validity", "?"),
         ("yyllu", "granted by 2 of 5 nodes, 3 needed", "held"),  # below the floor twice
     ],

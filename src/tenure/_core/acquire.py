@@ -209,12 +209,18 @@ def refusal(rnd: Round, statuses: dict[int, tuple[int, int]], quorum: int) -> st
     parts = []
     if held:
         parts.append(f"held by another client on {held} of {n} nodes")
-    warming = sum(1 for s, _ in statuses.values() if s == WARMING or s in LOST)
+    warming = sum(1 for s, _ in statuses.values() if s in (WARMING, HISTORY_CHANGED))
     if warming:
         parts.append(
             f"{warming} of {n} nodes warming up after a restart, a loss of data or a "
             "failover (they grant nothing until every lease they may have forgotten has "
             "expired, at most max_ttl)"
+        )
+    blank = sum(1 for s, _ in statuses.values() if s == NO_HISTORY)
+    if blank:
+        parts.append(
+            f"{blank} of {n} nodes blank (never used, or they lost their data) and not yet "
+            "set up: that takes hearing every node"
         )
     silent = len(rnd.failures())
     if silent:
