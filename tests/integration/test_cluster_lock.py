@@ -121,7 +121,7 @@ def test_the_slot_tags_hash_where_the_server_says(cluster: LocalRedisCluster) ->
 def test_names_on_every_master_lock_extend_and_release(
     api: Api, cluster: LocalRedisCluster, key: str
 ) -> None:
-    client = api.client([cluster.url])
+    client = api.client([cluster.url], node_timeout=SLOW)
     tokens: dict[str, int] = {}
     for name in _names_per_master(cluster, key):
         lease = client.acquire(name, ttl=TTL, blocking=False)
@@ -173,7 +173,7 @@ def test_a_blocking_waiter_is_woken_by_the_release(
         thread.start()
         # A fallback re-check (15 s at the earliest) later than the timeout: only the
         # release's notification can end this wait in time.
-        waiter = api.client([cluster.url], recheck=30.0)
+        waiter = api.client([cluster.url], recheck=30.0, node_timeout=SLOW)
         got = waiter.acquire(name, ttl=TTL, timeout=10.0)
         thread.join()
         assert got.fencing_token > lease.fencing_token
@@ -225,7 +225,7 @@ def test_a_sharded_notification_stays_in_its_shard(
 
         thread = threading.Thread(target=release_once_queued)
         thread.start()
-        waiter = api.client([cluster.url], recheck=30.0)
+        waiter = api.client([cluster.url], recheck=30.0, node_timeout=SLOW)
         got = waiter.acquire(name, ttl=TTL, timeout=10.0)  # woken by the notification
         thread.join()
         got.release()
@@ -318,7 +318,7 @@ def _fail_over_under_waiters(api: Api, cluster: LocalRedisCluster, key: str) -> 
 
     releaser = threading.Thread(target=release_once_queued)
     releaser.start()
-    second = api.client([cluster.url], recheck=30.0, max_ttl=MAX_TTL)
+    second = api.client([cluster.url], recheck=30.0, max_ttl=MAX_TTL, node_timeout=SLOW)
     try:
         # Only the release's notification can end this wait in time (re-check 15 s,
         # the holder's expiry 60 s), and the waiter's place says it was sharded.
@@ -343,7 +343,7 @@ def _redis_6_2() -> str | None:
 def test_on_redis_6_2_notifications_fall_back_to_classic_pub_sub(api: Api, key: str) -> None:
     with LocalRedisCluster(replicas=0, binary=_redis_6_2()) as cluster:
         assert not _sharded(cluster)
-        waiter = api.client([cluster.url], recheck=30.0)
+        waiter = api.client([cluster.url], recheck=30.0, node_timeout=SLOW)
         for name in _names_per_master(cluster, key, each=1):
             keys = _keys(name)
             owner = cluster.slot_owner(key_slot(keys.lock))

@@ -94,6 +94,10 @@ class Channel:
         self._pending: deque[tuple[OnReply, float]] = deque()
         self._unsent: list[tuple[Command, OnReply]] = []
         self._task: asyncio.Task[None] | None = None
+        # Tasks of connections given up (``_reset``) that have not yet closed theirs:
+        # ``close`` waits for them too, or a loop closed right after would leave their
+        # connections open.
+        self._retired: set[asyncio.Task[None]] = set()
         self._reconnect = Reconnect()
         self._idle: asyncio.Event | None = None  # set when nothing is pending (for close)
         self._outbox: list[bytes] = []  # written this turn of the loop, flushed at its end
@@ -266,6 +270,8 @@ class Channel:
         self._changed.set()  # a round waiting for this channel's set-up looks again
         if task is not None and not from_task:
             task.cancel()
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
 
     async def close(self, grace: float) -> None:
         """Close, first giving requests already made up to ``grace`` seconds to be answered.
@@ -281,9 +287,11 @@ class Channel:
         task, self._task = self._task, None
         self._conn = None
         self._changed.set()
+        tasks = list(self._retired)
         if task is not None:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            tasks.append(task)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Channels:
