@@ -160,6 +160,7 @@ class AsyncListener:
         self._slots = self._board.slots
         self.departed = self._board.departed
         self._tasks: list[asyncio.Task[None]] = []
+        self._retired: set[asyncio.Task[None]] = set()  # link tasks cancelled, not yet ended
         self._up = [False] * len(pools)
         self._all_up: asyncio.Event | None = None
         self._closed = False
@@ -218,6 +219,7 @@ class AsyncListener:
             self._replan_later.cancel()
         tasks, self._tasks = self._tasks, []
         tasks += [link.task for link in self._links.values() if link.task is not None]
+        tasks += self._retired
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -259,6 +261,9 @@ class AsyncListener:
             if self._shards[i].idle(where) and not link.outbox:
                 if link.task is not None:
                     link.task.cancel()
+                    # Until it ends, its connection is open: close() waits for it.
+                    self._retired.add(link.task)
+                    link.task.add_done_callback(self._retired.discard)
                     link.task = link.transport = None
             elif link.task is None:
                 link.task = loop.create_task(self._run_link(i, where, link))

@@ -57,6 +57,7 @@ from .watchdog import Extend, KeepAlive, Lost
 
 __all__ = [
     "INSTANT",
+    "RELEASE_PATIENCE",
     "AwaitWake",
     "Depart",
     "ExtendLease",
@@ -210,6 +211,14 @@ Flow = Generator[Op, Any, T]
 # What a flow may yield while an interrupt (KeyboardInterrupt, CancelledError) propagates
 # through it: done without waiting.
 INSTANT = (Send, Unlisten, Depart)
+
+# A release waits this many node timeouts for a majority's confirmation. The round is
+# decided at the first majority, so healthy nodes never make it wait; only when a majority
+# is silent does it wait longer than an acquire would. A release left unconfirmed raises
+# LeaseLost ("cannot be shown that the lease held to the end"), which nodes that are only
+# slow (a loaded machine, a server descheduled for a moment) should not cause: a wait of
+# one node timeout would call them failed.
+RELEASE_PATIENCE = 4
 
 
 def drive(flow: Flow[T], perform: Callable[[Op], Any]) -> T:
@@ -522,11 +531,11 @@ class Flows:
 
     def _release_round(self, lease: WatchedLease) -> Run:
         """Compare-and-delete on every node, waking the next waiter; decided once a
-        majority confirmed (or can't)."""
+        majority confirmed (or can't), within ``RELEASE_PATIENCE`` node timeouts."""
         now = self.clock()
         rnd = Round(self.n, self.config.quorum, now)
         command = self.release_waking(lease._spec, lease.token, lease._state.fencing_token)
-        return Run(command, rnd, now + self.config.node_timeout)
+        return Run(command, rnd, now + RELEASE_PATIENCE * self.config.node_timeout)
 
     def locked(self, spec: LockSpec) -> Flow[bool]:
         """Whether a majority of nodes hold ``spec``'s lock now (for anyone).
