@@ -211,7 +211,7 @@ class _Pending:
 class ClusterLink(Link):
     """One Cluster node's link in one link set: a plain link per member."""
 
-    __slots__ = ("_asking", "_current", "_hops", "_subs", "cluster")
+    __slots__ = ("_asking", "_current", "_hops", "_subs", "_to_connect", "cluster")
 
     def __init__(self, cluster: ClusterState) -> None:  # no Link.__init__: nothing of its own
         self.cluster = cluster
@@ -219,6 +219,9 @@ class ClusterLink(Link):
         self._current: Link | None = None  # the member carrying this round's request
         self._hops = 0  # redirections followed in this round
         self._asking = False  # the request went with ASKING (an ASK followed)
+        # A redirection not followed only because its member is still being connected:
+        # the round is no evidence against the node (``Round.failed_untried``).
+        self._to_connect = False
 
     # What LinkSet reads and writes of a link, of the member carrying the request.
 
@@ -301,6 +304,7 @@ class ClusterLink(Link):
                 failed.
         """
         self._hops = 0
+        self._to_connect = False
         self._asking = False
         self._current = None
         slot_map = self.cluster.map
@@ -367,6 +371,7 @@ class ClusterLink(Link):
         sub = self._sub(hop.to)
         if sub.conn is None:
             sub.prepare(now, _nothing)  # connected for a later round
+            self._to_connect = True
             return None
         self._hops += 1
         self._write(sub, command, now, asking=hop.kind == "ask")
@@ -380,9 +385,13 @@ class ClusterLink(Link):
             hop = redirect(reply_text(exc))
             if hop is not None and hop.kind == "moved" and hop.to is not None:
                 self.cluster.moved(hop.slot, hop.to)
+        to_connect, self._to_connect = self._to_connect, False
         if hop is not None:
             where = "" if self._current is None else self._current.node.name
-            rnd.fail(i, Failure.UNREACHABLE, hop.detail(where))
+            # Still connecting to where it points: not tried, so a blocking acquire waits
+            # for that set-up rather than counting the round toward QuorumUnreachable.
+            failure = Failure.CONNECTING if to_connect else Failure.UNREACHABLE
+            rnd.fail(i, failure, hop.detail(where))
             return
         if self._current is not None:
             self._current.fail(i, exc, rnd, now)
