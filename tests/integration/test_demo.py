@@ -59,7 +59,9 @@ def _phases(stdout: str) -> list[dict[str, str]]:
     return list(_rows(lines, start).values())
 
 
-@pytest.fixture(scope="module")
+# Once per run: these tests run on one pytest-xdist worker (the "worlds" group), which
+# tears a module's fixtures down whenever its queue of tests runs dry.
+@pytest.fixture(scope="session")
 def quick_demo() -> subprocess.CompletedProcess[str]:
     return _tenure("demo", "--quick", timeout=_DEMO_TIMEOUT)
 

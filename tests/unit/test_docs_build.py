@@ -36,7 +36,12 @@ DOCUMENTED = [
 ]
 
 
-@pytest.fixture(scope="module")
+# One build per run: these tests run on one pytest-xdist worker, which tears a module's
+# fixtures down whenever its queue of tests runs dry (so the fixture is the session's).
+pytestmark = pytest.mark.xdist_group("docs_build")
+
+
+@pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Build the reference once; fail with Sphinx's warnings if there are any."""
     out = tmp_path_factory.mktemp("api")
