@@ -18,7 +18,16 @@ from tenure.testing import find_server_binary
 _WORLDS = (
     "tests/chaos/test_verify_runs.py",
     "tests/integration/test_demo.py",
-    "tests/test_redis_6_2.py::test_verify_",
+)
+
+# The stateful models: minutes of CPU in all (hypothesis searches). Started early, they
+# share the cores with tests that mostly wait on servers; started last, as their place
+# in the tree has them, they ran on every worker at once and ended the run last.
+_MODELS = (
+    "tests/unit/test_model.py",
+    "tests/unit/test_quorum_fair_model.py",
+    "tests/unit/test_watchdog_model.py",
+    "tests/unit/test_fair_model.py",
 )
 
 
@@ -35,19 +44,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # a group marked after it is ignored.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The second server's pass is the longest work of the run, in subprocesses: first,
-    # so that a parallel run (pytest-xdist) does not start it last.
-    items.sort(key=lambda item: "second_server" not in item.keywords)
-    # Whole verifier worlds (nodes, proxies, worker processes, faults) with liveness
-    # expectations ("some grants while a minority is cut off") run one at a time, on one
-    # worker; so do the pieces of the second server's integration core (each a test run
-    # of its own in a subprocess), on another: a parallel run never stacks several of
-    # either on the same cores.
+    # Two chains of heavy work, each on one worker, one test at a time: whole verifier
+    # worlds (nodes, proxies, worker processes, faults) with liveness expectations ("some
+    # grants while a minority is cut off"), and the second server's pass (the integration
+    # core and the verifier's scenarios on Redis 6.2, each a run of its own in a
+    # subprocess). A parallel run so never stacks more than one of each on the same
+    # cores. They are the longest work of the run: first, so that they do not start last.
+    def group(item: pytest.Item) -> str | None:
+        if "second_server" in item.keywords:
+            return "second_server"
+        return "worlds" if item.nodeid.startswith(_WORLDS) else None
+
+    items.sort(key=lambda item: (group(item) is None, not item.nodeid.startswith(_MODELS)))
     for item in items:
-        if item.nodeid.startswith(_WORLDS):
-            item.add_marker(pytest.mark.xdist_group("worlds"))
-        elif "second_server" in item.keywords:
-            item.add_marker(pytest.mark.xdist_group("second_server"))
+        if (name := group(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(name))
     for marker in ("soak", "slow"):
         if config.getoption(f"--{marker}"):
             continue

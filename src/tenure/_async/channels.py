@@ -52,6 +52,7 @@ from .._core.resp import ErrorReply
 from .._core.sentinel import demoted
 from .._driver.redis_compat import NotRedis, diagnose, node_pool
 from .._driver.report import NodeReporter
+from .._driver.timeouts import within
 from .protocol import RespProtocol
 
 __all__ = ["Channels"]
@@ -197,11 +198,16 @@ class Channel:
             try:
                 # redis-py bounds the TCP connect and TLS handshake by the connect timeout,
                 # but not AUTH/SELECT (the async driver has no socket timeout): bound all.
-                await asyncio.wait_for(conn.connect(), self._connect_timeout)  # type: ignore[no-untyped-call]
+                await within(conn.connect(), self._connect_timeout)  # type: ignore[no-untyped-call]
             except (asyncio.TimeoutError, TimeoutError):  # the same class from Python 3.11
                 raise ConnectionError(
                     f"not connected within connect_timeout ({self._connect_timeout} s)"
                 ) from None
+            if self._task is not asyncio.current_task():
+                # Given up (reset, closed) just as the connection came up: Python 3.10's
+                # wait_for may return instead of raising the cancellation (``within``).
+                # Never take the channel over from the connection that replaced this one.
+                raise asyncio.CancelledError
             lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
             transport = conn._writer.transport  # type: ignore[union-attr]
             transport.set_protocol(RespProtocol(self._deliver, lost))
@@ -282,7 +288,7 @@ class Channel:
         if self._pending or self._unsent:
             self._idle = asyncio.Event()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), grace)
+                await within(self._idle.wait(), grace)
         self._fail_all(ConnectionError("client closed"))
         task, self._task = self._task, None
         self._conn = None
@@ -564,7 +570,7 @@ class Channels:
             # Every set-up ends within the connect timeout (Channel._run), so without a
             # wait of the round's own this ends too.
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                await asyncio.wait_for(changed.wait(), wait)
+                await within(changed.wait(), wait)
 
     async def close(self) -> None:
         channels, self._channels = self._channels, []

@@ -54,6 +54,7 @@ from .._core.diagnosis import (
 from .._core.quorum import Failure
 from .._core.slots import MAX_REDIRECTS, Address, SlotMap, map_sources, redirect, routed_slot
 from .._driver.redis_compat import diagnose
+from .._driver.timeouts import within
 
 __all__ = ["ClusterChannel", "SlotSilent"]
 
@@ -138,7 +139,7 @@ class ClusterChannel:
                         await conn.send_packed_command(CLUSTER_SLOTS, check_health=False)
                         return await conn.read_response()
 
-                    reply = await asyncio.wait_for(ask(), self._connect_timeout)
+                    reply = await within(ask(), self._connect_timeout)
                     self.map, self._stale = SlotMap.parse(reply, where), False
                     self.loads += 1
                     self._reconnect.succeeded()

@@ -48,6 +48,7 @@ from .._core.waiting import (
 )
 from .._driver.redis_compat import diagnose
 from .._driver.report import NodeReporter
+from .._driver.timeouts import within
 from .protocol import RespProtocol
 
 if TYPE_CHECKING:
@@ -193,7 +194,7 @@ class AsyncListener:
             self._tasks = [loop.create_task(self._run(i)) for i in range(len(self._pools))]
         if self._all_up is not None and not self._all_up.is_set():
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                await asyncio.wait_for(self._all_up.wait(), timeout)
+                await within(self._all_up.wait(), timeout)
         shard = self._waiter_slot.get(waiter, -1)
         while shard >= 0 and not self._closed and not self._settled(shard):
             left = deadline - loop.time()
@@ -202,7 +203,7 @@ class AsyncListener:
             if self._shard_changed is None:
                 self._shard_changed = asyncio.Event()
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                await asyncio.wait_for(self._shard_changed.wait(), left)
+                await within(self._shard_changed.wait(), left)
         return slot
 
     def unregister(self, waiter: str) -> None:

@@ -42,6 +42,7 @@ from .._core.sentinel import (
     role_of,
 )
 from .redis_compat import connection_kwargs, diagnose
+from .timeouts import within
 
 __all__ = ["Locator", "managed"]
 
@@ -179,9 +180,9 @@ class Locator:
     async def _aask(self, sentinel: Address, *, auth: bool = True) -> object:
         conn = self._cls(**self._settings(sentinel, auth=auth))
         try:
-            await asyncio.wait_for(conn.connect(), self.timeout)
+            await within(conn.connect(), self.timeout)
             await conn.send_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
-            return await asyncio.wait_for(conn.read_response(), self.timeout)
+            return await within(conn.read_response(), self.timeout)
         except (asyncio.TimeoutError, TimeoutError):
             raise rx.TimeoutError(f"no answer within {self.timeout:.3g} s") from None
         except Exception as exc:
@@ -263,7 +264,7 @@ class _AsyncManaged:
         try:
             await me.send_command("ROLE", check_health=False)
             # The asyncio driver's connections wait without a socket timeout.
-            reply = await asyncio.wait_for(me.read_response(), me.socket_connect_timeout or 1.0)
+            reply = await within(me.read_response(), me.socket_connect_timeout or 1.0)
             self._locator.check_role(master, reply, by)
         except (asyncio.TimeoutError, TimeoutError):
             await me.disconnect(nowait=True)
