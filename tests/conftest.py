@@ -20,9 +20,10 @@ _WORLDS = (
     "tests/integration/test_demo.py",
 )
 
-# The stateful models: minutes of CPU in all (hypothesis searches). Started early, they
-# share the cores with tests that mostly wait on servers; started last, as their place
-# in the tree has them, they ran on every worker at once and ended the run last.
+# The stateful models: minutes of CPU in all (hypothesis searches). Last, as their place
+# in the tree has them, they ran on every worker at once and ended the run last; first,
+# they slowed the two chains twice over. So they start after the integration tests and
+# before the other unit tests, which fill the workers while the last model ends.
 _MODELS = (
     "tests/unit/test_model.py",
     "tests/unit/test_quorum_fair_model.py",
@@ -55,7 +56,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             return "second_server"
         return "worlds" if item.nodeid.startswith(_WORLDS) else None
 
-    items.sort(key=lambda item: (group(item) is None, not item.nodeid.startswith(_MODELS)))
+    def rank(item: pytest.Item) -> int:
+        if group(item) is not None:
+            return 0
+        if item.nodeid.startswith(_MODELS):
+            return 2
+        return 3 if item.nodeid.startswith("tests/unit/") else 1
+
+    items.sort(key=rank)
     for item in items:
         if (name := group(item)) is not None:
             item.add_marker(pytest.mark.xdist_group(name))
