@@ -23,11 +23,12 @@ _WORLDS = (
 # The stateful models: minutes of CPU in all (hypothesis searches). Last, as their place
 # in the tree has them, they ran on every worker at once and ended the run last; first,
 # they slowed the two chains twice over. So they start after the integration tests and
-# before the other unit tests, which fill the workers while the last model ends.
+# before the other unit tests, which fill the workers while the last model ends. The
+# file with the longest single test first.
 _MODELS = (
+    "tests/unit/test_watchdog_model.py",
     "tests/unit/test_model.py",
     "tests/unit/test_quorum_fair_model.py",
-    "tests/unit/test_watchdog_model.py",
     "tests/unit/test_fair_model.py",
 )
 
@@ -56,12 +57,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             return "second_server"
         return "worlds" if item.nodeid.startswith(_WORLDS) else None
 
-    def rank(item: pytest.Item) -> int:
+    def rank(item: pytest.Item) -> tuple[int, int]:
         if group(item) is not None:
-            return 0
-        if item.nodeid.startswith(_MODELS):
-            return 2
-        return 3 if item.nodeid.startswith("tests/unit/") else 1
+            return 0, 0
+        for i, model in enumerate(_MODELS):
+            if item.nodeid.startswith(model):
+                return 2, i
+        return (3 if item.nodeid.startswith("tests/unit/") else 1), 0
 
     items.sort(key=rank)
     for item in items:
