@@ -190,6 +190,14 @@ def test_fair_handoff_to_a_waiter_that_gave_up_is_passed_on(
 # --- notification connections killed -------------------------------------------------
 
 
+def _pubsub_clients(cluster: LocalCluster, n: int) -> int:
+    count = 0
+    for node in list(cluster)[:n]:
+        with node.client() as c:
+            count += len(c.client_list(_type="pubsub"))
+    return count
+
+
 def _kill_pubsub(cluster: LocalCluster, n: int) -> int:
     killed = 0
     for node in list(cluster)[:n]:
@@ -231,6 +239,9 @@ def test_killed_notification_connections_cost_at_most_the_fallback(
     for t in threads:
         t.start()
     _wait_until(lambda: _queue_length(shared5, key) == waiters)
+    # A waiter queues once a majority is subscribed; on a loaded machine the other
+    # nodes' subscriptions may come a little later. Every one is there to be killed.
+    _wait_until(lambda: _pubsub_clients(shared5, n) >= waiters * n)
     assert _kill_pubsub(shared5, n) >= waiters * n
     kill = threading.Thread(target=killer)
     kill.start()
