@@ -191,11 +191,12 @@ def test_fair_handoff_to_a_waiter_that_gave_up_is_passed_on(
 
 
 def _pubsub_clients(cluster: LocalCluster, n: int) -> int:
-    count = 0
+    """Notification connections open on the first ``n`` nodes."""
+    total = 0
     for node in list(cluster)[:n]:
         with node.client() as c:
-            count += len(c.client_list(_type="pubsub"))
-    return count
+            total += len(c.client_list(_type="pubsub"))
+    return total
 
 
 def _kill_pubsub(cluster: LocalCluster, n: int) -> int:
@@ -419,15 +420,6 @@ def _crowd(urls: list[str], key: str, tasks: int, cycles: int, out: Connection) 
 
     asyncio.run(main())
     out.send(counts)
-
-
-def _pubsub_clients(cluster: LocalCluster, n: int) -> int:
-    """Notification connections open on the first ``n`` nodes."""
-    total = 0
-    for node in list(cluster)[:n]:
-        with node.client() as c:
-            total += len(c.client_list(_type="pubsub"))
-    return total
 
 
 def _node_stats(cluster: LocalCluster) -> tuple[dict[str, int], int]:
