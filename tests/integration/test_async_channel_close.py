@@ -4,7 +4,7 @@ Python 3.11's ``asyncio.wait_for`` returns the result of an awaitable that finis
 the same turn of the event loop as the waiting task was cancelled. A channel's
 connection task cancelled then (by a reset after a stall, or by ``aclose()``) went on:
 it took the channel over and waited on its connection forever, and ``aclose()`` waited
-for it. Found as a hang of ``test_overload.py`` under load; here the reset is made to
+for it. A hang of ``test_overload.py`` under load led here; this test makes the reset
 land in exactly that turn, from inside the connection's own ``connect()``.
 """
 
