@@ -59,8 +59,8 @@ def _phases(stdout: str) -> list[dict[str, str]]:
     return list(_rows(lines, start).values())
 
 
-# Once per run: these tests run on one pytest-xdist worker (the "worlds" group), which
-# tears a module's fixtures down whenever its queue of tests runs dry.
+# Once per run: these tests run on one pytest-xdist worker (the "worlds" group), and a
+# session fixture is not torn down when that worker runs other modules' tests in between.
 @pytest.fixture(scope="session")
 def quick_demo() -> subprocess.CompletedProcess[str]:
     return _tenure("demo", "--quick", timeout=_DEMO_TIMEOUT)

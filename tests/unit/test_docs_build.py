@@ -36,8 +36,8 @@ DOCUMENTED = [
 ]
 
 
-# One build per run: these tests run on one pytest-xdist worker, which tears a module's
-# fixtures down whenever its queue of tests runs dry (so the fixture is the session's).
+# One build per run: these tests run on one pytest-xdist worker, and a session fixture
+# is not torn down when that worker runs other modules' tests in between.
 pytestmark = pytest.mark.xdist_group("docs_build")
 
 
