@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
+from unittest import mock
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test as _run_state_machine_untyped
@@ -10,7 +12,36 @@ from hypothesis.stateful import run_state_machine_as_test as _run_state_machine_
 # Older hypothesis releases (6.155 and before) ship this function without annotations, and
 # mypy --strict refuses to call it from typed code; a typed alias keeps the tests independent of
 # the installed release.
-run_state_machine_as_test: Callable[..., None] = _run_state_machine_untyped
+_run: Callable[..., None] = _run_state_machine_untyped
+
+# Internal to hypothesis, so looked up with care: a release that moved or renamed
+# them only makes the searches depend on the imports again.
+try:
+    from hypothesis.internal.conjecture import providers as _providers
+    from hypothesis.internal.constants_ast import Constants as _Constants
+except ImportError:  # pragma: no cover
+    _providers = None  # type: ignore[assignment]
+
+
+def run_state_machine_as_test(machine: Callable[[], Any], *, settings: settings) -> None:
+    """Run ``machine``'s search, the same one whatever else this process imported.
+
+    Hypothesis draws now and then from the constants it finds in every local module
+    already imported (``src/tenure`` among them), so a derandomized search changes with
+    the tests a worker happened to run first: a planted bug found in 8 examples (0.2 s)
+    alone took 24 s of CPU in a full run. The models search without that pool, so the examples a
+    model explores, and how long it takes, are the same alone, in a full run and on CI.
+    """
+    cache = getattr(_providers, "CONSTANTS_CACHE", None)
+    if cache is None or not hasattr(_providers, "_get_local_constants"):
+        _run(machine, settings=settings)
+        return
+    cache.cache.clear()  # the pools drawn from before, by other tests
+    try:
+        with mock.patch.object(_providers, "_get_local_constants", _Constants):
+            _run(machine, settings=settings)
+    finally:
+        cache.cache.clear()
 
 
 def model_settings(max_examples: int, stateful_step_count: int) -> settings:

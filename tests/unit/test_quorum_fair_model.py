@@ -964,8 +964,7 @@ def test_quorum_fair_model_soak() -> None:
 # Measured over unseeded runs, the schemes tested by default are found after a median
 # of about 10 (TokenPerNode), 15 (RoundOfOne) and 230 (RenewBelowFloor) examples, at
 # most about 600 seen. Three take longer and run with the soak tests: HandOffFromOneNode
-# (median about 160, but over 1300 in some processes: hypothesis's search differs from
-# one process to another even when derandomized), ValidityFromNotification (median
+# (median about 160, over 1300 in some runs), ValidityFromNotification (median
 # about 1200, at most about 2200 seen: it needs a hand-off lease whose notification came
 # late) and HandOffBelowFloor (a lease, a waiter's look from before it and a low-floor
 # give-up; half the runs of 3600 miss it). The bound only matters if the search got
