@@ -20,11 +20,12 @@ _WORLDS = (
     "tests/integration/test_demo.py",
 )
 
-# The stateful models: minutes of CPU in all (hypothesis searches). Last, as their place
-# in the tree has them, they ran on every worker at once and ended the run last; first,
-# they slowed the two chains twice over. So they start after the integration tests and
-# before the other unit tests, which fill the workers while the last model ends. The
-# file with the longest single test first.
+# The stateful models: about a minute of CPU in all (hypothesis searches), and nothing
+# else: no server, no waiting. They run one at a time behind the verifier's worlds, on
+# the same worker: the middle of a run waits on failovers and timeouts with the cores
+# half idle, and that is where they land. At the end, where their place in the tree has
+# them, they ran on every worker at once and ended the run last; at the start, beside
+# the two chains, they slowed both twice over. The file with the longest test first.
 _MODELS = (
     "tests/unit/test_watchdog_model.py",
     "tests/unit/test_model.py",
@@ -48,22 +49,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Two chains of heavy work, each on one worker, one test at a time: whole verifier
     # worlds (nodes, proxies, worker processes, faults) with liveness expectations ("some
-    # grants while a minority is cut off"), and the second server's pass (the integration
-    # core and the verifier's scenarios on Redis 6.2, each a run of its own in a
-    # subprocess). A parallel run so never stacks more than one of each on the same
-    # cores. They are the longest work of the run: first, so that they do not start last.
+    # grants while a minority is cut off"), then the models; and the second server's pass
+    # (the integration core and the verifier's scenarios on Redis 6.2, each a run of its
+    # own in a subprocess). A parallel run so never stacks more than one of each on the
+    # same cores. They are the longest work of the run: first, so that they do not start
+    # last.
     def group(item: pytest.Item) -> str | None:
         if "second_server" in item.keywords:
             return "second_server"
-        return "worlds" if item.nodeid.startswith(_WORLDS) else None
+        return "worlds" if item.nodeid.startswith(_WORLDS + _MODELS) else None
 
     def rank(item: pytest.Item) -> tuple[int, int]:
-        if group(item) is not None:
-            return 0, 0
         for i, model in enumerate(_MODELS):
             if item.nodeid.startswith(model):
-                return 2, i
-        return (3 if item.nodeid.startswith("tests/unit/") else 1), 0
+                return 0, 1 + i  # behind the worlds, in their chain
+        if group(item) is not None:
+            return 0, 0
+        return (2 if item.nodeid.startswith("tests/unit/") else 1), 0
 
     items.sort(key=rank)
     for item in items:
