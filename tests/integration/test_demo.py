@@ -3,6 +3,7 @@ CLI basics."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -220,10 +221,13 @@ def _descendants(pid: int) -> list[int]:
     todo = [pid]
     while todo:
         parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").iterdir():
-            children = (task / "children").read_text().split()
-            found += [int(c) for c in children]
-            todo += [int(c) for c in children]
+        # A thread (or a process) may end while it is read: it has no children then.
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            for task in Path(f"/proc/{parent}/task").iterdir():
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    children = (task / "children").read_text().split()
+                    found += [int(c) for c in children]
+                    todo += [int(c) for c in children]
     return found
 
 
