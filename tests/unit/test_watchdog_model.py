@@ -26,7 +26,8 @@ before it runs, or runs with its reply lost; the ``conclude`` rule returns the r
 its flow once it is decided or past its deadline (the silent nodes then failed), and
 what is still on the wire may arrive later, in any order. Nodes are cut off for a while
 (silent, keeping their data), restart without their data (their connections lost),
-are flushed, or have their clock jump forward (their keys expire early).
+are flushed, or have their clock jump forward (their keys expire early). Time moves by
+steps of any size, or to just before the end of the lease's validity.
 
 Properties, checked as the flows run:
 
