@@ -119,12 +119,13 @@ def reply(
     elif a == "w":
         pttl = 30_000 if counter is None else counter
         rnd.record(i, False, (WARMING, pttl, 1 if floor is None else floor))
-    elif a in "uexo":
+    elif a in "uexok":
         failure = {
             "u": Failure.UNREACHABLE,
             "e": Failure.ERROR,
             "x": Failure.UNSUPPORTED,
             "o": Failure.BACKING_OFF,
+            "k": Failure.CONNECTING,
         }[a]
         rnd.fail(i, failure, f"detail{i}")
     else:
@@ -398,6 +399,32 @@ def test_nodes_still_in_their_back_off_are_no_new_evidence() -> None:
     assert isinstance(step, GiveUp)
     assert isinstance(step.error, QuorumUnreachable)
     assert step.error.node_errors["node0"] == "backing off: detail0"
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_nodes_still_connecting_get_one_attempt_more(blocking: bool) -> None:
+    # A Cluster slot's new owner, its connection not up yet when a redirection pointed
+    # there: not an outage. One attempt more, at once (the driver begins it once the
+    # set-ups ended), even for a caller that does not block; then as any failure.
+    acq = make(3, blocking=blocking)
+    _, step = attempt(acq, "kk.", started=0.0, now=0.0)
+    assert isinstance(step, Retry)
+    assert step.sleep == 0.0
+    assert step.cleanup == frozenset({2})  # not the nodes never asked
+    _, step = attempt(acq, "kk.", started=0.1, now=0.1)
+    if blocking:
+        assert isinstance(step, Retry)  # waited out, as a back-off is
+        assert step.sleep > 0.0
+    else:
+        assert isinstance(step, GiveUp)
+        assert isinstance(step.error, QuorumUnreachable)
+
+
+def test_a_round_failed_by_connecting_and_silent_nodes_is_no_set_up_to_wait_for() -> None:
+    acq = make(3, blocking=False)
+    _, step = attempt(acq, "ku.", started=0.0, now=0.05)
+    assert isinstance(step, GiveUp)
+    assert isinstance(step.error, QuorumUnreachable)
 
 
 def test_non_blocking_gives_up_at_once_on_nodes_in_back_off() -> None:

@@ -320,6 +320,7 @@ class Acquisition:
         self._proposal = 0
         self._hear_all = False
         self._strikes = 0
+        self._waited_for_set_ups = False  # one attempt more once, for nodes still connecting
         self._silent_asks = 0  # attempts that heard every node but the silent ones again
         self._refusal: tuple[Round, dict[int, tuple[int, int]]] | None = None
         self.mark = 1
@@ -416,6 +417,13 @@ class Acquisition:
             # every connection) proves nothing new, and a blocking acquire waits it out.
             if not rnd.failed_untried():
                 self._strikes += 1
+            elif rnd.failed_connecting() and not self._waited_for_set_ups:
+                # Nodes whose connections were still being set up (say, the new owner of
+                # a Cluster slot that a redirection pointed to) are no outage: once,
+                # even for a caller that does not block, one attempt more, which the
+                # driver begins once their set-ups ended (bounded by connect_timeout).
+                self._waited_for_set_ups = True
+                return Retry(0.0, cleanup)
             if not self._blocking or self._strikes >= UNREACHABLE_STRIKES:
                 return GiveUp(cleanup, self._unreachable(rnd))
         else:

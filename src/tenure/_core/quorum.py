@@ -291,6 +291,12 @@ class Round:
         untried = (Failure.BACKING_OFF, Failure.CONNECTING)
         return all(r.failure in untried for r in self.failures().values())
 
+    def failed_connecting(self) -> bool:
+        """True when the round failed, and only for nodes still connecting: their
+        connections were being set up, so nothing is known of them yet."""
+        failures = self.failures().values()
+        return bool(failures) and all(r.failure is Failure.CONNECTING for r in failures)
+
     def validity(self, now: float, ttl: float, drift: float) -> float:
         """Seconds of validity left at ``now`` for a lease whose round began at ``started``."""
         return self.started + ttl - drift - now
