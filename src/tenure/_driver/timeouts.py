@@ -25,9 +25,13 @@ async def within(awaitable: Awaitable[T], seconds: float | None) -> T:
     """Await ``awaitable`` for at most ``seconds`` (None: without a bound).
 
     Raises:
-        TimeoutError: not done in time (``asyncio.TimeoutError`` on Python 3.10).
+        TimeoutError: not done in time (the built-in one on Python 3.10 too, where
+            ``asyncio.TimeoutError`` is another class: callers catch one).
     """
     if sys.version_info >= (3, 11):
         async with asyncio.timeout(seconds):
             return await awaitable
-    return await asyncio.wait_for(awaitable, seconds)
+    try:
+        return await asyncio.wait_for(awaitable, seconds)
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"not done within {seconds} s") from None
