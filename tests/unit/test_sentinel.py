@@ -153,3 +153,14 @@ def test_no_master_names_the_service_and_each_sentinel() -> None:
         "no Sentinel named a master for service 'locks' "
         "(a:1: connection refused; [::1]:2: timed out)"
     )
+
+
+def test_the_server_a_sentinel_names_keeps_the_node_s_settings() -> None:
+    node = parse_node_url(
+        "rediss+sentinel://app:pw@s1:26379,s2:26380/orders/3?ssl_cert_reqs=none", "nodes"
+    )
+    server = node.server_at("10.0.0.7", 6380)
+    assert server.sentinel is None
+    assert (server.host, server.port, server.db) == ("10.0.0.7", 6380, 3)
+    assert server.url == "rediss://app:pw@10.0.0.7:6380/3?ssl_cert_reqs=none"
+    assert parse_node_url("redis://h:1", "nodes").server_at("x", 2).url == "redis://h:1"

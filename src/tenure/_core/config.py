@@ -164,6 +164,18 @@ class NodeAddress:
         url = f"{base}://{user}{host_port(host, port)}" + (f"?{query}" if query else "")
         return NodeAddress(url, base, host, port, None, 0, self.options)
 
+    def server_at(self, host: str, port: int) -> NodeAddress:
+        """The server at ``host:port`` of this Sentinel-managed or Cluster node, as a plain
+        node with its credentials, TLS, database and query settings; a plain node is
+        itself."""
+        if self.seeds:
+            return self.member(host, port)
+        if self.sentinel is None:
+            return self
+        # The placeholder host that every connection replaces with the master found.
+        url = self.redis_url.replace(f"{_SENTINEL_PLACEHOLDER}:6379", host_port(host, port), 1)
+        return parse_node_url(url, "nodes")
+
 
 def host_port(host: str, port: int) -> str:
     """``host:port`` as a URL writes it (an IPv6 address in brackets)."""

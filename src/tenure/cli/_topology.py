@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 
-from .._core.config import _SENTINEL_PLACEHOLDER, NodeAddress, host_port, parse_node_url
+from .._core.config import NodeAddress, host_port
 from .._core.diagnosis import Diagnosis, no_slot_map, not_a_cluster
 from .._core.quorum import Failure
 from .._core.slots import SlotMap, map_sources
@@ -24,7 +24,7 @@ from .._driver import acl as _acl
 from .._driver.redis_compat import connection_kwargs, diagnose, reply_text
 from .._driver.sentinel import Locator
 
-__all__ = ["Resolved", "cluster_map", "sentinel_master", "server_at"]
+__all__ = ["Resolved", "cluster_map", "sentinel_master"]
 
 
 @dataclass(frozen=True)
@@ -57,18 +57,7 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
             rules = " ".join(f"+{n.name.lower()}" for n in _acl.sentinel_needs(spec.service))
             text += f". Fix (on each Sentinel): ACL SETUSER {user} {rules}"
         raise LookupError(text) from None
-    return Resolved(server_at(address, *master), host_port(*master))
-
-
-def server_at(address: NodeAddress, host: str, port: int) -> NodeAddress:
-    """The server at ``host:port`` of Sentinel-managed or Cluster node ``address``, as a
-    plain node with its credentials, TLS, database and query settings."""
-    if address.seeds:
-        return address.member(host, port)
-    # A Sentinel node's settings come as a URL whose placeholder host every connection
-    # replaces with the master found (NodeAddress.redis_url); here, with this server.
-    url = address.redis_url.replace(f"{_SENTINEL_PLACEHOLDER}:6379", host_port(host, port), 1)
-    return parse_node_url(url, "--redis")
+    return Resolved(address.server_at(*master), host_port(*master))
 
 
 def cluster_map(address: NodeAddress, timeout: float) -> SlotMap:

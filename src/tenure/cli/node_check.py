@@ -57,7 +57,7 @@ from .._driver.redis_compat import connection_kwargs
 from .._errors import ConfigurationError
 from .._lua import script
 from ._text import one_line
-from ._topology import cluster_map, sentinel_master, server_at
+from ._topology import cluster_map, sentinel_master
 from .node_rules import (
     CONFIG_KEYS,
     DEFAULT_MAX_TTL,
@@ -567,7 +567,7 @@ def _each(
     shown = address.display
 
     def one(where: tuple[str, int]) -> NodeFacts:
-        server = server_at(address, *where)
+        server = address.server_at(*where)
         return gather(
             server,
             timeout,

@@ -32,7 +32,7 @@ from .._core.slots import key_slot
 from .._driver.redis_compat import connection_kwargs, diagnose
 from .._errors import ConfigurationError
 from ._text import one_line
-from ._topology import cluster_map, sentinel_master, server_at
+from ._topology import cluster_map, sentinel_master
 from .run import EXIT_UNAVAILABLE
 
 __all__ = ["status"]
@@ -120,7 +120,7 @@ def _listed_status(
             owner = slot_map.owner(slot)
             if owner is None:
                 return shown, False, f"unreachable: {slot_unserved(slot).detail}"
-            server = server_at(address, *owner)
+            server = address.server_at(*owner)
             shown = f"{shown} (slot {slot}: master {host_port(*owner)})"
     except LookupError as exc:
         return shown, False, f"unreachable: {exc}"
