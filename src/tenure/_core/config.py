@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from .._errors import ConfigurationError
+from .hosts import parse_host
 from .policy import RetryPolicy, wait_random_exponential
 from .quorum import drift_allowance, majority
 from .slots import CLUSTER_FORM, cluster_url, key_slot, slot_tag
@@ -314,21 +315,13 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
 def _sentinel_host(item: str, shown: str, parameter: str) -> tuple[str, int]:
     """One ``host[:port]`` (``[v6]:port``) of a Sentinel URL's list."""
     try:
-        parts = urlsplit(f"x://{item}")
-        port = parts.port
+        return parse_host(item, SENTINEL_PORT)
     except ValueError as exc:
         raise ConfigurationError(
-            parameter, f"URL {shown}: Sentinel {item!r} is not host:port ({exc})"
-        ) from None
-    if not item or not parts.hostname or parts.username is not None:
-        raise ConfigurationError(
             parameter,
-            f"URL {shown}: Sentinel {item!r} is not host:port; the accepted form is "
-            f"{SENTINEL_FORM}",
-        )
-    if port == 0:
-        raise ConfigurationError(parameter, f"URL {shown}: port must be in 1..65535")
-    return parts.hostname, port or SENTINEL_PORT
+            f"URL {shown}: Sentinel {item!r} is not host:port ({exc}); the accepted form "
+            f"is {SENTINEL_FORM}",
+        ) from None
 
 
 def _parse_sentinel_url(url: str, parameter: str) -> NodeAddress:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from ._slot_tags import TAGS
+from .hosts import parse_host
 
 __all__ = [
     "MAX_REDIRECTS",
@@ -290,33 +291,5 @@ def cluster_url(url: str) -> tuple[str, str, tuple[Address, ...], str]:
         )
     seeds: dict[Address, None] = {}
     for item in hosts.split(","):
-        seeds[_seed(item.strip())] = None
+        seeds[parse_host(item.strip(), 6379)] = None
     return base, user, tuple(seeds), query
-
-
-def _seed(item: str) -> Address:
-    if not item:
-        raise ValueError("names an empty host (nothing between two commas, or none at all)")
-    if item.startswith("["):
-        close = item.find("]")
-        if close < 0:
-            raise ValueError(f"host {item!r}: an IPv6 address needs its closing ']'")
-        host, port_text = item[1:close], item[close + 1 :]
-        if port_text and not port_text.startswith(":"):
-            raise ValueError(f"host {item!r}: expected ':port' after ']'")
-        port_text = port_text[1:]
-    else:
-        host, colon, port_text = item.rpartition(":")
-        if not colon:
-            host, port_text = item, ""
-        if ":" in host:
-            raise ValueError(f"host {item!r}: write an IPv6 address in brackets ([::1]:7000)")
-    if not host:
-        raise ValueError(f"{item!r} names no host")
-    try:
-        port = int(port_text) if port_text else 6379
-    except ValueError:
-        raise ValueError(f"{item!r}: port {port_text!r} is not a number") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"{item!r}: port must be in 1..65535")
-    return host, port
