@@ -53,6 +53,7 @@ from .._core.sentinel import demoted
 from .._driver.redis_compat import NotRedis, diagnose, node_pool
 from .._driver.report import NodeReporter
 from .._driver.timeouts import within
+from .deadlines import Deadline, Deadlines
 from .protocol import RespProtocol
 
 __all__ = ["Channels"]
@@ -323,6 +324,7 @@ class Channels:
         self.pools = self._pools  # the notification listener connects through them too
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channels: list[Channel] = []
+        self._deadlines: Deadlines  # the running loop's (made with its channels)
         self._changed = asyncio.Event()  # a channel's set-up ended
 
     def _current(self) -> list[Channel]:
@@ -330,6 +332,7 @@ class Channels:
         if loop is not self._loop:
             # Connections belong to the loop that made them; a new loop gets new ones.
             self._loop = loop
+            self._deadlines = Deadlines(loop)
             self._changed = asyncio.Event()
             connect_timeout = self._config.connect_timeout
             self._channels = [
@@ -387,19 +390,24 @@ class Channels:
         """
         channels = self._current()
         order: Sequence[int] = range(len(channels)) if targets is None else targets
-        if hopeless_unsent:
-            now = time.monotonic()
-            asked = rule_out(rnd, order, lambda i: (channels[i].backing_off(now), channels[i].last))
-            if asked is None:
-                self.reporter.round(rnd)
-                return
-            targets = order = asked
         if not all(channels[i].ready for i in order):
-            await self._set_up(channels, order, rnd)
-            if hopeless_unsent and rnd.impossible:
-                self.reporter.round(rnd)
-                return
-            deadline += rnd.begin_at(time.monotonic())
+            # (A channel that is connected is in no back-off: with every one connected,
+            # as nearly always, there is nothing to rule out and nothing to set up.)
+            if hopeless_unsent:
+                now = time.monotonic()
+                asked = rule_out(
+                    rnd, order, lambda i: (channels[i].backing_off(now), channels[i].last)
+                )
+                if asked is None:
+                    self.reporter.round(rnd)
+                    return
+                targets = order = asked
+            if not all(channels[i].ready for i in order):
+                await self._set_up(channels, order, rnd)
+                if hopeless_unsent and rnd.impossible:
+                    self.reporter.round(rnd)
+                    return
+                deadline += rnd.begin_at(time.monotonic())
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
 
@@ -468,11 +476,12 @@ class Channels:
         if not rnd.decided:
             budget = max(deadline - time.monotonic(), 0)
             graces = 0
-            timers: list[asyncio.TimerHandle] = []  # the deadline's (heard_out: the hear-out's)
+            deadlines = self._deadlines
+            timers: list[Deadline] = []  # the deadline's (heard_out: the hear-out's)
 
             def arm() -> None:
                 if not done.done():
-                    timers.append(loop.call_later(budget, expire, loop.time() + budget))
+                    timers.append(deadlines.add(loop.time() + budget, expire))
 
             def expire(due: float) -> None:
                 # The deadline of a client too busy to have given the nodes their time:
@@ -484,7 +493,7 @@ class Channels:
                 unsent = any(channels[i].backlogged for i in order if rnd.results[i] is None)
                 if (late or unsent) and graces < MAX_GRACES and not done.done():
                     graces += 1
-                    timers.append(loop.call_later(budget, expire, loop.time() + budget))
+                    timers.append(deadlines.add(loop.time() + budget, expire))
                 else:
                     settle()
 
@@ -499,7 +508,9 @@ class Channels:
             try:
                 await done
             finally:
-                for handle in timers + heard_out:
+                for entry in timers:
+                    deadlines.cancel(entry)
+                for handle in heard_out:
                     handle.cancel()
                 settle()
         else:
@@ -574,6 +585,8 @@ class Channels:
 
     async def close(self) -> None:
         channels, self._channels = self._channels, []
+        if self._loop is not None:
+            self._deadlines.close()
         self._loop = None
         await asyncio.gather(*(c.close(self._config.node_timeout) for c in channels))
         for pool in self._pools:
