@@ -580,7 +580,7 @@ class Channels:
                 return
             # Every set-up ends within the connect timeout (Channel._run), so without a
             # wait of the round's own this ends too.
-            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            with contextlib.suppress(TimeoutError):
                 await within(changed.wait(), wait)
 
     async def close(self) -> None:

@@ -193,7 +193,7 @@ class AsyncListener:
             self._all_up = asyncio.Event()
             self._tasks = [loop.create_task(self._run(i)) for i in range(len(self._pools))]
         if self._all_up is not None and not self._all_up.is_set():
-            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            with contextlib.suppress(TimeoutError):
                 await within(self._all_up.wait(), timeout)
         shard = self._waiter_slot.get(waiter, -1)
         while shard >= 0 and not self._closed and not self._settled(shard):
@@ -202,7 +202,7 @@ class AsyncListener:
                 break
             if self._shard_changed is None:
                 self._shard_changed = asyncio.Event()
-            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            with contextlib.suppress(TimeoutError):
                 await within(self._shard_changed.wait(), left)
         return slot
 

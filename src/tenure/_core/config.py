@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from .._errors import ConfigurationError
-from .hosts import parse_host
+from .hosts import REDIS_PORT, parse_host
 from .policy import RetryPolicy, wait_random_exponential
 from .quorum import drift_allowance, majority
 from .slots import CLUSTER_FORM, cluster_url, key_slot, slot_tag
@@ -58,10 +58,10 @@ SENTINEL_FORM = (
     "(rediss+sentinel:// for TLS)"
 )
 
-# The host a Sentinel-managed node's connection settings are built with
+# The host:port a Sentinel-managed node's connection settings are built with
 # (``NodeAddress.redis_url``): every connection replaces it with the master the
 # Sentinels name before connecting, and ``.invalid`` never resolves should one not.
-_SENTINEL_PLACEHOLDER = "sentinel-master.invalid"
+_SENTINEL_STAND_IN = f"sentinel-master.invalid:{REDIS_PORT}"
 
 
 @dataclass(frozen=True)
@@ -140,9 +140,8 @@ class NodeAddress:
         netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
         user = netloc.rpartition("@")[0]
         query = urlsplit(f"x://h/{rest[len(netloc) :]}").query
-        return (
-            f"{self.scheme}://{user + '@' if user else ''}{_SENTINEL_PLACEHOLDER}:6379/"
-            f"{self.db}" + (f"?{query}" if query else "")
+        return f"{self.scheme}://{user + '@' if user else ''}{_SENTINEL_STAND_IN}/{self.db}" + (
+            f"?{query}" if query else ""
         )
 
     @property
@@ -174,7 +173,7 @@ class NodeAddress:
         if self.sentinel is None:
             return self
         # The placeholder host that every connection replaces with the master found.
-        url = self.redis_url.replace(f"{_SENTINEL_PLACEHOLDER}:6379", host_port(host, port), 1)
+        url = self.redis_url.replace(_SENTINEL_STAND_IN, host_port(host, port), 1)
         return parse_node_url(url, "nodes")
 
 
@@ -298,7 +297,7 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
             raise ConfigurationError(parameter, f"URL {shown} names no host ({scheme}://host:port)")
         if port == 0:
             raise ConfigurationError(parameter, f"URL {shown}: port must be in 1..65535")
-        host, port_num, path = parts.hostname, port or 6379, None
+        host, port_num, path = parts.hostname, port or REDIS_PORT, None
         if parts.path.strip("/"):
             db_text = parts.path.strip("/")
     try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["parse_host"]
+__all__ = ["REDIS_PORT", "parse_host"]
+
+REDIS_PORT = 6379  # a Redis server's port when a URL names none
 
 
 def parse_host(item: str, default_port: int) -> tuple[str, int]:

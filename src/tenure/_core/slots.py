@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from ._slot_tags import TAGS
-from .hosts import parse_host
+from .hosts import REDIS_PORT, parse_host
 
 __all__ = [
     "MAX_REDIRECTS",
@@ -291,5 +291,5 @@ def cluster_url(url: str) -> tuple[str, str, tuple[Address, ...], str]:
         )
     seeds: dict[Address, None] = {}
     for item in hosts.split(","):
-        seeds[parse_host(item.strip(), 6379)] = None
+        seeds[parse_host(item.strip(), REDIS_PORT)] = None
     return base, user, tuple(seeds), query
