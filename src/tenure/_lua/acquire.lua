@@ -162,7 +162,7 @@ if proposal <= floor then
     return {-1, floor, floor}
 end
 redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
-commit(KEYS[2], ARGV[3], retention)
+commit(KEYS[2], ARGV[3], retention, floor)
 if mode then
     redis.call("ZREM", KEYS[4], ARGV[8])
     redis.call("DEL", KEYS[4] .. ":" .. ARGV[8], KEYS[4] .. ":next")
