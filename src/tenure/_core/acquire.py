@@ -98,6 +98,7 @@ __all__ = [
 GRANTED, HELD, TOO_LOW, NO_HISTORY, WARMING, HISTORY_CHANGED = 1, 0, -1, -2, -3, -4
 # The nodes that need a seed: blank, or under another history than their floor's.
 LOST = (NO_HISTORY, HISTORY_CHANGED)
+COUNTED = (GRANTED, HELD, TOO_LOW)  # statuses whose number is a fencing counter of the node
 # Immediate re-tries for a low proposal or a seeding, per acquire call, before falling
 # back to the random back-off (other clients may keep raising the floors meanwhile).
 MAX_FIXES = 4
@@ -274,6 +275,12 @@ def round_errors(
     }
 
 
+def _floors(infos: dict[int, tuple[int, ...]]) -> dict[int, int]:
+    """Each node's floor, from the nodes whose floor vouches for their past: not the
+    blank ones (they answer 0), nor those whose history changed (an old floor)."""
+    return {i: info[2] for i, info in infos.items() if info[0] not in LOST}
+
+
 class Acquisition:
     """The retry loop of one ``acquire`` call.
 
@@ -373,26 +380,34 @@ class Acquisition:
         """Decide the attempt once ``rnd`` is decided or its deadline passed."""
         spec = self.spec
         infos = {i: r.info for i, r in enumerate(rnd.results) if r is not None and r.info}
-        statuses = {i: (info[0], info[1]) for i, info in infos.items()}
-        counters = [n for s, n in statuses.values() if s in (GRANTED, HELD, TOO_LOW)]
-        if counters:
-            self.floor = max(self.floor, max(counters) + 1)
-        # Each node's floor, from the nodes whose floor vouches for their past: not the
-        # blank ones (they answer 0), nor those whose history changed (an old floor).
-        floors = {i: info[2] for i, info in infos.items() if info[0] not in LOST}
+        # One pass over the answers for what every outcome needs (this runs once per
+        # attempt, on the hot path): the highest number seen, the tokens granted, and
+        # the nodes that lost their data.
+        top: int | None = None
+        minted: set[int] = set()
+        lost_nodes: list[int] = []
+        for i, info in infos.items():
+            status = info[0]
+            if status == GRANTED:
+                minted.add(info[1])
+            if status in COUNTED:
+                top = info[1] if top is None else max(top, info[1])
+            elif status in LOST:
+                lost_nodes.append(i)
+        if top is not None:
+            self.floor = max(self.floor, top + 1)
         validity = rnd.validity(now, spec.ttl, spec.drift)
         if rnd.succeeded and validity > 0:
             # The token is our proposal, except in fair mode on one node when the lock had
             # already been handed to us: the node then answers the token the hand-off
             # minted. (Fair on a quorum, such a node takes our proposal like the others.)
-            minted = {n for s, n in statuses.values() if s == GRANTED}
             one_node_fair = spec.wait_mode is WaitMode.FAIR_ONE_NODE and len(minted) == 1
             fencing = minted.pop() if one_node_fair else self._proposal
             self.floor = max(self.floor, fencing + 1, self._proposal + 1)
-            lost = frozenset(i for i, (s, _) in statuses.items() if s in LOST)
+            lost = frozenset(lost_nodes)
             # Nodes that lost their data (a majority answered with a floor): seed them now,
             # or they would sit out every round until a failed one noticed them.
-            seed = self._seed(lost, infos, floors, self._max_ttl_ms) if lost else None
+            seed = self._seed(lost, infos, _floors(infos), self._max_ttl_ms) if lost else None
             return Granted(
                 LeaseState(
                     name=spec.name,
@@ -406,6 +421,8 @@ class Acquisition:
                 ),
                 seed,
             )
+        statuses = {i: (info[0], info[1]) for i, info in infos.items()}
+        floors = _floors(infos)
         cleanup = rnd.maybe_holding()
         self._refusal = (rnd, statuses)  # put in words only if the call gives up
         if rnd.misconfigured_blocks_quorum():
@@ -591,7 +608,7 @@ class Acquisition:
         marks = frozenset(infos[i][1] for i in lost)
         # Every number seen, not only the floors that vouch for a majority: a seed must
         # not land below any of them, a changed node's own floor included.
-        counters = [info[1] for info in infos.values() if info[0] in (GRANTED, HELD, TOO_LOW)]
+        counters = [info[1] for info in infos.values() if info[0] in COUNTED]
         changed = [info[2] for info in infos.values() if info[0] == HISTORY_CHANGED]
         start = max([*floors.values(), *counters, *changed], default=0)
         return Seed(lost, start, warm_ms, marks)
