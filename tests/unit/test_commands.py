@@ -15,6 +15,7 @@ from tenure._core import commands
 from tenure._core.acquire import GRANTED, HELD, NO_HISTORY, TOO_LOW, WARMING
 from tenure._core.commands import Command, pack
 from tenure._core.config import ClientConfig, LockKeys, LockSpec
+from tenure._core.waiting import SHARDED
 from tenure._lua import Script, expand, script, wire_form
 
 SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=300)
@@ -406,6 +407,60 @@ def test_the_text_path_encodes_as_the_general_one(args: list[bytes | str | int])
     text_only = tuple(a for a in args if not isinstance(a, bytes))
     assert commands._bulk(text_only) == b"".join(
         b"$%d\r\n%s\r\n" % (len(_as_bytes(a)), _as_bytes(a)) for a in text_only
+    )
+
+
+_texts = st.text(max_size=12)
+_numbers = st.integers(0, 2**53)
+
+
+@SETTINGS
+@given(
+    token=_texts,
+    numbers=st.tuples(_numbers, _numbers, _numbers, _numbers),
+    waiting=st.none() | st.tuples(st.sampled_from("nfq"), _texts, _texts, _numbers, st.booleans()),
+    name=st.text(min_size=1, max_size=8),
+    cleanup=st.booleans(),
+)
+def test_the_hot_commands_carry_exactly_their_arguments(
+    token: str,
+    numbers: tuple[int, int, int, int],
+    waiting: tuple[str, str, str, int, bool] | None,
+    name: str,
+    cleanup: bool,
+) -> None:
+    # The acquire and the release are packed from a frame encoded once per lock and
+    # settings, filled per call (``_frame``, ``_fill``): whatever the text (ASCII or not,
+    # in the token, the waiter id, the channel or the lock's name), a node must read
+    # the very arguments acquire.lua and release.lua document, in their order.
+    spec = replace(SPEC, name=name, keys=LockKeys(f"tenure:{{{name}}}:lock", queue=f"q{name}"))
+    proposal, mark, mark_ms, ticket = numbers
+    wait = None
+    if waiting is not None:
+        mode, waiter, channel, place_ms, sharded = waiting
+        wait = commands.WaitArgs(mode, waiter, channel, place_ms, ticket, sharded)
+    cmd = commands.acquire(spec, token, proposal, mark, mark_ms, wait)
+    items, rest = parse_command(cmd.packed)
+    assert rest == b""
+    keys = [spec.keys.lock, spec.keys.floor, spec.keys.warm]
+    args: list[str | int] = [token, spec.ttl_ms, proposal, mark, mark_ms, spec.retention_ms]
+    if wait is not None:
+        keys.append(spec.keys.queue)
+        args += [wait.mode, wait.waiter, wait.channel, wait.place_ms, wait.ticket]
+        args += [SHARDED] if wait.sharded else []
+    sha = hashlib.sha1(script("acquire").wire).hexdigest().encode()
+    expected = [str(len(keys)).encode(), *map(_as_bytes, keys), *map(_as_bytes, args)]
+    assert items == [b"EVALSHA", sha, *expected]
+    assert cmd.fallback is not None
+    assert parse_command(cmd.fallback) == ([b"EVAL", script("acquire").wire, *expected], b"")
+
+    release = commands.release_waking(spec, token, "q", proposal, cleanup=cleanup)
+    items, rest = parse_command(release.packed)
+    keys = [spec.keys.lock, spec.keys.floor, spec.keys.queue]
+    args = [token, "q", proposal, spec.retention_ms, *(["c"] if cleanup else [])]
+    assert (items, rest) == (
+        [b"EVAL", script("release").wire, b"3", *map(_as_bytes, keys), *map(_as_bytes, args)],
+        b"",
     )
 
 

@@ -87,18 +87,55 @@ def _eval(name: str, keys: tuple[str, ...], *args: bytes | str | int) -> bytes:
     # EVAL with the source. A release is sent to every node but only a majority of
     # replies is awaited; after SCRIPT FLUSH or a restart, EVALSHA on a node nobody waits
     # for would answer NOSCRIPT and no EVAL would follow, leaving our key there until its
-    # TTL. EVAL cannot fail that way. Only the acquire goes by EVALSHA (``_evalsha``):
+    # TTL. EVAL cannot fail that way. Only the acquire goes by EVALSHA (``acquire``):
     # docs/architecture.md, "EVALSHA for the acquire, EVAL for the rest".
     return b"".join((_eval_head(name, len(keys) + len(args)), _keys(keys), _bulk(args)))
 
 
-def _evalsha(
-    name: str, keys: tuple[str, ...], args: tuple[bytes | str | int, ...]
-) -> tuple[bytes, bytes]:
-    """The command by EVALSHA, and by EVAL for a node that cannot run the first."""
-    argc = len(keys) + len(args)
-    tail = _keys(keys) + _bulk(args)
-    return _evalsha_head(name, argc) + tail, _eval_head(name, argc) + tail
+# An argument that changes from call to call (a token, a proposal), in a ``_frame``.
+_VARIES = None
+
+
+@lru_cache(maxsize=4096)
+def _frame(
+    name: str, keys: tuple[str, ...], args: tuple[str | int | None, ...]
+) -> tuple[int, bytes, tuple[str, ...]]:
+    """A hot script call with everything but its varying arguments (``_VARIES``) encoded
+    once: (the argument count, the keys and the arguments before the first varying one,
+    the arguments after each varying one). ``_fill`` completes it.
+
+    An acquire has 11 arguments of which 5 change per call, a release 4 of which 2: the
+    same lock with the same TTL from the same process is packed again and again, so the
+    rest is kept for a few thousand such calls (not the script bodies: those are kept
+    once, by ``_eval_head``). The arguments after a varying one are kept as text, one
+    character per byte (latin-1), so that ``_fill`` encodes once.
+    """
+    chunks: list[bytes] = []
+    fixed: list[str | int] = []
+    for arg in args:
+        if arg is _VARIES:
+            chunks.append(_bulk(tuple(fixed)) if fixed else b"")
+            fixed = []
+        else:
+            fixed.append(arg)
+    chunks.append(_bulk(tuple(fixed)) if fixed else b"")
+    rest = tuple(chunk.decode("latin-1") for chunk in chunks[1:])
+    return len(keys) + len(args), _keys(keys) + chunks[0], rest
+
+
+def _fill(rest: tuple[str, ...], values: tuple[str | int, ...]) -> bytes:
+    """The varying arguments ``values``, each followed by the fixed ones after it."""
+    parts = []
+    for value, after in zip(values, rest, strict=True):
+        text = str(value)
+        if not text.isascii():
+            # Tokens and numbers are ASCII, one byte per character; anything else
+            # is encoded as UTF-8 on its own, its length counted in bytes.
+            return b"".join(
+                _bulk((v,)) + a.encode("latin-1") for v, a in zip(values, rest, strict=True)
+            )
+        parts.append(f"${len(text)}\r\n{text}\r\n{after}")
+    return "".join(parts).encode("latin-1")
 
 
 def script_missing(error: str) -> bool:
@@ -265,25 +302,35 @@ def acquire(
     """acquire.lua: take ``spec``'s lock with fencing token ``proposal`` (``mark``: the
     observation mark a blank node keeps for ``mark_ms``); ``wait`` queues the caller."""
     keys = spec.keys
-    args: tuple[bytes | str | int, ...] = (
-        token,
+    # token, TTL, proposal, mark, the mark's life, retention (acquire.lua's ARGV)
+    args: tuple[str | int | None, ...] = (
+        _VARIES,
         spec.ttl_ms,
-        proposal,
-        mark,
+        _VARIES,
+        _VARIES,
         mark_ms,
         spec.retention_ms,
     )
+    values: tuple[str | int, ...] = (token, proposal, mark)
     if wait is None:
         node_keys: tuple[str, ...] = (keys.lock, keys.floor, keys.warm)
     else:
         node_keys = (keys.lock, keys.floor, keys.warm, keys.queue)
-        args += (wait.mode, wait.waiter, wait.channel, wait.place_ms, wait.ticket)
+        # mode, waiter id, channel, place's life, ticket[, sharded]
+        args += (wait.mode, _VARIES, wait.channel, wait.place_ms, _VARIES)
         if wait.sharded:
             args += (SHARDED,)
+        values += (wait.waiter, wait.ticket)
+    argc, start, rest = _frame("acquire", node_keys, args)
+    tail = _fill(rest, values)
     # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
     # cannot run it answers without granting anything (``ScriptCache``).
-    packed, fallback = _evalsha("acquire", node_keys, args)
-    return Command(packed, _acquire_reply, fallback=fallback, key=keys.lock)
+    return Command(
+        b"".join((_evalsha_head("acquire", argc), start, tail)),
+        _acquire_reply,
+        fallback=b"".join((_eval_head("acquire", argc), start, tail)),
+        key=keys.lock,
+    )
 
 
 def seed(spec: LockSpec, floor: int, warm_ms: int, marks: frozenset[int]) -> Command:
@@ -310,8 +357,11 @@ def release_waking(
     keys = spec.keys
     queue_keys = (keys.lock, keys.floor, keys.queue)
     extra = ("c",) if cleanup else ()
+    args = (_VARIES, mode, _VARIES, spec.retention_ms, *extra)
+    argc, start, rest = _frame("release", queue_keys, args)
+    # By EVAL, as every script but the acquire (``_eval``).
     return Command(
-        _eval("release", queue_keys, token, mode, arg, spec.retention_ms, *extra), key=keys.lock
+        b"".join((_eval_head("release", argc), start, _fill(rest, (token, arg)))), key=keys.lock
     )
 
 
