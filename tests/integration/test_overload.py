@@ -5,11 +5,15 @@ tasks) past a round's deadline while the nodes' replies wait in its sockets. Whe
 loop runs again it reads the sockets before it fires the deadline, so those replies
 count: every node is up, and none may be reported as failed. The tests block the loop
 deterministically, for three node timeouts, right after a round was sent.
+
+When the nodes had not answered yet either (they share the starved cores), the deadline
+the loop runs late gives them one node timeout more before they count as silent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 
@@ -71,5 +75,42 @@ def test_a_busy_loop_never_reports_healthy_nodes_unreachable(nodes: LocalCluster
                     time.sleep(BLOCK)  # noqa: ASYNC251 - blocking the loop is the point
 
             await asyncio.gather(hog(), *(worker(k) for k in range(256)))
+
+    asyncio.run(main())
+
+
+def test_a_deadline_run_late_gives_the_nodes_one_node_timeout_more(nodes: LocalCluster) -> None:
+    """The loop was blocked past a round's deadline while every node was frozen, and
+    they answer a little after it runs again: the round waits for them (a grace), where
+    a deadline taken at its word would call them all silent."""
+    timeout = 0.2
+
+    def resume_all() -> None:
+        for node in nodes:
+            node.resume()
+
+    def starve() -> None:
+        time.sleep(3 * timeout)
+        # The nodes come back a quarter of a node timeout after the loop does.
+        threading.Timer(timeout / 4, resume_all).start()
+
+    async def main() -> None:
+        async with tenure.AsyncClient(nodes.urls, node_timeout=timeout) as client:
+            warm = await client.acquire("late-deadline-warm", ttl=5.0, blocking=False)
+            await warm.release()  # every connection is up
+            # The release returned at a majority: let the last reply come in, so that
+            # the acquire's requests go out at once, not in the turn's batch behind the
+            # blocked callback.
+            await asyncio.sleep(0.05)
+            for node in nodes:
+                node.pause()
+            try:
+                asyncio.get_running_loop().call_soon(starve)
+                started = time.monotonic()
+                lease = await client.acquire("late-deadline", ttl=5.0, blocking=False)
+                assert time.monotonic() - started >= 3 * timeout  # it really was starved
+            finally:
+                resume_all()
+            await lease.release()
 
     asyncio.run(main())

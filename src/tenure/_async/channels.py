@@ -301,6 +301,133 @@ class Channel:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+class _Wait:
+    """One round's wait for its replies (``Channels.run``): the callbacks its replies
+    and its deadline call, on one object rather than a closure each (a round is made per
+    attempt, on the hot path)."""
+
+    __slots__ = (
+        "budget",
+        "channels",
+        "command",
+        "done",
+        "graces",
+        "heard_out",
+        "loop",
+        "order",
+        "owner",
+        "parts",
+        "rnd",
+        "timer",
+    )
+
+    def __init__(
+        self,
+        owner: Channels,
+        channels: list[Channel],
+        command: Command,
+        rnd: Round,
+        order: Sequence[int],
+    ) -> None:
+        self.owner = owner
+        self.channels = channels
+        self.command = command
+        self.rnd = rnd
+        self.order = order
+        self.loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[None] = self.loop.create_future()
+        self.budget = 0.0  # seconds from the moment the requests went out
+        self.graces = 0
+        self.timer: Deadline | None = None  # the deadline (or its latest grace)
+        self.heard_out: asyncio.TimerHandle | None = None
+        self.parts: dict[int, list[Any]] = {}  # replies so far of a command that has several
+
+    def settle(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def on_reply(self, i: int, reply: Reply) -> None:
+        ok, value = reply
+        rnd, command, channels = self.rnd, self.command, self.channels
+        if self.done.done() or rnd.results[i] is not None:
+            # The round, or this node's part in it, is over: dropped, but for what it
+            # says of the node's scripts (a late NOSCRIPT) and of its configuration.
+            if isinstance(value, ResponseError):
+                channels[i].scripts.answered(str(value), None)
+                self.owner.reporter.late(i, channels[i].diagnose(value))
+            return
+        if ok and command.replies > 1:
+            got = self.parts.setdefault(i, [])
+            got.append(value)
+            if len(got) < command.replies:
+                return
+            value = got
+        if ok:
+            try:
+                answer = command.parse(value)
+            except Exception as exc:  # a reply of the wrong shape: not Redis speaking
+                why = diagnose(NotRedis(f"a reply tenure cannot read: {exc!r}"))
+                rnd.fail(i, why.failure, why.detail)
+                self.owner._current()[i].drop(NotRedis(why.detail))
+            else:
+                rnd.record(i, *answer)
+        elif (
+            isinstance(value, ResponseError)
+            and command.replies == 1
+            # Our parser keeps the reply's code in the text, as the node sent it.
+            and (retry := channels[i].scripts.answered(str(value), command)) is not None
+        ):
+            # The EVAL form of an EVALSHA the node could not run, behind anything
+            # written since; its reply comes back here.
+            try:
+                channels[i].send(retry, partial(self.on_reply, i))
+            except BackingOff as exc:  # it stalled meanwhile, and was reset
+                rnd.fail(i, exc.failure, exc.detail)
+            else:
+                return
+        else:
+            # The error reply, or whatever ended the connection first.
+            why = (
+                channels[i].diagnose(value)
+                if isinstance(value, Exception)
+                else Diagnosis(Failure.UNREACHABLE, type(value).__name__)
+            )
+            rnd.fail(i, why.failure, why.detail)
+            if isinstance(value, ResponseError) and reply_ends_link(why):
+                self.owner._current()[i].drop(value)
+        if rnd.decided:
+            self.settle()
+        elif rnd.hear_out and rnd.impossible and self.heard_out is None:
+            # A failed round heard out (see ``Round``): for a little longer only.
+            self.heard_out = self.loop.call_later(rnd.hear_out, self.settle)
+
+    def arm(self) -> None:
+        if not self.done.done():
+            self.timer = self.owner._deadlines.add(self.loop.time() + self.budget, self.expire)
+
+    def expire(self, due: float) -> None:
+        # The deadline of a client too busy to have given the nodes their time: its
+        # event loop ran the timer late (blocked by other work), or the request still
+        # sits in its own send buffer. Once more, up to MAX_GRACES times; a node that is
+        # really silent is a timeout a little later.
+        late = self.loop.time() - due > self.budget
+        results, channels = self.rnd.results, self.channels
+        unsent = any(channels[i].backlogged for i in self.order if results[i] is None)
+        if (late or unsent) and self.graces < MAX_GRACES and not self.done.done():
+            self.graces += 1
+            self.arm()
+        else:
+            self.settle()
+
+    def end(self) -> None:
+        """The round is over: drop its timers; replies still to come are dropped."""
+        if self.timer is not None:
+            self.owner._deadlines.cancel(self.timer)
+        if self.heard_out is not None:
+            self.heard_out.cancel()
+        self.settle()
+
+
 class Channels:
     """One channel per node, bound to the event loop that first used them."""
 
@@ -408,116 +535,27 @@ class Channels:
                     self.reporter.round(rnd)
                     return
                 deadline += rnd.begin_at(time.monotonic())
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-
-        def settle() -> None:
-            if not done.done():
-                done.set_result(None)
-
-        parts: dict[int, list[Any]] = {}  # replies so far of a command that has several
-
-        def on_reply(i: int, reply: Reply) -> None:
-            ok, value = reply
-            if done.done() or rnd.results[i] is not None:
-                # The round, or this node's part in it, is over: dropped, but for what it
-                # says of the node's scripts (a late NOSCRIPT) and of its configuration.
-                if isinstance(value, ResponseError):
-                    channels[i].scripts.answered(str(value), None)
-                    self.reporter.late(i, channels[i].diagnose(value))
-                return
-            if ok and command.replies > 1:
-                got = parts.setdefault(i, [])
-                got.append(value)
-                if len(got) < command.replies:
-                    return
-                value = got
-            if ok:
-                try:
-                    answer = command.parse(value)
-                except Exception as exc:  # a reply of the wrong shape: not Redis speaking
-                    why = diagnose(NotRedis(f"a reply tenure cannot read: {exc!r}"))
-                    rnd.fail(i, why.failure, why.detail)
-                    self._current()[i].drop(NotRedis(why.detail))
-                else:
-                    rnd.record(i, *answer)
-            elif (
-                isinstance(value, ResponseError)
-                and command.replies == 1
-                # Our parser keeps the reply's code in the text, as the node sent it.
-                and (retry := channels[i].scripts.answered(str(value), command)) is not None
-            ):
-                # The EVAL form of an EVALSHA the node could not run, behind anything
-                # written since; its reply comes back here.
-                try:
-                    channels[i].send(retry, partial(on_reply, i))
-                except BackingOff as exc:  # it stalled meanwhile, and was reset
-                    rnd.fail(i, exc.failure, exc.detail)
-                else:
-                    return
-            else:
-                # The error reply, or whatever ended the connection first.
-                why = (
-                    channels[i].diagnose(value)
-                    if isinstance(value, Exception)
-                    else Diagnosis(Failure.UNREACHABLE, type(value).__name__)
-                )
-                rnd.fail(i, why.failure, why.detail)
-                if isinstance(value, ResponseError) and reply_ends_link(why):
-                    self._current()[i].drop(value)
-            if rnd.decided:
-                settle()
-            elif rnd.hear_out and rnd.impossible and not heard_out:
-                # A failed round heard out (see ``Round``): for a little longer only.
-                heard_out.append(loop.call_later(rnd.hear_out, settle))
-
-        heard_out: list[asyncio.TimerHandle] = []
-        self.send(command, rnd, targets, on_reply)
+        wait = _Wait(self, channels, command, rnd, order)
+        self.send(command, rnd, targets, wait.on_reply)
         if not rnd.decided:
-            budget = max(deadline - time.monotonic(), 0)
-            graces = 0
-            deadlines = self._deadlines
-            timers: list[Deadline] = []  # the deadline's (heard_out: the hear-out's)
-
-            def arm() -> None:
-                if not done.done():
-                    timers.append(deadlines.add(loop.time() + budget, expire))
-
-            def expire(due: float) -> None:
-                # The deadline of a client too busy to have given the nodes their time:
-                # its event loop ran the timer late (blocked by other work), or the
-                # request still sits in its own send buffer. Once more, up to MAX_GRACES
-                # times; a node that is really silent is a timeout a little later.
-                nonlocal graces
-                late = loop.time() - due > budget
-                unsent = any(channels[i].backlogged for i in order if rnd.results[i] is None)
-                if (late or unsent) and graces < MAX_GRACES and not done.done():
-                    graces += 1
-                    timers.append(deadlines.add(loop.time() + budget, expire))
-                else:
-                    settle()
-
+            wait.budget = max(deadline - time.monotonic(), 0)
             if any(channels[i].batched for i in order):
                 # Written into this turn's batch: the wait for replies begins once the
                 # batch went out (its flush runs before this), not while the loop was
                 # still busy with other tasks: a client too busy to send is not a
                 # node too slow to answer.
-                loop.call_soon(arm)
+                wait.loop.call_soon(wait.arm)
             else:
-                arm()
+                wait.arm()
             try:
-                await done
+                await wait.done
             finally:
-                for entry in timers:
-                    deadlines.cancel(entry)
-                for handle in heard_out:
-                    handle.cancel()
-                settle()
+                wait.end()
         else:
-            settle()
+            wait.settle()
         rnd.stop_hearing()
         if not rnd.decided:
-            for i, got in parts.items():
+            for i, got in wait.parts.items():
                 # A node that answered the command but not yet all of it (a WAIT still
                 # blocked in Redis) is judged on what came: it is not silent.
                 try:
