@@ -122,6 +122,36 @@ def test_a_release_wakes_the_waiter_without_polling(
     lease.release()
 
 
+def test_a_frozen_node_holds_up_a_fair_waiter_for_a_moment_only(api: Api, key: str) -> None:
+    """Fair on a quorum, an attempt that found the lock held hears the other nodes out
+    for a moment (``HEAR_OUT``), not for a node timeout: with a node frozen, a release
+    right after the waiter queued reaches it at once, not when that round times out."""
+    with LocalCluster(3) as cluster:
+        urls = cluster.urls
+        holder = api.client(urls).acquire(key, ttl=10.0)
+        waiter = api.client(urls, node_timeout=1.0, recheck=20.0)
+        waiter.acquire(key + "-warm", ttl=5.0).release()  # connected to every node
+        released_at: list[float] = []
+
+        def release_once_queued() -> None:
+            _wait_until(lambda: _queued_everywhere(cluster, 2, key) == 1)
+            released_at.append(time.monotonic())
+            _release_raw(cluster, 2, key, holder, fair=True)  # hands over on nodes 0 and 1
+
+        cluster[2].pause()
+        thread = threading.Thread(target=release_once_queued)
+        thread.start()
+        try:
+            lease = waiter.acquire(key, ttl=5.0, timeout=15.0)
+            got = time.monotonic()
+        finally:
+            thread.join()
+            cluster[2].resume()
+        assert got - released_at[0] < 0.5  # not the 1 s node timeout of the frozen node
+        assert lease.fencing_token > holder.fencing_token
+        lease.release()
+
+
 def test_fair_newcomer_does_not_overtake_the_queue(
     api: Api, shared5: LocalCluster, key: str
 ) -> None:
