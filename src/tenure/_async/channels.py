@@ -120,7 +120,10 @@ class Channel:
             self._reset(ConnectionError(f"no reply for {STALL}s"), now)
         if self._conn is not None and self._task is not None and not self._unsent:
             self._write(self.scripts.packed(command))
-            self._pending.extend((c, now) for c in _callbacks(command, on_reply))
+            if command.replies == 1:
+                self._pending.append((on_reply, now))
+            else:
+                self._pending.extend((c, now) for c in _callbacks(command, on_reply))
             return
         self.connect(now)
         self._unsent.append((command, on_reply))
