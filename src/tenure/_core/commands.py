@@ -96,19 +96,17 @@ def _eval(name: str, keys: tuple[str, ...], *args: bytes | str | int) -> bytes:
 _VARIES = None
 
 
-@lru_cache(maxsize=4096)
-def _frame(
-    name: str, keys: tuple[str, ...], args: tuple[str | int | None, ...]
-) -> tuple[int, bytes, tuple[str, ...]]:
-    """A hot script call with everything but its varying arguments (``_VARIES``) encoded
-    once: (the argument count, the keys and the arguments before the first varying one,
-    the arguments after each varying one). ``_fill`` completes it.
+@lru_cache(maxsize=256)
+def _frame(args: tuple[str | int | None, ...]) -> tuple[bytes, tuple[str, ...]]:
+    """A hot script call's arguments with all but the varying ones (``_VARIES``) encoded
+    once: (the arguments before the first varying one, the arguments after each varying
+    one). ``_fill`` completes them.
 
-    An acquire has 11 arguments of which 5 change per call, a release 4 of which 2: the
-    same lock with the same TTL from the same process is packed again and again, so the
-    rest is kept for a few thousand such calls (not the script bodies: those are kept
-    once, by ``_eval_head``). The arguments after a varying one are kept as text, one
-    character per byte (latin-1), so that ``_fill`` encodes once.
+    An acquire has 11 arguments of which 5 change per call, a release 4 of which 2; the
+    others (TTL, retention, mode, channel...) are the same for every lock of a client, so
+    a few frames serve every name (the keys are encoded apart, ``_keys``). The arguments
+    after a varying one are kept as text, one character per byte (latin-1), so that
+    ``_fill`` encodes once.
     """
     chunks: list[bytes] = []
     fixed: list[str | int] = []
@@ -119,8 +117,7 @@ def _frame(
         else:
             fixed.append(arg)
     chunks.append(_bulk(tuple(fixed)) if fixed else b"")
-    rest = tuple(chunk.decode("latin-1") for chunk in chunks[1:])
-    return len(keys) + len(args), _keys(keys) + chunks[0], rest
+    return chunks[0], tuple(chunk.decode("latin-1") for chunk in chunks[1:])
 
 
 def _fill(rest: tuple[str, ...], values: tuple[str | int, ...]) -> bytes:
@@ -321,14 +318,15 @@ def acquire(
         if wait.sharded:
             args += (SHARDED,)
         values += (wait.waiter, wait.ticket)
-    argc, start, rest = _frame("acquire", node_keys, args)
-    tail = _fill(rest, values)
+    start, rest = _frame(args)
+    argc = len(node_keys) + len(args)
+    tail = b"".join((_keys(node_keys), start, _fill(rest, values)))
     # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
     # cannot run it answers without granting anything (``ScriptCache``).
     return Command(
-        b"".join((_evalsha_head("acquire", argc), start, tail)),
+        _evalsha_head("acquire", argc) + tail,
         _acquire_reply,
-        fallback=b"".join((_eval_head("acquire", argc), start, tail)),
+        fallback=_eval_head("acquire", argc) + tail,
         key=keys.lock,
     )
 
@@ -358,10 +356,11 @@ def release_waking(
     queue_keys = (keys.lock, keys.floor, keys.queue)
     extra = ("c",) if cleanup else ()
     args = (_VARIES, mode, _VARIES, spec.retention_ms, *extra)
-    argc, start, rest = _frame("release", queue_keys, args)
+    start, rest = _frame(args)
+    head = _eval_head("release", len(queue_keys) + len(args))
     # By EVAL, as every script but the acquire (``_eval``).
     return Command(
-        b"".join((_eval_head("release", argc), start, _fill(rest, (token, arg)))), key=keys.lock
+        b"".join((head, _keys(queue_keys), start, _fill(rest, (token, arg)))), key=keys.lock
     )
 
 
