@@ -96,7 +96,7 @@ def _eval(name: str, keys: tuple[str, ...], *args: bytes | str | int) -> bytes:
 _VARIES = None
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=1024)
 def _frame(args: tuple[str | int | None, ...]) -> tuple[bytes, tuple[str, ...]]:
     """A hot script call's arguments with all but the varying ones (``_VARIES``) encoded
     once: (the arguments before the first varying one, the arguments after each varying
@@ -104,7 +104,8 @@ def _frame(args: tuple[str | int | None, ...]) -> tuple[bytes, tuple[str, ...]]:
 
     An acquire has 11 arguments of which 5 change per call, a release 4 of which 2; the
     others (TTL, retention, mode, channel...) are the same for every lock of a client, so
-    a few frames serve every name (the keys are encoded apart, ``_keys``). The arguments
+    a few frames serve every name (the keys are encoded apart, ``_keys``; on a Redis
+    Cluster the channel is the slot's, a frame per slot in use). The arguments
     after a varying one are kept as text, one character per byte (latin-1), so that
     ``_fill`` encodes once.
     """
