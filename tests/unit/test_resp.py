@@ -1,4 +1,4 @@
-"""The asyncio driver's RESP2 reply reader: complete replies out, partial ones kept."""
+"""The RESP2 reply readers the drivers read with: complete replies out, partial ones kept."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tenure._async.protocol import HiredisReader
 from tenure._core.resp import ErrorReply, ReplyReader
+from tenure._driver.replies import HiredisReader
 
 # The pure-Python reader, and hiredis's doing the same work (the one used when installed).
 READERS = [ReplyReader, HiredisReader]
@@ -48,7 +48,18 @@ def test_garbage_is_an_error(reader: type[ReplyReader]) -> None:
         reader().feed(b"?what\r\n")
 
 
-def test_the_protocol_reads_with_hiredis_when_installed() -> None:
-    from tenure._async import protocol
+def test_both_drivers_read_with_hiredis_when_installed() -> None:
+    # The asyncio protocol, and the blocking client's notification connections.
+    import tenure
+    from tenure._async.protocol import RespProtocol
 
-    assert isinstance(protocol.reply_reader(), HiredisReader)
+    assert isinstance(RespProtocol(print, None)._reader, HiredisReader)  # type: ignore[arg-type]
+    client = tenure.Client(
+        ["redis://127.0.0.1:6399", "redis://127.0.0.1:6400", "redis://127.0.0.1:6401"]
+    )
+    try:
+        readers = client._listener._readers
+        assert len(readers) == 3
+        assert all(isinstance(r, HiredisReader) for r in readers)
+    finally:
+        client.close()

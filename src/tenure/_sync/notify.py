@@ -40,7 +40,7 @@ from typing import cast
 from .._core import diagnosis
 from .._core.backoff import Reconnect
 from .._core.commands import pack
-from .._core.resp import ErrorReply, ReplyReader
+from .._core.resp import ErrorReply
 from .._core.slots import Address, SlotMap, routed_slot
 from .._core.waiting import (
     CHANNEL_PREFIX,
@@ -53,6 +53,7 @@ from .._core.waiting import (
     sharding,
 )
 from .._driver.redis_compat import diagnose
+from .._driver.replies import reply_reader
 from .._driver.report import NodeReporter
 from .cluster import ClusterState
 from .connect import SetUp
@@ -117,7 +118,7 @@ class _ShardLink:
         self.conn: object = None
         self.sock: socket.socket | None = None
         self.setup: SetUp | None = None
-        self.reader = ReplyReader()
+        self.reader = reply_reader()
         self.reconnect = Reconnect()
         self.outbox: list[bytes] = []  # written once connected
 
@@ -170,7 +171,7 @@ class Listener:
         self._socks: list[socket.socket | None] = [None] * n
         self._conns: list[object] = [None] * n
         self._setups: list[SetUp | None] = [None] * n  # connections being set up
-        self._readers = [ReplyReader() for _ in range(n)]
+        self._readers = [reply_reader() for _ in range(n)]
         self._reconnect = [Reconnect() for _ in range(n)]
         self._ever = [False] * n
         suffix = secrets.token_hex(8)
@@ -359,7 +360,7 @@ class Listener:
                     sock.settimeout(node.timeout)
                     sock.sendall(subscribe)
                     self._socks[i] = sock
-                    self._readers[i] = ReplyReader()
+                    self._readers[i] = reply_reader()
                 except Exception as exc:  # whatever the node did, this thread must live on
                     error = exc
             if error is not None:
@@ -428,7 +429,7 @@ class Listener:
                     raise OSError("not connected")
                 sock.settimeout(node.timeout)
                 link.sock = sock
-                link.reader = ReplyReader()
+                link.reader = reply_reader()
                 link.reconnect.succeeded()
                 return
             except Exception:  # whatever the node did, the reader must live on
