@@ -295,7 +295,7 @@ def test_uptime_rules(
     ("fields", "level", "fragment"),
     [
         ({"access": _ALLOWED, "access_method": "probe", "user": "app"}, Level.OK, "'app'"),
-        ({"access": _ALLOWED}, Level.OK, "in scripts: DEL, EXISTS, GET, INFO, PEXPIRE, PTTL"),
+        ({"access": _ALLOWED}, Level.OK, "in scripts: DEL, EXISTS, GET, INFO, MGET, PEXPIRE, PTTL"),
         ({"access": {**_ALLOWED, "EVAL": _DENIED_EVAL}}, Level.UNSAFE, "may not run EVAL"),
         (
             {"access": {**_ALLOWED, "EVAL": _DENIED_EVAL}, "user": "app"},

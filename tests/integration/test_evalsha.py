@@ -21,8 +21,8 @@ from .conftest import Api, acl_user, holders
 
 # The commands docs/deployment.md's ACL line grants, which do not include EVALSHA.
 _WITHOUT_EVALSHA = [
-    "+eval", "+exists", "+subscribe", "+wait", "+del", "+get", "+info", "+pexpire", "+pttl",
-    "+publish", "+set", "+zadd", "+zrange", "+zrem", "+zscore",
+    "+eval", "+exists", "+subscribe", "+wait", "+del", "+get", "+info", "+mget", "+pexpire",
+    "+pttl", "+publish", "+set", "+zadd", "+zrange", "+zrem", "+zscore",
 ]  # fmt: skip
 
 

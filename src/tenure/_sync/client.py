@@ -214,8 +214,14 @@ class Client(ClientBase):
         awaited, runs before the next attempt of the same call (which has the same
         owner token), as ``acquire.cleanup_to_await`` relies on.
         """
-        with self._links() as links:
+        if self._flows.closed:  # every round borrows links: none after close
+            self._check_open("reach the nodes")
+        pool = self._pool
+        links = pool.get()
+        try:
             return drive(flow, lambda op: self._perform(op, links))
+        finally:
+            _give_back(pool, links)
 
     def _perform(self, op: Op, links: LinkSet) -> Any:
         """Carry out one operation of a flow (``_core.flows``) in the caller's thread."""
@@ -240,7 +246,7 @@ class Client(ClientBase):
         return None
 
     def _send_now(self, send: Send) -> None:
-        # Not through _links(): a closed client sends nothing, and raises nothing here
+        # Not through _drive(): a closed client sends nothing, and raises nothing here
         # (this runs while an interrupt propagates, or from the notification thread).
         if self.closed:
             return
@@ -249,12 +255,7 @@ class Client(ClientBase):
             now = _clock()
             links.run(send.command, send.rnd, now + self.config.node_timeout, _clock, send.targets)
         finally:
-            _Borrowed.give_back(self._pool, links)
-
-    def _links(self) -> _Borrowed:
-        if self._flows.closed:  # every round borrows links: none after close
-            self._check_open("reach the nodes")
-        return _Borrowed(self._pool)
+            _give_back(self._pool, links)
 
     def close(self) -> None:
         """Close every connection; the client can't be used again (``ClientClosed``).
@@ -278,30 +279,15 @@ class Client(ClientBase):
         return f"<Client nodes={self.node_names}>"
 
 
-class _Borrowed:
-    """A link set borrowed from the pool; one interrupted mid-round is closed, not reused.
-
-    An interrupted round leaves replies unaccounted for on its connections, and reading
-    them later as answers to other commands would be a disaster, so such a set is closed.
-    """
-
-    def __init__(self, pool: LinkPool) -> None:
-        self._pool = pool
-        self._links = pool.get()
-
-    def __enter__(self) -> LinkSet:
-        return self._links
-
-    def __exit__(self, *exc: object) -> None:
-        self.give_back(self._pool, self._links)
-
-    @staticmethod
-    def give_back(pool: LinkPool, links: LinkSet) -> None:
-        if links.clean:
-            pool.put(links)
-        else:
-            for link in links.links:
-                link.drop(_clock())
+def _give_back(pool: LinkPool, links: LinkSet) -> None:
+    """Return a borrowed link set; one interrupted mid-round is closed, not reused: its
+    connections carry replies nobody accounted for, and reading them later as answers
+    to other commands would be a disaster."""
+    if links.clean:
+        pool.put(links)
+    else:
+        for link in links.links:
+            link.drop(_clock())
 
 
 class Lease(LeaseView):

@@ -331,6 +331,10 @@ class ClusterLink(Link):
     def socket(self) -> Any:
         return None if self._current is None else self._current.socket()
 
+    def reply(self) -> Any:
+        assert self._current is not None
+        return self._current.reply()
+
     def read(self) -> Any:
         assert self._current is not None
         return self._current.read()

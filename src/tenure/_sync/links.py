@@ -50,7 +50,7 @@ from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
 from .._core.quorum import Failure, Round
 from .._core.sentinel import demoted
-from .._driver.redis_compat import diagnose, node_pool, reply_text
+from .._driver.redis_compat import SocketReplies, diagnose, node_pool, reply_text, timed_out
 from .._driver.report import NodeReporter
 from .connect import SetUp
 
@@ -129,12 +129,14 @@ class _Failed(Exception):
 class Link:
     """One connection to one node, used by one operation at a time."""
 
-    __slots__ = ("conn", "late", "node", "owed", "partial", "setup")
+    __slots__ = ("conn", "io", "late", "node", "owed", "partial", "setup")
 
     def __init__(self, node: NodeState) -> None:
         self.node = node
         self.late: ResponseError | None = None  # an owed reply's error, to be told
         self.conn: redis.Connection | None = None
+        # The connection's socket, written and read here (``SocketReplies``), once set up.
+        self.io: SocketReplies | None = None
         self.setup: SetUp | None = None  # the connection being set up, while conn is None
         self.owed = 0  # replies of abandoned requests, read and dropped before ours
         self.partial: list[Any] = []  # replies so far of a command that has several
@@ -145,11 +147,14 @@ class Link:
         Raises:
             _Failed: writing failed; the link is dropped.
         """
-        conn = self.conn
-        assert conn is not None  # set up by LinkSet._set_up
+        io = self.io
+        assert io is not None  # set up by LinkSet._set_up
         try:
-            packed = self.node.scripts.packed(command)
-            conn.send_packed_command([packed], check_health=False)  # type: ignore[no-untyped-call]
+            # Only a script sent by EVALSHA has another form (``ScriptCache``).
+            if command.fallback is None:
+                io.send(command.packed)
+            else:
+                io.send(self.node.scripts.packed(command))
         except Exception as exc:  # not BaseException: an interrupt is no node's failure
             why = diagnose(exc)
             self.drop(now, why)
@@ -183,6 +188,7 @@ class Link:
             self.setup = None
             if setup.error is None:
                 self.conn = setup.take()
+                self.io = SocketReplies(self.conn)
                 node.up()
                 return None
             why = diagnose(setup.error)
@@ -204,23 +210,26 @@ class Link:
         return self.node.backing_off(now) if self.conn is None else 0.0
 
     def socket(self) -> Any:
-        # redis-py has no public accessor for the socket it owns; we only select() on it.
-        return self.conn._sock if self.conn is not None else None
+        return self.io.sock if self.io is not None else None
+
+    def reply(self) -> Any:
+        """The connection's next reply, whoever's it is (error replies raise)."""
+        assert self.io is not None
+        return self.io.read()
 
     def read(self) -> Any:
         """Read one reply: ours (error replies raise), or ``_NOT_YET`` if it was owed."""
-        assert self.conn is not None
         if self.owed:
             self.owed -= 1
             # An abandoned request's error reply is nobody's business any more, but
             # for what it says of the node's scripts (a late NOSCRIPT).
             try:
-                self.conn.read_response()
+                self.reply()
             except ResponseError as exc:
                 self.node.scripts.answered(reply_text(exc), None)
                 self.late = exc  # and for what it says of the node's configuration
             return _NOT_YET
-        return self.conn.read_response()
+        return self.reply()
 
     def take_late(self) -> Diagnosis | None:
         """What the error of a reply read after its round was over says of the node,
@@ -229,12 +238,8 @@ class Link:
         return None if exc is None else self.node.diagnose(exc)
 
     def more_ready(self) -> bool:
-        """Is another reply already buffered or readable without waiting?"""
-        if self.conn is None:
-            return False
-        ready = bool(self.conn.can_read(timeout=0))
-        self.socket().settimeout(None)  # can_read restored redis-py's Python-level timeout
-        return ready
+        """Is another reply already received (read without waiting)?"""
+        return self.io is not None and self.io.ready()
 
     def abandon(self, now: float, replies: int = 1) -> None:
         """Stop waiting for the in-flight command; its ``replies`` are dropped when they come."""
@@ -255,6 +260,7 @@ class Link:
         if self.conn is not None:
             self.conn.disconnect()  # type: ignore[no-untyped-call]
             self.conn = None
+        self.io = None
         self.owed = 0
         self.partial = []
 
@@ -331,14 +337,26 @@ class LinkSet:
         waiting: list[int] = []
         now = rnd.started
         order: Sequence[int] = range(len(links)) if targets is None else targets
+        connected = True
+        for i in order:
+            if links[i].conn is None:
+                connected = False
+                break
         if hopeless_unsent:
-            asked = rule_out(rnd, order, lambda i: (links[i].backing_off(now), links[i].node.last))
+            # Only a node without a connection can be in its back-off: with every one
+            # connected, what is left to rule out is a round already decided.
+            if connected:
+                asked = None if rnd.decided or rnd.impossible else order
+            else:
+                asked = rule_out(
+                    rnd, order, lambda i: (links[i].backing_off(now), links[i].node.last)
+                )
             if asked is None:
                 self._reporter.round(rnd)
                 self.clean = True
                 return
             order = asked
-        if any(links[i].conn is None for i in order):
+        if not connected:
             order = self._set_up(order, rnd, clock)
             if hopeless_unsent and rnd.impossible:
                 self._reporter.round(rnd)
@@ -361,6 +379,7 @@ class LinkSet:
             self.clean = True
             return
         heard_out = False
+        by_socket = {links[i].socket(): i for i in waiting}
         while waiting and not rnd.decided:
             if rnd.hear_out and rnd.impossible and not heard_out:
                 # A failed round heard out (see ``Round``): for a little longer only.
@@ -369,12 +388,16 @@ class LinkSet:
             # Past the deadline we still poll once without waiting: replies that arrived
             # while we were busy (a slow connect) count; only true silence is a timeout.
             timeout = max(deadline - clock(), 0.0)
-            by_socket = {links[i].socket(): i for i in waiting}
             readable, _, _ = select.select(list(by_socket), [], [], timeout)
+            now = clock()
             for sock in readable:
-                i = by_socket[sock]
-                if self._read_one(i, command, rnd, clock()):
+                i = by_socket.pop(sock)
+                if self._read_one(i, command, rnd, now):
                     waiting.remove(i)
+                else:
+                    # Still to come; on the same socket unless a Cluster node's request
+                    # was redirected to another member.
+                    by_socket[links[i].socket()] = i
             if timeout == 0.0 or not readable:
                 break
 
@@ -450,7 +473,7 @@ class LinkSet:
                         while link.owed:  # an ASKING's reply, ahead of the redirected one
                             link.read()
                             self._told_late(0)
-                        reply = link.conn.read_response(disconnect_on_error=False)
+                        reply = link.reply()
                         break
                     except ResponseError as exc:
                         retry = link.resend(command, exc, clock())
@@ -459,7 +482,7 @@ class LinkSet:
                         command = retry
             else:
                 while len(link.partial) < command.replies:
-                    link.partial.append(link.conn.read_response(disconnect_on_error=False))
+                    link.partial.append(link.reply())
                 reply, link.partial = link.partial, []
             answer = command.parse(reply)
         except _Failed as exc:  # the resend could not be written; the link is dropped
@@ -470,7 +493,7 @@ class LinkSet:
             link.partial = []
             link.fail(0, exc, rnd, clock())
         except _NETWORK_ERRORS as exc:
-            if isinstance(exc.__context__, BlockingIOError):
+            if timed_out(exc):
                 # The kernel timeout: the node is silent (frozen?). Keep the connection
                 # and owe the reply, exactly as the select() path does at its deadline.
                 self._give_up_on(0, command, rnd, clock())

@@ -4,10 +4,11 @@
 integer-millisecond clock that the caller passes in (a model's fake time, so a test
 decides every instant). Each ``*_lua`` function mirrors one script of ``tenure/_lua``
 line by line (``commit_lua`` and ``handoff_lua`` the fragments of ``handoff.lua.inc``),
-so a reader can check one against the other, and :func:`eval_packed` runs a command
-exactly as the client packs it. Use it to drive the real pure core
-(``tenure._core``) against many nodes, faults and clock jumps in one process, with no
-server and no sleeping.
+so a reader can check one against the other (the scripts' short ways for a free lock
+nobody waits for decide what their long ways decide, and the fake takes the long way),
+and :func:`eval_packed` runs a command exactly as the client packs it. Use it to drive
+the real pure core (``tenure._core``) against many nodes, faults and clock jumps in one
+process, with no server and no sleeping.
 
 It follows Redis's own rules for what the scripts use:
 
