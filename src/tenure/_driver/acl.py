@@ -177,6 +177,7 @@ def _script_args(prefix: str) -> dict[str, tuple[str, ...]]:
     return {
         "SET": (key, "probe", "PX", PROBE_TTL_MS),
         "GET": (key,),
+        "MGET": (key,),
         "PTTL": (key,),
         "PEXPIRE": (key, PROBE_TTL_MS),
         "EXISTS": (key,),
