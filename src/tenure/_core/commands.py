@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cache, lru_cache
+from typing import NamedTuple
 
 from .._lua import script
 from .config import LockSpec
@@ -126,14 +126,16 @@ def _fill(rest: tuple[str, ...], values: tuple[str | int, ...]) -> bytes:
     parts = []
     for value, after in zip(values, rest, strict=True):
         text = str(value)
-        if not text.isascii():
-            # Tokens and numbers are ASCII, one byte per character; anything else
-            # is encoded as UTF-8 on its own, its length counted in bytes.
-            return b"".join(
-                _bulk((v,)) + a.encode("latin-1") for v, a in zip(values, rest, strict=True)
-            )
         parts.append(f"${len(text)}\r\n{text}\r\n{after}")
-    return "".join(parts).encode("latin-1")
+    filled = "".join(parts)
+    if filled.isascii():
+        # Tokens and numbers, and nearly always the fixed text: one byte per character,
+        # so each length counted in characters is the length in bytes (checked once for
+        # the whole, not per value).
+        return filled.encode()
+    # Text that is not ASCII somewhere: each value encoded as UTF-8 on its own, its
+    # length counted in bytes.
+    return b"".join(_bulk((v,)) + a.encode("latin-1") for v, a in zip(values, rest, strict=True))
 
 
 def script_missing(error: str) -> bool:
@@ -166,7 +168,6 @@ def _acquire_reply(reply: object) -> tuple[bool, Info]:
     return False, None
 
 
-@dataclass(frozen=True)
 class Command:
     """A round's command, already packed, and how to read a node's reply to it.
 
@@ -175,19 +176,47 @@ class Command:
     bytes produce; when more than one, ``parse`` receives them as a list, and at a
     round's deadline it also judges a node from the replies that came so far (at least
     one): a node that answered only part is not silent.
+
+    ``fallback``: the same command by EVAL when ``packed`` is an EVALSHA, what a node
+    that cannot run that is sent instead (``ScriptCache``); None: ``packed`` runs on any
+    node. It may be given as its two parts, (the head with the script's source, the
+    rest), joined only if a node needs it: the source is 5 KB, and nearly every acquire
+    goes out by EVALSHA alone. ``key``: a key of the command, which a Redis Cluster node
+    sends it to the master of its slot.
+
+    A plain class with slots, not a dataclass: two are made per acquire and release, and
+    a frozen dataclass's ``__init__`` costs a call per field. What it says never changes.
     """
 
-    packed: bytes
-    parse: Callable[[object], tuple[bool | None, Info]] = _yes_if_one
-    replies: int = 1
-    # The same command by EVAL when ``packed`` is an EVALSHA: what a node that cannot run
-    # that is sent instead (``ScriptCache``). None: ``packed`` runs on any node.
-    fallback: bytes | None = None
-    # A key of the command: a Redis Cluster node sends it to the master of its slot.
-    key: str = ""
+    __slots__ = ("_fallback", "by_sha", "key", "packed", "parse", "replies")
+
+    def __init__(
+        self,
+        packed: bytes,
+        parse: Callable[[object], tuple[bool | None, Info]] = _yes_if_one,
+        replies: int = 1,
+        fallback: bytes | tuple[bytes, bytes] | None = None,
+        key: str = "",
+    ) -> None:
+        self.packed = packed
+        self.parse = parse
+        self.replies = replies
+        self._fallback = fallback
+        self.by_sha = fallback is not None  # ``packed`` is an EVALSHA with an EVAL form
+        self.key = key
+
+    @property
+    def fallback(self) -> bytes | None:
+        parts = self._fallback
+        if isinstance(parts, tuple):
+            parts = self._fallback = b"".join(parts)
+        return parts
 
     def is_yes(self, reply: object) -> bool:
         return self.parse(reply)[0] is True
+
+    def __repr__(self) -> str:
+        return f"Command({self.packed[:60]!r}..., replies={self.replies}, key={self.key!r})"
 
 
 # What a driver sends a Redis Cluster node besides the scripts: ASKING before a command
@@ -217,9 +246,11 @@ class ScriptCache:
 
     def packed(self, command: Command) -> bytes:
         """The bytes of ``command`` for this node."""
-        if command.fallback is not None and (self.eval_only or self.missing):
+        if command.by_sha and (self.eval_only or self.missing):
             self.missing = False  # the EVAL form caches the script again
-            return command.fallback
+            fallback = command.fallback
+            assert fallback is not None  # it has one: by_sha
+            return fallback
         return command.packed
 
     def answered(self, error: str, command: Command | None) -> Command | None:
@@ -269,8 +300,7 @@ def acked_by_replicas(command: Command, replicas: int, timeout_ms: int) -> Comma
     )
 
 
-@dataclass(frozen=True)
-class WaitArgs:
+class WaitArgs(NamedTuple):
     """What queues a blocked acquirer (acquire.lua ARGV[6..10]).
 
     ``mode`` is "n" (notified waiting), "f" (fair, one node) or "q" (fair on a quorum);
@@ -279,6 +309,7 @@ class WaitArgs:
     non-blocking attempt, never queued); ``ticket`` ("q") its place in the queue, the
     same on every node (the wall clock in µs when the acquire call began); ``sharded``
     the channel is a Cluster slot's, notified by SPUBLISH (``waiting.ShardSubs``).
+    A named tuple: one is made per attempt, at a third of a frozen dataclass's cost.
     """
 
     mode: str
@@ -327,7 +358,7 @@ def acquire(
     return Command(
         _evalsha_head("acquire", argc) + tail,
         _acquire_reply,
-        fallback=_eval_head("acquire", argc) + tail,
+        fallback=(_eval_head("acquire", argc), tail),
         key=keys.lock,
     )
 

@@ -876,6 +876,11 @@ class LockSpec:
             return WaitMode.NOTIFIED
         return WaitMode.FAIR_ONE_NODE if self.n_nodes == 1 else WaitMode.FAIR_QUORUM
 
+    @cached_property  # an enum's ``value`` is a Python-level property: once per lock
+    def mode(self) -> str:
+        """``wait_mode`` as the scripts read it."""
+        return self.wait_mode.value
+
     @classmethod
     def build(
         cls, config: ClientConfig, name: object, ttl: object, fair: object = None

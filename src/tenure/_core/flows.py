@@ -387,7 +387,7 @@ class Flows:
             place = self.place_ms if call.inbox is not None else 0
             # The process channel, or the lock's slot's where the listener has it (sharded).
             via, sharded = waiting.route_of(call.inbox, channel)
-            wait_args = commands.WaitArgs(spec.wait_mode.value, waiter, via, place, ticket, sharded)
+            wait_args = commands.WaitArgs(spec.mode, waiter, via, place, ticket, sharded)
             if call.inbox is not None:
                 call.queued = True
                 call.inbox.take()  # this attempt sees every release notified so far
@@ -607,7 +607,7 @@ class Flows:
             arg = waiting.handoff_token(self.wall_us(), fencing, self.fence_floor)
         else:
             arg = self.hold_ms
-        return commands.release_waking(spec, token, spec.wait_mode.value, arg, cleanup=cleanup)
+        return commands.release_waking(spec, token, spec.mode, arg, cleanup=cleanup)
 
     def dequeue(self, spec: LockSpec, waiter: str) -> Command:
         """What ``waiter`` sends to leave its queues, passing on a lock handed to it

@@ -208,7 +208,7 @@ class ClientBase:
             spec,
             blocking,
             timeout,
-            waiter=secrets.token_hex(16),
+            waiter=os.urandom(16).hex(),  # secrets.token_hex(16), without its two calls
             channel=listener.channel,
             listening=listener.started,
         )

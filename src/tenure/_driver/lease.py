@@ -20,6 +20,18 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("tenure")
 
+# This process's pid, kept current in a child after fork(): os.getpid() is a system call,
+# and a lease asks whose it is twice per acquire and release.
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
 __all__ = ["LeaseView", "attach_loss", "closed_under", "leave_block", "not_acquired"]
 
 
@@ -94,7 +106,7 @@ class LeaseView:
         self._released = False
         self._loss: LeaseLost | None = None
         self._callbacks: list[Callable[[LeaseLost], object]] = []
-        self._pid = os.getpid()
+        self._pid = _pid
         self._client = client
         self._owner = client._hold(self)  # the thread or task that acquired it
 
@@ -114,7 +126,7 @@ class LeaseView:
             InheritedLease: this process is a fork of the one that acquired the lease.
             ClientClosed: the client was closed.
         """
-        if os.getpid() != self._pid:
+        if _pid != self._pid:
             raise InheritedLease(self.name, operation, self._pid)
         self._client._check_open(operation, self.name)
 
@@ -148,7 +160,7 @@ class LeaseView:
             LeaseExpired: its validity deadline has passed.
             InheritedLease: this process is a fork of its holder (the lease is the parent's).
         """
-        if os.getpid() != self._pid:
+        if _pid != self._pid:
             raise InheritedLease(self.name, "use the lease", self._pid)
         if self._loss is not None:
             raise self._loss
@@ -233,7 +245,7 @@ class LeaseView:
         return (
             not (self._released or self._lost)
             and time.monotonic() < self._state.valid_until
-            and os.getpid() == self._pid
+            and _pid == self._pid
         )
 
     @property
@@ -248,7 +260,7 @@ class LeaseView:
     def __repr__(self) -> str:
         status = (
             f"inherited from process {self._pid}"
-            if os.getpid() != self._pid
+            if _pid != self._pid
             else "released"
             if self._released
             else "lost"

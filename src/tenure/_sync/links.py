@@ -151,7 +151,7 @@ class Link:
         assert io is not None  # set up by LinkSet._set_up
         try:
             # Only a script sent by EVALSHA has another form (``ScriptCache``).
-            if command.fallback is None:
+            if not command.by_sha:
                 io.send(command.packed)
             else:
                 io.send(self.node.scripts.packed(command))
