@@ -108,7 +108,12 @@ MAX_FIXES = 4
 UNREACHABLE_STRIKES = 3
 # Attempts a blocking acquire makes, each after a back-off, while nodes stay silent and
 # most of those that answer are blank or changed, before it seeds them with the warm-up.
-SILENT_ASKS = 4
+# About a second in all with the default back-off (node timeouts and jittered delays of
+# up to 0.1 s): a node set that idled past the retention, first used again on a loaded
+# machine whose scheduler keeps one server waiting for a few hundred milliseconds, would
+# otherwise grant nothing for max_ttl (seen with four, about a quarter of a second, on 2
+# busy cores). A node really down costs the first acquire that second, once.
+SILENT_ASKS = 10
 # How long a fair waiter on a quorum goes on reading a failed attempt's replies (seconds):
 # long enough for the nodes that are up, even on a busy machine; short enough that a
 # node cut off barely delays the wait (``Acquisition.begin``).

@@ -59,7 +59,7 @@ class Failure(enum.Enum):
         return self in (Failure.UNSUPPORTED, Failure.MISCONFIGURED, Failure.CERTIFICATE)
 
 
-@dataclass
+@dataclass(slots=True)  # one per node and round
 class NodeResult:
     """What one node answered in a round; ``ok`` is None when it failed.
 

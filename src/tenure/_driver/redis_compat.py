@@ -383,12 +383,13 @@ _NONE = object()
 
 
 class SocketReplies:
-    """A connected redis-py connection's socket, written and read without redis-py.
+    """A connected redis-py connection's socket, written (``sock.sendall``) and read
+    without redis-py.
 
     The blocking driver's rounds send a few hundred bytes and read one short reply per
     node; redis-py's ``send_packed_command`` and ``read_response`` cost about 3 µs of
-    Python each around the system call (checks, a host string formatted for every
-    read), which on five nodes is a quarter of a client's whole cycle. redis-py still sets the
+    Python each around the system call (checks, a host string formatted for every read),
+    which on five nodes was a quarter of a client's whole cycle. redis-py still sets the
     connection up (TCP, TLS, AUTH, SELECT) and closes it; between the two, its socket is
     read here with the same parser and the same exceptions: an error reply raises what
     redis-py raises for it (``ResponseError``, ``NoScriptError``, ``ReadOnlyError``...),
@@ -410,9 +411,6 @@ class SocketReplies:
         else:
             self._reader = _PureReplies(reply_error)
         self._ahead: object = _NONE  # a reply taken by ``ready()``, not yet read
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
 
     def read(self) -> Any:
         """The next reply, waiting for it (up to the kernel timeout).

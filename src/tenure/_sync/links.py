@@ -152,9 +152,9 @@ class Link:
         try:
             # Only a script sent by EVALSHA has another form (``ScriptCache``).
             if not command.by_sha:
-                io.send(command.packed)
+                io.sock.sendall(command.packed)
             else:
-                io.send(self.node.scripts.packed(command))
+                io.sock.sendall(self.node.scripts.packed(command))
         except Exception as exc:  # not BaseException: an interrupt is no node's failure
             why = diagnose(exc)
             self.drop(now, why)
@@ -219,17 +219,19 @@ class Link:
 
     def read(self) -> Any:
         """Read one reply: ours (error replies raise), or ``_NOT_YET`` if it was owed."""
+        io = self.io
+        assert io is not None
         if self.owed:
             self.owed -= 1
             # An abandoned request's error reply is nobody's business any more, but
             # for what it says of the node's scripts (a late NOSCRIPT).
             try:
-                self.reply()
+                io.read()
             except ResponseError as exc:
                 self.node.scripts.answered(reply_text(exc), None)
                 self.late = exc  # and for what it says of the node's configuration
             return _NOT_YET
-        return self.reply()
+        return io.read()
 
     def take_late(self) -> Diagnosis | None:
         """What the error of a reply read after its round was over says of the node,
@@ -297,6 +299,10 @@ class Link:
 _NOT_YET = object()
 
 
+def _never_backing_off(i: int) -> tuple[float, Diagnosis | None]:
+    return 0.0, None  # a connected link: its node accepted the connection
+
+
 class LinkSet:
     """One link per node, in the configured node order."""
 
@@ -346,7 +352,7 @@ class LinkSet:
             # Only a node without a connection can be in its back-off: with every one
             # connected, what is left to rule out is a round already decided.
             if connected:
-                asked = None if rnd.decided or rnd.impossible else order
+                asked = rule_out(rnd, order, _never_backing_off)
             else:
                 asked = rule_out(
                     rnd, order, lambda i: (links[i].backing_off(now), links[i].node.last)
@@ -356,6 +362,7 @@ class LinkSet:
                 self.clean = True
                 return
             order = asked
+            connected = connected or all(links[i].conn is not None for i in order)
         if not connected:
             order = self._set_up(order, rnd, clock)
             if hopeless_unsent and rnd.impossible:
