@@ -387,6 +387,7 @@ class _Wait:
             except BackingOff as exc:  # it stalled meanwhile, and was reset
                 rnd.fail(i, exc.failure, exc.detail)
             else:
+                self._wait_for_resent()
                 return
         else:
             # The error reply, or whatever ended the connection first.
@@ -403,6 +404,19 @@ class _Wait:
         elif rnd.hear_out and rnd.impossible and self.heard_out is None:
             # A failed round heard out (see ``Round``): for a little longer only.
             self.heard_out = self.loop.call_later(rnd.hear_out, self.settle)
+
+    def _wait_for_resent(self) -> None:
+        """A node answered and asked for the command again (the EVAL form after
+        NOSCRIPT): the round waits a node timeout for that from now, as for any request
+        (a node that is alive is not silent for our second one). Validity still counts
+        from the round's start."""
+        timer = self.timer
+        if timer is None or self.done.done():
+            return  # not armed yet: the whole budget is still ahead
+        due = self.loop.time() + self.owner.node_timeout
+        if due > timer.when:
+            self.owner._deadlines.cancel(timer)
+            self.timer = self.owner._deadlines.add(due, self.expire)
 
     def arm(self) -> None:
         if not self.done.done():
@@ -442,6 +456,7 @@ class Channels:
     ) -> None:
         self._config = config
         self.reporter = reporter
+        self.node_timeout = config.node_timeout
 
         self._options = connection_options
         # A Redis Cluster node's pool is its first seed's (the notification listener's).

@@ -297,6 +297,8 @@ class Link:
 
 
 _NOT_YET = object()
+# What ``LinkSet._read_one`` found of a node's answer.
+_DONE, _MORE, _RESENT = 0, 1, 2
 
 
 def _never_backing_off(i: int) -> tuple[float, Diagnosis | None]:
@@ -399,12 +401,19 @@ class LinkSet:
             now = clock()
             for sock in readable:
                 i = by_socket.pop(sock)
-                if self._read_one(i, command, rnd, now):
+                got = self._read_one(i, command, rnd, now)
+                if got == _DONE:
                     waiting.remove(i)
-                else:
-                    # Still to come; on the same socket unless a Cluster node's request
-                    # was redirected to another member.
-                    by_socket[links[i].socket()] = i
+                    continue
+                if got == _RESENT:
+                    # The node answered, and asked for the command again: the round
+                    # waits a node timeout for that (a node that is alive is not
+                    # silent for our second request). Validity still counts from the
+                    # round's start.
+                    deadline = max(deadline, now + links[i].node.timeout)
+                # Still to come; on the same socket unless a Cluster node's request
+                # was redirected to another member.
+                by_socket[links[i].socket()] = i
             if timeout == 0.0 or not readable:
                 break
 
@@ -518,8 +527,11 @@ class LinkSet:
         if why is not None:
             self._reporter.late(i, why)
 
-    def _read_one(self, i: int, command: Command, rnd: Round, now: float) -> bool:
-        """Read what node ``i`` has for us; True once its answer to this round is in."""
+    def _read_one(self, i: int, command: Command, rnd: Round, now: float) -> int:
+        """Read what node ``i`` has for us: ``_DONE`` once its answer to this round is in,
+        ``_MORE`` while it is still to come, ``_RESENT`` when the node asked for another
+        form of the command (the EVAL form after NOSCRIPT, a Cluster redirection), which
+        is on its way."""
         link = self.links[i]
         try:
             while True:
@@ -529,32 +541,32 @@ class LinkSet:
                 else:
                     if command.replies == 1:
                         rnd.record(i, *command.parse(reply))
-                        return True
+                        return _DONE
                     link.partial.append(reply)
                     if len(link.partial) == command.replies:
                         replies, link.partial = link.partial, []
                         rnd.record(i, *command.parse(replies))
-                        return True
+                        return _DONE
                 if not link.more_ready():
-                    return False
+                    return _MORE
         except ResponseError as exc:
             if command.replies == 1:
                 try:
                     if link.resend(command, exc, now) is not None:
-                        return False  # its EVAL form is on the way: wait for that reply
+                        return _RESENT  # wait for the reply to what was resent
                 except _Failed as failed:
                     rnd.fail(i, failed.diagnosis.failure, failed.diagnosis.detail)
-                    return True
+                    return _DONE
             # Replies of this command still to come (a WAIT behind a failed script) are owed.
             link.owed += command.replies - 1 - len(link.partial)
             link.partial = []
             link.fail(i, exc, rnd, now)
-            return True
+            return _DONE
         except Exception as exc:  # not BaseException: an interrupt is no node's failure
             # A network error, or a node that does not speak Redis (InvalidResponse, a
             # reply the parser cannot read): a per-node failure, never the caller's.
             link.fail(i, exc, rnd, now)
-            return True
+            return _DONE
 
 
 class LinkPool:
