@@ -272,6 +272,12 @@ class ClusterLink(Link):
             s.setup is not None for s in self._subs.values()
         )
 
+    def ready(self) -> bool:
+        # Whatever carried the last round (``conn``): a new round waits for the members
+        # still being set up, such as the promoted replica a redirection just named, or
+        # it would find it still connecting again.
+        return self._ready()
+
     def _sub(self, where: Address) -> Link:
         sub = self._subs.get(where)
         if sub is None:

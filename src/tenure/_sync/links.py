@@ -205,6 +205,10 @@ class Link:
             return why
         return None
 
+    def ready(self) -> bool:
+        """Can a round be sent on this link now (nothing of it still being set up)?"""
+        return self.conn is not None
+
     def backing_off(self, now: float) -> float:
         """Seconds until a new connection may be tried (0 when connected or it may be now)."""
         return self.node.backing_off(now) if self.conn is None else 0.0
@@ -301,10 +305,6 @@ _NOT_YET = object()
 _DONE, _MORE, _RESENT = 0, 1, 2
 
 
-def _never_backing_off(i: int) -> tuple[float, Diagnosis | None]:
-    return 0.0, None  # a connected link: its node accepted the connection
-
-
 class LinkSet:
     """One link per node, in the configured node order."""
 
@@ -345,27 +345,19 @@ class LinkSet:
         waiting: list[int] = []
         now = rnd.started
         order: Sequence[int] = range(len(links)) if targets is None else targets
-        connected = True
-        for i in order:
-            if links[i].conn is None:
-                connected = False
-                break
         if hopeless_unsent:
-            # Only a node without a connection can be in its back-off: with every one
-            # connected, what is left to rule out is a round already decided.
-            if connected:
-                asked = rule_out(rnd, order, _never_backing_off)
-            else:
-                asked = rule_out(
-                    rnd, order, lambda i: (links[i].backing_off(now), links[i].node.last)
-                )
+            asked = rule_out(rnd, order, lambda i: (links[i].backing_off(now), links[i].node.last))
             if asked is None:
                 self._reporter.round(rnd)
                 self.clean = True
                 return
             order = asked
-            connected = connected or all(links[i].conn is not None for i in order)
-        if not connected:
+        ready = True
+        for i in order:
+            if not links[i].ready():
+                ready = False
+                break
+        if not ready:
             order = self._set_up(order, rnd, clock)
             if hopeless_unsent and rnd.impossible:
                 self._reporter.round(rnd)
@@ -450,7 +442,7 @@ class LinkSet:
                 why = link.prepare(now, wake.set)
                 if why is not None:
                     rnd.fail(i, why.failure, why.detail)
-                elif link.conn is not None:
+                elif link.ready():
                     ready += 1
                 else:
                     pending.append(i)
@@ -466,7 +458,7 @@ class LinkSet:
             wake.wait(max(timeout, 0.0))
         for i in pending:
             rnd.fail(i, Failure.CONNECTING, "not connected yet when the round began")
-        return [i for i in order if links[i].conn is not None]
+        return [i for i in order if links[i].ready()]
 
     def _give_up_on(self, i: int, command: Command, rnd: Round, now: float) -> None:
         """The deadline passed before node ``i`` answered all of ``command``.
