@@ -250,6 +250,10 @@ def _notes(locked: RaceResult, unlocked: RaceResult) -> list[str]:
     if unreachable:
         notes.append(f"acquisitions refused for want of a majority: {len(unreachable)}")
         notes.append(_example(unreachable[0].reason))
+    elif locked.history.refusals and not locked.verdict.cycles:
+        # Nothing granted, and not for want of a majority: say what the nodes answered.
+        notes.append(f"acquisitions that gave up: {len(locked.history.refusals)}")
+        notes.append(_example(locked.history.refusals[-1].reason))
     lost = sum(1 for r in locked.history.releases if r.outcome == "lost")
     if lost:
         notes.append(f"releases that found the lease already gone: {lost}")
