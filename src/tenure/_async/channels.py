@@ -413,7 +413,7 @@ class _Wait:
         timer = self.timer
         if timer is None or self.done.done():
             return  # not armed yet: the whole budget is still ahead
-        due = self.loop.time() + self.owner.node_timeout
+        due = self.loop.time() + self.owner._config.node_timeout
         if due > timer.when:
             self.owner._deadlines.cancel(timer)
             self.timer = self.owner._deadlines.add(due, self.expire)
@@ -456,7 +456,6 @@ class Channels:
     ) -> None:
         self._config = config
         self.reporter = reporter
-        self.node_timeout = config.node_timeout
 
         self._options = connection_options
         # A Redis Cluster node's pool is its first seed's (the notification listener's).

@@ -6,6 +6,7 @@ exercise every function here against the installed version.
 
 from __future__ import annotations
 
+import collections
 import difflib
 import inspect
 import socket
@@ -23,13 +24,10 @@ from .._core import diagnosis
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import Diagnosis
 from .._core.quorum import Failure
-from .._core.resp import ErrorReply, ReplyReader
+from .._core.resp import ErrorReply
 from .._errors import ConfigurationError
 from .acl import denial
-from .replies import HIREDIS
-
-if HIREDIS:
-    import hiredis
+from .replies import reply_reader
 
 __all__ = [
     "NotRedis",
@@ -356,32 +354,6 @@ def reply_text(exc: rx.ResponseError) -> str:
     return _reply_text(exc)
 
 
-class _PureReplies:
-    """hiredis's ``Reader`` interface (``feed``, ``gets``) over ``_core.resp``, for an
-    interpreter without the hiredis wheel: error replies made with ``reply_error``."""
-
-    def __init__(self, reply_error: Any) -> None:
-        self._reader = ReplyReader()
-        self._ready: list[object] = []
-        self._reply_error = reply_error
-
-    def feed(self, data: bytes) -> None:
-        try:
-            replies = self._reader.feed(data)
-        except ValueError as exc:
-            raise rx.InvalidResponse(str(exc)) from None
-        for reply in replies:
-            if isinstance(reply, ErrorReply):
-                reply = self._reply_error(reply.message)
-            self._ready.append(reply)
-
-    def gets(self) -> object:
-        return self._ready.pop(0) if self._ready else False
-
-
-_NONE = object()
-
-
 class SocketReplies:
     """A connected redis-py connection's socket, written (``sock.sendall``) and read
     without redis-py.
@@ -391,26 +363,22 @@ class SocketReplies:
     Python each around the system call (checks, a host string formatted for every read),
     which on five nodes was a quarter of a client's whole cycle. redis-py still sets the
     connection up (TCP, TLS, AUTH, SELECT) and closes it; between the two, its socket is
-    read here with the same parser and the same exceptions: an error reply raises what
-    redis-py raises for it (``ResponseError``, ``NoScriptError``, ``ReadOnlyError``...),
-    bytes that are not RESP raise ``InvalidResponse``, a closed connection
-    ``ConnectionError``, and a read that the kernel timeout (``kernel_timeouts``) cut
-    short ``BlockingIOError`` (TLS: ``ssl.SSLWantReadError``).
+    read here with the reader the drivers share (``replies.reply_reader``: hiredis, or
+    ``_core.resp`` without it) and the exceptions redis-py would raise: an error reply
+    raises redis-py's class for it (``ResponseError``, ``NoScriptError``,
+    ``ReadOnlyError``...), bytes that are not RESP raise ``InvalidResponse``, a closed
+    connection ``ConnectionError``, and a read that the kernel timeout
+    (``kernel_timeouts``) cut short ``BlockingIOError`` (TLS: ``ssl.SSLWantReadError``).
     """
 
-    __slots__ = ("_ahead", "_reader", "sock")
+    __slots__ = ("_reader", "_received", "_reply_error", "sock")
 
     def __init__(self, conn: redis.Connection) -> None:
         # Nothing is buffered in redis-py's parser: the set-up read every reply it asked for.
         self.sock = cast(socket.socket, conn._sock)  # set by connect()
-        reply_error = conn._parser.parse_error
-        if HIREDIS:
-            self._reader: Any = hiredis.Reader(
-                protocolError=rx.InvalidResponse, replyError=reply_error
-            )
-        else:
-            self._reader = _PureReplies(reply_error)
-        self._ahead: object = _NONE  # a reply taken by ``ready()``, not yet read
+        self._reply_error = conn._parser.parse_error
+        self._reader = reply_reader()
+        self._received: collections.deque[object] = collections.deque()  # not yet read
 
     def read(self) -> Any:
         """The next reply, waiting for it (up to the kernel timeout).
@@ -419,38 +387,31 @@ class SocketReplies:
             ResponseError: the reply is an error (the subclass redis-py would raise).
             ConnectionError, OSError, InvalidResponse: as above.
         """
-        reply = self._ahead
-        if reply is _NONE:
-            reader = self._reader
-            reply = reader.gets()
-            while reply is False:  # hiredis: not complete yet (RESP2 has no false reply)
-                data = self.sock.recv(65536)
-                if not data:
-                    raise rx.ConnectionError("Connection closed by server.")
-                reader.feed(data)
-                reply = reader.gets()
-        else:
-            self._ahead = _NONE
-        if isinstance(reply, rx.ResponseError):
-            raise reply
+        received = self._received
+        while not received:
+            data = self.sock.recv(65536)
+            if not data:
+                raise rx.ConnectionError("Connection closed by server.")
+            try:
+                received.extend(self._reader.feed(data))
+            except ValueError as exc:  # not RESP2
+                raise rx.InvalidResponse(str(exc)) from None
+        reply = received.popleft()
+        if isinstance(reply, ErrorReply):
+            raise self._reply_error(reply.message)
         return reply
 
     def ready(self) -> bool:
         """Can ``read()`` return without waiting? (a reply already received, or TLS
         data decrypted ahead that ``select()`` cannot see). A reply still on the wire
         is for the caller's next ``select()``."""
-        if self._ahead is not _NONE:
-            return True
-        reply = self._reader.gets()
-        if reply is not False:
-            self._ahead = reply
+        if self._received:
             return True
         sock = self.sock
         return isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
 
 
 def timed_out(exc: BaseException) -> bool:
-    """Did a read end because the kernel timeout passed with nothing to read?"""
-    return isinstance(exc, (BlockingIOError, ssl.SSLWantReadError)) or isinstance(
-        exc.__context__, BlockingIOError
-    )
+    """Did a ``SocketReplies.read`` end because the kernel timeout passed with nothing to
+    read?"""
+    return isinstance(exc, (BlockingIOError, ssl.SSLWantReadError))

@@ -1,6 +1,6 @@
 """The fastest RESP2 reply reader installed, for the connections both drivers read
-themselves: the asyncio lock connections and notification connections, and the blocking
-client's notification connections.
+themselves: every lock and notification connection of both clients (the blocking
+client's lock connections through ``redis_compat.SocketReplies``).
 
 hiredis is a dependency, and its C parser does ``ReplyReader``'s work (``_core.resp``) at a
 fifth of the CPU per reply; the pure-Python reader stays for an interpreter without the
