@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tenure.testing import LocalCluster
+from tenure.verify.proxy import Proxy
 
 from .conftest import Api, acl_user, holders
 
@@ -104,3 +105,32 @@ def test_a_user_without_evalsha_is_sent_eval(api: Api, nodes3: LocalCluster) -> 
         for _ in range(5):
             _granted_everywhere(api, client, f"acl-{uuid.uuid4().hex}", nodes3)
         assert _evalsha_refused(nodes3) == after
+
+
+def test_a_resent_script_gets_a_node_timeout_of_its_own(api: Api, nodes3: LocalCluster) -> None:
+    # Every node is 100 ms away (50 ms each way) and has lost its scripts: its NOSCRIPT
+    # comes back after 100 ms, and its answer to the EVAL form sent then after 200 ms,
+    # later than the node timeout (150 ms) counted from the round's start. A node that
+    # answered and was asked again is not silent: the round waits a node timeout from
+    # the resend, so the one attempt of a non-blocking acquire wins (decided at the
+    # first majority of the answers to the EVAL form).
+    proxies = [Proxy(node.host, node.port or 0, name=node.name) for node in nodes3]
+    try:
+        for proxy in proxies:
+            proxy.start()
+        client = api.client([proxy.url for proxy in proxies], node_timeout=0.15)
+        name = f"resent-{uuid.uuid4().hex}"
+        client.acquire(name, ttl=5.0).release()  # connected, and the scripts cached
+        for node in nodes3:
+            with node.client() as c:
+                c.script_flush()
+        for proxy in proxies:
+            proxy.delay(0.05)
+        before = _evalsha_refused(nodes3)
+        lease = client.acquire(name, ttl=5.0, blocking=False)
+        assert len(lease.nodes) >= 2
+        assert [a - b for a, b in zip(_evalsha_refused(nodes3), before, strict=True)] == [1] * 3
+        lease.release()
+    finally:
+        for proxy in proxies:
+            proxy.close()
