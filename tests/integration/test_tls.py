@@ -257,3 +257,27 @@ def test_connect_timeout_is_validated(api: Api, shared5: LocalCluster) -> None:
             api.client(shared5.urls[:1], connect_timeout=bad)
         assert info.value.parameter == "connect_timeout"
         assert "(0, 60] seconds" in str(info.value) or "finite number" in str(info.value)
+
+
+def test_a_frozen_node_over_tls_is_silent_not_broken(
+    api: Api, key: str, ca: CertificateAuthority, proxies: ExitStack
+) -> None:
+    # One node behind TLS, frozen (SIGSTOP). The blocking client waits for a lone
+    # node's reply in recv itself, bounded by the socket's timeout; over TLS that must be
+    # Python's own (the kernel's would make the ssl module retry the read for ever, and
+    # this acquire hung). The silence is a timeout, as over plain TCP: the connection
+    # is kept with its reply owed, and once the node wakes the next acquire goes
+    # through on it at once, with no reconnection and no back-off.
+    with LocalCluster(1) as one:
+        node = _proxy(proxies, one, 0, ca, ["127.0.0.1"])
+        client = api.client([node.url], connection_options=_verified(ca), node_timeout=0.1)
+        client.acquire(key, ttl=TTL).release()
+        one[0].pause()
+        try:
+            with pytest.raises(tenure.QuorumUnreachable, match="no reply before the deadline"):
+                client.acquire(key, ttl=TTL, blocking=False)
+        finally:
+            one[0].resume()
+        lease = client.acquire(key, ttl=TTL, blocking=False)
+        lease.release()
+        assert node.handshakes == 1

@@ -339,9 +339,16 @@ def kernel_timeouts(sock: socket.socket, seconds: float) -> None:
     A Python-level socket timeout costs a ``poll()`` before every send and every recv.
     The sync driver already ``select()``s before reading, so that poll is pure overhead
     on the hot path. ``SO_RCVTIMEO``/``SO_SNDTIMEO`` keep the safety net (a reply cut in
-    half by a node freezing mid-write cannot hang us: the recv fails after ``seconds``,
-    and redis-py reports it as a ConnectionError) at no per-call cost.
+    half by a node freezing mid-write cannot hang us: the recv fails after ``seconds``
+    with ``BlockingIOError``, see ``timed_out``) at no per-call cost.
     """
+    if isinstance(sock, ssl.SSLSocket):
+        # Not for TLS: on a blocking socket, Python's ssl module retries a read (or a
+        # write) that the kernel timeout cut short, for ever, so a frozen node would hang
+        # its caller. A TLS socket keeps Python's own timeout (the poll() before each
+        # call), and a read that times out raises TimeoutError.
+        sock.settimeout(seconds)
+        return
     whole = int(seconds)
     timeval = struct.pack("ll", whole, int((seconds - whole) * 1_000_000) or 1)
     sock.settimeout(None)
@@ -368,7 +375,8 @@ class SocketReplies:
     raises redis-py's class for it (``ResponseError``, ``NoScriptError``,
     ``ReadOnlyError``...), bytes that are not RESP raise ``InvalidResponse``, a closed
     connection ``ConnectionError``, and a read that the kernel timeout
-    (``kernel_timeouts``) cut short ``BlockingIOError`` (TLS: ``ssl.SSLWantReadError``).
+    (``kernel_timeouts``) cut short ``BlockingIOError`` (TLS, under Python's own timeout:
+    ``TimeoutError``).
     """
 
     __slots__ = ("_reader", "_received", "_reply_error", "sock")
@@ -412,6 +420,6 @@ class SocketReplies:
 
 
 def timed_out(exc: BaseException) -> bool:
-    """Did a ``SocketReplies.read`` end because the kernel timeout passed with nothing to
-    read?"""
-    return isinstance(exc, (BlockingIOError, ssl.SSLWantReadError))
+    """Did a ``SocketReplies.read`` end because the socket's timeout passed with nothing
+    to read? (The kernel's on TCP and unix sockets, Python's on TLS: ``kernel_timeouts``.)"""
+    return isinstance(exc, (BlockingIOError, TimeoutError))
