@@ -29,7 +29,7 @@ class SetUp:
     Args:
         conn: the unconnected redis-py connection.
         connect_timeout: bounds each step of the set-up (connect, handshake, each reply).
-        node_timeout: the kernel timeouts the connection gets once set up (see
+        node_timeout: the socket timeouts the connection gets once set up (see
             ``kernel_timeouts``).
         on_done: called (in the set-up's thread) when it ends, to wake whoever waits.
         deadline: when the caller stops waiting for it (the steps' own bounds add up).

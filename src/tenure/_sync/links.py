@@ -374,7 +374,7 @@ class LinkSet:
                 waiting.append(i)
         if len(links) == 1 and waiting and not links[0].owed:
             # One node, nothing owed: nothing to multiplex, so wait in recv itself. Its
-            # kernel timeout (SO_RCVTIMEO = node_timeout) bounds the wait; no select().
+            # socket's timeout (node_timeout: ``kernel_timeouts``) bounds the wait; no select().
             self._read_alone(command, rnd, clock)
             self._reporter.round(rnd)
             self.clean = True
@@ -502,7 +502,7 @@ class LinkSet:
             link.fail(0, exc, rnd, clock())
         except _NETWORK_ERRORS as exc:
             if timed_out(exc):
-                # The kernel timeout: the node is silent (frozen?). Keep the connection
+                # The socket's timeout: the node is silent (frozen?). Keep the connection
                 # and owe the reply, exactly as the select() path does at its deadline.
                 self._give_up_on(0, command, rnd, clock())
                 rnd.time_out()
