@@ -7,7 +7,9 @@ count: every node is up, and none may be reported as failed. The tests block the
 deterministically, for three node timeouts, right after a round was sent.
 
 When the nodes had not answered yet either (they share the starved cores), the deadline
-the loop runs late gives them one node timeout more before they count as silent.
+the loop runs late gives them one node timeout more before they count as silent. And a
+loop blocked for longer than a connection may go unanswered (``STALL``) keeps its
+connections when their answers wait in the sockets.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from collections.abc import Iterator
 import pytest
 
 import tenure
-from tenure.testing import LocalCluster
+from tenure._async.channels import STALL
+from tenure.testing import LocalCluster, LocalNode
 
 NODE_TIMEOUT = 0.05
 BLOCK = 3 * NODE_TIMEOUT
@@ -112,5 +115,73 @@ def test_a_deadline_run_late_gives_the_nodes_one_node_timeout_more(nodes: LocalC
             finally:
                 resume_all()
             await lease.release()
+
+    asyncio.run(main())
+
+
+def test_a_loop_blocked_past_the_stall_bound_keeps_its_connections(nodes: LocalCluster) -> None:
+    """A connection with a request unanswered for ``STALL`` seconds is given up as
+    stalled, but not while the answer waits in its socket: here the loop is blocked
+    that long right after a round was sent, and the next task's round is written
+    before the loop reads the replies. Both acquires are granted, none is refused."""
+
+    async def main() -> None:
+        async with tenure.AsyncClient(nodes.urls, node_timeout=NODE_TIMEOUT) as client:
+            warm = await client.acquire("stall-warm", ttl=5.0, blocking=False)
+            await warm.release()
+            await asyncio.sleep(0.05)  # every reply in: the next round is written at once
+            loop = asyncio.get_running_loop()
+            second: asyncio.Future[asyncio.Task[tenure.AsyncLease]] = loop.create_future()
+
+            def block() -> None:
+                time.sleep(STALL + 0.2)
+                # Its first step runs before the loop reads the sockets again.
+                acquire = client.acquire("stall-2", ttl=5.0, blocking=False)
+                second.set_result(loop.create_task(acquire))
+
+            loop.call_soon(block)
+            first = await client.acquire("stall-1", ttl=5.0, blocking=False)
+            other = await (await second)
+            await first.release()
+            await other.release()
+
+    asyncio.run(main())
+
+
+def _connections(node: LocalNode) -> int:
+    """Connections the node has accepted so far (this one included)."""
+    with node.client() as c:
+        return int(c.info("stats")["total_connections_received"])
+
+
+def test_a_frozen_node_is_given_up_after_the_stall_bound(nodes: LocalCluster) -> None:
+    """The other side of the rule above: a node that really says nothing for
+    ``STALL`` seconds has its connection given up, and the client connects anew once
+    it is back (its requests would otherwise pile up behind the silence)."""
+
+    async def main() -> None:
+        async with tenure.AsyncClient(nodes.urls, node_timeout=NODE_TIMEOUT) as client:
+
+            async def cycle() -> None:
+                lease = await client.acquire("stall-frozen", ttl=5.0, blocking=False)
+                await lease.release()
+
+            await cycle()
+            frozen = nodes[2]
+            before = _connections(frozen)
+            frozen.pause()
+            try:
+                end = time.monotonic() + STALL + 0.3
+                while time.monotonic() < end:
+                    await cycle()
+                    await asyncio.sleep(0.05)
+            finally:
+                frozen.resume()
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:
+                await cycle()
+                await asyncio.sleep(0.05)
+            # Ours, and the one that counts them.
+            assert _connections(frozen) >= before + 2
 
     asyncio.run(main())

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -116,7 +117,7 @@ class Channel:
         ended the connection first.
         """
         now = time.monotonic()
-        if self._pending and now - self._pending[0][1] > STALL:
+        if self._pending and now - self._pending[0][1] > STALL and self._nothing_to_read():
             self._reset(ConnectionError(f"no reply for {STALL}s"), now)
         if self._conn is not None and self._task is not None and not self._unsent:
             self._write(self.scripts.packed(command))
@@ -127,6 +128,21 @@ class Channel:
             return
         self.connect(now)
         self._unsent.append((command, on_reply))
+
+    def _nothing_to_read(self) -> bool:
+        """Is the connection's socket empty? A request unanswered for ``STALL`` seconds
+        means a stalled connection only then: an event loop blocked that long (a CPU-bound
+        callback, a starved process) finds the answers waiting in the socket, unread,
+        and its nodes are not to blame."""
+        writer = None if self._conn is None else self._conn._writer
+        sock = None if writer is None else writer.transport.get_extra_info("socket")
+        if sock is None:
+            return True
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError):  # closed meanwhile
+            return True
+        return not readable
 
     def connect(self, now: float) -> None:
         """Start setting up a connection unless there is one (or one on its way).
