@@ -3,6 +3,7 @@ and the state left on the nodes (expired after the retention)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import time
 import uuid
@@ -231,3 +232,41 @@ def test_nothing_is_left_after_the_retention(api: Api) -> None:
         for node in cluster:
             with node.client() as c:
                 assert list(c.scan_iter("tenure:*")) == []
+
+
+def test_a_new_node_set_seeded_by_one_client_is_not_warmed_up_by_another(api: Api) -> None:
+    """Two clients meet a new node set at once. The first finds every node blank and
+    seeds them all with no warm-up, but its seed to node 2 is slow on the way (300 ms).
+    The second arrives in between: nodes 0 and 1 have a floor, node 2 none. That may
+    be a node that lost its data, or the first client's seed still on its way; a
+    warm-up seed from the second client would get there first and keep a node that
+    never granted anything out for max_ttl. It waits instead (a few node timeouts),
+    and the first client's seed lands: node 2 never warms up."""
+    with LocalCluster(3) as cluster, Proxy(cluster[2].host, cluster[2].port or 0) as slow:
+        first_api = api.sibling()  # the first client lives in a thread of its own
+        second = api.client(cluster.urls)
+
+        def first_client() -> None:
+            first = first_api.client([*cluster.urls[:2], slow.url], node_timeout=1.0)
+            assert not first.lock("new-set-a", ttl=5.0).locked()  # connected everywhere
+            slow.delay(0.3)
+            first.acquire("new-set-a", ttl=5.0, timeout=5.0).release()
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            seeding = pool.submit(first_client)
+            deadline = time.monotonic() + 5.0
+            while not all(_floor(node) for node in cluster.nodes[:2]):
+                assert time.monotonic() < deadline, "the first client never seeded"
+                time.sleep(0.005)
+            assert _floor(cluster[2]) is None  # its seed is on the way
+            second.acquire("new-set-b", ttl=5.0, blocking=False).release()
+            seeding.result(timeout=10.0)
+        with cluster[2].client() as c:
+            assert c.get(NODE_FLOOR) is not None  # seeded by the first client...
+            assert not c.exists(NODE_WARM)  # ...as a node of a new set: no warm-up
+
+
+def _floor(node: Any) -> bytes | None:
+    with node.client() as c:
+        value: bytes | None = c.get(NODE_FLOOR)
+        return value

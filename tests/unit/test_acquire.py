@@ -38,7 +38,7 @@ from tenure._core.acquire import (
     cleanup_to_await,
     round_errors,
 )
-from tenure._core.config import ClientConfig, LockSpec
+from tenure._core.config import ClientConfig, LockSpec, WaitMode
 from tenure._core.policy import RetryPolicy, wait_random_exponential
 from tenure._core.quorum import Failure, Round
 
@@ -745,6 +745,64 @@ def test_granted_round_seeds_the_blank_nodes_it_heard() -> None:
     assert step.seed == Seed(frozenset({2}), WALL, MAX_TTL_MS)
 
 
+def _patient(seen: dict[int, float], patience: float = 0.2) -> Acquisition:
+    acq = make(5)
+    acq._blank_seen, acq._seed_patience = seen, patience  # as Flows gives them
+    return acq
+
+
+def test_a_blank_node_beside_floors_is_seeded_only_once_seen_blank_for_the_patience() -> None:
+    # Another client may be seeding a new node set right now (every node was blank to
+    # it) and its seed to node 2 is still on the way: a warm-up seed of ours that got
+    # there first would keep a node that never granted anything out for max_ttl.
+    seen: dict[int, float] = {}
+    _, step = attempt(_patient(seen), "yybyn", started=0.0, now=0.01, counters=[None] * 4 + [3])
+    assert isinstance(step, Granted)
+    assert step.seed is None  # not yet: first seen blank now
+    assert seen == {2: 0.01}
+    # Another call of the same client, still within the patience: still not.
+    _, step = attempt(_patient(seen), "yybyn", started=0.1, now=0.11, counters=[None] * 4 + [3])
+    assert isinstance(step, Granted)
+    assert step.seed is None
+    # Still blank after the patience: it lost its data; seeded with the warm-up.
+    _, step = attempt(_patient(seen), "yybyn", started=0.3, now=0.31, counters=[None] * 4 + [3])
+    assert isinstance(step, Granted)
+    assert step.seed == Seed(frozenset({2}), WALL, MAX_TTL_MS)
+
+
+def test_a_node_seen_with_a_floor_starts_its_patience_again_when_blank() -> None:
+    seen: dict[int, float] = {}
+    attempt(_patient(seen), "yybyn", started=0.0, now=0.01, counters=[None] * 4 + [3])
+    attempt(_patient(seen), "yyyyn", started=0.1, now=0.11, counters=[None] * 4 + [3])
+    assert seen == {}  # the other client's seed landed
+    _, step = attempt(_patient(seen), "yybyn", started=0.5, now=0.51, counters=[None] * 4 + [3])
+    assert isinstance(step, Granted)
+    assert step.seed is None  # blank again (lost its data since): a new patience
+    assert seen == {2: 0.51}
+
+
+def test_a_refused_attempt_waits_out_the_patience_before_a_warm_up_seed() -> None:
+    seen: dict[int, float] = {}
+    acq = _patient(seen)
+    _, step = attempt(acq, "bnnnn", started=0.0, now=0.01, counters=[None, 7, 9, 9, 9])
+    assert isinstance(step, Retry)  # held: the contention back-off, no seed
+    assert step.seed is None
+    assert step.sleep > 0
+    _, step = attempt(acq, "bnnnn", started=0.3, now=0.31, counters=[None, 7, 9, 9, 9])
+    assert step == Retry(0.0, frozenset(), Seed(frozenset({0}), 9, MAX_TTL_MS))
+
+
+def test_a_node_whose_history_changed_is_seeded_without_patience() -> None:
+    # A failover or a restart: never a node of a new set, so no seeding to wait for.
+    seen: dict[int, float] = {}
+    _, step = attempt(_patient(seen), "yycyn", started=0.0, now=0.01, floors=[WALL - 7] * 4)
+    assert isinstance(step, Granted)
+    assert step.seed is not None
+    assert step.seed.nodes == frozenset({2})
+    assert step.seed.warm_ms == MAX_TTL_MS
+    assert seen == {}
+
+
 def test_granted_round_seeds_from_a_floor_above_the_token() -> None:
     # Our lock's counter was low, the nodes' floors (another lock's tokens) are higher.
     acq = make(3)
@@ -758,6 +816,33 @@ def test_granted_round_without_blank_nodes_seeds_nothing() -> None:
     _, step = attempt(make(5), "yyywn", started=0.0, now=0.01)
     assert isinstance(step, Granted)
     assert step.seed is None
+
+
+def test_asking_every_node_is_never_cut_short_by_a_waiters_hear_out() -> None:
+    # A fair waiter on a quorum hears out a failed attempt only briefly (HEAR_OUT) ...
+    spec = make_spec(5)
+    assert spec.wait_mode is WaitMode.FAIR_QUORUM
+    acq = Acquisition(
+        spec,
+        POLICY,
+        random.Random(0),
+        blocking=True,
+        timeout=None,
+        now=0.0,
+        node_names=names(5),
+        max_ttl_ms=MAX_TTL_MS,
+        recheck=0.5,
+    )
+    first = acq.begin(0.0)
+    assert first.hear_out > 0
+    feed(first, "bbn", acq.proposal(WALL))
+    assert acq.conclude(first, "tok", 0.01) == Retry(0.0, frozenset({3, 4}), None)
+    # ... but the round that asks every node whether the set is new waits for each of
+    # them up to the node timeout: a node a little slower than the others is not
+    # silent, and the blank ones must not be seeded with a warm-up for it.
+    second = acq.begin(0.01)
+    assert second.hear_out == 0.0
+    assert waits_for_every_node(second)
 
 
 def test_blank_heard_before_an_early_decision_asks_every_node_again() -> None:

@@ -141,7 +141,7 @@ from tenure._core.acquire import (
     Step,
 )
 from tenure._core.config import NODE_FLOOR, NODE_REPLID, ClientConfig, LockKeys, LockSpec
-from tenure._core.flows import Op, Run, Sleep
+from tenure._core.flows import SEED_PATIENCE, Op, Run, Sleep
 from tenure._core.policy import wait_random
 from tenure._core.quorum import Failure, Round
 from tenure._errors import TenureError
@@ -156,6 +156,9 @@ MAX_TTL_MS = 1500
 # Short, so that floors expire within a run (the client's floor is 1 hour).
 RETENTION_MS = 3 * MAX_TTL_MS
 NODE_TIMEOUT = 0.1
+# How long a node is seen blank beside nodes with a floor before it is seeded with a
+# warm-up (it may be a node of a new set that another client is seeding).
+PATIENCE_MS = round(SEED_PATIENCE * NODE_TIMEOUT * 1000)
 NAMES = ("a", "b", "c")  # the lock names; only the first has a history at the start
 NAME = st.integers(0, len(NAMES) - 1)
 PICK = st.integers(0, 2**16)  # index into whatever is eligible, modulo its length
@@ -1346,6 +1349,9 @@ def test_a_blank_node_is_seeded_from_the_highest_floor(machine: type[LockModel])
     model.nodes[0].wipe()
     model._lose(0)
     model.acquire_at_once(pick=0, name=1, blocking=False, order=same, lost=0, batch=True)
+    # Seeded once it has been seen blank for the patience: by the next attempt then.
+    model.advance_time(step=PATIENCE_MS + 1)
+    model.acquire_at_once(pick=0, name=1, blocking=False, order=same, lost=0, batch=True)
     assert model.clients[0].lease is None
     assert model.nodes[0].floor_of(model.spec.keys, model.ms) is not None  # seeded
     model.node_goes_down(pick=1, duration=10 * MAX_TTL_MS)
@@ -1489,6 +1495,8 @@ def test_history_expired_but_on_one_node_keeps_tokens_increasing() -> None:
     model.advance_time(step=300)  # nodes 1 and 2 forget; node 0 does not
     assert [n.floor_of(model.spec.keys, model.ms) for n in model.nodes[1:]] == [None, None]
     model.acquire_at_once(pick=2, name=0, blocking=True, order=same, lost=0, batch=True)
+    model.advance_time(step=PATIENCE_MS + 1)  # seen blank for the patience: seeded next
+    model.acquire_at_once(pick=2, name=0, blocking=True, order=same, lost=0, batch=True)
     state = model.clients[2]
     assert state.lease is None  # nodes 1 and 2 warm up
     model.advance_time(step=MAX_TTL_MS + 1)
@@ -1555,6 +1563,8 @@ def test_one_restart_and_one_node_down_keep_the_token_order() -> None:
     # It asks every node again a few times (each after a back-off) before it seeds.
     for _ in range(SILENT_ASKS + 1):
         model.acquire_at_once(pick=2, name=0, blocking=True, order=same, lost=0, batch=True)
+    model.advance_time(step=PATIENCE_MS + 1)  # seen blank for the patience: seeded next
+    model.acquire_at_once(pick=2, name=0, blocking=True, order=same, lost=0, batch=True)
     model.advance_time(step=MAX_TTL_MS + 1)
     model.acquire_at_once(pick=2, name=0, blocking=True, order=same, lost=0, batch=True)
 

@@ -317,6 +317,8 @@ class Acquisition:
         floor: int = 1,
         recheck: float = 0.0,
         key_prefix: str = DEFAULT_KEY_PREFIX,
+        blank_seen: dict[int, float] | None = None,
+        seed_patience: float = 0.0,
     ) -> None:
         self.spec = spec
         self._key_prefix = key_prefix
@@ -350,6 +352,11 @@ class Acquisition:
         # of a transferred lease's validity) and each holding node's floor then (what
         # a hand-off notification is judged against; see ``transferred``).
         self._observed: tuple[float, dict[int, int]] | None = None
+        # When each node was first seen blank next to nodes with a floor, shared by the
+        # client's calls: such a node is seeded with a warm-up only once it has been
+        # blank for ``seed_patience`` seconds (``_ripe``).
+        self._blank_seen = {} if blank_seen is None else blank_seen
+        self._seed_patience = seed_patience
 
     @property
     def refused(self) -> Refused:
@@ -369,7 +376,12 @@ class Acquisition:
             self.spec.quorum,
             now,
             wait_all=self._hear_all,
-            hear_out=self._hear_out,
+            # A round that asks every node whether the node set is new waits for each
+            # of them up to the node timeout: cut short, a node a few milliseconds
+            # slower than the others would count as silent, and the blank ones would
+            # be seeded with a warm-up (``_fix``), a new set then granting nothing for
+            # max_ttl.
+            hear_out=0.0 if self._hear_all else self._hear_out,
         )
 
     def proposal(self, wall_us: int) -> int:
@@ -391,6 +403,7 @@ class Acquisition:
         top: int | None = None
         minted: set[int] = set()
         lost_nodes: list[int] = []
+        blank_seen = self._blank_seen
         for i, info in infos.items():
             status = info[0]
             if status == GRANTED:
@@ -399,6 +412,9 @@ class Acquisition:
                 top = info[1] if top is None else max(top, info[1])
             elif status in LOST:
                 lost_nodes.append(i)
+                continue
+            if blank_seen:
+                blank_seen.pop(i, None)  # it has a floor now
         if top is not None:
             self.floor = max(self.floor, top + 1)
         validity = rnd.validity(now, spec.ttl, spec.drift)
@@ -412,7 +428,8 @@ class Acquisition:
             lost = frozenset(lost_nodes)
             # Nodes that lost their data (a majority answered with a floor): seed them now,
             # or they would sit out every round until a failed one noticed them.
-            seed = self._seed(lost, infos, _floors(infos), self._max_ttl_ms) if lost else None
+            ripe = self._ripe(lost, infos, now) if lost else lost
+            seed = self._seed(ripe, infos, _floors(infos), self._max_ttl_ms) if ripe else None
             return Granted(
                 LeaseState(
                     name=spec.name,
@@ -450,7 +467,7 @@ class Acquisition:
                 return GiveUp(cleanup, self._unreachable(rnd))
         else:
             self._strikes = 0
-        fix = self._fix(infos, floors)
+        fix = self._fix(infos, floors, now)
         if fix is not None:
             return Retry(0.0, cleanup, fix.seed)
         if not self._blocking:
@@ -551,7 +568,9 @@ class Acquisition:
             )
         )
 
-    def _fix(self, infos: dict[int, tuple[int, ...]], floors: dict[int, int]) -> RetryNow | None:
+    def _fix(
+        self, infos: dict[int, tuple[int, ...]], floors: dict[int, int], now: float
+    ) -> RetryNow | None:
         """How to retry at once, if that can succeed; else None.
 
         Retrying at once is right when the attempt failed for a reason of ours, not
@@ -567,7 +586,8 @@ class Acquisition:
         if blank and len(blank) == self.spec.n_nodes:
             seed = self._seed(blank, infos, floors, 0)  # a new node set: no node has a past
         elif lost and len(floors) >= self.spec.quorum:
-            seed = self._seed(lost, infos, floors, self._max_ttl_ms)
+            ripe = self._ripe(lost, infos, now)
+            seed = self._seed(ripe, infos, floors, self._max_ttl_ms) if ripe else None
         elif lost and not self._hear_all and len(infos) < self.spec.n_nodes:
             # The round was decided before every node answered. Whether the node set is
             # new (seed at once) or some node lost its data (seed with a warm-up) takes
@@ -596,12 +616,37 @@ class Acquisition:
             # for the last token a majority committed; seed from what is there, the
             # changed nodes' own floors included, rather than never (docs/fencing.md says
             # what this costs the token guarantee). The warm-up still protects the lock.
-            seed = self._seed(lost, infos, floors, self._max_ttl_ms)
+            ripe = self._ripe(lost, infos, now)
+            seed = self._seed(ripe, infos, floors, self._max_ttl_ms) if ripe else None
         if seed is None and (TOO_LOW not in kinds or HELD in kinds):
             return None  # nothing of ours to fix, or held elsewhere: a contention back-off
         self._fixes += 1
         self._hear_all = False
         return RetryNow(seed)
+
+    def _ripe(
+        self, lost: frozenset[int], infos: dict[int, tuple[int, ...]], now: float
+    ) -> frozenset[int]:
+        """Those of ``lost`` to seed with a warm-up now.
+
+        A node whose history changed at once. A blank one only once it has been seen
+        blank for ``seed_patience``: blank next to nodes with a floor may be a node
+        that lost its data, or a node of a new set that another client is seeding at
+        this very moment (it found every node blank; its seeds land one node at a
+        time, and ours would overtake one). A warm-up seed that overtook it would keep
+        a node that never granted anything out for ``max_ttl``, and several such nodes
+        would leave a new node set without a majority. Waiting is always safe: a blank
+        node grants nothing until seeded.
+        """
+        seen = self._blank_seen
+        ripe = []
+        for i in lost:
+            if infos[i][0] == NO_HISTORY:
+                first = seen.setdefault(i, now)
+                if now - first < self._seed_patience:
+                    continue
+            ripe.append(i)
+        return frozenset(ripe)
 
     @staticmethod
     def _seed(

@@ -58,6 +58,7 @@ from .watchdog import Extend, KeepAlive, Lost
 __all__ = [
     "INSTANT",
     "RELEASE_PATIENCE",
+    "SEED_PATIENCE",
     "AwaitWake",
     "Depart",
     "ExtendLease",
@@ -220,6 +221,11 @@ INSTANT = (Send, Unlisten, Depart)
 # one node timeout would call them failed.
 RELEASE_PATIENCE = 4
 
+# A node seen blank beside nodes with a floor is seeded with a warm-up once it has been
+# blank this many node timeouts (``Acquisition._ripe``): long enough for the seeds of
+# another client that is setting up a new node set to land, even on a busy machine.
+SEED_PATIENCE = 4
+
 
 def drive(flow: Flow[T], perform: Callable[[Op], Any]) -> T:
     """Run ``flow`` to its end, carrying out each operation with ``perform``.
@@ -309,6 +315,10 @@ class Flows:
         self.closed = False
         # Proposals stay above every fencing token this client saw (acquire.py).
         self.fence_floor = 1
+        # When each node was first seen blank beside nodes with a floor (acquire.py,
+        # ``Acquisition._ripe``): shared by every call, since another client's seeding
+        # of a new node set is seen by whichever call comes first.
+        self.blank_seen: dict[int, float] = {}
         self.place_ms = waiting.place_ms(config.recheck, config.node_timeout)
         self.hold_ms = waiting.hold_ms(config.node_timeout)
 
@@ -370,6 +380,8 @@ class Flows:
             floor=self.fence_floor,
             recheck=self.config.recheck,
             key_prefix=self.config.key_prefix,
+            blank_seen=self.blank_seen,
+            seed_patience=SEED_PATIENCE * self.config.node_timeout,
         )
 
     def _attempts(
