@@ -50,7 +50,8 @@ without persistence, flush). It grants nothing until seeded, per node:
 * otherwise, once a majority of nodes with a floor has answered, the blank ones are seeded
   with the highest floor among them (which covers every token a past majority committed,
   since that majority overlaps this one) and kept out for ``max_ttl``, so every lease
-  they might have granted before losing their data has expired first;
+  they might have granted before losing their data has expired first; but only once
+  seen blank for ``seed_patience`` (``_ripe``: another client may be seeding a new set);
 * if, having heard every node that answers, a majority answered but fewer than a majority
   have a floor, the blank ones are seeded from what is there, with the warm-up (rather
   than never: the set would otherwise stay unusable while any node is down); a blocking
