@@ -630,8 +630,8 @@ class Acquisition:
     ) -> frozenset[int]:
         """Those of ``lost`` to seed with a warm-up now.
 
-        A node whose history changed at once. A blank one only once it has been seen
-        blank for ``seed_patience``: blank next to nodes with a floor may be a node
+        A node whose history changed, at once (it is never a node of a new set). A
+        blank one only once it has been seen blank for ``seed_patience``: blank next to nodes with a floor may be a node
         that lost its data, or a node of a new set that another client is seeding at
         this very moment (it found every node blank; its seeds land one node at a
         time, and ours would overtake one). A warm-up seed that overtook it would keep
