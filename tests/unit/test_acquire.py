@@ -745,7 +745,10 @@ def test_granted_round_seeds_the_blank_nodes_it_heard() -> None:
     assert step.seed == Seed(frozenset({2}), WALL, MAX_TTL_MS)
 
 
-def _patient(seen: dict[int, float], patience: float = 0.2) -> Acquisition:
+FLOOR = make_spec().keys.floor  # the nodes' floor key (one per slot on a Cluster)
+
+
+def _patient(seen: dict[tuple[int, str], float], patience: float = 0.2) -> Acquisition:
     acq = make(5)
     acq._blank_seen, acq._seed_patience = seen, patience  # as Flows gives them
     return acq
@@ -755,11 +758,11 @@ def test_a_blank_node_beside_floors_is_seeded_only_once_seen_blank_for_the_patie
     # Another client may be seeding a new node set right now (every node was blank to
     # it) and its seed to node 2 is still on the way: a warm-up seed of ours that got
     # there first would keep a node that never granted anything out for max_ttl.
-    seen: dict[int, float] = {}
+    seen: dict[tuple[int, str], float] = {}
     _, step = attempt(_patient(seen), "yybyn", started=0.0, now=0.01, counters=[None] * 4 + [3])
     assert isinstance(step, Granted)
     assert step.seed is None  # not yet: first seen blank now
-    assert seen == {2: 0.01}
+    assert seen == {(2, FLOOR): 0.01}
     # Another call of the same client, still within the patience: still not.
     _, step = attempt(_patient(seen), "yybyn", started=0.1, now=0.11, counters=[None] * 4 + [3])
     assert isinstance(step, Granted)
@@ -771,18 +774,18 @@ def test_a_blank_node_beside_floors_is_seeded_only_once_seen_blank_for_the_patie
 
 
 def test_a_node_seen_with_a_floor_starts_its_patience_again_when_blank() -> None:
-    seen: dict[int, float] = {}
+    seen: dict[tuple[int, str], float] = {}
     attempt(_patient(seen), "yybyn", started=0.0, now=0.01, counters=[None] * 4 + [3])
     attempt(_patient(seen), "yyyyn", started=0.1, now=0.11, counters=[None] * 4 + [3])
     assert seen == {}  # the other client's seed landed
     _, step = attempt(_patient(seen), "yybyn", started=0.5, now=0.51, counters=[None] * 4 + [3])
     assert isinstance(step, Granted)
     assert step.seed is None  # blank again (lost its data since): a new patience
-    assert seen == {2: 0.51}
+    assert seen == {(2, FLOOR): 0.51}
 
 
 def test_a_refused_attempt_waits_out_the_patience_before_a_warm_up_seed() -> None:
-    seen: dict[int, float] = {}
+    seen: dict[tuple[int, str], float] = {}
     acq = _patient(seen)
     _, step = attempt(acq, "bnnnn", started=0.0, now=0.01, counters=[None, 7, 9, 9, 9])
     assert isinstance(step, Retry)  # held: the contention back-off, no seed
@@ -794,7 +797,7 @@ def test_a_refused_attempt_waits_out_the_patience_before_a_warm_up_seed() -> Non
 
 def test_a_node_whose_history_changed_is_seeded_without_patience() -> None:
     # A failover or a restart: never a node of a new set, so no seeding to wait for.
-    seen: dict[int, float] = {}
+    seen: dict[tuple[int, str], float] = {}
     _, step = attempt(_patient(seen), "yycyn", started=0.0, now=0.01, floors=[WALL - 7] * 4)
     assert isinstance(step, Granted)
     assert step.seed is not None

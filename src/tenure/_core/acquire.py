@@ -318,7 +318,7 @@ class Acquisition:
         floor: int = 1,
         recheck: float = 0.0,
         key_prefix: str = DEFAULT_KEY_PREFIX,
-        blank_seen: dict[int, float] | None = None,
+        blank_seen: dict[tuple[int, str], float] | None = None,
         seed_patience: float = 0.0,
     ) -> None:
         self.spec = spec
@@ -355,7 +355,8 @@ class Acquisition:
         self._observed: tuple[float, dict[int, int]] | None = None
         # When each node was first seen blank next to nodes with a floor, shared by the
         # client's calls: such a node is seeded with a warm-up only once it has been
-        # blank for ``seed_patience`` seconds (``_ripe``).
+        # blank for ``seed_patience`` seconds (``_ripe``). By node and floor key: a
+        # Redis Cluster node keeps a floor per slot.
         self._blank_seen = {} if blank_seen is None else blank_seen
         self._seed_patience = seed_patience
 
@@ -415,7 +416,7 @@ class Acquisition:
                 lost_nodes.append(i)
                 continue
             if blank_seen:
-                blank_seen.pop(i, None)  # it has a floor now
+                blank_seen.pop((i, spec.keys.floor), None)  # it has a floor now
         if top is not None:
             self.floor = max(self.floor, top + 1)
         validity = rnd.validity(now, spec.ttl, spec.drift)
@@ -631,19 +632,19 @@ class Acquisition:
         """Those of ``lost`` to seed with a warm-up now.
 
         A node whose history changed, at once (it is never a node of a new set). A
-        blank one only once it has been seen blank for ``seed_patience``: blank next to nodes with a floor may be a node
-        that lost its data, or a node of a new set that another client is seeding at
-        this very moment (it found every node blank; its seeds land one node at a
-        time, and ours would overtake one). A warm-up seed that overtook it would keep
-        a node that never granted anything out for ``max_ttl``, and several such nodes
-        would leave a new node set without a majority. Waiting is always safe: a blank
-        node grants nothing until seeded.
+        blank one only once it has been seen blank for ``seed_patience``: blank next to
+        nodes with a floor may be a node that lost its data, or a node of a new set
+        that another client is seeding at this very moment (it found every node blank;
+        its seeds land one node at a time, and ours would overtake one). A warm-up seed
+        that overtook it would keep a node that never granted anything out for
+        ``max_ttl``, and several such nodes would leave a new node set without a
+        majority. Waiting is always safe: a blank node grants nothing until seeded.
         """
         seen = self._blank_seen
         ripe = []
         for i in lost:
             if infos[i][0] == NO_HISTORY:
-                first = seen.setdefault(i, now)
+                first = seen.setdefault((i, self.spec.keys.floor), now)
                 if now - first < self._seed_patience:
                     continue
             ripe.append(i)

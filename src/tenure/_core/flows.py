@@ -315,10 +315,11 @@ class Flows:
         self.closed = False
         # Proposals stay above every fencing token this client saw (acquire.py).
         self.fence_floor = 1
-        # When each node was first seen blank beside nodes with a floor (acquire.py,
-        # ``Acquisition._ripe``): shared by every call, since another client's seeding
-        # of a new node set is seen by whichever call comes first.
-        self.blank_seen: dict[int, float] = {}
+        # When each node (and floor key: per slot on a Redis Cluster) was first seen
+        # blank beside nodes with a floor (acquire.py, ``Acquisition._ripe``): shared by
+        # every call, since another client's seeding of a new node set is seen by
+        # whichever call comes first.
+        self.blank_seen: dict[tuple[int, str], float] = {}
         self.place_ms = waiting.place_ms(config.recheck, config.node_timeout)
         self.hold_ms = waiting.hold_ms(config.node_timeout)
 
