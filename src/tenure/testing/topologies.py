@@ -21,8 +21,8 @@ right after it is seen and acted on.
 :class:`LocalRedisCluster` is three masters with one replica each in cluster mode,
 joined the way ``redis-cli --cluster create`` joins them (``CLUSTER SET-CONFIG-EPOCH``,
 ``ADDSLOTS``, ``MEET``, ``REPLICATE``): the embedded wheels ship no ``redis-cli``.
-``start()`` returns once every node says ``cluster_state:ok`` and every node sees the
-same slot map. A node's cluster bus listens on its port + 10000, the only choice Redis
+``start()`` returns once every node says ``cluster_state:ok``, every node sees the
+same slot map, and every node knows which master each replica follows. A node's cluster bus listens on its port + 10000, the only choice Redis
 6.2 offers, so ports are picked in pairs. Each node's ``nodes.conf`` lives in its data
 directory: a node killed and started again (``node.start()``) rejoins as it left, one
 restarted without its data (``restart(keep_data=False)``) comes back a stranger.
@@ -616,13 +616,27 @@ class LocalRedisCluster(_Topology, _NodeList):
         for node in self.nodes[1:]:
             self._command(first, "CLUSTER", "MEET", node.host, node.port)
         _until("cluster meet", 30.0, self._all_met)
+        roles: dict[int, str] = {}  # replica's port -> its master's node ID
         for k, replica in enumerate(self.nodes[self._masters :]):
             master_id = self.node_id(masters[k % len(masters)])
             # REPLICATE needs the master known to the replica: MEET above saw to it.
             self._command(replica, "CLUSTER", "REPLICATE", master_id)
+            roles[_port(replica)] = master_id
         for replica in self.nodes[self._masters :]:
             replica.wait_replication_link(timeout=30.0)
         self.wait_converged(timeout=30.0)
+
+        # Every node learns the replicas' roles by gossip, a little after the slot map
+        # converged: wait for that too, so that replicas_of() is the same whichever node
+        # is asked, from the start.
+        def roles_known() -> bool | None:
+            for node in self._running():
+                views = {v.port: v for v in self.view(node)}
+                if any(views[port].master_id != m for port, m in roles.items()):
+                    return None
+            return True
+
+        _until("cluster replica roles", 30.0, roles_known)
 
     def _command(self, node: LocalNode, *args: object) -> Any:
         with node.client(socket_timeout=5.0, socket_connect_timeout=2.0) as c:
