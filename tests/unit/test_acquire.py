@@ -245,6 +245,7 @@ def test_late_majority_non_blocking_gives_up_and_cleans_up() -> None:
         ("bbb..", "3 of 5 nodes blank", "warming"),
         ("yynny", "granted by 3 of 5 nodes, but the round left no validity", "?"),
         ("yyllu", "granted by 2 of 5 nodes, 3 needed", "held"),  # below the floor twice
+        ("lllyy", "3 of 5 nodes had granted a higher fencing token meanwhile", "held"),
     ],
 )
 def test_a_refusal_says_why(answers: str, said: str, not_said: str) -> None:

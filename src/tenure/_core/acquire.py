@@ -229,6 +229,11 @@ def refusal(rnd: Round, statuses: dict[int, tuple[int, int]], quorum: int) -> st
             f"{blank} of {n} nodes blank (never used, or they lost their data) and not yet "
             "set up: that takes hearing every node"
         )
+    too_low = sum(1 for s, _ in statuses.values() if s == TOO_LOW)
+    if too_low:
+        # Other grants (of any lock: the floor is the node's) raised the floor above our
+        # proposal, again after each immediate retry: busy nodes, not a holder.
+        parts.append(f"{too_low} of {n} nodes had granted a higher fencing token meanwhile")
     silent = len(rnd.failures())
     if silent:
         parts.append(f"{silent} of {n} nodes failed or did not answer")
