@@ -1,7 +1,7 @@
 """What the benchmark scripts share: timing runners, their statistics, and tables.
 
-Imported by ``bench_lock.py``, ``bench_throughput.py``, ``bench_fencing.py`` and
-``bench_patterns.py`` (run as
+Imported by ``bench_lock.py``, ``bench_throughput.py``, ``bench_fencing.py``,
+``bench_patterns.py`` and ``bench_overload.py`` (run as
 ``python benchmarks/<script>.py``, so this directory is on ``sys.path``).
 """
 
