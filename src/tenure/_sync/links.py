@@ -406,7 +406,11 @@ class LinkSet:
                 # Still to come; on the same socket unless a Cluster node's request
                 # was redirected to another member.
                 by_socket[links[i].socket()] = i
-            if timeout == 0.0 or not readable:
+            # Nothing by the deadline is not yet silence: select() woke at the deadline,
+            # but this thread may have run much later (other threads holding the
+            # interpreter, a starved process), so the next turn polls once more without
+            # waiting, and replies that arrived meanwhile count.
+            if timeout == 0.0:
                 break
 
         now = clock()
