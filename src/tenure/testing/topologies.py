@@ -43,6 +43,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -630,14 +631,7 @@ class LocalRedisCluster(_Topology, _NodeList):
         # Every node learns the replicas' roles by gossip, a little after the slot map
         # converged: wait for that too, so that replicas_of() is the same whichever node
         # is asked, from the start.
-        def roles_known() -> bool | None:
-            for node in self._running():
-                views = {v.port: v for v in self.view(node)}
-                if any(views[port].master_id != m for port, m in roles.items()):
-                    return None
-            return True
-
-        _until("cluster replica roles", 30.0, roles_known)
+        _until("cluster replica roles", 30.0, partial(self._roles_known, roles))
 
     def _command(self, node: LocalNode, *args: object) -> Any:
         with node.client(socket_timeout=5.0, socket_connect_timeout=2.0) as c:
@@ -765,18 +759,19 @@ class LocalRedisCluster(_Topology, _NodeList):
         self.wait_converged(timeout)
         # The old master turns into a replica of the new one; wait until every node
         # says so, so that replicas_of() is the same whichever node is asked.
-        replica_id = self.node_id(replica)
-
-        def demoted() -> bool | None:
-            for node in self._running():
-                views = {v.port: v for v in self.view(node)}
-                if views[_port(master)].master_id != replica_id:
-                    return None
-            return True
-
+        demoted = partial(self._roles_known, {_port(master): self.node_id(replica)})
         if master.is_running():
             _until(f"{master.name} as a replica of {replica.name}", timeout, demoted)
         return replica
+
+    def _roles_known(self, roles: dict[int, str]) -> bool | None:
+        """True once every running node sees each node of ``roles`` (by port) follow
+        the master of the node ID given for it."""
+        for node in self._running():
+            views = {v.port: v for v in self.view(node)}
+            if any(views[port].master_id != master_id for port, master_id in roles.items()):
+                return None
+        return True
 
     def kill(self, node: LocalNode) -> None:
         """Crash ``node`` (SIGKILL); :meth:`wait_converged` then waits for the cluster
