@@ -435,8 +435,7 @@ class Acquisition:
             lost = frozenset(lost_nodes)
             # Nodes that lost their data (a majority answered with a floor): seed them now,
             # or they would sit out every round until a failed one noticed them.
-            ripe = self._ripe(lost, infos, now) if lost else lost
-            seed = self._seed(ripe, infos, _floors(infos), self._max_ttl_ms) if ripe else None
+            seed = self._warm_seed(lost, infos, _floors(infos), now) if lost else None
             return Granted(
                 LeaseState(
                     name=spec.name,
@@ -593,8 +592,7 @@ class Acquisition:
         if blank and len(blank) == self.spec.n_nodes:
             seed = self._seed(blank, infos, floors, 0)  # a new node set: no node has a past
         elif lost and len(floors) >= self.spec.quorum:
-            ripe = self._ripe(lost, infos, now)
-            seed = self._seed(ripe, infos, floors, self._max_ttl_ms) if ripe else None
+            seed = self._warm_seed(lost, infos, floors, now)
         elif lost and not self._hear_all and len(infos) < self.spec.n_nodes:
             # The round was decided before every node answered. Whether the node set is
             # new (seed at once) or some node lost its data (seed with a warm-up) takes
@@ -623,13 +621,24 @@ class Acquisition:
             # for the last token a majority committed; seed from what is there, the
             # changed nodes' own floors included, rather than never (docs/fencing.md says
             # what this costs the token guarantee). The warm-up still protects the lock.
-            ripe = self._ripe(lost, infos, now)
-            seed = self._seed(ripe, infos, floors, self._max_ttl_ms) if ripe else None
+            seed = self._warm_seed(lost, infos, floors, now)
         if seed is None and (TOO_LOW not in kinds or HELD in kinds):
             return None  # nothing of ours to fix, or held elsewhere: a contention back-off
         self._fixes += 1
         self._hear_all = False
         return RetryNow(seed)
+
+    def _warm_seed(
+        self,
+        lost: frozenset[int],
+        infos: dict[int, tuple[int, ...]],
+        floors: dict[int, int],
+        now: float,
+    ) -> Seed | None:
+        """The seed with a warm-up for those of ``lost`` that are ripe for it (``_ripe``),
+        or None while none is."""
+        ripe = self._ripe(lost, infos, now)
+        return self._seed(ripe, infos, floors, self._max_ttl_ms) if ripe else None
 
     def _ripe(
         self, lost: frozenset[int], infos: dict[int, tuple[int, ...]], now: float
