@@ -17,7 +17,7 @@ from tenure._driver import clock as _clock
 from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
-from .conftest import Api, scripts_run
+from .conftest import Api, holders, scripts_run
 
 NODE_TIMEOUT = 0.05
 # Behind the in-process proxies every reply crosses two more sockets and this process's
@@ -255,18 +255,12 @@ def test_a_new_node_set_seeded_by_one_client_is_not_warmed_up_by_another(api: Ap
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             seeding = pool.submit(first_client)
             deadline = time.monotonic() + 5.0
-            while not all(_floor(node) for node in cluster.nodes[:2]):
+            while not all(holders(cluster, NODE_FLOOR)[:2]):
                 assert time.monotonic() < deadline, "the first client never seeded"
                 time.sleep(0.005)
-            assert _floor(cluster[2]) is None  # its seed is on the way
+            assert holders(cluster, NODE_FLOOR)[2] is None  # its seed is on the way
             second.acquire("new-set-b", ttl=5.0, blocking=False).release()
             seeding.result(timeout=10.0)
         with cluster[2].client() as c:
             assert c.get(NODE_FLOOR) is not None  # seeded by the first client...
             assert not c.exists(NODE_WARM)  # ...as a node of a new set: no warm-up
-
-
-def _floor(node: Any) -> bytes | None:
-    with node.client() as c:
-        value: bytes | None = c.get(NODE_FLOOR)
-        return value
