@@ -4,7 +4,8 @@ An asyncio client's event loop can be blocked by other work (a CPU-bound callbac
 tasks) past a round's deadline while the nodes' replies wait in its sockets. When the
 loop runs again it reads the sockets before it fires the deadline, so those replies
 count: every node is up, and none may be reported as failed. The tests block the loop
-deterministically, for three node timeouts, right after a round was sent.
+deterministically, for three node timeouts, right after a round was sent; and in the
+turn that runs a round's deadline, just before it, while the replies come in.
 
 When the nodes had not answered yet either (they share the starved cores), the deadline
 the loop runs late gives them one node timeout more before they count as silent. And a
@@ -114,6 +115,53 @@ def test_a_deadline_run_late_gives_the_nodes_one_node_timeout_more(nodes: LocalC
                 assert time.monotonic() - started >= 3 * timeout  # it really was starved
             finally:
                 resume_all()
+            await lease.release()
+
+    asyncio.run(main())
+
+
+def test_replies_that_came_while_the_loop_ran_other_callbacks_are_not_silence(
+    nodes: LocalCluster,
+) -> None:
+    """The loop looks at its sockets once per turn, then runs that turn's callbacks,
+    the round's deadline among them. Here a callback just before the deadline in the
+    same turn holds the loop while the (frozen, then resumed) nodes answer: when the
+    deadline runs, the answers wait in the sockets, unread, and they are not silence.
+    The deadline did not run late by a node timeout, so that grace does not apply."""
+    timeout = 0.2
+
+    def wait_for_every_node() -> None:
+        for node in nodes:
+            node.resume()
+        for node in nodes:  # each has answered what waited for it by the time it answers this
+            with node.client() as c:
+                c.ping()
+        time.sleep(0.02)  # and those answers are in the client's sockets
+
+    async def main() -> None:
+        async with tenure.AsyncClient(nodes.urls, node_timeout=timeout) as client:
+            warm = await client.acquire("unread-warm", ttl=5.0, blocking=False)
+            await warm.release()
+            await asyncio.sleep(0.05)  # every reply in: the next round is written at once
+            loop = asyncio.get_running_loop()
+            sent = loop.time()  # the round's deadline comes a node timeout after this
+
+            def hold_past_the_deadline() -> None:
+                # The next turn then finds two timers due: this one, which comes first
+                # (it is due earlier), and the round's deadline right behind it.
+                loop.call_at(sent + timeout - 0.04, wait_for_every_node)
+                while loop.time() < sent + timeout + 0.02:
+                    time.sleep(0.005)
+
+            for node in nodes:
+                node.pause()
+            try:
+                loop.call_at(sent + timeout - 0.05, hold_past_the_deadline)
+                lease = await client.acquire("unread", ttl=5.0, blocking=False)
+            finally:
+                for node in nodes:
+                    node.resume()
+            assert loop.time() - sent >= timeout  # the deadline really was reached
             await lease.release()
 
     asyncio.run(main())

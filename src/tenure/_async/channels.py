@@ -129,6 +129,11 @@ class Channel:
         self.connect(now)
         self._unsent.append((command, on_reply))
 
+    @property
+    def unread(self) -> bool:
+        """Bytes from the node wait in the socket, not yet read by the event loop."""
+        return self._conn is not None and not self._nothing_to_read()
+
     def _nothing_to_read(self) -> bool:
         """Is the connection's socket empty? A request unanswered for ``STALL`` seconds
         means a stalled connection only then: an event loop blocked that long (a CPU-bound
@@ -434,21 +439,30 @@ class _Wait:
             self.owner._deadlines.cancel(timer)
             self.timer = self.owner._deadlines.add(due, self.expire)
 
-    def arm(self) -> None:
+    def arm(self, budget: float | None = None) -> None:
         if not self.done.done():
-            self.timer = self.owner._deadlines.add(self.loop.time() + self.budget, self.expire)
+            due = self.loop.time() + (self.budget if budget is None else budget)
+            self.timer = self.owner._deadlines.add(due, self.expire)
 
     def expire(self, due: float) -> None:
+        if self.done.done() or self.graces >= MAX_GRACES:
+            self.settle()
+            return
+        results, channels = self.rnd.results, self.channels
+        silent = [i for i in self.order if results[i] is None]
         # The deadline of a client too busy to have given the nodes their time: its
         # event loop ran the timer late (blocked by other work), or the request still
         # sits in its own send buffer. Once more, up to MAX_GRACES times; a node that is
         # really silent is a timeout a little later.
-        late = self.loop.time() - due > self.budget
-        results, channels = self.rnd.results, self.channels
-        unsent = any(channels[i].backlogged for i in self.order if results[i] is None)
-        if (late or unsent) and self.graces < MAX_GRACES and not self.done.done():
+        if self.loop.time() - due > self.budget or any(channels[i].backlogged for i in silent):
             self.graces += 1
             self.arm()
+        elif any(channels[i].unread for i in silent):
+            # Replies that came while this turn of the loop ran other callbacks (the
+            # loop looked at its sockets before them): they are not silence. The loop
+            # reads them first in its next turn, before this looks again.
+            self.graces += 1
+            self.arm(0.0)
         else:
             self.settle()
 

@@ -239,6 +239,10 @@ class ClusterChannel:
     def backlogged(self) -> bool:
         return any(m.backlogged for m in self._members.values())
 
+    @property
+    def unread(self) -> bool:
+        return any(m.unread for m in self._members.values())
+
     def drop(self, exc: Exception) -> None:
         """The member whose reply made no sense, or refused for its configuration."""
         if self._blamed is not None:
