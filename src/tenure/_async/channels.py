@@ -439,10 +439,9 @@ class _Wait:
             self.owner._deadlines.cancel(timer)
             self.timer = self.owner._deadlines.add(due, self.expire)
 
-    def arm(self, budget: float | None = None) -> None:
+    def arm(self) -> None:
         if not self.done.done():
-            due = self.loop.time() + (self.budget if budget is None else budget)
-            self.timer = self.owner._deadlines.add(due, self.expire)
+            self.timer = self.owner._deadlines.add(self.loop.time() + self.budget, self.expire)
 
     def expire(self, due: float) -> None:
         if self.done.done() or self.graces >= MAX_GRACES:
@@ -462,7 +461,7 @@ class _Wait:
             # loop looked at its sockets before them): they are not silence. The loop
             # reads them first in its next turn, before this looks again.
             self.graces += 1
-            self.arm(0.0)
+            self.timer = self.owner._deadlines.add(self.loop.time(), self.expire)
         else:
             self.settle()
 
