@@ -10,7 +10,8 @@ turn that runs a round's deadline, just before it, while the replies come in.
 When the nodes had not answered yet either (they share the starved cores), the deadline
 the loop runs late gives them one node timeout more before they count as silent. And a
 loop blocked for longer than a connection may go unanswered (``STALL``) keeps its
-connections when their answers wait in the sockets.
+connections when their answers wait in the sockets. The blocking client's thread, held
+up after its wait for replies ended at the deadline, reads what came meanwhile.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 import pytest
 
 import tenure
+import tenure._sync.client
 from tenure._async.channels import STALL
 from tenure.testing import LocalCluster, LocalNode
 
@@ -233,3 +235,44 @@ def test_a_frozen_node_is_given_up_after_the_stall_bound(nodes: LocalCluster) ->
             assert _connections(frozen) >= before + 2
 
     asyncio.run(main())
+
+
+def test_a_thread_that_runs_late_after_its_deadline_reads_what_came_meanwhile(
+    nodes: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The blocking client's thread waits in ``select()`` until the round's deadline,
+    but may run again well after it wakes (other threads holding the interpreter, a
+    starved process). Replies that came in between are not silence: here the thread is
+    held up right after its wait ended empty, while the frozen nodes are resumed and
+    answer, and the acquire is granted."""
+    timeout = 0.1
+    late = {"armed": False, "held": False, "start": 0.0}
+
+    def late_clock() -> float:
+        now = time.monotonic()
+        if late["armed"] and not late["held"] and now >= late["start"] + timeout:
+            # The first look at the clock after select() gave up at the deadline.
+            late["held"] = True
+            for node in nodes:
+                node.resume()
+            for node in nodes:  # each has answered what waited for it once it answers this
+                with node.client() as c:
+                    c.ping()
+            time.sleep(0.02)  # and those answers are in the client's sockets
+        return now
+
+    monkeypatch.setattr(tenure._sync.client, "_clock", late_clock)
+    with tenure.Client(nodes.urls, node_timeout=timeout) as client:
+        client.acquire("late-thread-warm", ttl=5.0, blocking=False).release()
+        time.sleep(0.05)  # every reply in
+        for node in nodes:
+            node.pause()
+        try:
+            late["start"] = time.monotonic()
+            late["armed"] = True
+            lease = client.acquire("late-thread", ttl=5.0, blocking=False)
+        finally:
+            for node in nodes:
+                node.resume()
+        assert late["held"]  # the thread really was held up past the deadline
+        lease.release()
