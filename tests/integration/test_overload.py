@@ -44,6 +44,27 @@ def _block_the_loop_after_this_send() -> None:
     asyncio.get_running_loop().call_soon(time.sleep, BLOCK)
 
 
+async def _warm_up(client: tenure.AsyncClient, name: str) -> None:
+    """Set up every connection, and let every reply come in: the release returns at a
+    majority, and the next round's requests should go out at once, not in a turn's
+    batch behind a callback that blocks the loop."""
+    lease = await client.acquire(name, ttl=5.0, blocking=False)
+    await lease.release()
+    await asyncio.sleep(0.05)
+
+
+def _resume_and_hear(nodes: LocalCluster) -> None:
+    """Resume the frozen nodes and wait until what waited for them was answered: each
+    has, once it answers a PING of its own; and those answers are in the client's
+    sockets a moment later."""
+    for node in nodes:
+        node.resume()
+    for node in nodes:
+        with node.client() as c:
+            c.ping()
+    time.sleep(0.02)
+
+
 @pytest.mark.parametrize("fair", [True, False])
 def test_replies_waiting_in_the_sockets_are_not_silence(nodes: LocalCluster, fair: bool) -> None:
     async def main() -> None:
@@ -102,12 +123,7 @@ def test_a_deadline_run_late_gives_the_nodes_one_node_timeout_more(nodes: LocalC
 
     async def main() -> None:
         async with tenure.AsyncClient(nodes.urls, node_timeout=timeout) as client:
-            warm = await client.acquire("late-deadline-warm", ttl=5.0, blocking=False)
-            await warm.release()  # every connection is up
-            # The release returned at a majority: let the last reply come in, so that
-            # the acquire's requests go out at once, not in the turn's batch behind the
-            # blocked callback.
-            await asyncio.sleep(0.05)
+            await _warm_up(client, "late-deadline-warm")
             for node in nodes:
                 node.pause()
             try:
@@ -132,26 +148,16 @@ def test_replies_that_came_while_the_loop_ran_other_callbacks_are_not_silence(
     The deadline did not run late by a node timeout, so that grace does not apply."""
     timeout = 0.2
 
-    def wait_for_every_node() -> None:
-        for node in nodes:
-            node.resume()
-        for node in nodes:  # each has answered what waited for it by the time it answers this
-            with node.client() as c:
-                c.ping()
-        time.sleep(0.02)  # and those answers are in the client's sockets
-
     async def main() -> None:
         async with tenure.AsyncClient(nodes.urls, node_timeout=timeout) as client:
-            warm = await client.acquire("unread-warm", ttl=5.0, blocking=False)
-            await warm.release()
-            await asyncio.sleep(0.05)  # every reply in: the next round is written at once
+            await _warm_up(client, "unread-warm")
             loop = asyncio.get_running_loop()
             sent = loop.time()  # the round's deadline comes a node timeout after this
 
             def hold_past_the_deadline() -> None:
                 # The next turn then finds two timers due: this one, which comes first
                 # (it is due earlier), and the round's deadline right behind it.
-                loop.call_at(sent + timeout - 0.04, wait_for_every_node)
+                loop.call_at(sent + timeout - 0.04, _resume_and_hear, nodes)
                 while loop.time() < sent + timeout + 0.02:
                     time.sleep(0.005)
 
@@ -177,9 +183,7 @@ def test_a_loop_blocked_past_the_stall_bound_keeps_its_connections(nodes: LocalC
 
     async def main() -> None:
         async with tenure.AsyncClient(nodes.urls, node_timeout=NODE_TIMEOUT) as client:
-            warm = await client.acquire("stall-warm", ttl=5.0, blocking=False)
-            await warm.release()
-            await asyncio.sleep(0.05)  # every reply in: the next round is written at once
+            await _warm_up(client, "stall-warm")
             loop = asyncio.get_running_loop()
             second: asyncio.Future[asyncio.Task[tenure.AsyncLease]] = loop.create_future()
 
@@ -253,12 +257,7 @@ def test_a_thread_that_runs_late_after_its_deadline_reads_what_came_meanwhile(
         if late["armed"] and not late["held"] and now >= late["start"] + timeout:
             # The first look at the clock after select() gave up at the deadline.
             late["held"] = True
-            for node in nodes:
-                node.resume()
-            for node in nodes:  # each has answered what waited for it once it answers this
-                with node.client() as c:
-                    c.ping()
-            time.sleep(0.02)  # and those answers are in the client's sockets
+            _resume_and_hear(nodes)
             return time.monotonic()  # the thread runs again only now
         return now
 
