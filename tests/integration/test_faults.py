@@ -8,6 +8,7 @@ frozen node's late grant is released; a node that lost its data is kept out for
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 
 import pytest
@@ -169,6 +170,38 @@ def test_release_with_a_majority_down_says_unconfirmed(
     with pytest.raises(tenure.LeaseLost, match="did not answer"):
         lease.release()
     assert holders(cluster5, lease.key) == [None] * 5
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_release_waits_a_few_node_timeouts_for_frozen_nodes(
+    api: Api, cluster5: LocalCluster, key: str, n: int
+) -> None:
+    """Nodes frozen for two node timeouts during a release (a loaded machine, a server
+    descheduled) are slow, not lost: the release waits up to four node timeouts for a
+    majority, so it is confirmed, and the lease was not lost. On one node too, where the
+    blocking client waits in the socket itself, under a timeout of one node timeout."""
+    timeout = 0.2
+    nodes = cluster5.nodes[:n]
+    client = api.client([node.url for node in nodes], node_timeout=timeout)
+    lease = client.acquire(key, ttl=5.0)
+    for node in nodes:
+        node.pause()
+
+    def resume() -> None:
+        for node in nodes:
+            node.resume()
+
+    thaw = threading.Timer(2 * timeout, resume)
+    thaw.start()
+    try:
+        started = time.monotonic()
+        lease.release()
+        assert time.monotonic() - started >= 2 * timeout  # it really waited for them
+    finally:
+        thaw.join()
+        resume()
+    assert not lease.lost_error
+    assert holders(cluster5, lease.key)[:n] == [None] * n
 
 
 def test_a_node_stays_reachable_after_many_reconnects(

@@ -375,7 +375,7 @@ class LinkSet:
         if len(links) == 1 and waiting and not links[0].owed:
             # One node, nothing owed: nothing to multiplex, so wait in recv itself. Its
             # socket's timeout (node_timeout: ``kernel_timeouts``) bounds the wait; no select().
-            self._read_alone(command, rnd, clock)
+            self._read_alone(command, rnd, deadline, clock)
             self._reporter.round(rnd)
             self.clean = True
             return
@@ -475,27 +475,38 @@ class LinkSet:
             rnd.record(i, *command.parse(list(link.partial)))
         link.abandon(now, command.replies)
 
-    def _read_alone(self, command: Command, rnd: Round, clock: Callable[[], float]) -> None:
+    def _read_alone(
+        self, command: Command, rnd: Round, deadline: float, clock: Callable[[], float]
+    ) -> None:
         link = self.links[0]
         assert link.conn is not None
         try:
-            if command.replies == 1:
-                while True:  # a resend may meet another error: a cluster's redirections
-                    try:
-                        while link.owed:  # an ASKING's reply, ahead of the redirected one
-                            link.read()
-                            self._told_late(0)
-                        reply = link.reply()
-                        break
-                    except ResponseError as exc:
-                        retry = link.resend(command, exc, clock())
-                        if retry is None:
-                            raise
-                        command = retry
-            else:
-                while len(link.partial) < command.replies:
-                    link.partial.append(link.reply())
-                reply, link.partial = link.partial, []
+            while True:
+                try:
+                    if command.replies == 1:
+                        while True:  # a resend may meet another error: a cluster's redirections
+                            try:
+                                while link.owed:  # an ASKING's reply, ahead of the redirected one
+                                    link.read()
+                                    self._told_late(0)
+                                reply = link.reply()
+                                break
+                            except ResponseError as exc:
+                                retry = link.resend(command, exc, clock())
+                                if retry is None:
+                                    raise
+                                command = retry
+                    else:
+                        while len(link.partial) < command.replies:
+                            link.partial.append(link.reply())
+                        reply, link.partial = link.partial, []
+                    break
+                except _NETWORK_ERRORS as exc:
+                    # The socket's timeout is one node timeout, but a round may wait
+                    # longer (a release waits RELEASE_PATIENCE of them): read on, where
+                    # it left off, until the round's deadline.
+                    if not timed_out(exc) or clock() >= deadline:
+                        raise
             answer = command.parse(reply)
         except _Failed as exc:  # the resend could not be written; the link is dropped
             rnd.fail(0, exc.diagnosis.failure, exc.diagnosis.detail)
