@@ -356,6 +356,18 @@ def _queued_waiter(flavour: str, urls: list[str], key: str, me: int, out: Connec
     out.send(got)
 
 
+def _seen(cluster: LocalCluster, n: int, name: str, procs: list[Any]) -> str:
+    """What the nodes and the waiters' processes show, for a failure's message."""
+    keys = LockKeys.of(name)
+    queues, held = [], []
+    for node in list(cluster)[:n]:
+        with node.client() as c:
+            queues.append(int(c.zcard(keys.queue)))
+            held.append(int(c.exists(keys.lock)))
+    exits = [proc.exitcode for proc in procs]
+    return f"queue lengths {queues}, lock held {held}, waiters' exit codes {exits}"
+
+
 @pytest.mark.parametrize("n", [1, 5])
 def test_fair_grants_follow_the_order_of_requests(
     api: Api, shared5: LocalCluster, key: str, n: int
@@ -373,7 +385,14 @@ def test_fair_grants_follow_the_order_of_requests(
             procs.append(proc)
             # The next request is made only once this one is queued: a known order.
             queued = me + 1
-            _wait_until(lambda: _queued_everywhere(shared5, n, key) >= queued, 30)  # noqa: B023
+            deadline = time.monotonic() + 30
+            while _queued_everywhere(shared5, n, key) < queued:
+                if time.monotonic() > deadline:
+                    pytest.fail(
+                        f"waiter {me} not queued everywhere in 30 s: "
+                        + _seen(shared5, n, key, procs)
+                    )
+                time.sleep(0.005)
         holder.release()
         got = []
         for pipe in pipes:
