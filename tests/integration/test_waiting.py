@@ -25,7 +25,7 @@ from tenure._core.config import LockKeys
 from tenure._lua import script
 from tenure.testing import LocalCluster
 
-from .conftest import SCRIPT_COMMANDS, Api, scripts_run
+from .conftest import SCRIPT_COMMANDS, Api, holders, scripts_run
 from .test_processes import max_overlap
 
 RETENTION = 3_600_000  # ms: the client default (ClientConfig.retention_ms)
@@ -70,19 +70,30 @@ def _value(cluster: LocalCluster, name: str) -> bytes | None:
         return c.get(name)  # type: ignore[no-any-return]
 
 
-def _queued_everywhere(cluster: LocalCluster, n: int, name: str) -> int:
-    """The shortest queue among the first ``n`` nodes."""
+def _queue_lengths(cluster: LocalCluster, n: int, name: str) -> list[int]:
+    """The lock's queue length on each of the first ``n`` nodes."""
     lengths = []
     for node in list(cluster)[:n]:
         with node.client() as c:
             lengths.append(int(c.zcard(LockKeys.of(name).queue)))
-    return min(lengths)
+    return lengths
 
 
-def _wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+def _queued_everywhere(cluster: LocalCluster, n: int, name: str) -> int:
+    """The shortest queue among the first ``n`` nodes."""
+    return min(_queue_lengths(cluster, n, name))
+
+
+def _wait_until(
+    predicate: Callable[[], bool],
+    timeout: float = 10.0,
+    seen: Callable[[], str] = lambda: "",
+) -> None:
+    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds, with what
+    ``seen()`` says of the state then."""
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
+        assert time.monotonic() < deadline, f"condition not reached in time {seen()}"
         time.sleep(0.005)
 
 
@@ -358,14 +369,10 @@ def _queued_waiter(flavour: str, urls: list[str], key: str, me: int, out: Connec
 
 def _seen(cluster: LocalCluster, n: int, name: str, procs: list[Any]) -> str:
     """What the nodes and the waiters' processes show, for a failure's message."""
-    keys = LockKeys.of(name)
-    queues, held = [], []
-    for node in list(cluster)[:n]:
-        with node.client() as c:
-            queues.append(int(c.zcard(keys.queue)))
-            held.append(int(c.exists(keys.lock)))
+    queues = _queue_lengths(cluster, n, name)
+    held = [holder is not None for holder in holders(cluster, LockKeys.of(name).lock)[:n]]
     exits = [proc.exitcode for proc in procs]
-    return f"queue lengths {queues}, lock held {held}, waiters' exit codes {exits}"
+    return f"(queue lengths {queues}, lock held {held}, waiters' exit codes {exits})"
 
 
 @pytest.mark.parametrize("n", [1, 5])
@@ -385,14 +392,11 @@ def test_fair_grants_follow_the_order_of_requests(
             procs.append(proc)
             # The next request is made only once this one is queued: a known order.
             queued = me + 1
-            deadline = time.monotonic() + 30
-            while _queued_everywhere(shared5, n, key) < queued:
-                if time.monotonic() > deadline:
-                    pytest.fail(
-                        f"waiter {me} not queued everywhere in 30 s: "
-                        + _seen(shared5, n, key, procs)
-                    )
-                time.sleep(0.005)
+            _wait_until(
+                lambda: _queued_everywhere(shared5, n, key) >= queued,  # noqa: B023
+                30,
+                lambda: _seen(shared5, n, key, procs),
+            )
         holder.release()
         got = []
         for pipe in pipes:
