@@ -14,11 +14,12 @@ import time
 import pytest
 
 import tenure
-from tenure._core.config import NODE_FLOOR
+from tenure._core.config import NODE_FLOOR, LockKeys
 from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
-from .conftest import Api, holders
+from .conftest import Api, holders, raw, scripts_run
+from .hold_proxy import HoldingProxy
 
 NODE_TIMEOUT = 0.05
 
@@ -107,6 +108,78 @@ def test_frozen_node_replies_are_drained_and_its_late_grant_released(
     for _ in range(3):
         lease = client.acquire(key, ttl=5.0)
         lease.release()
+
+
+def test_a_node_that_falls_behind_keeps_its_connection(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    """A node frozen for a moment, less than a second, while the client goes on without
+    it: its requests pile up unanswered, and it keeps its connection, on which each late
+    grant is followed by its own release. (Given up, a connection loses that order, and
+    a close with replies still unread resets it, discarding requests the node had not
+    read yet.)"""
+    nodes = cluster5.nodes[:3]
+    client = api.client([n.url for n in nodes], node_timeout=NODE_TIMEOUT)
+    client.acquire(key, ttl=5.0).release()  # connections up
+    behind = nodes[2]
+    with behind.client() as c:
+        accepted = c.info("stats")["total_connections_received"]
+        behind.pause()
+        try:
+            for _ in range(30):  # 60 requests unanswered, within a few tenths of a second
+                client.acquire(key, ttl=5.0).release()
+        finally:
+            behind.resume()
+        for _ in range(10):  # the node catches up; the client reads past what it owes
+            client.acquire(key, ttl=5.0).release()
+        assert c.info("stats")["total_connections_received"] == accepted
+        assert not c.exists(LockKeys.of(key).lock)
+
+
+def test_an_acquire_that_a_node_runs_after_the_release_takes_nothing(
+    shared5: LocalCluster, key: str
+) -> None:
+    """A round is decided at the first majority, so a node may not have run the acquire
+    yet when the lease is released; and the blocking client's threads share a pool of
+    connections, so the release can go out on another connection, which the node may
+    run first. The late acquire must not take the lock then (for a whole TTL, on a
+    node the lease no longer counts). The asyncio client has one connection per node,
+    which keeps the order: this is the blocking client's case."""
+    nodes = list(shared5)[:3]
+    late = nodes[2]
+    assert late.port is not None
+    lock_key = LockKeys.of(key).lock
+    with (
+        HoldingProxy((late.host, late.port)) as proxy,
+        tenure.Client([nodes[0].url, nodes[1].url, proxy.url], node_timeout=0.5) as client,
+    ):
+        blocker = client.acquire(f"{key}:blocker", ttl=30.0)  # connections up
+        proxy.hold()  # the connection the next acquire goes out on
+        lease = client.acquire(key, ttl=30.0)
+        assert len(lease.nodes) == 2  # the third had not run it
+        # A thread that waits for the blocker borrows that connection and keeps it, so
+        # the release goes out on a new one, which the proxy lets through.
+        waiter = threading.Thread(target=lambda: client.acquire(f"{key}:blocker").release())
+        waiter.start()
+        blocker_queue = LockKeys.of(f"{key}:blocker").queue
+        with raw(nodes[0]) as c:
+            deadline = time.monotonic() + 10.0
+            while not c.zcard(blocker_queue):
+                assert time.monotonic() < deadline, "the waiter never queued"
+                time.sleep(0.005)
+        lease.release()
+        run = scripts_run(late)
+        proxy.let_go()  # the lease's acquire, then the waiter's, reach the node now
+        deadline = time.monotonic() + 10.0
+        while scripts_run(late) < run + 2:
+            assert time.monotonic() < deadline, "the held acquires never ran"
+            time.sleep(0.005)
+        with raw(late) as c:
+            left, pttl = c.get(lock_key), c.pttl(lock_key)
+        blocker.release()
+        waiter.join(10.0)
+        assert not waiter.is_alive()
+        assert left is None, f"the late acquire took the lock for {pttl} ms"
 
 
 def test_node_that_lost_its_data_is_kept_out_for_max_ttl(

@@ -25,7 +25,7 @@ import pytest
 
 import tenure
 import tenure._sync.client
-from tenure._async.channels import STALL
+from tenure._core.backoff import STALL
 from tenure.testing import LocalCluster, LocalNode
 
 NODE_TIMEOUT = 0.05

@@ -694,15 +694,16 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
             arg: int = 100,
             *,
             cleanup: bool = False,
+            fencing: int = 0,
             expect: int | None = None,
             notes: tuple[str, ...] = (),
         ) -> None:
             extra = ("c",) if cleanup else ()
             real = c.eval(
                 release, 3, keys.lock, keys.floor, keys.queue,
-                w, mode, arg, RETENTION, *extra,
+                w, mode, arg, RETENTION, fencing, *extra,
             )  # fmt: skip
-            mirror = release_wait_lua(fake, bus, keys, w, mode, arg, 0, cleanup, RETENTION)
+            mirror = release_wait_lua(fake, bus, keys, w, mode, arg, 0, cleanup, RETENTION, fencing)
             assert real == mirror, w
             if expect is not None:
                 assert mirror == expect, w
@@ -819,6 +820,18 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         both_release("c", "q", 2000, expect=0)  # "c" gives up after its wake-up
         queue_is()
         same_state("", 1000)
+        # A lease's release that finds no key of its own raises the floor to the lease's
+        # token, never lowers it: the lease's acquire, still on its way, is then refused.
+        both_release("e", "q", 1500, fencing=1400, expect=0)
+        same_state("", 1400)
+        both_release("e", "q", 1500, fencing=1200, expect=0)
+        same_state("", 1400)
+        both_acquire("e", "q", 1400, 80, place=0, expect=tl)
+        same_state("", 1400)
+        # One that deletes its key leaves the floor as the grant left it.
+        both_acquire("e", "q", 1500, 80, place=0, expect=granted)
+        both_release("e", "q", 1700, fencing=1600, expect=1)
+        same_state("", 1500)
         nothing_more()
         sub.close()
         if kept is None:

@@ -211,16 +211,16 @@ def test_acquire_command_round_trips(name: str, token: str, ttl_ms: int, proposa
             [b"T", b"1500", RETENTION],
         ),
         (
-            lambda: commands.release_waking(SPEC, "T", "q", 77),
+            lambda: commands.release_waking(SPEC, "T", "q", 77, 76),
             "release",
             [b"tenure:{r}:lock", b"tenure:node:floor", b"tenure:{r}:q"],
-            [b"T", b"q", b"77", RETENTION],
+            [b"T", b"q", b"77", RETENTION, b"76"],
         ),
         (
             lambda: commands.release_waking(SPEC, "T", "n", 100, cleanup=True),
             "release",
             [b"tenure:{r}:lock", b"tenure:node:floor", b"tenure:{r}:q"],
-            [b"T", b"n", b"100", RETENTION, b"c"],
+            [b"T", b"n", b"100", RETENTION, b"0", b"c"],
         ),
     ],
 )
@@ -454,10 +454,10 @@ def test_the_hot_commands_carry_exactly_their_arguments(
     assert cmd.fallback is not None
     assert parse_command(cmd.fallback) == ([b"EVAL", script("acquire").wire, *expected], b"")
 
-    release = commands.release_waking(spec, token, "q", proposal, cleanup=cleanup)
+    release = commands.release_waking(spec, token, "q", proposal, mark, cleanup=cleanup)
     items, rest = parse_command(release.packed)
     keys = [spec.keys.lock, spec.keys.floor, spec.keys.queue]
-    args = [token, "q", proposal, spec.retention_ms, *(["c"] if cleanup else [])]
+    args = [token, "q", proposal, spec.retention_ms, mark, *(["c"] if cleanup else [])]
     assert (items, rest) == (
         [b"EVAL", script("release").wire, b"3", *map(_as_bytes, keys), *map(_as_bytes, args)],
         b"",

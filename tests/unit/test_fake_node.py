@@ -533,3 +533,27 @@ def test_packed_commands_run_on_the_fake_with_the_scripts_argument_layout() -> N
 
 def test_the_retention_default_matches_the_clients() -> None:
     assert ClientConfig.build(["redis://a"]).retention_ms == RETENTION_MS
+
+
+def test_a_lease_released_where_its_key_is_not_raises_the_floor_to_its_token() -> None:
+    # Its acquire may still be on its way to that node (another connection, run after
+    # the release): proposing the lease's token, it must then find the floor at it.
+    bus = Bus()
+    node = seeded(floor=10)
+    assert release_wait_lua(node, bus, KEYS, "t", "q", 50, 1, retention_ms=RET, fencing=40) == 0
+    assert node.floor_of(KEYS, 1) == 40
+    assert node.pttl(NODE_FLOOR, 1) == RET
+    assert node.pttl(NODE_REPLID, 1) == RET  # the floor's history lives as long
+    assert acquire_wait_lua(node, bus, KEYS, "t", 1000, 40, "q", "t", "ch", 0, 2)[0] == -1
+    assert release_wait_lua(node, bus, KEYS, "t", "q", 50, 3, fencing=30) == 0
+    assert node.floor_of(KEYS, 3) == 40  # never lowered
+    assert release_wait_lua(node, bus, KEYS, "w", "q", 90, 4, cleanup=True) == 0
+    assert node.floor_of(KEYS, 4) == 40  # a cleanup or a give-up carries no lease's token
+    # Where the key is ours, the grant already set the floor: nothing to raise.
+    assert acquire_wait_lua(node, bus, KEYS, "u", 1000, 60, "q", "u", "ch", 0, 5)[0] == 1
+    assert release_wait_lua(node, bus, KEYS, "u", "q", 90, 6, fencing=80) == 1
+    assert node.floor_of(KEYS, 6) == 60
+    # A blank node stays blank: a floor is also the node's incarnation.
+    blank = FakeNode()
+    assert release_wait_lua(blank, bus, KEYS, "t", "q", 50, 0, fencing=40) == 0
+    assert blank.floor_of(KEYS, 0) is None

@@ -154,6 +154,7 @@ class Command:
     ticket: int = 0
     place: int = 0
     cleanup: bool = False
+    fencing: int = 0  # release: the lease's token (0: a cleanup or a give-up)
 
     @classmethod
     def read(cls, packed: bytes) -> Command:
@@ -170,8 +171,10 @@ class Command:
         if len(keys) == 1:
             return cls("delete", args[0])
         assert args[1] == "q"
-        assert args[4:] in ([], ["c"])
-        return cls("release", args[0], int(args[2]), cleanup=args[4:] == ["c"])
+        assert args[5:] in ([], ["c"])
+        return cls(
+            "release", args[0], int(args[2]), cleanup=args[5:] == ["c"], fencing=int(args[4])
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -285,6 +288,7 @@ class QuorumFairModel(RuleBasedStateMachine):
         return release_wait_lua(
             self.nodes[i], self.buses[i], KEYS, command.token, "q",
             self.hand_off_token(command.arg, i), self.ms, command.cleanup, SPEC.retention_ms,
+            command.fencing,
         )  # fmt: skip
 
     # --- helpers ------------------------------------------------------------------------

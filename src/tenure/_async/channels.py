@@ -44,7 +44,7 @@ from typing import Any, cast
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-from .._core.backoff import Reconnect
+from .._core.backoff import STALL, Reconnect
 from .._core.commands import Command, ScriptCache
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
@@ -62,7 +62,6 @@ __all__ = ["Channels"]
 # How many times a round's deadline is pushed back while the client itself held up its
 # requests or the timer (``Channels.run``): bounded, so a silent node still times out.
 MAX_GRACES = 3
-STALL = 1.0
 
 # A reply: (True, value) or (False, the error it came as), handed to the request's
 # callback from ``RespProtocol.data_received``: no future, no extra trip through the event loop.

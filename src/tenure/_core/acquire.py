@@ -102,7 +102,14 @@ LOST = (NO_HISTORY, HISTORY_CHANGED)
 COUNTED = (GRANTED, HELD, TOO_LOW)  # statuses whose number is a fencing counter of the node
 # Immediate re-tries for a low proposal or a seeding, per acquire call, before falling
 # back to the random back-off (other clients may keep raising the floors meanwhile).
-MAX_FIXES = 4
+# A low proposal is retried only when no node said "held": the lock is free, and its
+# floors were raised by grants of other locks (the floor is per node). Each retry
+# proposes the wall clock of its own moment, above every proposal made before it, so it
+# fails again only if a grant proposed later overtook it on its way; threads of a busy
+# process, each on its own connection, overtake one another now and then. 8 threads
+# beside a CPU hog saw about 1 non-blocking acquire of a free lock in 700 refused after
+# 4 retries, and none in 30,000 with 12.
+MAX_FIXES = 12
 # Consecutive attempts in which failures alone ruled out a majority before a blocking
 # acquire gives up with QuorumUnreachable. One is not enough: on a loaded machine our own
 # process can be descheduled past the node timeout, and every node then looks silent.

@@ -7,14 +7,20 @@ up to 1 s, and a connection that comes up resets it. The wait is short at first,
 node that restarts is back in the next round or two, and bounded, so a node that stays
 down costs one connect attempt a second per connection, not a busy loop. Rounds meanwhile
 count the node as failed at once (``BackingOff``) instead of waiting on it.
+
+A connection is abandoned when it has waited ``STALL`` seconds for replies and heard
+none, with nothing unread in its socket: a frozen or cut-off node. Never for being
+behind: a node that answers, however late, keeps its connection, whose order is what
+makes a late grant be followed by its own release (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "Reconnect"]
+__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "STALL", "Reconnect"]
 
 BACKOFF_MIN = 0.025
 BACKOFF_MAX = 1.0
+STALL = 1.0  # seconds a connection may wait for a reply hearing nothing
 
 
 class Reconnect:

@@ -378,21 +378,24 @@ def release(key: str, token: str) -> Command:
 
 
 def release_waking(
-    spec: LockSpec, token: str, mode: str, arg: int, *, cleanup: bool = False
+    spec: LockSpec, token: str, mode: str, arg: int, fencing: int = 0, *, cleanup: bool = False
 ) -> Command:
     """A lease's release: compare-and-delete, then pass the lock on to the next waiter
     (``mode`` as in ``WaitArgs``): "n" wakes it and reserves the lock for it for ``arg``
     ms; "f" hands the lock over; "q" hands it over with the fencing token ``arg``.
+    ``fencing``: the lease's token, to which a node that no longer (or not yet) holds the
+    key raises its floor (release.lua); 0 for no lease (a cleanup, a waiter giving up).
     ``cleanup``: releasing a failed attempt's grants, the caller keeps its place."""
     keys = spec.keys
     queue_keys = (keys.lock, keys.floor, keys.queue)
     extra = ("c",) if cleanup else ()
-    args = (_VARIES, mode, _VARIES, spec.retention_ms, *extra)
+    args = (_VARIES, mode, _VARIES, spec.retention_ms, _VARIES, *extra)
     start, rest = _frame(args)
     head = _eval_head("release", len(queue_keys) + len(args))
     # By EVAL, as every script but the acquire (``_eval``).
     return Command(
-        b"".join((head, _keys(queue_keys), start, _fill(rest, (token, arg)))), key=keys.lock
+        b"".join((head, _keys(queue_keys), start, _fill(rest, (token, arg, fencing)))),
+        key=keys.lock,
     )
 
 

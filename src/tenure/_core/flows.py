@@ -620,7 +620,7 @@ class Flows:
             arg = waiting.handoff_token(self.wall_us(), fencing, self.fence_floor)
         else:
             arg = self.hold_ms
-        return commands.release_waking(spec, token, spec.mode, arg, cleanup=cleanup)
+        return commands.release_waking(spec, token, spec.mode, arg, fencing, cleanup=cleanup)
 
     def dequeue(self, spec: LockSpec, waiter: str) -> Command:
         """What ``waiter`` sends to leave its queues, passing on a lock handed to it

@@ -10,12 +10,24 @@
 -- ARGV[3]  (waiting only) "n": how long the lock stays reserved for the woken head, ms;
 --          "q": the fencing token of the hand-off (see handoff.lua.inc)
 -- ARGV[4]  (waiting only) the retention in milliseconds, for a hand-off's floor
--- ARGV[5]  (waiting only, optional) "c": the cleanup of a failed attempt: the caller
+-- ARGV[5]  (waiting only) the fencing token of the lease being released; "0" for a
+--          cleanup or a waiter giving up (no lease)
+-- ARGV[6]  (waiting only, optional) "c": the cleanup of a failed attempt: the caller
 --          keeps its place in the queue, and if it heads the queue the lock is left free
 --          here (it is the one a hand-off would go to)
 --
 -- Returns 1 if the key held our token and was deleted, 0 otherwise (absent, expired,
 -- or held by someone else: their lock is left alone).
+--
+-- A lease's release that finds no key of ours raises this node's floor to the lease's
+-- token, if the floor is lower. The lease's acquire may still be on its way to this node:
+-- a round is decided at the first majority, and the release can go out on another
+-- connection (the blocking client's threads share a pool of them), which a node may run
+-- first. That acquire proposes the lease's token, so once the floor is not below it, it
+-- is refused ("too low") instead of taking the lock for a whole TTL after its release.
+-- Raising a floor is always safe (tokens only have to be above it); a node without one
+-- is left blank (the floor is its incarnation, see acquire.lua), and a blank node
+-- grants nothing anyway.
 --
 -- Waiting mode, whether or not the key was ours here: the caller leaves the queue (an
 -- attempt that found this node held queued it here, even if a majority elsewhere then
@@ -31,7 +43,14 @@ end
 if ARGV[2] then
     local queue, me = KEYS[3], ARGV[1]
     local reserved = queue .. ":next"
-    local cleanup = ARGV[5] == "c"
+    local cleanup = ARGV[6] == "c"
+    local fencing = tonumber(ARGV[5])
+    if released == 0 and fencing > 0 then
+        local floor = redis.call("GET", KEYS[2])
+        if floor and tonumber(floor) < fencing then
+            commit(KEYS[2], ARGV[5], ARGV[4], tonumber(floor))
+        end
+    end
     -- Nobody queued and nothing reserved (the common case): no place of ours to drop (a
     -- place never outlives its queue) and nobody to pass the lock on to. One EXISTS
     -- instead of the five calls below that would find the same.

@@ -44,7 +44,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._core.backoff import Reconnect
+from .._core.backoff import STALL, Reconnect
 from .._core.commands import Command, ScriptCache
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
@@ -55,9 +55,6 @@ from .._driver.report import NodeReporter
 from .connect import SetUp
 
 __all__ = ["LinkPool", "LinkSet", "NodeState"]
-
-# Replies a link may owe before we give up on its connection (each is one small request).
-MAX_OWED = 16
 
 _NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
@@ -129,7 +126,7 @@ class _Failed(Exception):
 class Link:
     """One connection to one node, used by one operation at a time."""
 
-    __slots__ = ("conn", "io", "late", "node", "owed", "partial", "setup")
+    __slots__ = ("conn", "heard", "io", "late", "node", "owed", "partial", "quiet_since", "setup")
 
     def __init__(self, node: NodeState) -> None:
         self.node = node
@@ -140,6 +137,10 @@ class Link:
         self.setup: SetUp | None = None  # the connection being set up, while conn is None
         self.owed = 0  # replies of abandoned requests, read and dropped before ours
         self.partial: list[Any] = []  # replies so far of a command that has several
+        # Since when it has owed replies and heard none (``abandon``); ``heard``: an owed
+        # reply was read since the last look.
+        self.quiet_since = 0.0
+        self.heard = False
 
     def send(self, command: Command, now: float) -> None:
         """Write ``command`` on the connection (set up beforehand: ``prepare``).
@@ -227,6 +228,7 @@ class Link:
         assert io is not None
         if self.owed:
             self.owed -= 1
+            self.heard = True
             # An abandoned request's error reply is nobody's business any more, but
             # for what it says of the node's scripts (a late NOSCRIPT).
             try:
@@ -248,11 +250,36 @@ class Link:
         return self.io is not None and self.io.ready()
 
     def abandon(self, now: float, replies: int = 1) -> None:
-        """Stop waiting for the in-flight command; its ``replies`` are dropped when they come."""
+        """Stop waiting for the in-flight command; its ``replies`` are dropped when they come.
+
+        The connection is given up only once it has owed replies for ``STALL`` seconds
+        and heard none (a frozen or cut-off node), never for being behind. A node that
+        is slow but answering keeps its connection: closing it would lose the order that
+        has a late grant followed by its own release, and could even discard requests
+        the node had not read yet (a close with replies unread is a reset) while it ran
+        the grant before them.
+        """
+        if not self.owed or self.heard:
+            self.quiet_since = now
+            self.heard = False
         self.owed += replies - len(self.partial)
         self.partial = []
-        if self.owed > MAX_OWED:
+        if now - self.quiet_since > STALL and not self._unread():
             self.drop(now)
+
+    def _unread(self) -> bool:
+        """Bytes from the node wait in the socket: a thread that ran late (other threads
+        holding the interpreter) finds its answers there, and the node is not to blame."""
+        io = self.io
+        if io is None:
+            return False
+        if io.ready():
+            return True  # read off the socket already, not yet handed out
+        try:
+            readable, _, _ = select.select([io.sock], [], [], 0)
+        except (OSError, ValueError):  # closed meanwhile
+            return False
+        return bool(readable)
 
     def drop(self, now: float, why: Diagnosis | None = None) -> None:
         self.close()

@@ -503,14 +503,19 @@ def release_wait_lua(
     now: int,
     cleanup: bool = False,
     retention_ms: int = RETENTION_MS,
+    fencing: int = 0,
 ) -> int:
-    """``release.lua`` with KEYS lock, floor, queue and ARGV[2..5] (a lease's
+    """``release.lua`` with KEYS lock, floor, queue and ARGV[2..6] (a lease's
     release, a waiter giving up, or with ``cleanup`` the release of a failed attempt's
-    grants, "c")."""
+    grants, "c"). ``fencing``: the lease's token, to which the floor of a node without
+    our key is raised (0: no lease)."""
     released = 0
     if node.get(keys.lock, now) == token:
         node.delete(keys.lock, now)
         released = 1
+    floor = node.get(keys.floor, now)
+    if released == 0 and fencing and floor is not None and int(floor) < fencing:
+        commit_lua(node, keys, fencing, retention_ms, now)
     reserved = f"{keys.queue}:next"
     if not cleanup:
         queue = _zset(node, keys.queue, now)
@@ -600,11 +605,11 @@ def eval_packed(node: FakeNode, packed: bytes, now: int, bus: Bus | None = None)
         assert len(args) == 1
         return release_lua(node, keys[0], args[0], now)
     assert numkeys == 3
-    assert len(args) in (4, 5)
+    assert len(args) in (5, 6)
     assert bus is not None
     lock = LockKeys(lock=keys[0], floor=keys[1], queue=keys[2])
-    cleanup = args[4:] == ["c"]
-    assert cleanup or len(args) == 4
+    cleanup = args[5:] == ["c"]
+    assert cleanup or len(args) == 5
     return release_wait_lua(
-        node, bus, lock, args[0], args[1], int(args[2]), now, cleanup, int(args[3])
+        node, bus, lock, args[0], args[1], int(args[2]), now, cleanup, int(args[3]), int(args[4])
     )
