@@ -119,7 +119,8 @@ class Channel:
         if self._pending and now - self._pending[0][1] > STALL and self._nothing_to_read():
             self._reset(ConnectionError(f"no reply for {STALL}s"), now)
         if self._conn is not None and self._task is not None and not self._unsent:
-            self._write(self.scripts.packed(command))
+            # Only a script sent by EVALSHA has another form (``ScriptCache``).
+            self._write(self.scripts.packed(command) if command.by_sha else command.packed)
             if command.replies == 1:
                 self._pending.append((on_reply, now))
             else:
@@ -562,7 +563,12 @@ class Channels:
         """
         channels = self._current()
         order: Sequence[int] = range(len(channels)) if targets is None else targets
-        if not all(channels[i].ready for i in order):
+        unready = False
+        for i in order:  # a loop, not all() over a generator: it runs in every round
+            if not channels[i].ready:
+                unready = True
+                break
+        if unready:
             # (A channel that is connected is in no back-off: with every one connected,
             # as nearly always, there is nothing to rule out and nothing to set up.)
             if hopeless_unsent:
@@ -584,7 +590,12 @@ class Channels:
         self.send(command, rnd, targets, wait.on_reply)
         if not rnd.decided:
             wait.budget = max(deadline - time.monotonic(), 0)
-            if any(channels[i].batched for i in order):
+            batched = False
+            for i in order:
+                if channels[i].batched:
+                    batched = True
+                    break
+            if batched:
                 # Written into this turn's batch: the wait for replies begins once the
                 # batch went out (its flush runs before this), not while the loop was
                 # still busy with other tasks: a client too busy to send is not a
