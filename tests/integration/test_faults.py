@@ -115,9 +115,8 @@ def test_a_node_that_falls_behind_keeps_its_connection(
 ) -> None:
     """A node frozen for a moment, less than a second, while the client goes on without
     it: its requests pile up unanswered, and it keeps its connection, on which each late
-    grant is followed by its own release. (Given up, a connection loses that order, and
-    a close with replies still unread resets it, discarding requests the node had not
-    read yet.)"""
+    grant is followed by its own release. (Given up, the node would still run the grants
+    it had received, and then sit out a back-off while their releases went out.)"""
     nodes = cluster5.nodes[:3]
     client = api.client([n.url for n in nodes], node_timeout=NODE_TIMEOUT)
     client.acquire(key, ttl=5.0).release()  # connections up

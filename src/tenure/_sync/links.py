@@ -254,10 +254,9 @@ class Link:
 
         The connection is given up only once it has owed replies for ``STALL`` seconds
         and heard none (a frozen or cut-off node), never for being behind. A node that
-        is slow but answering keeps its connection: closing it would lose the order that
-        has a late grant followed by its own release, and could even discard requests
-        the node had not read yet (a close with replies unread is a reset) while it ran
-        the grant before them.
+        is slow but answering keeps its connection: closed, the node would still run the
+        grant it had received, and then sit out its back-off while the release goes
+        out, keeping the key for its whole TTL.
         """
         if not self.owed or self.heard:
             self.quiet_since = now
