@@ -382,7 +382,13 @@ def test_fair_grants_follow_the_order_of_requests(
     urls = shared5.urls[:n]
     k = 6
     with tenure.Client(urls) as holder_client:
+        # Connections up first: a new client's first round may begin without a node
+        # whose set-up is slow (a loaded machine), and a node that never got the holder's
+        # lock grants it to the first waiter instead of queueing it there.
+        holder_client.acquire(f"{key}:warm", ttl=1.0).release()
         holder = holder_client.acquire(key, ttl=30.0, fair=True)
+        lock_key = LockKeys.of(key).lock
+        _wait_until(lambda: None not in holders(shared5, lock_key)[:n], 10)
         pipes, procs = [], []
         for me in range(k):
             parent_end, child_end = _ctx.Pipe(duplex=False)
