@@ -8,13 +8,13 @@ the blocking client, on 5 nodes started fresh for each row (a new node set, as o
 day a service is deployed, when every client meets blank nodes at once). Every node is
 up the whole time, so every failure is the client's: a healthy node reported as failed
 (``QuorumUnreachable``), a refusal of a free lock (``LockTimeout``: blocking acquires
-wait, so only non-blocking ones may be refused, when a name's previous release is still
-on its way to a slow node), or a node set left warming up (nodes seeded after a "data
-loss" that never happened: they grant nothing for ``max_ttl``). It gets slower; the
-table says whether it stays correct.
+wait, so only non-blocking ones may be refused), or a node set left warming up (nodes
+seeded after a "data loss" that never happened: they grant nothing for ``max_ttl``). It
+gets slower; the table says whether it stays correct.
 
 Run ``python benchmarks/bench_overload.py`` (``--quick`` for 3 s rows, ``--markdown``
-for Markdown). A full run writes ``benchmarks/results/bench_overload.md``.
+for Markdown, ``--hogs 2`` for two spinning processes instead of one). A full run writes
+``benchmarks/results/bench_overload.md``.
 """
 
 from __future__ import annotations
@@ -134,11 +134,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per row")
     parser.add_argument("--nodes", type=int, default=5)
+    parser.add_argument("--hogs", type=int, default=1, help="spinning processes beside it")
     parser.add_argument("--quick", action="store_true", help="3 s rows, writes nothing")
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     parser.add_argument("--output", type=Path, default=None, help=f"default: {RESULTS}")
     args = parser.parse_args()
     seconds = 3.0 if args.quick else args.seconds
+    hogs = "a CPU hog (one process spinning)" if args.hogs == 1 else f"{args.hogs} CPU hogs"
 
     header = [
         "client",
@@ -157,15 +159,19 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     for client, workers, run, count, blocking in ROWS:
         mode = "blocking" if blocking else "non-blocking"
-        print(f"{client}, {workers}, {mode}: {seconds:g} s beside a CPU hog", file=sys.stderr)
+        print(f"{client}, {workers}, {mode}: {seconds:g} s beside {hogs}", file=sys.stderr)
         with LocalCluster(args.nodes) as cluster:
             server = server or server_version(cluster[0])
-            hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            spinning = [
+                subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(args.hogs)
+            ]
             try:
                 tally = run(cluster.urls, count, blocking, seconds)
             finally:
-                hog.kill()
-                hog.wait()
+                for hog in spinning:
+                    hog.kill()
+                    hog.wait()
             left_warming = warming(cluster)
         errors = tally.errors
         other = sum(
@@ -200,11 +206,11 @@ def main() -> None:
         "each row, TCP loopback, persistence none)",
         f"- tenure {tenure.__version__}, default settings (node timeout 50 ms, fair mode); "
         f"{seconds:g} s per row, each worker cycling over {NAMES_PER_WORKER} names of its own, "
-        "TTL 5 s; a CPU hog (one process spinning) beside the client throughout",
+        f"TTL 5 s; {hogs} beside the client throughout",
     ]
     report = "\n".join(
         [
-            "## A busy client beside a CPU hog, on a new node set",
+            f"## A busy client beside {hogs}, on a new node set",
             "",
             body,
             *(["", *notes] if notes else []),
