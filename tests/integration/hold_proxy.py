@@ -14,11 +14,11 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from types import TracebackType
+
+from .loopback import HOST, LoopbackServer
 
 __all__ = ["HoldingProxy"]
 
-_HOST = "127.0.0.1"
 _CHUNK = 64 * 1024
 
 
@@ -45,22 +45,20 @@ class _Upstream:
             self.server.sendall(b"".join(backlog))
 
 
-class HoldingProxy:
+class HoldingProxy(LoopbackServer):
     """Forwards every connection to ``target``; see the module docstring."""
 
     def __init__(self, target: tuple[str, int]) -> None:
+        super().__init__()
         self._target = target
         self._lock = threading.Lock()
         self._upstreams: list[_Upstream] = []
         self._sockets: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []
-        self._listener = socket.create_server((_HOST, 0))
-        self.port: int = self._listener.getsockname()[1]
         self._spawn(self._accept)
 
     @property
     def url(self) -> str:
-        return f"redis://{_HOST}:{self.port}"
+        return f"redis://{HOST}:{self.port}"
 
     def hold(self) -> None:
         """From now on, hold back what clients send on the connections open now."""
@@ -78,33 +76,17 @@ class HoldingProxy:
             up.let_go()
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept() (Linux)
-        self._listener.close()
+        self._stop_listening()
         with self._lock:
             sockets = list(self._sockets)
         for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
-        for thread in self._threads:
-            thread.join(5.0)
+        self._join()
 
     def __enter__(self) -> HoldingProxy:
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _spawn(self, target: object, *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
-        self._threads.append(thread)
-        thread.start()
 
     def _accept(self) -> None:
         while True:

@@ -24,16 +24,16 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from .loopback import HOST, LoopbackServer
+
 __all__ = ["CertificateAuthority", "ServerCertificate", "TLSProxy"]
 
-_HOST = "127.0.0.1"
 _CHUNK = 64 * 1024
 
 
@@ -135,7 +135,7 @@ class CertificateAuthority:
         return paths
 
 
-class TLSProxy:
+class TLSProxy(LoopbackServer):
     """Terminates TLS on a loopback port and forwards each connection to ``target``.
 
     Args:
@@ -154,6 +154,7 @@ class TLSProxy:
         *,
         handshake_delay: float = 0.0,
     ) -> None:
+        super().__init__()
         self.target = target
         self.handshake_delay = handshake_delay
         self.handshakes = 0
@@ -165,15 +166,12 @@ class TLSProxy:
         self._gate.set()
         self._changed = threading.Condition()
         self._sockets: set[socket.socket] = set()
-        self._threads: list[threading.Thread] = []
-        self._listener = socket.create_server((_HOST, 0))
-        self.port: int = self._listener.getsockname()[1]
         self._spawn(self._accept)
 
     @property
     def url(self) -> str:
         """``rediss://`` URL of the proxy by its IP address."""
-        return f"rediss://{_HOST}:{self.port}"
+        return f"rediss://{HOST}:{self.port}"
 
     def hold(self) -> None:
         """Keep new connections waiting before their handshake until ``release()``."""
@@ -193,30 +191,16 @@ class TLSProxy:
     def close(self) -> None:
         self._closed.set()
         self._gate.set()
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept() (Linux)
-        with contextlib.suppress(OSError):
-            self._listener.close()
+        self._stop_listening()
         with self._changed:
             sockets, self._sockets = set(self._sockets), set()
         for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-        for thread in self._threads:
-            thread.join(5.0)
+        self._join()
 
     def __enter__(self) -> TLSProxy:
         return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def _spawn(self, target: object, *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
-        self._threads.append(thread)
-        thread.start()
 
     def _track(self, sock: socket.socket) -> bool:
         with self._changed:
