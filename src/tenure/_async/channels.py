@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import select
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -51,7 +50,7 @@ from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
 from .._core.quorum import Failure, Round
 from .._core.resp import ErrorReply
 from .._core.sentinel import demoted
-from .._driver.redis_compat import NotRedis, diagnose, node_pool
+from .._driver.redis_compat import NotRedis, diagnose, has_unread, node_pool
 from .._driver.report import NodeReporter
 from .._driver.timeouts import within
 from .deadlines import Deadline, Deadlines
@@ -141,13 +140,7 @@ class Channel:
         and its nodes are not to blame."""
         writer = None if self._conn is None else self._conn._writer
         sock = None if writer is None else writer.transport.get_extra_info("socket")
-        if sock is None:
-            return True
-        try:
-            readable, _, _ = select.select([sock], [], [], 0)
-        except (OSError, ValueError):  # closed meanwhile
-            return True
-        return not readable
+        return sock is None or not has_unread(sock)
 
     def connect(self, now: float) -> None:
         """Start setting up a connection unless there is one (or one on its way).

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import difflib
 import inspect
+import select
 import socket
 import ssl
 import struct
@@ -35,6 +36,7 @@ __all__ = [
     "check_connection_options",
     "connection_kwargs",
     "diagnose",
+    "has_unread",
     "kernel_timeouts",
     "keywords",
     "node_pool",
@@ -354,6 +356,19 @@ def kernel_timeouts(sock: socket.socket, seconds: float) -> None:
     sock.settimeout(None)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+
+def has_unread(sock: Any) -> bool:
+    """Do bytes from the node wait in ``sock``, not yet read? A look that does not wait
+    (``select()`` with no timeout), for the rare moment a connection seems stalled: a
+    client that ran late (a blocked event loop, threads holding the interpreter, a
+    starved process) finds its answers there, and the node is not to blame. False once
+    the socket is closed."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):  # closed meanwhile
+        return False
+    return bool(readable)
 
 
 def reply_text(exc: rx.ResponseError) -> str:

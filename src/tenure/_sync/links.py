@@ -50,7 +50,14 @@ from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
 from .._core.quorum import Failure, Round
 from .._core.sentinel import demoted
-from .._driver.redis_compat import SocketReplies, diagnose, node_pool, reply_text, timed_out
+from .._driver.redis_compat import (
+    SocketReplies,
+    diagnose,
+    has_unread,
+    node_pool,
+    reply_text,
+    timed_out,
+)
 from .._driver.report import NodeReporter
 from .connect import SetUp
 
@@ -267,18 +274,9 @@ class Link:
             self.drop(now)
 
     def _unread(self) -> bool:
-        """Bytes from the node wait in the socket: a thread that ran late (other threads
-        holding the interpreter) finds its answers there, and the node is not to blame."""
+        """Answers from the node wait here unread: parsed, or still in the socket."""
         io = self.io
-        if io is None:
-            return False
-        if io.ready():
-            return True  # read off the socket already, not yet handed out
-        try:
-            readable, _, _ = select.select([io.sock], [], [], 0)
-        except (OSError, ValueError):  # closed meanwhile
-            return False
-        return bool(readable)
+        return io is not None and (io.ready() or has_unread(io.sock))
 
     def drop(self, now: float, why: Diagnosis | None = None) -> None:
         self.close()
