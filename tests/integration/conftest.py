@@ -235,6 +235,15 @@ def scripts_run(node: LocalNode) -> int:
     return sum(int(stats.get(k, {}).get("calls", 0)) for k in SCRIPT_COMMANDS)
 
 
+def poll_until(predicate: Callable[[], object], what: str, within: float = 10.0) -> None:
+    """Poll ``predicate`` every 5 ms until it holds; fail the test, naming ``what``, if
+    it does not within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {within} s"
+        time.sleep(0.005)
+
+
 def raw(node: LocalNode) -> redis.Redis:
     """A plain redis-py client for inspecting a node (caller closes it)."""
     return node.client()

@@ -18,7 +18,7 @@ from tenure._core.config import NODE_FLOOR, LockKeys
 from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
-from .conftest import Api, holders, raw, scripts_run
+from .conftest import Api, holders, poll_until, raw, scripts_run
 from .hold_proxy import HoldingProxy
 
 NODE_TIMEOUT = 0.05
@@ -164,17 +164,11 @@ def test_an_acquire_that_a_node_runs_after_the_release_takes_nothing(
         waiter.start()
         blocker_queue = LockKeys.of(f"{key}:blocker").queue
         with raw(nodes[0]) as c:
-            deadline = time.monotonic() + 10.0
-            while not c.zcard(blocker_queue):
-                assert time.monotonic() < deadline, "the waiter never queued"
-                time.sleep(0.005)
+            poll_until(lambda: c.zcard(blocker_queue), "the waiter queued")
         lease.release()
         run = scripts_run(late)
         proxy.let_go()  # the lease's acquire, then the waiter's, reach the node now
-        deadline = time.monotonic() + 10.0
-        while scripts_run(late) < run + 2:
-            assert time.monotonic() < deadline, "the held acquires never ran"
-            time.sleep(0.005)
+        poll_until(lambda: scripts_run(late) >= run + 2, "the held acquires ran")
         with raw(late) as c:
             left, pttl = c.get(lock_key), c.pttl(lock_key)
         blocker.release()

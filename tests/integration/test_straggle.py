@@ -12,15 +12,13 @@ while every waiter with a minority held its nodes: the whole queue stalled.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import tenure
 from tenure._core import commands
 from tenure._core.config import LockKeys
 from tenure.testing import LocalCluster, LocalNode
 
-from .conftest import Api, raw, scripts_run
+from .conftest import Api, poll_until, raw, scripts_run
 
 RECHECK = 5.0  # a waiter that misses the straggle window would sleep 2.5-5 s
 
@@ -32,13 +30,6 @@ def _scripts_run(node: LocalNode) -> int:
 def _queued(node: LocalNode, keys: LockKeys) -> int:
     with raw(node) as c:
         return int(c.zcard(keys.queue))
-
-
-def _wait_until(predicate: Callable[[], bool], what: str, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what}: not within {within} s"
-        time.sleep(0.005)
 
 
 def test_a_minority_hand_off_is_followed_by_a_recheck_not_a_fallback_sleep(
@@ -62,7 +53,7 @@ def test_a_minority_hand_off_is_followed_by_a_recheck_not_a_fallback_sleep(
         try:
             # A client queues only once subscribed, in the attempt that follows: queued on
             # every node, it has made its last look there and now waits to be notified.
-            _wait_until(lambda: all(_queued(n, keys) == 1 for n in nodes), "queued everywhere")
+            poll_until(lambda: all(_queued(n, keys) == 1 for n in nodes), "queued everywhere")
             before = _scripts_run(nodes[1])
             # The holder's release reaches node 0 only: a minority hand-off to the waiter.
             spec = a._specs.get(key, 30.0)
@@ -74,7 +65,7 @@ def test_a_minority_hand_off_is_followed_by_a_recheck_not_a_fallback_sleep(
                     assert conn.read_response() == 1
                 finally:
                     c.connection_pool.release(conn)
-            _wait_until(lambda: _scripts_run(nodes[1]) > before, "a re-check", within=1.0)
+            poll_until(lambda: _scripts_run(nodes[1]) > before, "a re-check", within=1.0)
             assert not got, "a minority hand-off is not the lock"
         finally:
             held.release()

@@ -513,9 +513,10 @@ def release_wait_lua(
     if node.get(keys.lock, now) == token:
         node.delete(keys.lock, now)
         released = 1
-    floor = node.get(keys.floor, now)
-    if released == 0 and fencing and floor is not None and int(floor) < fencing:
-        commit_lua(node, keys, fencing, retention_ms, now)
+    if released == 0 and fencing:
+        floor = node.get(keys.floor, now)
+        if floor is not None and int(floor) < fencing:
+            commit_lua(node, keys, fencing, retention_ms, now)
     reserved = f"{keys.queue}:next"
     if not cleanup:
         queue = _zset(node, keys.queue, now)
