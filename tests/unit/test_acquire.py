@@ -622,6 +622,18 @@ def test_too_low_fixes_are_bounded() -> None:
     assert acq.attempts == MAX_FIXES + 1
 
 
+def test_a_free_lock_survives_a_dozen_overtaken_proposals_without_blocking() -> None:
+    # Threads of one busy process overtake one another's proposals with grants of other
+    # locks; under a CPU hog 4 immediate retries refused about 1 free lock in 700.
+    acq = make(3, blocking=False)
+    for k in range(11):
+        ahead = [max(acq.floor, WALL) + 1] * 3
+        _, step = attempt(acq, "lll", started=k, now=k, counters=ahead)
+        assert step == Retry(0.0, frozenset(), None), k
+    _, step = attempt(acq, "yyy", started=11.0, now=11.0)
+    assert isinstance(step, Granted)
+
+
 def test_too_low_fixes_are_bounded_then_back_off_when_blocking() -> None:
     acq = make(3, seed=4)
     for k in range(MAX_FIXES):
