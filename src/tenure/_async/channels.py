@@ -44,7 +44,8 @@ import redis.asyncio
 from redis.exceptions import ResponseError
 
 from .._core.backoff import STALL, Reconnect
-from .._core.commands import Command, ScriptCache
+from .._core.batching import Batch
+from .._core.commands import Command, ScriptCache, split_batch
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
 from .._core.quorum import Failure, Round
@@ -86,6 +87,8 @@ class Channel:
         pool: redis.asyncio.ConnectionPool,
         connect_timeout: float,
         changed: asyncio.Event,
+        *,
+        batching: bool = False,
     ) -> None:
         self.address = address
         self._pool = pool
@@ -101,11 +104,16 @@ class Channel:
         self._retired: set[asyncio.Task[None]] = set()
         self._reconnect = Reconnect()
         self._idle: asyncio.Event | None = None  # set when nothing is pending (for close)
-        self._outbox: list[bytes] = []  # written this turn of the loop, flushed at its end
+        # Written this turn of the loop, flushed at its end; a batch of acquires is
+        # packed then (``_core.batching``).
+        self._outbox: list[bytes | Batch[OnReply]] = []
+        self._batching = batching  # a plain node: acquires may go as one script run
+        self._batch: Batch[OnReply] | None = None  # the batch this turn's acquires join
         # Why the connection last ended: a node in its back-off for a configuration
         # failure is reported with that failure, not as merely "backing off".
         self.last: Diagnosis | None = None
         self.scripts = ScriptCache()  # what its answers to EVALSHA told us
+        self.batch_scripts = ScriptCache()  # the same for acquire_batch.lua
 
     def send(self, command: Command, on_reply: OnReply = _ignore) -> None:
         """Write ``command`` now (or as soon as the connection is up).
@@ -118,6 +126,12 @@ class Channel:
         if self._pending and now - self._pending[0][1] > STALL and self._nothing_to_read():
             self._reset(ConnectionError(f"no reply for {STALL}s"), now)
         if self._conn is not None and self._task is not None and not self._unsent:
+            batch = self._batch
+            if self._batching and self._pending and command.item is not None:
+                if self._join(command, on_reply, now):
+                    return
+            elif batch is not None:
+                batch.passed(command)
             # Only a script sent by EVALSHA has another form (``ScriptCache``).
             self._write(self.scripts.packed(command) if command.by_sha else command.packed)
             if command.replies == 1:
@@ -127,6 +141,41 @@ class Channel:
             return
         self.connect(now)
         self._unsent.append((command, on_reply))
+
+    def _join(self, command: Command, on_reply: OnReply, now: float) -> bool:
+        """Put an acquire into this turn's batch (opening one); False: write it alone."""
+        scripts = self.scripts
+        if scripts.missing or scripts.eval_only:
+            return False  # sent by EVAL, which caches the script again
+        batch = self._batch
+        if batch is None or not batch.join(command, on_reply):
+            batch = self._batch = Batch()
+            # Its place in the order of writes, and of replies: its first acquire's.
+            self._write(batch)
+            self._pending.append((partial(self._deliver_batch, batch), now))
+            batch.join(command, on_reply)
+        return True
+
+    def _deliver_batch(self, batch: Batch[OnReply], reply: Reply) -> None:
+        """Hand each acquire of ``batch`` its own reply out of the batch's."""
+        callbacks = batch.callbacks
+        if len(callbacks) == 1:
+            callbacks[0](reply)  # it went alone (``Batch.command``)
+            return
+        ok, value = reply
+        replies = split_batch(value, len(callbacks)) if ok else None
+        if replies is None:
+            # One answer for all (NOSCRIPT, a dropped connection): each acquire takes it
+            # as its own, and its round resends it alone if a script was missing.
+            if isinstance(value, ResponseError):
+                self.batch_scripts.answered(str(value), None)
+            for on_reply in callbacks:
+                on_reply(reply)
+            return
+        for on_reply, one in zip(callbacks, replies, strict=True):
+            on_reply(
+                (False, ResponseError(one.message)) if isinstance(one, ErrorReply) else (True, one)
+            )
 
     @property
     def unread(self) -> bool:
@@ -167,7 +216,7 @@ class Channel:
         """Seconds until a new connection may be tried (0 when it may be tried now)."""
         return self._reconnect.left(now) if self._task is None else 0.0
 
-    def _write(self, packed: bytes) -> None:
+    def _write(self, packed: bytes | Batch[OnReply]) -> None:
         # Many tasks share this connection. With requests already in flight (other
         # tasks are busy too), the command joins the ones written in this turn of the
         # event loop, and all go out in one write at the end of the turn (``_flush``):
@@ -182,6 +231,7 @@ class Channel:
             asyncio.get_running_loop().call_soon(self._flush, self._conn)
         else:
             assert self._conn is not None
+            assert isinstance(packed, bytes)  # a batch opens only behind pending requests
             # redis-py has no public synchronous write: its StreamWriter, directly.
             self._conn._writer.write(packed)  # type: ignore[union-attr]
 
@@ -201,8 +251,14 @@ class Channel:
 
     def _flush(self, conn: redis.asyncio.Connection | None) -> None:
         outbox, self._outbox = self._outbox, []
+        self._batch = None
         if conn is not None and conn is self._conn and outbox:
-            conn._writer.write(b"".join(outbox))  # type: ignore[union-attr]
+            scripts = self.batch_scripts
+            data = [
+                part if isinstance(part, bytes) else scripts.packed(part.command())
+                for part in outbox
+            ]
+            conn._writer.write(b"".join(data))  # type: ignore[union-attr]
 
     async def _run(self) -> None:
         """Connect, flush what was queued meanwhile, then wait until the link fails.
@@ -288,6 +344,7 @@ class Channel:
             self.last = self.diagnose(exc)
         self._fail_all(exc)
         self._outbox = []  # their requests just failed: never to reach a later connection
+        self._batch = None
         self._reconnect.failed(now)
         task, self._task = self._task, None
         self._conn = None
@@ -502,7 +559,9 @@ class Channels:
             self._changed = asyncio.Event()
             connect_timeout = self._config.connect_timeout
             self._channels = [
-                self._cluster(a) if a.seeds else Channel(a, p, connect_timeout, self._changed)
+                self._cluster(a)
+                if a.seeds
+                else Channel(a, p, connect_timeout, self._changed, batching=True)
                 for a, p in zip(self._config.nodes, self._pools, strict=True)
             ]
         return self._channels

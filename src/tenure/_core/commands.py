@@ -7,7 +7,7 @@ classify each reply with the same functions, so the protocol lives here once.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache, lru_cache
 from typing import NamedTuple
 
@@ -23,6 +23,7 @@ __all__ = [
     "WaitArgs",
     "acked_by_replicas",
     "acquire",
+    "acquire_batch",
     "dequeue",
     "evalsha_refused",
     "exists",
@@ -32,6 +33,7 @@ __all__ = [
     "release_waking",
     "script_missing",
     "seed",
+    "split_batch",
 ]
 
 
@@ -182,13 +184,14 @@ class Command:
     node. It may be given as its two parts, (the head with the script's source, the
     rest), joined only if a node needs it: the source is 5 KB, and nearly every acquire
     goes out by EVALSHA alone. ``key``: a key of the command, which a Redis Cluster node
-    sends it to the master of its slot.
+    sends it to the master of its slot. ``item``: an acquire's keys, its arguments
+    encoded, and their count, for ``acquire_batch`` (None: any other command).
 
     A plain class with slots, not a dataclass: two are made per acquire and release, and
     a frozen dataclass's ``__init__`` costs a call per field. What it says never changes.
     """
 
-    __slots__ = ("_fallback", "by_sha", "key", "packed", "parse", "replies")
+    __slots__ = ("_fallback", "by_sha", "item", "key", "packed", "parse", "replies")
 
     def __init__(
         self,
@@ -197,6 +200,7 @@ class Command:
         replies: int = 1,
         fallback: bytes | tuple[bytes, bytes] | None = None,
         key: str = "",
+        item: tuple[tuple[str, ...], bytes, int] | None = None,
     ) -> None:
         self.packed = packed
         self.parse = parse
@@ -204,6 +208,7 @@ class Command:
         self._fallback = fallback
         self.by_sha = fallback is not None  # ``packed`` is an EVALSHA with an EVAL form
         self.key = key
+        self.item = item
 
     @property
     def fallback(self) -> bytes | None:
@@ -352,7 +357,8 @@ def acquire(
         values += (wait.waiter, wait.ticket)
     start, rest = _frame(args)
     argc = len(node_keys) + len(args)
-    tail = b"".join((_keys(node_keys), start, _fill(rest, values)))
+    arguments = start + _fill(rest, values)
+    tail = _keys(node_keys) + arguments
     # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
     # cannot run it answers without granting anything (``ScriptCache``).
     return Command(
@@ -360,7 +366,52 @@ def acquire(
         _acquire_reply,
         fallback=(_eval_head("acquire", argc), tail),
         key=keys.lock,
+        item=(node_keys, arguments, len(args)),
     )
+
+
+def acquire_batch(acquires: Sequence[Command]) -> Command:
+    """acquire_batch.lua: the ``acquire`` commands ``acquires`` in one script run, by
+    EVALSHA with its EVAL form as the fallback (as ``acquire``). Its reply is the list
+    of theirs, in order (``split_batch``)."""
+    keys: list[bytes] = []
+    parts: list[bytes] = []
+    nkeys = argc = 0
+    for command in acquires:
+        item = command.item
+        assert item is not None  # made by ``acquire``
+        names, arguments, count = item
+        nkeys += len(names)
+        argc += count
+        keys.append(_key_list(names))
+        parts.append(_counts(len(names), count))
+        parts.append(arguments)
+    argc += nkeys + 2 * len(acquires)
+    tail = b"".join((_bulk((nkeys,)), *keys, *parts))
+    return Command(
+        _evalsha_head("acquire_batch", argc) + tail,
+        fallback=(_eval_head("acquire_batch", argc), tail),
+    )
+
+
+def split_batch(reply: object, size: int) -> list[object] | None:
+    """The replies of the ``size`` acquires of an ``acquire_batch`` in its reply
+    ``reply``, in order; None when ``reply`` is not that (an error for the whole batch)."""
+    if isinstance(reply, list) and len(reply) == size:
+        return reply
+    return None
+
+
+@cache
+def _counts(nkeys: int, nargs: int) -> bytes:
+    # An acquire's numbers of keys and arguments in a batch: a few pairs in all.
+    return _bulk((nkeys, nargs))
+
+
+@lru_cache(maxsize=4096)
+def _key_list(keys: tuple[str, ...]) -> bytes:
+    # A lock's keys without their count (``_keys``), for a batch.
+    return _bulk(keys)
 
 
 def seed(spec: LockSpec, floor: int, warm_ms: int, marks: frozenset[int]) -> Command:

