@@ -73,8 +73,7 @@
 -- the caller's proposal as the hand-off's token, so only once that is above the floor.)
 --@include history
 --@include handoff
+-- Alone, without a batch's node table (batch_node.lua.inc): acquire() never calls these.
+local node_read, node_forget
 --@include acquire
-local node = {}
-local reply = acquire(KEYS, ARGV, node)
-node_write(node)
-return reply
+return acquire(KEYS, ARGV, nil)

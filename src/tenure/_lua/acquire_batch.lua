@@ -16,8 +16,9 @@
 -- one batch need not share a Cluster slot, so the client batches for a plain node only.
 --@include history
 --@include handoff
+--@include batch_node
 --@include acquire
-local out, node = {}, {}
+local out, node = {}, node_new()
 local k, a = 1, 1
 while a <= #ARGV do
     local nkeys, nargs = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
