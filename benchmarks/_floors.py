@@ -31,6 +31,13 @@ __all__ = ["AsyncMajorityFloor", "MajorityFloor", "Payloads"]
 Address = tuple[str, int]
 
 
+# The floor's release: the compare-and-delete every Redis lock uses (two calls, as
+# tenure's release of a lock that nobody waits for).
+COMPARE_AND_DELETE = (
+    b'if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0'
+)
+
+
 def _bulk(data: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(data), data)
 

@@ -66,7 +66,6 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from importlib.resources import files
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 from unittest import mock
@@ -93,6 +92,7 @@ from _common import (
     write_results,
 )
 from _common import table as _table
+from _floors import COMPARE_AND_DELETE
 from tenure import StaleToken
 from tenure._sync.links import LinkSet
 from tenure.fencing import AsyncFencedStore, FencedStore, FencingGate, FencingProxy, TokenBook
@@ -524,7 +524,7 @@ def tenure_runner(urls: list[str], name: str, *, first_use: bool = False) -> Run
 
 
 def lock_group(cluster: LocalCluster) -> Group:
-    source = files("tenure._lua").joinpath("release.lua").read_bytes()
+    source = COMPARE_AND_DELETE
     sha = ""
     for node in cluster:
         with node.client() as c:

@@ -61,7 +61,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast
 
@@ -82,7 +81,7 @@ from _common import (
     write_results,
 )
 from _common import table as _table
-from _floors import AsyncMajorityFloor, MajorityFloor, Payloads
+from _floors import COMPARE_AND_DELETE, AsyncMajorityFloor, MajorityFloor, Payloads
 from tenure.testing import LocalCluster, LocalNode, Persistence
 
 TTL_S = 10
@@ -854,7 +853,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> str:
     load_before = os.getloadavg()[0]
-    source = files("tenure._lua").joinpath("release.lua").read_bytes()
+    source = COMPARE_AND_DELETE
     loop = asyncio.new_event_loop()
     subjects: list[Subject] = []
     with LocalCluster(5, persistence=Persistence.NONE) as cluster:

@@ -48,13 +48,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import tenure
 from _common import fmt, initialise, server_version, table, write_results
-from _floors import AsyncMajorityFloor, Payloads
+from _floors import COMPARE_AND_DELETE, AsyncMajorityFloor, Payloads
 from tenure.testing import LocalCluster, Persistence
 
 TTL_S = 10
@@ -400,7 +399,7 @@ def build_rows(
 
 def run(args: argparse.Namespace) -> str:
     load_before = os.getloadavg()[0]
-    source = files("tenure._lua").joinpath("release.lua").read_bytes()
+    source = COMPARE_AND_DELETE
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     closers: list[Callable[[], None]] = []

@@ -1,9 +1,10 @@
-"""Acquires run as one script on a node (acquire_batch.lua) do what they would one by one.
+"""Acquires or releases run as one script on a node do what they would one by one.
 
 The asyncio client sends the acquires its tasks make in one turn of the event loop to a
-plain node as one script run (``_core.batching``). Here the same sequences of acquires go
-to two fresh nodes, one by one to the first and in batches to the second: the replies
-and every key the nodes end with must be the same. Then the client itself: many tasks
+plain node as one script run (acquire_batch.lua), and the releases as another
+(release_batch.lua; ``_core.batching``). Here the same sequences go to two fresh nodes,
+one by one to the first and in batches to the second: the replies and every key the
+nodes end with must be the same. Then the client itself: many tasks
 batch, a batch costs the node fewer calls, a flushed script cache costs no vote, and
 cancelled acquires leave no key behind.
 """
@@ -107,18 +108,34 @@ def _spec(name: str) -> LockSpec:
     return LockSpec.build(ClientConfig.build(["redis://a"]), name, 5.0, fair=True)
 
 
-def _acquires(rng: random.Random, floor: int, step: int) -> list[Command]:
-    """A few acquires of a few names: free, held, queued, too low, not waiting."""
+def _releases(rng: random.Random, step: int, granted: list[tuple[str, str]]) -> list[Command]:
+    """A few releases of those names: of leases granted (``granted``: name and token),
+    by waiters (giving up, or handed the lock), of locks not held; handing over or not."""
+    out = []
+    for _ in range(rng.randint(1, 6)):
+        name, token = f"batch-{rng.randint(1, 4)}", f"w{rng.randint(1, 3)}"
+        if granted and rng.random() < 0.6:
+            name, token = granted.pop(rng.randrange(len(granted)))
+        mode = rng.choice(["q", "f", "n"])
+        out.append(commands.release_waking(_spec(name), token, mode, 1_000_000 + step * 10 + 9))
+    return out
+
+
+def _acquires(rng: random.Random, floor: int, step: int) -> list[tuple[str, str, Command]]:
+    """A few acquires of a few names (with each one's name and token): free, held,
+    queued, too low, not waiting."""
     out = []
     for i in range(rng.randint(1, 6)):
-        spec = _spec(f"batch-{rng.randint(1, 4)}")
+        name = f"batch-{rng.randint(1, 4)}"
         proposal = floor + step * 10 + i if rng.random() < 0.8 else floor - 1
         mode = rng.choice(["q", "f", "n", None])
-        wait = None
+        token, wait = f"tok-{step}-{i}", None
         if mode is not None:
             waiter = f"w{rng.randint(1, 3)}"
             wait = commands.WaitArgs(mode, waiter, f"ch:{waiter}", rng.choice([0, 3000]), step)
-        out.append(commands.acquire(spec, f"tok-{step}-{i}", proposal, 7, 5000, wait))
+            if mode != "n":
+                token = waiter  # fair: the waiter id is the owner token (acquire.lua)
+        out.append((name, token, commands.acquire(_spec(name), token, proposal, 7, 5000, wait)))
     return out
 
 
@@ -130,9 +147,9 @@ def test_a_batch_leaves_replies_and_keys_as_its_acquires_one_by_one(
     with LocalCluster(2, binary=binary) as nodes:
         one, batched = nodes
         # A blank node answers "no floor" to each, and keeps the first one's mark.
-        blank = _acquires(rng, 0, 0)
+        blank = [cmd for _, _, cmd in _acquires(rng, 0, 0)]
         singles = _send(one, b"".join(c.fallback or b"" for c in blank), len(blank))
-        (reply,) = _send(batched, commands.acquire_batch(blank).fallback or b"", 1)
+        (reply,) = _send(batched, commands.batch(blank).fallback or b"", 1)
         assert reply == singles
         assert {r[0] for r in singles if isinstance(r, list)} == {-2}
         assert _state(one) == _state(batched)
@@ -144,16 +161,31 @@ def test_a_batch_leaves_replies_and_keys_as_its_acquires_one_by_one(
             with node.client() as c:
                 c.hset(_spec("batch-4").keys.queue, "x", "y")
         kinds: set[object] = set()
+        released: set[object] = set()
+        granted: list[tuple[str, str]] = []
         for step in range(1, 40):
-            cmds = _acquires(rng, floor, step)
+            made = _acquires(rng, floor, step)
+            cmds = [cmd for _, _, cmd in made]
             singles = _send(one, b"".join(c.fallback or b"" for c in cmds), len(cmds))
             # By EVAL: the fallback loads the script, as a client does after NOSCRIPT.
-            (reply,) = _send(batched, commands.acquire_batch(cmds).fallback or b"", 1)
+            (reply,) = _send(batched, commands.batch(cmds).fallback or b"", 1)
             assert _timeless(reply) == _timeless(singles), (step, reply, singles)
             assert _state(one) == _state(batched), step
             kinds.update(r[0] if isinstance(r, list) else r for r in _timeless(singles))
+            granted += [
+                (n, t)
+                for (n, t, _), r in zip(made, singles, strict=True)
+                if isinstance(r, list) and r[0] == 1
+            ]
+            cmds = _releases(rng, step, granted)
+            singles = _send(one, b"".join(c.packed for c in cmds), len(cmds))
+            (reply,) = _send(batched, commands.batch(cmds).packed, 1)
+            assert _timeless(reply) == _timeless(singles), (step, reply, singles)
+            assert _state(one) == _state(batched), step
+            released.update(r for r in _timeless(singles) if not isinstance(r, list))
         # The sequence went through each case it means to (a drift would pass vacuously).
         assert {1, 0, -1, "WRONGTYPE"} <= kinds, kinds
+        assert {1, 0, "WRONGTYPE"} <= released, released
 
 
 def test_a_batch_of_free_locks_costs_two_calls_per_lock() -> None:
@@ -168,7 +200,7 @@ def test_a_batch_of_free_locks_costs_two_calls_per_lock() -> None:
             commands.acquire(_spec(f"free-{i}"), f"t{i}", 2_000 + i, 7, 5000, wait)
             for i in range(10)
         ]
-        batch = commands.acquire_batch(cmds)
+        batch = commands.batch(cmds)
         with node.client() as c:
             c.script_load(script("acquire_batch").wire)
             c.config_resetstat()
@@ -221,10 +253,10 @@ def test_many_tasks_acquire_in_batches(node: LocalNode) -> None:
 
     asyncio.run(main())
     runs = _script_runs(node)
-    # Every release is an EVAL of its own; the acquires went in fewer script runs than
-    # there were acquires.
-    assert runs.get("eval", 0) == tasks * cycles, runs
-    assert runs.get("evalsha", 0) < tasks * cycles / 2, runs
+    # The acquires (EVALSHA) and the releases (EVAL) went in fewer script runs than
+    # there were of them.
+    assert 0 < runs.get("evalsha", 0) < tasks * cycles / 2, runs
+    assert 0 < runs.get("eval", 0) < tasks * cycles / 2, runs
     with node.client() as c:
         assert c.keys(f"*{prefix}*") == []
 

@@ -480,9 +480,9 @@ def test_the_hot_commands_carry_exactly_their_arguments(
 def test_a_batch_carries_each_acquire_exactly(
     acquires: list[tuple[str, str, int, tuple[str, str, int, bool] | None]],
 ) -> None:
-    # acquire_batch.lua reads, for each acquire in turn, its number of keys and of
-    # arguments and then the arguments; the keys of all come first, in the same order.
-    cmds = []
+    # acquire_batch.lua and release_batch.lua read, for each call in turn, its number of
+    # keys and of arguments and then the arguments; the keys of all come first, in order.
+    cmds, releases = [], []
     for name, token, proposal, waiting in acquires:
         spec = replace(SPEC, name=name, keys=LockKeys(f"tenure:{{{name}}}:lock", queue=f"q{name}"))
         wait = None
@@ -490,32 +490,42 @@ def test_a_batch_carries_each_acquire_exactly(
             mode, waiter, place_ms, sharded = waiting
             wait = commands.WaitArgs(mode, waiter, "ch", place_ms, proposal, sharded)
         cmds.append(commands.acquire(spec, token, proposal, 1, 2, wait))
-    batch = commands.acquire_batch(cmds)
-    items, rest = parse_command(batch.packed)
-    assert rest == b""
-    sha = hashlib.sha1(script("acquire_batch").wire).hexdigest().encode()
-    keys: list[bytes] = []
-    args: list[bytes] = []
-    for cmd in cmds:
-        one = parse_command(cmd.packed)[0][2:]  # numkeys, keys, arguments
-        nkeys = int(one[0])
-        keys += one[1 : 1 + nkeys]
-        own = one[1 + nkeys :]
-        args += [str(nkeys).encode(), str(len(own)).encode(), *own]
-    assert items == [b"EVALSHA", sha, str(len(keys)).encode(), *keys, *args]
-    assert batch.fallback is not None
-    assert parse_command(batch.fallback)[0] == [b"EVAL", script("acquire_batch").wire, *items[2:]]
+        releases.append(commands.release_waking(spec, token, "q", proposal, proposal))
+    for group, name in ((cmds, "acquire_batch"), (releases, "release_batch")):
+        batch = commands.batch(group)
+        keys: list[bytes] = []
+        args: list[bytes] = []
+        for cmd in group:
+            one = parse_command(cmd.packed)[0][2:]  # numkeys, keys, arguments
+            nkeys = int(one[0])
+            keys += one[1 : 1 + nkeys]
+            own = one[1 + nkeys :]
+            args += [str(nkeys).encode(), str(len(own)).encode(), *own]
+        body = script(name).wire
+        evaled = ([b"EVAL", body, str(len(keys)).encode(), *keys, *args], b"")
+        if name == "release_batch":  # by EVAL, as a release alone
+            assert parse_command(batch.packed) == evaled
+            assert batch.fallback is None
+            continue
+        sha = hashlib.sha1(body).hexdigest().encode()
+        assert parse_command(batch.packed) == ([b"EVALSHA", sha, *evaled[0][2:]], b"")
+        assert batch.fallback is not None
+        assert parse_command(batch.fallback) == evaled
     assert commands.split_batch([[1, 2, 3]] * len(cmds), len(cmds)) is not None
-    assert commands.split_batch([[1, 2, 3]], len(cmds)) is None  # not one reply per acquire
+    assert commands.split_batch([[1, 2, 3]], len(cmds)) is None  # not one reply per call
 
 
-def test_only_a_plain_acquire_can_join_a_batch() -> None:
+def test_only_a_plain_acquire_or_a_leases_release_joins_a_batch() -> None:
     acquire = commands.acquire(SPEC, "tok", 7, 1, 1)
     assert acquire.item is not None
+    assert acquire.item[0] == "acquire_batch"
+    release = commands.release_waking(SPEC, "tok", "q", 7)
+    assert release.item is not None
+    assert release.item[0] == "release_batch"
     assert commands.acked_by_replicas(acquire, 1, 100).item is None  # its WAIT follows it
     for cmd in (
         commands.release("k", "tok"),
-        commands.release_waking(SPEC, "tok", "q", 7),
+        commands.dequeue(release),  # any answer will do: not a release's
         commands.extend(SPEC, "tok"),
         commands.seed(SPEC, 7, 100, frozenset({1})),
         commands.exists("k"),

@@ -44,7 +44,7 @@ import redis.asyncio
 from redis.exceptions import ResponseError
 
 from .._core.backoff import STALL, Reconnect
-from .._core.batching import Batch
+from .._core.batching import Batch, Batches
 from .._core.commands import Command, ScriptCache, split_batch
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
@@ -104,11 +104,11 @@ class Channel:
         self._retired: set[asyncio.Task[None]] = set()
         self._reconnect = Reconnect()
         self._idle: asyncio.Event | None = None  # set when nothing is pending (for close)
-        # Written this turn of the loop, flushed at its end; a batch of acquires is
-        # packed then (``_core.batching``).
+        # Written this turn of the loop, flushed at its end; a batch of acquires or of
+        # releases is packed then (``_core.batching``).
         self._outbox: list[bytes | Batch[OnReply]] = []
-        self._batching = batching  # a plain node: acquires may go as one script run
-        self._batch: Batch[OnReply] | None = None  # the batch this turn's acquires join
+        self._batching = batching  # a plain node: commands may go as one script run
+        self._batches: Batches[OnReply] = Batches()  # the ones this turn's commands join
         # Why the connection last ended: a node in its back-off for a configuration
         # failure is reported with that failure, not as merely "backing off".
         self.last: Diagnosis | None = None
@@ -126,12 +126,20 @@ class Channel:
         if self._pending and now - self._pending[0][1] > STALL and self._nothing_to_read():
             self._reset(ConnectionError(f"no reply for {STALL}s"), now)
         if self._conn is not None and self._task is not None and not self._unsent:
-            batch = self._batch
-            if self._batching and self._pending and command.item is not None:
-                if self._join(command, on_reply, now):
+            if command.item is not None and self._batching and self._pending:
+                scripts = self.scripts
+                # A script by EVALSHA the node said it lacks goes alone by EVAL, which
+                # caches it again.
+                if not (command.by_sha and (scripts.missing or scripts.eval_only)):
+                    opened = self._batches.join(command, on_reply)
+                    if opened is not None:
+                        # Its place in the order of writes, and of replies: its first
+                        # command's.
+                        self._write(opened)
+                        self._pending.append((partial(self._deliver_batch, opened), now))
                     return
-            elif batch is not None:
-                batch.passed(command)
+            if self._batches.open:
+                self._batches.passed(command)
             # Only a script sent by EVALSHA has another form (``ScriptCache``).
             self._write(self.scripts.packed(command) if command.by_sha else command.packed)
             if command.replies == 1:
@@ -142,22 +150,8 @@ class Channel:
         self.connect(now)
         self._unsent.append((command, on_reply))
 
-    def _join(self, command: Command, on_reply: OnReply, now: float) -> bool:
-        """Put an acquire into this turn's batch (opening one); False: write it alone."""
-        scripts = self.scripts
-        if scripts.missing or scripts.eval_only:
-            return False  # sent by EVAL, which caches the script again
-        batch = self._batch
-        if batch is None or not batch.join(command, on_reply):
-            batch = self._batch = Batch()
-            # Its place in the order of writes, and of replies: its first acquire's.
-            self._write(batch)
-            self._pending.append((partial(self._deliver_batch, batch), now))
-            batch.join(command, on_reply)
-        return True
-
     def _deliver_batch(self, batch: Batch[OnReply], reply: Reply) -> None:
-        """Hand each acquire of ``batch`` its own reply out of the batch's."""
+        """Hand each command of ``batch`` its own reply out of the batch's."""
         callbacks = batch.callbacks
         if len(callbacks) == 1:
             callbacks[0](reply)  # it went alone (``Batch.command``)
@@ -165,8 +159,8 @@ class Channel:
         ok, value = reply
         replies = split_batch(value, len(callbacks)) if ok else None
         if replies is None:
-            # One answer for all (NOSCRIPT, a dropped connection): each acquire takes it
-            # as its own, and its round resends it alone if a script was missing.
+            # One answer for all (NOSCRIPT, a dropped connection): each command takes it
+            # as its own, and an acquire's round resends it alone if a script was missing.
             if isinstance(value, ResponseError):
                 self.batch_scripts.answered(str(value), None)
             for on_reply in callbacks:
@@ -251,7 +245,7 @@ class Channel:
 
     def _flush(self, conn: redis.asyncio.Connection | None) -> None:
         outbox, self._outbox = self._outbox, []
-        self._batch = None
+        self._batches.clear()
         if conn is not None and conn is self._conn and outbox:
             scripts = self.batch_scripts
             data = [
@@ -344,7 +338,7 @@ class Channel:
             self.last = self.diagnose(exc)
         self._fail_all(exc)
         self._outbox = []  # their requests just failed: never to reach a later connection
-        self._batch = None
+        self._batches.clear()
         self._reconnect.failed(now)
         task, self._task = self._task, None
         self._conn = None

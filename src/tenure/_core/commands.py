@@ -19,11 +19,12 @@ __all__ = [
     "ASKING",
     "CLUSTER_SLOTS",
     "Command",
+    "Item",
     "ScriptCache",
     "WaitArgs",
     "acked_by_replicas",
     "acquire",
-    "acquire_batch",
+    "batch",
     "dequeue",
     "evalsha_refused",
     "exists",
@@ -77,6 +78,13 @@ def _keys(keys: tuple[str, ...]) -> bytes:
     # numkeys and the keys: the same for every call on one lock name, and small, so a
     # few thousand names' worth are kept (the source is kept once, not per name).
     return _bulk((len(keys), *keys))
+
+
+@lru_cache(maxsize=4096)
+def _keys_apart(keys: tuple[str, ...]) -> tuple[bytes, bytes]:
+    # ``_keys``, and the keys alone for a batch (``Item``): both from one cached call.
+    listed = _bulk(keys)
+    return _bulk((len(keys),)) + listed, listed
 
 
 @cache
@@ -170,6 +178,12 @@ def _acquire_reply(reply: object) -> tuple[bool, Info]:
     return False, None
 
 
+# What a batch script needs of one command it runs (``Command.item``): the batch script
+# (acquire_batch or release_batch), the keys encoded and how many, the arguments encoded
+# and how many. A plain tuple: one is made per acquire and per release.
+Item = tuple[str, bytes, int, bytes, int]
+
+
 class Command:
     """A round's command, already packed, and how to read a node's reply to it.
 
@@ -184,8 +198,9 @@ class Command:
     node. It may be given as its two parts, (the head with the script's source, the
     rest), joined only if a node needs it: the source is 5 KB, and nearly every acquire
     goes out by EVALSHA alone. ``key``: a key of the command, which a Redis Cluster node
-    sends it to the master of its slot. ``item``: an acquire's keys, its arguments
-    encoded, and their count, for ``acquire_batch`` (None: any other command).
+    sends it to the master of its slot. ``item``: what a batch of such commands needs of
+    it (``batch``): the batch script's name, the keys, the arguments encoded and their
+    count; None for a command that never goes in a batch.
 
     A plain class with slots, not a dataclass: two are made per acquire and release, and
     a frozen dataclass's ``__init__`` costs a call per field. What it says never changes.
@@ -200,7 +215,7 @@ class Command:
         replies: int = 1,
         fallback: bytes | tuple[bytes, bytes] | None = None,
         key: str = "",
-        item: tuple[tuple[str, ...], bytes, int] | None = None,
+        item: Item | None = None,
     ) -> None:
         self.packed = packed
         self.parse = parse
@@ -358,7 +373,8 @@ def acquire(
     start, rest = _frame(args)
     argc = len(node_keys) + len(args)
     arguments = start + _fill(rest, values)
-    tail = _keys(node_keys) + arguments
+    counted, listed = _keys_apart(node_keys)
+    tail = counted + arguments
     # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
     # cannot run it answers without granting anything (``ScriptCache``).
     return Command(
@@ -366,37 +382,38 @@ def acquire(
         _acquire_reply,
         fallback=(_eval_head("acquire", argc), tail),
         key=keys.lock,
-        item=(node_keys, arguments, len(args)),
+        item=("acquire_batch", listed, len(node_keys), arguments, len(args)),
     )
 
 
-def acquire_batch(acquires: Sequence[Command]) -> Command:
-    """acquire_batch.lua: the ``acquire`` commands ``acquires`` in one script run, by
-    EVALSHA with its EVAL form as the fallback (as ``acquire``). Its reply is the list
-    of theirs, in order (``split_batch``)."""
+def batch(commands: Sequence[Command]) -> Command:
+    """``commands`` (all with the same ``item.script``) in one run of that batch script.
+    acquire_batch.lua goes by EVALSHA with its EVAL form as the fallback, as ``acquire``;
+    release_batch.lua by EVAL, as ``release_waking``. Its reply is the list of theirs, in
+    order (``split_batch``)."""
     keys: list[bytes] = []
     parts: list[bytes] = []
     nkeys = argc = 0
-    for command in acquires:
+    name = ""
+    for command in commands:
         item = command.item
-        assert item is not None  # made by ``acquire``
-        names, arguments, count = item
-        nkeys += len(names)
-        argc += count
-        keys.append(_key_list(names))
-        parts.append(_counts(len(names), count))
+        assert item is not None  # one that goes in a batch
+        name, listed, count, arguments, nargs = item
+        nkeys += count
+        argc += nargs
+        keys.append(listed)
+        parts.append(_counts(count, nargs))
         parts.append(arguments)
-    argc += nkeys + 2 * len(acquires)
+    argc += nkeys + 2 * len(commands)
     tail = b"".join((_bulk((nkeys,)), *keys, *parts))
-    return Command(
-        _evalsha_head("acquire_batch", argc) + tail,
-        fallback=(_eval_head("acquire_batch", argc), tail),
-    )
+    if name == "release_batch":
+        return Command(_eval_head(name, argc) + tail)
+    return Command(_evalsha_head(name, argc) + tail, fallback=(_eval_head(name, argc), tail))
 
 
 def split_batch(reply: object, size: int) -> list[object] | None:
-    """The replies of the ``size`` acquires of an ``acquire_batch`` in its reply
-    ``reply``, in order; None when ``reply`` is not that (an error for the whole batch)."""
+    """The replies of the ``size`` commands of a ``batch`` in its reply ``reply``, in
+    order; None when ``reply`` is not that (an error for the whole batch)."""
     if isinstance(reply, list) and len(reply) == size:
         return reply
     return None
@@ -406,12 +423,6 @@ def split_batch(reply: object, size: int) -> list[object] | None:
 def _counts(nkeys: int, nargs: int) -> bytes:
     # An acquire's numbers of keys and arguments in a batch: a few pairs in all.
     return _bulk((nkeys, nargs))
-
-
-@lru_cache(maxsize=4096)
-def _key_list(keys: tuple[str, ...]) -> bytes:
-    # A lock's keys without their count (``_keys``), for a batch.
-    return _bulk(keys)
 
 
 def seed(spec: LockSpec, floor: int, warm_ms: int, marks: frozenset[int]) -> Command:
@@ -443,10 +454,13 @@ def release_waking(
     args = (_VARIES, mode, _VARIES, spec.retention_ms, _VARIES, *extra)
     start, rest = _frame(args)
     head = _eval_head("release", len(queue_keys) + len(args))
+    arguments = start + _fill(rest, (token, arg, fencing))
+    counted, listed = _keys_apart(queue_keys)
     # By EVAL, as every script but the acquire (``_eval``).
     return Command(
-        b"".join((head, _keys(queue_keys), start, _fill(rest, (token, arg, fencing)))),
+        head + counted + arguments,
         key=keys.lock,
+        item=("release_batch", listed, len(queue_keys), arguments, len(args)),
     )
 
 

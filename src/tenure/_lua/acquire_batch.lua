@@ -18,30 +18,13 @@
 --@include handoff
 --@include batch_node
 --@include acquire
-local out, node = {}, node_new()
-local k, a = 1, 1
-while a <= #ARGV do
-    local nkeys, nargs = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    local keys, args = {}, {}
-    for j = 1, nkeys do
-        keys[j] = KEYS[k + j - 1]
-    end
-    for j = 1, nargs do
-        args[j] = ARGV[a + 1 + j]
-    end
-    k, a = k + nkeys, a + 2 + nargs
-    local ok, reply = pcall(acquire, keys, args, node)
-    if not ok then
-        -- What it wrote stays written, as after a failed script; the next reads again.
-        node_forget(node)
-    end
-    if ok or type(reply) == "table" then
-        -- A reply, or the error table a failed redis.call raised (Redis 7 and later).
-        out[#out + 1] = reply
-    else
-        -- A Lua error, or on Redis 6.2 a failed redis.call's message.
-        out[#out + 1] = redis.error_reply(tostring(reply))
-    end
-end
+--@include batch
+local node = node_new()
+local out = batch(function(keys, args)
+    return acquire(keys, args, node)
+end, function()
+    -- What it wrote stays written, as after a failed script; the next reads again.
+    node_forget(node)
+end)
 node_write(node)
 return out
