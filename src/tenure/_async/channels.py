@@ -247,12 +247,17 @@ class Channel:
         outbox, self._outbox = self._outbox, []
         self._batches.clear()
         if conn is not None and conn is self._conn and outbox:
-            scripts = self.batch_scripts
-            data = [
-                part if isinstance(part, bytes) else scripts.packed(part.command())
-                for part in outbox
-            ]
+            data = [part if isinstance(part, bytes) else self._packed(part) for part in outbox]
             conn._writer.write(b"".join(data))  # type: ignore[union-attr]
+
+    def _packed(self, batch: Batch[OnReply]) -> bytes:
+        # A batch of one goes as that command; its script cache is the node's, not
+        # acquire_batch.lua's (each form recaches only its own script).
+        command = batch.command()
+        if not command.by_sha:
+            return command.packed
+        scripts = self.scripts if len(batch.commands) == 1 else self.batch_scripts
+        return scripts.packed(command)
 
     async def _run(self) -> None:
         """Connect, flush what was queued meanwhile, then wait until the link fails.
