@@ -235,6 +235,20 @@ def scripts_run(node: LocalNode) -> int:
     return sum(int(stats.get(k, {}).get("calls", 0)) for k in SCRIPT_COMMANDS)
 
 
+def commands_run(node: LocalNode) -> dict[str, int]:
+    """Every command ``node`` ran since its statistics were reset, and how often (calls
+    that failed left out); not those of our own connection (the reset, the handshake of
+    the client that reads them)."""
+    with node.client() as c:
+        stats = c.info("commandstats")
+    ours = ("config", "client", "hello")
+    return {
+        name: int(v["calls"]) - int(v.get("failed_calls", 0))
+        for k, v in stats.items()
+        if not (name := k.removeprefix("cmdstat_")).startswith(ours)
+    }
+
+
 def poll_until(predicate: Callable[[], object], what: str, within: float = 10.0) -> None:
     """Poll ``predicate`` every 5 ms until it holds; fail the test, naming ``what``, if
     it does not within ``within`` seconds."""

@@ -29,7 +29,7 @@ from tenure._errors import ConfigurationError
 from tenure._lua import script
 from tenure.testing import LocalCluster, LocalNode, find_server_binary
 
-from .conftest import poll_until
+from .conftest import commands_run, poll_until
 
 RETENTION_MS = 60_000
 
@@ -206,28 +206,16 @@ def test_a_batch_of_free_locks_costs_two_calls_per_lock() -> None:
             c.config_resetstat()
         (reply,) = _send(node, batch.packed, 1)
         assert reply == [[1, 2_000 + i, 2_000 + i] for i in range(10)]
-        with node.client() as c:
-            stats = c.info("commandstats")
-            assert c.get(LockKeys.of("x").floor) == b"2009"  # the last grant's token
-        calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
-        calls = {k: v for k, v in calls.items() if not k.startswith(("config", "client", "hello"))}
+        calls = commands_run(node)
         assert calls == {"evalsha": 1, "mget": 1, "info": 1, "exists": 10, "set": 11, "pexpire": 1}
+        with node.client() as c:
+            assert c.get(LockKeys.of("x").floor) == b"2009"  # the last grant's token
 
 
 @pytest.fixture
 def node() -> Iterator[LocalNode]:
     with LocalCluster(1) as nodes:
         yield nodes.nodes[0]
-
-
-def _script_runs(node: LocalNode) -> dict[str, int]:
-    with node.client() as c:
-        stats = c.info("commandstats")
-    return {
-        k.removeprefix("cmdstat_"): int(v["calls"]) - int(v.get("failed_calls", 0))
-        for k, v in stats.items()
-        if k in ("cmdstat_evalsha", "cmdstat_eval")
-    }
 
 
 def test_many_tasks_acquire_in_batches(node: LocalNode) -> None:
@@ -252,7 +240,7 @@ def test_many_tasks_acquire_in_batches(node: LocalNode) -> None:
             await asyncio.gather(*(work(i) for i in range(tasks)))
 
     asyncio.run(main())
-    runs = _script_runs(node)
+    runs = commands_run(node)
     # The acquires (EVALSHA) and the releases (EVAL) went in fewer script runs than
     # there were of them.
     assert 0 < runs.get("evalsha", 0) < tasks * cycles / 2, runs

@@ -17,7 +17,7 @@ import pytest
 
 from tenure.testing import LocalCluster, LocalNode
 
-from .conftest import Api
+from .conftest import Api, commands_run
 
 CYCLES = 20
 
@@ -33,13 +33,6 @@ def node() -> Iterator[LocalNode]:
         yield cluster.nodes[0]
 
 
-def _calls(node: LocalNode) -> dict[str, int]:
-    """Every command the node ran since its statistics were reset, and how often."""
-    with node.client() as c:
-        stats = c.info("commandstats")
-    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
-
-
 @pytest.mark.parametrize("fair", [True, False], ids=["fair", "not-fair"])
 def test_a_free_lock_nobody_waits_for_costs_nine_calls_per_cycle(
     api: Api, node: LocalNode, fair: bool
@@ -51,10 +44,7 @@ def test_a_free_lock_nobody_waits_for_costs_nine_calls_per_cycle(
         c.config_resetstat()
     for _ in range(CYCLES):
         client.acquire(name, ttl=5.0, blocking=False, fair=fair).release()
-    # Our own connection's commands (statistics reset, the handshake of the client
-    # that reads them) are no script's.
-    ours = ("config", "client", "hello")
-    calls = {k: v for k, v in _calls(node).items() if not k.startswith(ours)}
+    calls = commands_run(node)
     scripts = calls.pop("evalsha", 0) + calls.pop("eval", 0)
     assert scripts == 2 * CYCLES, calls
     assert calls == {k: v * CYCLES for k, v in SHORT_WAY.items()}
