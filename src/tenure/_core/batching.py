@@ -8,8 +8,8 @@ node's own keys, the releases one read and hash of the script's body
 (``commands.batch``).
 
 A batch sits where its first command was written; the commands that join it move ahead
-of whatever was written between. That is safe for acquires of other locks: the tasks of
-one event loop write in whatever order they happen to run, so any order of their
+of whatever was written between. That is safe for the commands of other locks: the tasks
+of one event loop write in whatever order they happen to run, so any order of their
 commands is one they could have been written in. It is not safe for a command on the
 same lock: a cancelled acquire's cleanup release is written right behind its acquire,
 and an acquire that overtook it would be released by it. So a command joins only if
@@ -57,7 +57,7 @@ class Batch(Generic[Callback]):
         return True
 
     def passed(self, command: Command) -> None:
-        """``command`` was written after the batch opened, outside it: a later acquire of
+        """``command`` was written after the batch opened, outside it: a later command of
         its lock must not overtake it."""
         if command.key:
             self._passed.add(command.key)

@@ -199,8 +199,7 @@ class Command:
     rest), joined only if a node needs it: the source is 5 KB, and nearly every acquire
     goes out by EVALSHA alone. ``key``: a key of the command, which a Redis Cluster node
     sends it to the master of its slot. ``item``: what a batch of such commands needs of
-    it (``batch``): the batch script's name, the keys, the arguments encoded and their
-    count; None for a command that never goes in a batch.
+    it (``batch``, ``Item``); None for a command that never goes in a batch.
 
     A plain class with slots, not a dataclass: two are made per acquire and release, and
     a frozen dataclass's ``__init__`` costs a call per field. What it says never changes.
@@ -387,7 +386,7 @@ def acquire(
 
 
 def batch(commands: Sequence[Command]) -> Command:
-    """``commands`` (all with the same ``item.script``) in one run of that batch script.
+    """``commands`` (all of one batch script, ``Item``'s first field) in one run of it.
     acquire_batch.lua goes by EVALSHA with its EVAL form as the fallback, as ``acquire``;
     release_batch.lua by EVAL, as ``release_waking``. Its reply is the list of theirs, in
     order (``split_batch``)."""
@@ -421,7 +420,7 @@ def split_batch(reply: object, size: int) -> list[object] | None:
 
 @cache
 def _counts(nkeys: int, nargs: int) -> bytes:
-    # An acquire's numbers of keys and arguments in a batch: a few pairs in all.
+    # A command's numbers of keys and of arguments in a batch: a few pairs in all.
     return _bulk((nkeys, nargs))
 
 
