@@ -4,9 +4,9 @@ The asyncio client sends the acquires its tasks make in one turn of the event lo
 plain node as one script run (acquire_batch.lua), and the releases as another
 (release_batch.lua; ``_core.batching``). Here the same sequences go to two fresh nodes,
 one by one to the first and in batches to the second: the replies and every key the
-nodes end with must be the same. Then the client itself: many tasks
-batch, a batch costs the node fewer calls, a flushed script cache costs no vote, and
-cancelled acquires leave no key behind.
+nodes end with must be the same. Then the client itself: many tasks batch, a batch
+costs the node fewer calls, a flushed script cache costs no vote, cancelled acquires
+leave no key behind, and no command overtakes one of its own lock.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ from tenure._lua import script
 from tenure.testing import LocalCluster, LocalNode, find_server_binary
 
 from .conftest import commands_run, poll_until
-
-RETENTION_MS = 60_000
 
 
 def _servers() -> list[str | None]:
