@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tenure._core import commands
-from tenure._core.batching import Batch, Batches
+from tenure._core.batching import MAX_BATCH, Batch, Batches
 from tenure._core.config import ClientConfig, LockSpec
 
 CONFIG = ClientConfig.build(["redis://a"])
@@ -81,3 +81,17 @@ def test_acquires_and_releases_batch_apart_and_keep_their_order_per_lock() -> No
     assert batches.join(_release("c"), "release c again") is not None
     batches.clear()
     assert batches.join(_acquire("a"), "next turn") is not None
+
+
+def test_a_batch_holds_at_most_max_batch_commands() -> None:
+    # A script run holds the node: a busier turn opens another batch behind the full one.
+    batches: Batches[int] = Batches()
+    opened = [batches.join(_acquire(f"n{i}"), i) for i in range(MAX_BATCH + 1)]
+    assert opened[0] is not None
+    assert opened[1:MAX_BATCH] == [None] * (MAX_BATCH - 1)
+    assert opened[MAX_BATCH] is not None
+    assert len(opened[0].commands) == MAX_BATCH
+    one: Batch[int] = Batch("acquire_batch")
+    for i in range(MAX_BATCH):
+        assert one.join(_acquire(f"n{i}"), i)
+    assert not one.join(_acquire("one more"), MAX_BATCH)

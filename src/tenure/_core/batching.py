@@ -29,7 +29,12 @@ from typing import Generic, TypeVar
 
 from .commands import Command, batch
 
-__all__ = ["Batch", "Batches"]
+__all__ = ["MAX_BATCH", "Batch", "Batches"]
+
+# The most commands in one batch. A script run holds the node: nothing else runs there
+# until it ends, every other client waits. 64 acquires take the node about 0.4 ms on
+# Valkey 9 (6.5 µs each); a busier turn opens another batch.
+MAX_BATCH = 64
 
 Callback = TypeVar("Callback")
 
@@ -50,7 +55,7 @@ class Batch(Generic[Callback]):
     def join(self, command: Command, callback: Callback) -> bool:
         """Add ``command`` (one of this batch's script), written now, if it may join;
         False if not."""
-        if self._closed or command.key in self._passed:
+        if self._closed or command.key in self._passed or len(self.commands) >= MAX_BATCH:
             return False
         self.commands.append(command)
         self.callbacks.append(callback)
@@ -100,7 +105,12 @@ class Batches(Generic[Callback]):
                         other._passed.add(key)
                     else:
                         other._closed = True
-        if current is not None and not current._closed and key not in current._passed:
+        if (
+            current is not None
+            and not current._closed
+            and key not in current._passed
+            and len(current.commands) < MAX_BATCH
+        ):
             current.commands.append(command)
             current.callbacks.append(callback)
             return None
