@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tenure._core import commands
-from tenure._core.batching import MAX_BATCH, Batch, Batches
+from tenure._core.batching import MAX_BATCH, Batches
 from tenure._core.config import ClientConfig, LockSpec
 
 CONFIG = ClientConfig.build(["redis://a"])
@@ -17,12 +17,18 @@ def _release(name: str) -> commands.Command:
     return commands.release_waking(LockSpec.build(CONFIG, name, 1.5), "tok", "q", 7)
 
 
+def _alone(name: str) -> commands.Command:
+    # A command of the lock ``name`` that goes alone (a failed attempt's cleanup).
+    return commands.release(LockSpec.build(CONFIG, name, 1.5).keys.lock, "tok")
+
+
 def test_acquires_of_other_locks_join_across_what_was_written_between() -> None:
-    batch: Batch[str] = Batch("acquire_batch")
-    assert batch.join(_acquire("a"), "a")
-    batch.passed(_release("b"))  # another task's release, written after "a"
-    assert batch.join(_acquire("c"), "c")
-    assert batch.join(_acquire("a"), "a again")  # nothing of "a" was written between
+    batches: Batches[str] = Batches()
+    batch = batches.join(_acquire("a"), "a")
+    assert batch is not None
+    batches.passed(_alone("b"))  # another task's command, written after "a"
+    assert batches.join(_acquire("c"), "c") is None
+    assert batches.join(_acquire("a"), "a again") is None  # nothing of "a" between
     assert batch.callbacks == ["a", "c", "a again"]
     assert len(batch.commands) == 3
 
@@ -30,29 +36,33 @@ def test_acquires_of_other_locks_join_across_what_was_written_between() -> None:
 def test_an_acquire_never_overtakes_a_command_on_its_own_lock() -> None:
     # A cancelled acquire's cleanup is written right behind it; an acquire of the same
     # lock written after the cleanup must run after it, so it opens a batch of its own.
-    batch: Batch[str] = Batch("acquire_batch")
-    assert batch.join(_acquire("a"), "a")
-    batch.passed(_release("a"))
-    assert not batch.join(_acquire("a"), "a again")
-    assert batch.join(_acquire("b"), "b")
-    assert batch.callbacks == ["a", "b"]
+    batches: Batches[str] = Batches()
+    batch = batches.join(_acquire("a"), "a")
+    assert batch is not None
+    batches.passed(_alone("a"))
+    again = batches.join(_acquire("a"), "a again")
+    assert again is not None
+    assert batches.join(_acquire("b"), "b") is None
+    assert batch.callbacks == ["a"]
+    assert again.callbacks == ["a again", "b"]
 
 
 def test_a_command_without_a_key_closes_the_batch() -> None:
-    batch: Batch[str] = Batch("acquire_batch")
-    assert batch.join(_acquire("a"), "a")
-    batch.passed(commands.Command(commands.pack("PING")))
-    assert not batch.join(_acquire("b"), "b")
+    batches: Batches[str] = Batches()
+    assert batches.join(_acquire("a"), "a") is not None
+    batches.passed(commands.Command(commands.pack("PING")))
+    assert batches.join(_acquire("b"), "b") is not None
 
 
 def test_one_acquire_goes_as_itself_and_more_as_one_batch() -> None:
-    one: Batch[str] = Batch("acquire_batch")
     acquire = _acquire("a")
-    one.join(acquire, "a")
+    one = Batches[str]().join(acquire, "a")
+    assert one is not None
     assert one.command() is acquire
-    two: Batch[str] = Batch("acquire_batch")
-    two.join(acquire, "a")
-    two.join(_acquire("b"), "b")
+    batches: Batches[str] = Batches()
+    two = batches.join(acquire, "a")
+    assert two is not None
+    batches.join(_acquire("b"), "b")
     assert two.command().packed.startswith(b"*")
     assert two.command().packed != acquire.packed
     assert two.command().by_sha
@@ -91,7 +101,3 @@ def test_a_batch_holds_at_most_max_batch_commands() -> None:
     assert opened[1:MAX_BATCH] == [None] * (MAX_BATCH - 1)
     assert opened[MAX_BATCH] is not None
     assert len(opened[0].commands) == MAX_BATCH
-    one: Batch[int] = Batch("acquire_batch")
-    for i in range(MAX_BATCH):
-        assert one.join(_acquire(f"n{i}"), i)
-    assert not one.join(_acquire("one more"), MAX_BATCH)
