@@ -253,11 +253,8 @@ class Channel:
     def _packed(self, batch: Batch[OnReply]) -> bytes:
         # A batch of one goes as that command; its script cache is the node's, not
         # acquire_batch.lua's (each form recaches only its own script).
-        command = batch.command()
-        if not command.by_sha:
-            return command.packed
         scripts = self.scripts if len(batch.commands) == 1 else self.batch_scripts
-        return scripts.packed(command)
+        return scripts.packed(batch.command())
 
     async def _run(self) -> None:
         """Connect, flush what was queued meanwhile, then wait until the link fails.

@@ -74,15 +74,10 @@ def _eval_head(name: str, argc: int) -> bytes:
 
 
 @lru_cache(maxsize=4096)
-def _keys(keys: tuple[str, ...]) -> bytes:
-    # numkeys and the keys: the same for every call on one lock name, and small, so a
-    # few thousand names' worth are kept (the source is kept once, not per name).
-    return _bulk((len(keys), *keys))
-
-
-@lru_cache(maxsize=4096)
-def _keys_apart(keys: tuple[str, ...]) -> tuple[bytes, bytes]:
-    # ``_keys``, and the keys alone for a batch (``Item``): both from one cached call.
+def _keys(keys: tuple[str, ...]) -> tuple[bytes, bytes]:
+    # numkeys and the keys, and the keys alone (for a batch, ``Item``): the same for
+    # every call on one lock name, and small, so a few thousand names' worth are kept
+    # (the source is kept once, not per name).
     listed = _bulk(keys)
     return _bulk((len(keys),)) + listed, listed
 
@@ -99,7 +94,7 @@ def _eval(name: str, keys: tuple[str, ...], *args: bytes | str | int) -> bytes:
     # for would answer NOSCRIPT and no EVAL would follow, leaving our key there until its
     # TTL. EVAL cannot fail that way. Only the acquire goes by EVALSHA (``acquire``):
     # docs/architecture.md, "EVALSHA for the acquire, EVAL for the rest".
-    return b"".join((_eval_head(name, len(keys) + len(args)), _keys(keys), _bulk(args)))
+    return b"".join((_eval_head(name, len(keys) + len(args)), _keys(keys)[0], _bulk(args)))
 
 
 # An argument that changes from call to call (a token, a proposal), in a ``_frame``.
@@ -372,7 +367,7 @@ def acquire(
     start, rest = _frame(args)
     argc = len(node_keys) + len(args)
     arguments = start + _fill(rest, values)
-    counted, listed = _keys_apart(node_keys)
+    counted, listed = _keys(node_keys)
     tail = counted + arguments
     # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
     # cannot run it answers without granting anything (``ScriptCache``).
@@ -454,7 +449,7 @@ def release_waking(
     start, rest = _frame(args)
     head = _eval_head("release", len(queue_keys) + len(args))
     arguments = start + _fill(rest, (token, arg, fencing))
-    counted, listed = _keys_apart(queue_keys)
+    counted, listed = _keys(queue_keys)
     # By EVAL, as every script but the acquire (``_eval``).
     return Command(
         head + counted + arguments,
