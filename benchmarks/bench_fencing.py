@@ -36,7 +36,11 @@ chunks of ``--chunk`` writes; in each turn the stores run one after another, and
 a store its rows run back to back (both orders rotate), so a row and its unfenced
 counterpart are measured seconds apart at most. ``p50 / unfenced`` and ``µs over
 unfenced`` are medians over turns of (this row's chunk p50 against the unfenced row's
-chunk p50 of the same turn).
+chunk p50 of the same turn). Beside them, **client CPU per write** (``time.process_time``
+of this process, best of ``--cpu-runs`` runs of ``--cpu-cycles`` untimed writes, the rows
+of a store taking turns) and its ratio to the unfenced row's: the figure that noise moves
+least. It counts what runs in this process (the clients, SQLAlchemy, SQLite's engine, the
+in-process proxy and gate), not the server processes.
 
 Run ``python benchmarks/bench_fencing.py`` (``--quick`` for a smoke run, ``--markdown``
 to print Markdown). A full run writes ``benchmarks/results/bench_fencing.md``.
@@ -86,6 +90,7 @@ from _common import (
     Stats,
     SyncCycle,
     SyncRunner,
+    best_cpu_us,
     fmt,
     initialise,
     no_retry,
@@ -145,6 +150,7 @@ class Subject:
     base: Subject | None = None  # the unfenced row; None for an unfenced row itself
     note: str = ""
     stats: Stats = field(default_factory=Stats)
+    cpu_us: float | None = None  # client CPU per write (``measure_cpu``)
 
 
 @dataclass
@@ -630,6 +636,16 @@ def measure(groups: Sequence[Group], rounds: int, iterations: int, chunk: int) -
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr)
 
 
+def measure_cpu(groups: Sequence[Group], cycles: int, runs: int) -> None:
+    """Client CPU per write of every row: the best of ``runs`` runs of ``cycles``
+    untimed writes, the rows of a store taking turns (``_common.best_cpu_us``)."""
+    for group in groups:
+        runners = [s.runner for s in group.subjects if s.runner is not None]
+        cpus = best_cpu_us(runners, cycles, runs)
+        for s, cpu in zip([s for s in group.subjects if s.runner is not None], cpus, strict=True):
+            s.cpu_us = cpu
+
+
 def close_quietly(subject: Subject) -> None:
     runner, subject.runner = subject.runner, None
     if runner is None:
@@ -655,10 +671,32 @@ HEADER = [
     "ops/s",
     "p50 / unfenced",
     "µs over unfenced",
+    "CPU µs/write",
+    "CPU / unfenced",
     "compared with",
     "failed",
 ]
-NUMERIC = frozenset(["p50 µs", "p99 µs", "ops/s", "p50 / unfenced", "µs over unfenced"])
+NUMERIC = frozenset(
+    [
+        "p50 µs",
+        "p99 µs",
+        "ops/s",
+        "p50 / unfenced",
+        "µs over unfenced",
+        "CPU µs/write",
+        "CPU / unfenced",
+    ]
+)
+
+
+def cpu_cells(s: Subject) -> list[str]:
+    """The row's client CPU per write, and its ratio to the unfenced row's."""
+    if s.cpu_us is None:
+        return ["-", "-"]
+    if s.base is None:
+        return [fmt(s.cpu_us), "1.00x"]
+    base = s.base.cpu_us
+    return [fmt(s.cpu_us), "-" if not base else f"{s.cpu_us / base:.2f}x"]
 
 
 def rows_of(group: Group) -> list[list[str]]:
@@ -684,6 +722,7 @@ def rows_of(group: Group) -> list[list[str]]:
                 fmt(st.ops_per_s()),
                 ratio,
                 excess,
+                *cpu_cells(s),
                 vs,
                 failed,
             ]
@@ -765,7 +804,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--chunk", type=int, default=250, help="writes a row runs before the next takes over"
     )
     parser.add_argument("--warmup", type=int, default=200, help="warm-up writes per row")
-    parser.add_argument("--quick", action="store_true", help="N=300, R=2 (a smoke run)")
+    parser.add_argument(
+        "--cpu-cycles", type=int, default=1000, help="writes per client-CPU run of a row"
+    )
+    parser.add_argument(
+        "--cpu-runs", type=int, default=3, help="client-CPU runs per row (the best counts)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="N=300, R=2, CPU 2 x 200 (a smoke run)"
+    )
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     parser.add_argument(
         "--output",
@@ -776,6 +823,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.iterations, args.rounds = 300, 2
+        args.cpu_cycles, args.cpu_runs = 200, 2
     if args.output is None and not args.quick:
         args.output = RESULTS
     return args
@@ -825,6 +873,11 @@ def run(args: argparse.Namespace) -> str:
         warm_up(groups, args.warmup)
         print(f"measuring: {args.rounds} rounds x {args.iterations} writes", file=sys.stderr)
         measure(groups, args.rounds, args.iterations, args.chunk)
+        print(
+            f"client CPU: best of {args.cpu_runs} x {args.cpu_cycles} writes per row",
+            file=sys.stderr,
+        )
+        measure_cpu(groups, args.cpu_cycles, args.cpu_runs)
 
         with store_node.client() as c:
             redis_version = str(c.info("server")["redis_version"])
@@ -850,6 +903,12 @@ def run(args: argparse.Namespace) -> str:
             f"{args.iterations} writes per row (in turns of {args.chunk}, stores and rows "
             "taking turns, orders rotating); ratios and differences are medians over turns "
             "of paired chunk p50s",
+            f"- client CPU: time.process_time() of this process (every thread) over "
+            f"{args.cpu_cycles} untimed writes, best of {args.cpu_runs} runs, the rows of a "
+            "store taking turns. It covers what runs in this process: the redis-py or httpx "
+            "client, SQLAlchemy and the driver, SQLite's engine itself (it runs in-process), "
+            "and the in-process FencingProxy and FencingGate; not the Redis, PostgreSQL or "
+            "upstream server processes",
         ]
         pids = [store_node.pid, *(n.pid for n in lock_nodes), postgres.pid, upstream.pid]
     leftovers = [pid for pid in pids if pid is not None and _alive(pid)]

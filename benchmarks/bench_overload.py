@@ -10,7 +10,9 @@ up the whole time, so every failure is the client's: a healthy node reported as 
 (``QuorumUnreachable``), a refusal of a free lock (``LockTimeout``: blocking acquires
 wait, so only non-blocking ones may be refused), or a node set left warming up (nodes
 seeded after a "data loss" that never happened: they grant nothing for ``max_ttl``). It
-gets slower; the table says whether it stays correct.
+gets slower; the table says whether it stays correct, and what each cycle cost the
+client in CPU (``time.process_time`` of this process, every thread, while the workers
+ran, over the cycles done: failed ones cost CPU too but are not counted as cycles).
 
 Run ``python benchmarks/bench_overload.py`` (``--quick`` for 3 s rows, ``--markdown``
 for Markdown, ``--hogs 2`` for two spinning processes instead of one). A full run writes
@@ -48,6 +50,7 @@ class Tally:
         self.cycles = 0
         self.errors: collections.Counter[str] = collections.Counter()
         self.first: dict[str, str] = {}
+        self.cpu = 0.0  # this process's CPU seconds (every thread) while the workers ran
         self._lock = threading.Lock()
 
     def done(self) -> None:
@@ -81,7 +84,9 @@ def run_async(urls: list[str], tasks: int, blocking: bool, seconds: float) -> Ta
                     else:
                         tally.done()
 
+            start = time.process_time()
             await asyncio.gather(*(worker(k) for k in range(tasks)))
+            tally.cpu = time.process_time() - start
 
     asyncio.run(main())
     return tally
@@ -105,10 +110,12 @@ def run_sync(urls: list[str], threads: int, blocking: bool, seconds: float) -> T
                     tally.done()
 
         workers = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+        start = time.process_time()
         for t in workers:
             t.start()
         for t in workers:
             t.join()
+        tally.cpu = time.process_time() - start
     return tally
 
 
@@ -148,6 +155,7 @@ def main() -> None:
         "acquire",
         "cycles",
         "cycles/s",
+        "client CPU µs/cycle",
         "QuorumUnreachable",
         "LockTimeout",
         "other errors",
@@ -184,6 +192,7 @@ def main() -> None:
                 mode,
                 f"{tally.cycles:,}",
                 fmt(tally.cycles / seconds),
+                fmt(tally.cpu / tally.cycles * 1e6) if tally.cycles else "-",
                 str(errors["QuorumUnreachable"]),
                 str(errors["LockTimeout"]),
                 str(other),
@@ -193,7 +202,14 @@ def main() -> None:
         for kind, text in tally.first.items():
             notes.append(f"- {client}, {workers}, {mode}, first {kind}: {text[:300]}")
 
-    numeric = {"cycles", "cycles/s", "QuorumUnreachable", "LockTimeout", "other errors"}
+    numeric = {
+        "cycles",
+        "cycles/s",
+        "client CPU µs/cycle",
+        "QuorumUnreachable",
+        "LockTimeout",
+        "other errors",
+    }
     body = table(header, rows, lambda h: h in numeric, markdown=args.markdown or not args.quick)
     setup = [
         "",

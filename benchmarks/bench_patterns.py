@@ -26,7 +26,11 @@ wait on a barrier, then each performs ``--ops`` decrements:
 Per row: throughput (ops applied per second: all processes' operations / wall time from
 the barrier to the last one done, median over rounds), latency p50 and p99 per operation
 (``time.perf_counter_ns`` around each one, all processes and rounds pooled), the spread
-of the per-process p50s, when the first and the last process were done (how fair the
+of the per-process p50s, client CPU per operation (``time.process_time()``: user +
+system, every thread, of each client process over its measured loop only, not start-up
+or connections; summed over the processes and divided by the operations done, median
+over rounds; both stream rows count the producers *and* the worker process, which
+together do one decrement), when the first and the last process were done (how fair the
 method is: medians over rounds, from the barrier; for the end-to-end row, when each
 producer's last entry was applied), retries or conflicts, and a check that the stock
 ends at exactly start - 8 x ops (OK / FAIL), for every round.
@@ -128,6 +132,7 @@ class ProcResult:
     latencies_ns: list[int]
     start_ns: int  # time.monotonic_ns() right after the barrier
     end_ns: int  # time.monotonic_ns() after its last operation
+    cpu_s: float = 0.0  # time.process_time() (every thread) from start_ns to end_ns
     attempts: int = 0  # lock: acquire attempts; optimistic: attempts
     conflicts: int = 0  # optimistic only
     gave_up: int = 0  # optimistic only: ConflictError raised (and the call made again)
@@ -144,6 +149,9 @@ class ApplyResult:
     applied_at_ns: list[int]  # time.monotonic_ns() of each apply, in order
     applied_from: list[int]  # the producer index of each apply, in the same order
     stats: dict[str, int]  # the worker's WorkerStats
+    # time.process_time() (every thread, the lease's watchdog too) from just before the
+    # producers are started to the end of the worker's loop (see _LoopEnd).
+    cpu_s: float = 0.0
 
 
 # --------------------------------------------------------------------------- children
@@ -242,6 +250,7 @@ def _produce(conns: Conns, index: int, job: Job, ready: Barrier) -> ProcResult:
     gc.collect()  # the previous job's garbage, outside this one's timing
     ready.wait(BARRIER_TIMEOUT_S)
     result.start_ns = time.monotonic_ns()
+    cpu0 = time.process_time()
     for _ in range(job.ops):
         before = attempts()
         t0 = clock()
@@ -249,6 +258,7 @@ def _produce(conns: Conns, index: int, job: Job, ready: Barrier) -> ProcResult:
         out.append(clock() - t0)
         k = attempts() - before - 1
         extra[k] = extra.get(k, 0) + 1
+    result.cpu_s = time.process_time() - cpu0
     result.end_ns = time.monotonic_ns()
     result.attempts = attempts() - first
     if op.stats is not None:
@@ -272,12 +282,29 @@ def _producer_main(
         conns.close()
 
 
+class _LoopEnd(threading.Event):
+    """The worker's stop event; notes the CPU time when its loop first sees it set.
+
+    ``StreamWorker.run`` checks its stop event after each pass (the last batch handled
+    and acknowledged), then releases its lease: noting the time here keeps that
+    teardown out of the worker's CPU, as connection set-up is kept out of it.
+    """
+
+    cpu_s: float | None = None  # time.process_time() at the loop's end
+
+    def is_set(self) -> bool:
+        stop = super().is_set()
+        if stop and self.cpu_s is None:
+            self.cpu_s = time.process_time()
+        return stop
+
+
 def _apply(
     jobs: Connection, locks: tenure.Client, data: redis.Redis, job: Job, poll_interval: float
 ) -> ApplyResult:
     """Consume ``job.prefix``'s stream until every producer's entries are applied."""
     expected = job.ops * PROCESSES
-    done = threading.Event()
+    done = _LoopEnd()
     result = ApplyResult({p: [] for p in range(PROCESSES)}, [], [], {})
     applied_at, applied_from = result.applied_at_ns, result.applied_from
     e2e, monotonic_ns = result.e2e_ns, time.monotonic_ns
@@ -313,7 +340,12 @@ def _apply(
         worker.run_once()
     gc.collect()
     jobs.send(("ready", None))
+    # From here the parent starts the producers; the few idle polls while they pass
+    # their barrier are counted: a polling applier spends them in production too.
+    cpu0 = time.process_time()
     worker.run(done)  # returns once everything is applied; releases the lease
+    assert done.cpu_s is not None  # run() only returns normally once it saw done set
+    result.cpu_s = done.cpu_s - cpu0
     result.stats = dict(vars(worker.stats))
     return result
 
@@ -467,6 +499,7 @@ class Measured:
     finished_ns: list[int]  # per producer: its last operation done, from the first start
     ops: int  # operations counted by the throughput
     wall_ns: int  # from the first producer's start to the last operation counted
+    cpu_s: float  # CPU of every client process that did the variant's work (client_cpu_s)
 
     @property
     def latencies(self) -> list[int]:
@@ -475,6 +508,10 @@ class Measured:
     @property
     def ops_per_s(self) -> float:
         return self.ops / (self.wall_ns / 1e9)
+
+    @property
+    def cpu_us_per_op(self) -> float:
+        return self.cpu_s / self.ops * 1e6
 
 
 ROWS: list[tuple[str, Variant, str]] = [
@@ -487,18 +524,31 @@ ROWS: list[tuple[str, Variant, str]] = [
 ]
 
 
+def client_cpu_s(res: RoundResult) -> float:
+    """CPU seconds of the client processes doing ``res``'s work, in their measured loops.
+
+    A stream decrement is done by two processes, so both stream rows count the
+    producers' appends and the worker's applies: the cost of the decrement, not of half
+    of it. (Each append is applied once, so both rows divide by the same count.)
+    """
+    producers = sum(p.cpu_s for p in res.procs)
+    applier = res.applied.cpu_s if res.applied is not None else 0.0
+    return producers + applier
+
+
 def measured(res: RoundResult, kind: str) -> Measured:
     start = min(p.start_ns for p in res.procs)
+    cpu = client_cpu_s(res)
     if kind == "e2e":
         assert res.applied is not None
         applied = res.applied
         per = [applied.e2e_ns[i] for i in range(PROCESSES)]
         last_applied = dict(zip(applied.applied_from, applied.applied_at_ns, strict=True))
         finished = [last_applied[i] - start for i in range(PROCESSES)]
-        return Measured(per, finished, len(applied.applied_at_ns), max(finished))
+        return Measured(per, finished, len(applied.applied_at_ns), max(finished), cpu)
     per = [p.latencies_ns for p in res.procs]
     finished = [p.end_ns - start for p in res.procs]
-    return Measured(per, finished, sum(len(lats) for lats in per), max(finished))
+    return Measured(per, finished, sum(len(lats) for lats in per), max(finished), cpu)
 
 
 @dataclass
@@ -580,6 +630,7 @@ def table_rows(rows: Sequence[Row]) -> list[list[str]]:
         first_done = statistics.median(min(m.finished_ns) for m in row.rounds) / 1e6
         last_done = statistics.median(max(m.finished_ns) for m in row.rounds) / 1e6
         everything = [x for m in row.rounds for x in m.latencies]
+        cpu_us = statistics.median(m.cpu_us_per_op for m in row.rounds)
         out.append(
             [
                 row.name,
@@ -589,6 +640,7 @@ def table_rows(rows: Sequence[Row]) -> list[list[str]]:
                 us(percentile(everything, 0.99)),
                 f"{p50_vs:.1f}x",
                 f"{us(min(per_process))} - {us(max(per_process))}",
+                f"{cpu_us:.1f}",
                 f"{first_done:,.0f} / {last_done:,.0f}",
                 retries_cell(row),
                 stock_cell(row),
@@ -609,11 +661,14 @@ MAIN_HEADER = [
     "p99 µs",
     "p50 vs DECR",
     "per-process p50 µs",
+    "client CPU µs/op",
     "first / last process done, ms",
     "retries / conflicts",
     "final stock",
 ]
-NUMERIC = frozenset(["ops/s", "ops/s vs DECR", "p50 µs", "p99 µs", "p50 vs DECR"])
+NUMERIC = frozenset(
+    ["ops/s", "ops/s vs DECR", "p50 µs", "p99 µs", "p50 vs DECR", "client CPU µs/op"]
+)
 
 
 def _numeric(header: str) -> bool:
@@ -647,6 +702,11 @@ def context_lines(args: argparse.Namespace, redis_version: str, load_before: flo
         f"process per row, then {args.rounds} rounds of {args.ops} ops per process per row "
         "(row order rotating); ops/s and the 'vs DECR' ratios are medians over rounds, "
         "latencies are pooled over processes and rounds",
+        "- client CPU: time.process_time() (user + system, every thread) of each client "
+        "process over its measured loop only, summed over the processes, per operation, "
+        f"median over rounds; both stream rows count the {PROCESSES} producers' appends and "
+        "the worker process's applies (from just before the producers start, idle polls "
+        "included, to the end of its loop, before it releases its lease)",
         f"- settings: lock TTL {LOCK_TTL_S} s, blocking acquire with tenure's default "
         "back-off (full jitter, 2 ms doubling to 100 ms); optimistic with its defaults "
         "(10 retries, full jitter 2 ms doubling to 100 ms); stream: 1 partition, 1 worker "
