@@ -4,6 +4,7 @@ and the state left on the nodes (expired after the retention)."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import time
 import uuid
@@ -271,3 +272,41 @@ def test_a_new_node_set_seeded_by_one_client_is_not_warmed_up_by_another(api: Ap
         with cluster[2].client() as c:
             assert c.get(NODE_FLOOR) is not None  # seeded by the first client...
             assert not c.exists(NODE_WARM)  # ...as a node of a new set: no warm-up
+
+
+def test_a_non_blocking_acquire_is_not_refused_while_another_client_seeds_the_set(
+    api: Api,
+) -> None:
+    """A new node set of 5, and a client seeding it: its seeds reach nodes 0 and 1 at
+    once and nodes 2, 3 and 4 150 ms later. A non-blocking acquire of a free lock in
+    between sees two floors and three blank nodes: no majority, nobody holding it. It
+    tries once more, a node timeout later, and by then the seeds have landed."""
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(LocalCluster(5))
+        slow = [stack.enter_context(Proxy(n.host, n.port or 0)) for n in list(cluster)[2:]]
+        first_api = api.sibling()  # the seeding client lives in a thread of its own
+        second = api.client(cluster.urls, node_timeout=0.5)
+        assert not second.lock("seeding-b", ttl=5.0).locked()  # connected everywhere
+
+        def first_client() -> None:
+            urls = [*cluster.urls[:2], *(p.url for p in slow)]
+            first = first_api.client(urls, node_timeout=1.0)
+            assert not first.lock("seeding-a", ttl=5.0).locked()  # connected everywhere
+            for proxy in slow:
+                proxy.delay(0.15)
+            first.acquire("seeding-a", ttl=5.0, timeout=5.0).release()
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            seeding = pool.submit(first_client)
+            deadline = time.monotonic() + 5.0
+            while not all(holders(cluster, NODE_FLOOR)[:2]):
+                assert time.monotonic() < deadline, "the first client never seeded"
+                time.sleep(0.002)
+            assert not any(holders(cluster, NODE_FLOOR)[2:])  # its seeds are on the way
+            lease = second.acquire("seeding-b", ttl=5.0, blocking=False)
+            assert len(lease.nodes) >= 3
+            lease.release()
+            seeding.result(timeout=10.0)
+        for node in cluster:
+            with node.client() as c:
+                assert not c.exists(NODE_WARM)  # a new set: seeded once, no warm-up

@@ -761,8 +761,10 @@ def test_granted_round_seeds_the_blank_nodes_it_heard() -> None:
 FLOOR = make_spec().keys.floor  # the nodes' floor key (one per slot on a Cluster)
 
 
-def _patient(seen: dict[tuple[int, str], float], patience: float = 0.2) -> Acquisition:
-    acq = make(5)
+def _patient(
+    seen: dict[tuple[int, str], float], patience: float = 0.2, *, blocking: bool = True
+) -> Acquisition:
+    acq = make(5, blocking=blocking)
     acq._blank_seen, acq._seed_patience = seen, patience  # as Flows gives them
     return acq
 
@@ -806,6 +808,42 @@ def test_a_refused_attempt_waits_out_the_patience_before_a_warm_up_seed() -> Non
     assert step.sleep > 0
     _, step = attempt(acq, "bnnnn", started=0.3, now=0.31, counters=[None, 7, 9, 9, 9])
     assert step == Retry(0.0, frozenset(), Seed(frozenset({0}), 9, MAX_TTL_MS))
+
+
+def test_a_non_blocking_acquire_that_meets_a_set_being_seeded_tries_once_more() -> None:
+    # Another client found every node blank and is seeding them; its seed reached node 0
+    # (which grants us) and not yet the others. A free lock: not refused for that, but
+    # asked again once, a node timeout later (that client's seed round is over by then).
+    seen: dict[tuple[int, str], float] = {}
+    acq = _patient(seen, blocking=False)
+    _, step = attempt(acq, "ybbbb", started=0.0, now=0.01, counters=[WALL - 5])
+    assert step == Retry(0.05, frozenset({0}), None)  # our grant on node 0 released
+    _, step = attempt(acq, "yyyyy", started=0.06, now=0.07)
+    assert isinstance(step, Granted)
+
+
+def test_a_non_blocking_acquire_waits_for_seeds_once_only() -> None:
+    # Still blank a node timeout later: nobody is seeding them (they lost their data);
+    # the refusal stands, and they are seeded with the warm-up once the patience is over.
+    acq = _patient({}, blocking=False)
+    _, step = attempt(acq, "ybbbb", started=0.0, now=0.01, counters=[WALL - 5])
+    assert isinstance(step, Retry)
+    _, step = attempt(acq, "ybbbb", started=0.06, now=0.07, counters=[WALL - 5])
+    assert step == GiveUp(frozenset({0}), None)
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        "nbbbb",  # held where it has a floor: another client's lock, not a set-up
+        "bbbb.",  # no floor anywhere among the answers: nothing being seeded is seen
+    ],
+)
+def test_a_non_blocking_acquire_does_not_wait_for_seeds_otherwise(answers: str) -> None:
+    acq = _patient({}, blocking=False)
+    _, step = attempt(acq, answers, started=0.0, now=0.01, counters=[WALL - 5])
+    assert isinstance(step, GiveUp | Retry)
+    assert not (isinstance(step, Retry) and step.sleep > 0)
 
 
 def test_a_node_whose_history_changed_is_seeded_without_patience() -> None:

@@ -293,6 +293,12 @@ def round_errors(
     }
 
 
+def _being_seeded(statuses: dict[int, tuple[int, int]]) -> bool:
+    """Blank nodes answered beside nodes with a floor, and none of them holds the lock."""
+    kinds = {status for status, _ in statuses.values()}
+    return NO_HISTORY in kinds and HELD not in kinds and not kinds.isdisjoint(COUNTED)
+
+
 def _floors(infos: dict[int, tuple[int, ...]]) -> dict[int, int]:
     """Each node's floor, from the nodes whose floor vouches for their past: not the
     blank ones (they answer 0), nor those whose history changed (an old floor)."""
@@ -348,6 +354,7 @@ class Acquisition:
         self._hear_all = False
         self._strikes = 0
         self._waited_for_set_ups = False  # one attempt more once, for nodes still connecting
+        self._waited_for_seeds = False  # one attempt more once, for a new set being seeded
         self._silent_asks = 0  # attempts that heard every node but the silent ones again
         self._refusal: tuple[Round, dict[int, tuple[int, int]]] | None = None
         self.mark = 1
@@ -484,6 +491,16 @@ class Acquisition:
         if fix is not None:
             return Retry(0.0, cleanup, fix.seed)
         if not self._blocking:
+            if not self._waited_for_seeds and _being_seeded(statuses):
+                # Blank nodes beside nodes with a floor, and nobody holding the lock: most
+                # often a new node set that another client is seeding at this moment (it
+                # found every node blank; its seeds land one node at a time). A free lock
+                # is not refused for that: once, even for a caller that does not block,
+                # one attempt more after a node timeout, within which that client's seed
+                # round ends. Nodes that really lost their data are still blank then, and
+                # the refusal stands (``_ripe`` seeds them once the patience is over).
+                self._waited_for_seeds = True
+                return Retry(spec.node_timeout, cleanup)
             return GiveUp(cleanup, None)
         held = [i for i, (s, _) in statuses.items() if s == HELD]
         # Wait for a notification only when nodes held by others make a majority and
