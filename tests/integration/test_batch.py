@@ -142,7 +142,7 @@ def test_a_batch_leaves_replies_and_keys_as_its_acquires_one_by_one(
         # A blank node answers "no floor" to each, and keeps the first one's mark.
         blank = [cmd for _, _, cmd in _acquires(rng, 0, 0)]
         singles = _send(one, b"".join(c.fallback or b"" for c in blank), len(blank))
-        (reply,) = _send(batched, commands.batch(blank).fallback or b"", 1)
+        (reply,) = _send(batched, commands.batch(tuple(blank)).fallback or b"", 1)
         assert reply == singles
         assert {r[0] for r in singles if isinstance(r, list)} == {-2}
         assert _state(one) == _state(batched)
@@ -167,7 +167,7 @@ def test_a_batch_leaves_replies_and_keys_as_its_acquires_one_by_one(
             cmds = [cmd for _, _, cmd in made]
             singles = _send(one, b"".join(c.fallback or b"" for c in cmds), len(cmds))
             # By EVAL: the fallback loads the script, as a client does after NOSCRIPT.
-            (reply,) = _send(batched, commands.batch(cmds).fallback or b"", 1)
+            (reply,) = _send(batched, commands.batch(tuple(cmds)).fallback or b"", 1)
             assert _timeless(reply) == _timeless(singles), (step, reply, singles)
             assert _state(one) == _state(batched), step
             kinds.update(r[0] if isinstance(r, list) else r for r in _timeless(singles))
@@ -178,7 +178,7 @@ def test_a_batch_leaves_replies_and_keys_as_its_acquires_one_by_one(
             ]
             cmds = _releases(rng, step, granted)
             singles = _send(one, b"".join(c.packed for c in cmds), len(cmds))
-            (reply,) = _send(batched, commands.batch(cmds).packed, 1)
+            (reply,) = _send(batched, commands.batch(tuple(cmds)).packed, 1)
             assert _timeless(reply) == _timeless(singles), (step, reply, singles)
             assert _state(one) == _state(batched), step
             released.update(r for r in _timeless(singles) if not isinstance(r, list))
@@ -199,7 +199,7 @@ def test_a_batch_of_free_locks_costs_two_calls_per_lock() -> None:
             commands.acquire(_spec(f"free-{i}"), f"t{i}", 2_000 + i, 7, 5000, wait)
             for i in range(10)
         ]
-        batch = commands.batch(cmds)
+        batch = commands.batch(tuple(cmds))
         with node.client() as c:
             c.script_load(script("acquire_batch").wire)
             c.config_resetstat()

@@ -492,7 +492,7 @@ def test_a_batch_carries_each_acquire_exactly(
         cmds.append(commands.acquire(spec, token, proposal, 1, 2, wait))
         releases.append(commands.release_waking(spec, token, "q", proposal, proposal))
     for group, name in ((cmds, "acquire_batch"), (releases, "release_batch")):
-        batch = commands.batch(group)
+        batch = commands.batch(tuple(group))
         keys: list[bytes] = []
         args: list[bytes] = []
         for cmd in group:
@@ -513,6 +513,19 @@ def test_a_batch_carries_each_acquire_exactly(
         assert parse_command(batch.fallback) == evaled
     assert commands.split_batch([[1, 2, 3]] * len(cmds), len(cmds)) is not None
     assert commands.split_batch([[1, 2, 3]], len(cmds)) is None  # not one reply per call
+
+
+def test_a_batch_is_packed_once_for_every_node_and_anew_for_other_commands() -> None:
+    # Each node's connection packs its own batch, most often of the very same commands.
+    cmds = tuple(commands.acquire(SPEC, f"t{i}", 7 + i, 1, 1) for i in range(3))
+    first = commands.batch(cmds)
+    assert commands.batch(tuple(cmds)) is first
+    # Other commands, even ones that say the same, are packed anew; never a stale batch.
+    again = tuple(commands.acquire(SPEC, f"t{i}", 7 + i, 1, 1) for i in range(3))
+    assert commands.batch(again) is not first
+    assert commands.batch(again).packed == first.packed
+    other = (*cmds[:2], commands.acquire(SPEC, "t9", 9, 1, 1))
+    assert commands.batch(other).packed != first.packed
 
 
 def test_only_a_plain_acquire_or_a_leases_release_joins_a_batch() -> None:

@@ -63,7 +63,7 @@ class Batch(Generic[Callback]):
     def command(self) -> Command:
         """What to write: the one command itself, or all of them as one script run."""
         commands = self.commands
-        return commands[0] if len(commands) == 1 else batch(commands)
+        return commands[0] if len(commands) == 1 else batch(tuple(commands))
 
 
 class Batches(Generic[Callback]):

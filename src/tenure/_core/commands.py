@@ -380,7 +380,12 @@ def acquire(
     )
 
 
-def batch(commands: Sequence[Command]) -> Command:
+# The last batch packed: a command of a round goes to every node, so in one turn each
+# node's connection is most often given the very same batch (the same commands, in the
+# same order) to pack; the first packs it, the others take it from here. Commands hash
+# and compare by identity, so a hit is the same objects.
+@lru_cache(maxsize=1)
+def batch(commands: tuple[Command, ...]) -> Command:
     """``commands`` (all of one batch script, ``Item``'s first field) in one run of it.
     acquire_batch.lua goes by EVALSHA with its EVAL form as the fallback, as ``acquire``;
     release_batch.lua by EVAL, as ``release_waking``. Its reply is the list of theirs, in
