@@ -94,6 +94,7 @@ from _common import (
     fmt,
     initialise,
     no_retry,
+    server_version,
     write_results,
 )
 from _common import table as _table
@@ -879,15 +880,14 @@ def run(args: argparse.Namespace) -> str:
         )
         measure_cpu(groups, args.cpu_cycles, args.cpu_runs)
 
-        with store_node.client() as c:
-            redis_version = str(c.info("server")["redis_version"])
+        redis_version = server_version(store_node)
         load = f"load average {load_before:.2f} before the run, {os.getloadavg()[0]:.2f} after"
         context = [
             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
             f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, {platform.machine()}; "
             + load,
             f"- Python {platform.python_version()} ({platform.python_implementation()})",
-            f"- Redis: redis-server {redis_version}, TCP loopback, persistence none; the store "
+            f"- Redis: {redis_version}, TCP loopback, persistence none; the store "
             "is a node of its own, the lock runs on 5 others; redis-py clients with protocol "
             "2 and retries off",
             f"- SQLite {sqlite3.sqlite_version} (a file in a temp dir; {sqlite_settings(sqlite)}),"

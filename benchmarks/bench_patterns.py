@@ -707,8 +707,9 @@ def context_lines(args: argparse.Namespace, redis_version: str, load_before: flo
         f"median over rounds; both stream rows count the {PROCESSES} producers' appends and "
         "the worker process's applies (from just before the producers start, idle polls "
         "included, to the end of its loop, before it releases its lease)",
-        f"- settings: lock TTL {LOCK_TTL_S} s, blocking acquire with tenure's default "
-        "back-off (full jitter, 2 ms doubling to 100 ms); optimistic with its defaults "
+        f"- settings: lock TTL {LOCK_TTL_S} s, blocking acquire with tenure's defaults "
+        "(fair: waiters queued, the lock handed over in FIFO order by the release; a "
+        "split vote backs off, full jitter 2 ms doubling to 100 ms); optimistic with its defaults "
         "(10 retries, full jitter 2 ms doubling to 100 ms); stream: 1 partition, 1 worker "
         f"process, batch_size 100, poll_interval {args.poll_interval * 1000:g} ms, "
         "lease_ttl 10 s (5 lock nodes); the worker applies each entry with GET + SET",
