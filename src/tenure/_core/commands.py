@@ -7,7 +7,7 @@ classify each reply with the same functions, so the protocol lives here once.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import cache, lru_cache
 from typing import NamedTuple
 
