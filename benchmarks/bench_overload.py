@@ -205,14 +205,7 @@ def main() -> None:
         for kind, text in tally.first.items():
             notes.append(f"- {client}, {workers}, {mode}, first {kind}: {text[:300]}")
 
-    numeric = {
-        "cycles",
-        "cycles/s",
-        "client CPU µs/cycle",
-        "QuorumUnreachable",
-        "LockTimeout",
-        "other errors",
-    }
+    numeric = set(header) - {"client", "workers", "acquire", "nodes warming at the end"}
     body = table(header, rows, lambda h: h in numeric, markdown=args.markdown or not args.quick)
     setup = [
         "",
