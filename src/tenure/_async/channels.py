@@ -153,8 +153,8 @@ class Channel:
     def _deliver_batch(self, batch: Batch[OnReply], reply: Reply) -> None:
         """Hand each command of ``batch`` its own reply out of the batch's."""
         callbacks = batch.callbacks
-        if len(callbacks) == 1:
-            callbacks[0](reply)  # it went alone (``Batch.command``)
+        if batch.alone:
+            callbacks[0](reply)
             return
         ok, value = reply
         replies = split_batch(value, len(callbacks)) if ok else None
@@ -251,9 +251,9 @@ class Channel:
             conn._writer.write(b"".join(data))  # type: ignore[union-attr]
 
     def _packed(self, batch: Batch[OnReply]) -> bytes:
-        # A batch of one goes as that command; its script cache is the node's, not
+        # A batch of one goes as that command, so under the node's script cache, not
         # acquire_batch.lua's (each form recaches only its own script).
-        scripts = self.scripts if len(batch.commands) == 1 else self.batch_scripts
+        scripts = self.scripts if batch.alone else self.batch_scripts
         return scripts.packed(batch.command())
 
     async def _run(self) -> None:

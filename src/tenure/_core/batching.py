@@ -60,10 +60,14 @@ class Batch(Generic[Callback]):
         else:
             self._closed = True
 
+    @property
+    def alone(self) -> bool:
+        """A batch of one goes as that command: its own form, its own reply."""
+        return len(self.commands) == 1
+
     def command(self) -> Command:
         """What to write: the one command itself, or all of them as one script run."""
-        commands = self.commands
-        return commands[0] if len(commands) == 1 else batch(tuple(commands))
+        return self.commands[0] if self.alone else batch(tuple(self.commands))
 
 
 class Batches(Generic[Callback]):
