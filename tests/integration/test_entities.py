@@ -235,6 +235,36 @@ def test_nothing_is_left_after_the_retention(api: Api) -> None:
                 assert list(c.scan_iter("tenure:*")) == []
 
 
+@contextlib.contextmanager
+def _seeded_slowly(
+    api: Api, cluster: LocalCluster, slow: list[Proxy], delay: float
+) -> Iterator[None]:
+    """Another client finds the new node set ``cluster`` blank and seeds it: its seeds
+    reach the first nodes at once, and the last ones, behind the proxies ``slow``,
+    ``delay`` seconds later. The block runs in between (the first nodes have a floor,
+    the last ones none yet); its exit waits for that client to be done."""
+    fast = len(cluster) - len(slow)
+    seeder_api = api.sibling()  # the seeding client lives in a thread of its own
+
+    def seed() -> None:
+        urls = [*cluster.urls[:fast], *(p.url for p in slow)]
+        seeder = seeder_api.client(urls, node_timeout=1.0)
+        assert not seeder.lock("seeding", ttl=5.0).locked()  # connected everywhere
+        for proxy in slow:
+            proxy.delay(delay)
+        seeder.acquire("seeding", ttl=5.0, timeout=5.0).release()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        seeding = pool.submit(seed)
+        deadline = time.monotonic() + 5.0
+        while not all(holders(cluster, NODE_FLOOR)[:fast]):
+            assert time.monotonic() < deadline, "the seeding client never seeded"
+            time.sleep(0.002)
+        assert not any(holders(cluster, NODE_FLOOR)[fast:])  # its seeds are on the way
+        yield
+        seeding.result(timeout=10.0)
+
+
 def test_a_new_node_set_seeded_by_one_client_is_not_warmed_up_by_another(api: Api) -> None:
     """Two clients meet a new node set at once. The first finds every node blank and
     seeds them all with no warm-up, but its seed to node 2 is slow on the way (300 ms).
@@ -244,22 +274,8 @@ def test_a_new_node_set_seeded_by_one_client_is_not_warmed_up_by_another(api: Ap
     never granted anything out for max_ttl. It waits instead (a few node timeouts),
     and the first client's seed lands: node 2 never warms up."""
     with LocalCluster(3) as cluster, Proxy(cluster[2].host, cluster[2].port or 0) as slow:
-        first_api = api.sibling()  # the first client lives in a thread of its own
         second = api.client(cluster.urls)
-
-        def first_client() -> None:
-            first = first_api.client([*cluster.urls[:2], slow.url], node_timeout=1.0)
-            assert not first.lock("new-set-a", ttl=5.0).locked()  # connected everywhere
-            slow.delay(0.3)
-            first.acquire("new-set-a", ttl=5.0, timeout=5.0).release()
-
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            seeding = pool.submit(first_client)
-            deadline = time.monotonic() + 5.0
-            while not all(holders(cluster, NODE_FLOOR)[:2]):
-                assert time.monotonic() < deadline, "the first client never seeded"
-                time.sleep(0.005)
-            assert holders(cluster, NODE_FLOOR)[2] is None  # its seed is on the way
+        with _seeded_slowly(api, cluster, [slow], 0.3):
             # A few acquires, well within the patience: a round decided by nodes 0 and
             # 1 may drop node 2's answer (the asyncio client stops reading a round's
             # replies once it is decided), and each has the chance to see node 2 blank.
@@ -268,7 +284,6 @@ def test_a_new_node_set_seeded_by_one_client_is_not_warmed_up_by_another(api: Ap
                 second.acquire("new-set-b", ttl=5.0, blocking=False).release()
                 if time.monotonic() > hurry:
                     break
-            seeding.result(timeout=10.0)
         with cluster[2].client() as c:
             assert c.get(NODE_FLOOR) is not None  # seeded by the first client...
             assert not c.exists(NODE_WARM)  # ...as a node of a new set: no warm-up
@@ -284,29 +299,12 @@ def test_a_non_blocking_acquire_is_not_refused_while_another_client_seeds_the_se
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(LocalCluster(5))
         slow = [stack.enter_context(Proxy(n.host, n.port or 0)) for n in list(cluster)[2:]]
-        first_api = api.sibling()  # the seeding client lives in a thread of its own
         second = api.client(cluster.urls, node_timeout=0.5)
         assert not second.lock("seeding-b", ttl=5.0).locked()  # connected everywhere
-
-        def first_client() -> None:
-            urls = [*cluster.urls[:2], *(p.url for p in slow)]
-            first = first_api.client(urls, node_timeout=1.0)
-            assert not first.lock("seeding-a", ttl=5.0).locked()  # connected everywhere
-            for proxy in slow:
-                proxy.delay(0.15)
-            first.acquire("seeding-a", ttl=5.0, timeout=5.0).release()
-
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            seeding = pool.submit(first_client)
-            deadline = time.monotonic() + 5.0
-            while not all(holders(cluster, NODE_FLOOR)[:2]):
-                assert time.monotonic() < deadline, "the first client never seeded"
-                time.sleep(0.002)
-            assert not any(holders(cluster, NODE_FLOOR)[2:])  # its seeds are on the way
+        with _seeded_slowly(api, cluster, slow, 0.15):
             lease = second.acquire("seeding-b", ttl=5.0, blocking=False)
             assert len(lease.nodes) >= 3
             lease.release()
-            seeding.result(timeout=10.0)
         for node in cluster:
             with node.client() as c:
                 assert not c.exists(NODE_WARM)  # a new set: seeded once, no warm-up
