@@ -26,6 +26,7 @@ from tenure.testing import LocalNode
 __all__ = [
     "AsyncCycle",
     "AsyncRunner",
+    "Measurable",
     "Runner",
     "Stats",
     "SyncCycle",
@@ -33,6 +34,7 @@ __all__ = [
     "best_cpu_us",
     "fmt",
     "initialise",
+    "measure_cpu",
     "no_retry",
     "server_version",
     "table",
@@ -204,6 +206,21 @@ def best_cpu_us(runners: Sequence[Runner], cycles: int, runs: int) -> list[float
             gc.collect()
             best[i] = min(best[i], runner.cpu(cycles) / cycles * 1e6)
     return best
+
+
+class Measurable(Protocol):
+    """A row whose runner's client CPU per cycle ``measure_cpu`` fills in."""
+
+    runner: Runner | None
+    cpu_us: float
+
+
+def measure_cpu(rows: Sequence[Measurable], cycles: int, runs: int) -> None:
+    """Set ``cpu_us`` of every row with a runner: ``best_cpu_us`` over them, taking turns."""
+    live = [(row, row.runner) for row in rows if row.runner is not None]
+    cpus = best_cpu_us([runner for _, runner in live], cycles, runs)
+    for (row, _), cpu in zip(live, cpus, strict=True):
+        row.cpu_us = cpu
 
 
 def fmt(value: float) -> str:

@@ -57,6 +57,7 @@ import gc
 import importlib.metadata
 import importlib.util
 import itertools
+import math
 import os
 import platform
 import select
@@ -90,9 +91,9 @@ from _common import (
     Stats,
     SyncCycle,
     SyncRunner,
-    best_cpu_us,
     fmt,
     initialise,
+    measure_cpu,
     no_retry,
     server_version,
     write_results,
@@ -151,7 +152,7 @@ class Subject:
     base: Subject | None = None  # the unfenced row; None for an unfenced row itself
     note: str = ""
     stats: Stats = field(default_factory=Stats)
-    cpu_us: float | None = None  # client CPU per write (``measure_cpu``)
+    cpu_us: float = math.nan  # client CPU per write (``_common.measure_cpu``)
 
 
 @dataclass
@@ -637,16 +638,6 @@ def measure(groups: Sequence[Group], rounds: int, iterations: int, chunk: int) -
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr)
 
 
-def measure_cpu(groups: Sequence[Group], cycles: int, runs: int) -> None:
-    """Client CPU per write of every row: the best of ``runs`` runs of ``cycles``
-    untimed writes, the rows of a store taking turns (``_common.best_cpu_us``)."""
-    for group in groups:
-        live = [(s, s.runner) for s in group.subjects if s.runner is not None]
-        cpus = best_cpu_us([runner for _, runner in live], cycles, runs)
-        for (s, _), cpu in zip(live, cpus, strict=True):
-            s.cpu_us = cpu
-
-
 def close_quietly(subject: Subject) -> None:
     runner, subject.runner = subject.runner, None
     if runner is None:
@@ -682,12 +673,12 @@ NUMERIC = frozenset(HEADER) - {"write", "compared with", "failed"}  # aligned ri
 
 def cpu_cells(s: Subject) -> list[str]:
     """The row's client CPU per write, and its ratio to the unfenced row's."""
-    if s.cpu_us is None:
+    if math.isnan(s.cpu_us):
         return ["-", "-"]
     if s.base is None:
         return [fmt(s.cpu_us), "1.00x"]
     base = s.base.cpu_us
-    return [fmt(s.cpu_us), "-" if not base else f"{s.cpu_us / base:.2f}x"]
+    return [fmt(s.cpu_us), "-" if math.isnan(base) or not base else f"{s.cpu_us / base:.2f}x"]
 
 
 def rows_of(group: Group) -> list[list[str]]:
@@ -868,7 +859,8 @@ def run(args: argparse.Namespace) -> str:
             f"client CPU: best of {args.cpu_runs} x {args.cpu_cycles} writes per row",
             file=sys.stderr,
         )
-        measure_cpu(groups, args.cpu_cycles, args.cpu_runs)
+        for group in groups:  # the rows of a store take turns
+            measure_cpu(group.subjects, args.cpu_cycles, args.cpu_runs)
 
         redis_version = server_version(store_node)
         load = f"load average {load_before:.2f} before the run, {os.getloadavg()[0]:.2f} after"

@@ -73,9 +73,9 @@ from _common import (
     Stats,
     SyncCycle,
     SyncRunner,
-    best_cpu_us,
     fmt,
     initialise,
+    measure_cpu,
     no_retry,
     server_version,
     write_results,
@@ -418,14 +418,6 @@ def measure(subjects: Sequence[Subject], rounds: int, iterations: int, chunk: in
                 s.runner.batch(n, s.stats)
                 s.stats.turn_p50s.append(sorted(s.stats.latencies_ns[before:])[(n - 1) // 2])
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr)
-
-
-def measure_cpu(subjects: Sequence[Subject], cycles: int, runs: int) -> None:
-    """Client CPU per cycle of every system that runs here (best of ``runs``)."""
-    live = [(s, s.runner) for s in subjects if s.runner is not None]
-    cpus = best_cpu_us([runner for _, runner in live], cycles, runs)
-    for (s, _), cpu in zip(live, cpus, strict=True):
-        s.cpu_us = cpu
 
 
 def close_quietly(subject: Subject) -> None:
