@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import datetime
 import importlib.metadata
 import itertools
@@ -112,6 +113,45 @@ def _count_splits() -> list[int]:
     return counter
 
 
+Trace = tuple[list[int], list[int], list[int]]  # sent, readable, filed (monotonic ns)
+
+
+def _trace_handoff_path() -> Trace:
+    """Time the stages of a hand-off in this worker, by wrapping the blocking client's
+    driver (in this worker only): when a request was written to a node, when a
+    notification connection became readable, when a notification was filed for its
+    waiter. Each wrapper costs a clock reading and an append."""
+    import select
+    import types
+
+    from tenure._sync import links, notify
+
+    sent: list[int] = []
+    readable: list[int] = []
+    filed: list[int] = []
+    clock = time.monotonic_ns
+    send, put = links.Link.send, notify.Slot.put
+
+    def timed_send(self: Any, command: Any, now: float) -> None:
+        send(self, command, now)
+        sent.append(clock())
+
+    def timed_select(r: Any, w: Any, x: Any, timeout: float | None = None) -> Any:
+        got = select.select(r, w, x, timeout)
+        if got[0]:
+            readable.append(clock())
+        return got
+
+    def timed_put(self: Any, wake: Any, node: int = -1) -> None:
+        filed.append(clock())
+        put(self, wake, node)
+
+    links.Link.send = timed_send  # type: ignore[method-assign]
+    notify.select = types.SimpleNamespace(select=timed_select)  # type: ignore[attr-defined,assignment]
+    notify.Slot.put = timed_put  # type: ignore[method-assign]
+    return sent, readable, filed
+
+
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -134,9 +174,11 @@ def worker(
     start_at: Any,
     out: Connection,
     hold: float = 0.0,
+    trace: bool = False,
 ) -> None:
     records: list[Record] = []
     splits = _count_splits()
+    stages = _trace_handoff_path() if trace else None
     clock = time.monotonic_ns
     cpu = [0.0]  # this process's CPU seconds (every thread) in the measured loop
     if kind == "tenure-async":
@@ -166,7 +208,7 @@ def worker(
                 cpu[0] += _cpu_seconds()
 
         asyncio.run(main())
-        out.send((records, splits[0], cpu[0]))
+        out.send((records, splits[0], cpu[0], None))
         return
     if kind in ("tenure", "tenure-unfair"):
         client = tenure.Client(urls)
@@ -207,7 +249,7 @@ def worker(
         lock.release()
         records.append((asked, got, releasing))
     cpu[0] += _cpu_seconds()
-    out.send((records, splits[0], cpu[0]))
+    out.send((records, splits[0], cpu[0], stages))
 
 
 # --------------------------------------------------------------------------- one run
@@ -218,6 +260,7 @@ class Row:
     system: System
     k: int
     records: list[list[Record]] = field(default_factory=list)
+    traces: list[Trace | None] = field(default_factory=list)  # per worker (--handoff-path)
     splits: int = 0
     evals: int = 0
     cpu_clients: float = 0.0  # CPU seconds of the workers in the measured loops
@@ -229,14 +272,50 @@ class Row:
     def cycles(self) -> int:
         return sum(len(r) for r in self.records)
 
-    def handoffs_us(self) -> list[float]:
+    def handoffs(self) -> list[tuple[int, int, int, int]]:
+        """(release call, its worker, acquired, the acquiring worker) of every hand-off:
+        consecutive critical sections of different workers, the next one already waiting."""
         events = sorted(
             (got, rel, w, asked) for w, rs in enumerate(self.records) for asked, got, rel in rs
         )
+        return [
+            (rel, w, got, w2)
+            for (_, rel, w, _), (got, _, w2, asked) in itertools.pairwise(events)
+            if w2 != w and asked < rel and got >= rel
+        ]
+
+    def handoffs_us(self) -> list[float]:
+        return [(got - rel) / 1000 for rel, _, got, _ in self.handoffs()]
+
+    def handoff_stages_us(self) -> list[tuple[float, float, float, float]]:
+        """Each traced hand-off (``--handoff-path``) in four stages, µs: the releasing
+        worker's release call until its request was written; until the acquiring
+        worker's notification connection was readable (the node's script, and both
+        processes woken); until the notification was filed; until its acquire returned.
+        Hand-offs without a notification in between (the lock was free when asked) are
+        left out."""
         out = []
-        for (_, rel, w, _), (got, _, w2, asked) in itertools.pairwise(events):
-            if w2 != w and asked < rel and got >= rel:
-                out.append((got - rel) / 1000)
+        for rel, w, got, w2 in self.handoffs():
+            releaser, acquirer = self.traces[w], self.traces[w2]
+            if releaser is None or acquirer is None:
+                continue
+            sent_at, (_, readable, filed) = releaser[0], acquirer
+            i = bisect.bisect_left(sent_at, rel)
+            j = bisect.bisect_right(filed, got) - 1
+            if i == len(sent_at) or j < 0:
+                continue
+            sent, filed_at = sent_at[i], filed[j]
+            r = bisect.bisect_right(readable, filed_at) - 1
+            if r < 0 or not rel <= sent <= readable[r] <= filed_at <= got:
+                continue
+            out.append(
+                (
+                    (sent - rel) / 1000,
+                    (readable[r] - sent) / 1000,
+                    (filed_at - readable[r]) / 1000,
+                    (got - filed_at) / 1000,
+                )
+            )
         return out
 
     def waits_ms(self) -> list[float]:
@@ -266,7 +345,13 @@ def server_counts(cluster: LocalCluster, n: int) -> tuple[int, float]:
 
 
 def measure(
-    cluster: LocalCluster, system: System, k: int, duration: float, hold: float = 0.0
+    cluster: LocalCluster,
+    system: System,
+    k: int,
+    duration: float,
+    hold: float = 0.0,
+    *,
+    trace: bool = False,
 ) -> Row:
     row = Row(system, k)
     urls = cluster.urls[: system.nodes]
@@ -278,7 +363,7 @@ def measure(
         parent_end, child_end = _ctx.Pipe(duplex=False)
         proc = _ctx.Process(
             target=worker,
-            args=(system.kind, urls, key, duration, ready, start_at, child_end, hold),
+            args=(system.kind, urls, key, duration, ready, start_at, child_end, hold, trace),
         )
         proc.start()
         pipes.append(parent_end)
@@ -293,8 +378,9 @@ def measure(
         for pipe in pipes:
             if not pipe.poll(duration + 60):
                 raise RuntimeError("a worker did not finish")
-            records, splits, cpu_worker = pipe.recv()
+            records, splits, cpu_worker, stages = pipe.recv()
             row.records.append(records)
+            row.traces.append(stages)
             row.splits += splits
             row.cpu_clients += cpu_worker
         scripts_after, cpu_after = server_counts(cluster, system.nodes)
@@ -370,15 +456,16 @@ def _ping_pong(
     out.put(time.perf_counter_ns() - began)
 
 
-def floor(cluster: LocalCluster, rounds: int) -> dict[int, float]:
+def floor(cluster: LocalCluster, rounds: int, sizes: tuple[int, ...] = (1, 5)) -> dict[int, float]:
     """Median µs per hand-off of a bare ping-pong (raw sockets, a 1-line script, no
-    client library): what 1 and 5 nodes cost on this machine before any lock logic."""
+    client library): what 1 and 5 nodes (``sizes``) cost on this machine before any
+    lock logic."""
     addresses: list[str | int] = [
         node.port if node.port is not None else str(node.unix_path) for node in cluster
     ]
-    runs: dict[int, list[float]] = {1: [], 5: []}
+    runs: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(rounds):
-        for n in (1, 5):
+        for n in sizes:
             ready, start, out = _ctx.Semaphore(0), _ctx.Event(), _ctx.Queue()
             players = [
                 _ctx.Process(
@@ -539,8 +626,57 @@ def context(args: argparse.Namespace, version: str) -> list[str]:
     ]
 
 
+PATH_HEADER = [
+    "K",
+    "CS/s",
+    "hand-offs",
+    "hand-off p50 µs",
+    "release call -> written",
+    "-> notification readable",
+    "-> filed",
+    "-> acquired",
+]
+
+
+def handoff_path(args: argparse.Namespace) -> str:
+    """Where a hand-off's time goes: tenure's default (fair, blocking client, 1 node) at
+    every K, its driver timed at each stage (``Row.handoff_stages_us``), beside the bare
+    ping-pong's hand-off. Writes nothing: the wrappers cost a little at every stage."""
+    rows = []
+    with LocalCluster(1, unix=args.unix) as cluster:
+        initialise(cluster.urls)
+        bare = floor(cluster, 1 if args.quick else 3, sizes=(1,))[1]
+        for k in args.k:
+            row = measure(cluster, FAIR_1, k, args.duration, trace=True)
+            if row.error:
+                raise RuntimeError(f"K={k}: {row.error}")
+            stages = row.handoff_stages_us()
+            rows.append(
+                [
+                    str(k),
+                    fmt(row.cycles / row.elapsed),
+                    fmt(len(stages)),
+                    fmt(pct(row.handoffs_us(), 0.5)),
+                    *(fmt(pct([s[n] for s in stages], 0.5)) for n in range(4)),
+                ]
+            )
+            print("  ".join(rows[-1]), file=sys.stderr, flush=True)
+    return "\n".join(
+        [
+            f"{FAIR_1.name}, 1 node: p50 of each stage of a hand-off, µs (the medians of "
+            "the stages need not add up to the median of the whole)",
+            "",
+            table(PATH_HEADER, rows, lambda h: True, markdown=args.markdown),
+            "",
+            f"- bare ping-pong on the same node (no lock library): {bare:.0f} µs per hand-off",
+        ]
+    )
+
+
 def run(args: argparse.Namespace) -> str:
     args.load_before = load_average()
+    if args.handoff_path:
+        return handoff_path(args)
     with LocalCluster(5, unix=args.unix) as cluster:
         initialise(cluster.urls)
         version = server_version(cluster[0])
@@ -710,11 +846,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     parser.add_argument(
+        "--handoff-path",
+        action="store_true",
+        help="only time the stages of tenure's hand-off on 1 node, at every K (writes nothing)",
+    )
+    parser.add_argument(
         "--unix", action="store_true", help="nodes on unix sockets, not TCP (writes nothing)"
     )
     args = parser.parse_args(argv)
     args.write = (
         not args.quick
+        and not args.handoff_path
         and not args.only
         and args.k == [2, 8, 32]
         and not args.unix
