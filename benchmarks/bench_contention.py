@@ -29,6 +29,8 @@ python-redis-lock (``redis_lock.Lock``, ``BLPOP`` on a signal list).
 
 Run ``python benchmarks/bench_contention.py`` (``--quick`` for a smoke run, ``--markdown``
 to print Markdown). A full run writes ``benchmarks/results/contention.md``.
+``--handoff-path`` instead times each stage of tenure's hand-off on 1 node at every K
+(``handoff_path``), and writes nothing.
 """
 
 from __future__ import annotations
