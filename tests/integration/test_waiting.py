@@ -169,19 +169,20 @@ def test_fair_newcomer_does_not_overtake_the_queue(
     urls = shared5.urls[:1]
     holder = api.client(urls).acquire(key, ttl=0.4, fair=True)
     box: list[Any] = []
-    queued = threading.Thread(
-        target=lambda: box.append(tenure.Client(urls).acquire(key, ttl=TTL, fair=True))
-    )
-    queued.start()
-    _wait_until(lambda: _queue_length(shared5, key) == 1)
-    # The holder's key expires (the waiter, queued, re-checks then and may take it).
-    _wait_until(lambda: _value(shared5, LockKeys.of(key).lock) != holder.token.encode())
-    newcomer = api.client(urls)
-    assert newcomer.lock(key, ttl=TTL, fair=True).acquire(blocking=False) is False
-    queued.join(5)
-    assert box, "the queued waiter was handed the lock"
-    assert box[0].fencing_token > holder.fencing_token
-    box[0].release()
+    with tenure.Client(urls) as waiting:  # closed with the test: its subscription too
+        queued = threading.Thread(
+            target=lambda: box.append(waiting.acquire(key, ttl=TTL, fair=True))
+        )
+        queued.start()
+        _wait_until(lambda: _queue_length(shared5, key) == 1)
+        # The holder's key expires (the waiter, queued, re-checks then and may take it).
+        _wait_until(lambda: _value(shared5, LockKeys.of(key).lock) != holder.token.encode())
+        newcomer = api.client(urls)
+        assert newcomer.lock(key, ttl=TTL, fair=True).acquire(blocking=False) is False
+        queued.join(5)
+        assert box, "the queued waiter was handed the lock"
+        assert box[0].fencing_token > holder.fencing_token
+        box[0].release()
 
 
 def test_a_waiter_that_times_out_leaves_the_queue(
