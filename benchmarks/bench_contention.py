@@ -29,8 +29,9 @@ python-redis-lock (``redis_lock.Lock``, ``BLPOP`` on a signal list).
 
 Run ``python benchmarks/bench_contention.py`` (``--quick`` for a smoke run, ``--markdown``
 to print Markdown). A full run writes ``benchmarks/results/contention.md``.
-``--handoff-path`` instead times each stage of tenure's hand-off on 1 node at every K
-(``handoff_path``), and writes nothing.
+``--handoff-path`` instead times each stage of tenure's hand-off on 1 node at every K,
+beside the same workers each locking a name of its own (``handoff_path``), and writes
+nothing.
 """
 
 from __future__ import annotations
@@ -354,18 +355,21 @@ def measure(
     hold: float = 0.0,
     *,
     trace: bool = False,
+    own_names: bool = False,
 ) -> Row:
+    """``own_names``: each worker locks a name of its own (no contention: the control)."""
     row = Row(system, k)
     urls = cluster.urls[: system.nodes]
     key = f"bench:contention:{system.kind}:{system.nodes}:{k}"
     ready = _ctx.Semaphore(0)
     start_at = _ctx.Value("d", 0.0)
     pipes, procs = [], []
-    for _ in range(k):
+    for i in range(k):
         parent_end, child_end = _ctx.Pipe(duplex=False)
+        name = f"{key}:own:{i}" if own_names else key
         proc = _ctx.Process(
             target=worker,
-            args=(system.kind, urls, key, duration, ready, start_at, child_end, hold, trace),
+            args=(system.kind, urls, name, duration, ready, start_at, child_end, hold, trace),
         )
         proc.start()
         pipes.append(parent_end)
@@ -637,13 +641,18 @@ PATH_HEADER = [
     "-> notification readable",
     "-> filed",
     "-> acquired",
+    "worker CPU µs/CS",
+    "own names: cycles/s",
+    "own names: worker CPU µs/cycle",
 ]
 
 
 def handoff_path(args: argparse.Namespace) -> str:
     """Where a hand-off's time goes: tenure's default (fair, blocking client, 1 node) at
     every K, its driver timed at each stage (``Row.handoff_stages_us``), beside the bare
-    ping-pong's hand-off. Writes nothing: the wrappers cost a little at every stage."""
+    ping-pong's hand-off; and the workers' CPU per critical section beside the same K
+    workers' CPU per cycle when each locks a name of its own (the wrappers installed in
+    both). Writes nothing: the wrappers cost a little at every stage."""
     rows = []
     with LocalCluster(1, unix=args.unix) as cluster:
         initialise(cluster.urls)
@@ -652,6 +661,10 @@ def handoff_path(args: argparse.Namespace) -> str:
             row = measure(cluster, FAIR_1, k, args.duration, trace=True)
             if row.error:
                 raise RuntimeError(f"K={k}: {row.error}")
+            # The control: the same K workers, each locking a name of its own.
+            alone = measure(cluster, FAIR_1, k, args.duration, trace=True, own_names=True)
+            if alone.error:
+                raise RuntimeError(f"K={k}, own names: {alone.error}")
             stages = row.handoff_stages_us()
             rows.append(
                 [
@@ -660,6 +673,9 @@ def handoff_path(args: argparse.Namespace) -> str:
                     fmt(len(stages)),
                     fmt(pct(row.handoffs_us(), 0.5)),
                     *(fmt(pct([s[n] for s in stages], 0.5)) for n in range(4)),
+                    fmt(row.cpu_clients / row.cycles * 1e6),
+                    fmt(alone.cycles / alone.elapsed),
+                    fmt(alone.cpu_clients / alone.cycles * 1e6),
                 ]
             )
             print("  ".join(rows[-1]), file=sys.stderr, flush=True)
