@@ -54,8 +54,10 @@ def _own_channel_subscribed(api: Api, cluster: LocalCluster, client: Any, prefix
     the subscription may come up after the wait gave up. Its own channel, not a count of
     new ones: another client's listener coming back meanwhile (a test before this one
     killed the pub/sub connections) would be counted too."""
-    driver = client.target if isinstance(client, Synced) else client
-    listener = driver._listener_ if isinstance(client, Synced) else driver._listener
+    # An AsyncClient's listener is the one of the event loop it last waited in (its
+    # ``_listener`` property needs a running loop).
+    sync = not isinstance(client, Synced)
+    listener = client._listener if sync else client.target._listener_
     channel: str = listener.channel
     assert re.fullmatch(re.escape(prefix) + "wake:[0-9a-f]{16}", channel), channel
     api.wait_until(
