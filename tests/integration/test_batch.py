@@ -333,7 +333,8 @@ def test_an_acquire_never_overtakes_a_release_of_its_lock(node: LocalNode) -> No
             replies: list[object] = []
             done = asyncio.Event()
 
-            def note(reply: tuple[bool, object]) -> None:
+            def note(node: int, reply: tuple[bool, object]) -> None:
+                assert node == 0
                 replies.append(reply[1])
                 if len(replies) == 4:
                     done.set()

@@ -90,8 +90,10 @@ class ClusterChannel:
         make_pool: Callable[[NodeAddress], redis.asyncio.ConnectionPool],
         connect_timeout: float,
         changed: asyncio.Event,
+        node: int = 0,
     ) -> None:
         self.address = address
+        self.node = node  # its place in the client's list of nodes, as a Channel's
         self.name = address.display
         self.scripts: ScriptCache = _Scripts()
         self.last: Diagnosis | None = None
@@ -257,7 +259,7 @@ class ClusterChannel:
         for pool in self._pools.values():
             await pool.disconnect()
 
-    def send(self, command: Command, on_reply: Callable[[Any], None]) -> None:
+    def send(self, command: Command, on_reply: Callable[[int, Any], None]) -> None:
         """Write ``command`` to the master of its slot; its replies reach ``on_reply``
         once redirections were followed.
 
@@ -271,7 +273,7 @@ class ClusterChannel:
     def _route(
         self,
         command: Command,
-        on_reply: Callable[[Any], None],
+        on_reply: Callable[[int, Any], None],
         hops: int,
         to: tuple[Address, bool] | None,
     ) -> None:
@@ -282,7 +284,7 @@ class ClusterChannel:
                 why = slot_unserved(slot) if self.map is not None else self.last
                 detail = why.detail if why is not None else "no slot map yet"
                 for _ in range(command.replies):
-                    on_reply((False, SlotSilent(detail)))
+                    on_reply(self.node, (False, SlotSilent(detail)))
                 return
             asking = False
         else:
@@ -295,9 +297,10 @@ class ClusterChannel:
     def _on_reply(
         self,
         command: Command,
-        on_reply: Callable[[Any], None],
+        on_reply: Callable[[int, Any], None],
         hops: int,
         member: Any,
+        node: int,
         reply: tuple[bool, Any],
     ) -> None:
         ok, value = reply
@@ -305,28 +308,28 @@ class ClusterChannel:
         if ok or not isinstance(value, ResponseError) or command.replies != 1:
             if not ok and isinstance(value, ResponseError):
                 value = self._silenced(value) or value
-            on_reply((ok, value))
+            on_reply(node, (ok, value))
             return
         text = str(value)
         if script_missing(text) or evalsha_refused(text):
             member.scripts.answered(text, None)  # its next acquire goes by EVAL
-            on_reply(reply)
+            on_reply(node, reply)
             return
         where = (member.address.host or "", member.address.port or 0)
         hop = redirect(text, where)
         if hop is None:
-            on_reply(reply)
+            on_reply(node, reply)
             return
         if hop.kind == "moved" and hop.to is not None:
             self._moved(hop.slot, hop.to)
             self._start_load()
         if hop.to is None or hops >= MAX_REDIRECTS:
-            on_reply((False, SlotSilent(hop.detail(member.address.display))))
+            on_reply(node, (False, SlotSilent(hop.detail(member.address.display))))
             return
         try:
             self._route(command, on_reply, hops + 1, (hop.to, hop.kind == "ask"))
         except BackingOff as exc:
-            on_reply((False, SlotSilent(f"{hop.detail()}: {exc.detail}")))
+            on_reply(node, (False, SlotSilent(f"{hop.detail()}: {exc.detail}")))
 
     def _silenced(self, error: ResponseError) -> SlotSilent | None:
         hop = redirect(str(error))
