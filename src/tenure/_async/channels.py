@@ -93,7 +93,7 @@ class Channel:
         connect_timeout: float,
         changed: asyncio.Event,
         *,
-        node: int = 0,
+        node: int,
         batching: bool = False,
     ) -> None:
         self.address = address

@@ -90,7 +90,7 @@ class ClusterChannel:
         make_pool: Callable[[NodeAddress], redis.asyncio.ConnectionPool],
         connect_timeout: float,
         changed: asyncio.Event,
-        node: int = 0,
+        node: int,
     ) -> None:
         self.address = address
         self.node = node  # its place in the client's list of nodes, as a Channel's
