@@ -866,7 +866,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--handoff-path",
         action="store_true",
-        help="only time the stages of tenure's hand-off on 1 node, at every K (writes nothing)",
+        help="only time the stages of tenure's hand-off on 1 node, at every K, beside the "
+        "same workers each locking a name of its own (writes nothing)",
     )
     parser.add_argument(
         "--unix", action="store_true", help="nodes on unix sockets, not TCP (writes nothing)"
