@@ -38,6 +38,9 @@ from .watchdog import Watchdog
 __all__ = ["AsyncClient", "AsyncLease", "AsyncLock"]
 
 _clock = monotonic
+# What ``async with lock:`` does with a lease it was not asked to keep alive: watch it,
+# to cancel the body once its validity ends.
+_WATCH_ONLY = KeepAlive(extend=False)
 
 
 class AsyncClient(ClientBase):
@@ -215,8 +218,19 @@ class AsyncLease(LeaseView):
         # Extensions (the watchdog's) and the release run one at a time, as for the
         # blocking ``Lease``: an extension must not conclude on a lease being released.
         self._op_lock = asyncio.Lock()
-        self.lost = asyncio.Event()
+        # Made when first asked for: most leases are released long before anyone
+        # looks, and an asyncio.Event costs calls of Python to make.
+        self._lost_event: asyncio.Event | None = None
+
+    @property
+    def lost(self) -> asyncio.Event:
         """Set the moment the lease is found lost (see ``lost_error``)."""
+        event = self._lost_event
+        if event is None:
+            event = self._lost_event = asyncio.Event()
+            if self._loss is not None:
+                event.set()
+        return event
 
     def _signal_lost(self) -> None:
         self.lost.set()
@@ -342,7 +356,7 @@ class AsyncLock(LockView[AsyncLease]):
 
     async def __aenter__(self) -> AsyncLease:
         lease = self._entered(await self.acquire(self._blocking, self._timeout))
-        lease._watch(self._keep_alive or KeepAlive(extend=False))
+        lease._watch(self._keep_alive or _WATCH_ONLY)
         block = self._block = _Block(asyncio.current_task())
 
         def cancel_body(error: LeaseLost) -> None:

@@ -71,6 +71,10 @@ class Deadlines:
             entry.callback = None
             self._live -= 1
 
+    def time(self) -> float:
+        """Now, on the clock of the deadlines."""
+        return self._loop.time()
+
     def __len__(self) -> int:
         """Deadlines still to run."""
         return self._live

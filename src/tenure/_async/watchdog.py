@@ -3,10 +3,11 @@ flow (``Flows.watchdog``); a release cancels it.
 
 The flow always begins with a pause (until the first extension, or until the validity's
 end when it only watches). So the task is made only when that pause is over: until then
-a timer stands for it. ``async with lock:`` watches every lease it holds (so that a loss
-can cancel the body), and most bodies end long before the first pause does: they cost a
-timer set and cancelled, not a task's creation, two steps, its cancellation and the wait
-for its end (about a sixth of an uncontended acquire and release on one node).
+a timer stands for it, on the loop's heap of watches (``Deadlines``). ``async with
+lock:`` watches every lease it holds (so that a loss can cancel the body), and most
+bodies end long before the first pause does: they cost a timer set and cancelled, not a
+task's creation, two steps, its cancellation and the wait for its end (about a sixth of
+an uncontended acquire and release on one node).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .._core.flows import ExtendLease, Op, Pause
 from .._core.watchdog import KeepAlive
 from .._driver.clock import monotonic
+from .deadlines import Deadline
 from .drive import adrive
 
 if TYPE_CHECKING:
@@ -33,16 +35,19 @@ class Watchdog:
         self._flow = lease._client._flows.watchdog(lease, policy)
         self._first: Op | None = next(self._flow)
         self.task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Deadline | None = None
         first = self._first
         if isinstance(first, Pause):
-            self._timer = asyncio.get_running_loop().call_later(
-                max(first.until - monotonic(), 0.0), self._start
+            # On the loop's heap of watches, not a timer of the loop's own: one made and
+            # cancelled per lease cost about as many calls of Python as the watch itself.
+            self._watches = lease._client._channels.watches()
+            self._timer = self._watches.add(
+                self._watches.time() + max(first.until - monotonic(), 0.0), self._start
             )
         else:
             self._start()
 
-    def _start(self) -> None:
+    def _start(self, _when: float = 0.0) -> None:
         self._timer = None
         self.task = asyncio.get_running_loop().create_task(self._watch())
 
@@ -50,7 +55,7 @@ class Watchdog:
         """Stop it: before its task began, at once; afterwards, the task is cancelled
         (an extension in progress is cancelled with it, as any awaited call is)."""
         if self._timer is not None:
-            self._timer.cancel()
+            self._watches.cancel(self._timer)
             self._timer = None
             self._flow.close()
         elif self.task is not None and self.task is not asyncio.current_task():

@@ -61,7 +61,8 @@ class Failure(enum.Enum):
 
 @dataclass(slots=True)  # one per node and round
 class NodeResult:
-    """What one node answered in a round; ``ok`` is None when it failed.
+    """What one node answered in a round; ``ok`` is None when it failed. Never changed
+    once made (``Round.record`` shares one for every plain yes).
 
     ``info`` carries what an acquire reply says beyond yes/no: (status, number, floor)
     and, when the lock is held and the caller waits, its PTTL; see ``_lua/acquire.lua``.
@@ -71,6 +72,9 @@ class NodeResult:
     failure: Failure | None = None
     detail: str = ""
     info: tuple[int, ...] | None = None
+
+
+_YES = NodeResult(ok=True)
 
 
 class Round:
@@ -88,6 +92,7 @@ class Round:
         "_no",
         "_wait_all",
         "_yes",
+        "failed",
         "hear_out",
         "needed",
         "results",
@@ -109,6 +114,7 @@ class Round:
         self._yes = 0
         self._no = 0  # refusals and failures: both mean "not a yes"
         self._answered = 0
+        self.failed = 0  # nodes that gave no usable answer (``fail``)
         self._could_begin: float | None = None  # when the ready nodes could first decide it
         self._wait_all = wait_all  # decided only when every node answered (or the deadline)
         # Seconds to go on reading once the round became impossible: a failure is then
@@ -197,7 +203,9 @@ class Round:
         """
         if self.results[node] is not None:
             return
-        self.results[node] = NodeResult(ok=ok, info=info)
+        # A yes without more to say (a release's, an extension's) is one shared value:
+        # a NodeResult is never changed once recorded.
+        self.results[node] = _YES if ok is True and info is None else NodeResult(ok, None, "", info)
         self._answered += 1
         if ok:
             self._yes += 1
@@ -211,6 +219,7 @@ class Round:
         self.results[node] = NodeResult(failure=failure, detail=detail)
         self._answered += 1
         self._no += 1
+        self.failed += 1
 
     def stop_hearing(self) -> None:
         """Stop waiting for more answers to a failed round (its ``hear_out`` is over):

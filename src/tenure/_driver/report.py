@@ -33,6 +33,8 @@ class NodeReporter:
 
     def round(self, rnd: Round) -> None:
         """Note the configuration failures of a finished round."""
+        if not rnd.failed:
+            return  # nearly every round: nothing to look at
         for i, r in enumerate(rnd.results):
             if r is not None and r.failure is not None and r.failure.configuration:
                 self.note(i, r.failure, r.detail)
