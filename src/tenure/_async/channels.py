@@ -102,6 +102,9 @@ class Channel:
         self._connect_timeout = connect_timeout
         self._changed = changed  # set when a set-up ends (Channels._set_up waits on it)
         self._conn: redis.asyncio.Connection | None = None
+        # Connected: a request written now goes out at once (``_conn`` set by the
+        # running ``_task``). An attribute, not a property: every round reads it per node.
+        self.ready = False
         self._pending: deque[tuple[OnReply, float]] = deque()
         self._unsent: list[tuple[Command, OnReply]] = []
         self._task: asyncio.Task[None] | None = None
@@ -206,11 +209,6 @@ class Channel:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     @property
-    def ready(self) -> bool:
-        """Connected: a request written now goes out at once."""
-        return self._conn is not None and self._task is not None
-
-    @property
     def connecting(self) -> bool:
         return self._conn is None and self._task is not None
 
@@ -290,6 +288,7 @@ class Channel:
             transport = conn._writer.transport  # type: ignore[union-attr]
             transport.set_protocol(RespProtocol(self._deliver, lost))
             self._conn = conn
+            self.ready = True
             now = time.monotonic()
             for command, on_reply in self._unsent:
                 self._write(self.scripts.packed(command))
@@ -352,6 +351,7 @@ class Channel:
         self._reconnect.failed(now)
         task, self._task = self._task, None
         self._conn = None
+        self.ready = False
         self._changed.set()  # a round waiting for this channel's set-up looks again
         if task is not None and not from_task:
             task.cancel()
@@ -371,6 +371,7 @@ class Channel:
         self._fail_all(ConnectionError("client closed"))
         task, self._task = self._task, None
         self._conn = None
+        self.ready = False
         self._changed.set()
         tasks = list(self._retired)
         if task is not None:
