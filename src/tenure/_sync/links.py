@@ -369,26 +369,31 @@ class LinkSet:
         waiting: list[int] = []
         now = rnd.started
         order: Sequence[int] = range(len(links)) if targets is None else targets
-        if hopeless_unsent:
-            asked = rule_out(rnd, order, lambda i: (links[i].backing_off(now), links[i].node.last))
-            if asked is None:
-                self._reporter.round(rnd)
-                self.clean = True
-                return
-            order = asked
         ready = True
-        for i in order:
-            if not links[i].ready():
+        for i in order:  # a loop, not all() over a generator: it runs in every round
+            if links[i].conn is None:  # (``Link.ready``, written out)
                 ready = False
                 break
         if not ready:
-            order = self._set_up(order, rnd, clock)
-            if hopeless_unsent and rnd.impossible:
-                self._reporter.round(rnd)
-                self.clean = True
-                return
-            deadline += rnd.begin_at(clock())
-            now = rnd.started
+            # (A link that is connected is in no back-off: with every one connected, as
+            # nearly always, there is nothing to rule out and nothing to set up.)
+            if hopeless_unsent:
+                asked = rule_out(
+                    rnd, order, lambda i: (links[i].backing_off(now), links[i].node.last)
+                )
+                if asked is None:
+                    self._reporter.round(rnd)
+                    self.clean = True
+                    return
+                order = asked
+            if not all(links[i].ready() for i in order):
+                order = self._set_up(order, rnd, clock)
+                if hopeless_unsent and rnd.impossible:
+                    self._reporter.round(rnd)
+                    self.clean = True
+                    return
+                deadline += rnd.begin_at(clock())
+                now = rnd.started
         for i in order:
             try:
                 links[i].send(command, now)
