@@ -64,6 +64,19 @@ def test_watchdog_gives_up_at_the_hold_cap(api: Api, shared5: LocalCluster, key:
         lease.release()
 
 
+def test_the_lost_event_first_looked_at_after_the_loss_is_set(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    # The asyncio lease makes its event when first asked for: one asked for only after
+    # the loss must still say so.
+    client = api.client(shared5.urls)
+    lease = client.acquire(key, ttl=0.6, watchdog=True, max_hold=0.7)
+    api.wait_until(lambda: lease.lost_error is not None, 5.0, "the lease lost at max_hold")
+    assert lease.lost.is_set()
+    with contextlib.suppress(tenure.LeaseLost):
+        lease.release()
+
+
 def test_loss_is_signalled_within_one_interval_after_a_majority_dies(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:

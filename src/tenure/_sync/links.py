@@ -371,12 +371,12 @@ class LinkSet:
         order: Sequence[int] = range(len(links)) if targets is None else targets
         ready = True
         for i in order:  # a loop, not all() over a generator: it runs in every round
-            if links[i].conn is None:  # (``Link.ready``, written out)
+            if not links[i].ready():
                 ready = False
                 break
         if not ready:
-            # (A link that is connected is in no back-off: with every one connected, as
-            # nearly always, there is nothing to rule out and nothing to set up.)
+            # (A link that is ready is in no back-off, a Cluster node's too: with every
+            # one ready, as nearly always, there is nothing to rule out or set up.)
             if hopeless_unsent:
                 asked = rule_out(
                     rnd, order, lambda i: (links[i].backing_off(now), links[i].node.last)
