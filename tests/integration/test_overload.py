@@ -106,6 +106,41 @@ def test_a_busy_loop_never_reports_healthy_nodes_unreachable(nodes: LocalCluster
     asyncio.run(main())
 
 
+def test_rounds_written_into_a_turns_batch_time_out_when_their_nodes_are_silent(
+    nodes: LocalCluster,
+) -> None:
+    """Many tasks' rounds in one turn of the loop go out in the turn's batch, and their
+    wait for replies begins once it went out: with two of three nodes frozen, every
+    acquire still fails at its deadline (no majority), not waits for ever."""
+    timeout = 0.2
+
+    async def main() -> list[BaseException | None]:
+        async with tenure.AsyncClient(nodes.urls, node_timeout=timeout) as client:
+            await _warm_up(client, "batched-silent-warm")
+            for node in list(nodes)[1:]:
+                node.pause()
+            try:
+
+                async def attempt(k: int) -> BaseException | None:
+                    try:
+                        await client.acquire(f"batched-silent-{k}", ttl=5.0, blocking=False)
+                    except tenure.QuorumUnreachable as exc:
+                        return exc
+                    return None
+
+                started = time.monotonic()
+                outcomes = await asyncio.wait_for(
+                    asyncio.gather(*(attempt(k) for k in range(16))), 20 * timeout
+                )
+                assert time.monotonic() - started >= timeout  # each waited out its deadline
+                return outcomes
+            finally:
+                _resume_and_hear(nodes)
+
+    outcomes = asyncio.run(main())
+    assert all(isinstance(o, tenure.QuorumUnreachable) for o in outcomes), outcomes
+
+
 def test_a_deadline_run_late_gives_the_nodes_one_node_timeout_more(nodes: LocalCluster) -> None:
     """The loop was blocked past a round's deadline while every node was frozen, and
     they answer a little after it runs again: the round waits for them (a grace), where
