@@ -171,8 +171,12 @@ def test_a_blocking_waiter_is_woken_by_the_release(
         thread = threading.Thread(target=release_once_queued)
         thread.start()
         # A fallback re-check (15 s at the earliest) later than the timeout: only the
-        # release's notification can end this wait in time.
-        waiter = api.client([cluster.url], recheck=30.0, node_timeout=SLOW)
+        # release's notification can end this wait in time. The first wait waits a node
+        # timeout for the slot's subscription before it queues: SLOW (0.5 s) was once too
+        # short for the confirmation on a loaded 2-core machine (the waiter then queues
+        # with its process channel, as documented, and the check below fails). 0.9 s:
+        # the most a TTL of 2 s allows is 0.978 s.
+        waiter = api.client([cluster.url], recheck=30.0, node_timeout=0.9)
         got = waiter.acquire(name, ttl=TTL, timeout=10.0)
         thread.join()
         assert got.fencing_token > lease.fencing_token
