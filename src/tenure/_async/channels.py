@@ -698,8 +698,9 @@ class Channels:
     def _arm_after_flush(self, wait: _Wait) -> None:
         # One callback per turn of the loop arms every round written into that turn's
         # batches, not one per round (a ``call_soon`` costs the loop a handle and about
-        # six calls of Python: at 16 tasks, 4% of a cycle's instructions). It was
-        # scheduled after the flushes of the turn's first round, so it runs after them.
+        # six calls of Python: 1.9% of a cycle's instructions at 16 tasks on 5 nodes).
+        # It was scheduled after the flushes of the turn's first round, so it runs
+        # after them.
         to_arm = self._to_arm
         if not to_arm:
             wait.loop.call_soon(self._arm_all)

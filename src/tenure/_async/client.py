@@ -218,8 +218,9 @@ class AsyncLease(LeaseView):
         # Extensions (the watchdog's) and the release run one at a time, as for the
         # blocking ``Lease``: an extension must not conclude on a lease being released.
         self._op_lock = asyncio.Lock()
-        # Made when first asked for: most leases are released long before anyone
-        # looks, and an asyncio.Event costs calls of Python to make.
+        # Made when first asked for, or by the loss (``_signal_lost``): most leases are
+        # released long before anyone looks, and an asyncio.Event costs calls of
+        # Python to make.
         self._lost_event: asyncio.Event | None = None
 
     @property
@@ -228,8 +229,6 @@ class AsyncLease(LeaseView):
         event = self._lost_event
         if event is None:
             event = self._lost_event = asyncio.Event()
-            if self._loss is not None:
-                event.set()
         return event
 
     def _signal_lost(self) -> None:
