@@ -338,7 +338,7 @@ def server_counts(cluster: LocalCluster, n: int) -> tuple[int, float]:
     for node in list(cluster)[:n]:
         with node.client() as c:
             stats = c.info("commandstats")
-            # By EVAL, and by EVALSHA for the acquire.
+            # By EVAL, and by EVALSHA (the acquire; on one node, the release too).
             scripts += sum(
                 int(stats.get(k, {}).get("calls", 0)) for k in ("cmdstat_eval", "cmdstat_evalsha")
             )

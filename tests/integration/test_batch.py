@@ -240,10 +240,10 @@ def test_many_tasks_acquire_in_batches(node: LocalNode) -> None:
 
     asyncio.run(main())
     runs = commands_run(node)
-    # The acquires (EVALSHA) and the releases (EVAL) went in fewer script runs than
-    # there were of them.
-    assert 0 < runs.get("evalsha", 0) < tasks * cycles / 2, runs
-    assert 0 < runs.get("eval", 0) < tasks * cycles / 2, runs
+    # The acquires and the releases (both by EVALSHA: one node reads every reply) went
+    # in fewer script runs than a quarter of them; the scripts were cached by then.
+    assert 0 < runs.get("evalsha", 0) < 2 * tasks * cycles / 4, runs
+    assert runs.get("eval", 0) == 0, runs
     with node.client() as c:
         assert c.keys(f"*{prefix}*") == []
 

@@ -1,4 +1,5 @@
-"""The acquire goes by EVALSHA; a node that cannot run it is sent the EVAL form at once.
+"""The acquire goes by EVALSHA (and a single node's release and extension); a node that
+cannot run it is sent the EVAL form at once.
 
 A node's script cache is empty after a restart or ``SCRIPT FLUSH`` (it answers NOSCRIPT),
 and an ACL may grant ``+eval`` without ``+evalsha`` (NOPERM). Neither may cost the node
@@ -88,6 +89,41 @@ def test_a_flushed_script_cache_costs_no_vote(api: Api, nodes3: LocalCluster) ->
             for _ in range(3):
                 _granted_everywhere(api, client, name, cluster)
             assert _evalsha_refused(cluster) == after
+
+
+def _pttl_ms(cluster: LocalCluster, key: str) -> int:
+    with cluster[0].client() as c:
+        return int(c.pttl(key))
+
+
+def test_a_single_nodes_release_and_extension_outlive_a_flushed_script_cache(api: Api) -> None:
+    # One node is the whole majority, so its every reply is read within the round: the
+    # release and the extension go by EVALSHA too, and a NOSCRIPT is answered by the
+    # EVAL form at once. Had it been dropped, the extension would leave the old TTL and
+    # the release would leave the key until it expired.
+    with LocalCluster(1) as one:
+        cached = api.client(one.urls).acquire("cached", ttl=2.0)
+        cached.extend()
+        cached.release()  # the node has the scripts
+        for step in ("extend", "release"):
+            # A client of its own for each step: after one NOSCRIPT, a client sends every
+            # script once by EVAL, whichever refused.
+            client = api.client(one.urls)
+            warm = client.acquire(f"warm-{uuid.uuid4().hex}", ttl=2.0)
+            warm.extend()
+            warm.release()  # connected, each form by EVALSHA
+            lease = client.acquire(f"single-{uuid.uuid4().hex}", ttl=2.0)
+            with one[0].client() as c:
+                c.script_flush()
+            before = _evalsha_refused(one)
+            if step == "extend":
+                lease.extend(30.0)
+                assert _pttl_ms(one, lease.key) > 20_000
+            else:
+                lease.release()
+                assert holders(one, lease.key) == [None]
+            # It went by EVALSHA (refused once), then by EVAL (which did the work).
+            assert [a - b for a, b in zip(_evalsha_refused(one), before, strict=True)] == [1]
 
 
 def test_a_user_without_evalsha_is_sent_eval(api: Api, nodes3: LocalCluster) -> None:

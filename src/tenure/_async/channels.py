@@ -123,7 +123,6 @@ class Channel:
         # failure is reported with that failure, not as merely "backing off".
         self.last: Diagnosis | None = None
         self.scripts = ScriptCache()  # what its answers to EVALSHA told us
-        self.batch_scripts = ScriptCache()  # the same for acquire_batch.lua
 
     def send(self, command: Command, on_reply: OnReply = _ignore) -> None:
         """Write ``command`` now (or as soon as the connection is up).
@@ -137,17 +136,14 @@ class Channel:
             self._reset(ConnectionError(f"no reply for {STALL}s"), now)
         if self._conn is not None and self._task is not None and not self._unsent:
             if command.item is not None and self._batching and self._pending:
-                scripts = self.scripts
-                # A script by EVALSHA the node said it lacks goes alone by EVAL, which
-                # caches it again.
-                if not (command.by_sha and (scripts.missing or scripts.eval_only)):
-                    opened = self._batches.join(command, on_reply)
-                    if opened is not None:
-                        # Its place in the order of writes, and of replies: its first
-                        # command's.
-                        self._write(opened)
-                        self._pending.append((partial(self._deliver_batch, opened), now))
-                    return
+                # (A batch goes by EVAL where the node lacks its script: ``_packed``.)
+                opened = self._batches.join(command, on_reply)
+                if opened is not None:
+                    # Its place in the order of writes, and of replies: its first
+                    # command's.
+                    self._write(opened)
+                    self._pending.append((partial(self._deliver_batch, opened), now))
+                return
             if self._batches.open:
                 self._batches.passed(command)
             # Only a script sent by EVALSHA has another form (``ScriptCache``).
@@ -172,7 +168,7 @@ class Channel:
             # One answer for all (NOSCRIPT, a dropped connection): each command takes it
             # as its own, and an acquire's round resends it alone if a script was missing.
             if isinstance(value, ResponseError):
-                self.batch_scripts.answered(str(value), None)
+                self.scripts.answered(str(value), None)
             for on_reply in callbacks:
                 on_reply(node, reply)
             return
@@ -257,10 +253,8 @@ class Channel:
             conn._writer.write(b"".join(data))  # type: ignore[union-attr]
 
     def _packed(self, batch: Batch[OnReply]) -> bytes:
-        # A batch of one goes as that command, so under the node's script cache, not
-        # acquire_batch.lua's (each form recaches only its own script).
-        scripts = self.scripts if batch.alone else self.batch_scripts
-        return scripts.packed(batch.command())
+        # A batch of one goes as that command.
+        return self.scripts.packed(batch.command())
 
     async def _run(self) -> None:
         """Connect, flush what was queued meanwhile, then wait until the link fails.

@@ -16,8 +16,8 @@ and an acquire that overtook it would be released by it. So a command joins only
 nothing written since the batch opened has its key, and a command whose key is not known
 (none given) closes the batch. Every command keeps its order with the others of its own
 lock, which is all a task relies on. (An acquire and a release are never in one batch:
-the acquire goes by EVALSHA, the release by EVAL; each kind has its own batch, and to
-each the other's commands are commands written between.)
+they run different scripts; each kind has its own batch, and to each the other's
+commands are commands written between.)
 
 Only for a plain node: the keys of one script run must share a Cluster slot, and the
 locks of a batch do not.

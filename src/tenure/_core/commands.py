@@ -92,8 +92,9 @@ def _eval(name: str, keys: tuple[str, ...], *args: bytes | str | int) -> bytes:
     # EVAL with the source. A release is sent to every node but only a majority of
     # replies is awaited; after SCRIPT FLUSH or a restart, EVALSHA on a node nobody waits
     # for would answer NOSCRIPT and no EVAL would follow, leaving our key there until its
-    # TTL. EVAL cannot fail that way. Only the acquire goes by EVALSHA (``acquire``):
-    # docs/architecture.md, "EVALSHA for the acquire, EVAL for the rest".
+    # TTL. EVAL cannot fail that way. The acquire goes by EVALSHA (``acquire``), and so
+    # do a single node's release and extension (``_by_sha``): docs/architecture.md,
+    # "EVALSHA where a NOSCRIPT is always answered".
     return b"".join((_eval_head(name, len(keys) + len(args)), _keys(keys)[0], _bulk(args)))
 
 
@@ -188,19 +189,20 @@ class Command:
     round's deadline it also judges a node from the replies that came so far (at least
     one): a node that answered only part is not silent.
 
-    ``fallback``: the same command by EVAL when ``packed`` is an EVALSHA, what a node
-    that cannot run that is sent instead (``ScriptCache``); None: ``packed`` runs on any
-    node. It may be given as its two parts, (the head with the script's source, the
-    rest), joined only if a node needs it: the source is 5 KB, and nearly every acquire
-    goes out by EVALSHA alone. ``key``: a key of the command, which a Redis Cluster node
-    sends it to the master of its slot. ``item``: what a batch of such commands needs of
-    it (``batch``, ``Item``); None for a command that never goes in a batch.
+    ``fallback``: the same command by EVAL when ``packed`` is an EVALSHA of the script
+    ``script``, what a node that cannot run that is sent instead (``ScriptCache``);
+    None: ``packed`` runs on any node. It may be given as its two parts, (the head with
+    the script's source, the rest), joined only if a node needs it: the source is 5 KB,
+    and nearly every acquire goes out by EVALSHA alone. ``key``: a key of the command,
+    which a Redis Cluster node sends it to the master of its slot. ``item``: what a
+    batch of such commands needs of it (``batch``, ``Item``); None for a command that
+    never goes in a batch.
 
     A plain class with slots, not a dataclass: two are made per acquire and release, and
     a frozen dataclass's ``__init__`` costs a call per field. What it says never changes.
     """
 
-    __slots__ = ("_fallback", "by_sha", "item", "key", "packed", "parse", "replies")
+    __slots__ = ("_fallback", "by_sha", "item", "key", "packed", "parse", "replies", "script")
 
     def __init__(
         self,
@@ -210,6 +212,7 @@ class Command:
         fallback: bytes | tuple[bytes, bytes] | None = None,
         key: str = "",
         item: Item | None = None,
+        script: str = "",
     ) -> None:
         self.packed = packed
         self.parse = parse
@@ -218,6 +221,7 @@ class Command:
         self.by_sha = fallback is not None  # ``packed`` is an EVALSHA with an EVAL form
         self.key = key
         self.item = item
+        self.script = script
 
     @property
     def fallback(self) -> bytes | None:
@@ -231,6 +235,26 @@ class Command:
 
     def __repr__(self) -> str:
         return f"Command({self.packed[:60]!r}..., replies={self.replies}, key={self.key!r})"
+
+
+# The scripts that go by EVALSHA, with their EVAL form as the fallback: after one
+# NOSCRIPT the node may lack any of them (a flush or a restart empties the whole cache).
+BY_SHA = frozenset({"acquire", "acquire_batch", "release", "release_batch", "extend"})
+
+
+def _by_sha(name: str, argc: int, tail: bytes, item: Item | None = None, key: str = "") -> Command:
+    """``name``'s script with its keys and arguments ``tail``, by EVALSHA, with its EVAL
+    form as the fallback (``ScriptCache``). For a script whose NOSCRIPT must not go
+    unanswered (a release), only where the round reads every node's reply: a client of
+    one node (``Flows.reads_all``)."""
+    return Command(
+        _evalsha_head(name, argc) + tail,
+        _acquire_reply if name == "acquire" else _yes_if_one,
+        fallback=(_eval_head(name, argc), tail),
+        key=key,
+        item=item,
+        script=name,
+    )
 
 
 # What a driver sends a Redis Cluster node besides the scripts: ASKING before a command
@@ -248,20 +272,22 @@ class ScriptCache:
     again; a NOSCRIPT that comes after the round ended (a node outside the first
     majority) makes the *next* acquire go to it by EVAL. Either way the node is never
     left refusing every acquire, silently lowering how many failures a quorum survives.
-    A node whose ACL refuses EVALSHA (a user granted ``+eval`` only) is sent EVAL from
-    then on.
+    After a NOSCRIPT every script of ``BY_SHA`` goes once by EVAL, each caching itself
+    again: the whole cache went. A node whose ACL refuses EVALSHA (a user granted
+    ``+eval`` only) is sent EVAL from then on.
     """
 
     __slots__ = ("eval_only", "missing")
 
     def __init__(self) -> None:
         self.eval_only = False  # its ACL refused EVALSHA
-        self.missing = False  # it answered NOSCRIPT and was not sent the EVAL form since
+        # The scripts not sent by EVAL since it last answered NOSCRIPT.
+        self.missing: set[str] = set()
 
     def packed(self, command: Command) -> bytes:
         """The bytes of ``command`` for this node."""
-        if command.by_sha and (self.eval_only or self.missing):
-            self.missing = False  # the EVAL form caches the script again
+        if command.by_sha and (self.eval_only or (self.missing and command.script in self.missing)):
+            self.missing.discard(command.script)  # the EVAL form caches the script again
             fallback = command.fallback
             assert fallback is not None  # it has one: by_sha
             return fallback
@@ -274,12 +300,12 @@ class ScriptCache:
         if evalsha_refused(error):
             self.eval_only = True
         elif script_missing(error):
-            self.missing = True
+            self.missing = set(BY_SHA)
         else:
             return None
         if command is None or command.fallback is None:
             return None
-        self.missing = False
+        self.missing.discard(command.script)
         return Command(command.fallback, command.parse, command.replies, key=command.key)
 
 
@@ -368,16 +394,10 @@ def acquire(
     argc = len(node_keys) + len(args)
     arguments = start + _fill(rest, values)
     counted, listed = _keys(node_keys)
-    tail = counted + arguments
     # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
     # cannot run it answers without granting anything (``ScriptCache``).
-    return Command(
-        _evalsha_head("acquire", argc) + tail,
-        _acquire_reply,
-        fallback=(_eval_head("acquire", argc), tail),
-        key=keys.lock,
-        item=("acquire_batch", listed, len(node_keys), arguments, len(args)),
-    )
+    item: Item = ("acquire_batch", listed, len(node_keys), arguments, len(args))
+    return _by_sha("acquire", argc, counted + arguments, item, keys.lock)
 
 
 # The last batch packed: a command of a round goes to every node, so in one turn each
@@ -388,8 +408,8 @@ def acquire(
 def batch(commands: tuple[Command, ...]) -> Command:
     """``commands`` (all of one batch script, ``Item``'s first field) in one run of it.
     acquire_batch.lua goes by EVALSHA with its EVAL form as the fallback, as ``acquire``;
-    release_batch.lua by EVAL, as ``release_waking``. Its reply is the list of theirs, in
-    order (``split_batch``)."""
+    release_batch.lua likewise when each of its releases goes by EVALSHA, else by EVAL
+    (``release_waking``). Its reply is the list of theirs, in order (``split_batch``)."""
     keys: list[bytes] = []
     parts: list[bytes] = []
     nkeys = argc = 0
@@ -405,9 +425,11 @@ def batch(commands: tuple[Command, ...]) -> Command:
         parts.append(arguments)
     argc += nkeys + 2 * len(commands)
     tail = b"".join((_bulk((nkeys,)), *keys, *parts))
-    if name == "release_batch":
+    if name == "release_batch" and not all(command.by_sha for command in commands):
         return Command(_eval_head(name, argc) + tail)
-    return Command(_evalsha_head(name, argc) + tail, fallback=(_eval_head(name, argc), tail))
+    # By EVALSHA: acquires, and releases that may go so (``release_waking``). A NOSCRIPT
+    # reaches every command of the batch, and each one's round resends it alone by EVAL.
+    return _by_sha(name, argc, tail)
 
 
 def split_batch(reply: object, size: int) -> list[object] | None:
@@ -439,47 +461,58 @@ def release(key: str, token: str) -> Command:
 
 
 def release_waking(
-    spec: LockSpec, token: str, mode: str, arg: int, fencing: int = 0, *, cleanup: bool = False
+    spec: LockSpec,
+    token: str,
+    mode: str,
+    arg: int,
+    fencing: int = 0,
+    *,
+    cleanup: bool = False,
+    by_sha: bool = False,
 ) -> Command:
     """A lease's release: compare-and-delete, then pass the lock on to the next waiter
     (``mode`` as in ``WaitArgs``): "n" wakes it and reserves the lock for it for ``arg``
     ms; "f" hands the lock over; "q" hands it over with the fencing token ``arg``.
     ``fencing``: the lease's token, to which a node that no longer (or not yet) holds the
     key raises its floor (release.lua); 0 for no lease (a cleanup, a waiter giving up).
-    ``cleanup``: releasing a failed attempt's grants, the caller keeps its place."""
+    ``cleanup``: releasing a failed attempt's grants, the caller keeps its place.
+    ``by_sha``: by EVALSHA, only where the round reads every node's reply (``_by_sha``);
+    else by EVAL (``_eval``)."""
     keys = spec.keys
     queue_keys = (keys.lock, keys.floor, keys.queue)
     extra = ("c",) if cleanup else ()
     args = (_VARIES, mode, _VARIES, spec.retention_ms, _VARIES, *extra)
     start, rest = _frame(args)
-    head = _eval_head("release", len(queue_keys) + len(args))
+    argc = len(queue_keys) + len(args)
     arguments = start + _fill(rest, (token, arg, fencing))
     counted, listed = _keys(queue_keys)
-    # By EVAL, as every script but the acquire (``_eval``).
-    return Command(
-        head + counted + arguments,
-        key=keys.lock,
-        item=("release_batch", listed, len(queue_keys), arguments, len(args)),
-    )
+    item: Item = ("release_batch", listed, len(queue_keys), arguments, len(args))
+    if by_sha:
+        return _by_sha("release", argc, counted + arguments, item, keys.lock)
+    return Command(_eval_head("release", argc) + counted + arguments, key=keys.lock, item=item)
 
 
 def dequeue(release: Command) -> Command:
     """A waiter gives up its place: ``release_waking`` with its waiter id (which also
-    passes on a fair hand-off that crossed the give-up); any answer will do."""
-    return Command(release.packed, _any_reply, key=release.key)
+    passes on a fair hand-off that crossed the give-up); any answer will do, so it goes
+    by EVAL (a NOSCRIPT would be an answer)."""
+    return Command(release.fallback or release.packed, _any_reply, key=release.key)
 
 
 def _any_reply(reply: object) -> tuple[bool, Info]:
     return isinstance(reply, int), None
 
 
-def extend(spec: LockSpec, token: str) -> Command:
-    """extend.lua: a new TTL for our key, and another retention for the node's floor."""
+def extend(spec: LockSpec, token: str, *, by_sha: bool = False) -> Command:
+    """extend.lua: a new TTL for our key, and another retention for the node's floor.
+    ``by_sha`` as for ``release_waking``."""
     keys = spec.keys
-    return Command(
-        _eval("extend", (keys.lock, keys.floor), token, spec.ttl_ms, spec.retention_ms),
-        key=keys.lock,
-    )
+    node_keys = (keys.lock, keys.floor)
+    args = (token, spec.ttl_ms, spec.retention_ms)
+    if by_sha:
+        tail = _keys(node_keys)[0] + _bulk(args)
+        return _by_sha("extend", len(node_keys) + len(args), tail, key=keys.lock)
+    return Command(_eval("extend", node_keys, *args), key=keys.lock)
 
 
 def exists(key: str) -> Command:

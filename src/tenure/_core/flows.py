@@ -312,6 +312,11 @@ class Flows:
         self.clock = clock
         self.wall_us = wall_us
         self.n = len(config.nodes)
+        # Every round reads every node's reply before it ends (or the node timed out,
+        # and the operation is reported as failed there): one node is the whole
+        # majority. Only then may a release or an extension go by EVALSHA: a NOSCRIPT
+        # is always read, and answered by EVAL within the round (``commands._by_sha``).
+        self.reads_all = self.n == 1
         self.closed = False
         # Proposals stay above every fencing token this client saw (acquire.py).
         self.fence_floor = 1
@@ -507,7 +512,7 @@ class Flows:
             bound = rnd.started + spec.ttl - spec.drift
             if bound < lease._state.valid_until:
                 lease._state = replace(lease._state, valid_until=bound)
-        command = self.replicated(commands.extend(spec, lease.token))
+        command = self.replicated(commands.extend(spec, lease.token, by_sha=self.reads_all))
         yield Run(command, rnd, rnd.started + spec.node_timeout)
         outcome = conclude_extend(lease._state, spec, rnd, self.clock(), self.names)
         if isinstance(outcome, LeaseState):
@@ -547,7 +552,9 @@ class Flows:
         majority confirmed (or can't), within ``RELEASE_PATIENCE`` node timeouts."""
         now = self.clock()
         rnd = Round(self.n, self.config.quorum, now)
-        command = self.release_waking(lease._spec, lease.token, lease._state.fencing_token)
+        command = self.release_waking(
+            lease._spec, lease.token, lease._state.fencing_token, by_sha=self.reads_all
+        )
         return Run(command, rnd, now + RELEASE_PATIENCE * self.config.node_timeout)
 
     def locked(self, spec: LockSpec) -> Flow[bool]:
@@ -612,15 +619,24 @@ class Flows:
         return commands.acked_by_replicas(command, config.wait_replicas, config.wait_timeout_ms)
 
     def release_waking(
-        self, spec: LockSpec, token: str, fencing: int = 0, *, cleanup: bool = False
+        self,
+        spec: LockSpec,
+        token: str,
+        fencing: int = 0,
+        *,
+        cleanup: bool = False,
+        by_sha: bool = False,
     ) -> Command:
         """release.lua for a lease (or, with a waiter id, a waiter giving up): delete our
-        key, leave the queue (``cleanup``: stay), pass the lock on to the next waiter."""
+        key, leave the queue (``cleanup``: stay), pass the lock on to the next waiter.
+        ``by_sha``: by EVALSHA (``reads_all``)."""
         if spec.wait_mode is WaitMode.FAIR_QUORUM:
             arg = waiting.handoff_token(self.wall_us(), fencing, self.fence_floor)
         else:
             arg = self.hold_ms
-        return commands.release_waking(spec, token, spec.mode, arg, fencing, cleanup=cleanup)
+        return commands.release_waking(
+            spec, token, spec.mode, arg, fencing, cleanup=cleanup, by_sha=by_sha
+        )
 
     def dequeue(self, spec: LockSpec, waiter: str) -> Command:
         """What ``waiter`` sends to leave its queues, passing on a lock handed to it

@@ -135,7 +135,7 @@ def fenced_write_args(
     if not isinstance(value, (bytes, str)):
         raise ConfigurationError("value", f"must be bytes or str, got {type(value).__name__}")
     # EVAL with the source, never EVALSHA: nothing to go missing after SCRIPT FLUSH or a
-    # restart (docs/architecture.md, "EVALSHA for the acquire, EVAL for the rest").
+    # restart (docs/architecture.md, "EVALSHA where a NOSCRIPT is always answered").
     return (_source(), 2, value_key, token_key, str(token), value)
 
 

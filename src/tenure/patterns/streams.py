@@ -726,7 +726,7 @@ def _parse_fields(raw: Sequence[Any]) -> tuple[str, dict[str, bytes]] | None:
 
 def _call(client: redis.Redis, source: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
     # EVAL with the source, never EVALSHA: nothing to go missing after SCRIPT FLUSH or a
-    # restart (docs/architecture.md, "EVALSHA for the acquire, EVAL for the rest").
+    # restart (docs/architecture.md, "EVALSHA where a NOSCRIPT is always answered").
     return client.eval(source, len(keys), *keys, *args)
 
 

@@ -46,7 +46,7 @@ _CLAIMED, _DONE, _DONE_NO_RESULT, _BUSY = 1, 2, 3, 0
 @functools.cache
 def _source(name: str) -> str:
     # EVAL with the source, never EVALSHA: nothing to go missing after SCRIPT FLUSH or a
-    # restart (docs/architecture.md, "EVALSHA for the acquire, EVAL for the rest").
+    # restart (docs/architecture.md, "EVALSHA where a NOSCRIPT is always answered").
     return script(name).source.decode()
 
 
