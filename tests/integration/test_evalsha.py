@@ -9,6 +9,7 @@ ACL refused EVALSHA is sent EVAL from then on, not refused once per acquire.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import tenure
 from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
@@ -124,6 +126,42 @@ def test_a_single_nodes_release_and_extension_outlive_a_flushed_script_cache(api
                 assert holders(one, lease.key) == [None]
             # It went by EVALSHA (refused once), then by EVAL (which did the work).
             assert [a - b for a, b in zip(_evalsha_refused(one), before, strict=True)] == [1]
+
+
+def test_an_asyncio_release_answered_late_by_noscript_is_sent_again_by_eval(
+    nodes3: LocalCluster,
+) -> None:
+    # The asyncio client reads every reply as it comes, so its releases go by EVALSHA on
+    # several nodes too. One node is 150 ms away and has lost its scripts: the release
+    # is decided by the other two, and that node's NOSCRIPT comes after. The client
+    # sends it the EVAL form then; without it the key would stay there for its 30 s TTL.
+    proxy = Proxy(nodes3[2].host, nodes3[2].port or 0, name=nodes3[2].name)
+    proxy.start()
+    try:
+
+        async def main() -> None:
+            urls = [nodes3[0].url, nodes3[1].url, proxy.url]
+            async with tenure.AsyncClient(urls, node_timeout=1.0) as client:
+                await (await client.acquire(f"warm-{uuid.uuid4().hex}", ttl=30.0)).release()
+                lease = await client.acquire(f"late-{uuid.uuid4().hex}", ttl=30.0)
+                await asyncio.sleep(0.1)  # every grant in, the slow node's too
+                assert holders(nodes3, lease.key) == [lease.token.encode()] * 3
+                with nodes3[2].client() as c:
+                    c.script_flush()
+                proxy.delay(0.075)
+                before = _evalsha_refused(nodes3)
+                await lease.release()
+                assert holders(nodes3, lease.key)[2] == lease.token.encode()  # not yet
+                deadline = time.monotonic() + 5.0
+                while holders(nodes3, lease.key) != [None] * 3:
+                    assert time.monotonic() < deadline, holders(nodes3, lease.key)
+                    await asyncio.sleep(0.02)
+                after = _evalsha_refused(nodes3)
+                assert [a - b for a, b in zip(after, before, strict=True)] == [0, 0, 1]
+
+        asyncio.run(main())
+    finally:
+        proxy.close()
 
 
 def test_a_user_without_evalsha_is_sent_eval(api: Api, nodes3: LocalCluster) -> None:

@@ -424,9 +424,14 @@ class _Wait:
         rnd, command, channels = self.rnd, self.command, self.channels
         if self.done.done() or rnd.results[i] is not None:
             # The round, or this node's part in it, is over: dropped, but for what it
-            # says of the node's scripts (a late NOSCRIPT) and of its configuration.
+            # says of the node's scripts (a late NOSCRIPT) and of its configuration. A
+            # release sent by EVALSHA goes again by EVAL: its work must reach the node.
             if isinstance(value, ResponseError):
-                channels[i].scripts.answered(str(value), None)
+                late = command if command.resend_late else None
+                retry = channels[i].scripts.answered(str(value), late)
+                if retry is not None:
+                    with contextlib.suppress(BackingOff):  # reset meanwhile: as if lost
+                        channels[i].send(retry, _ignore)
                 self.owner.reporter.late(i, channels[i].diagnose(value))
             return
         if ok and command.replies > 1:

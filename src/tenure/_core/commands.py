@@ -93,8 +93,8 @@ def _eval(name: str, keys: tuple[str, ...], *args: bytes | str | int) -> bytes:
     # replies is awaited; after SCRIPT FLUSH or a restart, EVALSHA on a node nobody waits
     # for would answer NOSCRIPT and no EVAL would follow, leaving our key there until its
     # TTL. EVAL cannot fail that way. The acquire goes by EVALSHA (``acquire``), and so
-    # do a single node's release and extension (``_by_sha``): docs/architecture.md,
-    # "EVALSHA where a NOSCRIPT is always answered".
+    # does a release or an extension wherever a NOSCRIPT is always answered (``_by_sha``):
+    # docs/architecture.md, "EVALSHA where a NOSCRIPT is always answered".
     return b"".join((_eval_head(name, len(keys) + len(args)), _keys(keys)[0], _bulk(args)))
 
 
@@ -202,7 +202,17 @@ class Command:
     a frozen dataclass's ``__init__`` costs a call per field. What it says never changes.
     """
 
-    __slots__ = ("_fallback", "by_sha", "item", "key", "packed", "parse", "replies", "script")
+    __slots__ = (
+        "_fallback",
+        "by_sha",
+        "item",
+        "key",
+        "packed",
+        "parse",
+        "replies",
+        "resend_late",
+        "script",
+    )
 
     def __init__(
         self,
@@ -222,6 +232,10 @@ class Command:
         self.key = key
         self.item = item
         self.script = script
+        # A NOSCRIPT that comes after the round ended still gets the EVAL form, from a
+        # driver that reads every reply as it comes (asyncio): a release, whose work must
+        # reach every node. Never an acquire: its grant would be a lock nobody waits for.
+        self.resend_late = False
 
     @property
     def fallback(self) -> bytes | None:
@@ -245,8 +259,8 @@ BY_SHA = frozenset({"acquire", "acquire_batch", "release", "release_batch", "ext
 def _by_sha(name: str, argc: int, tail: bytes, item: Item | None = None, key: str = "") -> Command:
     """``name``'s script with its keys and arguments ``tail``, by EVALSHA, with its EVAL
     form as the fallback (``ScriptCache``). For a script whose NOSCRIPT must not go
-    unanswered (a release), only where the round reads every node's reply: a client of
-    one node (``Flows.reads_all``)."""
+    unanswered (a release), only where the round reads every node's reply (a client of
+    one node) or the driver answers a late one (``Flows``)."""
     return Command(
         _evalsha_head(name, argc) + tail,
         _acquire_reply if name == "acquire" else _yes_if_one,
@@ -476,7 +490,8 @@ def release_waking(
     ``fencing``: the lease's token, to which a node that no longer (or not yet) holds the
     key raises its floor (release.lua); 0 for no lease (a cleanup, a waiter giving up).
     ``cleanup``: releasing a failed attempt's grants, the caller keeps its place.
-    ``by_sha``: by EVALSHA, only where the round reads every node's reply (``_by_sha``);
+    ``by_sha``: by EVALSHA, only where every NOSCRIPT is answered by EVAL: the round reads
+    every node's reply, or the driver resends a late one's (``Command.resend_late``);
     else by EVAL (``_eval``)."""
     keys = spec.keys
     queue_keys = (keys.lock, keys.floor, keys.queue)
@@ -488,7 +503,9 @@ def release_waking(
     counted, listed = _keys(queue_keys)
     item: Item = ("release_batch", listed, len(queue_keys), arguments, len(args))
     if by_sha:
-        return _by_sha("release", argc, counted + arguments, item, keys.lock)
+        command = _by_sha("release", argc, counted + arguments, item, keys.lock)
+        command.resend_late = True
+        return command
     return Command(_eval_head("release", argc) + counted + arguments, key=keys.lock, item=item)
 
 
@@ -505,7 +522,7 @@ def _any_reply(reply: object) -> tuple[bool, Info]:
 
 def extend(spec: LockSpec, token: str, *, by_sha: bool = False) -> Command:
     """extend.lua: a new TTL for our key, and another retention for the node's floor.
-    ``by_sha`` as for ``release_waking``."""
+    ``by_sha``: by EVALSHA, only where the round reads every node's reply (``_by_sha``)."""
     keys = spec.keys
     node_keys = (keys.lock, keys.floor)
     args = (token, spec.ttl_ms, spec.retention_ms)

@@ -9,10 +9,10 @@
 -- Returns one reply per release, in order: release.lua's reply, or the error that release
 -- raised (an error reply in the array; the others ran as they would have alone).
 --
--- Why: on several nodes a release goes by EVAL (docs/architecture.md, "EVALSHA where a
--- NOSCRIPT is always answered"), and the server reads and hashes the whole body of every
--- EVAL: about 8 µs of its CPU per release on Valkey 9, more than the release's own work.
--- The releases an asyncio client's tasks write to a node in one go share one body here.
+-- Why: one script run per batch, not per release (its call, and where a batch goes by
+-- EVAL, the server's hash of its whole body: about 8 µs of its CPU per release on
+-- Valkey 9, more than the release's own work). The releases an asyncio client's tasks
+-- write to a node in one go share one run here (docs/architecture.md).
 --@include handoff
 --@include release
 --@include batch
