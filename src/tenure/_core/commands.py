@@ -284,11 +284,12 @@ class ScriptCache:
     FLUSH``) granted nothing. Within the round it is sent the EVAL form at once, on the
     same connection (``answered`` returns it), which runs the script and caches it
     again; a NOSCRIPT that comes after the round ended (a node outside the first
-    majority) makes the *next* acquire go to it by EVAL. Either way the node is never
-    left refusing every acquire, silently lowering how many failures a quorum survives.
-    After a NOSCRIPT every script of ``BY_SHA`` goes once by EVAL, each caching itself
-    again: the whole cache went. A node whose ACL refuses EVALSHA (a user granted
-    ``+eval`` only) is sent EVAL from then on.
+    majority) makes the *next* acquire go to it by EVAL (a release that must run there is
+    sent again by EVAL at once, by a driver that reads late replies: ``resend_late``).
+    Either way the node is never left refusing every acquire, silently lowering how many
+    failures a quorum survives. After a NOSCRIPT every script of ``BY_SHA`` goes once by
+    EVAL, each caching itself again: the whole cache went. A node whose ACL refuses
+    EVALSHA (a user granted ``+eval`` only) is sent EVAL from then on.
     """
 
     __slots__ = ("eval_only", "missing")
