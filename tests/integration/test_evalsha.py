@@ -164,6 +164,25 @@ def test_an_asyncio_release_answered_late_by_noscript_is_sent_again_by_eval(
         proxy.close()
 
 
+def test_the_blocking_clients_release_on_several_nodes_goes_by_eval(nodes3: LocalCluster) -> None:
+    # It reads a reply that comes after the round only at the link's next use, so a late
+    # NOSCRIPT would leave the key until then: its releases on several nodes go by EVAL
+    # (docs/architecture.md, "EVALSHA where a NOSCRIPT is always answered").
+    # A node timeout of 1 s: one attempt, one acquire per node, even on a loaded machine.
+    with tenure.Client(nodes3.urls, node_timeout=1.0) as client:
+        client.acquire(f"warm-{uuid.uuid4().hex}", ttl=5.0).release()  # the scripts cached
+        for node in nodes3:
+            with node.client() as c:
+                c.config_resetstat()
+        client.acquire(f"by-eval-{uuid.uuid4().hex}", ttl=5.0).release()
+        time.sleep(0.1)  # the replies the round did not wait for have come
+        for node in nodes3:
+            with node.client() as c:
+                stats = c.info("commandstats")
+            calls = {k: int(v["calls"]) for k, v in stats.items() if "eval" in k}
+            assert calls == {"cmdstat_evalsha": 1, "cmdstat_eval": 1}, (node.name, calls)
+
+
 def test_a_user_without_evalsha_is_sent_eval(api: Api, nodes3: LocalCluster) -> None:
     with acl_user(nodes3, f"u{uuid.uuid4().hex[:8]}", *_WITHOUT_EVALSHA) as urls:
         client = api.client(urls)
