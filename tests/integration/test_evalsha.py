@@ -132,7 +132,7 @@ def test_an_asyncio_release_answered_late_by_noscript_is_sent_again_by_eval(
     nodes3: LocalCluster,
 ) -> None:
     # The asyncio client reads every reply as it comes, so its releases go by EVALSHA on
-    # several nodes too. One node is 150 ms away and has lost its scripts: the release
+    # several nodes too. One node is 500 ms away and has lost its scripts: the release
     # is decided by the other two, and that node's NOSCRIPT comes after. The client
     # sends it the EVAL form then; without it the key would stay there for its 30 s TTL.
     proxy = Proxy(nodes3[2].host, nodes3[2].port or 0, name=nodes3[2].name)
@@ -148,7 +148,7 @@ def test_an_asyncio_release_answered_late_by_noscript_is_sent_again_by_eval(
                 assert holders(nodes3, lease.key) == [lease.token.encode()] * 3
                 with nodes3[2].client() as c:
                     c.script_flush()
-                proxy.delay(0.075)
+                proxy.delay(0.25)
                 before = _evalsha_refused(nodes3)
                 await lease.release()
                 assert holders(nodes3, lease.key)[2] == lease.token.encode()  # not yet
