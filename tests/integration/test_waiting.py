@@ -106,8 +106,10 @@ def test_a_release_wakes_the_waiter_without_polling(
 ) -> None:
     urls = shared5.urls[:n]
     holder = api.client(urls).acquire(key, ttl=10.0, fair=fair)
-    # A fallback this long would make any poll-driven wake-up visible.
-    waiter = api.client(urls, recheck=20.0)
+    # A fallback this long would make any poll-driven wake-up visible. A node timeout of
+    # 0.9 s (the most TTL allows), not 50 ms: on a loaded machine a round timed out once,
+    # and its retry and cleanup ran more scripts than the count below allows.
+    waiter = api.client(urls, recheck=20.0, node_timeout=0.9)
     released_at: list[float] = []
 
     def release_once_waiting() -> None:
