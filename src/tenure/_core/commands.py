@@ -223,6 +223,7 @@ class Command:
         key: str = "",
         item: Item | None = None,
         script: str = "",
+        resend_late: bool = False,
     ) -> None:
         self.packed = packed
         self.parse = parse
@@ -235,7 +236,7 @@ class Command:
         # A NOSCRIPT that comes after the round ended still gets the EVAL form, from a
         # driver that reads every reply as it comes (asyncio): a release, whose work must
         # reach every node. Never an acquire: its grant would be a lock nobody waits for.
-        self.resend_late = False
+        self.resend_late = resend_late
 
     @property
     def fallback(self) -> bytes | None:
@@ -256,18 +257,28 @@ class Command:
 BY_SHA = frozenset({"acquire", "acquire_batch", "release", "release_batch", "extend"})
 
 
-def _by_sha(name: str, argc: int, tail: bytes, item: Item | None = None, key: str = "") -> Command:
+def _by_sha(
+    name: str,
+    argc: int,
+    tail: bytes,
+    parse: Callable[[object], tuple[bool | None, Info]] = _yes_if_one,
+    *,
+    item: Item | None = None,
+    key: str = "",
+    resend_late: bool = False,
+) -> Command:
     """``name``'s script with its keys and arguments ``tail``, by EVALSHA, with its EVAL
     form as the fallback (``ScriptCache``). For a script whose NOSCRIPT must not go
     unanswered (a release), only where the round reads every node's reply (a client of
-    one node) or the driver answers a late one (``Flows``)."""
+    one node) or the driver answers a late one (``Flows``, ``Command.resend_late``)."""
     return Command(
         _evalsha_head(name, argc) + tail,
-        _acquire_reply if name == "acquire" else _yes_if_one,
+        parse,
         fallback=(_eval_head(name, argc), tail),
         key=key,
         item=item,
         script=name,
+        resend_late=resend_late,
     )
 
 
@@ -412,7 +423,7 @@ def acquire(
     # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
     # cannot run it answers without granting anything (``ScriptCache``).
     item: Item = ("acquire_batch", listed, len(node_keys), arguments, len(args))
-    return _by_sha("acquire", argc, counted + arguments, item, keys.lock)
+    return _by_sha("acquire", argc, counted + arguments, _acquire_reply, item=item, key=keys.lock)
 
 
 # The last batch packed: a command of a round goes to every node, so in one turn each
@@ -504,9 +515,8 @@ def release_waking(
     counted, listed = _keys(queue_keys)
     item: Item = ("release_batch", listed, len(queue_keys), arguments, len(args))
     if by_sha:
-        command = _by_sha("release", argc, counted + arguments, item, keys.lock)
-        command.resend_late = True
-        return command
+        tail = counted + arguments
+        return _by_sha("release", argc, tail, item=item, key=keys.lock, resend_late=True)
     return Command(_eval_head("release", argc) + counted + arguments, key=keys.lock, item=item)
 
 
