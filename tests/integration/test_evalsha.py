@@ -144,8 +144,11 @@ def test_an_asyncio_release_answered_late_by_noscript_is_sent_again_by_eval(
             async with tenure.AsyncClient(urls, node_timeout=1.0) as client:
                 await (await client.acquire(f"warm-{uuid.uuid4().hex}", ttl=30.0)).release()
                 lease = await client.acquire(f"late-{uuid.uuid4().hex}", ttl=30.0)
-                await asyncio.sleep(0.1)  # every grant in, the slow node's too
-                assert holders(nodes3, lease.key) == [lease.token.encode()] * 3
+                deadline = time.monotonic() + 5.0
+                while holders(nodes3, lease.key) != [lease.token.encode()] * 3:
+                    # Every grant in, the third node's too (the round ended at two).
+                    assert time.monotonic() < deadline, holders(nodes3, lease.key)
+                    await asyncio.sleep(0.02)
                 with nodes3[2].client() as c:
                     c.script_flush()
                 proxy.delay(0.25)
@@ -175,12 +178,20 @@ def test_the_blocking_clients_release_on_several_nodes_goes_by_eval(nodes3: Loca
             with node.client() as c:
                 c.config_resetstat()
         client.acquire(f"by-eval-{uuid.uuid4().hex}", ttl=5.0).release()
-        time.sleep(0.1)  # the replies the round did not wait for have come
-        for node in nodes3:
-            with node.client() as c:
-                stats = c.info("commandstats")
-            calls = {k: int(v["calls"]) for k, v in stats.items() if "eval" in k}
-            assert calls == {"cmdstat_evalsha": 1, "cmdstat_eval": 1}, (node.name, calls)
+
+        def script_calls() -> list[dict[str, int]]:
+            counts = []
+            for node in nodes3:
+                with node.client() as c:
+                    stats = c.info("commandstats")
+                counts.append({k: int(v["calls"]) for k, v in stats.items() if "eval" in k})
+            return counts
+
+        # The nodes the rounds did not wait for run their commands a moment later.
+        deadline = time.monotonic() + 5.0
+        while sum(sum(n.values()) for n in script_calls()) < 6 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert script_calls() == [{"cmdstat_evalsha": 1, "cmdstat_eval": 1}] * 3
 
 
 def test_a_user_without_evalsha_is_sent_eval(api: Api, nodes3: LocalCluster) -> None:
