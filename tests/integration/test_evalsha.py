@@ -1,5 +1,5 @@
-"""The acquire goes by EVALSHA (and a single node's release and extension); a node that
-cannot run it is sent the EVAL form at once.
+"""The acquire and the release go by EVALSHA (and a single node's extension); a node that
+cannot run one is sent the EVAL form at once (a release answered late: when it is read).
 
 A node's script cache is empty after a restart or ``SCRIPT FLUSH`` (it answers NOSCRIPT),
 and an ACL may grant ``+eval`` without ``+evalsha`` (NOPERM). Neither may cost the node
@@ -22,7 +22,7 @@ from tenure._lua import script
 from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
-from .conftest import Api, acl_user, holders
+from .conftest import Api, acl_user, holders, poll_until
 
 # The commands docs/deployment.md's ACL line grants, which do not include EVALSHA.
 _WITHOUT_EVALSHA = [
@@ -168,36 +168,71 @@ def test_an_asyncio_release_answered_late_by_noscript_is_sent_again_by_eval(
         proxy.close()
 
 
-def test_the_blocking_clients_release_on_several_nodes_goes_by_eval(nodes3: LocalCluster) -> None:
-    # It reads a reply that comes after the round only at the link's next use, so a late
-    # NOSCRIPT would leave the key until then: its releases on several nodes go by EVAL
+def test_a_blocking_release_answered_late_by_noscript_is_sent_again_by_eval(
+    nodes3: LocalCluster,
+) -> None:
+    # The blocking client reads a reply that comes after its round at the link's next
+    # use: a release that a node answered NOSCRIPT then goes to it again by EVAL, when
+    # that round ends. The same slow, flushed third node as above; without the resend
+    # the key would stay there for its 30 s TTL.
+    proxy = Proxy(nodes3[2].host, nodes3[2].port or 0, name=nodes3[2].name)
+    proxy.start()
+    try:
+        with tenure.Client([nodes3[0].url, nodes3[1].url, proxy.url], node_timeout=1.0) as client:
+            client.acquire(f"warm-{uuid.uuid4().hex}", ttl=30.0).release()
+            lease = client.acquire(f"late-{uuid.uuid4().hex}", ttl=30.0)
+            poll_until(
+                lambda: holders(nodes3, lease.key) == [lease.token.encode()] * 3,
+                "every grant in, the third node's too (the round ended at two)",
+            )
+            with nodes3[2].client() as c:
+                c.script_flush()
+            proxy.delay(0.25)
+            before = _evalsha_refused(nodes3)
+            lease.release()
+            assert holders(nodes3, lease.key)[2] == lease.token.encode()  # not yet
+            # By EVALSHA: the third node refuses it (its NOSCRIPT is on the way back).
+            poll_until(lambda: _evalsha_refused(nodes3)[2] > before[2], "the EVALSHA refused")
+            deadline = time.monotonic() + 10.0
+            while holders(nodes3, lease.key) != [None] * 3:
+                assert time.monotonic() < deadline, holders(nodes3, lease.key)
+                client.acquire(f"other-{uuid.uuid4().hex}", ttl=5.0).release()  # next uses
+            refused = [a - b for a, b in zip(_evalsha_refused(nodes3), before, strict=True)]
+            # (The next uses' first commands to it may be refused too, before the
+            # NOSCRIPT is read: then they go by EVAL.)
+            assert refused[:2] == [0, 0] and refused[2] >= 1, refused
+    finally:
+        proxy.close()
+
+
+def test_a_release_on_several_nodes_goes_by_evalsha(api: Api, nodes3: LocalCluster) -> None:
+    # The acquire and the release, each by EVALSHA on each node, nothing by EVAL
     # (docs/architecture.md, "EVALSHA where a NOSCRIPT is always answered").
     # A node timeout of 1 s: one attempt, one acquire per node, even on a loaded machine.
     for node in nodes3:
         with node.client() as c:
             # Another test of this module may have flushed them: a NOSCRIPT the warm-up
-            # read late would send this client's next acquire to that node by EVAL.
+            # read late would send this client's next commands to that node by EVAL.
             c.script_load(script("acquire").wire)
-    with tenure.Client(nodes3.urls, node_timeout=1.0) as client:
-        client.acquire(f"warm-{uuid.uuid4().hex}", ttl=5.0).release()  # connected, seeded
+            c.script_load(script("release").wire)
+    client = api.client(nodes3.urls, node_timeout=1.0)
+    client.acquire(f"warm-{uuid.uuid4().hex}", ttl=5.0).release()  # connected, seeded
+    for node in nodes3:
+        with node.client() as c:
+            c.config_resetstat()
+    client.acquire(f"by-sha-{uuid.uuid4().hex}", ttl=5.0).release()
+
+    def script_calls() -> list[dict[str, int]]:
+        counts = []
         for node in nodes3:
             with node.client() as c:
-                c.config_resetstat()
-        client.acquire(f"by-eval-{uuid.uuid4().hex}", ttl=5.0).release()
+                stats = c.info("commandstats")
+            counts.append({k: int(v["calls"]) for k, v in stats.items() if "eval" in k})
+        return counts
 
-        def script_calls() -> list[dict[str, int]]:
-            counts = []
-            for node in nodes3:
-                with node.client() as c:
-                    stats = c.info("commandstats")
-                counts.append({k: int(v["calls"]) for k, v in stats.items() if "eval" in k})
-            return counts
-
-        # The nodes the rounds did not wait for run their commands a moment later.
-        deadline = time.monotonic() + 5.0
-        while sum(sum(n.values()) for n in script_calls()) < 6 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert script_calls() == [{"cmdstat_evalsha": 1, "cmdstat_eval": 1}] * 3
+    # The nodes the rounds did not wait for run their commands a moment later.
+    poll_until(lambda: sum(sum(n.values()) for n in script_calls()) >= 6, "six script runs")
+    assert script_calls() == [{"cmdstat_evalsha": 2}] * 3
 
 
 def test_a_user_without_evalsha_is_sent_eval(api: Api, nodes3: LocalCluster) -> None:

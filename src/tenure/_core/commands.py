@@ -89,11 +89,11 @@ def _evalsha_head(name: str, argc: int) -> bytes:
 
 
 def _eval(name: str, keys: tuple[str, ...], *args: bytes | str | int) -> bytes:
-    # EVAL with the source. A release is sent to every node but only a majority of
-    # replies is awaited; after SCRIPT FLUSH or a restart, EVALSHA on a node nobody waits
-    # for would answer NOSCRIPT and no EVAL would follow, leaving our key there until its
-    # TTL. EVAL cannot fail that way. The acquire goes by EVALSHA (``acquire``), and so
-    # does a release or an extension wherever a NOSCRIPT is always answered (``_by_sha``):
+    # EVAL with the source, for a script whose every run must happen: only a majority of
+    # replies is awaited, and after SCRIPT FLUSH or a restart, EVALSHA on a node nobody
+    # waits for would answer NOSCRIPT when nobody listens. EVAL cannot fail that way. The
+    # acquire goes by EVALSHA (``acquire``), and so do a lease's release (sent again by
+    # EVAL after a late NOSCRIPT) and an extension on one node (``_by_sha``):
     # docs/architecture.md, "EVALSHA where a NOSCRIPT is always answered".
     return b"".join((_eval_head(name, len(keys) + len(args)), _keys(keys)[0], _bulk(args)))
 
@@ -233,9 +233,10 @@ class Command:
         self.key = key
         self.item = item
         self.script = script
-        # A NOSCRIPT that comes after the round ended still gets the EVAL form, from a
-        # driver that reads every reply as it comes (asyncio): a release, whose work must
-        # reach every node. Never an acquire: its grant would be a lock nobody waits for.
+        # A NOSCRIPT that comes after the round ended still gets the EVAL form: a
+        # release, whose work must reach every node (the asyncio driver sends it when the
+        # NOSCRIPT comes, the blocking one at the end of the round that read it). Never
+        # an acquire: its grant would be a lock nobody waits for.
         self.resend_late = resend_late
 
     @property
@@ -269,8 +270,9 @@ def _by_sha(
 ) -> Command:
     """``name``'s script with its keys and arguments ``tail``, by EVALSHA, with its EVAL
     form as the fallback (``ScriptCache``). For a script whose NOSCRIPT must not go
-    unanswered (a release), only where the round reads every node's reply (a client of
-    one node) or the driver answers a late one (``Flows``, ``Command.resend_late``)."""
+    unanswered, only where the round reads every node's reply (an extension on one node:
+    ``Flows.reads_all``) or the drivers answer a late one (a release:
+    ``Command.resend_late``)."""
     return Command(
         _evalsha_head(name, argc) + tail,
         parse,
@@ -295,8 +297,8 @@ class ScriptCache:
     FLUSH``) granted nothing. Within the round it is sent the EVAL form at once, on the
     same connection (``answered`` returns it), which runs the script and caches it
     again; a NOSCRIPT that comes after the round ended (a node outside the first
-    majority) makes the *next* acquire go to it by EVAL (a release that must run there is
-    sent again by EVAL at once, by a driver that reads late replies: ``resend_late``).
+    majority) makes the *next* acquire go to it by EVAL (a release, which must run there,
+    is sent again by EVAL: ``resend_late``).
     Either way the node is never left refusing every acquire, silently lowering how many
     failures a quorum survives. After a NOSCRIPT every script of ``BY_SHA`` goes once by
     EVAL, each caching itself again: the whole cache went. A node whose ACL refuses
@@ -502,9 +504,8 @@ def release_waking(
     ``fencing``: the lease's token, to which a node that no longer (or not yet) holds the
     key raises its floor (release.lua); 0 for no lease (a cleanup, a waiter giving up).
     ``cleanup``: releasing a failed attempt's grants, the caller keeps its place.
-    ``by_sha``: by EVALSHA, only where every NOSCRIPT is answered by EVAL: the round reads
-    every node's reply, or the driver resends a late one's (``Command.resend_late``);
-    else by EVAL (``_eval``)."""
+    ``by_sha``: by EVALSHA (a lease's release), a NOSCRIPT answered by EVAL within the
+    round or, late, by the drivers (``Command.resend_late``); else by EVAL (``_eval``)."""
     keys = spec.keys
     queue_keys = (keys.lock, keys.floor, keys.queue)
     extra = ("c",) if cleanup else ()

@@ -296,10 +296,6 @@ class Flows:
         rng: the client's random source (retry delays, observation marks).
         clock: monotonic seconds.
         wall_us: wall-clock microseconds (token proposals, queue tickets).
-        hears_late: the driver reads every reply as it comes, after its round too, and
-            sends a late NOSCRIPT's command again by EVAL where it must run
-            (``Command.resend_late``): the asyncio driver; the blocking one reads a late
-            reply only at the link's next use.
     """
 
     def __init__(
@@ -309,7 +305,6 @@ class Flows:
         rng: random.Random,
         clock: Callable[[], float],
         wall_us: Callable[[], int],
-        hears_late: bool = False,
     ) -> None:
         self.config = config
         self.names = node_names
@@ -320,10 +315,10 @@ class Flows:
         # Every round reads every node's reply before it ends (or the node timed out,
         # and the operation is reported as failed there): one node is the whole
         # majority. Only then may an extension go by EVALSHA: a NOSCRIPT is always read,
-        # and answered by EVAL within the round (``commands._by_sha``). A release may
-        # also where the driver answers a NOSCRIPT that comes after its round.
+        # and answered by EVAL within the round (``commands._by_sha``). A release goes
+        # by EVALSHA on any number of nodes: both drivers send a release that a node
+        # answered NOSCRIPT after its round again by EVAL (``Command.resend_late``).
         self.reads_all = self.n == 1
-        self.release_by_sha = self.reads_all or hears_late
         self.closed = False
         # Proposals stay above every fencing token this client saw (acquire.py).
         self.fence_floor = 1
@@ -560,7 +555,7 @@ class Flows:
         now = self.clock()
         rnd = Round(self.n, self.config.quorum, now)
         command = self.release_waking(
-            lease._spec, lease.token, lease._state.fencing_token, by_sha=self.release_by_sha
+            lease._spec, lease.token, lease._state.fencing_token, by_sha=True
         )
         return Run(command, rnd, now + RELEASE_PATIENCE * self.config.node_timeout)
 
@@ -636,7 +631,7 @@ class Flows:
     ) -> Command:
         """release.lua for a lease (or, with a waiter id, a waiter giving up): delete our
         key, leave the queue (``cleanup``: stay), pass the lock on to the next waiter.
-        ``by_sha``: by EVALSHA (``release_by_sha``)."""
+        ``by_sha``: by EVALSHA (a lease's release, ``_release_round``)."""
         if spec.wait_mode is WaitMode.FAIR_QUORUM:
             arg = waiting.handoff_token(self.wall_us(), fencing, self.fence_floor)
         else:

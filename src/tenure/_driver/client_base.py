@@ -104,9 +104,7 @@ class ClientBase:
         # Every operation is a flow of the core (``_core.flows``); the driver carries out
         # what it yields.
         rng = random.Random(secrets.randbits(64))
-        self._flows: Flows = Flows(
-            self.config, self.node_names, rng, monotonic, wall_us, hears_late=self._ASYNCIO
-        )
+        self._flows: Flows = Flows(self.config, self.node_names, rng, monotonic, wall_us)
         # Leases are released from any thread (a watchdog's, another worker's), so the
         # book of who holds what is guarded; the lock is only ever held for a dict update.
         self._holds = Holds()

@@ -248,6 +248,9 @@ class ClusterLink(Link):
     def take_late(self) -> Diagnosis | None:
         return None if self._current is None else self._current.take_late()
 
+    def take_resends(self) -> list[Command]:
+        return [] if self._current is None else self._current.take_resends()
+
     @property
     def partial(self) -> list[Any]:
         return [] if self._current is None else self._current.partial
@@ -348,9 +351,9 @@ class ClusterLink(Link):
     def more_ready(self) -> bool:
         return self._current is not None and self._current.more_ready()
 
-    def abandon(self, now: float, replies: int = 1) -> None:
+    def abandon(self, now: float, replies: int = 1, command: Command | None = None) -> None:
         if self._current is not None:
-            self._current.abandon(now, replies)
+            self._current.abandon(now, replies, command)
 
     def drop(self, now: float, why: Diagnosis | None = None) -> None:
         if self._current is not None:

@@ -36,6 +36,7 @@ import os
 import select
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -133,7 +134,20 @@ class _Failed(Exception):
 class Link:
     """One connection to one node, used by one operation at a time."""
 
-    __slots__ = ("conn", "heard", "io", "late", "node", "owed", "partial", "quiet_since", "setup")
+    __slots__ = (
+        "conn",
+        "heard",
+        "io",
+        "late",
+        "node",
+        "owed",
+        "owed_read",
+        "owed_releases",
+        "partial",
+        "quiet_since",
+        "resends",
+        "setup",
+    )
 
     def __init__(self, node: NodeState) -> None:
         self.node = node
@@ -143,6 +157,13 @@ class Link:
         self.io: SocketReplies | None = None
         self.setup: SetUp | None = None  # the connection being set up, while conn is None
         self.owed = 0  # replies of abandoned requests, read and dropped before ours
+        # How many owed replies were read: with ``owed``, it numbers each owed reply.
+        self.owed_read = 0
+        # The releases by EVALSHA among the owed requests, by the number of their reply:
+        # one answered NOSCRIPT is sent again by EVAL (``Command.resend_late``), once the
+        # round that read it has read or owed its own replies (``LinkSet``).
+        self.owed_releases: deque[tuple[int, Command]] = deque()
+        self.resends: list[Command] = []
         self.partial: list[Any] = []  # replies so far of a command that has several
         # Since when it has owed replies and heard none (``abandon``); ``heard``: an owed
         # reply was read since the last look.
@@ -236,15 +257,35 @@ class Link:
         if self.owed:
             self.owed -= 1
             self.heard = True
+            self.owed_read += 1
+            release = self._owed_release() if self.owed_releases else None
             # An abandoned request's error reply is nobody's business any more, but
-            # for what it says of the node's scripts (a late NOSCRIPT).
+            # for what it says of the node's scripts (a late NOSCRIPT: a release goes
+            # again by EVAL).
             try:
                 io.read()
             except ResponseError as exc:
-                self.node.scripts.answered(reply_text(exc), None)
+                retry = self.node.scripts.answered(reply_text(exc), release)
+                if retry is not None:
+                    self.resends.append(retry)
                 self.late = exc  # and for what it says of the node's configuration
             return _NOT_YET
         return io.read()
+
+    def _owed_release(self) -> Command | None:
+        """The release whose reply is the one just read (``owed_read``), if it is one;
+        the releases whose replies came before are forgotten."""
+        releases = self.owed_releases
+        while releases and releases[0][0] < self.owed_read:
+            releases.popleft()
+        if releases and releases[0][0] == self.owed_read:
+            return releases.popleft()[1]
+        return None
+
+    def take_resends(self) -> list[Command]:
+        """The releases to send again by EVAL (read NOSCRIPT late), once."""
+        resends, self.resends = self.resends, []
+        return resends
 
     def take_late(self) -> Diagnosis | None:
         """What the error of a reply read after its round was over says of the node,
@@ -256,8 +297,9 @@ class Link:
         """Is another reply already received (read without waiting)?"""
         return self.io is not None and self.io.ready()
 
-    def abandon(self, now: float, replies: int = 1) -> None:
-        """Stop waiting for the in-flight command; its ``replies`` are dropped when they come.
+    def abandon(self, now: float, replies: int = 1, command: Command | None = None) -> None:
+        """Stop waiting for the in-flight command; its ``replies`` are dropped when they
+        come (``command``: a release by EVALSHA's is looked at for a NOSCRIPT).
 
         The connection is given up only once it has owed replies for ``STALL`` seconds
         and heard none (a frozen or cut-off node), never for being behind. A node that
@@ -270,6 +312,8 @@ class Link:
             self.heard = False
         self.owed += replies - len(self.partial)
         self.partial = []
+        if command is not None and command.resend_late:
+            self.owed_releases.append((self.owed_read + self.owed, command))
         if now - self.quiet_since > STALL and not self._unread():
             self.drop(now)
 
@@ -293,6 +337,10 @@ class Link:
         self.io = None
         self.owed = 0
         self.partial = []
+        # Nothing of the closed connection comes any more (a release owed there stays
+        # until its TTL, as when its request was lost).
+        self.owed_releases.clear()
+        self.resends = []
 
     def resend(self, command: Command, exc: ResponseError, now: float) -> Command | None:
         """Write what ``command`` takes after the error reply ``exc`` within the round
@@ -332,11 +380,13 @@ _DONE, _MORE, _RESENT = 0, 1, 2
 class LinkSet:
     """One link per node, in the configured node order."""
 
-    __slots__ = ("_reporter", "_wake", "clean", "links")
+    __slots__ = ("_reporter", "_resends", "_wake", "clean", "links")
 
     def __init__(self, nodes: Sequence[NodeState], reporter: NodeReporter) -> None:
         self.links = [n.new_link() for n in nodes]
         self._reporter = reporter
+        # Releases read NOSCRIPT late in this round, by node (``_told_late``).
+        self._resends: list[tuple[int, list[Command]]] = []
         # False while a round is in progress: a set left unclean by an exception has
         # replies nobody accounted for, and must be closed rather than reused.
         self.clean = True
@@ -405,6 +455,8 @@ class LinkSet:
             # One node, nothing owed: nothing to multiplex, so wait in recv itself. Its
             # socket's timeout (node_timeout: ``kernel_timeouts``) bounds the wait; no select().
             self._read_alone(command, rnd, deadline, clock)
+            if self._resends:
+                self._resend(clock())
             self._reporter.round(rnd)
             self.clean = True
             return
@@ -448,6 +500,8 @@ class LinkSet:
             self._give_up_on(i, command, rnd, now)
         if not rnd.decided:
             rnd.time_out()
+        if self._resends:
+            self._resend(now)
         self._reporter.round(rnd)
         self.clean = True
 
@@ -502,7 +556,7 @@ class LinkSet:
         link = self.links[i]
         if link.partial and not rnd.decided:
             rnd.record(i, *command.parse(list(link.partial)))
-        link.abandon(now, command.replies)
+        link.abandon(now, command.replies, command)
 
     def _read_alone(
         self, command: Command, rnd: Round, deadline: float, clock: Callable[[], float]
@@ -558,10 +612,31 @@ class LinkSet:
             rnd.record(0, *answer)
 
     def _told_late(self, i: int) -> None:
-        """Tell what a late error reply of node ``i`` says of its configuration."""
-        why = self.links[i].take_late()
+        """Tell what a late error reply of node ``i`` says of its configuration, and keep
+        a release it refused (NOSCRIPT) to be sent again when the round ends."""
+        link = self.links[i]
+        why = link.take_late()
         if why is not None:
             self._reporter.late(i, why)
+            resends = link.take_resends()
+            if resends:
+                self._resends.append((i, resends))
+
+    def _resend(self, now: float) -> None:
+        """Send the releases read NOSCRIPT late by EVAL (``_told_late``), after this
+        round's replies were read or owed, so that theirs are owed behind them. Nobody
+        waits for them; one that cannot be written stays until its TTL."""
+        resends, self._resends = self._resends, []
+        for i, commands in resends:
+            link = self.links[i]
+            for command in commands:
+                if not link.ready():
+                    break  # the link was dropped after it read the NOSCRIPT
+                try:
+                    link.send(command, now)
+                except _Failed:
+                    break  # the link was dropped
+                link.abandon(now, command.replies)
 
     def _read_one(self, i: int, command: Command, rnd: Round, now: float) -> int:
         """Read what node ``i`` has for us: ``_DONE`` once its answer to this round is in,
