@@ -1,8 +1,8 @@
 """Lua scripts shipped as package data, loaded once per process as plain values.
 
-A ``Script`` is its name and source, not bound to any client. Drivers send it with EVAL
-(see ``_core.commands`` for why not EVALSHA); Redis caches the compiled script by its
-SHA1 either way.
+A ``Script`` is its name and source, not bound to any client. Drivers send it by EVALSHA
+or by EVAL (``_core.commands`` says which, and why); Redis caches the compiled script by
+its SHA1 either way.
 """
 
 from __future__ import annotations
