@@ -225,7 +225,8 @@ def logged_in_as(cluster: LocalCluster, name: str) -> Iterator[list[str]]:
                 c.acl_deluser(name)
 
 
-# The commands a lock script runs by: EVAL, and EVALSHA (the acquire; on one node, every script).
+# The commands a lock script runs by: EVAL, and EVALSHA (the acquire and the release; on
+# one node, the extension too).
 SCRIPT_COMMANDS = ("cmdstat_eval", "cmdstat_evalsha")
 
 

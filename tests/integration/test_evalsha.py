@@ -22,7 +22,7 @@ from tenure._lua import script
 from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
-from .conftest import Api, acl_user, holders, poll_until
+from .conftest import SCRIPT_COMMANDS, Api, acl_user, holders, poll_until, scripts_run
 
 # The commands docs/deployment.md's ACL line grants, which do not include EVALSHA.
 _WITHOUT_EVALSHA = [
@@ -35,6 +35,27 @@ _WITHOUT_EVALSHA = [
 def nodes3() -> Iterator[LocalCluster]:
     with LocalCluster(3) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def third_proxied(nodes3: LocalCluster) -> Iterator[Proxy]:
+    """A proxy in front of the third node, to slow it down (the others are reached
+    directly)."""
+    node = nodes3[2]
+    proxy = Proxy(node.host, node.port or 0, name=node.name)
+    proxy.start()
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+def _third_loses_its_scripts_and_slows(nodes3: LocalCluster, proxy: Proxy) -> None:
+    """Flush the third node's scripts and put it 500 ms away (250 ms each way): a release
+    is decided by the other two, and that node's NOSCRIPT comes after."""
+    with nodes3[2].client() as c:
+        c.script_flush()
+    proxy.delay(0.25)
 
 
 def _evalsha_refused(cluster: LocalCluster) -> list[int]:
@@ -130,80 +151,67 @@ def test_a_single_nodes_release_and_extension_outlive_a_flushed_script_cache(api
 
 
 def test_an_asyncio_release_answered_late_by_noscript_is_sent_again_by_eval(
-    nodes3: LocalCluster,
+    nodes3: LocalCluster, third_proxied: Proxy
 ) -> None:
     # The asyncio client reads every reply as it comes, so its releases go by EVALSHA on
     # several nodes too. One node is 500 ms away and has lost its scripts: the release
     # is decided by the other two, and that node's NOSCRIPT comes after. The client
     # sends it the EVAL form then; without it the key would stay there for its 30 s TTL.
-    proxy = Proxy(nodes3[2].host, nodes3[2].port or 0, name=nodes3[2].name)
-    proxy.start()
-    try:
 
-        async def main() -> None:
-            urls = [nodes3[0].url, nodes3[1].url, proxy.url]
-            async with tenure.AsyncClient(urls, node_timeout=1.0) as client:
-                await (await client.acquire(f"warm-{uuid.uuid4().hex}", ttl=30.0)).release()
-                lease = await client.acquire(f"late-{uuid.uuid4().hex}", ttl=30.0)
-                deadline = time.monotonic() + 5.0
-                while holders(nodes3, lease.key) != [lease.token.encode()] * 3:
-                    # Every grant in, the third node's too (the round ended at two).
-                    assert time.monotonic() < deadline, holders(nodes3, lease.key)
-                    await asyncio.sleep(0.02)
-                with nodes3[2].client() as c:
-                    c.script_flush()
-                proxy.delay(0.25)
-                before = _evalsha_refused(nodes3)
-                await lease.release()
-                assert holders(nodes3, lease.key)[2] == lease.token.encode()  # not yet
-                deadline = time.monotonic() + 5.0
-                while holders(nodes3, lease.key) != [None] * 3:
-                    assert time.monotonic() < deadline, holders(nodes3, lease.key)
-                    await asyncio.sleep(0.02)
-                after = _evalsha_refused(nodes3)
-                assert [a - b for a, b in zip(after, before, strict=True)] == [0, 0, 1]
+    async def main() -> None:
+        urls = [nodes3[0].url, nodes3[1].url, third_proxied.url]
+        async with tenure.AsyncClient(urls, node_timeout=1.0) as client:
+            await (await client.acquire(f"warm-{uuid.uuid4().hex}", ttl=30.0)).release()
+            lease = await client.acquire(f"late-{uuid.uuid4().hex}", ttl=30.0)
+            deadline = time.monotonic() + 5.0
+            while holders(nodes3, lease.key) != [lease.token.encode()] * 3:
+                # Every grant in, the third node's too (the round ended at two).
+                assert time.monotonic() < deadline, holders(nodes3, lease.key)
+                await asyncio.sleep(0.02)
+            _third_loses_its_scripts_and_slows(nodes3, third_proxied)
+            before = _evalsha_refused(nodes3)
+            await lease.release()
+            assert holders(nodes3, lease.key)[2] == lease.token.encode()  # not yet
+            deadline = time.monotonic() + 5.0
+            while holders(nodes3, lease.key) != [None] * 3:
+                assert time.monotonic() < deadline, holders(nodes3, lease.key)
+                await asyncio.sleep(0.02)
+            after = _evalsha_refused(nodes3)
+            assert [a - b for a, b in zip(after, before, strict=True)] == [0, 0, 1]
 
-        asyncio.run(main())
-    finally:
-        proxy.close()
+    asyncio.run(main())
 
 
 def test_a_blocking_release_answered_late_by_noscript_is_sent_again_by_eval(
-    nodes3: LocalCluster,
+    nodes3: LocalCluster, third_proxied: Proxy
 ) -> None:
     # The blocking client reads a reply that comes after its round at the link's next
     # use: a release that a node answered NOSCRIPT then goes to it again by EVAL, when
     # that round ends. The same slow, flushed third node as above; without the resend
     # the key would stay there for its 30 s TTL.
-    proxy = Proxy(nodes3[2].host, nodes3[2].port or 0, name=nodes3[2].name)
-    proxy.start()
-    try:
-        with tenure.Client([nodes3[0].url, nodes3[1].url, proxy.url], node_timeout=1.0) as client:
-            client.acquire(f"warm-{uuid.uuid4().hex}", ttl=30.0).release()
-            lease = client.acquire(f"late-{uuid.uuid4().hex}", ttl=30.0)
-            poll_until(
-                lambda: holders(nodes3, lease.key) == [lease.token.encode()] * 3,
-                "every grant in, the third node's too (the round ended at two)",
-            )
-            with nodes3[2].client() as c:
-                c.script_flush()
-            proxy.delay(0.25)
-            before = _evalsha_refused(nodes3)
-            lease.release()
-            assert holders(nodes3, lease.key)[2] == lease.token.encode()  # not yet
-            # By EVALSHA: the third node refuses it (its NOSCRIPT is on the way back).
-            poll_until(lambda: _evalsha_refused(nodes3)[2] > before[2], "the EVALSHA refused")
-            deadline = time.monotonic() + 10.0
-            while holders(nodes3, lease.key) != [None] * 3:
-                assert time.monotonic() < deadline, holders(nodes3, lease.key)
-                client.acquire(f"other-{uuid.uuid4().hex}", ttl=5.0).release()  # next uses
-            refused = [a - b for a, b in zip(_evalsha_refused(nodes3), before, strict=True)]
-            # (The next uses' first commands to it may be refused too, before the
-            # NOSCRIPT is read: then they go by EVAL.)
-            assert refused[:2] == [0, 0], refused
-            assert refused[2] >= 1, refused
-    finally:
-        proxy.close()
+    urls = [nodes3[0].url, nodes3[1].url, third_proxied.url]
+    with tenure.Client(urls, node_timeout=1.0) as client:
+        client.acquire(f"warm-{uuid.uuid4().hex}", ttl=30.0).release()
+        lease = client.acquire(f"late-{uuid.uuid4().hex}", ttl=30.0)
+        poll_until(
+            lambda: holders(nodes3, lease.key) == [lease.token.encode()] * 3,
+            "every grant in, the third node's too (the round ended at two)",
+        )
+        _third_loses_its_scripts_and_slows(nodes3, third_proxied)
+        before = _evalsha_refused(nodes3)
+        lease.release()
+        assert holders(nodes3, lease.key)[2] == lease.token.encode()  # not yet
+        # By EVALSHA: the third node refuses it (its NOSCRIPT is on the way back).
+        poll_until(lambda: _evalsha_refused(nodes3)[2] > before[2], "the EVALSHA refused")
+        deadline = time.monotonic() + 10.0
+        while holders(nodes3, lease.key) != [None] * 3:
+            assert time.monotonic() < deadline, holders(nodes3, lease.key)
+            client.acquire(f"other-{uuid.uuid4().hex}", ttl=5.0).release()  # next uses
+        refused = [a - b for a, b in zip(_evalsha_refused(nodes3), before, strict=True)]
+        # (The next uses' first commands to it may be refused too, before the
+        # NOSCRIPT is read: then they go by EVAL.)
+        assert refused[:2] == [0, 0], refused
+        assert refused[2] >= 1, refused
 
 
 def test_a_release_on_several_nodes_goes_by_evalsha(api: Api, nodes3: LocalCluster) -> None:
@@ -228,11 +236,11 @@ def test_a_release_on_several_nodes_goes_by_evalsha(api: Api, nodes3: LocalClust
         for node in nodes3:
             with node.client() as c:
                 stats = c.info("commandstats")
-            counts.append({k: int(v["calls"]) for k, v in stats.items() if "eval" in k})
+            counts.append({k: int(stats[k]["calls"]) for k in SCRIPT_COMMANDS if k in stats})
         return counts
 
     # The nodes the rounds did not wait for run their commands a moment later.
-    poll_until(lambda: sum(sum(n.values()) for n in script_calls()) >= 6, "six script runs")
+    poll_until(lambda: sum(scripts_run(node) for node in nodes3) >= 6, "six script runs")
     assert script_calls() == [{"cmdstat_evalsha": 2}] * 3
 
 
