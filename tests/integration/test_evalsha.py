@@ -37,10 +37,24 @@ def nodes3() -> Iterator[LocalCluster]:
         yield cluster
 
 
+def _scripts_loaded(cluster: LocalCluster) -> None:
+    """Load the acquire and the release on every node of ``cluster``.
+
+    Another test of this module may have flushed them: a NOSCRIPT that a client reads
+    late (after a majority decided its round) sends that client's next scripts to the
+    node by EVAL, once each, which is not what a test of EVALSHA means to watch.
+    """
+    for node in cluster:
+        with node.client() as c:
+            c.script_load(script("acquire").wire)
+            c.script_load(script("release").wire)
+
+
 @pytest.fixture
 def third_proxied(nodes3: LocalCluster) -> Iterator[Proxy]:
     """A proxy in front of the third node, to slow it down (the others are reached
-    directly)."""
+    directly); every node starts with the scripts loaded."""
+    _scripts_loaded(nodes3)
     node = nodes3[2]
     proxy = Proxy(node.host, node.port or 0, name=node.name)
     proxy.start()
@@ -218,12 +232,7 @@ def test_a_release_on_several_nodes_goes_by_evalsha(api: Api, nodes3: LocalClust
     # The acquire and the release, each by EVALSHA on each node, nothing by EVAL
     # (docs/architecture.md, "EVALSHA where a NOSCRIPT is always answered").
     # A node timeout of 1 s: one attempt, one acquire per node, even on a loaded machine.
-    for node in nodes3:
-        with node.client() as c:
-            # Another test of this module may have flushed them: a NOSCRIPT the warm-up
-            # read late would send this client's next commands to that node by EVAL.
-            c.script_load(script("acquire").wire)
-            c.script_load(script("release").wire)
+    _scripts_loaded(nodes3)
     client = api.client(nodes3.urls, node_timeout=1.0)
     client.acquire(f"warm-{uuid.uuid4().hex}", ttl=5.0).release()  # connected, seeded
     for node in nodes3:
