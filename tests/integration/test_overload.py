@@ -311,3 +311,60 @@ def test_a_thread_that_runs_late_after_its_deadline_reads_what_came_meanwhile(
                 node.resume()
         assert late["held"]  # the thread really was held up past the deadline
         lease.release()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_non_blocking_acquire_tries_once_more_when_its_majority_was_only_silent(
+    nodes: LocalCluster, kind: str
+) -> None:
+    """Servers on the same starved cores as the client may answer after a round's
+    deadline: silent, not gone. A non-blocking acquire whose majority failed only by
+    silence tries once more at once, and is granted when the nodes answer that attempt.
+    Here two of three nodes are frozen from the acquire's start for 1.5 node timeouts:
+    the first attempt times out on them, the second hears them."""
+    timeout = 0.3
+    name = f"starved-{kind}"
+    starved = [nodes[1], nodes[2]]
+
+    def resume() -> None:
+        for node in starved:
+            node.resume()
+
+    def starve() -> threading.Timer:
+        for node in starved:
+            node.pause()
+        timer = threading.Timer(1.5 * timeout, resume)
+        timer.start()
+        return timer
+
+    def check(started: float, lease: tenure.Lease | tenure.AsyncLease) -> None:
+        assert time.monotonic() - started >= timeout  # the first attempt timed out
+        assert len(lease.nodes) >= 2
+
+    if kind == "sync":
+        with tenure.Client(nodes.urls, node_timeout=timeout) as client:
+            client.acquire(f"{name}-warm", ttl=5.0, blocking=False).release()
+            time.sleep(0.05)  # every reply in
+            timer = starve()
+            try:
+                started = time.monotonic()
+                lease = client.acquire(name, ttl=5.0, blocking=False)
+            finally:
+                timer.join()
+            check(started, lease)
+            lease.release()
+        return
+
+    async def main() -> None:
+        async with tenure.AsyncClient(nodes.urls, node_timeout=timeout) as client:
+            await _warm_up(client, f"{name}-warm")
+            timer = starve()
+            try:
+                started = time.monotonic()
+                lease = await client.acquire(name, ttl=5.0, blocking=False)
+            finally:
+                await asyncio.to_thread(timer.join)
+            check(started, lease)
+            await lease.release()
+
+    asyncio.run(main())

@@ -348,6 +348,8 @@ def test_non_blocking_ignores_timeout_argument() -> None:
 def test_failures_that_make_a_majority_impossible_raise_quorum_unreachable() -> None:
     acq = make(blocking=False)
     _, step = attempt(acq, "yue..", started=0.0, now=0.05)  # nodes 3, 4 silent: time out
+    assert step == Retry(0.0, frozenset({0, 1, 2, 3, 4}))  # the silent ones made it
+    _, step = attempt(acq, "yue..", started=0.05, now=0.1)
     assert isinstance(step, GiveUp)
     assert step.cleanup == frozenset({0, 1, 2, 3, 4})
     error = step.error
@@ -367,6 +369,32 @@ def test_quorum_unreachable_even_when_non_blocking() -> None:
     _, step = attempt(acq, "uu.", started=0.0, now=0.0)
     assert isinstance(step, GiveUp)
     assert isinstance(step.error, QuorumUnreachable)
+    assert acq.attempts == 1  # failures that answered (refused, reset) need no second look
+
+
+@pytest.mark.parametrize("first", ["y..", "u..", "n.."])
+def test_non_blocking_tries_once_more_when_silent_nodes_made_the_difference(first: str) -> None:
+    # Nodes silent past the node timeout may be up and starved (an overloaded machine);
+    # one attempt more at once turns that into a grant when they answer it.
+    acq = make(3, blocking=False)
+    _, step = attempt(acq, first, started=0.0, now=0.05)
+    assert step == Retry(0.0, frozenset({0, 1, 2}) if first != "n.." else frozenset({1, 2}))
+    _, step = attempt(acq, first[0] + "yy", started=0.05, now=0.06)
+    assert isinstance(step, Granted)
+    assert acq.attempts == 2
+
+
+def test_non_blocking_tries_once_more_for_silence_only_once() -> None:
+    acq = make(3, blocking=False)
+    _, step = attempt(acq, "y..", started=0.0, now=0.05)
+    assert isinstance(step, Retry)
+    _, step = attempt(acq, "y..", started=0.05, now=0.1)
+    assert isinstance(step, GiveUp)
+    assert isinstance(step.error, QuorumUnreachable)
+    assert step.error.node_errors == {
+        "node1": "unreachable: no reply before the deadline",
+        "node2": "unreachable: no reply before the deadline",
+    }
 
 
 def test_blocking_acquire_gives_up_after_consecutive_unreachable_attempts() -> None:
@@ -496,7 +524,16 @@ def test_cleanup_to_await_only_before_returning_and_not_on_failed_nodes() -> Non
     # Nodes 1 and 2 just failed: their release would queue behind a request nobody
     # answered. Node 3 was merely not read: wait for it.
     assert cleanup_to_await(step, rnd) == frozenset({0, 3})
-    rnd, step = attempt(make(3, blocking=False), "yu.", started=0.0, now=0.05)
+    rnd, step = attempt(make(3, blocking=False), "yuu", started=0.0, now=0.05)
+    assert isinstance(step, GiveUp)
+    assert rnd.failures().keys() == {1, 2}
+    assert cleanup_to_await(step, rnd) == frozenset({0})
+    # One attempt more when a node only timed out (it may be slow, not gone), then the
+    # same: nodes that just failed are not waited for.
+    silent = make(3, blocking=False)
+    rnd, step = attempt(silent, "yu.", started=0.0, now=0.05)
+    assert isinstance(step, Retry)
+    rnd, step = attempt(silent, "yu.", started=0.05, now=0.1)
     assert isinstance(step, GiveUp)
     assert rnd.failures().keys() == {1, 2}  # node 2 timed out
     assert cleanup_to_await(step, rnd) == frozenset({0})
@@ -1162,7 +1199,11 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
                     assert len(floors) >= spec.quorum or len(infos) >= spec.quorum
                     assert step.seed == Seed(lost, max(floors + own, default=0), MAX_TTL_MS)
             return
-        assert blocking
+        if not blocking:
+            # Nodes merely silent made the difference: one attempt more, at once.
+            assert rnd.silence_blocks_quorum()
+            assert step == Retry(0.0, rnd.maybe_holding())
+            return
         assert step.seed is None
         assert 0.0 <= step.sleep <= min(POLICY.maximum, POLICY.initial)
         if timeout is not None:
@@ -1171,6 +1212,7 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
         assert isinstance(step, GiveUp)
         # One attempt: a blocking acquire does not give up on unreachable nodes yet.
         assert (step.error is not None) == (rnd.unreachable_blocks_quorum() and not blocking)
+        assert not (step.error is not None and rnd.silence_blocks_quorum())  # first attempt
         if step.error is None:
             assert not ours or (lost and len(floors) < spec.quorum and blank != set(range(n)))
             assert not blocking or (timeout is not None and now >= timeout)

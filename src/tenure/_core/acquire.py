@@ -22,9 +22,10 @@ the holder's key expires by its TTL, whichever is first. Split votes (nobody hol
 majority) still back off at random: waking on a release would only collide again.
 
 The machine never sleeps past the caller's timeout, raises ``QuorumUnreachable`` once
-failures alone have made a majority impossible in a few consecutive attempts (at once for
-a non-blocking acquire; waiting would not help), and draws every retry delay at random so
-that colliding clients drift apart.
+failures alone have made a majority impossible in a few consecutive attempts (for a
+non-blocking acquire at once, or after one attempt more when nodes merely silent past the
+node timeout made the difference), and draws every retry delay at random so that
+colliding clients drift apart.
 
 Fencing tokens, one round trip
 ------------------------------------
@@ -355,6 +356,7 @@ class Acquisition:
         self._strikes = 0
         self._waited_for_set_ups = False  # one attempt more once, for nodes still connecting
         self._waited_for_seeds = False  # one attempt more once, for a new set being seeded
+        self._heard_silence_out = False  # one attempt more once, after nodes were silent
         self._silent_asks = 0  # attempts that heard every node but the silent ones again
         self._refusal: tuple[Round, dict[int, tuple[int, int]]] | None = None
         self.mark = 1
@@ -482,6 +484,14 @@ class Acquisition:
                 # even for a caller that does not block, one attempt more, which the
                 # driver begins once their set-ups ended (bounded by connect_timeout).
                 self._waited_for_set_ups = True
+                return Retry(0.0, cleanup)
+            if not self._blocking and not self._heard_silence_out and rnd.silence_blocks_quorum():
+                # Nodes silent past the node timeout made the difference: on an
+                # overloaded machine (starved servers, or this process descheduled) nodes
+                # that are up look exactly like that. Once, even for a caller that does
+                # not block, one attempt more at once (a blocking acquire has
+                # UNREACHABLE_STRIKES); nodes really gone cost it a second node timeout.
+                self._heard_silence_out = True
                 return Retry(0.0, cleanup)
             if not self._blocking or self._strikes >= UNREACHABLE_STRIKES:
                 return GiveUp(cleanup, self._unreachable(rnd))

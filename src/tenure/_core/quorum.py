@@ -96,6 +96,7 @@ class Round:
         "hear_out",
         "needed",
         "results",
+        "silent",
         "started",
     )
 
@@ -115,6 +116,7 @@ class Round:
         self._no = 0  # refusals and failures: both mean "not a yes"
         self._answered = 0
         self.failed = 0  # nodes that gave no usable answer (``fail``)
+        self.silent = 0  # of them, asked but silent until the deadline (``time_out``)
         self._could_begin: float | None = None  # when the ready nodes could first decide it
         self._wait_all = wait_all  # decided only when every node answered (or the deadline)
         # Seconds to go on reading once the round became impossible: a failure is then
@@ -231,6 +233,7 @@ class Round:
         for i, r in enumerate(self.results):
             if r is None:
                 self.fail(i, Failure.UNREACHABLE, "no reply before the deadline")
+                self.silent += 1
 
     @property
     def yes(self) -> int:
@@ -278,6 +281,13 @@ class Round:
     def unreachable_blocks_quorum(self) -> bool:
         """True when failures alone (not refusals) leave too few nodes for a majority."""
         return len(self.failures()) > len(self.results) - self.needed
+
+    def silence_blocks_quorum(self) -> bool:
+        """True when failures leave too few nodes for a majority, and would not without
+        the nodes that were only silent until the deadline (``time_out``): nodes that may
+        be up and slow, or whose replies this process was too busy to read in time."""
+        spare = len(self.results) - self.needed
+        return self.failed > spare >= self.failed - self.silent
 
     def misconfigured_blocks_quorum(self) -> bool:
         """True when nodes failing for their configuration alone leave too few for a majority.
