@@ -245,7 +245,7 @@ def test_a_release_waits_a_few_node_timeouts_for_frozen_nodes(
     api: Api, cluster5: LocalCluster, key: str, n: int
 ) -> None:
     """Nodes frozen for two node timeouts during a release (a loaded machine, a server
-    descheduled) are slow, not lost: the release waits up to four node timeouts for a
+    descheduled) are slow, not lost: the release waits up to ten node timeouts for a
     majority, so it is confirmed, and the lease was not lost. On one node too, where the
     blocking client waits in the socket itself, under a timeout of one node timeout."""
     timeout = 0.2

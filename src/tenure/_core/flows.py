@@ -218,8 +218,11 @@ INSTANT = (Send, Unlisten, Depart)
 # is silent does it wait longer than an acquire would. A release left unconfirmed raises
 # LeaseLost ("cannot be shown that the lease held to the end"), which nodes that are only
 # slow (a loaded machine, a server descheduled for a moment) should not cause: a wait of
-# one node timeout would call them failed.
-RELEASE_PATIENCE = 4
+# one node timeout would call them failed. Four were not enough beside two CPU hogs on 2
+# cores (5 nodes, 8 threads: a holder silent past 0.2 s in half of ten 10 s runs); with
+# ten, one run of eight. Only a release whose holders' majority is silent waits that
+# long: nodes that are down answer at once (refused, reset).
+RELEASE_PATIENCE = 10
 
 # A node seen blank beside nodes with a floor is seeded with a warm-up once it has been
 # blank this many node timeouts (``Acquisition._ripe``): long enough for the seeds of
