@@ -321,8 +321,10 @@ def test_a_non_blocking_acquire_tries_once_more_when_its_majority_was_only_silen
     deadline: silent, not gone. A non-blocking acquire whose majority failed only by
     silence tries once more at once, and is granted when the nodes answer that attempt.
     Here two of three nodes are frozen from the acquire's start for 1.5 node timeouts:
-    the first attempt times out on them, the second hears them."""
-    timeout = 0.3
+    the first attempt times out on them, the second hears them (a quarter of a second
+    to spare each way; frozen for less than ``STALL``, so their connections stay)."""
+    timeout = 0.5
+    assert 2 * timeout <= STALL
     name = f"starved-{kind}"
     starved = [nodes[1], nodes[2]]
 
