@@ -211,6 +211,36 @@ def test_time_out_fails_exactly_the_silent_nodes() -> None:
     assert rnd.decided
     assert not rnd.succeeded
     assert rnd.maybe_holding() == frozenset({0, 2, 3, 4})
+    assert rnd.silent == 2
+
+
+@pytest.mark.parametrize(
+    ("answered", "blocks"),
+    [
+        ({}, True),  # every node silent
+        ({0: "yes"}, True),
+        ({0: "no"}, False),  # a refusal: impossible without the silent ones already
+        ({0: "refused"}, True),  # one answered failure leaves a majority possible
+        ({0: "refused", 1: "refused"}, False),  # two answered failures rule it out
+        ({0: "yes", 1: "yes"}, False),  # decided
+    ],
+)
+def test_silence_blocks_quorum_only_when_the_silent_nodes_made_the_difference(
+    answered: dict[int, str], blocks: bool
+) -> None:
+    rnd = Round(3, 2, started=0.0)
+    for i, what in answered.items():
+        if what == "refused":
+            rnd.fail(i, Failure.UNREACHABLE, "connection refused")
+        else:
+            rnd.record(i, what == "yes")
+    rnd.went_silent(2, "not connected yet; sent once it is")
+    rnd.went_silent(2, "counted once")
+    if not rnd.decided:
+        rnd.time_out()
+    assert rnd.silence_blocks_quorum() is blocks
+    silent = ("not connected yet; sent once it is", "no reply before the deadline")
+    assert rnd.silent == sum(1 for r in rnd.results if r is not None and r.detail in silent)
 
 
 @pytest.mark.parametrize(

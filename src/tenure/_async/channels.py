@@ -689,8 +689,9 @@ class Channels:
             for i in order:
                 if rnd.results[i] is None and channels[i].connecting:
                     # Not CONNECTING ("not asked"): the request is queued, and goes out
-                    # (its cleanup behind it) once the connection is up.
-                    rnd.fail(i, Failure.UNREACHABLE, "not connected yet; sent once it is")
+                    # (its cleanup behind it) once the connection is up. Silent, like a
+                    # node that did not answer: it may be up, its set-up only slow.
+                    rnd.went_silent(i, "not connected yet; sent once it is")
             rnd.time_out()
         self.reporter.round(rnd)
 

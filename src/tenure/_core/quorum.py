@@ -116,7 +116,7 @@ class Round:
         self._no = 0  # refusals and failures: both mean "not a yes"
         self._answered = 0
         self.failed = 0  # nodes that gave no usable answer (``fail``)
-        self.silent = 0  # of them, asked but silent until the deadline (``time_out``)
+        self.silent = 0  # of them, asked but silent until the deadline (``went_silent``)
         self._could_begin: float | None = None  # when the ready nodes could first decide it
         self._wait_all = wait_all  # decided only when every node answered (or the deadline)
         # Seconds to go on reading once the round became impossible: a failure is then
@@ -232,8 +232,14 @@ class Round:
         """Mark every node that has not answered as unreachable (the deadline passed)."""
         for i, r in enumerate(self.results):
             if r is None:
-                self.fail(i, Failure.UNREACHABLE, "no reply before the deadline")
-                self.silent += 1
+                self.went_silent(i, "no reply before the deadline")
+
+    def went_silent(self, node: int, detail: str) -> None:
+        """Record that ``node`` was asked (or its request queued) and had not answered by
+        the deadline: unreachable, and possibly only slow (``silence_blocks_quorum``)."""
+        if self.results[node] is None:
+            self.fail(node, Failure.UNREACHABLE, detail)
+            self.silent += 1
 
     @property
     def yes(self) -> int:
@@ -284,8 +290,8 @@ class Round:
 
     def silence_blocks_quorum(self) -> bool:
         """True when failures leave too few nodes for a majority, and would not without
-        the nodes that were only silent until the deadline (``time_out``): nodes that may
-        be up and slow, or whose replies this process was too busy to read in time."""
+        the nodes that were only silent until the deadline (``went_silent``): nodes that
+        may be up and slow, or whose replies this process was too busy to read in time."""
         spare = len(self.results) - self.needed
         return self.failed > spare >= self.failed - self.silent
 
