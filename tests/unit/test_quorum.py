@@ -219,7 +219,7 @@ def test_time_out_fails_exactly_the_silent_nodes() -> None:
     [
         ({}, True),  # every node silent
         ({0: "yes"}, True),
-        ({0: "no"}, False),  # a refusal: impossible without the silent ones already
+        ({0: "no"}, False),  # a refusal beside the silent node: not failures alone
         ({0: "refused"}, True),  # one answered failure leaves a majority possible
         ({0: "refused", 1: "refused"}, False),  # two answered failures rule it out
         ({0: "yes", 1: "yes"}, False),  # decided

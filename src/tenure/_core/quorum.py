@@ -286,7 +286,7 @@ class Round:
 
     def unreachable_blocks_quorum(self) -> bool:
         """True when failures alone (not refusals) leave too few nodes for a majority."""
-        return len(self.failures()) > len(self.results) - self.needed
+        return self.failed > len(self.results) - self.needed
 
     def silence_blocks_quorum(self) -> bool:
         """True when failures leave too few nodes for a majority, and would not without
