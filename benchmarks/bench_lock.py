@@ -15,6 +15,11 @@ masters, no persistence):
   majority** floors (blocking and asyncio, ``_floors.py``) decide each round at the
   first majority of replies, as a correct Redlock client may: the floor tenure is
   judged against there (its "own floor").
+* **floor with tenure's scripts** (1 node): the floor's bare connection sending tenure's
+  own acquire and release scripts, with a tenure client's arguments, in place of its two
+  commands: what the scripts cost (their server time, their longer requests) before any
+  client code, so ``p50 / floor`` of tenure splits into the scripts' share and the
+  client's.
 * **client CPU** per cycle of every system (``time.process_time``, best of 3 runs of
   3,000 untimed cycles), beside its latency.
 * **tenure** sync (``Client``) and asyncio (``AsyncClient``), on 1 node and on 5.
@@ -198,6 +203,57 @@ def floor_runner(env: Env, count: int, key: str) -> Runner:
     return SyncRunner(cycle, [conn.disconnect for conn in conns])
 
 
+def scripts_runner(env: Env, count: int, key: str) -> Runner:
+    """The floor's bare connection sending tenure's own scripts instead of its two
+    commands: acquire.lua (the node's fencing floor, its replication history, the fair
+    queue) and release.lua, by EVALSHA, with the arguments a tenure client sends for a
+    non-blocking acquire of a free lock. No library around them: what any client of these
+    scripts pays before its own code runs (1 node; the keys and settings are a tenure
+    client's, so that the scripts take the way they take for tenure)."""
+    from tenure._lua import script
+
+    if count != 1:
+        raise ValueError("the scripts' floor is measured on 1 node")
+    with tenure.Client(env.urls(count)) as settings:
+        spec = settings._specs.get(key, TTL_S, None)
+        mark_ms = settings.config.max_ttl_ms
+        hold_ms = settings._flows.hold_ms
+        channel = settings._listener.channel  # where a queued waiter would be told
+    keys = spec.keys
+    mode = spec.mode
+    (conn,) = [raw_connection(host=h, port=p, retry=no_retry()) for h, p in env.addresses(1)]
+    conn.connect()
+    conn.send_command("SCRIPT", "LOAD", script("acquire").wire)
+    acquire_sha = conn.read_response()
+    conn.send_command("SCRIPT", "LOAD", script("release").wire)
+    release_sha = conn.read_response()
+    mark = secrets.randbits(52) | 1  # only a blank node keeps it; these nodes are seeded
+
+    def cycle() -> bool:
+        token = secrets.token_hex(16)
+        # A proposal from the wall clock in µs, as tenure's: above the node's floor.
+        proposal = time.time_ns() // 1000
+        for _ in range(2):
+            conn.send_command(
+                "EVALSHA", acquire_sha, 4, keys.lock, keys.floor, keys.warm, keys.queue,
+                token, spec.ttl_ms, proposal, mark, mark_ms, spec.retention_ms,
+                mode, token, channel, 0, proposal,
+            )  # fmt: skip
+            status, number, _ = conn.read_response()
+            if status != -1:
+                break
+            proposal = number + 1  # another client's grant raised the floor past it
+        if status != 1:
+            return False
+        conn.send_command(
+            "EVALSHA", release_sha, 3, keys.lock, keys.floor, keys.queue,
+            token, mode, hold_ms, spec.retention_ms, number,
+        )  # fmt: skip
+        return bool(conn.read_response() == 1)
+
+    return SyncRunner(cycle, [conn.disconnect])
+
+
 def resp(*args: str | int) -> bytes:
     """One command in RESP, packed by hand: the asyncio floor uses no client library."""
     parts = [f"*{len(args)}\r\n".encode()]
@@ -341,6 +397,7 @@ Factory = Callable[[Env, int, str], Runner]
 # (name, nodes, role, factory), in table order.
 SYSTEMS: list[tuple[str, int, Role, Factory]] = [
     ("floor", 1, "floor", floor_runner),
+    ("floor with tenure's scripts", 1, "floor", scripts_runner),
     ("tenure sync", 1, "tenure", tenure_runner),
     ("floor (asyncio)", 1, "floor", floor_async_runner),
     ("tenure asyncio", 1, "tenure", tenure_async_runner),
