@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenure._core.resp import ErrorReply, ReplyReader
-from tenure._driver.replies import HiredisReader
+from tenure._driver.replies import (
+    NOT_RESP,
+    HiredisReader,
+    PulledReplies,
+    PullReader,
+    pull_reader,
+)
 
 # The pure-Python reader, and hiredis's doing the same work (the one used when installed).
 READERS = [ReplyReader, HiredisReader]
@@ -63,3 +71,42 @@ def test_both_drivers_read_with_hiredis_when_installed() -> None:
         assert all(isinstance(r, HiredisReader) for r in readers)
     finally:
         client.close()
+
+
+# The same parser pulled one reply at a time (the blocking client's lock connections):
+# hiredis's own reader, and the pure-Python reader behind that interface.
+PULL_READERS = [pull_reader, PulledReplies]
+
+
+def _pulled(reader: PullReader) -> list[object]:
+    out = []
+    while (reply := reader.gets()) is not False:
+        out.append(reply)
+    return out
+
+
+@settings(max_examples=200, derandomize=True, database=None)
+@given(cuts=st.lists(st.integers(0, len(STREAM)), max_size=12), make=st.sampled_from(PULL_READERS))
+def test_pulled_replies_are_the_same_at_any_split(
+    cuts: list[int], make: Callable[[], PullReader]
+) -> None:
+    reader = make()
+    out: list[object] = []
+    last = 0
+    for cut in [*sorted(cuts), len(STREAM)]:
+        reader.feed(STREAM[last:cut])
+        out += _pulled(reader)
+        last = cut
+    assert out == VALUES
+    assert reader.gets() is False  # nothing left, and nothing invented
+
+
+@pytest.mark.parametrize("make", PULL_READERS)
+def test_pulled_garbage_raises_at_every_look(make: Callable[[], PullReader]) -> None:
+    # A stream that stopped being RESP2 never turns into "nothing yet", which would have
+    # the blocking client wait on the socket for a reply that cannot come.
+    reader = make()
+    reader.feed(b":1\r\n?what\r\n")
+    for _ in range(2):
+        with pytest.raises(NOT_RESP):
+            _pulled(reader)

@@ -6,7 +6,6 @@ exercise every function here against the installed version.
 
 from __future__ import annotations
 
-import collections
 import difflib
 import inspect
 import select
@@ -28,7 +27,7 @@ from .._core.quorum import Failure
 from .._core.resp import ErrorReply
 from .._errors import ConfigurationError
 from .acl import denial
-from .replies import reply_reader
+from .replies import NOT_RESP, pull_reader
 
 __all__ = [
     "NotRedis",
@@ -385,7 +384,7 @@ class SocketReplies:
     Python each around the system call (checks, a host string formatted for every read),
     which on five nodes was a quarter of a client's whole cycle. redis-py still sets the
     connection up (TCP, TLS, AUTH, SELECT) and closes it; between the two, its socket is
-    read here with the reader the drivers share (``replies.reply_reader``: hiredis, or
+    read here with the parser the drivers share (``replies.pull_reader``: hiredis, or
     ``_core.resp`` without it) and the exceptions redis-py would raise: an error reply
     raises redis-py's class for it (``ResponseError``, ``NoScriptError``,
     ``ReadOnlyError``...), bytes that are not RESP raise ``InvalidResponse``, a closed
@@ -394,14 +393,16 @@ class SocketReplies:
     ``TimeoutError``).
     """
 
-    __slots__ = ("_reader", "_received", "_reply_error", "sock")
+    __slots__ = ("_ahead", "_reader", "_reply_error", "sock")
 
     def __init__(self, conn: redis.Connection) -> None:
         # Nothing is buffered in redis-py's parser: the set-up read every reply it asked for.
         self.sock = cast(socket.socket, conn._sock)  # set by connect()
         self._reply_error = conn._parser.parse_error
-        self._reader = reply_reader()
-        self._received: collections.deque[object] = collections.deque()  # not yet read
+        # The parser keeps what was received and not yet read (hiredis's own reader: one
+        # call per reply and nothing in between, ``replies.pull_reader``).
+        self._reader = pull_reader()
+        self._ahead: object = False  # a reply ``ready()`` took out of the parser, or False
 
     def read(self) -> Any:
         """The next reply, waiting for it (up to the kernel timeout).
@@ -410,16 +411,21 @@ class SocketReplies:
             ResponseError: the reply is an error (the subclass redis-py would raise).
             ConnectionError, OSError, InvalidResponse: as above.
         """
-        received = self._received
-        while not received:
-            data = self.sock.recv(65536)
-            if not data:
-                raise rx.ConnectionError("Connection closed by server.")
+        reply = self._ahead
+        if reply is False:
+            reader = self._reader
             try:
-                received.extend(self._reader.feed(data))
-            except ValueError as exc:  # not RESP2
+                reply = reader.gets()
+                while reply is False:
+                    data = self.sock.recv(65536)
+                    if not data:
+                        raise rx.ConnectionError("Connection closed by server.")
+                    reader.feed(data)
+                    reply = reader.gets()
+            except NOT_RESP as exc:
                 raise rx.InvalidResponse(str(exc)) from None
-        reply = received.popleft()
+        else:
+            self._ahead = False
         if isinstance(reply, ErrorReply):
             raise self._reply_error(reply.message)
         return reply
@@ -428,7 +434,13 @@ class SocketReplies:
         """Can ``read()`` return without waiting? (a reply already received, or TLS
         data decrypted ahead that ``select()`` cannot see). A reply still on the wire
         is for the caller's next ``select()``."""
-        if self._received:
+        if self._ahead is not False:
+            return True
+        try:
+            self._ahead = self._reader.gets()
+        except NOT_RESP:
+            return True  # read() raises it
+        if self._ahead is not False:
             return True
         sock = self.sock
         return isinstance(sock, ssl.SSLSocket) and sock.pending() > 0

@@ -251,7 +251,8 @@ class Link:
         return self.io.read()
 
     def read(self) -> Any:
-        """Read one reply: ours (error replies raise), or ``_NOT_YET`` if it was owed."""
+        """Read one reply: ours (error replies raise), or ``_NOT_YET`` if it was owed
+        (``_LATE``: an owed error reply, which ``take_late`` and ``take_resends`` tell)."""
         io = self.io
         assert io is not None
         if self.owed:
@@ -269,6 +270,7 @@ class Link:
                 if retry is not None:
                     self.resends.append(retry)
                 self.late = exc  # and for what it says of the node's configuration
+                return _LATE
             return _NOT_YET
         return io.read()
 
@@ -373,6 +375,7 @@ class Link:
 
 
 _NOT_YET = object()
+_LATE = object()
 # What ``LinkSet._read_one`` found of a node's answer.
 _DONE, _MORE, _RESENT = 0, 1, 2
 
@@ -570,8 +573,8 @@ class LinkSet:
                         while True:  # a resend may meet another error: a cluster's redirections
                             try:
                                 while link.owed:  # an ASKING's reply, ahead of the redirected one
-                                    link.read()
-                                    self._told_late(0)
+                                    if link.read() is _LATE:
+                                        self._told_late(0)
                                 reply = link.reply()
                                 break
                             except ResponseError as exc:
@@ -647,9 +650,9 @@ class LinkSet:
         try:
             while True:
                 reply = link.read()
-                if reply is _NOT_YET:
+                if reply is _LATE:
                     self._told_late(i)
-                else:
+                elif reply is not _NOT_YET:
                     if command.replies == 1:
                         rnd.record(i, *command.parse(reply))
                         return _DONE
