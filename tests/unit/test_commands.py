@@ -614,6 +614,39 @@ def test_other_errors_are_the_nodes_answer(error: str) -> None:
     assert cache.packed(cmd) == cmd.packed
 
 
+@settings(max_examples=200, derandomize=True, database=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["send", _NOSCRIPT, _NOPERM_EVALSHA, "ERR other"]),
+            st.sampled_from(["acquire", "release"]),
+            st.booleans(),  # an error read within the round (with its command) or late
+        ),
+        max_size=12,
+    )
+)
+def test_as_packed_says_when_every_command_goes_as_packed(
+    steps: list[tuple[str, str, bool]],
+) -> None:
+    # The drivers skip ``packed`` while ``as_packed`` holds: it must never hold while
+    # some command would go in its other form.
+    by_sha = {
+        "acquire": commands.acquire(SPEC, "tok", 7, 1, 1),
+        "release": commands.release_waking(SPEC, "tok", "q", 7, 5, by_sha=True),
+    }
+    cache = commands.ScriptCache()
+    for what, name, in_round in steps:
+        cmd = by_sha[name]
+        if what == "send":
+            cache.packed(cmd)
+        else:
+            cache.answered(what, cmd if in_round else None)
+        if cache.as_packed:
+            assert all(cache.packed(c) == c.packed for c in by_sha.values())
+        else:
+            assert cache.missing or cache.eval_only
+
+
 def test_only_the_acquire_goes_by_evalsha() -> None:
     # A release or an extension is awaited from a majority only: a NOSCRIPT on a node
     # nobody waits for would never be followed by its EVAL.

@@ -147,7 +147,11 @@ class Channel:
             if self._batches.open:
                 self._batches.passed(command)
             # Only a script sent by EVALSHA has another form (``ScriptCache``).
-            self._write(self.scripts.packed(command) if command.by_sha else command.packed)
+            scripts = self.scripts
+            if not command.by_sha or scripts.as_packed:
+                self._write(command.packed)
+            else:
+                self._write(scripts.packed(command))
             if command.replies == 1:
                 self._pending.append((on_reply, now))
             else:

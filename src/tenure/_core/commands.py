@@ -305,17 +305,20 @@ class ScriptCache:
     EVALSHA (a user granted ``+eval`` only) is sent EVAL from then on.
     """
 
-    __slots__ = ("eval_only", "missing")
+    __slots__ = ("as_packed", "eval_only", "missing")
 
     def __init__(self) -> None:
         self.eval_only = False  # its ACL refused EVALSHA
         # The scripts not sent by EVAL since it last answered NOSCRIPT.
         self.missing: set[str] = set()
+        # Every command goes as it was packed (neither of the above): what a driver
+        # looks at before it asks ``packed``, a call on every node of every round.
+        self.as_packed = True
 
     def packed(self, command: Command) -> bytes:
         """The bytes of ``command`` for this node."""
         if command.by_sha and (self.eval_only or (self.missing and command.script in self.missing)):
-            self.missing.discard(command.script)  # the EVAL form caches the script again
+            self._sent_by_eval(command.script)
             fallback = command.fallback
             assert fallback is not None  # it has one: by_sha
             return fallback
@@ -331,10 +334,15 @@ class ScriptCache:
             self.missing = set(BY_SHA)
         else:
             return None
+        self.as_packed = False
         if command is None or command.fallback is None:
             return None
-        self.missing.discard(command.script)
+        self._sent_by_eval(command.script)
         return Command(command.fallback, command.parse, command.replies, key=command.key)
+
+    def _sent_by_eval(self, script: str) -> None:
+        self.missing.discard(script)  # the EVAL form caches the script again
+        self.as_packed = not (self.missing or self.eval_only)
 
 
 def acked_by_replicas(command: Command, replicas: int, timeout_ms: int) -> Command:

@@ -180,7 +180,7 @@ class Link:
         assert io is not None  # set up by LinkSet._set_up
         try:
             # Only a script sent by EVALSHA has another form (``ScriptCache``).
-            if not command.by_sha:
+            if not command.by_sha or self.node.scripts.as_packed:
                 io.sock.sendall(command.packed)
             else:
                 io.sock.sendall(self.node.scripts.packed(command))
