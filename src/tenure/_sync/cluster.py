@@ -305,8 +305,8 @@ class ClusterLink(Link):
     def backing_off(self, now: float) -> float:
         return self.cluster.backing_off(now)
 
-    def send(self, command: Command, now: float) -> None:
-        """Write ``command`` to the master of its slot.
+    def send(self, command: Command, now: float) -> Any:
+        """Write ``command`` to the master of its slot; returns the member's socket.
 
         Raises:
             _Failed: no master for the slot, its connection is not up, or the write
@@ -321,9 +321,9 @@ class ClusterLink(Link):
         where = None if slot_map is None else slot_map.owner(slot)
         if where is None:
             raise _Failed(slot_unserved(slot))
-        self._write(self._sub(where), command, now, asking=False)
+        return self._write(self._sub(where), command, now, asking=False)
 
-    def _write(self, sub: Link, command: Command, now: float, *, asking: bool) -> None:
+    def _write(self, sub: Link, command: Command, now: float, *, asking: bool) -> Any:
         if sub.conn is None:
             why = sub.prepare(now, _nothing)  # its set-up goes on for the next rounds
             raise _Failed(
@@ -335,7 +335,7 @@ class ClusterLink(Link):
         if asking:
             sub.send(ASKING, now)
             sub.owed += 1  # its +OK comes before our reply and is nobody's
-        sub.send(command, now)
+        return sub.send(command, now)
 
     def socket(self) -> Any:
         return None if self._current is None else self._current.socket()

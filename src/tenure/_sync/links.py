@@ -170,8 +170,9 @@ class Link:
         self.quiet_since = 0.0
         self.heard = False
 
-    def send(self, command: Command, now: float) -> None:
-        """Write ``command`` on the connection (set up beforehand: ``prepare``).
+    def send(self, command: Command, now: float) -> Any:
+        """Write ``command`` on the connection (set up beforehand: ``prepare``); returns
+        the socket it was written to, where its reply will come (``socket``).
 
         Raises:
             _Failed: writing failed; the link is dropped.
@@ -180,14 +181,16 @@ class Link:
         assert io is not None  # set up by LinkSet._set_up
         try:
             # Only a script sent by EVALSHA has another form (``ScriptCache``).
+            sock = io.sock
             if not command.by_sha or self.node.scripts.as_packed:
-                io.sock.sendall(command.packed)
+                sock.sendall(command.packed)
             else:
-                io.sock.sendall(self.node.scripts.packed(command))
+                sock.sendall(self.node.scripts.packed(command))
         except Exception as exc:  # not BaseException: an interrupt is no node's failure
             why = diagnose(exc)
             self.drop(now, why)
             raise _Failed(why) from exc
+        return sock
 
     def prepare(self, now: float, wake: Callable[[], None]) -> Diagnosis | None:
         """Start or follow this link's set-up.
@@ -419,7 +422,6 @@ class LinkSet:
         """
         self.clean = False
         links = self.links
-        waiting: list[int] = []
         now = rnd.started
         order: Sequence[int] = range(len(links)) if targets is None else targets
         ready = True
@@ -447,13 +449,14 @@ class LinkSet:
                     return
                 deadline += rnd.begin_at(clock())
                 now = rnd.started
+        # The nodes still to answer, by the socket their reply will come on (the one
+        # their request was written to).
+        waiting: dict[Any, int] = {}
         for i in order:
             try:
-                links[i].send(command, now)
+                waiting[links[i].send(command, now)] = i
             except _Failed as exc:
                 rnd.fail(i, exc.diagnosis.failure, exc.diagnosis.detail)
-            else:
-                waiting.append(i)
         if len(links) == 1 and waiting and not links[0].owed:
             # One node, nothing owed: nothing to multiplex, so wait in recv itself. Its
             # socket's timeout (node_timeout: ``kernel_timeouts``) bounds the wait; no select().
@@ -464,7 +467,6 @@ class LinkSet:
             self.clean = True
             return
         heard_out = False
-        by_socket = {links[i].socket(): i for i in waiting}
         while waiting and not rnd.decided:
             if rnd.hear_out and rnd.impossible and not heard_out:
                 # A failed round heard out (see ``Round``): for a little longer only.
@@ -473,13 +475,12 @@ class LinkSet:
             # Past the deadline we still poll once without waiting: replies that arrived
             # while we were busy (a slow connect) count; only true silence is a timeout.
             timeout = max(deadline - clock(), 0.0)
-            readable, _, _ = select.select(list(by_socket), [], [], timeout)
+            readable, _, _ = select.select(list(waiting), [], [], timeout)
             now = clock()
             for sock in readable:
-                i = by_socket.pop(sock)
+                i = waiting.pop(sock)
                 got = self._read_one(i, command, rnd, now)
                 if got == _DONE:
-                    waiting.remove(i)
                     continue
                 if got == _RESENT:
                     # The node answered, and asked for the command again: the round
@@ -489,7 +490,7 @@ class LinkSet:
                     deadline = max(deadline, now + links[i].node.timeout)
                 # Still to come; on the same socket unless a Cluster node's request
                 # was redirected to another member.
-                by_socket[links[i].socket()] = i
+                waiting[links[i].socket()] = i
             # Nothing by the deadline is not yet silence: select() woke at the deadline,
             # but this thread may have run much later (other threads holding the
             # interpreter, a starved process), so the next turn polls once more without
@@ -499,7 +500,7 @@ class LinkSet:
 
         now = clock()
         rnd.stop_hearing()
-        for i in waiting:
+        for i in waiting.values():
             self._give_up_on(i, command, rnd, now)
         if not rnd.decided:
             rnd.time_out()
