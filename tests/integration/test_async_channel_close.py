@@ -1,4 +1,4 @@
-"""An asyncio connection given up just as it comes up ends, and ``aclose()`` returns.
+"""An asyncio channel's connection task ends cleanly however it is cancelled.
 
 Python 3.11's ``asyncio.wait_for`` returns the result of an awaitable that finished in
 the same turn of the event loop as the waiting task was cancelled. A channel's
@@ -6,6 +6,10 @@ connection task cancelled then (by a reset after a stall, or by ``aclose()``) we
 it took the channel over and waited on its connection forever, and ``aclose()`` waited
 for it. A hang of ``test_overload.py`` under load led here; this test makes the reset
 land in exactly that turn, from inside the connection's own ``connect()``.
+
+A connection task cancelled from outside (a shutdown that cancels every task) left the
+channel holding the closed connection: every later write raised a raw
+``AttributeError``.
 """
 
 from __future__ import annotations
@@ -51,5 +55,28 @@ def test_a_connection_given_up_as_it_comes_up_ends_and_close_returns(
         assert channel._conn is None
         assert not channel.ready
         await asyncio.wait_for(client.aclose(), 5.0)
+
+    asyncio.run(main())
+
+
+def test_a_connection_task_cancelled_from_outside_lets_the_channel_start_over(
+    shared5: LocalCluster,
+) -> None:
+    async def main() -> None:
+        async with tenure.AsyncClient([shared5.urls[0]]) as client:
+            await (await client.acquire("channel-cancelled", ttl=10)).release()
+            channel = client._channels._current()[0]
+            task = channel._task
+            assert task is not None
+            assert channel.ready
+            task.cancel()  # as asyncio.run's shutdown cancels every task left
+            await asyncio.wait({task}, timeout=5.0)
+            assert task.done()
+            # The channel let go of the closed connection; the next round connects again
+            # at once (no back-off: the node did nothing wrong) and is granted.
+            assert channel._conn is None
+            assert not channel.ready
+            lease = await client.acquire("channel-cancelled", ttl=10, blocking=False)
+            await lease.release()
 
     asyncio.run(main())

@@ -297,8 +297,15 @@ class Channel:
             self._changed.set()
             raise await lost
         except asyncio.CancelledError:
-            # Whoever cancelled us (reset, close) already failed our requests; the channel
-            # may own a new connection by now, so touch nothing but our own.
+            if self._task is asyncio.current_task():
+                # Cancelled from outside (a shutdown that cancels every task, as
+                # ``asyncio.run`` does when its main task fails): nothing detached the
+                # channel from this task, so it would keep a closed connection and fail
+                # every later write. Its requests fail as on a lost connection; the next
+                # one connects again at once, since the node itself did nothing wrong.
+                self._detach(ConnectionError("its connection task was cancelled"))
+            # Otherwise whoever cancelled us (reset, close) already failed our requests;
+            # the channel may own a new connection by now, so touch nothing but our own.
             await conn.disconnect(
                 nowait=True
             )  # our protocol replaced the stream's: no wait_closed()
@@ -343,18 +350,24 @@ class Channel:
     def _reset(self, exc: BaseException, now: float, *, from_task: bool = False) -> None:
         if isinstance(exc, Exception):
             self.last = self.diagnose(exc)
-        self._fail_all(exc)
-        self._outbox = []  # their requests just failed: never to reach a later connection
-        self._batches.clear()
         self._reconnect.failed(now)
-        task, self._task = self._task, None
-        self._conn = None
-        self.ready = False
-        self._changed.set()  # a round waiting for this channel's set-up looks again
+        task = self._detach(exc)
         if task is not None and not from_task:
             task.cancel()
             self._retired.add(task)
             task.add_done_callback(self._retired.discard)
+
+    def _detach(self, exc: BaseException) -> asyncio.Task[None] | None:
+        """Fail every request with ``exc`` and let go of the connection and its task
+        (returned, for the caller to cancel if it is not that task)."""
+        self._fail_all(exc)
+        self._outbox = []  # their requests just failed: never to reach a later connection
+        self._batches.clear()
+        task, self._task = self._task, None
+        self._conn = None
+        self.ready = False
+        self._changed.set()  # a round waiting for this channel's set-up looks again
+        return task
 
     async def close(self, grace: float) -> None:
         """Close, first giving requests already made up to ``grace`` seconds to be answered.
