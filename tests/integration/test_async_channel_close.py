@@ -1,4 +1,4 @@
-"""An asyncio channel's connection task ends cleanly however it is cancelled.
+"""The asyncio driver's own tasks end cleanly however they are cancelled, in any loop.
 
 Python 3.11's ``asyncio.wait_for`` returns the result of an awaitable that finished in
 the same turn of the event loop as the waiting task was cancelled. A channel's
@@ -7,9 +7,10 @@ it took the channel over and waited on its connection forever, and ``aclose()`` 
 for it. A hang of ``test_overload.py`` under load led here; this test makes the reset
 land in exactly that turn, from inside the connection's own ``connect()``.
 
-A connection task cancelled from outside (a shutdown that cancels every task) left the
-channel holding the closed connection: every later write raised a raw
-``AttributeError``.
+A connection task cancelled from outside (a shutdown that cancels every task, as the end
+of ``asyncio.run`` does) left the channel holding the closed connection: every later
+write raised a raw ``AttributeError``. And ``aclose()`` in another event loop than the
+one that started the notification listener raised ``Event loop is closed``.
 """
 
 from __future__ import annotations
@@ -80,3 +81,22 @@ def test_a_connection_task_cancelled_from_outside_lets_the_channel_start_over(
             await lease.release()
 
     asyncio.run(main())
+
+
+def test_a_client_used_in_several_event_loops_closes_in_another(shared5: LocalCluster) -> None:
+    # Each asyncio.run makes a loop of its own and, at its end, cancels every task left:
+    # the client's connection and subscription tasks of that loop among them. aclose()
+    # in a later loop raised "Event loop is closed" on the first loop's tasks.
+    client = tenure.AsyncClient([shared5.urls[0]])
+
+    async def wait_for_a_release() -> None:
+        lease = await client.acquire("several-loops", ttl=10)
+        waiter = asyncio.ensure_future(client.acquire("several-loops", ttl=10, timeout=5))
+        await asyncio.sleep(0.1)  # it waits: the notification listener runs
+        await lease.release()
+        await (await waiter).release()
+
+    asyncio.run(wait_for_a_release())
+    asyncio.run(wait_for_a_release())  # the new loop gets new connections, and works
+    asyncio.run(asyncio.wait_for(client.aclose(), 5.0))
+    assert client.closed

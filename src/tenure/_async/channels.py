@@ -56,6 +56,7 @@ from .._driver.report import NodeReporter
 from .._driver.timeouts import within
 from .deadlines import Deadline, Deadlines
 from .protocol import RespProtocol
+from .tasks import finish
 
 __all__ = ["Channels"]
 
@@ -384,11 +385,7 @@ class Channel:
         self._conn = None
         self.ready = False
         self._changed.set()
-        tasks = list(self._retired)
-        if task is not None:
-            task.cancel()
-            tasks.append(task)
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await finish([*self._retired] if task is None else [*self._retired, task])
 
 
 class _Wait:

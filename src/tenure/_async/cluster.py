@@ -55,6 +55,7 @@ from .._core.quorum import Failure
 from .._core.slots import MAX_REDIRECTS, Address, SlotMap, map_sources, redirect, routed_slot
 from .._driver.redis_compat import diagnose
 from .._driver.timeouts import within
+from .tasks import finish
 
 __all__ = ["ClusterChannel", "SlotSilent"]
 
@@ -253,8 +254,7 @@ class ClusterChannel:
     async def close(self, grace: float) -> None:
         load, self._load = self._load, None
         if load is not None:
-            load.cancel()
-            await asyncio.gather(load, return_exceptions=True)
+            await finish([load])
         await asyncio.gather(*(m.close(grace) for m in self._members.values()))
         for pool in self._pools.values():
             await pool.disconnect()

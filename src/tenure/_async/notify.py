@@ -50,6 +50,7 @@ from .._driver.redis_compat import diagnose
 from .._driver.report import NodeReporter
 from .._driver.timeouts import within
 from .protocol import RespProtocol
+from .tasks import finish
 
 if TYPE_CHECKING:
     from .cluster import ClusterChannel
@@ -221,9 +222,7 @@ class AsyncListener:
         tasks, self._tasks = self._tasks, []
         tasks += [link.task for link in self._links.values() if link.task is not None]
         tasks += self._retired
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await finish(tasks)
 
     # --- sharded subscriptions (every node a Redis Cluster node) ------------------------
 
