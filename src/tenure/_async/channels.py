@@ -18,7 +18,11 @@ reads the connection. Writing a request is synchronous (no ``await``), so
 
 A reply that comes after its round ended is still read (by ``RespProtocol``) and dropped,
 so no connection is ever left with an unread reply. A node that answers nothing for
-``STALL`` seconds while requests wait is disconnected and left alone for a back-off.
+``STALL`` seconds while requests wait is disconnected and left alone for a back-off. A
+connection the node closed while nothing was pending on it (its idle ``timeout``, a
+proxy's, a restart) is replaced at once: the event loop reads its end as it comes, or,
+when the loop was not running meanwhile, the next round finds it before writing to a
+channel left unused for ``IDLE_LOOK`` seconds (``_core.backoff``).
 
 Setting up a connection (TCP, TLS handshake, AUTH) is not part of a round: it runs in the
 channel's task under ``connect_timeout``, every node at once, and a round begins when
@@ -43,7 +47,7 @@ from typing import Any, cast
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-from .._core.backoff import STALL, Reconnect
+from .._core.backoff import IDLE_LOOK, STALL, Reconnect
 from .._core.batching import Batch, Batches
 from .._core.commands import Command, ScriptCache, split_batch
 from .._core.config import ClientConfig, NodeAddress
@@ -106,6 +110,7 @@ class Channel:
         # Connected: a request written now goes out at once (``_conn`` set by the
         # running ``_task``). An attribute, not a property: every round reads it per node.
         self.ready = False
+        self.used_at = 0.0  # when a request was last written (``Channels.run``'s look)
         self._pending: deque[tuple[OnReply, float]] = deque()
         self._unsent: list[tuple[Command, OnReply]] = []
         self._task: asyncio.Task[None] | None = None
@@ -132,7 +137,7 @@ class Channel:
         from the protocol's ``data_received``: with ``node`` and the reply, or the error
         that ended the connection first.
         """
-        now = time.monotonic()
+        now = self.used_at = time.monotonic()
         if self._pending and now - self._pending[0][1] > STALL and self._nothing_to_read():
             self._reset(ConnectionError(f"no reply for {STALL}s"), now)
         if self._conn is not None and self._task is not None and not self._unsent:
@@ -313,7 +318,12 @@ class Channel:
             raise
         except Exception as exc:
             if self._task is asyncio.current_task():
-                self._reset(exc, time.monotonic(), from_task=True)
+                if self._conn is conn and not self._pending and not self._unsent:
+                    # Closed by the node while unused (its idle timeout, a restart): no
+                    # fault to back off from; the next request connects again at once.
+                    self._detach(exc)
+                else:
+                    self._reset(exc, time.monotonic(), from_task=True)
             await conn.disconnect(
                 nowait=True
             )  # our protocol replaced the stream's: no wait_closed()
@@ -354,9 +364,28 @@ class Channel:
         self._reconnect.failed(now)
         task = self._detach(exc)
         if task is not None and not from_task:
-            task.cancel()
-            self._retired.add(task)
-            task.add_done_callback(self._retired.discard)
+            self._retire(task)
+
+    def shed_if_closed(self) -> bool:
+        """Let go of the connection if the node closed it while nothing was pending: its
+        end (or bytes out of turn) waits unread in the socket, never an answer. Returns
+        True when replies to earlier requests wait unread instead (their rounds were
+        decided without them, and the loop has not run since): the loop must read them
+        before the end behind them, if any, can be seen."""
+        if self._conn is None or self._nothing_to_read():
+            return False
+        if self._pending:
+            return True
+        task = self._detach(ConnectionError("closed by the node while unused"))
+        if task is not None:
+            self._retire(task)
+        return False
+
+    def _retire(self, task: asyncio.Task[None]) -> None:
+        """Cancel the task of a connection given up; ``close`` waits for it to end."""
+        task.cancel()
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
 
     def _detach(self, exc: BaseException) -> asyncio.Task[None] | None:
         """Fail every request with ``exc`` and let go of the connection and its task
@@ -386,6 +415,12 @@ class Channel:
         self.ready = False
         self._changed.set()
         await finish([*self._retired] if task is None else [*self._retired, task])
+
+
+# Turns of the event loop a round gives it to read the replies owed on connections left
+# unused (``Channels.run``): the replies, then the end of the stream behind them, are
+# each a turn's reading; the rest is margin.
+_LOOKS = 5
 
 
 class _Wait:
@@ -646,15 +681,27 @@ class Channels:
         channels = self._current()
         order: Sequence[int] = range(len(channels)) if targets is None else targets
         unready = False
+        now = time.monotonic()
+        unused: list[Channel] | None = None
         for i in order:  # a loop, not all() over a generator: it runs in every round
-            if not channels[i].ready:
+            channel = channels[i]
+            if now - channel.used_at >= IDLE_LOOK and channel.ready:
+                unused = [channel] if unused is None else [*unused, channel]
+            elif not channel.ready:
                 unready = True
-                break
+        if unused is not None:
+            # Unused for a while: the node may have closed a connection meanwhile, its
+            # end unread if the loop did not run (``_core.backoff``). Replies still owed
+            # are read first, by the loop, within a few turns.
+            for _ in range(_LOOKS):
+                if not [c for c in unused if c.ready and c.shed_if_closed()]:
+                    break
+                await asyncio.sleep(0)
+            unready = unready or not all(c.ready for c in unused)
         if unready:
             # (A channel that is connected is in no back-off: with every one connected,
             # as nearly always, there is nothing to rule out and nothing to set up.)
             if hopeless_unsent:
-                now = time.monotonic()
                 asked = rule_out(
                     rnd, order, lambda i: (channels[i].backing_off(now), channels[i].last)
                 )

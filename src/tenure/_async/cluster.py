@@ -110,6 +110,7 @@ class ClusterChannel:
         self._load: asyncio.Task[None] | None = None
         self._reconnect = Reconnect()
         self._blamed: Any = None  # the member whose reply the round judged last
+        self.used_at = 0.0  # when a request was last written (``Channels.run``'s look)
 
     # --- members and the slot map -----------------------------------------------------
 
@@ -246,6 +247,17 @@ class ClusterChannel:
     def unread(self) -> bool:
         return any(m.unread for m in self._members.values())
 
+    def shed_if_closed(self) -> None:
+        """Let go of the member connections their nodes closed while unused, and set
+        them up again: the round waits for that (``ready``), as for any set-up."""
+        shed = False
+        for member in self._members.values():
+            if member.ready:
+                member.shed_if_closed()
+                shed = shed or not member.ready
+        if shed:
+            self.connect(time.monotonic())
+
     def drop(self, exc: Exception) -> None:
         """The member whose reply made no sense, or refused for its configuration."""
         if self._blamed is not None:
@@ -266,6 +278,7 @@ class ClusterChannel:
         Raises:
             BackingOff: the slot's master is in its back-off.
         """
+        self.used_at = time.monotonic()
         if self._stale and self.map is not None:
             self._start_load()
         self._route(command, on_reply, 0, None)

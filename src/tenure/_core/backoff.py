@@ -12,15 +12,29 @@ A connection is abandoned when it has waited ``STALL`` seconds for replies and h
 none, with nothing unread in its socket: a frozen or cut-off node. Never for being
 behind: a node that answers, however late, keeps its connection, whose order is what
 makes a late grant be followed by its own release (docs/architecture.md).
+
+A connection may also end while nobody uses it: the node closes connections idle past
+its ``timeout`` setting, a proxy or a load balancer drops idle ones, a node restarts.
+The asyncio client's event loop reads the end of such a connection as it comes; the
+blocking client reads its sockets only within a round, and would find the end in the
+reply to its next request (a release, an extension), failing that node for no fault
+of it. So a connection left unused for ``IDLE_LOOK`` seconds or more is looked at
+before it is used again: one that has something to read while it owes no reply was
+closed by the node (or speaks out of turn), and is replaced before the round, without
+a back-off. Connections reused sooner (as a busy client reuses them, within
+microseconds) are not looked at: the look is a system call per node, a few percent of
+a round's client CPU, and a node that closed a connection within milliseconds of
+answering on it was restarting just then.
 """
 
 from __future__ import annotations
 
-__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "STALL", "Reconnect"]
+__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "IDLE_LOOK", "STALL", "Reconnect"]
 
 BACKOFF_MIN = 0.025
 BACKOFF_MAX = 1.0
 STALL = 1.0  # seconds a connection may wait for a reply hearing nothing
+IDLE_LOOK = 0.01  # seconds unused after which a connection is looked at before use
 
 
 class Reconnect:

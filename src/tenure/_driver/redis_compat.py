@@ -370,6 +370,27 @@ def has_unread(sock: Any) -> bool:
     return bool(readable)
 
 
+# Linux tells a peer's close apart from data waiting (POLLRDHUP); elsewhere, poll() says
+# only "readable" until the data before the close has been read.
+_PEER_CLOSED = getattr(select, "POLLRDHUP", 0)
+
+
+def closed_by_peer(sock: Any) -> bool:
+    """Has the node closed its end of ``sock`` (or reset it), even with replies still
+    unread before that end? A look that neither reads nor waits; False where the system
+    cannot tell (``_PEER_CLOSED``) or once the socket is closed."""
+    if not _PEER_CLOSED:
+        return False
+    look = select.poll()
+    try:
+        look.register(sock, _PEER_CLOSED)
+    except (OSError, ValueError):  # closed meanwhile
+        return False
+    return any(
+        events & (_PEER_CLOSED | select.POLLHUP | select.POLLERR) for _, events in look.poll(0)
+    )
+
+
 def reply_text(exc: rx.ResponseError) -> str:
     """An error reply's text as the node sent it, code first (``NOSCRIPT No matching``)."""
     return _reply_text(exc)

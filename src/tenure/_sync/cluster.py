@@ -281,6 +281,10 @@ class ClusterLink(Link):
         # it would find it still connecting again.
         return self._ready()
 
+    def shed_if_closed(self) -> None:
+        for sub in self._subs.values():
+            sub.shed_if_closed()
+
     def _sub(self, where: Address) -> Link:
         sub = self._subs.get(where)
         if sub is None:

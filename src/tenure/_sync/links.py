@@ -27,7 +27,10 @@ goes on for the next.
 
 Links are grouped in sets (one link per node) that one operation uses at a time; a pool
 of sets lets many threads lock at once. After ``fork()`` the child drops the parent's
-sets (without closing the parent's sockets) and opens its own.
+sets (without closing the parent's sockets) and opens its own. A set taken from the
+pool after ``IDLE_LOOK`` seconds unused first drops the connections the nodes closed
+meanwhile (``Link.shed_if_closed``), so that the round sets them up again rather than
+finding their end in its replies (``_core.backoff``).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._core.backoff import STALL, Reconnect
+from .._core.backoff import IDLE_LOOK, STALL, Reconnect
 from .._core.commands import Command, ScriptCache
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
@@ -53,6 +56,7 @@ from .._core.quorum import Failure, Round
 from .._core.sentinel import demoted
 from .._driver.redis_compat import (
     SocketReplies,
+    closed_by_peer,
     diagnose,
     has_unread,
     node_pool,
@@ -331,6 +335,20 @@ class Link:
         self.close()
         self.node.down(now, why)
 
+    def shed_if_closed(self) -> None:
+        """Close the connection if the node closed it while it was unused: with no reply
+        owed, anything to read is its end (or bytes out of turn), never an answer; with
+        replies owed (to requests of rounds decided without them), the end is looked
+        for behind them, without reading them (``closed_by_peer``). No back-off: the
+        node did nothing wrong, and the round connects it again. (What an owed reply
+        had to say, a late NOSCRIPT to a release, goes with the connection: that
+        release's keys expire by their TTL, as a lost request's do.)"""
+        io = self.io
+        if io is None:
+            return
+        if closed_by_peer(io.sock) if self.owed else has_unread(io.sock):
+            self.close()
+
     def close(self) -> None:
         """Close the connection (or abandon its set-up); owe nothing."""
         if self.setup is not None:
@@ -386,11 +404,12 @@ _DONE, _MORE, _RESENT = 0, 1, 2
 class LinkSet:
     """One link per node, in the configured node order."""
 
-    __slots__ = ("_reporter", "_resends", "_wake", "clean", "links")
+    __slots__ = ("_reporter", "_resends", "_wake", "clean", "links", "unused_since")
 
     def __init__(self, nodes: Sequence[NodeState], reporter: NodeReporter) -> None:
         self.links = [n.new_link() for n in nodes]
         self._reporter = reporter
+        self.unused_since = 0.0  # when it was last given back to its pool
         # Releases read NOSCRIPT late in this round, by node (``_told_late``).
         self._resends: list[tuple[int, list[Command]]] = []
         # False while a round is in progress: a set left unclean by an exception has
@@ -715,16 +734,21 @@ class LinkPool:
         self._closed = False
         _POOLS.add(self)
 
-    def get(self) -> LinkSet:
+    def get(self, now: float) -> LinkSet:
         try:
-            return self._free.pop()
+            links = self._free.pop()
         except IndexError:
             return LinkSet(self.nodes, self.reporter)
+        if now - links.unused_since >= IDLE_LOOK:
+            for link in links.links:
+                link.shed_if_closed()
+        return links
 
-    def put(self, links: LinkSet) -> None:
+    def put(self, links: LinkSet, now: float) -> None:
         if self._closed:
             _disconnect(links)  # borrowed when the pool was closed: not kept open
             return
+        links.unused_since = now
         self._free.append(links)
 
     def forget(self) -> None:
