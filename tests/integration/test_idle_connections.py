@@ -9,26 +9,29 @@ and the lease was reported lost while its keys stayed on the nodes until their T
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import pytest
 
-from tenure.testing import LocalCluster
+from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster
 
 from .conftest import Api, holders, poll_until
 
 
+def _closing(nodes: Iterable[LocalNode]) -> None:
+    for node in nodes:
+        with node.client() as c:
+            c.config_set("timeout", 1)  # close connections idle for a second
+
+
 @pytest.fixture
 def closing3() -> Iterator[LocalCluster]:
-    """Three nodes that close connections idle for a second."""
     with LocalCluster(3) as cluster:
-        for node in cluster:
-            with node.client() as c:
-                c.config_set("timeout", 1)
+        _closing(cluster)
         yield cluster
 
 
-def _closed_by_the_nodes(cluster: LocalCluster, api: Api | None = None) -> None:
+def _closed_by_the_nodes(cluster: Iterable[LocalNode], api: Api | None = None) -> None:
     """Wait until the nodes closed the client's connections; with ``api``, its clients'
     background work runs meanwhile (an asyncio client's loop reads the ends as they
     come), without, it does not (the ends wait unread for the next round to find)."""
@@ -60,3 +63,17 @@ def test_leases_outlive_connections_the_nodes_closed_while_idle(
     assert holders(closing3, lease.key) == [None] * 3
     _closed_by_the_nodes(closing3)
     client.acquire(key, ttl=30, blocking=False).release()  # not QuorumUnreachable
+
+
+def test_a_cluster_node_replaces_the_member_connections_it_lost_while_idle(
+    api: Api, key: str
+) -> None:
+    # A Redis Cluster as one node: each master's connection is replaced before the round
+    # that needs it, which waits for the new one rather than finding it missing.
+    with LocalRedisCluster(replicas=0) as cluster:
+        _closing(cluster.masters())
+        client = api.client([cluster.url])
+        lease = client.acquire(key, ttl=30)
+        _closed_by_the_nodes(cluster.masters())
+        lease.extend()
+        lease.release()

@@ -247,16 +247,18 @@ class ClusterChannel:
     def unread(self) -> bool:
         return any(m.unread for m in self._members.values())
 
-    def shed_if_closed(self) -> None:
+    def shed_if_closed(self) -> bool:
         """Let go of the member connections their nodes closed while unused, and set
-        them up again: the round waits for that (``ready``), as for any set-up."""
-        shed = False
+        them up again: the round waits for that (``ready``), as for any set-up. True
+        while replies owed on a member wait unread (``Channel.shed_if_closed``)."""
+        behind = shed = False
         for member in self._members.values():
             if member.ready:
-                member.shed_if_closed()
+                behind = member.shed_if_closed() or behind
                 shed = shed or not member.ready
         if shed:
             self.connect(time.monotonic())
+        return behind
 
     def drop(self, exc: Exception) -> None:
         """The member whose reply made no sense, or refused for its configuration."""

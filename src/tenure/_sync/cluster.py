@@ -281,9 +281,14 @@ class ClusterLink(Link):
         # it would find it still connecting again.
         return self._ready()
 
-    def shed_if_closed(self) -> None:
+    def shed_if_closed(self, now: float, wake: Callable[[], None]) -> None:
+        # A member closed here is set up again at once: the link is not ``ready`` while
+        # that goes on, so the next round waits for it rather than finding it missing.
         for sub in self._subs.values():
-            sub.shed_if_closed()
+            if sub.ready():
+                sub.shed_if_closed(now, wake)
+                if not sub.ready():
+                    sub.prepare(now, wake)
 
     def _sub(self, where: Address) -> Link:
         sub = self._subs.get(where)

@@ -335,7 +335,7 @@ class Link:
         self.close()
         self.node.down(now, why)
 
-    def shed_if_closed(self) -> None:
+    def shed_if_closed(self, now: float, wake: Callable[[], None]) -> None:
         """Close the connection if the node closed it while it was unused: with no reply
         owed, anything to read is its end (or bytes out of turn), never an answer; with
         replies owed (to requests of rounds decided without them), the end is looked
@@ -416,6 +416,12 @@ class LinkSet:
         # replies nobody accounted for, and must be closed rather than reused.
         self.clean = True
         self._wake = threading.Event()  # set by a set-up of ours when it ends
+
+    def shed_closed(self, now: float) -> None:
+        """Drop the connections the nodes closed while this set was unused; the next
+        round sets them up again (``Link.shed_if_closed``)."""
+        for link in self.links:
+            link.shed_if_closed(now, self._wake.set)
 
     def run(
         self,
@@ -740,8 +746,7 @@ class LinkPool:
         except IndexError:
             return LinkSet(self.nodes, self.reporter)
         if now - links.unused_since >= IDLE_LOOK:
-            for link in links.links:
-                link.shed_if_closed()
+            links.shed_closed(now)
         return links
 
     def put(self, links: LinkSet, now: float) -> None:
