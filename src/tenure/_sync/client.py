@@ -217,7 +217,7 @@ class Client(ClientBase):
         if self._flows.closed:  # every round borrows links: none after close
             self._check_open("reach the nodes")
         pool = self._pool
-        links = pool.get(_clock())
+        links = pool.get()
         try:
             return drive(flow, lambda op: self._perform(op, links))
         finally:
@@ -250,9 +250,9 @@ class Client(ClientBase):
         # (this runs while an interrupt propagates, or from the notification thread).
         if self.closed:
             return
-        now = _clock()
-        links = self._pool.get(now)
+        links = self._pool.get()
         try:
+            now = _clock()
             links.run(send.command, send.rnd, now + self.config.node_timeout, _clock, send.targets)
         finally:
             _give_back(self._pool, links)
@@ -284,7 +284,7 @@ def _give_back(pool: LinkPool, links: LinkSet) -> None:
     connections carry replies nobody accounted for, and reading them later as answers
     to other commands would be a disaster."""
     if links.clean:
-        pool.put(links, _clock())
+        pool.put(links)
     else:
         for link in links.links:
             link.drop(_clock())

@@ -27,9 +27,9 @@ goes on for the next.
 
 Links are grouped in sets (one link per node) that one operation uses at a time; a pool
 of sets lets many threads lock at once. After ``fork()`` the child drops the parent's
-sets (without closing the parent's sockets) and opens its own. A set taken from the
-pool after ``IDLE_LOOK`` seconds unused first drops the connections the nodes closed
-meanwhile (``Link.shed_if_closed``), so that the round sets them up again rather than
+sets (without closing the parent's sockets) and opens its own. A round on a set left
+unused for ``IDLE_LOOK`` seconds first drops the connections the nodes closed
+meanwhile (``Link.shed_if_closed``), and sets them up again like any others, rather than
 finding their end in its replies (``_core.backoff``).
 """
 
@@ -404,12 +404,12 @@ _DONE, _MORE, _RESENT = 0, 1, 2
 class LinkSet:
     """One link per node, in the configured node order."""
 
-    __slots__ = ("_reporter", "_resends", "_wake", "clean", "links", "unused_since")
+    __slots__ = ("_reporter", "_resends", "_wake", "clean", "links", "used_at")
 
     def __init__(self, nodes: Sequence[NodeState], reporter: NodeReporter) -> None:
         self.links = [n.new_link() for n in nodes]
         self._reporter = reporter
-        self.unused_since = 0.0  # when it was last given back to its pool
+        self.used_at = 0.0  # when its latest round began
         # Releases read NOSCRIPT late in this round, by node (``_told_late``).
         self._resends: list[tuple[int, list[Command]]] = []
         # False while a round is in progress: a set left unclean by an exception has
@@ -448,6 +448,9 @@ class LinkSet:
         self.clean = False
         links = self.links
         now = rnd.started
+        if now - self.used_at >= IDLE_LOOK:
+            self.shed_closed(now)  # connections the nodes closed meanwhile
+        self.used_at = now
         order: Sequence[int] = range(len(links)) if targets is None else targets
         ready = True
         for i in order:  # a loop, not all() over a generator: it runs in every round
@@ -740,20 +743,16 @@ class LinkPool:
         self._closed = False
         _POOLS.add(self)
 
-    def get(self, now: float) -> LinkSet:
+    def get(self) -> LinkSet:
         try:
-            links = self._free.pop()
+            return self._free.pop()
         except IndexError:
             return LinkSet(self.nodes, self.reporter)
-        if now - links.unused_since >= IDLE_LOOK:
-            links.shed_closed(now)
-        return links
 
-    def put(self, links: LinkSet, now: float) -> None:
+    def put(self, links: LinkSet) -> None:
         if self._closed:
             _disconnect(links)  # borrowed when the pool was closed: not kept open
             return
-        links.unused_since = now
         self._free.append(links)
 
     def forget(self) -> None:
