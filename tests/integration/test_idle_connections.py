@@ -9,11 +9,16 @@ and the lease was reported lost while its keys stayed on the nodes until their T
 
 from __future__ import annotations
 
+import select
+import socket
+import time
 from collections.abc import Iterable, Iterator
 
 import pytest
 
+from tenure._driver.redis_compat import closed_by_peer
 from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster
+from tenure.verify.proxy import Proxy
 
 from .conftest import Api, holders, poll_until
 
@@ -77,3 +82,41 @@ def test_a_cluster_node_replaces_the_member_connections_it_lost_while_idle(
         _closed_by_the_nodes(cluster.masters())
         lease.extend()
         lease.release()
+
+
+def test_a_node_that_always_answers_late_is_asked_again_after_an_idle_close(
+    api: Api, closing3: LocalCluster, key: str
+) -> None:
+    # Node 0 answers every round after the other two decided it: its replies are owed
+    # when the round ends, and wait unread, with the end of the connection behind them,
+    # once the node closed it. The release must still reach it, on a new connection.
+    api.client(closing3.urls).acquire(key, ttl=30).release()  # every node set up
+    slow = Proxy(closing3[0].host, closing3[0].port or 0, name="slow")
+    slow.start()
+    try:
+        slow.delay(0.2)  # four node timeouts: never in time
+        client = api.client([slow.url, *closing3.urls[1:]], node_timeout=0.05)
+        lease = client.acquire(key, ttl=30)
+        assert slow.url not in lease.nodes
+        poll_until(lambda: holders(closing3, lease.key)[0] is not None, "the late grant")
+        _closed_by_the_nodes(closing3)
+        time.sleep(0.3)  # the proxy passes the close on after its delay, as it does replies
+        lease.release()
+        poll_until(
+            lambda: holders(closing3, lease.key) == [None] * 3,
+            "the release on every node, the late one too",
+            within=5.0,
+        )
+    finally:
+        slow.close()
+
+
+@pytest.mark.skipif(not hasattr(select, "POLLRDHUP"), reason="Linux tells a close apart")
+def test_a_close_is_seen_behind_replies_not_yet_read() -> None:
+    ours, node = socket.socketpair()
+    with ours, node:
+        node.sendall(b"+OK\r\n")
+        assert not closed_by_peer(ours)  # a reply waits; the connection is open
+        node.close()
+        assert closed_by_peer(ours)  # its end, behind the reply
+        assert ours.recv(16) == b"+OK\r\n"  # the look read nothing

@@ -47,7 +47,7 @@ from typing import Any, cast
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-from .._core.backoff import IDLE_LOOK, STALL, Reconnect
+from .._core.backoff import IDLE_LOOK, SERVED, STALL, Reconnect
 from .._core.batching import Batch, Batches
 from .._core.commands import Command, ScriptCache, split_batch
 from .._core.config import ClientConfig, NodeAddress
@@ -274,6 +274,7 @@ class Channel:
         callback right there, without waking a reader task first.
         """
         conn: redis.asyncio.Connection = self._pool.make_connection()  # type: ignore[no-untyped-call]
+        up_at = None  # when it was set up
         try:
             try:
                 # redis-py bounds the TCP connect and TLS handshake by the connect timeout,
@@ -301,6 +302,7 @@ class Channel:
             self._reconnect.succeeded()
             self.last = None
             self._changed.set()
+            up_at = now
             raise await lost
         except asyncio.CancelledError:
             if self._task is asyncio.current_task():
@@ -318,9 +320,16 @@ class Channel:
             raise
         except Exception as exc:
             if self._task is asyncio.current_task():
-                if self._conn is conn and not self._pending and not self._unsent:
-                    # Closed by the node while unused (its idle timeout, a restart): no
-                    # fault to back off from; the next request connects again at once.
+                if (
+                    up_at is not None
+                    and time.monotonic() - up_at >= SERVED
+                    and not self._pending
+                    and not self._unsent
+                ):
+                    # Closed by the node while unused, after serving a while (its idle
+                    # timeout, a restart): no fault to back off from; the next request
+                    # connects again at once. (One closed as soon as it came up, as by a
+                    # proxy whose server is gone, is a failure like any other.)
                     self._detach(exc)
                 else:
                     self._reset(exc, time.monotonic(), from_task=True)

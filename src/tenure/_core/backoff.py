@@ -24,17 +24,21 @@ closed by the node (or speaks out of turn), and is replaced before the round, wi
 a back-off. Connections reused sooner (as a busy client reuses them, within
 microseconds) are not looked at: the look is a system call per node, a few percent of
 a round's client CPU, and a node that closed a connection within milliseconds of
-answering on it was restarting just then.
+answering on it was restarting just then. A connection that ends with nothing pending
+after it served for ``SERVED`` seconds or more (a node's idle timeout is a second at
+least) is replaced without a back-off too; one that ends sooner, as when a proxy
+accepts connections for a server that is gone, is a failure like any other.
 """
 
 from __future__ import annotations
 
-__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "IDLE_LOOK", "STALL", "Reconnect"]
+__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "IDLE_LOOK", "SERVED", "STALL", "Reconnect"]
 
 BACKOFF_MIN = 0.025
 BACKOFF_MAX = 1.0
 STALL = 1.0  # seconds a connection may wait for a reply hearing nothing
 IDLE_LOOK = 0.01  # seconds unused after which a connection is looked at before use
+SERVED = 1.0  # seconds up after which a quiet close is no failure
 
 
 class Reconnect:
