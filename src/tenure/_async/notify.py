@@ -162,6 +162,7 @@ class AsyncListener:
         self._slots = self._board.slots
         self.departed = self._board.departed
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False  # a task of ``_tasks`` ended while the listener was open
         self._retired: set[asyncio.Task[None]] = set()  # link tasks cancelled, not yet ended
         self._up = [False] * len(pools)
         self._all_up: asyncio.Event | None = None
@@ -169,7 +170,9 @@ class AsyncListener:
 
     @property
     def started(self) -> bool:
-        return bool(self._tasks)
+        # Not while a subscription task is to be started again (``_subscribe``): the
+        # next waiter subscribes first, and hears the releases.
+        return bool(self._tasks) and not self._stopped
 
     def register_now(self, waiter: str, need: int = 1, key: str = "") -> AsyncSlot:
         slot = self._slots[waiter] = AsyncSlot(need)
@@ -190,9 +193,8 @@ class AsyncListener:
         slot = self.register_now(waiter, need, key)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        if not self._tasks and not self._closed:
-            self._all_up = asyncio.Event()
-            self._tasks = [loop.create_task(self._run(i)) for i in range(len(self._pools))]
+        if not self._closed and (not self._tasks or self._stopped):
+            self._subscribe(loop)
         if self._all_up is not None and not self._all_up.is_set():
             with contextlib.suppress(TimeoutError):
                 await within(self._all_up.wait(), timeout)
@@ -206,6 +208,28 @@ class AsyncListener:
             with contextlib.suppress(TimeoutError):
                 await within(self._shard_changed.wait(), left)
         return slot
+
+    def _subscribe(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start a subscription task for every node without a live one: all of them at
+        first, and again any that was cancelled from outside (a shutdown that cancels
+        every task while its loop goes on), whose waiters would otherwise hear nothing
+        and wait for their fallback re-check."""
+        self._stopped = False
+        tasks: list[asyncio.Task[None]] = []
+        for i in range(len(self._pools)):
+            task = self._tasks[i] if self._tasks else None
+            if task is None or task.done():
+                self._up[i] = False
+                task = loop.create_task(self._run(i))
+                task.add_done_callback(self._task_ended)
+            tasks.append(task)
+        self._tasks = tasks
+        if not all(self._up) and (self._all_up is None or self._all_up.is_set()):
+            self._all_up = asyncio.Event()
+
+    def _task_ended(self, _task: asyncio.Task[None]) -> None:
+        if not self._closed:
+            self._stopped = True  # started again by the next registration
 
     def unregister(self, waiter: str) -> None:
         self._slots.pop(waiter, None)
