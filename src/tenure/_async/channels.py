@@ -702,10 +702,14 @@ class Channels:
             # Unused for a while: the node may have closed a connection meanwhile, its
             # end unread if the loop did not run (``_core.backoff``). Replies still owed
             # are read first, by the loop, within a few turns.
-            for _ in range(_LOOKS):
-                if not [c for c in unused if c.ready and c.shed_if_closed()]:
-                    break
+            turns = 0
+            while turns < _LOOKS and [c for c in unused if c.ready and c.shed_if_closed()]:
+                turns += 1
                 await asyncio.sleep(0)
+            if turns:
+                # The turns given to the loop (which may have run anything meanwhile)
+                # are no part of the round: it begins when its requests go out.
+                deadline += rnd.begin_at(time.monotonic())
             unready = unready or not all(c.ready for c in unused)
         if unready:
             # (A channel that is connected is in no back-off: with every one connected,
