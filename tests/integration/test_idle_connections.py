@@ -65,7 +65,8 @@ def test_leases_outlive_connections_the_nodes_closed_while_idle(
     lease.extend()  # not LeaseLost: new connections carry it
     _closed_by_the_nodes(closing3)
     lease.release()
-    assert holders(closing3, lease.key) == [None] * 3
+    # (Decided at the first majority: the third node's release may land a moment later.)
+    poll_until(lambda: holders(closing3, lease.key) == [None] * 3, "the release everywhere")
     _closed_by_the_nodes(closing3)
     client.acquire(key, ttl=30, blocking=False).release()  # not QuorumUnreachable
 
