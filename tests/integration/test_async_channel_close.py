@@ -104,16 +104,16 @@ def test_a_client_used_in_several_event_loops_closes_in_another(shared5: LocalCl
 def test_notifications_resume_after_the_listener_was_cancelled_from_outside(
     shared5: LocalCluster,
 ) -> None:
-    # With the fallback re-check 2.5-5 s away, a waiter that gets the lock within 2 s of
+    # With the fallback re-check 10-20 s away, a waiter that gets the lock within 4 s of
     # its release was told by a notification.
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        async with tenure.AsyncClient([shared5.urls[0]], recheck=5.0) as client:
+        async with tenure.AsyncClient([shared5.urls[0]], recheck=20.0) as client:
 
             async def handed_over_after() -> float:
                 lease = await client.acquire("listener-cancelled", ttl=10)
                 waiter = asyncio.ensure_future(
-                    client.acquire("listener-cancelled", ttl=10, timeout=8)
+                    client.acquire("listener-cancelled", ttl=10, timeout=30)
                 )
                 await asyncio.sleep(0.2)  # it waits, subscribed
                 released = loop.time()
@@ -123,11 +123,11 @@ def test_notifications_resume_after_the_listener_was_cancelled_from_outside(
                 await got.release()
                 return took
 
-            assert await handed_over_after() < 2.0
+            assert await handed_over_after() < 4.0
             listener = client._listener
             for task in listener._tasks:
                 task.cancel()  # as a shutdown that cancels every task, the loop going on
             await asyncio.sleep(0.05)
-            assert await handed_over_after() < 2.0
+            assert await handed_over_after() < 4.0
 
     asyncio.run(main())
