@@ -432,6 +432,17 @@ class Channel:
 _LOOKS = 5
 
 
+def _shed_closed(channels: list[Channel]) -> bool:
+    """Let go of the connections of ``channels`` their nodes closed while unused
+    (``Channel.shed_if_closed``, every one looked at); True while owed replies still
+    wait unread on any of them."""
+    behind = False
+    for channel in channels:
+        if channel.ready and channel.shed_if_closed():
+            behind = True
+    return behind
+
+
 class _Wait:
     """One round's wait for its replies (``Channels.run``): the callbacks its replies
     and its deadline call, on one object rather than a closure each (a round is made per
@@ -695,7 +706,9 @@ class Channels:
         for i in order:  # a loop, not all() over a generator: it runs in every round
             channel = channels[i]
             if now - channel.used_at >= IDLE_LOOK and channel.ready:
-                unused = [channel] if unused is None else [*unused, channel]
+                if unused is None:
+                    unused = []  # (only then: a list per round is a cost on the hot path)
+                unused.append(channel)
             elif not channel.ready:
                 unready = True
         if unused is not None:
@@ -703,7 +716,7 @@ class Channels:
             # end unread if the loop did not run (``_core.backoff``). Replies still owed
             # are read first, by the loop, within a few turns.
             turns = 0
-            while turns < _LOOKS and [c for c in unused if c.ready and c.shed_if_closed()]:
+            while turns < _LOOKS and _shed_closed(unused):
                 turns += 1
                 await asyncio.sleep(0)
             if turns:
