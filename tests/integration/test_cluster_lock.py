@@ -10,6 +10,7 @@ processes (docs/cluster-and-sentinel.md).
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -82,6 +83,14 @@ def _wait_for(predicate: Callable[[], object], what: str, within: float = 30.0) 
     while not predicate():
         assert time.monotonic() < deadline, f"{what}: not reached within {within} s"
         threading.Event().wait(0.01)
+
+
+async def _until(predicate: Callable[[], object], what: str, within: float = 30.0) -> None:
+    """``_wait_for``, the event loop running between polls."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not reached within {within} s"
+        await asyncio.sleep(0.01)
 
 
 def _shard_subscribers(node: LocalNode, channel: str) -> int:
@@ -253,6 +262,99 @@ def test_a_sharded_notification_stays_in_its_shard(
             assert heard == [], f"a notification reached another shard: {heard}"
             probe.close()
             conn.close()
+
+
+def test_sharded_subscriptions_cancelled_from_outside_are_made_again(
+    cluster: LocalRedisCluster, key: str
+) -> None:
+    # asyncio only: a shutdown that cancels every task of a loop that goes on also ends
+    # the asyncio client's subscription connections; the next waiters must hear the
+    # releases again (the blocking client's threads are never cancelled).
+    if not _sharded(cluster):
+        pytest.skip("no sharded pub/sub on this server (Redis 6.2)")
+    name = _names_per_master(cluster, key, each=1)[0]
+    keys = _keys(name)
+    owner = cluster.slot_owner(key_slot(keys.lock))
+    holder = tenure.Client([cluster.url])
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        # The fallback re-check 10-20 s away: a hand-off within 4 s was a notification.
+        async with tenure.AsyncClient([cluster.url], recheck=20.0, node_timeout=0.9) as client:
+
+            async def handed_over_after() -> tuple[float, str]:
+                lease = holder.acquire(name, ttl=10)
+                waiter = asyncio.ensure_future(client.acquire(name, ttl=10, timeout=30))
+                await _until(lambda: _place(owner, keys.queue), "the waiter queued")
+                record = _place(owner, keys.queue)
+                assert record is not None
+                released = loop.time()
+                lease.release()
+                got = await waiter
+                took = loop.time() - released
+                await got.release()
+                return took, record
+
+            # The first waiter of a listener waits for its slot's subscription, and
+            # records the slot's channel (" s").
+            took, record = await handed_over_after()
+            assert took < 4.0, (took, record)
+            assert record.endswith(" s"), record
+            # A waiter subscribed to its slot, then every task cancelled from outside.
+            lease = holder.acquire(name, ttl=10)
+            waiter = asyncio.ensure_future(client.acquire(name, ttl=10, timeout=30))
+            await _until(lambda: _place(owner, keys.queue), "the waiter queued")
+            listener = client._listener
+            links = [link.task for link in listener._links.values() if link.task is not None]
+            assert links, "the waiter's slot is subscribed on a connection of its own"
+            tasks = [waiter, *listener._tasks, *links]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            lease.release()
+            # The next waiter subscribes again (and waits for it, the listener starting
+            # over); the one after it hears the release too.
+            took, record = await handed_over_after()
+            assert took < 4.0, (took, record)
+            assert record.endswith(" s"), record
+            took, record = await handed_over_after()
+            assert took < 4.0, (took, record)
+
+    try:
+        asyncio.run(main())
+    finally:
+        holder.close()
+
+
+def test_a_waiter_on_a_slot_being_unsubscribed_hears_the_release(
+    cluster: LocalRedisCluster, key: str
+) -> None:
+    # One asyncio client takes the lock, then waits for it in another task at once: the
+    # blocking acquire listened while it ran, and its end unsubscribes the slot; the
+    # waiter registers before that is answered. It must not record the ending
+    # subscription's channel (its notification would reach nobody), and the slot is
+    # subscribed again after the answer.
+    if not _sharded(cluster):
+        pytest.skip("no sharded pub/sub on this server (Redis 6.2)")
+    name = _names_per_master(cluster, key, each=1)[0]
+    keys = _keys(name)
+    owner = cluster.slot_owner(key_slot(keys.lock))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        # The fallback re-check 10-20 s away: a hand-off within 4 s was a notification.
+        async with tenure.AsyncClient([cluster.url], recheck=20.0, node_timeout=0.9) as client:
+            for _ in range(4):
+                lease = await client.acquire(name, ttl=10)
+                waiter = asyncio.ensure_future(client.acquire(name, ttl=10, timeout=30))
+                await _until(lambda: _place(owner, keys.queue), "the waiter queued")
+                released = loop.time()
+                await lease.release()
+                got = await waiter
+                assert loop.time() - released < 4.0
+                await got.release()
+
+    asyncio.run(main())
 
 
 def test_a_waiter_is_woken_by_notification_after_its_slot_fails_over(api: Api, key: str) -> None:

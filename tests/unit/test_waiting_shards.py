@@ -59,6 +59,27 @@ def test_a_slot_is_subscribed_once_and_let_go_with_its_last_waiter() -> None:
     assert subs.plan(owner_a) == []
 
 
+def test_a_slot_wanted_again_while_it_is_let_go_is_subscribed_anew() -> None:
+    # A waiter comes for the slot between the last one's unsubscribe and its answer (a
+    # blocking acquire that got the lock at once unregisters, its neighbour registers).
+    subs = ShardSubs(PREFIX, SUFFIX)
+    subs.add(7)
+    subs.plan(owner_a)
+    confirm(subs, A, 7)
+    subs.remove(7)
+    assert subs.plan(owner_a) == [(A, "SUNSUBSCRIBE", subs.channel(7))]
+    subs.add(7)
+    # Ending: not a channel to record, nor one to wait for.
+    assert subs.route(7, CLASSIC) == (CLASSIC, False)
+    assert not subs.settled(7)
+    assert subs.plan(owner_a) == []  # not before the unsubscribe is answered
+    reply = [b"sunsubscribe", subs.channel(7).encode(), 0]
+    assert subs.answered(A, reply).kind == "again"
+    assert subs.plan(owner_a) == [(A, "SSUBSCRIBE", subs.channel(7))]
+    assert confirm(subs, A, 7).kind == "confirmed"  # type: ignore[attr-defined]
+    assert subs.route(7, CLASSIC) == (subs.channel(7), True)
+
+
 def test_the_route_is_sharded_only_once_the_subscription_is_confirmed() -> None:
     subs = ShardSubs(PREFIX, SUFFIX)
     subs.add(7)

@@ -309,7 +309,7 @@ class AsyncListener:
             changed, self._shard_changed = self._shard_changed, None
             if changed is not None:
                 changed.set()  # a waiter may be waiting for its slot
-        if event.kind in ("moved", "ended"):
+        if event.kind in ("moved", "ended", "again"):
             asyncio.get_running_loop().call_soon(self._replan)
 
     async def _run_link(self, i: int, where: Address, link: _ShardLink) -> None:
@@ -347,6 +347,16 @@ class AsyncListener:
                 raise await lost
             except asyncio.CancelledError:
                 link.transport = None
+                if link.task is asyncio.current_task() and not self._closed:
+                    # Cancelled from outside (``_replan`` lets go of a task it retires
+                    # first): its subscriptions ended with the connection. Lost, as when
+                    # the connection fails, so that the slots' waiters re-check and the
+                    # next registration's ``_replan`` starts a connection again (not
+                    # now: the loop may be shutting down).
+                    link.task = None
+                    link.outbox = []
+                    if subs.lost(where, self._cluster(i).loads):
+                        self._nudge_all()
                 await conn.disconnect(nowait=True)
                 raise
             except Exception as exc:  # a failed connection is retried after a back-off

@@ -275,13 +275,15 @@ class ShardEvent:
 
     ``kind``: "confirmed" (a slot's subscription is up), "ended" (the server ended a
     subscription still wanted, or the connection was lost: its waiters re-check now, and
-    it is subscribed again at the slot's current owner), "moved" (SSUBSCRIBE answered
+    it is subscribed again at the slot's current owner), "again" (our unsubscribe was
+    answered, and a waiter came for the slot meanwhile: plan again, to subscribe it
+    anew; nobody was routed to it while it was leaving), "moved" (SSUBSCRIBE answered
     ``MOVED``: the slot's owner is ``to``; tell the slot map), "unsupported" (no sharded
     pub/sub on this cluster), "refused" (another error: ``detail``; drop the connection,
     it is tried again after its back-off), "" (nothing to do).
     """
 
-    kind: Literal["", "confirmed", "ended", "moved", "unsupported", "refused"]
+    kind: Literal["", "confirmed", "ended", "again", "moved", "unsupported", "refused"]
     slot: int = -1
     to: Address | None = None
     detail: str = ""
@@ -401,6 +403,10 @@ class ShardSubs:
         return out
 
     def _unsubscribe(self, slot: int, where: Address, out: list[tuple[Address, str, str]]) -> None:
+        # Not up from now on: a waiter that comes for the slot before the answer must not
+        # record a channel whose subscription is ending (its notifications would reach
+        # nobody); it records the process channel until the slot is subscribed again.
+        self._up.discard(slot)
         self._leaving.add((slot, where))
         self._asked.setdefault(where, []).append(("u", slot))
         out.append((where, "SUNSUBSCRIBE", self.channel(slot)))
@@ -457,6 +463,10 @@ class ShardSubs:
             if asked and asked[0] == ("u", slot):
                 asked.pop(0)  # the answer to ours
                 self._drop(slot, where)
+                # Wanted again meanwhile, and not subscribed elsewhere since (it was
+                # leaving, so ``plan`` skipped it): subscribe it anew.
+                if slot in self._wanted and slot not in self._at:
+                    return ShardEvent("again", slot)
                 return _NOTHING
             # The server ended it: the slot moved, or its master became a replica.
             if self._at.get(slot) == where and (slot, where) not in self._leaving:
