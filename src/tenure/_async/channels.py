@@ -625,6 +625,9 @@ class Channels:
         # rounds': closing the channels ends every round, but not the leases' watch.
         self._watches: Deadlines
         self._to_arm: list[_Wait] = []  # rounds whose wait begins after this turn's flush
+        # Rounds awaiting their replies now: while any is, the loop is running and reads
+        # every connection as data comes (``run``'s idle look is for a loop that was not).
+        self._awaited = 0
         self._changed = asyncio.Event()  # a channel's set-up ended
 
     def _current(self) -> list[Channel]:
@@ -635,6 +638,7 @@ class Channels:
             self._deadlines = Deadlines(loop)
             self._watches = Deadlines(loop)
             self._to_arm = []
+            self._awaited = 0  # (a round of a loop that ended may never count itself out)
             self._changed = asyncio.Event()
             connect_timeout = self._config.connect_timeout
             self._channels = [
@@ -703,14 +707,18 @@ class Channels:
         unready = False
         now = time.monotonic()
         unused: list[Channel] | None = None
+        # No look while other rounds await replies: a loop serving hundreds of tasks
+        # takes longer than IDLE_LOOK per turn, and would otherwise look (and give up
+        # turns) at the start of nearly every wave of rounds, for ends it reads anyway.
+        look = self._awaited <= 0
         for i in order:  # a loop, not all() over a generator: it runs in every round
             channel = channels[i]
-            if now - channel.used_at >= IDLE_LOOK and channel.ready:
+            if not channel.ready:
+                unready = True
+            elif look and now - channel.used_at >= IDLE_LOOK:
                 if unused is None:
                     unused = []  # (only then: a list per round is a cost on the hot path)
                 unused.append(channel)
-            elif not channel.ready:
-                unready = True
         if unused is not None:
             # Unused for a while: the node may have closed a connection meanwhile, its
             # end unread if the loop did not run (``_core.backoff``). Replies still owed
@@ -757,9 +765,11 @@ class Channels:
                 self._arm_after_flush(wait)
             else:
                 wait.arm()
+            self._awaited += 1
             try:
                 await wait.done
             finally:
+                self._awaited -= 1
                 wait.end()
         else:
             wait.settle()

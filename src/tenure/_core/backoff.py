@@ -17,17 +17,20 @@ A connection may also end while nobody uses it: the node closes connections idle
 its ``timeout`` setting, a proxy or a load balancer drops idle ones, a node restarts.
 The asyncio client's event loop reads the end of such a connection as it comes; the
 blocking client reads its sockets only within a round, and would find the end in the
-reply to its next request (a release, an extension), failing that node for no fault
-of it. So a connection left unused for ``IDLE_LOOK`` seconds or more is looked at
-before it is used again: one that has something to read while it owes no reply was
-closed by the node (or speaks out of turn), and is replaced before the round, without
-a back-off. Connections reused sooner (as a busy client reuses them, within
-microseconds) are not looked at: the look is a system call per node, a few percent of
-a round's client CPU, and a node that closed a connection within milliseconds of
-answering on it was restarting just then. A connection that ends with nothing pending
-after it served for ``SERVED`` seconds or more (a node's idle timeout is a second at
-least) is replaced without a back-off too; one that ends sooner, as when a proxy
-accepts connections for a server that is gone, is a failure like any other.
+reply to its next request (a release, an extension), failing that node for no fault of
+it. So a connection left unused for ``IDLE_LOOK`` seconds or more is looked at before it
+is used again: one that has something to read while it owes no reply was closed by the
+node (or speaks out of turn), and is replaced before the round, without a back-off.
+Connections reused sooner (as a busy client reuses them, within microseconds) are not
+looked at: the look is a system call per node, a few percent of a round's client CPU,
+and a node that closed a connection within milliseconds of answering on it was
+restarting just then. Nor does the asyncio client look while other rounds of its await
+replies: its loop is running then, and reads an end as it comes; a loop that runs
+hundreds of tasks per turn (longer than ``IDLE_LOOK``) would otherwise look, and give up
+turns, at the start of nearly every wave of rounds. A connection that ends with nothing
+pending after it served for ``SERVED`` seconds or more (a node's idle timeout is a
+second at least) is replaced without a back-off too; one that ends sooner, as when a
+proxy accepts connections for a server that is gone, is a failure like any other.
 """
 
 from __future__ import annotations
