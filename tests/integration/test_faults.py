@@ -87,6 +87,25 @@ def test_three_of_five_down_is_a_quick_clear_error(
             node.resume()
 
 
+def test_every_acquire_through_an_outage_is_a_quick_clear_error(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    # Not only the first: once the down nodes' reconnect back-off has grown to a second,
+    # the acquires after it must still say QuorumUnreachable within a second (they took
+    # three), and one with a timeout must not end as a LockTimeout.
+    client = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
+    client.acquire(key, ttl=2.0).release()
+    for node in cluster5.nodes[2:]:
+        node.kill()
+    took = []
+    for i in range(6):
+        started = time.monotonic()
+        with pytest.raises(tenure.QuorumUnreachable):
+            client.acquire(f"{key}-{i}", ttl=2.0, timeout=None if i % 2 else 1.5)
+        took.append(time.monotonic() - started)
+    assert max(took) < 1.0, took
+
+
 def test_frozen_node_replies_are_drained_and_its_late_grant_released(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:

@@ -25,6 +25,7 @@ from tenure._core.acquire import (
     NO_HISTORY,
     SILENT_ASKS,
     TOO_LOW,
+    UNREACHABLE_SPAN,
     UNREACHABLE_STRIKES,
     WARMING,
     Acquisition,
@@ -402,11 +403,11 @@ def test_blocking_acquire_gives_up_after_consecutive_unreachable_attempts() -> N
     # past the node timeout; several in a row are not.
     acq = make(3, seed=1)
     for k in range(UNREACHABLE_STRIKES - 1):
-        _, step = attempt(acq, "uu.", started=k, now=k + 0.05)
+        _, step = attempt(acq, "uu.", started=k * 0.1, now=k * 0.1 + 0.05)
         assert isinstance(step, Retry), k
         assert step.cleanup == frozenset({0, 1, 2})
         assert 0.0 < step.sleep <= POLICY.maximum
-    _, step = attempt(acq, "uu.", started=9.0, now=9.05)
+    _, step = attempt(acq, "uu.", started=0.3, now=0.35)
     assert isinstance(step, GiveUp)
     assert isinstance(step.error, QuorumUnreachable)
     assert acq.attempts == UNREACHABLE_STRIKES
@@ -415,16 +416,17 @@ def test_blocking_acquire_gives_up_after_consecutive_unreachable_attempts() -> N
 def test_nodes_still_in_their_back_off_are_no_new_evidence() -> None:
     # After a blip reset every connection, the next attempts find the nodes in their
     # reconnect back-off, not tried at all: waiting that out is not three strikes.
+    # (Within UNREACHABLE_SPAN of the first, as a blip's short back-offs are.)
     acq = make(3, seed=1)
     _, step = attempt(acq, "uu.", started=0.0, now=0.05)
     assert isinstance(step, Retry)
     for k in range(3 * UNREACHABLE_STRIKES):
-        _, step = attempt(acq, "oo.", started=1.0 + k, now=1.0 + k)
+        _, step = attempt(acq, "oo.", started=0.06 + k * 0.04, now=0.06 + k * 0.04)
         assert isinstance(step, Retry), k
     # Tried again and failed again: the strikes continue from where they were.
-    _, step = attempt(acq, "uo.", started=20.0, now=20.05)
+    _, step = attempt(acq, "uo.", started=0.42, now=0.45)
     assert isinstance(step, Retry)
-    _, step = attempt(acq, "ou.", started=21.0, now=21.05)
+    _, step = attempt(acq, "ou.", started=0.46, now=0.49)
     assert isinstance(step, GiveUp)
     assert isinstance(step.error, QuorumUnreachable)
     assert step.error.node_errors["node0"] == "backing off: detail0"
@@ -467,7 +469,38 @@ def test_an_attempt_that_reaches_a_majority_resets_the_unreachable_count() -> No
     acq = make(3, seed=1)
     for k in range(3 * UNREACHABLE_STRIKES):
         answers = "nn." if k % UNREACHABLE_STRIKES == UNREACHABLE_STRIKES - 1 else "uu."
-        _, step = attempt(acq, answers, started=k, now=k + 0.05)
+        _, step = attempt(acq, answers, started=k * 0.1, now=k * 0.1 + 0.05)
+        assert isinstance(step, Retry), k
+
+
+def test_a_blocking_acquire_gives_up_once_an_outage_outlasts_the_span() -> None:
+    # Nodes down for a while are tried once a second (their back-off has grown): the
+    # attempts between find them in it, no strike, yet the outage goes on. Failures
+    # that rule out a majority in every attempt for UNREACHABLE_SPAN are enough.
+    acq = make(3, seed=1)
+    k = 0
+    while k * 0.1 < UNREACHABLE_SPAN:
+        _, step = attempt(acq, "oo.", started=k * 0.1, now=k * 0.1 + 0.001)
+        assert isinstance(step, Retry), k
+        k += 1
+    _, step = attempt(acq, "oo.", started=k * 0.1, now=k * 0.1 + 0.001)
+    assert isinstance(step, GiveUp)
+    assert isinstance(step.error, QuorumUnreachable)
+    # An attempt that could reach a majority begins the span again.
+    acq = make(3, seed=1)
+    _, step = attempt(acq, "oo.", started=0.0, now=0.001)
+    _, step = attempt(acq, "nn.", started=0.3, now=0.301)
+    _, step = attempt(acq, "oo.", started=0.6, now=0.601)
+    assert isinstance(step, Retry)
+    _, step = attempt(acq, "oo.", started=0.9, now=0.901)
+    assert isinstance(step, Retry)
+
+
+def test_nodes_still_connecting_never_count_toward_the_span() -> None:
+    # Connections being set up (a slow TLS handshake across zones) are no outage.
+    acq = make(3, seed=1)
+    for k in range(20):
+        _, step = attempt(acq, "kk.", started=k * 0.1, now=k * 0.1 + 0.001)
         assert isinstance(step, Retry), k
 
 

@@ -202,11 +202,11 @@ def test_a_misconfigured_majority_gives_up_at_once_even_blocking() -> None:
 def test_an_outage_next_to_a_misconfigured_node_is_retried_then_named() -> None:
     acq = _acquisition()
     for k in range(3):
-        rnd = acq.begin(float(k))
+        rnd = acq.begin(k * 0.1)
         acq.proposal(1_000)
         rnd.fail(0, *_readonly())
         rnd.fail(1, Failure.UNREACHABLE, "refused")
-        step = acq.conclude(rnd, "t", k + 0.001)
+        step = acq.conclude(rnd, "t", k * 0.1 + 0.001)
         if k < 2:
             assert isinstance(step, Retry)
     assert isinstance(step, GiveUp)

@@ -78,7 +78,7 @@ from .._errors import LockError, NodeMisconfigured, QuorumUnreachable
 from .config import DEFAULT_KEY_PREFIX, LockSpec, WaitMode
 from .diagnosis import configuration_error, for_prefix
 from .policy import RetryPolicy
-from .quorum import Round
+from .quorum import Failure, Round
 
 __all__ = [
     "Acquisition",
@@ -115,6 +115,14 @@ MAX_FIXES = 12
 # acquire gives up with QuorumUnreachable. One is not enough: on a loaded machine our own
 # process can be descheduled past the node timeout, and every node then looks silent.
 UNREACHABLE_STRIKES = 3
+# Seconds for which failures alone may rule out a majority in every attempt of a
+# blocking acquire, nodes in their reconnect back-off included, before it gives up with
+# QuorumUnreachable. Strikes need nodes actually tried, and a node down for a while is
+# tried once a second (its back-off has grown to BACKOFF_MAX): without this, every
+# acquire after the first in an outage took three seconds to say so (or ran out its
+# timeout, a LockTimeout). A blip that reset the connections ends sooner: their back-off
+# starts at 25 ms. Nodes still connecting never count (``_waited_for_set_ups``).
+UNREACHABLE_SPAN = 0.5
 # Attempts a blocking acquire makes, each after a back-off, while nodes stay silent and
 # most of those that answer are blank or changed, before it seeds them with the warm-up.
 # About a second in all with the default back-off (node timeouts and jittered delays of
@@ -354,6 +362,8 @@ class Acquisition:
         self._proposal = 0
         self._hear_all = False
         self._strikes = 0
+        # When failures alone first ruled out a majority, in an unbroken run of attempts.
+        self._unreachable_since: float | None = None
         self._waited_for_set_ups = False  # one attempt more once, for nodes still connecting
         self._waited_for_seeds = False  # one attempt more once, for a new set being seeded
         self._heard_silence_out = False  # one attempt more once, after nodes were silent
@@ -493,10 +503,22 @@ class Acquisition:
                 # UNREACHABLE_STRIKES); nodes really gone cost it a second node timeout.
                 self._heard_silence_out = True
                 return Retry(0.0, cleanup)
-            if not self._blocking or self._strikes >= UNREACHABLE_STRIKES:
+            if self._unreachable_since is None and not any(
+                r.failure is Failure.CONNECTING for r in rnd.failures().values()
+            ):
+                self._unreachable_since = now
+            if (
+                not self._blocking
+                or self._strikes >= UNREACHABLE_STRIKES
+                or (
+                    self._unreachable_since is not None
+                    and now - self._unreachable_since >= UNREACHABLE_SPAN
+                )
+            ):
                 return GiveUp(cleanup, self._unreachable(rnd))
         else:
             self._strikes = 0
+            self._unreachable_since = None
         fix = self._fix(infos, floors, now)
         if fix is not None:
             return Retry(0.0, cleanup, fix.seed)
