@@ -106,6 +106,31 @@ def test_every_acquire_through_an_outage_is_a_quick_clear_error(
     assert max(took) < 1.0, took
 
 
+@pytest.mark.parametrize("fault", ["pause", "kill"])
+def test_locked_does_not_guess_without_a_majority_of_answers(
+    api: Api, cluster5: LocalCluster, key: str, fault: str
+) -> None:
+    holder = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
+    observer = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
+    lease = holder.acquire(key, ttl=30.0)
+    lock = observer.lock(key, ttl=5.0)
+    assert lock.locked()
+    getattr(cluster5[0], fault)()
+    getattr(cluster5[1], fault)()
+    assert lock.locked()  # three of five answer, all "held"
+    # Two answer "held": the three that do not may hold it too, or not. Not "False".
+    getattr(cluster5[2], fault)()
+    with pytest.raises(tenure.QuorumUnreachable) as info:
+        lock.locked()
+    assert len(info.value.node_errors) == 3
+    assert lease.valid
+    if fault == "pause":
+        for node in cluster5.nodes[:3]:
+            node.resume()
+        lease.release()
+        assert not lock.locked()
+
+
 def test_frozen_node_replies_are_drained_and_its_late_grant_released(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:

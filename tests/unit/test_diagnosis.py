@@ -231,12 +231,34 @@ def test_locked_refuses_to_answer_when_misconfigured_nodes_leave_no_majority() -
     rnd.fail(1, *_readonly())
     rnd.fail(2, *_readonly())
     with pytest.raises(tenure.NodeMisconfigured):
-        conclude_locked(rnd, ["a", "b", "c"])
+        conclude_locked(rnd, "res", ["a", "b", "c"])
     rnd = Round(3, 2, started=0.0)
     rnd.record(0, True)
     rnd.record(1, True)
     rnd.fail(2, *_readonly())
-    assert conclude_locked(rnd, ["a", "b", "c"]) is True
+    assert conclude_locked(rnd, "res", ["a", "b", "c"]) is True
+
+
+def test_locked_refuses_to_answer_when_nodes_down_leave_no_majority() -> None:
+    # Two of three silent: the one that answered "not held" says nothing of the two
+    # that may hold it.
+    for held in (False, True):
+        rnd = Round(3, 2, started=0.0)
+        rnd.record(0, held)
+        rnd.fail(1, Failure.UNREACHABLE, "refused")
+        rnd.fail(2, Failure.UNREACHABLE, "no reply before the deadline")
+        with pytest.raises(tenure.QuorumUnreachable) as info:
+            conclude_locked(rnd, "res", ["a", "b", "c"])
+        assert info.value.node_errors == {
+            "b": "unreachable: refused",
+            "c": "unreachable: no reply before the deadline",
+        }
+    # One down: the two that answered decide, either way.
+    rnd = Round(3, 2, started=0.0)
+    rnd.record(0, False)
+    rnd.record(1, True)
+    rnd.fail(2, Failure.UNREACHABLE, "refused")
+    assert conclude_locked(rnd, "res", ["a", "b", "c"]) is False
 
 
 def _readonly() -> tuple[Failure, str]:

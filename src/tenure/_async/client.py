@@ -349,6 +349,9 @@ class AsyncLock(LockView[AsyncLease]):
 
         Raises:
             ClientClosed: the client was closed.
+            QuorumUnreachable: fewer than a majority of nodes answered (down, silent):
+                those that did not may hold it, so there is no answer to give.
+            NodeMisconfigured: as for ``acquire``, when misconfigured nodes are why.
         """
         client = self._client
         return await adrive(client._flows.locked(self._spec), client._perform)

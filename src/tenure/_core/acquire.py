@@ -289,6 +289,24 @@ def refused_by(
     return configuration_error(rnd, names, prefix)
 
 
+def unreachable(
+    rnd: Round, name: str, names: list[str], prefix: str = DEFAULT_KEY_PREFIX
+) -> LockError | NodeMisconfigured:
+    """The error for a round on lock ``name`` whose failures alone leave no majority:
+    the configuration failure among them if any (it will not pass), else
+    ``QuorumUnreachable``."""
+    refused = refused_by(rnd, names, prefix)
+    if refused is not None:
+        return refused
+    n = len(rnd.results)
+    return QuorumUnreachable(
+        name,
+        f"{len(rnd.failures())} of {n} nodes failed; a majority of {rnd.needed} "
+        "is impossible until they recover",
+        round_errors(rnd, names, prefix),
+    )
+
+
 def round_errors(
     rnd: Round, names: list[str] | None = None, prefix: str = DEFAULT_KEY_PREFIX
 ) -> dict[str, str]:
@@ -736,14 +754,4 @@ class Acquisition:
         return Seed(lost, start, warm_ms, marks)
 
     def _unreachable(self, rnd: Round) -> LockError | NodeMisconfigured:
-        errors = round_errors(rnd, self._names, self._key_prefix)
-        refused = refused_by(rnd, self._names, self._key_prefix)
-        if refused is not None:
-            return refused
-        failed = len(rnd.failures())
-        return QuorumUnreachable(
-            self.spec.name,
-            f"{failed} of {self.spec.n_nodes} nodes failed; a majority of {self.spec.quorum} "
-            "is impossible until they recover",
-            errors,
-        )
+        return unreachable(rnd, self.spec.name, self._names, self._key_prefix)

@@ -566,13 +566,13 @@ class Flows:
         """Whether a majority of nodes hold ``spec``'s lock now (for anyone).
 
         Raises:
-            ClientClosed, NodeMisconfigured: as ``Lock.locked``.
+            ClientClosed, NodeMisconfigured, QuorumUnreachable: as ``Lock.locked``.
         """
         self.check_open("ask whether it is locked", spec.name)
         now = self.clock()
         rnd = Round(self.n, self.config.quorum, now)
         yield Run(commands.exists(spec.key), rnd, now + self.config.node_timeout)
-        return conclude_locked(rnd, self.names, self.config.key_prefix)
+        return conclude_locked(rnd, spec.name, self.names, self.config.key_prefix)
 
     # --- the watchdog -------------------------------------------------------------------
 

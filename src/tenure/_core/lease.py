@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from .._errors import LeaseExpired, LeaseLost, ServerUnsupported
 from .._lua import script
-from .acquire import LeaseState, round_errors
+from .acquire import LeaseState, round_errors, unreachable
 from .config import DEFAULT_KEY_PREFIX, LockSpec, key_prefix_of
 from .diagnosis import check_command, configuration_error, for_prefix
 from .quorum import Failure, Round
@@ -134,15 +134,23 @@ def _script_command(name: str, error: str) -> str:
     return called[0].decode().upper() if len(called) == 1 else "a command"
 
 
-def conclude_locked(rnd: Round, names: list[str], prefix: str = DEFAULT_KEY_PREFIX) -> bool:
-    """``Lock.locked()``: whether a majority of nodes hold the lock key (for anyone).
+def conclude_locked(
+    rnd: Round, name: str, names: list[str], prefix: str = DEFAULT_KEY_PREFIX
+) -> bool:
+    """``Lock.locked()``: whether a majority of nodes hold lock ``name``'s key (for
+    anyone).
 
     Raises:
         NodeMisconfigured: misconfigured nodes alone leave too few for a majority, so
             the answer would say nothing about the lock.
+        QuorumUnreachable: failures alone (nodes down, silent) leave too few answers for
+            a majority, and the majority that did not answer may hold it: "not locked"
+            would be a guess, as an acquire would refuse to make.
     """
     if rnd.misconfigured_blocks_quorum():
         error = configuration_error(rnd, names, prefix)
         assert error is not None
         raise error
+    if not rnd.succeeded and rnd.unreachable_blocks_quorum():
+        raise unreachable(rnd, name, names, prefix)
     return rnd.succeeded

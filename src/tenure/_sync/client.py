@@ -472,6 +472,9 @@ class Lock(LockView[Lease]):
 
         Raises:
             ClientClosed: the client was closed.
+            QuorumUnreachable: fewer than a majority of nodes answered (down, silent):
+                those that did not may hold it, so there is no answer to give.
+            NodeMisconfigured: as for ``acquire``, when misconfigured nodes are why.
         """
         client = self._client
         return client._drive(client._flows.locked(self._spec))
