@@ -11,6 +11,7 @@ processes (docs/cluster-and-sentinel.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
@@ -355,6 +356,44 @@ def test_a_waiter_on_a_slot_being_unsubscribed_hears_the_release(
                 await got.release()
 
     asyncio.run(main())
+
+
+def test_an_error_reply_after_its_round_ended_is_told_not_fatal(
+    cluster: LocalRedisCluster, key: str
+) -> None:
+    # asyncio: masters that lost their scripts (a restart, a failover, SCRIPT FLUSH)
+    # answer NOSCRIPT; one acquire is cancelled with its EVALSHA in flight, so that
+    # answer comes after its round ended, beside another's on the same connection. It is
+    # noted as the node's, as on a plain node, and the connection goes on.
+    names = _names_per_master(cluster, key, each=1)
+    name = names[0]
+    for master in cluster.masters():
+        with master.client() as c:
+            c.script_flush()
+    problems: list[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(
+            lambda _, context: problems.append(f"{context.get('message')}: {context}")
+        )
+        async with tenure.AsyncClient([cluster.url]) as client:
+            await client.lock(names[1], ttl=5).locked()  # connections up, no script run
+            first = asyncio.ensure_future(client.acquire(name, ttl=5))
+            second = asyncio.ensure_future(client.acquire(name + "{}", ttl=5, timeout=3))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await (await first).release()
+            await (await second).release()
+            started = loop.time()
+            for _ in range(5):
+                await (await client.acquire(name, ttl=5, timeout=3)).release()
+            assert loop.time() - started < 1.0
+
+    asyncio.run(main())
+    assert problems == []
 
 
 def test_a_waiter_is_woken_by_notification_after_its_slot_fails_over(api: Api, key: str) -> None:

@@ -112,6 +112,11 @@ class ClusterChannel:
         self._blamed: Any = None  # the member whose reply the round judged last
         self.used_at = 0.0  # when a request was last written (``Channels.run``'s look)
 
+    def diagnose(self, exc: Exception) -> Diagnosis:
+        """``exc`` (an error reply a member sent, late or in its round) as this node's
+        failure: a Cluster node's members are plain Redis nodes."""
+        return diagnose(exc)
+
     # --- members and the slot map -----------------------------------------------------
 
     def _member(self, where: Address) -> Any:
