@@ -157,3 +157,52 @@ def test_many_tasks_hold_different_locks(cluster5: LocalCluster, key: str) -> No
             assert most == 1
 
     asyncio.run(main())
+
+
+def test_a_release_cancelled_behind_the_watchdog_stops_the_watchdog(
+    cluster5: LocalCluster, key: str
+) -> None:
+    """A watched lease's release waits for the watchdog's extension in flight; cancelled
+    there, it never began, and the watchdog it did not stop kept the lock alive."""
+    node = cluster5[0]
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        async with tenure.AsyncClient([node.url], node_timeout=1.0) as client:
+            lease = await client.acquire(key, ttl=3.0, watchdog=True)  # extended every 1 s
+            node.pause()  # the next extension waits for the node
+            await until(lambda: lease._op_lock.locked(), "the watchdog extending")
+            release = asyncio.ensure_future(lease.release())
+            await asyncio.sleep(0.05)  # waiting for the extension
+            release.cancel()
+            node.resume()
+            started = loop.time()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(release, 5.0)
+            assert loop.time() - started < 2.0
+        # Not released, and no longer extended: the key ends with its TTL.
+        assert wait_until_gone(cluster5, LockKeys.of(key).lock, within=5.0) == [None] * 5
+
+    asyncio.run(main())
+
+
+def test_a_watched_lease_is_released_in_a_later_event_loop(
+    cluster5: LocalCluster, key: str
+) -> None:
+    """The end of the first ``asyncio.run`` ended the watchdog's task; the release in the
+    next one must not wait for a task of a closed loop (``Event loop is closed``)."""
+    client = tenure.AsyncClient([cluster5[0].url])
+
+    async def acquire() -> tenure.AsyncLease:
+        lease = await client.acquire(key, ttl=1.5, watchdog=True)
+        await asyncio.sleep(0.7)  # its watchdog's task has begun
+        return lease
+
+    lease = asyncio.run(acquire())
+
+    async def release() -> None:
+        await lease.release()
+        await client.aclose()
+
+    asyncio.run(release())
+    assert holders(cluster5, LockKeys.of(key).lock)[0] is None

@@ -267,6 +267,10 @@ class AsyncLease(LeaseView):
         finally:
             watcher, self._watcher = self._watcher, None
             if watcher is not None:
+                # The release flow stops it, but only once it has the lease: a release
+                # cancelled while it waited for an extension in flight never got there,
+                # and the watchdog, left running, would keep the lock for ever.
+                watcher.stop()
                 await watcher.join()
 
     async def __aenter__(self) -> AsyncLease:

@@ -62,9 +62,15 @@ class Watchdog:
             self.task.cancel()
 
     async def join(self) -> None:
-        """Wait for its task to end (unless called from it)."""
+        """Wait for its task to end (unless called from it). A task of another event
+        loop is not waited for: the end of its loop (an ``asyncio.run`` before this one)
+        ended it, and a loop that is closed cannot be asked (``_async/tasks``)."""
         task = self.task
-        if task is not None and task is not asyncio.current_task():
+        if (
+            task is not None
+            and task is not asyncio.current_task()
+            and task.get_loop() is asyncio.get_running_loop()
+        ):
             await asyncio.gather(task, return_exceptions=True)
 
     async def _watch(self) -> None:
