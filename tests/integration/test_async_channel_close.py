@@ -16,14 +16,20 @@ one that started the notification listener raised ``Event loop is closed``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from typing import Any, ClassVar
 
+import pytest
 import redis.asyncio
 
 import tenure
 from tenure._async.channels import Channel
+from tenure._core.config import LockKeys
 from tenure.testing import LocalCluster
+
+from .conftest import holders
 
 
 class _GivenUpAsItConnects(redis.asyncio.Connection):
@@ -131,3 +137,45 @@ def test_notifications_resume_after_the_listener_was_cancelled_from_outside(
             assert await handed_over_after() < 4.0
 
     asyncio.run(main())
+
+
+def test_locks_held_when_asyncio_run_fails_are_released(
+    shared5: LocalCluster, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The main task fails while other tasks hold locks in ``async with``: asyncio.run
+    # cancels every task, the client's connection tasks with them, and in whatever
+    # order. Each block's release must reach the nodes (not wait out the TTL there), and
+    # be confirmed: no LeaseLost told, no connection task left pending.
+    nodes = shared5.urls[:3]
+    names = [f"{key}-{i}" for i in range(4)]
+    client = tenure.AsyncClient(nodes)
+
+    class Failed(Exception):
+        pass
+
+    async def hold(name: str) -> None:
+        async with client.lock(name, ttl=30):
+            await asyncio.sleep(60)
+
+    async def main() -> None:
+        holding = [asyncio.ensure_future(hold(name)) for name in names]
+        for name in names:
+            await until_held(client, name)
+        assert not any(task.done() for task in holding)
+        raise Failed
+
+    with caplog.at_level(logging.WARNING):
+        for _ in range(8):
+            with contextlib.suppress(Failed):
+                asyncio.run(main())
+            for name in names:
+                assert holders(shared5, LockKeys.of(name).lock)[:3] == [None] * 3, name
+    asyncio.run(client.aclose())
+    assert [r.getMessage() for r in caplog.records] == []
+
+
+async def until_held(client: tenure.AsyncClient, name: str) -> None:
+    deadline = time.monotonic() + 10.0
+    while not await client.lock(name, ttl=30).locked():
+        assert time.monotonic() < deadline, f"{name} not held within 10 s"
+        await asyncio.sleep(0.01)

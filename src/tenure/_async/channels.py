@@ -68,6 +68,11 @@ __all__ = ["Channels"]
 # requests or the timer (``Channels.run``): bounded, so a silent node still times out.
 MAX_GRACES = 3
 
+# How long a connection task cancelled from outside (a loop shutting down) goes on
+# reading the replies to what the tasks cancelled with it wrote: on a healthy node, a
+# round trip; a node that is slower only delays the end of the loop by this much.
+DRAIN = 0.05
+
 # A reply: (True, value) or (False, the error it came as), handed to the request's
 # callback from ``RespProtocol.data_received``: no future, no extra trip through the event loop.
 Reply = tuple[bool, Any]
@@ -311,7 +316,25 @@ class Channel:
                 # channel from this task, so it would keep a closed connection and fail
                 # every later write. Its requests fail as on a lost connection; the next
                 # one connects again at once, since the node itself did nothing wrong.
-                self._detach(ConnectionError("its connection task was cancelled"))
+                # But first one turn of the loop: the tasks cancelled with this one
+                # write their cleanups in it (a lease's release as its ``async with``
+                # unwinds), and they go out on this connection, still open, with what
+                # this turn wrote before. Detached at once, the channel dropped them, or
+                # sent them on a new connection that nobody waited for, in a loop about
+                # to close.
+                # Their replies are read for up to DRAIN seconds, lest the releases,
+                # which did reach the nodes, be told lost.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(0)
+                    if self._task is asyncio.current_task():
+                        self._flush(self._conn)
+                        if self._pending:
+                            self._idle = asyncio.Event()
+                            with contextlib.suppress(TimeoutError):
+                                await within(self._idle.wait(), DRAIN)
+                if self._task is asyncio.current_task():
+                    self._flush(self._conn)
+                    self._detach(ConnectionError("its connection task was cancelled"))
             # Otherwise whoever cancelled us (reset, close) already failed our requests;
             # the channel may own a new connection by now, so touch nothing but our own.
             await conn.disconnect(
