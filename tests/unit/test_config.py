@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tenure import ConfigurationError
 from tenure._core.config import (
+    MAX_NAME_BYTES,
     NODE_FLOOR,
     NODE_WARM,
     ClientConfig,
@@ -525,11 +526,29 @@ def test_accepted_ttl_leaves_half_after_the_slowest_round(
         assert spec.ttl - spec.node_timeout - spec.drift >= spec.ttl / 2 - 1e-9
 
 
-@pytest.mark.parametrize("name", ["", None, 1, b"name", ["x"]])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        None,
+        1,
+        b"name",
+        ["x"],
+        "caf\udce9.csv",  # os.fsdecode() of latin-1 bytes: not sendable as UTF-8
+        "\ud800",
+        "x" * (MAX_NAME_BYTES + 1),
+        "é" * (MAX_NAME_BYTES // 2 + 1),  # short in characters, long in bytes
+    ],
+)
 def test_bad_lock_name_refused(name: object) -> None:
     with pytest.raises(ConfigurationError) as info:
         LockSpec.build(config(), name, 10)
     assert info.value.parameter == "name"
+
+
+def test_the_longest_name_and_any_unicode_text_are_accepted() -> None:
+    for name in ("x" * MAX_NAME_BYTES, "é" * (MAX_NAME_BYTES // 2), "注文:42 🔒", "{}}{"):
+        assert LockSpec.build(config(), name, 10).name == name
 
 
 # --- lock keys ----------------------------------------------------------------------------

@@ -199,6 +199,45 @@ def _is_cluster_url(url: str) -> bool:
     return url.partition("://")[0].lower() in ("redis+cluster", "rediss+cluster")
 
 
+# The longest lock name, in bytes of UTF-8. Every command of a round carries the name in
+# several keys, and a round must be written, run and answered within the node timeout:
+# names of megabytes were refused by healthy nodes as silent. An identifier longer than
+# this can be locked by a digest of it.
+MAX_NAME_BYTES = 65_536
+
+
+def check_name(name: object) -> str:
+    """A lock name as the nodes will hold it: a non-empty ``str`` that is UTF-8 text, at
+    most ``MAX_NAME_BYTES`` long.
+
+    Raises:
+        ConfigurationError: on ``name``, saying what to send instead.
+    """
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError("name", f"must be a non-empty string, got {name!r}")
+    if name.isascii():
+        size = len(name)
+    else:
+        try:
+            size = len(name.encode())
+        except UnicodeEncodeError as exc:
+            raise ConfigurationError(
+                "name",
+                f"is not valid Unicode text: it holds a lone surrogate "
+                f"({name[exc.start : exc.end]!r} at {exc.start}), as os.fsdecode() makes of "
+                "bytes that are not UTF-8; names are sent as UTF-8, so decode such bytes as "
+                "latin-1, or name the lock by their hex",
+            ) from None
+    if size > MAX_NAME_BYTES:
+        raise ConfigurationError(
+            "name",
+            f"is {size:,} bytes of UTF-8; at most {MAX_NAME_BYTES:,} are accepted (every "
+            "command carries it several times, within the node timeout): lock a digest "
+            "of a longer identifier, such as its SHA-256 in hex",
+        )
+    return name
+
+
 def _finite(parameter: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigurationError(parameter, f"must be a finite number, got {value!r}")
@@ -885,8 +924,7 @@ class LockSpec:
     def build(
         cls, config: ClientConfig, name: object, ttl: object, fair: object = None
     ) -> LockSpec:
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError("name", f"must be a non-empty string, got {name!r}")
+        name = check_name(name)
         seconds = _finite("ttl", ttl)
         # round() first: 1.001 * 1000 is 1000.9999999999999 in floating point.
         ttl_ms = math.floor(round(seconds * 1000, 6))

@@ -22,6 +22,7 @@ from .._core.config import (
     LockKeys,
     NodeAddress,
     check_key_prefix,
+    check_name,
     check_one_server,
     host_port,
     parse_node_url,
@@ -71,8 +72,7 @@ def status(
     """
     stdout = sys.stdout if out is None else out
     stderr = sys.stderr if err is None else err
-    if not name:
-        raise ConfigurationError("name", "must be a non-empty string")
+    check_name(name)
     if not nodes:
         raise ConfigurationError("--redis", "no Redis nodes given")
     addresses = [
