@@ -8,6 +8,7 @@ Replies are written as strings, one letter per node, in the words of ``acquire.l
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from typing import Literal
@@ -292,6 +293,32 @@ def test_retry_delays_are_reproducible_with_a_seeded_rng() -> None:
 
     assert sleeps(1) == sleeps(1)
     assert sleeps(1) != sleeps(2)
+
+
+class _GoesWrong:
+    """A retry policy fine at its first attempt (all the client checks when it is made),
+    then not: it raises, or asks for no number of seconds, or for too many."""
+
+    def __init__(self, later: object) -> None:
+        self.later = later
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        if attempt == 1:
+            return 0.01
+        if isinstance(self.later, Exception):
+            raise self.later
+        return self.later  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("later", [ValueError("oops"), math.nan, -1.0, 1e300, "soon"])
+def test_a_retry_policy_that_goes_wrong_later_is_a_configuration_error(later: object) -> None:
+    acq = make(retry=_GoesWrong(later), seed=3)
+    _, step = attempt(acq, "nnn..", started=0.0, now=0.0)
+    assert isinstance(step, Retry)
+    with pytest.raises(ConfigurationError) as info:
+        attempt(acq, "nnn..", started=0.1, now=0.1)
+    assert info.value.parameter == "retry"
+    assert "delay(2, rng)" in str(info.value)
 
 
 def test_retry_never_sleeps_past_the_timeout_and_then_gives_up() -> None:

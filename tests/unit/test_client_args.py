@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -144,3 +145,18 @@ def test_watchdog_must_be_a_bool(make: Make, method: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         attempt()
     assert info.value.parameter == "watchdog"
+
+
+@pytest.mark.parametrize("method", ["lock", "acquire"])
+@pytest.mark.parametrize("max_hold", ["30", [30], True, 0, -1.0, math.nan, math.inf])
+def test_max_hold_must_be_a_number_of_seconds(make: Make, method: str, max_hold: object) -> None:
+    call = getattr(make(), method)
+
+    def attempt() -> None:
+        result = call("name", 5.0, watchdog=True, max_hold=max_hold)
+        if inspect.iscoroutine(result):  # AsyncClient.acquire checks before any I/O
+            asyncio.run(result)
+
+    with pytest.raises(ConfigurationError) as info:
+        attempt()
+    assert info.value.parameter == "max_hold"

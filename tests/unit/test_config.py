@@ -819,6 +819,11 @@ class _NotANumber:
         return "soon"
 
 
+class _Huge:
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return 1e300  # a finite number, past any clock
+
+
 def test_retry_accepts_the_policies_and_any_object_with_delay() -> None:
     assert isinstance(ClientConfig.build(THREE, retry=None).retry, wait_random_exponential)
     policy = _Fixed()
@@ -834,6 +839,7 @@ def test_retry_accepts_the_policies_and_any_object_with_delay() -> None:
         (_Broken(), "delay(1, rng) raised"),
         (_Negative(), "returned -1.0"),
         (_NotANumber(), "returned 'soon'"),
+        (_Huge(), "returned 1e+300, not a number of seconds in [0, 86,400]"),
     ],
 )
 def test_bad_retry_is_refused_at_construction(retry: object, says: str) -> None:

@@ -75,7 +75,7 @@ import random
 from dataclasses import dataclass, field
 
 from .._errors import LockError, NodeMisconfigured, QuorumUnreachable
-from .config import DEFAULT_KEY_PREFIX, LockSpec, WaitMode
+from .config import DEFAULT_KEY_PREFIX, LockSpec, WaitMode, retry_delay
 from .diagnosis import configuration_error, for_prefix
 from .policy import RetryPolicy
 from .quorum import Failure, Round
@@ -569,7 +569,7 @@ class Acquisition:
         # The back-off grows with consecutive contended attempts, not with waits: a split
         # vote after a long notified wait starts again from the shortest delay.
         self._backoffs += 1
-        sleep = self._retry.delay(self._backoffs, self._rng)
+        sleep = retry_delay(self._retry, self._backoffs, self._rng)
         if self._give_up_at is not None:
             left = self._give_up_at - now
             if left <= 0:

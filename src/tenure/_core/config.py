@@ -673,20 +673,37 @@ def _retry_policy(value: object) -> RetryPolicy:
     delay = getattr(value, "delay", None)
     if not callable(delay):
         raise ConfigurationError("retry", f"must be a retry policy: {_RETRY_HELP}; got {value!r}")
+    retry_delay(value, 1, random.Random(0))  # type: ignore[arg-type]  # it has a delay()
+    return value  # type: ignore[return-value]  # it has a working delay(): a RetryPolicy
+
+
+# The longest sleep a retry policy may ask for between two attempts (a day). The
+# sleeps of both drivers take no more (a huge one overflowed the clock's timestamps).
+MAX_RETRY_DELAY = 86_400.0
+
+
+def retry_delay(policy: RetryPolicy, attempt: int, rng: random.Random) -> float:
+    """The seconds ``policy`` asks to sleep before ``attempt``, checked: a retry policy is
+    the caller's code, asked at every contended attempt, not only when the client was made.
+
+    Raises:
+        ConfigurationError: on ``retry``, when ``delay()`` raised or returned anything
+            but a number of seconds in [0, ``MAX_RETRY_DELAY``].
+    """
     try:
-        sample = delay(1, random.Random(0))
+        sample = policy.delay(attempt, rng)
     except Exception as exc:
         raise ConfigurationError(
-            "retry", f"{value!r}.delay(1, rng) raised {exc!r}; expected {_RETRY_HELP}"
+            "retry", f"{policy!r}.delay({attempt}, rng) raised {exc!r}; expected {_RETRY_HELP}"
         ) from None
     number = isinstance(sample, (int, float)) and not isinstance(sample, bool)
-    if not (number and math.isfinite(sample) and sample >= 0):
+    if not (number and math.isfinite(sample) and 0 <= sample <= MAX_RETRY_DELAY):
         raise ConfigurationError(
             "retry",
-            f"{value!r}.delay(1, rng) returned {sample!r}, not a number of seconds >= 0; "
-            f"expected {_RETRY_HELP}",
+            f"{policy!r}.delay({attempt}, rng) returned {sample!r}, not a number of seconds "
+            f"in [0, {MAX_RETRY_DELAY:,.0f}]; expected {_RETRY_HELP}",
         )
-    return value  # type: ignore[return-value]  # it has a working delay(): a RetryPolicy
+    return float(sample)
 
 
 def _replicas(value: object) -> int:

@@ -20,6 +20,7 @@ at the storage can (``lease.fencing_token``, ``tenure.fencing``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .._errors import ConfigurationError, LeaseExpired, LeaseLost
@@ -62,9 +63,17 @@ class KeepAlive:
     max_hold: float | None = None
 
     def __post_init__(self) -> None:
-        if self.max_hold is not None and not self.max_hold > 0:
+        cap: object = self.max_hold
+        if cap is None:
+            return
+        if (
+            isinstance(cap, bool)
+            or not isinstance(cap, (int, float))
+            or not (math.isfinite(cap) and cap > 0)
+        ):
             raise ConfigurationError(
-                "max_hold", f"must be > 0 seconds or None, got {self.max_hold}"
+                "max_hold",
+                f"must be a finite number of seconds > 0, or None for no cap, got {cap!r}",
             )
 
     def next_wake(self, lease: LeaseState) -> float:
