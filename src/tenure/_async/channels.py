@@ -319,11 +319,10 @@ class Channel:
                 # But first one turn of the loop: the tasks cancelled with this one
                 # write their cleanups in it (a lease's release as its ``async with``
                 # unwinds), and they go out on this connection, still open, with what
-                # this turn wrote before. Detached at once, the channel dropped them, or
-                # sent them on a new connection that nobody waited for, in a loop about
-                # to close.
-                # Their replies are read for up to DRAIN seconds, lest the releases,
-                # which did reach the nodes, be told lost.
+                # this turn wrote before; their replies are read for up to DRAIN
+                # seconds, lest releases that reached the nodes be told lost. Detached
+                # at once, the channel dropped them, or sent them on a new connection
+                # that nobody waited for, in a loop about to close.
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.sleep(0)
                     if self._task is asyncio.current_task():

@@ -492,6 +492,8 @@ class Listener:
             self._shard_event(i, event)
 
     def _shard_event(self, i: int, event: ShardEvent) -> None:
+        # ("again" needs nothing here: whoever reads the sockets plans the subscriptions
+        # again before each select(), ``_connect_shards``.)
         if event.kind == "moved" and event.to is not None:
             cast("ClusterState", self._nodes[i]).moved(event.slot, event.to)
         elif event.kind == "ended":
