@@ -171,6 +171,9 @@ def test_core_statement_admits_null_or_not_newer_token() -> None:
         ({"token": 1.0}, "token"),
         ({"where": ()}, "where"),
         ({"values": {"fence": 3}}, "values"),
+        # The column object, which SQLAlchemy's .values() takes too, and which would win
+        # over the token the fence sets.
+        ({"values": {documents.c.fence: 2**62, "body": "x"}}, "values"),
         ({"token_column": "fence_token"}, "token_column"),
     ],
 )

@@ -391,6 +391,17 @@ def test_versioned_update_refuses_bad_arguments(engine: Engine) -> None:
         with pytest.raises(ConfigurationError) as info:
             versioned_update(conn, items, items.c.id == 1, 0, {"version": 7})
         assert info.value.parameter == "values"
+        # The column object, which SQLAlchemy's .values() takes too, and which would win
+        # over the version the check sets (a lost update for the next writer).
+        with pytest.raises(ConfigurationError) as info:
+            versioned_update(
+                conn,
+                items,
+                items.c.id == 1,
+                0,
+                {items.c.version: 0, "value": 1},  # type: ignore[dict-item]  # untyped callers
+            )
+        assert info.value.parameter == "values"
         with pytest.raises(ConfigurationError) as info:
             versioned_update(conn, items, items.c.id == 1, 0, {"value": 1}, version_column="rev")
         assert info.value.parameter == "version_column"
