@@ -611,3 +611,39 @@ def test_workers_split_partitions_and_take_over_when_one_stops(
     _wait_until(
         "the survivor to take all", lambda: second.run_once() >= 0 and len(second.held) == 4
     )
+
+
+def test_two_consumer_groups_each_handle_the_whole_stream(
+    lock_nodes: LocalCluster, data_node: LocalCluster, prefix: str
+) -> None:
+    # A ledger and an audit trail of the same writes: each group's workers own the
+    # partitions for their group alone (their leases, fence and registry are the
+    # group's), so neither takes partitions from the other and both see every entry.
+    keys = [f"k{i}" for i in range(40)]
+    seen: dict[str, set[str]] = {"ledger": set(), "audit": set()}
+    with tenure.Client(lock_nodes.urls) as locks, data_node[0].client() as client:
+        producer = StreamProducer(client, prefix, 4)
+        for key in keys:
+            producer.append(key, {"seq": b"1"})
+
+        def worker(group: str) -> StreamWorker:
+            def handler(key: str, payload: Mapping[str, bytes], token: int) -> None:
+                seen[group].add(key)
+
+            return StreamWorker(
+                locks, client, prefix, 4, group, f"{group}-1", handler, lease_ttl=TTL
+            )
+
+        ledger, audit = worker("ledger"), worker("audit")
+        try:
+            _wait_until(
+                "both groups to handle every entry",
+                lambda: (
+                    [ledger.run_once(), audit.run_once()] != []
+                    and seen["ledger"] == seen["audit"] == set(keys)
+                ),
+            )
+            assert ledger.held == audit.held == {0, 1, 2, 3}
+        finally:
+            ledger.stop()
+            audit.stop()

@@ -1,7 +1,7 @@
 -- Stream acknowledgement: acknowledge entries of a partition, for its owner only.
 --
 -- KEYS[1]  the partition's stream   <prefix>:{<p>}
--- KEYS[2]  its owner key            <prefix>:{<p>}:owner
+-- KEYS[2]  its owner key            <prefix>:{<p>}:owner:<group>
 -- ARGV[1]  the acknowledger's fencing token (the owner's, or it is refused)
 -- ARGV[2]  the consumer group
 -- ARGV[3]  and on: the entry ids

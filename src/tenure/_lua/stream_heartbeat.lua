@@ -1,6 +1,6 @@
 -- Stream workers' heartbeat: drop the expired workers, then add or remove one.
 --
--- KEYS[1]  the registry of live workers   <prefix>:workers  (sorted set, scored by the
+-- KEYS[1]  the registry of live workers   <prefix>:<group>:workers  (sorted set, scored by the
 --          instant each worker's entry expires, in ms on the server's clock)
 -- ARGV[1]  the worker's name
 -- ARGV[2]  its heartbeat TTL in ms: > 0 adds (or refreshes) it, 0 removes it

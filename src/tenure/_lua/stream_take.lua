@@ -2,7 +2,7 @@
 -- consumer group exists.
 --
 -- KEYS[1]  the partition's stream   <prefix>:{<p>}
--- KEYS[2]  its owner key            <prefix>:{<p>}:owner  (the owning lease's token)
+-- KEYS[2]  its owner key            <prefix>:{<p>}:owner:<group>  (the owning lease's token)
 -- ARGV[1]  the new owner's fencing token (a decimal integer)
 -- ARGV[2]  the consumer group
 --

@@ -6,17 +6,23 @@ Theory of operation
 
 Layout, for a ``stream_prefix`` such as ``"orders"`` and P partitions::
 
-    orders:{p}            a Redis stream: the writes of every key whose partition is p
-    orders:{p}:owner      the fencing token of the lease that owns partition p now
-    orders:workers        sorted set: live workers, scored by heartbeat expiry (ms)
-    orders:partition:<p>  the tenure lock (on the lock nodes) that grants partition p
+    orders:{p}                  a Redis stream: the writes of every key whose partition is p
+    orders:{p}:owner:<g>        the fencing token of the lease that owns partition p now,
+                                for consumer group g
+    orders:<g>:workers          sorted set: group g's live workers, by heartbeat expiry (ms)
+    orders:<g>:partition:<p>    the tenure lock (on the lock nodes) that grants partition
+                                p to a worker of group g
+
+Every consumer group reads the whole stream (a ledger and an audit trail, say), so
+ownership, the stream's fence and the registry are kept per group: the workers of one
+group never take partitions from another's.
 
 A key's partition is ``crc32(key) mod P`` (:class:`Partitioner`), the same in every
 process (Python's ``hash()`` is salted per process). A producer ``XADD``s a write to its
 key's stream, so per-key order is the order of ``XADD`` on one stream. P is fixed for the
 life of the streams: changing it moves keys between streams and mixes their order.
 
-A worker owns a partition while it holds a tenure lease on ``<prefix>:partition:<p>``,
+A worker owns a partition while it holds a tenure lease on ``<prefix>:<g>:partition:<p>``,
 taken without blocking and kept alive by the lease's watchdog. It consumes a stream it
 owns through one consumer group (``XREADGROUP``), calls
 ``handler(key, payload, fencing_token)`` for each entry in stream order, and
@@ -34,7 +40,7 @@ read by a dead owner is lost; what it had handled but not acknowledged is delive
 slow network). Without care, such a holder's late ``XREADGROUP`` would move fresh entries
 into *its* pending list after the new owner's claim, where nobody would process them
 before newer ones. So every read and acknowledgement is a Lua script that first compares
-the caller's fencing token with ``<prefix>:{p}:owner``, and a new owner writes its token
+the caller's fencing token with ``<prefix>:{p}:owner:<g>``, and a new owner writes its token
 there (refused if a newer one is there already) in the same script that creates the
 group. From the moment the new owner took the stream, the old one can neither read nor
 acknowledge; before that moment whatever it read is pending and will be claimed.
@@ -56,7 +62,7 @@ applied (a per-key sequence number checked as ``seq == last + 1``, or an
 idempotency key on its own: a producer that retries an ``XADD`` whose reply was lost
 appends a second entry with a new id.
 
-**Spreading partitions.** Each worker refreshes its entry in ``<prefix>:workers`` every
+**Spreading partitions.** Each worker refreshes its entry in ``<prefix>:<g>:workers`` every
 ``rebalance_interval`` (expiry = Redis server time + ``heartbeat_ttl``, so the workers'
 clocks never need to agree), reads the live names, and aims at its share: with W live
 workers sorted by name, ``P // W`` partitions plus one for the first ``P % W`` names, so
@@ -164,17 +170,19 @@ def partition_stream(stream_prefix: str, partition: int) -> str:
     return f"{stream_prefix}:{{{partition}}}"
 
 
-def partition_lock_name(stream_prefix: str, partition: int) -> str:
-    """The tenure lock name whose lease owns ``partition``: ``<prefix>:partition:<p>``."""
-    return f"{stream_prefix}:partition:{partition}"
+def partition_lock_name(stream_prefix: str, partition: int, group: str) -> str:
+    """The tenure lock name whose lease owns ``partition`` for consumer group ``group``:
+    ``<prefix>:<group>:partition:<p>``. Each group consumes the whole stream, so each has
+    its own owners (and fence, and registry of workers)."""
+    return f"{stream_prefix}:{group}:partition:{partition}"
 
 
-def _owner_key(stream_prefix: str, partition: int) -> str:
-    return f"{partition_stream(stream_prefix, partition)}:owner"
+def _owner_key(stream_prefix: str, partition: int, group: str) -> str:
+    return f"{partition_stream(stream_prefix, partition)}:owner:{group}"
 
 
-def _registry_key(stream_prefix: str) -> str:
-    return f"{stream_prefix}:workers"
+def _registry_key(stream_prefix: str, group: str) -> str:
+    return f"{stream_prefix}:{group}:workers"
 
 
 class Partitioner:
@@ -464,7 +472,7 @@ class StreamWorker:
             _call(
                 self.client,
                 _HEARTBEAT,
-                [_registry_key(self.stream_prefix)],
+                [_registry_key(self.stream_prefix, self.group)],
                 [self.consumer_name, 0],
             )
         except redis.RedisError as exc:
@@ -495,7 +503,7 @@ class StreamWorker:
         reply = _call(
             self.client,
             _HEARTBEAT,
-            [_registry_key(self.stream_prefix)],
+            [_registry_key(self.stream_prefix, self.group)],
             [self.consumer_name, ttl_ms],
         )
         return [_text(name) for name in reply]
@@ -509,7 +517,7 @@ class StreamWorker:
 
     def _try_take(self, number: int) -> bool:
         """Acquire ``number``'s lease and fence its stream; False: stop trying for now."""
-        name = partition_lock_name(self.stream_prefix, number)
+        name = partition_lock_name(self.stream_prefix, number, self.group)
         try:
             lease = self.lock_client.acquire(name, self.lease_ttl, blocking=False, watchdog=True)
         except LockTimeout:
@@ -543,7 +551,7 @@ class StreamWorker:
         """The keys of the fenced stream scripts: the stream, then its owner key."""
         return [
             partition_stream(self.stream_prefix, number),
-            _owner_key(self.stream_prefix, number),
+            _owner_key(self.stream_prefix, number, self.group),
         ]
 
     def _release(self, number: int) -> None:
