@@ -99,7 +99,7 @@ def _token_column(table: Table, token_column: str) -> Column[Any]:
         ) from None
 
 
-def sets_column(values: Mapping[Any, Any], name: str) -> bool:
+def _sets_column(values: Mapping[Any, Any], name: str) -> bool:
     """Whether ``values`` of an UPDATE set the column ``name``: keyed by its name, or by
     a column object, which SQLAlchemy's ``.values()`` takes too (and which would win
     over the name a fence or a version check sets)."""
@@ -138,7 +138,7 @@ def fenced_update(
     column = _token_column(table, token_column)
     if not where:
         raise ConfigurationError("where", "name the fenced row, e.g. table.c.id == 42")
-    if sets_column(values, token_column):
+    if _sets_column(values, token_column):
         raise ConfigurationError("values", f"{token_column!r} is set by the fence")
     return (
         sa_update(table)

@@ -583,11 +583,11 @@ def versioned_update(
     """
     from sqlalchemy import select, update
 
-    from ..fencing.sql import sets_column
+    from ..fencing.sql import _sets_column
 
     if not isinstance(expected_version, int) or isinstance(expected_version, bool):
         raise ConfigurationError("expected_version", f"must be an int, got {expected_version!r}")
-    if sets_column(values, version_column):
+    if _sets_column(values, version_column):
         raise ConfigurationError("values", f"{version_column!r} is set by versioned_update")
     try:
         version = table.c[version_column]
