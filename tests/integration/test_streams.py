@@ -40,6 +40,7 @@ from tenure.patterns.streams import (
     StreamProducer,
     StreamWorker,
     fair_share,
+    partition_lock_name,
     partition_stream,
 )
 from tenure.testing import LocalCluster
@@ -526,6 +527,26 @@ def test_a_bad_payload_is_refused_before_anything_is_sent(payload: Any) -> None:
     producer.client.close()
 
 
+@pytest.mark.parametrize("parameter", ["stream_prefix", "group", "consumer_name"])
+@pytest.mark.parametrize("bad", ["", "caf\udce9", 7])
+def test_worker_names_are_refused_before_anything_is_sent(parameter: str, bad: object) -> None:
+    # A lone surrogate (os.fsdecode() of bytes that are not UTF-8) cannot be sent: it
+    # raised a raw UnicodeEncodeError from run(), after a partition lease was taken.
+    names: dict[str, Any] = {"stream_prefix": "orders", "group": "g", "consumer_name": "w"}
+    names[parameter] = bad
+    with pytest.raises(tenure.ConfigurationError) as info:
+        StreamWorker(
+            tenure.Client(["redis://127.0.0.1:1"]),  # never connects
+            redis.Redis(),
+            names["stream_prefix"],
+            4,
+            names["group"],
+            names["consumer_name"],
+            lambda *entry: None,
+        )
+    assert info.value.parameter == parameter
+
+
 @pytest.fixture
 def solo(
     lock_nodes: LocalCluster, data_node: LocalCluster, prefix: str
@@ -647,3 +668,22 @@ def test_two_consumer_groups_each_handle_the_whole_stream(
         finally:
             ledger.stop()
             audit.stop()
+
+
+def test_a_partition_whose_take_over_failed_is_not_kept(
+    solo: Callable[..., StreamWorker],
+) -> None:
+    # The lease is acquired (with its watchdog) before the stream is fenced: an error
+    # there that is not the data node's must not leave it held, or its watchdog would
+    # keep the partition from every other worker while the process lives.
+    first = solo("first", lambda *entry: None)
+
+    def broken(number: int, token: int) -> bool:
+        raise RuntimeError("a bug between the lease and the fence")
+
+    first._fence_stream = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        first.run_once()
+    assert first.held == frozenset()
+    name = partition_lock_name(first.stream_prefix, 0, first.group)
+    assert not first.lock_client.lock(name, ttl=TTL).locked()

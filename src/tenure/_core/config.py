@@ -206,15 +206,15 @@ def _is_cluster_url(url: str) -> bool:
 MAX_NAME_BYTES = 65_536
 
 
-def check_name(name: object) -> str:
-    """A lock name as the nodes will hold it: a non-empty ``str`` that is UTF-8 text, at
-    most ``MAX_NAME_BYTES`` long.
+def check_name(name: object, parameter: str = "name") -> str:
+    """A lock name (or another name the nodes will hold, given as ``parameter``): a
+    non-empty ``str`` that is UTF-8 text, at most ``MAX_NAME_BYTES`` long.
 
     Raises:
-        ConfigurationError: on ``name``, saying what to send instead.
+        ConfigurationError: on ``parameter``, saying what to send instead.
     """
     if not isinstance(name, str) or not name:
-        raise ConfigurationError("name", f"must be a non-empty string, got {name!r}")
+        raise ConfigurationError(parameter, f"must be a non-empty string, got {name!r}")
     if name.isascii():
         size = len(name)
     else:
@@ -222,17 +222,17 @@ def check_name(name: object) -> str:
             size = len(name.encode())
         except UnicodeEncodeError as exc:
             raise ConfigurationError(
-                "name",
+                parameter,
                 f"is not valid Unicode text: it holds a lone surrogate "
                 f"({name[exc.start : exc.end]!r} at {exc.start}), as os.fsdecode() makes of "
                 "bytes that are not UTF-8; names are sent as UTF-8, so decode such bytes as "
-                "latin-1, or name the lock by their hex",
+                "latin-1, or use their hex",
             ) from None
     if size > MAX_NAME_BYTES:
         raise ConfigurationError(
-            "name",
+            parameter,
             f"is {size:,} bytes of UTF-8; at most {MAX_NAME_BYTES:,} are accepted (every "
-            "command carries it several times, within the node timeout): lock a digest "
+            "command carries it several times, within the node timeout): use a digest "
             "of a longer identifier, such as its SHA-256 in hex",
         )
     return name

@@ -98,6 +98,7 @@ from typing import Any, Protocol
 
 import redis
 
+from .._core.config import check_name
 from .._driver.clock import monotonic
 from .._errors import ConfigurationError, LeaseLost, LockTimeout, NotHeld, StaleToken, TenureError
 from .._lua import script
@@ -148,9 +149,7 @@ def _check_partitions(partitions: object) -> int:
 
 
 def _check_name(parameter: str, value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigurationError(parameter, f"must be a non-empty string, got {value!r}")
-    return value
+    return check_name(value, parameter)
 
 
 def _check_positive(parameter: str, value: object) -> float:
@@ -535,6 +534,11 @@ class StreamWorker:
             )
             _quiet_release(lease)
             return False
+        except BaseException:
+            # Not held yet, so ``stop`` would not release it: its watchdog would keep
+            # the partition from every other worker for as long as this process lives.
+            _quiet_release(lease)
+            raise
         if not taken:  # a newer lease took the stream already: ours is superseded
             self.stats.fenced += 1
             _quiet_release(lease)
