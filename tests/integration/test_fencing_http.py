@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import sys
 import threading
@@ -348,6 +349,33 @@ def test_resource_callable_is_used_when_the_header_is_absent() -> None:
     assert run(scenario()) == [200, 409]
     assert gate.tokens.highest("acme") == 8
     assert gate.tokens.highest("elsewhere") is None
+
+
+def test_a_resource_callable_that_returns_no_str_fails_closed() -> None:
+    # A setup error (an account id as an int): refused with what to fix, nothing
+    # recorded; a persisted book would have keyed it as text, and refused every write of
+    # it after a restart with a raw TypeError.
+    gate = FencingGate(Recorder(), resource=lambda scope: 42, resource_header=None)  # type: ignore[arg-type, return-value]
+
+    async def scenario() -> tuple[int, object]:
+        async with through(gate) as client:
+            response = await client.put("/acme/x", headers=fenced(8))
+            return response.status_code, response.json()
+
+    status, body = run(scenario())
+    assert status == 500
+    assert body == {
+        "error": "fencing gate misconfigured",
+        "detail": "resource() returned 42, not a str: have it return the resource's name as text",
+    }
+    assert gate.tokens.highest("42") is None
+
+
+@pytest.mark.parametrize("timeout", [math.nan, 0, -1.0, "5", True, math.inf])
+def test_proxy_timeout_must_be_a_number_of_seconds(timeout: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        FencingProxy("http://127.0.0.1:1", timeout=timeout)  # type: ignore[arg-type]
+    assert info.value.parameter == "timeout"
 
 
 def test_non_http_scopes_pass_through() -> None:

@@ -180,7 +180,20 @@ class FencingGate:
             if values:
                 return _parse_resource(self.resource_header, values)
         if self.resource is not None:
-            return self.resource(scope)
+            resource: object = self.resource(scope)
+            if not isinstance(resource, str):
+                # A setup error, not the request's: fail closed, and say what to fix.
+                # (An int, say, would be recorded in a persisted book as a string and
+                # compared as an int until a restart.)
+                raise _Refusal(
+                    500,
+                    {
+                        "error": "fencing gate misconfigured",
+                        "detail": f"resource() returned {resource!r}, not a str: have it "
+                        "return the resource's name as text",
+                    },
+                )
+            return resource
         path: str = scope["path"]
         return path
 

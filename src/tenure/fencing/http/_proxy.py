@@ -6,6 +6,7 @@ Part of :mod:`tenure.fencing.http` (its module docstring is the theory of operat
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -122,6 +123,16 @@ class _Forwarder:
         import httpx
 
         self.upstream = _check_upstream(upstream)
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not (math.isfinite(timeout) and timeout > 0)
+        ):
+            # httpx takes any value, and then every request fails (nan raises, 0 and
+            # less time out at once), each after its token was recorded.
+            raise ConfigurationError(
+                "timeout", f"must be a finite number of seconds > 0, got {timeout!r}"
+            )
         self._owns_client = client is None
         self._client = httpx.AsyncClient(timeout=timeout) if client is None else client
 

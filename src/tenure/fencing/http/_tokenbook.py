@@ -62,10 +62,14 @@ class TokenBook:
             highest token seen, which is greater than ``token``.
 
         Raises:
-            ConfigurationError: ``token`` is not an int in range.
+            ConfigurationError: ``token`` is not an int in range, or ``resource`` not a str.
             OSError: the book could not be persisted; nothing was recorded then.
         """
         _check_token(token)
+        if not isinstance(resource, str):
+            # A persisted book keys resources by text: another type would be admitted
+            # now and unmatched after a reload.
+            raise ConfigurationError("resource", f"must be a str, got {resource!r}")
         with self._lock:
             highest = self._highest.get(resource)
             if highest is not None and token < highest:
