@@ -376,7 +376,16 @@ def test_a_damaged_key_is_never_taken_as_free(raw: redis.Redis, key: str) -> Non
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("lease", 0), ("retention", -1), ("wait", float("nan")), ("namespace", "")],
+    [
+        ("lease", 0),
+        ("retention", -1),
+        ("wait", float("nan")),
+        ("namespace", ""),
+        # Past what Redis takes as an expiry: refused raw at the first use, before.
+        ("lease", 1e16),
+        ("retention", 1e300),
+        ("namespace", "caf\udce9"),
+    ],
 )
 def test_bad_options_are_refused(raw: redis.Redis, option: str, value: object) -> None:
     with pytest.raises(ConfigurationError) as info:
@@ -642,6 +651,27 @@ def test_sql_purge_forgets_old_keys(engine: Engine, key: str) -> None:
             store.purge(conn, datetime.now())  # naive: ambiguous
     with engine.begin() as conn, store.once(conn, key) as once:
         assert not once.done
+
+
+def test_sql_keys_the_table_cannot_hold_are_refused(tmp_path: Path) -> None:
+    # PostgreSQL refused them with an error that aborted the caller's transaction;
+    # SQLite stored a key of any length whatever the column said.
+    eng = create_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    try:
+        metadata.create_all(eng)
+        store = SqlIdempotency(keys_table)
+        for key in ("k" * 256, "a\x00b", "caf\udce9"):
+            with (
+                pytest.raises(ConfigurationError) as info,
+                eng.begin() as conn,
+                store.once(conn, key),
+            ):
+                pass
+            assert info.value.parameter == "key"
+        with eng.begin() as conn, store.once(conn, "k" * 255) as once:
+            once.record(1)
+    finally:
+        eng.dispose()
 
 
 def test_sql_savepoint_mode_is_refused_on_sqlite(tmp_path: Path) -> None:

@@ -316,6 +316,14 @@ def test_bad_arguments_are_refused(run: Run, key: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         run([key], lambda reads: Plan(result=None, writes=[("a", 1)]))  # type: ignore[arg-type]
     assert info.value.parameter == "writes"
+    # A value redis-py refuses (raw, the transaction half queued), and a key that is not
+    # UTF-8 text (a lone surrogate, as os.fsdecode() makes): said before anything is sent.
+    with pytest.raises(ConfigurationError) as info:
+        run([key], lambda reads: Plan(result=None, writes={key: True}))
+    assert info.value.parameter == "writes"
+    with pytest.raises(ConfigurationError) as info:
+        run([key, "caf\udce9"], increment(key))
+    assert info.value.parameter == "keys"
 
 
 def test_a_lost_connection_is_not_a_conflict() -> None:
@@ -407,6 +415,9 @@ def test_versioned_update_refuses_bad_arguments(engine: Engine) -> None:
         assert info.value.parameter == "version_column"
         with pytest.raises(ConfigurationError) as info:
             versioned_update(conn, items, items.c.id == 1, "0", {"value": 1})  # type: ignore[arg-type]
+        assert info.value.parameter == "expected_version"
+        with pytest.raises(ConfigurationError) as info:  # past a BIGINT: raw, before
+            versioned_update(conn, items, items.c.id == 1, 2**70, {"value": 1})
         assert info.value.parameter == "expected_version"
     # Several rows matched: refused, and the caller's transaction is rolled back with it.
     with pytest.raises(ConfigurationError) as info, engine.begin() as conn:

@@ -687,3 +687,27 @@ def test_a_partition_whose_take_over_failed_is_not_kept(
     assert first.held == frozenset()
     name = partition_lock_name(first.stream_prefix, 0, first.group)
     assert not first.lock_client.lock(name, ttl=TTL).locked()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("poll_interval", 1e300), ("retry_delay", math.inf), ("lease_ttl", 120.0)],
+)
+def test_worker_options_are_checked_when_it_is_made(
+    lock_nodes: LocalCluster, option: str, value: float
+) -> None:
+    # A sleep of 1e300 s overflowed inside run(); a lease_ttl past the lock client's
+    # max_ttl (60 s by default) was refused only there, as "ttl".
+    with tenure.Client(lock_nodes.urls) as locks:
+        with pytest.raises(tenure.ConfigurationError) as info:
+            StreamWorker(
+                locks,
+                redis.Redis(),
+                "orders",
+                4,
+                "g",
+                "w",
+                lambda *entry: None,
+                **{option: value},  # type: ignore[arg-type]
+            )
+        assert info.value.parameter == option

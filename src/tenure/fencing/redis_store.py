@@ -44,6 +44,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
+from .._core.config import check_name
 from .._errors import ConfigurationError, StaleToken
 from .._lua import script
 
@@ -103,8 +104,7 @@ def _digest(*parts: str) -> str:
 
 
 def _check_name(parameter: str, name: object) -> None:
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError(parameter, f"must be a non-empty string, got {name!r}")
+    check_name(name, parameter)
 
 
 def _check_token(token: object) -> int:

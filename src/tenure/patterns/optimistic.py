@@ -78,6 +78,7 @@ import redis.asyncio
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.client import Pipeline
 
+from .._core.config import check_name
 from .._core.policy import RetryPolicy, wait_random_exponential
 from .._errors import ConfigurationError, TenureError
 
@@ -417,6 +418,18 @@ def _queue_writes(pipe: Any, writes: Writes) -> None:
             "writes", f"must be None, a mapping or a callable, got {type(writes).__name__}"
         )
     for key, value in writes.items():
+        check_name(key, "writes")
+        # What redis-py sends as a value: a bool (True for 1?) it refuses, raw, with the
+        # transaction half queued.
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (str, bytes, int, float))
+        ):
+            raise ConfigurationError(
+                "writes",
+                f"{key!r}: a value must be str, bytes, int, float or None (delete), "
+                f"got {type(value).__name__}",
+            )
+    for key, value in writes.items():
         if value is None:
             pipe.delete(key)
         else:
@@ -429,6 +442,8 @@ def _check_keys(keys: Sequence[str]) -> list[str]:
     checked = list(keys)
     if not checked or not all(isinstance(k, str) and k for k in checked):
         raise ConfigurationError("keys", f"must be non-empty strings, at least one: {keys!r}")
+    for key in checked:
+        check_name(key, "keys")
     return checked
 
 
@@ -585,8 +600,15 @@ def versioned_update(
 
     from ..fencing.sql import _sets_column
 
-    if not isinstance(expected_version, int) or isinstance(expected_version, bool):
-        raise ConfigurationError("expected_version", f"must be an int, got {expected_version!r}")
+    if (
+        not isinstance(expected_version, int)
+        or isinstance(expected_version, bool)
+        or not -(2**63) <= expected_version < 2**63 - 1
+    ):
+        # (The next version must fit a BIGINT too: SQLite and PostgreSQL refuse more.)
+        raise ConfigurationError(
+            "expected_version", f"must be an int in [-2**63, 2**63 - 1), got {expected_version!r}"
+        )
     if _sets_column(values, version_column):
         raise ConfigurationError("values", f"{version_column!r} is set by versioned_update")
     try:

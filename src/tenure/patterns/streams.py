@@ -87,7 +87,6 @@ run longer than the lease can be kept alive (the watchdog extends it meanwhile).
 from __future__ import annotations
 
 import logging
-import math
 import random
 import secrets
 import threading
@@ -152,11 +151,18 @@ def _check_name(parameter: str, value: object) -> str:
     return check_name(value, parameter)
 
 
+# The longest interval a worker sleeps or waits (a day): ``time.sleep`` overflows long
+# before a float does.
+MAX_INTERVAL = 86_400.0
+
+
 def _check_positive(parameter: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigurationError(parameter, f"must be a number > 0, got {value!r}")
-    if math.isinf(value):
-        raise ConfigurationError(parameter, "must be finite")
+    if not value <= MAX_INTERVAL:
+        raise ConfigurationError(
+            parameter, f"must be at most {MAX_INTERVAL:,.0f} seconds, got {value!r}"
+        )
     return float(value)
 
 
@@ -378,6 +384,11 @@ class StreamWorker:
         self.consumer_name = _check_name("consumer_name", consumer_name)
         self.handler = handler
         self.lease_ttl = _check_positive("lease_ttl", lease_ttl)
+        try:  # the lock client's own rules for a TTL (its max_ttl, its node timeout)
+            lock_client.lock(partition_lock_name(self.stream_prefix, 0, self.group), lease_ttl)
+        except ConfigurationError as exc:
+            detail = str(exc).removeprefix(f"{exc.parameter}: ")
+            raise ConfigurationError("lease_ttl", detail) from None
         if isinstance(batch_size, bool) or not isinstance(batch_size, int):
             raise ConfigurationError("batch_size", f"must be an int, got {batch_size!r}")
         if not 1 <= batch_size <= MAX_BATCH:

@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
+from ..._core.config import check_name
 from ..._errors import ConfigurationError
 
 T = TypeVar("T")
@@ -102,16 +103,20 @@ def idempotent(
 
 
 def _check_key(key: object) -> str:
-    if not isinstance(key, str) or not key:
-        raise ConfigurationError("key", f"must be a non-empty string, got {key!r}")
-    return key
+    return check_name(key, "key")
+
+
+# The longest lease or retention (about 100 years): Redis takes expiry times up to
+# 2**63 ms from the epoch, and refused larger ones only at the first use, raw.
+MAX_SECONDS = 3_153_600_000.0
 
 
 def _seconds_to_ms(parameter: str, seconds: float) -> int:
     number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-    if not (number and math.isfinite(seconds) and seconds >= 0.001):
+    if not (number and math.isfinite(seconds) and 0.001 <= seconds <= MAX_SECONDS):
         raise ConfigurationError(
-            parameter, f"must be a number of seconds >= 0.001, got {seconds!r}"
+            parameter,
+            f"must be a number of seconds in [0.001, {MAX_SECONDS:,.0f}], got {seconds!r}",
         )
     return round(seconds * 1000)
 

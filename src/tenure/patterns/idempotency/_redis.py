@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import redis
 from redis.client import Pipeline
 
+from ..._core.config import check_name
 from ..._core.policy import RetryPolicy, wait_random_exponential
-from ..._errors import ConfigurationError
 from ..._lua import script
 from ..optimistic import (
     DEFAULT_BACKOFF,
@@ -253,8 +253,7 @@ class RedisIdempotency:
         poll: RetryPolicy = DEFAULT_POLL,
         codec: Codec = JSON,
     ) -> None:
-        if not isinstance(namespace, str) or not namespace:
-            raise ConfigurationError("namespace", f"must be a non-empty string, got {namespace!r}")
+        check_name(namespace, "namespace")
         self.client = client
         self.namespace = namespace
         self._lease_ms = _seconds_to_ms("lease", lease)

@@ -154,6 +154,17 @@ class SqlIdempotency:
             ConfigurationError: a bad ``key``, or ``on_conflict`` unusable on this database.
         """
         _check_key(key)
+        # What the database would refuse with an error that aborts the caller's
+        # transaction (or, on SQLite, store whatever the column says): said here.
+        length = getattr(self.table.c.key.type, "length", None)
+        if length is not None and len(key) > length:
+            raise ConfigurationError(
+                "key",
+                f"is {len(key):,} characters; the table's key column holds {length}: use a "
+                "digest of a longer key (or a wider column, idempotency_table(key_length=))",
+            )
+        if "\x00" in key:
+            raise ConfigurationError("key", "holds a NUL character, which SQL text refuses")
         if self._insert(connection, key):
             yield SqlOnce(self, connection, key)
             return
