@@ -241,21 +241,33 @@ class Client(ClientBase):
             return self._listener.wait(op.waiter, op.inbox, op.timeout)
         elif isinstance(op, Sleep):
             time.sleep(op.seconds)
+        elif isinstance(op, Send):
+            # On the flow's own connections, behind what it wrote before. After a round
+            # that Ctrl-C interrupted (``clean`` False), only written, on the connections
+            # that carried its SET (another set, often not yet connected, wrote nothing),
+            # and nothing read: their replies are no longer accounted for.
+            if links.clean:
+                self._send_on(links, op)
+            elif not self.closed:
+                links.write_behind(op.command, op.targets, _clock())
         else:
             self._perform_now(op)
         return None
 
     def _send_now(self, send: Send) -> None:
         # Not through _drive(): a closed client sends nothing, and raises nothing here
-        # (this runs while an interrupt propagates, or from the notification thread).
-        if self.closed:
-            return
+        # (this runs from the notification thread, or for a flow without links).
         links = self._pool.get()
         try:
-            now = _clock()
-            links.run(send.command, send.rnd, now + self.config.node_timeout, _clock, send.targets)
+            self._send_on(links, send)
         finally:
             _give_back(self._pool, links)
+
+    def _send_on(self, links: LinkSet, send: Send) -> None:
+        if self.closed:
+            return
+        now = _clock()
+        links.run(send.command, send.rnd, now + self.config.node_timeout, _clock, send.targets)
 
     def close(self) -> None:
         """Close every connection; the client can't be used again (``ClientClosed``).
@@ -282,12 +294,14 @@ class Client(ClientBase):
 def _give_back(pool: LinkPool, links: LinkSet) -> None:
     """Return a borrowed link set; one interrupted mid-round is closed, not reused: its
     connections carry replies nobody accounted for, and reading them later as answers
-    to other commands would be a disaster."""
+    to other commands would be a disaster. Closed without a back-off: the nodes did
+    nothing wrong, and the client's other rounds (another thread's release) must not
+    sit theirs out."""
     if links.clean:
         pool.put(links)
     else:
         for link in links.links:
-            link.drop(_clock())
+            link.close()
 
 
 class Lease(LeaseView):

@@ -35,6 +35,7 @@ finding their end in its replies (``_core.backoff``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import threading
@@ -194,6 +195,13 @@ class Link:
             why = diagnose(exc)
             self.drop(now, why)
             raise _Failed(why) from exc
+        except BaseException:
+            # Interrupted mid-write (Ctrl-C): part of the command may be on its way. The
+            # connection is closed, so the node drops that part unrun, and nothing
+            # written behind it (a cleanup) can be read as the rest of it. No back-off:
+            # the node did nothing wrong.
+            self.close()
+            raise
         return sock
 
     def prepare(self, now: float, wake: Callable[[], None]) -> Diagnosis | None:
@@ -416,6 +424,17 @@ class LinkSet:
         # replies nobody accounted for, and must be closed rather than reused.
         self.clean = True
         self._wake = threading.Event()  # set by a set-up of ours when it ends
+
+    def write_behind(self, command: Command, targets: Sequence[int], now: float) -> None:
+        """Write ``command`` to those ``targets`` that are connected, and read nothing:
+        the cleanup of a round an interrupt cut short (``clean`` is False), on the
+        connections that carried its request, behind it. Such a set is closed, never
+        read again: the replies on its connections are no longer accounted for."""
+        for i in targets:
+            link = self.links[i]
+            if link.ready():
+                with contextlib.suppress(_Failed):  # that link is closed: nothing to do
+                    link.send(command, now)
 
     def shed_closed(self, now: float) -> None:
         """Drop the connections the nodes closed while this set was unused; the next

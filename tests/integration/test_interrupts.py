@@ -1,0 +1,97 @@
+"""The blocking client interrupted mid-round (Ctrl-C, or any exception a signal handler
+raises), with real nodes: what the round wrote is cleaned up behind it, on its own
+connections, and the client's other work goes on.
+
+A signal handler raises ``Interrupted`` (a ``BaseException``, as ``KeyboardInterrupt``
+is, but not one pytest takes for the user's Ctrl-C) while a round waits for two paused
+nodes of three.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType
+
+import pytest
+
+import tenure
+from tenure._core.config import LockKeys
+from tenure.testing import LocalCluster
+
+from .conftest import holders
+
+
+class Interrupted(BaseException):
+    pass
+
+
+@pytest.fixture
+def interrupt_after() -> Iterator[object]:
+    """``interrupt_after(seconds)``: raise ``Interrupted`` in this thread that much later."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers run in the main thread only")
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        yield lambda seconds: signal.setitimer(signal.ITIMER_REAL, seconds)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _gone(cluster: LocalCluster, key: str, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while any(holders(cluster, key)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_an_interrupted_acquire_is_released_behind_its_grant(
+    cluster5: LocalCluster, key: str, interrupt_after: object
+) -> None:
+    # Its cleanup went out on another link set, not yet connected, which wrote nothing:
+    # the grant stayed on every node for the whole TTL (30 s here).
+    nodes = cluster5.nodes[:3]
+    urls = [node.url for node in nodes]
+    with tenure.Client(urls, node_timeout=1.0) as client:
+        client.acquire(key + "-warm", ttl=5).release()  # connections up
+        nodes[1].pause()
+        nodes[2].pause()
+        interrupt_after(0.05)  # type: ignore[operator]
+        with pytest.raises(Interrupted):
+            client.acquire(key, ttl=30, blocking=False)
+        nodes[1].resume()
+        nodes[2].resume()
+        assert _gone(cluster5, LockKeys.of(key).lock)
+        # And the client goes on: the same lock, at once.
+        client.acquire(key, ttl=5, blocking=False).release()
+
+
+def test_an_interrupted_round_does_not_fail_the_clients_other_leases(
+    cluster5: LocalCluster, key: str, interrupt_after: object
+) -> None:
+    # The interrupted round's connections are closed, not reused; closing them put the
+    # nodes in their reconnect back-off, shared by the client's every link set, and
+    # another lease's release then reached no node (LeaseLost, its key left to its TTL).
+    nodes = cluster5.nodes[:3]
+    urls = [node.url for node in nodes]
+    with tenure.Client(urls, node_timeout=1.0) as client:
+        other = client.acquire(key + "-other", ttl=30)
+        nodes[1].pause()
+        nodes[2].pause()
+        interrupt_after(0.05)  # type: ignore[operator]
+        with pytest.raises(Interrupted):
+            client.acquire(key, ttl=30, blocking=False)
+        nodes[1].resume()
+        nodes[2].resume()
+        other.release()
+        assert _gone(cluster5, LockKeys.of(key + "-other").lock)
+        assert _gone(cluster5, LockKeys.of(key).lock)
