@@ -852,3 +852,35 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
             c.delete(keys.floor)
         else:
             c.set(keys.floor, max(int(kept), int(c.get(keys.floor) or 0)), px=RETENTION)
+
+
+def test_threads_of_a_new_client_are_woken_from_the_start(shared5: LocalCluster, key: str) -> None:
+    # Blocking client: eight threads of a client made just now loop on one lock. A
+    # waiter could take the notification sockets over before the listener's thread ever
+    # connected (the thread then parks), and nothing subscribed; or queue before the
+    # first subscription was confirmed. Each release then reached nobody, dropped the
+    # waiters from the queue, and they slept until the holder's TTL (5 s) or the
+    # fallback re-check (10-20 s). Every wait here is a hand-off or two: well under 3 s.
+    urls = shared5.urls[:3]
+    waits: list[float] = []
+    errors: list[BaseException] = []
+    with tenure.Client(urls, recheck=20.0) as client:
+
+        def work() -> None:
+            try:
+                for _ in range(10):
+                    asked = time.monotonic()
+                    with client.lock(key, ttl=5, timeout=15):
+                        waits.append(time.monotonic() - asked)
+                        time.sleep(0.002)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert len(waits) == 80
+    assert max(waits) < 3.0, sorted(waits)[-5:]

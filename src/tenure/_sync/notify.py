@@ -173,7 +173,6 @@ class Listener:
         self._setups: list[SetUp | None] = [None] * n  # connections being set up
         self._readers = [reply_reader() for _ in range(n)]
         self._reconnect = [Reconnect() for _ in range(n)]
-        self._ever = [False] * n
         suffix = secrets.token_hex(8)
         self.channel = self._channel_prefix + suffix
         self._shard_lock = threading.Lock()  # the ShardSubs, their links, _waiter_slot
@@ -266,10 +265,12 @@ class Listener:
                     left = end - now
                     if left <= 0:
                         break
-                    if any(self._setups) or self._sharding:
-                        # A subscription being set up must not wait for this wait to
-                        # end: the reader finishes it (a set-up pokes when it ends), and
-                        # subscribes the slots other waiters registered (they poke).
+                    if not all(self._up) or any(self._setups) or self._sharding:
+                        # A subscription not up, or being set up, must not wait for this
+                        # wait to end: the reader starts or finishes it (a set-up pokes
+                        # when it ends), and subscribes the slots other waiters
+                        # registered (they poke). A waiter may take the sockets over
+                        # before the thread ever connected: it parks while waiters read.
                         self._connect(now)
                     self._pump(left, watch_waker=any(self._setups) or self._sharding)
             finally:
@@ -624,9 +625,11 @@ class Listener:
             with self._guard:
                 self._up[i] = True
                 self._guard.notify_all()
-            if self._ever[i]:
-                self._nudge_all()  # notifications sent while we were away reached nobody
-            self._ever[i] = True
+            # Notifications sent while we were away reached nobody, and so did those to
+            # waiters that queued before the first subscription was confirmed (only the
+            # waiter that started the listener waits for it): each such release dropped
+            # its waiter from the queue. They re-check now, and queue again.
+            self._nudge_all()
         return True
 
 
