@@ -884,3 +884,37 @@ def test_threads_of_a_new_client_are_woken_from_the_start(shared5: LocalCluster,
     assert errors == []
     assert len(waits) == 80
     assert max(waits) < 3.0, sorted(waits)[-5:]
+
+
+def test_closing_a_client_ends_its_waiters_and_its_listener_at_once(
+    shared5: LocalCluster, key: str
+) -> None:
+    # Blocking client: its waiters slept out their waits (10-20 s with this fallback),
+    # the one reading the notification sockets deaf to close(); close() then waited 2 s
+    # for the listener's thread, and left it running.
+    urls = shared5.urls[:3]
+    with tenure.Client(urls) as holder:
+        lease = holder.acquire(key, ttl=30)
+        client = tenure.Client(urls, recheck=20.0)
+        ended: dict[int, tuple[str, float]] = {}
+
+        def wait(k: int) -> None:
+            try:
+                client.acquire(key, ttl=5, timeout=25)
+            except tenure.TenureError as exc:
+                ended[k] = (type(exc).__name__, time.monotonic())
+
+        threads = [threading.Thread(target=wait, args=(k,)) for k in range(3)]
+        for thread in threads:
+            thread.start()
+        _wait_until(lambda: _queue_length(shared5, key) == 3)
+        closed = time.monotonic()
+        client.close()
+        assert time.monotonic() - closed < 1.0
+        for thread in threads:
+            thread.join(5.0)
+        listener = client._listener._thread
+        assert listener is None or not listener.is_alive()
+        assert sorted(name for name, _ in ended.values()) == ["ClientClosed"] * 3
+        assert max(at for _, at in ended.values()) - closed < 1.0
+        lease.release()

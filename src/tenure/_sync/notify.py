@@ -272,7 +272,8 @@ class Listener:
                         # registered (they poke). A waiter may take the sockets over
                         # before the thread ever connected: it parks while waiters read.
                         self._connect(now)
-                    self._pump(left, watch_waker=any(self._setups) or self._sharding)
+                    # The waker too: ``close`` must reach a waiter reading the sockets.
+                    self._pump(left, watch_waker=True)
             finally:
                 self._read.release()
         finally:
@@ -291,6 +292,10 @@ class Listener:
             self._stop = True
             waker, thread = self._waker, self._thread
             self._guard.notify_all()
+        # Every waiter re-checks at once and finds the client closed (``ClientClosed``),
+        # rather than sleep out its wait; the one reading the sockets is poked out of
+        # its select(), and lets the thread end.
+        self._nudge_all()
         self._poke()
         if thread is not None and thread is not threading.current_thread():
             thread.join(2.0)
@@ -594,6 +599,9 @@ class Listener:
                     # that comes from now on pokes the thread out of its select().
                     self._thread_reading = True
                 try:
+                    stopped: bool = self._stop  # (set by close() while this one parked)
+                    if stopped:  # closed while parked: its poke went to a waiter
+                        break
                     if not self._read.acquire(timeout=0.1):
                         continue
                     try:
