@@ -417,10 +417,10 @@ def _queue_writes(pipe: Any, writes: Writes) -> None:
         raise ConfigurationError(
             "writes", f"must be None, a mapping or a callable, got {type(writes).__name__}"
         )
+    # All checked before any is queued: redis-py refuses a value it cannot send (a
+    # bool, a list) raw, with the transaction half queued.
     for key, value in writes.items():
         check_name(key, "writes")
-        # What redis-py sends as a value: a bool (True for 1?) it refuses, raw, with the
-        # transaction half queued.
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, (str, bytes, int, float))
         ):
