@@ -265,17 +265,23 @@ def test_a_sharded_notification_stays_in_its_shard(
             conn.close()
 
 
+def _a_sharded_lock(cluster: LocalRedisCluster, key: str) -> tuple[str, LockKeys, LocalNode]:
+    """A lock name, its keys and its slot's master, where the cluster has sharded
+    pub/sub (the test is skipped otherwise)."""
+    if not _sharded(cluster):
+        pytest.skip("no sharded pub/sub on this server (Redis 6.2)")
+    name = _names_per_master(cluster, key, each=1)[0]
+    keys = _keys(name)
+    return name, keys, cluster.slot_owner(key_slot(keys.lock))
+
+
 def test_sharded_subscriptions_cancelled_from_outside_are_made_again(
     cluster: LocalRedisCluster, key: str
 ) -> None:
     # asyncio only: a shutdown that cancels every task of a loop that goes on also ends
     # the asyncio client's subscription connections; the next waiters must hear the
     # releases again (the blocking client's threads are never cancelled).
-    if not _sharded(cluster):
-        pytest.skip("no sharded pub/sub on this server (Redis 6.2)")
-    name = _names_per_master(cluster, key, each=1)[0]
-    keys = _keys(name)
-    owner = cluster.slot_owner(key_slot(keys.lock))
+    name, keys, owner = _a_sharded_lock(cluster, key)
     holder = tenure.Client([cluster.url])
 
     async def main() -> None:
@@ -335,11 +341,7 @@ def test_a_waiter_on_a_slot_being_unsubscribed_hears_the_release(
     # waiter registers before that is answered. It must not record the ending
     # subscription's channel (its notification would reach nobody), and the slot is
     # subscribed again after the answer.
-    if not _sharded(cluster):
-        pytest.skip("no sharded pub/sub on this server (Redis 6.2)")
-    name = _names_per_master(cluster, key, each=1)[0]
-    keys = _keys(name)
-    owner = cluster.slot_owner(key_slot(keys.lock))
+    name, keys, owner = _a_sharded_lock(cluster, key)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

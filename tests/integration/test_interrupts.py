@@ -45,6 +45,21 @@ def interrupt_after() -> Iterator[object]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def _interrupted_acquire(
+    client: tenure.Client, cluster: LocalCluster, name: str, interrupt_after: object
+) -> None:
+    """An acquire of ``name`` interrupted while its round waits for nodes 1 and 2 of the
+    first three, paused; resumed after."""
+    nodes = cluster.nodes[:3]
+    nodes[1].pause()
+    nodes[2].pause()
+    interrupt_after(0.05)  # type: ignore[operator]
+    with pytest.raises(Interrupted):
+        client.acquire(name, ttl=30, blocking=False)
+    nodes[1].resume()
+    nodes[2].resume()
+
+
 def _gone(cluster: LocalCluster, key: str, within: float = 5.0) -> bool:
     deadline = time.monotonic() + within
     while any(holders(cluster, key)):
@@ -59,17 +74,10 @@ def test_an_interrupted_acquire_is_released_behind_its_grant(
 ) -> None:
     # Its cleanup went out on another link set, not yet connected, which wrote nothing:
     # the grant stayed on every node for the whole TTL (30 s here).
-    nodes = cluster5.nodes[:3]
-    urls = [node.url for node in nodes]
+    urls = [node.url for node in cluster5.nodes[:3]]
     with tenure.Client(urls, node_timeout=1.0) as client:
         client.acquire(key + "-warm", ttl=5).release()  # connections up
-        nodes[1].pause()
-        nodes[2].pause()
-        interrupt_after(0.05)  # type: ignore[operator]
-        with pytest.raises(Interrupted):
-            client.acquire(key, ttl=30, blocking=False)
-        nodes[1].resume()
-        nodes[2].resume()
+        _interrupted_acquire(client, cluster5, key, interrupt_after)
         assert _gone(cluster5, LockKeys.of(key).lock)
         # And the client goes on: the same lock, at once.
         client.acquire(key, ttl=5, blocking=False).release()
@@ -81,17 +89,10 @@ def test_an_interrupted_round_does_not_fail_the_clients_other_leases(
     # The interrupted round's connections are closed, not reused; closing them put the
     # nodes in their reconnect back-off, shared by the client's every link set, and
     # another lease's release then reached no node (LeaseLost, its key left to its TTL).
-    nodes = cluster5.nodes[:3]
-    urls = [node.url for node in nodes]
+    urls = [node.url for node in cluster5.nodes[:3]]
     with tenure.Client(urls, node_timeout=1.0) as client:
         other = client.acquire(key + "-other", ttl=30)
-        nodes[1].pause()
-        nodes[2].pause()
-        interrupt_after(0.05)  # type: ignore[operator]
-        with pytest.raises(Interrupted):
-            client.acquire(key, ttl=30, blocking=False)
-        nodes[1].resume()
-        nodes[2].resume()
+        _interrupted_acquire(client, cluster5, key, interrupt_after)
         other.release()
         assert _gone(cluster5, LockKeys.of(key + "-other").lock)
         assert _gone(cluster5, LockKeys.of(key).lock)
