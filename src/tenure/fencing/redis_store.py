@@ -44,7 +44,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from .._core.config import check_name
+from .._core.config import check_name as _checked_name
 from .._errors import ConfigurationError, StaleToken
 from .._lua import script
 
@@ -104,7 +104,7 @@ def _digest(*parts: str) -> str:
 
 
 def _check_name(parameter: str, name: object) -> None:
-    check_name(name, parameter)
+    _checked_name(name, parameter)
 
 
 def _check_token(token: object) -> int:

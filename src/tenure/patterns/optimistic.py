@@ -78,7 +78,7 @@ import redis.asyncio
 from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.client import Pipeline
 
-from .._core.config import check_name
+from .._core.config import check_name as _checked_name
 from .._core.policy import RetryPolicy, wait_random_exponential
 from .._errors import ConfigurationError, TenureError
 
@@ -420,7 +420,7 @@ def _queue_writes(pipe: Any, writes: Writes) -> None:
     # All checked before any is queued: redis-py refuses a value it cannot send (a
     # bool, a list) raw, with the transaction half queued.
     for key, value in writes.items():
-        check_name(key, "writes")
+        _checked_name(key, "writes")
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, (str, bytes, int, float))
         ):
@@ -443,7 +443,7 @@ def _check_keys(keys: Sequence[str]) -> list[str]:
     if not checked or not all(isinstance(k, str) and k for k in checked):
         raise ConfigurationError("keys", f"must be non-empty strings, at least one: {keys!r}")
     for key in checked:
-        check_name(key, "keys")
+        _checked_name(key, "keys")
     return checked
 
 

@@ -97,7 +97,7 @@ from typing import Any, Protocol
 
 import redis
 
-from .._core.config import check_name
+from .._core.config import check_name as _checked_name
 from .._driver.clock import monotonic
 from .._errors import ConfigurationError, LeaseLost, LockTimeout, NotHeld, StaleToken, TenureError
 from .._lua import script
@@ -148,7 +148,7 @@ def _check_partitions(partitions: object) -> int:
 
 
 def _check_name(parameter: str, value: object) -> str:
-    return check_name(value, parameter)
+    return _checked_name(value, parameter)
 
 
 # The longest interval a worker sleeps or waits (a day): ``time.sleep`` overflows long
