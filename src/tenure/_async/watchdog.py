@@ -20,6 +20,7 @@ from .._core.watchdog import KeepAlive
 from .._driver.clock import monotonic
 from .deadlines import Deadline
 from .drive import adrive
+from .tasks import finish
 
 if TYPE_CHECKING:
     from .client import AsyncLease
@@ -62,16 +63,12 @@ class Watchdog:
             self.task.cancel()
 
     async def join(self) -> None:
-        """Wait for its task to end (unless called from it). A task of another event
-        loop is not waited for: the end of its loop (an ``asyncio.run`` before this one)
-        ended it, and a loop that is closed cannot be asked (``_async/tasks``)."""
+        """Wait for its task to end, once stopped (unless called from it). A task of
+        another event loop is not waited for: the end of its loop (an ``asyncio.run``
+        before this one) ended it (``_async/tasks.finish``)."""
         task = self.task
-        if (
-            task is not None
-            and task is not asyncio.current_task()
-            and task.get_loop() is asyncio.get_running_loop()
-        ):
-            await asyncio.gather(task, return_exceptions=True)
+        if task is not None and task is not asyncio.current_task():
+            await finish([task])
 
     async def _watch(self) -> None:
         first, self._first = self._first, None

@@ -79,8 +79,8 @@ def fenced_keys(resource: str, namespace: str = "tenure") -> tuple[str, str]:
     Raises:
         ConfigurationError: (``resource``, ``namespace``) not a non-empty string.
     """
-    _check_name("resource", resource)
-    _check_name("namespace", namespace)
+    _checked_name(resource, "resource")
+    _checked_name(namespace, "namespace")
     prefix = f"{namespace}:{{{resource}}}"
     if not _hash_tag(prefix):
         prefix = f"{namespace}:#{{{_digest(resource)}}}:{resource}"
@@ -101,10 +101,6 @@ def _digest(*parts: str) -> str:
     """A tag spread over the slots like names are, never empty, never holding a brace."""
     data = b"\0".join(p.encode("utf-8", "surrogatepass") for p in parts)
     return hashlib.sha256(data).hexdigest()[:16]
-
-
-def _check_name(parameter: str, name: object) -> None:
-    _checked_name(name, parameter)
 
 
 def _check_token(token: object) -> int:
@@ -179,7 +175,7 @@ class FencedStore:
     """
 
     def __init__(self, redis_client: redis.Redis, namespace: str = "tenure") -> None:
-        _check_name("namespace", namespace)  # now, rather than at the first write
+        _checked_name(namespace, "namespace")  # now, rather than at the first write
         self.client = redis_client
         self.namespace = namespace
 
@@ -224,7 +220,7 @@ class AsyncFencedStore:
     """
 
     def __init__(self, redis_client: redis.asyncio.Redis, namespace: str = "tenure") -> None:
-        _check_name("namespace", namespace)
+        _checked_name(namespace, "namespace")
         self.client = redis_client
         self.namespace = namespace
 

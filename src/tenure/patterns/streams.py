@@ -147,10 +147,6 @@ def _check_partitions(partitions: object) -> int:
     return partitions
 
 
-def _check_name(parameter: str, value: object) -> str:
-    return _checked_name(value, parameter)
-
-
 # The longest interval a worker sleeps or waits (a day): ``time.sleep`` overflows long
 # before a float does.
 MAX_INTERVAL = 86_400.0
@@ -222,7 +218,7 @@ def _entry_fields(key: str, payload: Payload) -> dict[Any, Any]:
         ConfigurationError: (``key``, ``payload``) an empty key, a field named
             ``KEY_FIELD``, or a value that is not str, bytes or int.
     """
-    _check_name("key", key)
+    _checked_name(key, "key")
     # dict[Any, Any]: what redis-py's xadd accepts has changed between versions.
     fields: dict[Any, Any] = {KEY_FIELD: key}
     for name, value in payload.items():
@@ -249,7 +245,7 @@ class StreamProducer:
 
     def __init__(self, redis_client: redis.Redis, stream_prefix: str, partitions: int) -> None:
         self.client = redis_client
-        self.stream_prefix = _check_name("stream_prefix", stream_prefix)
+        self.stream_prefix = _checked_name(stream_prefix, "stream_prefix")
         self.partitioner = Partitioner(partitions)
 
     def stream_of(self, key: str) -> str:
@@ -378,10 +374,10 @@ class StreamWorker:
     ) -> None:
         self.lock_client = lock_client
         self.client = redis_client
-        self.stream_prefix = _check_name("stream_prefix", stream_prefix)
+        self.stream_prefix = _checked_name(stream_prefix, "stream_prefix")
         self.partitions = _check_partitions(partitions)
-        self.group = _check_name("group", group)
-        self.consumer_name = _check_name("consumer_name", consumer_name)
+        self.group = _checked_name(group, "group")
+        self.consumer_name = _checked_name(consumer_name, "consumer_name")
         self.handler = handler
         self.lease_ttl = _check_positive("lease_ttl", lease_ttl)
         try:  # the lock client's own rules for a TTL (its max_ttl, its node timeout)
