@@ -267,6 +267,21 @@ def test_waiting_gives_up_after_its_timeout(raw: redis.Redis, key: str) -> None:
     assert info.value.waited >= 0.05
 
 
+class _NoDelay:
+    """A poll policy whose delay is no number of seconds."""
+
+    def delay(self, attempt: int, rng: Any) -> float:
+        return float("nan")
+
+
+def test_a_poll_that_gives_no_delay_is_a_clear_error(raw: redis.Redis, key: str) -> None:
+    # It was a raw ValueError from the sleep.
+    store = RedisIdempotency(raw, lease=30, wait=5, poll=_NoDelay())
+    with store.once(key), pytest.raises(ConfigurationError) as info, store.once(key):
+        pass
+    assert info.value.parameter == "poll"
+
+
 def test_an_exception_releases_the_claim(raw: redis.Redis, key: str) -> None:
     store = RedisIdempotency(raw, lease=30)
     with pytest.raises(RuntimeError), store.once(key):

@@ -259,6 +259,30 @@ def test_a_conflict_is_retried_from_a_fresh_read(
     assert (stats.attempts, stats.conflicts) == (2, 1)
 
 
+class _Broken:
+    """A back-off policy whose delay is no number of seconds."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def delay(self, attempt: int, rng: Any) -> float:
+        if isinstance(self.value, Exception):
+            raise self.value
+        return self.value  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("value", [float("nan"), -1.0, 1e300, "0.1", RuntimeError("bug")])
+def test_a_backoff_that_gives_no_delay_is_a_clear_error(
+    run: Run, node: LocalCluster, key: str, value: object
+) -> None:
+    # It was a raw ValueError or OverflowError from the sleep, or the policy's own error.
+    calls: list[int] = []
+    with node[0].client() as other, pytest.raises(ConfigurationError) as info:
+        run([key], interfering(other, key, calls), retries=3, backoff=_Broken(value))
+    assert info.value.parameter == "backoff"
+    assert len(calls) == 1  # nothing retried after the policy failed
+
+
 def test_a_plan_without_writes_is_still_confirmed(run: Run, node: LocalCluster, key: str) -> None:
     """A result computed from the reads (here: "sold out") must hold at EXEC too."""
     calls: list[int] = []

@@ -507,6 +507,14 @@ def test_the_partition_is_the_same_in_every_process() -> None:
     assert theirs.stdout.strip() == str(ours)
 
 
+@pytest.mark.parametrize("bad", ["", "caf\udce9", 7, None])
+def test_a_key_the_nodes_cannot_hold_has_no_partition(bad: object) -> None:
+    # A lone surrogate raised a raw UnicodeEncodeError, a number an AttributeError.
+    with pytest.raises(tenure.ConfigurationError) as info:
+        Partitioner(8)(bad)  # type: ignore[arg-type]
+    assert info.value.parameter == "key"
+
+
 def test_shares_add_up_and_none_exceeds_the_ceiling() -> None:
     for partitions in range(1, 20):
         for workers in range(1, 12):

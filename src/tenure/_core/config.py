@@ -682,24 +682,28 @@ def _retry_policy(value: object) -> RetryPolicy:
 MAX_RETRY_DELAY = 86_400.0
 
 
-def retry_delay(policy: RetryPolicy, attempt: int, rng: random.Random) -> float:
+def retry_delay(
+    policy: RetryPolicy, attempt: int, rng: random.Random, parameter: str = "retry"
+) -> float:
     """The seconds ``policy`` asks to sleep before ``attempt``, checked: a retry policy is
     the caller's code, asked at every contended attempt, not only when the client was made.
+    ``parameter``: the name the caller gave the policy (the optimistic retry loops'
+    ``backoff``, an idempotency store's ``poll``).
 
     Raises:
-        ConfigurationError: on ``retry``, when ``delay()`` raised or returned anything
+        ConfigurationError: on ``parameter``, when ``delay()`` raised or returned anything
             but a number of seconds in [0, ``MAX_RETRY_DELAY``].
     """
     try:
         sample = policy.delay(attempt, rng)
     except Exception as exc:
         raise ConfigurationError(
-            "retry", f"{policy!r}.delay({attempt}, rng) raised {exc!r}; expected {_RETRY_HELP}"
+            parameter, f"{policy!r}.delay({attempt}, rng) raised {exc!r}; expected {_RETRY_HELP}"
         ) from None
     number = isinstance(sample, (int, float)) and not isinstance(sample, bool)
     if not (number and math.isfinite(sample) and 0 <= sample <= MAX_RETRY_DELAY):
         raise ConfigurationError(
-            "retry",
+            parameter,
             f"{policy!r}.delay({attempt}, rng) returned {sample!r}, not a number of seconds "
             f"in [0, {MAX_RETRY_DELAY:,.0f}]; expected {_RETRY_HELP}",
         )

@@ -79,6 +79,7 @@ from redis.asyncio.client import Pipeline as AsyncPipeline
 from redis.client import Pipeline
 
 from .._core.config import check_name as _checked_name
+from .._core.config import retry_delay as _retry_delay
 from .._core.policy import RetryPolicy, wait_random_exponential
 from .._errors import ConfigurationError, TenureError
 
@@ -269,7 +270,7 @@ class _Budget:
         if self.rng is None:
             # Only a loop that conflicts pays for seeding one (from the OS).
             self.rng = random.Random()
-        return self.backoff.delay(self.attempts, self.rng)
+        return _retry_delay(self.backoff, self.attempts, self.rng, "backoff")
 
 
 def retry_optimistic(

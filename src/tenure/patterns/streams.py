@@ -196,7 +196,8 @@ class Partitioner:
         partitions: the number of partitions P (>= 1).
 
     Raises:
-        ConfigurationError: ``partitions`` is not an int >= 1.
+        ConfigurationError: ``partitions`` is not an int >= 1; (when called) ``key`` is
+            not a name the nodes can hold (``check_name``: a non-empty str of UTF-8 text).
     """
 
     __slots__ = ("partitions",)
@@ -205,7 +206,7 @@ class Partitioner:
         self.partitions = _check_partitions(partitions)
 
     def __call__(self, key: str) -> int:
-        return zlib.crc32(key.encode()) % self.partitions
+        return zlib.crc32(_checked_name(key, "key").encode()) % self.partitions
 
     def __repr__(self) -> str:
         return f"Partitioner({self.partitions})"

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import redis
 from redis.client import Pipeline
 
-from ..._core.config import check_name
+from ..._core.config import check_name, retry_delay
 from ..._core.policy import RetryPolicy, wait_random_exponential
 from ..._lua import script
 from ..optimistic import (
@@ -319,7 +319,7 @@ class RedisIdempotency:
             if waited >= wait:
                 raise InProgress(key, lease_left, waited)
             polls += 1
-            delay = self.poll.delay(polls, self._rng)
+            delay = retry_delay(self.poll, polls, self._rng, "poll")
             if lease_left is not None:
                 # Look again no later than the holder's lease ends: if it crashed, we are
                 # the one to take over.
