@@ -298,7 +298,8 @@ def retry_optimistic(
 
     Raises:
         ConflictError: every attempt conflicted; ``.attempts`` is ``retries + 1``.
-        ConfigurationError: ``retries`` is not an int >= 0.
+        ConfigurationError: ``retries`` is not an int >= 0; ``backoff`` raised or gave
+            no number of seconds in [0, ``MAX_RETRY_DELAY``] for a retry.
         Exception: anything else ``fn`` raises, at once and unchanged.
 
     Example::

@@ -228,7 +228,9 @@ class RedisIdempotency:
         retention: seconds a result is kept; a duplicate arriving later runs again.
         wait: default seconds a duplicate waits for an attempt in progress before
             raising :class:`InProgress` (0: raise at once).
-        poll: the back-off between looks while waiting.
+        poll: the back-off between looks while waiting (each delay it gives is checked
+            when it is asked: a ``ConfigurationError`` on ``poll`` unless a number of
+            seconds in [0, ``MAX_RETRY_DELAY``]).
         codec: how results are stored (JSON by default).
 
     Example::
