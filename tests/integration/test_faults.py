@@ -40,7 +40,10 @@ def timed_cycles(client: object, key: str, n: int) -> list[float]:
 def test_two_of_five_down_still_works(
     api: Api, cluster5: LocalCluster, key: str, fault: str
 ) -> None:
-    client = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
+    # Twice the other tests' node timeout: every round needs all three live nodes, and in
+    # a loaded CI run two of them once missed an extension's 50 ms.
+    timeout = 2 * NODE_TIMEOUT
+    client = api.client(cluster5.urls, node_timeout=timeout)
     timed_cycles(client, key, 5)  # connections up
     for node in cluster5.nodes[3:]:
         getattr(node, fault)()
@@ -49,7 +52,7 @@ def test_two_of_five_down_still_works(
     # node would spend a whole node timeout in each of a cycle's three rounds, so the
     # median cycle stays under two node timeouts only if it never waits (bounds with
     # room for a loaded CI machine, where one live node may be slow now and then).
-    assert statistics.median(latencies) < 2 * NODE_TIMEOUT
+    assert statistics.median(latencies) < 2 * timeout
     assert max(latencies) < 1.0
     lease = client.acquire(key, ttl=2.0)
     assert len(lease.nodes) == 3
