@@ -371,6 +371,35 @@ def test_lock_object_reacquired_by_its_holder_is_refused(
 
 
 @pytest.mark.parametrize("n", [1, 3])
+def test_a_shared_lock_objects_block_releases_only_its_own_lease(
+    api: Flavour, sets: dict[int, LocalCluster], key: str, n: int
+) -> None:
+    # One lock object shared by two callers, each in a block of its own, as a
+    # threading.Lock is shared. The first block's lease runs out while its body still
+    # runs, and the second caller enters through the same object. Leaving the first
+    # block released the object's lease, the second's, silently: another client then
+    # took the lock while the second body still ran under a lease it believed valid.
+    client = api.client(sets[n].urls)
+    a, b = api.main, api.caller()
+    enter, leave = ("__aenter__", "__aexit__") if api.loop else ("__enter__", "__exit__")
+    lock = client.lock(key, ttl=0.5)
+    first = a(getattr(lock, enter))
+    time.sleep(0.6)  # the first body overruns its TTL
+    second = b(getattr(lock, enter))
+    assert lock.lease is second
+    with pytest.raises(tenure.LeaseLost):  # the first block is told its lease ran out
+        a(getattr(lock, leave), None, None, None)
+    assert first.lost_error is not None
+    assert not second.released
+    assert holders(sets[n], second.key) == [second.token.encode()] * n
+    assert lock.lease is second  # the object still holds the second block's lease
+    b(getattr(lock, leave), None, None, None)
+    assert second.released
+    assert lock.lease is None
+    assert holders(sets[n], second.key) == [None] * n
+
+
+@pytest.mark.parametrize("n", [1, 3])
 def test_other_callers_sharing_the_client_still_wait(
     api: Flavour, sets: dict[int, LocalCluster], key: str, n: int
 ) -> None:

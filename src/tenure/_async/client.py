@@ -302,7 +302,7 @@ class _Block:
         self.cancelled = False
 
 
-class AsyncLock(LockView[AsyncLease]):
+class AsyncLock(LockView[AsyncLease, tuple[AsyncLease, _Block]]):
     """The asyncio twin of ``tenure.Lock``: ``async with lock as lease:``.
 
     Inside ``async with``, the body is cancelled the moment the lease is found lost (an
@@ -331,7 +331,6 @@ class AsyncLock(LockView[AsyncLease]):
     ) -> None:
         super().__init__(client, spec, blocking, timeout, keep_alive)
         self._client = client
-        self._block: _Block | None = None
 
     async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Acquire the lock; False if ``blocking`` is False or ``timeout`` passed first.
@@ -361,9 +360,12 @@ class AsyncLock(LockView[AsyncLease]):
         return await adrive(client._flows.locked(self._spec), client._perform)
 
     async def __aenter__(self) -> AsyncLease:
-        lease = self._entered(await self.acquire(self._blocking, self._timeout))
+        got = await self._client._acquire(self._spec, self._blocking, self._timeout)
+        lease = self._entered(got)
         lease._watch(self._keep_alive or _WATCH_ONLY)
-        block = self._block = _Block(asyncio.current_task())
+        task = asyncio.current_task()
+        block = _Block(task)
+        self._open(task, (lease, block))
 
         def cancel_body(error: LeaseLost) -> None:
             body = block.body
@@ -383,8 +385,10 @@ class AsyncLock(LockView[AsyncLease]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease, self._lease = self._lease, None
-        block, self._block = self._block, None
+        # The block's own lease: by now the object may hold another task's.
+        entry = self._close(asyncio.current_task())
+        lease, block = entry if entry is not None else (self._lease, None)
+        self._let_go(lease)
         ours = False  # the body's CancelledError is the one tenure caused, and only that
         if block is not None:
             block.open = False  # from here on, a loss no longer cancels the task

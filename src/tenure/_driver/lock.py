@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from .._core.acquire import HELD_ELSEWHERE, Refused
+from .._core.acquire import Refused
 from .._core.config import LockSpec, check_acquire_args
 from .._core.watchdog import KeepAlive
 from .._errors import LockTimeout, NotHeld
@@ -18,11 +18,21 @@ if TYPE_CHECKING:
 __all__ = ["LockView"]
 
 L = TypeVar("L", bound=LeaseView)
+E = TypeVar("E")
 
 
-class LockView(Generic[L]):
-    """A lock object's state: its spec, how ``with`` acquires it, and its lease (at most
-    one at a time; any thread or task may release it)."""
+class LockView(Generic[L, E]):
+    """A lock object's state: its spec, how ``with`` acquires it, its lease (at most one
+    at a time; any thread or task may release it), and its ``with`` blocks.
+
+    One object may be shared by threads (tasks), as a ``threading.Lock`` is, each
+    entering ``with lock:`` in turn. A block's lease may run out while its body still
+    runs, and another thread then acquires the lock through the same object: the object
+    holds that thread's lease from then on. So each block keeps the lease it entered
+    with (an entry ``E``: the lease, and what else the driver needs of the block),
+    filed under the thread (task) that entered it, and leaving the block releases that
+    lease, never the one the object holds by then.
+    """
 
     def __init__(
         self,
@@ -38,9 +48,11 @@ class LockView(Generic[L]):
         self._timeout = timeout
         self._keep_alive = keep_alive
         self._lease: L | None = None
-        # Why the latest acquire through this object was refused, for ``with``'s error.
-        self._refused = Refused(HELD_ELSEWHERE)
-        self._guard = threading.Lock()  # only ever held for an update of ``_lease``
+        # Entries of the blocks open now, per thread (task) that entered them: a stack,
+        # innermost last (nested blocks of one object in one thread: non-blocking ones).
+        self._blocks: dict[object, list[E]] = {}
+        # Only ever held for an update of ``_lease`` or ``_blocks``.
+        self._guard = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -51,25 +63,49 @@ class LockView(Generic[L]):
         """The lease this object holds, or None."""
         return self._lease
 
-    def _took(self, lease: L | Refused) -> bool:
+    def _took(self, got: L | Refused) -> bool:
         """Hold what an acquire returned (kept alive if the lock asks); False if refused."""
-        if isinstance(lease, Refused):
-            self._refused = lease
+        if isinstance(got, Refused):
             return False
         if self._keep_alive is not None:
-            lease.keep_alive(max_hold=self._keep_alive.max_hold)
+            got.keep_alive(max_hold=self._keep_alive.max_hold)
         with self._guard:
-            self._lease = lease
+            self._lease = got
         return True
 
-    def _entered(self, took: bool) -> L:
-        """The lease ``with lock:`` gives its body, or ``LockTimeout``."""
-        if not took:
-            reason = self._refused.reason
-            raise LockTimeout(self.name, not_acquired(self._blocking, self._timeout, reason))
-        lease = self._lease
-        assert lease is not None
-        return lease
+    def _entered(self, got: L | Refused) -> L:
+        """The lease ``with lock:`` gives its body (the one its own acquire returned, not
+        whatever the object holds by now), or ``LockTimeout``."""
+        if not self._took(got):
+            assert isinstance(got, Refused)
+            raise LockTimeout(self.name, not_acquired(self._blocking, self._timeout, got.reason))
+        assert not isinstance(got, Refused)
+        return got
+
+    def _open(self, block: object, entry: E) -> None:
+        """File the entry of a block that ``block`` (the thread or task) entered."""
+        with self._guard:
+            self._blocks.setdefault(block, []).append(entry)
+
+    def _close(self, block: object) -> E | None:
+        """The entry of the innermost block ``block`` entered, taken off; None if it
+        entered none (a block left in another thread or task than it entered, as a
+        generator resumed elsewhere can: the caller falls back to the object's lease)."""
+        with self._guard:
+            entries = self._blocks.get(block)
+            if not entries:
+                return None
+            entry = entries.pop()
+            if not entries:
+                del self._blocks[block]
+            return entry
+
+    def _let_go(self, lease: L | None) -> None:
+        """The object no longer holds ``lease`` (a block that entered with it is leaving),
+        if it still does: it may hold another thread's by now."""
+        with self._guard:
+            if lease is not None and self._lease is lease:
+                self._lease = None
 
     def _to_release(self) -> L:
         """Give up the lease for ``release()``, refusing before anything is sent.

@@ -430,13 +430,14 @@ class Lease(LeaseView):
         leave_block(self.name, self.lost_error, exc, failure)
 
 
-class Lock(LockView[Lease]):
+class Lock(LockView[Lease, Lease]):
     """A distributed lock that feels like ``threading.Lock``.
 
-    Any thread may release it; it holds at most one lease at a time (``lock.lease``).
+    Any thread may release it; it holds the lease of its latest acquire (``lock.lease``).
     ``with lock as lease:`` acquires with the ``blocking``/``timeout`` given to
-    ``Client.lock`` and raises ``LockTimeout`` if that fails. Leaving the block releases;
-    the body's exception always wins, as for ``with lease:``.
+    ``Client.lock`` and raises ``LockTimeout`` if that fails. Leaving the block releases
+    the lease the block entered with (threads sharing the object each release their
+    own); the body's exception always wins, as for ``with lease:``.
 
     It is not reentrant: a blocking ``acquire()`` from a thread that already holds this
     lock through the same client (this object, or a nested ``with client.lock(name)``)
@@ -494,7 +495,9 @@ class Lock(LockView[Lease]):
         return client._drive(client._flows.locked(self._spec))
 
     def __enter__(self) -> Lease:
-        return self._entered(self.acquire(self._blocking, self._timeout))
+        lease = self._entered(self._client._acquire(self._spec, self._blocking, self._timeout))
+        self._open(threading.get_ident(), lease)
+        return lease
 
     def __exit__(
         self,
@@ -502,15 +505,23 @@ class Lock(LockView[Lease]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease = self._lease
+        # The block's own lease: by now the object may hold another thread's.
+        lease = self._close(threading.get_ident())
+        if lease is None:
+            lease = self._lease
+        self._let_go(lease)
         failure: Exception | None = None
-        if lease is not None and lease.released:
-            # Released already because it was lost (a failed extend): leaving the block
-            # must not raise NotHeld, but must tell that the body ran unprotected.
-            self._lease = None
-        else:
+        if lease is None:
+            failure = NotHeld(self.name, "leaving a block whose lock this object no longer holds")
+        elif not lease.released:
             try:
-                self.release()
+                lease.release()
             except Exception as error:  # reported below; the body's exception wins
                 failure = error
+        elif lease.lost_error is None:
+            # Released in the body (``lock.release()``), as ``threading.Lock`` would
+            # complain of at the end of its block.
+            failure = NotHeld(self.name, "the block's lease was released before it ended")
+        # Else released already because it was lost (a failed extension): not NotHeld,
+        # but the loss is told, since the body ran unprotected.
         leave_block(self.name, None if lease is None else lease.lost_error, exc, failure)
