@@ -96,3 +96,37 @@ def test_an_interrupted_round_does_not_fail_the_clients_other_leases(
         other.release()
         assert _gone(cluster5, LockKeys.of(key + "-other").lock)
         assert _gone(cluster5, LockKeys.of(key).lock)
+
+
+@pytest.mark.parametrize("form", ["acquire", "lock.acquire", "with lock"])
+def test_an_interrupt_as_the_watchdog_starts_leaves_no_lease_kept_alive(
+    cluster5: LocalCluster, key: str, monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
+    # Ctrl-C landing in the watchdog thread's start (it waits for the thread to run): the
+    # caller never got the lease, nobody could release it, and its watchdog, running,
+    # kept the lock for ever. Made deterministic: the interrupt comes once the thread ran.
+    from tenure._sync import watchdog
+
+    started = watchdog.Watchdog.start
+
+    def interrupted_start(self: watchdog.Watchdog) -> None:
+        started(self)
+        raise Interrupted
+
+    monkeypatch.setattr(watchdog.Watchdog, "start", interrupted_start)
+    urls = [node.url for node in cluster5.nodes[:3]]
+    with tenure.Client(urls) as client:
+        lock = client.lock(key, ttl=1, watchdog=True)
+        with pytest.raises(Interrupted):
+            if form == "acquire":
+                client.acquire(key, ttl=1, watchdog=True)
+            elif form == "lock.acquire":
+                lock.acquire()
+            else:
+                with lock:
+                    pytest.fail("the block ran")
+        assert lock.lease is None
+        # Released at once, not kept alive (nor left to its TTL: 1 s).
+        assert _gone(cluster5, LockKeys.of(key).lock, within=0.5)
+        assert not [t for t in threading.enumerate() if t.name.startswith("tenure-watchdog")]
+        client.acquire(key, ttl=1, blocking=False).release()

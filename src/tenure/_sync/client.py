@@ -7,6 +7,7 @@ This module is a thin driver of the pure core: every operation is a flow of
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Hashable
@@ -199,7 +200,11 @@ class Client(ClientBase):
         """
         spec = self._acquire_args(name, ttl, fair, watchdog, max_hold)
         lease = self._acquire(spec, blocking, timeout)
-        return self._handed_out(lease, name, blocking, timeout, watchdog, max_hold)
+        try:
+            return self._handed_out(lease, name, blocking, timeout, watchdog, max_hold)
+        except BaseException:
+            _give_up(lease)
+            raise
 
     def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | Refused:
         flow = self._acquire_flow(spec, blocking, timeout)
@@ -289,6 +294,15 @@ class Client(ClientBase):
 
     def __repr__(self) -> str:
         return f"<Client nodes={self.node_names}>"
+
+
+def _give_up(lease: Lease | Refused) -> None:
+    """Release a lease that an exception (Ctrl-C as its watchdog's thread started) kept
+    from the caller: nobody else can, and its watchdog would keep it for ever. Best
+    effort: what fails here leaves the keys to their TTL, and the exception goes on."""
+    if isinstance(lease, Lease) and not lease.released:
+        with contextlib.suppress(Exception):
+            lease.release()
 
 
 def _give_back(pool: LinkPool, links: LinkSet) -> None:
@@ -468,6 +482,18 @@ class Lock(LockView[Lease, Lease]):
         """
         return self._took(self._client._acquire(self._spec, blocking, timeout))
 
+    def _took(self, got: Lease | Refused) -> bool:
+        try:
+            return super()._took(got)
+        except BaseException:  # Ctrl-C as its watchdog started: the caller gets no lease
+            self._abandon(got)
+            raise
+
+    def _abandon(self, got: Lease | Refused) -> None:
+        if isinstance(got, Lease):
+            self._let_go(got)
+        _give_up(got)
+
     def release(self) -> None:
         """Release the lease this object holds.
 
@@ -495,8 +521,13 @@ class Lock(LockView[Lease, Lease]):
         return client._drive(client._flows.locked(self._spec))
 
     def __enter__(self) -> Lease:
-        lease = self._entered(self._client._acquire(self._spec, self._blocking, self._timeout))
-        self._open(threading.get_ident(), lease)
+        got = self._client._acquire(self._spec, self._blocking, self._timeout)
+        try:
+            lease = self._entered(got)
+            self._open(threading.get_ident(), lease)
+        except BaseException:  # no block to leave: nothing else would release it
+            self._abandon(got)
+            raise
         return lease
 
     def __exit__(
