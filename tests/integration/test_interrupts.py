@@ -130,3 +130,30 @@ def test_an_interrupt_as_the_watchdog_starts_leaves_no_lease_kept_alive(
         assert _gone(cluster5, LockKeys.of(key).lock, within=0.5)
         assert not [t for t in threading.enumerate() if t.name.startswith("tenure-watchdog")]
         client.acquire(key, ttl=1, blocking=False).release()
+
+
+def test_an_interrupt_as_a_connection_comes_up_stays_the_interrupt(
+    cluster5: LocalCluster, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C between a link's connection and its reader: the cleanup written behind the
+    # interrupted round took the link for ready and raised a bare AssertionError in
+    # place of the interrupt. Made deterministic: the reader's making is interrupted.
+    from tenure._sync import links
+
+    made = links.SocketReplies
+    calls = 0
+
+    def interrupted(conn: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the second node's connection
+            raise Interrupted
+        return made(conn)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(links, "SocketReplies", interrupted)
+    urls = [node.url for node in cluster5.nodes[:3]]
+    with tenure.Client(urls) as client:
+        with pytest.raises(Interrupted):
+            client.acquire(key, ttl=30, blocking=False)
+        assert _gone(cluster5, LockKeys.of(key).lock)  # its grants cleaned up behind it
+        client.acquire(key, ttl=1, blocking=False).release()  # the client goes on

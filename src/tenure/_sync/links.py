@@ -229,12 +229,18 @@ class Link:
                 now + node.connect_timeout,
             )
         if setup.done:
-            self.setup = None
             if setup.error is None:
-                self.conn = setup.take()
-                self.io = SocketReplies(self.conn)
+                # ``conn`` last, and the set-up dropped only then: an interrupt (Ctrl-C)
+                # in between leaves a link that is not ``ready`` (the cleanup written
+                # behind an interrupted round skips it) and whose ``close`` still
+                # closes the connection through its set-up.
+                conn = setup.take()
+                self.io = SocketReplies(conn)
+                self.conn = conn
+                self.setup = None
                 node.up()
                 return None
+            self.setup = None
             why = diagnose(setup.error)
             node.down(now, why)
             return why
