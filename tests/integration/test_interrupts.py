@@ -117,7 +117,8 @@ def test_an_interrupt_as_the_watchdog_starts_leaves_no_lease_kept_alive(
     urls = [node.url for node in cluster5.nodes[:3]]
     with tenure.Client(urls) as client:
         lock = client.lock(key, ttl=1, watchdog=True)
-        with pytest.raises(Interrupted):
+
+        def take() -> None:
             if form == "acquire":
                 client.acquire(key, ttl=1, watchdog=True)
             elif form == "lock.acquire":
@@ -125,6 +126,9 @@ def test_an_interrupt_as_the_watchdog_starts_leaves_no_lease_kept_alive(
             else:
                 with lock:
                     pytest.fail("the block ran")
+
+        with pytest.raises(Interrupted):
+            take()
         assert lock.lease is None
         # Released at once, not kept alive (nor left to its TTL: 1 s).
         assert _gone(cluster5, LockKeys.of(key).lock, within=0.5)
@@ -138,9 +142,9 @@ def test_an_interrupt_as_a_connection_comes_up_stays_the_interrupt(
     # Ctrl-C between a link's connection and its reader: the cleanup written behind the
     # interrupted round took the link for ready and raised a bare AssertionError in
     # place of the interrupt. Made deterministic: the reader's making is interrupted.
+    from tenure._driver.redis_compat import SocketReplies as made
     from tenure._sync import links
 
-    made = links.SocketReplies
     calls = 0
 
     def interrupted(conn: object) -> object:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .._core.flows import ExtendLease, Op, Pause
 from .._core.watchdog import KeepAlive
 from .._driver.clock import monotonic
+from .._driver.lease import watched
 from .deadlines import Deadline
 from .drive import adrive
 from .tasks import finish
@@ -33,6 +34,7 @@ class Watchdog:
 
     def __init__(self, lease: AsyncLease, policy: KeepAlive) -> None:
         self._lease = lease
+        watched(lease)  # marked lost in a child after fork()
         self._flow = lease._client._flows.watchdog(lease, policy)
         self._first: Op | None = next(self._flow)
         self.task: asyncio.Task[None] | None = None

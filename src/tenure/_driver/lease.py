@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -25,14 +26,29 @@ _log = logging.getLogger("tenure")
 _pid = os.getpid()
 
 
+# The leases a watchdog keeps alive or watches in this process (either driver's): in a
+# child after fork() each is marked lost, since the lease and its watchdog (a thread,
+# a task) belong to the parent and the child must not act as the holder.
+_WATCHED: weakref.WeakSet[LeaseView] = weakref.WeakSet()
+
+
+def watched(lease: LeaseView) -> None:
+    """Note that a watchdog keeps ``lease`` alive or watches it (see ``_forked``)."""
+    _WATCHED.add(lease)
+
+
 def _forked() -> None:
     global _pid
     _pid = os.getpid()
+    for lease in list(_WATCHED):
+        # No callbacks: they belong to the parent (the ``lost`` event is still set).
+        lease._mark_lost(InheritedLease(lease.name, "use the lease", lease._pid), notify=False)
+    _WATCHED.clear()
 
 
 os.register_at_fork(after_in_child=_forked)
 
-__all__ = ["LeaseView", "attach_loss", "closed_under", "leave_block", "not_acquired"]
+__all__ = ["LeaseView", "attach_loss", "closed_under", "leave_block", "not_acquired", "watched"]
 
 
 def not_acquired(blocking: bool, timeout: float | None, reason: str = HELD_ELSEWHERE) -> str:

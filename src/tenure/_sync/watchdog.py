@@ -4,21 +4,19 @@ The thread drives the core's watchdog flow (``Flows.watchdog``): it sleeps on an
 (so a release stops it at once) and extends through ``Lease.extend``; the flow marks the
 lease lost when an extension fails, when it wakes after the validity ended (the process
 was paused), or when the hold cap runs out.
-After ``fork()`` the child marks every kept-alive lease lost: the lease and its thread
-belong to the parent, and the child must not act as the holder.
+After ``fork()`` the child marks every kept-alive lease lost (``_driver.lease.watched``):
+the lease and its thread belong to the parent, and the child must not act as the holder.
 """
 
 from __future__ import annotations
 
-import os
 import threading
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from .._core.flows import ExtendLease, Op, Pause, drive
 from .._core.watchdog import KeepAlive
 from .._driver.clock import monotonic
-from .._errors import InheritedLease
+from .._driver.lease import watched
 
 if TYPE_CHECKING:
     from .client import Lease
@@ -36,7 +34,7 @@ class Watchdog:
         self._thread = threading.Thread(
             target=self._run, name=f"tenure-watchdog[{lease.name}]", daemon=True
         )
-        _WATCHED.add(lease)
+        watched(lease)  # marked lost in a child after fork()
 
     def start(self) -> None:
         self._thread.start()
@@ -60,15 +58,3 @@ class Watchdog:
         if isinstance(op, ExtendLease):
             return self._lease.extend()
         raise TypeError(f"not an operation of a watchdog: {op!r}")
-
-
-_WATCHED: weakref.WeakSet[Lease] = weakref.WeakSet()
-
-
-def _disown_after_fork() -> None:
-    for lease in list(_WATCHED):
-        lease._mark_lost(InheritedLease(lease.name, "use the lease", lease._pid), notify=False)
-    _WATCHED.clear()
-
-
-os.register_at_fork(after_in_child=_disown_after_fork)
