@@ -18,7 +18,7 @@ no ``TenureError`` subclass anywhere in the package is missing from it)::
     │   │   ├── LockTimeout (TimeoutError)   waited `timeout` seconds, lock still held elsewhere
     │   │   └── QuorumUnreachable (ConnectionError)
     │   │                                    too many nodes failed for a majority to be possible
-    │   ├── SelfDeadlock (RuntimeError)      this thread/task already holds the lock it waits for
+    │   ├── SelfDeadlock (RuntimeError)      this thread/task waits for its own `with` block
     │   └── OwnershipError (RuntimeError)
     │       ├── NotHeld                      release() of a lock object that holds no lease
     │       └── LeaseLost                    the lease can no longer be trusted
@@ -215,11 +215,14 @@ class QuorumUnreachable(AcquireError, ConnectionError):
 
 
 class SelfDeadlock(LockError, RuntimeError):
-    """A blocking acquire of a lock that the same thread (or asyncio task) already holds
-    through the same client: it would wait for itself until the TTL ran out, or forever
-    with a watchdog. Raised at once, before any I/O; tenure locks are not reentrant.
+    """A blocking acquire of a lock by a thread (or asyncio task) inside its own ``with``
+    block of that lock, through the same client: it would wait for itself until the TTL
+    ran out, or forever with a watchdog. Raised at once, before any I/O; tenure locks are
+    not reentrant.
 
-    Other threads and tasks sharing the client still wait for each other as usual.
+    Other threads and tasks sharing the client still wait for each other as usual, and
+    so does the acquirer of a lease held outside any block (it may have handed the lease
+    to another thread or task, which releases it).
 
     Attributes:
         holder: the lease already held (a ``Lease`` or ``AsyncLease``).

@@ -352,22 +352,29 @@ def test_nested_acquire_by_the_same_caller_is_refused_at_once(
         assert info.value.holder is outer
 
 
-def test_lock_object_reacquired_by_its_holder_is_refused(
+def test_a_lease_held_outside_a_block_may_be_waited_for_by_its_acquirer(
     api: Flavour, sets: dict[int, LocalCluster], key: str
 ) -> None:
+    # A lease belongs to its object, not to the thread (task) that acquired it: handed to
+    # another caller, which releases it, its acquirer may wait for it, as a
+    # threading.Lock acquired in one thread is released in another. It was refused at
+    # once (SelfDeadlock), which broke that hand-off.
     client = api.client(sets[3].urls)
-    a = api.main
+    a, b = api.main, api.caller()
     lock = client.lock(key, ttl=TTL, watchdog=True)
     assert a(lock.acquire) is True
-    with pytest.raises(tenure.SelfDeadlock):
-        a(lock.acquire, timeout=5)
+    assert a(lock.acquire, timeout=0.2) is False  # it waits, as for any holder
     assert a(lock.acquire, blocking=False) is False
-    held: Any = lock.lease
-    assert held is not None
-    assert held.valid
+    waiting = a.submit(lock.acquire, timeout=WAIT)
+    time.sleep(0.2)
+    b(lock.release)  # the other caller releases it: the waiting acquirer gets it
+    assert waiting.result(WAIT) is True
     a(lock.release)
-    assert a(lock.acquire) is True  # released: acquiring again is fine
-    a(lock.release)
+    lease = a(client.acquire, key, ttl=TTL)
+    waiting = a.submit(client.acquire, key, ttl=TTL, timeout=WAIT)
+    time.sleep(0.2)
+    b(lease.release)
+    a(waiting.result(WAIT).release)
 
 
 @pytest.mark.parametrize("n", [1, 3])

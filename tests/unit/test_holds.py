@@ -63,7 +63,7 @@ def test_the_error_names_the_lock_the_caller_and_the_fix() -> None:
     assert isinstance(error, tenure.LockError)
     assert error.name == "orders:42"
     assert "thread 'worker-1'" in str(error)
-    assert "release that lease first" in str(error)
+    assert "pass the block's lease down" in str(error)
 
 
 @pytest.mark.parametrize("owner", ["a", "b"])

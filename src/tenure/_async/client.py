@@ -54,10 +54,12 @@ class AsyncClient(ClientBase):
     ``aclose()`` so the connections and their tasks end with the client; a closed client
     can't be used again (``ClientClosed``).
 
-    Locks are not reentrant: a blocking acquire of a lock that the calling *task*
-    already holds through this client raises ``SelfDeadlock`` at once. Other tasks wait
-    for it as for any holder (a task that holds a lock and awaits another task acquiring
-    the same lock still deadlocks: that can't be told apart from ordinary waiting).
+    Locks are not reentrant: a blocking acquire by a *task* inside its own ``async with``
+    block of that lock (through this client) raises ``SelfDeadlock`` at once. A lease
+    held outside a block may be handed to another task, so its acquirer waits for it
+    as anyone does. Other tasks wait for it as for any holder (a task that holds a lock
+    and awaits another task acquiring the same lock still deadlocks: that can't be told
+    apart from ordinary waiting).
     """
 
     _ASYNCIO = True
@@ -142,7 +144,8 @@ class AsyncClient(ClientBase):
         drift_factor + drift_floor``.
 
         Raises:
-            SelfDeadlock: blocking, and this task already holds it through this client.
+            SelfDeadlock: blocking, and this task is inside an ``async with`` block of it
+                (through this client).
             ClientClosed: the client was closed.
             LockTimeout, QuorumUnreachable, ServerUnsupported, ConfigurationError: as
                 for ``Client.acquire``.
@@ -274,6 +277,7 @@ class AsyncLease(LeaseView):
                 await watcher.join()
 
     async def __aenter__(self) -> AsyncLease:
+        self._bind()
         return self
 
     async def __aexit__(
@@ -282,6 +286,7 @@ class AsyncLease(LeaseView):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._unbind()
         failure: Exception | None = None
         if not self._released:
             try:
@@ -317,8 +322,10 @@ class AsyncLock(LockView[AsyncLease, tuple[AsyncLease, _Block]]):
     that did not come from tenure: if the task was also cancelled by someone else, its
     ``CancelledError`` goes on (Python 3.11+, where cancellations are counted).
 
-    It is not reentrant: a blocking ``acquire()`` by a task that already holds this lock
-    through the same client raises ``SelfDeadlock`` at once; other tasks wait.
+    It is not reentrant: a blocking ``acquire()`` by a task inside an ``async with``
+    block of this lock (through the same client) raises ``SelfDeadlock`` at once; other
+    tasks wait, and so does a task whose lease from ``acquire()`` is held outside any
+    block (another task may be the one to release it).
     """
 
     def __init__(
@@ -336,8 +343,8 @@ class AsyncLock(LockView[AsyncLease, tuple[AsyncLease, _Block]]):
         """Acquire the lock; False if ``blocking`` is False or ``timeout`` passed first.
 
         Raises:
-            SelfDeadlock: blocking, and this task already holds the lock through the
-                same client.
+            SelfDeadlock: blocking, and this task is inside an ``async with`` block of
+                the lock (through the same client).
             ClientClosed: the client was closed.
             QuorumUnreachable: so many nodes failed that no majority is possible.
         """
@@ -366,6 +373,7 @@ class AsyncLock(LockView[AsyncLease, tuple[AsyncLease, _Block]]):
         task = asyncio.current_task()
         block = _Block(task)
         self._open(task, (lease, block))
+        lease._bind()
 
         def cancel_body(error: LeaseLost) -> None:
             body = block.body
@@ -389,6 +397,8 @@ class AsyncLock(LockView[AsyncLease, tuple[AsyncLease, _Block]]):
         entry = self._close(asyncio.current_task())
         lease, block = entry if entry is not None else (self._lease, None)
         self._let_go(lease)
+        if lease is not None:
+            lease._unbind()
         ours = False  # the body's CancelledError is the one tenure caused, and only that
         if block is not None:
             block.open = False  # from here on, a loss no longer cancels the task

@@ -1,17 +1,25 @@
-"""Who holds what through one client, so that a caller never waits for itself.
+"""Which ``with`` blocks hold what through one client, so that a caller never waits for
+its own block.
 
-A blocking acquire of a lock that the *same* thread (blocking client) or asyncio task
-already holds through the same client cannot succeed until that lease is gone: it would
-wait until the TTL ran out, or forever with a watchdog. Such an acquire is refused at
-once (``SelfDeadlock``). Other threads and tasks sharing the client are other owners:
-they wait for each other as usual, because that is mutual exclusion, not a deadlock.
+A blocking acquire of a lock by a thread (blocking client) or asyncio task that is
+inside its own ``with`` block of that lock, through the same client, cannot succeed
+until the block ends, and the block cannot end while the acquire waits: it would wait
+until the TTL ran out, or forever with a watchdog. Such an acquire is refused at once
+(``SelfDeadlock``). Other threads and tasks sharing the client are other owners: they
+wait for each other as usual, because that is mutual exclusion, not a deadlock.
+
+Only a block binds a lease to a caller (its body runs there, and its end releases the
+lease there). A lease held outside a block belongs to the object, which any thread or
+task may be handed and release, as a ``threading.Lock`` is released by another thread:
+its acquirer waiting for it is ordinary waiting, so it is not in the book.
 
 A non-blocking attempt is let through: it never waits, and it answers "held" as
 ``threading.Lock.acquire(blocking=False)`` does for a lock its caller holds.
 
 The owner is whatever the driver says identifies the caller (a ``threading.Thread``, an
 ``asyncio.Task``): this module only compares owners. It is not thread-safe; the client
-serialises calls. Leases leave the book when they are released or lost; one that simply
+serialises calls. Leases leave the book when their block ends or they are released or
+lost; one that simply
 ran out (no watchdog, never released) stops counting at its validity deadline and is
 swept later, so the book never vouches for a lease the nodes no longer keep.
 
@@ -97,12 +105,14 @@ class Holds:
 
 
 def self_deadlock(name: str, who: str, holder: Held) -> SelfDeadlock:
-    """The error for ``who`` (a thread or task) acquiring ``name`` it holds as ``holder``."""
+    """The error for ``who`` (a thread or task) acquiring ``name`` inside its own block
+    of it, whose lease is ``holder``."""
     return SelfDeadlock(
         name,
-        f"{who} already holds it through this client ({holder!r}), so this acquire would "
-        "wait for itself until that lease ran out (forever with a watchdog). tenure locks "
-        "are not reentrant: release that lease first, or pass it down instead of acquiring "
-        "again (another thread or task acquiring it waits as usual)",
+        f"{who} is inside a `with` block holding it through this client ({holder!r}), so "
+        "this acquire would wait for its own block until that lease ran out (forever with "
+        "a watchdog). tenure locks "
+        "are not reentrant: pass the block's lease down instead of acquiring again, or "
+        "acquire after the block (another thread or task acquiring it waits as usual)",
         holder,
     )

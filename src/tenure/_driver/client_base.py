@@ -135,6 +135,8 @@ class ClientBase:
         Raises:
             SelfDeadlock: the caller would wait for itself.
         """
+        if not self._holds:
+            return  # no block holds anything: nobody to wait for themselves
         owner = self._owner()
         with self._holds_guard:
             holder = self._holds.conflict(spec.name, owner, monotonic(), blocking=blocking)

@@ -9,7 +9,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
 from .._core.acquire import HELD_ELSEWHERE, LeaseState
@@ -124,16 +124,31 @@ class LeaseView:
         self._callbacks: list[Callable[[LeaseLost], object]] = []
         self._pid = _pid
         self._client = client
-        self._owner = client._hold(self)  # the thread or task that acquired it
+        # The thread or task whose ``with`` block holds it, entered in the client's book
+        # of holders (``_bind``); None outside a block: a lease handed to another thread
+        # or task binds nobody, so its acquirer may wait for it like anyone else.
+        self._owner: Hashable | None = None
 
     def _held_at(self, now: float) -> bool:
         """Whether the client's book should count it as held by its owner at ``now``."""
         return not self._released and self._loss is None and now < self._state.valid_until
 
+    def _bind(self) -> None:
+        """A ``with`` block run by the calling thread (task) holds it from now: a blocking
+        acquire of its lock by that caller would wait for its own block (``SelfDeadlock``)."""
+        if self._owner is None and self._held_at(time.monotonic()):
+            self._owner = self._client._hold(self)
+
+    def _unbind(self) -> None:
+        """Out of the book: its block ended, or it was released or lost."""
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            self._client._unhold(owner, self)
+
     def _set_released(self) -> None:
         """No longer ours to use: released, or being released after a failed extend."""
         self._released = True
-        self._client._unhold(self._owner, self)
+        self._unbind()
 
     def _check_usable(self, operation: str) -> None:
         """Refuse to act on the nodes from a forked child or through a closed client.
@@ -198,7 +213,7 @@ class LeaseView:
         callbacks, self._callbacks = self._callbacks, []
         if not notify:
             return  # a child after fork: its client's book starts empty anyway
-        self._client._unhold(self._owner, self)
+        self._unbind()
         for callback in callbacks:
             try:
                 callback(error)

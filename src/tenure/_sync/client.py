@@ -179,14 +179,17 @@ class Client(ClientBase):
         drift_factor + drift_floor`` (see ``Client``). ``watchdog=True`` keeps it alive
         (``Lease.keep_alive(max_hold=max_hold)``).
 
-        Locks are not reentrant: a blocking acquire of a lock that the calling thread
-        already holds through this client raises ``SelfDeadlock`` at once instead of
-        waiting for itself. Other threads wait for it as for any holder.
+        Locks are not reentrant: a blocking acquire by a thread inside its own ``with``
+        block of that lock (through this client) raises ``SelfDeadlock`` at once instead
+        of waiting for itself. A lease held outside a block may be handed to another
+        thread to release, so its acquirer waits for it as anyone does, as with a
+        ``threading.Lock``. Other threads wait for it as for any holder.
 
         Raises:
             LockTimeout: held elsewhere: at once if ``blocking`` is False, else after
                 ``timeout`` seconds (None waits forever).
-            SelfDeadlock: blocking, and this thread already holds it through this client.
+            SelfDeadlock: blocking, and this thread is inside a ``with`` block of it
+                (through this client).
             ClientClosed: the client was closed.
             QuorumUnreachable: so many nodes failed that no majority is possible.
             NodeMisconfigured: misconfigured nodes (read-only replica, credentials,
@@ -427,6 +430,7 @@ class Lease(LeaseView):
             self._watchdog.stop()
 
     def __enter__(self) -> Lease:
+        self._bind()
         return self
 
     def __exit__(
@@ -435,6 +439,7 @@ class Lease(LeaseView):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._unbind()
         failure: Exception | None = None
         if not self._released:
             try:
@@ -453,9 +458,11 @@ class Lock(LockView[Lease, Lease]):
     the lease the block entered with (threads sharing the object each release their
     own); the body's exception always wins, as for ``with lease:``.
 
-    It is not reentrant: a blocking ``acquire()`` from a thread that already holds this
-    lock through the same client (this object, or a nested ``with client.lock(name)``)
-    raises ``SelfDeadlock`` at once; other threads wait as for any holder.
+    It is not reentrant: a blocking ``acquire()`` from a thread inside a ``with`` block of
+    this lock through the same client (of this object, of another ``client.lock(name)``,
+    or of a lease of it) raises ``SelfDeadlock`` at once. Other threads wait as for any
+    holder, and so does the thread of a lease held outside any block: as with a
+    ``threading.Lock``, another thread may be the one to release it.
     """
 
     def __init__(
@@ -475,8 +482,8 @@ class Lock(LockView[Lease, Lease]):
         ``timeout`` is in seconds; None (or -1, as for ``threading.Lock``) waits forever.
 
         Raises:
-            SelfDeadlock: blocking, and this thread already holds the lock through the
-                same client.
+            SelfDeadlock: blocking, and this thread is inside a ``with`` block of the
+                lock (through the same client).
             ClientClosed: the client was closed.
             QuorumUnreachable: so many nodes failed that no majority is possible.
         """
@@ -525,6 +532,7 @@ class Lock(LockView[Lease, Lease]):
         try:
             lease = self._entered(got)
             self._open(threading.get_ident(), lease)
+            lease._bind()
         except BaseException:  # no block to leave: nothing else would release it
             self._abandon(got)
             raise
@@ -541,6 +549,8 @@ class Lock(LockView[Lease, Lease]):
         if lease is None:
             lease = self._lease
         self._let_go(lease)
+        if lease is not None:
+            lease._unbind()
         failure: Exception | None = None
         if lease is None:
             failure = NotHeld(self.name, "leaving a block whose lock this object no longer holds")
