@@ -341,6 +341,62 @@ def test_sigterm_is_forwarded_waited_for_and_released(
     assert _no_key_left(cluster, key)
 
 
+def test_sigquit_stops_the_command_like_sigterm(
+    cluster: LocalCluster, key: str, tmp_path: Path
+) -> None:
+    # Ctrl-\ at the terminal reaches only tenure run (the command has its own session);
+    # it killed tenure run by its default action and left the command running, unlocked.
+    pids = tmp_path / "pids"
+    proc = _spawn(
+        "run", key, *_redis(cluster), "--", "sh", "-c", f"echo $$ > {pids}; exec sleep 30"
+    )
+    try:
+        [command] = _wait_for_pids(pids, proc)
+        proc.send_signal(signal.SIGQUIT)
+        _, err = proc.communicate(timeout=_TIMEOUT)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 128 + signal.SIGQUIT == 131, err
+    assert _all_gone([command])
+    assert _no_key_left(cluster, key)
+
+
+def test_other_signals_are_passed_on_and_the_command_decides(
+    cluster: LocalCluster, key: str, tmp_path: Path
+) -> None:
+    # SIGUSR1 killed tenure run and left the command running, unlocked. It is passed on:
+    # a command that handles it keeps running under the lock; one that dies of it ends
+    # with its own status.
+    pids, seen = tmp_path / "pids", tmp_path / "seen"
+    script = f'trap "echo USR1 >> {seen}" USR1; echo $$ > {pids}; sleep 0.6; sleep 0.6; exit 4'
+    proc = _spawn("run", key, *_redis(cluster), "--", "sh", "-c", script)
+    try:
+        _wait_for_pids(pids, proc)
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.3)
+        assert proc.poll() is None  # still running, the lock still held
+        assert not _no_key_left(cluster, key)
+        _, err = proc.communicate(timeout=_TIMEOUT)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 4, err  # the command's own status
+    assert seen.read_text() == "USR1\n"
+    assert _no_key_left(cluster, key)
+    pids.unlink()
+    proc = _spawn(
+        "run", key, *_redis(cluster), "--", "sh", "-c", f"echo $$ > {pids}; exec sleep 30"
+    )
+    try:
+        [command] = _wait_for_pids(pids, proc)
+        proc.send_signal(signal.SIGALRM)
+        _, err = proc.communicate(timeout=_TIMEOUT)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 128 + signal.SIGALRM, err  # the command died of it
+    assert _all_gone([command])
+    assert _no_key_left(cluster, key)
+
+
 # --- tenure status --------------------------------------------------------------------
 
 

@@ -36,10 +36,11 @@ Exit codes
        already ended after the lease's validity); it may have overlapped another holder
 126    the command was found but could not be executed (permission denied)
 127    the command was not found
-128+N  ``tenure run`` itself received signal N (SIGHUP 129, SIGINT 130, SIGTERM 143):
-       it was forwarded to the command's group, the command was waited for (SIGKILL
-       after ``--grace`` seconds) and the lease released; before the command started,
-       the acquisition is abandoned
+128+N  ``tenure run`` itself received signal N (SIGHUP 129, SIGINT 130, SIGQUIT 131,
+       SIGTERM 143): it was forwarded to the command's group, the command was waited
+       for (SIGKILL after ``--grace`` seconds) and the lease released; before the
+       command started, the acquisition is abandoned (so for any other signal that
+       would end ``tenure run``, e.g. SIGUSR1 or SIGALRM)
 ====== ==========================================================================
 
 The command's own status may also be 69, 75, 78 or 79; as with ``flock(1)``, a caller
@@ -74,12 +75,18 @@ the side of 79.
 
 Signals
 -------
-SIGINT, SIGTERM and SIGHUP received by ``tenure run`` are forwarded to the command's
-process group (the command runs in its own session, so a Ctrl-C at the terminal reaches
-only ``tenure run``, which passes it on exactly once). If the command is still running
-``--grace`` seconds after the first one, its group gets SIGKILL: ``tenure run`` never
-leaves a command running after it gives up the lease. A signal that was ignored when
-``tenure run`` started (``nohup``, a background job) stays ignored.
+SIGINT, SIGTERM, SIGHUP and SIGQUIT received by ``tenure run`` are forwarded to the
+command's process group (the command runs in its own session, so a Ctrl-C or Ctrl-\\ at
+the terminal reaches only ``tenure run``, which passes it on exactly once). If the
+command is still running ``--grace`` seconds after the first one, its group gets
+SIGKILL: ``tenure run`` never leaves a command running after it gives up the lease.
+Every other signal whose default action would end ``tenure run`` (SIGUSR1, SIGUSR2,
+SIGALRM, SIGVTALRM, SIGPROF, SIGPWR, the real-time signals) is passed on to the
+command's group and nothing more: the command decides (one that handles SIGUSR1 keeps
+running under the lock; one that dies of it ends with 128+N, its own status), and
+``tenure run`` never dies of it, which would leave the command running unlocked. A
+signal that was ignored when ``tenure run`` started (``nohup``, a background job) stays
+ignored.
 
 Limits, honestly
 ----------------------
@@ -164,15 +171,32 @@ exit codes:
   79     lease lost while the command ran: it was terminated (SIGTERM, SIGKILL after
          --grace) or had ended too late; it may have overlapped another holder
   126    the command could not be executed; 127: the command was not found
-  128+N  tenure run got signal N (129 HUP, 130 INT, 143 TERM): forwarded to the
-         command's process group, waited for (SIGKILL after --grace), lease released
+  128+N  tenure run got signal N (129 HUP, 130 INT, 131 QUIT, 143 TERM): forwarded
+         to the command's process group, waited for (SIGKILL after --grace), lease
+         released. Other signals (USR1, USR2, ALRM...) are only passed on to the group
 
 The command gets TENURE_FENCING_TOKEN (pass it with every write to a fenced store)
 and TENURE_LOCK_NAME in its environment. It runs in its own session and process
 group; signals go to the whole group, so shell pipelines stop too.
 """
 
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Signals that stop the command: forwarded to its group, SIGKILL after --grace, 128+N.
+_STOPPING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
+# Every other signal whose default action ends a process (Linux: signal(7)), bar those
+# the kernel sends for a fault of the process itself: passed on to the command's group
+# and nothing more. Dying of one would leave the command running, unlocked.
+_PASSED_ON = frozenset(
+    {
+        getattr(signal, name)
+        for name in ("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGPWR")
+        if hasattr(signal, name)
+    }
+    | (
+        set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
+        if hasattr(signal, "SIGRTMIN") and hasattr(signal, "SIGRTMAX")
+        else set()
+    )
+)
 _TICK = 0.05  # seconds between looks at pending signals (handlers only record them)
 _PROG = "tenure run"
 
@@ -242,7 +266,8 @@ class _Interrupted(BaseException):
 
 
 class _Signals:
-    """SIGINT/SIGTERM/SIGHUP handlers: raise while acquiring, only record afterwards.
+    """Handlers of the signals ``tenure run`` forwards: raise while acquiring (before the
+    command starts, any of them ends ``tenure run``), only record afterwards.
 
     A handler must not touch locks or events (it may run while the main thread holds the
     very lock it would take), so in recording mode it only appends to a list, which the
@@ -253,18 +278,20 @@ class _Signals:
         self.raising = True
         self.received: list[int] = []
         self._pending: list[int] = []
-        self._previous: dict[signal.Signals, Any] = {}
+        self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.received.append(signum)
         if self.raising:
+            self.received.append(signum)
             raise _Interrupted(signum)
+        if signum in _STOPPING:
+            self.received.append(signum)  # it decides the exit status: 128+N
         self._pending.append(signum)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[_Signals]:
         if threading.current_thread() is threading.main_thread():
-            for sig in _FORWARDED:
+            for sig in sorted(_STOPPING | _PASSED_ON):
                 previous = signal.getsignal(sig)
                 if previous is signal.SIG_IGN:
                     continue  # ignored when we started (nohup, background job): keep it so
@@ -482,7 +509,7 @@ def _supervise(
         stopping = False
         for sig in signals.take():
             child.signal_group(sig)
-            stopping = True
+            stopping = stopping or sig in _STOPPING
         if lease.lost.is_set() and not lost_reported and not child.done.is_set():
             lost_reported = True
             stopping = True
