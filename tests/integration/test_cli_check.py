@@ -1002,12 +1002,16 @@ def test_json_output_from_a_real_process(volatile: LocalCluster) -> None:
         ["--redis", "http://127.0.0.1:1"],
         ["--redis", "redis://127.0.0.1:1", "--max-ttl", "0"],
         ["--redis", "redis://127.0.0.1:1", "--", "extra"],
+        # URL options redis-py refuses: a traceback and exit 1 (the "warnings" code).
+        ["--redis", "redis://127.0.0.1:1?socket_timeout=abc"],
+        ["--redis", "redis://127.0.0.1:1?ssl_cert_reqs=bogus"],
     ],
 )
 def test_usage_errors_exit_2(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
     monkeypatch.delenv("TENURE_REDIS", raising=False)
-    code, _, _ = _tenure_check(*args)
+    code, _, err = _tenure_check(*args)
     assert code == 2
+    assert "Traceback" not in err
 
 
 def test_the_same_url_twice_gets_one_finding_per_entry() -> None:

@@ -442,6 +442,16 @@ def test_status_of_a_lock_never_used(cluster: LocalCluster, key: str) -> None:
 # --- usage errors ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("query", ["socket_timeout=abc", "ssl_cert_reqs=bogus"])
+def test_status_names_a_url_option_redis_py_refuses(query: str) -> None:
+    # It was a traceback and exit 1, or (ssl_cert_reqs) a node that "does not speak the
+    # Redis protocol": a fault of the URL blamed on the server.
+    result = _tenure("status", "some-lock", "--redis", f"redis://127.0.0.1:1?{query}")
+    assert result.returncode == 2, result.stderr
+    assert "--redis[0]" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize("command", ["run", "status"])
 def test_no_nodes_is_a_usage_error_naming_redis(command: str) -> None:
     args = [command, "some-lock"] + (["--", "true"] if command == "run" else [])

@@ -229,7 +229,12 @@ _OWNED = {
 
 
 def check_connection_options(
-    options: object, nodes: Sequence[NodeAddress], node_timeout: float, *, asyncio: bool
+    options: object,
+    nodes: Sequence[NodeAddress],
+    node_timeout: float,
+    *,
+    asyncio: bool,
+    listed: str = "nodes",
 ) -> dict[str, Any]:
     """Validate ``connection_options`` against the connections redis-py would make.
 
@@ -244,7 +249,8 @@ def check_connection_options(
     Raises:
         ConfigurationError: not a mapping of str keys; a key no connection of these
             nodes accepts, or one tenure must own; a value redis-py refuses; a key the
-            node's object sets otherwise.
+            node's object sets otherwise. A node is named ``<listed>[i]`` (the
+            command line's ``--redis[i]``).
     """
     if options is None:
         options = {}  # the URLs are still checked: a query option may be one redis-py refuses
@@ -279,7 +285,7 @@ def check_connection_options(
             conn_cls = pool_cls.from_url(address.redis_url).connection_class
         except (TypeError, ValueError, rx.RedisError) as exc:
             raise ConfigurationError(
-                f"nodes[{i}]", f"redis-py refuses {address.display}: {exc}"
+                f"{listed}[{i}]", f"redis-py refuses {address.display}: {exc}"
             ) from None
         accepted = keywords(conn_cls)
         own = dict(address.options)
@@ -291,7 +297,7 @@ def check_connection_options(
             if key in own and not _same(own[key], result[key]):
                 raise ConfigurationError(
                     f"{param}[{key!r}]",
-                    f"the redis-py object given as nodes[{i}] ({address.display}) sets "
+                    f"the redis-py object given as {listed}[{i}] ({address.display}) sets "
                     f"{key} to another value; set it in one place (the object's settings "
                     "are that node's own, connection_options apply to every node)",
                 )
@@ -305,8 +311,8 @@ def check_connection_options(
                 else ("the settings taken from its redis-py object" if own else "its URL")
             )
             raise ConfigurationError(
-                param if result else f"nodes[{i}]",
-                f"redis-py refuses {what} for {address.display} (nodes[{i}]): {exc}",
+                param if result else f"{listed}[{i}]",
+                f"redis-py refuses {what} for {address.display} ({listed}[{i}]): {exc}",
             ) from None
     return result
 

@@ -53,7 +53,7 @@ from .._core.config import (
 from .._core.quorum import majority
 from .._core.slots import slot_tag
 from .._driver import acl as _acl
-from .._driver.redis_compat import connection_kwargs
+from .._driver.redis_compat import check_connection_options, connection_kwargs
 from .._errors import ConfigurationError
 from .._lua import script
 from ._text import one_line
@@ -446,6 +446,8 @@ def check(
         check_one_server(parse_node_url(url, f"--redis[{i}]"), f"--redis[{i}]", "tenure check")
         for i, url in enumerate(nodes)
     ]
+    # A URL option redis-py refuses (``?socket_timeout=abc``) is the caller's to fix.
+    check_connection_options(None, addresses, node_timeout, asyncio=False, listed="--redis")
     prefix = check_key_prefix(key_prefix, "--key-prefix")
     with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
         read = list(pool.map(lambda a: _gather_node(a, node_timeout, acl_user, prefix), addresses))

@@ -30,7 +30,7 @@ from .._core.config import (
 from .._core.diagnosis import for_prefix, slot_unserved
 from .._core.quorum import Failure, majority
 from .._core.slots import key_slot
-from .._driver.redis_compat import connection_kwargs, diagnose
+from .._driver.redis_compat import check_connection_options, connection_kwargs, diagnose
 from .._errors import ConfigurationError
 from ._text import one_line
 from ._topology import cluster_map, sentinel_master
@@ -79,6 +79,9 @@ def status(
         check_one_server(parse_node_url(url, f"--redis[{i}]"), f"--redis[{i}]", "tenure status")
         for i, url in enumerate(nodes)
     ]
+    # A URL option redis-py refuses (``?socket_timeout=abc``) is the caller's to fix,
+    # not the node's failure.
+    check_connection_options(None, addresses, node_timeout, asyncio=False, listed="--redis")
     prefix = check_key_prefix(key_prefix, "--key-prefix")
     # Where the clients keep the node keys: per slot on every node when one node is a
     # whole Redis Cluster (ClientConfig.per_slot).
