@@ -442,6 +442,25 @@ def test_status_of_a_lock_never_used(cluster: LocalCluster, key: str) -> None:
 # --- usage errors ---------------------------------------------------------------------
 
 
+def test_a_name_that_begins_with_a_dash_goes_after_double_dash(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    # tenure took the first "--" for itself, so no such name could be given at all.
+    name = "-nightly"
+    out = tmp_path / "out"
+    result = _tenure(
+        "run", *_redis(cluster), "--", name, "--", "sh", "-c", f'echo "$0 $1" > {out}', "--", "b"
+    )
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == "-- b\n"  # the command's own "--" is kept
+    with tenure.Client(cluster.urls) as client:
+        lease = client.acquire(name, ttl=_HELD_TTL)
+        status = _tenure("status", *_redis(cluster), "--", name)
+        lease.release()
+    assert status.returncode == 0, status.stderr
+    assert all(line.split()[1] == "held" for line in status.stdout.splitlines())
+
+
 @pytest.mark.parametrize("query", ["socket_timeout=abc", "ssl_cert_reqs=bogus"])
 def test_status_names_a_url_option_redis_py_refuses(query: str) -> None:
     # It was a traceback and exit 1, or (ssl_cert_reqs) a node that "does not speak the

@@ -46,12 +46,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     # argparse mangles a trailing command (it drops every "--" and parses the command's
-    # options as ours), so everything after the first "--" is set aside and handed over
-    # verbatim to a subcommand that takes a command.
+    # options as ours), so for `tenure run` everything after the first "--" is set aside
+    # and handed over verbatim as the command. The other subcommands take no command:
+    # their "--" goes to argparse, which ends the options there (`tenure status --
+    # -nightly`, a name that begins with "-").
     tail: list[str] | None = None
-    if "--" in words:
+    if words[:1] == ["run"] and "--" in words:
         cut = words.index("--")
         words, tail = words[:cut], words[cut + 1 :]
+        if len(tail) > 1 and tail[0].startswith("-") and tail[1] == "--":
+            # `tenure run [OPTIONS] -- -NAME -- COMMAND`: one word that begins with "-"
+            # between the two, which argparse would take for an option: the lock's name.
+            words, tail = [*words, "--", tail[0]], tail[2:]
     # `tenure run` reports every error of its own with one code that its command would not
     # return for itself (see tenure.cli.run); the other subcommands keep argparse's 2.
     error_exit = EXIT_TENURE_ERROR if words[:1] == ["run"] else EXIT_USAGE
@@ -274,7 +280,9 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
             "Exit 0 if a majority of nodes answered, else 69."
         ),
     )
-    p.add_argument("name", metavar="NAME", help="the lock's name")
+    p.add_argument(
+        "name", metavar="NAME", help="the lock's name (one that begins with '-': after '--')"
+    )
     _add_nodes_option(p)
     _add_node_timeout_option(p, 0.5, "for each node")
     _add_key_prefix_option(p)

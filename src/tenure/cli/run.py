@@ -177,7 +177,8 @@ exit codes:
 
 The command gets TENURE_FENCING_TOKEN (pass it with every write to a fenced store)
 and TENURE_LOCK_NAME in its environment. It runs in its own session and process
-group; signals go to the whole group, so shell pipelines stop too.
+group; signals go to the whole group, so shell pipelines stop too. A NAME that begins
+with "-" goes between two "--": tenure run [OPTIONS] -- -NAME -- COMMAND ...
 """
 
 # Signals that stop the command: forwarded to its group, SIGKILL after --grace, 128+N.
