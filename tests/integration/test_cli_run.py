@@ -461,6 +461,28 @@ def test_a_name_that_begins_with_a_dash_goes_after_double_dash(
     assert all(line.split()[1] == "held" for line in status.stdout.splitlines())
 
 
+@pytest.mark.parametrize("command", [["status", "x"], ["check"], ["check", "--json"]])
+def test_a_reader_gone_is_no_traceback(cluster: LocalCluster, command: list[str]) -> None:
+    # `tenure check | head -1`: a BrokenPipeError traceback, and exit 1 (check's
+    # "warnings"). Now quiet, with the status of a process that SIGPIPE ended.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tenure.cli", *command, *_redis(cluster)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()  # before it writes: it takes longer than this to reach the nodes
+    try:
+        _, err = proc.communicate(timeout=_TIMEOUT)
+    finally:
+        _reap(proc)
+    assert "Traceback" not in err, err
+    assert "BrokenPipe" not in err, err
+    assert proc.returncode == 128 + signal.SIGPIPE
+
+
 @pytest.mark.parametrize("query", ["socket_timeout=abc", "ssl_cert_reqs=bogus"])
 def test_status_names_a_url_option_redis_py_refuses(query: str) -> None:
     # It was a traceback and exit 1, or (ssl_cert_reqs) a node that "does not speak the

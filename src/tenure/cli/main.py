@@ -22,7 +22,10 @@ while the command ran), 126/127 (cannot execute / not found) and 128+N (got sign
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -79,6 +82,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return handler(args)
+    except BrokenPipeError:
+        # The reader of our output went away (`tenure check | head -1`): nothing more can
+        # be said there, and a traceback would be noise. Exit as a process killed by
+        # SIGPIPE is reported, as other command-line tools do; further writes (Python's
+        # own flush at exit) go nowhere.
+        with contextlib.suppress(OSError, ValueError):  # a stdout without a descriptor
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except TenureError as exc:
         # Expected failures (bad parameter, missing server): one line, no traceback.
         print(f"{parser.prog}: error: {one_line(exc)}", file=sys.stderr)
