@@ -483,6 +483,32 @@ def test_a_reader_gone_is_no_traceback(cluster: LocalCluster, command: list[str]
     assert proc.returncode == 128 + signal.SIGPIPE
 
 
+def test_status_and_run_name_a_foreign_key_where_the_lock_is_kept(
+    cluster: LocalCluster, key: str
+) -> None:
+    # Another application's hash at tenure's lock key: status printed redis-py's raw
+    # error cut mid-word and "only 0 of 3 nodes answered"; run said "error: on
+    # @user_script:168." (Valkey words a script's error after its text).
+    lock_key = f"tenure:{{{key}}}:lock"
+    for node in cluster:
+        with node.client() as c:
+            c.hset(lock_key, "owner", "another-app")
+    try:
+        status = _tenure("status", key, *_redis(cluster))
+        run = _tenure("run", key, "--no-wait", *_redis(cluster), "--", "true")
+    finally:
+        for node in cluster:
+            with node.client() as c:
+                c.delete(lock_key)
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert len(lines) == len(cluster.nodes)
+    assert all(f"foreign: {lock_key} holds a hash" in line for line in lines), lines
+    assert "WRONGTYPE Operation against a key holding the wrong kind of value" in run.stderr
+    assert "key_prefix" in run.stderr
+    assert "@user_script" not in run.stderr
+
+
 @pytest.mark.parametrize("query", ["socket_timeout=abc", "ssl_cert_reqs=bogus"])
 def test_status_names_a_url_option_redis_py_refuses(query: str) -> None:
     # It was a traceback and exit 1, or (ssl_cert_reqs) a node that "does not speak the

@@ -77,6 +77,19 @@ CLUSTER_SAYS = [
         ("ERR DB index is out of range", Failure.MISCONFIGURED, ["/db"]),
         ("LOADING Redis is loading the dataset in memory", Failure.ERROR, ["LOADING"]),
         ("BUSY Redis is busy running a script", Failure.ERROR, ["BUSY"]),
+        # Errors raised inside a script, as Valkey and Redis 7 word them (the node's own
+        # words came out as "on @user_script:151.") and as Redis 6.2 does.
+        ("NOREPLICAS Not enough good replicas to write. script: on @user_script:151.",
+         Failure.ERROR, ["NOREPLICAS Not enough good replicas to write."]),
+        ("OOM command not allowed when used memory > 'maxmemory'. script: on @user_script:42.",
+         Failure.ERROR, ["OOM command not allowed"]),
+        ("WRONGTYPE Operation against a key holding the wrong kind of value script: on "
+         "@user_script:168.", Failure.ERROR,
+         ["(WRONGTYPE Operation against a key holding the wrong kind of value)",
+          "another application writes under tenure's key prefix", "key_prefix"]),
+        ("Error running script (call to f_d3c2): @user_script:1: WRONGTYPE Operation against "
+         "a key holding the wrong kind of value", Failure.ERROR,
+         ["(WRONGTYPE Operation against a key holding the wrong kind of value)"]),
     ],
 )  # fmt: skip
 def test_error_replies(text: str, failure: Failure, says: list[str]) -> None:

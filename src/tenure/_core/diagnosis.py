@@ -131,14 +131,20 @@ def _quote(text: str) -> str:
 def _essence(text: str) -> str:
     """The node's own words in an error raised inside a script, without the wrapping.
 
-    Redis wraps them ("ERR Error running script (call to f_<sha>): @user_script:1:
-    @user_script: 1: -READONLY You can't write ..."); the script's hash says nothing.
+    Redis 6.2 wraps them before ("ERR Error running script (call to f_<sha>):
+    @user_script:1: @user_script: 1: -READONLY You can't write ...", or "...:
+    @user_script:1: WRONGTYPE Operation ..."), Valkey and Redis 7 after ("WRONGTYPE
+    Operation against a key ... script: on @user_script:168."); the script's hash and
+    line say nothing to the reader.
     """
     if "script" not in text:
         return text
     code = re.search(r": -([A-Z]+ .*)$", text)
     if code:
         return code.group(1)
+    said, cut, _ = text.rpartition(" script: ")
+    if cut and said:
+        return said
     return text.rsplit(": ", 1)[-1]
 
 
@@ -192,6 +198,15 @@ def error_reply(text: str) -> Diagnosis:
         )
     if _essence(text).upper().startswith(_CLUSTER_CODES):
         return cluster_node(said)
+    if _essence(text).upper().startswith("WRONGTYPE"):
+        # One key, not the node: its other locks go on (not a configuration failure,
+        # which would set the whole node aside).
+        return Diagnosis(
+            Failure.ERROR,
+            f"holds a key of another type where tenure keeps this lock's data ({said}): "
+            "another application writes under tenure's key prefix; give tenure's "
+            "clients a key_prefix of their own, or remove that key",
+        )
     if "db index is out of range" in lower or "invalid db index" in lower:
         return _misconfigured(f"has no such database ({said}): check the /db part of the node URL")
     return Diagnosis(Failure.ERROR, said)

@@ -139,12 +139,27 @@ def _node_status(
     client = redis.Redis.from_url(url, **options)
     try:
         with client.pipeline(transaction=True) as pipe:  # one consistent snapshot
+            pipe.type(keys.lock)
             pipe.get(keys.lock)
             pipe.pttl(keys.lock)
             pipe.get(keys.floor)
             pipe.pttl(keys.warm)
             pipe.get(keys.replid)
-            holder, pttl, floor, warm, replid = pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
+        kind = _text(replies[0])
+        if kind not in ("string", "none"):
+            # Not a lock of tenure's: another application writes under its key prefix.
+            # The node answered; what it holds there is for the operator to see.
+            return True, (
+                f"foreign: {keys.lock} holds a {kind}, not a tenure lock (another "
+                f"application writes under the key prefix {prefix!r}): give tenure's "
+                "clients a key_prefix of their own, or remove that key; no tenure client "
+                "can lock this name on this node until then"
+            )
+        failed = next((r for r in replies if isinstance(r, Exception)), None)
+        if failed is not None:
+            raise failed
+        _, holder, pttl, floor, warm, replid = replies
     except Exception as exc:  # anything the node did: that line says so, the rest go on
         why = diagnose(exc)
         if why.failure is Failure.UNREACHABLE:
