@@ -579,6 +579,9 @@ def test_a_misconfigured_node_is_tenures_own_error_in_one_line(
     result = _tenure("run", key, "--redis", node.url, "--", "touch", str(ran))
     assert result.returncode == EXIT_TENURE_ERROR, result.stderr
     lines = result.stderr.strip().splitlines()
+    # One line, as its exit code promises: no warning before it that "locks need a
+    # majority of the other nodes" (there are none).
+    assert len(lines) == 1, lines
     assert lines[-1].startswith("tenure run: error: node " + node.url), lines
     assert "requires a password" in lines[-1]
     assert "Traceback" not in result.stderr

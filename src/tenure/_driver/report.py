@@ -3,8 +3,10 @@
 A node that fails for its configuration (``_core.diagnosis``) fails every round until
 someone fixes it. When the other nodes still form a majority, nothing raises, so the one
 place it shows is the ``tenure`` logger: one warning per node and kind of problem, per
-client, naming the node and the fix. When such nodes leave no majority, the acquire
-raises ``NodeMisconfigured`` as well.
+client, naming the node and the fix. When such nodes leave no majority, the round's
+caller raises ``NodeMisconfigured`` naming them all instead, and nothing is logged: a
+warning that "locks need a majority of the other nodes" would be untrue there, and
+``tenure run`` promises one line on stderr for its own errors.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class NodeReporter:
         """Note the configuration failures of a finished round."""
         if not rnd.failed:
             return  # nearly every round: nothing to look at
+        if rnd.misconfigured_blocks_quorum():
+            return  # the error raised names them (told once a round goes on without them)
         for i, r in enumerate(rnd.results):
             if r is not None and r.failure is not None and r.failure.configuration:
                 self.note(i, r.failure, r.detail)
