@@ -509,6 +509,32 @@ def test_status_and_run_name_a_foreign_key_where_the_lock_is_kept(
     assert "@user_script" not in run.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--ttl", "61"], "--ttl: 61.0s exceeds --max-ttl=60.0s"),
+        (["--node-timeout", "61"], "--node-timeout: must be in (0, 60]"),
+        (["--max-ttl", "100000"], "--max-ttl:"),
+    ],
+)
+def test_run_errors_name_the_options_typed(
+    cluster: LocalCluster, key: str, args: list[str], option: str
+) -> None:
+    # They named the library's parameters (ttl, node_timeout, nodes[0]) and told the user
+    # to raise max_ttl, which tenure run had no option for.
+    result = _tenure("run", key, *_redis(cluster), *args, "--", "true")
+    assert result.returncode == EXIT_TENURE_ERROR
+    assert f"tenure run: error: {option}" in result.stderr, result.stderr
+    bad_url = _tenure("run", key, "--redis", "localhost:6379", "--", "true")
+    assert "error: --redis[0]: " in bad_url.stderr, bad_url.stderr
+    assert "redis+cluster://" in bad_url.stderr
+
+
+def test_run_takes_a_longer_max_ttl(cluster: LocalCluster, key: str) -> None:
+    result = _tenure("run", key, *_redis(cluster), "--ttl", "61", "--max-ttl", "120", "--", "true")
+    assert result.returncode == 0, result.stderr
+
+
 @pytest.mark.parametrize("query", ["socket_timeout=abc", "ssl_cert_reqs=bogus"])
 def test_status_names_a_url_option_redis_py_refuses(query: str) -> None:
     # It was a traceback and exit 1, or (ssl_cert_reqs) a node that "does not speak the

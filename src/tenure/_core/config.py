@@ -321,7 +321,7 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
         raise ConfigurationError(
             parameter,
             f"URL {shown} has scheme {parts.scheme!r}; accepted: redis://, rediss://, unix://, "
-            "redis+sentinel://, rediss+sentinel://",
+            "redis+sentinel://, rediss+sentinel://, redis+cluster://, rediss+cluster://",
         )
     db_text = parse_qs(parts.query).get("db", [""])[0]
     if scheme == "unix":

@@ -252,6 +252,15 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="stop extending after holding this long: the lease then runs out and the "
         "command is terminated (exit 79). Default: no cap",
     )
+    p.add_argument(
+        "--max-ttl",
+        type=_positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="the longest TTL a lease may have, the same on every client of these nodes "
+        "(their max_ttl): a node that lost its data sits out this long. --ttl is at most "
+        "this (default 60)",
+    )
     _add_node_timeout_option(p, 0.05, "for any one node in a round")
     _add_key_prefix_option(p)
     p.set_defaults(handler=_cmd_run, takes_command=True)
@@ -269,6 +278,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         max_hold=args.max_hold,
         node_timeout=args.node_timeout,
         key_prefix=key_prefix_from(args.key_prefix),
+        max_ttl=args.max_ttl,
     )
     return run(options)
 

@@ -256,6 +256,34 @@ class RunOptions:
     max_hold: float | None = None
     node_timeout: float = 0.05
     key_prefix: str = DEFAULT_KEY_PREFIX
+    max_ttl: float = 60.0
+
+
+# The options of ``tenure run`` that set a ``Client`` or ``acquire`` parameter, by that
+# parameter's name: an error of the library names the parameter, the user typed the option.
+_OPTIONS = {
+    "name": "NAME",
+    "ttl": "--ttl",
+    "timeout": "--wait",
+    "max_hold": "--max-hold",
+    "node_timeout": "--node-timeout",
+    "key_prefix": "--key-prefix",
+    "max_ttl": "--max-ttl",
+}
+
+
+def _as_typed(exc: ConfigurationError) -> ConfigurationError:
+    """``exc`` naming the option the user typed (``--ttl``, ``--redis[0]``) rather than
+    the library parameter it set; a node's own misconfiguration is left as it is."""
+    if type(exc) is not ConfigurationError:
+        return exc
+    parameter = exc.parameter
+    node = re.fullmatch(r"nodes\[(\d+)\](.*)", parameter)
+    option = f"--redis[{node[1]}]{node[2]}" if node else _OPTIONS.get(parameter)
+    if option is None:
+        return exc
+    message = str(exc).removeprefix(f"{parameter}: ")
+    return ConfigurationError(option, message.replace("max_ttl", "--max-ttl"))
 
 
 class _Interrupted(BaseException):
@@ -410,10 +438,12 @@ def run(options: RunOptions, *, err: TextIO | None = None) -> int:
             raise ConfigurationError("command", "no command given: tenure run NAME -- COMMAND ...")
         with (
             signals.installed(),
+            _typed_options(),
             Client(
                 list(options.nodes),
                 node_timeout=options.node_timeout,
                 key_prefix=options.key_prefix,
+                max_ttl=options.max_ttl,
             ) as client,
         ):
             try:
@@ -446,6 +476,18 @@ def run(options: RunOptions, *, err: TextIO | None = None) -> int:
         # (_hold_and_run killed the command on its way out, had it started.)
         _say(out, f"internal error: {type(exc).__name__}: {one_line(exc)}")
         return EXIT_TENURE_ERROR
+
+
+@contextlib.contextmanager
+def _typed_options() -> Iterator[None]:
+    """Errors of bad values name the options typed (``_as_typed``)."""
+    try:
+        yield
+    except ConfigurationError as exc:
+        typed = _as_typed(exc)
+        if typed is exc:
+            raise
+        raise typed from None
 
 
 def _hold_and_run(lease: Lease, options: RunOptions, signals: _Signals, err: TextIO) -> int:
