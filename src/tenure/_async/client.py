@@ -307,7 +307,7 @@ class _Block:
         self.cancelled = False
 
 
-class AsyncLock(LockView[AsyncLease, tuple[AsyncLease, _Block]]):
+class AsyncLock(LockView[AsyncLease, _Block]):
     """The asyncio twin of ``tenure.Lock``: ``async with lock as lease:``.
 
     Inside ``async with``, the body is cancelled the moment the lease is found lost (an
@@ -372,7 +372,7 @@ class AsyncLock(LockView[AsyncLease, tuple[AsyncLease, _Block]]):
         lease._watch(self._keep_alive or _WATCH_ONLY)
         task = asyncio.current_task()
         block = _Block(task)
-        self._open(task, (lease, block))
+        self._open(task, lease, block)
         lease._bind()
 
         def cancel_body(error: LeaseLost) -> None:
@@ -394,9 +394,7 @@ class AsyncLock(LockView[AsyncLease, tuple[AsyncLease, _Block]]):
         tb: TracebackType | None,
     ) -> None:
         # The block's own lease: by now the object may hold another task's.
-        entry = self._close(asyncio.current_task())
-        lease, block = entry if entry is not None else (self._lease, None)
-        self._let_go(lease)
+        lease, block = self._close(asyncio.current_task())
         if lease is not None:
             lease._unbind()
         ours = False  # the body's CancelledError is the one tenure caused, and only that

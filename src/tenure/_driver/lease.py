@@ -136,7 +136,7 @@ class LeaseView:
     def _bind(self) -> None:
         """A ``with`` block run by the calling thread (task) holds it from now: a blocking
         acquire of its lock by that caller would wait for its own block (``SelfDeadlock``)."""
-        if self._owner is None and self._held_at(time.monotonic()):
+        if self._owner is None and not self._released and self._loss is None:
             self._owner = self._client._hold(self)
 
     def _unbind(self) -> None:

@@ -18,10 +18,10 @@ if TYPE_CHECKING:
 __all__ = ["LockView"]
 
 L = TypeVar("L", bound=LeaseView)
-E = TypeVar("E")
+X = TypeVar("X")
 
 
-class LockView(Generic[L, E]):
+class LockView(Generic[L, X]):
     """A lock object's state: its spec, how ``with`` acquires it, its lease (at most one
     at a time; any thread or task may release it), and its ``with`` blocks.
 
@@ -29,9 +29,9 @@ class LockView(Generic[L, E]):
     entering ``with lock:`` in turn. A block's lease may run out while its body still
     runs, and another thread then acquires the lock through the same object: the object
     holds that thread's lease from then on. So each block keeps the lease it entered
-    with (an entry ``E``: the lease, and what else the driver needs of the block),
-    filed under the thread (task) that entered it, and leaving the block releases that
-    lease, never the one the object holds by then.
+    with (and ``X``, what else the driver needs of the block), filed under the thread
+    (task) that entered it, and leaving the block releases that lease, never the one
+    the object holds by then.
     """
 
     def __init__(
@@ -48,11 +48,11 @@ class LockView(Generic[L, E]):
         self._timeout = timeout
         self._keep_alive = keep_alive
         self._lease: L | None = None
-        # Entries of the blocks open now, per thread (task) that entered them: a stack,
-        # innermost last (nested blocks of one object in one thread: non-blocking ones).
-        self._blocks: dict[object, list[E]] = {}
-        # Only ever held for an update of ``_lease`` or ``_blocks``.
-        self._guard = threading.Lock()
+        # The blocks open now, per thread (task) that entered them: a stack, innermost
+        # last (nested blocks of one object in one thread: non-blocking ones). Each key
+        # is only ever touched by its own thread (task), so no lock is needed for it.
+        self._blocks: dict[object, list[tuple[L, X]]] = {}
+        self._guard = threading.Lock()  # only ever held for an update of ``_lease``
 
     @property
     def name(self) -> str:
@@ -82,29 +82,36 @@ class LockView(Generic[L, E]):
         assert not isinstance(got, Refused)
         return got
 
-    def _open(self, block: object, entry: E) -> None:
-        """File the entry of a block that ``block`` (the thread or task) entered."""
-        with self._guard:
-            self._blocks.setdefault(block, []).append(entry)
+    def _open(self, block: object, lease: L, extra: X) -> None:
+        """File the lease of a block that ``block`` (the thread or task) entered."""
+        blocks = self._blocks
+        if block in blocks:
+            blocks[block].append((lease, extra))
+        else:
+            blocks[block] = [(lease, extra)]
 
-    def _close(self, block: object) -> E | None:
-        """The entry of the innermost block ``block`` entered, taken off; None if it
-        entered none (a block left in another thread or task than it entered, as a
-        generator resumed elsewhere can: the caller falls back to the object's lease)."""
-        with self._guard:
-            entries = self._blocks.get(block)
-            if not entries:
-                return None
-            entry = entries.pop()
+    def _close(self, block: object) -> tuple[L | None, X | None]:
+        """The lease (and extra) of the innermost block ``block`` entered, taken off, and
+        no longer the object's if it still was (it may hold another thread's by now).
+        A block left in another thread or task than it entered (a generator resumed
+        elsewhere can be) is not found: then the object's lease, and no extra."""
+        entries = self._blocks.get(block)
+        lease: L | None
+        extra: X | None
+        if entries:
+            lease, extra = entries.pop()
             if not entries:
                 del self._blocks[block]
-            return entry
+        else:
+            lease, extra = self._lease, None
+        if lease is not None:
+            self._let_go(lease)
+        return lease, extra
 
-    def _let_go(self, lease: L | None) -> None:
-        """The object no longer holds ``lease`` (a block that entered with it is leaving),
-        if it still does: it may hold another thread's by now."""
+    def _let_go(self, lease: L) -> None:
+        """The object no longer holds ``lease``, if it still does."""
         with self._guard:
-            if lease is not None and self._lease is lease:
+            if self._lease is lease:
                 self._lease = None
 
     def _to_release(self) -> L:

@@ -449,7 +449,7 @@ class Lease(LeaseView):
         leave_block(self.name, self.lost_error, exc, failure)
 
 
-class Lock(LockView[Lease, Lease]):
+class Lock(LockView[Lease, None]):
     """A distributed lock that feels like ``threading.Lock``.
 
     Any thread may release it; it holds the lease of its latest acquire (``lock.lease``).
@@ -531,7 +531,7 @@ class Lock(LockView[Lease, Lease]):
         got = self._client._acquire(self._spec, self._blocking, self._timeout)
         try:
             lease = self._entered(got)
-            self._open(threading.get_ident(), lease)
+            self._open(threading.get_ident(), lease, None)
             lease._bind()
         except BaseException:  # no block to leave: nothing else would release it
             self._abandon(got)
@@ -545,10 +545,7 @@ class Lock(LockView[Lease, Lease]):
         tb: TracebackType | None,
     ) -> None:
         # The block's own lease: by now the object may hold another thread's.
-        lease = self._close(threading.get_ident())
-        if lease is None:
-            lease = self._lease
-        self._let_go(lease)
+        lease, _ = self._close(threading.get_ident())
         if lease is not None:
             lease._unbind()
         failure: Exception | None = None
