@@ -453,6 +453,23 @@ def test_a_name_that_begins_with_a_dash_goes_after_double_dash(
     )
     assert result.returncode == 0, result.stderr
     assert out.read_text() == "-- b\n"  # the command's own "--" is kept
+    # With NAME before "--", a command's "--" and "-x" words stay as they were given.
+    given = _tenure(
+        "run",
+        "nightly",
+        *_redis(cluster),
+        "--",
+        "sh",
+        "-c",
+        f'echo "$*" > {out}',
+        "sh",
+        "--",
+        "-v",
+        "--",
+        "f",
+    )
+    assert given.returncode == 0, given.stderr
+    assert out.read_text() == "-- -v -- f\n"
     with tenure.Client(cluster.urls) as client:
         lease = client.acquire(name, ttl=_HELD_TTL)
         status = _tenure("status", *_redis(cluster), "--", name)

@@ -352,6 +352,51 @@ def test_nested_acquire_by_the_same_caller_is_refused_at_once(
         assert info.value.holder is outer
 
 
+def test_a_block_whose_body_released_and_took_the_lock_again_releases_that(
+    api: Flavour, sets: dict[int, LocalCluster], key: str
+) -> None:
+    # The body gave the block's lease up and acquired again through the object, in its
+    # own thread (task): the block ends with that lease released, not kept alive for ever.
+    client = api.client(sets[3].urls)
+    a = api.main
+    lock = client.lock(key, ttl=TTL, watchdog=True)
+    enter, leave = ("__aenter__", "__aexit__") if api.loop else ("__enter__", "__exit__")
+    first = a(getattr(lock, enter))
+    a(lock.release)
+    assert a(lock.acquire) is True
+    again = lock.lease
+    assert again is not None
+    assert again is not first
+    a(getattr(lock, leave), None, None, None)  # quietly
+    assert again.released
+    assert lock.lease is None
+    assert holders(sets[3], again.key) == [None] * 3
+    # A lease released in the body ends its block quietly too.
+    lease = a(getattr(lock, enter))
+    a(lease.release)
+    a(getattr(lock, leave), None, None, None)
+    assert lock.lease is None
+
+
+def test_blocks_left_in_another_caller_release_theirs_and_leave_nothing(
+    api: Flavour, sets: dict[int, LocalCluster], key: str
+) -> None:
+    # Sessions entered in one thread (task) and left in another (ExitStack, a generator
+    # resumed elsewhere): the entries stayed behind, a later block left the wrong lease
+    # (raising NotHeld, its own kept alive for ever), and they piled up.
+    client = api.client(sets[3].urls)
+    a, b = api.main, api.caller()
+    lock = client.lock(key, ttl=TTL, watchdog=True)
+    enter, leave = ("__aenter__", "__aexit__") if api.loop else ("__enter__", "__exit__")
+    for first, second in [(a, b), (b, a), (a, b)]:
+        lease = first(getattr(lock, enter))
+        second(getattr(lock, leave), None, None, None)
+        assert lease.released
+        assert lock.lease is None
+        assert holders(sets[3], lease.key) == [None] * 3
+    assert not lock._blocks
+
+
 def test_a_lease_held_outside_a_block_may_be_waited_for_by_its_acquirer(
     api: Flavour, sets: dict[int, LocalCluster], key: str
 ) -> None:

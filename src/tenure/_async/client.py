@@ -370,10 +370,9 @@ class AsyncLock(LockView[AsyncLease, _Block]):
         got = await self._client._acquire(self._spec, self._blocking, self._timeout)
         lease = self._entered(got)
         lease._watch(self._keep_alive or _WATCH_ONLY)
-        task = asyncio.current_task()
-        block = _Block(task)
-        self._open(task, lease, block)
+        block = _Block(asyncio.current_task())
         lease._bind()
+        self._open(lease, block)
 
         def cancel_body(error: LeaseLost) -> None:
             body = block.body
@@ -394,7 +393,7 @@ class AsyncLock(LockView[AsyncLease, _Block]):
         tb: TracebackType | None,
     ) -> None:
         # The block's own lease: by now the object may hold another task's.
-        lease, block = self._close(asyncio.current_task())
+        lease, block = self._close()
         if lease is not None:
             lease._unbind()
         ours = False  # the body's CancelledError is the one tenure caused, and only that

@@ -31,7 +31,8 @@ class LockView(Generic[L, X]):
     holds that thread's lease from then on. So each block keeps the lease it entered
     with (and ``X``, what else the driver needs of the block), filed under the thread
     (task) that entered it, and leaving the block releases that lease, never the one
-    the object holds by then.
+    the object holds by then; unless the body released it and acquired the lock again
+    through the object, in its own thread (task): that lease is the block's then.
     """
 
     def __init__(
@@ -47,12 +48,13 @@ class LockView(Generic[L, X]):
         self._blocking = blocking
         self._timeout = timeout
         self._keep_alive = keep_alive
+        self._caller = client._owner  # the calling thread (task): the object, not an id
         self._lease: L | None = None
+        self._taker: object = None  # the thread (task) whose acquire ``_lease`` is
         # The blocks open now, per thread (task) that entered them: a stack, innermost
-        # last (nested blocks of one object in one thread: non-blocking ones). Each key
-        # is only ever touched by its own thread (task), so no lock is needed for it.
+        # last (nested blocks of one object in one thread: non-blocking ones).
         self._blocks: dict[object, list[tuple[L, X]]] = {}
-        self._guard = threading.Lock()  # only ever held for an update of ``_lease``
+        self._guard = threading.Lock()  # held for an update of ``_lease`` or ``_blocks``
 
     @property
     def name(self) -> str:
@@ -69,8 +71,9 @@ class LockView(Generic[L, X]):
             return False
         if self._keep_alive is not None:
             got.keep_alive(max_hold=self._keep_alive.max_hold)
+        taker = self._caller()
         with self._guard:
-            self._lease = got
+            self._lease, self._taker = got, taker
         return True
 
     def _entered(self, got: L | Refused) -> L:
@@ -82,31 +85,57 @@ class LockView(Generic[L, X]):
         assert not isinstance(got, Refused)
         return got
 
-    def _open(self, block: object, lease: L, extra: X) -> None:
-        """File the lease of a block that ``block`` (the thread or task) entered."""
-        blocks = self._blocks
-        if block in blocks:
-            blocks[block].append((lease, extra))
-        else:
-            blocks[block] = [(lease, extra)]
+    def _open(self, lease: L, extra: X) -> None:
+        """File the lease of a block the calling thread (task) entered (its last step)."""
+        caller = self._caller()
+        with self._guard:
+            self._blocks.setdefault(caller, []).append((lease, extra))
 
-    def _close(self, block: object) -> tuple[L | None, X | None]:
-        """The lease (and extra) of the innermost block ``block`` entered, taken off, and
-        no longer the object's if it still was (it may hold another thread's by now).
-        A block left in another thread or task than it entered (a generator resumed
-        elsewhere can be) is not found: then the object's lease, and no extra."""
-        entries = self._blocks.get(block)
+    def _close(self) -> tuple[L | None, X | None]:
+        """The lease (and extra) of the innermost block the calling thread (task)
+        entered, taken off; the object no longer holds it.
+
+        The lease acquired through the object in the body, in this thread (task), after
+        it released the block's own: the block's now. A block left in another thread or
+        task than it entered (a generator resumed elsewhere can be) is not found: then
+        the object's lease, and the entry of whichever block entered with it goes too.
+        """
+        caller = self._caller()
         lease: L | None
         extra: X | None
-        if entries:
-            lease, extra = entries.pop()
-            if not entries:
-                del self._blocks[block]
-        else:
-            lease, extra = self._lease, None
-        if lease is not None:
-            self._let_go(lease)
+        with self._guard:
+            blocks = self._blocks
+            entries = blocks.get(caller)
+            if entries:
+                lease, extra = entries.pop()
+                if not entries:
+                    del blocks[caller]
+            else:
+                lease, extra = self._lease, None
+                if lease is not None:
+                    self._drop_entry(lease)
+            current = self._lease
+            if (
+                lease is not None
+                and lease.released
+                and current is not None
+                and current is not lease
+                and self._taker is caller
+            ):
+                lease = current
+            if lease is not None and self._lease is lease:
+                self._lease = None
         return lease, extra
+
+    def _drop_entry(self, lease: L) -> None:
+        """Take off the entry of the block that entered with ``lease`` (under the guard)."""
+        for caller, entries in list(self._blocks.items()):
+            for i, (held, _) in enumerate(entries):
+                if held is lease:
+                    del entries[i]
+                    if not entries:
+                        del self._blocks[caller]
+                    return
 
     def _let_go(self, lease: L) -> None:
         """The object no longer holds ``lease``, if it still does."""

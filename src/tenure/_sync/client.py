@@ -531,8 +531,8 @@ class Lock(LockView[Lease, None]):
         got = self._client._acquire(self._spec, self._blocking, self._timeout)
         try:
             lease = self._entered(got)
-            self._open(threading.get_ident(), lease, None)
             lease._bind()
+            self._open(lease, None)  # the last step: no entry left if one before fails
         except BaseException:  # no block to leave: nothing else would release it
             self._abandon(got)
             raise
@@ -545,21 +545,17 @@ class Lock(LockView[Lease, None]):
         tb: TracebackType | None,
     ) -> None:
         # The block's own lease: by now the object may hold another thread's.
-        lease, _ = self._close(threading.get_ident())
-        if lease is not None:
-            lease._unbind()
+        lease, _ = self._close()
         failure: Exception | None = None
         if lease is None:
             failure = NotHeld(self.name, "leaving a block whose lock this object no longer holds")
-        elif not lease.released:
-            try:
-                lease.release()
-            except Exception as error:  # reported below; the body's exception wins
-                failure = error
-        elif lease.lost_error is None:
-            # Released in the body (``lock.release()``), as ``threading.Lock`` would
-            # complain of at the end of its block.
-            failure = NotHeld(self.name, "the block's lease was released before it ended")
-        # Else released already because it was lost (a failed extension): not NotHeld,
-        # but the loss is told, since the body ran unprotected.
+        else:
+            lease._unbind()
+            if not lease.released:
+                try:
+                    lease.release()
+                except Exception as error:  # reported below; the body's exception wins
+                    failure = error
+        # A lease released already (by the body, or because it was lost: a failed
+        # extension) ends the block quietly, but a loss is told: the body ran unprotected.
         leave_block(self.name, None if lease is None else lease.lost_error, exc, failure)

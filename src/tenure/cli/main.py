@@ -57,16 +57,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if words[:1] == ["run"] and "--" in words:
         cut = words.index("--")
         words, tail = words[:cut], words[cut + 1 :]
-        if len(tail) > 1 and tail[0].startswith("-") and tail[1] == "--":
-            # `tenure run [OPTIONS] -- -NAME -- COMMAND`: one word that begins with "-"
-            # between the two, which argparse would take for an option: the lock's name.
-            words, tail = [*words, "--", tail[0]], tail[2:]
     # `tenure run` reports every error of its own with one code that its command would not
     # return for itself (see tenure.cli.run); the other subcommands keep argparse's 2.
     error_exit = EXIT_TENURE_ERROR if words[:1] == ["run"] else EXIT_USAGE
     _log_warnings(parser.prog)
     try:
         args = parser.parse_args(words)
+        if getattr(args, "takes_command", False) and args.name is None:
+            # No NAME before "--": `tenure run [OPTIONS] -- -NAME -- COMMAND`, for a name
+            # that begins with "-" (argparse would take it for an option).
+            named = tail or []
+            if len(named) < 3 or named[1] != "--":
+                args.parser.error("the following arguments are required: NAME, COMMAND")
+            args.name, tail = named[0], named[2:]
         if tail is not None:
             if not getattr(args, "takes_command", False):
                 parser.error(f"unrecognized arguments: -- {' '.join(tail)}")
@@ -218,7 +221,8 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=RUN_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("name", metavar="NAME", help="the lock's name")
+    # Optional for argparse only: a NAME that begins with "-" comes after "--" (main()).
+    p.add_argument("name", metavar="NAME", nargs="?", help="the lock's name")
     p.add_argument("command", metavar="COMMAND", nargs="*", help=argparse.SUPPRESS)
     _add_nodes_option(p)
     p.add_argument(
@@ -263,7 +267,7 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _add_node_timeout_option(p, 0.05, "for any one node in a round")
     _add_key_prefix_option(p)
-    p.set_defaults(handler=_cmd_run, takes_command=True)
+    p.set_defaults(handler=_cmd_run, takes_command=True, parser=p)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
