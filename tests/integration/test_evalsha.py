@@ -260,10 +260,11 @@ def test_a_user_without_evalsha_is_sent_eval(api: Api, nodes3: LocalCluster) -> 
         client.acquire(f"acl-{uuid.uuid4().hex}", ttl=2.0, blocking=False).release()
         acquires = 1 + _granted_everywhere(api, client, f"acl-{uuid.uuid4().hex}", nodes3)
         # Refused once per node (more only while its refusal came after the round was
-        # decided and after the next acquire left)...
+        # decided and after the next command left: an acquire, or its release, which
+        # goes by EVALSHA too; a loaded run once saw 3 for 2 acquires)...
         after = _evalsha_refused(nodes3)
         refused = [a - b for a, b in zip(after, before, strict=True)]
-        assert all(1 <= r <= acquires for r in refused), (refused, acquires)
+        assert all(1 <= r <= 2 * acquires for r in refused), (refused, acquires)
         # ... and then never tried again by this client.
         for _ in range(5):
             _granted_everywhere(api, client, f"acl-{uuid.uuid4().hex}", nodes3)
