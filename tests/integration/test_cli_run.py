@@ -341,22 +341,31 @@ def test_sigterm_is_forwarded_waited_for_and_released(
     assert _no_key_left(cluster, key)
 
 
-def test_sigquit_stops_the_command_like_sigterm(
-    cluster: LocalCluster, key: str, tmp_path: Path
-) -> None:
-    # Ctrl-\ at the terminal reaches only tenure run (the command has its own session);
-    # it killed tenure run by its default action and left the command running, unlocked.
-    pids = tmp_path / "pids"
+def _signal_a_sleeping_command(
+    cluster: LocalCluster, key: str, tmp_path: Path, sig: signal.Signals
+) -> tuple[int, str, int]:
+    """``tenure run`` of a command that sleeps, sent ``sig`` once the command runs: its
+    exit code, its stderr and the command's pid."""
+    pids = tmp_path / f"pids-{sig.name}"
     proc = _spawn(
         "run", key, *_redis(cluster), "--", "sh", "-c", f"echo $$ > {pids}; exec sleep 30"
     )
     try:
         [command] = _wait_for_pids(pids, proc)
-        proc.send_signal(signal.SIGQUIT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=_TIMEOUT)
     finally:
         _reap(proc)
-    assert proc.returncode == 128 + signal.SIGQUIT == 131, err
+    return proc.returncode, err, command
+
+
+def test_sigquit_stops_the_command_like_sigterm(
+    cluster: LocalCluster, key: str, tmp_path: Path
+) -> None:
+    # Ctrl-\ at the terminal reaches only tenure run (the command has its own session);
+    # it killed tenure run by its default action and left the command running, unlocked.
+    code, err, command = _signal_a_sleeping_command(cluster, key, tmp_path, signal.SIGQUIT)
+    assert code == 128 + signal.SIGQUIT == 131, err
     assert _all_gone([command])
     assert _no_key_left(cluster, key)
 
@@ -382,17 +391,8 @@ def test_other_signals_are_passed_on_and_the_command_decides(
     assert proc.returncode == 4, err  # the command's own status
     assert seen.read_text() == "USR1\n"
     assert _no_key_left(cluster, key)
-    pids.unlink()
-    proc = _spawn(
-        "run", key, *_redis(cluster), "--", "sh", "-c", f"echo $$ > {pids}; exec sleep 30"
-    )
-    try:
-        [command] = _wait_for_pids(pids, proc)
-        proc.send_signal(signal.SIGALRM)
-        _, err = proc.communicate(timeout=_TIMEOUT)
-    finally:
-        _reap(proc)
-    assert proc.returncode == 128 + signal.SIGALRM, err  # the command died of it
+    code, err, command = _signal_a_sleeping_command(cluster, key, tmp_path, signal.SIGALRM)
+    assert code == 128 + signal.SIGALRM, err  # the command died of it
     assert _all_gone([command])
     assert _no_key_left(cluster, key)
 

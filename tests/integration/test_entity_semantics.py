@@ -175,6 +175,11 @@ def sets() -> Iterator[dict[int, LocalCluster]]:
         yield {1: one, 3: three}
 
 
+def _block_methods(api: Flavour) -> tuple[str, str]:
+    """The names of a lock object's methods that enter and leave a block."""
+    return ("__aenter__", "__aexit__") if api.loop else ("__enter__", "__exit__")
+
+
 def _drop_keys(cluster: LocalCluster, key: str) -> None:
     """The lock vanishes from every node (expired there, or a stranger's delete)."""
     for node in cluster:
@@ -360,7 +365,7 @@ def test_a_block_whose_body_released_and_took_the_lock_again_releases_that(
     client = api.client(sets[3].urls)
     a = api.main
     lock = client.lock(key, ttl=TTL, watchdog=True)
-    enter, leave = ("__aenter__", "__aexit__") if api.loop else ("__enter__", "__exit__")
+    enter, leave = _block_methods(api)
     first = a(getattr(lock, enter))
     a(lock.release)
     assert a(lock.acquire) is True
@@ -387,7 +392,7 @@ def test_blocks_left_in_another_caller_release_theirs_and_leave_nothing(
     client = api.client(sets[3].urls)
     a, b = api.main, api.caller()
     lock = client.lock(key, ttl=TTL, watchdog=True)
-    enter, leave = ("__aenter__", "__aexit__") if api.loop else ("__enter__", "__exit__")
+    enter, leave = _block_methods(api)
     for first, second in [(a, b), (b, a), (a, b)]:
         lease = first(getattr(lock, enter))
         second(getattr(lock, leave), None, None, None)
@@ -433,7 +438,7 @@ def test_a_shared_lock_objects_block_releases_only_its_own_lease(
     # took the lock while the second body still ran under a lease it believed valid.
     client = api.client(sets[n].urls)
     a, b = api.main, api.caller()
-    enter, leave = ("__aenter__", "__aexit__") if api.loop else ("__enter__", "__exit__")
+    enter, leave = _block_methods(api)
     lock = client.lock(key, ttl=0.5)
     first = a(getattr(lock, enter))
     time.sleep(0.6)  # the first body overruns its TTL
