@@ -19,9 +19,9 @@ A non-blocking attempt is let through: it never waits, and it answers "held" as
 The owner is whatever the driver says identifies the caller (a ``threading.Thread``, an
 ``asyncio.Task``): this module only compares owners. It is not thread-safe; the client
 serialises calls. Leases leave the book when their block ends or they are released or
-lost; one that simply
-ran out (no watchdog, never released) stops counting at its validity deadline and is
-swept later, so the book never vouches for a lease the nodes no longer keep.
+lost; one that simply ran out (no watchdog, never released) stops counting at its
+validity deadline and is swept later, so the book never vouches for a lease the nodes no
+longer keep.
 
 Kept in one place so that reentrant locks, if they come, can be decided here too.
 """
@@ -111,8 +111,8 @@ def self_deadlock(name: str, who: str, holder: Held) -> SelfDeadlock:
         name,
         f"{who} is inside a `with` block holding it through this client ({holder!r}), so "
         "this acquire would wait for its own block until that lease ran out (forever with "
-        "a watchdog). tenure locks "
-        "are not reentrant: pass the block's lease down instead of acquiring again, or "
-        "acquire after the block (another thread or task acquiring it waits as usual)",
+        "a watchdog). tenure locks are not reentrant: pass the block's lease down "
+        "instead of acquiring again, or acquire after the block (another thread or task "
+        "acquiring it waits as usual)",
         holder,
     )
