@@ -27,6 +27,7 @@ from tenure._driver import acl as _acl
 from tenure.cli import main
 from tenure.cli.node_rules import EXIT_UNAVAILABLE
 from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster, LocalSentinelSet
+from tenure.testing.topologies import server_version
 
 from .conftest import Api
 
@@ -97,8 +98,12 @@ def _user(servers: list[LocalNode], *rules: str) -> Iterator[str]:
 
 
 def _documented(kind: str, *, without: str = "") -> list[str]:
-    rules = _acl.least_privilege_acl("x", "pw", kind=kind).split()[3:]
-    assert without in ("", *rules), without
+    # For the servers these tests run: Redis 6.2 refuses a rule naming SSUBSCRIBE, and
+    # its line has none.
+    version = server_version()[1]
+    line = _acl.least_privilege_acl("x", "pw", kind=kind, version=version)
+    rules = line.split()[3:]
+    assert without in ("", *rules) or version < (7,), without
     return [r for r in rules if r != without]
 
 

@@ -69,7 +69,9 @@ def _user(cluster: Iterable[LocalNode], *rules: str) -> Iterator[str]:
     name = f"tenure-obj-{next(_USERS)}"
     for node in cluster:
         with node.client() as c:
-            c.execute_command("ACL", "SETUSER", name, "on", ">pw", *rules)
+            # resetchannels first: Redis 6.2 gives a new user every channel
+            # (acl-pubsub-default allchannels), after which a channel pattern is an error.
+            c.execute_command("ACL", "SETUSER", name, "on", ">pw", "resetchannels", *rules)
     try:
         yield name
     finally:
