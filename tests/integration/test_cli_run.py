@@ -323,33 +323,18 @@ def test_nodes_lost_after_the_command_ended_is_a_warning(faulty: LocalCluster, k
 # --- signals to tenure run itself -----------------------------------------------------
 
 
-def test_sigterm_is_forwarded_waited_for_and_released(
-    cluster: LocalCluster, key: str, tmp_path: Path
-) -> None:
-    pids, seen = tmp_path / "pids", tmp_path / "seen"
-    script = f'trap "echo TERM > {seen}; exit 3" TERM; echo $$ > {pids}; sleep 30 & wait'
-    proc = _spawn("run", key, *_redis(cluster), "--", "sh", "-c", script)
-    try:
-        [shell] = _wait_for_pids(pids, proc)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=_TIMEOUT)
-    finally:
-        _reap(proc)
-    assert proc.returncode == 128 + signal.SIGTERM == 143, err
-    assert seen.read_text() == "TERM\n"  # the command got it, exactly once
-    assert _all_gone([shell])
-    assert _no_key_left(cluster, key)
-
-
-def _signal_a_sleeping_command(
-    cluster: LocalCluster, key: str, tmp_path: Path, sig: signal.Signals
+def _signal_the_command(
+    cluster: LocalCluster,
+    key: str,
+    tmp_path: Path,
+    sig: signal.Signals,
+    script: str = "echo $$ > {pids}; exec sleep 30",
 ) -> tuple[int, str, int]:
-    """``tenure run`` of a command that sleeps, sent ``sig`` once the command runs: its
-    exit code, its stderr and the command's pid."""
+    """``tenure run`` of a shell ``script`` (by default one that sleeps; it writes its pid
+    to ``{pids}``), sent ``sig`` once the command runs: the exit code of ``tenure run``,
+    its stderr and the command's pid."""
     pids = tmp_path / f"pids-{sig.name}"
-    proc = _spawn(
-        "run", key, *_redis(cluster), "--", "sh", "-c", f"echo $$ > {pids}; exec sleep 30"
-    )
+    proc = _spawn("run", key, *_redis(cluster), "--", "sh", "-c", script.format(pids=pids))
     try:
         [command] = _wait_for_pids(pids, proc)
         proc.send_signal(sig)
@@ -359,12 +344,24 @@ def _signal_a_sleeping_command(
     return proc.returncode, err, command
 
 
+def test_sigterm_is_forwarded_waited_for_and_released(
+    cluster: LocalCluster, key: str, tmp_path: Path
+) -> None:
+    seen = tmp_path / "seen"
+    trap = f'trap "echo TERM > {seen}; exit 3" TERM; echo $$ > {{pids}}; sleep 30 & wait'
+    code, err, shell = _signal_the_command(cluster, key, tmp_path, signal.SIGTERM, trap)
+    assert code == 128 + signal.SIGTERM == 143, err
+    assert seen.read_text() == "TERM\n"  # the command got it, exactly once
+    assert _all_gone([shell])
+    assert _no_key_left(cluster, key)
+
+
 def test_sigquit_stops_the_command_like_sigterm(
     cluster: LocalCluster, key: str, tmp_path: Path
 ) -> None:
     # Ctrl-\ at the terminal reaches only tenure run (the command has its own session);
     # it killed tenure run by its default action and left the command running, unlocked.
-    code, err, command = _signal_a_sleeping_command(cluster, key, tmp_path, signal.SIGQUIT)
+    code, err, command = _signal_the_command(cluster, key, tmp_path, signal.SIGQUIT)
     assert code == 128 + signal.SIGQUIT == 131, err
     assert _all_gone([command])
     assert _no_key_left(cluster, key)
@@ -391,7 +388,7 @@ def test_other_signals_are_passed_on_and_the_command_decides(
     assert proc.returncode == 4, err  # the command's own status
     assert seen.read_text() == "USR1\n"
     assert _no_key_left(cluster, key)
-    code, err, command = _signal_a_sleeping_command(cluster, key, tmp_path, signal.SIGALRM)
+    code, err, command = _signal_the_command(cluster, key, tmp_path, signal.SIGALRM)
     assert code == 128 + signal.SIGALRM, err  # the command died of it
     assert _all_gone([command])
     assert _no_key_left(cluster, key)
