@@ -516,6 +516,50 @@ def test_unreachable_upstream_is_502() -> None:
     assert "ConnectError" in response.json()["detail"]
 
 
+@pytest.mark.parametrize(
+    ("method", "raw_path", "query"),
+    [
+        ("PUT", b"/doc#1", b""),  # h11 accepts '#' in a target; httpx will not send it
+        ("PUT", b"/doc", b"v=1#top"),
+        ("PUT", b"/caf\xc3\xa9", b""),  # non-ASCII, as servers other than h11 may pass
+        ("GET", b"/doc#1", b""),  # unguarded: answered all the same, not raised
+    ],
+)
+def test_a_target_the_proxy_cannot_forward_is_400_and_records_no_token(
+    store: Store, method: str, raw_path: bytes, query: bytes
+) -> None:
+    # Driven with a raw ASGI scope: httpx, as a client, would strip or escape the target.
+    path = raw_path.decode("utf-8")
+    scope: Scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": raw_path,
+        "query_string": query,
+        "headers": [(b"fencing-token", b"7"), (b"host", b"gate.invalid")],
+    }
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"v", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def scenario() -> FencingProxy:
+        async with FencingProxy(store.url) as proxy:
+            await proxy(scope, receive, send)
+        return proxy
+
+    proxy = run(scenario())
+    assert sent[0]["status"] == 400
+    answer = json.loads(sent[1]["body"])
+    assert answer["error"] == "request target cannot be forwarded"
+    assert "percent-encode" in answer["detail"]
+    assert proxy.tokens.highest(path) is None
+    assert store.writes == []
+
+
 def test_proxy_closes_its_client_at_lifespan_shutdown(store: Store) -> None:
     proxy = FencingProxy(store.url)
     messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
@@ -645,6 +689,21 @@ def test_token_book_refuses_a_file_that_is_not_a_book(tmp_path: Path) -> None:
         path.write_text(text)
         with pytest.raises(ConfigurationError, match="not a tenure token book"):
             TokenBook(path)
+
+
+def test_token_book_refuses_a_path_it_cannot_read(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="cannot read") as caught:
+        TokenBook(tmp_path)  # a directory
+    assert caught.value.parameter == "path"
+    assert "JSON file" in str(caught.value)
+
+
+def test_token_book_refuses_a_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ConfigurationError, match="not a tenure token book") as caught:
+        TokenBook(path)
+    assert caught.value.parameter == "path"
 
 
 def test_unpersistable_token_is_not_admitted_and_the_gate_answers_503(tmp_path: Path) -> None:

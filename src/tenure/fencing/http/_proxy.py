@@ -47,7 +47,9 @@ class FencingProxy(FencingGate):
     headers and body come back unchanged. Request bodies are buffered in memory;
     response bodies are streamed. An upstream that cannot be reached, or fails at the
     HTTP level, is answered ``502``, and a timeout ``504``; in both cases the token stays
-    recorded (see the module docstring).
+    recorded (see the module docstring). A request target that cannot be made into an
+    upstream URL (an unescaped ``#``, say) is answered ``400`` before the gate sees the
+    request, so its token is not recorded.
 
     Args:
         upstream: base URL of the store, ``http://host:port[/prefix]``; request paths
@@ -88,6 +90,20 @@ class FencingProxy(FencingGate):
             tokens=tokens,
         )
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The target is checked before the gate, not when forwarding: the gate records a
+        # guarded request's token as it admits it, before the app runs, and a recorded
+        # token cannot be taken back (other requests may already have been refused by
+        # it). So a request that could never be forwarded is answered here, and leaves
+        # the book as it found it.
+        if scope["type"] == "http":
+            try:
+                self.forwarder.url(scope)
+            except _Unforwardable as exc:
+                await _send_unforwardable(send, exc)
+                return
+        await super().__call__(scope, receive, send)
+
     async def aclose(self) -> None:
         """Close the HTTP client, if the proxy made it."""
         await self.forwarder.aclose()
@@ -113,6 +129,10 @@ def _require_httpx() -> None:
 
 class _ClientGone(Exception):
     """The client disconnected before its request body arrived."""
+
+
+class _Unforwardable(Exception):
+    """The request target cannot be made into an upstream URL; the message says why."""
 
 
 class _Forwarder:
@@ -162,9 +182,16 @@ class _Forwarder:
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         import httpx
 
+        try:
+            url = self.url(scope)
+        except _Unforwardable as exc:
+            # Only reached when the forwarder runs behind another gate than its proxy's,
+            # which checks the target first; answered the same way.
+            await _send_unforwardable(send, exc)
+            return
         request = httpx.Request(
             scope["method"],
-            self._url(scope),
+            url,
             headers=_forwardable(scope["headers"], drop=_REQUEST_ONLY),
             content=await _read_body(receive),
         )
@@ -183,12 +210,21 @@ class _Forwarder:
         finally:
             await response.aclose()
 
-    def _url(self, scope: Scope) -> httpx.URL:
+    def url(self, scope: Scope) -> httpx.URL:
+        """The upstream URL for an HTTP scope; raises _Unforwardable if there is none."""
+        import httpx
+
         raw_path: bytes | None = scope.get("raw_path")
         path = raw_path if raw_path else quote(scope["path"]).encode("ascii")
         query: bytes = scope.get("query_string", b"")
         target = self.upstream.raw_path.rstrip(b"/") + path + (b"?" + query if query else b"")
-        return self.upstream.copy_with(raw_path=target)
+        # h11 accepts any visible ASCII in a target ("#" included) and other servers may
+        # pass on non-ASCII bytes; httpx refuses both.
+        try:
+            return self.upstream.copy_with(raw_path=target)
+        except (httpx.InvalidURL, UnicodeDecodeError) as exc:
+            shown = (path + (b"?" + query if query else b"")).decode("latin-1")
+            raise _Unforwardable(f"{shown!r}: {exc}") from exc
 
 
 def _check_upstream(upstream: str) -> httpx.URL:
@@ -203,6 +239,11 @@ def _check_upstream(upstream: str) -> httpx.URL:
             "upstream", f"must be http(s)://host[:port][/prefix] with no query, got {upstream!r}"
         )
     return url
+
+
+async def _send_unforwardable(send: Send, exc: _Unforwardable) -> None:
+    detail = f"{exc}; percent-encode '#' and non-ASCII characters in the path and query"
+    await _send_json(send, 400, {"error": "request target cannot be forwarded", "detail": detail})
 
 
 async def _read_body(receive: Receive) -> bytes:

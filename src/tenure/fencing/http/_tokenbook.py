@@ -106,6 +106,17 @@ def _load_book(path: Path) -> dict[str, int]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return {}
+    except OSError as exc:
+        # A directory, an unreadable file, a parent that is a file: the book could never
+        # be read back, so refuse it now rather than let a raw OSError out of __init__.
+        reason = exc.strerror or str(exc)
+        raise ConfigurationError(
+            "path",
+            f"cannot read {path} as a token book ({reason}): pass the path of a JSON file "
+            "this process may read and write, or of one not yet created",
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError("path", f"{path} is not a tenure token book: {exc}") from exc
     try:
         document = json.loads(text)
         entries = document["highest"]
