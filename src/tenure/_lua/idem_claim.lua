@@ -4,7 +4,8 @@
 -- ARGV[1]  our claim marker: "p:" followed by a random owner id, unique per attempt
 -- ARGV[2]  the claim's lease in milliseconds (a positive integer)
 --
--- Returns {1, ""} when the key was free and is now ours (SET ARGV[1] PX ARGV[2]);
+-- Returns {1, ""} when the key was free and is now ours (SET ARGV[1] PX ARGV[2]), or
+-- already held our very claim (its PX renewed to ARGV[2]);
 -- {2, result} when an attempt already recorded a result (the key holds "d:" .. result);
 -- {3, ""} when an attempt recorded that it finished without a result (the key holds "n:");
 -- {0, pttl} when another attempt holds the claim, pttl being the milliseconds left on its
@@ -12,8 +13,13 @@
 --
 -- An expired claim is simply absent, so a crashed attempt is taken over once its lease
 -- runs out. Checking and claiming in one script leaves no gap between them.
+--
+-- Our own marker already there means this is the same call run again: a client that
+-- retries after a lost reply (redis-py does by default) resends it, and the first run
+-- claimed the key. The marker is random per attempt, so no other attempt holds it;
+-- answering "busy" would block the key for the whole lease with nobody working on it.
 local value = redis.call("GET", KEYS[1])
-if not value then
+if not value or value == ARGV[1] then
     redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
     return {1, ""}
 end

@@ -16,16 +16,24 @@ One key per idempotency key, ``<namespace>:{<key>}``, holding one of::
     d:<result>   done; the encoded result; PX = the retention (default one day)
     n:           done, with no result (None); PX = the retention
 
+and next to it ``<namespace>:{<key>}:receipt`` (the same hash slot), holding the
+``p:<owner>`` of the attempt that stored the record with :meth:`RedisOnce.record`; PX =
+the lease, or the retention if shorter.
+
 An attempt runs ``idem_claim.lua``: if the key is absent it sets ``p:<owner>`` with the
-lease (``SET NX PX``, the owner random per attempt) and the attempt proceeds; if it holds
-a record, that is the answer; if it holds another claim, the attempt waits (polls with
-jittered back-off, never past the holder's lease) up to ``wait`` seconds, then raises
-:class:`InProgress`. A claim whose holder crashed simply expires with its lease, and the
-next attempt takes the key over. When the effect is done, ``idem_record.lua`` replaces
-our claim by the record, only if the key still holds *our* claim (or nothing): a
-compare-and-set, so an attempt whose lease ran out cannot overwrite the attempt that
-took over. If the block raises, ``idem_release.lua`` deletes our claim, so a retry need
-not wait for the lease.
+lease (``SET NX PX``, the owner random per attempt) and the attempt proceeds (so it does
+if the key holds this attempt's own claim: the client lost the reply and ran the script
+again, as redis-py does by default); if it holds a record, that is the answer; if it
+holds another claim, the attempt waits (polls with jittered back-off, never past the
+holder's lease) up to ``wait`` seconds, then raises :class:`InProgress`. A claim whose
+holder crashed simply expires with its lease, and the next attempt takes the key over.
+When the effect is done, ``idem_record.lua`` replaces our claim by the record, only if
+the key still holds *our* claim (or nothing): a compare-and-set, so an attempt whose
+lease ran out cannot overwrite the attempt that took over. It writes the receipt too: a
+retried record (its first reply lost) that finds its own record *and* the receipt naming
+this attempt has succeeded, while the same value recorded by an attempt that took over
+(``n:`` for every ``None``) is still :class:`ClaimLost`. If the block raises,
+``idem_release.lua`` deletes our claim, so a retry need not wait for the lease.
 
 **What is atomic with what.** That depends on where the effect lives:
 

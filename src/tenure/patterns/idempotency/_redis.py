@@ -84,6 +84,7 @@ class RedisOnce:
         self.result = result
         self._store = store
         self._redis_key = store.redis_key(key)
+        self._receipt_key = store._receipt_key(key)
         self._marker = marker  # our claim; None once recorded, released, or never held
 
     def __repr__(self) -> str:
@@ -99,7 +100,9 @@ class RedisOnce:
     def record(self, result: Any) -> None:
         """Store ``result`` as the outcome; later duplicates get it instead of running.
 
-        Call it after the effect. Only a record that replaces our own claim is stored.
+        Call it after the effect. Only a record that replaces our own claim is stored. A
+        client that runs it again after losing the reply (redis-py retries by default)
+        finds our record and our receipt, and succeeds.
 
         Raises:
             ClaimLost: our lease ran out and another attempt took the key; our effect
@@ -110,11 +113,13 @@ class RedisOnce:
         store = self._store
         status, holding = store.client.eval(
             _source("idem_record"),
-            1,
+            2,
             self._redis_key,
+            self._receipt_key,
             marker,
             store._record_value(result),
             store._retention_ms,
+            store._receipt_ms,
         )
         if status != 1:
             self._marker = None  # the claim is gone: leaving the block must not record
@@ -222,7 +227,8 @@ class RedisIdempotency:
 
     Args:
         client: a ``redis.Redis`` (raw bytes replies recommended); not closed by the store.
-        namespace: the first part of every key: ``<namespace>:{<key>}``.
+        namespace: the first part of every key: ``<namespace>:{<key>}``, and its
+            receipt ``<namespace>:{<key>}:receipt``.
         lease: seconds a claim lasts; after it, a crashed attempt is taken over. Must
             exceed the longest effect (see the module docstring for what happens if not).
         retention: seconds a result is kept; a duplicate arriving later runs again.
@@ -260,6 +266,8 @@ class RedisIdempotency:
         self.namespace = namespace
         self._lease_ms = _seconds_to_ms("lease", lease)
         self._retention_ms = _seconds_to_ms("retention", retention)
+        # idem_record.lua says why the receipt lasts this long.
+        self._receipt_ms = min(self._lease_ms, self._retention_ms)
         self.lease = lease
         self.retention = retention
         self.wait = _check_wait(wait)
@@ -270,6 +278,12 @@ class RedisIdempotency:
     def redis_key(self, key: str) -> str:
         """The Redis key that holds idempotency key ``key``'s claim or record."""
         return f"{self.namespace}:{{{_check_key(key)}}}"
+
+    def _receipt_key(self, key: str) -> str:
+        # The whole Redis key, then a suffix: the same hash tag (the first {...}) whatever
+        # braces ``key`` holds, so both keys of idem_record.lua share a Cluster slot. No
+        # idempotency key's Redis key ends so (they end with "}").
+        return f"{self.redis_key(key)}:receipt"
 
     def _record_value(self, result: Any) -> bytes:
         return b"n:" if result is None else b"d:" + self.codec.dumps(result)
