@@ -31,8 +31,11 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import tenure
+from tenure._lua import script
 from tenure.patterns.streams import (
     KEY_FIELD,
     Handler,
@@ -44,6 +47,7 @@ from tenure.patterns.streams import (
     partition_stream,
 )
 from tenure.testing import LocalCluster
+from tenure.verify.proxy import Proxy
 
 TTL = 1.0  # partition leases: a dead worker's partitions move after about this long
 GROUP = "appliers"
@@ -619,6 +623,119 @@ def test_an_entry_deleted_while_pending_is_acknowledged_and_skipped(
     # Redis 6.2 reports it as a nil entry (acknowledged by the read script); 7 drops it.
     major = int(_s(client.info("server")["redis_version"]).split(".")[0])
     assert worker.stats.skipped == (1 if major < 7 else 0)
+
+
+def _seqs(applied: list[tuple[str, int]]) -> Callable[[str, Mapping[str, bytes], int], None]:
+    def handler(key: str, payload: Mapping[str, bytes], token: int) -> None:
+        applied.append((key, int(payload["seq"])))
+
+    return handler
+
+
+def _run_until(worker: StreamWorker, done: Callable[[], bool], within: float = 3.0) -> None:
+    """Passes of ``worker`` until ``done()`` or ``within`` seconds; the caller asserts."""
+    deadline = time.monotonic() + within
+    while not done() and time.monotonic() < deadline:
+        if worker.run_once() == 0:
+            time.sleep(0.01)
+
+
+def test_a_read_run_again_hands_out_the_lost_batch_first(
+    solo: Callable[..., StreamWorker], data: Store, prefix: str
+) -> None:
+    # The read script ran (its XREADGROUP moved 6..10 into the worker's pending list)
+    # but the worker never saw the reply: a timeout, or redis-py's own retry running the
+    # read again. The next read for new entries must hand out 6..10 first, not 11..15.
+    applied: list[tuple[str, int]] = []
+    worker = solo("solo", _seqs(applied), batch_size=5)
+    producer = StreamProducer(data.client, prefix, 1)
+    ids = producer.append_many(("k", {"seq": s}) for s in range(1, 16))
+    _run_until(worker, lambda: len(applied) == 5)
+    assert applied == [("k", s) for s in range(1, 6)]
+    stream = partition_stream(prefix, 0)
+    keys = [stream, f"{stream}:owner:{GROUP}"]
+    token = data.client.get(keys[1])  # the worker's: the script serves its owner only
+    assert token is not None
+    lost = data.client.eval(
+        script("stream_read").source.decode(), 2, *keys, _s(token), GROUP, "solo", 5, ""
+    )
+    assert [_s(entry_id) for entry_id, _ in lost[2]] == ids[5:10]
+    _run_until(worker, lambda: len(applied) == 15)
+    assert applied == [("k", s) for s in range(1, 16)]
+    _assert_nothing_pending(data.client, prefix, 1)
+
+
+def test_a_lost_read_reply_skips_nothing_and_keeps_order(
+    lock_nodes: LocalCluster, data_node: LocalCluster, data: Store, prefix: str
+) -> None:
+    # The stream node runs a read but its reply is lost on the way back (the worker's
+    # socket times out); then the network heals. The batch that read moved into the
+    # worker's pending list comes next, before anything newer.
+    node = data_node[0]
+    assert node.port is not None
+    applied: list[tuple[str, int]] = []
+    with (
+        Proxy(node.host, node.port, name="stream-node") as proxy,
+        tenure.Client(lock_nodes.urls) as locks,
+        redis.Redis(
+            host=proxy.address[0],
+            port=proxy.address[1],
+            socket_timeout=0.2,
+            retry=Retry(NoBackoff(), 1),  # after the heal, reconnect at once
+        ) as client,
+    ):
+        worker = StreamWorker(
+            locks,
+            client,
+            prefix,
+            1,
+            GROUP,
+            "behind-proxy",
+            _seqs(applied),
+            lease_ttl=TTL,
+            batch_size=5,
+            rebalance_interval=60.0,  # no heartbeat inside the fault: only the read
+            retry_delay=0.05,
+        )
+        try:
+            producer = StreamProducer(data.client, prefix, 1)
+            producer.append_many(("k", {"seq": s}) for s in range(1, 31))
+            _run_until(worker, lambda: len(applied) == 5)
+            assert applied == [("k", s) for s in range(1, 6)]
+            proxy.drop_replies()
+            assert worker.run_once() == 0
+            proxy.heal()
+            assert proxy.stats.bytes_dropped > 0
+            # Without a rewind: 6..10 stay pending, and 11..30 are handled first.
+            _run_until(worker, lambda: len(applied) == 30)
+            assert applied == [("k", s) for s in range(1, 31)]
+        finally:
+            worker.stop()
+    _assert_nothing_pending(data.client, prefix, 1)
+
+
+def test_an_entry_whose_key_is_not_text_is_skipped(
+    solo: Callable[..., StreamWorker], data: Store, prefix: str
+) -> None:
+    # Written by a producer other than StreamProducer: a key that is not UTF-8 raised a
+    # raw UnicodeDecodeError from every worker's run(), and the partition was stuck.
+    client, stream = data.client, partition_stream(prefix, 0)
+    producer = StreamProducer(client, prefix, 1)
+    producer.append("k1", {"v": "1"})
+    client.xadd(stream, {KEY_FIELD.encode(): b"\xffbad", b"v": b"2"})
+    client.xadd(stream, {KEY_FIELD.encode(): b"k1", b"\xfename": b"x", b"v": b"3"})
+    producer.append("k1", {"v": "4"})
+    seen: list[tuple[str, dict[str, bytes]]] = []
+    worker = solo("tolerant", lambda key, payload, token: seen.append((key, dict(payload))))
+    _run_until(worker, lambda: len(seen) == 3 and client.xpending(stream, GROUP)["pending"] == 0)
+    # A field name that is not UTF-8 arrives decoded with surrogateescape: nothing lost.
+    assert seen == [
+        ("k1", {"v": b"1"}),
+        ("k1", {b"\xfename".decode(errors="surrogateescape"): b"x", "v": b"3"}),
+        ("k1", {"v": b"4"}),
+    ]
+    assert worker.stats.skipped == 1
+    _assert_nothing_pending(client, prefix, 1)
 
 
 def test_workers_split_partitions_and_take_over_when_one_stops(

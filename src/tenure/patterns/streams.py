@@ -62,6 +62,14 @@ applied (a per-key sequence number checked as ``seq == last + 1``, or an
 idempotency key on its own: a producer that retries an ``XADD`` whose reply was lost
 appends a second entry with a new id.
 
+**A read whose reply is lost.** Redis may run a read (``XREADGROUP >`` moving a batch
+into this worker's pending list) while its reply never arrives: a timeout, or a
+client-side retry that runs the read again. The worker acknowledges every batch it was
+handed, or rewinds, or drops the partition, so its own pending list is empty whenever it
+asks for new entries; the read script therefore hands out what it finds there first (a
+claim from the start, as a rewind does), which makes a read safe to run twice. A read
+that fails with an error rewinds its partitions as well.
+
 **Spreading partitions.** Each worker refreshes its entry in ``<prefix>:<g>:workers`` every
 ``rebalance_interval`` (expiry = Redis server time + ``heartbeat_ttl``, so the workers'
 clocks never need to agree), reads the live names, and aims at its share: with W live
@@ -603,8 +611,12 @@ class StreamWorker:
             return 0
         try:
             replies = self._read(ready)
-        except redis.RedisError as exc:  # the stream node is unreachable
-            _log.warning("tenure: worker %r cannot read: %r", self.consumer_name, exc)
+        except redis.RedisError as exc:
+            # The scripts may have run with their replies lost (a timeout), leaving
+            # entries delivered to us that we never saw: claim our pending lists again,
+            # so they come before anything newer (as after a failed acknowledgement).
+            for held in ready:
+                self._rewind(held, exc)
             return 0
         return sum(self._on_reply(held, reply) for held, reply in zip(ready, replies, strict=True))
 
@@ -654,7 +666,11 @@ class StreamWorker:
             entry_id = _text(raw_id)
             parsed = _parse_fields(raw_fields)
             if parsed is None:
-                _log.warning("tenure: entry %s has no %s field; skipped", entry_id, KEY_FIELD)
+                _log.warning(
+                    "tenure: entry %s has no usable %s field (missing, or not UTF-8 text); skipped",
+                    entry_id,
+                    KEY_FIELD,
+                )
                 self.stats.skipped += 1
                 done.append(entry_id)
                 continue
@@ -738,10 +754,28 @@ def _bytes(value: Any) -> bytes:
 
 
 def _parse_fields(raw: Sequence[Any]) -> tuple[str, dict[str, bytes]] | None:
-    """``(key, payload)`` of a flat ``[field, value, ...]`` list; None without a key."""
-    fields = {_text(raw[i]): _bytes(raw[i + 1]) for i in range(0, len(raw) - 1, 2)}
+    """``(key, payload)`` of a flat ``[field, value, ...]`` list; None without a usable
+    key (no ``KEY_FIELD``, or one that is not UTF-8 text).
+
+    Entries may come from producers other than :class:`StreamProducer`, so nothing here
+    may raise: one such entry would stop every worker that reads its partition. Field
+    names that are not UTF-8 are decoded with ``surrogateescape``, which loses nothing
+    (``name.encode(errors="surrogateescape")`` gives the bytes back).
+    """
+    fields = {_lossless_text(raw[i]): _bytes(raw[i + 1]) for i in range(0, len(raw) - 1, 2)}
     key = fields.pop(KEY_FIELD, None)
-    return None if key is None else (key.decode(), fields)
+    if key is None:
+        return None
+    try:
+        # A key is a name the nodes can hold (Partitioner), so it must be UTF-8 text;
+        # one that is not has no partition of its own and no key the handler can use.
+        return key.decode(), fields
+    except UnicodeDecodeError:
+        return None
+
+
+def _lossless_text(value: Any) -> str:
+    return value.decode(errors="surrogateescape") if isinstance(value, bytes) else str(value)
 
 
 def _call(client: redis.Redis, source: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
