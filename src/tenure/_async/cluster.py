@@ -52,7 +52,15 @@ from .._core.diagnosis import (
     slot_unserved,
 )
 from .._core.quorum import Failure
-from .._core.slots import MAX_REDIRECTS, Address, SlotMap, map_sources, redirect, routed_slot
+from .._core.slots import (
+    MAX_REDIRECTS,
+    Address,
+    MapDoubt,
+    SlotMap,
+    map_sources,
+    redirect,
+    routed_slot,
+)
 from .._driver.redis_compat import diagnose
 from .._driver.timeouts import within
 from .tasks import finish
@@ -107,6 +115,8 @@ class ClusterChannel:
         self.map: SlotMap | None = None
         self.loads = 0  # slot maps loaded so far (the listener waits for a newer one)
         self._stale = False
+        self._doubt = MapDoubt()
+        self._closing = False  # no load begins while the members close (their errors)
         self._load: asyncio.Task[None] | None = None
         self._reconnect = Reconnect()
         self._blamed: Any = None  # the member whose reply the round judged last
@@ -133,6 +143,7 @@ class ClusterChannel:
 
     def _start_load(self) -> None:
         if self._load is None:
+            self._doubt.loading(time.monotonic())
             self._load = asyncio.get_running_loop().create_task(self._load_map())
 
     async def _load_map(self) -> None:
@@ -200,6 +211,14 @@ class ClusterChannel:
         """Have the whole map reloaded now (a sharded subscription ended)."""
         self._stale = True
         self._start_load()
+
+    def _failed(self) -> None:
+        """A member serving a slot failed on the network: its master may have died and
+        a replica been promoted, which no ``MOVED`` tells, so the map is reloaded (at
+        most once per ``MAP_RECHECK``: ``MapDoubt``)."""
+        if self.map is not None and not self._closing and self._doubt.failed(time.monotonic()):
+            self._stale = True
+            self._start_load()
 
     def _moved(self, slot: int, to: Address) -> None:
         if self.map is not None:
@@ -271,6 +290,7 @@ class ClusterChannel:
             self._blamed.drop(exc)
 
     async def close(self, grace: float) -> None:
+        self._closing = True
         load, self._load = self._load, None
         if load is not None:
             await finish([load])
@@ -288,7 +308,11 @@ class ClusterChannel:
         self.used_at = time.monotonic()
         if self._stale and self.map is not None:
             self._start_load()
-        self._route(command, on_reply, 0, None)
+        try:
+            self._route(command, on_reply, 0, None)
+        except BackingOff:
+            self._failed()  # the slot's master failed lately: a dead master?
+            raise
 
     def _route(
         self,
@@ -325,6 +349,8 @@ class ClusterChannel:
     ) -> None:
         ok, value = reply
         self._blamed = member
+        if not ok and not isinstance(value, (ResponseError, SlotSilent)):
+            self._failed()  # the connection broke or was refused: a dead master?
         if ok or not isinstance(value, ResponseError) or command.replies != 1:
             if not ok and isinstance(value, ResponseError):
                 value = self._silenced(value) or value

@@ -14,6 +14,7 @@ Pure: the drivers hand in replies and error texts and act on what comes back.
 * ``cluster_url``: the parts of a ``redis+cluster://`` node URL (``config`` builds the node).
 * ``redirect``: what a cluster error reply asks of the client (``MOVED``, ``ASK``,
   ``TRYAGAIN``, ``CLUSTERDOWN``), and what a node that could not vote says of it.
+* ``MapDoubt``: when a member's network failure has the slot map loaded again.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from ._slot_tags import TAGS
 from .hosts import REDIS_PORT, parse_host
 
 __all__ = [
+    "MAP_RECHECK",
     "MAX_REDIRECTS",
     "SLOTS",
+    "MapDoubt",
     "Redirect",
     "SlotMap",
     "cluster_url",
@@ -44,6 +47,13 @@ SLOTS = 16384
 # Redirections one node may take within one round (MOVED, then ASK, say): the round's
 # deadline bounds them all anyway; this bounds a slot map that keeps pointing elsewhere.
 MAX_REDIRECTS = 2
+
+# Seconds between two loads of a slot map that only a member's network failure put in
+# doubt: a master killed and its replica promoted sends no MOVED (nobody answers at the
+# old address), so the map is asked again, but a master down for good, or still within
+# the cluster's own failure detection, costs one CLUSTER SLOTS per interval, not one per
+# round of every thread.
+MAP_RECHECK = 0.5
 
 
 def _table() -> tuple[int, ...]:
@@ -172,6 +182,25 @@ class SlotMap:
         owners[slot] = to
         nodes = self.nodes if to in self.nodes else (*self.nodes, to)
         return SlotMap(tuple(owners), nodes)
+
+
+class MapDoubt:
+    """When a network failure of a member (a refused or reset connection, a member in
+    its reconnect back-off) has the slot map loaded again: at most once per
+    ``MAP_RECHECK``, counted from the start of the last load, whatever began it."""
+
+    __slots__ = ("_next",)
+
+    def __init__(self) -> None:
+        self._next = 0.0
+
+    def loading(self, now: float) -> None:
+        """A load of the map begins at ``now``."""
+        self._next = now + MAP_RECHECK
+
+    def failed(self, now: float) -> bool:
+        """A member failed at ``now``: whether the map is to be loaded again for it."""
+        return now >= self._next
 
 
 def _address(node: object, asked: Address) -> Address:

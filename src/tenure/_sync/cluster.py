@@ -37,6 +37,7 @@ from .._core.quorum import Failure, Round
 from .._core.slots import (
     MAX_REDIRECTS,
     Address,
+    MapDoubt,
     Redirect,
     SlotMap,
     map_sources,
@@ -120,6 +121,7 @@ class ClusterState(NodeState):
         self.map: SlotMap | None = None
         self.loads = 0  # slot maps loaded so far (the listener waits for a newer one)
         self._stale = False
+        self._doubt = MapDoubt()
         self._load: _MapLoad | None = None
 
     def member(self, where: Address) -> NodeState:
@@ -157,6 +159,22 @@ class ClusterState(NodeState):
         with self._lock:
             self._stale = True
 
+    def failed(self, now: float) -> None:
+        """A member serving a slot failed on the network: its master may have died and
+        a replica been promoted, which no ``MOVED`` tells, so the map is reloaded (at
+        most once per ``MAP_RECHECK``: ``MapDoubt``)."""
+        with self._lock:
+            if self._doubt.failed(now):
+                self._stale = True
+
+    def routing(self, now: float) -> SlotMap | None:
+        """The map a round is routed by: a reload that ended is taken, a due one begun
+        (in the background; the map known so far serves meanwhile). A link that is
+        ``ready`` is not prepared before its rounds, so this is where they see it."""
+        if self._stale or self._load is not None:
+            self.slot_map(now, _nothing)
+        return self.map
+
     def slot_map(self, now: float, wake: Callable[[], None]) -> SlotMap | Diagnosis | None:
         """The slot map; None while it is being loaded for the first time; why there
         is none (the load failed, or its back-off has not ended)."""
@@ -181,6 +199,7 @@ class ClusterState(NodeState):
                 sources = map_sources(self.address.seeds, self.map)
                 members = [self._member_or_new(a) for a in sources]
                 self._load = load = _MapLoad(members, now + self.connect_timeout, wake)
+                self._doubt.loading(now)
             if self.map is not None:
                 return self.map  # a stale map serves while it is reloaded
             return None if load is not None else self.last
@@ -303,11 +322,20 @@ class ClusterLink(Link):
             return slot_map
         if slot_map is None:
             return None  # loading: ``setup`` says until when
-        for where in slot_map.members:  # the replicas too (``SlotMap.members``)
+        members = slot_map.members
+        for where in members:  # the replicas too (``SlotMap.members``)
             sub = self._sub(where)
             if sub.conn is None:
                 # A member that cannot be connected fails the rounds of its slots only
                 # (``send``), not the node's: its diagnosis is kept on its state.
+                sub.prepare(now, wake)
+        for where, sub in self._subs.items():
+            if sub.setup is not None and where not in members:
+                # A member the map no longer names (a dead master, after a reload) whose
+                # set-up began earlier (an ASK's target, a connection it closed): still
+                # followed to its end, or ``ready`` would wait for it for ever and
+                # ``LinkSet._set_up`` spin past its deadline. One still under way goes on
+                # (an ASK's target may hold no slot yet), bounded by connect_timeout.
                 sub.prepare(now, wake)
         return None
 
@@ -325,7 +353,7 @@ class ClusterLink(Link):
         self._to_connect = False
         self._asking = False
         self._current = None
-        slot_map = self.cluster.map
+        slot_map = self.cluster.routing(now)
         slot = routed_slot(command.key)
         where = None if slot_map is None else slot_map.owner(slot)
         if where is None:
@@ -335,16 +363,22 @@ class ClusterLink(Link):
     def _write(self, sub: Link, command: Command, now: float, *, asking: bool) -> Any:
         if sub.conn is None:
             why = sub.prepare(now, _nothing)  # its set-up goes on for the next rounds
+            if why is not None:
+                self.cluster.failed(now)  # refused, or in its back-off: a dead master?
             raise _Failed(
                 why
                 or Diagnosis(Failure.CONNECTING, f"{sub.node.name} (a master) is not connected yet")
             )
         self._current = sub
         self._asking = asking
-        if asking:
-            sub.send(ASKING, now)
-            sub.owed += 1  # its +OK comes before our reply and is nobody's
-        return sub.send(command, now)
+        try:
+            if asking:
+                sub.send(ASKING, now)
+                sub.owed += 1  # its +OK comes before our reply and is nobody's
+            return sub.send(command, now)
+        except _Failed:
+            self.cluster.failed(now)
+            raise
 
     def socket(self) -> Any:
         return None if self._current is None else self._current.socket()
@@ -416,6 +450,8 @@ class ClusterLink(Link):
             rnd.fail(i, failure, hop.detail(where))
             return
         if self._current is not None:
+            if not isinstance(exc, ResponseError):
+                self.cluster.failed(now)  # the connection broke: a dead master?
             self._current.fail(i, exc, rnd, now)
         else:
             why = diagnose(exc)

@@ -1,0 +1,90 @@
+"""A Redis Cluster node stays live when the master of a lock's slot is killed.
+
+Killed, not failed over by hand: nobody answers at the old master's address any more,
+so no ``MOVED`` tells a client the slot's new owner. A client that used the slot before
+finds the promoted replica by reloading its slot map when that master's connection is
+refused (``MapDoubt``), and a blocking acquire waiting meanwhile ends within its timeout,
+though the member it was connecting to left the map (docs/cluster-and-sentinel.md).
+Real servers (``tenure.testing.LocalRedisCluster``), the smallest cluster with failover.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import tenure
+from tenure._core.config import LockKeys
+from tenure._core.slots import key_slot
+from tenure.testing import LocalRedisCluster
+
+from .conftest import Api
+
+MAX_TTL = 1.0  # the promoted master's warm-up for slots used before: kept short
+SLOW = 0.3  # node_timeout: a loaded machine may take longer than 50 ms per member
+
+
+def _slot(name: str) -> int:
+    return key_slot(LockKeys.of(name, per_slot=True).lock)
+
+
+def test_a_client_follows_a_killed_master_to_its_promoted_replica(api: Api, key: str) -> None:
+    with LocalRedisCluster(replicas=1, node_timeout=0.5) as cluster:
+        old = api.client([cluster.url], max_ttl=MAX_TTL, node_timeout=SLOW)
+        old.acquire(key, ttl=1.0, blocking=False).release()  # its map names the master
+        master = cluster.slot_owner(_slot(key))
+        cluster.kill(master)
+        cluster.wait_converged()
+        assert cluster.slot_owner(_slot(key)).port != master.port
+        # Within seconds of the failover (the promoted master's warm-up included), the
+        # client that knew the dead master locks on its successor.
+        deadline = time.monotonic() + MAX_TTL + 8.0
+        while True:
+            try:
+                old.acquire(key, ttl=1.0, timeout=1.0).release()
+                break
+            except tenure.TenureError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+
+
+def test_a_blocking_waiter_ends_within_its_timeout_when_the_master_dies() -> None:
+    timeout = 6.0
+    with LocalRedisCluster(replicas=1, node_timeout=0.5) as cluster:
+        holder = tenure.Client([cluster.url], max_ttl=2.0, node_timeout=SLOW)
+        waiter = tenure.Client([cluster.url], max_ttl=2.0, node_timeout=SLOW)
+        try:
+            name = "waited"
+            holder.acquire(name, ttl=2.0, blocking=False)
+            ended: list[float] = []
+
+            def wait() -> None:
+                # Until a lease or a timeout: an outage (QuorumUnreachable) starts over,
+                # each attempt bounded by ``timeout``, as an application's loop would.
+                while True:
+                    started = time.monotonic()
+                    try:
+                        waiter.acquire(name, ttl=2.0, timeout=timeout).release()
+                        ended.append(time.monotonic() - started)
+                        return
+                    except tenure.QuorumUnreachable:
+                        ended.append(time.monotonic() - started)
+                        time.sleep(0.2)
+                    except tenure.TenureError:
+                        ended.append(time.monotonic() - started)
+                        return
+
+            thread = threading.Thread(target=wait, daemon=True)
+            thread.start()
+            time.sleep(0.5)  # queued, subscribed on the slot's master
+            cluster.kill(cluster.slot_owner(_slot(name)))
+            cluster.wait_converged()
+            thread.join(timeout + 15.0)
+            # A waiter stuck in one acquire spins past its timeout (the member it was
+            # connecting to left the map): the thread never ends.
+            assert not thread.is_alive(), "acquire(timeout=...) never returned"
+            assert all(took < timeout + 2.0 for took in ended), ended
+        finally:
+            waiter.close()
+            holder.close()
