@@ -5,7 +5,9 @@
 One line per node, read in one transaction (a consistent snapshot of that node), all
 nodes in parallel; exit 0 if a majority of the nodes answered, else 69 (EX_UNAVAILABLE,
 as ``tenure run``). A Sentinel-managed node is read on the master its Sentinels name now,
-a Cluster node on the master of the lock's slot; the line names that server.
+a Cluster node on the master of the lock's slot, following its ``MOVED`` and ``ASK`` as
+the clients do; the line names that server. A slot being migrated whose keys cannot be
+read together (``TRYAGAIN``), or a cluster down (``CLUSTERDOWN``), is an unreachable node.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TextIO
+from typing import Any, TextIO
 
 import redis
+from redis.exceptions import ResponseError
 
 from .._core.config import (
     DEFAULT_KEY_PREFIX,
@@ -29,8 +32,13 @@ from .._core.config import (
 )
 from .._core.diagnosis import for_prefix, slot_unserved
 from .._core.quorum import Failure, majority
-from .._core.slots import key_slot
-from .._driver.redis_compat import check_connection_options, connection_kwargs, diagnose
+from .._core.slots import MAX_REDIRECTS, Address, Redirect, key_slot, redirect
+from .._driver.redis_compat import (
+    check_connection_options,
+    connection_kwargs,
+    diagnose,
+    reply_text,
+)
 from .._errors import ConfigurationError
 from ._text import one_line
 from ._topology import cluster_map, sentinel_master
@@ -52,11 +60,12 @@ def status(
 
     Each line: the node (for a Sentinel-managed node, ``(master host:port)`` after it,
     the master its Sentinels name now; for a Cluster node, ``(slot s: master
-    host:port)``, the master of the lock's slot), then ``held token=<first 8 chars of the
-    holder's token>`` or ``free token=-``, ``pttl=<ms>`` of the lock key,
-    ``floor=<token>`` (the node's floor, the highest fencing token it granted for any
-    lock: the next token it grants is above it; ``-``: the node is blank, never used or
-    it lost its data), ``warm=<ms>`` (the warm-up left after a data loss, or ``-``),
+    host:port)``, the master of the lock's slot, with ``, migrating to host:port`` when
+    the slot is being migrated and the read followed its ``ASK`` there), then ``held
+    token=<first 8 chars of the holder's token>`` or ``free token=-``, ``pttl=<ms>`` of
+    the lock key, ``floor=<token>`` (the node's floor, the highest fencing token it
+    granted for any lock: the next token it grants is above it; ``-``: the node is blank,
+    never used or it lost its data), ``warm=<ms>`` (the warm-up left after a data loss, or ``-``),
     ``replid=<first 8 chars>`` (the replication ID the floor was written under, or
     ``-``); or ``unreachable: <error>``.
 
@@ -123,51 +132,131 @@ def _listed_status(
             owner = slot_map.owner(slot)
             if owner is None:
                 return shown, False, f"unreachable: {slot_unserved(slot).detail}"
-            server = address.server_at(*owner)
-            shown = f"{shown} (slot {slot}: master {host_port(*owner)})"
+            return _slot_status(address, shown, slot, owner, keys, timeout, prefix)
     except LookupError as exc:
         return shown, False, f"unreachable: {exc}"
-    ok, text = _node_status(server.url, server.scheme == "unix", keys, timeout, prefix)
-    return shown, ok, text
-
-
-def _node_status(
-    url: str, unix: bool, keys: LockKeys, timeout: float, prefix: str
-) -> tuple[bool, str]:
-    options = connection_kwargs(timeout, asyncio=False, unix=unix)
-    options["socket_timeout"] = timeout
-    client = redis.Redis.from_url(url, **options)
     try:
-        with client.pipeline(transaction=True) as pipe:  # one consistent snapshot
-            pipe.type(keys.lock)
-            pipe.get(keys.lock)
-            pipe.pttl(keys.lock)
-            pipe.get(keys.floor)
-            pipe.pttl(keys.warm)
-            pipe.get(keys.replid)
-            replies = pipe.execute(raise_on_error=False)
-        kind = _text(replies[0])
-        if kind not in ("string", "none"):
-            # Not a lock of tenure's: another application writes under its key prefix.
-            # The node answered; what it holds there is for the operator to see.
-            return True, (
-                f"foreign: {keys.lock} holds a {kind}, not a tenure lock (another "
-                f"application writes under the key prefix {prefix!r}): give tenure's "
-                "clients a key_prefix of their own, or remove that key; no tenure client "
-                "can lock this name on this node until then"
-            )
-        failed = next((r for r in replies if isinstance(r, Exception)), None)
-        if failed is not None:
-            raise failed
-        _, holder, pttl, floor, warm, replid = replies
+        return shown, True, _snapshot(server, keys, timeout, prefix, asking=False)
     except Exception as exc:  # anything the node did: that line says so, the rest go on
-        why = diagnose(exc)
-        if why.failure is Failure.UNREACHABLE:
-            return False, f"unreachable: {one_line(exc)}"
-        # A fix it suggests (an ACL's key pattern) is for the clients of ``prefix``.
-        return False, f"{why.failure.value}: {for_prefix(why.detail, prefix)}"
+        return shown, False, _failed(exc, prefix)
+
+
+def _slot_status(
+    address: NodeAddress,
+    shown: str,
+    slot: int,
+    owner: Address,
+    keys: LockKeys,
+    timeout: float,
+    prefix: str,
+) -> tuple[str, bool, str]:
+    """The line of a Cluster node, read on ``owner``, the master of ``slot`` in its slot
+    map, following the redirections the lock clients follow: a cluster member answers
+    them to a node listed as a whole cluster, so they are never its configuration."""
+    at, asking, hops = owner, False, 0
+    where = f"master {host_port(*owner)}"
+    while True:
+        try:
+            text = _snapshot(address.server_at(*at), keys, timeout, prefix, asking=asking)
+        except ResponseError as exc:
+            hop = redirect(reply_text(exc), at)
+            if hop is None:  # the member's own answer (an ACL refusal...), as for any node
+                return f"{shown} (slot {slot}: {where})", False, _failed(exc, prefix)
+            if hop.to is None:
+                return f"{shown} (slot {slot}: {where})", False, _unsettled(hop, slot, exc)
+            if hops == MAX_REDIRECTS:
+                # Redirected as many times as a client is within a round: the cluster keeps
+                # pointing elsewhere (a migration or a failover in progress).
+                return f"{shown} (slot {slot}: {where})", False, f"unreachable: {hop.detail()}"
+            hops += 1
+            if hop.kind == "moved":
+                # The slot changed owner since the map was read: the line names the new
+                # one, which holds the keys now.
+                where = f"master {host_port(*hop.to)}"
+            else:
+                # Migrating, this lock's keys (some or all) moved to the importing
+                # master, which serves them to a request sent after ASKING.
+                where = f"master {host_port(*at)}, migrating to {host_port(*hop.to)}"
+            at, asking = hop.to, hop.kind == "ask"
+        except Exception as exc:  # anything the member did: that line says so
+            return f"{shown} (slot {slot}: {where})", False, _failed(exc, prefix)
+        else:
+            return f"{shown} (slot {slot}: {where})", True, text
+
+
+def _unsettled(hop: Redirect, slot: int, exc: ResponseError) -> str:
+    """A transient state of the cluster (``TRYAGAIN``, ``CLUSTERDOWN``), said as what it
+    is: the node does not answer for the slot now, as an unreachable one does not."""
+    said = reply_text(exc)  # one line, as every error reply is
+    if hop.kind == "tryagain":
+        return (
+            f"unreachable: slot {slot} is being migrated between two masters, and this "
+            "lock's keys cannot be read together until the migration ends (it answered "
+            f"{said})"
+        )
+    return (
+        f"unreachable: the cluster cannot serve slot {slot} now (it answered {said}): "
+        "no lock of that slot can be taken on this node until it does"
+    )
+
+
+def _snapshot(
+    server: NodeAddress, keys: LockKeys, timeout: float, prefix: str, *, asking: bool
+) -> str:
+    """What ``server`` holds of the lock, read in one transaction; ``asking``: sent after
+    ``ASKING``, to the master importing the lock's slot.
+
+    Raises:
+        Exception: whatever the connection or the node raised.
+    """
+    options = connection_kwargs(timeout, asyncio=False, unix=server.scheme == "unix")
+    options["socket_timeout"] = timeout
+    commands: list[tuple[str, ...]] = [("ASKING",)] if asking else []
+    commands += [
+        ("MULTI",),  # one consistent snapshot
+        ("TYPE", keys.lock),
+        ("GET", keys.lock),
+        ("PTTL", keys.lock),
+        ("GET", keys.floor),
+        ("PTTL", keys.warm),
+        ("GET", keys.replid),
+        ("EXEC",),
+    ]
+    pool = redis.ConnectionPool.from_url(server.url, **options)
+    # Sent on one connection, as the member answers ASKING for the next command on that
+    # connection only (MULTI...EXEC is one), and read without redis-py's pipeline, which
+    # rewrites the error reply of a queued command ("Command # 1 (TYPE ...) of pipeline
+    # caused error: MOVED ...") where a redirection is read. Made from the pool's
+    # settings, not taken from it: ``get_connection``'s arguments differ between the
+    # redis-py versions tenure supports.
+    conn = pool.connection_class(**pool.connection_kwargs)
+    try:
+        packed = conn.pack_commands(commands)
+        conn.send_packed_command(packed)
+        answers = [_answer(conn) for _ in commands]
     finally:
-        client.close()
+        conn.disconnect()
+        pool.disconnect()
+    replies = answers[-1]
+    if isinstance(replies, Exception):  # EXECABORT: a command refused as it was queued
+        raise next(a for a in answers if isinstance(a, Exception))
+    refused = next((a for a in answers if isinstance(a, Exception)), None)
+    if refused is not None:  # ASKING refused (an ACL), the transaction run without it
+        raise refused
+    kind = _text(replies[0])
+    if kind not in ("string", "none"):
+        # Not a lock of tenure's: another application writes under its key prefix.
+        # The node answered; what it holds there is for the operator to see.
+        return (
+            f"foreign: {keys.lock} holds a {kind}, not a tenure lock (another "
+            f"application writes under the key prefix {prefix!r}): give tenure's "
+            "clients a key_prefix of their own, or remove that key; no tenure client "
+            "can lock this name on this node until then"
+        )
+    failed = next((r for r in replies if isinstance(r, Exception)), None)
+    if failed is not None:
+        raise failed
+    _, holder, pttl, floor, warm, replid = replies
     floor_text = "-" if floor is None else _text(floor)
     warm_text = f"{warm}ms" if isinstance(warm, int) and warm > 0 else "-"
     replid_text = "-" if replid is None else _text(replid)[:8]
@@ -176,10 +265,27 @@ def _node_status(
     else:
         state, token = "held", _text(holder)[:8]
         pttl_text = f"{pttl}ms" if isinstance(pttl, int) and pttl >= 0 else "none"
-    return True, (
+    return (
         f"{state}  token={token:<8}  pttl={pttl_text:<7}  floor={floor_text}  warm={warm_text}"
         f"  replid={replid_text}"
     )
+
+
+def _answer(conn: redis.Connection) -> Any:
+    """The next reply on ``conn``; an error reply as its exception, not raised."""
+    try:
+        return conn.read_response()
+    except ResponseError as exc:
+        return exc
+
+
+def _failed(exc: Exception, prefix: str) -> str:
+    """The line of a node whose read failed, as the clients diagnose that failure."""
+    why = diagnose(exc)
+    if why.failure is Failure.UNREACHABLE:
+        return f"unreachable: {one_line(exc)}"
+    # A fix it suggests (an ACL's key pattern) is for the clients of ``prefix``.
+    return f"{why.failure.value}: {for_prefix(why.detail, prefix)}"
 
 
 def _text(value: object) -> str:
