@@ -360,3 +360,48 @@ def test_a_new_lock_with_slow_nodes_is_seeded_on_every_node(
     finally:
         for p in proxies:
             p.close()
+
+
+def test_a_node_frozen_under_a_busy_client_keeps_its_connection_on_unix_sockets() -> None:
+    """A client cycling as fast as it can while one of three nodes on unix sockets is
+    frozen, for well under the stall bound. A unix socket's buffer holds only some 170
+    commands; a write it refused within the node timeout ended the connection, and the
+    node, waking to a closed connection's buffer, ran the first commands it read and
+    dropped the rest: a grant whose release was among the rest held its lock for a whole
+    TTL (and with another node down, nobody could take it). What the socket cannot take
+    now waits in the link, and the connection stays."""
+    names = [f"unix-behind-{i}" for i in range(5)]
+    with LocalCluster(3, unix=True) as nodes:
+        client = tenure.Client(nodes.urls, node_timeout=NODE_TIMEOUT)
+        frozen = nodes[0]
+        try:
+            client.acquire("warm-up").release()
+            with frozen.client() as c:
+                accepted = c.info("stats")["total_connections_received"]
+            granted = 0
+            frozen.pause()
+            try:
+                # 300 cycles write 64 commands to the frozen node and then its releases
+                # (``backoff.BEHIND``), more than its socket takes, in well under a second.
+                for i in range(300):
+                    try:
+                        client.acquire(names[i % len(names)], blocking=False).release()
+                        granted += 1
+                    except tenure.TenureError:
+                        pass  # a loaded machine: another node was slow this once
+            finally:
+                frozen.resume()
+            assert granted > 250  # the client went on without the frozen node
+            for name in names:  # the woken node catches up; the client writes what waited
+                client.acquire(name, blocking=False).release()
+            with frozen.client() as c:
+                # It ran what it was sent, each grant followed by its release.
+                poll_until(
+                    lambda: not any(c.exists(LockKeys.of(n).lock) for n in names),
+                    "no lock key left on the node that was frozen",
+                    within=2.0,
+                )
+                # The client's connection and the test's own: none given up and remade.
+                assert c.info("stats")["total_connections_received"] == accepted + 1
+        finally:
+            client.close()

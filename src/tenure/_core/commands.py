@@ -196,7 +196,8 @@ class Command:
     and nearly every acquire goes out by EVALSHA alone. ``key``: a key of the command,
     which a Redis Cluster node sends it to the master of its slot. ``item``: what a
     batch of such commands needs of it (``batch``, ``Item``); None for a command that
-    never goes in a batch.
+    never goes in a batch. ``grants``: the command may leave a key of ours on the node
+    (an acquire), so it goes only where its release can follow (``backoff.BEHIND``).
 
     A plain class with slots, not a dataclass: two are made per acquire and release, and
     a frozen dataclass's ``__init__`` costs a call per field. What it says never changes.
@@ -205,6 +206,7 @@ class Command:
     __slots__ = (
         "_fallback",
         "by_sha",
+        "grants",
         "item",
         "key",
         "packed",
@@ -224,6 +226,7 @@ class Command:
         item: Item | None = None,
         script: str = "",
         resend_late: bool = False,
+        grants: bool = False,
     ) -> None:
         self.packed = packed
         self.parse = parse
@@ -238,6 +241,7 @@ class Command:
         # NOSCRIPT comes, the blocking one at the end of the round that read it). Never
         # an acquire: its grant would be a lock nobody waits for.
         self.resend_late = resend_late
+        self.grants = grants
 
     @property
     def fallback(self) -> bytes | None:
@@ -267,6 +271,7 @@ def _by_sha(
     item: Item | None = None,
     key: str = "",
     resend_late: bool = False,
+    grants: bool = False,
 ) -> Command:
     """``name``'s script with its keys and arguments ``tail``, by EVALSHA, with its EVAL
     form as the fallback (``ScriptCache``). For a script whose NOSCRIPT must not go
@@ -281,6 +286,7 @@ def _by_sha(
         item=item,
         script=name,
         resend_late=resend_late,
+        grants=grants,
     )
 
 
@@ -372,7 +378,11 @@ def acked_by_replicas(command: Command, replicas: int, timeout_ms: int) -> Comma
     wait = pack("WAIT", replicas, timeout_ms)
     # By EVAL: a NOSCRIPT followed by WAIT's reply would have to be resent with its WAIT.
     return Command(
-        (command.fallback or command.packed) + wait, parse, command.replies + 1, key=command.key
+        (command.fallback or command.packed) + wait,
+        parse,
+        command.replies + 1,
+        key=command.key,
+        grants=command.grants,
     )
 
 
@@ -433,7 +443,9 @@ def acquire(
     # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
     # cannot run it answers without granting anything (``ScriptCache``).
     item: Item = ("acquire_batch", listed, len(node_keys), arguments, len(args))
-    return _by_sha("acquire", argc, counted + arguments, _acquire_reply, item=item, key=keys.lock)
+    return _by_sha(
+        "acquire", argc, counted + arguments, _acquire_reply, item=item, key=keys.lock, grants=True
+    )
 
 
 # The last batch packed: a command of a round goes to every node, so in one turn each

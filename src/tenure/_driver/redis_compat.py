@@ -14,6 +14,7 @@ import ssl
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
+from urllib.parse import parse_qs, urlsplit
 
 import redis
 import redis.asyncio
@@ -227,6 +228,21 @@ _OWNED = {
     "db": "give it in each node URL (redis://host:port/DB)",
 }
 
+# The same options in a node URL's query (redis-py reads them there too), with advice that
+# fits a URL: ``_OWNED``'s points at the URL itself or at Client() arguments, and the URL
+# may come from the command line. ``db`` is not here: a URL may name its database in the
+# query.
+_OWNED_IN_URL = {
+    **_OWNED,
+    "socket_timeout": "tenure sets its own timeouts (node_timeout, connect_timeout)",
+    "socket_connect_timeout": "tenure sets its own timeouts (node_timeout, connect_timeout)",
+    "host": "the URL's host:port names the node",
+    "port": "the URL's host:port names the node",
+    "path": "a unix:// URL's path names the socket",
+    "unix_socket_path": "a unix:// URL's path names the socket",
+}
+del _OWNED_IN_URL["db"]
+
 
 def check_connection_options(
     options: object,
@@ -278,8 +294,10 @@ def check_connection_options(
         result[key] = value
     pool_cls = redis.asyncio.ConnectionPool if asyncio else redis.ConnectionPool
     for i, address in enumerate(nodes):
+        node = address  # named as listed: a Cluster by its seeds, not its first one
         if address.seeds:  # a Redis Cluster: checked as its first seed, a plain node
             address = address.member(*address.seeds[0])
+        _check_url_query(address.redis_url, node.display, f"{listed}[{i}]")
         defaults = connection_kwargs(node_timeout, asyncio=asyncio, unix=address.path is not None)
         try:
             conn_cls = pool_cls.from_url(address.redis_url).connection_class
@@ -315,6 +333,34 @@ def check_connection_options(
                 f"redis-py refuses {what} for {address.display} ({listed}[{i}]): {exc}",
             ) from None
     return result
+
+
+def _check_url_query(url: str, display: str, parameter: str) -> None:
+    """Refuse in a node URL's query what ``connection_options`` may not carry: redis-py
+    lets a URL's query override every keyword it is given, so such an option would undo
+    the timeouts, retries and RESP2 tenure sets (``connection_kwargs``).
+
+    Raises:
+        ConfigurationError: naming ``parameter`` (the node), ``display`` (its URL
+            without credentials) and the option.
+    """
+    # Read as redis-py reads it (``redis.connection.parse_url``): the first value of
+    # each key, blank values left out.
+    for key, values in parse_qs(urlsplit(url).query).items():
+        if key in _OWNED_IN_URL:
+            what, why = key, _OWNED_IN_URL[key]
+        elif key == "protocol" and values[0].strip() != "2":
+            what, why = (
+                f"protocol={values[0]!r}",
+                "tenure reads RESP2 replies itself (2, or left out)",
+            )
+        else:
+            continue
+        raise ConfigurationError(
+            parameter,
+            f"{display}: its URL query sets {what}, which is not accepted: {why}. "
+            "Remove it from the URL",
+        )
 
 
 def _same(a: object, b: object) -> bool:
@@ -420,11 +466,13 @@ class SocketReplies:
     ``TimeoutError``).
     """
 
-    __slots__ = ("_ahead", "_reader", "_reply_error", "sock")
+    __slots__ = ("_ahead", "_reader", "_reply_error", "plain", "sock")
 
     def __init__(self, conn: redis.Connection) -> None:
         # Nothing is buffered in redis-py's parser: the set-up read every reply it asked for.
         self.sock = cast(socket.socket, conn._sock)  # set by connect()
+        # Not TLS: written with send() flags (an SSL socket takes none).
+        self.plain = not isinstance(self.sock, ssl.SSLSocket)
         self._reply_error = conn._parser.parse_error
         # The parser keeps what was received and not yet read (hiredis's own reader: one
         # call per reply and nothing in between, ``replies.pull_reader``).

@@ -12,9 +12,14 @@ wire. We do not close the connection, which would lose the ordering guarantee be
 instead the link remembers that it *owes* one reply and discards it before reading the
 next. Later commands (the release) are pipelined behind the unanswered one on the same
 connection, and Redis executes one connection's commands in order, so a late ``SET NX``
-that lands when the node wakes up is always followed by its own release. A link that
-owes too many replies is closed and the node is left alone for a back-off period, so a
-dead node costs nothing per round and a frozen one cannot fill our socket buffers.
+that lands when the node wakes up is always followed by its own release. What the
+socket cannot take (a frozen node stops reading, and a unix socket's buffer holds only
+some 170 commands) waits in the link, written before anything after it, rather than end
+the connection: a node runs the first of the commands a closed connection left in its
+buffer, fails to answer them, and drops the rest, releases behind their grants
+included. A node far behind is sent no more acquires until it catches up
+(``backoff.BEHIND``); a link that heard nothing for ``STALL`` seconds is closed and the
+node left alone for a back-off period, so a dead node costs nothing per round.
 
 A link without a connection is set up before the round begins, not inside it: every such
 node is connected at once, each in a thread of its own (``SetUp``, bounded by
@@ -38,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import socket
 import threading
 import weakref
 from collections import deque
@@ -49,7 +55,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._core.backoff import IDLE_LOOK, STALL, Reconnect
+from .._core.backoff import BEHIND, IDLE_LOOK, STALL, Reconnect
 from .._core.commands import Command, ScriptCache
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
@@ -152,6 +158,7 @@ class Link:
         "quiet_since",
         "resends",
         "setup",
+        "unsent",
     )
 
     def __init__(self, node: NodeState) -> None:
@@ -174,6 +181,8 @@ class Link:
         # reply was read since the last look.
         self.quiet_since = 0.0
         self.heard = False
+        # What the socket could not take yet (``_write_behind``), oldest first.
+        self.unsent: list[bytes] = []
 
     def send(self, command: Command, now: float) -> Any:
         """Write ``command`` on the connection (set up beforehand: ``prepare``); returns
@@ -188,9 +197,21 @@ class Link:
             # Only a script sent by EVALSHA has another form (``ScriptCache``).
             sock = io.sock
             if not command.by_sha or self.node.scripts.as_packed:
-                sock.sendall(command.packed)
+                data = command.packed
             else:
-                sock.sendall(self.node.scripts.packed(command))
+                data = self.node.scripts.packed(command)
+            if not io.plain:
+                sock.sendall(data)  # TLS: a TCP buffer, which holds far more than STALL's worth
+            elif self.unsent:
+                self._write_behind(sock, data)
+            else:
+                # Without waiting: what the socket cannot take waits (``_write_behind``).
+                try:
+                    sent = sock.send(data, _NO_WAIT)
+                except BlockingIOError:
+                    sent = 0
+                if sent < len(data):
+                    self.unsent.append(data[sent:])
         except Exception as exc:  # not BaseException: an interrupt is no node's failure
             why = diagnose(exc)
             self.drop(now, why)
@@ -203,6 +224,27 @@ class Link:
             self.close()
             raise
         return sock
+
+    def _write_behind(self, sock: Any, data: bytes) -> None:
+        """Write ``data`` behind what the socket could not take yet, without waiting;
+        what it cannot take now waits in ``unsent`` for the next write, in order.
+
+        The socket is full only when the node stopped reading (frozen, starved). Ending
+        the connection then, as a write refused after the kernel timeout would, leaves
+        the node a buffer of our commands that it reads in part when it wakes: it runs
+        those, cannot answer them, frees the connection and drops the rest, releases
+        behind their grants included, which then hold their locks for a whole TTL.
+        """
+        unsent = self.unsent
+        unsent.append(data)
+        data = b"".join(unsent)
+        unsent.clear()
+        try:
+            sent = sock.send(data, _NO_WAIT)
+        except BlockingIOError:
+            sent = 0
+        if sent < len(data):
+            unsent.append(data[sent:])
 
     def prepare(self, now: float, wake: Callable[[], None]) -> Diagnosis | None:
         """Start or follow this link's set-up.
@@ -373,6 +415,7 @@ class Link:
             self.conn = None
         self.io = None
         self.owed = 0
+        self.unsent = []
         self.partial = []
         # Nothing of the closed connection comes any more (a release owed there stays
         # until its TTL, as when its request was lost).
@@ -411,6 +454,7 @@ class Link:
 
 _NOT_YET = object()
 _LATE = object()
+_NO_WAIT = socket.MSG_DONTWAIT
 # What ``LinkSet._read_one`` found of a node's answer.
 _DONE, _MORE, _RESENT = 0, 1, 2
 
@@ -506,8 +550,14 @@ class LinkSet:
         # their request was written to).
         waiting: dict[Any, int] = {}
         for i in order:
+            link = links[i]
+            if command.grants and link.owed >= BEHIND:
+                # Far behind (frozen, starved): no grants until it catches up
+                # (``backoff.BEHIND``); the releases of what it was sent still go.
+                rnd.went_silent(i, f"{link.owed} replies behind, not sent another acquire")
+                continue
             try:
-                waiting[links[i].send(command, now)] = i
+                waiting[link.send(command, now)] = i
             except _Failed as exc:
                 rnd.fail(i, exc.diagnosis.failure, exc.diagnosis.detail)
         if len(links) == 1 and waiting and not links[0].owed:
