@@ -121,6 +121,44 @@ def test_a_url_option_redis_py_refuses_names_the_node(make: Make) -> None:
     assert "nodes[0]" in str(error) or error.parameter == "nodes[0]"
 
 
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("protocol=3", "RESP2"),
+        ("socket_timeout=1", "node_timeout"),
+        ("socket_connect_timeout=1", "connect_timeout"),
+        ("retry_on_timeout=true", "tenure owns retries"),
+        ("health_check_interval=5", "health check"),
+        ("port=7009", "host:port"),
+    ],
+)
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://u:s3cret-pw@127.0.0.1:7004",
+        "unix:///tmp/tenure-test.sock",
+        "redis+sentinel://127.0.0.1:26379/mymaster",
+        "redis+cluster://127.0.0.1:7004,127.0.0.1:7005",
+    ],
+)
+def test_url_query_options_tenure_owns_are_refused(
+    make: Make, url: str, query: str, says: str
+) -> None:
+    # redis-py lets a URL's query override the keywords tenure gives it: the same
+    # refusals as connection_options, or ?protocol=3 would make a RESP3 connection.
+    error = _refused(make, [THREE[0], f"{url}?db=0&{query}", THREE[2]])
+    key = query.partition("=")[0]
+    assert error.parameter == "nodes[1]"
+    assert f"its URL query sets {key}" in str(error)
+    assert says in str(error)
+    assert "Remove it from the URL" in str(error)
+    assert "s3cret-pw" not in str(error)
+
+
+def test_url_query_options_tenure_leaves_alone_are_accepted(make: Make) -> None:
+    make(["redis://127.0.0.1:7001?protocol=2&db=1&client_name=app", *THREE[1:]])
+
+
 @pytest.mark.parametrize("retry", [5, "x", object()])
 def test_retry_must_be_a_policy(make: Make, retry: object) -> None:
     error = _refused(make, retry=retry)
