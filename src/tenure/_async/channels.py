@@ -49,7 +49,7 @@ from redis.exceptions import ResponseError
 
 from .._core.backoff import IDLE_LOOK, SERVED, STALL, Reconnect
 from .._core.batching import Batch, Batches
-from .._core.commands import Command, ScriptCache, split_batch
+from .._core.commands import Command, ScriptCache, about_scripts, split_batch
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
 from .._core.quorum import Failure, Round
@@ -519,11 +519,13 @@ class _Wait:
             # release sent by EVALSHA goes again by EVAL: its work must reach the node.
             if isinstance(value, ResponseError):
                 late = command if command.resend_late else None
-                retry = channels[i].scripts.answered(str(value), late)
+                text = str(value)
+                retry = channels[i].scripts.answered(text, late)
                 if retry is not None:
                     with contextlib.suppress(BackingOff):  # reset meanwhile: as if lost
                         channels[i].send(retry, _ignore)
-                self.owner.reporter.late(i, channels[i].diagnose(value))
+                if not about_scripts(text):
+                    self.owner.reporter.late(i, channels[i].diagnose(value))
             return
         if ok and command.replies > 1:
             got = self.parts.setdefault(i, [])

@@ -156,6 +156,13 @@ def evalsha_refused(error: str) -> bool:
     return error.startswith("NOPERM") and "'evalsha'" in error.lower()
 
 
+def about_scripts(error: str) -> bool:
+    """``error`` is the node's script cache speaking (``script_missing``,
+    ``evalsha_refused``): ``ScriptCache`` answers it, by EVAL, and it says nothing wrong
+    of the node's configuration, even when it comes after its round."""
+    return script_missing(error) or evalsha_refused(error)
+
+
 # (status, number, floor) of an acquire reply, and the lock's PTTL when it carries it.
 Info = tuple[int, ...] | None
 

@@ -56,7 +56,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._core.backoff import BEHIND, IDLE_LOOK, STALL, Reconnect
-from .._core.commands import Command, ScriptCache
+from .._core.commands import Command, ScriptCache, about_scripts
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
 from .._core.quorum import Failure, Round
@@ -329,10 +329,12 @@ class Link:
             try:
                 io.read()
             except ResponseError as exc:
-                retry = self.node.scripts.answered(reply_text(exc), release)
+                text = reply_text(exc)
+                retry = self.node.scripts.answered(text, release)
                 if retry is not None:
                     self.resends.append(retry)
-                self.late = exc  # and for what it says of the node's configuration
+                if not about_scripts(text):
+                    self.late = exc  # and for what it says of the node's configuration
                 return _LATE
             return _NOT_YET
         return io.read()
