@@ -230,7 +230,7 @@ class _Pending:
 class ClusterLink(Link):
     """One Cluster node's link in one link set: a plain link per member."""
 
-    __slots__ = ("_asking", "_current", "_hops", "_subs", "_to_connect", "cluster")
+    __slots__ = ("_asking", "_current", "_hops", "_prepared", "_subs", "_to_connect", "cluster")
 
     def __init__(self, cluster: ClusterState) -> None:  # no Link.__init__: nothing of its own
         self.cluster = cluster
@@ -241,6 +241,11 @@ class ClusterLink(Link):
         # A redirection not followed only because its member is still being connected:
         # the round is no evidence against the node (``Round.failed_untried``).
         self._to_connect = False
+        # ``prepare`` has had a map and started a set-up of every member it names. Until
+        # then the link has no member connection at all: with the map already loaded
+        # (by another link set of the client) and nothing being set up, it would look
+        # ready, and its first round would find the slot's master not connected.
+        self._prepared = False
 
     # What LinkSet reads and writes of a link, of the member carrying the request.
 
@@ -290,9 +295,10 @@ class ClusterLink(Link):
         return _Pending(min(p.deadline for p in parts), parts)
 
     def _ready(self) -> bool:
-        return self.cluster.map is not None and not any(
-            s.setup is not None for s in self._subs.values()
-        )
+        # Not ``cluster.map``, which another thread may swap at any time: whether this
+        # link was prepared changes only in the thread using it, so a round that has
+        # just prepared it cannot find it unready with nothing being set up.
+        return self._prepared and not any(s.setup is not None for s in self._subs.values())
 
     def ready(self) -> bool:
         # Whatever carried the last round (``conn``): a new round waits for the members
@@ -337,6 +343,8 @@ class ClusterLink(Link):
                 # ``LinkSet._set_up`` spin past its deadline. One still under way goes on
                 # (an ASK's target may hold no slot yet), bounded by connect_timeout.
                 sub.prepare(now, wake)
+        # Last: a prepare an interrupt cut short, some members untried, is done again.
+        self._prepared = True
         return None
 
     def backing_off(self, now: float) -> float:
@@ -406,6 +414,7 @@ class ClusterLink(Link):
         for sub in self._subs.values():
             sub.close()
         self._current = None
+        self._prepared = False  # no member connected: the next round sets them up again
 
     def resend(self, command: Command, exc: ResponseError, now: float) -> Command | None:
         """Follow a redirection (or resend the EVAL form) within the round; None: the
