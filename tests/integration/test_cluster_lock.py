@@ -581,6 +581,33 @@ def test_a_migrating_slot_is_asked_at_its_target_and_moved_after(
         assert c.exists(_keys(other).floor) == 1
 
 
+def test_a_lease_is_released_while_its_slot_migrates(
+    api: Api, cluster: LocalRedisCluster, key: str
+) -> None:
+    """Mid-migration, a release's keys are split: its lock key moved (or not yet), its
+    queue exists nowhere (nobody waits), so the master answers TRYAGAIN to the release
+    script. It raised LeaseLost and left the lock key for its whole TTL, every other
+    client locked out; the release goes as the compare-and-delete of the lock key
+    alone now."""
+    client = api.client([cluster.url], max_ttl=MAX_TTL, node_timeout=SLOW)
+    name = _names_per_master(cluster, key, each=1)[0]
+    slot = key_slot(_keys(name).lock)
+    held = client.acquire(name, ttl=MAX_TTL, blocking=False)
+    source = cluster.slot_owner(slot)
+    target = next(m for m in cluster.masters() if m.port != source.port)
+    migration = cluster.migrate_slot(slot, target, finish=False)
+    try:
+        held.extend()
+        held.release()
+        assert held.lost_error is None
+        assert client.lock(name, ttl=TTL).locked() is False
+        with target.client(single_connection_client=True) as c:
+            c.execute_command("ASKING")
+            assert c.exists(_keys(name).lock) == 0
+    finally:
+        migration.finish()
+
+
 def test_a_cluster_url_naming_a_standalone_server_is_misconfigured(api: Api, key: str) -> None:
     with LocalCluster(1) as plain:
         host_port = plain.urls[0].removeprefix("redis://")

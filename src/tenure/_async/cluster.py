@@ -40,6 +40,7 @@ from .._core.commands import (
     CLUSTER_SLOTS,
     Command,
     ScriptCache,
+    alone_form,
     evalsha_refused,
     script_missing,
 )
@@ -336,13 +337,16 @@ class ClusterChannel:
         member = self._member(where)
         if asking:
             member.send(ASKING)  # its +OK is nobody's
-        member.send(command, partial(self._on_reply, command, on_reply, hops, member))
+        member.send(
+            command, partial(self._on_reply, command, on_reply, hops, (where, asking), member)
+        )
 
     def _on_reply(
         self,
         command: Command,
         on_reply: Callable[[int, Any], None],
         hops: int,
+        sent: tuple[Address, bool],
         member: Any,
         node: int,
         reply: tuple[bool, Any],
@@ -369,6 +373,15 @@ class ClusterChannel:
         if hop.kind == "moved" and hop.to is not None:
             self._moved(hop.slot, hop.to)
             self._start_load()
+        alone = alone_form(command) if hop.kind == "tryagain" else None
+        if alone is not None and hops < MAX_REDIRECTS:
+            # A release whose keys a migration split: the lock key alone, to the member
+            # that answered (``sent``: where, and whether after ASKING), which has it.
+            try:
+                self._route(alone, on_reply, hops + 1, sent)
+            except BackingOff as exc:
+                on_reply(node, (False, SlotSilent(f"{hop.detail()}: {exc.detail}")))
+            return
         if hop.to is None or hops >= MAX_REDIRECTS:
             on_reply(node, (False, SlotSilent(hop.detail(member.address.display))))
             return

@@ -205,6 +205,8 @@ class Command:
     batch of such commands needs of it (``batch``, ``Item``); None for a command that
     never goes in a batch. ``grants``: the command may leave a key of ours on the node
     (an acquire), so it goes only where its release can follow (``backoff.BEHIND``).
+    ``alone``: (the lock key, the token) of a lease's release, whose ``alone_form`` a
+    Redis Cluster node sends when a slot migration splits its keys (``TRYAGAIN``).
 
     A plain class with slots, not a dataclass: two are made per acquire and release, and
     a frozen dataclass's ``__init__`` costs a call per field. What it says never changes.
@@ -212,6 +214,7 @@ class Command:
 
     __slots__ = (
         "_fallback",
+        "alone",
         "by_sha",
         "grants",
         "item",
@@ -234,6 +237,7 @@ class Command:
         script: str = "",
         resend_late: bool = False,
         grants: bool = False,
+        alone: tuple[str, str] | None = None,
     ) -> None:
         self.packed = packed
         self.parse = parse
@@ -249,6 +253,7 @@ class Command:
         # an acquire: its grant would be a lock nobody waits for.
         self.resend_late = resend_late
         self.grants = grants
+        self.alone = alone
 
     @property
     def fallback(self) -> bytes | None:
@@ -279,6 +284,7 @@ def _by_sha(
     key: str = "",
     resend_late: bool = False,
     grants: bool = False,
+    alone: tuple[str, str] | None = None,
 ) -> Command:
     """``name``'s script with its keys and arguments ``tail``, by EVALSHA, with its EVAL
     form as the fallback (``ScriptCache``). For a script whose NOSCRIPT must not go
@@ -294,6 +300,7 @@ def _by_sha(
         script=name,
         resend_late=resend_late,
         grants=grants,
+        alone=alone,
     )
 
 
@@ -544,8 +551,29 @@ def release_waking(
     item: Item = ("release_batch", listed, len(queue_keys), arguments, len(args))
     if by_sha:
         tail = counted + arguments
-        return _by_sha("release", argc, tail, item=item, key=keys.lock, resend_late=True)
+        alone = None if cleanup else (keys.lock, token)
+        return _by_sha(
+            "release", argc, tail, item=item, key=keys.lock, resend_late=True, alone=alone
+        )
     return Command(_eval_head("release", argc) + counted + arguments, key=keys.lock, item=item)
+
+
+def alone_form(command: Command) -> Command | None:
+    """What a Redis Cluster node sends instead of a lease's release when a slot
+    migration split its keys between two masters (``TRYAGAIN``: one master has some of
+    them, and a key that does not exist, such as the queue while nobody waits, is at
+    neither): the compare-and-delete of the lock key alone, sent to the master that
+    answered, which has the lock key if anyone does. Without it the lease could not be
+    released until the migration ended, and its key held the lock for its TTL. It wakes
+    nobody (a waiter re-checks at its fallback bound) and raises no floor: the key was
+    ours, and its grant raised the floor (only an acquire still on its way to another
+    node of a Redlock could land after it there, and hold that node until its TTL). None
+    for any other command: an acquire needs its node's keys, and fails closed until the
+    migration ends."""
+    if command.alone is None:
+        return None
+    key, token = command.alone
+    return release(key, token)
 
 
 def dequeue(release: Command) -> Command:

@@ -30,7 +30,7 @@ import redis
 from redis.exceptions import ResponseError
 
 from .._core.backoff import Reconnect
-from .._core.commands import ASKING, CLUSTER_SLOTS, Command, ScriptCache
+from .._core.commands import ASKING, CLUSTER_SLOTS, Command, ScriptCache, alone_form
 from .._core.config import NodeAddress
 from .._core.diagnosis import Diagnosis, no_slot_map, not_a_cluster, slot_unserved
 from .._core.quorum import Failure, Round
@@ -429,6 +429,12 @@ class ClusterLink(Link):
             if retry is not None:
                 self._write(current, retry, now, asking=self._asking)
             return retry
+        if hop.kind == "tryagain" and self._hops < MAX_REDIRECTS:
+            alone = alone_form(command)  # a release: the lock key alone, where it is
+            if alone is not None:
+                self._hops += 1
+                self._write(current, alone, now, asking=self._asking)
+            return alone
         if hop.to is None or self._hops >= MAX_REDIRECTS:
             return None
         if hop.kind == "moved":
