@@ -14,11 +14,16 @@ and, of a ``RedisCluster``, ``nodes_manager`` with its ``startup_nodes``,
 ``port``), ``nodes_manager.address_remap`` and the sync client's
 ``user_on_connect_func``: all exist in redis-py 5 through 8, sync and asyncio (the last
 two are read with a default all the same; tests/unit/test_redis_objects.py).
+
+The fencing stores and the patterns take a redis-py client for commands of their own:
+``check_client`` refuses one of the wrong flavour (blocking or asyncio), and one that
+decodes replies where values are raw bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -43,7 +48,7 @@ from .._core.config import (
 from .._errors import ConfigurationError
 from .redis_compat import keywords
 
-__all__ = ["CARRIED", "IGNORED", "node_addresses", "settings_of"]
+__all__ = ["CARRIED", "IGNORED", "check_client", "node_addresses", "settings_of"]
 
 _SYNC = redis.connection
 _ASYNC = redis.asyncio.connection
@@ -423,3 +428,103 @@ _TOPOLOGIES: tuple[type, ...] = (
     redis.asyncio.sentinel.Sentinel,
     *_CLUSTERS,
 )
+
+
+# --- Clients the fencing stores and the patterns use for their own commands -------------
+#
+# redis-py's blocking and asyncio clients have the same methods, so the wrong flavour is
+# not noticed where it is passed, only later and obscurely: a blocking object given an
+# asyncio client gets coroutines back and drops them un-awaited (nothing is written, no
+# error), and an asyncio object given a blocking client fails with a bare TypeError at its
+# first await. So every tenure object that takes a redis-py client checks the flavour when
+# it is made (a function, when it is called) and says which client it takes.
+#
+# A client made with decode_responses=True decodes every reply as UTF-8 inside redis-py's
+# parser, before the caller sees it: one value that is not UTF-8 text makes the whole
+# reply raise UnicodeDecodeError, and nothing the caller does can read it. Objects whose
+# values are any bytes (the stores here, the stream worker) refuse such a client too.
+
+_BLOCKING_CLIENTS = (redis.Redis, redis.RedisCluster)
+_ASYNCIO_CLIENTS = (redis.asyncio.Redis, redis.asyncio.RedisCluster)
+
+
+def _is_asyncio(client: object) -> bool | None:
+    """Whether ``client`` is an asyncio client; None if it does not look like a client."""
+    if isinstance(client, _ASYNCIO_CLIENTS):
+        return True
+    if isinstance(client, _BLOCKING_CLIENTS):
+        return False
+    # Neither class (a wrapper, say): judge it by the method every command goes through.
+    execute = getattr(client, "execute_command", None)
+    if not callable(execute):
+        return None  # duck-typed: let its own methods answer for it
+    return inspect.iscoroutinefunction(execute)
+
+
+def _decodes(client: object) -> bool:
+    """Whether ``client`` decodes replies (``decode_responses=True``)."""
+    # get_encoder(): every redis-py client, single node or cluster, blocking or asyncio.
+    get_encoder = getattr(client, "get_encoder", None)
+    if not callable(get_encoder):
+        return False
+    # ``is True``: a test double's attribute is a truthy mock, not a setting.
+    return getattr(get_encoder(), "decode_responses", False) is True
+
+
+def _name(client: object) -> str:
+    cls = type(client)
+    return f"a {cls.__module__}.{cls.__qualname__}"
+
+
+def check_client(
+    client: object,
+    parameter: str,
+    *,
+    owner: str,
+    asyncio: bool,
+    twin: str | None = None,
+    raw_bytes: bool = False,
+) -> None:
+    """Refuse a redis-py client of the wrong flavour, or one that decodes replies where
+    ``raw_bytes`` values must be read.
+
+    Args:
+        client: what the caller passed.
+        parameter: the parameter's name, as the caller spells it.
+        owner: the class or function that takes it (``"FencedStore"``).
+        asyncio: whether ``owner`` takes an asyncio client.
+        twin: ``owner``'s counterpart of the other flavour, if it has one.
+        raw_bytes: ``owner`` reads values that may be any bytes.
+
+    Raises:
+        ConfigurationError: (``parameter``) the wrong flavour, or a decoding client where
+            ``raw_bytes``.
+    """
+    flavour = _is_asyncio(client)
+    if flavour is True and not asyncio:
+        other = (
+            f"for asyncio use {twin}"
+            if twin
+            else f"{owner} has no asyncio twin: give it a blocking client of its own"
+        )
+        raise ConfigurationError(
+            parameter,
+            f"{owner} is blocking, but got {_name(client)}, an asyncio client whose "
+            f"commands return coroutines: pass a redis.Redis (or redis.RedisCluster); "
+            f"{other}",
+        )
+    if flavour is False and asyncio:
+        raise ConfigurationError(
+            parameter,
+            f"{owner} is asyncio, but got {_name(client)}, a blocking client: pass a "
+            "redis.asyncio.Redis (or redis.asyncio.RedisCluster)"
+            + (f"; for a blocking client use {twin}" if twin else ""),
+        )
+    if raw_bytes and _decodes(client):
+        raise ConfigurationError(
+            parameter,
+            f"{owner} reads values as raw bytes, but got {_name(client)} made with "
+            "decode_responses=True, which fails inside redis-py (UnicodeDecodeError) on "
+            "the first value that is not UTF-8 text: pass a client without it, e.g. "
+            "redis.Redis(..., decode_responses=False), the default",
+        )

@@ -32,7 +32,10 @@ would accept a stale write once). Lua numbers are doubles, so tokens are checked
 integers in ``[0, 2**53)``, where every integer is exact.
 
 :class:`FencedStore` (blocking) and :class:`AsyncFencedStore` (asyncio) differ only in
-their I/O: the commands are built and their replies read by the same functions.
+their I/O: the commands are built and their replies read by the same functions. Each
+refuses a redis-py client of the other flavour, and one made with
+``decode_responses=True``: values are bytes, and such a client fails inside redis-py on
+the first one that is not UTF-8 text (``_driver.redis_objects.check_client``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import redis
 import redis.asyncio
 
 from .._core.config import check_name as _checked_name
+from .._driver.redis_objects import check_client as _check_client
 from .._errors import ConfigurationError, StaleToken
 from .._lua import script
 
@@ -156,7 +160,8 @@ def _as_int(reply: bytes | str | None) -> int | None:
 
 
 def _as_bytes(reply: bytes | str | None) -> bytes | None:
-    # A client made with decode_responses=True hands back str; give bytes back regardless.
+    # Both stores refuse a client made with decode_responses=True, but one whose decoding
+    # they could not see (a wrapper without get_encoder) hands back str: bytes regardless.
     return reply.encode() if isinstance(reply, str) else reply
 
 
@@ -164,8 +169,16 @@ class FencedStore:
     """Values on Redis guarded by fencing tokens, with a blocking redis-py client.
 
     Args:
-        redis_client: any ``redis.Redis``; the store does not close it.
+        redis_client: a ``redis.Redis`` (or ``redis.RedisCluster``) that returns raw
+            bytes, as it does unless made with ``decode_responses=True``: values are
+            bytes, and a decoding client cannot read one that is not UTF-8 text. The
+            store does not close it.
         namespace: the first part of every key this store writes.
+
+    Raises:
+        ConfigurationError: (``redis_client``) an asyncio client (use
+            :class:`AsyncFencedStore`), or one with ``decode_responses=True``;
+            (``namespace``) not a non-empty string.
 
     Example::
 
@@ -175,7 +188,17 @@ class FencedStore:
     """
 
     def __init__(self, redis_client: redis.Redis, namespace: str = "tenure") -> None:
-        _checked_name(namespace, "namespace")  # now, rather than at the first write
+        # Now, rather than at the first write (or, for a decoding client, the first read
+        # of a value that is not UTF-8 text).
+        _check_client(
+            redis_client,
+            "redis_client",
+            owner="FencedStore",
+            asyncio=False,
+            twin="AsyncFencedStore",
+            raw_bytes=True,
+        )
+        _checked_name(namespace, "namespace")
         self.client = redis_client
         self.namespace = namespace
 
@@ -215,11 +238,25 @@ class AsyncFencedStore:
     """The asyncio twin of :class:`FencedStore`, with a ``redis.asyncio.Redis`` client.
 
     Args:
-        redis_client: any ``redis.asyncio.Redis``; the store does not close it.
+        redis_client: a ``redis.asyncio.Redis`` (or ``redis.asyncio.RedisCluster``) that
+            returns raw bytes (not ``decode_responses=True``); the store does not close it.
         namespace: the first part of every key this store writes.
+
+    Raises:
+        ConfigurationError: (``redis_client``) a blocking client (use
+            :class:`FencedStore`), or one with ``decode_responses=True``;
+            (``namespace``) not a non-empty string.
     """
 
     def __init__(self, redis_client: redis.asyncio.Redis, namespace: str = "tenure") -> None:
+        _check_client(
+            redis_client,
+            "redis_client",
+            owner="AsyncFencedStore",
+            asyncio=True,
+            twin="FencedStore",
+            raw_bytes=True,
+        )
         _checked_name(namespace, "namespace")
         self.client = redis_client
         self.namespace = namespace

@@ -81,6 +81,7 @@ from redis.client import Pipeline
 from .._core.config import check_name as _checked_name
 from .._core.config import retry_delay as _retry_delay
 from .._core.policy import RetryPolicy, wait_random_exponential
+from .._driver.redis_objects import check_client as _check_client
 from .._errors import ConfigurationError, TenureError
 
 if TYPE_CHECKING:
@@ -483,7 +484,9 @@ def optimistic(
     """Run ``fn`` on ``WATCH``ed keys and commit its plan in ``MULTI``/``EXEC``; retry conflicts.
 
     Args:
-        client: a ``redis.Redis``; one pooled connection is used per attempt.
+        client: a blocking ``redis.Redis`` (or ``redis.RedisCluster``); one pooled
+            connection is used per attempt. For a ``redis.asyncio.Redis``, use
+            :func:`aoptimistic`.
         keys: the keys whose values ``fn`` depends on; watched, then read with one MGET.
         fn: turns what was read into a :class:`Plan`. Runs once per attempt (so maybe
             several times); raise from it to give up without writing.
@@ -498,7 +501,8 @@ def optimistic(
             after EXEC was sent, the writes may or may not have been applied.
         redis.ResponseError: a queued write failed inside EXEC (e.g. WRONGTYPE). Redis
             does not roll back: the other queued writes were applied.
-        ConfigurationError: bad ``keys``, ``retries`` or plan ``writes``.
+        ConfigurationError: bad ``keys``, ``retries`` or plan ``writes``; an asyncio
+            ``client``.
         Exception: whatever ``fn`` raises, unchanged; nothing was written.
 
     Example (never sell below zero)::
@@ -511,6 +515,8 @@ def optimistic(
 
         left = optimistic(r, ["stock:42"], sell)
     """
+    # An asyncio client's pipeline is no context manager: a bare TypeError otherwise.
+    _check_client(client, "client", owner="optimistic", asyncio=False, twin="aoptimistic")
     watched = _check_keys(keys)
 
     def attempt() -> T:
@@ -544,7 +550,11 @@ async def aoptimistic(
     ``fn`` may be a plain function or a coroutine function (to ``await`` more reads
     through ``reads.reader``). A write function in the plan queues commands on the
     redis.asyncio pipeline without awaiting them.
+
+    ``client`` is a ``redis.asyncio.Redis`` (or ``redis.asyncio.RedisCluster``); a
+    blocking client raises :class:`~tenure.ConfigurationError` (use :func:`optimistic`).
     """
+    _check_client(client, "client", owner="aoptimistic", asyncio=True, twin="optimistic")
     watched = _check_keys(keys)
 
     async def attempt() -> T:

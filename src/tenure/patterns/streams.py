@@ -107,6 +107,7 @@ import redis
 
 from .._core.config import check_name as _checked_name
 from .._driver.clock import monotonic
+from .._driver.redis_objects import check_client as _check_client
 from .._errors import ConfigurationError, LeaseLost, LockTimeout, NotHeld, StaleToken, TenureError
 from .._lua import script
 from .._sync.client import Client, Lease
@@ -244,15 +245,19 @@ class StreamProducer:
     """Appends keyed writes to the partition streams.
 
     Args:
-        redis_client: the Redis that holds the streams; the producer does not close it.
+        redis_client: a blocking ``redis.Redis`` (or ``redis.RedisCluster``) of the Redis
+            that holds the streams; the producer does not close it.
         stream_prefix: the streams' common prefix (the workers' ``stream_prefix``).
         partitions: P, the same as the workers'.
 
     Raises:
-        ConfigurationError: an empty prefix, or ``partitions`` not an int >= 1.
+        ConfigurationError: an asyncio ``redis_client``, an empty prefix, or
+            ``partitions`` not an int >= 1.
     """
 
     def __init__(self, redis_client: redis.Redis, stream_prefix: str, partitions: int) -> None:
+        # An asyncio client would hand back coroutines, dropped un-awaited: nothing written.
+        _check_client(redis_client, "redis_client", owner="StreamProducer", asyncio=False)
         self.client = redis_client
         self.stream_prefix = _checked_name(stream_prefix, "stream_prefix")
         self.partitioner = Partitioner(partitions)
@@ -341,7 +346,11 @@ class StreamWorker:
 
     Args:
         lock_client: the tenure client whose leases own partitions (not closed here).
-        redis_client: the Redis of the streams (not closed here).
+        redis_client: a blocking ``redis.Redis`` (or ``redis.RedisCluster``) of the
+            streams' Redis, returning raw bytes (not made with ``decode_responses=True``:
+            payload values may be any bytes, and such a client fails inside redis-py on
+            the first that is not UTF-8 text, for the whole batch, in every worker that
+            takes the partition); not closed here.
         stream_prefix: as given to :class:`StreamProducer`.
         partitions: P, as given to :class:`StreamProducer`.
         group: the consumer group's name; created at "0" if missing (a group deleted
@@ -361,7 +370,8 @@ class StreamWorker:
         retry_delay: seconds before a partition whose handler raised is tried again.
 
     Raises:
-        ConfigurationError: a parameter out of range.
+        ConfigurationError: a parameter out of range; ``redis_client`` asyncio or
+            decoding replies.
     """
 
     def __init__(
@@ -381,6 +391,9 @@ class StreamWorker:
         heartbeat_ttl: float | None = None,
         retry_delay: float = 1.0,
     ) -> None:
+        _check_client(
+            redis_client, "redis_client", owner="StreamWorker", asyncio=False, raw_bytes=True
+        )
         self.lock_client = lock_client
         self.client = redis_client
         self.stream_prefix = _checked_name(stream_prefix, "stream_prefix")

@@ -20,6 +20,7 @@ from redis.client import Pipeline
 
 from ..._core.config import check_name, retry_delay
 from ..._core.policy import RetryPolicy, wait_random_exponential
+from ..._driver.redis_objects import check_client as _check_client
 from ..._lua import script
 from ..optimistic import (
     DEFAULT_BACKOFF,
@@ -226,7 +227,9 @@ class RedisIdempotency:
     """Idempotency keys on Redis: claims with a lease, results kept for a retention time.
 
     Args:
-        client: a ``redis.Redis`` (raw bytes replies recommended); not closed by the store.
+        client: a blocking ``redis.Redis`` (raw bytes replies recommended: a client made
+            with ``decode_responses=True`` cannot read a result that a bytes codec stored
+            and that is not UTF-8 text); not closed by the store.
         namespace: the first part of every key: ``<namespace>:{<key>}``, and its
             receipt ``<namespace>:{<key>}:receipt``.
         lease: seconds a claim lasts; after it, a crashed attempt is taken over. Must
@@ -238,6 +241,10 @@ class RedisIdempotency:
             when it is asked: a ``ConfigurationError`` on ``poll`` unless a number of
             seconds in [0, ``MAX_RETRY_DELAY``]).
         codec: how results are stored (JSON by default).
+
+    Raises:
+        ConfigurationError: an asyncio ``client``; a bad ``namespace``, ``lease``,
+            ``retention`` or ``wait``.
 
     Example::
 
@@ -261,6 +268,7 @@ class RedisIdempotency:
         poll: RetryPolicy = DEFAULT_POLL,
         codec: Codec = JSON,
     ) -> None:
+        _check_client(client, "client", owner="RedisIdempotency", asyncio=False)
         check_name(namespace, "namespace")
         self.client = client
         self.namespace = namespace

@@ -1,0 +1,258 @@
+"""The objects that take a redis-py client check it when they get it, on a real
+redis-server: the flavour (blocking or asyncio), and, where values are raw bytes, that
+the client does not decode replies.
+
+Without the check, a blocking object given an asyncio client got coroutines back and
+dropped them un-awaited (``StreamProducer.append`` "succeeded" and appended nothing) or
+failed with a bare ``TypeError``, and so did an asyncio object given a blocking client. A
+``StreamWorker`` given a client made with ``decode_responses=True`` died inside redis-py's
+parser (``UnicodeDecodeError``) on the first payload value that is not UTF-8 text, and so
+did every worker that took the partition over; ``FencedStore.read`` did the same on a
+value the store had written itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+import tenure
+from tenure.fencing import AsyncFencedStore, FencedStore
+from tenure.patterns import (
+    Plan,
+    Reads,
+    RedisIdempotency,
+    StreamProducer,
+    StreamWorker,
+    aoptimistic,
+    optimistic,
+)
+from tenure.testing import LocalCluster
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[LocalCluster]:
+    with LocalCluster(1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def raw(node: LocalCluster) -> Iterator[redis.Redis]:
+    with node[0].client() as client:
+        yield client
+
+
+@pytest.fixture
+def locks(node: LocalCluster) -> Iterator[tenure.Client]:
+    with tenure.Client(node.urls) as client:
+        yield client
+
+
+@pytest.fixture
+def name() -> str:
+    return f"flavours-{uuid.uuid4().hex[:8]}"
+
+
+def _asyncio_clients(node: LocalCluster, **options: Any) -> list[Any]:
+    """Asyncio clients of ``node`` (made, not connected: the checks must not need to)."""
+    url = node.urls[0]
+    return [
+        redis.asyncio.Redis.from_url(url, **options),
+        redis.asyncio.RedisCluster.from_url(url, **options),
+    ]
+
+
+def _close(clients: list[Any]) -> None:
+    async def close_all() -> None:
+        for client in clients:
+            await client.aclose()
+
+    asyncio.run(close_all())
+
+
+def _set_to(value: int) -> Callable[[Reads[Any]], Plan[int]]:
+    def plan(reads: Reads[Any]) -> Plan[int]:
+        return Plan(result=value, writes=dict.fromkeys(reads, value))
+
+    return plan
+
+
+# Each blocking object, made (or called) with ``client``, writing under ``name``.
+BLOCKING: dict[str, tuple[str, Callable[[Any, tenure.Client, str], object]]] = {
+    "StreamProducer": (
+        "redis_client",
+        lambda client, locks, name: StreamProducer(client, name, 1).append("k", {"v": "x"}),
+    ),
+    "StreamWorker": (
+        "redis_client",
+        lambda client, locks, name: StreamWorker(
+            locks, client, name, 1, "g", "w", lambda *entry: None
+        ),
+    ),
+    "FencedStore": (
+        "redis_client",
+        lambda client, locks, name: FencedStore(client).write(name, 1, b"x"),
+    ),
+    "RedisIdempotency": (
+        "client",
+        lambda client, locks, name: RedisIdempotency(client).once(name).__enter__(),
+    ),
+    "optimistic": ("client", lambda client, locks, name: optimistic(client, [name], _set_to(1))),
+}
+
+
+@pytest.mark.parametrize("owner", list(BLOCKING))
+def test_a_blocking_object_refuses_an_asyncio_client(
+    owner: str, node: LocalCluster, raw: redis.Redis, locks: tenure.Client, name: str
+) -> None:
+    parameter, use = BLOCKING[owner]
+    clients = _asyncio_clients(node)
+    try:
+        for client in clients:
+            with pytest.raises(tenure.ConfigurationError) as info:
+                use(client, locks, name)
+            assert info.value.parameter == parameter
+            message = str(info.value)
+            assert f"{owner} is blocking" in message
+            assert type(client).__qualname__ in message  # what it got
+            assert "pass a redis.Redis" in message  # the fix
+    finally:
+        _close(clients)
+    assert raw.keys(f"*{name}*") == []  # nothing was written, and nothing said so before
+
+
+# Each asyncio object, awaited with ``client``, writing under ``name``.
+ASYNCIO: dict[str, Callable[[Any, str], Awaitable[object]]] = {
+    "AsyncFencedStore": lambda client, name: AsyncFencedStore(client).write(name, 1, b"x"),
+    "aoptimistic": lambda client, name: aoptimistic(client, [name], _set_to(1)),
+}
+
+
+@pytest.mark.parametrize("owner", list(ASYNCIO))
+def test_an_asyncio_object_refuses_a_blocking_client(
+    owner: str, raw: redis.Redis, name: str
+) -> None:
+    async def use() -> object:
+        return await ASYNCIO[owner](raw, name)
+
+    with pytest.raises(tenure.ConfigurationError) as info:
+        asyncio.run(use())
+    assert info.value.parameter in ("client", "redis_client")
+    assert f"{owner} is asyncio" in str(info.value)
+    assert "pass a redis.asyncio.Redis" in str(info.value)
+    assert raw.keys(f"*{name}*") == []
+
+
+def test_each_object_works_with_its_own_flavour(
+    node: LocalCluster, raw: redis.Redis, name: str
+) -> None:
+    # The checks refuse only the wrong flavour: a guard against refusing too much.
+    producer = StreamProducer(raw, name, 1)
+    producer.append("k", {"v": b"\x89PNG"})
+    assert raw.xlen(producer.stream_of("k")) == 1
+    FencedStore(raw).write(f"{name}:fenced", 5, b"\x89PNG")
+    assert FencedStore(raw).read(f"{name}:fenced") == (b"\x89PNG", 5)
+    assert optimistic(raw, [f"{name}:n"], _set_to(7)) == 7
+    with RedisIdempotency(raw).once(f"{name}:once") as once:
+        once.record("done")
+
+    async def go() -> tuple[tuple[bytes | None, int | None], int]:
+        async with redis.asyncio.Redis.from_url(node.urls[0]) as client:
+            store = AsyncFencedStore(client)
+            await store.write(f"{name}:afenced", 3, b"\xff")
+            return await store.read(f"{name}:afenced"), await aoptimistic(
+                client, [f"{name}:an"], _set_to(9)
+            )
+
+    assert asyncio.run(go()) == ((b"\xff", 3), 9)
+    assert raw.mget(f"{name}:n", f"{name}:an") == [b"7", b"9"]
+
+
+def test_a_stream_worker_refuses_a_client_that_decodes_replies(
+    node: LocalCluster, raw: redis.Redis, locks: tenure.Client, name: str
+) -> None:
+    StreamProducer(raw, name, 1).append("k", {"v": b"\x89PNG"})
+    with (
+        node[0].client(decode_responses=True) as decoding,
+        pytest.raises(tenure.ConfigurationError) as info,
+    ):
+        StreamWorker(locks, decoding, name, 1, "g", "w", lambda *entry: None)
+    assert info.value.parameter == "redis_client"
+    assert "decode_responses=True" in str(info.value)
+    assert "decode_responses=False" in str(info.value)  # the fix
+    assert raw.keys(f"{name}:g:*") == []  # refused before it took or registered anything
+
+
+def test_a_stream_worker_hands_on_values_that_are_not_text(
+    raw: redis.Redis, locks: tenure.Client, name: str
+) -> None:
+    # What a decoding client could not do: a value that is not UTF-8, between two that
+    # are, all handled in order, as bytes.
+    producer = StreamProducer(raw, name, 1)
+    writes: list[tuple[str, str | bytes]] = [("a", "text"), ("b", b"\x89PNG"), ("c", "text")]
+    for key, value in writes:
+        producer.append(key, {"v": value})
+    got: list[tuple[str, bytes]] = []
+    done = threading.Event()
+
+    def handler(key: str, payload: Mapping[str, bytes], token: int) -> None:
+        got.append((key, payload["v"]))
+        if len(got) == 3:
+            done.set()
+
+    worker = StreamWorker(locks, raw, name, 1, "g", "w", handler, lease_ttl=2)
+    thread = threading.Thread(target=worker.run, args=(done,))
+    thread.start()
+    thread.join(10)
+    worker.stop()
+    assert not thread.is_alive()
+    assert got == [("a", b"text"), ("b", b"\x89PNG"), ("c", b"text")]
+    assert worker.stats.failed == 0
+
+
+def test_a_fenced_store_refuses_a_client_that_decodes_replies(
+    node: LocalCluster, raw: redis.Redis, name: str
+) -> None:
+    FencedStore(raw).write(name, 1, b"\x89PNG")
+    with (
+        node[0].client(decode_responses=True) as decoding,
+        pytest.raises(tenure.ConfigurationError) as info,
+    ):
+        FencedStore(decoding)
+    assert info.value.parameter == "redis_client"
+    assert "decode_responses=False" in str(info.value)
+    clients = _asyncio_clients(node, decode_responses=True)
+    try:
+        for client in clients:
+            with pytest.raises(tenure.ConfigurationError) as info:
+                AsyncFencedStore(client)
+            assert info.value.parameter == "redis_client"
+            assert "decode_responses=False" in str(info.value)
+    finally:
+        _close(clients)
+
+
+def test_a_decoding_client_still_suits_what_reads_no_raw_values(
+    node: LocalCluster, raw: redis.Redis, name: str
+) -> None:
+    # The producer only writes, and optimistic and RedisIdempotency give back what they
+    # read as bytes or through their codec: they take such a client as before.
+    with node[0].client(decode_responses=True) as decoding:
+        producer = StreamProducer(decoding, name, 1)
+        entry_id = producer.append("k", {"v": b"\x89PNG"})
+        assert isinstance(entry_id, str)
+        entries: Any = raw.xrange(producer.stream_of("k"))
+        assert entries[0][1][b"v"] == b"\x89PNG"
+        assert optimistic(decoding, [f"{name}:n"], _set_to(4)) == 4
+        store = RedisIdempotency(decoding)
+        with store.once(f"{name}:once") as once:
+            once.record({"ok": 1})
+        with store.once(f"{name}:once") as again:
+            assert (again.done, again.result) == (True, {"ok": 1})
