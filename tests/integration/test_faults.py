@@ -381,8 +381,8 @@ def test_a_node_frozen_under_a_busy_client_keeps_its_connection_on_unix_sockets(
             granted = 0
             frozen.pause()
             try:
-                # 300 cycles write 64 commands to the frozen node and then its releases
-                # (``backoff.BEHIND``), more than its socket takes, in well under a second.
+                # 300 cycles write 600 commands to the frozen node, more than its socket
+                # takes, in well under a second.
                 for i in range(300):
                     try:
                         client.acquire(names[i % len(names)], blocking=False).release()

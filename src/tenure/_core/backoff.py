@@ -35,21 +35,11 @@ proxy accepts connections for a server that is gone, is a failure like any other
 
 from __future__ import annotations
 
-__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "BEHIND", "IDLE_LOOK", "SERVED", "STALL", "Reconnect"]
+__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "IDLE_LOOK", "SERVED", "STALL", "Reconnect"]
 
 BACKOFF_MIN = 0.025
 BACKOFF_MAX = 1.0
 STALL = 1.0  # seconds a connection may wait for a reply hearing nothing
-# Replies a blocking client's connection may owe before it is sent no more acquires: a
-# node that stopped answering (frozen, starved) sits out the rounds that could grant
-# until it catches up, while the releases of what it was sent still go to it. Each late
-# grant it would run is followed by its release, so this is not for safety: it keeps
-# what a node wakes up to short (64 commands rather than two per cycle of every thread
-# for up to STALL), so it answers, and counts in rounds again, sooner. A node that keeps
-# answering owes that many only once it is some thirty cycles behind one thread. The
-# asyncio client has no such bound: its rounds share one connection per node, on which
-# many replies are owed at once under load, not only when a node is frozen.
-BEHIND = 64
 IDLE_LOOK = 0.01  # seconds unused after which a connection is looked at before use
 SERVED = 1.0  # seconds up after which a quiet close is no failure
 

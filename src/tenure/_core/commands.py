@@ -203,10 +203,9 @@ class Command:
     and nearly every acquire goes out by EVALSHA alone. ``key``: a key of the command,
     which a Redis Cluster node sends it to the master of its slot. ``item``: what a
     batch of such commands needs of it (``batch``, ``Item``); None for a command that
-    never goes in a batch. ``grants``: the command may leave a key of ours on the node
-    (an acquire), so it goes only where its release can follow (``backoff.BEHIND``).
-    ``alone``: (the lock key, the token) of a lease's release, whose ``alone_form`` a
-    Redis Cluster node sends when a slot migration splits its keys (``TRYAGAIN``).
+    never goes in a batch. ``alone``: (the lock key, the token) of a lease's release,
+    whose ``alone_form`` a Redis Cluster node sends when a slot migration splits its
+    keys (``TRYAGAIN``).
 
     A plain class with slots, not a dataclass: two are made per acquire and release, and
     a frozen dataclass's ``__init__`` costs a call per field. What it says never changes.
@@ -216,7 +215,6 @@ class Command:
         "_fallback",
         "alone",
         "by_sha",
-        "grants",
         "item",
         "key",
         "packed",
@@ -236,7 +234,6 @@ class Command:
         item: Item | None = None,
         script: str = "",
         resend_late: bool = False,
-        grants: bool = False,
         alone: tuple[str, str] | None = None,
     ) -> None:
         self.packed = packed
@@ -252,7 +249,6 @@ class Command:
         # NOSCRIPT comes, the blocking one at the end of the round that read it). Never
         # an acquire: its grant would be a lock nobody waits for.
         self.resend_late = resend_late
-        self.grants = grants
         self.alone = alone
 
     @property
@@ -283,7 +279,6 @@ def _by_sha(
     item: Item | None = None,
     key: str = "",
     resend_late: bool = False,
-    grants: bool = False,
     alone: tuple[str, str] | None = None,
 ) -> Command:
     """``name``'s script with its keys and arguments ``tail``, by EVALSHA, with its EVAL
@@ -299,7 +294,6 @@ def _by_sha(
         item=item,
         script=name,
         resend_late=resend_late,
-        grants=grants,
         alone=alone,
     )
 
@@ -396,7 +390,6 @@ def acked_by_replicas(command: Command, replicas: int, timeout_ms: int) -> Comma
         parse,
         command.replies + 1,
         key=command.key,
-        grants=command.grants,
     )
 
 
@@ -457,9 +450,7 @@ def acquire(
     # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
     # cannot run it answers without granting anything (``ScriptCache``).
     item: Item = ("acquire_batch", listed, len(node_keys), arguments, len(args))
-    return _by_sha(
-        "acquire", argc, counted + arguments, _acquire_reply, item=item, key=keys.lock, grants=True
-    )
+    return _by_sha("acquire", argc, counted + arguments, _acquire_reply, item=item, key=keys.lock)
 
 
 # The last batch packed: a command of a round goes to every node, so in one turn each

@@ -17,9 +17,8 @@ socket cannot take (a frozen node stops reading, and a unix socket's buffer hold
 some 170 commands) waits in the link, written before anything after it, rather than end
 the connection: a node runs the first of the commands a closed connection left in its
 buffer, fails to answer them, and drops the rest, releases behind their grants
-included. A node far behind is sent no more acquires until it catches up
-(``backoff.BEHIND``); a link that heard nothing for ``STALL`` seconds is closed and the
-node left alone for a back-off period, so a dead node costs nothing per round.
+included. A link that heard nothing for ``STALL`` seconds is closed and the node left
+alone for a back-off period, so a dead node costs nothing per round.
 
 A link without a connection is set up before the round begins, not inside it: every such
 node is connected at once, each in a thread of its own (``SetUp``, bounded by
@@ -55,7 +54,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._core.backoff import BEHIND, IDLE_LOOK, STALL, Reconnect
+from .._core.backoff import IDLE_LOOK, STALL, Reconnect
 from .._core.commands import Command, ScriptCache, about_scripts
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
@@ -552,14 +551,8 @@ class LinkSet:
         # their request was written to).
         waiting: dict[Any, int] = {}
         for i in order:
-            link = links[i]
-            if command.grants and link.owed >= BEHIND:
-                # Far behind (frozen, starved): no grants until it catches up
-                # (``backoff.BEHIND``); the releases of what it was sent still go.
-                rnd.went_silent(i, f"{link.owed} replies behind, not sent another acquire")
-                continue
             try:
-                waiting[link.send(command, now)] = i
+                waiting[links[i].send(command, now)] = i
             except _Failed as exc:
                 rnd.fail(i, exc.diagnosis.failure, exc.diagnosis.detail)
         if len(links) == 1 and waiting and not links[0].owed:
