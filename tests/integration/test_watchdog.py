@@ -78,6 +78,26 @@ def test_the_lost_event_first_looked_at_after_the_loss_is_set(
         lease.release()
 
 
+def test_an_on_lost_callback_may_look_at_the_lost_event(shared5: LocalCluster, key: str) -> None:
+    """The blocking lease's callbacks run inside ``release()`` (or ``extend()``), which
+    held the lock that reading ``lease.lost`` took: a callback reading it waited for its
+    own caller, for ever. Asyncio leases have no such lock."""
+    seen: list[bool] = []
+
+    def hold_past_the_ttl() -> None:
+        with tenure.Client(shared5.urls) as client:
+            with contextlib.suppress(tenure.LeaseLost):
+                with client.lock(key, ttl=0.3) as lease:
+                    lease.on_lost(lambda _: seen.append(lease.lost.is_set()))
+                    time.sleep(0.6)  # the lease runs out; release() finds it lost
+
+    worker = threading.Thread(target=hold_past_the_ttl, daemon=True)
+    worker.start()
+    worker.join(10.0)
+    assert not worker.is_alive(), "release() hung in an on_lost callback reading lease.lost"
+    assert seen == [True]
+
+
 def test_loss_is_signalled_within_one_interval_after_a_majority_dies(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:

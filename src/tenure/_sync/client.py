@@ -8,6 +8,7 @@ This module is a thin driver of the pure core: every operation is a flow of
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Hashable
@@ -299,6 +300,20 @@ class Client(ClientBase):
         return f"<Client nodes={self.node_names}>"
 
 
+# Guards the lazy making of leases' ``lost`` events (one per lease, at most): rare, and
+# never held for more than that. Made afresh in a forked child, where a thread that held
+# it at the fork does not exist.
+_LOST_EVENTS = threading.Lock()
+
+
+def _fresh_lost_events() -> None:
+    global _LOST_EVENTS
+    _LOST_EVENTS = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lost_events)
+
+
 def _give_up(lease: Lease | Refused) -> None:
     """Release a lease that an exception (Ctrl-C as its watchdog's thread started) kept
     from the caller: nobody else can, and its watchdog would keep it for ever. Best
@@ -346,7 +361,12 @@ class Lease(LeaseView):
     def lost(self) -> threading.Event:
         """Set the moment the lease is found lost (see ``lost_error``)."""
         # Made on first use: most leases are never waited on, and an Event is not free.
-        with self._op_lock:
+        # Not under ``_op_lock``: an ``on_lost`` callback may read this, and it runs in
+        # ``extend()`` or ``release()``, which hold that lock (a lock that is not
+        # reentrant: the callback waited for its own caller). The event is published
+        # before the loss is looked at, and ``_mark_lost`` records the loss before it
+        # looks at the event: whichever comes second sets it.
+        with _LOST_EVENTS:
             if self._lost_event is None:
                 self._lost_event = threading.Event()
                 if self._loss is not None:
