@@ -720,9 +720,9 @@ class LinkSet:
         why = link.take_late()
         if why is not None:
             self._reporter.late(i, why)
-            resends = link.take_resends()
-            if resends:
-                self._resends.append((i, resends))
+        resends = link.take_resends()
+        if resends:
+            self._resends.append((i, resends))
 
     def _resend(self, now: float) -> None:
         """Send the releases read NOSCRIPT late by EVAL (``_told_late``), after this
