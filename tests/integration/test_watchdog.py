@@ -85,10 +85,13 @@ def test_an_on_lost_callback_may_look_at_the_lost_event(shared5: LocalCluster, k
     seen: list[bool] = []
 
     def hold_past_the_ttl() -> None:
-        with tenure.Client(shared5.urls) as client, contextlib.suppress(tenure.LeaseLost):
-            with client.lock(key, ttl=0.3) as lease:
-                lease.on_lost(lambda _: seen.append(lease.lost.is_set()))
-                time.sleep(0.6)  # the lease runs out; release() finds it lost
+        with (
+            tenure.Client(shared5.urls) as client,
+            contextlib.suppress(tenure.LeaseLost),
+            client.lock(key, ttl=0.3) as lease,
+        ):
+            lease.on_lost(lambda _: seen.append(lease.lost.is_set()))
+            time.sleep(0.6)  # the lease runs out; release() finds it lost
 
     worker = threading.Thread(target=hold_past_the_ttl, daemon=True)
     worker.start()
