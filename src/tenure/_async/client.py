@@ -245,7 +245,16 @@ class AsyncLease(LeaseView):
         self._check_usable("keep it alive")
         if self._released:
             raise NotHeld(self.name, "this lease was already released")
-        if self._watcher is None:
+        watcher = self._watcher
+        if watcher is None:
+            self._watcher = Watchdog(self, policy)
+        elif policy.extend and not watcher.extends and self._loss is None:
+            # ``async with lock:`` only watches its lease (to cancel the body at its end);
+            # a ``keep_alive()`` in the body asks for more, and must not be ignored. The
+            # body's cancel-on-loss is an ``on_lost`` callback, so it outlives the swap.
+            # A watching task that already began is cancelled; it never extends, so
+            # there is nothing to wait for.
+            watcher.stop()
             self._watcher = Watchdog(self, policy)
 
     def _stop_watching(self) -> None:
@@ -306,6 +315,16 @@ class _Block:
         self.open = True  # cancelling the body is only right while the block runs
         self.cancelled = False
 
+    def cancel_body(self, error: LeaseLost) -> None:
+        """``on_lost`` of the block's lease: cancel the body, while the block runs."""
+        body = self.body
+        if not self.open or body is None or body.done():
+            return
+        if body is asyncio.current_task():
+            return  # the body found the loss itself (extend, release): it was raised there
+        self.cancelled = True
+        body.cancel(f"tenure: lease lost: {error}")
+
 
 class AsyncLock(LockView[AsyncLease, _Block]):
     """The asyncio twin of ``tenure.Lock``: ``async with lock as lease:``.
@@ -348,7 +367,27 @@ class AsyncLock(LockView[AsyncLease, _Block]):
             ClientClosed: the client was closed.
             QuorumUnreachable: so many nodes failed that no majority is possible.
         """
-        return self._took(await self._client._acquire(self._spec, blocking, timeout))
+        got = await self._client._acquire(self._spec, blocking, timeout)
+        if not self._took(got):
+            return False
+        assert not isinstance(got, Refused)
+        self._adopt(got)
+        return True
+
+    def _adopt(self, lease: AsyncLease) -> None:
+        """Watch ``lease`` as its block's if it is the block's now: this task's innermost
+        block of this object released the lease it entered with, and the body took the
+        lock again through the object (``LockView._close`` leaves the block with it). Its
+        loss must cancel the body as the first one's would have."""
+        with self._guard:
+            entries = self._blocks.get(self._caller())
+            if not entries:
+                return
+            entered, block = entries[-1]
+        if not entered.released or not block.open:
+            return
+        lease._watch(self._keep_alive or _WATCH_ONLY)
+        lease.on_lost(block.cancel_body)
 
     async def release(self) -> None:
         """Release the lease this object holds; see ``Lock.release``."""
@@ -373,17 +412,7 @@ class AsyncLock(LockView[AsyncLease, _Block]):
         block = _Block(asyncio.current_task())
         lease._bind()
         self._open(lease, block)
-
-        def cancel_body(error: LeaseLost) -> None:
-            body = block.body
-            if not block.open or body is None or body.done():
-                return
-            if body is asyncio.current_task():
-                return  # the body found the loss itself (extend, release): it was raised there
-            block.cancelled = True
-            body.cancel(f"tenure: lease lost: {error}")
-
-        lease.on_lost(cancel_body)
+        lease.on_lost(block.cancel_body)
         return lease
 
     async def __aexit__(
