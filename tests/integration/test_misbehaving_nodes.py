@@ -151,6 +151,12 @@ def test_misconfigured_nodes_are_named_with_the_fix(
             assert client.lock(key, ttl=TTL).locked() is True
             lease.extend()
             lease.release()
+        # A node whose every answer came after its round (a loaded machine) is told when
+        # a later round on its connection reads them: a few more cycles, if need be.
+        for _ in range(10):
+            if _tenure_warnings(caplog):
+                break
+            client.acquire(key, ttl=TTL).release()
         told = _tenure_warnings(caplog)
         assert len(told) == 1, told
         assert shown[0] in told[0]
