@@ -40,9 +40,8 @@ from .._core.commands import (
     CLUSTER_SLOTS,
     Command,
     ScriptCache,
+    about_scripts,
     alone_form,
-    evalsha_refused,
-    script_missing,
 )
 from .._core.config import NodeAddress
 from .._core.diagnosis import (
@@ -85,7 +84,7 @@ class _Scripts(ScriptCache):
     def answered(self, error: str, command: Command | None) -> Command | None:
         if command is None or command.fallback is None:
             return None
-        if not (script_missing(error) or evalsha_refused(error)):
+        if not about_scripts(error):
             return None
         return Command(command.fallback, command.parse, command.replies, key=command.key)
 
@@ -361,7 +360,7 @@ class ClusterChannel:
             on_reply(node, (ok, value))
             return
         text = str(value)
-        if script_missing(text) or evalsha_refused(text):
+        if about_scripts(text):
             member.scripts.answered(text, None)  # its next acquire goes by EVAL
             on_reply(node, reply)
             return

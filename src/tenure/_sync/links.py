@@ -180,7 +180,7 @@ class Link:
         # reply was read since the last look.
         self.quiet_since = 0.0
         self.heard = False
-        # What the socket could not take yet (``_write_behind``), oldest first.
+        # What the socket could not take yet (``_write_now``), oldest first.
         self.unsent: list[bytes] = []
 
     def send(self, command: Command, now: float) -> Any:
@@ -199,18 +199,10 @@ class Link:
                 data = command.packed
             else:
                 data = self.node.scripts.packed(command)
-            if not io.plain:
-                sock.sendall(data)  # TLS: a TCP buffer, which holds far more than STALL's worth
-            elif self.unsent:
-                self._write_behind(sock, data)
+            if io.plain:
+                self._write_now(sock, data)
             else:
-                # Without waiting: what the socket cannot take waits (``_write_behind``).
-                try:
-                    sent = sock.send(data, _NO_WAIT)
-                except BlockingIOError:
-                    sent = 0
-                if sent < len(data):
-                    self.unsent.append(data[sent:])
+                sock.sendall(data)  # TLS: a TCP buffer, which holds far more than STALL's worth
         except Exception as exc:  # not BaseException: an interrupt is no node's failure
             why = diagnose(exc)
             self.drop(now, why)
@@ -224,7 +216,7 @@ class Link:
             raise
         return sock
 
-    def _write_behind(self, sock: Any, data: bytes) -> None:
+    def _write_now(self, sock: Any, data: bytes) -> None:
         """Write ``data`` behind what the socket could not take yet, without waiting;
         what it cannot take now waits in ``unsent`` for the next write, in order.
 
@@ -235,9 +227,10 @@ class Link:
         behind their grants included, which then hold their locks for a whole TTL.
         """
         unsent = self.unsent
-        unsent.append(data)
-        data = b"".join(unsent)
-        unsent.clear()
+        if unsent:
+            unsent.append(data)
+            data = b"".join(unsent)
+            unsent.clear()
         try:
             sent = sock.send(data, _NO_WAIT)
         except BlockingIOError:
