@@ -795,14 +795,18 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         both_acquire("c", "q", 150, 30, expect=tl)  # free with a queue, but too low
         same_state("", 200)
         # A newcomer finding the lock free with a queue hands it to the head, with the
-        # newcomer's proposal as the token, and queues behind.
+        # newcomer's proposal as the token, and queues behind. The head keeps its place
+        # until its lease's release (or its give-up) takes it out: a grant is not yet a
+        # lease, and a failed attempt's cleanup must find it where it was.
         both_acquire("a", "q", 300, 50, expect=held, notes=("b: G b 300",))
-        queue_is("c", "d", "a")
+        queue_is("b", "c", "d", "a")
         same_state("b", 300)
         both_acquire("b", "q", 250, 20, expect=tl)  # handed to "b", but too low: no renewal
         both_acquire("b", "q", 400, 20, expect=granted)  # renewed; the floor is the proposal
+        queue_is("b", "c", "d", "a")
         same_state("b", 400)
         both_release("b", "q", 400, expect=1, notes=("c: W c",))  # P = floor: only wakes
+        queue_is("c", "d", "a")
         same_state("", 400)
         # Cleanup by the head of the queue: it keeps its place, the lock stays free.
         both_release("c", "q", 500, cleanup=True, expect=0)
@@ -810,16 +814,22 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         same_state("", 400)
         # Cleanup by a waiter behind the head: it keeps its place; the head is handed it.
         both_release("d", "q", 500, cleanup=True, expect=0, notes=("c: G c 500",))
-        queue_is("d", "a")
+        queue_is("c", "d", "a")
         same_state("c", 500)
-        # Cleanup of a grant (the holder's own key): deleted and passed on with P.
-        both_release("c", "q", 600, cleanup=True, expect=1, notes=("d: G d 600",))
-        queue_is("a")
+        # Cleanup of a grant by the head (its attempt split: the others' grants went
+        # elsewhere): deleted, and left free for it, so that every node's cleanup passes
+        # the lock to the same waiter, the first in line, and the split cannot repeat.
+        both_release("c", "q", 600, cleanup=True, expect=1)
+        queue_is("c", "d", "a")
+        same_state("", 500)
+        # "c" gives up: it leaves, the next in line is handed it.
+        both_release("c", "q", 600, expect=0, notes=("d: G d 600",))
+        queue_is("d", "a")
         same_state("d", 600)
         both_acquire("d", "q", 700, 40, expect=granted)  # renewed: floor = proposal
         same_state("d", 700)
         both_release("d", "q", 800, expect=1, notes=("a: G a 800",))
-        queue_is()
+        queue_is("a")
         same_state("a", 800)
         both_release("a", "q", 900, expect=1)  # nobody waits
         same_state("", 800)
@@ -852,6 +862,76 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
             c.delete(keys.floor)
         else:
             c.set(keys.floor, max(int(kept), int(c.get(keys.floor) or 0)), px=RETENTION)
+
+
+def test_a_split_of_fair_hand_offs_is_settled_for_the_first_in_line(
+    shared5: LocalCluster, key: str
+) -> None:
+    """Fair on a quorum of three with one node silent, two releases can hand the two live
+    nodes to two different waiters (each node hands the lock to whoever heads its queue
+    at that moment, and a waiter queues on a node only when its attempt gets there).
+    Neither has a majority; both attempts fail and send their cleanups. Each cleanup once
+    passed its node on to the other waiter, who no longer headed a queue there (a node
+    that handed a waiter the lock took it out of its queue): the two swapped nodes in
+    lockstep, attempt after attempt, and the lock stayed free for as long as the node was
+    silent (up to 1 s of a 2.5 s pause in half of the runs). A granted waiter now keeps
+    its place until its lease's release, so both cleanups hand their node to the same
+    waiter, the first in line, which then holds both."""
+    acquire, release = script("acquire").wire.decode(), script("release").wire.decode()
+    keys = LockKeys.of(key)
+    first, second = "w1", "w2"  # tickets 10 and 20: "w1" is first in line everywhere
+    nodes = [shared5[0].client(), shared5[1].client()]
+    subs = []
+    try:
+        for c in nodes:
+            sub = c.pubsub()  # type: ignore[no-untyped-call]
+            subs.append(sub)
+            sub.subscribe(*(f"ch:{key}:{w}" for w in (first, second)))
+            confirmed = 0
+            while confirmed < 2:  # both subscriptions confirmed: PUBLISH reaches them
+                confirmed += sub.get_message(timeout=0.5) is not None
+        floor = max(int(c.get(keys.floor) or 0) for c in nodes) + 1000
+
+        def attempt(c: redis.Redis, w: str, ticket: int, proposal: int) -> int:
+            reply = c.eval(
+                acquire, 4, keys.lock, keys.floor, keys.warm, keys.queue,
+                w, 5000, proposal, 1, 1000, RETENTION, "q", w, f"ch:{key}:{w}", 3000, ticket,
+            )  # fmt: skip
+            return int(reply[0])
+
+        def cleanup(c: redis.Redis, w: str, token: int) -> None:
+            c.eval(release, 3, keys.lock, keys.floor, keys.queue, w, "q", token, RETENTION, 0, "c")
+
+        for c in nodes:
+            assert attempt(c, "holder", 1, floor) == 1
+        assert attempt(nodes[0], first, 10, floor + 1) == 0  # queued on node 0 only
+        assert attempt(nodes[1], second, 20, floor + 1) == 0  # queued on node 1 only
+        for c in nodes:  # the holder's release: node 0 hands to "w1", node 1 to "w2"
+            c.eval(release, 3, keys.lock, keys.floor, keys.queue, "holder", "q", floor + 2,
+                   RETENTION, floor)  # fmt: skip
+        assert [c.get(keys.lock) for c in nodes] == [first.encode(), second.encode()]
+        # Their attempts cross: each queues where the other holds; neither has a majority
+        # (the third node is silent), so each cleans up what it was handed.
+        assert attempt(nodes[1], first, 10, floor + 3) == 0
+        assert attempt(nodes[0], second, 20, floor + 3) == 0
+        cleanup(nodes[0], first, floor + 4)
+        cleanup(nodes[1], second, floor + 4)
+        # Both nodes are for "w1" now: its next attempt holds a majority, "w2"'s holds none.
+        assert attempt(nodes[1], second, 20, floor + 5) == 0
+        assert attempt(nodes[0], second, 20, floor + 5) == 0
+        assert attempt(nodes[0], first, 10, floor + 6) == 1
+        assert attempt(nodes[1], first, 10, floor + 6) == 1
+        for c in nodes:  # the lease's release, then "w2" gives up
+            c.eval(release, 3, keys.lock, keys.floor, keys.queue, first, "q", floor + 7,
+                   RETENTION, floor + 6)  # fmt: skip
+            c.eval(release, 3, keys.lock, keys.floor, keys.queue, second, "q", floor + 8,
+                   RETENTION, 0)  # fmt: skip
+            assert c.exists(keys.lock, keys.queue) == 0
+    finally:
+        for sub in subs:
+            sub.close()
+        for c in nodes:
+            c.close()
 
 
 def test_threads_of_a_new_client_are_woken_from_the_start(shared5: LocalCluster, key: str) -> None:

@@ -309,10 +309,11 @@ def acquire_lua(
         return [-1, floor, floor]
     node.set(keys.lock, token, now, px=ttl_ms)
     commit_lua(node, keys, proposal, retention, now)
-    if mode is not None:
+    if mode is not None and mode != "q":
         items = _zset(node, keys.queue, now)
         _zstore(node, keys.queue, [(s, m) for s, m in items if m != waiter], now)
         node.delete(f"{keys.queue}:{waiter}", now)
+    if mode is not None:
         node.delete(f"{keys.queue}:next", now)
     return [1, proposal, proposal]
 
@@ -460,8 +461,9 @@ def handoff_lua(
                 if bus.publish(channel, f"G {head} {token}") > 0:
                     node.set(keys.lock, head, now, px=int(ttl))
                     commit_lua(node, keys, token, retention_ms, now)
-                    _zstore(node, keys.queue, queue[1:], now)
-                    node.delete(pkey, now)
+                    if mode != "q":
+                        _zstore(node, keys.queue, queue[1:], now)
+                        node.delete(pkey, now)
                     return 1
             elif bus.publish(channel, f"W {head}") > 0:
                 if mode == "n":
