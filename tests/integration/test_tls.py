@@ -282,6 +282,96 @@ def test_connect_timeout_is_validated(api: Api, shared5: LocalCluster) -> None:
         assert "(0, 60] seconds" in str(info.value) or "finite number" in str(info.value)
 
 
+def _encrypted_key(path: Path, passphrase: bytes) -> Path:
+    """A copy of the PEM key at ``path``, encrypted with ``passphrase``."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    out = path.with_suffix(".encrypted.key")
+    out.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(passphrase),
+        )
+    )
+    return out
+
+
+def test_tls_files_that_cannot_be_loaded_are_refused_at_construction(
+    api: Api, shared5: LocalCluster, ca: CertificateAuthority, proxies: ExitStack, tmp_path: Path
+) -> None:
+    """redis-py loads the TLS files only when it connects: a missing or wrong one failed
+    every connection, and the first acquire raised ``QuorumUnreachable`` as for nodes
+    that are down. The client is refused at construction instead, naming the option, the
+    node and the fix; the nodes are never asked."""
+    proxy = _proxy(proxies, shared5, 0, ca, ["127.0.0.1"])
+    client_cert = ca.issue(["tenure-client"])
+    not_pem = tmp_path / "notes.txt"
+    not_pem.write_text("not a certificate\n")
+    encrypted = _encrypted_key(client_cert.key, b"s3cret-passphrase")
+    cases: list[tuple[dict[str, object], str, str]] = [
+        ({"ssl_ca_certs": str(tmp_path / "missing.pem")}, "ssl_ca_certs", "does not exist"),
+        ({"ssl_ca_certs": str(not_pem)}, "ssl_ca_certs", "holds no CA certificate"),
+        ({"ssl_ca_data": "not a certificate"}, "ssl_ca_data", "holds no CA certificate"),
+        ({"ssl_ca_path": str(not_pem)}, "ssl_ca_path", "is not a directory"),
+        (
+            {"ssl_certfile": str(tmp_path / "missing.pem"), "ssl_keyfile": str(client_cert.key)},
+            "ssl_certfile",
+            "does not exist",
+        ),
+        (
+            {"ssl_certfile": str(client_cert.cert), "ssl_keyfile": str(tmp_path / "x.key")},
+            "ssl_keyfile",
+            "does not exist",
+        ),
+        ({"ssl_keyfile": str(client_cert.key)}, "ssl_keyfile", "without ssl_certfile"),
+        ({"ssl_certfile": str(not_pem)}, "ssl_certfile", "cannot be loaded"),
+        (
+            {"ssl_certfile": str(client_cert.cert), "ssl_keyfile": str(encrypted)},
+            "ssl_keyfile",
+            "is encrypted and ssl_password is not set",
+        ),
+        (
+            {
+                "ssl_certfile": str(client_cert.cert),
+                "ssl_keyfile": str(encrypted),
+                "ssl_password": "wrong",
+            },
+            "ssl_certfile",
+            "cannot be loaded",
+        ),
+    ]
+    for options, key, says in cases:
+        with pytest.raises(tenure.ConfigurationError) as info:
+            api.client([proxy.url], connection_options={**_verified(ca), **options})
+        error = info.value
+        assert error.parameter == f"connection_options[{key!r}]", options
+        assert says in str(error), (options, str(error))
+        assert f"{proxy.url} (nodes[0])" in str(error)
+        assert "Pass " in str(error)
+        assert "s3cret-passphrase" not in str(error)
+    # In the node URL's query, the node is named.
+    with pytest.raises(tenure.ConfigurationError) as info:
+        api.client([f"{proxy.url}?ssl_ca_certs={tmp_path / 'missing.pem'}"])
+    assert info.value.parameter == "nodes[0]"
+    assert "ssl_ca_certs" in str(info.value)
+    assert proxy.handshakes == 0
+    # The right files, the key encrypted and its passphrase given: a client certificate
+    # is loaded and the node is used.
+    client = api.client(
+        [proxy.url],
+        connection_options={
+            **_verified(ca),
+            "ssl_certfile": str(client_cert.cert),
+            "ssl_keyfile": str(encrypted),
+            "ssl_password": "s3cret-passphrase",
+        },
+    )
+    client.acquire("tls-files", ttl=TTL).release()
+    assert proxy.handshakes >= 1
+
+
 def test_a_frozen_node_over_tls_is_silent_not_broken(
     api: Api, key: str, ca: CertificateAuthority, proxies: ExitStack
 ) -> None:

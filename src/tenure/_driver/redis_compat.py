@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
 import select
 import socket
 import ssl
@@ -293,6 +294,7 @@ def check_connection_options(
             )
         result[key] = value
     pool_cls = redis.asyncio.ConnectionPool if asyncio else redis.ConnectionPool
+    loaded: dict[tuple[object, ...], tuple[str, str] | None] = {}
     for i, address in enumerate(nodes):
         node = address  # named as listed: a Cluster by its seeds, not its first one
         if address.seeds:  # a Redis Cluster: checked as its first seed, a plain node
@@ -332,7 +334,106 @@ def check_connection_options(
                 param if result else f"{listed}[{i}]",
                 f"redis-py refuses {what} for {address.display} ({listed}[{i}]): {exc}",
             ) from None
+        refused = _tls_files_refused(pool.connection_kwargs, loaded)
+        if refused is not None:
+            key, why = refused
+            given = f"{param}[{key!r}]" if key in result else f"{listed}[{i}]"
+            raise ConfigurationError(
+                given,
+                f"{why}, so no TLS connection to {address.display} ({listed}[{i}]) could be "
+                f"made. {_TLS_FIX[key]}",
+            )
     return result
+
+
+# What each TLS file option must name, for the errors of ``_tls_files_refused``.
+_TLS_FIX = {
+    "ssl_certfile": "Pass the path of this client's certificate (PEM), readable by this "
+    "process, with its key in ssl_keyfile unless the file holds both",
+    "ssl_keyfile": "Pass the path of the private key (PEM) of the certificate in "
+    "ssl_certfile, readable by this process, and its passphrase as ssl_password if it "
+    "has one",
+    "ssl_ca_certs": "Pass the path of the CA certificate(s) (PEM) that signed the nodes' "
+    "certificates, readable by this process",
+    "ssl_ca_path": "Pass a directory of CA certificates prepared with c_rehash",
+    "ssl_ca_data": "Pass the CA certificate(s) themselves, as PEM text",
+}
+
+
+def _tls_files_refused(
+    kwargs: Mapping[str, Any], loaded: dict[tuple[object, ...], tuple[str, str] | None]
+) -> tuple[str, str] | None:
+    """(option, why) when the certificates and keys a TLS connection of these settings
+    would load cannot be loaded; None when they can, or the connection is not TLS.
+
+    redis-py loads them only when it connects, and a file that is missing, unreadable or
+    not PEM then fails every connection to the node, which would look like a node
+    outage (``QuorumUnreachable``) rather than the misconfiguration it is. So they are
+    loaded here once, as redis-py will (``load_cert_chain``, then
+    ``load_verify_locations``), into a context that is thrown away. ``loaded``: the
+    answers for the settings seen so far (the nodes of one client mostly share them).
+    """
+    certfile, keyfile = kwargs.get("ssl_certfile"), kwargs.get("ssl_keyfile")
+    ca_certs, ca_path = kwargs.get("ssl_ca_certs"), kwargs.get("ssl_ca_path")
+    ca_data = kwargs.get("ssl_ca_data")
+    if not (certfile or keyfile or ca_certs or ca_path or ca_data):
+        return None
+    # By repr: a value may not hash (a path object does, a list would not); the
+    # passphrase by identity, never kept.
+    seen = (
+        *map(repr, (certfile, keyfile, ca_certs, ca_path, ca_data)),
+        id(kwargs.get("ssl_password")),
+    )
+    if seen in loaded:
+        return loaded[seen]
+    loaded[seen] = refused = _load_refused(certfile, keyfile, ca_certs, ca_path, ca_data, kwargs)
+    return refused
+
+
+class _Encrypted(Exception):
+    """The key file is encrypted and no passphrase was given."""
+
+
+def _no_passphrase() -> str:
+    # Without a callback, OpenSSL would ask for the passphrase on the terminal.
+    raise _Encrypted
+
+
+def _load_refused(
+    certfile: Any, keyfile: Any, ca_certs: Any, ca_path: Any, ca_data: Any, kwargs: Any
+) -> tuple[str, str] | None:
+    """``_tls_files_refused`` for settings not seen before."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no system store: only these files
+    if keyfile and not certfile:
+        return "ssl_keyfile", f"ssl_keyfile {keyfile!r} is set without ssl_certfile"
+    if certfile:
+        for key, path in (("ssl_certfile", certfile), ("ssl_keyfile", keyfile)):
+            if path and not os.path.exists(path):
+                return key, f"{key} {path!r} does not exist"
+        named = f"{certfile!r}" + (f" with the key {keyfile!r}" if keyfile else "")
+        try:
+            context.load_cert_chain(certfile, keyfile, kwargs.get("ssl_password") or _no_passphrase)
+        except _Encrypted:
+            key = "ssl_keyfile" if keyfile else "ssl_certfile"
+            return key, f"the key of {named} is encrypted and ssl_password is not set"
+        except (OSError, ssl.SSLError, TypeError, ValueError) as exc:
+            return "ssl_certfile", f"the certificate {named} cannot be loaded: {exc}"
+    if ca_path and not os.path.isdir(ca_path):
+        return "ssl_ca_path", f"ssl_ca_path {ca_path!r} is not a directory"
+    if ca_certs and not os.path.exists(ca_certs):
+        return "ssl_ca_certs", f"ssl_ca_certs {ca_certs!r} does not exist"
+    # One at a time, so that the error names the one that failed.
+    for key, where, load in (
+        ("ssl_ca_certs", f"ssl_ca_certs {ca_certs!r}", {"cafile": ca_certs}),
+        ("ssl_ca_data", "ssl_ca_data", {"cadata": ca_data}),
+    ):
+        if not any(load.values()):
+            continue
+        try:
+            context.load_verify_locations(**load)
+        except (OSError, ssl.SSLError, TypeError, ValueError) as exc:
+            return key, f"{where} holds no CA certificate this client can load: {exc}"
+    return None
 
 
 def _check_url_query(url: str, display: str, parameter: str) -> None:
