@@ -214,6 +214,21 @@ def test_release_says_whether_the_lease_was_proven_lost(answers: str, unanswered
     assert ("another client may have held it" in str(error)) == (not unanswered)
 
 
+def test_release_decided_before_a_node_answered_does_not_count_it_as_a_no() -> None:
+    """Refusals can decide a release before every node answered; a node not heard yet
+    may still have held the lease, and the message must not say none did."""
+    rnd = Round(3, 2, 3.0)
+    rnd.record(0, False)
+    rnd.record(1, False)
+    assert rnd.decided
+    error = conclude_release(lease(0.0), 3, 2, rnd, 3.0, NAMES[:3])
+    assert isinstance(error, LeaseLost)
+    message = str(error)
+    assert "only 0 of the 2 nodes that answered still held it" in message
+    assert "1 more not heard" in message
+    assert "only 0 of 3 nodes" not in message
+
+
 @pytest.mark.parametrize("now", [9.9, 10.0, 1000.0])
 def test_release_without_a_majority_after_expiry_is_lease_expired(now: float) -> None:
     rnd = tally("ynnnn", started=now)

@@ -111,8 +111,17 @@ def conclude_release(
             "(keys left on them expire by their TTL)"
         )
     else:
+        held = f"only {rnd.yes} of {n_nodes} nodes still held it"
+        # The refusals decided the round before every node answered: the nodes not heard
+        # may still have held it, and are not counted as if they said no.
+        unheard = sum(1 for r in rnd.results if r is None)
+        if unheard:
+            held = (
+                f"only {rnd.yes} of the {n_nodes - unheard} nodes that answered still held it "
+                f"({unheard} more not heard before the others decided it)"
+            )
         message = (
-            f"released, but only {rnd.yes} of {n_nodes} nodes still held it ({quorum} needed): "
+            f"released, but {held} ({quorum} needed): "
             "the lock expired during the critical section and another client may have held it"
         )
     error_type = LeaseExpired if expired else LeaseLost
