@@ -118,9 +118,29 @@ def test_display_is_a_url_for_the_same_server(url: str) -> None:
     assert parse_node_url(a.display).identity == a.identity
 
 
+def test_two_databases_of_one_server_are_refused_as_two_nodes() -> None:
+    """A crash, pause or restart without data of the server takes both votes at once: not
+    the independent masters a Redlock needs (``tenure check`` calls it unsafe too)."""
+    for nodes in (
+        ["redis://h:7001/0", "redis://h:7001/1", "redis://h:7002"],
+        ["unix:///tmp/a.sock", "redis://h:7002", "unix:///tmp/a.sock?db=3"],
+        [
+            "redis+sentinel://s1:26379,s2:26379/main/0",
+            "redis://h:7002",
+            "redis+sentinel://s2:26379,s1:26379/main/2",
+        ],
+    ):
+        with pytest.raises(ConfigurationError) as info:
+            ClientConfig.build(nodes)
+        assert "is the same server as nodes[" in str(info.value)
+        assert "a different database, but the same server" in str(info.value)
+
+
 def test_identity() -> None:
     assert parse_node_url("redis://h").identity == parse_node_url("rediss://u:p@H:6379/0").identity
-    assert parse_node_url("redis://h/1").identity != parse_node_url("redis://h/2").identity
+    # Two databases of one server are one process: one vote.
+    assert parse_node_url("redis://h/1").identity == parse_node_url("redis://h/2").identity
+    assert parse_node_url("unix:///a?db=1").identity == parse_node_url("unix:///a").identity
     assert parse_node_url("redis://h:1").identity != parse_node_url("redis://h:2").identity
     assert parse_node_url("unix:///a").identity != parse_node_url("unix:///b").identity
 
@@ -310,8 +330,8 @@ def test_duplicate_nodes_refused_naming_the_second(
     assert "twice" in str(info.value)
 
 
-def test_same_host_different_db_or_port_is_not_a_duplicate() -> None:
-    cfg = ClientConfig.build(["redis://a/0", "redis://a/1", "redis://a:6380"])
+def test_same_host_different_port_is_not_a_duplicate() -> None:
+    cfg = ClientConfig.build(["redis://a/0", "redis://a:6380/1", "redis://a:6381"])
     assert len(cfg.nodes) == 3
 
 

@@ -56,7 +56,8 @@ def test_address_database_and_credentials_are_taken(flavour: Any) -> None:
 def test_a_pool_from_a_url_gives_the_same_node(flavour: Any) -> None:
     pool = flavour.ConnectionPool.from_url("redis://app:pw@127.0.0.1:7001/2")
     address = settings_of(pool, "nodes[0]", asyncio=True)
-    assert address.identity == ("127.0.0.1", 7001, 2)
+    assert address.identity == ("127.0.0.1", 7001)
+    assert address.db == 2
     assert dict(address.options) == {"username": "app", "password": "pw"}
 
 

@@ -119,14 +119,15 @@ class NodeAddress:
 
     @property
     def identity(self) -> tuple[object, ...]:
+        # Without the database number: two databases of one server are one process, so
+        # its crash, pause or restart without data takes both votes at once.
         if self.sentinel is not None:
             # The same service through the same Sentinels, in any order, is one master.
             s = self.sentinel
-            return ("sentinel", s.service, tuple(sorted(set(s.sentinels))), self.db)
+            return ("sentinel", s.service, tuple(sorted(set(s.sentinels))))
         if self.seeds:
             return ("cluster", *sorted(self.seeds))
-        where: tuple[object, ...] = (self.path,) if self.path else (self.host, self.port)
-        return (*where, self.db)
+        return (self.path,) if self.path else (self.host, self.port)
 
     @property
     def redis_url(self) -> str:
@@ -566,10 +567,13 @@ class ClientConfig:
         seen: dict[tuple[object, ...], int] = {}
         for i, a in enumerate(addresses):
             if a.identity in seen:
+                first = addresses[seen[a.identity]]
+                also = " (a different database, but the same server)" if a.db != first.db else ""
                 raise ConfigurationError(
                     f"nodes[{i}]",
-                    f"{a.display} is the same server as nodes[{seen[a.identity]}]; "
-                    "listing a node twice would count its vote twice",
+                    f"{a.display} is the same server as nodes[{seen[a.identity]}]{also}; "
+                    "listing a node twice would count its vote twice: a Redlock needs "
+                    "independent servers",
                 )
             seen[a.identity] = i
         timeout = _finite("node_timeout", node_timeout)
