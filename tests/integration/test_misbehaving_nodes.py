@@ -112,11 +112,27 @@ def _misconfigure(kind: str, node: LocalNode, spare: LocalNode, first: bool) -> 
             c.config_set("requirepass", "secret")
         # A wrong password, or none at all.
         return f"redis://:wrong@127.0.0.1:{node.port}" if first else node.url
+    if kind == "client_name":
+        # docs/deployment.md's least-privilege user, and a client that names itself
+        # (redis-py sends CLIENT SETNAME on every new connection).
+        with node.client() as c:
+            c.execute_command(
+                "ACL", "SETUSER", "lp", "reset", "on", ">pw", "~tenure:*", "&*",
+                *LEAST_PRIVILEGE,
+            )  # fmt: skip
+        return f"redis://lp:pw@127.0.0.1:{node.port}?client_name=app"
     assert kind == "acl"
     with node.client() as c:
         # A user who may run anything, but on no key of tenure's.
         c.execute_command("ACL", "SETUSER", "app", "on", ">pw", "~app:*", "&*", "+@all")
     return f"redis://app:pw@127.0.0.1:{node.port}"
+
+
+# The commands of docs/deployment.md's least-privilege ACL line.
+LEAST_PRIVILEGE = (
+    "+eval", "+exists", "+subscribe", "+wait", "+del", "+get", "+info", "+mget", "+pexpire",
+    "+pttl", "+publish", "+set", "+zadd", "+zrange", "+zrem", "+zscore",
+)  # fmt: skip
 
 
 def _evals(node: LocalNode) -> int:
@@ -129,10 +145,11 @@ _SAYS = {
     "replica": ("read-only replica", "list its master instead"),
     "password": ("password", "node URL"),
     "acl": ("ACL", "~tenure:*"),
+    "client_name": ("CLIENT SETNAME", "+client|setname"),
 }
 
 
-@pytest.mark.parametrize("kind", ["replica", "password", "acl"])
+@pytest.mark.parametrize("kind", ["replica", "password", "acl", "client_name"])
 def test_misconfigured_nodes_are_named_with_the_fix(
     api: Api, key: str, kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -180,7 +197,7 @@ def test_misconfigured_nodes_are_named_with_the_fix(
         assert set(error.node_errors) >= {shown[0], shown[1]}
         for words in _SAYS[kind]:
             assert words in str(error), str(error)
-        if kind == "acl":
+        if kind in ("acl", "client_name"):
             assert isinstance(error, tenure.ServerUnsupported)
         if kind != "replica":  # a replica answers reads; the others refuse EXISTS too
             with pytest.raises(tenure.NodeMisconfigured):

@@ -29,6 +29,7 @@ __all__ = [
     "BackingOff",
     "Diagnosis",
     "acl_hint",
+    "acl_refused",
     "certificate_rejected",
     "check_command",
     "cluster_node",
@@ -146,6 +147,22 @@ def _essence(text: str) -> str:
     if cut and said:
         return said
     return text.rsplit(": ", 1)[-1]
+
+
+def acl_refused(text: str) -> Diagnosis:
+    """A command, key or channel refused by the node's ACL (``text``, the whole reply).
+
+    ``CLIENT SETNAME`` is not one of tenure's: redis-py sends it on every new connection
+    when the node's URL, ``connection_options`` or redis-py object sets ``client_name``,
+    and the least-privilege ACL line does not grant it. Its fix is that one permission.
+    """
+    if "client|setname" in text.lower():
+        return Diagnosis(
+            Failure.UNSUPPORTED,
+            f"refused by ACL ({text}): every connection names itself (client_name) with "
+            "CLIENT SETNAME; grant its ACL user +client|setname, or leave client_name out",
+        )
+    return Diagnosis(Failure.UNSUPPORTED, f"refused by ACL ({text}): {ACL_HINT}")
 
 
 def error_reply(text: str) -> Diagnosis:

@@ -189,7 +189,7 @@ def diagnose(exc: Exception) -> Diagnosis:
         # version words it differently, and none of them starts the reply with NOPERM.
         # The whole text is kept: its script line names the refused command on 6.2.
         if denial(text) is not None:
-            return Diagnosis(Failure.UNSUPPORTED, f"refused by ACL ({text}): {diagnosis.ACL_HINT}")
+            return diagnosis.acl_refused(text)
         return diagnosis.error_reply(text)
     if isinstance(exc, _GARBLED):
         return diagnosis.not_redis(str(exc) or type(exc).__name__)
