@@ -121,6 +121,31 @@ def test_loss_is_signalled_within_one_interval_after_a_majority_dies(
         lease.check()
 
 
+def test_a_failed_extension_reports_the_loss_before_the_validity_ends(
+    api: Api, key: str
+) -> None:
+    """A failed extension releases what it can and marks the lease lost. The release
+    round waits up to ten node timeouts for nodes that do not answer, the very ones that
+    made the extension fail; the loss was reported only after it, 0.35-0.45 s after the
+    validity of a 0.3 s lease ended, and after another client could take the lock."""
+    with LocalCluster(3) as cluster:
+        client = api.client(cluster.urls)
+        lease = client.acquire(key, ttl=0.3, watchdog=True)
+        lost_at: list[float] = []
+        lease.on_lost(lambda _: lost_at.append(time.monotonic()))
+        api.idle(0.15)
+        cluster[1].pause()
+        cluster[2].pause()
+        try:
+            api.wait_until(lambda: bool(lost_at), 5.0, "the loss reported")
+        finally:
+            cluster[1].resume()
+            cluster[2].resume()
+        assert lost_at[0] <= lease.valid_until, lost_at[0] - lease.valid_until
+        with pytest.raises(tenure.LeaseLost):
+            lease.check()
+
+
 def test_a_granting_node_that_loses_the_key_makes_the_lease_lost(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:

@@ -524,8 +524,12 @@ class Flows:
             lease._state = outcome
             return
         lease._set_released()
-        yield self._release_round(lease)
+        # Lost now, before the release round: that round waits up to RELEASE_PATIENCE
+        # node timeouts for nodes that do not answer (the very ones that made the
+        # extension fail), which can end after the validity did, and after another
+        # client took the lock.
         lease._mark_lost(outcome)
+        yield self._release_round(lease)
         raise outcome
 
     def release(self, lease: WatchedLease) -> Flow[None]:
