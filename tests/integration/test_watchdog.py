@@ -121,9 +121,7 @@ def test_loss_is_signalled_within_one_interval_after_a_majority_dies(
         lease.check()
 
 
-def test_a_failed_extension_reports_the_loss_before_the_validity_ends(
-    api: Api, key: str
-) -> None:
+def test_a_failed_extension_reports_the_loss_before_the_validity_ends(api: Api, key: str) -> None:
     """A failed extension releases what it can and marks the lease lost. The release
     round waits up to ten node timeouts for nodes that do not answer, the very ones that
     made the extension fail; the loss was reported only after it, 0.35-0.45 s after the
