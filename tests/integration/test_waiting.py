@@ -711,13 +711,19 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
             fencing: int = 0,
             expect: int | None = None,
             notes: tuple[str, ...] = (),
+            ticket: int | None = None,
         ) -> None:
-            extra = ("c",) if cleanup else ()
+            extra: tuple[object, ...] = ("c",) if cleanup else ()
+            if ticket is not None:
+                extra = ("c", ticket, f"ch:{key}:{w} 5000", 3000)
             real = c.eval(
                 release, 3, keys.lock, keys.floor, keys.queue,
                 w, mode, arg, RETENTION, fencing, *extra,
             )  # fmt: skip
-            mirror = release_wait_lua(fake, bus, keys, w, mode, arg, 0, cleanup, RETENTION, fencing)
+            place = None if ticket is None else (ticket, f"ch:{key}:{w} 5000", 3000)
+            mirror = release_wait_lua(
+                fake, bus, keys, w, mode, arg, 0, cleanup, RETENTION, fencing, place
+            )
             assert real == mirror, w
             if expect is not None:
                 assert mirror == expect, w
@@ -795,18 +801,14 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         both_acquire("c", "q", 150, 30, expect=tl)  # free with a queue, but too low
         same_state("", 200)
         # A newcomer finding the lock free with a queue hands it to the head, with the
-        # newcomer's proposal as the token, and queues behind. The head keeps its place
-        # until its lease's release (or its give-up) takes it out: a grant is not yet a
-        # lease, and a failed attempt's cleanup must find it where it was.
+        # newcomer's proposal as the token, and queues behind.
         both_acquire("a", "q", 300, 50, expect=held, notes=("b: G b 300",))
-        queue_is("b", "c", "d", "a")
+        queue_is("c", "d", "a")
         same_state("b", 300)
         both_acquire("b", "q", 250, 20, expect=tl)  # handed to "b", but too low: no renewal
         both_acquire("b", "q", 400, 20, expect=granted)  # renewed; the floor is the proposal
-        queue_is("b", "c", "d", "a")
         same_state("b", 400)
         both_release("b", "q", 400, expect=1, notes=("c: W c",))  # P = floor: only wakes
-        queue_is("c", "d", "a")
         same_state("", 400)
         # Cleanup by the head of the queue: it keeps its place, the lock stays free.
         both_release("c", "q", 500, cleanup=True, expect=0)
@@ -814,22 +816,22 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         same_state("", 400)
         # Cleanup by a waiter behind the head: it keeps its place; the head is handed it.
         both_release("d", "q", 500, cleanup=True, expect=0, notes=("c: G c 500",))
-        queue_is("c", "d", "a")
+        queue_is("d", "a")
         same_state("c", 500)
-        # Cleanup of a grant by the head (its attempt split: the others' grants went
-        # elsewhere): deleted, and left free for it, so that every node's cleanup passes
-        # the lock to the same waiter, the first in line, and the split cannot repeat.
-        both_release("c", "q", 600, cleanup=True, expect=1)
+        # Cleanup of a grant (the holder's own key) with the waiter's ticket: back in line
+        # first ("c" at 30, behind nobody but itself), so the lock stays free for it.
+        both_release("c", "q", 600, cleanup=True, expect=1, ticket=30)
         queue_is("c", "d", "a")
         same_state("", 500)
-        # "c" gives up: it leaves, the next in line is handed it.
-        both_release("c", "q", 600, expect=0, notes=("d: G d 600",))
-        queue_is("d", "a")
-        same_state("d", 600)
+        # Without a ticket (an attempt that did not queue): deleted and passed on with P.
+        both_acquire("c", "q", 600, 30, expect=granted)
+        both_release("c", "q", 650, cleanup=True, expect=1, notes=("d: G d 650",))
+        queue_is("a")
+        same_state("d", 650)
         both_acquire("d", "q", 700, 40, expect=granted)  # renewed: floor = proposal
         same_state("d", 700)
         both_release("d", "q", 800, expect=1, notes=("a: G a 800",))
-        queue_is("a")
+        queue_is()
         same_state("a", 800)
         both_release("a", "q", 900, expect=1)  # nobody waits
         same_state("", 800)
@@ -874,8 +876,8 @@ def test_a_split_of_fair_hand_offs_is_settled_for_the_first_in_line(
     passed its node on to the other waiter, who no longer headed a queue there (a node
     that handed a waiter the lock took it out of its queue): the two swapped nodes in
     lockstep, attempt after attempt, and the lock stayed free for as long as the node was
-    silent (up to 1 s of a 2.5 s pause in half of the runs). A granted waiter now keeps
-    its place until its lease's release, so both cleanups hand their node to the same
+    silent (up to 1 s of a 2.5 s pause in half of the runs). A cleanup now puts its waiter
+    back in line at its ticket first, so both cleanups hand their node to the same
     waiter, the first in line, which then holds both."""
     acquire, release = script("acquire").wire.decode(), script("release").wire.decode()
     keys = LockKeys.of(key)
@@ -899,8 +901,11 @@ def test_a_split_of_fair_hand_offs_is_settled_for_the_first_in_line(
             )  # fmt: skip
             return int(reply[0])
 
-        def cleanup(c: redis.Redis, w: str, token: int) -> None:
-            c.eval(release, 3, keys.lock, keys.floor, keys.queue, w, "q", token, RETENTION, 0, "c")
+        def cleanup(c: redis.Redis, w: str, ticket: int, token: int) -> None:
+            c.eval(
+                release, 3, keys.lock, keys.floor, keys.queue,
+                w, "q", token, RETENTION, 0, "c", ticket, f"ch:{key}:{w} 5000", 3000,
+            )  # fmt: skip
 
         for c in nodes:
             assert attempt(c, "holder", 1, floor) == 1
@@ -914,8 +919,8 @@ def test_a_split_of_fair_hand_offs_is_settled_for_the_first_in_line(
         # (the third node is silent), so each cleans up what it was handed.
         assert attempt(nodes[1], first, 10, floor + 3) == 0
         assert attempt(nodes[0], second, 20, floor + 3) == 0
-        cleanup(nodes[0], first, floor + 4)
-        cleanup(nodes[1], second, floor + 4)
+        cleanup(nodes[0], first, 10, floor + 4)
+        cleanup(nodes[1], second, 20, floor + 4)
         # Both nodes are for "w1" now: its next attempt holds a majority, "w2"'s holds none.
         assert attempt(nodes[1], second, 20, floor + 5) == 0
         assert attempt(nodes[0], second, 20, floor + 5) == 0

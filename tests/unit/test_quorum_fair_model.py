@@ -155,6 +155,8 @@ class Command:
     place: int = 0
     cleanup: bool = False
     fencing: int = 0  # release: the lease's token (0: a cleanup or a give-up)
+    # A cleanup's place, as it puts its waiter back in line: (ticket, record, life ms).
+    requeue: tuple[int, str, int] | None = None
 
     @classmethod
     def read(cls, packed: bytes) -> Command:
@@ -171,9 +173,16 @@ class Command:
         if len(keys) == 1:
             return cls("delete", args[0])
         assert args[1] == "q"
-        assert args[5:] in ([], ["c"])
+        assert args[5:6] in ([], ["c"])
+        assert len(args) in (5, 6, 9)
+        requeue = (int(args[6]), args[7], int(args[8])) if len(args) == 9 else None
         return cls(
-            "release", args[0], int(args[2]), cleanup=args[5:] == ["c"], fencing=int(args[4])
+            "release",
+            args[0],
+            int(args[2]),
+            cleanup=args[5:6] == ["c"],
+            fencing=int(args[4]),
+            requeue=requeue,
         )
 
 
@@ -288,7 +297,7 @@ class QuorumFairModel(RuleBasedStateMachine):
         return release_wait_lua(
             self.nodes[i], self.buses[i], KEYS, command.token, "q",
             self.hand_off_token(command.arg, i), self.ms, command.cleanup, SPEC.retention_ms,
-            command.fencing,
+            command.fencing, command.requeue,
         )  # fmt: skip
 
     # --- helpers ------------------------------------------------------------------------

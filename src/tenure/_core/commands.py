@@ -522,22 +522,30 @@ def release_waking(
     *,
     cleanup: bool = False,
     by_sha: bool = False,
+    place: WaitArgs | None = None,
 ) -> Command:
     """A lease's release: compare-and-delete, then pass the lock on to the next waiter
     (``mode`` as in ``WaitArgs``): "n" wakes it and reserves the lock for it for ``arg``
     ms; "f" hands the lock over; "q" hands it over with the fencing token ``arg``.
     ``fencing``: the lease's token, to which a node that no longer (or not yet) holds the
     key raises its floor (release.lua); 0 for no lease (a cleanup, a waiter giving up).
-    ``cleanup``: releasing a failed attempt's grants, the caller keeps its place.
+    ``cleanup``: releasing a failed attempt's grants, the caller keeps its place;
+    ``place`` (fair on a quorum, a waiter that queues): its place is set again first,
+    at its ticket (release.lua ARGV[7..9]).
     ``by_sha``: by EVALSHA (a lease's release), a NOSCRIPT answered by EVAL within the
     round or, late, by the drivers (``Command.resend_late``); else by EVAL (``_eval``)."""
     keys = spec.keys
     queue_keys = (keys.lock, keys.floor, keys.queue)
-    extra = ("c",) if cleanup else ()
+    extra: tuple[str | int | None, ...] = ("c",) if cleanup else ()
+    values: tuple[str | int, ...] = (token, arg, fencing)
+    if cleanup and place is not None and place.place_ms:
+        record = f"{place.channel} {spec.ttl_ms}" + (f" {SHARDED}" if place.sharded else "")
+        extra = ("c", _VARIES, record, place.place_ms)
+        values += (place.ticket,)
     args = (_VARIES, mode, _VARIES, spec.retention_ms, _VARIES, *extra)
     start, rest = _frame(args)
     argc = len(queue_keys) + len(args)
-    arguments = start + _fill(rest, (token, arg, fencing))
+    arguments = start + _fill(rest, values)
     counted, listed = _keys(queue_keys)
     item: Item = ("release_batch", listed, len(queue_keys), arguments, len(args))
     if by_sha:

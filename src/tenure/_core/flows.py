@@ -440,7 +440,7 @@ class Flows:
                     yield self._seed(spec, step.seed)
                 return step.lease
             if step.cleanup:
-                release = self._cleanup_release(spec, token)
+                release = self._cleanup_release(spec, token, wait_args)
                 yield self._cleanup_round(release, step.cleanup, cleanup_to_await(step, rnd))
             if isinstance(step, GiveUp):
                 if step.error is not None:
@@ -635,16 +635,17 @@ class Flows:
         *,
         cleanup: bool = False,
         by_sha: bool = False,
+        place: commands.WaitArgs | None = None,
     ) -> Command:
         """release.lua for a lease (or, with a waiter id, a waiter giving up): delete our
-        key, leave the queue (``cleanup``: stay), pass the lock on to the next waiter.
-        ``by_sha``: by EVALSHA (a lease's release, ``_release_round``)."""
+        key, leave the queue (``cleanup``: stay, at ``place``'s ticket), pass the lock on
+        to the next waiter. ``by_sha``: by EVALSHA (a lease's release, ``_release_round``)."""
         if spec.wait_mode is WaitMode.FAIR_QUORUM:
             arg = waiting.handoff_token(self.wall_us(), fencing, self.fence_floor)
         else:
             arg = self.hold_ms
         return commands.release_waking(
-            spec, token, spec.mode, arg, fencing, cleanup=cleanup, by_sha=by_sha
+            spec, token, spec.mode, arg, fencing, cleanup=cleanup, by_sha=by_sha, place=place
         )
 
     def dequeue(self, spec: LockSpec, waiter: str) -> Command:
@@ -652,12 +653,14 @@ class Flows:
         meanwhile."""
         return commands.dequeue(self.release_waking(spec, waiter))
 
-    def _cleanup_release(self, spec: LockSpec, token: str) -> Command:
+    def _cleanup_release(self, spec: LockSpec, token: str, wait_args: commands.WaitArgs) -> Command:
         """What releases the grants of a failed attempt. Fair on a quorum, they are
-        passed on to the next in line: a waiter that needs them is told, rather than
-        left waiting for its fallback re-check."""
+        passed on to the next in line, the caller put back in line first at its ticket
+        (a node that granted it took it out): a waiter that needs them is told, rather
+        than left waiting for its fallback re-check, and two waiters each granted a
+        minority pass their nodes to the same one (docs/waiting.md)."""
         if spec.wait_mode is WaitMode.FAIR_QUORUM:
-            return self.release_waking(spec, token, cleanup=True)
+            return self.release_waking(spec, token, cleanup=True, place=wait_args)
         return commands.release(spec.key, token)
 
     def _seed(self, spec: LockSpec, seed: Seed) -> Run:

@@ -15,6 +15,13 @@
 -- ARGV[6]  (waiting only, optional) "c": the cleanup of a failed attempt: the caller
 --          keeps its place in the queue, and if it heads the queue the lock is left free
 --          here (it is the one a hand-off would go to)
+-- ARGV[7]  (a cleanup, fair on a quorum, of a waiter that queues) its ticket: it is put
+--          back in line there first, with ARGV[8] its place ("<channel> <ttl_ms>[ s]",
+--          as acquire.lua writes it) living ARGV[9] ms. A node that handed it the lock,
+--          or granted it, took it out of the queue; without its place back, the node
+--          would be passed to the next in line. With a node silent, two waiters each
+--          handed a minority would then swap nodes attempt after attempt; back in line,
+--          both cleanups pass their nodes to the same waiter, the first in line.
 --
 -- Returns 1 if the key held our token and was deleted, 0 otherwise (absent, expired,
 -- or held by someone else: their lock is left alone).

@@ -309,11 +309,10 @@ def acquire_lua(
         return [-1, floor, floor]
     node.set(keys.lock, token, now, px=ttl_ms)
     commit_lua(node, keys, proposal, retention, now)
-    if mode is not None and mode != "q":
+    if mode is not None:
         items = _zset(node, keys.queue, now)
         _zstore(node, keys.queue, [(s, m) for s, m in items if m != waiter], now)
         node.delete(f"{keys.queue}:{waiter}", now)
-    if mode is not None:
         node.delete(f"{keys.queue}:next", now)
     return [1, proposal, proposal]
 
@@ -461,9 +460,8 @@ def handoff_lua(
                 if bus.publish(channel, f"G {head} {token}") > 0:
                     node.set(keys.lock, head, now, px=int(ttl))
                     commit_lua(node, keys, token, retention_ms, now)
-                    if mode != "q":
-                        _zstore(node, keys.queue, queue[1:], now)
-                        node.delete(pkey, now)
+                    _zstore(node, keys.queue, queue[1:], now)
+                    node.delete(pkey, now)
                     return 1
             elif bus.publish(channel, f"W {head}") > 0:
                 if mode == "n":
@@ -506,15 +504,25 @@ def release_wait_lua(
     cleanup: bool = False,
     retention_ms: int = RETENTION_MS,
     fencing: int = 0,
+    place: tuple[int, str, int] | None = None,
 ) -> int:
-    """``release.lua`` with KEYS lock, floor, queue and ARGV[2..6] (a lease's
+    """``release.lua`` with KEYS lock, floor, queue and ARGV[2..9] (a lease's
     release, a waiter giving up, or with ``cleanup`` the release of a failed attempt's
-    grants, "c"). ``fencing``: the lease's token, to which the floor of a node without
-    our key is raised (0: no lease)."""
+    grants, "c", and ``place`` its ticket, place record and place's life, ARGV[7..9]).
+    ``fencing``: the lease's token, to which the floor of a node without our key is
+    raised (0: no lease)."""
     released = 0
     if node.get(keys.lock, now) == token:
         node.delete(keys.lock, now)
         released = 1
+    if cleanup and place is not None:
+        ticket, record, place_ms = place
+        items = _zset(node, keys.queue, now)
+        if all(m != token for _, m in items):
+            _zstore(node, keys.queue, [*items, (float(ticket), token)], now)
+        node.set(f"{keys.queue}:{token}", record, now, px=place_ms)
+        if node.pttl(keys.queue, now) < place_ms:
+            node.pexpire(keys.queue, place_ms, now)
     if released == 0 and fencing:
         floor = node.get(keys.floor, now)
         if floor is not None and int(floor) < fencing:
@@ -608,11 +616,13 @@ def eval_packed(node: FakeNode, packed: bytes, now: int, bus: Bus | None = None)
         assert len(args) == 1
         return release_lua(node, keys[0], args[0], now)
     assert numkeys == 3
-    assert len(args) in (5, 6)
+    assert len(args) in (5, 6, 9)
     assert bus is not None
     lock = LockKeys(lock=keys[0], floor=keys[1], queue=keys[2])
-    cleanup = args[5:] == ["c"]
+    cleanup = args[5:6] == ["c"]
     assert cleanup or len(args) == 5
+    requeue = (int(args[6]), args[7], int(args[8])) if len(args) == 9 else None
     return release_wait_lua(
-        node, bus, lock, args[0], args[1], int(args[2]), now, cleanup, int(args[3]), int(args[4])
-    )
+        node, bus, lock, args[0], args[1], int(args[2]), now, cleanup, int(args[3]), int(args[4]),
+        requeue,
+    )  # fmt: skip
