@@ -64,6 +64,40 @@ def test_watchdog_gives_up_at_the_hold_cap(api: Api, shared5: LocalCluster, key:
         lease.release()
 
 
+def test_the_hold_cap_holds_after_a_shorter_extension_by_hand(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    """The watchdog extends by the lock's TTL; it judged the cap by the TTL of the latest
+    extension, which the holder's own ``extend(0.3)`` made shorter: the hold ran past
+    ``max_hold`` (2.32 s of 2.1)."""
+    client = api.client(shared5.urls)
+    lease = client.acquire(key, ttl=1.0, watchdog=True, max_hold=2.1)
+    started = lease.acquired_at
+    api.idle(1.2)
+    lease.extend(0.3)
+    api.wait_until(lambda: lease.lost_error is not None, 5.0, "the lease lost at max_hold")
+    assert "max_hold" in str(lease.lost_error)
+    assert lease.valid_until - started <= 2.1
+    with contextlib.suppress(tenure.LeaseLost):
+        lease.release()
+
+
+def test_a_shorter_extension_by_hand_is_kept_alive(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    """The watchdog planned its next wake from the TTL it last saw (6 s: at 2 s); the
+    holder's own ``extend(1.0)`` made the lease end at 1.2 s, and the watchdog, asleep,
+    let it expire and then reported it lost as a paused holder."""
+    client = api.client(shared5.urls)
+    lease = client.acquire(key, ttl=6.0, watchdog=True)
+    api.idle(0.2)
+    lease.extend(1.0)
+    api.idle(2.0)
+    assert lease.lost_error is None, lease.lost_error
+    assert lease.check() > 0
+    lease.release()
+
+
 def test_the_lost_event_first_looked_at_after_the_loss_is_set(
     api: Api, shared5: LocalCluster, key: str
 ) -> None:

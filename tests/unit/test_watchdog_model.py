@@ -810,8 +810,10 @@ class UnreportedLossFlows(ModelFlows):
 class UncappedPolicy(KeepAlive):
     """(W4) a policy that forgets ``max_hold``."""
 
-    def decide(self, now: float, lease: LeaseState, first_started: float) -> Action:
-        return KeepAlive(extend=self.extend).decide(now, lease, first_started)
+    def decide(
+        self, now: float, lease: LeaseState, first_started: float, ttl: float | None = None
+    ) -> Action:
+        return KeepAlive(extend=self.extend).decide(now, lease, first_started, ttl)
 
 
 class EarlyLossPolicy(KeepAlive):
@@ -820,10 +822,12 @@ class EarlyLossPolicy(KeepAlive):
     def next_wake(self, lease: LeaseState) -> float:
         return super().next_wake(lease) - (0 if self.extend else 0.05)
 
-    def decide(self, now: float, lease: LeaseState, first_started: float) -> Action:
+    def decide(
+        self, now: float, lease: LeaseState, first_started: float, ttl: float | None = None
+    ) -> Action:
         if not self.extend and now >= lease.valid_until - 0.05:
             return Lost(LeaseExpired(lease.name, "its validity ended (so it says)"))
-        return super().decide(now, lease, first_started)
+        return super().decide(now, lease, first_started, ttl)
 
 
 class QuorumOfOneLockedFlows(ModelFlows):

@@ -267,6 +267,9 @@ class AsyncLease(LeaseView):
         self._check_usable("extend")
         async with self._op_lock:
             await adrive(client._flows.extend(self, ttl), client._perform)
+        watcher = self._watcher
+        if watcher is not None:
+            watcher.replan()
 
     async def release(self) -> None:
         """Release on every node; see ``Lease.release``. Cancelling it still releases

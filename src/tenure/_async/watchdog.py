@@ -40,6 +40,8 @@ class Watchdog:
         self._first: Op | None = next(self._flow)
         self.task: asyncio.Task[None] | None = None
         self._timer: Deadline | None = None
+        self._wakeup: asyncio.Future[None] | None = None  # resolved to end a pause early
+        self._replanned = False  # the first pause, still a timer, was ended early
         first = self._first
         if isinstance(first, Pause):
             # On the loop's heap of watches, not a timer of the loop's own: one made and
@@ -65,6 +67,19 @@ class Watchdog:
         elif self.task is not None and self.task is not asyncio.current_task():
             self.task.cancel()
 
+    def replan(self) -> None:
+        """The lease was extended by hand: end the pause, so that the flow plans its next
+        wake from the lease as it is now (not from its own extensions: they plan)."""
+        if self._timer is not None:
+            # The first pause, still a timer: begin the task now, its pause over.
+            self._watches.cancel(self._timer)
+            self._replanned = True
+            self._start()
+        elif self.task is not asyncio.current_task():
+            wakeup = self._wakeup
+            if wakeup is not None and not wakeup.done():
+                wakeup.set_result(None)
+
     async def join(self) -> None:
         """Wait for its task to end, once stopped (unless called from it). A task of
         another event loop is not waited for: the end of its loop (an ``asyncio.run``
@@ -79,8 +94,24 @@ class Watchdog:
 
     async def _perform(self, op: Op) -> Any:
         if isinstance(op, Pause):
-            await asyncio.sleep(max(op.until - monotonic(), 0.0))
-            return False  # asked to stop: cancelled, not told
+            # Asked to stop, the task is cancelled; never told (the result is False).
+            if self._replanned:
+                self._replanned = False
+                return False
+            loop = asyncio.get_running_loop()
+            self._wakeup = wakeup = loop.create_future()
+            timer = loop.call_later(max(op.until - monotonic(), 0.0), _end, wakeup)
+            try:
+                await wakeup
+            finally:
+                timer.cancel()
+                self._wakeup = None
+            return False
         if isinstance(op, ExtendLease):
             return await self._lease.extend()
         raise TypeError(f"not an operation of a watchdog: {op!r}")
+
+
+def _end(wakeup: asyncio.Future[None]) -> None:
+    if not wakeup.done():
+        wakeup.set_result(None)

@@ -190,8 +190,9 @@ class Depart:
 
 
 class Pause:
-    """The watchdog sleeps until ``until`` (monotonic); result True if it was told to
-    stop meanwhile (the blocking driver's stop event; asyncio cancels its task)."""
+    """The watchdog sleeps until ``until`` (monotonic), or until its lease is extended by
+    hand (the drivers' ``Watchdog.replan``); result True if it was told to stop
+    meanwhile (the blocking driver's stop event; asyncio cancels its task)."""
 
     __slots__ = ("until",)
 
@@ -587,7 +588,18 @@ class Flows:
         while True:
             if (yield Pause(wake)) or lease.released:
                 return
-            action = policy.decide(self.clock(), lease._state, lease._first_started)
+            # A pause also ends when the holder extended the lease by hand (the drivers'
+            # ``replan``): by a TTL shorter than the lock's, its validity may now end
+            # before the wake planned. Plan again from the lease as it is now.
+            planned = policy.next_wake(lease._state)
+            if self.clock() < planned:
+                wake = planned
+                continue
+            # Judged by what the extension gives, the lock's TTL, whatever TTL the holder
+            # last extended it by itself.
+            action = policy.decide(
+                self.clock(), lease._state, lease._first_started, lease._spec.ttl
+            )
             if isinstance(action, Lost):
                 lease._mark_lost(action.error)
                 return

@@ -417,6 +417,9 @@ class Lease(LeaseView):
         self._check_usable("extend")
         with self._op_lock:
             client._drive(client._flows.extend(self, ttl))
+        watchdog = self._watchdog
+        if watchdog is not None:
+            watchdog.replan()
 
     def release(self) -> None:
         """Release on every node.

@@ -31,6 +31,7 @@ class Watchdog:
         self._lease = lease
         self._policy = policy
         self._stop = threading.Event()
+        self._nudged = threading.Event()  # ends a pause: stopped, or to plan again
         self._thread = threading.Thread(
             target=self._run, name=f"tenure-watchdog[{lease.name}]", daemon=True
         )
@@ -42,6 +43,13 @@ class Watchdog:
     def stop(self) -> None:
         """Tell the thread to stop (it ends after an extension in progress)."""
         self._stop.set()
+        self._nudged.set()
+
+    def replan(self) -> None:
+        """The lease was extended by hand: end the pause, so that the flow plans its next
+        wake from the lease as it is now (not from its own extensions: they plan)."""
+        if threading.current_thread() is not self._thread:
+            self._nudged.set()
 
     def join(self) -> None:
         """Wait for the thread to end (unless called from it)."""
@@ -54,7 +62,9 @@ class Watchdog:
 
     def _perform(self, op: Op) -> Any:
         if isinstance(op, Pause):
-            return self._stop.wait(max(op.until - monotonic(), 0.0))
+            self._nudged.wait(max(op.until - monotonic(), 0.0))
+            self._nudged.clear()  # a nudge after this is read by the flow's next plan
+            return self._stop.is_set()
         if isinstance(op, ExtendLease):
             return self._lease.extend()
         raise TypeError(f"not an operation of a watchdog: {op!r}")
