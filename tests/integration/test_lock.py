@@ -152,6 +152,10 @@ def test_release_errors(api: Api, shared5: LocalCluster, key: str) -> None:
         lease.release()
     with pytest.raises(tenure.NotHeld):
         lease.extend()
+    # check() said seconds were left: the lease protects nothing once released.
+    assert not lease.valid
+    with pytest.raises(tenure.NotHeld, match="released"):
+        lease.check()
 
 
 def test_leases_of_different_locks_coexist(api: Api, shared5: LocalCluster, key: str) -> None:

@@ -505,6 +505,16 @@ def test_ttl_too_small_names_the_rule_the_minimum_and_the_fix() -> None:
     assert LockSpec.build(config(node_timeout=0.047), "r", 0.1).ttl == 0.1
 
 
+@pytest.mark.parametrize("ttl", [0, -1, 0.0004])
+def test_a_ttl_of_no_milliseconds_names_the_real_minimum(ttl: float) -> None:
+    """It said "must be at least 0.001 seconds", a TTL the rule refuses as well."""
+    with pytest.raises(ConfigurationError) as info:
+        LockSpec.build(config(), "r", ttl)
+    assert info.value.parameter == "ttl"
+    assert "is below the minimum of 0.107s" in str(info.value)
+    assert "0.001 seconds" not in str(info.value)
+
+
 @SETTINGS
 @given(
     node_timeout=st.floats(0.001, 5),

@@ -954,7 +954,8 @@ class LockSpec:
         # round() first: 1.001 * 1000 is 1000.9999999999999 in floating point.
         ttl_ms = math.floor(round(seconds * 1000, 6))
         if ttl_ms < 1:
-            raise ConfigurationError("ttl", f"must be at least 0.001 seconds, got {ttl!r}")
+            # The same message as any TTL below the rule's minimum: it names that minimum.
+            raise ConfigurationError("ttl", _ttl_too_small(config, seconds))
         if ttl_ms > config.max_ttl_ms:
             raise ConfigurationError(
                 "ttl",

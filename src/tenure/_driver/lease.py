@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .._core.acquire import HELD_ELSEWHERE, LeaseState
 from .._core.config import LockSpec
-from .._errors import InheritedLease, LeaseExpired, LeaseLost
+from .._errors import InheritedLease, LeaseExpired, LeaseLost, NotHeld
 
 if TYPE_CHECKING:
     from .client_base import ClientBase
@@ -189,12 +189,15 @@ class LeaseView:
         Raises:
             LeaseLost: it was found lost (extension failed, a node lost it, it expired).
             LeaseExpired: its validity deadline has passed.
+            NotHeld: it was released (its keys are gone: it protects nothing any more).
             InheritedLease: this process is a fork of its holder (the lease is the parent's).
         """
         if _pid != self._pid:
             raise InheritedLease(self.name, "use the lease", self._pid)
         if self._loss is not None:
             raise self._loss
+        if self._released:
+            raise NotHeld(self.name, "this lease was released: it protects nothing any more")
         left = self._state.valid_until - time.monotonic()
         if left <= 0:
             raise LeaseExpired(self.name, f"its validity ended {-left:.3f}s ago")
