@@ -13,7 +13,14 @@ from tenure._core.acquire import HELD, Acquisition, GiveUp, Granted, Retry, Wait
 from tenure._core.config import ClientConfig, LockSpec
 from tenure._core.policy import wait_random, wait_random_exponential
 from tenure._core.quorum import Round
-from tenure._core.waiting import Wake, parse_wake, place_ms
+from tenure._core.waiting import (
+    DEPARTED_MAX,
+    UNHEARD_DEPARTURE,
+    Departed,
+    Wake,
+    parse_wake,
+    place_ms,
+)
 
 SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=300)
 TTL = 10.0
@@ -295,3 +302,72 @@ def test_split_back_off_restarts_after_a_wait() -> None:
     step = acq.conclude(held_round(acq, 0.0, [9_000, 9_000], granted=2), "t", 0.0)
     assert isinstance(step, Retry)
     assert step.sleep <= 0.001
+
+
+# --- departed waiters ---------------------------------------------------------------------
+
+
+def test_a_departed_waiter_is_declined_until_its_time_and_then_forgotten() -> None:
+    declined: list[tuple[str, int]] = []
+    departed = Departed()
+    departed.add("a", lambda node: declined.append(("a", node)), until=10.0, now=0.0)
+    departed.add("b", lambda node: declined.append(("b", node)), until=2.0, now=1.0)
+    assert departed.decline("a", 1, now=5.0)
+    assert not departed.decline("b", 2, now=5.0)  # past its time: not declined
+    assert not departed.decline("c", 0, now=5.0)  # never departed
+    assert declined == [("a", 1)]
+    departed.add("c", lambda node: None, until=30.0, now=11.0)  # "a" and "b" expired
+    assert list(departed._until) == ["c"]
+
+
+def test_departed_waiters_are_capped_oldest_first() -> None:
+    departed = Departed()
+    for i in range(DEPARTED_MAX + 5):
+        departed.add(f"w{i}", lambda node: None, until=1000.0, now=0.0)
+    assert len(departed._until) == DEPARTED_MAX
+    assert not departed.decline("w0", 0, now=1.0)
+    assert departed.decline(f"w{DEPARTED_MAX + 4}", 0, now=1.0)
+
+
+def _give_up_hold(dequeue_answered_by: list[bool]) -> float:
+    """How long a waiter that queued on three nodes and then timed out is declined, when
+    the nodes answered its dequeue as ``dequeue_answered_by`` says."""
+    from tenure._core.flows import AwaitWake, Depart, Flows, Listen, Run
+
+    from .model_flows import ModelInbox
+
+    config = ClientConfig.build([f"redis://node{i}" for i in range(3)], recheck=0.5)
+    spec = LockSpec.build(config, "r", TTL)
+    now = [0.0]
+    flows = Flows(
+        config, ["a", "b", "c"], random.Random(0), clock=lambda: now[0], wall_us=lambda: 1
+    )
+    flow = flows.acquire(spec, True, 0.2, waiter="w", channel="ch", listening=False)
+    op = next(flow)
+    while not isinstance(op, Depart):
+        result: object = None
+        if isinstance(op, Run) and op.targets is None:  # an attempt: held everywhere
+            for i in range(3):
+                op.rnd.record(i, False, (0, 5, 5, 8000))
+        elif isinstance(op, Run):  # the dequeue
+            for i, answered in enumerate(dequeue_answered_by):
+                if answered:
+                    op.rnd.record(i, True)
+            op.rnd.time_out()
+        elif isinstance(op, Listen):
+            result = ModelInbox("w", 2)
+        elif isinstance(op, AwaitWake):
+            now[0] += 0.3  # nothing heard: past the call's timeout
+            result = False
+        op = flow.send(result)
+    return op.until - now[0]
+
+
+def test_a_waiter_whose_dequeue_a_node_missed_is_declined_for_much_longer() -> None:
+    """A node that did not answer the dequeue may run an attempt of the call that sat in
+    its socket when it wakes, renewing the place: a hand-off to the departed waiter can
+    come long after ``place_ms``."""
+    config = ClientConfig.build([f"redis://node{i}" for i in range(3)], recheck=0.5)
+    short = place_ms(config.recheck, config.node_timeout) / 1000
+    assert _give_up_hold([True, True, True]) == pytest.approx(short)
+    assert _give_up_hold([True, True, False]) == pytest.approx(short + UNHEARD_DEPARTURE)

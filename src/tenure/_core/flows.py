@@ -475,14 +475,22 @@ class Flows:
             return  # closed: no reconnecting for it; its places expire on the nodes
         dequeue = self.dequeue(spec, waiter)
         everyone = frozenset(range(self.n))
+        heard_all = False
         try:
             if unwinding:
                 yield self._send(dequeue, everyone)
             else:
-                yield self._cleanup_round(dequeue, everyone, everyone)
+                run = self._cleanup_round(dequeue, everyone, everyone)
+                yield run
+                heard_all = all(r is not None and not r.failure for r in run.rnd.results)
         except Exception:
             pass  # best effort: a node it misses keeps the place until it expires
-        yield Depart(spec, waiter, self.clock() + self.place_ms / 1000)
+        # A node that did not answer the dequeue may still run an attempt of this call
+        # that sat unread in its socket (a frozen node, run when it wakes, on a
+        # connection since given up), renewing the place for place_ms from then: no
+        # bound from here covers that, so such a waiter is declined for much longer.
+        hold = self.place_ms / 1000 + (0 if heard_all else waiting.UNHEARD_DEPARTURE)
+        yield Depart(spec, waiter, self.clock() + hold)
 
     def _transferred(
         self, wakes: list[tuple[int, Wake]], acq: Acquisition, waiter: str

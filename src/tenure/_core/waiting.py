@@ -199,6 +199,16 @@ def hold_ms(node_timeout: float) -> int:
     return max(5, round(2000 * node_timeout))
 
 
+# How much longer a departed waiter is declined when a node did not answer its dequeue
+# (``Flows._end_call``): a node frozen that long and then woken is one a TTL of being held
+# by nobody is no surprise for.
+UNHEARD_DEPARTURE = 60.0
+
+# The most departed waiters a client remembers: a long outage of one node, with many
+# waiters giving up, must not grow it without bound (the oldest go first).
+DEPARTED_MAX = 10_000
+
+
 class Departed:
     """Waiters of this client that gave up lately, and how to decline what still comes.
 
@@ -214,13 +224,27 @@ class Departed:
     __slots__ = ("_until",)
 
     def __init__(self) -> None:
+        # In the order added (a dict keeps it): the oldest are dropped first when full.
         self._until: dict[str, tuple[float, Callable[[int], None]]] = {}
 
     def add(self, waiter: str, decline: Callable[[int], None], until: float, now: float) -> None:
         """``decline(node)`` answers a notification to ``waiter`` until ``until``."""
-        for old in [w for w, (t, _) in self._until.items() if t <= now]:
-            del self._until[old]
-        self._until[waiter] = (until, decline)
+        entries = self._until
+        # The expired go, oldest first, up to the first that is not: a few steps per
+        # call, not a walk over all of them. One kept longer (``UNHEARD_DEPARTURE``)
+        # keeps the shorter ones behind it for as long, at most (they decline nothing
+        # once expired: ``decline`` reads the time); the cap bounds them all.
+        expired = []
+        for old, (t, _) in entries.items():
+            if t > now:
+                break
+            expired.append(old)
+        for old in expired:
+            del entries[old]
+        while len(entries) >= DEPARTED_MAX:
+            del entries[next(iter(entries))]
+        entries.pop(waiter, None)  # a waiter id is new per call; re-added, it goes last
+        entries[waiter] = (until, decline)
 
     def decline(self, waiter: str, node: int, now: float) -> bool:
         """Decline a notification from ``node`` if ``waiter`` departed lately."""
