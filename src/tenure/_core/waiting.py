@@ -200,8 +200,9 @@ def hold_ms(node_timeout: float) -> int:
 
 
 # How much longer a departed waiter is declined when a node did not answer its dequeue
-# (``Flows._end_call``): a node frozen that long and then woken is one a TTL of being held
-# by nobody is no surprise for.
+# (``Flows._end_call``). A node frozen for longer than this, which then runs the waiter's
+# stale attempt, can still be handed to nobody for one TTL: accepted, for so long a
+# freeze.
 UNHEARD_DEPARTURE = 60.0
 
 # The most departed waiters a client remembers: a long outage of one node, with many
