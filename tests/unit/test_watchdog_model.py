@@ -810,9 +810,7 @@ class UnreportedLossFlows(ModelFlows):
 class UncappedPolicy(KeepAlive):
     """(W4) a policy that forgets ``max_hold``."""
 
-    def decide(
-        self, now: float, lease: LeaseState, first_started: float, ttl: float | None = None
-    ) -> Action:
+    def decide(self, now: float, lease: LeaseState, first_started: float, ttl: float) -> Action:
         return KeepAlive(extend=self.extend).decide(now, lease, first_started, ttl)
 
 
@@ -822,9 +820,7 @@ class EarlyLossPolicy(KeepAlive):
     def next_wake(self, lease: LeaseState) -> float:
         return super().next_wake(lease) - (0 if self.extend else 0.05)
 
-    def decide(
-        self, now: float, lease: LeaseState, first_started: float, ttl: float | None = None
-    ) -> Action:
+    def decide(self, now: float, lease: LeaseState, first_started: float, ttl: float) -> Action:
         if not self.extend and now >= lease.valid_until - 0.05:
             return Lost(LeaseExpired(lease.name, "its validity ended (so it says)"))
         return super().decide(now, lease, first_started, ttl)

@@ -482,7 +482,7 @@ class Flows:
             else:
                 run = self._cleanup_round(dequeue, everyone, everyone)
                 yield run
-                heard_all = all(r is not None and not r.failure for r in run.rnd.results)
+                heard_all = not run.rnd.unheard and not run.rnd.failed
         except Exception:
             pass  # best effort: a node it misses keeps the place until it expires
         # A node that did not answer the dequeue may still run an attempt of this call
@@ -599,15 +599,14 @@ class Flows:
             # A pause also ends when the holder extended the lease by hand (the drivers'
             # ``replan``): by a TTL shorter than the lock's, its validity may now end
             # before the wake planned. Plan again from the lease as it is now.
+            now = self.clock()
             planned = policy.next_wake(lease._state)
-            if self.clock() < planned:
+            if now < planned:
                 wake = planned
                 continue
             # Judged by what the extension gives, the lock's TTL, whatever TTL the holder
             # last extended it by itself.
-            action = policy.decide(
-                self.clock(), lease._state, lease._first_started, lease._spec.ttl
-            )
+            action = policy.decide(now, lease._state, lease._first_started, lease._spec.ttl)
             if isinstance(action, Lost):
                 lease._mark_lost(action.error)
                 return

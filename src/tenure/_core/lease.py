@@ -114,7 +114,7 @@ def conclude_release(
         held = f"only {rnd.yes} of {n_nodes} nodes still held it"
         # The refusals decided the round before every node answered: the nodes not heard
         # may still have held it, and are not counted as if they said no.
-        unheard = sum(1 for r in rnd.results if r is None)
+        unheard = rnd.unheard
         if unheard:
             held = (
                 f"only {rnd.yes} of the {n_nodes - unheard} nodes that answered still held it "

@@ -242,6 +242,11 @@ class Round:
             self.silent += 1
 
     @property
+    def unheard(self) -> int:
+        """Nodes with nothing recorded yet: neither an answer nor a failure."""
+        return len(self.results) - self._answered
+
+    @property
     def yes(self) -> int:
         return self._yes
 

@@ -82,12 +82,10 @@ class KeepAlive:
             return lease.valid_until
         return lease.started + lease.ttl / 3
 
-    def decide(
-        self, now: float, lease: LeaseState, first_started: float, ttl: float | None = None
-    ) -> Action:
+    def decide(self, now: float, lease: LeaseState, first_started: float, ttl: float) -> Action:
         """What to do on waking at ``now``; ``first_started`` began the first grant;
-        ``ttl`` is what an extension would give (the lock's TTL; default the lease's
-        latest, which a holder's own ``extend(ttl)`` may have made shorter)."""
+        ``ttl`` is what an extension gives (the lock's TTL, not the lease's latest, which
+        a holder's own ``extend(ttl)`` may have made shorter)."""
         if not self.extend:
             expired = LeaseExpired(lease.name, "its validity ended (no watchdog extends it)")
             return Lost(expired) if now >= lease.valid_until else GiveUp(lease.valid_until, expired)
@@ -100,8 +98,7 @@ class KeepAlive:
                     "validity ended, so another client may have held the lock meanwhile",
                 )
             )
-        extension = lease.ttl if ttl is None else ttl
-        if self.max_hold is not None and now + extension - first_started > self.max_hold:
+        if self.max_hold is not None and now + ttl - first_started > self.max_hold:
             capped = LeaseExpired(
                 lease.name, f"held for max_hold={self.max_hold}s; the watchdog stopped extending it"
             )

@@ -403,9 +403,9 @@ def _load_refused(
     certfile: Any, keyfile: Any, ca_certs: Any, ca_path: Any, ca_data: Any, kwargs: Any
 ) -> tuple[str, str] | None:
     """``_tls_files_refused`` for settings not seen before."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no system store: only these files
     if keyfile and not certfile:
         return "ssl_keyfile", f"ssl_keyfile {keyfile!r} is set without ssl_certfile"
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no system store: only these files
     if certfile:
         for key, path in (("ssl_certfile", certfile), ("ssl_keyfile", keyfile)):
             if path and not os.path.exists(path):
