@@ -225,6 +225,13 @@ def logged_in_as(cluster: LocalCluster, name: str) -> Iterator[list[str]]:
                 c.acl_deluser(name)
 
 
+# The commands docs/deployment.md's least-privilege ACL line grants (EVALSHA is optional
+# there, and not among them).
+LEAST_PRIVILEGE = (
+    "+eval", "+exists", "+subscribe", "+wait", "+del", "+get", "+info", "+mget", "+pexpire",
+    "+pttl", "+publish", "+set", "+zadd", "+zrange", "+zrem", "+zscore",
+)  # fmt: skip
+
 # The commands a lock script runs by: EVAL, and EVALSHA (the acquire and the release; on
 # one node, the extension too).
 SCRIPT_COMMANDS = ("cmdstat_eval", "cmdstat_evalsha")

@@ -22,13 +22,15 @@ from tenure._lua import script
 from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
-from .conftest import SCRIPT_COMMANDS, Api, acl_user, holders, poll_until, scripts_run
-
-# The commands docs/deployment.md's ACL line grants, which do not include EVALSHA.
-_WITHOUT_EVALSHA = [
-    "+eval", "+exists", "+subscribe", "+wait", "+del", "+get", "+info", "+mget", "+pexpire",
-    "+pttl", "+publish", "+set", "+zadd", "+zrange", "+zrem", "+zscore",
-]  # fmt: skip
+from .conftest import (
+    LEAST_PRIVILEGE,
+    SCRIPT_COMMANDS,
+    Api,
+    acl_user,
+    holders,
+    poll_until,
+    scripts_run,
+)
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +256,7 @@ def test_a_release_on_several_nodes_goes_by_evalsha(api: Api, nodes3: LocalClust
 
 
 def test_a_user_without_evalsha_is_sent_eval(api: Api, nodes3: LocalCluster) -> None:
-    with acl_user(nodes3, f"u{uuid.uuid4().hex[:8]}", *_WITHOUT_EVALSHA) as urls:
+    with acl_user(nodes3, f"u{uuid.uuid4().hex[:8]}", *LEAST_PRIVILEGE) as urls:
         client = api.client(urls)
         before = _evalsha_refused(nodes3)
         client.acquire(f"acl-{uuid.uuid4().hex}", ttl=2.0, blocking=False).release()
@@ -281,7 +283,7 @@ def test_a_late_evalsha_refusal_is_no_configuration_warning(
     # The node set in use (seeded): with a node paused at its very first acquire, a
     # new set would sit out its warm-up.
     api.client(nodes3.urls).acquire(f"acl-{uuid.uuid4().hex}", ttl=2.0).release()
-    with acl_user(nodes3, f"u{uuid.uuid4().hex[:8]}", *_WITHOUT_EVALSHA) as urls:
+    with acl_user(nodes3, f"u{uuid.uuid4().hex[:8]}", *LEAST_PRIVILEGE) as urls:
         client = api.client(urls)
         assert not client.lock(f"acl-{uuid.uuid4().hex}").locked()  # connected, no EVALSHA
         slow = nodes3[2]

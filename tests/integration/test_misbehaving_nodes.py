@@ -22,7 +22,7 @@ import tenure
 from tenure.testing import LocalCluster, LocalNode
 from tenure.verify.proxy import Proxy
 
-from .conftest import Api, scripts_run
+from .conftest import LEAST_PRIVILEGE, Api, scripts_run
 from .garbage import GarbageServer
 
 TTL = 2.0
@@ -126,13 +126,6 @@ def _misconfigure(kind: str, node: LocalNode, spare: LocalNode, first: bool) -> 
         # A user who may run anything, but on no key of tenure's.
         c.execute_command("ACL", "SETUSER", "app", "on", ">pw", "~app:*", "&*", "+@all")
     return f"redis://app:pw@127.0.0.1:{node.port}"
-
-
-# The commands of docs/deployment.md's least-privilege ACL line.
-LEAST_PRIVILEGE = (
-    "+eval", "+exists", "+subscribe", "+wait", "+del", "+get", "+info", "+mget", "+pexpire",
-    "+pttl", "+publish", "+set", "+zadd", "+zrange", "+zrem", "+zscore",
-)  # fmt: skip
 
 
 def _evals(node: LocalNode) -> int:
