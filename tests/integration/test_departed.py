@@ -9,15 +9,40 @@ the node held by nobody for a whole TTL.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
+import tenure
 from tenure._core.config import LockKeys
-from tenure.testing import LocalCluster
+from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import Api
+
+
+def watch_place(
+    node: LocalNode, keys: LockKeys
+) -> tuple[threading.Thread, list[tuple[bytes, float, bytes]], threading.Event]:
+    """A thread that records the first waiter queued on ``node`` (its queue entry and its
+    place), for a test to put back later: what a node that missed a dequeue still has."""
+    seen: list[tuple[bytes, float, bytes]] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        with node.client() as c:
+            while not stop.is_set() and not seen:
+                for member, score in c.zrange(keys.queue, 0, -1, withscores=True):
+                    place = c.get(f"{keys.queue}:{member.decode()}")
+                    if place is not None:
+                        seen.append((member, score, place))
+                time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    return watcher, seen, stop
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -30,20 +55,7 @@ def test_a_hand_off_to_a_waiter_that_gave_up_is_declined(
     holder = api.client(urls).acquire(key, ttl=30.0)
     waiter = api.client(urls)
     # Read the waiter's queue entry and place while it waits (they go when it gives up).
-    seen: list[tuple[bytes, float, bytes]] = []
-    stop = threading.Event()
-
-    def watch() -> None:
-        with last.client() as c:
-            while not stop.is_set() and not seen:
-                for member, score in c.zrange(keys.queue, 0, -1, withscores=True):
-                    place = c.get(f"{keys.queue}:{member.decode()}")
-                    if place is not None:
-                        seen.append((member, score, place))
-                time.sleep(0.005)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
+    watcher, seen, stop = watch_place(last, keys)
     # Its TTL (10 s) outlasts the check below: only the decline can free the node.
     assert waiter.lock(key, ttl=10.0).acquire(timeout=0.5) is False
     stop.set()
@@ -61,3 +73,117 @@ def test_a_hand_off_to_a_waiter_that_gave_up_is_declined(
             lambda: c.get(keys.lock) is None, 2.0, "the node stayed held by a departed waiter"
         )
         assert c.zcard(keys.queue) == 0
+
+
+def test_a_released_lease_whose_attempt_a_node_may_still_run_declines_its_hand_off(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    """An attempt a node did not answer in time may run there later: a frozen node runs
+    what sits in its socket when it wakes, even on a connection the client gave up, and
+    the call's lease may be released by then (on another connection). Where another
+    client holds the lock at that moment, the attempt queues the call's waiter id, and
+    that client's release hands the lock to it: its process ignored the notification
+    (the id neither waits nor departed), so the node was held by nobody for the TTL.
+    The lease's release now declines what still reaches its id, as a waiter that gave
+    up does. Here the third node is frozen through the whole acquire and release, and
+    the late run is played on the first node by putting the place back."""
+    urls = cluster5.urls[:3]
+    keys = LockKeys.of(key)
+    first, frozen = cluster5[0], cluster5[2]
+    holder = api.client(urls)
+    client = api.client(urls)
+    held = holder.acquire(key, ttl=30.0)
+    # The client waits once: its notifications are set up, and its place shows its channel.
+    watcher, seen, stop = watch_place(first, keys)
+    assert client.lock(key, ttl=10.0).acquire(timeout=0.3) is False
+    stop.set()
+    watcher.join()
+    assert seen, "the client was never queued"
+    _, ticket, place = seen[0]
+    held.release()
+    frozen.pause()
+    try:
+        # Granted by the two live nodes; the third has the attempt unread.
+        lease = client.acquire(key, ttl=10.0, timeout=5.0)
+        waiter = lease.token
+        lease.release()
+    finally:
+        frozen.resume()
+    held = holder.acquire(key, ttl=30.0)
+    with first.client() as c:
+        # The attempt runs late on the first node: the lease's id is queued behind the holder.
+        c.zadd(keys.queue, {waiter: ticket})
+        c.set(f"{keys.queue}:{waiter}", place, px=5000)
+        held.release()  # the first node hands the lock to the released lease's id
+        api.wait_until(
+            lambda: c.get(keys.lock) is None,
+            2.0,
+            "the node stayed held by the waiter id of a released lease",
+        )
+        assert c.zcard(keys.queue) == 0
+
+
+async def until(
+    predicate: Callable[[], bool], what: str, every: float = 0.005, within: float = 5.0
+) -> None:
+    """Poll ``predicate`` (the event loop running between polls) until it holds."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {within} s"
+        await asyncio.sleep(every)
+
+
+def test_a_waiter_cancelled_while_it_leaves_its_queues_declines_its_hand_off(
+    cluster5: LocalCluster, key: str
+) -> None:
+    """A waiter that gives up waits for its dequeue's answers; cancelled meanwhile (an
+    asyncio timeout around the call, a task group ending), it left without being
+    recorded as departed, so a node that hands it the lock afterwards (one its dequeue
+    missed, or one that runs a late attempt of the call) was held by nobody for the TTL.
+    Here the third node is frozen while the waiter leaves, so its dequeue round waits;
+    the task is cancelled then. The first node gets the waiter's place back afterwards."""
+    urls = cluster5.urls[:3]
+    keys = LockKeys.of(key)
+    first, frozen = cluster5[0], cluster5[2]
+
+    async def main() -> None:
+        async with (
+            tenure.AsyncClient(urls) as holder,
+            tenure.AsyncClient(urls, node_timeout=0.4) as client,
+        ):
+            held = await holder.acquire(key, ttl=30.0)
+            watcher, seen, stop = watch_place(first, keys)
+            began = time.monotonic()
+            task = asyncio.create_task(client.acquire(key, ttl=10.0, timeout=0.3))
+            try:
+                await until(lambda: bool(seen), "the waiter queued")
+            finally:
+                stop.set()
+                watcher.join()
+            member, ticket, place = seen[0]
+            # Frozen shortly before the waiter gives up, not so long before that its
+            # connection is given up (after 1 s without an answer) and the node skipped.
+            await asyncio.sleep(max(0.0, began + 0.15 - time.monotonic()))
+            frozen.pause()
+            try:
+                with first.client() as c:
+                    # It gives up at 0.3 s; its dequeue round, answered by the first node
+                    # at once, then waits up to 0.4 s for the frozen one: cancelled there.
+                    await until(lambda: not c.zcard(keys.queue), "the waiter left", 0.002)
+                assert not task.done()
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            finally:
+                frozen.resume()
+            with first.client() as c:
+                c.zadd(keys.queue, {member: ticket})
+                c.set(f"{keys.queue}:{member.decode()}", place, px=5000)
+                await held.release()  # the first node hands the lock to the waiter
+                await until(
+                    lambda: c.get(keys.lock) is None,
+                    "the node no longer held by a cancelled waiter",
+                    within=2.0,
+                )
+
+    asyncio.run(main())

@@ -149,6 +149,10 @@ class LeaseState:
     valid_until: float
     granted: frozenset[int]
     fencing_token: int = 0
+    # Whether a node may still queue the call's waiter id (its owner token) after the
+    # lease is released: an attempt that carried a place went unanswered by some node
+    # (``Flows._lease_of``). ``Flows._release_rounds`` declines what reaches it then.
+    lingers: bool = False
 
 
 @dataclass(frozen=True)

@@ -284,11 +284,15 @@ class WatchedLease(Protocol):
 class _Call:
     """What one acquire call has done that its end must undo."""
 
-    __slots__ = ("inbox", "queued")
+    __slots__ = ("inbox", "queued", "strays")
 
     def __init__(self) -> None:
         self.inbox: Inbox | None = None
         self.queued = False
+        # An attempt that carried a place was not heard from some node when its round
+        # ended: that node may still run it (even on a connection given up since), and
+        # queue the waiter id again (``LeaseState.lingers``).
+        self.strays = False
 
 
 class Flows:
@@ -434,12 +438,14 @@ class Flows:
                 # Interrupted mid-round: the grant may have landed. Written behind it.
                 yield self._send(commands.release(spec.key, token), rnd.maybe_holding())
                 raise
+            if place and (rnd.unheard or rnd.failed):
+                call.strays = True
             step = acq.conclude(rnd, token, self.clock())
             self.fence_floor = max(self.fence_floor, acq.floor)
             if isinstance(step, Granted):
                 if step.seed is not None:
                     yield self._seed(spec, step.seed)
-                return step.lease
+                return self._lease_of(call, step.lease)
             if step.cleanup:
                 release = self._cleanup_release(spec, token, wait_args)
                 yield self._cleanup_round(release, step.cleanup, cleanup_to_await(step, rnd))
@@ -459,9 +465,20 @@ class Flows:
                 if (yield AwaitWake(waiter, call.inbox, step.timeout)):
                     handed = self._transferred(call.inbox.take(), acq, waiter)
                     if handed is not None:
-                        return handed.lease
+                        return self._lease_of(call, handed.lease)
             elif step.sleep:
                 yield Sleep(step.sleep)
+
+    def _lease_of(self, call: _Call, lease: LeaseState) -> LeaseState:
+        """``lease``, marked if its waiter id may be queued again after its release: an
+        attempt of its call that carried a place went unanswered by some node, which
+        may run it after the release (on a connection given up since, the release went
+        on another) and queue the id where another client holds the lock by then; that
+        client's release then hands the lock to it. (An attempt that was answered ran
+        before the release: on that node the release takes the id out of the queue.)"""
+        if call.queued and call.strays:
+            return replace(lease, lingers=True)
+        return lease
 
     def _end_call(
         self, spec: LockSpec, call: _Call, waiter: str, *, granted: bool, unwinding: bool
@@ -475,21 +492,29 @@ class Flows:
             return  # closed: no reconnecting for it; its places expire on the nodes
         dequeue = self.dequeue(spec, waiter)
         everyone = frozenset(range(self.n))
-        heard_all = False
+        # A node that did not answer the dequeue may still run an attempt of this call
+        # that sat unread in its socket (a frozen node, run when it wakes, on a
+        # connection since given up), renewing the place for place_ms from then: no
+        # bound from here covers that, so such a waiter is declined for much longer.
+        hold = self.place_ms / 1000 + waiting.UNHEARD_DEPARTURE
         try:
             if unwinding:
                 yield self._send(dequeue, everyone)
             else:
                 run = self._cleanup_round(dequeue, everyone, everyone)
                 yield run
-                heard_all = not run.rnd.unheard and not run.rnd.failed
+                if not run.rnd.unheard and not run.rnd.failed:
+                    hold = self.place_ms / 1000
+        except GeneratorExit:
+            raise
         except Exception:
             pass  # best effort: a node it misses keeps the place until it expires
-        # A node that did not answer the dequeue may still run an attempt of this call
-        # that sat unread in its socket (a frozen node, run when it wakes, on a
-        # connection since given up), renewing the place for place_ms from then: no
-        # bound from here covers that, so such a waiter is declined for much longer.
-        hold = self.place_ms / 1000 + (0 if heard_all else waiting.UNHEARD_DEPARTURE)
+        except BaseException:
+            # Cancelled (or interrupted) while it waited for the dequeue's answers: it
+            # departs all the same, or a node that hands it the lock afterwards is held
+            # by nobody for a TTL.
+            yield Depart(spec, waiter, self.clock() + hold)
+            raise
         yield Depart(spec, waiter, self.clock() + hold)
 
     def _transferred(
@@ -538,7 +563,7 @@ class Flows:
         # extension fail), which can end after the validity did, and after another
         # client took the lock.
         lease._mark_lost(outcome)
-        yield self._release_round(lease)
+        yield from self._release_rounds(lease)
         raise outcome
 
     def release(self, lease: WatchedLease) -> Flow[None]:
@@ -554,9 +579,7 @@ class Flows:
         lease._stop_watching()
         _check_not_released(lease)
         lease._set_released()
-        release = self._release_round(lease)
-        yield release
-        rnd = release.rnd
+        rnd = yield from self._release_rounds(lease)
         error = conclude_release(
             lease._state, self.n, self.config.quorum, rnd, self.clock(), self.names
         )
@@ -565,15 +588,26 @@ class Flows:
         if error is not None:
             raise error  # LeaseLost, or ServerUnsupported: a node refused the release (ACL)
 
-    def _release_round(self, lease: WatchedLease) -> Run:
+    def _release_rounds(self, lease: WatchedLease) -> Flow[Round]:
         """Compare-and-delete on every node, waking the next waiter; decided once a
-        majority confirmed (or can't), within ``RELEASE_PATIENCE`` node timeouts."""
+        majority confirmed (or can't), within ``RELEASE_PATIENCE`` node timeouts.
+
+        A lease whose waiter id may be queued again where the release has run (an
+        attempt a node runs late, ``LeaseState.lingers``) departs first, as a waiter
+        that gave up does: a node that hands it the lock afterwards would otherwise be
+        held by nobody for a whole TTL, as its process ignores the notification.
+        Declining one that comes during the round is safe: the lease is released.
+        """
         now = self.clock()
+        if lease._state.lingers:
+            hold = self.place_ms / 1000 + waiting.UNHEARD_DEPARTURE
+            yield Depart(lease._spec, lease.token, now + hold)
         rnd = Round(self.n, self.config.quorum, now)
         command = self.release_waking(
             lease._spec, lease.token, lease._state.fencing_token, by_sha=True
         )
-        return Run(command, rnd, now + RELEASE_PATIENCE * self.config.node_timeout)
+        yield Run(command, rnd, now + RELEASE_PATIENCE * self.config.node_timeout)
+        return rnd
 
     def locked(self, spec: LockSpec) -> Flow[bool]:
         """Whether a majority of nodes hold ``spec``'s lock now (for anyone).
@@ -658,7 +692,7 @@ class Flows:
     ) -> Command:
         """release.lua for a lease (or, with a waiter id, a waiter giving up): delete our
         key, leave the queue (``cleanup``: stay, at ``place``'s ticket), pass the lock on
-        to the next waiter. ``by_sha``: by EVALSHA (a lease's release, ``_release_round``)."""
+        to the next waiter. ``by_sha``: by EVALSHA (a lease's release, ``_release_rounds``)."""
         if spec.wait_mode is WaitMode.FAIR_QUORUM:
             arg = waiting.handoff_token(self.wall_us(), fencing, self.fence_floor)
         else:
