@@ -27,6 +27,7 @@ skipped within that time.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, Protocol, TypeVar
@@ -225,8 +226,10 @@ class Departed:
     __slots__ = ("_until",)
 
     def __init__(self) -> None:
-        # In the order added (a dict keeps it): the oldest are dropped first when full.
-        self._until: dict[str, tuple[float, Callable[[int], None]]] = {}
+        # In the order added: the oldest are dropped first when full. An OrderedDict, as
+        # a plain dict's first entry takes a walk over the slots of those deleted
+        # before it: once full, every addition cost 20 µs instead of 1.
+        self._until: OrderedDict[str, tuple[float, Callable[[int], None]]] = OrderedDict()
 
     def add(self, waiter: str, decline: Callable[[int], None], until: float, now: float) -> None:
         """``decline(node)`` answers a notification to ``waiter`` until ``until``."""
@@ -235,17 +238,13 @@ class Departed:
         # call, not a walk over all of them. One kept longer (``UNHEARD_DEPARTURE``)
         # keeps the shorter ones behind it for as long, at most (they decline nothing
         # once expired: ``decline`` reads the time); the cap bounds them all.
-        expired = []
-        for old, (t, _) in entries.items():
-            if t > now:
+        while entries:
+            oldest = next(iter(entries.values()))
+            if oldest[0] > now and len(entries) < DEPARTED_MAX:
                 break
-            expired.append(old)
-        for old in expired:
-            del entries[old]
-        while len(entries) >= DEPARTED_MAX:
-            del entries[next(iter(entries))]
-        entries.pop(waiter, None)  # a waiter id is new per call; re-added, it goes last
+            entries.popitem(last=False)
         entries[waiter] = (until, decline)
+        entries.move_to_end(waiter)  # a waiter id is new per call; re-added, it goes last
 
     def decline(self, waiter: str, node: int, now: float) -> bool:
         """Decline a notification from ``node`` if ``waiter`` departed lately."""
