@@ -151,7 +151,7 @@ class LeaseState:
     fencing_token: int = 0
     # Whether a node may still queue the call's waiter id (its owner token) after the
     # lease is released: an attempt that carried a place went unanswered by some node
-    # (``Flows._lease_of``). ``Flows._release_rounds`` declines what reaches it then.
+    # (``Flows._lease_of``). ``Flows._departure`` declines what reaches it then.
     lingers: bool = False
 
 

@@ -563,7 +563,9 @@ class Flows:
         # extension fail), which can end after the validity did, and after another
         # client took the lock.
         lease._mark_lost(outcome)
-        yield from self._release_rounds(lease)
+        if lease._state.lingers:
+            yield self._departure(lease)
+        yield self._release_round(lease)
         raise outcome
 
     def release(self, lease: WatchedLease) -> Flow[None]:
@@ -579,7 +581,11 @@ class Flows:
         lease._stop_watching()
         _check_not_released(lease)
         lease._set_released()
-        rnd = yield from self._release_rounds(lease)
+        if lease._state.lingers:
+            yield self._departure(lease)
+        release = self._release_round(lease)
+        yield release
+        rnd = release.rnd
         error = conclude_release(
             lease._state, self.n, self.config.quorum, rnd, self.clock(), self.names
         )
@@ -588,26 +594,25 @@ class Flows:
         if error is not None:
             raise error  # LeaseLost, or ServerUnsupported: a node refused the release (ACL)
 
-    def _release_rounds(self, lease: WatchedLease) -> Flow[Round]:
+    def _release_round(self, lease: WatchedLease) -> Run:
         """Compare-and-delete on every node, waking the next waiter; decided once a
-        majority confirmed (or can't), within ``RELEASE_PATIENCE`` node timeouts.
-
-        A lease whose waiter id may be queued again where the release has run (an
-        attempt a node runs late, ``LeaseState.lingers``) departs first, as a waiter
-        that gave up does: a node that hands it the lock afterwards would otherwise be
-        held by nobody for a whole TTL, as its process ignores the notification.
-        Declining one that comes during the round is safe: the lease is released.
-        """
+        majority confirmed (or can't), within ``RELEASE_PATIENCE`` node timeouts."""
         now = self.clock()
-        if lease._state.lingers:
-            hold = self.place_ms / 1000 + waiting.UNHEARD_DEPARTURE
-            yield Depart(lease._spec, lease.token, now + hold)
         rnd = Round(self.n, self.config.quorum, now)
         command = self.release_waking(
             lease._spec, lease.token, lease._state.fencing_token, by_sha=True
         )
-        yield Run(command, rnd, now + RELEASE_PATIENCE * self.config.node_timeout)
-        return rnd
+        return Run(command, rnd, now + RELEASE_PATIENCE * self.config.node_timeout)
+
+    def _departure(self, lease: WatchedLease) -> Depart:
+        """A lease whose waiter id may be queued again where its release has run (an
+        attempt a node runs late, ``LeaseState.lingers``) departs as it is released, as
+        a waiter that gave up does: a node that hands it the lock afterwards would
+        otherwise be held by nobody for a whole TTL, as its process ignores the
+        notification. Before the release round: declining one that comes during the
+        round is safe, the lease is released."""
+        hold = self.place_ms / 1000 + waiting.UNHEARD_DEPARTURE
+        return Depart(lease._spec, lease.token, self.clock() + hold)
 
     def locked(self, spec: LockSpec) -> Flow[bool]:
         """Whether a majority of nodes hold ``spec``'s lock now (for anyone).
@@ -692,7 +697,7 @@ class Flows:
     ) -> Command:
         """release.lua for a lease (or, with a waiter id, a waiter giving up): delete our
         key, leave the queue (``cleanup``: stay, at ``place``'s ticket), pass the lock on
-        to the next waiter. ``by_sha``: by EVALSHA (a lease's release, ``_release_rounds``)."""
+        to the next waiter. ``by_sha``: by EVALSHA (a lease's release, ``_release_round``)."""
         if spec.wait_mode is WaitMode.FAIR_QUORUM:
             arg = waiting.handoff_token(self.wall_us(), fencing, self.fence_floor)
         else:
