@@ -49,6 +49,20 @@ def cluster5() -> Iterator[LocalCluster]:
         yield cluster
 
 
+@pytest.fixture(scope="module")
+def node() -> Iterator[LocalCluster]:
+    """One node of a module's own (a test module that counts or flushes what it stores)."""
+    with LocalCluster(1) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def raw(node: LocalCluster) -> Iterator[redis.Redis]:
+    """A plain redis-py client of the module's node."""
+    with node[0].client() as client:
+        yield client
+
+
 @pytest.fixture
 def key(request: pytest.FixtureRequest) -> str:
     """A lock name no other test uses."""
@@ -273,11 +287,6 @@ def poll_until(predicate: Callable[[], object], what: str, within: float = 10.0)
     while not predicate():
         assert time.monotonic() < deadline, f"{what}: not within {within} s"
         time.sleep(0.005)
-
-
-def raw(node: LocalNode) -> redis.Redis:
-    """A plain redis-py client for inspecting a node (caller closes it)."""
-    return node.client()
 
 
 def holders(cluster: LocalCluster, key: str) -> list[bytes | None]:

@@ -37,18 +37,6 @@ from tenure.patterns import (
 from tenure.testing import LocalCluster
 
 
-@pytest.fixture(scope="module")
-def node() -> Iterator[LocalCluster]:
-    with LocalCluster(1) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def raw(node: LocalCluster) -> Iterator[redis.Redis]:
-    with node[0].client() as client:
-        yield client
-
-
 @pytest.fixture
 def locks(node: LocalCluster) -> Iterator[tenure.Client]:
     with tenure.Client(node.urls) as client:

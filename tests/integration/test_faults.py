@@ -18,7 +18,7 @@ from tenure._core.config import NODE_FLOOR, LockKeys
 from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
-from .conftest import Api, holders, poll_until, raw, scripts_run
+from .conftest import Api, holders, poll_until, scripts_run
 from .hold_proxy import HoldingProxy
 
 NODE_TIMEOUT = 0.05
@@ -210,13 +210,13 @@ def test_an_acquire_that_a_node_runs_after_the_release_takes_nothing(
         waiter = threading.Thread(target=lambda: client.acquire(f"{key}:blocker").release())
         waiter.start()
         blocker_queue = LockKeys.of(f"{key}:blocker").queue
-        with raw(nodes[0]) as c:
+        with nodes[0].client() as c:
             poll_until(lambda: c.zcard(blocker_queue), "the waiter queued")
         lease.release()
         run = scripts_run(late)
         proxy.let_go()  # the lease's acquire, then the waiter's, reach the node now
         poll_until(lambda: scripts_run(late) >= run + 2, "the held acquires ran")
-        with raw(late) as c:
+        with late.client() as c:
             left, pttl = c.get(lock_key), c.pttl(lock_key)
         blocker.release()
         waiter.join(10.0)

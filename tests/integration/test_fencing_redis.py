@@ -77,18 +77,6 @@ class Blocking:
         self.loop.close()
 
 
-@pytest.fixture(scope="module")
-def node() -> Iterator[LocalCluster]:
-    with LocalCluster(1) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def raw(node: LocalCluster) -> Iterator[redis.Redis]:
-    with node[0].client() as client:
-        yield client
-
-
 @pytest.fixture(params=["sync", "async"])
 def store(request: pytest.FixtureRequest, node: LocalCluster, raw: redis.Redis) -> Iterator[Store]:
     if request.param == "sync":

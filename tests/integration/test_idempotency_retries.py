@@ -65,18 +65,6 @@ class LoseOneReply(AbstractBackoff):
         return 0.0
 
 
-@pytest.fixture(scope="module")
-def node() -> Iterator[LocalCluster]:
-    with LocalCluster(1) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def raw(node: LocalCluster) -> Iterator[redis.Redis]:
-    with node[0].client() as client:
-        yield client
-
-
 @pytest.fixture
 def lossy(node: LocalCluster) -> Iterator[tuple[redis.Redis, LoseOneReply]]:
     """A client that retries once, through a proxy that loses a reply when armed."""

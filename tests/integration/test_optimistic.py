@@ -84,18 +84,6 @@ class SoldOut(Exception):
 # --- Fixtures -----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def node() -> Iterator[LocalCluster]:
-    with LocalCluster(1) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def raw(node: LocalCluster) -> Iterator[redis.Redis]:
-    with node[0].client() as client:
-        yield client
-
-
 @pytest.fixture
 def key(request: pytest.FixtureRequest) -> str:
     """A key no other test uses (the node is shared by the module)."""

@@ -18,7 +18,7 @@ from tenure._core import commands
 from tenure._core.config import LockKeys
 from tenure.testing import LocalCluster, LocalNode
 
-from .conftest import Api, poll_until, raw, scripts_run
+from .conftest import Api, poll_until, scripts_run
 
 RECHECK = 5.0  # a waiter that misses the straggle window would sleep 2.5-5 s
 
@@ -28,7 +28,7 @@ def _scripts_run(node: LocalNode) -> int:
 
 
 def _queued(node: LocalNode, keys: LockKeys) -> int:
-    with raw(node) as c:
+    with node.client() as c:
         return int(c.zcard(keys.queue))
 
 
@@ -58,7 +58,7 @@ def test_a_minority_hand_off_is_followed_by_a_recheck_not_a_fallback_sleep(
             # The holder's release reaches node 0 only: a minority hand-off to the waiter.
             spec = a._specs.get(key, 30.0)
             release = commands.release_waking(spec, held.token, "q", held.fencing_token + 1)
-            with raw(nodes[0]) as c:
+            with nodes[0].client() as c:
                 conn = c.connection_pool.get_connection()
                 try:
                     conn.send_packed_command([release.packed])
