@@ -184,8 +184,8 @@ def error_reply(text: str) -> Diagnosis:
         or "unauthenticated" in lower
     ):
         return _misconfigured(
-            "requires a password: give it in the node URL (redis://user:password@host:port) "
-            f"or in connection_options ({said})"
+            "requires a password: give it in the node URL (redis://user:password@host:port), "
+            f"in connection_options, or to the redis-py client given as the node ({said})"
         )
     if (
         "WRONGPASS" in upper
@@ -195,7 +195,8 @@ def error_reply(text: str) -> Diagnosis:
     ):
         return _misconfigured(
             "refused the credentials (authentication failed): check the user name and "
-            f"password in the node URL or connection_options ({said})"
+            "password in the node URL, connection_options, or the redis-py client given as "
+            f"the node ({said})"
         )
     if (
         upper.startswith("NOPERM")
@@ -225,7 +226,10 @@ def error_reply(text: str) -> Diagnosis:
             "clients a key_prefix of their own, or remove that key",
         )
     if "db index is out of range" in lower or "invalid db index" in lower:
-        return _misconfigured(f"has no such database ({said}): check the /db part of the node URL")
+        return _misconfigured(
+            f"has no such database ({said}): check the /db part of the node URL (or the db "
+            "of the redis-py client given as the node)"
+        )
     return Diagnosis(Failure.ERROR, said)
 
 
