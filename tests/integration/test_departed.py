@@ -187,3 +187,51 @@ def test_a_waiter_cancelled_while_it_leaves_its_queues_declines_its_hand_off(
                 )
 
     asyncio.run(main())
+
+
+def test_a_decline_that_does_not_reach_its_node_is_sent_again(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    """A hand-off comes on the notification connection; the decline goes on a command
+    connection, which may be lost (a node just back from a freeze, whose connections the
+    client gave up), in its reconnect back-off, or refused (a node at its connection
+    limit) at that moment. It was dropped then, and the node held by nobody for the
+    TTL; it is sent again until it reaches the node. Here the waiter's command
+    connections are closed by the node, which then takes no new connection for 0.3 s
+    (``maxclients``) while its notification connection stays up."""
+    node = cluster5[0]
+    urls = [node.url]
+    keys = LockKeys.of(key)
+    holder = api.client(urls)
+    held = holder.acquire(key, ttl=30.0)
+    with node.client() as c:
+        before = {entry["id"] for entry in c.client_list()}
+    waiter = api.client(urls)
+    watcher, seen, stop = watch_place(node, keys)
+    assert waiter.lock(key, ttl=10.0).acquire(timeout=0.3) is False
+    stop.set()
+    watcher.join()
+    assert seen, "the waiter was never queued"
+    member, ticket, place = seen[0]
+    with node.client() as c:
+        me = str(c.client_id())
+        commands = [
+            entry["id"]
+            for entry in c.client_list()
+            if entry["id"] not in before and entry["id"] != me and "P" not in entry["flags"]
+        ]
+        assert commands, "no command connection of the waiter's client"
+        limit = c.config_get("maxclients")["maxclients"]
+        for client_id in commands:
+            c.client_kill_filter(_id=client_id)
+        c.config_set("maxclients", c.info("clients")["connected_clients"])
+        try:
+            c.zadd(keys.queue, {member: ticket})
+            c.set(f"{keys.queue}:{member.decode()}", place, px=5000)
+            held.release()  # hands the lock to the departed waiter
+            api.idle(0.3)  # its declines are refused meanwhile
+        finally:
+            c.config_set("maxclients", limit)
+        api.wait_until(
+            lambda: c.get(keys.lock) is None, 3.0, "the node stayed held by a departed waiter"
+        )

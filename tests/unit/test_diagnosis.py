@@ -70,6 +70,8 @@ CLUSTER_SAYS = [
          ["ACL: The user executing the script can't run this command"]),
         ("ERR unknown command 'EVAL'", Failure.UNSUPPORTED,
          ["Redis >= 6.2 or Valkey >= 7.2", "Lua scripting"]),
+        ("ERR max number of clients reached", Failure.UNREACHABLE,
+         ["refused the connection", "maxclients"]),
         *[
             (reply, Failure.MISCONFIGURED, [f"it answered {reply}", *CLUSTER_SAYS])
             for reply in CLUSTER_REPLIES

@@ -51,7 +51,13 @@ from .._core.backoff import IDLE_LOOK, SERVED, STALL, Reconnect
 from .._core.batching import Batch, Batches
 from .._core.commands import Command, ScriptCache, about_scripts, split_batch
 from .._core.config import ClientConfig, NodeAddress
-from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
+from .._core.diagnosis import (
+    BackingOff,
+    Diagnosis,
+    at_connection_limit,
+    reply_ends_link,
+    rule_out,
+)
 from .._core.quorum import Failure, Round
 from .._core.resp import ErrorReply
 from .._core.sentinel import demoted
@@ -62,7 +68,7 @@ from .deadlines import Deadline, Deadlines
 from .protocol import RespProtocol
 from .tasks import finish
 
-__all__ = ["Channels"]
+__all__ = ["Channels", "Reply", "lost"]
 
 # How many times a round's deadline is pushed back while the client itself held up its
 # requests or the timer (``Channels.run``): bounded, so a silent node still times out.
@@ -81,6 +87,16 @@ Reply = tuple[bool, Any]
 # (``partial(on_reply, i)``): a round on 5 nodes then makes one callback object, not 11,
 # and with hundreds of rounds in flight the garbage collector runs less often.
 OnReply = Callable[[int, Reply], None]
+
+
+def lost(reply: Reply) -> bool:
+    """Whether ``reply`` is the end of the connection (the error that ended it, handed
+    to every request still unanswered, or a node's refusal of the connection itself),
+    not an answer from the node."""
+    ok, value = reply
+    if ok:
+        return False
+    return not isinstance(value, ResponseError) or at_connection_limit(str(value))
 
 
 def _ignore(node: int, reply: Reply) -> None:

@@ -9,7 +9,7 @@ acquire that is cancelled never returns a lease. ``CancelledError`` is never swa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from types import TracebackType
 from typing import Any, cast
 
@@ -29,7 +29,7 @@ from .._driver.clock import monotonic
 from .._driver.lease import LeaseView, leave_block
 from .._driver.lock import LockView
 from .._errors import LeaseLost, NotHeld
-from .channels import Channels
+from .channels import Channels, Reply, lost
 from .cluster import ClusterChannel
 from .drive import adrive
 from .notify import AsyncListener, AsyncSlot
@@ -184,6 +184,25 @@ class AsyncClient(ClientBase):
     def _send_now(self, send: Send) -> None:
         if not self.closed:
             self._channels.send(send.command, send.rnd, send.targets)
+
+    def _deliver(self, send: Send, failed: Callable[[], None]) -> None:
+        if self.closed:
+            return
+        told = False
+
+        def on_reply(node: int, reply: Reply) -> None:
+            nonlocal told
+            if lost(reply) and not told:  # (an error reply came from the node: it got it)
+                told = True
+                failed()
+
+        self._channels.send(send.command, send.rnd, send.targets, on_reply)
+        if not told and send.rnd.failures():  # not even written (a reconnect back-off)
+            told = True
+            failed()
+
+    def _later(self, delay: float, call: Callable[[], None]) -> None:
+        asyncio.get_running_loop().call_later(delay, call)
 
     async def aclose(self) -> None:
         """Close every connection (and the task behind it); the client can't be used again.

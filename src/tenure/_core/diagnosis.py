@@ -165,6 +165,13 @@ def acl_refused(text: str) -> Diagnosis:
     return Diagnosis(Failure.UNSUPPORTED, f"refused by ACL ({text}): {ACL_HINT}")
 
 
+def at_connection_limit(text: str) -> bool:
+    """Whether an error reply is a node refusing the connection itself, at its
+    ``maxclients``: it sends that instead of an answer to whatever comes first, and
+    closes the connection. Nothing ran (redis-py raises ``ConnectionError`` for it)."""
+    return "max number of clients reached" in text.lower()
+
+
 def error_reply(text: str) -> Diagnosis:
     """Classify a node's error reply, given as Redis sent it ("READONLY You can't ...").
 
@@ -176,6 +183,13 @@ def error_reply(text: str) -> Diagnosis:
     lower = text.lower()
     if "READONLY" in upper:
         return _misconfigured(f"is a read-only replica: list its master instead ({said})")
+    if at_connection_limit(text):
+        # An outage while it lasts: it passes as other clients leave.
+        return Diagnosis(
+            Failure.UNREACHABLE,
+            f"refused the connection: it has as many clients as it allows ({said}); raise "
+            "its maxclients, or have fewer connections to it",
+        )
     if (
         upper.startswith("NOAUTH")
         or "authentication required" in lower

@@ -51,7 +51,7 @@ from .acquire import (
 from .commands import Command
 from .config import ClientConfig, LockSpec, WaitMode, check_acquire_args
 from .lease import begin_extend, conclude_extend, conclude_locked, conclude_release
-from .quorum import Round
+from .quorum import Failure, Round
 from .waiting import Wake
 from .watchdog import Extend, KeepAlive, Lost
 
@@ -76,6 +76,7 @@ __all__ = [
     "check_instant",
     "closed_under",
     "drive",
+    "unreached",
 ]
 
 T = TypeVar("T")
@@ -741,10 +742,28 @@ class Flows:
 
     def decline(self, spec: LockSpec, waiter: str, node: int) -> Send | None:
         """What answers a notification that reached ``waiter`` after it departed: its
-        dequeue again, to that node (None once the client is closed)."""
+        dequeue again, to that node (None once the client is closed). Its round waits for
+        the node's answer (the drivers' ``_deliver``): a dequeue that did not reach the
+        node is sent again (``waiting.decline_again``)."""
         if self.closed:
             return None
-        return self._send(self.dequeue(spec, waiter), frozenset({node}))
+        rnd = Round.cleanup(self.n, frozenset({node}), self.clock())
+        return Send(self.dequeue(spec, waiter), rnd, [node])
+
+
+def unreached(send: Send) -> bool:
+    """Whether some target of ``send`` (its round waiting for them) did not answer: not
+    written, or no answer by the deadline. An error reply reached the node, and one for
+    its configuration would come again: neither is worth sending again."""
+    results = send.rnd.results
+    for i in send.targets:
+        result = results[i]
+        if result is None or result.failure in _UNREACHED:
+            return True
+    return False
+
+
+_UNREACHED = (Failure.UNREACHABLE, Failure.BACKING_OFF, Failure.CONNECTING)
 
 
 def _check_not_released(lease: WatchedLease) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "Wake",
     "WakeTally",
     "channel_name",
+    "decline_again",
     "handoff_token",
     "hold_ms",
     "parse_wake",
@@ -205,6 +206,20 @@ def hold_ms(node_timeout: float) -> int:
 # stale attempt, can still be handed to nobody for one TTL: accepted, for so long a
 # freeze.
 UNHEARD_DEPARTURE = 60.0
+
+# A decline that did not reach its node (the client's command connection to it was
+# lost, in its reconnect back-off, or could not be set up, while the notification
+# connection that brought the hand-off is up: a node just back from a freeze, or at its
+# connection limit) is sent again after each of these delays in turn, then left to the
+# place's expiry. Without it the node stayed held by nobody for the lock's TTL.
+DECLINE_AGAIN = (0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0, 1.0)
+
+
+def decline_again(tries: int) -> float | None:
+    """Seconds until a decline that did not reach its node is sent again, after
+    ``tries`` failed sends; None: no more."""
+    return DECLINE_AGAIN[tries - 1] if 0 < tries <= len(DECLINE_AGAIN) else None
+
 
 # The most departed waiters a client remembers: a long outage of one node, with many
 # waiters giving up, must not grow it without bound (the oldest go first).

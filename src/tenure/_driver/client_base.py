@@ -16,7 +16,7 @@ import random
 import secrets
 import threading
 import weakref
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from .._core.acquire import LeaseState, Refused
@@ -24,7 +24,7 @@ from .._core.config import DEFAULT_KEY_PREFIX, ClientConfig, LockSpec, SpecCache
 from .._core.flows import Depart, Flow, Flows, Op, Send, Unlisten
 from .._core.holds import Held, Holds, self_deadlock
 from .._core.policy import RetryPolicy
-from .._core.waiting import Departed
+from .._core.waiting import Departed, decline_again
 from .._core.watchdog import KeepAlive
 from .._errors import LockTimeout
 from .clock import monotonic, wall_us
@@ -237,12 +237,30 @@ class ClientBase:
         """Write ``send.command`` to its targets without waiting; never raises."""
         raise NotImplementedError
 
-    def _declined(self, spec: LockSpec, waiter: str, node: int) -> None:
+    def _declined(self, spec: LockSpec, waiter: str, node: int, tries: int = 0) -> None:
         """A notification reached ``waiter`` after it departed: decline it on ``node``
-        (``waiting.Departed``), at once and best effort."""
+        (``waiting.Departed``), at once, and again later while it does not reach the
+        node (``waiting.decline_again``)."""
         send = self._flows.decline(spec, waiter, node)
-        if send is not None:
-            self._send_now(send)
+        if send is None:
+            return
+
+        def failed() -> None:
+            delay = decline_again(tries + 1)
+            if delay is not None:
+                self._later(delay, functools.partial(self._declined, spec, waiter, node, tries + 1))
+
+        self._deliver(send, failed)
+
+    def _deliver(self, send: Send, failed: Callable[[], None]) -> None:
+        """Write ``send.command`` to its one target now, and call ``failed`` (once) if it
+        does not reach the node: not written, or the connection lost before its answer.
+        Never raises."""
+        raise NotImplementedError
+
+    def _later(self, delay: float, call: Callable[[], None]) -> None:
+        """Call ``call`` in ``delay`` seconds, in the background."""
+        raise NotImplementedError
 
 
 _CLIENTS: weakref.WeakSet[ClientBase] = weakref.WeakSet()

@@ -11,7 +11,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ from .._core.flows import (
     Send,
     Sleep,
     drive,
+    unreached,
 )
 from .._core.watchdog import KeepAlive
 from .._driver.client_base import ClientBase
@@ -271,6 +272,18 @@ class Client(ClientBase):
             self._send_on(links, send)
         finally:
             _give_back(self._pool, links)
+
+    def _deliver(self, send: Send, failed: Callable[[], None]) -> None:
+        # From the notification reader: it waits for the node's answer, up to a node
+        # timeout, only when the node is slow to give it (declines are rare).
+        self._send_now(send)
+        if not self.closed and unreached(send):
+            failed()
+
+    def _later(self, delay: float, call: Callable[[], None]) -> None:
+        timer = threading.Timer(delay, call)
+        timer.daemon = True  # a decline sent again must not keep the process alive
+        timer.start()
 
     def _send_on(self, links: LinkSet, send: Send) -> None:
         if self.closed:
