@@ -111,9 +111,10 @@ class Run:
 class Send:
     """Write ``command`` to ``targets`` now and wait for nothing; result None.
 
-    ``rnd`` (a cleanup round waiting for no node) records nodes it could not even be
-    written to. The replies are read and dropped later, in order, so the connections
-    stay in step.
+    ``rnd`` (a cleanup round) records nodes it could not even be written to. The replies
+    are read and dropped later, in order, so the connections stay in step. (A decline,
+    ``Flows.decline``, is the one ``Send`` whose round waits for its node: the drivers
+    carry it out apart, with ``_deliver``, to learn whether it reached the node.)
     """
 
     __slots__ = ("command", "rnd", "targets")
