@@ -13,6 +13,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,21 @@ def watch_place(
     return watcher, seen, stop
 
 
+def gave_up(waiter: Any, node: LocalNode, key: str, timeout: float) -> tuple[bytes, float, bytes]:
+    """``waiter`` (a client) waits for ``key``'s lock, held by another, and gives up after
+    ``timeout``; what it was queued with on ``node``, to put back later: its queue entry
+    and its place. The lock's TTL (10 s) outlasts every test's check."""
+    keys = LockKeys.of(key)
+    watcher, seen, stop = watch_place(node, keys)
+    try:
+        assert waiter.lock(key, ttl=10.0).acquire(timeout=timeout) is False
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen, "the waiter was never queued"
+    return seen[0]
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_a_hand_off_to_a_waiter_that_gave_up_is_declined(
     api: Api, shared5: LocalCluster, key: str, n: int
@@ -54,14 +70,8 @@ def test_a_hand_off_to_a_waiter_that_gave_up_is_declined(
     last = shared5[n - 1]
     holder = api.client(urls).acquire(key, ttl=30.0)
     waiter = api.client(urls)
-    # Read the waiter's queue entry and place while it waits (they go when it gives up).
-    watcher, seen, stop = watch_place(last, keys)
-    # Its TTL (10 s) outlasts the check below: only the decline can free the node.
-    assert waiter.lock(key, ttl=10.0).acquire(timeout=0.5) is False
-    stop.set()
-    watcher.join()
-    assert seen, "the waiter was never queued"
-    member, score, place = seen[0]
+    # Its queue entry and place, read while it waits (they go when it gives up).
+    member, score, place = gave_up(waiter, last, key, 0.5)
     with last.client() as c:
         assert c.zcard(keys.queue) == 0  # its dequeue reached every node
         # ... but say it had missed this one: the place is back, still live.
@@ -94,12 +104,7 @@ def test_a_released_lease_whose_attempt_a_node_may_still_run_declines_its_hand_o
     client = api.client(urls)
     held = holder.acquire(key, ttl=30.0)
     # The client waits once: its notifications are set up, and its place shows its channel.
-    watcher, seen, stop = watch_place(first, keys)
-    assert client.lock(key, ttl=10.0).acquire(timeout=0.3) is False
-    stop.set()
-    watcher.join()
-    assert seen, "the client was never queued"
-    _, ticket, place = seen[0]
+    _, ticket, place = gave_up(client, first, key, 0.3)
     held.release()
     frozen.pause()
     try:
@@ -207,12 +212,7 @@ def test_a_decline_that_does_not_reach_its_node_is_sent_again(
     with node.client() as c:
         before = {entry["id"] for entry in c.client_list()}
     waiter = api.client(urls)
-    watcher, seen, stop = watch_place(node, keys)
-    assert waiter.lock(key, ttl=10.0).acquire(timeout=0.3) is False
-    stop.set()
-    watcher.join()
-    assert seen, "the waiter was never queued"
-    member, ticket, place = seen[0]
+    member, ticket, place = gave_up(waiter, node, key, 0.3)
     with node.client() as c:
         me = str(c.client_id())
         commands = [
