@@ -105,12 +105,25 @@ def test_an_interrupted_acquire_writes_its_cleanup_without_waiting(
 
 
 @pytest.mark.parametrize("interrupt", INTERRUPTS, ids=["KeyboardInterrupt", "cancelled"])
-def test_an_interrupted_release_leaves_at_once(interrupt: Callable[[], BaseException]) -> None:
+def test_an_interrupted_release_writes_it_again_and_leaves(
+    interrupt: Callable[[], BaseException],
+) -> None:
+    """Interrupted in its round, perhaps before anything was written: the lease is
+    marked released (neither the caller nor its watchdog releases it again), so the
+    release goes out once more, only written, to every node that had not answered; its
+    keys held the lock for nobody until the TTL."""
     flows = _flows()
     state = LeaseState(SPEC.name, SPEC.key, "t", SPEC.ttl, 0.0, 0.9, frozenset({0, 1, 2}), 7)
-    flow = flows.release(ModelLease(state, SPEC))
-    assert isinstance(next(flow), Run)
-    assert _unwind(flow, interrupt()) == []
+    lease = ModelLease(state, SPEC)
+    flow = flows.release(lease)
+    first = next(flow)
+    assert isinstance(first, Run)
+    first.rnd.record(1, True)  # the second node answered before the interrupt
+    ops = _unwind(flow, interrupt())
+    assert len(ops) == 1 and isinstance(ops[0], Send), ops
+    assert sorted(ops[0].targets) == [0, 2]
+    assert ops[0].command.key == SPEC.key
+    assert lease.released
 
 
 def _rude() -> Flow[None]:

@@ -239,20 +239,29 @@ def drive(flow: Flow[T], perform: Callable[[Op], Any]) -> T:
     The asyncio driver has the same loop with ``await`` (a loop is all a driver keeps).
     """
     unwinding = False
-    try:
-        op = next(flow)
-        while True:
-            try:
-                result = perform(op)
-            except BaseException as exc:
-                unwinding = unwinding or not isinstance(exc, Exception)
+    op: Op | None = None
+    result: Any = None
+    thrown: BaseException | None = None
+    while True:
+        try:
+            if thrown is not None:
+                exc, thrown = thrown, None
                 op = flow.throw(exc)
             else:
-                op = flow.send(result)
+                op = flow.send(result) if op is not None else next(flow)
             if unwinding:
                 check_instant(flow, op)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+            result = perform(op)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        except BaseException as exc:
+            # Raised by an operation, or an interrupt (Ctrl-C) handled just after the
+            # flow yielded one: thrown into the flow, which answers with its cleanup.
+            # One the flow raised itself ended it: it goes on out.
+            if getattr(flow, "gi_frame", None) is None:
+                raise
+            unwinding = unwinding or not isinstance(exc, Exception)
+            thrown = exc
 
 
 def check_instant(flow: Flow[Any], op: Op) -> None:
@@ -567,7 +576,14 @@ class Flows:
         lease._mark_lost(outcome)
         if lease._state.lingers:
             yield self._departure(lease)
-        yield self._release_round(lease)
+        release = self._release_round(lease)
+        try:
+            yield release
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield self._release_again(lease, release.rnd)
+            raise
         raise outcome
 
     def release(self, lease: WatchedLease) -> Flow[None]:
@@ -582,11 +598,19 @@ class Flows:
         """
         lease._stop_watching()
         _check_not_released(lease)
-        lease._set_released()
         if lease._state.lingers:
             yield self._departure(lease)
+        # Made before the lease is marked released: interrupted here, it can be released
+        # again; from the mark on, an interrupt sends it again (``_release_again``).
         release = self._release_round(lease)
-        yield release
+        try:
+            lease._set_released()
+            yield release
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield self._release_again(lease, release.rnd)
+            raise
         rnd = release.rnd
         error = conclude_release(
             lease._state, self.n, self.config.quorum, rnd, self.clock(), self.names
@@ -605,6 +629,16 @@ class Flows:
             lease._spec, lease.token, lease._state.fencing_token, by_sha=True
         )
         return Run(command, rnd, now + RELEASE_PATIENCE * self.config.node_timeout)
+
+    def _release_again(self, lease: WatchedLease, rnd: Round) -> Send:
+        """The release of ``lease`` once more, to the nodes that did not answer ``rnd``:
+        its round was interrupted (Ctrl-C in the blocking driver, a cancellation),
+        maybe before the release was written at all. The lease is marked released
+        already, so neither the caller nor its watchdog would release it again, and its
+        keys would hold the lock for nobody until the TTL. Sent again by EVAL, behind
+        whatever went out (a node that ran the first one finds no key of the lease)."""
+        command = self.release_waking(lease._spec, lease.token, lease._state.fencing_token)
+        return self._send(command, rnd.unanswered())
 
     def _departure(self, lease: WatchedLease) -> Depart:
         """A lease whose waiter id may be queued again where its release has run (an

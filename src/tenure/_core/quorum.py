@@ -272,6 +272,10 @@ class Round:
         """Nodes that answered yes."""
         return frozenset(i for i, r in enumerate(self.results) if r is not None and r.ok)
 
+    def unanswered(self) -> frozenset[int]:
+        """Nodes that gave no answer: not heard from yet, or failed."""
+        return frozenset(i for i, r in enumerate(self.results) if r is None or r.failure)
+
     def maybe_holding(self) -> frozenset[int]:
         """Nodes that may hold our token: yes, failed, or not heard from yet.
 

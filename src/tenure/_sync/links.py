@@ -146,6 +146,7 @@ class Link:
 
     __slots__ = (
         "conn",
+        "cut",
         "heard",
         "io",
         "late",
@@ -182,6 +183,8 @@ class Link:
         self.heard = False
         # What the socket could not take yet (``_write_now``), oldest first.
         self.unsent: list[bytes] = []
+        # A write is under way: an interrupt now may leave part of a command on the wire.
+        self.cut = False
 
     def send(self, command: Command, now: float) -> Any:
         """Write ``command`` on the connection (set up beforehand: ``prepare``); returns
@@ -202,17 +205,23 @@ class Link:
             if io.plain:
                 self._write_now(sock, data)
             else:
+                self.cut = True
                 sock.sendall(data)  # TLS: a TCP buffer, which holds far more than STALL's worth
+                self.cut = False
         except Exception as exc:  # not BaseException: an interrupt is no node's failure
             why = diagnose(exc)
             self.drop(now, why)
             raise _Failed(why) from exc
         except BaseException:
-            # Interrupted mid-write (Ctrl-C): part of the command may be on its way. The
+            # Interrupted (Ctrl-C). Mid-write, part of the command may be on its way: the
             # connection is closed, so the node drops that part unrun, and nothing
             # written behind it (a cleanup) can be read as the rest of it. No back-off:
-            # the node did nothing wrong.
-            self.close()
+            # the node did nothing wrong. Before the write, or after it, the stream is
+            # whole, and the connection stays for the cleanup written behind
+            # (``LinkSet.write_behind``): an interrupted release that closed it left the
+            # lock to its TTL.
+            if self.cut:
+                self.close()
             raise
         return sock
 
@@ -228,15 +237,18 @@ class Link:
         """
         unsent = self.unsent
         if unsent:
-            unsent.append(data)
-            data = b"".join(unsent)
-            unsent.clear()
+            data = b"".join((*unsent, data))
+        # From the system call until ``unsent`` holds whatever did not go out. (A signal
+        # is handled after a call, not between this and the next line.)
+        self.cut = True
         try:
             sent = sock.send(data, _NO_WAIT)
         except BlockingIOError:
             sent = 0
+        unsent.clear()
         if sent < len(data):
             unsent.append(data[sent:])
+        self.cut = False
 
     def prepare(self, now: float, wake: Callable[[], None]) -> Diagnosis | None:
         """Start or follow this link's set-up.
@@ -410,6 +422,7 @@ class Link:
         self.io = None
         self.owed = 0
         self.unsent = []
+        self.cut = False
         self.partial = []
         # Nothing of the closed connection comes any more (a release owed there stays
         # until its TTL, as when its request was lost).

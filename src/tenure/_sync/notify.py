@@ -159,7 +159,11 @@ class Listener:
         self._board = Switchboard[Slot]()
         self._slots = self._board.slots
         self.departed = self._board.departed
-        self._guard = threading.Condition()
+        # Taken with ``with self._lock`` (a C-level enter and exit), never ``with
+        # self._guard``: Condition's ``__exit__`` is Python, and a Ctrl-C handled as it
+        # begins would leave the lock held, every thread of the client blocked on it.
+        self._lock = threading.RLock()
+        self._guard = threading.Condition(self._lock)
         self._read = threading.Lock()  # held by whoever reads the sockets
         self._reader: str | None = None  # the waiter reading them, if any
         self._wanting = 0  # waiters that want the subscriber thread to step aside
@@ -201,7 +205,7 @@ class Listener:
             slot.route = partial(self._route, shard)
         self._slots[waiter] = slot
         if self._thread is None or shard >= 0:
-            with self._guard:
+            with self._lock:
                 if self._thread is None and not self._stop:
                     self._waker = socket.socketpair()
                     self._thread = threading.Thread(
@@ -239,56 +243,61 @@ class Listener:
         the sockets itself if no other waiter does."""
         if slot.event.is_set():
             return True
-        with self._guard:
-            lead = self._reader is None and self._thread is not None and not self._stop
-            if lead:
-                self._reader = waiter
-                self._wanting += 1
-                poke = self._thread_reading
-            else:
-                self._followers += 1
-        if not lead:
-            try:
-                return slot.wait(timeout)
-            finally:
-                with self._guard:
-                    self._followers -= 1
-        end = time.monotonic() + timeout
+        # What this wait took is given back in ``finally`` as it was taken: a Ctrl-C in
+        # the main thread can come between any two calls, and a reader or a follower
+        # left counted would keep the thread from reading for good (every wait of the
+        # client then ending at its re-check). So a thing is taken and noted taken in
+        # one assignment, with nothing called in between.
+        lead = follow = reading = poke = False
         try:
+            with self._lock:
+                if self._reader is None and self._thread is not None and not self._stop:
+                    lead, self._reader, self._wanting = True, waiter, self._wanting + 1
+                    poke = self._thread_reading
+                else:
+                    follow, self._followers = True, self._followers + 1
+            if follow:
+                return slot.wait(timeout)
+            end = time.monotonic() + timeout
             if poke:
                 self._poke()
-            if not self._read.acquire(timeout=timeout):
+            reading = self._read.acquire(timeout=timeout)
+            if not reading:
                 return slot.event.is_set()
-            try:
-                while not slot.event.is_set() and not self._stop:
-                    now = time.monotonic()
-                    left = end - now
-                    if left <= 0:
-                        break
-                    if not all(self._up) or any(self._setups) or self._sharding:
-                        # A subscription not up, or being set up, must not wait for this
-                        # wait to end: the reader starts or finishes it (a set-up pokes
-                        # when it ends), and subscribes the slots other waiters
-                        # registered (they poke). A waiter may take the sockets over
-                        # before the thread ever connected: it parks while waiters read.
-                        self._connect(now)
-                    # The waker too: ``close`` must reach a waiter reading the sockets.
-                    self._pump(left, watch_waker=True)
-            finally:
-                self._read.release()
+            while not slot.event.is_set() and not self._stop:
+                now = time.monotonic()
+                left = end - now
+                if left <= 0:
+                    break
+                if not all(self._up) or any(self._setups) or self._sharding:
+                    # A subscription not up, or being set up, must not wait for this
+                    # wait to end: the reader starts or finishes it (a set-up pokes
+                    # when it ends), and subscribes the slots other waiters registered
+                    # (they poke). A waiter may take the sockets over before the thread
+                    # ever connected: it parks while waiters read.
+                    self._connect(now)
+                # The waker too: ``close`` must reach a waiter reading the sockets.
+                self._pump(left, watch_waker=True)
         finally:
-            with self._guard:
-                self._reader = None
-                self._wanting -= 1
-                # The thread takes the sockets back within PARK, or at once if someone
-                # needs it now: another waiting thread, or a connection to re-establish.
-                # A client that acquires in a loop then does not wake it at every turn.
-                if self._followers or not all(self._up):
-                    self._guard.notify_all()
+            if reading:
+                self._read.release()
+            if lead or follow:
+                with self._lock:
+                    if follow:
+                        self._followers -= 1
+                    else:
+                        self._reader = None
+                        self._wanting -= 1
+                        # The thread takes the sockets back within PARK, or at once if
+                        # someone needs it now: another waiting thread, or a connection
+                        # to re-establish. A client that acquires in a loop then does
+                        # not wake it at every turn.
+                        if self._followers or not all(self._up):
+                            self._guard.notify_all()
         return slot.event.is_set()
 
     def close(self) -> None:
-        with self._guard:
+        with self._lock:
             self._stop = True
             waker, thread = self._waker, self._thread
             self._guard.notify_all()
@@ -505,7 +514,7 @@ class Listener:
         elif event.kind == "ended":
             self._nudge_all()  # its waiters' notifications reach nobody until it is back
         if event.kind in ("confirmed", "unsupported"):
-            with self._guard:
+            with self._lock:
                 self._guard.notify_all()  # a waiter may be waiting for its slot
 
     def _pump(self, limit: float | None, *, watch_waker: bool) -> None:
@@ -592,7 +601,7 @@ class Listener:
     def _run(self) -> None:
         try:
             while not self._stop:
-                with self._guard:
+                with self._lock:
                     while self._wanting and not self._stop:
                         self._guard.wait(PARK)  # a waiter reads the sockets meanwhile
                     # Set under the guard, with no waiter wanting the sockets: a waiter
@@ -610,7 +619,7 @@ class Listener:
                     finally:
                         self._read.release()
                 finally:
-                    with self._guard:
+                    with self._lock:
                         self._thread_reading = False
         finally:
             with self._read:
@@ -630,7 +639,7 @@ class Listener:
                 self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
             return False
         if self._board.message(reply, i, time.monotonic()):
-            with self._guard:
+            with self._lock:
                 self._up[i] = True
                 self._guard.notify_all()
             # Notifications sent while we were away reached nobody, and so did those to
