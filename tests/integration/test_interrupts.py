@@ -10,6 +10,7 @@ nodes of three.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -161,3 +162,36 @@ def test_an_interrupt_as_a_connection_comes_up_stays_the_interrupt(
             client.acquire(key, ttl=30, blocking=False)
         assert _gone(cluster5, LockKeys.of(key).lock)  # its grants cleaned up behind it
         client.acquire(key, ttl=1, blocking=False).release()  # the client goes on
+
+
+@pytest.mark.parametrize("where", ["before_the_write", "in_the_write"])
+def test_an_interrupt_before_the_release_reaches_the_nodes_still_releases(
+    cluster5: LocalCluster, key: str, where: str
+) -> None:
+    """Ctrl-C in ``release()`` after the lease was marked released and before its release
+    was written (as the round asks a connection to write it, or as the connection
+    starts writing it) left the keys on every node: the lease could not be released
+    again (``NotHeld``), and the lock was held by nobody for its TTL (30 s here). The
+    release is sent again, to every node that had not answered."""
+    from tenure._sync.links import Link
+
+    target = Link.send.__code__ if where == "before_the_write" else Link._write_now.__code__
+
+    def tracer(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code is target:
+            sys.settrace(None)
+            raise Interrupted
+
+    urls = [node.url for node in cluster5.nodes[:3]]
+    with tenure.Client(urls) as client:
+        lease = client.acquire(key, ttl=30)
+        sys.settrace(tracer)
+        try:
+            with pytest.raises(Interrupted):
+                lease.release()
+        finally:
+            sys.settrace(None)
+        assert _gone(cluster5, LockKeys.of(key).lock, within=2.0)
+        with pytest.raises(tenure.NotHeld):
+            lease.release()
+        client.acquire(key, ttl=5, blocking=False).release()

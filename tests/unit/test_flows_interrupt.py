@@ -120,7 +120,8 @@ def test_an_interrupted_release_writes_it_again_and_leaves(
     assert isinstance(first, Run)
     first.rnd.record(1, True)  # the second node answered before the interrupt
     ops = _unwind(flow, interrupt())
-    assert len(ops) == 1 and isinstance(ops[0], Send), ops
+    assert len(ops) == 1, ops
+    assert isinstance(ops[0], Send)
     assert sorted(ops[0].targets) == [0, 2]
     assert ops[0].command.key == SPEC.key
     assert lease.released
