@@ -576,14 +576,7 @@ class Flows:
         lease._mark_lost(outcome)
         if lease._state.lingers:
             yield self._departure(lease)
-        release = self._release_round(lease)
-        try:
-            yield release
-        except GeneratorExit:
-            raise
-        except BaseException:
-            yield self._release_again(lease, release.rnd)
-            raise
+        yield from self._release_rounds(lease, mark=False)
         raise outcome
 
     def release(self, lease: WatchedLease) -> Flow[None]:
@@ -600,18 +593,7 @@ class Flows:
         _check_not_released(lease)
         if lease._state.lingers:
             yield self._departure(lease)
-        # Made before the lease is marked released: interrupted here, it can be released
-        # again; from the mark on, an interrupt sends it again (``_release_again``).
-        release = self._release_round(lease)
-        try:
-            lease._set_released()
-            yield release
-        except GeneratorExit:
-            raise
-        except BaseException:
-            yield self._release_again(lease, release.rnd)
-            raise
-        rnd = release.rnd
+        rnd = yield from self._release_rounds(lease, mark=True)
         error = conclude_release(
             lease._state, self.n, self.config.quorum, rnd, self.clock(), self.names
         )
@@ -629,6 +611,23 @@ class Flows:
             lease._spec, lease.token, lease._state.fencing_token, by_sha=True
         )
         return Run(command, rnd, now + RELEASE_PATIENCE * self.config.node_timeout)
+
+    def _release_rounds(self, lease: WatchedLease, *, mark: bool) -> Flow[Round]:
+        """The release round of ``lease`` (``mark``: marking the lease released as it
+        begins), sent again if it is interrupted (``_release_again``); its tally."""
+        # Made before the lease is marked released: interrupted here, it can be released
+        # again; from the mark on, an interrupt sends it again.
+        release = self._release_round(lease)
+        try:
+            if mark:
+                lease._set_released()
+            yield release
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield self._release_again(lease, release.rnd)
+            raise
+        return release.rnd
 
     def _release_again(self, lease: WatchedLease, rnd: Round) -> Send:
         """The release of ``lease`` once more, to the nodes that did not answer ``rnd``:
