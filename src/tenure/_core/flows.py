@@ -487,7 +487,7 @@ class Flows:
         on another) and queue the id where another client holds the lock by then; that
         client's release then hands the lock to it. (An attempt that was answered ran
         before the release: on that node the release takes the id out of the queue.)"""
-        if call.queued and call.strays:
+        if call.strays:  # (only an attempt that carried a place sets it)
             return replace(lease, lingers=True)
         return lease
 
