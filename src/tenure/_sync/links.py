@@ -14,8 +14,9 @@ next. Later commands (the release) are pipelined behind the unanswered one on th
 connection, and Redis executes one connection's commands in order, so a late ``SET NX``
 that lands when the node wakes up is always followed by its own release. What the
 socket cannot take (a frozen node stops reading, and a unix socket's buffer holds only
-some 170 commands) waits in the link, written before anything after it, rather than end
-the connection: a node runs the first of the commands a closed connection left in its
+some 170 commands) waits in the link, written before anything after it (or as soon as the
+socket takes more, by the ``flusher``, if the link's next round comes later), rather than
+end the connection: a node runs the first of the commands a closed connection left in its
 buffer, fails to answer them, and drops the rest, releases behind their grants
 included. A link that heard nothing for ``STALL`` seconds is closed and the node left
 alone for a back-off period, so a dead node costs nothing per round.
@@ -71,6 +72,7 @@ from .._driver.redis_compat import (
 )
 from .._driver.report import NodeReporter
 from .connect import SetUp
+from .flusher import hand_over
 
 __all__ = ["LinkPool", "LinkSet", "NodeState"]
 
@@ -159,6 +161,7 @@ class Link:
         "resends",
         "setup",
         "unsent",
+        "writing",
     )
 
     def __init__(self, node: NodeState) -> None:
@@ -181,8 +184,11 @@ class Link:
         # reply was read since the last look.
         self.quiet_since = 0.0
         self.heard = False
-        # What the socket could not take yet (``_write_now``), oldest first.
+        # What the socket could not take yet (``_write_now``), oldest first; written by
+        # whoever comes first, the link's next round or the flusher (``flusher``), in
+        # turn under ``writing`` while anything waits here.
         self.unsent: list[bytes] = []
+        self.writing = threading.Lock()
         # A write is under way: an interrupt now may leave part of a command on the wire.
         self.cut = False
 
@@ -227,7 +233,9 @@ class Link:
 
     def _write_now(self, sock: Any, data: bytes) -> None:
         """Write ``data`` behind what the socket could not take yet, without waiting;
-        what it cannot take now waits in ``unsent`` for the next write, in order.
+        what it cannot take now waits in ``unsent``, in order, and is handed to the
+        flusher, which writes it once the socket takes more, should no round of this link
+        come first.
 
         The socket is full only when the node stopped reading (frozen, starved). Ending
         the connection then, as a write refused after the kernel timeout would, leaves
@@ -235,12 +243,25 @@ class Link:
         those, cannot answer them, frees the connection and drops the rest, releases
         behind their grants included, which then hold their locks for a whole TTL.
         """
+        # ``cut`` from the system call until ``unsent`` holds whatever did not go out.
+        # (A signal is handled after a call, not between this and the next line.)
+        if self.unsent:
+            with self.writing:  # the flusher may be writing the start of it
+                self.cut = True
+                self._push(sock, data)
+        else:
+            # Nothing waits, so the flusher has nothing of this link to write: no lock.
+            self.cut = True
+            self._push(sock, data)
+        self.cut = False
+        if self.unsent:
+            hand_over(self)
+
+    def _push(self, sock: Any, data: bytes) -> None:
+        """Write what waits, then ``data``, as much as ``sock`` takes now; keep the rest."""
         unsent = self.unsent
         if unsent:
             data = b"".join((*unsent, data))
-        # From the system call until ``unsent`` holds whatever did not go out. (A signal
-        # is handled after a call, not between this and the next line.)
-        self.cut = True
         try:
             sent = sock.send(data, _NO_WAIT)
         except BlockingIOError:
@@ -248,7 +269,25 @@ class Link:
         unsent.clear()
         if sent < len(data):
             unsent.append(data[sent:])
-        self.cut = False
+
+    def keeping(self) -> Any:
+        """The socket that what this link kept back waits for (None: nothing waits)."""
+        io = self.io
+        return io.sock if self.unsent and io is not None else None
+
+    def flush(self, sock: Any) -> None:
+        """Write to ``sock`` what waits for it, as much as it takes now (the flusher's
+        thread, while the link may be in a round of its own). A connection that fails
+        here loses what waited, as a lost connection does; the link's next round finds
+        the failure and drops the link."""
+        with self.writing:
+            io = self.io
+            if io is None or io.sock is not sock or not self.unsent:
+                return  # closed, or set up again, or written by a round meanwhile
+            try:
+                self._push(sock, b"")
+            except OSError:
+                self.unsent = []
 
     def prepare(self, now: float, wake: Callable[[], None]) -> Diagnosis | None:
         """Start or follow this link's set-up.
@@ -421,7 +460,8 @@ class Link:
             self.conn = None
         self.io = None
         self.owed = 0
-        self.unsent = []
+        with self.writing:  # not while the flusher writes on the closed socket
+            self.unsent = []
         self.cut = False
         self.partial = []
         # Nothing of the closed connection comes any more (a release owed there stays
