@@ -245,16 +245,26 @@ class Link:
         """
         # ``cut`` from the system call until ``unsent`` holds whatever did not go out.
         # (A signal is handled after a call, not between this and the next line.)
-        if self.unsent:
+        unsent = self.unsent
+        if unsent:
             with self.writing:  # the flusher may be writing the start of it
                 self.cut = True
                 self._push(sock, data)
-        else:
-            # Nothing waits, so the flusher has nothing of this link to write: no lock.
-            self.cut = True
-            self._push(sock, data)
+            self.cut = False
+            if self.unsent:
+                hand_over(self)
+            return
+        # Nothing waits, so the flusher has nothing of this link to write: no lock. (The
+        # path of nearly every write, so ``_push`` inline: a call costs 0.3% of a cycle.)
+        self.cut = True
+        try:
+            sent = sock.send(data, _NO_WAIT)
+        except BlockingIOError:
+            sent = 0
+        if sent < len(data):
+            unsent.append(data[sent:])
         self.cut = False
-        if self.unsent:
+        if unsent:
             hand_over(self)
 
     def _push(self, sock: Any, data: bytes) -> None:
