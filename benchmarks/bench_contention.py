@@ -124,24 +124,21 @@ def _trace_handoff_path() -> Trace:
     driver (in this worker only): when a request was written to a node, when a
     notification connection became readable, when a notification was filed for its
     waiter. Each wrapper costs a clock reading and an append."""
-    import select
-    import types
-
     from tenure._sync import links, notify
 
     sent: list[int] = []
     readable: list[int] = []
     filed: list[int] = []
     clock = time.monotonic_ns
-    send, put = links.Link.send, notify.Slot.put
+    send, put, look = links.Link.send, notify.Slot.put, notify.readable  # type: ignore[attr-defined]
 
     def timed_send(self: Any, command: Any, now: float) -> None:
         send(self, command, now)
         sent.append(clock())
 
-    def timed_select(r: Any, w: Any, x: Any, timeout: float | None = None) -> Any:
-        got = select.select(r, w, x, timeout)
-        if got[0]:
+    def timed_look(socks: Any, timeout: float | None) -> list[Any]:
+        got = look(socks, timeout)
+        if got:
             readable.append(clock())
         return got
 
@@ -150,7 +147,7 @@ def _trace_handoff_path() -> Trace:
         put(self, wake, node)
 
     links.Link.send = timed_send  # type: ignore[method-assign]
-    notify.select = types.SimpleNamespace(select=timed_select)  # type: ignore[attr-defined,assignment]
+    notify.readable = timed_look  # type: ignore[attr-defined]
     notify.Slot.put = timed_put  # type: ignore[method-assign]
     return sent, readable, filed
 

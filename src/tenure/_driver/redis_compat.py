@@ -29,6 +29,7 @@ from .._core.quorum import Failure
 from .._core.resp import ErrorReply
 from .._errors import ConfigurationError
 from .acl import denial
+from .ready import readable
 from .replies import NOT_RESP, pull_reader
 
 __all__ = [
@@ -517,10 +518,9 @@ def has_unread(sock: Any) -> bool:
     starved process) finds its answers there, and the node is not to blame. False once
     the socket is closed."""
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable((sock,), 0))
     except (OSError, ValueError):  # closed meanwhile
         return False
-    return bool(readable)
 
 
 # Linux tells a peer's close apart from data waiting (POLLRDHUP); elsewhere, poll() says

@@ -7,7 +7,7 @@ ours: a client that goes quiet then (its thread finished its work, the link set 
 to the pool) would keep the rest, releases included, until its next round on that very
 link set, and the node would keep the locks those releases free until their TTL. So a
 link that keeps something back is handed to the flusher: one daemon thread for the
-process, which waits for its socket to take more (``select``) and writes it then. It
+process, which waits for its socket to take more (``poll``) and writes it then. It
 runs only while some link keeps something back, and ends when none does.
 
 The flusher and the link's own rounds write in turn, under the link's ``writing`` lock,
@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import threading
 from typing import Any, Protocol
+
+from .._driver.ready import ready
 
 __all__ = ["Keeping", "hand_over"]
 
@@ -82,16 +83,17 @@ class _Flusher:
                     self._running = False
                     return
             try:
-                readable, writable, _ = select.select([wake[0]], list(waiting), [], _LOOK)
+                found = ready((wake[0],), list(waiting), _LOOK)
             except (OSError, ValueError):
                 # A socket was closed as we began to wait (its link dropped meanwhile):
                 # the next turn no longer finds anything waiting for it.
                 continue
-            if readable:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(wake[0], 4096)
-            for sock in writable:
-                waiting[sock].flush(sock)
+            for sock in found:
+                if sock is wake[0]:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake[0], 4096)
+                else:
+                    waiting[sock].flush(sock)
 
     def close(self) -> None:
         if self._wake is not None:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import socket
 import threading
 import weakref
@@ -61,6 +60,7 @@ from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
 from .._core.quorum import Failure, Round
 from .._core.sentinel import demoted
+from .._driver.ready import readable
 from .._driver.redis_compat import (
     SocketReplies,
     closed_by_peer,
@@ -629,9 +629,9 @@ class LinkSet:
             # Past the deadline we still poll once without waiting: replies that arrived
             # while we were busy (a slow connect) count; only true silence is a timeout.
             timeout = max(deadline - clock(), 0.0)
-            readable, _, _ = select.select(list(waiting), [], [], timeout)
+            arrived = readable(list(waiting), timeout)
             now = clock()
-            for sock in readable:
+            for sock in arrived:
                 i = waiting.pop(sock)
                 got = self._read_one(i, command, rnd, now)
                 if got == _DONE:

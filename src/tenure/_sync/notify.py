@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import select
 import socket
 import threading
 import time
@@ -52,6 +51,7 @@ from .._core.waiting import (
     WakeTally,
     sharding,
 )
+from .._driver.ready import readable
 from .._driver.redis_compat import diagnose
 from .._driver.replies import reply_reader
 from .._driver.report import NodeReporter
@@ -562,8 +562,7 @@ class Listener:
         if not watched:
             time.sleep(min(timeout or 0.05, 0.05))
             return
-        readable, _, _ = select.select(watched, [], [], timeout)
-        for sock in readable:
+        for sock in readable(watched, timeout):
             if waker is not None and sock is waker[0]:
                 with contextlib.suppress(OSError):
                     sock.recv(4096)
