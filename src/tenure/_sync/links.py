@@ -470,7 +470,7 @@ class Link:
             self.conn = None
         self.io = None
         self.owed = 0
-        with self.writing:  # not while the flusher writes on the closed socket
+        with self.writing:  # in turn with the flusher, which may be writing it out
             self.unsent = []
         self.cut = False
         self.partial = []
