@@ -743,14 +743,34 @@ def test_too_low_fixes_are_bounded_then_back_off_when_blocking() -> None:
     assert 0.0 < step.sleep <= POLICY.maximum
 
 
+def test_a_split_vote_sits_out_its_round_from_the_second_in_a_row() -> None:
+    """Two contenders that each held one node of three, the third silent until the
+    deadline, each took its node again a jitter (a few ms) after its cleanup, where each
+    round lasted a node timeout: neither found the other's node free, round after round,
+    and the lock had no holder for longer than its TTL. A split vote sits out part of
+    its round, at random, and from the second in a row all of it."""
+    acq = make(3, seed=1)
+    _, first = attempt(acq, "yn.", started=0.0, now=0.05)
+    assert isinstance(first, Retry)
+    assert 0.0 < first.sleep <= POLICY.initial + 0.05
+    _, second = attempt(acq, "yn.", started=1.0, now=1.05)
+    assert isinstance(second, Retry)
+    assert second.sleep >= 0.05
+    # A round the process was descheduled in counts for two node timeouts at most.
+    _, third = attempt(acq, "ny.", started=2.0, now=5.0)
+    assert isinstance(third, Retry)
+    assert 0.1 <= third.sleep <= POLICY.maximum + 0.1
+
+
 @pytest.mark.parametrize("answers", ["lnn..", "nlnnn", "llnl.", "ln.uy"])
 def test_too_low_and_held_is_contention(answers: str) -> None:
     # Somebody holds the lock: proposing higher at once would only be refused again.
     acq = make(5, seed=2)
-    _, step = attempt(acq, answers, started=0.0, now=0.01)
+    rnd, step = attempt(acq, answers, started=0.0, now=0.01)
     assert isinstance(step, Retry)
     assert step.seed is None
-    assert 0.0 < step.sleep <= POLICY.initial
+    # A split vote with a grant of ours ("y") also sits out up to its round (0.01 s).
+    assert 0.0 < step.sleep <= POLICY.initial + (0.01 if rnd.yes else 0.0)
     non_blocking = make(5, blocking=False)
     _, step = attempt(non_blocking, answers, started=0.0, now=0.01)
     assert isinstance(step, GiveUp)
@@ -1265,7 +1285,11 @@ def test_granted_exactly_with_a_majority_and_positive_validity(
             assert step == Retry(0.0, rnd.maybe_holding())
             return
         assert step.seed is None
-        assert 0.0 <= step.sleep <= min(POLICY.maximum, POLICY.initial)
+        # A split vote with grants of ours sits out up to its round (at most two node
+        # timeouts) on top of the policy's delay.
+        split = 0 < rnd.yes < spec.quorum
+        extra = min(elapsed, 2 * spec.node_timeout) if split else 0.0
+        assert 0.0 <= step.sleep <= min(POLICY.maximum, POLICY.initial) + extra
         if timeout is not None:
             assert now + step.sleep <= timeout + 1e-9
     else:

@@ -574,6 +574,21 @@ class Acquisition:
         # vote after a long notified wait starts again from the shortest delay.
         self._backoffs += 1
         sleep = retry_delay(self._retry, self._backoffs, self._rng)
+        if 0 < rnd.yes < spec.quorum:
+            # A split vote with grants of ours. We held them for the whole round (a node
+            # silent until the deadline makes that a node timeout), and the contender
+            # holding the rest held its own through a round that overlapped ours. Each
+            # re-grants its nodes a jitter after its cleanup, so a jitter much shorter
+            # than the round leaves them free for too little of it: two such
+            # contenders keep their nodes round after round. So sit out part of the
+            # round, at random (mostly enough: their rounds end within a few ms of each
+            # other when one release woke both), and from the second split in a row all
+            # of it: that outlasts the rest of the other's round (which ends by its
+            # deadline, a node timeout after it began), so whichever of the two next
+            # attempts comes first finds the other's nodes free, and its own. Bounded:
+            # a round our process was descheduled in says nothing of theirs.
+            elapsed = min(max(now - rnd.started, 0.0), 2 * spec.node_timeout)
+            sleep += elapsed if self._backoffs > 1 else self._rng.uniform(0.0, elapsed)
         if self._give_up_at is not None:
             left = self._give_up_at - now
             if left <= 0:
