@@ -186,12 +186,15 @@ def test_watchdog_must_be_a_bool(make: Make, method: str) -> None:
 
 
 @pytest.mark.parametrize("method", ["lock", "acquire"])
-@pytest.mark.parametrize("max_hold", ["30", [30], True, 0, -1.0, math.nan, math.inf])
-def test_max_hold_must_be_a_number_of_seconds(make: Make, method: str, max_hold: object) -> None:
+@pytest.mark.parametrize("watchdog", [True, False])
+@pytest.mark.parametrize("max_hold", ["30", [30], True, 0, -1.0, math.nan, math.inf, 2**1100])
+def test_max_hold_must_be_a_number_of_seconds(
+    make: Make, method: str, watchdog: bool, max_hold: object
+) -> None:
     call = getattr(make(), method)
 
     def attempt() -> None:
-        result = call("name", 5.0, watchdog=True, max_hold=max_hold)
+        result = call("name", 5.0, watchdog=watchdog, max_hold=max_hold)
         if inspect.iscoroutine(result):  # AsyncClient.acquire checks before any I/O
             asyncio.run(result)
 

@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from tenure._core import commands
 from tenure._core.acquire import GRANTED, HELD, NO_HISTORY, TOO_LOW, WARMING
+from tenure._core.caching import CACHED_CHARS
 from tenure._core.commands import Command, pack
 from tenure._core.config import ClientConfig, LockKeys, LockSpec
+from tenure._core.slots import key_slot, routed_slot
 from tenure._core.waiting import SHARDED
 from tenure._lua import Script, expand, script, wire_form
 
@@ -558,6 +560,27 @@ def test_the_script_source_is_encoded_once_not_per_call() -> None:
     assert commands._eval_head.cache_info().hits == hits + 1
     body = script("acquire").wire
     assert first.index(body) == second.index(body)
+
+
+def test_the_keys_of_long_names_are_encoded_per_call_not_kept() -> None:
+    # A cache of 4,096 entries keyed by names of up to 64 KiB held gigabytes.
+    short = ("tenure:{r}:lock", "tenure:node:floor")
+    assert commands._keys(short) is commands._keys(short)
+    long = ("tenure:{" + "x" * CACHED_CHARS + "}:lock", "tenure:node:floor")
+    first, again = commands._keys(long), commands._keys(long)
+    assert first == again
+    assert first is not again
+    assert first[1] == pack(*long)[len(b"*2\r\n") :]
+    assert routed_slot(long[0]) == key_slot(long[0])
+    # The hot path's own pick: a long name's acquire and release leave nothing behind.
+    spec = replace(SPEC, name="x" * (CACHED_CHARS + 1))
+    assert not spec.cached
+    assert SPEC.cached
+    kept = commands._cached_keys.cache_info().currsize
+    wait = commands.WaitArgs("q", "w1", "ch:1", 3000, 42)
+    commands.acquire(spec, "t1", 7, 1, 1, wait)
+    commands.release_waking(spec, "t1", "q", 0)
+    assert commands._cached_keys.cache_info().currsize == kept
 
 
 _NOSCRIPT = "NOSCRIPT No matching script. Please use EVAL."

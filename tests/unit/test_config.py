@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import random
 import re
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenure import ConfigurationError
+from tenure._core.caching import CACHED_CHARS
 from tenure._core.config import (
     MAX_NAME_BYTES,
     NODE_FLOOR,
@@ -21,6 +23,7 @@ from tenure._core.config import (
     NodeAddress,
     SpecCache,
     check_acquire_args,
+    check_key_prefix,
     check_node_count,
     lock_key,
     min_ttl,
@@ -362,19 +365,50 @@ def test_client_defaults() -> None:
     ],
 )
 def test_numeric_ranges(parameter: str, good: list[object], bad: list[object]) -> None:
+    # (A max_ttl of a day, so that every TTL allowed by the good values is below it.)
     for value in good:
-        cfg = ClientConfig.build(THREE, **{parameter: value})  # type: ignore[arg-type]
+        cfg = ClientConfig.build(THREE, max_ttl=86_400, **{parameter: value})  # type: ignore[arg-type]
         assert getattr(cfg, parameter) == value
         assert type(getattr(cfg, parameter)) is float
-    for value in bad:
+    for value in [*bad, 2**1100, -(2**1100)]:  # ints beyond float range: no OverflowError
         with pytest.raises(ConfigurationError) as info:
-            ClientConfig.build(THREE, **{parameter: value})  # type: ignore[arg-type]
+            ClientConfig.build(THREE, max_ttl=86_400, **{parameter: value})  # type: ignore[arg-type]
         assert info.value.parameter == parameter, value
 
 
 @pytest.mark.parametrize(
+    ("settings", "shortest"),
+    [
+        ({"node_timeout": 30}, "61.229"),  # with the default max_ttl, 60 s
+        ({"max_ttl": 0.05}, "0.107"),
+        ({"drift_floor": 10, "max_ttl": 20}, "20.51"),
+        ({"drift_factor": 0.49, "max_ttl": 5}, "5.2"),
+    ],
+)
+def test_settings_that_leave_no_ttl_are_refused_when_the_client_is_made(
+    settings: dict[str, float], shortest: str
+) -> None:
+    """Every TTL would be refused, each naming the other bound: said once, up front."""
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build(THREE, **settings)  # type: ignore[arg-type]
+    assert info.value.parameter == "max_ttl"
+    assert f"the shortest TTL {shortest}" in str(info.value)
+    assert f"raise max_ttl to at least {shortest}" in str(info.value)
+
+
+def test_settings_that_leave_one_ttl_stand() -> None:
+    # node_timeout 29.398 s makes the shortest TTL 60 s, the default max_ttl: one TTL
+    # works, so the settings stand; a millisecond more and none does.
+    cfg = ClientConfig.build(THREE, node_timeout=29.398)
+    assert min_ttl(cfg) == 60.0
+    assert LockSpec.build(cfg, "r", 60).ttl == 60.0
+    with pytest.raises(ConfigurationError, match=re.escape("shortest TTL 60.003s")):
+        ClientConfig.build(THREE, node_timeout=29.399)
+
+
+@pytest.mark.parametrize(
     ("max_ttl", "max_ttl_ms"),
-    [(0.001, 1), (1, 1000), (1.001, 1001), (2.5, 2500), (60, 60_000), (86_400, 86_400_000)],
+    [(0.1079, 107), (1, 1000), (1.001, 1001), (2.5, 2500), (60, 60_000), (86_400, 86_400_000)],
 )
 def test_max_ttl_in_whole_milliseconds(max_ttl: float, max_ttl_ms: int) -> None:
     cfg = ClientConfig.build(THREE, max_ttl=max_ttl)
@@ -515,6 +549,19 @@ def test_a_ttl_of_no_milliseconds_names_the_real_minimum(ttl: float) -> None:
     assert "0.001 seconds" not in str(info.value)
 
 
+def _no_ttl_fits(node_timeout: float, factor: float, floor: float, max_ttl: float) -> bool:
+    """Settings whose shortest TTL is above ``max_ttl`` are refused when the client is
+    made (checked here); True for them, and for those too near the edge to tell."""
+    shortest = 2 * (node_timeout + floor) / (1 - 2 * factor)
+    if shortest > max_ttl + 0.002:
+        with pytest.raises(ConfigurationError) as info:
+            config(
+                node_timeout=node_timeout, drift_factor=factor, drift_floor=floor, max_ttl=max_ttl
+            )
+        assert info.value.parameter == "max_ttl"
+    return shortest > max_ttl - 0.002
+
+
 @SETTINGS
 @given(
     node_timeout=st.floats(0.001, 5),
@@ -524,10 +571,10 @@ def test_a_ttl_of_no_milliseconds_names_the_real_minimum(ttl: float) -> None:
 def test_min_ttl_is_the_shortest_accepted_ttl(
     node_timeout: float, factor: float, floor: float
 ) -> None:
+    if _no_ttl_fits(node_timeout, factor, floor, 86_400):
+        return
     cfg = config(node_timeout=node_timeout, drift_factor=factor, drift_floor=floor, max_ttl=86_400)
     shortest = min_ttl(cfg)
-    if shortest > 86_400:
-        return
     assert LockSpec.build(cfg, "r", shortest).ttl == shortest
     if shortest >= 0.002:
         with pytest.raises(ConfigurationError, match=re.escape(f"minimum of {shortest:g}s")):
@@ -544,6 +591,8 @@ def test_min_ttl_is_the_shortest_accepted_ttl(
 def test_accepted_ttl_leaves_half_after_the_slowest_round(
     node_timeout: float, factor: float, floor: float, ttl: float
 ) -> None:
+    if _no_ttl_fits(node_timeout, factor, floor, 100):
+        return
     cfg = config(node_timeout=node_timeout, drift_factor=factor, drift_floor=floor, max_ttl=100)
     ttl_ms = int(ttl * 1000)
     drift = ttl_ms / 1000 * factor + floor
@@ -770,6 +819,70 @@ def test_spec_cache_is_bounded() -> None:
     for i in range(SpecCache.LIMIT + 10):
         assert cache.get(f"r{i}", 1).name == f"r{i}"
     assert len(cache._specs) <= SpecCache.LIMIT
+
+
+def test_spec_cache_keeps_no_long_name() -> None:
+    # 1,024 specs of 64 KiB names would hold hundreds of megabytes for the client's life.
+    cache = SpecCache(config())
+    long = "x" * (CACHED_CHARS + 1)
+    assert cache.get(long, 1).name == long
+    assert cache.get("x" * CACHED_CHARS, 1).name == "x" * CACHED_CHARS
+    assert [spec.name for spec in cache._specs.values()] == ["x" * CACHED_CHARS]
+
+
+class Resource(str, enum.Enum):
+    ORDER = "orders:42"
+
+
+class Shouting(str):
+    def __str__(self) -> str:
+        return self.upper()
+
+
+@pytest.mark.parametrize("name", [Resource.ORDER, Shouting("orders:42")])
+def test_a_str_subclass_locks_the_text_it_equals(name: str) -> None:
+    """A ``(str, Enum)`` member formats as ``Resource.ORDER`` on Python 3.11, and keys
+    built from that would be another lock than the plain string it compares equal to."""
+    plain = LockSpec.build(config(), "orders:42", 10)
+    spec = LockSpec.build(config(), name, 10)
+    assert type(spec.name) is str
+    assert spec.name == "orders:42"
+    assert spec.keys == plain.keys
+    # Through the cache, in either order, one name is one lock.
+    for first, second in ((name, "orders:42"), ("orders:42", name)):
+        cache = SpecCache(config())
+        assert cache.get(first, 10).keys == cache.get(second, 10).keys == plain.keys
+
+
+def test_a_str_subclass_key_prefix_is_its_text() -> None:
+    prefix = check_key_prefix(Shouting("app1:"))
+    assert type(prefix) is str
+    assert prefix == "app1:"
+
+
+@pytest.mark.parametrize("huge", [2**1100, -(2**1100)])
+def test_an_int_beyond_float_range_is_refused_by_name(huge: int) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        LockSpec.build(config(), "r", huge)
+    assert info.value.parameter == "ttl"
+    with pytest.raises(ConfigurationError) as info:
+        check_acquire_args(True, huge)
+    assert info.value.parameter == "timeout"
+    for parameter in ("max_ttl", "recheck", "retention", "connect_timeout"):
+        with pytest.raises(ConfigurationError) as info:
+            ClientConfig.build(THREE, **{parameter: huge})  # type: ignore[arg-type]
+        assert info.value.parameter == parameter
+
+
+def test_a_retry_delay_beyond_float_range_is_refused_by_name() -> None:
+    class Huge:
+        def delay(self, attempt: int, rng: random.Random) -> float:
+            return 2**1100
+
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build(THREE, retry=Huge())
+    assert info.value.parameter == "retry"
+    assert "returned 1" in str(info.value)
 
 
 # --- acquire(blocking, timeout) -----------------------------------------------------------

@@ -107,6 +107,13 @@ def test_defaults_are_valid() -> None:
         (lambda: wait_random_exponential(maximum=-0.5), "maximum"),
         (lambda: wait_random_exponential(maximum=math.inf), "maximum"),
         (lambda: wait_random_exponential(maximum=None), "maximum"),  # type: ignore[arg-type]
+        # Above the longest retry delay: it would fail an acquire once the back-off grew.
+        (lambda: wait_random_exponential(maximum=86_400.001), "maximum"),
+        (lambda: wait_random_exponential(initial=1e9), "initial"),
+        (lambda: wait_random(maximum=1e9), "maximum"),
+        # Ints beyond a float's range: refused by name, not an OverflowError.
+        (lambda: wait_random(maximum=2**1100), "maximum"),
+        (lambda: wait_random_exponential(initial=2**1100), "initial"),
     ],
 )
 def test_bad_parameters_are_refused_by_name(make: object, parameter: str) -> None:

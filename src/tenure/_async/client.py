@@ -228,7 +228,8 @@ class AsyncLease(LeaseView):
     """One successful acquisition (asyncio): ``await lease.extend()``, ``await lease.release()``.
 
     ``async with lease:`` releases on exit; the body's exception wins over a loss or a
-    failed release, as for ``Lease``. A forked child may not extend or release it
+    failed release, as for ``Lease``, and entering it once released raises ``NotHeld``.
+    A forked child may not extend or release it
     (``InheritedLease``), nor may anyone once its client was closed (``ClientClosed``).
     """
 
@@ -308,7 +309,7 @@ class AsyncLease(LeaseView):
                 await watcher.join()
 
     async def __aenter__(self) -> AsyncLease:
-        self._bind()
+        self._enter()
         return self
 
     async def __aexit__(

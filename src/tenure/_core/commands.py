@@ -12,6 +12,7 @@ from functools import cache, lru_cache
 from typing import NamedTuple
 
 from .._lua import script
+from .caching import text_cache
 from .config import LockSpec
 from .waiting import SHARDED
 
@@ -73,13 +74,17 @@ def _eval_head(name: str, argc: int) -> bytes:
     return b"*%d\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n" % (3 + argc, len(body), body)
 
 
-@lru_cache(maxsize=4096)
-def _keys(keys: tuple[str, ...]) -> tuple[bytes, bytes]:
-    # numkeys and the keys, and the keys alone (for a batch, ``Item``): the same for
-    # every call on one lock name, and small, so a few thousand names' worth are kept
-    # (the source is kept once, not per name).
+def _encode_keys(keys: tuple[str, ...]) -> tuple[bytes, bytes]:
+    # numkeys and the keys, and the keys alone (for a batch, ``Item``).
     listed = _bulk(keys)
     return _bulk((len(keys),)) + listed, listed
+
+
+# The same for every call on one lock name, and small, so a few thousand names' worth
+# are kept; a long name's are not (``caching``). The hot callers pick between the two by
+# ``LockSpec.cached``, an attribute, rather than through ``_keys``'s Python-level check.
+_cached_keys = lru_cache(maxsize=4096)(_encode_keys)
+_keys = text_cache(maxsize=4096)(_encode_keys)
 
 
 @cache
@@ -446,7 +451,7 @@ def acquire(
     start, rest = _frame(args)
     argc = len(node_keys) + len(args)
     arguments = start + _fill(rest, values)
-    counted, listed = _keys(node_keys)
+    counted, listed = (_cached_keys if spec.cached else _encode_keys)(node_keys)
     # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
     # cannot run it answers without granting anything (``ScriptCache``).
     item: Item = ("acquire_batch", listed, len(node_keys), arguments, len(args))
@@ -546,7 +551,7 @@ def release_waking(
     start, rest = _frame(args)
     argc = len(queue_keys) + len(args)
     arguments = start + _fill(rest, values)
-    counted, listed = _keys(queue_keys)
+    counted, listed = (_cached_keys if spec.cached else _encode_keys)(queue_keys)
     item: Item = ("release_batch", listed, len(queue_keys), arguments, len(args))
     if by_sha:
         tail = counted + arguments

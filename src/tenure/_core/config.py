@@ -18,8 +18,10 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from .._errors import ConfigurationError
+from .caching import CACHED_CHARS
 from .hosts import REDIS_PORT, parse_host
-from .policy import RetryPolicy, wait_random_exponential
+from .numbers import is_finite
+from .policy import MAX_RETRY_DELAY, RetryPolicy, wait_random_exponential
 from .quorum import drift_allowance, majority
 from .slots import CLUSTER_FORM, cluster_url, key_slot, slot_tag
 
@@ -216,6 +218,7 @@ def check_name(name: object, parameter: str = "name") -> str:
     """
     if not isinstance(name, str) or not name:
         raise ConfigurationError(parameter, f"must be a non-empty string, got {name!r}")
+    name = plain_text(name)
     if name.isascii():
         size = len(name)
     else:
@@ -239,8 +242,16 @@ def check_name(name: object, parameter: str = "name") -> str:
     return name
 
 
+def plain_text(text: str) -> str:
+    """``text`` as a plain ``str``. A subclass (a member of a ``(str, Enum)``) compares
+    equal to its text but may format as something else (``Res.ORDER_42``): the keys are
+    built from the text it equals, so that it locks what an equal plain string locks, in
+    every process and through every cache keyed by name."""
+    return text if type(text) is str else str.__str__(text)
+
+
 def _finite(parameter: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_finite(value):
         raise ConfigurationError(parameter, f"must be a finite number, got {value!r}")
     return float(value)
 
@@ -616,7 +627,7 @@ class ClientConfig:
                 f"{retention}; a history shorter than the longest lease could be forgotten "
                 "while that lease is held: raise retention or lower max_ttl",
             )
-        return cls(
+        config = cls(
             nodes=addresses,
             node_timeout=timeout,
             connect_timeout=connect,
@@ -630,6 +641,19 @@ class ClientConfig:
             retention_ms=math.floor(round(kept * 1000, 6)),
             key_prefix=check_key_prefix(key_prefix),
         )
+        shortest = min_ttl(config)
+        if shortest > config.max_ttl_ms / 1000:
+            # Every TTL would be refused, each with a message pointing at the other bound:
+            # say it once, here, where the settings are made.
+            raise ConfigurationError(
+                "max_ttl",
+                f"is {config.max_ttl_ms / 1000:g}s, but node_timeout={timeout:g}s, "
+                f"drift_factor={factor:g} and drift_floor={floor:g}s make the shortest TTL "
+                f"{shortest:g}s (ttl >= 2 x (node_timeout + drift)), so no lock could be "
+                f"taken: raise max_ttl to at least {shortest:g}s, or lower node_timeout or "
+                "the drift settings",
+            )
+        return config
 
     @property
     def channel_prefix(self) -> str:
@@ -681,11 +705,6 @@ def _retry_policy(value: object) -> RetryPolicy:
     return value  # type: ignore[return-value]  # it has a working delay(): a RetryPolicy
 
 
-# The longest sleep a retry policy may ask for between two attempts (a day). The
-# sleeps of both drivers take no more (a huge one overflowed the clock's timestamps).
-MAX_RETRY_DELAY = 86_400.0
-
-
 def retry_delay(
     policy: RetryPolicy, attempt: int, rng: random.Random, parameter: str = "retry"
 ) -> float:
@@ -704,8 +723,7 @@ def retry_delay(
         raise ConfigurationError(
             parameter, f"{policy!r}.delay({attempt}, rng) raised {exc!r}; expected {_RETRY_HELP}"
         ) from None
-    number = isinstance(sample, (int, float)) and not isinstance(sample, bool)
-    if not (number and math.isfinite(sample) and 0 <= sample <= MAX_RETRY_DELAY):
+    if not (is_finite(sample) and 0 <= sample <= MAX_RETRY_DELAY):
         raise ConfigurationError(
             parameter,
             f"{policy!r}.delay({attempt}, rng) returned {sample!r}, not a number of seconds "
@@ -808,7 +826,7 @@ def check_key_prefix(prefix: object, parameter: str = "key_prefix") -> str:
                     parameter,
                     f"{prefix!r} holds {ch!r}, which is refused: {why}; use e.g. 'app1:'",
                 )
-    return prefix
+    return plain_text(prefix)
 
 
 def node_keys(prefix: str = DEFAULT_KEY_PREFIX) -> tuple[str, str]:
@@ -945,6 +963,11 @@ class LockSpec:
         """``wait_mode`` as the scripts read it."""
         return self.wait_mode.value
 
+    @cached_property  # read at every round
+    def cached(self) -> bool:
+        """Whether the caches keyed by names keep this lock's (``caching``)."""
+        return len(self.name) <= CACHED_CHARS
+
     @classmethod
     def build(
         cls, config: ClientConfig, name: object, ttl: object, fair: object = None
@@ -1080,6 +1103,8 @@ class SpecCache:
             return self._specs[(name, ttl, fair)]
         except (KeyError, TypeError):  # TypeError: unhashable input, rejected by build()
             spec = LockSpec.build(self._config, name, ttl, fair)
+        if not spec.cached:
+            return spec  # kept by its locks and leases only (``caching``)
         if len(self._specs) >= self.LIMIT:
             self._specs.clear()
         self._specs[(name, ttl, fair)] = spec

@@ -9,12 +9,12 @@ per client), which keeps the policies pure and the tests reproducible.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 from typing import Protocol
 
 from .._errors import ConfigurationError
+from .numbers import is_finite
 
 __all__ = ["RetryPolicy", "wait_random", "wait_random_exponential"]
 
@@ -25,11 +25,18 @@ class RetryPolicy(Protocol):
     def delay(self, attempt: int, rng: random.Random) -> float: ...
 
 
+# The longest sleep a retry policy may ask for between two attempts (a day). The
+# sleeps of both drivers take no more (a huge one overflowed the clock's timestamps).
+MAX_RETRY_DELAY = 86_400.0
+
+
 def _check_delay(parameter: str, value: float) -> None:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not (number and math.isfinite(value) and value >= 0):
+    # Checked where the policy is made: a cap above the bound would pass here and then
+    # fail an acquire many attempts later, when the back-off first grows past it.
+    if not (is_finite(value) and 0 <= value <= MAX_RETRY_DELAY):
         raise ConfigurationError(
-            parameter, f"must be a finite number of seconds >= 0, got {value!r}"
+            parameter,
+            f"must be a finite number of seconds in [0, {MAX_RETRY_DELAY:,.0f}], got {value!r}",
         )
 
 

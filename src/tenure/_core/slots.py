@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 from ._slot_tags import TAGS
+from .caching import text_cache
 from .hosts import REDIS_PORT, parse_host
 
 __all__ = [
@@ -97,10 +98,11 @@ def map_sources(seeds: Sequence[Address], known: SlotMap | None) -> list[Address
     return list(dict.fromkeys([*first, *seeds]))
 
 
-@lru_cache(maxsize=4096)
+@text_cache(maxsize=4096)
 def routed_slot(key: str) -> int:
-    """``key_slot`` of a command's routing key, remembered for the names in use: the
-    drivers ask it at every round, and CRC16 in Python costs a few microseconds."""
+    """``key_slot`` of a command's routing key, remembered for the names in use (but
+    long ones): the drivers ask it at every round, and CRC16 in Python costs a few
+    microseconds."""
     return key_slot(key)
 
 

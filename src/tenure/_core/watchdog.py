@@ -20,11 +20,11 @@ at the storage can (``lease.fencing_token``, ``tenure.fencing``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from .._errors import ConfigurationError, LeaseExpired, LeaseLost
 from .acquire import LeaseState
+from .numbers import is_finite
 
 __all__ = ["Extend", "GiveUp", "KeepAlive", "Lost"]
 
@@ -66,11 +66,7 @@ class KeepAlive:
         cap: object = self.max_hold
         if cap is None:
             return
-        if (
-            isinstance(cap, bool)
-            or not isinstance(cap, (int, float))
-            or not (math.isfinite(cap) and cap > 0)
-        ):
+        if not (is_finite(cap) and cap > 0):
             raise ConfigurationError(
                 "max_hold",
                 f"must be a finite number of seconds > 0, or None for no cap, got {cap!r}",

@@ -170,8 +170,11 @@ class ClientBase:
     ) -> tuple[LockSpec, KeepAlive | None]:
         """The checked arguments of ``lock()``: the lock's spec, and its watchdog policy."""
         self._check_open("make a lock object", name)
-        keep = KeepAlive(max_hold=max_hold) if check_flag("watchdog", watchdog) else None
-        return self._specs.get(name, ttl, fair), keep
+        spec = self._specs.get(name, ttl, fair)
+        # Checked even without the watchdog, as ``acquire()`` does: a bad cap is a mistake
+        # whichever way the lock is taken.
+        keep = KeepAlive(max_hold=max_hold)
+        return spec, keep if check_flag("watchdog", watchdog) else None
 
     def _acquire_args(
         self, name: str, ttl: float, fair: bool | None, watchdog: bool, max_hold: float | None

@@ -139,6 +139,20 @@ class LeaseView:
         if self._owner is None and not self._released and self._loss is None:
             self._owner = self._client._hold(self)
 
+    def _enter(self) -> None:
+        """A ``with`` block of the lease itself begins.
+
+        Raises:
+            NotHeld: it was released: the block would run without the lock.
+        """
+        if self._released:
+            raise NotHeld(
+                self.name,
+                "this lease was already released, so a `with` block of it would run "
+                "without the lock: acquire the lock again (`with client.lock(name):`)",
+            )
+        self._bind()
+
     def _unbind(self) -> None:
         """Out of the book: its block ended, or it was released or lost."""
         owner, self._owner = self._owner, None

@@ -355,7 +355,8 @@ class Lease(LeaseView):
     ``with lease:`` releases on exit. If the block raised, its exception propagates even
     when the lease was lost or the release failed; that failure is attached to it (a note
     on Python 3.11+ and a warning on the ``tenure`` logger), ``lost_error`` records the
-    loss. If the block finished, a loss raises ``LeaseLost`` at exit.
+    loss. If the block finished, a loss raises ``LeaseLost`` at exit. Entering a block of a
+    lease already released raises ``NotHeld``: its body would run without the lock.
 
     Only the process that acquired a lease may act on it: in a child forked from it,
     ``extend()`` and ``release()`` raise ``InheritedLease`` without touching the nodes,
@@ -466,7 +467,7 @@ class Lease(LeaseView):
             self._watchdog.stop()
 
     def __enter__(self) -> Lease:
-        self._bind()
+        self._enter()
         return self
 
     def __exit__(

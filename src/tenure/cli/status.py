@@ -81,7 +81,7 @@ def status(
     """
     stdout = sys.stdout if out is None else out
     stderr = sys.stderr if err is None else err
-    check_name(name)
+    name = check_name(name)
     if not nodes:
         raise ConfigurationError("--redis", "no Redis nodes given")
     addresses = [

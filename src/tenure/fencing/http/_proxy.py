@@ -6,12 +6,12 @@ Part of :mod:`tenure.fencing.http` (its module docstring is the theory of operat
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+from tenure._core.numbers import is_finite
 from tenure._errors import ConfigurationError
 
 from ._gate import GUARDED_METHODS, FencingGate, Receive, Scope, Send, _send_json
@@ -143,11 +143,7 @@ class _Forwarder:
         import httpx
 
         self.upstream = _check_upstream(upstream)
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float))
-            or not (math.isfinite(timeout) and timeout > 0)
-        ):
+        if not (is_finite(timeout) and timeout > 0):
             # httpx takes any value, and then every request fails (nan raises, 0 and
             # less time out at once), each after its token was recorded.
             raise ConfigurationError(

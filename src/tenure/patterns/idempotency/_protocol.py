@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 from ..._core.config import check_name
+from ..._core.numbers import is_finite
 from ..._errors import ConfigurationError
 
 T = TypeVar("T")
@@ -112,8 +112,7 @@ MAX_SECONDS = 3_153_600_000.0
 
 
 def _seconds_to_ms(parameter: str, seconds: float) -> int:
-    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-    if not (number and math.isfinite(seconds) and 0.001 <= seconds <= MAX_SECONDS):
+    if not (is_finite(seconds) and 0.001 <= seconds <= MAX_SECONDS):
         raise ConfigurationError(
             parameter,
             f"must be a number of seconds in [0.001, {MAX_SECONDS:,.0f}], got {seconds!r}",
@@ -122,7 +121,6 @@ def _seconds_to_ms(parameter: str, seconds: float) -> int:
 
 
 def _check_wait(wait: float) -> float:
-    number = isinstance(wait, (int, float)) and not isinstance(wait, bool)
-    if not (number and math.isfinite(wait) and wait >= 0):
+    if not (is_finite(wait) and wait >= 0):
         raise ConfigurationError("wait", f"must be a finite number of seconds >= 0, got {wait!r}")
     return float(wait)

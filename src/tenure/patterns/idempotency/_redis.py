@@ -269,9 +269,8 @@ class RedisIdempotency:
         codec: Codec = JSON,
     ) -> None:
         _check_client(client, "client", owner="RedisIdempotency", asyncio=False)
-        check_name(namespace, "namespace")
         self.client = client
-        self.namespace = namespace
+        self.namespace = check_name(namespace, "namespace")
         self._lease_ms = _seconds_to_ms("lease", lease)
         self._retention_ms = _seconds_to_ms("retention", retention)
         # idem_record.lua says why the receipt lasts this long.
