@@ -118,6 +118,8 @@ def reply(
         rnd.record(i, False, (NO_HISTORY, 1000 + i, 0))  # its observation mark
     elif a == "c":  # history changed: its mark, and its own (old) floor
         rnd.record(i, False, (HISTORY_CHANGED, 2000 + i, 1 if floor is None else floor))
+    elif a == "r":  # granted, but too few replicas acknowledged it (wait_replicas)
+        rnd.record(i, None, (GRANTED, proposal, proposal if floor is None else floor))
     elif a == "w":
         pttl = 30_000 if counter is None else counter
         rnd.record(i, False, (WARMING, pttl, 1 if floor is None else floor))
@@ -248,10 +250,13 @@ def test_late_majority_non_blocking_gives_up_and_cleans_up() -> None:
         ("yynny", "granted by 3 of 5 nodes, but the round left no validity", "?"),
         ("yyllu", "granted by 2 of 5 nodes, 3 needed", "held"),  # below the floor twice
         ("lllyy", "3 of 5 nodes had granted a higher fencing token meanwhile", "held"),
+        # A master without its replicas is not contention: it says so, and what to check.
+        ("rrryy", "3 of 5 nodes granted, but fewer of their replicas than wait_replicas", "held"),
+        ("r", "1 of 1 nodes granted, but fewer of their replicas than wait_replicas", "held"),
     ],
 )
 def test_a_refusal_says_why(answers: str, said: str, not_said: str) -> None:
-    acq = make(blocking=False)
+    acq = make(len(answers), blocking=False)
     now = TTL if answers == "yynny" else 0.01  # that one: a majority, but too late
     attempt(acq, answers, started=0.0, now=now)
     assert isinstance(acq.refused, Refused)

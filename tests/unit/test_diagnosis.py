@@ -70,6 +70,14 @@ CLUSTER_SAYS = [
          ["ACL: The user executing the script can't run this command"]),
         ("ERR unknown command 'EVAL'", Failure.UNSUPPORTED,
          ["Redis >= 6.2 or Valkey >= 7.2", "Lua scripting"]),
+        # A Sentinel listed as a data node, or as a cluster's seed: say that first.
+        ("ERR unknown command 'EVALSHA', with args beginning with: 'ab12'", Failure.UNSUPPORTED,
+         ["if this address is a Sentinel", "redis+sentinel://host:port/<service>"]),
+        ("ERR unknown command 'CLUSTER', with args beginning with: 'SLOTS'",
+         Failure.UNSUPPORTED, ["if this address is a Sentinel"]),
+        # A data server listed as a Sentinel.
+        ("ERR unknown command 'SENTINEL', with args beginning with: 'GET-MASTER-ADDR-BY-NAME'",
+         Failure.MISCONFIGURED, ["is not a Sentinel", "usually on port 26379"]),
         ("ERR max number of clients reached", Failure.UNREACHABLE,
          ["refused the connection", "maxclients"]),
         *[

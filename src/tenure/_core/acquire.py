@@ -254,6 +254,16 @@ def refusal(rnd: Round, statuses: dict[int, tuple[int, int]], quorum: int) -> st
         # Other grants (of any lock: the floor is the node's) raised the floor above our
         # proposal, again after each immediate retry: busy nodes, not a holder.
         parts.append(f"{too_low} of {n} nodes had granted a higher fencing token meanwhile")
+    # A grant that is not a vote (``ok`` None, not a failure): the node granted, but
+    # fewer replicas than ``wait_replicas`` acknowledged it (``commands.acked_by_replicas``).
+    # Said, or a master without its replicas reads as contention at every acquire.
+    unacked = sum(1 for r in rnd.results if r is not None and r.ok is None and r.failure is None)
+    if unacked:
+        parts.append(
+            f"{unacked} of {n} nodes granted, but fewer of their replicas than "
+            "wait_replicas acknowledged it in time (check each master's connected "
+            "replicas, or lower wait_replicas)"
+        )
     silent = len(rnd.failures())
     if silent:
         parts.append(f"{silent} of {n} nodes failed or did not answer")

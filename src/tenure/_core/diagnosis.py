@@ -222,6 +222,19 @@ def error_reply(text: str) -> Diagnosis:
             Failure.UNSUPPORTED,
             f"refused a command tenure needs (ACL: {said}): {ACL_HINT}",
         )
+    if "unknown command 'sentinel'" in lower:
+        return _misconfigured(
+            f"is not a Sentinel ({said}): a redis+sentinel:// URL lists the Sentinels "
+            "(usually on port 26379), not the data servers"
+        )
+    if "unknown command 'evalsha'" in lower or "unknown command 'cluster'" in lower:
+        # What a Sentinel answers every data command: name that mistake before a version.
+        return Diagnosis(
+            Failure.UNSUPPORTED,
+            f"refused a command tenure needs ({said}): if this address is a Sentinel, "
+            "list it as redis+sentinel://host:port/<service>; otherwise tenure needs "
+            "Redis >= 6.2 or Valkey >= 7.2, with Lua scripting",
+        )
     if "unknown command" in lower:
         return Diagnosis(
             Failure.UNSUPPORTED,

@@ -49,12 +49,14 @@ def conclude_extend(
     ]
     if dropped:
         # A node that granted us said "not yours" before our validity ended: it restarted
-        # without its data, evicted the key, or its clock jumped. Whatever it was, the
-        # assumptions behind this lease broke; do not keep using it.
+        # without its data, evicted the key, failed over to a replica that had not
+        # received it, or its clock jumped. Whatever it was, the assumptions behind this
+        # lease broke; do not keep using it.
         return LeaseLost(
             lease.name,
             f"node(s) {', '.join(dropped)} no longer hold it before its validity ended "
-            "(restarted without data, evicted, or a clock jump)",
+            "(restarted without data, evicted it, failed over to a replica that had not "
+            "received it, or a clock jump)",
             round_errors(rnd, names, key_prefix_of(lease.key)),
         )
     if rnd.succeeded and validity > 0:
