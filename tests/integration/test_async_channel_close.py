@@ -180,3 +180,44 @@ async def until_held(client: tenure.AsyncClient, name: str) -> None:
     while not await client.lock(name, ttl=30).locked():
         assert time.monotonic() < deadline, f"{name} not held within 10 s"
         await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("operation", ["extend", "acquire"])
+def test_flows_still_running_at_aclose_open_no_connections(
+    cluster5: LocalCluster, key: str, operation: str
+) -> None:
+    # aclose() while rounds wait on frozen nodes: the failed extension's release, or the
+    # attempt's cleanup, ran after it on new connections, which nobody closed (a
+    # connection per node and its task left until the loop ended).
+    urls = cluster5.urls[:3]
+
+    def connections() -> list[set[str]]:
+        seen = []
+        for node in list(cluster5)[:3]:
+            with node.client() as c:
+                me = str(c.client_id())
+                seen.append({e["id"] for e in c.client_list()} - {me})
+        return seen
+
+    async def main() -> None:
+        before = connections()
+        client = tenure.AsyncClient(urls)
+        lease = await client.acquire(key, ttl=5.0)
+        for node in list(cluster5)[:3]:
+            node.pause()
+        try:
+            call = lease.extend() if operation == "extend" else client.acquire(f"{key}-2", ttl=5.0)
+            pending = asyncio.ensure_future(call)
+            await asyncio.sleep(0.01)  # written, unanswered
+            await client.aclose()
+        finally:
+            for node in list(cluster5)[:3]:
+                node.resume()
+        with pytest.raises((tenure.LeaseLost, tenure.QuorumUnreachable, tenure.ClientClosed)):
+            await pending
+        await asyncio.sleep(0.2)
+        assert connections() == before
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert others == []
+
+    asyncio.run(main())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import Callable
 
@@ -208,3 +209,34 @@ def test_a_watched_lease_is_released_in_a_later_event_loop(
 
     asyncio.run(release())
     assert holders(cluster5, LockKeys.of(key).lock)[0] is None
+
+
+def test_waiters_cancelled_while_their_client_subscribes_leave_no_slot(
+    cluster5: LocalCluster, key: str
+) -> None:
+    """A waiter's first wait subscribes its client (the Listen that waits for the
+    subscriptions); a task cancelled there never handed its slot to its flow, so nothing
+    took it out, and the client kept it (with its subscriptions on Cluster nodes) for
+    its whole life: 51 to 202 of 300 such tasks here."""
+    urls = cluster5.urls[:3]
+
+    async def attempt(client: tenure.AsyncClient, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            await asyncio.wait_for(client.acquire(key, ttl=5.0), seconds)
+
+    async def main() -> None:
+        async with tenure.AsyncClient(urls) as holder:
+            held = await holder.acquire(key, ttl=5.0)
+            for _ in range(3):
+                async with tenure.AsyncClient(urls) as client:
+                    # Connected, and no listener yet: every waiter's first wait subscribes.
+                    await (await client.acquire(f"{key}-warm", ttl=1.0)).release()
+                    rng = random.Random(7)
+                    await asyncio.gather(
+                        *(attempt(client, rng.uniform(0.001, 0.05)) for _ in range(100))
+                    )
+                    await asyncio.sleep(0.05)
+                    assert client._listener_._slots == {}
+            await held.release()
+
+    asyncio.run(main())

@@ -235,3 +235,52 @@ def test_a_decline_that_does_not_reach_its_node_is_sent_again(
         api.wait_until(
             lambda: c.get(keys.lock) is None, 3.0, "the node stayed held by a departed waiter"
         )
+
+
+def test_a_hand_off_that_crosses_a_dequeue_lost_on_a_dead_connection_is_declined(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    """A waiter that gives up stops listening and sends its dequeue; it was recorded as
+    departed only once the dequeue's answers were in. A hand-off notified in between
+    reached no listener and no departed waiter and was dropped, and a dequeue that went
+    out on a connection the node had closed unnoticed never passed the lock on: the node
+    was held by nobody for the whole TTL. Here the holder releases (handing the lock to
+    the waiter) and the node closes the waiter's command connections, both just as the
+    waiter's dequeue is about to be written."""
+    node = cluster5[0]
+    urls = [node.url]
+    keys = LockKeys.of(key)
+    holder = tenure.Client(urls)  # blocking: callable from the hook under either driver
+    admin = node.client()
+    try:
+        held = holder.acquire(key, ttl=10.0)
+        before = {entry["id"] for entry in admin.client_list()}
+        waiter = api.client(urls)
+        flows = waiter._flows
+        dequeue = flows.dequeue
+        crossed: list[str] = []
+
+        def crossing(spec: Any, who: str) -> Any:
+            # Runs in the waiter's flow, after it stopped listening, before its dequeue
+            # is written (synchronously: no notification is read in between).
+            if not crossed:
+                crossed.append(who)
+                held.release()  # hands the lock to the waiter, which is leaving
+                me = str(admin.client_id())
+                for entry in admin.client_list():
+                    # The waiter's command connections (not its subscription: "P").
+                    if entry["id"] not in before | {me} and "P" not in entry["flags"]:
+                        admin.client_kill_filter(_id=entry["id"])
+            return dequeue(spec, who)
+
+        flows.dequeue = crossing
+        assert waiter.lock(key, ttl=10.0).acquire(timeout=0.3) is False
+        assert crossed, "the waiter never left its queue"
+        api.wait_until(
+            lambda: admin.get(keys.lock) is None,
+            3.0,
+            "the node stayed held by the waiter that left",
+        )
+    finally:
+        admin.close()
+        holder.close()

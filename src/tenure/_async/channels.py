@@ -658,6 +658,9 @@ class Channels:
             for a in config.nodes
         ]
         self.pools = self._pools  # the notification listener connects through them too
+        # Closed with the client: a flow still running then (the release after a failed
+        # extension, an attempt's cleanup) must not open connections nobody would close.
+        self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channels: list[Channel] = []
         self._deadlines: Deadlines  # the running loop's (made with its channels)
@@ -718,6 +721,9 @@ class Channels:
     ) -> None:
         """Write ``command`` to ``targets`` now; failures to even send go into ``rnd``.
         ``on_reply`` is called with each node's place and reply."""
+        if self._closed:
+            self._refuse(rnd, targets)
+            return
         channels = self._current()
         for i in range(len(channels)) if targets is None else targets:
             try:
@@ -742,6 +748,9 @@ class Channels:
         the nodes in their reconnect back-off (or whose set-up failed) already make the
         round impossible.
         """
+        if self._closed:
+            self._refuse(rnd, targets)
+            return
         channels = self._current()
         order: Sequence[int] = range(len(channels)) if targets is None else targets
         unready = False
@@ -898,7 +907,14 @@ class Channels:
             with contextlib.suppress(TimeoutError):
                 await within(changed.wait(), wait)
 
+    def _refuse(self, rnd: Round, targets: Sequence[int] | None) -> None:
+        """Fail ``targets`` in ``rnd``: the client was closed, and nothing is sent."""
+        for i in range(len(self._pools)) if targets is None else targets:
+            if rnd.results[i] is None:
+                rnd.fail(i, Failure.UNREACHABLE, "the client was closed")
+
     async def close(self) -> None:
+        self._closed = True
         channels, self._channels = self._channels, []
         if self._loop is not None:
             self._deadlines.close()

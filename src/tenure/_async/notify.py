@@ -191,6 +191,18 @@ class AsyncListener:
         ``key``: the lock's key; on Cluster nodes its slot's channel is subscribed too
         (and waited for, up to ``timeout``)."""
         slot = self.register_now(waiter, need, key)
+        try:
+            await self._subscribed(waiter, timeout)
+        except BaseException:
+            # Cancelled while it waited: the flow never got the slot, so nothing else
+            # would take it out (it was kept, and its subscriptions, for the client's life).
+            self.unregister(waiter)
+            raise
+        return slot
+
+    async def _subscribed(self, waiter: str, timeout: float) -> None:
+        """Until the client's subscriptions, and ``waiter``'s slot's on Cluster nodes, are
+        confirmed, or ``timeout`` seconds pass."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         if not self._closed and (not self._tasks or self._stopped):
@@ -207,7 +219,6 @@ class AsyncListener:
                 self._shard_changed = asyncio.Event()
             with contextlib.suppress(TimeoutError):
                 await within(self._shard_changed.wait(), left)
-        return slot
 
     def _subscribe(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start a subscription task for every node without a live one: all of them at

@@ -508,6 +508,12 @@ class Flows:
         # connection since given up), renewing the place for place_ms from then: no
         # bound from here covers that, so such a waiter is declined for much longer.
         hold = self.place_ms / 1000 + waiting.UNHEARD_DEPARTURE
+        # Departed before the dequeue goes out, not only once it was answered: a hand-off
+        # that crossed the give-up and is notified meanwhile (no longer listened for) is
+        # declined, not dropped. The dequeue passes such a hand-off on too, but it may
+        # go out on a connection that died unnoticed, and then the node was held by
+        # nobody for a TTL. (A dequeue sent twice is harmless.)
+        yield Depart(spec, waiter, self.clock() + hold)
         try:
             if unwinding:
                 yield self._send(dequeue, everyone)

@@ -205,18 +205,24 @@ class Listener:
             slot.route = partial(self._route, shard)
         self._slots[waiter] = slot
         if self._thread is None or shard >= 0:
-            with self._lock:
-                if self._thread is None and not self._stop:
-                    self._waker = socket.socketpair()
-                    self._thread = threading.Thread(
-                        target=self._run, name="tenure-notify", daemon=True
+            try:
+                with self._lock:
+                    if self._thread is None and not self._stop:
+                        self._waker = socket.socketpair()
+                        self._thread = threading.Thread(
+                            target=self._run, name="tenure-notify", daemon=True
+                        )
+                        self._thread.start()
+                    if shard >= 0:
+                        self._poke()  # whoever reads the sockets subscribes the slot now
+                    self._guard.wait_for(
+                        lambda: (all(self._up) and self._settled(shard)) or self._stop, timeout
                     )
-                    self._thread.start()
-                if shard >= 0:
-                    self._poke()  # whoever reads the sockets subscribes the slot now
-                self._guard.wait_for(
-                    lambda: (all(self._up) and self._settled(shard)) or self._stop, timeout
-                )
+            except BaseException:
+                # Interrupted while it waited: the flow never got the slot, so nothing
+                # else would take it out.
+                self.unregister(waiter)
+                raise
         return slot
 
     def unregister(self, waiter: str) -> None:
