@@ -20,8 +20,10 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import redis.asyncio
 
 import tenure
 import tenure._sync.client
@@ -367,6 +369,40 @@ def test_a_non_blocking_acquire_tries_once_more_when_its_majority_was_only_silen
             finally:
                 await asyncio.to_thread(timer.join)
             check(started, lease)
+            await lease.release()
+
+    asyncio.run(main())
+
+
+class _LoopBlockedAsItSetsUp(redis.asyncio.Connection):
+    """A connection whose set-up finds its event loop blocked by other work for
+    ``block`` seconds, after the TCP connect, in the middle of its exchange with the node
+    (a PING here, as AUTH or SELECT would be)."""
+
+    block = 0.0
+
+    async def on_connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+        await super().on_connect_check_health(*args, **kwargs)
+        time.sleep(self.block)  # noqa: ASYNC251  # the whole loop: its timers, other tasks
+        await self.send_command("PING")
+        assert await self.read_response() in (b"PONG", "PONG")
+
+
+def test_a_loop_blocked_while_its_connections_come_up_keeps_its_nodes(
+    nodes: LocalCluster, key: str
+) -> None:
+    # The set-up was bounded by a timer on the loop's clock, which the blocked loop ran
+    # late: a loop blocked for longer than connect_timeout as its first connections came
+    # up called every healthy node unreachable (QuorumUnreachable). It is given another
+    # connect timeout, as a round's deadline that ran late is.
+    connect_timeout = 0.3
+
+    async def main() -> None:
+        async with tenure.AsyncClient(nodes.urls, connect_timeout=connect_timeout) as client:
+            for pool in client._channels._pools:
+                pool.connection_class = _LoopBlockedAsItSetsUp
+            _LoopBlockedAsItSetsUp.block = 2.5 * connect_timeout
+            lease = await client.acquire(key, ttl=5.0, blocking=False)
             await lease.release()
 
     asyncio.run(main())

@@ -61,7 +61,7 @@ from .._core.diagnosis import (
 from .._core.quorum import Failure, Round
 from .._core.resp import ErrorReply
 from .._core.sentinel import demoted
-from .._driver.redis_compat import NotRedis, diagnose, has_unread, node_pool
+from .._driver.redis_compat import NotRedis, bound_tcp_connect, diagnose, has_unread, node_pool
 from .._driver.report import NodeReporter
 from .._driver.timeouts import within
 from .deadlines import Deadline, Deadlines
@@ -73,6 +73,10 @@ __all__ = ["Channels", "Reply", "lost"]
 # How many times a round's deadline is pushed back while the client itself held up its
 # requests or the timer (``Channels.run``): bounded, so a silent node still times out.
 MAX_GRACES = 3
+
+# A timer that ran this late, as a fraction of its time, ran late because the event loop
+# was busy with other work, not because the time was used up waiting (``Channel._connect``).
+LATE = 0.1
 
 # How long a connection task cancelled from outside (a loop shutting down) goes on
 # reading the replies to what the tasks cancelled with it wrote: on a healthy node, a
@@ -101,6 +105,12 @@ def lost(reply: Reply) -> bool:
 
 def _ignore(node: int, reply: Reply) -> None:
     """The callback of a request nobody waits for (a cleanup written on cancellation)."""
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    # A set-up given up: what it raised once cancelled is nobody's news.
+    if not task.cancelled():
+        task.exception()
 
 
 def _callbacks(command: Command, on_reply: OnReply) -> list[OnReply]:
@@ -297,14 +307,7 @@ class Channel:
         conn: redis.asyncio.Connection = self._pool.make_connection()  # type: ignore[no-untyped-call]
         up_at = None  # when it was set up
         try:
-            try:
-                # redis-py bounds the TCP connect and TLS handshake by the connect timeout,
-                # but not AUTH/SELECT (the async driver has no socket timeout): bound all.
-                await within(conn.connect(), self._connect_timeout)  # type: ignore[no-untyped-call]
-            except (asyncio.TimeoutError, TimeoutError):  # the same class from Python 3.11
-                raise ConnectionError(
-                    f"not connected within connect_timeout ({self._connect_timeout} s)"
-                ) from None
+            await self._connect(conn)
             if self._task is not asyncio.current_task():
                 # Given up (reset, closed) just as the connection came up: Python 3.10's
                 # wait_for may return instead of raising the cancellation (``within``).
@@ -374,6 +377,44 @@ class Channel:
             await conn.disconnect(
                 nowait=True
             )  # our protocol replaced the stream's: no wait_closed()
+
+    async def _connect(self, conn: redis.asyncio.Connection) -> None:
+        """redis-py's set-up of ``conn`` (TCP, TLS, AUTH, SELECT), within the connect
+        timeout: redis-py bounds the TCP connect and TLS handshake by it, but not
+        AUTH/SELECT (the async driver has no socket timeout), so all are bounded here.
+
+        A bound that ran out while this client's own event loop was too busy to run the
+        set-up (its timer ran late: the loop was blocked by other work, and what the
+        node sent meanwhile waits unread) is not the node's silence: the set-up gets
+        another connect timeout, up to ``MAX_GRACES`` times, as a round's deadline does.
+        Without it, a loop blocked for longer than the connect timeout while its first
+        connections came up called every healthy node unreachable.
+
+        Raises:
+            ConnectionError: not set up in time; or what the set-up raised.
+        """
+        loop = asyncio.get_running_loop()
+        # redis-py's own bound on the TCP connect runs on the same late timer: it is
+        # the backstop here, the whole of what the graces may give.
+        bound_tcp_connect(conn, self._connect_timeout * (MAX_GRACES + 1))
+        setup = loop.create_task(conn.connect())  # type: ignore[no-untyped-call]
+        try:
+            graces = 0
+            while True:
+                due = loop.time() + self._connect_timeout
+                await asyncio.wait((setup,), timeout=self._connect_timeout)
+                if setup.done():
+                    setup.result()
+                    return
+                if graces >= MAX_GRACES or loop.time() - due < self._connect_timeout * LATE:
+                    raise ConnectionError(
+                        f"not connected within connect_timeout ({self._connect_timeout} s)"
+                    )
+                graces += 1
+        finally:
+            if not setup.done():
+                setup.cancel()
+                setup.add_done_callback(_retrieved)  # its error is ours, raised above
 
     def _deliver(self, value: object) -> None:
         reply: Reply = (

@@ -35,6 +35,7 @@ from .replies import NOT_RESP, pull_reader
 __all__ = [
     "NotRedis",
     "SocketReplies",
+    "bound_tcp_connect",
     "check_connection_options",
     "connection_kwargs",
     "diagnose",
@@ -486,6 +487,14 @@ def _unknown(key: str, cls: type, address: NodeAddress, accepted: set[str]) -> s
         f"not an option of redis-py's {cls.__module__}.{cls.__name__}, which connects to "
         f"{address.display}; {hint}accepted: {', '.join(usable)}"
     )
+
+
+def bound_tcp_connect(conn: Any, seconds: float) -> None:
+    """Let redis-py's connect of ``conn`` take up to ``seconds`` for its TCP connect (and
+    TLS handshake), which it bounds by ``socket_connect_timeout`` on its own timer: the
+    asyncio driver bounds the whole set-up itself, and gives it more time when its loop
+    was too busy to run it (``_async.channels.Channel._connect``)."""
+    conn.socket_connect_timeout = seconds
 
 
 def kernel_timeouts(sock: socket.socket, seconds: float) -> None:
