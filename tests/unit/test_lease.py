@@ -229,6 +229,23 @@ def test_release_decided_before_a_node_answered_does_not_count_it_as_a_no() -> N
     assert "only 0 of 3 nodes" not in message
 
 
+def test_a_no_from_a_node_that_never_granted_the_lease_is_no_sign_of_expiry() -> None:
+    """Granted by nodes 0 and 2 of 3; at release node 0 is in its reconnect back-off and
+    node 1, which never held the lease, says no: the round is decided before node 2,
+    which holds it, answers. Nothing says the lease expired."""
+    held = replace(lease(0.0), granted=frozenset({0, 2}))
+    rnd = Round(3, 2, 3.0)
+    rnd.fail(0, Failure.BACKING_OFF, "reconnecting")
+    rnd.record(1, False)
+    assert rnd.decided
+    error = conclude_release(held, 3, 2, rnd, 3.0, NAMES[:3])
+    assert isinstance(error, LeaseLost)
+    message = str(error)
+    assert "cannot be shown that the lease held to the end" in message
+    assert "1 did not answer and 1 were not heard before the others decided it" in message
+    assert "expired" not in message
+
+
 @pytest.mark.parametrize("now", [9.9, 10.0, 1000.0])
 def test_release_without_a_majority_after_expiry_is_lease_expired(now: float) -> None:
     rnd = tally("ynnnn", started=now)

@@ -105,11 +105,18 @@ def conclude_release(
             )
     expired = now >= lease.valid_until
     failed = len(rnd.failures())
-    if rnd.yes + failed >= quorum:
+    # A "no" proves the key gone only from a node that granted it; one that never did
+    # (the lease was granted by a majority without it) says nothing of the lease.
+    dropped = any((said := rnd.results[i]) is not None and said.ok is False for i in lease.granted)
+    if rnd.yes + failed >= quorum or not dropped:
         # Not proven lost, but not proven held either: say which nodes could not answer.
+        unheard = rnd.unheard
+        silent = f"{failed} did not answer" + (
+            f" and {unheard} were not heard before the others decided it" if unheard else ""
+        )
         message = (
             f"release confirmed by only {rnd.yes} of {n_nodes} nodes ({quorum} needed); "
-            f"{failed} did not answer, so it cannot be shown that the lease held to the end "
+            f"{silent}, so it cannot be shown that the lease held to the end "
             "(keys left on them expire by their TTL)"
         )
     else:
