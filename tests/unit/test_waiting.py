@@ -331,7 +331,8 @@ def test_departed_waiters_are_capped_oldest_first() -> None:
 
 def _give_up_hold(dequeue_answered_by: list[bool]) -> float:
     """How long a waiter that queued on three nodes and then timed out is declined, when
-    the nodes answered its dequeue as ``dequeue_answered_by`` says."""
+    the nodes answered its dequeue as ``dequeue_answered_by`` says: its last ``Depart``
+    (the first, before the dequeue goes out, holds for as long as an unheard one)."""
     from tenure._core.flows import AwaitWake, Depart, Flows, Listen, Run
 
     from .model_flows import ModelInbox
@@ -344,9 +345,12 @@ def _give_up_hold(dequeue_answered_by: list[bool]) -> float:
     )
     flow = flows.acquire(spec, True, 0.2, waiter="w", channel="ch", listening=False)
     op = next(flow)
-    while not isinstance(op, Depart):
+    departs: list[float] = []
+    while True:
         result: object = None
-        if isinstance(op, Run) and op.targets is None:  # an attempt: held everywhere
+        if isinstance(op, Depart):
+            departs.append(op.until - now[0])
+        elif isinstance(op, Run) and op.targets is None:  # an attempt: held everywhere
             for i in range(3):
                 op.rnd.record(i, False, (0, 5, 5, 8000))
         elif isinstance(op, Run):  # the dequeue
@@ -359,8 +363,16 @@ def _give_up_hold(dequeue_answered_by: list[bool]) -> float:
         elif isinstance(op, AwaitWake):
             now[0] += 0.3  # nothing heard: past the call's timeout
             result = False
-        op = flow.send(result)
-    return op.until - now[0]
+        try:
+            op = flow.send(result)
+        except StopIteration:
+            break
+    # Departed before the dequeue goes out (a hand-off notified meanwhile is declined),
+    # for as long as an unanswered dequeue needs; then for as long as its answers say.
+    assert len(departs) == 2
+    config_hold = place_ms(config.recheck, config.node_timeout) / 1000 + UNHEARD_DEPARTURE
+    assert departs[0] == pytest.approx(config_hold)
+    return departs[-1]
 
 
 def test_a_waiter_whose_dequeue_a_node_missed_is_declined_for_much_longer() -> None:
