@@ -108,7 +108,6 @@ def _ignore(node: int, reply: Reply) -> None:
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:
-    # A set-up given up: what it raised once cancelled is nobody's news.
     if not task.cancelled():
         task.exception()
 
@@ -307,15 +306,11 @@ class Channel:
         conn: redis.asyncio.Connection = self._pool.make_connection()  # type: ignore[no-untyped-call]
         up_at = None  # when it was set up
         try:
-            await self._connect(conn)
+            lost = await self._connect(conn)
             if self._task is not asyncio.current_task():
-                # Given up (reset, closed) just as the connection came up: Python 3.10's
-                # wait_for may return instead of raising the cancellation (``within``).
-                # Never take the channel over from the connection that replaced this one.
+                # Given up (reset, closed) just as the connection came up. Never take the
+                # channel over from the connection that replaced this one.
                 raise asyncio.CancelledError
-            lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
-            transport = conn._writer.transport  # type: ignore[union-attr]
-            transport.set_protocol(RespProtocol(self._deliver, lost))
             self._conn = conn
             self.ready = True
             now = time.monotonic()
@@ -378,34 +373,45 @@ class Channel:
                 nowait=True
             )  # our protocol replaced the stream's: no wait_closed()
 
-    async def _connect(self, conn: redis.asyncio.Connection) -> None:
+    async def _connect(self, conn: redis.asyncio.Connection) -> asyncio.Future[BaseException]:
         """redis-py's set-up of ``conn`` (TCP, TLS, AUTH, SELECT), within the connect
-        timeout: redis-py bounds the TCP connect and TLS handshake by it, but not
-        AUTH/SELECT (the async driver has no socket timeout), so all are bounded here.
+        timeout, then ``RespProtocol`` in place of redis-py's stream; returns the future
+        the protocol sets when the connection ends.
 
-        A bound that ran out while this client's own event loop was too busy to run the
+        redis-py bounds the TCP connect and TLS handshake by the connect timeout, but not
+        AUTH/SELECT (the async driver has no socket timeout), so all are bounded here. A
+        bound that ran out while this client's own event loop was too busy to run the
         set-up (its timer ran late: the loop was blocked by other work, and what the
-        node sent meanwhile waits unread) is not the node's silence: the set-up gets
-        another connect timeout, up to ``MAX_GRACES`` times, as a round's deadline does.
-        Without it, a loop blocked for longer than the connect timeout while its first
-        connections came up called every healthy node unreachable.
+        node sent meanwhile waits unread) is not the node's silence: the set-up goes on
+        for another connect timeout, up to ``MAX_GRACES`` times, as a round's deadline
+        is pushed back. Without it, a loop blocked for longer than the connect timeout
+        while its first connections came up called every healthy node unreachable.
 
         Raises:
             ConnectionError: not set up in time; or what the set-up raised.
         """
         loop = asyncio.get_running_loop()
         # redis-py's own bound on the TCP connect runs on the same late timer: it is
-        # the backstop here, the whole of what the graces may give.
+        # only the backstop here, the whole of what the graces may give.
         bound_tcp_connect(conn, self._connect_timeout * (MAX_GRACES + 1))
-        setup = loop.create_task(conn.connect())  # type: ignore[no-untyped-call]
+
+        async def set_up() -> asyncio.Future[BaseException]:
+            await conn.connect()  # type: ignore[no-untyped-call]
+            # Our protocol in the very step that set the connection up: what the node
+            # sends a turn later (an error and its close, from a node at its connection
+            # limit) must reach it, not redis-py's stream, which nobody reads any more.
+            lost: asyncio.Future[BaseException] = loop.create_future()
+            conn._writer.transport.set_protocol(RespProtocol(self._deliver, lost))  # type: ignore[union-attr]
+            return lost
+
+        setup = loop.create_task(set_up())
         try:
             graces = 0
             while True:
                 due = loop.time() + self._connect_timeout
                 await asyncio.wait((setup,), timeout=self._connect_timeout)
                 if setup.done():
-                    setup.result()
-                    return
+                    return setup.result()
                 if graces >= MAX_GRACES or loop.time() - due < self._connect_timeout * LATE:
                     raise ConnectionError(
                         f"not connected within connect_timeout ({self._connect_timeout} s)"
@@ -414,7 +420,7 @@ class Channel:
         finally:
             if not setup.done():
                 setup.cancel()
-                setup.add_done_callback(_retrieved)  # its error is ours, raised above
+                setup.add_done_callback(_retrieved)  # what it raises then is nobody's news
 
     def _deliver(self, value: object) -> None:
         reply: Reply = (
