@@ -171,10 +171,13 @@ class ClientBase:
         """The checked arguments of ``lock()``: the lock's spec, and its watchdog policy."""
         self._check_open("make a lock object", name)
         spec = self._specs.get(name, ttl, fair)
-        # Checked even without the watchdog, as ``acquire()`` does: a bad cap is a mistake
-        # whichever way the lock is taken.
+        watched = check_flag("watchdog", watchdog)
+        if not watched and max_hold is None:
+            return spec, None  # (the common case: no policy to make)
+        # Made even without the watchdog, as ``acquire()`` does, to check the cap: a bad
+        # one is a mistake whichever way the lock is taken.
         keep = KeepAlive(max_hold=max_hold)
-        return spec, keep if check_flag("watchdog", watchdog) else None
+        return spec, keep if watched else None
 
     def _acquire_args(
         self, name: str, ttl: float, fair: bool | None, watchdog: bool, max_hold: float | None
