@@ -107,11 +107,6 @@ def _ignore(node: int, reply: Reply) -> None:
     """The callback of a request nobody waits for (a cleanup written on cancellation)."""
 
 
-def _retrieved(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
 def _callbacks(command: Command, on_reply: OnReply) -> list[OnReply]:
     # A command with several replies (a script, then WAIT) calls back once per reply.
     return [on_reply] * command.replies
@@ -418,9 +413,9 @@ class Channel:
                     )
                 graces += 1
         finally:
-            if not setup.done():
-                setup.cancel()
-                setup.add_done_callback(_retrieved)  # what it raises then is nobody's news
+            # Given up (timed out, or this task cancelled): the set-up ends before the
+            # caller disconnects what it may have opened.
+            await finish((setup,))
 
     def _deliver(self, value: object) -> None:
         reply: Reply = (
@@ -957,8 +952,7 @@ class Channels:
     def _refuse(self, rnd: Round, targets: Sequence[int] | None) -> None:
         """Fail ``targets`` in ``rnd``: the client was closed, and nothing is sent."""
         for i in range(len(self._pools)) if targets is None else targets:
-            if rnd.results[i] is None:
-                rnd.fail(i, Failure.UNREACHABLE, "the client was closed")
+            rnd.fail(i, Failure.UNREACHABLE, "the client was closed")  # (if not answered)
 
     async def close(self) -> None:
         self._closed = True
