@@ -13,7 +13,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import TypeVar
 
-__all__ = ["CACHED_CHARS", "text_cache"]
+__all__ = ["CACHED_CHARS", "by_length", "text_cache"]
 
 CACHED_CHARS = 1024
 
@@ -21,18 +21,23 @@ Text = TypeVar("Text", bound=str | tuple[str, ...])
 R = TypeVar("R")
 
 
+def by_length(cached: Callable[[Text], R], function: Callable[[Text], R]) -> Callable[[Text], R]:
+    """``cached`` (a cache of ``function``) for a text or a tuple of texts up to
+    ``CACHED_CHARS`` in all, ``function`` itself, afresh at each call, for a longer one."""
+
+    def call(arg: Text) -> R:
+        size = len(arg) if isinstance(arg, str) else sum(map(len, arg))
+        return function(arg) if size > CACHED_CHARS else cached(arg)
+
+    call.__doc__ = function.__doc__
+    return call
+
+
 def text_cache(maxsize: int) -> Callable[[Callable[[Text], R]], Callable[[Text], R]]:
     """``lru_cache(maxsize)`` for a function of a text or a tuple of texts, but for one
-    longer than ``CACHED_CHARS`` in all, which is computed afresh at each call."""
+    longer than ``CACHED_CHARS`` in all (``by_length``)."""
 
     def wrap(function: Callable[[Text], R]) -> Callable[[Text], R]:
-        cached = lru_cache(maxsize=maxsize)(function)
-
-        def call(arg: Text) -> R:
-            size = len(arg) if isinstance(arg, str) else sum(map(len, arg))
-            return function(arg) if size > CACHED_CHARS else cached(arg)
-
-        call.__doc__ = function.__doc__
-        return call
+        return by_length(lru_cache(maxsize=maxsize)(function), function)
 
     return wrap

@@ -12,7 +12,7 @@ from functools import cache, lru_cache
 from typing import NamedTuple
 
 from .._lua import script
-from .caching import text_cache
+from .caching import by_length
 from .config import LockSpec
 from .waiting import SHARDED
 
@@ -81,10 +81,11 @@ def _encode_keys(keys: tuple[str, ...]) -> tuple[bytes, bytes]:
 
 
 # The same for every call on one lock name, and small, so a few thousand names' worth
-# are kept; a long name's are not (``caching``). The hot callers pick between the two by
-# ``LockSpec.cached``, an attribute, rather than through ``_keys``'s Python-level check.
+# are kept; a long name's are not (``caching``). The hot callers pick between the cache
+# and the encoding by ``LockSpec.cached``, an attribute, rather than through ``_keys``'s
+# Python-level check of the length; one cache serves both.
 _cached_keys = lru_cache(maxsize=4096)(_encode_keys)
-_keys = text_cache(maxsize=4096)(_encode_keys)
+_keys = by_length(_cached_keys, _encode_keys)
 
 
 @cache
