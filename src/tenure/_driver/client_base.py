@@ -171,22 +171,14 @@ class ClientBase:
         """The checked arguments of ``lock()``: the lock's spec, and its watchdog policy."""
         self._check_open("make a lock object", name)
         spec = self._specs.get(name, ttl, fair)
-        watched = check_flag("watchdog", watchdog)
-        if not watched and max_hold is None:
-            return spec, None  # (the common case: no policy to make)
-        # Made even without the watchdog, as ``acquire()`` does, to check the cap: a bad
-        # one is a mistake whichever way the lock is taken.
-        keep = KeepAlive(max_hold=max_hold)
-        return spec, keep if watched else None
+        return spec, _keep_alive(watchdog, max_hold)
 
     def _acquire_args(
         self, name: str, ttl: float, fair: bool | None, watchdog: bool, max_hold: float | None
     ) -> LockSpec:
         """The checked arguments of ``acquire()``, all of them before anything is sent."""
         spec = self._specs.get(name, ttl, fair)
-        check_flag("watchdog", watchdog)
-        if max_hold is not None:
-            KeepAlive(max_hold=max_hold)
+        _keep_alive(watchdog, max_hold)  # (the lease is kept alive once acquired)
         return spec
 
     @staticmethod
@@ -278,3 +270,14 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _keep_alive(watchdog: bool, max_hold: float | None) -> KeepAlive | None:
+    """The watchdog policy ``watchdog`` and ``max_hold`` ask for (None: no watchdog),
+    both checked: a bad cap is a mistake even without the watchdog, whichever way the
+    lock is taken."""
+    watched = check_flag("watchdog", watchdog)
+    if not watched and max_hold is None:
+        return None  # (the common case: no policy to make)
+    keep = KeepAlive(max_hold=max_hold)
+    return keep if watched else None
