@@ -19,6 +19,7 @@ import pytest
 
 import tenure
 from tenure._core.config import LockKeys
+from tenure._core.waiting import Departed
 from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import Api
@@ -126,6 +127,75 @@ def test_a_released_lease_whose_attempt_a_node_may_still_run_declines_its_hand_o
             "the node stayed held by the waiter id of a released lease",
         )
         assert c.zcard(keys.queue) == 0
+
+
+class _Spy(Departed):
+    """The listener's departed waiters, which let a test act when one departs
+    (``on_add``) and see when a notification to one has been answered (``answered``)."""
+
+    __slots__ = ("answered", "on_add")
+
+    def __init__(self, on_add: Callable[[str], None]) -> None:
+        super().__init__()
+        self.on_add = on_add
+        self.answered = threading.Event()
+
+    def add(self, waiter: str, *args: Any, **kwargs: Any) -> Any:
+        kept = super().add(waiter, *args, **kwargs)
+        self.on_add(waiter)
+        return kept
+
+    def decline(self, waiter: str, node: int, now: float) -> bool:
+        # Returns once answered: the dequeue sent (and its reply read) or kept for later.
+        try:
+            return super().decline(waiter, node, now)
+        finally:
+            self.answered.set()
+
+
+def test_a_notification_during_a_lingering_lease_release_does_not_lose_the_lease(
+    cluster5: LocalCluster, key: str
+) -> None:
+    """A lease whose call left an attempt unanswered (``lingers``) declines what reaches
+    its waiter id from its release on. A notification that came as the release began
+    was declined at once: its dequeue deletes a lock key that holds the id, the lease's
+    own, and ran ahead of the release on that node, so the release found the key gone
+    and raised ``LeaseLost`` for a lease that was valid. (Seen under load: six processes
+    contending on five nodes.) The declines now wait for the release round. Here the
+    notification comes from the first node, published as a release publishes it, the
+    moment the lease departs; the blocking client only: the test waits in the caller's
+    thread for the listener to answer it."""
+    urls = cluster5.urls[:3]
+    first, frozen = cluster5[0], cluster5[2]
+    holder = tenure.Client(urls)
+    client = tenure.Client(urls)
+    held = holder.acquire(key, ttl=30.0)
+    _, _, place = gave_up(client, first, key, 0.3)
+    channel = place.split()[0]
+    held.release()
+    listener = client._notifications()
+    told: list[str] = []
+
+    def notify(waiter: str) -> None:
+        if told:
+            return
+        told.append(waiter)
+        with first.client() as c:
+            assert c.publish(channel, f"W {waiter}") == 1
+        assert spy.answered.wait(5.0), "the notification was not answered"
+
+    spy = _Spy(notify)
+    listener.departed = listener._board.departed = spy
+    frozen.pause()
+    try:
+        # Granted by the two live nodes; the third has the attempt unread: it lingers.
+        lease = client.acquire(key, ttl=10.0, timeout=5.0)
+        lease.release()  # LeaseLost here: "release confirmed by only 1 of 3 nodes"
+    finally:
+        frozen.resume()
+    assert told == [lease.token]
+    holder.close()
+    client.close()
 
 
 async def until(

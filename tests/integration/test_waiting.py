@@ -310,16 +310,26 @@ def test_killed_notification_connections_cost_at_most_the_fallback(
 def _worker(
     flavour: str, urls: list[str], key: str, fair: bool, cycles: int, out: Connection
 ) -> None:
-    record: list[tuple[int, int, int]] = []  # (enter ns, exit ns, fencing token)
+    # (enter ns, exit ns, fencing token, the lease's validity deadline ns)
+    record: list[tuple[int, int, int, int]] = []
     with Api(flavour) as api:
         # Six processes on a loaded machine: a reply may take longer than the default
         # node timeout, which this test is not about (overlap and token order are).
         client = api.client(urls, node_timeout=0.5)
         for _ in range(cycles):
-            with client.lock(key, ttl=TTL, fair=fair) as lease:
-                enter = time.monotonic_ns()
-                time.sleep(0.0005)
-                record.append((enter, time.monotonic_ns(), lease.fencing_token))
+            lease = None
+            try:
+                with client.lock(key, ttl=TTL, fair=fair) as lease:
+                    enter = time.monotonic_ns()
+                    time.sleep(0.0005)
+                    valid_until = round(lease.valid_until * 1e9)
+                    record.append((enter, time.monotonic_ns(), lease.fencing_token, valid_until))
+            except tenure.LeaseLost:
+                # A process starved for longer than the TTL (the machine runs the whole
+                # suite beside these six) is rightly told its lease expired; a lease
+                # reported lost while still valid is a fault.
+                assert lease is not None
+                assert time.monotonic() >= lease.valid_until, "a valid lease was reported lost"
     out.send(record)
 
 
@@ -354,11 +364,14 @@ def test_processes_contend_without_overlap(
         _worker, [(api.flavour, shared5.urls[:n], key, fair, cycles) for _ in range(workers)]
     )
     assert [len(r) for r in results] == [cycles] * workers  # every worker progressed
-    intervals = [(s, e) for r in results for s, e, _ in r]
-    assert max_overlap(intervals) == 1
+    # Mutual exclusion holds for critical sections that ended within their lease's
+    # validity: nearly all of them (a section the process was starved in for longer
+    # than the TTL may overlap the next holder's, which is what fencing is for).
+    valid = [(s, e, t) for r in results for s, e, t, until in r if e <= until]
+    assert len(valid) >= 0.9 * workers * cycles
+    assert max_overlap([(s, e) for s, e, _ in valid]) == 1
     # Fencing tokens strictly increase in the order the critical sections ran.
-    ordered = sorted(t for r in results for t in r)
-    tokens = [t for _, _, t in ordered]
+    tokens = [t for _, _, t in sorted(valid)]
     assert tokens == sorted(set(tokens))
 
 

@@ -18,6 +18,7 @@ from tenure._core.config import ClientConfig, LockSpec
 from tenure._core.flows import (
     INSTANT,
     AwaitWake,
+    Depart,
     Flow,
     Flows,
     Listen,
@@ -28,6 +29,7 @@ from tenure._core.flows import (
     drive,
 )
 from tenure._core.quorum import Round
+from tenure._core.waiting import Departed
 
 from .model_flows import Interrupt, ModelInbox, ModelLease
 
@@ -125,6 +127,61 @@ def test_an_interrupted_release_writes_it_again_and_leaves(
     assert sorted(ops[0].targets) == [0, 2]
     assert ops[0].command.key == SPEC.key
     assert lease.released
+
+
+def _lingering() -> ModelLease:
+    """A lease whose call left an attempt some node may still run (``lingers``)."""
+    state = LeaseState(
+        SPEC.name, SPEC.key, "w", SPEC.ttl, 0.0, 0.9, frozenset({0, 1, 2}), 7, lingers=True
+    )
+    return ModelLease(state, SPEC)
+
+
+def test_a_lingering_lease_declines_what_comes_during_its_release_only_after_it() -> None:
+    """A notification that reaches a lingering lease's id during its release round is
+    declined once the round is over: its dequeue deletes a lock key holding that id, the
+    lease's own, so sent at once it could run ahead of the release on that node, and the
+    release would report the lease lost although it was valid."""
+    flows = _flows()
+    lease = _lingering()
+    departed = Departed()
+    declined: list[int] = []
+    flow = flows.release(lease)
+    op = next(flow)
+    now = 0.0
+    while not isinstance(op, Run):
+        assert isinstance(op, Depart)
+        assert departed.add(op.waiter, declined.append, op.until, now, hold=op.hold) == []
+        op = flow.send(None)
+    assert departed.decline("w", 1, now)  # reaches the id while the release is out
+    for i in range(3):
+        op.rnd.record(i, True)
+    assert declined == []  # not before the round is over
+    op = flow.send(None)
+    assert isinstance(op, Depart)
+    assert not op.hold
+    declined.extend(departed.add(op.waiter, declined.append, op.until, now))
+    with pytest.raises(StopIteration):
+        flow.send(None)
+    assert lease.loss is None
+    assert declined == [1]
+
+
+@pytest.mark.parametrize("interrupt", INTERRUPTS, ids=["KeyboardInterrupt", "cancelled"])
+def test_an_interrupted_release_of_a_lingering_lease_stops_holding_its_declines(
+    interrupt: Callable[[], BaseException],
+) -> None:
+    flows = _flows()
+    lease = _lingering()
+    flow = flows.release(lease)
+    first = next(flow)
+    assert isinstance(first, Depart)
+    assert first.hold
+    assert isinstance(flow.send(None), Run)
+    ops = _unwind(flow, interrupt())
+    assert all(isinstance(op, INSTANT) for op in ops), ops
+    assert isinstance(ops[-1], Depart)
+    assert not ops[-1].hold
 
 
 def _rude() -> Flow[None]:

@@ -418,7 +418,9 @@ class QuorumFairModel(RuleBasedStateMachine):
                 op = flow.send(None)
             elif isinstance(op, Depart):
                 decline = functools.partial(self._decline, client, op.spec, op.waiter)
-                client.departed.add(op.waiter, decline, op.until, self.ms / 1000)
+                now = self.ms / 1000
+                for node in client.departed.add(op.waiter, decline, op.until, now, hold=op.hold):
+                    decline(node)  # (the drivers do it in the background)
                 op = flow.send(None)
             elif isinstance(op, AwaitWake):
                 assert op.inbox is client.inbox

@@ -329,6 +329,25 @@ def test_departed_waiters_are_capped_oldest_first() -> None:
     assert departed.decline(f"w{DEPARTED_MAX + 4}", 0, now=1.0)
 
 
+def test_a_departure_that_holds_keeps_what_comes_until_it_departs_again() -> None:
+    """A released lease's id departs with ``hold`` while its release round runs: what
+    reaches it meanwhile is kept (each node once) and handed back when it departs again
+    without ``hold``; from then on, declined as it comes."""
+    declined: list[int] = []
+    departed = Departed()
+    assert departed.add("w", declined.append, until=10.0, now=0.0, hold=True) == []
+    assert departed.decline("w", 2, now=1.0)  # answered (kept), not dropped
+    assert departed.decline("w", 0, now=1.0)
+    assert departed.decline("w", 2, now=1.0)
+    assert declined == []
+    assert departed.add("w", declined.append, until=10.0, now=2.0) == [2, 0]
+    assert departed.decline("w", 1, now=3.0)
+    assert declined == [1]
+    # Departing again hands back nothing more: the kept nodes were given once.
+    assert departed.add("w", declined.append, until=10.0, now=4.0) == []
+    assert not departed.decline("w", 1, now=11.0)  # past its time
+
+
 def _give_up_hold(dequeue_answered_by: list[bool]) -> float:
     """How long a waiter that queued on three nodes and then timed out is declined, when
     the nodes answered its dequeue as ``dequeue_answered_by`` says: its last ``Depart``

@@ -181,14 +181,16 @@ class Unlisten:
 class Depart:
     """``waiter`` gave up waiting for ``spec``: until ``until`` (monotonic), answer a
     notification that still reaches it by sending ``Flows.dequeue`` to that node
-    (``waiting.Departed``); result None."""
+    (``waiting.Departed``); result None. ``hold``: not yet; those that come are answered
+    once ``waiter`` departs again without ``hold``."""
 
-    __slots__ = ("spec", "until", "waiter")
+    __slots__ = ("hold", "spec", "until", "waiter")
 
-    def __init__(self, spec: LockSpec, waiter: str, until: float) -> None:
+    def __init__(self, spec: LockSpec, waiter: str, until: float, *, hold: bool = False) -> None:
         self.spec = spec
         self.waiter = waiter
         self.until = until
+        self.hold = hold
 
 
 class Pause:
@@ -580,8 +582,6 @@ class Flows:
         # extension fail), which can end after the validity did, and after another
         # client took the lock.
         lease._mark_lost(outcome)
-        if lease._state.lingers:
-            yield self._departure(lease)
         yield from self._release_rounds(lease, mark=False)
         raise outcome
 
@@ -597,8 +597,6 @@ class Flows:
         """
         lease._stop_watching()
         _check_not_released(lease)
-        if lease._state.lingers:
-            yield self._departure(lease)
         rnd = yield from self._release_rounds(lease, mark=True)
         error = conclude_release(
             lease._state, self.n, self.config.quorum, rnd, self.clock(), self.names
@@ -624,6 +622,9 @@ class Flows:
         # Made before the lease is marked released: interrupted here, it can be released
         # again; from the mark on, an interrupt sends it again.
         release = self._release_round(lease)
+        lingers = lease._state.lingers
+        if lingers:
+            yield self._departure(lease, hold=True)
         try:
             if mark:
                 lease._set_released()
@@ -632,7 +633,11 @@ class Flows:
             raise
         except BaseException:
             yield self._release_again(lease, release.rnd)
+            if lingers:
+                yield self._departure(lease)
             raise
+        if lingers:
+            yield self._departure(lease)
         return release.rnd
 
     def _release_again(self, lease: WatchedLease, rnd: Round) -> Send:
@@ -645,15 +650,21 @@ class Flows:
         command = self.release_waking(lease._spec, lease.token, lease._state.fencing_token)
         return self._send(command, rnd.unanswered())
 
-    def _departure(self, lease: WatchedLease) -> Depart:
+    def _departure(self, lease: WatchedLease, *, hold: bool = False) -> Depart:
         """A lease whose waiter id may be queued again where its release has run (an
         attempt a node runs late, ``LeaseState.lingers``) departs as it is released, as
         a waiter that gave up does: a node that hands it the lock afterwards would
         otherwise be held by nobody for a whole TTL, as its process ignores the
-        notification. Before the release round: declining one that comes during the
-        round is safe, the lease is released."""
-        hold = self.place_ms / 1000 + waiting.UNHEARD_DEPARTURE
-        return Depart(lease._spec, lease.token, self.clock() + hold)
+        notification.
+
+        It departs before the release round, with ``hold``: a notification that comes
+        during the round is kept, not dropped, and declined once the round ended (the
+        departure again, without ``hold``). Declined at once, its dequeue (a compare-and-
+        delete of the waiter id, which is the lease's token) could run on a node ahead of
+        the release, and the release would find the lease's key gone there and report a
+        valid lease lost."""
+        until = self.clock() + self.place_ms / 1000 + waiting.UNHEARD_DEPARTURE
+        return Depart(lease._spec, lease.token, until, hold=hold)
 
     def locked(self, spec: LockSpec) -> Flow[bool]:
         """Whether a majority of nodes hold ``spec``'s lock now (for anyone).

@@ -236,6 +236,13 @@ class Departed:
     and the node would then be held by nobody for a whole TTL. So for as long as such a
     place can live, a notification to a departed waiter is declined: the dequeue is sent
     again, to that node, which passes the lock on at once.
+
+    A released lease whose waiter id may still be queued somewhere departs too, as its
+    release begins (``Flows._release_rounds``). Until that round ends, what reaches its id
+    is *held*, and declined only then: the dequeue deletes a lock key that holds the
+    waiter id, which is also the lease's own token, so a dequeue that ran ahead of the
+    release on a node would take the lease's key there, and the release would count that
+    node as lost (``LeaseLost`` for a lease that was valid all along).
     """
 
     __slots__ = ("_until",)
@@ -244,10 +251,20 @@ class Departed:
         # In the order added: the oldest are dropped first when full. An OrderedDict, as
         # a plain dict's first entry takes a walk over the slots of those deleted
         # before it: once full, every addition cost 20 µs instead of 1.
-        self._until: OrderedDict[str, tuple[float, Callable[[int], None]]] = OrderedDict()
+        self._until: OrderedDict[str, _Departure] = OrderedDict()
 
-    def add(self, waiter: str, decline: Callable[[int], None], until: float, now: float) -> None:
-        """``decline(node)`` answers a notification to ``waiter`` until ``until``."""
+    def add(
+        self,
+        waiter: str,
+        decline: Callable[[int], None],
+        until: float,
+        now: float,
+        *,
+        hold: bool = False,
+    ) -> list[int]:
+        """``decline(node)`` answers a notification to ``waiter`` until ``until``;
+        ``hold``: not yet, the nodes are kept until ``waiter`` is added again without it.
+        Returns the nodes kept under ``waiter``'s previous entry, to decline now."""
         entries = self._until
         # The expired go, oldest first, up to the first that is not: a few steps per
         # call, not a walk over all of them. One kept longer (``UNHEARD_DEPARTURE``)
@@ -258,16 +275,34 @@ class Departed:
             if oldest[0] > now and len(entries) < DEPARTED_MAX:
                 break
             entries.popitem(last=False)
-        entries[waiter] = (until, decline)
+        previous = entries.get(waiter)
+        entries[waiter] = (until, decline, [] if hold else None)
         entries.move_to_end(waiter)  # a waiter id is new per call; re-added, it goes last
+        kept = previous[2] if previous is not None else None
+        return list(dict.fromkeys(kept)) if kept else []
 
     def decline(self, waiter: str, node: int, now: float) -> bool:
-        """Decline a notification from ``node`` if ``waiter`` departed lately."""
+        """Decline a notification from ``node`` if ``waiter`` departed lately (or keep
+        it, while its entry holds them)."""
         entry = self._until.get(waiter)
         if entry is None or entry[0] <= now:
             return False
+        kept = entry[2]
+        if kept is not None:
+            kept.append(node)
+            # The blocking client's listener thread runs this while the caller's thread
+            # may add the waiter again: if it did meanwhile, it may have taken the kept
+            # nodes before this one came, so this one is declined here (a dequeue sent
+            # twice is harmless).
+            if self._until.get(waiter) is entry:
+                return True
         entry[1](node)
         return True
+
+
+# A departed waiter: until when, how to decline, and the nodes kept meanwhile (None: none
+# are kept, each is declined as it comes).
+_Departure = tuple[float, Callable[[int], None], list[int] | None]
 
 
 # --- A Redis Cluster node: sharded pub/sub ----------------------------------------------

@@ -227,7 +227,10 @@ class ClientBase:
             self._notifications().unregister(op.waiter)
         elif isinstance(op, Depart):
             decline = functools.partial(self._declined, op.spec, op.waiter)
-            self._notifications().departed.add(op.waiter, decline, op.until, monotonic())
+            departed = self._notifications().departed
+            for node in departed.add(op.waiter, decline, op.until, monotonic(), hold=op.hold):
+                # In the background: declining may wait for the node's answer.
+                self._later(0.0, functools.partial(decline, node))
         else:
             raise TypeError(f"not an operation of a driver: {op!r}")
 
