@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 import tenure
+from tenure._core.backoff import STALL
 from tenure._core.config import LockKeys
 from tenure.testing import LocalCluster, LocalNode
 
@@ -101,6 +102,61 @@ def test_cancel_mid_release_still_releases(cluster5: LocalCluster, key: str) -> 
 
     lock_key = asyncio.run(main())
     assert wait_until_gone(cluster5, lock_key) == [None] * 5
+
+
+def test_a_cancelled_acquire_cleans_up_behind_its_grant_on_a_stalled_connection(
+    cluster5: LocalCluster, key: str
+) -> None:
+    """As above, but the loop is blocked for longer than a connection may go unanswered
+    (``STALL``) before the cancellation comes, as on a starved machine: the cleanup finds
+    every connection stalled. It is written on each behind the grant all the same, and
+    the connection stays open until the node, once awake, has run both and answered.
+    Before, the connections were closed first and the cleanup never sent: every node
+    kept the key for its TTL."""
+
+    async def main() -> tuple[bool, list[int]]:
+        async with tenure.AsyncClient(cluster5.urls, node_timeout=0.5) as client:
+            lease = await client.acquire(key + "-warm", ttl=5.0)  # connections up
+            await lease.release()
+            connected = [_clients(node) for node in cluster5]
+            for node in cluster5:
+                node.pause()
+            before = [unread(node) for node in cluster5]
+            task = asyncio.create_task(client.acquire(key, ttl=5.0))
+            await until(
+                lambda: all(unread(n) > b for n, b in zip(cluster5, before, strict=True)),
+                "SETs written",
+            )
+            # The loop blocked: no reply could be read meanwhile.
+            time.sleep(STALL + 0.2)  # noqa: ASYNC251
+            task.cancel()
+            try:
+                await task
+                won = True
+            except asyncio.CancelledError:
+                won = False
+            for node in cluster5:
+                node.resume()
+            lock_key = f"tenure:{{{key}}}:lock"
+            gone = wait_until_gone(cluster5, lock_key)
+            # Each node answered what it was sent, and its connection was closed then
+            # (the client still open: not by ``aclose``); the probe's own is gone too.
+            await until(
+                lambda: [_clients(n) for n in cluster5] == [c - 1 for c in connected],
+                "the stalled connections closed",
+                within=5.0,
+            )
+            return won, [0 if value is None else 1 for value in gone]
+
+    won, kept = asyncio.run(main())
+    assert won is False
+    assert kept == [0] * 5
+
+
+def _clients(node: LocalNode) -> int:
+    """Connections open on ``node``, besides the one that asks."""
+    with node.client() as c:
+        return int(c.info("clients")["connected_clients"]) - 1
 
 
 def test_cancel_during_retry_sleep(cluster5: LocalCluster, key: str) -> None:

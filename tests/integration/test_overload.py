@@ -26,6 +26,7 @@ import pytest
 import redis.asyncio
 
 import tenure
+import tenure._async.channels
 import tenure._sync.client
 from tenure._core.backoff import STALL
 from tenure.testing import LocalCluster, LocalNode
@@ -274,6 +275,37 @@ def test_a_frozen_node_is_given_up_after_the_stall_bound(nodes: LocalCluster) ->
                 await asyncio.sleep(0.05)
             # Ours, and the one that counts them.
             assert _connections(frozen) >= before + 2
+
+    asyncio.run(main())
+
+
+def test_a_stalled_connection_whose_node_stays_frozen_closes_after_a_while(
+    nodes: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection given up as stalled stays open for its node to wake and run what it
+    was sent (``LINGER``), but not for ever: here the node stays frozen past that, and
+    the connection is closed without it."""
+    monkeypatch.setattr(tenure._async.channels, "LINGER", 0.3)
+
+    async def main() -> None:
+        async with tenure.AsyncClient(nodes.urls, node_timeout=NODE_TIMEOUT) as client:
+            await _warm_up(client, "linger-warm")
+            frozen = nodes[2]
+            channel = client._channels._current()[2]
+            lingering: set[asyncio.Task[None]] = set()
+            frozen.pause()
+            try:
+                end = time.monotonic() + STALL + 0.5
+                while time.monotonic() < end and not lingering:
+                    lease = await client.acquire("linger", ttl=5.0, blocking=False)
+                    await lease.release()
+                    lingering = {t for t in channel._retired if not t.done()}
+                    await asyncio.sleep(0.05)
+                assert lingering, "the stalled connection was not given up"
+                await asyncio.wait(lingering, timeout=5.0)
+                assert all(t.done() for t in lingering)
+            finally:
+                frozen.resume()
 
     asyncio.run(main())
 

@@ -47,9 +47,9 @@ from typing import Any, cast
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-from .._core.backoff import IDLE_LOOK, SERVED, STALL, Reconnect
+from .._core.backoff import IDLE_LOOK, LINGER, SERVED, STALL, Reconnect
 from .._core.batching import Batch, Batches
-from .._core.commands import Command, ScriptCache, about_scripts, split_batch
+from .._core.commands import Command, ScriptCache, about_scripts, pack, split_batch
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import (
     BackingOff,
@@ -82,6 +82,12 @@ LATE = 0.1
 # reading the replies to what the tasks cancelled with it wrote: on a healthy node, a
 # round trip; a node that is slower only delays the end of the loop by this much.
 DRAIN = 0.05
+
+# What ends a connection given up as stalled (``Channel._let_go``), and its answer, which
+# no other command of ours gets. A script: EVAL is among the commands an ACL user of
+# tenure's is granted (``_driver.acl``), PING is not.
+_LET_GO_REPLY = b"tenure: let go"
+_LET_GO = pack("EVAL", b"return '" + _LET_GO_REPLY + b"'", 0)
 
 # A reply: (True, value) or (False, the error it came as), handed to the request's
 # callback from ``RespProtocol.data_received``: no future, no extra trip through the event loop.
@@ -164,7 +170,7 @@ class Channel:
         """
         now = self.used_at = time.monotonic()
         if self._pending and now - self._pending[0][1] > STALL and self._nothing_to_read():
-            self._reset(ConnectionError(f"no reply for {STALL}s"), now)
+            self._let_go(command, now)
         if self._conn is not None and self._task is not None and not self._unsent:
             if command.item is not None and self._batching and self._pending:
                 # (A batch goes by EVAL where the node lacks its script: ``_packed``.)
@@ -454,6 +460,41 @@ class Channel:
         task = self._detach(exc)
         if task is not None and not from_task:
             self._retire(task)
+
+    def _let_go(self, command: Command, now: float) -> None:
+        """Give up the connection as stalled (``STALL``) before ``command`` is written:
+        its requests fail, and the node sits out a back-off. But it is not closed yet.
+
+        A frozen node that wakes runs what was written to it, in order, the grants
+        included; closed, a connection loses all but its first few commands (a node
+        that finds it closed stops reading it), the releases behind those grants with
+        them. So it stays open until the node has answered everything written to it
+        (a script behind the rest marks the end) or for ``LINGER`` seconds, its
+        replies read and dropped. And ``command``, if it is a release (``Command.undo``:
+        a cancelled acquire's cleanup, say, whose grant went out on this connection),
+        is written on it first, by EVAL (a NOSCRIPT would go unheard): on a new
+        connection it could run before that grant and leave the key for a whole TTL.
+        Commands of this turn not yet written (``_outbox``) are dropped, as they fail.
+        """
+        conn = self._conn
+        writer = None if conn is None else conn._writer
+        task = self._task
+        exc = ConnectionError(f"no reply for {STALL}s")
+        if writer is None or task is None:  # (not connected: nothing was written)
+            self._reset(exc, now)
+            return
+        if command.undo:
+            writer.write(command.fallback or command.packed)
+        writer.write(_LET_GO)
+        protocol = writer.transport.get_protocol()
+        assert isinstance(protocol, RespProtocol)
+        protocol.let_go(writer.transport, _LET_GO_REPLY, LINGER)
+        self.last = self.diagnose(exc)
+        self._reconnect.failed(now)
+        self._detach(exc)
+        # Not cancelled: it ends when the connection does; ``close`` cancels it.
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
 
     def shed_if_closed(self) -> bool:
         """Let go of the connection if the node closed it while nothing was pending: its

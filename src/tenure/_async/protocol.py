@@ -38,6 +38,18 @@ class RespProtocol(asyncio.Protocol):
         for reply in replies:
             self._deliver(reply)
 
+    def let_go(self, transport: asyncio.BaseTransport, last: object, within: float) -> None:
+        """Hand no more replies on: drop them, and close ``transport`` once the reply
+        ``last`` comes (the answer to what was written last), or ``within`` seconds."""
+        timer = asyncio.get_running_loop().call_later(within, transport.close)
+
+        def drop(reply: object) -> None:
+            if reply == last:
+                timer.cancel()
+                transport.close()
+
+        self._deliver = drop
+
     def eof_received(self) -> bool:
         self._end(ConnectionError("connection closed by the node"))
         return False

@@ -35,11 +35,16 @@ proxy accepts connections for a server that is gone, is a failure like any other
 
 from __future__ import annotations
 
-__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "IDLE_LOOK", "SERVED", "STALL", "Reconnect"]
+__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "IDLE_LOOK", "LINGER", "SERVED", "STALL", "Reconnect"]
 
 BACKOFF_MIN = 0.025
 BACKOFF_MAX = 1.0
 STALL = 1.0  # seconds a connection may wait for a reply hearing nothing
+# Seconds a connection given up as stalled stays open, in case its node wakes: a frozen
+# node runs what waits in a connection's buffer in order, releases behind grants
+# included, but of a connection already closed only the first few commands. Past a
+# minute, the grants of all but the longest leases have expired anyway.
+LINGER = 60.0
 IDLE_LOOK = 0.01  # seconds unused after which a connection is looked at before use
 SERVED = 1.0  # seconds up after which a quiet close is no failure
 

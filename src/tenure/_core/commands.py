@@ -211,7 +211,10 @@ class Command:
     batch of such commands needs of it (``batch``, ``Item``); None for a command that
     never goes in a batch. ``alone``: (the lock key, the token) of a lease's release,
     whose ``alone_form`` a Redis Cluster node sends when a slot migration splits its
-    keys (``TRYAGAIN``).
+    keys (``TRYAGAIN``). ``undo``: the command gives back what earlier ones may have
+    taken (a release, a failed attempt's cleanup, a dequeue), so it must run after them
+    on the node: it is written even to a connection found stalled, behind them, before
+    that connection is let go (the asyncio driver's ``Channel.send``).
 
     A plain class with slots, not a dataclass: two are made per acquire and release, and
     a frozen dataclass's ``__init__`` costs a call per field. What it says never changes.
@@ -228,6 +231,7 @@ class Command:
         "replies",
         "resend_late",
         "script",
+        "undo",
     )
 
     def __init__(
@@ -241,6 +245,7 @@ class Command:
         script: str = "",
         resend_late: bool = False,
         alone: tuple[str, str] | None = None,
+        undo: bool = False,
     ) -> None:
         self.packed = packed
         self.parse = parse
@@ -256,6 +261,7 @@ class Command:
         # an acquire: its grant would be a lock nobody waits for.
         self.resend_late = resend_late
         self.alone = alone
+        self.undo = undo
 
     @property
     def fallback(self) -> bytes | None:
@@ -286,6 +292,7 @@ def _by_sha(
     key: str = "",
     resend_late: bool = False,
     alone: tuple[str, str] | None = None,
+    undo: bool = False,
 ) -> Command:
     """``name``'s script with its keys and arguments ``tail``, by EVALSHA, with its EVAL
     form as the fallback (``ScriptCache``). For a script whose NOSCRIPT must not go
@@ -301,6 +308,7 @@ def _by_sha(
         script=name,
         resend_late=resend_late,
         alone=alone,
+        undo=undo,
     )
 
 
@@ -516,7 +524,7 @@ def seed(spec: LockSpec, floor: int, warm_ms: int, marks: frozenset[int]) -> Com
 
 def release(key: str, token: str) -> Command:
     """Compare-and-delete that wakes nobody (cleanup of an attempt that failed)."""
-    return Command(_eval("release", (key,), token), key=key)
+    return Command(_eval("release", (key,), token), key=key, undo=True)
 
 
 def release_waking(
@@ -558,9 +566,18 @@ def release_waking(
         tail = counted + arguments
         alone = None if cleanup else (keys.lock, token)
         return _by_sha(
-            "release", argc, tail, item=item, key=keys.lock, resend_late=True, alone=alone
+            "release",
+            argc,
+            tail,
+            item=item,
+            key=keys.lock,
+            resend_late=True,
+            alone=alone,
+            undo=True,
         )
-    return Command(_eval_head("release", argc) + counted + arguments, key=keys.lock, item=item)
+    return Command(
+        _eval_head("release", argc) + counted + arguments, key=keys.lock, item=item, undo=True
+    )
 
 
 def alone_form(command: Command) -> Command | None:
@@ -585,7 +602,7 @@ def dequeue(release: Command) -> Command:
     """A waiter gives up its place: ``release_waking`` with its waiter id (which also
     passes on a fair hand-off that crossed the give-up); any answer will do, so it goes
     by EVAL (a NOSCRIPT would be an answer)."""
-    return Command(release.fallback or release.packed, _any_reply, key=release.key)
+    return Command(release.fallback or release.packed, _any_reply, key=release.key, undo=True)
 
 
 def _any_reply(reply: object) -> tuple[bool, Info]:
