@@ -158,6 +158,37 @@ def test_frozen_node_replies_are_drained_and_its_late_grant_released(
         lease.release()
 
 
+@pytest.mark.parametrize("frozen", [3, 5])
+def test_a_failed_attempt_on_connections_given_up_as_stalled_leaves_no_key(
+    api: Api, cluster5: LocalCluster, key: str, frozen: int
+) -> None:
+    """A majority (or all) of the nodes frozen; an acquire fails and leaves replies owed
+    on their connections; another, over ``STALL`` later, finds the connections stalled
+    as its round or its cleanup goes out. The cleanup is written behind the grant all
+    the same, so the woken nodes run both. Before, the blocking client closed each
+    connection at the end of the round that wrote the grant, and its cleanup was never
+    sent: the woken nodes granted the lock to nobody, a majority of them, for the TTL."""
+    client = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
+    client.acquire(f"{key}-warm", ttl=5.0).release()  # connections up
+    paused = cluster5.nodes[5 - frozen :]
+    for node in paused:
+        node.pause()
+    try:
+        with pytest.raises(tenure.QuorumUnreachable):
+            client.acquire(key, ttl=5.0, blocking=False)
+        time.sleep(STALL + 0.2)
+        with pytest.raises(tenure.QuorumUnreachable):
+            client.acquire(key, ttl=5.0, blocking=False)
+    finally:
+        for node in paused:
+            node.resume()
+    lock = LockKeys.of(key).lock
+    poll_until(lambda: not any(holders(cluster5, lock)), "no key left", within=2.0)
+    # Another client has the lock at once, not after the TTL.
+    other = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
+    other.acquire(key, ttl=5.0, blocking=False).release()
+
+
 def test_a_node_that_falls_behind_keeps_its_connection(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:

@@ -18,8 +18,9 @@ some 170 commands) waits in the link, written before anything after it (or as so
 socket takes more, by the ``flusher``, if the link's next round comes later), rather than
 end the connection: a node runs the first of the commands a closed connection left in its
 buffer, fails to answer them, and drops the rest, releases behind their grants
-included. A link that heard nothing for ``STALL`` seconds is closed and the node left
-alone for a back-off period, so a dead node costs nothing per round.
+included. A link that heard nothing for ``STALL`` seconds is closed when the next command
+comes for it, a release written on it first (``Link._let_go``), and the node left alone
+for a back-off period, so a dead node costs nothing per round.
 
 A link without a connection is set up before the round begins, not inside it: every such
 node is connected at once, each in a thread of its own (``SetUp``, bounded by
@@ -47,7 +48,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -201,6 +202,8 @@ class Link:
         """
         io = self.io
         assert io is not None  # set up by LinkSet._set_up
+        if self.owed and not self.heard and now - self.quiet_since > STALL and not self._unread():
+            self._let_go(command, now)
         try:
             # Only a script sent by EVALSHA has another form (``ScriptCache``).
             sock = io.sock
@@ -208,12 +211,7 @@ class Link:
                 data = command.packed
             else:
                 data = self.node.scripts.packed(command)
-            if io.plain:
-                self._write_now(sock, data)
-            else:
-                self.cut = True
-                sock.sendall(data)  # TLS: a TCP buffer, which holds far more than STALL's worth
-                self.cut = False
+            self._put(io, data)
         except Exception as exc:  # not BaseException: an interrupt is no node's failure
             why = diagnose(exc)
             self.drop(now, why)
@@ -230,6 +228,40 @@ class Link:
                 self.close()
             raise
         return sock
+
+    def _put(self, io: SocketReplies, data: bytes) -> None:
+        if io.plain:
+            self._write_now(io.sock, data)
+        else:
+            self.cut = True
+            io.sock.sendall(data)  # TLS: a TCP buffer, which holds far more than STALL's worth
+            self.cut = False
+
+    def _let_go(self, command: Command, now: float) -> NoReturn:
+        """Give up the connection as stalled before ``command`` is written: it has owed
+        replies for ``STALL`` seconds and heard none (a frozen or cut-off node). It is
+        closed, and the node sits out a back-off.
+
+        A release (``Command.undo``: a failed attempt's cleanup, say, whose grant went
+        out on this connection) is first written on it, behind that grant, by EVAL (a
+        NOSCRIPT would go unheard): a woken node runs the first commands of a closed
+        connection's buffer, and on a new connection the release could run before the
+        grant. Closed at the end of the grant's own round, as it was, the cleanup was
+        never written and the node kept the key for its TTL. (Unlike the asyncio
+        client's, the connection is not kept open for the node to answer: nothing would
+        read it. A release behind many owed requests may still go unrun.)
+
+        Raises:
+            _Failed: always (the node is unreachable for this round).
+        """
+        io = self.io
+        assert io is not None
+        if command.undo:
+            with contextlib.suppress(Exception):
+                self._put(io, command.fallback or command.packed)
+        why = Diagnosis(Failure.UNREACHABLE, f"no reply for {STALL}s")
+        self.drop(now, why)
+        raise _Failed(why)
 
     def _write_now(self, sock: Any, data: bytes) -> None:
         """Write ``data`` behind what the socket could not take yet, without waiting;
@@ -421,11 +453,11 @@ class Link:
         """Stop waiting for the in-flight command; its ``replies`` are dropped when they
         come (``command``: a release by EVALSHA's is looked at for a NOSCRIPT).
 
-        The connection is given up only once it has owed replies for ``STALL`` seconds
-        and heard none (a frozen or cut-off node), never for being behind. A node that
-        is slow but answering keeps its connection: closed, the node would still run the
-        grant it had received, and then sit out its back-off while the release goes
-        out, keeping the key for its whole TTL.
+        The connection is given up (by ``send``) only once it has owed replies for
+        ``STALL`` seconds and heard none (a frozen or cut-off node), never for being
+        behind. A node that is slow but answering keeps its connection: closed, the node
+        would still run the grant it had received, and then sit out its back-off while
+        the release goes out, keeping the key for its whole TTL.
         """
         if not self.owed or self.heard:
             self.quiet_since = now
@@ -434,8 +466,8 @@ class Link:
         self.partial = []
         if command is not None and command.resend_late:
             self.owed_releases.append((self.owed_read + self.owed, command))
-        if now - self.quiet_since > STALL and not self._unread():
-            self.drop(now)
+        # Given up, if it stays silent, only when the next command comes (``send``),
+        # not here: that may be the cleanup of what this round wrote.
 
     def _unread(self) -> bool:
         """Answers from the node wait here unread: parsed, or still in the socket."""
