@@ -181,8 +181,10 @@ class Link:
         self.owed_releases: deque[tuple[int, Command]] = deque()
         self.resends: list[Command] = []
         self.partial: list[Any] = []  # replies so far of a command that has several
-        # Since when it has owed replies and heard none (``abandon``); ``heard``: an owed
-        # reply was read since the last look.
+        # Since when it has owed replies of abandoned requests and heard none
+        # (``abandon``), 0.0 while it owes none; ``heard``: an owed reply was read since
+        # the last look. (A Cluster node's ASKING owes a reply too, but starts no quiet
+        # spell: it is answered before the request behind it.)
         self.quiet_since = 0.0
         self.heard = False
         # What the socket could not take yet (``_write_now``), oldest first; written by
@@ -202,7 +204,7 @@ class Link:
         """
         io = self.io
         assert io is not None  # set up by LinkSet._set_up
-        if self.owed and not self.heard and now - self.quiet_since > STALL and not self._unread():
+        if self.quiet_since and self._stalled(now):
             self._let_go(command, now)
         try:
             # Only a script sent by EVALSHA has another form (``ScriptCache``).
@@ -236,6 +238,15 @@ class Link:
             self.cut = True
             io.sock.sendall(data)  # TLS: a TCP buffer, which holds far more than STALL's worth
             self.cut = False
+
+    def _stalled(self, now: float) -> bool:
+        """Owed replies for ``STALL`` seconds, and heard none (``abandon``)."""
+        return (
+            self.owed > 0
+            and not self.heard
+            and now - self.quiet_since > STALL
+            and not self._unread()
+        )
 
     def _let_go(self, command: Command, now: float) -> NoReturn:
         """Give up the connection as stalled before ``command`` is written: it has owed
@@ -406,6 +417,8 @@ class Link:
         if self.owed:
             self.owed -= 1
             self.heard = True
+            if not self.owed:
+                self.quiet_since = 0.0
             self.owed_read += 1
             release = self._owed_release() if self.owed_releases else None
             # An abandoned request's error reply is nobody's business any more, but
@@ -459,7 +472,7 @@ class Link:
         would still run the grant it had received, and then sit out its back-off while
         the release goes out, keeping the key for its whole TTL.
         """
-        if not self.owed or self.heard:
+        if not self.owed or self.heard or not self.quiet_since:
             self.quiet_since = now
             self.heard = False
         self.owed += replies - len(self.partial)
@@ -502,6 +515,7 @@ class Link:
             self.conn = None
         self.io = None
         self.owed = 0
+        self.quiet_since = 0.0
         with self.writing:  # in turn with the flusher, which may be writing it out
             self.unsent = []
         self.cut = False
