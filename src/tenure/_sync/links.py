@@ -213,7 +213,13 @@ class Link:
                 data = command.packed
             else:
                 data = self.node.scripts.packed(command)
-            self._put(io, data)
+            # ``_put``, inline: a call per node and round costs 1% of a cycle's CPU.
+            if io.plain:
+                self._write_now(sock, data)
+            else:
+                self.cut = True
+                sock.sendall(data)  # TLS: a TCP buffer, which holds far more than STALL's worth
+                self.cut = False
         except Exception as exc:  # not BaseException: an interrupt is no node's failure
             why = diagnose(exc)
             self.drop(now, why)
@@ -232,11 +238,12 @@ class Link:
         return sock
 
     def _put(self, io: SocketReplies, data: bytes) -> None:
+        """Write ``data`` as ``send`` does."""
         if io.plain:
             self._write_now(io.sock, data)
         else:
             self.cut = True
-            io.sock.sendall(data)  # TLS: a TCP buffer, which holds far more than STALL's worth
+            io.sock.sendall(data)
             self.cut = False
 
     def _stalled(self, now: float) -> bool:
