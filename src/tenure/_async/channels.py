@@ -18,7 +18,9 @@ reads the connection. Writing a request is synchronous (no ``await``), so
 
 A reply that comes after its round ended is still read (by ``RespProtocol``) and dropped,
 so no connection is ever left with an unread reply. A node that answers nothing for
-``STALL`` seconds while requests wait is disconnected and left alone for a back-off. A
+``STALL`` seconds while requests wait is given up and left alone for a back-off; its
+connection stays open until the node has answered what was written to it, a release
+written first behind the rest (``Channel._let_go``). A
 connection the node closed while nothing was pending on it (its idle ``timeout``, a
 proxy's, a restart) is replaced at once: the event loop reads its end as it comes, or,
 when the loop was not running meanwhile, the next round finds it before writing to a

@@ -214,7 +214,8 @@ class Command:
     keys (``TRYAGAIN``). ``undo``: the command gives back what earlier ones may have
     taken (a release, a failed attempt's cleanup, a dequeue), so it must run after them
     on the node: it is written even to a connection found stalled, behind them, before
-    that connection is let go (the asyncio driver's ``Channel.send``).
+    that connection is let go (``_async.channels.Channel._let_go``,
+    ``_sync.links.Link._let_go``).
 
     A plain class with slots, not a dataclass: two are made per acquire and release, and
     a frozen dataclass's ``__init__`` costs a call per field. What it says never changes.

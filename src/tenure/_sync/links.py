@@ -213,7 +213,7 @@ class Link:
                 data = command.packed
             else:
                 data = self.node.scripts.packed(command)
-            # ``_put``, inline: a call per node and round costs 1% of a cycle's CPU.
+            # ``_put``, inline: a call per node and round cost 0.7% of a cycle's instructions.
             if io.plain:
                 self._write_now(sock, data)
             else:
