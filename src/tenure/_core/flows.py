@@ -499,11 +499,10 @@ class Flows:
         """The end of an acquire call: stop listening and, if it queued without getting
         the lock, leave every queue. It waits for the nodes' answers (so that no place is
         left behind when ``acquire`` returns) unless an exception is on its way out."""
-        if call.inbox is not None:
-            yield Unlisten(waiter)
         if granted or not call.queued or self.closed:
+            if call.inbox is not None:
+                yield Unlisten(waiter)
             return  # closed: no reconnecting for it; its places expire on the nodes
-        dequeue = self.dequeue(spec, waiter)
         everyone = frozenset(range(self.n))
         # A node that did not answer the dequeue may still run an attempt of this call
         # that sat unread in its socket (a frozen node, run when it wakes, on a
@@ -516,6 +515,13 @@ class Flows:
         # go out on a connection that died unnoticed, and then the node was held by
         # nobody for a TTL. (A dequeue sent twice is harmless.)
         yield Depart(spec, waiter, self.clock() + hold)
+        # Only then does it stop listening: in between, a notification (read by the
+        # blocking client's listener thread at any moment) found it neither listening
+        # nor departed, and was dropped; its dequeue lost too, the node was held by
+        # nobody for a TTL.
+        if call.inbox is not None:
+            yield Unlisten(waiter)
+        dequeue = self.dequeue(spec, waiter)
         try:
             if unwinding:
                 yield self._send(dequeue, everyone)

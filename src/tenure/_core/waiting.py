@@ -161,12 +161,12 @@ class Switchboard(Generic[S]):
             return False
         if reply[0] == b"message" or reply[0] == b"smessage":
             wake = parse_wake(reply[2])
-            if wake is not None:
+            # Departed first: a waiter that gives up departs before it stops listening
+            # (``Flows._end_call``), and what reaches it then is declined.
+            if wake is not None and not self.departed.decline(wake.waiter, node, now):
                 slot = self.slots.get(wake.waiter)
                 if slot is not None:
                     slot.put(wake, node)
-                else:
-                    self.departed.decline(wake.waiter, node, now)
             return False
         return bool(reply[0] == b"subscribe")
 
