@@ -8,6 +8,8 @@ import random
 import time
 from collections.abc import Callable
 
+import pytest
+
 import tenure
 from tenure._core.backoff import STALL
 from tenure._core.config import LockKeys
@@ -48,38 +50,6 @@ async def until(predicate: Callable[[], bool], what: str, within: float = 10.0) 
         await asyncio.sleep(0.005)
 
 
-def test_cancel_mid_acquire_leaves_no_key(cluster5: LocalCluster, key: str) -> None:
-    """Every node is frozen while the SETs are in flight; the task is cancelled; then they wake."""
-
-    async def main() -> tuple[bool, str]:
-        async with tenure.AsyncClient(cluster5.urls, node_timeout=0.5) as client:
-            lease = await client.acquire(key + "-warm", ttl=5.0)  # connections up
-            await lease.release()
-            for node in cluster5:
-                node.pause()
-            before = [unread(node) for node in cluster5]
-            task = asyncio.create_task(client.acquire(key, ttl=5.0))
-            # The SETs are written (each frozen node has them unread); no node can answer.
-            await until(
-                lambda: all(unread(n) > b for n, b in zip(cluster5, before, strict=True)),
-                "SETs written",
-            )
-            task.cancel()
-            try:
-                await task
-                won = True
-            except asyncio.CancelledError:
-                won = False
-            for node in cluster5:
-                node.resume()
-            return won, f"tenure:{{{key}}}:lock"
-
-    won, lock_key = asyncio.run(main())
-    assert won is False
-    # The nodes executed SET then the release written behind it on the same connection.
-    assert wait_until_gone(cluster5, lock_key) == [None] * 5
-
-
 def test_cancel_mid_release_still_releases(cluster5: LocalCluster, key: str) -> None:
     async def main() -> str:
         async with tenure.AsyncClient(cluster5.urls, node_timeout=0.5) as client:
@@ -104,15 +74,17 @@ def test_cancel_mid_release_still_releases(cluster5: LocalCluster, key: str) -> 
     assert wait_until_gone(cluster5, lock_key) == [None] * 5
 
 
-def test_a_cancelled_acquire_cleans_up_behind_its_grant_on_a_stalled_connection(
-    cluster5: LocalCluster, key: str
-) -> None:
-    """As above, but the loop is blocked for longer than a connection may go unanswered
-    (``STALL``) before the cancellation comes, as on a starved machine: the cleanup finds
-    every connection stalled. It is written on each behind the grant all the same, and
-    the connection stays open until the node, once awake, has run both and answered.
-    Before, the connections were closed first and the cleanup never sent: every node
-    kept the key for its TTL."""
+@pytest.mark.parametrize("stalled", [False, True], ids=["at-once", "after-stall"])
+def test_cancel_mid_acquire_leaves_no_key(cluster5: LocalCluster, key: str, stalled: bool) -> None:
+    """Every node is frozen while the SETs are in flight; the task is cancelled; then they
+    wake, and run the SET and the release written behind it on the same connection.
+
+    ``after-stall``: the loop is blocked for longer than a connection may go unanswered
+    (``STALL``) before the cancellation comes, as on a starved machine, so the cleanup
+    finds every connection stalled. It is written on each behind the grant all the
+    same, and the connection stays open until the node, once awake, has run both and
+    answered. Before, the connections were closed first and the cleanup never sent:
+    every node kept the key for its TTL."""
 
     async def main() -> tuple[bool, list[int]]:
         async with tenure.AsyncClient(cluster5.urls, node_timeout=0.5) as client:
@@ -123,12 +95,14 @@ def test_a_cancelled_acquire_cleans_up_behind_its_grant_on_a_stalled_connection(
                 node.pause()
             before = [unread(node) for node in cluster5]
             task = asyncio.create_task(client.acquire(key, ttl=5.0))
+            # The SETs are written (each frozen node has them unread); no node can answer.
             await until(
                 lambda: all(unread(n) > b for n, b in zip(cluster5, before, strict=True)),
                 "SETs written",
             )
-            # The loop blocked: no reply could be read meanwhile.
-            time.sleep(STALL + 0.2)  # noqa: ASYNC251
+            if stalled:
+                # The loop blocked: no reply could be read meanwhile.
+                time.sleep(STALL + 0.2)  # noqa: ASYNC251
             task.cancel()
             try:
                 await task
@@ -137,12 +111,12 @@ def test_a_cancelled_acquire_cleans_up_behind_its_grant_on_a_stalled_connection(
                 won = False
             for node in cluster5:
                 node.resume()
-            lock_key = f"tenure:{{{key}}}:lock"
-            gone = wait_until_gone(cluster5, lock_key)
-            # Each node answered what it was sent, and its connection was closed then
-            # (the client still open: not by ``aclose``); the probe's own is gone too.
+            gone = wait_until_gone(cluster5, f"tenure:{{{key}}}:lock")
+            # A connection given up as stalled is closed once its node answered (the
+            # client still open: not by ``aclose``); the others stay.
+            expected = [c - 1 if stalled else c for c in connected]
             await until(
-                lambda: [_clients(n) for n in cluster5] == [c - 1 for c in connected],
+                lambda: [_clients(n) for n in cluster5] == expected,
                 "the stalled connections closed",
                 within=5.0,
             )
