@@ -455,13 +455,15 @@ class Channel:
         why = diagnose(exc)
         return why if self.address.sentinel is None else demoted(why)
 
-    def _reset(self, exc: BaseException, now: float, *, from_task: bool = False) -> None:
+    def _reset(
+        self, exc: BaseException, now: float, *, from_task: bool = False, close: bool = True
+    ) -> None:
         if isinstance(exc, Exception):
             self.last = self.diagnose(exc)
         self._reconnect.failed(now)
         task = self._detach(exc)
         if task is not None and not from_task:
-            self._retire(task)
+            self._retire(task, close=close)
 
     def _let_go(self, command: Command, now: float) -> None:
         """Give up the connection as stalled (``STALL``) before ``command`` is written:
@@ -478,25 +480,15 @@ class Channel:
         connection it could run before that grant and leave the key for a whole TTL.
         Commands of this turn not yet written (``_outbox``) are dropped, as they fail.
         """
-        conn = self._conn
-        writer = None if conn is None else conn._writer
-        task = self._task
-        exc = ConnectionError(f"no reply for {STALL}s")
-        if writer is None or task is None:  # (not connected: nothing was written)
-            self._reset(exc, now)
-            return
-        if command.undo:
-            writer.write(command.fallback or command.packed)
-        writer.write(_LET_GO)
-        protocol = writer.transport.get_protocol()
-        assert isinstance(protocol, RespProtocol)
-        protocol.let_go(writer.transport, _LET_GO_REPLY, LINGER)
-        self.last = self.diagnose(exc)
-        self._reconnect.failed(now)
-        self._detach(exc)
-        # Not cancelled: it ends when the connection does; ``close`` cancels it.
-        self._retired.add(task)
-        task.add_done_callback(self._retired.discard)
+        writer = None if self._conn is None or self._task is None else self._conn._writer
+        if writer is not None:  # (else not connected: nothing was written)
+            if command.undo:
+                writer.write(command.fallback or command.packed)
+            writer.write(_LET_GO)
+            protocol = writer.transport.get_protocol()
+            assert isinstance(protocol, RespProtocol)
+            protocol.let_go(writer.transport, _LET_GO_REPLY, LINGER)
+        self._reset(ConnectionError(f"no reply for {STALL}s"), now, close=writer is None)
 
     def shed_if_closed(self) -> bool:
         """Let go of the connection if the node closed it while nothing was pending: its
@@ -513,9 +505,11 @@ class Channel:
             self._retire(task)
         return False
 
-    def _retire(self, task: asyncio.Task[None]) -> None:
-        """Cancel the task of a connection given up; ``close`` waits for it to end."""
-        task.cancel()
+    def _retire(self, task: asyncio.Task[None], *, close: bool = True) -> None:
+        """Cancel the task of a connection given up (``close``; else it ends when its
+        connection does); ``close`` (the channel's) waits for it to end."""
+        if close:
+            task.cancel()
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
 
