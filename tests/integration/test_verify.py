@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tenure.cli import main
-from tenure.verify.history import Grant, HistoryWriter, Release, Request
+from tenure.verify.history import Grant, HistoryWriter, Refused, Release, Request
 from tenure.verify.runner import format_table, run_config
 from tenure.verify.scenarios import SCENARIOS, Config, Expect, Stats, violated, zero
 from tenure.verify.world import World
@@ -78,6 +78,34 @@ def test_a_run_without_grants_or_with_an_error_fails(tmp_path: Path) -> None:
     assert not broken.passed
     assert broken.error == "RuntimeError: the choreography broke"
     assert "FAIL 1 broken: RuntimeError: the choreography broke" in format_table([broken])
+
+
+def _refusals(world: World, cycles: int) -> Stats:
+    """Refusals inside a fault's window and one after it, written as a worker would."""
+    start, end = 1_000_000_000, 3_000_000_000
+    reasons = [
+        "QuorumUnreachable: lock 'x': 3 of 5 nodes failed; a majority of 3 is impossible",
+        "LockTimeout: lock 'x': not acquired after timeout=0.5s: 3 of 5 nodes failed or did"
+        " not answer",
+        # Not the nodes' fault: a majority was possible, or the lock was held.
+        "LockTimeout: lock 'x': not acquired after timeout=0.5s: 2 of 5 nodes failed or did"
+        " not answer",
+        "LockTimeout: lock 'x': still held by another client after timeout=0.5s",
+    ]
+    with HistoryWriter(world.history_dir / "fake.jsonl") as out:
+        for i, reason in enumerate(reasons):
+            out.write(Refused("P", start + i, start + 10 + i, reason))
+        out.write(Refused("P", end, end + 1, reasons[0]))  # after the window
+    world.fault("cut", "nobody", start, "planted history")
+    return {"window:cut#0": start, "window_end:cut#0": end}
+
+
+def test_a_window_counts_the_refusals_that_blame_the_nodes(tmp_path: Path) -> None:
+    """Cut off from a majority, a client says so with ``QuorumUnreachable``, or with a
+    ``LockTimeout`` naming the failed nodes when its timeout ran out first."""
+    config = Config("planted", True, _refusals, zero("C1"))
+    result = run_config(SCENARIOS[0], config, 1, tmp_path)
+    assert result.figures["unreachable_in_cut"] == 2
 
 
 def test_a_clock_jump_is_proven_by_the_nodes_time(tmp_path: Path) -> None:

@@ -153,15 +153,34 @@ def _figures(
             inside = sum(1 for g in grants if g.t_request >= start and g.t <= end)
             figures[f"grants_in_{name}"] = int(figures.get(f"grants_in_{name}") or 0) + inside
             unreachable = sum(
-                1
-                for r in refusals
-                if start <= r.t <= end and r.reason.startswith("QuorumUnreachable")
+                1 for r in refusals if start <= r.t <= end and _blames_nodes(r.reason)
             )
             key_u = f"unreachable_in_{name}"
             figures[key_u] = int(figures.get(key_u) or 0) + unreachable
         elif not key.startswith("window_end:"):
             figures[key] = value
     return figures
+
+
+# "3 of 5 nodes failed": QuorumUnreachable's message, and LockTimeout's when its last
+# attempt heard too few nodes.
+_FAILED = re.compile(r"(\d+) of (\d+) nodes failed")
+
+
+def _blames_nodes(reason: str) -> bool:
+    """Whether a refusal says that too few nodes answered for a majority: a
+    ``QuorumUnreachable``, or a ``LockTimeout`` whose last attempt's failures ruled out
+    a majority. Which of the two a client cut off from a majority raises depends on
+    whether its acquire's timeout runs out before its failures add up to
+    ``QuorumUnreachable``, a race a loaded machine tips toward the timeout; both are
+    the honest answer."""
+    if reason.startswith("QuorumUnreachable"):
+        return True
+    failed = _FAILED.search(reason)
+    if not reason.startswith("LockTimeout") or failed is None:
+        return False
+    down, n = int(failed[1]), int(failed[2])
+    return n - down <= n // 2
 
 
 def _slug(text: str) -> str:

@@ -762,6 +762,8 @@ SCENARIOS: tuple[Scenario, ...] = (
                 [
                     *zero(*SAFE, "nonpositive_validity"),
                     at_least("grants_in_minority_cut", 1),
+                    # Refusals that say too few nodes answered: QuorumUnreachable, or a
+                    # LockTimeout naming the failed nodes (runner._blames_nodes).
                     at_least("unreachable_in_majority_cut", 1),
                     # Each fault lasts 2 s; the lock must come back soon after each one.
                     at_most("longest_unavailable_ms", 10_000),
