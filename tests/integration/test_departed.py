@@ -19,6 +19,7 @@ import pytest
 
 import tenure
 from tenure._core.config import LockKeys
+from tenure._core.flows import Depart
 from tenure._core.waiting import Departed
 from tenure.testing import LocalCluster, LocalNode
 
@@ -360,5 +361,63 @@ def test_a_hand_off_that_crosses_a_dequeue_lost_on_a_dead_connection_is_declined
             "the node stayed held by the waiter that left",
         )
     finally:
+        admin.close()
+        holder.close()
+
+
+def test_a_hand_off_filed_after_the_last_wait_is_declined_when_its_dequeue_is_lost(
+    cluster5: LocalCluster, key: str
+) -> None:
+    """A hand-off filed in a waiter's slot after its last wait ended and before it
+    departed was dropped with the slot when it stopped listening; with its dequeue lost
+    too (a connection the node had closed unnoticed), the node was held by nobody for
+    the whole TTL. Here the holder releases, handing the lock to the waiter, and the
+    notification is filed just before the waiter departs; its dequeue is then lost.
+    (Blocking client: its listener thread files while the waiter's thread runs; the
+    asyncio client files only between the flow's waits.)"""
+    node = cluster5[0]
+    urls = [node.url]
+    keys = LockKeys.of(key)
+    holder = tenure.Client(urls)
+    admin = node.client()
+    waiter = tenure.Client(urls)
+    try:
+        held = holder.acquire(key, ttl=10.0)
+        perform_now = waiter._perform_now
+        filed: list[int] = []
+        dropped: list[str] = []
+        caller = threading.get_ident()
+
+        def crossing(op: Any) -> None:
+            if isinstance(op, Depart) and not filed:
+                slots = waiter._listener._board.slots
+                slot = slots[op.waiter]
+                held.release()  # hands the lock to the waiter, whose last wait ended
+                deadline = time.monotonic() + 2.0
+                while not slot.wakes and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                filed.append(len(slot.wakes))
+            perform_now(op)
+
+        def lost(spec: Any, who: str) -> Any:
+            # The waiter's own dequeue is lost: it leaves another queue entry, one never
+            # there (a decline's, from another thread, goes out as it is).
+            if threading.get_ident() == caller:
+                dropped.append(who)
+                who = "never-queued"
+            return dequeue(spec, who)
+
+        waiter._perform_now = crossing  # type: ignore[method-assign]
+        dequeue = waiter._flows.dequeue
+        waiter._flows.dequeue = lost  # type: ignore[method-assign]
+        assert waiter.lock(key, ttl=10.0).acquire(timeout=0.3) is False
+        assert filed == [1], "the hand-off was not filed before the waiter departed"
+        assert dropped, "the waiter never left its queue"
+        deadline = time.monotonic() + 3.0
+        while admin.get(keys.lock) is not None:
+            assert time.monotonic() < deadline, "the node stayed held by the waiter that left"
+            time.sleep(0.01)
+    finally:
+        waiter.close()
         admin.close()
         holder.close()

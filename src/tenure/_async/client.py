@@ -201,7 +201,7 @@ class AsyncClient(ClientBase):
             told = True
             failed()
 
-    def _later(self, delay: float, call: Callable[[], None]) -> None:
+    def _later(self, delay: float, call: Callable[[], object]) -> None:
         asyncio.get_running_loop().call_later(delay, call)
 
     async def aclose(self) -> None:

@@ -242,13 +242,14 @@ class AsyncListener:
         if not self._closed:
             self._stopped = True  # started again by the next registration
 
-    def unregister(self, waiter: str) -> None:
-        self._slots.pop(waiter, None)
+    def unregister(self, waiter: str) -> list[int]:
+        untaken = self._board.leave(waiter)
         shard = self._waiter_slot.pop(waiter, -1)
         if shard >= 0:
             for subs in self._shards:
                 subs.remove(shard)  # the last one out unsubscribes
             self._replan()
+        return untaken
 
     async def close(self) -> None:
         self._closed = True

@@ -140,6 +140,10 @@ class Filing(Protocol):
         """File ``wake`` from ``node``; None only nudges the waiter to re-check."""
         ...
 
+    def take(self) -> list[tuple[int, Wake]]:
+        """The notifications filed since the last take, with their nodes."""
+        ...
+
 
 S = TypeVar("S", bound=Filing)
 
@@ -169,6 +173,14 @@ class Switchboard(Generic[S]):
                     slot.put(wake, node)
             return False
         return bool(reply[0] == b"subscribe")
+
+    def leave(self, waiter: str) -> list[int]:
+        """``waiter`` stops listening; returns the nodes of hand-offs filed for it that
+        it never took (come after its last wait ended, before it departed), for
+        ``departed.decline``. Dropped with the slot, such a hand-off left its node held
+        by nobody for a TTL whenever the waiter's dequeue was lost too."""
+        slot = self.slots.pop(waiter, None)
+        return [node for node, wake in slot.take() if wake.handed_over] if slot else []
 
     def nudge_all(self) -> None:
         """Every waiter re-checks now (notifications sent while we were away were lost)."""

@@ -47,7 +47,9 @@ class Listening(Protocol):
     @property
     def started(self) -> bool: ...
 
-    def unregister(self, waiter: str) -> None: ...
+    def unregister(self, waiter: str) -> list[int]:
+        """Stop filing for ``waiter``; the nodes of hand-offs filed that it never took."""
+        ...
 
 
 class KeptAlive(Protocol):
@@ -224,7 +226,14 @@ class ClientBase:
         if isinstance(op, Send):
             self._send_now(op)
         elif isinstance(op, Unlisten):
-            self._notifications().unregister(op.waiter)
+            listening = self._notifications()
+            now = monotonic()
+            for node in listening.unregister(op.waiter):
+                # Declined if it departed (it does before it stops listening), in the
+                # background: declining may wait for the node's answer.
+                self._later(
+                    0.0, functools.partial(listening.departed.decline, op.waiter, node, now)
+                )
         elif isinstance(op, Depart):
             decline = functools.partial(self._declined, op.spec, op.waiter)
             departed = self._notifications().departed
@@ -259,7 +268,7 @@ class ClientBase:
         Never raises."""
         raise NotImplementedError
 
-    def _later(self, delay: float, call: Callable[[], None]) -> None:
+    def _later(self, delay: float, call: Callable[[], object]) -> None:
         """Call ``call`` in ``delay`` seconds, in the background."""
         raise NotImplementedError
 

@@ -280,7 +280,7 @@ class Client(ClientBase):
         if not self.closed and unreached(send):
             failed()
 
-    def _later(self, delay: float, call: Callable[[], None]) -> None:
+    def _later(self, delay: float, call: Callable[[], object]) -> None:
         timer = threading.Timer(delay, call)
         timer.daemon = True  # a decline sent again must not keep the process alive
         timer.start()

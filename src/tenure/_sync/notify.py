@@ -225,8 +225,8 @@ class Listener:
                 raise
         return slot
 
-    def unregister(self, waiter: str) -> None:
-        self._slots.pop(waiter, None)
+    def unregister(self, waiter: str) -> list[int]:
+        untaken = self._board.leave(waiter)
         if self._sharding:
             with self._shard_lock:
                 shard = self._waiter_slot.pop(waiter, -1)
@@ -235,6 +235,7 @@ class Listener:
                         subs.remove(shard)  # the last one out unsubscribes (``_connect``)
             if shard >= 0:
                 self._poke()
+        return untaken
 
     def _settled(self, shard: int) -> bool:
         return shard < 0 or all(subs.settled(shard) for subs in self._shards)
