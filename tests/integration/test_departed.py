@@ -409,7 +409,7 @@ def test_a_hand_off_filed_after_the_last_wait_is_declined_when_its_dequeue_is_lo
 
         waiter._perform_now = crossing  # type: ignore[method-assign]
         dequeue = waiter._flows.dequeue
-        waiter._flows.dequeue = lost  # type: ignore[method-assign]
+        waiter._flows.dequeue = lost  # type: ignore[method-assign,assignment]
         assert waiter.lock(key, ttl=10.0).acquire(timeout=0.3) is False
         assert filed == [1], "the hand-off was not filed before the waiter departed"
         assert dropped, "the waiter never left its queue"
