@@ -163,6 +163,23 @@ def test_an_unknown_service_is_an_unreachable_node_saying_why(
     _no_redis_exception(info.value)
 
 
+def test_a_data_server_listed_as_a_sentinel_is_a_misconfigured_node(
+    api: Api, shared_set: LocalSentinelSet
+) -> None:
+    """It will never name a master: a blocking acquire says so at once, naming the
+    address and the fix, rather than wait out its timeout for the node to recover."""
+    data_server = shared_set.master()
+    client = api.client([f"redis+sentinel://127.0.0.1:{data_server.port}/locks"], **OPTIONS)
+    started = time.monotonic()
+    with pytest.raises(tenure.NodeMisconfigured) as info:
+        client.acquire("sentinel-data-server", ttl=1.0, timeout=30.0)
+    assert time.monotonic() - started < 10.0
+    text = str(info.value)
+    assert f"127.0.0.1:{data_server.port}: is not a Sentinel" in text, text
+    assert "lists the Sentinels (usually on port 26379), not the data servers" in text, text
+    _no_redis_exception(info.value)
+
+
 def _dead_ports(n: int) -> list[int]:
     ports = []
     for _ in range(n):

@@ -148,10 +148,34 @@ def test_a_demoted_master_is_unreachable_not_misconfigured() -> None:
 
 
 def test_no_master_names_the_service_and_each_sentinel() -> None:
-    text = no_master("locks", [(("a", 1), "connection refused"), (("::1", 2), "timed out")])
-    assert text == (
+    refused = Diagnosis(Failure.UNREACHABLE, "connection refused")
+    silent = Diagnosis(Failure.UNREACHABLE, "timed out")
+    why = no_master("locks", [(("a", 1), refused), (("::1", 2), silent)])
+    assert why == Diagnosis(
+        Failure.UNREACHABLE,
         "no Sentinel named a master for service 'locks' "
-        "(a:1: connection refused; [::1]:2: timed out)"
+        "(a:1: connection refused; [::1]:2: timed out)",
+    )
+
+
+def test_no_master_from_sentinels_that_are_all_misconfigured_is_misconfigured() -> None:
+    """A data server listed as a Sentinel will never name a master: the node is
+    misconfigured (an acquire says so at once), not unreachable until it recovers."""
+    data_server = error_reply("ERR unknown command 'SENTINEL', with args beginning with: ")
+    assert data_server.failure is Failure.MISCONFIGURED
+    why = no_master("locks", [(("a", 1), data_server), (("b", 2), data_server)])
+    assert why.failure is Failure.MISCONFIGURED
+    assert "a:1: is not a Sentinel" in why.detail
+    assert "b:2: is not a Sentinel" in why.detail
+    # One Sentinel down or not knowing the service yet: it may come, so unreachable.
+    down = Diagnosis(Failure.UNREACHABLE, "connection refused")
+    assert no_master("locks", [(("a", 1), data_server), (("b", 2), down)]).failure is (
+        Failure.UNREACHABLE
+    )
+    # Configuration failures of different kinds: misconfigured.
+    rejected = Diagnosis(Failure.CERTIFICATE, "certificate rejected")
+    assert no_master("locks", [(("a", 1), data_server), (("b", 2), rejected)]).failure is (
+        Failure.MISCONFIGURED
     )
 
 

@@ -126,10 +126,21 @@ def auth_refused(text: str) -> bool:
     )
 
 
-def no_master(service: str, said: Sequence[tuple[Address, str]]) -> str:
-    """Why no master was found: every Sentinel asked, and what each said."""
-    each = "; ".join(f"{_where(s)}: {what}" for s, what in said)
-    return f"no Sentinel named a master for service {service!r} ({each})"
+def no_master(service: str, said: Sequence[tuple[Address, Diagnosis]]) -> Diagnosis:
+    """Why no master was found, as the node's failure: every Sentinel asked, and what
+    each said.
+
+    The node is unreachable, unless every Sentinel failed for its configuration: a data
+    server listed as a Sentinel (it will never name a master), a certificate rejected,
+    credentials refused. Then the node is misconfigured, and an acquire says so at once
+    (``NodeMisconfigured``) instead of waiting for it to recover. A Sentinel that does
+    not know the service yet, or is down, leaves the node unreachable: it may come."""
+    each = "; ".join(f"{_where(s)}: {why.detail}" for s, why in said)
+    detail = f"no Sentinel named a master for service {service!r} ({each})"
+    kinds = {why.failure for _, why in said}
+    if kinds and all(kind.configuration for kind in kinds):
+        return Diagnosis(kinds.pop() if len(kinds) == 1 else Failure.MISCONFIGURED, detail)
+    return Diagnosis(Failure.UNREACHABLE, detail)
 
 
 UNKNOWN_SERVICE = "does not know the service (check the service name in the node URL)"

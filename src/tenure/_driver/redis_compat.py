@@ -33,6 +33,7 @@ from .ready import readable
 from .replies import NOT_RESP, pull_reader
 
 __all__ = [
+    "Diagnosed",
     "NotRedis",
     "SocketReplies",
     "bound_tcp_connect",
@@ -138,6 +139,15 @@ class NotRedis(rx.ConnectionError):
     """The node sent bytes that are not the Redis protocol (the asyncio driver's reader)."""
 
 
+class Diagnosed(rx.ConnectionError):
+    """A connection that could not be set up, already diagnosed (a Sentinel-managed
+    node whose Sentinels named no master: ``_core.sentinel.no_master``)."""
+
+    def __init__(self, diagnosis: Diagnosis) -> None:
+        super().__init__(diagnosis.detail)
+        self.diagnosis = diagnosis
+
+
 # Error codes redis-py strips off the replies it maps to exception classes, for redis-py
 # versions that do not keep them (``status_code`` came in redis-py 6).
 _CODES: tuple[tuple[type[Exception], str], ...] = (
@@ -179,6 +189,8 @@ def diagnose(exc: Exception) -> Diagnosis:
     failure too (``diagnosis.certificate_rejected``); network errors make the node
     unreachable. Nothing is raised.
     """
+    if isinstance(exc, Diagnosed):
+        return exc.diagnosis
     rejected = _certificate_error(exc)
     if rejected is not None:
         return diagnosis.certificate_rejected(

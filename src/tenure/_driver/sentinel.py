@@ -30,6 +30,8 @@ import redis.asyncio
 from redis import exceptions as rx
 
 from .._core.config import NodeAddress
+from .._core.diagnosis import Diagnosis
+from .._core.quorum import Failure
 from .._core.sentinel import (
     UNKNOWN_SERVICE,
     Address,
@@ -41,7 +43,7 @@ from .._core.sentinel import (
     not_a_master,
     role_of,
 )
-from .redis_compat import connection_kwargs, diagnose
+from .redis_compat import Diagnosed, connection_kwargs, diagnose
 from .timeouts import within
 
 __all__ = ["Locator", "managed"]
@@ -119,13 +121,14 @@ class Locator:
             self._book.answered(sentinel, master)
         return master
 
-    def _none_found(self, said: list[tuple[Address, str]], answered: bool) -> Address:
+    def _none_found(self, said: list[tuple[Address, Diagnosis]], answered: bool) -> Address:
         """No Sentinel named a master: the one named last, if no Sentinel answered at
-        all (an outage of the Sentinels alone); otherwise the node is unreachable."""
+        all (an outage of the Sentinels alone); otherwise the node fails, unreachable or
+        misconfigured (``no_master``)."""
         with self._lock:
             last = None if answered else self._book.candidates(None)
         if last is None:
-            raise rx.ConnectionError(no_master(self.service, said))
+            raise Diagnosed(no_master(self.service, said))
         return last
 
     def _refused_auth(self, sentinel: Address, exc: Exception) -> bool:
@@ -163,16 +166,16 @@ class Locator:
         Raises:
             redis.exceptions.ConnectionError: no master found, saying why per Sentinel.
         """
-        said: list[tuple[Address, str]] = []
+        said: list[tuple[Address, Diagnosis]] = []
         answered = False
         for sentinel in self._order():
             try:
                 return self._found(sentinel, self._ask(sentinel)), sentinel
             except _Unknown as exc:
                 answered = True
-                said.append((sentinel, str(exc)))
+                said.append((sentinel, Diagnosis(Failure.UNREACHABLE, str(exc))))
             except Exception as exc:  # not BaseException: an interrupt is nobody's answer
-                said.append((sentinel, diagnose(exc).detail))
+                said.append((sentinel, diagnose(exc)))
         return self._none_found(said, answered), None
 
     # --- asyncio ----------------------------------------------------------------------
@@ -196,16 +199,16 @@ class Locator:
 
     async def alocate(self) -> tuple[Address, Address | None]:
         """``locate`` for the asyncio driver."""
-        said: list[tuple[Address, str]] = []
+        said: list[tuple[Address, Diagnosis]] = []
         answered = False
         for sentinel in self._order():
             try:
                 return self._found(sentinel, await self._aask(sentinel)), sentinel
             except _Unknown as exc:
                 answered = True
-                said.append((sentinel, str(exc)))
+                said.append((sentinel, Diagnosis(Failure.UNREACHABLE, str(exc))))
             except Exception as exc:  # not BaseException: cancellation passes
-                said.append((sentinel, diagnose(exc).detail))
+                said.append((sentinel, diagnose(exc)))
         return self._none_found(said, answered), None
 
     def check_role(self, master: Address, reply: object, by: Address | None) -> None:
