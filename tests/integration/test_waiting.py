@@ -52,14 +52,15 @@ def _release_raw(cluster: LocalCluster, n: int, name: str, lease: tenure.Lease, 
     mode = ("q" if n > 1 else "f") if fair else "n"
     # "n": how long the woken waiter's reservation lasts; "q": the hand-off's token.
     arg = lease.fencing_token + 1 if mode == "q" else 100
-    clients = [node.client() for node in list(cluster)[:n]]
+    nodes = list(cluster)[:n]
+    clients = [node.client() for node in nodes]
     conns = [c.connection_pool.get_connection() for c in clients]
     for conn in conns:
         conn.send_command(  # type: ignore[no-untyped-call]
             "EVAL", body, 3, keys.lock, keys.floor, keys.queue,
             lease.token, mode, arg, RETENTION, lease.fencing_token,
         )  # fmt: skip
-    for node, conn in zip(list(cluster)[:n], conns, strict=True):
+    for node, conn in zip(nodes, conns, strict=True):
         released = conn.read_response()
         # 0 from a node the lease counts: the lease expired before this test got to
         # release it (a machine too loaded for the test's timing), not a library fault.
