@@ -141,7 +141,7 @@ from tenure._core.acquire import (
     Step,
 )
 from tenure._core.config import NODE_FLOOR, NODE_REPLID, ClientConfig, LockKeys, LockSpec
-from tenure._core.flows import SEED_PATIENCE, Op, Run, Sleep
+from tenure._core.flows import SEED_PATIENCE, Flow, Later, Op, Run, Sleep
 from tenure._core.policy import wait_random
 from tenure._core.quorum import Failure, Round
 from tenure._errors import TenureError
@@ -293,6 +293,9 @@ class LockModel(RuleBasedStateMachine):
         self.forgotten: set[int] = set()  # indexes of grants whose history was lost
         self.clients: list[ModelClient] = []
         self.loose: list[Message] = []  # orphans, seeds and cleanup releases on the wire
+        # Flows a client runs in the background from a time on (``Later``): (at, client,
+        # flow). A failed extension's release, from the lease's validity's end.
+        self.later: list[tuple[float, int, Flow[object]]] = []
         self.holdings: list[Holding] = []
         self.grants: list[Grant] = []
         self.events = 0
@@ -527,6 +530,10 @@ class LockModel(RuleBasedStateMachine):
             if isinstance(op, Sleep):
                 state.wake_at = self.now + op.seconds
                 return
+            if isinstance(op, Later):
+                self.later.append((op.at, c, op.flow))
+                op = flow.send(None)
+                continue
             assert isinstance(op, Run), f"no {op!r} without notifications"
             targets = range(len(self.nodes)) if op.targets is None else op.targets
             messages = [self._message(c, i, op.command) for i in targets]
@@ -553,12 +560,7 @@ class LockModel(RuleBasedStateMachine):
                 return
             if kind == "release" and decode(op.command.packed)[1][1:]:
                 # release.lua with the queue keys: the lease's release, at once.
-                for m in messages:
-                    answer = self._execute(m)
-                    if answer is None:
-                        op.rnd.fail(m.node, Failure.UNREACHABLE, "down")
-                    else:
-                        op.rnd.record(m.node, *op.command.parse(answer))
+                self._release_at_once(op, messages)
             else:
                 if kind == "seed":
                     self._log(
@@ -575,6 +577,34 @@ class LockModel(RuleBasedStateMachine):
                 op.rnd.time_out()
             op = flow.send(None)
         self._ended(c)
+
+    def _release_at_once(self, op: Run, messages: list[Message]) -> None:
+        """A lease's release: sent and answered at once (nothing rides on its delay)."""
+        for m in messages:
+            answer = self._execute(m)
+            if answer is None:
+                op.rnd.fail(m.node, Failure.UNREACHABLE, "down")
+            else:
+                op.rnd.record(m.node, *op.command.parse(answer))
+
+    @precondition(lambda self: any(at <= self.now for at, _, _ in self.later))
+    @rule(pick=PICK)
+    def run_later(self, pick: int) -> None:
+        """A flow a client left to run from a time on (``Later``) runs, that time come."""
+        due = [item for item in self.later if item[0] <= self.now]
+        item = due[pick % len(due)]
+        self.later.remove(item)
+        _, c, flow = item
+        self._log(f"client {c} runs a flow it left for {item[0]}")
+        try:
+            op = next(flow)
+            while True:
+                assert isinstance(op, Run), f"no {op!r} in a flow left for later"
+                targets = range(len(self.nodes)) if op.targets is None else op.targets
+                self._release_at_once(op, [self._message(c, i, op.command) for i in targets])
+                op = flow.send(None)
+        except StopIteration:
+            pass
 
     def _ended(self, c: int) -> None:
         """Client ``c``'s call returned or raised."""
@@ -613,6 +643,10 @@ class LockModel(RuleBasedStateMachine):
             if self.now < lease.valid_until and intact and error is not None:
                 # Nobody can have removed our token from a granting node while it was valid.
                 self._fail(f"(a) the release of a valid lease found it lost: {error}")
+        elif call == "extend":
+            # Its holder learns of the loss only now, and may be at work under the lease
+            # until its validity ends: it relies on the lease until then.
+            self._log(f"client {c} failed to extend its lease: {error}")
         else:
             self._log(f"client {c} lost its lease: {error}")
             self._stop_holding(c)

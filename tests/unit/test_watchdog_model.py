@@ -45,6 +45,11 @@ Properties, checked as the flows run:
      watchdog's decision and the start of the extension round);
 (W5) no false loss: the watchdog marks the lease lost by itself (the validity ended,
      the hold cap) only once its validity really ended;
+(W6) no early release after a failed extension: the release of a lease whose extension
+     failed, while a majority may still hold it (no "not ours" from a majority), is
+     written only once its validity ended (the holder, told of the loss only then, may
+     be at work under it until its ``valid_until``; the release runs in the background,
+     ``Later``, answered at once);
 (L1) ``locked()`` is True only if a majority of the nodes answered that they had the
      key, each at the instant it answered;
 (L2) ``locked()`` is False only if fewer than a majority answered so: with (W2), a
@@ -87,7 +92,7 @@ from hypothesis.stateful import (
 from tenure._core import commands
 from tenure._core.acquire import LeaseState
 from tenure._core.config import ClientConfig, LockSpec
-from tenure._core.flows import Flow, Op, Pause, Run, Send, Sleep, WatchedLease
+from tenure._core.flows import Flow, Later, Op, Pause, Run, Send, Sleep, WatchedLease
 from tenure._core.quorum import Failure, Round
 from tenure._core.watchdog import Action, KeepAlive, Lost
 from tenure._errors import ClientClosed, LeaseExpired, LeaseLost, TenureError
@@ -128,6 +133,7 @@ class Call:
     pending: dict[int, Message] = field(default_factory=dict)
     faults: list[int] = field(default_factory=list)  # per node, when the round was written
     yes: set[int] = field(default_factory=set)  # locked(): the nodes that answered 1
+    last: Round | None = None  # the round it concluded last
 
 
 class KeptLease(ModelLease):
@@ -228,6 +234,7 @@ class WatchdogModel(RuleBasedStateMachine):
         self.other_lease: LeaseState | None = None
         self.asking: Call | None = None  # the other client's locked()
         self.loose: list[Message] = []
+        self.later: list[tuple[float, Flow[Any]]] = []  # (from when, flow): ``Later``
         self.story = []
         self.new_lease(policy)
 
@@ -402,7 +409,21 @@ class WatchdogModel(RuleBasedStateMachine):
         if op is None:
             self._ended(call)
             return
+        if isinstance(op, Later):
+            self.later.append((op.at, op.flow))
+            self._carry(call, call.flow.send(None))
+            return
         assert isinstance(op, Run), f"no {op!r} in an extend, a release, locked()"
+        lease = self.lease
+        if (
+            call.kind != "release"
+            and decode(op.command.packed)[0] == "release"
+            and lease is not None
+            and self.now < lease._state.valid_until
+            and call.last is not None
+            and len(call.last.maybe_holding()) >= call.last.needed
+        ):
+            self._fail(f"(W6) a failed extension releases the lease early: {lease._state}")
         call.run = op
         call.faults = list(self.faults)
         call.pending = {m.node: m for m in self._write(op)}
@@ -506,7 +527,17 @@ class WatchdogModel(RuleBasedStateMachine):
             run.rnd.time_out()
         self.loose.extend(call.pending[i] for i in sorted(call.pending))
         call.pending = {}
+        call.last = run.rnd
         self._carry(call, call.flow.send(None))
+
+    @precondition(lambda self: any(at <= self.now for at, _ in self.later))
+    @rule()
+    def run_later(self) -> None:
+        """A flow left to run from a time on (``Later``) runs once that time came."""
+        item = next(item for item in self.later if item[0] <= self.now)
+        self.later.remove(item)
+        self._log(f"runs the flow left for {item[0]}")
+        self._at_once(item[1])
 
     @precondition(lambda self: self.loose)
     @rule(pick=PICK, lost=st.booleans())

@@ -17,6 +17,7 @@ from .._core.acquire import LeaseState, Refused
 from .._core.config import LockSpec
 from .._core.flows import (
     AwaitWake,
+    Flow,
     Listen,
     Op,
     Run,
@@ -66,6 +67,7 @@ class AsyncClient(ClientBase):
 
     def _open(self, connection_options: dict[str, Any]) -> None:
         self._channels = Channels(self.config, connection_options, self._reporter)
+        self._tasks: set[asyncio.Task[object]] = set()  # flows run in the background (``Later``)
         self._listener_loop: asyncio.AbstractEventLoop | None = None
         self._listener_ = self._new_listener()
 
@@ -203,6 +205,12 @@ class AsyncClient(ClientBase):
 
     def _later(self, delay: float, call: Callable[[], object]) -> None:
         asyncio.get_running_loop().call_later(delay, call)
+
+    def _background(self, flow: Flow[object]) -> None:
+        task = asyncio.get_running_loop().create_task(adrive(flow, self._perform))
+        self._tasks.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_retrieved)
 
     async def aclose(self) -> None:
         """Close every connection (and the task behind it); the client can't be used again.
@@ -469,3 +477,10 @@ class AsyncLock(LockView[AsyncLease, _Block]):
         if ours and lost is not None:
             raise lost from None  # in place of the cancellation tenure caused
         leave_block(self.name, lost, exc, failure)
+
+
+def _retrieved(task: asyncio.Task[object]) -> None:
+    """A background flow's end: what it raised is dropped (best effort), not logged by
+    the loop as never retrieved."""
+    if not task.cancelled():
+        task.exception()

@@ -65,6 +65,7 @@ __all__ = [
     "Flow",
     "Flows",
     "Inbox",
+    "Later",
     "Listen",
     "Op",
     "Pause",
@@ -193,6 +194,18 @@ class Depart:
         self.hold = hold
 
 
+class Later:
+    """Drive ``flow`` in the background from ``at`` (monotonic) on, on the client's own
+    connections; result None at once. Best effort: what ``flow`` raises is dropped, and
+    a client closed by then runs nothing."""
+
+    __slots__ = ("at", "flow")
+
+    def __init__(self, at: float, flow: Flow[Any]) -> None:
+        self.at = at
+        self.flow = flow
+
+
 class Pause:
     """The watchdog sleeps until ``until`` (monotonic), or until its lease is extended by
     hand (the drivers' ``Watchdog.replan``); result True if it was told to stop
@@ -211,12 +224,12 @@ class ExtendLease:
     __slots__ = ()
 
 
-Op = Run | Send | Sleep | Listen | AwaitWake | Unlisten | Depart | Pause | ExtendLease
+Op = Run | Send | Sleep | Listen | AwaitWake | Unlisten | Depart | Later | Pause | ExtendLease
 Flow = Generator[Op, Any, T]
 
 # What a flow may yield while an interrupt (KeyboardInterrupt, CancelledError) propagates
 # through it: done without waiting.
-INSTANT = (Send, Unlisten, Depart)
+INSTANT = (Send, Unlisten, Depart, Later)
 
 # A release waits this many node timeouts for a majority's confirmation. The round is
 # decided at the first majority, so healthy nodes never make it wait; only when a majority
@@ -556,7 +569,8 @@ class Flows:
 
     def extend(self, lease: WatchedLease, ttl: float | None) -> Flow[None]:
         """Extend ``lease`` by ``ttl`` (default: its lock's TTL) from now. On failure it
-        is released everywhere (so a waiter need not wait out the TTL), then lost.
+        is lost, and released everywhere once its validity ends (so a waiter need not
+        wait out the TTL of the keys the round may have extended).
 
         Raises:
             NotHeld, LeaseExpired, LeaseLost, ConfigurationError: as ``Lease.extend``.
@@ -583,12 +597,19 @@ class Flows:
             lease._state = outcome
             return
         lease._set_released()
-        # Lost now, before the release round: that round waits up to RELEASE_PATIENCE
-        # node timeouts for nodes that do not answer (the very ones that made the
-        # extension fail), which can end after the validity did, and after another
-        # client took the lock.
         lease._mark_lost(outcome)
-        yield from self._release_rounds(lease, mark=False)
+        valid_until = lease._state.valid_until
+        if self.clock() < valid_until and len(rnd.maybe_holding()) >= rnd.needed:
+            # Released when the validity ends, not now. Its holder (a `with` body, a
+            # command under `tenure run`) may be at work under the lease until then,
+            # told of the loss only now: released at once, the lock went to a waiter
+            # while the holder still wrote (one extension round that two of three nodes
+            # answered late was enough). Until then the keys keep others out, as they
+            # would have without the extension. (Once a majority answered "not ours",
+            # nothing keeps others out any more: released at once.)
+            yield Later(valid_until, self._release_rounds(lease, mark=False))
+        else:
+            yield from self._release_rounds(lease, mark=False)
         raise outcome
 
     def release(self, lease: WatchedLease) -> Flow[None]:

@@ -3,8 +3,10 @@
 Theory of operation
 -------------------
 A watchdog wakes about a third of the TTL after the lease's latest grant or extension
-and extends it, so two extensions can fail in a row before the lease runs out. Each wake
-is decided here from the clock reading the driver passes in:
+and extends it, two thirds of the validity ahead of its end. An extension that fails
+marks the lease lost at once (``Flows.extend``: the holder is told to stop), and
+releases it when that validity ends. Each wake is decided here from the clock reading
+the driver passes in:
 
 * woke after ``valid_until``: the holder (and its watchdog with it) was paused past the
   lease, by a GC, a SIGSTOP, a swapped-out VM. Extending now could not undo that another

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 from .._core.acquire import LeaseState, Refused
 from .._core.config import DEFAULT_KEY_PREFIX, ClientConfig, LockSpec, SpecCache, check_flag
-from .._core.flows import Depart, Flow, Flows, Op, Send, Unlisten
+from .._core.flows import Depart, Flow, Flows, Later, Op, Send, Unlisten
 from .._core.holds import Held, Holds, self_deadlock
 from .._core.policy import RetryPolicy
 from .._core.waiting import Departed, decline_again
@@ -240,8 +240,14 @@ class ClientBase:
             for node in departed.add(op.waiter, decline, op.until, monotonic(), hold=op.hold):
                 # In the background: declining may wait for the node's answer.
                 self._later(0.0, functools.partial(decline, node))
+        elif isinstance(op, Later):
+            self._later(max(op.at - monotonic(), 0.0), functools.partial(self._background, op.flow))
         else:
             raise TypeError(f"not an operation of a driver: {op!r}")
+
+    def _background(self, flow: Flow[object]) -> None:
+        """Drive ``flow`` (``Later``) in the background; what it raises is dropped."""
+        raise NotImplementedError
 
     def _send_now(self, send: Send) -> None:
         """Write ``send.command`` to its targets without waiting; never raises."""

@@ -285,6 +285,11 @@ class Client(ClientBase):
         timer.daemon = True  # a decline sent again must not keep the process alive
         timer.start()
 
+    def _background(self, flow: Flow[object]) -> None:
+        # In the timer's thread, on a link set of its own, as any caller's flow.
+        with contextlib.suppress(Exception):
+            self._drive(flow)
+
     def _send_on(self, links: LinkSet, send: Send) -> None:
         if self.closed:
             return
@@ -421,7 +426,8 @@ class Lease(LeaseView):
 
         Raises:
             LeaseExpired: its validity already ended; nothing was sent.
-            LeaseLost: fewer than a majority still held it (it is then released everywhere).
+            LeaseLost: fewer than a majority confirmed it; it is released everywhere
+                once its validity ends (its holder may be at work under it until then).
             NotHeld: it was released.
             InheritedLease: this process is a fork of the one that acquired it; nothing
                 was sent.
