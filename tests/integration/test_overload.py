@@ -17,6 +17,7 @@ up after its wait for replies ended at the deadline, reads what came meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +31,9 @@ import tenure._async.channels
 import tenure._sync.client
 from tenure._core.backoff import STALL
 from tenure.testing import LocalCluster, LocalNode
+from tenure.verify.proxy import Proxy
+
+from .conftest import Api
 
 NODE_TIMEOUT = 0.05
 BLOCK = 3 * NODE_TIMEOUT
@@ -238,6 +242,74 @@ def test_a_loop_blocked_past_the_stall_bound_keeps_its_connections(nodes: LocalC
             await other.release()
 
     asyncio.run(main())
+
+
+def test_a_loop_blocked_before_a_batch_is_written_keeps_its_connections() -> None:
+    """The stall bound counts from when a request was written, not queued. Requests
+    made while others were in flight wait in the turn's batch, written at the end of the
+    turn; here the loop is blocked past ``STALL`` before that, and the next request goes
+    out just after the batch (the first task's release), before its replies can come
+    (5 ms through a proxy). Their wait was counted from before the block: the client
+    gave up its healthy connections, the batch's acquires raised
+    ``QuorumUnreachable`` and left their keys for the TTL."""
+
+    async def main(urls: list[str]) -> None:
+        async with tenure.AsyncClient(urls, node_timeout=0.5) as client:
+            await _warm_up(client, "batch-stall-warm")
+            loop = asyncio.get_running_loop()
+
+            async def cycle(name: str) -> None:
+                lease = await client.acquire(name, ttl=5.0, blocking=False)
+                await lease.release()
+
+            # The first is written at once (nothing in flight); the others join the
+            # turn's batch behind it; the block runs before the batch is written.
+            tasks = [loop.create_task(cycle(f"batch-stall-{k}")) for k in range(9)]
+            loop.call_soon(time.sleep, STALL + 0.2)
+            await asyncio.gather(*tasks)
+
+    with LocalCluster(3) as cluster, contextlib.ExitStack() as stack:
+        proxies = [stack.enter_context(Proxy(n.host, n.port or 0)) for n in cluster]
+        for proxy in proxies:
+            proxy.delay(0.005)
+        asyncio.run(main([p.url for p in proxies]))
+        for node in cluster:
+            with node.client() as c:
+                assert [k for k in c.keys("*") if b":node:" not in k] == []  # nothing left
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_round_held_up_before_its_requests_went_out_waits_for_them_in_full(
+    nodes: LocalCluster, flavour: str
+) -> None:
+    """A round's wait for replies begins once its requests went out. Here the client is
+    held up between a round's start and its writes (another thread holding the
+    interpreter, a GC pause, a starved process), longer than the round's whole budget:
+    one node timeout for an extension, ten for a release. Its nodes were given no time
+    to answer and counted silent: the extension and the release raised ``LeaseLost``
+    with every node up."""
+    held = {"by": 0.0}
+
+    def held_clock() -> float:
+        # The round begins ``by`` seconds before the thread goes on to write it.
+        by, held["by"] = held["by"], 0.0
+        return time.monotonic() - by
+
+    with Api(flavour) as api, contextlib.ExitStack() as stack:
+        # Replies take a millisecond (a LAN's round trip): never there the moment the
+        # requests went out.
+        proxies = [stack.enter_context(Proxy(n.host, n.port or 0)) for n in nodes]
+        for proxy in proxies:
+            proxy.delay(0.0005)
+        client = api.client([p.url for p in proxies], node_timeout=NODE_TIMEOUT)
+        inner = client if flavour == "sync" else client.target
+        inner._flows.clock = held_clock
+        lease = client.acquire(f"held-before-send-{flavour}", ttl=5.0, blocking=False)
+        held["by"] = 3 * NODE_TIMEOUT
+        lease.extend()
+        held["by"] = 12 * NODE_TIMEOUT
+        lease.release()
+        assert held["by"] == 0.0  # (both rounds were held up)
 
 
 def _connections(node: LocalNode) -> int:

@@ -111,6 +111,10 @@ def lost(reply: Reply) -> bool:
     return not isinstance(value, ResponseError) or at_connection_limit(str(value))
 
 
+# The send time of a request still in this turn's batch (``Channel._flush`` sets it).
+_UNSENT = float("inf")
+
+
 def _ignore(node: int, reply: Reply) -> None:
     """The callback of a request nobody waits for (a cleanup written on cancellation)."""
 
@@ -181,7 +185,7 @@ class Channel:
                     # Its place in the order of writes, and of replies: its first
                     # command's.
                     self._write(opened)
-                    self._pending.append((partial(self._deliver_batch, opened), now))
+                    self._pending.append((partial(self._deliver_batch, opened), _UNSENT))
                 return
             if self._batches.open:
                 self._batches.passed(command)
@@ -191,10 +195,13 @@ class Channel:
                 self._write(command.packed)
             else:
                 self._write(scripts.packed(command))
+            # A request in this turn's batch has not left yet: its wait for a reply
+            # begins when the batch is written (``_flush`` stamps it then).
+            sent = _UNSENT if self._outbox else now
             if command.replies == 1:
-                self._pending.append((on_reply, now))
+                self._pending.append((on_reply, sent))
             else:
-                self._pending.extend((c, now) for c in _callbacks(command, on_reply))
+                self._pending.extend((c, sent) for c in _callbacks(command, on_reply))
             return
         self.connect(now)
         self._unsent.append((command, on_reply))
@@ -294,6 +301,14 @@ class Channel:
         if conn is not None and conn is self._conn and outbox:
             data = [part if isinstance(part, bytes) else self._packed(part) for part in outbox]
             conn._writer.write(b"".join(data))  # type: ignore[union-attr]
+            # Their wait for replies (``STALL``) begins now, not when they were queued:
+            # a loop blocked between the two did not make the node silent.
+            now = time.monotonic()
+            pending = self._pending
+            i = len(pending) - 1
+            while i >= 0 and pending[i][1] == _UNSENT:
+                pending[i] = (pending[i][0], now)
+                i -= 1
 
     def _packed(self, batch: Batch[OnReply]) -> bytes:
         # A batch of one goes as that command.
@@ -319,7 +334,8 @@ class Channel:
             now = time.monotonic()
             for command, on_reply in self._unsent:
                 self._write(self.scripts.packed(command))
-                self._pending.extend((c, now) for c in _callbacks(command, on_reply))
+                sent = _UNSENT if self._outbox else now
+                self._pending.extend((c, sent) for c in _callbacks(command, on_reply))
             self._unsent.clear()
             self._reconnect.succeeded()
             self.last = None
@@ -880,7 +896,10 @@ class Channels:
         wait = _Wait(self, channels, command, rnd, order)
         self.send(command, rnd, targets, wait.on_reply)
         if not rnd.decided:
-            wait.budget = max(deadline - time.monotonic(), 0)
+            # The wait begins once the requests went out: time this task was held up
+            # before it wrote them (a GC pause, a starved process) is the client's own,
+            # not the nodes' (validity still counts from the round's start).
+            wait.budget = max(deadline - min(rnd.started, time.monotonic()), 0)
             batched = False
             for i in order:
                 if channels[i].batched:

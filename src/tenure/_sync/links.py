@@ -664,6 +664,11 @@ class LinkSet:
                 waiting[links[i].send(command, now)] = i
             except _Failed as exc:
                 rnd.fail(i, exc.diagnosis.failure, exc.diagnosis.detail)
+        # The wait for replies begins once the requests went out: a thread held up
+        # before it wrote them (another thread's C call holding the interpreter, a GC
+        # pause, a descheduled process) did not make the nodes slow to answer. The
+        # validity still counts from the round's start.
+        deadline += max(clock() - now, 0.0)
         if len(links) == 1 and waiting and not links[0].owed:
             # One node, nothing owed: nothing to multiplex, so wait in recv itself. Its
             # socket's timeout (node_timeout: ``kernel_timeouts``) bounds the wait; no select().
