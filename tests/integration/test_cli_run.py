@@ -298,6 +298,33 @@ def test_lost_lease_kills_the_command_group_and_exits_79(
     assert "unreachable" in refused.stderr
 
 
+def test_a_killed_command_s_group_is_stopped_before_the_release(
+    cluster: LocalCluster, key: str, tmp_path: Path
+) -> None:
+    """The command's leader killed (the OOM killer picks the shell) while the rest of its
+    group works on: the lock was released at once, and a second ``tenure run`` of it ran
+    beside the orphans. They are stopped first now (SIGTERM, SIGKILL after --grace)."""
+    pids = tmp_path / "pids"
+    proc = _spawn(
+        "run", key, *_redis(cluster), "--grace", "0.5",
+        "--", "sh", "-c", f"sleep 30 & echo $$ $! > {pids}; wait",
+    )  # fmt: skip
+    sleeper = 0
+    try:
+        shell, sleeper = _wait_for_pids(pids, proc)
+        os.kill(shell, signal.SIGKILL)
+        proc.wait(timeout=_TIMEOUT)  # (not its pipes: the sleeper holds them open)
+        assert _gone(sleeper), "the lock was released while the command's group still ran"
+        _, err = proc.communicate(timeout=_TIMEOUT)
+    finally:
+        _reap(proc)
+        if sleeper and not _gone(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGKILL, err
+    assert "stopping the rest of its process group" in err
+    assert _no_key_left(cluster, key)
+
+
 def test_max_hold_ends_the_command(cluster: LocalCluster, key: str) -> None:
     started = time.monotonic()
     result = _tenure(

@@ -101,7 +101,10 @@ Limits, honestly
   programs that open ``/dev/tty`` or use job control will not work under it.
 * Only the command's process group is signalled; a process that moved itself to another
   group or session (a daemon) is not reached. After a normal exit nothing is signalled:
-  background processes the command left behind keep running, as with ``flock(1)``.
+  background processes the command left behind keep running, without the lock. A command
+  killed by a signal (the OOM killer picking the shell) is another matter: the rest of
+  its group may be doing its work, so it is stopped (SIGTERM, SIGKILL after ``--grace``)
+  before the lock is released.
 """
 
 from __future__ import annotations
@@ -562,6 +565,18 @@ def _supervise(
                 f"terminating the command (SIGTERM, SIGKILL after {grace:g}s)",
             )
             child.signal_group(signal.SIGTERM)
+        if (
+            kill_at is None
+            and child.done.is_set()
+            and (child.proc.returncode or 0) < 0
+            and child.group_alive()
+        ):
+            # The leader was killed while other processes of its group still run (a
+            # pipeline's other members, a shell's child): they may be doing the
+            # command's work, so stop them before the lease is released.
+            _say(err, "the command was killed; stopping the rest of its process group")
+            child.signal_group(signal.SIGTERM)
+            stopping = True
         if stopping and kill_at is None:
             kill_at = now + grace
         if child.done.is_set():
