@@ -208,6 +208,33 @@ def test_a_failed_extension_keeps_others_out_until_the_validity_ends(api: Api, k
         taken.release()
 
 
+def test_a_lease_whose_extension_failed_is_released_when_its_holder_says_so(
+    api: Api, key: str
+) -> None:
+    """Its holder's release (or its block's end) says it stopped: released then, not at
+    the validity's end, and the lock is free at once."""
+    with LocalCluster(3) as cluster:
+        holder = api.client(cluster.urls)
+        other = api.client(cluster.urls)
+        # The block's end releases it, and tells of the loss.
+        with pytest.raises(tenure.LeaseLost), holder.lock(key, ttl=5.0) as lease:
+            cluster[1].pause()
+            cluster[2].pause()
+            try:
+                with pytest.raises(tenure.LeaseLost):
+                    lease.extend()
+            finally:
+                cluster[1].resume()
+                cluster[2].resume()
+            with pytest.raises(tenure.LeaseLost):
+                lease.extend()  # lost stays lost: nothing is sent
+            with pytest.raises(tenure.LockTimeout):
+                other.acquire(key, ttl=1.0, blocking=False)
+        assert lease.released
+        assert time.monotonic() < lease.valid_until
+        other.acquire(key, ttl=1.0, blocking=False).release()
+
+
 def test_a_granting_node_that_loses_the_key_makes_the_lease_lost(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:

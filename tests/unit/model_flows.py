@@ -113,6 +113,10 @@ class ModelLease:
     def token(self) -> str:
         return self._state.token
 
+    @property
+    def lost_error(self) -> LeaseLost | None:
+        return self.loss
+
     def _set_released(self) -> None:
         self._released = True
 

@@ -300,6 +300,9 @@ class WatchedLease(Protocol):
     @property
     def token(self) -> str: ...
 
+    @property
+    def lost_error(self) -> LeaseLost | None: ...
+
     def _set_released(self) -> None: ...
 
     def _mark_lost(self, error: LeaseLost) -> None: ...
@@ -569,14 +572,17 @@ class Flows:
 
     def extend(self, lease: WatchedLease, ttl: float | None) -> Flow[None]:
         """Extend ``lease`` by ``ttl`` (default: its lock's TTL) from now. On failure it
-        is lost, and released everywhere once its validity ends (so a waiter need not
-        wait out the TTL of the keys the round may have extended).
+        is lost, and released everywhere when its holder releases it or its validity
+        ends, whichever comes first (so a waiter need not wait out the TTL of the keys the
+        round may have extended).
 
         Raises:
             NotHeld, LeaseExpired, LeaseLost, ConfigurationError: as ``Lease.extend``.
         """
         spec = lease._spec if ttl is None else LockSpec.build(self.config, lease._spec.name, ttl)
         _check_not_released(lease)
+        if lease.lost_error is not None:
+            raise lease.lost_error  # (an extension failed: it is not vouched for any more)
         try:
             rnd = begin_extend(lease._state, spec, self.clock())
         except LeaseExpired as expired:
@@ -596,21 +602,27 @@ class Flows:
         if isinstance(outcome, LeaseState):
             lease._state = outcome
             return
-        lease._set_released()
         lease._mark_lost(outcome)
         valid_until = lease._state.valid_until
         if self.clock() < valid_until and len(rnd.maybe_holding()) >= rnd.needed:
-            # Released when the validity ends, not now. Its holder (a `with` body, a
-            # command under `tenure run`) may be at work under the lease until then,
-            # told of the loss only now: released at once, the lock went to a waiter
-            # while the holder still wrote (one extension round that two of three nodes
-            # answered late was enough). Until then the keys keep others out, as they
-            # would have without the extension. (Once a majority answered "not ours",
-            # nothing keeps others out any more: released at once.)
-            yield Later(valid_until, self._release_rounds(lease, mark=False))
+            # Not released now. Its holder (a `with` body, a command under `tenure run`)
+            # may be at work under the lease until its validity ends, told of the loss
+            # only now: released at once, the lock went to a waiter while the holder
+            # still wrote (one extension round that two of three nodes answered late was
+            # enough). The keys keep others out until the holder says it stopped (its
+            # release, its block's end) or the validity ends. (Once a majority answered
+            # "not ours", nothing keeps others out any more: released at once.)
+            yield Later(valid_until, self._release_when_due(lease))
         else:
+            lease._set_released()
             yield from self._release_rounds(lease, mark=False)
         raise outcome
+
+    def _release_when_due(self, lease: WatchedLease) -> Flow[None]:
+        """The release of a lease whose extension failed, at its validity's end: unless
+        its holder released it first."""
+        if not lease.released:
+            yield from self._release_rounds(lease, mark=True)
 
     def release(self, lease: WatchedLease) -> Flow[None]:
         """Release ``lease`` on every node, waking (fair: handing over to) the next waiter.

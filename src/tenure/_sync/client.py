@@ -426,8 +426,10 @@ class Lease(LeaseView):
 
         Raises:
             LeaseExpired: its validity already ended; nothing was sent.
-            LeaseLost: fewer than a majority confirmed it; it is released everywhere
-                once its validity ends (its holder may be at work under it until then).
+            LeaseLost: fewer than a majority confirmed it (or an extension failed
+                before). It is released everywhere when it is released (``release()``,
+                the end of its ``with`` block) or its validity ends, whichever comes
+                first: until then its holder may be at work under it.
             NotHeld: it was released.
             InheritedLease: this process is a fork of the one that acquired it; nothing
                 was sent.
