@@ -216,20 +216,27 @@ def test_a_lease_whose_extension_failed_is_released_when_its_holder_says_so(
     with LocalCluster(3) as cluster:
         holder = api.client(cluster.urls)
         other = api.client(cluster.urls)
-        # The block's end releases it, and tells of the loss.
-        with pytest.raises(tenure.LeaseLost), holder.lock(key, ttl=5.0) as lease:
-            cluster[1].pause()
-            cluster[2].pause()
-            try:
+        held: list[Any] = []
+
+        def block() -> None:
+            with holder.lock(key, ttl=5.0) as lease:
+                held.append(lease)
+                cluster[1].pause()
+                cluster[2].pause()
+                try:
+                    with pytest.raises(tenure.LeaseLost):
+                        lease.extend()
+                finally:
+                    cluster[1].resume()
+                    cluster[2].resume()
                 with pytest.raises(tenure.LeaseLost):
-                    lease.extend()
-            finally:
-                cluster[1].resume()
-                cluster[2].resume()
-            with pytest.raises(tenure.LeaseLost):
-                lease.extend()  # lost stays lost: nothing is sent
-            with pytest.raises(tenure.LockTimeout):
-                other.acquire(key, ttl=1.0, blocking=False)
+                    lease.extend()  # lost stays lost: nothing is sent
+                with pytest.raises(tenure.LockTimeout):
+                    other.acquire(key, ttl=1.0, blocking=False)
+
+        with pytest.raises(tenure.LeaseLost):
+            block()  # its end releases the lease, and tells of the loss
+        (lease,) = held
         assert lease.released
         assert time.monotonic() < lease.valid_until
         other.acquire(key, ttl=1.0, blocking=False).release()
