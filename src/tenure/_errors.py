@@ -48,7 +48,9 @@ translates them. ``CancelledError`` and ``KeyboardInterrupt`` are never caught o
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping
+from typing import Any
 
 __all__ = [
     "AcquireError",
@@ -73,6 +75,30 @@ __all__ = [
 
 class TenureError(Exception):
     """Base class of every error raised by tenure."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # An error crosses processes by pickle (a process pool's worker that met a
+        # LockTimeout) and is copied the same way. Exception's own reduction calls
+        # ``cls(*self.args)``, but ``args`` here holds the message only, not what the
+        # ``__init__`` takes: unpickling raised TypeError, and a ProcessPoolExecutor
+        # broke for good. Rebuilt without ``__init__``, from the message and the
+        # attributes; one that cannot cross (a SelfDeadlock's holder) goes as its repr.
+        state = {}
+        for key, value in self.__dict__.items():
+            try:
+                pickle.dumps(value)
+            except Exception:
+                value = repr(value)
+            state[key] = value
+        return (_rebuilt, (type(self), self.args, state))
+
+
+def _rebuilt(cls: type[TenureError], args: tuple[Any, ...], state: dict[str, Any]) -> TenureError:
+    """A pickled tenure error, made again (``TenureError.__reduce__``)."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigurationError(TenureError, ValueError):

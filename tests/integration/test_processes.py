@@ -9,6 +9,7 @@ up as a lost update.
 
 from __future__ import annotations
 
+import concurrent.futures
 import multiprocessing
 import os
 import signal
@@ -168,3 +169,23 @@ def test_a_client_survives_fork(shared5: LocalCluster, key: str) -> None:
     # The parent's own connections were not disturbed by the child.
     client.acquire(key, ttl=TTL).release()
     client.close()
+
+
+def _acquire_at_once(urls: list[str], name: str) -> None:
+    with tenure.Client(urls) as client:
+        client.acquire(name, ttl=1.0, blocking=False)
+
+
+def test_a_worker_s_lock_timeout_reaches_its_process_pool(shared5: LocalCluster, key: str) -> None:
+    """A pool's worker sends its error back by pickle: a tenure error could not be made
+    again, and the pool broke (``BrokenProcessPool``) instead of raising it."""
+    context = multiprocessing.get_context("spawn")  # no fork of this process's threads
+    with (
+        tenure.Client(shared5.urls) as client,
+        client.acquire(key, ttl=30.0),
+        concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool,
+    ):
+        future = pool.submit(_acquire_at_once, shared5.urls, key)
+        with pytest.raises(tenure.LockTimeout, match="held by another client"):
+            future.result(timeout=60)
+        assert pool.submit(os.getpid).result(timeout=60) > 0  # the pool goes on

@@ -8,9 +8,12 @@ the drawing says so.
 
 from __future__ import annotations
 
+import copy
 import importlib
+import pickle
 import pkgutil
 import re
+import threading
 
 import pytest
 
@@ -93,3 +96,34 @@ def test_the_drawing_is_read_as_drawn(
     drawing: str, parsed: dict[str, tuple[str | None, str | None]]
 ) -> None:
     assert drawn_tree(drawing) == parsed
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        tenure.ConfigurationError("ttl", "must be > 0, got 0"),
+        tenure.NodeMisconfigured("redis://a:1", "is a read-only replica", {"redis://b:2": "x"}),
+        tenure.ServerUnsupported("redis://a:1", "refused EVALSHA"),
+        tenure.StaleToken("account:7", 3, 5),
+        tenure.ClientClosed("acquire", "orders:42"),
+        tenure.LockTimeout("orders:42", "granted by 0 of 3 nodes", {"redis://a:1": "held"}),
+        tenure.QuorumUnreachable("orders:42", "2 of 3 nodes failed"),
+        tenure.SelfDeadlock("orders:42", "this thread holds it", threading.Lock()),
+        tenure.NotHeld("orders:42", "already released"),
+        tenure.LeaseLost("orders:42", "extend failed"),
+        tenure.LeaseExpired("orders:42", "its validity ended"),
+        tenure.InheritedLease("orders:42", "release", 1234),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_an_error_survives_pickle_and_copy(error: tenure.TenureError) -> None:
+    """A process pool's worker sends its error back by pickle: one that cannot be made
+    again (its ``__init__`` does not take its ``args``) broke the whole pool."""
+    for back in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
+        assert type(back) is type(error)
+        assert str(back) == str(error)
+        for key, value in vars(error).items():
+            if key == "holder":  # a lock, or a lease: only its description can cross
+                assert vars(back)[key] == repr(value)
+            else:
+                assert vars(back)[key] == value
