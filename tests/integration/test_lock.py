@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import pickle
 import time
 from typing import Any
 
@@ -254,3 +257,34 @@ def test_all_nodes_unreachable(api: Api, key: str) -> None:
         client.acquire(key, ttl=TTL)
     assert time.monotonic() - started < 2.0  # at once, not after retries
     assert len(info.value.node_errors) >= 2  # decided as soon as a majority failed
+
+
+def test_a_copy_of_a_lease_or_a_lock_is_itself_and_neither_pickles(
+    shared5: LocalCluster, key: str
+) -> None:
+    """A copy of a lease was a second object of it, with a "released" of its own:
+    released through both, the second release told a valid lease lost."""
+
+    def check(lock: Any, lease: Any) -> None:
+        for thing in (lock, lease):
+            assert copy.copy(thing) is thing
+            assert copy.deepcopy({"held": thing})["held"] is thing
+            with pytest.raises(TypeError, match="cannot be pickled"):
+                pickle.dumps(thing)
+
+    with tenure.Client(shared5.urls) as client:
+        lock = client.lock(key, ttl=5.0)
+        lock.acquire()
+        check(lock, lock.lease)
+        copy.copy(lock.lease).release()
+        with pytest.raises(tenure.NotHeld):
+            lock.lease.release()
+
+    async def main() -> None:
+        async with tenure.AsyncClient(shared5.urls) as client:
+            lock = client.lock(key + "-async", ttl=5.0)
+            await lock.acquire()
+            check(lock, lock.lease)
+            await copy.copy(lock.lease).release()
+
+    asyncio.run(main())

@@ -10,7 +10,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from .._core.acquire import HELD_ELSEWHERE, LeaseState
 from .._core.config import LockSpec
@@ -304,6 +304,21 @@ class LeaseView:
     @property
     def released(self) -> bool:
         return self._released
+
+    # One lease, one object: a copy (of a structure holding it, say) is the lease itself.
+    # A second object of it kept its own "released", and releasing both told a valid
+    # lease lost. It does not leave its process: ``fencing_token`` and ``name`` do.
+    def __copy__(self) -> LeaseView:
+        return self
+
+    def __deepcopy__(self, memo: object) -> LeaseView:
+        return self
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            f"a lease of {self.name!r} belongs to its client's process and cannot be "
+            "pickled; send its fencing_token (and name) instead"
+        )
 
     def __repr__(self) -> str:
         status = (

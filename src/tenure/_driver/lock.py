@@ -4,7 +4,7 @@ and what may be released."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, NoReturn, TypeVar
 
 from .._core.acquire import Refused
 from .._core.config import LockSpec, check_acquire_args
@@ -157,6 +157,20 @@ class LockView(Generic[L, X]):
             lease._check_usable("release")
             self._lease = None
         return lease
+
+    # One lock object, shared as a ``threading.Lock`` is: a copy is the object itself
+    # (a second object would hold a lease of its own). It does not leave its process.
+    def __copy__(self) -> LockView[L, X]:
+        return self
+
+    def __deepcopy__(self, memo: object) -> LockView[L, X]:
+        return self
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            f"a lock object of {self.name!r} belongs to its client's process and cannot be "
+            "pickled; send its name and make the lock from a client there"
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} held={self._lease is not None}>"
