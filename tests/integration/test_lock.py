@@ -275,16 +275,20 @@ def test_a_copy_of_a_lease_or_a_lock_is_itself_and_neither_pickles(
     with tenure.Client(shared5.urls) as client:
         lock = client.lock(key, ttl=5.0)
         lock.acquire()
-        check(lock, lock.lease)
-        copy.copy(lock.lease).release()
+        lease = lock.lease
+        assert lease is not None
+        check(lock, lease)
+        copy.copy(lease).release()
         with pytest.raises(tenure.NotHeld):
-            lock.lease.release()
+            lease.release()
 
     async def main() -> None:
         async with tenure.AsyncClient(shared5.urls) as client:
             lock = client.lock(key + "-async", ttl=5.0)
             await lock.acquire()
-            check(lock, lock.lease)
-            await copy.copy(lock.lease).release()
+            lease = lock.lease
+            assert lease is not None
+            check(lock, lease)
+            await copy.copy(lease).release()
 
     asyncio.run(main())
