@@ -556,6 +556,7 @@ def test_status_and_run_name_a_foreign_key_where_the_lock_is_kept(
         (["--ttl", "61"], "--ttl: 61.0s exceeds --max-ttl=60.0s"),
         (["--node-timeout", "61"], "--node-timeout: must be in (0, 60]"),
         (["--max-ttl", "100000"], "--max-ttl:"),
+        (["--ttl", "5", "--max-hold", "1"], "--max-hold: must be at least the lock's ttl"),
     ],
 )
 def test_run_errors_name_the_options_typed(

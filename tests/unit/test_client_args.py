@@ -201,3 +201,22 @@ def test_max_hold_must_be_a_number_of_seconds(
     with pytest.raises(ConfigurationError) as info:
         attempt()
     assert info.value.parameter == "max_hold"
+
+
+@pytest.mark.parametrize("method", ["lock", "acquire"])
+@pytest.mark.parametrize("watchdog", [True, False])
+def test_max_hold_below_the_ttl_is_refused(make: Make, method: str, watchdog: bool) -> None:
+    """A cap below the TTL could not hold: the grant alone holds the lease for its TTL
+    (the lease ran its whole TTL and was reported lost "held for max_hold")."""
+    call = getattr(make(), method)
+
+    def attempt() -> None:
+        result = call("name", 3.0, watchdog=watchdog, max_hold=0.5)
+        if inspect.iscoroutine(result):  # AsyncClient.acquire checks before any I/O
+            asyncio.run(result)
+
+    with pytest.raises(ConfigurationError, match=r"at least the lock's ttl \(3 s\)") as info:
+        attempt()
+    assert info.value.parameter == "max_hold"
+    if method == "lock":  # (acquire would go on to the nodes)
+        call("name", 3.0, watchdog=watchdog, max_hold=3.0)

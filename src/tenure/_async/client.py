@@ -267,7 +267,9 @@ class AsyncLease(LeaseView):
 
     def keep_alive(self, *, max_hold: float | None = None) -> None:
         """Start a watchdog task that extends the lease every TTL/3; see ``Lease.keep_alive``."""
-        self._watch(KeepAlive(max_hold=max_hold))
+        policy = KeepAlive(max_hold=max_hold)
+        policy.check_ttl(self._spec.ttl)
+        self._watch(policy)
 
     def _watch(self, policy: KeepAlive) -> None:
         self._check_usable("keep it alive")

@@ -74,6 +74,21 @@ class KeepAlive:
                 f"must be a finite number of seconds > 0, or None for no cap, got {cap!r}",
             )
 
+    def check_ttl(self, ttl: float) -> None:
+        """Refuse a cap below the lock's ``ttl``: the grant alone holds the lease that long,
+        so the cap would be passed before the watchdog could keep it (the lease then ran
+        its whole TTL and was reported lost for a cap it never kept).
+
+        Raises:
+            ConfigurationError: ``max_hold`` is below ``ttl``.
+        """
+        if self.max_hold is not None and self.max_hold < ttl:
+            raise ConfigurationError(
+                "max_hold",
+                f"must be at least the lock's ttl ({ttl:g} s), got {self.max_hold!r}: the "
+                "grant alone holds the lease for its ttl; raise max_hold or lower ttl",
+            )
+
     def next_wake(self, lease: LeaseState) -> float:
         """When to wake next (monotonic seconds)."""
         if not self.extend:

@@ -173,14 +173,14 @@ class ClientBase:
         """The checked arguments of ``lock()``: the lock's spec, and its watchdog policy."""
         self._check_open("make a lock object", name)
         spec = self._specs.get(name, ttl, fair)
-        return spec, _keep_alive(watchdog, max_hold)
+        return spec, _keep_alive(watchdog, max_hold, spec.ttl)
 
     def _acquire_args(
         self, name: str, ttl: float, fair: bool | None, watchdog: bool, max_hold: float | None
     ) -> LockSpec:
         """The checked arguments of ``acquire()``, all of them before anything is sent."""
         spec = self._specs.get(name, ttl, fair)
-        _keep_alive(watchdog, max_hold)  # (the lease is kept alive once acquired)
+        _keep_alive(watchdog, max_hold, spec.ttl)  # (the lease is kept alive once acquired)
         return spec
 
     @staticmethod
@@ -290,12 +290,13 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def _keep_alive(watchdog: bool, max_hold: float | None) -> KeepAlive | None:
-    """The watchdog policy ``watchdog`` and ``max_hold`` ask for (None: no watchdog),
-    both checked: a bad cap is a mistake even without the watchdog, whichever way the
-    lock is taken."""
+def _keep_alive(watchdog: bool, max_hold: float | None, ttl: float) -> KeepAlive | None:
+    """The watchdog policy ``watchdog`` and ``max_hold`` ask for (None: no watchdog) for
+    a lock of ``ttl``, both checked: a bad cap is a mistake even without the watchdog,
+    whichever way the lock is taken."""
     watched = check_flag("watchdog", watchdog)
     if not watched and max_hold is None:
         return None  # (the common case: no policy to make)
     keep = KeepAlive(max_hold=max_hold)
+    keep.check_ttl(ttl)
     return keep if watched else None

@@ -148,7 +148,8 @@ class Client(ClientBase):
 
         ``ttl`` (seconds) must be at least ``2 * (node_timeout + drift)`` with ``drift =
         ttl * drift_factor + drift_floor`` (see ``Client``). ``watchdog=True`` keeps every
-        lease it acquires alive (``Lease.keep_alive``), up to ``max_hold`` seconds.
+        lease it acquires alive (``Lease.keep_alive``), up to ``max_hold`` seconds (at least
+        ``ttl``: the grant alone holds it that long).
         ``fair`` (default: True, unless ``recheck=0`` or ``wait_replicas``) grants the lock
         in the order it was requested, handing it over inside the release (on a quorum,
         with one fencing token for every node); False wakes the next waiter and reserves
@@ -402,13 +403,14 @@ class Lease(LeaseView):
 
         Args:
             max_hold: stop extending once the total hold would exceed this many seconds;
-                the lease then runs out and is reported lost.
+                the lease then runs out and is reported lost. At least the lock's TTL.
 
         The watchdog marks the lease lost (``lost`` event, ``on_lost`` callbacks,
         ``check()``) when an extension fails, when it wakes after the validity ended (the
         process was paused), or when ``max_hold`` runs out.
 
         Raises:
+            ConfigurationError: ``max_hold`` is not a number of seconds at least the TTL.
             NotHeld: it was released.
             InheritedLease: this process is a fork of the one that acquired it.
             ClientClosed: its client was closed.
@@ -416,9 +418,11 @@ class Lease(LeaseView):
         self._check_usable("keep it alive")
         if self._released:
             raise NotHeld(self.name, "this lease was already released")
+        policy = KeepAlive(max_hold=max_hold)
+        policy.check_ttl(self._spec.ttl)
         if self._watchdog is not None:
             return
-        self._watchdog = Watchdog(self, KeepAlive(max_hold=max_hold))
+        self._watchdog = Watchdog(self, policy)
         self._watchdog.start()
 
     def extend(self, ttl: float | None = None) -> None:
