@@ -21,6 +21,18 @@ def test_unknown_scenario_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
     assert "1/failover" in err
 
 
+def test_a_report_directory_that_cannot_be_made_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """It was a traceback (FileExistsError), after the first scenario ran."""
+    a_file = tmp_path / "report"
+    a_file.write_text("")
+    assert main(["verify", "--report", str(a_file), "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tenure: error: --report: cannot make the directory"), err
+    assert len(err.splitlines()) == 1
+
+
 def test_quick_and_soak_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", "--quick", "--soak"]) == 2
     assert "not allowed with argument" in capsys.readouterr().err

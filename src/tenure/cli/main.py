@@ -442,6 +442,18 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     mode = "quick" if args.quick else "soak" if args.soak else "standard"
     report = Path(args.report) if args.report else None
+    if report is not None:
+        # Made now, not after the first scenario ran: a path that cannot be a directory
+        # (a file, a place without permission) is the caller's error, said in one line.
+        try:
+            report.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(
+                f"tenure: error: --report: cannot make the directory {str(report)!r} "
+                f"({exc.strerror or exc}); give a directory path that can be written",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
 
     def progress(result: object) -> None:
         from ..verify.runner import RunResult
