@@ -557,6 +557,7 @@ def test_status_and_run_name_a_foreign_key_where_the_lock_is_kept(
         (["--node-timeout", "61"], "--node-timeout: must be in (0, 60]"),
         (["--max-ttl", "100000"], "--max-ttl:"),
         (["--ttl", "5", "--max-hold", "1"], "--max-hold: must be at least the lock's ttl"),
+        (["--redis", "redis://127.0.0.1:1"], "--redis: has 4 nodes"),
     ],
 )
 def test_run_errors_name_the_options_typed(
@@ -567,6 +568,7 @@ def test_run_errors_name_the_options_typed(
     result = _tenure("run", key, *_redis(cluster), *args, "--", "true")
     assert result.returncode == EXIT_TENURE_ERROR
     assert f"tenure run: error: {option}" in result.stderr, result.stderr
+    assert "allow_even" not in result.stderr  # (a library argument tenure run lacks)
     bad_url = _tenure("run", key, "--redis", "localhost:6379", "--", "true")
     assert "error: --redis[0]: " in bad_url.stderr, bad_url.stderr
     assert "redis+cluster://" in bad_url.stderr

@@ -225,3 +225,17 @@ def test_a_misconfigured_node_that_answers_late_is_told_all_the_same(
                 assert words in told[0], told[0]
         finally:
             slow.close()
+
+
+def test_a_database_number_written_into_a_unix_socket_path_is_a_misconfigured_node(
+    api: Api,
+) -> None:
+    """``unix:///run/redis.sock/2`` (the number belongs in ``?db=2``) connects to a path
+    one of whose parts is a socket, not a directory. It was an outage ("Not a directory":
+    ``QuorumUnreachable`` ... "until they recover"), which no wait fixes."""
+    with LocalCluster(1, unix=True) as cluster:
+        wrong = cluster.urls[0].partition("?")[0] + "/2"
+        client = api.client([wrong])
+        with pytest.raises(tenure.NodeMisconfigured, match=r"\?db=N") as info:
+            client.acquire("db-in-path", ttl=1.0)  # blocking, no timeout: at once all the same
+        assert info.value.parameter == "nodes[0]"

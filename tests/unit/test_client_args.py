@@ -220,3 +220,16 @@ def test_max_hold_below_the_ttl_is_refused(make: Make, method: str, watchdog: bo
     assert info.value.parameter == "max_hold"
     if method == "lock":  # (acquire would go on to the nodes)
         call("name", 3.0, watchdog=watchdog, max_hold=3.0)
+
+
+@pytest.mark.parametrize("name", ["billing worker", "line\nbreak", "café", 5])
+def test_a_client_name_redis_refuses_is_refused_when_the_client_is_made(
+    make: Make, name: object
+) -> None:
+    """The server refuses it at every connect: the nodes looked down ("until they
+    recover"), for a setting no wait fixes."""
+    with pytest.raises(ConfigurationError, match="client_name") as info:
+        make(connection_options={"client_name": name})
+    assert info.value.parameter == "connection_options['client_name']"
+    with pytest.raises(ConfigurationError, match="client_name="):
+        make(["redis://127.0.0.1:7001?client_name=billing%20worker", *THREE[1:]])

@@ -330,6 +330,15 @@ def not_redis(what: str) -> Diagnosis:
     )
 
 
+def socket_path_not_a_directory(said: str) -> Diagnosis:
+    """A unix socket path with a component that is not a directory: a database number
+    written as a path (``unix:///run/redis.sock/2``), say. No wait will fix it."""
+    return _misconfigured(
+        f"its socket path is wrong ({_quote(said)}): a part of it before the last is not "
+        "a directory; a database number goes as ?db=N (unix:///run/redis.sock?db=2)"
+    )
+
+
 # OpenSSL's X509_V_ERR_* codes, as the ssl module reports them (``verify_code``).
 _NAME_MISMATCH = frozenset({62, 63, 64})  # host name, e-mail, IP address
 _UNTRUSTED = frozenset({18, 19, 20, 21})  # self-signed, unknown issuer, unverifiable

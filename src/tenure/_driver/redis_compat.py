@@ -7,13 +7,14 @@ exercise every function here against the installed version.
 from __future__ import annotations
 
 import difflib
+import errno
 import inspect
 import os
 import select
 import socket
 import ssl
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
@@ -207,20 +208,28 @@ def diagnose(exc: Exception) -> Diagnosis:
         return diagnosis.error_reply(text)
     if isinstance(exc, _GARBLED):
         return diagnosis.not_redis(str(exc) or type(exc).__name__)
+    if _in_chain(exc, lambda e: isinstance(e, OSError) and e.errno == errno.ENOTDIR):
+        return diagnosis.socket_path_not_a_directory(str(exc) or type(exc).__name__)
     if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, OSError)):
         return Diagnosis(Failure.UNREACHABLE, str(exc) or type(exc).__name__)
     return Diagnosis(Failure.ERROR, f"{type(exc).__name__}: {exc}")
 
 
 def _certificate_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:
-    """The certificate verification error behind ``exc``, if any: redis-py wraps the
-    ``ssl`` module's error in its own ConnectionError (sync: ``raise ... from``; asyncio:
-    raised while handling it), so the chain is searched."""
+    """The certificate verification error behind ``exc``, if any."""
+    found = _in_chain(exc, lambda e: isinstance(e, ssl.SSLCertVerificationError))
+    return cast("ssl.SSLCertVerificationError | None", found)
+
+
+def _in_chain(exc: BaseException, wanted: Callable[[BaseException], bool]) -> BaseException | None:
+    """The first exception of ``exc``'s chain that is ``wanted``, if any: redis-py wraps
+    the ``ssl`` or ``socket`` module's error in its own ConnectionError (sync: ``raise
+    ... from``; asyncio: raised while handling it), or only quotes it (its errno kept)."""
     seen: BaseException | None = exc
     for _ in range(8):  # a chain is short; the bound guards against a cycle
         if seen is None:
             return None
-        if isinstance(seen, ssl.SSLCertVerificationError):
+        if wanted(seen):
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
@@ -257,6 +266,11 @@ _OWNED_IN_URL = {
     "unix_socket_path": "a unix:// URL's path names the socket",
 }
 del _OWNED_IN_URL["db"]
+
+
+def _client_name_ok(name: object) -> bool:
+    """A name ``CLIENT SETNAME`` accepts: characters '!' to '~' only."""
+    return isinstance(name, str) and all("!" <= c <= "~" for c in name)
 
 
 def check_connection_options(
@@ -300,6 +314,14 @@ def check_connection_options(
             raise ConfigurationError(param, f"keys must be str (keyword names), got {key!r}")
         if key in _OWNED:
             raise ConfigurationError(f"{param}[{key!r}]", f"not accepted: {_OWNED[key]}")
+        if key == "client_name" and value is not None and not _client_name_ok(value):
+            # The server refuses it at every connect (CLIENT SETNAME): an outage to the
+            # client, which no wait ends.
+            raise ConfigurationError(
+                f"{param}['client_name']",
+                f"must be a str of printable ASCII without spaces, got {value!r}: Redis "
+                "refuses other client names; use '-' or '_' for spaces",
+            )
         if key == "protocol" and value not in (2, "2"):
             raise ConfigurationError(
                 f"{param}['protocol']",
@@ -468,6 +490,12 @@ def _check_url_query(url: str, display: str, parameter: str) -> None:
             what, why = (
                 f"protocol={values[0]!r}",
                 "tenure reads RESP2 replies itself (2, or left out)",
+            )
+        elif key == "client_name" and not _client_name_ok(values[0]):
+            what, why = (
+                f"client_name={values[0]!r}",
+                "Redis refuses client names with spaces or other than printable ASCII "
+                "(use '-' or '_')",
             )
         else:
             continue

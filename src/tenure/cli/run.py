@@ -272,6 +272,7 @@ _OPTIONS = {
     "node_timeout": "--node-timeout",
     "key_prefix": "--key-prefix",
     "max_ttl": "--max-ttl",
+    "nodes": "--redis",
 }
 
 
@@ -286,6 +287,8 @@ def _as_typed(exc: ConfigurationError) -> ConfigurationError:
     if option is None:
         return exc
     message = str(exc).removeprefix(f"{parameter}: ")
+    # (An even node count is allowed by a library argument only; tenure run has none.)
+    message = message.replace(" (or pass allow_even=True)", "")
     return ConfigurationError(option, message.replace("max_ttl", "--max-ttl"))
 
 
