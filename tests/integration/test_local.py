@@ -347,3 +347,26 @@ def test_cluster_rejects_bad_configuration(kwargs: dict[str, object], parameter:
     with pytest.raises(ConfigurationError) as info:
         LocalCluster(**kwargs)  # type: ignore[arg-type]
     assert info.value.parameter == parameter
+
+
+@pytest.mark.parametrize(
+    ("args", "options", "parameter"),
+    [
+        (("3",), {}, "n"),
+        ((True,), {}, "n"),
+        ((0,), {}, "n"),
+        ((1,), {"persistence": "aof"}, "persistence"),
+    ],
+)
+def test_bad_cluster_arguments_are_configuration_errors(
+    args: tuple[object, ...], options: dict[str, object], parameter: str
+) -> None:
+    """They were a raw TypeError ("3" < 1) and AttributeError (a str's ``.value``)."""
+    with pytest.raises(ConfigurationError) as info:
+        LocalCluster(*args, **options)  # type: ignore[arg-type]
+    assert info.value.parameter == parameter
+
+
+def test_persistence_may_be_given_by_its_value() -> None:
+    with LocalCluster(1, persistence="always") as cluster:
+        assert cluster[0].persistence is Persistence.AOF_ALWAYS

