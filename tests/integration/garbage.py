@@ -7,6 +7,12 @@ It answers every chunk it receives, on every connection, until the client hangs 
   parser reads them as a (garbled) line rather than waiting for more (a binary protocol,
   a TLS port).
 
+Or it speaks RESP without being Redis, answering each whole command it receives (a RESP
+array of bulk strings, as clients send them) with one valid reply:
+
+* ``"echo"``: the command itself, an array of bulk strings (an echo service);
+* ``"ok"``: ``+OK``; ``"one"``: ``:1`` (a stub or a proxy that answers anything alike).
+
 Bounded by construction: it only ever answers what a client sent, and stops with the
 test (``with GarbageServer(...) as g:``).
 """
@@ -18,9 +24,34 @@ import socketserver
 import threading
 from types import TracebackType
 
-__all__ = ["GarbageServer"]
+__all__ = ["SPEAKS", "GarbageServer"]
 
 HTTP_400 = b"HTTP/1.1 400 Bad Request\r\n\r\n"
+# What each RESP-speaking kind answers a command (None: the command itself).
+_RESP_ANSWERS = {"echo": None, "ok": b"+OK\r\n", "one": b":1\r\n"}
+SPEAKS = ("http", "random", *_RESP_ANSWERS)
+
+
+def _commands(buf: bytes) -> tuple[list[bytes], bytes]:
+    """The whole commands at the start of ``buf`` (RESP arrays of bulk strings), and the
+    rest, a command still coming."""
+    out: list[bytes] = []
+    start = 0
+    while buf.startswith(b"*", start):
+        eol = buf.find(b"\r\n", start)
+        if eol < 0:
+            break
+        pos = eol + 2
+        for _ in range(int(buf[start + 1 : eol])):
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                return out, buf[start:]
+            pos = eol + 2 + int(buf[pos + 1 : eol]) + 2
+        if pos > len(buf):
+            break
+        out.append(buf[start:pos])
+        start = pos
+    return out, buf[start:]
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -35,6 +66,9 @@ class _Answer(socketserver.BaseRequestHandler):
         server = self.server
         assert isinstance(server, _Server)
         rng = random.Random(server.seed)
+        if server.speaks in _RESP_ANSWERS:
+            self._speak_resp(_RESP_ANSWERS[server.speaks])
+            return
         try:
             while self.request.recv(65536):
                 if server.speaks == "http":
@@ -45,12 +79,22 @@ class _Answer(socketserver.BaseRequestHandler):
         except OSError:
             pass  # the client hung up
 
+    def _speak_resp(self, answer: bytes | None) -> None:
+        buf = b""
+        try:
+            while data := self.request.recv(65536):
+                commands, buf = _commands(buf + data)
+                if commands:
+                    self.request.sendall(b"".join(answer or c for c in commands))
+        except OSError:
+            pass  # the client hung up
+
 
 class GarbageServer:
-    """A server on 127.0.0.1 answering ``speaks`` ("http" or "random") to anything."""
+    """A server on 127.0.0.1 answering ``speaks`` (one of ``SPEAKS``) to anything."""
 
     def __init__(self, speaks: str, seed: int = 1) -> None:
-        assert speaks in ("http", "random")
+        assert speaks in SPEAKS
         self._server = _Server(("127.0.0.1", 0), _Answer)
         self._server.speaks = speaks
         self._server.seed = seed

@@ -2,7 +2,8 @@
 
 Two kinds, against real servers, for both APIs in one body:
 
-* something that is not Redis at a node's address (an HTTP server, random bytes): every
+* something that is not Redis at a node's address (an HTTP server, random bytes, a
+  service that answers in RESP but not as Redis: an echo, "+OK" to anything): every
   path (acquire, extend, release, the cleanup of a failed attempt, waiting with its
   notifications, ``locked()``) counts it as one failed node, and the others lock on;
 * a node set up wrongly (a read-only replica, a wrong or missing password, an ACL user
@@ -14,6 +15,7 @@ Two kinds, against real servers, for both APIs in one body:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -54,6 +56,10 @@ def _tenure_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
         ("http", False),  # garbage in reply to our commands
         ("http", True),  # garbage in reply to the AUTH of the connection handshake
         ("random", False),
+        # Valid RESP, but not Redis: the replies cannot be the scripts' or EXISTS's.
+        ("echo", False),
+        ("ok", False),
+        ("one", False),
     ],
 )
 def test_a_node_that_is_not_redis_is_one_failed_node(
@@ -88,16 +94,65 @@ def test_a_node_that_is_not_redis_is_one_failed_node(
         alone = api.client([listed])
         with pytest.raises(tenure.TenureError) as info:
             alone.acquire(key, ttl=TTL, blocking=False)
-        if speaks == "http":
+        if speaks != "random":
             assert isinstance(info.value, tenure.NodeMisconfigured)
             assert info.value.node == garbage.url
             assert "does not speak the Redis protocol" in str(info.value)
             assert "check the host and port" in str(info.value)
+        if speaks == "http":
+            # (A reply in RESP that is not Redis's is told only when read within its
+            # round: one that came after the healthy nodes decided it is dropped unread.)
             told = [w for w in _tenure_warnings(caplog) if garbage.url in w]
             # Once per client that locks without it: a and b each say it once. Alone, it
             # leaves no majority: the error names it, and no warning says that "locks
             # need a majority of the other nodes".
             assert len(told) == 2, told
+
+
+@pytest.mark.timeout(60)  # without a diagnosis, the blocking acquire never returns
+@pytest.mark.parametrize("speaks", ["echo", "ok", "one"])
+def test_nodes_that_speak_resp_but_are_not_redis_leaving_no_majority_raise_at_once(
+    api: Api, redis2: LocalCluster, key: str, speaks: str
+) -> None:
+    # docs/errors.md: a node that is not Redis at all is a misconfiguration; when such
+    # nodes leave no majority, acquire() raises NodeMisconfigured at once, even blocking
+    # without a timeout, and locked() raises rather than answer. Replies that are valid
+    # RESP but cannot be our scripts' or EXISTS's (an echo of the command, "+OK", ":1"
+    # to anything) are as much not the Redis protocol as an HTTP reply is: not a node
+    # where the lock is held elsewhere (a LockTimeout without a reason, a blocking
+    # acquire waiting forever), nor an answer to locked() (":1" said "locked").
+    with GarbageServer(speaks) as first, GarbageServer(speaks) as second:
+        _give_history(api, redis2.urls[:1], key)
+        fakes = {first.url, second.url}
+
+        def check(error: tenure.NodeMisconfigured) -> None:
+            assert error.node in fakes
+            assert "does not speak the Redis protocol" in str(error)
+            assert "check the host and port" in str(error)
+            assert set(error.node_errors) <= fakes
+            for said in error.node_errors.values():  # what came, said once
+                assert said.count("does not speak the Redis protocol (a reply that is not") == 1
+
+        # Alone, EXISTS's answer is the only one locked() hears.
+        with pytest.raises(tenure.NodeMisconfigured) as info:
+            api.client([first.url]).lock(key, ttl=TTL).locked()
+        check(info.value)
+
+        client = api.client([redis2.urls[0], first.url, second.url])
+        with pytest.raises(tenure.NodeMisconfigured) as info:
+            client.acquire(key, ttl=TTL, blocking=False)
+        check(info.value)
+        assert set(info.value.node_errors) == fakes
+        started = time.monotonic()
+        with pytest.raises(tenure.NodeMisconfigured) as info:
+            client.acquire(key, ttl=TTL)  # blocking, without a timeout
+        check(info.value)
+        assert time.monotonic() - started < 5.0
+        with pytest.raises(tenure.NodeMisconfigured) as info:
+            client.lock(key, ttl=TTL).locked()
+        check(info.value)
+        # Nothing of the failed attempts stays on the real node.
+        api.client(redis2.urls[:1]).acquire(key, ttl=TTL, blocking=False).release()
 
 
 def _misconfigure(kind: str, node: LocalNode, spare: LocalNode, first: bool) -> str:

@@ -165,7 +165,7 @@ def _items(packed: bytes) -> list[bytes]:
 
 
 def decode(packed: bytes) -> tuple[str, list[str], list[str]]:
-    """(script name, KEYS, ARGV) of a packed ``EVAL`` or ``EVALSHA``; ("exists", [key], [])
+    """(script name, KEYS, ARGV) of a packed ``EVAL`` or ``EVALSHA``; ("exists", its keys, [])
     for the ``EXISTS`` of ``Flows.locked``."""
     items = _items(packed)
     if items[0] == b"EXISTS":

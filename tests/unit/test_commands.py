@@ -239,7 +239,8 @@ def test_script_commands_send_the_source_with_eval(
 
 def test_exists_command() -> None:
     cmd = commands.exists("K")
-    assert parse_command(cmd.packed)[0] == [b"EXISTS", b"K"]
+    # The key twice: EXISTS answers 2 or 0, which a service answering ":1" does not.
+    assert parse_command(cmd.packed)[0] == [b"EXISTS", b"K", b"K"]
 
 
 # --- reading replies ----------------------------------------------------------------------
@@ -248,7 +249,6 @@ YES_NO_COMMANDS = [
     commands.release("k", "t"),
     commands.extend(SPEC, "t"),
     commands.seed(SPEC, 0, 0, frozenset({1})),
-    commands.exists("k"),
 ]
 
 
@@ -257,20 +257,56 @@ YES_NO_COMMANDS = [
     [
         (1, True),
         (0, False),
-        (None, False),
-        (b"", False),
-        (b"OK", False),  # nothing answered by these commands is a status reply
-        ("OK", False),
-        (b"1", False),
         (2, False),
-        (-1, False),
-        ([1, 1], False),
+        (-1, False),  # seed.lua: a floor already there
+        (b"1", True),  # a reader that left an integer as its digits
+        (b"0", False),
+        ("1", True),
     ],
 )
 def test_yes_no_replies(reply: object, yes: bool) -> None:
     for cmd in YES_NO_COMMANDS:
         assert cmd.is_yes(reply) is yes
         assert cmd.parse(reply) == (yes, None)
+
+
+# What a service that speaks RESP but is not Redis answers (an echo of the command, "+OK"
+# or nil to everything): no script of ours answers so. Raised (ValueError, as for bytes
+# that are not RESP), so that the drivers take the node for misconfigured at once
+# (docs/errors.md), not for a node that said "no".
+NOT_REDIS_REPLIES = [
+    None,
+    b"",
+    b"OK",
+    "OK",
+    b"1.5",
+    1.0,
+    True,  # no RESP2 reply is a bool (hiredis reads RESP3's "#t" as one)
+    [1, 1],
+    [],
+    [b"EVALSHA", b"0123", b"3", b"k", b"f", b"w"],
+    {b"a": 1},
+]
+
+
+@pytest.mark.parametrize("reply", NOT_REDIS_REPLIES)
+def test_yes_no_replies_that_are_not_redis_raise(reply: object) -> None:
+    for cmd in YES_NO_COMMANDS:
+        with pytest.raises(ValueError, match="not a script's integer"):
+            cmd.parse(reply)
+
+
+@pytest.mark.parametrize(("reply", "yes"), [(2, True), (0, False), (b"2", True), (b"0", False)])
+def test_exists_replies(reply: object, yes: bool) -> None:
+    # The key is named twice, and counted twice: 2 when it is there.
+    assert commands.exists("k").parse(reply) == (yes, None)
+
+
+@pytest.mark.parametrize("reply", [1, -1, 3, *NOT_REDIS_REPLIES])
+def test_exists_replies_that_are_not_redis_raise(reply: object) -> None:
+    # A service answering ":1" to everything must not pass for a node holding the lock.
+    with pytest.raises(ValueError, match="EXISTS"):
+        commands.exists("k").parse(reply)
 
 
 @pytest.mark.parametrize(
@@ -287,24 +323,51 @@ def test_yes_no_replies(reply: object, yes: bool) -> None:
         ([-1, 99, 99], (False, (TOO_LOW, 99, 99))),
         ([-2, 12345, 0], (False, (NO_HISTORY, 12345, 0))),
         ([-3, 59_000, 7], (False, (WARMING, 59_000, 7))),
+        ([-4, 12345, 7], (False, (-4, 12345, 7))),  # a history that changed
         ([b"1", b"5", b"5"], (True, (GRANTED, 5, 5))),  # RESP2 readers may leave bytes
-        # Anything else says nothing: a "no" without info.
-        (1, (False, None)),
-        (b"OK", (False, None)),
-        (None, (False, None)),
-        ([1], (False, None)),
-        ([1, 2], (False, None)),  # the replies of the scripts before the node floor
-        ([0, 2], (False, None)),
-        ([1, 2, 3, 4], (False, None)),  # a pttl only comes with "held"
-        ([-1, 2, 3, 4], (False, None)),
-        ([0, 1, 2, 3, 4], (False, None)),
-        ((1, 5, 5), (False, None)),
+        ([b"0", b"5", b"5", b"900"], (False, (HELD, 5, 5, 900))),
+        ([1, b"5", "5"], (True, (GRANTED, 5, 5))),
     ],
 )
 def test_acquire_replies(reply: object, parsed: tuple[bool, tuple[int, ...] | None]) -> None:
     cmd = commands.acquire(SPEC, "t", 5, 1, 10)
     assert cmd.parse(reply) == parsed
     assert cmd.is_yes(reply) is parsed[0]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        *NOT_REDIS_REPLIES,
+        1,  # ":1" to everything
+        0,
+        [1],
+        [1, 2],
+        [0, 2],
+        [1, 2, 3, 4],  # a pttl only comes with "held"
+        [-1, 2, 3, 4],
+        [b"1", 2, 3, 4],
+        [0, 1, 2, 3, 4],
+        (1, 5, 5),
+        [1, 5, None],
+        [1, 5, [5]],
+        [True, 5, 5],
+        [1.0, 5, 5],
+        [b"OK", b"OK", b"OK"],
+        [b"1", b"5", b"x"],
+    ],
+)
+def test_acquire_replies_that_are_not_redis_raise(reply: object) -> None:
+    # Not a "no" (held elsewhere): a blocking acquire would wait forever on such nodes.
+    with pytest.raises(ValueError, match=r"acquire\.lua"):
+        commands.acquire(SPEC, "t", 5, 1, 10).parse(reply)
+
+
+def test_a_reply_in_a_diagnosis_shows_no_array_contents() -> None:
+    # An echo's array holds the command: key names and the owner token.
+    with pytest.raises(ValueError, match="an array of 2") as info:
+        commands.acquire(SPEC, "secret-token", 5, 1, 10).parse([b"EVALSHA", b"secret-token"])
+    assert "secret-token" not in str(info.value)
 
 
 @SETTINGS

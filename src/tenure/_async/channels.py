@@ -648,9 +648,12 @@ class _Wait:
             try:
                 answer = command.parse(value)
             except Exception as exc:  # a reply of the wrong shape: not Redis speaking
-                why = diagnose(NotRedis(f"a reply tenure cannot read: {exc!r}"))
+                # Said as the blocking driver says it (``Link.fail``), and dropped with
+                # the parser's words, not the diagnosis (which would be diagnosed again).
+                garbled = NotRedis(str(exc) or type(exc).__name__)
+                why = diagnose(garbled)
                 rnd.fail(i, why.failure, why.detail)
-                self.owner._current()[i].drop(NotRedis(why.detail))
+                self.owner._current()[i].drop(garbled)
             else:
                 rnd.record(i, *answer)
         elif (
@@ -928,7 +931,7 @@ class Channels:
                 try:
                     rnd.record(i, *command.parse(got))
                 except Exception as exc:  # a reply of the wrong shape: not Redis speaking
-                    why = diagnose(NotRedis(f"a reply tenure cannot read: {exc!r}"))
+                    why = diagnose(NotRedis(str(exc) or type(exc).__name__))
                     rnd.fail(i, why.failure, why.detail)
             for i in order:
                 if rnd.results[i] is None and channels[i].connecting:

@@ -173,18 +173,91 @@ def about_scripts(error: str) -> bool:
 Info = tuple[int, ...] | None
 
 
+# The answers of the commands whose reply is a yes or a no, made once: one per reply.
+_YES: tuple[bool, Info] = (True, None)
+_NO: tuple[bool, Info] = (False, None)
+
+
 def _yes_if_one(reply: object) -> tuple[bool, Info]:
-    # The release/extend/seed scripts and EXISTS answer 1 or 0.
-    return reply == 1, None
+    # The release/extend/seed scripts answer 1 or 0 (seed also -1). Anything that is not
+    # an integer cannot come from them, but from a service that answers in RESP and is
+    # not Redis (an echo, "+OK" to everything): raised, so that the drivers take the node
+    # for one that does not speak the Redis protocol (misconfigured), not for a "no".
+    if type(reply) is int:  # not isinstance: a bool is not what Redis sends
+        return _YES if reply == 1 else _NO
+    return _YES if _integer(reply, "a script") == 1 else _NO
+
+
+def _exists_reply(reply: object) -> tuple[bool, Info]:
+    # EXISTS names the lock's key twice (``exists``) and counts it twice: 2 or 0. A
+    # service that answers every command alike, ":1" or ":0", cannot pass then for a node
+    # that has, or has not, the key: ``Lock.locked()`` would answer for it.
+    if type(reply) is not int:
+        reply = _integer(reply, "EXISTS")
+    if reply == 0:
+        return _NO
+    if reply == 2:
+        return _YES
+    raise ValueError(f"a reply that is not EXISTS's for a key named twice: {reply}")
 
 
 def _acquire_reply(reply: object) -> tuple[bool, Info]:
     # acquire.lua answers {status, number, floor} or, held while waiting,
-    # {0, floor, floor, pttl}; status 1 is a grant.
-    if isinstance(reply, list) and (len(reply) == 3 or (len(reply) == 4 and reply[0] == 0)):
-        info = tuple(map(int, reply))
-        return info[0] == 1, info
-    return False, None
+    # {0, floor, floor, pttl}; status 1 is a grant. Anything else cannot come from it:
+    # raised, as in ``_yes_if_one``, so that the node is told misconfigured at once, not
+    # counted as one where the lock is held elsewhere. The integers are checked one by
+    # one, not read by int(): a third of the cost (a parse per node of every attempt).
+    if type(reply) is list:
+        if len(reply) == 3:
+            status, number, floor = reply
+            if type(status) is int and type(number) is int and type(floor) is int:
+                return status == 1, (status, number, floor)
+        elif len(reply) == 4:
+            status, number, floor, pttl = reply
+            if (
+                status == 0
+                and type(status) is int
+                and type(number) is int
+                and type(floor) is int
+                and type(pttl) is int
+            ):
+                return False, (0, number, floor, pttl)
+    return _acquire_reply_read(reply)
+
+
+def _acquire_reply_read(reply: object) -> tuple[bool, Info]:
+    """``_acquire_reply`` for the rest: integers a reader left as their digits, or
+    ValueError for a reply that is not acquire.lua's."""
+    if isinstance(reply, list) and 3 <= len(reply) <= 4:
+        try:
+            info = tuple(_integer(value, "acquire.lua") for value in reply)
+        except ValueError:
+            pass
+        else:
+            if len(info) == 3 or info[0] == 0:  # a PTTL only comes with "held"
+                return info[0] == 1, info
+    raise ValueError(f"a reply that is not acquire.lua's: {_shown(reply)}")
+
+
+def _integer(reply: object, what: str) -> int:
+    """``reply`` read as an integer reply of ``what``: an int, or one a reader left as its
+    digits (bytes or text); else ValueError, as for bytes that are not RESP."""
+    if isinstance(reply, (bytes, str)):
+        try:
+            return int(reply)
+        except ValueError:
+            pass
+    elif type(reply) is int:
+        return reply
+    raise ValueError(f"a reply that is not {what}'s integer: {_shown(reply)}")
+
+
+def _shown(reply: object) -> str:
+    """``reply`` in a diagnosis: a scalar as it came, cut short; an array by its size
+    (an echo's holds the command: key names and tokens, not for a log line)."""
+    if isinstance(reply, list):
+        return f"an array of {len(reply)}"
+    return repr(reply)[:40]
 
 
 # What a batch script needs of one command it runs (``Command.item``): the batch script
@@ -623,4 +696,6 @@ def extend(spec: LockSpec, token: str, *, by_sha: bool = False) -> Command:
 
 
 def exists(key: str) -> Command:
-    return Command(pack("EXISTS", key), key=key)
+    """``Lock.locked()``'s question: is ``key`` there? The key is named twice, so that the
+    answer (2 or 0) is EXISTS's own (``_exists_reply``)."""
+    return Command(pack("EXISTS", key, key), _exists_reply, key=key)

@@ -771,7 +771,12 @@ class LinkSet:
         """
         link = self.links[i]
         if link.partial and not rnd.decided:
-            rnd.record(i, *command.parse(list(link.partial)))
+            try:
+                answer = command.parse(list(link.partial))
+            except Exception as exc:  # a reply of the wrong shape: not Redis speaking
+                link.fail(i, exc, rnd, now)  # dropped: nothing more to owe
+                return
+            rnd.record(i, *answer)
         link.abandon(now, command.replies, command)
 
     def _read_alone(
