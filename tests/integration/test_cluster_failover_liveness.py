@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+
+import pytest
 
 import tenure
 from tenure._core.config import LockKeys
@@ -88,3 +91,48 @@ def test_a_blocking_waiter_ends_within_its_timeout_when_the_master_dies() -> Non
         finally:
             waiter.close()
             holder.close()
+
+
+@pytest.fixture(scope="module")
+def failing() -> Iterator[LocalRedisCluster]:
+    """A cluster whose masters the tests kill one at a time (each has a replica)."""
+    with LocalRedisCluster(replicas=1, node_timeout=0.5) as cluster:
+        yield cluster
+
+
+def test_the_first_operations_after_a_master_is_killed_reach_its_successor(
+    api: Api, failing: LocalRedisCluster, key: str
+) -> None:
+    # Clients that used the dead master, their first operation after the failover: a
+    # release, an extension (by hand, and a watchdog's) and ``locked()``. The slot's
+    # master refuses the connection and no MOVED names its successor: the node is not
+    # asked while the slot map is reloaded, and the operation goes to the promoted
+    # replica in a round that waits for the map. Before, each failed on a healthy
+    # cluster: LeaseLost (the released lock held for its TTL), QuorumUnreachable.
+    # Each client kills a master that still has a replica, in a cluster of the module.
+    cluster = failing
+    victim = next(m for m in cluster.masters() if cluster.replicas_of(m))
+    slots = next(v.slots for v in cluster.view() if v.port == victim.port)
+    names = [n for n in (f"{key}-{i}" for i in range(10_000)) if _slot(n) in slots][:4]
+    clients = [api.client([cluster.url], max_ttl=60.0, node_timeout=SLOW) for _ in names]
+    released = clients[0].acquire(names[0], ttl=30.0, blocking=False)
+    extended = clients[1].acquire(names[1], ttl=30.0, blocking=False)
+    # Its first extension (at ttl/3) after the failover, which takes about a second.
+    watched = clients[2].acquire(names[2], ttl=9.0, blocking=False, watchdog=True)
+    first_extension = time.monotonic() + 3.0
+    asked = clients[3].lock(names[3], ttl=30.0)
+    assert not asked.locked()
+    with victim.client() as raw:
+        assert raw.wait(1, 5000) == 1  # the keys reached the replica
+    cluster.kill(victim)
+    cluster.wait_converged()
+    released.release()
+    extended.extend()
+    assert not asked.locked()
+    with cluster.slot_owner(_slot(names[0])).client() as raw:
+        assert raw.exists(LockKeys.of(names[0], per_slot=True).lock) == 0
+    # The watchdog's first extension meets the dead master too.
+    api.idle(max(first_extension + 0.5 - time.monotonic(), 0.0))
+    assert not watched.lost.is_set()
+    assert watched.valid
+    watched.release()

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
+from pathlib import Path
 
 import pytest
 import redis
@@ -25,6 +26,7 @@ import tenure
 from tenure._core.config import LockKeys
 from tenure._core.slots import SLOTS, key_slot, slot_tag
 from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster
+from tenure.testing.topologies import _free_port_pair
 
 from .conftest import Api, redis_6_2
 
@@ -641,3 +643,64 @@ def test_a_redlock_over_three_clusters(api: Api, key: str) -> None:
             last[name] = lease.fencing_token
             assert api.client(urls, node_timeout=SLOW).lock(name, ttl=TTL).locked() is True
             lease.release()
+
+
+def test_a_lease_follows_its_slot_to_a_new_master(api: Api, key: str, tmp_path: Path) -> None:
+    """A master joins the cluster (scale-out) and a held lease's slot moves to it: its
+    client has no connection there yet, so the MOVED is not followed in that round. The
+    release and the extension go there in the round after, once it is connected. The
+    blocking client raised LeaseLost, the lock held for its TTL."""
+    with LocalRedisCluster(replicas=0) as cluster:
+        client = api.client([cluster.url], max_ttl=60.0, node_timeout=SLOW)
+        names = _names_per_master(cluster, key, each=1)[:2]
+        released = client.acquire(names[0], ttl=30.0, blocking=False)  # the moves take a while
+        extended = client.acquire(names[1], ttl=30.0, blocking=False)
+        config = {
+            "cluster-enabled": "yes",
+            "cluster-config-file": "nodes.conf",
+            "cluster-node-timeout": "1000",
+        }
+        new = LocalNode(
+            "new", tmp_path / "new", binary=cluster.nodes[0].binary, extra_config=config
+        )
+        new.port = _free_port_pair()  # and its bus port, 10000 above
+        new.start()
+        try:
+            command = cluster._command
+            command(cluster.nodes[0], "CLUSTER", "MEET", new.host, new.port)
+            new_id = cluster.node_id(new)
+            _wait_for(
+                lambda: (
+                    all(any(v.node_id == new_id for v in cluster.view(m)) for m in cluster.nodes)
+                    and "cluster_state:ok" in str(command(new, "CLUSTER", "INFO"))
+                ),
+                "the new master known to every node",
+            )
+            for name in names:
+                slot = key_slot(_keys(name).lock)
+                source = cluster.slot_owner(slot)
+                command(new, "CLUSTER", "SETSLOT", slot, "IMPORTING", cluster.node_id(source))
+                command(source, "CLUSTER", "SETSLOT", slot, "MIGRATING", new_id)
+                while moving := command(source, "CLUSTER", "GETKEYSINSLOT", slot, 100):
+                    command(source, "MIGRATE", new.host, new.port, "", 0, 5000, "KEYS", *moving)
+                for node in (new, source, *cluster.nodes):
+                    command(node, "CLUSTER", "SETSLOT", slot, "NODE", new_id)
+                _wait_for(partial(_moved_to, cluster, slot, new), f"slot {slot} on the new master")
+            released.release()
+            extended.extend()
+            with new.client() as c:
+                assert c.exists(_keys(names[0]).lock) == 0
+                assert c.pttl(_keys(names[1]).lock) > 0
+            extended.release()
+        finally:
+            new.stop()
+
+
+def _moved_to(cluster: LocalRedisCluster, slot: int, to: LocalNode) -> bool:
+    """Whether every node's ``CLUSTER SLOTS`` names ``to`` as ``slot``'s master."""
+    for node in cluster.nodes:
+        with node.client() as c:
+            ranges = c.execute_command("CLUSTER SLOTS")
+        if int(next(r for r in ranges if int(r[0]) <= slot <= int(r[1]))[2][1]) != to.port:
+            return False
+    return True

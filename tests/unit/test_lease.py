@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tenure import LeaseExpired, LeaseLost, OwnershipError
 from tenure._core.acquire import LeaseState
 from tenure._core.config import ClientConfig, LockSpec
-from tenure._core.flows import RELEASE_PATIENCE, Flows, Run
+from tenure._core.flows import RELEASE_PATIENCE, Flows, Later, Run
 from tenure._core.lease import begin_extend, conclude_extend, conclude_release
 from tenure._core.quorum import Failure, Round
 
@@ -276,3 +276,93 @@ def test_a_release_waits_longer_for_slow_nodes_than_an_acquire() -> None:
     for i in range(2):
         op.rnd.record(i, True, (1,))
     assert op.rnd.decided  # a majority: no waiting for the third
+
+
+def _flows(clock: list[float]) -> tuple[Flows, LockSpec]:
+    cfg = ClientConfig.build([f"redis://h{i}" for i in range(3)], node_timeout=0.05)
+    flows = Flows(cfg, ["a", "b", "c"], random.Random(0), lambda: clock[0], lambda: 1)
+    return flows, LockSpec.build(cfg, "res", 2.0)
+
+
+def test_a_release_not_sent_to_nodes_still_connecting_goes_to_them_once_more() -> None:
+    """A round that failed only for nodes not asked, their connections still being set
+    up (a Cluster node reloading its slot map after a master died), is made again for
+    them alone once the set-ups ended, the other answers standing: a second release
+    where one ran would find the key gone and report the lease lost. Never after the
+    lease's validity."""
+    clock = [10.0]
+    flows, spec = _flows(clock)
+    state = LeaseState(spec.name, spec.key, "t", spec.ttl, 9.9, 11.8, frozenset({0, 1, 2}), 7)
+    flow = flows.release(ModelLease(state, spec))
+    first = next(flow)
+    assert isinstance(first, Run)
+    first.rnd.record(0, True)
+    first.rnd.fail(1, Failure.CONNECTING, "the slot map is being reloaded")
+    first.rnd.fail(2, Failure.CONNECTING, "the slot map is being reloaded")
+    second = flow.send(None)
+    assert isinstance(second, Run)
+    assert list(second.targets or []) == [1, 2]
+    assert second.begin_by == 11.8
+    assert second.command is first.command
+    assert second.rnd.results[0] is not None
+    assert second.rnd.results[0].ok
+    second.rnd.record(1, True)
+    with pytest.raises(StopIteration):
+        flow.send(None)  # released: a majority over both rounds
+    # Past the validity: no second round, the lease is reported lost.
+    clock[0] = 10.0
+    flow = flows.release(ModelLease(state, spec))
+    first = next(flow)
+    assert isinstance(first, Run)
+    for i in range(3):
+        first.rnd.fail(i, Failure.CONNECTING, "still connecting")
+    clock[0] = 11.9
+    with pytest.raises(LeaseExpired):
+        flow.send(None)
+
+
+def test_an_extension_not_sent_to_nodes_still_connecting_asks_every_node_again() -> None:
+    clock = [10.0]
+    flows, spec = _flows(clock)
+    state = LeaseState(spec.name, spec.key, "t", spec.ttl, 9.9, 11.8, frozenset({0, 1, 2}), 7)
+    watched = ModelLease(state, spec)
+    flow = flows.extend(watched, None)
+    first = next(flow)
+    assert isinstance(first, Run)
+    assert first.begin_by == 11.8  # never begins after the validity it extends
+    first.rnd.record(0, True)
+    for i in (1, 2):
+        first.rnd.fail(i, Failure.CONNECTING, "still connecting")
+    clock[0] = 10.5
+    second = flow.send(None)
+    assert isinstance(second, Run)
+    assert second.targets is None
+    assert second.rnd.started == 10.5
+    assert second.begin_by == 11.8
+    for i in range(3):
+        second.rnd.record(i, True)
+    with pytest.raises(StopIteration):
+        flow.send(None)
+    assert watched._state.started == 10.5  # validity counts from the round that extended
+    # A failure of another kind is no reason for a second round.
+    flow = flows.extend(watched, None)
+    first = next(flow)
+    assert isinstance(first, Run)
+    first.rnd.fail(0, Failure.UNREACHABLE, "refused")
+    first.rnd.fail(1, Failure.CONNECTING, "still connecting")
+    assert isinstance(flow.send(None), Later)  # lost: released when the validity ends
+
+
+def test_round_again_keeps_the_answers_of_nodes_that_were_asked() -> None:
+    rnd = Round(5, 3, 1.0)
+    rnd.record(0, True)
+    rnd.record(1, False)
+    rnd.fail(2, Failure.UNREACHABLE, "refused")
+    rnd.fail(3, Failure.CONNECTING, "still connecting")
+    assert rnd.connecting() == [3]
+    again = rnd.again(2.0)
+    assert again.started == 2.0
+    assert again.yes == 1
+    assert again.failed == 1
+    assert again.results[3] is None
+    assert again.results[4] is None

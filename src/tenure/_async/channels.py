@@ -147,6 +147,7 @@ class Channel:
         # Connected: a request written now goes out at once (``_conn`` set by the
         # running ``_task``). An attribute, not a property: every round reads it per node.
         self.ready = False
+        self.ups = 0  # connections set up so far (a Cluster node's member: ``_on_reply``)
         self.used_at = 0.0  # when a request was last written (``Channels.run``'s look)
         self._pending: deque[tuple[OnReply, float]] = deque()
         self._unsent: list[tuple[Command, OnReply]] = []
@@ -331,6 +332,7 @@ class Channel:
                 raise asyncio.CancelledError
             self._conn = conn
             self.ready = True
+            self.ups += 1
             now = time.monotonic()
             for command, on_reply in self._unsent:
                 self._write(self.scripts.packed(command))
@@ -574,6 +576,9 @@ def _shed_closed(channels: list[Channel]) -> bool:
         if channel.ready and channel.shed_if_closed():
             behind = True
     return behind
+
+
+_TOO_LATE = "connected only after the round had to begin"
 
 
 class _Wait:
@@ -837,6 +842,7 @@ class Channels:
         targets: Sequence[int] | None = None,
         *,
         hopeless_unsent: bool = False,
+        begin_by: float | None = None,
     ) -> None:
         """Send to ``targets`` (default: all); return when ``rnd`` is decided or at ``deadline``.
 
@@ -844,7 +850,8 @@ class Channels:
         ``deadline`` included, begins again from that moment.
         ``hopeless_unsent``: as for the blocking driver's ``LinkSet.run``, send nothing if
         the nodes in their reconnect back-off (or whose set-up failed) already make the
-        round impossible.
+        round impossible. ``begin_by``: send nothing if the set-ups end only then or
+        later (``flows.Run``).
         """
         if self._closed:
             self._refuse(rnd, targets)
@@ -896,6 +903,11 @@ class Channels:
                     self.reporter.round(rnd)
                     return
                 deadline += rnd.begin_at(time.monotonic())
+                if begin_by is not None and rnd.started >= begin_by:
+                    for i in order:  # nothing sent: the nodes were not asked
+                        rnd.fail(i, Failure.CONNECTING, _TOO_LATE)
+                    self.reporter.round(rnd)
+                    return
         wait = _Wait(self, channels, command, rnd, order)
         self.send(command, rnd, targets, wait.on_reply)
         if not rnd.decided:

@@ -168,7 +168,12 @@ class AsyncClient(ClientBase):
         a cancellation propagates (``flows.INSTANT``) complete without awaiting."""
         if isinstance(op, Run):
             await self._channels.run(
-                op.command, op.rnd, op.deadline, op.targets, hopeless_unsent=op.hopeless_unsent
+                op.command,
+                op.rnd,
+                op.deadline,
+                op.targets,
+                hopeless_unsent=op.hopeless_unsent,
+                begin_by=op.begin_by,
             )
         elif isinstance(op, Listen):
             if op.timeout == 0:

@@ -73,6 +73,23 @@ class SlotSilent(RedisConnectionError):
     migrating or unserved, CLUSTERDOWN): a per-round silence, never misconfiguration."""
 
 
+class _NotSent(SlotSilent):
+    """The request went nowhere: the slot's master could not be connected, and the slot
+    map is being reloaded (a dead master whose replica may have been promoted). Not
+    asked (``Failure.CONNECTING``): a round after this one waits for the map."""
+
+
+class _Reloading(BackingOff):
+    """The slot's master is in its back-off, and the slot map is being reloaded: the
+    node was not asked (``_NotSent``)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(0.0)
+        self.failure = Failure.CONNECTING
+        self.detail = f"{detail}; the slot map is being reloaded"
+        self.args = (self.detail,)
+
+
 class _Scripts(ScriptCache):
     """The cluster node's face of the members' script caches, for ``Channels.run``: the
     member that answered ``NOSCRIPT`` was marked already (``ClusterChannel._on_reply``);
@@ -116,6 +133,11 @@ class ClusterChannel:
         self.loads = 0  # slot maps loaded so far (the listener waits for a newer one)
         self._stale = False
         self._doubt = MapDoubt()
+        # A load of the map under way since a master could not be connected (a dead
+        # master whose replica may have been promoted): rounds wait for it as for a
+        # set-up (``connecting``), for connect_timeout at most (``_doubted``), and route
+        # by its map.
+        self._doubting = False
         self._closing = False  # no load begins while the members close (their errors)
         self._load: asyncio.Task[None] | None = None
         self._reconnect = Reconnect()
@@ -125,6 +147,8 @@ class ClusterChannel:
     def diagnose(self, exc: Exception) -> Diagnosis:
         """``exc`` (an error reply a member sent, late or in its round) as this node's
         failure: a Cluster node's members are plain Redis nodes."""
+        if isinstance(exc, _NotSent):
+            return Diagnosis(Failure.CONNECTING, str(exc))
         return diagnose(exc)
 
     # --- members and the slot map -----------------------------------------------------
@@ -148,8 +172,13 @@ class ClusterChannel:
 
     async def _load_map(self) -> None:
         errors: list[Diagnosis] = []
+        now = time.monotonic()
+        sources = map_sources(self.address.seeds, self.map)
+        # Members in their back-off last (a dead master, most likely what the load is
+        # for): one that does not even refuse would hold it up connect_timeout.
+        sources.sort(key=lambda a: a in self._members and self._members[a].backing_off(now) > 0)
         try:
-            for where in map_sources(self.address.seeds, self.map):
+            for where in sources:
                 name = self.address.member(*where).display
                 conn = self._pool(where).make_connection()  # type: ignore[no-untyped-call]
                 try:
@@ -191,6 +220,7 @@ class ClusterChannel:
                 self._reconnect.failed(time.monotonic())
         finally:
             self._load = None
+            self._doubting = False
             self._changed.set()
 
     # --- what the notification listener reads (sharded subscriptions) -----------------
@@ -216,9 +246,21 @@ class ClusterChannel:
         """A member serving a slot failed on the network: its master may have died and
         a replica been promoted, which no ``MOVED`` tells, so the map is reloaded (at
         most once per ``MAP_RECHECK``: ``MapDoubt``)."""
-        if self.map is not None and not self._closing and self._doubt.failed(time.monotonic()):
+        if self.map is None or self._closing:
+            return
+        if self._doubt.failed(time.monotonic()):
             self._stale = True
             self._start_load()
+        if self._load is not None and not self._doubting:
+            self._doubting = True
+            asyncio.get_running_loop().call_later(self._connect_timeout, self._doubted)
+
+    def _doubted(self) -> None:
+        """Rounds no longer wait for the load begun after a master failed (it took
+        connect_timeout): the map known so far serves meanwhile."""
+        if self._doubting:
+            self._doubting = False
+            self._changed.set()
 
     def _moved(self, slot: int, to: Address) -> None:
         if self.map is not None:
@@ -250,7 +292,7 @@ class ClusterChannel:
     def connecting(self) -> bool:
         if self.map is None:
             return self._load is not None
-        return any(self._member(w).connecting for w in self.map.masters())
+        return self._doubting or any(self._member(w).connecting for w in self.map.masters())
 
     @property
     def ready(self) -> bool:
@@ -310,8 +352,10 @@ class ClusterChannel:
             self._start_load()
         try:
             self._route(command, on_reply, 0, None)
-        except BackingOff:
+        except BackingOff as exc:
             self._failed()  # the slot's master failed lately: a dead master?
+            if self._doubting and exc.failure is Failure.BACKING_OFF:
+                raise _Reloading(exc.detail) from exc
             raise
 
     def _route(
@@ -336,8 +380,12 @@ class ClusterChannel:
         member = self._member(where)
         if asking:
             member.send(ASKING)  # its +OK is nobody's
+        # Queued until the member is connected: its connections so far, to tell a
+        # request that never went out when the set-up fails (``_on_reply``).
+        ups = -1 if member.ready else member.ups
         member.send(
-            command, partial(self._on_reply, command, on_reply, hops, (where, asking), member)
+            command,
+            partial(self._on_reply, command, on_reply, hops, (where, asking), member, ups),
         )
 
     def _on_reply(
@@ -347,6 +395,7 @@ class ClusterChannel:
         hops: int,
         sent: tuple[Address, bool],
         member: Any,
+        ups: int,
         node: int,
         reply: tuple[bool, Any],
     ) -> None:
@@ -354,6 +403,10 @@ class ClusterChannel:
         self._blamed = member
         if not ok and not isinstance(value, (ResponseError, SlotSilent)):
             self._failed()  # the connection broke or was refused: a dead master?
+            if ups == member.ups and self._doubting:
+                # Queued for a connection that never came up: it went nowhere, and the
+                # map is being reloaded. Not asked; a later round routes by the new map.
+                value = _NotSent(f"{member.address.display}: {value}")
         if ok or not isinstance(value, ResponseError) or command.replies != 1:
             if not ok and isinstance(value, ResponseError):
                 value = self._silenced(value) or value

@@ -89,9 +89,12 @@ class Run:
 
     ``hopeless_unsent``: send nothing if the nodes known to be down (reconnect back-off,
     a failed set-up) already make the round impossible (``quorum.rule_out``).
+    ``begin_by``: send nothing if connections still being set up hold the round's
+    beginning back until then (monotonic): the nodes not asked are recorded still
+    connecting. An extension never begins after the validity it extends.
     """
 
-    __slots__ = ("command", "deadline", "hopeless_unsent", "rnd", "targets")
+    __slots__ = ("begin_by", "command", "deadline", "hopeless_unsent", "rnd", "targets")
 
     def __init__(
         self,
@@ -101,12 +104,14 @@ class Run:
         targets: Sequence[int] | None = None,
         *,
         hopeless_unsent: bool = False,
+        begin_by: float | None = None,
     ) -> None:
         self.command = command
         self.rnd = rnd
         self.deadline = deadline
         self.targets = targets
         self.hopeless_unsent = hopeless_unsent
+        self.begin_by = begin_by
 
 
 class Send:
@@ -583,13 +588,7 @@ class Flows:
         _check_not_released(lease)
         if lease.lost_error is not None:
             raise lease.lost_error  # (an extension failed: it is not vouched for any more)
-        try:
-            rnd = begin_extend(lease._state, spec, self.clock())
-        except LeaseExpired as expired:
-            # Too late to extend is the lease lost, for whoever watches it too (a
-            # watchdog paused between deciding to extend and extending ends here).
-            lease._mark_lost(expired)
-            raise
+        rnd = _begin_extend(lease, spec, self.clock())
         if spec.ttl < lease._state.ttl:
             # A shorter TTL shortens the keys as the nodes apply it, before the round
             # concludes: meanwhile the lease may not look valid for longer than that.
@@ -597,7 +596,16 @@ class Flows:
             if bound < lease._state.valid_until:
                 lease._state = replace(lease._state, valid_until=bound)
         command = self.replicated(commands.extend(spec, lease.token, by_sha=self.reads_all))
-        yield Run(command, rnd, rnd.started + spec.node_timeout)
+        valid_until = lease._state.valid_until
+        yield Run(command, rnd, rnd.started + spec.node_timeout, begin_by=valid_until)
+        if _set_ups_failed(rnd):
+            # Nodes not asked, their connections still being set up (a Cluster node
+            # reloading its slot map after the slot's master died): one round more,
+            # which waits for those set-ups (connect_timeout) and begins before the
+            # validity ends or not at all. All nodes again: its validity counts from
+            # its own start.
+            rnd = _begin_extend(lease, spec, self.clock())
+            yield Run(command, rnd, rnd.started + spec.node_timeout, begin_by=valid_until)
         outcome = conclude_extend(lease._state, spec, rnd, self.clock(), self.names)
         if isinstance(outcome, LeaseState):
             lease._state = outcome
@@ -668,6 +676,22 @@ class Flows:
             if mark:
                 lease._set_released()
             yield release
+            valid_until = lease._state.valid_until
+            if _set_ups_failed(release.rnd) and self.clock() < valid_until:
+                # Nodes not sent the release, their connections still being set up (a
+                # Cluster node reloading its slot map after the slot's master died):
+                # sent to them once more, once the set-ups ended, and only while the
+                # lease is valid; the others' answers stand (a second release would
+                # find its key gone, and say so).
+                rnd = release.rnd.again(self.clock())
+                release = Run(
+                    release.command,
+                    rnd,
+                    rnd.started + RELEASE_PATIENCE * self.config.node_timeout,
+                    release.rnd.connecting(),
+                    begin_by=valid_until,
+                )
+                yield release
         except GeneratorExit:
             raise
         except BaseException:
@@ -715,6 +739,11 @@ class Flows:
         now = self.clock()
         rnd = Round(self.n, self.config.quorum, now)
         yield Run(commands.exists(spec.key), rnd, now + self.config.node_timeout)
+        if _set_ups_failed(rnd):
+            # Nodes not asked, still connecting: once more when their set-ups ended.
+            now = self.clock()
+            rnd = Round(self.n, self.config.quorum, now)
+            yield Run(commands.exists(spec.key), rnd, now + self.config.node_timeout)
         return conclude_locked(rnd, spec.name, self.names, self.config.key_prefix)
 
     # --- the watchdog -------------------------------------------------------------------
@@ -854,6 +883,33 @@ def unreached(send: Send) -> bool:
 
 
 _UNREACHED = (Failure.UNREACHABLE, Failure.BACKING_OFF, Failure.CONNECTING)
+
+
+def _set_ups_failed(rnd: Round) -> bool:
+    """Whether a round failed only for nodes not asked while their connections were
+    being set up, and would have succeeded had they said yes: worth one round more
+    once the set-ups ended (as an acquire makes, ``Acquisition.conclude``)."""
+    return (
+        rnd.failed > 0  # (first: nothing more to look at in a round without failures)
+        and not rnd.succeeded
+        and rnd.failed_connecting()
+        and rnd.yes + len(rnd.connecting()) >= rnd.needed
+    )
+
+
+def _begin_extend(lease: WatchedLease, spec: LockSpec, now: float) -> Round:
+    """An extend round of ``lease`` at ``now``.
+
+    Raises:
+        LeaseExpired: its validity ended (the lease is marked lost).
+    """
+    try:
+        return begin_extend(lease._state, spec, now)
+    except LeaseExpired as expired:
+        # Too late to extend is the lease lost, for whoever watches it too (a watchdog
+        # paused between deciding to extend and extending ends here).
+        lease._mark_lost(expired)
+        raise
 
 
 def _check_not_released(lease: WatchedLease) -> None:

@@ -331,6 +331,26 @@ class Round:
         failures = self.failures().values()
         return bool(failures) and all(r.failure is Failure.CONNECTING for r in failures)
 
+    def connecting(self) -> list[int]:
+        """The nodes not asked in this round because they were still connecting."""
+        connecting = Failure.CONNECTING
+        return [i for i, r in enumerate(self.results) if r is not None and r.failure is connecting]
+
+    def again(self, now: float) -> Round:
+        """A round at ``now`` for the nodes of this one that were still connecting
+        (``connecting``: nothing was sent to them), the other nodes' answers carried
+        over as they are: a command that must not reach a node twice (a release) is
+        sent to those nodes only, and the two rounds tallied as one."""
+        rnd = Round(len(self.results), self.needed, now)
+        for i, r in enumerate(self.results):
+            if r is None or r.failure is Failure.CONNECTING:
+                continue  # unheard: not asked again (its request may be on its way)
+            if r.failure is None:
+                rnd.record(i, r.ok, r.info)
+            else:
+                rnd.fail(i, r.failure, r.detail)
+        return rnd
+
     def validity(self, now: float, ttl: float, drift: float) -> float:
         """Seconds of validity left at ``now`` for a lease whose round began at ``started``."""
         return self.started + ttl - drift - now

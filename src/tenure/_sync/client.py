@@ -244,6 +244,7 @@ class Client(ClientBase):
                 _clock,
                 op.targets,
                 hopeless_unsent=op.hopeless_unsent,
+                begin_by=op.begin_by,
             )
         elif isinstance(op, Listen):
             return self._listener.register(op.waiter, op.timeout, op.need, op.key)

@@ -61,11 +61,22 @@ class _MapLoad:
         self.result: SlotMap | None = None
         self.error: Diagnosis | None = None
         self._members = members
-        self._on_done = on_done
+        # Called when it ends: the wake-up of every round waiting for it (``listen``).
+        self._wakes = [on_done]
+        self._lock = threading.Lock()
         threading.Thread(target=self._run, name="tenure-slots", daemon=True).start()
 
     def abandon(self) -> None:
         """Nobody waits for it any more; it ends by itself (each step is bounded)."""
+
+    def listen(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` when it ends (now, if it has)."""
+        with self._lock:
+            if not self.done:
+                if wake not in self._wakes:
+                    self._wakes.append(wake)
+                return
+        wake()
 
     def _run(self) -> None:
         errors: list[Diagnosis] = []
@@ -92,8 +103,10 @@ class _MapLoad:
                         conn.disconnect()  # type: ignore[no-untyped-call]
             self.error = no_slot_map(errors)
         finally:
-            self.done = True
-            self._on_done()
+            with self._lock:
+                self.done = True
+            for wake in self._wakes:
+                wake()
 
 
 class ClusterState(NodeState):
@@ -167,6 +180,14 @@ class ClusterState(NodeState):
             if self._doubt.failed(now):
                 self._stale = True
 
+    def reload(self, now: float) -> _MapLoad | None:
+        """A member serving a slot could not be connected (``failed``): the load of the
+        map that began for it, or was under way already, while it lasts."""
+        self.failed(now)
+        self.slot_map(now, _nothing)
+        load = self._load
+        return None if load is None or load.done else load
+
     def routing(self, now: float) -> SlotMap | None:
         """The map a round is routed by: a reload that ended is taken, a due one begun
         (in the background; the map known so far serves meanwhile). A link that is
@@ -198,6 +219,9 @@ class ClusterState(NodeState):
                     return self.last or Diagnosis(Failure.BACKING_OFF, "slot map not loaded")
                 sources = map_sources(self.address.seeds, self.map)
                 members = [self._member_or_new(a) for a in sources]
+                # Those in their back-off last (a dead master, most likely what the load
+                # is for): one that does not even refuse would hold it up connect_timeout.
+                members.sort(key=lambda m: m.backing_off(now) > 0)
                 self._load = load = _MapLoad(members, now + self.connect_timeout, wake)
                 self._doubt.loading(now)
             if self.map is not None:
@@ -230,7 +254,17 @@ class _Pending:
 class ClusterLink(Link):
     """One Cluster node's link in one link set: a plain link per member."""
 
-    __slots__ = ("_asking", "_current", "_hops", "_prepared", "_subs", "_to_connect", "cluster")
+    __slots__ = (
+        "_asking",
+        "_current",
+        "_hops",
+        "_prepared",
+        "_reload",
+        "_subs",
+        "_to_connect",
+        "_wake",
+        "cluster",
+    )
 
     def __init__(self, cluster: ClusterState) -> None:  # no Link.__init__: nothing of its own
         self.cluster = cluster
@@ -246,6 +280,12 @@ class ClusterLink(Link):
         # (by another link set of the client) and nothing being set up, it would look
         # ready, and its first round would find the slot's master not connected.
         self._prepared = False
+        # The slot map's load that began when a master could not be connected (a dead
+        # master whose replica may have been promoted: no MOVED tells it). The link is
+        # not ready while it lasts, so the next round waits for it as for a set-up
+        # (within connect_timeout, not charged to node_timeout) and routes by its map.
+        self._reload: _MapLoad | None = None
+        self._wake: Callable[[], None] = _nothing  # the link set's (``prepare``)
 
     # What LinkSet reads and writes of a link, of the member carrying the request.
 
@@ -290,6 +330,8 @@ class ClusterLink(Link):
         parts: list[Any] = [s.setup for s in self._subs.values() if s.setup is not None]
         if load is not None and self.cluster.map is None:
             parts.append(load)
+        if self._reload is not None:
+            parts.append(self._reload)
         if not parts:
             return None
         return _Pending(min(p.deadline for p in parts), parts)
@@ -298,7 +340,11 @@ class ClusterLink(Link):
         # Not ``cluster.map``, which another thread may swap at any time: whether this
         # link was prepared changes only in the thread using it, so a round that has
         # just prepared it cannot find it unready with nothing being set up.
-        return self._prepared and not any(s.setup is not None for s in self._subs.values())
+        return (
+            self._prepared
+            and self._reload is None
+            and not any(s.setup is not None for s in self._subs.values())
+        )
 
     def ready(self) -> bool:
         # Whatever carried the last round (``conn``): a new round waits for the members
@@ -323,6 +369,13 @@ class ClusterLink(Link):
 
     def prepare(self, now: float, wake: Callable[[], None]) -> Diagnosis | None:
         """Load the slot map (first use), then set up a connection to every member."""
+        self._wake = wake
+        reload = self._reload
+        if reload is not None:
+            if reload.done or now >= reload.deadline:
+                self._reload = None  # taken below; or the map known so far serves
+            else:
+                reload.listen(wake)
         slot_map = self.cluster.slot_map(now, wake)
         if isinstance(slot_map, Diagnosis):
             return slot_map
@@ -331,10 +384,15 @@ class ClusterLink(Link):
         members = slot_map.members
         for where in members:  # the replicas too (``SlotMap.members``)
             sub = self._sub(where)
-            if sub.conn is None:
-                # A member that cannot be connected fails the rounds of its slots only
-                # (``send``), not the node's: its diagnosis is kept on its state.
-                sub.prepare(now, wake)
+            # A member that cannot be connected fails the rounds of its slots only
+            # (``send``), not the node's: its diagnosis is kept on its state. A master's
+            # has the map reloaded, which the round waits for.
+            if (
+                sub.conn is None
+                and sub.prepare(now, wake) is not None
+                and where in slot_map.masters()
+            ):
+                self._await(self.cluster.reload(now), wake)
         for where, sub in self._subs.items():
             if sub.setup is not None and where not in members:
                 # A member the map no longer names (a dead master, after a reload) whose
@@ -368,11 +426,26 @@ class ClusterLink(Link):
             raise _Failed(slot_unserved(slot))
         return self._write(self._sub(where), command, now, asking=False)
 
+    def _await(self, load: _MapLoad | None, wake: Callable[[], None]) -> bool:
+        """The next round waits for ``load`` (the map's, after a master failed), if any."""
+        if load is None:
+            return False
+        self._reload = load
+        load.listen(wake)
+        return True
+
     def _write(self, sub: Link, command: Command, now: float, *, asking: bool) -> Any:
         if sub.conn is None:
-            why = sub.prepare(now, _nothing)  # its set-up goes on for the next rounds
+            why = sub.prepare(now, self._wake)  # its set-up goes on for the next rounds
+            # Refused, or in its back-off: a dead master whose replica was promoted? Not
+            # asked: the request goes, in a round after this one, where the map names.
             if why is not None:
-                self.cluster.failed(now)  # refused, or in its back-off: a dead master?
+                load = self.cluster.reload(now)
+                if not why.failure.configuration and self._await(load, self._wake):
+                    why = Diagnosis(
+                        Failure.CONNECTING,
+                        f"{sub.node.name} (a master): {why.detail}; the slot map is being reloaded",
+                    )
             raise _Failed(
                 why
                 or Diagnosis(Failure.CONNECTING, f"{sub.node.name} (a master) is not connected yet")
@@ -385,7 +458,7 @@ class ClusterLink(Link):
                 sub.owed += 1  # its +OK comes before our reply and is nobody's
             return sub.send(command, now)
         except _Failed:
-            self.cluster.failed(now)
+            self._await(self.cluster.reload(now), self._wake)
             raise
 
     def socket(self) -> Any:
@@ -441,7 +514,7 @@ class ClusterLink(Link):
             self.cluster.moved(hop.slot, hop.to)
         sub = self._sub(hop.to)
         if sub.conn is None:
-            sub.prepare(now, _nothing)  # connected for a later round
+            sub.prepare(now, self._wake)  # connected for a later round
             self._to_connect = True
             return None
         self._hops += 1
@@ -466,7 +539,8 @@ class ClusterLink(Link):
             return
         if self._current is not None:
             if not isinstance(exc, ResponseError):
-                self.cluster.failed(now)  # the connection broke: a dead master?
+                # The connection broke: a dead master? The next round waits for the map.
+                self._await(self.cluster.reload(now), self._wake)
             self._current.fail(i, exc, rnd, now)
         else:
             why = diagnose(exc)

@@ -611,6 +611,7 @@ class LinkSet:
         targets: Sequence[int] | None = None,
         *,
         hopeless_unsent: bool = False,
+        begin_by: float | None = None,
     ) -> None:
         """Send ``command`` to ``targets`` (all nodes by default) and tally into ``rnd``.
 
@@ -623,6 +624,7 @@ class LinkSet:
         failed) already make the round impossible, send nothing at all (an acquire that
         cannot win would only leave keys to clean up, and replies to owe, on the nodes
         that are up).
+        ``begin_by``: send nothing if the set-ups end only then or later (``Run``).
         """
         self.clean = False
         links = self.links
@@ -656,6 +658,11 @@ class LinkSet:
                     return
                 deadline += rnd.begin_at(clock())
                 now = rnd.started
+                if begin_by is not None and now >= begin_by:
+                    _too_late(rnd, order)
+                    self._reporter.round(rnd)
+                    self.clean = True
+                    return
         # The nodes still to answer, by the socket their reply will come on (the one
         # their request was written to).
         waiting: dict[Any, int] = {}
@@ -899,6 +906,13 @@ class LinkSet:
             # reply the parser cannot read): a per-node failure, never the caller's.
             link.fail(i, exc, rnd, now)
             return _DONE
+
+
+def _too_late(rnd: Round, order: Sequence[int]) -> None:
+    """The set-ups held a round back past the instant it had to begin by (``Run``):
+    nothing is sent, and the nodes not asked are recorded still connecting."""
+    for i in order:
+        rnd.fail(i, Failure.CONNECTING, "connected only after the round had to begin")
 
 
 class LinkPool:
