@@ -675,7 +675,9 @@ class LinkSet:
         # before it wrote them (another thread's C call holding the interpreter, a GC
         # pause, a descheduled process) did not make the nodes slow to answer. The
         # validity still counts from the round's start.
-        deadline += max(clock() - now, 0.0)
+        behind = clock() - now
+        if behind > 0.0:
+            deadline += behind
         if len(links) == 1 and waiting and not links[0].owed:
             # One node, nothing owed: nothing to multiplex, so wait in recv itself. Its
             # socket's timeout (node_timeout: ``kernel_timeouts``) bounds the wait; no select().
