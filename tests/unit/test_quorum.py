@@ -471,3 +471,16 @@ def test_a_node_not_asked_while_connecting_needs_no_cleanup_and_is_no_strike() -
     rnd.fail(0, Failure.CONNECTING, "not connected yet")
     rnd.fail(1, Failure.UNREACHABLE, "no reply before the deadline")
     assert not rnd.failed_untried()
+
+
+def test_a_round_begun_at_its_begin_by_or_later_asks_no_node() -> None:
+    """``Run.begin_by`` (an extension never begins after the validity it extends): set-ups
+    that held the round back that long leave its nodes not asked, still connecting."""
+    rnd = Round(3, 2, 10.0)
+    assert not rnd.began_too_late(None, [0, 1, 2])
+    assert not rnd.began_too_late(10.5, [0, 1, 2])
+    assert rnd.results == [None, None, None]
+    assert rnd.began_too_late(10.0, [1, 2])
+    assert rnd.results[0] is None
+    assert rnd.failed_connecting()
+    assert sorted(rnd.failures()) == [1, 2]

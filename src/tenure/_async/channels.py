@@ -578,9 +578,6 @@ def _shed_closed(channels: list[Channel]) -> bool:
     return behind
 
 
-_TOO_LATE = "connected only after the round had to begin"
-
-
 class _Wait:
     """One round's wait for its replies (``Channels.run``): the callbacks its replies
     and its deadline call, on one object rather than a closure each (a round is made per
@@ -903,9 +900,7 @@ class Channels:
                     self.reporter.round(rnd)
                     return
                 deadline += rnd.begin_at(time.monotonic())
-                if begin_by is not None and rnd.started >= begin_by:
-                    for i in order:  # nothing sent: the nodes were not asked
-                        rnd.fail(i, Failure.CONNECTING, _TOO_LATE)
+                if rnd.began_too_late(begin_by, order):
                     self.reporter.round(rnd)
                     return
         wait = _Wait(self, channels, command, rnd, order)

@@ -22,6 +22,7 @@ holder stops using the lease by then, and that no node's clock jumps (see docs/s
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -350,6 +351,16 @@ class Round:
             else:
                 rnd.fail(i, r.failure, r.detail)
         return rnd
+
+    def began_too_late(self, begin_by: float | None, targets: Iterable[int]) -> bool:
+        """Whether this round, begun once its connections were set up (``begin_at``),
+        began at or after ``begin_by`` (``flows.Run``): then nothing is to be sent, and
+        the nodes of ``targets`` are recorded not asked (still connecting)."""
+        if begin_by is None or self.started < begin_by:
+            return False
+        for i in targets:
+            self.fail(i, Failure.CONNECTING, "connected only after the round had to begin")
+        return True
 
     def validity(self, now: float, ttl: float, drift: float) -> float:
         """Seconds of validity left at ``now`` for a lease whose round began at ``started``."""

@@ -658,8 +658,7 @@ class LinkSet:
                     return
                 deadline += rnd.begin_at(clock())
                 now = rnd.started
-                if begin_by is not None and now >= begin_by:
-                    _too_late(rnd, order)
+                if rnd.began_too_late(begin_by, order):
                     self._reporter.round(rnd)
                     self.clean = True
                     return
@@ -908,13 +907,6 @@ class LinkSet:
             # reply the parser cannot read): a per-node failure, never the caller's.
             link.fail(i, exc, rnd, now)
             return _DONE
-
-
-def _too_late(rnd: Round, order: Sequence[int]) -> None:
-    """The set-ups held a round back past the instant it had to begin by (``Run``):
-    nothing is sent, and the nodes not asked are recorded still connecting."""
-    for i in order:
-        rnd.fail(i, Failure.CONNECTING, "connected only after the round had to begin")
 
 
 class LinkPool:
