@@ -677,6 +677,7 @@ class Flows:
                 lease._set_released()
             yield release
             valid_until = lease._state.valid_until
+            # (``failed`` looked at here too: the common release has none, and makes no call.)
             if release.rnd.failed and _set_ups_failed(release.rnd) and self.clock() < valid_until:
                 # Nodes not sent the release, their connections still being set up (a
                 # Cluster node reloading its slot map after the slot's master died):
