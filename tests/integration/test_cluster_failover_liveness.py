@@ -18,7 +18,7 @@ import pytest
 
 import tenure
 from tenure._core.config import LockKeys
-from tenure._core.slots import key_slot
+from tenure._core.slots import MAP_RECHECK, key_slot
 from tenure.testing import LocalRedisCluster
 
 from .conftest import Api
@@ -126,6 +126,11 @@ def test_the_first_operations_after_a_master_is_killed_reach_its_successor(
         assert raw.wait(1, 5000) == 1  # the keys reached the replica
     cluster.kill(victim)
     cluster.wait_converged()
+    # The clients' listeners lose the dead master at once and have the map reloaded
+    # before the failover finished; no load begins for MAP_RECHECK after that one, and an
+    # operation in that window still fails (docs/cluster-and-sentinel.md: the gap left).
+    # What this test holds is the first operation after it.
+    api.idle(MAP_RECHECK)
     released.release()
     extended.extend()
     assert not asked.locked()
