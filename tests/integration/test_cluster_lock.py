@@ -545,6 +545,28 @@ def _fail_over_and_lock(api: Api, cluster: LocalRedisCluster, key: str) -> None:
         assert client.lock(name, ttl=TTL).locked() is True
         lease.extend()
         lease.release()
+    # A slot of the promoted master that nobody used: the client first heard the new
+    # history max_ttl ago (the warm-ups above), so every lease of the old one has
+    # expired: granted at once, not after a warm-up of its own. A client that never
+    # heard that history still warms it up: it cannot tell when the failover was.
+    successor = cluster.slot_owner(key_slot(_keys(names[0]).lock))
+    fresh = _unused_name(cluster, successor, key)
+    client.acquire(fresh, ttl=TTL, blocking=False).release()
+    newcomer = api.client([cluster.url], max_ttl=MAX_TTL, node_timeout=SLOW)
+    with pytest.raises(tenure.LockTimeout):
+        newcomer.acquire(_unused_name(cluster, successor, key), ttl=TTL, blocking=False)
+
+
+def _unused_name(cluster: LocalRedisCluster, master: LocalNode, key: str) -> str:
+    """A name in a slot of ``master`` whose floor was never written."""
+    slots = set(next(v.slots for v in cluster.view() if v.port == master.port))
+    with master.client() as raw:
+        for i in range(100_000):
+            name = f"{key}-unused-{i}"
+            keys = _keys(name)
+            if key_slot(keys.lock) in slots and not raw.exists(keys.floor, keys.warm):
+                return name
+    raise AssertionError("no unused slot")
 
 
 def test_a_migrating_slot_is_asked_at_its_target_and_moved_after(

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import tenure
-from tenure._core.acquire import HISTORY_CHANGED, NO_HISTORY, WARMING
+from tenure._core.acquire import WARMING
+from tenure._core.commands import HISTORY_CHANGED, NO_HISTORY
 from tenure._core.config import LockKeys
 from tenure._lua import script
 from tenure.testing import LocalCluster, LocalNode, LocalSentinelSet, Persistence
@@ -159,14 +160,20 @@ def test_the_fake_node_changes_history_like_redis(
     fake = FakeNode()
     now = 0
 
-    def both_acquire(node: LocalNode, token: str, proposal: int, mark: int) -> list[int]:
+    def both_acquire(node: LocalNode, token: str, proposal: int, mark: int) -> list[int | str]:
         with node.client() as c:
             real = c.eval(
                 acquire, 3, keys.lock, keys.floor, keys.warm,
                 token, 5000, proposal, mark, 5000, RETENTION_MS,
             )  # fmt: skip
         mirror = acquire_lua(fake, keys, token, 5000, proposal, now, mark, 5000, RETENTION_MS)
-        assert real[::2] == mirror[::2], (real, mirror)  # status and floor
+        assert real[:3:2] == mirror[:3:2], (real, mirror)  # status and floor
+        if real[0] == HISTORY_CHANGED:
+            # With the node's replication ID (the fake's IDs are its own).
+            assert real[3] == _replid(node).encode()
+            assert mirror[3] == fake.replid
+            assert real[:3] == mirror[:3]
+            return mirror[:3]
         if real[0] != WARMING:  # a PTTL: a few ms apart
             assert real == mirror
         return mirror
@@ -236,6 +243,18 @@ def test_the_fake_node_changes_history_like_redis(
         same_keys(node)
         assert both_acquire(node, "b", 30, 5) == [HISTORY_CHANGED, 5, 20]
         assert both_seed(node, 0, 1500, 5) == 1
+        same_keys(node)
+        # Once more, by a client that heard the new history max_ttl ago: the warm-up
+        # served (1 ms), no marker is kept and the node votes at once.
+        node.restart(keep_data=True)
+        fake.restart()
+        assert both_acquire(node, "b", 30, 6) == [HISTORY_CHANGED, 6, 20]
+        assert both_seed(node, 0, 1, 6) == 1
+        same_keys(node)
+        with node.client() as c:  # "a" released
+            c.delete(keys.lock)
+        fake.delete(keys.lock, now)
+        assert both_acquire(node, "b", 30, 6) == [1, 30, 30]
         same_keys(node)
     finally:
         node.kill()

@@ -725,7 +725,7 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
             assert real[:3] == mirror[:3], (w, real, mirror)
             assert (len(real) > 3) == (len(mirror) > 3)
             if len(real) > 3:
-                assert (real[3] < 0) == (mirror[3] < 0)
+                assert (real[3] < 0) == (int(mirror[3]) < 0)
             if expect is not None:
                 assert mirror[0] == expect, (w, mirror)
             heard(list(notes))

@@ -21,9 +21,9 @@ from tenure import ConfigurationError, QuorumUnreachable, ServerUnsupported
 from tenure._core.acquire import (
     GRANTED,
     HELD,
-    HISTORY_CHANGED,
+    HISTORIES_KEPT,
     MAX_FIXES,
-    NO_HISTORY,
+    SERVED_WARM_MS,
     SILENT_ASKS,
     TOO_LOW,
     UNREACHABLE_SPAN,
@@ -40,6 +40,7 @@ from tenure._core.acquire import (
     cleanup_to_await,
     round_errors,
 )
+from tenure._core.commands import HISTORY_CHANGED, NO_HISTORY
 from tenure._core.config import ClientConfig, LockSpec, WaitMode
 from tenure._core.policy import RetryPolicy, wait_random_exponential
 from tenure._core.quorum import Failure, Round
@@ -52,6 +53,7 @@ POLICY = wait_random_exponential(initial=0.01, maximum=0.5)
 MAX_TTL_MS = 60_000
 WALL = 1_700_000_000_000_000  # a wall clock in µs: the usual first proposal
 HELD_COUNTER = WALL - 5_000_000  # what a node holding someone's earlier lease answers
+REPLID = 0xC0FFEE << 100  # a changed node's replication ID, as the parser reads it (+ i)
 
 
 def names(n: int) -> list[str]:
@@ -78,6 +80,7 @@ def make(
     retry: RetryPolicy = POLICY,
     seed: int = 0,
     floor: int = 1,
+    histories: dict[int, float] | None = None,
 ) -> Acquisition:
     return Acquisition(
         make_spec(n),
@@ -89,6 +92,7 @@ def make(
         node_names=names(n),
         max_ttl_ms=MAX_TTL_MS,
         floor=floor,
+        histories=histories,
     )
 
 
@@ -116,8 +120,11 @@ def reply(
         rnd.record(i, False, (TOO_LOW, number, number if floor is None else floor))
     elif a == "b":
         rnd.record(i, False, (NO_HISTORY, 1000 + i, 0))  # its observation mark
-    elif a == "c":  # history changed: its mark, and its own (old) floor
-        rnd.record(i, False, (HISTORY_CHANGED, 2000 + i, 1 if floor is None else floor))
+    elif a == "c":  # history changed: its mark, its own (old) floor and its new history
+        changed_floor = 1 if floor is None else floor
+        rnd.record(i, False, (HISTORY_CHANGED, 2000 + i, changed_floor, REPLID + i))
+    elif a == "p":  # blank, on a promoted server: its mark and its history
+        rnd.record(i, False, (NO_HISTORY, 3000 + i, 0, REPLID + i))
     elif a == "r":  # granted, but too few replicas acknowledged it (wait_replicas)
         rnd.record(i, None, (GRANTED, proposal, proposal if floor is None else floor))
     elif a == "w":
@@ -1174,6 +1181,82 @@ def test_granted_round_seeds_the_changed_nodes_it_heard() -> None:
     assert isinstance(step, Granted)
     assert step.lease.fencing_token == WALL
     assert step.seed == Seed(frozenset({2}), WALL + 3, MAX_TTL_MS)
+
+
+def test_a_changed_history_heard_max_ttl_ago_is_seeded_without_the_warm_up() -> None:
+    # A promoted master's first use of a Cluster slot (or of its node after the floor
+    # expired), long after the failover: the client first heard that history at 100.0,
+    # so every lease of the old one had expired by 100.0 + max_ttl. Later calls of the
+    # same client, to any slot of that node, count the warm-up from then.
+    histories: dict[int, float] = {}
+    max_ttl = MAX_TTL_MS / 1000
+
+    def seed_at(now: float, answers: str = "c") -> Seed | None:
+        acq = make(len(answers), blocking=False, now=now, histories=histories)
+        _, step = attempt(acq, answers, started=now, now=now, floors=[7] * len(answers))
+        assert isinstance(step, Retry)
+        return step.seed
+
+    first = seed_at(100.0)
+    assert first is not None
+    assert first.warm_ms == MAX_TTL_MS
+    assert histories == {REPLID: 100.0}
+    half = seed_at(100.0 + max_ttl / 2)
+    assert half is not None
+    assert half.warm_ms == MAX_TTL_MS // 2
+    later = seed_at(100.0 + max_ttl + 5)
+    assert later == Seed(frozenset({0}), 7, 1)  # seed.lua never seeds a changed node at 0
+    assert histories == {REPLID: 100.0}  # the first hearing stays
+    # Another node's history, or another history of the same node, is heard anew.
+    fresh = seed_at(100.0 + max_ttl + 6, "nc")
+    assert fresh is not None
+    assert fresh.warm_ms == MAX_TTL_MS
+    # A node that lost its data may have granted until it answered blank: a seed that
+    # covers it keeps the full warm-up.
+    blank = seed_at(100.0 + 3 * max_ttl, "cb")
+    assert blank is not None
+    assert blank.warm_ms == MAX_TTL_MS
+    assert blank.nodes == {0, 1}
+
+
+def test_a_promoted_blank_node_is_changed_until_its_history_is_max_ttl_old() -> None:
+    # Its master may have had a floor there that never reached it: not part of a new
+    # node set, the full warm-up. Once the client has known the history for max_ttl, the
+    # old master's leases have expired, and the node is blank like any other: a Cluster
+    # slot nobody used, on a master promoted long ago, is a new set of one.
+    histories: dict[int, float] = {}
+    max_ttl = MAX_TTL_MS / 1000
+
+    def step_at(now: float, answers: str, floors: Sequence[int | None] = ()) -> object:
+        acq = make(len(answers), blocking=False, now=now, histories=histories)
+        return attempt(acq, answers, started=now, now=now, floors=floors)[1]
+
+    assert step_at(100.0, "p") == Retry(0.0, frozenset(), Seed(frozenset({0}), 0, MAX_TTL_MS))
+    # Half-way: still the full warm-up (a flush may have lost grants of this history).
+    assert step_at(100.0 + max_ttl / 2, "p") == Retry(
+        0.0, frozenset(), Seed(frozenset({0}), 0, MAX_TTL_MS)
+    )
+    # A new node set: seeded at once, with the warm-up served (seed.lua refuses 0 here).
+    assert step_at(100.0 + max_ttl, "p") == Retry(
+        0.0, frozenset(), Seed(frozenset({0}), 0, SERVED_WARM_MS)
+    )
+    assert histories == {REPLID: 100.0}
+    # Beside nodes with a floor, blank like any other: the full warm-up.
+    step = step_at(100.0 + 2 * max_ttl, "pnn")
+    assert isinstance(step, Retry)
+    assert step.seed == Seed(frozenset({0}), HELD_COUNTER, MAX_TTL_MS)
+
+
+def test_the_histories_a_client_remembers_are_bounded() -> None:
+    histories = {REPLID + 1 + k: float(k) for k in range(HISTORIES_KEPT)}
+    acq = make(1, blocking=False, now=5000.0, histories=histories)
+    _, step = attempt(acq, "c", started=5000.0, now=5000.0, floors=[7])
+    assert len(histories) == HISTORIES_KEPT
+    assert REPLID + 1 not in histories
+    assert histories[REPLID] == 5000.0
+    assert isinstance(step, Retry)
+    assert step.seed is not None
+    assert step.seed.warm_ms == MAX_TTL_MS
 
 
 def test_seeding_fixes_are_bounded() -> None:

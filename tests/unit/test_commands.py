@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenure._core import commands
-from tenure._core.acquire import GRANTED, HELD, NO_HISTORY, TOO_LOW, WARMING
+from tenure._core.acquire import GRANTED, HELD, TOO_LOW, WARMING
 from tenure._core.caching import CACHED_CHARS
-from tenure._core.commands import Command, pack
+from tenure._core.commands import NO_HISTORY, Command, pack
 from tenure._core.config import ClientConfig, LockKeys, LockSpec
 from tenure._core.slots import key_slot, routed_slot
 from tenure._core.waiting import SHARDED
@@ -323,7 +323,9 @@ def test_exists_replies_that_are_not_redis_raise(reply: object) -> None:
         ([-1, 99, 99], (False, (TOO_LOW, 99, 99))),
         ([-2, 12345, 0], (False, (NO_HISTORY, 12345, 0))),
         ([-3, 59_000, 7], (False, (WARMING, 59_000, 7))),
-        ([-4, 12345, 7], (False, (-4, 12345, 7))),  # a history that changed
+        # A history that changed, with the node's replication ID (read as a number).
+        ([-4, 12345, 7, b"ab" * 20], (False, (-4, 12345, 7, int("ab" * 20, 16)))),
+        ([-4, 12345, 0, "0f" * 20], (False, (-4, 12345, 0, int("0f" * 20, 16)))),
         ([b"1", b"5", b"5"], (True, (GRANTED, 5, 5))),  # RESP2 readers may leave bytes
         ([b"0", b"5", b"5", b"900"], (False, (HELD, 5, 5, 900))),
         ([1, b"5", "5"], (True, (GRANTED, 5, 5))),
@@ -355,6 +357,11 @@ def test_acquire_replies(reply: object, parsed: tuple[bool, tuple[int, ...] | No
         [1.0, 5, 5],
         [b"OK", b"OK", b"OK"],
         [b"1", b"5", b"x"],
+        [-4, 12345, 7],  # a changed history comes with its ID
+        [-4, 12345, 7, 8],
+        [-4, 12345, 7, b"ab" * 19],
+        [-4, 12345, 7, b"xy" * 20],
+        [0, 12345, 7, b"ab" * 20],  # an ID only comes with a changed history
     ],
 )
 def test_acquire_replies_that_are_not_redis_raise(reply: object) -> None:

@@ -75,7 +75,7 @@ class FairModel(RuleBasedStateMachine):
                 assert not ahead or self.node.get(KEYS.lock, self.now) == w, (
                     f"{w} got the lock ahead of {ahead}"
                 )
-            self._granted(w, reply[1], "attempt")
+            self._granted(w, int(reply[1]), "attempt")
         else:
             if w not in self.queue:
                 self.queue.append(w)

@@ -57,7 +57,7 @@ def test_script_headers_state_the_statuses_the_fake_returns() -> None:
         "{-1, floor, floor}",
         "{-2, mark, 0}",
         "{-3, pttl, floor}",
-        "{-4, mark, floor}",
+        "{-4, mark, floor, id}",
     ):
         assert line in acquire, line
     assert "KEYS[2]  this node's floor" in acquire
@@ -258,8 +258,13 @@ def test_a_failover_that_lost_the_last_grant_is_a_changed_history() -> None:
     node.promote(copy)
     assert (node.replid2, node.get(NODE_REPLID, 3)) == (old, old)
     # The replica's floor (20) is older than the grant it lost (30): no vote, a mark.
-    assert acquire_lua(node, OTHER, "c", 1000, 40, now=3, mark=5) == [-4, 5, 20]
-    assert acquire_lua(node, OTHER, "c", 1000, 40, now=4, mark=7) == [-4, 5, 20]  # kept
+    assert acquire_lua(node, OTHER, "c", 1000, 40, now=3, mark=5) == [-4, 5, 20, node.replid]
+    assert acquire_lua(node, OTHER, "c", 1000, 40, now=4, mark=7) == [
+        -4,
+        5,
+        20,
+        node.replid,
+    ]  # kept
     assert node.get(NODE_WARM, 4) == f"5 {node.replid}"
     assert node.get(KEYS.lock, 4) == "a"  # nothing else was touched
     # Never seeded as new; with the warm-up, from the higher of the two floors.
@@ -278,7 +283,7 @@ def test_a_restart_with_the_data_kept_is_a_changed_history() -> None:
     acquire_lua(node, KEYS, "a", 1000, 20, now=0)
     node.restart()  # appendfsync always: every key is back, under a new ID
     assert node.get(KEYS.lock, 1) == "a"
-    assert acquire_lua(node, OTHER, "b", 1000, 30, now=1, mark=3) == [-4, 3, 20]
+    assert acquire_lua(node, OTHER, "b", 1000, 30, now=1, mark=3) == [-4, 3, 20, node.replid]
     assert seed_lua(node, KEYS, 25, 1000, now=2, marks=frozenset({3})) == 1
     assert node.floor_of(KEYS, 2) == 25
 
@@ -291,10 +296,17 @@ def test_a_promoted_node_without_a_floor_is_not_blank() -> None:
     assert seed_lua(node, KEYS, 0, 0, now=0) == 1
     acquire_lua(node, KEYS, "a", 1000, 20, now=1)
     node.promote(copy)
-    assert acquire_lua(node, KEYS, "b", 1000, 30, now=2, mark=9) == [-4, 9, 0]
+    # Blank, with the server's ID: the client tells how long it has known that history.
+    assert acquire_lua(node, KEYS, "b", 1000, 30, now=2, mark=9) == [-2, 9, 0, node.replid]
     assert seed_lua(node, KEYS, 0, 0, now=3, marks=frozenset({9})) == -1
     assert seed_lua(node, KEYS, 0, 500, now=3, marks=frozenset({9})) == 1
     assert acquire_lua(node, KEYS, "b", 1000, 30, now=4) == [-3, 499, 0]
+    # Known for max_ttl: seeded with the warm-up served (1 ms), no marker kept.
+    node.delete(NODE_FLOOR, 5)
+    assert acquire_lua(node, KEYS, "b", 1000, 30, now=5, mark=4) == [-2, 4, 0, node.replid]
+    assert seed_lua(node, KEYS, 0, 1, now=5, marks=frozenset({4})) == 1
+    assert node.get(NODE_WARM, 5) is None
+    assert acquire_lua(node, KEYS, "b", 1000, 30, now=5) == [1, 30, 30]
     # Restarted without its data, the same server is blank again, and may be new.
     node.wipe()
     assert acquire_lua(node, KEYS, "b", 1000, 30, now=5, mark=11) == [-2, 11, 0]
@@ -308,7 +320,7 @@ def test_a_mark_made_under_another_history_is_not_accepted() -> None:
     node.promote(node.replicate())
     assert seed_lua(node, KEYS, 0, 0, now=1, marks=frozenset({3})) == -1
     assert node.floor_of(KEYS, 1) is None
-    assert acquire_lua(node, KEYS, "a", 1000, 20, now=2, mark=5) == [-4, 5, 0]
+    assert acquire_lua(node, KEYS, "a", 1000, 20, now=2, mark=5) == [-2, 5, 0, node.replid]
 
 
 def test_a_floor_without_a_history_records_this_one_and_votes() -> None:
@@ -334,7 +346,7 @@ def test_a_promoted_node_with_a_floor_but_no_history_is_changed() -> None:
     node = FakeNode()
     node.set(NODE_FLOOR, 10, 0, px=RET)
     node.promote(node.replicate())
-    assert acquire_lua(node, KEYS, "a", 1000, 20, now=1, mark=3) == [-4, 3, 10]
+    assert acquire_lua(node, KEYS, "a", 1000, 20, now=1, mark=3) == [-4, 3, 10, node.replid]
     assert extend_lua(node, KEYS.lock, "a", 1000, 1, NODE_FLOOR, RET) == 0  # not ours
     node.set(KEYS.lock, "a", 1, px=1000)
     assert extend_lua(node, KEYS.lock, "a", 1000, 2, NODE_FLOOR, RET) == 1
@@ -358,7 +370,7 @@ def test_an_extension_on_a_changed_node_keeps_our_own_key() -> None:
     node.promote(node.replicate())  # nothing lost this time, but the node cannot know
     assert extend_lua(node, KEYS.lock, "a", 1000, 10, NODE_FLOOR, RET) == 1
     assert node.get(NODE_REPLID, 10) == node.replid2  # still the old history
-    assert acquire_lua(node, OTHER, "b", 1000, 30, now=11, mark=3) == [-4, 3, 20]
+    assert acquire_lua(node, OTHER, "b", 1000, 30, now=11, mark=3) == [-4, 3, 20, node.replid]
 
 
 def test_flush_keeps_the_history_of_the_server() -> None:

@@ -365,7 +365,7 @@ class LockModel(RuleBasedStateMachine):
     def break_spec(self, spec: LockSpec) -> LockSpec:
         return spec
 
-    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int]:
+    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str]:
         answer = eval_packed(node, m.packed, self.ms, self.bus)
         assert isinstance(answer, list)
         return answer
@@ -436,7 +436,7 @@ class LockModel(RuleBasedStateMachine):
         if m.kind == "acquire":
             answer = self.node_acquire(node, keys, m)
             if answer[0] == GRANTED:
-                self._remember(m.node, answer[1])
+                self._remember(m.node, int(answer[1]))
             return answer
         if m.kind == "extend":
             extended = eval_packed(node, m.packed, self.ms, self.bus)
@@ -1115,7 +1115,7 @@ class IncrScheme(LockModel):
     WIPES = False
     FAILOVERS = False  # a failover is a data loss too
 
-    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int]:
+    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str]:
         counter_key = f"{keys.lock}:incr"  # the scheme's own per-lock counter
         counter = int(node.get(counter_key, self.ms) or 0)
         if node.exists(keys.lock, self.ms):
@@ -1156,7 +1156,7 @@ class NoWarmUpScheme(RestartFocus):
     """A blank node votes at once, as if its floor were 0 (no seeding, no warm-up). After
     a restart it has forgotten the locks it granted, and every token."""
 
-    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int]:
+    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str]:
         if node.floor_of(keys, self.ms) is None:
             node.set(keys.floor, 0, self.ms, px=RETENTION_MS)
         return super().node_acquire(node, keys, m)
@@ -1224,7 +1224,7 @@ class GrantAtFloorScheme(TokenFocus):
     """A node that grants a proposal *equal* to its floor (>= instead of >): two clients
     whose clocks read the same can be granted one token, one after the other."""
 
-    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int]:
+    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str]:
         floor = node.floor_of(keys, self.ms)
         if floor is not None and floor == m.proposal and floor > 0:
             node.set(keys.floor, floor - 1, self.ms, px=RETENTION_MS)
@@ -1239,7 +1239,7 @@ class FloorNotRaisedScheme(TokenFocus):
     """A grant that does not raise the node's floor (it only renews it): the floor is a
     node's whole fencing history, so the next grant may reuse a lower token."""
 
-    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int]:
+    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str]:
         before = node.floor_of(keys, self.ms)
         answer = super().node_acquire(node, keys, m)
         if answer[0] == GRANTED and before is not None:
@@ -1277,7 +1277,7 @@ class HistoryIgnoredScheme(FailoverFocus):
         if node.get(NODE_REPLID, self.ms) is not None:
             node.set(NODE_REPLID, node.replid, self.ms, px=RETENTION_MS)
 
-    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int]:
+    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str]:
         self._forget_history(node)
         return super().node_acquire(node, keys, m)
 

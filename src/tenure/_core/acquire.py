@@ -66,15 +66,18 @@ is seeded like a node that lost its data, always with the warm-up, from the high
 of the others and its own (its own floor counts toward the seed's value, never toward the
 majority of floors that vouches for it). It never counts as blank in "every node blank:
 a new node set": after a failover that would skip the warm-up exactly when leases the
-node forgot may still be valid.
+node forgot may still be valid. Its warm-up counts from when the client first heard its
+new history (``_warm_ms``): every lease of the old one was granted before that.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
 from .._errors import LockError, NodeMisconfigured, QuorumUnreachable
+from .commands import HISTORY_CHANGED, NO_HISTORY
 from .config import DEFAULT_KEY_PREFIX, LockSpec, WaitMode, retry_delay
 from .diagnosis import configuration_error, for_prefix
 from .policy import RetryPolicy
@@ -96,8 +99,9 @@ __all__ = [
     "round_errors",
 ]
 
-# Statuses of acquire.lua.
-GRANTED, HELD, TOO_LOW, NO_HISTORY, WARMING, HISTORY_CHANGED = 1, 0, -1, -2, -3, -4
+# Statuses of acquire.lua (NO_HISTORY, -2, and HISTORY_CHANGED, -4, too: their replies
+# may carry the server's replication ID, which the parser reads).
+GRANTED, HELD, TOO_LOW, WARMING = 1, 0, -1, -3
 # The nodes that need a seed: blank, or under another history than their floor's.
 LOST = (NO_HISTORY, HISTORY_CHANGED)
 COUNTED = (GRANTED, HELD, TOO_LOW)  # statuses whose number is a fencing counter of the node
@@ -135,6 +139,13 @@ SILENT_ASKS = 10
 # long enough for the nodes that are up, even on a busy machine; short enough that a
 # node cut off barely delays the wait (``Acquisition.begin``).
 HEAR_OUT = 0.002
+# Replication histories a client remembers when it first heard (``_heard_history``): one
+# per failover or restart it saw; forgetting one costs a warm-up, never safety.
+HISTORIES_KEPT = 1024
+# The warm-up of a changed node whose history the client heard ``max_ttl`` ago: served.
+# Not 0, which seed.lua refuses for a changed node (0 seeds a new node set, and a
+# changed node is never new); seed.lua keeps no marker for it.
+SERVED_WARM_MS = 1
 
 
 @dataclass(frozen=True)
@@ -379,6 +390,7 @@ class Acquisition:
         key_prefix: str = DEFAULT_KEY_PREFIX,
         blank_seen: dict[tuple[int, str], float] | None = None,
         seed_patience: float = 0.0,
+        histories: dict[int, float] | None = None,
     ) -> None:
         self.spec = spec
         self._key_prefix = key_prefix
@@ -422,6 +434,10 @@ class Acquisition:
         # Redis Cluster node keeps a floor per slot.
         self._blank_seen = {} if blank_seen is None else blank_seen
         self._seed_patience = seed_patience
+        # When the client first heard each replication history a changed node answered
+        # under (by its ID), shared by the client's calls: a warm-up counts from then
+        # (``_warm_ms``).
+        self._histories = {} if histories is None else histories
 
     @property
     def refused(self) -> Refused:
@@ -477,6 +493,8 @@ class Acquisition:
                 top = info[1] if top is None else max(top, info[1])
             elif status in LOST:
                 lost_nodes.append(i)
+                if len(info) == 4:
+                    infos[i] = self._judged(info, now)
                 continue
             if blank_seen:
                 blank_seen.pop((i, spec.keys.floor), None)  # it has a floor now
@@ -693,7 +711,10 @@ class Acquisition:
         lost = frozenset(i for i, info in infos.items() if info[0] in LOST)
         seed: Seed | None = None
         if blank and len(blank) == self.spec.n_nodes:
-            seed = self._seed(blank, infos, floors, 0)  # a new node set: no node has a past
+            # A new node set: no node has a past. A promoted server's (``_judged``) is
+            # seeded with the warm-up served, which seed.lua takes for it; 0 it refuses.
+            promoted = any(len(infos[i]) == 4 for i in blank)
+            seed = self._seed(blank, infos, floors, SERVED_WARM_MS if promoted else 0)
         elif lost and len(floors) >= self.spec.quorum:
             seed = self._warm_seed(lost, infos, floors, now)
         elif lost and not self._hear_all and len(infos) < self.spec.n_nodes:
@@ -741,7 +762,52 @@ class Acquisition:
         """The seed with a warm-up for those of ``lost`` that are ripe for it (``_ripe``),
         or None while none is."""
         ripe = self._ripe(lost, infos, now)
-        return self._seed(ripe, infos, floors, self._max_ttl_ms) if ripe else None
+        if not ripe:
+            return None
+        warm_ms = max(self._warm_ms(infos[i], now) for i in ripe)
+        return self._seed(ripe, infos, floors, warm_ms)
+
+    def _judged(self, info: tuple[int, ...], now: float) -> tuple[int, ...]:
+        """A blank or changed node's answer that names the server's replication
+        history, noted (``_warm_ms``), and as the rules below take it.
+
+        Blank on a promoted server: its master may have had a floor here that never
+        reached it, with leases that may be valid, so the node counts as changed (never
+        part of a new node set; the full warm-up), until the client has known that
+        history for ``max_ttl``: every lease of the old one has expired then, and the
+        node is as blank as a node never promoted (say, a Cluster slot first used on a
+        master promoted hours ago). As changed, it keeps no ID: the warm-up of a blank
+        node counts from its answer, since a flush may have lost grants of this very
+        history.
+        """
+        histories = self._histories
+        replid = info[3]
+        heard = histories.get(replid)
+        if heard is None:
+            if len(histories) >= HISTORIES_KEPT:
+                del histories[next(iter(histories))]  # the oldest: it warms up again
+            # Heard now, or before: a reply is read after it was written.
+            heard = histories[replid] = now
+        if info[0] == NO_HISTORY and (now - heard) * 1000 < self._max_ttl_ms:
+            return (HISTORY_CHANGED, info[1], 0)
+        return info
+
+    def _warm_ms(self, info: tuple[int, ...], now: float) -> int:
+        """The warm-up a node that answered ``info`` is seeded with, in ms.
+
+        ``max_ttl`` for a node that lost its data: it may have granted leases until the
+        moment it answered blank (a promoted one too: ``_judged``). A node whose
+        floor was written under another history than the server's (a promoted replica,
+        a restart with its data, a slot migrated in) lacks only grants made before the
+        server's history began, which was before the client first heard it
+        (``_judged``), so each of their leases has expired ``max_ttl`` after that first
+        answer: the warm-up is what is left of that, at least ``SERVED_WARM_MS`` (say,
+        the first use of a Cluster slot on a master promoted hours ago).
+        """
+        if info[0] != HISTORY_CHANGED or len(info) < 4:
+            return self._max_ttl_ms
+        heard = self._histories.get(info[3], now)
+        return max(SERVED_WARM_MS, math.ceil(self._max_ttl_ms - (now - heard) * 1000))
 
     def _ripe(
         self, lost: frozenset[int], infos: dict[int, tuple[int, ...]], now: float

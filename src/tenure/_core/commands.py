@@ -19,6 +19,8 @@ from .waiting import SHARDED
 __all__ = [
     "ASKING",
     "CLUSTER_SLOTS",
+    "HISTORY_CHANGED",
+    "NO_HISTORY",
     "Command",
     "Item",
     "ScriptCache",
@@ -201,16 +203,29 @@ def _exists_reply(reply: object) -> tuple[bool, Info]:
     raise ValueError(f"a reply that is not EXISTS's for a key named twice: {reply}")
 
 
+# acquire.lua's statuses that carry the server's replication ID when it has one to
+# tell (acquire.py): a blank node of a promoted server, a node whose history changed.
+NO_HISTORY, HISTORY_CHANGED = -2, -4
+
+
 def _acquire_reply(reply: object) -> tuple[bool, Info]:
-    # acquire.lua answers {status, number, floor} or, held while waiting,
-    # {0, floor, floor, pttl}; status 1 is a grant. Anything else cannot come from it:
-    # raised, as in ``_yes_if_one``, so that the node is told misconfigured at once, not
-    # counted as one where the lock is held elsewhere. The integers are checked one by
-    # one, not read by int(): a third of the cost (a parse per node of every attempt).
+    # acquire.lua answers {status, number, floor}, or, held while waiting,
+    # {0, floor, floor, pttl}, or, blank on a promoted server or history changed,
+    # {-2 or -4, mark, floor, replication ID} (the ID read as the number its hex digits
+    # spell, so that an Info stays integers); status 1 is a grant. Anything else cannot
+    # come from it: raised, as in ``_yes_if_one``, so that the node is told
+    # misconfigured at once, not counted as one where the lock is held elsewhere. The
+    # integers are checked one by one, not read by int(): a third of the cost (a parse
+    # per node of every attempt).
     if type(reply) is list:
         if len(reply) == 3:
             status, number, floor = reply
-            if type(status) is int and type(number) is int and type(floor) is int:
+            if (
+                type(status) is int
+                and type(number) is int
+                and type(floor) is int
+                and status != HISTORY_CHANGED
+            ):
                 return status == 1, (status, number, floor)
         elif len(reply) == 4:
             status, number, floor, pttl = reply
@@ -226,17 +241,36 @@ def _acquire_reply(reply: object) -> tuple[bool, Info]:
 
 
 def _acquire_reply_read(reply: object) -> tuple[bool, Info]:
-    """``_acquire_reply`` for the rest: integers a reader left as their digits, or
-    ValueError for a reply that is not acquire.lua's."""
+    """``_acquire_reply`` for the rest: integers a reader left as their digits, a
+    changed history's ID, or ValueError for a reply that is not acquire.lua's."""
     if isinstance(reply, list) and 3 <= len(reply) <= 4:
         try:
+            if len(reply) == 4 and _integer(reply[0], "acquire.lua") in (
+                NO_HISTORY,
+                HISTORY_CHANGED,
+            ):
+                head = tuple(_integer(value, "acquire.lua") for value in reply[:3])
+                return False, (*head, _replication_id(reply[3]))
             info = tuple(_integer(value, "acquire.lua") for value in reply)
         except ValueError:
             pass
         else:
-            if len(info) == 3 or info[0] == 0:  # a PTTL only comes with "held"
+            # A PTTL only comes with "held", and a changed history with its ID.
+            if (len(info) == 3 and info[0] != HISTORY_CHANGED) or info[0] == 0:
                 return info[0] == 1, info
     raise ValueError(f"a reply that is not acquire.lua's: {_shown(reply)}")
+
+
+def _replication_id(reply: object) -> int:
+    """A replication ID (40 hex digits, as bytes or text) as the number they spell; else
+    ValueError."""
+    text = reply.decode("ascii", "replace") if isinstance(reply, bytes) else reply
+    if isinstance(text, str) and len(text) == 40:
+        try:
+            return int(text, 16)
+        except ValueError:
+            pass
+    raise ValueError(f"a reply that is not a replication ID: {_shown(reply)}")
 
 
 def _integer(reply: object, what: str) -> int:

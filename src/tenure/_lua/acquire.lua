@@ -60,13 +60,21 @@
 --                    in KEYS[3] until then) names this state of the node: a seed must
 --                    quote it, so a seed decided from a stale observation cannot reach a
 --                    node that has restarted since (its mark is gone).
+--   {-2, mark, 0, id}  blank, on a server promoted from a replica: its master may have
+--                    had a floor here that never reached it. ``id`` is this server's
+--                    replication ID (40 hex digits); the client takes the node for one
+--                    whose history changed until it has known that history for
+--                    ``max_ttl``, and for a blank node after that (docs/fencing.md).
 --   {-3, pttl, floor}  seeded after a data loss and still warming up for pttl ms
---   {-4, mark, floor}  history changed: the floor (0 if none) was written under another
+--   {-4, mark, floor, id}  history changed: the floor was written under another
 --                    replication history than this server's, or the node was promoted
---                    from a replica and has no floor, or one without a stored ID
---                    (whatever its master had, it may not have received). It grants nothing until the client seeds it,
---                    always with a warm-up; the mark as for -2, valid under this history
---                    only (history.lua.inc).
+--                    from a replica and its floor has no stored ID (whatever its master
+--                    had, it may not have received). It grants nothing until the client
+--                    seeds it, always with a warm-up; the mark as for -2, valid under
+--                    this history only (history.lua.inc). ``id`` as above: the new
+--                    history began before this answer, and every grant the floor may
+--                    lack was made before that, so the warm-up counts from when the
+--                    client first heard ``id``.
 --
 -- Fair mode: a free lock with live waiters ahead of the caller is handed to the head of
 -- the queue (the caller queues behind); newcomers never overtake the queue. ("q": with

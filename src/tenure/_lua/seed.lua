@@ -9,7 +9,11 @@
 --          keeps its own floor if that is higher (a floor never goes down)
 -- ARGV[2]  warm-up in milliseconds: 0 when every node was blank, else the client's
 --          maximum TTL, so every lease this node might have granted before losing its
---          data has expired before it votes again
+--          data has expired before it votes again; for a node whose history changed,
+--          what is left of it since the client first heard the new history, and 1 once
+--          nothing is: no marker is kept then (it would be gone within the millisecond,
+--          but an acquire right behind the seed would still find it), and the node is
+--          not seeded as new either
 -- ARGV[3]  the retention in milliseconds (how long the floor lives without a grant)
 -- ARGV[4..] the observation marks the client's decision was based on (acquire.lua put
 --          one in KEYS[2] of each blank or changed node, with the node's history)
@@ -51,7 +55,7 @@ if floor and tonumber(floor) > tonumber(start) then
 end
 redis.call("SET", KEYS[1], start, "PX", ARGV[3])
 redis.call("SET", replid_key(KEYS[1]), id, "PX", ARGV[3])
-if tonumber(ARGV[2]) > 0 then
+if tonumber(ARGV[2]) > 1 then
     redis.call("SET", KEYS[2], "1", "PX", ARGV[2])
 else
     redis.call("DEL", KEYS[2])

@@ -238,7 +238,7 @@ def acquire_lua(
     channel: str = "",
     place_ms: int = 0,
     ticket: int = 0,
-) -> list[int]:
+) -> list[int | str]:
     """``acquire.lua``: KEYS lock, floor, warm[, queue]; ARGV token, ttl_ms,
     proposal, mark, mark_ms, retention_ms[, mode, waiter, channel, place_ms, ticket].
 
@@ -249,13 +249,13 @@ def acquire_lua(
     rid, promoted = history_lua(node)
     if floor_raw is None:
         seen = observed_lua(node, keys.warm, mark, mark_ms, rid, now)
-        return [-4 if promoted else -2, seen, 0]
+        return [-2, seen, 0, rid] if promoted else [-2, seen, 0]
     floor = int(floor_raw)
     stored = node.get(keys.replid, now)
     if stored is None and not promoted:
         record_lua(node, keys.floor, rid, retention_ms, now)
     elif stored != rid:
-        return [-4, observed_lua(node, keys.warm, mark, mark_ms, rid, now), floor]
+        return [-4, observed_lua(node, keys.warm, mark, mark_ms, rid, now), floor, rid]
     warm = node.pttl(keys.warm, now)
     if warm > 0:
         return [-3, warm, floor]
@@ -345,7 +345,7 @@ def seed_lua(
     start = max(floor, int(current)) if current is not None else floor
     node.set(keys.floor, start, now, px=retention_ms)
     node.set(keys.replid, rid, now, px=retention_ms)
-    if warm_ms > 0:
+    if warm_ms > 1:
         node.set(keys.warm, "1", now, px=warm_ms)
     else:
         node.delete(keys.warm, now)
@@ -485,7 +485,7 @@ def acquire_wait_lua(
     now: int,
     ticket: int = 0,
     retention_ms: int = RETENTION_MS,
-) -> list[int]:
+) -> list[int | str]:
     """``acquire.lua`` with ARGV[7..11] (mode, waiter, channel, place_ms, ticket)."""
     return acquire_lua(
         node, keys, token, ttl_ms, proposal, now, 1, 60_000, retention_ms,
@@ -576,7 +576,9 @@ def script_call(packed: bytes) -> tuple[str, list[str], list[str]]:
     return name, words[:numkeys], words[numkeys:]
 
 
-def eval_packed(node: FakeNode, packed: bytes, now: int, bus: Bus | None = None) -> list[int] | int:
+def eval_packed(
+    node: FakeNode, packed: bytes, now: int, bus: Bus | None = None
+) -> list[int | str] | int:
     """Run a command packed by ``tenure._core.commands`` (an ``EVAL`` or ``EVALSHA`` of
     acquire, seed, extend or release) on the fake: KEYS and ARGV are read by position, as
     the scripts' headers number them, so a command whose layout drifts from its script
