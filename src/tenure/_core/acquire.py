@@ -139,8 +139,8 @@ SILENT_ASKS = 10
 # long enough for the nodes that are up, even on a busy machine; short enough that a
 # node cut off barely delays the wait (``Acquisition.begin``).
 HEAR_OUT = 0.002
-# Replication histories a client remembers when it first heard (``_heard_history``): one
-# per failover or restart it saw; forgetting one costs a warm-up, never safety.
+# Replication histories a client remembers when it first heard (``_judged``): one per
+# failover or restart it saw; forgetting one costs a warm-up, never safety.
 HISTORIES_KEPT = 1024
 # The warm-up of a changed node whose history the client heard ``max_ttl`` ago: served.
 # Not 0, which seed.lua refuses for a changed node (0 seeds a new node set, and a
@@ -434,9 +434,9 @@ class Acquisition:
         # Redis Cluster node keeps a floor per slot.
         self._blank_seen = {} if blank_seen is None else blank_seen
         self._seed_patience = seed_patience
-        # When the client first heard each replication history a changed node answered
-        # under (by its ID), shared by the client's calls: a warm-up counts from then
-        # (``_warm_ms``).
+        # When the client first heard each replication history a changed (or a promoted
+        # blank) node answered under, by its ID, shared by the client's calls: a warm-up
+        # counts from then (``_judged``, ``_warm_ms``).
         self._histories = {} if histories is None else histories
 
     @property

@@ -369,8 +369,9 @@ class Flows:
         # every call, since another client's seeding of a new node set is seen by
         # whichever call comes first.
         self.blank_seen: dict[tuple[int, str], float] = {}
-        # When this client first heard each replication history a changed node answered
-        # under (``Acquisition._warm_ms``): shared by every call, for the same reason.
+        # When this client first heard each replication history a changed (or a promoted
+        # blank) node answered under (``Acquisition._judged``): shared by every call, for
+        # the same reason.
         self.histories: dict[int, float] = {}
         self.place_ms = waiting.place_ms(config.recheck, config.node_timeout)
         self.hold_ms = waiting.hold_ms(config.node_timeout)
