@@ -136,6 +136,7 @@ class ClusterState(NodeState):
         self._stale = False
         self._doubt = MapDoubt()
         self._load: _MapLoad | None = None
+        self._taken: _MapLoad | None = None  # the last load whose map was taken (``reload``)
 
     def member(self, where: Address) -> NodeState:
         """The state of the member at ``where`` (one per address, made on first use)."""
@@ -182,11 +183,18 @@ class ClusterState(NodeState):
 
     def reload(self, now: float) -> _MapLoad | None:
         """A member serving a slot could not be connected (``failed``): the load of the
-        map that began for it, or was under way already, while it lasts."""
+        map that began for it, or was under way already, while it lasts; or one that
+        ended since the round was routed, taken just now: the round went by the map
+        before it, and the next one routes by the new map (a load to a live member takes
+        about as long as routing a round and setting up its links, and no other load
+        may begin for ``MAP_RECHECK``)."""
         self.failed(now)
+        loads = self.loads
         self.slot_map(now, _nothing)
         load = self._load
-        return None if load is None or load.done else load
+        if load is not None and not load.done:
+            return load
+        return self._taken if self.loads != loads else None
 
     def routing(self, now: float) -> SlotMap | None:
         """The map a round is routed by: a reload that ended is taken, a due one begun
@@ -206,6 +214,7 @@ class ClusterState(NodeState):
                 if load.result is not None:
                     self.map, self._stale = load.result, False
                     self.loads += 1
+                    self._taken = load
                     self._reconnect.succeeded()
                     self.last = None
                 elif self.map is None:
