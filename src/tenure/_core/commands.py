@@ -245,13 +245,10 @@ def _acquire_reply_read(reply: object) -> tuple[bool, Info]:
     changed history's ID, or ValueError for a reply that is not acquire.lua's."""
     if isinstance(reply, list) and 3 <= len(reply) <= 4:
         try:
-            if len(reply) == 4 and _integer(reply[0], "acquire.lua") in (
-                NO_HISTORY,
-                HISTORY_CHANGED,
-            ):
-                head = tuple(_integer(value, "acquire.lua") for value in reply[:3])
+            head = tuple(_integer(value, "acquire.lua") for value in reply[:3])
+            if len(reply) == 4 and head[0] in (NO_HISTORY, HISTORY_CHANGED):
                 return False, (*head, _replication_id(reply[3]))
-            info = tuple(_integer(value, "acquire.lua") for value in reply)
+            info = head if len(reply) == 3 else (*head, _integer(reply[3], "acquire.lua"))
         except ValueError:
             pass
         else:

@@ -136,7 +136,6 @@ class ClusterState(NodeState):
         self._stale = False
         self._doubt = MapDoubt()
         self._load: _MapLoad | None = None
-        self._taken: _MapLoad | None = None  # the last load whose map was taken (``reload``)
 
     def member(self, where: Address) -> NodeState:
         """The state of the member at ``where`` (one per address, made on first use)."""
@@ -189,12 +188,12 @@ class ClusterState(NodeState):
         about as long as routing a round and setting up its links, and no other load
         may begin for ``MAP_RECHECK``)."""
         self.failed(now)
-        loads = self.loads
+        ended = self._load  # taken by slot_map if it ended with a map
         self.slot_map(now, _nothing)
         load = self._load
         if load is not None and not load.done:
             return load
-        return self._taken if self.loads != loads else None
+        return ended if ended is not None and ended.result is not None else None
 
     def routing(self, now: float) -> SlotMap | None:
         """The map a round is routed by: a reload that ended is taken, a due one begun
@@ -214,7 +213,6 @@ class ClusterState(NodeState):
                 if load.result is not None:
                     self.map, self._stale = load.result, False
                     self.loads += 1
-                    self._taken = load
                     self._reconnect.succeeded()
                     self.last = None
                 elif self.map is None:
