@@ -13,7 +13,7 @@ from tenure import LeaseExpired, LeaseLost, OwnershipError
 from tenure._core.acquire import LeaseState
 from tenure._core.config import ClientConfig, LockSpec
 from tenure._core.flows import RELEASE_PATIENCE, Flows, Later, Run
-from tenure._core.lease import begin_extend, conclude_extend, conclude_release
+from tenure._core.lease import begin_extend, conclude_extend, conclude_release, worth_another_try
 from tenure._core.quorum import Failure, Round
 
 from .model_flows import ModelLease
@@ -366,3 +366,55 @@ def test_round_again_keeps_the_answers_of_nodes_that_were_asked() -> None:
     assert again.failed == 1
     assert again.results[3] is None
     assert again.results[4] is None
+
+
+@pytest.mark.parametrize(
+    ("answers", "again"),
+    [
+        ("yy...", True),  # silent nodes: the granting ones keep it until its validity ends
+        ("yuu..", True),
+        ("uuunn", True),  # "no" only from nodes that never granted it
+        ("yyyyy", True),  # a majority, but the round took too long (below)
+        ("nyyyy", False),  # a granting node said it is not ours: the lease broke
+        ("yynuu", False),
+    ],
+)
+def test_a_failed_extension_is_worth_another_try_unless_a_granting_node_dropped_it(
+    answers: str, again: bool
+) -> None:
+    held = lease(0.0)
+    rnd = tally(answers, started=2.0)
+    now = 2.0 + SPEC.ttl if answers == "yyyyy" else 2.05
+    assert isinstance(conclude_extend(held, SPEC, rnd, now, NAMES), LeaseLost)
+    assert worth_another_try(held, rnd) is again
+
+
+@pytest.mark.parametrize("dropped", [False, True])
+def test_a_watchdogs_try_that_is_not_its_last_leaves_the_lease_as_it_was(dropped: bool) -> None:
+    # The watchdog's tries before its last return a failure of silent nodes, the lease
+    # neither marked lost nor released; a node that granted it and dropped it is a loss
+    # at any try, and so is any failure of the last.
+    clock = [10.0]
+    flows, spec = _flows(clock)
+    state = LeaseState(spec.name, spec.key, "t", spec.ttl, 9.9, 11.8, frozenset({0, 1, 2}), 7)
+    for last in (False, True):
+        watched = ModelLease(state, spec)
+        flow = flows.extend(watched, None, last=last)
+        rnd = next(flow)
+        assert isinstance(rnd, Run)
+        rnd.rnd.record(0, True)
+        if dropped:
+            rnd.rnd.record(1, False)
+        else:
+            rnd.rnd.fail(1, Failure.UNREACHABLE, "refused")
+        rnd.rnd.fail(2, Failure.UNREACHABLE, "refused")
+        if last or dropped:
+            assert isinstance(flow.send(None), Later | Run)  # the loss: its release
+            assert watched.loss is not None
+            continue
+        with pytest.raises(StopIteration) as ended:
+            flow.send(None)
+        assert isinstance(ended.value.value, LeaseLost)
+        assert watched.loss is None
+        assert not watched.released
+        assert watched._state == state

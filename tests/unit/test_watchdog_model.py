@@ -10,12 +10,12 @@ The model carries out what it yields the way the drivers do:
   if a release told the watchdog to stop meanwhile, as the blocking driver's stop
   event); the clock may have moved far past it (a paused process). In the runs that
   model asyncio, a release cancels the watchdog instead: ``Interrupt`` is thrown in;
-* ``ExtendLease``: the lease's own ``extend()``, that is ``Flows.extend(lease, None)``
-  run as a sub-flow, under the lease's operation lock: one extension or release at a
-  time, so an extension waits for the holder's own ``extend()`` or ``release()`` to
-  end, and then starts at once. Its outcome (None, or the exception) goes back into the
-  watchdog; a closed client raises ``ClientClosed`` before the sub-flow starts, as
-  ``Lease.extend`` does.
+* ``ExtendLease``: the lease's own extension, that is ``Flows.extend(lease, None,
+  last)`` run as a sub-flow, under the lease's operation lock: one extension or release
+  at a time, so an extension waits for the holder's own ``extend()`` or ``release()``
+  to end, and then starts at once. Its outcome (None, the failure of a try that was not
+  the last, or the exception) goes back into the watchdog; a closed client raises
+  ``ClientClosed`` before the sub-flow starts, as ``Lease.extend`` does.
 
 The holder itself may, between the watchdog's steps, extend (``Flows.extend``, the
 lease's TTL or another) and release (``Flows.release``, whose ``_stop_watching`` stops
@@ -92,7 +92,17 @@ from hypothesis.stateful import (
 from tenure._core import commands
 from tenure._core.acquire import LeaseState
 from tenure._core.config import ClientConfig, LockSpec
-from tenure._core.flows import Flow, Later, Op, Pause, Run, Send, Sleep, WatchedLease
+from tenure._core.flows import (
+    ExtendLease,
+    Flow,
+    Later,
+    Op,
+    Pause,
+    Run,
+    Send,
+    Sleep,
+    WatchedLease,
+)
 from tenure._core.quorum import Failure, Round
 from tenure._core.watchdog import Action, KeepAlive, Lost
 from tenure._errors import ClientClosed, LeaseExpired, LeaseLost, TenureError
@@ -386,8 +396,10 @@ class WatchdogModel(RuleBasedStateMachine):
         if self.holder.closed:
             self._watch(dog.throw(ClientClosed("extend", lease._spec.name)))
             return
-        self._log("the watchdog extends")
-        self._start(Call("watchdog", Stepper(self.holder.extend(lease, None))))
+        op = dog.op
+        assert isinstance(op, ExtendLease)
+        self._log(f"the watchdog extends (last try: {op.last})")
+        self._start(Call("watchdog", Stepper(self.holder.extend(lease, None, op.last))))
 
     def _stop_watching(self) -> None:
         """The release tells the watchdog to stop (asyncio: cancels its task)."""
@@ -445,14 +457,15 @@ class WatchdogModel(RuleBasedStateMachine):
         self._log(f"{call.kind} ends: {error!r}, lease {lease._state}, lost {lease.loss!r}")
         if call.kind != "watchdog" and self.extend_due:
             self.lock_race = True  # the watchdog's extension or another call takes the lock
-        if call.kind != "release" and error is None:
+        extended = error is None and flow.result is None  # (not a watchdog's try that failed)
+        if call.kind != "release" and extended:
             self._granted_by(lease._state, call.faults)
         if call.kind == "watchdog":
-            if error is None:
+            if extended:
                 self._check_cap(call)
             dog = self.watchdog
             assert dog is not None
-            self._watch(dog.send(None) if error is None else dog.throw(error))
+            self._watch(dog.send(flow.result) if error is None else dog.throw(error))
         self.loss_reported()
 
     def _in_flight(self) -> list[Call]:
@@ -804,19 +817,26 @@ class ExtendsReleasedFlows(ModelFlows):
     whose extension waited for the lease's lock while the holder released it extends
     the released lease (on the nodes the release missed, the lock lives on)."""
 
-    def extend(self, lease: WatchedLease, ttl: float | None) -> Flow[None]:
+    def extend(
+        self, lease: WatchedLease, ttl: float | None, last: bool = True
+    ) -> Flow[LeaseLost | None]:
         # The shipped flow, blind to the release only: a copy of it would plant more.
-        return super().extend(_Unreleased(lease), ttl)
+        return super().extend(_Unreleased(lease), ttl, last)
 
 
 class ValidityFromRoundEndFlows(ModelFlows):
     """(W2) an extension whose validity is counted from the end of its round, not its
     start: the keys of the nodes that answered early expire before the lease ends."""
 
-    def extend(self, lease: WatchedLease, ttl: float | None) -> Flow[None]:
-        yield from super().extend(lease, ttl)
+    def extend(
+        self, lease: WatchedLease, ttl: float | None, last: bool = True
+    ) -> Flow[LeaseLost | None]:
+        failed = yield from super().extend(lease, ttl, last)
+        if failed is not None:
+            return failed
         now, state = self.clock(), lease._state
         lease._state = replace(state, started=now, valid_until=now + state.ttl)
+        return None
 
 
 class _Unheard:
@@ -1067,3 +1087,86 @@ def test_a_shorter_extension_shortens_the_validity_at_once() -> None:
     model._deliver(call, 0, 0, 0)
     model.advance_time(step=401)
     model.a_lease_relied_on_is_held()
+
+
+def _round_with_silent_nodes(model: WatchdogModel, silent: set[int]) -> None:
+    """The round in flight is answered at once by the nodes not ``silent``; the others
+    say nothing before its deadline."""
+    call = model.call
+    assert call is not None
+    assert call.run is not None
+    for node in sorted(call.pending):
+        if node not in silent:
+            model._deliver(call, node, 0, 0)
+    model.ms = max(model.ms, math.ceil(call.run.deadline * 1000))
+    model.conclude(pick=0)
+
+
+def test_a_watchdog_tries_again_while_the_validity_lasts() -> None:
+    """(W2, W3, W6) Two of three nodes are silent at the watchdog's extensions. A try
+    that fails for want of answers leaves the lease as it was: held, not marked lost, not
+    released. Tries go on, a ``retry_gap`` apart, until the last one that can end before
+    the last third of the validity; that one marks the lease lost, a third of the TTL
+    before its validity ends, and its release waits for that end. The same history with
+    the nodes back at the second try: the lease is extended, never marked lost.
+
+        0 ms     granted (valid until 1000 ms less the drift), kept alive
+        334 ms   the first extension: nodes 1 and 2 silent, the round ends at 434 ms
+        517 ms   tried again (a twelfth of the TTL later), the last try: it cannot end
+                 in the last third of the validity; marked lost when it ends, at 617 ms
+    """
+    for back_at_try in (2, None):
+        machine = type(
+            "Retrying",
+            (WatchdogModel,),
+            {"FAULTS": False, "OTHERS": False, "PAUSE_BEFORE_EXTEND": False},
+        )
+        model = _replay(machine, policy=0)
+        lease = model.lease
+        assert lease is not None
+        valid_until = lease._state.valid_until
+        tries = 0
+        while model.watchdog is not None and lease.loss is None and tries < 20:
+            model.wake(late=0)
+            if model.call is None:
+                break
+            tries += 1
+            assert model.now < valid_until
+            if tries == back_at_try:
+                _round_at_once(model)
+                break
+            _round_with_silent_nodes(model, {1, 2})
+        if back_at_try is not None:
+            assert tries == back_at_try
+            assert lease.loss is None
+            assert lease._state.valid_until > valid_until
+            continue
+        assert tries == 2, tries  # tried again, once in these 0.1 s node timeouts
+        assert isinstance(lease.loss, LeaseLost), lease.loss
+        assert model.now < valid_until - 1 / 3 + NODE_TIMEOUT  # the holder's third left
+        assert not lease.released  # (W6) released at its end, not now
+        assert [at for at, _ in model.later] == [valid_until]
+
+
+@pytest.mark.parametrize(
+    ("ttl", "node_timeout", "gap", "last_try_from"),
+    [
+        (1.0, 0.1, 1 / 12, 1 - 1 / 3 - 0.2 - 1 / 12),
+        (9.0, 0.3, 0.75, 9 - 3 - 0.6 - 0.75),
+        (60.0, 0.05, 1.0, 60 - 20 - 0.1 - 1.0),  # at most a second apart
+    ],
+)
+def test_a_watchdog_tries_through_the_middle_third_of_the_validity(
+    ttl: float, node_timeout: float, gap: float, last_try_from: float
+) -> None:
+    """Tries a ``retry_gap`` apart while one more could end before the last third of the
+    validity, which is the holder's; the next try never comes later than that."""
+    policy = KeepAlive()
+    state = LeaseState("n", "k", "t", ttl, 0.0, ttl, frozenset({0}), 1)
+    assert policy.retry_gap(ttl) == pytest.approx(gap)
+    assert not policy.last_try(last_try_from - 1e-6, state, ttl, node_timeout)
+    assert policy.last_try(last_try_from + 1e-6, state, ttl, node_timeout)
+    assert policy.retry_at(ttl / 3, state, ttl, node_timeout) == pytest.approx(ttl / 3 + gap)
+    # A try that ended late (it waited for connections): the next, the last, at once.
+    late = ttl * 2 / 3 - node_timeout
+    assert policy.retry_at(late, state, ttl, node_timeout) == pytest.approx(late)

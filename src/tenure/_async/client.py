@@ -298,13 +298,19 @@ class AsyncLease(LeaseView):
 
     async def extend(self, ttl: float | None = None) -> None:
         """Give the lease ``ttl`` more seconds (default: its lock's TTL); see ``Lease.extend``."""
+        await self._extend(ttl, last=True)
+
+    async def _extend(self, ttl: float | None, last: bool) -> LeaseLost | None:
+        """``extend``; its watchdog's tries name whether they are its ``last``
+        (``Flows.extend``: the failure of another is returned, not acted on)."""
         client = self._client
         self._check_usable("extend")
         async with self._op_lock:
-            await adrive(client._flows.extend(self, ttl), client._perform)
+            failed = await adrive(client._flows.extend(self, ttl, last), client._perform)
         watcher = self._watcher
         if watcher is not None:
             watcher.replan()
+        return failed
 
     async def release(self) -> None:
         """Release on every node; see ``Lease.release``. Cancelling it still releases

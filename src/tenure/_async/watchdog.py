@@ -108,7 +108,7 @@ class Watchdog:
                 self._wakeup = None
             return False
         if isinstance(op, ExtendLease):
-            return await self._lease.extend()
+            return await self._lease._extend(None, op.last)
         raise TypeError(f"not an operation of a watchdog: {op!r}")
 
 

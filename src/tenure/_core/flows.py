@@ -50,7 +50,13 @@ from .acquire import (
 )
 from .commands import Command
 from .config import ClientConfig, LockSpec, WaitMode, check_acquire_args
-from .lease import begin_extend, conclude_extend, conclude_locked, conclude_release
+from .lease import (
+    begin_extend,
+    conclude_extend,
+    conclude_locked,
+    conclude_release,
+    worth_another_try,
+)
 from .quorum import Failure, Round
 from .waiting import Wake
 from .watchdog import Extend, KeepAlive, Lost
@@ -223,10 +229,15 @@ class Pause:
 
 
 class ExtendLease:
-    """The watchdog extends its lease through the lease's own ``extend()`` (which
-    serialises with a release); result None, or the exception thrown in."""
+    """The watchdog extends its lease through the lease's own extension (which
+    serialises with a release): ``Flows.extend(lease, None, last=last)``. Its result (the
+    sub-flow's: None, or the failure of a try that was not the last) or the exception
+    thrown in goes back to the watchdog."""
 
-    __slots__ = ()
+    __slots__ = ("last",)
+
+    def __init__(self, last: bool) -> None:
+        self.last = last
 
 
 Op = Run | Send | Sleep | Listen | AwaitWake | Unlisten | Depart | Later | Pause | ExtendLease
@@ -580,11 +591,18 @@ class Flows:
 
     # --- extend, release, locked --------------------------------------------------------
 
-    def extend(self, lease: WatchedLease, ttl: float | None) -> Flow[None]:
+    def extend(
+        self, lease: WatchedLease, ttl: float | None, last: bool = True
+    ) -> Flow[LeaseLost | None]:
         """Extend ``lease`` by ``ttl`` (default: its lock's TTL) from now. On failure it
         is lost, and released everywhere when its holder releases it or its validity
         ends, whichever comes first (so a waiter need not wait out the TTL of the keys the
         round may have extended).
+
+        A watchdog's try that is not its ``last`` (``KeepAlive.last_try``) is the
+        exception: a failure that left the lease as it was (``worth_another_try``) is
+        returned, the lease neither marked lost nor released, for the watchdog to try
+        again while the validity lasts. Otherwise the result is None.
 
         Raises:
             NotHeld, LeaseExpired, LeaseLost, ConfigurationError: as ``Lease.extend``.
@@ -614,7 +632,9 @@ class Flows:
         outcome = conclude_extend(lease._state, spec, rnd, self.clock(), self.names)
         if isinstance(outcome, LeaseState):
             lease._state = outcome
-            return
+            return None
+        if not last and worth_another_try(lease._state, rnd):
+            return outcome
         lease._mark_lost(outcome)
         valid_until = lease._state.valid_until
         if self.clock() < valid_until and len(rnd.maybe_holding()) >= rnd.needed:
@@ -785,8 +805,10 @@ class Flows:
                 # validity, never report a valid lease lost.
                 wake = policy.next_wake(lease._state)
                 continue
+            ttl, last_round = lease._spec.ttl, lease._spec.node_timeout
+            last = policy.last_try(now, lease._state, ttl, last_round)
             try:
-                yield ExtendLease()
+                failed = yield ExtendLease(last)
             except (NotHeld, LeaseLost):
                 return  # released meanwhile, or extend() marked it lost
             except ClientClosed:
@@ -795,6 +817,11 @@ class Flows:
             except Exception as exc:  # anything unexpected: the lease can't be vouched for
                 lease._mark_lost(LeaseLost(lease._spec.name, f"the watchdog failed: {exc!r}"))
                 return
+            if failed is not None:
+                # Nodes did not answer in time (a failover, a busy server): the lease
+                # stands as it was, and the next try may find them back.
+                wake = policy.retry_at(self.clock(), lease._state, ttl, last_round)
+                continue
             wake = policy.next_wake(lease._state)
 
     # --- commands and small rounds ------------------------------------------------------

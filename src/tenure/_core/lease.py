@@ -25,7 +25,13 @@ from .config import DEFAULT_KEY_PREFIX, LockSpec, key_prefix_of
 from .diagnosis import check_command, configuration_error, for_prefix
 from .quorum import Failure, Round
 
-__all__ = ["begin_extend", "conclude_extend", "conclude_locked", "conclude_release"]
+__all__ = [
+    "begin_extend",
+    "conclude_extend",
+    "conclude_locked",
+    "conclude_release",
+    "worth_another_try",
+]
 
 
 def begin_extend(lease: LeaseState, spec: LockSpec, now: float) -> Round:
@@ -44,9 +50,7 @@ def conclude_extend(
 ) -> LeaseState | LeaseLost:
     """The extended lease, or the reason it is lost (the driver then releases everywhere)."""
     validity = rnd.validity(now, spec.ttl, spec.drift)
-    dropped = [
-        names[i] for i in lease.granted if (r := rnd.results[i]) is not None and r.ok is False
-    ]
+    dropped = [names[i] for i in _dropped(lease, rnd)]
     if dropped:
         # A node that granted us said "not yours" before our validity ended: it restarted
         # without its data, evicted the key, failed over to a replica that had not
@@ -78,6 +82,24 @@ def conclude_extend(
     return LeaseLost(
         lease.name, f"extend failed: {why}", round_errors(rnd, names, key_prefix_of(lease.key))
     )
+
+
+def worth_another_try(lease: LeaseState, rnd: Round) -> bool:
+    """Whether an extension that failed (``conclude_extend`` gave a ``LeaseLost``) left
+    the lease as it was, so that another try while its validity lasts may keep it.
+
+    Yes unless a node that granted it said "not ours": then the lease broke (above). A
+    round that failed for nodes that did not answer, or that took too long, changed
+    nothing the lease relies on: the granting nodes keep our token until the validity
+    ends, whether or not they ran the extension (an extension that shortens the keys
+    lowered the validity before its round began, ``Flows.extend``).
+    """
+    return not _dropped(lease, rnd)
+
+
+def _dropped(lease: LeaseState, rnd: Round) -> list[int]:
+    """The nodes that granted ``lease`` and said in ``rnd`` that they do not hold it."""
+    return [i for i in lease.granted if (r := rnd.results[i]) is not None and r.ok is False]
 
 
 def conclude_release(

@@ -3,10 +3,15 @@
 Theory of operation
 -------------------
 A watchdog wakes about a third of the TTL after the lease's latest grant or extension
-and extends it, two thirds of the validity ahead of its end. An extension that fails
-marks the lease lost at once (``Flows.extend``: the holder is told to stop), and
-releases it when that validity ends. Each wake is decided here from the clock reading
-the driver passes in:
+and extends it, two thirds of the validity ahead of its end. Its middle third is for
+nodes that do not answer for a while (a failover, a restart, a busy server): an
+extension that failed only for want of answers left the lease as it was, valid until its
+``valid_until`` (``worth_another_try``), and is tried again every ``retry_gap``. The
+last third is the holder's: the last try is one that ends before it (``last_try``). If
+the last try fails, or a node that granted the lease says it is not ours any more, the
+lease is lost: marked lost at once (``Flows.extend``: the holder is told to stop, with
+about a third of the TTL left to do it), and released when its validity ends. Each wake
+is decided here from the clock reading the driver passes in:
 
 * woke after ``valid_until``: the holder (and its watchdog with it) was paused past the
   lease, by a GC, a SIGSTOP, a swapped-out VM. Extending now could not undo that another
@@ -28,7 +33,10 @@ from .._errors import ConfigurationError, LeaseExpired, LeaseLost
 from .acquire import LeaseState
 from .numbers import is_finite
 
-__all__ = ["Extend", "GiveUp", "KeepAlive", "Lost"]
+__all__ = ["RETRY_GAP", "Extend", "GiveUp", "KeepAlive", "Lost"]
+
+# Seconds: the longest wait between tries of a failed extension (``KeepAlive.retry_gap``).
+RETRY_GAP = 1.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,27 @@ class KeepAlive:
                 "grant alone holds the lease for its ttl; raise max_hold or lower ttl",
             )
 
+    def retry_gap(self, ttl: float) -> float:
+        """How long after a failed extension the watchdog tries again: a twelfth of the
+        lock's ``ttl`` (three or four tries in the middle third of the validity), at most
+        ``RETRY_GAP`` (a failover's seconds are covered by tries a second apart)."""
+        return min(ttl / 12, RETRY_GAP)
+
+    def last_try(self, now: float, lease: LeaseState, ttl: float, node_timeout: float) -> bool:
+        """Whether an extension beginning at ``now`` is the last that may be tried: one
+        more, begun after this one's round and the gap, could not end before the last
+        third of the validity (a round takes up to ``node_timeout``; one that waits for
+        connections being set up, longer, and ``retry_at`` makes up for it). A last try
+        that fails marks the lease lost: the holder keeps about a third of the TTL to
+        stop in, once told."""
+        return now + 2 * node_timeout + self.retry_gap(ttl) >= _told_by(lease, ttl)
+
+    def retry_at(self, now: float, lease: LeaseState, ttl: float, node_timeout: float) -> float:
+        """When to try again after a try that was not the last failed at ``now``: a
+        ``retry_gap`` later, or sooner if that try took long (it waited for connections)
+        and the last must begin now to end in time."""
+        return min(now + self.retry_gap(ttl), _told_by(lease, ttl) - node_timeout)
+
     def next_wake(self, lease: LeaseState) -> float:
         """When to wake next (monotonic seconds)."""
         if not self.extend:
@@ -117,3 +146,9 @@ class KeepAlive:
             )
             return GiveUp(lease.valid_until, capped)
         return Extend()
+
+
+def _told_by(lease: LeaseState, ttl: float) -> float:
+    """When the holder of ``lease`` is told of a loss at the latest (its last try failed):
+    a third of the lock's ``ttl`` before the validity ends."""
+    return lease.valid_until - ttl / 3

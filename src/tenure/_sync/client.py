@@ -33,7 +33,7 @@ from .._driver.client_base import ClientBase
 from .._driver.clock import monotonic
 from .._driver.lease import LeaseView, leave_block
 from .._driver.lock import LockView
-from .._errors import NotHeld
+from .._errors import LeaseLost, NotHeld
 from .links import LinkPool, LinkSet
 from .notify import Listener, Slot
 from .watchdog import Watchdog
@@ -407,8 +407,9 @@ class Lease(LeaseView):
                 the lease then runs out and is reported lost. At least the lock's TTL.
 
         The watchdog marks the lease lost (``lost`` event, ``on_lost`` callbacks,
-        ``check()``) when an extension fails, when it wakes after the validity ended (the
-        process was paused), or when ``max_hold`` runs out.
+        ``check()``) when an extension fails (one that failed for want of answers is
+        tried again while a third of the validity is left), when it wakes after the
+        validity ended (the process was paused), or when ``max_hold`` runs out.
 
         Raises:
             ConfigurationError: ``max_hold`` is not a number of seconds at least the TTL.
@@ -440,13 +441,19 @@ class Lease(LeaseView):
                 was sent.
             ClientClosed: its client was closed; nothing was sent.
         """
+        self._extend(ttl, last=True)
+
+    def _extend(self, ttl: float | None, last: bool) -> LeaseLost | None:
+        """``extend``; its watchdog's tries name whether they are its ``last``
+        (``Flows.extend``: the failure of another is returned, not acted on)."""
         client = self._client
         self._check_usable("extend")
         with self._op_lock:
-            client._drive(client._flows.extend(self, ttl))
+            failed: LeaseLost | None = client._drive(client._flows.extend(self, ttl, last))
         watchdog = self._watchdog
         if watchdog is not None:
             watchdog.replan()
+        return failed
 
     def release(self) -> None:
         """Release on every node.
