@@ -820,8 +820,11 @@ def test_the_documented_acl_is_enough(api: Api, server: LocalCluster, key: str, 
 
             releaser = threading.Thread(target=release_once_queued)
             releaser.start()
+            started = time.monotonic()  # (its last attempt, at the timeout, would get it)
             got = waiter.acquire(key, ttl=5.0, timeout=10.0, fair=fair)
+            took = time.monotonic() - started
             releaser.join()
+            assert took < 5.0, f"woken after {took:.1f} s: not by the release's notification"
             assert got.fencing_token > lease.fencing_token
             got.extend()
             got.release()

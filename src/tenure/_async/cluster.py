@@ -242,6 +242,20 @@ class ClusterChannel:
         self._stale = True
         self._start_load()
 
+    def listener_pool(self) -> redis.asyncio.ConnectionPool:
+        """Where the classic notification subscription connects (no sharded pub/sub,
+        Redis 6.2): the first master of the map known so far, else the first seed. Any
+        master hears a ``PUBLISH`` made anywhere in the cluster, and a seed that died is
+        left once the map was reloaded (``listener_lost``)."""
+        masters = self.map.masters() if self.map is not None else []
+        return self._pool(masters[0] if masters else self.address.seeds[0])
+
+    def listener_lost(self) -> None:
+        """The classic subscription's connection to a master failed: as for any member
+        that failed on the network, the map is put in doubt (a dead master, its replica
+        promoted, which nothing tells a subscriber)."""
+        self._failed()
+
     def _failed(self) -> None:
         """A member serving a slot failed on the network: its master may have died and
         a replica been promoted, which no ``MOVED`` tells, so the map is reloaded (at

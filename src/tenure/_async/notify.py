@@ -153,6 +153,7 @@ class AsyncListener:
         # Sharded subscriptions per slot, when every node is a Redis Cluster node.
         self._sharding = cluster is not None and sharding(clusters)
         self._cluster = cluster
+        self._clusters = list(clusters)
         self._shards = [ShardSubs(channel_prefix, suffix) for _ in self._pools]
         self._links: dict[tuple[int, Address], _ShardLink] = {}
         self._waiter_slot: dict[str, int] = {}
@@ -393,11 +394,24 @@ class AsyncListener:
         if why.failure.configuration:
             self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
 
+    def _cluster_of(self, i: int) -> ClusterChannel | None:
+        """Node ``i`` in the running loop, if it is a Redis Cluster node."""
+        if self._cluster is None or i >= len(self._clusters) or not self._clusters[i]:
+            return None
+        return self._cluster(i)
+
+    def _pool(self, i: int) -> redis.asyncio.ConnectionPool:
+        """Where node ``i``'s classic subscription connects: a Cluster node's master by
+        its slot map, as the blocking client's listener (not its first seed for good: a
+        seed that died would leave waiters to their fallback re-check)."""
+        cluster = self._cluster_of(i)
+        return self._pools[i] if cluster is None else cluster.listener_pool()
+
     async def _run(self, i: int) -> None:
         reconnect = Reconnect()
         ever = False
         while True:
-            conn: redis.asyncio.Connection = self._pools[i].make_connection()  # type: ignore[no-untyped-call]
+            conn: redis.asyncio.Connection = self._pool(i).make_connection()  # type: ignore[no-untyped-call]
             try:
                 await conn.connect()  # type: ignore[no-untyped-call]
                 lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
@@ -428,6 +442,9 @@ class AsyncListener:
                 raise
             except Exception as exc:  # a failed connection is retried after a back-off
                 self._note_failure(i, exc)
+                cluster = self._cluster_of(i)
+                if cluster is not None:
+                    cluster.listener_lost()  # the next connection: a master of the new map
             self._up[i] = False
             await conn.disconnect(nowait=True)
             await asyncio.sleep(reconnect.failed(time.monotonic()))

@@ -44,6 +44,7 @@ from .._core.slots import (
     redirect,
     routed_slot,
 )
+from .._driver.clock import monotonic
 from .._driver.redis_compat import diagnose, reply_text
 from .links import Link, NodeState, _Failed
 
@@ -147,9 +148,12 @@ class ClusterState(NodeState):
 
     def new_connection(self) -> redis.Connection:
         """A connection to a master of the cluster (the first of the map, else the first
-        seed): where the notification listener subscribes."""
-        where = self.map.masters()[0] if self.map is not None and self.map.masters() else None
-        return self.member(where or self.address.seeds[0]).new_connection()
+        seed): where the notification listener subscribes. The map is taken as rounds
+        take it (``routing``): a load that the listener's lost connection made due
+        (``failed``) begins here, and the connection after it goes by the new map."""
+        slot_map = self.routing(monotonic())
+        masters = slot_map.masters() if slot_map is not None else []
+        return self.member(masters[0] if masters else self.address.seeds[0]).new_connection()
 
     def backing_off(self, now: float) -> float:
         return self._reconnect.left(now) if self.map is None else 0.0

@@ -344,6 +344,16 @@ class Listener:
         self._up[i] = False
         self._reconnect[i].failed(now)
 
+    def _lost(self, i: int, now: float) -> None:
+        """Node ``i``'s subscription connection failed (refused, timed out, closed). A
+        Cluster node's master may have died and a replica been promoted, which nothing
+        tells a subscriber: its slot map is put in doubt, as for any member that failed
+        (``ClusterState.failed``), and the next connection goes by the map reloaded."""
+        self._drop(i, now)
+        node = self._nodes[i]
+        if isinstance(node, ClusterState):
+            node.failed(now)
+
     def _connect(self, now: float) -> None:
         """(Re)connect and subscribe where needed (whoever reads the sockets, holding _read).
 
@@ -368,7 +378,7 @@ class Listener:
                 continue
             if not setup.done:
                 if now >= setup.deadline:
-                    self._drop(i, now)
+                    self._lost(i, now)
                 continue
             self._setups[i] = None
             error = setup.error
@@ -386,7 +396,7 @@ class Listener:
                 except Exception as exc:  # whatever the node did, this thread must live on
                     error = exc
             if error is not None:
-                self._drop(i, now)
+                self._lost(i, now)
                 why = diagnose(error)
                 if why.failure.configuration:
                     self._reporter.note(i, why.failure, why.detail)
@@ -597,7 +607,7 @@ class Listener:
                 self._reporter.note(i, why.failure, why.detail)
                 replies = None
             if replies is None:
-                self._drop(i, time.monotonic())
+                self._lost(i, time.monotonic())
                 continue
             for reply in replies:
                 if not self._handle(i, reply):
