@@ -13,12 +13,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 import tenure
 from tenure._core.config import LockKeys
 from tenure._core.slots import MAP_RECHECK, key_slot
+from tenure._sync.cluster import ClusterState, _MapLoad
 from tenure.testing import LocalRedisCluster
 
 from .conftest import Api
@@ -147,3 +149,32 @@ def test_the_first_operations_after_a_master_is_killed_reach_its_successor(
     assert not watched.lost.is_set(), watched.lost_error
     assert watched.valid
     watched.release()
+
+
+def test_a_map_load_that_ended_before_it_was_looked_at_still_routes_the_next_round(
+    failing: LocalRedisCluster, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The blocking client, a master refused: ``ClusterState.reload`` begins a load of the
+    # map, in a thread, and the round waits for it (the node "connecting") and is made
+    # again by the new map. A live member answers in milliseconds; a caller descheduled
+    # that long found the load already ended and the round failed (a release in the
+    # killed-master test above: LeaseLost, 1 of 8 runs beside two CPU hogs). Here every
+    # load ends before ``_MapLoad`` returns, as such a caller sees it.
+    made = _MapLoad.__init__
+
+    def ended_at_once(load: _MapLoad, *args: Any) -> None:
+        made(load, *args)
+        while not load.done:
+            time.sleep(0.001)
+
+    client = tenure.Client([failing.url], node_timeout=SLOW)
+    try:
+        client.acquire(key, ttl=1.0, blocking=False).release()  # the map is loaded
+        (state,) = client._pool.nodes
+        assert isinstance(state, ClusterState)
+        monkeypatch.setattr(_MapLoad, "__init__", ended_at_once)
+        load = state.reload(time.monotonic() + MAP_RECHECK)  # (past the last load's)
+        assert load is not None, "the round's node failed instead of waiting for the map"
+        assert load.result is not None
+    finally:
+        client.close()

@@ -190,14 +190,16 @@ class ClusterState(NodeState):
         ended since the round was routed, taken just now: the round went by the map
         before it, and the next one routes by the new map (a load to a live member takes
         about as long as routing a round and setting up its links, and no other load
-        may begin for ``MAP_RECHECK``)."""
+        may begin for ``MAP_RECHECK``). The load begun here counts even if it has
+        ended already: a live member answers in a few milliseconds, and this thread may
+        have been descheduled for longer (the next round takes its map)."""
         self.failed(now)
         ended = self._load  # taken by slot_map if it ended with a map
         self.slot_map(now, _nothing)
-        load = self._load
-        if load is not None and not load.done:
-            return load
-        return ended if ended is not None and ended.result is not None else None
+        for load in (self._load, ended):
+            if load is not None and (not load.done or load.result is not None):
+                return load
+        return None
 
     def routing(self, now: float) -> SlotMap | None:
         """The map a round is routed by: a reload that ended is taken, a due one begun
