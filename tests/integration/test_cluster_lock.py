@@ -245,10 +245,15 @@ def test_a_sharded_notification_stays_in_its_shard(
 
         thread = threading.Thread(target=release_once_queued)
         thread.start()
+        # Woken by the notification: the fallback re-check comes after 15 s at the
+        # earliest, and the last attempt, at the timeout, would find the lock free: timed.
         waiter = api.client([cluster.url], recheck=30.0, node_timeout=SLOW)
-        got = waiter.acquire(name, ttl=TTL, timeout=10.0)  # woken by the notification
+        started = time.monotonic()
+        got = waiter.acquire(name, ttl=TTL, timeout=10.0)
+        took = time.monotonic() - started
         thread.join()
         got.release()
+        assert took < 5.0, f"woken after {took:.1f} s: not by the release's notification"
         holder.close()
         # A marker published on the owner after the release crosses the bus behind
         # anything the owner published before it: a probe that reads up to the marker

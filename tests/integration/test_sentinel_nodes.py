@@ -100,16 +100,20 @@ def test_a_master_for_client_as_the_node(api: Api, shared_set: LocalSentinelSet)
 
 def test_a_waiter_is_woken_by_the_release(api: Api, shared_set: LocalSentinelSet) -> None:
     # Notifications are subscribed on the master found through the Sentinels. With a
-    # re-check far beyond the test, only a notification can hand the lock over.
+    # re-check far beyond the test, only a notification can hand the lock over within
+    # 5 s of the release: the waiter's wait also ends when the holder's TTL runs out
+    # (20 s, not 3: it passed without a notification), and at its timeout (30 s).
     name = f"sentinel-wake-{api.flavour}"
-    holder = api.client([shared_set.url], **OPTIONS)
-    lease = holder.acquire(name, ttl=3.0)
+    holder = api.client([shared_set.url], **{**OPTIONS, "max_ttl": 30.0})
+    lease = holder.acquire(name, ttl=20.0)
     sibling = api.sibling()
     other = sibling.client([shared_set.url], recheck=60.0, **OPTIONS)
     results: list[object] = []
+    got_at: list[float] = []
 
     def wait() -> None:
         results.append(other.acquire(name, ttl=3.0, timeout=30.0))
+        got_at.append(time.monotonic())
 
     thread = threading.Thread(target=wait)
     thread.start()
@@ -117,11 +121,14 @@ def test_a_waiter_is_woken_by_the_release(api: Api, shared_set: LocalSentinelSet
         api.wait_until(
             lambda: _queued(shared_set.master(), name), within=10.0, what="waiter queued"
         )
+        released = time.monotonic()
         lease.release()
         thread.join(30.0)
         assert results
         assert results[0] is not None
         results[0].release()  # type: ignore[attr-defined]
+        took = got_at[0] - released
+        assert took < 5.0, f"woken {took:.1f} s after the release: not by its notification"
     finally:
         thread.join(30.0)
 

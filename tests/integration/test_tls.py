@@ -242,7 +242,9 @@ def test_waiters_are_notified_over_slow_tls(
 ) -> None:
     # The notification subscription is set up under connect_timeout too: a slow handshake
     # must not keep a waiter from hearing the release (it would then wait out the
-    # holder's TTL, far past this acquire's timeout).
+    # holder's TTL, far past this acquire's timeout). The fallback re-check comes after
+    # 30 s at the earliest, and the last attempt, at the timeout (30 s), would find the
+    # lock free: only the notification ends the wait within 5 s of the release (timed).
     proxy = _proxy(proxies, shared5, 0, ca, ["127.0.0.1"], SLOW_HANDSHAKE)
     # The holder is released from another thread: a blocking client, whatever the waiter.
     holder_client = tenure.Client(shared5.urls[:1])
@@ -253,6 +255,7 @@ def test_waiters_are_notified_over_slow_tls(
     waiter = api.client([proxy.url], connection_options=_verified(ca), recheck=60.0)
     queue = LockKeys.of(key).queue
     released = threading.Event()
+    released_at: list[float] = []
 
     def release_once_the_waiter_listens() -> None:
         deadline = time.monotonic() + 20.0
@@ -261,6 +264,7 @@ def test_waiters_are_notified_over_slow_tls(
                 if time.monotonic() > deadline:
                     return  # never subscribed: the waiter times out, and the test fails
                 time.sleep(0.005)
+        released_at.append(time.monotonic())
         holder.release()
         released.set()
 
@@ -268,10 +272,13 @@ def test_waiters_are_notified_over_slow_tls(
     thread.start()
     try:
         lease = waiter.acquire(key, ttl=TTL, timeout=30.0)
+        got = time.monotonic()
     finally:
         thread.join()
     assert released.is_set()
     lease.release()
+    took = got - released_at[0]
+    assert took < 5.0, f"woken {took:.1f} s after the release: not by its notification"
 
 
 def test_connect_timeout_is_validated(api: Api, shared5: LocalCluster) -> None:

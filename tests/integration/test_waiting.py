@@ -469,7 +469,11 @@ def test_a_waiter_killed_while_queued_does_not_block_the_queue(
     shared5: LocalCluster, key: str, n: int, fair: bool
 ) -> None:
     urls = shared5.urls[:n]
-    with tenure.Client(urls) as holder_client, tenure.Client(urls) as next_client:
+    # The waiter behind re-checks after 15 s at the earliest (recheck=30), and its last
+    # attempt comes at its timeout (20 s): only the release's notification gets it the
+    # lock within the bound below. With the default re-check (0.25-0.5 s) it passed
+    # without any notification.
+    with tenure.Client(urls) as holder_client, tenure.Client(urls, recheck=30.0) as next_client:
         holder = holder_client.acquire(key, ttl=30.0, fair=fair)
         _parent_end, child_end = _ctx.Pipe(duplex=False)
         proc = _ctx.Process(target=_sleeping_waiter, args=(urls, key, child_end))
@@ -477,7 +481,7 @@ def test_a_waiter_killed_while_queued_does_not_block_the_queue(
         _wait_until(lambda: _queue_length(shared5, key) == 1, 30)
         box: list[Any] = []
         after = threading.Thread(
-            target=lambda: box.append(next_client.acquire(key, ttl=TTL, timeout=10, fair=fair))
+            target=lambda: box.append(next_client.acquire(key, ttl=TTL, timeout=20, fair=fair))
         )
         after.start()
         _wait_until(lambda: _queue_length(shared5, key) == 2)
@@ -490,7 +494,7 @@ def test_a_waiter_killed_while_queued_does_not_block_the_queue(
         _wait_until(lambda: _pubsub_clients(shared5, n) <= listening - n)
         released = time.monotonic()
         holder.release()
-        after.join(10)
+        after.join(20)
         assert box, "the waiter behind the dead one got the lock"
         # Its notification connection closed with it, so release.lua skipped it at once;
         # had it not, its place would have expired (place_ms, about 1.55 s by default).
