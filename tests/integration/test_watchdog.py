@@ -363,3 +363,21 @@ def test_watchdog_lease_is_invalid_in_a_forked_child(shared5: LocalCluster, key:
     assert not lease.lost.is_set()  # the parent still holds it
     lease.release()
     client.close()
+
+
+def test_a_second_keep_alive_with_another_cap_is_refused(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    """The cap is set when the watchdog starts: a second ``keep_alive`` asking for
+    another was ignored, and the lease held past the cap it asked for."""
+    client = api.client(shared5.urls)
+    lease = client.acquire(key, ttl=TTL, watchdog=True, max_hold=10.0)
+    try:
+        lease.keep_alive(max_hold=10.0)  # the same: nothing to do
+        for other in (None, 20.0, 2.0):
+            with pytest.raises(tenure.ConfigurationError, match=r"max_hold=10\.0") as info:
+                lease.keep_alive(max_hold=other)
+            assert info.value.parameter == "max_hold"
+        lease.check()  # still kept alive, with its cap
+    finally:
+        lease.release()

@@ -218,8 +218,24 @@ def test_max_hold_below_the_ttl_is_refused(make: Make, method: str, watchdog: bo
     with pytest.raises(ConfigurationError, match=r"at least the lock's ttl \(3 s\)") as info:
         attempt()
     assert info.value.parameter == "max_hold"
-    if method == "lock":  # (acquire would go on to the nodes)
+    if method == "lock" and watchdog:  # (acquire would go on to the nodes)
         call("name", 3.0, watchdog=watchdog, max_hold=3.0)
+
+
+@pytest.mark.parametrize("method", ["lock", "acquire"])
+def test_max_hold_without_the_watchdog_is_refused(make: Make, method: str) -> None:
+    """It caps the watchdog's extensions: without ``watchdog=True`` it would do nothing,
+    and the lease would run out at its TTL."""
+    call = getattr(make(), method)
+
+    def attempt() -> None:
+        result = call("name", 3.0, max_hold=60.0)
+        if inspect.iscoroutine(result):  # AsyncClient.acquire checks before any I/O
+            asyncio.run(result)
+
+    with pytest.raises(ConfigurationError, match="pass watchdog=True") as info:
+        attempt()
+    assert info.value.parameter == "max_hold"
 
 
 @pytest.mark.parametrize("name", ["billing worker", "line\nbreak", "café", 5])

@@ -30,6 +30,9 @@ class _Failing:
     def __exit__(self, *exc: object) -> None:
         pass
 
+    def lock(self, *args: Any, **kwargs: Any) -> None:
+        """Its arguments are fine (checked before acquiring)."""
+
     def acquire(self, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError("something internal\nwith a second line")
 

@@ -124,7 +124,8 @@ class AsyncClient(ClientBase):
 
         Raises:
             ClientClosed: the client was closed.
-            ConfigurationError: bad name, TTL, timeout or ``max_hold``.
+            ConfigurationError: bad name, TTL, timeout or ``max_hold`` (also: a
+                ``max_hold`` without ``watchdog=True``, which it would not cap).
         """
         spec, keep = self._lock_args(name, ttl, fair, watchdog, max_hold)
         return AsyncLock(self, spec, blocking, timeout, keep)
@@ -283,7 +284,9 @@ class AsyncLease(LeaseView):
         watcher = self._watcher
         if watcher is None:
             self._watcher = Watchdog(self, policy)
-        elif policy.extend and not watcher.extends and self._loss is None:
+        elif watcher.extends:
+            policy.check_as_running(watcher.policy)
+        elif policy.extend and self._loss is None:
             # ``async with lock:`` only watches its lease (to cancel the body at its end);
             # a ``keep_alive()`` in the body asks for more, and must not be ignored. The
             # body's cancel-on-loss is an ``on_lost`` callback, so it outlives the swap.

@@ -34,6 +34,7 @@ class Watchdog:
 
     def __init__(self, lease: AsyncLease, policy: KeepAlive) -> None:
         self._lease = lease
+        self.policy = policy
         self.extends = policy.extend  # False: it only watches (``async with lock:``)
         watched(lease)  # marked lost in a child after fork()
         self._flow = lease._client._flows.watchdog(lease, policy)

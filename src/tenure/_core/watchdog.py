@@ -97,6 +97,23 @@ class KeepAlive:
                 "grant alone holds the lease for its ttl; raise max_hold or lower ttl",
             )
 
+    def check_as_running(self, running: KeepAlive) -> None:
+        """Refuse to keep alive with this policy a lease that a watchdog with another cap
+        (``running``) keeps alive already: the cap is set when the watchdog starts, and
+        a second call's cap, ignored, would not hold. (A policy that only watches asks
+        for nothing a running watchdog does not do.)
+
+        Raises:
+            ConfigurationError: the caps differ.
+        """
+        if self.extend and running.extend and running.max_hold != self.max_hold:
+            raise ConfigurationError(
+                "max_hold",
+                f"this lease is kept alive already, with max_hold={running.max_hold!r} "
+                f"(got {self.max_hold!r}): a watchdog's cap is set when it starts; "
+                "release the lease and acquire it again with the cap wanted",
+            )
+
     def retry_gap(self, ttl: float) -> float:
         """How long after a failed extension the watchdog tries again: a twelfth of the
         lock's ``ttl`` (three or four tries in the middle third of the validity), at most

@@ -26,7 +26,7 @@ from .._core.holds import Held, Holds, self_deadlock
 from .._core.policy import RetryPolicy
 from .._core.waiting import Departed, decline_again
 from .._core.watchdog import KeepAlive
-from .._errors import LockTimeout
+from .._errors import ConfigurationError, LockTimeout
 from .clock import monotonic, wall_us
 from .lease import not_acquired
 from .redis_compat import check_connection_options
@@ -292,11 +292,18 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 def _keep_alive(watchdog: bool, max_hold: float | None, ttl: float) -> KeepAlive | None:
     """The watchdog policy ``watchdog`` and ``max_hold`` ask for (None: no watchdog) for
-    a lock of ``ttl``, both checked: a bad cap is a mistake even without the watchdog,
-    whichever way the lock is taken."""
+    a lock of ``ttl``, both checked, whichever way the lock is taken. A cap without the
+    watchdog is refused: it caps the watchdog's extensions, and a caller who passed one
+    and forgot ``watchdog=True`` would find the lease run out at its TTL."""
     watched = check_flag("watchdog", watchdog)
     if not watched and max_hold is None:
         return None  # (the common case: no policy to make)
     keep = KeepAlive(max_hold=max_hold)
     keep.check_ttl(ttl)
-    return keep if watched else None
+    if not watched:
+        raise ConfigurationError(
+            "max_hold",
+            f"caps a watchdog's extensions, and watchdog is False (got max_hold={max_hold!r}): "
+            "pass watchdog=True to keep the lease alive up to max_hold, or drop max_hold",
+        )
+    return keep

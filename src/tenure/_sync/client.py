@@ -158,7 +158,8 @@ class Client(ClientBase):
 
         Raises:
             ClientClosed: the client was closed.
-            ConfigurationError: bad name, TTL, timeout or ``max_hold``.
+            ConfigurationError: bad name, TTL, timeout or ``max_hold`` (also: a
+                ``max_hold`` without ``watchdog=True``, which it would not cap).
         """
         spec, keep = self._lock_args(name, ttl, fair, watchdog, max_hold)
         return Lock(self, spec, blocking, timeout, keep)
@@ -412,7 +413,8 @@ class Lease(LeaseView):
         validity ended (the process was paused), or when ``max_hold`` runs out.
 
         Raises:
-            ConfigurationError: ``max_hold`` is not a number of seconds at least the TTL.
+            ConfigurationError: ``max_hold`` is not a number of seconds at least the TTL,
+                or the lease is kept alive already with another cap.
             NotHeld: it was released.
             InheritedLease: this process is a fork of the one that acquired it.
             ClientClosed: its client was closed.
@@ -423,6 +425,7 @@ class Lease(LeaseView):
         policy = KeepAlive(max_hold=max_hold)
         policy.check_ttl(self._spec.ttl)
         if self._watchdog is not None:
+            policy.check_as_running(self._watchdog.policy)
             return
         self._watchdog = Watchdog(self, policy)
         self._watchdog.start()

@@ -30,7 +30,7 @@ class Watchdog:
 
     def __init__(self, lease: Lease, policy: KeepAlive) -> None:
         self._lease = lease
-        self._policy = policy
+        self.policy = policy
         self._stop = threading.Event()
         self._nudged = threading.Event()  # ends a pause: stopped, or to plan again
         self._thread = threading.Thread(
@@ -59,7 +59,7 @@ class Watchdog:
 
     def _run(self) -> None:
         lease = self._lease
-        drive(lease._client._flows.watchdog(lease, self._policy), self._perform)
+        drive(lease._client._flows.watchdog(lease, self.policy), self._perform)
 
     def _perform(self, op: Op) -> Any:
         if isinstance(op, Pause):

@@ -452,13 +452,15 @@ def run(options: RunOptions, *, err: TextIO | None = None) -> int:
                 max_ttl=options.max_ttl,
             ) as client,
         ):
+            # The lease is kept alive once its loss is watched (``_hold_and_run``); the
+            # arguments are checked here, before acquiring (``lock`` does no I/O).
+            client.lock(options.name, options.ttl, watchdog=True, max_hold=options.max_hold)
             try:
                 lease = client.acquire(
                     options.name,
                     options.ttl,
                     blocking=not options.no_wait,
                     timeout=None if options.no_wait else options.wait,
-                    max_hold=options.max_hold,  # validated here, before acquiring
                 )
             except LockTimeout as exc:
                 _say(out, f"not acquired: {one_line(exc)}")
