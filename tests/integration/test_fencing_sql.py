@@ -158,8 +158,14 @@ def test_core_statement_admits_null_or_not_newer_token() -> None:
         documents, 7, documents.c.id == 1, values={"body": "x"}, token_column="fence"
     )
     sql = str(stmt.compile(compile_kwargs={"literal_binds": True}))
-    assert "fencing_documents.fence IS NULL OR fencing_documents.fence <= 7" in sql
-    assert "fence=7" in sql.replace(" ", "")
+    head, where = sql.split(" WHERE ", 1)
+    # The whole condition: a substring check also passed a WHERE that admitted more
+    # (an extra "OR fence > 7" left it in place).
+    assert where == (
+        "fencing_documents.id = 1 AND "
+        "(fencing_documents.fence IS NULL OR fencing_documents.fence <= 7)"
+    )
+    assert "fence=7" in head.replace(" ", "")
 
 
 @pytest.mark.parametrize(
