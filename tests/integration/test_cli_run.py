@@ -57,10 +57,23 @@ def _redis(c: LocalCluster) -> list[str]:
     return [arg for url in c.urls for arg in ("--redis", url)]
 
 
+# A tenure process whose wall clock is an hour behind: its first guess of a fencing
+# token is then below every token issued before, and only the nodes' floors order them.
+_CLOCK_AN_HOUR_BEHIND = (
+    "import runpy, tenure._driver.client_base as c; w = c.wall_us; "
+    "c.wall_us = lambda: w() - 3_600_000_000; "
+    "runpy.run_module('tenure.cli', run_name='__main__', alter_sys=True)"
+)
+
+
 def _tenure(
-    *args: str, env: dict[str, str] | None = None, timeout: float = _TIMEOUT
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = _TIMEOUT,
+    prelude: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "tenure.cli", *args]
+    how = ["-m", "tenure.cli"] if prelude is None else ["-c", prelude]
+    command = [sys.executable, *how, *args]
     # faulthandler: a tenure that hangs past the timeout is sent SIGABRT, and the test's
     # failure shows where each of its threads was. Files, not pipes: a command it started
     # may hold pipes open after tenure itself is gone.
@@ -176,10 +189,12 @@ def test_exit_status_is_passed_through(
 def test_env_has_token_and_name_and_tokens_increase(cluster: LocalCluster, key: str) -> None:
     script = 'echo "$TENURE_FENCING_TOKEN $TENURE_LOCK_NAME"'
     first = _tenure("run", key, *_redis(cluster), "--", "sh", "-c", script)
-    # The second run takes its nodes from $TENURE_REDIS instead of --redis.
+    # The second run takes its nodes from $TENURE_REDIS instead of --redis, and its
+    # clock is behind the first's: its token is above only if the floors order it.
     second = _tenure(
-        "run", key, "--", "sh", "-c", script, env=_env(TENURE_REDIS=",".join(cluster.urls))
-    )
+        "run", key, "--", "sh", "-c", script,
+        env=_env(TENURE_REDIS=",".join(cluster.urls)), prelude=_CLOCK_AN_HOUR_BEHIND,
+    )  # fmt: skip
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
     token1, name1 = first.stdout.split()
     token2, name2 = second.stdout.split()
