@@ -135,6 +135,32 @@ def test_locked_does_not_guess_without_a_majority_of_answers(
         assert not lock.locked()
 
 
+def test_locked_does_not_guess_when_the_nodes_that_answer_split(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    holder = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
+    observer = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT)
+    lease = holder.acquire(key, ttl=30.0)
+    lock = observer.lock(key, ttl=5.0)
+    # Nodes 3 and 4 lose the key (as a node restarted without its data would); the lease
+    # stands on nodes 0-2, a majority, and no acquire can take the lock.
+    for node in cluster5.nodes[3:]:
+        assert node.client().delete(f"tenure:{{{key}}}:lock") == 1
+    assert lock.locked()
+    cluster5[0].pause()
+    try:
+        # Two answer "held", two "free": the fifth decides it, and it does not answer.
+        with pytest.raises(tenure.QuorumUnreachable) as info:
+            lock.locked()
+        assert "2 hold the lock and 2 do not" in str(info.value)
+        assert list(info.value.node_errors) == [cluster5.urls[0]]
+        assert lease.valid
+    finally:
+        cluster5[0].resume()
+    lease.release()
+    assert not lock.locked()
+
+
 def test_frozen_node_replies_are_drained_and_its_late_grant_released(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:

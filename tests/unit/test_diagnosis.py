@@ -276,12 +276,43 @@ def test_locked_refuses_to_answer_when_nodes_down_leave_no_majority() -> None:
             "b": "unreachable: refused",
             "c": "unreachable: no reply before the deadline",
         }
-    # One down: the two that answered decide, either way.
-    rnd = Round(3, 2, started=0.0)
+    # One down: the two that answered decide when they agree.
+    for held in (False, True):
+        rnd = Round(3, 2, started=0.0)
+        rnd.record(0, held)
+        rnd.record(1, held)
+        rnd.fail(2, Failure.UNREACHABLE, "refused")
+        assert conclude_locked(rnd, "res", ["a", "b", "c"]) is held
+
+
+@pytest.mark.parametrize(("n", "holding", "without"), [(3, 1, 1), (5, 2, 2), (5, 1, 2), (5, 2, 1)])
+def test_locked_refuses_to_answer_when_the_nodes_down_decide_it(
+    n: int, holding: int, without: int
+) -> None:
+    # A lease granted by the node down and those holding is valid, and no acquire could
+    # take it from its holder: "not locked" would be a guess, and so would "locked".
+    rnd = Round(n, n // 2 + 1, started=0.0)
+    for i in range(holding):
+        rnd.record(i, True)
+    for i in range(holding, holding + without):
+        rnd.record(i, False)
+    for i in range(holding + without, n):
+        rnd.fail(i, Failure.UNREACHABLE, "refused")
+    names = [f"n{i}" for i in range(n)]
+    with pytest.raises(tenure.QuorumUnreachable) as info:
+        conclude_locked(rnd, "res", names)
+    assert f"{holding} hold the lock and {without} do not" in str(info.value)
+    assert set(info.value.node_errors) == set(names[holding + without :])
+
+
+def test_locked_answers_when_enough_nodes_lack_the_key_whatever_the_rest() -> None:
+    rnd = Round(5, 3, started=0.0)
     rnd.record(0, False)
-    rnd.record(1, True)
-    rnd.fail(2, Failure.UNREACHABLE, "refused")
-    assert conclude_locked(rnd, "res", ["a", "b", "c"]) is False
+    rnd.record(1, False)
+    rnd.record(2, False)
+    rnd.record(3, True)
+    rnd.fail(4, Failure.UNREACHABLE, "refused")
+    assert conclude_locked(rnd, "res", list("abcde")) is False
 
 
 def _readonly() -> tuple[Failure, str]:

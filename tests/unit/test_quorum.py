@@ -484,3 +484,29 @@ def test_a_round_begun_at_its_begin_by_or_later_asks_no_node() -> None:
     assert rnd.results[0] is None
     assert rnd.failed_connecting()
     assert sorted(rnd.failures()) == [1, 2]
+
+
+def test_a_round_that_refusals_decide_hears_every_node_a_failure_leaves_undecided() -> None:
+    # One of three down and one "no": the third decides whether it is a failure.
+    for refusals_decide, decided in ((False, True), (True, False)):
+        rnd = Round(3, 2, started=0.0, refusals_decide=refusals_decide)
+        rnd.fail(0, Failure.UNREACHABLE, "refused")
+        rnd.record(1, False)
+        assert rnd.decided is decided
+        assert rnd.enough_ready(0) is decided
+    rnd.record(2, False)
+    assert rnd.decided
+    assert rnd.refused == 2
+    # Refusals alone past what a majority can spare decide it at once.
+    rnd = Round(5, 3, started=0.0, refusals_decide=True)
+    for i in range(3):
+        assert not rnd.decided
+        rnd.record(i, False)
+    assert rnd.decided
+    assert rnd.refused == 3
+    # A success is decided at once either way.
+    rnd = Round(3, 2, started=0.0, refusals_decide=True)
+    rnd.record(0, True)
+    rnd.record(1, True)
+    assert rnd.decided
+    assert rnd.succeeded

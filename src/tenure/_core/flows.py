@@ -763,12 +763,12 @@ class Flows:
         """
         self.check_open("ask whether it is locked", spec.name)
         now = self.clock()
-        rnd = Round(self.n, self.config.quorum, now)
+        rnd = Round(self.n, self.config.quorum, now, refusals_decide=True)
         yield Run(commands.exists(spec.key), rnd, now + self.config.node_timeout)
         if _set_ups_failed(rnd):
             # Nodes not asked, still connecting: once more when their set-ups ended.
             now = self.clock()
-            rnd = Round(self.n, self.config.quorum, now)
+            rnd = Round(self.n, self.config.quorum, now, refusals_decide=True)
             yield Run(commands.exists(spec.key), rnd, now + self.config.node_timeout)
         return conclude_locked(rnd, spec.name, self.names, self.config.key_prefix)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from .._errors import LeaseExpired, LeaseLost, ServerUnsupported
+from .._errors import LeaseExpired, LeaseLost, QuorumUnreachable, ServerUnsupported
 from .._lua import script
 from .acquire import LeaseState, round_errors, unreachable
 from .config import DEFAULT_KEY_PREFIX, LockSpec, key_prefix_of
@@ -180,17 +180,34 @@ def conclude_locked(
     """``Lock.locked()``: whether a majority of nodes hold lock ``name``'s key (for
     anyone).
 
+    The answer is given only when the nodes that answered settle it: a majority holding
+    the key (True), or more nodes without it than a majority can spare (False).
+
     Raises:
         NodeMisconfigured: misconfigured nodes alone leave too few for a majority, so
             the answer would say nothing about the lock.
-        QuorumUnreachable: failures alone (nodes down, silent) leave too few answers for
-            a majority, and the majority that did not answer may hold it: "not locked"
-            would be a guess, as an acquire would refuse to make.
+        QuorumUnreachable: the nodes that failed (down, silent) decide it. Either they
+            leave too few answers for a majority, or those that answered split: of
+            three, one down, one holding the key and one not, the lock is held if the
+            one down holds it too (a lease granted by it and the one holding, still
+            valid, which no acquire could take from its holder). "Not locked" would be
+            a guess, as an acquire would refuse to make.
     """
     if rnd.misconfigured_blocks_quorum():
         error = configuration_error(rnd, names, prefix)
         assert error is not None
         raise error
-    if not rnd.succeeded and rnd.unreachable_blocks_quorum():
+    if rnd.succeeded:
+        return True
+    n = len(rnd.results)
+    if rnd.refused > n - rnd.needed:
+        return False
+    if rnd.unreachable_blocks_quorum():
         raise unreachable(rnd, name, names, prefix)
-    return rnd.succeeded
+    raise QuorumUnreachable(
+        name,
+        f"{rnd.failed} of {n} nodes failed, and of those that answered {rnd.yes} hold the "
+        f"lock and {rnd.refused} do not: whether a majority of {rnd.needed} holds it "
+        "depends on the failed nodes",
+        round_errors(rnd, names, prefix),
+    )

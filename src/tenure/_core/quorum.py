@@ -85,12 +85,17 @@ class Round:
         n: number of nodes the command was sent to (its index space).
         needed: yeses required for success (a majority of all nodes).
         started: monotonic time the first request was sent.
+        refusals_decide: a failure is decided by refusals alone (more than a majority
+            can spare), or once every node answered or failed. For ``Lock.locked()``,
+            whose failure is an answer ("free") that failed nodes cannot give: with one
+            node of three down, the two others must both be heard.
     """
 
     __slots__ = (
         "_answered",
         "_could_begin",
         "_no",
+        "_refusals_decide",
         "_wait_all",
         "_yes",
         "failed",
@@ -109,6 +114,7 @@ class Round:
         *,
         wait_all: bool = False,
         hear_out: float = 0.0,
+        refusals_decide: bool = False,
     ) -> None:
         self.needed = needed
         self.started = started
@@ -120,6 +126,7 @@ class Round:
         self.silent = 0  # of them, asked but silent until the deadline (``went_silent``)
         self._could_begin: float | None = None  # when the ready nodes could first decide it
         self._wait_all = wait_all  # decided only when every node answered (or the deadline)
+        self._refusals_decide = refusals_decide
         # Seconds to go on reading once the round became impossible: a failure is then
         # decided when every node answered or that time passed (``stop_hearing``), a
         # success still at once. For a waiter, whose wait is judged against what the
@@ -149,7 +156,7 @@ class Round:
         """
         if self._wait_all:
             return False
-        return self._yes + ready >= self.needed or self.impossible
+        return self._yes + ready >= self.needed or self._failed_for_good
 
     def set_up_wait(
         self, ready: int, connecting: int, fresh: int, now: float, grace: float
@@ -256,6 +263,11 @@ class Round:
         return self._yes >= self.needed
 
     @property
+    def refused(self) -> int:
+        """Answers that were not a yes: refusals, never failures."""
+        return self._no - self.failed
+
+    @property
     def impossible(self) -> bool:
         return self._no > len(self.results) - self.needed
 
@@ -266,8 +278,17 @@ class Round:
         if self._yes >= self.needed:
             return True
         if self._no > len(self.results) - self.needed:
-            return not self.hear_out or self._answered == len(self.results)
+            if self._answered == len(self.results):
+                return True
+            return not self.hear_out and self._failed_for_good
         return False
+
+    @property
+    def _failed_for_good(self) -> bool:
+        """Failed, and no answer still to come can change that (for a round that
+        refusals decide, only they count)."""
+        spare = len(self.results) - self.needed
+        return self._no - self.failed > spare if self._refusals_decide else self._no > spare
 
     def granted(self) -> frozenset[int]:
         """Nodes that answered yes."""

@@ -580,8 +580,9 @@ class Lock(LockView[Lease, None]):
 
         Raises:
             ClientClosed: the client was closed.
-            QuorumUnreachable: fewer than a majority of nodes answered (down, silent):
-                those that did not may hold it, so there is no answer to give.
+            QuorumUnreachable: the nodes that did not answer (down, silent) decide
+                it: too few answered, or those that did split between holding it and
+                not. Those that did not may hold it, so there is no answer to give.
             NodeMisconfigured: as for ``acquire``, when misconfigured nodes are why.
         """
         client = self._client
