@@ -232,3 +232,72 @@ def test_a_redis_cluster_object_locks_on_every_master(
         finally:
             if flavour == "sync":
                 obj.close()
+
+
+# --- The same node given as a service already spells it -----------------------------------
+#
+# An application hands tenure what its configuration holds: URLs read from a file or an
+# environment variable, redis-py objects made for its own use. Each spelling below locks
+# on the node it names, in both clients, or is refused at construction naming the node.
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["REDIS://{host}:{port}", "Redis://{host}:{port}/2", "  redis://{host}:{port}/2  \n"],
+)
+def test_a_url_with_an_upper_case_scheme_or_whitespace_locks_on_its_node(
+    api: Api, shared5: LocalCluster, key: str, spelling: str
+) -> None:
+    # redis-py's blocking client refused 'REDIS://' (which its asyncio client takes),
+    # and a space after the port was read as part of it: the blocking client refused
+    # the first, both refused the last, though each names the node plainly.
+    node = shared5[0]
+    url = spelling.format(host=node.host, port=node.port)
+    client = api.client([url])
+    assert client.node_names == [f"redis://{node.host}:{node.port}" + ("/2" if "/2" in url else "")]
+    lease = client.acquire(key, ttl=TTL, blocking=False)
+    with node.client(db=2 if "/2" in url else 0) as c:
+        assert c.get(lease.key) == lease.token.encode()
+    lease.release()
+
+
+def test_a_url_naming_two_databases_is_refused(api: Api, shared5: LocalCluster, key: str) -> None:
+    # redis-py takes the query's database over the path's: the node was named
+    # '.../3' in lease.nodes and errors while its keys went to database 4.
+    node = shared5[0]
+    url = f"redis://{node.host}:{node.port}/3?db=4"
+    with pytest.raises(tenure.ConfigurationError) as info:
+        api.client([url])
+    assert info.value.parameter == "nodes[0]"
+    assert "'3' in its path and '4' in its query" in str(info.value)
+    # Named once, either way, it is that database.
+    at = f"redis://{node.host}:{node.port}"
+    for once, db in ((f"{at}/3?db=3", 3), (f"{at}?db=4", 4)):
+        lease = api.client([once]).acquire(key, ttl=TTL, blocking=False)
+        with node.client(db=db) as c:
+            assert c.get(lease.key) == lease.token.encode()
+        lease.release()
+
+
+def test_a_password_holding_at_and_a_slash_is_refused_without_showing_it(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    # The password "Zq9x@Wv7k:Jm4/Ab3" unencoded: urllib takes the host part to end at
+    # the '/', so it read host "Wv7k" and port "Jm4", and the refusal quoted "Jm4", a
+    # piece of the password. Percent-encoded, the same password logs in.
+    password = "Zq9x@Wv7k:Jm4/Ab3"
+    node = shared5[0]
+    with _user([node], "~tenure:*", "&tenure:wake:*", "+@all") as user:
+        with node.client() as c:
+            c.execute_command("ACL", "SETUSER", user, "resetpass", f">{password}")
+        raw = f"redis://{user}:{password}@{node.host}:{node.port}"
+        with pytest.raises(tenure.ConfigurationError) as info:
+            api.client([raw])
+        message = str(info.value)
+        assert info.value.parameter == "nodes[0]"
+        assert "percent-encode" in message, message
+        for piece in ("Zq9x", "Wv7k", "Jm4", "Ab3"):
+            assert piece not in message, message
+        encoded = raw.replace("/Ab3", "%2FAb3")
+        lease = api.client([encoded]).acquire(key, ttl=TTL, blocking=False)
+        lease.release()

@@ -83,7 +83,34 @@ def test_parse_node_url(
     url: str, scheme: str, host: str | None, port: int | None, path: str | None, db: int
 ) -> None:
     a = parse_node_url(url)
-    assert (a.url, a.scheme, a.host, a.port, a.path, a.db) == (url, scheme, host, port, path, db)
+    # The URL redis-py is given spells its scheme in lower case: its blocking client
+    # refuses any other.
+    given = url.replace("REDIS://", "redis://")
+    assert (a.url, a.scheme, a.host, a.port, a.path, a.db) == (given, scheme, host, port, path, db)
+
+
+@pytest.mark.parametrize(
+    ("url", "given"),
+    [
+        ("  redis://h:6380/2  ", "redis://h:6380/2"),
+        ("\tRediss://h:6380\n", "rediss://h:6380"),
+        ("UNIX:///tmp/r.sock?db=1", "unix:///tmp/r.sock?db=1"),
+        ("Redis://u:p@h:1/0?db=0", "redis://u:p@h:1/0?db=0"),
+    ],
+)
+def test_whitespace_and_the_schemes_case_are_no_part_of_the_url(url: str, given: str) -> None:
+    a = parse_node_url(url)
+    assert a.url == given
+    assert a.display == parse_node_url(given).display
+
+
+@pytest.mark.parametrize("url", ["redis://h:1/3?db=4", "redis://h:1/0?db=2", "rediss://h/1?db=0"])
+def test_a_url_naming_two_databases_is_refused(url: str) -> None:
+    # redis-py would take the query's, while the node is named by the path's.
+    with pytest.raises(ConfigurationError) as info:
+        parse_node_url(url, "nodes[1]")
+    assert info.value.parameter == "nodes[1]"
+    assert "give the database once" in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -293,11 +293,20 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
     """
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError(parameter, f"must be a non-empty URL string, got {_quoted(url)}")
+    # Whitespace around a URL (read from a file or an environment variable) is no part of
+    # it; kept, urllib reads a trailing space as part of the port.
+    url = url.strip()
     # Before the URL is split: a list of hosts has no port urlsplit could read.
-    if _is_cluster_url(url.strip()):
-        return _cluster_node(url.strip(), parameter)
-    if re.match(r"(?i)rediss?\+sentinel://", url.strip()):
-        return _parse_sentinel_url(url.strip(), parameter)
+    if _is_cluster_url(url):
+        return _cluster_node(url, parameter)
+    if re.match(r"(?i)rediss?\+sentinel://", url):
+        return _parse_sentinel_url(url, parameter)
+    # A scheme is case-insensitive (RFC 3986), but redis-py's blocking client refuses
+    # 'REDIS://' while its asyncio client takes it: the URL redis-py is given spells it
+    # in lower case, so that both clients connect to what the URL says.
+    scheme_text, sep, rest = url.partition("://")
+    if sep:
+        url = f"{scheme_text.lower()}{sep}{rest}"
     # Every message below quotes the URL as ``shown``: never its password.
     shown = repr(redact_url(url))
     secret = shown != repr(url)
@@ -314,14 +323,21 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
             else str(exc)
         )
         raise ConfigurationError(parameter, f"malformed URL {shown}: {why}") from None
-    if secret and "@" not in parts.netloc:
-        # "redis://app:pa/ss@host" is host "app", port "pa" to urllib and to redis-py: a
-        # wrong server, and part of the password shown as its port.
+    # The user part runs to the URL's last '@' (as redact_url hides it), but urllib ends
+    # the host part at the first '/', '?' or '#'. "redis://app:pa/ss@host" is host "app",
+    # port "pa" to urllib and to redis-py; "redis://app:p@ss:1?x@host" is host "ss", port
+    # 1, and "redis://app:p@ss:pa/ss@host" has port "pa": another server, or part of the
+    # password quoted as a port. (A unix socket's path may hold '@' of its own.)
+    beyond = parts.scheme.lower() != "unix" and any(
+        "@" in piece for piece in (parts.path, parts.query, parts.fragment)
+    )
+    if secret and ("@" not in parts.netloc or beyond):
         raise ConfigurationError(
             parameter,
             f"URL {shown}: its user or password holds '/', '?' or '#', which end the host "
             "part of a URL, so it would name another server; percent-encode them in the "
-            "URL (%2F, %3F, %23; '@' and ':' in a password may stay)",
+            "URL (%2F, %3F, %23; '@' and ':' in a password may stay, an '@' after the "
+            "host is %40)",
         )
     try:
         port = parts.port  # raises ValueError when out of 0..65535 or not a number
@@ -349,8 +365,17 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
         if port == 0:
             raise ConfigurationError(parameter, f"URL {shown}: port must be in 1..65535")
         host, port_num, path = parts.hostname, port or REDIS_PORT, None
-        if parts.path.strip("/"):
-            db_text = parts.path.strip("/")
+        in_path = parts.path.strip("/")
+        if in_path and db_text and in_path != db_text:
+            # redis-py takes the query's database over the path's: the node would be
+            # named by one database and lock in the other.
+            raise ConfigurationError(
+                parameter,
+                f"URL {shown} names database {in_path!r} in its path and {db_text!r} in "
+                "its query (?db=); give the database once, as /db",
+            )
+        if in_path:
+            db_text = in_path
     try:
         db = int(db_text) if db_text else 0
     except ValueError:
