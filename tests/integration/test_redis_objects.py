@@ -301,3 +301,24 @@ def test_a_password_holding_at_and_a_slash_is_refused_without_showing_it(
         encoded = raw.replace("/Ab3", "%2FAb3")
         lease = api.client([encoded]).acquire(key, ttl=TTL, blocking=False)
         lease.release()
+
+
+@pytest.mark.parametrize("name", ["my app", "caf\u00e9", "tab\there"])
+def test_an_objects_client_name_the_server_refuses_is_a_configuration_error(
+    api: Api, shared5: LocalCluster, name: str
+) -> None:
+    # Carried over as it was, CLIENT SETNAME failed every connection: the node looked
+    # down (QuorumUnreachable after the acquire's attempts), not misconfigured, as the
+    # same name in a URL's query or in connection_options is said to be.
+    node = shared5[0]
+    obj = _flavour(api).Redis(host=node.host, port=node.port, client_name=name)
+    with pytest.raises(tenure.ConfigurationError) as info:
+        api.client([obj])
+    assert info.value.parameter == "nodes[0]"
+    assert "client_name" in str(info.value)
+    assert "'-' or '_'" in str(info.value)
+    # A name it accepts, str or bytes, is carried over.
+    for good in ("my-app", b"my-app"):
+        obj = _flavour(api).Redis(host=node.host, port=node.port, client_name=good)
+        lease = api.client([obj]).acquire(f"client-name-{api.flavour}", ttl=TTL)
+        lease.release()

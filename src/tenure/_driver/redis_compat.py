@@ -39,6 +39,7 @@ __all__ = [
     "SocketReplies",
     "bound_tcp_connect",
     "check_connection_options",
+    "client_name_ok",
     "connection_kwargs",
     "diagnose",
     "has_unread",
@@ -268,8 +269,11 @@ _OWNED_IN_URL = {
 del _OWNED_IN_URL["db"]
 
 
-def _client_name_ok(name: object) -> bool:
-    """A name ``CLIENT SETNAME`` accepts: characters '!' to '~' only."""
+def client_name_ok(name: object) -> bool:
+    """A name ``CLIENT SETNAME`` accepts: characters '!' to '~' only (redis-py sends a
+    ``bytes`` name as it is)."""
+    if isinstance(name, bytes):
+        name = name.decode("latin-1")
     return isinstance(name, str) and all("!" <= c <= "~" for c in name)
 
 
@@ -314,7 +318,7 @@ def check_connection_options(
             raise ConfigurationError(param, f"keys must be str (keyword names), got {key!r}")
         if key in _OWNED:
             raise ConfigurationError(f"{param}[{key!r}]", f"not accepted: {_OWNED[key]}")
-        if key == "client_name" and value is not None and not _client_name_ok(value):
+        if key == "client_name" and value is not None and not client_name_ok(value):
             # The server refuses it at every connect (CLIENT SETNAME): an outage to the
             # client, which no wait ends.
             raise ConfigurationError(
@@ -491,7 +495,7 @@ def _check_url_query(url: str, display: str, parameter: str) -> None:
                 f"protocol={values[0]!r}",
                 "tenure reads RESP2 replies itself (2, or left out)",
             )
-        elif key == "client_name" and not _client_name_ok(values[0]):
+        elif key == "client_name" and not client_name_ok(values[0]):
             what, why = (
                 f"client_name={values[0]!r}",
                 "Redis refuses client names with spaces or other than printable ASCII "

@@ -46,7 +46,7 @@ from .._core.config import (
     redact_url,
 )
 from .._errors import ConfigurationError
-from .redis_compat import keywords
+from .redis_compat import client_name_ok, keywords
 
 __all__ = ["CARRIED", "IGNORED", "check_client", "node_addresses", "settings_of"]
 
@@ -201,6 +201,15 @@ def _carried(raw: Mapping[str, Any], target: type, parameter: str, kind: str) ->
             continue  # redis-py's default is a sentinel object, not a mapping
         if key == "socket_type" and not value:
             continue
+        if key == "client_name" and not client_name_ok(value):
+            # The server refuses it at every connect (CLIENT SETNAME): the node would look
+            # down (QuorumUnreachable) rather than misconfigured, as in a URL's query or
+            # connection_options, where it is refused too.
+            raise ConfigurationError(
+                parameter,
+                f"{kind} sets client_name={value!r}: Redis refuses client names with "
+                "spaces or other than printable ASCII; use '-' or '_' for spaces",
+            )
         if key not in accepted:
             if not value:
                 continue  # off, as it is where the setting does not exist
