@@ -322,3 +322,28 @@ def test_an_objects_client_name_the_server_refuses_is_a_configuration_error(
         obj = _flavour(api).Redis(host=node.host, port=node.port, client_name=good)
         lease = api.client([obj]).acquire(f"client-name-{api.flavour}", ttl=TTL)
         lease.release()
+
+
+@pytest.mark.xdist_group("redis_cluster_object")
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_one_cluster_given_as_an_object_and_as_a_url_is_refused(
+    api: Api, redis_cluster: LocalRedisCluster, shared5: LocalCluster, flavour: str
+) -> None:
+    # The sync object names every member it discovered, the asyncio one its startup
+    # node, the URL the members it lists: the seeds differed, so the one cluster was
+    # accepted as two independent nodes, two votes of three.
+    first, second = redis_cluster[0], redis_cluster[1]
+    if flavour == "sync":
+        obj: Any = redis.cluster.RedisCluster(host=first.host, port=first.port)
+        url = f"redis+cluster://{second.host}:{second.port}"
+    else:
+        obj = redis.asyncio.cluster.RedisCluster(host=first.host, port=first.port)
+        url = redis_cluster.url
+    try:
+        with pytest.raises(tenure.ConfigurationError) as info:
+            api.client([obj, shared5[0].url, url])
+        assert info.value.parameter == "nodes[2]"
+        assert "is the same Redis Cluster as nodes[0]" in str(info.value)
+    finally:
+        if flavour == "sync":
+            obj.close()

@@ -224,6 +224,14 @@ def test_a_cluster_url_is_one_node() -> None:
     with pytest.raises(ConfigurationError) as info:
         ClientConfig.build([url, "redis://b", "REDISS+CLUSTER://h1:7000,[::1]:7001"])
     assert info.value.parameter == "nodes[2]"
+    # So is the same cluster named by other members: one seed in common is one cluster
+    # (a RedisCluster object names every member it discovered, a URL those it lists).
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build([url, "redis://b", "rediss+cluster://h9:7000,[::1]:7001"])
+    assert info.value.parameter == "nodes[2]"
+    assert "same Redis Cluster as nodes[0]" in str(info.value)
+    assert "[::1]:7001" in str(info.value)
+    assert len(ClientConfig.build([url, "redis://b", "redis+cluster://h9:7000"]).nodes) == 3
 
 
 @pytest.mark.parametrize(

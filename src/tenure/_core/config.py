@@ -523,6 +523,28 @@ def node_address(
     return NodeAddress(url, scheme, host, port, None, db, tuple(options.items()))
 
 
+def _refuse_one_cluster_twice(addresses: tuple[NodeAddress, ...], i: int) -> None:
+    """Refuse ``addresses[i]`` if it is a Redis Cluster node sharing a seed with an earlier
+    one: the same cluster, whichever of its members each names. Its seeds are whatever
+    the URL lists, or every member a ``RedisCluster`` object had discovered, so the same
+    cluster given both ways (or by two URLs naming different members) has different
+    seeds, and equal seeds alone would let it count two votes.
+
+    Raises:
+        ConfigurationError: naming ``nodes[i]`` and the seed both name.
+    """
+    mine = set(addresses[i].seeds)
+    for j, other in enumerate(addresses[:i]):
+        shared = sorted(mine & set(other.seeds))
+        if shared:
+            raise ConfigurationError(
+                f"nodes[{i}]",
+                f"{addresses[i].display} is the same Redis Cluster as nodes[{j}] "
+                f"({other.display}): both name {host_port(*shared[0])}; listing a cluster "
+                "twice would count its vote twice: list it once, as one node",
+            )
+
+
 @dataclass(frozen=True)
 class ClientConfig:
     """Settings shared by every lock of one client.
@@ -612,6 +634,7 @@ class ClientConfig:
                     "independent servers",
                 )
             seen[a.identity] = i
+            _refuse_one_cluster_twice(addresses, i)
         timeout = _finite("node_timeout", node_timeout)
         if not 0 < timeout <= 60:
             raise ConfigurationError(
