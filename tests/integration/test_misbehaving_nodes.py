@@ -14,11 +14,14 @@ Two kinds, against real servers, for both APIs in one body:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 import tenure
 from tenure.testing import LocalCluster, LocalNode
@@ -294,3 +297,118 @@ def test_a_database_number_written_into_a_unix_socket_path_is_a_misconfigured_no
         with pytest.raises(tenure.NodeMisconfigured, match=r"\?db=N") as info:
             client.acquire("db-in-path", ttl=1.0)  # blocking, no timeout: at once all the same
         assert info.value.parameter == "nodes[0]"
+
+
+@contextlib.contextmanager
+def _busy(node: LocalNode) -> Iterator[None]:
+    """``node`` runs a script that never ends (from a connection of its own), and
+    answers every other command ``BUSY``, until the block ends and ``SCRIPT KILL``
+    stops it: what a long Lua script of another application does to a lock node."""
+    with node.client() as admin:
+        try:
+            admin.config_set("busy-reply-threshold", 10)
+        except redis.ResponseError:  # Redis 6.2's name for it
+            admin.config_set("lua-time-limit", 10)
+        runner = node.client(socket_timeout=None)
+        ended: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                runner.eval("while true do end", 0)
+            except redis.ResponseError as e:  # the SCRIPT KILL
+                ended.append(e)
+
+        thread = threading.Thread(target=run, name="busy-script", daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10.0
+            while True:  # until the node says BUSY to others
+                assert time.monotonic() < deadline, "the node never answered BUSY"
+                try:
+                    admin.ping()
+                except redis.ResponseError as e:
+                    if str(e).startswith("BUSY"):
+                        break
+                    raise
+            yield
+        finally:
+            deadline = time.monotonic() + 10.0
+            while thread.is_alive() and time.monotonic() < deadline:
+                with contextlib.suppress(redis.ResponseError):  # not yet running
+                    admin.script_kill()
+                thread.join(0.05)
+            runner.close()
+        assert ended, "the busy script did not end"
+
+
+def test_locked_does_not_answer_not_locked_while_a_failed_node_may_hold_it(
+    api: Api, key: str
+) -> None:
+    """A lock held on nodes 1 and 2 of three; node 1 answers BUSY (a long script of
+    another application), node 0 "not held", node 2 "held". Whether a majority holds it
+    depends on node 1, so locked() cannot answer: it raises QuorumUnreachable naming
+    node 1. Counting node 1's failure as a "no", it answered False about a lock held on
+    a majority, while an acquire was refused it."""
+    with LocalCluster(3) as cluster:
+        _give_history(api, cluster.urls, key)
+        client = api.client(cluster.urls)
+        with _busy(cluster[0]):  # the lease is granted by nodes 1 and 2 only
+            lease = client.acquire(key, ttl=30.0)
+        assert set(lease.nodes) == set(cluster.urls[1:])
+        lock = client.lock(key, ttl=30.0)
+        assert lock.locked() is True
+        free = client.lock(f"{key}-free", ttl=30.0)
+        with _busy(cluster[1]):
+            for _ in range(5):
+                with pytest.raises(tenure.QuorumUnreachable) as info:
+                    lock.locked()
+                assert set(info.value.node_errors) == {cluster.urls[1]}
+                said = info.value.node_errors[cluster.urls[1]]
+                assert "BUSY" in said
+                assert "SCRIPT KILL" in said  # what to do
+                assert "1 hold the lock and 1 do not" in str(info.value)
+                # What the others say settles it for a free lock: two "no" of three.
+                assert free.locked() is False
+                # An acquire is refused it all the same.
+                assert api.client(cluster.urls).lock(key, ttl=1.0).acquire(blocking=False) is False
+        assert lock.locked() is True
+        lease.release()
+        assert lock.locked() is False
+
+
+def test_a_full_node_is_an_outage_that_says_what_to_do(api: Api, key: str) -> None:
+    """Nodes at their maxmemory under noeviction refuse the acquire's writes (OOM): one
+    of three is done without; two leave no majority, and the error names them with the
+    fix (their own words say only that the command is not allowed). Locks held on them
+    stay, and are released."""
+    with LocalCluster(3) as cluster:
+        _give_history(api, cluster.urls, key)
+        client = api.client(cluster.urls)
+        held = client.acquire(key, ttl=30.0)
+
+        def fill(node: LocalNode) -> None:
+            with node.client() as admin:
+                admin.config_set("maxmemory-policy", "noeviction")
+                admin.config_set("maxmemory", 1)  # below what it uses: full at once
+
+        fill(cluster[0])
+        lease = client.acquire(f"{key}-2", ttl=30.0)
+        assert set(lease.nodes) == set(cluster.urls[1:])
+        lease.release()
+        fill(cluster[1])
+        for blocking in (False, True):
+            with pytest.raises(tenure.QuorumUnreachable) as info:
+                client.acquire(f"{key}-3", ttl=30.0, blocking=blocking)
+            assert set(info.value.node_errors) == set(cluster.urls[:2])
+            for said in info.value.node_errors.values():
+                assert "OOM" in said
+                assert "is full" in said, said
+                assert "maxmemory raised" in said, said
+        # Held where it was granted (a full node still deletes and expires keys).
+        assert client.lock(key, ttl=30.0).locked() is True
+        held.extend()
+        held.release()
+        assert client.lock(key, ttl=30.0).locked() is False
+        for node in cluster:
+            with node.client() as raw:
+                assert all(raw.pttl(k) > 0 for k in raw.scan_iter("tenure:{*")), node

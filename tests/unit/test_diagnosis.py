@@ -86,13 +86,21 @@ CLUSTER_SAYS = [
         ],
         ("ERR DB index is out of range", Failure.MISCONFIGURED, ["/db"]),
         ("LOADING Redis is loading the dataset in memory", Failure.ERROR, ["LOADING"]),
-        ("BUSY Redis is busy running a script", Failure.ERROR, ["BUSY"]),
+        ("BUSY Redis is busy running a script", Failure.ERROR,
+         ["BUSY", "running a script", "SCRIPT KILL"]),
+        ("BUSYKEY Target key name already exists.", Failure.ERROR, ["BUSYKEY"]),
+        ("MISCONF Valkey is configured to save RDB snapshots, but it's currently unable to "
+         "persist to disk. Commands that may modify the data set are disabled, because ...",
+         Failure.ERROR, ["MISCONF Valkey", "last RDB snapshot failed", "a full disk"]),
+        ("ERR Error running script (call to f_ab): @user_script:1: @user_script: 1: -MISCONF "
+         "Redis is configured to save RDB snapshots", Failure.ERROR,
+         ["(MISCONF Redis is configured", "stop-writes-on-bgsave-error"]),
         # Errors raised inside a script, as Valkey and Redis 7 word them (the node's own
         # words came out as "on @user_script:151.") and as Redis 6.2 does.
         ("NOREPLICAS Not enough good replicas to write. script: on @user_script:151.",
          Failure.ERROR, ["NOREPLICAS Not enough good replicas to write."]),
         ("OOM command not allowed when used memory > 'maxmemory'. script: on @user_script:42.",
-         Failure.ERROR, ["OOM command not allowed"]),
+         Failure.ERROR, ["OOM command not allowed", "is full", "maxmemory raised"]),
         ("WRONGTYPE Operation against a key holding the wrong kind of value script: on "
          "@user_script:168.", Failure.ERROR,
          ["(WRONGTYPE Operation against a key holding the wrong kind of value)",

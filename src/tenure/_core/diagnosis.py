@@ -252,6 +252,13 @@ def error_reply(text: str) -> Diagnosis:
             "another application writes under tenure's key prefix; give tenure's "
             "clients a key_prefix of their own, or remove that key",
         )
+    for code, why in _REFUSING_WRITES:
+        if _essence(text).upper().startswith(code):
+            # Not a configuration failure: each passes without a change to the node
+            # list (memory freed, a snapshot that succeeds, a script that ends), so the
+            # node is an outage meanwhile. Its words say what happened, but not what
+            # to do, and MISCONF's are cut before the end of the first sentence.
+            return Diagnosis(Failure.ERROR, f"{why} ({said})")
     if "db index is out of range" in lower or "invalid db index" in lower:
         return _misconfigured(
             f"has no such database ({said}): check the /db part of the node URL (or the db "
@@ -259,6 +266,29 @@ def error_reply(text: str) -> Diagnosis:
         )
     return Diagnosis(Failure.ERROR, said)
 
+
+# Error replies of a node that refuses writes (or every command) for a state that
+# passes, and what to do about it, as said after the node's name.
+_REFUSING_WRITES = (
+    (
+        "OOM ",
+        "is full: it refuses writes at its maxmemory, so it grants nothing until memory "
+        "is freed there or its maxmemory raised (locks held there stay; keep "
+        "maxmemory-policy noeviction, since an evicting policy drops lock keys)",
+    ),
+    (
+        "MISCONF ",
+        "refuses writes since its last RDB snapshot failed (stop-writes-on-bgsave-error "
+        "yes): fix what its log says of the failed save (a full disk, a directory it "
+        "cannot write), and it accepts writes once a snapshot succeeds",
+    ),
+    (
+        "BUSY ",
+        "is running a script or function that has not ended, and answers nothing else "
+        "until it does: end it (SCRIPT KILL, FUNCTION KILL) and find the application "
+        "that runs it",
+    ),
+)
 
 # The replies only a server in cluster mode gives: a key's slot served elsewhere (MOVED),
 # a slot being migrated (ASK, TRYAGAIN), a cluster without a majority of its masters or

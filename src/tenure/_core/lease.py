@@ -204,6 +204,9 @@ def conclude_locked(
         return False
     if rnd.unreachable_blocks_quorum():
         raise unreachable(rnd, name, names, prefix)
+    misconfigured = configuration_error(rnd, names, prefix)
+    if misconfigured is not None:
+        raise misconfigured  # (one of the nodes that decide it, whose fix is known)
     raise QuorumUnreachable(
         name,
         f"{rnd.failed} of {n} nodes failed, and of those that answered {rnd.yes} hold the "
