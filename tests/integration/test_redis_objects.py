@@ -333,6 +333,7 @@ def test_one_cluster_given_as_an_object_and_as_a_url_is_refused(
     # node, the URL the members it lists: the seeds differed, so the one cluster was
     # accepted as two independent nodes, two votes of three.
     first, second = redis_cluster[0], redis_cluster[1]
+    assert first.port is not None
     if flavour == "sync":
         obj: Any = redis.cluster.RedisCluster(host=first.host, port=first.port)
         url = f"redis+cluster://{second.host}:{second.port}"
