@@ -255,6 +255,38 @@ def test_misconfigured_nodes_are_named_with_the_fix(
                 stuck.lock(key, ttl=TTL).locked()
 
 
+def test_a_node_that_refuses_only_the_subscription_is_told_as_such(
+    api: Api, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node whose ACL grants the lock's commands but not the wake channels still
+    locks: the warning says its waiters re-check, not that locks need the others."""
+    with LocalCluster(3) as cluster, caplog.at_level(logging.WARNING, logger="tenure"):
+        _give_history(api, cluster.urls, key)
+        urls = list(cluster.urls)
+        with cluster[0].client() as c:
+            c.execute_command(
+                "ACL", "SETUSER", "nosub", "reset", "on", ">pw", "~tenure:*", "resetchannels",
+                *LEAST_PRIVILEGE,
+            )  # fmt: skip
+        urls[0] = f"redis://nosub:pw@127.0.0.1:{cluster[0].port}"
+        holder, waiter = api.client(urls), api.client(urls)
+        for _ in range(20):  # it still locks (a round is decided by the first two)
+            lease = holder.acquire(key, ttl=TTL)
+            if cluster.urls[0] in lease.nodes:
+                break
+            lease.release()
+        assert cluster.urls[0] in lease.nodes
+        short = holder.acquire(f"{key}-short", ttl=0.5)
+        # The waiter subscribes on every node, and the first refuses it.
+        waiter.acquire(f"{key}-short", ttl=TTL, timeout=10.0).release()
+        assert not short.valid
+        lease.release()
+        told = [w for w in _tenure_warnings(caplog) if cluster.urls[0] in w]
+        assert told, _tenure_warnings(caplog)
+        assert all("waiters re-check" in w for w in told), told
+        assert not any("majority of the other nodes" in w for w in told), told
+
+
 def test_a_misconfigured_node_that_answers_late_is_told_all_the_same(
     api: Api, key: str, caplog: pytest.LogCaptureFixture
 ) -> None:

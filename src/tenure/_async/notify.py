@@ -390,9 +390,10 @@ class AsyncListener:
     def _note_failure(self, i: int, exc: Exception) -> None:
         """A subscription connection to node ``i`` failed: a failure of its configuration
         (SUBSCRIBE refused by the ACL, NOAUTH) is told; any is retried after a back-off."""
-        why = diagnosis.error_reply(str(exc)) if isinstance(exc, ResponseRefused) else diagnose(exc)
+        refused = isinstance(exc, ResponseRefused)
+        why = diagnosis.error_reply(str(exc)) if refused else diagnose(exc)
         if why.failure.configuration:
-            self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
+            self._reporter.note(i, why.failure, why.detail, notifications=refused)
 
     def _cluster_of(self, i: int) -> ClusterChannel | None:
         """Node ``i`` in the running loop, if it is a Redis Cluster node."""

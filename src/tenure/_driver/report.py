@@ -31,7 +31,7 @@ class NodeReporter:
     def __init__(self, names: Sequence[str], prefix: str = DEFAULT_KEY_PREFIX) -> None:
         self._names = list(names)
         self._prefix = prefix  # the client's key prefix, for an ACL fix
-        self._told: set[tuple[int, Failure]] = set()
+        self._told: set[tuple[int, Failure, bool]] = set()
 
     def round(self, rnd: Round) -> None:
         """Note the configuration failures of a finished round."""
@@ -50,14 +50,19 @@ class NodeReporter:
         if why.failure.configuration:
             self.note(node, why.failure, why.detail)
 
-    def note(self, node: int, failure: Failure, detail: str) -> None:
-        """Warn about ``node`` unless this client already did for this kind of failure."""
-        key = (node, failure)
+    def note(self, node: int, failure: Failure, detail: str, notifications: bool = False) -> None:
+        """Warn about ``node`` unless this client already did for this kind of failure
+        (of its ``notifications`` connection, or of its lock commands)."""
+        key = (node, failure, notifications)
         if key in self._told:
             return
         # A set's add is atomic; two threads racing here at worst both warn once.
         self._told.add(key)
+        # A subscription refused (an ACL without the channel) costs only the wake-ups:
+        # the node still locks, and its lock commands' own failures are told apart.
         log.warning(
-            "%s; until it is fixed, locks need a majority of the other nodes",
+            "%s (notifications); until it is fixed, waiters re-check for locks it releases"
+            if notifications
+            else "%s; until it is fixed, locks need a majority of the other nodes",
             naming(self._names[node], failure, detail, self._prefix),
         )

@@ -518,7 +518,7 @@ class Listener:
                 if event.kind == "refused":
                     why = diagnosis.error_reply(event.detail)
                     if why.failure.configuration:
-                        self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
+                        self._reporter.note(i, why.failure, why.detail, notifications=True)
                     self._drop_link(i, where, link, now)
                     return
             self._shard_event(i, event)
@@ -652,7 +652,7 @@ class Listener:
             # back-off; waiters fall back to re-checking meanwhile.
             why = diagnosis.error_reply(reply.message)
             if why.failure.configuration:
-                self._reporter.note(i, why.failure, f"{why.detail} (notifications)")
+                self._reporter.note(i, why.failure, why.detail, notifications=True)
             return False
         if self._board.message(reply, i, time.monotonic()):
             with self._lock:
