@@ -262,3 +262,29 @@ def _fails_as_replica(client: object, name: str) -> bool:
     except tenure.QuorumUnreachable as exc:
         return "is a slave" in str(exc)
     return False
+
+
+@pytest.mark.parametrize(
+    ("scheme", "says"),
+    [
+        ("redis+sentinal", "has scheme 'redis+sentinal' (did you mean redis+sentinel://?)"),
+        ("sentinel", "has scheme 'sentinel' (did you mean redis+sentinel://?)"),
+        ("redis", "lists several hosts"),
+    ],
+)
+def test_a_misspelt_sentinel_url_names_the_form_not_a_port(
+    api: Api, shared_set: LocalSentinelSet, scheme: str, says: str
+) -> None:
+    """A Sentinel URL with a typo in its scheme, or its hosts under redis://, was read as
+    one host whose port is "P1,127.0.0.1:P2,...": the message named a port that is not a
+    number, neither the mistake nor the fix."""
+    hosts = shared_set.url.partition("://")[2].rpartition("/")[0]
+    url = f"{scheme}://user:Zq9xWv7kJm4@{hosts}/{shared_set.service}"
+    with pytest.raises(tenure.ConfigurationError) as info:
+        api.client([url], **OPTIONS)
+    text = str(info.value)
+    assert text.startswith("nodes[0]: "), text
+    assert says in text, text
+    assert "redis+sentinel://" in text, text
+    assert "Port could not be cast" not in text, text
+    assert "Zq9xWv7kJm4" not in text, text

@@ -6,6 +6,7 @@ before any connection is made, so bad input loses nothing.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import hashlib
 import math
@@ -339,18 +340,26 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
             "URL (%2F, %3F, %23; '@' and ':' in a password may stay, an '@' after the "
             "host is %40)",
         )
+    # The scheme and the host list before the port: a misspelt "redis+sentinel://" or a
+    # list of hosts under redis:// would otherwise be reported as a port that is not a
+    # number ("43097,127.0.0.1:46757"), which names neither the mistake nor the fix.
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES:
+        raise ConfigurationError(parameter, _unknown_scheme(shown, parts.scheme))
+    hosts = parts.netloc.rpartition("@")[2]  # after the user part: never the password
+    if scheme != "unix" and "," in hosts:
+        raise ConfigurationError(
+            parameter,
+            f"URL {shown} lists several hosts ({hosts}), but a {scheme}:// node is one "
+            f"server: list a Sentinel-managed master as {scheme}+sentinel://host:port"
+            f"[,host:port...]/service_name, a whole Redis Cluster as {scheme}+cluster://"
+            f"host:port[,host:port...], or independent masters as one {scheme}:// URL each",
+        )
     try:
         port = parts.port  # raises ValueError when out of 0..65535 or not a number
     except ValueError as exc:
         # The port is read after the user part's last '@': the reason quotes no password.
         raise ConfigurationError(parameter, f"malformed URL {shown}: {exc}") from None
-    scheme = parts.scheme.lower()
-    if scheme not in SCHEMES:
-        raise ConfigurationError(
-            parameter,
-            f"URL {shown} has scheme {parts.scheme!r}; accepted: redis://, rediss://, unix://, "
-            "redis+sentinel://, rediss+sentinel://, redis+cluster://, rediss+cluster://",
-        )
     db_text = parse_qs(parts.query).get("db", [""])[0]
     if scheme == "unix":
         path = unquote(parts.path)
@@ -385,6 +394,18 @@ def parse_node_url(url: object, parameter: str = "nodes") -> NodeAddress:
     if db < 0:
         raise ConfigurationError(parameter, f"URL {shown}: database must be an integer >= 0")
     return NodeAddress(url=url, scheme=scheme, host=host, port=port_num, path=path, db=db)
+
+
+_ALL_SCHEMES = (*SCHEMES, "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster")
+
+
+def _unknown_scheme(shown: str, scheme: str) -> str:
+    """The message for a URL whose scheme is none of ``_ALL_SCHEMES``, naming the
+    accepted one it is closest to, if any (``redis+sentinal`` is ``redis+sentinel``)."""
+    close = difflib.get_close_matches(scheme.lower(), _ALL_SCHEMES, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}://?)" if close else ""
+    accepted = ", ".join(f"{s}://" for s in _ALL_SCHEMES)
+    return f"URL {shown} has scheme {scheme!r}{hint}; accepted: {accepted}"
 
 
 def _sentinel_host(item: str, shown: str, parameter: str) -> tuple[str, int]:
