@@ -78,6 +78,11 @@ CLUSTER_SAYS = [
         # A data server listed as a Sentinel.
         ("ERR unknown command 'SENTINEL', with args beginning with: 'GET-MASTER-ADDR-BY-NAME'",
          Failure.MISCONFIGURED, ["is not a Sentinel", "usually on port 26379"]),
+        # Redis 6.2 quotes the command with backquotes.
+        ("ERR unknown command `SENTINEL`, with args beginning with: `GET-MASTER-ADDR-BY-NAME`",
+         Failure.MISCONFIGURED, ["is not a Sentinel", "usually on port 26379"]),
+        ("ERR unknown command `EVALSHA`, with args beginning with: `ab12`", Failure.UNSUPPORTED,
+         ["if this address is a Sentinel", "redis+sentinel://host:port/<service>"]),
         ("ERR max number of clients reached", Failure.UNREACHABLE,
          ["refused the connection", "maxclients"]),
         *[

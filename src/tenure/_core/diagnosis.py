@@ -180,7 +180,9 @@ def error_reply(text: str) -> Diagnosis:
     """
     said = _quote(_essence(text))
     upper = text.upper()
-    lower = text.lower()
+    # Redis 6.2 quotes a command name with backquotes ("unknown command `SENTINEL`"),
+    # Redis 7 and Valkey with single quotes: matched alike.
+    lower = text.lower().replace("`", "'")
     if "READONLY" in upper:
         return _misconfigured(f"is a read-only replica: list its master instead ({said})")
     if at_connection_limit(text):
