@@ -288,3 +288,44 @@ def test_a_misspelt_sentinel_url_names_the_form_not_a_port(
     assert "redis+sentinel://" in text, text
     assert "Port could not be cast" not in text, text
     assert "Zq9xWv7kJm4" not in text, text
+
+
+def test_sentinels_with_a_login_of_their_own_say_how_to_give_it(
+    api: Api, fresh_set: LocalSentinelSet
+) -> None:
+    """Sentinels with a password other than the master's: the URL's credentials are the
+    master's, the Sentinels refuse them and a request without any. The node is
+    misconfigured, at once, and the message says the URL holds one login for both and
+    names the two fixes; the generic advice (put the password in the URL) sent the
+    reader back to the URL that already had the only password it can hold."""
+    for node in fresh_set.nodes:
+        with node.client() as c:
+            c.config_set("masterauth", "master-pw")
+            c.config_set("requirepass", "master-pw")
+    for sentinel in fresh_set.sentinels:
+        with sentinel.client() as c:
+            c.execute_command("SENTINEL", "SET", fresh_set.service, "auth-pass", "master-pw")
+            c.execute_command("ACL", "SETUSER", "default", "on", ">sentinel-pw")
+    hosts = fresh_set.url.partition("://")[2]
+    client = api.client([f"redis+sentinel://:master-pw@{hosts}"], **OPTIONS)
+    started = time.monotonic()
+    with pytest.raises(tenure.NodeMisconfigured) as info:
+        client.acquire("sentinel-login", ttl=1.0, timeout=30.0)
+    assert time.monotonic() - started < 10.0
+    text = str(info.value)
+    assert f"{fresh_set.url} cannot be found: no Sentinel named a master" in text, text
+    for sentinel in fresh_set.sentinels:
+        assert f"127.0.0.1:{sentinel.port}: requires a login of its own (NOAUTH" in text, text
+    assert "used for the master and the Sentinels alike" in text, text
+    assert "master_for() client" in text, text
+    assert "sentinel_kwargs" in text, text
+    assert "master-pw" not in text, text
+    _no_redis_exception(info.value)
+    # The fix the message names works: the Sentinels' own login in sentinel_kwargs.
+    manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        [("127.0.0.1", s.port) for s in fresh_set.sentinels],
+        sentinel_kwargs={"password": "sentinel-pw"},
+        password="master-pw",
+    )
+    fixed = api.client([manager.master_for(fresh_set.service)], **OPTIONS)  # type: ignore[no-untyped-call]
+    fixed.acquire("sentinel-login", ttl=1.0, timeout=10.0).release()

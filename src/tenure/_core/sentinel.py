@@ -24,10 +24,12 @@ __all__ = [
     "ask_timeout",
     "auth_refused",
     "demoted",
+    "login_fix",
     "master_reply",
     "no_master",
     "not_a_master",
     "role_of",
+    "sentinel_login",
 ]
 
 Address = tuple[str, int]
@@ -126,7 +128,58 @@ def auth_refused(text: str) -> bool:
     )
 
 
-def no_master(service: str, said: Sequence[tuple[Address, Diagnosis]]) -> Diagnosis:
+def sentinel_login(text: str, *, sent_credentials: bool, own_settings: bool) -> Diagnosis | None:
+    """A Sentinel's refusal of the login (``text``, its error reply, code first), worded
+    for a Sentinel; None when ``text`` refuses no login. ``no_master`` then adds the fix
+    (``login_fix``) once.
+
+    A node URL carries one user and password, the master's, and the Sentinels are asked
+    with them or, when they refuse them, without any (``auth_refused``). So a Sentinel
+    that still asks for a login wants credentials of its own, which the URL cannot hold
+    beside the master's: the generic advice ("give it in the node URL") would send the
+    reader back to the URL that already has the only password it can hold. A
+    ``master_for()`` client's Sentinels are asked with its Sentinel object's
+    ``sentinel_kwargs`` (``own_settings``) instead.
+    """
+    upper, lower = text.upper(), text.lower()
+    required = (
+        upper.startswith("NOAUTH")
+        or "authentication required" in lower
+        or "unauthenticated" in lower
+    )
+    if not required and not auth_refused(text):
+        return None
+    said = text.strip()[:80]
+    if own_settings:
+        what = "requires a password" if required else "refused the credentials"
+        return Diagnosis(Failure.MISCONFIGURED, f"{what} of sentinel_kwargs ({said})")
+    if sent_credentials:
+        why = (
+            f"requires a login of its own ({said}): it refused the node's user and "
+            "password, which are the master's, and a request without any"
+        )
+    else:
+        why = f"requires a password ({said}), and the node has none"
+    return Diagnosis(Failure.MISCONFIGURED, why)
+
+
+def login_fix(*, own_settings: bool) -> str:
+    """How to give Sentinels that refused the login (``sentinel_login``) what they ask."""
+    if own_settings:
+        return (
+            "the Sentinels are asked with the sentinel_kwargs of the redis.sentinel.Sentinel "
+            "object the master_for() client came from (its other settings are the "
+            "master's): give the Sentinels' user and password there"
+        )
+    return (
+        "the node's user and password are used for the master and the Sentinels alike: "
+        "give the Sentinels the master's (redis+sentinel://user:password@host:port"
+        "[,host:port...]/service_name), or give the node as a redis-py master_for() client "
+        "whose Sentinel object has the Sentinels' own in sentinel_kwargs"
+    )
+
+
+def no_master(service: str, said: Sequence[tuple[Address, Diagnosis]], fix: str = "") -> Diagnosis:
     """Why no master was found, as the node's failure: every Sentinel asked, and what
     each said.
 
@@ -137,9 +190,15 @@ def no_master(service: str, said: Sequence[tuple[Address, Diagnosis]]) -> Diagno
     not know the service yet, or is down, leaves the node unreachable: it may come."""
     each = "; ".join(f"{_where(s)}: {why.detail}" for s, why in said)
     detail = f"no Sentinel named a master for service {service!r} ({each})"
+    if fix:
+        detail += f"; {fix}"
     kinds = {why.failure for _, why in said}
     if kinds and all(kind.configuration for kind in kinds):
-        return Diagnosis(kinds.pop() if len(kinds) == 1 else Failure.MISCONFIGURED, detail)
+        # Read after the node's name ("node redis+sentinel://... cannot be found: ...").
+        return Diagnosis(
+            kinds.pop() if len(kinds) == 1 else Failure.MISCONFIGURED,
+            f"cannot be found: {detail}",
+        )
     return Diagnosis(Failure.UNREACHABLE, detail)
 
 

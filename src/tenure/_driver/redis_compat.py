@@ -597,7 +597,7 @@ def closed_by_peer(sock: Any) -> bool:
     )
 
 
-def reply_text(exc: rx.ResponseError) -> str:
+def reply_text(exc: rx.RedisError) -> str:
     """An error reply's text as the node sent it, code first (``NOSCRIPT No matching``)."""
     return _reply_text(exc)
 

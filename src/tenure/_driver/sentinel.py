@@ -38,12 +38,14 @@ from .._core.sentinel import (
     SentinelBook,
     ask_timeout,
     auth_refused,
+    login_fix,
     master_reply,
     no_master,
     not_a_master,
     role_of,
+    sentinel_login,
 )
-from .redis_compat import Diagnosed, connection_kwargs, diagnose
+from .redis_compat import Diagnosed, connection_kwargs, diagnose, reply_text
 from .timeouts import within
 
 __all__ = ["Locator", "managed"]
@@ -83,6 +85,7 @@ class Locator:
         )
         # A Sentinel's reply is read by redis-py, under this timeout, in both drivers.
         settings["socket_timeout"] = self.timeout
+        self._own_settings = spec.own_settings
         if spec.own_settings:
             own = dict(spec.options)
         else:
@@ -121,14 +124,17 @@ class Locator:
             self._book.answered(sentinel, master)
         return master
 
-    def _none_found(self, said: list[tuple[Address, Diagnosis]], answered: bool) -> Address:
+    def _none_found(
+        self, said: list[tuple[Address, Diagnosis]], answered: bool, login: bool
+    ) -> Address:
         """No Sentinel named a master: the one named last, if no Sentinel answered at
         all (an outage of the Sentinels alone); otherwise the node fails, unreachable or
-        misconfigured (``no_master``)."""
+        misconfigured (``no_master``), with the fix for a refused login once (``login``)."""
         with self._lock:
             last = None if answered else self._book.candidates(None)
         if last is None:
-            raise Diagnosed(no_master(self.service, said))
+            fix = login_fix(own_settings=self._own_settings) if login else ""
+            raise Diagnosed(no_master(self.service, said, fix))
         return last
 
     def _refused_auth(self, sentinel: Address, exc: Exception) -> bool:
@@ -141,6 +147,17 @@ class Locator:
     def _no_auth(self, sentinel: Address) -> None:
         with self._lock:
             self._book.takes_no_auth(sentinel)
+
+    def _said(self, exc: Exception) -> tuple[Diagnosis, bool]:
+        """What a Sentinel's failure says, and whether it refused the login (then worded
+        for a Sentinel: ``sentinel_login``)."""
+        if isinstance(exc, (rx.ResponseError, rx.AuthenticationError)):
+            login = sentinel_login(
+                reply_text(exc), sent_credentials=self._auth, own_settings=self._own_settings
+            )
+            if login is not None:
+                return login, True
+        return diagnose(exc), False
 
     # --- blocking ---------------------------------------------------------------------
 
@@ -167,7 +184,7 @@ class Locator:
             redis.exceptions.ConnectionError: no master found, saying why per Sentinel.
         """
         said: list[tuple[Address, Diagnosis]] = []
-        answered = False
+        answered = login = False
         for sentinel in self._order():
             try:
                 return self._found(sentinel, self._ask(sentinel)), sentinel
@@ -175,8 +192,10 @@ class Locator:
                 answered = True
                 said.append((sentinel, Diagnosis(Failure.UNREACHABLE, str(exc))))
             except Exception as exc:  # not BaseException: an interrupt is nobody's answer
-                said.append((sentinel, diagnose(exc)))
-        return self._none_found(said, answered), None
+                why, refused = self._said(exc)
+                login |= refused
+                said.append((sentinel, why))
+        return self._none_found(said, answered, login), None
 
     # --- asyncio ----------------------------------------------------------------------
 
@@ -200,7 +219,7 @@ class Locator:
     async def alocate(self) -> tuple[Address, Address | None]:
         """``locate`` for the asyncio driver."""
         said: list[tuple[Address, Diagnosis]] = []
-        answered = False
+        answered = login = False
         for sentinel in self._order():
             try:
                 return self._found(sentinel, await self._aask(sentinel)), sentinel
@@ -208,8 +227,10 @@ class Locator:
                 answered = True
                 said.append((sentinel, Diagnosis(Failure.UNREACHABLE, str(exc))))
             except Exception as exc:  # not BaseException: cancellation passes
-                said.append((sentinel, diagnose(exc)))
-        return self._none_found(said, answered), None
+                why, refused = self._said(exc)
+                login |= refused
+                said.append((sentinel, why))
+        return self._none_found(said, answered, login), None
 
     def check_role(self, master: Address, reply: object, by: Address | None) -> None:
         """Raise unless ``reply`` (to ``ROLE``) says ``master`` is a master.
