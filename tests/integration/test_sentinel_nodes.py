@@ -329,3 +329,28 @@ def test_sentinels_with_a_login_of_their_own_say_how_to_give_it(
     )
     fixed = api.client([manager.master_for(fresh_set.service)], **OPTIONS)  # type: ignore[no-untyped-call]
     fixed.acquire("sentinel-login", ttl=1.0, timeout=10.0).release()
+
+
+def test_a_master_short_of_replicas_says_which_setting_refuses(
+    api: Api, shared_set: LocalSentinelSet
+) -> None:
+    """min-replicas-to-write above the replicas connected: the master answers every
+    write NOREPLICAS. Promptly an unreachable node (it passes when replicas come back),
+    never a raw redis-py error, and the message names the setting and the fix."""
+    master = shared_set.master()
+    with master.client() as c:
+        c.config_set("min-replicas-to-write", "2")  # one replica runs
+    try:
+        client = api.client([shared_set.url], **OPTIONS)
+        started = time.monotonic()
+        with pytest.raises(tenure.QuorumUnreachable) as info:
+            client.acquire(f"sentinel-noreplicas-{api.flavour}", ttl=1.0, timeout=30.0)
+        assert time.monotonic() - started < 10.0
+    finally:
+        with master.client() as c:
+            c.config_set("min-replicas-to-write", "0")
+    text = str(info.value)
+    assert "NOREPLICAS" in text, text
+    assert "min-replicas-to-write" in text, text
+    assert "lower min-replicas-to-write or add replicas" in text, text
+    _no_redis_exception(info.value)

@@ -285,6 +285,15 @@ _REFUSING_WRITES = (
         "cannot write), and it accepts writes once a snapshot succeeds",
     ),
     (
+        # Also what a min-replicas-to-write above the replicas it has answers forever.
+        "NOREPLICAS ",
+        "refuses writes: fewer replicas are connected to it, within min-replicas-max-lag "
+        "seconds, than its min-replicas-to-write asks for (a replica reconnecting, a "
+        "master cut off or demoted in a failover, which is what the setting is for); it "
+        "grants again once they are back. If it has fewer replicas than that setting, "
+        "lower min-replicas-to-write or add replicas (tenure check shows both)",
+    ),
+    (
         "BUSY ",
         "is running a script or function that has not ended, and answers nothing else "
         "until it does: end it (SCRIPT KILL, FUNCTION KILL) and find the application "
