@@ -10,6 +10,8 @@ it) and, once the scripts detect failovers, on a warm-up, so nothing here is tim
 
 from __future__ import annotations
 
+import contextlib
+import io
 import socket
 import threading
 import time
@@ -21,6 +23,8 @@ import redis.sentinel
 
 import tenure
 from tenure._core.config import LockKeys
+from tenure.cli import main
+from tenure.cli.node_rules import EXIT_UNAVAILABLE
 from tenure.testing import LocalNode, LocalSentinelSet
 
 from .conftest import Api
@@ -354,3 +358,27 @@ def test_a_master_short_of_replicas_says_which_setting_refuses(
     assert "min-replicas-to-write" in text, text
     assert "lower min-replicas-to-write or add replicas" in text, text
     _no_redis_exception(info.value)
+
+
+def test_status_does_not_read_a_replica_the_sentinels_still_name(
+    fresh_set: LocalSentinelSet,
+) -> None:
+    """Sentinels whose view is out of date name a server that is a replica now. The
+    clients refuse it (ROLE) and find the node unreachable; ``tenure status`` read the
+    replica's keys as the master's, and counted the node as answering (exit 0)."""
+    master = fresh_set.master()
+    with master.client() as c:
+        c.replicaof("127.0.0.1", _dead_ports(1)[0])
+    try:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = main(["status", "sentinel-stale", "--redis", fresh_set.url])
+    finally:
+        with master.client() as c:
+            c.replicaof("NO", "ONE")
+    text = out.getvalue()
+    assert code == EXIT_UNAVAILABLE, text
+    assert f"(master 127.0.0.1:{master.port})  unreachable: " in text, text
+    assert f"127.0.0.1:{master.port}, named master of service 'tenure'" in text, text
+    assert "is a slave" in text, text
+    assert "Traceback" not in text, text

@@ -205,12 +205,19 @@ def no_master(service: str, said: Sequence[tuple[Address, Diagnosis]], fix: str 
 UNKNOWN_SERVICE = "does not know the service (check the service name in the node URL)"
 
 
-def not_a_master(service: str, master: Address, role: str, by: Address | None) -> str:
-    """The server the Sentinels named answered ``ROLE`` with another role."""
+def not_a_master(
+    service: str,
+    master: Address,
+    role: str,
+    by: Address | None,
+    then: str = "the node is asked again after its back-off",
+) -> str:
+    """The server the Sentinels named answered ``ROLE`` with another role; ``then``: what
+    happens next (a client asks again; a command is run again)."""
     who = f"Sentinel {_where(by)}" if by is not None else "the last Sentinel that answered"
     return (
         f"{_where(master)}, named master of service {service!r} by {who}, is a {role}: "
-        "a failover is under way, the node is asked again after its back-off"
+        f"a failover is under way, or the Sentinels' view is out of date; {then}"
     )
 
 

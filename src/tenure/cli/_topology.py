@@ -19,21 +19,26 @@ import redis
 from .._core.config import NodeAddress, host_port
 from .._core.diagnosis import Diagnosis, no_slot_map, not_a_cluster
 from .._core.quorum import Failure
+from .._core.sentinel import not_a_master as sentinel_not_a_master
+from .._core.sentinel import role_of
 from .._core.slots import SlotMap, map_sources
 from .._driver import acl as _acl
 from .._driver.redis_compat import connection_kwargs, diagnose, reply_text
 from .._driver.sentinel import Locator
 
-__all__ = ["Resolved", "cluster_map", "sentinel_master"]
+__all__ = ["Resolved", "cluster_map", "not_a_master", "sentinel_master"]
 
 
 @dataclass(frozen=True)
 class Resolved:
     """A server a listed node stands for now: ``address`` (a plain node with the listed
-    node's settings) and ``where``, its ``host:port``."""
+    node's settings) and ``where``, its ``host:port``; for a Sentinel-managed node, the
+    Sentinel that named it (``named_by``; None: the master named last, no Sentinel
+    answering now)."""
 
     address: NodeAddress
     where: str
+    named_by: tuple[str, int] | None = None
 
 
 def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
@@ -49,7 +54,7 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
     # The clients give each Sentinel a share of connect_timeout; here each gets `timeout`.
     locator = Locator(address, settings, timeout * (len(spec.sentinels) + 1), asyncio=False)
     try:
-        master, _ = locator.locate()
+        master, by = locator.locate()
     except redis.RedisError as exc:
         text = str(exc)
         if _acl.denial(text) == "command":
@@ -57,7 +62,36 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
             rules = " ".join(f"+{n.name.lower()}" for n in _acl.sentinel_needs(spec.service))
             text += f". Fix (on each Sentinel): ACL SETUSER {user} {rules}"
         raise LookupError(text) from None
-    return Resolved(address.server_at(*master), host_port(*master))
+    return Resolved(address.server_at(*master), host_port(*master), by)
+
+
+def not_a_master(address: NodeAddress, master: Resolved, timeout: float) -> str | None:
+    """Why ``master``, named by the Sentinels of ``address``, is not the node's master
+    now (it answers ``ROLE`` with another role: a failover under way, or Sentinels whose
+    view is stale), in the clients' words; None when it is a master.
+
+    The clients check every connection so and use no other server (the node is
+    unreachable to them meanwhile), so a command that reads the node as they do checks
+    it too, rather than report a replica's data as the master's.
+
+    Raises:
+        redis.RedisError: the server did not answer ``ROLE``.
+    """
+    assert address.sentinel is not None
+    options = connection_kwargs(timeout, asyncio=False, unix=False)
+    options["socket_timeout"] = timeout
+    with redis.Redis.from_url(master.address.url, **options) as client:
+        reply = client.execute_command("ROLE")
+    role = role_of(reply)
+    if role == "master":
+        return None
+    at = master.address
+    assert at.host is not None
+    assert at.port is not None
+    service = address.sentinel.service
+    return sentinel_not_a_master(
+        service, (at.host, at.port), role, master.named_by, "run the command again"
+    )
 
 
 def cluster_map(address: NodeAddress, timeout: float) -> SlotMap:

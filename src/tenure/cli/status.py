@@ -41,7 +41,7 @@ from .._driver.redis_compat import (
 )
 from .._errors import ConfigurationError
 from ._text import one_line
-from ._topology import cluster_map, sentinel_master
+from ._topology import cluster_map, not_a_master, sentinel_master
 from .run import EXIT_UNAVAILABLE
 
 __all__ = ["status"]
@@ -136,6 +136,12 @@ def _listed_status(
     except LookupError as exc:
         return shown, False, f"unreachable: {exc}"
     try:
+        if address.sentinel is not None:
+            # The clients lock on the server the Sentinels name only once it says it is
+            # a master; a replica's copy of the keys is not what they would be granted on.
+            stale = not_a_master(address, master, timeout)
+            if stale is not None:
+                return shown, False, f"unreachable: {stale}"
         return shown, True, _snapshot(server, keys, timeout, prefix, asking=False)
     except Exception as exc:  # anything the node did: that line says so, the rest go on
         return shown, False, _failed(exc, prefix)
