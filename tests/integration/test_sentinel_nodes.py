@@ -326,13 +326,26 @@ def test_sentinels_with_a_login_of_their_own_say_how_to_give_it(
     assert "master-pw" not in text, text
     _no_redis_exception(info.value)
     # The fix the message names works: the Sentinels' own login in sentinel_kwargs.
+    fixed = api.client([_master_for(fresh_set, "sentinel-pw")], **OPTIONS)
+    fixed.acquire("sentinel-login", ttl=1.0, timeout=10.0).release()
+    # A wrong one there is named as sentinel_kwargs', the master's settings being right.
+    wrong = api.client([_master_for(fresh_set, "not-the-sentinel-pw")], **OPTIONS)
+    with pytest.raises(tenure.NodeMisconfigured) as info:
+        wrong.acquire("sentinel-login", ttl=1.0, timeout=30.0)
+    text = str(info.value)
+    assert "refused the user and password of sentinel_kwargs, and a request without" in text
+    assert "give the Sentinels' user and password there" in text, text
+    assert "pw" not in text.replace("password", ""), text
+    _no_redis_exception(info.value)
+
+
+def _master_for(sentinels: LocalSentinelSet, sentinel_password: str) -> object:
     manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-        [("127.0.0.1", s.port) for s in fresh_set.sentinels],
-        sentinel_kwargs={"password": "sentinel-pw"},
+        [("127.0.0.1", s.port) for s in sentinels.sentinels],
+        sentinel_kwargs={"password": sentinel_password},
         password="master-pw",
     )
-    fixed = api.client([manager.master_for(fresh_set.service)], **OPTIONS)  # type: ignore[no-untyped-call]
-    fixed.acquire("sentinel-login", ttl=1.0, timeout=10.0).release()
+    return manager.master_for(sentinels.service)  # type: ignore[no-untyped-call]
 
 
 def test_a_master_short_of_replicas_says_which_setting_refuses(

@@ -151,8 +151,14 @@ def sentinel_login(text: str, *, sent_credentials: bool, own_settings: bool) -> 
         return None
     said = text.strip()[:80]
     if own_settings:
-        what = "requires a password" if required else "refused the credentials"
-        return Diagnosis(Failure.MISCONFIGURED, f"{what} of sentinel_kwargs ({said})")
+        if sent_credentials:
+            why = (
+                "refused the user and password of sentinel_kwargs, and a request without "
+                f"any ({said})"
+            )
+        else:
+            why = f"requires a password ({said}), and sentinel_kwargs has none"
+        return Diagnosis(Failure.MISCONFIGURED, why)
     if sent_credentials:
         why = (
             f"requires a login of its own ({said}): it refused the node's user and "
