@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -339,7 +340,7 @@ def test_sentinels_with_a_login_of_their_own_say_how_to_give_it(
     _no_redis_exception(info.value)
 
 
-def _master_for(sentinels: LocalSentinelSet, sentinel_password: str) -> object:
+def _master_for(sentinels: LocalSentinelSet, sentinel_password: str) -> Any:
     manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
         [("127.0.0.1", s.port) for s in sentinels.sentinels],
         sentinel_kwargs={"password": sentinel_password},
