@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from typing import Any
@@ -381,3 +382,66 @@ def test_a_second_keep_alive_with_another_cap_is_refused(
         lease.check()  # still kept alive, with its cap
     finally:
         lease.release()
+
+
+def test_an_async_on_lost_callback_is_awaited(
+    shared5: LocalCluster, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A coroutine function given to an asyncio lease's ``on_lost`` was called and its
+    coroutine dropped unawaited: the callback never ran, and all that showed was a
+    "never awaited" RuntimeWarning at garbage collection. It runs as a task of the loop,
+    whether the loss comes later or had come already, and its failure is logged as a
+    plain callback's is."""
+    ran: list[str] = []
+
+    async def tell(error: tenure.LeaseLost) -> None:
+        await asyncio.sleep(0)  # a real await: only an awaited coroutine gets past it
+        ran.append(type(error).__name__)
+
+    async def fail(error: tenure.LeaseLost) -> None:
+        await asyncio.sleep(0)
+        raise ValueError("the handler failed")
+
+    async def main() -> None:
+        async with tenure.AsyncClient(shared5.urls) as client:
+            lease = await client.acquire(key, ttl=0.6, watchdog=True, max_hold=0.7)
+            lease.on_lost(fail)
+            lease.on_lost(tell)
+            await asyncio.wait_for(lease.lost.wait(), 5.0)
+            lease.on_lost(tell)  # once lost: at once
+            deadline = time.monotonic() + 5.0
+            while len(ran) < 2:
+                assert time.monotonic() < deadline, f"async on_lost callbacks ran: {ran}"
+                await asyncio.sleep(0.005)
+            with contextlib.suppress(tenure.LeaseLost):
+                await lease.release()
+
+    with caplog.at_level(logging.ERROR, logger="tenure"):
+        asyncio.run(main())
+    assert ran == ["LeaseExpired", "LeaseExpired"]
+    failed = [r for r in caplog.records if "on_lost callback" in r.getMessage()]
+    assert len(failed) == 1
+    assert failed[0].exc_info is not None
+    assert isinstance(failed[0].exc_info[1], ValueError)
+
+
+def test_an_async_on_lost_callback_of_a_blocking_lease_is_reported(
+    shared5: LocalCluster, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The blocking client calls callbacks and has no event loop to await one: a
+    coroutine function's coroutine is closed (no "never awaited" warning later) and the
+    mistake logged, naming the lock, instead of passing in silence."""
+
+    async def tell(error: tenure.LeaseLost) -> None:
+        raise AssertionError("never awaited by the blocking client")
+
+    with tenure.Client(shared5.urls) as client, caplog.at_level(logging.ERROR, logger="tenure"):
+        lease = client.acquire(key, ttl=0.6, watchdog=True, max_hold=0.7)
+        lease.on_lost(tell)
+        assert lease.lost.wait(5.0)
+        with contextlib.suppress(tenure.LeaseLost):
+            lease.release()
+    told = [r.getMessage() for r in caplog.records if "on_lost callback" in r.getMessage()]
+    assert len(told) == 1
+    assert repr(key) in told[0]
+    assert "awaitable" in told[0]

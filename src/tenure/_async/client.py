@@ -9,7 +9,9 @@ acquire that is cancelled never returns a lease. ``CancelledError`` is never swa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Hashable
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from functools import partial
 from types import TracebackType
 from typing import Any, cast
 
@@ -39,6 +41,7 @@ from .watchdog import Watchdog
 __all__ = ["AsyncClient", "AsyncLease", "AsyncLock"]
 
 _clock = monotonic
+_log = logging.getLogger("tenure")
 # What ``async with lock:`` does with a lease it was not asked to keep alive: watch it,
 # to cancel the body once its validity ends.
 _WATCH_ONLY = KeepAlive(extend=False)
@@ -271,6 +274,22 @@ class AsyncLease(LeaseView):
     def _signal_lost(self) -> None:
         self.lost.set()
 
+    def _await_callback(self, callback: object, result: Awaitable[object]) -> None:
+        # An ``async def`` callback: called and never awaited, it would not run at all.
+        # It runs as a task of the loop that found the loss (the watchdog's, an
+        # operation's), kept by the client until it ends; its failure is logged as a
+        # plain callback's is.
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # on_lost() of a lease lost already, called outside a loop
+            super()._await_callback(callback, result)
+            return
+        task = asyncio.ensure_future(result, loop=loop)
+        tasks = self._client._tasks
+        tasks.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(tasks.discard)
+        task.add_done_callback(partial(_callback_ended, self.name))
+
     def keep_alive(self, *, max_hold: float | None = None) -> None:
         """Start a watchdog task that extends the lease every TTL/3; see ``Lease.keep_alive``."""
         policy = KeepAlive(max_hold=max_hold)
@@ -494,6 +513,15 @@ class AsyncLock(LockView[AsyncLease, _Block]):
         if ours and lost is not None:
             raise lost from None  # in place of the cancellation tenure caused
         leave_block(self.name, lost, exc, failure)
+
+
+def _callback_ended(name: str, task: asyncio.Future[object]) -> None:
+    """An ``async def`` ``on_lost`` callback's end: its failure is logged."""
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None:
+        _log.error("tenure: on_lost callback for %r failed", name, exc_info=error)
 
 
 def _retrieved(task: asyncio.Task[object]) -> None:

@@ -5,11 +5,12 @@ the body of a ``with`` block raised its own exception."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, NoReturn
 
 from .._core.acquire import HELD_ELSEWHERE, LeaseState
@@ -188,10 +189,14 @@ class LeaseView:
         """Call ``callback(error)`` once, when the lease is found lost (at once if it is).
 
         It runs in whichever thread or task found the loss (the watchdog's, usually), so
-        it should be quick: set a flag, cancel a task, signal a process.
+        it should be quick: set a flag, cancel a task, signal a process. An asyncio
+        lease's callback may also be a coroutine function: its coroutine runs as a task
+        of the event loop (the blocking client, with no loop to await it on, logs it as
+        an error and closes it). A callback's failure is logged on the ``tenure`` logger
+        and stops neither the others nor the watchdog.
         """
         if self._loss is not None:
-            callback(self._loss)
+            self._call_back(callback, self._loss)
         else:
             self._callbacks.append(callback)
 
@@ -232,10 +237,35 @@ class LeaseView:
             return  # a child after fork: its client's book starts empty anyway
         self._unbind()
         for callback in callbacks:
-            try:
-                callback(error)
-            except Exception:  # a failing callback must not stop the others, nor the watchdog
-                _log.exception("tenure: on_lost callback for %r failed", self.name)
+            self._call_back(callback, error)
+
+    def _call_back(self, callback: Callable[[LeaseLost], object], error: LeaseLost) -> None:
+        """Run one ``on_lost`` callback; what it returns goes to ``_await_callback``."""
+        try:
+            result = callback(error)
+        except Exception:  # a failing callback must not stop the others, nor the watchdog
+            _log.exception("tenure: on_lost callback for %r failed", self.name)
+            return
+        if inspect.isawaitable(result):
+            self._await_callback(callback, result)
+
+    def _await_callback(self, callback: object, result: Awaitable[object]) -> None:
+        """An ``on_lost`` callback returned an awaitable (a coroutine function, say).
+
+        The blocking lease has no event loop to await it on. Dropped unawaited, the
+        callback would never run and nothing would say so but a "never awaited" warning
+        at garbage collection: it is closed, and the mistake logged where the loss is.
+        The asyncio lease runs it as a task instead."""
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+        _log.error(
+            "tenure: on_lost callback %r for %r returned an awaitable, which the blocking "
+            "client does not await (it calls callbacks in the thread that found the loss): "
+            "give it a plain function, or use an AsyncClient",
+            callback,
+            self.name,
+        )
 
     def keep_alive(self, *, max_hold: float | None = None) -> None:
         """Start a watchdog that extends the lease (each driver's own)."""
