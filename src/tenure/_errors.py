@@ -13,6 +13,8 @@ no ``TenureError`` subclass anywhere in the package is missing from it)::
     │       └── TLSCertificateError          a node's TLS certificate failed verification
     ├── StaleToken (RuntimeError)            a fenced store refused a write with an old token
     ├── ClientClosed (RuntimeError)          the client was closed; it does not reconnect
+    ├── EventLoopConflict (RuntimeError)     an AsyncClient used from a second event loop at
+    │                                        once (another thread's loop is using it)
     ├── LockError
     │   ├── AcquireError
     │   │   ├── LockTimeout (TimeoutError)   waited `timeout` seconds, lock still held elsewhere
@@ -56,6 +58,7 @@ __all__ = [
     "AcquireError",
     "ClientClosed",
     "ConfigurationError",
+    "EventLoopConflict",
     "InheritedLease",
     "LeaseExpired",
     "LeaseLost",
@@ -202,6 +205,31 @@ class ClientClosed(TenureError, RuntimeError):
         super().__init__(
             f"{about}cannot {operation}: its client was closed and does not reconnect; "
             "use an open client (leases it held stay on the nodes until their TTL runs out)"
+        )
+        self.name = name
+
+
+class EventLoopConflict(TenureError, RuntimeError):
+    """An ``AsyncClient`` was used from an event loop while another event loop, running
+    in another thread, uses it.
+
+    Its connections and tasks belong to one event loop: a client serves several loops in
+    turn (one ``asyncio.run`` after another), not at once. The call is refused before
+    any I/O, and the loop using the client goes on undisturbed. Make one ``AsyncClient``
+    per event loop (per thread), or run the call on the loop that uses the client
+    (``asyncio.run_coroutine_threadsafe``).
+
+    Attributes:
+        name: the lock the refused operation was about, or None.
+    """
+
+    def __init__(self, operation: str, name: str | None = None) -> None:
+        about = "" if name is None else f"lock {name!r}: "
+        super().__init__(
+            f"{about}cannot {operation} from this event loop: its AsyncClient is in use by "
+            "an event loop running in another thread, and serves one event loop at a time "
+            "(its connections belong to that loop); make one AsyncClient per event loop, "
+            "or run the call on the loop that uses it (asyncio.run_coroutine_threadsafe)"
         )
         self.name = name
 

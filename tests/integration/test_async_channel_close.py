@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from typing import Any, ClassVar
 
@@ -221,3 +222,61 @@ def test_flows_still_running_at_aclose_open_no_connections(
         assert others == []
 
     asyncio.run(main())
+
+
+def test_a_client_in_use_by_a_loop_of_another_thread_refuses_a_second_loop(
+    shared5: LocalCluster, key: str
+) -> None:
+    """Connections belong to one event loop; a client serves several loops in turn. Two
+    at once (a thread running its own ``asyncio.run`` beside another) swapped the
+    connections under each other at every call: hundreds of reconnects, events set from
+    the wrong thread, and under ``PYTHONASYNCIODEBUG`` raw ``RuntimeError`` ("bound to a
+    different event loop") and a thread that never returned. The second loop is refused
+    before any I/O; the first goes on undisturbed, and once it ended the client serves
+    the next loop."""
+    client = tenure.AsyncClient([shared5.urls[0]])
+    held, go = threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    async def hold() -> None:
+        async with client.lock(key, ttl=10) as lease:
+            held.set()
+            await asyncio.to_thread(go.wait, 10.0)
+            lease.check()
+        outcome.append("released")
+
+    def other_thread() -> None:
+        try:
+            asyncio.run(hold())
+        except BaseException as error:  # reported by the test
+            outcome.append(error)
+
+    async def refused() -> list[str]:
+        errors = []
+        for call in (
+            lambda: client.acquire(f"{key}-other", ttl=5, blocking=False),
+            lambda: client.lock(key, ttl=10).locked(),
+        ):
+            with pytest.raises(tenure.EventLoopConflict, match="one event loop at a time") as e:
+                await call()
+            errors.append(str(e.value))
+        return errors
+
+    worker = threading.Thread(target=other_thread, daemon=True)
+    worker.start()
+    try:
+        assert held.wait(10.0)
+        errors = asyncio.run(refused())
+    finally:
+        go.set()
+        worker.join(10.0)
+    assert not worker.is_alive()
+    assert outcome == ["released"]
+    assert "AsyncClient per event loop" in errors[0]
+    assert holders(shared5, LockKeys.of(key).lock)[0] is None
+
+    async def in_turn() -> None:
+        await (await client.acquire(key, ttl=5, blocking=False)).release()
+        await client.aclose()
+
+    asyncio.run(in_turn())

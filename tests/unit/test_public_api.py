@@ -214,6 +214,7 @@ def test_public_names() -> None:
         "Client",
         "ClientClosed",
         "ConfigurationError",
+        "EventLoopConflict",
         "InheritedLease",
         "Lease",
         "LeaseExpired",

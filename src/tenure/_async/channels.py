@@ -773,6 +773,13 @@ class Channels:
         self._awaited = 0
         self._changed = asyncio.Event()  # a channel's set-up ended
 
+    def serves_another_loop(self) -> bool:
+        """Whether the channels belong to another event loop that is running now: one
+        of another thread (a thread runs one loop at a time). ``_current`` would take
+        them from under it."""
+        loop = self._loop
+        return loop is not None and loop is not asyncio.get_running_loop() and loop.is_running()
+
     def _current(self) -> list[Channel]:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:

@@ -31,7 +31,7 @@ from .._driver.client_base import ClientBase
 from .._driver.clock import monotonic
 from .._driver.lease import LeaseView, leave_block
 from .._driver.lock import LockView
-from .._errors import LeaseLost, NotHeld
+from .._errors import EventLoopConflict, LeaseLost, NotHeld
 from .channels import Channels, Reply, lost
 from .cluster import ClusterChannel
 from .drive import adrive
@@ -97,6 +97,16 @@ class AsyncClient(ClientBase):
             self._listener_ = self._new_listener()
         return self._listener_
 
+    def _check_loop(self, operation: str, name: str) -> None:
+        """Refuse a call from an event loop while another one, running in another
+        thread, uses the client. Its connections, their tasks and events belong to that
+        loop: taken over at each call, they were set up again hundreds of times and
+        woken from the wrong thread (raw ``RuntimeError`` under asyncio's debug mode, a
+        loop never woken). Loops that take turns (one ``asyncio.run`` after another)
+        are served as before."""
+        if self._channels.serves_another_loop():
+            raise EventLoopConflict(operation, name)
+
     def _notifications(self) -> AsyncListener:
         return self._listener
 
@@ -153,6 +163,7 @@ class AsyncClient(ClientBase):
             SelfDeadlock: blocking, and this task is inside an ``async with`` block of it
                 (through this client).
             ClientClosed: the client was closed.
+            EventLoopConflict: an event loop of another thread uses the client now.
             LockTimeout, QuorumUnreachable, ServerUnsupported, ConfigurationError: as
                 for ``Client.acquire``.
         """
@@ -163,6 +174,7 @@ class AsyncClient(ClientBase):
     async def _acquire(
         self, spec: LockSpec, blocking: bool, timeout: float | None
     ) -> AsyncLease | Refused:
+        self._check_loop("acquire", spec.name)
         flow = self._acquire_flow(spec, blocking, timeout)
         state = await adrive(flow, self._perform)
         return state if isinstance(state, Refused) else AsyncLease(self, state, spec)
@@ -327,6 +339,7 @@ class AsyncLease(LeaseView):
         (``Flows.extend``: the failure of another is returned, not acted on)."""
         client = self._client
         self._check_usable("extend")
+        client._check_loop("extend", self.name)
         async with self._op_lock:
             failed = await adrive(client._flows.extend(self, ttl, last), client._perform)
         watcher = self._watcher
@@ -339,6 +352,7 @@ class AsyncLease(LeaseView):
         once it began (the release is written before the first await)."""
         client = self._client
         self._check_usable("release")
+        client._check_loop("release", self.name)
         try:
             async with self._op_lock:
                 await adrive(client._flows.release(self), client._perform)
@@ -431,6 +445,7 @@ class AsyncLock(LockView[AsyncLease, _Block]):
             SelfDeadlock: blocking, and this task is inside an ``async with`` block of
                 the lock (through the same client).
             ClientClosed: the client was closed.
+            EventLoopConflict: an event loop of another thread uses the client now.
             QuorumUnreachable: so many nodes failed that no majority is possible.
         """
         got = await self._client._acquire(self._spec, blocking, timeout)
@@ -464,12 +479,14 @@ class AsyncLock(LockView[AsyncLease, _Block]):
 
         Raises:
             ClientClosed: the client was closed.
+            EventLoopConflict: an event loop of another thread uses the client now.
             QuorumUnreachable: the nodes that did not answer (down, silent) decide
                 it: too few answered, or those that did split between holding it and
                 not. Those that did not may hold it, so there is no answer to give.
             NodeMisconfigured: as for ``acquire``, when misconfigured nodes are why.
         """
         client = self._client
+        client._check_loop("ask whether it is locked", self.name)
         return await adrive(client._flows.locked(self._spec), client._perform)
 
     async def __aenter__(self) -> AsyncLease:
