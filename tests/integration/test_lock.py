@@ -144,6 +144,27 @@ def test_a_strangers_token_is_never_released(api: Api, shared5: LocalCluster, ke
             c.delete(lease.key)
 
 
+def test_a_lease_tenure_released_for_its_loss_tells_its_holder_of_the_loss(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    # Every node lost the key: the extension finds a majority "not ours", marks the lease
+    # lost and releases it at once (nothing keeps others out). The holder's own release
+    # and extend then hear of the loss, not that it released the lease already.
+    client = api.client(shared5.urls)
+    lease = client.acquire(key, ttl=TTL)
+    for node in shared5:
+        with node.client() as c:
+            c.delete(lease.key)
+    with pytest.raises(tenure.LeaseLost) as found:
+        lease.extend()
+    assert lease.released
+    for again in (lease.release, lease.extend, lease.release):
+        with pytest.raises(tenure.LeaseLost) as info:
+            again()
+        assert info.value is found.value
+    assert holders(shared5, lease.key) == [None] * 5
+
+
 def test_release_errors(api: Api, shared5: LocalCluster, key: str) -> None:
     client = api.client(shared5.urls)
     lock = client.lock(key, ttl=TTL)

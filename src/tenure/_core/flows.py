@@ -947,6 +947,12 @@ def _begin_extend(lease: WatchedLease, spec: LockSpec, now: float) -> Round:
 
 def _check_not_released(lease: WatchedLease) -> None:
     if lease.released:
+        # A lease found lost may be released by tenure, not by its holder (once a
+        # majority answered "not ours", nothing is left to keep others out): the
+        # holder is told of the loss, as ``check()`` tells it, not that it released.
+        loss = lease.lost_error
+        if loss is not None:
+            raise loss
         raise NotHeld(lease._spec.name, "this lease was already released")
 
 

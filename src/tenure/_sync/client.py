@@ -463,11 +463,14 @@ class Lease(LeaseView):
 
         Raises:
             LeaseLost: fewer than a majority still held it: the lock expired during the
-                critical section, which may have overlapped another holder.
+                critical section, which may have overlapped another holder. Also when
+                the lease was found lost before (released already, by tenure, if a
+                majority said it is not ours).
             ServerUnsupported: a node refused the release (an ACL without a command the
                 release runs, e.g. ``PUBLISH`` when someone waits): a configuration error,
                 not a lost lease; ``tenure check`` names the fix.
-            NotHeld: it was already released.
+            NotHeld: it was already released (by its holder: a lost lease raises its
+                ``LeaseLost``).
             InheritedLease: this process is a fork of the one that acquired it; nothing
                 was sent (the parent still holds the lock).
             ClientClosed: its client was closed; nothing was sent (the keys expire by
