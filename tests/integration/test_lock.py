@@ -101,6 +101,31 @@ def test_extend_moves_validity_and_ttl(api: Api, shared5: LocalCluster, key: str
     lease.release()
 
 
+@pytest.mark.parametrize(
+    "ttl",
+    [0, -1, -1e308, float("nan"), float("inf"), True, "5", 0.05, 61, 1e308, 2**1100],
+    ids=repr,
+)
+def test_a_refused_extend_names_ttl_and_leaves_the_lease_as_it_was(
+    api: Api, shared5: LocalCluster, key: str, ttl: Any
+) -> None:
+    # 1e308 s is a finite float, but infinite once counted in milliseconds: it escaped
+    # as a bare OverflowError instead of the error naming ``ttl`` and its range.
+    client = api.client(shared5.urls[:3])
+    lease = client.acquire(key, ttl=TTL)
+    before = (lease.valid_until, lease.ttl)
+    with pytest.raises(tenure.ConfigurationError) as info:
+        lease.extend(ttl)
+    assert info.value.parameter == "ttl"
+    assert (lease.valid_until, lease.ttl) == before
+    assert lease.valid
+    assert lease.lost_error is None
+    with pytest.raises(tenure.ConfigurationError) as info:
+        client.acquire(key, ttl=ttl, blocking=False)
+    assert info.value.parameter == "ttl"
+    lease.release()
+
+
 def test_extend_never_resurrects(api: Api, shared5: LocalCluster, key: str) -> None:
     client = api.client(shared5.urls)
     lease = client.acquire(key, ttl=5.0)

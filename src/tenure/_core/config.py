@@ -1043,8 +1043,11 @@ class LockSpec:
     ) -> LockSpec:
         name = check_name(name)
         seconds = _finite("ttl", ttl)
-        # round() first: 1.001 * 1000 is 1000.9999999999999 in floating point.
-        ttl_ms = math.floor(round(seconds * 1000, 6))
+        # round() first: 1.001 * 1000 is 1000.9999999999999 in floating point. Clamped
+        # before it is counted in milliseconds: a finite float near the largest (1e308 s)
+        # is infinite times 1000, which no integer holds (OverflowError, not the error
+        # naming ``ttl``); whatever lies past either bound is refused below all the same.
+        ttl_ms = math.floor(round(min(max(seconds, -1.0), config.max_ttl_ms) * 1000, 6))
         if ttl_ms < 1:
             # The same message as any TTL below the rule's minimum: it names that minimum.
             raise ConfigurationError("ttl", _ttl_too_small(config, seconds))
