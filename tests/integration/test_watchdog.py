@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import tenure
-from tenure.testing import LocalCluster
+from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import Api, holders
 
@@ -133,6 +133,79 @@ def test_an_on_lost_callback_may_look_at_the_lost_event(shared5: LocalCluster, k
     worker.join(10.0)
     assert not worker.is_alive(), "release() hung in an on_lost callback reading lease.lost"
     assert seen == [True]
+
+
+def _forget(nodes: list[LocalNode], key: str) -> None:
+    """Each of ``nodes`` drops ``key``, as if it had restarted without its data."""
+    for node in nodes:
+        with node.client() as c:
+            c.delete(key)
+
+
+def _within(seconds: float, call: Any) -> list[BaseException | None]:
+    """Run ``call()`` in a thread; what it raised (or None), failing if it hung."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as error:
+            outcome.append(error)
+        else:
+            outcome.append(None)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"{call!r} hung"
+    return outcome
+
+
+def test_an_on_lost_callback_may_release_the_lease(shared5: LocalCluster, key: str) -> None:
+    """The blocking lease ran its callbacks inside the extension or release that found
+    the loss, under the lease's lock: a callback releasing the lease waited for that
+    lock, held by its own thread, for ever (the watchdog's thread, or the caller of
+    ``extend()`` or ``release()``), and so did every ``release()`` after it. The loss is
+    told once that call let go of the lease. (An asyncio callback cannot await the
+    release; it schedules it, and the lock it waits for is let go.)"""
+    nodes = shared5.nodes[:3]
+    told: list[str] = []
+
+    def release_on_loss(lease: Any, how: str) -> None:
+        def release(_: tenure.LeaseLost) -> None:
+            with contextlib.suppress(tenure.NotHeld, tenure.LeaseLost):
+                lease.release()
+            told.append(how)
+
+        lease.on_lost(release)
+
+    with tenure.Client(shared5.urls[:3]) as client:
+        # Found by the watchdog's extension, in its thread.
+        kept = client.acquire(f"{key}-watchdog", ttl=0.6, watchdog=True)
+        release_on_loss(kept, "watchdog")
+        _forget(nodes, kept.key)
+        assert kept.lost.wait(5.0)
+        (error,) = _within(5.0, kept.release)
+        assert isinstance(error, tenure.NotHeld), error
+        watchdog = f"tenure-watchdog[{kept.name}]"
+        deadline = time.monotonic() + 5.0
+        while any(t.name == watchdog for t in threading.enumerate()):
+            assert time.monotonic() < deadline, "the watchdog's thread hung in the callback"
+            time.sleep(0.01)
+        # Found by an extension by hand.
+        extended = client.acquire(f"{key}-extend", ttl=5.0)
+        release_on_loss(extended, "extend")
+        _forget(nodes, extended.key)
+        (error,) = _within(5.0, extended.extend)
+        assert isinstance(error, tenure.LeaseLost), error
+        # Found by the release of a lease that ran out.
+        released = client.acquire(f"{key}-release", ttl=0.2)
+        release_on_loss(released, "release")
+        while released.remaining > 0:
+            time.sleep(0.01)
+        (error,) = _within(5.0, released.release)
+        assert isinstance(error, tenure.LeaseExpired), error
+    assert sorted(told) == ["extend", "release", "watchdog"]
 
 
 def test_loss_is_signalled_before_the_last_third_after_a_majority_dies(

@@ -11,7 +11,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -376,6 +376,10 @@ class Lease(LeaseView):
     def __init__(self, client: Client, state: LeaseState, spec: LockSpec) -> None:
         super().__init__(state, spec, client)
         self._op_lock = threading.Lock()
+        # The ``on_lost`` callbacks of a loss that the thread holding ``_op_lock`` found,
+        # to run once it let go (``_operation``); None while no extension or release runs.
+        self._deferred: list[Callable[[LeaseLost], object]] | None = None
+        self._operator: threading.Thread | None = None
         self._watchdog: Watchdog | None = None
         self._lost_event: threading.Event | None = None
 
@@ -383,9 +387,8 @@ class Lease(LeaseView):
     def lost(self) -> threading.Event:
         """Set the moment the lease is found lost (see ``lost_error``)."""
         # Made on first use: most leases are never waited on, and an Event is not free.
-        # Not under ``_op_lock``: an ``on_lost`` callback may read this, and it runs in
-        # ``extend()`` or ``release()``, which hold that lock (a lock that is not
-        # reentrant: the callback waited for its own caller). The event is published
+        # Not under ``_op_lock``: ``extend()`` and ``release()`` hold it while they mark
+        # the lease lost, and a reader must not wait for them. The event is published
         # before the loss is looked at, and ``_mark_lost`` records the loss before it
         # looks at the event: whichever comes second sets it.
         with _LOST_EVENTS:
@@ -399,6 +402,37 @@ class Lease(LeaseView):
         event = self._lost_event
         if event is not None:
             event.set()
+
+    @contextlib.contextmanager
+    def _operation(self) -> Iterator[None]:
+        """Hold ``_op_lock`` for one extension or release (the watchdog's too), and run
+        the ``on_lost`` callbacks of a loss it found once the lock is let go.
+
+        Run under the lock, in the thread holding it, a callback that releases the
+        lease (``lease.on_lost(lambda e: lease.release())``) would wait for that lock,
+        not reentrant, for ever, and its thread (the watchdog's, or the caller of
+        ``extend()``) with it; every later ``release()`` would hang as well.
+        """
+        deferred: list[Callable[[LeaseLost], object]] = []
+        try:
+            with self._op_lock:
+                self._deferred, self._operator = deferred, threading.current_thread()
+                try:
+                    yield
+                finally:
+                    self._deferred = self._operator = None
+        finally:
+            if deferred:
+                loss = self._loss
+                assert loss is not None
+                super()._tell(deferred, loss)
+
+    def _tell(self, callbacks: list[Callable[[LeaseLost], object]], error: LeaseLost) -> None:
+        deferred = self._deferred
+        if deferred is not None and self._operator is threading.current_thread():
+            deferred.extend(callbacks)  # told by ``_operation`` once it let go of the lease
+        else:
+            super()._tell(callbacks, error)
 
     def keep_alive(self, *, max_hold: float | None = None) -> None:
         """Start a watchdog that extends the lease every TTL/3 until it is released.
@@ -451,7 +485,7 @@ class Lease(LeaseView):
         (``Flows.extend``: the failure of another is returned, not acted on)."""
         client = self._client
         self._check_usable("extend")
-        with self._op_lock:
+        with self._operation():
             failed: LeaseLost | None = client._drive(client._flows.extend(self, ttl, last))
         watchdog = self._watchdog
         if watchdog is not None:
@@ -479,7 +513,7 @@ class Lease(LeaseView):
         client = self._client
         self._check_usable("release")
         try:
-            with self._op_lock:
+            with self._operation():
                 client._drive(client._flows.release(self))
         finally:
             watchdog = self._watchdog
