@@ -709,6 +709,9 @@ def test_a_closed_client_refuses_everything_and_does_not_reconnect(
             call()
         assert isinstance(info.value, RuntimeError)
         assert "closed" in str(info.value)
+        # Each names its lock (``locked()`` said only "cannot reach the nodes").
+        assert info.value.name is not None
+        assert info.value.name in str(info.value)
     assert lock.lease is lease  # still held: nothing was released
     # Left on the nodes until their TTL: close() does not release (see docs).
     assert holders(sets[n], lease.key).count(lease.token.encode()) >= n // 2 + 1

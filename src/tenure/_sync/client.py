@@ -623,6 +623,7 @@ class Lock(LockView[Lease, None]):
             NodeMisconfigured: as for ``acquire``, when misconfigured nodes are why.
         """
         client = self._client
+        client._check_open("ask whether it is locked", self.name)  # named, as every refusal
         return client._drive(client._flows.locked(self._spec))
 
     def __enter__(self) -> Lease:
