@@ -208,6 +208,25 @@ def test_an_on_lost_callback_may_release_the_lease(shared5: LocalCluster, key: s
     assert sorted(told) == ["extend", "release", "watchdog"]
 
 
+def test_an_on_lost_callback_that_is_not_callable_is_refused_at_once(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    """``on_lost(None)`` (or ``on_lost(stop())``) was taken, and failed only at the loss:
+    one more error logged, the holder's own callback never run."""
+    client = api.client(shared5.urls[:3])
+    lease = client.acquire(key, ttl=TTL)
+    for wrong in (None, 42, "stop"):
+        with pytest.raises(tenure.ConfigurationError) as info:
+            lease.on_lost(wrong)
+        assert info.value.parameter == "callback"
+    seen: list[tenure.LeaseLost] = []
+    lease.on_lost(seen.append)
+    lease.release()
+    with pytest.raises(tenure.ConfigurationError):
+        lease.on_lost(None)
+    assert seen == []
+
+
 def test_loss_is_signalled_before_the_last_third_after_a_majority_dies(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from .._core.acquire import HELD_ELSEWHERE, LeaseState
 from .._core.config import LockSpec
-from .._errors import InheritedLease, LeaseExpired, LeaseLost, NotHeld
+from .._errors import ConfigurationError, InheritedLease, LeaseExpired, LeaseLost, NotHeld
 
 if TYPE_CHECKING:
     from .client_base import ClientBase
@@ -196,7 +196,18 @@ class LeaseView:
         a task of the event loop (the blocking client, with no loop to await it on, logs
         it as an error and closes it). A callback's failure is logged on the ``tenure``
         logger and stops neither the others nor the watchdog.
+
+        Raises:
+            ConfigurationError: ``callback`` is not callable (refused now: found only
+                at the loss, it would be one more error logged when the holder most
+                needs to hear of it).
         """
+        if not callable(callback):
+            raise ConfigurationError(
+                "callback",
+                f"must be a callable taking the LeaseLost error, got {callback!r}; pass the "
+                "function itself (on_lost(stop), not on_lost(stop()))",
+            )
         if self._loss is not None:
             self._call_back(callback, self._loss)
         else:
