@@ -11,7 +11,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -376,10 +376,10 @@ class Lease(LeaseView):
     def __init__(self, client: Client, state: LeaseState, spec: LockSpec) -> None:
         super().__init__(state, spec, client)
         self._op_lock = threading.Lock()
-        # The ``on_lost`` callbacks of a loss that the thread holding ``_op_lock`` found,
-        # to run once it let go (``_operation``); None while no extension or release runs.
+        # The thread holding ``_op_lock`` for an extension or a release (its ident), and
+        # the ``on_lost`` callbacks of a loss it found, to run once it let go (``_run``).
+        self._operator: int | None = None
         self._deferred: list[Callable[[LeaseLost], object]] | None = None
-        self._operator: threading.Thread | None = None
         self._watchdog: Watchdog | None = None
         self._lost_event: threading.Event | None = None
 
@@ -403,34 +403,36 @@ class Lease(LeaseView):
         if event is not None:
             event.set()
 
-    @contextlib.contextmanager
-    def _operation(self) -> Iterator[None]:
-        """Hold ``_op_lock`` for one extension or release (the watchdog's too), and run
-        the ``on_lost`` callbacks of a loss it found once the lock is let go.
+    def _run(self, flow: Flow[T]) -> T:
+        """Drive ``flow`` (an extension or a release, the watchdog's too) holding
+        ``_op_lock``, and run the ``on_lost`` callbacks of a loss it found once the lock
+        is let go.
 
         Run under the lock, in the thread holding it, a callback that releases the
         lease (``lease.on_lost(lambda e: lease.release())``) would wait for that lock,
         not reentrant, for ever, and its thread (the watchdog's, or the caller of
-        ``extend()``) with it; every later ``release()`` would hang as well.
+        ``extend()``) with it; every later ``release()`` would hang as well. (No
+        context manager: this is on every release's path.)
         """
-        deferred: list[Callable[[LeaseLost], object]] = []
         try:
             with self._op_lock:
-                self._deferred, self._operator = deferred, threading.current_thread()
+                self._operator = threading.get_ident()
                 try:
-                    yield
+                    return self._client._drive(flow)
                 finally:
-                    self._deferred = self._operator = None
+                    self._operator = None
         finally:
-            if deferred:
+            if self._deferred is not None:
+                # (A loss is found once: whichever thread takes the list tells it.)
+                deferred, self._deferred = self._deferred, None
                 loss = self._loss
                 assert loss is not None
                 super()._tell(deferred, loss)
 
     def _tell(self, callbacks: list[Callable[[LeaseLost], object]], error: LeaseLost) -> None:
-        deferred = self._deferred
-        if deferred is not None and self._operator is threading.current_thread():
-            deferred.extend(callbacks)  # told by ``_operation`` once it let go of the lease
+        if self._operator == threading.get_ident():
+            # Told by ``_run`` once it let go of the lease.
+            self._deferred = [*(self._deferred or ()), *callbacks]
         else:
             super()._tell(callbacks, error)
 
@@ -485,8 +487,7 @@ class Lease(LeaseView):
         (``Flows.extend``: the failure of another is returned, not acted on)."""
         client = self._client
         self._check_usable("extend")
-        with self._operation():
-            failed: LeaseLost | None = client._drive(client._flows.extend(self, ttl, last))
+        failed = self._run(client._flows.extend(self, ttl, last))
         watchdog = self._watchdog
         if watchdog is not None:
             watchdog.replan()
@@ -513,8 +514,7 @@ class Lease(LeaseView):
         client = self._client
         self._check_usable("release")
         try:
-            with self._operation():
-                client._drive(client._flows.release(self))
+            self._run(client._flows.release(self))
         finally:
             watchdog = self._watchdog
             if watchdog is not None:
