@@ -189,9 +189,10 @@ class LeaseView:
         """Call ``callback(error)`` once, when the lease is found lost (at once if it is).
 
         It runs in whichever thread or task found the loss (the watchdog's, usually), so
-        it should be quick: set a flag, cancel a task, signal a process. A loss found by
-        an extension or a release is told once that call is done with the lease, so a
-        callback may release the lease itself (the blocking lease's ``release()``). An
+        it should be quick: set a flag, cancel a task, signal a process. A callback may
+        release the lease itself: called by the extension or release that found the
+        loss, the blocking lease's ``release()`` is made once that call let go of the
+        lease (it returns at once, and raises nothing of the release's). An
         asyncio lease's callback may also be a coroutine function: its coroutine runs as
         a task of the event loop (the blocking client, with no loop to await it on, logs
         it as an error and closes it). A callback's failure is logged on the ``tenure``
@@ -249,11 +250,6 @@ class LeaseView:
         if not notify:
             return  # a child after fork: its client's book starts empty anyway
         self._unbind()
-        self._tell(callbacks, error)
-
-    def _tell(self, callbacks: list[Callable[[LeaseLost], object]], error: LeaseLost) -> None:
-        """Run the ``on_lost`` callbacks of a loss just found (a driver may defer them
-        until the operation that found it ends: ``Lease._operation``)."""
         for callback in callbacks:
             self._call_back(callback, error)
 

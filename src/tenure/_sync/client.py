@@ -8,6 +8,7 @@ This module is a thin driver of the pure core: every operation is a flow of
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -41,6 +42,7 @@ from .watchdog import Watchdog
 __all__ = ["Client", "Lease", "Lock"]
 
 T = TypeVar("T")
+_log = logging.getLogger("tenure")
 
 _clock = monotonic
 
@@ -377,9 +379,9 @@ class Lease(LeaseView):
         super().__init__(state, spec, client)
         self._op_lock = threading.Lock()
         # The thread holding ``_op_lock`` for an extension or a release (its ident), and
-        # the ``on_lost`` callbacks of a loss it found, to run once it let go (``_run``).
+        # whether an ``on_lost`` callback it ran asked for the release (``_run``).
         self._operator: int | None = None
-        self._deferred: list[Callable[[LeaseLost], object]] | None = None
+        self._release_asked = False
         self._watchdog: Watchdog | None = None
         self._lost_event: threading.Event | None = None
 
@@ -405,14 +407,15 @@ class Lease(LeaseView):
 
     def _run(self, flow: Flow[T]) -> T:
         """Drive ``flow`` (an extension or a release, the watchdog's too) holding
-        ``_op_lock``, and run the ``on_lost`` callbacks of a loss it found once the lock
-        is let go.
+        ``_op_lock``; a release asked for meanwhile by an ``on_lost`` callback is made
+        once the lock is let go.
 
-        Run under the lock, in the thread holding it, a callback that releases the
-        lease (``lease.on_lost(lambda e: lease.release())``) would wait for that lock,
-        not reentrant, for ever, and its thread (the watchdog's, or the caller of
-        ``extend()``) with it; every later ``release()`` would hang as well. (No
-        context manager: this is on every release's path.)
+        The callbacks of a loss run at once, in the thread that found it, which holds
+        the lock then: a callback's ``release()`` (``lease.on_lost(lambda e:
+        lease.release())``) waited for that lock, not reentrant, for ever, and its
+        thread (the watchdog's, or the caller of ``extend()``) with it; every later
+        ``release()`` too. It is left to this call instead. (No context manager: this
+        is on every release's path.)
         """
         try:
             with self._op_lock:
@@ -422,19 +425,22 @@ class Lease(LeaseView):
                 finally:
                     self._operator = None
         finally:
-            if self._deferred is not None:
-                # (A loss is found once: whichever thread takes the list tells it.)
-                deferred, self._deferred = self._deferred, None
-                loss = self._loss
-                assert loss is not None
-                super()._tell(deferred, loss)
+            if self._release_asked:
+                self._release_asked = False
+                self._release_for_callback()
 
-    def _tell(self, callbacks: list[Callable[[LeaseLost], object]], error: LeaseLost) -> None:
-        if self._operator == threading.get_ident():
-            # Told by ``_run`` once it let go of the lease.
-            self._deferred = [*(self._deferred or ()), *callbacks]
-        else:
-            super()._tell(callbacks, error)
+    def _release_for_callback(self) -> None:
+        """The release an ``on_lost`` callback asked for under ``_run``. Its caller is
+        the thread that found the loss, not the callback's author: what it raises for a
+        lost lease (the loss, or "released already") is expected, anything else logged."""
+        try:
+            self.release()
+        except (LeaseLost, NotHeld):
+            pass
+        except Exception:
+            _log.exception(
+                "tenure: the release an on_lost callback of %r asked for failed", self.name
+            )
 
     def keep_alive(self, *, max_hold: float | None = None) -> None:
         """Start a watchdog that extends the lease every TTL/3 until it is released.
@@ -487,6 +493,9 @@ class Lease(LeaseView):
         (``Flows.extend``: the failure of another is returned, not acted on)."""
         client = self._client
         self._check_usable("extend")
+        loss = self._loss
+        if loss is not None and self._operator == threading.get_ident():
+            raise loss  # an on_lost callback, under this lease's own extension or release
         failed = self._run(client._flows.extend(self, ttl, last))
         watchdog = self._watchdog
         if watchdog is not None:
@@ -513,6 +522,11 @@ class Lease(LeaseView):
         """
         client = self._client
         self._check_usable("release")
+        if self._operator == threading.get_ident():
+            # An on_lost callback, run by this lease's own extension or release, which
+            # holds the lease's lock: the release is made once that call let go of it.
+            self._release_asked = True
+            return
         try:
             self._run(client._flows.release(self))
         finally:
