@@ -54,6 +54,7 @@ from tenure.testing import (
 )
 
 from .conftest import Api, acl_user
+from .garbage import SPEAKS, GarbageServer
 
 # --- the pure rules ----------------------------------------------------------------------
 
@@ -964,6 +965,46 @@ def test_unreachable_node_is_unsafe(safe: LocalCluster) -> None:
     assert down["level"] == "UNSAFE"
     assert down["detail"].startswith("unreachable: ")
     assert _unsafe(findings) == [down]
+
+
+def _check_process(*urls: str) -> tuple[int, list[dict[str, str]], str]:
+    """``tenure check --json`` as an operator runs it: a process of its own."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tenure.cli", "check", "--json", *_redis(list(urls))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(tenure.__file__).parents[1])},
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, json.loads(result.stdout), result.stderr
+
+
+@pytest.mark.parametrize("speaks", SPEAKS)
+def test_a_server_that_is_not_redis_is_named_with_the_fix(safe: LocalCluster, speaks: str) -> None:
+    # It was a traceback and exit 1 for a server that speaks RESP without being Redis
+    # (an echo, +OK or :1 to anything), and "unreachable" without a fix for an HTTP
+    # server: a node that answered at once, blamed on the network.
+    with GarbageServer(speaks) as garbage:
+        code, findings, err = _check_process(*safe.urls[:2], garbage.url)
+    assert code == EXIT_UNSAFE, err
+    [row] = [f for f in findings if f["node"] == garbage.url]
+    assert (row["check"], row["level"]) == ("reachable", "UNSAFE")
+    assert row["detail"].startswith("misconfigured: does not speak the Redis protocol"), row
+    assert "check the host and port" in row["detail"], row
+    assert _unsafe(findings) == [row]
+
+
+def test_a_refused_password_is_named_with_the_fix(safe: LocalCluster) -> None:
+    # It was "login failed: " and the server's words, without what to check.
+    wrong = safe[0].url.replace("redis://", "redis://:wrong@")
+    code, findings, err = _check_process(wrong, *safe.urls[1:])
+    assert code == EXIT_UNSAFE, err
+    [row] = _unsafe(findings)
+    assert (row["node"], row["check"]) == (safe[0].url, "reachable")
+    assert row["detail"].startswith("misconfigured: refused the credentials"), row
+    assert "check the user name and password" in row["detail"], row
 
 
 def test_majority_unreachable_exits_69(safe: LocalCluster) -> None:

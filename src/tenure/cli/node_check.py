@@ -50,10 +50,11 @@ from .._core.config import (
     node_keys,
     parse_node_url,
 )
-from .._core.quorum import majority
+from .._core.diagnosis import for_prefix
+from .._core.quorum import Failure, majority
 from .._core.slots import slot_tag
 from .._driver import acl as _acl
-from .._driver.redis_compat import check_connection_options, connection_kwargs
+from .._driver.redis_compat import NotRedis, check_connection_options, connection_kwargs, diagnose
 from .._errors import ConfigurationError
 from .._lua import script
 from ._text import one_line
@@ -137,12 +138,12 @@ def gather(
     try:
         try:
             _read_state(client, facts)
-        except redis.AuthenticationError as exc:
-            facts.error = f"login failed: {one_line(exc)}"
-        except redis.ResponseError as exc:  # e.g. SELECT refused while connecting
-            facts.error = f"connection set-up refused: {one_line(exc)}"
-        except (redis.RedisError, OSError) as exc:
-            facts.error = f"unreachable: {one_line(exc)}"
+        except Exception as exc:  # anything the server did: its row says so, the rest go on
+            facts.error = _failed(exc, key_prefix)
+        if facts.error is None and facts.info is not None and "redis_version" not in facts.info:
+            # Something that answers every command alike (an echo, ``+OK``, a stub): every
+            # Redis and Valkey server names its version in INFO.
+            facts.error = _failed(NotRedis("INFO answered without a redis_version"), key_prefix)
         if facts.error is not None:
             return facts
         if facts.user is None:
@@ -151,9 +152,28 @@ def gather(
             _read_access(client, facts, acl_user)
         except (redis.RedisError, OSError) as exc:
             facts.access_error = one_line(exc)
+        except _PARSER_ERRORS as exc:  # a reply redis-py could not parse: not Redis's
+            facts.access_error = f"an answer that is not Redis's ({type(exc).__name__}: {exc})"
     finally:
         client.close()
     return facts
+
+
+# What redis-py's reply parsers (INFO, CONFIG GET, COMMAND INFO...) raise when fed a reply
+# of another shape than the command's: what a server that is not Redis answers.
+_PARSER_ERRORS = (AttributeError, IndexError, KeyError, TypeError, ValueError)
+
+
+def _failed(exc: Exception, prefix: str) -> str:
+    """Why a server could not be read, as the clients diagnose that failure: a server that
+    is not Redis, a password refused or missing, each with what to fix."""
+    if isinstance(exc, _PARSER_ERRORS):
+        exc = NotRedis(f"{type(exc).__name__}: {exc}")
+    why = diagnose(exc)
+    if why.failure is Failure.UNREACHABLE:
+        return f"unreachable: {one_line(exc)}"
+    # A fix it suggests (an ACL's key pattern) is for the clients of ``prefix``.
+    return f"{why.failure.value}: {for_prefix(why.detail, prefix)}"
 
 
 def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
@@ -184,6 +204,8 @@ def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
     info, *configs, whoami, scripts = replies
     if isinstance(info, redis.AuthenticationError):
         raise info  # NOAUTH: a password is required
+    if not isinstance(info, (dict, Exception)):
+        raise NotRedis(f"INFO answered {repr(info)[:40]}")
     if isinstance(info, Exception):
         facts.info_error = _refusal(info, "INFO")
     else:
