@@ -23,7 +23,7 @@ import tenure
 from tenure.cli.run import EXIT_LOST, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE
 from tenure.testing import LocalCluster
 
-from .garbage import GarbageServer
+from .garbage import SPEAKS, GarbageServer
 
 _TIMEOUT = 30  # seconds for any one tenure process; far above what each should take
 # tenure run's own errors (documented in its --help): a literal, so that the tests pin it.
@@ -652,6 +652,25 @@ def test_a_node_that_is_not_redis_does_not_stop_the_command(
     assert len(warnings) <= 1, result.stderr
     assert all("does not speak the Redis protocol" in w for w in warnings)
     assert _no_key_left(cluster, key)
+
+
+@pytest.mark.parametrize("speaks", SPEAKS)
+def test_status_names_a_server_that_is_not_redis_and_the_fix(
+    cluster: LocalCluster, key: str, speaks: str
+) -> None:
+    # A server answering every command alike (an echo, +OK, :1) was a line saying its
+    # lock key "holds a EXEC" (or "a 79": the first byte of OK), "not a tenure lock",
+    # sending the operator after another application, and it counted as answered.
+    with GarbageServer(speaks) as garbage:
+        result = _tenure("status", key, "--redis", garbage.url)
+        majority = _tenure("status", key, *_redis(cluster)[:4], "--redis", garbage.url)
+    assert result.returncode == EXIT_UNAVAILABLE, result
+    assert "Traceback" not in result.stderr
+    [line] = result.stdout.splitlines()
+    assert line.startswith(f"{garbage.url}  misconfigured: does not speak the Redis protocol")
+    assert "check the host and port" in line
+    assert majority.returncode == 0, majority
+    assert f"{garbage.url}  misconfigured: does not speak the Redis protocol" in majority.stdout
 
 
 def test_a_misconfigured_node_is_tenures_own_error_in_one_line(

@@ -34,6 +34,7 @@ from .._core.diagnosis import for_prefix, slot_unserved
 from .._core.quorum import Failure, majority
 from .._core.slots import MAX_REDIRECTS, Address, Redirect, key_slot, redirect
 from .._driver.redis_compat import (
+    NotRedis,
     check_connection_options,
     connection_kwargs,
     diagnose,
@@ -249,6 +250,7 @@ def _snapshot(
     refused = next((a for a in answers if isinstance(a, Exception)), None)
     if refused is not None:  # ASKING refused (an ACL), the transaction run without it
         raise refused
+    _check_transaction(answers, len(commands) - 2 - asking)
     kind = _text(replies[0])
     if kind not in ("string", "none"):
         # Not a lock of tenure's: another application writes under its key prefix.
@@ -275,6 +277,25 @@ def _snapshot(
         f"{state}  token={token:<8}  pttl={pttl_text:<7}  floor={floor_text}  warm={warm_text}"
         f"  replid={replid_text}"
     )
+
+
+def _check_transaction(answers: list[Any], queued: int) -> None:
+    """Raise ``NotRedis`` unless ``answers`` end as a Redis transaction's: ``OK`` to
+    MULTI, ``QUEUED`` to each of the ``queued`` commands, and EXEC's list of their
+    replies, the first (TYPE's) a status text.
+
+    Something that answers every command alike (an echo service, a stub that says ``+OK``
+    or ``:1``) is not a node whose keys were read, and a line saying what it "holds" would
+    send the operator after another application instead of the URL's host and port.
+    """
+    *queueing, replies = answers[-queued - 2 :]
+    if (
+        [_text(a) for a in queueing] != ["OK", *["QUEUED"] * queued]
+        or not isinstance(replies, list)
+        or len(replies) != queued
+        or not isinstance(replies[0], (str, bytes))
+    ):
+        raise NotRedis(f"a transaction answered {_text(replies)[:40]!r}")
 
 
 def _answer(conn: redis.Connection) -> Any:
