@@ -17,7 +17,7 @@ import pytest
 
 from tenure import __version__
 from tenure.cli import main
-from tenure.cli.demo import run_demo
+from tenure.cli.demo import _check, run_demo
 from tenure.verify.history import Grant, HistoryWriter, Release, Request, Write
 
 # Generous: the quick demo takes well under 15 s even on 2 busy cores.
@@ -253,6 +253,25 @@ def test_bad_option_exits_2(args: list[str]) -> None:
     result = _tenure(*args)
     assert result.returncode == 2
     assert "usage:" in result.stderr
+
+
+@pytest.mark.parametrize("ttl", ["0.001", "0.106", "60.5", "1e9"])
+def test_a_ttl_the_workers_would_refuse_is_a_usage_error_before_anything_starts(ttl: str) -> None:
+    # It started the nodes and the workers, whose clients each refused the TTL, spent
+    # the whole run on no cycle, and exited 1 ("the locked run was not clean").
+    started = time.monotonic()
+    result = _tenure("demo", "--quick", "--ttl", ttl, timeout=_DEMO_TIMEOUT)
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith("tenure: error: ttl: must be from 0.107 to 60 seconds"), line
+    assert "--ttl" in line
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("ttl", [0.107, 60.0])
+def test_the_bounds_of_the_ttl_are_accepted(ttl: float) -> None:
+    _check(1, 1.0, 1, ttl)
 
 
 def test_no_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -49,8 +49,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from .._core.config import ClientConfig, LockSpec, min_ttl
 from .._errors import ConfigurationError
 from ..verify.history import Fault
+from ..verify.locks import LockRecipe
 from ..verify.race import NodeFault, Progress, RaceResult, demo_faults, race
 
 __all__ = ["run_demo"]
@@ -323,6 +325,22 @@ def _check(workers: int, duration: float, nodes: int, ttl: float) -> None:
         raise ConfigurationError("nodes", f"must be an odd number of at least 1, got {nodes}")
     if not ttl > 0:
         raise ConfigurationError("ttl", f"must be a positive number of seconds, got {ttl}")
+    # The workers' clients would refuse a TTL out of their range, each of them, after the
+    # nodes and workers had started and the whole run had been spent on no cycle at all:
+    # the same rule is applied here, with their settings, before anything starts.
+    recipe = LockRecipe("tenure", (), "demo", ttl)
+    config = ClientConfig.build(
+        ["redis://127.0.0.1:6379"], node_timeout=recipe.node_timeout, max_ttl=recipe.max_ttl
+    )
+    try:
+        LockSpec.build(config, recipe.name, ttl)
+    except ConfigurationError:
+        raise ConfigurationError(
+            "ttl",
+            f"must be from {min_ttl(config):g} to {recipe.max_ttl:g} seconds (the workers' "
+            f"clients have node_timeout={recipe.node_timeout:g}s and max_ttl="
+            f"{recipe.max_ttl:g}s), got {ttl:g}: give --ttl in that range (default 2)",
+        ) from None
 
 
 def run_demo(
