@@ -242,7 +242,7 @@ def test_no_wait_while_held_exits_75_at_once(
     # take well under a second, but over 3 s on a loaded 2-core machine.
     assert elapsed < _TIMEOUT / 3
     assert waited.returncode == 75, waited.stderr
-    assert "timeout=0.3" in waited.stderr
+    assert "after --wait=0.3s" in waited.stderr  # the option typed, not acquire's timeout
     assert not marker.exists()  # the command never ran
 
 
@@ -571,7 +571,7 @@ def test_status_and_run_name_a_foreign_key_where_the_lock_is_kept(
         (["--ttl", "61"], "--ttl: 61.0s exceeds --max-ttl=60.0s"),
         (["--node-timeout", "61"], "--node-timeout: must be in (0, 60]"),
         (["--max-ttl", "100000"], "--max-ttl:"),
-        (["--ttl", "5", "--max-hold", "1"], "--max-hold: must be at least the lock's ttl"),
+        (["--ttl", "5", "--max-hold", "1"], "--max-hold: must be at least the lock's --ttl"),
         (["--redis", "redis://127.0.0.1:1"], "--redis: has 4 nodes"),
     ],
 )
@@ -587,6 +587,42 @@ def test_run_errors_name_the_options_typed(
     bad_url = _tenure("run", key, "--redis", "localhost:6379", "--", "true")
     assert "error: --redis[0]: " in bad_url.stderr, bad_url.stderr
     assert "redis+cluster://" in bad_url.stderr
+
+
+# A library parameter's name, not inside another word or an option (--max-ttl's ttl).
+_LIBRARY_NAME = re.compile(r"(?<![\w-])(max_hold|node_timeout|max_ttl|ttl|timeout=|nodes\[)")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--ttl", "5", "--max-hold", "1"], "raise --max-hold or lower --ttl"),
+        (["--ttl", "0.01"], "for --node-timeout=0.05s"),
+        (["--max-ttl", "0.01"], "but --node-timeout=0.05s"),
+        (["--redis", "{0}", "--redis", "{0}", "--redis", "{1}"], "same server as --redis[0]"),
+    ],
+)
+def test_run_error_messages_name_options_not_library_parameters(
+    cluster: LocalCluster, key: str, args: list[str], said: str
+) -> None:
+    # The message after the option named the library's parameters: "--max-hold: ...
+    # raise max_hold or lower ttl", "--redis[3]: ... the same server as nodes[0]".
+    nodes = [] if "--redis" in args else _redis(cluster)
+    args = [a.format(*cluster.urls) for a in args]
+    result = _tenure("run", key, *nodes, *args, "--", "true")
+    assert result.returncode == EXIT_TENURE_ERROR, result.stderr
+    assert said in result.stderr, result.stderr
+    assert not _LIBRARY_NAME.search(result.stderr), result.stderr
+
+
+def test_run_reports_name_options_not_library_parameters(cluster: LocalCluster, key: str) -> None:
+    # "held for max_hold=1.0s" (test_no_wait_while_held_exits_75_at_once: --wait).
+    capped = _tenure(
+        "run", key, *_redis(cluster), "--ttl", "1", "--max-hold", "1", "--", "sleep", "5"
+    )
+    assert capped.returncode == EXIT_LOST, capped.stderr
+    assert "held for --max-hold=1.0s" in capped.stderr, capped.stderr
+    assert not _LIBRARY_NAME.search(capped.stderr), capped.stderr
 
 
 def test_run_takes_a_longer_max_ttl(cluster: LocalCluster, key: str) -> None:

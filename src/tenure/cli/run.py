@@ -289,7 +289,24 @@ def _as_typed(exc: ConfigurationError) -> ConfigurationError:
     message = str(exc).removeprefix(f"{parameter}: ")
     # (An even node count is allowed by a library argument only; tenure run has none.)
     message = message.replace(" (or pass allow_even=True)", "")
-    return ConfigurationError(option, message.replace("max_ttl", "--max-ttl"))
+    return ConfigurationError(option, _typed_text(message))
+
+
+# The library's parameters as a message of the library names them (``raise max_hold or
+# lower ttl``, ``node_timeout=0.05s``, ``nodes[0]``), and the options that set them.
+# ``(?<![\w-])``: not inside another name (``max_ttl``'s ttl) or an option already typed.
+_PARAMETER_WORDS = re.compile(r"(?<![\w-])(max_hold|node_timeout|max_ttl|ttl)\b")
+_NODE_WORDS = re.compile(r"(?<![\w-])nodes\[(\d+)\]")
+
+
+def _typed_text(message: str, *, timeout: str | None = None) -> str:
+    """``message`` with the library's parameter names replaced by the options typed;
+    ``timeout``: the option that set an acquire's ``timeout=`` (``--wait``)."""
+    message = _PARAMETER_WORDS.sub(lambda m: _OPTIONS[m[1]], message)
+    message = _NODE_WORDS.sub(r"--redis[\1]", message)
+    if timeout is not None:
+        message = re.sub(r"(?<![\w-])timeout=", f"{timeout}=", message)
+    return message
 
 
 class _Interrupted(BaseException):
@@ -463,7 +480,7 @@ def run(options: RunOptions, *, err: TextIO | None = None) -> int:
                     timeout=None if options.no_wait else options.wait,
                 )
             except LockTimeout as exc:
-                _say(out, f"not acquired: {one_line(exc)}")
+                _say(out, f"not acquired: {_typed_text(one_line(exc), timeout='--wait')}")
                 return EXIT_NOT_ACQUIRED
             except QuorumUnreachable as exc:
                 _say(out, f"nodes unreachable: {one_line(exc)}")
@@ -566,7 +583,7 @@ def _supervise(
             stopping = True
             _say(
                 err,
-                f"{one_line(lease.lost_error or LeaseLost(lease.name, 'lost'))}; "
+                f"{_typed_text(one_line(lease.lost_error or LeaseLost(lease.name, 'lost')))}; "
                 f"terminating the command (SIGTERM, SIGKILL after {grace:g}s)",
             )
             child.signal_group(signal.SIGTERM)
@@ -616,7 +633,7 @@ def _outcome(
     if not child.in_time:
         if not lost_reported:
             why = lease.lost_error or release_error
-            reason = one_line(why) if why is not None else "its validity ran out"
+            reason = _typed_text(one_line(why)) if why is not None else "its validity ran out"
             _say(
                 err,
                 f"lease lost: {reason}; the command ended after that (status {child.status}) "
