@@ -1049,6 +1049,11 @@ def test_json_output_from_a_real_process(volatile: LocalCluster) -> None:
         # URL options redis-py refuses: a traceback and exit 1 (the "warnings" code).
         ["--redis", "redis://127.0.0.1:1?socket_timeout=abc"],
         ["--redis", "redis://127.0.0.1:1?ssl_cert_reqs=bogus"],
+        # Out of the clients' ranges: each node's row was "error: OverflowError: timestamp
+        # out of range", exit 69; --max-ttl 1e300 warned of every node's uptime.
+        ["--redis", "redis://127.0.0.1:1", "--node-timeout", "1e300"],
+        ["--redis", "redis://127.0.0.1:1", "--node-timeout", "61"],
+        ["--redis", "redis://127.0.0.1:1", "--max-ttl", "1e300"],
     ],
 )
 def test_usage_errors_exit_2(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:

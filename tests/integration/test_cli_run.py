@@ -640,6 +640,20 @@ def test_status_names_a_url_option_redis_py_refuses(query: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("seconds", ["61", "1e300"])
+def test_status_takes_the_node_timeouts_the_clients_take(
+    cluster: LocalCluster, seconds: str
+) -> None:
+    # 1e300 overflowed every node's socket deadline: each line "error: OverflowError:
+    # timestamp out of range for platform time_t", exit 69 as if the nodes were down.
+    result = _tenure("status", "some-lock", *_redis(cluster), "--node-timeout", seconds)
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[-1] == (
+        f"tenure status: error: argument --node-timeout: must be in (0, 60] seconds, got {seconds}"
+    )
+
+
 @pytest.mark.parametrize("command", ["run", "status"])
 def test_no_nodes_is_a_usage_error_naming_redis(command: str) -> None:
     args = [command, "some-lock"] + (["--", "true"] if command == "run" else [])

@@ -172,10 +172,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # --- run ------------------------------------------------------------------------------
 
 
-def _add_node_timeout_option(p: argparse.ArgumentParser, default: float, what: str) -> None:
+def _add_node_timeout_option(
+    p: argparse.ArgumentParser,
+    default: float,
+    what: str,
+    kind: Callable[[str], float] | None = None,
+) -> None:
     p.add_argument(
         "--node-timeout",
-        type=_positive_float,
+        type=kind or _node_timeout,
         default=default,
         metavar="SECONDS",
         help=f"wait at most this long {what} (default {default:g})",
@@ -265,7 +270,8 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(their max_ttl): a node that lost its data sits out this long. --ttl is at most "
         "this (default 60)",
     )
-    _add_node_timeout_option(p, 0.05, "for any one node in a round")
+    # Checked by Client, as --ttl and --max-ttl are: one message for the three together.
+    _add_node_timeout_option(p, 0.05, "for any one node in a round", _positive_float)
     _add_key_prefix_option(p)
     p.set_defaults(handler=_cmd_run, takes_command=True, parser=p)
 
@@ -346,7 +352,7 @@ def _add_check(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _add_nodes_option(p)
     p.add_argument(
         "--max-ttl",
-        type=_positive_float,
+        type=_max_ttl,
         default=60.0,
         metavar="SECONDS",
         help="the longest lease TTL your clients use (their max_ttl); a node started "
@@ -517,6 +523,30 @@ def _non_negative_float(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value}")
     return value
+
+
+def _seconds_in(low: float, high: float, *, open_low: bool) -> Callable[[str], float]:
+    """An option's type: seconds in the range a client accepts for the setting, so that
+    ``tenure status`` and ``tenure check`` take what the clients they inspect could have
+    (a --node-timeout of 1e300 overflowed the socket's deadline on every node, reported
+    as each node's error)."""
+    shown = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (low < value if open_low else low <= value) or not value <= high:
+            raise argparse.ArgumentTypeError(f"must be in {shown} seconds, got {text}")
+        return value
+
+    return seconds
+
+
+# The ranges of Client(node_timeout=...) and Client(max_ttl=...).
+_node_timeout = _seconds_in(0, 60, open_low=True)
+_max_ttl = _seconds_in(0.001, 86_400, open_low=False)
 
 
 def _exit_code(exc: SystemExit) -> int:
