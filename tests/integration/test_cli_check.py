@@ -949,6 +949,16 @@ def test_acl_user_needs_a_login_that_may_ask(server: LocalCluster) -> None:
     )
 
 
+def test_acl_user_the_node_does_not_have_is_said_so(server: LocalCluster) -> None:
+    # An admin login was told "--acl-user needs a login that may run ACL DRYRUN", which
+    # it may: the node refused DRYRUN only because it has no such user (a typo).
+    _, findings = _check_json(server.urls, "--acl-user", "no-such-user")
+    [acl] = [f for f in findings if f["check"] == "acl"]
+    assert acl["level"] == "WARN", acl
+    assert "the node has no ACL user 'no-such-user'" in acl["detail"], acl
+    assert "needs a login" not in acl["detail"], acl
+
+
 def test_the_probe_leaves_nothing_behind(server: LocalCluster) -> None:
     with _setuser(server, *_documented(without="+zadd")) as (_, urls):
         assert _acl_finding(urls)["level"] == "UNSAFE"

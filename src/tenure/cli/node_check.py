@@ -254,6 +254,15 @@ def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) ->
         answers = _get_user(client, user, needs)
         method = "ACL GETUSER"
     if answers is None and acl_user is not None:
+        if _no_such_user(client, acl_user):
+            # DRYRUN is refused for a user the node does not have, however privileged the
+            # login: saying the login may not ask would send the operator after the wrong
+            # user.
+            facts.access_error = (
+                f"the node has no ACL user {acl_user!r} (ACL GETUSER answers nothing; ACL "
+                "USERS lists them): check the name given to --acl-user, or create that user"
+            )
+            return
         facts.access_error = (
             f"--acl-user needs a login that may run {method} (or log in as "
             f"{acl_user!r} and leave --acl-user out)"
@@ -271,6 +280,15 @@ def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) ->
         method = "probe"
     facts.access = answers
     facts.access_method = method
+
+
+def _no_such_user(client: redis.Redis, user: str) -> bool:
+    """Whether the node says it has no ACL user ``user`` (False when it cannot be asked)."""
+    try:
+        reply = client.execute_command("ACL", "GETUSER", user)  # type: ignore[no-untyped-call]
+    except redis.RedisError:
+        return False
+    return reply is None
 
 
 def _dry_run(client: redis.Redis, user: str, needs: Sequence[_acl.Need]) -> _Answers | None:
