@@ -654,6 +654,26 @@ def test_status_takes_the_node_timeouts_the_clients_take(
     )
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["run", "x", "--ttl", "5", "make", "all"], "unrecognized arguments: make all (the "),
+        (["run", "x", "--bogus", "--", "true"], "unrecognized arguments: --bogus"),
+        (["status", "x", "--bogus"], "unrecognized arguments: --bogus"),
+        (["check", "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_an_unknown_word_is_told_by_its_subcommand(args: list[str], said: str) -> None:
+    # It was the top level's usage and "tenure: error:", even for `tenure run`'s command
+    # given without its "--", with nothing said about the "--".
+    result = _tenure(*args)
+    assert result.returncode == (EXIT_TENURE_ERROR if args[0] == "run" else 2), result
+    usage, error = result.stderr.splitlines()[0], result.stderr.splitlines()[-1]
+    assert usage.startswith(f"usage: tenure {args[0]} "), result.stderr
+    assert error.startswith(f"tenure {args[0]}: error: {said}"), result.stderr
+    assert ('after "--"' in error) == (args[2:4] == ["--ttl", "5"]), error
+
+
 @pytest.mark.parametrize("command", ["run", "status"])
 def test_no_nodes_is_a_usage_error_naming_redis(command: str) -> None:
     args = [command, "some-lock"] + (["--", "true"] if command == "run" else [])

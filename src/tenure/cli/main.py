@@ -62,7 +62,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     error_exit = EXIT_TENURE_ERROR if words[:1] == ["run"] else EXIT_USAGE
     _log_warnings(parser.prog)
     try:
-        args = parser.parse_args(words)
+        args, extra = parser.parse_known_args(words)
+        if extra:
+            # Said by the subcommand's parser, with its usage, not the top level's; for
+            # `tenure run` without a "--", a word after its options is most likely the
+            # command.
+            sub: argparse.ArgumentParser = getattr(args, "parser", parser)
+            hint = (
+                ' (the command goes after "--": tenure run NAME [options] -- COMMAND ...)'
+                if getattr(args, "takes_command", False) and tail is None
+                else ""
+            )
+            sub.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
         if getattr(args, "takes_command", False) and args.name is None:
             # No NAME before "--": `tenure run [OPTIONS] -- -NAME -- COMMAND`, for a name
             # that begins with "-" (argparse would take it for an option).
@@ -154,7 +165,7 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--ttl", type=_positive_float, default=2.0, help="lock TTL in seconds (default 2)"
     )
     p.add_argument("--quick", action="store_true", help="a short run, for CI")
-    p.set_defaults(handler=_cmd_demo)
+    p.set_defaults(handler=_cmd_demo, parser=p)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -317,7 +328,7 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     _add_nodes_option(p)
     _add_node_timeout_option(p, 0.5, "for each node")
     _add_key_prefix_option(p)
-    p.set_defaults(handler=_cmd_status)
+    p.set_defaults(handler=_cmd_status, parser=p)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -373,7 +384,7 @@ def _add_check(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     _add_node_timeout_option(p, 1.0, "for each node's reply")
     _add_key_prefix_option(p)
-    p.set_defaults(handler=_cmd_check)
+    p.set_defaults(handler=_cmd_check, parser=p)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -423,7 +434,7 @@ def _add_verify(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         metavar="DIR",
         help="keep histories, node logs, timelines (timeline.html) and summary.md/json here",
     )
-    p.set_defaults(handler=_cmd_verify)
+    p.set_defaults(handler=_cmd_verify, parser=p)
 
 
 VERIFY_EXIT_CODES = (
