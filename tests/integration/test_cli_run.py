@@ -569,7 +569,8 @@ def test_status_and_run_name_a_foreign_key_where_the_lock_is_kept(
     ("args", "option"),
     [
         (["--ttl", "61"], "--ttl: 61.0s exceeds --max-ttl=60.0s"),
-        (["--node-timeout", "61"], "--node-timeout: must be in (0, 60]"),
+        (["--node-timeout", "61"], "--node-timeout: must be in [0.001, 60]"),
+        (["--node-timeout", "1e-9"], "--node-timeout: must be in [0.001, 60]"),
         (["--max-ttl", "100000"], "--max-ttl:"),
         (["--ttl", "5", "--max-hold", "1"], "--max-hold: must be at least the lock's --ttl"),
         (["--redis", "redis://127.0.0.1:1"], "--redis: has 4 nodes"),
@@ -640,7 +641,7 @@ def test_status_names_a_url_option_redis_py_refuses(query: str) -> None:
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("seconds", ["61", "1e300"])
+@pytest.mark.parametrize("seconds", ["61", "1e300", "1e-9"])
 def test_status_takes_the_node_timeouts_the_clients_take(
     cluster: LocalCluster, seconds: str
 ) -> None:
@@ -650,7 +651,8 @@ def test_status_takes_the_node_timeouts_the_clients_take(
     assert result.returncode == 2, result
     assert result.stdout == ""
     assert result.stderr.splitlines()[-1] == (
-        f"tenure status: error: argument --node-timeout: must be in (0, 60] seconds, got {seconds}"
+        "tenure status: error: argument --node-timeout: must be in [0.001, 60] seconds, "
+        f"got {seconds}"
     )
 
 

@@ -393,7 +393,11 @@ def test_client_defaults() -> None:
 @pytest.mark.parametrize(
     ("parameter", "good", "bad"),
     [
-        ("node_timeout", [0.001, 1, 60.0], [0, 0.0, -1, 60.001, math.nan, math.inf, True, "1"]),
+        (
+            "node_timeout",
+            [0.001, 1, 60.0],
+            [0, 0.0, 0.0009, -1, 60.001, math.nan, math.inf, True, "1"],
+        ),
         ("connect_timeout", [0.001, 2, 60.0], [0, -1, 60.001, math.nan, math.inf, False, None]),
         ("drift_factor", [0, 0.0, 0.01, 0.499], [-0.01, 0.5, 1, math.nan, math.inf, False]),
         ("drift_floor", [0, 0.0, 0.002, 10], [-0.001, 10.001, math.nan, -math.inf, True]),

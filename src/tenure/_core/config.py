@@ -657,9 +657,14 @@ class ClientConfig:
             seen[a.identity] = i
             _refuse_one_cluster_twice(addresses, i)
         timeout = _finite("node_timeout", node_timeout)
-        if not 0 < timeout <= 60:
+        if not NODE_TIMEOUT_LOW <= timeout <= 60:
+            # Below a millisecond no node answers a script in time, even on a unix
+            # socket: every round would fail, every release be told unconfirmed.
             raise ConfigurationError(
-                "node_timeout", f"must be in (0, 60] seconds, got {node_timeout}"
+                "node_timeout",
+                f"must be in [{NODE_TIMEOUT_LOW:g}, 60] seconds, got {node_timeout}: the "
+                "longest a round waits for one node's reply (the default, 0.05 s, fits "
+                "nodes on one network)",
             )
         connect = _finite("connect_timeout", connect_timeout)
         if not 0 < connect <= 60:
@@ -833,6 +838,9 @@ DEFAULT_RETENTION = 3600.0
 
 # What every key and channel starts with unless the client is given another prefix.
 DEFAULT_KEY_PREFIX = "tenure:"
+
+# The shortest node_timeout accepted (seconds).
+NODE_TIMEOUT_LOW = 0.001
 
 # The node's own keys under the default prefix: its floor and warm-up marker, shared by
 # every lock of that prefix on the node (``node_keys`` for another prefix).

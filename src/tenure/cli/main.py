@@ -30,6 +30,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .. import __version__
+from .._core.config import NODE_TIMEOUT_LOW
 from .._errors import TenureError
 from ._text import one_line
 from .node_check import CHECK_EXIT_CODES, check
@@ -556,7 +557,7 @@ def _seconds_in(low: float, high: float, *, open_low: bool) -> Callable[[str], f
 
 
 # The ranges of Client(node_timeout=...) and Client(max_ttl=...).
-_node_timeout = _seconds_in(0, 60, open_low=True)
+_node_timeout = _seconds_in(NODE_TIMEOUT_LOW, 60, open_low=False)
 _max_ttl = _seconds_in(0.001, 86_400, open_low=False)
 
 
