@@ -641,6 +641,17 @@ def test_status_names_a_url_option_redis_py_refuses(query: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_status_refuses_a_node_listed_twice(cluster: LocalCluster) -> None:
+    # Counted twice, one server's answers made a majority of the two listings (exit 0),
+    # as a client would refuse to count them.
+    url = cluster.urls[0]
+    result = _tenure("status", "some-lock", "--redis", url, "--redis", f"{url}/0")
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    assert "--redis[1]:" in result.stderr
+    assert "the same server as --redis[0]" in result.stderr
+
+
 @pytest.mark.parametrize("seconds", ["61", "1e300", "1e-9"])
 def test_status_takes_the_node_timeouts_the_clients_take(
     cluster: LocalCluster, seconds: str

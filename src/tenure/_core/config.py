@@ -12,7 +12,7 @@ import hashlib
 import math
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -47,6 +47,7 @@ __all__ = [
     "node_keys",
     "parse_node_url",
     "redact_url",
+    "refuse_twins",
     "replid_key",
 ]
 
@@ -544,7 +545,30 @@ def node_address(
     return NodeAddress(url, scheme, host, port, None, db, tuple(options.items()))
 
 
-def _refuse_one_cluster_twice(addresses: tuple[NodeAddress, ...], i: int) -> None:
+def refuse_twins(addresses: Sequence[NodeAddress], listed: str = "nodes") -> None:
+    """Refuse a server (or a Redis Cluster) listed twice: its vote would count twice.
+
+    Raises:
+        ConfigurationError: naming ``listed[i]``, the second listing.
+    """
+    seen: dict[tuple[object, ...], int] = {}
+    for i, a in enumerate(addresses):
+        if a.identity in seen:
+            first = addresses[seen[a.identity]]
+            also = " (a different database, but the same server)" if a.db != first.db else ""
+            raise ConfigurationError(
+                f"{listed}[{i}]",
+                f"{a.display} is the same server as {listed}[{seen[a.identity]}]{also}; "
+                "listing a node twice would count its vote twice: a Redlock needs "
+                "independent servers",
+            )
+        seen[a.identity] = i
+        _refuse_one_cluster_twice(addresses, i, listed)
+
+
+def _refuse_one_cluster_twice(
+    addresses: Sequence[NodeAddress], i: int, listed: str = "nodes"
+) -> None:
     """Refuse ``addresses[i]`` if it is a Redis Cluster node sharing a seed with an earlier
     one: the same cluster, whichever of its members each names. Its seeds are whatever
     the URL lists, or every member a ``RedisCluster`` object had discovered, so the same
@@ -559,8 +583,8 @@ def _refuse_one_cluster_twice(addresses: tuple[NodeAddress, ...], i: int) -> Non
         shared = sorted(mine & set(other.seeds))
         if shared:
             raise ConfigurationError(
-                f"nodes[{i}]",
-                f"{addresses[i].display} is the same Redis Cluster as nodes[{j}] "
+                f"{listed}[{i}]",
+                f"{addresses[i].display} is the same Redis Cluster as {listed}[{j}] "
                 f"({other.display}): both name {host_port(*shared[0])}; listing a cluster "
                 "twice would count its vote twice: list it once, as one node",
             )
@@ -643,19 +667,7 @@ class ClientConfig:
         )
         check_flag("allow_even", allow_even)
         check_node_count(len(addresses), allow_even)
-        seen: dict[tuple[object, ...], int] = {}
-        for i, a in enumerate(addresses):
-            if a.identity in seen:
-                first = addresses[seen[a.identity]]
-                also = " (a different database, but the same server)" if a.db != first.db else ""
-                raise ConfigurationError(
-                    f"nodes[{i}]",
-                    f"{a.display} is the same server as nodes[{seen[a.identity]}]{also}; "
-                    "listing a node twice would count its vote twice: a Redlock needs "
-                    "independent servers",
-                )
-            seen[a.identity] = i
-            _refuse_one_cluster_twice(addresses, i)
+        refuse_twins(addresses)
         timeout = _finite("node_timeout", node_timeout)
         if not NODE_TIMEOUT_LOW <= timeout <= 60:
             # Below a millisecond no node answers a script in time, even on a unix

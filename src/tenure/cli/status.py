@@ -29,6 +29,7 @@ from .._core.config import (
     check_one_server,
     host_port,
     parse_node_url,
+    refuse_twins,
 )
 from .._core.diagnosis import for_prefix, slot_unserved
 from .._core.quorum import Failure, majority
@@ -89,6 +90,8 @@ def status(
         check_one_server(parse_node_url(url, f"--redis[{i}]"), f"--redis[{i}]", "tenure status")
         for i, url in enumerate(nodes)
     ]
+    # Counted twice, it would make a majority of answers out of one server's.
+    refuse_twins(addresses, "--redis")
     # A URL option redis-py refuses (``?socket_timeout=abc``) is the caller's to fix,
     # not the node's failure.
     check_connection_options(None, addresses, node_timeout, asyncio=False, listed="--redis")
