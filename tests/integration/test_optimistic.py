@@ -338,6 +338,17 @@ def test_bad_arguments_are_refused(run: Run, key: str) -> None:
     assert info.value.parameter == "keys"
 
 
+def test_fn_that_returns_no_plan_is_a_clear_error(run: Run, raw: redis.Redis, key: str) -> None:
+    # It was a raw AttributeError ("'int' object has no attribute 'writes'").
+    raw.set(key, 5)
+    for answer in (4, None, {key: 4}):
+        with pytest.raises(ConfigurationError) as info:
+            run([key], lambda reads, answer=answer: answer)  # type: ignore[misc]
+        assert info.value.parameter == "fn"
+        assert "Plan" in str(info.value)
+    assert raw.get(key) == b"5"
+
+
 def test_a_lost_connection_is_not_a_conflict() -> None:
     """redis-py reports a connection lost while watching as a WatchError; it is not retried.
 
@@ -437,6 +448,36 @@ def test_versioned_update_refuses_bad_arguments(engine: Engine) -> None:
     assert info.value.parameter == "id_clause"
     with engine.connect() as conn:
         assert read_item(conn, 1) == (0, 0)
+
+
+def test_versioned_update_refuses_a_null_or_non_integer_version(engine: Engine) -> None:
+    # A NULL version was reported as RowMissing ("no such row"); a text version column
+    # raised a raw ValueError from int() (SQLite) or a raw ProgrammingError (PostgreSQL).
+    # Neither is a missing row or a conflict, and no retry would help.
+    loose = Table(
+        "optimistic_loose",
+        MetaData(),
+        Column("id", Integer, primary_key=True),
+        Column("value", Integer),
+        Column("version", Integer, nullable=True),
+        Column("label", String(10), nullable=True),
+    )
+    loose.create(engine)
+    try:
+        with engine.begin() as conn:
+            conn.execute(loose.insert(), [{"id": 1, "version": None, "label": "a"}])
+        with engine.begin() as conn, pytest.raises(ConfigurationError) as info:
+            versioned_update(conn, loose, loose.c.id == 1, 0, {"value": 1})
+        assert info.value.parameter == "version_column"
+        assert "version is None, not an integer" in str(info.value)
+        with engine.begin() as conn, pytest.raises(ConfigurationError) as info:
+            versioned_update(conn, loose, loose.c.id == 1, 0, {"value": 1}, version_column="label")
+        assert info.value.parameter == "version_column"
+        assert "not an integer column" in str(info.value)
+        with engine.connect() as conn:
+            assert conn.execute(select(loose.c.value)).scalar_one() is None
+    finally:
+        loose.drop(engine)
 
 
 def test_versioned_update_works_in_an_orm_session(engine: Engine) -> None:

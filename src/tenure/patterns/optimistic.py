@@ -66,11 +66,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import random
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import redis
@@ -439,6 +441,18 @@ def _queue_writes(pipe: Any, writes: Writes) -> None:
             pipe.set(key, value)
 
 
+def _checked_plan(plan: Plan[T]) -> Plan[T]:
+    """``fn``'s answer, refused before anything is queued unless it is a Plan."""
+    # Typed as a Plan, but fn is the caller's code: mypy cannot vouch for what it returns.
+    if not isinstance(cast(object, plan), Plan):
+        raise ConfigurationError(
+            "fn",
+            f"must return a Plan(result, writes), got {type(plan).__name__}: "
+            "return Plan(result=..., writes=None) to write nothing",
+        )
+    return plan
+
+
 def _check_keys(keys: Sequence[str]) -> list[str]:
     if isinstance(keys, (str, bytes)):
         raise ConfigurationError("keys", "must be a sequence of key names, not one string")
@@ -501,8 +515,8 @@ def optimistic(
             after EXEC was sent, the writes may or may not have been applied.
         redis.ResponseError: a queued write failed inside EXEC (e.g. WRONGTYPE). Redis
             does not roll back: the other queued writes were applied.
-        ConfigurationError: bad ``keys``, ``retries`` or plan ``writes``; an asyncio
-            ``client``.
+        ConfigurationError: bad ``keys``, ``retries`` or plan ``writes``; ``fn``
+            returned no :class:`Plan`; an asyncio ``client``.
         Exception: whatever ``fn`` raises, unchanged; nothing was written.
 
     Example (never sell below zero)::
@@ -524,7 +538,7 @@ def optimistic(
             try:
                 pipe.watch(*watched)  # type: ignore[no-untyped-call]
                 values = pipe.mget(watched)
-                plan = fn(Reads(_values(watched, values), pipe))
+                plan = _checked_plan(fn(Reads(_values(watched, values), pipe)))
                 pipe.multi()
                 _queue_writes(pipe, plan.writes)
                 pipe.execute()
@@ -563,7 +577,7 @@ async def aoptimistic(
                 await pipe.watch(*watched)
                 values = await pipe.mget(watched)
                 planned = fn(Reads(_values(watched, values), pipe))
-                plan = await planned if inspect.isawaitable(planned) else planned
+                plan = _checked_plan(await planned if inspect.isawaitable(planned) else planned)
                 pipe.multi()  # type: ignore[no-untyped-call]
                 _queue_writes(pipe, plan.writes)
                 await pipe.execute()
@@ -606,7 +620,8 @@ def versioned_update(
         RowMissing: no row matches ``id_clause``; nothing was written.
         ConfigurationError: ``id_clause`` matched several rows (they were updated in the
             caller's transaction: roll it back), ``values`` sets the version column, the
-            table has no such column, or ``expected_version`` is not an int.
+            table has no such column, the row's version is NULL or not an integer, or
+            ``expected_version`` is not an int.
     """
     from sqlalchemy import select, update
 
@@ -629,6 +644,18 @@ def versioned_update(
         raise ConfigurationError(
             "version_column", f"table {table.name!r} has no column {version_column!r}"
         ) from None
+    try:
+        python_type: type | None = version.type.python_type
+    except NotImplementedError:  # a custom type that does not say: let the database judge
+        python_type = None
+    if python_type is not None and not issubclass(python_type, (int, Decimal)):
+        # PostgreSQL refuses "version = 0" on a text column raw; SQLite compares and fails
+        # on every row: say it before anything is sent.
+        raise ConfigurationError(
+            "version_column",
+            f"{table.name}.{version_column} is {version.type}, not an integer column: "
+            "declare it INTEGER (or BIGINT) NOT NULL",
+        )
     stmt = (
         update(table)
         .where(id_clause, version == expected_version)
@@ -641,10 +668,22 @@ def versioned_update(
     if updated > 1:
         raise ConfigurationError("id_clause", f"{row} matched {updated} rows, not one")
     # Read in the same transaction, to say why nothing matched.
-    actual = connection.execute(select(version).where(id_clause)).scalar()
-    if actual is None:
+    found = connection.execute(select(version).where(id_clause)).first()
+    if found is None:
         raise RowMissing(row)
-    raise StaleVersion(row, expected_version, int(actual))
+    actual = found[0]
+    if isinstance(actual, (Decimal, float)) and math.isfinite(actual) and actual == int(actual):
+        actual = int(actual)  # a NUMERIC (or REAL) version column holding a whole number
+    # A NULL or non-integer version never equals an int, so no update could ever
+    # succeed: that is the table's setup, not a conflict (and not a missing row).
+    if isinstance(actual, bool) or not isinstance(actual, int):
+        raise ConfigurationError(
+            "version_column",
+            f"{row}: {version_column} is {actual!r}, not an integer: give every row an "
+            f"integer version (e.g. UPDATE ... SET {version_column} = 0 WHERE "
+            f"{version_column} IS NULL) and declare the column INTEGER NOT NULL",
+        )
+    raise StaleVersion(row, expected_version, actual)
 
 
 def _describe(connection: Connection | Session, table: Table, clause: ColumnElement[bool]) -> str:
