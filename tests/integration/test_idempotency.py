@@ -396,6 +396,66 @@ def test_bad_options_are_refused(raw: redis.Redis, option: str, value: object) -
     assert info.value.parameter == option
 
 
+def test_a_codec_that_is_no_codec_is_refused(raw: redis.Redis) -> None:
+    # It was taken, and failed only at the first record, after the effect.
+    for make in (lambda: RedisIdempotency(raw, codec=None), lambda: SqlIdempotency(codec="json")):  # type: ignore[arg-type]
+        with pytest.raises(ConfigurationError) as info:
+            make()
+        assert info.value.parameter == "codec"
+
+
+def test_the_decorator_refuses_what_it_cannot_run(raw: redis.Redis, key: str) -> None:
+    # An async handler's coroutine was recorded (a raw TypeError, never awaited: the
+    # effect never ran); SqlIdempotency.once needs the transaction's connection (a raw
+    # TypeError at the first call).
+    store = RedisIdempotency(raw)
+    decorate = idempotent(store, key=lambda request: request)
+
+    async def handler(request: str) -> int:
+        return 1
+
+    with pytest.raises(ConfigurationError) as info:
+        decorate(handler)
+    assert info.value.parameter == "handler"
+    assert "async" in str(info.value)
+    with pytest.raises(ConfigurationError) as info:
+        idempotent(SqlIdempotency(), key=lambda request: request)  # type: ignore[arg-type]
+    assert info.value.parameter == "store"
+    assert "keys.once(connection, key)" in str(info.value)
+    assert raw.exists(store.redis_key(key)) == 0
+
+
+def test_a_result_the_codec_cannot_encode_is_a_clear_error(raw: redis.Redis, key: str) -> None:
+    # It was the codec's raw TypeError; through the decorator, every retry ran the effect
+    # again and failed the same way.
+    store = RedisIdempotency(raw)
+    account, stock = f"{key}:points", f"{key}:stock"
+    raw.set(stock, 3)
+    with pytest.raises(ConfigurationError) as info, store.once(key) as once:
+        once.record(object())
+    assert info.value.parameter == "result"
+    assert "object value cannot be stored by the codec" in str(info.value)
+    assert raw.exists(store.redis_key(key)) == 0  # nothing recorded, the claim released
+    with pytest.raises(ConfigurationError) as info, store.once(key) as once:
+        once.apply([stock], lambda reads: Plan(result={1, 2}, writes={stock: 2}))
+    assert info.value.parameter == "result"
+    assert raw.get(stock) == b"3"  # nothing applied
+    with pytest.raises(ConfigurationError) as info, store.once(key) as once:
+        once.apply([stock], lambda reads: 2)  # type: ignore[arg-type,return-value]
+    assert info.value.parameter == "fn"
+    runs: list[int] = []
+
+    @idempotent(store, key=lambda request: request)
+    def deduct(request: str) -> object:
+        runs.append(int(raw.decrby(account, COST)))
+        return object()
+
+    with pytest.raises(ConfigurationError) as info:
+        deduct(key)
+    assert info.value.parameter == "result"
+    assert runs == [-COST]
+
+
 def test_scripts_name_their_keys_and_arguments() -> None:
     for name in ("idem_claim", "idem_record", "idem_release"):
         source = files("tenure._lua").joinpath(f"{name}.lua").read_text()
@@ -641,6 +701,22 @@ def test_sql_leaving_without_recording_records_none(engine: Engine, key: str) ->
         pass
     with engine.begin() as conn, store.once(conn, key) as again:
         assert (again.done, again.result) == (True, None)
+
+
+def test_sql_a_result_the_codec_cannot_encode_is_a_clear_error(engine: Engine, key: str) -> None:
+    keys = SqlIdempotency(keys_table)
+
+    def attempt() -> None:
+        with engine.begin() as conn, keys.once(conn, key) as once:
+            deduct_in_sql(conn)
+            once.record(object())
+
+    with pytest.raises(ConfigurationError) as info:
+        attempt()
+    assert info.value.parameter == "result"
+    assert balance(engine) == POINTS  # rolled back with the effect
+    with engine.connect() as conn:
+        assert conn.execute(select(keys_table).where(keys_table.c.key == key)).first() is None
 
 
 def test_sql_purge_forgets_old_keys(engine: Engine, key: str) -> None:

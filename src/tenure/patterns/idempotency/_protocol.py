@@ -7,6 +7,7 @@ operation).
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -76,6 +77,12 @@ def idempotent(
         and returns it; a duplicate returns the recorded result without running. If the
         handler raises, nothing is recorded and the claim is released.
 
+    Raises:
+        ConfigurationError: (when decorating) ``handler`` is a coroutine function: the
+            stores are blocking, and would record the un-awaited coroutine, not its
+            result; or ``store.once`` needs more than the key (``SqlIdempotency.once``
+            takes the transaction's connection: use it in a ``with`` block instead).
+
     Example::
 
         @idempotent(store, key=lambda request: request.headers.get("Idempotency-Key"))
@@ -84,7 +91,19 @@ def idempotent(
             return {"balance": balance}
     """
 
+    _check_store(store)
+
     def decorate(handler: Callable[P, T]) -> Callable[P, T]:
+        if inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler):
+            # Called, it would return a coroutine at once: the effect would not have run,
+            # and the store would try to record the coroutine itself.
+            raise ConfigurationError(
+                "handler",
+                f"{getattr(handler, '__qualname__', handler)!r} is an async function; "
+                "idempotent() wraps blocking handlers (the stores are blocking): decorate "
+                "a blocking function, or use store.once(key) in a thread of its own",
+            )
+
         @functools.wraps(handler)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
             name = key(*args, **kwargs)
@@ -100,6 +119,52 @@ def idempotent(
         return wrapper
 
     return decorate
+
+
+def _check_store(store: object) -> None:
+    """Refuse a store whose ``once`` cannot be called with the key alone."""
+    once = getattr(store, "once", None)
+    if not callable(once):
+        raise ConfigurationError(
+            "store", f"must have a once(key) method (e.g. RedisIdempotency), got {store!r}"
+        )
+    try:
+        inspect.signature(once).bind("key")
+    except TypeError:
+        raise ConfigurationError(
+            "store",
+            f"{type(store).__name__}.once cannot be called with the key alone; "
+            "idempotent() needs a store such as RedisIdempotency. For SqlIdempotency, "
+            "use `with keys.once(connection, key) as once:` inside the effect's transaction",
+        ) from None
+    except ValueError:  # no signature to read (a builtin): let the call say what it says
+        pass
+
+
+def _encoded(codec: Codec, result: Any) -> bytes:
+    """``codec.dumps(result)``, or a ConfigurationError naming ``result`` and the codec."""
+    try:
+        encoded = codec.dumps(result)
+    except Exception as exc:
+        raise ConfigurationError(
+            "result",
+            f"{type(result).__name__} value cannot be stored by the codec ({exc!r}): "
+            "return something the codec encodes (JSON by default: dicts, lists, str, "
+            "numbers, bool), or pass a Codec that handles it",
+        ) from exc
+    if not isinstance(encoded, (bytes, bytearray)):
+        raise ConfigurationError(
+            "result", f"the codec's dumps returned {type(encoded).__name__}, not bytes"
+        )
+    return bytes(encoded)
+
+
+def _check_codec(codec: object) -> Codec:
+    if not (callable(getattr(codec, "dumps", None)) and callable(getattr(codec, "loads", None))):
+        raise ConfigurationError(
+            "codec", f"must be a Codec(dumps=..., loads=...) (default JSON), got {codec!r}"
+        )
+    return cast(Codec, codec)
 
 
 def _check_key(key: object) -> str:

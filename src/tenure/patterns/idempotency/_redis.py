@@ -29,11 +29,12 @@ from ..optimistic import (
     Plan,
     Reads,
     _check_keys,
+    _checked_plan,
     _queue_writes,
     optimistic,
 )
 from ._errors import ClaimLost, InProgress, NotClaimed
-from ._protocol import JSON, Codec, _check_key, _check_wait, _seconds_to_ms
+from ._protocol import JSON, Codec, _check_codec, _check_key, _check_wait, _encoded, _seconds_to_ms
 
 T = TypeVar("T")
 
@@ -109,6 +110,9 @@ class RedisOnce:
             ClaimLost: our lease ran out and another attempt took the key; our effect
                 happened and theirs may too. Nothing was recorded.
             NotClaimed: this attempt holds no claim (``done``, or recorded already).
+            ConfigurationError: (``result``) the codec cannot encode ``result``. Nothing
+                was recorded; leaving the block with it releases the claim, so a retry
+                runs the effect again.
         """
         marker = self._require_claim("record")
         store = self._store
@@ -165,6 +169,8 @@ class RedisOnce:
             ClaimLost: another attempt took the key over; nothing of ours was applied.
             ConflictError: ``keys`` kept changing; nothing was applied, the claim is kept.
             NotClaimed: this attempt holds no claim.
+            ConfigurationError: (``result``) the codec cannot encode the plan's result,
+                or (``fn``) ``fn`` returned no Plan; nothing was applied.
             Exception: whatever ``fn`` raises.
 
         Example (one coupon, redeemed once per request)::
@@ -191,7 +197,7 @@ class RedisOnce:
                     f"our claim's lease ({store.lease} s) ran out before the effect; "
                     f"the key holds {holder}; nothing of ours was applied",
                 )
-            plan = fn(Reads({k: reads[k] for k in effect_keys}, reads.reader))
+            plan = _checked_plan(fn(Reads({k: reads[k] for k in effect_keys}, reads.reader)))
             record = store._record_value(plan.result)
 
             def writes(tx: Pipeline) -> None:
@@ -244,7 +250,7 @@ class RedisIdempotency:
 
     Raises:
         ConfigurationError: an asyncio ``client``; a bad ``namespace``, ``lease``,
-            ``retention`` or ``wait``.
+            ``retention``, ``wait`` or ``codec``.
 
     Example::
 
@@ -279,7 +285,7 @@ class RedisIdempotency:
         self.retention = retention
         self.wait = _check_wait(wait)
         self.poll = poll
-        self.codec = codec
+        self.codec = _check_codec(codec)
         self._rng = random.Random()
 
     def redis_key(self, key: str) -> str:
@@ -293,7 +299,7 @@ class RedisIdempotency:
         return f"{self.redis_key(key)}:receipt"
 
     def _record_value(self, result: Any) -> bytes:
-        return b"n:" if result is None else b"d:" + self.codec.dumps(result)
+        return b"n:" if result is None else b"d:" + _encoded(self.codec, result)
 
     @contextmanager
     def once(self, key: str, *, wait: float | None = None) -> Iterator[RedisOnce]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..._errors import ConfigurationError
 from ._errors import InProgress, NotClaimed
-from ._protocol import JSON, Codec, _check_key
+from ._protocol import JSON, Codec, _check_codec, _check_key, _encoded
 
 if TYPE_CHECKING:
     from sqlalchemy import MetaData, Table
@@ -78,6 +78,8 @@ class SqlOnce:
 
         Raises:
             NotClaimed: ``done`` (a previous attempt's row), or recorded already.
+            ConfigurationError: (``result``) the codec cannot encode ``result``; nothing
+                was written: roll the transaction back, with the effect.
         """
         if self.done or self._recorded:
             why = "a previous attempt finished it" if self.done else "it was already recorded"
@@ -85,7 +87,7 @@ class SqlOnce:
         from sqlalchemy import update
 
         table = self._store.table
-        response = None if result is None else self._store.codec.dumps(result)
+        response = None if result is None else _encoded(self._store.codec, result)
         self._connection.execute(
             update(table).where(table.c.key == self.key).values(response=response)
         )
@@ -129,7 +131,7 @@ class SqlIdempotency:
 
             table = idempotency_table(MetaData())
         self.table = table
-        self.codec = codec
+        self.codec = _check_codec(codec)
         self.on_conflict = on_conflict
 
     @contextmanager
