@@ -539,6 +539,34 @@ def test_a_bad_payload_is_refused_before_anything_is_sent(payload: Any) -> None:
     producer.client.close()
 
 
+def test_a_payload_or_batch_of_the_wrong_shape_is_refused() -> None:
+    # A payload that is no mapping raised a raw AttributeError, a write that is no pair a
+    # raw ValueError.
+    producer = StreamProducer(redis.Redis(), "orders", 4)  # never connects
+    for bad in ([("a", 1)], None):
+        with pytest.raises(tenure.ConfigurationError) as info:
+            producer.append("k", bad)  # type: ignore[arg-type]
+        assert info.value.parameter == "payload"
+    with pytest.raises(tenure.ConfigurationError) as info:
+        producer.append_many(["abc"])  # type: ignore[list-item]
+    assert info.value.parameter == "writes"
+    producer.client.close()
+
+
+def test_a_worker_refuses_a_lock_client_or_handler_it_cannot_use(data_node: LocalCluster) -> None:
+    # A redis.Redis as the lock client (it has a lock() of its own) failed only in run(),
+    # with a raw AttributeError; a handler that is not callable failed on every entry,
+    # retried every retry_delay: its partition stopped, with nothing but a log line.
+    with data_node[0].client() as client, tenure.Client(data_node.urls) as locks:
+        with pytest.raises(tenure.ConfigurationError) as info:
+            StreamWorker(client, client, "orders", 4, "g", "w", lambda *entry: None)  # type: ignore[arg-type]
+        assert info.value.parameter == "lock_client"
+        for handler in (None, "apply"):
+            with pytest.raises(tenure.ConfigurationError) as info:
+                StreamWorker(locks, client, "orders", 4, "g", "w", handler)  # type: ignore[arg-type]
+            assert info.value.parameter == "handler"
+
+
 @pytest.mark.parametrize("parameter", ["stream_prefix", "group", "consumer_name"])
 @pytest.mark.parametrize("bad", ["", "caf\udce9", 7])
 def test_worker_names_are_refused_before_anything_is_sent(parameter: str, bad: object) -> None:

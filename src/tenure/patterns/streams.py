@@ -221,14 +221,30 @@ class Partitioner:
         return f"Partitioner({self.partitions})"
 
 
+def _pairs(writes: Iterable[tuple[str, Payload]]) -> list[tuple[str, Payload]]:
+    """``writes`` as a list of ``(key, payload)`` pairs, each checked to be a pair."""
+    pairs = []
+    for number, write in enumerate(writes):
+        if not isinstance(write, tuple) or len(write) != 2:
+            raise ConfigurationError(
+                "writes", f"item {number} must be a (key, payload) pair, got {write!r:.80}"
+            )
+        pairs.append(write)
+    return pairs
+
+
 def _entry_fields(key: str, payload: Payload) -> dict[Any, Any]:
     """The fields of one stream entry: the key, then the payload.
 
     Raises:
-        ConfigurationError: (``key``, ``payload``) an empty key, a field named
-            ``KEY_FIELD``, or a value that is not str, bytes or int.
+        ConfigurationError: (``key``, ``payload``) an empty key, a payload that is no
+            mapping, a field named ``KEY_FIELD``, or a value that is not str, bytes or int.
     """
     _checked_name(key, "key")
+    if not isinstance(payload, Mapping):
+        raise ConfigurationError(
+            "payload", f"must be a mapping of field names to values, got {type(payload).__name__}"
+        )
     # dict[Any, Any]: what redis-py's xadd accepts has changed between versions.
     fields: dict[Any, Any] = {KEY_FIELD: key}
     for name, value in payload.items():
@@ -294,7 +310,9 @@ class StreamProducer:
         Returns:
             The entry ids, in the order of ``writes``.
         """
-        batch = [(self.stream_of(key), _entry_fields(key, payload)) for key, payload in writes]
+        batch = [
+            (self.stream_of(key), _entry_fields(key, payload)) for key, payload in _pairs(writes)
+        ]
         with self.client.pipeline(transaction=atomic) as pipe:
             for stream, fields in batch:
                 pipe.xadd(stream, fields)
@@ -371,7 +389,8 @@ class StreamWorker:
 
     Raises:
         ConfigurationError: a parameter out of range; ``redis_client`` asyncio or
-            decoding replies.
+            decoding replies; ``lock_client`` not a blocking ``tenure.Client``;
+            ``handler`` not callable.
     """
 
     def __init__(
@@ -394,6 +413,21 @@ class StreamWorker:
         _check_client(
             redis_client, "redis_client", owner="StreamWorker", asyncio=False, raw_bytes=True
         )
+        if not isinstance(lock_client, Client):
+            # A redis.Redis has a lock() of its own, so nothing failed before run(), and
+            # then with an AttributeError; an AsyncClient would hand back coroutines.
+            raise ConfigurationError(
+                "lock_client",
+                f"must be a blocking tenure.Client (the leases that own partitions), got "
+                f"{type(lock_client).__name__}: pass tenure.Client([...lock node URLs...])",
+            )
+        if not callable(handler):
+            # Called for the first entry only, where its TypeError became a handler
+            # failure, retried every retry_delay: the partition stopped, with a log line.
+            raise ConfigurationError(
+                "handler",
+                f"must be callable as handler(key, payload, fencing_token), got {handler!r}",
+            )
         self.lock_client = lock_client
         self.client = redis_client
         self.stream_prefix = _checked_name(stream_prefix, "stream_prefix")
