@@ -559,7 +559,7 @@ def test_a_worker_refuses_a_lock_client_or_handler_it_cannot_use(data_node: Loca
     # retried every retry_delay: its partition stopped, with nothing but a log line.
     with data_node[0].client() as client, tenure.Client(data_node.urls) as locks:
         with pytest.raises(tenure.ConfigurationError) as info:
-            StreamWorker(client, client, "orders", 4, "g", "w", lambda *entry: None)  # type: ignore[arg-type]
+            StreamWorker(client, client, "orders", 4, "g", "w", lambda *entry: None)
         assert info.value.parameter == "lock_client"
         for handler in (None, "apply"):
             with pytest.raises(tenure.ConfigurationError) as info:
