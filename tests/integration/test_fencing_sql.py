@@ -11,9 +11,21 @@ import random
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import BigInteger, Column, Engine, Integer, String, Table, create_engine, select
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Engine,
+    Integer,
+    String,
+    Table,
+    create_engine,
+    event,
+    select,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from tenure import ConfigurationError, StaleToken
@@ -320,3 +332,134 @@ def test_orm_concurrent_writers_end_with_the_highest_token(engine: Engine) -> No
     insert_account(engine)
     run_writers(lambda token: set_balance(engine, token, token))
     assert account(engine) == (WRITES, WRITES)
+
+
+# --- Sessions that cannot keep the fence --------------------------------------------
+
+
+def _autocommit_engine(engine: Engine, how: str) -> Engine:
+    """``engine``'s database, with every statement committed on its own, set ``how``."""
+    if how == "execution_options":
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+    if how == "create_engine":
+        return create_engine(engine.url, isolation_level="AUTOCOMMIT")
+    # Behind SQLAlchemy's back: the driver's own switch, flipped as each connection opens.
+    driver = create_engine(engine.url)
+
+    @event.listens_for(driver, "connect")
+    def autocommit(dbapi_connection: Any, record: object) -> None:
+        if engine.dialect.name == "sqlite":
+            dbapi_connection.isolation_level = None
+        else:
+            dbapi_connection.autocommit = True
+
+    return driver
+
+
+@pytest.mark.parametrize("how", ["execution_options", "create_engine", "driver"])
+def test_orm_fence_refuses_an_autocommit_session(engine: Engine, how: str) -> None:
+    # Holder A (token 5) flushes in autocommit; holder B (token 6) writes between A's
+    # claim and A's own UPDATE, which nothing then holds back. Before the refusal, A's
+    # UPDATE overwrote B's balance and set the token back to 5.
+    insert_account(engine)
+    set_balance(engine, 4, 10)
+    autocommit = _autocommit_engine(engine, how)
+    newer_wrote = threading.Event()
+
+    def newer_writer(conn: Any, cursor: Any, statement: str, *rest: object) -> None:
+        if statement.startswith("UPDATE fencing_accounts SET balance") and not newer_wrote.is_set():
+            newer_wrote.set()
+            worker = threading.Thread(target=set_balance, args=(engine, 6, 600))
+            worker.start()
+            worker.join(10)
+
+    event.listen(autocommit, "before_cursor_execute", newer_writer)
+    refused: ConfigurationError | None = None
+    try:
+        with Session(autocommit) as session:
+            acct = session.get(Account, 1)
+            assert acct is not None
+            try:
+                with fence(session, 5):
+                    acct.balance = 500
+                session.commit()
+            except ConfigurationError as exc:
+                refused = exc
+                session.rollback()
+    finally:
+        event.remove(autocommit, "before_cursor_execute", newer_writer)
+        if autocommit is not engine:
+            autocommit.dispose()
+    # Refused before its claim: nothing written, and B never had to run. (Unrefused, the
+    # row ended as (500, 5): A's balance over B's, and the token gone back from 6 to 5.)
+    assert account(engine) == (10, 4)
+    assert refused is not None
+    assert refused.parameter == "session"
+    assert "AUTOCOMMIT" in str(refused)
+    assert "fenced_execute" in str(refused)
+
+
+def test_core_fenced_execute_works_in_autocommit(engine: Engine) -> None:
+    # One statement: no transaction is needed to keep the check and the write together.
+    insert_document(engine)
+    with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+        where = documents.c.id == 1
+        fenced_execute(conn, documents, 6, where, values={"body": "b"}, token_column="fence")
+        with pytest.raises(StaleToken):
+            fenced_execute(conn, documents, 5, where, values={"body": "a"}, token_column="fence")
+    assert document(engine) == ("b", 6)
+
+
+def test_orm_fence_accepts_sqlite_in_a_begin_of_its_own(tmp_path: Path) -> None:
+    # SQLAlchemy's SQLite recipe for SAVEPOINT support: the driver's autocommit on, and
+    # a BEGIN emitted by SQLAlchemy. That is a transaction, so the fence holds there.
+    eng = create_engine(f"sqlite:///{tmp_path / 'recipe.db'}")
+
+    @event.listens_for(eng, "connect")
+    def driver_autocommit(dbapi_connection: Any, record: object) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(eng, "begin")
+    def begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN")
+
+    Base.metadata.create_all(eng)
+    try:
+        insert_account(eng)
+        set_balance(eng, 6, 20)
+        with pytest.raises(StaleToken):
+            set_balance(eng, 5, 10)
+        assert account(eng) == (20, 6)
+    finally:
+        eng.dispose()
+
+
+class _AsyncLike:
+    """What fence() and fenced_execute() see of an AsyncSession or AsyncConnection
+    (sqlalchemy.ext.asyncio needs greenlet and an asyncio driver): ``run_sync``, and
+    methods that return coroutines."""
+
+    def __init__(self) -> None:
+        self.info: dict[str, object] = {}
+
+    async def run_sync(self, fn: Callable[..., object]) -> object:  # pragma: no cover
+        return fn(self)
+
+
+@pytest.mark.parametrize("runner", [_AsyncLike(), None, "sqlite://"])
+def test_sql_helpers_refuse_what_cannot_run_them(runner: object) -> None:
+    with pytest.raises(ConfigurationError) as info, fence(runner, 5):  # type: ignore[arg-type]
+        pass
+    assert info.value.parameter == "session"
+    with pytest.raises(ConfigurationError) as info:
+        fenced_execute(runner, documents, 5, documents.c.id == 1, values={}, token_column="fence")  # type: ignore[arg-type]
+    assert info.value.parameter == "connection"
+    if isinstance(runner, _AsyncLike):
+        assert "run_sync" in str(info.value)
+
+
+def test_sql_helpers_refuse_an_engine(engine: Engine) -> None:
+    with pytest.raises(ConfigurationError, match="Session"), fence(engine, 5):  # type: ignore[arg-type]
+        pass
+    with pytest.raises(ConfigurationError, match="Connection or Session"):
+        fenced_execute(engine, documents, 5, documents.c.id == 1, values={}, token_column="fence")  # type: ignore[arg-type]

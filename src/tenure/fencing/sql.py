@@ -47,6 +47,14 @@ transaction, as after any failed flush, so nothing of it is written, and the ses
 needs ``session.rollback()`` before it is used again. The cost is one extra UPDATE per
 fenced object per flush.
 
+The claim keeps the ORM's statement in order only while our transaction holds the row
+lock, so a flush whose connection autocommits each statement (``isolation_level=
+"AUTOCOMMIT"``, on the engine, the connection or the driver) is refused with
+``ConfigurationError`` before its first claim: there a newer writer could land between
+the claim and the ORM's UPDATE, and be overwritten with an older token.
+:func:`fenced_execute` needs no transaction: its check and write are one statement.
+With SQLAlchemy's asyncio extension, do the fenced work inside ``run_sync``.
+
 Transactions are the caller's: nothing here begins or commits one. Writes outside a
 ``fence`` block, and ORM bulk statements (``session.execute(update(Model))``, which skip
 the flush), are not checked: use :func:`fenced_update` / :func:`fenced_execute` for the
@@ -55,6 +63,7 @@ latter.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
@@ -64,7 +73,15 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import update as sa_update
 from sqlalchemy.engine import Connection, CursorResult
-from sqlalchemy.orm import InstanceState, Mapped, Mapper, Session, mapped_column, object_session
+from sqlalchemy.orm import (
+    InstanceState,
+    Mapped,
+    Mapper,
+    Session,
+    mapped_column,
+    object_session,
+    scoped_session,
+)
 from sqlalchemy.orm.exc import StaleDataError
 from sqlalchemy.sql.dml import Update
 
@@ -166,8 +183,11 @@ def fenced_execute(
 
     Raises:
         StaleToken: the row holds a newer token (``.highest``); nothing was written.
-        ConfigurationError: as :func:`fenced_update`.
+        ConfigurationError: as :func:`fenced_update`; (``connection``) neither a
+            ``Connection`` nor a ``Session`` (an asyncio one: call this function inside
+            its ``run_sync``).
     """
+    _check_runner(connection, "connection", (Connection, Session, scoped_session))
     stmt = fenced_update(table, token, *where, values=values, token_column=token_column)
     updated = _rowcount(connection.execute(stmt))
     if updated:
@@ -176,6 +196,27 @@ def fenced_execute(
     if highest is not None:
         raise StaleToken(_describe(connection, table, where), token, highest)
     return 0
+
+
+def _check_runner(value: object, parameter: str, accepted: tuple[type, ...]) -> None:
+    """Refuse what cannot run the fenced statements, before anything is sent.
+
+    An asyncio ``AsyncSession`` or ``AsyncConnection`` would get as far as a coroutine
+    nobody awaits: fenced_execute() would fail on it with an AttributeError, and fence()
+    would flush nothing, leaving the block's changes to a later flush outside the fence,
+    which checks no token.
+    """
+    if isinstance(value, accepted):
+        return
+    names = " or ".join(kind.__name__ for kind in accepted)
+    if hasattr(value, "run_sync"):  # sqlalchemy.ext.asyncio's AsyncSession, AsyncConnection
+        raise ConfigurationError(
+            parameter,
+            f"got an asyncio {type(value).__name__}, which runs nothing until awaited: "
+            f"do the fenced work in a function of the synchronous {names} and run it with "
+            f"`await {parameter}.run_sync(function)`",
+        )
+    raise ConfigurationError(parameter, f"must be a SQLAlchemy {names}, got {value!r}")
 
 
 def _rowcount(result: Any) -> int:
@@ -246,7 +287,12 @@ def fence(session: Session, token: int) -> Iterator[Session]:
     Raises:
         StaleToken: a modified or deleted object's row holds a newer token. Raised by the
             flush that found it; the session's transaction has been rolled back.
-        ConfigurationError: a bad ``token``.
+        ConfigurationError: a bad ``token``; (``session``) not a ``Session`` (an
+            asyncio one: use ``fence`` on the session ``run_sync`` passes its function),
+            or, at the first flush of a changed or deleted object, a session whose
+            connection autocommits each statement: the claim and the ORM's own UPDATE
+            are two statements, and only a transaction keeps a newer writer out from
+            between them.
 
     Example::
 
@@ -255,6 +301,7 @@ def fence(session: Session, token: int) -> Iterator[Session]:
                 session.get(Account, 42).balance += 10
             session.commit()
     """
+    _check_runner(session, "session", (Session, scoped_session))
     _check_token(token)
     previous = session.info.get(_SESSION_KEY)
     session.info[_SESSION_KEY] = token
@@ -273,8 +320,45 @@ def _active_token(target: object) -> int | None:
     return None if session is None else cast("int | None", session.info.get(_SESSION_KEY))
 
 
+def _autocommits(connection: Connection) -> bool:
+    """Whether each statement on ``connection`` commits on its own (no transaction)."""
+    # The driver's own setting first: it also sees autocommit switched on behind
+    # SQLAlchemy's back (a pool "connect" event, a creator). Asked without a round trip;
+    # dialects that cannot tell raise NotImplementedError, and SQLAlchemy before 2.1
+    # lacks the method.
+    dbapi_connection = connection.connection.dbapi_connection
+    if getattr(dbapi_connection, "in_transaction", False) is True:
+        # sqlite3 inside a BEGIN of its own, as SQLAlchemy's SQLite recipe for SAVEPOINT
+        # support emits on a connection whose driver-level autocommit is on.
+        return False
+    detect = getattr(connection.dialect, "detect_autocommit_setting", None)
+    if detect is not None and dbapi_connection is not None:
+        with contextlib.suppress(NotImplementedError):
+            if detect(dbapi_connection):
+                return True
+    # What SQLAlchemy was told: execution_options(isolation_level=...) on the engine,
+    # connection or session bind, or create_engine(isolation_level=...).
+    level = connection.get_execution_options().get("isolation_level")
+    if level is None:
+        level = getattr(connection.dialect, "_on_connect_isolation_level", None)
+    return level == "AUTOCOMMIT"
+
+
 def _claim(mapper: Mapper[Any], connection: Connection, target: object, token: int) -> None:
     """Run the fenced UPDATE of the token alone on ``target``'s row, by its loaded key."""
+    if _autocommits(connection):
+        # The claim and the ORM's UPDATE are two statements, kept in order only by the
+        # row lock the claim takes until the transaction ends. In autocommit the claim
+        # commits at once: a newer writer's claim and write can land between the two,
+        # and the ORM's UPDATE then overwrites its value and lowers the token.
+        raise ConfigurationError(
+            "session",
+            "fence() needs the flush to run in a transaction, and this session's "
+            "connection autocommits each statement (isolation_level='AUTOCOMMIT'): a "
+            "newer writer could land between the fenced claim and the ORM's UPDATE and "
+            "be overwritten. Bind the session to an engine or connection without "
+            "AUTOCOMMIT, or use fenced_execute(), whose check and write are one statement",
+        )
     column = mapper.columns["fence_token"]
     table = column.table
     if any(col.table is not table for col in mapper.primary_key):
