@@ -560,6 +560,55 @@ def test_a_target_the_proxy_cannot_forward_is_400_and_records_no_token(
     assert store.writes == []
 
 
+@pytest.mark.parametrize(
+    ("raw_path", "path"),
+    [
+        (b"/v1/./doc", "/v1/./doc"),
+        (b"/v1/old/../doc", "/v1/old/../doc"),
+        (b"/v1/%2E%2E/v1/doc", "/v1/../v1/doc"),  # servers resolve these too
+        (b"/../v1/doc", "/../v1/doc"),  # would climb out of the upstream's prefix
+    ],
+)
+def test_a_stale_writer_cannot_spell_the_path_with_dot_segments(
+    store: Store, raw_path: bytes, path: str
+) -> None:
+    # The gate fences the path as received, and httpx resolves '.' and '..' as it builds
+    # the upstream URL: "/v1/./doc" was fenced as a resource of its own, and then written
+    # to "/v1/doc" over the newer holder's value (and "/../v1/doc" escaped the prefix).
+    scope: Scope = {
+        "type": "http",
+        "method": "PUT",
+        "path": path,
+        "raw_path": raw_path,
+        "query_string": b"",
+        "headers": [(b"fencing-token", b"5"), (b"host", b"gate.invalid")],
+    }
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"stale", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def scenario() -> FencingProxy:
+        async with FencingProxy(store.url + "/base") as proxy:
+            async with through(proxy) as client:
+                newer = await client.put("/v1/doc", headers=fenced(6), content=b"newer")
+                assert newer.status_code == 201
+            await proxy(scope, receive, send)
+        return proxy
+
+    proxy = run(scenario())
+    assert store.values == {"/base/v1/doc": b"newer"}
+    assert [write.token for write in store.writes] == [6]
+    assert sent[0]["status"] == 400
+    answer = json.loads(sent[1]["body"])
+    assert answer["error"] == "request target cannot be forwarded"
+    assert "'.' or '..' segment" in answer["detail"]
+    assert proxy.tokens.highest(path) is None
+
+
 def test_proxy_closes_its_client_at_lifespan_shutdown(store: Store) -> None:
     proxy = FencingProxy(store.url)
     messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])

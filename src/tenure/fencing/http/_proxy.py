@@ -48,8 +48,9 @@ class FencingProxy(FencingGate):
     response bodies are streamed. An upstream that cannot be reached, or fails at the
     HTTP level, is answered ``502``, and a timeout ``504``; in both cases the token stays
     recorded (see the module docstring). A request target that cannot be made into an
-    upstream URL (an unescaped ``#``, say) is answered ``400`` before the gate sees the
-    request, so its token is not recorded.
+    upstream URL (an unescaped ``#``, say), or that holds a ``.`` or ``..`` segment (which
+    would be resolved, so the upstream would write another path than the one fenced), is
+    answered ``400`` before the gate sees the request, so its token is not recorded.
 
     Args:
         upstream: base URL of the store, ``http://host:port[/prefix]``; request paths
@@ -132,7 +133,8 @@ class _ClientGone(Exception):
 
 
 class _Unforwardable(Exception):
-    """The request target cannot be made into an upstream URL; the message says why."""
+    """The request target cannot be made into an upstream URL; the message says why and
+    what to send instead (it is the 400 answer's detail)."""
 
 
 class _Forwarder:
@@ -211,6 +213,18 @@ class _Forwarder:
         import httpx
 
         raw_path: bytes | None = scope.get("raw_path")
+        segments = str(scope["path"]).split("/")
+        if "." in segments or ".." in segments:
+            # httpx resolves dot segments as it builds the URL ("/a/./b" is sent as
+            # "/a/b", and "/.." climbs out of the upstream's prefix), and servers
+            # resolve them, percent-encoded or not: the gate would fence one resource
+            # (the path as received) while another is written, so a stale writer
+            # spelling the path differently would be admitted.
+            shown = raw_path.decode("latin-1") if raw_path else scope["path"]
+            raise _Unforwardable(
+                f"{shown!r} holds a '.' or '..' segment, which would be resolved to "
+                "another path than the one fenced; send the path with them resolved"
+            )
         path = raw_path if raw_path else quote(scope["path"]).encode("ascii")
         query: bytes = scope.get("query_string", b"")
         target = self.upstream.raw_path.rstrip(b"/") + path + (b"?" + query if query else b"")
@@ -220,7 +234,10 @@ class _Forwarder:
             return self.upstream.copy_with(raw_path=target)
         except (httpx.InvalidURL, UnicodeDecodeError) as exc:
             shown = (path + (b"?" + query if query else b"")).decode("latin-1")
-            raise _Unforwardable(f"{shown!r}: {exc}") from exc
+            raise _Unforwardable(
+                f"{shown!r}: {exc}; percent-encode '#' and non-ASCII characters in the path "
+                "and query"
+            ) from exc
 
 
 def _check_upstream(upstream: str) -> httpx.URL:
@@ -238,7 +255,7 @@ def _check_upstream(upstream: str) -> httpx.URL:
 
 
 async def _send_unforwardable(send: Send, exc: _Unforwardable) -> None:
-    detail = f"{exc}; percent-encode '#' and non-ASCII characters in the path and query"
+    detail = str(exc)
     await _send_json(send, 400, {"error": "request target cannot be forwarded", "detail": detail})
 
 
