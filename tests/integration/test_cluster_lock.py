@@ -701,6 +701,54 @@ def test_a_lease_is_released_while_its_slot_migrates(
         migration.finish()
 
 
+def test_a_lease_with_a_waiter_is_released_while_its_slot_migrates(
+    api: Api, cluster: LocalRedisCluster, key: str
+) -> None:
+    """With a waiter queued, a release runs its waiting part, which touches keys it does
+    not declare (the reservation, the places). On a slot set MIGRATING, the server
+    refuses a key that is not there mid-script ("access a non local key"), after the
+    lock key's DEL: the release raised LeaseLost, quoting the raw error, though the
+    lease was released. It is a release now; the waiter gets the lock at its re-check."""
+    client = api.client([cluster.url], max_ttl=MAX_TTL, node_timeout=SLOW)
+    name = _names_per_master(cluster, key, each=1)[0]
+    keys = _keys(name)
+    slot = key_slot(keys.lock)
+    held = client.acquire(name, ttl=MAX_TTL, timeout=MAX_TTL + 10.0)
+    source = cluster.slot_owner(slot)
+    target = next(m for m in cluster.masters() if m.port != source.port)
+    got: list[int] = []
+    with tenure.Client([cluster.url], max_ttl=MAX_TTL, node_timeout=SLOW) as other:
+
+        def wait() -> None:
+            with other.acquire(name, ttl=TTL, timeout=MAX_TTL + 10.0) as lease:
+                got.append(lease.fencing_token)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        try:
+            _wait_for(lambda: _place(source, keys.queue) is not None, "the waiter queued")
+            # Half a reshard: the slot open on both sides, no key moved yet.
+            cluster._command(
+                target, "CLUSTER", "SETSLOT", slot, "IMPORTING", cluster.node_id(source)
+            )
+            cluster._command(
+                source, "CLUSTER", "SETSLOT", slot, "MIGRATING", cluster.node_id(target)
+            )
+            try:
+                held.release()
+                assert held.lost_error is None
+                # The lock key is gone from the slot (an EXISTS would be answered ASK).
+                with source.client() as c:
+                    left = c.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+                    assert keys.lock.encode() not in left
+            finally:
+                for node in (source, target):
+                    cluster._command(node, "CLUSTER", "SETSLOT", slot, "STABLE")
+        finally:
+            waiter.join(timeout=MAX_TTL + 20.0)
+    assert len(got) == 1
+
+
 def test_a_cluster_url_naming_a_standalone_server_is_misconfigured(api: Api, key: str) -> None:
     with LocalCluster(1) as plain:
         host_port = plain.urls[0].removeprefix("redis://")
