@@ -864,3 +864,42 @@ def test_worker_options_are_checked_when_it_is_made(
                 **{option: value},  # type: ignore[arg-type]
             )
         assert info.value.parameter == option
+
+
+def test_producers_and_workers_agree_on_the_partition_count(
+    lock_nodes: LocalCluster, data_node: LocalCluster, prefix: str
+) -> None:
+    # A worker with P=2 beside producers with P=4 read streams 0 and 1 and never 2 and 3:
+    # half the writes never handled, and nothing said. The first producer or worker
+    # records P; every other one with another P refuses to start.
+    keys = [f"k{i}" for i in range(20)]
+    seen: set[str] = set()
+
+    def handler(key: str, payload: Mapping[str, bytes], token: int) -> None:
+        seen.add(key)
+
+    with tenure.Client(lock_nodes.urls) as locks, data_node[0].client() as client:
+        producer = StreamProducer(client, prefix, 4)
+        for key in keys:
+            producer.append(key, {"seq": b"1"})
+        assert client.get(f"{prefix}:partitions") == b"4"
+        fewer = StreamWorker(locks, client, prefix, 2, "g", "fewer", handler, lease_ttl=TTL)
+        with pytest.raises(tenure.ConfigurationError) as info:
+            fewer.run_once()
+        assert info.value.parameter == "partitions"
+        assert "this worker has partitions=2" in str(info.value)
+        assert "have 4" in str(info.value)
+        assert fewer.held == frozenset()
+        fewer.stop()
+        with pytest.raises(tenure.ConfigurationError) as info:
+            StreamProducer(client, prefix, 8).append_many([("k", {"seq": b"1"})])
+        assert "this producer has partitions=8" in str(info.value)
+        assert client.xlen(f"{prefix}:{{0}}") + client.xlen(f"{prefix}:{{1}}") < len(keys)
+        agreed = StreamWorker(locks, client, prefix, 4, "g", "agreed", handler, lease_ttl=TTL)
+        try:
+            _wait_until(
+                "every entry handled",
+                lambda: agreed.run_once() >= 0 and seen == set(keys),
+            )
+        finally:
+            agreed.stop()

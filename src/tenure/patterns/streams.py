@@ -180,6 +180,46 @@ def partition_stream(stream_prefix: str, partition: int) -> str:
     return f"{stream_prefix}:{{{partition}}}"
 
 
+def _partitions_key(stream_prefix: str) -> str:
+    """Where P is recorded for the streams under ``stream_prefix``: ``<prefix>:partitions``
+    (see ``_agree_on_partitions``)."""
+    return f"{stream_prefix}:partitions"
+
+
+def _agree_on_partitions(
+    client: redis.Redis, stream_prefix: str, partitions: int, who: str
+) -> None:
+    """Record P for the streams under ``stream_prefix``, or check it against the record.
+
+    The first producer or worker to write records its P (``SET NX``, kept for good, as
+    the streams are); every other one checks its own against it. A worker with another P
+    than the producers' reads some streams and never the others, and a producer with
+    another P than the writes before it moves keys between streams: both silently, so
+    each refuses to start instead.
+
+    Raises:
+        ConfigurationError: ``partitions`` differs from the recorded P.
+    """
+    key = _partitions_key(stream_prefix)
+    if client.set(key, partitions, nx=True):
+        return
+    recorded = client.get(key)
+    try:
+        agreed = int(recorded) if recorded is not None else partitions
+    except ValueError:
+        raise ConfigurationError(
+            "partitions", f"{key} holds {recorded!r}, not a partition count: delete it"
+        ) from None
+    if agreed != partitions:
+        raise ConfigurationError(
+            "partitions",
+            f"{who} has partitions={partitions}, but the streams under {stream_prefix!r} "
+            f"have {agreed} (recorded in {key} by the first producer or worker): give "
+            f"every producer and worker partitions={agreed}. To change P, stop them all, "
+            f"let the workers drain the streams, then delete {key}",
+        )
+
+
 def partition_lock_name(stream_prefix: str, partition: int, group: str) -> str:
     """The tenure lock name whose lease owns ``partition`` for consumer group ``group``:
     ``<prefix>:<group>:partition:<p>``. Each group consumes the whole stream, so each has
@@ -277,6 +317,14 @@ class StreamProducer:
         self.client = redis_client
         self.stream_prefix = _checked_name(stream_prefix, "stream_prefix")
         self.partitioner = Partitioner(partitions)
+        self._agreed = False  # P checked against the streams' record (first write)
+
+    def _agree(self) -> None:
+        if not self._agreed:
+            _agree_on_partitions(
+                self.client, self.stream_prefix, self.partitioner.partitions, "this producer"
+            )
+            self._agreed = True
 
     def stream_of(self, key: str) -> str:
         """The stream ``key``'s writes go to."""
@@ -289,12 +337,15 @@ class StreamProducer:
             The stream entry id.
 
         Raises:
-            ConfigurationError: a bad key or payload (see :data:`KEY_FIELD`).
+            ConfigurationError: a bad key or payload (see :data:`KEY_FIELD`); at the
+                producer's first write, a ``partitions`` other than the P the streams
+                were made with (recorded by the first producer or worker).
             redis.RedisError: from the client. After a timeout the entry may or may not
                 have been appended; a retry may append it twice, which is why handlers
                 deduplicate on a key the payload carries, not on the entry id.
         """
         fields = _entry_fields(key, payload)
+        self._agree()
         return _text(self.client.xadd(self.stream_of(key), fields))
 
     def append_many(
@@ -313,6 +364,7 @@ class StreamProducer:
         batch = [
             (self.stream_of(key), _entry_fields(key, payload)) for key, payload in _pairs(writes)
         ]
+        self._agree()
         with self.client.pipeline(transaction=atomic) as pipe:
             for stream, fields in batch:
                 pipe.xadd(stream, fields)
@@ -462,6 +514,7 @@ class StreamWorker:
         self._stopping = threading.Event()
         self._guard = threading.Lock()  # run() and stop() from different threads
         self._running = False
+        self._agreed = False  # P checked against the streams' record (first pass)
 
     @property
     def held(self) -> frozenset[int]:
@@ -475,6 +528,8 @@ class StreamWorker:
 
         Raises:
             RuntimeError: ``run`` is already running on this worker.
+            ConfigurationError: its ``partitions`` differs from the P the streams were
+                made with (recorded by the first producer or worker), at its first pass.
         """
         with self._guard:
             if self._running:
@@ -496,7 +551,13 @@ class StreamWorker:
 
         Returns:
             The number of entries handled or skipped (0: nothing to do).
+
+        Raises:
+            ConfigurationError: as for :meth:`run`.
         """
+        if not self._agreed:
+            _agree_on_partitions(self.client, self.stream_prefix, self.partitions, "this worker")
+            self._agreed = True
         now = monotonic()
         if now >= self._next_balance:
             self._next_balance = now + self.rebalance_interval
