@@ -13,8 +13,15 @@ from tenure import LeaseExpired, LeaseLost, OwnershipError
 from tenure._core.acquire import LeaseState
 from tenure._core.config import ClientConfig, LockSpec
 from tenure._core.flows import RELEASE_PATIENCE, Flows, Later, Run
-from tenure._core.lease import begin_extend, conclude_extend, conclude_release, worth_another_try
+from tenure._core.lease import (
+    _script_command,
+    begin_extend,
+    conclude_extend,
+    conclude_release,
+    worth_another_try,
+)
 from tenure._core.quorum import Failure, Round
+from tenure._lua import script
 
 from .model_flows import ModelLease
 
@@ -418,3 +425,37 @@ def test_a_watchdogs_try_that_is_not_its_last_leaves_the_lease_as_it_was(dropped
         assert watched.loss is None
         assert not watched.released
         assert watched._state == state
+
+
+@pytest.mark.parametrize(
+    ("error", "command"),
+    [
+        # Redis 7 and Valkey name the command; the line is that of the pcall's raise.
+        (
+            "ERR ACL failure in script: User np has no permissions to run the 'publish' "
+            "command script: on @user_script:115.",
+            "PUBLISH",
+        ),
+        # A channel refused: only PUBLISH touches one in tenure's scripts.
+        (
+            "ERR ACL failure in script: No permissions to access a channel script: on "
+            "@user_script:115.",
+            "PUBLISH",
+        ),
+        # Nothing to go by.
+        ("ERR something else", "a command"),
+    ],
+)
+def test_the_command_a_release_refused_is_named(error: str, command: str) -> None:
+    assert _script_command("release", error) == command
+
+
+def test_on_redis_6_2_the_refused_call_is_the_last_line_named() -> None:
+    # 6.2 gives the raise's line first, then the refused call's inside it.
+    lines = script("release").wire.splitlines()
+    publish = next(i for i, line in enumerate(lines, 1) if b'redis.call("PUBLISH"' in line)
+    error = (
+        "Error running script (call to f_x): @user_script:60: @user_script: "
+        f"{publish}: The user executing the script can't run this command or subcommand"
+    )
+    assert _script_command("release", error) == "PUBLISH"

@@ -161,16 +161,29 @@ def conclude_release(
 
 _LINE = re.compile(r"user_script: ?(\d+)")
 _CALL = re.compile(rb"""redis\.p?call\(\s*["']([A-Za-z]+)["']""")
+_NAMED = re.compile(r"run the '([a-z|]+)' command")
 
 
 def _script_command(name: str, error: str) -> str:
-    """The command a script error points at ("PUBLISH"), from the line number in Redis's
-    message (6.2 says only "can't run this command"), or "a command"."""
-    found = _LINE.search(error)
+    """The command a script error points at ("PUBLISH"), or "a command".
+
+    The release runs its waiting part under ``pcall`` (release.lua.inc), and an error it
+    raises again is placed at that line, not at the refused call. So: the command the
+    message names (Redis 7 and Valkey: "run the 'publish' command"); a channel refused,
+    which only PUBLISH touches in tenure's scripts; else the line of the refused call,
+    the last one the message gives (6.2 says only "can't run this command", with the
+    call's line inside the line of the raise).
+    """
+    named = _NAMED.search(error)
+    if named is not None:
+        return named.group(1).split("|")[0].upper()
+    if "access a channel" in error:
+        return "PUBLISH"
+    found = _LINE.findall(error)
     lines = script(name).wire.splitlines()
-    if found is None or not 0 < int(found.group(1)) <= len(lines):
+    if not found or not 0 < int(found[-1]) <= len(lines):
         return "a command"
-    called = _CALL.findall(lines[int(found.group(1)) - 1])
+    called = _CALL.findall(lines[int(found[-1]) - 1])
     return called[0].decode().upper() if len(called) == 1 else "a command"
 
 
