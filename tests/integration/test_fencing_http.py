@@ -12,6 +12,7 @@ import asyncio
 import json
 import math
 import random
+import socket
 import sys
 import threading
 import time
@@ -514,6 +515,25 @@ def test_unreachable_upstream_is_502() -> None:
     assert response.status_code == 502
     assert response.json()["error"] == "upstream request failed"
     assert "ConnectError" in response.json()["detail"]
+
+
+def test_an_upstream_that_does_not_answer_is_504_saying_so() -> None:
+    # A listening socket nobody reads: the connection is made, the reply never comes.
+    # httpx's timeout carries no message, and the 504's detail was empty.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+
+        async def scenario() -> httpx.Response:
+            async with FencingProxy(url, timeout=0.3) as proxy, through(proxy) as client:
+                return await client.put("/doc", headers=fenced(1))
+
+        response = run(scenario())
+    assert response.status_code == 504
+    assert response.json()["error"] == "upstream timed out"
+    assert "ReadTimeout" in response.json()["detail"]
+    assert "0.3 s" in response.json()["detail"]
 
 
 @pytest.mark.parametrize(

@@ -153,6 +153,7 @@ class _Forwarder:
             )
         self._owns_client = client is None
         self._client = httpx.AsyncClient(timeout=timeout) if client is None else client
+        self._timeout_said = f"{timeout:g} s" if client is None else "the client's timeout"
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -196,7 +197,9 @@ class _Forwarder:
         try:
             response = await self._client.send(request, stream=True)
         except httpx.TimeoutException as exc:
-            await _send_json(send, 504, {"error": "upstream timed out", "detail": str(exc)})
+            # httpx's timeouts mostly carry no message: say which ran out, and after what.
+            detail = f"{type(exc).__name__}: {str(exc) or 'no answer'} within {self._timeout_said}"
+            await _send_json(send, 504, {"error": "upstream timed out", "detail": detail})
             return
         except httpx.TransportError as exc:
             # Refused connection, reset, or a request h11 would not send.
