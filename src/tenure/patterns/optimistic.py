@@ -114,6 +114,9 @@ R = TypeVar("R")
 DEFAULT_RETRIES = 10
 """Retries after the first attempt, so at most 11 attempts."""
 
+MAX_RETRIES = 10_000
+"""The most retries accepted: nothing here retries for ever (``retries=10**20`` would)."""
+
 DEFAULT_BACKOFF: RetryPolicy = wait_random_exponential(initial=0.002, maximum=0.1)
 """Full-jitter exponential back-off, uniform in [0, min(0.1, 0.002 * 2**(k-1))] seconds."""
 
@@ -246,6 +249,12 @@ class _Budget:
     ) -> None:
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ConfigurationError("retries", f"must be an int >= 0, got {retries!r}")
+        if retries > MAX_RETRIES:
+            raise ConfigurationError(
+                "retries",
+                f"must be at most {MAX_RETRIES:,}, got {retries:,}: a key that conflicts that "
+                "often wants a lock or a single writer (docs/patterns.md), not more retries",
+            )
         self.retries = retries
         self.backoff = backoff
         self.rng = rng
@@ -301,8 +310,8 @@ def retry_optimistic(
 
     Raises:
         ConflictError: every attempt conflicted; ``.attempts`` is ``retries + 1``.
-        ConfigurationError: ``retries`` is not an int >= 0; ``backoff`` raised or gave
-            no number of seconds in [0, ``MAX_RETRY_DELAY``] for a retry.
+        ConfigurationError: ``retries`` is not an int in 0..``MAX_RETRIES``; ``backoff``
+            raised or gave no number of seconds in [0, ``MAX_RETRY_DELAY``] for a retry.
         Exception: anything else ``fn`` raises, at once and unchanged.
 
     Example::
