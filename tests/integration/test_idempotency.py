@@ -404,6 +404,14 @@ def test_a_codec_that_is_no_codec_is_refused(raw: redis.Redis) -> None:
         assert info.value.parameter == "codec"
 
 
+def test_a_poll_that_is_no_retry_policy_is_refused(raw: redis.Redis) -> None:
+    # It was taken, and failed only when a duplicate first waited for a key in progress.
+    for poll in (None, 0.1, "fast"):
+        with pytest.raises(ConfigurationError) as info:
+            RedisIdempotency(raw, poll=poll)  # type: ignore[arg-type]
+        assert info.value.parameter == "poll"
+
+
 def test_the_decorator_refuses_what_it_cannot_run(raw: redis.Redis, key: str) -> None:
     # An async handler's coroutine was recorded (a raw TypeError, never awaited: the
     # effect never ran); SqlIdempotency.once needs the transaction's connection (a raw

@@ -21,6 +21,7 @@ from redis.client import Pipeline
 from ..._core.config import check_name, retry_delay
 from ..._core.policy import RetryPolicy, wait_random_exponential
 from ..._driver.redis_objects import check_client as _check_client
+from ..._errors import ConfigurationError
 from ..._lua import script
 from ..optimistic import (
     DEFAULT_BACKOFF,
@@ -243,9 +244,10 @@ class RedisIdempotency:
         retention: seconds a result is kept; a duplicate arriving later runs again.
         wait: default seconds a duplicate waits for an attempt in progress before
             raising :class:`InProgress` (0: raise at once).
-        poll: the back-off between looks while waiting (each delay it gives is checked
-            when it is asked: a ``ConfigurationError`` on ``poll`` unless a number of
-            seconds in [0, ``MAX_RETRY_DELAY``]).
+        poll: the back-off between looks while waiting: a retry policy, refused when
+            the store is made if it has no ``delay``; each delay it gives is checked when
+            it is asked (a ``ConfigurationError`` on ``poll`` unless a number of seconds
+            in [0, ``MAX_RETRY_DELAY``]).
         codec: how results are stored (JSON by default).
 
     Raises:
@@ -284,6 +286,13 @@ class RedisIdempotency:
         self.lease = lease
         self.retention = retention
         self.wait = _check_wait(wait)
+        if not callable(getattr(poll, "delay", None)):
+            # Found only when a duplicate first waits, after its claim was refused.
+            raise ConfigurationError(
+                "poll",
+                f"must be a retry policy (an object with delay(attempt, rng), such as "
+                f"tenure.wait_random_exponential(...)), got {poll!r}",
+            )
         self.poll = poll
         self.codec = _check_codec(codec)
         self._rng = random.Random()
