@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["one_line"]
+from .._core.diagnosis import for_prefix
+from .._core.quorum import Failure
+from .._driver.redis_compat import diagnose
+
+__all__ = ["failure_line", "one_line"]
 
 
 def one_line(exc: BaseException) -> str:
@@ -10,3 +14,13 @@ def one_line(exc: BaseException) -> str:
     commands report errors on one line each, without a traceback."""
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def failure_line(exc: Exception, prefix: str) -> str:
+    """The line of a node whose read failed, as the clients diagnose that failure (a
+    server that is not Redis, a password refused, an ACL...), with what to fix."""
+    why = diagnose(exc)
+    if why.failure is Failure.UNREACHABLE:
+        return f"unreachable: {one_line(exc)}"
+    # A fix it suggests (an ACL's key pattern) is for the clients of ``prefix``.
+    return f"{why.failure.value}: {for_prefix(why.detail, prefix)}"

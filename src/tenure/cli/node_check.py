@@ -50,14 +50,13 @@ from .._core.config import (
     node_keys,
     parse_node_url,
 )
-from .._core.diagnosis import for_prefix
-from .._core.quorum import Failure, majority
+from .._core.quorum import majority
 from .._core.slots import slot_tag
 from .._driver import acl as _acl
-from .._driver.redis_compat import NotRedis, check_connection_options, connection_kwargs, diagnose
+from .._driver.redis_compat import NotRedis, check_connection_options, connection_kwargs
 from .._errors import ConfigurationError
 from .._lua import script
-from ._text import one_line
+from ._text import failure_line, one_line
 from ._topology import cluster_map, sentinel_master
 from .node_rules import (
     CONFIG_KEYS,
@@ -165,15 +164,11 @@ _PARSER_ERRORS = (AttributeError, IndexError, KeyError, TypeError, ValueError)
 
 
 def _failed(exc: Exception, prefix: str) -> str:
-    """Why a server could not be read, as the clients diagnose that failure: a server that
-    is not Redis, a password refused or missing, each with what to fix."""
+    """Why a server could not be read (``failure_line``); a reply redis-py could not
+    parse comes from a server that is not Redis."""
     if isinstance(exc, _PARSER_ERRORS):
         exc = NotRedis(f"{type(exc).__name__}: {exc}")
-    why = diagnose(exc)
-    if why.failure is Failure.UNREACHABLE:
-        return f"unreachable: {one_line(exc)}"
-    # A fix it suggests (an ACL's key pattern) is for the clients of ``prefix``.
-    return f"{why.failure.value}: {for_prefix(why.detail, prefix)}"
+    return failure_line(exc, prefix)
 
 
 def _read_state(client: redis.Redis, facts: NodeFacts) -> None:

@@ -31,18 +31,17 @@ from .._core.config import (
     parse_node_url,
     refuse_twins,
 )
-from .._core.diagnosis import for_prefix, slot_unserved
-from .._core.quorum import Failure, majority
+from .._core.diagnosis import slot_unserved
+from .._core.quorum import majority
 from .._core.slots import MAX_REDIRECTS, Address, Redirect, key_slot, redirect
 from .._driver.redis_compat import (
     NotRedis,
     check_connection_options,
     connection_kwargs,
-    diagnose,
     reply_text,
 )
 from .._errors import ConfigurationError
-from ._text import one_line
+from ._text import failure_line
 from ._topology import cluster_map, not_a_master, sentinel_master
 from .run import EXIT_UNAVAILABLE
 
@@ -148,7 +147,7 @@ def _listed_status(
                 return shown, False, f"unreachable: {stale}"
         return shown, True, _snapshot(server, keys, timeout, prefix, asking=False)
     except Exception as exc:  # anything the node did: that line says so, the rest go on
-        return shown, False, _failed(exc, prefix)
+        return shown, False, failure_line(exc, prefix)
 
 
 def _slot_status(
@@ -171,7 +170,7 @@ def _slot_status(
         except ResponseError as exc:
             hop = redirect(reply_text(exc), at)
             if hop is None:  # the member's own answer (an ACL refusal...), as for any node
-                return f"{shown} (slot {slot}: {where})", False, _failed(exc, prefix)
+                return f"{shown} (slot {slot}: {where})", False, failure_line(exc, prefix)
             if hop.to is None:
                 return f"{shown} (slot {slot}: {where})", False, _unsettled(hop, slot, exc)
             if hops == MAX_REDIRECTS:
@@ -189,7 +188,7 @@ def _slot_status(
                 where = f"master {host_port(*at)}, migrating to {host_port(*hop.to)}"
             at, asking = hop.to, hop.kind == "ask"
         except Exception as exc:  # anything the member did: that line says so
-            return f"{shown} (slot {slot}: {where})", False, _failed(exc, prefix)
+            return f"{shown} (slot {slot}: {where})", False, failure_line(exc, prefix)
         else:
             return f"{shown} (slot {slot}: {where})", True, text
 
@@ -307,15 +306,6 @@ def _answer(conn: redis.Connection) -> Any:
         return conn.read_response()
     except ResponseError as exc:
         return exc
-
-
-def _failed(exc: Exception, prefix: str) -> str:
-    """The line of a node whose read failed, as the clients diagnose that failure."""
-    why = diagnose(exc)
-    if why.failure is Failure.UNREACHABLE:
-        return f"unreachable: {one_line(exc)}"
-    # A fix it suggests (an ACL's key pattern) is for the clients of ``prefix``.
-    return f"{why.failure.value}: {for_prefix(why.detail, prefix)}"
 
 
 def _text(value: object) -> str:
