@@ -39,6 +39,7 @@ __all__ = [
     "check_flag",
     "check_key_prefix",
     "check_one_server",
+    "check_retry_policy",
     "host_port",
     "key_prefix_of",
     "lock_key",
@@ -777,18 +778,24 @@ _RETRY_HELP = (
 
 
 def _retry_policy(value: object) -> RetryPolicy:
-    """A usable retry policy: it has ``delay(attempt, rng)`` returning seconds >= 0.
-
-    Tried once here, on a throwaway random source, so that a wrong object fails now
-    rather than at the first contention, where a blocking acquire needs it.
-    """
+    """The client's ``retry``: the default for None, else a retry policy
+    (``check_retry_policy``) tried once here, on a throwaway random source, so that a
+    wrong one fails now rather than at the first contention, where a blocking acquire
+    needs it."""
     if value is None:
         return wait_random_exponential()
-    delay = getattr(value, "delay", None)
-    if not callable(delay):
-        raise ConfigurationError("retry", f"must be a retry policy: {_RETRY_HELP}; got {value!r}")
-    retry_delay(value, 1, random.Random(0))  # type: ignore[arg-type]  # it has a delay()
-    return value  # type: ignore[return-value]  # it has a working delay(): a RetryPolicy
+    policy = check_retry_policy(value, "retry")
+    retry_delay(policy, 1, random.Random(0))
+    return policy
+
+
+def check_retry_policy(value: object, parameter: str) -> RetryPolicy:
+    """Refuse what has no ``delay(attempt, rng)``: no retry policy at all (each delay a
+    policy gives is checked when it is asked, ``retry_delay``). ``parameter``: the name
+    the caller gave the policy."""
+    if not callable(getattr(value, "delay", None)):
+        raise ConfigurationError(parameter, f"must be a retry policy: {_RETRY_HELP}; got {value!r}")
+    return value  # type: ignore[return-value]  # it has a delay(): a RetryPolicy
 
 
 def retry_delay(

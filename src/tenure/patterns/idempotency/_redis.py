@@ -18,10 +18,9 @@ from typing import Any, TypeVar
 import redis
 from redis.client import Pipeline
 
-from ..._core.config import check_name, retry_delay
+from ..._core.config import check_name, check_retry_policy, retry_delay
 from ..._core.policy import RetryPolicy, wait_random_exponential
 from ..._driver.redis_objects import check_client as _check_client
-from ..._errors import ConfigurationError
 from ..._lua import script
 from ..optimistic import (
     DEFAULT_BACKOFF,
@@ -286,14 +285,8 @@ class RedisIdempotency:
         self.lease = lease
         self.retention = retention
         self.wait = _check_wait(wait)
-        if not callable(getattr(poll, "delay", None)):
-            # Found only when a duplicate first waits, after its claim was refused.
-            raise ConfigurationError(
-                "poll",
-                f"must be a retry policy (an object with delay(attempt, rng), such as "
-                f"tenure.wait_random_exponential(...)), got {poll!r}",
-            )
-        self.poll = poll
+        # Checked now: otherwise found only when a duplicate first waits.
+        self.poll = check_retry_policy(poll, "poll")
         self.codec = _check_codec(codec)
         self._rng = random.Random()
 
