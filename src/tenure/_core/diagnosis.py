@@ -178,7 +178,9 @@ def error_reply(text: str) -> Diagnosis:
     An error raised inside one of tenure's scripts arrives wrapped ("ERR Error running
     script ...: -READONLY ..."), so codes are looked for anywhere in the text.
     """
-    said = _quote(_essence(text))
+    essence = _essence(text)
+    said = _quote(essence)
+    code = essence.upper()  # the reply's own code first (an error a script raised, too)
     upper = text.upper()
     # Redis 6.2 quotes a command name with backquotes ("unknown command `SENTINEL`"),
     # Redis 7 and Valkey with single quotes: matched alike.
@@ -243,9 +245,9 @@ def error_reply(text: str) -> Diagnosis:
             f"refused a command tenure needs ({said}): tenure needs Redis >= 6.2 or Valkey "
             ">= 7.2, with Lua scripting",
         )
-    if _essence(text).upper().startswith(_CLUSTER_CODES):
+    if code.startswith(_CLUSTER_CODES):
         return cluster_node(said)
-    if _essence(text).upper().startswith("WRONGTYPE"):
+    if code.startswith("WRONGTYPE"):
         # One key, not the node: its other locks go on (not a configuration failure,
         # which would set the whole node aside).
         return Diagnosis(
@@ -254,8 +256,8 @@ def error_reply(text: str) -> Diagnosis:
             "another application writes under tenure's key prefix; give tenure's "
             "clients a key_prefix of their own, or remove that key",
         )
-    for code, why in _REFUSING_WRITES:
-        if _essence(text).upper().startswith(code):
+    for refusal, why in _REFUSING_WRITES:
+        if code.startswith(refusal):
             # Not a configuration failure: each passes without a change to the node
             # list (memory freed, a snapshot that succeeds, a script that ends), so the
             # node is an outage meanwhile. Its words say what happened, but not what
