@@ -232,6 +232,27 @@ def test_start_failure_reports_the_log(tmp_path: Path) -> None:
     assert not node.is_running()
 
 
+def test_a_server_that_libfaketime_cannot_start_in_is_told_at_once(tmp_path: Path) -> None:
+    # Distributions' jemalloc builds hang at start-up under libfaketime, after it writes
+    # this to the log; such a node would answer no PING for the whole start timeout.
+    # A stand-in writes the same words and hangs (nothing here runs libfaketime).
+    server = tmp_path / "redis-server"
+    server.write_text(
+        "#!/bin/sh\n"
+        "echo 'libfaketime: Cannot recover from unexpected recursive calls to"
+        " clock_gettime().'\n"
+        "exec sleep 60\n"
+    )
+    server.chmod(0o755)
+    node = LocalNode("n1", tmp_path / "node", binary=server, env={"LD_PRELOAD": ""})
+    started = time.monotonic()
+    with pytest.raises(LocalNodeError, match="cannot run under libfaketime") as info:
+        node.start()
+    assert time.monotonic() - started < 5  # the start timeout is 10 s
+    assert "TENURE_SERVER=valkey" in str(info.value)
+    assert not node.is_running()
+
+
 def test_replicate_and_promote() -> None:
     with LocalCluster(2) as cluster:
         primary, replica = cluster

@@ -78,6 +78,8 @@ _STOP_TIMEOUT = 5.0  # seconds of grace after SIGTERM before SIGKILL
 _PAUSE_TIMEOUT = 2.0  # seconds for the kernel to report a SIGSTOPped process as stopped
 _BIND_ATTEMPTS = 5
 _POLL_INTERVAL = 0.01
+# What libfaketime writes when it cannot start inside a server (see _await_ready).
+_FAKETIME_STUCK = "libfaketime: Cannot recover"
 _LOG_TAIL_LINES = 20
 _SUN_PATH_MAX = 104  # the smallest sockaddr_un.sun_path among Linux (108) and macOS (104)
 # Keys tenure writes itself: overriding them could expose a node beyond loopback or lose
@@ -579,6 +581,19 @@ class LocalNode:
                     self.kill()
                     raise LocalNodeError(
                         self.name, f"no PONG within {_START_TIMEOUT} s", self._log_tail()
+                    )
+                if "LD_PRELOAD" in self.env and _FAKETIME_STUCK in self._log_tail():
+                    # libfaketime gave up inside the allocator's start-up (jemalloc
+                    # builds); the server never answers, so say why now, not in 10 s.
+                    tail = self._log_tail()
+                    self.kill()
+                    raise LocalNodeError(
+                        self.name,
+                        f"this server ({self.binary}) cannot run under libfaketime, so its"
+                        " clock cannot be moved (a jemalloc build, as distributions ship);"
+                        " use the embedded servers for clock jumps: TENURE_SERVER=valkey"
+                        " or TENURE_SERVER=redis",
+                        tail,
                     )
                 time.sleep(_POLL_INTERVAL)
             self.kill()  # reap, and retire the finalizer
