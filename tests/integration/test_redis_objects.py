@@ -279,6 +279,25 @@ def test_a_url_naming_two_databases_is_refused(api: Api, shared5: LocalCluster, 
         lease.release()
 
 
+def test_an_on_connect_function_in_connection_options_is_refused(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    # Passed on to redis-py, it replaced the connection's set-up: one that skipped it
+    # sent no SELECT, so a client of '.../3' locked in database 0 and a client without
+    # it, on the same URL, got the same lock in database 3: two holders at once. A
+    # redis-py object that sets one was refused already.
+    node = shared5[0]
+    url = f"redis://{node.host}:{node.port}/3"
+    with pytest.raises(tenure.ConfigurationError) as info:
+        api.client([url], connection_options={"redis_connect_func": lambda conn: None})
+    assert info.value.parameter == "connection_options['redis_connect_func']"
+    assert "on-connect" in str(info.value)
+    lease = api.client([url]).acquire(key, ttl=TTL, blocking=False)
+    with node.client(db=3) as c:
+        assert c.get(lease.key) == lease.token.encode()
+    lease.release()
+
+
 def test_a_password_holding_at_and_a_slash_is_refused_without_showing_it(
     api: Api, shared5: LocalCluster, key: str
 ) -> None:

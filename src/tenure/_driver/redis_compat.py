@@ -246,6 +246,13 @@ _OWNED = {
     "socket_connect_timeout": "tenure owns time: set Client(connect_timeout=...) instead",
     "health_check_interval": "a health check is a hidden round trip inside a round; "
     "tenure notices a dead node by itself",
+    # It replaces redis-py's on_connect: one that skips it sends no AUTH and no SELECT,
+    # so the client locks in database 0 of a node its URL names as /3 while other clients
+    # lock in 3 (two holders), and one that sends commands of its own changes the wire.
+    # A redis-py object that sets it is refused the same way (redis_objects._REFUSED).
+    "redis_connect_func": "a custom on-connect function replaces the set-up tenure relies "
+    "on (AUTH, SELECT of the URL's database) and may send commands tenure cannot account "
+    "for; give credentials and the database in each node URL",
     "host": "give it in each node URL",
     "port": "give it in each node URL",
     "path": "give it in each node URL (unix:///path)",
