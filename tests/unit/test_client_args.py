@@ -96,6 +96,9 @@ def test_tls_options_on_a_plain_node_point_at_rediss(make: Make) -> None:
         ("host", "node URL"),
         ("port", "node URL"),
         ("db", "node URL"),
+        ("redis_connect_func", "on-connect"),
+        ("maint_notifications_config", "maintenance notifications"),
+        ("orig_socket_timeout", "maintenance notifications"),
     ],
 )
 def test_options_tenure_owns_are_refused_with_what_to_use(make: Make, key: str, says: str) -> None:

@@ -253,6 +253,24 @@ _OWNED = {
     "redis_connect_func": "a custom on-connect function replaces the set-up tenure relies "
     "on (AUTH, SELECT of the URL's database) and may send commands tenure cannot account "
     "for; give credentials and the database in each node URL",
+    # redis-py's handling of a managed service's maintenance notices (and the state it
+    # keeps for them): during a notice it relaxes the connection's timeouts (10 s by
+    # default) and reconnects elsewhere on its own, under a round that counts on
+    # node_timeout and on knowing which server answered.
+    **dict.fromkeys(
+        (
+            "maint_notifications_config",
+            "maint_notifications_pool_handler",
+            "maintenance_notification_hash",
+            "maintenance_state",
+            "oss_cluster_maint_notifications_handler",
+            "orig_host_address",
+            "orig_socket_timeout",
+            "orig_socket_connect_timeout",
+        ),
+        "redis-py's maintenance notifications relax timeouts and reconnect behind tenure's "
+        "back; tenure finds moved, failed and replaced nodes itself (leave it out)",
+    ),
     "host": "give it in each node URL",
     "port": "give it in each node URL",
     "path": "give it in each node URL (unix:///path)",
