@@ -3,6 +3,11 @@ real nodes with real faults, are in ``tests/chaos``)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +17,8 @@ from tenure.verify.history import Grant, HistoryWriter, Refused, Release, Reques
 from tenure.verify.runner import format_table, run_config
 from tenure.verify.scenarios import SCENARIOS, Config, Expect, Stats, violated, zero
 from tenure.verify.world import World
+
+from .test_demo import _alive, _descendants
 
 
 def test_unknown_scenario_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -128,3 +135,47 @@ def test_a_clock_jump_is_proven_by_the_nodes_time(tmp_path: Path) -> None:
     proofs = [f.proof for f in result.verdict.faults if f.name == "clock jump"]
     assert proofs, result.verdict.faults
     assert all(p == "TIME jumped +10.0s" for p in proofs), proofs
+
+
+# --- stopped from outside ------------------------------------------------------------------
+
+
+def test_sigterm_stops_every_process_and_removes_the_temporary_directory(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM (``timeout``, a CI job's time limit, ``docker stop``) ended the run at once:
+    no message, exit -15, and the nodes' data and histories left in a tenure-verify-*
+    directory under $TMPDIR. It now stops as Ctrl-C does."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with subprocess.Popen(
+        [sys.executable, "-m", "tenure.cli", "verify", "pause", "--cycles", "1000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+        start_new_session=True,
+    ) as proc:
+        try:
+            # Under way once the second worker of the first configuration has started.
+            deadline = time.monotonic() + 60
+            while not list(tmp.glob("tenure-verify-*/3-pause/*/history/B.jsonl")):
+                assert proc.poll() is None
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            started = _descendants(proc.pid)
+            assert len(started) >= 4 + 2, started  # three lock nodes and the store; A, B
+            proc.send_signal(signal.SIGTERM)  # to tenure alone, as `timeout` sends it
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().endswith("tenure: terminated (SIGTERM)"), err
+    assert "Traceback" not in err
+    deadline = time.monotonic() + 10
+    while (alive := [pid for pid in started if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert alive == []
+    assert list(tmp.iterdir()) == []

@@ -9,7 +9,9 @@ then appended to it verbatim, never parsed as tenure's options.
 
 Exit codes: 0 success, 1 the command ran but its check failed (for ``demo``: the locked
 run was not clean), 2 usage errors and errors reported by tenure (``TenureError``: a bad
-parameter, no redis-server, a node that would not start), 130 interrupted by Ctrl-C.
+parameter, no redis-server, a node that would not start), 130 interrupted by Ctrl-C,
+128+N stopped by signal N (SIGTERM or SIGHUP: ``timeout``, a CI job's time limit, a
+closed terminal), after the same clean-up as for Ctrl-C.
 ``tenure run`` passes its command's status through and adds 69 (nodes unreachable), 75
 (lock held elsewhere), 78 (tenure's own error: usage, configuration, a misconfigured
 node, an internal failure; never 2 or 1, which its command could return), 79 (lease lost
@@ -27,7 +29,9 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 
 from .. import __version__
 from .._core.config import NODE_TIMEOUT_LOW
@@ -96,7 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{parser.prog}: error: a command is required", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return handler(args)
+        # `tenure run` forwards these signals to its command itself.
+        with contextlib.nullcontext() if getattr(args, "takes_command", False) else _stopping():
+            return handler(args)
     except BrokenPipeError:
         # The reader of our output went away (`tenure check | head -1`): nothing more can
         # be said there, and a traceback would be noise. Exit as a process killed by
@@ -113,6 +119,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The command has cleaned up on its way out (its finally blocks ran).
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except _Stopped as exc:
+        # Cleaned up on the way out, as for Ctrl-C.
+        print(f"{parser.prog}: terminated ({exc.signal.name})", file=sys.stderr)
+        return 128 + exc.signal
+
+
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived. A BaseException, like KeyboardInterrupt, so that no
+    ``except Exception`` on the way (a verifier run that records a failed choreography
+    and goes on to the next) takes it for an error of the command's own."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signal = signal.Signals(signum)
+
+
+# Stopped by these, a command cleans up as for Ctrl-C instead of dying where it stands:
+# Python's default for them ends the process without running a finally block, which left
+# `tenure verify`'s and `tenure demo`'s temporary directories (nodes' data, histories)
+# behind. Their servers and workers die with us in any case (PR_SET_PDEATHSIG).
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _stopping() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into :class:`_Stopped` in the main thread while the
+    command runs; the previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (main() called from a thread)
+        return
+    stopping = False
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        if stopping:
+            return  # a repeat must not cut the clean-up the first one started short
+        stopping = True
+        raise _Stopped(signum)
+
+    previous = {}
+    for sig in _STOP_SIGNALS:
+        before = signal.getsignal(sig)
+        if before is signal.SIG_IGN:
+            continue  # nohup's SIGHUP, or an ignored SIGTERM: the caller's choice stands
+        previous[sig] = before
+        signal.signal(sig, handle)
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)
 
 
 def _log_warnings(prog: str) -> None:
