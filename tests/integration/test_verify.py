@@ -3,6 +3,7 @@ real nodes with real faults, are in ``tests/chaos``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -89,14 +90,67 @@ def test_expectations_decide_the_verdict(
     assert result.figures["C1"] == (1 if overlapping else 0)
 
 
-def test_a_run_without_grants_or_with_an_error_fails(tmp_path: Path) -> None:
+def test_a_run_without_grants_fails_and_one_that_broke_off_is_an_error(tmp_path: Path) -> None:
     scenario = SCENARIOS[0]
     empty = run_config(scenario, Config("empty", True, lambda w, n: {}, zero("C1")), 1, tmp_path)
     assert empty.failures == ("cycles >= 1",)
+    assert empty.status == "FAIL"
     broken = run_config(scenario, Config("broken", True, _fails, zero("C1")), 1, tmp_path)
     assert not broken.passed
+    assert broken.status == "ERROR"
     assert broken.error == "RuntimeError: the choreography broke"
-    assert "FAIL 1 broken: RuntimeError: the choreography broke" in format_table([broken])
+    table = format_table([broken])
+    assert "ERROR 1 broken: could not run: RuntimeError: the choreography broke" in table
+    assert "| FAIL" not in table
+
+
+def _overlap_then_break(world: World, cycles: int) -> Stats:
+    _history(world, overlapping=True)
+    raise RuntimeError("a worker died")
+
+
+def test_a_violation_seen_before_the_run_broke_off_is_a_fail(tmp_path: Path) -> None:
+    """What a run saw before it broke off still counts against a mitigation."""
+    config = Config("planted", True, _overlap_then_break, zero("C1", "C5"))
+    result = run_config(SCENARIOS[0], config, 1, tmp_path)
+    assert result.status == "FAIL"
+    assert result.why == "expected C1 = 0; then the run broke off: RuntimeError: a worker died"
+    # A figure the run never measured (no final register: C5 unknown) breaks no limit.
+    assert not zero("C5")[0].broken({"C5": None})
+    assert zero("C5")[0].broken({"C5": 2})
+
+
+def test_a_scenario_that_could_not_run_says_so_and_is_no_fail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without libfaketime the clock scenario cannot run. Its rows read FAIL, with C1 = 0
+    and exit 1, the words and the code of a lock that broke its promise."""
+    monkeypatch.setenv("TENURE_LIBFAKETIME", str(tmp_path / "missing.so"))
+    report = tmp_path / "report"
+    code = main(["verify", "clock", "--cycles", "1", "--report", str(report)])
+    out = capsys.readouterr().out
+    assert code == 2, out
+    rows = [line for line in out.splitlines() if line.startswith("| 4 ")]
+    assert len(rows) == 2, out
+    assert all(row.split("|")[-3].strip() == "ERROR" for row in rows), rows
+    assert "ERROR 4 Redlock, unfenced store: could not run: ConfigurationError: libfaketime:" in out
+    assert "FAIL" not in out
+    runs = json.loads((report / "summary.json").read_text())
+    assert [run["status"] for run in runs] == ["ERROR", "ERROR"]
+
+
+def test_a_store_that_would_not_start_ends_only_its_own_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store node that would not start ended the whole verification with one line
+    ("node store: exited with status 1"), without the table of the runs before it."""
+    monkeypatch.setenv("TENURE_SERVER", "/bin/false")  # a "server" that exits at once
+    code = main(["verify", "pause", "--cycles", "1", "--report", str(tmp_path / "r")])
+    out = capsys.readouterr().out
+    assert code == 2, out
+    assert out.count("could not run: ") == 2, out
+    assert "ERROR 3 unfenced store: could not run: " in out
+    assert "ERROR 3 fenced store: could not run: " in out
 
 
 def _refusals(world: World, cycles: int) -> Stats:

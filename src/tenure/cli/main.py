@@ -496,8 +496,12 @@ def _add_verify(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 VERIFY_EXIT_CODES = (
+    "results: PASS, FAIL (an expectation did not hold), ERROR (the run could not be "
+    "carried out: a node that would not start, no libfaketime; it says nothing about the "
+    "lock)\n"
     "exit codes: 0 every expectation held, 1 some did not (a mitigation failed, or a "
-    "control showed no violation), 2 usage"
+    "control showed no violation), 2 usage, or a run was an ERROR and none FAILed, "
+    "130 Ctrl-C, 143 SIGTERM"
 )
 
 
@@ -534,7 +538,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         from ..verify.runner import RunResult
 
         assert isinstance(result, RunResult)
-        mark = "ok  " if result.passed else "FAIL"
+        mark = {"PASS": "ok  ", "FAIL": "FAIL"}.get(result.status, "ERR ")
         print(
             f"{mark} {result.scenario.number} {result.scenario.key:<9} {result.config.name}"
             f"  ({result.seconds:.1f}s)",
@@ -549,7 +553,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     print(format_proofs(results))
     if report is not None:
         print(f"\nreport: {report}/summary.md, timelines: {report}/*/*/timeline.html")
-    return 0 if all(r.passed for r in results) else 1
+    statuses = {r.status for r in results}
+    # A failed expectation outweighs a run that could not be carried out: it is a finding.
+    return 1 if "FAIL" in statuses else EXIT_USAGE if "ERROR" in statuses else 0
 
 
 # --- helpers --------------------------------------------------------------------------

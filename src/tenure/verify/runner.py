@@ -5,7 +5,10 @@ under the report directory, so its history files and node logs stay for inspecti
 checker reads the merged history; the configuration's expectations turn the counts into
 PASS or FAIL. The whole verification passes only if every expectation holds: the
 mitigated configurations show no violation, *and* every control shows the violation it
-exists to show.
+exists to show. A run that could not be carried out (a node that would not start, no
+libfaketime, a worker that died) is an ERROR, not a FAIL: it says nothing about the lock,
+unless what it saw before it broke off already breaks a limit (a mitigation's C1 = 0),
+which is a FAIL whatever came after.
 """
 
 from __future__ import annotations
@@ -42,10 +45,28 @@ class RunResult:
     timeline: Path | None
     error: str | None = None
     extra_figures: tuple[str, ...] = ()
+    broken: tuple[str, ...] = ()  # the failures that are limits broken by what was seen
 
     @property
     def passed(self) -> bool:
         return not self.failures and self.error is None
+
+    @property
+    def status(self) -> str:
+        """``PASS``; ``FAIL``: an expectation did not hold; ``ERROR``: the run could not
+        be carried out, and what it saw broke no limit."""
+        if self.error is None:
+            return "FAIL" if self.failures else "PASS"
+        return "FAIL" if self.broken else "ERROR"
+
+    @property
+    def why(self) -> str:
+        """What went wrong, for a run that did not pass ("" for one that did)."""
+        if self.error is None:
+            return "expected " + ", ".join(self.failures) if self.failures else ""
+        if self.broken:
+            return f"expected {', '.join(self.broken)}; then the run broke off: {self.error}"
+        return f"could not run: {self.error}"
 
 
 def cycles_for(scenario: Scenario, mode: Mode) -> int:
@@ -96,21 +117,27 @@ def run_config(scenario: Scenario, config: Config, cycles: int, root: Path) -> R
     started = time.monotonic()
     error = None
     stats: dict[str, float] = {}
-    with World(directory) as world:
-        try:
-            stats = config.run(world, cycles)
-        except Exception as exc:  # the run is reported as failed, with what went wrong
-            error = f"{type(exc).__name__}: {exc}"
-        try:
-            world.final()
-        except Exception as exc:
-            error = error or f"reading the register: {exc}"
+    try:
+        # Inside the try: a store node that would not start is this run's error, like
+        # any other node's, not the end of every run after it.
+        with World(directory) as world:
+            try:
+                stats = config.run(world, cycles)
+            except Exception as exc:  # the run is reported as failed, with what went wrong
+                error = f"{type(exc).__name__}: {exc}"
+            try:
+                world.final()
+            except Exception as exc:
+                error = error or f"reading the register: {exc}"
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
     history = read_history(sorted((directory / "history").glob("*.jsonl")))
     verdict = check(history)
     figures = _figures(verdict, stats, history)
     # A run in which nobody ever held the lock proves nothing, whatever else it shows.
     expect = [at_least("cycles", 1), *config.expect]
     failures = tuple(e.label for e in expect if not e.holds(figures))
+    broken = tuple(e.label for e in expect if e.broken(figures))
     timeline = directory / "timeline.html"
     title = f"Scenario {scenario.number}: {scenario.title} / {config.name}"
     timeline.write_text(render_html(history, verdict, title))
@@ -125,6 +152,7 @@ def run_config(scenario: Scenario, config: Config, cycles: int, root: Path) -> R
         timeline,
         error,
         extra,
+        broken,
     )
 
 
@@ -207,15 +235,13 @@ def format_table(results: Sequence[RunResult]) -> str:
     for r in results:
         cells = [_cell(r.figures.get(key)) for key, _ in _COLUMNS]
         kind = "mitigated" if r.config.mitigated else "control"
-        verdict = "PASS" if r.passed else "FAIL"
-        rows.append([str(r.scenario.number), r.config.name, kind, *cells, verdict, _details(r)])
+        rows.append([str(r.scenario.number), r.config.name, kind, *cells, r.status, _details(r)])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
     lines = [_line(head, widths), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     lines += [_line(row, widths) for row in rows]
     for r in results:
         if not r.passed:
-            why = r.error or "expected " + ", ".join(r.failures)
-            lines.append(f"FAIL {r.scenario.number} {r.config.name}: {why}")
+            lines.append(f"{r.status} {r.scenario.number} {r.config.name}: {r.why}")
     return "\n".join(lines)
 
 
@@ -265,6 +291,7 @@ def _as_json(results: Sequence[RunResult]) -> list[dict[str, object]]:
             "mitigated": r.config.mitigated,
             "what happens": r.config.note,
             "passed": r.passed,
+            "status": r.status,
             "failures": list(r.failures),
             "error": r.error,
             "seconds": round(r.seconds, 2),

@@ -37,10 +37,26 @@ MAX_TTL = 2.0  # seconds: every tenure client here; a restarted node sits out th
 
 @dataclass(frozen=True)
 class Expect:
-    """One thing the run must show, e.g. ``C1 = 0`` or ``C1 > 0``."""
+    """One thing the run must show, e.g. ``C1 = 0`` or ``C1 > 0``.
+
+    ``bound``: for a limit on a figure (``= 0``, ``<=``), that figure's name. What the
+    run saw breaks a limit however early the run stopped; an expectation of something
+    to show (``> 0``, ``>=``) may just not have been reached by a run that could not be
+    carried out.
+    """
 
     label: str
     holds: Callable[[dict[str, float | int | None]], bool]
+    bound: str | None = None
+
+    def broken(self, figures: dict[str, float | int | None]) -> bool:
+        """Whether the figures measured break this limit (never for an expectation of
+        something to show, nor for a figure the run did not get to measure)."""
+        return (
+            self.bound is not None
+            and figures.get(self.bound) is not None
+            and not self.holds(figures)
+        )
 
 
 def zero(*checks: str) -> list[Expect]:
@@ -48,7 +64,7 @@ def zero(*checks: str) -> list[Expect]:
 
 
 def _zero(check: str) -> Expect:
-    return Expect(f"{check} = 0", lambda f: f.get(check) == 0)
+    return Expect(f"{check} = 0", lambda f: f.get(check) == 0, bound=check)
 
 
 def violated(check: str) -> Expect:
@@ -60,7 +76,11 @@ def at_least(stat: str, n: float) -> Expect:
 
 
 def at_most(stat: str, n: float) -> Expect:
-    return Expect(f"{stat} <= {n:g}", lambda f: f.get(stat) is not None and (f.get(stat) or 0) <= n)
+    return Expect(
+        f"{stat} <= {n:g}",
+        lambda f: f.get(stat) is not None and (f.get(stat) or 0) <= n,
+        bound=stat,
+    )
 
 
 SAFE = ("C1", "C3", "C4", "C5")

@@ -56,7 +56,11 @@ class World:
         self._clocks: dict[str, NodeClock] = {}
         self._paused: dict[str, tuple[int, str]] = {}  # worker or node -> (since, proof)
         self.faults = 0
-        self.store = self.node("store")
+        try:
+            self.store = self.node("store")
+        except BaseException:
+            self.close()  # no ``with`` will: the store's files and our history file
+            raise
         self.store_url = self.store.url
 
     # --- building ---------------------------------------------------------------------
