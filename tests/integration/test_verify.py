@@ -19,7 +19,7 @@ from tenure.verify.runner import format_table, run_config
 from tenure.verify.scenarios import SCENARIOS, Config, Expect, Stats, violated, zero
 from tenure.verify.world import World
 
-from .test_demo import _alive, _descendants
+from .test_demo import _alive, _default_sigint, _descendants
 
 
 def test_unknown_scenario_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -233,3 +233,44 @@ def test_sigterm_stops_every_process_and_removes_the_temporary_directory(
         time.sleep(0.01)
     assert alive == []
     assert list(tmp.iterdir()) == []
+
+
+def test_an_interrupted_run_leaves_a_summary_that_says_so(tmp_path: Path) -> None:
+    """Ctrl-C left the report directory's summary.md as an earlier run into the same
+    directory had written it (every row PASS), beside this run's half-written histories."""
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "summary.md").write_text("| 6 | tenure | mitigated | ... | PASS |\n")
+    (report / "summary.json").write_text("[]\n")
+    args = ["verify", "pause", "crash", "--cycles", "1", "--report", str(report)]
+    with subprocess.Popen(
+        [sys.executable, "-m", "tenure.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_default_sigint,
+    ) as proc:
+        try:
+            # Both configurations of scenario 3 have run once scenario 6 has a worker.
+            deadline = time.monotonic() + 120
+            while not list(report.glob("6-crash/*/history/B.jsonl")):
+                assert proc.poll() is None
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130, err
+    summary = (report / "summary.md").read_text()
+    assert "| 3 | unfenced store" in summary
+    assert "| 3 | fenced store" in summary
+    assert "| 6 |" not in summary
+    assert "INTERRUPTED: 2 of 4 runs finished; not finished: 6 SETNX without TTL, 6 tenure" in (
+        summary
+    )
+    # The JSON is written for a whole verification only: none is better than a stale one.
+    assert not (report / "summary.json").exists()

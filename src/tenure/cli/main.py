@@ -490,7 +490,10 @@ def _add_verify(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument(
         "--report",
         metavar="DIR",
-        help="keep histories, node logs, timelines (timeline.html) and summary.md/json here",
+        help=(
+            "keep histories, node logs, timelines (timeline.html) and summary.md/json here "
+            "(a stopped run leaves summary.md with the runs that finished, no summary.json)"
+        ),
     )
     p.set_defaults(handler=_cmd_verify, parser=p)
 

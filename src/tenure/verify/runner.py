@@ -13,6 +13,7 @@ which is a FAIL whatever came after.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -89,23 +90,38 @@ def run_scenarios(
     ``cycles`` overrides the mode's number of cycles per configuration.
     """
     chosen = [s for s in SCENARIOS if not keys or s.key in keys or str(s.number) in keys]
+    planned = [(s, c) for s in chosen for c in s.configs]
     root = report_dir or Path(tempfile.mkdtemp(prefix="tenure-verify-"))
     root.mkdir(parents=True, exist_ok=True)
-    results = []
+    summary_md, summary_json = root / "summary.md", root / "summary.json"
+    # A summary an earlier run left in the same directory describes runs whose
+    # directories this one replaces: gone now, so that a stopped run never leaves one.
+    summary_md.unlink(missing_ok=True)
+    summary_json.unlink(missing_ok=True)
+    results: list[RunResult] = []
     try:
-        for scenario in chosen:
-            for config in scenario.configs:
-                n = cycles or cycles_for(scenario, mode)
-                result = run_config(scenario, config, n, root)
-                results.append(result)
-                if progress is not None:
-                    progress(result)
+        for scenario, config in planned:
+            n = cycles or cycles_for(scenario, mode)
+            result = run_config(scenario, config, n, root)
+            results.append(result)
+            if progress is not None:
+                progress(result)
         if report_dir is not None:
-            (root / "summary.md").write_text(format_table(results) + "\n")
-            (root / "summary.json").write_text(json.dumps(_as_json(results), indent=2) + "\n")
+            summary_md.write_text(format_table(results) + "\n")
+            summary_json.write_text(json.dumps(_as_json(results), indent=2) + "\n")
     finally:
         if report_dir is None:
             shutil.rmtree(root, ignore_errors=True)
+        elif len(results) < len(planned):
+            # Stopped (Ctrl-C, SIGTERM, an error of the verifier's own): the runs that
+            # finished, and which did not. No summary.json: a tool reading it would
+            # take the runs in it for the whole verification.
+            left = ", ".join(f"{s.number} {c.name}" for s, c in planned[len(results) :])
+            note = (
+                f"INTERRUPTED: {len(results)} of {len(planned)} runs finished; not finished: {left}"
+            )
+            with contextlib.suppress(OSError):  # the reason we stopped matters more
+                summary_md.write_text(format_table(results) + "\n\n" + note + "\n")
     return results
 
 
