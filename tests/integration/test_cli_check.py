@@ -33,6 +33,7 @@ from tenure.cli.node_rules import (
     Finding,
     Level,
     NodeFacts,
+    UserLogin,
     check_access,
     check_eviction,
     check_independence,
@@ -936,6 +937,57 @@ def test_an_admin_login_checks_the_clients_user(server: LocalCluster, without: s
         assert f"user '{user}' may run everything tenure sends" in acl["detail"]
     # The admin login reads what a least-privilege user may not.
     assert not [f for f in findings if "not permitted" in f["detail"]], findings
+
+
+@pytest.mark.parametrize(
+    ("change", "why", "grant"),
+    [
+        ({"on": "off"}, "is switched off", "on"),
+        ({">pw": None}, "has no password (and is not nopass)", ">PASSWORD"),
+    ],
+    ids=["off", "no-password"],
+)
+def test_an_admin_login_finds_a_clients_user_nobody_can_log_in_as(
+    server: LocalCluster, change: dict[str, str | None], why: str, grant: str
+) -> None:
+    """ACL DRYRUN and GETUSER's rules judge permissions whether or not anybody can log in
+    as the user: one switched off, or without a password, passed them (OK) while every
+    client's AUTH failed."""
+    rules = [change.get(r, r) for r in _documented()]
+    with _setuser(server, *(r for r in rules if r is not None)) as (user, urls):
+        refused = pytest.raises(tenure.NodeMisconfigured, match="refused the credentials")
+        with refused, tenure.Client(urls) as client:
+            client.acquire("login", ttl=5.0, blocking=False)
+        code, findings = _check_json(server.urls, "--acl-user", user)
+    [acl] = [f for f in findings if f["check"] == "acl"]
+    assert code == EXIT_UNSAFE
+    assert acl["level"] == "UNSAFE", acl
+    assert acl["detail"].startswith(f"user '{user}' {why}: every client logging in as it"), acl
+    assert "(its permissions are enough otherwise)" in acl["detail"], acl
+    assert acl["detail"].endswith(f"Fix: ACL SETUSER {user} {grant}"), acl
+
+
+_DENIED_ZADD = "NOPERM User tenure has no permissions to run the 'zadd' command"
+
+
+def test_a_clients_user_nobody_can_log_in_as_keeps_its_permission_row() -> None:
+    """Switched off and short of a command: both fixes are named, one row each."""
+    facts = NodeFacts(
+        node="redis://n1:6379",
+        info=dict(_INFO, redis_version="7.2.4"),
+        user="tenure",
+        access=dict(_ALLOWED, ZADD=_DENIED_ZADD),
+        access_method="ACL DRYRUN",
+        login=UserLogin(("off", "sanitize-payload"), 1),
+    )
+    login, permissions = check_access(facts)
+    assert (login.level, permissions.level) == (Level.UNSAFE, Level.UNSAFE)
+    assert login.detail.endswith("cannot lock on this node. Fix: ACL SETUSER tenure on")
+    assert "may not run ZADD" in permissions.detail
+    # A user that can log in gets the permission row alone.
+    for flags, passwords in [(("on",), 1), (("on", "nopass"), 0)]:
+        facts.login = UserLogin(flags, passwords)
+        assert check_access(facts) == [permissions]
 
 
 def test_acl_user_needs_a_login_that_may_ask(server: LocalCluster) -> None:

@@ -68,6 +68,7 @@ from .node_rules import (
     Finding,
     Level,
     NodeFacts,
+    UserLogin,
     check_slots,
     evaluate,
     exit_code,
@@ -239,6 +240,8 @@ def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) ->
         return  # not probed (the probe writes); the role check already says UNSAFE
     if acl_user is not None:
         facts.user = acl_user
+        # Permissions alone do not say whether clients can log in as the user at all.
+        facts.login = _login(client, acl_user)
     user = facts.user or "default"
     version = parse_version(info.get("redis_version", "0"))
     needs = _acl.needs(facts.key_prefix, facts.kind, version, facts.tag)
@@ -275,6 +278,22 @@ def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) ->
         method = "probe"
     facts.access = answers
     facts.access_method = method
+
+
+def _login(client: redis.Redis, user: str) -> UserLogin | None:
+    """The flags and the number of passwords of ``user`` (``ACL GETUSER``); None if the
+    login may not ask, or the node has no such user (the access check says so)."""
+    try:
+        reply = client.execute_command("ACL", "GETUSER", user)  # type: ignore[no-untyped-call]
+    except redis.RedisError:
+        return None
+    rules = _pairs(reply)
+    if rules is None:
+        return None
+    flags, passwords = rules.get("flags"), rules.get("passwords")
+    if not isinstance(flags, list) or not isinstance(passwords, list):
+        return None
+    return UserLogin(tuple(str(f) for f in flags), len(passwords))
 
 
 def _no_such_user(client: redis.Redis, user: str) -> bool:

@@ -116,6 +116,7 @@ __all__ = [
     "Finding",
     "Level",
     "NodeFacts",
+    "UserLogin",
     "check_access",
     "check_eviction",
     "check_independence",
@@ -226,6 +227,10 @@ class NodeFacts:
             one of a Sentinel-managed or Cluster node's; ``None`` for a plain node.
         cluster_state: a Cluster master's ``cluster_state`` (``CLUSTER INFO``): ``ok``,
             ``fail``, or why it could not be read.
+        login: whether clients can log in as the user at all, read with ``--acl-user``
+            (``ACL GETUSER``): its flags (``on``/``off``, ``nopass``, ...) and how many
+            passwords it has; ``None`` when not read (logged in as the user itself,
+            which shows that it can, or ``ACL GETUSER`` refused).
     """
 
     node: str
@@ -245,6 +250,20 @@ class NodeFacts:
     replica: bool = False
     listed: str | None = None
     cluster_state: str | None = None
+    login: UserLogin | None = None
+
+
+@dataclass(frozen=True)
+class UserLogin:
+    """What ``ACL GETUSER`` says about logging in as a user: its flags and passwords.
+
+    ``ACL DRYRUN`` and the rules of ``ACL GETUSER`` judge a user's permissions whether or
+    not anybody can log in as it: a user switched ``off``, or one with neither a password
+    nor ``nopass``, passes them and still fails every client's ``AUTH``.
+    """
+
+    flags: tuple[str, ...]
+    passwords: int
 
 
 def evaluate(nodes: Sequence[NodeFacts], max_ttl: float = DEFAULT_MAX_TTL) -> list[Finding]:
@@ -800,7 +819,41 @@ def _independence(nodes: Sequence[NodeFacts]) -> list[Finding | None]:
 
 def check_access(facts: NodeFacts) -> list[Finding]:
     """Whether the node's ACL lets tenure send everything it sends (see :mod:`tenure._driver.acl`):
-    UNSAFE naming what is refused and the ``ACL SETUSER`` line that grants it."""
+    UNSAFE naming what is refused and the ``ACL SETUSER`` line that grants it; UNSAFE too
+    when nobody can log in as the user (``--acl-user``: switched off, or no password)."""
+    findings = _check_permissions(facts)
+    refusal = _login_refused(facts)
+    if refusal is None:
+        return findings
+    who, (why, grant) = f"user {facts.user!r}" if facts.user else "the user", refusal
+    permitted = [f for f in findings if f.level is Level.OK]
+    also = " (its permissions are enough otherwise)" if permitted else ""
+    login = Finding(
+        facts.node,
+        "acl",
+        Level.UNSAFE,
+        f"{who} {why}: every client logging in as it is refused (WRONGPASS), so tenure "
+        f"cannot lock on this node{also}. Fix: ACL SETUSER {facts.user or 'default'} {grant}",
+    )
+    # A permission row that is not OK stays: it names what to grant besides.
+    return [login, *(f for f in findings if f.level is not Level.OK)]
+
+
+def _login_refused(facts: NodeFacts) -> tuple[str, str] | None:
+    """Why nobody can log in as the user, and the ``ACL SETUSER`` rule that fixes it."""
+    if facts.login is None:
+        return None
+    whys, grants = [], []
+    if "off" in facts.login.flags:
+        whys.append("is switched off")
+        grants.append("on")
+    if facts.login.passwords == 0 and "nopass" not in facts.login.flags:
+        whys.append("has no password (and is not nopass)")
+        grants.append(">PASSWORD")
+    return (" and ".join(whys), " ".join(grants)) if whys else None
+
+
+def _check_permissions(facts: NodeFacts) -> list[Finding]:
     who = f"user {facts.user!r}" if facts.user else "the user"
     if facts.access is None:
         if facts.access_error is None:
