@@ -12,6 +12,10 @@ no ``TenureError`` subclass anywhere in the package is missing from it)::
     │       ├── ServerUnsupported            a node refuses a command (ACL) or is too old
     │       └── TLSCertificateError          a node's TLS certificate failed verification
     ├── StaleToken (RuntimeError)            a fenced store refused a write with an old token
+    ├── StoreError                           a store's or pattern's own Redis failed it
+    │   ├── StoreUnavailable (ConnectionError)
+    │   │                                    not reached, or no answer in time
+    │   └── StoreRefused (RuntimeError)      it answered with an error (WRONGTYPE, OOM, ...)
     ├── ClientClosed (RuntimeError)          the client was closed; it does not reconnect
     ├── EventLoopConflict (RuntimeError)     an AsyncClient used from a second event loop at
     │                                        once (another thread's loop is using it)
@@ -44,8 +48,11 @@ no ``TenureError`` subclass anywhere in the package is missing from it)::
 
 Errors subclass the matching built-in so that ``except TimeoutError`` and friends keep
 working, and carry their context as fields: which lock, and what each node said
-(``node_errors``: node name -> message). Redis exceptions never escape raw; the driver
-translates them. ``CancelledError`` and ``KeyboardInterrupt`` are never caught or wrapped.
+(``node_errors``: node name -> message). Redis exceptions never escape raw: the lock
+client's driver translates them, and the fenced stores and the patterns, which run on a
+redis-py client the application gives them, raise a ``StoreError`` for each
+(``_driver.store_errors``), with the redis-py error as its ``__cause__``.
+``CancelledError`` and ``KeyboardInterrupt`` are never caught or wrapped.
 """
 
 from __future__ import annotations
@@ -71,6 +78,9 @@ __all__ = [
     "SelfDeadlock",
     "ServerUnsupported",
     "StaleToken",
+    "StoreError",
+    "StoreRefused",
+    "StoreUnavailable",
     "TLSCertificateError",
     "TenureError",
 ]
@@ -187,6 +197,101 @@ class StaleToken(TenureError, RuntimeError):
         self.resource = resource
         self.token = token
         self.highest = highest
+
+
+class StoreError(TenureError):
+    """A fenced store or a pattern could not do its work on its own Redis (the redis-py
+    client the application gave it), which failed or refused the command.
+
+    The redis-py error is the ``__cause__``.
+
+    Attributes:
+        store: what ran the command (``"FencedStore"``, ``"optimistic"``, ...).
+        operation: the operation that failed (``"write"``, ``"read"``, ``"EXEC"``, ...).
+        key: the resource, idempotency key, stream or Redis key it was about.
+        server: the Redis's address as its client names it (``host:port``, a socket
+            path), or ``None`` when the client does not say (a cluster client).
+    """
+
+    def __init__(
+        self, store: str, operation: str, key: str, server: str | None, message: str
+    ) -> None:
+        at = "" if server is None else f" (Redis {server})"
+        super().__init__(f"{store} {operation} of {key!r}{at}: {message}")
+        self.store = store
+        self.operation = operation
+        self.key = key
+        self.server = server
+
+
+class StoreUnavailable(StoreError, ConnectionError):
+    """The store's Redis could not be reached, or did not answer in time.
+
+    Retrying later may succeed. Whether the command ran is said by ``maybe_applied``.
+
+    Attributes:
+        maybe_applied: True when a write was sent and its answer lost: it may or may not
+            have been applied (the message says whether retrying it is safe); False when
+            nothing was written (a read, or a failure before the write was sent).
+    """
+
+    def __init__(
+        self,
+        store: str,
+        operation: str,
+        key: str,
+        server: str | None,
+        said: str,
+        *,
+        maybe_applied: bool,
+        retry: str = "",
+    ) -> None:
+        outcome = (
+            f"the write may or may not have been applied{retry}"
+            if maybe_applied
+            else "nothing was written"
+        )
+        super().__init__(
+            store,
+            operation,
+            key,
+            server,
+            f"the Redis could not be reached or did not answer ({said}); {outcome}",
+        )
+        self.maybe_applied = maybe_applied
+
+
+class StoreRefused(StoreError, RuntimeError):
+    """The store's Redis answered the command with an error (``WRONGTYPE``, ``OOM``,
+    ``READONLY``, ``NOPERM``, ``MISCONF``, a script's own refusal, ...).
+
+    Nothing was written (Redis runs none of a refused command), except where the
+    operation's documentation says otherwise (a transaction whose queued writes failed
+    one by one inside ``EXEC``). The message says what the reply means and what to fix
+    where that is known.
+
+    Attributes:
+        reply: the Redis's error reply, as it sent it.
+        lasting: True when waiting will not help, only a change will: a key of another
+            type where the store keeps its data, a read-only replica, an ACL or the
+            credentials; False for a state that passes (full, a failed snapshot, a busy
+            script, a reply not known).
+    """
+
+    def __init__(
+        self,
+        store: str,
+        operation: str,
+        key: str,
+        server: str | None,
+        reply: str,
+        problem: str,
+        *,
+        lasting: bool = False,
+    ) -> None:
+        super().__init__(store, operation, key, server, problem)
+        self.reply = reply
+        self.lasting = lasting
 
 
 class ClientClosed(TenureError, RuntimeError):

@@ -29,7 +29,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from tenure import ConfigurationError, StaleToken
+from tenure import ConfigurationError, StaleToken, StoreRefused, StoreUnavailable
 from tenure.fencing import (
     MAX_TOKEN,
     AsyncFencedStore,
@@ -146,12 +146,64 @@ def test_keys_share_the_resource_hash_tag(raw: redis.Redis, resource: str) -> No
     assert FencedStore(raw).read(resource) == (None, None)  # another namespace
 
 
-def test_a_damaged_token_key_refuses_every_write(raw: redis.Redis, resource: str) -> None:
+def test_a_damaged_token_key_refuses_every_write(
+    store: Store, raw: redis.Redis, resource: str
+) -> None:
+    # The write was a raw redis.ResponseError, and the read a raw ValueError from int().
     value_key, token_key = fenced_keys(resource)
     raw.set(token_key, b"not a number")
-    with pytest.raises(redis.ResponseError, match="holds no number"):
-        FencedStore(raw).write(resource, 1, b"x")
+    with pytest.raises(StoreRefused, match="holds no number") as info:
+        store.write(resource, 1, b"x")
+    assert isinstance(info.value.__cause__, redis.ResponseError)
+    assert (info.value.operation, info.value.key) == ("write", resource)
+    for read in (store.read, store.highest):
+        with pytest.raises(StoreRefused, match="token key holds no number") as info:
+            read(resource)
+        assert isinstance(info.value.__cause__, ValueError)
     assert raw.get(value_key) is None
+
+
+def test_a_key_of_another_type_is_a_lasting_refusal(
+    store: Store, raw: redis.Redis, resource: str
+) -> None:
+    # It was a raw redis.ResponseError (WRONGTYPE ...).
+    value_key, token_key = fenced_keys(resource)
+    raw.hset(token_key, "by", "another application")
+    for call in (lambda: store.write(resource, 1, b"x"), lambda: store.highest(resource)):
+        with pytest.raises(StoreRefused, match="namespace") as info:
+            call()
+        error = info.value
+        assert error.lasting
+        assert error.reply.startswith("WRONGTYPE")
+        assert error.key == resource
+        assert isinstance(error.__cause__, redis.ResponseError)
+        assert f"127.0.0.1:{raw.connection_pool.connection_kwargs['port']}" in str(error)
+    assert raw.get(value_key) is None
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_store_whose_redis_is_down_is_unavailable(flavour: str, resource: str) -> None:
+    # Each call raised a raw redis.ConnectionError.
+    with LocalCluster(1) as doomed:
+        client = redis.Redis.from_url(doomed.urls[0])
+        store: Store = FencedStore(client) if flavour == "sync" else Blocking(doomed.urls[0])
+        try:
+            store.write(resource, 1, b"x")
+            doomed[0].kill()
+            with pytest.raises(StoreUnavailable, match="same token is safe") as info:
+                store.write(resource, 2, b"y")
+            assert info.value.maybe_applied
+            assert isinstance(info.value, ConnectionError)
+            assert isinstance(info.value.__cause__, redis.ConnectionError)
+            for read in (store.read, store.highest):
+                with pytest.raises(StoreUnavailable, match="nothing was written") as info:
+                    read(resource)
+                assert not info.value.maybe_applied
+                assert info.value.operation in ("read", "highest")
+        finally:
+            client.close()
+            if isinstance(store, Blocking):
+                store.close()
 
 
 def test_write_args_batch_in_a_pipeline(raw: redis.Redis, resource: str) -> None:

@@ -42,7 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session
 from sqlalchemy.orm.exc import StaleDataError
 
-from tenure import ConfigurationError, wait_random
+from tenure import ConfigurationError, StoreRefused, StoreUnavailable, wait_random
 from tenure.patterns import (
     ConflictError,
     OptimisticStats,
@@ -367,18 +367,52 @@ def test_a_lost_connection_is_not_a_conflict() -> None:
         aclient = redis.asyncio.Redis.from_url(doomed.urls[0])
         loop = asyncio.new_event_loop()
         try:
-            with pytest.raises(redis.ConnectionError):
+            with pytest.raises(StoreUnavailable) as info:
                 optimistic(sync, ["k"], plan)
             assert calls == [1]
+            # Killed before EXEC was sent, which then failed: it may have reached Redis.
+            assert (info.value.operation, info.value.maybe_applied) == ("EXEC", True)
+            assert isinstance(info.value.__cause__, redis.WatchError)
             doomed[0].start()
             calls.clear()
-            with pytest.raises(redis.ConnectionError):
+            with pytest.raises(StoreUnavailable) as info:
                 loop.run_until_complete(aoptimistic(aclient, ["k"], plan))
+            assert calls == [1]
+            assert (info.value.operation, info.value.maybe_applied) == ("EXEC", True)
+            # Down before the call: nothing was sent, nothing written.
+            doomed[0].kill()
+            with pytest.raises(StoreUnavailable, match="nothing was written") as info:
+                optimistic(sync, ["k"], plan)
+            assert (info.value.operation, info.value.maybe_applied) == ("WATCH/read", False)
+            assert isinstance(info.value.__cause__, redis.ConnectionError)
+            with pytest.raises(StoreUnavailable, match="nothing was written") as info:
+                loop.run_until_complete(aoptimistic(aclient, ["k"], plan))
+            assert not info.value.maybe_applied
             assert calls == [1]
         finally:
             sync.close()
             loop.run_until_complete(aclient.aclose())
             loop.close()
+
+
+def test_a_write_refused_inside_exec_is_a_store_refusal(
+    run: Run, raw: redis.Redis, key: str
+) -> None:
+    # It was a raw redis.ResponseError (WRONGTYPE), retried by nobody, with the other
+    # queued write applied: the error says so.
+    other = f"{key}-other"
+    raw.set(key, "a string")
+
+    def plan(reads: Reads[Any]) -> Plan[int]:
+        return Plan(result=1, writes=lambda tx: (tx.set(other, 1), tx.hincrby(key, "n", 1)))
+
+    with pytest.raises(StoreRefused, match="does not roll back") as info:
+        run([key], plan)
+    assert info.value.reply.startswith("WRONGTYPE")
+    assert info.value.lasting
+    assert info.value.operation == "EXEC"
+    assert isinstance(info.value.__cause__, redis.ResponseError)
+    assert raw.get(other) == b"1"
 
 
 # --- SQL: versioned_update ----------------------------------------------------------------

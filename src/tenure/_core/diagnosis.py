@@ -38,11 +38,14 @@ __all__ = [
     "for_prefix",
     "naming",
     "not_redis",
+    "store_problem",
+    "wrong_type",
 ]
 
 # How long a quoted server reply may be in a message (a garbage-speaking server may send
 # kilobytes; the first few bytes say what it is).
 _QUOTE = 80
+_STORE_QUOTE = 400
 
 
 def check_command(prefix: str = DEFAULT_KEY_PREFIX) -> str:
@@ -124,9 +127,9 @@ def rule_out(
     return [i for i in order if rnd.results[i] is None]
 
 
-def _quote(text: str) -> str:
+def _quote(text: str, limit: int = _QUOTE) -> str:
     text = text.strip()
-    return text if len(text) <= _QUOTE else text[: _QUOTE - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _essence(text: str) -> str:
@@ -308,6 +311,52 @@ _REFUSING_WRITES = (
 # with slots unserved (CLUSTERDOWN), and one command's keys in different slots (CROSSSLOT:
 # what nearly every acquire meets, since a node's floor and a lock's keys hash apart).
 _CLUSTER_CODES = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "CROSSSLOT")
+
+
+def store_problem(why: Diagnosis, reply: str | None) -> str:
+    """What a fenced store's or a pattern's own Redis meant by failing a command, and the
+    fix, from its diagnosis as a lock node (``why``) and its error reply, if it sent one.
+
+    The classification is the lock client's; the words change where its fix is a lock
+    node's (a key prefix, tenure's scripts, lock keys): a store is given its redis-py
+    client and its keys' namespace by the application.
+    """
+    # Longer than a node's quote: a store's replies name its keys, which the
+    # application chose, and a script's refusal says what is wrong after the key.
+    said = _quote(_essence(reply), _STORE_QUOTE) if reply is not None else why.detail
+    if wrong_type(reply):
+        return (
+            f"a key it uses holds another type of value ({said}): another application "
+            "writes under its keys; give it a namespace (or prefix) of its own, or remove "
+            "that key"
+        )
+    if ACL_HINT in why.detail:
+        return (
+            f"the Redis's ACL refused it ({said}): grant the client's ACL user the "
+            "commands it names, on the keys this store uses"
+        )
+    if reply is not None and _essence(reply).upper().startswith("OOM "):
+        return (
+            f"the Redis is full: it refuses writes at its maxmemory ({said}); free memory "
+            "there or raise its maxmemory (with maxmemory-policy noeviction: an evicting "
+            "policy can drop what the store keeps, a fencing token or a claim)"
+        )
+    if "READONLY" in (reply or "").upper():
+        return f"the Redis is a read-only replica ({said}): give the store a client of its master"
+    if why.failure.configuration and "password" in why.detail:
+        return (
+            f"the Redis refused the client's credentials ({said}): check the user name and "
+            "password the redis-py client was made with"
+        )
+    if why.detail == _quote(_essence(reply or "")):
+        return f"the Redis answered with an error: {said}"
+    return f"the Redis {why.detail}"
+
+
+def wrong_type(reply: str | None) -> bool:
+    """Whether an error reply (as Redis sent it, code first) is ``WRONGTYPE``, raised by
+    a command or inside a script."""
+    return reply is not None and _essence(reply).upper().startswith("WRONGTYPE")
 
 
 def cluster_node(said: str) -> Diagnosis:

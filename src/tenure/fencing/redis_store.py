@@ -36,6 +36,12 @@ their I/O: the commands are built and their replies read by the same functions. 
 refuses a redis-py client of the other flavour, and one made with
 ``decode_responses=True``: values are bytes, and such a client fails inside redis-py on
 the first one that is not UTF-8 text (``_driver.redis_objects.check_client``).
+
+What the client raises is raised as :class:`~tenure.StoreUnavailable` (not reached, no
+answer in time) or :class:`~tenure.StoreRefused` (an error reply: a key of another type,
+a full or read-only Redis, an ACL, a damaged token key), never raw. A write whose answer
+was lost may have been applied; retrying it with the same token is safe, since equal
+tokens are accepted.
 """
 
 from __future__ import annotations
@@ -49,7 +55,9 @@ import redis.asyncio
 
 from .._core.config import check_name as _checked_name
 from .._driver.redis_objects import check_client as _check_client
-from .._errors import ConfigurationError, StaleToken
+from .._driver.store_errors import server_of as _server_of
+from .._driver.store_errors import store_error as _store_error
+from .._errors import ConfigurationError, StaleToken, StoreRefused
 from .._lua import script
 
 __all__ = [
@@ -165,6 +173,33 @@ def _as_bytes(reply: bytes | str | None) -> bytes | None:
     return reply.encode() if isinstance(reply, str) else reply
 
 
+def _failed(exc: Exception, store: Any, operation: str, resource: str) -> Exception:
+    """What ``store``'s command failing with ``exc`` raises (``from exc``)."""
+    client, name = store.client, type(store).__name__
+    if isinstance(exc, ValueError):
+        # A token key holding no number, read back: written by something else.
+        return StoreRefused(
+            name,
+            operation,
+            resource,
+            _server_of(client),
+            str(exc),
+            "its token key holds no number: something other than a fenced store wrote "
+            "it; remove that key, or give the store a namespace of its own",
+        )
+    assert isinstance(exc, redis.RedisError)
+    writes = operation == "write"
+    return _store_error(
+        exc,
+        client,
+        name,
+        operation,
+        resource,
+        maybe_applied=writes,
+        retry="; retrying it with the same token is safe" if writes else "",
+    )
+
+
 class FencedStore:
     """Values on Redis guarded by fencing tokens, with a blocking redis-py client.
 
@@ -214,10 +249,17 @@ class FencedStore:
             StaleToken: ``token`` is lower than the highest token this resource has seen
                 (``.highest``); nothing was written.
             ConfigurationError: a bad argument (see :func:`fenced_write_args`).
-            redis.RedisError: from the client; the write may or may not have been applied,
-                and retrying it with the same token is safe.
+            StoreUnavailable: the Redis was not reached or did not answer; the write may
+                or may not have been applied (``.maybe_applied``), and retrying it with the
+                same token is safe.
+            StoreRefused: the Redis answered with an error (a key of another type, full,
+                read-only, an ACL; a token key holding no number); nothing was written.
         """
-        reply = self.client.eval(*fenced_write_args(resource, token, value, self.namespace))
+        args = fenced_write_args(resource, token, value, self.namespace)
+        try:
+            reply = self.client.eval(*args)
+        except redis.RedisError as exc:
+            raise _failed(exc, self, "write", resource) from exc
         _raise_if_refused(resource, token, reply)
 
     def read(self, resource: str) -> tuple[bytes | None, int | None]:
@@ -225,13 +267,31 @@ class FencedStore:
 
         Returns:
             ``(value, highest)``; ``(None, None)`` if nothing was ever written.
+
+        Raises:
+            ConfigurationError: a bad ``resource``.
+            StoreUnavailable: the Redis was not reached or did not answer.
+            StoreRefused: the Redis answered with an error (an ACL, a key of another
+                type, a token key holding no number).
         """
-        # MGET is atomic and both keys are in one slot: value and token of one instant.
-        return _read_reply(self.client.mget(*fenced_keys(resource, self.namespace)))
+        keys = fenced_keys(resource, self.namespace)
+        try:
+            # MGET is atomic and both keys are in one slot: value and token of one instant.
+            return _read_reply(self.client.mget(*keys))
+        except (redis.RedisError, ValueError) as exc:
+            raise _failed(exc, self, "read", resource) from exc
 
     def highest(self, resource: str) -> int | None:
-        """The highest token ``resource`` has accepted, or ``None`` if none yet."""
-        return _as_int(self.client.get(fenced_keys(resource, self.namespace)[1]))
+        """The highest token ``resource`` has accepted, or ``None`` if none yet.
+
+        Raises:
+            As :meth:`read`.
+        """
+        key = fenced_keys(resource, self.namespace)[1]
+        try:
+            return _as_int(self.client.get(key))
+        except (redis.RedisError, ValueError) as exc:
+            raise _failed(exc, self, "highest", resource) from exc
 
 
 class AsyncFencedStore:
@@ -264,12 +324,24 @@ class AsyncFencedStore:
     async def write(self, resource: str, token: int, value: bytes | str) -> None:
         """As :meth:`FencedStore.write`."""
         args = fenced_write_args(resource, token, value, self.namespace)
-        _raise_if_refused(resource, token, await self.client.eval(*args))
+        try:
+            reply = await self.client.eval(*args)
+        except redis.RedisError as exc:
+            raise _failed(exc, self, "write", resource) from exc
+        _raise_if_refused(resource, token, reply)
 
     async def read(self, resource: str) -> tuple[bytes | None, int | None]:
         """As :meth:`FencedStore.read`."""
-        return _read_reply(await self.client.mget(*fenced_keys(resource, self.namespace)))
+        keys = fenced_keys(resource, self.namespace)
+        try:
+            return _read_reply(await self.client.mget(*keys))
+        except (redis.RedisError, ValueError) as exc:
+            raise _failed(exc, self, "read", resource) from exc
 
     async def highest(self, resource: str) -> int | None:
         """As :meth:`FencedStore.highest`."""
-        return _as_int(await self.client.get(fenced_keys(resource, self.namespace)[1]))
+        key = fenced_keys(resource, self.namespace)[1]
+        try:
+            return _as_int(await self.client.get(key))
+        except (redis.RedisError, ValueError) as exc:
+            raise _failed(exc, self, "highest", resource) from exc

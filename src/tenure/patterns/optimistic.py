@@ -56,8 +56,11 @@ how ``fn`` refuses (e.g. stock would go below zero).
 A connection lost during the transaction is **not** a conflict. redis-py reports it as a
 ``WatchError`` too ("A ConnectionError occurred while watching ..."), even when it
 happened after ``EXEC`` was sent, when the writes may have been applied; retrying then
-could apply them twice. Here it surfaces as the ``redis.ConnectionError`` (or
-``TimeoutError``) it is, and the caller decides.
+could apply them twice. Here it surfaces as :class:`~tenure.StoreUnavailable`, and the
+caller decides: its ``maybe_applied`` is True only when ``EXEC`` had been sent. An error
+reply (``WRONGTYPE``, ``OOM``, ``READONLY``, an ACL) is :class:`~tenure.StoreRefused`;
+neither is retried. Every redis-py error of an attempt is translated so, those raised by
+``fn``'s own reads through ``reads.reader`` included.
 
 Redis Cluster: all keys of one transaction must share a hash slot (``{tag}``).
 """
@@ -84,6 +87,7 @@ from .._core.config import check_name as _checked_name
 from .._core.config import retry_delay as _retry_delay
 from .._core.policy import RetryPolicy, wait_random_exponential
 from .._driver.redis_objects import check_client as _check_client
+from .._driver.store_errors import store_error as _store_error
 from .._errors import ConfigurationError, TenureError
 
 if TYPE_CHECKING:
@@ -481,17 +485,52 @@ def _values(keys: Sequence[str], replies: Sequence[bytes | str | None]) -> dict[
     }
 
 
-def _watch_conflict(error: redis.WatchError, keys: Sequence[str]) -> BaseException:
-    """What a WatchError means: a conflict, or a lost connection in disguise.
+def _watch_conflict(error: redis.WatchError, keys: Sequence[str]) -> redis.RedisError | None:
+    """What a WatchError means: a conflict (None), or a lost connection in disguise.
 
     redis-py raises WatchError *from* a ConnectionError or TimeoutError when the
     connection died while keys were watched, EXEC included, where the writes may have
-    been applied. That one must not be retried as a conflict.
+    been applied. That one must not be retried as a conflict: it is returned, to be
+    raised as the store error it is.
     """
     context = error.__context__
     if isinstance(context, (redis.ConnectionError, redis.TimeoutError)):
         return context
-    return ConflictError(keys, 1)
+    return None
+
+
+def _failed(
+    exc: redis.RedisError, client: Any, who: str, keys: Sequence[str], *, exec_sent: bool
+) -> Exception:
+    """The error an attempt raises (``from exc``) for a redis-py error that is no conflict."""
+    return _store_error(
+        exc,
+        client,
+        who,
+        "EXEC" if exec_sent else "WATCH/read",
+        " ".join(keys),
+        maybe_applied=exec_sent,
+        retry="; read the keys to see which before trying again",
+    )
+
+
+def _attempt_failed(
+    exc: redis.RedisError, client: Any, who: str, keys: Sequence[str], *, exec_sent: bool
+) -> Exception:
+    """What an attempt raises for ``exc``: a conflict, or a store error (``from exc``)."""
+    if isinstance(exc, redis.WatchError):
+        lost = _watch_conflict(exc, keys)
+        if lost is None:
+            return ConflictError(keys, 1)
+        exc = lost
+    error = _failed(exc, client, who, keys, exec_sent=exec_sent)
+    if exec_sent and isinstance(exc, redis.ResponseError):
+        # Inside EXEC: Redis runs every queued write and does not roll back.
+        error.args = (
+            f"{error.args[0]} (a queued write failed inside EXEC; Redis does not roll back, "
+            "so the other queued writes were applied)",
+        )
+    return error
 
 
 def optimistic(
@@ -520,13 +559,16 @@ def optimistic(
 
     Raises:
         ConflictError: a watched key changed during every one of ``retries + 1`` attempts.
-        redis.ConnectionError, redis.TimeoutError: the connection failed; if it failed
-            after EXEC was sent, the writes may or may not have been applied.
-        redis.ResponseError: a queued write failed inside EXEC (e.g. WRONGTYPE). Redis
-            does not roll back: the other queued writes were applied.
+        StoreUnavailable: the connection failed or timed out; not retried. If it failed
+            after EXEC was sent (``.maybe_applied``), the writes may or may not have been
+            applied; otherwise nothing was written.
+        StoreRefused: the Redis answered with an error (WRONGTYPE, OOM, READONLY, an
+            ACL). Before EXEC nothing was written; a queued write that failed inside EXEC
+            does not roll back the others, which were applied (the message says so).
         ConfigurationError: bad ``keys``, ``retries`` or plan ``writes``; ``fn``
             returned no :class:`Plan`; an asyncio ``client``.
-        Exception: whatever ``fn`` raises, unchanged; nothing was written.
+        Exception: whatever ``fn`` raises, unchanged (but for a redis-py error, as
+            above); nothing was written.
 
     Example (never sell below zero)::
 
@@ -543,17 +585,21 @@ def optimistic(
     watched = _check_keys(keys)
 
     def attempt() -> T:
-        with client.pipeline(transaction=True) as pipe:
-            try:
+        exec_sent = False
+        try:
+            with client.pipeline(transaction=True) as pipe:
                 pipe.watch(*watched)  # type: ignore[no-untyped-call]
                 values = pipe.mget(watched)
                 plan = _checked_plan(fn(Reads(_values(watched, values), pipe)))
                 pipe.multi()
                 _queue_writes(pipe, plan.writes)
+                exec_sent = True
                 pipe.execute()
-            except redis.WatchError as error:
-                raise _watch_conflict(error, watched) from error
-            return plan.result
+                return plan.result
+        except redis.RedisError as error:
+            raise _attempt_failed(
+                error, client, "optimistic", watched, exec_sent=exec_sent
+            ) from error
 
     return retry_optimistic(attempt, retries=retries, backoff=backoff, rng=rng, stats=stats)
 
@@ -581,18 +627,22 @@ async def aoptimistic(
     watched = _check_keys(keys)
 
     async def attempt() -> T:
-        async with client.pipeline(transaction=True) as pipe:
-            try:
+        exec_sent = False
+        try:
+            async with client.pipeline(transaction=True) as pipe:
                 await pipe.watch(*watched)
                 values = await pipe.mget(watched)
                 planned = fn(Reads(_values(watched, values), pipe))
                 plan = _checked_plan(await planned if inspect.isawaitable(planned) else planned)
                 pipe.multi()  # type: ignore[no-untyped-call]
                 _queue_writes(pipe, plan.writes)
+                exec_sent = True
                 await pipe.execute()
-            except redis.WatchError as error:
-                raise _watch_conflict(error, watched) from error
-            return plan.result
+                return plan.result
+        except redis.RedisError as error:
+            raise _attempt_failed(
+                error, client, "aoptimistic", watched, exec_sent=exec_sent
+            ) from error
 
     return await aretry_optimistic(attempt, retries=retries, backoff=backoff, rng=rng, stats=stats)
 

@@ -108,7 +108,17 @@ import redis
 from .._core.config import check_name as _checked_name
 from .._driver.clock import monotonic
 from .._driver.redis_objects import check_client as _check_client
-from .._errors import ConfigurationError, LeaseLost, LockTimeout, NotHeld, StaleToken, TenureError
+from .._driver.store_errors import store_error as _store_error
+from .._errors import (
+    ConfigurationError,
+    LeaseLost,
+    LockTimeout,
+    NotHeld,
+    StaleToken,
+    StoreError,
+    StoreRefused,
+    TenureError,
+)
 from .._lua import script
 from .._sync.client import Client, Lease
 
@@ -199,11 +209,16 @@ def _agree_on_partitions(
 
     Raises:
         ConfigurationError: ``partitions`` differs from the recorded P.
+        StoreUnavailable, StoreRefused: the Redis failed or refused the check.
     """
     key = _partitions_key(stream_prefix)
-    if client.set(key, partitions, nx=True):
-        return
-    recorded = client.get(key)
+    try:
+        if client.set(key, partitions, nx=True):
+            return
+        recorded = client.get(key)
+    except redis.RedisError as exc:
+        owner = "StreamWorker" if "worker" in who else "StreamProducer"
+        raise _store_error(exc, client, owner, "partition count check", key) from exc
     try:
         agreed = int(recorded) if recorded is not None else partitions
     except ValueError:
@@ -340,13 +355,31 @@ class StreamProducer:
             ConfigurationError: a bad key or payload (see :data:`KEY_FIELD`); at the
                 producer's first write, a ``partitions`` other than the P the streams
                 were made with (recorded by the first producer or worker).
-            redis.RedisError: from the client. After a timeout the entry may or may not
-                have been appended; a retry may append it twice, which is why handlers
-                deduplicate on a key the payload carries, not on the entry id.
+            StoreUnavailable: the Redis was not reached or did not answer; the entry
+                may or may not have been appended (``.maybe_applied``), and a retry may
+                append it twice, which is why handlers deduplicate on a key the payload
+                carries, not on the entry id.
+            StoreRefused: the Redis answered with an error (the stream's key holds
+                another type, full, read-only, an ACL); nothing was appended.
         """
         fields = _entry_fields(key, payload)
         self._agree()
-        return _text(self.client.xadd(self.stream_of(key), fields))
+        stream = self.stream_of(key)
+        try:
+            return _text(self.client.xadd(stream, fields))
+        except redis.RedisError as exc:
+            raise self._failed(exc, stream) from exc
+
+    def _failed(self, exc: redis.RedisError, stream: str) -> StoreError:
+        return _store_error(
+            exc,
+            self.client,
+            "StreamProducer",
+            "append",
+            stream,
+            maybe_applied=True,
+            retry="; a retry may append it twice (handlers deduplicate on the payload)",
+        )
 
     def append_many(
         self, writes: Iterable[tuple[str, Payload]], *, atomic: bool = False
@@ -360,15 +393,24 @@ class StreamProducer:
 
         Returns:
             The entry ids, in the order of ``writes``.
+
+        Raises:
+            ConfigurationError, StoreUnavailable, StoreRefused: as :meth:`append`; a
+                refused write of a batch that is not ``atomic`` leaves the others
+                appended (``MULTI``/``EXEC`` does not roll back either).
         """
         batch = [
             (self.stream_of(key), _entry_fields(key, payload)) for key, payload in _pairs(writes)
         ]
         self._agree()
-        with self.client.pipeline(transaction=atomic) as pipe:
-            for stream, fields in batch:
-                pipe.xadd(stream, fields)
-            return [_text(entry_id) for entry_id in pipe.execute()]
+        try:
+            with self.client.pipeline(transaction=atomic) as pipe:
+                for stream, fields in batch:
+                    pipe.xadd(stream, fields)
+                return [_text(entry_id) for entry_id in pipe.execute()]
+        except redis.RedisError as exc:
+            streams = " ".join(dict.fromkeys(stream for stream, _ in batch))
+            raise self._failed(exc, streams) from exc
 
 
 @dataclass
@@ -530,6 +572,12 @@ class StreamWorker:
             RuntimeError: ``run`` is already running on this worker.
             ConfigurationError: its ``partitions`` differs from the P the streams were
                 made with (recorded by the first producer or worker), at its first pass.
+            StoreUnavailable, StoreRefused: the Redis failed or refused that check at the
+                first pass.
+            StoreRefused: a refusal no wait ends (``.lasting``: a stream or owner key of
+                another type, a read-only replica, an ACL, the credentials), at any pass;
+                its leases are released first. Other failures of the streams' Redis are
+                logged and retried, as the loop goes on.
         """
         with self._guard:
             if self._running:
@@ -553,7 +601,7 @@ class StreamWorker:
             The number of entries handled or skipped (0: nothing to do).
 
         Raises:
-            ConfigurationError: as for :meth:`run`.
+            ConfigurationError, StoreUnavailable, StoreRefused: as for :meth:`run`.
         """
         if not self._agreed:
             _agree_on_partitions(self.client, self.stream_prefix, self.partitions, "this worker")
@@ -599,9 +647,18 @@ class StreamWorker:
                 [self.consumer_name, 0],
             )
         except redis.RedisError as exc:
-            # Harmless: the entry expires after heartbeat_ttl.
+            # Harmless: the entry expires after heartbeat_ttl. Not raised even if lasting:
+            # shutting down, maybe for another error.
             _log.warning(
-                "tenure: worker %r could not leave the registry: %r", self.consumer_name, exc
+                "tenure: worker %r could not leave the registry: %s",
+                self.consumer_name,
+                _store_error(
+                    exc,
+                    self.client,
+                    "StreamWorker",
+                    "leave the registry",
+                    _registry_key(self.stream_prefix, self.group),
+                ),
             )
 
     # -- ownership ---------------------------------------------------------------------
@@ -612,7 +669,8 @@ class StreamWorker:
         try:
             live = self._heartbeat()
         except redis.RedisError as exc:
-            _log.warning("tenure: worker %r heartbeat failed: %r", self.consumer_name, exc)
+            error = self._failed(exc, "heartbeat", _registry_key(self.stream_prefix, self.group))
+            _log.warning("tenure: worker %r heartbeat failed: %s", self.consumer_name, error)
             return  # keep what we hold; take nothing on a view we could not refresh
         target = fair_share(self.partitions, live, self.consumer_name)
         extra = len(self._held) - target
@@ -653,10 +711,11 @@ class StreamWorker:
         try:
             taken = self._fence_stream(number, lease.fencing_token)
         except redis.RedisError as exc:
-            _log.warning(
-                "tenure: worker %r cannot take stream %d: %r", self.consumer_name, number, exc
-            )
             _quiet_release(lease)
+            error = self._failed(exc, "take", partition_stream(self.stream_prefix, number))
+            _log.warning(
+                "tenure: worker %r cannot take stream %d: %s", self.consumer_name, number, error
+            )
             return False
         except BaseException:
             # Not held yet, so ``stop`` would not release it: its watchdog would keep
@@ -723,8 +782,10 @@ class StreamWorker:
             # The scripts may have run with their replies lost (a timeout), leaving
             # entries delivered to us that we never saw: claim our pending lists again,
             # so they come before anything newer (as after a failed acknowledgement).
+            streams = " ".join(partition_stream(self.stream_prefix, h.number) for h in ready)
+            error = self._failed(exc, "read", streams)
             for held in ready:
-                self._rewind(held, exc)
+                self._rewind(held, error)
             return 0
         return sum(self._on_reply(held, reply) for held, reply in zip(ready, replies, strict=True))
 
@@ -744,13 +805,17 @@ class StreamWorker:
             return pipe.execute(raise_on_error=False)
 
     def _on_reply(self, held: _Held, reply: Any) -> int:
-        if isinstance(reply, redis.ResponseError):
-            # NOGROUP (the stream or group was deleted) and the like: give the partition
-            # back; whoever takes it next recreates the group.
-            _log.warning(
-                "tenure: worker %r partition %d: %s", self.consumer_name, held.number, reply
-            )
-            self._release(held.number)
+        if isinstance(reply, redis.RedisError):
+            error = self._failed(reply, "read", partition_stream(self.stream_prefix, held.number))
+            if isinstance(reply, redis.ResponseError):
+                # NOGROUP (the stream or group was deleted) and the like: give the
+                # partition back; whoever takes it next recreates the group.
+                _log.warning(
+                    "tenure: worker %r partition %d: %s", self.consumer_name, held.number, error
+                )
+                self._release(held.number)
+            else:
+                self._rewind(held, error)
             return 0
         if isinstance(reply, Exception):
             self._rewind(held, reply)
@@ -814,10 +879,20 @@ class StreamWorker:
         except redis.RedisError as exc:
             # Maybe acknowledged, maybe not: claim our pending list again, which delivers
             # the unacknowledged ones again, in order.
-            self._rewind(held, exc)
+            self._rewind(held, self._failed(exc, "acknowledge", keys[0]))
             return
         if acked < 0:
             self._drop(held, fenced=True)
+
+    def _failed(self, exc: redis.RedisError, operation: str, key: str) -> StoreError:
+        """The streams' Redis failed ``operation`` on ``key`` with ``exc``: the error to
+        log, raised instead when no wait ends it (``StoreRefused.lasting``). Logged, such
+        a refusal came back every pass, for as long as the worker ran; raised, ``run``
+        releases the worker's leases and ends with it."""
+        error = _store_error(exc, self.client, "StreamWorker", operation, key)
+        if isinstance(error, StoreRefused) and error.lasting:
+            raise error from exc
+        return error
 
     def _rewind(self, held: _Held, error: BaseException) -> None:
         """Retry from our own pending list after ``retry_delay``: nothing newer first."""

@@ -21,6 +21,7 @@ from redis.client import Pipeline
 from ..._core.config import check_name, check_retry_policy, retry_delay
 from ..._core.policy import RetryPolicy, wait_random_exponential
 from ..._driver.redis_objects import check_client as _check_client
+from ..._driver.store_errors import store_error
 from ..._lua import script
 from ..optimistic import (
     DEFAULT_BACKOFF,
@@ -110,22 +111,38 @@ class RedisOnce:
             ClaimLost: our lease ran out and another attempt took the key; our effect
                 happened and theirs may too. Nothing was recorded.
             NotClaimed: this attempt holds no claim (``done``, or recorded already).
+            StoreUnavailable: the Redis was not reached or did not answer; the record
+                may or may not have been stored, and calling ``record`` again is safe.
+            StoreRefused: the Redis answered with an error (full, read-only, an ACL);
+                nothing was recorded.
             ConfigurationError: (``result``) the codec cannot encode ``result``. Nothing
                 was recorded; leaving the block with it releases the claim, so a retry
                 runs the effect again.
         """
         marker = self._require_claim("record")
         store = self._store
-        status, holding = store.client.eval(
-            _source("idem_record"),
-            2,
-            self._redis_key,
-            self._receipt_key,
-            marker,
-            store._record_value(result),
-            store._retention_ms,
-            store._receipt_ms,
-        )
+        value = store._record_value(result)
+        try:
+            status, holding = store.client.eval(
+                _source("idem_record"),
+                2,
+                self._redis_key,
+                self._receipt_key,
+                marker,
+                value,
+                store._retention_ms,
+                store._receipt_ms,
+            )
+        except redis.RedisError as exc:
+            raise store_error(
+                exc,
+                store.client,
+                "RedisIdempotency",
+                "record",
+                self.key,
+                maybe_applied=True,
+                retry="; calling record() again is safe (it finds its own record)",
+            ) from exc
         if status != 1:
             self._marker = None  # the claim is gone: leaving the block must not record
             holder = _holder(_as_bytes(holding))
@@ -171,6 +188,8 @@ class RedisOnce:
             NotClaimed: this attempt holds no claim.
             ConfigurationError: (``result``) the codec cannot encode the plan's result,
                 or (``fn``) ``fn`` returned no Plan; nothing was applied.
+            StoreUnavailable, StoreRefused: as
+                :func:`~tenure.patterns.optimistic.optimistic`.
             Exception: whatever ``fn`` raises.
 
         Example (one coupon, redeemed once per request)::
@@ -319,7 +338,12 @@ class RedisIdempotency:
         Raises:
             InProgress: another attempt held the key for all of ``wait``.
             ConfigurationError: a bad ``key`` or ``wait``.
-            redis.ResponseError: the key holds something that is not idempotency state.
+            StoreUnavailable: the Redis was not reached or did not answer. A claim may
+                have been taken (``.maybe_applied``): it holds the key until its lease
+                runs out, and a retry before then finds the key in progress.
+            StoreRefused: the Redis answered with an error: the key holds something that
+                is not idempotency state, or the Redis is full, read-only, or refuses
+                by its ACL. Nothing was claimed.
         """
         attempt = self._claim(_check_key(key), _check_wait(self.wait if wait is None else wait))
         try:
@@ -336,9 +360,23 @@ class RedisIdempotency:
         started = time.monotonic()
         polls = 0
         while True:
-            status, payload = self.client.eval(
-                _source("idem_claim"), 1, self.redis_key(key), marker, self._lease_ms
-            )
+            try:
+                status, payload = self.client.eval(
+                    _source("idem_claim"), 1, self.redis_key(key), marker, self._lease_ms
+                )
+            except redis.RedisError as exc:
+                raise store_error(
+                    exc,
+                    self.client,
+                    "RedisIdempotency",
+                    "claim",
+                    key,
+                    maybe_applied=True,
+                    retry=(
+                        f"; a claim taken holds the key until its lease ({self.lease} s) "
+                        "runs out, and a retry before then finds it in progress"
+                    ),
+                ) from exc
             if status == _CLAIMED:
                 return RedisOnce(self, key, marker=marker)
             if status == _DONE:
