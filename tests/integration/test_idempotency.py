@@ -53,7 +53,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from tenure import ConfigurationError
+from tenure import ConfigurationError, StoreRefused, StoreUnavailable
 from tenure.patterns import (
     ClaimLost,
     Codec,
@@ -373,8 +373,56 @@ def test_a_custom_codec_and_namespace(raw: redis.Redis, key: str) -> None:
 def test_a_damaged_key_is_never_taken_as_free(raw: redis.Redis, key: str) -> None:
     store = RedisIdempotency(raw)
     raw.set(store.redis_key(key), "something else")
-    with pytest.raises(redis.ResponseError, match="no idempotency state"), store.once(key):
+    with pytest.raises(StoreRefused, match="no idempotency state") as info, store.once(key):
         pass
+    assert (info.value.operation, info.value.key) == ("claim", key)
+    assert isinstance(info.value.__cause__, redis.ResponseError)
+
+
+def test_a_key_of_another_type_is_a_store_refusal(raw: redis.Redis, key: str) -> None:
+    # It was a raw redis.ResponseError (WRONGTYPE), from once() and from the decorator.
+    store = RedisIdempotency(raw)
+    raw.hset(store.redis_key(key), "by", "another application")
+    with pytest.raises(StoreRefused, match="namespace") as info, store.once(key):
+        pass
+    assert info.value.lasting
+    assert info.value.reply.startswith("WRONGTYPE")
+
+    @idempotent(store, key=lambda request: request)
+    def handle(request: str) -> str:
+        return "done"
+
+    with pytest.raises(StoreRefused, match="namespace"):
+        handle(key)
+
+
+def test_an_idempotency_store_whose_redis_is_down_is_unavailable(key: str) -> None:
+    # Each call raised a raw redis.ConnectionError.
+    with LocalCluster(1) as doomed, doomed[0].client() as client:
+        store = RedisIdempotency(client, lease=5)
+        block = store.once(key)
+        once = block.__enter__()
+        doomed[0].kill()
+        with pytest.raises(StoreUnavailable, match="record\\(\\) again is safe") as info:
+            once.record("receipt")
+        assert (info.value.operation, info.value.maybe_applied) == ("record", True)
+        assert isinstance(info.value.__cause__, redis.ConnectionError)
+        with pytest.raises(StoreUnavailable) as info:
+            once.apply([f"{key}-stock"], lambda reads: Plan(result=1))
+        assert not info.value.maybe_applied  # nothing was sent: the WATCH failed
+        # Leaving the block records None: that fails the same way.
+        with pytest.raises(StoreUnavailable, match="record of"):
+            block.__exit__(None, None, None)
+        with pytest.raises(StoreUnavailable, match="lease \\(5 s\\)") as info, store.once(key):
+            pass
+        assert (info.value.operation, info.value.key) == ("claim", key)
+
+        @idempotent(store, key=lambda request: request)
+        def handle(request: str) -> str:
+            return "done"
+
+        with pytest.raises(StoreUnavailable):
+            handle(key)
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import tenure
+from tenure import StoreRefused, StoreUnavailable
 from tenure._lua import script
 from tenure.patterns.streams import (
     KEY_FIELD,
@@ -903,3 +904,57 @@ def test_producers_and_workers_agree_on_the_partition_count(
             )
         finally:
             agreed.stop()
+
+
+# --- the streams' Redis failing --------------------------------------------------------
+
+
+def test_a_stream_key_of_another_type_is_refused_not_logged_forever(
+    solo: Callable[..., StreamWorker], data_node: LocalCluster, prefix: str
+) -> None:
+    # The producer raised a raw redis.ResponseError (WRONGTYPE); the worker logged a
+    # warning on every pass, for as long as it ran, and never took the partition.
+    with data_node[0].client() as client:
+        client.set(partition_stream(prefix, 0), "another application's value")
+        producer = StreamProducer(client, prefix, 1)
+        for append in (
+            lambda: producer.append("k1", {"seq": 1}),
+            lambda: producer.append_many([("k1", {"seq": 1})]),
+        ):
+            with pytest.raises(StoreRefused, match="namespace") as info:
+                append()
+            assert info.value.lasting
+            assert info.value.key == partition_stream(prefix, 0)
+            assert isinstance(info.value.__cause__, redis.ResponseError)
+    worker = solo("solo", lambda *entry: None)
+    with pytest.raises(StoreRefused, match="namespace") as refused:
+        worker.run_once()
+    assert (refused.value.store, refused.value.operation) == ("StreamWorker", "take")
+    assert refused.value.lasting
+    assert worker.held == frozenset()
+    name = partition_lock_name(prefix, 0, GROUP)
+    assert not worker.lock_client.lock(name, ttl=TTL).locked()  # the lease was released
+
+
+def test_streams_whose_redis_is_down_are_unavailable(lock_nodes: LocalCluster) -> None:
+    # Each call raised a raw redis.ConnectionError.
+    with LocalCluster(1) as doomed, doomed[0].client() as client:
+        producer = StreamProducer(client, "down", 2)
+        producer.append("k", {"seq": 1})
+        doomed[0].kill()
+        for append in (
+            lambda: producer.append("k", {"seq": 2}),
+            lambda: producer.append_many([("k", {"seq": 2})]),
+        ):
+            with pytest.raises(StoreUnavailable, match="append it twice") as info:
+                append()
+            assert info.value.maybe_applied
+            assert isinstance(info.value.__cause__, redis.ConnectionError)
+        # A new producer and a worker check the partition count at their first use.
+        with pytest.raises(StoreUnavailable):
+            StreamProducer(client, "down", 2).append("k", {"seq": 2})
+        with tenure.Client(lock_nodes.urls) as locks:
+            worker = StreamWorker(locks, client, "down", 2, GROUP, "w", lambda *entry: None)
+            with pytest.raises(StoreUnavailable) as info:
+                worker.run_once()
+            assert info.value.store == "StreamWorker"
