@@ -18,7 +18,7 @@ import multiprocessing
 import random
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib.resources import files
 from itertools import accumulate
 from multiprocessing.connection import Connection
@@ -169,7 +169,11 @@ def test_a_key_of_another_type_is_a_lasting_refusal(
     # It was a raw redis.ResponseError (WRONGTYPE ...).
     value_key, token_key = fenced_keys(resource)
     raw.hset(token_key, "by", "another application")
-    for call in (lambda: store.write(resource, 1, b"x"), lambda: store.highest(resource)):
+    calls: list[Callable[[], object]] = [
+        lambda: store.write(resource, 1, b"x"),
+        lambda: store.highest(resource),
+    ]
+    for call in calls:
         with pytest.raises(StoreRefused, match="namespace") as info:
             call()
         error = info.value
