@@ -64,7 +64,7 @@ CLUSTER_SAYS = [
         ("ERR AUTH <password> called without any password configured for the default user.",
          Failure.MISCONFIGURED, ["authentication failed"]),
         ("NOPERM this user has no permissions to run the 'eval' command", Failure.UNSUPPORTED,
-         ["ACL", "~tenure:*", "&tenure:*", "tenure check"]),
+         ["ACL", "~tenure:*", "&tenure:wake:*", "tenure check"]),
         ("ERR Error running script (call to f_ab): @user_script:1: @user_script: 1: The user "
          "executing the script can't run this command or subcommand", Failure.UNSUPPORTED,
          ["ACL: The user executing the script can't run this command"]),
@@ -417,9 +417,9 @@ def test_an_acl_hint_follows_the_clients_key_prefix() -> None:
     assert error is not None
     texts = [str(error), *error.node_errors.values(), naming("a", why.failure, why.detail, "app1:")]
     for text in texts:
-        assert "~app1:* and channels &app1:*" in text, text
+        assert "~app1:* and channels &app1:wake:*" in text, text
         assert "`tenure check --key-prefix app1:`" in text, text
         assert "tenure:" not in text, text
     default = configuration_error(rnd, names)
     assert default is not None
-    assert "~tenure:* and channels &tenure:* (`tenure check` names" in str(default)
+    assert "~tenure:* and channels &tenure:wake:* (`tenure check` names" in str(default)

@@ -59,7 +59,7 @@ def acl_hint(prefix: str = DEFAULT_KEY_PREFIX) -> str:
     """What to grant an ACL user so that clients with key prefix ``prefix`` can lock."""
     return (
         "give its ACL user EVAL, EXISTS, WAIT, SUBSCRIBE and the commands tenure's scripts "
-        f"call, on keys ~{prefix}* and channels &{prefix}* (`{check_command(prefix)}` "
+        f"call, on keys ~{prefix}* and channels &{prefix}wake:* (`{check_command(prefix)}` "
         "names what is refused)"
     )
 
