@@ -55,7 +55,7 @@ from tenure.patterns import (
     retry_optimistic,
     versioned_update,
 )
-from tenure.testing import LocalCluster
+from tenure.testing import LocalCluster, LocalRedisCluster
 from tenure.testing._postgres import EmbeddedPostgres
 
 K = 6  # processes
@@ -413,6 +413,45 @@ def test_a_write_refused_inside_exec_is_a_store_refusal(
     assert info.value.operation == "EXEC"
     assert isinstance(info.value.__cause__, redis.ResponseError)
     assert raw.get(other) == b"1"
+
+
+def test_a_cluster_clients_own_refusal_is_a_store_refusal() -> None:
+    # redis-py's cluster client refuses keys of one transaction in several slots with a
+    # RedisClusterException, which is no RedisError: it escaped raw.
+    with LocalRedisCluster(replicas=0) as cluster:
+        master = cluster.masters()[0]
+        port = master.port
+        assert port is not None  # a TCP node
+        client = redis.RedisCluster(host=master.host, port=port)
+        try:
+            with pytest.raises(StoreRefused, match="hash tag") as info:
+                optimistic(client, ["stock:a", "stock:b"], lambda reads: Plan(result=1))
+            assert info.value.lasting
+            assert isinstance(info.value.__cause__, redis.exceptions.RedisClusterException)
+            # Keys that share a slot go through on the same client: read (a cluster
+            # pipeline refuses MGET: that refusal alone stopped every optimistic() on a
+            # cluster), written, committed.
+            keys = ["{stock}:a", "{stock}:b"]
+            client.set("{stock}:a", 5)
+
+            def sell(reads: Reads[Any]) -> Plan[int]:
+                left = int(reads["{stock}:a"] or 0) - 1
+                return Plan(result=left, writes={"{stock}:a": left, "{stock}:b": "sold"})
+
+            assert optimistic(client, keys, sell) == 4
+            assert client.get("{stock}:a") == b"4"
+            assert client.get("{stock}:b") == b"sold"
+
+            async def sell_async() -> int:
+                aclient = redis.asyncio.RedisCluster(host=master.host, port=port)
+                try:
+                    return await aoptimistic(aclient, keys, sell)
+                finally:
+                    await aclient.aclose()
+
+            assert asyncio.run(sell_async()) == 3
+        finally:
+            client.close()
 
 
 # --- SQL: versioned_update ----------------------------------------------------------------

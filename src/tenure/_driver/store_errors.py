@@ -24,11 +24,17 @@ from .._core.quorum import Failure
 from .._errors import StoreError, StoreRefused, StoreUnavailable
 from .redis_compat import diagnose, reply_text
 
-__all__ = ["server_of", "store_error"]
+__all__ = ["FAILURES", "Failed", "server_of", "store_error"]
+
+# What a store's redis-py client raises for a failure of its Redis: its errors, and a
+# cluster client's own (a slot no member serves, keys of one call in several slots),
+# which are no ``RedisError``.
+FAILURES = (rx.RedisError, rx.RedisClusterException)
+Failed = rx.RedisError | rx.RedisClusterException
 
 
 def store_error(
-    exc: rx.RedisError,
+    exc: Failed,
     client: Any,
     store: str,
     operation: str,
@@ -44,8 +50,19 @@ def store_error(
     connection failed (``retry`` then says, after a semicolon, whether retrying is safe);
     False for reads and for failures before the write was sent.
     """
-    why = diagnose(exc)
     server = server_of(client)
+    if isinstance(exc, rx.RedisClusterException):
+        said = str(exc) or type(exc).__name__
+        if isinstance(exc, rx.SlotNotCoveredError):  # no member serves it: an outage
+            return StoreUnavailable(
+                store, operation, key, server, said, maybe_applied=maybe_applied, retry=retry
+            )
+        problem = (
+            f"the Redis Cluster client refused the call ({said}): the keys of one call must "
+            "share a hash slot (a hash tag, {...}, in each key)"
+        )
+        return StoreRefused(store, operation, key, server, said, problem, lasting=True)
+    why = diagnose(exc)
     if why.failure in (Failure.UNREACHABLE, Failure.BACKING_OFF):
         said = str(exc) or type(exc).__name__
         return StoreUnavailable(

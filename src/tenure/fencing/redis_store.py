@@ -55,6 +55,7 @@ import redis.asyncio
 
 from .._core.config import check_name as _checked_name
 from .._driver.redis_objects import check_client as _check_client
+from .._driver.store_errors import FAILURES as _FAILURES
 from .._driver.store_errors import server_of as _server_of
 from .._driver.store_errors import store_error as _store_error
 from .._errors import ConfigurationError, StaleToken, StoreRefused
@@ -187,7 +188,7 @@ def _failed(exc: Exception, store: Any, operation: str, resource: str) -> Except
             "its token key holds no number: something other than a fenced store wrote "
             "it; remove that key, or give the store a namespace of its own",
         )
-    assert isinstance(exc, redis.RedisError)
+    assert isinstance(exc, _FAILURES)
     writes = operation == "write"
     return _store_error(
         exc,
@@ -258,7 +259,7 @@ class FencedStore:
         args = fenced_write_args(resource, token, value, self.namespace)
         try:
             reply = self.client.eval(*args)
-        except redis.RedisError as exc:
+        except _FAILURES as exc:
             raise _failed(exc, self, "write", resource) from exc
         _raise_if_refused(resource, token, reply)
 
@@ -278,7 +279,7 @@ class FencedStore:
         try:
             # MGET is atomic and both keys are in one slot: value and token of one instant.
             return _read_reply(self.client.mget(*keys))
-        except (redis.RedisError, ValueError) as exc:
+        except (*_FAILURES, ValueError) as exc:
             raise _failed(exc, self, "read", resource) from exc
 
     def highest(self, resource: str) -> int | None:
@@ -290,7 +291,7 @@ class FencedStore:
         key = fenced_keys(resource, self.namespace)[1]
         try:
             return _as_int(self.client.get(key))
-        except (redis.RedisError, ValueError) as exc:
+        except (*_FAILURES, ValueError) as exc:
             raise _failed(exc, self, "highest", resource) from exc
 
 
@@ -326,7 +327,7 @@ class AsyncFencedStore:
         args = fenced_write_args(resource, token, value, self.namespace)
         try:
             reply = await self.client.eval(*args)
-        except redis.RedisError as exc:
+        except _FAILURES as exc:
             raise _failed(exc, self, "write", resource) from exc
         _raise_if_refused(resource, token, reply)
 
@@ -335,7 +336,7 @@ class AsyncFencedStore:
         keys = fenced_keys(resource, self.namespace)
         try:
             return _read_reply(await self.client.mget(*keys))
-        except (redis.RedisError, ValueError) as exc:
+        except (*_FAILURES, ValueError) as exc:
             raise _failed(exc, self, "read", resource) from exc
 
     async def highest(self, resource: str) -> int | None:
@@ -343,5 +344,5 @@ class AsyncFencedStore:
         key = fenced_keys(resource, self.namespace)[1]
         try:
             return _as_int(await self.client.get(key))
-        except (redis.RedisError, ValueError) as exc:
+        except (*_FAILURES, ValueError) as exc:
             raise _failed(exc, self, "highest", resource) from exc

@@ -87,6 +87,8 @@ from .._core.config import check_name as _checked_name
 from .._core.config import retry_delay as _retry_delay
 from .._core.policy import RetryPolicy, wait_random_exponential
 from .._driver.redis_objects import check_client as _check_client
+from .._driver.store_errors import FAILURES as _FAILURES
+from .._driver.store_errors import Failed as _Failed
 from .._driver.store_errors import store_error as _store_error
 from .._errors import ConfigurationError, TenureError
 
@@ -500,7 +502,7 @@ def _watch_conflict(error: redis.WatchError, keys: Sequence[str]) -> redis.Redis
 
 
 def _failed(
-    exc: redis.RedisError, client: Any, who: str, keys: Sequence[str], *, exec_sent: bool
+    exc: _Failed, client: Any, who: str, keys: Sequence[str], *, exec_sent: bool
 ) -> Exception:
     """The error an attempt raises (``from exc``) for a redis-py error that is no conflict."""
     return _store_error(
@@ -515,7 +517,7 @@ def _failed(
 
 
 def _attempt_failed(
-    exc: redis.RedisError, client: Any, who: str, keys: Sequence[str], *, exec_sent: bool
+    exc: _Failed, client: Any, who: str, keys: Sequence[str], *, exec_sent: bool
 ) -> Exception:
     """What an attempt raises for ``exc``: a conflict, or a store error (``from exc``)."""
     if isinstance(exc, redis.WatchError):
@@ -534,7 +536,7 @@ def _attempt_failed(
 
 
 def optimistic(
-    client: redis.Redis,
+    client: redis.Redis | redis.RedisCluster,
     keys: Sequence[str],
     fn: Callable[[Reads[Pipeline]], Plan[T]],
     *,
@@ -583,20 +585,23 @@ def optimistic(
     # An asyncio client's pipeline is no context manager: a bare TypeError otherwise.
     _check_client(client, "client", owner="optimistic", asyncio=False, twin="aoptimistic")
     watched = _check_keys(keys)
+    cluster = isinstance(client, redis.RedisCluster)
 
     def attempt() -> T:
         exec_sent = False
         try:
             with client.pipeline(transaction=True) as pipe:
-                pipe.watch(*watched)  # type: ignore[no-untyped-call]
-                values = pipe.mget(watched)
+                pipe.watch(*watched)
+                # A cluster client's pipeline refuses MGET (a multi-key command): one GET
+                # per key, in the same watched connection.
+                values = [pipe.get(k) for k in watched] if cluster else pipe.mget(watched)
                 plan = _checked_plan(fn(Reads(_values(watched, values), pipe)))
                 pipe.multi()
                 _queue_writes(pipe, plan.writes)
                 exec_sent = True
                 pipe.execute()
                 return plan.result
-        except redis.RedisError as error:
+        except _FAILURES as error:
             raise _attempt_failed(
                 error, client, "optimistic", watched, exec_sent=exec_sent
             ) from error
@@ -605,7 +610,7 @@ def optimistic(
 
 
 async def aoptimistic(
-    client: redis.asyncio.Redis,
+    client: redis.asyncio.Redis | redis.asyncio.RedisCluster,
     keys: Sequence[str],
     fn: Callable[[Reads[AsyncPipeline]], Plan[T] | Awaitable[Plan[T]]],
     *,
@@ -625,21 +630,26 @@ async def aoptimistic(
     """
     _check_client(client, "client", owner="aoptimistic", asyncio=True, twin="optimistic")
     watched = _check_keys(keys)
+    cluster = isinstance(client, redis.asyncio.RedisCluster)
 
     async def attempt() -> T:
         exec_sent = False
         try:
             async with client.pipeline(transaction=True) as pipe:
                 await pipe.watch(*watched)
-                values = await pipe.mget(watched)
-                planned = fn(Reads(_values(watched, values), pipe))
+                if cluster:  # as in optimistic()
+                    values = [await pipe.get(k) for k in watched]
+                else:
+                    values = await pipe.mget(watched)
+                # (A cluster client's pipeline queues writes as a Pipeline does.)
+                planned = fn(Reads(_values(watched, values), cast("AsyncPipeline", pipe)))
                 plan = _checked_plan(await planned if inspect.isawaitable(planned) else planned)
                 pipe.multi()  # type: ignore[no-untyped-call]
                 _queue_writes(pipe, plan.writes)
                 exec_sent = True
                 await pipe.execute()
                 return plan.result
-        except redis.RedisError as error:
+        except _FAILURES as error:
             raise _attempt_failed(
                 error, client, "aoptimistic", watched, exec_sent=exec_sent
             ) from error

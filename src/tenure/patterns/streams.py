@@ -108,6 +108,8 @@ import redis
 from .._core.config import check_name as _checked_name
 from .._driver.clock import monotonic
 from .._driver.redis_objects import check_client as _check_client
+from .._driver.store_errors import FAILURES as _FAILURES
+from .._driver.store_errors import Failed as _Failed
 from .._driver.store_errors import store_error as _store_error
 from .._errors import (
     ConfigurationError,
@@ -216,7 +218,7 @@ def _agree_on_partitions(
         if client.set(key, partitions, nx=True):
             return
         recorded = client.get(key)
-    except redis.RedisError as exc:
+    except _FAILURES as exc:
         owner = "StreamWorker" if "worker" in who else "StreamProducer"
         raise _store_error(exc, client, owner, "partition count check", key) from exc
     try:
@@ -367,10 +369,10 @@ class StreamProducer:
         stream = self.stream_of(key)
         try:
             return _text(self.client.xadd(stream, fields))
-        except redis.RedisError as exc:
+        except _FAILURES as exc:
             raise self._failed(exc, stream) from exc
 
-    def _failed(self, exc: redis.RedisError, stream: str) -> StoreError:
+    def _failed(self, exc: _Failed, stream: str) -> StoreError:
         return _store_error(
             exc,
             self.client,
@@ -408,7 +410,7 @@ class StreamProducer:
                 for stream, fields in batch:
                     pipe.xadd(stream, fields)
                 return [_text(entry_id) for entry_id in pipe.execute()]
-        except redis.RedisError as exc:
+        except _FAILURES as exc:
             streams = " ".join(dict.fromkeys(stream for stream, _ in batch))
             raise self._failed(exc, streams) from exc
 
@@ -646,7 +648,7 @@ class StreamWorker:
                 [_registry_key(self.stream_prefix, self.group)],
                 [self.consumer_name, 0],
             )
-        except redis.RedisError as exc:
+        except _FAILURES as exc:
             # Harmless: the entry expires after heartbeat_ttl. Not raised even if lasting:
             # shutting down, maybe for another error.
             _log.warning(
@@ -668,7 +670,7 @@ class StreamWorker:
         self._drop_lost()
         try:
             live = self._heartbeat()
-        except redis.RedisError as exc:
+        except _FAILURES as exc:
             error = self._failed(exc, "heartbeat", _registry_key(self.stream_prefix, self.group))
             _log.warning("tenure: worker %r heartbeat failed: %s", self.consumer_name, error)
             return  # keep what we hold; take nothing on a view we could not refresh
@@ -710,7 +712,7 @@ class StreamWorker:
             return False
         try:
             taken = self._fence_stream(number, lease.fencing_token)
-        except redis.RedisError as exc:
+        except _FAILURES as exc:
             _quiet_release(lease)
             error = self._failed(exc, "take", partition_stream(self.stream_prefix, number))
             _log.warning(
@@ -778,7 +780,7 @@ class StreamWorker:
             return 0
         try:
             replies = self._read(ready)
-        except redis.RedisError as exc:
+        except _FAILURES as exc:
             # The scripts may have run with their replies lost (a timeout), leaving
             # entries delivered to us that we never saw: claim our pending lists again,
             # so they come before anything newer (as after a failed acknowledgement).
@@ -876,7 +878,7 @@ class StreamWorker:
         keys = self._keys(held.number)
         try:
             acked = int(_call(self.client, _ACK, keys, [held.token, self.group, *entry_ids]))
-        except redis.RedisError as exc:
+        except _FAILURES as exc:
             # Maybe acknowledged, maybe not: claim our pending list again, which delivers
             # the unacknowledged ones again, in order.
             self._rewind(held, self._failed(exc, "acknowledge", keys[0]))
@@ -884,7 +886,7 @@ class StreamWorker:
         if acked < 0:
             self._drop(held, fenced=True)
 
-    def _failed(self, exc: redis.RedisError, operation: str, key: str) -> StoreError:
+    def _failed(self, exc: _Failed, operation: str, key: str) -> StoreError:
         """The streams' Redis failed ``operation`` on ``key`` with ``exc``: the error to
         log, raised instead when no wait ends it (``StoreRefused.lasting``). Logged, such
         a refusal came back every pass, for as long as the worker ran; raised, ``run``

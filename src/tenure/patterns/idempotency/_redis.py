@@ -21,6 +21,7 @@ from redis.client import Pipeline
 from ..._core.config import check_name, check_retry_policy, retry_delay
 from ..._core.policy import RetryPolicy, wait_random_exponential
 from ..._driver.redis_objects import check_client as _check_client
+from ..._driver.store_errors import FAILURES as _FAILURES
 from ..._driver.store_errors import store_error
 from ..._lua import script
 from ..optimistic import (
@@ -133,7 +134,7 @@ class RedisOnce:
                 store._retention_ms,
                 store._receipt_ms,
             )
-        except redis.RedisError as exc:
+        except _FAILURES as exc:
             raise store_error(
                 exc,
                 store.client,
@@ -364,7 +365,7 @@ class RedisIdempotency:
                 status, payload = self.client.eval(
                     _source("idem_claim"), 1, self.redis_key(key), marker, self._lease_ms
                 )
-            except redis.RedisError as exc:
+            except _FAILURES as exc:
                 raise store_error(
                     exc,
                     self.client,
