@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import multiprocessing
 import pickle
 import time
 from typing import Any
@@ -338,3 +339,33 @@ def test_a_copy_of_a_lease_or_a_lock_is_itself_and_neither_pickles(
             await copy.copy(lease).release()
 
     asyncio.run(main())
+
+
+def test_a_copy_of_a_client_is_itself_and_pickling_one_says_what_to_do(
+    shared5: LocalCluster, key: str
+) -> None:
+    """A client handed to a spawned process (or a process pool's task) failed with
+    "cannot pickle '_thread.lock' object", naming neither the client nor the fix; and a
+    copy was a second object sharing the first one's connections, so closing the copy
+    closed the original."""
+    clients: list[tenure.Client | tenure.AsyncClient] = [
+        tenure.Client(shared5.urls),
+        tenure.AsyncClient(shared5.urls),
+    ]
+    for client in clients:
+        kind = type(client).__name__
+        assert copy.copy(client) is client
+        assert copy.deepcopy({"client": client})["client"] is client
+        with pytest.raises(TypeError, match=f"a {kind} belongs to the process.*make a {kind}"):
+            pickle.dumps(client)
+        # What a user meets: the spawned child's arguments are pickled by start().
+        child = multiprocessing.get_context("spawn").Process(target=print, args=(client,))
+        with pytest.raises(TypeError, match=f"a {kind} belongs to the process"):
+            child.start()
+    sync, asyncio_client = clients
+    assert isinstance(sync, tenure.Client)
+    assert isinstance(asyncio_client, tenure.AsyncClient)
+    with copy.copy(sync):  # leaving the copy's block closes the client itself
+        pass
+    assert sync.closed
+    asyncio.run(asyncio_client.aclose())
