@@ -391,3 +391,50 @@ def test_bad_cluster_arguments_are_configuration_errors(
 def test_persistence_may_be_given_by_its_value() -> None:
     with LocalCluster(1, persistence="always") as cluster:
         assert cluster[0].persistence is Persistence.AOF_ALWAYS
+
+
+_SECOND_BIND = "bind 127.0.0.1 127.0.0.2"  # loopback still, but not the bind LocalNode wrote
+
+
+@pytest.mark.parametrize(
+    "extra_config",
+    [
+        {"maxmemory": f"10mb\n{_SECOND_BIND}"},  # a line break in a value
+        {"maxmemory": f"10mb\r\n{_SECOND_BIND}"},
+        {" bind": "127.0.0.1 127.0.0.2"},  # the server trims the space
+        {'"bind"': "127.0.0.1 127.0.0.2"},  # and unquotes the name
+        {"maxmemory 10mb\nbind": "127.0.0.1 127.0.0.2"},  # a line break in a key
+        {"include": "<file>"},  # a file of directives nobody checks
+    ],
+    ids=["value-lf", "value-crlf", "key-space", "key-quoted", "key-lf", "include"],
+)
+def test_extra_config_cannot_smuggle_in_a_managed_directive(
+    tmp_path: Path, extra_config: dict[str, str]
+) -> None:
+    """Each entry is one line of redis.conf and the last ``bind`` wins: these entries
+    overrode the loopback bind the refusal of managed keys exists to protect."""
+    included = tmp_path / "more.conf"
+    included.write_text(_SECOND_BIND + "\n")
+    extra = {k: v.replace("<file>", os.fspath(included)) for k, v in extra_config.items()}
+    try:
+        cluster = LocalCluster(1, base_dir=tmp_path / "nodes", extra_config=extra)
+    except ConfigurationError as exc:
+        refused: ConfigurationError | None = exc
+    else:
+        refused = None
+        with cluster, cluster[0].client() as c:
+            bind = _config(c, "bind")
+        pytest.fail(f"accepted {extra!r}; the server started with bind {bind!r}")
+    assert refused.parameter == "extra_config"
+
+
+def test_extra_config_changed_after_construction_is_checked_at_start(tmp_path: Path) -> None:
+    node = LocalNode("n1", tmp_path)
+    node.extra_config["maxmemory"] = f"10mb\n{_SECOND_BIND}"
+    try:
+        with pytest.raises(ConfigurationError) as info:
+            node.start()
+        assert info.value.parameter == "extra_config"
+        assert node.pid is None, "a server was started with the smuggled bind"
+    finally:
+        node.stop()

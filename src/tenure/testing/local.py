@@ -40,6 +40,7 @@ import importlib.util
 import ipaddress
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -87,6 +88,9 @@ _SUN_PATH_MAX = 104  # the smallest sockaddr_un.sun_path among Linux (108) and m
 _MANAGED_KEYS = frozenset(
     {"bind", "port", "unixsocket", "unixsocketperm", "dir", "daemonize", "logfile"}
 )
+# A directive's name as redis.conf spells one: a single word. Anything else (a space, a
+# quote, a line break) would let one entry write other directives, managed ones included.
+_DIRECTIVE = re.compile(r"[A-Za-z0-9_-]+")
 _PR_SET_PDEATHSIG = 1
 
 if sys.platform.startswith("linux"):
@@ -300,6 +304,40 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _check_extra_config(extra_config: Mapping[str, object]) -> None:
+    """Refuse what would let ``extra_config`` write a directive tenure manages.
+
+    Each entry becomes one ``key value`` line of ``redis.conf``, and the server reads
+    the last of two lines setting a key: a managed key, or a line break smuggling one
+    in, could move a node off loopback or away from its files.
+    """
+    for key, value in extra_config.items():
+        if not isinstance(key, str) or not _DIRECTIVE.fullmatch(key):
+            raise ConfigurationError(
+                "extra_config",
+                f"key {key!r} is not a directive name (one word of letters, digits, '_'"
+                " or '-'): give each directive as its own key, e.g. {'maxmemory': '10mb'}",
+            )
+        if key.lower() in _MANAGED_KEYS:
+            managed = ", ".join(sorted(_MANAGED_KEYS))
+            raise ConfigurationError(
+                "extra_config",
+                f"{key!r} is managed by LocalNode (as are {managed}): remove it",
+            )
+        if key.lower() == "include":
+            raise ConfigurationError(
+                "extra_config",
+                "'include' would read directives LocalNode cannot check: give them as"
+                " keys of extra_config instead",
+            )
+        if any(char in str(value) for char in "\r\n\0"):
+            raise ConfigurationError(
+                "extra_config",
+                f"the value of {key!r} spans lines ({value!r}): a value is one line;"
+                " give each directive as its own key",
+            )
+
+
 class LocalNode:
     """One ``redis-server`` process on loopback, with its own directory.
 
@@ -316,7 +354,8 @@ class LocalNode:
 
     Raises:
         ConfigurationError: no binary, a socket path too long, or ``extra_config`` sets
-            a key this class manages (``bind``, ``port``, ``dir``, ...).
+            a key this class manages (``bind``, ``port``, ``dir``, ...), uses
+            ``include``, has a key that is not one word, or a value with a line break.
     """
 
     def __init__(
@@ -340,9 +379,7 @@ class LocalNode:
         self.extra_config = dict(extra_config or {})
         self.env: dict[str, str] = dict(env or {})
         """Extra environment for the server; a change takes effect at the next start."""
-        clash = sorted(k for k in self.extra_config if k.lower() in _MANAGED_KEYS)
-        if clash:
-            raise ConfigurationError("extra_config", f"{clash} are managed by LocalNode")
+        _check_extra_config(self.extra_config)
         self.unix_path: Path | None = self.directory / "redis.sock" if unix else None
         if self.unix_path is not None and len(os.fsencode(self.unix_path)) >= _SUN_PATH_MAX:
             raise ConfigurationError(
@@ -549,6 +586,8 @@ class LocalNode:
     def _spawn(self) -> None:
         if self.is_running():
             raise LocalNodeError(self.name, "already running")
+        # Again here: extra_config is a plain dict a test may have changed since.
+        _check_extra_config(self.extra_config)
         config = self.directory / "redis.conf"
         config.write_text(self._config())
         with self._log_path.open("ab") as log:
