@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -438,3 +439,43 @@ def test_extra_config_changed_after_construction_is_checked_at_start(tmp_path: P
         assert node.pid is None, "a server was started with the smuggled bind"
     finally:
         node.stop()
+
+
+def test_a_base_dir_that_cannot_be_made_is_a_configuration_error(tmp_path: Path) -> None:
+    """It was a raw FileExistsError / NotADirectoryError naming no parameter."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    with pytest.raises(ConfigurationError, match="a-file") as info:
+        LocalCluster(1, base_dir=a_file)
+    assert info.value.parameter == "base_dir"
+    with pytest.raises(ConfigurationError, match="a-file") as info:
+        LocalCluster(1, base_dir=a_file / "below")
+    assert info.value.parameter == "base_dir"
+    with pytest.raises(ConfigurationError, match="a-file") as info:
+        LocalNode("n1", a_file)
+    assert info.value.parameter == "directory"
+
+
+def test_a_cluster_refused_half_way_leaves_no_temporary_directory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """n1 .. n9 fit a unix socket's path under this TMPDIR and n10 does not: the
+    directory made for all of them goes when the constructor fails, not when the
+    traceback that holds the half-made cluster is collected."""
+    # Under /tmp, not tmp_path: pytest's own directories may leave no room to pad.
+    short = Path(tempfile.mkdtemp(prefix="t", dir="/tmp"))
+    try:
+        # <short>/<pad>/tenure-XXXXXXXX/nN/redis.sock: make "n9" the last that fits.
+        probe = short / "tenure-xxxxxxxx" / "n9" / "redis.sock"
+        pad = 103 - len(os.fsencode(probe)) - 1  # the "/" before the padding
+        temp_root = short / ("p" * pad)
+        temp_root.mkdir()
+        monkeypatch.setattr("tempfile.tempdir", os.fspath(temp_root))
+        LocalCluster(9, unix=True).close()  # fits: the test is about n10 alone
+        with pytest.raises(ConfigurationError) as info:
+            LocalCluster(10, unix=True)
+        assert list(temp_root.iterdir()) == []
+        assert info.value.parameter == "directory"
+        assert "use a shorter directory" in str(info.value)
+    finally:
+        shutil.rmtree(short)

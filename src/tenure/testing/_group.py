@@ -30,6 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
+from tenure._errors import ConfigurationError
+
 __all__ = ["Member", "ProcessGroup", "kill_and_reap"]
 
 G = TypeVar("G", bound="ProcessGroup")
@@ -63,6 +65,10 @@ class ProcessGroup:
         base_dir: where the processes' directories go, created if missing and kept on
             close; ``None``: a temporary directory, removed on close.
         prefix: the temporary directory's name prefix.
+
+    Raises:
+        ConfigurationError: (``base_dir``) it cannot be made: a file is in the way, or
+            it is not writable.
     """
 
     def __init__(self, base_dir: str | os.PathLike[str] | None, prefix: str) -> None:
@@ -74,8 +80,23 @@ class ProcessGroup:
             )
         else:
             self.directory = Path(base_dir).resolve()
-            self.directory.mkdir(parents=True, exist_ok=True)
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # a file in the way, no permission, a read-only disk
+                raise ConfigurationError(
+                    "base_dir",
+                    f"cannot make the directory {self.directory}: {exc.strerror or exc};"
+                    " give a directory this process may write in, or None for a"
+                    " temporary one",
+                ) from None
             self._cleanup = None
+
+    def _abandon(self) -> None:
+        """Undo ``__init__`` after a subclass's own ``__init__`` failed part way: remove
+        the temporary directory now, rather than when the half-made group is collected
+        (the exception's traceback keeps it alive meanwhile)."""
+        if self._cleanup is not None:
+            self._cleanup()
 
     def _processes(self) -> Sequence[Member]:
         """Every process of the group, in the order they are asked to stop."""

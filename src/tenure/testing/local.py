@@ -353,7 +353,8 @@ class LocalNode:
             :attr:`env` and applied on every start, so they survive restarts.
 
     Raises:
-        ConfigurationError: no binary, a socket path too long, or ``extra_config`` sets
+        ConfigurationError: no binary, ``directory`` cannot be made (a file in the way,
+            not writable), a socket path too long, or ``extra_config`` sets
             a key this class manages (``bind``, ``port``, ``dir``, ...), uses
             ``include``, has a key that is not one word, or a value with a line break.
     """
@@ -383,7 +384,10 @@ class LocalNode:
         self.unix_path: Path | None = self.directory / "redis.sock" if unix else None
         if self.unix_path is not None and len(os.fsencode(self.unix_path)) >= _SUN_PATH_MAX:
             raise ConfigurationError(
-                "directory", f"socket path {self.unix_path} exceeds {_SUN_PATH_MAX - 1} bytes"
+                "directory",
+                f"socket path {self.unix_path} exceeds {_SUN_PATH_MAX - 1} bytes, the most a"
+                " unix socket's path may have: use a shorter directory (for a LocalCluster,"
+                " a shorter base_dir, or a shorter TMPDIR)",
             )
         self.port: int | None = None if unix else _free_port()
         self._address_pinned = unix
@@ -391,7 +395,14 @@ class LocalNode:
         self._reaper: weakref.finalize[Any, Any] | None = None
         self._paused = False
         self._log_offset = 0
-        self._data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file in the way, no permission, a read-only disk
+            raise ConfigurationError(
+                "directory",
+                f"cannot make {self._data_dir}: {exc.strerror or exc}; give a directory"
+                " this process may write in",
+            ) from None
 
     def __repr__(self) -> str:
         state = "paused" if self.is_paused() else "running" if self.is_running() else "down"
@@ -733,18 +744,22 @@ class LocalCluster(_ProcessGroup, _NodeList):
         persistence = Persistence.of(persistence)
         server = find_server_binary(binary)
         super().__init__(base_dir, "tenure-")
-        self.nodes: list[LocalNode] = [
-            LocalNode(
-                f"n{i}",
-                self.directory / f"n{i}",
-                persistence=persistence,
-                unix=unix,
-                binary=server,
-                extra_config=extra_config,
-                env=env_for(i - 1) if env_for is not None else None,
-            )
-            for i in range(1, n + 1)
-        ]
+        try:
+            self.nodes: list[LocalNode] = [
+                LocalNode(
+                    f"n{i}",
+                    self.directory / f"n{i}",
+                    persistence=persistence,
+                    unix=unix,
+                    binary=server,
+                    extra_config=extra_config,
+                    env=env_for(i - 1) if env_for is not None else None,
+                )
+                for i in range(1, n + 1)
+            ]
+        except BaseException:
+            self._abandon()
+            raise
 
     @property
     def urls(self) -> list[str]:
