@@ -19,7 +19,13 @@ from redis.exceptions import AskError, MovedError, TryAgainError
 
 from tenure import ConfigurationError
 from tenure._core.config import LockKeys
-from tenure.testing import LocalNode, LocalNodeError, LocalRedisCluster, LocalSentinelSet
+from tenure.testing import (
+    LocalCluster,
+    LocalNode,
+    LocalNodeError,
+    LocalRedisCluster,
+    LocalSentinelSet,
+)
 
 
 def _redis_binary() -> str | None:
@@ -285,3 +291,31 @@ def test_a_script_over_a_migrating_slot_fails_closed(binary: str) -> None:
         migration.finish()
         with target.client() as c:
             assert c.eval(script, 2, floor, lock) == 1
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: LocalCluster(2), lambda: LocalSentinelSet(), lambda: LocalRedisCluster()],
+    ids=["LocalCluster", "LocalSentinelSet", "LocalRedisCluster"],
+)
+def test_a_closed_deployment_refuses_to_start_again_and_says_why(
+    make: Callable[[], LocalCluster | LocalSentinelSet | LocalRedisCluster],
+) -> None:
+    """It was a raw FileNotFoundError for redis.conf in the removed temporary directory."""
+    deployment = make()
+    with deployment:
+        pass
+    for again in (deployment.start, deployment.__enter__):
+        with pytest.raises(LocalNodeError, match="make a new") as info:
+            again()
+        assert "base_dir" in str(info.value)
+    assert not any(node.is_running() for node in deployment._processes())
+    assert not deployment.directory.exists()
+
+
+def test_a_closed_cluster_with_a_base_dir_starts_again(tmp_path: Path) -> None:
+    cluster = LocalCluster(1, base_dir=tmp_path)
+    with cluster:
+        pass
+    with cluster, cluster[0].client() as c:
+        assert c.ping() is True

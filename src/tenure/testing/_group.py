@@ -90,6 +90,23 @@ class ProcessGroup:
                     " temporary one",
                 ) from None
             self._cleanup = None
+        self._removed = False
+
+    def _require_directory(self) -> None:
+        """Refuse to start once :meth:`close` removed the temporary directory: the
+        processes' configs, logs and data lived there (a ``base_dir`` is kept, so such a
+        group starts again)."""
+        if self._removed:
+            # Imported here: local.py imports this module.
+            from .local import LocalNodeError
+
+            name = type(self).__name__
+            raise LocalNodeError(
+                name,
+                f"closed, and its temporary directory {self.directory} removed with it:"
+                f" make a new {name} (or give base_dir, which close keeps, to start one"
+                " again after close)",
+            )
 
     def _abandon(self) -> None:
         """Undo ``__init__`` after a subclass's own ``__init__`` failed part way: remove
@@ -103,7 +120,7 @@ class ProcessGroup:
         raise NotImplementedError
 
     def start(self) -> None:
-        """Start every process."""
+        """Start every process (a subclass calls :meth:`_require_directory` first)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -124,6 +141,7 @@ class ProcessGroup:
                 failures.append(exc)
         if self._cleanup is not None:
             self._cleanup()  # rmtree(ignore_errors=True): raises nothing
+            self._removed = True
         if failures:
             interrupts = [f for f in failures if not isinstance(f, Exception)]
             raise (interrupts or failures)[0]

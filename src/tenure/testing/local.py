@@ -770,9 +770,11 @@ class LocalCluster(_ProcessGroup, _NodeList):
         """Start every node concurrently and wait until all answer PING.
 
         Raises:
-            LocalNodeError: a node failed to start; the others keep running (a ``with``
-                block closes them all).
+            LocalNodeError: a node failed to start, the others keep running (a ``with``
+                block closes them all); or it was closed and its temporary directory
+                removed.
         """
+        self._require_directory()
         _start_all(self.nodes)
 
     def _processes(self) -> list[LocalNode]:

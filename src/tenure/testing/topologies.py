@@ -278,9 +278,11 @@ class LocalSentinelSet(_Topology):
         the master, every replica and each other.
 
         Raises:
-            LocalNodeError: a process failed to start, or the Sentinels did not see the
-                whole deployment within 30 s.
+            LocalNodeError: a process failed to start, the Sentinels did not see the
+                whole deployment within 30 s, or it was closed and its temporary
+                directory removed.
         """
+        self._require_directory()
         _start_all(self.nodes)
         master = self._first_master
         for replica in self.nodes:
@@ -590,9 +592,10 @@ class LocalRedisCluster(_Topology, _NodeList):
         """Start every node, join them into one cluster, and wait until it is ``ok``.
 
         Raises:
-            LocalNodeError: a node failed to start, or the cluster did not converge
-                within 30 s.
+            LocalNodeError: a node failed to start, the cluster did not converge
+                within 30 s, or it was closed and its temporary directory removed.
         """
+        self._require_directory()
         for attempt in range(1, _PORT_ATTEMPTS + 1):
             fresh = [n for n in self.nodes if not n._address_pinned]
             for node in fresh:
