@@ -254,6 +254,13 @@ def test_a_locks_keys_share_one_slot_on_a_real_cluster(
         (lambda: LocalSentinelSet(down_after=0), "down_after"),
         (lambda: LocalRedisCluster(masters=2), "masters"),
         (lambda: LocalRedisCluster(node_timeout=0), "node_timeout"),
+        # Each was a raw TypeError from a comparison or from range().
+        (lambda: LocalSentinelSet(replicas="2"), "replicas"),  # type: ignore[arg-type]
+        (lambda: LocalSentinelSet(replicas=1.5), "replicas"),  # type: ignore[arg-type]
+        (lambda: LocalSentinelSet(sentinels=1, quorum=True), "quorum"),
+        (lambda: LocalSentinelSet(down_after="1"), "down_after"),  # type: ignore[arg-type]
+        (lambda: LocalRedisCluster(masters=3.5), "masters"),  # type: ignore[arg-type]
+        (lambda: LocalRedisCluster(node_timeout="1"), "node_timeout"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_settings_are_refused_before_any_process_starts(

@@ -112,6 +112,21 @@ def server_version(binary: str | os.PathLike[str] | None = None) -> tuple[str, t
     return found[1].lower(), tuple(int(part) for part in found[2].split("."))
 
 
+def _count(parameter: str, value: object, minimum: int) -> int:
+    """``value`` if it is an int >= ``minimum`` (not a bool), else a ConfigurationError:
+    a str or float would fail later as a raw TypeError from ``range`` or ``<``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigurationError(parameter, f"must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _seconds(parameter: str, value: object, low: float, high: float) -> float:
+    """``value`` if it is a number of seconds in [low, high], else a ConfigurationError."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigurationError(parameter, f"must be in [{low}, {high}] seconds, got {value!r}")
+    return float(value)
+
+
 def _until(what: str, timeout: float, probe: Callable[[], T | None]) -> T:
     """Poll ``probe`` until it returns something other than ``None``; raise on timeout.
 
@@ -212,23 +227,19 @@ class LocalSentinelSet(_Topology):
         binary: str | os.PathLike[str] | None = None,
         base_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        if replicas < 1:
-            raise ConfigurationError("replicas", f"must be at least 1, got {replicas}")
-        if sentinels < 1:
-            raise ConfigurationError("sentinels", f"must be at least 1, got {sentinels}")
+        _count("replicas", replicas, 1)
+        _count("sentinels", sentinels, 1)
         quorum = sentinels // 2 + 1 if quorum is None else quorum
-        if not 1 <= quorum <= sentinels:
-            raise ConfigurationError("quorum", f"must be in [1, {sentinels}], got {quorum}")
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", service):
+        if not isinstance(quorum, int) or isinstance(quorum, bool) or not 1 <= quorum <= sentinels:
+            raise ConfigurationError(
+                "quorum", f"must be an int in [1, {sentinels}], got {quorum!r}"
+            )
+        if not isinstance(service, str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", service):
             raise ConfigurationError(
                 "service", f"must be letters, digits, '_', '.' or '-', got {service!r}"
             )
-        for parameter, seconds in (
-            ("down_after", down_after),
-            ("failover_timeout", failover_timeout),
-        ):
-            if not 0.1 <= seconds <= 600:
-                raise ConfigurationError(parameter, f"must be in [0.1, 600] seconds, got {seconds}")
+        _seconds("down_after", down_after, 0.1, 600)
+        _seconds("failover_timeout", failover_timeout, 0.1, 600)
         server = find_server_binary(binary)
         self.family, self.version = server_version(server)
         super().__init__(base_dir, "tenure-sentinel-")
@@ -542,14 +553,9 @@ class LocalRedisCluster(_Topology, _NodeList):
         binary: str | os.PathLike[str] | None = None,
         base_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        if masters < 3:
-            raise ConfigurationError("masters", f"must be at least 3, got {masters}")
-        if replicas < 0:
-            raise ConfigurationError("replicas", f"must be at least 0, got {replicas}")
-        if not 0.1 <= node_timeout <= 60:
-            raise ConfigurationError(
-                "node_timeout", f"must be in [0.1, 60] seconds, got {node_timeout}"
-            )
+        _count("masters", masters, 3)
+        _count("replicas", replicas, 0)
+        _seconds("node_timeout", node_timeout, 0.1, 60)
         server = find_server_binary(binary)
         self.family, self.version = server_version(server)
         super().__init__(base_dir, "tenure-cluster-")
