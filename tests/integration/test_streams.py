@@ -950,11 +950,76 @@ def test_streams_whose_redis_is_down_are_unavailable(lock_nodes: LocalCluster) -
                 append()
             assert info.value.maybe_applied
             assert isinstance(info.value.__cause__, redis.ConnectionError)
-        # A new producer and a worker check the partition count at their first use.
+        # A new producer checks the partition count at its first write.
         with pytest.raises(StoreUnavailable):
             StreamProducer(client, "down", 2).append("k", {"seq": 2})
-        with tenure.Client(lock_nodes.urls) as locks:
-            worker = StreamWorker(locks, client, "down", 2, GROUP, "w", lambda *entry: None)
-            with pytest.raises(StoreUnavailable) as info:
-                worker.run_once()
-            assert info.value.store == "StreamWorker"
+
+
+def test_a_worker_started_while_its_redis_is_down_waits_and_then_works(
+    lock_nodes: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The partition-count check of the first pass raised StoreUnavailable out of run(),
+    # so a worker started while its Redis restarted died, where a running one rides out
+    # the same outage.
+    keys = [f"k{i}" for i in range(10)]
+    handled: set[str] = set()
+    died: list[BaseException] = []
+    stop = threading.Event()
+
+    def handler(key: str, payload: Mapping[str, bytes], token: int) -> None:
+        handled.add(key)
+
+    with (
+        LocalCluster(1) as doomed,
+        doomed[0].client() as client,
+        tenure.Client(lock_nodes.urls) as locks,
+    ):
+        doomed[0].kill()
+        worker = StreamWorker(locks, client, "late", 2, GROUP, "w", handler, lease_ttl=TTL)
+
+        def run() -> None:
+            try:
+                worker.run(stop)
+            except BaseException as exc:
+                died.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+            _wait_until(
+                "the worker to find its Redis down",
+                lambda: bool(died) or "cannot check the partition count" in caplog.text,
+            )
+            assert died == []
+            assert worker.held == frozenset()  # nothing taken before P is checked
+            doomed[0].restart()
+            producer = StreamProducer(client, "late", 2)
+            for key in keys:
+                producer.append(key, {"seq": 1})
+            _wait_until("every entry handled", lambda: bool(died) or handled == set(keys))
+            assert died == []
+            assert worker.held == {0, 1}
+        finally:
+            stop.set()
+            thread.join(10)
+        assert not thread.is_alive()
+        assert died == []
+
+
+def test_a_partition_count_key_of_another_type_still_stops_the_worker(
+    solo: Callable[..., StreamWorker], data_node: LocalCluster, prefix: str
+) -> None:
+    # Waiting out an outage at the first pass must not wait out a refusal no wait ends.
+    with data_node[0].client() as client:
+        client.rpush(f"{prefix}:partitions", "another application's list")
+    worker = solo("solo", lambda *entry: None)
+    for attempt in (worker.run_once, worker.run):
+        with pytest.raises(StoreRefused) as refused:
+            attempt()
+        assert (refused.value.store, refused.value.operation) == (
+            "StreamWorker",
+            "partition count check",
+        )
+        assert refused.value.lasting
+        assert refused.value.key == f"{prefix}:partitions"
+        assert worker.held == frozenset()

@@ -558,7 +558,7 @@ class StreamWorker:
         self._stopping = threading.Event()
         self._guard = threading.Lock()  # run() and stop() from different threads
         self._running = False
-        self._agreed = False  # P checked against the streams' record (first pass)
+        self._agreed = False  # P checked against the streams' record (before any take)
 
     @property
     def held(self) -> frozenset[int]:
@@ -573,13 +573,15 @@ class StreamWorker:
         Raises:
             RuntimeError: ``run`` is already running on this worker.
             ConfigurationError: its ``partitions`` differs from the P the streams were
-                made with (recorded by the first producer or worker), at its first pass.
-            StoreUnavailable, StoreRefused: the Redis failed or refused that check at the
-                first pass.
-            StoreRefused: a refusal no wait ends (``.lasting``: a stream or owner key of
-                another type, a read-only replica, an ACL, the credentials), at any pass;
-                its leases are released first. Other failures of the streams' Redis are
-                logged and retried, as the loop goes on.
+                made with (recorded by the first producer or worker), checked before it
+                takes any partition.
+            StoreRefused: a refusal no wait ends (``.lasting``: a stream, owner or
+                ``<prefix>:partitions`` key of another type, a read-only replica, an ACL,
+                the credentials), at any pass; its leases are released first. Other
+                failures of the streams' Redis are logged and retried as the loop goes on,
+                from the first pass: a worker started while its Redis is down or
+                restarting takes no partition until the partition count is checked (tried
+                again every ``rebalance_interval``), then works.
         """
         with self._guard:
             if self._running:
@@ -603,15 +605,16 @@ class StreamWorker:
             The number of entries handled or skipped (0: nothing to do).
 
         Raises:
-            ConfigurationError, StoreUnavailable, StoreRefused: as for :meth:`run`.
+            ConfigurationError, StoreRefused: as for :meth:`run`.
         """
-        if not self._agreed:
-            _agree_on_partitions(self.client, self.stream_prefix, self.partitions, "this worker")
-            self._agreed = True
         now = monotonic()
         if now >= self._next_balance:
+            # A P that disagrees raises before the next balance is scheduled, so calling
+            # run_once again checks again rather than idling for a rebalance_interval.
+            agreed = self._agreed or self._agree()
             self._next_balance = now + self.rebalance_interval
-            self._balance()
+            if agreed:
+                self._balance()
         return self._consume()
 
     def stop(self) -> None:
@@ -664,6 +667,28 @@ class StreamWorker:
             )
 
     # -- ownership ---------------------------------------------------------------------
+
+    def _agree(self) -> bool:
+        """Check P against the streams' record before taking any partition; False: the
+        Redis failed the check, logged, and tried again at the next balance.
+
+        A worker started while its Redis restarts waits for it, as a running worker
+        rides out the same outage (a failed heartbeat is retried at the next balance
+        too); a refusal no wait ends, and a P other than the recorded one, are raised.
+        """
+        try:
+            _agree_on_partitions(self.client, self.stream_prefix, self.partitions, "this worker")
+        except StoreError as error:
+            if isinstance(error, StoreRefused) and error.lasting:
+                raise
+            _log.warning(
+                "tenure: worker %r cannot check the partition count yet: %s",
+                self.consumer_name,
+                error,
+            )
+            return False
+        self._agreed = True
+        return True
 
     def _balance(self) -> None:
         """Heartbeat, then release or take partitions to match this worker's share."""
