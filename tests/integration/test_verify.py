@@ -41,6 +41,20 @@ def test_a_report_directory_that_cannot_be_made_is_a_usage_error(
     assert len(err.splitlines()) == 1
 
 
+def test_an_empty_report_path_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was taken for no --report: the run kept nothing, printed no report: line and
+    exited 0. (The clock scenario without libfaketime would end at once if it ran.)"""
+    monkeypatch.setenv("TENURE_LIBFAKETIME", str(tmp_path / "missing.so"))
+    assert main(["verify", "--report", "", "--cycles", "1", "clock"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("tenure: error: --report: an empty path;"), err
+    assert "leave --report out" in err
+    assert len(err.splitlines()) == 1
+
+
 def test_quick_and_soak_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", "--quick", "--soak"]) == 2
     assert "not allowed with argument" in capsys.readouterr().err

@@ -523,7 +523,16 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     mode = "quick" if args.quick else "soak" if args.soak else "standard"
-    report = Path(args.report) if args.report else None
+    if args.report == "":
+        # Refused, not taken for "no --report": the run kept nothing and said nothing of
+        # it, which a caller who asked for a report finds out only when looking for it.
+        print(
+            "tenure: error: --report: an empty path; give a directory path that can be "
+            "written, or leave --report out to keep nothing",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    report = None if args.report is None else Path(args.report)
     if report is not None:
         # Made now, not after the first scenario ran: a path that cannot be a directory
         # (a file, a place without permission) is the caller's error, said in one line.
