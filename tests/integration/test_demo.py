@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tenure import __version__
+from tenure import ConfigurationError, __version__
 from tenure.cli import main
-from tenure.cli.demo import _check, run_demo
+from tenure.cli.demo import MAX_DURATION, MAX_NODES, MAX_WORKERS, _check, run_demo
+from tenure.cli.main import _build_parser
 from tenure.verify.history import Grant, HistoryWriter, Release, Request, Write
 
 # Generous: the quick demo takes well under 15 s even on 2 busy cores.
@@ -272,6 +273,59 @@ def test_a_ttl_the_workers_would_refuse_is_a_usage_error_before_anything_starts(
 @pytest.mark.parametrize("ttl", [0.107, 60.0])
 def test_the_bounds_of_the_ttl_are_accepted(ttl: float) -> None:
     _check(1, 1.0, 1, ttl)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--nodes", "1001", "must be from 1 to 15, got 1001: give --nodes in that range"),
+        ("--workers", "100000", "must be from 1 to 64, got 100000: give --workers in that range"),
+        (
+            "--duration",
+            "1e300",
+            "must be in (0, 3600] seconds, got 1e300: give --duration in that range",
+        ),
+        ("--duration", "nan", "must be in (0, 3600] seconds, got nan: give --duration"),
+    ],
+)
+def test_demo_sizes_past_their_bounds_are_usage_errors(
+    option: str, value: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Parsed only: accepted, --nodes 1001 started 1001 servers, --workers 100000 as
+    # many processes, and --duration 1e300 ran for ever.
+    with pytest.raises(SystemExit) as exited:
+        _build_parser().parse_args(["demo", "--quick", option, value])
+    assert exited.value.code == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith(f"tenure demo: error: argument {option}: {said}"), line
+
+
+def test_the_demo_bounds_are_accepted_and_said_in_its_help(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    most = ["--workers", "64", "--nodes", "15", "--duration", "3600"]
+    args = _build_parser().parse_args(["demo", *most])
+    assert (args.workers, args.nodes, args.duration) == (MAX_WORKERS, MAX_NODES, MAX_DURATION)
+    _check(MAX_WORKERS, MAX_DURATION, MAX_NODES, 2.0)
+    with pytest.raises(SystemExit):
+        _build_parser().parse_args(["demo", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for said in ("1 to 64", "1 to 15", "at most 3600", "0.107 to 60"):
+        assert said in shown
+
+
+@pytest.mark.parametrize(
+    ("workers", "duration", "nodes", "parameter"),
+    [(MAX_WORKERS + 1, 1.0, 5, "workers"), (1, 1e300, 5, "duration"), (1, 1.0, 1001, "nodes")],
+)
+def test_run_demo_refuses_sizes_past_their_bounds(
+    workers: int, duration: float, nodes: int, parameter: str
+) -> None:
+    # The same bounds for a caller of run_demo, before anything starts.
+    with pytest.raises(ConfigurationError) as info:
+        _check(workers, duration, nodes, 2.0)
+    assert info.value.parameter == parameter
+    assert f"give --{parameter} in that range" in str(info.value)
 
 
 def test_no_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from tenure.cli import main
+from tenure.cli.main import _build_parser
 from tenure.verify.history import Grant, HistoryWriter, Refused, Release, Request
 from tenure.verify.runner import format_table, run_config
-from tenure.verify.scenarios import SCENARIOS, Config, Expect, Stats, violated, zero
+from tenure.verify.scenarios import MAX_CYCLES, SCENARIOS, Config, Expect, Stats, violated, zero
 from tenure.verify.world import World
 
 from .test_demo import _alive, _default_sigint, _descendants
@@ -53,6 +54,23 @@ def test_an_empty_report_path_is_a_usage_error(
     assert err.startswith("tenure: error: --report: an empty path;"), err
     assert "leave --report out" in err
     assert len(err.splitlines()) == 1
+
+
+def test_a_cycle_count_past_its_bound_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--cycles 99999999999999999999999 was accepted, and ran for ever. (Parsed only.)"""
+    with pytest.raises(SystemExit) as exited:
+        _build_parser().parse_args(["verify", "--cycles", "99999999999999999999999"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "tenure verify: error: argument --cycles: must be from 1 to 1000, got "
+        "99999999999999999999999: give --cycles in that range (--soak runs up to 200)"
+    )
+    assert _build_parser().parse_args(["verify", "--cycles", str(MAX_CYCLES)]).cycles == 1000
+    with pytest.raises(SystemExit):
+        _build_parser().parse_args(["verify", "--help"])
+    assert "1 to 1000" in " ".join(capsys.readouterr().out.split())
 
 
 def test_quick_and_soak_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:

@@ -55,9 +55,14 @@ from ..verify.history import Fault
 from ..verify.locks import LockRecipe
 from ..verify.race import NodeFault, Progress, RaceResult, demo_faults, race
 
-__all__ = ["run_demo"]
+__all__ = ["MAX_DURATION", "MAX_NODES", "MAX_WORKERS", "run_demo", "ttl_range"]
 
 _TICK = 0.1  # seconds between progress updates on a terminal
+# The largest runs the demo makes (``--workers``, ``--nodes``, ``--duration``): each worker
+# and node is a process of its own, and the demo is something to watch, not a soak.
+MAX_WORKERS = 64
+MAX_NODES = 15
+MAX_DURATION = 3600.0
 _QUICK_WORKERS = 4
 _QUICK_DURATION = 3.0
 _CONTRAST_SHARE = 1 / 3  # the unlocked run lasts this fraction of the locked one
@@ -314,15 +319,36 @@ def _verdict(locked: RaceResult, unlocked: RaceResult) -> str:
 # --- entry point ----------------------------------------------------------------------
 
 
+def ttl_range() -> tuple[float, float]:
+    """The shortest and the longest TTL (seconds) the workers' clients accept."""
+    recipe = LockRecipe("tenure", (), "demo", 2.0)
+    config = ClientConfig.build(
+        ["redis://127.0.0.1:6379"], node_timeout=recipe.node_timeout, max_ttl=recipe.max_ttl
+    )
+    return min_ttl(config), recipe.max_ttl
+
+
 def _check(workers: int, duration: float, nodes: int, ttl: float) -> None:
-    if workers < 1:
-        raise ConfigurationError("workers", f"must be at least 1, got {workers}")
-    if not duration > 0:
+    # Upper bounds too: 1001 nodes or 100000 workers started that many processes, and a
+    # duration of 1e300 s ran for ever (the command line's types say the same first).
+    if not 1 <= workers <= MAX_WORKERS:
         raise ConfigurationError(
-            "duration", f"must be a positive number of seconds, got {duration}"
+            "workers",
+            f"must be from 1 to {MAX_WORKERS}, got {workers}: give --workers in that range "
+            "(default 8)",
         )
-    if nodes < 1 or nodes % 2 == 0:
-        raise ConfigurationError("nodes", f"must be an odd number of at least 1, got {nodes}")
+    if not 0 < duration <= MAX_DURATION:
+        raise ConfigurationError(
+            "duration",
+            f"must be more than 0 and at most {MAX_DURATION:g} seconds, got {duration:g}: "
+            "give --duration in that range (default 6)",
+        )
+    if not 1 <= nodes <= MAX_NODES or nodes % 2 == 0:
+        raise ConfigurationError(
+            "nodes",
+            f"must be an odd number from 1 to {MAX_NODES}, got {nodes}: give --nodes in "
+            "that range (default 5)",
+        )
     if not ttl > 0:
         raise ConfigurationError("ttl", f"must be a positive number of seconds, got {ttl}")
     # The workers' clients would refuse a TTL out of their range, each of them, after the
@@ -356,10 +382,11 @@ def run_demo(
     """Race worker processes on a counter with and without the lock, under faults.
 
     Args:
-        workers: worker processes per run.
-        duration: seconds of the locked run (the unlocked one lasts a third of it).
-        nodes: lock nodes (odd); node 2 is paused and node 4 killed while a majority
-            would still remain.
+        workers: worker processes per run (1 to ``MAX_WORKERS``).
+        duration: seconds of the locked run, at most ``MAX_DURATION`` (the unlocked one
+            lasts a third of it).
+        nodes: lock nodes, odd, at most ``MAX_NODES``; node 2 is paused and node 4
+            killed while a majority would still remain.
         ttl: lock TTL in seconds.
         quick: a short run for CI: at most 4 workers and 3 seconds.
         out: where the report goes (default ``sys.stdout``).

@@ -200,6 +200,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # Imported here, as the verifier's scenarios are by _add_verify: the demo pulls in
+    # multiprocessing and tenure.testing, which importing tenure.cli alone does not.
+    from .demo import MAX_DURATION, MAX_NODES, MAX_WORKERS, ttl_range
+
     p = subparsers.add_parser(
         "demo",
         help="race worker processes on a counter, with and without the lock, under faults",
@@ -211,24 +215,36 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         ),
     )
     p.add_argument(
-        "--workers", type=_positive_int, help="worker processes (default 8; 4 with --quick)"
+        "--workers",
+        type=_int_in(1, MAX_WORKERS, "--workers", "default 8"),
+        help=f"worker processes, 1 to {MAX_WORKERS} (default 8; 4 with --quick)",
     )
     p.add_argument(
         "--duration",
-        type=_positive_float,
-        help="seconds of the locked run (default 6; 3 with --quick)",
+        type=_seconds_in(0, MAX_DURATION, open_low=True, fix="--duration", default="6"),
+        metavar="SECONDS",
+        help=f"seconds of the locked run, at most {MAX_DURATION:g} (default 6; 3 with --quick)",
     )
-    p.add_argument("--nodes", type=_positive_int, default=5, help="lock nodes, odd (default 5)")
+    # Odd is checked by run_demo, which says so with the range.
     p.add_argument(
-        "--ttl", type=_positive_float, default=2.0, help="lock TTL in seconds (default 2)"
+        "--nodes",
+        type=_int_in(1, MAX_NODES, "--nodes", "odd, default 5"),
+        default=5,
+        help=f"lock nodes, odd, 1 to {MAX_NODES} (default 5)",
+    )
+    # Its range is the workers' clients' (run_demo checks it and says it).
+    p.add_argument(
+        "--ttl",
+        type=_positive_float,
+        default=2.0,
+        metavar="SECONDS",
+        help="lock TTL in seconds, {:g} to {:g} (default 2)".format(*ttl_range()),
     )
     p.add_argument("--quick", action="store_true", help="a short run, for CI")
     p.set_defaults(handler=_cmd_demo, parser=p)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    # Imported here: the demo pulls in multiprocessing and tenure.testing, which other
-    # subcommands do not need.
     from .demo import run_demo
 
     # --quick only changes the defaults: an explicit --workers or --duration wins.
@@ -460,7 +476,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _add_verify(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ..verify.scenarios import SCENARIOS
+    from ..verify.scenarios import MAX_CYCLES, SCENARIOS
 
     catalogue = "\n".join(f"  {s.number} {s.key:<9} {s.title}" for s in SCENARIOS)
     p = subparsers.add_parser(
@@ -483,9 +499,9 @@ def _add_verify(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     size.add_argument("--soak", action="store_true", help="hundreds of cycles each (long)")
     p.add_argument(
         "--cycles",
-        type=_positive_int,
+        type=_int_in(1, MAX_CYCLES, "--cycles", "--soak runs up to 200"),
         metavar="N",
-        help="cycles per configuration, overriding --quick/--soak (default 10)",
+        help=f"cycles per configuration, 1 to {MAX_CYCLES}, overriding --quick/--soak (default 10)",
     )
     p.add_argument(
         "--report",
@@ -582,14 +598,22 @@ _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]
 ]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _int_in(low: int, high: int, option: str, default: str) -> Callable[[str], int]:
+    """An option's type: an int from ``low`` to ``high``. Bounded above as well: a
+    ``--cycles`` of 10**23 ran for ever, 1001 ``--nodes`` started 1001 servers."""
+
+    def number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be from {low} to {high}, got {text}: give {option} in that range ({default})"
+            )
+        return value
+
+    return number
 
 
 def _positive_float(text: str) -> float:
@@ -612,12 +636,16 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def _seconds_in(low: float, high: float, *, open_low: bool) -> Callable[[str], float]:
+def _seconds_in(
+    low: float, high: float, *, open_low: bool, fix: str = "", default: str = ""
+) -> Callable[[str], float]:
     """An option's type: seconds in the range a client accepts for the setting, so that
     ``tenure status`` and ``tenure check`` take what the clients they inspect could have
     (a --node-timeout of 1e300 overflowed the socket's deadline on every node, reported
-    as each node's error)."""
+    as each node's error), or in the range a command can use (``fix``: the option, named
+    in the error with its ``default``)."""
     shown = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+    hint = f": give {fix} in that range (default {default})" if fix else ""
 
     def seconds(text: str) -> float:
         try:
@@ -625,7 +653,7 @@ def _seconds_in(low: float, high: float, *, open_low: bool) -> Callable[[str], f
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         if not (low < value if open_low else low <= value) or not value <= high:
-            raise argparse.ArgumentTypeError(f"must be in {shown} seconds, got {text}")
+            raise argparse.ArgumentTypeError(f"must be in {shown} seconds, got {text}{hint}")
         return value
 
     return seconds

@@ -26,7 +26,7 @@ from .locks import LockRecipe
 from .proxy import Proxy
 from .world import World
 
-__all__ = ["SCENARIOS", "Config", "Expect", "Scenario"]
+__all__ = ["MAX_CYCLES", "SCENARIOS", "Config", "Expect", "Scenario"]
 
 Stats = dict[str, float]
 """Figures a choreography measures itself, beside the checker's (e.g. "grants_in_cut")."""
@@ -103,6 +103,12 @@ class Scenario:
     configs: Sequence[Config]
     quick_cycles: int = 3
     soak_cycles: int = 200
+
+
+MAX_CYCLES = 1000
+"""The most cycles per configuration ``tenure verify --cycles`` runs: five times the
+longest soak (a soak of every scenario takes about 45 minutes on 2 cores, so this is
+hours), where a larger number ran for ever."""
 
 
 # --- shared steps ------------------------------------------------------------------------
