@@ -426,6 +426,7 @@ def test_extra_config_cannot_smuggle_in_a_managed_directive(
         with cluster, cluster[0].client() as c:
             bind = _config(c, "bind")
         pytest.fail(f"accepted {extra!r}; the server started with bind {bind!r}")
+    assert refused is not None
     assert refused.parameter == "extra_config"
 
 
