@@ -298,8 +298,9 @@ class ClientClosed(TenureError, RuntimeError):
     """The client was closed (``close()``, ``aclose()``, or leaving its ``with`` block).
 
     A closed client does not reconnect: acquiring, extending, releasing and asking
-    ``locked()`` through it, or through a lock or lease it made, raise this. Leases it
-    still held stay on the nodes until their TTL runs out.
+    ``locked()`` through it, or through a lock or lease it made, raise this, as does
+    entering ``with client:`` (``async with``) again. Leases it still held stay on the
+    nodes until their TTL runs out.
 
     Attributes:
         name: the lock the refused operation was about, or None.

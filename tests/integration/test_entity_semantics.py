@@ -744,3 +744,20 @@ def test_leaving_with_client_closes_it(
         pass
     with pytest.raises(tenure.ClientClosed):
         a(client.acquire, key, ttl=TTL)
+
+
+def test_with_on_a_closed_client_is_refused_at_entry(
+    api: Flavour, sets: dict[int, LocalCluster], key: str
+) -> None:
+    # As a closed file: the block is refused, not its first operation inside.
+    a = api.main
+    client = api.client(sets[1].urls)
+    api.close_client(client)
+    entered = False
+    with pytest.raises(tenure.ClientClosed) as info, a.holding(client):
+        entered = True
+    assert not entered
+    assert isinstance(info.value, RuntimeError)
+    assert "with client:" in str(info.value)
+    assert "closed" in str(info.value)
+    assert info.value.name is None

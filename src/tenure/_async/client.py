@@ -244,6 +244,8 @@ class AsyncClient(ClientBase):
         await self._channels.close()
 
     async def __aenter__(self) -> AsyncClient:
+        # As ``Client.__enter__``: refused at the block, not at its first operation.
+        self._check_open("enter `async with client:`")
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -314,6 +314,9 @@ class Client(ClientBase):
         self._pool.close()
 
     def __enter__(self) -> Client:
+        # As a closed file does: the block would otherwise run and fail only at its first
+        # operation, far from the ``close()`` that is the mistake.
+        self._check_open("enter `with client:`")
         return self
 
     def __exit__(self, *exc: object) -> None:
