@@ -17,7 +17,7 @@ import secrets
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .._core.acquire import LeaseState, Refused
 from .._core.config import DEFAULT_KEY_PREFIX, ClientConfig, LockSpec, SpecCache, check_flag
@@ -29,6 +29,7 @@ from .._core.watchdog import KeepAlive
 from .._errors import ConfigurationError, LockTimeout
 from .clock import monotonic, wall_us
 from .lease import not_acquired
+from .process_bound import ProcessBound
 from .redis_compat import check_connection_options
 from .redis_objects import node_addresses
 from .report import NodeReporter
@@ -36,7 +37,6 @@ from .report import NodeReporter
 __all__ = ["ClientBase", "Listening"]
 
 L = TypeVar("L", bound="KeptAlive")
-C = TypeVar("C", bound="ClientBase")
 
 
 class Listening(Protocol):
@@ -57,7 +57,7 @@ class KeptAlive(Protocol):
     def keep_alive(self, *, max_hold: float | None = None) -> None: ...
 
 
-class ClientBase:
+class ClientBase(ProcessBound):
     """Arguments and state common to ``Client`` and ``AsyncClient``.
 
     The arguments are documented on ``tenure.Client``; subclasses set up their driver's
@@ -118,23 +118,10 @@ class ClientBase:
     # One client per process, shared by its threads and tasks: a copy (of a structure
     # holding it, say) is the client itself. A second object shared its connections and
     # its "closed", so closing the copy closed the original. It does not leave its process
-    # (its connections, threads and book of holders are this process's): pickling it,
-    # as a process pool or a spawned Process does with its arguments, failed on a
-    # ``_thread.lock`` deep inside, which said nothing about what to do instead.
-    def __copy__(self: C) -> C:
-        return self
-
-    def __deepcopy__(self: C, memo: object) -> C:
-        return self
-
-    def __reduce__(self) -> NoReturn:
-        kind = type(self).__name__
-        raise TypeError(
-            f"a {kind} belongs to the process that made it and cannot be pickled (as the "
-            "argument of a process pool's task or of a spawned Process is); make a "
-            f"{kind} in the worker from the same nodes: at module level, or in the "
-            "pool's initializer, and pass the node URLs rather than the client"
-        )
+    # (its connections, threads and book of holders are this process's): see
+    # ``ProcessBound``.
+    def _remade_from(self) -> tuple[str, str]:
+        return "the same nodes", "the node URLs rather than the client"
 
     @property
     def closed(self) -> bool:

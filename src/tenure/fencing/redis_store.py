@@ -54,6 +54,7 @@ import redis
 import redis.asyncio
 
 from .._core.config import check_name as _checked_name
+from .._driver.process_bound import ProcessBound as _ProcessBound
 from .._driver.redis_objects import check_client as _check_client
 from .._driver.store_errors import FAILURES as _FAILURES
 from .._driver.store_errors import server_of as _server_of
@@ -201,7 +202,7 @@ def _failed(exc: Exception, store: Any, operation: str, resource: str) -> Except
     )
 
 
-class FencedStore:
+class FencedStore(_ProcessBound):
     """Values on Redis guarded by fencing tokens, with a blocking redis-py client.
 
     Args:
@@ -237,6 +238,16 @@ class FencedStore:
         _checked_name(namespace, "namespace")
         self.client = redis_client
         self.namespace = namespace
+
+    def __repr__(self) -> str:
+        # The namespace only: the client's URL may carry a password.
+        return f"<{type(self).__name__} namespace={self.namespace!r}>"
+
+    def _remade_from(self) -> tuple[str, str]:
+        return (
+            f"a redis client made there and namespace={self.namespace!r}",
+            "the Redis URL rather than the store",
+        )
 
     def write(self, resource: str, token: int, value: bytes | str) -> None:
         """Store ``value`` for ``resource`` unless a newer lease has written it.
@@ -295,7 +306,7 @@ class FencedStore:
             raise _failed(exc, self, "highest", resource) from exc
 
 
-class AsyncFencedStore:
+class AsyncFencedStore(_ProcessBound):
     """The asyncio twin of :class:`FencedStore`, with a ``redis.asyncio.Redis`` client.
 
     Args:
@@ -321,6 +332,16 @@ class AsyncFencedStore:
         _checked_name(namespace, "namespace")
         self.client = redis_client
         self.namespace = namespace
+
+    def __repr__(self) -> str:
+        # The namespace only: the client's URL may carry a password.
+        return f"<{type(self).__name__} namespace={self.namespace!r}>"
+
+    def _remade_from(self) -> tuple[str, str]:
+        return (
+            f"a redis client made there and namespace={self.namespace!r}",
+            "the Redis URL rather than the store",
+        )
 
     async def write(self, resource: str, token: int, value: bytes | str) -> None:
         """As :meth:`FencedStore.write`."""

@@ -107,6 +107,7 @@ import redis
 
 from .._core.config import check_name as _checked_name
 from .._driver.clock import monotonic
+from .._driver.process_bound import ProcessBound as _ProcessBound
 from .._driver.redis_objects import check_client as _check_client
 from .._driver.store_errors import FAILURES as _FAILURES
 from .._driver.store_errors import Failed as _Failed
@@ -314,7 +315,7 @@ def _entry_fields(key: str, payload: Payload) -> dict[Any, Any]:
     return fields
 
 
-class StreamProducer:
+class StreamProducer(_ProcessBound):
     """Appends keyed writes to the partition streams.
 
     Args:
@@ -335,6 +336,20 @@ class StreamProducer:
         self.stream_prefix = _checked_name(stream_prefix, "stream_prefix")
         self.partitioner = Partitioner(partitions)
         self._agreed = False  # P checked against the streams' record (first write)
+
+    def __repr__(self) -> str:
+        # No client: its URL may carry a password.
+        return (
+            f"<StreamProducer stream_prefix={self.stream_prefix!r} "
+            f"partitions={self.partitioner.partitions}>"
+        )
+
+    def _remade_from(self) -> tuple[str, str]:
+        return (
+            f"a redis client made there, stream_prefix={self.stream_prefix!r} and "
+            f"partitions={self.partitioner.partitions}",
+            "the Redis URL rather than the producer",
+        )
 
     def _agree(self) -> None:
         if not self._agreed:
@@ -455,7 +470,7 @@ class _Held:
         return self.lease.fencing_token
 
 
-class StreamWorker:
+class StreamWorker(_ProcessBound):
     """Consumes the partitions it holds leases on, one handler call at a time.
 
     Args:
@@ -626,7 +641,19 @@ class StreamWorker:
                 self._shutdown()
 
     def __repr__(self) -> str:
-        return f"<StreamWorker {self.consumer_name!r} holds {sorted(self._held)}>"
+        # No client: its URL may carry a password.
+        return (
+            f"<StreamWorker {self.consumer_name!r} group={self.group!r} "
+            f"stream_prefix={self.stream_prefix!r} partitions={self.partitions} "
+            f"holds {sorted(self._held)}>"
+        )
+
+    def _remade_from(self) -> tuple[str, str]:
+        return (
+            "a tenure.Client and a redis client made there, with the same arguments (a "
+            "consumer_name of its own)",
+            "the URLs rather than the worker",
+        )
 
     # -- loop --------------------------------------------------------------------------
 

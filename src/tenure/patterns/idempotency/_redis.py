@@ -20,6 +20,7 @@ from redis.client import Pipeline
 
 from ..._core.config import check_name, check_retry_policy, retry_delay
 from ..._core.policy import RetryPolicy, wait_random_exponential
+from ..._driver.process_bound import ProcessBound as _ProcessBound
 from ..._driver.redis_objects import check_client as _check_client
 from ..._driver.store_errors import FAILURES as _FAILURES
 from ..._driver.store_errors import store_error
@@ -249,7 +250,7 @@ class RedisOnce:
             self._store.client.eval(_source("idem_release"), 1, self._redis_key, marker)
 
 
-class RedisIdempotency:
+class RedisIdempotency(_ProcessBound):
     """Idempotency keys on Redis: claims with a lease, results kept for a retention time.
 
     Args:
@@ -309,6 +310,17 @@ class RedisIdempotency:
         self.poll = check_retry_policy(poll, "poll")
         self.codec = _check_codec(codec)
         self._rng = random.Random()
+
+    def __repr__(self) -> str:
+        # The namespace only: the client's URL may carry a password.
+        return f"<RedisIdempotency namespace={self.namespace!r}>"
+
+    def _remade_from(self) -> tuple[str, str]:
+        return (
+            f"a redis client made there and namespace={self.namespace!r} (the same "
+            "lease and retention)",
+            "the Redis URL rather than the store",
+        )
 
     def redis_key(self, key: str) -> str:
         """The Redis key that holds idempotency key ``key``'s claim or record."""
