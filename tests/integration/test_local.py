@@ -11,6 +11,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -268,6 +269,34 @@ def test_replicate_and_promote() -> None:
         with replica.client() as c:
             assert c.get("k") == b"v"
             assert c.execute_command("ROLE")[0] == b"master"
+
+
+@pytest.mark.parametrize("fault", ["stop", "kill"])
+def test_asking_a_down_node_is_a_local_node_error_naming_it(fault: str) -> None:
+    """Each was a raw redis.ConnectionError (connection refused)."""
+    with LocalCluster(2) as cluster:
+        master, node = cluster
+        getattr(node, fault)()
+        calls: dict[str, Callable[[], object]] = {
+            "master_link_status": node.master_link_status,
+            "wait_replication_link": lambda: node.wait_replication_link(timeout=5.0),
+            "replicate_from": lambda: node.replicate_from(master),
+            "promote": node.promote,
+        }
+        for name, call in calls.items():
+            with pytest.raises(LocalNodeError, match=r"^node n2: .*not running") as info:
+                call()
+            assert info.value.node == "n2", name
+            assert isinstance(info.value.__cause__, redis.ConnectionError), name
+
+
+def test_asking_a_paused_node_says_it_is_paused() -> None:
+    """It was a raw redis.TimeoutError."""
+    with LocalCluster(1) as cluster:
+        cluster[0].pause()
+        with pytest.raises(LocalNodeError, match=r"^node n1: .*paused: resume it") as info:
+            cluster[0].master_link_status()
+        assert isinstance(info.value.__cause__, redis.TimeoutError)
 
 
 def test_unix_nodes_cannot_replicate() -> None:

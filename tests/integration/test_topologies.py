@@ -300,6 +300,23 @@ def test_a_script_over_a_migrating_slot_fails_closed(binary: str) -> None:
             assert c.eval(script, 2, floor, lock) == 1
 
 
+def test_asking_a_killed_cluster_node_is_a_local_node_error_naming_it(binary: str) -> None:
+    """Each was a raw redis.ConnectionError (connection refused)."""
+    with LocalRedisCluster(replicas=0, binary=binary) as cluster:
+        node = cluster[2]
+        cluster.kill(node)
+        calls: dict[str, Callable[[], object]] = {
+            "view": lambda: cluster.view(via=node),
+            "node_id": lambda: cluster.node_id(node),
+        }
+        for name, call in calls.items():
+            with pytest.raises(LocalNodeError, match=r"^node c3: .*not running") as info:
+                call()
+            assert info.value.node == "c3", name
+            assert isinstance(info.value.__cause__, redis.ConnectionError), name
+        assert len(cluster.view()) == 3  # asked of a running node
+
+
 @pytest.mark.parametrize(
     "make",
     [lambda: LocalCluster(2), lambda: LocalSentinelSet(), lambda: LocalRedisCluster()],

@@ -127,6 +127,12 @@ class LocalNodeError(TenureError, RuntimeError):
         self.log_tail = log_tail
 
 
+class _Unanswered(LocalNodeError):
+    """A node the harness asked something did not answer: it is not running, paused, or
+    refused the connection. Private, so that a poll (``topologies._until``) can count it
+    as "not yet" while every other LocalNodeError still ends the wait."""
+
+
 class Persistence(enum.Enum):
     """How much a node writes to disk, which decides what survives ``kill()``."""
 
@@ -517,6 +523,7 @@ class LocalNode:
         Raises:
             ConfigurationError: (``unix``) either node listens on a unix socket;
                 (``other``) the address is not on loopback.
+            LocalNodeError: this node is not running or does not answer.
         """
         if isinstance(other, LocalNode):
             if other.port is None:
@@ -528,7 +535,7 @@ class LocalNode:
                 raise ConfigurationError("other", f"{host!r} is not a loopback address")
         if self.port is None:
             raise ConfigurationError("unix", "replication needs TCP nodes")
-        with self.client() as c:
+        with self._session("run REPLICAOF") as c:
             c.execute_command("REPLICAOF", host, port)
 
     def master_link_status(self) -> str | None:
@@ -536,8 +543,11 @@ class LocalNode:
 
         Returns:
             ``"up"`` or ``"down"`` on a replica; ``None`` on a master.
+
+        Raises:
+            LocalNodeError: the node is not running or does not answer.
         """
-        with self.client() as c:
+        with self._session("read INFO replication") as c:
             value = c.info("replication").get("master_link_status")
         return None if value is None else str(value)
 
@@ -545,7 +555,8 @@ class LocalNode:
         """Wait until this replica's link to its master is up (initial sync done).
 
         Raises:
-            LocalNodeError: the link is not up after ``timeout`` seconds.
+            LocalNodeError: the link is not up after ``timeout`` seconds, or the node is
+                not running or does not answer.
         """
         deadline = time.monotonic() + timeout
         while (status := self.master_link_status()) != "up":
@@ -560,11 +571,33 @@ class LocalNode:
 
         Raises:
             ConfigurationError: (``unix``) the node listens on a unix socket.
+            LocalNodeError: the node is not running or does not answer.
         """
         if self.port is None:
             raise ConfigurationError("unix", "replication needs TCP nodes")
-        with self.client() as c:
+        with self._session("run REPLICAOF NO ONE") as c:
             c.execute_command("REPLICAOF", "NO", "ONE")
+
+    @contextlib.contextmanager
+    # Yields Any, as ``with self.client() as c`` does: redis-py's own __enter__ and
+    # execute_command are untyped.
+    def _session(self, action: str, **options: Any) -> Iterator[Any]:
+        """A client for one request of the harness itself (not :meth:`client`, which a
+        test uses to see redis-py's own errors): a node that does not answer raises a
+        LocalNodeError saying which node and why, with redis-py's error as its cause."""
+        with self.client(**options) as c:
+            try:
+                yield c
+            # BusyLoadingError is a ConnectionError: a node loading its data counts as
+            # not answering, as it is for a poll (see _Unanswered).
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if not self.is_running():
+                    why = "it is not running (stopped, killed or never started): start it first"
+                elif self.is_paused():
+                    why = "it is paused: resume it first"
+                else:
+                    why = f"it does not answer ({exc})"
+                raise _Unanswered(self.name, f"cannot {action}: {why}") from exc
 
     def _require_running(self, action: str) -> subprocess.Popen[bytes]:
         if self._proc is None or not self.is_running():

@@ -58,6 +58,7 @@ from .local import (
     Persistence,
     _NodeList,
     _start_all,
+    _Unanswered,
     find_server_binary,
 )
 
@@ -130,8 +131,9 @@ def _seconds(parameter: str, value: object, low: float, high: float) -> float:
 def _until(what: str, timeout: float, probe: Callable[[], T | None]) -> T:
     """Poll ``probe`` until it returns something other than ``None``; raise on timeout.
 
-    A probe that raises ``redis.RedisError`` counts as "not yet": a server being
-    reconfigured may refuse a connection or answer LOADING for a moment.
+    A probe that raises ``redis.RedisError``, or finds a node not answering, counts as
+    "not yet": a server being reconfigured may refuse a connection or answer LOADING for
+    a moment.
     """
     deadline = time.monotonic() + timeout
     last: object = None
@@ -140,7 +142,7 @@ def _until(what: str, timeout: float, probe: Callable[[], T | None]) -> T:
             result = probe()
             if result is not None:
                 return result
-        except redis.RedisError as exc:
+        except (redis.RedisError, _Unanswered) as exc:
             last = exc
         if time.monotonic() > deadline:
             detail = f" (last error: {last!r})" if last is not None else ""
@@ -319,7 +321,9 @@ class LocalSentinelSet(_Topology):
         ]
 
     def _ask(self, sentinel: LocalNode, *args: str) -> Any:
-        with sentinel.client(socket_timeout=2.0, socket_connect_timeout=2.0) as c:
+        with sentinel._session(
+            f"run SENTINEL {args[0]}", socket_timeout=2.0, socket_connect_timeout=2.0
+        ) as c:
             return c.execute_command("SENTINEL", *args)
 
     def _master_state(self, sentinel: LocalNode) -> dict[str, str]:
@@ -338,7 +342,7 @@ class LocalSentinelSet(_Topology):
         """
         for sentinel in self.sentinels:
             if sentinel.is_running() and not sentinel.is_paused():
-                with contextlib.suppress(redis.RedisError):
+                with contextlib.suppress(redis.RedisError, _Unanswered):
                     host, port = self._ask(sentinel, "GET-MASTER-ADDR-BY-NAME", self.service)
                     return _text(host), int(port)
         raise LocalNodeError("sentinels", f"none answers for {self.service!r}")
@@ -454,7 +458,9 @@ class LocalSentinelSet(_Topology):
 
 
 def _role(node: LocalNode) -> str:
-    with node.client(socket_timeout=2.0, socket_connect_timeout=2.0) as c:
+    with node._session(
+        "read INFO replication", socket_timeout=2.0, socket_connect_timeout=2.0
+    ) as c:
         return _text(c.info("replication")["role"])
 
 
@@ -643,7 +649,10 @@ class LocalRedisCluster(_Topology, _NodeList):
         _until("cluster replica roles", 30.0, partial(self._roles_known, roles))
 
     def _command(self, node: LocalNode, *args: object) -> Any:
-        with node.client(socket_timeout=5.0, socket_connect_timeout=2.0) as c:
+        # The command's name, and a CLUSTER command's subcommand: not the arguments
+        # (ADDSLOTS has thousands).
+        command = " ".join(map(_text, args[: 2 if _text(args[0]) == "CLUSTER" else 1]))
+        with node._session(f"run {command}", socket_timeout=5.0, socket_connect_timeout=2.0) as c:
             return c.execute_command(*args)
 
     def _all_met(self) -> bool | None:
@@ -656,14 +665,19 @@ class LocalRedisCluster(_Topology, _NodeList):
         return True
 
     def node_id(self, node: LocalNode) -> str:
-        """``node``'s cluster node ID (``CLUSTER MYID``)."""
+        """``node``'s cluster node ID (``CLUSTER MYID``).
+
+        Raises:
+            LocalNodeError: ``node`` is not running or does not answer.
+        """
         return _text(self._command(node, "CLUSTER", "MYID"))
 
     def view(self, via: LocalNode | None = None) -> list[ClusterNodeView]:
         """The cluster as ``via`` (default: the first running node) sees it.
 
         Raises:
-            LocalNodeError: no node is running.
+            LocalNodeError: no node is running, or ``via`` is not running or does not
+                answer.
         """
         node = via if via is not None else self._running()[0]
         return _parse_nodes(_text(self._command(node, "CLUSTER", "NODES")))
@@ -675,17 +689,29 @@ class LocalRedisCluster(_Topology, _NodeList):
         return running
 
     def masters(self) -> list[LocalNode]:
-        """The nodes serving slots, as the first running node sees it."""
+        """The nodes serving slots, as the first running node sees it.
+
+        Raises:
+            LocalNodeError: no node is running, or the first running one does not answer.
+        """
         return [self._by_port(v.port) for v in self.view() if v.is_master and v.slots]
 
     def replicas_of(self, master: LocalNode) -> list[LocalNode]:
-        """The replicas of ``master``, as the first running node sees it."""
+        """The replicas of ``master``, as the first running node sees it.
+
+        Raises:
+            LocalNodeError: no node is running, or the first running one does not answer.
+        """
         views = self.view()
         master_id = next(v.node_id for v in views if v.port == master.port)
         return [self._by_port(v.port) for v in views if v.master_id == master_id]
 
     def keyslot(self, key: str | bytes) -> int:
-        """The slot of ``key``, as the server computes it (``CLUSTER KEYSLOT``)."""
+        """The slot of ``key``, as the server computes it (``CLUSTER KEYSLOT``).
+
+        Raises:
+            LocalNodeError: no node is running, or the first running one does not answer.
+        """
         return int(self._command(self._running()[0], "CLUSTER", "KEYSLOT", key))
 
     def slot_owner(self, slot: int) -> LocalNode:
@@ -693,7 +719,8 @@ class LocalRedisCluster(_Topology, _NodeList):
 
         Raises:
             ConfigurationError: (``slot``) not in [0, 16383].
-            LocalNodeError: no node serves it (the cluster is down for that slot).
+            LocalNodeError: no node serves it (the cluster is down for that slot), no
+                node is running, or the first running one does not answer.
         """
         if not 0 <= slot < _SLOTS:
             raise ConfigurationError("slot", f"must be in [0, {_SLOTS - 1}], got {slot}")
@@ -739,8 +766,9 @@ class LocalRedisCluster(_Topology, _NodeList):
             The replica that is now master.
 
         Raises:
-            LocalNodeError: ``master`` has no replica, or the cluster did not converge
-                on the new master within ``timeout`` seconds.
+            LocalNodeError: ``master`` has no replica, the replica is not running or does
+                not answer, or the cluster did not converge on the new master within
+                ``timeout`` seconds.
         """
         replicas = self.replicas_of(master)
         if not replicas:
@@ -808,6 +836,8 @@ class LocalRedisCluster(_Topology, _NodeList):
 
         Raises:
             ConfigurationError: (``to``) it already serves the slot or is not a master.
+            LocalNodeError: the slot's owner or ``to`` is not running or does not answer
+                (or as :meth:`slot_owner`, and :meth:`SlotMigration.finish`).
         """
         source = self.slot_owner(slot)
         if source is to:
@@ -842,7 +872,8 @@ class SlotMigration:
         node sees it there.
 
         Raises:
-            LocalNodeError: the cluster did not converge within ``timeout`` seconds.
+            LocalNodeError: a master is not running or does not answer, or the cluster
+                did not converge within ``timeout`` seconds.
         """
         cluster = self.cluster
         target_id = cluster.node_id(self.target)
