@@ -124,6 +124,20 @@ def test_sentinel_promotes_a_replica_when_the_master_dies(binary: str) -> None:
         assert sentinels.replicas() == [killed]
 
 
+def test_failover_asks_a_sentinel_that_answers(binary: str) -> None:
+    """It asked the first running Sentinel, paused or not: a raw redis TimeoutError
+    after 2 s, and waiting for the paused one to report the new master never ended."""
+    with LocalSentinelSet(binary=binary) as sentinels:
+        old = sentinels.master()
+        sentinels.sentinels[0].pause()
+
+        new = sentinels.failover(timeout=20.0)
+
+        assert new is not old
+        assert sentinels.master_address() == ("127.0.0.1", new.port)
+        assert _info(new)["role"] == "master"
+
+
 def test_a_sentinel_that_fails_to_start_stops_the_data_nodes_already_up(binary: str) -> None:
     sentinels = LocalSentinelSet(replicas=1, sentinels=1, binary=binary)
     sentinels.sentinels[0].extra_config["no-such-directive"] = "1"

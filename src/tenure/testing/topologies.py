@@ -356,19 +356,23 @@ class LocalSentinelSet(_Topology):
         master = self.master()
         return [node for node in self.nodes if node is not master]
 
+    def _awake(self) -> list[LocalNode]:
+        """The Sentinels running and not paused: a paused one answers nothing, so
+        waiting for it to agree would only wait out the timeout."""
+        return [s for s in self.sentinels if s.is_running() and not s.is_paused()]
+
     def _reported(self) -> set[int] | None:
-        """The master port every running Sentinel reports, if they all agree."""
+        """The master port every awake Sentinel reports, if they all agree."""
         ports = set()
-        for sentinel in self.sentinels:
-            if sentinel.is_running():
-                reply = self._ask(sentinel, "GET-MASTER-ADDR-BY-NAME", self.service)
-                ports.add(int(reply[1]))
+        for sentinel in self._awake():
+            reply = self._ask(sentinel, "GET-MASTER-ADDR-BY-NAME", self.service)
+            ports.add(int(reply[1]))
         return ports if len(ports) == 1 else None
 
     def wait_settled(self, timeout: float = 30.0) -> LocalNode:
         """Wait until every running Sentinel reports the same master, with no failover
         in progress, knowing every running replica and every other running Sentinel,
-        and that master says it is one.
+        and that master says it is one. A paused Sentinel is not waited for.
 
         Returns:
             The master.
@@ -376,7 +380,7 @@ class LocalSentinelSet(_Topology):
         Raises:
             LocalNodeError: not so within ``timeout`` seconds.
         """
-        running = [s for s in self.sentinels if s.is_running()]
+        running = self._awake()
 
         def settled() -> LocalNode | None:
             ports = self._reported()
@@ -401,23 +405,33 @@ class LocalSentinelSet(_Topology):
     def failover(self, timeout: float = 30.0) -> LocalNode:
         """Fail the master over now (``SENTINEL FAILOVER``), as an operator would.
 
-        Waits until every running Sentinel reports a new master and the new master says
-        it is one; the old one is turned into a replica by the Sentinels meanwhile.
+        The first Sentinel that answers is asked (a paused or silent one is passed over).
+        Waits until every running Sentinel (a paused one aside) reports a new master and
+        the new master says it is one; the old one is turned into a replica by the
+        Sentinels meanwhile.
 
         Returns:
             The new master.
 
         Raises:
-            LocalNodeError: a Sentinel refused (for instance no replica is fit to be
-                promoted), or the Sentinels did not agree on a new master in time.
+            LocalNodeError: no Sentinel answers, one refused (for instance no replica is
+                fit to be promoted), or the Sentinels did not agree on a new master in
+                time.
         """
         old = self.master_address()
-        sentinel = next(s for s in self.sentinels if s.is_running())
-        try:
-            self._ask(sentinel, "FAILOVER", self.service)
-        except redis.ResponseError as exc:
-            raise LocalNodeError(sentinel.name, f"SENTINEL FAILOVER refused: {exc}") from None
-        return self.wait_for_promotion(old, timeout)
+        silent: list[str] = []
+        for sentinel in self._awake():
+            try:
+                self._ask(sentinel, "FAILOVER", self.service)
+            except _Unanswered as exc:  # it stopped or froze since master_address()
+                silent.append(str(exc))
+                continue
+            except redis.ResponseError as exc:
+                raise LocalNodeError(sentinel.name, f"SENTINEL FAILOVER refused: {exc}") from None
+            return self.wait_for_promotion(old, timeout)
+        asleep = [s.name for s in self.sentinels if s not in self._awake()]
+        detail = "; ".join(silent + [f"{name} is down or paused" for name in asleep])
+        raise LocalNodeError("sentinels", f"none answers SENTINEL FAILOVER ({detail})")
 
     def kill_master(self) -> LocalNode:
         """Crash the master (SIGKILL) without waiting for anything.
@@ -432,8 +446,8 @@ class LocalSentinelSet(_Topology):
     def wait_for_promotion(
         self, previous: LocalNode | tuple[str, int], timeout: float = 30.0
     ) -> LocalNode:
-        """Wait until every running Sentinel reports a master other than ``previous``
-        and it says it is master.
+        """Wait until every running Sentinel (a paused one aside) reports a master other
+        than ``previous`` and it says it is master.
 
         Args:
             previous: the old master, or its ``(host, port)``.
