@@ -418,6 +418,37 @@ def test_bad_cluster_arguments_are_configuration_errors(
     assert info.value.parameter == parameter
 
 
+@pytest.mark.parametrize(
+    "env_for",
+    [
+        lambda i: {"X": 1},
+        lambda i: {1: "x"},
+        lambda i: {"A=B": "x"},
+        lambda i: {"X": "a\0b"},
+        lambda i: ["X"],
+        {"X": "1"},
+    ],
+    ids=["int value", "int key", "= in key", "NUL in value", "a list", "not callable"],
+)
+def test_a_bad_env_for_is_refused_naming_it(env_for: object) -> None:
+    """Each was a raw TypeError or ValueError, from Popen at start or from the call."""
+    with pytest.raises(ConfigurationError) as info, LocalCluster(1, env_for=env_for):  # type: ignore[arg-type]
+        pytest.fail("the body runs only after a start that succeeded")
+    assert info.value.parameter == "env_for"
+
+
+def test_a_bad_env_is_refused_at_construction_and_at_start(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        LocalNode("n1", tmp_path / "n1", env={"X": 1})  # type: ignore[dict-item]
+    assert info.value.parameter == "env"
+    node = LocalNode("n2", tmp_path / "n2", env={"X": "1"})
+    node.env["Y"] = 2  # type: ignore[assignment]
+    with pytest.raises(ConfigurationError, match="'Y'") as info:
+        node.start()
+    assert info.value.parameter == "env"
+    assert not node.is_running()
+
+
 def test_persistence_may_be_given_by_its_value() -> None:
     with LocalCluster(1, persistence="always") as cluster:
         assert cluster[0].persistence is Persistence.AOF_ALWAYS

@@ -344,6 +344,34 @@ def _check_extra_config(extra_config: Mapping[str, object]) -> None:
             )
 
 
+def _check_env(parameter: str, env: object, whose: str = "") -> dict[str, str]:
+    """``env`` as a dict of environment variables, or a ConfigurationError: anything
+    else would fail only at the next start, as a raw TypeError or ValueError from
+    ``subprocess.Popen``. ``whose`` says which node's, for ``env_for``."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise ConfigurationError(
+            parameter,
+            f"{whose}must be a mapping of variable names to values (str to str), or None;"
+            f" got {type(env).__name__} {env!r}",
+        )
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise ConfigurationError(
+                parameter,
+                f"{whose}key {key!r} is not an environment variable name: give a"
+                " non-empty str without '=' or NUL, e.g. {'LD_PRELOAD': '/path/lib.so'}",
+            )
+        if not isinstance(value, str) or "\0" in value:
+            raise ConfigurationError(
+                parameter,
+                f"{whose}the value of {key!r} is {value!r}: an environment variable's"
+                " value is a str without NUL; give str(value)",
+            )
+    return dict(env)
+
+
 class LocalNode:
     """One ``redis-server`` process on loopback, with its own directory.
 
@@ -362,7 +390,8 @@ class LocalNode:
         ConfigurationError: no binary, ``directory`` cannot be made (a file in the way,
             not writable), a socket path too long, or ``extra_config`` sets
             a key this class manages (``bind``, ``port``, ``dir``, ...), uses
-            ``include``, has a key that is not one word, or a value with a line break.
+            ``include``, has a key that is not one word, or a value with a line break;
+            or ``env`` is not a mapping of str names (without '=') to str values.
     """
 
     def __init__(
@@ -384,7 +413,7 @@ class LocalNode:
         self.host = _HOST
         self.binary = find_server_binary(binary)
         self.extra_config = dict(extra_config or {})
-        self.env: dict[str, str] = dict(env or {})
+        self.env: dict[str, str] = _check_env("env", env)
         """Extra environment for the server; a change takes effect at the next start."""
         _check_extra_config(self.extra_config)
         self.unix_path: Path | None = self.directory / "redis.sock" if unix else None
@@ -630,8 +659,9 @@ class LocalNode:
     def _spawn(self) -> None:
         if self.is_running():
             raise LocalNodeError(self.name, "already running")
-        # Again here: extra_config is a plain dict a test may have changed since.
+        # Again here: extra_config and env are plain dicts a test may have changed since.
         _check_extra_config(self.extra_config)
+        _check_env("env", self.env)
         config = self.directory / "redis.conf"
         config.write_text(self._config())
         with self._log_path.open("ab") as log:
@@ -758,7 +788,9 @@ class LocalCluster(_ProcessGroup, _NodeList):
             ``env_for=lambda i: clock.env() if i == 0 else None`` fakes one node's clock.
 
     Raises:
-        ConfigurationError: ``n`` < 1, or as :class:`LocalNode`.
+        ConfigurationError: ``n`` < 1, ``env_for`` is not callable or returns anything
+            but ``None`` or a mapping of str names to str values, or as
+            :class:`LocalNode`.
     """
 
     def __init__(
@@ -775,6 +807,12 @@ class LocalCluster(_ProcessGroup, _NodeList):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ConfigurationError("n", f"must be an int >= 1 (the number of nodes), got {n!r}")
         persistence = Persistence.of(persistence)
+        if env_for is not None and not callable(env_for):
+            raise ConfigurationError(
+                "env_for",
+                f"must be a function of a node's index (0-based) returning its extra"
+                f" environment or None, e.g. lambda i: {{'TZ': 'UTC'}}; got {env_for!r}",
+            )
         server = find_server_binary(binary)
         super().__init__(base_dir, "tenure-")
         try:
@@ -786,7 +824,11 @@ class LocalCluster(_ProcessGroup, _NodeList):
                     unix=unix,
                     binary=server,
                     extra_config=extra_config,
-                    env=env_for(i - 1) if env_for is not None else None,
+                    env=(
+                        _check_env("env_for", env_for(i - 1), f"for node {i - 1}: ")
+                        if env_for is not None
+                        else None
+                    ),
                 )
                 for i in range(1, n + 1)
             ]
