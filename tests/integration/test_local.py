@@ -449,6 +449,15 @@ def test_a_bad_env_is_refused_at_construction_and_at_start(tmp_path: Path) -> No
     assert not node.is_running()
 
 
+def test_a_node_whose_directory_is_gone_says_so(tmp_path: Path) -> None:
+    """It was a raw FileNotFoundError for redis.conf."""
+    node = LocalNode("n1", tmp_path / "n1")
+    shutil.rmtree(tmp_path / "n1")
+    with pytest.raises(LocalNodeError, match=r"^node n1: its directory .* no longer exists"):
+        node.start()
+    assert not node.is_running()
+
+
 def test_persistence_may_be_given_by_its_value() -> None:
     with LocalCluster(1, persistence="always") as cluster:
         assert cluster[0].persistence is Persistence.AOF_ALWAYS

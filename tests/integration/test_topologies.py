@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import platform
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -347,6 +348,15 @@ def test_a_closed_deployment_refuses_to_start_again_and_says_why(
         with pytest.raises(LocalNodeError, match="make a new") as info:
             again()
         assert "base_dir" in str(info.value)
+    # Each of its processes says the same (it was a raw FileNotFoundError for redis.conf).
+    group = type(deployment).__name__
+    for node in deployment._processes():
+        for start in (node.start, node.restart, partial(node.restart, keep_data=False)):
+            with pytest.raises(
+                LocalNodeError, match=rf"^node {node.name}: its {group} was"
+            ) as refused:
+                start()
+            assert f"make a new {group} (or give base_dir" in str(refused.value)
     assert not any(node.is_running() for node in deployment._processes())
     assert not deployment.directory.exists()
 

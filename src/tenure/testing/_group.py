@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 
 from tenure._errors import ConfigurationError
 
-__all__ = ["Member", "ProcessGroup", "kill_and_reap"]
+__all__ = ["Member", "ProcessGroup", "kill_and_reap", "removed"]
 
 G = TypeVar("G", bound="ProcessGroup")
 
@@ -43,6 +43,15 @@ def kill_and_reap(proc: subprocess.Popen[bytes]) -> None:
     # signalled.
     proc.kill()
     proc.wait()
+
+
+def removed(group: str, directory: Path) -> str:
+    """Why a process of a closed ``group`` cannot start again, and what to do instead:
+    said alike by the group and by each of its processes."""
+    return (
+        f"its temporary directory {directory} was removed with it: make a new {group}"
+        " (or give base_dir, which close keeps, to start one again after close)"
+    )
 
 
 class Member(Protocol):
@@ -101,12 +110,7 @@ class ProcessGroup:
             from .local import LocalNodeError
 
             name = type(self).__name__
-            raise LocalNodeError(
-                name,
-                f"closed, and its temporary directory {self.directory} removed with it:"
-                f" make a new {name} (or give base_dir, which close keeps, to start one"
-                " again after close)",
-            )
+            raise LocalNodeError(name, f"closed, and {removed(name, self.directory)}")
 
     def _abandon(self) -> None:
         """Undo ``__init__`` after a subclass's own ``__init__`` failed part way: remove

@@ -62,6 +62,7 @@ from tenure._errors import ConfigurationError, TenureError
 # Under private names: tenure.testing.local exports only what its __all__ lists.
 from ._group import ProcessGroup as _ProcessGroup
 from ._group import kill_and_reap as _kill_and_reap
+from ._group import removed as _removed
 
 __all__ = [
     "DIE_WITH_PARENT",
@@ -430,6 +431,9 @@ class LocalNode:
         self._reaper: weakref.finalize[Any, Any] | None = None
         self._paused = False
         self._log_offset = 0
+        # The group whose directory holds this node's, if any: (its class name, its
+        # directory), set by _adopt, to say why the node cannot start once it is closed.
+        self._owner: tuple[str, Path] | None = None
         try:
             self._data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # a file in the way, no permission, a read-only disk
@@ -467,8 +471,9 @@ class LocalNode:
         """Launch the server and wait until it answers PING.
 
         Raises:
-            LocalNodeError: it is already running, or it exited or stayed silent for
-                10 s; the message includes the tail of its log.
+            LocalNodeError: it is already running, it exited or stayed silent for 10 s
+                (the message includes the tail of its log), or its directory is gone
+                (its group was closed and removed it).
         """
         self._spawn()
         self._await_ready()
@@ -514,8 +519,12 @@ class LocalNode:
         Args:
             keep_data: keep the AOF/RDB files; ``False`` simulates a node that lost
                 its disk.
+
+        Raises:
+            LocalNodeError: as :meth:`start`.
         """
         self.kill()
+        self._require_directory()
         if not keep_data:
             shutil.rmtree(self._data_dir)
             self._data_dir.mkdir()
@@ -628,6 +637,21 @@ class LocalNode:
                     why = f"it does not answer ({exc})"
                 raise _Unanswered(self.name, f"cannot {action}: {why}") from exc
 
+    def _require_directory(self) -> None:
+        """Refuse to start without the node's directory: its config, log and data."""
+        if self.directory.is_dir():
+            return
+        if self._owner is not None and not self._owner[1].is_dir():
+            group, directory = self._owner
+            raise LocalNodeError(
+                self.name, f"its {group} was closed, and {_removed(group, directory)}"
+            )
+        raise LocalNodeError(
+            self.name,
+            f"its directory {self.directory} no longer exists: make a new LocalNode (or"
+            " make the directory again)",
+        )
+
     def _require_running(self, action: str) -> subprocess.Popen[bytes]:
         if self._proc is None or not self.is_running():
             raise LocalNodeError(self.name, f"cannot {action}: not running")
@@ -659,6 +683,7 @@ class LocalNode:
     def _spawn(self) -> None:
         if self.is_running():
             raise LocalNodeError(self.name, "already running")
+        self._require_directory()
         # Again here: extra_config and env are plain dicts a test may have changed since.
         _check_extra_config(self.extra_config)
         _check_env("env", self.env)
@@ -748,6 +773,13 @@ class LocalNode:
         self.kill()
 
 
+def _adopt(group: _ProcessGroup, nodes: Iterable[LocalNode]) -> None:
+    """Tell ``nodes`` they live in ``group``'s directory (see
+    :meth:`LocalNode._require_directory`)."""
+    for node in nodes:
+        node._owner = (type(group).__name__, group.directory)
+
+
 def _start_all(nodes: Iterable[LocalNode]) -> None:
     """Spawn every node, then wait for each: they boot side by side."""
     nodes = list(nodes)
@@ -835,6 +867,7 @@ class LocalCluster(_ProcessGroup, _NodeList):
         except BaseException:
             self._abandon()
             raise
+        _adopt(self, self.nodes)
 
     @property
     def urls(self) -> list[str]:

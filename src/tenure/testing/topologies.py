@@ -56,6 +56,7 @@ from .local import (
     LocalNode,
     LocalNodeError,
     Persistence,
+    _adopt,
     _NodeList,
     _start_all,
     _Unanswered,
@@ -268,6 +269,7 @@ class LocalSentinelSet(_Topology):
         ]
         """The Sentinel processes."""
         self._first_master = self.nodes[0]
+        _adopt(self, self._processes())
 
     def _processes(self) -> list[LocalNode]:
         return [*self.sentinels, *self.nodes]
@@ -602,6 +604,7 @@ class LocalRedisCluster(_Topology, _NodeList):
         """Every node; the first ``masters`` are the first masters, then their replicas
         in turn (``nodes[masters + k]`` replicates ``nodes[k % masters]``)."""
         self._masters = masters
+        _adopt(self, self.nodes)
 
     def _processes(self) -> list[LocalNode]:
         return list(self.nodes)
