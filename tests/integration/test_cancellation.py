@@ -7,15 +7,13 @@ import contextlib
 import random
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 import tenure
 from tenure._core.backoff import STALL
 from tenure._core.config import LockKeys
-from tenure._core.slots import key_slot
-from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster
+from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import holders
 
@@ -272,87 +270,3 @@ def test_waiters_cancelled_while_their_client_subscribes_leave_no_slot(
             await held.release()
 
     asyncio.run(main())
-
-
-def _name_in_slot_of(cluster: LocalRedisCluster, owner: LocalNode, prefix: str) -> tuple[str, int]:
-    """A lock name whose keys are in a slot of ``owner``, and that slot."""
-    for i in range(100_000):
-        name = f"{prefix}-{i}"
-        slot = key_slot(LockKeys.of(name, per_slot=True).lock)
-        if cluster.slot_owner(slot) is owner:
-            return name, slot
-    raise AssertionError(f"no name in a slot of {owner.name}")
-
-
-def _kept(cluster: LocalRedisCluster, key: str) -> dict[str, int]:
-    """The nodes of ``cluster`` that have ``key`` (``SCAN``: no redirection), with its PTTL."""
-    kept = {}
-    for node in cluster:
-        with node.client() as c:
-            if list(c.scan_iter(match=key, count=1000)):
-                kept[node.name] = int(c.pttl(key))
-    return kept
-
-
-def _scripts_run(node: LocalNode) -> int:
-    """Scripts ``node`` was asked to run so far (by EVAL or EVALSHA)."""
-    with node.client() as c:
-        stats = c.info("commandstats")
-    return sum(int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in ("eval", "evalsha"))
-
-
-def test_cancel_after_the_slot_map_moved_leaves_no_key_on_the_new_owner(key: str) -> None:
-    """A Redis Cluster node: the acquire's script goes to the slot's master as the
-    client's map knows it (A), frozen, after the slot moved to B. The map is reloaded
-    meanwhile (B serves the slot), then the task is cancelled: its cleanup went by the
-    new map straight to B, where it found nothing, and when A woke its MOVED sent the
-    script after it to B, which granted it: a key nobody holds for its whole TTL (30 s).
-    The cleanup goes behind the script on A instead, and follows it to B."""
-    with LocalRedisCluster(replicas=0) as cluster:
-        a, b, c = cluster.masters()[:3]
-        name, slot = _name_in_slot_of(cluster, a, key)
-        other, other_slot = _name_in_slot_of(cluster, c, key + "-other")
-        lock_key = LockKeys.of(name, per_slot=True).lock
-        options: dict[str, Any] = {"node_timeout": 2.0, "connect_timeout": 0.5}
-
-        async def main() -> None:
-            async with tenure.AsyncClient([cluster.url], **options) as client:
-                # The slot map loaded, every master connected; neither slot used yet (a
-                # slot that moved with our keys in it would sit out a warm-up on B).
-                await (await client.acquire(f"{key}-warm", ttl=5.0)).release()
-                cluster.migrate_slot(slot, b)  # the client's map still says A
-                cluster.migrate_slot(other_slot, b)
-                # B's keys of both slots seeded by another client (blank, B would grant
-                # nothing), which follows MOVED on its own map.
-                async with tenure.AsyncClient([cluster.url], **options) as seeder:
-                    for each in (name, other):
-                        await (await seeder.acquire(each, ttl=5.0)).release()
-                node: Any = client._channels._current()[0]  # a ClusterChannel
-                a.pause()
-                try:
-                    before = unread(a)
-                    task = asyncio.create_task(client.acquire(name, ttl=30.0))
-                    await until(lambda: unread(a) > before, "the script written to A")
-                    # C answers MOVED for the other slot: the map is reloaded (past A).
-                    lease = await client.acquire(other, ttl=5.0, blocking=False)
-                    assert lease is not None
-                    await lease.release()
-                    await until(lambda: node.map.owner(slot) == (b.host, b.port), "map reloaded")
-                    assert not task.done()
-                    task.cancel()
-                    with pytest.raises(asyncio.CancelledError):
-                        await task
-                    ran = _scripts_run(b)
-                finally:
-                    a.resume()
-                # A answers the script with MOVED, and the client sends it on to B.
-                await until(lambda: _scripts_run(b) > ran, "the script redirected to B")
-                with contextlib.suppress(AssertionError):  # (what is left: below)
-                    await until(lambda: not _kept(cluster, lock_key), "no key left", within=2.0)
-                assert _kept(cluster, lock_key) == {}
-                # And the client goes on.
-                again = await client.acquire(name, ttl=5.0, blocking=False)
-                assert again is not None
-                await again.release()
-
-        asyncio.run(main())

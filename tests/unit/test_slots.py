@@ -180,22 +180,3 @@ if __name__ == "__main__":
         '(``slots.slot_tag``).\n"""\n\n'
         f'TAGS: tuple[str, ...] = tuple(\n    """\n{body}\n""".split()  # noqa: SIM905\n)\n'
     )
-
-
-def test_in_flight_sends_an_undo_behind_every_request_unanswered_elsewhere() -> None:
-    a, b = ("127.0.0.1", 7000), ("127.0.0.1", 7001)
-    book = slots.InFlight()
-    assert book.behind("k", b) == []
-    book.sent("k", (a, False), 1)  # to the old owner, before the map learnt of b
-    book.sent("k", (b, True), 2)  # a script and its WAIT, after ASKING
-    book.sent("k", (b, False), 1)  # where the undo goes anyway
-    assert book.behind("k", b) == [(a, False), (b, True)]
-    assert book.behind("other", b) == []
-    book.answered("k", (a, False))
-    book.answered("k", (b, True))
-    assert book.behind("k", b) == [(b, True)]  # one reply of two came
-    book.answered("k", (b, True))
-    book.answered("k", (b, True))  # one too many (a connection's failure): ignored
-    book.answered("k", (b, False))
-    assert book.behind("k", a) == []
-    assert book._places == {}  # nothing kept for keys with nothing in flight

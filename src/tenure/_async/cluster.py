@@ -17,12 +17,8 @@ a master reach it as ``SlotSilent`` (no vote this round, never the node's config
 Redirections are followed even after the round ended: later requests of the same slot
 (the cleanup of a failed attempt) are redirected the same way, from the same
 connection's FIFO of replies, so they still reach the new owner after the request they
-clean up, as on a plain node. For that a cleanup (``Command.undo``) goes, besides the
-slot's master as the map says now, behind every request of its key still unanswered
-(``InFlight``): the map may have learnt the new owner after the request went to the old
-one, and a cleanup sent only to the new owner ran there before the request did. A
-``NOSCRIPT`` is passed on (the round resends the EVAL form within the round only, as for a
-plain node), after marking the member's cache.
+clean up, as on a plain node. A ``NOSCRIPT`` is passed on (the round resends the EVAL
+form within the round only, as for a plain node), after marking the member's cache.
 """
 
 from __future__ import annotations
@@ -59,7 +55,6 @@ from .._core.quorum import Failure
 from .._core.slots import (
     MAX_REDIRECTS,
     Address,
-    InFlight,
     MapDoubt,
     SlotMap,
     map_sources,
@@ -111,10 +106,6 @@ class _Scripts(ScriptCache):
         return Command(command.fallback, command.parse, command.replies, key=command.key)
 
 
-def _nobody(node: int, reply: tuple[bool, Any]) -> None:
-    """The callback of a cleanup's copy written behind a request (``ClusterChannel.send``)."""
-
-
 class ClusterChannel:
     """One Redis Cluster node of a client, in one event loop (a ``Channel`` to ``Channels``)."""
 
@@ -151,7 +142,6 @@ class ClusterChannel:
         self._load: asyncio.Task[None] | None = None
         self._reconnect = Reconnect()
         self._blamed: Any = None  # the member whose reply the round judged last
-        self._in_flight = InFlight()  # where requests wait for answers (``send``)
         self.used_at = 0.0  # when a request was last written (``Channels.run``'s look)
 
     def diagnose(self, exc: Exception) -> Diagnosis:
@@ -374,24 +364,6 @@ class ClusterChannel:
         self.used_at = time.monotonic()
         if self._stale and self.map is not None:
             self._start_load()
-        if command.undo:
-            owner = None if self.map is None else self.map.owner(routed_slot(command.key))
-            behind = self._in_flight.behind(command.key, owner)
-            if behind:
-                # By EVAL (a NOSCRIPT answered to a copy nobody waits for would drop it).
-                copy = Command(
-                    command.fallback or command.packed,
-                    command.parse,
-                    command.replies,
-                    key=command.key,
-                    alone=command.alone,
-                    undo=True,
-                )
-                for place in behind:
-                    # (Not written where that member is in its back-off: its requests
-                    # failed, and none of them was written either.)
-                    with contextlib.suppress(BackingOff):
-                        self._route(copy, _nobody, 0, place)
         try:
             self._route(command, on_reply, 0, None)
         except BackingOff as exc:
@@ -425,17 +397,10 @@ class ClusterChannel:
         # Queued until the member is connected: its connections so far, to tell a
         # request that never went out when the set-up fails (``_on_reply``).
         ups = -1 if member.ready else member.ups
-        place = (where, asking)
-        self._in_flight.sent(command.key, place, command.replies)
-        try:
-            member.send(
-                command,
-                partial(self._on_reply, command, on_reply, hops, place, member, ups),
-            )
-        except BaseException:
-            for _ in range(command.replies):  # not written: no answer will come
-                self._in_flight.answered(command.key, place)
-            raise
+        member.send(
+            command,
+            partial(self._on_reply, command, on_reply, hops, (where, asking), member, ups),
+        )
 
     def _on_reply(
         self,
@@ -448,7 +413,6 @@ class ClusterChannel:
         node: int,
         reply: tuple[bool, Any],
     ) -> None:
-        self._in_flight.answered(command.key, sent)
         ok, value = reply
         self._blamed = member
         if not ok and not isinstance(value, (ResponseError, SlotSilent)):

@@ -15,8 +15,6 @@ Pure: the drivers hand in replies and error texts and act on what comes back.
 * ``redirect``: what a cluster error reply asks of the client (``MOVED``, ``ASK``,
   ``TRYAGAIN``, ``CLUSTERDOWN``), and what a node that could not vote says of it.
 * ``MapDoubt``: when a member's network failure has the slot map loaded again.
-* ``InFlight``: where a key's requests still wait for their answer, which the cleanup of
-  that key goes behind.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ __all__ = [
     "MAP_RECHECK",
     "MAX_REDIRECTS",
     "SLOTS",
-    "InFlight",
     "MapDoubt",
     "Redirect",
     "SlotMap",
@@ -187,57 +184,6 @@ class SlotMap:
         owners[slot] = to
         nodes = self.nodes if to in self.nodes else (*self.nodes, to)
         return SlotMap(tuple(owners), nodes)
-
-
-# Where a request was written: the member's address, and whether after ASKING.
-Place = tuple[Address, bool]
-
-
-class InFlight:
-    """Where each key's requests wait for their answer, for the asyncio driver that
-    follows a redirection whenever it comes, even after its round.
-
-    A request written to the slot's master as the map knew it may be answered ``MOVED``
-    after the map learnt the new owner (reloaded meanwhile for another slot's
-    redirection): it then reaches the new owner only when that answer comes. Its cleanup
-    (``Command.undo``), routed by the new map, would reach the new owner first and find
-    nothing, and the request landing after it would leave a key for its whole TTL. So an
-    undo also goes behind every request of its key still unanswered, to each place one
-    waits: on one connection Redis runs them in order, and the same redirections take
-    the undo where they take the request.
-    """
-
-    __slots__ = ("_places",)
-
-    def __init__(self) -> None:
-        self._places: dict[str, dict[Place, int]] = {}
-
-    def sent(self, key: str, place: Place, replies: int) -> None:
-        """A request of ``key`` was written to ``place``; ``replies`` will answer it."""
-        places = self._places.setdefault(key, {})
-        places[place] = places.get(place, 0) + replies
-
-    def answered(self, key: str, place: Place) -> None:
-        """One reply (or the failure that ended the connection) came from ``place``."""
-        places = self._places.get(key)
-        if places is None or place not in places:
-            return
-        left = places[place] - 1
-        if left > 0:
-            places[place] = left
-            return
-        del places[place]
-        if not places:
-            del self._places[key]
-
-    def behind(self, key: str, owner: Address | None) -> list[Place]:
-        """Where an undo of ``key`` goes besides ``owner`` (the slot's master now, where
-        it goes anyway, without ``ASKING``): every other place with a request of ``key``
-        unanswered."""
-        places = self._places.get(key)
-        if not places:
-            return []
-        return [place for place in places if place != (owner, False)]
 
 
 class MapDoubt:
