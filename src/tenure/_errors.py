@@ -41,6 +41,7 @@ no ``TenureError`` subclass anywhere in the package is missing from it)::
     │
     │   tenure.testing (local test servers)
     ├── LocalNodeError (RuntimeError)        a local redis-server failed to start, pause or stop
+    │   └── NodeNotAnswering                 a node it asked is down, paused or silent
     │
     │   tenure.verify (the verifier)
     ├── FaultNotObserved (TimeoutError)      the evidence of an injected fault did not appear

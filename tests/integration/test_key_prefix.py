@@ -169,7 +169,7 @@ def test_an_acl_refusal_names_the_clients_prefix(
 ) -> None:
     # A user confined to the default prefix, and clients of another: the fix they are
     # told names their own keys and channels, and how to check them.
-    says = ("~app4:*", "&app4:*", "`tenure check --key-prefix app4:`")
+    says = ("~app4:*", "&app4:wake:*", "`tenure check --key-prefix app4:`")
     with _confined_user(shared5, "tenure:") as urls:
         # One such node of three: logged once, and the other two lock.
         api.client(shared5.urls[1:3], key_prefix="app4:", allow_even=True).acquire(
@@ -213,7 +213,7 @@ def test_tenure_check_and_status_follow_the_prefix(shared5: LocalCluster, key: s
 
 
 def _says_the_prefix(text: str, prefix: str) -> None:
-    for words in (f"~{prefix}*", f"&{prefix}*", f"`tenure check --key-prefix {prefix}`"):
+    for words in (f"~{prefix}*", f"&{prefix}wake:*", f"`tenure check --key-prefix {prefix}`"):
         assert words in text, text
     assert "~tenure:*" not in text, text
     assert "`tenure check`" not in text, text

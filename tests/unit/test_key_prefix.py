@@ -181,6 +181,6 @@ def test_round_errors_name_the_clients_prefix() -> None:
     errors = round_errors(rnd, ["a", "b", "c"], "app1:")
     assert errors["c"] == "error: WRONGTYPE"
     assert "~app1:*" in errors["b"]
-    assert "&app1:*" in errors["b"]
+    assert "&app1:wake:*" in errors["b"]
     assert "`tenure check --key-prefix app1:`" in errors["b"]
     assert "tenure:" not in errors["b"]

@@ -25,6 +25,7 @@ from .local import (
     LocalCluster,
     LocalNode,
     LocalNodeError,
+    NodeNotAnswering,
     Persistence,
     find_server_binary,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "LocalNodeError",
     "LocalRedisCluster",
     "LocalSentinelSet",
+    "NodeNotAnswering",
     "Persistence",
     "SlotMigration",
     "find_server_binary",

@@ -70,6 +70,7 @@ __all__ = [
     "LocalCluster",
     "LocalNode",
     "LocalNodeError",
+    "NodeNotAnswering",
     "Persistence",
     "find_server_binary",
 ]
@@ -128,10 +129,10 @@ class LocalNodeError(TenureError, RuntimeError):
         self.log_tail = log_tail
 
 
-class _Unanswered(LocalNodeError):
+class NodeNotAnswering(LocalNodeError):
     """A node the harness asked something did not answer: it is not running, paused, or
-    refused the connection. Private, so that a poll (``topologies._until``) can count it
-    as "not yet" while every other LocalNodeError still ends the wait."""
+    refused the connection. A class of its own so that a poll (``topologies._until``)
+    can count it as "not yet" while every other LocalNodeError still ends the wait."""
 
 
 class Persistence(enum.Enum):
@@ -627,7 +628,7 @@ class LocalNode:
             try:
                 yield c
             # BusyLoadingError is a ConnectionError: a node loading its data counts as
-            # not answering, as it is for a poll (see _Unanswered).
+            # not answering, as it is for a poll (see NodeNotAnswering).
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if not self.is_running():
                     why = "it is not running (stopped, killed or never started): start it first"
@@ -635,7 +636,7 @@ class LocalNode:
                     why = "it is paused: resume it first"
                 else:
                     why = f"it does not answer ({exc})"
-                raise _Unanswered(self.name, f"cannot {action}: {why}") from exc
+                raise NodeNotAnswering(self.name, f"cannot {action}: {why}") from exc
 
     def _require_directory(self) -> None:
         """Refuse to start without the node's directory: its config, log and data."""

@@ -55,11 +55,11 @@ from ._group import ProcessGroup as _ProcessGroup
 from .local import (
     LocalNode,
     LocalNodeError,
+    NodeNotAnswering,
     Persistence,
     _adopt,
     _NodeList,
     _start_all,
-    _Unanswered,
     find_server_binary,
 )
 
@@ -143,7 +143,7 @@ def _until(what: str, timeout: float, probe: Callable[[], T | None]) -> T:
             result = probe()
             if result is not None:
                 return result
-        except (redis.RedisError, _Unanswered) as exc:
+        except (redis.RedisError, NodeNotAnswering) as exc:
             last = exc
         if time.monotonic() > deadline:
             detail = f" (last error: {last!r})" if last is not None else ""
@@ -344,7 +344,7 @@ class LocalSentinelSet(_Topology):
         """
         for sentinel in self.sentinels:
             if sentinel.is_running() and not sentinel.is_paused():
-                with contextlib.suppress(redis.RedisError, _Unanswered):
+                with contextlib.suppress(redis.RedisError, NodeNotAnswering):
                     host, port = self._ask(sentinel, "GET-MASTER-ADDR-BY-NAME", self.service)
                     return _text(host), int(port)
         raise LocalNodeError("sentinels", f"none answers for {self.service!r}")
@@ -425,7 +425,7 @@ class LocalSentinelSet(_Topology):
         for sentinel in self._awake():
             try:
                 self._ask(sentinel, "FAILOVER", self.service)
-            except _Unanswered as exc:  # it stopped or froze since master_address()
+            except NodeNotAnswering as exc:  # it stopped or froze since master_address()
                 silent.append(str(exc))
                 continue
             except redis.ResponseError as exc:
