@@ -115,10 +115,11 @@ def _reap(proc: subprocess.Popen[str]) -> None:
 
 
 def _default_sigint() -> None:
-    # A shell without job control starts background commands with SIGINT ignored, and
-    # tenure run keeps an ignored signal ignored (as nohup expects); the tests that
-    # signal it must not depend on how pytest itself was started.
+    # A shell without job control starts background commands with SIGINT and SIGQUIT
+    # ignored, and tenure run keeps an ignored signal ignored (as nohup expects); the
+    # tests that signal it must not depend on how pytest itself was started.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def _wait_for_pids(path: Path, proc: subprocess.Popen[str]) -> list[int]:
