@@ -482,14 +482,17 @@ def naming(node: str, failure: Failure, detail: str, prefix: str = DEFAULT_KEY_P
 def configuration_error(
     rnd: Round, names: list[str], prefix: str = DEFAULT_KEY_PREFIX
 ) -> NodeMisconfigured | None:
-    """The error naming the first node of ``rnd`` that failed for its configuration.
+    """The error naming the first node of ``rnd``, in the order the nodes are listed, that
+    failed for its configuration (not the first to answer: the same setup is named the
+    same way however the replies raced).
 
     ``ServerUnsupported`` for a refused command (ACL, too old), ``TLSCertificateError``
     for a certificate that failed verification, ``NodeMisconfigured`` for the rest; each
     carries every failed node's message, said to a client whose key prefix is ``prefix``.
     """
     failures = rnd.failures()
-    for i, r in failures.items():
+    for i in sorted(failures):
+        r = failures[i]
         if r.failure is not None and r.failure.configuration:
             errors = {
                 names[j]: for_prefix(
