@@ -202,7 +202,24 @@ def _failed(exc: Exception, store: Any, operation: str, resource: str) -> Except
     )
 
 
-class FencedStore(_ProcessBound):
+class _Store(_ProcessBound):
+    """What the blocking and the asyncio store share besides their commands: how they
+    show themselves and what a worker process makes its own one from."""
+
+    namespace: str
+
+    def __repr__(self) -> str:
+        # The namespace only: the client's URL may carry a password.
+        return f"<{type(self).__name__} namespace={self.namespace!r}>"
+
+    def _remade_from(self) -> tuple[str, str]:
+        return (
+            f"a redis client made there and namespace={self.namespace!r}",
+            "the Redis URL rather than the store",
+        )
+
+
+class FencedStore(_Store):
     """Values on Redis guarded by fencing tokens, with a blocking redis-py client.
 
     Args:
@@ -238,16 +255,6 @@ class FencedStore(_ProcessBound):
         _checked_name(namespace, "namespace")
         self.client = redis_client
         self.namespace = namespace
-
-    def __repr__(self) -> str:
-        # The namespace only: the client's URL may carry a password.
-        return f"<{type(self).__name__} namespace={self.namespace!r}>"
-
-    def _remade_from(self) -> tuple[str, str]:
-        return (
-            f"a redis client made there and namespace={self.namespace!r}",
-            "the Redis URL rather than the store",
-        )
 
     def write(self, resource: str, token: int, value: bytes | str) -> None:
         """Store ``value`` for ``resource`` unless a newer lease has written it.
@@ -306,7 +313,7 @@ class FencedStore(_ProcessBound):
             raise _failed(exc, self, "highest", resource) from exc
 
 
-class AsyncFencedStore(_ProcessBound):
+class AsyncFencedStore(_Store):
     """The asyncio twin of :class:`FencedStore`, with a ``redis.asyncio.Redis`` client.
 
     Args:
@@ -332,16 +339,6 @@ class AsyncFencedStore(_ProcessBound):
         _checked_name(namespace, "namespace")
         self.client = redis_client
         self.namespace = namespace
-
-    def __repr__(self) -> str:
-        # The namespace only: the client's URL may carry a password.
-        return f"<{type(self).__name__} namespace={self.namespace!r}>"
-
-    def _remade_from(self) -> tuple[str, str]:
-        return (
-            f"a redis client made there and namespace={self.namespace!r}",
-            "the Redis URL rather than the store",
-        )
 
     async def write(self, resource: str, token: int, value: bytes | str) -> None:
         """As :meth:`FencedStore.write`."""
