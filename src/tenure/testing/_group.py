@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 
 from tenure._errors import ConfigurationError
 
-__all__ = ["Member", "ProcessGroup", "kill_and_reap", "removed"]
+__all__ = ["Member", "ProcessGroup", "kill_and_reap", "make_directory", "removed"]
 
 G = TypeVar("G", bound="ProcessGroup")
 
@@ -89,15 +89,12 @@ class ProcessGroup:
             )
         else:
             self.directory = Path(base_dir).resolve()
-            try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:  # a file in the way, no permission, a read-only disk
-                raise ConfigurationError(
-                    "base_dir",
-                    f"cannot make the directory {self.directory}: {exc.strerror or exc};"
-                    " give a directory this process may write in, or None for a"
-                    " temporary one",
-                ) from None
+            make_directory(
+                self.directory,
+                "base_dir",
+                f"the directory {self.directory}",
+                "give a directory this process may write in, or None for a temporary one",
+            )
             self._cleanup = None
         self._removed = False
 
@@ -166,3 +163,15 @@ class ProcessGroup:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def make_directory(path: Path, parameter: str, named: str, fix: str) -> None:
+    """Make ``path`` (and its parents) unless it exists; one that cannot be made (a file
+    in the way, no permission, a read-only disk) is a ConfigurationError of ``parameter``
+    saying so (``named``) and the ``fix``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(
+            parameter, f"cannot make {named}: {exc.strerror or exc}; {fix}"
+        ) from None

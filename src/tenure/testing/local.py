@@ -62,6 +62,7 @@ from tenure._errors import ConfigurationError, TenureError
 # Under private names: tenure.testing.local exports only what its __all__ lists.
 from ._group import ProcessGroup as _ProcessGroup
 from ._group import kill_and_reap as _kill_and_reap
+from ._group import make_directory as _make_directory
 from ._group import removed as _removed
 
 __all__ = [
@@ -435,14 +436,12 @@ class LocalNode:
         # The group whose directory holds this node's, if any: (its class name, its
         # directory), set by _adopt, to say why the node cannot start once it is closed.
         self._owner: tuple[str, Path] | None = None
-        try:
-            self._data_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:  # a file in the way, no permission, a read-only disk
-            raise ConfigurationError(
-                "directory",
-                f"cannot make {self._data_dir}: {exc.strerror or exc}; give a directory"
-                " this process may write in",
-            ) from None
+        _make_directory(
+            self._data_dir,
+            "directory",
+            str(self._data_dir),
+            "give a directory this process may write in",
+        )
 
     def __repr__(self) -> str:
         state = "paused" if self.is_paused() else "running" if self.is_running() else "down"
