@@ -173,6 +173,26 @@ def test_cluster_starts_with_every_slot_served(binary: str) -> None:
         assert (moved.value.slot_id, moved.value.node_addr) == (slot, ("127.0.0.1", owner.port))
 
 
+def test_cluster_helpers_refuse_what_they_cannot_do_by_name(binary: str, tmp_path: Path) -> None:
+    stranger = LocalNode("stranger", tmp_path / "stranger", binary=binary)
+    stranger.start()
+    try:
+        with LocalRedisCluster(binary=binary) as cluster:
+            with pytest.raises(LocalNodeError, match="stranger: is not a node of this"):
+                cluster.replicas_of(stranger)
+            for slot in ("5", 5.0, True):
+                with pytest.raises(ConfigurationError, match=r"slot.*keyslot\(\)"):
+                    cluster.slot_owner(slot)  # type: ignore[arg-type]
+            master = cluster.masters()[0]
+            with pytest.raises(LocalNodeError, match=r"refused REPLICAOF.*CLUSTER REPLICATE"):
+                master.replicate_from(stranger)
+            with pytest.raises(LocalNodeError, match="refused REPLICAOF NO ONE"):
+                master.promote()
+            assert cluster.replicas_of(master)  # nothing changed
+    finally:
+        stranger.stop()
+
+
 def test_cluster_failover_hands_the_slots_to_the_replica(binary: str) -> None:
     with LocalRedisCluster(binary=binary) as cluster:
         slot = cluster.keyslot("k")

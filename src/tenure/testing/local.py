@@ -561,7 +561,8 @@ class LocalNode:
         Raises:
             ConfigurationError: (``unix``) either node listens on a unix socket;
                 (``other``) the address is not on loopback.
-            LocalNodeError: this node is not running or does not answer.
+            LocalNodeError: this node is not running, does not answer, or refuses
+                (a Redis Cluster node: its cluster chooses its master).
         """
         if isinstance(other, LocalNode):
             if other.port is None:
@@ -573,8 +574,7 @@ class LocalNode:
                 raise ConfigurationError("other", f"{host!r} is not a loopback address")
         if self.port is None:
             raise ConfigurationError("unix", "replication needs TCP nodes")
-        with self._session("run REPLICAOF") as c:
-            c.execute_command("REPLICAOF", host, port)
+        self._replicaof(host, port)
 
     def master_link_status(self) -> str | None:
         """``master_link_status`` from ``INFO replication``.
@@ -609,12 +609,27 @@ class LocalNode:
 
         Raises:
             ConfigurationError: (``unix``) the node listens on a unix socket.
-            LocalNodeError: the node is not running or does not answer.
+            LocalNodeError: the node is not running, does not answer, or refuses (a
+                Redis Cluster node: its cluster chooses its master).
         """
         if self.port is None:
             raise ConfigurationError("unix", "replication needs TCP nodes")
-        with self._session("run REPLICAOF NO ONE") as c:
-            c.execute_command("REPLICAOF", "NO", "ONE")
+        self._replicaof("NO", "ONE")
+
+    def _replicaof(self, *where: object) -> None:
+        command = " ".join(map(str, ("REPLICAOF", *where)))
+        with self._session(f"run {command}") as c:
+            try:
+                c.execute_command("REPLICAOF", *where)
+            except redis.ResponseError as exc:
+                # A Redis Cluster node answers "REPLICAOF not allowed in cluster mode".
+                hint = (
+                    ": a cluster node's master is chosen by its cluster (CLUSTER REPLICATE;"
+                    " LocalRedisCluster.failover() promotes a replica)"
+                    if "cluster" in str(exc).lower()
+                    else ""
+                )
+                raise LocalNodeError(self.name, f"refused {command}: {exc}{hint}") from exc
 
     @contextlib.contextmanager
     # Yields Any, as ``with self.client() as c`` does: redis-py's own __enter__ and

@@ -717,10 +717,13 @@ class LocalRedisCluster(_Topology, _NodeList):
         """The replicas of ``master``, as the first running node sees it.
 
         Raises:
-            LocalNodeError: no node is running, or the first running one does not answer.
+            LocalNodeError: ``master`` is not a node of this cluster, no node is running,
+                or the first running one does not answer.
         """
         views = self.view()
-        master_id = next(v.node_id for v in views if v.port == master.port)
+        master_id = next((v.node_id for v in views if v.port == master.port), None)
+        if master_id is None or master not in self.nodes:
+            raise LocalNodeError(master.name, "is not a node of this cluster")
         return [self._by_port(v.port) for v in views if v.master_id == master_id]
 
     def keyslot(self, key: str | bytes) -> int:
@@ -739,8 +742,12 @@ class LocalRedisCluster(_Topology, _NodeList):
             LocalNodeError: no node serves it (the cluster is down for that slot), no
                 node is running, or the first running one does not answer.
         """
-        if not 0 <= slot < _SLOTS:
-            raise ConfigurationError("slot", f"must be in [0, {_SLOTS - 1}], got {slot}")
+        # bool is an int, but True is no slot anyone means.
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < _SLOTS:
+            raise ConfigurationError(
+                "slot",
+                f"must be an int in [0, {_SLOTS - 1}] (keyslot() gives a key's), got {slot!r}",
+            )
         for v in self.view():
             if v.is_master and slot in v.slots:
                 return self._by_port(v.port)
