@@ -230,7 +230,7 @@ def test_a_sharded_notification_stays_in_its_shard(
         probes = []
         for master in others:
             conn = master.client()
-            probe = conn.pubsub()  # type: ignore[no-untyped-call]
+            probe = conn.pubsub()  # type: ignore[no-untyped-call,unused-ignore]
             probe.psubscribe("tenure:wake:*")
             assert probe.get_message(timeout=10.0) is not None  # the subscription
             probes.append((conn, probe))

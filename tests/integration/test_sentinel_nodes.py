@@ -97,8 +97,8 @@ def test_a_lock_through_the_sentinel_url(api: Api, shared_set: LocalSentinelSet)
 def test_a_master_for_client_as_the_node(api: Api, shared_set: LocalSentinelSet) -> None:
     # Its Sentinels, service and settings are taken; tenure connects on its own.
     name = f"sentinel-object-{api.flavour}"
-    manager = redis.sentinel.Sentinel([("127.0.0.1", s.port) for s in shared_set.sentinels])  # type: ignore[no-untyped-call]
-    client = api.client([manager.master_for(shared_set.service)], **OPTIONS)  # type: ignore[no-untyped-call]
+    manager = redis.sentinel.Sentinel(_addresses(shared_set))  # type: ignore[no-untyped-call,unused-ignore]
+    client = api.client([manager.master_for(shared_set.service)], **OPTIONS)  # type: ignore[no-untyped-call,unused-ignore]
     with client.lock(name, ttl=3.0):
         assert _holds(shared_set.master(), name)
 
@@ -340,13 +340,20 @@ def test_sentinels_with_a_login_of_their_own_say_how_to_give_it(
     _no_redis_exception(info.value)
 
 
+def _addresses(sentinels: LocalSentinelSet) -> list[tuple[str, int]]:
+    """The Sentinels' addresses, as redis-py's ``Sentinel`` takes them."""
+    ports = [s.port for s in sentinels.sentinels]
+    assert None not in ports, "Sentinels listen on TCP"
+    return [("127.0.0.1", p) for p in ports if p is not None]
+
+
 def _master_for(sentinels: LocalSentinelSet, sentinel_password: str) -> Any:
-    manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-        [("127.0.0.1", s.port) for s in sentinels.sentinels],
+    manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
+        _addresses(sentinels),
         sentinel_kwargs={"password": sentinel_password},
         password="master-pw",
     )
-    return manager.master_for(sentinels.service)  # type: ignore[no-untyped-call]
+    return manager.master_for(sentinels.service)  # type: ignore[no-untyped-call,unused-ignore]
 
 
 def test_a_master_short_of_replicas_says_which_setting_refuses(

@@ -918,7 +918,7 @@ def test_a_split_of_fair_hand_offs_is_settled_for_the_first_in_line(
     subs = []
     try:
         for c in nodes:
-            sub = c.pubsub()  # type: ignore[no-untyped-call]
+            sub = c.pubsub()  # type: ignore[no-untyped-call,unused-ignore]
             subs.append(sub)
             sub.subscribe(*(f"ch:{key}:{w}" for w in (first, second)))
             confirmed = 0

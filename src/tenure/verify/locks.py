@@ -84,10 +84,10 @@ def _connect(url: str, timeout: float) -> redis.Redis:
         return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
     hosts, _, service = url.removeprefix("redis+sentinel://").partition("/")
     addresses = [(h, int(p)) for h, _, p in (a.rpartition(":") for a in hosts.split(","))]
-    manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
         addresses, sentinel_kwargs={"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
     )
-    master: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call]
+    master: redis.Redis = manager.master_for(  # type: ignore[no-untyped-call,unused-ignore]
         service, socket_timeout=timeout, socket_connect_timeout=timeout
     )
     return master
