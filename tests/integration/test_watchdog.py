@@ -229,6 +229,42 @@ def test_an_on_lost_callback_that_is_not_callable_is_refused_at_once(
     assert seen == []
 
 
+def test_a_callback_registered_as_another_thread_finds_the_loss_is_called_once(
+    shared5: LocalCluster, key: str
+) -> None:
+    """``on_lost`` from one thread while another (the watchdog) marks the lease lost: the
+    callback went into the list the loss had just taken, and was never called."""
+    client = tenure.Client(shared5.urls[:3])
+    lease = client.acquire(key, ttl=TTL)
+    marker: list[threading.Thread] = []
+
+    class _LossInBetween(list[Any]):
+        # The loss is found just as the callback is put in the list: the other thread
+        # marks it lost (and gets as far as it can) before the append lands.
+        def append(self, item: Any) -> None:
+            thread = threading.Thread(
+                target=lease._mark_lost, args=(tenure.LeaseLost(key, "found lost"),)
+            )
+            marker.append(thread)
+            thread.start()
+            thread.join(0.5)
+            super().append(item)
+
+    lease._callbacks = _LossInBetween()
+    seen: list[tenure.LeaseLost] = []
+    try:
+        lease.on_lost(seen.append)
+        marker[0].join(5.0)
+        assert not marker[0].is_alive()
+        assert [str(e) for e in seen] == [str(lease.lost_error)], "called once, with the loss"
+        lease.on_lost(seen.append)  # once lost: at once
+        assert len(seen) == 2
+    finally:
+        with contextlib.suppress(tenure.TenureError):
+            lease.release()
+        client.close()
+
+
 def test_loss_is_signalled_before_the_last_third_after_a_majority_dies(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
@@ -38,9 +39,18 @@ def watched(lease: LeaseView) -> None:
     _WATCHED.add(lease)
 
 
+# Guards a lease's loss and its list of callbacks together, for all leases: a callback
+# registered by one thread while another finds the loss must be called once, not lost
+# in a list already taken nor called by both; and two threads finding a loss at once
+# (the watchdog, a holder's extend) must not both run the callbacks. Held for a few
+# attribute reads and writes, never while a callback runs.
+_LOSS_LOCK = threading.Lock()
+
+
 def _forked() -> None:
-    global _pid
+    global _pid, _LOSS_LOCK
     _pid = os.getpid()
+    _LOSS_LOCK = threading.Lock()  # another thread of the parent may have held it
     for lease in list(_WATCHED):
         # No callbacks: they belong to the parent (the ``lost`` event is still set).
         lease._mark_lost(InheritedLease(lease.name, "use the lease", lease._pid), notify=False)
@@ -209,10 +219,12 @@ class LeaseView:
                 f"must be a callable taking the LeaseLost error, got {callback!r}; pass the "
                 "function itself (on_lost(stop), not on_lost(stop()))",
             )
-        if self._loss is not None:
-            self._call_back(callback, self._loss)
-        else:
-            self._callbacks.append(callback)
+        with _LOSS_LOCK:
+            loss = self._loss
+            if loss is None:
+                self._callbacks.append(callback)
+        if loss is not None:
+            self._call_back(callback, loss)
 
     def check(self) -> float:
         """Seconds of validity left; raises if the lease can no longer be trusted.
@@ -242,11 +254,12 @@ class LeaseView:
         ``notify=False`` runs no callbacks: in a child right after ``fork()`` they belong
         to the parent and must not act from the child (the ``lost`` event is still set).
         """
-        if self._loss is not None:
-            return
-        self._loss = error
+        with _LOSS_LOCK:
+            if self._loss is not None:
+                return
+            self._loss = error
+            callbacks, self._callbacks = self._callbacks, []
         self._signal_lost()
-        callbacks, self._callbacks = self._callbacks, []
         if not notify:
             return  # a child after fork: its client's book starts empty anyway
         self._unbind()
