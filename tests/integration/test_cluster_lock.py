@@ -843,3 +843,59 @@ def _moved_to(cluster: LocalRedisCluster, slot: int, to: LocalNode) -> bool:
         if int(next(r for r in ranges if int(r[0]) <= slot <= int(r[1]))[2][1]) != to.port:
             return False
     return True
+
+
+def _settled(channel: Any) -> bool:
+    """Whether no member of an asyncio Cluster node owes a reply (every request written
+    was answered, redirections followed to their end)."""
+    return not any(m._pending or m._unsent for m in channel._members.values())
+
+
+def test_a_cancelled_acquire_leaves_no_key_when_the_slot_map_moved_meanwhile(key: str) -> None:
+    """An asyncio acquire written to its slot's master, which is slow to answer; the
+    slot map learns meanwhile that the slot has moved (a MOVED of any request, a reload);
+    then the acquire is cancelled. Its cleanup was routed by the new map, straight to the
+    new owner, and ran there at once; the old master then answered the acquire MOVED, and
+    the acquire, redirected, ran at the new owner after its cleanup: the lock held by
+    nobody for its whole TTL. Requests of one key now follow the one before them while
+    it is unanswered, so the cleanup runs after the acquire wherever that ends up."""
+    # Failure detection far longer than the pause: the paused master is not failed over.
+    with LocalRedisCluster(replicas=0, node_timeout=10.0) as cluster:
+        # The slot on the last master: the map's reload asks the first master first.
+        source, target = cluster.nodes[2], cluster.nodes[0]
+        name = _unused_name(cluster, source, key)
+        keys = _keys(name)
+        slot = key_slot(keys.lock)
+
+        async def main() -> None:
+            async with tenure.AsyncClient(
+                [cluster.url], node_timeout=2.0, connect_timeout=0.5, max_ttl=60.0
+            ) as client:
+                assert await client.lock(name, ttl=30.0).locked() is False  # map loaded
+                channel = client._cluster_channel(0)
+                cluster.migrate_slot(slot, target)
+                # The slot's floor on its new owner, under the new owner's history: an
+                # acquire that reaches it there is granted.
+                with tenure.Client([cluster.url], max_ttl=MAX_TTL) as other:
+                    other.acquire(name, ttl=TTL, blocking=False).release()
+                source.pause()  # its connections stay open, and nothing is answered
+                try:
+                    task = asyncio.ensure_future(client.acquire(name, ttl=30.0, blocking=False))
+                    await asyncio.sleep(0.05)  # written to the source, which is frozen
+                    assert not task.done()
+                    loads = channel.loads
+                    channel.refresh()
+                    await _until(lambda: channel.loads > loads, "the slot map reloaded")
+                    assert channel.owner(slot) == (target.host, target.port)
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                finally:
+                    source.resume()
+                # The source answers MOVED, and the acquire runs on the target.
+                await _until(lambda: _settled(channel), "every reply read")
+                with target.client() as c:
+                    assert c.exists(keys.lock) == 0, f"left with a TTL of {c.pttl(keys.lock)} ms"
+                assert await client.lock(name, ttl=30.0).locked() is False
+
+        asyncio.run(main())

@@ -14,11 +14,18 @@ target, at most ``MAX_REDIRECTS`` times per request; the round's callback gets t
 final reply. A redirection not followed, ``TRYAGAIN``, ``CLUSTERDOWN`` and a slot without
 a master reach it as ``SlotSilent`` (no vote this round, never the node's configuration).
 
-Redirections are followed even after the round ended: later requests of the same slot
-(the cleanup of a failed attempt) are redirected the same way, from the same
-connection's FIFO of replies, so they still reach the new owner after the request they
-clean up, as on a plain node. A ``NOSCRIPT`` is passed on (the round resends the EVAL
-form within the round only, as for a plain node), after marking the member's cache.
+Redirections are followed even after the round ended. So a request of a key goes where
+the one before it of the same key went while that one is unanswered (``_Trail``), not
+where the map says: a cleanup (of a cancelled or failed acquire) or a release then runs
+after the request it undoes wherever that one ends up, as on a plain node's one
+connection, even when the map learnt of a new owner in between. Routed by the new map,
+a cleanup would run at once at the new owner, and the acquire, answered ``MOVED`` by
+the old one, would run there after it: the lock held by nobody for its whole TTL.
+Following, it is answered the same redirection, from the same connection's FIFO of
+replies, right after the request before it, and sent on behind it; nothing is sent
+twice. A ``NOSCRIPT`` is
+passed on (the round resends the EVAL form within the round only, as for a plain node),
+after marking the member's cache.
 """
 
 from __future__ import annotations
@@ -106,6 +113,20 @@ class _Scripts(ScriptCache):
         return Command(command.fallback, command.parse, command.replies, key=command.key)
 
 
+class _Trail:
+    """The requests of one key written and not yet answered: how many replies they owe,
+    which of them was written last (``last``: its number), and where it went last
+    (``to``: the member, and whether after ``ASKING``; a redirection moves it on). The
+    next request of the key goes there, behind it."""
+
+    __slots__ = ("last", "owed", "to")
+
+    def __init__(self) -> None:
+        self.owed = 0
+        self.last = 0
+        self.to: tuple[Address, bool] | None = None
+
+
 class ClusterChannel:
     """One Redis Cluster node of a client, in one event loop (a ``Channel`` to ``Channels``)."""
 
@@ -142,6 +163,9 @@ class ClusterChannel:
         self._load: asyncio.Task[None] | None = None
         self._reconnect = Reconnect()
         self._blamed: Any = None  # the member whose reply the round judged last
+        # The keys with requests unanswered, and where the last of each went (``send``).
+        self._trails: dict[str, _Trail] = {}
+        self._sent = 0  # requests written so far: each one's number, for its trail
         self.used_at = 0.0  # when a request was last written (``Channels.run``'s look)
 
     def diagnose(self, exc: Exception) -> Diagnosis:
@@ -355,22 +379,49 @@ class ClusterChannel:
             await pool.disconnect()
 
     def send(self, command: Command, on_reply: Callable[[int, Any], None]) -> None:
-        """Write ``command`` to the master of its slot; its replies reach ``on_reply``
-        once redirections were followed.
+        """Write ``command`` to the master of its slot, or behind the request of the same
+        key still unanswered, if any (``_Trail``); its replies reach ``on_reply`` once
+        redirections were followed.
 
         Raises:
-            BackingOff: the slot's master is in its back-off.
+            BackingOff: the slot's master (or the member the last request of the key
+                went to) is in its back-off.
         """
         self.used_at = time.monotonic()
         if self._stale and self.map is not None:
             self._start_load()
+        key = command.key
+        trail = self._trails.get(key)
+        if trail is None:
+            trail = self._trails[key] = _Trail()
+        to, before = trail.to, trail.last
+        self._sent += 1
+        trail.last = self._sent
+        trail.owed += command.replies
         try:
-            self._route(command, on_reply, 0, None)
+            self._route(command, partial(self._answered, key, on_reply), 0, to, self._sent)
         except BackingOff as exc:
+            trail.owed -= command.replies  # not written: it owes nothing
+            if trail.last == self._sent:
+                trail.last = before
+            if trail.owed <= 0 and self._trails.get(key) is trail:
+                del self._trails[key]
             self._failed()  # the slot's master failed lately: a dead master?
             if self._doubting and exc.failure is Failure.BACKING_OFF:
                 raise _Reloading(exc.detail) from exc
             raise
+
+    def _answered(
+        self, key: str, on_reply: Callable[[int, Any], None], node: int, reply: tuple[bool, Any]
+    ) -> None:
+        """A final reply of a request of ``key`` (no redirection left to follow): one
+        fewer owed on its trail, gone with the last one."""
+        trail = self._trails.get(key)
+        if trail is not None:
+            trail.owed -= 1
+            if trail.owed <= 0:
+                del self._trails[key]
+        on_reply(node, reply)
 
     def _route(
         self,
@@ -378,6 +429,7 @@ class ClusterChannel:
         on_reply: Callable[[int, Any], None],
         hops: int,
         to: tuple[Address, bool] | None,
+        number: int,
     ) -> None:
         slot = routed_slot(command.key)
         if to is None:
@@ -399,8 +451,11 @@ class ClusterChannel:
         ups = -1 if member.ready else member.ups
         member.send(
             command,
-            partial(self._on_reply, command, on_reply, hops, (where, asking), member, ups),
+            partial(self._on_reply, command, on_reply, hops, (where, asking), member, ups, number),
         )
+        trail = self._trails.get(command.key)
+        if trail is not None and trail.last == number:
+            trail.to = (where, asking)  # the last request of the key went here (so far)
 
     def _on_reply(
         self,
@@ -410,6 +465,7 @@ class ClusterChannel:
         sent: tuple[Address, bool],
         member: Any,
         ups: int,
+        number: int,
         node: int,
         reply: tuple[bool, Any],
     ) -> None:
@@ -444,7 +500,7 @@ class ClusterChannel:
             # A release whose keys a migration split: the lock key alone, to the member
             # that answered (``sent``: where, and whether after ASKING), which has it.
             try:
-                self._route(alone, on_reply, hops + 1, sent)
+                self._route(alone, on_reply, hops + 1, sent, number)
             except BackingOff as exc:
                 on_reply(node, (False, SlotSilent(f"{hop.detail()}: {exc.detail}")))
             return
@@ -452,7 +508,7 @@ class ClusterChannel:
             on_reply(node, (False, SlotSilent(hop.detail(member.address.display))))
             return
         try:
-            self._route(command, on_reply, hops + 1, (hop.to, hop.kind == "ask"))
+            self._route(command, on_reply, hops + 1, (hop.to, hop.kind == "ask"), number)
         except BackingOff as exc:
             on_reply(node, (False, SlotSilent(f"{hop.detail()}: {exc.detail}")))
 
