@@ -13,6 +13,7 @@ import pytest
 
 import tenure
 from tenure.testing import LocalCluster, LocalNode
+from tenure.verify.proxy import Proxy
 
 from .conftest import Api, holders
 
@@ -331,6 +332,39 @@ def test_a_watchdog_tries_a_failed_extension_again_while_the_validity_lasts(
             cluster[1].resume()
             cluster[2].resume()
         api.wait_until(lambda: lease.valid_until > first, first - time.monotonic(), "extended")
+        assert lease.lost_error is None, lease.lost_error
+        lease.check()
+        lease.release()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_short_lease_whose_first_extension_fails_at_once_is_tried_again(
+    api: Api, key: str, n: int
+) -> None:
+    """Connections to a majority reset at the watchdog's first extension of a 1.2 s lease
+    (node_timeout 0.2 s), back 0.15 s later: the try failed at once, with time for
+    another to end before the last third of the validity, which keeps the lease. The
+    first try was judged the last before it began (one that waited out node_timeout
+    would have left no time for another), and the reset marked the lease lost with
+    two thirds of its validity left."""
+    with LocalCluster(n) as cluster, contextlib.ExitStack() as stack:
+        proxies = [
+            stack.enter_context(Proxy(node.host, node.port or 0)) for node in list(cluster)[-2:]
+        ]
+        urls = cluster.urls[: n - len(proxies)] + [p.url for p in proxies]
+        client = api.client(urls, node_timeout=0.2)
+        lease = client.acquire(key, ttl=1.2, watchdog=True)
+        first, start = lease.valid_until, lease.acquired_at
+        api.idle(start + 0.3 - time.monotonic())  # the first extension is at 0.4 s
+        for proxy in proxies:
+            proxy.reset()
+        try:
+            api.idle(start + 0.45 - time.monotonic())
+        finally:
+            for proxy in proxies:
+                proxy.heal()
+        extended = lambda: lease.valid_until > first or lease.lost_error is not None  # noqa: E731
+        api.wait_until(extended, first - time.monotonic(), "extended or lost")
         assert lease.lost_error is None, lease.lost_error
         lease.check()
         lease.release()

@@ -21,6 +21,7 @@ from tenure._core.lease import (
     worth_another_try,
 )
 from tenure._core.quorum import Failure, Round
+from tenure._core.watchdog import KeepAlive
 from tenure._lua import script
 
 from .model_flows import ModelLease
@@ -398,15 +399,18 @@ def test_a_failed_extension_is_worth_another_try_unless_a_granting_node_dropped_
 
 @pytest.mark.parametrize("dropped", [False, True])
 def test_a_watchdogs_try_that_is_not_its_last_leaves_the_lease_as_it_was(dropped: bool) -> None:
-    # The watchdog's tries before its last return a failure of silent nodes, the lease
-    # neither marked lost nor released; a node that granted it and dropped it is a loss
-    # at any try, and so is any failure of the last.
-    clock = [10.0]
-    flows, spec = _flows(clock)
-    state = LeaseState(spec.name, spec.key, "t", spec.ttl, 9.9, 11.8, frozenset({0, 1, 2}), 7)
-    for last in (False, True):
+    # A watchdog's try that failed for silent nodes early enough for another to end
+    # before the last third of the validity returns its failure, the lease neither marked
+    # lost nor released; a node that granted it and dropped it is a loss at any try, and
+    # so is a failure of an extension by hand, or of a try that ended too late for
+    # another (judged when it ended: 11.8 - 2/3 - 0.05 here).
+    policy = KeepAlive()
+    for retry, ended in ((policy, 10.05), (None, 10.05), (policy, 11.09)):
+        clock = [10.0]
+        flows, spec = _flows(clock)
+        state = LeaseState(spec.name, spec.key, "t", spec.ttl, 9.9, 11.8, frozenset({0, 1, 2}), 7)
         watched = ModelLease(state, spec)
-        flow = flows.extend(watched, None, last=last)
+        flow = flows.extend(watched, None, retry)
         rnd = next(flow)
         assert isinstance(rnd, Run)
         rnd.rnd.record(0, True)
@@ -415,13 +419,14 @@ def test_a_watchdogs_try_that_is_not_its_last_leaves_the_lease_as_it_was(dropped
         else:
             rnd.rnd.fail(1, Failure.UNREACHABLE, "refused")
         rnd.rnd.fail(2, Failure.UNREACHABLE, "refused")
-        if last or dropped:
+        clock[0] = ended
+        if retry is None or ended > 11.0 or dropped:
             assert isinstance(flow.send(None), Later | Run)  # the loss: its release
             assert watched.loss is not None
             continue
-        with pytest.raises(StopIteration) as ended:
+        with pytest.raises(StopIteration) as done:
             flow.send(None)
-        assert isinstance(ended.value.value, LeaseLost)
+        assert isinstance(done.value.value, LeaseLost)
         assert watched.loss is None
         assert not watched.released
         assert watched._state == state

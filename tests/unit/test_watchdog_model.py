@@ -11,10 +11,10 @@ The model carries out what it yields the way the drivers do:
   event); the clock may have moved far past it (a paused process). In the runs that
   model asyncio, a release cancels the watchdog instead: ``Interrupt`` is thrown in;
 * ``ExtendLease``: the lease's own extension, that is ``Flows.extend(lease, None,
-  last)`` run as a sub-flow, under the lease's operation lock: one extension or release
+  retry=policy)`` run as a sub-flow, under the lease's operation lock: one extension or release
   at a time, so an extension waits for the holder's own ``extend()`` or ``release()``
-  to end, and then starts at once. Its outcome (None, the failure of a try that was not
-  the last, or the exception) goes back into the watchdog; a closed client raises
+  to end, and then starts at once. Its outcome (None, the failure of a try worth another,
+  or the exception) goes back into the watchdog; a closed client raises
   ``ClientClosed`` before the sub-flow starts, as ``Lease.extend`` does.
 
 The holder itself may, between the watchdog's steps, extend (``Flows.extend``, the
@@ -398,8 +398,8 @@ class WatchdogModel(RuleBasedStateMachine):
             return
         op = dog.op
         assert isinstance(op, ExtendLease)
-        self._log(f"the watchdog extends (last try: {op.last})")
-        self._start(Call("watchdog", Stepper(self.holder.extend(lease, None, op.last))))
+        self._log("the watchdog extends")
+        self._start(Call("watchdog", Stepper(self.holder.extend(lease, None, op.policy))))
 
     def _stop_watching(self) -> None:
         """The release tells the watchdog to stop (asyncio: cancels its task)."""
@@ -818,10 +818,10 @@ class ExtendsReleasedFlows(ModelFlows):
     the released lease (on the nodes the release missed, the lock lives on)."""
 
     def extend(
-        self, lease: WatchedLease, ttl: float | None, last: bool = True
+        self, lease: WatchedLease, ttl: float | None, retry: KeepAlive | None = None
     ) -> Flow[LeaseLost | None]:
         # The shipped flow, blind to the release only: a copy of it would plant more.
-        return super().extend(_Unreleased(lease), ttl, last)
+        return super().extend(_Unreleased(lease), ttl, retry)
 
 
 class ValidityFromRoundEndFlows(ModelFlows):
@@ -829,9 +829,9 @@ class ValidityFromRoundEndFlows(ModelFlows):
     start: the keys of the nodes that answered early expire before the lease ends."""
 
     def extend(
-        self, lease: WatchedLease, ttl: float | None, last: bool = True
+        self, lease: WatchedLease, ttl: float | None, retry: KeepAlive | None = None
     ) -> Flow[LeaseLost | None]:
-        failed = yield from super().extend(lease, ttl, last)
+        failed = yield from super().extend(lease, ttl, retry)
         if failed is not None:
             return failed
         now, state = self.clock(), lease._state
@@ -1149,24 +1149,23 @@ def test_a_watchdog_tries_again_while_the_validity_lasts() -> None:
 
 
 @pytest.mark.parametrize(
-    ("ttl", "node_timeout", "gap", "last_try_from"),
+    ("ttl", "node_timeout", "gap", "retry_by"),
     [
-        (1.0, 0.1, 1 / 12, 1 - 1 / 3 - 0.2 - 1 / 12),
-        (9.0, 0.3, 0.75, 9 - 3 - 0.6 - 0.75),
-        (60.0, 0.05, 1.0, 60 - 20 - 0.1 - 1.0),  # at most a second apart
+        (1.0, 0.1, 1 / 12, 1 - 1 / 3 - 0.1),
+        (9.0, 0.3, 0.75, 9 - 3 - 0.3),
+        (60.0, 0.05, 1.0, 60 - 20 - 0.05),  # at most a second apart
     ],
 )
 def test_a_watchdog_tries_through_the_middle_third_of_the_validity(
-    ttl: float, node_timeout: float, gap: float, last_try_from: float
+    ttl: float, node_timeout: float, gap: float, retry_by: float
 ) -> None:
     """Tries a ``retry_gap`` apart while one more could end before the last third of the
     validity, which is the holder's; the next try never comes later than that."""
     policy = KeepAlive()
     state = LeaseState("n", "k", "t", ttl, 0.0, ttl, frozenset({0}), 1)
     assert policy.retry_gap(ttl) == pytest.approx(gap)
-    assert not policy.last_try(last_try_from - 1e-6, state, ttl, node_timeout)
-    assert policy.last_try(last_try_from + 1e-6, state, ttl, node_timeout)
+    assert policy.retry_by(state, ttl, node_timeout) == pytest.approx(retry_by)
     assert policy.retry_at(ttl / 3, state, ttl, node_timeout) == pytest.approx(ttl / 3 + gap)
     # A try that ended late (it waited for connections): the next, the last, at once.
-    late = ttl * 2 / 3 - node_timeout
-    assert policy.retry_at(late, state, ttl, node_timeout) == pytest.approx(late)
+    late = retry_by - gap / 2
+    assert policy.retry_at(late, state, ttl, node_timeout) == pytest.approx(retry_by)

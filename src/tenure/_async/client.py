@@ -334,16 +334,17 @@ class AsyncLease(LeaseView):
 
     async def extend(self, ttl: float | None = None) -> None:
         """Give the lease ``ttl`` more seconds (default: its lock's TTL); see ``Lease.extend``."""
-        await self._extend(ttl, last=True)
+        await self._extend(ttl, None)
 
-    async def _extend(self, ttl: float | None, last: bool) -> LeaseLost | None:
-        """``extend``; its watchdog's tries name whether they are its ``last``
-        (``Flows.extend``: the failure of another is returned, not acted on)."""
+    async def _extend(self, ttl: float | None, retry: KeepAlive | None) -> LeaseLost | None:
+        """``extend``; its watchdog's tries pass its policy as ``retry``
+        (``Flows.extend``: the failure of one worth another try is returned, not acted
+        on)."""
         client = self._client
         self._check_usable("extend")
         client._check_loop("extend", self.name)
         async with self._op_lock:
-            failed = await adrive(client._flows.extend(self, ttl, last), client._perform)
+            failed = await adrive(client._flows.extend(self, ttl, retry), client._perform)
         watcher = self._watcher
         if watcher is not None:
             watcher.replan()

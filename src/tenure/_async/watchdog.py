@@ -109,7 +109,7 @@ class Watchdog:
                 self._wakeup = None
             return False
         if isinstance(op, ExtendLease):
-            return await self._lease._extend(None, op.last)
+            return await self._lease._extend(None, op.policy)
         raise TypeError(f"not an operation of a watchdog: {op!r}")
 
 

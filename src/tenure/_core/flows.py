@@ -230,14 +230,14 @@ class Pause:
 
 class ExtendLease:
     """The watchdog extends its lease through the lease's own extension (which
-    serialises with a release): ``Flows.extend(lease, None, last=last)``. Its result (the
-    sub-flow's: None, or the failure of a try that was not the last) or the exception
+    serialises with a release): ``Flows.extend(lease, None, retry=policy)``. Its result
+    (the sub-flow's: None, or the failure of a try worth another) or the exception
     thrown in goes back to the watchdog."""
 
-    __slots__ = ("last",)
+    __slots__ = ("policy",)
 
-    def __init__(self, last: bool) -> None:
-        self.last = last
+    def __init__(self, policy: KeepAlive) -> None:
+        self.policy = policy
 
 
 Op = Run | Send | Sleep | Listen | AwaitWake | Unlisten | Depart | Later | Pause | ExtendLease
@@ -592,17 +592,19 @@ class Flows:
     # --- extend, release, locked --------------------------------------------------------
 
     def extend(
-        self, lease: WatchedLease, ttl: float | None, last: bool = True
+        self, lease: WatchedLease, ttl: float | None, retry: KeepAlive | None = None
     ) -> Flow[LeaseLost | None]:
         """Extend ``lease`` by ``ttl`` (default: its lock's TTL) from now. On failure it
         is lost, and released everywhere when its holder releases it or its validity
         ends, whichever comes first (so a waiter need not wait out the TTL of the keys the
         round may have extended).
 
-        A watchdog's try that is not its ``last`` (``KeepAlive.last_try``) is the
-        exception: a failure that left the lease as it was (``worth_another_try``) is
-        returned, the lease neither marked lost nor released, for the watchdog to try
-        again while the validity lasts. Otherwise the result is None.
+        A watchdog's try (``retry``: its policy) is the exception: a failure that left
+        the lease as it was (``worth_another_try``) and ended early enough for another
+        try to end before the last third of the validity (``KeepAlive.retry_by``,
+        judged now, on the lease as it is now: its holder may have extended it while
+        this try waited for the lease) is returned, the lease neither marked lost nor
+        released, for the watchdog to try again. Otherwise the result is None.
 
         Raises:
             NotHeld, LeaseExpired, LeaseLost, ConfigurationError: as ``Lease.extend``.
@@ -633,7 +635,11 @@ class Flows:
         if isinstance(outcome, LeaseState):
             lease._state = outcome
             return None
-        if not last and worth_another_try(lease._state, rnd):
+        if (
+            retry is not None
+            and self.clock() <= retry.retry_by(lease._state, spec.ttl, spec.node_timeout)
+            and worth_another_try(lease._state, rnd)
+        ):
             return outcome
         lease._mark_lost(outcome)
         valid_until = lease._state.valid_until
@@ -805,10 +811,8 @@ class Flows:
                 # validity, never report a valid lease lost.
                 wake = policy.next_wake(lease._state)
                 continue
-            ttl, last_round = lease._spec.ttl, lease._spec.node_timeout
-            last = policy.last_try(now, lease._state, ttl, last_round)
             try:
-                failed = yield ExtendLease(last)
+                failed = yield ExtendLease(policy)
             except (NotHeld, LeaseLost):
                 return  # released meanwhile, or extend() marked it lost
             except ClientClosed:
@@ -820,7 +824,8 @@ class Flows:
             if failed is not None:
                 # Nodes did not answer in time (a failover, a busy server): the lease
                 # stands as it was, and the next try may find them back.
-                wake = policy.retry_at(self.clock(), lease._state, ttl, last_round)
+                spec = lease._spec
+                wake = policy.retry_at(self.clock(), lease._state, spec.ttl, spec.node_timeout)
                 continue
             wake = policy.next_wake(lease._state)
 

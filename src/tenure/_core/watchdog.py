@@ -7,11 +7,12 @@ and extends it, two thirds of the validity ahead of its end. Its middle third is
 nodes that do not answer for a while (a failover, a restart, a busy server): an
 extension that failed only for want of answers left the lease as it was, valid until its
 ``valid_until`` (``worth_another_try``), and is tried again every ``retry_gap``. The
-last third is the holder's: the last try is one that ends before it (``last_try``). If
-the last try fails, or a node that granted the lease says it is not ours any more, the
-lease is lost: marked lost at once (``Flows.extend``: the holder is told to stop, with
-about a third of the TTL left to do it), and released when its validity ends. Each wake
-is decided here from the clock reading the driver passes in:
+last third is the holder's: a try is tried again only if it failed early enough for one
+more to end before it (``retry_by``). If a try fails later, or a node that granted the
+lease says it is not ours any more, the lease is lost: marked lost at once
+(``Flows.extend``: the holder is told to stop, with about a third of the TTL left to do
+it), and released when its validity ends. Each wake is decided here from the clock
+reading the driver passes in:
 
 * woke after ``valid_until``: the holder (and its watchdog with it) was paused past the
   lease, by a GC, a SIGSTOP, a swapped-out VM. Extending now could not undo that another
@@ -120,20 +121,22 @@ class KeepAlive:
         ``RETRY_GAP`` (a failover's seconds are covered by tries a second apart)."""
         return min(ttl / 12, RETRY_GAP)
 
-    def last_try(self, now: float, lease: LeaseState, ttl: float, node_timeout: float) -> bool:
-        """Whether an extension beginning at ``now`` is the last that may be tried: one
-        more, begun after this one's round and the gap, could not end before the last
-        third of the validity (a round takes up to ``node_timeout``; one that waits for
-        connections being set up, longer, and ``retry_at`` makes up for it). A last try
-        that fails marks the lease lost: the holder keeps about a third of the TTL to
-        stop in, once told."""
-        return now + 2 * node_timeout + self.retry_gap(ttl) >= _told_by(lease, ttl)
+    def retry_by(self, lease: LeaseState, ttl: float, node_timeout: float) -> float:
+        """The latest instant at which a failed extension of ``lease`` may end and still
+        be tried again: one more, begun then, ends before the last third of the
+        validity (a round takes up to ``node_timeout``). It is judged when the try
+        ended (``Flows.extend``), not when it began: a try that failed at once (a
+        connection reset, an error reply) leaves time for another even where one that
+        waited out ``node_timeout`` would not, as under a short TTL, whose first
+        extension begins only a third of it in. A try that fails after it marks the
+        lease lost: the holder keeps about a third of the TTL to stop in, once told."""
+        return _told_by(lease, ttl) - node_timeout
 
     def retry_at(self, now: float, lease: LeaseState, ttl: float, node_timeout: float) -> float:
-        """When to try again after a try that was not the last failed at ``now``: a
-        ``retry_gap`` later, or sooner if that try took long (it waited for connections)
-        and the last must begin now to end in time."""
-        return min(now + self.retry_gap(ttl), _told_by(lease, ttl) - node_timeout)
+        """When to try again after a try that failed at ``now`` (by ``retry_by``): a
+        ``retry_gap`` later, or sooner if that is too late for the next try to end
+        before the last third."""
+        return min(now + self.retry_gap(ttl), self.retry_by(lease, ttl, node_timeout))
 
     def next_wake(self, lease: LeaseState) -> float:
         """When to wake next (monotonic seconds)."""

@@ -489,17 +489,18 @@ class Lease(LeaseView):
                 was sent.
             ClientClosed: its client was closed; nothing was sent.
         """
-        self._extend(ttl, last=True)
+        self._extend(ttl, None)
 
-    def _extend(self, ttl: float | None, last: bool) -> LeaseLost | None:
-        """``extend``; its watchdog's tries name whether they are its ``last``
-        (``Flows.extend``: the failure of another is returned, not acted on)."""
+    def _extend(self, ttl: float | None, retry: KeepAlive | None) -> LeaseLost | None:
+        """``extend``; its watchdog's tries pass its policy as ``retry``
+        (``Flows.extend``: the failure of one worth another try is returned, not acted
+        on)."""
         client = self._client
         self._check_usable("extend")
         loss = self._loss
         if loss is not None and self._operator == threading.get_ident():
             raise loss  # an on_lost callback, under this lease's own extension or release
-        failed = self._run(client._flows.extend(self, ttl, last))
+        failed = self._run(client._flows.extend(self, ttl, retry))
         watchdog = self._watchdog
         if watchdog is not None:
             watchdog.replan()

@@ -2,9 +2,9 @@
 
 The thread drives the core's watchdog flow (``Flows.watchdog``): it sleeps on an event
 (so a release stops it at once) and extends through ``Lease._extend`` (``extend``, with
-the flow's word on whether this try is its last); the flow marks the lease lost when an
-extension fails for good, when it wakes after the validity ended (the process was
-paused), or when the hold cap runs out.
+the watchdog's policy, which judges whether a failed try is worth another); the flow
+marks the lease lost when an extension fails for good, when it wakes after the validity
+ended (the process was paused), or when the hold cap runs out.
 After ``fork()`` the child marks every kept-alive lease lost (``_driver.lease.watched``):
 the lease and its thread belong to the parent, and the child must not act as the holder.
 """
@@ -67,5 +67,5 @@ class Watchdog:
             self._nudged.clear()  # a nudge after this is read by the flow's next plan
             return self._stop.is_set()
         if isinstance(op, ExtendLease):
-            return self._lease._extend(None, op.last)
+            return self._lease._extend(None, op.policy)
         raise TypeError(f"not an operation of a watchdog: {op!r}")
