@@ -629,6 +629,109 @@ def test_a_stale_writer_cannot_spell_the_path_with_dot_segments(
     assert proxy.tokens.highest(path) is None
 
 
+class LenientStore:
+    """An ASGI store that serves one object under several spellings of its path, as
+    many servers do: empty segments merged, '.' and '..' resolved, a trailing slash
+    dropped (Express's default routing, nginx's merge_slashes, Flask's
+    strict_slashes=False)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        segments: list[str] = []
+        for segment in str(scope["path"]).split("/"):
+            if segment == "..":
+                segments = segments[:-1]
+            elif segment not in ("", "."):
+                segments.append(segment)
+        message = await receive()
+        self.values["/" + "/".join(segments)] = message.get("body", b"")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def call(
+    app: Any, method: str, path: str, headers: dict[str, str], body: bytes = b""
+) -> tuple[int, dict[str, Any]]:
+    """One request driven through ``app`` as an ASGI server would, with ``path`` as sent
+    (an HTTP client would resolve dot segments first); the status and a JSON answer."""
+    scope: Scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode("utf-8"),
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    content = b"".join(m.get("body", b"") for m in sent[1:])
+    return sent[0]["status"], json.loads(content) if content.startswith(b"{") else {}
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["//doc", "/doc/", "/./doc", "/v/../doc", "/doc/.", "///doc//", "/doc/x/.."],
+)
+def test_a_stale_writer_cannot_spell_the_path_another_way(spelling: str) -> None:
+    # The gate fenced the path as received, so each spelling was a resource of its own,
+    # never written by the newer holder: the stale token was admitted, and the store,
+    # which serves all of them as "/doc", overwrote the newer holder's value.
+    store = LenientStore()
+    gate = FencingGate(store)
+
+    async def scenario() -> tuple[int, dict[str, Any]]:
+        assert (await call(gate, "PUT", "/doc", fenced(6), b"newer"))[0] == 200
+        return await call(gate, "PUT", spelling, fenced(5), b"stale")
+
+    status, answer = run(scenario())
+    assert store.values == {"/doc": b"newer"}
+    assert status == 400
+    assert answer["error"] == "request path not in canonical form"
+    assert answer["path"] == spelling
+    assert "'/doc'" in answer["detail"]
+    assert "Fencing-Resource" in answer["detail"]
+    assert gate.tokens.highest(spelling) is None
+
+
+def test_a_resource_named_by_header_may_have_any_path() -> None:
+    # Only a path that is the resource must be canonical: with the resource named, the
+    # path's spelling does not decide what is fenced.
+    store = LenientStore()
+    gate = FencingGate(store)
+
+    async def scenario() -> list[int]:
+        named = {"Fencing-Resource": "folder"}
+        return [
+            (await call(gate, "PUT", "/folder/", {**fenced(6), **named}))[0],
+            (await call(gate, "PUT", "//folder", {**fenced(5), **named}))[0],
+            (await call(gate, "PUT", "/", fenced(1)))[0],  # the root is canonical
+        ]
+
+    assert run(scenario()) == [200, 409, 200]
+    assert gate.tokens.highest("folder") == 6
+
+
+def test_proxy_refuses_a_non_canonical_path_before_recording(store: Store) -> None:
+    async def scenario() -> list[int]:
+        async with FencingProxy(store.url) as proxy:
+            return [
+                (await call(proxy, "PUT", path, fenced(token)))[0]
+                for path, token in [("/doc", 6), ("//doc", 5), ("/doc/", 5), ("/doc//", 7)]
+            ]
+
+    assert run(scenario()) == [201, 400, 400, 400]
+    assert store.tokens() == [6]
+
+
 def test_proxy_closes_its_client_at_lifespan_shutdown(store: Store) -> None:
     proxy = FencingProxy(store.url)
     messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])

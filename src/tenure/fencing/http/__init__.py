@@ -14,7 +14,8 @@ HTTP service) cannot do that, so :class:`FencingGate` does it in front of them::
     store                                                    ◀── B's write   (A's never arrives)
 
 For a request with a guarded method the gate reads the token header and the resource
-(the ``Fencing-Resource`` header, else a callable on the ASGI scope, else the path), then
+(the ``Fencing-Resource`` header, else a callable on the ASGI scope, else the path, which
+must then be canonical: see :class:`FencingGate`), then
 asks its :class:`TokenBook`: a token >= the highest seen for that resource is admitted
 and becomes the highest (equal means the same lease writing again); a smaller one is
 answered ``409 Conflict`` and never reaches the app. Other methods pass through.

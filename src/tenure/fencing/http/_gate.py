@@ -74,6 +74,9 @@ class FencingGate:
 
     - no token header: ``428 Precondition Required`` if ``require_token``, else passed on;
     - a token that is not a decimal integer in [0, 2**63), or a repeated header: ``400``;
+    - a path that is the resource (no resource header, no ``resource`` callable) but not
+      canonical (empty, ``.`` or ``..`` segments, a trailing ``/``): ``400``, since the
+      store behind may serve it as another spelling of a path fenced under a newer token;
     - a token smaller than the highest seen for the resource: ``409 Conflict`` with
       ``{"error": "stale fencing token", "resource": ..., "token": ..., "highest": ...}``;
     - otherwise the token is recorded and the request goes to ``app``, once no other
@@ -87,7 +90,8 @@ class FencingGate:
         resource_header: the request header naming the resource (the lock's name), or
             None to ignore it; it wins over ``resource`` and the path.
         resource: derives the resource from the ASGI scope when the header is absent;
-            by default the request path is the resource.
+            by default the request path (percent-decoded, without the query) is the
+            resource.
         methods: the methods to guard (case-insensitive).
         require_token: refuse guarded requests that carry no token.
         tokens: the book of highest tokens; a fresh in-memory one by default. Share one
@@ -194,8 +198,44 @@ class FencingGate:
                     },
                 )
             return resource
-        path: str = scope["path"]
-        return path
+        return self._path_resource(scope["path"])
+
+    def _path_resource(self, path: str) -> str:
+        # The path is the resource only in the spelling the gate receives, and servers
+        # serve one object under several ("//a", "/a/", "/./a" and "/b/../a" are often
+        # "/a"): a stale writer using a spelling no newer token was admitted under would
+        # get in. So a path that is the resource must be in the one spelling every
+        # server reads alike. (The path is percent-decoded already: "/%2E/a" is "/./a".)
+        canonical = _canonical_path(path)
+        if path == canonical:
+            return path
+        named = (
+            f"name the resource in the {self.resource_header} header"
+            if self.resource_header is not None
+            else "derive the resource with a resource callable"
+        )
+        raise _Refusal(
+            400,
+            {
+                "error": "request path not in canonical form",
+                "path": path,
+                "detail": "a path that names the fenced resource may not hold empty, '.' "
+                f"or '..' segments or end in '/': send {canonical!r}, or, if the store "
+                f"tells such paths apart, {named}",
+            },
+        )
+
+
+def _canonical_path(path: str) -> str:
+    """``path`` with empty and '.' segments dropped, '..' resolved, no trailing '/'."""
+    segments: list[str] = []
+    for segment in path.split("/"):
+        if segment == "..":
+            if segments:
+                segments.pop()
+        elif segment not in ("", "."):
+            segments.append(segment)
+    return "/" + "/".join(segments)
 
 
 def _check_header_name(parameter: str, name: str) -> str:
