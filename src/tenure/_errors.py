@@ -39,6 +39,10 @@ no ``TenureError`` subclass anywhere in the package is missing from it)::
     ├── ClaimLost (RuntimeError)             our claim on an idempotency key ran out, taken over
     ├── NotClaimed (RuntimeError)            record/apply by an attempt that holds no claim
     │
+    │   tenure.fencing.http (the fencing proxy)
+    ├── UpstreamInterrupted (ConnectionError)
+    │                                        the upstream broke off an answer the proxy relayed
+    │
     │   tenure.testing (local test servers)
     ├── LocalNodeError (RuntimeError)        a local redis-server failed to start, pause or stop
     │   └── NodeNotAnswering                 a node it asked is down, paused or silent

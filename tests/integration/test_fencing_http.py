@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,6 +37,7 @@ from tenure.fencing.http import (
     Scope,
     Send,
     TokenBook,
+    UpstreamInterrupted,
 )
 
 T = TypeVar("T")
@@ -534,6 +535,109 @@ def test_an_upstream_that_does_not_answer_is_504_saying_so() -> None:
     assert response.json()["error"] == "upstream timed out"
     assert "ReadTimeout" in response.json()["detail"]
     assert "0.3 s" in response.json()["detail"]
+
+
+@contextmanager
+def breaking_upstream(reply: bytes) -> Iterator[str]:
+    """A loopback server that reads each request's head, sends ``reply`` (a status line,
+    headers and part of a body) and closes the connection: it breaks off mid-answer."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.02)  # closing a socket does not wake a thread in accept()
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(5)
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += conn.recv(65536)
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        done.set()
+        thread.join(5)
+        listener.close()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\n",
+        b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n",
+    ],
+    ids=["content-length", "chunked"],
+)
+def test_an_upstream_that_breaks_off_before_the_body_is_502(reply: bytes) -> None:
+    # The answer's head came, then the connection closed: httpx's RemoteProtocolError
+    # escaped the proxy raw (the ASGI server answered 500, or dropped the connection).
+    async def scenario(url: str) -> tuple[httpx.Response, httpx.Response, FencingProxy]:
+        async with FencingProxy(url) as proxy, through(proxy) as client:
+            broken = await client.put("/doc", headers=fenced(5))
+            retry = await client.put("/doc", headers=fenced(5))  # the turn was handed back
+            return broken, retry, proxy
+
+    with breaking_upstream(reply) as url:
+        broken, retry, proxy = run(scenario(url))
+    for response in (broken, retry):
+        assert response.status_code == 502
+        assert response.json()["error"] == "upstream request failed"
+        assert "RemoteProtocolError" in response.json()["detail"]
+    assert proxy.tokens.highest("/doc") == 5
+    assert proxy._turns._turns == {}
+
+
+def test_an_upstream_that_breaks_off_mid_body_closes_the_clients_connection() -> None:
+    # Part of the body was relayed under the upstream's status: the client must see the
+    # answer cut short, which only an error out of the app makes the ASGI server do. It
+    # was httpx's raw RemoteProtocolError, which named no upstream.
+    reply = b"HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\n0123456789"
+
+    async def scenario(url: str) -> tuple[list[Message], FencingProxy]:
+        sent: list[Message] = []
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"v", "more_body": False}
+
+        scope: Scope = {
+            "type": "http",
+            "method": "PUT",
+            "path": "/doc",
+            "raw_path": b"/doc",
+            "query_string": b"",
+            "headers": [(b"fencing-token", b"5")],
+        }
+        async with FencingProxy(url) as proxy:
+            with pytest.raises(UpstreamInterrupted) as caught:
+                await proxy(scope, receive, send)
+        error = caught.value
+        assert isinstance(error, ConnectionError)
+        assert isinstance(error.__cause__, httpx.RemoteProtocolError)
+        assert f"PUT {url}/doc" in str(error)
+        assert "201" in str(error)
+        assert "after 10 bytes" in str(error)
+        assert "retry" in str(error)
+        return sent, proxy
+
+    with breaking_upstream(reply) as url:
+        sent, proxy = run(scenario(url))
+    assert sent[0]["status"] == 201
+    assert [m.get("more_body") for m in sent[1:]] == [True]  # never said complete
+    assert proxy.tokens.highest("/doc") == 5
+    assert proxy._turns._turns == {}
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ PINNED: dict[str, list[str]] = {
         "GATE_TOKEN_LIMIT",
         "GUARDED_METHODS",
         "TokenBook",
+        "UpstreamInterrupted",
     ],
     "tenure.fencing.redis_store": [
         "AsyncFencedStore",

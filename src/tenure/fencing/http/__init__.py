@@ -56,7 +56,7 @@ from ._gate import Message as Message
 from ._gate import Receive as Receive
 from ._gate import Scope as Scope
 from ._gate import Send as Send
-from ._proxy import FencingProxy
+from ._proxy import FencingProxy, UpstreamInterrupted
 from ._tokenbook import TokenBook
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "FencingGate",
     "FencingProxy",
     "TokenBook",
+    "UpstreamInterrupted",
 ]
 
 # The pieces live in _tokenbook, _gate and _proxy. The ASGI 3 types of the signatures

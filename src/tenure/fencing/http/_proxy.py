@@ -6,13 +6,13 @@ Part of :mod:`tenure.fencing.http` (its module docstring is the theory of operat
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from tenure._core.numbers import is_finite
-from tenure._errors import ConfigurationError
+from tenure._errors import ConfigurationError, TenureError
 
 from ._gate import GUARDED_METHODS, FencingGate, Receive, Scope, Send, _send_json
 from ._tokenbook import TokenBook
@@ -46,8 +46,11 @@ class FencingProxy(FencingGate):
     (minus hop-by-hop ones and Host) and body are forwarded; the upstream's status,
     headers and body come back unchanged. Request bodies are buffered in memory;
     response bodies are streamed. An upstream that cannot be reached, or fails at the
-    HTTP level, is answered ``502``, and a timeout ``504``; in both cases the token stays
-    recorded (see the module docstring). A request target that cannot be made into an
+    HTTP level before its answer's body begins, is answered ``502``, and a timeout
+    ``504``; in both cases the token stays recorded (see the module docstring). One that
+    fails later, once its status was relayed, raises :class:`UpstreamInterrupted` to the
+    ASGI server, which closes the client's connection: the client sees the answer cut
+    short. A request target that cannot be made into an
     upstream URL (an unescaped ``#``, say), or that holds a ``.`` or ``..`` segment (which
     would be resolved, so the upstream would write another path than the one fenced), is
     answered ``400`` before the gate sees the request, so its token is not recorded.
@@ -128,6 +131,17 @@ def _require_httpx() -> None:
         ) from exc
 
 
+class UpstreamInterrupted(TenureError, ConnectionError):
+    """A :class:`FencingProxy`'s upstream broke off its answer after the proxy had relayed
+    its status (a reset, a closed connection, a timeout mid-body).
+
+    Raised out of the proxy to the ASGI server, which then closes the client's
+    connection: the client sees the answer cut short (and fails on it), never as a whole
+    answer. The upstream's error is the ``__cause__``. An upstream that fails before its
+    body begins is answered ``502`` (``504`` for a timeout) instead.
+    """
+
+
 class _ClientGone(Exception):
     """The client disconnected before its request body arrived."""
 
@@ -196,20 +210,35 @@ class _Forwarder:
         )
         try:
             response = await self._client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
+        except httpx.RequestError as exc:
+            # Refused connection, reset, a timeout, a request h11 would not send, or (a
+            # caller's client that follows redirects) too many redirects.
+            await self._send_failure(send, exc)
+            return
+        try:
+            body = response.aiter_raw()
+            try:
+                # The first chunk is awaited before the status is relayed: an upstream
+                # that breaks off before its body can still be answered 502 (or 504).
+                first = await anext(body, b"")
+            except httpx.RequestError as exc:
+                await self._send_failure(send, exc)
+                return
+            await _relay(response, first, body, send)
+        finally:
+            await response.aclose()
+
+    async def _send_failure(self, send: Send, exc: httpx.RequestError) -> None:
+        """Answer the client for an upstream that failed before any of its body came."""
+        import httpx
+
+        if isinstance(exc, httpx.TimeoutException):
             # httpx's timeouts mostly carry no message: say which ran out, and after what.
             detail = f"{type(exc).__name__}: {str(exc) or 'no answer'} within {self._timeout_said}"
             await _send_json(send, 504, {"error": "upstream timed out", "detail": detail})
-            return
-        except httpx.TransportError as exc:
-            # Refused connection, reset, or a request h11 would not send.
+        else:
             detail = f"{type(exc).__name__}: {exc}"
             await _send_json(send, 502, {"error": "upstream request failed", "detail": detail})
-            return
-        try:
-            await _relay(response, send)
-        finally:
-            await response.aclose()
 
     def url(self, scope: Scope) -> httpx.URL:
         """The upstream URL for an HTTP scope; raises _Unforwardable if there is none."""
@@ -273,7 +302,11 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-async def _relay(response: httpx.Response, send: Send) -> None:
+async def _relay(
+    response: httpx.Response, first: bytes, rest: AsyncIterator[bytes], send: Send
+) -> None:
+    import httpx
+
     await send(
         {
             "type": "http.response.start",
@@ -283,8 +316,26 @@ async def _relay(response: httpx.Response, send: Send) -> None:
     )
     # Raw bytes: the body keeps its Content-Encoding and Content-Length, so the client
     # receives exactly what the upstream sent.
-    async for chunk in response.aiter_raw():
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    relayed = 0
+    try:
+        if first:
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            relayed += len(first)
+        async for chunk in rest:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            relayed += len(chunk)
+    except httpx.RequestError as exc:
+        # The status is out: the only way left to tell the client the answer is cut
+        # short is to end its connection, which the ASGI server does for an error out of
+        # the app. Ending the body instead would pass a truncated answer off as whole.
+        request = response.request
+        raise UpstreamInterrupted(
+            f"FencingProxy: the upstream broke off its answer to {request.method} "
+            f"{request.url} ({response.status_code}) after {relayed} bytes of the body "
+            f"({type(exc).__name__}: {exc}); the client's connection is closed so that "
+            "it sees the answer cut short. The write may have been applied: the token "
+            "stays recorded, and its holder may retry with the same token"
+        ) from exc
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
