@@ -56,6 +56,9 @@ documents = Table(
     Column("fence", BigInteger, nullable=True),
 )
 
+# Another table, for a where clause or a value that names the wrong one.
+owners = Table("fencing_owners", Base.metadata, Column("id", Integer, primary_key=True))
+
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[EmbeddedPostgres]:
@@ -121,6 +124,39 @@ def set_balance(engine: Engine, token: int, balance: int) -> None:
 
 
 # --- Core -------------------------------------------------------------------------------
+
+
+def test_a_where_clause_on_another_table_is_refused_before_anything_is_written(
+    engine: Engine,
+) -> None:
+    # "where" naming the wrong table's column compiled to a multi-table UPDATE (UPDATE
+    # ... FROM fencing_owners), which fenced every row of the table at once: both
+    # documents were overwritten, one write reported as two rows.
+    with engine.begin() as conn:
+        conn.execute(documents.insert(), [{"id": 1, "body": "a"}, {"id": 2, "body": "b"}])
+        conn.execute(owners.insert().values(id=1))
+    with engine.begin() as conn, pytest.raises(ConfigurationError) as info:
+        fenced_execute(
+            conn, documents, 5, owners.c.id == 1, values={"body": "x"}, token_column="fence"
+        )
+    assert info.value.parameter == "where"
+    assert "fencing_owners" in str(info.value)
+    assert "fencing_documents" in str(info.value)
+    with engine.connect() as conn:
+        rows = conn.execute(select(documents.c.body, documents.c.fence).order_by(documents.c.id))
+        assert [tuple(row) for row in rows] == [("a", None), ("b", None)]
+
+
+def test_a_value_for_no_column_is_refused_naming_it(engine: Engine) -> None:
+    insert_document(engine)
+    with engine.begin() as conn, pytest.raises(ConfigurationError) as info:
+        fenced_execute(
+            conn, documents, 5, documents.c.id == 1, values={"bodyy": "x"}, token_column="fence"
+        )
+    assert info.value.parameter == "values"
+    assert "'bodyy'" in str(info.value)
+    assert "fencing_documents" in str(info.value)
+    assert "body" in str(info.value)  # the columns it has
 
 
 def test_core_accepts_newer_and_equal_tokens(engine: Engine) -> None:
@@ -193,6 +229,12 @@ def test_core_statement_admits_null_or_not_newer_token() -> None:
         # over the token the fence sets.
         ({"values": {documents.c.fence: 2**62, "body": "x"}}, "values"),
         ({"token_column": "fence_token"}, "token_column"),
+        # A raw CompileError ("Unconsumed column names") when executed, before.
+        ({"values": {"bodyy": "x"}}, "values"),
+        ({"values": {owners.c.id: 3}}, "values"),
+        # A multi-table UPDATE: every row of the table that admits the token (below).
+        ({"where": (owners.c.id == 1,)}, "where"),
+        ({"where": (documents.c.id == 1, owners.c.id == documents.c.id)}, "where"),
     ],
 )
 def test_core_rejects_bad_arguments(change: dict[str, object], parameter: str) -> None:

@@ -75,6 +75,8 @@ items = Table(
     Column("value", Integer, nullable=False),
     Column("version", Integer, nullable=False),
 )
+# Another table, for an id_clause or a value that names the wrong one.
+shelves = Table("optimistic_shelves", metadata, Column("id", Integer, primary_key=True))
 
 
 class SoldOut(Exception):
@@ -516,6 +518,23 @@ def test_versioned_update_refuses_bad_arguments(engine: Engine) -> None:
         with pytest.raises(ConfigurationError) as info:  # past a BIGINT: raw, before
             versioned_update(conn, items, items.c.id == 1, 2**70, {"value": 1})
         assert info.value.parameter == "expected_version"
+        # A column the table lacks: a raw CompileError ("Unconsumed column names"), before.
+        with pytest.raises(ConfigurationError) as info:
+            versioned_update(conn, items, items.c.id == 1, 0, {"valeu": 1})
+        assert info.value.parameter == "values"
+        assert "'valeu'" in str(info.value)
+        assert "optimistic_items" in str(info.value)
+        with pytest.raises(ConfigurationError) as info:
+            versioned_update(conn, items, items.c.id == 1, 0, {shelves.c.id: 1})  # type: ignore[dict-item]
+        assert info.value.parameter == "values"
+        # Another table's row: an UPDATE ... FROM, reported as RowMissing before (or
+        # applied to every row at that version, if the other table had such a row).
+        conn.execute(shelves.insert().values(id=1))
+        with pytest.raises(ConfigurationError) as info:
+            versioned_update(conn, items, shelves.c.id == 1, 0, {"value": 1})
+        assert info.value.parameter == "id_clause"
+        assert "optimistic_shelves" in str(info.value)
+        assert read_item(conn, 1) == (0, 0)
     # Several rows matched: refused, and the caller's transaction is rolled back with it.
     with pytest.raises(ConfigurationError) as info, engine.begin() as conn:
         versioned_update(conn, items, items.c.version == 0, 0, {"value": 1})

@@ -126,6 +126,45 @@ def _sets_column(values: Mapping[Any, Any], name: str) -> bool:
     )
 
 
+def _check_values(table: Table, values: Mapping[Any, Any]) -> None:
+    """Refuse values for columns ``table`` lacks, before SQLAlchemy's raw CompileError
+    ("Unconsumed column names") or, for another table's column object, a multi-table
+    UPDATE."""
+    unknown = [
+        repr(key)
+        if isinstance(key, str)
+        else f"{getattr(getattr(key, 'table', None), 'name', '?')}.{getattr(key, 'name', key)}"
+        for key in values
+        if not (
+            key in table.c
+            if isinstance(key, str)
+            else isinstance(key, Column) and key.table is table
+        )
+    ]
+    if unknown:
+        raise ConfigurationError(
+            "values",
+            f"table {table.name!r} has no column {', '.join(unknown)}: set only its columns "
+            f"({', '.join(table.c.keys())}), by name",
+        )
+
+
+def _check_where(table: Table, where: Sequence[ColumnElement[bool]], parameter: str) -> None:
+    """Refuse a clause on other tables: the UPDATE would become a multi-table one
+    (``UPDATE t ... FROM other``), applied to every row of ``t`` whenever any row of the
+    other table matched, instead of the one row meant. (A subquery on another table,
+    ``t.c.owner.in_(select(...))``, stays inside the clause and is fine.)"""
+    froms = select(*table.c).where(*where).get_final_froms()
+    others = [getattr(f, "name", None) or str(f) for f in froms if f is not table]
+    if others:
+        raise ConfigurationError(
+            parameter,
+            f"names rows of {', '.join(map(repr, others))}, not only of {table.name!r}: "
+            f"identify the row by {table.name!r}'s own columns, e.g. "
+            f"{table.name}.c.id == 42 (a condition on another table goes in a subquery)",
+        )
+
+
 def fenced_update(
     table: Table,
     token: int,
@@ -148,8 +187,9 @@ def fenced_update(
         of 0 does not tell a stale token from a missing row: :func:`fenced_execute` does.
 
     Raises:
-        ConfigurationError: a bad ``token``, no ``where``, ``values`` that set the token
-            column, or a ``token_column`` the table lacks.
+        ConfigurationError: a bad ``token``, no ``where`` or one that names another
+            table's rows, ``values`` that set the token column or a column the table
+            lacks, or a ``token_column`` the table lacks.
     """
     _check_token(token)
     column = _token_column(table, token_column)
@@ -157,6 +197,8 @@ def fenced_update(
         raise ConfigurationError("where", "name the fenced row, e.g. table.c.id == 42")
     if _sets_column(values, token_column):
         raise ConfigurationError("values", f"{token_column!r} is set by the fence")
+    _check_values(table, values)
+    _check_where(table, where, "where")
     return (
         sa_update(table)
         .where(*where, _admits(column, token))

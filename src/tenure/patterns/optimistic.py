@@ -687,14 +687,15 @@ def versioned_update(
     Raises:
         StaleVersion: the row is at another version (``.actual``); nothing was written.
         RowMissing: no row matches ``id_clause``; nothing was written.
-        ConfigurationError: ``id_clause`` matched several rows (they were updated in the
-            caller's transaction: roll it back), ``values`` sets the version column, the
-            table has no such column, the row's version is NULL or not an integer, or
+        ConfigurationError: ``id_clause`` names another table's rows, or matched several
+            rows (they were updated in the caller's transaction: roll it back),
+            ``values`` sets the version column or one the table lacks, the table has no
+            ``version_column``, the row's version is NULL or not an integer, or
             ``expected_version`` is not an int.
     """
     from sqlalchemy import select, update
 
-    from ..fencing.sql import _sets_column
+    from ..fencing.sql import _check_values, _check_where, _sets_column
 
     if (
         not isinstance(expected_version, int)
@@ -713,6 +714,8 @@ def versioned_update(
         raise ConfigurationError(
             "version_column", f"table {table.name!r} has no column {version_column!r}"
         ) from None
+    _check_values(table, values)
+    _check_where(table, [id_clause], "id_clause")
     try:
         python_type: type | None = version.type.python_type
     except NotImplementedError:  # a custom type that does not say: let the database judge
