@@ -724,6 +724,7 @@ def test_a_lost_read_reply_skips_nothing_and_keeps_order(
             lease_ttl=TTL,
             batch_size=5,
             rebalance_interval=60.0,  # no heartbeat inside the fault: only the read
+            heartbeat_ttl=120.0,
             retry_delay=0.05,
         )
         try:
@@ -865,6 +866,37 @@ def test_worker_options_are_checked_when_it_is_made(
                 **{option: value},  # type: ignore[arg-type]
             )
         assert info.value.parameter == option
+
+
+@pytest.mark.parametrize(
+    ("rebalance_interval", "heartbeat_ttl"),
+    [(3.0, None), (1.0, 0.5)],  # None: heartbeat_ttl defaults to lease_ttl (3 s here)
+)
+def test_a_heartbeat_that_expires_between_beats_is_refused(
+    lock_nodes: LocalCluster, rebalance_interval: float, heartbeat_ttl: float | None
+) -> None:
+    # A worker's registry entry lived heartbeat_ttl and was refreshed every
+    # rebalance_interval: with the TTL no longer than the interval, a live worker was
+    # missing from the registry between its beats, the others counted one worker fewer
+    # and took more than their share of every partition freed meanwhile.
+    with (
+        tenure.Client(lock_nodes.urls) as locks,
+        pytest.raises(tenure.ConfigurationError) as info,
+    ):
+        StreamWorker(
+            locks,
+            redis.Redis(),
+            "orders",
+            4,
+            "g",
+            "w",
+            lambda *entry: None,
+            lease_ttl=3.0,
+            rebalance_interval=rebalance_interval,
+            heartbeat_ttl=heartbeat_ttl,
+        )
+    assert info.value.parameter == "heartbeat_ttl"
+    assert "rebalance_interval" in str(info.value)
 
 
 def test_producers_and_workers_agree_on_the_partition_count(

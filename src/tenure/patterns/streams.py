@@ -495,11 +495,14 @@ class StreamWorker(_ProcessBound):
         rebalance_interval: seconds between heartbeats and share checks (default
             ``lease_ttl / 3``).
         heartbeat_ttl: how long a silent worker still counts as live (default
-            ``lease_ttl``).
+            ``lease_ttl``); longer than ``rebalance_interval``, plus the longest pass
+            (a batch of every held partition), so that a live worker never drops out
+            of the registry between its beats.
         retry_delay: seconds before a partition whose handler raised is tried again.
 
     Raises:
-        ConfigurationError: a parameter out of range; ``redis_client`` asyncio or
+        ConfigurationError: a parameter out of range (``heartbeat_ttl`` not longer
+            than ``rebalance_interval`` too); ``redis_client`` asyncio or
             decoding replies; ``lock_client`` not a blocking ``tenure.Client``;
             ``handler`` not callable.
     """
@@ -565,6 +568,16 @@ class StreamWorker(_ProcessBound):
         self.heartbeat_ttl = _check_positive(
             "heartbeat_ttl", self.lease_ttl if heartbeat_ttl is None else heartbeat_ttl
         )
+        if not self.heartbeat_ttl > self.rebalance_interval:
+            # The entry would expire before the next beat renews it: the others would
+            # count this live worker out between beats and take more than their share.
+            raise ConfigurationError(
+                "heartbeat_ttl",
+                f"must be longer than rebalance_interval ({self.rebalance_interval:g} s), "
+                f"got {self.heartbeat_ttl:g} s (it defaults to lease_ttl): a worker "
+                "beats every rebalance_interval, and its entry must outlive the gap; "
+                "raise heartbeat_ttl or lower rebalance_interval",
+            )
         self.retry_delay = _check_positive("retry_delay", retry_delay)
         self.stats = WorkerStats()
         self._held: dict[int, _Held] = {}
