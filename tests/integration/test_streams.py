@@ -636,6 +636,33 @@ def test_a_failing_handler_retries_the_entry_before_anything_newer(
     _assert_nothing_pending(data.client, prefix, 1)
 
 
+def test_a_poison_entry_stops_its_partition_until_it_is_deleted(
+    solo: Callable[..., StreamWorker], data: Store, prefix: str
+) -> None:
+    # A handler that always raises on one entry: nothing behind it in its partition is
+    # handled (other keys of the partition wait too), however long; deleting the entry
+    # (XDEL) lets the partition go on, in order, with nothing lost or pending.
+    applied: list[tuple[str, int]] = []
+
+    def handler(key: str, payload: Mapping[str, bytes], token: int) -> None:
+        if "poison" in payload:
+            raise ValueError("cannot parse this write")
+        applied.append((key, int(payload["seq"])))
+
+    worker = solo("solo", handler, retry_delay=0.05)
+    producer = StreamProducer(data.client, prefix, 1)
+    producer.append_many([("k1", {"seq": 1}), ("k2", {"seq": 1})])
+    poison = producer.append("k1", {"seq": 2, "poison": 1})
+    producer.append_many([("k1", {"seq": 2}), ("k2", {"seq": 2})])
+    _run_until(worker, lambda: worker.stats.failed >= 5, within=5.0)
+    assert worker.stats.failed >= 5  # retried, every retry_delay, for as long as it runs
+    assert applied == [("k1", 1), ("k2", 1)]  # nothing behind it, not even k2's
+    data.client.xdel(partition_stream(prefix, 0), poison)
+    _run_until(worker, lambda: len(applied) == 4)
+    assert applied == [("k1", 1), ("k2", 1), ("k1", 2), ("k2", 2)]
+    _assert_nothing_pending(data.client, prefix, 1)
+
+
 def test_an_entry_deleted_while_pending_is_acknowledged_and_skipped(
     solo: Callable[..., StreamWorker], data: Store, prefix: str
 ) -> None:
@@ -1038,6 +1065,36 @@ def test_a_worker_started_while_its_redis_is_down_waits_and_then_works(
         assert died == []
 
 
+def test_a_stream_node_restarted_empty_is_taken_again_and_consumed(
+    lock_nodes: LocalCluster,
+) -> None:
+    # The writes it held are lost; the owner keys with them. The worker's reads are
+    # refused as stale, it drops its partitions, takes them again (the group is made
+    # again at "0") and handles what is appended from then on, in order.
+    applied: list[tuple[str, int]] = []
+    with (
+        LocalCluster(1) as streams,
+        streams[0].client() as client,
+        tenure.Client(lock_nodes.urls) as locks,
+    ):
+        worker = StreamWorker(
+            locks, client, "wiped", 2, GROUP, "w", _seqs(applied), lease_ttl=TTL, retry_delay=0.05
+        )
+        try:
+            producer = StreamProducer(client, "wiped", 2)
+            producer.append_many(("k", {"seq": s}) for s in range(1, 4))
+            _run_until(worker, lambda: len(applied) == 3)
+            streams[0].restart(keep_data=False)
+            producer.append_many(("k", {"seq": s}) for s in range(4, 7))
+            _run_until(worker, lambda: len(applied) == 6, within=10.0)
+            assert applied == [("k", s) for s in range(1, 7)]
+            assert worker.held == {0, 1}
+            assert worker.stats.fenced == 2  # both dropped once, as stale
+            _assert_nothing_pending(client, "wiped", 2)
+        finally:
+            worker.stop()
+
+
 def test_a_partition_count_key_of_another_type_still_stops_the_worker(
     solo: Callable[..., StreamWorker], data_node: LocalCluster, prefix: str
 ) -> None:
@@ -1055,3 +1112,71 @@ def test_a_partition_count_key_of_another_type_still_stops_the_worker(
         assert refused.value.lasting
         assert refused.value.key == f"{prefix}:partitions"
         assert worker.held == frozenset()
+
+
+def test_workers_churning_under_load_keep_one_writer_and_every_write_once(
+    fleet: Callable[[int], Fleet], data: Store, data_node: LocalCluster, prefix: str
+) -> None:
+    """Workers join, crash (SIGKILL), pause past their leases (SIGSTOP) and leave while
+    writes flow: every write is applied once, in per-key order, one lease at a time per
+    partition, and at the end the survivors own every partition, evenly."""
+    partitions, keys, n = 8, [f"sku-{i}" for i in range(60)], 25
+    workers = fleet(partitions)
+    for name in ("c0", "c1", "c2"):
+        workers.start(name)
+
+    def produce() -> None:
+        with data_node[0].client() as client:
+            producer = StreamProducer(client, prefix, partitions)
+            for i, writes in enumerate(_rounds(keys, range(1, n + 1))):
+                # About five rounds in flight, so that every fault lands mid-stream.
+                room = functools.partial(_applied_at_least, data, (i - 5) * len(keys))
+                _wait_until(f"room for round {i + 1}", room)
+                producer.append_many(writes)
+                time.sleep(0.02)
+
+    # Each step: (what, worker); a paused worker stays stopped past its 1 s leases.
+    steps = [
+        ("start", "c3"),
+        ("pause", "c0"),
+        ("kill", "c1"),
+        ("start", "c4"),
+        ("resume", "c0"),
+        ("stop", "c2"),
+        ("start", "c5"),
+        ("pause", "c3"),
+        ("kill", "c4"),
+        ("resume", "c3"),
+    ]
+    with ThreadPoolExecutor(1) as pool:
+        producing = pool.submit(produce)
+        for what, name in steps:
+            time.sleep(0.7)
+            if what == "start":
+                workers.start(name)
+            elif what == "pause":
+                workers.signal(name, signal.SIGSTOP)
+                time.sleep(1.5)  # past the TTL: its partitions move
+            elif what == "resume":
+                workers.signal(name, signal.SIGCONT)
+            elif what == "kill":
+                workers.kill(name)
+            else:
+                workers.pipes[name].send("stop")
+                workers.procs[name].join(20)
+                assert workers.procs[name].exitcode == 0
+        producing.result()
+    _wait_until("every write", lambda: data.applied() == len(keys) * n, timeout=60)
+    survivors = ["c0", "c3", "c5"]
+    _wait_until("an even spread", lambda: _holdings(data, survivors) == [2, 3, 3], timeout=30)
+    workers.finish()
+
+    _assert_exactly_once_in_order(data, keys, n)
+    _assert_one_writer_per_partition(data.history())
+    _assert_nothing_pending(data.client, prefix, partitions)
+    # A late write, if a pause fell between a lease check and a write, was a paused one's.
+    assert {line.split()[0] for line in data.refused()} <= {"c0", "c3"}
+
+
+def _applied_at_least(store: Store, count: int) -> bool:
+    return store.applied() >= count

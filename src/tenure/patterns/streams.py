@@ -88,8 +88,11 @@ progress). An entry that always fails therefore stops its partition; the handler
 catch what it can deal with.
 
 Assumptions: the stream Redis keeps its data (a stream node restarted empty has lost the
-writes themselves); consumer names are unique among live workers; the handler does not
-run longer than the lease can be kept alive (the watchdog extends it meanwhile).
+writes themselves; the owner keys went with them, so the workers' reads are refused as
+stale, and they take their partitions again); consumer names are unique among live
+workers; a handler call returns. The watchdog extends the leases while the process
+lives, so a handler that hangs keeps every partition of its worker, whose heartbeat
+stops meanwhile: the others count it out but cannot take its partitions.
 """
 
 from __future__ import annotations
