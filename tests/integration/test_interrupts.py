@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from types import FrameType
+from types import CodeType, FrameType
 
 import pytest
 
@@ -194,4 +194,86 @@ def test_an_interrupt_before_the_release_reaches_the_nodes_still_releases(
         assert _gone(cluster5, LockKeys.of(key).lock, within=2.0)
         with pytest.raises(tenure.NotHeld):
             lease.release()
+        client.acquire(key, ttl=5, blocking=False).release()
+
+
+def _interrupt_at(code: CodeType) -> None:
+    """Raise ``Interrupted`` in this thread as ``code`` is next called (as a Ctrl-C
+    handled there would), once."""
+
+    def tracer(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code is code:
+            sys.settrace(None)
+            raise Interrupted
+
+    sys.settrace(tracer)
+
+
+def _release_once_queued(cluster: LocalCluster, n: int, name: str, lease: tenure.Lease) -> None:
+    """Release ``lease`` from another thread once a waiter is queued on the first ``n``
+    nodes."""
+    queue = LockKeys.of(name).queue
+
+    def release() -> None:
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            counts = []
+            for node in cluster.nodes[:n]:
+                with node.client() as c:
+                    counts.append(c.zcard(queue))
+            if min(counts) > 0:
+                break
+            time.sleep(0.005)
+        lease.release()
+
+    threading.Thread(target=release, daemon=True).start()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_an_interrupt_as_a_waiter_handed_the_lock_stops_listening_releases_it(
+    shared5: LocalCluster, key: str, n: int
+) -> None:
+    """Ctrl-C as a waiter that was just handed the lock (fair) stops listening, the last
+    step of its call: the interrupt left the call with the lease dropped and nothing
+    sent, and the lock was held by nobody for the waiter's TTL (30 s here). The call
+    now lets the lock go on its way out, as any interrupted call does."""
+    from tenure._sync.notify import Listener
+
+    urls = shared5.urls[:n]
+    with tenure.Client(urls) as holder_client, tenure.Client(urls) as client:
+        holder = holder_client.acquire(key, ttl=30)
+        _release_once_queued(shared5, n, key, holder)
+        _interrupt_at(Listener.unregister.__code__)
+        try:
+            with pytest.raises(Interrupted):
+                client.acquire(key, ttl=30, timeout=10)
+        finally:
+            sys.settrace(None)
+        assert _gone(shared5, LockKeys.of(key).lock, within=2.0)
+        client.acquire(key, ttl=5, blocking=False).release()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_an_interrupt_as_a_waiter_departs_still_takes_it_out_of_the_queues(
+    shared5: LocalCluster, key: str, n: int
+) -> None:
+    """Ctrl-C as a waiter that timed out departs: the interrupt left the call before it
+    stopped listening and before its dequeue went out, so it stayed queued while its
+    client's notification connection was up, a release handed it the lock, and the
+    hand-off was filed for a waiter that was gone: the lock was held by nobody for the
+    waiter's TTL (30 s here). The call now departs, stops listening and leaves its
+    queues on its way out all the same."""
+    from tenure._core.waiting import Departed
+
+    urls = shared5.urls[:n]
+    with tenure.Client(urls) as holder_client, tenure.Client(urls) as client:
+        holder = holder_client.acquire(key, ttl=30)
+        _interrupt_at(Departed.add.__code__)
+        try:
+            with pytest.raises(Interrupted):
+                client.acquire(key, ttl=30, timeout=0.3)
+        finally:
+            sys.settrace(None)
+        holder.release()  # nobody is left waiting: the lock is free
+        assert _gone(shared5, LockKeys.of(key).lock, within=2.0)
         client.acquire(key, ttl=5, blocking=False).release()

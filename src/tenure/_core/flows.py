@@ -420,12 +420,10 @@ class Flows:
             raise
         except BaseException:
             if call.inbox is not None or call.queued:
-                yield from self._end_call(spec, call, waiter, granted=False, unwinding=True)
+                yield from self._end_call(spec, call, waiter, granted=None, unwinding=True)
             raise
         if call.inbox is not None or call.queued:
-            yield from self._end_call(
-                spec, call, waiter, granted=granted is not None, unwinding=False
-            )
+            yield from self._end_call(spec, call, waiter, granted=granted, unwinding=False)
         return acq.refused if granted is None else granted
 
     # The retry loop's class (the model tests plant broken ones here).
@@ -531,11 +529,54 @@ class Flows:
         return lease
 
     def _end_call(
-        self, spec: LockSpec, call: _Call, waiter: str, *, granted: bool, unwinding: bool
+        self,
+        spec: LockSpec,
+        call: _Call,
+        waiter: str,
+        *,
+        granted: LeaseState | None,
+        unwinding: bool,
     ) -> Flow[None]:
         """The end of an acquire call: stop listening and, if it queued without getting
         the lock, leave every queue. It waits for the nodes' answers (so that no place is
-        left behind when ``acquire`` returns) unless an exception is on its way out."""
+        left behind when ``acquire`` returns) unless an exception is on its way out.
+        ``granted``: the lease the call got, if it got one."""
+        try:
+            yield from self._leave(
+                spec, call, waiter, granted=granted is not None, unwinding=unwinding
+            )
+        except GeneratorExit:
+            raise
+        except BaseException:
+            # Interrupted (Ctrl-C) as it departs or stops listening, before its dequeue
+            # went out: it left the call with nothing sent, still listening (a hand-off
+            # then filed for nobody) or not departed, and a lease it got dropped, and
+            # the lock was held by nobody for a TTL. Its way out does it all the same,
+            # without waiting; a grant goes with the dequeue (its waiter id is its
+            # token). Done twice where the dequeue was under way: harmless.
+            if not self.closed:
+                yield from self._walk_away(spec, call, waiter, granted)
+            raise
+
+    def _walk_away(
+        self, spec: LockSpec, call: _Call, waiter: str, granted: LeaseState | None
+    ) -> Flow[None]:
+        """An acquire call interrupted as it ends: depart, stop listening, leave every
+        queue and let go of what it got, in operations that do not wait."""
+        until = self.clock() + self.place_ms / 1000 + waiting.UNHEARD_DEPARTURE
+        yield Depart(spec, waiter, until)
+        if call.inbox is not None:
+            yield Unlisten(waiter)
+        # A lease's release with its fencing token, as ``release`` sends it: a node where
+        # its key is gone raises its floor to the token (a late attempt is refused).
+        fencing = 0 if granted is None else granted.fencing_token
+        dequeue = commands.dequeue(self.release_waking(spec, waiter, fencing))
+        yield self._send(dequeue, frozenset(range(self.n)))
+
+    def _leave(
+        self, spec: LockSpec, call: _Call, waiter: str, *, granted: bool, unwinding: bool
+    ) -> Flow[None]:
+        """``_end_call``'s steps."""
         if granted or not call.queued or self.closed:
             if call.inbox is not None:
                 yield Unlisten(waiter)
