@@ -379,6 +379,30 @@ def test_a_damaged_key_is_never_taken_as_free(raw: redis.Redis, key: str) -> Non
     assert isinstance(info.value.__cause__, redis.ResponseError)
 
 
+def test_a_record_the_codec_cannot_read_is_a_clear_error(raw: redis.Redis, key: str) -> None:
+    # A record written by another codec (a deploy that changed it) or by hand: every
+    # duplicate got the codec's raw exception (a json.JSONDecodeError, a
+    # UnicodeDecodeError), no TenureError, and nothing said which key or why.
+    store = RedisIdempotency(raw, retention=3600)
+    for stored in (b"d:not json", b"d:\x80\x04pickled"):
+        raw.set(store.redis_key(key), stored, px=3_600_000)
+        with pytest.raises(ConfigurationError) as info, store.once(key):
+            pytest.fail("a record was found: the block must not run")
+        assert info.value.parameter == "codec"
+        assert repr(key) in str(info.value)
+        assert isinstance(info.value.__cause__, ValueError)
+        assert "receipt" not in str(info.value)  # the payload is not quoted: results
+        assert b"pickled" not in str(info.value).encode()  # may hold private data
+        assert raw.get(store.redis_key(key)) == stored  # left alone: never run again
+
+    @idempotent(store, key=lambda request: request)
+    def handle(request: str) -> str:
+        pytest.fail("the handler ran for a request that was recorded")
+
+    with pytest.raises(ConfigurationError):
+        handle(key)
+
+
 def test_a_key_of_another_type_is_a_store_refusal(raw: redis.Redis, key: str) -> None:
     # It was a raw redis.ResponseError (WRONGTYPE), from once() and from the decorator.
     store = RedisIdempotency(raw)
@@ -773,6 +797,23 @@ def test_sql_a_result_the_codec_cannot_encode_is_a_clear_error(engine: Engine, k
     assert balance(engine) == POINTS  # rolled back with the effect
     with engine.connect() as conn:
         assert conn.execute(select(keys_table).where(keys_table.c.key == key)).first() is None
+
+
+def test_sql_a_record_the_codec_cannot_read_is_a_clear_error(engine: Engine, key: str) -> None:
+    # It was the codec's raw exception (a UnicodeDecodeError here), no TenureError.
+    keys = SqlIdempotency(keys_table)
+    with engine.begin() as conn:
+        conn.execute(
+            keys_table.insert().values(
+                key=key, response=b"\x80\x04pickled", created_at=datetime.now(timezone.utc)
+            )
+        )
+    with pytest.raises(ConfigurationError) as info, engine.begin() as conn, keys.once(conn, key):
+        pytest.fail("a record was found: the block must not run")
+    assert info.value.parameter == "codec"
+    assert repr(key) in str(info.value)
+    assert "pickled" not in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
 
 
 def test_sql_purge_forgets_old_keys(engine: Engine, key: str) -> None:

@@ -159,6 +159,26 @@ def _encoded(codec: Codec, result: Any) -> bytes:
     return bytes(encoded)
 
 
+def _decoded(codec: Codec, encoded: bytes, key: str, forget: str) -> Any:
+    """``codec.loads(encoded)``, the record of ``key``; a ConfigurationError if it cannot.
+
+    A record found but unreadable is never taken as no record: that would run the effect
+    again. It was written by another codec (a deploy changed it) or by hand, so the
+    error names the codec. The message leaves the record out (results may be private:
+    a payment's receipt); its ``__cause__`` is the codec's own exception.
+    """
+    try:
+        return codec.loads(encoded)
+    except Exception as exc:
+        raise ConfigurationError(
+            "codec",
+            f"idempotency key {key!r} holds a record the codec cannot read "
+            f"({type(exc).__name__}, {len(encoded):,} bytes): it was written by another "
+            f"codec or by hand. Read it with the codec that wrote it; or, to forget the "
+            f"request (a retry then runs the effect again), {forget}",
+        ) from exc
+
+
 def _check_codec(codec: object) -> Codec:
     if not (callable(getattr(codec, "dumps", None)) and callable(getattr(codec, "loads", None))):
         raise ConfigurationError(

@@ -37,7 +37,16 @@ from ..optimistic import (
     optimistic,
 )
 from ._errors import ClaimLost, InProgress, NotClaimed
-from ._protocol import JSON, Codec, _check_codec, _check_key, _check_wait, _encoded, _seconds_to_ms
+from ._protocol import (
+    JSON,
+    Codec,
+    _check_codec,
+    _check_key,
+    _check_wait,
+    _decoded,
+    _encoded,
+    _seconds_to_ms,
+)
 
 T = TypeVar("T")
 
@@ -350,7 +359,9 @@ class RedisIdempotency(_ProcessBound):
 
         Raises:
             InProgress: another attempt held the key for all of ``wait``.
-            ConfigurationError: a bad ``key`` or ``wait``.
+            ConfigurationError: a bad ``key`` or ``wait``; or (``codec``) the key holds a
+                record the codec cannot read (written by another codec): it is left
+                alone, and the block does not run.
             StoreUnavailable: the Redis was not reached or did not answer. A claim may
                 have been taken (``.maybe_applied``): it holds the key until its lease
                 runs out, and a retry before then finds the key in progress.
@@ -393,7 +404,13 @@ class RedisIdempotency(_ProcessBound):
             if status == _CLAIMED:
                 return RedisOnce(self, key, marker=marker)
             if status == _DONE:
-                return RedisOnce(self, key, done=True, result=self.codec.loads(_as_bytes(payload)))
+                result = _decoded(
+                    self.codec,
+                    _as_bytes(payload),
+                    key,
+                    f"delete the Redis key {self.redis_key(key)!r}",
+                )
+                return RedisOnce(self, key, done=True, result=result)
             if status == _DONE_NO_RESULT:
                 return RedisOnce(self, key, done=True)
             lease_left = int(payload) / 1000 if int(payload) >= 0 else None

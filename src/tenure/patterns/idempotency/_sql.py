@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..._errors import ConfigurationError
 from ._errors import InProgress, NotClaimed
-from ._protocol import JSON, Codec, _check_codec, _check_key, _encoded
+from ._protocol import JSON, Codec, _check_codec, _check_key, _decoded, _encoded
 
 if TYPE_CHECKING:
     from sqlalchemy import MetaData, Table
@@ -153,7 +153,9 @@ class SqlIdempotency:
         Raises:
             InProgress: the key's row exists but is not visible to this transaction (a
                 REPEATABLE READ snapshot older than its commit): retry the transaction.
-            ConfigurationError: a bad ``key``, or ``on_conflict`` unusable on this database.
+            ConfigurationError: a bad ``key``, or ``on_conflict`` unusable on this database;
+                or (``codec``) the key's row holds a record the codec cannot read
+                (written by another codec): it is left alone, and the block does not run.
         """
         _check_key(key)
         # What the database would refuse with an error that aborts the caller's
@@ -211,7 +213,16 @@ class SqlIdempotency:
                 "transaction's snapshot; retry the transaction",
             )
         response = row[0]
-        result = None if response is None else self.codec.loads(bytes(response))
+        result = (
+            None
+            if response is None
+            else _decoded(
+                self.codec,
+                bytes(response),
+                key,
+                f"delete its row from the table {self.table.name!r}",
+            )
+        )
         return SqlOnce(self, connection, key, done=True, result=result)
 
     def purge(self, connection: Connection | Session, before: datetime) -> int:
