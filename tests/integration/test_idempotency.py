@@ -66,7 +66,7 @@ from tenure.patterns import (
     idempotency_table,
     idempotent,
 )
-from tenure.testing import LocalCluster
+from tenure.testing import LocalCluster, LocalRedisCluster
 from tenure.testing._postgres import EmbeddedPostgres
 
 K = 6
@@ -418,6 +418,58 @@ def test_a_key_of_another_type_is_a_store_refusal(raw: redis.Redis, key: str) ->
 
     with pytest.raises(StoreRefused, match="namespace"):
         handle(key)
+
+
+def test_a_key_without_a_hash_tag_of_its_own_is_refused_before_the_effect(key: str) -> None:
+    # ``<namespace>:{<key>}`` with a key that starts with "}" has an empty hash tag, so
+    # Redis Cluster hashed the whole key, and its receipt (the same plus ":receipt")
+    # went to another slot: every attempt claimed, ran the effect, then failed to record
+    # (a StoreRefused) and released the claim, and every retry ran the effect AGAIN.
+    # The key comes from the request (a header): any client could send one.
+    with LocalRedisCluster(replicas=0) as cluster:
+        master = cluster.masters()[0]
+        assert master.port is not None  # a TCP node
+        client = redis.RedisCluster(host=master.host, port=master.port)
+        try:
+            store = RedisIdempotency(client)
+            charged: list[str] = []
+
+            @idempotent(store, key=lambda request: request)
+            def charge(request: str) -> str:
+                charged.append(request)
+                return "charged"
+
+            for _ in range(3):  # a client retrying
+                with pytest.raises(ConfigurationError) as info:
+                    charge(f"}}{key}")
+                assert info.value.parameter == "key"
+                assert "hash tag" in str(info.value)
+            assert charged == []  # refused before the claim, not after the effect
+            # Every key the store takes, braces and all: its claim and its receipt in
+            # one slot, as Redis itself computes it, and recorded.
+            for name in (key, f"a{{b}}c-{key}", f"{{}}{key}", f"{key}}}", f"{{{key}", "}", "{"):
+                if name.startswith("}"):
+                    continue
+                slots = {
+                    client.cluster_keyslot(store.redis_key(name)),
+                    client.cluster_keyslot(store._receipt_key(name)),
+                }
+                assert len(slots) == 1, name
+                assert charge(name) == "charged"
+                assert charge(name) == "charged"
+            assert len(charged) == 6  # once each
+            # A namespace whose hash tag is empty would do that to every key.
+            with pytest.raises(ConfigurationError) as info:
+                RedisIdempotency(client, namespace="pay{}")
+            assert info.value.parameter == "namespace"
+            # A namespace with a tag of its own puts every key in its slot: "}" is fine.
+            tagged = RedisIdempotency(client, namespace="pay{shard-1}")
+            with tagged.once(f"}}{key}") as once:
+                once.record("charged")
+            with tagged.once(f"}}{key}") as again:
+                assert (again.done, again.result) == (True, "charged")
+        finally:
+            client.close()
 
 
 def test_an_idempotency_store_whose_redis_is_down_is_unavailable(key: str) -> None:

@@ -18,7 +18,9 @@ One key per idempotency key, ``<namespace>:{<key>}``, holding one of::
 
 and next to it ``<namespace>:{<key>}:receipt`` (the same hash slot), holding the
 ``p:<owner>`` of the attempt that stored the record with :meth:`RedisOnce.record`; PX =
-the lease, or the retention if shorter.
+the lease, or the retention if shorter. Both share the hash tag ``{<key>}``, so a
+Cluster puts them in one slot; a key starting with ``}`` would leave the tag empty, and
+is refused before anything is claimed.
 
 An attempt runs ``idem_claim.lua``: if the key is absent it sets ``p:<owner>`` with the
 lease (``SET NX PX``, the owner random per attempt) and the attempt proceeds (so it does

@@ -24,6 +24,7 @@ from ..._driver.process_bound import ProcessBound as _ProcessBound
 from ..._driver.redis_objects import check_client as _check_client
 from ..._driver.store_errors import FAILURES as _FAILURES
 from ..._driver.store_errors import store_error
+from ..._errors import ConfigurationError
 from ..._lua import script
 from ..optimistic import (
     DEFAULT_BACKOFF,
@@ -72,6 +73,33 @@ def _as_bytes(value: bytes | str) -> bytes:
 def _holder(value: bytes) -> str:
     """What another attempt left in the key: its ``"claim"``, or its ``"record"``."""
     return "claim" if value.startswith(b"p:") else "record"
+
+
+def _empty_hash_tag(name: str) -> bool:
+    """Whether Redis hashes all of ``name`` for lack of a hash tag, though it has braces.
+
+    Redis Cluster hashes the text between the first ``{`` and the first ``}`` after it,
+    unless that is empty (``{}``); then the whole key. An idempotency key's Redis key
+    ``<namespace>:{<key>}`` always has a ``}`` after its first ``{``, and its receipt is
+    that plus a suffix: they share a slot exactly when the tag is not empty. When it is,
+    the claim works and ``idem_record.lua``, which writes both, is refused: after the
+    effect, on every retry.
+    """
+    start = name.find("{")
+    return start >= 0 and name[start + 1 : start + 2] == "}"
+
+
+def _check_namespace(namespace: str) -> str:
+    # "<namespace>:{": a namespace without "{" leaves the tag to the key.
+    if _empty_hash_tag(namespace + ":{x}"):
+        raise ConfigurationError(
+            "namespace",
+            f"{namespace!r} holds '{{}}' at its first brace: an empty hash tag, so "
+            "each key's claim and receipt would land in different Redis Cluster slots "
+            "and every record would fail after its effect. Drop the braces, or put a "
+            "tag between them ('idem{1}')",
+        )
+    return namespace
 
 
 class RedisOnce:
@@ -267,7 +295,9 @@ class RedisIdempotency(_ProcessBound):
             with ``decode_responses=True`` cannot read a result that a bytes codec stored
             and that is not UTF-8 text); not closed by the store.
         namespace: the first part of every key: ``<namespace>:{<key>}``, and its
-            receipt ``<namespace>:{<key>}:receipt``.
+            receipt ``<namespace>:{<key>}:receipt``. Without braces, each key is its
+            own hash tag (and a key starting with ``}`` is refused: its tag would be
+            empty); with a tag (``idem{1}``), every key is in that tag's slot.
         lease: seconds a claim lasts; after it, a crashed attempt is taken over. Must
             exceed the longest effect (see the module docstring for what happens if not).
         retention: seconds a result is kept; a duplicate arriving later runs again.
@@ -307,7 +337,7 @@ class RedisIdempotency(_ProcessBound):
     ) -> None:
         _check_client(client, "client", owner="RedisIdempotency", asyncio=False)
         self.client = client
-        self.namespace = check_name(namespace, "namespace")
+        self.namespace = _check_namespace(check_name(namespace, "namespace"))
         self._lease_ms = _seconds_to_ms("lease", lease)
         self._retention_ms = _seconds_to_ms("retention", retention)
         # idem_record.lua says why the receipt lasts this long.
@@ -332,8 +362,24 @@ class RedisIdempotency(_ProcessBound):
         )
 
     def redis_key(self, key: str) -> str:
-        """The Redis key that holds idempotency key ``key``'s claim or record."""
-        return f"{self.namespace}:{{{_check_key(key)}}}"
+        """The Redis key that holds idempotency key ``key``'s claim or record.
+
+        Raises:
+            ConfigurationError: a bad ``key``, or one that starts with ``}`` under a
+                namespace without a hash tag of its own (see :func:`_empty_hash_tag`).
+        """
+        name = f"{self.namespace}:{{{_check_key(key)}}}"
+        if _empty_hash_tag(name):
+            # The namespace was checked when the store was made: the key starts with "}".
+            raise ConfigurationError(
+                "key",
+                f"{key!r} starts with '}}', which leaves its Redis key {name!r} an empty "
+                "hash tag: Redis Cluster (and sharded Redis behind a proxy) would put it "
+                "and its receipt in different slots, and the record would fail after the "
+                "effect. Send a key that does not start with '}' (a digest of it, say), "
+                "or give the store a namespace with a hash tag of its own, e.g. 'idem{1}'",
+            )
+        return name
 
     def _receipt_key(self, key: str) -> str:
         # The whole Redis key, then a suffix: the same hash tag (the first {...}) whatever
@@ -359,9 +405,9 @@ class RedisIdempotency(_ProcessBound):
 
         Raises:
             InProgress: another attempt held the key for all of ``wait``.
-            ConfigurationError: a bad ``key`` or ``wait``; or (``codec``) the key holds a
-                record the codec cannot read (written by another codec): it is left
-                alone, and the block does not run.
+            ConfigurationError: a bad ``key`` (see :meth:`redis_key`) or ``wait``; or
+                (``codec``) the key holds a record the codec cannot read (written by
+                another codec): it is left alone, and the block does not run.
             StoreUnavailable: the Redis was not reached or did not answer. A claim may
                 have been taken (``.maybe_applied``): it holds the key until its lease
                 runs out, and a retry before then finds the key in progress.
