@@ -51,6 +51,7 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from tenure import ConfigurationError, StoreRefused, StoreUnavailable
@@ -321,6 +322,27 @@ def test_recording_after_the_lease_with_no_takeover_is_kept(raw: redis.Redis, ke
     with store.once(f"{key}:apply") as later:
         assert later.result == late
     assert raw.get(stock) == b"2"
+
+
+def test_a_takeover_that_left_nothing_behind_is_not_reported(raw: redis.Redis, key: str) -> None:
+    """The documented limit of ClaimLost: it sees what the key holds, not its history."""
+    store = RedisIdempotency(raw, lease=30)
+    account = f"{key}:points"
+    raw.set(account, POINTS)
+
+    def take_over_and_fail() -> None:
+        with store.once(key) as fast:  # a duplicate takes over,
+            assert not fast.done
+            deduct_in_redis(raw, account)  # does the effect again, and fails after it:
+            raise RuntimeError("after the effect")  # its claim is released
+
+    with store.once(key) as slow:
+        deduct_in_redis(raw, account)  # our effect; then our lease runs out
+        raw.delete(store.redis_key(key))
+        with pytest.raises(RuntimeError):
+            take_over_and_fail()
+        slow.record("deducted")  # no ClaimLost: the key was empty again
+    assert raw.get(account) == str(POINTS - 2 * COST).encode()  # twice, unreported
 
 
 def test_apply_puts_effect_and_record_in_one_multi(raw: redis.Redis, key: str) -> None:
@@ -1027,6 +1049,39 @@ def _sql_victim(url: str, key: str, point: str, out: Connection) -> None:
         once.record(deduct_in_sql(conn))
         out.send(point)
         threading.Event().wait()  # until SIGKILL: the transaction never commits
+
+
+def test_sql_on_sqlite_a_duplicate_waits_at_most_the_busy_timeout(tmp_path: Path, key: str) -> None:
+    """The documented limit: SQLite's busy timeout, not the first attempt, ends the wait."""
+    url = f"sqlite:///{tmp_path / 'busy.db'}"
+    with fresh_tables(url) as first_engine:
+        impatient = create_engine(url, connect_args={"timeout": 0.2})
+        keys = SqlIdempotency(keys_table)
+        inside, finish = threading.Event(), threading.Event()
+
+        def first() -> None:
+            with first_engine.begin() as conn, keys.once(conn, key) as once:
+                once.record(deduct_in_sql(conn))
+                inside.set()
+                finish.wait(30)
+
+        worker = threading.Thread(target=first)
+        worker.start()
+        try:
+            assert inside.wait(30)
+            with (
+                pytest.raises(OperationalError, match="locked"),
+                impatient.begin() as conn,
+                keys.once(conn, key),
+            ):
+                pytest.fail("the duplicate ran while the first was in progress")
+        finally:
+            finish.set()
+            worker.join(30)
+        with impatient.begin() as conn, keys.once(conn, key) as again:
+            assert again.done  # once the first committed
+        impatient.dispose()
+        assert balance(first_engine) == POINTS - COST
 
 
 def test_sql_a_retry_after_the_worker_was_killed(engine: Engine, sql_url: str, key: str) -> None:

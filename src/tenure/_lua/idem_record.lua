@@ -14,8 +14,10 @@
 -- attempt's claim or record (value is what it holds): our lease ran out and someone took
 -- the key over, so the effect may have happened twice.
 --
--- An absent key (our lease ran out, nobody took over) is recorded too: no other attempt
--- holds it, and recording stops later duplicates from running the effect again.
+-- An absent key (our lease ran out, and nobody took over, or whoever did left nothing:
+-- it failed and released, or crashed and its lease ran out too) is recorded too: no
+-- other attempt holds it, and recording stops later duplicates from running the effect
+-- again. A takeover that left nothing cannot be seen here, and is not reported.
 --
 -- The receipt says which attempt wrote the record. A client that retries after a lost
 -- reply (redis-py does by default) runs this call again, and finds the record its first

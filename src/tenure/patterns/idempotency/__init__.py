@@ -56,7 +56,9 @@ this attempt has succeeded, while the same value recorded by an attempt that too
 
   An effect done just before a crash is done again after the takeover: at least once.
   The same happens if the lease ends while attempt 1 is still working; attempt 1's
-  record then raises :class:`ClaimLost` to say so. Such an effect should therefore be
+  record then raises :class:`ClaimLost` to say so if the key holds the other attempt's
+  claim or record (if that attempt left nothing, having failed or crashed too, the
+  record is stored and the double effect goes unreported). Such an effect should be
   idempotent itself (pass the idempotency key on, e.g. to a payment API), or live in the
   same SQL transaction as its record (below). The lease must exceed the effect's
   longest duration.
@@ -124,7 +126,8 @@ __all__ = [
 # module was split. DEFAULT_POLL stays importable from here, outside __all__ as before.
 
 JSON = _JSON
-"""The default codec. Results must be JSON-serialisable; tuples come back as lists."""
+"""The default codec. Results must be JSON-serialisable; tuples come back as lists, and
+dict keys as strings."""
 
 for _name in __all__:
     _public = globals()[_name]

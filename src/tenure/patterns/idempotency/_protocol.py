@@ -38,7 +38,8 @@ def _json_dumps(value: Any) -> bytes:
 
 
 JSON = Codec(dumps=_json_dumps, loads=json.loads)
-"""The default codec. Results must be JSON-serialisable; tuples come back as lists."""
+"""The default codec. Results must be JSON-serialisable; tuples come back as lists, and
+dict keys as strings."""
 
 
 class Once(Protocol):
