@@ -291,9 +291,10 @@ class RedisIdempotency(_ProcessBound):
     """Idempotency keys on Redis: claims with a lease, results kept for a retention time.
 
     Args:
-        client: a blocking ``redis.Redis`` (raw bytes replies recommended: a client made
-            with ``decode_responses=True`` cannot read a result that a bytes codec stored
-            and that is not UTF-8 text); not closed by the store.
+        client: a blocking ``redis.Redis`` or ``redis.RedisCluster`` (raw bytes replies
+            recommended: a client made with ``decode_responses=True`` cannot read a
+            result that a bytes codec stored and that is not UTF-8 text); not closed by
+            the store.
         namespace: the first part of every key: ``<namespace>:{<key>}``, and its
             receipt ``<namespace>:{<key>}:receipt``. Without braces, each key is its
             own hash tag (and a key starting with ``}`` is refused: its tag would be
@@ -326,7 +327,7 @@ class RedisIdempotency(_ProcessBound):
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | redis.RedisCluster,
         *,
         namespace: str = "tenure:idem",
         lease: float = 30.0,
@@ -366,7 +367,8 @@ class RedisIdempotency(_ProcessBound):
 
         Raises:
             ConfigurationError: a bad ``key``, or one that starts with ``}`` under a
-                namespace without a hash tag of its own (see :func:`_empty_hash_tag`).
+                namespace without a hash tag of its own: its Redis key would have an
+                empty hash tag, and Redis Cluster would put its receipt in another slot.
         """
         name = f"{self.namespace}:{{{_check_key(key)}}}"
         if _empty_hash_tag(name):
