@@ -494,6 +494,31 @@ def test_a_key_without_a_hash_tag_of_its_own_is_refused_before_the_effect(key: s
             client.close()
 
 
+def test_a_cluster_release_that_fails_leaves_the_blocks_own_exception(key: str) -> None:
+    # The block's exception releases the claim. When the claim's slot is served by no
+    # master any more, redis-py's cluster client raises a RedisClusterException, which
+    # is no redis.RedisError: it escaped the release raw and replaced the block's own
+    # exception (the payment gateway's error became "All slots are not covered").
+    with LocalRedisCluster(replicas=0) as cluster:
+        master = cluster.masters()[0]
+        assert master.port is not None  # a TCP node
+        client = redis.RedisCluster(host=master.host, port=master.port)
+        try:
+            store = RedisIdempotency(client, lease=30)
+            slot = client.cluster_keyslot(store.redis_key(key))
+
+            def unserved_then_failed() -> None:
+                with store.once(key):
+                    for node in cluster.masters():  # every master forgets who serves it
+                        cluster._command(node, "CLUSTER", "DELSLOTS", slot)
+                    raise RuntimeError("payment gateway down")
+
+            with pytest.raises(RuntimeError, match="gateway down"):
+                unserved_then_failed()
+        finally:
+            client.close()
+
+
 def test_an_idempotency_store_whose_redis_is_down_is_unavailable(key: str) -> None:
     # Each call raised a raw redis.ConnectionError.
     with LocalCluster(1) as doomed, doomed[0].client() as client:

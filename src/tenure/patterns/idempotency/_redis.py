@@ -282,8 +282,9 @@ class RedisOnce:
         if marker is None:
             return
         # The block's own exception matters more than a failed release, and the lease
-        # frees the key anyway.
-        with contextlib.suppress(redis.RedisError):
+        # frees the key anyway. Every store failure, a cluster client's own included (a
+        # slot no master serves is no RedisError): else it would replace the block's.
+        with contextlib.suppress(*_FAILURES):
             self._store.client.eval(_source("idem_release"), 1, self._redis_key, marker)
 
 
