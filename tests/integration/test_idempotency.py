@@ -425,6 +425,47 @@ def test_a_record_the_codec_cannot_read_is_a_clear_error(raw: redis.Redis, key: 
         handle(key)
 
 
+def test_a_client_that_decodes_replies_never_fails_raw(node: LocalCluster, key: str) -> None:
+    # A redis-py client made with decode_responses=True decodes every reply as UTF-8
+    # inside redis-py: a record that is not UTF-8 text raised a raw UnicodeDecodeError
+    # from once() (every duplicate, with a bytes codec) and from record(), and leaving
+    # the block recorded again and raised it once more.
+    with node[0].client(decode_responses=True) as decoding, node[0].client() as raw:
+        # A codec of raw bytes with it: refused when the store is made, before any effect.
+        with pytest.raises(ConfigurationError) as info:
+            RedisIdempotency(decoding, codec=Codec(dumps=bytes, loads=bytes))
+        assert info.value.parameter == "client"
+        assert "decode_responses=False" in str(info.value)
+        # JSON records are UTF-8 text: that client reads them.
+        store = RedisIdempotency(decoding, retention=3600)
+        with store.once(key) as once:
+            once.record({"receipt": "caf\u00e9"})
+        with store.once(key) as again:
+            assert (again.done, again.result) == (True, {"receipt": "caf\u00e9"})
+        # A record another codec wrote: a clear error on codec, the block not run.
+        other = f"{key}-pickled"
+        stored = b"d:\x80\x04pickled"
+        raw.set(store.redis_key(other), stored, px=3_600_000)
+        with pytest.raises(ConfigurationError) as info, store.once(other):
+            pytest.fail("a record was found: the block must not run")
+        assert info.value.parameter == "codec"
+        assert repr(other) in str(info.value)
+        assert "decode_responses" in str(info.value)
+        assert raw.get(store.redis_key(other)) == stored  # left alone
+        # Such a record taking the key over from us: ClaimLost, as for any record.
+        taken = f"{key}-taken"
+
+        def record_after_a_takeover() -> None:
+            with store.once(taken) as slow:
+                raw.set(store.redis_key(taken), stored, px=3_600_000)
+                slow.record("charged")
+
+        with pytest.raises(ClaimLost) as lost:
+            record_after_a_takeover()
+        assert lost.value.holder == "record"
+        assert raw.get(store.redis_key(taken)) == stored
+
+
 def test_a_key_of_another_type_is_a_store_refusal(raw: redis.Redis, key: str) -> None:
     # It was a raw redis.ResponseError (WRONGTYPE), from once() and from the decorator.
     store = RedisIdempotency(raw)

@@ -182,6 +182,12 @@ class RedisOnce:
                 maybe_applied=True,
                 retry="; calling record() again is safe (it finds its own record)",
             ) from exc
+        except UnicodeDecodeError:
+            # A client that decodes replies (decode_responses=True) could not read the
+            # reply as UTF-8 text. Ours, {1, ""}, and another attempt's claim ("p:" and
+            # hex digits) are; so the key holds another attempt's record, written by a
+            # codec whose bytes are not text: the script stored nothing.
+            status, holding = 0, b"d:"
         if status != 1:
             self._marker = None  # the claim is gone: leaving the block must not record
             holder = _holder(_as_bytes(holding))
@@ -292,10 +298,9 @@ class RedisIdempotency(_ProcessBound):
     """Idempotency keys on Redis: claims with a lease, results kept for a retention time.
 
     Args:
-        client: a blocking ``redis.Redis`` or ``redis.RedisCluster`` (raw bytes replies
-            recommended: a client made with ``decode_responses=True`` cannot read a
-            result that a bytes codec stored and that is not UTF-8 text); not closed by
-            the store.
+        client: a blocking ``redis.Redis`` or ``redis.RedisCluster``; not closed by the
+            store. One made with ``decode_responses=True`` reads only UTF-8 text, so it
+            is taken with the JSON codec alone.
         namespace: the first part of every key: ``<namespace>:{<key>}``, and its
             receipt ``<namespace>:{<key>}:receipt``. Without braces, each key is its
             own hash tag (and a key starting with ``}`` is refused: its tag would be
@@ -312,8 +317,9 @@ class RedisIdempotency(_ProcessBound):
         codec: how results are stored (JSON by default).
 
     Raises:
-        ConfigurationError: an asyncio ``client``; a bad ``namespace``, ``lease``,
-            ``retention``, ``wait`` or ``codec``.
+        ConfigurationError: an asyncio ``client``, or one made with
+            ``decode_responses=True`` with a codec other than JSON; a bad ``namespace``,
+            ``lease``, ``retention``, ``wait`` or ``codec``.
 
     Example::
 
@@ -350,6 +356,17 @@ class RedisIdempotency(_ProcessBound):
         # Checked now: otherwise found only when a duplicate first waits.
         self.poll = check_retry_policy(poll, "poll")
         self.codec = _check_codec(codec)
+        if self.codec != JSON:
+            # JSON's records are UTF-8 text, which a client made with
+            # decode_responses=True reads; another codec's bytes need not be, and such a
+            # client fails inside redis-py on them: every duplicate, after the effect.
+            _check_client(
+                client,
+                "client",
+                owner="RedisIdempotency with a codec other than JSON",
+                asyncio=False,
+                raw_bytes=True,
+            )
         self._rng = random.Random()
 
     def __repr__(self) -> str:
@@ -393,6 +410,20 @@ class RedisIdempotency(_ProcessBound):
     def _record_value(self, result: Any) -> bytes:
         return b"n:" if result is None else b"d:" + _encoded(self.codec, result)
 
+    def _undecodable(self, key: str) -> ConfigurationError:
+        """The error for ``key``'s record that the client, which decodes replies
+        (``decode_responses=True``), failed to read as UTF-8 text: not JSON either, so
+        written by another codec or by hand (as ``_decoded`` says of one it reads)."""
+        return ConfigurationError(
+            "codec",
+            f"idempotency key {key!r} holds a record that is not UTF-8 text, which this "
+            "client, made with decode_responses=True, cannot read: it was written by "
+            "another codec or by hand. Read it with the codec that wrote it, through a "
+            "client without decode_responses (redis.Redis(..., decode_responses=False), "
+            "the default); or, to forget the request (a retry then runs the effect "
+            f"again), delete the Redis key {self.redis_key(key)!r}",
+        )
+
     @contextmanager
     def once(self, key: str, *, wait: float | None = None) -> Iterator[RedisOnce]:
         """Claim ``key`` for one attempt, or find the result of the attempt that finished.
@@ -410,7 +441,8 @@ class RedisIdempotency(_ProcessBound):
             InProgress: another attempt held the key for all of ``wait``.
             ConfigurationError: a bad ``key`` (see :meth:`redis_key`) or ``wait``; or
                 (``codec``) the key holds a record the codec cannot read (written by
-                another codec): it is left alone, and the block does not run.
+                another codec), or one that is not UTF-8 text and the client decodes
+                replies: it is left alone, and the block does not run.
             StoreUnavailable: the Redis was not reached or did not answer. A claim may
                 have been taken (``.maybe_applied``): it holds the key until its lease
                 runs out, and a retry before then finds the key in progress.
@@ -450,6 +482,8 @@ class RedisIdempotency(_ProcessBound):
                         "runs out, and a retry before then finds it in progress"
                     ),
                 ) from exc
+            except UnicodeDecodeError as exc:
+                raise self._undecodable(key) from exc
             if status == _CLAIMED:
                 return RedisOnce(self, key, marker=marker)
             if status == _DONE:
