@@ -277,3 +277,48 @@ def test_an_interrupt_as_a_waiter_departs_still_takes_it_out_of_the_queues(
         holder.release()  # nobody is left waiting: the lock is free
         assert _gone(shared5, LockKeys.of(key).lock, within=2.0)
         client.acquire(key, ttl=5, blocking=False).release()
+
+
+def _granted_points() -> dict[str, CodeType]:
+    """Where an uncontended acquire has its grant but the caller has no lease yet."""
+    from tenure._core.acquire import Acquisition
+    from tenure._core.flows import Flows
+    from tenure._sync import client
+
+    return {
+        "concluding": Acquisition.conclude.__code__,  # in the flow, the round read
+        "filing": Flows._lease_of.__code__,  # in the flow, as it returns the grant
+        "giving_back": client._give_back.__code__,  # the flow done, its links returned
+        "making_the_lease": client.Lease.__init__.__code__,
+        "taking_it": tenure.Lock._took.__code__,  # ``lock.acquire()``'s last step
+    }
+
+
+@pytest.mark.parametrize("where", list(_granted_points()))
+def test_an_interrupt_between_the_grant_and_the_caller_releases_it(
+    shared5: LocalCluster, key: str, where: str
+) -> None:
+    """Ctrl-C after a round granted the lock and before the caller held the lease (as
+    the flow reads the round or returns the grant, as the driver gives its connections
+    back or makes the ``Lease``, as ``lock.acquire()`` takes it): the interrupt left with
+    the grant dropped and nothing sent, and the lock was held by nobody for its TTL (30 s
+    here). It is released on the interrupt's way out."""
+    code = _granted_points()[where]
+    with tenure.Client(shared5.urls[:3]) as client:
+        client.acquire(key + "-warm", ttl=5).release()  # connections up
+        lock = client.lock(key, ttl=30)
+
+        def take() -> object:
+            if where == "taking_it":
+                return lock.acquire(blocking=False)
+            return client.acquire(key, ttl=30, blocking=False)
+
+        _interrupt_at(code)
+        try:
+            with pytest.raises(Interrupted):
+                take()
+        finally:
+            sys.settrace(None)
+        assert lock.lease is None
+        assert _gone(shared5, LockKeys.of(key).lock, within=2.0)
+        client.acquire(key, ttl=5, blocking=False).release()

@@ -480,20 +480,22 @@ class Flows:
             )
             try:
                 yield Run(command, rnd, acq.deadline(rnd), hopeless_unsent=True)
+                if place and (rnd.unheard or rnd.failed):
+                    call.strays = True
+                step = acq.conclude(rnd, token, self.clock())
+                self.fence_floor = max(self.fence_floor, acq.floor)
+                if isinstance(step, Granted):
+                    if step.seed is not None:
+                        yield self._seed(spec, step.seed)
+                    return self._lease_of(call, step.lease)
             except GeneratorExit:
                 raise  # closed unfinished (its task destroyed): nobody is left to write
             except BaseException:
-                # Interrupted mid-round: the grant may have landed. Written behind it.
+                # Interrupted mid-round, or after it (Ctrl-C as the round is read, as
+                # blank nodes are seeded, as the grant is returned): the grant may have
+                # landed, and nobody else knows of it. Written behind it.
                 yield self._send(commands.release(spec.key, token), rnd.maybe_holding())
                 raise
-            if place and (rnd.unheard or rnd.failed):
-                call.strays = True
-            step = acq.conclude(rnd, token, self.clock())
-            self.fence_floor = max(self.fence_floor, acq.floor)
-            if isinstance(step, Granted):
-                if step.seed is not None:
-                    yield self._seed(spec, step.seed)
-                return self._lease_of(call, step.lease)
             if step.cleanup:
                 release = self._cleanup_release(spec, token, wait_args)
                 yield self._cleanup_round(release, step.cleanup, cleanup_to_await(step, rnd))

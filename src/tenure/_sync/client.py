@@ -216,9 +216,31 @@ class Client(ClientBase):
             raise
 
     def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | Refused:
+        """``_drive`` of the acquire flow, up to the ``Lease``.
+
+        Not through ``_drive``: an interrupt (Ctrl-C) after the flow returned its grant
+        and before the caller holds the lease (as the links go back to the pool, as the
+        ``Lease`` is made) would drop a grant nobody else knows of, and the lock would
+        be held by nobody for its TTL. Here the grant is released on its way out. (The
+        callers' ``try`` blocks take over from the moment this returns.)
+        """
         flow = self._acquire_flow(spec, blocking, timeout)
-        state = self._drive(flow)
-        return state if isinstance(state, Refused) else Lease(self, state, spec)
+        if self._flows.closed:
+            self._check_open("reach the nodes")
+        pool = self._pool
+        links = pool.get()
+        try:
+            state = drive(flow, lambda op: self._perform(op, links))
+        except BaseException:
+            _give_back(pool, links)
+            raise
+        try:
+            _give_back(pool, links)  # (never twice: another thread may have it by now)
+            return state if isinstance(state, Refused) else Lease(self, state, spec)
+        except BaseException:
+            if not isinstance(state, Refused):
+                _give_up(Lease(self, state, spec))
+            raise
 
     def _drive(self, flow: Flow[T]) -> T:
         """Run ``flow`` in the caller's thread, its rounds on one borrowed link set.
@@ -341,9 +363,10 @@ os.register_at_fork(after_in_child=_fresh_lost_events)
 
 
 def _give_up(lease: Lease | Refused) -> None:
-    """Release a lease that an exception (Ctrl-C as its watchdog's thread started) kept
-    from the caller: nobody else can, and its watchdog would keep it for ever. Best
-    effort: what fails here leaves the keys to their TTL, and the exception goes on."""
+    """Release a lease that an exception (Ctrl-C as the ``Lease`` was made, as its
+    watchdog's thread started) kept from the caller: nobody else can, and its watchdog
+    would keep it for ever. Best effort: what fails here leaves the keys to their TTL,
+    and the exception goes on."""
     if isinstance(lease, Lease) and not lease.released:
         with contextlib.suppress(Exception):
             lease.release()
@@ -602,11 +625,11 @@ class Lock(LockView[Lease, None]):
             ClientClosed: the client was closed.
             QuorumUnreachable: so many nodes failed that no majority is possible.
         """
-        return self._took(self._client._acquire(self._spec, blocking, timeout))
-
-    def _took(self, got: Lease | Refused) -> bool:
+        got = self._client._acquire(self._spec, blocking, timeout)
         try:
-            return super()._took(got)
+            # In the ``try``, not in ``_took``: a Ctrl-C as ``_took`` is called (before a
+            # ``try`` of its own began) dropped the lease.
+            return self._took(got)
         except BaseException:  # Ctrl-C as its watchdog started: the caller gets no lease
             self._abandon(got)
             raise
