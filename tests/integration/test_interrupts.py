@@ -322,3 +322,105 @@ def test_an_interrupt_between_the_grant_and_the_caller_releases_it(
         assert lock.lease is None
         assert _gone(shared5, LockKeys.of(key).lock, within=2.0)
         client.acquire(key, ttl=5, blocking=False).release()
+
+
+def _feed() -> CodeType:
+    """Where the notification reader parses what it read (the pure-Python reader's
+    ``feed`` when hiredis is missing)."""
+    from tenure._driver.replies import reply_reader
+
+    return type(reply_reader()).feed.__code__
+
+
+def _reading(client: tenure.Client) -> None:
+    """Until a waiter of ``client`` (not its subscriber thread) reads the notification
+    sockets."""
+    listener = client._listener
+    deadline = time.monotonic() + 10.0
+    while not (
+        listener._reader is not None and not listener._thread_reading and listener._read.locked()
+    ):
+        assert time.monotonic() < deadline, "no waiter took the notification sockets"
+        time.sleep(0.005)
+
+
+def test_an_interrupt_between_a_notification_read_and_its_parse_is_not_a_misconfiguration(
+    shared5: LocalCluster, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ctrl-C in a waiter reading the notification sockets, between a read and the
+    parse: the bytes read were lost, half a message among them, and the next read took
+    the rest for garbage, reported as a node that "does not speak the Redis protocol"
+    (a misconfiguration) before a reconnect. The connection is dropped instead, quietly,
+    and notifications go on.
+
+    A message longer than one read (64 KiB) is cut for sure: the test publishes one on
+    the client's channel once the main thread reads the sockets."""
+    url = shared5.urls[0]
+    with tenure.Client([url]) as holder_client, tenure.Client([url], recheck=10.0) as client:
+        holder = holder_client.acquire(key, ttl=30)
+
+        def publish() -> None:
+            _reading(client)
+            with shared5.nodes[0].client() as c:
+                c.publish(client._listener.channel, b"x" * 300_000)
+
+        threading.Thread(target=publish, daemon=True).start()
+        _interrupt_at(_feed())
+        try:
+            with pytest.raises(Interrupted):
+                client.acquire(key, ttl=30, timeout=10)
+        finally:
+            sys.settrace(None)
+        time.sleep(0.5)  # the subscriber thread reads what the connection still has
+        said = [r.getMessage() for r in caplog.records if r.name.startswith("tenure")]
+        assert not [m for m in said if "Redis protocol" in m], said
+        # Notifications still come (its fallback re-check is 5 to 10 s away).
+        threading.Timer(0.3, holder.release).start()
+        started = time.monotonic()
+        client.acquire(key, ttl=5, timeout=10).release()
+        assert time.monotonic() - started < 3.0
+
+
+def test_an_interrupt_as_notifications_are_read_loses_no_other_waiters(
+    shared5: LocalCluster, key: str
+) -> None:
+    """Ctrl-C in the main thread while it read the notification sockets for every
+    waiter of its client, between a read and its parse: another thread's notification
+    (a fair hand-off) was in the bytes lost, and that waiter slept out its fallback
+    re-check (5 to 10 s here). The connection is dropped and every waiter re-checks at
+    once."""
+    url = shared5.urls[0]
+    with tenure.Client([url]) as holder_client, tenure.Client([url], recheck=10.0) as client:
+        mine = holder_client.acquire(key + "-main", ttl=30)
+        theirs = holder_client.acquire(key, ttl=30)
+        released: list[float] = []
+        got: list[float] = []
+
+        def other_waiter() -> None:
+            _reading(client)  # the main thread reads, this one follows
+            lease = client.acquire(key, ttl=5, timeout=20)
+            got.append(time.monotonic())
+            lease.release()
+
+        def release_theirs() -> None:
+            queue = LockKeys.of(key).queue
+            with shared5.nodes[0].client() as c:
+                while not c.zcard(queue):
+                    time.sleep(0.005)
+            released.append(time.monotonic())
+            theirs.release()
+
+        other = threading.Thread(target=other_waiter, daemon=True)
+        other.start()
+        threading.Thread(target=release_theirs, daemon=True).start()
+        _interrupt_at(_feed())
+        try:
+            with pytest.raises(Interrupted):
+                client.acquire(key + "-main", ttl=30, timeout=20)
+        finally:
+            sys.settrace(None)
+        other.join(20.0)
+        assert got
+        assert released
+        assert got[0] - released[0] < 2.0
+        mine.release()

@@ -333,6 +333,10 @@ class Listener:
         self._board.nudge_all()
 
     def _drop(self, i: int, now: float) -> None:
+        self._close(i)
+        self._reconnect[i].failed(now)
+
+    def _close(self, i: int) -> None:
         setup, self._setups[i] = self._setups[i], None
         if setup is not None:
             setup.abandon()
@@ -342,7 +346,16 @@ class Listener:
             with contextlib.suppress(Exception):
                 conn.disconnect()  # type: ignore[attr-defined]
         self._up[i] = False
-        self._reconnect[i].failed(now)
+
+    def _cut(self, i: int) -> None:
+        """An interrupt (Ctrl-C in a waiter reading the sockets) between node ``i``'s read
+        and its parse, or among the messages it brought: what was read is lost, maybe
+        half a message, and another waiter's notification with it. The connection is
+        closed, not read on out of step (the rest of a message taken for garbage: "not
+        the Redis protocol", a misconfiguration that is not one), and set up again at
+        once, the node having done nothing wrong; every waiter re-checks now."""
+        self._close(i)
+        self._nudge_all()
 
     def _lost(self, i: int, now: float) -> None:
         """Node ``i``'s subscription connection failed (refused, timed out, closed). A
@@ -487,6 +500,13 @@ class Listener:
         if self._shards[i].lost(where, node.loads):
             self._nudge_all()
 
+    def _cut_link(self, i: int, where: Address, link: _ShardLink) -> None:
+        """``_cut`` for a sharded-subscription connection: dropped as one that failed
+        (its subscriptions asked again once it is back), every waiter re-checks now."""
+        with self._shard_lock:
+            self._drop_link(i, where, link, time.monotonic())
+        self._nudge_all()
+
     def _read_link(self, i: int, where: Address, link: _ShardLink) -> None:
         sock = link.sock
         assert sock is not None
@@ -585,34 +605,47 @@ class Listener:
                     sock.recv(4096)
                 continue
             if sock in links:
-                self._read_link(*links[sock])
+                try:
+                    self._read_link(*links[sock])
+                except BaseException:
+                    self._cut_link(*links[sock])  # an interrupt: see ``_cut``
+                    raise
                 continue
             if sock not in socks:
                 continue
             i = socks.index(sock)
             try:
-                data = sock.recv(65536)
-                # TLS: recv returns one record at a time, and records already received
-                # are not readable to select(); take them now, or a notification could
-                # sit in the TLS buffer until the next one comes.
-                buffered = getattr(sock, "pending", None)
-                while data and buffered is not None and (more := buffered()):
-                    data += sock.recv(more)
-            except OSError:
-                data = b""
-            try:
-                replies = self._readers[i].feed(data) if data else None
-            except ValueError as exc:  # not the Redis protocol
-                why = diagnosis.not_redis(str(exc))
-                self._reporter.note(i, why.failure, why.detail)
-                replies = None
-            if replies is None:
-                self._lost(i, time.monotonic())
-                continue
-            for reply in replies:
-                if not self._handle(i, reply):
-                    self._drop(i, time.monotonic())
-                    break
+                self._read_node(i, sock)
+            except BaseException:
+                self._cut(i)
+                raise
+
+    def _read_node(self, i: int, sock: socket.socket) -> None:
+        """Read node ``i``'s subscription connection and file what it brings (an
+        interrupt in here: ``_cut``)."""
+        try:
+            data = sock.recv(65536)
+            # TLS: recv returns one record at a time, and records already received are
+            # not readable to select(); take them now, or a notification could sit in the
+            # TLS buffer until the next one comes.
+            buffered = getattr(sock, "pending", None)
+            while data and buffered is not None and (more := buffered()):
+                data += sock.recv(more)
+        except OSError:
+            data = b""
+        try:
+            replies = self._readers[i].feed(data) if data else None
+        except ValueError as exc:  # not the Redis protocol
+            why = diagnosis.not_redis(str(exc))
+            self._reporter.note(i, why.failure, why.detail)
+            replies = None
+        if replies is None:
+            self._lost(i, time.monotonic())
+            return
+        for reply in replies:
+            if not self._handle(i, reply):
+                self._drop(i, time.monotonic())
+                return
 
     def _run(self) -> None:
         try:
