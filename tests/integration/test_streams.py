@@ -795,6 +795,21 @@ def test_an_entry_whose_key_is_not_text_is_skipped(
     _assert_nothing_pending(client, prefix, 1)
 
 
+def test_run_once_after_stop_takes_no_partition(solo: Callable[..., StreamWorker]) -> None:
+    # stop() says "stop for good"; a caller driving its own loop that called run_once
+    # once more took every partition again, kept alive by their watchdogs.
+    worker = solo("solo", lambda *entry: None, partitions=2, rebalance_interval=0.01)
+    worker.run_once()
+    assert worker.held == {0, 1}
+    worker.stop()
+    assert worker.held == frozenset()
+    time.sleep(0.05)  # a balance is due
+    assert worker.run_once() == 0
+    assert worker.held == frozenset()
+    name = partition_lock_name(worker.stream_prefix, 0, worker.group)
+    assert not worker.lock_client.lock(name, ttl=TTL).locked()
+
+
 def test_workers_split_partitions_and_take_over_when_one_stops(
     solo: Callable[..., StreamWorker],
 ) -> None:

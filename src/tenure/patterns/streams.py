@@ -633,11 +633,14 @@ class StreamWorker(_ProcessBound):
         For callers that drive the loop themselves; only ever from one thread at a time.
 
         Returns:
-            The number of entries handled or skipped (0: nothing to do).
+            The number of entries handled or skipped (0: nothing to do, or the worker
+            was stopped: after :meth:`stop` it takes no partition again).
 
         Raises:
             ConfigurationError, StoreRefused: as for :meth:`run`.
         """
+        if self._stopping.is_set():
+            return 0  # stopped for good: its leases were released, none is taken again
         now = monotonic()
         if now >= self._next_balance:
             # A P that disagrees raises before the next balance is scheduled, so calling
@@ -650,7 +653,8 @@ class StreamWorker(_ProcessBound):
 
     def stop(self) -> None:
         """Stop for good: ``run`` returns after the current batch and releases every
-        lease; without a running loop, release them now."""
+        lease; without a running loop, release them now. ``run_once`` then does
+        nothing (returns 0), and takes no partition again."""
         self._stopping.set()
         with self._guard:
             if not self._running:
@@ -763,7 +767,9 @@ class StreamWorker(_ProcessBound):
         free = [p for p in range(self.partitions) if p not in self._held]
         self._rng.shuffle(free)  # competing workers start at different partitions
         for number in free:
-            if len(self._held) >= target or not self._try_take(number):
+            if self._stopping.is_set() or len(self._held) >= target:
+                return
+            if not self._try_take(number):
                 return
 
     def _try_take(self, number: int) -> bool:
@@ -798,6 +804,11 @@ class StreamWorker(_ProcessBound):
             return True
         self._held[number] = _Held(number, lease)
         self.stats.taken += 1
+        if self._stopping.is_set():
+            # stop() from another thread while we took it: its release may have missed
+            # this one (it looks at _held after setting the flag we read now).
+            self._release(number)
+            return False
         return True
 
     def _fence_stream(self, number: int, token: int) -> bool:
@@ -812,7 +823,9 @@ class StreamWorker(_ProcessBound):
         ]
 
     def _release(self, number: int) -> None:
-        held = self._held.pop(number)
+        held = self._held.pop(number, None)
+        if held is None:  # released already (stop() and the loop, from two threads)
+            return
         self.stats.released += 1
         _quiet_release(held.lease)
 
@@ -921,9 +934,10 @@ class StreamWorker(_ProcessBound):
                 # The last moment to notice a lost lease before writing.
                 held.lease.check()
                 self.handler(parsed[0], parsed[1], held.token)
-            except LeaseLost:
+            except (LeaseLost, NotHeld):
                 # No acknowledgement either: after a loss this worker writes nothing, and
                 # the next owner handles the rest (the handled ones again, idempotently).
+                # NotHeld: released under us (stop() from another thread), the same.
                 self._drop(held, fenced=False)
                 return len(done)
             except StaleToken:
