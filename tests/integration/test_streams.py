@@ -795,6 +795,95 @@ def test_an_entry_whose_key_is_not_text_is_skipped(
     _assert_nothing_pending(client, prefix, 1)
 
 
+@pytest.mark.parametrize("where", ["before_write", "after_write"])
+def test_a_hung_handler_lets_its_partition_go_after_handler_timeout(
+    solo: Callable[..., StreamWorker], data: Store, prefix: str, where: str
+) -> None:
+    """Timeline (one partition, in-process workers, each running ``run`` in a thread)::
+
+    hung  takes it, reads 1..3, applies 1..2, hangs on 3 (an Event) ...... released: returns
+    heir        joins; after handler_timeout + about lease_ttl takes it, applies 3..9
+
+    The watchdog used to extend the hung worker's lease for as long as the process
+    lived, so no other worker got the partition however long the call hung. The hung
+    entry is the last of its batch: on returning, the worker must not acknowledge it.
+    """
+    hang, release, calls = threading.Event(), threading.Event(), []
+
+    def handler(name: str) -> Handler:
+        def apply(key: str, payload: Mapping[str, bytes], token: int) -> None:
+            seq = int(payload["seq"])
+            calls.append((name, seq))
+            stuck = (name, seq) == ("hung", 3)
+            if stuck and where == "after_write":
+                data.apply(0, key, seq, token, name)
+            if stuck:
+                hang.set()
+                release.wait(30)  # a database call with no timeout
+            if not (stuck and where == "after_write"):
+                data.apply(0, key, seq, token, name)
+
+        return apply
+
+    # "heir" sorts first: its fair share of the one partition is 1 whether or not the
+    # hung worker still counts as live, so the partition stays with it afterwards.
+    options = {"handler_timeout": 0.5, "rebalance_interval": 0.05, "batch_size": 3}
+    hung = solo("hung", handler("hung"), **options)
+    heir = solo("heir", handler("heir"), **options)
+    producer = StreamProducer(data.client, prefix, 1)
+    producer.append_many(("k", {"seq": s}) for s in range(1, 7))
+    stop = threading.Event()
+    threads = [threading.Thread(target=hung.run, args=(stop,), daemon=True)]
+    threads[0].start()
+    try:
+        _wait_until("the handler to hang", hang.is_set)
+        hung_at = time.monotonic()
+        threads.append(threading.Thread(target=heir.run, args=(stop,), daemon=True))
+        threads[1].start()
+        _wait_until("the heir to take the partition", lambda: heir.held == {0}, timeout=10)
+        # The lease ran out after handler_timeout plus at most about lease_ttl.
+        assert time.monotonic() - hung_at < 0.5 + 2 * TTL + 2
+        _wait_until("the heir to apply 3..6", lambda: data.last() == {"k": 6})
+        producer.append_many(("k", {"seq": s}) for s in range(7, 10))
+        _wait_until("the heir to apply 7..9", lambda: data.last() == {"k": 9})
+        assert hung.held == {0}  # its thread is still in the handler: it knows nothing yet
+
+        release.set()  # the hung call returns at last
+        _wait_until("the hung worker to let go", lambda: hung.held == frozenset())
+        time.sleep(0.3)  # it goes on with its loop, and must handle nothing else
+    finally:
+        release.set()
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+
+    assert [seq for name, seq in calls if name == "hung"] == [1, 2, 3]  # nothing again
+    assert [seq for name, seq in calls if name == "heir"] == list(range(1, 10))
+    history = data.history()
+    late = [("hung", 3)] if where == "after_write" else []
+    first_of_heir = 4 if where == "after_write" else 3
+    assert [(h.worker, h.seq) for h in history] == [
+        ("hung", 1),
+        ("hung", 2),
+        *late,
+        *(("heir", seq) for seq in range(first_of_heir, 10)),
+    ]
+    _assert_exactly_once_in_order(data, ["k"], 9)
+    _assert_one_writer_per_partition(history)
+    if where == "before_write":
+        # Its late write carried the old token: the fenced store refused it.
+        (line,) = data.refused()
+        assert line.split()[::3] == ["hung", "3"]
+        assert (hung.stats.fenced, hung.stats.lost, hung.stats.handled) == (1, 0, 2)
+    else:
+        # It wrote before it hung; on returning it found its lease lost and acknowledged
+        # nothing (the heir's claim delivered 1..3 again, and the store skipped them).
+        assert data.refused() == []
+        assert (hung.stats.fenced, hung.stats.lost, hung.stats.handled) == (0, 1, 3)
+        assert data.duplicates() == 3
+    _assert_nothing_pending(data.client, prefix, 1)
+
+
 def test_run_once_after_stop_takes_no_partition(solo: Callable[..., StreamWorker]) -> None:
     # stop() says "stop for good"; a caller driving its own loop that called run_once
     # once more took every partition again, kept alive by their watchdogs.
@@ -888,7 +977,14 @@ def test_a_partition_whose_take_over_failed_is_not_kept(
 
 @pytest.mark.parametrize(
     ("option", "value"),
-    [("poll_interval", 1e300), ("retry_delay", math.inf), ("lease_ttl", 120.0)],
+    [
+        ("poll_interval", 1e300),
+        ("retry_delay", math.inf),
+        ("lease_ttl", 120.0),
+        ("handler_timeout", 0),
+        ("handler_timeout", math.nan),
+        ("handler_timeout", "300"),
+    ],
 )
 def test_worker_options_are_checked_when_it_is_made(
     lock_nodes: LocalCluster, option: str, value: float

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tenure import LeaseExpired, LeaseLost, OwnershipError
+from tenure import ConfigurationError, LeaseExpired, LeaseLost, OwnershipError
 from tenure._core.acquire import LeaseState
 from tenure._core.config import ClientConfig, LockSpec
-from tenure._core.flows import RELEASE_PATIENCE, Flows, Later, Run
+from tenure._core.flows import RELEASE_PATIENCE, ExtendLease, Flows, Later, Pause, Run
 from tenure._core.lease import (
     _script_command,
     begin_extend,
@@ -430,6 +430,48 @@ def test_a_watchdogs_try_that_is_not_its_last_leaves_the_lease_as_it_was(dropped
         assert watched.loss is None
         assert not watched.released
         assert watched._state == state
+
+
+@pytest.mark.parametrize("busy_for", [None, 0.5, 5.0])
+def test_a_watchdog_stops_extending_while_its_holder_is_stuck(busy_for: float | None) -> None:
+    # A holder may say how long its current step has run (busy_since, the streams'
+    # handler call): past max_busy the watchdog stops extending and the lease runs out
+    # at its validity, reported lost then, so that others may take it. A step that is
+    # younger, or no step at all, keeps the lease extended.
+    clock = [10.0]
+    flows, spec = _flows(clock)  # ttl 2: the watchdog wakes every 2/3 s
+    busy_since = None if busy_for is None else 10.7 - busy_for
+    policy = KeepAlive(max_busy=3.0, busy_since=lambda: busy_since)
+    state = LeaseState(spec.name, spec.key, "t", spec.ttl, 10.0, 11.9, frozenset({0, 1, 2}), 7)
+    watched = ModelLease(state, spec)
+    flow = flows.watchdog(watched, policy)
+    wake = next(flow)
+    assert isinstance(wake, Pause)
+    assert wake.until == pytest.approx(10.0 + 2.0 / 3)
+    clock[0] = 10.7
+    op = flow.send(False)
+    if busy_for != 5.0:
+        assert isinstance(op, ExtendLease)
+        return
+    assert isinstance(op, Pause)  # no extension: wait for the validity's end
+    assert op.until == 11.9
+    assert watched.loss is None  # valid until then: a step that returns may still ack
+    clock[0] = 11.9
+    with pytest.raises(StopIteration):
+        flow.send(False)
+    loss = watched.lost_error  # (not watched.loss: mypy holds it None from above)
+    assert isinstance(loss, LeaseExpired)
+    assert "max_busy=3s" in str(loss)
+
+
+@pytest.mark.parametrize(
+    ("options", "parameter"),
+    [({"max_busy": 0.0, "busy_since": lambda: None}, "max_busy"), ({"max_busy": 1.0}, "max_busy")],
+)
+def test_a_stuck_holders_limit_is_checked(options: dict[str, object], parameter: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        KeepAlive(**options)  # type: ignore[arg-type]
+    assert info.value.parameter == parameter
 
 
 @pytest.mark.parametrize(

@@ -841,6 +841,8 @@ class Flows:
             # Judged by what the extension gives, the lock's TTL, whatever TTL the holder
             # last extended it by itself.
             action = policy.decide(now, lease._state, lease._first_started, lease._spec.ttl)
+            if isinstance(action, Extend) and policy.busy_since is not None:
+                action = policy.unless_stuck(now, lease._state, policy.busy_since())
             if isinstance(action, Lost):
                 lease._mark_lost(action.error)
                 return

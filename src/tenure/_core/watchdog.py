@@ -19,6 +19,10 @@ reading the driver passes in:
   client may have held the lock meanwhile; the lease is lost;
 * extending would take the total hold past ``max_hold``: stop extending, let the lease
   run out, and report it lost when it does;
+* the holder has been stuck in one step for ``max_busy`` (the instant its current step
+  began is what ``busy_since`` reports): give up the same way. A holder that hangs (a
+  call without a timeout) would otherwise keep the lease for as long as its process
+  lives, since the watchdog's thread or task runs on regardless;
 * otherwise extend (the extend round re-checks the majority and the validity).
 
 The honest caveat: a watchdog lowers the risk that a slow holder loses its lease, but it
@@ -28,7 +32,8 @@ at the storage can (``lease.fencing_token``, ``tenure.fencing``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from .._errors import ConfigurationError, LeaseExpired, LeaseLost
 from .acquire import LeaseState
@@ -68,19 +73,34 @@ class KeepAlive:
     Args:
         extend: extend the lease (False only watches for its expiry).
         max_hold: the longest total hold in seconds from the first grant; None: no cap.
+        max_busy: the longest the holder may stay in one step (``busy_since``) before
+            the watchdog stops extending; None: no limit.
+        busy_since: when the holder's current step began (the drivers' monotonic
+            seconds), None while it is between steps; called by the watchdog at each
+            wake, from its own thread or task, so it must only read a value.
     """
 
     extend: bool = True
     max_hold: float | None = None
+    max_busy: float | None = None
+    busy_since: Callable[[], float | None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         cap: object = self.max_hold
-        if cap is None:
-            return
-        if not (is_finite(cap) and cap > 0):
+        if cap is not None and not (is_finite(cap) and cap > 0):
             raise ConfigurationError(
                 "max_hold",
                 f"must be a finite number of seconds > 0, or None for no cap, got {cap!r}",
+            )
+        busy: object = self.max_busy
+        if busy is not None and not (is_finite(busy) and busy > 0):
+            raise ConfigurationError(
+                "max_busy",
+                f"must be a finite number of seconds > 0, or None for no limit, got {busy!r}",
+            )
+        if (busy is None) != (self.busy_since is None):
+            raise ConfigurationError(
+                "max_busy", "max_busy and busy_since go together: pass both or neither"
             )
 
     def check_ttl(self, ttl: float) -> None:
@@ -166,6 +186,22 @@ class KeepAlive:
             )
             return GiveUp(lease.valid_until, capped)
         return Extend()
+
+    def unless_stuck(self, now: float, lease: LeaseState, busy_since: float | None) -> Action:
+        """Whether an extension ``decide`` asked for at ``now`` still stands: not if the
+        holder's current step, begun at ``busy_since`` (None: between steps), has run
+        ``max_busy`` or longer. The lease then runs out and is reported lost, so that
+        others may take it, as when the holder's process dies; a step that returns
+        meanwhile finds the lease valid until then, lost after."""
+        limit = self.max_busy
+        if limit is None or busy_since is None or now - busy_since < limit:
+            return Extend()
+        stuck = LeaseExpired(
+            lease.name,
+            f"its holder has been in one step for {now - busy_since:.1f}s, past "
+            f"max_busy={limit:g}s; the watchdog stopped extending it",
+        )
+        return GiveUp(lease.valid_until, stuck)
 
 
 def _told_by(lease: LeaseState, ttl: float) -> float:

@@ -487,10 +487,14 @@ class Lease(LeaseView):
             InheritedLease: this process is a fork of the one that acquired it.
             ClientClosed: its client was closed.
         """
+        self._keep_alive(KeepAlive(max_hold=max_hold))
+
+    def _keep_alive(self, policy: KeepAlive) -> None:
+        """``keep_alive`` with a policy its caller made: the streams' worker gives one
+        that stops extending when its handler hangs (``KeepAlive.max_busy``)."""
         self._check_usable("keep it alive")
         if self._released:
             raise NotHeld(self.name, "this lease was already released")
-        policy = KeepAlive(max_hold=max_hold)
         policy.check_ttl(self._spec.ttl)
         if self._watchdog is not None:
             policy.check_as_running(self._watchdog.policy)

@@ -87,12 +87,21 @@ start, so the failed entry is retried before anything newer (per-key order over
 progress). An entry that always fails therefore stops its partition; the handler should
 catch what it can deal with.
 
+**A handler that hangs.** The leases' watchdogs run in their own threads, so they would
+extend the leases of a worker stuck in one handler call (a database call without a
+timeout) for as long as its process lived: its heartbeat stops, the others count it
+out, and still cannot take its partitions. So the worker marks the start of each step
+(a pass, a handler call, the acknowledgement after it), and its watchdogs extend only
+while the current step is younger than ``handler_timeout`` (``KeepAlive.max_busy``),
+as Kafka's ``max.poll.interval.ms`` bounds the time between polls. Past it, every lease
+of the worker runs out, is marked lost, and the others take the partitions over. The
+late call, when it returns, finds its lease lost before it acknowledges anything or
+calls the handler again; a late write it made meanwhile is refused by a fenced store.
+
 Assumptions: the stream Redis keeps its data (a stream node restarted empty has lost the
 writes themselves; the owner keys went with them, so the workers' reads are refused as
 stale, and they take their partitions again); consumer names are unique among live
-workers; a handler call returns. The watchdog extends the leases while the process
-lives, so a handler that hangs keeps every partition of its worker, whose heartbeat
-stops meanwhile: the others count it out but cannot take its partitions.
+workers; a handler call returns within ``handler_timeout`` (or, with None, at all).
 """
 
 from __future__ import annotations
@@ -109,6 +118,7 @@ from typing import Any, Protocol
 import redis
 
 from .._core.config import check_name as _checked_name
+from .._core.watchdog import KeepAlive as _KeepAlive
 from .._driver.clock import monotonic
 from .._driver.process_bound import ProcessBound as _ProcessBound
 from .._driver.redis_objects import check_client as _check_client
@@ -176,6 +186,11 @@ def _check_partitions(partitions: object) -> int:
 # before a float does.
 MAX_INTERVAL = 86_400.0
 
+# Seconds a handler call may hang before its worker lets its partitions go: generous, as
+# Kafka's max.poll.interval.ms (5 minutes), so that only a call that is stuck, not one
+# that is slow, moves partitions (docs/patterns.md, "A handler that hangs").
+DEFAULT_HANDLER_TIMEOUT = 300.0
+
 
 def _check_positive(parameter: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -185,6 +200,19 @@ def _check_positive(parameter: str, value: object) -> float:
             parameter, f"must be at most {MAX_INTERVAL:,.0f} seconds, got {value!r}"
         )
     return float(value)
+
+
+def _check_handler_timeout(value: object) -> float | None:
+    if value is None:
+        return None
+    try:
+        return _check_positive("handler_timeout", value)
+    except ConfigurationError:
+        raise ConfigurationError(
+            "handler_timeout",
+            f"must be a number of seconds > 0 and at most {MAX_INTERVAL:,.0f}, or None to "
+            f"keep the partitions however long a handler call hangs, got {value!r}",
+        ) from None
 
 
 def partition_stream(stream_prefix: str, partition: int) -> str:
@@ -502,6 +530,13 @@ class StreamWorker(_ProcessBound):
             (a batch of every held partition), so that a live worker never drops out
             of the registry between its beats.
         retry_delay: seconds before a partition whose handler raised is tried again.
+        handler_timeout: seconds a handler call (or a pass's own reads and
+            acknowledgements) may run before the worker lets every partition it holds
+            go: their watchdogs stop extending, the leases run out (within
+            ``handler_timeout`` plus about ``lease_ttl``), and other workers take the
+            partitions over. The late call, when it returns, acknowledges nothing for
+            them. None: keep the leases for as long as the process lives, however long
+            a call hangs. Default 300 (Kafka's ``max.poll.interval.ms``).
 
     Raises:
         ConfigurationError: a parameter out of range (``heartbeat_ttl`` not longer
@@ -526,6 +561,7 @@ class StreamWorker(_ProcessBound):
         rebalance_interval: float | None = None,
         heartbeat_ttl: float | None = None,
         retry_delay: float = 1.0,
+        handler_timeout: float | None = DEFAULT_HANDLER_TIMEOUT,
     ) -> None:
         _check_client(
             redis_client, "redis_client", owner="StreamWorker", asyncio=False, raw_bytes=True
@@ -582,6 +618,16 @@ class StreamWorker(_ProcessBound):
                 "raise heartbeat_ttl or lower rebalance_interval",
             )
         self.retry_delay = _check_positive("retry_delay", retry_delay)
+        self.handler_timeout = _check_handler_timeout(handler_timeout)
+        # The partitions' watchdogs read _busy_since at each wake (from their threads: a
+        # float or None, read whole): the start of the worker's current step, None
+        # between passes. A step stuck past handler_timeout lets the leases run out.
+        self._busy_since: float | None = None
+        self._keep = (
+            _KeepAlive()
+            if self.handler_timeout is None
+            else _KeepAlive(max_busy=self.handler_timeout, busy_since=self._current_step)
+        )
         self.stats = WorkerStats()
         self._held: dict[int, _Held] = {}
         self._next_balance = 0.0
@@ -641,15 +687,30 @@ class StreamWorker(_ProcessBound):
         """
         if self._stopping.is_set():
             return 0  # stopped for good: its leases were released, none is taken again
+        now = self._step()
+        try:
+            if now >= self._next_balance:
+                # A P that disagrees raises before the next balance is scheduled, so
+                # calling run_once again checks again rather than idling for a
+                # rebalance_interval.
+                agreed = self._agreed or self._agree()
+                self._next_balance = now + self.rebalance_interval
+                if agreed:
+                    self._balance()
+            return self._consume()
+        finally:
+            self._busy_since = None  # between passes: nothing of ours can hang
+
+    def _step(self) -> float:
+        """Mark the start of a step (a pass, a handler call, the acknowledgement after
+        it): progress, which keeps the leases extended for another handler_timeout."""
         now = monotonic()
-        if now >= self._next_balance:
-            # A P that disagrees raises before the next balance is scheduled, so calling
-            # run_once again checks again rather than idling for a rebalance_interval.
-            agreed = self._agreed or self._agree()
-            self._next_balance = now + self.rebalance_interval
-            if agreed:
-                self._balance()
-        return self._consume()
+        self._busy_since = now
+        return now
+
+    def _current_step(self) -> float | None:
+        """When the current step began (None: between passes); for the watchdogs."""
+        return self._busy_since
 
     def stop(self) -> None:
         """Stop for good: ``run`` returns after the current batch and releases every
@@ -776,7 +837,13 @@ class StreamWorker(_ProcessBound):
         """Acquire ``number``'s lease and fence its stream; False: stop trying for now."""
         name = partition_lock_name(self.stream_prefix, number, self.group)
         try:
-            lease = self.lock_client.acquire(name, self.lease_ttl, blocking=False, watchdog=True)
+            lease = self.lock_client.acquire(name, self.lease_ttl, blocking=False)
+            try:
+                # This worker's watchdog policy: it stops extending when a step hangs.
+                lease._keep_alive(self._keep)
+            except BaseException:
+                _quiet_release(lease)
+                raise
         except LockTimeout:
             return True  # another worker has it: try the next one
         except ConfigurationError:
@@ -842,7 +909,7 @@ class StreamWorker(_ProcessBound):
             "tenure: worker %r dropped partition %d (%s)",
             self.consumer_name,
             held.number,
-            "token refused" if fenced else "lease lost",
+            "token refused" if fenced else _loss_of(held.lease),
         )
         _quiet_release(held.lease)
 
@@ -933,6 +1000,7 @@ class StreamWorker(_ProcessBound):
             try:
                 # The last moment to notice a lost lease before writing.
                 held.lease.check()
+                self._step()
                 self.handler(parsed[0], parsed[1], held.token)
             except (LeaseLost, NotHeld):
                 # No acknowledgement either: after a loss this worker writes nothing, and
@@ -946,13 +1014,28 @@ class StreamWorker(_ProcessBound):
             except Exception as exc:
                 self.stats.failed += 1
                 _log.exception("tenure: handler failed on %s (key %r)", entry_id, parsed[0])
-                self._ack(held, done)
-                self._rewind(held, exc)
+                if self._still_held(held):
+                    self._ack(held, done)
+                    self._rewind(held, exc)
                 return len(done)
             self.stats.handled += 1
             done.append(entry_id)
-        self._ack(held, done)
+        if self._still_held(held):
+            self._ack(held, done)
         return len(done)
+
+    def _still_held(self, held: _Held) -> bool:
+        """Whether ``held``'s lease still stands after handler calls; if not, drop it
+        without acknowledging. A call that ran past handler_timeout (or a pause) may
+        have outlived the lease; its batch is the next owner's, delivered again. (The
+        acknowledgement is fenced as well, for a loss after this check.)"""
+        self._step()
+        try:
+            held.lease.check()
+        except (LeaseLost, NotHeld):
+            self._drop(held, fenced=False)
+            return False
+        return True
 
     def _ack(self, held: _Held, entry_ids: Sequence[str]) -> None:
         if not entry_ids:
@@ -1000,6 +1083,14 @@ def fair_share(partitions: int, live: Sequence[str], me: str) -> int:
     names = sorted(set(live) | {me})
     base, extra = divmod(partitions, len(names))
     return base + (1 if names.index(me) < extra else 0)
+
+
+def _loss_of(lease: Lease) -> str:
+    """Why ``lease`` is no longer trusted, for the log."""
+    error = lease.lost_error
+    if error is not None:
+        return f"lease lost: {error}"
+    return "lease released" if lease.released else "lease expired"
 
 
 def _quiet_release(lease: Lease) -> None:
