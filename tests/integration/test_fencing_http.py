@@ -894,6 +894,170 @@ def test_gate_rejects_bad_configuration(options: dict[str, Any], parameter: str)
 
 
 # ---------------------------------------------------------------------------------------
+# Request bodies: bounded, and read before the resource's turn
+
+
+async def trickle(*chunks: bytes, until: asyncio.Event | None = None) -> AsyncIterator[bytes]:
+    """A request body sent chunk by chunk; with ``until``, the last chunk waits for it
+    (a slow client, still uploading)."""
+    for index, chunk in enumerate(chunks):
+        if until is not None and index == len(chunks) - 1:
+            await until.wait()
+        yield chunk
+
+
+@pytest.mark.parametrize("max_body", [-1, 1.5, True, "10", None])
+def test_proxy_max_body_must_be_a_byte_count(max_body: object) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        FencingProxy("http://127.0.0.1:1", max_body=max_body)  # type: ignore[arg-type]
+    assert caught.value.parameter == "max_body"
+    assert "bytes" in str(caught.value)
+
+
+def test_gate_max_body_must_be_a_byte_count_or_none() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        FencingGate(Recorder(), max_body=-5)
+    assert caught.value.parameter == "max_body"
+    assert FencingGate(Recorder()).max_body is None
+    assert FencingProxy("http://127.0.0.1:1").max_body == 512 * 2**20
+
+
+def test_a_body_declared_over_max_body_is_413_and_records_no_token(store: Store) -> None:
+    async def scenario() -> tuple[httpx.Response, httpx.Response, FencingProxy]:
+        async with FencingProxy(store.url, max_body=10) as proxy, through(proxy) as client:
+            over = await client.put("/doc", content=b"x" * 11, headers=fenced(5))
+            at = await client.put("/doc", content=b"x" * 10, headers=fenced(4))
+            return over, at, proxy
+
+    over, at, proxy = run(scenario())
+    assert over.status_code == 413
+    assert over.json()["error"] == "request body too large"
+    assert over.json()["max_body"] == 10
+    assert "11" in over.json()["detail"]
+    # Token 5 was never recorded: the older 4, within the bound, is still admitted.
+    assert at.status_code == 201
+    assert store.tokens() == [4]
+    assert proxy.tokens.highest("/doc") == 4
+
+
+def test_a_chunked_body_over_max_body_is_413_and_records_no_token(store: Store) -> None:
+    async def scenario() -> tuple[httpx.Response, FencingProxy]:
+        async with FencingProxy(store.url, max_body=10) as proxy, through(proxy) as client:
+            # No Content-Length: the body is streamed, and only reading it finds it too big.
+            body = trickle(b"x" * 6, b"x" * 6)
+            return await client.put("/doc", content=body, headers=fenced(5)), proxy
+
+    response, proxy = run(scenario())
+    assert response.status_code == 413
+    assert response.json()["max_body"] == 10
+    assert proxy.tokens.highest("/doc") is None
+    assert store.writes == []
+
+
+def test_an_unguarded_request_is_bounded_too(store: Store) -> None:
+    async def scenario() -> list[int]:
+        async with proxied(store, max_body=4, methods=frozenset({"PUT"})) as client:
+            post = await client.post("/doc", content=trickle(b"abc", b"de"))
+            small = await client.post("/doc", content=b"abcd")
+            return [post.status_code, small.status_code]
+
+    assert run(scenario()) == [413, 201]
+    assert [w.body for w in store.writes] == [b"abcd"]
+
+
+def test_a_gate_with_max_body_hands_the_app_the_whole_body() -> None:
+    got: list[bytes] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        message = await receive()
+        assert message["more_body"] is False
+        got.append(message["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def scenario() -> list[int]:
+        async with through(FencingGate(app, max_body=8)) as client:
+            whole = await client.put("/doc", content=trickle(b"ab", b"cd"), headers=fenced(1))
+            over = await client.put("/doc", content=trickle(b"abcde", b"fghi"), headers=fenced(2))
+            return [whole.status_code, over.status_code]
+
+    assert run(scenario()) == [200, 413]
+    assert got == [b"abcd"]
+
+
+@pytest.mark.parametrize("kind", ["proxy", "gate"])
+def test_a_slow_uploader_does_not_hold_up_the_resources_other_writers(
+    store: Store, kind: str
+) -> None:
+    # A (token 5) starts its write first and uploads slowly; B (token 6) writes the same
+    # resource meanwhile. The gate took A's turn before A's body was read, so B waited
+    # for A's upload to end, however long: one slow client stalled every writer of the
+    # resource (here A waits for B, so they waited for each other).
+    async def scenario() -> tuple[int, int]:
+        # As a gate: the proxy behind it fences nothing.
+        proxy = FencingProxy(store.url, methods=frozenset({"NONE" if kind == "gate" else "PUT"}))
+        app = proxy if kind == "proxy" else FencingGate(proxy, max_body=64)
+        b_done = asyncio.Event()
+        async with proxy, through(app) as client:
+
+            async def a() -> httpx.Response:
+                body = trickle(b"A-part-1 ", b"A-part-2", until=b_done)
+                return await client.put("/doc", content=body, headers=fenced(5))
+
+            async def b() -> httpx.Response:
+                await asyncio.sleep(0.05)  # A is well into its upload
+                try:
+                    return await client.put("/doc", content=b"B", headers=fenced(6))
+                finally:
+                    b_done.set()
+
+            a_answer, b_answer = await asyncio.wait_for(asyncio.gather(a(), b()), 5)
+        return a_answer.status_code, b_answer.status_code
+
+    a_status, b_status = run(scenario())
+    assert (a_status, b_status) == (409, 201)
+    assert store.tokens() == [6]
+    assert store.values == {"/doc": b"B"}
+
+
+def test_a_client_that_leaves_mid_upload_records_no_token(store: Store) -> None:
+    # The token was recorded as the gate admitted the request, before the body was read:
+    # a client gone halfway through its upload still locked out every older token.
+    messages: Iterator[Message] = iter(
+        [
+            {"type": "http.request", "body": b"half", "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+    )
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return next(messages)
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def scenario() -> FencingProxy:
+        async with FencingProxy(store.url) as proxy:
+            scope: Scope = {
+                "type": "http",
+                "method": "PUT",
+                "path": "/doc",
+                "raw_path": b"/doc",
+                "query_string": b"",
+                "headers": [(b"fencing-token", b"5")],
+            }
+            await proxy(scope, receive, send)
+            return proxy
+
+    proxy = run(scenario())
+    assert sent == []
+    assert proxy.tokens.highest("/doc") is None
+    assert proxy._turns._turns == {}
+    assert store.writes == []
+
+
+# ---------------------------------------------------------------------------------------
 # The token book
 
 

@@ -27,6 +27,9 @@ checked, and holds the turn until the app has answered. The store therefore rece
 resource's writes one at a time, with tokens that never decrease. Writes of a resource by
 its rightful holder are sequential anyway; only the fault case queues. A hung app holds
 its resource's turn for as long as it hangs, so bound it (FencingProxy has a timeout).
+So does a slow client uploading its body while the app reads it: with ``max_body``
+(always set on FencingProxy) the gate reads the body whole before taking the turn, and
+refuses one over the bound with ``413`` before anything is recorded.
 
 What the gate cannot do. The token is recorded as soon as the gate admits the request,
 before the app runs. If the app then fails halfway, the gate cannot undo a partial write;

@@ -33,6 +33,10 @@ _DIGITS = re.compile(r"[0-9]+")
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
+class _ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
 class _Refusal(Exception):
     """A request the gate answers itself, with ``status`` and a JSON ``payload``."""
 
@@ -77,12 +81,21 @@ class FencingGate:
     - a path that is the resource (no resource header, no ``resource`` callable) but not
       canonical (empty, ``.`` or ``..`` segments, a trailing ``/``): ``400``, since the
       store behind may serve it as another spelling of a path fenced under a newer token;
+    - with ``max_body``, a body longer than it (declared in ``Content-Length``, or found
+      so while reading it): ``413``;
     - a token smaller than the highest seen for the resource: ``409 Conflict`` with
       ``{"error": "stale fencing token", "resource": ..., "token": ..., "highest": ...}``;
     - otherwise the token is recorded and the request goes to ``app``, once no other
       request for the same resource is in the app (see the module docstring).
 
     All other requests, and non-HTTP scopes (lifespan, websocket), pass through untouched.
+
+    The resource's turn is held until the app has answered. Without ``max_body`` the
+    app reads the request body inside it, so a client that uploads slowly holds up every
+    other writer of its resource for as long as its upload lasts. With ``max_body`` the
+    gate reads the whole body first, outside the turn (a body over the bound is refused
+    before anything is recorded, and a client that leaves mid-upload records nothing),
+    and hands it to the app as one ``http.request`` message.
 
     Args:
         app: the ASGI application to protect.
@@ -96,9 +109,13 @@ class FencingGate:
         require_token: refuse guarded requests that carry no token.
         tokens: the book of highest tokens; a fresh in-memory one by default. Share one
             book between gates only if they run in the same process.
+        max_body: read the body of a request carrying a token, of at most this many
+            bytes, before taking the resource's turn; None (the default) leaves the body
+            to the app.
 
     Raises:
-        ConfigurationError: a header name or method is not a valid HTTP token.
+        ConfigurationError: a header name or method is not a valid HTTP token, or
+            ``max_body`` is not None or an int >= 0.
     """
 
     def __init__(
@@ -111,6 +128,7 @@ class FencingGate:
         methods: frozenset[str] = GUARDED_METHODS,
         require_token: bool = True,
         tokens: TokenBook | None = None,
+        max_body: int | None = None,
     ) -> None:
         self.app = app
         self.header = _check_header_name("header", header)
@@ -123,6 +141,7 @@ class FencingGate:
         self.methods = _check_methods(methods)
         self.require_token = require_token
         self.tokens = TokenBook() if tokens is None else tokens
+        self.max_body = None if max_body is None else check_max_body(max_body)
         self._turns = _Turns()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -134,9 +153,17 @@ class FencingGate:
             if token is None:  # no token, and none required
                 await self.app(scope, receive, send)
                 return
-            await self._fenced(self._resource(scope), token, scope, receive, send)
+            resource = self._resource(scope)
+            if self.max_body is not None:
+                # Read before the turn: a slow upload then holds up no other writer, and
+                # one that is too big, or never ends, is dropped before it is admitted.
+                body = await read_body(scope, receive, self.max_body)
+                receive = _replay(body, receive)
+            await self._fenced(resource, token, scope, receive, send)
         except _Refusal as refusal:
             await _send_json(send, refusal.status, refusal.payload)
+        except _ClientGone:
+            pass  # nobody to answer; nothing was recorded
 
     async def _fenced(
         self, resource: str, token: int, scope: Scope, receive: Receive, send: Send
@@ -224,6 +251,69 @@ class FencingGate:
                 f"tells such paths apart, {named}",
             },
         )
+
+
+def check_max_body(max_body: object) -> int:
+    # bool is an int subclass; max_body=True is a bug, not a 1-byte bound.
+    if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 0:
+        raise ConfigurationError(
+            "max_body",
+            f"must be a number of bytes, an int >= 0, got {max_body!r}: pass the largest "
+            "request body the store should receive, e.g. 512 * 2**20",
+        )
+    return max_body
+
+
+async def read_body(scope: Scope, receive: Receive, max_body: int) -> bytes:
+    """The request's whole body, refused with 413 past ``max_body`` bytes.
+
+    Raises:
+        _Refusal: 413, the body is declared, or found while reading, to be too large.
+        _ClientGone: the client disconnected before the body ended.
+    """
+    # A declared length is refused before any of the body is read (and, with "Expect:
+    # 100-continue", before the client sends it). The server has checked the header's
+    # form; one it passed on that is not digits is left to the read below.
+    for declared in _header_values(scope, "content-length"):
+        text = declared.strip()
+        if text.isdigit() and int(text) > max_body:
+            raise _Refusal(413, _too_large(max_body, f"Content-Length is {int(text)}"))
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > max_body:
+            raise _Refusal(413, _too_large(max_body, f"the body ran past {max_body} bytes"))
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _too_large(max_body: int, found: str) -> dict[str, object]:
+    return {
+        "error": "request body too large",
+        "max_body": max_body,
+        "detail": f"{found}; send at most {max_body} bytes",
+    }
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``body`` as one message, then defers to ``receive`` (so the
+    app still learns of a disconnect)."""
+    pending = True
+
+    async def replayed() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
 
 
 def _canonical_path(path: str) -> str:

@@ -5,7 +5,6 @@ Part of :mod:`tenure.fencing.http` (its module docstring is the theory of operat
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -14,7 +13,18 @@ from urllib.parse import quote
 from tenure._core.numbers import is_finite
 from tenure._errors import ConfigurationError, TenureError
 
-from ._gate import GUARDED_METHODS, FencingGate, Receive, Scope, Send, _send_json
+from ._gate import (
+    GUARDED_METHODS,
+    FencingGate,
+    Receive,
+    Scope,
+    Send,
+    _ClientGone,
+    _Refusal,
+    _send_json,
+    check_max_body,
+    read_body,
+)
 from ._tokenbook import TokenBook
 
 if TYPE_CHECKING:
@@ -38,14 +48,21 @@ _HOP_BY_HOP = frozenset(
 # (so its length is known and there is nothing to wait for with 100-continue).
 _REQUEST_ONLY = frozenset({b"host", b"content-length", b"expect"})
 
+# The default bound on a request body, which the proxy holds in memory whole.
+_MAX_BODY = 512 * 2**20
+
 
 class FencingProxy(FencingGate):
     """A :class:`FencingGate` whose app forwards admitted requests to an upstream server.
 
     Run it under any ASGI server (one worker process). Method, path, query, headers
     (minus hop-by-hop ones and Host) and body are forwarded; the upstream's status,
-    headers and body come back unchanged. Request bodies are buffered in memory;
-    response bodies are streamed. An upstream that cannot be reached, or fails at the
+    headers and body come back unchanged. Request bodies are read whole into memory,
+    up to ``max_body`` bytes, before the gate takes the resource's turn: a slow upload
+    holds up no other writer, and a body over the bound is answered ``413`` (as soon as
+    ``Content-Length`` declares it, or as the body runs past it), with nothing recorded
+    and nothing forwarded; a client that leaves mid-upload records nothing either.
+    Response bodies are streamed. An upstream that cannot be reached, or fails at the
     HTTP level before its answer's body begins, is answered ``502``, and a timeout
     ``504``; in both cases the token stays recorded (see the module docstring). One that
     fails later, once its status was relayed, raises :class:`UpstreamInterrupted` to the
@@ -62,12 +79,15 @@ class FencingProxy(FencingGate):
             By default the proxy makes one and closes it in ``aclose()`` or at ASGI
             lifespan shutdown.
         timeout: seconds for each forwarded request when the proxy makes the client.
+        max_body: the largest request body, in bytes, the proxy reads (and holds in
+            memory) for one request, of any method; 512 MiB by default.
         header, resource_header, resource, methods, require_token, tokens: as for
             :class:`FencingGate`.
 
     Raises:
         ImportError: httpx is not installed (``pip install httpx``).
-        ConfigurationError: ``upstream`` is not an http(s) URL without query or fragment.
+        ConfigurationError: ``upstream`` is not an http(s) URL without query or fragment,
+            ``timeout`` not a finite number > 0, or ``max_body`` not an int >= 0.
     """
 
     def __init__(
@@ -76,6 +96,7 @@ class FencingProxy(FencingGate):
         *,
         client: httpx.AsyncClient | None = None,
         timeout: float = 10.0,
+        max_body: int = _MAX_BODY,
         header: str = "Fencing-Token",
         resource_header: str | None = "Fencing-Resource",
         resource: Callable[[Scope], str] | None = None,
@@ -83,7 +104,7 @@ class FencingProxy(FencingGate):
         require_token: bool = True,
         tokens: TokenBook | None = None,
     ) -> None:
-        self.forwarder = _Forwarder(upstream, client, timeout)
+        self.forwarder = _Forwarder(upstream, client, timeout, check_max_body(max_body))
         super().__init__(
             self.forwarder,
             header=header,
@@ -92,6 +113,7 @@ class FencingProxy(FencingGate):
             methods=methods,
             require_token=require_token,
             tokens=tokens,
+            max_body=max_body,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -142,10 +164,6 @@ class UpstreamInterrupted(TenureError, ConnectionError):
     """
 
 
-class _ClientGone(Exception):
-    """The client disconnected before its request body arrived."""
-
-
 class _Unforwardable(Exception):
     """The request target cannot be made into an upstream URL; the message says why and
     what to send instead (it is the 400 answer's detail)."""
@@ -154,7 +172,9 @@ class _Unforwardable(Exception):
 class _Forwarder:
     """The ASGI app behind a FencingProxy's gate: relays a request to the upstream."""
 
-    def __init__(self, upstream: str, client: httpx.AsyncClient | None, timeout: float) -> None:
+    def __init__(
+        self, upstream: str, client: httpx.AsyncClient | None, timeout: float, max_body: int
+    ) -> None:
         _require_httpx()
         import httpx
 
@@ -165,6 +185,7 @@ class _Forwarder:
             raise ConfigurationError(
                 "timeout", f"must be a finite number of seconds > 0, got {timeout!r}"
             )
+        self.max_body = max_body
         self._owns_client = client is None
         self._client = httpx.AsyncClient(timeout=timeout) if client is None else client
         self._timeout_said = f"{timeout:g} s" if client is None else "the client's timeout"
@@ -177,8 +198,12 @@ class _Forwarder:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
-            with contextlib.suppress(_ClientGone):
+            try:
                 await self._forward(scope, receive, send)
+            except _Refusal as refusal:  # a body over max_body
+                await _send_json(send, refusal.status, refusal.payload)
+            except _ClientGone:
+                pass
         else:
             raise RuntimeError(f"FencingProxy does not handle {scope['type']!r} connections")
 
@@ -202,11 +227,13 @@ class _Forwarder:
             # which checks the target first; answered the same way.
             await _send_unforwardable(send, exc)
             return
+        # A fenced request's body was read (and bounded) by the gate before its turn,
+        # and comes as one message; any other request's is bounded here.
         request = httpx.Request(
             scope["method"],
             url,
             headers=_forwardable(scope["headers"], drop=_REQUEST_ONLY),
-            content=await _read_body(receive),
+            content=await read_body(scope, receive, self.max_body),
         )
         try:
             response = await self._client.send(request, stream=True)
@@ -289,17 +316,6 @@ def _check_upstream(upstream: str) -> httpx.URL:
 async def _send_unforwardable(send: Send, exc: _Unforwardable) -> None:
     detail = str(exc)
     await _send_json(send, 400, {"error": "request target cannot be forwarded", "detail": detail})
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 async def _relay(
