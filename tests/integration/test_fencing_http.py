@@ -117,6 +117,9 @@ def _handler_for(store: Store) -> type[BaseHTTPRequestHandler]:
         def do_PUT(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length)
+            if body == b"!503":  # a store that fails a write without applying it
+                self._reply(503, b"overloaded")
+                return
             raw_token = self.headers.get("Fencing-Token")
             token = None if raw_token is None else int(raw_token)
             store.apply(Write(self.command, self.path.partition("?")[0], token, body))
@@ -425,6 +428,49 @@ def test_concurrent_shuffled_tokens_reach_the_store_in_nondecreasing_order() -> 
             assert response.json()["highest"] > response.json()["token"]
         else:
             assert response.status_code == 201
+
+
+def test_slow_and_fast_uploads_of_one_resource_reach_the_store_in_token_order() -> None:
+    # The gate reads each body before its turn: writers are admitted in the order their
+    # uploads end, not begin, and the store must still see tokens that never decrease.
+    rng = random.Random(23)
+    plans = [(rng.randrange(1, 60), rng.choice([0.0, 0.0, 0.002, 0.01])) for _ in range(80)]
+
+    async def upload(token: int, pause: float) -> AsyncIterator[bytes]:
+        for part in (b"%d" % token, b"-", b"body"):
+            await asyncio.sleep(pause)
+            yield part
+
+    async def scenario(store: Store) -> list[httpx.Response]:
+        async with proxied(store) as client:
+            return await asyncio.gather(
+                *(client.put("/hot", content=upload(t, p), headers=fenced(t)) for t, p in plans)
+            )
+
+    with Store(jitter=0.002) as store:
+        responses = run(scenario(store))
+        accepted = [token for token in store.tokens() if token is not None]
+        bodies = [write.body for write in store.writes]
+
+    assert accepted == sorted(accepted), "the store applied an older token after a newer one"
+    assert bodies == [b"%d-body" % t for t in accepted]  # whole, and every write tokened
+    refused = [r.json() for r in responses if r.status_code == 409]
+    assert len(accepted) + len(refused) == len(plans)
+    assert all(r["highest"] > r["token"] for r in refused)
+
+
+def test_a_store_failing_a_write_leaves_its_token_recorded(store: Store) -> None:
+    # The gate cannot tell a failure that applied nothing from one that applied part:
+    # the token stays recorded, its holder retries with it, older ones stay out.
+    async def scenario() -> list[int]:
+        async with proxied(store) as client:
+            return [
+                (await client.put("/doc", content=body, headers=fenced(token))).status_code
+                for token, body in [(6, b"!503"), (5, b"stale"), (6, b"retried")]
+            ]
+
+    assert run(scenario()) == [503, 409, 201]
+    assert store.values == {"/doc": b"retried"}
 
 
 def test_holder_paused_past_its_lease_cannot_overwrite_its_successor(store: Store) -> None:
