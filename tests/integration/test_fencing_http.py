@@ -12,6 +12,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import socket
 import sys
 import threading
@@ -601,9 +602,15 @@ def breaking_upstream(reply: bytes) -> Iterator[str]:
                 continue
             conn.settimeout(5)
             with conn:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    head += conn.recv(65536)
+                received = b""
+                while b"\r\n\r\n" not in received:
+                    received += conn.recv(65536)
+                # Read the body too: closing a socket with unread bytes resets the
+                # connection, and the proxy would see a reset, not an answer broken off.
+                head, _, body = received.partition(b"\r\n\r\n")
+                declared = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+                while declared and len(body) < int(declared[1]):
+                    body += conn.recv(65536)
                 conn.sendall(reply)
 
     thread = threading.Thread(target=serve, daemon=True)
