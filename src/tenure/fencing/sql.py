@@ -154,8 +154,16 @@ def _check_where(table: Table, where: Sequence[ColumnElement[bool]], parameter: 
     (``UPDATE t ... FROM other``), applied to every row of ``t`` whenever any row of the
     other table matched, instead of the one row meant. (A subquery on another table,
     ``t.c.owner.in_(select(...))``, stays inside the clause and is fine.)"""
-    froms = select(*table.c).where(*where).get_final_froms()
-    others = [getattr(f, "name", None) or str(f) for f in froms if f is not table]
+    try:
+        # What each clause reads FROM (a subquery's tables stay inside it): what a SELECT
+        # of the clauses would list, without making one, which cost about 120 µs a write
+        # (as much as the fenced UPDATE itself on SQLite).
+        froms = [f for clause in where for f in clause._from_objects]
+    except AttributeError:  # not a clause: let SQLAlchemy coerce it, or say why not
+        froms = list(select(*table.c).where(*where).get_final_froms())
+    others = list(
+        dict.fromkeys(getattr(f, "name", None) or str(f) for f in froms if f is not table)
+    )
     if others:
         raise ConfigurationError(
             parameter,
