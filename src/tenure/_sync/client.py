@@ -538,9 +538,11 @@ class Lease(LeaseView):
 
         Raises:
             LeaseLost: fewer than a majority still held it: the lock expired during the
-                critical section, which may have overlapped another holder. Also when
-                the lease was found lost before (released already, by tenure, if a
-                majority said it is not ours).
+                critical section, which may have overlapped another holder. A lease
+                found lost before (by its watchdog or an extension) raises it here too,
+                unless this release finds a majority still holding it, which shows it
+                was held to the end (a loss told for want of answers can be so); one
+                that a majority said is not ours was released by tenure already.
             ServerUnsupported: a node refused the release (an ACL without a command the
                 release runs, e.g. ``PUBLISH`` when someone waits): a configuration error,
                 not a lost lease; ``tenure check`` names the fix.
