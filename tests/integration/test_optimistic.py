@@ -341,6 +341,41 @@ def test_bad_arguments_are_refused(run: Run, key: str) -> None:
     assert info.value.parameter == "keys"
 
 
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_decoding_client_on_bytes_that_are_not_text_is_a_clear_error(
+    node: LocalCluster, raw: redis.Redis, key: str, flavour: str
+) -> None:
+    """A client made with ``decode_responses=True`` reads a watched value that is not
+    UTF-8 text: redis-py's raw ``UnicodeDecodeError`` escaped from the read."""
+    raw.set(key, b"\xff\xfe")
+    ran: list[object] = []
+
+    def plan(reads: Reads[Any]) -> Plan[None]:
+        ran.append(reads[key])
+        return Plan(None, {key: b"x"})
+
+    async def decoding_async() -> None:
+        client = redis.asyncio.Redis.from_url(node.urls[0], decode_responses=True)
+        try:
+            await aoptimistic(client, [key], plan)
+        finally:
+            await client.aclose()
+
+    def decoding() -> None:
+        if flavour == "async":
+            asyncio.run(decoding_async())
+            return
+        with redis.Redis.from_url(node.urls[0], decode_responses=True) as client:
+            optimistic(client, [key], plan)
+
+    with pytest.raises(ConfigurationError) as info:
+        decoding()
+    assert info.value.parameter == "client"
+    assert "decode_responses=False" in str(info.value)
+    assert ran == []  # fn never saw a value, and nothing was written
+    assert raw.get(key) == b"\xff\xfe"
+
+
 def test_fn_that_returns_no_plan_is_a_clear_error(run: Run, raw: redis.Redis, key: str) -> None:
     # It was a raw AttributeError ("'int' object has no attribute 'writes'").
     raw.set(key, 5)

@@ -487,6 +487,17 @@ def _values(keys: Sequence[str], replies: Sequence[bytes | str | None]) -> dict[
     }
 
 
+def _not_text(keys: Sequence[str]) -> ConfigurationError:
+    """A client that decodes replies read a watched value that is not UTF-8 text: redis-py
+    failed inside its read, before ``fn`` saw anything."""
+    return ConfigurationError(
+        "client",
+        f"it decodes replies (decode_responses=True), and a value of {', '.join(keys)} is "
+        "not UTF-8 text: make the client with decode_responses=False (the values reach "
+        "fn as bytes either way); nothing was written",
+    )
+
+
 def _watch_conflict(error: redis.WatchError, keys: Sequence[str]) -> redis.RedisError | None:
     """What a WatchError means: a conflict (None), or a lost connection in disguise.
 
@@ -568,7 +579,8 @@ def optimistic(
             ACL). Before EXEC nothing was written; a queued write that failed inside EXEC
             does not roll back the others, which were applied (the message says so).
         ConfigurationError: bad ``keys``, ``retries`` or plan ``writes``; ``fn``
-            returned no :class:`Plan`; an asyncio ``client``.
+            returned no :class:`Plan`; an asyncio ``client``, or one that decodes replies
+            reading a value that is not UTF-8 text.
         Exception: whatever ``fn`` raises, unchanged (but for a redis-py error, as
             above); nothing was written.
 
@@ -594,7 +606,10 @@ def optimistic(
                 pipe.watch(*watched)
                 # A cluster client's pipeline refuses MGET (a multi-key command): one GET
                 # per key, in the same watched connection.
-                values = [pipe.get(k) for k in watched] if cluster else pipe.mget(watched)
+                try:
+                    values = [pipe.get(k) for k in watched] if cluster else pipe.mget(watched)
+                except UnicodeDecodeError as exc:
+                    raise _not_text(watched) from exc
                 plan = _checked_plan(fn(Reads(_values(watched, values), pipe)))
                 pipe.multi()
                 _queue_writes(pipe, plan.writes)
@@ -637,10 +652,13 @@ async def aoptimistic(
         try:
             async with client.pipeline(transaction=True) as pipe:
                 await pipe.watch(*watched)
-                if cluster:  # as in optimistic()
-                    values = [await pipe.get(k) for k in watched]
-                else:
-                    values = await pipe.mget(watched)
+                try:
+                    if cluster:  # as in optimistic()
+                        values = [await pipe.get(k) for k in watched]
+                    else:
+                        values = await pipe.mget(watched)
+                except UnicodeDecodeError as exc:
+                    raise _not_text(watched) from exc
                 # (A cluster client's pipeline queues writes as a Pipeline does.)
                 planned = fn(Reads(_values(watched, values), cast("AsyncPipeline", pipe)))
                 plan = _checked_plan(await planned if inspect.isawaitable(planned) else planned)
