@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable
+from functools import partial
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -218,46 +219,52 @@ class Client(ClientBase):
     def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | Refused:
         """``_drive`` of the acquire flow, up to the ``Lease``.
 
-        Not through ``_drive``: an interrupt (Ctrl-C) after the flow returned its grant
-        and before the caller holds the lease (as the links go back to the pool, as the
-        ``Lease`` is made) would drop a grant nobody else knows of, and the lock would
-        be held by nobody for its TTL. Here the grant is released on its way out. (The
-        callers' ``try`` blocks take over from the moment this returns.)
+        An interrupt (Ctrl-C) after the flow returned its grant and before the caller
+        holds the lease (as the links go back to the pool, as the ``Lease`` is made)
+        would drop a grant nobody else knows of, and the lock would be held by nobody
+        for its TTL: the grant is released on its way out. (The callers' ``try`` blocks
+        take over from the moment this returns.)
         """
-        flow = self._acquire_flow(spec, blocking, timeout)
-        if self._flows.closed:
-            self._check_open("reach the nodes")
-        pool = self._pool
-        links = pool.get()
+        drop = partial(self._drop_grant, spec)
+        state = self._drive(self._acquire_flow(spec, blocking, timeout), drop)
         try:
-            state = drive(flow, lambda op: self._perform(op, links))
-        except BaseException:
-            _give_back(pool, links)
-            raise
-        try:
-            _give_back(pool, links)  # (never twice: another thread may have it by now)
             return state if isinstance(state, Refused) else Lease(self, state, spec)
         except BaseException:
-            if not isinstance(state, Refused):
-                _give_up(Lease(self, state, spec))
+            drop(state)
             raise
 
-    def _drive(self, flow: Flow[T]) -> T:
+    def _drop_grant(self, spec: LockSpec, state: LeaseState | Refused) -> None:
+        """Release a grant that an interrupt kept from its caller (``_acquire``)."""
+        if not isinstance(state, Refused):
+            _give_up(Lease(self, state, spec))
+
+    def _drive(self, flow: Flow[T], dropped: Callable[[T], None] | None = None) -> T:
         """Run ``flow`` in the caller's thread, its rounds on one borrowed link set.
 
         One set for the whole flow, so that its commands reach each node in the order
         they were written, on one connection: a failed attempt's cleanup, which is not
         awaited, runs before the next attempt of the same call (which has the same
         owner token), as ``acquire.cleanup_to_await`` relies on.
+
+        ``dropped``: what to do with the flow's result if an interrupt comes as the
+        links go back, after the flow returned it (an acquire's grant: ``_acquire``).
         """
         if self._flows.closed:  # every round borrows links: none after close
             self._check_open("reach the nodes")
         pool = self._pool
         links = pool.get()
         try:
-            return drive(flow, lambda op: self._perform(op, links))
-        finally:
+            result = drive(flow, lambda op: self._perform(op, links))
+        except BaseException:
             _give_back(pool, links)
+            raise
+        try:
+            _give_back(pool, links)  # (never twice: another thread may have it by now)
+        except BaseException:
+            if dropped is not None:
+                dropped(result)
+            raise
+        return result
 
     def _perform(self, op: Op, links: LinkSet) -> Any:
         """Carry out one operation of a flow (``_core.flows``) in the caller's thread."""
