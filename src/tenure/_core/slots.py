@@ -36,6 +36,7 @@ __all__ = [
     "SlotMap",
     "cluster_url",
     "crc16",
+    "hash_tag",
     "key_slot",
     "map_sources",
     "redirect",
@@ -79,16 +80,25 @@ def crc16(data: bytes) -> int:
     return crc
 
 
-def key_slot(key: str | bytes) -> int:
-    """The hash slot of ``key``: of its hash tag (the text between its first ``{`` and
-    the next ``}``) when that is not empty, of the whole key otherwise."""
+def hash_tag(key: str | bytes) -> bytes | None:
+    """``key``'s hash tag: the text between its first ``{`` and the next ``}``, if that
+    is not empty; None when Redis Cluster hashes the whole key (no such pair, or ``{}``)."""
     data = key.encode("utf-8", "surrogatepass") if isinstance(key, str) else key
     start = data.find(b"{")
     if start >= 0:
         end = data.find(b"}", start + 1)
         if end > start + 1:
-            data = data[start + 1 : end]
-    return crc16(data) % SLOTS
+            return data[start + 1 : end]
+    return None
+
+
+def key_slot(key: str | bytes) -> int:
+    """The hash slot of ``key``: of its hash tag when it has one, of the whole key
+    otherwise."""
+    tag = hash_tag(key)
+    if tag is None:
+        tag = key.encode("utf-8", "surrogatepass") if isinstance(key, str) else key
+    return crc16(tag) % SLOTS
 
 
 def map_sources(seeds: Sequence[Address], known: SlotMap | None) -> list[Address]:

@@ -20,6 +20,7 @@ from redis.client import Pipeline
 
 from ..._core.config import check_name, check_retry_policy, retry_delay
 from ..._core.policy import RetryPolicy, wait_random_exponential
+from ..._core.slots import hash_tag as _hash_tag
 from ..._driver.process_bound import ProcessBound as _ProcessBound
 from ..._driver.redis_objects import check_client as _check_client
 from ..._driver.store_errors import FAILURES as _FAILURES
@@ -76,17 +77,12 @@ def _holder(value: bytes) -> str:
 
 
 def _empty_hash_tag(name: str) -> bool:
-    """Whether Redis hashes all of ``name`` for lack of a hash tag, though it has braces.
-
-    Redis Cluster hashes the text between the first ``{`` and the first ``}`` after it,
-    unless that is empty (``{}``); then the whole key. An idempotency key's Redis key
-    ``<namespace>:{<key>}`` always has a ``}`` after its first ``{``, and its receipt is
-    that plus a suffix: they share a slot exactly when the tag is not empty. When it is,
-    the claim works and ``idem_record.lua``, which writes both, is refused: after the
-    effect, on every retry.
-    """
-    start = name.find("{")
-    return start >= 0 and name[start + 1 : start + 2] == "}"
+    """Whether Redis hashes all of ``name``, an idempotency key's Redis key
+    ``<namespace>:{<key>}``, for lack of a hash tag (``{}`` at its first brace). Its
+    receipt is that plus a suffix: they share a slot exactly when the tag is not empty.
+    When it is, the claim works and ``idem_record.lua``, which writes both, is refused:
+    after the effect, on every retry."""
+    return _hash_tag(name) is None
 
 
 def _check_namespace(namespace: str) -> str:
