@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from types import CodeType, FrameType
 from typing import Any
 
 import pytest
@@ -899,3 +901,66 @@ def test_a_cancelled_acquire_leaves_no_key_when_the_slot_map_moved_meanwhile(key
                 assert await client.lock(name, ttl=30.0).locked() is False
 
         asyncio.run(main())
+
+
+class _Interrupted(BaseException):
+    """What a Ctrl-C handler raises, but not one pytest takes for the user's Ctrl-C."""
+
+
+def _interrupt_at(code: CodeType) -> None:
+    """Raise ``_Interrupted`` in this thread as ``code`` is next called (as a Ctrl-C
+    handled there would), once."""
+
+    def tracer(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code is code:
+            sys.settrace(None)
+            raise _Interrupted
+
+    sys.settrace(tracer)
+
+
+def _asked(node: LocalNode, key: str) -> int:
+    """Whether ``key`` is on ``node``, a slot's migration target (asked with ASKING)."""
+    with node.client(single_connection_client=True) as c:
+        c.execute_command("ASKING")
+        return int(c.exists(key))
+
+
+def test_an_interrupted_release_follows_its_slot_to_the_migration_target(key: str) -> None:
+    """Ctrl-C in a blocking ``release()`` before its release was written, the lease's
+    slot half migrated (its keys moved to the target, the slot MIGRATING at the source,
+    IMPORTING at the target). The release goes again behind the interrupt, without
+    waiting for its answer, to the slot's owner in the map, the source, which answers
+    ASK. Nobody followed it: the lock key stayed at the target for its whole TTL (30 s
+    here), held by nobody. A command sent without waiting now follows its redirections
+    (ASK, then TRYAGAIN at the target: the lock key alone), as a round's does."""
+    from tenure._sync.links import Link
+
+    with (
+        LocalRedisCluster(replicas=0) as cluster,
+        tenure.Client([cluster.url], max_ttl=60.0, node_timeout=SLOW) as client,
+    ):
+        name = _names_per_master(cluster, key, each=1)[0]
+        keys = _keys(name)
+        slot = key_slot(keys.lock)
+        lease = client.acquire(name, ttl=30.0, blocking=False)
+        source = cluster.slot_owner(slot)
+        target = next(m for m in cluster.masters() if m.port != source.port)
+        migration = cluster.migrate_slot(slot, target, finish=False)
+        try:
+            assert _asked(target, keys.lock) == 1  # moved with the slot's other keys
+            _interrupt_at(Link.send.__code__)  # the release's write to the source
+            try:
+                with pytest.raises(_Interrupted):
+                    lease.release()
+            finally:
+                sys.settrace(None)
+            _wait_for(
+                lambda: _asked(target, keys.lock) == 0,
+                "the lock key gone from the migration target",
+                within=5.0,
+            )
+            with pytest.raises(tenure.NotHeld):
+                lease.release()
+        finally:
+            migration.finish()

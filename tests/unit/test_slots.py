@@ -13,9 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from tenure._core import slots
+from tenure._core import commands, slots
 from tenure._core._slot_tags import TAGS
-from tenure._core.slots import SLOTS, Redirect, SlotMap, crc16, key_slot, redirect, slot_tag
+from tenure._core.commands import Hop, next_hop
+from tenure._core.config import ClientConfig, LockSpec
+from tenure._core.slots import (
+    MAX_REDIRECTS,
+    SLOTS,
+    Redirect,
+    SlotMap,
+    crc16,
+    key_slot,
+    redirect,
+    slot_tag,
+)
 
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -134,6 +145,34 @@ def test_redirections_are_read() -> None:
         assert redirect(other) is None
     assert Redirect("moved", 1, ("h", 1)).follows
     assert not Redirect("tryagain").follows
+
+
+def test_what_follows_a_redirection_is_the_same_for_rounds_and_commands_sent_behind() -> None:
+    # ``next_hop``: one rule for a round's request and for a release written behind an
+    # interrupted round (the blocking client's ``_follow``), and for both drivers.
+    spec = LockSpec.build(ClientConfig.build(["redis+cluster://h:7000"]), "n", 1.0)
+    here, there = ("10.0.0.1", 7000), ("10.0.0.2", 7001)
+    for by_sha in (True, False):
+        release = commands.release_waking(spec, "tok", "n", 0, by_sha=by_sha)
+        moved = next_hop(release, Redirect("moved", 9, there), here, True, 0)
+        assert moved == Hop(release, there, False, 9)  # MOVED: no ASKING, the map learns
+        asked = next_hop(release, Redirect("ask", 9, there), here, False, 1)
+        assert asked == Hop(release, there, True)
+        # TRYAGAIN: the lock key alone, where it was sent, as it was sent there.
+        again = next_hop(release, Redirect("tryagain"), there, True, 1)
+        assert again is not None
+        assert (again.to, again.asking) == (there, True)
+        assert again.command.key == spec.keys.lock
+        assert not again.command.by_sha
+        assert next_hop(release, Redirect("ask", 9, there), here, False, MAX_REDIRECTS) is None
+        assert next_hop(release, Redirect("down"), here, False, 0) is None
+    # A dequeue (a waiter's id as the token) goes alone too; an acquire never does.
+    dequeue = commands.dequeue(commands.release_waking(spec, "waiter", "n", 0))
+    assert next_hop(dequeue, Redirect("tryagain"), here, False, 0) is not None
+    cleanup = commands.release_waking(spec, "tok", "n", 0, cleanup=True)
+    assert next_hop(cleanup, Redirect("tryagain"), here, False, 0) is None
+    acquire = commands.exists(spec.keys.lock)
+    assert next_hop(acquire, Redirect("tryagain"), here, False, 0) is None
 
 
 def test_what_a_silent_node_says_names_the_slot_and_the_cause() -> None:

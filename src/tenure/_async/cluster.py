@@ -48,7 +48,7 @@ from .._core.commands import (
     Command,
     ScriptCache,
     about_scripts,
-    alone_form,
+    next_hop,
 )
 from .._core.config import NodeAddress
 from .._core.diagnosis import (
@@ -60,7 +60,6 @@ from .._core.diagnosis import (
 )
 from .._core.quorum import Failure
 from .._core.slots import (
-    MAX_REDIRECTS,
     Address,
     MapDoubt,
     SlotMap,
@@ -495,20 +494,14 @@ class ClusterChannel:
         if hop.kind == "moved" and hop.to is not None:
             self._moved(hop.slot, hop.to)
             self._start_load()
-        alone = alone_form(command) if hop.kind == "tryagain" else None
-        if alone is not None and hops < MAX_REDIRECTS:
-            # A release whose keys a migration split: the lock key alone, to the member
-            # that answered (``sent``: where, and whether after ASKING), which has it.
-            try:
-                self._route(alone, on_reply, hops + 1, sent, number)
-            except BackingOff as exc:
-                on_reply(node, (False, SlotSilent(f"{hop.detail()}: {exc.detail}")))
-            return
-        if hop.to is None or hops >= MAX_REDIRECTS:
+        # A release whose keys a migration split (TRYAGAIN) goes as the lock key alone,
+        # to the member that answered, as it was sent there (``sent``), which has it.
+        step = next_hop(command, hop, where, sent[1], hops)
+        if step is None:
             on_reply(node, (False, SlotSilent(hop.detail(member.address.display))))
             return
         try:
-            self._route(command, on_reply, hops + 1, (hop.to, hop.kind == "ask"), number)
+            self._route(step.command, on_reply, hops + 1, (step.to, step.asking), number)
         except BackingOff as exc:
             on_reply(node, (False, SlotSilent(f"{hop.detail()}: {exc.detail}")))
 

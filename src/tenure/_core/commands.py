@@ -14,6 +14,7 @@ from typing import NamedTuple
 from .._lua import script
 from .caching import by_length
 from .config import LockSpec
+from .slots import MAX_REDIRECTS, Address, Redirect
 from .waiting import SHARDED
 
 __all__ = [
@@ -22,16 +23,20 @@ __all__ = [
     "HISTORY_CHANGED",
     "NO_HISTORY",
     "Command",
+    "Hop",
     "Item",
     "ScriptCache",
     "WaitArgs",
     "acked_by_replicas",
     "acquire",
+    "alone_form",
     "batch",
+    "behind_marker",
     "dequeue",
     "evalsha_refused",
     "exists",
     "extend",
+    "next_hop",
     "pack",
     "release",
     "release_waking",
@@ -423,6 +428,15 @@ ASKING = Command(pack("ASKING"))
 CLUSTER_SLOTS = pack("CLUSTER", "SLOTS")
 
 
+def behind_marker(nonce: str) -> bytes:
+    """A script that returns ``nonce``, written behind a command sent without waiting on
+    a connection whose replies are no longer counted (a round an interrupt cut short):
+    the reply read just before the nonce is that command's, whatever came before it.
+    By EVAL, with no key, which a node's ACL allows already (ECHO it might not), and
+    which any master of a Redis Cluster runs."""
+    return pack("EVAL", "return ARGV[1]", 0, nonce)
+
+
 class ScriptCache:
     """What a client knows of one node's script cache, from its answers to EVALSHA.
 
@@ -681,7 +695,11 @@ def release_waking(
             undo=True,
         )
     return Command(
-        _eval_head("release", argc) + counted + arguments, key=keys.lock, item=item, undo=True
+        _eval_head("release", argc) + counted + arguments,
+        key=keys.lock,
+        item=item,
+        alone=None if cleanup else (keys.lock, token),
+        undo=True,
     )
 
 
@@ -703,11 +721,54 @@ def alone_form(command: Command) -> Command | None:
     return release(key, token)
 
 
+class Hop(NamedTuple):
+    """Where a Redis Cluster node's error reply sends a command again: ``command`` (the
+    one answered, or its ``alone_form``) to the member at ``to``, after ``ASKING`` if
+    ``asking``. ``moved``: the slot that ``to`` now serves (a ``MOVED``), else -1."""
+
+    command: Command
+    to: Address
+    asking: bool
+    moved: int = -1
+
+
+def next_hop(
+    command: Command, hop: Redirect, replied: Address, asking: bool, hops: int
+) -> Hop | None:
+    """What follows the cluster redirection ``hop`` that the member at ``replied``
+    answered to ``command`` (sent there after ``ASKING`` if ``asking``), ``hops``
+    redirections followed so far; None: nothing, the node gives no answer to it.
+
+    ``MOVED`` and ``ASK`` send the command where they name (``ASK`` after ``ASKING``);
+    ``TRYAGAIN`` sends a lease's release as its lock key alone to the member that
+    answered, as it was sent there (``alone_form``); ``CLUSTERDOWN``, and anything once
+    ``MAX_REDIRECTS`` were followed, nothing. The same rule for a round's request and
+    for a command sent without waiting (a release or a cleanup written behind an
+    interrupted round), whose redirections the drivers follow after its round."""
+    if hops >= MAX_REDIRECTS:
+        return None
+    if hop.kind == "tryagain":
+        alone = alone_form(command)
+        return None if alone is None else Hop(alone, replied, asking)
+    if hop.to is None:
+        return None
+    if hop.kind == "moved":
+        return Hop(command, hop.to, False, hop.slot)
+    return Hop(command, hop.to, True)
+
+
 def dequeue(release: Command) -> Command:
     """A waiter gives up its place: ``release_waking`` with its waiter id (which also
     passes on a fair hand-off that crossed the give-up); any answer will do, so it goes
-    by EVAL (a NOSCRIPT would be an answer)."""
-    return Command(release.fallback or release.packed, _any_reply, key=release.key, undo=True)
+    by EVAL (a NOSCRIPT would be an answer). Its ``alone_form`` deletes a lock handed to
+    the waiter (its id is the key's token) where a slot migration split the keys."""
+    return Command(
+        release.fallback or release.packed,
+        _any_reply,
+        key=release.key,
+        alone=release.alone,
+        undo=True,
+    )
 
 
 def _any_reply(reply: object) -> tuple[bool, Info]:

@@ -17,11 +17,21 @@ an ``ASK`` is followed with ``ASKING`` (whose reply is owed), at most ``MAX_REDI
 times; otherwise, and on ``TRYAGAIN`` or ``CLUSTERDOWN``, the node gives no vote this
 round, which is never a configuration failure. A slot the map gives no master is the
 same. A seed that is not in cluster mode is a configuration failure of the node.
+
+What is written behind a round an interrupt cut short (a release, a failed attempt's
+cleanup, a dequeue: ``send_behind``) is not read in the caller's thread, and the link
+set is closed. It goes where that round's request went, with a marker behind it, and
+the member connection is handed to a thread of its own (``_follow``) rather than
+closed: it reads up to the marker and follows the answer's ``MOVED``, ``ASK`` or
+``TRYAGAIN`` by the rule the rounds follow (``commands.next_hop``). A slot half
+migrated answers ``ASK`` at the old owner, and the lock key, at the new one, would stay
+there for its TTL, held by nobody.
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -30,12 +40,19 @@ import redis
 from redis.exceptions import ResponseError
 
 from .._core.backoff import Reconnect
-from .._core.commands import ASKING, CLUSTER_SLOTS, Command, ScriptCache, alone_form
+from .._core.commands import (
+    ASKING,
+    CLUSTER_SLOTS,
+    Command,
+    ScriptCache,
+    behind_marker,
+    next_hop,
+)
 from .._core.config import NodeAddress
 from .._core.diagnosis import Diagnosis, no_slot_map, not_a_cluster, slot_unserved
+from .._core.flows import RELEASE_PATIENCE
 from .._core.quorum import Failure, Round
 from .._core.slots import (
-    MAX_REDIRECTS,
     Address,
     MapDoubt,
     Redirect,
@@ -45,7 +62,8 @@ from .._core.slots import (
     routed_slot,
 )
 from .._driver.clock import monotonic
-from .._driver.redis_compat import diagnose, reply_text
+from .._driver.ready import readable
+from .._driver.redis_compat import diagnose, reply_text, timed_out
 from .links import Link, NodeState, _Failed
 
 __all__ = ["ClusterLink", "ClusterState"]
@@ -269,8 +287,10 @@ class ClusterLink(Link):
 
     __slots__ = (
         "_asking",
+        "_behind",
         "_current",
         "_hops",
+        "_key",
         "_prepared",
         "_reload",
         "_subs",
@@ -283,6 +303,10 @@ class ClusterLink(Link):
         self.cluster = cluster
         self._subs: dict[Address, Link] = {}
         self._current: Link | None = None  # the member carrying this round's request
+        self._key = ""  # that request's routing key
+        # What ``send_behind`` wrote behind an interrupted round, whose answers are
+        # read, and redirections followed, once the link set is closed (``close``).
+        self._behind: list[_Behind] = []
         self._hops = 0  # redirections followed in this round
         self._asking = False  # the request went with ASKING (an ASK followed)
         # A redirection not followed only because its member is still being connected:
@@ -432,12 +456,45 @@ class ClusterLink(Link):
         self._to_connect = False
         self._asking = False
         self._current = None
+        self._key = command.key
         slot_map = self.cluster.routing(now)
         slot = routed_slot(command.key)
         where = None if slot_map is None else slot_map.owner(slot)
         if where is None:
             raise _Failed(slot_unserved(slot))
         return self._write(self._sub(where), command, now, asking=False)
+
+    def send_behind(self, command: Command, now: float) -> None:
+        """Write ``command`` (a release, a cleanup) behind a round an interrupt cut
+        short, whose replies nobody reads any more: on the member connection that
+        carried that round's request of the same slot, after ``ASKING`` if the request
+        went so, where it runs after it (as the asyncio client's ``_Trail``); else to the
+        slot's master in the map. Behind it goes a marker (``behind_marker``): once the
+        link set is closed, its answer is told from whatever came before it, and a
+        redirection (the slot half migrated: ``ASK`` at the old owner, ``TRYAGAIN`` at
+        the new one) is followed in a thread of its own (``_follow``). Not followed,
+        the key it was to delete stayed for its whole TTL, held by nobody.
+
+        Raises:
+            _Failed: it could not be written (no member connected for the slot).
+        """
+        slot = routed_slot(command.key)
+        sub, asking = self._current, self._asking
+        if sub is None or sub.conn is None or not self._key or routed_slot(self._key) != slot:
+            slot_map = self.cluster.routing(now)
+            where = None if slot_map is None else slot_map.owner(slot)
+            if where is None:
+                raise _Failed(slot_unserved(slot))
+            sub, asking = self._subs.get(where), False
+            if sub is None or sub.conn is None:
+                raise _Failed(Diagnosis(Failure.CONNECTING, "the slot's master is not connected"))
+        nonce = secrets.token_hex(8)
+        self._current, self._asking = sub, asking
+        if asking:
+            sub.send(ASKING, now)
+        sub.send(command, now)
+        sub.send(Command(behind_marker(nonce)), now)
+        self._behind.append(_Behind(sub, command, asking, nonce.encode()))
 
     def _await(self, load: _MapLoad | None, wake: Callable[[], None]) -> bool:
         """The next round waits for ``load`` (the map's, after a master failed), if any."""
@@ -497,6 +554,14 @@ class ClusterLink(Link):
             self._current.drop(now, why)
 
     def close(self) -> None:
+        behind, self._behind = self._behind, []
+        if behind:
+            # Their connections are not closed here: a thread reads the answers of what
+            # was written behind an interrupted round, follows their redirections, and
+            # closes them then (``_follow``).
+            kept = {id(b.sub) for b in behind}
+            self._subs = {w: s for w, s in self._subs.items() if id(s) not in kept}
+            _start_following(self.cluster, behind)
         for sub in self._subs.values():
             sub.close()
         self._current = None
@@ -508,31 +573,26 @@ class ClusterLink(Link):
         current = self._current
         assert current is not None
         text = reply_text(exc)
-        where = (current.node.address.host or "", current.node.address.port or 0)
+        where = _address(current)
         hop = redirect(text, where)
         if hop is None:
             retry = current.node.scripts.answered(text, command)
             if retry is not None:
                 self._write(current, retry, now, asking=self._asking)
             return retry
-        if hop.kind == "tryagain" and self._hops < MAX_REDIRECTS:
-            alone = alone_form(command)  # a release: the lock key alone, where it is
-            if alone is not None:
-                self._hops += 1
-                self._write(current, alone, now, asking=self._asking)
-            return alone
-        if hop.to is None or self._hops >= MAX_REDIRECTS:
+        step = next_hop(command, hop, where, self._asking, self._hops)
+        if step is None:
             return None
-        if hop.kind == "moved":
-            self.cluster.moved(hop.slot, hop.to)
-        sub = self._sub(hop.to)
+        if step.moved >= 0:
+            self.cluster.moved(step.moved, step.to)
+        sub = current if step.to == where else self._sub(step.to)
         if sub.conn is None:
             sub.prepare(now, self._wake)  # connected for a later round
             self._to_connect = True
             return None
         self._hops += 1
-        self._write(sub, command, now, asking=hop.kind == "ask")
-        return command
+        self._write(sub, step.command, now, asking=step.asking)
+        return step.command
 
     def fail(self, i: int, exc: Exception, rnd: Round, now: float) -> None:
         """A cluster redirection not followed is no vote this round, never the node's
@@ -558,6 +618,120 @@ class ClusterLink(Link):
         else:
             why = diagnose(exc)
             rnd.fail(i, why.failure, why.detail)
+
+
+class _Behind:
+    """A command ``ClusterLink.send_behind`` wrote on the member connection ``sub``
+    (after ``ASKING`` if ``asking``), the marker ``nonce`` behind it."""
+
+    __slots__ = ("asking", "command", "nonce", "sub")
+
+    def __init__(self, sub: Link, command: Command, asking: bool, nonce: bytes) -> None:
+        self.sub = sub
+        self.command = command
+        self.asking = asking
+        self.nonce = nonce
+
+
+def _start_following(cluster: ClusterState, behind: list[_Behind]) -> None:
+    """Follow what was written behind an interrupted round, one thread per member
+    connection that carried some of it (nearly always one)."""
+    by_sub: dict[int, list[_Behind]] = {}
+    for b in behind:
+        by_sub.setdefault(id(b.sub), []).append(b)
+    for written in by_sub.values():
+        try:
+            threading.Thread(
+                target=_follow, args=(cluster, written), name="tenure-behind", daemon=True
+            ).start()
+        except RuntimeError:  # the interpreter is shutting down: nobody would follow
+            written[0].sub.close()
+
+
+def _follow(cluster: ClusterState, written: list[_Behind]) -> None:
+    """Read the answers of ``written``, in order, on their member connection, and send
+    each command on where a redirection says (``next_hop``: ``MOVED``, ``ASK``, and a
+    lease's release alone after ``TRYAGAIN``), at most ``MAX_REDIRECTS`` times, on
+    connections of this thread's own. Each answer is awaited ``RELEASE_PATIENCE`` node
+    timeouts at most, as a release round's; best effort: what does not get through
+    stays until its TTL, as it did before. The connections are closed at the end."""
+    sub = written[0].sub
+    home = _address(sub)
+    patience = RELEASE_PATIENCE * cluster.timeout
+    others: dict[Address, redis.Connection] = {}
+    try:
+        for b in written:
+            answer = _answer_behind(sub, b.nonce, monotonic() + patience)
+            command, asking, at, hops = b.command, b.asking, home, 0
+            while isinstance(answer, ResponseError):
+                hop = redirect(reply_text(answer), at)
+                step = None if hop is None else next_hop(command, hop, at, asking, hops)
+                if step is None:
+                    break
+                if step.moved >= 0:
+                    cluster.moved(step.moved, step.to)
+                command, asking, at, hops = step.command, step.asking, step.to, hops + 1
+                # On a connection of its own, even to the member that answered: all
+                # that went before on the first one has run (its answer came), and
+                # what was written behind it there is read in turn.
+                conn = others.get(at)
+                if conn is None:
+                    conn = others[at] = cluster.member(at).new_connection()
+                    conn.socket_timeout = patience
+                    conn.connect()  # type: ignore[no-untyped-call]
+                answer = _ask(conn, command, asking)
+    except Exception:  # not BaseException: the thread ends with the interpreter
+        pass  # its key expires by its TTL, as it did before
+    finally:
+        sub.close()
+        for conn in others.values():
+            with contextlib.suppress(Exception):
+                conn.disconnect()  # type: ignore[no-untyped-call]
+
+
+def _answer_behind(sub: Link, nonce: bytes, deadline: float) -> object:
+    """The reply read just before the marker ``nonce`` on ``sub`` (an error reply as
+    its exception); None if the marker did not come by ``deadline``."""
+    io = sub.io
+    if io is None:
+        return None
+    answer: object = None
+    while True:
+        if not io.ready():
+            left = deadline - monotonic()
+            if left <= 0.0 or not readable([io.sock], left):
+                return None
+        try:
+            reply = io.read()
+        except ResponseError as exc:
+            answer = exc
+            continue
+        except Exception as exc:  # not BaseException: an interrupt is no node's failure
+            if timed_out(exc):  # the socket's timeout with a reply cut in two: read on
+                continue
+            return None
+        if reply == nonce or (isinstance(reply, str) and reply.encode() == nonce):
+            return answer
+        answer = reply
+
+
+def _ask(conn: redis.Connection, command: Command, asking: bool) -> object:
+    """``command`` (by EVAL: this connection's script cache is unknown) on ``conn``,
+    after ``ASKING`` if ``asking``; its reply, an error reply as its exception."""
+    data = command.fallback or command.packed
+    conn.send_packed_command([ASKING.packed, data] if asking else [data], check_health=False)  # type: ignore[no-untyped-call]
+    answer: object = None
+    for _ in range(2 if asking else 1):  # ASKING's +OK first
+        try:
+            answer = conn.read_response()
+        except ResponseError as exc:
+            answer = exc
+    return answer
+
+
+def _address(sub: Link) -> Address:
+    address = sub.node.address
+    return (address.host or "", address.port or 0)
 
 
 def _nothing() -> None:

@@ -237,6 +237,17 @@ class Link:
             raise
         return sock
 
+    def send_behind(self, command: Command, now: float) -> None:
+        """Write ``command`` behind an interrupted round, whose replies nobody reads any
+        more (``LinkSet.write_behind``): a plain node's connection runs it after that
+        round's request. (A Cluster node's link also has its answer read, and its
+        redirections followed, once the set is closed: ``ClusterLink.send_behind``.)
+
+        Raises:
+            _Failed: as ``send``.
+        """
+        self.send(command, now)
+
     def _put(self, io: SocketReplies, data: bytes) -> None:
         """Write ``data`` as ``send`` does."""
         if io.plain:
@@ -589,12 +600,14 @@ class LinkSet:
         """Write ``command`` to those ``targets`` that are connected, and read nothing:
         the cleanup of a round an interrupt cut short (``clean`` is False), on the
         connections that carried its request, behind it. Such a set is closed, never
-        read again: the replies on its connections are no longer accounted for."""
+        read again: the replies on its connections are no longer accounted for. (A
+        Cluster node's answer is still read, apart, and its redirections followed:
+        ``ClusterLink.send_behind``.)"""
         for i in targets:
             link = self.links[i]
             if link.ready():
                 with contextlib.suppress(_Failed):  # that link is closed: nothing to do
-                    link.send(command, now)
+                    link.send_behind(command, now)
 
     def shed_closed(self, now: float) -> None:
         """Drop the connections the nodes closed while this set was unused; the next
