@@ -16,7 +16,7 @@ import pytest
 from tenure.cli import main
 from tenure.cli.main import _build_parser
 from tenure.verify.history import Grant, HistoryWriter, Refused, Release, Request
-from tenure.verify.runner import format_table, run_config
+from tenure.verify.runner import _as_json, format_table, run_config
 from tenure.verify.scenarios import MAX_CYCLES, SCENARIOS, Config, Expect, Stats, violated, zero
 from tenure.verify.world import World
 
@@ -134,6 +134,33 @@ def test_a_run_without_grants_fails_and_one_that_broke_off_is_an_error(tmp_path:
     table = format_table([broken])
     assert "ERROR 1 broken: could not run: RuntimeError: the choreography broke" in table
     assert "| FAIL" not in table
+
+
+def _row(table: str) -> list[str]:
+    line = next(line for line in table.splitlines() if line.startswith("| 1 "))
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def test_a_run_that_broke_off_shows_no_count_it_did_not_make(tmp_path: Path) -> None:
+    """A run that could not be carried out read 0 under C1 overlaps, stale acc., C4
+    order and C5 lost (and 0 in summary.json's figures): at a glance, a configuration
+    with no violation, from a run that never took the lock. A zero it counted is no
+    evidence; only what it did see (a count above zero) is shown."""
+    broken = run_config(SCENARIOS[0], Config("broken", True, _fails, zero("C1")), 1, tmp_path)
+    cells = _row(format_table([broken]))
+    assert cells[-2] == "ERROR"
+    assert cells[3:-2] == ["-"] * 8, cells  # cycles .. max unavail ms
+    figures = _as_json([broken])[0]["figures"]
+    assert isinstance(figures, dict)
+    assert [figures[k] for k in ("cycles", "C1", "C5")] == [None, None, None]
+    # What a run saw before it broke off stays: the overlap, and the leases behind it.
+    partial = run_config(
+        SCENARIOS[0], Config("partial", True, _overlap_then_break, zero("C1")), 1, tmp_path
+    )
+    cells = _row(format_table([partial]))
+    assert cells[-2] == "FAIL"
+    assert [cells[3], cells[5]] == ["2", "1"], cells  # cycles, C1 overlaps
+    assert cells[6] == "-", cells  # stale acc.: nothing counted, nothing claimed
 
 
 def _overlap_then_break(world: World, cycles: int) -> Stats:

@@ -61,6 +61,16 @@ class RunResult:
         return "FAIL" if self.broken else "ERROR"
 
     @property
+    def shown(self) -> dict[str, float | int | None]:
+        """The figures as the table and summary.json give them. A run that broke off
+        counted only part of what it was to run, so a zero it counted says nothing (no
+        overlap seen in a run that never took the lock is not "no overlap"): shown as
+        unknown (None). A count above zero is a finding however early the run stopped."""
+        if self.error is None:
+            return self.figures
+        return {k: None if v == 0 else v for k, v in self.figures.items()}
+
+    @property
     def why(self) -> str:
         """What went wrong, for a run that did not pass ("" for one that did)."""
         if self.error is None:
@@ -245,11 +255,12 @@ _COLUMNS = (
 
 def format_table(results: Sequence[RunResult]) -> str:
     """One row per scenario x configuration (a Markdown table, aligned for a terminal),
-    then a line per run that failed, saying why."""
+    then a line per run that failed, saying why. A run that broke off shows ``-`` where
+    it counted nothing (:attr:`RunResult.shown`)."""
     head = ["#", "configuration", "kind", *(title for _, title in _COLUMNS), "result", "details"]
     rows = []
     for r in results:
-        cells = [_cell(r.figures.get(key)) for key, _ in _COLUMNS]
+        cells = [_cell(r.shown.get(key)) for key, _ in _COLUMNS]
         kind = "mitigated" if r.config.mitigated else "control"
         rows.append([str(r.scenario.number), r.config.name, kind, *cells, r.status, _details(r)])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
@@ -272,7 +283,7 @@ def _details(r: RunResult) -> str:
     for name in r.extra_figures:
         if name not in names:
             names.append(name)
-    return ", ".join(f"{n} {_cell(r.figures.get(n))}" for n in names)
+    return ", ".join(f"{n} {_cell(r.shown.get(n))}" for n in names)
 
 
 def format_proofs(results: Sequence[RunResult]) -> str:
@@ -311,7 +322,7 @@ def _as_json(results: Sequence[RunResult]) -> list[dict[str, object]]:
             "failures": list(r.failures),
             "error": r.error,
             "seconds": round(r.seconds, 2),
-            "figures": r.figures,
+            "figures": r.shown,
             "faults": [
                 {"name": f.name, "target": f.target, "proof": f.proof} for f in r.verdict.faults
             ],
