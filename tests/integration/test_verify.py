@@ -42,6 +42,21 @@ def test_a_report_directory_that_cannot_be_made_is_a_usage_error(
     assert len(err.splitlines()) == 1
 
 
+def test_a_report_directory_that_cannot_be_written_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A directory that exists but takes no new entries (read-only, or /proc here, which
+    refuses even root) passed the check and ended in a traceback (FileNotFoundError,
+    PermissionError) once the first run made its directory, with exit code 1: the code
+    of a failed expectation."""
+    assert main(["verify", "--report", "/proc/self", "--cycles", "1", "pause"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("tenure: error: --report: cannot write in the directory"), err
+    assert "give a directory path that can be written" in err
+    assert len(err.splitlines()) == 1
+
+
 def test_an_empty_report_path_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -525,6 +525,7 @@ VERIFY_EXIT_CODES = (
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    import tempfile
     from pathlib import Path
 
     from ..verify.runner import format_proofs, format_table, run_scenarios
@@ -557,6 +558,17 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(
                 f"tenure: error: --report: cannot make the directory {str(report)!r} "
+                f"({exc.strerror or exc}); give a directory path that can be written",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        # A directory that exists but takes no new entries (read-only) passes mkdir:
+        # try making one, as every run will.
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".tenure-verify-", dir=report))
+        except OSError as exc:
+            print(
+                f"tenure: error: --report: cannot write in the directory {str(report)!r} "
                 f"({exc.strerror or exc}); give a directory path that can be written",
                 file=sys.stderr,
             )
