@@ -17,7 +17,17 @@ from tenure.cli import main
 from tenure.cli.main import _build_parser
 from tenure.verify.history import Grant, HistoryWriter, Refused, Release, Request
 from tenure.verify.runner import _as_json, format_table, run_config
-from tenure.verify.scenarios import MAX_CYCLES, SCENARIOS, Config, Expect, Stats, violated, zero
+from tenure.verify.scenarios import (
+    MAX_CYCLES,
+    SCENARIOS,
+    Config,
+    Expect,
+    Stats,
+    baseline,
+    split_around_node3,
+    violated,
+    zero,
+)
 from tenure.verify.world import World
 
 from .test_demo import _alive, _default_sigint, _descendants
@@ -225,6 +235,31 @@ def test_a_store_that_would_not_start_ends_only_its_own_run(
     assert out.count("could not run: ") == 2, out
     assert "ERROR 3 unfenced store: could not run: " in out
     assert "ERROR 3 fenced store: could not run: " in out
+
+
+def _split_while_c_holds(world: World, cycles: int) -> Stats:
+    """Scenarios 2 and 4's split around node 3, but a third client holds the lock, so A
+    is refused it before the fault: the fault has nothing to break."""
+    nodes = [world.node(f"n{i}") for i in range(1, 6)]
+    proxies = [world.proxy(n) for n in nodes]
+    # Held for ever: A's acquire is refused whatever the timing.
+    lock = baseline("setnx-no-ttl", [p.url for p in proxies], 1.0)
+    a, b, c = world.actors(["A", "B", "C"], lock, fenced=False)
+    assert c.call("acquire", 2.0) == "granted"
+    split_around_node3(world, proxies, a, b, lambda: world.note("the fault"))
+    return {}
+
+
+def test_a_split_in_which_a_holds_nothing_is_an_error_not_a_pass(tmp_path: Path) -> None:
+    """When A was refused the lock on nodes 1-3 (in scenario 2, tenure's warm-up of node
+    3 after the last cycle's restart, which A had not yet sat out), the cycle went on:
+    the fault struck while nobody held the lock, B was refused, A wrote nothing, and the
+    run counted the cycle as one with C1 = 0, a PASS the fault never tested."""
+    config = Config("nobody holds", True, _split_while_c_holds, zero("C3", "C4", "C5"))
+    result = run_config(SCENARIOS[1], config, 1, tmp_path)
+    assert result.status == "ERROR", result
+    assert result.error is not None
+    assert "A was refused the lock on n1, n2, n3" in result.error, result.error
 
 
 def _refusals(world: World, cycles: int) -> Stats:
