@@ -175,6 +175,10 @@ def test_a_run_that_broke_off_shows_no_count_it_did_not_make(tmp_path: Path) -> 
     cells = _row(format_table([broken]))
     assert cells[-2] == "ERROR"
     assert cells[3:-2] == ["-"] * 8, cells  # cycles .. max unavail ms
+    assert broken.timeline is not None
+    page = broken.timeline.read_text()
+    assert 'class="badge safe"' not in page
+    assert "The run broke off: RuntimeError" in page
     figures = _as_json([broken])[0]["figures"]
     assert isinstance(figures, dict)
     assert [figures[k] for k in ("cycles", "C1", "C5")] == [None, None, None]

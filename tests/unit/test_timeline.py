@@ -126,6 +126,24 @@ def test_violations_and_faults_are_shown() -> None:
     assert 'class="badge unsafe"' in page
 
 
+def test_a_run_that_broke_off_or_granted_nothing_is_not_badged_safe() -> None:
+    """The timeline of a run that could not be carried out (no libfaketime: no node,
+    no lease) was headed by the green "safe" badge, the page a user opens to see why."""
+    history = History([Note(5, "orchestrator: starting")])
+    page = render_html(history, check(history), "t", broke_off="ConfigurationError: x & y")
+    assert 'class="badge safe"' not in page
+    assert 'class="badge error">broke off' in page
+    assert "ConfigurationError: x &amp; y" in page
+    assert "no evidence" in page
+    page = render_html(history, check(history), "t")
+    assert 'class="badge safe"' not in page
+    assert "no lease granted" in page
+    # A violation seen before the run broke off is still a violation.
+    history = History(violating_events())
+    page = render_html(history, check(history), "t", broke_off="RuntimeError: later")
+    assert 'class="badge unsafe"' in page
+
+
 def test_write_html(tmp_path: Path) -> None:
     history = History(violating_events())
     path = tmp_path / "timeline.html"

@@ -166,7 +166,7 @@ def run_config(scenario: Scenario, config: Config, cycles: int, root: Path) -> R
     broken = tuple(e.label for e in expect if e.broken(figures))
     timeline = directory / "timeline.html"
     title = f"Scenario {scenario.number}: {scenario.title} / {config.name}"
-    timeline.write_text(render_html(history, verdict, title))
+    timeline.write_text(render_html(history, verdict, title, broke_off=error))
     extra = tuple(k for k in stats if not k.startswith(("window:", "window_end:")))
     return RunResult(
         scenario,

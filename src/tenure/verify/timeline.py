@@ -372,6 +372,7 @@ h1 { font-size: 18px; margin: 0 0 8px; }
 .badge { display: inline-block; padding: 2px 8px; border-radius: 4px; color: #fff;
   font-weight: 600; margin-left: 8px; }
 .badge.safe { background: #2e7d32; } .badge.unsafe { background: #c62828; }
+.badge.error { background: #6d6d6d; }
 table.counts { border-collapse: collapse; margin: 8px 0; }
 table.counts td, table.counts th { border: 1px solid #ddd; padding: 2px 8px; text-align: right; }
 table.counts th { background: #f4f4f4; font-weight: 600; }
@@ -482,25 +483,39 @@ _LEGEND = (
 )
 
 
-def render_html(history: History, verdict: Verdict, title: str) -> str:
+def render_html(
+    history: History, verdict: Verdict, title: str, *, broke_off: str | None = None
+) -> str:
     """The history as a self-contained HTML page (inline CSS and SVG, no script).
 
     Args:
         history: what happened.
         verdict: what :func:`tenure.verify.checker.check` made of it.
         title: the page's heading, e.g. the scenario's name.
+        broke_off: why the run could not be carried out, if it could not: the page
+            then claims no safety for it (what it saw is only part of the run).
 
     Returns:
         The whole page.
     """
     spans = sorted(lease_spans(history), key=lambda s: s.start)
     view, _ = _view(history, verdict, spans)
-    badge = (
-        '<span class="badge safe">safe</span>'
-        if verdict.safe
-        else '<span class="badge unsafe">UNSAFE</span>'
-    )
+    # "safe" only for a whole run that granted something: a run that broke off, or in
+    # which nobody got the lock, showed nothing the lock could have broken.
+    if not verdict.safe:
+        badge = '<span class="badge unsafe">UNSAFE</span>'
+    elif broke_off is not None:
+        badge = '<span class="badge error">broke off</span>'
+    elif verdict.cycles == 0:
+        badge = '<span class="badge error">no lease granted</span>'
+    else:
+        badge = '<span class="badge safe">safe</span>'
     note = f'<p class="window-note">{_esc(view.note)}</p>' if view.note else ""
+    if broke_off is not None:
+        note = (
+            f'<p class="window-note">The run broke off: {_esc(broke_off)}. What is shown '
+            "happened before; a count of 0 here is no evidence of safety.</p>" + note
+        )
     examples = [
         f"C1: {a.proc} lease {a.lease} (#{a.token}) and {b.proc} lease {b.lease} (#{b.token})"
         for a, b in verdict.overlap_pairs
