@@ -261,6 +261,32 @@ def test_a_demoted_master_is_silent_not_misconfigured(
     assert _lands_on(api, client, name, fresh_set) is master
 
 
+def test_sentinels_out_of_date_are_asked_last(api: Api, fresh_set: LocalSentinelSet) -> None:
+    """Sentinels that disagree: the first listed names the replica as master, the second
+    a server that is gone, the third the master. The node was unreachable for as long
+    as the first one's view stayed out of date: the Sentinel that answered was asked
+    first at every connection, and named the same replica each time (a blocking acquire
+    raised QuorumUnreachable, again and again). A Sentinel whose master cannot be used
+    is now asked last, so the next connection hears the others."""
+    master, replica = fresh_set.master(), fresh_set.replicas()[0]
+    stale = {fresh_set.sentinels[0]: replica.port, fresh_set.sentinels[1]: _dead_ports(1)[0]}
+    for sentinel, port in stale.items():
+        with sentinel.client() as c:
+            # Its own view of the service, which the others never overrule: no failover
+            # has happened, so they have no newer configuration to tell it of.
+            c.execute_command("SENTINEL", "REMOVE", fresh_set.service)
+            c.execute_command("SENTINEL", "MONITOR", fresh_set.service, "127.0.0.1", port, 3)
+            named = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", fresh_set.service)
+            assert int(named[1]) == port
+    name = "sentinel-disagree"
+    client = api.client([fresh_set.url], **OPTIONS)
+    lease = client.acquire(name, ttl=3.0, timeout=10.0)
+    assert _holds(master, name)
+    lease.release()
+    for _ in range(3):  # and it stays so: the Sentinel that named the master is asked first
+        client.acquire(name, ttl=1.0, blocking=False).release()
+
+
 def _fails_as_replica(client: object, name: str) -> bool:
     try:
         client.acquire(name, ttl=1.0, blocking=False).release()  # type: ignore[attr-defined]

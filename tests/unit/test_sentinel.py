@@ -113,6 +113,23 @@ def test_the_sentinel_that_answered_is_asked_first() -> None:
     assert book.without_auth(a)
 
 
+def test_a_sentinel_whose_master_cannot_be_used_is_asked_last() -> None:
+    # Its view is out of date (it names a replica, or a server that is gone): asked
+    # first, it would name that server at every connection.
+    a, b, c = ("a", 1), ("b", 2), ("c", 3)
+    book = SentinelBook([a, b, c])
+    book.answered(a, ("replica", 6380))
+    book.misled(a)
+    assert book.order() == [b, c, a]
+    book.answered(b, ("gone", 6381))
+    book.misled(b)
+    assert book.order() == [c, a, b]
+    book.answered(c, ("m", 6379))
+    assert book.order() == [c, a, b]
+    book.misled(("unknown", 4))  # not one of the node's Sentinels: nothing to move
+    assert book.order() == [c, a, b]
+
+
 def test_asking_every_sentinel_leaves_a_share_for_the_master() -> None:
     assert ask_timeout(1.0, 3) == 0.25
     assert ask_timeout(1.0, 1) == 0.5

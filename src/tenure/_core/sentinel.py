@@ -44,7 +44,11 @@ class SentinelBook:
 
     The Sentinel that answered last is asked first next time: it is known to be up and
     to know the service, so one round trip usually suffices. The master it named is kept
-    (``master``) for when no Sentinel answers at all (``candidates``).
+    (``master``) for when no Sentinel answers at all (``candidates``). A Sentinel whose
+    master could not be used (``misled``) is asked last instead: Sentinels may disagree,
+    and one whose view is out of date (cut off from the others, or left monitoring a
+    server that is a replica now) must not be the only one heard while the others name
+    the master.
     """
 
     __slots__ = ("_no_auth", "_order", "master")
@@ -64,6 +68,20 @@ class SentinelBook:
             self._order.remove(sentinel)
             self._order.insert(0, sentinel)
         self.master = master
+
+    def misled(self, sentinel: Address) -> None:
+        """The master ``sentinel`` named could not be used (its connection failed, or
+        ``ROLE`` says it is not a master): ask it last from now on.
+
+        Asked first again, it would name the same server at every connection, and the
+        node would stay unreachable for as long as that one Sentinel's view is out of
+        date, however many of the others name the master. Asked last, it is heard only
+        when the others do not answer; during a failover every Sentinel names the old
+        master for a moment, and moving them around then costs nothing.
+        """
+        if sentinel in self._order:
+            self._order.remove(sentinel)
+            self._order.append(sentinel)
 
     def without_auth(self, sentinel: Address) -> bool:
         """Whether ``sentinel`` is asked without credentials (it refused them once and

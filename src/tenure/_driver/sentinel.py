@@ -3,14 +3,14 @@
 A ``redis+sentinel://`` node's connection pool (``managed``) makes connections of the
 classes below. Their ``connect()`` asks the node's Sentinels for the master
 (``Locator``: ``SENTINEL GET-MASTER-ADDR-BY-NAME``, one Sentinel after the other under
-a short timeout each, the one that answered last first), connects to it as redis-py
-would (TLS, AUTH, SELECT), and checks with ``ROLE`` that it is a master before the
-connection is handed over. Both drivers set connections up through ``connect()`` (the
-blocking one in a set-up thread, the asyncio one in its channel's task), rounds and
-notifications alike, so every new connection follows a failover; the decisions are
-``_core.sentinel``'s. Every failure here is raised as a redis-py ``ConnectionError``
-(the node is unreachable for now, with why), so the drivers handle it as any failed
-set-up: back-off, then another try.
+a short timeout each, the one that answered last first, one whose master could not be
+used last), connects to it as redis-py would (TLS, AUTH, SELECT), and checks with
+``ROLE`` that it is a master before the connection is handed over. Both drivers set
+connections up through ``connect()`` (the blocking one in a set-up thread, the asyncio
+one in its channel's task), rounds and notifications alike, so every new connection
+follows a failover; the decisions are ``_core.sentinel``'s. Every failure here is
+raised as a redis-py ``ConnectionError`` (the node is unreachable for now, with why),
+so the drivers handle it as any failed set-up: back-off, then another try.
 
 The Sentinels are asked with the node's own credentials and TLS (``rediss+sentinel://``)
 unless the node came from a redis-py ``master_for()`` client, whose Sentinel clients'
@@ -232,6 +232,13 @@ class Locator:
                 said.append((sentinel, why))
         return self._none_found(said, answered, login), None
 
+    def misled(self, by: Address | None) -> None:
+        """The master Sentinel ``by`` named could not be used (``SentinelBook.misled``);
+        None (no Sentinel named it: the master named last) changes nothing."""
+        if by is not None:
+            with self._lock:
+                self._book.misled(by)
+
     def check_role(self, master: Address, reply: object, by: Address | None) -> None:
         """Raise unless ``reply`` (to ``ROLE``) says ``master`` is a master.
 
@@ -262,11 +269,15 @@ class _Managed:
             return
         master, by = self._locator.locate()
         me.host, me.port = master
-        super().connect()  # type: ignore[misc]
         try:
+            super().connect()  # type: ignore[misc]
             me.send_command("ROLE", check_health=False)
             self._locator.check_role(master, me.read_response(), by)
-        except BaseException:
+        except Exception:
+            me.disconnect()
+            self._locator.misled(by)
+            raise
+        except BaseException:  # an interrupt says nothing of the master
             me.disconnect()
             raise
 
@@ -284,16 +295,20 @@ class _AsyncManaged:
             return
         master, by = await self._locator.alocate()
         me.host, me.port = master
-        await super().connect()  # type: ignore[misc]
         try:
+            await super().connect()  # type: ignore[misc]
             await me.send_command("ROLE", check_health=False)
             # The asyncio driver's connections wait without a socket timeout.
-            reply = await within(me.read_response(), me.socket_connect_timeout or 1.0)
+            try:
+                reply = await within(me.read_response(), me.socket_connect_timeout or 1.0)
+            except (asyncio.TimeoutError, TimeoutError):
+                raise rx.TimeoutError(f"{master[0]}:{master[1]} did not answer ROLE") from None
             self._locator.check_role(master, reply, by)
-        except (asyncio.TimeoutError, TimeoutError):
+        except Exception:
             await me.disconnect(nowait=True)
-            raise rx.TimeoutError(f"{master[0]}:{master[1]} did not answer ROLE") from None
-        except BaseException:
+            self._locator.misled(by)
+            raise
+        except BaseException:  # cancellation says nothing of the master
             await me.disconnect(nowait=True)
             raise
 
