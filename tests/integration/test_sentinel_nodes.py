@@ -237,6 +237,42 @@ def test_without_sentinels_a_reconnect_goes_to_the_master_found_last(
     assert not _holds(master, name)
 
 
+def test_without_sentinels_a_master_found_last_and_gone_names_the_sentinels_too(
+    api: Api, fresh_set: LocalSentinelSet
+) -> None:
+    """The Sentinels down, and then the master they named last: the node said only that
+    the master refused the connection ("Error 111 connecting to ..."), which reads as a
+    master the Sentinels are about to replace, while no Sentinel is there to replace it.
+    It says now that no Sentinel answered for the service, what each said, and that the
+    master named last failed too."""
+    name = "sentinel-all-gone"
+    client = api.client([fresh_set.url], **OPTIONS)
+    master = _lands_on(api, client, name, fresh_set)
+    for sentinel in fresh_set.sentinels:
+        sentinel.stop()
+    master.kill()
+    said: list[str] = []
+
+    def names_the_sentinels() -> bool:
+        with pytest.raises(tenure.QuorumUnreachable) as info:
+            client.acquire(name, ttl=1.0, blocking=False)
+        _no_redis_exception(info.value)
+        said.append(str(info.value))
+        return "no Sentinel answered" in said[-1]
+
+    # The first acquires may still meet the connection the master closed, or the node's
+    # back-off (which names no cause): the next connection set up says it.
+    deadline = time.monotonic() + 20.0
+    while not names_the_sentinels():
+        assert time.monotonic() < deadline, said[-1]
+        api.idle(0.05)
+    text = said[-1]
+    assert "no Sentinel answered for service 'tenure'" in text, text
+    for sentinel in fresh_set.sentinels:
+        assert f"127.0.0.1:{sentinel.port}: " in text, text
+    assert f"the master they named last, 127.0.0.1:{master.port}, failed too: " in text, text
+
+
 def test_a_demoted_master_is_silent_not_misconfigured(
     api: Api, fresh_set: LocalSentinelSet
 ) -> None:

@@ -15,6 +15,7 @@ from tenure._core.sentinel import (
     ask_timeout,
     auth_refused,
     demoted,
+    fallback_failed,
     master_reply,
     no_master,
     role_of,
@@ -128,6 +129,20 @@ def test_a_sentinel_whose_master_cannot_be_used_is_asked_last() -> None:
     assert book.order() == [c, a, b]
     book.misled(("unknown", 4))  # not one of the node's Sentinels: nothing to move
     assert book.order() == [c, a, b]
+
+
+def test_a_master_named_last_that_fails_too_names_the_sentinels() -> None:
+    said = [(("s1", 26379), Diagnosis(Failure.UNREACHABLE, "Connection refused"))]
+    down = Diagnosis(Failure.UNREACHABLE, "Error 111 connecting to m:6379")
+    why = fallback_failed("locks", said, ("m", 6379), down)
+    assert why.failure is Failure.UNREACHABLE
+    assert why.detail == (
+        "no Sentinel answered for service 'locks' (s1:26379: Connection refused), and the "
+        "master they named last, m:6379, failed too: Error 111 connecting to m:6379"
+    )
+    # A master that refuses for its own configuration says so: no Sentinel changes it.
+    refused = Diagnosis(Failure.MISCONFIGURED, "refused the credentials")
+    assert fallback_failed("locks", said, ("m", 6379), refused) is refused
 
 
 def test_asking_every_sentinel_leaves_a_share_for_the_master() -> None:

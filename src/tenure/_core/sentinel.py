@@ -24,6 +24,7 @@ __all__ = [
     "ask_timeout",
     "auth_refused",
     "demoted",
+    "fallback_failed",
     "login_fix",
     "master_reply",
     "no_master",
@@ -224,6 +225,27 @@ def no_master(service: str, said: Sequence[tuple[Address, Diagnosis]], fix: str 
             f"cannot be found: {detail}",
         )
     return Diagnosis(Failure.UNREACHABLE, detail)
+
+
+def fallback_failed(
+    service: str, said: Sequence[tuple[Address, Diagnosis]], master: Address, why: Diagnosis
+) -> Diagnosis:
+    """No Sentinel answered (``said``: what each did), so a connection went to the master
+    they named last, and that failed too (``why``): the node's failure.
+
+    Unreachable, it names the Sentinels as well as the master: the master's failure alone
+    ("connection refused") reads as a master that is down, which the Sentinels will
+    replace, when no Sentinel is there to replace it. A master that refuses for its
+    configuration (credentials, TLS) is named as it is: no Sentinel changes that.
+    """
+    if why.failure is not Failure.UNREACHABLE:
+        return why
+    each = "; ".join(f"{_where(s)}: {d.detail}" for s, d in said)
+    return Diagnosis(
+        Failure.UNREACHABLE,
+        f"no Sentinel answered for service {service!r} ({each}), and the master they "
+        f"named last, {_where(master)}, failed too: {why.detail}",
+    )
 
 
 UNKNOWN_SERVICE = "does not know the service (check the service name in the node URL)"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 import redis.asyncio
@@ -38,6 +38,7 @@ from .._core.sentinel import (
     SentinelBook,
     ask_timeout,
     auth_refused,
+    fallback_failed,
     login_fix,
     master_reply,
     no_master,
@@ -48,7 +49,7 @@ from .._core.sentinel import (
 from .redis_compat import Diagnosed, connection_kwargs, diagnose, reply_text
 from .timeouts import within
 
-__all__ = ["Locator", "managed"]
+__all__ = ["Found", "Locator", "managed"]
 
 _CREDENTIALS = ("username", "password", "credential_provider")
 # The node's settings a Sentinel is asked with too (URL form): who we are, and TLS's.
@@ -57,6 +58,16 @@ _SHARED = (*_CREDENTIALS, "socket_keepalive_options")
 
 class _Unknown(Exception):
     """A Sentinel answered, but does not know the service (or answered nonsense)."""
+
+
+class Found(NamedTuple):
+    """The master a connection goes to, and who named it."""
+
+    master: Address
+    by: Address | None
+    """The Sentinel that named it; None: no Sentinel answered, it was named last."""
+    said: tuple[tuple[Address, Diagnosis], ...] = ()
+    """What each Sentinel said, when none answered."""
 
 
 class Locator:
@@ -126,7 +137,7 @@ class Locator:
 
     def _none_found(
         self, said: list[tuple[Address, Diagnosis]], answered: bool, login: bool
-    ) -> Address:
+    ) -> Found:
         """No Sentinel named a master: the one named last, if no Sentinel answered at
         all (an outage of the Sentinels alone); otherwise the node fails, unreachable or
         misconfigured (``no_master``), with the fix for a refused login once (``login``)."""
@@ -135,7 +146,7 @@ class Locator:
         if last is None:
             fix = login_fix(own_settings=self._own_settings) if login else ""
             raise Diagnosed(no_master(self.service, said, fix))
-        return last
+        return Found(last, None, tuple(said))
 
     def _refused_auth(self, sentinel: Address, exc: Exception) -> bool:
         """Whether to ask ``sentinel`` again without credentials."""
@@ -176,7 +187,7 @@ class Locator:
         finally:
             conn.disconnect()
 
-    def locate(self) -> tuple[Address, Address | None]:
+    def locate(self) -> Found:
         """The master to connect to, and the Sentinel that named it (None: the master
         named last, no Sentinel answering now).
 
@@ -187,7 +198,7 @@ class Locator:
         answered = login = False
         for sentinel in self._order():
             try:
-                return self._found(sentinel, self._ask(sentinel)), sentinel
+                return Found(self._found(sentinel, self._ask(sentinel)), sentinel)
             except _Unknown as exc:
                 answered = True
                 said.append((sentinel, Diagnosis(Failure.UNREACHABLE, str(exc))))
@@ -195,7 +206,7 @@ class Locator:
                 why, refused = self._said(exc)
                 login |= refused
                 said.append((sentinel, why))
-        return self._none_found(said, answered, login), None
+        return self._none_found(said, answered, login)
 
     # --- asyncio ----------------------------------------------------------------------
 
@@ -216,13 +227,13 @@ class Locator:
         finally:
             await conn.disconnect(nowait=True)
 
-    async def alocate(self) -> tuple[Address, Address | None]:
+    async def alocate(self) -> Found:
         """``locate`` for the asyncio driver."""
         said: list[tuple[Address, Diagnosis]] = []
         answered = login = False
         for sentinel in self._order():
             try:
-                return self._found(sentinel, await self._aask(sentinel)), sentinel
+                return Found(self._found(sentinel, await self._aask(sentinel)), sentinel)
             except _Unknown as exc:
                 answered = True
                 said.append((sentinel, Diagnosis(Failure.UNREACHABLE, str(exc))))
@@ -230,14 +241,18 @@ class Locator:
                 why, refused = self._said(exc)
                 login |= refused
                 said.append((sentinel, why))
-        return self._none_found(said, answered, login), None
+        return self._none_found(said, answered, login)
 
-    def misled(self, by: Address | None) -> None:
-        """The master Sentinel ``by`` named could not be used (``SentinelBook.misled``);
-        None (no Sentinel named it: the master named last) changes nothing."""
-        if by is not None:
+    def unusable(self, found: Found, exc: Exception) -> Exception:
+        """The master ``found`` could not be used (``exc``: its connection failed, or it
+        is not a master): the Sentinel that named it is asked last from now on
+        (``SentinelBook.misled``). Returns the error to raise: ``exc``, or, when no
+        Sentinel answered, the node's failure naming them too (``fallback_failed``)."""
+        if found.by is not None:
             with self._lock:
-                self._book.misled(by)
+                self._book.misled(found.by)
+            return exc
+        return Diagnosed(fallback_failed(self.service, found.said, found.master, diagnose(exc)))
 
     def check_role(self, master: Address, reply: object, by: Address | None) -> None:
         """Raise unless ``reply`` (to ``ROLE``) says ``master`` is a master.
@@ -267,16 +282,18 @@ class _Managed:
         me: Any = self
         if me._sock:
             return
-        master, by = self._locator.locate()
-        me.host, me.port = master
+        found = self._locator.locate()
+        me.host, me.port = master = found.master
         try:
             super().connect()  # type: ignore[misc]
             me.send_command("ROLE", check_health=False)
-            self._locator.check_role(master, me.read_response(), by)
-        except Exception:
+            self._locator.check_role(master, me.read_response(), found.by)
+        except Exception as exc:
             me.disconnect()
-            self._locator.misled(by)
-            raise
+            error = self._locator.unusable(found, exc)
+            if error is exc:
+                raise
+            raise error from exc
         except BaseException:  # an interrupt says nothing of the master
             me.disconnect()
             raise
@@ -293,8 +310,8 @@ class _AsyncManaged:
         me: Any = self
         if me.is_connected:
             return
-        master, by = await self._locator.alocate()
-        me.host, me.port = master
+        found = await self._locator.alocate()
+        me.host, me.port = master = found.master
         try:
             await super().connect()  # type: ignore[misc]
             await me.send_command("ROLE", check_health=False)
@@ -303,11 +320,13 @@ class _AsyncManaged:
                 reply = await within(me.read_response(), me.socket_connect_timeout or 1.0)
             except (asyncio.TimeoutError, TimeoutError):
                 raise rx.TimeoutError(f"{master[0]}:{master[1]} did not answer ROLE") from None
-            self._locator.check_role(master, reply, by)
-        except Exception:
+            self._locator.check_role(master, reply, found.by)
+        except Exception as exc:
             await me.disconnect(nowait=True)
-            self._locator.misled(by)
-            raise
+            error = self._locator.unusable(found, exc)
+            if error is exc:
+                raise
+            raise error from exc
         except BaseException:  # cancellation says nothing of the master
             await me.disconnect(nowait=True)
             raise

@@ -54,7 +54,7 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
     # The clients give each Sentinel a share of connect_timeout; here each gets `timeout`.
     locator = Locator(address, settings, timeout * (len(spec.sentinels) + 1), asyncio=False)
     try:
-        master, by = locator.locate()
+        master, by, _ = locator.locate()
     except redis.RedisError as exc:
         text = str(exc)
         if _acl.denial(text) == "command":
