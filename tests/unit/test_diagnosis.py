@@ -13,6 +13,8 @@ import tenure
 from tenure._core.acquire import GRANTED, Acquisition, GiveUp, Granted, Retry
 from tenure._core.config import ClientConfig, LockSpec
 from tenure._core.diagnosis import (
+    BackingOff,
+    Diagnosis,
     certificate_rejected,
     configuration_error,
     error_reply,
@@ -423,3 +425,21 @@ def test_an_acl_hint_follows_the_clients_key_prefix() -> None:
     default = configuration_error(rnd, names)
     assert default is not None
     assert "~tenure:* and channels &tenure:wake:* (`tenure check` names" in str(default)
+
+
+def test_a_node_backing_off_says_why_it_failed() -> None:
+    # Without the cause, every round after the first failure read "backing off" alone,
+    # and a refused connection looked like a node that stopped answering.
+    refused = Diagnosis(Failure.UNREACHABLE, "Error 111 connecting to 127.0.0.1:7000.")
+    down = BackingOff(0.02, refused)
+    assert down.failure is Failure.BACKING_OFF
+    assert down.detail == (
+        "not retried until the back-off ends (0.020s) after it failed: "
+        "unreachable: Error 111 connecting to 127.0.0.1:7000."
+    )
+    assert BackingOff(0.02).detail == "not retried until the back-off ends (0.020s)"
+    wrong = Diagnosis(Failure.MISCONFIGURED, "is a read-only replica")
+    assert (BackingOff(0.02, wrong).failure, BackingOff(0.02, wrong).detail) == (
+        Failure.MISCONFIGURED,
+        "is a read-only replica",
+    )

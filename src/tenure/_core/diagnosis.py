@@ -103,6 +103,10 @@ class BackingOff(Exception):
         if last is not None and last.failure.configuration:
             self.failure = last.failure
             self.detail = last.detail
+        elif last is not None:
+            # The cause, or an error read later says only "backing off" and a user
+            # cannot tell a refused connection from a node that stopped answering.
+            self.detail += f" after it failed: {last.failure.value}: {last.detail}"
         super().__init__(self.detail)
 
 
