@@ -4,6 +4,12 @@
 wrapped so that a test calls them exactly like the blocking ones (each awaitable is run to
 completion on the test's own event loop), which is how every behavioural test runs
 against both drivers without two hand-kept copies.
+
+A module that sets ``ALSO_ON_UVLOOP = True`` runs its asyncio half a second time on
+uvloop's event loop (``api`` id ``uvloop``), the loop uvicorn and other ASGI servers run
+by default: the asyncio client relies on the event loop's timers, transports and write
+buffers, and the two loops implement them apart. A test that runs its own
+``asyncio.run`` does the same with the ``each_loop`` fixture.
 """
 
 from __future__ import annotations
@@ -111,6 +117,35 @@ def _wrap(value: Any, loop: asyncio.AbstractEventLoop) -> Any:
     return value
 
 
+def _new_loop(kind: str) -> asyncio.AbstractEventLoop:
+    if kind == "uvloop":
+        uvloop = pytest.importorskip("uvloop", reason="uvloop is not installed")
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        return loop
+    return asyncio.new_event_loop()
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def each_loop(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The test's ``asyncio.run`` runs on asyncio's own event loop, then on uvloop's."""
+    if request.param == "asyncio":
+        yield "asyncio"
+        return
+    uvloop = pytest.importorskip("uvloop", reason="uvloop is not installed")
+    before = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        yield "uvloop"
+    finally:
+        asyncio.set_event_loop_policy(before)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "api" in metafunc.fixturenames:
+        uvloop = getattr(metafunc.module, "ALSO_ON_UVLOOP", False)
+        metafunc.parametrize("api", ["sync", "async"] + ["uvloop"] * uvloop, indirect=True)
+
+
 class Api:
     """Makes clients of one flavour and closes them at the end of the test.
 
@@ -119,12 +154,14 @@ class Api:
     run (the watchdog and notification tasks of the asyncio client run only while its
     loop does), ``watchdogs`` finds the watchdog threads or tasks still alive, and
     ``sibling`` gives a thread of the test its own client factory. A child process makes
-    its own with ``Api(flavour)`` (a context manager).
+    its own with ``Api(flavour)`` (a context manager). ``loop`` is the asyncio flavour's
+    event loop: ``"asyncio"``'s own or ``"uvloop"``.
     """
 
-    def __init__(self, flavour: str) -> None:
+    def __init__(self, flavour: str, loop: str = "asyncio") -> None:
         self.flavour = flavour
-        self._loop = asyncio.new_event_loop() if flavour == "async" else None
+        self.loop_kind = loop
+        self._loop = _new_loop(loop) if flavour == "async" else None
         self._clients: list[Any] = []
         self._siblings: list[Api] = []
 
@@ -145,7 +182,7 @@ class Api:
     def sibling(self) -> Api:
         """Another factory of this flavour, for a thread of its own (its own event loop);
         closed with this one."""
-        other = Api(self.flavour)
+        other = Api(self.flavour, self.loop_kind)
         self._siblings.append(other)
         return other
 
@@ -200,9 +237,11 @@ class Api:
             self._loop.close()
 
 
-@pytest.fixture(params=["sync", "async"])
+@pytest.fixture
 def api(request: pytest.FixtureRequest) -> Iterator[Api]:
-    a = Api(request.param)
+    # Parametrized by ``pytest_generate_tests``: "sync", "async", and "uvloop" (the
+    # asyncio client on uvloop's event loop) where the module sets ``ALSO_ON_UVLOOP``.
+    a = Api("async", "uvloop") if request.param == "uvloop" else Api(request.param)
     yield a
     a.close()
 

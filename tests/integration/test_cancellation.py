@@ -17,6 +17,9 @@ from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import holders
 
+# Each test on asyncio's event loop and on uvloop's (uvicorn's default).
+pytestmark = pytest.mark.usefixtures("each_loop")
+
 
 def wait_until_gone(cluster: LocalCluster, key: str, within: float = 2.0) -> list[bytes | None]:
     deadline = time.monotonic() + within

@@ -16,6 +16,9 @@ from tenure.testing import LocalCluster
 
 from .conftest import Api, holders
 
+# The asyncio half again on uvloop (uvicorn's default loop): tests/integration/conftest.py.
+ALSO_ON_UVLOOP = True
+
 TTL = 2.0
 
 

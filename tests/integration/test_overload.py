@@ -73,6 +73,7 @@ def _resume_and_hear(nodes: LocalCluster) -> None:
 
 
 @pytest.mark.parametrize("fair", [True, False])
+@pytest.mark.usefixtures("each_loop")
 def test_replies_waiting_in_the_sockets_are_not_silence(nodes: LocalCluster, fair: bool) -> None:
     async def main() -> None:
         async with tenure.AsyncClient(nodes.urls, node_timeout=NODE_TIMEOUT) as client:
@@ -91,6 +92,7 @@ def test_replies_waiting_in_the_sockets_are_not_silence(nodes: LocalCluster, fai
     asyncio.run(main())
 
 
+@pytest.mark.usefixtures("each_loop")
 def test_a_busy_loop_never_reports_healthy_nodes_unreachable(nodes: LocalCluster) -> None:
     """256 tasks locking their own names, with the loop blocked now and then: slower,
     never ``QuorumUnreachable``."""
@@ -113,6 +115,7 @@ def test_a_busy_loop_never_reports_healthy_nodes_unreachable(nodes: LocalCluster
     asyncio.run(main())
 
 
+@pytest.mark.usefixtures("each_loop")
 def test_rounds_written_into_a_turns_batch_time_out_when_their_nodes_are_silent(
     nodes: LocalCluster,
 ) -> None:
@@ -148,6 +151,7 @@ def test_rounds_written_into_a_turns_batch_time_out_when_their_nodes_are_silent(
     assert all(isinstance(o, tenure.QuorumUnreachable) for o in outcomes), outcomes
 
 
+@pytest.mark.usefixtures("each_loop")
 def test_a_deadline_run_late_gives_the_nodes_one_node_timeout_more(nodes: LocalCluster) -> None:
     """The loop was blocked past a round's deadline while every node was frozen, and
     they answer a little after it runs again: the round waits for them (a grace), where
@@ -180,6 +184,7 @@ def test_a_deadline_run_late_gives_the_nodes_one_node_timeout_more(nodes: LocalC
     asyncio.run(main())
 
 
+@pytest.mark.usefixtures("each_loop")
 def test_replies_that_came_while_the_loop_ran_other_callbacks_are_not_silence(
     nodes: LocalCluster,
 ) -> None:
@@ -217,6 +222,7 @@ def test_replies_that_came_while_the_loop_ran_other_callbacks_are_not_silence(
     asyncio.run(main())
 
 
+@pytest.mark.usefixtures("each_loop")
 def test_a_loop_blocked_past_the_stall_bound_keeps_its_connections(nodes: LocalCluster) -> None:
     """A connection with a request unanswered for ``STALL`` seconds is given up as
     stalled, but not while the answer waits in its socket: here the loop is blocked
@@ -244,6 +250,7 @@ def test_a_loop_blocked_past_the_stall_bound_keeps_its_connections(nodes: LocalC
     asyncio.run(main())
 
 
+@pytest.mark.usefixtures("each_loop")
 def test_a_loop_blocked_before_a_batch_is_written_keeps_its_connections() -> None:
     """The stall bound counts from when a request was written, not queued. Requests
     made while others were in flight wait in the turn's batch, written at the end of the
@@ -318,6 +325,7 @@ def _connections(node: LocalNode) -> int:
         return int(c.info("stats")["total_connections_received"])
 
 
+@pytest.mark.usefixtures("each_loop")
 def test_a_frozen_node_is_given_up_after_the_stall_bound(nodes: LocalCluster) -> None:
     """The other side of the rule above: a node that really says nothing for
     ``STALL`` seconds has its connection given up, and the client connects anew once
@@ -351,6 +359,7 @@ def test_a_frozen_node_is_given_up_after_the_stall_bound(nodes: LocalCluster) ->
     asyncio.run(main())
 
 
+@pytest.mark.usefixtures("each_loop")
 def test_a_stalled_connection_whose_node_stays_frozen_closes_after_a_while(
     nodes: LocalCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -492,6 +501,7 @@ class _LoopBlockedAsItSetsUp(redis.asyncio.Connection):
         assert await self.read_response() in (b"PONG", "PONG")
 
 
+@pytest.mark.usefixtures("each_loop")
 def test_a_loop_blocked_while_its_connections_come_up_keeps_its_nodes(
     nodes: LocalCluster, key: str
 ) -> None:

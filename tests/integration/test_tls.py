@@ -24,6 +24,9 @@ from tenure.testing import LocalCluster
 from .conftest import Api, holders
 from .tls_proxy import CertificateAuthority, TLSProxy
 
+# The asyncio half again on uvloop (uvicorn's default loop): tests/integration/conftest.py.
+ALSO_ON_UVLOOP = True
+
 TTL = 5.0
 # Several times the default node timeout (50 ms): a handshake this slow used to be
 # charged to the first round, which then failed.

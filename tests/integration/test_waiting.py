@@ -28,6 +28,9 @@ from tenure.testing import LocalCluster
 from .conftest import SCRIPT_COMMANDS, Api, holders, scripts_run
 from .test_processes import max_overlap
 
+# The asyncio half again on uvloop (uvicorn's default loop): tests/integration/conftest.py.
+ALSO_ON_UVLOOP = True
+
 RETENTION = 3_600_000  # ms: the client default (ClientConfig.retention_ms)
 
 _ctx = multiprocessing.get_context("forkserver")

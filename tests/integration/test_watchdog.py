@@ -17,6 +17,9 @@ from tenure.verify.proxy import Proxy
 
 from .conftest import Api, holders
 
+# The asyncio half again on uvloop (uvicorn's default loop): tests/integration/conftest.py.
+ALSO_ON_UVLOOP = True
+
 TTL = 1.0
 
 
