@@ -13,8 +13,14 @@ array of bulk strings, as clients send them) with one valid reply:
 * ``"echo"``: the command itself, an array of bulk strings (an echo service);
 * ``"ok"``: ``+OK``; ``"one"``: ``:1`` (a stub or a proxy that answers anything alike).
 
+Or (``"slow"``) it begins a reply and never ends it: the header of a long bulk string,
+then one byte every ``DRIP`` seconds, each well within any socket timeout (a stalled
+proxy, a server dying slowly). ``connected`` is set when a client first sends it
+something.
+
 Bounded by construction: it only ever answers what a client sent, and stops with the
-test (``with GarbageServer(...) as g:``).
+test (``with GarbageServer(...) as g:``; a slow answer ends when the client hangs up or
+the server stops).
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ import socketserver
 import threading
 from types import TracebackType
 
-__all__ = ["SPEAKS", "GarbageServer"]
+__all__ = ["DRIP", "SPEAKS", "GarbageServer"]
 
 HTTP_400 = b"HTTP/1.1 400 Bad Request\r\n\r\n"
 # What each RESP-speaking kind answers a command (None: the command itself).
 _RESP_ANSWERS = {"echo": None, "ok": b"+OK\r\n", "one": b":1\r\n"}
 SPEAKS = ("http", "random", *_RESP_ANSWERS)
+DRIP = 0.05  # seconds between the bytes of a slow answer
 
 
 def _commands(buf: bytes) -> tuple[list[bytes], bytes]:
@@ -59,6 +66,8 @@ class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     speaks = "http"
     seed = 0
+    connected: threading.Event
+    stopping: threading.Event
 
 
 class _Answer(socketserver.BaseRequestHandler):
@@ -69,6 +78,9 @@ class _Answer(socketserver.BaseRequestHandler):
         if server.speaks in _RESP_ANSWERS:
             self._speak_resp(_RESP_ANSWERS[server.speaks])
             return
+        if server.speaks == "slow":
+            self._drip(server)
+            return
         try:
             while self.request.recv(65536):
                 if server.speaks == "http":
@@ -76,6 +88,17 @@ class _Answer(socketserver.BaseRequestHandler):
                 else:
                     reply = rng.randbytes(rng.randint(1, 64)).replace(b"\r\n", b"") + b"\r\n"
                 self.request.sendall(reply)
+        except OSError:
+            pass  # the client hung up
+
+    def _drip(self, server: _Server) -> None:
+        try:
+            if not self.request.recv(65536):
+                return
+            server.connected.set()
+            self.request.sendall(b"$1000000\r\n")
+            while not server.stopping.wait(DRIP):
+                self.request.sendall(b"x")
         except OSError:
             pass  # the client hung up
 
@@ -94,10 +117,12 @@ class GarbageServer:
     """A server on 127.0.0.1 answering ``speaks`` (one of ``SPEAKS``) to anything."""
 
     def __init__(self, speaks: str, seed: int = 1) -> None:
-        assert speaks in SPEAKS
+        assert speaks in (*SPEAKS, "slow")
         self._server = _Server(("127.0.0.1", 0), _Answer)
         self._server.speaks = speaks
         self._server.seed = seed
+        self._server.connected = self.connected = threading.Event()
+        self._server.stopping = threading.Event()
         self.port: int = self._server.server_address[1]
         self.url = f"redis://127.0.0.1:{self.port}"
         self._thread = threading.Thread(
@@ -114,6 +139,7 @@ class GarbageServer:
         ev: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._server.stopping.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()

@@ -1029,10 +1029,12 @@ def test_unreachable_node_is_unsafe(safe: LocalCluster) -> None:
     assert _unsafe(findings) == [down]
 
 
-def _check_process(*urls: str) -> tuple[int, list[dict[str, str]], str]:
+def _check_process(
+    *urls: str, options: tuple[str, ...] = ()
+) -> tuple[int, list[dict[str, str]], str]:
     """``tenure check --json`` as an operator runs it: a process of its own."""
     result = subprocess.run(
-        [sys.executable, "-m", "tenure.cli", "check", "--json", *_redis(list(urls))],
+        [sys.executable, "-m", "tenure.cli", "check", "--json", *_redis(list(urls)), *options],
         capture_output=True,
         text=True,
         timeout=60,
@@ -1056,6 +1058,27 @@ def test_a_server_that_is_not_redis_is_named_with_the_fix(safe: LocalCluster, sp
     assert row["detail"].startswith("misconfigured: does not speak the Redis protocol"), row
     assert "check the host and port" in row["detail"], row
     assert _unsafe(findings) == [row]
+
+
+@pytest.mark.parametrize("kind", ["plain", "sentinel", "cluster"])
+def test_a_node_that_never_ends_its_answer_is_given_up(kind: str) -> None:
+    # redis-py bounds each wait for bytes by the socket timeout, not a whole reply: a
+    # server sending one byte at a time (a stalled proxy, a dying server) kept `tenure
+    # check` reading it for ever, whatever --node-timeout said. (Alone: the module's
+    # nodes are kept young for the uptime checks.)
+    with GarbageServer("slow") as slow:
+        where = f"127.0.0.1:{slow.port}"
+        url = {
+            "plain": slow.url,
+            "sentinel": f"redis+sentinel://{where}/locks",
+            "cluster": f"redis+cluster://{where}",
+        }[kind]
+        code, findings, err = _check_process(url, options=("--node-timeout", "0.1"))
+    assert code == EXIT_UNAVAILABLE, err
+    [row] = findings
+    assert (row["node"], row["check"], row["level"]) == (url, "reachable", "UNSAFE"), row
+    assert row["detail"].startswith("unreachable: no complete answer within"), row
+    assert "check the node's host and port" in row["detail"], row
 
 
 def test_a_refused_password_is_named_with_the_fix(safe: LocalCluster) -> None:

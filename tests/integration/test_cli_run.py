@@ -774,3 +774,60 @@ def test_a_misconfigured_node_is_tenures_own_error_in_one_line(
     assert "requires a password" in lines[-1]
     assert "Traceback" not in result.stderr
     assert not ran.exists()
+
+
+@pytest.mark.parametrize("kind", ["plain", "sentinel", "cluster"])
+def test_status_gives_up_on_a_node_that_never_ends_its_answer(
+    cluster: LocalCluster, key: str, kind: str
+) -> None:
+    # redis-py bounds each wait for bytes by the socket timeout, not a whole reply: a
+    # server sending one byte at a time (a stalled proxy, a dying server) kept `tenure
+    # status` reading it for ever, whatever --node-timeout said.
+    with GarbageServer("slow") as slow:
+        where = f"127.0.0.1:{slow.port}"
+        url = {
+            "plain": slow.url,
+            "sentinel": f"redis+sentinel://{where}/locks",
+            "cluster": f"redis+cluster://{where}",
+        }[kind]
+        nodes = [*_redis(cluster)[:4], "--redis", url]
+        result = _tenure("status", key, *nodes, "--node-timeout", "0.2")
+    assert result.returncode == 0, result
+    assert "Traceback" not in result.stderr
+    [line] = [line for line in result.stdout.splitlines() if line.startswith(url)]
+    assert "unreachable: no complete answer within" in line, line
+    assert "check the node's host and port" in line, line
+
+
+@pytest.mark.parametrize("command", ["status", "check"])
+def test_sigterm_ends_a_command_still_reading_a_node(key: str, command: str) -> None:
+    # SIGTERM (timeout(1), a CI job's time limit) was taken, then the command waited for
+    # its threads still reading the node: it ran on until the node finished its answer.
+    args = [key] if command == "status" else []
+    with GarbageServer("slow") as slow:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tenure.cli",
+                command,
+                *args,
+                "--redis",
+                slow.url,
+                "--node-timeout",
+                "20",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
+        try:
+            assert slow.connected.wait(_TIMEOUT), proc
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=_TIMEOUT)
+        finally:
+            _reap(proc)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "terminated (SIGTERM)" in err, err
+    assert "Traceback" not in err

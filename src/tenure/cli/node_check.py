@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO
 from urllib.parse import unquote, urlsplit
 
@@ -51,11 +50,12 @@ from .._core.config import (
     parse_node_url,
 )
 from .._core.quorum import majority
-from .._core.slots import slot_tag
+from .._core.slots import map_sources, slot_tag
 from .._driver import acl as _acl
 from .._driver.redis_compat import NotRedis, check_connection_options, connection_kwargs
 from .._errors import ConfigurationError
 from .._lua import script
+from ._parallel import budget, each, late_text
 from ._text import failure_line, one_line
 from ._topology import cluster_map, sentinel_master
 from .node_rules import (
@@ -503,8 +503,13 @@ def check(
     # A URL option redis-py refuses (``?socket_timeout=abc``) is the caller's to fix.
     check_connection_options(None, addresses, node_timeout, asyncio=False, listed="--redis")
     prefix = check_key_prefix(key_prefix, "--key-prefix")
-    with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
-        read = list(pool.map(lambda a: _gather_node(a, node_timeout, acl_user, prefix), addresses))
+    # Each node within its budget: a server that never ends a reply is not waited for.
+    read = each(
+        addresses,
+        lambda a: _gather_node(a, node_timeout, acl_user, prefix),
+        lambda a, seconds: ([_late(a, seconds, prefix)], None),
+        lambda a: budget(_waits(a), node_timeout),
+    )
     facts = [f for node_facts, _ in read for f in node_facts]
     findings = evaluate(facts, max_ttl)
     # The rows about a listed node as a whole (a Cluster node's slots) after its servers'.
@@ -533,6 +538,30 @@ def check(
             flush=True,
         )
     return code
+
+
+# The connections and replies ``gather`` waits for one after another, at most: connect,
+# the state, three ACL questions, the probe, and each subscription command probed on a
+# connection of its own (three on a Cluster member: connect, reply).
+_GATHER_WAITS = 1 + 1 + 3 + 1 + 3 * 2
+
+
+def _waits(address: NodeAddress) -> int:
+    """How many connections and replies, each within the node timeout, reading a listed
+    node waits for one after another at most (its servers are read side by side)."""
+    if address.sentinel is not None:
+        # Each Sentinel asked (twice, without credentials after refusing them: connect,
+        # reply), then the master, then its replicas.
+        return 4 * len(address.sentinel.sentinels) + 2 * _GATHER_WAITS
+    if address.seeds:
+        # The slot map from each seed in turn, then the masters, then the replicas.
+        return 2 * len(map_sources(address.seeds, None)) + 2 * _GATHER_WAITS
+    return _GATHER_WAITS
+
+
+def _late(address: NodeAddress, seconds: float, prefix: str) -> NodeFacts:
+    """The facts of a node still being read after its budget: it did not answer."""
+    return NodeFacts(node=address.display, error=late_text(seconds), key_prefix=prefix)
 
 
 def _gather_node(
@@ -572,8 +601,9 @@ def _gather_node(
         for slot, owner in enumerate(slot_map.owners):
             if owner is not None and owner not in first_slot:
                 first_slot[owner] = slot
-        read = [
-            gather(
+        read = each(
+            masters,
+            lambda m: gather(
                 address.member(*m),
                 timeout,
                 acl_user,
@@ -582,9 +612,8 @@ def _gather_node(
                 kind="cluster",
                 tag=slot_tag(first_slot[m]),
                 listed=shown,
-            )
-            for m in masters
-        ]
+            ),
+        )
         others = [m for m in slot_map.members if m not in first_slot]
         read += _each(address, others, timeout, acl_user, prefix, "cluster")
         unserved = sum(1 for owner in slot_map.owners if owner is None)
@@ -635,8 +664,7 @@ def _each(
             listed=shown,
         )
 
-    with ThreadPoolExecutor(max_workers=len(replicas)) as pool:
-        return list(pool.map(one, replicas))
+    return each(replicas, one)
 
 
 def _print_table(findings: Sequence[Finding], out: TextIO) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO
 
 import redis
@@ -33,7 +32,7 @@ from .._core.config import (
 )
 from .._core.diagnosis import slot_unserved
 from .._core.quorum import majority
-from .._core.slots import MAX_REDIRECTS, Address, Redirect, key_slot, redirect
+from .._core.slots import MAX_REDIRECTS, Address, Redirect, key_slot, map_sources, redirect
 from .._driver.redis_compat import (
     NotRedis,
     check_connection_options,
@@ -41,6 +40,7 @@ from .._driver.redis_compat import (
     reply_text,
 )
 from .._errors import ConfigurationError
+from ._parallel import budget, each, late_text
 from ._text import failure_line
 from ._topology import cluster_map, not_a_master, sentinel_master
 from .run import EXIT_UNAVAILABLE
@@ -98,8 +98,13 @@ def status(
     # Where the clients keep the node keys: per slot on every node when one node is a
     # whole Redis Cluster (ClientConfig.per_slot).
     keys = LockKeys.of(name, prefix, per_slot=any(a.seeds for a in addresses))
-    with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
-        lines = list(pool.map(lambda a: _listed_status(a, keys, node_timeout, prefix), addresses))
+    # Each node within its budget: a server that never ends a reply is not waited for.
+    lines = each(
+        addresses,
+        lambda a: _listed_status(a, keys, node_timeout, prefix),
+        lambda a, seconds: (a.display, False, late_text(seconds)),
+        lambda a: budget(_waits(a), node_timeout),
+    )
     width = max(len(shown) for shown, _, _ in lines)
     answered = 0
     for shown, ok, text in lines:
@@ -116,6 +121,20 @@ def status(
         )
         return EXIT_UNAVAILABLE
     return 0
+
+
+def _waits(address: NodeAddress) -> int:
+    """How many connections and replies, each within the node timeout, reading a listed
+    node waits for one after another at most."""
+    if address.sentinel is not None:
+        # Each Sentinel asked (twice, without credentials after refusing them), then the
+        # master's ROLE and its keys: two each (connect, reply).
+        return 4 * len(address.sentinel.sentinels) + 2 + 2
+    if address.seeds:
+        # The slot map from each seed in turn, then the keys on the master of the slot
+        # and on each master a redirection names.
+        return 2 * len(map_sources(address.seeds, None)) + 2 * (MAX_REDIRECTS + 1)
+    return 2
 
 
 def _listed_status(
