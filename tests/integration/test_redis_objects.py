@@ -143,6 +143,35 @@ def test_a_unix_socket_node_given_as_a_client(api: Api, key: str) -> None:
         assert _unused(obj)
 
 
+@pytest.mark.parametrize("spelling", ["{name}", "./{name}", "../{dir}/{name}"])
+def test_a_unix_socket_client_with_a_relative_path(
+    api: Api, key: str, spelling: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # redis-py connects a relative unix_socket_path from the working directory, but the
+    # node's URL was built from it as it stood ('unix://redis.sock', 'unix://./redis.sock'),
+    # which redis-py reads back as no path at all or as '/redis.sock': every connection
+    # failed (QuorumUnreachable) while the application's own object worked.
+    with LocalCluster(1, unix=True) as cluster:
+        node = cluster[0]
+        assert node.unix_path is not None
+        socket = Path(node.unix_path)
+        monkeypatch.chdir(socket.parent)
+        relative = spelling.format(name=socket.name, dir=socket.parent.name)
+        obj = _flavour(api).Redis(unix_socket_path=relative, db=1)
+        client = api.client([obj])
+        # Named by the socket it connects to: the path taken from the working directory
+        # when the client was made, as the object would take it at its next connect.
+        assert client.node_names == [f"unix://{socket}?db=1"]
+        # The same socket spelled absolutely is the same server, listed twice.
+        with pytest.raises(tenure.ConfigurationError, match=r"nodes\[1\]: .* same server"):
+            api.client([obj, f"unix://{socket}", "redis://127.0.0.1:1"])
+        monkeypatch.chdir(socket.parent.parent)  # later moves are the application's own
+        lease = client.acquire(key, ttl=TTL, blocking=False)
+        with node.client(db=1) as c:
+            assert c.get(lease.key) == lease.token.encode()
+        lease.release()
+
+
 def test_a_tls_node_given_as_a_client(
     api: Api, shared5: LocalCluster, key: str, tmp_path: Path
 ) -> None:

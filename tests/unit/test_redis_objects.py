@@ -20,6 +20,7 @@ from redis.retry import Retry
 
 import tenure
 from tenure import ConfigurationError
+from tenure._core.config import node_address
 from tenure._driver.redis_compat import node_pool
 from tenure._driver.redis_objects import node_addresses, settings_of
 
@@ -70,6 +71,16 @@ def test_a_unix_socket_client() -> None:
     pool = node_pool(address, tenure.Client(["redis://127.0.0.1:7001"]).config, {}, asyncio=False)
     assert pool.connection_kwargs["path"] == "/run/r e.sock"
     assert pool.connection_kwargs["db"] == 3
+
+
+def test_a_relative_unix_socket_path_is_taken_from_the_working_directory() -> None:
+    at: dict[str, Any] = {"host": None, "port": None, "db": 0, "tls": False, "options": {}}
+    address = node_address(path="../run/./r.sock", cwd="/srv/app", **at)
+    assert address.path == "/srv/run/r.sock"
+    assert address.display == "unix:///srv/run/r.sock"
+    # Without a working directory (it was removed), no node can be named.
+    with pytest.raises(ConfigurationError, match=r"n: .*'r\.sock' is relative.*absolute"):
+        node_address(path="r.sock", cwd=None, parameter="n", **at)
 
 
 @pytest.mark.parametrize("asyncio", [False, True])

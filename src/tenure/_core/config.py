@@ -10,6 +10,7 @@ import difflib
 import enum
 import hashlib
 import math
+import posixpath
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -517,15 +518,21 @@ def node_address(
     tls: bool,
     options: Mapping[str, Any],
     parameter: str = "nodes",
+    cwd: str | None = None,
 ) -> NodeAddress:
     """A node given by its settings rather than a URL (a redis-py client or pool).
 
     Its ``url`` is built from the address alone, without credentials, so it is safe to
     show; the credentials and TLS settings travel in ``options``.
 
+    A relative unix socket ``path`` is taken from ``cwd`` (the working directory when
+    the client is made): redis-py connects one from the working directory, but a URL
+    can only name an absolute path, and ``unix://redis.sock`` reads back as no path at
+    all, ``unix://./redis.sock`` as ``/redis.sock``.
+
     Raises:
-        ConfigurationError: no host or path, a port outside 1..65535, a negative or
-            non-integer database.
+        ConfigurationError: no host or path, a relative path without an absolute
+            ``cwd``, a port outside 1..65535, a negative or non-integer database.
     """
     if isinstance(db, bool) or not isinstance(db, int) or db < 0:
         raise ConfigurationError(parameter, f"database must be an integer >= 0, got {db!r}")
@@ -534,6 +541,15 @@ def node_address(
             raise ConfigurationError(
                 parameter, f"unix socket path must be a non-empty str, got {path!r}"
             )
+        if not posixpath.isabs(path):
+            if cwd is None or not posixpath.isabs(cwd):
+                raise ConfigurationError(
+                    parameter,
+                    f"unix socket path {path!r} is relative and the working directory "
+                    "is unknown; give the socket's absolute path",
+                )
+            # As os.path.abspath would, so that one socket spelled two ways is one server.
+            path = posixpath.normpath(posixpath.join(cwd, path))
         url = "unix://" + quote(path) + (f"?db={db}" if db else "")
         return NodeAddress(url, "unix", None, None, path, db, tuple(options.items()))
     if not isinstance(host, str) or not host:

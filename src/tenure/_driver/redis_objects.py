@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -171,7 +172,7 @@ def settings_of(obj: object, parameter: str, *, asyncio: bool) -> NodeAddress:
     if cls in _UNIX:
         return node_address(
             host=None, port=None, path=raw.get("path"), db=db, tls=False, options=options,
-            parameter=parameter,
+            parameter=parameter, cwd=_working_directory(),
         )  # fmt: skip
     port = raw.get("port", 6379)
     if isinstance(port, str) and port.isdigit():
@@ -180,6 +181,15 @@ def settings_of(obj: object, parameter: str, *, asyncio: bool) -> NodeAddress:
         host=raw.get("host", "localhost"), port=port, path=None, db=db, tls=tls,
         options=options, parameter=parameter,
     )  # fmt: skip
+
+
+def _working_directory() -> str | None:
+    """Where redis-py would find a relative unix socket path now; None if the working
+    directory is gone (removed, or out of this process's reach)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 def _carried(raw: Mapping[str, Any], target: type, parameter: str, kind: str) -> dict[str, Any]:
