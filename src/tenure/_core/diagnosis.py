@@ -159,15 +159,28 @@ def _essence(text: str) -> str:
 def acl_refused(text: str) -> Diagnosis:
     """A command, key or channel refused by the node's ACL (``text``, the whole reply).
 
-    ``CLIENT SETNAME`` is not one of tenure's: redis-py sends it on every new connection
-    when the node's URL, ``connection_options`` or redis-py object sets ``client_name``,
-    and the least-privilege ACL line does not grant it. Its fix is that one permission.
+    ``CLIENT SETNAME`` and ``SELECT`` are not tenure's: redis-py sends them on every new
+    connection when the node's URL, ``connection_options`` or redis-py object sets
+    ``client_name``, or a database other than 0, and the least-privilege ACL line does
+    not grant them. The fix is that one permission, not the lock's commands the user
+    already has.
     """
-    if "client|setname" in text.lower():
+    lower = text.lower()
+    # Redis 6.2 names the command alone ("... to run the 'client' command or its
+    # subcommand"): SETNAME is the only CLIENT subcommand tenure's connections send.
+    if "client|setname" in lower or "'client' command" in lower:
         return Diagnosis(
             Failure.UNSUPPORTED,
             f"refused by ACL ({text}): every connection names itself (client_name) with "
             "CLIENT SETNAME; grant its ACL user +client|setname, or leave client_name out",
+        )
+    # "... to run the 'select' command" (Redis 6.2 adds "or its subcommand").
+    if "'select'" in lower:
+        return Diagnosis(
+            Failure.UNSUPPORTED,
+            f"refused by ACL ({text}): every connection selects the node's database (the "
+            "/db of its URL, or the db of its redis-py object) with SELECT; grant its ACL "
+            "user +select, or use database 0",
         )
     return Diagnosis(Failure.UNSUPPORTED, f"refused by ACL ({text}): {ACL_HINT}")
 
