@@ -113,6 +113,36 @@ def test_credentials_are_carried_over(api: Api, shared5: LocalCluster, key: str,
         api.close_clients()
 
 
+@pytest.mark.parametrize("how", ["password", "credential_provider"])
+def test_credentials_are_sent_in_the_objects_encoding(
+    api: Api, shared5: LocalCluster, key: str, how: str
+) -> None:
+    # redis-py sends a str password as bytes of the client's encoding; tenure dropped
+    # the encoding and sent UTF-8, so a password outside ASCII that the application's
+    # own object logs in with was refused (NodeMisconfigured, WRONGPASS).
+    password = "p\u00e4sswort"
+    flavour = _flavour(api)
+    nodes = list(shared5)[:3]
+    with _user(nodes, "~tenure:*", "&tenure:wake:*", "+@all") as user:
+        for node in nodes:
+            with node.client() as c:
+                c.execute_command(
+                    "ACL", "SETUSER", user, "resetpass", b">" + password.encode("latin-1")
+                )
+        if how == "password":
+            auth: dict[str, Any] = {"username": user, "password": password}
+        else:
+            auth = {"credential_provider": redis.UsernamePasswordCredentialProvider(user, password)}
+        objects = [
+            flavour.Redis(host=n.host, port=n.port, encoding="latin-1", **auth) for n in nodes
+        ]
+        client = api.client(objects)
+        lease = client.acquire(key, ttl=TTL, blocking=False)
+        assert holders(shared5, lease.key)[:3].count(lease.token.encode()) >= 2
+        lease.release()
+        api.close_clients()
+
+
 def test_wrong_credentials_in_the_object_are_the_nodes_misconfiguration(
     api: Api, shared5: LocalCluster, key: str
 ) -> None:

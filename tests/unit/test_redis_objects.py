@@ -116,6 +116,13 @@ def test_settings_tenure_owns_are_ignored() -> None:
     assert client.connection_pool.connection_kwargs["socket_timeout"] == 7
 
 
+def test_an_encoding_other_than_redis_pys_default_is_carried() -> None:
+    # It is how the object's AUTH sends a str password; the default is no setting at all.
+    assert _options(redis.Redis(encoding="latin-1")) == {"encoding": "latin-1"}
+    both = redis.Redis(encoding="cp1252", encoding_errors="replace")
+    assert _options(both) == {"encoding": "cp1252", "encoding_errors": "replace"}
+
+
 def test_connection_options_and_the_objects_settings_must_agree(make: Make) -> None:
     node = redis.Redis(host="127.0.0.1", port=7001, password="a")
     make([node], connection_options={"password": "a"})  # the same: fine

@@ -81,6 +81,12 @@ _CLUSTER_URL = (
 # The settings taken from the object (each only when set, i.e. not None), beside the
 # address (host and port, or the unix socket path) and the database. Every ``ssl_*``
 # setting the connection class has is carried too.
+#
+# ``encoding`` (with ``encoding_errors``) is how redis-py turns the str arguments of the
+# commands it sends into bytes; on tenure's connections it sends only the set-up (AUTH,
+# CLIENT SETNAME, SELECT, a Sentinel's question), so the object's encoding makes them
+# log in as the object does (a password outside ASCII). tenure's own commands, lock
+# names included, are UTF-8 whatever the object says, so every client names a lock alike.
 CARRIED = (
     "username",
     "password",
@@ -88,7 +94,12 @@ CARRIED = (
     "client_name",
     "socket_keepalive_options",
     "socket_type",
+    "encoding",
+    "encoding_errors",
 )
+
+# redis-py's defaults, which every object has (``encoding`` as redis-py spells it).
+_DEFAULT_ENCODING = {"encoding": "utf-8", "encoding_errors": "strict"}
 
 # Settings that are ignored, and why (docs/connections.md says the same). They concern
 # how the object's own connections behave; tenure's connections are its own.
@@ -101,8 +112,6 @@ IGNORED: dict[str, str] = {
     "health_check_interval": "a health check is a hidden round trip inside a round",
     "protocol": "tenure speaks RESP2 on its connections and reads the replies itself",
     "decode_responses": "tenure reads its own replies, never through redis-py's decoder",
-    "encoding": "tenure encodes its own commands",
-    "encoding_errors": "tenure encodes its own commands",
     "socket_read_size": "tenure reads its own replies",
     "parser_class": "tenure reads its own replies",
     "socket_keepalive": "always on in tenure's TCP connections",
@@ -211,6 +220,8 @@ def _carried(raw: Mapping[str, Any], target: type, parameter: str, kind: str) ->
             continue  # redis-py's default is a sentinel object, not a mapping
         if key == "socket_type" and not value:
             continue
+        if _DEFAULT_ENCODING.get(key) == value:
+            continue  # what tenure's connections do anyway: nothing to carry
         if key == "client_name" and not client_name_ok(value):
             # The server refuses it at every connect (CLIENT SETNAME): the node would look
             # down (QuorumUnreachable) rather than misconfigured, as in a URL's query or
