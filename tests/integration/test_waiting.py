@@ -1063,3 +1063,36 @@ def test_closing_a_client_ends_its_waiters_and_its_listener_at_once(
         assert sorted(name for name, _ in ended.values()) == ["ClientClosed"] * 3
         assert max(at for _, at in ended.values()) - closed < 3.0  # 10-20 s before
         lease.release()
+
+
+def test_closing_an_async_client_ends_its_waiting_tasks_at_once(
+    shared5: LocalCluster, key: str
+) -> None:
+    # The asyncio twin of the test above: aclose() left every waiting task to sleep out
+    # its wait (10-20 s with this fallback) before it found the client closed.
+    urls = shared5.urls[:3]
+
+    async def main() -> tuple[list[str], float]:
+        async with tenure.AsyncClient(urls) as holder:
+            lease = await holder.acquire(key, ttl=30)
+            client = tenure.AsyncClient(urls, recheck=20.0)
+
+            async def wait() -> str:
+                try:
+                    await client.acquire(key, ttl=5, timeout=25)
+                except tenure.TenureError as exc:
+                    return type(exc).__name__
+                return "acquired"
+
+            tasks = [asyncio.create_task(wait()) for _ in range(3)]
+            await asyncio.to_thread(_wait_until, lambda: _queue_length(shared5, key) == 3)
+            closed = time.monotonic()
+            await client.aclose()
+            names = await asyncio.wait_for(asyncio.gather(*tasks), 25)
+            took = time.monotonic() - closed
+            await lease.release()
+            return names, took
+
+    names, took = asyncio.run(main())
+    assert names == ["ClientClosed"] * 3
+    assert took < 3.0  # 10-20 s before

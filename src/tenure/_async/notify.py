@@ -81,6 +81,12 @@ class AsyncSlot(WakeTally):
             return
         self._fire()
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop of the task waiting on this slot now, if one is."""
+        future = self._future
+        return None if future is None else future.get_loop()
+
     def _fire(self) -> None:
         self._flag = True
         future = self._future
@@ -254,12 +260,31 @@ class AsyncListener:
 
     async def close(self) -> None:
         self._closed = True
+        # Every waiting task re-checks at once and finds the client closed
+        # (``ClientClosed``), as the blocking client's waiters do, rather than sleep out
+        # its wait (up to ``recheck``).
+        self._nudge_all()
         if self._replan_later is not None:
             self._replan_later.cancel()
         tasks, self._tasks = self._tasks, []
         tasks += [link.task for link in self._links.values() if link.task is not None]
         tasks += self._retired
         await finish(tasks)
+
+    def _nudge_all(self) -> None:
+        """Have every waiting task re-check now, each in its own event loop: ``aclose()``
+        may be awaited in another loop than the one a task waits in (loops taking turns)."""
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for slot in list(self._slots.values()):
+            loop = slot.loop
+            if loop is None or loop is running:
+                slot.put(None)
+            else:
+                with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                    loop.call_soon_threadsafe(slot.put, None)
 
     # --- sharded subscriptions (every node a Redis Cluster node) ------------------------
 
@@ -383,9 +408,6 @@ class AsyncListener:
             await asyncio.sleep(reconnect.failed(time.monotonic()))
         if link.task is asyncio.current_task():
             link.task = None
-
-    def _nudge_all(self) -> None:
-        self._board.nudge_all()
 
     def _note_failure(self, i: int, exc: Exception) -> None:
         """A subscription connection to node ``i`` failed: a failure of its configuration
