@@ -116,8 +116,9 @@ class Client(ClientBase):
     A node that answers but is set up wrongly (a read-only replica, a wrong password, an
     ACL user without a permission, not a Redis server) fails like a down node in every
     round: locking goes on while the other nodes form a majority, and each such node is
-    logged once on the ``tenure`` logger. When they leave no majority, acquiring (and
-    ``locked()``) raises ``NodeMisconfigured`` at once, naming the node and the fix.
+    logged once on the ``tenure`` logger. When they leave no majority, acquiring raises
+    ``NodeMisconfigured`` at once, naming the node and the fix; so does ``locked()``
+    when they cannot answer its read (a read-only replica can: docs/errors.md).
     """
 
     def _open(self, connection_options: dict[str, Any]) -> None:
