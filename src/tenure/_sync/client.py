@@ -154,7 +154,8 @@ class Client(ClientBase):
         ttl * drift_factor + drift_floor`` (see ``Client``). ``watchdog=True`` keeps every
         lease it acquires alive (``Lease.keep_alive``), up to ``max_hold`` seconds (at least
         ``ttl``: the grant alone holds it that long).
-        ``fair`` (default: True, unless ``recheck=0`` or ``wait_replicas``) grants the lock
+        ``fair`` (default: True, unless ``recheck=0``, ``wait_replicas`` or a
+        ``redis+cluster://`` node) grants the lock
         in the order it was requested, handing it over inside the release (on a quorum,
         with one fencing token for every node); False wakes the next waiter and reserves
         the lock for it briefly (docs/waiting.md). Every client of a lock must use the
