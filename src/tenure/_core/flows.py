@@ -640,7 +640,7 @@ class Flows:
         """Extend ``lease`` by ``ttl`` (default: its lock's TTL) from now. On failure it
         is lost, and released everywhere when its holder releases it or its validity
         ends, whichever comes first (so a waiter need not wait out the TTL of the keys the
-        round may have extended).
+        round may have extended); at once where a majority answered "not ours".
 
         A watchdog's try (``retry``: its policy) is the exception: a failure that left
         the lease as it was (``worth_another_try``) and ended early enough for another

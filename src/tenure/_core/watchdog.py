@@ -11,8 +11,8 @@ last third is the holder's: a try is tried again only if it failed early enough 
 more to end before it (``retry_by``). If a try fails later, or a node that granted the
 lease says it is not ours any more, the lease is lost: marked lost at once
 (``Flows.extend``: the holder is told to stop, with about a third of the TTL left to do
-it), and released when its validity ends. Each wake is decided here from the clock
-reading the driver passes in:
+it), and released when its validity ends (at once when a majority said "not ours").
+Each wake is decided here from the clock reading the driver passes in:
 
 * woke after ``valid_until``: the holder (and its watchdog with it) was paused past the
   lease, by a GC, a SIGSTOP, a swapped-out VM. Extending now could not undo that another

@@ -519,7 +519,8 @@ class Lease(LeaseView):
             LeaseLost: fewer than a majority confirmed it (or an extension failed
                 before). It is released everywhere when it is released (``release()``,
                 the end of its ``with`` block) or its validity ends, whichever comes
-                first: until then its holder may be at work under it.
+                first: until then its holder may be at work under it. (At once where a
+                majority of nodes answered that they no longer hold it.)
             NotHeld: it was released.
             InheritedLease: this process is a fork of the one that acquired it; nothing
                 was sent.
