@@ -141,9 +141,10 @@ def each_loop(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "api" in metafunc.fixturenames:
+    # ``api_kind`` only: a module with an ``api`` fixture of its own does not use it.
+    if "api_kind" in metafunc.fixturenames:
         uvloop = getattr(metafunc.module, "ALSO_ON_UVLOOP", False)
-        metafunc.parametrize("api", ["sync", "async"] + ["uvloop"] * uvloop, indirect=True)
+        metafunc.parametrize("api_kind", ["sync", "async"] + ["uvloop"] * uvloop)
 
 
 class Api:
@@ -238,10 +239,10 @@ class Api:
 
 
 @pytest.fixture
-def api(request: pytest.FixtureRequest) -> Iterator[Api]:
-    # Parametrized by ``pytest_generate_tests``: "sync", "async", and "uvloop" (the
-    # asyncio client on uvloop's event loop) where the module sets ``ALSO_ON_UVLOOP``.
-    a = Api("async", "uvloop") if request.param == "uvloop" else Api(request.param)
+def api(api_kind: str) -> Iterator[Api]:
+    # ``api_kind`` is parametrized by ``pytest_generate_tests``: "sync", "async", and
+    # "uvloop" (the asyncio client on uvloop's loop) where a module sets ``ALSO_ON_UVLOOP``.
+    a = Api("async", "uvloop") if api_kind == "uvloop" else Api(api_kind)
     yield a
     a.close()
 

@@ -352,9 +352,20 @@ def test_nested_acquire_by_the_same_caller_is_refused_at_once(
         assert "not reentrant" in str(info.value)
         with pytest.raises(tenure.SelfDeadlock):
             a(client.acquire, key, ttl=TTL, timeout=5)
-        # A try-lock never waits, so it is not refused: the lock is simply held.
-        with pytest.raises(tenure.LockTimeout):
+        # A try-lock never waits, so it is not refused: the lock is simply held, by the
+        # caller's own block (not "by another client", which sent its reader looking
+        # for a client that did not exist), through the client and a lock object alike.
+        with pytest.raises(tenure.LockTimeout) as held:
             a(client.acquire, key, ttl=TTL, blocking=False)
+        assert "`with` block" in str(held.value)
+        assert "another client" not in str(held.value)
+        with (
+            pytest.raises(tenure.LockTimeout) as held,
+            a.holding(client.lock(key, ttl=TTL, blocking=False)),
+        ):
+            pass
+        assert "`with` block" in str(held.value)
+        assert "another client" not in str(held.value)
         assert outer.valid
         assert info.value.holder is outer
 

@@ -14,7 +14,8 @@ task may be handed and release, as a ``threading.Lock`` is released by another t
 its acquirer waiting for it is ordinary waiting, so it is not in the book.
 
 A non-blocking attempt is let through: it never waits, and it answers "held" as
-``threading.Lock.acquire(blocking=False)`` does for a lock its caller holds.
+``threading.Lock.acquire(blocking=False)`` does for a lock its caller holds, saying
+that its caller's own block holds it (``own_block``), not another client.
 
 The owner is whatever the driver says identifies the caller (a ``threading.Thread``, an
 ``asyncio.Task``): this module only compares owners. It is not thread-safe; the client
@@ -33,7 +34,7 @@ from typing import Protocol
 
 from .._errors import SelfDeadlock
 
-__all__ = ["Held", "Holds", "self_deadlock"]
+__all__ = ["Held", "Holds", "own_block", "self_deadlock"]
 
 _SWEEP_MIN = 64  # entries before the first sweep of leases that ran out unreleased
 
@@ -115,4 +116,14 @@ def self_deadlock(name: str, who: str, holder: Held) -> SelfDeadlock:
         "instead of acquiring again, or acquire after the block (another thread or task "
         "acquiring it waits as usual)",
         holder,
+    )
+
+
+def own_block(who: str, holder: Held) -> str:
+    """Why a non-blocking acquire of a lock by ``who`` was refused when ``who`` is inside
+    its own block of it (lease ``holder``): the refusal's "held by another client"
+    would send its reader looking for a client that does not exist."""
+    return (
+        f"held by the `with` block {who} is inside ({holder!r}), through this client; tenure "
+        "locks are not reentrant: pass the block's lease down instead of acquiring again"
     )

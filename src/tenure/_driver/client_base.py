@@ -19,10 +19,10 @@ import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .._core.acquire import LeaseState, Refused
+from .._core.acquire import HELD_ELSEWHERE, LeaseState, Refused
 from .._core.config import DEFAULT_KEY_PREFIX, ClientConfig, LockSpec, SpecCache, check_flag
 from .._core.flows import Depart, Flow, Flows, Later, Op, Send, Unlisten
-from .._core.holds import Held, Holds, self_deadlock
+from .._core.holds import Held, Holds, own_block, self_deadlock
 from .._core.policy import RetryPolicy
 from .._core.waiting import Departed, decline_again
 from .._core.watchdog import KeepAlive
@@ -154,6 +154,20 @@ class ClientBase(ProcessBound):
         if holder is not None:
             raise self_deadlock(spec.name, self._describe(owner), holder)
 
+    def _refused(
+        self, name: str, blocking: bool, timeout: float | None, reason: str
+    ) -> LockTimeout:
+        """The ``LockTimeout`` of an acquire of ``name`` refused for ``reason``
+        (``_core.acquire.refusal``), in the caller's thread (task): a non-blocking one
+        inside its caller's own block of the lock says so (``own_block``)."""
+        if not blocking and reason == HELD_ELSEWHERE and self._holds:
+            owner = self._owner()
+            with self._holds_guard:
+                own = self._holds.conflict(name, owner, monotonic(), blocking=True)
+            if own is not None:
+                reason = own_block(self._describe(owner), own)
+        return LockTimeout(name, not_acquired(blocking, timeout, reason))
+
     def _hold(self, lease: Held) -> Hashable:
         """Enter a new lease in the book under its caller; returns that owner."""
         owner = self._owner()
@@ -192,8 +206,8 @@ class ClientBase(ProcessBound):
         _keep_alive(watchdog, max_hold, spec.ttl)  # (the lease is kept alive once acquired)
         return spec
 
-    @staticmethod
     def _handed_out(
+        self,
         lease: L | Refused,
         name: str,
         blocking: bool,
@@ -203,7 +217,7 @@ class ClientBase(ProcessBound):
     ) -> L:
         """What ``acquire()`` returns: the lease (kept alive if asked), or it raises."""
         if isinstance(lease, Refused):
-            raise LockTimeout(name, not_acquired(blocking, timeout, lease.reason))
+            raise self._refused(name, blocking, timeout, lease.reason)
         if watchdog:
             lease.keep_alive(max_hold=max_hold)
         return lease

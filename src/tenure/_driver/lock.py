@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Generic, NoReturn, TypeVar
 from .._core.acquire import Refused
 from .._core.config import LockSpec, check_acquire_args
 from .._core.watchdog import KeepAlive
-from .._errors import LockTimeout, NotHeld
-from .lease import LeaseView, not_acquired
+from .._errors import NotHeld
+from .lease import LeaseView
 
 if TYPE_CHECKING:
     from .client_base import ClientBase
@@ -49,6 +49,7 @@ class LockView(Generic[L, X]):
         self._timeout = timeout
         self._keep_alive = keep_alive
         self._caller = client._owner  # the calling thread (task): the object, not an id
+        self._refused = client._refused
         self._lease: L | None = None
         self._taker: object = None  # the thread (task) whose acquire ``_lease`` is
         # The blocks open now, per thread (task) that entered them: a stack, innermost
@@ -81,7 +82,7 @@ class LockView(Generic[L, X]):
         whatever the object holds by now), or ``LockTimeout``."""
         if not self._took(got):
             assert isinstance(got, Refused)
-            raise LockTimeout(self.name, not_acquired(self._blocking, self._timeout, got.reason))
+            raise self._refused(self.name, self._blocking, self._timeout, got.reason)
         assert not isinstance(got, Refused)
         return got
 
