@@ -940,6 +940,40 @@ def test_an_admin_login_checks_the_clients_user(server: LocalCluster, without: s
 
 
 @pytest.mark.parametrize(
+    ("suffix", "grant", "command", "instead"),
+    [
+        ("/3", "+select", "SELECT", "or use database 0"),
+        ("?client_name=app", "+client|setname", "CLIENT|SETNAME", "or leave client_name out"),
+    ],
+    ids=["db", "client-name"],
+)
+def test_an_admin_login_asks_for_what_the_urls_connections_send(
+    server: LocalCluster, suffix: str, grant: str, command: str, instead: str
+) -> None:
+    """A URL naming a database other than 0 has every connection send SELECT, one setting
+    a client name CLIENT SETNAME: the documented user, without that permission, fails
+    every connection, and --acl-user said OK for it."""
+    with _setuser(server, *_documented()) as (user, urls):
+        refused = pytest.raises(tenure.NodeMisconfigured, match=re.escape(grant))
+        with refused, tenure.Client([urls[0] + suffix]) as client:
+            client.acquire("connect", ttl=5.0, blocking=False)
+        code, findings = _check_json([u + suffix for u in server.urls], "--acl-user", user)
+    [acl] = [f for f in findings if f["check"] == "acl"]
+    assert code == EXIT_UNSAFE, findings
+    assert acl["level"] == "UNSAFE", acl
+    assert f"user '{user}' may not run {command} (ACL " in acl["detail"], acl
+    assert f"Fix: ACL SETUSER {user} {grant} ({instead}" in acl["detail"], acl
+    # Granted, the clients lock, and the check says so, naming what it asked about.
+    with _setuser(server, *_documented(extra=(grant,))) as (user, urls):
+        with tenure.Client([urls[0] + suffix]) as client:
+            client.acquire("connect", ttl=5.0).release()
+        _, findings = _check_json([u + suffix for u in server.urls], "--acl-user", user)
+    [acl] = [f for f in findings if f["check"] == "acl"]
+    assert acl["level"] == "OK", acl
+    assert f", {command}; in scripts" in acl["detail"], acl
+
+
+@pytest.mark.parametrize(
     ("change", "why", "grant"),
     [
         ({"on": "off"}, "is switched off", "on"),

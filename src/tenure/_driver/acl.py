@@ -44,6 +44,7 @@ __all__ = [
     "Need",
     "channel_pattern",
     "commands_in",
+    "connect_needs",
     "denial",
     "fix_line",
     "glob_match",
@@ -110,8 +111,12 @@ class Need:
         args: representative arguments: keys under the key prefix (``tenure:``),
             channels under ``<prefix>wake:``, so that asking about them also asks about the key and
             channel patterns. Harmless when run for real (``tenure check``'s probe).
-        where: ``"scripts"``, ``"direct"`` or ``"direct and scripts"``.
+        where: ``"scripts"``, ``"direct"``, ``"direct and scripts"``, or ``"connect"``
+            (sent by redis-py on every new connection, because of the node's URL).
         only: when tenure sends it, if not always (e.g. ``"with wait_replicas > 0"``).
+        subcommand: the subcommand granted alone (``CLUSTER SLOTS``), if any.
+        instead: what else than granting it makes it unneeded (a ``"connect"`` command's
+            cause: ``"use database 0 in the node's URL"``), if anything.
     """
 
     command: str
@@ -119,6 +124,7 @@ class Need:
     where: str
     only: str | None = None
     subcommand: str | None = None
+    instead: str | None = None
 
     @property
     def name(self) -> str:
@@ -255,13 +261,18 @@ def needs(
     kind: str = "plain",
     version: tuple[int, ...] | None = None,
     tag: str = "check",
+    *,
+    db: int = 0,
+    client_name: str | None = None,
 ) -> tuple[Need, ...]:
     """Everything tenure sends to a lock node: the direct commands, then the scripts';
     their key and channel arguments under ``prefix``; then what a node of ``kind``
     (:data:`NODE_KINDS`) needs besides, those a server of ``version`` is sent (None:
-    every one).
+    every one); then what every connection sends as it opens (:func:`connect_needs`).
 
     ``tag``: the hash tag of the keys asked about (``probe_keys``).
+    ``db``, ``client_name``: the connections' settings, as redis-py reads them from the
+    node's URL.
 
     Raises:
         KeyError: an unknown ``kind``.
@@ -288,6 +299,30 @@ def needs(
         for command, sub, args, since, only in NODE_KINDS[kind]
         if since is None or version is None or version >= since
     ]
+    return (*out, *connect_needs(db, client_name))
+
+
+def connect_needs(db: int = 0, client_name: str | None = None) -> tuple[Need, ...]:
+    """What redis-py sends on every new connection after logging in, for a node whose URL
+    (``/3``, ``?client_name=app``) sets a database other than 0 or a client name:
+    ``CLIENT SETNAME``, then ``SELECT``. Not the lock's commands, so not in the
+    least-privilege line; but a user refused either fails every connection to the node.
+    """
+    out = []
+    if client_name:
+        out.append(
+            Need(
+                "CLIENT",
+                (client_name,),
+                "connect",
+                subcommand="SETNAME",
+                instead="leave client_name out of the node's URL",
+            )
+        )
+    if db:
+        out.append(
+            Need("SELECT", (str(db),), "connect", instead="use database 0 in the node's URL")
+        )
     return tuple(out)
 
 

@@ -135,6 +135,12 @@ def gather(
     options = connection_kwargs(timeout, asyncio=False, unix=address.scheme == "unix")
     options["socket_timeout"] = timeout
     client = redis.Redis.from_url(address.url, decode_responses=True, **options)
+    # What the URL has every connection send besides the lock's commands, as redis-py
+    # reads it (the clients' connections are made from the same URL): the user may need
+    # +select and +client|setname, which the login checking it for --acl-user has.
+    settings = client.connection_pool.connection_kwargs
+    facts.db = int(settings.get("db") or 0)
+    facts.client_name = str(settings["client_name"]) if settings.get("client_name") else None
     try:
         try:
             _read_state(client, facts)
@@ -244,7 +250,9 @@ def _read_access(client: redis.Redis, facts: NodeFacts, acl_user: str | None) ->
         facts.login = _login(client, acl_user)
     user = facts.user or "default"
     version = parse_version(info.get("redis_version", "0"))
-    needs = _acl.needs(facts.key_prefix, facts.kind, version, facts.tag)
+    needs = _acl.needs(
+        facts.key_prefix, facts.kind, version, facts.tag, db=facts.db, client_name=facts.client_name
+    )
     if version >= (7,):
         answers = _dry_run(client, user, needs)
         method = "ACL DRYRUN"

@@ -76,7 +76,10 @@ The checks
     of the lock scripts, read from their Lua source, and the drivers' ``EVAL``,
     ``EXISTS``, ``SUBSCRIBE``, ``WAIT``, and what the node's kind adds:
     ``tenure._driver.acl.NODE_KINDS``) on keys ``tenure:*`` and channels
-    ``tenure:wake:*`` (with ``--key-prefix``, that prefix in place of ``tenure:``).
+    ``tenure:wake:*`` (with ``--key-prefix``, that prefix in place of ``tenure:``); and
+    what the node's URL has every connection send as it opens: ``SELECT`` for a
+    database other than 0, ``CLIENT SETNAME`` for a ``client_name`` (refused, every
+    connection fails; the fix names the URL's alternative too).
     Asked with ``ACL DRYRUN`` on Redis >= 7 (and Valkey), with ``ACL GETUSER`` +
     ``COMMAND INFO`` on 6.2, or, where the user may not use those, by running
     each command harmlessly. Anything refused: UNSAFE, naming it, with the ``ACL SETUSER``
@@ -231,6 +234,11 @@ class NodeFacts:
             (``ACL GETUSER``): its flags (``on``/``off``, ``nopass``, ...) and how many
             passwords it has; ``None`` when not read (logged in as the user itself,
             which shows that it can, or ``ACL GETUSER`` refused).
+        db: the database the clients' connections select (the URL's ``/3``), 0 for
+            none; a user who may not ``SELECT`` it fails every connection.
+        client_name: the name the clients' connections give themselves (the URL's
+            ``?client_name=``), if any; a user who may not ``CLIENT SETNAME`` fails every
+            connection.
     """
 
     node: str
@@ -251,6 +259,8 @@ class NodeFacts:
     listed: str | None = None
     cluster_state: str | None = None
     login: UserLogin | None = None
+    db: int = 0
+    client_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -868,7 +878,10 @@ def _check_permissions(facts: NodeFacts) -> list[Finding]:
         ]
     prefix = facts.key_prefix
     version = parse_version((facts.info or {}).get("redis_version", "0"))
-    wanted = {n.name: n for n in _acl.needs(prefix, facts.kind, version, facts.tag)}
+    needs = _acl.needs(
+        prefix, facts.kind, version, facts.tag, db=facts.db, client_name=facts.client_name
+    )
+    wanted = {n.name: n for n in needs}
     method = facts.access_method or "probe"
     refused: dict[str, str] = {}  # command -> "command" | "key" | "channel"
     texts: dict[str, str] = {}
@@ -886,6 +899,12 @@ def _check_permissions(facts: NodeFacts) -> list[Finding]:
         required = [c for c in refused if c not in wanted or wanted[c].only is None]
         first = texts[(required or list(refused))[0]]
         fix = _acl.fix_line(facts.user or "default", refused, prefix)
+        # A connection's SELECT or CLIENT SETNAME comes from the URL: changing it does too.
+        fix += "".join(
+            f" (or {wanted[c].instead} instead of +{c.lower()})"
+            for c in refused
+            if c in wanted and wanted[c].instead
+        )
         what = ", ".join(_refused_item(c, kind, prefix) for c, kind in refused.items())
         unchecked = (
             f"; not checked: {', '.join(failed)} ({_first_line(next(iter(failed.values())))}): "
@@ -924,7 +943,7 @@ def _check_permissions(facts: NodeFacts) -> list[Finding]:
             )
         ]
     direct = [n.name for n in wanted.values() if n.where != "scripts"]
-    scripted = sorted(n.name for n in wanted.values() if n.where != "direct")
+    scripted = sorted(n.name for n in wanted.values() if "scripts" in n.where)
     return [
         Finding(
             facts.node,
