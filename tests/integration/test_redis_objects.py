@@ -293,6 +293,34 @@ def test_a_redis_cluster_object_locks_on_every_master(
                 obj.close()
 
 
+@pytest.mark.xdist_group("redis_cluster_object")
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_redis_cluster_objects_pipeline_is_refused_naming_the_cluster_client(
+    api: Api, redis_cluster: LocalRedisCluster, flavour: str
+) -> None:
+    # The sync pipeline was refused for an on-connect function it never set (its
+    # cluster's), the asyncio one as not a redis-py object at all: neither said to pass
+    # the RedisCluster the pipeline came from.
+    first = redis_cluster[0]
+    assert first.port is not None
+    if flavour == "sync":
+        obj: Any = redis.cluster.RedisCluster(host=first.host, port=first.port)
+    else:
+        obj = redis.asyncio.cluster.RedisCluster(host=first.host, port=first.port)
+    try:
+        with pytest.raises(tenure.ConfigurationError) as info:
+            api.client([obj.pipeline()])
+    finally:
+        if flavour == "sync":
+            obj.close()
+    assert info.value.parameter == "nodes[0]"
+    text = str(info.value)
+    assert f"redis.{'' if flavour == 'sync' else 'asyncio.'}cluster.ClusterPipeline" in text
+    assert "pipeline() of a RedisCluster" in text, text
+    assert "pass the RedisCluster client itself" in text, text
+    assert "redis_connect_func" not in text, text
+
+
 # --- The same node given as a service already spells it -----------------------------------
 #
 # An application hands tenure what its configuration holds: URLs read from a file or an

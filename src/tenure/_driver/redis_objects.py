@@ -72,6 +72,13 @@ _SENTINEL_HELP = (
     "(docs/cluster-and-sentinel.md)"
 )
 _CLUSTERS: tuple[type, type] = (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)
+# What a RedisCluster's pipeline() makes (the sync one a RedisCluster subclass whose
+# on-connect function is its cluster's, the asyncio one no client class at all): it
+# queues commands for its cluster, which is the object that holds the settings.
+_CLUSTER_PIPELINES: tuple[type, type] = (
+    redis.cluster.ClusterPipeline,
+    redis.asyncio.cluster.ClusterPipeline,
+)
 # What to do instead when a RedisCluster object's settings cannot be carried over.
 _CLUSTER_URL = (
     "give the cluster as 'redis+cluster://[user:password@]host:port[,host:port...]' "
@@ -438,6 +445,14 @@ def _kind(obj: object) -> str:
 def _refuse_topologies(obj: object, parameter: str, kind: str) -> None:
     if isinstance(obj, (redis.sentinel.Sentinel, redis.asyncio.sentinel.Sentinel)):
         raise ConfigurationError(parameter, f"{kind} is a Sentinel, but {_SENTINEL_HELP}")
+    if isinstance(obj, _CLUSTER_PIPELINES):
+        raise ConfigurationError(
+            parameter,
+            f"{kind} is the pipeline() of a RedisCluster, which queues commands for its "
+            "cluster; tenure takes the cluster's settings from the cluster client: pass "
+            f"the RedisCluster client itself (the one whose pipeline() this is), or "
+            f"{_CLUSTER_URL}",
+        )
 
 
 def _target_class(asyncio: bool, *, tls: bool, unix: bool) -> type:
@@ -457,6 +472,7 @@ _TOPOLOGIES: tuple[type, ...] = (
     redis.sentinel.Sentinel,
     redis.asyncio.sentinel.Sentinel,
     *_CLUSTERS,
+    *_CLUSTER_PIPELINES,  # refused, naming the cluster client to pass instead
 )
 
 
