@@ -227,6 +227,23 @@ def test_a_fenced_store_refuses_a_client_that_decodes_replies(
         _close(clients)
 
 
+def test_the_refusal_of_a_decoding_client_names_its_encoding(node: LocalCluster) -> None:
+    # It said "fails ... on the first value that is not UTF-8 text" of a client that
+    # decodes latin-1, which reads every byte: what goes wrong is that values come back
+    # as str, decoded with the client's encoding, not the bytes stored.
+    url = node.urls[0]
+    with (
+        redis.Redis.from_url(url, decode_responses=True, encoding="latin-1") as decoding,
+        pytest.raises(tenure.ConfigurationError) as info,
+    ):
+        FencedStore(decoding)
+    text = str(info.value)
+    assert info.value.parameter == "redis_client"
+    assert "UTF-8" not in text, text
+    assert "encoding 'latin-1'" in text, text
+    assert "decode_responses=False" in text, text
+
+
 def test_a_decoding_client_still_suits_what_reads_no_raw_values(
     node: LocalCluster, raw: redis.Redis, name: str
 ) -> None:

@@ -452,6 +452,45 @@ def test_a_write_refused_inside_exec_is_a_store_refusal(
     assert raw.get(other) == b"1"
 
 
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_client_decoding_with_an_encoding_that_is_not_ascii_is_refused(
+    node: LocalCluster, raw: redis.Redis, key: str, flavour: str
+) -> None:
+    """redis-py decodes every reply with the client's encoding, the server's own "OK"
+    too: with utf-16 not even a PING works, and redis-py's raw UnicodeDecodeError
+    escaped from the first read."""
+    ran: list[object] = []
+
+    def plan(reads: Reads[Any]) -> Plan[None]:
+        ran.append(reads[key])
+        return Plan(None, {key: b"x"})
+
+    async def decoding_async() -> None:
+        client = redis.asyncio.Redis.from_url(
+            node.urls[0], decode_responses=True, encoding="utf-16"
+        )
+        try:
+            await aoptimistic(client, [key], plan)
+        finally:
+            await client.aclose()
+
+    def decoding() -> None:
+        if flavour == "async":
+            asyncio.run(decoding_async())
+            return
+        with redis.Redis.from_url(node.urls[0], decode_responses=True, encoding="utf-16") as c:
+            optimistic(c, [key], plan)
+
+    with pytest.raises(ConfigurationError) as info:
+        decoding()
+    assert info.value.parameter == "client"
+    text = str(info.value)
+    assert "encoding 'utf-16'" in text, text
+    assert "decode_responses=False" in text, text  # the fix
+    assert ran == []
+    assert raw.get(key) is None
+
+
 def test_a_cluster_clients_own_refusal_is_a_store_refusal() -> None:
     # redis-py's cluster client refuses keys of one transaction in several slots with a
     # RedisClusterException, which is no RedisError: it escaped raw.

@@ -554,6 +554,31 @@ def test_a_payload_or_batch_of_the_wrong_shape_is_refused() -> None:
     producer.client.close()
 
 
+def test_a_client_decoding_with_an_encoding_that_is_not_ascii_is_refused(
+    data_node: LocalCluster, prefix: str
+) -> None:
+    # redis-py decodes every reply with the client's encoding: with utf-16 the producer
+    # raised redis-py's raw UnicodeDecodeError from its first command, and the worker's
+    # refusal said "not UTF-8 text" of a client that does not decode UTF-8.
+    url = data_node.urls[0]
+    with (
+        redis.Redis.from_url(url, decode_responses=True, encoding="utf-16") as client,
+        tenure.Client(data_node.urls) as locks,
+    ):
+        with pytest.raises(tenure.ConfigurationError) as info:
+            StreamProducer(client, prefix, 2).append("k", {"v": b"x"})
+        assert info.value.parameter == "redis_client"
+        assert "encoding 'utf-16'" in str(info.value)
+        assert "decode_responses=False" in str(info.value)
+        with pytest.raises(tenure.ConfigurationError) as info:
+            StreamWorker(locks, client, prefix, 2, "g", "w", lambda *entry: None)
+        assert info.value.parameter == "redis_client"
+        assert "encoding 'utf-16'" in str(info.value)
+        assert "UTF-8" not in str(info.value)
+    with data_node[0].client() as raw:
+        assert raw.keys(f"{prefix}*") == []
+
+
 def test_a_worker_refuses_a_lock_client_or_handler_it_cannot_use(data_node: LocalCluster) -> None:
     # A redis.Redis as the lock client (it has a lock() of its own) failed only in run(),
     # with a raw AttributeError; a handler that is not callable failed on every entry,

@@ -49,7 +49,14 @@ from .._core.config import (
 from .._errors import ConfigurationError
 from .redis_compat import client_name_ok, keywords
 
-__all__ = ["CARRIED", "IGNORED", "check_client", "node_addresses", "settings_of"]
+__all__ = [
+    "CARRIED",
+    "IGNORED",
+    "check_client",
+    "node_addresses",
+    "reply_encoding",
+    "settings_of",
+]
 
 _SYNC = redis.connection
 _ASYNC = redis.asyncio.connection
@@ -485,10 +492,13 @@ _TOPOLOGIES: tuple[type, ...] = (
 # first await. So every tenure object that takes a redis-py client checks the flavour when
 # it is made (a function, when it is called) and says which client it takes.
 #
-# A client made with decode_responses=True decodes every reply as UTF-8 inside redis-py's
-# parser, before the caller sees it: one value that is not UTF-8 text makes the whole
-# reply raise UnicodeDecodeError, and nothing the caller does can read it. Objects whose
-# values are any bytes (the stores here, the stream worker) refuse such a client too.
+# A client made with decode_responses=True decodes every reply with its encoding (UTF-8
+# unless it says otherwise) inside redis-py's parser, before the caller sees it: values
+# come back as str, and one that is not text in that encoding makes the whole reply raise
+# UnicodeDecodeError, which nothing the caller does can read. Objects whose values are
+# any bytes (the stores here, the stream worker) refuse such a client too. An encoding
+# that does not read ASCII as ASCII (utf-16) fails on the server's own replies ("OK",
+# "PONG"), so such a client cannot run a command at all: every object refuses it.
 
 _BLOCKING_CLIENTS = (redis.Redis, redis.RedisCluster)
 _ASYNCIO_CLIENTS = (redis.asyncio.Redis, redis.asyncio.RedisCluster)
@@ -517,6 +527,38 @@ def _decodes(client: object) -> bool:
     return getattr(get_encoder(), "decode_responses", False) is True
 
 
+def reply_encoding(client: object) -> tuple[str, str]:
+    """The encoding and error handler ``client`` turns str into bytes with, and, made
+    with ``decode_responses=True``, decodes replies with (redis-py's defaults, UTF-8 and
+    strict, for what does not say)."""
+    get_encoder = getattr(client, "get_encoder", None)
+    encoder = get_encoder() if callable(get_encoder) else None
+    encoding = getattr(encoder, "encoding", None)
+    errors = getattr(encoder, "encoding_errors", None)
+    return (
+        encoding if isinstance(encoding, str) else "utf-8",
+        errors if isinstance(errors, str) else "strict",
+    )
+
+
+# Every byte a server's own replies are made of ("OK", "PONG", numbers, error texts).
+_ASCII = bytes(range(128))
+
+
+def _reads_ascii(encoding: str, errors: str) -> bool | None:
+    """Whether ``encoding`` decodes and encodes ASCII as ASCII; None if Python has no such
+    codec."""
+    try:
+        return (
+            _ASCII.decode(encoding, errors) == _ASCII.decode("ascii")
+            and _ASCII.decode("ascii").encode(encoding, errors) == _ASCII
+        )
+    except LookupError:
+        return None
+    except UnicodeError:
+        return False
+
+
 def _name(client: object) -> str:
     cls = type(client)
     return f"a {cls.__module__}.{cls.__qualname__}"
@@ -531,8 +573,9 @@ def check_client(
     twin: str | None = None,
     raw_bytes: bool = False,
 ) -> None:
-    """Refuse a redis-py client of the wrong flavour, or one that decodes replies where
-    ``raw_bytes`` values must be read.
+    """Refuse a redis-py client of the wrong flavour, one that decodes replies with an
+    encoding that cannot read the server's own (utf-16), or one that decodes replies
+    where ``raw_bytes`` values must be read.
 
     Args:
         client: what the caller passed.
@@ -543,8 +586,9 @@ def check_client(
         raw_bytes: ``owner`` reads values that may be any bytes.
 
     Raises:
-        ConfigurationError: (``parameter``) the wrong flavour, or a decoding client where
-            ``raw_bytes``.
+        ConfigurationError: (``parameter``) the wrong flavour, a client decoding with an
+            encoding that does not read ASCII as ASCII (or that Python lacks), or a
+            decoding client where ``raw_bytes``.
     """
     flavour = _is_asyncio(client)
     if flavour is True and not asyncio:
@@ -566,11 +610,30 @@ def check_client(
             "redis.asyncio.Redis (or redis.asyncio.RedisCluster)"
             + (f"; for a blocking client use {twin}" if twin else ""),
         )
-    if raw_bytes and _decodes(client):
+    if not _decodes(client):
+        return
+    encoding, errors = reply_encoding(client)
+    fix = "pass a client without it, e.g. redis.Redis(..., decode_responses=False), the default"
+    reads_ascii = _reads_ascii(encoding, errors)
+    if not reads_ascii:
+        why = (
+            "which Python has no codec for"
+            if reads_ascii is None
+            else "which does not read ASCII as ASCII"
+        )
+        raise ConfigurationError(
+            parameter,
+            f"{owner} got {_name(client)} made with decode_responses=True and encoding "
+            f"{encoding!r}, {why}: redis-py decodes every reply with it, the server's "
+            "own (OK, PONG) too, so that client cannot run a command (UnicodeDecodeError "
+            f"inside redis-py); {fix}, or with an encoding such as 'utf-8'",
+        )
+    if raw_bytes:
         raise ConfigurationError(
             parameter,
             f"{owner} reads values as raw bytes, but got {_name(client)} made with "
-            "decode_responses=True, which fails inside redis-py (UnicodeDecodeError) on "
-            "the first value that is not UTF-8 text: pass a client without it, e.g. "
-            "redis.Redis(..., decode_responses=False), the default",
+            f"decode_responses=True: redis-py decodes every reply with its encoding "
+            f"{encoding!r} before {owner} sees it, so values come back as str rather than "
+            "the bytes stored, and a value that is not text in that encoding fails the "
+            f"whole reply (UnicodeDecodeError); {fix}",
         )

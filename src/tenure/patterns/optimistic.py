@@ -87,6 +87,7 @@ from .._core.config import check_name as _checked_name
 from .._core.config import retry_delay as _retry_delay
 from .._core.policy import RetryPolicy, wait_random_exponential
 from .._driver.redis_objects import check_client as _check_client
+from .._driver.redis_objects import reply_encoding as _reply_encoding
 from .._driver.store_errors import FAILURES as _FAILURES
 from .._driver.store_errors import Failed as _Failed
 from .._driver.store_errors import store_error as _store_error
@@ -487,14 +488,16 @@ def _values(keys: Sequence[str], replies: Sequence[bytes | str | None]) -> dict[
     }
 
 
-def _not_text(keys: Sequence[str]) -> ConfigurationError:
-    """A client that decodes replies read a watched value that is not UTF-8 text: redis-py
-    failed inside its read, before ``fn`` saw anything."""
+def _not_text(client: object, keys: Sequence[str]) -> ConfigurationError:
+    """A client that decodes replies read a watched value that is not text in its
+    encoding: redis-py failed inside its read, before ``fn`` saw anything."""
+    encoding = _reply_encoding(client)[0]
     return ConfigurationError(
         "client",
         f"it decodes replies (decode_responses=True), and a value of {', '.join(keys)} is "
-        "not UTF-8 text: make the client with decode_responses=False (the values reach "
-        "fn as bytes either way); nothing was written",
+        f"not text in its encoding {encoding!r}: make the client with "
+        "decode_responses=False (the values reach fn as bytes either way); nothing was "
+        "written",
     )
 
 
@@ -579,8 +582,9 @@ def optimistic(
             ACL). Before EXEC nothing was written; a queued write that failed inside EXEC
             does not roll back the others, which were applied (the message says so).
         ConfigurationError: bad ``keys``, ``retries`` or plan ``writes``; ``fn``
-            returned no :class:`Plan`; an asyncio ``client``, or one that decodes replies
-            reading a value that is not UTF-8 text.
+            returned no :class:`Plan`; an asyncio ``client``, one that decodes replies
+            with an encoding that cannot read the server's (utf-16), or one that decodes
+            replies reading a value that is not text in its encoding.
         Exception: whatever ``fn`` raises, unchanged (but for a redis-py error, as
             above); nothing was written.
 
@@ -609,7 +613,7 @@ def optimistic(
                 try:
                     values = [pipe.get(k) for k in watched] if cluster else pipe.mget(watched)
                 except UnicodeDecodeError as exc:
-                    raise _not_text(watched) from exc
+                    raise _not_text(client, watched) from exc
                 plan = _checked_plan(fn(Reads(_values(watched, values), pipe)))
                 pipe.multi()
                 _queue_writes(pipe, plan.writes)
@@ -658,7 +662,7 @@ async def aoptimistic(
                     else:
                         values = await pipe.mget(watched)
                 except UnicodeDecodeError as exc:
-                    raise _not_text(watched) from exc
+                    raise _not_text(client, watched) from exc
                 # (A cluster client's pipeline queues writes as a Pipeline does.)
                 planned = fn(Reads(_values(watched, values), cast("AsyncPipeline", pipe)))
                 plan = _checked_plan(await planned if inspect.isawaitable(planned) else planned)

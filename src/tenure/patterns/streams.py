@@ -508,9 +508,10 @@ class StreamWorker(_ProcessBound):
         lock_client: the tenure client whose leases own partitions (not closed here).
         redis_client: a blocking ``redis.Redis`` (or ``redis.RedisCluster``) of the
             streams' Redis, returning raw bytes (not made with ``decode_responses=True``:
-            payload values may be any bytes, and such a client fails inside redis-py on
-            the first that is not UTF-8 text, for the whole batch, in every worker that
-            takes the partition); not closed here.
+            payload values may be any bytes, and such a client hands them back as str
+            decoded with its encoding, failing inside redis-py on the first that is not
+            text in it, for the whole batch, in every worker that takes the partition);
+            not closed here.
         stream_prefix: as given to :class:`StreamProducer`.
         partitions: P, as given to :class:`StreamProducer`.
         group: the consumer group's name; created at "0" if missing (a group deleted

@@ -23,6 +23,7 @@ from ..._core.policy import RetryPolicy, wait_random_exponential
 from ..._core.slots import hash_tag as _hash_tag
 from ..._driver.process_bound import ProcessBound as _ProcessBound
 from ..._driver.redis_objects import check_client as _check_client
+from ..._driver.redis_objects import reply_encoding as _reply_encoding
 from ..._driver.store_errors import FAILURES as _FAILURES
 from ..._driver.store_errors import store_error
 from ..._errors import ConfigurationError
@@ -180,7 +181,7 @@ class RedisOnce:
             ) from exc
         except UnicodeDecodeError:
             # A client that decodes replies (decode_responses=True) could not read the
-            # reply as UTF-8 text. Ours, {1, ""}, and another attempt's claim ("p:" and
+            # reply as text in its encoding. Ours, {1, ""}, and another attempt's claim ("p:" and
             # hex digits) are; so the key holds another attempt's record, written by a
             # codec whose bytes are not text: the script stored nothing.
             status, holding = 0, b"d:"
@@ -295,8 +296,8 @@ class RedisIdempotency(_ProcessBound):
 
     Args:
         client: a blocking ``redis.Redis`` or ``redis.RedisCluster``; not closed by the
-            store. One made with ``decode_responses=True`` reads only UTF-8 text, so it
-            is taken with the JSON codec alone.
+            store. One made with ``decode_responses=True`` reads only text in its
+            encoding, so it is taken with the JSON codec alone.
         namespace: the first part of every key: ``<namespace>:{<key>}``, and its
             receipt ``<namespace>:{<key>}:receipt``. Without braces, each key is its
             own hash tag (and a key starting with ``}`` is refused: its tag would be
@@ -353,9 +354,10 @@ class RedisIdempotency(_ProcessBound):
         self.poll = check_retry_policy(poll, "poll")
         self.codec = _check_codec(codec)
         if self.codec != JSON:
-            # JSON's records are UTF-8 text, which a client made with
-            # decode_responses=True reads; another codec's bytes need not be, and such a
-            # client fails inside redis-py on them: every duplicate, after the effect.
+            # JSON's records are ASCII text (json.dumps escapes the rest), which a client
+            # made with decode_responses=True reads in any encoding it may have; another
+            # codec's bytes need not be text, and such a client fails inside redis-py on
+            # them: every duplicate, after the effect.
             _check_client(
                 client,
                 "client",
@@ -408,12 +410,15 @@ class RedisIdempotency(_ProcessBound):
 
     def _undecodable(self, key: str) -> ConfigurationError:
         """The error for ``key``'s record that the client, which decodes replies
-        (``decode_responses=True``), failed to read as UTF-8 text: not JSON either, so
-        written by another codec or by hand (as ``_decoded`` says of one it reads)."""
+        (``decode_responses=True``), failed to read as text in its encoding: not JSON
+        either, so written by another codec or by hand (as ``_decoded`` says of one it
+        reads)."""
+        encoding = _reply_encoding(self.client)[0]
         return ConfigurationError(
             "codec",
-            f"idempotency key {key!r} holds a record that is not UTF-8 text, which this "
-            "client, made with decode_responses=True, cannot read: it was written by "
+            f"idempotency key {key!r} holds a record that is not text in the client's "
+            f"encoding {encoding!r}, which this client, made with decode_responses=True, "
+            "cannot read: it was written by "
             "another codec or by hand. Read it with the codec that wrote it, through a "
             "client without decode_responses (redis.Redis(..., decode_responses=False), "
             "the default); or, to forget the request (a retry then runs the effect "
@@ -437,8 +442,8 @@ class RedisIdempotency(_ProcessBound):
             InProgress: another attempt held the key for all of ``wait``.
             ConfigurationError: a bad ``key`` (see :meth:`redis_key`) or ``wait``; or
                 (``codec``) the key holds a record the codec cannot read (written by
-                another codec), or one that is not UTF-8 text and the client decodes
-                replies: it is left alone, and the block does not run.
+                another codec), or one that is not text in the client's encoding and
+                the client decodes replies: it is left alone, and the block does not run.
             StoreUnavailable: the Redis was not reached or did not answer. A claim may
                 have been taken (``.maybe_applied``): it holds the key until its lease
                 runs out, and a retry before then finds the key in progress.
