@@ -425,6 +425,20 @@ def test_a_record_the_codec_cannot_read_is_a_clear_error(raw: redis.Redis, key: 
         handle(key)
 
 
+def test_a_client_decoding_latin_1_reads_a_record_as_stored(node: LocalCluster, key: str) -> None:
+    # A record's bytes went through the client's decoding (latin-1) and back through
+    # UTF-8, so a record written with text outside ASCII (JSON without ensure_ascii, by
+    # another store's codec) came back as mojibake: "café" read as "cafÃ©".
+    with (
+        redis.Redis.from_url(node.urls[0], decode_responses=True, encoding="latin-1") as c,
+        node[0].client() as raw,
+    ):
+        store = RedisIdempotency(c, retention=3600)
+        raw.set(store.redis_key(key), 'd:{"receipt":"café"}'.encode(), px=3_600_000)
+        with store.once(key) as once:
+            assert (once.done, once.result) == (True, {"receipt": "café"})
+
+
 def test_a_client_that_decodes_replies_never_fails_raw(node: LocalCluster, key: str) -> None:
     # A redis-py client made with decode_responses=True decodes every reply as UTF-8
     # inside redis-py: a record that is not UTF-8 text raised a raw UnicodeDecodeError

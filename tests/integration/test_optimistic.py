@@ -491,6 +491,37 @@ def test_a_client_decoding_with_an_encoding_that_is_not_ascii_is_refused(
     assert raw.get(key) is None
 
 
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_client_decoding_latin_1_hands_fn_the_bytes_stored(
+    node: LocalCluster, raw: redis.Redis, key: str, flavour: str
+) -> None:
+    """fn gets the watched values as bytes from a decoding client too: they were
+    re-encoded as UTF-8 whatever the client had decoded them with, so a latin-1 client
+    handed fn b"\xc3\xa9\xc3\xbf" for the b"\xe9\xff" stored."""
+    raw.set(key, b"\xe9\xff")
+    seen: list[bytes | None] = []
+
+    def plan(reads: Reads[Any]) -> Plan[None]:
+        seen.append(reads[key])
+        return Plan(None, {})
+
+    async def decoding_async() -> None:
+        client = redis.asyncio.Redis.from_url(
+            node.urls[0], decode_responses=True, encoding="latin-1"
+        )
+        try:
+            await aoptimistic(client, [key], plan)
+        finally:
+            await client.aclose()
+
+    if flavour == "async":
+        asyncio.run(decoding_async())
+    else:
+        with redis.Redis.from_url(node.urls[0], decode_responses=True, encoding="latin-1") as c:
+            optimistic(c, [key], plan)
+    assert seen == [b"\xe9\xff"]
+
+
 def test_a_cluster_clients_own_refusal_is_a_store_refusal() -> None:
     # redis-py's cluster client refuses keys of one transaction in several slots with a
     # RedisClusterException, which is no RedisError: it escaped raw.

@@ -480,10 +480,15 @@ def _check_keys(keys: Sequence[str]) -> list[str]:
     return checked
 
 
-def _values(keys: Sequence[str], replies: Sequence[bytes | str | None]) -> dict[str, bytes | None]:
-    """MGET's replies by key, as bytes even from a client with ``decode_responses=True``."""
+def _values(
+    client: object, keys: Sequence[str], replies: Sequence[bytes | str | None]
+) -> dict[str, bytes | None]:
+    """MGET's replies by key, as the bytes stored even from a client with
+    ``decode_responses=True``: encoded back with the client's own encoding, which decoded
+    them (UTF-8 would change every byte above 127 a latin-1 client read)."""
+    encoding = _reply_encoding(client)
     return {
-        key: reply.encode() if isinstance(reply, str) else reply
+        key: reply.encode(*encoding) if isinstance(reply, str) else reply
         for key, reply in zip(keys, replies, strict=True)
     }
 
@@ -614,7 +619,7 @@ def optimistic(
                     values = [pipe.get(k) for k in watched] if cluster else pipe.mget(watched)
                 except UnicodeDecodeError as exc:
                     raise _not_text(client, watched) from exc
-                plan = _checked_plan(fn(Reads(_values(watched, values), pipe)))
+                plan = _checked_plan(fn(Reads(_values(client, watched, values), pipe)))
                 pipe.multi()
                 _queue_writes(pipe, plan.writes)
                 exec_sent = True
@@ -664,7 +669,7 @@ async def aoptimistic(
                 except UnicodeDecodeError as exc:
                     raise _not_text(client, watched) from exc
                 # (A cluster client's pipeline queues writes as a Pipeline does.)
-                planned = fn(Reads(_values(watched, values), cast("AsyncPipeline", pipe)))
+                planned = fn(Reads(_values(client, watched, values), cast("AsyncPipeline", pipe)))
                 plan = _checked_plan(await planned if inspect.isawaitable(planned) else planned)
                 pipe.multi()  # type: ignore[no-untyped-call]
                 _queue_writes(pipe, plan.writes)

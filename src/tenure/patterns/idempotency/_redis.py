@@ -67,9 +67,11 @@ def _source(name: str) -> str:
     return script(name).source.decode()
 
 
-def _as_bytes(value: bytes | str) -> bytes:
-    # A client made with decode_responses=True hands back str.
-    return value.encode() if isinstance(value, str) else value
+def _as_bytes(client: object, value: bytes | str) -> bytes:
+    # A client made with decode_responses=True hands back str, decoded with its encoding:
+    # encoded back with it, the bytes stored (UTF-8 would change those a latin-1 client
+    # read above 127).
+    return value.encode(*_reply_encoding(client)) if isinstance(value, str) else value
 
 
 def _holder(value: bytes) -> str:
@@ -187,7 +189,7 @@ class RedisOnce:
             status, holding = 0, b"d:"
         if status != 1:
             self._marker = None  # the claim is gone: leaving the block must not record
-            holder = _holder(_as_bytes(holding))
+            holder = _holder(_as_bytes(store.client, holding))
             raise ClaimLost(
                 self.key,
                 holder,
@@ -490,7 +492,7 @@ class RedisIdempotency(_ProcessBound):
             if status == _DONE:
                 result = _decoded(
                     self.codec,
-                    _as_bytes(payload),
+                    _as_bytes(self.client, payload),
                     key,
                     f"delete the Redis key {self.redis_key(key)!r}",
                 )
