@@ -138,6 +138,36 @@ def test_an_asyncio_object_refuses_a_blocking_client(
     assert raw.keys(f"*{name}*") == []
 
 
+@pytest.mark.parametrize("owner", list(BLOCKING))
+def test_a_blocking_object_refuses_a_pipeline(
+    owner: str, raw: redis.Redis, locks: tenure.Client, name: str
+) -> None:
+    # A pipeline() is a client class too, but queues every command and answers with
+    # itself: a FencedStore's write raised a raw TypeError reading its "reply".
+    parameter, use = BLOCKING[owner]
+    for pipeline in (raw.pipeline(), raw.pipeline(transaction=False)):
+        with pytest.raises(tenure.ConfigurationError) as info:
+            use(pipeline, locks, name)
+        assert info.value.parameter == parameter
+        assert "a pipeline()" in str(info.value)
+        assert "pass the client it came from" in str(info.value)  # the fix
+    assert raw.keys(f"*{name}*") == []
+
+
+@pytest.mark.parametrize("owner", list(ASYNCIO))
+def test_an_asyncio_object_refuses_a_pipeline(
+    owner: str, node: LocalCluster, raw: redis.Redis, name: str
+) -> None:
+    async def use() -> object:
+        async with redis.asyncio.Redis.from_url(node.urls[0]) as client:
+            return await ASYNCIO[owner](client.pipeline(), name)
+
+    with pytest.raises(tenure.ConfigurationError) as info:
+        asyncio.run(use())
+    assert "a pipeline()" in str(info.value)
+    assert raw.keys(f"*{name}*") == []
+
+
 def test_each_object_works_with_its_own_flavour(
     node: LocalCluster, raw: redis.Redis, name: str
 ) -> None:

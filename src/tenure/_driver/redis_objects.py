@@ -31,9 +31,11 @@ from urllib.parse import quote
 
 import redis
 import redis.asyncio
+import redis.asyncio.client
 import redis.asyncio.cluster
 import redis.asyncio.connection
 import redis.asyncio.sentinel
+import redis.client
 import redis.cluster
 import redis.connection
 import redis.sentinel
@@ -85,6 +87,13 @@ _CLUSTERS: tuple[type, type] = (redis.cluster.RedisCluster, redis.asyncio.cluste
 _CLUSTER_PIPELINES: tuple[type, type] = (
     redis.cluster.ClusterPipeline,
     redis.asyncio.cluster.ClusterPipeline,
+)
+# Every pipeline() of a client: a client class (the sync ones subclass it), whose
+# commands are queued until execute(), each answered by the pipeline itself.
+_PIPELINES: tuple[type, ...] = (
+    redis.client.Pipeline,
+    redis.asyncio.client.Pipeline,
+    *_CLUSTER_PIPELINES,
 )
 # What to do instead when a RedisCluster object's settings cannot be carried over.
 _CLUSTER_URL = (
@@ -573,7 +582,7 @@ def check_client(
     twin: str | None = None,
     raw_bytes: bool = False,
 ) -> None:
-    """Refuse a redis-py client of the wrong flavour, one that decodes replies with an
+    """Refuse a pipeline, a redis-py client of the wrong flavour, one that decodes replies with an
     encoding that cannot read the server's own (utf-16), or one that decodes replies
     where ``raw_bytes`` values must be read.
 
@@ -586,10 +595,19 @@ def check_client(
         raw_bytes: ``owner`` reads values that may be any bytes.
 
     Raises:
-        ConfigurationError: (``parameter``) the wrong flavour, a client decoding with an
+        ConfigurationError: (``parameter``) a pipeline, the wrong flavour, a client decoding with an
             encoding that does not read ASCII as ASCII (or that Python lacks), or a
             decoding client where ``raw_bytes``.
     """
+    if isinstance(client, _PIPELINES):
+        # Its commands answer with the pipeline, not a reply: the first reply read (a
+        # token, a version) raised a raw TypeError, and a write was never sent.
+        raise ConfigurationError(
+            parameter,
+            f"{owner} got {_name(client)}, a pipeline(), which queues its commands until "
+            f"execute() and answers each with itself: pass the client it came from "
+            f"({owner} sends its own commands, in the order they must run)",
+        )
     flavour = _is_asyncio(client)
     if flavour is True and not asyncio:
         other = (
