@@ -32,6 +32,7 @@ from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster
 from tenure.testing.topologies import _free_port_pair
 
 from .conftest import Api, redis_6_2
+from .garbage import GarbageServer
 
 TTL = 2.0
 # These tests are about routing, not timing: a loaded machine may take longer than the
@@ -762,6 +763,55 @@ def test_a_cluster_url_naming_a_standalone_server_is_misconfigured(api: Api, key
         assert info.value.parameter == "nodes[0]"
         assert "not in cluster mode" in message
         assert "redis://host:port" in message
+
+
+@pytest.mark.timeout(60)  # a hang guard: without a bound, the acquire never returned
+def test_a_seed_that_never_ends_its_slot_map_is_given_up(api: Api, key: str) -> None:
+    """A seed that answers ``CLUSTER SLOTS`` a byte at a time, each byte well within any
+    socket timeout (a stalled proxy, a server dying slowly), gives no slot map within
+    connect_timeout: the node is unreachable and says so, a non-blocking acquire raises
+    and a blocking one times out, and no thread keeps reading it."""
+    with GarbageServer("slow") as slow:
+        seed = f"127.0.0.1:{slow.port}"
+        before = {t for t in threading.enumerate() if t.name == "tenure-slots"}
+        # With credentials, the seed answers AUTH a byte at a time, before CLUSTER SLOTS
+        # is even asked (redis-py reads that reply as it connects).
+        for url in (f"redis+cluster://{seed}", f"redis+cluster://:pw@{seed}"):
+            client = api.client([url], connect_timeout=0.5)
+            with pytest.raises(tenure.QuorumUnreachable) as info:
+                client.acquire(key, ttl=TTL, blocking=False)
+            assert slow.connected.is_set()
+            message = str(info.value)
+            assert f"redis://{seed}: no slot map within connect_timeout (0.5 s)" in message
+            # A blocking attempt (fresh loads, once their back-off ends) gives up alike.
+            with pytest.raises(tenure.AcquireError) as failed:
+                client.acquire(key, ttl=TTL, timeout=1.5)
+            assert "no slot map within connect_timeout (0.5 s)" in str(failed.value)
+        # The loads given up read the seed no more (it goes on dripping meanwhile).
+        api.wait_until(
+            lambda: (
+                not [
+                    t for t in threading.enumerate() if t.name == "tenure-slots" and t not in before
+                ]
+            ),
+            within=10.0,
+            what="the slot map's loads ended",
+        )
+
+
+@pytest.mark.timeout(60)  # a hang guard, as above
+def test_a_slow_seed_first_does_not_keep_the_next_seed_from_giving_the_map(
+    api: Api, key: str
+) -> None:
+    """The slow seed listed first: each seed is given connect_timeout for its answer,
+    and the next one gives the map, in the first round."""
+    with GarbageServer("slow") as slow, LocalRedisCluster(replicas=0) as fresh:
+        live = fresh.url.removeprefix("redis+cluster://").split(",")[0]
+        url = f"redis+cluster://127.0.0.1:{slow.port},{live}"
+        client = api.client([url], connect_timeout=0.5, node_timeout=SLOW)
+        lease = client.acquire(key, ttl=TTL, blocking=False)
+        assert slow.connected.is_set()
+        lease.release()
 
 
 def test_a_redlock_over_three_clusters(api: Api, key: str) -> None:

@@ -219,3 +219,11 @@ if __name__ == "__main__":
         '(``slots.slot_tag``).\n"""\n\n'
         f'TAGS: tuple[str, ...] = tuple(\n    """\n{body}\n""".split()  # noqa: SIM905\n)\n'
     )
+
+
+def test_a_first_load_waits_for_every_seed_given_its_whole_connect_timeout() -> None:
+    # Each seed in turn may take the whole connect_timeout (a later one still gives the
+    # map when the first hangs), and one more tells a load that ended on time from one
+    # still under way, which is given up then.
+    assert slots.map_load_bound(1, 0.5) == 1.0
+    assert slots.map_load_bound(3, 1.0) == 4.0

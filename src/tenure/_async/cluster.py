@@ -56,6 +56,7 @@ from .._core.diagnosis import (
     Diagnosis,
     no_slot_map,
     not_a_cluster,
+    slot_map_late,
     slot_unserved,
 )
 from .._core.quorum import Failure
@@ -223,13 +224,7 @@ class ClusterChannel:
                 except ResponseError as exc:
                     errors.append(not_a_cluster(name, str(exc)))
                 except (asyncio.TimeoutError, TimeoutError):
-                    errors.append(
-                        Diagnosis(
-                            Failure.UNREACHABLE,
-                            f"{name}: no slot map within connect_timeout "
-                            f"({self._connect_timeout} s)",
-                        )
-                    )
+                    errors.append(slot_map_late(name, self._connect_timeout))
                 except ValueError as exc:
                     errors.append(Diagnosis(Failure.ERROR, f"{name}: {exc}"))
                 except Exception as exc:  # not BaseException: cancellation goes on

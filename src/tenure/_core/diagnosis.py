@@ -414,6 +414,16 @@ def reply_ends_link(why: Diagnosis) -> bool:
     return why.failure.configuration or why.failure is Failure.UNREACHABLE
 
 
+def slot_map_late(seed: str, connect_timeout: float) -> Diagnosis:
+    """A ``redis+cluster://`` node's seed ``seed`` gave no whole answer to ``CLUSTER
+    SLOTS`` within ``connect_timeout`` (connecting included): a host that does not
+    answer, or one that answers a byte at a time (a stalled proxy, a server dying
+    slowly, something that is not Redis), which no socket timeout ends."""
+    return Diagnosis(
+        Failure.UNREACHABLE, f"{seed}: no slot map within connect_timeout ({connect_timeout} s)"
+    )
+
+
 def no_slot_map(failures: Sequence[Diagnosis]) -> Diagnosis:
     """Why no seed of a Cluster node gave its slot map, from each one's ``failures`` (at
     least one): a configuration failure (a seed not in cluster mode) says the most, and

@@ -38,6 +38,7 @@ __all__ = [
     "crc16",
     "hash_tag",
     "key_slot",
+    "map_load_bound",
     "map_sources",
     "redirect",
     "routed_slot",
@@ -106,6 +107,17 @@ def map_sources(seeds: Sequence[Address], known: SlotMap | None) -> list[Address
     so far (a seed may have left the cluster since), then the seeds."""
     first = known.members if known is not None else ()
     return list(dict.fromkeys([*first, *seeds]))
+
+
+def map_load_bound(sources: int, connect_timeout: float) -> float:
+    """How long a first load of a slot map from ``sources`` addresses is waited for at
+    most. Each address is asked in turn and given ``connect_timeout`` for its whole
+    answer, connecting included (as the asyncio client's load gives it): a later one
+    still gives the map when the first hangs. One ``connect_timeout`` more, so that a
+    load ending on time is told by what it found; a load still under way then (a name
+    lookup that hangs, a handshake answered a byte at a time) is given up, and the node
+    has no slot map (``diagnosis.slot_map_late``)."""
+    return (sources + 1) * connect_timeout
 
 
 @text_cache(maxsize=4096)

@@ -684,6 +684,37 @@ class SocketReplies:
             raise self._reply_error(reply.message)
         return reply
 
+    def receive(self) -> bool:
+        """Take in what the socket has, once ``select()`` said it is readable, without
+        waiting for more (one ``recv``; on TLS, the data decrypted with it too); True
+        once a whole reply is in, which ``read()`` then returns at once. For a reader
+        with a deadline of its own: ``read()`` waits for the whole reply, and a node
+        sending it a byte at a time, each sooner than the socket's timeout, is never
+        timed out.
+
+        Raises:
+            ConnectionError: the node closed the connection.
+        """
+        reply = self._ahead
+        if reply is False:
+            reader = self._reader
+            try:
+                reply = reader.gets()
+                if reply is False:
+                    sock = self.sock
+                    while True:
+                        data = sock.recv(65536)
+                        if not data:
+                            raise rx.ConnectionError("Connection closed by server.")
+                        reader.feed(data)
+                        if self.plain or not sock.pending():  # type: ignore[attr-defined]
+                            break
+                    reply = reader.gets()
+            except NOT_RESP:
+                return True  # read() raises it
+            self._ahead = reply
+        return reply is not False
+
     def ready(self) -> bool:
         """Can ``read()`` return without waiting? (a reply already received, or TLS
         data decrypted ahead that ``select()`` cannot see). A reply still on the wire

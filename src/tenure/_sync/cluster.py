@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +50,13 @@ from .._core.commands import (
     next_hop,
 )
 from .._core.config import NodeAddress
-from .._core.diagnosis import Diagnosis, no_slot_map, not_a_cluster, slot_unserved
+from .._core.diagnosis import (
+    Diagnosis,
+    no_slot_map,
+    not_a_cluster,
+    slot_map_late,
+    slot_unserved,
+)
 from .._core.flows import RELEASE_PATIENCE
 from .._core.quorum import Failure, Round
 from .._core.slots import (
@@ -57,36 +64,82 @@ from .._core.slots import (
     MapDoubt,
     Redirect,
     SlotMap,
+    map_load_bound,
     map_sources,
     redirect,
     routed_slot,
 )
 from .._driver.clock import monotonic
 from .._driver.ready import readable
-from .._driver.redis_compat import diagnose, reply_text, timed_out
+from .._driver.redis_compat import SocketReplies, diagnose, reply_text, timed_out
 from .links import Link, NodeState, _Failed
 
 __all__ = ["ClusterLink", "ClusterState"]
 
 
 class _MapLoad:
-    """``CLUSTER SLOTS`` asked of the seeds in turn, in a thread of its own."""
+    """``CLUSTER SLOTS`` asked of the seeds in turn, in a thread of its own.
+
+    Each seed is given ``connect_timeout`` for its whole answer, connecting included, as
+    the asyncio client's load gives it: redis-py's socket timeout bounds each wait for
+    bytes, not a whole reply, so a seed answering a byte at a time (a stalled proxy, a
+    server dying slowly) kept the thread reading for ever, and a first load with it.
+    The answer is read here (``_slots_reply``), its seed given up at its deadline. A
+    first load is waited for until ``ends_by`` at most (``map_load_bound``): one still
+    under way then (a name lookup that hangs, a handshake answered a byte at a time) is
+    given up (``give_up``); its thread ends with the seed it is reading, whose socket
+    is shut down.
+    """
 
     def __init__(
-        self, members: list[NodeState], deadline: float, on_done: Callable[[], None]
+        self,
+        members: list[NodeState],
+        now: float,
+        connect_timeout: float,
+        on_done: Callable[[], None],
     ) -> None:
-        self.deadline = deadline
+        # Rounds waiting for a reload (the map known so far serves) wait this long.
+        self.deadline = now + connect_timeout
+        # A first load is waited for this long (``ClusterState.slot_map``).
+        self.ends_by = now + map_load_bound(len(members), connect_timeout)
         self.done = False
         self.result: SlotMap | None = None
         self.error: Diagnosis | None = None
         self._members = members
+        self._connect_timeout = connect_timeout
+        self._errors: list[Diagnosis] = []
+        self._asking: tuple[str, redis.Connection] | None = None  # the seed being read
+        self._given_up: Diagnosis | None = None  # why, once given up (``give_up``)
         # Called when it ends: the wake-up of every round waiting for it (``listen``).
         self._wakes = [on_done]
         self._lock = threading.Lock()
         threading.Thread(target=self._run, name="tenure-slots", daemon=True).start()
 
     def abandon(self) -> None:
-        """Nobody waits for it any more; it ends by itself (each step is bounded)."""
+        """Nobody waits for it any more (``give_up``)."""
+        self.give_up()
+
+    def give_up(self) -> Diagnosis:
+        """Let go of it before it ended: the seed being read is let go at once (its
+        socket shut down), and no other is asked. Returns why there is no slot map:
+        what the seeds asked so far said, and that the one being read gave no map in
+        time (taken before its read ends: a read cut short says only "closed")."""
+        with self._lock:
+            if self._given_up is None:
+                errors = list(self._errors)
+                if self._asking is not None:
+                    errors.append(slot_map_late(self._asking[0], self._connect_timeout))
+                self._given_up = self._why(errors)
+            asking, self._asking = self._asking, None
+            why = self._given_up
+        if asking is not None:
+            _shut(asking[1])
+        return why
+
+    def _why(self, errors: list[Diagnosis]) -> Diagnosis:
+        if not errors:  # given up before the first seed was asked
+            errors = [slot_map_late(self._members[0].name, self._connect_timeout)]
+        return no_slot_map(errors)
 
     def listen(self, wake: Callable[[], None]) -> None:
         """Call ``wake`` when it ends (now, if it has)."""
@@ -98,34 +151,79 @@ class _MapLoad:
         wake()
 
     def _run(self) -> None:
-        errors: list[Diagnosis] = []
+        errors = self._errors
         try:
             for member in self._members:
+                until = monotonic() + member.connect_timeout
                 conn = member.new_connection()
+                with self._lock:
+                    if self._given_up is not None:
+                        break
+                    self._asking = (member.name, conn)
                 try:
                     conn.socket_timeout = member.connect_timeout
                     conn.connect()  # type: ignore[no-untyped-call]
-                    conn.send_packed_command([CLUSTER_SLOTS], check_health=False)  # type: ignore[no-untyped-call]
-                    reply = conn.read_response()
+                    reply = _slots_reply(conn, until)
                     asked = (member.address.host or "", member.address.port or 0)
                     self.result = SlotMap.parse(reply, asked)
                     return
+                except _Late:
+                    why = slot_map_late(member.name, member.connect_timeout)
                 except ResponseError as exc:
-                    errors.append(not_a_cluster(member.name, reply_text(exc)))
+                    why = not_a_cluster(member.name, reply_text(exc))
                 except ValueError as exc:
-                    errors.append(Diagnosis(Failure.ERROR, f"{member.name}: {exc}"))
+                    why = Diagnosis(Failure.ERROR, f"{member.name}: {exc}")
                 except Exception as exc:  # not BaseException: an interrupt is no node's failure
-                    why = diagnose(exc)
-                    errors.append(Diagnosis(why.failure, f"{member.name}: {why.detail}"))
+                    said = diagnose(exc)
+                    why = Diagnosis(said.failure, f"{member.name}: {said.detail}")
                 finally:
+                    with self._lock:
+                        self._asking = None
                     with contextlib.suppress(Exception):
                         conn.disconnect()  # type: ignore[no-untyped-call]
-            self.error = no_slot_map(errors)
+                with self._lock:
+                    errors.append(why)
+            with self._lock:
+                self.error = self._given_up or self._why(errors)
         finally:
             with self._lock:
                 self.done = True
             for wake in self._wakes:
                 wake()
+
+
+class _Late(Exception):
+    """A seed gave no whole answer by its deadline."""
+
+
+def _slots_reply(conn: redis.Connection, until: float) -> object:
+    """The answer to ``CLUSTER SLOTS`` on ``conn`` (just connected), whole by ``until``.
+
+    Read here, not by redis-py, whose socket timeout bounds each wait for bytes only:
+    a seed answering a byte at a time is given up at ``until`` all the same.
+
+    Raises:
+        _Late: no whole answer by ``until``.
+        ResponseError: an error reply.
+        ConnectionError, OSError, InvalidResponse: as a link's reads.
+    """
+    conn.send_packed_command([CLUSTER_SLOTS], check_health=False)  # type: ignore[no-untyped-call]
+    io = SocketReplies(conn)
+    while True:
+        left = until - monotonic()
+        if left <= 0.0 or not readable([io.sock], left):
+            raise _Late
+        if io.receive():
+            return io.read()
+
+
+def _shut(conn: redis.Connection) -> None:
+    """End a read of ``conn`` under way in another thread: its socket shut down (the
+    read sees the connection closed), not closed under it."""
+    sock: socket.socket | None = conn._sock  # None until connected (typed as never None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 class ClusterState(NodeState):
@@ -245,6 +343,14 @@ class ClusterState(NodeState):
                     self._reconnect.failed(now)
                     return load.error
                 load = None
+            elif load is not None and self.map is None and now >= load.ends_by:
+                # A first load still under way past its bound: given up, as one that
+                # failed (its thread ends with the seed it is reading). A later round,
+                # after the back-off, begins a fresh one.
+                self._load = None
+                self.last = load.give_up()
+                self._reconnect.failed(now)
+                return self.last
             if load is None and (self.map is None or self._stale):
                 if self.map is None and self._reconnect.left(now):
                     return self.last or Diagnosis(Failure.BACKING_OFF, "slot map not loaded")
@@ -253,7 +359,7 @@ class ClusterState(NodeState):
                 # Those in their back-off last (a dead master, most likely what the load
                 # is for): one that does not even refuse would hold it up connect_timeout.
                 members.sort(key=lambda m: m.backing_off(now) > 0)
-                self._load = load = _MapLoad(members, now + self.connect_timeout, wake)
+                self._load = load = _MapLoad(members, now, self.connect_timeout, wake)
                 self._doubt.loading(now)
             if self.map is not None:
                 return self.map  # a stale map serves while it is reloaded
@@ -365,13 +471,16 @@ class ClusterLink(Link):
     def setup(self) -> _Pending | None:  # type: ignore[override]
         load = self.cluster.loading
         parts: list[Any] = [s.setup for s in self._subs.values() if s.setup is not None]
+        deadlines = [p.deadline for p in parts]
         if load is not None and self.cluster.map is None:
             parts.append(load)
+            deadlines.append(load.ends_by)  # a first load: ``slot_map`` gives it up then
         if self._reload is not None:
             parts.append(self._reload)
+            deadlines.append(self._reload.deadline)
         if not parts:
             return None
-        return _Pending(min(p.deadline for p in parts), parts)
+        return _Pending(min(deadlines), parts)
 
     def _ready(self) -> bool:
         # Not ``cluster.map``, which another thread may swap at any time: whether this
