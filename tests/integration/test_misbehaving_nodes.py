@@ -158,6 +158,27 @@ def test_nodes_that_speak_resp_but_are_not_redis_leaving_no_majority_raise_at_on
         api.client(redis2.urls[:1]).acquire(key, ttl=TTL, blocking=False).release()
 
 
+@pytest.mark.timeout(60)  # a hang guard: the blocking client read such a reply for ever
+def test_a_node_that_sends_its_reply_a_byte_at_a_time_is_not_waited_for_ever(
+    api: Api, redis2: LocalCluster, key: str
+) -> None:
+    # A node that begins its reply and sends the rest a byte at a time, each byte well
+    # within any socket timeout (a stalled proxy, a server dying slowly): no timeout of
+    # the socket's ends that reply. Alone, the acquire fails (the node gave no answer in
+    # time); beside two healthy nodes, it is granted by them. (node_timeout is ten
+    # bytes' wait: each byte comes well within the socket's timeout.)
+    with GarbageServer("slow") as slow:
+        with pytest.raises(tenure.AcquireError):
+            api.client([slow.url], node_timeout=0.5).acquire(key, ttl=TTL, blocking=False)
+        assert slow.connected.is_set()
+        _give_history(api, redis2.urls, key)
+        client = api.client([*redis2.urls, slow.url], node_timeout=0.5)
+        for _ in range(2):  # the second time, the first answer is still owed
+            lease = client.acquire(key, ttl=TTL, blocking=False)
+            assert slow.url not in lease.nodes, lease.nodes
+            lease.release()
+
+
 def _misconfigure(kind: str, node: LocalNode, spare: LocalNode, first: bool) -> str:
     """Set ``node`` up wrongly in the way ``kind`` says; the URL a client would list."""
     assert node.port is not None

@@ -30,8 +30,9 @@ from .._core.quorum import Failure
 from .._core.resp import ErrorReply
 from .._errors import ConfigurationError
 from .acl import denial
+from .clock import monotonic
 from .ready import readable
-from .replies import NOT_RESP, pull_reader
+from .replies import NOT_RESP, PullReader, pull_reader
 
 __all__ = [
     "Diagnosed",
@@ -645,7 +646,7 @@ class SocketReplies:
     ``TimeoutError``).
     """
 
-    __slots__ = ("_ahead", "_reader", "_reply_error", "plain", "sock")
+    __slots__ = ("_ahead", "_reader", "_reply_error", "patience", "plain", "sock")
 
     def __init__(self, conn: redis.Connection) -> None:
         # Nothing is buffered in redis-py's parser: the set-up read every reply it asked for.
@@ -657,6 +658,9 @@ class SocketReplies:
         # call per reply and nothing in between, ``replies.pull_reader``).
         self._reader = pull_reader()
         self._ahead: object = False  # a reply ``ready()`` took out of the parser, or False
+        # How long a reply that came in part is given to be whole (``_receive_whole``):
+        # the socket's timeout (the node timeout, once set up).
+        self.patience: float = conn.socket_timeout or 1.0
 
     def read(self) -> Any:
         """The next reply, waiting for it (up to the kernel timeout).
@@ -670,12 +674,8 @@ class SocketReplies:
             reader = self._reader
             try:
                 reply = reader.gets()
-                while reply is False:
-                    data = self.sock.recv(65536)
-                    if not data:
-                        raise rx.ConnectionError("Connection closed by server.")
-                    reader.feed(data)
-                    reply = reader.gets()
+                if reply is False:
+                    reply = self._receive_whole(reader)
             except NOT_RESP as exc:
                 raise rx.InvalidResponse(str(exc)) from None
         else:
@@ -683,6 +683,35 @@ class SocketReplies:
         if isinstance(reply, ErrorReply):
             raise self._reply_error(reply.message)
         return reply
+
+    def _receive_whole(self, reader: PullReader) -> object:
+        """Receive until ``reader`` has a whole reply, within the socket's timeout.
+
+        That timeout (the kernel's) bounds each wait for bytes only: a node sending its
+        reply a byte at a time, each sooner than that (a stalled proxy, a server dying
+        slowly, something that is not Redis), kept the read going for ever, and the
+        round with it. So a reply that came in part is given as long again, from then,
+        to be whole, and times out like a silent node's (``timed_out``): its reader
+        keeps what came, and a later read goes on from there.
+        """
+        sock = self.sock
+        give_up = 0.0
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                raise rx.ConnectionError("Connection closed by server.")
+            reader.feed(data)
+            reply = reader.gets()
+            if reply is not False:
+                return reply
+            now = monotonic()
+            if not give_up:
+                give_up = now + self.patience
+            elif now >= give_up:
+                raise TimeoutError(
+                    f"no whole reply within the node timeout ({self.patience:g} s): "
+                    "it came a little at a time"
+                )
 
     def receive(self) -> bool:
         """Take in what the socket has, once ``select()`` said it is readable, without
