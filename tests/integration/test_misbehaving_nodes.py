@@ -179,6 +179,34 @@ def test_a_node_that_sends_its_reply_a_byte_at_a_time_is_not_waited_for_ever(
             lease.release()
 
 
+def _threads_started_since(before: set[threading.Thread], name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == name and t not in before]
+
+
+@pytest.mark.timeout(60)
+def test_a_set_up_given_up_on_a_node_sending_its_handshake_reply_a_byte_at_a_time_ends(
+    key: str,
+) -> None:
+    # A node URL with a password: the connection's set-up sends AUTH, and the node sends
+    # its reply a byte at a time. The acquire gives the node up at connect_timeout; the
+    # set-up's thread, reading the reply byte by byte with each wait well within its
+    # socket timeout, went on for ever (one thread and one socket more each time the
+    # node was tried again). Given up, its socket is shut down and the thread ends.
+    before = set(threading.enumerate())
+    with GarbageServer("slow") as slow:
+        url = f"redis://:pw@127.0.0.1:{slow.port}"
+        with tenure.Client([url], node_timeout=0.05, connect_timeout=0.3) as client:
+            with pytest.raises(tenure.AcquireError):
+                client.acquire(key, ttl=TTL, blocking=False)
+            assert slow.connected.is_set()
+            deadline = time.monotonic() + 5.0  # a grace for the thread to see its socket shut
+            while _threads_started_since(before, "tenure-connect"):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            assert not _threads_started_since(before, "tenure-connect")
+
+
 def _misconfigure(kind: str, node: LocalNode, spare: LocalNode, first: bool) -> str:
     """Set ``node`` up wrongly in the way ``kind`` says; the URL a client would list."""
     assert node.port is not None

@@ -9,10 +9,19 @@ short-lived daemon thread instead, under ``connect_timeout``, so the caller can 
 every node at once and go on with the nodes that are ready (``LinkSet.run``); the
 notification listener sets up its subscriptions the same way. The thread
 ends with the set-up; a set-up nobody wants any more is closed when it ends.
+
+redis-py's socket timeout bounds each wait for bytes, not a whole reply: a node that
+sends its reply to AUTH (or HELLO, CLIENT SETNAME, SELECT) a byte at a time, each sooner
+than that, kept the set-up reading for ever, long after its caller gave it up at its
+deadline. So a set-up given up (``abandon``) while it talks to the node has its socket
+shut down, as a slot-map load given up has its seed's (``cluster._MapLoad``): the read
+sees the connection closed and the thread ends.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 from collections.abc import Callable
 
@@ -50,7 +59,14 @@ class SetUp:
         self._lock = threading.Lock()
         self._done = False
         self._abandoned = False
+        self._talking = False  # connected, and the handshake under way (``_handshake``)
         self.error: Exception | None = None
+        # redis-py calls this (rather than its own ``on_connect``) once the socket is
+        # connected, before the first command of the handshake: the one moment the socket
+        # exists and nothing has been read from it yet. (tenure refuses a
+        # redis_connect_func of the application's, so none is replaced.) redis-py types
+        # it as taking no argument, and calls it with the connection.
+        conn.redis_connect_func = self._handshake  # type: ignore[assignment,unused-ignore]
         threading.Thread(target=self._run, name="tenure-connect", daemon=True).start()
 
     @property
@@ -64,12 +80,29 @@ class SetUp:
         return self._conn
 
     def abandon(self) -> None:
-        """Nobody will use this connection: close it now, or when its set-up ends."""
+        """Nobody will use this connection: close it now, or when its set-up ends. A
+        handshake under way is cut short (its socket shut down, not closed under the
+        thread reading it); one not yet begun never begins (``_handshake``)."""
         with self._lock:
             self._abandoned = True
-            done = self._done
+            done, talking = self._done, self._talking
         if done:
             self._conn.disconnect()  # type: ignore[no-untyped-call]
+        elif talking:
+            sock: socket.socket | None = self._conn._sock  # (typed as never None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def _handshake(self, conn: redis.Connection) -> None:
+        """AUTH, HELLO, CLIENT SETNAME, SELECT: redis-py's own ``on_connect``, unless the
+        set-up was given up first. Checked and noted under the lock: an ``abandon``
+        either comes before (and nothing is sent) or finds ``_talking`` and the socket."""
+        with self._lock:
+            if self._abandoned:
+                raise redis.ConnectionError("set-up given up (connect_timeout)")
+            self._talking = True
+        conn.on_connect()  # type: ignore[no-untyped-call]
 
     def _run(self) -> None:
         conn = self._conn
