@@ -16,21 +16,27 @@ array of bulk strings, as clients send them) with one valid reply:
 Or (``"slow"``) it begins a reply and never ends it: the header of a long bulk string,
 then one byte every ``DRIP`` seconds, each well within any socket timeout (a stalled
 proxy, a server dying slowly). ``connected`` is set when a client first sends it
-something.
+something; ``accepted`` counts the connections made to it.
 
 Bounded by construction: it only ever answers what a client sent, and stops with the
 test (``with GarbageServer(...) as g:``; a slow answer ends when the client hangs up or
 the server stops).
+
+``SlowSubscribe`` is a real node behind a proxy that answers SUBSCRIBE as ``"slow"``
+does: every other command goes to the node and its reply comes back as it came, so the
+node locks as it should and its notifications alone never arrive.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
+import socket
 import socketserver
 import threading
 from types import TracebackType
 
-__all__ = ["DRIP", "SPEAKS", "GarbageServer"]
+__all__ = ["DRIP", "SPEAKS", "GarbageServer", "SlowSubscribe"]
 
 HTTP_400 = b"HTTP/1.1 400 Bad Request\r\n\r\n"
 # What each RESP-speaking kind answers a command (None: the command itself).
@@ -68,12 +74,14 @@ class _Server(socketserver.ThreadingTCPServer):
     seed = 0
     connected: threading.Event
     stopping: threading.Event
+    accepted: list[None]
 
 
 class _Answer(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         server = self.server
         assert isinstance(server, _Server)
+        server.accepted.append(None)  # (list.append: atomic across the handlers' threads)
         rng = random.Random(server.seed)
         if server.speaks in _RESP_ANSWERS:
             self._speak_resp(_RESP_ANSWERS[server.speaks])
@@ -123,13 +131,101 @@ class GarbageServer:
         self._server.seed = seed
         self._server.connected = self.connected = threading.Event()
         self._server.stopping = threading.Event()
+        self._server.accepted = []
         self.port: int = self._server.server_address[1]
         self.url = f"redis://127.0.0.1:{self.port}"
         self._thread = threading.Thread(
             target=self._server.serve_forever, name=f"garbage-{speaks}", daemon=True
         )
 
+    @property
+    def accepted(self) -> int:
+        return len(self._server.accepted)
+
     def __enter__(self) -> GarbageServer:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        et: type[BaseException] | None,
+        ev: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._server.stopping.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+class _Forward(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        server = self.server
+        assert isinstance(server, _Proxy)
+        client: socket.socket = self.request
+        try:
+            node = socket.create_connection(server.target)
+        except OSError:
+            return
+        down = threading.Thread(target=_copy, args=(node, client), daemon=True)
+        down.start()
+        buf = b""
+        try:
+            while data := client.recv(65536):
+                commands, buf = _commands(buf + data)
+                for command in commands:
+                    if command.split(b"\r\n", 3)[2].upper() not in (b"SUBSCRIBE", b"SSUBSCRIBE"):
+                        node.sendall(command)
+                        continue
+                    # Its reply, begun and never ended; nothing more goes to the node.
+                    server.subscribed.set()
+                    client.sendall(b"$1000000\r\n")
+                    while not server.stopping.wait(DRIP):
+                        client.sendall(b"x")
+                    return
+        except OSError:
+            pass  # either side hung up
+        finally:
+            with contextlib.suppress(OSError):
+                node.shutdown(socket.SHUT_RDWR)
+            node.close()
+            down.join()
+
+
+def _copy(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_RDWR)
+
+
+class _Proxy(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    target: tuple[str, int]
+    subscribed: threading.Event
+    stopping: threading.Event
+
+
+class SlowSubscribe:
+    """A proxy on 127.0.0.1 to the node at ``host:port`` that sends its replies to
+    SUBSCRIBE (and SSUBSCRIBE) a byte at a time; ``subscribed`` is set once one came."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._server = _Proxy(("127.0.0.1", 0), _Forward)
+        self._server.target = (host, port)
+        self._server.subscribed = self.subscribed = threading.Event()
+        self._server.stopping = threading.Event()
+        self.port: int = self._server.server_address[1]
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="slow-subscribe", daemon=True
+        )
+
+    def __enter__(self) -> SlowSubscribe:
         self._thread.start()
         return self
 

@@ -28,7 +28,7 @@ from tenure.testing import LocalCluster, LocalNode
 from tenure.verify.proxy import Proxy
 
 from .conftest import LEAST_PRIVILEGE, Api, scripts_run
-from .garbage import GarbageServer
+from .garbage import GarbageServer, SlowSubscribe
 
 TTL = 2.0
 
@@ -205,6 +205,69 @@ def test_a_set_up_given_up_on_a_node_sending_its_handshake_reply_a_byte_at_a_tim
                     break
                 time.sleep(0.02)
             assert not _threads_started_since(before, "tenure-connect")
+
+
+@pytest.mark.timeout(60)  # a hang guard
+def test_a_node_that_sends_its_subscribe_reply_a_byte_at_a_time_costs_only_the_recheck(
+    api: Api, redis2: LocalCluster, key: str
+) -> None:
+    # A healthy node whose release notifications pass through something that stalls
+    # (a proxy): its reply to SUBSCRIBE comes a byte at a time, never whole. A waiting
+    # acquire still ends at its timeout, still gets the lock at its fallback re-check
+    # once the holder released it, and closing the client ends its listener at once.
+    node = redis2[0]
+    assert node.port is not None
+    before = set(threading.enumerate())
+    with SlowSubscribe(node.host, node.port) as proxy, tenure.Client(redis2.urls[:1]) as other:
+        holder = other.acquire(key, ttl=30.0)
+        waiter = api.client([proxy.url], recheck=1.0, node_timeout=0.2, connect_timeout=0.5)
+        started = time.monotonic()
+        with pytest.raises(tenure.AcquireError):
+            waiter.acquire(key, ttl=TTL, timeout=1.0)
+        assert time.monotonic() - started < 5.0  # a hang guard: it ends at its timeout
+        assert proxy.subscribed.is_set()
+        release = threading.Timer(0.5, holder.release)
+        release.start()
+        try:
+            lease = waiter.acquire(key, ttl=TTL, timeout=10.0)
+        finally:
+            release.join()
+        assert lease.fencing_token > holder.fencing_token
+        lease.release()
+        closed = time.monotonic()
+        api.close_clients()
+        assert time.monotonic() - closed < 3.0  # a hang guard
+    deadline = time.monotonic() + 5.0
+    names = ("tenure-notify", "tenure-connect")
+    while any(_threads_started_since(before, n) for n in names) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not [t for n in names for t in _threads_started_since(before, n)]
+
+
+@pytest.mark.timeout(60)  # a hang guard
+def test_a_notification_set_up_answered_a_byte_at_a_time_is_given_up_and_tried_again(
+    api: Api, redis2: LocalCluster, key: str
+) -> None:
+    # A third node sends its reply to AUTH a byte at a time: every set-up on it, the
+    # notification listener's included, is given up at connect_timeout, and the listener
+    # tries the node again after its back-off (the node may come back). The asyncio
+    # listener's task read that first reply for ever instead: the node's notifications
+    # never came back, whatever became of it, until the client was closed.
+    with GarbageServer("slow") as slow:
+        urls = [*redis2.urls, f"redis://:pw@127.0.0.1:{slow.port}"]
+        _give_history(api, redis2.urls, key)
+        holder = api.client(urls, node_timeout=0.2, connect_timeout=0.3)
+        lease = holder.acquire(key, ttl=30.0)
+        waiter = api.client(urls, node_timeout=0.2, connect_timeout=0.3)
+        with pytest.raises(tenure.AcquireError):
+            waiter.acquire(key, ttl=TTL, timeout=1.0)
+        # No round runs from now on: only the waiter's listener connects to the node.
+        tried = slow.accepted
+        api.wait_until(lambda: slow.accepted > tried, what="the node tried again")
+        lease.release()
+        closed = time.monotonic()
+        api.close_clients()
+        assert time.monotonic() - closed < 3.0  # a hang guard
 
 
 def _misconfigure(kind: str, node: LocalNode, spare: LocalNode, first: bool) -> str:

@@ -82,6 +82,7 @@ class AsyncClient(ClientBase):
             self.config.channel_prefix,
             clusters,
             self._cluster_channel,
+            self.config.connect_timeout,
         )
 
     def _cluster_channel(self, i: int) -> ClusterChannel:

@@ -151,8 +151,11 @@ class AsyncListener:
         channel_prefix: str = CHANNEL_PREFIX,
         clusters: Sequence[bool] = (),
         cluster: Callable[[int], ClusterChannel] | None = None,
+        connect_timeout: float | None = None,
     ) -> None:
         self._pools = list(pools)
+        # Bounds each connection's set-up (``_set_up``); None: redis-py's own bounds.
+        self._connect_timeout = connect_timeout
         self._reporter = reporter or NodeReporter([str(i) for i in range(len(self._pools))])
         suffix = secrets.token_hex(8)
         self.channel = channel_prefix + suffix  # key prefix + "wake:" + random
@@ -358,7 +361,7 @@ class AsyncListener:
             pool = self._cluster(i).member_pool(where)
             conn: redis.asyncio.Connection = pool.make_connection()  # type: ignore[no-untyped-call]
             try:
-                await conn.connect()  # type: ignore[no-untyped-call]
+                await self._set_up(conn)
                 loop = asyncio.get_running_loop()
                 lost: asyncio.Future[BaseException] = loop.create_future()
 
@@ -409,6 +412,20 @@ class AsyncListener:
         if link.task is asyncio.current_task():
             link.task = None
 
+    async def _set_up(self, conn: redis.asyncio.Connection) -> None:
+        """Connect ``conn`` (TCP, TLS, AUTH, SELECT) within ``connect_timeout``.
+
+        redis-py's socket timeout bounds each wait for bytes, not a whole reply: a node
+        sending its reply to AUTH a byte at a time, each sooner than that, kept the
+        subscription's task in its set-up for ever, and the node's notifications away
+        for as long. Given up, the set-up is retried after the back-off, as the blocking
+        client's listener does.
+
+        Raises:
+            TimeoutError: not set up within ``connect_timeout``.
+        """
+        await within(conn.connect(), self._connect_timeout)  # type: ignore[no-untyped-call]
+
     def _note_failure(self, i: int, exc: Exception) -> None:
         """A subscription connection to node ``i`` failed: a failure of its configuration
         (SUBSCRIBE refused by the ACL, NOAUTH) is told; any is retried after a back-off."""
@@ -436,7 +453,7 @@ class AsyncListener:
         while True:
             conn: redis.asyncio.Connection = self._pool(i).make_connection()  # type: ignore[no-untyped-call]
             try:
-                await conn.connect()  # type: ignore[no-untyped-call]
+                await self._set_up(conn)
                 lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
                 def handle(reply: object, lost: asyncio.Future[BaseException] = lost) -> None:
