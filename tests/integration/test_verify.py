@@ -3,25 +3,33 @@ real nodes with real faults, are in ``tests/chaos``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
+from tenure import Client, TenureError
 from tenure.cli import main
 from tenure.cli.main import _build_parser
+from tenure.verify.actors import Actor
 from tenure.verify.history import Grant, HistoryWriter, Refused, Release, Request
+from tenure.verify.locks import LockRecipe
 from tenure.verify.runner import _as_json, format_table, run_config
 from tenure.verify.scenarios import (
     MAX_CYCLES,
     SCENARIOS,
+    SETUP_ATTEMPTS,
     Config,
     Expect,
+    Scenario,
     Stats,
     baseline,
     split_around_node3,
@@ -264,6 +272,164 @@ def test_a_split_in_which_a_holds_nothing_is_an_error_not_a_pass(tmp_path: Path)
     assert result.status == "ERROR", result
     assert result.error is not None
     assert "A was refused the lock on n1, n2, n3" in result.error, result.error
+
+
+class _PlantedWorld(World):
+    """A world in which the first worker named A... finds its lock held by a client the
+    history knows nothing of, until it has been refused ``refusals`` times (its history
+    file says so): then the planted lease is released, and the run goes on as usual."""
+
+    refusals = 1
+
+    def __init__(self, directory: Path) -> None:
+        self._planted: list[Client] = []
+        self._watchers: list[threading.Thread] = []
+        self._stop = threading.Event()
+        super().__init__(directory)
+
+    def actor(self, proc: str, lock: LockRecipe, *, fenced: bool) -> Actor:
+        if proc.startswith("A"):
+            self._plant(proc, lock)
+        return super().actor(proc, lock, fenced=fenced)
+
+    def actors(self, procs: Iterable[str], lock: LockRecipe, *, fenced: bool) -> list[Actor]:
+        procs = list(procs)
+        for proc in procs:
+            if proc.startswith("A"):
+                self._plant(proc, lock)
+        return super().actors(procs, lock, fenced=fenced)
+
+    def _plant(self, proc: str, lock: LockRecipe) -> None:
+        if self._planted:
+            return
+        assert lock.kind == "tenure", lock
+        client = Client(list(lock.urls), max_ttl=120.0, node_timeout=1.0)
+        self._planted.append(client)
+        lease = client.acquire(lock.name, 120.0, timeout=10.0)
+        history = self.history_dir / f"{proc}.jsonl"
+
+        def release_once_refused() -> None:
+            while not self._stop.wait(0.01):
+                if history.exists() and history.read_text().count('"refused"') >= self.refusals:
+                    # A node may be gone by now (killed by the fault): what is left expires.
+                    with contextlib.suppress(TenureError):
+                        lease.release()
+                    return
+
+        watcher = threading.Thread(target=release_once_refused, daemon=True)
+        self._watchers.append(watcher)
+        watcher.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        for watcher in self._watchers:
+            watcher.join(10)
+        for client in self._planted:
+            client.close()
+        super().close()
+
+
+def _config(key: str, name: str) -> tuple[Scenario, Config]:
+    scenario = next(s for s in SCENARIOS if s.key == key)
+    return scenario, next(c for c in scenario.configs if c.name == name)
+
+
+@pytest.mark.parametrize(
+    ("key", "name", "cycles", "refusals", "refused"),
+    [
+        (
+            "failover",
+            "tenure, 1 master + async replica",
+            1,
+            1,
+            "A0 was refused the lock before the failover",
+        ),
+        (
+            "failover",
+            "1 master + replica, wait_replicas=1",
+            1,
+            1,
+            # Held by another client is no fail-closed grant: the refusal must be WAIT's.
+            "A0 was refused the lock with the replica cut off (LockTimeout: lock "
+            "'verify-lock': still held by another client",
+        ),
+        (
+            "failover",
+            "Redlock, 3 independent masters",
+            1,
+            1,
+            "A0 was refused the lock on the three masters",
+        ),
+        (
+            "failover",
+            "tenure, Sentinel failover",
+            1,
+            1,
+            "A0 was refused the lock from the Sentinels' master before the failover",
+        ),
+        # Two cycles: the second one shows the stale write the first one did not make.
+        ("pause", "fenced store", 2, 1, "A was refused the lock before its pause"),
+        # A's first refusal is in the set-up, which needs no holder; the second one counts.
+        ("network", "tenure, slow reply", 1, 2, "A was refused the lock through the slow link"),
+        ("crash", "tenure", 1, 1, "A0 was refused the lock before its crash"),
+        ("legacy", "tenure", 1, 1, "A was refused the lock before its pause"),
+        (
+            "eviction",
+            "maxmemory-policy noeviction",
+            1,
+            1,
+            "A was refused the lock before the memory pressure",
+        ),
+    ],
+)
+def test_a_cycle_in_which_the_holder_holds_nothing_is_an_error_not_a_pass(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    key: str,
+    name: str,
+    cycles: int,
+    refusals: int,
+    refused: str,
+) -> None:
+    """A holder refused the lock before the fault was counted for nothing (failover's
+    fail_closed, which only wait_replicas checks, and there a refusal for any reason
+    passed for WAIT's) or not at all: the fault then struck while nobody held the lock,
+    and the mitigated row read PASS for a cycle that tested nothing. Such a cycle is now
+    an ERROR of the run, saying who was refused where, and why."""
+    monkeypatch.setattr(_PlantedWorld, "refusals", refusals)
+    monkeypatch.setattr("tenure.verify.runner.World", _PlantedWorld)
+    scenario, config = _config(key, name)
+    result = run_config(scenario, config, cycles, tmp_path)
+    assert result.status == "ERROR", (result.status, result.why)
+    assert result.error is not None
+    assert result.error.startswith(f"ChoreographyError: {refused}"), result.error
+
+
+class _LatePauseWorld(World):
+    """A world whose worker pauses come half a second late, as on a machine so loaded
+    that the paused worker has already written."""
+
+    def pause_worker(self, actor: Actor) -> None:
+        time.sleep(0.5)
+        super().pause_worker(actor)
+
+
+def test_a_pause_that_missed_the_write_is_set_up_again_then_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pause that came after A's write (placed by a sleep, on a loaded machine) left a
+    cycle in which A wrote inside its lease: nothing late for the store to refuse. It is
+    now set up again, and a run in which it never lands is an ERROR."""
+    monkeypatch.setattr("tenure.verify.runner.World", _LatePauseWorld)
+    scenario, config = _config("pause", "fenced store")
+    result = run_config(scenario, config, 1, tmp_path)
+    assert result.status == "ERROR", (result.status, result.why)
+    assert result.error == (
+        "MissedWindow: A wrote before it was paused, within its lease "
+        f"(in each of {SETUP_ATTEMPTS} attempts)"
+    )
+    assert result.figures["C3"] == 0
+    assert result.figures["stale_rejected"] == 0
 
 
 def _refusals(world: World, cycles: int) -> Stats:

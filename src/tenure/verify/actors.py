@@ -10,7 +10,8 @@ All times are ``time.monotonic_ns()``, one clock for every process on the machin
 
 Commands are small steps, so a scenario can place a fault exactly between two of them:
 
-``acquire(timeout)``  ->  Request, then Grant or Refused
+``acquire(timeout)``  ->  Request, then Grant or Refused; answers ``"granted"``, or
+                          ``"refused: <the lock's reason>"``
 ``read()``            ->  remembers the register's content
 ``write(delay)``      ->  checks its lease is still valid *by its own belief*, sleeps
                           ``delay`` (the window a scenario pauses the worker in: a GC
@@ -88,7 +89,9 @@ class _Worker:
             )
             return "granted"
         self.history.write(Refused(self.spec.proc, t_request, time.monotonic_ns(), result))
-        return "refused"
+        # The reason travels with the answer, so that a scenario whose step needed the
+        # lock can say why it was refused (ChoreographyError).
+        return f"refused: {result}"
 
     def read(self) -> int:
         self.seen = self.register.read()
@@ -241,6 +244,10 @@ class Actor:
         """Start a command without waiting (the worker may be paused meanwhile)."""
         self._conn.send((name, args))
         self._pending += 1
+
+    def answered(self) -> bool:
+        """Whether the command sent last has answered already (its reply is waiting)."""
+        return self._conn.poll(0)
 
     def result(self, timeout: float = 30.0) -> Any:
         status, value = self._receive(timeout)
