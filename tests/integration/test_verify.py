@@ -6,12 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import pytest
 from tenure import Client, TenureError
 from tenure.cli import main
 from tenure.cli.main import _build_parser
+from tenure.testing.local import LocalNode, Persistence
 from tenure.verify.actors import Actor
 from tenure.verify.history import Grant, HistoryWriter, Refused, Release, Request
 from tenure.verify.locks import LockRecipe
@@ -405,6 +407,39 @@ def test_a_cycle_in_which_the_holder_holds_nothing_is_an_error_not_a_pass(
     assert result.error.startswith(f"ChoreographyError: {refused}"), result.error
 
 
+class _NoMaxmemoryWorld(World):
+    """A world whose nodes ignore ``maxmemory``: a fill never runs one out of memory."""
+
+    def node(
+        self,
+        name: str,
+        *,
+        persistence: Persistence = Persistence.NONE,
+        extra_config: Mapping[str, str] | None = None,
+        fake_clock: bool = False,
+    ) -> LocalNode:
+        config = {k: v for k, v in (extra_config or {}).items() if k != "maxmemory"}
+        return super().node(
+            name, persistence=persistence, extra_config=config, fake_clock=fake_clock
+        )
+
+
+def test_memory_pressure_that_never_hit_is_an_error_not_a_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without maxmemory the fill refused no write and evicted no key, and the
+    noeviction row still read PASS: the lock key was never at risk."""
+    monkeypatch.setattr("tenure.verify.runner.World", _NoMaxmemoryWorld)
+    scenario, config = _config("eviction", "maxmemory-policy noeviction")
+    result = run_config(scenario, config, 1, tmp_path)
+    assert result.status == "ERROR", (result.status, result.why)
+    assert result.error == (
+        "FaultNotObserved: memory pressure under maxmemory-policy noeviction: writes refused "
+        "(OOM): not observed (last seen: 0)"
+    )
+    assert not [f for f in result.verdict.faults if f.name == "memory pressure"]
+
+
 class _LatePauseWorld(World):
     """A world whose worker pauses come half a second late, as on a machine so loaded
     that the paused worker has already written."""
@@ -430,6 +465,20 @@ def test_a_pause_that_missed_the_write_is_set_up_again_then_an_error(
     )
     assert result.figures["C3"] == 0
     assert result.figures["stale_rejected"] == 0
+
+
+def test_new_names_run_proves_the_node_was_paused(tmp_path: Path) -> None:
+    """The frozen node's pause was recorded with the proof "SIGSTOP": the signal sent,
+    not the stopped state observed, unlike every other pause."""
+    scenario, config = _config("network", "tenure, 5 nodes, new names through a minority outage")
+    result = run_config(scenario, config, 1, tmp_path)
+    assert result.passed, result.why
+    pauses = [f for f in result.verdict.faults if f.name == "pause"]
+    assert [f.target for f in pauses] == ["n1"], pauses
+    assert re.fullmatch(r"state [Tt] in /proc/\d+/stat; PONG after SIGCONT", pauses[0].proof), (
+        pauses[0].proof
+    )
+    assert (pauses[0].t_end or 0) > pauses[0].t_start
 
 
 def _refusals(world: World, cycles: int) -> Stats:

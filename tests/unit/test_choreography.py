@@ -1,6 +1,6 @@
 """The verifier's guards against a cycle that tests nothing: a step the race needs (the
-holder holding the lock) that did not happen is an error of the run, with the reason,
-never a cycle counted as safe."""
+holder holding the lock, the fault taking effect) that did not happen is an error of the
+run, with the reason, never a cycle counted as safe."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from typing import cast
 
 import pytest
 
+from tenure.verify.proof import FaultNotObserved, observed
 from tenure.verify.scenarios import (
     SETUP_ATTEMPTS,
     ChoreographyError,
     MissedWindow,
+    memory_pressure,
     require_grant,
     retried,
 )
@@ -77,3 +79,37 @@ def test_only_a_missed_window_is_retried() -> None:
     with pytest.raises(ChoreographyError):
         retried(cast(World, _Notes()), cycle)
     assert runs == [1]
+
+
+@pytest.mark.parametrize(
+    ("policy", "evicted", "refused", "missing"),
+    [
+        ("noeviction", 0, 517, None),
+        ("noeviction", 0, 0, "writes refused (OOM)"),
+        ("volatile-lru", 519, 0, None),
+        ("volatile-lru", 0, 0, "keys evicted"),
+        # Refusals are no eviction: the lock key of a volatile-* policy was never at risk.
+        ("allkeys-lru", 0, 12, "keys evicted"),
+    ],
+)
+def test_memory_pressure_must_be_seen(
+    policy: str, evicted: int, refused: int, missing: str | None
+) -> None:
+    if missing is None:
+        proof = memory_pressure(policy, evicted, refused)
+        assert proof == f"{evicted} keys evicted, {refused} writes refused (OOM)"
+        return
+    with pytest.raises(FaultNotObserved) as info:
+        memory_pressure(policy, evicted, refused)
+    assert str(info.value) == (
+        f"memory pressure under maxmemory-policy {policy}: {missing}: not observed (last seen: 0)"
+    )
+
+
+def test_evidence_read_once_is_returned_or_not_observed() -> None:
+    assert observed(3, lambda n: n > 0, "keys evicted") == 3
+    with pytest.raises(FaultNotObserved) as info:
+        observed(0, lambda n: n > 0, "keys evicted")
+    assert info.value.what == "keys evicted"
+    assert info.value.last == "0"
+    assert isinstance(info.value, TimeoutError)

@@ -28,6 +28,7 @@ from tenure._errors import TenureError
 __all__ = [
     "FaultNotObserved",
     "info_field",
+    "observed",
     "process_state",
     "run_id",
     "server_pid",
@@ -42,15 +43,17 @@ T = TypeVar("T")
 
 
 class FaultNotObserved(TenureError, TimeoutError):
-    """The evidence of a fault did not appear before the deadline.
+    """The evidence of a fault did not appear before the deadline (or, for evidence
+    read once after the fault, such as a counter, was not there).
 
     Attributes:
         what: what was awaited, e.g. ``"pid 1234 in state T"``.
         last: the last value observed, as text.
     """
 
-    def __init__(self, what: str, timeout: float, last: str) -> None:
-        super().__init__(f"{what}: not observed within {timeout} s (last seen: {last})")
+    def __init__(self, what: str, timeout: float | None, last: str) -> None:
+        within = "" if timeout is None else f" within {timeout} s"
+        super().__init__(f"{what}: not observed{within} (last seen: {last})")
         self.what = what
         self.last = last
 
@@ -115,6 +118,18 @@ def wait_until(probe: Callable[[], T], accept: Callable[[T], bool], timeout: flo
         if time.monotonic() >= deadline:
             raise FaultNotObserved(what, timeout, repr(value))
         time.sleep(_POLL_INTERVAL)
+
+
+def observed(value: T, accept: Callable[[T], bool], what: str) -> T:
+    """Evidence read once, after the fault (a counter it moved): ``value`` if ``accept``
+    says it shows the fault took effect.
+
+    Raises:
+        FaultNotObserved: it does not; the run would test a fault that did not happen.
+    """
+    if not accept(value):
+        raise FaultNotObserved(what, None, repr(value))
+    return value
 
 
 def info_field(client: redis.Redis, section: str, field: str) -> str | None:

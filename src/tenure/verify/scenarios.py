@@ -23,6 +23,7 @@ import redis
 from ..testing.local import Persistence
 from .actors import Actor
 from .locks import LockRecipe
+from .proof import observed
 from .proxy import Proxy
 from .world import World
 
@@ -642,13 +643,10 @@ def fresh_names(world: World, cycles: int) -> Stats:
                 totals[k] += v
 
     for _ in range(max(1, cycles)):
-        t = time.monotonic_ns()
-        nodes[0].pause()
-        world.fault("pause", nodes[0].name, t, "SIGSTOP")
+        world.pause_node(nodes[0])  # its proof: the kernel's T state, then PONG
         lock_fresh_names()
-        nodes[0].resume()
+        world.resume_node(nodes[0])
         time.sleep(1.0)  # the clients' reconnect back-off from the frozen node runs out
-        t = time.monotonic_ns()
         world.kill_node(nodes[1])
         cut = world.cut(proxies[2:3])
         lock_fresh_names()
@@ -716,13 +714,32 @@ def pause_then_release(kind: str) -> Callable[[World, int], Stats]:
 # --- 8. eviction and script loss ----------------------------------------------------------
 
 
+def memory_pressure(policy: str, evicted: int, refused: int) -> str:
+    """The proof that a fill ran the node out of memory: keys evicted, or under
+    ``noeviction`` writes refused with OOM.
+
+    Raises:
+        FaultNotObserved: neither (e.g. ``maxmemory`` not in force): the lock key was
+            never at risk, and the cycle would test nothing.
+    """
+    want = "writes refused (OOM)" if policy == "noeviction" else "keys evicted"
+    observed(
+        refused if policy == "noeviction" else evicted,
+        lambda n: n > 0,
+        f"memory pressure under maxmemory-policy {policy}: {want}",
+    )
+    return f"{evicted} keys evicted, {refused} writes refused (OOM)"
+
+
 def eviction(policy: str, min_cycles: int = 1) -> Callable[[World, int], Stats]:
-    """Fill a 4 MB node while A holds the lock, then let B try. ``min_cycles``: for
-    policies that evict the lock key only some of the time, so that even a single
-    cycle's run shows what they do. LRU idle times have a 1 s resolution, so the key is
-    one of many equally idle candidates: about 2 cycles in 3. ``volatile-ttl`` evicts
-    the shortest TTL among keys it samples at random, and misses the lock key in about
-    1 cycle of 100 (seen once in a full test run on Redis 6.2)."""
+    """Fill a 4 MB node with 8 MB while A holds the lock, then let B try.
+    ``min_cycles``: for policies that evict the lock key only some of the time, so that
+    even a single cycle's run shows what they do. LRU idle times have a 1 s resolution,
+    so the key is one of many equally idle candidates: about 2 cycles in 3.
+    ``volatile-ttl`` evicts the shortest TTL among keys it samples at random, and misses
+    the lock key in about 1 cycle of 100 (seen once in a full test run on Redis 6.2).
+    A fill that evicted nothing (under ``noeviction``: had no write refused) is
+    FaultNotObserved (:func:`memory_pressure`)."""
 
     def run(world: World, cycles: int) -> Stats:
         cycles = max(cycles, min_cycles)
@@ -746,12 +763,7 @@ def eviction(policy: str, min_cycles: int = 1) -> Callable[[World, int], Stats]:
                         refused += 1
                 evicted = int(r.info("stats")["evicted_keys"]) - before
                 r.delete(*[f"fill:{c}:{i}" for i in range(800)])
-            world.fault(
-                "memory pressure",
-                node.name,
-                t,
-                f"{evicted} keys evicted, {refused} writes refused (OOM)",
-            )
+            world.fault("memory pressure", node.name, t, memory_pressure(policy, evicted, refused))
             refused_fill += refused
             if b.call("acquire", 0.2) == "granted":
                 use_and_release(b)
@@ -1053,7 +1065,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "maxmemory-policy noeviction",
                 True,
                 eviction("noeviction"),
-                zero(*SAFE),
+                [*zero(*SAFE), at_least("oom_refusals", 1)],
                 "writes fail with OOM instead; locks stay",
             ),
             Config(
