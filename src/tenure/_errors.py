@@ -110,6 +110,11 @@ class TenureError(Exception):
             state[key] = value
         return (_rebuilt, (type(self), self.args, state))
 
+    def __copy__(self) -> TenureError:
+        # Within the process every attribute can stay what it is (a SelfDeadlock's
+        # holder the lease itself, not its repr as a pickle must make it).
+        return _rebuilt(type(self), self.args, dict(self.__dict__))
+
 
 def _rebuilt(cls: type[TenureError], args: tuple[Any, ...], state: dict[str, Any]) -> TenureError:
     """A pickled tenure error, made again (``TenureError.__reduce__``)."""
