@@ -717,9 +717,9 @@ class SocketReplies:
         """Take in what the socket has, once ``select()`` said it is readable, without
         waiting for more (one ``recv``; on TLS, the data decrypted with it too); True
         once a whole reply is in, which ``read()`` then returns at once. For a reader
-        with a deadline of its own: ``read()`` waits for the whole reply, and a node
-        sending it a byte at a time, each sooner than the socket's timeout, is never
-        timed out.
+        with a deadline of its own: ``read()`` waits for the whole reply (once part of
+        it came, up to one socket timeout more: ``_receive_whole``, whose loop this one
+        repeats rather than call, as it runs for every reply of every round).
 
         Raises:
             ConnectionError: the node closed the connection.
