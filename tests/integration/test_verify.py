@@ -12,18 +12,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tenure import Client, TenureError
+from tenure import Client, Lease, TenureError
 from tenure.cli import main
 from tenure.cli.main import _build_parser
 from tenure.testing.local import LocalNode, Persistence
 from tenure.verify.actors import Actor
 from tenure.verify.history import Grant, HistoryWriter, Refused, Release, Request
 from tenure.verify.locks import LockRecipe
+from tenure.verify.proxy import Proxy
 from tenure.verify.runner import _as_json, format_table, run_config
 from tenure.verify.scenarios import (
     MAX_CYCLES,
@@ -282,6 +284,8 @@ class _PlantedWorld(World):
     file says so): then the planted lease is released, and the run goes on as usual."""
 
     refusals = 1
+    victim = "A"  # whose lock is held: the first worker whose name starts so
+    on = slice(None)  # the nodes it is held on
 
     def __init__(self, directory: Path) -> None:
         self._planted: list[Client] = []
@@ -290,14 +294,14 @@ class _PlantedWorld(World):
         super().__init__(directory)
 
     def actor(self, proc: str, lock: LockRecipe, *, fenced: bool) -> Actor:
-        if proc.startswith("A"):
+        if proc.startswith(self.victim):
             self._plant(proc, lock)
         return super().actor(proc, lock, fenced=fenced)
 
     def actors(self, procs: Iterable[str], lock: LockRecipe, *, fenced: bool) -> list[Actor]:
         procs = list(procs)
         for proc in procs:
-            if proc.startswith("A"):
+            if proc.startswith(self.victim):
                 self._plant(proc, lock)
         return super().actors(procs, lock, fenced=fenced)
 
@@ -305,7 +309,8 @@ class _PlantedWorld(World):
         if self._planted:
             return
         assert lock.kind == "tenure", lock
-        client = Client(list(lock.urls), max_ttl=120.0, node_timeout=1.0)
+        urls = list(lock.urls)[self.on]
+        client = Client(urls, max_ttl=120.0, node_timeout=1.0, allow_even=len(urls) % 2 == 0)
         self._planted.append(client)
         lease = client.acquire(lock.name, 120.0, timeout=10.0)
         history = self.history_dir / f"{proc}.jsonl"
@@ -438,6 +443,133 @@ def test_memory_pressure_that_never_hit_is_an_error_not_a_pass(
         "(OOM): not observed (last seen: 0)"
     )
     assert not [f for f in result.verdict.faults if f.name == "memory pressure"]
+
+
+@pytest.mark.parametrize(("refusals", "status"), [(1, "PASS"), (99, "ERROR")])
+def test_a_clock_cycle_in_which_b_lost_is_set_up_again_then_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusals: int, status: str
+) -> None:
+    """B was not required to win {3,4,5} after node 3's jump: a cycle in which it lost
+    (0.3 s is little on a loaded machine) made no late write and no overlap, and still
+    counted. Two cycles, the first one lost, read PASS with one stale write refused,
+    one cycle of two tested. The lost cycle is now set up again (every cycle shows a
+    refused stale write), and a run in which B never wins is an ERROR."""
+    monkeypatch.setattr(_PlantedWorld, "victim", "B")
+    monkeypatch.setattr(_PlantedWorld, "on", slice(3, 5))  # held on n4, n5: B has n3 alone
+    monkeypatch.setattr(_PlantedWorld, "refusals", refusals)
+    monkeypatch.setattr("tenure.verify.runner.World", _PlantedWorld)
+    scenario, config = _config("clock", "Redlock, fenced store (store safe, lock not)")
+    result = run_config(scenario, config, 2, tmp_path)
+    assert result.status == status, (result.status, result.why)
+    if status == "PASS":
+        assert result.figures["stale_rejected"] == 2, result.figures
+        return
+    assert result.error == (
+        "MissedWindow: B was refused the lock on n3, n4, n5 after node 3's clock jumped: "
+        f"A's write came after nobody's (in each of {SETUP_ATTEMPTS} attempts)"
+    )
+
+
+class _LoopActor(Actor):
+    """A worker whose free-running loop lasts ``seconds(asked)`` instead."""
+
+    seconds: Callable[[float], float] = staticmethod(lambda asked: asked)
+
+    def send(self, name: str, *args: Any) -> None:
+        if name == "loop":
+            args = (type(self).seconds(args[0]), *args[1:])
+        super().send(name, *args)
+
+
+class _IdleWorld(World):
+    """A world whose workers' loops last :attr:`_LoopActor.seconds`, and, if
+    ``held_until`` names a fault, find the lock held by a client the history knows
+    nothing of until that fault has been recorded."""
+
+    held_until: str | None = None
+
+    def __init__(self, directory: Path) -> None:
+        self._planted: list[Lease] = []
+        self._clients: list[Client] = []
+        super().__init__(directory)
+
+    def actor(self, proc: str, lock: LockRecipe, *, fenced: bool) -> Actor:
+        if self.held_until is not None and not self._clients:
+            client = Client(list(lock.urls), max_ttl=120.0, node_timeout=1.0)
+            self._clients.append(client)
+            self._planted.append(client.acquire(lock.name, 120.0, timeout=10.0))
+        actor = _LoopActor(self._spec(proc, lock, fenced))
+        self._actors.append(actor)
+        return actor
+
+    def fault(self, name: str, target: str, t_start: int, proof: str) -> None:
+        super().fault(name, target, t_start, proof)
+        if name == self.held_until:
+            for lease in self._planted:
+                lease.release()
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()
+        super().close()
+
+
+def test_a_script_flush_run_granted_nothing_while_flushing_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SCRIPT FLUSH row checked safety over the whole run, not that anything was
+    granted while the flushes went on: workers that got the lock only after the last
+    flush read PASS. ``grants_in_flushing`` is now a premise of the row."""
+    monkeypatch.setattr(_IdleWorld, "held_until", "SCRIPT FLUSH")
+    monkeypatch.setattr(_LoopActor, "seconds", staticmethod(lambda asked: asked + 2.0))
+    monkeypatch.setattr("tenure.verify.runner.World", _IdleWorld)
+    scenario, config = _config("eviction", "tenure under SCRIPT FLUSH")
+    result = run_config(scenario, config, 1, tmp_path)
+    assert result.status == "ERROR", (result.status, result.why)
+    assert result.error == (
+        "FaultNotObserved: grants while SCRIPT FLUSH ran: not observed "
+        "(last seen: grants_in_flushing = 0)"
+    )
+    assert result.figures["cycles"], "the workers were granted after the flushes"
+
+
+_FAULTS = "tenure, 5 nodes, faults"
+
+
+def test_a_slow_phase_nobody_asked_in_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """grants_in_slow = 0 held as well for workers that asked for nothing while every
+    node was slow: loops that stopped before the slow phase read PASS. The acquires
+    begun in the phase (attempts_in_slow) are now a premise of the row."""
+    # The slow phase begins 9 s in (half a phase, then four of 2 s each).
+    monkeypatch.setattr(_LoopActor, "seconds", staticmethod(lambda asked: 7.0))
+    monkeypatch.setattr("tenure.verify.runner.World", _IdleWorld)
+    scenario, config = _config("network", _FAULTS)
+    result = run_config(scenario, config, 1, tmp_path)
+    assert result.status == "ERROR", (result.status, result.why)
+    assert result.error == (
+        "FaultNotObserved: acquires begun while every node was slow: not observed "
+        "(last seen: attempts_in_slow = 0)"
+    )
+
+
+def test_a_delay_that_did_not_slow_the_nodes_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delay's proof was a fixed sentence ("every round trip slower than the 1 s
+    TTL") written whatever the proxies did. It is now a PING timed through a delayed
+    proxy; a proxy that did not delay is an ERROR naming the round trip it measured."""
+    monkeypatch.setattr(Proxy, "delay", lambda self, seconds: None)
+    scenario, config = _config("network", _FAULTS)
+    result = run_config(scenario, config, 1, tmp_path)
+    assert result.status == "ERROR", (result.status, result.why)
+    assert result.error is not None
+    assert result.error.startswith(
+        "FaultNotObserved: a round trip through n1 slower than the 1 s TTL: not observed "
+        "(last seen: 0."
+    ), result.error
+    assert not [f for f in result.verdict.faults if f.name == "delay 1.5s"]
 
 
 class _LatePauseWorld(World):

@@ -14,9 +14,13 @@ from tenure.verify.scenarios import (
     SETUP_ATTEMPTS,
     ChoreographyError,
     MissedWindow,
+    at_least,
     memory_pressure,
+    premise,
     require_grant,
     retried,
+    unobserved,
+    zero,
 )
 from tenure.verify.world import World
 
@@ -113,3 +117,24 @@ def test_evidence_read_once_is_returned_or_not_observed() -> None:
     assert info.value.what == "keys evicted"
     assert info.value.last == "0"
     assert isinstance(info.value, TimeoutError)
+
+
+def test_a_premise_unmet_is_the_error_of_the_run_naming_what_was_not_seen() -> None:
+    """A count of zero under a fault (grants_in_slow = 0) holds as well when nobody
+    asked for the lock while it lasted: the figure that shows someone did is a premise,
+    and a run without it tested nothing."""
+    expect = [
+        *zero("C1"),
+        at_least("stale_rejected", 1),  # a FAIL if unmet, not a premise
+        premise("attempts_in_slow", 1, "acquires begun while every node was slow"),
+    ]
+    missing = unobserved(expect, {"C1": 0, "stale_rejected": 0, "attempts_in_slow": 0})
+    assert isinstance(missing, FaultNotObserved)
+    assert str(missing) == (
+        "acquires begun while every node was slow: not observed (last seen: attempts_in_slow = 0)"
+    )
+    # Not measured at all (the window never opened) is not seen either.
+    assert unobserved(expect, {"C1": 0}) is not None
+    assert unobserved(expect, {"C1": 1, "stale_rejected": 0, "attempts_in_slow": 3}) is None
+    assert expect[2].label == "attempts_in_slow >= 1"
+    assert not expect[2].broken({"attempts_in_slow": 0})  # a premise is no limit

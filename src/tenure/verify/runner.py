@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .checker import Verdict, check
-from .history import Grant, History, Refused, read_history
-from .scenarios import SCENARIOS, Config, Scenario, at_least
+from .history import Grant, History, Refused, Request, read_history
+from .scenarios import SCENARIOS, Config, Scenario, at_least, unobserved
 from .timeline import render_html
 from .world import World
 
@@ -160,6 +160,8 @@ def run_config(scenario: Scenario, config: Config, cycles: int, root: Path) -> R
     history = read_history(sorted((directory / "history").glob("*.jsonl")))
     verdict = check(history)
     figures = _figures(verdict, stats, history)
+    if error is None and (missing := unobserved(config.expect, figures)) is not None:
+        error = f"{type(missing).__name__}: {missing}"
     # A run in which nobody ever held the lock proves nothing, whatever else it shows.
     expect = [at_least("cycles", 1), *config.expect]
     failures = tuple(e.label for e in expect if not e.holds(figures))
@@ -195,6 +197,7 @@ def _figures(
     )
     grants = history.of_type(Grant)
     refusals = history.of_type(Refused)
+    requests = history.of_type(Request)
     # A lease handed out already expired would be a lie the checker cannot see (its
     # interval is empty); count them on their own.
     figures["nonpositive_validity"] = sum(1 for g in grants if g.valid_until <= g.t)
@@ -211,6 +214,11 @@ def _figures(
             )
             key_u = f"unreachable_in_{name}"
             figures[key_u] = int(figures.get(key_u) or 0) + unreachable
+            # Acquires begun inside the window, answered or not: none means the fault
+            # met no request, and its grants_in_ = 0 would say nothing.
+            asked = sum(1 for q in requests if start <= q.t <= end)
+            key_a = f"attempts_in_{name}"
+            figures[key_a] = int(figures.get(key_a) or 0) + asked
         elif not key.startswith("window_end:"):
             figures[key] = value
     return figures

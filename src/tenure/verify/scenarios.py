@@ -14,6 +14,7 @@ more, and a pause lasts past the lease by a clear margin.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import redis
 from ..testing.local import Persistence
 from .actors import Actor
 from .locks import LockRecipe
-from .proof import observed
+from .proof import FaultNotObserved, observed
 from .proxy import Proxy
 from .world import World
 
@@ -44,11 +45,16 @@ class Expect:
     run saw breaks a limit however early the run stopped; an expectation of something
     to show (``> 0``, ``>=``) may just not have been reached by a run that could not be
     carried out.
+
+    ``premise``: for a figure that shows the fault was tested at all (the workers asked
+    for the lock while it lasted), what it shows. Unmet, the run tested nothing: it is
+    an ERROR (:func:`unobserved`), not a FAIL of the mitigation, and never a PASS.
     """
 
     label: str
     holds: Callable[[dict[str, float | int | None]], bool]
     bound: str | None = None
+    premise: tuple[str, str] | None = None
 
     def broken(self, figures: dict[str, float | int | None]) -> bool:
         """Whether the figures measured break this limit (never for an expectation of
@@ -82,6 +88,23 @@ def at_most(stat: str, n: float) -> Expect:
         lambda f: f.get(stat) is not None and (f.get(stat) or 0) <= n,
         bound=stat,
     )
+
+
+def premise(stat: str, n: float, what: str) -> Expect:
+    """A premise: ``stat >= n``, or the run is an ERROR saying ``what`` was not seen."""
+    return Expect(f"{stat} >= {n:g}", lambda f: (f.get(stat) or 0) >= n, premise=(stat, what))
+
+
+def unobserved(
+    expect: Sequence[Expect], figures: dict[str, float | int | None]
+) -> FaultNotObserved | None:
+    """The first premise the figures do not meet, as the error of the run (a run whose
+    fault met no request tested nothing, whatever its safety checks say)."""
+    for e in expect:
+        if e.premise is not None and not e.holds(figures):
+            stat, what = e.premise
+            return FaultNotObserved(what, None, f"{stat} = {figures.get(stat) or 0}")
+    return None
 
 
 SAFE = ("C1", "C3", "C4", "C5")
@@ -216,9 +239,14 @@ def wait_until(deadline_ns: int) -> None:
 
 def split_around_node3(
     world: World, proxies: Sequence[Proxy], a: Actor, b: Actor, fault: Callable[[], None]
-) -> None:
+) -> bool:
     """Five nodes: A wins {1,2,3} while 4 and 5 are cut off, ``fault`` strikes node 3, and
     B tries {3,4,5} while 1 and 2 are cut off; then A, who still believes, writes.
+
+    Returns:
+        Whether B was granted the lock on {3,4,5}: where the fault is one that must let
+        B in (a clock jump), a cycle in which B lost made no late write for the store
+        to judge.
 
     Raises:
         ChoreographyError: A was refused: the fault would strike while nobody held the
@@ -239,11 +267,13 @@ def split_around_node3(
     world.heal(cut)
     fault()
     cut = world.cut(proxies[:2])
-    if b.call("acquire", 0.3) == "granted":
+    b_won: bool = b.call("acquire", 0.3) == "granted"
+    if b_won:
         use_and_release(b)
     world.heal(cut)
     a.call("write")
     a.call("release")
+    return b_won
 
 
 # --- 1. failover --------------------------------------------------------------------------
@@ -507,8 +537,22 @@ def clock_jump(fenced: bool) -> Callable[[World, int], Stats]:
         b = world.actor("B", lock, fenced=fenced)
         a.call("acquire", 2.0)
         a.call("release")
+
+        def cycle() -> None:
+            # Node 3's jump expires A's key there, so B wins {3,4,5} and A's write comes
+            # after B's: the race both rows are about. B has 0.3 s for it, which a loaded
+            # machine can run out (the jump itself is proven by TIME): a cycle in which
+            # B lost has no late write and no overlap, so it is set up again.
+            if not split_around_node3(
+                world, proxies, a, b, lambda: world.jump_clock(nodes[2], 10.0)
+            ):
+                raise MissedWindow(
+                    "B was refused the lock on n3, n4, n5 after node 3's clock jumped: "
+                    "A's write came after nobody's"
+                )
+
         for _ in range(cycles):
-            split_around_node3(world, proxies, a, b, lambda: world.jump_clock(nodes[2], 10.0))
+            retried(world, cycle)
         return {}
 
     return run
@@ -562,6 +606,31 @@ def slow_reply(kind: str) -> Callable[[World, int], Stats]:
     return run
 
 
+def slow_round_trip(probe: redis.Redis, through: str, ttl: float) -> str:
+    """The proof of a delay longer than the TTL: a PING through a delayed proxy, on a
+    client connected before the delay (so it times the delay, not a handshake), had no
+    reply within ``ttl`` (its socket timeout).
+
+    Raises:
+        FaultNotObserved: the reply came sooner; the slow phase would test nothing.
+    """
+    sent = time.monotonic()
+    try:
+        probe.ping()
+    except redis.TimeoutError:
+        return f"a PING through {through} had no reply within {ttl:g} s"
+    finally:
+        # A connection that timed out has a late reply on its way: drop it.
+        probe.connection_pool.disconnect()
+    took = time.monotonic() - sent
+    observed(
+        took,
+        lambda s: s >= ttl,
+        f"a round trip through {through} slower than the {ttl:g} s TTL",
+    )
+    return f"a PING through {through} took {took * 1000:.0f} ms"
+
+
 def partitions(world: World, cycles: int) -> Stats:
     """Free-running workers on five nodes while the network misbehaves."""
     nodes = [world.node(f"n{i}") for i in range(1, 6)]
@@ -569,7 +638,8 @@ def partitions(world: World, cycles: int) -> Stats:
     # Every reply crosses a proxy of this process; on a loaded machine 50 ms through them
     # is tighter than what this run tests (liveness with a minority cut off, safety in
     # every phase), so the nodes get 200 ms, well inside the 1 s TTL.
-    lock = tenure([p.url for p in proxies], 1.0, node_timeout=0.2)
+    ttl = 1.0
+    lock = tenure([p.url for p in proxies], ttl, node_timeout=0.2)
     workers = [world.actor(f"W{i}", lock, fenced=True) for i in range(1, 4)]
     # Each fault lasts this long: enough for the workers to see it and, in the minority
     # cut, to be granted even on a loaded machine (one window in a quick run).
@@ -580,44 +650,62 @@ def partitions(world: World, cycles: int) -> Stats:
         w.send("loop", seconds, 0.5, 0.01)
     spans: Stats = {}
 
-    def hold(name: str, r: int) -> None:
-        """Let the fault just started last one phase; note when (for grants_in_<name>)."""
+    def hold(name: str, r: int, during: Callable[[], str] | None = None) -> str:
+        """Let the fault just started last one phase; note when (for grants_in_<name>).
+        ``during``: reads the fault's evidence inside the phase; its text is returned."""
         start = time.monotonic_ns()
-        time.sleep(phase)
+        evidence = "" if during is None else during()
+        wait_until(start + int(phase * 1e9))
         spans[f"window:{name}#{r}"] = start
         spans[f"window_end:{name}#{r}"] = time.monotonic_ns()
+        return evidence
 
-    for r in range(rounds):
-        time.sleep(phase / 2)
-        cut = world.cut(proxies[:2])
-        hold("minority_cut", r)
-        world.heal(cut, "minority cut")
-        cut = world.cut(proxies[:3])
-        hold("majority_cut", r)
-        world.heal(cut, "majority cut")
-        t, dropped = time.monotonic_ns(), sum(p.stats.bytes_dropped for p in proxies[3:])
-        for p in proxies[3:]:
-            p.drop_replies()
-        hold("dropped_replies", r)
-        for p in proxies[3:]:
-            p.heal()
-        dropped = sum(p.stats.bytes_dropped for p in proxies[3:]) - dropped
-        world.fault("drop replies", "n4,n5", t, f"{dropped} reply bytes dropped by the proxies")
-        t, resets = time.monotonic_ns(), sum(p.stats.resets for p in proxies[:2])
-        for p in proxies[:2]:
-            p.reset()
-        hold("resets", r)
-        for p in proxies[:2]:
-            p.heal()
-        resets = sum(p.stats.resets for p in proxies[:2]) - resets
-        world.fault("reset", "n1,n2", t, f"{resets} connections reset by the proxies")
-        t = time.monotonic_ns()
-        for p in proxies:
-            p.delay(1.5)
-        hold("slow", r)
-        for p in proxies:
-            p.heal()
-        world.fault("delay 1.5s", "n1..n5", t, "every round trip slower than the 1 s TTL")
+    probe = redis.Redis.from_url(proxies[0].url, socket_timeout=ttl)
+    try:
+        for r in range(rounds):
+            time.sleep(phase / 2)
+            cut = world.cut(proxies[:2])
+            hold("minority_cut", r)
+            world.heal(cut, "minority cut")
+            cut = world.cut(proxies[:3])
+            hold("majority_cut", r)
+            world.heal(cut, "majority cut")
+            t, dropped = time.monotonic_ns(), sum(p.stats.bytes_dropped for p in proxies[3:])
+            for p in proxies[3:]:
+                p.drop_replies()
+            hold("dropped_replies", r)
+            for p in proxies[3:]:
+                p.heal()
+            dropped = sum(p.stats.bytes_dropped for p in proxies[3:]) - dropped
+            world.fault("drop replies", "n4,n5", t, f"{dropped} reply bytes dropped by the proxies")
+            t, resets = time.monotonic_ns(), sum(p.stats.resets for p in proxies[:2])
+            for p in proxies[:2]:
+                p.reset()
+            hold("resets", r)
+            for p in proxies[:2]:
+                p.heal()
+            resets = sum(p.stats.resets for p in proxies[:2]) - resets
+            world.fault("reset", "n1,n2", t, f"{resets} connections reset by the proxies")
+            probe.connection_pool.disconnect()  # the resets may have closed it
+            probe.ping()  # connected before the delay
+            t = time.monotonic_ns()
+            for p in proxies:
+                p.delay(1.5)
+            try:
+                proof = hold("slow", r, lambda: slow_round_trip(probe, proxies[0].name, ttl))
+            finally:
+                for p in proxies:
+                    p.heal()
+            world.fault("delay 1.5s", "n1..n5", t, proof)
+    except Exception:
+        # The run broke off: let the workers finish before the register is read, or
+        # their writes still to come would count as lost updates (C5).
+        for w in workers:
+            with contextlib.suppress(Exception):
+                w.result(seconds + 60)
+        raise
+    finally:
+        probe.close()
     for w in workers:
         w.result(seconds + 60)
     return spans
@@ -791,6 +879,7 @@ def script_flush(world: World, cycles: int) -> Stats:
                 r.script_flush()
                 flushes += 1
             time.sleep(0.02)
+        end = time.monotonic_ns()
         cached = sum(int(r.info("memory").get("number_of_cached_scripts", 0)) for r in clients)
     finally:
         for r in clients:
@@ -800,7 +889,9 @@ def script_flush(world: World, cycles: int) -> Stats:
     )
     for w in workers:
         w.result(seconds + 60)
-    return {"flushes": flushes}
+    # grants_in_flushing: the grants asked for and made while the caches were flushed,
+    # which the row requires (a run whose workers got nothing then tested nothing).
+    return {"flushes": flushes, "window:flushing#0": t, "window_end:flushing#0": end}
 
 
 # --- the catalogue ------------------------------------------------------------------------
@@ -964,6 +1055,8 @@ SCENARIOS: tuple[Scenario, ...] = (
                     at_most("longest_unavailable_ms", 10_000),
                     at_most("grants_in_majority_cut", 0),
                     at_most("grants_in_slow", 0),
+                    # ... which says something only if the workers asked while slow.
+                    premise("attempts_in_slow", 1, "acquires begun while every node was slow"),
                 ],
                 "a minority cut stays live, a majority cut refuses, late replies grant nothing",
             ),
@@ -1072,7 +1165,7 @@ SCENARIOS: tuple[Scenario, ...] = (
                 "tenure under SCRIPT FLUSH",
                 True,
                 script_flush,
-                zero(*SAFE),
+                [*zero(*SAFE), premise("grants_in_flushing", 1, "grants while SCRIPT FLUSH ran")],
                 "EVAL carries the script; a flushed cache costs nothing",
             ),
         ),
