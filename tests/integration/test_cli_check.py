@@ -40,6 +40,7 @@ from tenure.cli.node_rules import (
     check_min_replicas,
     check_persistence,
     check_role,
+    check_sentinels,
     check_server,
     check_slots,
     check_uptime,
@@ -402,6 +403,24 @@ def test_evaluate_and_exit_codes() -> None:
     assert exit_code([*ok, down], with_down) == EXIT_UNSAFE
     lonely = [ok[0], down, NodeFacts(node="y", error="unreachable")]
     assert exit_code(lonely, evaluate(lonely)) == EXIT_UNAVAILABLE
+
+
+def test_sentinels_out_of_date_are_a_warning_of_the_listed_node() -> None:
+    """A Sentinel naming a master the clients cannot use, while another names one they
+    can, is a WARN row of the node as listed, after its master's rows: the clients work,
+    on one Sentinel fewer."""
+    said = ("Sentinel 10.0.0.1:26379 is out of date: it names 10.0.0.9:6379 ...",)
+    master = _facts(node="s (master m)")
+    master.listed, master.kind, master.out_of_date = "s", "sentinel", said
+    findings = evaluate([master])
+    assert findings[-1] == Finding("s", "sentinels", Level.WARN, said[0])
+    assert [f.check for f in findings].count("sentinels") == 1
+    assert check_sentinels(_facts(node="plain")) == []
+    down = NodeFacts(node="s (master m)", error="unreachable", listed="s", out_of_date=said)
+    assert [(f.check, f.level) for f in evaluate([down])] == [
+        ("reachable", Level.UNSAFE),
+        ("sentinels", Level.WARN),
+    ]
 
 
 @pytest.mark.parametrize(

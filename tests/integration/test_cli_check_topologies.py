@@ -5,7 +5,8 @@ Cluster node, given as the clients are given them (``redis+sentinel://``,
 One ``LocalSentinelSet`` (a master, a replica, three Sentinels) and one
 ``LocalRedisCluster`` (three masters, a replica each) serve the whole module: they are
 expensive to start, so the tests run on one xdist worker (``xdist_group``) and inject no
-fault; each test's ACL users and settings are undone by the test.
+fault; each test's ACL users and settings are undone by the test. Sentinels that disagree
+get a ``LocalSentinelSet`` of their own (``disagreeing``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import io
 import itertools
 import json
 import re
+import socket
 import time
 from collections.abc import Iterator
 
@@ -414,3 +416,69 @@ def test_tenure_redis_keeps_the_hosts_of_a_sentinel_or_cluster_url_together(
     assert code == 0, lines
     assert lines[0].startswith(f"{sentinels.url} (master "), lines
     assert lines[1].startswith(f"{redis_cluster.url} (slot "), lines
+
+
+@pytest.fixture
+def disagreeing() -> Iterator[tuple[LocalSentinelSet, LocalNode, list[tuple[str, str]]]]:
+    """A deployment of its own whose Sentinels disagree: the first listed names the
+    replica as master, the second a server that is gone, the third the master. Yields
+    it, its master, and each out-of-date Sentinel with the server it names."""
+    with LocalSentinelSet() as s:
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            gone = free.getsockname()[1]
+        master, [replica] = s.master(), s.replicas()
+        stale = {s.sentinels[0]: replica.port, s.sentinels[1]: gone}
+        for sentinel, port in stale.items():
+            with sentinel.client() as c:
+                # Its own view, which the others never overrule (no failover happened).
+                c.execute_command("SENTINEL", "REMOVE", s.service)
+                c.execute_command("SENTINEL", "MONITOR", s.service, "127.0.0.1", port, 3)
+        yield s, master, [(_where(k), f"127.0.0.1:{v}") for k, v in stale.items()]
+
+
+def test_check_on_sentinels_that_disagree_reads_the_master_the_clients_use(
+    disagreeing: tuple[LocalSentinelSet, LocalNode, list[tuple[str, str]]],
+) -> None:
+    """The check stopped at the first Sentinel that answered: it read the replica that
+    Sentinel named as the node's master (or, first listed, the server that is gone: the
+    node unreachable), while the clients ask such a Sentinel last and lock on the master
+    the others name. It now reads that master, and says, WARN, which Sentinel is out of
+    date and what it named."""
+    s, master, stale_ones = disagreeing
+    code, findings = _check(s.url)
+    rows = _rows(findings, f"{s.url} (master {_where(master)})")
+    assert rows["role"]["level"] == "WARN", findings  # a master with a replica
+    assert "master of the Sentinel-managed node" in rows["role"]["detail"]
+    stale = [f for f in findings if f["check"] == "sentinels"]
+    assert [f["level"] for f in stale] == ["WARN", "WARN"], findings
+    assert all(f["node"] == s.url for f in stale), stale
+    for (sentinel, named), finding in zip(stale_ones, stale, strict=True):
+        assert f"Sentinel {sentinel} is out of date" in finding["detail"], finding
+        assert named in finding["detail"], finding
+        assert _where(master) in finding["detail"], finding
+    assert "is a slave" in stale[0]["detail"], stale
+    assert code == 1
+
+
+def test_status_on_sentinels_that_disagree_reads_the_master_the_clients_use(
+    disagreeing: tuple[LocalSentinelSet, LocalNode, list[tuple[str, str]]],
+) -> None:
+    """``tenure status`` said the node was unreachable (the first Sentinel's master is a
+    replica) and exited 69, while the clients held the lock on the master the other
+    Sentinels name. It now reads that master, and warns of the out-of-date Sentinels."""
+    s, master, stale_ones = disagreeing
+    key = "cli-status-disagree"
+    with tenure.Client([s.url], connect_timeout=1.0) as client:
+        lease = client.acquire(key, ttl=60.0, timeout=10.0)
+        code, lines = _status(key, s.url)
+        lease.release()
+    assert code == 0, lines
+    assert lines[0].startswith(f"{s.url} (master {_where(master)})  held "), lines
+    assert f"token={lease.token[:8]}" in lines[0].split()
+    warnings = lines[1:]
+    assert len(warnings) == 2, lines
+    for (sentinel, named), line in zip(stale_ones, warnings, strict=True):
+        assert line.startswith(f"tenure status: warning: {s.url}: Sentinel {sentinel} "), line
+        assert "is out of date" in line, line
+        assert named in line, line

@@ -12,6 +12,7 @@ from tenure._core.diagnosis import Diagnosis, error_reply
 from tenure._core.quorum import Failure
 from tenure._core.sentinel import (
     SentinelBook,
+    Survey,
     ask_timeout,
     auth_refused,
     demoted,
@@ -220,3 +221,24 @@ def test_the_server_a_sentinel_names_keeps_the_node_s_settings() -> None:
     assert (server.host, server.port, server.db) == ("10.0.0.7", 6380, 3)
     assert server.url == "rediss://app:pw@10.0.0.7:6380/3?ssl_cert_reqs=none"
     assert parse_node_url("redis://h:1", "nodes").server_at("x", 2).url == "redis://h:1"
+
+
+def test_a_survey_asks_again_until_a_usable_master_and_names_the_sentinels_out_of_date() -> None:
+    """``tenure check`` and ``tenure status`` ask the Sentinels as the clients' successive
+    connections do: again while the master named cannot be used, each Sentinel at most
+    once, then name the ones that were out of date."""
+    s1, s2, s3 = ("10.0.0.1", 26379), ("10.0.0.2", 26379), ("10.0.0.3", 26379)
+    replica, gone, master = ("10.0.1.2", 6379), ("10.0.1.9", 6379), ("10.0.1.1", 6379)
+    survey = Survey("locks")
+    assert survey.unusable(s1, replica, "is a slave")
+    assert survey.unusable(s2, gone, "failed: Connection refused")
+    assert not survey.unusable(s1, replica, "is a slave")  # heard every Sentinel: stop
+    first, second = survey.out_of_date(master, s3)
+    assert first.startswith("Sentinel 10.0.0.1:26379 is out of date: it names 10.0.1.2:6379")
+    assert "is a slave" in first
+    assert "10.0.1.1:6379, named by Sentinel 10.0.0.3:26379" in first
+    assert second.startswith("Sentinel 10.0.0.2:26379 is out of date: it names 10.0.1.9:6379")
+    assert "failed: Connection refused" in second
+    # No Sentinel answered (the master named last): nobody to ask again.
+    assert not Survey("locks").unusable(None, master, "failed: timeout")
+    assert Survey("locks").out_of_date(master, s1) == []

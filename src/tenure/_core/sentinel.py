@@ -21,6 +21,7 @@ from .quorum import Failure
 
 __all__ = [
     "SentinelBook",
+    "Survey",
     "ask_timeout",
     "auth_refused",
     "demoted",
@@ -97,6 +98,51 @@ class SentinelBook:
         the one named last (still checked with ``ROLE``): a Sentinel outage alone does
         not take a healthy master out of the lock."""
         return found if found is not None else self.master
+
+
+class Survey:
+    """A command's look at one node's Sentinels (``tenure check``, ``tenure status``):
+    the master the clients would use, and the Sentinels whose view is out of date.
+
+    A client finds that master over several connections: each asks the Sentinels in
+    the book's order and, when the master named cannot be used (a failed connection, or
+    ``ROLE`` says it is not a master), asks that Sentinel last from then on
+    (``SentinelBook.misled``), so the next connection hears the others. A command has
+    one go, so it does the same at once: it asks, checks the master named, and asks
+    again while the master cannot be used, until one can, or every Sentinel that
+    answered has named one that cannot (then it reports the first, as before: a
+    failover under way, or every Sentinel out of date). A Sentinel that named an
+    unusable master while another named a usable one is out of date: the clients work,
+    but hear one Sentinel fewer, and it says so (``out_of_date``).
+    """
+
+    __slots__ = ("_misled", "service")
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self._misled: list[tuple[Address, Address, str]] = []
+
+    def unusable(self, by: Address | None, named: Address, why: str) -> bool:
+        """``by`` named ``named``, which cannot be used (``why``: "is a slave", "failed:
+        connection refused"); whether to ask again. Not when no Sentinel answered (``by``
+        None: the master named last), nor when ``by`` misled already: every Sentinel
+        that answers has been heard."""
+        if by is None or any(sentinel == by for sentinel, _, _ in self._misled):
+            return False
+        self._misled.append((by, named, why))
+        return True
+
+    def out_of_date(self, master: Address, by: Address | None) -> list[str]:
+        """Each Sentinel that named an unusable master, now that ``by`` named ``master``,
+        which is one: what it named and why that cannot be used, in the clients' terms."""
+        named_by = f"Sentinel {_where(by)}" if by is not None else "the Sentinels last"
+        return [
+            f"Sentinel {_where(sentinel)} is out of date: it names {_where(named)} master of "
+            f"service {self.service!r}, which {why}; the clients ask it last and use "
+            f"{_where(master)}, named by {named_by} (check that Sentinel's view: SENTINEL "
+            f"MASTER {self.service} on it)"
+            for sentinel, named, why in self._misled
+        ]
 
 
 def ask_timeout(connect_timeout: float, sentinels: int) -> float:

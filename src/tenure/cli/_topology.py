@@ -2,7 +2,9 @@
 ``tenure check`` and ``tenure status``.
 
 Both commands read servers one by one; a ``redis+sentinel://`` node is the master its
-Sentinels name now (asked as the clients ask them: ``_driver.sentinel.Locator``), and a
+Sentinels name now (asked as the clients ask them: ``_driver.sentinel.Locator``, and
+asked again, with the Sentinel that named it last, while the master named cannot be used,
+as the clients' next connection would: ``_core.sentinel.Survey``), and a
 ``redis+cluster://`` node is every server of its slot map (``CLUSTER SLOTS`` from the
 seeds in turn, parsed by ``_core.slots.SlotMap`` as the clients parse it). Each server is
 then a plain node with the listed node's credentials, TLS and query settings.
@@ -11,7 +13,7 @@ then a plain node with the listed node's credentials, TLS and query settings.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -19,8 +21,8 @@ import redis
 from .._core.config import NodeAddress, host_port
 from .._core.diagnosis import Diagnosis, no_slot_map, not_a_cluster
 from .._core.quorum import Failure
+from .._core.sentinel import Survey, role_of
 from .._core.sentinel import not_a_master as sentinel_not_a_master
-from .._core.sentinel import role_of
 from .._core.slots import SlotMap, map_sources
 from .._driver import acl as _acl
 from .._driver.redis_compat import connection_kwargs, diagnose, reply_text
@@ -34,15 +36,22 @@ class Resolved:
     """A server a listed node stands for now: ``address`` (a plain node with the listed
     node's settings) and ``where``, its ``host:port``; for a Sentinel-managed node, the
     Sentinel that named it (``named_by``; None: the master named last, no Sentinel
-    answering now)."""
+    answering now), whether it answered ``ROLE`` as a master (``usable``), and what
+    each Sentinel that named an unusable master said (``out_of_date``: worded)."""
 
     address: NodeAddress
     where: str
     named_by: tuple[str, int] | None = None
+    usable: bool = False
+    out_of_date: tuple[str, ...] = ()
 
 
 def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
-    """The master the Sentinels of ``address`` name now, each Sentinel given ``timeout``.
+    """The master the clients of ``address`` would use now, each Sentinel and the
+    master's ``ROLE`` given ``timeout``: the first master named that answers ``ROLE`` as
+    a master, the Sentinels being asked as a client's connections ask them, one naming a
+    master that cannot be used asked last (``Survey``). When none can be used, the
+    first named (``usable`` False).
 
     Raises:
         LookupError: no Sentinel named a master: the service and what each Sentinel said
@@ -53,16 +62,45 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
     settings = redis.ConnectionPool.from_url(address.redis_url).connection_kwargs
     # The clients give each Sentinel a share of connect_timeout; here each gets `timeout`.
     locator = Locator(address, settings, timeout * (len(spec.sentinels) + 1), asyncio=False)
+    survey = Survey(spec.service)
+    first: Resolved | None = None
+    failed: dict[tuple[str, int], str] = {}  # each master found unusable, and why
+    while True:
+        try:
+            found = locator.locate()
+        except redis.RedisError as exc:
+            if first is not None:  # the Sentinels changed their minds meanwhile
+                return first
+            text = str(exc)
+            if _acl.denial(text) == "command":
+                user = settings.get("username") or "default"
+                rules = " ".join(f"+{n.name.lower()}" for n in _acl.sentinel_needs(spec.service))
+                text += f". Fix (on each Sentinel): ACL SETUSER {user} {rules}"
+            raise LookupError(text) from None
+        master = Resolved(address.server_at(*found.master), host_port(*found.master), found.by)
+        first = first or master
+        why = failed.get(found.master) or _unusable(master, timeout)
+        if why is None:
+            return replace(
+                master, usable=True, out_of_date=tuple(survey.out_of_date(found.master, found.by))
+            )
+        failed[found.master] = why
+        if not survey.unusable(found.by, found.master, why):
+            return first
+        locator.unusable(found, redis.ConnectionError(why))
+
+
+def _unusable(master: Resolved, timeout: float) -> str | None:
+    """Why the clients could not use ``master`` (it says it is not a master, or does not
+    answer ``ROLE``), as "which ..." continues it; None when they could."""
+    options = connection_kwargs(timeout, asyncio=False, unix=False)
+    options["socket_timeout"] = timeout
     try:
-        master, by, _ = locator.locate()
+        with redis.Redis.from_url(master.address.url, **options) as client:
+            role = role_of(client.execute_command("ROLE"))
     except redis.RedisError as exc:
-        text = str(exc)
-        if _acl.denial(text) == "command":
-            user = settings.get("username") or "default"
-            rules = " ".join(f"+{n.name.lower()}" for n in _acl.sentinel_needs(spec.service))
-            text += f". Fix (on each Sentinel): ACL SETUSER {user} {rules}"
-        raise LookupError(text) from None
-    return Resolved(address.server_at(*master), host_port(*master), by)
+        return f"failed: {diagnose(exc).detail.rstrip('.')}"
+    return None if role == "master" else f"is a {role}"
 
 
 def not_a_master(address: NodeAddress, master: Resolved, timeout: float) -> str | None:

@@ -558,9 +558,12 @@ def _waits(address: NodeAddress) -> int:
     """How many connections and replies, each within the node timeout, reading a listed
     node waits for one after another at most (its servers are read side by side)."""
     if address.sentinel is not None:
-        # Each Sentinel asked (twice, without credentials after refusing them: connect,
-        # reply), then the master, then its replicas.
-        return 4 * len(address.sentinel.sentinels) + 2 * _GATHER_WAITS
+        # The Sentinels asked in turn (each twice, without credentials after refusing
+        # them: connect, reply), then the master's ROLE (connect, reply), as many times as
+        # there are Sentinels when each names a master that cannot be used; then the
+        # master, then its replicas.
+        n = len(address.sentinel.sentinels)
+        return n * (4 * n + 2) + 2 * _GATHER_WAITS
     if address.seeds:
         # The slot map from each seed in turn, then the masters, then the replicas.
         return 2 * len(map_sources(address.seeds, None)) + 2 * _GATHER_WAITS
@@ -597,6 +600,7 @@ def _gather_node(
             kind="sentinel",
             listed=shown,
         )
+        facts.out_of_date = master.out_of_date
         replicas = _replicas_of(facts)
         return [facts, *_each(address, replicas, timeout, acl_user, prefix, "sentinel")], None
     if address.seeds:

@@ -84,6 +84,12 @@ The checks
     ``COMMAND INFO`` on 6.2, or, where the user may not use those, by running
     each command harmlessly. Anything refused: UNSAFE, naming it, with the ``ACL SETUSER``
     line that grants it; only ``WAIT`` refused: WARN (sent only with ``wait_replicas``).
+``sentinels``
+    A Sentinel-managed node whose Sentinels disagree: one names a master the clients
+    cannot use (``ROLE`` says it is a replica, or it does not answer) while another
+    names one they can: WARN, one row per out-of-date Sentinel, naming it, what it
+    names and the master the clients use (the one checked). The clients ask such a
+    Sentinel last, so they work, but with one Sentinel fewer than listed.
 ``reachable``
     Unreachable, or the login failed: UNSAFE, and nothing else is checked on that node.
     For a Sentinel-managed node, no master named by its Sentinels; for a Cluster node, no
@@ -126,6 +132,7 @@ __all__ = [
     "check_min_replicas",
     "check_persistence",
     "check_role",
+    "check_sentinels",
     "check_server",
     "check_slots",
     "check_uptime",
@@ -239,6 +246,9 @@ class NodeFacts:
         client_name: the name the clients' connections give themselves (the URL's
             ``?client_name=``), if any; a user who may not ``CLIENT SETNAME`` fails every
             connection.
+        out_of_date: on the master of a Sentinel-managed node, each of its Sentinels
+            that named a master the clients cannot use, worded
+            (``tenure._core.sentinel.Survey.out_of_date``).
     """
 
     node: str
@@ -261,6 +271,7 @@ class NodeFacts:
     login: UserLogin | None = None
     db: int = 0
     client_name: str | None = None
+    out_of_date: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -283,6 +294,7 @@ def evaluate(nodes: Sequence[NodeFacts], max_ttl: float = DEFAULT_MAX_TTL) -> li
     for facts, independent in zip(nodes, independence, strict=True):
         if facts.error is not None:
             findings.append(Finding(facts.node, "reachable", Level.UNSAFE, facts.error))
+            findings += check_sentinels(facts)
             continue
         findings += [check_server(facts), check_role(facts)]
         if facts.kind == "sentinel" and not facts.replica:
@@ -293,6 +305,7 @@ def evaluate(nodes: Sequence[NodeFacts], max_ttl: float = DEFAULT_MAX_TTL) -> li
         if independent is not None:
             findings.append(independent)
         findings += check_access(facts)
+        findings += check_sentinels(facts)
     return findings
 
 
@@ -307,6 +320,14 @@ def exit_code(nodes: Sequence[NodeFacts], findings: Iterable[Finding]) -> int:
         return EXIT_UNAVAILABLE
     worst = max((f.level.rank for f in findings), default=0)
     return {0: EXIT_OK, 1: EXIT_WARN, 2: EXIT_UNSAFE}[worst]
+
+
+def check_sentinels(facts: NodeFacts) -> list[Finding]:
+    """A row per Sentinel of the node out of date: WARN. The clients work (they ask it
+    last and use the master the others name), so nothing is unsafe; but the node has
+    one Sentinel fewer than listed to find its master, and an operator should know."""
+    node = facts.listed or facts.node
+    return [Finding(node, "sentinels", Level.WARN, detail) for detail in facts.out_of_date]
 
 
 def check_server(facts: NodeFacts) -> Finding:

@@ -4,10 +4,12 @@
 
 One line per node, read in one transaction (a consistent snapshot of that node), all
 nodes in parallel; exit 0 if a majority of the nodes answered, else 69 (EX_UNAVAILABLE,
-as ``tenure run``). A Sentinel-managed node is read on the master its Sentinels name now,
-a Cluster node on the master of the lock's slot, following its ``MOVED`` and ``ASK`` as
-the clients do; the line names that server. A slot being migrated whose keys cannot be
-read together (``TRYAGAIN``), or a cluster down (``CLUSTERDOWN``), is an unreachable node.
+as ``tenure run``). A Sentinel-managed node is read on the master its clients would use
+now, a Cluster node on the master of the lock's slot, following its ``MOVED`` and ``ASK``
+as the clients do; the line names that server. Sentinels out of date (naming a master the
+clients cannot use, while another names one they can) are warnings on stderr, after the
+lines. A slot being migrated whose keys cannot be read together (``TRYAGAIN``), or a
+cluster down (``CLUSTERDOWN``), is an unreachable node.
 """
 
 from __future__ import annotations
@@ -68,7 +70,11 @@ def status(
     granted for any lock: the next token it grants is above it; ``-``: the node is blank,
     never used or it lost its data), ``warm=<ms>`` (the warm-up left after a data loss, or ``-``),
     ``replid=<first 8 chars>`` (the replication ID the floor was written under, or
-    ``-``); or ``unreachable: <error>``.
+    ``-``); or ``unreachable: <error>``. The master of a Sentinel-managed node is the
+    one the clients would use: a Sentinel naming one that is not a master, or does not
+    answer, is asked last, as the clients ask it; each such Sentinel is then a line
+    ``tenure status: warning: <node>: Sentinel host:port is out of date: ...`` on
+    ``err``, after the nodes' lines.
 
     The node keys are read where the clients keep them: when any node is a whole Redis
     Cluster, per hash slot on every node (``<prefix>{T[s]}:floor``...), as a client
@@ -102,15 +108,19 @@ def status(
     lines = each(
         addresses,
         lambda a: _listed_status(a, keys, node_timeout, prefix),
-        lambda a, seconds: (a.display, False, late_text(seconds)),
+        lambda a, seconds: (a.display, False, late_text(seconds), ()),
         lambda a: budget(_waits(a), node_timeout),
     )
-    width = max(len(shown) for shown, _, _ in lines)
+    width = max(len(shown) for shown, _, _, _ in lines)
     answered = 0
-    for shown, ok, text in lines:
+    for shown, ok, text, _ in lines:
         answered += ok
         print(f"{shown:<{width}}  {text}", file=stdout)
     stdout.flush()
+    for address, (_, _, _, warnings) in zip(addresses, lines, strict=True):
+        for warning in warnings:
+            print(f"tenure status: warning: {address.display}: {warning}", file=stderr)
+    stderr.flush()
     needed = majority(len(addresses))
     if answered < needed:
         print(
@@ -127,9 +137,11 @@ def _waits(address: NodeAddress) -> int:
     """How many connections and replies, each within the node timeout, reading a listed
     node waits for one after another at most."""
     if address.sentinel is not None:
-        # Each Sentinel asked (twice, without credentials after refusing them), then the
-        # master's ROLE and its keys: two each (connect, reply).
-        return 4 * len(address.sentinel.sentinels) + 2 + 2
+        # The Sentinels asked in turn (each twice, without credentials after refusing
+        # them: connect, reply), then the master's ROLE (two), as many times as there are
+        # Sentinels when each names a master that cannot be used; then the keys (two).
+        n = len(address.sentinel.sentinels)
+        return n * (4 * n + 2) + 2
     if address.seeds:
         # The slot map from each seed in turn, then the keys on the master of the slot
         # and on each master a redirection names.
@@ -139,9 +151,9 @@ def _waits(address: NodeAddress) -> int:
 
 def _listed_status(
     address: NodeAddress, keys: LockKeys, timeout: float, prefix: str
-) -> tuple[str, bool, str]:
+) -> tuple[str, bool, str, Sequence[str]]:
     """The line of one listed node: its name (and the server it stands for now), whether
-    it answered, and what it said."""
+    it answered, what it said, and the warnings about it (Sentinels out of date)."""
     shown = address.display
     server = address
     try:
@@ -153,20 +165,21 @@ def _listed_status(
             slot = key_slot(keys.lock)
             owner = slot_map.owner(slot)
             if owner is None:
-                return shown, False, f"unreachable: {slot_unserved(slot).detail}"
-            return _slot_status(address, shown, slot, owner, keys, timeout, prefix)
+                return shown, False, f"unreachable: {slot_unserved(slot).detail}", ()
+            return (*_slot_status(address, shown, slot, owner, keys, timeout, prefix), ())
     except LookupError as exc:
-        return shown, False, f"unreachable: {exc}"
+        return shown, False, f"unreachable: {exc}", ()
+    warnings = master.out_of_date if address.sentinel is not None else ()
     try:
-        if address.sentinel is not None:
+        if address.sentinel is not None and not master.usable:
             # The clients lock on the server the Sentinels name only once it says it is
             # a master; a replica's copy of the keys is not what they would be granted on.
             stale = not_a_master(address, master, timeout)
             if stale is not None:
-                return shown, False, f"unreachable: {stale}"
-        return shown, True, _snapshot(server, keys, timeout, prefix, asking=False)
+                return shown, False, f"unreachable: {stale}", warnings
+        return shown, True, _snapshot(server, keys, timeout, prefix, asking=False), warnings
     except Exception as exc:  # anything the node did: that line says so, the rest go on
-        return shown, False, failure_line(exc, prefix)
+        return shown, False, failure_line(exc, prefix), warnings
 
 
 def _slot_status(
