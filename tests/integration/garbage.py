@@ -35,6 +35,7 @@ import socket
 import socketserver
 import threading
 from types import TracebackType
+from typing import TypeVar
 
 __all__ = ["DRIP", "SPEAKS", "GarbageServer", "SlowSubscribe"]
 
@@ -121,8 +122,35 @@ class _Answer(socketserver.BaseRequestHandler):
             pass  # the client hung up
 
 
-class GarbageServer:
+S = TypeVar("S", bound="_Serving")
+
+
+class _Serving:
+    """A server thread of a test: started on ``with``, stopped and joined at its end."""
+
+    _server: _Server | _Proxy
+    _thread: threading.Thread
+
+    def __enter__(self: S) -> S:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        et: type[BaseException] | None,
+        ev: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._server.stopping.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+class GarbageServer(_Serving):
     """A server on 127.0.0.1 answering ``speaks`` (one of ``SPEAKS``) to anything."""
+
+    _server: _Server
 
     def __init__(self, speaks: str, seed: int = 1) -> None:
         assert speaks in (*SPEAKS, "slow")
@@ -141,21 +169,6 @@ class GarbageServer:
     @property
     def accepted(self) -> int:
         return len(self._server.accepted)
-
-    def __enter__(self) -> GarbageServer:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        et: type[BaseException] | None,
-        ev: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._server.stopping.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
 
 
 class _Forward(socketserver.BaseRequestHandler):
@@ -210,7 +223,7 @@ class _Proxy(socketserver.ThreadingTCPServer):
     stopping: threading.Event
 
 
-class SlowSubscribe:
+class SlowSubscribe(_Serving):
     """A proxy on 127.0.0.1 to the node at ``host:port`` that sends its replies to
     SUBSCRIBE (and SSUBSCRIBE) a byte at a time; ``subscribed`` is set once one came."""
 
@@ -224,18 +237,3 @@ class SlowSubscribe:
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="slow-subscribe", daemon=True
         )
-
-    def __enter__(self) -> SlowSubscribe:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        et: type[BaseException] | None,
-        ev: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._server.stopping.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
