@@ -166,6 +166,16 @@ class GarbageServer(_Serving):
             target=self._server.serve_forever, name=f"garbage-{speaks}", daemon=True
         )
 
+    def as_node(self, kind: str) -> str:
+        """Its URL as a node of ``kind``: "plain", "sentinel" (it is the Sentinel of
+        service ``locks``) or "cluster" (it is the seed)."""
+        where = f"127.0.0.1:{self.port}"
+        return {
+            "plain": self.url,
+            "sentinel": f"redis+sentinel://{where}/locks",
+            "cluster": f"redis+cluster://{where}",
+        }[kind]
+
     @property
     def accepted(self) -> int:
         return len(self._server.accepted)

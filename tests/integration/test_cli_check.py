@@ -1120,12 +1120,7 @@ def test_a_node_that_never_ends_its_answer_is_given_up(kind: str) -> None:
     # check` reading it for ever, whatever --node-timeout said. (Alone: the module's
     # nodes are kept young for the uptime checks.)
     with GarbageServer("slow") as slow:
-        where = f"127.0.0.1:{slow.port}"
-        url = {
-            "plain": slow.url,
-            "sentinel": f"redis+sentinel://{where}/locks",
-            "cluster": f"redis+cluster://{where}",
-        }[kind]
+        url = slow.as_node(kind)
         code, findings, err = _check_process(url, options=("--node-timeout", "0.1"))
     assert code == EXIT_UNAVAILABLE, err
     [row] = findings

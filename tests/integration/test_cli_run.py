@@ -784,12 +784,7 @@ def test_status_gives_up_on_a_node_that_never_ends_its_answer(
     # server sending one byte at a time (a stalled proxy, a dying server) kept `tenure
     # status` reading it for ever, whatever --node-timeout said.
     with GarbageServer("slow") as slow:
-        where = f"127.0.0.1:{slow.port}"
-        url = {
-            "plain": slow.url,
-            "sentinel": f"redis+sentinel://{where}/locks",
-            "cluster": f"redis+cluster://{where}",
-        }[kind]
+        url = slow.as_node(kind)
         nodes = [*_redis(cluster)[:4], "--redis", url]
         result = _tenure("status", key, *nodes, "--node-timeout", "0.2")
     assert result.returncode == 0, result
