@@ -7,6 +7,7 @@ frozen node's late grant is released; a node that lost its data is kept out for
 
 from __future__ import annotations
 
+import re
 import statistics
 import threading
 import time
@@ -331,6 +332,33 @@ def test_node_that_lost_its_data_is_kept_out_for_max_ttl(
         time.sleep(0.02)
     else:
         pytest.fail("restarted nodes never rejoined")
+
+
+def test_refusal_by_nodes_that_lost_their_data_says_what_they_wait_for(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    """Nodes restarted empty, every node answering: a non-blocking acquire is told that
+    they are blank and when the client sets them up (with a warm-up of max_ttl), then
+    how long their warm-up has left; never that it takes hearing every node."""
+    client = api.client(cluster5.urls, node_timeout=NODE_TIMEOUT, max_ttl=2.0)
+    client.acquire(key, ttl=1.0).release()
+    for node in cluster5.nodes[:3]:
+        node.restart(keep_data=False)
+    said: list[str] = []
+    deadline = time.monotonic() + 5.0
+    while not any("warming up" in s for s in said) and time.monotonic() < deadline:
+        try:
+            client.acquire(key, ttl=1.0, blocking=False).release()
+        except tenure.LockTimeout as exc:
+            said.append(str(exc))
+    blank = [s for s in said if "blank" in s]
+    assert blank, said
+    assert all("takes hearing every node" not in s for s in blank), blank
+    assert all("sets them up" in s and "warm-up of max_ttl (2 s)" in s for s in blank), blank
+    warming = [s for s in said if "warming up" in s]
+    left = re.compile(r"at most max_ttl \(2 s\); the longest has [0-9.]+ s left\)")
+    assert warming, said
+    assert left.search(warming[0]), said
 
 
 def test_release_with_a_majority_down_says_unconfirmed(

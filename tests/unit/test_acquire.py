@@ -271,6 +271,36 @@ def test_a_refusal_says_why(answers: str, said: str, not_said: str) -> None:
     assert not_said not in acq.refused.reason
 
 
+def test_a_refusal_by_blank_nodes_says_when_they_are_set_up_and_warm_up() -> None:
+    # Every node answered; the blank ones wait out the patience before their seed.
+    acq = Acquisition(
+        make_spec(5),
+        POLICY,
+        random.Random(0),
+        blocking=False,
+        timeout=None,
+        now=0.0,
+        node_names=names(5),
+        max_ttl_ms=MAX_TTL_MS,
+        seed_patience=0.2,
+    )
+    attempt(acq, "bbbyy", started=0.0, now=0.01)
+    _, step = attempt(acq, "bbbyy", started=0.06, now=0.07)
+    assert isinstance(step, GiveUp)
+    reason = acq.refused.reason
+    assert "3 of 5 nodes blank: they lost their data" in reason
+    assert "blank for 0.20 s" in reason
+    assert "in 0.14 s" in reason
+    assert "warm-up of max_ttl (60 s)" in reason
+    assert "hearing every node" not in reason
+
+
+def test_a_refusal_by_warming_nodes_says_how_long_is_left() -> None:
+    acq = make(5, blocking=False)
+    attempt(acq, "wwwyy", started=0.0, now=0.01, counters=[1_000, 25_500, 2_000])
+    assert "at most max_ttl (60 s); the longest has 25.50 s left" in acq.refused.reason
+
+
 # --- retry --------------------------------------------------------------------------------
 
 

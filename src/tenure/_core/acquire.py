@@ -230,11 +230,24 @@ class Refused:
 HELD_ELSEWHERE = "held by another client"
 
 
-def refusal(rnd: Round, statuses: dict[int, tuple[int, int]], quorum: int) -> str:
+def refusal(
+    rnd: Round,
+    statuses: dict[int, tuple[int, int]],
+    quorum: int,
+    *,
+    seeding_in: float | None = None,
+    patience: float = 0.0,
+    max_ttl: float | None = None,
+) -> str:
     """Why a round that granted nothing was refused. Held on a majority is the plain
     "held by another client"; otherwise each cause of the missing majority is counted,
     so that a caller refused only because nodes sit out their warm-up (after a restart,
-    a loss of data or a failover) is not told that someone holds the lock."""
+    a loss of data or a failover) is not told that someone holds the lock.
+
+    Blank nodes are either not judged yet (the client has not heard enough nodes to
+    tell a new node set from nodes that lost their data) or judged and waiting out
+    ``patience`` before their seed, ``seeding_in`` seconds from now (``_ripe``); a
+    warming node's answer says how long its warm-up has left."""
     n = len(rnd.results)
     held = sum(1 for s, _ in statuses.values() if s == HELD)
     if held >= quorum:
@@ -247,18 +260,32 @@ def refusal(rnd: Round, statuses: dict[int, tuple[int, int]], quorum: int) -> st
     parts = []
     if held:
         parts.append(f"held by another client on {held} of {n} nodes")
+    limit = "max_ttl" if max_ttl is None else f"max_ttl ({max_ttl:g} s)"
     warming = sum(1 for s, _ in statuses.values() if s in (WARMING, HISTORY_CHANGED))
     if warming:
+        # A warming node answers the rest of its warm-up in ms; a changed one is not
+        # seeded yet, so its warm-up has not begun.
+        left = [v for s, v in statuses.values() if s == WARMING]
+        until = f"; the longest has {max(left) / 1000:.2f} s left" if len(left) == warming else ""
         parts.append(
             f"{warming} of {n} nodes warming up after a restart, a loss of data or a "
             "failover (they grant nothing until every lease they may have forgotten has "
-            "expired, at most max_ttl)"
+            f"expired, at most {limit}{until})"
         )
     blank = sum(1 for s, _ in statuses.values() if s == NO_HISTORY)
-    if blank:
+    if blank and seeding_in is None:
         parts.append(
             f"{blank} of {n} nodes blank (never used, or they lost their data) and not yet "
-            "set up: that takes hearing every node"
+            "set up: telling a new node set from nodes that lost their data takes hearing "
+            f"every node or a majority that kept its data (lost data costs a warm-up of {limit})"
+        )
+    elif blank and seeding_in is not None:
+        parts.append(
+            f"{blank} of {n} nodes blank: they lost their data (a restart without "
+            "persistence, a flush) or are new; the client sets them up from the other "
+            f"nodes once they have been blank for {patience:.2f} s (another client may be "
+            f"setting up a new node set meanwhile), in {max(seeding_in, 0.0):.2f} s, and "
+            f"they then sit out a warm-up of {limit} before they grant"
         )
     too_low = sum(1 for s, _ in statuses.values() if s == TOO_LOW)
     if too_low:
@@ -412,7 +439,7 @@ class Acquisition:
         self._waited_for_seeds = False  # one attempt more once, for a new set being seeded
         self._heard_silence_out = False  # one attempt more once, after nodes were silent
         self._silent_asks = 0  # attempts that heard every node but the silent ones again
-        self._refusal: tuple[Round, dict[int, tuple[int, int]]] | None = None
+        self._refusal: tuple[Round, dict[int, tuple[int, int]], float] | None = None
         self.mark = 1
         self._recheck = recheck
         # Fair on a quorum, a waiter hears out a failed attempt: a hand-off counts only
@@ -444,8 +471,25 @@ class Acquisition:
         """Why the latest attempt was refused."""
         if self._refusal is None:
             return Refused(HELD_ELSEWHERE)
-        rnd, statuses = self._refusal
-        return Refused(refusal(rnd, statuses, self.spec.quorum))
+        rnd, statuses, now = self._refusal
+        # Blank nodes the client has judged (seen next to enough nodes with a floor)
+        # wait out the patience before their seed (``_ripe``): when the last is due.
+        floor_key = self.spec.keys.floor
+        due: list[float] = []
+        for i, (status, _) in statuses.items():
+            first = self._blank_seen.get((i, floor_key)) if status == NO_HISTORY else None
+            if first is not None:
+                due.append(first + self._seed_patience)
+        return Refused(
+            refusal(
+                rnd,
+                statuses,
+                self.spec.quorum,
+                seeding_in=max(due) - now if due else None,
+                patience=self._seed_patience,
+                max_ttl=self._max_ttl_ms / 1000,
+            )
+        )
 
     def begin(self, now: float) -> Round:
         """Start an attempt at ``now``."""
@@ -528,7 +572,7 @@ class Acquisition:
         statuses = {i: (info[0], info[1]) for i, info in infos.items()}
         floors = _floors(infos)
         cleanup = rnd.maybe_holding()
-        self._refusal = (rnd, statuses)  # put in words only if the call gives up
+        self._refusal = (rnd, statuses, now)  # put in words only if the call gives up
         if rnd.misconfigured_blocks_quorum():
             # Misconfigured nodes alone leave no majority: retrying cannot help.
             return GiveUp(cleanup, self._unreachable(rnd))
