@@ -9,6 +9,9 @@ against that CA, passed as ``ssl_ca_certs``.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -404,3 +407,31 @@ def test_a_frozen_node_over_tls_is_silent_not_broken(
         lease = client.acquire(key, ttl=TTL, blocking=False)
         lease.release()
         assert node.handshakes == 1
+
+
+def _status(*urls: str) -> subprocess.CompletedProcess[str]:
+    nodes = [arg for url in urls for arg in ("--redis", url)]
+    env = {k: v for k, v in os.environ.items() if k != "TENURE_REDIS"}
+    command = [sys.executable, "-m", "tenure.cli", "status", "tls-status", *nodes]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_status_of_a_rediss_url_at_a_plain_port_says_tls_may_not_match() -> None:
+    # A plain Redis reads the TLS hello as the start of an inline command and waits for
+    # its end, so the handshake times out: the line names the node and the likely fix,
+    # not only "Timeout connecting to server". A plain node that is merely silent (here,
+    # stopped) times out too, without the hint: the hint is for the handshake alone.
+    with LocalCluster(2) as two:
+        plain = two.urls[0].replace("redis://", "rediss://", 1)
+        two[1].pause()
+        try:
+            result = _status(plain, two.urls[1])
+        finally:
+            two[1].resume()
+    lines = dict(line.split(None, 1) for line in result.stdout.splitlines())
+    assert lines[plain] == (
+        "unreachable: Timeout connecting to server (the TLS handshake timed out: the node "
+        "may not speak TLS; use redis:// for a plain port)"
+    ), result
+    assert lines[two.urls[1]].startswith("unreachable: "), result
+    assert "TLS" not in lines[two.urls[1]], result

@@ -39,6 +39,7 @@ __all__ = [
     "naming",
     "not_redis",
     "store_problem",
+    "tls_handshake_timed_out",
     "wrong_type",
 ]
 
@@ -446,6 +447,18 @@ def not_redis(what: str) -> Diagnosis:
     return _misconfigured(
         f"does not speak the Redis protocol ({_quote(what)}): check the host and port of "
         "its URL, and rediss:// for a TLS port"
+    )
+
+
+def tls_handshake_timed_out(said: str) -> Diagnosis:
+    """A ``rediss://`` node that took the TCP connection and then let the TLS handshake
+    time out: what a plain Redis does, reading the client's hello as the start of a
+    command and waiting for its end. Still unreachable (a slow TLS server times out the
+    same way), but the likelier cause is named with its fix."""
+    return Diagnosis(
+        Failure.UNREACHABLE,
+        f"{said} (the TLS handshake timed out: the node may not speak TLS; "
+        "use redis:// for a plain port)",
     )
 
 

@@ -213,8 +213,17 @@ def diagnose(exc: Exception) -> Diagnosis:
     if _in_chain(exc, lambda e: isinstance(e, OSError) and e.errno == errno.ENOTDIR):
         return diagnosis.socket_path_not_a_directory(str(exc) or type(exc).__name__)
     if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, OSError)):
-        return Diagnosis(Failure.UNREACHABLE, str(exc) or type(exc).__name__)
+        said = str(exc) or type(exc).__name__
+        if _in_chain(exc, _handshake_timeout) is not None:
+            return diagnosis.tls_handshake_timed_out(said)
+        return Diagnosis(Failure.UNREACHABLE, said)
     return Diagnosis(Failure.ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def _handshake_timeout(exc: BaseException) -> bool:
+    """The ``ssl`` module's timeout of a TLS handshake, which redis-py reports only as
+    "Timeout connecting to server" (its cause kept in the chain)."""
+    return isinstance(exc, TimeoutError) and "handshake operation timed out" in str(exc)
 
 
 def _certificate_error(exc: BaseException) -> ssl.SSLCertVerificationError | None:

@@ -21,6 +21,9 @@ def failure_line(exc: Exception, prefix: str) -> str:
     server that is not Redis, a password refused, an ACL...), with what to fix."""
     why = diagnose(exc)
     if why.failure is Failure.UNREACHABLE:
-        return f"unreachable: {one_line(exc)}"
+        # The diagnosis, not the exception alone: it may add the likely cause (a
+        # rediss:// URL at a plain port times out in the TLS handshake).
+        lines = why.detail.strip().splitlines()
+        return f"unreachable: {lines[0] if lines else one_line(exc)}"
     # A fix it suggests (an ACL's key pattern) is for the clients of ``prefix``.
     return f"{why.failure.value}: {for_prefix(why.detail, prefix)}"
