@@ -465,3 +465,49 @@ def test_status_does_not_read_a_replica_the_sentinels_still_name(
     assert f"127.0.0.1:{master.port}, named master of service 'tenure'" in text, text
     assert "is a slave" in text, text
     assert "Traceback" not in text, text
+
+
+# What the advice to give the master's password shows: the node's own kind of URL.
+_SENTINEL_LOGIN_FORM = "redis+sentinel://user:password@host:port[,host:port...]/service_name"
+
+
+def _master_needs_a_password(sentinels: LocalSentinelSet) -> None:
+    """The master (and its replica) require a password the Sentinels know and the
+    node's URL lacks; the Sentinels themselves require none."""
+    for node in sentinels.nodes:
+        with node.client() as c:
+            c.config_set("masterauth", "master-pw")
+            c.config_set("requirepass", "master-pw")
+    for sentinel in sentinels.sentinels:
+        with sentinel.client() as c:
+            c.execute_command("SENTINEL", "SET", sentinels.service, "auth-pass", "master-pw")
+
+
+def test_a_master_password_missing_from_the_url_is_asked_for_in_the_sentinel_form(
+    api: Api, fresh_set: LocalSentinelSet
+) -> None:
+    """The advice showed redis://user:password@host:port, a URL of one server: followed,
+    it lists the master itself and loses the Sentinels. It shows the form the user wrote."""
+    _master_needs_a_password(fresh_set)
+    client = api.client([fresh_set.url], **OPTIONS)
+    with pytest.raises(tenure.NodeMisconfigured) as info:
+        client.acquire("sentinel-master-login", ttl=1.0, timeout=30.0)
+    text = str(info.value)
+    assert f"node {fresh_set.url} requires a password: give it in the node URL (" in text, text
+    assert f"({_SENTINEL_LOGIN_FORM})" in text, text
+    assert "redis://" not in text, text
+
+
+def test_status_and_check_ask_for_a_master_password_in_the_sentinel_form(
+    fresh_set: LocalSentinelSet,
+) -> None:
+    _master_needs_a_password(fresh_set)
+    for command in (["status", "sentinel-master-login"], ["check"]):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = main([*command, "--redis", fresh_set.url])
+        text = out.getvalue()
+        assert code == EXIT_UNAVAILABLE, text
+        assert "misconfigured: requires a password: give it in the node URL (" in text, text
+        assert f"({_SENTINEL_LOGIN_FORM})" in text, text
+        assert "redis://" not in text, text

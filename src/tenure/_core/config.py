@@ -164,6 +164,19 @@ class NodeAddress:
         host = f"[{self.host}]" if self.host and ":" in self.host else self.host
         return f"{self.scheme}://{host}:{self.port}" + (f"/{self.db}" if self.db else "")
 
+    @property
+    def login_form(self) -> str:
+        """This node's kind of URL with a user and password in it: the form advice to
+        give a password in the node URL shows, so that it is the form the user wrote (a
+        ``redis://`` form would tell a Sentinel node's user to list the master itself)."""
+        if self.sentinel is not None:
+            return f"{self.scheme}+sentinel://user:password@host:port[,host:port...]/service_name"
+        if self.seeds:
+            return f"{self.scheme}://user:password@host:port[,host:port...]"
+        if self.path:
+            return "unix://user:password@/path/to/socket"
+        return f"{self.scheme}://user:password@host:port"
+
     def member(self, host: str, port: int) -> NodeAddress:
         """A member of this Cluster node at ``host:port``, as a plain node with the same
         credentials, TLS and query settings (what its connections are made from)."""

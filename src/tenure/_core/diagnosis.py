@@ -36,6 +36,7 @@ __all__ = [
     "configuration_error",
     "error_reply",
     "for_prefix",
+    "in_url_form",
     "naming",
     "not_redis",
     "store_problem",
@@ -223,8 +224,8 @@ def error_reply(text: str) -> Diagnosis:
         or "unauthenticated" in lower
     ):
         return _misconfigured(
-            "requires a password: give it in the node URL (redis://user:password@host:port), "
-            f"in connection_options, or to the redis-py client given as the node ({said})"
+            f"{_PASSWORD_REQUIRED}{_LOGIN_FORM}), in connection_options, or to the redis-py "
+            f"client given as the node ({said})"
         )
     if (
         "WRONGPASS" in upper
@@ -329,6 +330,22 @@ _REFUSING_WRITES = (
 # with slots unserved (CLUSTERDOWN), and one command's keys in different slots (CROSSSLOT:
 # what nearly every acquire meets, since a node's floor and a lock's keys hash apart).
 _CLUSTER_CODES = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN", "CROSSSLOT")
+
+
+# The advice of a node that requires a password, and the URL form it shows until
+# ``in_url_form`` gives the node's own.
+_PASSWORD_REQUIRED = "requires a password: give it in the node URL ("
+_LOGIN_FORM = "redis://user:password@host:port"
+
+
+def in_url_form(why: Diagnosis, form: str) -> Diagnosis:
+    """``why``, its advice to give a password in the node URL showing ``form``
+    (``NodeAddress.login_form``): the form of the URL the user wrote, where the reader
+    of a ``redis+sentinel://`` node's failure would otherwise be shown a ``redis://``
+    URL, which names one server rather than the Sentinels and the service."""
+    if not why.detail.startswith(_PASSWORD_REQUIRED + _LOGIN_FORM):
+        return why
+    return Diagnosis(why.failure, why.detail.replace(_LOGIN_FORM, form, 1))
 
 
 def store_problem(why: Diagnosis, reply: str | None) -> str:

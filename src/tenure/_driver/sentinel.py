@@ -30,7 +30,7 @@ import redis.asyncio
 from redis import exceptions as rx
 
 from .._core.config import NodeAddress
-from .._core.diagnosis import Diagnosis
+from .._core.diagnosis import Diagnosis, in_url_form
 from .._core.quorum import Failure
 from .._core.sentinel import (
     UNKNOWN_SERVICE,
@@ -88,6 +88,7 @@ class Locator:
         spec = address.sentinel
         assert spec is not None
         self.service = spec.service
+        self._login_form = address.login_form
         self._book = SentinelBook(spec.sentinels)
         self._lock = threading.Lock()
         self.timeout = ask_timeout(connect_timeout, len(spec.sentinels))
@@ -248,11 +249,14 @@ class Locator:
         is not a master): the Sentinel that named it is asked last from now on
         (``SentinelBook.misled``). Returns the error to raise: ``exc``, or, when no
         Sentinel answered, the node's failure naming them too (``fallback_failed``)."""
+        why = diagnose(exc)
+        # The master's advice (a password to give in the node URL) in this node's form.
+        said = in_url_form(why, self._login_form)
         if found.by is not None:
             with self._lock:
                 self._book.misled(found.by)
-            return exc
-        return Diagnosed(fallback_failed(self.service, found.said, found.master, diagnose(exc)))
+            return exc if said is why else Diagnosed(said)
+        return Diagnosed(fallback_failed(self.service, found.said, found.master, said))
 
     def check_role(self, master: Address, reply: object, by: Address | None) -> None:
         """Raise unless ``reply`` (to ``ROLE``) says ``master`` is a master.

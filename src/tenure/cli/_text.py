@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._core.diagnosis import for_prefix
+from .._core.diagnosis import for_prefix, in_url_form
 from .._core.quorum import Failure
 from .._driver.redis_compat import diagnose
 
@@ -16,10 +16,13 @@ def one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def failure_line(exc: Exception, prefix: str) -> str:
+def failure_line(exc: Exception, prefix: str, form: str | None = None) -> str:
     """The line of a node whose read failed, as the clients diagnose that failure (a
-    server that is not Redis, a password refused, an ACL...), with what to fix."""
+    server that is not Redis, a password refused, an ACL...), with what to fix; a URL
+    it shows is in ``form`` (the node's ``login_form``) when given."""
     why = diagnose(exc)
+    if form is not None:
+        why = in_url_form(why, form)
     if why.failure is Failure.UNREACHABLE:
         # The diagnosis, not the exception alone: it may add the likely cause (a
         # rediss:// URL at a plain port times out in the TLS handshake).

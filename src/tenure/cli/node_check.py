@@ -115,6 +115,7 @@ def gather(
     tag: str = "check",
     replica: bool = False,
     listed: str | None = None,
+    form: str | None = None,
 ) -> NodeFacts:
     """Read one server (two pipelined rounds); never raises for the server's own failures.
 
@@ -122,7 +123,8 @@ def gather(
     ``key_prefix``: the clients' key prefix; the keys and channels asked about are under it.
     ``name``: the row's name (default: the server's URL without credentials). ``kind``,
     ``tag``, ``replica``, ``listed``: as :class:`NodeFacts` has them, for a server of a
-    Sentinel-managed or Cluster node.
+    Sentinel-managed or Cluster node. ``form``: the URL form advice shows (the listed
+    node's ``login_form``; default: the server's own).
     """
     facts = NodeFacts(
         node=name or address.display,
@@ -145,11 +147,13 @@ def gather(
         try:
             _read_state(client, facts)
         except Exception as exc:  # anything the server did: its row says so, the rest go on
-            facts.error = _failed(exc, key_prefix)
+            facts.error = _failed(exc, key_prefix, form or address.login_form)
         if facts.error is None and facts.info is not None and "redis_version" not in facts.info:
             # Something that answers every command alike (an echo, ``+OK``, a stub): every
             # Redis and Valkey server names its version in INFO.
-            facts.error = _failed(NotRedis("INFO answered without a redis_version"), key_prefix)
+            facts.error = _failed(
+                NotRedis("INFO answered without a redis_version"), key_prefix, address.login_form
+            )
         if facts.error is not None:
             return facts
         if facts.user is None:
@@ -170,12 +174,12 @@ def gather(
 _PARSER_ERRORS = (AttributeError, IndexError, KeyError, TypeError, ValueError)
 
 
-def _failed(exc: Exception, prefix: str) -> str:
-    """Why a server could not be read (``failure_line``); a reply redis-py could not
-    parse comes from a server that is not Redis."""
+def _failed(exc: Exception, prefix: str, form: str) -> str:
+    """Why a server could not be read (``failure_line``, its advice in URL ``form``); a
+    reply redis-py could not parse comes from a server that is not Redis."""
     if isinstance(exc, _PARSER_ERRORS):
         exc = NotRedis(f"{type(exc).__name__}: {exc}")
-    return failure_line(exc, prefix)
+    return failure_line(exc, prefix, form)
 
 
 def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
@@ -599,6 +603,7 @@ def _gather_node(
             name=f"{shown} (master {master.where})",
             kind="sentinel",
             listed=shown,
+            form=address.login_form,
         )
         facts.out_of_date = master.out_of_date
         replicas = _replicas_of(facts)
@@ -624,6 +629,7 @@ def _gather_node(
                 kind="cluster",
                 tag=slot_tag(first_slot[m]),
                 listed=shown,
+                form=address.login_form,
             ),
         )
         others = [m for m in slot_map.members if m not in first_slot]
@@ -674,6 +680,7 @@ def _each(
             kind=kind,
             replica=True,
             listed=shown,
+            form=address.login_form,
         )
 
     return each(replicas, one)

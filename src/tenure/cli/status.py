@@ -179,7 +179,7 @@ def _listed_status(
                 return shown, False, f"unreachable: {stale}", warnings
         return shown, True, _snapshot(server, keys, timeout, prefix, asking=False), warnings
     except Exception as exc:  # anything the node did: that line says so, the rest go on
-        return shown, False, failure_line(exc, prefix), warnings
+        return shown, False, failure_line(exc, prefix, address.login_form), warnings
 
 
 def _slot_status(
@@ -195,6 +195,7 @@ def _slot_status(
     map, following the redirections the lock clients follow: a cluster member answers
     them to a node listed as a whole cluster, so they are never its configuration."""
     at, asking, hops = owner, False, 0
+    form = address.login_form  # the form of URL its advice shows: the cluster's
     where = f"master {host_port(*owner)}"
     while True:
         try:
@@ -202,7 +203,7 @@ def _slot_status(
         except ResponseError as exc:
             hop = redirect(reply_text(exc), at)
             if hop is None:  # the member's own answer (an ACL refusal...), as for any node
-                return f"{shown} (slot {slot}: {where})", False, failure_line(exc, prefix)
+                return f"{shown} (slot {slot}: {where})", False, failure_line(exc, prefix, form)
             if hop.to is None:
                 return f"{shown} (slot {slot}: {where})", False, _unsettled(hop, slot, exc)
             if hops == MAX_REDIRECTS:
@@ -220,7 +221,7 @@ def _slot_status(
                 where = f"master {host_port(*at)}, migrating to {host_port(*hop.to)}"
             at, asking = hop.to, hop.kind == "ask"
         except Exception as exc:  # anything the member did: that line says so
-            return f"{shown} (slot {slot}: {where})", False, failure_line(exc, prefix)
+            return f"{shown} (slot {slot}: {where})", False, failure_line(exc, prefix, form)
         else:
             return f"{shown} (slot {slot}: {where})", True, text
 
