@@ -341,6 +341,26 @@ def test_bad_arguments_are_refused(run: Run, key: str) -> None:
     assert info.value.parameter == "keys"
 
 
+def _on_a_decoding_client(
+    url: str, flavour: str, keys: list[str], plan: Callable[[Reads[Any]], Plan[Any]], **options: Any
+) -> None:
+    """``optimistic`` (or ``aoptimistic``) of ``keys`` through a client made with
+    ``decode_responses=True`` and ``options``."""
+    if flavour == "sync":
+        with redis.Redis.from_url(url, decode_responses=True, **options) as client:
+            optimistic(client, keys, plan)
+        return
+
+    async def run() -> None:
+        client = redis.asyncio.Redis.from_url(url, decode_responses=True, **options)
+        try:
+            await aoptimistic(client, keys, plan)
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
+
+
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_a_decoding_client_on_bytes_that_are_not_text_is_a_clear_error(
     node: LocalCluster, raw: redis.Redis, key: str, flavour: str
@@ -354,22 +374,8 @@ def test_a_decoding_client_on_bytes_that_are_not_text_is_a_clear_error(
         ran.append(reads[key])
         return Plan(None, {key: b"x"})
 
-    async def decoding_async() -> None:
-        client = redis.asyncio.Redis.from_url(node.urls[0], decode_responses=True)
-        try:
-            await aoptimistic(client, [key], plan)
-        finally:
-            await client.aclose()
-
-    def decoding() -> None:
-        if flavour == "async":
-            asyncio.run(decoding_async())
-            return
-        with redis.Redis.from_url(node.urls[0], decode_responses=True) as client:
-            optimistic(client, [key], plan)
-
     with pytest.raises(ConfigurationError) as info:
-        decoding()
+        _on_a_decoding_client(node.urls[0], flavour, [key], plan)
     assert info.value.parameter == "client"
     assert "decode_responses=False" in str(info.value)
     assert ran == []  # fn never saw a value, and nothing was written
@@ -465,24 +471,8 @@ def test_a_client_decoding_with_an_encoding_that_is_not_ascii_is_refused(
         ran.append(reads[key])
         return Plan(None, {key: b"x"})
 
-    async def decoding_async() -> None:
-        client = redis.asyncio.Redis.from_url(
-            node.urls[0], decode_responses=True, encoding="utf-16"
-        )
-        try:
-            await aoptimistic(client, [key], plan)
-        finally:
-            await client.aclose()
-
-    def decoding() -> None:
-        if flavour == "async":
-            asyncio.run(decoding_async())
-            return
-        with redis.Redis.from_url(node.urls[0], decode_responses=True, encoding="utf-16") as c:
-            optimistic(c, [key], plan)
-
     with pytest.raises(ConfigurationError) as info:
-        decoding()
+        _on_a_decoding_client(node.urls[0], flavour, [key], plan, encoding="utf-16")
     assert info.value.parameter == "client"
     text = str(info.value)
     assert "encoding 'utf-16'" in text, text
@@ -505,20 +495,7 @@ def test_a_client_decoding_latin_1_hands_fn_the_bytes_stored(
         seen.append(reads[key])
         return Plan(None, {})
 
-    async def decoding_async() -> None:
-        client = redis.asyncio.Redis.from_url(
-            node.urls[0], decode_responses=True, encoding="latin-1"
-        )
-        try:
-            await aoptimistic(client, [key], plan)
-        finally:
-            await client.aclose()
-
-    if flavour == "async":
-        asyncio.run(decoding_async())
-    else:
-        with redis.Redis.from_url(node.urls[0], decode_responses=True, encoding="latin-1") as c:
-            optimistic(c, [key], plan)
+    _on_a_decoding_client(node.urls[0], flavour, [key], plan, encoding="latin-1")
     assert seen == [b"\xe9\xff"]
 
 
