@@ -693,6 +693,94 @@ def test_an_upstream_that_breaks_off_mid_body_closes_the_clients_connection() ->
     assert proxy._turns._turns == {}
 
 
+@contextmanager
+def head_first_upstream(applied: list[int]) -> Iterator[tuple[str, threading.Event]]:
+    """A loopback store that answers a write carrying token 5 the way S3 answers
+    CompleteMultipartUpload: the head (``200``, chunked) and a chunk of white space at
+    once, the write applied only later, then the rest of the body. Any other write is
+    applied and answered ``201`` at once. ``applied`` gets each write's token in the
+    order the store applied them; the event is set once token 5's head is out."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.02)  # closing a socket does not wake a thread in accept()
+    done = threading.Event()
+    head_sent = threading.Event()
+    other_arrived = threading.Event()
+    lock = threading.Lock()
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            received = b""
+            while b"\r\n\r\n" not in received:
+                received += conn.recv(65536)
+            head, _, body = received.partition(b"\r\n\r\n")
+            declared = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            while declared and len(body) < int(declared[1]):
+                body += conn.recv(65536)
+            found = re.search(rb"(?im)^fencing-token:\s*(\d+)", head)
+            assert found is not None
+            token = int(found[1])
+            if token != 5:
+                other_arrived.set()
+                with lock:
+                    applied.append(token)
+                conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+                return
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n \r\n")
+            head_sent.set()
+            # Still applying: a writer let through now would be applied first. The wait
+            # ends at once if one is; otherwise it only bounds the test.
+            other_arrived.wait(0.5)
+            with lock:
+                applied.append(token)
+            conn.sendall(b"4\r\ndone\r\n0\r\n\r\n")
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(5)
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", head_sent
+    finally:
+        done.set()
+        thread.join(5)
+        listener.close()
+
+
+def test_the_turn_is_held_until_the_stores_answer_ends_not_only_its_head() -> None:
+    # A store may send its status before it has applied the write (S3 answers
+    # CompleteMultipartUpload 200 at once, then white space while it works). Were the
+    # turn let go at the head, a newer writer would reach the store, and be applied,
+    # before the older write it queued behind: the store would end on the older token.
+    applied: list[int] = []
+
+    async def scenario(url: str, head_sent: threading.Event) -> tuple[bytes, int]:
+        async with FencingProxy(url) as proxy, through(proxy) as client:
+
+            async def a() -> bytes:
+                answer = await client.post("/doc", content=b"A", headers=fenced(5))
+                return answer.content
+
+            async def b() -> int:
+                await asyncio.to_thread(head_sent.wait, 5)  # A's head was relayed
+                return (await client.put("/doc", content=b"B", headers=fenced(6))).status_code
+
+            return await asyncio.wait_for(asyncio.gather(a(), b()), 10)
+
+    with head_first_upstream(applied) as (url, head_sent):
+        a_body, b_status = run(scenario(url, head_sent))
+    assert (a_body, b_status) == (b" done", 201)
+    assert applied == [5, 6]
+
+
 @pytest.mark.parametrize(
     ("method", "raw_path", "query"),
     [

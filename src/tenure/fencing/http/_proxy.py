@@ -62,12 +62,16 @@ class FencingProxy(FencingGate):
     holds up no other writer, and a body over the bound is answered ``413`` (as soon as
     ``Content-Length`` declares it, or as the body runs past it), with nothing recorded
     and nothing forwarded; a client that leaves mid-upload records nothing either.
-    Response bodies are streamed. An upstream that cannot be reached, or fails at the
-    HTTP level before its answer's body begins, is answered ``502``, and a timeout
-    ``504``; in both cases the token stays recorded (see the module docstring). One that
-    fails later, once its status was relayed, raises :class:`UpstreamInterrupted` to the
-    ASGI server, which closes the client's connection: the client sees the answer cut
-    short. A request target that cannot be made into an
+    Response bodies are streamed, and a fenced request keeps its resource's turn until
+    its answer's body has been relayed whole: the upstream's status and headers do not
+    say the write is applied (a store may send them first and apply it while its body
+    is still coming), so a client that reads a large answer slowly holds up the
+    resource's other writers for as long as it does. An upstream that cannot be
+    reached, or fails at the HTTP level before its answer's body begins, is answered
+    ``502``, and a timeout ``504``; in both cases the token stays recorded (see the
+    module docstring). One that fails later, once its status was relayed, raises
+    :class:`UpstreamInterrupted` to the ASGI server, which closes the client's
+    connection: the client sees the answer cut short. A request target that cannot be made into an
     upstream URL (an unescaped ``#``, say), or that holds a ``.`` or ``..`` segment (which
     would be resolved, so the upstream would write another path than the one fenced), is
     answered ``400`` before the gate sees the request, so its token is not recorded.
