@@ -37,6 +37,7 @@ from redis.retry import Retry
 import tenure
 from tenure import StoreRefused, StoreUnavailable
 from tenure._lua import script
+from tenure.patterns import streams
 from tenure.patterns.streams import (
     KEY_FIELD,
     Handler,
@@ -922,6 +923,78 @@ def test_run_once_after_stop_takes_no_partition(solo: Callable[..., StreamWorker
     assert worker.held == frozenset()
     name = partition_lock_name(worker.stream_prefix, 0, worker.group)
     assert not worker.lock_client.lock(name, ttl=TTL).locked()
+
+
+def test_stop_from_another_thread_during_run_once_gives_back_at_the_end_of_the_pass(
+    solo: Callable[..., StreamWorker], prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A caller driving run_once in its own thread, stopped from another (a signal
+    # handler, a supervisor): stop() released the leases under the handler that was
+    # still running, so another worker could take its partition while it wrote, its
+    # batch went unacknowledged, and the two threads changed the held partitions at once.
+    # Now the pass gives them back when it ends, each lease exactly once.
+    released: list[str] = []
+    quiet_release = streams._quiet_release
+
+    def counting(lease: tenure.Lease) -> None:
+        released.append(lease.name)
+        quiet_release(lease)
+
+    monkeypatch.setattr(streams, "_quiet_release", counting)
+    entered, go = threading.Event(), threading.Event()
+    handled: list[str] = []
+
+    def handler(key: str, payload: Mapping[str, bytes], token: int) -> None:
+        entered.set()
+        assert go.wait(20)
+        handled.append(key)
+
+    worker = solo("stopped", handler, partitions=2)
+    keys = [f"k{i}" for i in range(8)]
+    assert {Partitioner(2)(key) for key in keys} == {0, 1}
+    producer = StreamProducer(worker.client, prefix, 2)
+    for key in keys:
+        producer.append(key, {"seq": b"1"})
+    errors: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            # The first pass takes the partitions and claims their (empty) pending lists.
+            deadline = time.monotonic() + 20
+            while not entered.is_set() and time.monotonic() < deadline:
+                worker.run_once()
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    loop = threading.Thread(target=drive)
+    loop.start()
+    try:
+        assert entered.wait(20)
+        stopper = threading.Thread(target=worker.stop)
+        stopper.start()
+        stopper.join(20)
+        assert not stopper.is_alive()  # stop() returns while the handler still runs
+        names = [partition_lock_name(prefix, p, GROUP) for p in range(2)]
+        # Still the single writer of its partitions until its pass ends.
+        assert worker.held == {0, 1}
+        assert all(worker.lock_client.lock(name, ttl=TTL).locked() for name in names)
+        assert released == []
+    finally:
+        go.set()
+        loop.join(20)
+    assert not loop.is_alive()
+    assert errors == []
+    assert sorted(handled) == sorted(keys)  # the batch it had read, handled once
+    assert worker.held == frozenset()
+    assert sorted(released) == sorted(names)  # each lease given back exactly once
+    _assert_nothing_pending(worker.client, prefix, 2)  # and acknowledged
+    assert worker.run_once() == 0
+    worker.stop()  # a second stop finds nothing to give back
+    assert sorted(released) == sorted(names)
+    # Given back, not left to expire: another worker takes both at once.
+    other = solo("other", lambda *entry: None, partitions=2)
+    other.run_once()
+    assert other.held == {0, 1}
 
 
 def test_workers_split_partitions_and_take_over_when_one_stops(

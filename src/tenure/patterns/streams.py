@@ -634,8 +634,11 @@ class StreamWorker(_ProcessBound):
         self._next_balance = 0.0
         self._rng = random.Random(secrets.randbits(64))
         self._stopping = threading.Event()
-        self._guard = threading.Lock()  # run() and stop() from different threads
-        self._running = False
+        self._guard = threading.Lock()  # run(), run_once() and stop() from different threads
+        self._running = False  # run() is looping
+        # A pass is running: stop() leaves the give-back to it, so that only one thread
+        # ever changes _held (and the leases in it) at a time.
+        self._passing = False
         self._agreed = False  # P checked against the streams' record (before any take)
 
     @property
@@ -686,8 +689,10 @@ class StreamWorker(_ProcessBound):
         Raises:
             ConfigurationError, StoreRefused: as for :meth:`run`.
         """
-        if self._stopping.is_set():
-            return 0  # stopped for good: its leases were released, none is taken again
+        with self._guard:
+            if self._stopping.is_set():
+                return 0  # stopped for good: its leases were released, none is taken again
+            self._passing = True
         now = self._step()
         try:
             if now >= self._next_balance:
@@ -701,6 +706,13 @@ class StreamWorker(_ProcessBound):
             return self._consume()
         finally:
             self._busy_since = None  # between passes: nothing of ours can hang
+            with self._guard:
+                self._passing = False
+                if self._stopping.is_set() and not self._running:
+                    # stop() came during this pass (from another thread, or the
+                    # handler itself) and left the give-back to us; run() does its own
+                    # when its loop ends.
+                    self._shutdown()
 
     def _step(self) -> float:
         """Mark the start of a step (a pass, a handler call, the acknowledgement after
@@ -714,12 +726,15 @@ class StreamWorker(_ProcessBound):
         return self._busy_since
 
     def stop(self) -> None:
-        """Stop for good: ``run`` returns after the current batch and releases every
-        lease; without a running loop, release them now. ``run_once`` then does
+        """Stop for good; callable from any thread, or from the handler.
+
+        Returns at once. A running ``run`` returns after the current batch, and a running
+        ``run_once`` at the end of its pass, each releasing every lease then, in its own
+        thread; with neither running, ``stop`` releases them now. ``run_once`` then does
         nothing (returns 0), and takes no partition again."""
         self._stopping.set()
         with self._guard:
-            if not self._running:
+            if not (self._running or self._passing):
                 self._shutdown()
 
     def __repr__(self) -> str:
@@ -872,11 +887,6 @@ class StreamWorker(_ProcessBound):
             return True
         self._held[number] = _Held(number, lease)
         self.stats.taken += 1
-        if self._stopping.is_set():
-            # stop() from another thread while we took it: its release may have missed
-            # this one (it looks at _held after setting the flag we read now).
-            self._release(number)
-            return False
         return True
 
     def _fence_stream(self, number: int, token: int) -> bool:
@@ -892,7 +902,7 @@ class StreamWorker(_ProcessBound):
 
     def _release(self, number: int) -> None:
         held = self._held.pop(number, None)
-        if held is None:  # released already (stop() and the loop, from two threads)
+        if held is None:  # released already
             return
         self.stats.released += 1
         _quiet_release(held.lease)
@@ -1006,7 +1016,7 @@ class StreamWorker(_ProcessBound):
             except (LeaseLost, NotHeld):
                 # No acknowledgement either: after a loss this worker writes nothing, and
                 # the next owner handles the rest (the handled ones again, idempotently).
-                # NotHeld: released under us (stop() from another thread), the same.
+                # NotHeld: released under us, the same.
                 self._drop(held, fenced=False)
                 return len(done)
             except StaleToken:
