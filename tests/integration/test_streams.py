@@ -997,6 +997,50 @@ def test_stop_from_another_thread_during_run_once_gives_back_at_the_end_of_the_p
     assert other.held == {0, 1}
 
 
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs POSIX signals")
+def test_stop_from_a_signal_handler_while_the_worker_gives_back_does_not_deadlock(
+    solo: Callable[..., StreamWorker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A SIGTERM handler that calls stop() runs in the main thread, between two bytecodes
+    # of whatever it runs, perhaps while that thread gives its partitions back under the
+    # worker's lock (a second SIGTERM during shutdown): with a plain lock, stop() waited
+    # for itself for ever. The lease release here raises the signal at that very moment;
+    # an alarm turns a hang into a failure.
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers run in the main thread only")
+    worker = solo("signalled", lambda *entry: None, partitions=2)
+    worker.run_once()
+    assert worker.held == {0, 1}
+    quiet_release = streams._quiet_release
+    signalled: list[int] = []
+
+    def release_and_signal(lease: tenure.Lease) -> None:
+        if not signalled:
+            signal.raise_signal(signal.SIGUSR1)
+        quiet_release(lease)
+
+    def on_usr1(signum: int, frame: object) -> None:
+        signalled.append(signum)
+        worker.stop()
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise TimeoutError("stop() from the signal handler deadlocked")
+
+    monkeypatch.setattr(streams, "_quiet_release", release_and_signal)
+    previous = signal.signal(signal.SIGUSR1, on_usr1), signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 10)
+        worker.stop()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGUSR1, previous[0])
+        signal.signal(signal.SIGALRM, previous[1])
+    assert signalled == [signal.SIGUSR1]
+    assert worker.held == frozenset()
+    names = [partition_lock_name(worker.stream_prefix, p, GROUP) for p in range(2)]
+    assert not any(worker.lock_client.lock(name, ttl=TTL).locked() for name in names)
+
+
 def test_workers_split_partitions_and_take_over_when_one_stops(
     solo: Callable[..., StreamWorker],
 ) -> None:

@@ -634,7 +634,9 @@ class StreamWorker(_ProcessBound):
         self._next_balance = 0.0
         self._rng = random.Random(secrets.randbits(64))
         self._stopping = threading.Event()
-        self._guard = threading.Lock()  # run(), run_once() and stop() from different threads
+        # run(), run_once() and stop() from different threads. Reentrant: a signal
+        # handler that calls stop() runs in the thread that may hold it already.
+        self._guard = threading.RLock()
         self._running = False  # run() is looping
         # A pass is running: stop() leaves the give-back to it, so that only one thread
         # ever changes _held (and the leases in it) at a time.
@@ -709,9 +711,9 @@ class StreamWorker(_ProcessBound):
             with self._guard:
                 self._passing = False
                 if self._stopping.is_set() and not self._running:
-                    # stop() came during this pass (from another thread, or the
-                    # handler itself) and left the give-back to us; run() does its own
-                    # when its loop ends.
+                    # stop() came during this pass (another thread, a signal handler,
+                    # the handler itself) and left the give-back to us; run() does its
+                    # own when its loop ends.
                     self._shutdown()
 
     def _step(self) -> float:
@@ -726,7 +728,7 @@ class StreamWorker(_ProcessBound):
         return self._busy_since
 
     def stop(self) -> None:
-        """Stop for good; callable from any thread, or from the handler.
+        """Stop for good; callable from any thread, a signal handler or the handler.
 
         Returns at once. A running ``run`` returns after the current batch, and a running
         ``run_once`` at the end of its pass, each releasing every lease then, in its own
