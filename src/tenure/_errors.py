@@ -42,6 +42,7 @@ no ``TenureError`` subclass anywhere in the package is missing from it)::
     │   tenure.fencing.http (the fencing proxy)
     ├── UpstreamInterrupted (ConnectionError)
     │                                        the upstream broke off an answer the proxy relayed
+    ├── RelayTimeout (TimeoutError)          the proxy's client did not take an answer in time
     │
     │   tenure.testing (local test servers)
     ├── LocalNodeError (RuntimeError)        a local redis-server failed to start, pause or stop

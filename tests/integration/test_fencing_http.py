@@ -35,6 +35,7 @@ from tenure.fencing.http import (
     FencingProxy,
     Message,
     Receive,
+    RelayTimeout,
     Scope,
     Send,
     TokenBook,
@@ -779,6 +780,72 @@ def test_the_turn_is_held_until_the_stores_answer_ends_not_only_its_head() -> No
         a_body, b_status = run(scenario(url, head_sent))
     assert (a_body, b_status) == (b" done", 201)
     assert applied == [5, 6]
+
+
+def test_a_client_that_never_reads_its_answer_holds_the_turn_only_relay_timeout() -> None:
+    # The turn is held until the store's whole answer is relayed, and relaying waits on
+    # the client: one that kept its connection open and never read (its ASGI send
+    # blocked for ever under backpressure) held the resource's turn for ever, and every
+    # other writer of it waited for ever. The store's answer must still be read to its
+    # end before the turn goes: this store applies token 5's write only after its head.
+    applied: list[int] = []
+    scope: Scope = {
+        "type": "http",
+        "method": "PUT",
+        "path": "/doc",
+        "raw_path": b"/doc",
+        "query_string": b"",
+        "headers": [(b"fencing-token", b"5")],
+    }
+
+    async def scenario(url: str) -> tuple[BaseException | None, int, FencingProxy]:
+        head_relayed = asyncio.Event()
+        sent: list[Message] = []
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"A", "more_body": False}
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+            if message["type"] == "http.response.start":
+                head_relayed.set()
+                return
+            await asyncio.Event().wait()  # the client never reads the body
+
+        async with FencingProxy(url, relay_timeout=0.3) as proxy, through(proxy) as client:
+
+            async def a() -> BaseException | None:
+                try:
+                    await proxy(scope, receive, send)
+                except RelayTimeout as exc:
+                    return exc
+                return None
+
+            async def b() -> int:
+                await head_relayed.wait()
+                return (await client.put("/doc", content=b"B", headers=fenced(6))).status_code
+
+            error, status = await asyncio.wait_for(asyncio.gather(a(), b()), 5)
+        assert [m["type"] for m in sent][:1] == ["http.response.start"]
+        return error, status, proxy
+
+    with head_first_upstream(applied) as (url, _):
+        error, b_status, proxy = run(scenario(url))
+    assert b_status == 201
+    assert applied == [5, 6]  # the turn went only once the store's answer had ended
+    assert isinstance(error, TimeoutError)
+    assert "relay_timeout=0.3 s" in str(error)
+    assert f"PUT {url}/doc" in str(error)
+    assert proxy.tokens.highest("/doc") == 6
+    assert proxy._turns._turns == {}
+
+
+@pytest.mark.parametrize("relay_timeout", [math.nan, 0, -1.0, "60", True, math.inf])
+def test_proxy_relay_timeout_must_be_a_number_of_seconds_or_none(relay_timeout: object) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        FencingProxy("http://127.0.0.1:1", relay_timeout=relay_timeout)  # type: ignore[arg-type]
+    assert info.value.parameter == "relay_timeout"
+    assert "None" in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,7 @@ PINNED: dict[str, list[str]] = {
         "FencingProxy",
         "GATE_TOKEN_LIMIT",
         "GUARDED_METHODS",
+        "RelayTimeout",
         "TokenBook",
         "UpstreamInterrupted",
     ],

@@ -59,7 +59,7 @@ from ._gate import Message as Message
 from ._gate import Receive as Receive
 from ._gate import Scope as Scope
 from ._gate import Send as Send
-from ._proxy import FencingProxy, UpstreamInterrupted
+from ._proxy import FencingProxy, RelayTimeout, UpstreamInterrupted
 from ._tokenbook import TokenBook
 
 __all__ = [
@@ -67,6 +67,7 @@ __all__ = [
     "GUARDED_METHODS",
     "FencingGate",
     "FencingProxy",
+    "RelayTimeout",
     "TokenBook",
     "UpstreamInterrupted",
 ]

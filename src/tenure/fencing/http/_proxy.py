@@ -5,6 +5,7 @@ Part of :mod:`tenure.fencing.http` (its module docstring is the theory of operat
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ from tenure._errors import ConfigurationError, TenureError
 from ._gate import (
     GUARDED_METHODS,
     FencingGate,
+    Message,
     Receive,
     Scope,
     Send,
@@ -50,6 +52,11 @@ _REQUEST_ONLY = frozenset({b"host", b"content-length", b"expect"})
 
 # The default bound on a request body, which the proxy holds in memory whole.
 _MAX_BODY = 512 * 2**20
+# The default bound, in seconds, on the time an answer's relay may spend waiting for its
+# client. A client reading at any usable pace takes a fenced write's answer (usually a
+# few bytes to a few KiB) in far less; one that has not taken it in a minute has stopped
+# reading, and every other writer of the resource has waited that minute already.
+_RELAY_TIMEOUT = 60.0
 
 
 class FencingProxy(FencingGate):
@@ -66,15 +73,20 @@ class FencingProxy(FencingGate):
     its answer's body has been relayed whole: the upstream's status and headers do not
     say the write is applied (a store may send them first and apply it while its body
     is still coming), so a client that reads a large answer slowly holds up the
-    resource's other writers for as long as it does. An upstream that cannot be
-    reached, or fails at the HTTP level before its answer's body begins, is answered
-    ``502``, and a timeout ``504``; in both cases the token stays recorded (see the
-    module docstring). One that fails later, once its status was relayed, raises
-    :class:`UpstreamInterrupted` to the ASGI server, which closes the client's
-    connection: the client sees the answer cut short. A request target that cannot be made into an
-    upstream URL (an unescaped ``#``, say), or that holds a ``.`` or ``..`` segment (which
-    would be resolved, so the upstream would write another path than the one fenced), is
-    answered ``400`` before the gate sees the request, so its token is not recorded.
+    resource's other writers for as long as it does, up to ``relay_timeout`` seconds of
+    waiting for the client in all. Past that the proxy stops relaying, still reads the
+    upstream's answer to its end (only that end says the store is done with the
+    write), closes it, hands the turn on and raises :class:`RelayTimeout` to the ASGI
+    server, which closes the client's connection; the token stays recorded. An
+    upstream that cannot be reached, or fails at the HTTP level before its answer's
+    body begins, is answered ``502``, and a timeout ``504``; in both cases the token
+    stays recorded (see the module docstring). One that fails later, once its status
+    was relayed, raises :class:`UpstreamInterrupted` to the ASGI server, which closes
+    the client's connection: the client sees the answer cut short. A request target
+    that cannot be made into an upstream URL (an unescaped ``#``, say), or that holds a
+    ``.`` or ``..`` segment (which would be resolved, so the upstream would write
+    another path than the one fenced), is answered ``400`` before the gate sees the
+    request, so its token is not recorded.
 
     Args:
         upstream: base URL of the store, ``http://host:port[/prefix]``; request paths
@@ -85,13 +97,18 @@ class FencingProxy(FencingGate):
         timeout: seconds for each forwarded request when the proxy makes the client.
         max_body: the largest request body, in bytes, the proxy reads (and holds in
             memory) for one request, of any method; 512 MiB by default.
+        relay_timeout: seconds one answer's relay may spend, in all, waiting for the
+            client to take its head and body (the ASGI ``send`` blocks while the client
+            does not read); 60 by default, None for no bound. Only the client's pace
+            counts: the upstream's is bounded by ``timeout`` (or the client's own).
         header, resource_header, resource, methods, require_token, tokens: as for
             :class:`FencingGate`.
 
     Raises:
         ImportError: httpx is not installed (``pip install httpx``).
         ConfigurationError: ``upstream`` is not an http(s) URL without query or fragment,
-            ``timeout`` not a finite number > 0, or ``max_body`` not an int >= 0.
+            ``timeout`` not a finite number > 0, ``relay_timeout`` neither that nor None,
+            or ``max_body`` not an int >= 0.
     """
 
     def __init__(
@@ -101,6 +118,7 @@ class FencingProxy(FencingGate):
         client: httpx.AsyncClient | None = None,
         timeout: float = 10.0,
         max_body: int = _MAX_BODY,
+        relay_timeout: float | None = _RELAY_TIMEOUT,
         header: str = "Fencing-Token",
         resource_header: str | None = "Fencing-Resource",
         resource: Callable[[Scope], str] | None = None,
@@ -108,7 +126,9 @@ class FencingProxy(FencingGate):
         require_token: bool = True,
         tokens: TokenBook | None = None,
     ) -> None:
-        self.forwarder = _Forwarder(upstream, client, timeout, check_max_body(max_body))
+        self.forwarder = _Forwarder(
+            upstream, client, timeout, check_max_body(max_body), relay_timeout
+        )
         super().__init__(
             self.forwarder,
             header=header,
@@ -168,6 +188,18 @@ class UpstreamInterrupted(TenureError, ConnectionError):
     """
 
 
+class RelayTimeout(TenureError, TimeoutError):
+    """A :class:`FencingProxy`'s client did not take an answer within the proxy's
+    ``relay_timeout`` (it stopped reading, so the ASGI ``send`` waited).
+
+    Raised out of the proxy to the ASGI server, which then closes the client's
+    connection, once the proxy has read the upstream's answer to its end and handed the
+    resource's turn on: a client that does not read holds up the resource's other
+    writers for that long at most. The write reached the store, so its token stays
+    recorded; its holder may retry with the same token.
+    """
+
+
 class _Unforwardable(Exception):
     """The request target cannot be made into an upstream URL; the message says why and
     what to send instead (it is the 400 answer's detail)."""
@@ -177,7 +209,12 @@ class _Forwarder:
     """The ASGI app behind a FencingProxy's gate: relays a request to the upstream."""
 
     def __init__(
-        self, upstream: str, client: httpx.AsyncClient | None, timeout: float, max_body: int
+        self,
+        upstream: str,
+        client: httpx.AsyncClient | None,
+        timeout: float,
+        max_body: int,
+        relay_timeout: float | None = _RELAY_TIMEOUT,
     ) -> None:
         _require_httpx()
         import httpx
@@ -189,6 +226,14 @@ class _Forwarder:
             raise ConfigurationError(
                 "timeout", f"must be a finite number of seconds > 0, got {timeout!r}"
             )
+        if relay_timeout is not None and not (is_finite(relay_timeout) and relay_timeout > 0):
+            # 0 or less would cut every answer off; nan would never compare as spent.
+            raise ConfigurationError(
+                "relay_timeout",
+                f"must be a finite number of seconds > 0, or None for no bound, got "
+                f"{relay_timeout!r}",
+            )
+        self.relay_timeout = relay_timeout
         self.max_body = max_body
         self._owns_client = client is None
         self._client = httpx.AsyncClient(timeout=timeout) if client is None else client
@@ -255,7 +300,7 @@ class _Forwarder:
             except httpx.RequestError as exc:
                 await self._send_failure(send, exc)
                 return
-            await _relay(response, first, body, send)
+            await _relay(response, first, body, _ClientWait(send, self.relay_timeout))
         finally:
             await response.aclose()
 
@@ -322,7 +367,56 @@ async def _send_unforwardable(send: Send, exc: _Unforwardable) -> None:
     await _send_json(send, 400, {"error": "request target cannot be forwarded", "detail": detail})
 
 
+class _ClientWait:
+    """An ASGI ``send`` that may wait for the client ``bound`` seconds in all (None: no
+    bound) over every message it sends; past that it raises asyncio.TimeoutError."""
+
+    def __init__(self, send: Send, bound: float | None) -> None:
+        self._send = send
+        self.bound = bound
+        self._left = bound
+
+    async def __call__(self, message: Message) -> None:
+        if self._left is None:
+            await self._send(message)
+            return
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            await asyncio.wait_for(self._send(message), max(self._left, 0.0))
+        finally:
+            self._left -= loop.time() - started
+
+
 async def _relay(
+    response: httpx.Response, first: bytes, rest: AsyncIterator[bytes], send: _ClientWait
+) -> None:
+    try:
+        await _relay_within(response, first, rest, send)
+    except asyncio.TimeoutError as exc:  # TimeoutError from 3.11; its own class in 3.10
+        # The client stopped taking the answer. The turn is still not let go before the
+        # store's answer ends (its head does not say the write is applied), so the rest
+        # is read and dropped; its pace is the upstream's, bounded by httpx's timeouts.
+        import httpx
+
+        try:
+            async for _ in rest:
+                pass
+        except httpx.RequestError:
+            pass  # the upstream's answer ended all the same
+        request = response.request
+        raise RelayTimeout(
+            f"FencingProxy: the client did not take the answer to {request.method} "
+            f"{request.url} ({response.status_code}) within relay_timeout={send.bound:g} s "
+            "of waiting for it; the client's connection is closed so that it sees the "
+            "answer cut short, and the resource's turn was handed on once the upstream's "
+            "answer had ended. The write reached the store: the token stays recorded, and "
+            "its holder may retry with the same token. Have clients read fenced writes' "
+            "answers promptly, or raise relay_timeout"
+        ) from exc
+
+
+async def _relay_within(
     response: httpx.Response, first: bytes, rest: AsyncIterator[bytes], send: Send
 ) -> None:
     import httpx
