@@ -383,9 +383,17 @@ class _ClientWait:
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            await asyncio.wait_for(self._send(message), max(self._left, 0.0))
+            if _timeout is not None:
+                # A timer on this task (3.11+): wait_for would make a task per message.
+                async with _timeout(max(self._left, 0.0)):
+                    await self._send(message)
+            else:
+                await asyncio.wait_for(self._send(message), max(self._left, 0.0))
         finally:
             self._left -= loop.time() - started
+
+
+_timeout = getattr(asyncio, "timeout", None)  # Python 3.11+
 
 
 async def _relay(
