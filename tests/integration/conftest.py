@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
+from types import CodeType, FrameType, TracebackType
 from typing import Any, TypeVar
 
 import pytest
@@ -245,6 +246,23 @@ def api(api_kind: str) -> Iterator[Api]:
     a = Api("async", "uvloop") if api_kind == "uvloop" else Api(api_kind)
     yield a
     a.close()
+
+
+class Interrupted(BaseException):
+    """What a test's stand-in for a Ctrl-C handler raises: a ``BaseException``, as
+    ``KeyboardInterrupt`` is, but not one pytest takes for the user's Ctrl-C."""
+
+
+def interrupt_at(code: CodeType) -> None:
+    """Raise ``Interrupted`` in this thread as ``code`` is next called (as a Ctrl-C
+    handled there would), once."""
+
+    def tracer(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code is code:
+            sys.settrace(None)
+            raise Interrupted
+
+    sys.settrace(tracer)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from types import CodeType, FrameType
 from typing import Any
 
 import pytest
@@ -31,7 +30,7 @@ from tenure._core.slots import SLOTS, key_slot, slot_tag
 from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster
 from tenure.testing.topologies import _free_port_pair
 
-from .conftest import Api, redis_6_2
+from .conftest import Api, Interrupted, interrupt_at, redis_6_2
 from .garbage import GarbageServer
 
 TTL = 2.0
@@ -953,22 +952,6 @@ def test_a_cancelled_acquire_leaves_no_key_when_the_slot_map_moved_meanwhile(key
         asyncio.run(main())
 
 
-class _Interrupted(BaseException):
-    """What a Ctrl-C handler raises, but not one pytest takes for the user's Ctrl-C."""
-
-
-def _interrupt_at(code: CodeType) -> None:
-    """Raise ``_Interrupted`` in this thread as ``code`` is next called (as a Ctrl-C
-    handled there would), once."""
-
-    def tracer(frame: FrameType, event: str, arg: object) -> None:
-        if event == "call" and frame.f_code is code:
-            sys.settrace(None)
-            raise _Interrupted
-
-    sys.settrace(tracer)
-
-
 def _asked(node: LocalNode, key: str) -> int:
     """Whether ``key`` is on ``node``, a slot's migration target (asked with ASKING)."""
     with node.client(single_connection_client=True) as c:
@@ -999,9 +982,9 @@ def test_an_interrupted_release_follows_its_slot_to_the_migration_target(key: st
         migration = cluster.migrate_slot(slot, target, finish=False)
         try:
             assert _asked(target, keys.lock) == 1  # moved with the slot's other keys
-            _interrupt_at(Link.send.__code__)  # the release's write to the source
+            interrupt_at(Link.send.__code__)  # the release's write to the source
             try:
-                with pytest.raises(_Interrupted):
+                with pytest.raises(Interrupted):
                     lease.release()
             finally:
                 sys.settrace(None)

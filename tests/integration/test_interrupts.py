@@ -22,11 +22,7 @@ import tenure
 from tenure._core.config import LockKeys
 from tenure.testing import LocalCluster
 
-from .conftest import holders
-
-
-class Interrupted(BaseException):
-    pass
+from .conftest import Interrupted, holders, interrupt_at
 
 
 @pytest.fixture
@@ -197,18 +193,6 @@ def test_an_interrupt_before_the_release_reaches_the_nodes_still_releases(
         client.acquire(key, ttl=5, blocking=False).release()
 
 
-def _interrupt_at(code: CodeType) -> None:
-    """Raise ``Interrupted`` in this thread as ``code`` is next called (as a Ctrl-C
-    handled there would), once."""
-
-    def tracer(frame: FrameType, event: str, arg: object) -> None:
-        if event == "call" and frame.f_code is code:
-            sys.settrace(None)
-            raise Interrupted
-
-    sys.settrace(tracer)
-
-
 def _release_once_queued(cluster: LocalCluster, n: int, name: str, lease: tenure.Lease) -> None:
     """Release ``lease`` from another thread once a waiter is queued on the first ``n``
     nodes."""
@@ -243,7 +227,7 @@ def test_an_interrupt_as_a_waiter_handed_the_lock_stops_listening_releases_it(
     with tenure.Client(urls) as holder_client, tenure.Client(urls) as client:
         holder = holder_client.acquire(key, ttl=30)
         _release_once_queued(shared5, n, key, holder)
-        _interrupt_at(Listener.unregister.__code__)
+        interrupt_at(Listener.unregister.__code__)
         try:
             with pytest.raises(Interrupted):
                 client.acquire(key, ttl=30, timeout=10)
@@ -268,7 +252,7 @@ def test_an_interrupt_as_a_waiter_departs_still_takes_it_out_of_the_queues(
     urls = shared5.urls[:n]
     with tenure.Client(urls) as holder_client, tenure.Client(urls) as client:
         holder = holder_client.acquire(key, ttl=30)
-        _interrupt_at(Departed.add.__code__)
+        interrupt_at(Departed.add.__code__)
         try:
             with pytest.raises(Interrupted):
                 client.acquire(key, ttl=30, timeout=0.3)
@@ -313,7 +297,7 @@ def test_an_interrupt_between_the_grant_and_the_caller_releases_it(
                 return lock.acquire(blocking=False)
             return client.acquire(key, ttl=30, blocking=False)
 
-        _interrupt_at(code)
+        interrupt_at(code)
         try:
             with pytest.raises(Interrupted):
                 take()
@@ -365,7 +349,7 @@ def test_an_interrupt_between_a_notification_read_and_its_parse_is_not_a_misconf
                 c.publish(client._listener.channel, b"x" * 300_000)
 
         threading.Thread(target=publish, daemon=True).start()
-        _interrupt_at(_feed())
+        interrupt_at(_feed())
         try:
             with pytest.raises(Interrupted):
                 client.acquire(key, ttl=30, timeout=10)
@@ -413,7 +397,7 @@ def test_an_interrupt_as_notifications_are_read_loses_no_other_waiters(
         other = threading.Thread(target=other_waiter, daemon=True)
         other.start()
         threading.Thread(target=release_theirs, daemon=True).start()
-        _interrupt_at(_feed())
+        interrupt_at(_feed())
         try:
             with pytest.raises(Interrupted):
                 client.acquire(key + "-main", ttl=30, timeout=20)
