@@ -5,6 +5,8 @@ command written on one connection may run after a later one written on another. 
 that happen on purpose, ``HoldingProxy.hold()`` keeps what clients send on the
 connections open at that moment from reaching the node, while connections made later
 pass; ``let_go()`` then delivers what was held, in order. Replies are never held.
+``slow_new(seconds)`` holds what each connection made from then on sends for its first
+``seconds``: a connection whose set-up (HELLO, CLIENT SETNAME) takes that long.
 
 One thread per direction per connection: a test opens a handful of connections.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 
 from .loopback import HOST, LoopbackServer
 
@@ -54,6 +57,7 @@ class HoldingProxy(LoopbackServer):
         self._lock = threading.Lock()
         self._upstreams: list[_Upstream] = []
         self._sockets: list[socket.socket] = []
+        self._new_held_for = 0.0
         self._spawn(self._accept)
 
     @property
@@ -67,6 +71,10 @@ class HoldingProxy(LoopbackServer):
         for up in upstreams:
             with up.lock:
                 up.held = True
+
+    def slow_new(self, seconds: float) -> None:
+        """From now on, hold back what each new connection sends for its first ``seconds``."""
+        self._new_held_for = seconds
 
     def let_go(self) -> None:
         """Deliver what was held back, and stop holding."""
@@ -98,11 +106,20 @@ class HoldingProxy(LoopbackServer):
             for sock in (client, server):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             up = _Upstream(server)
+            if self._new_held_for:
+                up.held = True
+                self._spawn(self._let_go_after, up, self._new_held_for)
             with self._lock:
                 self._upstreams.append(up)
                 self._sockets += [client, server]
             self._spawn(self._copy, client, up.forward)
             self._spawn(self._copy, server, client.sendall)
+
+    @staticmethod
+    def _let_go_after(up: _Upstream, seconds: float) -> None:
+        time.sleep(seconds)
+        with contextlib.suppress(OSError):
+            up.let_go()
 
     @staticmethod
     def _copy(source: socket.socket, write: object) -> None:

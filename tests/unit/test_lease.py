@@ -329,6 +329,57 @@ def test_a_release_not_sent_to_nodes_still_connecting_goes_to_them_once_more() -
         flow.send(None)
 
 
+@pytest.mark.parametrize(
+    ("acquired", "again"),
+    [
+        ("yy.", True),  # not heard from when the acquire was decided: may hold the key
+        ("yyy", True),
+        ("yyn", False),  # refused the acquire: holds no key of the lease
+        ("yyc", False),  # not asked by the acquire (its own set-up going on)
+        (None, True),  # handed over: who holds it is not all known
+    ],
+)
+def test_a_release_decided_without_a_node_still_connecting_is_sent_there_if_it_may_hold_the_key(
+    acquired: str | None, again: bool
+) -> None:
+    """The blocking client's link sets: a lease may be released on another than the
+    one that acquired it, whose connection to a node is still being set up. A majority
+    decides the release, but a node that may hold the key would keep the lock for
+    nobody until the TTL: the release goes to it once its set-up ended."""
+    clock = [10.0]
+    flows, spec = _flows(clock)
+    acquired_in = None
+    if acquired is not None:
+        acquired_in = Round(3, 2, 9.9)
+        for i, said in enumerate(acquired):
+            if said == "c":
+                acquired_in.fail(i, Failure.CONNECTING, "still connecting")
+            elif said != ".":
+                acquired_in.record(i, said == "y")
+    state = LeaseState(
+        spec.name, spec.key, "t", spec.ttl, 9.9, 11.8, frozenset({0, 1}), 7, acquired_in=acquired_in
+    )
+    flow = flows.release(ModelLease(state, spec))
+    first = next(flow)
+    assert isinstance(first, Run)
+    first.rnd.record(0, True)
+    first.rnd.record(1, True)
+    first.rnd.fail(2, Failure.CONNECTING, "not connected yet when the round began")
+    if not again:
+        with pytest.raises(StopIteration):
+            flow.send(None)
+        return
+    second = flow.send(None)
+    assert isinstance(second, Run)
+    assert list(second.targets or []) == [2]
+    assert second.begin_by == 11.8
+    # Decided by the answers carried over, it still waits for the node's set-up.
+    assert second.rnd.decided
+    assert second.rnd.set_up_wait(0, 1, 0, 10.0, 0.05) is None
+    with pytest.raises(StopIteration):
+        flow.send(None)
+
+
 def test_an_extension_not_sent_to_nodes_still_connecting_asks_every_node_again() -> None:
     clock = [10.0]
     flows, spec = _flows(clock)
@@ -368,7 +419,7 @@ def test_round_again_keeps_the_answers_of_nodes_that_were_asked() -> None:
     rnd.fail(2, Failure.UNREACHABLE, "refused")
     rnd.fail(3, Failure.CONNECTING, "still connecting")
     assert rnd.connecting() == [3]
-    again = rnd.again(2.0)
+    again = rnd.again(2.0, [3])
     assert again.started == 2.0
     assert again.yes == 1
     assert again.failed == 1

@@ -164,6 +164,10 @@ class LeaseState:
     # lease is released: an attempt that carried a place went unanswered by some node
     # (``Flows._lease_of``). ``Flows._departure`` declines what reaches it then.
     lingers: bool = False
+    # The round that granted it, None for a fair hand-off: which nodes may hold its key
+    # (``Round.maybe_holding``: the granting ones, and those not heard from when the
+    # round was decided), asked only when a release could not reach every node.
+    acquired_in: Round | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -566,6 +570,7 @@ class Acquisition:
                     valid_until=rnd.started + spec.ttl - spec.drift,
                     granted=rnd.granted(),
                     fencing_token=fencing,
+                    acquired_in=rnd,
                 ),
                 seed,
             )

@@ -751,19 +751,22 @@ class Flows:
                 lease._set_released()
             yield release
             valid_until = lease._state.valid_until
-            # (``failed`` looked at here too: the common release has none, and makes no call.)
-            if release.rnd.failed and _set_ups_failed(release.rnd) and self.clock() < valid_until:
-                # Nodes not sent the release, their connections still being set up (a
-                # Cluster node reloading its slot map after the slot's master died):
+            # (``failed`` looked at first: the common release has none, and makes no call.)
+            if (
+                release.rnd.failed
+                and self.clock() < valid_until
+                and (unsent := _release_unsent(release.rnd, lease._state))
+            ):
+                # Nodes not sent the release, their connections still being set up:
                 # sent to them once more, once the set-ups ended, and only while the
                 # lease is valid; the others' answers stand (a second release would
                 # find its key gone, and say so).
-                rnd = release.rnd.again(self.clock())
+                rnd = release.rnd.again(self.clock(), unsent)
                 release = Run(
                     release.command,
                     rnd,
                     rnd.started + RELEASE_PATIENCE * self.config.node_timeout,
-                    release.rnd.connecting(),
+                    unsent,
                     begin_by=valid_until,
                 )
                 yield release
@@ -966,6 +969,30 @@ def unreached(send: Send) -> bool:
 
 
 _UNREACHED = (Failure.UNREACHABLE, Failure.BACKING_OFF, Failure.CONNECTING)
+
+
+def _release_unsent(rnd: Round, lease: LeaseState) -> list[int]:
+    """The nodes a release round did not ask, their connections still being set up,
+    that the release must reach once those set-ups ended (while the lease is valid):
+
+    - all of them when their yes would make a failed release succeed (a Cluster node
+      reloading its slot map after the slot's master died);
+    - else those that may hold the lease's key: that granted it, or had not answered
+      when its round was decided at the first majority (the third of three nodes,
+      often). The blocking client's threads share a pool of link sets, so a lease may
+      be released on another link set than the one that acquired it, whose connection
+      to such a node may be new: without the release, the node would hold the lock for
+      nobody until the TTL, and the next holder would need every other node. A node the
+      acquire did not ask (its own set-up hanging: a host that drops packets) is not
+      waited for.
+    """
+    if _set_ups_failed(rnd):
+        return rnd.connecting()
+    acquired_in = lease.acquired_in
+    if acquired_in is None:  # handed over: the nodes that hold it are not all known
+        return rnd.connecting()
+    maybe = acquired_in.maybe_holding()
+    return [i for i in rnd.connecting() if i in maybe]
 
 
 def _set_ups_failed(rnd: Round) -> bool:

@@ -22,7 +22,7 @@ holder stops using the lease by then, and that no node's clock jumps (see docs/s
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 
@@ -358,14 +358,17 @@ class Round:
         connecting = Failure.CONNECTING
         return [i for i, r in enumerate(self.results) if r is not None and r.failure is connecting]
 
-    def again(self, now: float) -> Round:
-        """A round at ``now`` for the nodes of this one that were still connecting
-        (``connecting``: nothing was sent to them), the other nodes' answers carried
-        over as they are: a command that must not reach a node twice (a release) is
-        sent to those nodes only, and the two rounds tallied as one."""
-        rnd = Round(len(self.results), self.needed, now)
+    def again(self, now: float, targets: Collection[int]) -> Round:
+        """A round at ``now`` for ``targets``, nodes of this one that were still
+        connecting (``connecting``: nothing was sent to them), the other nodes' answers
+        carried over as they are: a command that must not reach a node twice (a
+        release) is sent to those nodes only, and the two rounds tallied as one.
+
+        It begins once their set-ups ended (``RoundAgain``), even when the answers
+        carried over decide it already: it exists to reach them."""
+        rnd = RoundAgain(len(self.results), self.needed, now)
         for i, r in enumerate(self.results):
-            if r is None or r.failure is Failure.CONNECTING:
+            if r is None or i in targets:
                 continue  # unheard: not asked again (its request may be on its way)
             if r.failure is None:
                 rnd.record(i, r.ok, r.info)
@@ -386,3 +389,17 @@ class Round:
     def validity(self, now: float, ttl: float, drift: float) -> float:
         """Seconds of validity left at ``now`` for a lease whose round began at ``started``."""
         return self.started + ttl - drift - now
+
+
+class RoundAgain(Round):
+    """A round made only to send a command to nodes an earlier round could not ask,
+    their connections still being set up (``Round.again``). It waits for their set-ups
+    whatever the answers carried over say: begun at once because those decide it
+    already, it would find the nodes still connecting and send them nothing again
+    (a release that a node holding the lease never got holds the lock there for nobody
+    until its TTL). Once sent, it is decided as any round."""
+
+    __slots__ = ()
+
+    def enough_ready(self, ready: int) -> bool:
+        return False
