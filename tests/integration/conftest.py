@@ -359,6 +359,18 @@ def holders(cluster: LocalCluster, key: str) -> list[bytes | None]:
     return values
 
 
+def released_everywhere(cluster: LocalCluster, key: str, nodes: int | None = None) -> None:
+    """Wait until no node of ``cluster`` (its first ``nodes``) holds ``key``. A release
+    is decided at the first majority, so a node may run it a moment after ``release()``
+    returned; a key left behind stays for its TTL, well past the 2 s given here."""
+    count = len(list(cluster)) if nodes is None else nodes
+    poll_until(
+        lambda: holders(cluster, key)[:count] == [None] * count,
+        f"{key} released on every node",
+        within=2.0,
+    )
+
+
 @pytest.fixture
 def replicated(tmp_path: Path) -> Iterator[tuple[LocalNode, LocalNode, Proxy]]:
     """A master, and a replica that follows it through a proxy (so a test can cut it)."""
