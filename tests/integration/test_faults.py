@@ -7,17 +7,19 @@ frozen node's late grant is released; a node that lost its data is kept out for
 
 from __future__ import annotations
 
+import contextlib
 import re
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
 import tenure
 from tenure._core.backoff import STALL
 from tenure._core.config import NODE_FLOOR, LockKeys
-from tenure.testing import LocalCluster
+from tenure.testing import LocalCluster, LocalNode
 from tenure.verify.proxy import Proxy
 
 from .conftest import Api, holders, poll_until, scripts_run
@@ -267,25 +269,17 @@ def test_an_acquire_that_a_node_runs_after_the_release_takes_nothing(
         proxy.hold()  # the connection the next acquire goes out on
         lease = client.acquire(key, ttl=30.0)
         assert len(lease.nodes) == 2  # the third had not run it
-        # A thread that waits for the blocker borrows that connection and keeps it, so
-        # the release goes out on a new one, which the proxy lets through.
-        waiter = threading.Thread(target=lambda: client.acquire(f"{key}:blocker").release())
-        waiter.start()
-        blocker_queue = LockKeys.of(f"{key}:blocker").queue
-        with nodes[0].client() as c:
-            poll_until(lambda: c.zcard(blocker_queue), "the waiter queued")
-        run = scripts_run(late)
-        lease.release()
-        # The release is decided at the first majority too: the node runs it when the
-        # proxy's thread gets to it, which on a loaded machine can be after the let-go.
-        poll_until(lambda: scripts_run(late) >= run + 1, "the release ran first")
-        proxy.let_go()  # the lease's acquire, then the waiter's, reach the node now
-        poll_until(lambda: scripts_run(late) >= run + 3, "the held acquires ran")
-        with late.client() as c:
-            left, pttl = c.get(lock_key), c.pttl(lock_key)
-        blocker.release()
-        waiter.join(10.0)
-        assert not waiter.is_alive()
+        # The release goes out on a new connection, which the proxy lets through.
+        with _link_set_kept(client, blocker, nodes[0]):
+            run = scripts_run(late)
+            lease.release()
+            # The release is decided at the first majority too: the node runs it when
+            # the proxy's thread gets to it, which under load can be after the let-go.
+            poll_until(lambda: scripts_run(late) >= run + 1, "the release ran first")
+            proxy.let_go()  # the lease's acquire, then the waiter's, reach the node now
+            poll_until(lambda: scripts_run(late) >= run + 3, "the held acquires ran")
+            with late.client() as c:
+                left, pttl = c.get(lock_key), c.pttl(lock_key)
         assert left is None, f"the late acquire took the lock for {pttl} ms"
 
 
@@ -314,19 +308,33 @@ def test_a_release_waits_for_a_connection_being_set_up_to_a_node_that_granted(
         lease = client.acquire(key, ttl=30.0)
         with slow.client() as c:  # decided at the first majority: the slow node may be late
             poll_until(lambda: c.exists(lock_key), "the slow node granted")
-        # A thread that waits for the blocker keeps the link set, so the release is made
-        # on a new one, whose connection to the slow node takes a second to set up.
-        waiter = threading.Thread(target=lambda: client.acquire(f"{key}:blocker").release())
-        waiter.start()
-        with nodes[0].client() as c:
-            poll_until(lambda: c.zcard(LockKeys.of(f"{key}:blocker").queue), "the waiter queued")
-        proxy.slow_new(1.0)
-        lease.release()
-        with slow.client() as c:
-            poll_until(lambda: not c.exists(lock_key), "the slow node released", within=5.0)
+        # The release is made on a new link set, whose connection to the slow node
+        # takes a second to set up.
+        with _link_set_kept(client, blocker, nodes[0]):
+            proxy.slow_new(1.0)
+            lease.release()
+            with slow.client() as c:
+                poll_until(lambda: not c.exists(lock_key), "the slow node released", within=5.0)
+
+
+@contextlib.contextmanager
+def _link_set_kept(
+    client: tenure.Client, blocker: tenure.Lease, first: LocalNode
+) -> Iterator[None]:
+    """A thread waits for ``blocker``'s lock (held by this thread) and keeps the link set
+    it borrowed, the one this thread's last round used, so that this thread's next round
+    is made on a new one; until the blocker is released on leaving."""
+    waiter = threading.Thread(target=lambda: client.acquire(blocker.name).release())
+    waiter.start()
+    queue = LockKeys.of(blocker.name).queue
+    try:
+        with first.client() as c:
+            poll_until(lambda: c.zcard(queue), "the waiter queued")
+        yield
+    finally:
         blocker.release()
         waiter.join(10.0)
-        assert not waiter.is_alive()
+    assert not waiter.is_alive()
 
 
 def test_node_that_lost_its_data_is_kept_out_for_max_ttl(
