@@ -369,7 +369,7 @@ class Round:
         rnd = RoundAgain(len(self.results), self.needed, now)
         for i, r in enumerate(self.results):
             if r is None or i in targets:
-                continue  # unheard: not asked again (its request may be on its way)
+                continue  # asked now, or unheard: not asked again (its request may be on its way)
             if r.failure is None:
                 rnd.record(i, r.ok, r.info)
             else:
