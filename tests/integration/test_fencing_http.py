@@ -700,7 +700,9 @@ def head_first_upstream(applied: list[int]) -> Iterator[tuple[str, threading.Eve
     CompleteMultipartUpload: the head (``200``, chunked) and a chunk of white space at
     once, the write applied only later, then the rest of the body. Any other write is
     applied and answered ``201`` at once. ``applied`` gets each write's token in the
-    order the store applied them; the event is set once token 5's head is out."""
+    order the store applied them; the event is set once token 5's head is out. It
+    closes each connection after its answer, and says so (``Connection: close``): the
+    proxy must not send the next write on a connection it is closing."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -726,9 +728,14 @@ def head_first_upstream(applied: list[int]) -> Iterator[tuple[str, threading.Eve
                 other_arrived.set()
                 with lock:
                     applied.append(token)
-                conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+                conn.sendall(
+                    b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                )
                 return
-            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n \r\n")
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n"
+                b"\r\n1\r\n \r\n"
+            )
             head_sent.set()
             # Still applying: a writer let through now would be applied first. The wait
             # ends at once if one is; otherwise it only bounds the test.

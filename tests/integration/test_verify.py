@@ -445,7 +445,12 @@ def test_memory_pressure_that_never_hit_is_an_error_not_a_pass(
     assert not [f for f in result.verdict.faults if f.name == "memory pressure"]
 
 
-@pytest.mark.parametrize(("refusals", "status"), [(1, "PASS"), (99, "ERROR")])
+@pytest.mark.parametrize(
+    ("refusals", "status"),
+    # The PASS case needs B to win {3,4,5} in one of two natural attempts after node 3's
+    # jump; beside CI's load B lost all three once (MissedWindow): with --slow only.
+    [pytest.param(1, "PASS", marks=pytest.mark.slow), (99, "ERROR")],
+)
 def test_a_clock_cycle_in_which_b_lost_is_set_up_again_then_an_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusals: int, status: str
 ) -> None:
