@@ -603,15 +603,9 @@ def breaking_upstream(reply: bytes) -> Iterator[str]:
                 continue
             conn.settimeout(5)
             with conn:
-                received = b""
-                while b"\r\n\r\n" not in received:
-                    received += conn.recv(65536)
                 # Read the body too: closing a socket with unread bytes resets the
                 # connection, and the proxy would see a reset, not an answer broken off.
-                head, _, body = received.partition(b"\r\n\r\n")
-                declared = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-                while declared and len(body) < int(declared[1]):
-                    body += conn.recv(65536)
+                _read_request(conn)
                 conn.sendall(reply)
 
     thread = threading.Thread(target=serve, daemon=True)
@@ -694,6 +688,19 @@ def test_an_upstream_that_breaks_off_mid_body_closes_the_clients_connection() ->
     assert proxy._turns._turns == {}
 
 
+def _read_request(conn: socket.socket) -> bytes:
+    """Read one HTTP request from ``conn``, its body too (by its Content-Length); return
+    its head."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += conn.recv(65536)
+    head, _, body = received.partition(b"\r\n\r\n")
+    declared = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    while declared and len(body) < int(declared[1]):
+        body += conn.recv(65536)
+    return head
+
+
 @contextmanager
 def head_first_upstream(applied: list[int]) -> Iterator[tuple[str, threading.Event]]:
     """A loopback store that answers a write carrying token 5 the way S3 answers
@@ -714,13 +721,7 @@ def head_first_upstream(applied: list[int]) -> Iterator[tuple[str, threading.Eve
 
     def handle(conn: socket.socket) -> None:
         with conn:
-            received = b""
-            while b"\r\n\r\n" not in received:
-                received += conn.recv(65536)
-            head, _, body = received.partition(b"\r\n\r\n")
-            declared = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-            while declared and len(body) < int(declared[1]):
-                body += conn.recv(65536)
+            head = _read_request(conn)
             found = re.search(rb"(?im)^fencing-token:\s*(\d+)", head)
             assert found is not None
             token = int(found[1])
