@@ -362,12 +362,13 @@ def holders(cluster: LocalCluster, key: str) -> list[bytes | None]:
 def released_everywhere(cluster: LocalCluster, key: str, nodes: int | None = None) -> None:
     """Wait until no node of ``cluster`` (its first ``nodes``) holds ``key``. A release
     is decided at the first majority, so a node may run it a moment after ``release()``
-    returned; a key left behind stays for its TTL, well past the 2 s given here."""
+    returned, within milliseconds. Half a second: a key left behind stays for its TTL
+    (2 s or more where this is used, the lease taken just before), past that."""
     count = len(list(cluster)) if nodes is None else nodes
     poll_until(
         lambda: holders(cluster, key)[:count] == [None] * count,
         f"{key} released on every node",
-        within=2.0,
+        within=0.5,
     )
 
 
