@@ -850,11 +850,18 @@ class Flows:
                 lease._mark_lost(action.error)
                 return
             if not isinstance(action, Extend):  # give up: wait for the validity's end
-                if (yield Pause(action.at)) or lease.released:
-                    return
-                if self.clock() >= lease._state.valid_until:
-                    lease._mark_lost(action.error)
-                    return
+                while True:
+                    if (yield Pause(action.at)) or lease.released:
+                        return
+                    if lease._state.valid_until != action.at:
+                        break
+                    if self.clock() >= action.at:
+                        lease._mark_lost(action.error)
+                        return
+                    # Woken early: a loop's timer may run up to its clock's resolution
+                    # before its time (uvloop's, a millisecond). Deciding again now
+                    # could find the validity over by then and report the lease lost
+                    # as paused, not for the reason it was given up.
                 # The holder extended by hand while we waited: decide again on the new
                 # validity, never report a valid lease lost.
                 wake = policy.next_wake(lease._state)
