@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tenure import ConfigurationError, LeaseExpired, LeaseLost, OwnershipError
 from tenure._core.acquire import LeaseState
 from tenure._core.config import ClientConfig, LockSpec
-from tenure._core.flows import RELEASE_PATIENCE, ExtendLease, Flows, Later, Pause, Run
+from tenure._core.flows import RELEASE_PATIENCE, ExtendLease, Flows, Later, Pause, Run, Sleep
 from tenure._core.lease import (
     _script_command,
     begin_extend,
@@ -409,7 +409,16 @@ def test_an_extension_not_sent_to_nodes_still_connecting_asks_every_node_again()
     assert isinstance(first, Run)
     first.rnd.fail(0, Failure.UNREACHABLE, "refused")
     first.rnd.fail(1, Failure.CONNECTING, "still connecting")
-    assert isinstance(flow.send(None), Later)  # lost: released when the validity ends
+    later = flow.send(None)
+    assert isinstance(later, Later)  # lost: released when the validity ends
+    assert later.at == watched._state.valid_until
+    # Its flow run a little early (a loop's timer may be), it waits out the rest first.
+    clock[0] = later.at - 0.0005
+    sleep = next(later.flow)
+    assert isinstance(sleep, Sleep)
+    assert sleep.seconds == pytest.approx(0.0005)
+    clock[0] = later.at
+    assert isinstance(later.flow.send(None), Run)
 
 
 def test_round_again_keeps_the_answers_of_nodes_that_were_asked() -> None:

@@ -694,15 +694,18 @@ class Flows:
             # enough). The keys keep others out until the holder says it stopped (its
             # release, its block's end) or the validity ends. (Once a majority answered
             # "not ours", nothing keeps others out any more: released at once.)
-            yield Later(valid_until, self._release_when_due(lease))
+            yield Later(valid_until, self._release_when_due(lease, valid_until))
         else:
             lease._set_released()
             yield from self._release_rounds(lease, mark=False)
         raise outcome
 
-    def _release_when_due(self, lease: WatchedLease) -> Flow[None]:
-        """The release of a lease whose extension failed, at its validity's end: unless
-        its holder released it first."""
+    def _release_when_due(self, lease: WatchedLease, valid_until: float) -> Flow[None]:
+        """The release of a lease whose extension failed, at its validity's end
+        (``valid_until``): unless its holder released it first."""
+        early = valid_until - self.clock()
+        if early > 0:  # a loop's timer may run early by its clock's resolution (uvloop's)
+            yield Sleep(early)
         if not lease.released:
             yield from self._release_rounds(lease, mark=True)
 
