@@ -18,7 +18,8 @@ no ``TenureError`` subclass anywhere in the package is missing from it)::
     │   └── StoreRefused (RuntimeError)      it answered with an error (WRONGTYPE, OOM, ...)
     ├── ClientClosed (RuntimeError)          the client was closed; it does not reconnect
     ├── EventLoopConflict (RuntimeError)     an AsyncClient used from a second event loop at
-    │                                        once (another thread's loop is using it)
+    │                                        once (another thread's loop is using it), or
+    │                                        a lease's watchdog asked for outside a loop
     ├── LockError
     │   ├── AcquireError
     │   │   ├── LockTimeout (TimeoutError)   waited `timeout` seconds, lock still held elsewhere
@@ -328,26 +329,37 @@ class ClientClosed(TenureError, RuntimeError):
 
 class EventLoopConflict(TenureError, RuntimeError):
     """An ``AsyncClient`` was used from an event loop while another event loop, running
-    in another thread, uses it.
+    in another thread, uses it; or ``AsyncLease.keep_alive()`` (a plain method) was
+    called with no event loop running.
 
     Its connections and tasks belong to one event loop: a client serves several loops in
     turn (one ``asyncio.run`` after another), not at once. The call is refused before
     any I/O, and the loop using the client goes on undisturbed. Make one ``AsyncClient``
     per event loop (per thread), or run the call on the loop that uses the client
-    (``asyncio.run_coroutine_threadsafe``).
+    (``asyncio.run_coroutine_threadsafe``). A watchdog is a task on that loop: start it
+    from a coroutine there.
 
     Attributes:
         name: the lock the refused operation was about, or None.
     """
 
-    def __init__(self, operation: str, name: str | None = None) -> None:
+    def __init__(self, operation: str, name: str | None = None, *, running: bool = True) -> None:
         about = "" if name is None else f"lock {name!r}: "
-        super().__init__(
-            f"{about}cannot {operation} from this event loop: its AsyncClient is in use by "
-            "an event loop running in another thread, and serves one event loop at a time "
-            "(its connections belong to that loop); make one AsyncClient per event loop, "
-            "or run the call on the loop that uses it (asyncio.run_coroutine_threadsafe)"
-        )
+        if running:
+            message = (
+                f"{about}cannot {operation} from this event loop: its AsyncClient is in "
+                "use by an event loop running in another thread, and serves one event loop "
+                "at a time (its connections belong to that loop); make one AsyncClient per "
+                "event loop, or run the call on the loop that uses it "
+                "(asyncio.run_coroutine_threadsafe)"
+            )
+        else:
+            message = (
+                f"{about}cannot {operation} with no event loop running: the watchdog is a "
+                "task on the event loop that uses the AsyncClient; call it from a coroutine "
+                "on that loop (or use the blocking tenure.Client outside asyncio)"
+            )
+        super().__init__(message)
         self.name = name
 
 

@@ -280,3 +280,51 @@ def test_a_client_in_use_by_a_loop_of_another_thread_refuses_a_second_loop(
         await client.aclose()
 
     asyncio.run(in_turn())
+
+
+def test_keep_alive_outside_the_loop_that_uses_the_client_is_refused(
+    shared5: LocalCluster, key: str
+) -> None:
+    """``AsyncLease.keep_alive()`` is a plain method: called where no loop ran (after
+    ``asyncio.run``) it raised asyncio's raw ``RuntimeError`` ("no running event loop");
+    called on another thread's loop it would have made the watchdog there and taken the
+    client's connections from the loop using them. Both are refused, naming the lock,
+    and the lease is left as it was (kept alive once asked from its own loop)."""
+    client = tenure.AsyncClient([shared5.urls[0]])
+    lease = asyncio.run(client.acquire(key, ttl=0.6))
+    with pytest.raises(tenure.EventLoopConflict, match="no event loop running") as info:
+        lease.keep_alive()
+    assert repr(key) in str(info.value)
+    held, go = threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    async def hold() -> None:
+        lease.keep_alive()  # on the loop that uses the client now: kept alive
+        held.set()
+        await asyncio.to_thread(go.wait, 10.0)
+        lease.check()
+        await lease.release()
+        outcome.append("released")
+
+    def other_thread() -> None:
+        try:
+            asyncio.run(hold())
+        except BaseException as error:  # reported by the test
+            outcome.append(error)
+
+    async def from_another_loop() -> None:
+        with pytest.raises(tenure.EventLoopConflict, match="one event loop at a time"):
+            lease.keep_alive()
+
+    worker = threading.Thread(target=other_thread, daemon=True)
+    worker.start()
+    try:
+        assert held.wait(10.0)
+        asyncio.run(from_another_loop())
+        time.sleep(1.0)  # past the 0.6 s TTL: only the watchdog keeps it
+    finally:
+        go.set()
+        worker.join(10.0)
+    assert not worker.is_alive()
+    assert outcome == ["released"]
+    asyncio.run(client.aclose())

@@ -306,9 +306,23 @@ class AsyncLease(LeaseView):
         task.add_done_callback(partial(_callback_ended, self.name))
 
     def keep_alive(self, *, max_hold: float | None = None) -> None:
-        """Start a watchdog task that extends the lease every TTL/3; see ``Lease.keep_alive``."""
+        """Start a watchdog task that extends the lease every TTL/3; see ``Lease.keep_alive``.
+
+        Raises:
+            EventLoopConflict: no event loop runs here, or an event loop of another
+                thread uses the client now (the task belongs on that loop).
+        """
         policy = KeepAlive(max_hold=max_hold)
         policy.check_ttl(self._spec.ttl)
+        # A plain method, it may be called where no loop runs (a thread, after
+        # ``asyncio.run``), or on another thread's loop: the watchdog's task and timers
+        # would be made on no loop, or take the client's connections from its own.
+        self._check_usable("keep it alive")
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise EventLoopConflict("keep it alive", self.name, running=False) from None
+        self._client._check_loop("keep it alive", self.name)
         self._watch(policy)
 
     def _watch(self, policy: KeepAlive) -> None:
