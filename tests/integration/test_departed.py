@@ -25,6 +25,11 @@ from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import Api
 
+# Seconds a waiter waits before it gives up, in tests that need it queued first: its
+# first attempt, its subscription and the attempt that queues it take a few rounds and
+# wakes, which a loaded machine may stretch past 0.3 s (it then gave up unqueued).
+GIVE_UP = 1.2
+
 
 def watch_place(
     node: LocalNode, keys: LockKeys
@@ -73,7 +78,7 @@ def test_a_hand_off_to_a_waiter_that_gave_up_is_declined(
     holder = api.client(urls).acquire(key, ttl=30.0)
     waiter = api.client(urls)
     # Its queue entry and place, read while it waits (they go when it gives up).
-    member, score, place = gave_up(waiter, last, key, 0.5)
+    member, score, place = gave_up(waiter, last, key, GIVE_UP)
     with last.client() as c:
         assert c.zcard(keys.queue) == 0  # its dequeue reached every node
         # ... but say it had missed this one: the place is back, still live.
@@ -106,7 +111,7 @@ def test_a_released_lease_whose_attempt_a_node_may_still_run_declines_its_hand_o
     client = api.client(urls)
     held = holder.acquire(key, ttl=30.0)
     # The client waits once: its notifications are set up, and its place shows its channel.
-    _, ticket, place = gave_up(client, first, key, 0.3)
+    _, ticket, place = gave_up(client, first, key, GIVE_UP)
     held.release()
     frozen.pause()
     try:
@@ -192,7 +197,7 @@ def test_a_notification_during_a_lingering_lease_release_does_not_lose_the_lease
     spy = _Spy(notify)
     with tenure.Client(urls) as holder, tenure.Client(urls) as client:
         held = holder.acquire(key, ttl=30.0)
-        _, _, place = gave_up(client, first, key, 0.3)
+        _, _, place = gave_up(client, first, key, GIVE_UP)
         channel = place.split()[0]
         held.release()
         listener = client._notifications()
@@ -233,12 +238,16 @@ def test_a_waiter_cancelled_while_it_leaves_its_queues_declines_its_hand_off(
     async def main() -> None:
         async with (
             tenure.AsyncClient(urls) as holder,
-            tenure.AsyncClient(urls, node_timeout=0.4) as client,
+            # No fallback re-check while it waits: a re-check's round on the frozen node
+            # would start that connection's stall clock early.
+            tenure.AsyncClient(urls, node_timeout=0.7, recheck=20.0) as client,
         ):
             held = await holder.acquire(key, ttl=30.0)
             watcher, seen, stop = watch_place(first, keys)
             began = time.monotonic()
-            task = asyncio.create_task(client.acquire(key, ttl=10.0, timeout=0.3))
+            # Queued within 0.85 s, and given up at 1 s (0.3 s was too short to queue in
+            # on a loaded machine).
+            task = asyncio.create_task(client.acquire(key, ttl=10.0, timeout=1.0))
             try:
                 await until(lambda: bool(seen), "the waiter queued")
             finally:
@@ -247,12 +256,12 @@ def test_a_waiter_cancelled_while_it_leaves_its_queues_declines_its_hand_off(
             member, ticket, place = seen[0]
             # Frozen shortly before the waiter gives up, not so long before that its
             # connection is given up (after 1 s without an answer) and the node skipped.
-            await asyncio.sleep(max(0.0, began + 0.15 - time.monotonic()))
+            await asyncio.sleep(max(0.0, began + 0.85 - time.monotonic()))
             frozen.pause()
             try:
                 with first.client() as c:
-                    # It gives up at 0.3 s; its dequeue round, answered by the first node
-                    # at once, then waits up to 0.4 s for the frozen one: cancelled there.
+                    # It gives up at 1 s; its dequeue round, answered by the first node
+                    # at once, then waits up to 0.7 s for the frozen one: cancelled there.
                     await until(lambda: not c.zcard(keys.queue), "the waiter left", 0.002)
                 assert not task.done()
                 task.cancel()
@@ -291,7 +300,7 @@ def test_a_decline_that_does_not_reach_its_node_is_sent_again(
     with node.client() as c:
         before = {entry["id"] for entry in c.client_list()}
     waiter = api.client(urls)
-    member, ticket, place = gave_up(waiter, node, key, 0.3)
+    member, ticket, place = gave_up(waiter, node, key, GIVE_UP)
     with node.client() as c:
         me = str(c.client_id())
         commands = [
@@ -353,7 +362,7 @@ def test_a_hand_off_that_crosses_a_dequeue_lost_on_a_dead_connection_is_declined
             return dequeue(spec, who)
 
         flows.dequeue = crossing
-        assert waiter.lock(key, ttl=10.0).acquire(timeout=0.3) is False
+        assert waiter.lock(key, ttl=10.0).acquire(timeout=GIVE_UP) is False
         assert crossed, "the waiter never left its queue"
         api.wait_until(
             lambda: admin.get(keys.lock) is None,
@@ -410,7 +419,7 @@ def test_a_hand_off_filed_after_the_last_wait_is_declined_when_its_dequeue_is_lo
         waiter._perform_now = crossing  # type: ignore[method-assign]
         dequeue = waiter._flows.dequeue
         waiter._flows.dequeue = lost  # type: ignore[method-assign,assignment]
-        assert waiter.lock(key, ttl=10.0).acquire(timeout=0.3) is False
+        assert waiter.lock(key, ttl=10.0).acquire(timeout=GIVE_UP) is False
         assert filed == [1], "the hand-off was not filed before the waiter departed"
         assert dropped, "the waiter never left its queue"
         deadline = time.monotonic() + 3.0
