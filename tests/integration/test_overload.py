@@ -29,6 +29,7 @@ import redis.asyncio
 import tenure
 import tenure._async.channels
 import tenure._sync.client
+import tenure._sync.links
 from tenure._core.backoff import STALL
 from tenure.testing import LocalCluster, LocalNode
 from tenure.verify.proxy import Proxy
@@ -430,16 +431,22 @@ def test_a_thread_that_runs_late_after_its_deadline_reads_what_came_meanwhile(
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_non_blocking_acquire_tries_once_more_when_its_majority_was_only_silent(
-    nodes: LocalCluster, kind: str
+    nodes: LocalCluster, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Servers on the same starved cores as the client may answer after a round's
     deadline: silent, not gone. A non-blocking acquire whose majority failed only by
     silence tries once more at once, and is granted when the nodes answer that attempt.
     Here two of three nodes are frozen from the acquire's start for 1.5 node timeouts:
-    the first attempt times out on them, the second hears them (a quarter of a second
-    to spare each way; frozen for less than ``STALL``, so their connections stay)."""
-    timeout = 0.5
-    assert 2 * timeout <= STALL
+    the first attempt times out on them, the second hears them (half a second to spare
+    each way, for the timer's thread and the acquire to run late on a loaded machine;
+    frozen for less than ``STALL``, so their connections stay). ``STALL`` is raised for
+    the test from 1 s, which allowed node timeouts of 0.5 s: a quarter of a second each
+    way was too little."""
+    stall = 2.5
+    monkeypatch.setattr(tenure._async.channels, "STALL", stall)
+    monkeypatch.setattr(tenure._sync.links, "STALL", stall)
+    timeout = 1.0
+    assert 2 * timeout <= stall
     name = f"starved-{kind}"
     starved = [nodes[1], nodes[2]]
 
