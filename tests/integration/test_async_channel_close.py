@@ -291,11 +291,12 @@ def test_keep_alive_outside_the_loop_that_uses_the_client_is_refused(
 ) -> None:
     """``AsyncLease.keep_alive()`` is a plain method: called where no loop ran (after
     ``asyncio.run``) it raised asyncio's raw ``RuntimeError`` ("no running event loop");
-    called on another thread's loop it would have made the watchdog there and taken the
-    client's connections from the loop using them. Both are refused, naming the lock,
-    and the lease is left as it was (kept alive once asked from its own loop)."""
+    called on a loop while another thread's loop uses the client, it made the watchdog
+    there and took the client's connections from that loop. Both are refused, naming
+    the lock, and the lease is left as it was, kept alive once asked on a loop of its
+    own."""
     client = tenure.AsyncClient([shared5.urls[0]])
-    lease = asyncio.run(client.acquire(key, ttl=0.6))
+    lease = asyncio.run(client.acquire(key, ttl=5))
     with pytest.raises(tenure.EventLoopConflict, match="no event loop running") as info:
         lease.keep_alive()
     assert repr(key) in str(info.value)
@@ -303,11 +304,9 @@ def test_keep_alive_outside_the_loop_that_uses_the_client_is_refused(
     outcome: list[object] = []
 
     async def hold() -> None:
-        lease.keep_alive()  # on the loop that uses the client now: kept alive
-        held.set()
-        await asyncio.to_thread(go.wait, 10.0)
-        lease.check()
-        await lease.release()
+        async with client.lock(f"{key}-other", ttl=10):
+            held.set()
+            await asyncio.to_thread(go.wait, 10.0)
         outcome.append("released")
 
     def other_thread() -> None:
@@ -325,10 +324,16 @@ def test_keep_alive_outside_the_loop_that_uses_the_client_is_refused(
     try:
         assert held.wait(10.0)
         asyncio.run(from_another_loop())
-        time.sleep(1.0)  # past the 0.6 s TTL: only the watchdog keeps it
     finally:
         go.set()
         worker.join(10.0)
     assert not worker.is_alive()
     assert outcome == ["released"]
-    asyncio.run(client.aclose())
+
+    async def kept() -> None:
+        lease.check()  # left as it was
+        lease.keep_alive()
+        await lease.release()
+        await client.aclose()
+
+    asyncio.run(kept())

@@ -314,15 +314,18 @@ class AsyncLease(LeaseView):
         """
         policy = KeepAlive(max_hold=max_hold)
         policy.check_ttl(self._spec.ttl)
-        # A plain method, it may be called where no loop runs (a thread, after
-        # ``asyncio.run``), or on another thread's loop: the watchdog's task and timers
-        # would be made on no loop, or take the client's connections from its own.
-        self._check_usable("keep it alive")
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            raise EventLoopConflict("keep it alive", self.name, running=False) from None
-        self._client._check_loop("keep it alive", self.name)
+        watcher = self._watcher
+        if watcher is None or not watcher.extends:
+            # A plain method, it may be called where no loop runs (a thread, after
+            # ``asyncio.run``), or on another thread's loop: the watchdog it starts
+            # would be made on no loop, or take the client's connections from its own.
+            # (One that runs already is only checked against: no loop needed.)
+            self._check_usable("keep it alive")
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                raise EventLoopConflict("keep it alive", self.name, running=False) from None
+            self._client._check_loop("keep it alive", self.name)
         self._watch(policy)
 
     def _watch(self, policy: KeepAlive) -> None:
