@@ -54,27 +54,31 @@ def test_a_promoted_replica_that_missed_a_grant_sits_out_the_warm_up(
     lost and its replica promoted: the replica never saw A's lock. A client that lists
     the promoted node must not be granted the lock while A's lease may be valid."""
     master, replica, feed = replicated
+    # A's lease must outlive the kill, the promotion and the refusal below (a dozen
+    # round trips and a process reaped: over 1 s beside a CPU hog), and the warm-up
+    # must outlast the lease: 2 s and 2.5 s here, not TTL and MAX_TTL.
+    ttl, max_ttl = 2 * TTL, 2.5 * TTL
     with master.client() as m:  # the node set is in use: its floor reaches the replica
-        holder = api.client([master.url], max_ttl=MAX_TTL)
-        holder.acquire(f"{key}-before", ttl=TTL).release()
+        holder = api.client([master.url], max_ttl=max_ttl)
+        holder.acquire(f"{key}-before", ttl=ttl).release()
         assert m.execute_command("WAIT", 1, 10_000) == 1
     feed.blackhole()
-    lease = holder.acquire(key, ttl=TTL)
+    lease = holder.acquire(key, ttl=ttl)
     master.kill()
     replica.promote()
     floor, _, _ = _node_keys(replica)
     assert floor is not None
     assert floor < lease.fencing_token  # an old floor, not none: the loss is partial
 
-    other = api.client([replica.url], max_ttl=MAX_TTL)
-    assert other.lock(key, ttl=TTL).acquire(blocking=False) is False
+    other = api.client([replica.url], max_ttl=max_ttl)
+    assert other.lock(key, ttl=ttl).acquire(blocking=False) is False
     _, stored, warm = _node_keys(replica)
     assert warm > 0  # seeded with the warm-up, still on after the refusal
     assert stored == _replid(replica).encode()  # the seed recorded the new history
     assert lease.valid  # A's lease: nobody else holds the lock meanwhile
     _warm_up_ends(api, replica)
     assert not lease.valid  # max_ttl > ttl: every lease of the old master has ended
-    second = other.acquire(key, ttl=TTL)
+    second = other.acquire(key, ttl=ttl)
     assert second.fencing_token > lease.fencing_token  # by the clocks: one node
     second.release()
 
