@@ -29,9 +29,13 @@ def test_grant_counts_once_the_replica_has_it(
         # WAIT returned 1 before the grant counted: the replica already has the lock.
         with replica.client() as r:
             assert r.get(lease.key) == lease.token.encode()
-        lease.extend()
+        # Extended well past the grant's TTL, so that the replica's PTTL tells the
+        # extension (4 TTLs) from the grant (1 TTL at most), with seconds to spare on a
+        # loaded machine. (Extended by one TTL, the bound TTL - 0.5 s could not tell them
+        # apart, and left a loaded machine half a second.)
+        lease.extend(4 * TTL)
         with replica.client() as r:
-            assert r.pttl(lease.key) > (TTL - 0.5) * 1000
+            assert r.pttl(lease.key) > 3 * TTL * 1000
 
 
 def test_unreplicated_grant_fails_closed_and_leaves_no_key(
