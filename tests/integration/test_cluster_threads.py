@@ -19,10 +19,16 @@ from collections.abc import Iterator
 import pytest
 
 import tenure
+from tenure._core.config import LockKeys
+from tenure._core.slots import key_slot
 from tenure.testing import LocalRedisCluster
 
-TTL = 3.0  # the waiter gets the lock by the TTL at the latest, even if the release fails
-PROMPT = 1.0  # well before the TTL: by the release's hand-off or notification
+from .conftest import poll_until
+
+TTL = 6.0  # the waiter gets the lock by the TTL at the latest, even if the release fails
+# Well before the TTL: by the release's hand-off or notification (with room for a loaded
+# machine's late wake-ups; a failed release leaves the waiter some 5 s more).
+PROMPT = 2.5
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +51,14 @@ def _waiter(
     return threading.Thread(target=wait, daemon=True)
 
 
+def _queued(cluster: LocalRedisCluster, name: str) -> None:
+    """Wait until a waiter for ``name`` is queued at its slot's master (it subscribed
+    first, and holds the link set it borrowed); a fixed sleep could end first under load."""
+    queue = LockKeys.of(name, per_slot=True).queue
+    with cluster.slot_owner(key_slot(queue)).client() as c:
+        poll_until(lambda: c.zcard(queue), "the waiter queued")
+
+
 def test_a_lease_is_released_by_one_thread_while_another_waits_for_it(
     cluster: LocalRedisCluster, key: str
 ) -> None:
@@ -57,7 +71,7 @@ def test_a_lease_is_released_by_one_thread_while_another_waits_for_it(
         # so the release runs on a new one.
         waiter = _waiter(client, key, got, errors)
         waiter.start()
-        time.sleep(0.3)  # queued on the node, subscribed
+        _queued(cluster, key)
         assert waiter.is_alive()
         assert not got
         try:
@@ -80,7 +94,7 @@ def test_a_lease_is_extended_by_one_thread_while_another_waits_for_it(
         errors: list[BaseException] = []
         waiter = _waiter(client, key, got, errors)  # keeps the first link set busy
         waiter.start()
-        time.sleep(0.3)
+        _queued(cluster, key)
         try:
             lease.extend(TTL)  # one round, on a link set of its own
             assert not got
