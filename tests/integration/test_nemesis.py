@@ -196,7 +196,10 @@ def test_delay_slows_each_direction_and_heal_delivers_in_order(proxy: Proxy) -> 
         expected = b"".join(b"$%d\r\n%d\r\n" % (len(str(i)), i) for i in range(50))
         assert _read_exactly(s, len(expected)) == expected
         s.close()
-        assert _rtt(c) < 0.2  # healed: well under the 0.4 s of one delayed round trip
+        # Healed: well under the 0.4 s of one delayed round trip. The best of three, so
+        # that a loaded machine's stall in one of them does not decide it (delayed, every
+        # round trip would take 0.4 s).
+        assert min(_rtt(c) for _ in range(3)) < 0.2
 
 
 def test_negative_delay_is_refused(proxy: Proxy) -> None:
