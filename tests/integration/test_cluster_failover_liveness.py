@@ -23,7 +23,7 @@ from tenure._core.slots import MAP_RECHECK, key_slot
 from tenure._sync.cluster import ClusterState, _MapLoad
 from tenure.testing import LocalRedisCluster
 
-from .conftest import Api
+from .conftest import Api, poll_until
 
 MAX_TTL = 1.0  # the promoted master's warm-up for slots used before: kept short
 SLOW = 0.3  # node_timeout: a loaded machine may take longer than 50 ms per member
@@ -82,8 +82,13 @@ def test_a_blocking_waiter_ends_within_its_timeout_when_the_master_dies() -> Non
 
             thread = threading.Thread(target=wait, daemon=True)
             thread.start()
-            time.sleep(0.5)  # queued, subscribed on the slot's master
-            cluster.kill(cluster.slot_owner(_slot(name)))
+            # Queued (subscribed first) on the slot's master: polled, as a fixed sleep
+            # could end first on a loaded machine and kill the master under another step.
+            master = cluster.slot_owner(_slot(name))
+            queue = LockKeys.of(name, per_slot=True).queue
+            with master.client() as c:
+                poll_until(lambda: c.zcard(queue), "the waiter queued")
+            cluster.kill(master)
             cluster.wait_converged()
             thread.join(timeout + 15.0)
             # A waiter stuck in one acquire spins past its timeout (the member it was
