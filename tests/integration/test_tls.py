@@ -87,9 +87,18 @@ def test_slow_handshake_does_not_fail_the_first_acquire(
     proxies: ExitStack,
     n: int,
 ) -> None:
-    nodes = [_proxy(proxies, shared5, i, ca, ["127.0.0.1"], SLOW_HANDSHAKE) for i in range(n)]
-    client = api.client([p.url for p in nodes], connection_options=_verified(ca))
-    assert client.config.node_timeout == 0.05  # the default
+    # Handshakes twice as long as the node timeout: charged to the round, they would fail
+    # it. Not the default 50 ms, which one attempt's round trips through the proxies, once
+    # set up, could miss on a loaded machine: 0.5 s, and handshakes of 1 s (within a
+    # connect_timeout of 5 s, not the default 1 s).
+    timeout = 0.5
+    nodes = [_proxy(proxies, shared5, i, ca, ["127.0.0.1"], 2 * timeout) for i in range(n)]
+    client = api.client(
+        [p.url for p in nodes],
+        connection_options=_verified(ca),
+        node_timeout=timeout,
+        connect_timeout=5.0,
+    )
     # One attempt, on connections not yet set up: the handshakes are not charged to it.
     lease = client.acquire(key, ttl=TTL, blocking=False)
     assert len(lease.nodes) >= n // 2 + 1
@@ -192,12 +201,12 @@ def test_a_new_clients_first_acquire_asks_every_node(
     # node timeout once the others could decide it), so every node is asked and the
     # lease is on every node, as it would be on connections already set up. (The round
     # is decided by the first two answers, so lease.nodes may name only those.) A node
-    # timeout of 0.5 s: on a loaded machine, handshakes through these proxies can end
-    # more than the default 50 ms apart, and the round then rightly begins without the
-    # last one.
+    # timeout of 1 s: on a loaded machine, handshakes through these proxies can end
+    # more than the default 50 ms apart (and three proxy threads, woken 0.2-0.5 s late,
+    # more than 0.5 s apart), and the round then rightly begins without the last one.
     nodes = [_proxy(proxies, shared5, i, ca, ["127.0.0.1"], delay) for i in range(3)]
     _used_before(api, shared5, key, 3)
-    client = api.client([p.url for p in nodes], connection_options=_verified(ca), node_timeout=0.5)
+    client = api.client([p.url for p in nodes], connection_options=_verified(ca), node_timeout=1.0)
     lease = client.acquire(key, ttl=TTL, blocking=False)
 
     def on_every_node() -> bool:
