@@ -379,8 +379,10 @@ def test_node_that_lost_its_data_is_kept_out_for_max_ttl(
     lease.release()
     assert not restarted & set(lease.nodes)  # kept out while warming up
     assert lease.fencing_token > before.fencing_token
-    # After max_ttl they grant again.
-    while time.monotonic() < seeded_at + max_ttl + 2.0:
+    # After max_ttl they grant again. Seen when both are among a round's first majority,
+    # which a loaded machine's scheduling decides: 2 s of rounds after the warm-up once
+    # saw no such round, beside a CPU hog.
+    while time.monotonic() < seeded_at + max_ttl + 5.0:
         lease = client.acquire(key, ttl=max_ttl)
         lease.release()
         if restarted <= set(lease.nodes):
