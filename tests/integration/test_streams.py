@@ -51,7 +51,11 @@ from tenure.patterns.streams import (
 from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
-TTL = 1.0  # partition leases: a dead worker's partitions move after about this long
+# Partition leases: a dead worker's partitions move after about this long. 2 s, not 1 s:
+# a live worker's watchdog (every TTL/3, in a process among many on a loaded 2-core
+# machine) must not lose a lease as paused, which the tests would read as a fault of the
+# worker (a write refused, a lost lease counted, a partition handled twice).
+TTL = 2.0
 GROUP = "appliers"
 _ctx = multiprocessing.get_context("forkserver")
 
@@ -1388,7 +1392,7 @@ def test_workers_churning_under_load_keep_one_writer_and_every_write_once(
                 producer.append_many(writes)
                 time.sleep(0.02)
 
-    # Each step: (what, worker); a paused worker stays stopped past its 1 s leases.
+    # Each step: (what, worker); a paused worker stays stopped past its leases.
     steps = [
         ("start", "c3"),
         ("pause", "c0"),
@@ -1409,7 +1413,7 @@ def test_workers_churning_under_load_keep_one_writer_and_every_write_once(
                 workers.start(name)
             elif what == "pause":
                 workers.signal(name, signal.SIGSTOP)
-                time.sleep(1.5)  # past the TTL: its partitions move
+                time.sleep(TTL + 0.5)  # past the TTL: its partitions move
             elif what == "resume":
                 workers.signal(name, signal.SIGCONT)
             elif what == "kill":
