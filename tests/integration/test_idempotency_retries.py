@@ -87,7 +87,9 @@ def test_a_lost_claim_reply_still_claims(
     with store.once(key) as once:
         assert losses.lost == 1
         assert not once.done
-        assert 29_000 < raw.pttl(store.redis_key(key)) <= 30_000
+        # The claim's 30 s lease (seconds of room for a loaded machine: no other lease
+        # comes near it).
+        assert 25_000 < raw.pttl(store.redis_key(key)) <= 30_000
         once.record("ok")
     with store.once(key) as again:
         assert (again.done, again.result) == (True, "ok")
@@ -127,7 +129,9 @@ def test_each_script_run_twice_answers_as_the_first_run(raw: redis.Redis, key: s
     assert _eval(raw, "idem_claim", [own], marker, 30_000) == [1, b""]
     raw.pexpire(own, 1_000)
     assert _eval(raw, "idem_claim", [own], marker, 30_000) == [1, b""]
-    assert 29_000 < raw.pttl(own) <= 30_000  # the lease counts from the run that answered
+    # The lease counts from the run that answered: 30 s again, not the 1 s left (with
+    # seconds of room for a loaded machine between the two commands).
+    assert 25_000 < raw.pttl(own) <= 30_000
     for _ in range(2):
         assert _eval(raw, "idem_record", [own, receipt], marker, b"n:", 60_000, 30_000) == [
             1,
@@ -145,7 +149,8 @@ def test_the_receipt_lasts_the_lease_and_never_outlives_the_record(
     with store.once(key) as once:
         once.record(1)
     ttl = raw.pttl(f"{store.redis_key(key)}:receipt")
-    assert min(lease, retention) * 1000 - 1_000 < ttl <= min(lease, retention) * 1000
+    # (3 s of room for a loaded machine between the record and this read.)
+    assert min(lease, retention) * 1000 - 3_000 < ttl <= min(lease, retention) * 1000
 
 
 def _record_nothing(reads: Reads[Pipeline]) -> Plan[None]:
