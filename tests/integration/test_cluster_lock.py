@@ -919,8 +919,11 @@ def test_a_cancelled_acquire_leaves_no_key_when_the_slot_map_moved_meanwhile(key
         slot = key_slot(keys.lock)
 
         async def main() -> None:
+            # A node timeout of 5 s: the acquire must still wait for the frozen source when
+            # it is cancelled, after a sleep and a reload of the map (2 s left a loaded
+            # machine some 1.5 s for them).
             async with tenure.AsyncClient(
-                [cluster.url], node_timeout=2.0, connect_timeout=0.5, max_ttl=60.0
+                [cluster.url], node_timeout=5.0, connect_timeout=0.5, max_ttl=60.0
             ) as client:
                 assert await client.lock(name, ttl=30.0).locked() is False  # map loaded
                 channel = client._cluster_channel(0)
