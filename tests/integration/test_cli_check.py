@@ -1118,10 +1118,12 @@ def test_a_node_that_never_ends_its_answer_is_given_up(kind: str) -> None:
     # redis-py bounds each wait for bytes by the socket timeout, not a whole reply: a
     # server sending one byte at a time (a stalled proxy, a dying server) kept `tenure
     # check` reading it for ever, whatever --node-timeout said. (Alone: the module's
-    # nodes are kept young for the uptime checks.)
+    # nodes are kept young for the uptime checks.) A node timeout of 0.5 s: ten of the
+    # server's bytes to each wait, so that a loaded machine's late drip (the server is a
+    # thread of this process) is not read as a node that never answered at all.
     with GarbageServer("slow") as slow:
         url = slow.as_node(kind)
-        code, findings, err = _check_process(url, options=("--node-timeout", "0.1"))
+        code, findings, err = _check_process(url, options=("--node-timeout", "0.5"))
     assert code == EXIT_UNAVAILABLE, err
     [row] = findings
     assert (row["node"], row["check"], row["level"]) == (url, "reachable", "UNSAFE"), row

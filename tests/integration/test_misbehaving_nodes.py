@@ -84,7 +84,10 @@ def test_a_node_that_is_not_redis_is_one_failed_node(
         _give_history(api, redis2.urls, key)
         listed = garbage.url.replace("redis://", "redis://:secret@") if password else garbage.url
         urls = [redis2.urls[0], listed, redis2.urls[1]]
-        a, b = api.client(urls), api.client(urls)
+        # Both real nodes must answer every round (the third cannot): a node timeout of
+        # 0.25 s, five times the default, so that a real node a loaded machine runs late
+        # is not a second failure.
+        a, b = api.client(urls, node_timeout=0.25), api.client(urls, node_timeout=0.25)
         for _ in range(5):
             lease = a.acquire(key, ttl=TTL)
             assert set(lease.nodes) == set(redis2.urls)
@@ -96,7 +99,7 @@ def test_a_node_that_is_not_redis_is_one_failed_node(
             assert a.lock(key, ttl=TTL).locked() is False
         # Waiting: b subscribes on every node (the garbage one too) and waits for a lease
         # that runs out, then gets the lock from the two real nodes.
-        short = a.acquire(key, ttl=0.3)
+        short = a.acquire(key, ttl=0.6)  # (the shortest TTL for that node timeout)
         second = b.acquire(key, ttl=TTL, timeout=10.0)
         assert second.acquired_at >= short.valid_until
         second.release()
