@@ -343,9 +343,9 @@ class EventLoopConflict(TenureError, RuntimeError):
         name: the lock the refused operation was about, or None.
     """
 
-    def __init__(self, operation: str, name: str | None = None, *, running: bool = True) -> None:
+    def __init__(self, operation: str, name: str | None = None, *, no_loop: bool = False) -> None:
         about = "" if name is None else f"lock {name!r}: "
-        if running:
+        if not no_loop:
             message = (
                 f"{about}cannot {operation} from this event loop: its AsyncClient is in "
                 "use by an event loop running in another thread, and serves one event loop "

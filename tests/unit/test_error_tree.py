@@ -107,6 +107,7 @@ def test_the_drawing_is_read_as_drawn(
         tenure.StaleToken("account:7", 3, 5),
         tenure.ClientClosed("acquire", "orders:42"),
         tenure.EventLoopConflict("acquire", "orders:42"),
+        tenure.EventLoopConflict("keep it alive", "orders:42", no_loop=True),
         tenure.LockTimeout("orders:42", "granted by 0 of 3 nodes", {"redis://a:1": "held"}),
         tenure.QuorumUnreachable("orders:42", "2 of 3 nodes failed"),
         tenure.SelfDeadlock("orders:42", "this thread holds it", threading.Lock()),

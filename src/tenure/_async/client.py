@@ -324,7 +324,7 @@ class AsyncLease(LeaseView):
             try:
                 asyncio.get_running_loop()
             except RuntimeError:
-                raise EventLoopConflict("keep it alive", self.name, running=False) from None
+                raise EventLoopConflict("keep it alive", self.name, no_loop=True) from None
             self._client._check_loop("keep it alive", self.name)
         self._watch(policy)
 
