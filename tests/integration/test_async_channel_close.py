@@ -20,6 +20,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
@@ -239,21 +240,6 @@ def test_a_client_in_use_by_a_loop_of_another_thread_refuses_a_second_loop(
     before any I/O; the first goes on undisturbed, and once it ended the client serves
     the next loop."""
     client = tenure.AsyncClient([shared5.urls[0]])
-    held, go = threading.Event(), threading.Event()
-    outcome: list[object] = []
-
-    async def hold() -> None:
-        async with client.lock(key, ttl=10) as lease:
-            held.set()
-            await asyncio.to_thread(go.wait, 10.0)
-            lease.check()
-        outcome.append("released")
-
-    def other_thread() -> None:
-        try:
-            asyncio.run(hold())
-        except BaseException as error:  # reported by the test
-            outcome.append(error)
 
     async def refused() -> list[str]:
         errors = []
@@ -266,16 +252,8 @@ def test_a_client_in_use_by_a_loop_of_another_thread_refuses_a_second_loop(
             errors.append(str(e.value))
         return errors
 
-    worker = threading.Thread(target=other_thread, daemon=True)
-    worker.start()
-    try:
-        assert held.wait(10.0)
+    with _held_on_a_loop_of_another_thread(client, key):
         errors = asyncio.run(refused())
-    finally:
-        go.set()
-        worker.join(10.0)
-    assert not worker.is_alive()
-    assert outcome == ["released"]
     assert "AsyncClient per event loop" in errors[0]
     assert holders(shared5, LockKeys.of(key).lock)[0] is None
 
@@ -300,35 +278,13 @@ def test_keep_alive_outside_the_loop_that_uses_the_client_is_refused(
     with pytest.raises(tenure.EventLoopConflict, match="no event loop running") as info:
         lease.keep_alive()
     assert repr(key) in str(info.value)
-    held, go = threading.Event(), threading.Event()
-    outcome: list[object] = []
-
-    async def hold() -> None:
-        async with client.lock(f"{key}-other", ttl=10):
-            held.set()
-            await asyncio.to_thread(go.wait, 10.0)
-        outcome.append("released")
-
-    def other_thread() -> None:
-        try:
-            asyncio.run(hold())
-        except BaseException as error:  # reported by the test
-            outcome.append(error)
 
     async def from_another_loop() -> None:
         with pytest.raises(tenure.EventLoopConflict, match="one event loop at a time"):
             lease.keep_alive()
 
-    worker = threading.Thread(target=other_thread, daemon=True)
-    worker.start()
-    try:
-        assert held.wait(10.0)
+    with _held_on_a_loop_of_another_thread(client, f"{key}-other"):
         asyncio.run(from_another_loop())
-    finally:
-        go.set()
-        worker.join(10.0)
-    assert not worker.is_alive()
-    assert outcome == ["released"]
 
     async def kept() -> None:
         lease.check()  # left as it was
@@ -337,3 +293,36 @@ def test_keep_alive_outside_the_loop_that_uses_the_client_is_refused(
         await client.aclose()
 
     asyncio.run(kept())
+
+
+@contextlib.contextmanager
+def _held_on_a_loop_of_another_thread(client: tenure.AsyncClient, name: str) -> Iterator[None]:
+    """Hold ``name`` on ``client`` from a thread running its own ``asyncio.run`` (the
+    client in use by that loop) for the ``with`` block; then let it release, and check
+    that the loop went on undisturbed."""
+    held, go = threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    async def hold() -> None:
+        async with client.lock(name, ttl=10) as lease:
+            held.set()
+            await asyncio.to_thread(go.wait, 10.0)
+            lease.check()
+        outcome.append("released")
+
+    def other_thread() -> None:
+        try:
+            asyncio.run(hold())
+        except BaseException as error:  # reported by the test
+            outcome.append(error)
+
+    worker = threading.Thread(target=other_thread, daemon=True)
+    worker.start()
+    try:
+        assert held.wait(10.0)
+        yield
+    finally:
+        go.set()
+        worker.join(10.0)
+    assert not worker.is_alive()
+    assert outcome == ["released"]
