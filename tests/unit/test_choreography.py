@@ -18,7 +18,9 @@ from tenure.verify.scenarios import (
     memory_pressure,
     premise,
     require_grant,
+    require_heard,
     retried,
+    unheard,
     unobserved,
     zero,
 )
@@ -138,3 +140,54 @@ def test_a_premise_unmet_is_the_error_of_the_run_naming_what_was_not_seen() -> N
     assert unobserved(expect, {"C1": 1, "stale_rejected": 0, "attempts_in_slow": 3}) is None
     assert expect[2].label == "attempts_in_slow >= 1"
     assert not expect[2].broken({"attempts_in_slow": 0})  # a premise is no limit
+
+
+# B's refusals on {3,4,5} after node 3's restart (scenario 2), n1 and n2 cut off: as
+# tenure's LockTimeout and the plain Redlock baseline word them.
+_TENURE_HEARD = (
+    "refused: LockTimeout: lock 'verify-lock': not acquired after timeout=0.3s: 3 of 5 "
+    "nodes blank (never used, or they lost their data) and not yet set up; 2 of 5 nodes "
+    "failed or did not answer"
+)
+_PLAIN_HEARD = "refused: 1 of 5 votes; 2 of 5 nodes failed or did not answer"
+_PLAIN_UNHEARD = "refused: 2 of 5 votes; 3 of 5 nodes failed or did not answer"
+
+
+@pytest.mark.parametrize(
+    ("outcome", "silent"),
+    [("granted", 0), ("refused: held", 0), (_TENURE_HEARD, 2), (_PLAIN_UNHEARD, 3)],
+)
+def test_a_refusal_says_how_many_nodes_it_did_not_hear(outcome: str, silent: int) -> None:
+    assert unheard(outcome) == silent
+
+
+@pytest.mark.parametrize("outcome", ["granted", _TENURE_HEARD, _PLAIN_HEARD, "refused: held"])
+def test_a_refusal_by_every_node_the_worker_could_reach_is_the_locks_answer(
+    outcome: str,
+) -> None:
+    require_heard("B", outcome, 2, "on n3, n4, n5 after node 3 restarted")
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        _PLAIN_UNHEARD,
+        _TENURE_HEARD.replace("2 of 5 nodes failed", "4 of 5 nodes failed"),
+        "refused: 3 of 5 votes; 2 of 5 nodes failed or did not answer; validity spent "
+        "after 2107 ms",
+    ],
+)
+def test_a_refusal_by_a_slow_machine_sets_the_cycle_up_again(outcome: str) -> None:
+    """Scenario 2's control on a loaded machine: B's 0.3 s ran out while n3, n4 or n5
+    timed out on it (50 ms each), so B never won {3,4,5}, the run showed no overlap and
+    read FAIL (expected C1 > 0), and a mitigation refusing B so would read PASS: the
+    cycle tested nothing either way. It is set up again (MissedWindow, :func:`retried`),
+    an ERROR naming the refusal if every attempt misses."""
+    with pytest.raises(MissedWindow) as info:
+        require_heard("B", outcome, 2, "on n3, n4, n5 after node 3 restarted")
+    reason = outcome.removeprefix("refused: ")
+    assert str(info.value) == (
+        f"B was refused the lock on n3, n4, n5 after node 3 restarted without hearing in "
+        f"time every node it could reach ({reason}): the machine decided, not the lock, "
+        "and the cycle tested nothing"
+    )

@@ -295,22 +295,33 @@ class PlainRedlock:
     def _try(self) -> Held | str:
         token = _lease_id()
         start = time.monotonic_ns()
-        votes = sum(self._set(node, token) for node in self._nodes)
+        answers = [self._set(node, token) for node in self._nodes]
+        votes = answers.count(True)
         now = time.monotonic_ns()
         drift = int(self._ttl_ms * 0.01 * 1e6) + 2_000_000
         valid_until = start + self._ttl_ms * 1_000_000 - drift
-        if votes > len(self._nodes) // 2 and valid_until > now:
+        n = len(self._nodes)
+        if votes > n // 2 and valid_until > now:
             self._token = token
             return Held(token, None, now, valid_until)
         self._token = token
         self.release()
-        return f"{votes} of {len(self._nodes)} votes"
+        # Who did not answer, in the words of tenure's LockTimeout: a scenario tells a
+        # refusal by the nodes (the lock it tests) from one by a slow machine (its
+        # nodes timed out: the cycle tested nothing, scenarios.unheard).
+        reason = f"{votes} of {n} votes"
+        if silent := answers.count(None):
+            reason += f"; {silent} of {n} nodes failed or did not answer"
+        if votes > n // 2:
+            reason += f"; validity spent after {(now - start) / 1e6:.0f} ms"
+        return reason
 
-    def _set(self, node: redis.Redis, token: str) -> bool:
+    def _set(self, node: redis.Redis, token: str) -> bool | None:
+        """The node's vote, or None if it failed or did not answer in time."""
         try:
             return bool(node.set(self._key, token, nx=True, px=self._ttl_ms))
         except redis.RedisError:
-            return False
+            return None
 
     def release(self) -> str:
         released = 0
