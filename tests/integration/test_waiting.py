@@ -189,7 +189,9 @@ def test_fair_newcomer_does_not_overtake_the_queue(
     api: Api, shared5: LocalCluster, key: str
 ) -> None:
     urls = shared5.urls[:1]
-    holder = api.client(urls).acquire(key, ttl=0.4, fair=True)
+    # A TTL of 1.5 s: the waiter must be queued before it runs out (its thread, a new
+    # client's connections and a round; 0.4 s was too short on a loaded machine).
+    holder = api.client(urls).acquire(key, ttl=1.5, fair=True)
     box: list[Any] = []
     with tenure.Client(urls) as waiting:  # closed with the test: its subscription too
         queued = threading.Thread(
