@@ -1118,12 +1118,13 @@ def test_a_node_that_never_ends_its_answer_is_given_up(kind: str) -> None:
     # redis-py bounds each wait for bytes by the socket timeout, not a whole reply: a
     # server sending one byte at a time (a stalled proxy, a dying server) kept `tenure
     # check` reading it for ever, whatever --node-timeout said. (Alone: the module's
-    # nodes are kept young for the uptime checks.) A node timeout of 0.5 s: ten of the
+    # nodes are kept young for the uptime checks.) A node timeout of 0.25 s: five of the
     # server's bytes to each wait, so that a loaded machine's late drip (the server is a
-    # thread of this process) is not read as a node that never answered at all.
+    # thread of this process) is not read as a node that never answered at all (0.1 s
+    # was, under a load of 14; the test's time grows with it: 0.5 s took 72 s).
     with GarbageServer("slow") as slow:
         url = slow.as_node(kind)
-        code, findings, err = _check_process(url, options=("--node-timeout", "0.5"))
+        code, findings, err = _check_process(url, options=("--node-timeout", "0.25"))
     assert code == EXIT_UNAVAILABLE, err
     [row] = findings
     assert (row["node"], row["check"], row["level"]) == (url, "reachable", "UNSAFE"), row
@@ -1158,7 +1159,10 @@ def test_json_output_from_a_real_process(volatile: LocalCluster) -> None:
         "TENURE_REDIS": ",".join(volatile.urls),
     }
     result = subprocess.run(
-        [sys.executable, "-m", "tenure.cli", "check", "--json", "--max-ttl", "30"],
+        # A day, the longest max_ttl: the module's nodes, however long its tests ran
+        # before this one, are younger, so the uptime finding that echoes it is there
+        # (--max-ttl 30 missed it once the nodes had run 30 s).
+        [sys.executable, "-m", "tenure.cli", "check", "--json", "--max-ttl", "86400"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -1171,7 +1175,7 @@ def test_json_output_from_a_real_process(volatile: LocalCluster) -> None:
     assert {tuple(sorted(f)) for f in findings} == {("check", "detail", "level", "node")}
     assert {f["node"] for f in findings} == set(volatile.urls)
     assert {f["level"] for f in findings} <= {"OK", "WARN", "UNSAFE"}
-    assert any("max_ttl 30 s" in f["detail"] for f in findings)
+    assert any("max_ttl 86400 s" in f["detail"] for f in findings)
 
 
 @pytest.mark.parametrize(
