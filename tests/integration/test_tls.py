@@ -17,8 +17,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 
 import tenure
 from tenure._core.config import LockKeys
@@ -444,3 +446,48 @@ def test_status_of_a_rediss_url_at_a_plain_port_says_tls_may_not_match() -> None
     ), result
     assert lines[two.urls[1]].startswith("unreachable: "), result
     assert "TLS" not in lines[two.urls[1]], result
+
+
+# Short, as a plain port never answers a TLS hello: the set-up ends at this bound
+# whatever the machine's load, and no race decides what is said.
+PLAIN_PORT_CONNECT_TIMEOUT = 0.3
+
+
+@pytest.mark.parametrize("given", ["url", "redis-py object"])
+def test_an_acquire_at_a_plain_port_over_tls_says_the_node_may_not_speak_tls(
+    api: Api, key: str, given: str
+) -> None:
+    # A plain Redis reads the client's TLS hello as the start of an inline command and
+    # waits for its end, so the handshake never ends; the client's own timer, which
+    # bounds the whole set-up, runs out first. Its per-node failure names the likely
+    # cause and the fix, as `tenure status` does (test above), not only "not connected
+    # within connect_timeout"; for a TLS node given as a URL or as a redis-py object with
+    # ssl=True alike. (The blocking client's set-up thread may time the handshake out
+    # itself, if the round looks late: that says the same, in redis-py's words.)
+    with LocalCluster(1) as one:
+        node = one[0]
+        assert node.port is not None
+        tls_url = one.urls[0].replace("redis://", "rediss://", 1)
+        nodes: list[Any] = (
+            [tls_url] if given == "url" else [redis.Redis(host=node.host, port=node.port, ssl=True)]
+        )
+        timeouts = {"connect_timeout": PLAIN_PORT_CONNECT_TIMEOUT, "node_timeout": 0.2}
+        client = api.client(nodes, **timeouts)
+        with pytest.raises(tenure.QuorumUnreachable) as info:
+            client.acquire(key, ttl=TTL, blocking=False)
+        message = str(info.value)
+        assert f"[{tls_url}: unreachable: " in message, message
+        assert "the node may not speak TLS" in message, message
+        assert "use redis:// for a plain port" in message, message
+        # A plain node whose set-up times out (frozen: its SELECT is never answered) is
+        # only unreachable: the hint is for TLS nodes alone.
+        silent = f"{one.urls[0]}/1"
+        node.pause()
+        try:
+            with pytest.raises(tenure.QuorumUnreachable) as info:
+                api.client([silent], **timeouts).acquire(key, ttl=TTL, blocking=False)
+        finally:
+            node.resume()
+        message = str(info.value)
+        assert f"[{silent}: unreachable: " in message, message
+        assert "TLS" not in message, message

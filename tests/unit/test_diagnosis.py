@@ -11,7 +11,7 @@ from redis import exceptions as rx
 
 import tenure
 from tenure._core.acquire import GRANTED, Acquisition, GiveUp, Granted, Retry
-from tenure._core.config import ClientConfig, LockSpec
+from tenure._core.config import ClientConfig, LockSpec, parse_node_url
 from tenure._core.diagnosis import (
     BackingOff,
     Diagnosis,
@@ -19,6 +19,7 @@ from tenure._core.diagnosis import (
     configuration_error,
     error_reply,
     naming,
+    not_connected_in_time,
     not_redis,
 )
 from tenure._core.lease import conclude_locked
@@ -382,6 +383,30 @@ def test_a_certificate_failure_is_a_configuration_failure_with_the_fix(
 def test_other_tls_failures_are_an_outage() -> None:
     handshake = ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number")
     assert diagnose(_wrapped(handshake)).failure is Failure.UNREACHABLE
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["rediss://h1:6380/2", "rediss+sentinel://s1:26379/primary", "rediss+cluster://c1:7000"],
+)
+def test_a_tls_set_up_not_done_in_time_names_a_plain_port_as_the_likely_cause(url: str) -> None:
+    # A plain port never answers a TLS hello; the clients' timer runs out first. Still an
+    # outage (a slow TLS server times out the same way), the likely fix named.
+    why = not_connected_in_time(parse_node_url(url), 0.5)
+    assert why == Diagnosis(
+        Failure.UNREACHABLE,
+        "not connected within connect_timeout (0.5 s): the node may not speak TLS (a plain "
+        "port never answers a TLS hello); use redis:// for a plain port",
+    )
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://h1:6379", "unix:///run/redis.sock", "redis+sentinel://s1:26379/primary"]
+)
+def test_a_plain_set_up_not_done_in_time_is_only_unreachable(url: str) -> None:
+    assert not_connected_in_time(parse_node_url(url), 1.0) == Diagnosis(
+        Failure.UNREACHABLE, "not connected within connect_timeout (1.0 s)"
+    )
 
 
 def test_configuration_error_is_a_tls_certificate_error_naming_the_node() -> None:

@@ -57,13 +57,21 @@ from .._core.diagnosis import (
     BackingOff,
     Diagnosis,
     at_connection_limit,
+    not_connected_in_time,
     reply_ends_link,
     rule_out,
 )
 from .._core.quorum import Failure, Round
 from .._core.resp import ErrorReply
 from .._core.sentinel import demoted
-from .._driver.redis_compat import NotRedis, bound_tcp_connect, diagnose, has_unread, node_pool
+from .._driver.redis_compat import (
+    Diagnosed,
+    NotRedis,
+    bound_tcp_connect,
+    diagnose,
+    has_unread,
+    node_pool,
+)
 from .._driver.report import NodeReporter
 from .._driver.timeouts import within
 from .deadlines import Deadline, Deadlines
@@ -409,7 +417,9 @@ class Channel:
         while its first connections came up called every healthy node unreachable.
 
         Raises:
-            ConnectionError: not set up in time; or what the set-up raised.
+            Diagnosed: not set up in time (over TLS, with the likely cause: see
+                ``diagnosis.not_connected_in_time``).
+            Exception: what the set-up raised.
         """
         loop = asyncio.get_running_loop()
         # redis-py's own bound on the TCP connect runs on the same late timer: it is
@@ -434,9 +444,7 @@ class Channel:
                 if setup.done():
                     return setup.result()
                 if graces >= MAX_GRACES or loop.time() - due < self._connect_timeout * LATE:
-                    raise ConnectionError(
-                        f"not connected within connect_timeout ({self._connect_timeout} s)"
-                    )
+                    raise Diagnosed(not_connected_in_time(self.address, self._connect_timeout))
                 graces += 1
         finally:
             # Given up (timed out, or this task cancelled): the set-up ends before the

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .._errors import NodeMisconfigured, ServerUnsupported, TLSCertificateError
-from .config import DEFAULT_KEY_PREFIX
+from .config import DEFAULT_KEY_PREFIX, NodeAddress
 from .quorum import Failure, Round
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "for_prefix",
     "in_url_form",
     "naming",
+    "not_connected_in_time",
     "not_redis",
     "store_problem",
     "tls_handshake_timed_out",
@@ -477,6 +478,24 @@ def tls_handshake_timed_out(said: str) -> Diagnosis:
         f"{said} (the TLS handshake timed out: the node may not speak TLS; "
         "use redis:// for a plain port)",
     )
+
+
+def not_connected_in_time(address: NodeAddress, connect_timeout: float) -> Diagnosis:
+    """A connection to the node at ``address`` whose set-up (TCP connect, then TLS
+    handshake, AUTH, SELECT) did not end within ``connect_timeout``, as the clients'
+    own timer found it. Over TLS, the likelier cause is named with its fix, as
+    ``tls_handshake_timed_out`` does for a handshake redis-py timed out: a plain port
+    reads the client's TLS hello as the start of an inline command and waits for its
+    end, so it never answers, and the clients' timer (started before the TCP connect)
+    runs out before the handshake's own. Only a "may": a TLS server that is slow, or
+    a TCP connect that hangs, times out the same way."""
+    said = f"not connected within connect_timeout ({connect_timeout} s)"
+    if address.scheme.partition("+")[0] == "rediss":  # rediss+cluster:// too
+        said += (
+            ": the node may not speak TLS (a plain port never answers a TLS hello); "
+            "use redis:// for a plain port"
+        )
+    return Diagnosis(Failure.UNREACHABLE, said)
 
 
 def socket_path_not_a_directory(said: str) -> Diagnosis:

@@ -58,7 +58,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._core.backoff import IDLE_LOOK, STALL, Reconnect
 from .._core.commands import Command, ScriptCache, about_scripts
 from .._core.config import ClientConfig, NodeAddress
-from .._core.diagnosis import BackingOff, Diagnosis, reply_ends_link, rule_out
+from .._core.diagnosis import (
+    BackingOff,
+    Diagnosis,
+    not_connected_in_time,
+    reply_ends_link,
+    rule_out,
+)
 from .._core.quorum import Failure, Round
 from .._core.sentinel import demoted
 from .._driver.ready import readable
@@ -403,10 +409,7 @@ class Link:
         if now >= setup.deadline:
             self.setup = None
             setup.abandon()
-            why = Diagnosis(
-                Failure.UNREACHABLE,
-                f"not connected within connect_timeout ({node.connect_timeout} s)",
-            )
+            why = not_connected_in_time(node.address, node.connect_timeout)
             node.down(now, why)
             return why
         return None
