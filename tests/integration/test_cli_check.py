@@ -1206,3 +1206,26 @@ def test_the_same_url_twice_gets_one_finding_per_entry() -> None:
     a, b = _facts(node="a"), _facts(node="a")
     findings = [f for f in evaluate([a, b]) if f.check == "independent"]
     assert [(f.node, f.level) for f in findings] == [("a", Level.UNSAFE), ("a", Level.UNSAFE)]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["--max-ttl", "0"],
+            "--max-ttl: must be a number of seconds from 0.001 to 86400, got 0 (the default "
+            "is 60 s; e.g. --max-ttl 120)",
+        ),
+        (
+            ["--node-timeout", "1s"],
+            "--node-timeout: must be a number of seconds from 0.001 to 60, got '1s', not a "
+            "number (the default is 1 s; e.g. --node-timeout 2)",
+        ),
+    ],
+)
+def test_a_refused_number_says_the_default_and_an_example(args: list[str], said: str) -> None:
+    # "must be in [0.001, 86400] seconds, got 0": neither the default nor a value that works.
+    code, out, err = _tenure_check("--redis", "redis://127.0.0.1:1", *args)
+    assert code == 2
+    assert out == ""
+    assert err.splitlines()[-1] == f"tenure check: error: argument {said}", err

@@ -672,9 +672,118 @@ def test_status_takes_the_node_timeouts_the_clients_take(
     assert result.returncode == 2, result
     assert result.stdout == ""
     assert result.stderr.splitlines()[-1] == (
-        "tenure status: error: argument --node-timeout: must be in [0.001, 60] seconds, "
-        f"got {seconds}"
+        "tenure status: error: argument --node-timeout: must be a number of seconds from "
+        f"0.001 to 60, got {seconds} (the default is 0.5 s; e.g. --node-timeout 1)"
     )
+
+
+# What a refused number says: the option, the range, what was given, the default (or what
+# leaving the option out does) and a value that works.
+_NO_NODE = "redis://127.0.0.1:1"  # never reached: the command line is refused first
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["run", "x", "--ttl", "0"],
+            "--ttl: must be a positive number of seconds, got 0 (the default is 10 s; "
+            "e.g. --ttl 30)",
+        ),
+        (
+            ["run", "x", "--wait", "-1"],
+            "--wait: must be a number of seconds, 0 or more, got -1 (by default it waits "
+            "for ever; e.g. --wait 60)",
+        ),
+        (
+            ["run", "x", "--grace", "soon"],
+            "--grace: must be a number of seconds, 0 or more, got 'soon', not a number (the "
+            "default is 5 s; e.g. --grace 10)",
+        ),
+        (
+            ["run", "x", "--max-hold", "inf"],
+            "--max-hold: must be a positive number of seconds, got inf (by default the "
+            "lease is held as long as the command runs; e.g. --max-hold 3600)",
+        ),
+        (
+            ["run", "x", "--max-ttl", "0"],
+            "--max-ttl: must be a positive number of seconds, got 0 (the default is 60 s; "
+            "e.g. --max-ttl 120)",
+        ),
+        (
+            ["run", "x", "--node-timeout", "nan"],
+            "--node-timeout: must be a positive number of seconds, got nan (the default is "
+            "0.05 s; e.g. --node-timeout 0.1)",
+        ),
+        (
+            ["status", "x", "--node-timeout", "0"],
+            "--node-timeout: must be a number of seconds from 0.001 to 60, got 0 (the "
+            "default is 0.5 s; e.g. --node-timeout 1)",
+        ),
+    ],
+)
+def test_a_refused_number_says_its_range_the_value_the_default_and_an_example(
+    args: list[str], said: str
+) -> None:
+    # "argument --ttl: must be a positive number, got 0.0": the range, the value as
+    # tenure read it, and neither the default nor a value that works.
+    command = args[0]
+    tail = ["--", "true"] if command == "run" else []
+    result = _tenure(*args, "--redis", _NO_NODE, *tail)
+    assert result.returncode == (EXIT_TENURE_ERROR if command == "run" else 2), result
+    assert result.stdout == ""
+    usage, line = result.stderr.splitlines()[0], result.stderr.splitlines()[-1]
+    assert usage.startswith(f"usage: tenure {command} "), result.stderr
+    assert line == f"tenure {command}: error: argument {said}", result.stderr
+
+
+_NAME_MISSING = (
+    "tenure run: error: the following arguments are required: NAME (before the options: "
+    "tenure run NAME [options] -- COMMAND ...; a NAME that begins with '-' after the "
+    "options: tenure run [options] -- -NAME -- COMMAND ...)"
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        # The command after "--" was there: only the NAME was missing, not "NAME, COMMAND".
+        (["run", "--ttl", "5", "--", "true"], [_NAME_MISSING]),
+        # Said the --ttl alone; the missing NAME came up only once --ttl was fixed.
+        (
+            ["run", "--ttl", "0", "--", "true"],
+            [
+                "tenure run: error: argument --ttl: must be a positive number of seconds, "
+                "got 0 (the default is 10 s; e.g. --ttl 30)",
+                _NAME_MISSING,
+            ],
+        ),
+        (
+            ["status", "--node-timeout", "0"],
+            [
+                "tenure status: error: argument --node-timeout: must be a number of seconds "
+                "from 0.001 to 60, got 0 (the default is 0.5 s; e.g. --node-timeout 1)",
+                "tenure status: error: the following arguments are required: NAME",
+            ],
+        ),
+        (
+            ["run", "x", "make", "--ttl", "0", "--max-ttl", "-", "--", "-j4"],
+            [
+                "tenure run: error: argument --ttl: must be a positive number of seconds, "
+                "got 0 (the default is 10 s; e.g. --ttl 30)",
+                "tenure run: error: argument --max-ttl: must be a positive number of "
+                "seconds, got '-', not a number (the default is 60 s; e.g. --max-ttl 120)",
+            ],
+        ),
+    ],
+)
+def test_every_problem_of_a_command_line_is_said_at_once(args: list[str], said: list[str]) -> None:
+    result = _tenure(*args)
+    assert result.returncode == (EXIT_TENURE_ERROR if args[0] == "run" else 2), result
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"usage: tenure {args[0]} "), result.stderr
+    assert [line for line in lines if ": error: " in line] == said, result.stderr
 
 
 @pytest.mark.parametrize(

@@ -109,8 +109,9 @@ def test_a_cycle_count_past_its_bound_is_a_usage_error(
         _build_parser().parse_args(["verify", "--cycles", "99999999999999999999999"])
     assert exited.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "tenure verify: error: argument --cycles: must be from 1 to 1000, got "
-        "99999999999999999999999: give --cycles in that range (--soak runs up to 200)"
+        "tenure verify: error: argument --cycles: must be an integer from 1 to 1000, got "
+        "99999999999999999999999 (the default is 10, 3 with --quick, up to 200 with --soak; "
+        "e.g. --cycles 50)"
     )
     assert _build_parser().parse_args(["verify", "--cycles", str(MAX_CYCLES)]).cycles == 1000
     with pytest.raises(SystemExit):

@@ -11,7 +11,8 @@ Exit codes: 0 success, 1 the command ran but its check failed (for ``demo``: the
 run was not clean), 2 usage errors and errors reported by tenure (``TenureError``: a bad
 parameter, no redis-server, a node that would not start), 130 interrupted by Ctrl-C,
 128+N stopped by signal N (SIGTERM or SIGHUP: ``timeout``, a CI job's time limit, a
-closed terminal), after the same clean-up as for Ctrl-C.
+closed terminal), after the same clean-up as for Ctrl-C. A usage error says every problem
+of the command line at once, one line each under the usage (``tenure.cli._options``).
 ``tenure run`` passes its command's status through and adds 69 (nodes unreachable), 75
 (lock held elsewhere), 78 (tenure's own error: usage, configuration, a misconfigured
 node, an internal failure; never 2 or 1, which its command could return), 79 (lease lost
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -36,8 +38,10 @@ from types import FrameType
 from .. import __version__
 from .._core.config import NODE_TIMEOUT_LOW
 from .._errors import TenureError
+from ._options import Parser, UsageError, add_count, add_seconds
 from ._text import one_line
 from .node_check import CHECK_EXIT_CODES, check
+from .node_rules import DEFAULT_MAX_TTL
 from .run import EXIT_TENURE_ERROR, RUN_EXIT_CODES, RunOptions, key_prefix_from, nodes_from, run
 from .status import status
 
@@ -68,30 +72,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     _log_warnings(parser.prog)
     try:
         args, extra = parser.parse_known_args(words)
+        # Every problem is said at once (tenure.cli._options), each by the subcommand's
+        # parser, with its usage, not the top level's: a refused value, then these.
+        sub: Parser = getattr(args, "parser", parser)
+        takes_command = getattr(args, "takes_command", False)
+        problems = []
         if extra:
-            # Said by the subcommand's parser, with its usage, not the top level's; for
-            # `tenure run` without a "--", a word after its options is most likely the
-            # command.
-            sub: argparse.ArgumentParser = getattr(args, "parser", parser)
+            # For `tenure run` without a "--", a word after its options is most likely
+            # the command.
             hint = (
                 ' (the command goes after "--": tenure run NAME [options] -- COMMAND ...)'
-                if getattr(args, "takes_command", False) and tail is None
+                if takes_command and tail is None
                 else ""
             )
-            sub.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
-        if getattr(args, "takes_command", False) and args.name is None:
+            problems.append(f"unrecognized arguments: {' '.join(extra)}{hint}")
+        if takes_command and args.name is None:
             # No NAME before "--": `tenure run [OPTIONS] -- -NAME -- COMMAND`, for a name
             # that begins with "-" (argparse would take it for an option).
             named = tail or []
-            if len(named) < 3 or named[1] != "--":
-                args.parser.error("the following arguments are required: NAME, COMMAND")
-            args.name, tail = named[0], named[2:]
+            if len(named) >= 2 and named[1] == "--":
+                args.name, tail = named[0], named[2:]  # no COMMAND: run() says so
+            else:
+                # Words after one "--" are the command (`tenure run --ttl 5 -- make`):
+                # what is missing is the NAME alone, which goes first.
+                problems.append(_NO_NAME if named else _NO_NAME_NOR_COMMAND)
+        if problems or sub.refused:
+            sub.fail(problems)
         if tail is not None:
-            if not getattr(args, "takes_command", False):
+            if not takes_command:
                 parser.error(f"unrecognized arguments: -- {' '.join(tail)}")
             # Words before "--" (``tenure run NAME make -- -j4``) start the command.
             args.command = [*args.command, "--", *tail] if args.command else tail
-    except SystemExit as exc:  # --help, --version and usage errors: argparse has printed
+    except UsageError:  # the parser has printed the usage and the problems
+        return error_exit
+    except SystemExit as exc:  # --help and --version: argparse has printed
         code = _exit_code(exc)
         return error_exit if code == EXIT_USAGE else code
     handler: Handler | None = getattr(args, "handler", None)
@@ -123,6 +137,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Cleaned up on the way out, as for Ctrl-C.
         print(f"{parser.prog}: terminated ({exc.signal.name})", file=sys.stderr)
         return 128 + exc.signal
+
+
+_USAGE_FORMS = (
+    "tenure run NAME [options] -- COMMAND ...; a NAME that begins with '-' after the "
+    "options: tenure run [options] -- -NAME -- COMMAND ..."
+)
+_NO_NAME = f"the following arguments are required: NAME (before the options: {_USAGE_FORMS})"
+_NO_NAME_NOR_COMMAND = f"the following arguments are required: NAME, COMMAND ({_USAGE_FORMS})"
 
 
 class _Stopped(BaseException):
@@ -184,8 +206,8 @@ def _log_warnings(prog: str) -> None:
     logger.setLevel(logging.WARNING)
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _build_parser() -> Parser:
+    parser = Parser(
         prog="tenure",
         description="Distributed locks on Redis that stay correct under real faults.",
     )
@@ -199,7 +221,7 @@ def _build_parser() -> argparse.ArgumentParser:
 # --- demo -----------------------------------------------------------------------------
 
 
-def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_demo(subparsers: argparse._SubParsersAction[Parser]) -> None:
     # Imported here, as the verifier's scenarios are by _add_verify: the demo pulls in
     # multiprocessing and tenure.testing, which importing tenure.cli alone does not.
     from .demo import MAX_DURATION, MAX_NODES, MAX_WORKERS, ttl_range
@@ -214,31 +236,45 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
             "run was clean (one holder at a time, no lost update)."
         ),
     )
-    p.add_argument(
+    # Left out, --workers and --duration are None: --quick picks their defaults.
+    add_count(
+        p,
         "--workers",
-        type=_int_in(1, MAX_WORKERS, "--workers", "default 8"),
+        low=1,
+        high=MAX_WORKERS,
+        left_out="the default is 8, 4 with --quick",
+        example=16,
         help=f"worker processes, 1 to {MAX_WORKERS} (default 8; 4 with --quick)",
     )
-    p.add_argument(
+    add_seconds(
+        p,
         "--duration",
-        type=_seconds_in(0, MAX_DURATION, open_low=True, fix="--duration", default="6"),
-        metavar="SECONDS",
+        open_low=True,
+        high=MAX_DURATION,
+        left_out="the default is 6 s, 3 s with --quick",
+        example=10,
         help=f"seconds of the locked run, at most {MAX_DURATION:g} (default 6; 3 with --quick)",
     )
-    # Odd is checked by run_demo, which says so with the range.
-    p.add_argument(
+    add_count(
+        p,
         "--nodes",
-        type=_int_in(1, MAX_NODES, "--nodes", "odd, default 5"),
+        low=1,
+        high=MAX_NODES,
+        odd=True,
         default=5,
+        example=7,
         help=f"lock nodes, odd, 1 to {MAX_NODES} (default 5)",
     )
-    # Its range is the workers' clients' (run_demo checks it and says it).
-    p.add_argument(
+    # The range of the workers' clients (run_demo checks it too, for its other callers).
+    shortest, longest = ttl_range()
+    add_seconds(
+        p,
         "--ttl",
-        type=_positive_float,
+        low=shortest,
+        high=longest,
         default=2.0,
-        metavar="SECONDS",
-        help="lock TTL in seconds, {:g} to {:g} (default 2)".format(*ttl_range()),
+        example=5,
+        help=f"lock TTL in seconds, {shortest:g} to {longest:g} (default 2)",
     )
     p.add_argument("--quick", action="store_true", help="a short run, for CI")
     p.set_defaults(handler=_cmd_demo, parser=p)
@@ -258,16 +294,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _add_node_timeout_option(
-    p: argparse.ArgumentParser,
-    default: float,
-    what: str,
-    kind: Callable[[str], float] | None = None,
+    p: argparse.ArgumentParser, default: float, what: str, *, checked_later: bool = False
 ) -> None:
-    p.add_argument(
+    """The range of Client(node_timeout=...), so that ``tenure status`` and ``tenure
+    check`` take what the clients they inspect could have (a --node-timeout of 1e300
+    overflowed the socket's deadline on every node, reported as each node's error); or,
+    ``checked_later``, any positive number, left to the Client to refuse (``tenure run``:
+    one message for the node timeout and the TTL together)."""
+    add_seconds(
+        p,
         "--node-timeout",
-        type=kind or _node_timeout,
+        low=0 if checked_later else NODE_TIMEOUT_LOW,
+        open_low=checked_later,
+        high=math.inf if checked_later else 60,
         default=default,
-        metavar="SECONDS",
+        example=2 * default,
         help=f"wait at most this long {what} (default {default:g})",
     )
 
@@ -298,7 +339,7 @@ def _add_key_prefix_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_run(subparsers: argparse._SubParsersAction[Parser]) -> None:
     p = subparsers.add_parser(
         "run",
         help="run a command while holding a lock (a distributed flock)",
@@ -315,48 +356,54 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("name", metavar="NAME", nargs="?", help="the lock's name")
     p.add_argument("command", metavar="COMMAND", nargs="*", help=argparse.SUPPRESS)
     _add_nodes_option(p)
-    p.add_argument(
+    # Their upper bounds (and --max-hold's lower one) are the Client's to check: one
+    # message for --ttl, --max-ttl, --max-hold and --node-timeout together.
+    add_seconds(
+        p,
         "--ttl",
-        type=_positive_float,
+        open_low=True,
         default=10.0,
-        metavar="SECONDS",
+        example=30,
         help="lease TTL; the watchdog extends it every TTL/3 (default 10)",
     )
     waiting = p.add_mutually_exclusive_group()
-    waiting.add_argument(
+    add_seconds(
+        waiting,
         "--wait",
-        type=_non_negative_float,
-        metavar="SECONDS",
+        left_out="by default it waits for ever",
+        example=60,
         help="give up (exit 75) if the lock is still held after this long (default: forever)",
     )
     waiting.add_argument(
         "--no-wait", action="store_true", help="give up at once (exit 75) if the lock is held"
     )
-    p.add_argument(
+    add_seconds(
+        p,
         "--grace",
-        type=_non_negative_float,
         default=5.0,
-        metavar="SECONDS",
+        example=10,
         help="between SIGTERM and SIGKILL when the command must stop (default 5)",
     )
-    p.add_argument(
+    add_seconds(
+        p,
         "--max-hold",
-        type=_positive_float,
-        metavar="SECONDS",
+        open_low=True,
+        left_out="by default the lease is held as long as the command runs",
+        example=3600,
         help="stop extending after holding this long: the lease then runs out and the "
         "command is terminated (exit 79). Default: no cap",
     )
-    p.add_argument(
+    add_seconds(
+        p,
         "--max-ttl",
-        type=_positive_float,
+        open_low=True,
         default=60.0,
-        metavar="SECONDS",
+        example=120,
         help="the longest TTL a lease may have, the same on every client of these nodes "
         "(their max_ttl): a node that lost its data sits out this long. --ttl is at most "
         "this (default 60)",
     )
-    # Checked by Client, as --ttl and --max-ttl are: one message for the three together.
-    _add_node_timeout_option(p, 0.05, "for any one node in a round", _positive_float)
+    _add_node_timeout_option(p, 0.05, "for any one node in a round", checked_later=True)
     _add_key_prefix_option(p)
     p.set_defaults(handler=_cmd_run, takes_command=True, parser=p)
 
@@ -381,7 +428,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 # --- status ---------------------------------------------------------------------------
 
 
-def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_status(subparsers: argparse._SubParsersAction[Parser]) -> None:
     p = subparsers.add_parser(
         "status",
         help="show what every node says about a lock",
@@ -418,7 +465,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 # --- check ----------------------------------------------------------------------------
 
 
-def _add_check(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_check(subparsers: argparse._SubParsersAction[Parser]) -> None:
     p = subparsers.add_parser(
         "check",
         help="inspect the lock nodes: what threatens the lock's safety",
@@ -437,11 +484,14 @@ def _add_check(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_nodes_option(p)
-    p.add_argument(
+    # The range of Client(max_ttl=...).
+    add_seconds(
+        p,
         "--max-ttl",
-        type=_max_ttl,
-        default=60.0,
-        metavar="SECONDS",
+        low=0.001,
+        high=86_400,
+        default=DEFAULT_MAX_TTL,
+        example=120,
         help="the longest lease TTL your clients use (their max_ttl); a node started "
         "less than this long ago is reported (default 60)",
     )
@@ -477,7 +527,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 # --- verify ---------------------------------------------------------------------------
 
 
-def _add_verify(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_verify(subparsers: argparse._SubParsersAction[Parser]) -> None:
     from ..verify.scenarios import MAX_CYCLES, SCENARIOS
 
     catalogue = "\n".join(f"  {s.number} {s.key:<9} {s.title}" for s in SCENARIOS)
@@ -499,9 +549,13 @@ def _add_verify(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="a few cycles each (CI, about 2 min)")
     size.add_argument("--soak", action="store_true", help="hundreds of cycles each (long)")
-    p.add_argument(
+    add_count(
+        p,
         "--cycles",
-        type=_int_in(1, MAX_CYCLES, "--cycles", "--soak runs up to 200"),
+        low=1,
+        high=MAX_CYCLES,
+        left_out="the default is 10, 3 with --quick, up to 200 with --soak",
+        example=50,
         metavar="N",
         help=f"cycles per configuration, 1 to {MAX_CYCLES}, overriding --quick/--soak (default 10)",
     )
@@ -603,79 +657,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 # --- helpers --------------------------------------------------------------------------
 
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[Parser]], None]] = [
     _add_demo,
     _add_run,
     _add_status,
     _add_check,
     _add_verify,
 ]
-
-
-def _int_in(low: int, high: int, option: str, default: str) -> Callable[[str], int]:
-    """An option's type: an int from ``low`` to ``high``. Bounded above as well: a
-    ``--cycles`` of 10**23 ran for ever, 1001 ``--nodes`` started 1001 servers."""
-
-    def number(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(
-                f"must be from {low} to {high}, got {text}: give {option} in that range ({default})"
-            )
-        return value
-
-    return number
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value}")
-    return value
-
-
-def _seconds_in(
-    low: float, high: float, *, open_low: bool, fix: str = "", default: str = ""
-) -> Callable[[str], float]:
-    """An option's type: seconds in the range a client accepts for the setting, so that
-    ``tenure status`` and ``tenure check`` take what the clients they inspect could have
-    (a --node-timeout of 1e300 overflowed the socket's deadline on every node, reported
-    as each node's error), or in the range a command can use (``fix``: the option, named
-    in the error with its ``default``)."""
-    shown = f"{'(' if open_low else '['}{low:g}, {high:g}]"
-    hint = f": give {fix} in that range (default {default})" if fix else ""
-
-    def seconds(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not (low < value if open_low else low <= value) or not value <= high:
-            raise argparse.ArgumentTypeError(f"must be in {shown} seconds, got {text}{hint}")
-        return value
-
-    return seconds
-
-
-# The ranges of Client(node_timeout=...) and Client(max_ttl=...).
-_node_timeout = _seconds_in(NODE_TIMEOUT_LOW, 60, open_low=False)
-_max_ttl = _seconds_in(0.001, 86_400, open_low=False)
 
 
 def _exit_code(exc: SystemExit) -> int:

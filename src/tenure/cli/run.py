@@ -30,7 +30,8 @@ Exit codes
        ``--redis``/``TENURE_REDIS``, a malformed URL, a TTL too small), a node set up
        wrongly so that no majority is left (a read-only replica, a wrong or missing
        password, an ACL user without a permission tenure needs, not a Redis server), or
-       an unexpected internal failure. One line on stderr says which, no traceback. The
+       an unexpected internal failure. One line on stderr says which (a usage error:
+       the usage, then one line per problem of the command line), no traceback. The
        command was not started (or, had it started, it was killed before exiting)
 79     the lease was lost while the command ran: the command was terminated (or had
        already ended after the lease's validity); it may have overlapped another holder
@@ -170,7 +171,7 @@ exit codes:
   78     tenure's own error, never the command's: usage (no NAME or COMMAND, bad
          option), configuration (no --redis/TENURE_REDIS, bad URL or value, nodes
          set up wrongly: read-only replica, wrong password, ACL, not Redis) or an
-         internal failure; one line on stderr; the command was not started
+         internal failure; one line on stderr per problem; the command was not started
   79     lease lost while the command ran: it was terminated (SIGTERM, SIGKILL after
          --grace) or had ended too late; it may have overlapped another holder
   126    the command could not be executed; 127: the command was not found
