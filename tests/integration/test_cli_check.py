@@ -1229,3 +1229,68 @@ def test_a_refused_number_says_the_default_and_an_example(args: list[str], said:
     assert code == 2
     assert out == ""
     assert err.splitlines()[-1] == f"tenure check: error: argument {said}", err
+
+
+def _check_usage_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``tenure check ARGS`` as a script runs it, without TENURE_REDIS."""
+    return subprocess.run(
+        [sys.executable, "-m", "tenure.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(tenure.__file__).parents[1])},
+    )
+
+
+_NOWHERE = "redis://127.0.0.1:1"  # never reached: the command line is refused first
+
+
+@pytest.mark.parametrize(
+    ("args", "rows"),
+    [
+        (["check", "--json", "--redis", _NOWHERE, "--max-ttl", "0"], 1),
+        (["check", "--redis", _NOWHERE, "--max-ttl", "0", "--json"], 1),
+        (["check", "--js", "--node-timeout", "61", "--redis", _NOWHERE], 1),
+        (["check", "--json", "--bogus", "--max-ttl", "1e300"], 2),  # one row each
+        (["--json", "check"], 1),  # a top-level option it does not have
+        # Refused by tenure check itself, after the parse (exit 2, "usage error" too).
+        (["check", "--json"], 1),  # no --redis and no TENURE_REDIS
+        (["check", "--json", "--redis", "http://127.0.0.1:1"], 1),
+        (["check", "--json", "--redis", f"{_NOWHERE}?socket_timeout=abc"], 1),
+    ],
+)
+def test_a_usage_error_with_json_is_a_json_finding_on_stdout(args: list[str], rows: int) -> None:
+    # stdout was empty: a script parsing it failed on the JSON, not on the usage error.
+    result = _check_usage_process(*args)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    errors = [
+        line.split(": error: ", 1)[1] for line in result.stderr.splitlines() if ": error: " in line
+    ]
+    assert len(errors) == rows, result.stderr
+    findings = json.loads(result.stdout)
+    # The findings' shape, which readers of `tenure check --json` know: a list of
+    # {node, check, level, detail}; UNSAFE, so that none takes it for a pass.
+    assert findings == [
+        {"node": "", "check": "usage", "level": "UNSAFE", "detail": error} for error in errors
+    ], result.stderr
+    assert _unsafe(findings) == findings
+
+
+def test_only_check_with_json_answers_a_usage_error_on_stdout() -> None:
+    asked = _check_usage_process("check", "--json", "--max-ttl", "0")
+    assert asked.returncode == 2, asked
+    assert json.loads(asked.stdout)[0]["check"] == "usage", asked
+    # argparse's usage line and error stay on stderr.
+    assert asked.stderr.startswith("usage: tenure check "), asked.stderr
+    assert "tenure check: error: argument --max-ttl: " in asked.stderr
+    for args in [
+        ["check", "--redis", _NOWHERE, "--max-ttl", "0"],
+        ["status", "x", "--json"],  # only tenure check has a JSON output
+        ["run", "x", "--json", "--", "true"],  # run's stdout is its command's
+    ]:
+        result = _check_usage_process(*args)
+        assert result.returncode == (78 if args[0] == "run" else 2), result
+        assert result.stdout == "", result
+        assert "error: " in result.stderr

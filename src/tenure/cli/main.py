@@ -12,7 +12,8 @@ run was not clean), 2 usage errors and errors reported by tenure (``TenureError`
 parameter, no redis-server, a node that would not start), 130 interrupted by Ctrl-C,
 128+N stopped by signal N (SIGTERM or SIGHUP: ``timeout``, a CI job's time limit, a
 closed terminal), after the same clean-up as for Ctrl-C. A usage error says every problem
-of the command line at once, one line each under the usage (``tenure.cli._options``).
+of the command line at once, one line each under the usage (``tenure.cli._options``);
+``tenure check --json`` also prints them on stdout, as JSON rows of check ``usage``.
 ``tenure run`` passes its command's status through and adds 69 (nodes unreachable), 75
 (lock held elsewhere), 78 (tenure's own error: usage, configuration, a misconfigured
 node, an internal failure; never 2 or 1, which its command could return), 79 (lease lost
@@ -40,7 +41,7 @@ from .._core.config import NODE_TIMEOUT_LOW
 from .._errors import TenureError
 from ._options import Parser, UsageError, add_count, add_seconds
 from ._text import one_line
-from .node_check import CHECK_EXIT_CODES, check
+from .node_check import CHECK_EXIT_CODES, check, usage_json
 from .node_rules import DEFAULT_MAX_TTL
 from .run import EXIT_TENURE_ERROR, RUN_EXIT_CODES, RunOptions, key_prefix_from, nodes_from, run
 from .status import status
@@ -103,7 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"unrecognized arguments: -- {' '.join(tail)}")
             # Words before "--" (``tenure run NAME make -- -j4``) start the command.
             args.command = [*args.command, "--", *tail] if args.command else tail
-    except UsageError:  # the parser has printed the usage and the problems
+    except UsageError as exc:
+        # A script reading `tenure check --json` gets the problems as JSON too, in the
+        # findings' shape, not an empty stdout.
+        if _asks_for_json(words):
+            print(usage_json(exc.problems), flush=True)
         return error_exit
     except SystemExit as exc:  # --help and --version: argparse has printed
         code = _exit_code(exc)
@@ -128,6 +133,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TenureError as exc:
         # Expected failures (bad parameter, missing server): one line, no traceback.
         print(f"{parser.prog}: error: {one_line(exc)}", file=sys.stderr)
+        if getattr(args, "json", False):
+            # `tenure check --json` refused its nodes' URLs or found none: a usage error
+            # (exit 2), told on stdout as one for the options is (tenure check raises
+            # before it prints anything).
+            print(usage_json([one_line(exc)]), flush=True)
         return error_exit
     except KeyboardInterrupt:
         # The command has cleaned up on its way out (its finally blocks ran).
@@ -145,6 +155,14 @@ _USAGE_FORMS = (
 )
 _NO_NAME = f"the following arguments are required: NAME (before the options: {_USAGE_FORMS})"
 _NO_NAME_NOR_COMMAND = f"the following arguments are required: NAME, COMMAND ({_USAGE_FORMS})"
+
+
+def _asks_for_json(words: Sequence[str]) -> bool:
+    """Whether the command line is ``tenure check``'s with ``--json`` (or a prefix
+    argparse takes for it) anywhere. The shape is check's; no other subcommand has one."""
+    command = next((w for w in words if not w.startswith("-")), None)
+    flags = ("--j", "--js", "--jso", "--json")
+    return command == "check" and any(w.split("=", 1)[0] in flags for w in words)
 
 
 class _Stopped(BaseException):
@@ -498,7 +516,8 @@ def _add_check(subparsers: argparse._SubParsersAction[Parser]) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help="print the findings as a JSON list of {node, check, level, detail}",
+        help="print the findings as a JSON list of {node, check, level, detail}; a usage "
+        'error too (exit 2): one row per problem, check "usage", level UNSAFE',
     )
     p.add_argument(
         "--acl-user",

@@ -24,7 +24,8 @@ Exit codes
 == ======================================================================================
 0  every finding is OK
 1  warnings, nothing UNSAFE
-2  usage error (no nodes, a malformed URL or option)
+2  usage error (no nodes, a malformed URL or option); with ``--json``, stdout has it too
+   (:func:`usage_json`: one row per problem, check ``usage``, level ``UNSAFE``)
 3  at least one UNSAFE finding
 69 fewer than a majority of the nodes answered (EX_UNAVAILABLE, as ``tenure status``)
 == ======================================================================================
@@ -75,7 +76,7 @@ from .node_rules import (
     parse_version,
 )
 
-__all__ = ["CHECK_EXIT_CODES", "check", "gather"]
+__all__ = ["CHECK_EXIT_CODES", "check", "gather", "usage_json"]
 
 # For --help: the levels and codes of node_rules (Level, EXIT_*), said for the user.
 CHECK_EXIT_CODES = """\
@@ -87,7 +88,9 @@ levels:
 exit codes:
   0   every finding is OK
   1   warnings, nothing UNSAFE
-  2   usage error (no --redis/TENURE_REDIS, bad option or URL)
+  2   usage error (no --redis/TENURE_REDIS, bad option or URL); with --json, one
+      row per problem on stdout: {"node": "", "check": "usage", "level": "UNSAFE",
+      "detail": the line said on stderr}
   3   at least one UNSAFE finding
   69  fewer than a majority of the nodes answered
 
@@ -550,6 +553,15 @@ def check(
             flush=True,
         )
     return code
+
+
+def usage_json(problems: Sequence[str]) -> str:
+    """``tenure check --json``'s answer to a usage error: the findings' JSON list, with
+    one row per problem, check ``usage``, node ``""``, level ``UNSAFE`` (nothing was
+    checked: a reader that looks for UNSAFE rows, as one that looks for OK ones, must
+    not take it for a pass) and the line said on stderr as its detail."""
+    rows = [Finding("", "usage", Level.UNSAFE, problem).as_dict() for problem in problems]
+    return json.dumps(rows, indent=2)
 
 
 # The connections and replies ``gather`` waits for one after another, at most: connect,
