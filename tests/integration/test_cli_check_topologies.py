@@ -19,6 +19,7 @@ import re
 import socket
 import time
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import pytest
 
@@ -32,6 +33,7 @@ from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster, LocalSent
 from tenure.testing.topologies import server_version
 
 from .conftest import Api
+from .garbage import GarbageServer
 
 pytestmark = pytest.mark.xdist_group("cli_check_topologies")
 
@@ -482,3 +484,107 @@ def test_status_on_sentinels_that_disagree_reads_the_master_the_clients_use(
         assert line.startswith(f"tenure status: warning: {s.url}: Sentinel {sentinel} "), line
         assert "is out of date" in line, line
         assert named in line, line
+
+
+def _listing(url: str, *more: str) -> str:
+    """A ``redis+sentinel://`` URL with ``more`` Sentinels listed after its own."""
+    hosts, _, service = url.rpartition("/")
+    return f"{','.join([hosts, *more])}/{service}"
+
+
+class Differing(NamedTuple):
+    url: str
+    master: LocalNode
+    first: str
+    """The first Sentinel listed: it names the master."""
+    others: list[tuple[str, str]]
+    """Each Sentinel listed after it, and how what is said of it starts."""
+
+
+@pytest.fixture
+def differing_after_the_first() -> Iterator[Differing]:
+    """A deployment of its own whose first Sentinel names the master, and whose other
+    Sentinels, each listed after it, say otherwise: the second does not know the
+    service, the third names the replica, the fourth a master of its own (a server
+    apart); a fifth listed is down."""
+    with LocalSentinelSet(sentinels=4) as s, LocalCluster(1) as apart:
+        master, [replica] = s.master(), s.replicas()
+        first, unknowing, stale, other = s.sentinels
+        for sentinel, server in ((unknowing, None), (stale, replica), (other, apart[0])):
+            with sentinel.client() as c:
+                # Its own view, which the others never overrule (no failover happened).
+                c.execute_command("SENTINEL", "REMOVE", s.service)
+                if server is not None:
+                    c.execute_command("SENTINEL", "MONITOR", s.service, "127.0.0.1", server.port, 3)
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            down = f"127.0.0.1:{free.getsockname()[1]}"
+        service = repr(s.service)
+        yield Differing(
+            _listing(s.url, down),
+            master,
+            _where(first),
+            [
+                (_where(unknowing), f"names no master of service {service}: it does not know it"),
+                (_where(stale), f"is out of date: it names {_where(replica)} master of service "),
+                (_where(other), f"disagrees: it names {_where(apart[0])} master of service "),
+                (down, f"cannot be asked for the master of service {service}: "),
+            ],
+        )
+
+
+def test_check_reports_every_sentinel_that_differs_not_only_those_asked_first(
+    differing_after_the_first: Differing,
+) -> None:
+    """The check asked the Sentinels as the clients do, stopping at the first that named
+    a usable master: with that one listed first, the Sentinels after it (out of date,
+    not knowing the service, naming a master of their own, or down) went unreported. It
+    asks every one now, reads the master the clients use, and has a WARN row for each."""
+    url, master, first, others = differing_after_the_first
+    code, findings = _check(url)
+    rows = _rows(findings, f"{url} (master {_where(master)})")
+    assert rows["role"]["level"] == "WARN", findings  # a master with a replica
+    said = [f for f in findings if f["check"] == "sentinels"]
+    assert [(f["node"], f["level"]) for f in said] == [(url, "WARN")] * len(others), findings
+    for (sentinel, what), finding in zip(others, said, strict=True):
+        assert finding["detail"].startswith(f"Sentinel {sentinel} {what}"), finding
+        assert f"use {_where(master)}, named by Sentinel {first}" in finding["detail"], finding
+    assert "which is a slave" in said[1]["detail"], said
+    assert "which answers ROLE as a master too" in said[2]["detail"], said
+    assert "Connection refused" in said[3]["detail"], said
+    assert code == 1
+
+
+def test_status_warns_of_every_sentinel_that_differs_and_waits_for_none(
+    differing_after_the_first: Differing,
+) -> None:
+    """``tenure status`` warned only of the Sentinels asked before the one that named the
+    master: of none, that one listed first. It warns of every one now; one that never
+    ends its answer (listed last) is given up after a budget of its own, and the node's
+    line is still the master's."""
+    url, master, first, others = differing_after_the_first
+    key = "cli-status-differ-after"
+    with GarbageServer("slow") as slow:
+        never = f"127.0.0.1:{slow.port}"
+        listed = _listing(url, never)
+        with tenure.Client([url], connect_timeout=1.0) as client:
+            lease = client.acquire(key, ttl=60.0, timeout=10.0)
+            started = time.monotonic()
+            code, out = _run("status", key, "--redis", listed, "--node-timeout", "0.5")
+            took = time.monotonic() - started
+            lease.release()
+    lines = out.splitlines()
+    assert code == 0, lines
+    assert lines[0].startswith(f"{listed} (master {_where(master)})  held "), lines
+    assert f"token={lease.token[:8]}" in lines[0].split()
+    warnings = lines[1:]
+    expected = [*others, (never, "cannot be asked for the master of service ")]
+    assert len(warnings) == len(expected), lines
+    for (sentinel, what), line in zip(expected, warnings, strict=True):
+        assert line.startswith(f"tenure status: warning: {listed}: Sentinel {sentinel} {what}")
+        assert f"use {_where(master)}, named by Sentinel {first}" in line, line
+    # Given up after its budget (2 x 4 waits x 0.5 s, and a second), not at its drip's end;
+    # 0.5 s, not less, for the real Sentinels' answers on a loaded machine.
+    assert "no complete answer within 5 s" in warnings[-1], warnings
+    assert "check the Sentinel's host and port" in warnings[-1], warnings
+    assert took < 15.0, took

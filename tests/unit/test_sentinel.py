@@ -11,6 +11,8 @@ from tenure._core.config import ClientConfig, parse_node_url
 from tenure._core.diagnosis import Diagnosis, error_reply
 from tenure._core.quorum import Failure
 from tenure._core.sentinel import (
+    UNKNOWN_SERVICE,
+    Heard,
     SentinelBook,
     Survey,
     ask_timeout,
@@ -223,22 +225,79 @@ def test_the_server_a_sentinel_names_keeps_the_node_s_settings() -> None:
     assert parse_node_url("redis://h:1", "nodes").server_at("x", 2).url == "redis://h:1"
 
 
-def test_a_survey_asks_again_until_a_usable_master_and_names_the_sentinels_out_of_date() -> None:
-    """``tenure check`` and ``tenure status`` ask the Sentinels as the clients' successive
-    connections do: again while the master named cannot be used, each Sentinel at most
-    once, then name the ones that were out of date."""
-    s1, s2, s3 = ("10.0.0.1", 26379), ("10.0.0.2", 26379), ("10.0.0.3", 26379)
-    replica, gone, master = ("10.0.1.2", 6379), ("10.0.1.9", 6379), ("10.0.1.1", 6379)
-    survey = Survey("locks")
-    assert survey.unusable(s1, replica, "is a slave")
-    assert survey.unusable(s2, gone, "failed: Connection refused")
-    assert not survey.unusable(s1, replica, "is a slave")  # heard every Sentinel: stop
-    first, second = survey.out_of_date(master, s3)
+S1, S2, S3, S4, S5 = ((f"10.0.0.{i}", 26379) for i in range(1, 6))
+REPLICA, GONE, MASTER = ("10.0.1.2", 6379), ("10.0.1.9", 6379), ("10.0.1.1", 6379)
+OTHER = ("10.0.2.1", 6379)
+_DOWN = Diagnosis(
+    Failure.UNREACHABLE, "Error 111 connecting to 10.0.0.5:26379. Connection refused."
+)
+
+
+def test_a_survey_picks_the_master_the_clients_end_on_and_names_the_sentinels_before_it() -> None:
+    """``tenure check`` and ``tenure status`` pick the master as the clients' successive
+    connections do: the first named, in the order listed, that can be used; each
+    Sentinel before it that named one that cannot is out of date."""
+    survey = Survey(
+        "locks", [Heard(S1, REPLICA), Heard(S2, GONE), Heard(S3, MASTER), Heard(S4, MASTER)]
+    )
+    assert survey.named() == [REPLICA, GONE, MASTER]
+    pick = survey.pick({REPLICA: "is a slave", GONE: "failed: Connection refused", MASTER: None})
+    assert pick is not None
+    assert (pick.master, pick.by, pick.usable) == (MASTER, S3, True)
+    first, second = pick.warnings  # S4 agrees
     assert first.startswith("Sentinel 10.0.0.1:26379 is out of date: it names 10.0.1.2:6379")
-    assert "is a slave" in first
-    assert "10.0.1.1:6379, named by Sentinel 10.0.0.3:26379" in first
+    assert "which is a slave" in first
+    assert (
+        "the clients ask it last and use 10.0.1.1:6379, named by Sentinel 10.0.0.3:26379" in first
+    )
     assert second.startswith("Sentinel 10.0.0.2:26379 is out of date: it names 10.0.1.9:6379")
     assert "failed: Connection refused" in second
-    # No Sentinel answered (the master named last): nobody to ask again.
-    assert not Survey("locks").unusable(None, master, "failed: timeout")
-    assert Survey("locks").out_of_date(master, s1) == []
+
+
+def test_a_survey_names_the_sentinels_listed_after_the_one_the_clients_hear() -> None:
+    """The clients stop at the first Sentinel naming a usable master; a command asks
+    every one, and names each after it that is out of date, does not know the service,
+    names another master, or cannot be asked."""
+    unknown = Diagnosis(Failure.UNREACHABLE, UNKNOWN_SERVICE)
+    heard = [
+        Heard(S1, MASTER),
+        Heard(S2, why=unknown, answered=True),
+        Heard(S3, REPLICA),
+        Heard(S4, OTHER),
+        Heard(S5, why=_DOWN),
+    ]
+    pick = Survey("locks", heard).pick({MASTER: None, REPLICA: "is a slave", OTHER: None})
+    assert pick is not None
+    assert (pick.master, pick.by, pick.usable) == (MASTER, S1, True)
+    used = "the clients use 10.0.1.1:6379, named by Sentinel 10.0.0.1:26379"
+    view = "(check that Sentinel's view: SENTINEL MASTER locks on it)"
+    assert list(pick.warnings) == [
+        f"Sentinel 10.0.0.2:26379 names no master of service 'locks': it does not know it; "
+        f"{used}, and find it through one Sentinel fewer {view}",
+        "Sentinel 10.0.0.3:26379 is out of date: it names 10.0.1.2:6379 master of service "
+        "'locks', which is a slave; the clients ask it last and use 10.0.1.1:6379, named by "
+        f"Sentinel 10.0.0.1:26379 {view}",
+        "Sentinel 10.0.0.4:26379 disagrees: it names 10.0.2.1:6379 master of service 'locks', "
+        f"which answers ROLE as a master too; {used}, and would use 10.0.2.1:6379 whenever "
+        "this Sentinel is the first they hear: two servers say they are the master (check "
+        "the Sentinels' view, SENTINEL MASTER locks on each, and ROLE on both servers)",
+        "Sentinel 10.0.0.5:26379 cannot be asked for the master of service 'locks': Error 111 "
+        f"connecting to 10.0.0.5:26379. Connection refused; {used}, and find it through one "
+        "Sentinel fewer",
+    ]
+
+
+def test_a_survey_with_no_usable_master_picks_the_first_named() -> None:
+    """No master named can be used (a failover under way): the first named is the
+    node's (unusable); the others are named without a master the clients use."""
+    heard = [Heard(S1, why=_DOWN), Heard(S2, REPLICA), Heard(S3, GONE), Heard(S4, REPLICA)]
+    pick = Survey("locks", heard).pick({REPLICA: "is a slave", GONE: "failed: timeout"})
+    assert pick is not None
+    assert (pick.master, pick.by, pick.usable) == (REPLICA, S2, False)
+    assert list(pick.warnings) == [
+        "Sentinel 10.0.0.1:26379 cannot be asked for the master of service 'locks': Error 111 "
+        "connecting to 10.0.0.5:26379. Connection refused",
+        "Sentinel 10.0.0.3:26379 names 10.0.1.9:6379 master of service 'locks', which failed: "
+        "timeout (check that Sentinel's view: SENTINEL MASTER locks on it)",
+    ]
+    assert Survey("locks", [Heard(S1, why=_DOWN)]).pick({}) is None

@@ -13,13 +13,17 @@ failover; meanwhile it is silent, like any node that does not answer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from .config import host_port
 from .diagnosis import Diagnosis
 from .quorum import Failure
 
 __all__ = [
+    "Heard",
+    "Pick",
     "SentinelBook",
     "Survey",
     "ask_timeout",
@@ -35,6 +39,9 @@ __all__ = [
 ]
 
 Address = tuple[str, int]
+
+
+UNKNOWN_SERVICE = "does not know the service (check the service name in the node URL)"
 
 
 def _where(address: Address) -> str:
@@ -100,49 +107,123 @@ class SentinelBook:
         return found if found is not None else self.master
 
 
+class Heard(NamedTuple):
+    """What one Sentinel said when asked for the master: the master it named, or why it
+    named none (``why``); ``answered``: it answered, naming none (it does not know the
+    service, or answered nonsense); ``login``: it refused the login (``sentinel_login``)."""
+
+    sentinel: Address
+    master: Address | None = None
+    why: Diagnosis | None = None
+    answered: bool = False
+    login: bool = False
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The master the clients would use (``master``, named by Sentinel ``by``), whether
+    it can be used (``usable``), and what to say of each Sentinel whose answer differs
+    (``warnings``, worded, in the order listed)."""
+
+    master: Address
+    by: Address
+    usable: bool
+    warnings: tuple[str, ...] = ()
+
+
 class Survey:
     """A command's look at one node's Sentinels (``tenure check``, ``tenure status``):
-    the master the clients would use, and the Sentinels whose view is out of date.
+    every Sentinel's answer (``Heard``, in the order listed), the master the clients
+    would use, and each Sentinel whose answer differs from it.
 
     A client finds that master over several connections: each asks the Sentinels in
-    the book's order and, when the master named cannot be used (a failed connection, or
-    ``ROLE`` says it is not a master), asks that Sentinel last from then on
-    (``SentinelBook.misled``), so the next connection hears the others. A command has
-    one go, so it does the same at once: it asks, checks the master named, and asks
-    again while the master cannot be used, until one can, or every Sentinel that
-    answered has named one that cannot (then it reports the first, as before: a
-    failover under way, or every Sentinel out of date). A Sentinel that named an
-    unusable master while another named a usable one is out of date: the clients work,
-    but hear one Sentinel fewer, and it says so (``out_of_date``).
+    the book's order and takes the first master named; when it cannot be used (a failed
+    connection, or ``ROLE`` says it is not a master), that Sentinel is asked last from
+    then on (``SentinelBook.misled``), so the next connection hears the next one. The
+    clients so end on the master named by the first Sentinel listed whose master can be
+    used (``pick``); when none can, the first named is reported (a failover under way,
+    or every Sentinel out of date). The clients stop at that Sentinel; a command asks
+    every one (side by side, each under its own timeout), since an operator wants to
+    know of each Sentinel that is out of date, does not know the service, or cannot be
+    asked, not only of those listed before the one the clients heard: each leaves the
+    clients one Sentinel fewer than listed to find the master with.
     """
 
-    __slots__ = ("_misled", "service")
+    __slots__ = ("heard", "service")
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, heard: Sequence[Heard]) -> None:
         self.service = service
-        self._misled: list[tuple[Address, Address, str]] = []
+        self.heard = list(heard)
 
-    def unusable(self, by: Address | None, named: Address, why: str) -> bool:
-        """``by`` named ``named``, which cannot be used (``why``: "is a slave", "failed:
-        connection refused"); whether to ask again. Not when no Sentinel answered (``by``
-        None: the master named last), nor when ``by`` misled already: every Sentinel
-        that answers has been heard."""
-        if by is None or any(sentinel == by for sentinel, _, _ in self._misled):
-            return False
-        self._misled.append((by, named, why))
-        return True
+    def named(self) -> list[Address]:
+        """Every master named, once, in the order listed: each to check with ``ROLE``."""
+        return list(dict.fromkeys(h.master for h in self.heard if h.master is not None))
 
-    def out_of_date(self, master: Address, by: Address | None) -> list[str]:
-        """Each Sentinel that named an unusable master, now that ``by`` named ``master``,
-        which is one: what it named and why that cannot be used, in the clients' terms."""
-        named_by = f"Sentinel {_where(by)}" if by is not None else "the Sentinels last"
-        return [
-            f"Sentinel {_where(sentinel)} is out of date: it names {_where(named)} master of "
-            f"service {self.service!r}, which {why}; the clients ask it last and use "
-            f"{_where(master)}, named by {named_by} (check that Sentinel's view: SENTINEL "
-            f"MASTER {self.service} on it)"
-            for sentinel, named, why in self._misled
-        ]
+    def pick(self, unusable: Mapping[Address, str | None]) -> Pick | None:
+        """The master the clients would use, ``unusable`` saying why each master named
+        cannot be used ("is a slave", "failed: connection refused": read after
+        "which"), None where it can; None when no Sentinel named a master."""
+        named = [(h.sentinel, h.master) for h in self.heard if h.master is not None]
+        if not named:
+            return None
+        usable = [(by, master) for by, master in named if unusable[master] is None]
+        by, master = usable[0] if usable else named[0]
+        return Pick(master, by, bool(usable), tuple(self._warnings(master, by, unusable)))
+
+    def _warnings(
+        self, master: Address, by: Address, unusable: Mapping[Address, str | None]
+    ) -> list[str]:
+        service = self.service
+        # When no master named can be used, the node's own line (or row) says so, and
+        # each warning says only what the Sentinel said.
+        used = (
+            f"the clients use {_where(master)}, named by Sentinel {_where(by)}"
+            if unusable[master] is None
+            else ""
+        )
+        view = f"(check that Sentinel's view: SENTINEL MASTER {service} on it)"
+        out = []
+        for heard in self.heard:
+            if heard.sentinel == by or heard.master == master:
+                continue  # it agrees
+            who = f"Sentinel {_where(heard.sentinel)}"
+            named = heard.master
+            if named is None:
+                assert heard.why is not None
+                fewer = f"; {used}, and find it through one Sentinel fewer" if used else ""
+                if heard.answered:
+                    said = heard.why.detail
+                    said = "it does not know it" if said == UNKNOWN_SERVICE else said
+                    out.append(
+                        f"{who} names no master of service {service!r}: {said}{fewer} {view}"
+                    )
+                else:
+                    said = heard.why.detail.rstrip(".")
+                    out.append(
+                        f"{who} cannot be asked for the master of service {service!r}: "
+                        f"{said}{fewer}"
+                    )
+            elif (why := unusable[named]) is not None:
+                text = f"names {_where(named)} master of service {service!r}, which {why}"
+                if used:  # as worded when only the Sentinels before ``by`` were reported
+                    out.append(
+                        f"{who} is out of date: it {text}; the clients ask it last and use "
+                        f"{_where(master)}, named by Sentinel {_where(by)} {view}"
+                    )
+                else:
+                    out.append(f"{who} {text} {view}")
+            else:
+                # Another server that says it is a master (listed after ``by``, or it
+                # would be the one picked): the clients lock on it whenever this Sentinel
+                # is the first they hear, the ones before it down.
+                out.append(
+                    f"{who} disagrees: it names {_where(named)} master of service "
+                    f"{service!r}, which answers ROLE as a master too; {used}, and would "
+                    f"use {_where(named)} whenever this Sentinel is the first they hear: "
+                    "two servers say they are the master (check the Sentinels' view, "
+                    f"SENTINEL MASTER {service} on each, and ROLE on both servers)"
+                )
+        return out
 
 
 def ask_timeout(connect_timeout: float, sentinels: int) -> float:
@@ -292,9 +373,6 @@ def fallback_failed(
         f"no Sentinel answered for service {service!r} ({each}), and the master they "
         f"named last, {_where(master)}, failed too: {why.detail}",
     )
-
-
-UNKNOWN_SERVICE = "does not know the service (check the service name in the node URL)"
 
 
 def not_a_master(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import redis
@@ -35,6 +35,7 @@ from .._core.quorum import Failure
 from .._core.sentinel import (
     UNKNOWN_SERVICE,
     Address,
+    Heard,
     SentinelBook,
     ask_timeout,
     auth_refused,
@@ -136,18 +137,22 @@ class Locator:
             self._book.answered(sentinel, master)
         return master
 
-    def _none_found(
-        self, said: list[tuple[Address, Diagnosis]], answered: bool, login: bool
-    ) -> Found:
+    def _none_found(self, heard: list[Heard]) -> Found:
         """No Sentinel named a master: the one named last, if no Sentinel answered at
         all (an outage of the Sentinels alone); otherwise the node fails, unreachable or
-        misconfigured (``no_master``), with the fix for a refused login once (``login``)."""
+        misconfigured (``no_master``)."""
         with self._lock:
-            last = None if answered else self._book.candidates(None)
+            last = None if any(h.answered for h in heard) else self._book.candidates(None)
         if last is None:
-            fix = login_fix(own_settings=self._own_settings) if login else ""
-            raise Diagnosed(no_master(self.service, said, fix))
-        return Found(last, None, tuple(said))
+            raise self.no_master(heard)
+        return Found(last, None, tuple((h.sentinel, h.why) for h in heard if h.why is not None))
+
+    def no_master(self, heard: Sequence[Heard]) -> Diagnosed:
+        """The failure of a node whose Sentinels named no master (``heard``: what each
+        said), with the fix for a refused login once (``no_master``)."""
+        fix = login_fix(own_settings=self._own_settings) if any(h.login for h in heard) else ""
+        said = [(h.sentinel, h.why) for h in heard if h.why is not None]
+        return Diagnosed(no_master(self.service, said, fix))
 
     def _refused_auth(self, sentinel: Address, exc: Exception) -> bool:
         """Whether to ask ``sentinel`` again without credentials."""
@@ -188,6 +193,16 @@ class Locator:
         finally:
             conn.disconnect()
 
+    def hear(self, sentinel: Address) -> Heard:
+        """What ``sentinel`` says when asked for the master (blocking)."""
+        try:
+            return Heard(sentinel, self._found(sentinel, self._ask(sentinel)))
+        except _Unknown as exc:
+            return Heard(sentinel, why=Diagnosis(Failure.UNREACHABLE, str(exc)), answered=True)
+        except Exception as exc:  # not BaseException: an interrupt is nobody's answer
+            why, refused = self._said(exc)
+            return Heard(sentinel, why=why, login=refused)
+
     def locate(self) -> Found:
         """The master to connect to, and the Sentinel that named it (None: the master
         named last, no Sentinel answering now).
@@ -195,19 +210,13 @@ class Locator:
         Raises:
             redis.exceptions.ConnectionError: no master found, saying why per Sentinel.
         """
-        said: list[tuple[Address, Diagnosis]] = []
-        answered = login = False
+        heard = []
         for sentinel in self._order():
-            try:
-                return Found(self._found(sentinel, self._ask(sentinel)), sentinel)
-            except _Unknown as exc:
-                answered = True
-                said.append((sentinel, Diagnosis(Failure.UNREACHABLE, str(exc))))
-            except Exception as exc:  # not BaseException: an interrupt is nobody's answer
-                why, refused = self._said(exc)
-                login |= refused
-                said.append((sentinel, why))
-        return self._none_found(said, answered, login)
+            answer = self.hear(sentinel)
+            if answer.master is not None:
+                return Found(answer.master, sentinel)
+            heard.append(answer)
+        return self._none_found(heard)
 
     # --- asyncio ----------------------------------------------------------------------
 
@@ -228,21 +237,25 @@ class Locator:
         finally:
             await conn.disconnect(nowait=True)
 
+    async def _ahear(self, sentinel: Address) -> Heard:
+        """``hear`` for the asyncio driver."""
+        try:
+            return Heard(sentinel, self._found(sentinel, await self._aask(sentinel)))
+        except _Unknown as exc:
+            return Heard(sentinel, why=Diagnosis(Failure.UNREACHABLE, str(exc)), answered=True)
+        except Exception as exc:  # not BaseException: cancellation passes
+            why, refused = self._said(exc)
+            return Heard(sentinel, why=why, login=refused)
+
     async def alocate(self) -> Found:
         """``locate`` for the asyncio driver."""
-        said: list[tuple[Address, Diagnosis]] = []
-        answered = login = False
+        heard = []
         for sentinel in self._order():
-            try:
-                return Found(self._found(sentinel, await self._aask(sentinel)), sentinel)
-            except _Unknown as exc:
-                answered = True
-                said.append((sentinel, Diagnosis(Failure.UNREACHABLE, str(exc))))
-            except Exception as exc:  # not BaseException: cancellation passes
-                why, refused = self._said(exc)
-                login |= refused
-                said.append((sentinel, why))
-        return self._none_found(said, answered, login)
+            answer = await self._ahear(sentinel)
+            if answer.master is not None:
+                return Found(answer.master, sentinel)
+            heard.append(answer)
+        return self._none_found(heard)
 
     def unusable(self, found: Found, exc: Exception) -> Exception:
         """The master ``found`` could not be used (``exc``: its connection failed, or it

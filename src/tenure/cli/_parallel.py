@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-__all__ = ["budget", "each", "late_text"]
+__all__ = ["budget", "each", "late_detail", "late_text"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -36,10 +36,16 @@ def budget(waits: int, node_timeout: float) -> float:
 
 def late_text(seconds: float) -> str:
     """What a node still being read after ``seconds`` (its budget) is reported as."""
+    return f"unreachable: {late_detail(seconds)}"
+
+
+def late_detail(seconds: float, whose: str = "node's") -> str:
+    """Why a server still being read after ``seconds`` (its budget) was given up: a node,
+    or one of the servers behind it (``whose``: "Sentinel's")."""
     return (
-        f"unreachable: no complete answer within {seconds:.3g} s, though each connection "
-        "and reply may take only --node-timeout (a server sending its replies a byte at a "
-        "time, a host name slow to resolve): check the node's host and port"
+        f"no complete answer within {seconds:.3g} s, though each connection and reply may "
+        "take only --node-timeout (a server sending its replies a byte at a time, a host "
+        f"name slow to resolve): check the {whose} host and port"
     )
 
 

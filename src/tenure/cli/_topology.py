@@ -2,9 +2,9 @@
 ``tenure check`` and ``tenure status``.
 
 Both commands read servers one by one; a ``redis+sentinel://`` node is the master its
-Sentinels name now (asked as the clients ask them: ``_driver.sentinel.Locator``, and
-asked again, with the Sentinel that named it last, while the master named cannot be used,
-as the clients' next connection would: ``_core.sentinel.Survey``), and a
+Sentinels name now (every Sentinel asked, side by side, as the clients ask each one:
+``_driver.sentinel.Locator``; the master picked as the clients' connections end up
+picking it, and every Sentinel that says otherwise reported: ``_core.sentinel.Survey``), and a
 ``redis+cluster://`` node is every server of its slot map (``CLUSTER SLOTS`` from the
 seeds in turn, parsed by ``_core.slots.SlotMap`` as the clients parse it). Each server is
 then a plain node with the listed node's credentials, TLS and query settings.
@@ -13,7 +13,7 @@ then a plain node with the listed node's credentials, TLS and query settings.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -21,23 +21,39 @@ import redis
 from .._core.config import NodeAddress, host_port
 from .._core.diagnosis import Diagnosis, no_slot_map, not_a_cluster
 from .._core.quorum import Failure
-from .._core.sentinel import Survey, role_of
+from .._core.sentinel import Heard, Survey, role_of
 from .._core.sentinel import not_a_master as sentinel_not_a_master
 from .._core.slots import SlotMap, map_sources
 from .._driver import acl as _acl
 from .._driver.redis_compat import connection_kwargs, diagnose, reply_text
 from .._driver.sentinel import Locator
+from ._parallel import budget, each, late_detail
 
-__all__ = ["Resolved", "cluster_map", "not_a_master", "sentinel_master"]
+__all__ = ["Resolved", "cluster_map", "not_a_master", "sentinel_master", "sentinel_seconds"]
+
+
+# How many connections and replies, each within the node timeout, finding a Sentinel
+# node's master waits for one after another at most: each Sentinel asked (connect,
+# reply; again without credentials after refusing them), all side by side; then each
+# master named checked with ROLE (connect, reply), all side by side. Each step has its
+# own budget (``_parallel.budget``), so one Sentinel or master that never ends its reply
+# is reported as such, not waited for: ``sentinel_seconds`` is their sum.
+_ASK_WAITS = 4
+_ROLE_WAITS = 2
+
+
+def sentinel_seconds(timeout: float) -> float:
+    """The most ``sentinel_master`` takes with ``timeout`` per connection and reply."""
+    return budget(_ASK_WAITS, timeout) + budget(_ROLE_WAITS, timeout)
 
 
 @dataclass(frozen=True)
 class Resolved:
     """A server a listed node stands for now: ``address`` (a plain node with the listed
     node's settings) and ``where``, its ``host:port``; for a Sentinel-managed node, the
-    Sentinel that named it (``named_by``; None: the master named last, no Sentinel
-    answering now), whether it answered ``ROLE`` as a master (``usable``), and what
-    each Sentinel that named an unusable master said (``out_of_date``: worded)."""
+    Sentinel that named it (``named_by``), whether it answered ``ROLE`` as a master
+    (``usable``), and what to say of each other Sentinel that named another master, or
+    none (``out_of_date``: worded, ``Survey``)."""
 
     address: NodeAddress
     where: str
@@ -47,11 +63,13 @@ class Resolved:
 
 
 def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
-    """The master the clients of ``address`` would use now, each Sentinel and the
-    master's ``ROLE`` given ``timeout``: the first master named that answers ``ROLE`` as
-    a master, the Sentinels being asked as a client's connections ask them, one naming a
-    master that cannot be used asked last (``Survey``). When none can be used, the
-    first named (``usable`` False).
+    """The master the clients of ``address`` would use now: the first master named, in
+    the order the Sentinels are listed, that answers ``ROLE`` as a master, as a client's
+    connections find it (``Survey``); when none can be used, the first named (``usable``
+    False). Every Sentinel is asked, side by side, each within ``timeout`` per connection
+    and reply, and every master named is checked so, so that each Sentinel that disagrees,
+    names no master, or cannot be asked is reported, wherever it is listed; the whole
+    takes at most ``sentinel_seconds(timeout)``.
 
     Raises:
         LookupError: no Sentinel named a master: the service and what each Sentinel said
@@ -62,41 +80,47 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
     settings = redis.ConnectionPool.from_url(address.redis_url).connection_kwargs
     # The clients give each Sentinel a share of connect_timeout; here each gets `timeout`.
     locator = Locator(address, settings, timeout * (len(spec.sentinels) + 1), asyncio=False)
-    survey = Survey(spec.service)
-    first: Resolved | None = None
-    failed: dict[tuple[str, int], str] = {}  # each master found unusable, and why
-    while True:
-        try:
-            found = locator.locate()
-        except redis.RedisError as exc:
-            if first is not None:  # the Sentinels changed their minds meanwhile
-                return first
-            text = str(exc)
-            if _acl.denial(text) == "command":
-                user = settings.get("username") or "default"
-                rules = " ".join(f"+{n.name.lower()}" for n in _acl.sentinel_needs(spec.service))
-                text += f". Fix (on each Sentinel): ACL SETUSER {user} {rules}"
-            raise LookupError(text) from None
-        master = Resolved(address.server_at(*found.master), host_port(*found.master), found.by)
-        first = first or master
-        why = failed.get(found.master) or _unusable(master, timeout)
-        if why is None:
-            return replace(
-                master, usable=True, out_of_date=tuple(survey.out_of_date(found.master, found.by))
-            )
-        failed[found.master] = why
-        if not survey.unusable(found.by, found.master, why):
-            return first
-        locator.unusable(found, redis.ConnectionError(why))
+    heard = each(
+        list(dict.fromkeys(spec.sentinels)),
+        locator.hear,
+        lambda sentinel, seconds: Heard(
+            sentinel, why=Diagnosis(Failure.UNREACHABLE, late_detail(seconds, "Sentinel's"))
+        ),
+        lambda _: budget(_ASK_WAITS, timeout),
+    )
+    survey = Survey(spec.service, heard)
+    masters = survey.named()
+    unusable = each(
+        masters,
+        lambda master: _unusable(address.server_at(*master), timeout),
+        lambda _, seconds: "failed: " + late_detail(seconds, "server's"),
+        lambda _: budget(_ROLE_WAITS, timeout),
+    )
+    pick = survey.pick(dict(zip(masters, unusable, strict=True)))
+    if pick is None:
+        text = str(locator.no_master(heard))
+        if _acl.denial(text) == "command":
+            user = settings.get("username") or "default"
+            rules = " ".join(f"+{n.name.lower()}" for n in _acl.sentinel_needs(spec.service))
+            text += f". Fix (on each Sentinel): ACL SETUSER {user} {rules}"
+        raise LookupError(text)
+    return Resolved(
+        address.server_at(*pick.master),
+        host_port(*pick.master),
+        pick.by,
+        pick.usable,
+        pick.warnings,
+    )
 
 
-def _unusable(master: Resolved, timeout: float) -> str | None:
-    """Why the clients could not use ``master`` (it says it is not a master, or does not
-    answer ``ROLE``), as "which ..." continues it; None when they could."""
+def _unusable(server: NodeAddress, timeout: float) -> str | None:
+    """Why the clients could not use ``server`` as the master (it says it is not a
+    master, or does not answer ``ROLE``), as "which ..." continues it; None when they
+    could."""
     options = connection_kwargs(timeout, asyncio=False, unix=False)
     options["socket_timeout"] = timeout
     try:
-        with redis.Redis.from_url(master.address.url, **options) as client:
+        with redis.Redis.from_url(server.url, **options) as client:
             role = role_of(client.execute_command("ROLE"))
     except redis.RedisError as exc:
         return f"failed: {diagnose(exc).detail.rstrip('.')}"

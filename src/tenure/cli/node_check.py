@@ -58,7 +58,7 @@ from .._errors import ConfigurationError
 from .._lua import script
 from ._parallel import budget, each, late_text
 from ._text import failure_line, one_line
-from ._topology import cluster_map, sentinel_master
+from ._topology import cluster_map, sentinel_master, sentinel_seconds
 from .node_rules import (
     CONFIG_KEYS,
     DEFAULT_MAX_TTL,
@@ -523,7 +523,7 @@ def check(
         addresses,
         lambda a: _gather_node(a, node_timeout, acl_user, prefix),
         lambda a, seconds: ([_late(a, seconds, prefix)], None),
-        lambda a: budget(_waits(a), node_timeout),
+        lambda a: _budget(a, node_timeout),
     )
     facts = [f for node_facts, _ in read for f in node_facts]
     findings = evaluate(facts, max_ttl)
@@ -570,20 +570,20 @@ def usage_json(problems: Sequence[str]) -> str:
 _GATHER_WAITS = 1 + 1 + 3 + 1 + 3 * 2
 
 
-def _waits(address: NodeAddress) -> int:
-    """How many connections and replies, each within the node timeout, reading a listed
-    node waits for one after another at most (its servers are read side by side)."""
+def _budget(address: NodeAddress, timeout: float) -> float:
+    """The seconds reading a listed node is given (``_parallel.budget``), each of its
+    connections and replies within the node timeout ``timeout`` (its servers are read
+    side by side)."""
     if address.sentinel is not None:
-        # The Sentinels asked in turn (each twice, without credentials after refusing
-        # them: connect, reply), then the master's ROLE (connect, reply), as many times as
-        # there are Sentinels when each names a master that cannot be used; then the
-        # master, then its replicas.
-        n = len(address.sentinel.sentinels)
-        return n * (4 * n + 2) + 2 * _GATHER_WAITS
+        # Finding the master, bounded on its own (``sentinel_seconds``: the Sentinels
+        # asked side by side, then the masters they name); then the master, then its
+        # replicas.
+        return sentinel_seconds(timeout) + budget(2 * _GATHER_WAITS, timeout)
     if address.seeds:
         # The slot map from each seed in turn, then the masters, then the replicas.
-        return 2 * len(map_sources(address.seeds, None)) + 2 * _GATHER_WAITS
-    return _GATHER_WAITS
+        waits = 2 * len(map_sources(address.seeds, None)) + 2 * _GATHER_WAITS
+        return budget(waits, timeout)
+    return budget(_GATHER_WAITS, timeout)
 
 
 def _late(address: NodeAddress, seconds: float, prefix: str) -> NodeFacts:

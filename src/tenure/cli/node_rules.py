@@ -247,8 +247,9 @@ class NodeFacts:
             ``?client_name=``), if any; a user who may not ``CLIENT SETNAME`` fails every
             connection.
         out_of_date: on the master of a Sentinel-managed node, each of its Sentinels
-            that named a master the clients cannot use, worded
-            (``tenure._core.sentinel.Survey.out_of_date``).
+            that says something else than the one whose master the clients use (a
+            master they cannot use, another master, none, or no answer), worded
+            (``tenure._core.sentinel.Survey``).
     """
 
     node: str
@@ -323,9 +324,11 @@ def exit_code(nodes: Sequence[NodeFacts], findings: Iterable[Finding]) -> int:
 
 
 def check_sentinels(facts: NodeFacts) -> list[Finding]:
-    """A row per Sentinel of the node out of date: WARN. The clients work (they ask it
-    last and use the master the others name), so nothing is unsafe; but the node has
-    one Sentinel fewer than listed to find its master, and an operator should know."""
+    """A row per Sentinel of the node that says something else than the one whose
+    master the clients use (out of date, naming another master or none, not answering):
+    WARN. The clients work (they use the master that one names), so nothing is unsafe;
+    but the node has one Sentinel fewer than listed to find its master, and an operator
+    should know."""
     node = facts.listed or facts.node
     return [Finding(node, "sentinels", Level.WARN, detail) for detail in facts.out_of_date]
 

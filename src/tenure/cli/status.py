@@ -6,10 +6,11 @@ One line per node, read in one transaction (a consistent snapshot of that node),
 nodes in parallel; exit 0 if a majority of the nodes answered, else 69 (EX_UNAVAILABLE,
 as ``tenure run``). A Sentinel-managed node is read on the master its clients would use
 now, a Cluster node on the master of the lock's slot, following its ``MOVED`` and ``ASK``
-as the clients do; the line names that server. Sentinels out of date (naming a master the
-clients cannot use, while another names one they can) are warnings on stderr, after the
-lines. A slot being migrated whose keys cannot be read together (``TRYAGAIN``), or a
-cluster down (``CLUSTERDOWN``), is an unreachable node.
+as the clients do; the line names that server. Every Sentinel is asked; each that says
+something else than the one whose master the clients use (out of date, naming another
+master or none, or not answering) is a warning on stderr, after the lines. A slot being
+migrated whose keys cannot be read together (``TRYAGAIN``), or a cluster down
+(``CLUSTERDOWN``), is an unreachable node.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from .._driver.redis_compat import (
 from .._errors import ConfigurationError
 from ._parallel import budget, each, late_text
 from ._text import failure_line
-from ._topology import cluster_map, not_a_master, sentinel_master
+from ._topology import cluster_map, not_a_master, sentinel_master, sentinel_seconds
 from .run import EXIT_UNAVAILABLE
 
 __all__ = ["status"]
@@ -71,10 +72,10 @@ def status(
     never used or it lost its data), ``warm=<ms>`` (the warm-up left after a data loss, or ``-``),
     ``replid=<first 8 chars>`` (the replication ID the floor was written under, or
     ``-``); or ``unreachable: <error>``. The master of a Sentinel-managed node is the
-    one the clients would use: a Sentinel naming one that is not a master, or does not
-    answer, is asked last, as the clients ask it; each such Sentinel is then a line
-    ``tenure status: warning: <node>: Sentinel host:port is out of date: ...`` on
-    ``err``, after the nodes' lines.
+    one the clients would use: the first named, in the order the Sentinels are listed,
+    that answers ``ROLE`` as a master. Every Sentinel is asked, and each that says
+    something else is a line ``tenure status: warning: <node>: Sentinel host:port ...``
+    on ``err``, after the nodes' lines (``_core.sentinel.Survey``).
 
     The node keys are read where the clients keep them: when any node is a whole Redis
     Cluster, per hash slot on every node (``<prefix>{T[s]}:floor``...), as a client
@@ -109,7 +110,7 @@ def status(
         addresses,
         lambda a: _listed_status(a, keys, node_timeout, prefix),
         lambda a, seconds: (a.display, False, late_text(seconds), ()),
-        lambda a: budget(_waits(a), node_timeout),
+        lambda a: _budget(a, node_timeout),
     )
     width = max(len(shown) for shown, _, _, _ in lines)
     answered = 0
@@ -133,27 +134,27 @@ def status(
     return 0
 
 
-def _waits(address: NodeAddress) -> int:
-    """How many connections and replies, each within the node timeout, reading a listed
-    node waits for one after another at most."""
+def _budget(address: NodeAddress, timeout: float) -> float:
+    """The seconds reading a listed node is given (``_parallel.budget``), each of its
+    connections and replies within the node timeout ``timeout``."""
     if address.sentinel is not None:
-        # The Sentinels asked in turn (each twice, without credentials after refusing
-        # them: connect, reply), then the master's ROLE (two), as many times as there are
-        # Sentinels when each names a master that cannot be used; then the keys (two).
-        n = len(address.sentinel.sentinels)
-        return n * (4 * n + 2) + 2
+        # Finding the master, bounded on its own (``sentinel_seconds``: the Sentinels
+        # asked side by side, then the masters they name); then, when none named can be
+        # used, its ROLE again for the line (two); then the keys (two).
+        return sentinel_seconds(timeout) + budget(2 + 2, timeout)
     if address.seeds:
         # The slot map from each seed in turn, then the keys on the master of the slot
         # and on each master a redirection names.
-        return 2 * len(map_sources(address.seeds, None)) + 2 * (MAX_REDIRECTS + 1)
-    return 2
+        waits = 2 * len(map_sources(address.seeds, None)) + 2 * (MAX_REDIRECTS + 1)
+        return budget(waits, timeout)
+    return budget(2, timeout)
 
 
 def _listed_status(
     address: NodeAddress, keys: LockKeys, timeout: float, prefix: str
 ) -> tuple[str, bool, str, Sequence[str]]:
     """The line of one listed node: its name (and the server it stands for now), whether
-    it answered, what it said, and the warnings about it (Sentinels out of date)."""
+    it answered, what it said, and the warnings about it (its Sentinels that differ)."""
     shown = address.display
     server = address
     try:
