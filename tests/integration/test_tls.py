@@ -491,3 +491,36 @@ def test_an_acquire_at_a_plain_port_over_tls_says_the_node_may_not_speak_tls(
         message = str(info.value)
         assert f"[{silent}: unreachable: " in message, message
         assert "TLS" not in message, message
+
+
+def test_a_cluster_seed_at_a_plain_port_over_tls_says_the_node_may_not_speak_tls(
+    api: Api, key: str
+) -> None:
+    # A rediss+cluster:// seed at a plain port never answers the TLS hello, so the asyncio
+    # client's slot map load ran out its connect_timeout and said only "no slot map
+    # within connect_timeout (X s)". It names the likely cause and the fix now, as a
+    # plain node's set-up does (test above). (The blocking client's connection to the
+    # seed times the handshake out itself, just before, and says so in redis-py's words,
+    # with the hint too.) No cluster is needed: any plain node leaves the hello unanswered.
+    with LocalCluster(1) as one:
+        node = one[0]
+        seed = f"{node.host}:{node.port}"
+        timeouts = {"connect_timeout": PLAIN_PORT_CONNECT_TIMEOUT, "node_timeout": 0.2}
+        url = f"rediss+cluster://{seed}"
+        with pytest.raises(tenure.QuorumUnreachable) as info:
+            api.client([url], **timeouts).acquire(key, ttl=TTL, blocking=False)
+        message = str(info.value)
+        assert f"[{url}: unreachable: rediss://{seed}: " in message, message
+        assert "the node may not speak TLS" in message, message
+        assert "use redis:// for a plain port" in message, message
+        # A plain seed that never answers (frozen) is only unreachable.
+        plain = f"redis+cluster://{seed}"
+        node.pause()
+        try:
+            with pytest.raises(tenure.QuorumUnreachable) as info:
+                api.client([plain], **timeouts).acquire(key, ttl=TTL, blocking=False)
+        finally:
+            node.resume()
+        message = str(info.value)
+        assert f"[{plain}: unreachable: redis://{seed}: " in message, message
+        assert "TLS" not in message, message

@@ -21,6 +21,7 @@ from tenure._core.diagnosis import (
     naming,
     not_connected_in_time,
     not_redis,
+    slot_map_late,
 )
 from tenure._core.lease import conclude_locked
 from tenure._core.policy import wait_random_exponential
@@ -407,6 +408,26 @@ def test_a_plain_set_up_not_done_in_time_is_only_unreachable(url: str) -> None:
     assert not_connected_in_time(parse_node_url(url), 1.0) == Diagnosis(
         Failure.UNREACHABLE, "not connected within connect_timeout (1.0 s)"
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "hint"),
+    [("rediss+cluster://c1:7000,c2:7001", True), ("redis+cluster://c1:7000", False)],
+)
+def test_a_cluster_seed_with_no_slot_map_in_time_over_tls_names_a_plain_port(
+    url: str, hint: bool
+) -> None:
+    # The same words as a TLS node's set-up not done in time (above), from one place.
+    seed = parse_node_url(url).member("c1", 7000)
+    said = slot_map_late(seed, 0.5)
+    late = "no slot map within connect_timeout (0.5 s)"
+    assert said.failure is Failure.UNREACHABLE
+    if hint:
+        tls = not_connected_in_time(seed, 0.5).detail.partition(")")[2]
+        assert tls.startswith(": the node may not speak TLS"), tls
+        assert said.detail == f"rediss://c1:7000: {late}{tls}"
+    else:
+        assert said.detail == f"redis://c1:7000: {late}"
 
 
 def test_configuration_error_is_a_tls_certificate_error_naming_the_node() -> None:

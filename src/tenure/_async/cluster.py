@@ -203,7 +203,8 @@ class ClusterChannel:
         sources.sort(key=lambda a: a in self._members and self._members[a].backing_off(now) > 0)
         try:
             for where in sources:
-                name = self.address.member(*where).display
+                seed = self.address.member(*where)
+                name = seed.display
                 conn = self._pool(where).make_connection()  # type: ignore[no-untyped-call]
                 try:
 
@@ -224,7 +225,7 @@ class ClusterChannel:
                 except ResponseError as exc:
                     errors.append(not_a_cluster(name, str(exc)))
                 except (asyncio.TimeoutError, TimeoutError):
-                    errors.append(slot_map_late(name, self._connect_timeout))
+                    errors.append(slot_map_late(seed, self._connect_timeout))
                 except ValueError as exc:
                     errors.append(Diagnosis(Failure.ERROR, f"{name}: {exc}"))
                 except Exception as exc:  # not BaseException: cancellation goes on

@@ -433,13 +433,18 @@ def reply_ends_link(why: Diagnosis) -> bool:
     return why.failure.configuration or why.failure is Failure.UNREACHABLE
 
 
-def slot_map_late(seed: str, connect_timeout: float) -> Diagnosis:
-    """A ``redis+cluster://`` node's seed ``seed`` gave no whole answer to ``CLUSTER
-    SLOTS`` within ``connect_timeout`` (connecting included): a host that does not
-    answer, or one that answers a byte at a time (a stalled proxy, a server dying
-    slowly, something that is not Redis), which no socket timeout ends."""
+def slot_map_late(seed: NodeAddress, connect_timeout: float) -> Diagnosis:
+    """A ``redis+cluster://`` node's seed ``seed`` (a member's address) gave no whole
+    answer to ``CLUSTER SLOTS`` within ``connect_timeout`` (connecting included): a host
+    that does not answer, or one that answers a byte at a time (a stalled proxy, a
+    server dying slowly, something that is not Redis), which no socket timeout ends.
+    Over TLS (``rediss+cluster://``), a plain port is named as the likely cause, as
+    ``not_connected_in_time`` names it (``_may_not_speak_tls``): it never answers the
+    TLS hello, so the handshake takes the whole time."""
     return Diagnosis(
-        Failure.UNREACHABLE, f"{seed}: no slot map within connect_timeout ({connect_timeout} s)"
+        Failure.UNREACHABLE,
+        f"{seed.display}: no slot map within connect_timeout ({connect_timeout} s)"
+        + _may_not_speak_tls(seed),
     )
 
 
@@ -490,12 +495,19 @@ def not_connected_in_time(address: NodeAddress, connect_timeout: float) -> Diagn
     runs out before the handshake's own. Only a "may": a TLS server that is slow, or
     a TCP connect that hangs, times out the same way."""
     said = f"not connected within connect_timeout ({connect_timeout} s)"
-    if address.scheme.partition("+")[0] == "rediss":  # rediss+cluster:// too
-        said += (
-            ": the node may not speak TLS (a plain port never answers a TLS hello); "
-            "use redis:// for a plain port"
-        )
-    return Diagnosis(Failure.UNREACHABLE, said)
+    return Diagnosis(Failure.UNREACHABLE, said + _may_not_speak_tls(address))
+
+
+def _may_not_speak_tls(address: NodeAddress) -> str:
+    """What the clients' own timers add, for a TLS node (``rediss://``,
+    ``rediss+cluster://``...) whose set-up outlasted them: the likely cause and its fix
+    (``not_connected_in_time``, ``slot_map_late``); nothing for a plain node."""
+    if address.scheme.partition("+")[0] != "rediss":
+        return ""
+    return (
+        ": the node may not speak TLS (a plain port never answers a TLS hello); "
+        "use redis:// for a plain port"
+    )
 
 
 def socket_path_not_a_directory(said: str) -> Diagnosis:

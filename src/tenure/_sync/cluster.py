@@ -108,7 +108,8 @@ class _MapLoad:
         self._members = members
         self._connect_timeout = connect_timeout
         self._errors: list[Diagnosis] = []
-        self._asking: tuple[str, redis.Connection] | None = None  # the seed being read
+        # The seed being read (its address: its name, and whether over TLS), and how.
+        self._asking: tuple[NodeAddress, redis.Connection] | None = None
         self._given_up: Diagnosis | None = None  # why, once given up (``give_up``)
         # Called when it ends: the wake-up of every round waiting for it (``listen``).
         self._wakes = [on_done]
@@ -138,7 +139,7 @@ class _MapLoad:
 
     def _why(self, errors: list[Diagnosis]) -> Diagnosis:
         if not errors:  # given up before the first seed was asked
-            errors = [slot_map_late(self._members[0].name, self._connect_timeout)]
+            errors = [slot_map_late(self._members[0].address, self._connect_timeout)]
         return no_slot_map(errors)
 
     def listen(self, wake: Callable[[], None]) -> None:
@@ -159,7 +160,7 @@ class _MapLoad:
                 with self._lock:
                     if self._given_up is not None:
                         break
-                    self._asking = (member.name, conn)
+                    self._asking = (member.address, conn)
                 try:
                     conn.socket_timeout = member.connect_timeout
                     conn.connect()  # type: ignore[no-untyped-call]
@@ -168,7 +169,7 @@ class _MapLoad:
                     self.result = SlotMap.parse(reply, asked)
                     return
                 except _Late:
-                    why = slot_map_late(member.name, member.connect_timeout)
+                    why = slot_map_late(member.address, member.connect_timeout)
                 except ResponseError as exc:
                     why = not_a_cluster(member.name, reply_text(exc))
                 except ValueError as exc:
