@@ -387,17 +387,24 @@ def test_other_tls_failures_are_an_outage() -> None:
 
 
 @pytest.mark.parametrize(
-    "url",
-    ["rediss://h1:6380/2", "rediss+sentinel://s1:26379/primary", "rediss+cluster://c1:7000"],
+    ("url", "plain"),
+    [
+        ("rediss://h1:6380/2", "redis"),
+        ("rediss+sentinel://s1:26379/primary", "redis+sentinel"),
+        ("rediss+cluster://c1:7000", "redis+cluster"),
+    ],
 )
-def test_a_tls_set_up_not_done_in_time_names_a_plain_port_as_the_likely_cause(url: str) -> None:
+def test_a_tls_set_up_not_done_in_time_names_a_plain_port_as_the_likely_cause(
+    url: str, plain: str
+) -> None:
     # A plain port never answers a TLS hello; the clients' timer runs out first. Still an
-    # outage (a slow TLS server times out the same way), the likely fix named.
+    # outage (a slow TLS server times out the same way), the likely fix named, in the
+    # URL's own kind.
     why = not_connected_in_time(parse_node_url(url), 0.5)
     assert why == Diagnosis(
         Failure.UNREACHABLE,
         "not connected within connect_timeout (0.5 s): the node may not speak TLS (a plain "
-        "port never answers a TLS hello); use redis:// for a plain port",
+        f"port never answers a TLS hello); use {plain}:// for a plain port",
     )
 
 

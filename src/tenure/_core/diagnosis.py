@@ -501,12 +501,16 @@ def not_connected_in_time(address: NodeAddress, connect_timeout: float) -> Diagn
 def _may_not_speak_tls(address: NodeAddress) -> str:
     """What the clients' own timers add, for a TLS node (``rediss://``,
     ``rediss+cluster://``...) whose set-up outlasted them: the likely cause and its fix
-    (``not_connected_in_time``, ``slot_map_late``); nothing for a plain node."""
-    if address.scheme.partition("+")[0] != "rediss":
+    (``not_connected_in_time``, ``slot_map_late``); nothing for a plain node. The fix
+    keeps the URL's kind: ``redis+sentinel://`` for a ``rediss+sentinel://`` node."""
+    tls, kind = address.scheme.partition("+")[::2]  # "rediss+cluster"; a Sentinel's "rediss"
+    if tls != "rediss":
         return ""
+    kind = "sentinel" if address.sentinel is not None else kind
+    plain = f"redis+{kind}" if kind else "redis"
     return (
         ": the node may not speak TLS (a plain port never answers a TLS hello); "
-        "use redis:// for a plain port"
+        f"use {plain}:// for a plain port"
     )
 
 
