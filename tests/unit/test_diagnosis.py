@@ -430,8 +430,10 @@ def test_a_cluster_seed_with_no_slot_map_in_time_over_tls_names_a_plain_port(
     late = "no slot map within connect_timeout (0.5 s)"
     assert said.failure is Failure.UNREACHABLE
     if hint:
-        tls = not_connected_in_time(seed, 0.5).detail.partition(")")[2]
+        # The fix is the Cluster node's kind of URL, though the seed's own is rediss://.
+        tls = not_connected_in_time(parse_node_url(url), 0.5).detail.partition(")")[2]
         assert tls.startswith(": the node may not speak TLS"), tls
+        assert tls.endswith("use redis+cluster:// for a plain port"), tls
         assert said.detail == f"rediss://c1:7000: {late}{tls}"
     else:
         assert said.detail == f"redis://c1:7000: {late}"

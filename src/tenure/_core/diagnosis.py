@@ -444,7 +444,7 @@ def slot_map_late(seed: NodeAddress, connect_timeout: float) -> Diagnosis:
     return Diagnosis(
         Failure.UNREACHABLE,
         f"{seed.display}: no slot map within connect_timeout ({connect_timeout} s)"
-        + _may_not_speak_tls(seed),
+        + _may_not_speak_tls(seed, "cluster"),
     )
 
 
@@ -498,15 +498,17 @@ def not_connected_in_time(address: NodeAddress, connect_timeout: float) -> Diagn
     return Diagnosis(Failure.UNREACHABLE, said + _may_not_speak_tls(address))
 
 
-def _may_not_speak_tls(address: NodeAddress) -> str:
+def _may_not_speak_tls(address: NodeAddress, kind: str = "") -> str:
     """What the clients' own timers add, for a TLS node (``rediss://``,
     ``rediss+cluster://``...) whose set-up outlasted them: the likely cause and its fix
     (``not_connected_in_time``, ``slot_map_late``); nothing for a plain node. The fix
-    keeps the URL's kind: ``redis+sentinel://`` for a ``rediss+sentinel://`` node."""
-    tls, kind = address.scheme.partition("+")[::2]  # "rediss+cluster"; a Sentinel's "rediss"
+    keeps the URL's kind: ``redis+sentinel://`` for a ``rediss+sentinel://`` node, and
+    ``redis+cluster://`` for a Cluster node's seed (``kind``: a member's own address is
+    ``rediss://``)."""
+    tls, own = address.scheme.partition("+")[::2]  # "rediss+cluster"; a Sentinel's "rediss"
     if tls != "rediss":
         return ""
-    kind = "sentinel" if address.sentinel is not None else kind
+    kind = kind or ("sentinel" if address.sentinel is not None else own)
     plain = f"redis+{kind}" if kind else "redis"
     return (
         ": the node may not speak TLS (a plain port never answers a TLS hello); "
