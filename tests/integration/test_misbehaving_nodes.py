@@ -24,11 +24,13 @@ import pytest
 import redis
 
 import tenure
+from tenure._core.config import LockKeys
 from tenure.testing import LocalCluster, LocalNode
 from tenure.verify.proxy import Proxy
 
 from .conftest import LEAST_PRIVILEGE, Api, scripts_run
 from .garbage import GarbageServer, SlowSubscribe
+from .hold_proxy import HoldingProxy
 
 TTL = 2.0
 
@@ -553,6 +555,31 @@ def test_locked_does_not_answer_not_locked_while_a_failed_node_may_hold_it(
         assert lock.locked() is True
         lease.release()
         assert lock.locked() is False
+
+
+def test_a_new_clients_node_slower_to_connect_is_waited_for_when_a_connected_one_fails(
+    api: Api, key: str
+) -> None:
+    """A new client's first round begins once the nodes connected could decide it, a
+    node still connecting sitting it out. When one of those connected then fails (BUSY:
+    a long script of another application), the slower node decides the round: the
+    client waits for its set-up and asks again, rather than calling two of three nodes
+    failed. Before, a free lock's non-blocking acquire raised QuorumUnreachable ("2 of 3
+    nodes failed"), one of them healthy and only connecting."""
+    with LocalCluster(3) as cluster:
+        _give_history(api, cluster.urls, key)
+        slow = cluster[2]
+        assert slow.port is not None
+        with HoldingProxy((slow.host, slow.port)) as proxy, _busy(cluster[1]):
+            # The client name: a set-up that sends something (CLIENT SETNAME), which the
+            # proxy holds back for 0.5 s, ten node timeouts.
+            proxy.slow_new(0.5)
+            urls = [cluster.urls[0], cluster.urls[1], f"{proxy.url}?client_name=slow"]
+            client = api.client(urls, connect_timeout=3.0)
+            lease = client.lock(key, ttl=30.0).acquire(blocking=False)
+            assert lease is True
+        with slow.client() as c:  # granted by nodes 0 and 2
+            assert c.exists(LockKeys.of(key).lock)
 
 
 def test_a_full_node_is_an_outage_that_says_what_to_do(api: Api, key: str) -> None:

@@ -520,11 +520,61 @@ def test_nodes_still_connecting_get_one_attempt_more(blocking: bool) -> None:
         assert isinstance(step.error, QuorumUnreachable)
 
 
-def test_a_round_failed_by_connecting_and_silent_nodes_is_no_set_up_to_wait_for() -> None:
+@pytest.mark.parametrize("blocking", [False, True])
+def test_a_node_still_connecting_that_could_decide_beside_a_failed_one_is_waited_for(
+    blocking: bool,
+) -> None:
+    # A new client's first attempt: nodes 0 and 1 connected first (the round could be
+    # decided by them, so it began without node 2, still connecting); node 0 granted,
+    # node 1 failed (BUSY). Node 2 could have made the majority: no outage yet. One
+    # attempt more, even for a caller that does not block, which waits for node 2's
+    # set-up though nodes 0 and 1, connected, could decide it by number.
+    acq = make(3, blocking=blocking)
+    _, step = attempt(acq, "yek", started=0.0, now=0.05)
+    assert isinstance(step, Retry)
+    assert step.sleep == 0.0
+    assert step.cleanup == frozenset({0, 1})  # node 0's grant, and node 1's maybe
+    rnd = acq.begin(0.06)
+    assert rnd.set_up_wait(2, 1, 0, 0.06, grace=0.05) is None  # until node 2 is up
+    feed(rnd, "yen", acq.proposal(WALL))  # node 1 BUSY again; node 2 holds another's lease
+    step = acq.conclude(rnd, "tok", 0.1)
+    if blocking:  # held by another on one node, a split: it backs off and tries again
+        assert isinstance(step, Retry)
+        assert step.sleep > 0.0
+    else:  # refused as held, not QuorumUnreachable
+        assert step == GiveUp(frozenset({0, 1}), None)
+    # Only once per call, and only then: the attempt after begins as any.
+    assert acq.begin(0.2).set_up_wait(2, 1, 0, 0.2, grace=0.05) == 0.0
+
+
+def test_nodes_still_connecting_that_could_not_decide_beside_a_failed_one_are_an_outage() -> None:
+    # Node 0 refused (held), node 1 failed, node 2 still connecting: a "yes" from node 2
+    # would not make a majority, so nothing is worth waiting for.
     acq = make(3, blocking=False)
-    _, step = attempt(acq, "ku.", started=0.0, now=0.05)
+    _, step = attempt(acq, "nek", started=0.0, now=0.05)
     assert isinstance(step, GiveUp)
     assert isinstance(step.error, QuorumUnreachable)
+
+
+def test_a_round_failed_by_connecting_and_silent_nodes_is_no_set_up_to_wait_for() -> None:
+    # Node 0 still connecting, nodes 1 and 2 failed: node 0 alone makes no majority.
+    for answers in ("kuu", "ku."):  # node 2 unreachable, or silent until the deadline
+        acq = make(3, blocking=False)
+        rnd = acq.begin(0.0)
+        feed(rnd, answers, acq.proposal(WALL))
+        rnd.time_out()
+        step = acq.conclude(rnd, "tok", 0.05)
+        assert isinstance(step, GiveUp), answers
+        assert isinstance(step.error, QuorumUnreachable)
+
+
+def test_a_node_not_heard_from_counts_as_one_that_may_say_yes() -> None:
+    # Node 1 failed first, and node 0 still connecting made the round impossible before
+    # node 2's answer was read: node 2 may have granted, so node 0 could still decide it.
+    acq = make(3, blocking=False)
+    _, step = attempt(acq, "ku.", started=0.0, now=0.05)  # decided before node 2 is read
+    assert isinstance(step, Retry)
+    assert step.cleanup == frozenset({1, 2})
 
 
 def test_non_blocking_gives_up_at_once_on_nodes_in_back_off() -> None:

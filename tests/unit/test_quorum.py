@@ -510,3 +510,25 @@ def test_a_round_that_refusals_decide_hears_every_node_a_failure_leaves_undecide
     rnd.record(1, True)
     assert rnd.decided
     assert rnd.succeeded
+
+
+def test_set_ups_could_decide_counts_nodes_not_asked_or_queued_while_connecting() -> None:
+    # The asyncio driver queues a request to a node still connecting; silent at the
+    # deadline, that node is no more known than one the blocking driver did not ask.
+    for connecting in (True, False):
+        rnd = Round(3, 2, started=0.0)
+        rnd.record(0, True)
+        rnd.fail(1, Failure.ERROR, "BUSY")
+        rnd.went_silent(2, "not connected yet; sent once it is", connecting=connecting)
+        assert rnd.silent == 1
+        assert rnd.set_ups_could_decide() is connecting
+    rnd = Round(3, 2, started=0.0)
+    rnd.record(0, True)
+    rnd.fail(1, Failure.ERROR, "BUSY")
+    rnd.fail(2, Failure.CONNECTING, "not connected yet when the round began")
+    assert rnd.set_ups_could_decide()
+    rnd = Round(3, 2, started=0.0)  # a refusal: a yes from node 2 would make no majority
+    rnd.record(0, False)
+    rnd.fail(1, Failure.ERROR, "BUSY")
+    rnd.fail(2, Failure.CONNECTING, "not connected yet when the round began")
+    assert not rnd.set_ups_could_decide()

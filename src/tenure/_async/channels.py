@@ -960,7 +960,7 @@ class Channels:
                     # Not CONNECTING ("not asked"): the request is queued, and goes out
                     # (its cleanup behind it) once the connection is up. Silent, like a
                     # node that did not answer: it may be up, its set-up only slow.
-                    rnd.went_silent(i, "not connected yet; sent once it is")
+                    rnd.went_silent(i, "not connected yet; sent once it is", connecting=True)
             rnd.time_out()
         self.reporter.round(rnd)
 

@@ -81,7 +81,7 @@ from .commands import HISTORY_CHANGED, NO_HISTORY
 from .config import DEFAULT_KEY_PREFIX, LockSpec, WaitMode, retry_delay
 from .diagnosis import configuration_error, for_prefix
 from .policy import RetryPolicy
-from .quorum import Failure, Round
+from .quorum import Failure, Round, RoundAgain
 
 __all__ = [
     "Acquisition",
@@ -440,6 +440,7 @@ class Acquisition:
         # When failures alone first ruled out a majority, in an unbroken run of attempts.
         self._unreachable_since: float | None = None
         self._waited_for_set_ups = False  # one attempt more once, for nodes still connecting
+        self._await_set_ups = False  # that attempt, not yet begun
         self._waited_for_seeds = False  # one attempt more once, for a new set being seeded
         self._heard_silence_out = False  # one attempt more once, after nodes were silent
         self._silent_asks = 0  # attempts that heard every node but the silent ones again
@@ -500,7 +501,10 @@ class Acquisition:
         self.attempts += 1
         # Marks a blank node (no floor) answers with (see acquire.lua); never 0.
         self.mark = self._rng.getrandbits(52) | 1
-        return Round(
+        # After an attempt that nodes still connecting could have decided, the next
+        # waits for their set-ups, even if the nodes connected could decide it by number.
+        kind, self._await_set_ups = (RoundAgain if self._await_set_ups else Round), False
+        return kind(
             self.spec.n_nodes,
             self.spec.quorum,
             now,
@@ -587,12 +591,14 @@ class Acquisition:
             # every connection) proves nothing new, and a blocking acquire waits it out.
             if not rnd.failed_untried():
                 self._strikes += 1
-            elif rnd.failed_connecting() and not self._waited_for_set_ups:
+            if rnd.set_ups_could_decide() and not self._waited_for_set_ups:
                 # Nodes whose connections were still being set up (say, the new owner of
-                # a Cluster slot that a redirection pointed to) are no outage: once,
-                # even for a caller that does not block, one attempt more, which the
-                # driver begins once their set-ups ended (bounded by connect_timeout).
-                self._waited_for_set_ups = True
+                # a Cluster slot that a redirection pointed to, or a new client's node a
+                # little slower to connect than the others, one of which then failed)
+                # are no outage: once, even for a caller that does not block, one
+                # attempt more, which waits for their set-ups (bounded by
+                # connect_timeout) before it begins (``begin``: a ``RoundAgain``).
+                self._waited_for_set_ups = self._await_set_ups = True
                 return Retry(0.0, cleanup)
             if not self._blocking and not self._heard_silence_out and rnd.silence_blocks_quorum():
                 # Nodes silent past the node timeout made the difference: on an

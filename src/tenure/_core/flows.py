@@ -1011,9 +1011,8 @@ def _set_ups_failed(rnd: Round) -> bool:
     once the set-ups ended (as an acquire makes, ``Acquisition.conclude``)."""
     return (
         rnd.failed > 0  # (first: nothing more to look at in a round without failures)
-        and not rnd.succeeded
         and rnd.failed_connecting()
-        and rnd.yes + len(rnd.connecting()) >= rnd.needed
+        and rnd.set_ups_could_decide()
     )
 
 

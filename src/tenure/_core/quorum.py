@@ -78,6 +78,13 @@ class NodeResult:
 _YES = NodeResult(ok=True)
 
 
+@dataclass(slots=True)
+class SilentConnecting(NodeResult):
+    """A node silent at the deadline whose request was queued while its connection was
+    being set up, to go out once it is (the asyncio driver): unreachable, like any
+    silence, but nothing is known of the node yet (``Round.set_ups_could_decide``)."""
+
+
 class Round:
     """The tally of one command sent to ``n`` nodes, decided as early as possible.
 
@@ -242,12 +249,15 @@ class Round:
             if r is None:
                 self.went_silent(i, "no reply before the deadline")
 
-    def went_silent(self, node: int, detail: str) -> None:
-        """Record that ``node`` was asked (or its request queued) and had not answered by
-        the deadline: unreachable, and possibly only slow (``silence_blocks_quorum``)."""
+    def went_silent(self, node: int, detail: str, *, connecting: bool = False) -> None:
+        """Record that ``node`` was asked (or, ``connecting``, its request queued while
+        its connection is set up) and had not answered by the deadline: unreachable, and
+        possibly only slow (``silence_blocks_quorum``)."""
         if self.results[node] is None:
             self.fail(node, Failure.UNREACHABLE, detail)
             self.silent += 1
+            if connecting:
+                self.results[node] = SilentConnecting(failure=Failure.UNREACHABLE, detail=detail)
 
     @property
     def unheard(self) -> int:
@@ -353,6 +363,23 @@ class Round:
         failures = self.failures().values()
         return bool(failures) and all(r.failure is Failure.CONNECTING for r in failures)
 
+    def set_ups_could_decide(self) -> bool:
+        """Whether the nodes still connecting when the round began (not asked, or their
+        request queued and unanswered: ``SilentConnecting``) could have made the
+        majority, had they said yes, with the nodes not heard from yet (a round decided
+        impossible at its failures before a node's yes was read): a round worth one more
+        once their set-ups ended (``RoundAgain``), since nothing is known of them yet."""
+        if self.succeeded:
+            return False
+        connecting = sum(
+            1
+            for r in self.results
+            if r is not None
+            and (r.failure is Failure.CONNECTING or isinstance(r, SilentConnecting))
+        )
+        possible = len(self.results) - self.refused - (self.failed - connecting)
+        return connecting > 0 and possible >= self.needed
+
     def connecting(self) -> list[int]:
         """The nodes not asked in this round because they were still connecting."""
         connecting = Failure.CONNECTING
@@ -392,12 +419,15 @@ class Round:
 
 
 class RoundAgain(Round):
-    """A round made only to send a command to nodes an earlier round could not ask,
-    their connections still being set up (``Round.again``). It waits for their set-ups
-    whatever the answers carried over say: begun at once because those decide it
-    already, it would find the nodes still connecting and send them nothing again
-    (a release that a node holding the lease never got holds the lock there for nobody
-    until its TTL). Once sent, it is decided as any round."""
+    """A round after one that could not ask some nodes, their connections still being
+    set up, and was undecided without them (``Round.set_ups_could_decide``). It waits
+    for their set-ups whatever the ready nodes could decide: begun at once, it would
+    find the nodes still connecting and leave them out again. Two kinds: a release sent
+    only to those nodes, the other nodes' answers carried over (``Round.again``: a
+    release that a node holding the lease never got holds the lock there for nobody
+    until its TTL); and an acquire's next attempt (``Acquisition.begin``), whose ready
+    nodes include one that failed the attempt before (a BUSY node answers at once, and
+    would count as ready to decide it). Once sent, it is decided as any round."""
 
     __slots__ = ()
 
