@@ -25,7 +25,7 @@ import redis
 
 import tenure
 from tenure._core.config import LockKeys
-from tenure.testing import LocalCluster
+from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import Api, holders
 from .tls_proxy import CertificateAuthority, TLSProxy
@@ -472,24 +472,14 @@ def test_an_acquire_at_a_plain_port_over_tls_says_the_node_may_not_speak_tls(
         nodes: list[Any] = (
             [tls_url] if given == "url" else [redis.Redis(host=node.host, port=node.port, ssl=True)]
         )
-        timeouts = {"connect_timeout": PLAIN_PORT_CONNECT_TIMEOUT, "node_timeout": 0.2}
-        client = api.client(nodes, **timeouts)
-        with pytest.raises(tenure.QuorumUnreachable) as info:
-            client.acquire(key, ttl=TTL, blocking=False)
-        message = str(info.value)
+        message = _refused_at_once(api, nodes, key)
         assert f"[{tls_url}: unreachable: " in message, message
         assert "the node may not speak TLS" in message, message
         assert "use redis:// for a plain port" in message, message
         # A plain node whose set-up times out (frozen: its SELECT is never answered) is
         # only unreachable: the hint is for TLS nodes alone.
         silent = f"{one.urls[0]}/1"
-        node.pause()
-        try:
-            with pytest.raises(tenure.QuorumUnreachable) as info:
-                api.client([silent], **timeouts).acquire(key, ttl=TTL, blocking=False)
-        finally:
-            node.resume()
-        message = str(info.value)
+        message = _refused_while_frozen(api, node, silent, key)
         assert f"[{silent}: unreachable: " in message, message
         assert "TLS" not in message, message
 
@@ -506,11 +496,8 @@ def test_a_cluster_seed_at_a_plain_port_over_tls_says_the_node_may_not_speak_tls
     with LocalCluster(1) as one:
         node = one[0]
         seed = f"{node.host}:{node.port}"
-        timeouts = {"connect_timeout": PLAIN_PORT_CONNECT_TIMEOUT, "node_timeout": 0.2}
         url = f"rediss+cluster://{seed}"
-        with pytest.raises(tenure.QuorumUnreachable) as info:
-            api.client([url], **timeouts).acquire(key, ttl=TTL, blocking=False)
-        message = str(info.value)
+        message = _refused_at_once(api, [url], key)
         assert f"[{url}: unreachable: rediss://{seed}: " in message, message
         assert "the node may not speak TLS" in message, message
         # redis+cluster:// from the slot map's timer; redis:// from redis-py's handshake
@@ -518,12 +505,24 @@ def test_a_cluster_seed_at_a_plain_port_over_tls_says_the_node_may_not_speak_tls
         assert re.search(r"use redis(\+cluster)?:// for a plain port", message), message
         # A plain seed that never answers (frozen) is only unreachable.
         plain = f"redis+cluster://{seed}"
-        node.pause()
-        try:
-            with pytest.raises(tenure.QuorumUnreachable) as info:
-                api.client([plain], **timeouts).acquire(key, ttl=TTL, blocking=False)
-        finally:
-            node.resume()
-        message = str(info.value)
+        message = _refused_while_frozen(api, node, plain, key)
         assert f"[{plain}: unreachable: redis://{seed}: " in message, message
         assert "TLS" not in message, message
+
+
+def _refused_at_once(api: Api, nodes: list[Any], key: str) -> str:
+    """The ``QuorumUnreachable`` of a non-blocking acquire on ``nodes`` whose set-up or
+    slot map never comes: what it says."""
+    timeouts = {"connect_timeout": PLAIN_PORT_CONNECT_TIMEOUT, "node_timeout": 0.2}
+    with pytest.raises(tenure.QuorumUnreachable) as info:
+        api.client(nodes, **timeouts).acquire(key, ttl=TTL, blocking=False)
+    return str(info.value)
+
+
+def _refused_while_frozen(api: Api, node: LocalNode, url: str, key: str) -> str:
+    """``_refused_at_once`` on ``url``, a plain node or seed at ``node``, frozen meanwhile."""
+    node.pause()
+    try:
+        return _refused_at_once(api, [url], key)
+    finally:
+        node.resume()
