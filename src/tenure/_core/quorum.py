@@ -229,11 +229,13 @@ class Round:
         else:
             self._no += 1
 
-    def fail(self, node: int, failure: Failure, detail: str) -> None:
+    def fail(
+        self, node: int, failure: Failure, detail: str, kind: type[NodeResult] = NodeResult
+    ) -> None:
         """Record that ``node`` gave no usable answer (its outcome is unknown)."""
         if self.results[node] is not None:
             return
-        self.results[node] = NodeResult(failure=failure, detail=detail)
+        self.results[node] = kind(failure=failure, detail=detail)
         self._answered += 1
         self._no += 1
         self.failed += 1
@@ -254,10 +256,9 @@ class Round:
         its connection is set up) and had not answered by the deadline: unreachable, and
         possibly only slow (``silence_blocks_quorum``)."""
         if self.results[node] is None:
-            self.fail(node, Failure.UNREACHABLE, detail)
+            kind = SilentConnecting if connecting else NodeResult
+            self.fail(node, Failure.UNREACHABLE, detail, kind)
             self.silent += 1
-            if connecting:
-                self.results[node] = SilentConnecting(failure=Failure.UNREACHABLE, detail=detail)
 
     @property
     def unheard(self) -> int:
