@@ -93,9 +93,12 @@ def test_cluster_masters_listed_as_plain_nodes_are_misconfigured(
     with pytest.raises(tenure.NodeMisconfigured) as info:
         client.acquire(name, ttl=TTL)  # blocking, no timeout: raised at once
     error = info.value
-    assert error.node == urls[0]
-    assert error.parameter == "nodes[0]"
-    assert set(error.node_errors) == set(urls)
+    # Decided once a majority has failed: on a loaded machine the last node's answer can
+    # come after that, and the error then names the two heard, the first listed of them.
+    assert len(error.node_errors) >= 2
+    assert set(error.node_errors) <= set(urls)
+    assert error.node == next(url for url in urls if url in error.node_errors)
+    assert error.parameter == f"nodes[{urls.index(error.node)}]"
     _says_all(str(error))
     assert "unreachable" not in str(error)
     _no_redis_exception(error)
