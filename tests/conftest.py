@@ -47,16 +47,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # a group marked after it is ignored.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Two chains of heavy work, each on one worker, one test at a time: whole verifier
+    # Chains of heavy work, each on one worker, one test at a time: whole verifier
     # worlds (nodes, proxies, worker processes, faults) with liveness expectations ("some
-    # grants while a minority is cut off"), then the models; and the second server's pass
-    # (the integration core and the verifier's scenarios on Redis 6.2, each a run of its
-    # own in a subprocess). A parallel run so never stacks more than one of each on the
-    # same cores. They are the longest work of the run: first, so that they do not start
-    # last.
+    # grants while a minority is cut off"), then the models; and each other server's pass
+    # (the integration core and the verifier's scenarios on Redis 6.2, and on Redis 8,
+    # each a run of its own in a subprocess). A parallel run so never stacks more than one
+    # of each on the same cores. They are the longest work of the run: first, so that they
+    # do not start last.
     def group(item: pytest.Item) -> str | None:
         if "second_server" in item.keywords:
-            return "second_server"
+            callspec = getattr(item, "callspec", None)
+            return f"second_server-{callspec.params['server'] if callspec else ''}"
         return "worlds" if item.nodeid.startswith(_WORLDS + _MODELS) else None
 
     def rank(item: pytest.Item) -> tuple[int, int]:

