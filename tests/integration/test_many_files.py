@@ -22,7 +22,7 @@ from tenure._driver.redis_compat import has_unread
 from tenure.testing import LocalCluster
 
 from .conftest import Api
-from .test_waiting import _queued_everywhere, _release_raw, _wait_until
+from .test_waiting import _queued_on_a_majority, _release_raw, _wait_until
 
 BOUND = 1024  # select()'s FD_SETSIZE on Linux
 NEEDED = 2048  # open files the test needs: the bound, and room above it
@@ -57,7 +57,7 @@ def test_locks_on_three_nodes_with_every_socket_above_select_bound(
     released_at: list[float] = []
 
     def release_once_waiting() -> None:
-        _wait_until(lambda: _queued_everywhere(shared5, 3, key) == 1)
+        _wait_until(lambda: _queued_on_a_majority(shared5, 3, key))
         released_at.append(time.monotonic())
         _release_raw(shared5, 3, key, holder, fair=True)
 
