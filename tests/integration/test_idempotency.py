@@ -345,6 +345,91 @@ def test_a_takeover_that_left_nothing_behind_is_not_reported(raw: redis.Redis, k
     assert raw.get(account) == str(POINTS - 2 * COST).encode()  # twice, unreported
 
 
+def test_extending_sets_the_claims_end_from_now(raw: redis.Redis, key: str) -> None:
+    """For an effect longer than the lease: the claim ends ``lease`` after the call."""
+    store = RedisIdempotency(raw, lease=30)
+    own = store.redis_key(key)
+    with store.once(key) as once:
+        once.extend(600)
+        assert 590_000 < raw.pttl(own) <= 600_000  # longer than the store's lease
+        with pytest.raises(InProgress) as busy, store.once(key):
+            pytest.fail("the key is in progress: a duplicate must not run")
+        assert busy.value.retry_after is not None
+        assert busy.value.retry_after > 590
+        once.extend(0.25)
+        assert 0 < raw.pttl(own) <= 250  # shorter: set, not added
+        once.extend()
+        assert 25_000 < raw.pttl(own) <= 30_000  # the store's lease
+        once.record("done")
+    with store.once(key) as again:
+        assert (again.done, again.result) == (True, "done")
+        with pytest.raises(NotClaimed, match="cannot extend"):
+            again.extend()
+    with store.once(f"{key}-recorded") as once:
+        once.record(1)
+        with pytest.raises(NotClaimed, match="cannot extend"):
+            once.extend()
+
+
+@pytest.mark.parametrize("finished", [False, True], ids=["in-progress", "recorded"])
+def test_extending_after_a_takeover_is_refused(raw: redis.Redis, key: str, finished: bool) -> None:
+    store = RedisIdempotency(raw, lease=30)
+    own = store.redis_key(key)
+    with store.once(key) as slow:
+        raw.delete(own)  # as if our lease had run out...
+        with store.once(key) as fast:  # ...and a duplicate took the key over
+            if finished:
+                fast.record({"by": "fast"})
+            holding = raw.get(own)
+            with pytest.raises(ClaimLost) as info:
+                slow.extend()
+            assert info.value.holder == ("record" if finished else "claim")
+            assert info.value.key == key
+            assert raw.get(own) == holding  # left alone: PX untouched too
+            assert raw.pttl(own) > (25_000 if not finished else 86_000_000)
+            with pytest.raises(NotClaimed):
+                slow.record("late")  # the claim is gone
+            if not finished:
+                fast.record({"by": "fast"})
+        # Leaving the slow block records nothing.
+    with store.once(key) as later:
+        assert later.result == {"by": "fast"}
+
+
+def test_extending_after_the_lease_with_no_takeover_claims_again(
+    raw: redis.Redis, key: str
+) -> None:
+    store = RedisIdempotency(raw, lease=30)
+    own = store.redis_key(key)
+    with store.once(key) as slow:
+        claim = raw.get(own)
+        raw.delete(own)  # the lease ran out; nobody came
+        slow.extend(60)
+        assert raw.get(own) == claim
+        assert 55_000 < raw.pttl(own) <= 60_000
+        with pytest.raises(InProgress), store.once(key):
+            pytest.fail("the key is ours again: a duplicate must not run")
+        slow.record("done late")
+    with store.once(key) as later:
+        assert later.result == "done late"
+
+
+@pytest.mark.parametrize("lease", [0, -1, float("nan"), float("inf"), 1e16])
+def test_a_bad_extension_is_refused_and_changes_nothing(
+    raw: redis.Redis, key: str, lease: float
+) -> None:
+    store = RedisIdempotency(raw, lease=30)
+    with store.once(key) as once:
+        with pytest.raises(ConfigurationError) as info:
+            once.extend(lease)
+        assert info.value.parameter == "lease"
+        assert "0.001" in str(info.value)
+        assert 25_000 < raw.pttl(store.redis_key(key)) <= 30_000
+        once.record("still ours")
+    with store.once(key) as later:
+        assert later.result == "still ours"
+
+
 def test_apply_puts_effect_and_record_in_one_multi(raw: redis.Redis, key: str) -> None:
     store = RedisIdempotency(raw)
     stock = f"{key}:stock"
@@ -478,6 +563,14 @@ def test_a_client_that_decodes_replies_never_fails_raw(node: LocalCluster, key: 
             record_after_a_takeover()
         assert lost.value.holder == "record"
         assert raw.get(store.redis_key(taken)) == stored
+        # And extending, the same way.
+        extended = f"{key}-extended"
+        with store.once(extended) as slow:
+            raw.set(store.redis_key(extended), stored, px=3_600_000)
+            with pytest.raises(ClaimLost) as lost:
+                slow.extend()
+        assert lost.value.holder == "record"
+        assert raw.get(store.redis_key(extended)) == stored
 
 
 def test_a_key_of_another_type_is_a_store_refusal(raw: redis.Redis, key: str) -> None:
@@ -585,6 +678,9 @@ def test_an_idempotency_store_whose_redis_is_down_is_unavailable(key: str) -> No
             once.record("receipt")
         assert (info.value.operation, info.value.maybe_applied) == ("record", True)
         assert isinstance(info.value.__cause__, redis.ConnectionError)
+        with pytest.raises(StoreUnavailable, match="extend\\(\\) again is safe") as info:
+            once.extend()
+        assert (info.value.operation, info.value.maybe_applied) == ("extend", True)
         with pytest.raises(StoreUnavailable) as info:
             once.apply([f"{key}-stock"], lambda reads: Plan(result=1))
         assert not info.value.maybe_applied  # nothing was sent: the WATCH failed
@@ -691,7 +787,7 @@ def test_a_result_the_codec_cannot_encode_is_a_clear_error(raw: redis.Redis, key
 
 
 def test_scripts_name_their_keys_and_arguments() -> None:
-    for name in ("idem_claim", "idem_record", "idem_release"):
+    for name in ("idem_claim", "idem_record", "idem_release", "idem_extend"):
         source = files("tenure._lua").joinpath(f"{name}.lua").read_text()
         header = "\n".join(line for line in source.splitlines() if line.startswith("--"))
         for word in ("KEYS[1]", "ARGV[1]", "Returns"):

@@ -61,7 +61,8 @@ this attempt has succeeded, while the same value recorded by an attempt that too
   record is stored and the double effect goes unreported). Such an effect should be
   idempotent itself (pass the idempotency key on, e.g. to a payment API), or live in the
   same SQL transaction as its record (below). The lease must exceed the effect's
-  longest duration.
+  longest duration, or the attempt must call :meth:`RedisOnce.extend` while it works
+  (``idem_extend.lua``: the same compare-and-set as the record, setting a new lease).
 
 Theory of operation: SQL
 ------------------------

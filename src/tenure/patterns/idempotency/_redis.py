@@ -281,6 +281,64 @@ class RedisOnce:
         self.result = result
         return result
 
+    def extend(self, lease: float | None = None) -> None:
+        """Keep the claim for ``lease`` more seconds, counted from now, while the effect runs.
+
+        For an effect that may outlast the store's lease: call it before the lease runs
+        out (every third of it, say), so a duplicate keeps waiting or answering
+        :class:`InProgress` rather than taking the key over and running the effect again.
+        The claim's end is set to ``lease`` from now, shorter or longer than before. A
+        call run again after a lost reply finds our claim and succeeds. A key found empty
+        (our lease ran out and nobody took it) holds our claim again, as :meth:`record`
+        would store a record there.
+
+        Args:
+            lease: seconds; default the store's ``lease``.
+
+        Raises:
+            ClaimLost: our lease ran out and another attempt took the key (it holds that
+                attempt's claim or record). The claim is gone: leaving the block records
+                nothing, and the attempt that took over may do the effect again.
+            NotClaimed: this attempt holds no claim (``done``, or recorded already).
+            StoreUnavailable: the Redis was not reached or did not answer; the claim may
+                or may not have been extended, and calling ``extend`` again is safe.
+            StoreRefused: the Redis answered with an error (the key holds something that
+                is not idempotency state, or the Redis is full, read-only, or refuses by
+                its ACL); nothing changed.
+            ConfigurationError: (``lease``) not a number of seconds from 0.001 to about a
+                century; nothing was sent.
+        """
+        marker = self._require_claim("extend")
+        store = self._store
+        lease_ms = store._lease_ms if lease is None else _seconds_to_ms("lease", lease)
+        try:
+            status, holding = store.client.eval(
+                _source("idem_extend"), 1, self._redis_key, marker, lease_ms
+            )
+        except _FAILURES as exc:
+            raise store_error(
+                exc,
+                store.client,
+                "RedisIdempotency",
+                "extend",
+                self.key,
+                maybe_applied=True,
+                retry="; calling extend() again is safe (it finds its own claim)",
+            ) from exc
+        except UnicodeDecodeError:
+            # As in record(): a client that decodes replies could not read another
+            # attempt's record, written by a codec whose bytes are not text.
+            status, holding = 0, b"d:"
+        if status != 1:
+            self._marker = None  # the claim is gone: leaving the block must not record
+            holder = _holder(_as_bytes(store.client, holding))
+            raise ClaimLost(
+                self.key,
+                holder,
+                f"our claim's lease ran out before it was extended and another attempt "
+                f"took the key (it holds a {holder}); that attempt may do the effect too",
+            )
+
     def _release(self) -> None:
         """Give the claim up after a failed block, so a retry need not wait for the lease."""
         marker, self._marker = self._marker, None
@@ -305,7 +363,8 @@ class RedisIdempotency(_ProcessBound):
             own hash tag (and a key starting with ``}`` is refused: its tag would be
             empty); with a tag (``idem{1}``), every key is in that tag's slot.
         lease: seconds a claim lasts; after it, a crashed attempt is taken over. Must
-            exceed the longest effect (see the module docstring for what happens if not).
+            exceed the longest effect, or the effect must call :meth:`RedisOnce.extend`
+            (see the module docstring for what happens if not).
         retention: seconds a result is kept; a duplicate arriving later runs again.
         wait: default seconds a duplicate waits for an attempt in progress before
             raising :class:`InProgress` (0: raise at once).
