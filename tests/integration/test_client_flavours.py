@@ -168,6 +168,47 @@ def test_an_asyncio_object_refuses_a_pipeline(
     assert raw.keys(f"*{name}*") == []
 
 
+@pytest.mark.parametrize("owner", list(BLOCKING))
+@pytest.mark.parametrize("decode_responses", [False, True])
+def test_an_object_refuses_a_client_whose_encoding_python_lacks(
+    owner: str,
+    decode_responses: bool,
+    node: LocalCluster,
+    raw: redis.Redis,
+    locks: tenure.Client,
+    name: str,
+) -> None:
+    # redis-py encodes every str argument with the client's encoding: without
+    # decode_responses the object was made, and its first command raised redis-py's raw
+    # LookupError.
+    parameter, use = BLOCKING[owner]
+    with (
+        redis.Redis.from_url(
+            node.urls[0], encoding="no-such-codec", decode_responses=decode_responses
+        ) as client,
+        pytest.raises(tenure.ConfigurationError) as info,
+    ):
+        use(client, locks, name)
+    assert info.value.parameter == parameter
+    assert "encoding 'no-such-codec', which Python has no codec for" in str(info.value)
+    assert "such as 'utf-8'" in str(info.value)  # the fix
+    assert raw.keys(f"*{name}*") == []
+
+
+def test_an_asyncio_object_refuses_a_client_whose_encoding_python_lacks(
+    node: LocalCluster, raw: redis.Redis, name: str
+) -> None:
+    async def use(owner: str) -> object:
+        async with redis.asyncio.Redis.from_url(node.urls[0], encoding="no-such-codec") as client:
+            return await ASYNCIO[owner](client, name)
+
+    for owner in ASYNCIO:
+        with pytest.raises(tenure.ConfigurationError) as info:
+            asyncio.run(use(owner))
+        assert "which Python has no codec for" in str(info.value)
+    assert raw.keys(f"*{name}*") == []
+
+
 def test_each_object_works_with_its_own_flavour(
     node: LocalCluster, raw: redis.Redis, name: str
 ) -> None:

@@ -582,9 +582,10 @@ def check_client(
     twin: str | None = None,
     raw_bytes: bool = False,
 ) -> None:
-    """Refuse a pipeline, a redis-py client of the wrong flavour, one that decodes replies with an
-    encoding that cannot read the server's own (utf-16), or one that decodes replies
-    where ``raw_bytes`` values must be read.
+    """Refuse a pipeline, a redis-py client of the wrong flavour, one made with an encoding
+    Python lacks, one that decodes replies with an encoding that cannot read the
+    server's own (utf-16), or one that decodes replies where ``raw_bytes`` values must
+    be read.
 
     Args:
         client: what the caller passed.
@@ -595,9 +596,9 @@ def check_client(
         raw_bytes: ``owner`` reads values that may be any bytes.
 
     Raises:
-        ConfigurationError: (``parameter``) a pipeline, the wrong flavour, a client decoding with an
-            encoding that does not read ASCII as ASCII (or that Python lacks), or a
-            decoding client where ``raw_bytes``.
+        ConfigurationError: (``parameter``) a pipeline, the wrong flavour, a client with an
+            encoding Python lacks, a client decoding with an encoding that does not read
+            ASCII as ASCII, or a decoding client where ``raw_bytes``.
     """
     if isinstance(client, _PIPELINES):
         # Its commands answer with the pipeline, not a reply: the first reply read (a
@@ -628,23 +629,30 @@ def check_client(
             "redis.asyncio.Redis (or redis.asyncio.RedisCluster)"
             + (f"; for a blocking client use {twin}" if twin else ""),
         )
+    encoding, errors = reply_encoding(client)
+    reads_ascii = _reads_ascii(encoding, errors)
+    if reads_ascii is None:
+        # With or without decode_responses: redis-py encodes every str argument (the
+        # keys at least) with it, so the first command failed, with a raw LookupError.
+        raise ConfigurationError(
+            parameter,
+            f"{owner} got {_name(client)} made with encoding {encoding!r}, which Python "
+            "has no codec for: redis-py encodes every str argument with it (and decodes "
+            "replies with it, made with decode_responses=True), so that client cannot "
+            "send a key (LookupError inside redis-py); make it with an encoding Python "
+            "has, such as 'utf-8', redis-py's default",
+        )
     if not _decodes(client):
         return
-    encoding, errors = reply_encoding(client)
     fix = "pass a client without it, e.g. redis.Redis(..., decode_responses=False), the default"
-    reads_ascii = _reads_ascii(encoding, errors)
     if not reads_ascii:
-        why = (
-            "which Python has no codec for"
-            if reads_ascii is None
-            else "which does not read ASCII as ASCII"
-        )
         raise ConfigurationError(
             parameter,
             f"{owner} got {_name(client)} made with decode_responses=True and encoding "
-            f"{encoding!r}, {why}: redis-py decodes every reply with it, the server's "
-            "own (OK, PONG) too, so that client cannot run a command (UnicodeDecodeError "
-            f"inside redis-py); {fix}, or with an encoding such as 'utf-8'",
+            f"{encoding!r}, which does not read ASCII as ASCII: redis-py decodes every "
+            "reply with it, the server's own (OK, PONG) too, so that client cannot run a "
+            f"command (UnicodeDecodeError inside redis-py); {fix}, or with an encoding "
+            "such as 'utf-8'",
         )
     if raw_bytes:
         raise ConfigurationError(
