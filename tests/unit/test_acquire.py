@@ -255,7 +255,11 @@ def test_late_majority_non_blocking_gives_up_and_cleans_up() -> None:
         ("yyuuu", "3 of 5 nodes failed or did not answer", "held"),
         ("bbb..", "3 of 5 nodes blank", "warming"),
         ("yynny", "granted by 3 of 5 nodes, but the round left no validity", "?"),
-        ("yyllu", "granted by 2 of 5 nodes, 3 needed", "held"),  # below the floor twice
+        # Below the floor twice: the grants that fell short come after the causes.
+        ("yyllu", "nodes failed or did not answer; so only 2 of 5 nodes granted, 3 needed", "held"),
+        ("wwwyy", "warming up after a restart", "granted by"),  # not read as contention
+        ("nnnnn", "held by another client", "granted"),
+        ("nnyyu", "held by another client on 2 of 5 nodes; 1 of 5 nodes failed", "?"),
         ("lllyy", "3 of 5 nodes had granted a higher fencing token meanwhile", "held"),
         # A master without its replicas is not contention: it says so, and what to check.
         ("rrryy", "3 of 5 nodes granted, but fewer of their replicas than wait_replicas", "held"),

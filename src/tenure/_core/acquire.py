@@ -309,10 +309,14 @@ def refusal(
     silent = len(rnd.failures())
     if silent:
         parts.append(f"{silent} of {n} nodes failed or did not answer")
-    if not parts or rnd.yes:
+    if not parts:
         # Nothing else explains it: a split vote among contenders, or a proposal below
         # a node's floor that the immediate retries did not get past.
         parts.append(f"granted by {rnd.yes} of {n} nodes, {quorum} needed")
+    elif rnd.yes:
+        # The grants that fell short, as the outcome of the causes above: put as a cause
+        # of its own, "granted by 1 of 3 nodes" after a warm-up read as contention.
+        parts.append(f"so only {rnd.yes} of {n} nodes granted, {quorum} needed")
     return "; ".join(parts)
 
 
