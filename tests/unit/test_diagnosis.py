@@ -386,6 +386,28 @@ def test_other_tls_failures_are_an_outage() -> None:
     assert diagnose(_wrapped(handshake)).failure is Failure.UNREACHABLE
 
 
+def test_a_tls_handshake_redis_py_timed_out_names_the_plain_scheme_it_is_given() -> None:
+    # redis-py reports the ssl module's handshake timeout only as "Timeout connecting to
+    # server", its cause kept in the chain. The connection knows no URL: a Cluster
+    # node's seed says which scheme the fix is (it said redis:// for rediss+cluster://).
+    try:
+        try:
+            raise TimeoutError("_ssl.c:989: The handshake operation timed out")
+        except TimeoutError as cause:
+            raise rx.TimeoutError("Timeout connecting to server") from cause
+    except rx.TimeoutError as exc:
+        timed_out = exc
+    for plain in ("redis", "redis+cluster"):
+        why = diagnose(timed_out, plain) if plain != "redis" else diagnose(timed_out)
+        assert why.failure is Failure.UNREACHABLE
+        assert why.detail == (
+            "Timeout connecting to server (the TLS handshake timed out: the node may not "
+            f"speak TLS; use {plain}:// for a plain port)"
+        )
+    # Any other timeout says nothing of TLS.
+    assert "TLS" not in diagnose(rx.TimeoutError("Timeout reading from socket")).detail
+
+
 @pytest.mark.parametrize(
     ("url", "plain"),
     [

@@ -229,7 +229,7 @@ class ClusterChannel:
                 except ValueError as exc:
                     errors.append(Diagnosis(Failure.ERROR, f"{name}: {exc}"))
                 except Exception as exc:  # not BaseException: cancellation goes on
-                    why = diagnose(exc)
+                    why = diagnose(exc, plain="redis+cluster")
                     errors.append(Diagnosis(why.failure, f"{name}: {why.detail}"))
                 finally:
                     with contextlib.suppress(Exception):

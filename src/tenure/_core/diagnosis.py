@@ -473,15 +473,16 @@ def not_redis(what: str) -> Diagnosis:
     )
 
 
-def tls_handshake_timed_out(said: str) -> Diagnosis:
+def tls_handshake_timed_out(said: str, plain: str = "redis") -> Diagnosis:
     """A ``rediss://`` node that took the TCP connection and then let the TLS handshake
     time out: what a plain Redis does, reading the client's hello as the start of a
     command and waiting for its end. Still unreachable (a slow TLS server times out the
-    same way), but the likelier cause is named with its fix."""
+    same way), but the likelier cause is named with its fix: ``plain``, the scheme of
+    the node's URL without TLS (``redis+cluster`` for a Cluster node's seed)."""
     return Diagnosis(
         Failure.UNREACHABLE,
         f"{said} (the TLS handshake timed out: the node may not speak TLS; "
-        "use redis:// for a plain port)",
+        f"use {plain}:// for a plain port)",
     )
 
 

@@ -183,8 +183,12 @@ def _reply_text(exc: rx.RedisError) -> str:
 _GARBLED = (rx.InvalidResponse, rx.DataError, NotRedis, ValueError, TypeError, IndexError)
 
 
-def diagnose(exc: Exception) -> Diagnosis:
+def diagnose(exc: Exception, plain: str = "redis") -> Diagnosis:
     """Any exception a node's connection raised, as a per-node failure.
+
+    ``plain`` is the scheme of the node's URL without TLS, which a TLS handshake that
+    timed out names as the fix (``diagnosis.tls_handshake_timed_out``): a Cluster
+    node's seed passes ``redis+cluster``, as its connection knows no URL.
 
     Error replies and authentication failures are classified by ``_core.diagnosis``;
     bytes that are not the Redis protocol make the node misconfigured (something else
@@ -215,7 +219,7 @@ def diagnose(exc: Exception) -> Diagnosis:
     if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, OSError)):
         said = str(exc) or type(exc).__name__
         if _in_chain(exc, _handshake_timeout) is not None:
-            return diagnosis.tls_handshake_timed_out(said)
+            return diagnosis.tls_handshake_timed_out(said, plain)
         return Diagnosis(Failure.UNREACHABLE, said)
     return Diagnosis(Failure.ERROR, f"{type(exc).__name__}: {exc}")
 

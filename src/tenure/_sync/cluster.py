@@ -175,7 +175,7 @@ class _MapLoad:
                 except ValueError as exc:
                     why = Diagnosis(Failure.ERROR, f"{member.name}: {exc}")
                 except Exception as exc:  # not BaseException: an interrupt is no node's failure
-                    said = diagnose(exc)
+                    said = diagnose(exc, plain="redis+cluster")
                     why = Diagnosis(said.failure, f"{member.name}: {said.detail}")
                 finally:
                     with self._lock:

@@ -179,7 +179,7 @@ def cluster_map(address: NodeAddress, timeout: float) -> SlotMap:
         except ValueError as exc:
             failures.append(Diagnosis(Failure.ERROR, f"{name}: {exc}"))
         except Exception as exc:  # not BaseException: an interrupt is no node's failure
-            why = diagnose(exc)
+            why = diagnose(exc, plain="redis+cluster")
             failures.append(Diagnosis(why.failure, f"{name}: {why.detail}"))
         finally:
             with contextlib.suppress(Exception):
