@@ -787,7 +787,7 @@ def test_a_result_the_codec_cannot_encode_is_a_clear_error(raw: redis.Redis, key
 
 
 def test_scripts_name_their_keys_and_arguments() -> None:
-    for name in ("idem_claim", "idem_record", "idem_release", "idem_extend"):
+    for name in ("idem_claim", "idem_record", "idem_release"):
         source = files("tenure._lua").joinpath(f"{name}.lua").read_text()
         header = "\n".join(line for line in source.splitlines() if line.startswith("--"))
         for word in ("KEYS[1]", "ARGV[1]", "Returns"):

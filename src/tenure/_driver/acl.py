@@ -94,7 +94,7 @@ _PROBE_KEY_ENDS = ("}:probe", "}:probe:q")
 # keys and the streams run on whatever Redis the application gives them, and check_probe
 # is how `tenure check` tries the lock's commands (any of them), not one the lock sends.
 NOT_ON_LOCK_NODES = frozenset(
-    {"fenced_write", "idem_claim", "idem_record", "idem_release", "idem_extend", "check_probe"}
+    {"fenced_write", "idem_claim", "idem_record", "idem_release", "check_probe"}
     | {"stream_take", "stream_read", "stream_ack", "stream_heartbeat"}
 )
 

@@ -18,6 +18,8 @@
 -- retries after a lost reply (redis-py does by default) resends it, and the first run
 -- claimed the key. The marker is random per attempt, so no other attempt holds it;
 -- answering "busy" would block the key for the whole lease with nobody working on it.
+-- It is also how an attempt extends its claim (RedisOnce.extend): the same call, later,
+-- with the new lease; an empty key is then taken back as idem_record.lua records there.
 local value = redis.call("GET", KEYS[1])
 if not value or value == ARGV[1] then
     redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])

@@ -62,7 +62,8 @@ this attempt has succeeded, while the same value recorded by an attempt that too
   idempotent itself (pass the idempotency key on, e.g. to a payment API), or live in the
   same SQL transaction as its record (below). The lease must exceed the effect's
   longest duration, or the attempt must call :meth:`RedisOnce.extend` while it works
-  (``idem_extend.lua``: the same compare-and-set as the record, setting a new lease).
+  (``idem_claim.lua`` again, with our marker: it renews our claim's lease, and changes
+  nothing if another attempt's claim or record is there).
 
 Theory of operation: SQL
 ------------------------

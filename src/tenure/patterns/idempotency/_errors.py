@@ -38,7 +38,9 @@ class ClaimLost(TenureError, RuntimeError):
 
     From :meth:`RedisOnce.record`: our effect happened, and the attempt that took over
     may do it again: it was not exactly once (see the module's theory of operation).
-    From :meth:`RedisOnce.apply`: nothing of ours was applied.
+    From :meth:`RedisOnce.apply`: nothing of ours was applied. From
+    :meth:`RedisOnce.extend`: the claim is gone, and the attempt that took over may do
+    the effect as well as ours.
 
     Attributes:
         key: the idempotency key.

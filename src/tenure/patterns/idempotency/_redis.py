@@ -160,42 +160,20 @@ class RedisOnce:
         marker = self._require_claim("record")
         store = self._store
         value = store._record_value(result)
-        try:
-            status, holding = store.client.eval(
-                _source("idem_record"),
-                2,
-                self._redis_key,
-                self._receipt_key,
-                marker,
-                value,
-                store._retention_ms,
-                store._receipt_ms,
-            )
-        except _FAILURES as exc:
-            raise store_error(
-                exc,
-                store.client,
-                "RedisIdempotency",
-                "record",
-                self.key,
-                maybe_applied=True,
-                retry="; calling record() again is safe (it finds its own record)",
-            ) from exc
-        except UnicodeDecodeError:
-            # A client that decodes replies (decode_responses=True) could not read the
-            # reply as text in its encoding. Ours, {1, ""}, and another attempt's claim ("p:" and
-            # hex digits) are; so the key holds another attempt's record, written by a
-            # codec whose bytes are not text: the script stored nothing.
-            status, holding = 0, b"d:"
+        reply = self._run(
+            "record",
+            "idem_record",
+            [self._redis_key, self._receipt_key],
+            [marker, value, store._retention_ms, store._receipt_ms],
+        )
+        # None: another attempt's record the client could not decode (``_run``).
+        status, holding = (0, b"d:") if reply is None else reply
         if status != 1:
-            self._marker = None  # the claim is gone: leaving the block must not record
             holder = _holder(_as_bytes(store.client, holding))
-            raise ClaimLost(
-                self.key,
+            raise self._lost(
                 holder,
-                f"our claim's lease ({store.lease} s) ran out and another attempt "
-                f"took the key (it holds a {holder}); our effect happened and may happen "
-                "again: not recorded",
+                f"and another attempt took the key (it holds a {holder}); our effect "
+                "happened and may happen again: not recorded",
             )
         self._marker = None
         self.result = result
@@ -252,13 +230,10 @@ class RedisOnce:
             # Absent: our lease ran out but nobody took over. As in record(), go ahead:
             # the key is watched, so a claim landing before EXEC makes EXEC fail.
             if holding is not None and holding != marker:
-                self._marker = None  # the claim is gone: leaving the block must not record
                 holder = _holder(holding)
-                raise ClaimLost(
-                    self.key,
+                raise self._lost(
                     holder,
-                    f"our claim's lease ({store.lease} s) ran out before the effect; "
-                    f"the key holds {holder}; nothing of ours was applied",
+                    f"before the effect; the key holds a {holder}; nothing of ours was applied",
                 )
             plan = _checked_plan(fn(Reads({k: reads[k] for k in effect_keys}, reads.reader)))
             record = store._record_value(plan.result)
@@ -311,33 +286,53 @@ class RedisOnce:
         marker = self._require_claim("extend")
         store = self._store
         lease_ms = store._lease_ms if lease is None else _seconds_to_ms("lease", lease)
-        try:
-            status, holding = store.client.eval(
-                _source("idem_extend"), 1, self._redis_key, marker, lease_ms
+        # The claim script, run again with our marker, renews our claim, or takes back
+        # an empty key, and otherwise changes nothing (idem_claim.lua).
+        reply = self._run("extend", "idem_claim", [self._redis_key], [marker, lease_ms])
+        status = _DONE if reply is None else reply[0]  # None: an undecodable record
+        if status != _CLAIMED:
+            holder = "claim" if status == _BUSY else "record"
+            raise self._lost(
+                holder,
+                f"before it was extended, and another attempt took the key (it holds a "
+                f"{holder}); that attempt may do the effect too",
             )
+
+    def _run(self, action: str, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run script ``name`` for ``action`` (``"record"``, ``"extend"``): its reply, or
+        None where a client that decodes replies (``decode_responses=True``) could not
+        read it as text in its encoding. Ours and another attempt's claim ("p:" and hex
+        digits) are text; so the key holds another attempt's record, written by a codec
+        whose bytes are not text, and the script changed nothing.
+
+        Raises:
+            StoreUnavailable, StoreRefused: the store failed; calling ``action`` again is
+                safe, as it finds what its first run did.
+        """
+        store = self._store
+        try:
+            return store.client.eval(_source(name), len(keys), *keys, *args)
         except _FAILURES as exc:
+            found = "record" if action == "record" else "claim"
             raise store_error(
                 exc,
                 store.client,
                 "RedisIdempotency",
-                "extend",
+                action,
                 self.key,
                 maybe_applied=True,
-                retry="; calling extend() again is safe (it finds its own claim)",
+                retry=f"; calling {action}() again is safe (it finds its own {found})",
             ) from exc
         except UnicodeDecodeError:
-            # As in record(): a client that decodes replies could not read another
-            # attempt's record, written by a codec whose bytes are not text.
-            status, holding = 0, b"d:"
-        if status != 1:
-            self._marker = None  # the claim is gone: leaving the block must not record
-            holder = _holder(_as_bytes(store.client, holding))
-            raise ClaimLost(
-                self.key,
-                holder,
-                f"our claim's lease ran out before it was extended and another attempt "
-                f"took the key (it holds a {holder}); that attempt may do the effect too",
-            )
+            return None
+
+    def _lost(self, holder: str, what: str) -> ClaimLost:
+        """The :class:`ClaimLost` to raise: our claim's lease ran out ``what``. The claim
+        is gone, so leaving the block must not record."""
+        self._marker = None
+        return ClaimLost(
+            self.key, holder, f"our claim's lease ({self._store.lease} s) ran out {what}"
+        )
 
     def _release(self) -> None:
         """Give the claim up after a failed block, so a retry need not wait for the lease."""
