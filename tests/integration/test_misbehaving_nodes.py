@@ -324,6 +324,21 @@ def _evals(node: LocalNode) -> int:
     return scripts_run(node)
 
 
+@pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
+def test_a_missing_password_is_asked_for_in_the_nodes_own_form_of_url(
+    api: Api, key: str, unix: bool
+) -> None:
+    # The advice showed redis://user:password@host:port for every node: a unix socket's
+    # user was shown a TCP URL (only Sentinel nodes had their own form).
+    with LocalCluster(1, unix=unix) as one:
+        with one[0].client() as c:
+            c.config_set("requirepass", "secret")
+        with pytest.raises(tenure.NodeMisconfigured) as info:
+            api.client(one.urls).acquire(key, ttl=TTL, blocking=False)
+    form = "unix://user:password@/path/to/socket" if unix else "redis://user:password@host:port"
+    assert f"requires a password: give it in the node URL ({form})" in str(info.value)
+
+
 # What the error and the warning must say, per kind: the problem, and the fix.
 _SAYS = {
     "replica": ("read-only replica", "list its master instead"),

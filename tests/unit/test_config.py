@@ -1040,3 +1040,32 @@ def test_allow_even_must_be_a_bool(value: object) -> None:
         ClientConfig.build(THREE, allow_even=value)  # type: ignore[arg-type]
     assert info.value.parameter == "allow_even"
     assert "True or False" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "form"),
+    [
+        ("redis://h:6379", "redis://user:password@host:port"),
+        ("rediss://h:6380/2", "rediss://user:password@host:port"),
+        ("unix:///run/redis.sock", "unix://user:password@/path/to/socket"),
+        (
+            "redis+sentinel://s1:26379,s2:26379/primary",
+            "redis+sentinel://user:password@host:port[,host:port...]/service_name",
+        ),
+        (
+            "redis+cluster://c1:7000,c2:7001",
+            "redis+cluster://user:password@host:port[,host:port...]",
+        ),
+        ("rediss+cluster://c1:7000", "rediss+cluster://user:password@host:port[,host:port...]"),
+    ],
+)
+def test_a_password_is_asked_for_in_the_form_of_url_the_user_wrote(url: str, form: str) -> None:
+    address = parse_node_url(url)
+    assert address.login_form == form
+    if address.seeds:
+        # A Cluster node's members are plain servers, but the password goes in the
+        # cluster's URL: their advice shows its form (it showed a member's).
+        member = address.member("c9", 7009)
+        assert member.login_form == form
+        assert member.url.split("://")[0] == url.split("+")[0]
+        assert member == parse_node_url(member.url)  # not part of what makes it a server

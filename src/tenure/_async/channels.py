@@ -57,6 +57,7 @@ from .._core.diagnosis import (
     BackingOff,
     Diagnosis,
     at_connection_limit,
+    in_url_form,
     not_connected_in_time,
     reply_ends_link,
     rule_out,
@@ -477,8 +478,9 @@ class Channel:
 
     def diagnose(self, exc: Exception) -> Diagnosis:
         """``exc`` as this node's failure: a Sentinel node's ``READONLY`` is its master
-        demoted, so the channel is dropped and silent until it finds the new one."""
-        why = diagnose(exc)
+        demoted, so the channel is dropped and silent until it finds the new one. Advice to
+        give a password in the URL shows this node's kind of URL (``unix://``...)."""
+        why = in_url_form(diagnose(exc), self.address.login_form)
         return why if self.address.sentinel is None else demoted(why)
 
     def _reset(

@@ -117,6 +117,9 @@ class NodeAddress:
     # A whole Redis Cluster as one node (``redis+cluster://``): its seeds; host and port
     # are the first of them. Empty for every other node.
     seeds: tuple[tuple[str, int], ...] = ()
+    # A Cluster node's member (``member``): the cluster node's ``login_form``, as the
+    # password goes in the URL the user wrote, not in a member's. None for the others.
+    member_of: str | None = field(default=None, compare=False, repr=False)
 
     def __repr__(self) -> str:
         # Not the dataclass's: that would quote ``url`` with its password (a client's
@@ -168,7 +171,10 @@ class NodeAddress:
     def login_form(self) -> str:
         """This node's kind of URL with a user and password in it: the form advice to
         give a password in the node URL shows, so that it is the form the user wrote (a
-        ``redis://`` form would tell a Sentinel node's user to list the master itself)."""
+        ``redis://`` form would tell a Sentinel node's user to list the master itself,
+        and a Cluster node's member's user to list one member)."""
+        if self.member_of is not None:
+            return self.member_of
         if self.sentinel is not None:
             return f"{self.scheme}+sentinel://user:password@host:port[,host:port...]/service_name"
         if self.seeds:
@@ -182,7 +188,7 @@ class NodeAddress:
         credentials, TLS and query settings (what its connections are made from)."""
         base, user, _, query = cluster_url(self.url)
         url = f"{base}://{user}{host_port(host, port)}" + (f"?{query}" if query else "")
-        return NodeAddress(url, base, host, port, None, 0, self.options)
+        return NodeAddress(url, base, host, port, None, 0, self.options, member_of=self.login_form)
 
     def server_at(self, host: str, port: int) -> NodeAddress:
         """The server at ``host:port`` of this Sentinel-managed or Cluster node, as a plain

@@ -61,6 +61,7 @@ from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import (
     BackingOff,
     Diagnosis,
+    in_url_form,
     not_connected_in_time,
     reply_ends_link,
     rule_out,
@@ -120,8 +121,9 @@ class NodeState:
 
     def diagnose(self, exc: Exception) -> Diagnosis:
         """``exc`` as this node's failure: a Sentinel node's ``READONLY`` is its master
-        demoted, so the node is dropped and silent until it finds the new one."""
-        why = diagnose(exc)
+        demoted, so the node is dropped and silent until it finds the new one. Advice to
+        give a password in the URL shows this node's kind of URL (``unix://``...)."""
+        why = in_url_form(diagnose(exc), self.address.login_form)
         return why if self.address.sentinel is None else demoted(why)
 
     def new_link(self) -> Link:
@@ -403,7 +405,7 @@ class Link:
                 node.up()
                 return None
             self.setup = None
-            why = diagnose(setup.error)
+            why = node.diagnose(setup.error)
             node.down(now, why)
             return why
         if now >= setup.deadline:
