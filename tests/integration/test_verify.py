@@ -37,6 +37,7 @@ from tenure.verify.proxy import Proxy
 from tenure.verify.runner import _as_json, format_table, run_config
 from tenure.verify.scenarios import (
     MAX_CYCLES,
+    MAX_TTL,
     SCENARIOS,
     SETUP_ATTEMPTS,
     Config,
@@ -577,6 +578,33 @@ def test_a_restart_cycle_set_up_again_shows_the_controls_overlap(
         "failed or did not answer): the machine decided, not the lock, and the cycle "
         "tested nothing"
     ]
+
+
+class _SlowAfterRestartWorld(World):
+    """A world in which each restart of a node takes as long as the lock's TTL more, as
+    on a machine too loaded to run the steps between A's grant and A's write within it."""
+
+    def restart_node(self, node: LocalNode) -> None:
+        super().restart_node(node)
+        time.sleep(MAX_TTL)
+
+
+def test_a_cycle_in_which_as_lease_ran_out_before_its_write_is_set_up_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control needs B's grant to land while A's lease is valid. When it did not, A
+    wrote nothing (its lease expired by its own clock) and the grants did not overlap:
+    the control read FAIL (expected C1 > 0), a verdict the configuration never earned.
+    Such a cycle is now set up again, and an ERROR if every attempt misses."""
+    monkeypatch.setattr("tenure.verify.runner.World", _SlowAfterRestartWorld)
+    scenario, config = _config("restart", "plain Redlock, no persistence")
+    result = run_config(scenario, config, 1, tmp_path)
+    assert result.status == "ERROR", (result.status, result.why)
+    assert result.error == (
+        "MissedWindow: A's lease ran out before its write: no late write, and no overlap "
+        f"with B's grant, for the cycle to judge (in each of {SETUP_ATTEMPTS} attempts)"
+    )
+    assert len([f for f in result.verdict.faults if f.name == "restart"]) == SETUP_ATTEMPTS
 
 
 class _LoopActor(Actor):

@@ -296,6 +296,10 @@ def split_around_node3(
     Raises:
         ChoreographyError: A was refused: the fault would strike while nobody held the
             lock, and a cycle that tests nothing must not count as one that held.
+        MissedWindow: A's lease had run out by its own clock when it came to write (a
+            loaded machine: the steps between took longer than its TTL). A wrote
+            nothing, and B's grant, if any, came after A's lease: no late write for a
+            store to refuse, no overlap for a control to show.
     """
     cut = world.cut(proxies[3:])
     try:
@@ -316,8 +320,13 @@ def split_around_node3(
     if outcome == "granted":
         use_and_release(b)
     world.heal(cut)
-    a.call("write")
+    wrote = a.call("write")
     a.call("release")
+    if wrote == "expired":
+        raise MissedWindow(
+            "A's lease ran out before its write: no late write, and no overlap with B's "
+            "grant, for the cycle to judge"
+        )
     return outcome
 
 
