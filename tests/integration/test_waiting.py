@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -273,6 +274,16 @@ def _pubsub_clients(cluster: LocalCluster, n: int) -> int:
     return total
 
 
+def _pubsub_named(cluster: LocalCluster, n: int, name: str) -> int:
+    """Notification connections named ``name`` (``?client_name=``) on the first ``n``
+    nodes: one client's, whatever other tests' clients do on the shared nodes."""
+    total = 0
+    for node in list(cluster)[:n]:
+        with node.client() as c:
+            total += sum(1 for x in c.client_list(_type="pubsub") if x.get("name") == name)
+    return total
+
+
 def _kill_pubsub(cluster: LocalCluster, n: int) -> int:
     killed = 0
     for node in list(cluster)[:n]:
@@ -516,10 +527,14 @@ def test_a_waiter_killed_while_queued_does_not_block_the_queue(
     # attempt comes at its timeout (20 s): only the release's notification gets it the
     # lock within the bound below. With the default re-check (0.25-0.5 s) it passed
     # without any notification.
+    # The waiter to kill names its connections, so that the test can tell when every
+    # node has seen its notification connection close.
+    dying = f"dying-{uuid.uuid4().hex[:8]}"
     with tenure.Client(urls) as holder_client, tenure.Client(urls, recheck=30.0) as next_client:
         holder = holder_client.acquire(key, ttl=30.0, fair=fair)
         _parent_end, child_end = _ctx.Pipe(duplex=False)
-        proc = _ctx.Process(target=_sleeping_waiter, args=(urls, key, child_end))
+        named = [f"{url}?client_name={dying}" for url in urls]
+        proc = _ctx.Process(target=_sleeping_waiter, args=(named, key, child_end))
         proc.start()
         _wait_until(lambda: _queue_length(shared5, key) == 1, 30)
         box: list[Any] = []
@@ -529,12 +544,14 @@ def test_a_waiter_killed_while_queued_does_not_block_the_queue(
         after.start()
         _wait_until(lambda: _queue_length(shared5, key) == 2)
         assert proc.pid is not None
-        listening = _pubsub_clients(shared5, n)
+        _wait_until(lambda: _pubsub_named(shared5, n, dying) == n)  # listening on each node
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(5)
         # Every node has seen its notification connection close (on a loaded machine
-        # that is not at once): what release.lua's PUBLISH count then shows.
-        _wait_until(lambda: _pubsub_clients(shared5, n) <= listening - n)
+        # that is not at once): what release.lua's PUBLISH count then shows. (Counting
+        # every notification connection before and after missed it beside two CPU hogs:
+        # the waiter behind may still have been subscribing on a node when counted.)
+        _wait_until(lambda: _pubsub_named(shared5, n, dying) == 0)
         released = time.monotonic()
         holder.release()
         after.join(20)
