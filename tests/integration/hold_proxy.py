@@ -7,6 +7,8 @@ connections open at that moment from reaching the node, while connections made l
 pass; ``let_go()`` then delivers what was held, in order. Replies are never held.
 ``slow_new(seconds)`` holds what each connection made from then on sends for its first
 ``seconds``: a connection whose set-up (HELLO, CLIENT SETNAME) takes that long.
+``drop()`` resets each connection when its client next sends anything, without an
+answer: what a TLS port does to a client that speaks no TLS, or a server dying.
 
 One thread per direction per connection: a test opens a handful of connections.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
 import time
 
@@ -28,15 +31,26 @@ _CHUNK = 64 * 1024
 class _Upstream:
     """What one client sends towards the node, and whether it is held back."""
 
-    def __init__(self, server: socket.socket) -> None:
+    def __init__(self, client: socket.socket, server: socket.socket) -> None:
+        self.client = client
         self.server = server
         self.lock = threading.Lock()
         self.held = False
+        self.dropping = False
         self.backlog: list[bytes] = []
 
     def forward(self, data: bytes) -> None:
         with self.lock:
-            if self.held:
+            if self.dropping:
+                # A reset (no lingering), as a TLS port gives a plain client's command.
+                linger = struct.pack("ii", 1, 0)
+                self.client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+                self.client.close()
+                # Shut down first: it wakes the thread reading the node's side.
+                with contextlib.suppress(OSError):
+                    self.server.shutdown(socket.SHUT_RDWR)
+                self.server.close()
+            elif self.held:
                 self.backlog.append(data)
             else:
                 self.server.sendall(data)
@@ -58,6 +72,7 @@ class HoldingProxy(LoopbackServer):
         self._upstreams: list[_Upstream] = []
         self._sockets: list[socket.socket] = []
         self._new_held_for = 0.0
+        self._dropping = False
         self._spawn(self._accept)
 
     @property
@@ -75,6 +90,16 @@ class HoldingProxy(LoopbackServer):
     def slow_new(self, seconds: float) -> None:
         """From now on, hold back what each new connection sends for its first ``seconds``."""
         self._new_held_for = seconds
+
+    def drop(self) -> None:
+        """From now on, reset each connection (open now or later) when its client next
+        sends anything, instead of passing it on."""
+        with self._lock:
+            self._dropping = True
+            upstreams = list(self._upstreams)
+        for up in upstreams:
+            with up.lock:
+                up.dropping = True
 
     def let_go(self) -> None:
         """Deliver what was held back, and stop holding."""
@@ -105,11 +130,12 @@ class HoldingProxy(LoopbackServer):
             server = socket.create_connection(self._target)
             for sock in (client, server):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            up = _Upstream(server)
+            up = _Upstream(client, server)
             if self._new_held_for:
                 up.held = True
                 self._spawn(self._let_go_after, up, self._new_held_for)
             with self._lock:
+                up.dropping = self._dropping  # under the lock ``drop`` sets it by
                 self._upstreams.append(up)
                 self._sockets += [client, server]
             self._spawn(self._copy, client, up.forward)

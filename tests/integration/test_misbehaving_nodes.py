@@ -633,3 +633,35 @@ def test_a_full_node_is_an_outage_that_says_what_to_do(api: Api, key: str) -> No
         for node in cluster:
             with node.client() as raw:
                 assert all(raw.pttl(k) > 0 for k in raw.scan_iter("tenure:{*")), node
+
+
+def test_a_node_that_drops_a_connection_before_answering_may_be_a_tls_port(
+    api: Api, key: str
+) -> None:
+    """A TLS port resets a plain client's connection at its first command, unanswered,
+    and the client said only "Connection reset by peer". A connection the node drops
+    before its first reply now names the likely cause and the fix, whether the drop
+    comes at a set-up command (AUTH, CLIENT SETNAME) or at the first lock command; one
+    the node had answered and then drops (a node dying) says nothing of TLS."""
+    with LocalCluster(1) as one:
+        node = one[0]
+        assert node.port is not None
+        with HoldingProxy((node.host, node.port)) as proxy:
+            # Time for the proxy's thread to reset the connection on a loaded machine.
+            timeout = {"node_timeout": 0.9, "connect_timeout": 5.0}
+            answered = api.client([proxy.url], **timeout)
+            answered.acquire(key, ttl=TTL).release()
+            proxy.drop()
+            urls = [proxy.url, f"{proxy.url}?client_name=set-up-drop"]
+            for client in [answered, *(api.client([url], **timeout) for url in urls)]:
+                with pytest.raises(tenure.QuorumUnreachable) as info:
+                    client.acquire(key, ttl=TTL, blocking=False)
+                (said,) = info.value.node_errors.values()
+                assert said.startswith("unreachable: "), said
+                if client is answered:
+                    assert "TLS" not in said, said
+                else:
+                    assert said.endswith(
+                        "(closed before its first reply: the node may speak TLS; use "
+                        "rediss:// for a TLS port)"
+                    ), said

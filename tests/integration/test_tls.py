@@ -510,6 +510,34 @@ def test_a_cluster_seed_at_a_plain_port_over_tls_says_the_node_may_not_speak_tls
         assert "TLS" not in message, message
 
 
+@pytest.mark.parametrize("kind", ["redis", "redis with a password", "redis+cluster"])
+def test_a_plain_url_at_a_tls_port_says_the_node_may_speak_tls(
+    api: Api, key: str, ca: CertificateAuthority, proxies: ExitStack, kind: str
+) -> None:
+    # A TLS port drops a connection whose first bytes are a command: the client said
+    # only "Connection reset by peer". It names the likely cause and the fix, in the
+    # URL's own kind, whether the first command was the lock's, AUTH in the set-up, or
+    # a Cluster seed's CLUSTER SLOTS; `tenure status` says the same.
+    with LocalCluster(1) as one:
+        proxy = _proxy(proxies, one, 0, ca, ["127.0.0.1"])
+        at = f"127.0.0.1:{proxy.port}"
+        url, shown, secure = {
+            "redis": (f"redis://{at}", f"redis://{at}", "rediss"),
+            "redis with a password": (f"redis://:secret@{at}", f"redis://{at}", "rediss"),
+            "redis+cluster": (f"redis+cluster://{at}", f"redis+cluster://{at}", "rediss+cluster"),
+        }[kind]
+        hint = f"the node may speak TLS; use {secure}:// for a TLS port)"
+        message = _refused_at_once(api, [url], key)
+        assert f"[{shown}: unreachable: " in message, message
+        assert hint in message, message
+        assert proxy.handshakes == 0
+        result = _status(url)
+        (line,) = result.stdout.splitlines()
+        assert line.split(None, 1) == [shown, line.split(None, 1)[1]], result
+        assert line.split(None, 1)[1].startswith("unreachable: "), result
+        assert line.endswith(hint), result
+
+
 def _refused_at_once(api: Api, nodes: list[Any], key: str) -> str:
     """The ``QuorumUnreachable`` of a non-blocking acquire on ``nodes`` whose set-up or
     slot map never comes: what it says."""

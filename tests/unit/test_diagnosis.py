@@ -16,6 +16,7 @@ from tenure._core.diagnosis import (
     BackingOff,
     Diagnosis,
     certificate_rejected,
+    closed_before_answering,
     configuration_error,
     error_reply,
     naming,
@@ -26,7 +27,13 @@ from tenure._core.diagnosis import (
 from tenure._core.lease import conclude_locked
 from tenure._core.policy import wait_random_exponential
 from tenure._core.quorum import Failure, Round
-from tenure._driver.redis_compat import NotRedis, diagnose
+from tenure._driver.redis_compat import (
+    ClosedByNode,
+    NotRedis,
+    before_first_reply,
+    diagnose,
+    dropped,
+)
 
 WRAPPED_READONLY = (
     "ERR Error running script (call to f_131b5f2ed4a6e4f431cc21897ae043d687859f08): "
@@ -459,6 +466,76 @@ def test_a_cluster_seed_with_no_slot_map_in_time_over_tls_names_a_plain_port(
         assert said.detail == f"rediss://c1:7000: {late}{tls}"
     else:
         assert said.detail == f"redis://c1:7000: {late}"
+
+
+@pytest.mark.parametrize(
+    ("url", "secure"),
+    [
+        ("redis://h1:6379/2", "rediss"),
+        ("redis+sentinel://s1:26379/primary", "rediss+sentinel"),
+        ("redis+cluster://c1:7000", "rediss+cluster"),
+        ("rediss://h1:6380", None),
+        ("rediss+cluster://c1:7000", None),
+        ("unix:///run/redis.sock", None),
+    ],
+)
+def test_a_plain_node_that_closed_before_answering_names_a_tls_port(
+    url: str, secure: str | None
+) -> None:
+    # A TLS port drops a connection whose first bytes are a command, not a TLS hello:
+    # still an outage (a dying server closes the same way), the likely fix named in the
+    # URL's own kind; a Cluster member's in the Cluster node's. Not for a TLS or unix URL.
+    reset = Diagnosis(Failure.UNREACHABLE, "[Errno 104] Connection reset by peer")
+    address = parse_node_url(url)
+    forms = [address.login_form]
+    if address.seeds:
+        forms.append(address.member("c1", 7000).login_form)
+    for form in forms:
+        said = closed_before_answering(reset, form)
+        if secure is None:
+            assert said == reset
+        else:
+            assert said == Diagnosis(
+                Failure.UNREACHABLE,
+                "[Errno 104] Connection reset by peer (closed before its first reply: the "
+                f"node may speak TLS; use {secure}:// for a TLS port)",
+            )
+    # A node that said why it closed (at its connection limit, protected mode) was heard.
+    refused = Diagnosis(Failure.MISCONFIGURED, "ERR max number of clients reached")
+    assert closed_before_answering(refused, "redis://h1:6379") == refused
+
+
+def test_only_a_close_or_reset_by_the_node_is_a_drop() -> None:
+    def raised(exc: Exception, cause: BaseException) -> Exception:
+        try:
+            try:
+                raise cause
+            except BaseException as inner:
+                raise exc from inner
+        except Exception as outer:
+            return outer
+
+    reset = ConnectionResetError(104, "Connection reset by peer")
+    dropped_ones = [
+        reset,
+        BrokenPipeError(32, "Broken pipe"),
+        ClosedByNode("Connection closed by server."),
+        rx.ConnectionError("Connection closed by server."),  # redis-py's own, in a set-up
+        raised(rx.ConnectionError("Error while reading from h1:6379 : (104, ...)"), reset),
+    ]
+    others = [
+        ConnectionRefusedError(111, "Connection refused"),
+        rx.ConnectionError("Error 111 connecting to h1:6379. Connection refused."),
+        rx.TimeoutError("Timeout reading from socket"),
+        rx.ResponseError("ERR max number of clients reached"),
+        NotRedis("not RESP"),
+    ]
+    assert [dropped(exc) for exc in dropped_ones] == [True] * len(dropped_ones)
+    assert [dropped(exc) for exc in others] == [False] * len(others)
+    why = diagnose(reset)
+    assert "may speak TLS" in before_first_reply(why, reset, "redis://h1:6379").detail
+    refused = others[0]
+    assert before_first_reply(diagnose(refused), refused, "redis://h1") == diagnose(refused)
 
 
 def test_configuration_error_is_a_tls_certificate_error_naming_the_node() -> None:

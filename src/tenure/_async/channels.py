@@ -57,6 +57,7 @@ from .._core.diagnosis import (
     BackingOff,
     Diagnosis,
     at_connection_limit,
+    closed_before_answering,
     in_url_form,
     not_connected_in_time,
     reply_ends_link,
@@ -70,6 +71,7 @@ from .._driver.redis_compat import (
     NotRedis,
     bound_tcp_connect,
     diagnose,
+    dropped,
     has_unread,
     node_pool,
 )
@@ -333,8 +335,9 @@ class Channel:
         """
         conn: redis.asyncio.Connection = self._pool.make_connection()  # type: ignore[no-untyped-call]
         up_at = None  # when it was set up
+        protocol: RespProtocol | None = None
         try:
-            lost = await self._connect(conn)
+            protocol, lost = await self._connect(conn)
             if self._task is not asyncio.current_task():
                 # Given up (reset, closed) just as the connection came up. Never take the
                 # channel over from the connection that replaced this one.
@@ -385,6 +388,12 @@ class Channel:
             )  # our protocol replaced the stream's: no wait_closed()
             raise
         except Exception as exc:
+            if (protocol is None or not protocol.heard) and dropped(exc):
+                # Closed before the node's first reply (in the set-up, or at the first
+                # command): the TLS port it may be is named. Other failures keep their
+                # class, which the rounds look at.
+                form = self.address.login_form
+                exc = Diagnosed(closed_before_answering(diagnose(exc), form))
             if self._task is asyncio.current_task():
                 if (
                     up_at is not None
@@ -403,10 +412,12 @@ class Channel:
                 nowait=True
             )  # our protocol replaced the stream's: no wait_closed()
 
-    async def _connect(self, conn: redis.asyncio.Connection) -> asyncio.Future[BaseException]:
+    async def _connect(
+        self, conn: redis.asyncio.Connection
+    ) -> tuple[RespProtocol, asyncio.Future[BaseException]]:
         """redis-py's set-up of ``conn`` (TCP, TLS, AUTH, SELECT), within the connect
-        timeout, then ``RespProtocol`` in place of redis-py's stream; returns the future
-        the protocol sets when the connection ends.
+        timeout, then ``RespProtocol`` in place of redis-py's stream; returns it and the
+        future it sets when the connection ends.
 
         redis-py bounds the TCP connect and TLS handshake by the connect timeout, but not
         AUTH/SELECT (the async driver has no socket timeout), so all are bounded here. A
@@ -427,14 +438,15 @@ class Channel:
         # only the backstop here, the whole of what the graces may give.
         bound_tcp_connect(conn, self._connect_timeout * (MAX_GRACES + 1))
 
-        async def set_up() -> asyncio.Future[BaseException]:
+        async def set_up() -> tuple[RespProtocol, asyncio.Future[BaseException]]:
             await conn.connect()  # type: ignore[no-untyped-call]
             # Our protocol in the very step that set the connection up: what the node
             # sends a turn later (an error and its close, from a node at its connection
             # limit) must reach it, not redis-py's stream, which nobody reads any more.
             lost: asyncio.Future[BaseException] = loop.create_future()
-            conn._writer.transport.set_protocol(RespProtocol(self._deliver, lost))  # type: ignore[union-attr]
-            return lost
+            protocol = RespProtocol(self._deliver, lost)
+            conn._writer.transport.set_protocol(protocol)  # type: ignore[union-attr]
+            return protocol, lost
 
         setup = loop.create_task(set_up())
         try:

@@ -68,7 +68,7 @@ from .._core.slots import (
     redirect,
     routed_slot,
 )
-from .._driver.redis_compat import diagnose
+from .._driver.redis_compat import before_first_reply, diagnose
 from .._driver.timeouts import within
 from .tasks import finish
 
@@ -230,6 +230,7 @@ class ClusterChannel:
                     errors.append(Diagnosis(Failure.ERROR, f"{name}: {exc}"))
                 except Exception as exc:  # not BaseException: cancellation goes on
                     why = diagnose(exc, plain="redis+cluster")
+                    why = before_first_reply(why, exc, seed.login_form)
                     errors.append(Diagnosis(why.failure, f"{name}: {why.detail}"))
                 finally:
                     with contextlib.suppress(Exception):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from .._driver.redis_compat import NotRedis
+from .._driver.redis_compat import ClosedByNode, NotRedis
 from .._driver.replies import reply_reader
 
 __all__ = ["RespProtocol"]
@@ -28,8 +28,12 @@ class RespProtocol(asyncio.Protocol):
         self._reader = reply_reader()
         self._deliver = deliver
         self._lost = lost
+        # Bytes came from the node: a close before any is what a TLS port does to a
+        # plain client (``redis_compat.before_first_reply``).
+        self.heard = False
 
     def data_received(self, data: bytes) -> None:
+        self.heard = True
         try:
             replies = self._reader.feed(data)
         except ValueError as exc:  # not RESP2: nothing more on this connection can be trusted
@@ -51,7 +55,7 @@ class RespProtocol(asyncio.Protocol):
         self._deliver = drop
 
     def eof_received(self) -> bool:
-        self._end(ConnectionError("connection closed by the node"))
+        self._end(ClosedByNode("connection closed by the node"))
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "acl_refused",
     "certificate_rejected",
     "check_command",
+    "closed_before_answering",
     "cluster_node",
     "configuration_error",
     "error_reply",
@@ -483,6 +484,29 @@ def tls_handshake_timed_out(said: str, plain: str = "redis") -> Diagnosis:
         Failure.UNREACHABLE,
         f"{said} (the TLS handshake timed out: the node may not speak TLS; "
         f"use {plain}:// for a plain port)",
+    )
+
+
+def closed_before_answering(why: Diagnosis, form: str) -> Diagnosis:
+    """``why``, for a node that took a new connection and then closed or reset it before
+    its first reply, said with the likelier cause and its fix when the node's URL
+    (``form``: its ``login_form``) is plain TCP. A TLS port does that to a client that
+    does not speak TLS: it reads the client's first command as a broken TLS hello and
+    drops the connection, which the client reads as a reset, as it would a node killed
+    at that moment. Still unreachable, and only a "may": a server dying, or a proxy with
+    no server behind it, closes the same way. The fix keeps the URL's kind
+    (``rediss+sentinel://``, ``rediss+cluster://``); nothing is added for a ``rediss``
+    or ``unix`` URL."""
+    scheme = form.partition("://")[0]
+    if why.failure is not Failure.UNREACHABLE or not scheme.startswith("redis"):
+        return why
+    if scheme.startswith("rediss"):
+        return why
+    secure = "rediss" + scheme[len("redis") :]
+    return Diagnosis(
+        why.failure,
+        f"{why.detail} (closed before its first reply: the node may speak TLS; "
+        f"use {secure}:// for a TLS port)",
     )
 
 

@@ -35,14 +35,17 @@ from .ready import readable
 from .replies import NOT_RESP, PullReader, pull_reader
 
 __all__ = [
+    "ClosedByNode",
     "Diagnosed",
     "NotRedis",
     "SocketReplies",
+    "before_first_reply",
     "bound_tcp_connect",
     "check_connection_options",
     "client_name_ok",
     "connection_kwargs",
     "diagnose",
+    "dropped",
     "has_unread",
     "kernel_timeouts",
     "keywords",
@@ -142,6 +145,10 @@ class NotRedis(rx.ConnectionError):
     """The node sent bytes that are not the Redis protocol (the asyncio driver's reader)."""
 
 
+class ClosedByNode(rx.ConnectionError):
+    """The node ended the connection (its end of the stream read)."""
+
+
 class Diagnosed(rx.ConnectionError):
     """A connection that could not be set up, already diagnosed (a Sentinel-managed
     node whose Sentinels named no master: ``_core.sentinel.no_master``)."""
@@ -222,6 +229,29 @@ def diagnose(exc: Exception, plain: str = "redis") -> Diagnosis:
             return diagnosis.tls_handshake_timed_out(said, plain)
         return Diagnosis(Failure.UNREACHABLE, said)
     return Diagnosis(Failure.ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def dropped(exc: BaseException) -> bool:
+    """Did the node close or reset a connection it had taken (rather than refuse it, or
+    stay silent)? tenure's readers raise ``ClosedByNode`` for a close, redis-py's (in
+    the set-up) says "Connection closed by server.", and either wraps (or quotes, its
+    errno kept) the socket's error of a reset."""
+    if isinstance(exc, ClosedByNode):
+        return True
+    if _in_chain(exc, lambda e: isinstance(e, OSError) and e.errno in _DROPPED) is not None:
+        return True
+    return isinstance(exc, rx.ConnectionError) and "closed by server" in str(exc)
+
+
+_DROPPED = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
+
+
+def before_first_reply(why: Diagnosis, exc: BaseException, form: str) -> Diagnosis:
+    """``why``, the diagnosis of ``exc``, which ended a connection to a node before the
+    node's first reply on it (in its set-up, or its first command's read): a close or
+    reset by the node names the TLS port it may be
+    (``diagnosis.closed_before_answering``; ``form``: the node's ``login_form``)."""
+    return diagnosis.closed_before_answering(why, form) if dropped(exc) else why
 
 
 def _handshake_timeout(exc: BaseException) -> bool:
@@ -659,7 +689,7 @@ class SocketReplies:
     ``TimeoutError``).
     """
 
-    __slots__ = ("_ahead", "_reader", "_reply_error", "patience", "plain", "sock")
+    __slots__ = ("_ahead", "_reader", "_reply_error", "heard", "patience", "plain", "sock")
 
     def __init__(self, conn: redis.Connection) -> None:
         # Nothing is buffered in redis-py's parser: the set-up read every reply it asked for.
@@ -674,6 +704,9 @@ class SocketReplies:
         # How long a reply that came in part is given to be whole (``_receive_whole``):
         # the socket's timeout (the node timeout, once set up).
         self.patience: float = conn.socket_timeout or 1.0
+        # Bytes came from the node: a close before any is what a TLS port does to a
+        # plain client (``before_first_reply``).
+        self.heard = False
 
     def read(self) -> Any:
         """The next reply, waiting for it (up to the kernel timeout).
@@ -712,7 +745,8 @@ class SocketReplies:
         while True:
             data = sock.recv(65536)
             if not data:
-                raise rx.ConnectionError("Connection closed by server.")
+                raise ClosedByNode("Connection closed by server.")
+            self.heard = True
             reader.feed(data)
             reply = reader.gets()
             if reply is not False:
@@ -747,7 +781,8 @@ class SocketReplies:
                     while True:
                         data = sock.recv(65536)
                         if not data:
-                            raise rx.ConnectionError("Connection closed by server.")
+                            raise ClosedByNode("Connection closed by server.")
+                        self.heard = True
                         reader.feed(data)
                         if self.plain or not sock.pending():  # type: ignore[attr-defined]
                             break

@@ -71,7 +71,13 @@ from .._core.slots import (
 )
 from .._driver.clock import monotonic
 from .._driver.ready import readable
-from .._driver.redis_compat import SocketReplies, diagnose, reply_text, timed_out
+from .._driver.redis_compat import (
+    SocketReplies,
+    before_first_reply,
+    diagnose,
+    reply_text,
+    timed_out,
+)
 from .links import Link, NodeState, _Failed
 
 __all__ = ["ClusterLink", "ClusterState"]
@@ -176,6 +182,7 @@ class _MapLoad:
                     why = Diagnosis(Failure.ERROR, f"{member.name}: {exc}")
                 except Exception as exc:  # not BaseException: an interrupt is no node's failure
                     said = diagnose(exc, plain="redis+cluster")
+                    said = before_first_reply(said, exc, member.address.login_form)
                     why = Diagnosis(said.failure, f"{member.name}: {said.detail}")
                 finally:
                     with self._lock:

@@ -71,6 +71,7 @@ from .._core.sentinel import demoted
 from .._driver.ready import readable
 from .._driver.redis_compat import (
     SocketReplies,
+    before_first_reply,
     closed_by_peer,
     diagnose,
     has_unread,
@@ -405,7 +406,9 @@ class Link:
                 node.up()
                 return None
             self.setup = None
-            why = node.diagnose(setup.error)
+            why = before_first_reply(
+                node.diagnose(setup.error), setup.error, node.address.login_form
+            )
             node.down(now, why)
             return why
         if now >= setup.deadline:
@@ -573,6 +576,8 @@ class Link:
         those connections itself (an unauthenticated client sending a script).
         """
         why = self.node.diagnose(exc)
+        if self.io is not None and not self.io.heard:
+            why = before_first_reply(why, exc, self.node.address.login_form)
         if not isinstance(exc, ResponseError) or reply_ends_link(why):
             self.drop(now, why)
         rnd.fail(i, why.failure, why.detail)

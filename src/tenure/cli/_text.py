@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .._core.diagnosis import for_prefix, in_url_form
 from .._core.quorum import Failure
-from .._driver.redis_compat import diagnose
+from .._driver.redis_compat import before_first_reply, diagnose
 
 __all__ = ["failure_line", "one_line"]
 
@@ -22,7 +22,9 @@ def failure_line(exc: Exception, prefix: str, form: str | None = None) -> str:
     it shows is in ``form`` (the node's ``login_form``) when given."""
     why = diagnose(exc)
     if form is not None:
-        why = in_url_form(why, form)
+        # The commands read each node on a connection of their own, so a close or reset
+        # comes before its first reply: at a TLS port, most likely.
+        why = before_first_reply(in_url_form(why, form), exc, form)
     if why.failure is Failure.UNREACHABLE:
         # The diagnosis, not the exception alone: it may add the likely cause (a
         # rediss:// URL at a plain port times out in the TLS handshake).

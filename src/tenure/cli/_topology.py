@@ -25,7 +25,7 @@ from .._core.sentinel import Heard, Survey, role_of
 from .._core.sentinel import not_a_master as sentinel_not_a_master
 from .._core.slots import SlotMap, map_sources
 from .._driver import acl as _acl
-from .._driver.redis_compat import connection_kwargs, diagnose, reply_text
+from .._driver.redis_compat import before_first_reply, connection_kwargs, diagnose, reply_text
 from .._driver.sentinel import Locator
 from ._parallel import budget, each, late_detail
 
@@ -179,7 +179,7 @@ def cluster_map(address: NodeAddress, timeout: float) -> SlotMap:
         except ValueError as exc:
             failures.append(Diagnosis(Failure.ERROR, f"{name}: {exc}"))
         except Exception as exc:  # not BaseException: an interrupt is no node's failure
-            why = diagnose(exc, plain="redis+cluster")
+            why = before_first_reply(diagnose(exc, plain="redis+cluster"), exc, member.login_form)
             failures.append(Diagnosis(why.failure, f"{name}: {why.detail}"))
         finally:
             with contextlib.suppress(Exception):
