@@ -376,6 +376,7 @@ def test_extending_after_a_takeover_is_refused(raw: redis.Redis, key: str, finis
     store = RedisIdempotency(raw, lease=30)
     own = store.redis_key(key)
     with store.once(key) as slow:
+        slow.extend(0.5)
         raw.delete(own)  # as if our lease had run out...
         with store.once(key) as fast:  # ...and a duplicate took the key over
             if finished:
@@ -385,6 +386,8 @@ def test_extending_after_a_takeover_is_refused(raw: redis.Redis, key: str, finis
                 slow.extend()
             assert info.value.holder == ("record" if finished else "claim")
             assert info.value.key == key
+            # The lease that ran out is the one the claim was last given.
+            assert "our claim's lease (0.5 s) ran out" in str(info.value), info.value
             assert raw.get(own) == holding  # left alone: PX untouched too
             assert raw.pttl(own) > (25_000 if not finished else 86_000_000)
             with pytest.raises(NotClaimed):

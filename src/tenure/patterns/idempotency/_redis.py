@@ -127,6 +127,7 @@ class RedisOnce:
         self._redis_key = store.redis_key(key)
         self._receipt_key = store._receipt_key(key)
         self._marker = marker  # our claim; None once recorded, released, or never held
+        self._lease = store.lease  # seconds the claim was last given (``extend``)
 
     def __repr__(self) -> str:
         state = "done" if self.done else "claimed" if self._marker else "finished"
@@ -297,6 +298,7 @@ class RedisOnce:
                 f"before it was extended, and another attempt took the key (it holds a "
                 f"{holder}); that attempt may do the effect too",
             )
+        self._lease = store.lease if lease is None else lease
 
     def _run(self, action: str, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run script ``name`` for ``action`` (``"record"``, ``"extend"``): its reply, or
@@ -327,12 +329,11 @@ class RedisOnce:
             return None
 
     def _lost(self, holder: str, what: str) -> ClaimLost:
-        """The :class:`ClaimLost` to raise: our claim's lease ran out ``what``. The claim
-        is gone, so leaving the block must not record."""
+        """The :class:`ClaimLost` to raise: our claim's lease (the store's, or the one it
+        was last extended by) ran out ``what``. The claim is gone, so leaving the block
+        must not record."""
         self._marker = None
-        return ClaimLost(
-            self.key, holder, f"our claim's lease ({self._store.lease} s) ran out {what}"
-        )
+        return ClaimLost(self.key, holder, f"our claim's lease ({self._lease:g} s) ran out {what}")
 
     def _release(self) -> None:
         """Give the claim up after a failed block, so a retry need not wait for the lease."""
