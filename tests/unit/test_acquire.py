@@ -44,6 +44,7 @@ from tenure._core.commands import HISTORY_CHANGED, NO_HISTORY
 from tenure._core.config import ClientConfig, LockSpec, WaitMode
 from tenure._core.policy import RetryPolicy, wait_random_exponential
 from tenure._core.quorum import Failure, Round
+from tenure.verify.scenarios import unheard
 
 SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=300)
 
@@ -273,6 +274,19 @@ def test_a_refusal_says_why(answers: str, said: str, not_said: str) -> None:
     assert isinstance(acq.refused, Refused)
     assert said in acq.refused.reason
     assert not_said not in acq.refused.reason
+
+
+@pytest.mark.parametrize(("answers", "silent"), [("yyuu.", 3), ("bbuky", 2), ("nnyyo", 1)])
+def test_the_verifier_reads_how_many_nodes_a_refusal_did_not_hear(
+    answers: str, silent: int
+) -> None:
+    # The verifier tells a refusal by the nodes a fault left a worker from one a loaded
+    # machine caused by the count of nodes it did not hear, read from the refusal's
+    # reason (it crosses a process boundary as text): pinned here to the core's words.
+    acq = make(len(answers), blocking=False)
+    attempt(acq, answers, started=0.0, now=0.01)
+    assert isinstance(acq.refused, Refused)
+    assert unheard(f"refused: LockTimeout: {acq.refused.reason}") == silent
 
 
 def test_a_refusal_by_blank_nodes_says_when_they_are_set_up_and_warm_up() -> None:
