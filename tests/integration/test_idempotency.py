@@ -64,6 +64,7 @@ from tenure.patterns import (
     Reads,
     RedisIdempotency,
     SqlIdempotency,
+    current_claim,
     idempotency_table,
     idempotent,
 )
@@ -215,6 +216,46 @@ def test_the_decorator_runs_a_handler_once_per_key(raw: redis.Redis, key: str) -
     handle({})  # no key: no idempotency, the handler runs
     assert raw.get(account) == b"800"
     assert handle.__name__ == "handle"
+
+
+def test_a_decorated_handler_extends_its_own_claim(raw: redis.Redis, key: str) -> None:
+    # A handler whose effect may outlast the lease reaches its claim through
+    # current_claim(), as a `with store.once(key)` block has it; the innermost handler's,
+    # and None where there is no claim (outside, or no idempotency key).
+    store = RedisIdempotency(raw, lease=30)
+    seen: list[object] = []
+
+    @idempotent(store, key=lambda request: request)
+    def inner(request: str) -> str:
+        seen.append(current_claim())
+        return "inner"
+
+    @idempotent(store, key=lambda request: request)
+    def handle(request: str | None) -> str:
+        claim = current_claim()
+        seen.append(claim)
+        if claim is not None:
+            claim.extend(600)  # longer than the store's lease
+            assert 590_000 < raw.pttl(store.redis_key(key)) <= 600_000
+            with pytest.raises(InProgress), store.once(key):
+                pytest.fail("the key is in progress: a duplicate must not run")
+            inner(f"{key}-inner")
+            assert current_claim() is claim  # its own again after the inner handler
+        return "done"
+
+    assert current_claim() is None
+    assert handle(key) == "done"
+    outer, nested = seen
+    assert outer is not None
+    assert nested is not None
+    assert nested is not outer
+    assert getattr(nested, "key", None) == f"{key}-inner"
+    assert current_claim() is None
+    with store.once(key) as again:
+        assert (again.done, again.result) == (True, "done")
+    seen.clear()
+    assert handle(None) == "done"  # no key: no claim
+    assert seen == [None]
 
 
 def test_in_progress_is_reported_at_once_by_default(raw: redis.Redis, key: str) -> None:

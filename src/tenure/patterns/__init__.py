@@ -28,6 +28,7 @@ from .idempotency import (
     RedisOnce,
     SqlIdempotency,
     SqlOnce,
+    current_claim,
     idempotency_table,
     idempotent,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "WorkerStats",
     "aoptimistic",
     "aretry_optimistic",
+    "current_claim",
     "fair_share",
     "idempotency_table",
     "idempotent",

@@ -102,7 +102,7 @@ import inspect
 
 from ._errors import ClaimLost, InProgress, NotClaimed
 from ._protocol import JSON as _JSON
-from ._protocol import Codec, IdempotencyStore, Once, idempotent
+from ._protocol import Codec, IdempotencyStore, Once, current_claim, idempotent
 from ._redis import DEFAULT_POLL as DEFAULT_POLL
 from ._redis import RedisIdempotency, RedisOnce
 from ._sql import SqlIdempotency, SqlOnce, idempotency_table
@@ -119,6 +119,7 @@ __all__ = [
     "RedisOnce",
     "SqlIdempotency",
     "SqlOnce",
+    "current_claim",
     "idempotency_table",
     "idempotent",
 ]

@@ -11,6 +11,7 @@ import inspect
 import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
@@ -63,6 +64,27 @@ class IdempotencyStore(Protocol):
     def once(self, key: str) -> AbstractContextManager[Once]: ...
 
 
+# The claim of the @idempotent handler running in this context (thread or task): set
+# around the handler's call only, so a handler it calls in turn sees its own.
+_CLAIM: ContextVar[Once | None] = ContextVar("tenure_idempotent_claim", default=None)
+
+
+def current_claim() -> Any:
+    """The claim of the :func:`idempotent` handler running now, or ``None``.
+
+    For a handler whose effect may outlast the store's lease: it calls
+    ``current_claim().extend()`` (:meth:`RedisOnce.extend`) between its steps, as a
+    ``with store.once(key)`` block would. The innermost handler's claim, in the
+    handler's own thread or task (a thread the handler starts does not see it).
+
+    Returns:
+        What ``store.once(key)`` yielded for this call (a :class:`RedisOnce` for a
+        :class:`RedisIdempotency`); ``None`` outside a decorated handler, or in one
+        running without idempotency (its key function returned ``None``).
+    """
+    return _CLAIM.get()
+
+
 def idempotent(
     store: IdempotencyStore, *, key: Callable[P, str | None]
 ) -> Callable[[Callable[P, T]], Callable[P, T]]:
@@ -76,7 +98,8 @@ def idempotent(
     Returns:
         A decorator. The wrapped handler claims the key, runs, records what it returns,
         and returns it; a duplicate returns the recorded result without running. If the
-        handler raises, nothing is recorded and the claim is released.
+        handler raises, nothing is recorded and the claim is released. While it runs,
+        :func:`current_claim` gives the handler its claim (to extend it).
 
     Raises:
         ConfigurationError: (when decorating) ``handler`` is a coroutine function: the
@@ -113,7 +136,11 @@ def idempotent(
             with store.once(name) as once:
                 if once.done:
                     return cast("T", once.result)
-                result = handler(*args, **kwargs)
+                claim = _CLAIM.set(once)
+                try:
+                    result = handler(*args, **kwargs)
+                finally:
+                    _CLAIM.reset(claim)
                 once.record(result)
                 return result
 
