@@ -497,10 +497,9 @@ def closed_before_answering(why: Diagnosis, form: str) -> Diagnosis:
     no server behind it, closes the same way. The fix keeps the URL's kind
     (``rediss+sentinel://``, ``rediss+cluster://``); nothing is added for a ``rediss``
     or ``unix`` URL."""
-    scheme = form.partition("://")[0]
-    if why.failure is not Failure.UNREACHABLE or not scheme.startswith("redis"):
-        return why
-    if scheme.startswith("rediss"):
+    scheme = form.partition("://")[0]  # redis, redis+sentinel, redis+cluster; rediss...
+    plain = scheme.startswith("redis") and not scheme.startswith("rediss")
+    if why.failure is not Failure.UNREACHABLE or not plain:
         return why
     secure = "rediss" + scheme[len("redis") :]
     return Diagnosis(
