@@ -253,36 +253,42 @@ def _seeded_slowly(
     fast = len(cluster) - len(slow)
     seeder_api = api.sibling()  # the seeding client lives in a thread of its own
 
+    # The slow nodes' answers take two delays (each way): heard within the node timeout.
+    node_timeout = max(1.0, 2 * delay + 0.5)
+    ttl = 4 * node_timeout
+
     def seed() -> None:
         urls = [*cluster.urls[:fast], *(p.url for p in slow)]
-        seeder = seeder_api.client(urls, node_timeout=1.0)
-        assert not seeder.lock("seeding", ttl=5.0).locked()  # connected everywhere
+        seeder = seeder_api.client(urls, node_timeout=node_timeout)
+        assert not seeder.lock("seeding", ttl=ttl).locked()  # connected everywhere
         for proxy in slow:
             proxy.delay(delay)
-        seeder.acquire("seeding", ttl=5.0, timeout=5.0).release()
+        seeder.acquire("seeding", ttl=ttl, timeout=ttl).release()
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         seeding = pool.submit(seed)
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + ttl
         while not all(holders(cluster, NODE_FLOOR)[:fast]):
             assert time.monotonic() < deadline, "the seeding client never seeded"
             time.sleep(0.002)
         assert not any(holders(cluster, NODE_FLOOR)[fast:])  # its seeds are on the way
         yield
-        seeding.result(timeout=10.0)
+        seeding.result(timeout=2 * ttl)
 
 
 def test_a_new_node_set_seeded_by_one_client_is_not_warmed_up_by_another(api: Api) -> None:
     """Two clients meet a new node set at once. The first finds every node blank and
-    seeds them all with no warm-up, but its seed to node 2 is slow on the way (300 ms).
+    seeds them all with no warm-up, but its seed to node 2 is slow on the way (1 s).
     The second arrives in between: nodes 0 and 1 have a floor, node 2 none. That may
     be a node that lost its data, or the first client's seed still on its way; a
     warm-up seed from the second client would get there first and keep a node that
-    never granted anything out for max_ttl. It waits instead (a few node timeouts),
-    and the first client's seed lands: node 2 never warms up."""
+    never granted anything out for max_ttl. It waits instead (four node timeouts: 2 s
+    here), and the first client's seed lands: node 2 never warms up. (With a seed
+    300 ms on its way, a test thread starved beside CPU hogs looked only after it had
+    landed.)"""
     with LocalCluster(3) as cluster, Proxy(cluster[2].host, cluster[2].port or 0) as slow:
-        second = api.client(cluster.urls)
-        with _seeded_slowly(api, cluster, [slow], 0.3):
+        second = api.client(cluster.urls, node_timeout=0.5)
+        with _seeded_slowly(api, cluster, [slow], 1.0):
             # A few acquires, well within the patience: a round decided by nodes 0 and
             # 1 may drop node 2's answer (the asyncio client stops reading a round's
             # replies once it is decided), and each has the chance to see node 2 blank.

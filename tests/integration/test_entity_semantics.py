@@ -33,6 +33,7 @@ from tenure.testing import LocalCluster
 from .conftest import holders, released_everywhere
 
 TTL = 2.0
+LONG_TTL = 20.0
 WAIT = 30.0  # how long the test thread waits for any one call (a hang, not a measure)
 
 
@@ -523,13 +524,16 @@ def test_other_callers_sharing_the_client_still_wait(
 ) -> None:
     client = api.client(sets[n].urls)
     a, b = api.main, api.caller()
-    lock = client.lock(key, ttl=TTL, watchdog=True)
+    # A TTL that outlasts a stall of a loaded machine: with TTL (2 s), a process stalled
+    # for 1.5 s (CPU hogs beside a loaded full run) woke the watchdog after the validity
+    # had ended, the lease was lost, and b was rightly granted the lock.
+    lock = client.lock(key, ttl=LONG_TTL, watchdog=True)
     assert a(lock.acquire) is True
     # Another thread / task: ordinary contention, not a self-deadlock.
     got = b(client.lock(key, ttl=TTL).acquire, timeout=0.2)
     held = lock.lease
-    # (Seen once in a loaded full run: got. The holder's state tells a stalled process,
-    # whose watchdog came too late and lost the lease, from a lock granted twice.)
+    # (The holder's state tells a stalled process, whose watchdog came too late and
+    # lost the lease, from a lock granted twice.)
     assert got is False, f"granted while held: {held!r}, lost: {held.lost_error!r}"
     assert b(lock.acquire, blocking=False) is False
     waiting = b.submit(client.acquire, key, ttl=TTL, timeout=WAIT)

@@ -664,9 +664,11 @@ def test_scales_to_100k_grants() -> None:
         events.append(Grant(f"p{i % 8}", f"L{i}", i + 1, t - 50, t, t + 100))
         events.append(Write(f"p{i % 8}", f"L{i}", i + 1, f"op{i}", t, t + 10, "ok", i))
     events.append(Final(10**8, tuple(f"op{i}" for i in range(100_000))))
-    began = time.perf_counter()
+    # The process's own CPU time, not the wall clock: a loaded machine (CPU hogs beside
+    # the tests) stretched the wall clock past the bound. Quadratic work would not fit.
+    began = time.process_time()
     v = verdict_of(events)
-    assert time.perf_counter() - began < 15
+    assert time.process_time() - began < 15
     assert_clean(v)
     assert v.cycles == 100_000
 
