@@ -74,14 +74,19 @@ def _third_loses_its_scripts_and_slows(nodes3: LocalCluster, proxy: Proxy) -> No
     proxy.delay(0.25)
 
 
-def _evalsha_refused(cluster: LocalCluster) -> list[int]:
-    """EVALSHA calls each node refused or failed (INFO commandstats)."""
+def _commandstats(cluster: LocalCluster, command: str, *fields: str) -> list[int]:
+    """The sum of ``fields`` of ``command``'s INFO commandstats, by node."""
     counts = []
     for node in cluster:
         with node.client() as c:
-            stats = c.info("commandstats").get("cmdstat_evalsha", {})
-        counts.append(int(stats.get("rejected_calls", 0)) + int(stats.get("failed_calls", 0)))
+            stats = c.info("commandstats").get(f"cmdstat_{command}", {})
+        counts.append(sum(int(stats.get(field, 0)) for field in fields))
     return counts
+
+
+def _evalsha_refused(cluster: LocalCluster) -> list[int]:
+    """EVALSHA calls each node refused or failed."""
+    return _commandstats(cluster, "evalsha", "rejected_calls", "failed_calls")
 
 
 def _granted_everywhere(api: Api, client: Any, name: str, cluster: LocalCluster) -> int:
@@ -302,28 +307,34 @@ def test_a_late_evalsha_refusal_is_no_configuration_warning(
 
 
 def test_a_resent_script_gets_a_node_timeout_of_its_own(api: Api, nodes3: LocalCluster) -> None:
-    # Every node is 100 ms away (50 ms each way) and has lost its scripts: its NOSCRIPT
-    # comes back after 100 ms, and its answer to the EVAL form sent then after 200 ms,
-    # later than the node timeout (150 ms) counted from the round's start. A node that
-    # answered and was asked again is not silent: the round waits a node timeout from
-    # the resend, so the one attempt of a non-blocking acquire wins (decided at the
-    # first majority of the answers to the EVAL form).
+    # Every node is 300 ms away (150 ms each way) and has lost its scripts: its NOSCRIPT
+    # comes back after 300 ms, and its answer to the EVAL form sent then after 600 ms,
+    # later than the node timeout (450 ms) counted from the round's start (150 ms of
+    # margin either side, for a loaded machine's client, which reads replies late). A
+    # node that answered and was asked again is not silent: the round waits a node
+    # timeout from the resend, so the first attempt of a non-blocking acquire wins
+    # (decided at the first majority of the answers to the EVAL form).
     proxies = [Proxy(node.host, node.port or 0, name=node.name) for node in nodes3]
     try:
         for proxy in proxies:
             proxy.start()
-        client = api.client([proxy.url for proxy in proxies], node_timeout=0.15)
+        client = api.client([proxy.url for proxy in proxies], node_timeout=0.45)
         name = f"resent-{uuid.uuid4().hex}"
         client.acquire(name, ttl=5.0).release()  # connected, and the scripts cached
         for node in nodes3:
             with node.client() as c:
                 c.script_flush()
         for proxy in proxies:
-            proxy.delay(0.05)
-        before = _evalsha_refused(nodes3)
+            proxy.delay(0.15)
+        before, evals_before = _evalsha_refused(nodes3), _commandstats(nodes3, "eval", "calls")
         lease = client.acquire(name, ttl=5.0, blocking=False)
         assert len(lease.nodes) >= 2
         assert [a - b for a, b in zip(_evalsha_refused(nodes3), before, strict=True)] == [1] * 3
+        # One attempt, won by the answers to its EVAL forms: a round that gave up on
+        # them at the first deadline would have tried again (a second EVAL each).
+        assert [
+            a - b for a, b in zip(_commandstats(nodes3, "eval", "calls"), evals_before, strict=True)
+        ] == [1] * 3
         lease.release()
     finally:
         for proxy in proxies:
