@@ -5,7 +5,10 @@ Every test runs one body against the blocking and the asyncio client (``api``), 
 the default server or ``$TENURE_SERVER``. After a fault the tests wait, under a generous
 deadline, for an acquire that lands on the master the Sentinels name: how soon depends
 on the Sentinels (a demoted master keeps its clients until the Sentinels reconfigure
-it) and, once the scripts detect failovers, on a warm-up, so nothing here is timed.
+it) and, once the scripts detect failovers, on a warm-up, so nothing here is timed,
+but for one bound: a client that heard the Sentinels announce a ``SENTINEL FAILOVER``
+is on the new master, its warm-up (3 s) over, before the Sentinels demote the old one
+(about 10 s after the failover).
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ import redis
 import redis.sentinel
 
 import tenure
-from tenure._core.config import LockKeys
+from tenure._core.config import LockKeys, parse_node_url
+from tenure._driver import acl as _acl
+from tenure._driver.sentinel import Locator
 from tenure.cli import main
 from tenure.cli.node_rules import EXIT_UNAVAILABLE
 from tenure.testing import LocalNode, LocalSentinelSet
+from tenure.testing.topologies import server_version
 
 from .conftest import Api
 
@@ -159,6 +165,139 @@ def test_the_client_follows_a_killed_master(api: Api, fresh_set: LocalSentinelSe
     fresh_set.kill_master()
     new = fresh_set.wait_for_promotion(killed)
     assert _lands_on(api, client, name, fresh_set) is new
+
+
+def _role(node: LocalNode) -> str:
+    with node.client(socket_timeout=2.0) as c:
+        role = c.role()[0]
+    return role.decode() if isinstance(role, bytes) else str(role)
+
+
+def test_a_holder_moves_to_the_master_the_sentinels_announce(
+    api: Api, fresh_set: LocalSentinelSet
+) -> None:
+    # SENTINEL FAILOVER leaves the old master up, and a master, until the Sentinels
+    # reconfigure it as a replica (about 10 s later here). A holder whose connections
+    # stayed there would extend its lease on the old master only, while the new one's
+    # copy of the key ran out and, its warm-up over (max_ttl, 3 s), granted the lock to a
+    # client connecting afresh: two holders. The Sentinels' announcement moves the
+    # holder's connections at once, and its watchdog extends the lease on the new master.
+    name = f"sentinel-announced-{api.flavour}"
+    holder = api.client([fresh_set.url], **OPTIONS)
+    old = fresh_set.master()
+    lease = holder.acquire(name, ttl=3.0, watchdog=True)
+    new = api.run_blocking(fresh_set.failover)
+    assert new is not old
+    other = api.client([fresh_set.url], **OPTIONS)  # connects afresh: to the new master
+    until = time.monotonic() + 6.0  # past the warm-up and two of the lease's TTLs
+    while time.monotonic() < until:
+        with pytest.raises(tenure.LockTimeout):
+            other.acquire(name, ttl=1.0, blocking=False)
+        api.idle(0.2)
+    assert lease.valid
+    assert _holds(new, name)
+    # New leases of the holder's client are taken on the new master too (the old one
+    # still a master: its demotion did not move the client).
+    assert _lands_on(api, holder, f"{name}-after", fresh_set) is new
+    assert _role(old) == "master"
+    lease.release()
+
+
+def _watched_by(sentinel: LocalNode) -> bool:
+    """Whether a client holds a subscription on ``sentinel`` (the watch's)."""
+    with sentinel.client(socket_timeout=2.0) as c:
+        return any(int(client.get("sub", 0)) > 0 for client in c.client_list())
+
+
+def test_the_watch_moves_to_another_sentinel_when_its_own_goes_silent(
+    api: Api, fresh_set: LocalSentinelSet
+) -> None:
+    # The Sentinel the announcements were awaited on freezes: the watch PINGs it after a
+    # quiet spell, gets no answer, and subscribes on another, which announces the
+    # failover the other two Sentinels carry out.
+    name = f"sentinel-watch-moves-{api.flavour}"
+    client = api.client([fresh_set.url], **OPTIONS)
+    old = _lands_on(api, client, name, fresh_set)
+    api.wait_until(lambda: any(_watched_by(s) for s in fresh_set.sentinels), what="a subscription")
+    watched = next(s for s in fresh_set.sentinels if _watched_by(s))
+    watched.pause()
+    try:
+        others = [s for s in fresh_set.sentinels if s is not watched]
+        api.wait_until(
+            lambda: any(_watched_by(s) for s in others), within=20.0, what="another subscription"
+        )
+        new = api.run_blocking(fresh_set.failover)
+        assert _lands_on(api, client, name, fresh_set) is new
+        assert _role(old) == "master"  # the announcement moved the client, not a demotion
+    finally:
+        watched.resume()
+
+
+def test_the_documented_sentinel_acl_lets_the_watch_subscribe(
+    api: Api, fresh_set: LocalSentinelSet
+) -> None:
+    # A user with exactly docs/deployment.md's lines: the data servers' for the master
+    # and its replica, the Sentinels' on each Sentinel (whose default user stays as it
+    # is: the user's login is accepted, so the Sentinels are asked as that user).
+    user, version = "watcher", server_version()[1]
+    data = _acl.least_privilege_acl(user, "pw", kind="sentinel", version=version).split()
+    for node in fresh_set.nodes:
+        with node.client() as c:
+            c.execute_command(*data)
+    for sentinel in fresh_set.sentinels:
+        with sentinel.client() as c:
+            c.execute_command(*_acl.sentinel_acl(user, "pw").split())
+    hosts = fresh_set.url.partition("://")[2]
+    client = api.client([f"redis+sentinel://{user}:pw@{hosts}"], **OPTIONS)
+    client.acquire(f"sentinel-acl-{api.flavour}", ttl=1.0, timeout=10.0).release()
+
+    def subscribed_as_user() -> bool:
+        for sentinel in fresh_set.sentinels:
+            with sentinel.client(socket_timeout=2.0) as c:
+                if any(
+                    cl.get("user") == user and int(cl.get("sub", 0)) > 0 for cl in c.client_list()
+                ):
+                    return True
+        return False
+
+    api.wait_until(subscribed_as_user, what="a subscription by the documented user")
+
+
+def test_an_announced_failover_ends_the_connections_to_other_servers(
+    shared_set: LocalSentinelSet,
+) -> None:
+    # The node's Locator, as the connections of either driver use it, on socket pairs:
+    # the test holds the far end of each connection it registers.
+    locator = Locator(parse_node_url(shared_set.url), {}, 1.0, asyncio=False)
+    service = shared_set.service
+    found = locator.locate()
+    moved_to = ("127.0.0.1", 1)
+    pairs = [socket.socketpair() for _ in range(3)]
+    try:
+        (to_old, old_end), (to_new, new_end), (late, _) = pairs
+        locator.connected(found, to_old)
+        locator.connected(found._replace(master=moved_to), to_new)
+        for end in (old_end, new_end):
+            end.settimeout(0.2)
+        # Another service's announcement, or a message of another shape, ends nothing.
+        locator.announced(f"other {found.master[0]} {found.master[1]} 127.0.0.1 1".encode())
+        locator.announced(b"not an announcement")
+        for end in (old_end, new_end):
+            with pytest.raises(TimeoutError):
+                end.recv(1)
+        locator.announced(f"{service} {found.master[0]} {found.master[1]} 127.0.0.1 1".encode())
+        assert old_end.recv(1) == b""  # ended: the far end reads the end of the stream
+        with pytest.raises(TimeoutError):
+            new_end.recv(1)  # the new master's connection stays
+        # Set up from an answer the announcement overtook: refused.
+        with pytest.raises(redis.ConnectionError, match=r"announced 127\.0\.0\.1:1 since"):
+            locator.connected(found, late)
+        # Asked again after it, the Sentinels name the master they name (unchanged here).
+        assert locator.locate().announced == found.announced + 1
+    finally:
+        for pair in pairs:
+            for sock in pair:
+                sock.close()
 
 
 def test_an_unknown_service_is_an_unreachable_node_saying_why(

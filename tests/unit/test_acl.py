@@ -96,7 +96,8 @@ def test_each_kind_of_node_adds_its_commands() -> None:
     )
     assert _acl.least_privilege_acl(kind="sentinel").endswith(" +role")
     assert _acl.sentinel_acl() == (
-        "ACL SETUSER tenure reset on >PASSWORD +sentinel|get-master-addr-by-name"
+        "ACL SETUSER tenure reset on >PASSWORD resetchannels &+switch-master "
+        "+sentinel|get-master-addr-by-name +subscribe +ping"
     )
 
 

@@ -20,8 +20,10 @@ from tenure._core.sentinel import (
     demoted,
     fallback_failed,
     master_reply,
+    moved_meanwhile,
     no_master,
     role_of,
+    switched_to,
 )
 
 
@@ -301,3 +303,30 @@ def test_a_survey_with_no_usable_master_picks_the_first_named() -> None:
         "timeout (check that Sentinel's view: SENTINEL MASTER locks on it)",
     ]
     assert Survey("locks", [Heard(S1, why=_DOWN)]).pick({}) is None
+
+
+@pytest.mark.parametrize(
+    ("message", "moved_to"),
+    [
+        (b"locks 10.0.1.1 6379 10.0.1.2 6380", ("10.0.1.2", 6380)),
+        ("locks 10.0.1.1 6379 ::1 6380", ("::1", 6380)),
+        (b"other 10.0.1.1 6379 10.0.1.2 6380", None),  # another service's
+        (b"locks 10.0.1.1 6379 10.0.1.2", None),  # another shape
+        (b"locks 10.0.1.1 6379 10.0.1.2 port", None),
+        (b"locks 10.0.1.1 6379 10.0.1.2 0", None),
+        (b"locks 10.0.1.1 6379 10.0.1.2 65536", None),
+        (b"locksmith 10.0.1.1 6379 10.0.1.2 6380", None),
+        (7, None),
+    ],
+)
+def test_an_announced_failover_is_read_for_its_own_service_only(
+    message: object, moved_to: tuple[str, int] | None
+) -> None:
+    assert switched_to("locks", message) == moved_to
+
+
+def test_a_connection_overtaken_by_an_announced_failover_says_so() -> None:
+    assert moved_meanwhile("locks", ("10.0.1.1", 6379), ("::1", 6380)) == (
+        "10.0.1.1:6379 was named master of service 'locks', and the Sentinels have announced "
+        "[::1]:6380 since; the node is asked again after its back-off"
+    )

@@ -8,7 +8,10 @@ master before anything else is sent. The drivers' connections do the asking
 (``_driver.sentinel``); this module decides the order, reads the replies and words the
 failures. A connection that fails, and a master that answers ``READONLY`` (it was
 demoted: ``demoted``), make the next connection ask again, so the node follows a
-failover; meanwhile it is silent, like any node that does not answer.
+failover; meanwhile it is silent, like any node that does not answer. A failover the
+Sentinels announce (``SWITCH_CHANNEL``) ends the connections to every other server at
+once (``_driver.sentinel_watch``): ``switched_to`` reads the announcement, and
+``moved_meanwhile`` refuses a connection set up from an answer it overtook.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from .diagnosis import Diagnosis
 from .quorum import Failure
 
 __all__ = [
+    "SWITCH_CHANNEL",
+    "WATCH_PING",
     "Heard",
     "Pick",
     "SentinelBook",
@@ -32,16 +37,28 @@ __all__ = [
     "fallback_failed",
     "login_fix",
     "master_reply",
+    "moved_meanwhile",
     "no_master",
     "not_a_master",
     "role_of",
     "sentinel_login",
+    "switched_to",
 ]
 
 Address = tuple[str, int]
 
 
 UNKNOWN_SERVICE = "does not know the service (check the service name in the node URL)"
+
+# The channel on which every Sentinel announces that it moved a service to a new master
+# (a failover's end, as it updates its own view): "<service> <old host> <old port> <new
+# host> <new port>".
+SWITCH_CHANNEL = "+switch-master"
+# Seconds a subscription to it may go without a message before it is asked for a PING:
+# a Sentinel that froze or was cut off says nothing, and its silence would hide every
+# failover from then on. One that does not answer within its ask timeout (at least a
+# second) is left for the next Sentinel.
+WATCH_PING = 2.0
 
 
 def _where(address: Address) -> str:
@@ -250,6 +267,32 @@ def master_reply(reply: object) -> Address | None:
         if isinstance(host, str) and host and str(port).isdigit() and 0 < int(port) < 65536:
             return host, int(port)
     raise ValueError(f"not a master's address: {reply!r:.80}")
+
+
+def switched_to(service: str, message: object) -> Address | None:
+    """The new master in a ``SWITCH_CHANNEL`` message (``message``, its payload), if it
+    moved ``service``; None for another service's, or a payload of another shape (a
+    subscriber learns nothing from it, and keeps its connections)."""
+    if isinstance(message, bytes):
+        message = message.decode("utf-8", "replace")
+    if not isinstance(message, str):
+        return None
+    parts = message.split()
+    if len(parts) != 5 or parts[0] != service:
+        return None
+    host, port = parts[3], parts[4]
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+def moved_meanwhile(service: str, master: Address, new: Address) -> str:
+    """Why a connection to ``master`` is not used: the Sentinels announced ``new`` as
+    the master of ``service`` after the Sentinel was asked that named ``master``."""
+    return (
+        f"{_where(master)} was named master of service {service!r}, and the Sentinels "
+        f"have announced {_where(new)} since; the node is asked again after its back-off"
+    )
 
 
 def role_of(reply: object) -> str:

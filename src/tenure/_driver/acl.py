@@ -30,6 +30,7 @@ from functools import cache
 from importlib.resources import files
 
 from .._core.config import DEFAULT_KEY_PREFIX
+from .._core.sentinel import SWITCH_CHANNEL
 from .._lua import expand
 
 __all__ = [
@@ -166,6 +167,10 @@ NODE_KINDS: dict[str, tuple[_Extra, ...]] = {
 
 # What the Sentinels of a redis+sentinel:// node are sent (the service is the argument).
 _SENTINEL_COMMANDS: tuple[tuple[str, str], ...] = (("SENTINEL", "GET-MASTER-ADDR-BY-NAME"),)
+# The clients' subscription to the Sentinels' announcements of a failover
+# (``sentinel_watch``): without it they follow a failover later, at the old master's
+# demotion, so a Sentinel refusing it refuses no lock.
+_SENTINEL_WATCH_COMMANDS = ("SUBSCRIBE", "PING")
 
 
 def _direct(prefix: str) -> dict[str, tuple[tuple[str, ...], str | None]]:
@@ -356,9 +361,14 @@ def least_privilege_acl(
 
 def sentinel_acl(user: str = "tenure", password: str = "PASSWORD") -> str:
     """The ``ACL SETUSER`` line for the Sentinels of a Sentinel-managed node (when they
-    ask for a login at all): asking for the master by service name, nothing else."""
+    ask for a login at all): asking for the master by service name, and the subscription
+    to the announcements of a failover."""
     commands = " ".join(f"+{n.name.lower()}" for n in sentinel_needs("SERVICE"))
-    return f"ACL SETUSER {user} reset on >{password} {commands}"
+    watch = " ".join(f"+{command.lower()}" for command in _SENTINEL_WATCH_COMMANDS)
+    return (
+        f"ACL SETUSER {user} reset on >{password} resetchannels &{SWITCH_CHANNEL} "
+        f"{commands} {watch}"
+    )
 
 
 # --- judging answers (pure) ---------------------------------------------------------------

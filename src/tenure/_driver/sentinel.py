@@ -10,7 +10,10 @@ connections up through ``connect()`` (the blocking one in a set-up thread, the a
 one in its channel's task), rounds and notifications alike, so every new connection
 follows a failover; the decisions are ``_core.sentinel``'s. Every failure here is
 raised as a redis-py ``ConnectionError`` (the node is unreachable for now, with why),
-so the drivers handle it as any failed set-up: back-off, then another try.
+so the drivers handle it as any failed set-up: back-off, then another try. Each
+connection set up is registered with its node's ``Locator``, which, while it has any,
+listens for the Sentinels' announcements of a failover and ends the connections to
+every other server when one comes (``sentinel_watch``).
 
 The Sentinels are asked with the node's own credentials and TLS (``rediss+sentinel://``)
 unless the node came from a redis-py ``master_for()`` client, whose Sentinel clients'
@@ -21,7 +24,11 @@ asked again without them, and from then on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import socket
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -42,10 +49,12 @@ from .._core.sentinel import (
     fallback_failed,
     login_fix,
     master_reply,
+    moved_meanwhile,
     no_master,
     not_a_master,
     role_of,
     sentinel_login,
+    switched_to,
 )
 from .redis_compat import Diagnosed, connection_kwargs, diagnose, reply_text
 from .timeouts import within
@@ -69,6 +78,9 @@ class Found(NamedTuple):
     """The Sentinel that named it; None: no Sentinel answered, it was named last."""
     said: tuple[tuple[Address, Diagnosis], ...] = ()
     """What each Sentinel said, when none answered."""
+    announced: int = 0
+    """How many failovers had been announced when the Sentinels were asked
+    (``Locator.connected``)."""
 
 
 class Locator:
@@ -114,12 +126,104 @@ class Locator:
             self._cls: type = redis.asyncio.SSLConnection if spec.tls else redis.asyncio.Connection
         else:
             self._cls = redis.SSLConnection if spec.tls else redis.Connection
+        # The subscription to the Sentinels' announcements runs in a thread of its own,
+        # with blocking connections, for either driver: their settings, and who we are.
+        blocking = connection_kwargs(
+            self.timeout, asyncio=False, unix=False, connect_timeout=self.timeout
+        )
+        blocking["socket_timeout"] = self.timeout
+        shared = {k: v for k, v in own.items() if k in _SHARED or k.startswith("ssl_")}
+        self.watch_cls: type = redis.SSLConnection if spec.tls else redis.Connection
+        self._watch_with_auth = {**blocking, **shared}
+        self._watch_without_auth = {
+            k: v for k, v in self._watch_with_auth.items() if k not in _CREDENTIALS
+        }
+        # This process's connections to the node, each with the master it went to (to
+        # end on an announcement), and how many failovers were announced so far.
+        self._open: list[tuple[Address, Any]] = []
+        self._announced = 0
+        self._moved_to: Address | None = None
+        self._watching: threading.Thread | None = None
+        _LOCATORS.add(self)
 
-    def _settings(self, sentinel: Address, *, auth: bool) -> dict[str, Any]:
+    def _settings(self, sentinel: Address, *, auth: bool, watch: bool = False) -> dict[str, Any]:
         with self._lock:
             plain = not auth or self._book.without_auth(sentinel)
-        chosen = self._without_auth if plain else self._with_auth
+        if watch:
+            chosen = self._watch_without_auth if plain else self._watch_with_auth
+        else:
+            chosen = self._without_auth if plain else self._with_auth
         return {**chosen, "host": sentinel[0], "port": sentinel[1]}
+
+    def watch_settings(self, sentinel: Address, *, auth: bool = True) -> dict[str, Any]:
+        """A blocking connection's settings for ``sentinel`` (``sentinel_watch``)."""
+        return self._settings(sentinel, auth=auth, watch=True)
+
+    def refused_auth(self, sentinel: Address, exc: Exception) -> bool:
+        """Whether ``sentinel`` refused the credentials it was sent (``exc``): from now
+        on it is asked without them (``sentinel_watch``, as ``_ask``)."""
+        if not self._refused_auth(sentinel, exc):
+            return False
+        self._no_auth(sentinel)
+        return True
+
+    def order(self) -> list[Address]:
+        """The node's Sentinels in the order its connections ask them."""
+        return self._order()
+
+    # --- announced failovers ----------------------------------------------------------
+
+    def connected(self, found: Found, sock: Any) -> None:
+        """A connection to ``found.master`` was set up on ``sock`` (its socket): it is
+        ended when the Sentinels announce another master, and the watch starts if it
+        is not running (``sentinel_watch``).
+
+        Raises:
+            redis.exceptions.ConnectionError: a failover to another server was
+                announced since the Sentinels were asked (``moved_meanwhile``).
+        """
+        with self._lock:
+            moved_to = self._moved_to
+            if (
+                moved_to is not None
+                and found.announced != self._announced
+                and found.master != moved_to
+            ):
+                raise rx.ConnectionError(moved_meanwhile(self.service, found.master, moved_to))
+            self._open = [c for c in self._open if c[1].fileno() != -1]
+            self._open.append((found.master, sock))
+            thread = self._watching
+            if thread is None or not thread.is_alive():  # (not alive: it failed)
+                from .sentinel_watch import start  # (it imports this module)
+
+                self._watching = start(self)
+
+    def in_use(self) -> bool:
+        """Whether this process has a connection to the node open; if not, the watch
+        ends (``sentinel_watch``: it is told so under the lock that starts another)."""
+        with self._lock:
+            self._open = [c for c in self._open if c[1].fileno() != -1]
+            if self._open:
+                return True
+            if self._watching is threading.current_thread():
+                self._watching = None
+            return False
+
+    def announced(self, message: object) -> None:
+        """A Sentinel announced a failover (``message``, the payload): if it moved this
+        node's service, the connections to any other server are shut down. Their users
+        read the end of the connection, as they would if the Sentinels had demoted the
+        server, and the next connection asks the Sentinels."""
+        new = switched_to(self.service, message)
+        if new is None:
+            return
+        with self._lock:
+            self._announced += 1
+            self._moved_to = new
+            ending = [sock for master, sock in self._open if master != new]
+            self._open = [c for c in self._open if c[0] == new]
+        for sock in ending:
+            _cut(sock)
 
     def _order(self) -> list[Address]:
         with self._lock:
@@ -137,7 +241,7 @@ class Locator:
             self._book.answered(sentinel, master)
         return master
 
-    def _none_found(self, heard: list[Heard]) -> Found:
+    def _none_found(self, heard: list[Heard], announced: int) -> Found:
         """No Sentinel named a master: the one named last, if no Sentinel answered at
         all (an outage of the Sentinels alone); otherwise the node fails, unreachable or
         misconfigured (``no_master``)."""
@@ -145,7 +249,8 @@ class Locator:
             last = None if any(h.answered for h in heard) else self._book.candidates(None)
         if last is None:
             raise self.no_master(heard)
-        return Found(last, None, tuple((h.sentinel, h.why) for h in heard if h.why is not None))
+        said = tuple((h.sentinel, h.why) for h in heard if h.why is not None)
+        return Found(last, None, said, announced)
 
     def no_master(self, heard: Sequence[Heard]) -> Diagnosed:
         """The failure of a node whose Sentinels named no master (``heard``: what each
@@ -210,13 +315,14 @@ class Locator:
         Raises:
             redis.exceptions.ConnectionError: no master found, saying why per Sentinel.
         """
+        announced = self._announced
         heard = []
         for sentinel in self._order():
             answer = self.hear(sentinel)
             if answer.master is not None:
-                return Found(answer.master, sentinel)
+                return Found(answer.master, sentinel, announced=announced)
             heard.append(answer)
-        return self._none_found(heard)
+        return self._none_found(heard, announced)
 
     # --- asyncio ----------------------------------------------------------------------
 
@@ -249,13 +355,14 @@ class Locator:
 
     async def alocate(self) -> Found:
         """``locate`` for the asyncio driver."""
+        announced = self._announced
         heard = []
         for sentinel in self._order():
             answer = await self._ahear(sentinel)
             if answer.master is not None:
-                return Found(answer.master, sentinel)
+                return Found(answer.master, sentinel, announced=announced)
             heard.append(answer)
-        return self._none_found(heard)
+        return self._none_found(heard, announced)
 
     def unusable(self, found: Found, exc: Exception) -> Exception:
         """The master ``found`` could not be used (``exc``: its connection failed, or it
@@ -282,6 +389,34 @@ class Locator:
             raise rx.ConnectionError(not_a_master(self.service, master, role, by))
 
 
+_LOCATORS: weakref.WeakSet[Locator] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    # The child has none of the parent's threads, and none of its connections is the
+    # child's to end (they stay the parent's): a Locator starts over, with a fresh lock
+    # (the parent's watch may have held it at the fork).
+    for locator in list(_LOCATORS):
+        locator._lock = threading.Lock()
+        locator._open = []
+        locator._watching = None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _cut(sock: Any) -> None:
+    """End a connection that another thread may be using: shut its socket down, both
+    ways, so that its user reads the end as from the server. Not closed (its user does
+    that, as for any connection that ended), and a TLS socket's own ``shutdown`` is
+    passed over: it would tear down the TLS state under the thread reading it."""
+    with contextlib.suppress(OSError):  # closed meanwhile by its user
+        if isinstance(sock, socket.socket):
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        else:  # asyncio's TransportSocket: the plain socket under the transport
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 def _locator_of(kwargs: dict[str, Any]) -> Locator:
     locator = kwargs.pop("tenure_sentinel")
     assert isinstance(locator, Locator)
@@ -305,6 +440,7 @@ class _Managed:
             super().connect()  # type: ignore[misc]
             me.send_command("ROLE", check_health=False)
             self._locator.check_role(master, me.read_response(), found.by)
+            self._locator.connected(found, me._sock)
         except Exception as exc:
             me.disconnect()
             error = self._locator.unusable(found, exc)
@@ -338,6 +474,7 @@ class _AsyncManaged:
             except (asyncio.TimeoutError, TimeoutError):
                 raise rx.TimeoutError(f"{master[0]}:{master[1]} did not answer ROLE") from None
             self._locator.check_role(master, reply, found.by)
+            self._locator.connected(found, me._writer.transport.get_extra_info("socket"))
         except Exception as exc:
             await me.disconnect(nowait=True)
             error = self._locator.unusable(found, exc)
