@@ -28,7 +28,7 @@ import redis.sentinel
 import tenure
 from tenure._core.config import LockKeys, parse_node_url
 from tenure._driver import acl as _acl
-from tenure._driver.sentinel import Locator
+from tenure._driver.sentinel import Locator, SocketEnd
 from tenure.cli import main
 from tenure.cli.node_rules import EXIT_UNAVAILABLE
 from tenure.testing import LocalNode, LocalSentinelSet
@@ -176,6 +176,20 @@ def _role(node: LocalNode) -> str:
 def test_a_holder_moves_to_the_master_the_sentinels_announce(
     api: Api, fresh_set: LocalSentinelSet
 ) -> None:
+    _holder_moves_to_the_announced_master(api, fresh_set)
+
+
+def test_a_holder_moves_to_the_master_the_sentinels_announce_on_uvloop(
+    fresh_set: LocalSentinelSet,
+) -> None:
+    # uvloop hands out no socket of its transports to end: the connections are ended
+    # through the loop.
+    pytest.importorskip("uvloop", reason="uvloop is not installed")
+    with Api("async", "uvloop") as api:
+        _holder_moves_to_the_announced_master(api, fresh_set)
+
+
+def _holder_moves_to_the_announced_master(api: Api, fresh_set: LocalSentinelSet) -> None:
     # SENTINEL FAILOVER leaves the old master up, and a master, until the Sentinels
     # reconfigure it as a replica (about 10 s later here). A holder whose connections
     # stayed there would extend its lease on the old master only, while the new one's
@@ -275,8 +289,8 @@ def test_an_announced_failover_ends_the_connections_to_other_servers(
     pairs = [socket.socketpair() for _ in range(3)]
     try:
         (to_old, old_end), (to_new, new_end), (late, _) = pairs
-        locator.connected(found, to_old)
-        locator.connected(found._replace(master=moved_to), to_new)
+        locator.connected(found, SocketEnd(to_old))
+        locator.connected(found._replace(master=moved_to), SocketEnd(to_new))
         for end in (old_end, new_end):
             end.settimeout(0.2)
         # Another service's announcement, or a message of another shape, ends nothing.
@@ -291,7 +305,7 @@ def test_an_announced_failover_ends_the_connections_to_other_servers(
             new_end.recv(1)  # the new master's connection stays
         # Set up from an answer the announcement overtook: refused.
         with pytest.raises(redis.ConnectionError, match=r"announced 127\.0\.0\.1:1 since"):
-            locator.connected(found, late)
+            locator.connected(found, SocketEnd(late))
         # Asked again after it, the Sentinels name the master they name (unchanged here).
         assert locator.locate().announced == found.announced + 1
     finally:

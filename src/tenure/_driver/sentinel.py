@@ -30,7 +30,7 @@ import socket
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import redis
 import redis.asyncio
@@ -140,7 +140,7 @@ class Locator:
         }
         # This process's connections to the node, each with the master it went to (to
         # end on an announcement), and how many failovers were announced so far.
-        self._open: list[tuple[Address, Any]] = []
+        self._open: list[tuple[Address, End]] = []
         self._announced = 0
         self._moved_to: Address | None = None
         self._watching: threading.Thread | None = None
@@ -173,8 +173,8 @@ class Locator:
 
     # --- announced failovers ----------------------------------------------------------
 
-    def connected(self, found: Found, sock: Any) -> None:
-        """A connection to ``found.master`` was set up on ``sock`` (its socket): it is
+    def connected(self, found: Found, end: End) -> None:
+        """A connection to ``found.master`` was set up (``end``: how to end it): it is
         ended when the Sentinels announce another master, and the watch starts if it
         is not running (``sentinel_watch``).
 
@@ -190,8 +190,8 @@ class Locator:
                 and found.master != moved_to
             ):
                 raise rx.ConnectionError(moved_meanwhile(self.service, found.master, moved_to))
-            self._open = [c for c in self._open if c[1].fileno() != -1]
-            self._open.append((found.master, sock))
+            self._open = [c for c in self._open if c[1].open()]
+            self._open.append((found.master, end))
             thread = self._watching
             if thread is None or not thread.is_alive():  # (not alive: it failed)
                 from .sentinel_watch import start  # (it imports this module)
@@ -202,7 +202,7 @@ class Locator:
         """Whether this process has a connection to the node open; if not, the watch
         ends (``sentinel_watch``: it is told so under the lock that starts another)."""
         with self._lock:
-            self._open = [c for c in self._open if c[1].fileno() != -1]
+            self._open = [c for c in self._open if c[1].open()]
             if self._open:
                 return True
             if self._watching is threading.current_thread():
@@ -211,19 +211,20 @@ class Locator:
 
     def announced(self, message: object) -> None:
         """A Sentinel announced a failover (``message``, the payload): if it moved this
-        node's service, the connections to any other server are shut down. Their users
-        read the end of the connection, as they would if the Sentinels had demoted the
-        server, and the next connection asks the Sentinels."""
+        node's service, the connections to any other server are ended (``End.cut``).
+        Their users read the end of the connection, as they would if the Sentinels had
+        demoted the server, and the next connection asks the Sentinels."""
         new = switched_to(self.service, message)
         if new is None:
             return
         with self._lock:
             self._announced += 1
             self._moved_to = new
-            ending = [sock for master, sock in self._open if master != new]
+            self._book.master = new  # the master named last, should no Sentinel answer
+            ending = [end for master, end in self._open if master != new]
             self._open = [c for c in self._open if c[0] == new]
-        for sock in ending:
-            _cut(sock)
+        for end in ending:
+            end.cut()
 
     def _order(self) -> list[Address]:
         with self._lock:
@@ -405,16 +406,52 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def _cut(sock: Any) -> None:
-    """End a connection that another thread may be using: shut its socket down, both
-    ways, so that its user reads the end as from the server. Not closed (its user does
-    that, as for any connection that ended), and a TLS socket's own ``shutdown`` is
-    passed over: it would tear down the TLS state under the thread reading it."""
-    with contextlib.suppress(OSError):  # closed meanwhile by its user
-        if isinstance(sock, socket.socket):
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)
-        else:  # asyncio's TransportSocket: the plain socket under the transport
-            sock.shutdown(socket.SHUT_RDWR)
+class End(Protocol):
+    """A connection as the watch sees it (``Locator.connected``): whether it is still
+    open, and how to end it from another thread, which its user then reads as the
+    server's end of it. Never closed by the watch: its user closes it, as any that
+    ended."""
+
+    def open(self) -> bool: ...
+
+    def cut(self) -> None: ...
+
+
+class SocketEnd:
+    """A blocking connection's end: its socket, shut down both ways."""
+
+    __slots__ = ("_sock",)
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def open(self) -> bool:
+        return self._sock.fileno() != -1
+
+    def cut(self) -> None:
+        # The plain socket's shutdown, also for a TLS socket, whose own would tear down
+        # the TLS state under the thread reading it.
+        with contextlib.suppress(OSError):  # closed meanwhile by its user
+            socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
+
+
+class TransportEnd:
+    """An asyncio connection's end: its transport, aborted in its own event loop (the
+    socket under it is not ours to touch from another thread; uvloop does not even
+    hand it out)."""
+
+    __slots__ = ("_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+
+    def open(self) -> bool:
+        return not self._transport.is_closing()
+
+    def cut(self) -> None:
+        with contextlib.suppress(RuntimeError):  # its loop is closed: so is it
+            self._loop.call_soon_threadsafe(self._transport.abort)
 
 
 def _locator_of(kwargs: dict[str, Any]) -> Locator:
@@ -440,7 +477,7 @@ class _Managed:
             super().connect()  # type: ignore[misc]
             me.send_command("ROLE", check_health=False)
             self._locator.check_role(master, me.read_response(), found.by)
-            self._locator.connected(found, me._sock)
+            self._locator.connected(found, SocketEnd(me._sock))
         except Exception as exc:
             me.disconnect()
             error = self._locator.unusable(found, exc)
@@ -474,7 +511,8 @@ class _AsyncManaged:
             except (asyncio.TimeoutError, TimeoutError):
                 raise rx.TimeoutError(f"{master[0]}:{master[1]} did not answer ROLE") from None
             self._locator.check_role(master, reply, found.by)
-            self._locator.connected(found, me._writer.transport.get_extra_info("socket"))
+            end = TransportEnd(me._writer.transport, asyncio.get_running_loop())
+            self._locator.connected(found, end)
         except Exception as exc:
             await me.disconnect(nowait=True)
             error = self._locator.unusable(found, exc)

@@ -13,13 +13,15 @@ on the new one: two masters granting the same lock, which only the new master's 
 So while a node has connections open in this process, a daemon thread holds one
 subscription to ``SWITCH_CHANNEL`` on one of its Sentinels (the one its connections ask
 first). Every Sentinel announces there when it moves a service to a new master; on an
-announcement for the node's service, the connections to every other server are shut
-down (``Locator.announced``). Their users, either driver's, read the end of the
-connection as they would when the Sentinels demote the old master, and connect again
-through the Sentinels, who name the new master by then (they announce only once they
-have switched). A connection whose Sentinel was asked before the announcement, and that
-comes up after it at another server, is refused (``Locator.connected``). The round in
-flight on a connection that ends fails on that node, as at any master's end.
+announcement for the node's service, the connections to every other server are ended
+(``Locator.announced``: a blocking connection's socket shut down, an asyncio
+connection's transport aborted in its event loop). Their users, either driver's, read
+the end of the connection as they would when the Sentinels demote the old master, and
+connect again through the Sentinels, who name the new master by then (they announce
+only once they have switched). A connection whose Sentinel was asked before the
+announcement, and that comes up after it at another server, is refused
+(``Locator.connected``). The round in flight on a connection that ends fails on that
+node, as at any master's end.
 
 A subscription that fails, or whose Sentinel does not answer a ``PING`` after a quiet
 spell (``WATCH_PING``), is given up for the next Sentinel, after the reconnect back-off
