@@ -447,7 +447,9 @@ class TransportEnd:
         self._loop = loop
 
     def open(self) -> bool:
-        return not self._transport.is_closing()
+        # A loop that ended (an asyncio client serves several in turn) left its
+        # transports unclosed, and dead.
+        return not self._loop.is_closed() and not self._transport.is_closing()
 
     def cut(self) -> None:
         with contextlib.suppress(RuntimeError):  # its loop is closed: so is it
