@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import signal
 import socket
 import threading
 import time
@@ -312,6 +314,47 @@ def test_an_announced_failover_ends_the_connections_to_other_servers(
         for pair in pairs:
             for sock in pair:
                 sock.close()
+
+
+def test_a_forked_child_neither_waits_for_nor_ends_its_parents_connections(
+    shared_set: LocalSentinelSet,
+) -> None:
+    # The parent's watch takes the Locator's lock every second: a fork() meanwhile must
+    # not leave the child a lock that nobody will release. And the parent's connections
+    # are the parent's: a failover the child hears ends only the child's.
+    locator = Locator(parse_node_url(shared_set.url), {}, 1.0, asyncio=False)
+    found = locator.locate()
+    parents, parents_end = socket.socketpair()
+    try:
+        locator.connected(found, SocketEnd(parents))
+        with locator._lock:  # as the watch may hold it at the fork
+            pid = os.fork()
+        if pid == 0:  # the child: exit 0 only if all went as it should
+            code = 1
+            try:
+                childs, childs_end = socket.socketpair()
+                locator.connected(found, SocketEnd(childs))
+                moved = f"{shared_set.service} {found.master[0]} {found.master[1]} 127.0.0.1 1"
+                locator.announced(moved.encode())
+                childs_end.settimeout(2.0)
+                code = 0 if childs_end.recv(1) == b"" else 2  # its own connection ended
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 10.0
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)  # the child we forked, stuck on the lock
+            os.waitpid(pid, 0)
+            raise AssertionError("the child waited for the lock its parent held at fork()")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+        parents_end.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            parents_end.recv(1)  # the parent's connection was not ended
+        assert locator.in_use()
+    finally:
+        parents.close()
+        parents_end.close()
 
 
 def test_an_unknown_service_is_an_unreachable_node_saying_why(
