@@ -238,8 +238,8 @@ def test_a_sentinel_master_user_without_role_gets_the_fixing_line(
 def test_sentinels_refusing_the_question_get_the_fixing_line(
     sentinels: LocalSentinelSet,
 ) -> None:
-    """Sentinels that ask for a login need SENTINEL GET-MASTER-ADDR-BY-NAME, nothing else
-    (the documented line); one that refuses it is asked no further."""
+    """Sentinels that ask for a login need SENTINEL GET-MASTER-ADDR-BY-NAME to find the
+    master; one that refuses it is asked no further."""
     servers = sentinels.nodes
     with _user(servers, *_documented("sentinel")) as user:
         for sentinel in sentinels.sentinels:  # the same user, but no question allowed
@@ -257,6 +257,54 @@ def test_sentinels_refusing_the_question_get_the_fixing_line(
             code, findings = _check(url)
             master = f"{sentinels.url} (master {_where(sentinels.master())})"
             assert _rows(findings, master)["acl"]["level"] == "OK", findings
+        finally:
+            for sentinel in sentinels.sentinels:
+                with sentinel.client() as c:
+                    c.acl_deluser(user)
+
+
+def test_sentinels_refusing_the_clients_subscription_get_the_fixing_line(
+    sentinels: LocalSentinelSet,
+) -> None:
+    """A user that may ask for the master but not subscribe to the announcements of a
+    failover (the line documented before the clients subscribed): the lock works, and
+    `tenure check` and `tenure status` name every such Sentinel, with the line that lets
+    the clients subscribe; once it is applied, nothing is said."""
+    with _user(sentinels.nodes, *_documented("sentinel")) as user:
+        for sentinel in sentinels.sentinels:
+            with sentinel.client() as c:
+                c.execute_command(
+                    "ACL",
+                    "SETUSER",
+                    user,
+                    "reset",
+                    "on",
+                    ">pw",
+                    "+sentinel|get-master-addr-by-name",
+                )
+        try:
+            url = _with_user(sentinels.url, user)
+            _, findings = _check(url)
+            # Said of the node as listed, as every other word about its Sentinels.
+            rows = [f for f in findings if f["check"] == "sentinels"]
+            assert [(r["node"], r["level"]) for r in rows] == [(sentinels.url, "WARN")] * len(
+                sentinels.sentinels
+            ), findings
+            fix = f"Fix (on that Sentinel): {_acl.sentinel_watch_fix(user)}"
+            for sentinel, row in zip(sentinels.sentinels, rows, strict=True):
+                assert row["detail"].startswith(
+                    f"Sentinel {_where(sentinel)} refuses the clients' subscription to its "
+                    "announcements of a failover (+switch-master: NOPERM"
+                ), row
+                assert "only once the old master is demoted" in row["detail"], row
+                assert row["detail"].endswith(fix), row
+            _, text = _run("status", "--redis", url, "sentinel-watch-acl")
+            assert text.count("refuses the clients' subscription") == len(sentinels.sentinels)
+            _apply(sentinels.sentinels, _acl.sentinel_watch_fix(user))
+            _, findings = _check(url)
+            assert not [f for f in findings if f["check"] == "sentinels"], findings
+            _, text = _run("status", "--redis", url, "sentinel-watch-acl")
+            assert "subscription" not in text, text
         finally:
             for sentinel in sentinels.sentinels:
                 with sentinel.client() as c:

@@ -43,6 +43,7 @@ __all__ = [
     "role_of",
     "sentinel_login",
     "switched_to",
+    "watch_refused",
 ]
 
 Address = tuple[str, int]
@@ -284,6 +285,18 @@ def switched_to(service: str, message: object) -> Address | None:
     if not port.isdigit() or not 0 < int(port) < 65536:
         return None
     return host, int(port)
+
+
+def watch_refused(service: str, sentinel: Address, said: str) -> str:
+    """What ``tenure check`` and ``tenure status`` say of a Sentinel whose ACL refuses the
+    clients' subscription to ``SWITCH_CHANNEL`` (``said``: its refusal)."""
+    return (
+        f"Sentinel {_where(sentinel)} refuses the clients' subscription to its "
+        f"announcements of a failover ({SWITCH_CHANNEL}: {said.strip()[:100]}): the clients "
+        "subscribe on another Sentinel, and where none lets them, they follow a failover "
+        f"of service {service!r} only once the old master is demoted, seconds after it is "
+        "announced, locking on the old master meanwhile"
+    )
 
 
 def moved_meanwhile(service: str, master: Address, new: Address) -> str:

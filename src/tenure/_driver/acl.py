@@ -58,6 +58,7 @@ __all__ = [
     "script_commands",
     "sentinel_acl",
     "sentinel_needs",
+    "sentinel_watch_fix",
 ]
 
 
@@ -364,11 +365,20 @@ def sentinel_acl(user: str = "tenure", password: str = "PASSWORD") -> str:
     ask for a login at all): asking for the master by service name, and the subscription
     to the announcements of a failover."""
     commands = " ".join(f"+{n.name.lower()}" for n in sentinel_needs("SERVICE"))
-    watch = " ".join(f"+{command.lower()}" for command in _SENTINEL_WATCH_COMMANDS)
-    return (
-        f"ACL SETUSER {user} reset on >{password} resetchannels &{SWITCH_CHANNEL} "
-        f"{commands} {watch}"
-    )
+    channel, watch = _sentinel_watch_rules()
+    return f"ACL SETUSER {user} reset on >{password} resetchannels {channel} {commands} {watch}"
+
+
+def sentinel_watch_fix(user: str) -> str:
+    """The ``ACL SETUSER`` line that lets ``user`` subscribe to a Sentinel's
+    announcements of a failover (the user's channels reset: on a Sentinel it needs no
+    other)."""
+    channel, watch = _sentinel_watch_rules()
+    return f"ACL SETUSER {user} resetchannels {channel} {watch}"
+
+
+def _sentinel_watch_rules() -> tuple[str, str]:
+    return f"&{SWITCH_CHANNEL}", " ".join(f"+{c.lower()}" for c in _SENTINEL_WATCH_COMMANDS)
 
 
 # --- judging answers (pure) ---------------------------------------------------------------

@@ -43,11 +43,12 @@ from redis import exceptions as rx
 
 from .._core.backoff import Reconnect
 from .._core.sentinel import SWITCH_CHANNEL, WATCH_PING, Address
+from .redis_compat import reply_text
 
 if TYPE_CHECKING:
     from .sentinel import Locator
 
-__all__ = ["start"]
+__all__ = ["refusal", "start"]
 
 # Seconds between looks, while subscribed, at whether the node still has connections
 # (and whether a PING is due or overdue).
@@ -89,6 +90,20 @@ def _watch(ref: weakref.ref[Locator]) -> None:
         finally:
             if conn is not None:
                 conn.disconnect()
+
+
+def refusal(locator: Locator, sentinel: Address) -> str | None:
+    """The error reply with which ``sentinel`` refuses the subscription (its ACL, as
+    ``tenure check`` reports it); None when it allows it, or cannot be asked at all (a
+    failure its other answers show)."""
+    try:
+        conn = _subscribe(locator, sentinel)
+    except rx.ResponseError as exc:
+        return reply_text(exc)
+    except Exception:  # not BaseException: an interrupt is nobody's answer
+        return None
+    conn.disconnect()
+    return None
 
 
 def _subscribe(locator: Locator, sentinel: Address) -> Any:

@@ -21,12 +21,13 @@ import redis
 from .._core.config import NodeAddress, host_port
 from .._core.diagnosis import Diagnosis, no_slot_map, not_a_cluster
 from .._core.quorum import Failure
-from .._core.sentinel import Heard, Survey, role_of
+from .._core.sentinel import Heard, Survey, role_of, watch_refused
 from .._core.sentinel import not_a_master as sentinel_not_a_master
 from .._core.slots import SlotMap, map_sources
 from .._driver import acl as _acl
 from .._driver.redis_compat import before_first_reply, connection_kwargs, diagnose, reply_text
 from .._driver.sentinel import Locator
+from .._driver.sentinel_watch import refusal
 from ._parallel import budget, each, late_detail
 
 __all__ = ["Resolved", "cluster_map", "not_a_master", "sentinel_master", "sentinel_seconds"]
@@ -40,11 +41,17 @@ __all__ = ["Resolved", "cluster_map", "not_a_master", "sentinel_master", "sentin
 # is reported as such, not waited for: ``sentinel_seconds`` is their sum.
 _ASK_WAITS = 4
 _ROLE_WAITS = 2
+# Then each Sentinel that answered is asked for the clients' subscription to its
+# announcements of a failover, as the clients subscribe (connect, reply; again without
+# credentials after refusing them; SUBSCRIBE), all side by side.
+_WATCH_WAITS = 5
 
 
 def sentinel_seconds(timeout: float) -> float:
     """The most ``sentinel_master`` takes with ``timeout`` per connection and reply."""
-    return budget(_ASK_WAITS, timeout) + budget(_ROLE_WAITS, timeout)
+    return (
+        budget(_ASK_WAITS, timeout) + budget(_ROLE_WAITS, timeout) + budget(_WATCH_WAITS, timeout)
+    )
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,8 @@ class Resolved:
     node's settings) and ``where``, its ``host:port``; for a Sentinel-managed node, the
     Sentinel that named it (``named_by``), whether it answered ``ROLE`` as a master
     (``usable``), and what to say of each other Sentinel that named another master, or
-    none (``out_of_date``: worded, ``Survey``)."""
+    none (``out_of_date``: worded, ``Survey``), and of each Sentinel that refuses the
+    clients' subscription to its announcements of a failover (``watch_refused``)."""
 
     address: NodeAddress
     where: str
@@ -68,8 +76,10 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
     connections find it (``Survey``); when none can be used, the first named (``usable``
     False). Every Sentinel is asked, side by side, each within ``timeout`` per connection
     and reply, and every master named is checked so, so that each Sentinel that disagrees,
-    names no master, or cannot be asked is reported, wherever it is listed; the whole
-    takes at most ``sentinel_seconds(timeout)``.
+    names no master, or cannot be asked is reported, wherever it is listed; then each
+    Sentinel that answered is asked for the clients' subscription to its announcements
+    of a failover, and one whose ACL refuses it is reported with the rule that grants
+    it; the whole takes at most ``sentinel_seconds(timeout)``.
 
     Raises:
         LookupError: no Sentinel named a master: the service and what each Sentinel said
@@ -97,19 +107,32 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
         lambda _: budget(_ROLE_WAITS, timeout),
     )
     pick = survey.pick(dict(zip(masters, unusable, strict=True)))
+    user = settings.get("username") or "default"
     if pick is None:
         text = str(locator.no_master(heard))
         if _acl.denial(text) == "command":
-            user = settings.get("username") or "default"
             rules = " ".join(f"+{n.name.lower()}" for n in _acl.sentinel_needs(spec.service))
             text += f". Fix (on each Sentinel): ACL SETUSER {user} {rules}"
         raise LookupError(text)
+    answered = [h.sentinel for h in heard if h.master is not None or h.answered]
+    refused = each(
+        answered,
+        lambda sentinel: refusal(locator, sentinel),
+        lambda _, seconds: None,  # it answered the question: its ACL is not in doubt
+        lambda _: budget(_WATCH_WAITS, timeout),
+    )
+    watch = tuple(
+        f"{watch_refused(spec.service, sentinel, said)}. Fix (on that Sentinel): "
+        f"{_acl.sentinel_watch_fix(user)}"
+        for sentinel, said in zip(answered, refused, strict=True)
+        if said is not None and _acl.denial(said) is not None
+    )
     return Resolved(
         address.server_at(*pick.master),
         host_port(*pick.master),
         pick.by,
         pick.usable,
-        pick.warnings,
+        pick.warnings + watch,
     )
 
 
