@@ -263,25 +263,27 @@ def test_sentinels_refusing_the_question_get_the_fixing_line(
                     c.acl_deluser(user)
 
 
+@pytest.mark.parametrize(
+    "rules",
+    [
+        # the line documented before the clients subscribed
+        ("+sentinel|get-master-addr-by-name",),
+        # the subscription, but not the PING that tells a Sentinel that froze
+        ("+sentinel|get-master-addr-by-name", "resetchannels", "&+switch-master", "+subscribe"),
+    ],
+    ids=["no-subscribe", "no-ping"],
+)
 def test_sentinels_refusing_the_clients_subscription_get_the_fixing_line(
-    sentinels: LocalSentinelSet,
+    sentinels: LocalSentinelSet, rules: tuple[str, ...]
 ) -> None:
-    """A user that may ask for the master but not subscribe to the announcements of a
-    failover (the line documented before the clients subscribed): the lock works, and
-    `tenure check` and `tenure status` name every such Sentinel, with the line that lets
-    the clients subscribe; once it is applied, nothing is said."""
+    """A user that may ask for the master but not hold the subscription to the
+    announcements of a failover: `tenure check` and `tenure status` name every such
+    Sentinel, with the line that lets the clients subscribe; once it is applied, nothing
+    is said."""
     with _user(sentinels.nodes, *_documented("sentinel")) as user:
         for sentinel in sentinels.sentinels:
             with sentinel.client() as c:
-                c.execute_command(
-                    "ACL",
-                    "SETUSER",
-                    user,
-                    "reset",
-                    "on",
-                    ">pw",
-                    "+sentinel|get-master-addr-by-name",
-                )
+                c.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", *rules)
         try:
             url = _with_user(sentinels.url, user)
             _, findings = _check(url)

@@ -279,6 +279,38 @@ def test_the_documented_sentinel_acl_lets_the_watch_subscribe(
     api.wait_until(subscribed_as_user, what="a subscription by the documented user")
 
 
+def test_sentinels_refusing_the_subscription_are_not_asked_for_it_again_at_once(
+    api: Api, fresh_set: LocalSentinelSet
+) -> None:
+    # Sentinels whose ACL lets the user ask for the master but not subscribe: the lock
+    # works, and the watch, refused, rests for a minute before it tries the next one
+    # (at the back-off's pace it would log a refusal on the Sentinels every second).
+    user, version = "unwatched", server_version()[1]
+    data = _acl.least_privilege_acl(user, "pw", kind="sentinel", version=version).split()
+    for node in fresh_set.nodes:
+        with node.client() as c:
+            c.execute_command(*data)
+    question = "+sentinel|get-master-addr-by-name"
+    for sentinel in fresh_set.sentinels:
+        with sentinel.client() as c:
+            c.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", question)
+            c.execute_command("ACL", "LOG", "RESET")
+    hosts = fresh_set.url.partition("://")[2]
+    client = api.client([f"redis+sentinel://{user}:pw@{hosts}"], **OPTIONS)
+    for _ in range(3):
+        client.acquire(f"sentinel-unwatched-{api.flavour}", ttl=1.0, timeout=10.0).release()
+        api.idle(1.0)
+
+    def refusals() -> int:
+        count = 0
+        for sentinel in fresh_set.sentinels:
+            with sentinel.client() as c:
+                count += sum(int(e.get("count", 1)) for e in c.acl_log())
+        return count
+
+    assert refusals() == 1
+
+
 def test_an_announced_failover_ends_the_connections_to_other_servers(
     shared_set: LocalSentinelSet,
 ) -> None:

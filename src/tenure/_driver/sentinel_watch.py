@@ -25,7 +25,7 @@ node, as at any master's end.
 
 A subscription that fails, or whose Sentinel does not answer a ``PING`` after a quiet
 spell (``WATCH_PING``), is given up for the next Sentinel, after the reconnect back-off
-(``_core.backoff``). A failover announced while no subscription was up is not heard: the
+(``_core.backoff``); one the Sentinel's ACL refuses, a minute later (``_REFUSED_REST``). A failover announced while no subscription was up is not heard: the
 node's connections then end when the old master is demoted, as without this watch. The
 thread ends once the node has no connection of this process open (the client closed,
 or every connection failed), and the next connection starts another; after ``fork()`` a
@@ -53,6 +53,11 @@ __all__ = ["refusal", "start"]
 # Seconds between looks, while subscribed, at whether the node still has connections
 # (and whether a PING is due or overdue).
 _LOOK = 1.0
+# Seconds before a Sentinel that refused the subscription (its ACL: ``tenure check``
+# names it) is passed to the next: asked again at the back-off's pace, every Sentinel of
+# a deployment that refuses it would be sent a login and a refused command every second
+# by every client, each refusal an entry in its ACL LOG.
+_REFUSED_REST = 60.0
 
 
 def start(locator: Locator) -> threading.Thread:
@@ -83,26 +88,48 @@ def _watch(ref: weakref.ref[Locator]) -> None:
             del locator
             _listen(conn, ref)
             return  # the node has no connection left
-        except Exception:  # not BaseException: an interrupt ends the thread
+        except Exception as exc:  # not BaseException: an interrupt ends the thread
             passed += 1
             locator = None
-            time.sleep(reconnect.failed(time.monotonic()))
+            refused = isinstance(exc, rx.ResponseError)
+            if not _rest(ref, _REFUSED_REST if refused else reconnect.failed(time.monotonic())):
+                return
         finally:
             if conn is not None:
                 conn.disconnect()
 
 
+def _rest(ref: weakref.ref[Locator], seconds: float) -> bool:
+    """Wait ``seconds``, or until the node has no connection left (False)."""
+    until = time.monotonic() + seconds
+    while (left := until - time.monotonic()) > 0:
+        time.sleep(min(left, _LOOK))
+        locator = ref()
+        if locator is None or not locator.in_use():
+            return False
+        del locator
+    return True
+
+
 def refusal(locator: Locator, sentinel: Address) -> str | None:
-    """The error reply with which ``sentinel`` refuses the subscription (its ACL, as
-    ``tenure check`` reports it); None when it allows it, or cannot be asked at all (a
-    failure its other answers show)."""
+    """The error reply with which ``sentinel`` refuses the subscription or its ``PING``
+    (its ACL, as ``tenure check`` reports it); None when it allows both, or cannot be
+    asked at all (a failure its other answers show)."""
     try:
         conn = _subscribe(locator, sentinel)
     except rx.ResponseError as exc:
         return reply_text(exc)
     except Exception:  # not BaseException: an interrupt is nobody's answer
         return None
-    conn.disconnect()
+    try:
+        conn.send_command("PING")
+        conn.read_response()
+    except rx.ResponseError as exc:
+        return reply_text(exc)
+    except Exception:
+        return None
+    finally:
+        conn.disconnect()
     return None
 
 
