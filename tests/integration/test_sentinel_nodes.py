@@ -219,10 +219,14 @@ def _holder_moves_to_the_announced_master(api: Api, fresh_set: LocalSentinelSet)
     lease.release()
 
 
-def _watched_by(sentinel: LocalNode) -> bool:
-    """Whether a client holds a subscription on ``sentinel`` (the watch's)."""
+def _watched_by(sentinel: LocalNode, user: str | None = None) -> bool:
+    """Whether a client (logged in as ``user``) holds a subscription on ``sentinel``
+    (the watch's)."""
     with sentinel.client(socket_timeout=2.0) as c:
-        return any(int(client.get("sub", 0)) > 0 for client in c.client_list())
+        return any(
+            int(client.get("sub", 0)) > 0 and user in (None, client.get("user"))
+            for client in c.client_list()
+        )
 
 
 def test_the_watch_moves_to_another_sentinel_when_its_own_goes_silent(
@@ -249,34 +253,35 @@ def test_the_watch_moves_to_another_sentinel_when_its_own_goes_silent(
         watched.resume()
 
 
+def _client_as(api: Api, sentinels: LocalSentinelSet, user: str, *sentinel_rules: str) -> Any:
+    """A client logged in as ``user``, a user with exactly docs/deployment.md's line on
+    the master and its replica, and ``sentinel_rules`` on each Sentinel (whose default
+    user stays as it is: the user's login is accepted, so the Sentinels are asked as that
+    user; their ACL LOG is emptied)."""
+    data = _acl.least_privilege_acl(user, "pw", kind="sentinel", version=server_version()[1])
+    for node in sentinels.nodes:
+        with node.client() as c:
+            c.execute_command(*data.split())
+    for sentinel in sentinels.sentinels:
+        with sentinel.client() as c:
+            c.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", *sentinel_rules)
+            c.execute_command("ACL", "LOG", "RESET")
+    hosts = sentinels.url.partition("://")[2]
+    return api.client([f"redis+sentinel://{user}:pw@{hosts}"], **OPTIONS)
+
+
 def test_the_documented_sentinel_acl_lets_the_watch_subscribe(
     api: Api, fresh_set: LocalSentinelSet
 ) -> None:
-    # A user with exactly docs/deployment.md's lines: the data servers' for the master
-    # and its replica, the Sentinels' on each Sentinel (whose default user stays as it
-    # is: the user's login is accepted, so the Sentinels are asked as that user).
-    user, version = "watcher", server_version()[1]
-    data = _acl.least_privilege_acl(user, "pw", kind="sentinel", version=version).split()
-    for node in fresh_set.nodes:
-        with node.client() as c:
-            c.execute_command(*data)
-    for sentinel in fresh_set.sentinels:
-        with sentinel.client() as c:
-            c.execute_command(*_acl.sentinel_acl(user, "pw").split())
-    hosts = fresh_set.url.partition("://")[2]
-    client = api.client([f"redis+sentinel://{user}:pw@{hosts}"], **OPTIONS)
+    user = "watcher"
+    documented = _acl.sentinel_acl(user, "pw").split()
+    assert documented[:6] == ["ACL", "SETUSER", user, "reset", "on", ">pw"]
+    client = _client_as(api, fresh_set, user, *documented[6:])
     client.acquire(f"sentinel-acl-{api.flavour}", ttl=1.0, timeout=10.0).release()
-
-    def subscribed_as_user() -> bool:
-        for sentinel in fresh_set.sentinels:
-            with sentinel.client(socket_timeout=2.0) as c:
-                if any(
-                    cl.get("user") == user and int(cl.get("sub", 0)) > 0 for cl in c.client_list()
-                ):
-                    return True
-        return False
-
-    api.wait_until(subscribed_as_user, what="a subscription by the documented user")
+    api.wait_until(
+        lambda: any(_watched_by(s, user) for s in fresh_set.sentinels),
+        what="a subscription by the documented user",
+    )
 
 
 def test_sentinels_refusing_the_subscription_are_not_asked_for_it_again_at_once(
@@ -285,18 +290,8 @@ def test_sentinels_refusing_the_subscription_are_not_asked_for_it_again_at_once(
     # Sentinels whose ACL lets the user ask for the master but not subscribe: the lock
     # works, and the watch, refused, rests for a minute before it tries the next one
     # (at the back-off's pace it would log a refusal on the Sentinels every second).
-    user, version = "unwatched", server_version()[1]
-    data = _acl.least_privilege_acl(user, "pw", kind="sentinel", version=version).split()
-    for node in fresh_set.nodes:
-        with node.client() as c:
-            c.execute_command(*data)
     question = "+sentinel|get-master-addr-by-name"
-    for sentinel in fresh_set.sentinels:
-        with sentinel.client() as c:
-            c.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", question)
-            c.execute_command("ACL", "LOG", "RESET")
-    hosts = fresh_set.url.partition("://")[2]
-    client = api.client([f"redis+sentinel://{user}:pw@{hosts}"], **OPTIONS)
+    client = _client_as(api, fresh_set, "unwatched", question)
     for _ in range(3):
         client.acquire(f"sentinel-unwatched-{api.flavour}", ttl=1.0, timeout=10.0).release()
         api.idle(1.0)
