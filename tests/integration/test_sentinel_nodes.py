@@ -1,8 +1,9 @@
 """A Sentinel-managed master as one lock node (``redis+sentinel://``), on real Sentinels.
 
-Every test runs one body against the blocking and the asyncio client (``api``), on
-``tenure.testing.LocalSentinelSet`` (a master, a replica, three Sentinels) started from
-the default server or ``$TENURE_SERVER``. After a fault the tests wait, under a generous
+Every test of the clients runs one body against the blocking and the asyncio client
+(``api``; the announcement's on uvloop's loop too), on ``tenure.testing.LocalSentinelSet``
+(a master, a replica, three Sentinels) started from the default server or
+``$TENURE_SERVER``. After a fault the tests wait, under a generous
 deadline, for an acquire that lands on the master the Sentinels name: how soon depends
 on the Sentinels (a demoted master keeps its clients until the Sentinels reconfigure
 it) and, once the scripts detect failovers, on a warm-up, so nothing here is timed,
