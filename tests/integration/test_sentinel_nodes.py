@@ -218,6 +218,13 @@ def _holder_moves_to_the_announced_master(api: Api, fresh_set: LocalSentinelSet)
     assert _lands_on(api, holder, f"{name}-after", fresh_set) is new
     assert _role(old) == "master"
     lease.release()
+    # The watch's thread ends with the clients' connections.
+    api.close_clients()
+    api.wait_until(
+        lambda: "tenure-sentinel-watch" not in {t.name for t in threading.enumerate()},
+        within=2.0,
+        what="the watch's thread ended",
+    )
 
 
 def _watched_by(sentinel: LocalNode, user: str | None = None) -> bool:

@@ -25,11 +25,14 @@ node, as at any master's end.
 
 A subscription that fails, or whose Sentinel does not answer a ``PING`` after a quiet
 spell (``WATCH_PING``), is given up for the next Sentinel, after the reconnect back-off
-(``_core.backoff``); one the Sentinel's ACL refuses, a minute later (``_REFUSED_REST``). A failover announced while no subscription was up is not heard: the
-node's connections then end when the old master is demoted, as without this watch. The
-thread ends once the node has no connection of this process open (the client closed,
-or every connection failed), and the next connection starts another; after ``fork()`` a
-child starts its own, and ends only its own connections.
+(``_core.backoff``); one the Sentinel's ACL refuses, a minute later
+(``_REFUSED_REST``). A failover announced while no subscription was up is not heard,
+nor one the Sentinel subscribed to does not announce (cut off from the other Sentinels,
+it still answers ``PING``): the node's connections then end when the old master is
+demoted, as without this watch. The thread ends once the node has no connection of
+this process open (the client closed, or every connection failed), within ``_LOOK``,
+and the next connection starts another; after ``fork()`` a child starts its own, and
+ends only its own connections.
 """
 
 from __future__ import annotations
@@ -51,8 +54,12 @@ if TYPE_CHECKING:
 __all__ = ["refusal", "start"]
 
 # Seconds between looks, while subscribed, at whether the node still has connections
-# (and whether a PING is due or overdue).
-_LOOK = 1.0
+# (and whether a PING is due or overdue): how long the thread outlives a client closed.
+_LOOK = 0.25
+# The least time a PING is given to be answered (the Sentinel's ask timeout, if longer):
+# a loaded machine reads a healthy Sentinel's answer late, and moving to the next one
+# for that would leave a gap in the announcements heard.
+_PATIENCE = 1.0
 # Seconds before a Sentinel that refused the subscription (its ACL: ``tenure check``
 # names it) is passed to the next: asked again at the back-off's pace, every Sentinel of
 # a deployment that refuses it would be sent a login and a refused command every second
@@ -178,7 +185,7 @@ def _listen(conn: Any, ref: weakref.ref[Locator]) -> None:
         locator = ref()
         if locator is None or not locator.in_use():
             return
-        patience = max(locator.timeout, _LOOK)
+        patience = max(locator.timeout, _PATIENCE)
         del locator
         now = time.monotonic()
         if pinged:
