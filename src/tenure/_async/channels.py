@@ -57,7 +57,6 @@ from .._core.diagnosis import (
     BackingOff,
     Diagnosis,
     at_connection_limit,
-    closed_before_answering,
     in_url_form,
     not_connected_in_time,
     reply_ends_link,
@@ -69,9 +68,9 @@ from .._core.sentinel import demoted
 from .._driver.redis_compat import (
     Diagnosed,
     NotRedis,
+    before_first_reply,
     bound_tcp_connect,
     diagnose,
-    dropped,
     has_unread,
     node_pool,
 )
@@ -388,12 +387,14 @@ class Channel:
             )  # our protocol replaced the stream's: no wait_closed()
             raise
         except Exception as exc:
-            if (protocol is None or not protocol.heard) and dropped(exc):
+            if protocol is None or not protocol.heard:
                 # Closed before the node's first reply (in the set-up, or at the first
                 # command): the TLS port it may be is named. Other failures keep their
                 # class, which the rounds look at.
-                form = self.address.login_form
-                exc = Diagnosed(closed_before_answering(diagnose(exc), form))
+                why = diagnose(exc)
+                said = before_first_reply(why, exc, self.address.login_form)
+                if said is not why:
+                    exc = Diagnosed(said)
             if self._task is asyncio.current_task():
                 if (
                     up_at is not None
