@@ -159,14 +159,6 @@ class Locator:
         """A blocking connection's settings for ``sentinel`` (``sentinel_watch``)."""
         return self._settings(sentinel, auth=auth, watch=True)
 
-    def refused_auth(self, sentinel: Address, exc: Exception) -> bool:
-        """Whether ``sentinel`` refused the credentials it was sent (``exc``): from now
-        on it is asked without them (``sentinel_watch``, as ``_ask``)."""
-        if not self._refused_auth(sentinel, exc):
-            return False
-        self._no_auth(sentinel)
-        return True
-
     def order(self) -> list[Address]:
         """The node's Sentinels in the order its connections ask them."""
         return self._order()
@@ -260,14 +252,16 @@ class Locator:
         said = [(h.sentinel, h.why) for h in heard if h.why is not None]
         return Diagnosed(no_master(self.service, said, fix))
 
-    def _refused_auth(self, sentinel: Address, exc: Exception) -> bool:
+    def refused_auth(self, sentinel: Address, exc: Exception) -> bool:
         """Whether to ask ``sentinel`` again without credentials."""
         if not self._auth or not isinstance(exc, rx.RedisError) or not auth_refused(str(exc)):
             return False
         with self._lock:
             return not self._book.without_auth(sentinel)
 
-    def _no_auth(self, sentinel: Address) -> None:
+    def takes_no_auth(self, sentinel: Address) -> None:
+        """``sentinel`` answered without the credentials it refused: it is asked so from
+        now on (``refused_auth``)."""
         with self._lock:
             self._book.takes_no_auth(sentinel)
 
@@ -291,9 +285,9 @@ class Locator:
             conn.send_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
             return conn.read_response()
         except Exception as exc:
-            if self._refused_auth(sentinel, exc):
+            if self.refused_auth(sentinel, exc):
                 reply = self._ask(sentinel, auth=False)
-                self._no_auth(sentinel)
+                self.takes_no_auth(sentinel)
                 return reply
             raise
         finally:
@@ -336,9 +330,9 @@ class Locator:
         except (asyncio.TimeoutError, TimeoutError):
             raise rx.TimeoutError(f"no answer within {self.timeout:.3g} s") from None
         except Exception as exc:
-            if self._refused_auth(sentinel, exc):
+            if self.refused_auth(sentinel, exc):
                 reply = await self._aask(sentinel, auth=False)
-                self._no_auth(sentinel)
+                self.takes_no_auth(sentinel)
                 return reply
             raise
         finally:

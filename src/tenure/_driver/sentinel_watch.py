@@ -155,7 +155,6 @@ def _subscribe(locator: Locator, sentinel: Address) -> Any:
             reply = conn.read_response()
             if not (isinstance(reply, list) and reply and reply[0] in (b"subscribe", "subscribe")):
                 raise rx.ConnectionError(f"not a subscription's answer: {reply!r:.80}")
-            return conn
         except Exception as exc:
             conn.disconnect()
             # A Sentinel without a password of its own refuses the node's: ask again
@@ -164,6 +163,9 @@ def _subscribe(locator: Locator, sentinel: Address) -> Any:
                 auth = False
                 continue
             raise
+        if not auth:  # it answered without: so it is asked from now on (``Locator._ask``)
+            locator.takes_no_auth(sentinel)
+        return conn
 
 
 def _listen(conn: Any, ref: weakref.ref[Locator]) -> None:
