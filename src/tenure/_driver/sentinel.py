@@ -159,10 +159,6 @@ class Locator:
         """A blocking connection's settings for ``sentinel`` (``sentinel_watch``)."""
         return self._settings(sentinel, auth=auth, watch=True)
 
-    def order(self) -> list[Address]:
-        """The node's Sentinels in the order its connections ask them."""
-        return self._order()
-
     # --- announced failovers ----------------------------------------------------------
 
     def connected(self, found: Found, end: End) -> None:
@@ -218,7 +214,8 @@ class Locator:
         for end in ending:
             end.cut()
 
-    def _order(self) -> list[Address]:
+    def order(self) -> list[Address]:
+        """The node's Sentinels in the order its connections ask them."""
         with self._lock:
             return self._book.order()
 
@@ -312,7 +309,7 @@ class Locator:
         """
         announced = self._announced
         heard = []
-        for sentinel in self._order():
+        for sentinel in self.order():
             answer = self.hear(sentinel)
             if answer.master is not None:
                 return Found(answer.master, sentinel, announced=announced)
@@ -352,7 +349,7 @@ class Locator:
         """``locate`` for the asyncio driver."""
         announced = self._announced
         heard = []
-        for sentinel in self._order():
+        for sentinel in self.order():
             answer = await self._ahear(sentinel)
             if answer.master is not None:
                 return Found(answer.master, sentinel, announced=announced)
