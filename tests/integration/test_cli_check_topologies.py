@@ -252,11 +252,16 @@ def test_sentinels_refusing_the_question_get_the_fixing_line(
             assert (row["check"], row["level"]) == ("reachable", "UNSAFE")
             found = re.search(r"Fix \(on each Sentinel\): (ACL SETUSER .*)$", row["detail"])
             assert found is not None, row
-            assert found.group(1) == f"ACL SETUSER {user} +sentinel|get-master-addr-by-name"
+            # The question and the subscription: one line, not a second round of fixing.
+            assert found.group(1) == (
+                f"ACL SETUSER {user} resetchannels &+switch-master "
+                "+sentinel|get-master-addr-by-name +subscribe +ping"
+            )
             _apply(sentinels.sentinels, found.group(1))
             code, findings = _check(url)
             master = f"{sentinels.url} (master {_where(sentinels.master())})"
             assert _rows(findings, master)["acl"]["level"] == "OK", findings
+            assert not [f for f in findings if f["check"] == "sentinels"], findings
         finally:
             for sentinel in sentinels.sentinels:
                 with sentinel.client() as c:
@@ -292,7 +297,7 @@ def test_sentinels_refusing_the_clients_subscription_get_the_fixing_line(
             assert [(r["node"], r["level"]) for r in rows] == [(sentinels.url, "WARN")] * len(
                 sentinels.sentinels
             ), findings
-            fix = f"Fix (on that Sentinel): {_acl.sentinel_watch_fix(user)}"
+            fix = f"Fix (on that Sentinel): {_acl.sentinel_fix(user)}"
             for sentinel, row in zip(sentinels.sentinels, rows, strict=True):
                 assert row["detail"].startswith(
                     f"Sentinel {_where(sentinel)} refuses the clients' subscription to its "
@@ -302,7 +307,7 @@ def test_sentinels_refusing_the_clients_subscription_get_the_fixing_line(
                 assert row["detail"].endswith(fix), row
             _, text = _run("status", "--redis", url, "sentinel-watch-acl")
             assert text.count("refuses the clients' subscription") == len(sentinels.sentinels)
-            _apply(sentinels.sentinels, _acl.sentinel_watch_fix(user))
+            _apply(sentinels.sentinels, _acl.sentinel_fix(user))
             _, findings = _check(url)
             assert not [f for f in findings if f["check"] == "sentinels"], findings
             _, text = _run("status", "--redis", url, "sentinel-watch-acl")

@@ -57,8 +57,8 @@ __all__ = [
     "probe_keys",
     "script_commands",
     "sentinel_acl",
+    "sentinel_fix",
     "sentinel_needs",
-    "sentinel_watch_fix",
 ]
 
 
@@ -364,21 +364,22 @@ def sentinel_acl(user: str = "tenure", password: str = "PASSWORD") -> str:
     """The ``ACL SETUSER`` line for the Sentinels of a Sentinel-managed node (when they
     ask for a login at all): asking for the master by service name, and the subscription
     to the announcements of a failover."""
-    commands = " ".join(f"+{n.name.lower()}" for n in sentinel_needs("SERVICE"))
-    channel, watch = _sentinel_watch_rules()
-    return f"ACL SETUSER {user} reset on >{password} resetchannels {channel} {commands} {watch}"
+    return f"ACL SETUSER {user} reset on >{password} {_sentinel_rules(question=True)}"
 
 
-def sentinel_watch_fix(user: str) -> str:
+def sentinel_fix(user: str, *, question: bool = False) -> str:
     """The ``ACL SETUSER`` line that lets ``user`` subscribe to a Sentinel's
-    announcements of a failover (the user's channels reset: on a Sentinel it needs no
-    other)."""
-    channel, watch = _sentinel_watch_rules()
-    return f"ACL SETUSER {user} resetchannels {channel} {watch}"
+    announcements of a failover, and, with ``question``, ask for the master too: a
+    Sentinel refusing the question would refuse the subscription next, and be named a
+    second time."""
+    return f"ACL SETUSER {user} {_sentinel_rules(question=question)}"
 
 
-def _sentinel_watch_rules() -> tuple[str, str]:
-    return f"&{SWITCH_CHANNEL}", " ".join(f"+{c.lower()}" for c in _SENTINEL_WATCH_COMMANDS)
+def _sentinel_rules(*, question: bool) -> str:
+    # The user's channels reset: on a Sentinel it needs no other.
+    asking = [n.name for n in sentinel_needs("SERVICE")] if question else []
+    commands = " ".join(f"+{c.lower()}" for c in (*asking, *_SENTINEL_WATCH_COMMANDS))
+    return f"resetchannels &{SWITCH_CHANNEL} {commands}"
 
 
 # --- judging answers (pure) ---------------------------------------------------------------

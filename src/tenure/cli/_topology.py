@@ -111,8 +111,7 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
     if pick is None:
         text = str(locator.no_master(heard))
         if _acl.denial(text) == "command":
-            rules = " ".join(f"+{n.name.lower()}" for n in _acl.sentinel_needs(spec.service))
-            text += f". Fix (on each Sentinel): ACL SETUSER {user} {rules}"
+            text += f". Fix (on each Sentinel): {_acl.sentinel_fix(user, question=True)}"
         raise LookupError(text)
     answered = [h.sentinel for h in heard if h.master is not None or h.answered]
     refused = each(
@@ -123,7 +122,7 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
     )
     watch = tuple(
         f"{watch_refused(spec.service, sentinel, said)}. Fix (on that Sentinel): "
-        f"{_acl.sentinel_watch_fix(user)}"
+        f"{_acl.sentinel_fix(user)}"
         for sentinel, said in zip(answered, refused, strict=True)
         if said is not None and _acl.denial(said) is not None
     )
