@@ -237,28 +237,56 @@ def _watched_by(sentinel: LocalNode, user: str | None = None) -> bool:
         )
 
 
-def test_the_watch_moves_to_another_sentinel_when_its_own_goes_silent(
+def _watching(sentinels: LocalSentinelSet) -> list[LocalNode]:
+    """The Sentinels a client (the test's only one) holds a subscription on."""
+    return [s for s in sentinels.sentinels if _watched_by(s)]
+
+
+def test_the_watch_moves_to_another_sentinel_when_one_of_its_own_goes_silent(
     api: Api, fresh_set: LocalSentinelSet
 ) -> None:
-    # The Sentinel the announcements were awaited on freezes: the watch PINGs it after a
-    # quiet spell, gets no answer, and subscribes on another, which announces the
-    # failover the other two Sentinels carry out.
+    # The watch holds subscriptions on two of the three Sentinels (one of every
+    # majority). One of them freezes: the watch PINGs it after a quiet spell, gets no
+    # answer, and subscribes on the third, which announces the failover the other two
+    # Sentinels carry out.
     name = f"sentinel-watch-moves-{api.flavour}"
     client = api.client([fresh_set.url], **OPTIONS)
     old = _lands_on(api, client, name, fresh_set)
-    api.wait_until(lambda: any(_watched_by(s) for s in fresh_set.sentinels), what="a subscription")
-    watched = next(s for s in fresh_set.sentinels if _watched_by(s))
-    watched.pause()
+    api.wait_until(lambda: len(_watching(fresh_set)) == 2, what="two subscriptions")
+    frozen, _ = _watching(fresh_set)
+    [third] = [s for s in fresh_set.sentinels if not _watched_by(s)]
+    frozen.pause()
     try:
-        others = [s for s in fresh_set.sentinels if s is not watched]
         api.wait_until(
-            lambda: any(_watched_by(s) for s in others), within=20.0, what="another subscription"
+            lambda: _watched_by(third), within=20.0, what="a subscription on the third Sentinel"
         )
         new = api.run_blocking(fresh_set.failover)
         assert _lands_on(api, client, name, fresh_set) is new
         assert _role(old) == "master"  # the announcement moved the client, not a demotion
     finally:
-        watched.resume()
+        frozen.resume()
+
+
+def test_a_holder_follows_a_failover_the_sentinel_it_asks_first_never_learns_of(
+    api: Api, fresh_set: LocalSentinelSet
+) -> None:
+    # The Sentinel the client's connections ask first (the first listed: it answered) is
+    # cut off from the others: it still answers PING and names the old master, learns of
+    # no failover and announces none. The watch hears the announcement on the other
+    # Sentinel it subscribed on, and the connections, asking again, pass over the one
+    # that names another master than the one announced (it is asked last from then on).
+    name = f"sentinel-cut-off-{api.flavour}"
+    client = api.client([fresh_set.url], **OPTIONS)
+    old = _lands_on(api, client, name, fresh_set)
+    first = fresh_set.sentinels[0]
+    api.wait_until(lambda: len(_watching(fresh_set)) == 2, what="two subscriptions")
+    assert _watched_by(first)  # the first in the order asked
+    fresh_set.cut_off(first)
+    new = api.run_blocking(fresh_set.failover)
+    assert _lands_on(api, client, name, fresh_set) is new
+    assert _role(old) == "master"  # the announcement moved the client, not a demotion
+    with first.client() as c:  # still cut off, and naming the old master
+        assert int(c.sentinel_get_master_addr_by_name(fresh_set.service)[1]) == old.port
 
 
 def _client_as(api: Api, sentinels: LocalSentinelSet, user: str, *sentinel_rules: str) -> Any:
@@ -296,22 +324,19 @@ def test_sentinels_refusing_the_subscription_are_not_asked_for_it_again_at_once(
     api: Api, fresh_set: LocalSentinelSet
 ) -> None:
     # Sentinels whose ACL lets the user ask for the master but not subscribe: the lock
-    # works, and the watch, refused, rests for a minute before it tries the next one
-    # (at the back-off's pace it would log a refusal on the Sentinels every second).
+    # works, and the watch, refused, asks each Sentinel once a minute (at the back-off's
+    # pace it would log a refusal on each every second).
     question = "+sentinel|get-master-addr-by-name"
     client = _client_as(api, fresh_set, "unwatched", question)
     for _ in range(3):
         client.acquire(f"sentinel-unwatched-{api.flavour}", ttl=1.0, timeout=10.0).release()
         api.idle(1.0)
 
-    def refusals() -> int:
-        count = 0
-        for sentinel in fresh_set.sentinels:
-            with sentinel.client() as c:
-                count += sum(int(e.get("count", 1)) for e in c.acl_log())
-        return count
+    def refusals(sentinel: LocalNode) -> int:
+        with sentinel.client() as c:
+            return sum(int(e.get("count", 1)) for e in c.acl_log())
 
-    assert refusals() == 1
+    assert [refusals(s) for s in fresh_set.sentinels] == [1] * len(fresh_set.sentinels)
 
 
 def test_an_announced_failover_ends_the_connections_to_other_servers(

@@ -26,7 +26,6 @@ from .quorum import Failure
 
 __all__ = [
     "SWITCH_CHANNEL",
-    "WATCH_PING",
     "Heard",
     "Pick",
     "SentinelBook",
@@ -55,11 +54,6 @@ UNKNOWN_SERVICE = "does not know the service (check the service name in the node
 # (a failover's end, as it updates its own view): "<service> <old host> <old port> <new
 # host> <new port>".
 SWITCH_CHANNEL = "+switch-master"
-# Seconds a subscription to it may go without a message before it is asked for a PING:
-# a Sentinel that froze or was cut off says nothing, and its silence would hide every
-# failover from then on. One that does not answer within its ask timeout (at least a
-# second) is left for the next Sentinel.
-WATCH_PING = 2.0
 
 
 def _where(address: Address) -> str:
@@ -78,23 +72,48 @@ class SentinelBook:
     the master.
     """
 
-    __slots__ = ("_no_auth", "_order", "master")
+    __slots__ = ("_announced", "_no_auth", "_order", "master")
 
     def __init__(self, sentinels: Sequence[Address]) -> None:
         self._order = list(dict.fromkeys(sentinels))
         self._no_auth: set[Address] = set()
         self.master: Address | None = None
+        self._announced: Address | None = None
 
     def order(self) -> list[Address]:
         """The Sentinels in the order to ask them."""
         return list(self._order)
 
-    def answered(self, sentinel: Address, master: Address) -> None:
-        """``sentinel`` named ``master``: ask it first from now on."""
+    def announced(self, master: Address) -> None:
+        """A Sentinel announced ``master`` as the service's new master (``switched_to``)."""
+        self.master = self._announced = master
+
+    def answered(self, sentinel: Address, master: Address) -> bool:
+        """``sentinel`` named ``master``: whether to connect to it (then ``sentinel`` is
+        asked first from now on).
+
+        Not when a failover to another master was announced: ``sentinel`` has not learnt
+        of it yet (the others learn of it from the Sentinel that carried it out within
+        seconds), or was cut off from the others, and names the old master, which stays
+        a master until the Sentinels demote it. It is asked last (``misled``), and the
+        next one is asked.
+        """
+        if self._announced is not None and master != self._announced:
+            self.misled(sentinel)
+            return False
         if sentinel in self._order:
             self._order.remove(sentinel)
             self._order.insert(0, sentinel)
         self.master = master
+        return True
+
+    def only_others(self, sentinel: Address, master: Address) -> None:
+        """Every Sentinel that answered named another master than the one announced
+        (``sentinel``, ``master``: the first of them): they learnt of a later failover,
+        or those that know of the announced one do not answer. Their answer is used, as
+        it would have been without the announcement, which is forgotten."""
+        self._announced = None
+        self.answered(sentinel, master)
 
     def misled(self, sentinel: Address) -> None:
         """The master ``sentinel`` named could not be used (its connection failed, or

@@ -208,7 +208,7 @@ class Locator:
         with self._lock:
             self._announced += 1
             self._moved_to = new
-            self._book.master = new  # the master named last, should no Sentinel answer
+            self._book.announced(new)  # Sentinels naming another are behind
             ending = [end for master, end in self._open if master != new]
             self._open = [c for c in self._open if c[0] == new]
         for end in ending:
@@ -227,15 +227,28 @@ class Locator:
             raise _Unknown(str(exc)) from None
         if master is None:
             raise _Unknown(UNKNOWN_SERVICE)
-        with self._lock:
-            self._book.answered(sentinel, master)
         return master
 
-    def _none_found(self, heard: list[Heard], announced: int) -> Found:
-        """No Sentinel named a master: the one named last, if no Sentinel answered at
-        all (an outage of the Sentinels alone); otherwise the node fails, unreachable or
-        misconfigured (``no_master``)."""
+    def _taken(self, answer: Heard) -> bool:
+        """Whether to connect to the master ``answer`` names (``SentinelBook.answered``:
+        not one another than the master announced last)."""
+        if answer.master is None:
+            return False
         with self._lock:
+            return self._book.answered(answer.sentinel, answer.master)
+
+    def _none_taken(self, heard: list[Heard], announced: int) -> Found:
+        """No Sentinel named a master to take: the first named, if every one named was
+        another than the master announced (``SentinelBook.only_others``); the one named
+        last, if no Sentinel answered at all (an outage of the Sentinels alone);
+        otherwise the node fails, unreachable or misconfigured (``no_master``)."""
+        named = [h for h in heard if h.master is not None]
+        with self._lock:
+            if named:
+                first = named[0]
+                assert first.master is not None
+                self._book.only_others(first.sentinel, first.master)
+                return Found(first.master, first.sentinel, announced=announced)
             last = None if any(h.answered for h in heard) else self._book.candidates(None)
         if last is None:
             raise self.no_master(heard)
@@ -311,10 +324,11 @@ class Locator:
         heard = []
         for sentinel in self.order():
             answer = self.hear(sentinel)
-            if answer.master is not None:
+            if self._taken(answer):
+                assert answer.master is not None
                 return Found(answer.master, sentinel, announced=announced)
             heard.append(answer)
-        return self._none_found(heard, announced)
+        return self._none_taken(heard, announced)
 
     # --- asyncio ----------------------------------------------------------------------
 
@@ -351,10 +365,11 @@ class Locator:
         heard = []
         for sentinel in self.order():
             answer = await self._ahear(sentinel)
-            if answer.master is not None:
+            if self._taken(answer):
+                assert answer.master is not None
                 return Found(answer.master, sentinel, announced=announced)
             heard.append(answer)
-        return self._none_found(heard, announced)
+        return self._none_taken(heard, announced)
 
     def unusable(self, found: Found, exc: Exception) -> Exception:
         """The master ``found`` could not be used (``exc``: its connection failed, or it

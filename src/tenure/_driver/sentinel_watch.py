@@ -1,4 +1,4 @@
-"""Failovers as the Sentinels announce them: one subscription per Sentinel-managed node.
+"""Failovers as the Sentinels announce them: subscriptions per Sentinel-managed node.
 
 Theory of operation
 -------------------
@@ -10,29 +10,26 @@ the failover would lock and extend on the old master while one connecting afresh
 on the new one: two masters granting the same lock, which only the new master's warm-up
 (``max_ttl``) or the old one's ``min-replicas-to-write`` bounds.
 
-So while a node has connections open in this process, a daemon thread holds one
-subscription to ``SWITCH_CHANNEL`` on one of its Sentinels (the one its connections ask
-first). Every Sentinel announces there when it moves a service to a new master; on an
-announcement for the node's service, the connections to every other server are ended
-(``Locator.announced``: a blocking connection's socket shut down, an asyncio
-connection's transport aborted in its event loop). Their users, either driver's, read
-the end of the connection as they would when the Sentinels demote the old master, and
-connect again through the Sentinels, who name the new master by then (they announce
-only once they have switched). A connection whose Sentinel was asked before the
-announcement, and that comes up after it at another server, is refused
-(``Locator.connected``). The round in flight on a connection that ends fails on that
-node, as at any master's end.
+So while a node has connections open in this process, a daemon thread holds
+subscriptions to ``SWITCH_CHANNEL`` on as many of its Sentinels as include one of every
+majority of them (two of three: ``_core.sentinel_watch``, which decides on which, and
+when one is given up), and reads them all at once. Every Sentinel announces there when
+it moves a service to a new master; at the first announcement for the node's service,
+the connections to every other server are ended (``Locator.announced``: a blocking
+connection's socket shut down, an asyncio connection's transport aborted in its event
+loop). Their users, either driver's, read the end of the connection as they would when
+the Sentinels demote the old master, and connect again through the Sentinels, who name
+the new master by then (they announce only once they have switched). A connection whose
+Sentinel was asked before the announcement, and that comes up after it at another
+server, is refused (``Locator.connected``). The round in flight on a connection that
+ends fails on that node, as at any master's end.
 
-A subscription that fails, or whose Sentinel does not answer a ``PING`` after a quiet
-spell (``WATCH_PING``), is given up for the next Sentinel, after the reconnect back-off
-(``_core.backoff``); one the Sentinel's ACL refuses, a minute later
-(``_REFUSED_REST``). A failover announced while no subscription was up is not heard,
-nor one the Sentinel subscribed to does not announce (cut off from the other Sentinels,
-it still answers ``PING``): the node's connections then end when the old master is
-demoted, as without this watch. The thread ends once the node has no connection of
-this process open (the client closed, or every connection failed), within ``_LOOK``,
-and the next connection starts another; after ``fork()`` a child starts its own, and
-ends only its own connections.
+A failover announced while no subscription was up is not heard, nor one that none of
+the Sentinels subscribed on announces (more than half of them cut off from the rest):
+the node's connections then end when the old master is demoted, as without this watch.
+The thread ends once the node has no connection of this process open (the client
+closed, or every connection failed), within ``_LOOK``, and the next connection starts
+another; after ``fork()`` a child starts its own, and ends only its own connections.
 """
 
 from __future__ import annotations
@@ -44,8 +41,9 @@ from typing import TYPE_CHECKING, Any
 
 from redis import exceptions as rx
 
-from .._core.backoff import Reconnect
-from .._core.sentinel import SWITCH_CHANNEL, WATCH_PING, Address
+from .._core.sentinel import SWITCH_CHANNEL, Address
+from .._core.sentinel_watch import WatchPlan
+from .ready import readable
 from .redis_compat import reply_text
 
 if TYPE_CHECKING:
@@ -53,18 +51,10 @@ if TYPE_CHECKING:
 
 __all__ = ["refusal", "start"]
 
-# Seconds between looks, while subscribed, at whether the node still has connections
-# (and whether a PING is due or overdue): how long the thread outlives a client closed.
+# Seconds the thread waits for announcements before it looks again at whether the node
+# still has connections (and whether a PING is due or overdue, or a Sentinel's rest
+# over): how long it outlives a client closed.
 _LOOK = 0.25
-# The least time a PING is given to be answered (the Sentinel's ask timeout, if longer):
-# a loaded machine reads a healthy Sentinel's answer late, and moving to the next one
-# for that would leave a gap in the announcements heard.
-_PATIENCE = 1.0
-# Seconds before a Sentinel that refused the subscription (its ACL: ``tenure check``
-# names it) is passed to the next: asked again at the back-off's pace, every Sentinel of
-# a deployment that refuses it would be sent a login and a refused command every second
-# by every client, each refusal an entry in its ACL LOG.
-_REFUSED_REST = 60.0
 
 
 def start(locator: Locator) -> threading.Thread:
@@ -80,42 +70,82 @@ def start(locator: Locator) -> threading.Thread:
 def _watch(ref: weakref.ref[Locator]) -> None:
     # Only a weak reference is kept while waiting: a client dropped without close()
     # still goes, and its connections with it, which ends this thread.
-    reconnect = Reconnect()
-    passed = 0  # subscriptions given up: the next one goes to the next Sentinel
-    while True:
-        locator = ref()
-        if locator is None or not locator.in_use():
-            return
-        order = locator.order()
-        sentinel = order[passed % len(order)]
-        conn = None
-        try:
-            conn = _subscribe(locator, sentinel)
-            reconnect.succeeded()
-            del locator
-            _listen(conn, ref)
-            return  # the node has no connection left
-        except Exception as exc:  # not BaseException: an interrupt ends the thread
-            passed += 1
-            locator = None
-            refused = isinstance(exc, rx.ResponseError)
-            if not _rest(ref, _REFUSED_REST if refused else reconnect.failed(time.monotonic())):
+    locator = ref()
+    if locator is None:
+        return
+    plan = WatchPlan(len(locator.order()), locator.timeout)
+    del locator
+    held: dict[Address, Any] = {}  # Sentinel -> its subscribed connection
+
+    def give_up(sentinel: Address, *, refused: bool = False) -> None:
+        plan.failed(sentinel, time.monotonic(), refused=refused)
+        conn = held.pop(sentinel, None)
+        if conn is not None:
+            conn.disconnect()
+
+    try:
+        while True:
+            locator = ref()
+            if locator is None or not locator.in_use():
                 return
-        finally:
-            if conn is not None:
-                conn.disconnect()
+            for sentinel in plan.to_subscribe(locator.order(), time.monotonic()):
+                try:
+                    held[sentinel] = _subscribe(locator, sentinel)
+                except Exception as exc:  # not BaseException: an interrupt ends the thread
+                    give_up(sentinel, refused=isinstance(exc, rx.ResponseError))
+                else:
+                    plan.subscribed(sentinel, time.monotonic())
+            del locator
+            for sentinel in _readable(held):
+                try:
+                    reply = held[sentinel].read_response()
+                except Exception:
+                    give_up(sentinel)
+                    continue
+                plan.heard(sentinel, time.monotonic())
+                if _message(reply):
+                    locator = ref()
+                    if locator is None:
+                        return
+                    locator.announced(reply[2])
+                    del locator
+            ping, silent = plan.due(time.monotonic())
+            for sentinel in silent:
+                give_up(sentinel)
+            for sentinel in ping:
+                try:
+                    held[sentinel].send_command("PING")
+                except Exception:
+                    give_up(sentinel)
+                else:
+                    plan.pinged(sentinel, time.monotonic())
+    finally:
+        for conn in held.values():
+            conn.disconnect()
 
 
-def _rest(ref: weakref.ref[Locator], seconds: float) -> bool:
-    """Wait ``seconds``, or until the node has no connection left (False)."""
-    until = time.monotonic() + seconds
-    while (left := until - time.monotonic()) > 0:
-        time.sleep(min(left, _LOOK))
-        locator = ref()
-        if locator is None or not locator.in_use():
-            return False
-        del locator
-    return True
+def _readable(held: dict[Address, Any]) -> list[Address]:
+    """The Sentinels whose subscription has a reply to read (or failed: its read raises,
+    and gives it up), waiting at most ``_LOOK`` for one."""
+    if not held:
+        time.sleep(_LOOK)
+        return []
+    found = []
+    for sentinel, conn in held.items():
+        try:
+            # What the connection read already (a TLS record holds several replies).
+            if conn.can_read(timeout=0):
+                found.append(sentinel)
+        except Exception:
+            found.append(sentinel)
+    if found:
+        return found
+    socks = {conn._sock: sentinel for sentinel, conn in held.items()}
+    return [socks[sock] for sock in readable(list(socks), _LOOK)]
+
+
+def _message(reply: object) -> bool:
+    return isinstance(reply, list) and len(reply) == 3 and reply[0] in (b"message", "message")
 
 
 def refusal(locator: Locator, sentinel: Address) -> str | None:
@@ -166,33 +196,3 @@ def _subscribe(locator: Locator, sentinel: Address) -> Any:
         if not auth:  # it answered without: so it is asked from now on (``Locator._ask``)
             locator.takes_no_auth(sentinel)
         return conn
-
-
-def _listen(conn: Any, ref: weakref.ref[Locator]) -> None:
-    """Read announcements until the node has no connection left (returns), or the
-    subscription fails or goes unanswered (raises)."""
-    quiet_since = time.monotonic()
-    pinged = 0.0
-    while True:
-        if conn.can_read(timeout=_LOOK):
-            reply = conn.read_response()
-            quiet_since, pinged = time.monotonic(), 0.0
-            if isinstance(reply, list) and len(reply) == 3 and reply[0] in (b"message", "message"):
-                locator = ref()
-                if locator is None:
-                    return
-                locator.announced(reply[2])
-                del locator
-            continue
-        locator = ref()
-        if locator is None or not locator.in_use():
-            return
-        patience = max(locator.timeout, _PATIENCE)
-        del locator
-        now = time.monotonic()
-        if pinged:
-            if now - pinged > patience:
-                raise rx.TimeoutError(f"the Sentinel did not answer PING within {patience} s")
-        elif now - quiet_since >= WATCH_PING:
-            conn.send_command("PING")
-            pinged = now

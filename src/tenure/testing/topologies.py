@@ -197,6 +197,10 @@ class _SentinelProcess(LocalNode):
         return super()._config() + "\n".join(self._lines()) + "\n"
 
 
+# The user a Sentinel cut off from the rest logs in to the data nodes as (``cut_off``).
+_CUT_OFF_USER = "tenure-cut-off-sentinel"
+
+
 class LocalSentinelSet(_Topology):
     """A master, its replicas and three Sentinels monitoring it, as a context manager.
 
@@ -269,6 +273,7 @@ class LocalSentinelSet(_Topology):
         ]
         """The Sentinel processes."""
         self._first_master = self.nodes[0]
+        self._cut_off: list[LocalNode] = []
         _adopt(self, self._processes())
 
     def _processes(self) -> list[LocalNode]:
@@ -337,13 +342,14 @@ class LocalSentinelSet(_Topology):
         return {_text(key): _text(value) for key, value in pairs}
 
     def master_address(self) -> tuple[str, int]:
-        """The master's ``(host, port)``, as the first running Sentinel reports it.
+        """The master's ``(host, port)``, as the first running Sentinel reports it (not
+        one paused or cut off).
 
         Raises:
             LocalNodeError: no Sentinel is running or none answers.
         """
         for sentinel in self.sentinels:
-            if sentinel.is_running() and not sentinel.is_paused():
+            if sentinel in self._awake():
                 with contextlib.suppress(redis.RedisError, NodeNotAnswering):
                     host, port = self._ask(sentinel, "GET-MASTER-ADDR-BY-NAME", self.service)
                     return _text(host), int(port)
@@ -359,9 +365,48 @@ class LocalSentinelSet(_Topology):
         return [node for node in self.nodes if node is not master]
 
     def _awake(self) -> list[LocalNode]:
-        """The Sentinels running and not paused: a paused one answers nothing, so
-        waiting for it to agree would only wait out the timeout."""
-        return [s for s in self.sentinels if s.is_running() and not s.is_paused()]
+        """The Sentinels running, not paused and not cut off: a paused one answers
+        nothing, and one cut off learns of no failover, so waiting for either to agree
+        would only wait out the timeout."""
+        return [
+            s
+            for s in self.sentinels
+            if s.is_running() and not s.is_paused() and s not in self._cut_off
+        ]
+
+    def cut_off(self, sentinel: LocalNode) -> None:
+        """Cut ``sentinel`` off from the data nodes and the other Sentinels, as a
+        partition would, while it still answers its own clients (``PING``, the master's
+        address, subscriptions): it names the master it knew, and learns of no failover
+        the others carry out, nor announces one. From then on it is not waited for, nor
+        asked for the master, by this set (a restart gives it back its first settings).
+
+        The data nodes let it in as a user that may run only ``PING`` (so it does not
+        deem the master down, and starts no failover of its own), and it takes no
+        ``PUBLISH`` from the other Sentinels (their hello messages).
+
+        Raises:
+            LocalNodeError: ``sentinel`` is not one of this set's, or a server did not
+                take the settings.
+        """
+        if sentinel not in self.sentinels:
+            raise LocalNodeError(sentinel.name, "is not a Sentinel of this set")
+        user = _CUT_OFF_USER
+        server = sentinel
+        try:
+            for server in self.nodes:
+                with server._session("add the cut-off Sentinel's user") as c:
+                    c.execute_command("ACL", "SETUSER", user, "reset", "on", ">cut-off", "+ping")
+            server = sentinel
+            with sentinel._session("cut the Sentinel off") as c:
+                c.execute_command("SENTINEL", "SET", self.service, "auth-user", user)
+                # Setting the password drops its connections to the data nodes: the new
+                # ones log in as the user.
+                c.execute_command("SENTINEL", "SET", self.service, "auth-pass", "cut-off")
+                c.execute_command("ACL", "SETUSER", "default", "-publish")
+        except redis.ResponseError as exc:
+            raise LocalNodeError(server.name, f"refused to cut a Sentinel off: {exc}") from None
+        self._cut_off.append(sentinel)
 
     def _reported(self) -> set[int] | None:
         """The master port every awake Sentinel reports, if they all agree."""
