@@ -119,6 +119,29 @@ def test_the_sentinel_that_answered_is_asked_first() -> None:
     assert book.without_auth(a)
 
 
+def test_after_an_announced_failover_a_sentinel_naming_another_master_is_passed_over() -> None:
+    # It has not learnt of the failover yet, or it was cut off from the others: it names
+    # the old master, which is a master still, until the Sentinels demote it.
+    a, b, c = ("a", 1), ("b", 2), ("c", 3)
+    old, new = ("old", 6379), ("new", 6380)
+    book = SentinelBook([a, b, c])
+    assert book.answered(a, old)
+    book.announced(new)
+    assert book.master == new  # the one to fall back on, should no Sentinel answer
+    assert not book.answered(a, old)
+    assert book.order() == [b, c, a]  # asked last from now on
+    assert book.master == new
+    assert book.answered(b, new)
+    assert book.order() == [b, c, a]
+    # Every Sentinel that answers names another (a later failover, not heard): the
+    # first one's answer is taken, and the announcement no longer passes any over.
+    assert not book.answered(b, ("later", 6381))
+    book.only_others(c, ("later", 6381))
+    assert book.order() == [c, a, b]
+    assert book.master == ("later", 6381)
+    assert book.answered(a, old)
+
+
 def test_a_sentinel_whose_master_cannot_be_used_is_asked_last() -> None:
     # Its view is out of date (it names a replica, or a server that is gone): asked
     # first, it would name that server at every connection.
