@@ -5,8 +5,9 @@ classes below. Their ``connect()`` asks the node's Sentinels for the master
 (``Locator``: ``SENTINEL GET-MASTER-ADDR-BY-NAME``, one Sentinel after the other under
 a short timeout each, the one that answered last first, one whose master could not be
 used last, one that names another master than the one announced passed over: the
-decisions of ``_core.sentinel.SentinelBook``), connects to it as redis-py would (TLS, AUTH, SELECT), and checks with
-``ROLE`` that it is a master before the connection is handed over. Both drivers set
+decisions of ``_core.sentinel.SentinelBook``), connects to it as redis-py would (TLS,
+AUTH, SELECT), and checks with ``ROLE`` that it is a master before the connection is
+handed over. Both drivers set
 connections up through ``connect()`` (the blocking one in a set-up thread, the asyncio
 one in its channel's task), rounds and notifications alike, so every new connection
 follows a failover; the decisions are ``_core.sentinel``'s. Every failure here is
