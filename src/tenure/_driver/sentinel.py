@@ -2,20 +2,19 @@
 
 A ``redis+sentinel://`` node's connection pool (``managed``) makes connections of the
 classes below. Their ``connect()`` asks the node's Sentinels for the master
-(``Locator``: ``SENTINEL GET-MASTER-ADDR-BY-NAME``, one Sentinel after the other under
-a short timeout each, the one that answered last first, one whose master could not be
-used last, one that names another master than the one announced passed over: the
-decisions of ``_core.sentinel.SentinelBook``), connects to it as redis-py would (TLS,
-AUTH, SELECT), and checks with ``ROLE`` that it is a master before the connection is
-handed over. Both drivers set
-connections up through ``connect()`` (the blocking one in a set-up thread, the asyncio
-one in its channel's task), rounds and notifications alike, so every new connection
-follows a failover; the decisions are ``_core.sentinel``'s. Every failure here is
-raised as a redis-py ``ConnectionError`` (the node is unreachable for now, with why),
-so the drivers handle it as any failed set-up: back-off, then another try. Each
+(``Locator``: ``SENTINEL GET-MASTER-ADDR-BY-NAME``, one Sentinel after the other under a
+short timeout each, the one that answered last first, one whose master could not be used
+last, one that names another master than the one announced passed over: the decisions of
+``_core.sentinel.SentinelBook``), connects to it as redis-py would (TLS, AUTH, SELECT),
+and checks with ``ROLE`` that it is a master before the connection is handed over. Both
+drivers set connections up through ``connect()`` (the blocking one in a set-up thread,
+the asyncio one in its channel's task), rounds and notifications alike, so every new
+connection follows a failover; the decisions are ``_core.sentinel``'s. Every failure
+here is raised as a redis-py ``ConnectionError`` (the node is unreachable for now, with
+why), so the drivers handle it as any failed set-up: back-off, then another try. Each
 connection set up is registered with its node's ``Locator``, which, while it has any,
-listens for the Sentinels' announcements of a failover and ends the connections to
-every other server when one comes (``sentinel_watch``).
+listens for the Sentinels' announcements of a failover and ends the connections to every
+other server when one comes (``sentinel_watch``).
 
 The Sentinels are asked with the node's own credentials and TLS (``rediss+sentinel://``)
 unless the node came from a redis-py ``master_for()`` client, whose Sentinel clients'
