@@ -400,10 +400,16 @@ class LocalSentinelSet(_Topology):
             server = sentinel
             with sentinel._session("cut the Sentinel off") as c:
                 c.execute_command("SENTINEL", "SET", self.service, "auth-user", user)
-                # Setting the password drops its connections to the data nodes: the new
-                # ones log in as the user.
                 c.execute_command("SENTINEL", "SET", self.service, "auth-pass", "cut-off")
                 c.execute_command("ACL", "SETUSER", "default", "-publish")
+                me = _text(c.execute_command("SENTINEL", "MYID"))
+            # Its connections to the data nodes are ended (Redis 6.2 keeps them through
+            # the settings): the new ones log in as the user.
+            for server in self.nodes:
+                with server._session("end the cut-off Sentinel's connections") as c:
+                    for client in c.client_list():
+                        if str(client.get("name", "")).startswith(f"sentinel-{me[:8]}-"):
+                            c.client_kill_filter(_id=client["id"])
         except redis.ResponseError as exc:
             raise LocalNodeError(server.name, f"refused to cut a Sentinel off: {exc}") from None
         self._cut_off.append(sentinel)
