@@ -232,7 +232,7 @@ class Locator:
 
     def _taken(self, answer: Heard) -> bool:
         """Whether to connect to the master ``answer`` names (``SentinelBook.answered``:
-        not one another than the master announced last)."""
+        not one other than the master announced last)."""
         if answer.master is None:
             return False
         with self._lock:
