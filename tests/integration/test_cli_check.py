@@ -408,12 +408,12 @@ def test_sentinels_out_of_date_are_a_warning_of_the_listed_node() -> None:
     on one Sentinel fewer."""
     said = ("Sentinel 10.0.0.1:26379 is out of date: it names 10.0.0.9:6379 ...",)
     master = _facts(node="s (master m)")
-    master.listed, master.kind, master.out_of_date = "s", "sentinel", said
+    master.listed, master.kind, master.sentinel_warnings = "s", "sentinel", said
     findings = evaluate([master])
     assert findings[-1] == Finding("s", "sentinels", Level.WARN, said[0])
     assert [f.check for f in findings].count("sentinels") == 1
     assert check_sentinels(_facts(node="plain")) == []
-    down = NodeFacts(node="s (master m)", error="unreachable", listed="s", out_of_date=said)
+    down = NodeFacts(node="s (master m)", error="unreachable", listed="s", sentinel_warnings=said)
     assert [(f.check, f.level) for f in evaluate([down])] == [
         ("reachable", Level.UNSAFE),
         ("sentinels", Level.WARN),

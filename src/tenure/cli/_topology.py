@@ -60,14 +60,15 @@ class Resolved:
     node's settings) and ``where``, its ``host:port``; for a Sentinel-managed node, the
     Sentinel that named it (``named_by``), whether it answered ``ROLE`` as a master
     (``usable``), and what to say of each other Sentinel that named another master, or
-    none (``out_of_date``: worded, ``Survey``), and of each Sentinel that refuses the
-    clients' subscription to its announcements of a failover (``watch_refused``)."""
+    none, and of each Sentinel that refuses the clients' subscription to its
+    announcements of a failover (``sentinel_warnings``: worded by ``Survey`` and
+    ``watch_refused``)."""
 
     address: NodeAddress
     where: str
     named_by: tuple[str, int] | None = None
     usable: bool = False
-    out_of_date: tuple[str, ...] = ()
+    sentinel_warnings: tuple[str, ...] = ()
 
 
 def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:

@@ -617,7 +617,7 @@ def _gather_node(
             listed=shown,
             form=address.login_form,
         )
-        facts.out_of_date = master.out_of_date
+        facts.sentinel_warnings = master.sentinel_warnings
         replicas = _replicas_of(facts)
         return [facts, *_each(address, replicas, timeout, acl_user, prefix, "sentinel")], None
     if address.seeds:

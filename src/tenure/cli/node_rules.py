@@ -246,10 +246,11 @@ class NodeFacts:
         client_name: the name the clients' connections give themselves (the URL's
             ``?client_name=``), if any; a user who may not ``CLIENT SETNAME`` fails every
             connection.
-        out_of_date: on the master of a Sentinel-managed node, each of its Sentinels
-            that says something else than the one whose master the clients use (a
-            master they cannot use, another master, none, or no answer), worded
-            (``tenure._core.sentinel.Survey``).
+        sentinel_warnings: on the master of a Sentinel-managed node, what to say of
+            each of its Sentinels that says something else than the one whose master
+            the clients use (a master they cannot use, another master, none, or no
+            answer: ``tenure._core.sentinel.Survey``), and of each that refuses the
+            clients' subscription to its announcements of a failover, worded.
     """
 
     node: str
@@ -272,7 +273,7 @@ class NodeFacts:
     login: UserLogin | None = None
     db: int = 0
     client_name: str | None = None
-    out_of_date: tuple[str, ...] = ()
+    sentinel_warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -330,7 +331,7 @@ def check_sentinels(facts: NodeFacts) -> list[Finding]:
     but the node has one Sentinel fewer than listed to find its master, and an operator
     should know."""
     node = facts.listed or facts.node
-    return [Finding(node, "sentinels", Level.WARN, detail) for detail in facts.out_of_date]
+    return [Finding(node, "sentinels", Level.WARN, detail) for detail in facts.sentinel_warnings]
 
 
 def check_server(facts: NodeFacts) -> Finding:

@@ -170,7 +170,7 @@ def _listed_status(
             return (*_slot_status(address, shown, slot, owner, keys, timeout, prefix), ())
     except LookupError as exc:
         return shown, False, f"unreachable: {exc}", ()
-    warnings = master.out_of_date if address.sentinel is not None else ()
+    warnings = master.sentinel_warnings if address.sentinel is not None else ()
     try:
         if address.sentinel is not None and not master.usable:
             # The clients lock on the server the Sentinels name only once it says it is
