@@ -160,9 +160,13 @@ def test_one_bad_certificate_among_three_nodes_costs_only_its_vote(
     _used_before(api, shared5, key, 3)
     # A node timeout of 1 s: on a loaded machine a good node's reply through its proxy
     # may take longer than the default 50 ms, and one attempt (blocking=False) that hears
-    # only one good node fails, which is not what this test is about.
+    # only one good node fails, which is not what this test is about. A connect_timeout
+    # of 5 s for the same reason: the handshakes through the proxies took over a second.
     client = api.client(
-        [p.url for p in [*good, bad]], connection_options=_verified(ca), node_timeout=1.0
+        [p.url for p in [*good, bad]],
+        connection_options=_verified(ca),
+        node_timeout=1.0,
+        connect_timeout=5.0,
     )
 
     def told() -> list[str]:
