@@ -242,6 +242,25 @@ def _watching(sentinels: LocalSentinelSet) -> list[LocalNode]:
     return [s for s in sentinels.sentinels if _watched_by(s)]
 
 
+def _watching_client(api: Api, sentinels: LocalSentinelSet, name: str) -> tuple[Any, LocalNode]:
+    """A client that locked ``name`` on the master (returned too), its watch subscribed on
+    two of the three Sentinels (one of every majority)."""
+    client = api.client([sentinels.url], **OPTIONS)
+    master = _lands_on(api, client, name, sentinels)
+    api.wait_until(lambda: len(_watching(sentinels)) == 2, what="two subscriptions")
+    return client, master
+
+
+def _moved_by_the_announcement(
+    api: Api, client: Any, name: str, sentinels: LocalSentinelSet, old: LocalNode
+) -> None:
+    """Fail over: ``client`` locks ``name`` on the new master while ``old`` is a master
+    still (the announcement moved it, not a demotion)."""
+    new = api.run_blocking(sentinels.failover)
+    assert _lands_on(api, client, name, sentinels) is new
+    assert _role(old) == "master"
+
+
 def test_the_watch_moves_to_another_sentinel_when_one_of_its_own_goes_silent(
     api: Api, fresh_set: LocalSentinelSet
 ) -> None:
@@ -250,9 +269,7 @@ def test_the_watch_moves_to_another_sentinel_when_one_of_its_own_goes_silent(
     # answer, and subscribes on the third, which announces the failover the other two
     # Sentinels carry out.
     name = f"sentinel-watch-moves-{api.flavour}"
-    client = api.client([fresh_set.url], **OPTIONS)
-    old = _lands_on(api, client, name, fresh_set)
-    api.wait_until(lambda: len(_watching(fresh_set)) == 2, what="two subscriptions")
+    client, old = _watching_client(api, fresh_set, name)
     frozen, _ = _watching(fresh_set)
     [third] = [s for s in fresh_set.sentinels if not _watched_by(s)]
     frozen.pause()
@@ -260,9 +277,7 @@ def test_the_watch_moves_to_another_sentinel_when_one_of_its_own_goes_silent(
         api.wait_until(
             lambda: _watched_by(third), within=20.0, what="a subscription on the third Sentinel"
         )
-        new = api.run_blocking(fresh_set.failover)
-        assert _lands_on(api, client, name, fresh_set) is new
-        assert _role(old) == "master"  # the announcement moved the client, not a demotion
+        _moved_by_the_announcement(api, client, name, fresh_set, old)
     finally:
         frozen.resume()
 
@@ -276,15 +291,11 @@ def test_a_holder_follows_a_failover_the_sentinel_it_asks_first_never_learns_of(
     # Sentinel it subscribed on, and the connections, asking again, pass over the one
     # that names another master than the one announced (it is asked last from then on).
     name = f"sentinel-cut-off-{api.flavour}"
-    client = api.client([fresh_set.url], **OPTIONS)
-    old = _lands_on(api, client, name, fresh_set)
+    client, old = _watching_client(api, fresh_set, name)
     first = fresh_set.sentinels[0]
-    api.wait_until(lambda: len(_watching(fresh_set)) == 2, what="two subscriptions")
     assert _watched_by(first)  # the first in the order asked
     fresh_set.cut_off(first)
-    new = api.run_blocking(fresh_set.failover)
-    assert _lands_on(api, client, name, fresh_set) is new
-    assert _role(old) == "master"  # the announcement moved the client, not a demotion
+    _moved_by_the_announcement(api, client, name, fresh_set, old)
     with first.client() as c:  # still cut off, and naming the old master
         assert int(c.sentinel_get_master_addr_by_name(fresh_set.service)[1]) == old.port
 
