@@ -8,6 +8,7 @@ test checks tenure's lock keys against a real cluster's own slot function.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -106,6 +107,28 @@ def test_failover_asks_a_sentinel_that_answers(binary: str) -> None:
         assert new is not old
         assert sentinels.master_address() == ("127.0.0.1", new.port)
         assert _info(new)["role"] == "master"
+
+
+def test_a_sentinel_cut_off_names_the_old_master_through_a_failover(binary: str) -> None:
+    with LocalSentinelSet(binary=binary) as sentinels:
+        old = sentinels.master()
+        cut = sentinels.sentinels[0]
+        with pytest.raises(LocalNodeError, match="is not a Sentinel of this set"):
+            sentinels.cut_off(old)
+        sentinels.cut_off(cut)
+        with redis.Redis.from_url(cut.url, socket_timeout=5.0) as c:
+            assert c.ping()  # it still answers its clients
+
+        new = sentinels.failover(timeout=20.0)  # not waiting for the one cut off
+
+        assert new is not old
+        assert sentinels.master_address() == ("127.0.0.1", new.port)
+        # The others tell each other of a new master every 2 s (hello messages): past
+        # that, the one cut off would have heard it.
+        time.sleep(3.0)
+        assert _sentinel_master(cut.url, "tenure") == ("127.0.0.1", old.port)
+        for url in sentinels.sentinel_urls[1:]:
+            assert _sentinel_master(url, "tenure") == ("127.0.0.1", new.port)
 
 
 def test_a_sentinel_that_fails_to_start_stops_the_data_nodes_already_up(binary: str) -> None:
