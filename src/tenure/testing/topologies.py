@@ -375,17 +375,17 @@ class LocalSentinelSet(_Topology):
         ]
 
     def cut_off(self, sentinel: LocalNode) -> None:
-        """Cut ``sentinel`` off from the data nodes, and through them from the other
-        Sentinels, as a partition would, while it still answers its own clients
-        (``PING``, the master's address, subscriptions): it names the master it knew,
-        and learns of no failover the others carry out, nor announces one. From then on
-        it is not waited for, nor asked for the master, by this set (a restart gives it
-        back its first settings).
+        """Cut ``sentinel`` off from the data nodes and the other Sentinels, as a
+        partition would, while it still answers its own clients (``PING``, the master's
+        address, subscriptions): it names the master it knew, and learns of no failover
+        the others carry out, nor announces one. From then on it is not waited for, nor
+        asked for the master, by this set (a restart gives it back its first settings).
 
         The data nodes let it in as a user that may run only ``PING`` (so it does not
         deem the master down, and starts no failover of its own): it reads neither their
-        ``INFO`` nor the other Sentinels' hello messages on them, which is how Sentinels
-        learn of a failover.
+        ``INFO`` nor the other Sentinels' hello messages on them. And it takes no
+        ``PUBLISH``, by which the other Sentinels send it their hello messages directly:
+        either way it would learn of a failover.
 
         Raises:
             LocalNodeError: ``sentinel`` is not one of this set's, or a server did not
@@ -403,6 +403,7 @@ class LocalSentinelSet(_Topology):
             with sentinel._session("cut the Sentinel off") as c:
                 c.execute_command("SENTINEL", "SET", self.service, "auth-user", user)
                 c.execute_command("SENTINEL", "SET", self.service, "auth-pass", "cut-off")
+                c.execute_command("ACL", "SETUSER", "default", "-publish")
                 me = _text(c.execute_command("SENTINEL", "MYID"))
             # Its connections to the data nodes are ended (Redis 6.2 keeps them through
             # the settings): the new ones log in as the user.
