@@ -28,6 +28,7 @@ import redis.asyncio
 
 import tenure
 from tenure._async.channels import Channel
+from tenure._async.protocol import write
 from tenure._core.config import LockKeys
 from tenure.testing import LocalCluster
 
@@ -326,3 +327,49 @@ def _held_on_a_loop_of_another_thread(client: tenure.AsyncClient, name: str) -> 
         worker.join(10.0)
     assert not worker.is_alive()
     assert outcome == ["released"]
+
+
+def test_a_request_written_as_the_connection_closes_fails_on_that_node_only(
+    shared5: LocalCluster, each_loop: str
+) -> None:
+    """uvloop refuses a write to a connection whose handle it closed (a reset read, an
+    abort) in the turn before the protocol hears of the loss, with a ``RuntimeError``;
+    asyncio's own transports drop it. The write escaped the round: a watchdog's
+    extension marked its lease lost ("the watchdog failed: RuntimeError(...)"), an
+    acquire raised it raw. Now the request fails with the loss, as one in flight does."""
+
+    async def main() -> None:
+        async with tenure.AsyncClient([shared5.urls[0]]) as client:
+            await (await client.acquire("written-as-it-closes", ttl=10)).release()
+            channel = client._channels._current()[0]
+            writer = None if channel._conn is None else channel._conn._writer
+            assert writer is not None
+            writer.transport.abort()
+            # One turn: the loop closes the connection and tells its protocol, whose
+            # future wakes the channel's task only in the turn after: the write below
+            # comes in between.
+            await asyncio.sleep(0)
+            assert channel._conn is not None
+            lease = await client.acquire("written-as-it-closes", ttl=10, timeout=5)
+            await lease.release()
+
+    asyncio.run(main())
+
+
+def test_a_write_to_a_connection_closed_in_this_turn_is_dropped(
+    shared5: LocalCluster, each_loop: str
+) -> None:
+    """The same for the writes off the hot path (the notification connections'
+    subscriptions, a stalled connection's last commands): ``protocol.write``."""
+
+    async def main() -> None:
+        node = shared5[0]
+        assert node.port is not None
+        _, writer = await asyncio.open_connection(node.host, node.port)
+        writer.transport.abort()
+        await asyncio.sleep(0)  # closed, and its protocol told
+        write(writer.transport, b"PING\r\n")  # dropped, not raised
+        with pytest.raises(RuntimeError) if each_loop == "uvloop" else contextlib.nullcontext():
+            writer.transport.write(b"PING\r\n")  # what uvloop does without it
+
+    asyncio.run(main())

@@ -77,7 +77,7 @@ from .._driver.redis_compat import (
 from .._driver.report import NodeReporter
 from .._driver.timeouts import within
 from .deadlines import Deadline, Deadlines
-from .protocol import RespProtocol
+from .protocol import RespProtocol, closed_under_us, write
 from .tasks import finish
 
 __all__ = ["Channels", "Reply", "lost"]
@@ -290,7 +290,12 @@ class Channel:
             assert self._conn is not None
             assert isinstance(packed, bytes)  # a batch opens only behind pending requests
             # redis-py has no public synchronous write: its StreamWriter, directly.
-            self._conn._writer.write(packed)  # type: ignore[union-attr]
+            writer = self._conn._writer
+            try:
+                writer.write(packed)  # type: ignore[union-attr]
+            except RuntimeError:  # uvloop, a connection closed in this turn: dropped
+                if not closed_under_us(writer.transport):  # type: ignore[union-attr]
+                    raise
 
     @property
     def batched(self) -> bool:
@@ -311,7 +316,12 @@ class Channel:
         self._batches.clear()
         if conn is not None and conn is self._conn and outbox:
             data = [part if isinstance(part, bytes) else self._packed(part) for part in outbox]
-            conn._writer.write(b"".join(data))  # type: ignore[union-attr]
+            writer = conn._writer
+            try:
+                writer.write(b"".join(data))  # type: ignore[union-attr]
+            except RuntimeError:  # uvloop, a connection closed in this turn: dropped
+                if not closed_under_us(writer.transport):  # type: ignore[union-attr]
+                    raise
             # Their wait for replies (``STALL``) begins now, not when they were queued:
             # a loop blocked between the two did not make the node silent.
             now = time.monotonic()
@@ -524,8 +534,8 @@ class Channel:
         writer = None if self._conn is None or self._task is None else self._conn._writer
         if writer is not None:  # (else not connected: nothing was written)
             if command.undo:
-                writer.write(command.fallback or command.packed)
-            writer.write(_LET_GO)
+                write(writer.transport, command.fallback or command.packed)
+            write(writer.transport, _LET_GO)
             protocol = writer.transport.get_protocol()
             assert isinstance(protocol, RespProtocol)
             protocol.let_go(writer.transport, _LET_GO_REPLY, LINGER)

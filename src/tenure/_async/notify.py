@@ -49,7 +49,7 @@ from .._core.waiting import (
 from .._driver.redis_compat import diagnose
 from .._driver.report import NodeReporter
 from .._driver.timeouts import within
-from .protocol import RespProtocol
+from .protocol import RespProtocol, write
 from .tasks import finish
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class _ShardLink:
 
     def send(self, data: bytes) -> None:
         if self.transport is not None:
-            self.transport.write(data)
+            write(self.transport, data)
         else:
             self.outbox.append(data)
 
@@ -384,7 +384,7 @@ class AsyncListener:
                 reconnect.succeeded()
                 if link.outbox:
                     data, link.outbox = b"".join(link.outbox), []
-                    transport.write(data)
+                    write(transport, data)
                 raise await lost
             except asyncio.CancelledError:
                 link.transport = None
@@ -475,7 +475,7 @@ class AsyncListener:
 
                 transport = conn._writer.transport  # type: ignore[union-attr]
                 transport.set_protocol(RespProtocol(handle, lost))
-                transport.write(pack("SUBSCRIBE", self.channel))
+                write(transport, pack("SUBSCRIBE", self.channel))
                 raise await lost
             except asyncio.CancelledError:
                 await conn.disconnect(nowait=True)

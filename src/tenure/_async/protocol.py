@@ -15,7 +15,7 @@ from collections.abc import Callable
 from .._driver.redis_compat import ClosedByNode, NotRedis
 from .._driver.replies import reply_reader
 
-__all__ = ["RespProtocol"]
+__all__ = ["RespProtocol", "closed_under_us", "write"]
 
 
 class RespProtocol(asyncio.Protocol):
@@ -64,3 +64,26 @@ class RespProtocol(asyncio.Protocol):
     def _end(self, exc: BaseException) -> None:
         if not self._lost.done():
             self._lost.set_result(exc)
+
+
+def closed_under_us(transport: asyncio.BaseTransport) -> bool:
+    """Whether a write to ``transport`` that raised ``RuntimeError`` met a connection
+    already closed.
+
+    uvloop refuses a write to a connection whose handle it closed (a reset read, an
+    abort) in the turn before the task that owns the connection hears of the loss;
+    asyncio's own transports drop such a write. It is dropped then: the loss, heard
+    next, fails what was written meanwhile as it fails what was in flight.
+    """
+    return transport.is_closing()
+
+
+def write(transport: asyncio.WriteTransport, data: bytes) -> None:
+    """``transport.write(data)``, dropped if the connection closed under us
+    (``closed_under_us``). The lock connections' hot path writes inline instead (a
+    ``try`` costs nothing there; a call would)."""
+    try:
+        transport.write(data)
+    except RuntimeError:
+        if not closed_under_us(transport):
+            raise
