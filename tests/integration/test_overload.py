@@ -28,9 +28,11 @@ import redis.asyncio
 
 import tenure
 import tenure._async.channels
+import tenure._core.acquire
 import tenure._sync.client
 import tenure._sync.links
 from tenure._core.backoff import STALL
+from tenure._core.quorum import BEHIND
 from tenure.testing import LocalCluster, LocalNode
 from tenure.verify.proxy import Proxy
 
@@ -531,3 +533,59 @@ def test_a_loop_blocked_while_its_connections_come_up_keeps_its_nodes(
             await lease.release()
 
     asyncio.run(main())
+
+
+# A round trip through the proxy below of twice this: longer than BEHIND_TIMEOUT.
+REPLY_DELAY = 0.05
+BEHIND_TIMEOUT = 0.05
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_node_that_answers_only_after_the_node_timeout_for_a_while_is_waited_for(
+    nodes: LocalCluster, flavour: str
+) -> None:
+    """A node whose every reply comes after the node timeout, for a second, and which
+    answers in time again after that: on an overloaded machine (its server starved of
+    CPU, hundreds of tasks ahead of ours on one connection) that lasts as long as the
+    load. It answers each request the client gave up on, so it is up and behind, not
+    down: a blocking acquire waits it out and is granted. (Three attempts or half a
+    second of silence alone are an outage: ``QuorumUnreachable`` after 0.2-0.5 s.)"""
+    with Api(flavour) as api, Proxy(nodes[0].host, nodes[0].port or 0) as proxy:
+        client = api.client([proxy.url], node_timeout=BEHIND_TIMEOUT)
+        name = f"behind-{flavour}"
+        client.acquire(name, ttl=5.0, blocking=False).release()  # connected
+        proxy.delay(REPLY_DELAY)
+        # Back to a LAN's round trip, not to none: a chunk passed at once would overtake
+        # those still delayed.
+        timer = threading.Timer(1.0, proxy.delay, (0.0005,))
+        timer.start()
+        try:
+            started = time.monotonic()
+            lease = client.acquire(name, ttl=5.0, timeout=10.0)
+            waited = time.monotonic() - started
+        finally:
+            timer.join()
+        assert waited >= 0.9  # behind until the proxy passed replies in time again
+        lease.release()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_node_timeout_shorter_than_the_round_trip_is_named_once_the_behind_span_ends(
+    nodes: LocalCluster, flavour: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same node, behind for good: what a node timeout shorter than the nodes'
+    round trip looks like from the client. A blocking acquire gives up after
+    ``BEHIND_SPAN`` (5 s; 1 s here) with ``QuorumUnreachable``, which says so."""
+    monkeypatch.setattr(tenure._core.acquire, "BEHIND_SPAN", 1.0)
+    with Api(flavour) as api, Proxy(nodes[0].host, nodes[0].port or 0) as proxy:
+        client = api.client([proxy.url], node_timeout=BEHIND_TIMEOUT)
+        name = f"behind-for-good-{flavour}"
+        client.acquire(name, ttl=5.0, blocking=False).release()
+        proxy.delay(REPLY_DELAY)
+        started = time.monotonic()
+        with pytest.raises(tenure.QuorumUnreachable) as caught:
+            client.acquire(name, ttl=5.0, timeout=10.0)
+        assert time.monotonic() - started >= 1.0
+        assert "only after the node timeout (0.05 s)" in str(caught.value)
+        assert "longer node_timeout" in str(caught.value)
+        assert list(caught.value.node_errors.values()) == [f"unreachable: {BEHIND}"]

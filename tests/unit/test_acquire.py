@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from tenure import ConfigurationError, QuorumUnreachable, ServerUnsupported
 from tenure._core.acquire import (
+    BEHIND_SPAN,
     GRANTED,
     HELD,
     HISTORIES_KEPT,
@@ -43,7 +44,7 @@ from tenure._core.acquire import (
 from tenure._core.commands import HISTORY_CHANGED, NO_HISTORY
 from tenure._core.config import ClientConfig, LockSpec, WaitMode
 from tenure._core.policy import RetryPolicy, wait_random_exponential
-from tenure._core.quorum import Failure, Round
+from tenure._core.quorum import BEHIND, NEVER, Failure, Round
 from tenure.verify.scenarios import unheard
 
 SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=300)
@@ -179,13 +180,15 @@ def attempt(
     wall: int = WALL,
     counters: Sequence[int | None] = (),
     floors: Sequence[int | None] = (),
+    answered_at: Sequence[float] = (),
 ) -> tuple[Round, Step]:
-    """One attempt: begin, propose from ``wall``, answer, conclude."""
+    """One attempt: begin, propose from ``wall``, answer, conclude (``answered_at``: when
+    each node last answered a request no round waited for, ``Round.time_out``)."""
     rnd = acq.begin(started)
     proposal = acq.proposal(wall)
     feed(rnd, answers, proposal, counters, floors)
     if not rnd.decided:
-        rnd.time_out()
+        rnd.time_out(answered_at)
     return rnd, acq.conclude(rnd, "tok", now)
 
 
@@ -631,6 +634,73 @@ def test_a_blocking_acquire_gives_up_once_an_outage_outlasts_the_span() -> None:
     assert isinstance(step, Retry)
     _, step = attempt(acq, "oo.", started=0.9, now=0.901)
     assert isinstance(step, Retry)
+
+
+def test_nodes_behind_are_no_outage_until_the_behind_span() -> None:
+    # Silent nodes that answered earlier requests meanwhile are up and behind (an
+    # overloaded machine): no strikes, however many attempts, for BEHIND_SPAN; then the
+    # error says what a node timeout shorter than their round trip would also look like.
+    acq = make(3, seed=1)
+    k = 0
+    while k * 0.1 < BEHIND_SPAN:
+        t = k * 0.1
+        rnd, step = attempt(acq, "y..", started=t, now=t + 0.05, answered_at=[NEVER, t, t + 0.01])
+        assert rnd.behind == 2
+        assert isinstance(step, Retry), k
+        k += 1
+    t = k * 0.1
+    _, step = attempt(acq, "y..", started=t, now=t + 0.05, answered_at=[NEVER, t, t])
+    assert isinstance(step, GiveUp)
+    assert step.cleanup == frozenset({0, 1, 2})
+    assert isinstance(step.error, QuorumUnreachable)
+    assert "only after the node timeout (0.05 s), ruled it out for 5.0 s" in str(step.error)
+    assert "longer node_timeout" in str(step.error)
+    assert step.error.node_errors["node1"] == f"unreachable: {BEHIND}"
+    # One node down and one behind leave a majority up: no strikes. Two down, and the
+    # one behind makes no difference: strikes, as before.
+    acq = make(3, seed=1)
+    for k in range(UNREACHABLE_STRIKES + 1):
+        t = k * 0.1
+        _, step = attempt(acq, "yu.", started=t, now=t + 0.05, answered_at=[NEVER, NEVER, t])
+        assert isinstance(step, Retry)
+    acq = make(3, seed=1)
+    for k in range(UNREACHABLE_STRIKES):
+        t = k * 0.1
+        _, step = attempt(acq, "uu.", started=t, now=t + 0.05, answered_at=[NEVER, NEVER, t])
+    assert isinstance(step, GiveUp)
+    assert "node timeout" not in str(step.error)
+
+
+def test_a_late_answer_between_two_attempts_shows_the_node_behind() -> None:
+    # The reply to the attempt before came in the back-off, before this attempt began:
+    # the node is up all the same. One that came before the attempt before began is not
+    # news of it.
+    acq = make(1, seed=1)
+    _, step = attempt(acq, ".", started=0.0, now=0.05, answered_at=[NEVER])  # strike 1
+    assert isinstance(step, Retry)
+    rnd, step = attempt(acq, ".", started=0.1, now=0.15, answered_at=[0.07])
+    assert rnd.behind == 1
+    assert isinstance(step, Retry)
+    # The strikes start again after it: two more are not three.
+    for t in (0.2, 0.3):
+        rnd, step = attempt(acq, ".", started=t, now=t + 0.05, answered_at=[0.07])
+        assert rnd.behind == 0
+        assert isinstance(step, Retry), t
+    _, step = attempt(acq, ".", started=0.4, now=0.45, answered_at=[0.07])
+    assert isinstance(step, GiveUp)
+    assert isinstance(step.error, QuorumUnreachable)
+    assert "node timeout" not in str(step.error)
+
+
+def test_a_round_that_a_majority_answers_ends_the_behind_span() -> None:
+    acq = make(1, seed=1)
+    for k in range(3):
+        t = k * 2.0
+        _, step = attempt(acq, ".", started=t, now=t + 0.05, answered_at=[t])
+        assert isinstance(step, Retry)
+    _, step = attempt(acq, "n", started=6.0, now=6.01)
+    _, step = attempt(acq, ".", started=7.0, now=7.05, answered_at=[7.0])
+    assert isinstance(step, Retry)  # 1 s behind since the answer, not 7
 
 
 def test_nodes_still_connecting_never_count_toward_the_span() -> None:

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tenure._core.quorum import Failure, NodeResult, Round, drift_allowance, majority
+from tenure._core.quorum import (
+    BEHIND,
+    Failure,
+    NodeResult,
+    Round,
+    drift_allowance,
+    majority,
+)
 
 SETTINGS = settings(derandomize=True, database=None, deadline=None, max_examples=300)
 
@@ -212,6 +219,25 @@ def test_time_out_fails_exactly_the_silent_nodes() -> None:
     assert not rnd.succeeded
     assert rnd.maybe_holding() == frozenset({0, 2, 3, 4})
     assert rnd.silent == 2
+
+
+def test_time_out_tells_the_nodes_that_answered_since_heard_from_as_behind() -> None:
+    rnd = Round(4, 3, started=1.0, heard_from=0.5)
+    rnd.record(3, True)
+    rnd.time_out([0.4, 0.5, 2.0, 2.0])  # node 3 answered in this round: untouched
+    details = [r.detail if r is not None else None for r in rnd.results]
+    assert details == ["no reply before the deadline", BEHIND, BEHIND, ""]
+    assert (rnd.silent, rnd.behind) == (3, 2)
+    assert rnd.behind_blocks_quorum()  # 3 failed, 1 to spare: the two made the difference
+    # Without ``heard_from``, from the round's start; a driver that tells nothing, plain.
+    rnd = Round(3, 2, started=1.0)
+    rnd.time_out([0.9, 1.0])
+    assert (rnd.silent, rnd.behind) == (3, 1)
+    assert not rnd.behind_blocks_quorum()  # one behind of three failed, one to spare
+    rnd = Round(1, 1, started=1.0)
+    rnd.time_out()
+    assert (rnd.silent, rnd.behind) == (1, 0)
+    assert not rnd.behind_blocks_quorum()
 
 
 @pytest.mark.parametrize(

@@ -62,7 +62,7 @@ from .._core.diagnosis import (
     reply_ends_link,
     rule_out,
 )
-from .._core.quorum import Failure, Round
+from .._core.quorum import NEVER, Failure, Round
 from .._core.resp import ErrorReply
 from .._core.sentinel import demoted
 from .._driver.redis_compat import (
@@ -177,6 +177,9 @@ class Channel:
         # failure is reported with that failure, not as merely "backing off".
         self.last: Diagnosis | None = None
         self.scripts = ScriptCache()  # what its answers to EVALSHA told us
+        # When it last answered a request whose round no longer waited for it: its
+        # silence in a round under way since is that of a node behind (``Round.time_out``).
+        self.answered_at = NEVER
 
     def send(self, command: Command, on_reply: OnReply = _ignore) -> None:
         """Write ``command`` now (or as soon as the connection is up).
@@ -663,6 +666,9 @@ class _Wait:
             # The round, or this node's part in it, is over: dropped, but for what it
             # says of the node's scripts (a late NOSCRIPT) and of its configuration. A
             # release sent by EVALSHA goes again by EVAL: its work must reach the node.
+            # And for what it says of the node: it answers (the rounds waiting on it now
+            # wait behind this request).
+            channels[i].answered_at = time.monotonic()
             if isinstance(value, ResponseError):
                 late = command if command.resend_late else None
                 text = str(value)
@@ -986,7 +992,7 @@ class Channels:
                     # (its cleanup behind it) once the connection is up. Silent, like a
                     # node that did not answer: it may be up, its set-up only slow.
                     rnd.went_silent(i, "not connected yet; sent once it is", connecting=True)
-            rnd.time_out()
+            rnd.time_out([channel.answered_at for channel in channels])
         self.reporter.round(rnd)
 
     def _arm_after_flush(self, wait: _Wait) -> None:

@@ -59,7 +59,7 @@ from .._core.diagnosis import (
     slot_map_late,
     slot_unserved,
 )
-from .._core.quorum import Failure
+from .._core.quorum import NEVER, Failure
 from .._core.slots import (
     Address,
     MapDoubt,
@@ -167,6 +167,7 @@ class ClusterChannel:
         self._trails: dict[str, _Trail] = {}
         self._sent = 0  # requests written so far: each one's number, for its trail
         self.used_at = 0.0  # when a request was last written (``Channels.run``'s look)
+        self.answered_at = NEVER  # as a Channel's, for any member's answer
 
     def diagnose(self, exc: Exception) -> Diagnosis:
         """``exc`` (an error reply a member sent, late or in its round) as this node's

@@ -127,6 +127,14 @@ UNREACHABLE_STRIKES = 3
 # timeout, a LockTimeout). A blip that reset the connections ends sooner: their back-off
 # starts at 25 ms. Nodes still connecting never count (``_waited_for_set_ups``).
 UNREACHABLE_SPAN = 0.5
+# Seconds for which nodes that are up but behind (silent at the deadline, though they
+# answered earlier requests meanwhile: ``Round.behind_blocks_quorum``) may rule out a
+# majority in every attempt of a blocking acquire, before it gives up with
+# QuorumUnreachable. Such attempts are no strikes: an overloaded machine (starved
+# servers, a client with hundreds of tasks on a connection) is not an outage, and its
+# backlog passes. Bounded, because a node_timeout shorter than the nodes' round trip
+# looks the same from here and does not pass: the error then says so.
+BEHIND_SPAN = 5.0
 # Attempts a blocking acquire makes, each after a back-off, while nodes stay silent and
 # most of those that answer are blank or changed, before it seeds them with the warm-up.
 # About a second in all with the default back-off (node timeouts and jittered delays of
@@ -350,11 +358,11 @@ def refused_by(
 
 
 def unreachable(
-    rnd: Round, name: str, names: list[str], prefix: str = DEFAULT_KEY_PREFIX
+    rnd: Round, name: str, names: list[str], prefix: str = DEFAULT_KEY_PREFIX, why: str = ""
 ) -> LockError | NodeMisconfigured:
     """The error for a round on lock ``name`` whose failures alone leave no majority:
     the configuration failure among them if any (it will not pass), else
-    ``QuorumUnreachable``."""
+    ``QuorumUnreachable`` (its message ending with ``why``)."""
     refused = refused_by(rnd, names, prefix)
     if refused is not None:
         return refused
@@ -362,7 +370,7 @@ def unreachable(
     return QuorumUnreachable(
         name,
         f"{len(rnd.failures())} of {n} nodes failed; a majority of {rnd.needed} "
-        "is impossible until they recover",
+        f"is impossible until they recover{why}",
         round_errors(rnd, names, prefix),
     )
 
@@ -443,6 +451,10 @@ class Acquisition:
         self._strikes = 0
         # When failures alone first ruled out a majority, in an unbroken run of attempts.
         self._unreachable_since: float | None = None
+        # When nodes behind first ruled out a majority, in a run of attempts that failures
+        # ruled out (``BEHIND_SPAN``).
+        self._behind_since: float | None = None
+        self._began = now  # when the latest attempt began (``begin``)
         self._waited_for_set_ups = False  # one attempt more once, for nodes still connecting
         self._await_set_ups = False  # that attempt, not yet begun
         self._waited_for_seeds = False  # one attempt more once, for a new set being seeded
@@ -508,10 +520,14 @@ class Acquisition:
         # After an attempt that nodes still connecting could have decided, the next
         # waits for their set-ups, even if the nodes connected could decide it by number.
         kind, self._await_set_ups = (RoundAgain if self._await_set_ups else Round), False
+        # A node's late answer to the attempt before, come during the back-off between
+        # the two, shows it up and behind as much as one come during this attempt.
+        heard_from, self._began = self._began, now
         return kind(
             self.spec.n_nodes,
             self.spec.quorum,
             now,
+            heard_from=min(heard_from, now),
             wait_all=self._hear_all,
             # A round that asks every node whether the node set is new waits for each
             # of them up to the node timeout: cut short, a node a few milliseconds
@@ -590,10 +606,19 @@ class Acquisition:
             # Misconfigured nodes alone leave no majority: retrying cannot help.
             return GiveUp(cleanup, self._unreachable(rnd))
         if rnd.unreachable_blocks_quorum():
-            # Only nodes actually tried count against them: a round that found them all
-            # still in their reconnect back-off (say, right after a network blip reset
-            # every connection) proves nothing new, and a blocking acquire waits it out.
-            if not rnd.failed_untried():
+            behind = rnd.behind_blocks_quorum()
+            if behind:
+                # Nodes up and behind made the difference: no outage, so no strike, and
+                # the count of strikes starts again (they answered since).
+                self._strikes = 0
+                self._unreachable_since = None
+                if self._behind_since is None:
+                    self._behind_since = now
+            elif not rnd.failed_untried():
+                # Only nodes actually tried count against them: a round that found them
+                # all still in their reconnect back-off (say, right after a network blip
+                # reset every connection) proves nothing new, and a blocking acquire
+                # waits it out.
                 self._strikes += 1
             if rnd.set_ups_could_decide() and not self._waited_for_set_ups:
                 # Nodes whose connections were still being set up (say, the new owner of
@@ -612,8 +637,10 @@ class Acquisition:
                 # UNREACHABLE_STRIKES); nodes really gone cost it a second node timeout.
                 self._heard_silence_out = True
                 return Retry(0.0, cleanup)
-            if self._unreachable_since is None and not any(
-                r.failure is Failure.CONNECTING for r in rnd.failures().values()
+            if (
+                not behind
+                and self._unreachable_since is None
+                and not any(r.failure is Failure.CONNECTING for r in rnd.failures().values())
             ):
                 self._unreachable_since = now
             if (
@@ -625,9 +652,16 @@ class Acquisition:
                 )
             ):
                 return GiveUp(cleanup, self._unreachable(rnd))
+            if (
+                behind
+                and self._behind_since is not None
+                and now - self._behind_since >= BEHIND_SPAN
+            ):
+                return GiveUp(cleanup, self._unreachable(rnd, behind_for=now - self._behind_since))
         else:
             self._strikes = 0
             self._unreachable_since = None
+            self._behind_since = None
         fix = self._fix(infos, floors, now)
         if fix is not None:
             return Retry(0.0, cleanup, fix.seed)
@@ -907,5 +941,13 @@ class Acquisition:
         start = max([*floors.values(), *counters, *changed], default=0)
         return Seed(lost, start, warm_ms, marks)
 
-    def _unreachable(self, rnd: Round) -> LockError | NodeMisconfigured:
-        return unreachable(rnd, self.spec.name, self._names, self._key_prefix)
+    def _unreachable(self, rnd: Round, behind_for: float = 0.0) -> LockError | NodeMisconfigured:
+        why = ""
+        if behind_for:
+            why = (
+                f"; nodes that answer, but only after the node timeout "
+                f"({self.spec.node_timeout:g} s), ruled it out for {behind_for:.1f} s: if "
+                "they are this slow, give the client a longer node_timeout; if they are "
+                "overloaded, less load"
+            )
+        return unreachable(rnd, self.spec.name, self._names, self._key_prefix, why)

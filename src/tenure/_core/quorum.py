@@ -22,7 +22,8 @@ holder stops using the lease by then, and that no node's clock jumps (see docs/s
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterable
+import math
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -85,6 +86,19 @@ class SilentConnecting(NodeResult):
     silence, but nothing is known of the node yet (``Round.set_ups_could_decide``)."""
 
 
+# The ``answered_at`` of a node that never answered a request its round no longer
+# waited for (``Round.time_out``).
+NEVER = -math.inf
+
+# What a node silent at the deadline is told, when it answered an earlier request while
+# this round waited for it (``Round.time_out``).
+BEHIND = (
+    "no reply before the deadline, though it answers: a reply to an earlier request came "
+    "while this one was awaited (the node or this client is overloaded, or the node is "
+    "slower than node_timeout)"
+)
+
+
 class Round:
     """The tally of one command sent to ``n`` nodes, decided as early as possible.
 
@@ -105,8 +119,10 @@ class Round:
         "_refusals_decide",
         "_wait_all",
         "_yes",
+        "behind",
         "failed",
         "hear_out",
+        "heard_from",
         "needed",
         "results",
         "silent",
@@ -122,15 +138,21 @@ class Round:
         wait_all: bool = False,
         hear_out: float = 0.0,
         refusals_decide: bool = False,
+        heard_from: float | None = None,
     ) -> None:
         self.needed = needed
         self.started = started
+        # From when a node's answer to a request no round waited for any more shows it
+        # up, though silent in this round (``time_out``): the round's start, or earlier
+        # for an attempt after another (its late replies may come between the two).
+        self.heard_from = started if heard_from is None else heard_from
         self.results: list[NodeResult | None] = [None] * n
         self._yes = 0
         self._no = 0  # refusals and failures: both mean "not a yes"
         self._answered = 0
         self.failed = 0  # nodes that gave no usable answer (``fail``)
         self.silent = 0  # of them, asked but silent until the deadline (``went_silent``)
+        self.behind = 0  # of those, nodes that answered an earlier request meanwhile
         self._could_begin: float | None = None  # when the ready nodes could first decide it
         self._wait_all = wait_all  # decided only when every node answered (or the deadline)
         self._refusals_decide = refusals_decide
@@ -245,11 +267,23 @@ class Round:
         nodes not heard from stay unknown, not failed."""
         self.hear_out = 0.0
 
-    def time_out(self) -> None:
-        """Mark every node that has not answered as unreachable (the deadline passed)."""
+    def time_out(self, answered_at: Sequence[float] = ()) -> None:
+        """Mark every node that has not answered as unreachable (the deadline passed).
+
+        ``answered_at[i]``: when node ``i`` last answered a request the driver no
+        longer waited for (an earlier round's, given up at its deadline or decided
+        without it). One since ``heard_from`` shows the node up and working through what
+        was sent before, which it answers in order: behind, not down
+        (``behind_blocks_quorum``). A node frozen or cut off answers nothing.
+        """
+        since = self.heard_from
         for i, r in enumerate(self.results):
             if r is None:
-                self.went_silent(i, "no reply before the deadline")
+                if i < len(answered_at) and answered_at[i] >= since:
+                    self.went_silent(i, BEHIND)
+                    self.behind += 1
+                else:
+                    self.went_silent(i, "no reply before the deadline")
 
     def went_silent(self, node: int, detail: str, *, connecting: bool = False) -> None:
         """Record that ``node`` was asked (or, ``connecting``, its request queued while
@@ -336,6 +370,13 @@ class Round:
         may be up and slow, or whose replies this process was too busy to read in time."""
         spare = len(self.results) - self.needed
         return self.failed > spare >= self.failed - self.silent
+
+    def behind_blocks_quorum(self) -> bool:
+        """True when failures leave too few nodes for a majority, and would not without
+        the nodes that were silent though they answered earlier requests meanwhile
+        (``time_out``): nodes up, and behind."""
+        spare = len(self.results) - self.needed
+        return self.failed > spare >= self.failed - self.behind
 
     def misconfigured_blocks_quorum(self) -> bool:
         """True when nodes failing for their configuration alone leave too few for a majority.

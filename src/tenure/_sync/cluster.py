@@ -58,7 +58,7 @@ from .._core.diagnosis import (
     slot_unserved,
 )
 from .._core.flows import RELEASE_PATIENCE
-from .._core.quorum import Failure, Round
+from .._core.quorum import NEVER, Failure, Round
 from .._core.slots import (
     Address,
     MapDoubt,
@@ -415,6 +415,7 @@ class ClusterLink(Link):
 
     def __init__(self, cluster: ClusterState) -> None:  # no Link.__init__: nothing of its own
         self.cluster = cluster
+        self.answered_at = NEVER  # a member's owed reply read (``LinkSet._read_one``)
         self._subs: dict[Address, Link] = {}
         self._current: Link | None = None  # the member carrying this round's request
         self._key = ""  # that request's routing key

@@ -66,7 +66,7 @@ from .._core.diagnosis import (
     reply_ends_link,
     rule_out,
 )
-from .._core.quorum import Failure, Round
+from .._core.quorum import NEVER, Failure, Round
 from .._core.sentinel import demoted
 from .._driver.ready import readable
 from .._driver.redis_compat import (
@@ -157,6 +157,7 @@ class Link:
     """One connection to one node, used by one operation at a time."""
 
     __slots__ = (
+        "answered_at",
         "conn",
         "cut",
         "heard",
@@ -184,6 +185,9 @@ class Link:
         self.owed = 0  # replies of abandoned requests, read and dropped before ours
         # How many owed replies were read: with ``owed``, it numbers each owed reply.
         self.owed_read = 0
+        # When an owed reply was last read: the node's silence in a round under way since
+        # is that of a node behind (``Round.time_out``).
+        self.answered_at = NEVER
         # The releases by EVALSHA among the owed requests, by the number of their reply:
         # one answered NOSCRIPT is sent again by EVAL (``Command.resend_late``), once the
         # round that read it has read or owed its own replies (``LinkSet``).
@@ -746,7 +750,7 @@ class LinkSet:
         for i in waiting.values():
             self._give_up_on(i, command, rnd, now)
         if not rnd.decided:
-            rnd.time_out()
+            rnd.time_out([link.answered_at for link in links])
         if self._resends:
             self._resend(now)
         self._reporter.round(rnd)
@@ -899,9 +903,12 @@ class LinkSet:
         try:
             while True:
                 reply = link.read()
-                if reply is _LATE:
-                    self._told_late(i)
-                elif reply is not _NOT_YET:
+                if reply is _NOT_YET or reply is _LATE:
+                    # An earlier request's: the node answers (``Round.time_out``).
+                    link.answered_at = now
+                    if reply is _LATE:
+                        self._told_late(i)
+                else:
                     if command.replies == 1:
                         rnd.record(i, *command.parse(reply))
                         return _DONE
