@@ -90,12 +90,12 @@ class SilentConnecting(NodeResult):
 # waited for (``Round.time_out``).
 NEVER = -math.inf
 
-# What a node silent at the deadline is told, when it answered an earlier request while
-# this round waited for it (``Round.time_out``).
+# What is said of a node silent at the deadline that answered an earlier request late
+# (``Round.time_out``).
 BEHIND = (
-    "no reply before the deadline, though it answers: a reply to an earlier request came "
-    "while this one was awaited (the node or this client is overloaded, or the node is "
-    "slower than node_timeout)"
+    "no reply before the deadline, though it answers: an earlier request's reply came "
+    "late (the node or this client is overloaded, or node_timeout is shorter than the "
+    "node's round trip)"
 )
 
 
