@@ -27,7 +27,7 @@ Sentinel whose subscription failed is passed over for the reconnect back-off
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .backoff import Reconnect
 
@@ -65,12 +65,6 @@ class _Held:
     pinged: float | None = None
 
 
-@dataclass
-class _Resting:
-    until: float = 0.0
-    backoff: Reconnect = field(default_factory=Reconnect)
-
-
 class WatchPlan:
     """The subscriptions of one node's watch, on the caller's monotonic clock (seconds).
 
@@ -85,7 +79,7 @@ class WatchPlan:
         self._wanted = watched(sentinels)
         self._patience = max(ask_timeout, PATIENCE)
         self._held: dict[Address, _Held] = {}
-        self._resting: dict[Address, _Resting] = {}
+        self._resting: dict[Address, Reconnect] = {}  # the Sentinels that failed
 
     def held(self) -> list[Address]:
         """The Sentinels subscribed on."""
@@ -100,7 +94,7 @@ class WatchPlan:
         free = [
             s
             for s in order
-            if s not in self._held and (s not in self._resting or now >= self._resting[s].until)
+            if s not in self._held and (s not in self._resting or now >= self._resting[s].retry_at)
         ]
         return free[:missing]
 
@@ -108,15 +102,16 @@ class WatchPlan:
         self._held[sentinel] = _Held(now)
         resting = self._resting.get(sentinel)
         if resting is not None:
-            resting.backoff.succeeded()
+            resting.succeeded()
 
     def failed(self, sentinel: Address, now: float, *, refused: bool = False) -> None:
         """The subscription on ``sentinel`` failed or was given up (``refused``: its ACL
         refused it): it rests before it is asked again."""
         self._held.pop(sentinel, None)
-        resting = self._resting.setdefault(sentinel, _Resting())
-        delay = resting.backoff.failed(now)
-        resting.until = now + (REFUSED_REST if refused else delay)
+        resting = self._resting.setdefault(sentinel, Reconnect())
+        resting.failed(now)
+        if refused:
+            resting.retry_at = now + REFUSED_REST
 
     def heard(self, sentinel: Address, now: float) -> None:
         """A reply came on ``sentinel``'s subscription (an announcement, or the PING's)."""
