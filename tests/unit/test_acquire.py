@@ -692,6 +692,19 @@ def test_a_late_answer_between_two_attempts_shows_the_node_behind() -> None:
     assert "node timeout" not in str(step.error)
 
 
+def test_an_attempt_behind_begins_the_unreachable_span_again() -> None:
+    # Attempts far apart (a back-off grown long): silent, behind, silent. The span of
+    # failures alone counts from the last, not from the first: the node answered between.
+    acq = make(1, seed=1)
+    _, step = attempt(acq, ".", started=0.0, now=0.05, answered_at=[NEVER])
+    assert isinstance(step, Retry)
+    rnd, step = attempt(acq, ".", started=0.3, now=0.35, answered_at=[0.2])
+    assert rnd.behind == 1
+    _, step = attempt(acq, ".", started=0.6, now=0.65, answered_at=[0.2])
+    assert isinstance(step, Retry)  # 0 s of failures alone, not 0.6 (UNREACHABLE_SPAN)
+    assert UNREACHABLE_SPAN <= 0.6  # (counted from the first, it would have ended)
+
+
 def test_a_round_that_a_majority_answers_ends_the_behind_span() -> None:
     acq = make(1, seed=1)
     for k in range(3):
