@@ -8,6 +8,7 @@ ones. ``soak``: the much longer model searches (``pytest --soak``).
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 
 import pytest
@@ -31,6 +32,33 @@ _MODELS = (
     "tests/unit/test_model.py",
     "tests/unit/test_quorum_fair_model.py",
     "tests/unit/test_fair_model.py",
+)
+
+
+# Tests start worker processes from multiprocessing's fork server, and so does the
+# verifier (tenure.verify.actors). Each would otherwise import tenure, redis-py and its
+# test module anew: about half a second of CPU per process on a machine slow at Python,
+# over a second in a full run. Forked from a server that imported them once, it starts in
+# milliseconds. Only takes effect before the server starts (with the first process a test
+# starts), and `tenure verify` or `tenure demo` run in-process set their own list
+# (``preload_workers``): a module missing from the list is imported per process, as
+# before.
+multiprocessing.get_context("forkserver").set_forkserver_preload(
+    [
+        "tenure.verify.actors",
+        *(
+            f"tests.integration.{module}"
+            for module in (
+                "test_fencing_e2e",
+                "test_fencing_redis",
+                "test_idempotency",
+                "test_optimistic",
+                "test_processes",
+                "test_streams",
+                "test_waiting",
+            )
+        ),
+    ]
 )
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import multiprocessing
 import sys
 import threading
 import time
@@ -36,26 +35,6 @@ from tenure.testing import EMBEDDED_SERVERS, LocalCluster, LocalNode, find_serve
 from tenure.verify.proxy import Proxy
 
 T = TypeVar("T")
-
-# Tests start worker processes from a forkserver. Each would otherwise import tenure,
-# redis-py and its test module anew (about half a second of CPU per process on a machine
-# slow at Python; well over 1 s in a full run); forked from a server that imported them
-# once, it starts in milliseconds. Only takes effect before the server starts, the first
-# time a test starts a process: a module missing here is imported per process, as before.
-multiprocessing.get_context("forkserver").set_forkserver_preload(
-    [
-        f"tests.integration.{module}"
-        for module in (
-            "test_fencing_e2e",
-            "test_fencing_redis",
-            "test_idempotency",
-            "test_optimistic",
-            "test_processes",
-            "test_streams",
-            "test_waiting",
-        )
-    ]
-)
 
 
 def embedded_servers() -> list[Any]:

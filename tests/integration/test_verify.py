@@ -7,12 +7,14 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -791,14 +793,31 @@ def test_a_clock_jump_is_proven_by_the_nodes_time(tmp_path: Path) -> None:
 # --- stopped from outside ------------------------------------------------------------------
 
 
+@pytest.fixture(params=["short", "long"])
+def tmpdir_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """An empty directory for $TMPDIR: a short path, where the workers fork from
+    multiprocessing's fork server, whose socket is there; or one too long for a unix
+    socket's path, where the fork server cannot start and the workers are spawned."""
+    if request.param == "long":
+        tmp = tmp_path / ("t" * 120)
+        tmp.mkdir()
+        yield tmp
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="tv-"))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_sigterm_stops_every_process_and_removes_the_temporary_directory(
-    tmp_path: Path,
+    tmpdir_env: Path,
 ) -> None:
     """SIGTERM (``timeout``, a CI job's time limit, ``docker stop``) ended the run at once:
     no message, exit -15, and the nodes' data and histories left in a tenure-verify-*
-    directory under $TMPDIR. It now stops as Ctrl-C does."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    directory under $TMPDIR. It now stops as Ctrl-C does. The fork server the workers
+    come from (and its socket's directory) goes too."""
+    tmp = tmpdir_env
     with subprocess.Popen(
         [sys.executable, "-m", "tenure.cli", "verify", "pause", "--cycles", "1000"],
         stdout=subprocess.PIPE,

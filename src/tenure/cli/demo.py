@@ -33,9 +33,10 @@ stay up, a majority, so the lock must stay both live and safe. The run is then r
 for a third of the time *without* the lock, on a fresh counter, to show that the race
 is real.
 
-Workers are ``spawn``ed processes (no state inherited from the parent: each builds its
-own tenure ``Client`` and redis connection) with SIGINT ignored, so Ctrl-C reaches only
-the parent, which kills them by their own handles and closes the nodes.
+Workers are processes forked from multiprocessing's fork server, which imported their
+code once (``tenure.verify.actors``): no state is inherited from the parent, each builds
+its own tenure ``Client`` and redis connection. SIGINT is ignored there, so Ctrl-C
+reaches only the parent, which kills them by their own handles and closes the nodes.
 """
 
 from __future__ import annotations

@@ -299,7 +299,10 @@ def _add_demo(subparsers: argparse._SubParsersAction[Parser]) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from ..verify.actors import preload_workers
     from .demo import run_demo
+
+    preload_workers()
 
     # --quick only changes the defaults: an explicit --workers or --duration wins.
     quick: bool = args.quick
@@ -605,6 +608,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
+    from ..verify.actors import preload_workers
     from ..verify.runner import format_proofs, format_table, run_scenarios
     from ..verify.scenarios import SCENARIOS
 
@@ -662,6 +666,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    preload_workers()
     results = run_scenarios(args.scenarios, mode, report, progress, args.cycles)
     print()
     print(format_table(results))

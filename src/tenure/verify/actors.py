@@ -2,8 +2,10 @@
 
 Theory of operation
 -------------------
-Each worker is a ``spawn``ed process (nothing inherited: its own lock client and store
-connection) that obeys commands from the scenario over a pipe and appends every step to
+Each worker is a process of its own, forked from multiprocessing's fork server (spawned
+where the platform has none): it inherits nothing of the scenario's process, and makes
+its own lock client and store connection. It obeys commands from the scenario over a
+pipe and appends every step to
 its own history file, one JSON line per event, flushed at once: a worker may be
 SIGSTOPped or SIGKILLed at any instant, and what it recorded up to then must survive.
 All times are ``time.monotonic_ns()``, one clock for every process on the machine.
@@ -42,11 +44,65 @@ from .locks import Held, LockRecipe, make_lock
 from .register import Register
 
 if TYPE_CHECKING:
-    from multiprocessing.context import SpawnProcess
+    from multiprocessing.context import ForkServerContext, SpawnContext
+    from multiprocessing.process import BaseProcess
 
-__all__ = ["Actor", "ActorSpec"]
+__all__ = ["Actor", "ActorSpec", "preload_workers"]
 
-_START_TIMEOUT = 60.0  # spawn imports tenure and redis anew; a loaded CI box is slow
+# A worker whose fork server did not import this module first (``preload_workers``)
+# imports tenure and redis-py itself; a loaded CI box is slow.
+_START_TIMEOUT = 60.0
+
+
+# The fork server could not be started in this process (``_start``): spawn from then on.
+_fork_server_failed = False
+
+
+def _context() -> ForkServerContext | SpawnContext:
+    """How workers are started: forked from multiprocessing's fork server, a process that
+    has run nothing but imports, or spawned where the platform has no fork server (or it
+    would not start). Either way nothing of the scenario's process (threads,
+    connections, locks) is inherited."""
+    if not _fork_server_failed and "forkserver" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("forkserver")
+    return multiprocessing.get_context("spawn")
+
+
+def _start(spec: ActorSpec) -> tuple[Connection, BaseProcess]:
+    """Start a worker for ``spec``: the scenario's end of its pipe, and its process."""
+    global _fork_server_failed
+    while True:
+        ctx = _context()
+        conn, child = ctx.Pipe()
+        process = ctx.Process(
+            target=_serve, args=(child, spec), name=f"tenure-verify-{spec.proc}", daemon=True
+        )
+        try:
+            process.start()
+        except OSError:
+            conn.close()
+            child.close()
+            if ctx.get_start_method() != "forkserver":
+                raise
+            # The fork server listens on a unix socket under $TMPDIR, whose path may be
+            # longer than such a path can be (about 100 bytes): every verification
+            # ended in ERROR rows. Spawned workers need no socket.
+            _fork_server_failed = True
+            continue
+        child.close()
+        return conn, process
+
+
+def preload_workers() -> None:
+    """Have this process's fork server import the workers' code when it starts (with the
+    first worker). Each worker then starts in milliseconds, where one that imports
+    tenure and redis-py itself takes about half a second of CPU on a slow machine, a
+    verification starting dozens. The list of modules to preload is the process's own
+    (``multiprocessing.set_forkserver_preload``): this replaces it, so it is for a
+    program's entry point (``tenure verify``, ``tenure demo``), and a server already
+    running is left as it is."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,13 +266,7 @@ class Actor:
     def __init__(self, spec: ActorSpec, *, wait: bool = True) -> None:
         self.spec = spec
         self.name = spec.proc
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._process: SpawnProcess = ctx.Process(
-            target=_serve, args=(child, spec), name=f"tenure-verify-{spec.proc}", daemon=True
-        )
-        self._process.start()
-        child.close()
+        self._conn, self._process = _start(spec)
         self._pending = 0
         # Known from the start, so that close() can signal a worker that never got ready.
         assert self._process.pid is not None
