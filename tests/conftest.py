@@ -3,8 +3,8 @@
 ``slow``: runs that take tens of seconds or more (the full ``tenure verify --quick``,
 ten seconds of watchdog extensions, a model's minutes-long search for a planted bug).
 The default run keeps a short version of each (for the search: the attack it finds,
-replayed step by step), so CI still covers the behaviour; ``pytest --slow -m slow`` runs only the long
-ones. ``soak``: the much longer model searches (``pytest --soak``).
+replayed step by step), so CI still covers the behaviour; ``pytest --slow -m slow``
+runs only the long ones. ``soak``: the much longer model searches (``pytest --soak``).
 """
 
 from __future__ import annotations

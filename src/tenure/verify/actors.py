@@ -5,9 +5,9 @@ Theory of operation
 Each worker is a process of its own, forked from multiprocessing's fork server (spawned
 where the platform has none): it inherits nothing of the scenario's process, and makes
 its own lock client and store connection. It obeys commands from the scenario over a
-pipe and appends every step to
-its own history file, one JSON line per event, flushed at once: a worker may be
-SIGSTOPped or SIGKILLed at any instant, and what it recorded up to then must survive.
+pipe and appends every step to its own history file, one JSON line per event, flushed
+at once: a worker may be SIGSTOPped or SIGKILLed at any instant, and what it recorded
+up to then must survive.
 All times are ``time.monotonic_ns()``, one clock for every process on the machine.
 
 Commands are small steps, so a scenario can place a fault exactly between two of them:
