@@ -54,7 +54,9 @@ __all__ = ["Actor", "ActorSpec", "preload_workers"]
 _START_TIMEOUT = 60.0
 
 
-# The fork server could not be started in this process (``_start``): spawn from then on.
+# The platform has a fork server (not Windows); ``_fork_server_failed``: it could not be
+# started in this process (``_start``), so workers are spawned from then on.
+_HAS_FORK_SERVER = "forkserver" in multiprocessing.get_all_start_methods()
 _fork_server_failed = False
 
 
@@ -63,7 +65,7 @@ def _context() -> ForkServerContext | SpawnContext:
     has run nothing but imports, or spawned where the platform has no fork server (or it
     would not start). Either way nothing of the scenario's process (threads,
     connections, locks) is inherited."""
-    if not _fork_server_failed and "forkserver" in multiprocessing.get_all_start_methods():
+    if _HAS_FORK_SERVER and not _fork_server_failed:
         return multiprocessing.get_context("forkserver")
     return multiprocessing.get_context("spawn")
 
@@ -101,7 +103,7 @@ def preload_workers() -> None:
     (``multiprocessing.set_forkserver_preload``): this replaces it, so it is for a
     program's entry point (``tenure verify``, ``tenure demo``), and a server already
     running is left as it is."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
+    if _HAS_FORK_SERVER:
         multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
 
 
