@@ -679,6 +679,45 @@ def test_a_late_noscript_makes_the_next_acquire_go_by_eval() -> None:
     assert cache.packed(cmd) == cmd.packed
 
 
+def test_after_a_noscript_each_script_in_use_goes_once_by_eval() -> None:
+    # The whole cache went: the release goes by EVAL too, though only the acquire was
+    # refused, and so does the batch script should it come soon.
+    acquire = commands.acquire(SPEC, "tok", 7, 1, 1)
+    release = commands.release_waking(SPEC, "tok", "q", 7, 5, by_sha=True)
+    batch = commands.batch(tuple(commands.acquire(SPEC, f"t{i}", 7 + i, 1, 1) for i in range(2)))
+    cache = commands.ScriptCache()
+    assert cache.answered(_NOSCRIPT, acquire) is not None  # resent by EVAL in the round
+    assert cache.packed(release) == release.fallback
+    assert cache.packed(release) == release.packed
+    assert cache.packed(acquire) == acquire.packed
+    assert cache.packed(batch) == batch.fallback
+
+
+def test_marks_of_scripts_not_sent_soon_after_a_noscript_are_dropped() -> None:
+    # A client that never sends some scripts (the batches, an extension on one node)
+    # must not keep its drivers off their fast path (``as_packed``) for good.
+    acquire = commands.acquire(SPEC, "tok", 7, 1, 1)
+    release = commands.release_waking(SPEC, "tok", "q", 7, 5, by_sha=True)
+    cache = commands.ScriptCache()
+    cache.answered(_NOSCRIPT, None)
+    assert cache.packed(acquire) == acquire.fallback
+    assert cache.packed(release) == release.fallback
+    for n in range(commands.ScriptCache.MARK_LIFE):
+        assert not cache.as_packed, n
+        assert cache.packed(acquire if n % 2 else release) in (acquire.packed, release.packed)
+    assert cache.as_packed
+    assert not cache.missing
+    # Come after all, an unmarked script goes by EVALSHA; its NOSCRIPT is answered as any,
+    # and marks every script again.
+    batch = commands.batch(tuple(commands.acquire(SPEC, f"t{i}", 7 + i, 1, 1) for i in range(2)))
+    assert cache.packed(batch) == batch.packed
+    retry = cache.answered(_NOSCRIPT, batch)
+    assert retry is not None
+    assert retry.packed == batch.fallback
+    assert not cache.as_packed
+    assert cache.packed(acquire) == acquire.fallback
+
+
 def test_a_node_refusing_evalsha_is_sent_eval_from_then_on() -> None:
     cmd = commands.acquire(SPEC, "tok", 7, 1, 1)
     cache = commands.ScriptCache()

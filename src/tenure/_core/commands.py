@@ -448,27 +448,45 @@ class ScriptCache:
     is sent again by EVAL: ``resend_late``).
     Either way the node is never left refusing every acquire, silently lowering how many
     failures a quorum survives. After a NOSCRIPT every script of ``BY_SHA`` goes once by
-    EVAL, each caching itself again: the whole cache went. A node whose ACL refuses
-    EVALSHA (a user granted ``+eval`` only) is sent EVAL from then on.
+    EVAL, each caching itself again: the whole cache went. A script not sent within the
+    next ``MARK_LIFE`` commands by EVALSHA to the node is one this client does not use
+    (a blocking client never sends the batch scripts): its mark is dropped, so that the
+    drivers go back to their fast path (``as_packed``), and should it come after all,
+    its EVALSHA's NOSCRIPT is answered as any (by EVAL, within the round or after it). A
+    node whose ACL refuses EVALSHA (a user granted ``+eval`` only) is sent EVAL from
+    then on.
     """
 
-    __slots__ = ("as_packed", "eval_only", "missing")
+    __slots__ = ("_left", "as_packed", "eval_only", "missing")
+
+    # Every lock sends an acquire and a release, so 32 commands are 16 cycles at least
+    # on the node: enough for the scripts a client uses to come up, few enough that a
+    # client which never sends some of them is back on the fast path at once.
+    MARK_LIFE = 32
 
     def __init__(self) -> None:
         self.eval_only = False  # its ACL refused EVALSHA
         # The scripts not sent by EVAL since it last answered NOSCRIPT.
         self.missing: set[str] = set()
+        self._left = 0  # commands by EVALSHA until the marks in ``missing`` are dropped
         # Every command goes as it was packed (neither of the above): what a driver
         # looks at before it asks ``packed``, a call on every node of every round.
         self.as_packed = True
 
     def packed(self, command: Command) -> bytes:
         """The bytes of ``command`` for this node."""
-        if command.by_sha and (self.eval_only or (self.missing and command.script in self.missing)):
+        if not command.by_sha:
+            return command.packed
+        if self.eval_only or command.script in self.missing:
             self._sent_by_eval(command.script)
             fallback = command.fallback
             assert fallback is not None  # it has one: by_sha
             return fallback
+        if self.missing:
+            self._left -= 1
+            if self._left <= 0:
+                self.missing.clear()
+                self.as_packed = True  # not eval_only: answered above
         return command.packed
 
     def answered(self, error: str, command: Command | None) -> Command | None:
@@ -479,6 +497,7 @@ class ScriptCache:
             self.eval_only = True
         elif script_missing(error):
             self.missing = set(BY_SHA)
+            self._left = self.MARK_LIFE
         else:
             return None
         self.as_packed = False
