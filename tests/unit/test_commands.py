@@ -714,7 +714,8 @@ def test_marks_of_scripts_not_sent_soon_after_a_noscript_are_dropped() -> None:
     retry = cache.answered(_NOSCRIPT, batch)
     assert retry is not None
     assert retry.packed == batch.fallback
-    assert cache.missing == set(commands.BY_SHA) - {"acquire_batch"}  # the drivers ask
+    # Marked again: the drivers leave their fast path (``as_packed``) for ``packed``.
+    assert cache.missing == set(commands.BY_SHA) - {"acquire_batch"}
     assert cache.packed(acquire) == acquire.fallback
 
 
