@@ -459,9 +459,10 @@ class ScriptCache:
 
     __slots__ = ("_left", "as_packed", "eval_only", "missing")
 
-    # Every lock sends an acquire and a release, so 32 commands are 16 cycles at least
-    # on the node: enough for the scripts a client uses to come up, few enough that a
-    # client which never sends some of them is back on the fast path at once.
+    # A mark saves the round trip of a NOSCRIPT answered by EVAL, for a script sent soon
+    # after; one sent later pays it once, as on a node it never used. A lock's cycle
+    # sends two commands by EVALSHA, so the marks live 16 cycles at most: the drivers
+    # are soon back on their fast path.
     MARK_LIFE = 32
 
     def __init__(self) -> None:
