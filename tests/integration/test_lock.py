@@ -14,7 +14,7 @@ import pytest
 import tenure
 from tenure.testing import LocalCluster
 
-from .conftest import Api, holders
+from .conftest import Api, holders, released_everywhere
 
 # The asyncio half again on uvloop (uvicorn's default loop): tests/integration/conftest.py.
 ALSO_ON_UVLOOP = True
@@ -37,7 +37,7 @@ def test_acquire_release_cycle(api: Api, shared5: LocalCluster, key: str, n: int
     assert values.count(lease.token.encode()) >= n // 2 + 1
     lock.release()
     assert lock.locked() is False
-    assert holders(shared5, lease.key) == [None] * 5
+    released_everywhere(shared5, lease.key)
 
 
 def test_second_client_is_refused_while_held(api: Api, shared5: LocalCluster, key: str) -> None:
@@ -140,7 +140,7 @@ def test_extend_never_resurrects(api: Api, shared5: LocalCluster, key: str) -> N
     with pytest.raises(tenure.LeaseLost):
         lease.extend()
     assert not lease.valid
-    assert holders(shared5, lease.key) == [None] * 5  # not re-created; the rest released
+    released_everywhere(shared5, lease.key)  # not re-created; the rest released
 
 
 def test_extend_after_validity_is_refused(api: Api, shared5: LocalCluster, key: str) -> None:
@@ -154,7 +154,7 @@ def test_extend_after_validity_is_refused(api: Api, shared5: LocalCluster, key: 
         deadline = time.monotonic() + 2
         while c.exists(lease.key) and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert holders(shared5, lease.key) == [None] * 5
+    released_everywhere(shared5, lease.key)
 
 
 def test_a_strangers_token_is_never_released(api: Api, shared5: LocalCluster, key: str) -> None:
@@ -191,7 +191,7 @@ def test_a_lease_tenure_released_for_its_loss_tells_its_holder_of_the_loss(
         with pytest.raises(tenure.LeaseLost) as info:
             again()
         assert info.value is found.value
-    assert holders(shared5, lease.key) == [None] * 5
+    released_everywhere(shared5, lease.key)
 
 
 def test_release_errors(api: Api, shared5: LocalCluster, key: str) -> None:
@@ -280,9 +280,10 @@ def test_unix_socket_nodes(api: Api, key: str) -> None:
         with client.lock(key, ttl=TTL) as lease:
             assert len(lease.nodes) >= 2
         # The first round connects; the release to a node still connecting is queued and
-        # written once it is up. Closing the client waits for it (the loop must run).
+        # written once it is up. Closing the client waits for it (the loop must run). A
+        # node outside the release's first majority may run it a moment after: waited for.
         api.close_clients()
-        assert holders(cluster, lease.key) == [None] * 3
+        released_everywhere(cluster, lease.key)
 
 
 @pytest.mark.parametrize("denied", ["-set", "-@scripting"])
