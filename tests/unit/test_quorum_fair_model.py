@@ -1177,7 +1177,7 @@ def test_a_lock_handed_over_is_renewed_only_above_the_floor(
         run(p2, 0)  # the cleanup: node 0 is handed to p4, the head of its queue
         assert model.nodes[0].get(KEYS.lock, model.ms) == "p4.1"
         assert model.nodes[0].floor_of(KEYS, model.ms) == 2
-        run(p2, 0)
+        run(p2, 0)  # p2's next attempt: held on nodes 0 and 2, it queues there
         run(p2, 2)
         for c in (p1, p2, p3):
             model._conclude(c, 0)
