@@ -919,7 +919,14 @@ CALM: dict[str, Any] = {"FAULTS": False, "HOLDER_EXTENDS": False, "OTHERS": Fals
 @pytest.mark.parametrize(
     ("machine", "violated"),
     [
-        pytest.param(machine, violated, id=machine.__name__)
+        pytest.param(
+            machine,
+            violated,
+            id=machine.__name__,
+            # Its search takes half a minute of a full run; the default run replays what
+            # it finds (``test_locked_is_true_while_a_majority_has_the_key``).
+            marks=[pytest.mark.slow] if machine.__name__ == "EveryNodeLocked" else [],
+        )
         for machine, violated in [
             (
                 _planted(
@@ -1023,6 +1030,33 @@ def test_a_healthy_lease_is_kept_alive(policy: type[KeepAlive]) -> None:
         model.wake(late=0)  # told to stop
         assert model.watchdog is None
         assert lease.loss is None
+
+
+@pytest.mark.parametrize("flows", [ModelFlows, EveryNodeLockedFlows])
+def test_locked_is_true_while_a_majority_has_the_key(flows: type[ModelFlows]) -> None:
+    """(L2) ``locked()`` answers True once a majority of the nodes say they have the key:
+    the lease is held though one node lost it. Asking every node to have it (the planted
+    ``EveryNodeLockedFlows``) answers False for a lock that is held. (The random search
+    finds that too, but takes half a minute: ``--slow``.)
+
+        0 ms  granted by nodes 0, 1 and 2
+        0 ms  node 2 is flushed (it lost the key; nodes 0 and 1 keep it: held)
+        0 ms  another client asks locked(): every node answers, 2 of 3 have the key
+    """
+    model = _replay(_planted("Locked", flows=flows), policy=0)
+    model.node_fault(pick=2, fault="flush", ms=0)
+    model.ask_locked()
+    asking = model.asking
+    assert asking is not None
+    for node in sorted(asking.pending):
+        model._deliver(asking, node, 0, 0)
+    assert asking.yes == {0, 1}
+    if flows is ModelFlows:
+        model.conclude(pick=0)
+        assert asking.flow.result is True
+    else:
+        with pytest.raises(Violation, match=r"\(L2\) locked\(\) is False, but nodes \[0, 1\]"):
+            model.conclude(pick=0)
 
 
 def test_a_watchdog_paused_before_its_extension_reports_the_loss() -> None:
