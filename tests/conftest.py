@@ -1,10 +1,11 @@
 """Suite-wide options: long runs are opt-in.
 
 ``slow``: runs that take tens of seconds or more (the full ``tenure verify --quick``,
-ten seconds of watchdog extensions, three models' searches for a planted bug, half a
-minute or more each). The default run keeps a short version of each (for a search: the attack it
-finds, replayed step by step), so CI still covers the behaviour; ``pytest --slow -m slow``
-runs only the long ones. ``soak``: the much longer model searches (``pytest --soak``).
+ten seconds of watchdog extensions, the models' slowest searches for planted bugs, 15 s
+to minutes each). The default run keeps a short version of each (for a search: the
+attack it finds, replayed step by step), so CI still covers the behaviour; ``pytest
+--slow -m slow`` runs only the long ones. ``soak``: the much longer model searches
+(``pytest --soak``).
 """
 
 from __future__ import annotations

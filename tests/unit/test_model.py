@@ -1310,9 +1310,14 @@ def test_no_warm_up_is_harmless_without_restarts() -> None:
             violated,
             find,
             id=machine.__name__,
-            # Its search takes minutes (below); the default run replays the attack
-            # (``test_a_blank_node_seeded_beside_others_warms_up_before_it_votes``).
-            marks=[pytest.mark.slow] if machine is SeedWithoutWarmUpScheme else [],
+            # Their searches take minutes (below) and 17 s; the default run replays
+            # each attack (``test_a_blank_node_seeded_beside_others_warms_up_before_it_votes``,
+            # ``test_a_node_grants_only_above_its_floor``).
+            marks=(
+                [pytest.mark.slow]
+                if machine in (SeedWithoutWarmUpScheme, GrantAtFloorScheme)
+                else []
+            ),
         )
         for machine, violated, find in [
             (QuorumOfOneScheme, r"\((a|c)\) ", FIND_SETTINGS),
@@ -1451,6 +1456,37 @@ def test_a_blank_node_seeded_beside_others_warms_up_before_it_votes(
     else:
         with pytest.raises(Violation, match=r"\(a\) mutual exclusion"):
             model.acquire_at_once(pick=0, name=0, blocking=False, order=same, lost=0, batch=True)
+
+
+@pytest.mark.parametrize("machine", [LockModel, GrantAtFloorScheme])
+def test_a_node_grants_only_above_its_floor(machine: type[LockModel]) -> None:
+    """A node grants a proposal only above its floor, not equal to it: two clients whose
+    clocks read the same would otherwise be granted one token, one after the other. (The
+    planted ``GrantAtFloorScheme`` must fail here; the real core must not. The random
+    search finds that bug too, in 17 s: ``--slow``.)
+
+        0 ms  client 0 proposes its clock's reading W for "a": granted, token W (every
+              node's floor is now W); it releases
+        1 ms  client 1, its clock 1 ms behind, proposes W for "a": too low everywhere,
+              then W + 1 (the broken nodes grant W again)
+    """
+    same = random.Random(0)  # the order requests reach the nodes in (any will do)
+    model = _made(machine)
+    model._setup(3, [0, -1000] + [0] * (K - 2), BASE_US - 10**9)
+    model.acquire_at_once(pick=0, name=0, blocking=False, order=same, lost=0, batch=True)
+    first = model.grants[-1]
+    assert (first.client, first.token) == (0, first.wall_us)
+    model.release(pick=0)
+    model.advance_time(step=1)
+    # pick 1 of the clients free to start: client 1
+    if machine is LockModel:
+        model.acquire_at_once(pick=1, name=0, blocking=False, order=same, lost=0, batch=True)
+        second = model.grants[-1]
+        assert second.wall_us == first.token  # the same reading, so the same proposal
+        assert (second.client, second.token) == (1, first.token + 1)
+    else:
+        with pytest.raises(Violation, match=r"\(c\) token \d+ granted twice"):
+            model.acquire_at_once(pick=1, name=0, blocking=False, order=same, lost=0, batch=True)
 
 
 def test_stale_seed_of_a_new_node_set_after_a_restart() -> None:
