@@ -923,9 +923,14 @@ CALM: dict[str, Any] = {"FAULTS": False, "HOLDER_EXTENDS": False, "OTHERS": Fals
             machine,
             violated,
             id=machine.__name__,
-            # Its search takes half a minute of a full run; the default run replays what
-            # it finds (``test_locked_is_true_while_a_majority_has_the_key``).
-            marks=[pytest.mark.slow] if machine.__name__ == "EveryNodeLocked" else [],
+            # Their searches take 17 and 32 s of a full run; the default run replays what
+            # each finds (``test_an_extension_counts_its_validity_from_its_start``,
+            # ``test_locked_is_true_while_a_majority_has_the_key``).
+            marks=(
+                [pytest.mark.slow]
+                if machine.__name__ in ("ValidityFromRoundEnd", "EveryNodeLocked")
+                else []
+            ),
         )
         for machine, violated in [
             (
@@ -1030,6 +1035,43 @@ def test_a_healthy_lease_is_kept_alive(policy: type[KeepAlive]) -> None:
         model.wake(late=0)  # told to stop
         assert model.watchdog is None
         assert lease.loss is None
+
+
+@pytest.mark.parametrize("flows", [ModelFlows, ValidityFromRoundEndFlows])
+def test_an_extension_counts_its_validity_from_its_start(flows: type[ModelFlows]) -> None:
+    """(W2) An extension's validity counts from when its round began, not from when the
+    holder read the replies: the nodes renewed the key when they ran the request, so a
+    holder paused after the round (its process descheduled) would otherwise rely on the
+    lease after the keys expired. (The planted ``ValidityFromRoundEndFlows`` must fail
+    here, the real flows must not; the random search finds it too, in 17 s of a full
+    run: ``--slow``.)
+
+        0 ms     granted (valid until 1000 ms)
+        100 ms   the holder extends: every node renews the key at once, to 1100 ms
+        400 ms   the holder reads the replies (paused 300 ms): valid until 1100 ms
+                 (the planted flows: 1400 ms)
+        1099 ms  a millisecond before the end: every node that extended it has the key
+                 (planted: at 1399 ms, the keys gone since 1100 ms)
+    """
+    machine = _planted("RoundEnd", flows=flows, FAULTS=False, OTHERS=False, POLICIES=[(True, None)])
+    model = _replay(machine, policy=0)
+    model.advance_time(step=100)
+    model.holder_extends(ttl=None)
+    call = model.call
+    assert call is not None
+    for node in sorted(call.pending):
+        model._deliver(call, node, 0, 0)
+    model.advance_time(step=300)
+    model.conclude(pick=0)
+    lease = model.lease
+    assert lease is not None
+    model.advance_to_near_the_end(before=1)
+    if flows is ModelFlows:
+        assert lease._state.valid_until == pytest.approx(1.1)
+        model.a_lease_relied_on_is_held()
+    else:
+        with pytest.raises(Violation, match=r"\(W2\) the lease is relied on at 1\.399"):
+            model.a_lease_relied_on_is_held()
 
 
 @pytest.mark.parametrize("flows", [ModelFlows, EveryNodeLockedFlows])
