@@ -896,10 +896,14 @@ class QuorumFairModel(RuleBasedStateMachine):
             if not self.failed:
                 self._liveness()
         finally:
-            for client in self.clients:
-                if client.flow is not None:
-                    client.flow.abandon()
-                    client.flow = None
+            self.unwind()
+
+    def unwind(self) -> None:
+        """Unwind every flow still suspended, so that none is left to the collector."""
+        for client in self.clients:
+            if client.flow is not None:
+                client.flow.abandon()
+                client.flow = None
 
     def _liveness(self) -> None:
         wanting = [
@@ -1208,6 +1212,4 @@ def test_a_lock_handed_over_is_renewed_only_above_the_floor(
             with pytest.raises(Violation, match=r"\(c\) token order: p4\.1 granted token 2"):
                 model._conclude(p4, 0)
     finally:
-        for client in model.clients:
-            if client.flow is not None:
-                client.flow.abandon()
+        model.unwind()
