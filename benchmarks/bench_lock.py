@@ -239,15 +239,18 @@ def scripts_runner(env: Env, count: int, key: str) -> Runner:
                 token, spec.ttl_ms, proposal, mark, mark_ms, spec.retention_ms,
                 mode, token, channel, 0, proposal,
             )  # fmt: skip
-            status, number, _ = conn.read_response()
-            if status != -1:
+            reply = conn.read_response()
+            if reply == proposal:  # granted with the proposal as its token
                 break
+            status, number, _ = reply
+            if status != -1:
+                return False
             proposal = number + 1  # another client's grant raised the floor past it
-        if status != 1:
+        else:
             return False
         conn.send_command(
             "EVALSHA", release_sha, 3, keys.lock, keys.floor, keys.queue,
-            token, mode, hold_ms, spec.retention_ms, number,
+            token, mode, hold_ms, spec.retention_ms, proposal,
         )  # fmt: skip
         return bool(conn.read_response() == 1)
 

@@ -71,6 +71,14 @@ def _state(node: LocalNode) -> dict[str, object]:
         return state
 
 
+def _status(reply: object) -> object:
+    """An acquire's reply by its status: 1 for a grant (answered with its token alone, or
+    as a list), a list's first number, an error as it is."""
+    if isinstance(reply, int):
+        return 1
+    return reply[0] if isinstance(reply, list) else reply
+
+
 def _timeless(replies: object) -> list[object]:
     """Replies with a lock's PTTL (a held lock's fourth number) as its sign only: the
     two nodes run the same step a few milliseconds apart; an error as its cause's code
@@ -184,11 +192,9 @@ def test_a_batch_leaves_replies_and_keys_as_its_acquires_one_by_one(
             (reply,) = _send(batched, commands.batch(tuple(cmds)).fallback or b"", 1)
             assert _timeless(reply) == _timeless(singles), (step, reply, singles)
             assert _state(one) == _state(batched), step
-            kinds.update(r[0] if isinstance(r, list) else r for r in _timeless(singles))
+            kinds.update(_status(r) for r in _timeless(singles))
             granted += [
-                (n, t)
-                for (n, t, _), r in zip(made, singles, strict=True)
-                if isinstance(r, list) and r[0] == 1
+                (n, t) for (n, t, _), r in zip(made, singles, strict=True) if _status(r) == 1
             ]
             cmds = _releases(rng, step, granted)
             singles = _send(one, b"".join(c.packed for c in cmds), len(cmds))
@@ -218,7 +224,7 @@ def test_a_batch_of_free_locks_costs_two_calls_per_lock() -> None:
             c.script_load(script("acquire_batch").wire)
             c.config_resetstat()
         (reply,) = _send(node, batch.packed, 1)
-        assert reply == [[1, 2_000 + i, 2_000 + i] for i in range(10)]
+        assert reply == [2_000 + i for i in range(10)]  # each granted its proposal
         calls = commands_run(node)
         assert calls == {"evalsha": 1, "mget": 1, "info": 1, "exists": 10, "set": 11, "pexpire": 1}
         with node.client() as c:
@@ -340,7 +346,7 @@ def test_an_acquire_never_overtakes_a_release_of_its_lock(node: LocalNode) -> No
     name = f"order-{uuid.uuid4().hex}"
     spec = _spec(name)
 
-    async def main() -> list[object]:
+    async def main() -> tuple[int, list[object]]:
         async with tenure.AsyncClient([node.url]) as client:
             await (await client.acquire(f"{name}-warm", ttl=5.0)).release()
             with node.client() as c:
@@ -362,10 +368,11 @@ def test_an_acquire_never_overtakes_a_release_of_its_lock(node: LocalNode) -> No
             channel.send(commands.release(spec.keys.lock, "t1"), note)
             channel.send(commands.acquire(spec, "t2", floor + 3, 7, 5000), note)
             await asyncio.wait_for(done.wait(), 10)
-            return replies
+            return floor, replies
 
-    replies = asyncio.run(main())
-    assert [r[0] if isinstance(r, list) else r for r in replies] == [1, 1, 1, 1], replies
+    floor, replies = asyncio.run(main())
+    # Each acquire granted its proposal (its answer), the release released.
+    assert replies == [floor + 1, floor + 2, 1, floor + 3], replies
     with node.client() as c:
         assert c.get(spec.keys.lock) == b"t2"
         c.delete(spec.keys.lock, _spec(f"{name}-other").keys.lock)

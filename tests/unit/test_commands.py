@@ -329,6 +329,9 @@ def test_exists_replies_that_are_not_redis_raise(reply: object) -> None:
         ([b"1", b"5", b"5"], (True, (GRANTED, 5, 5))),  # RESP2 readers may leave bytes
         ([b"0", b"5", b"5", b"900"], (False, (HELD, 5, 5, 900))),
         ([1, b"5", "5"], (True, (GRANTED, 5, 5))),
+        # A grant of the proposal (5 here), answered with the proposal alone.
+        (5, (True, (GRANTED, 5, 5))),
+        (b"5", (True, (GRANTED, 5, 5))),
     ],
 )
 def test_acquire_replies(reply: object, parsed: tuple[bool, tuple[int, ...] | None]) -> None:
@@ -343,6 +346,13 @@ def test_acquire_replies(reply: object, parsed: tuple[bool, tuple[int, ...] | No
         *NOT_REDIS_REPLIES,
         1,  # ":1" to everything
         0,
+        4,  # an integer is a grant only as the proposal, 5 here
+        6,
+        -1,
+        b"6",
+        "4",
+        True,
+        5.0,
         [1],
         [1, 2],
         [0, 2],
@@ -387,6 +397,18 @@ def test_acquire_reply_status_one_is_the_only_yes(status: int, number: int, floo
     ok, info = commands.acquire(SPEC, "t", 5, 1, 10).parse([status, number, floor])
     assert ok is (status == GRANTED)
     assert info == (status, number, floor)
+
+
+@SETTINGS
+@given(proposal=st.integers(1, 2**53 - 1), reply=st.integers(-(2**63), 2**63 - 1))
+def test_an_integer_reply_grants_only_as_the_proposal(proposal: int, reply: int) -> None:
+    # A service that answers every command with one integer must not pass for a node
+    # granting the lock: only the proposal the acquire sent is a grant (with it as token).
+    parse = commands.acquire(SPEC, "t", proposal, 1, 10).parse
+    assert parse(proposal) == (True, (GRANTED, proposal, proposal))
+    if reply != proposal:
+        with pytest.raises(ValueError, match=r"acquire\.lua"):
+            parse(reply)
 
 
 # --- Lua scripts --------------------------------------------------------------------------

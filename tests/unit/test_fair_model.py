@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tenure._core.config import LockKeys
-from tenure.testing.fake import Bus, FakeNode, acquire_wait_lua, release_wait_lua, seed_lua
+from tenure.testing.fake import (
+    Bus,
+    FakeNode,
+    acquire_listed,
+    acquire_wait_lua,
+    release_wait_lua,
+    seed_lua,
+)
 
 KEYS = LockKeys.of("fair")
 TTL_MS = 1000
@@ -65,10 +72,10 @@ class FairModel(RuleBasedStateMachine):
             self._granted(w, int(rest[0]), "hand-off")
 
     def _attempt(self, w: str) -> None:
-        reply = acquire_wait_lua(
+        reply = acquire_listed(acquire_wait_lua(
             self.node, self.bus, KEYS, w, TTL_MS, self.last_token + 10_000, "f", w,
             f"ch:{w}", PLACE_MS, self.now,
-        )  # fmt: skip
+        ))  # fmt: skip
         if reply[0] == 1:
             if self.queue and w != self.queue[0]:
                 ahead = [q for q in self.queue[: self.queue.index(w)] if self._eligible(q)]

@@ -51,7 +51,8 @@ def seeded(floor: int = 10, warm_ms: int = 0, now: int = 0, retention: int = RET
 def test_script_headers_state_the_statuses_the_fake_returns() -> None:
     acquire = script("acquire").source.decode()
     for line in (
-        "{ 1, F, floor}",
+        "Returns ARGV[3], the proposal F, as an integer alone when it granted",
+        "{ 1, F, F}",
         "{ 0, floor, floor}",
         "{0, floor, floor, pttl}",
         "{-1, floor, floor}",
@@ -100,7 +101,7 @@ def test_a_blank_node_with_a_lock_left_is_still_blank() -> None:
 
 def test_acquire_grants_above_the_floor_and_raises_it() -> None:
     node = seeded(10)
-    assert acquire_lua(node, KEYS, "t", 1000, 11, now=7, retention_ms=RET) == [1, 11, 11]
+    assert acquire_lua(node, KEYS, "t", 1000, 11, now=7, retention_ms=RET) == 11
     assert node.get(KEYS.lock, 7) == "t"
     assert node.pttl(KEYS.lock, 7) == 1000
     assert node.floor_of(KEYS, 7) == 11
@@ -117,11 +118,11 @@ def test_every_name_is_judged_against_the_node_floor() -> None:
     # A new name on this node: it must beat the floor (30), like any other.
     assert acquire_lua(node, OTHER, "b", 1000, 30, now=1) == [-1, 30, 30]
     assert acquire_lua(node, OTHER, "b", 1000, 5, now=1) == [-1, 30, 30]
-    assert acquire_lua(node, OTHER, "b", 1000, 31, now=1) == [1, 31, 31]
+    assert acquire_lua(node, OTHER, "b", 1000, 31, now=1) == 31
     # And an old one, released, after another name raised the floor.
     release_lua(node, KEYS.lock, "a", now=2)
     assert acquire_lua(node, KEYS, "c", 1000, 31, now=3) == [-1, 31, 31]
-    assert acquire_lua(node, KEYS, "c", 1000, 32, now=3000, retention_ms=RET) == [1, 32, 32]
+    assert acquire_lua(node, KEYS, "c", 1000, 32, now=3000, retention_ms=RET) == 32
     assert node.pttl(NODE_FLOOR, 3000) == RET  # renewed by every grant
 
 
@@ -144,7 +145,7 @@ def test_lock_expires_after_its_ttl_like_redis() -> None:
     node = seeded(10)
     acquire_lua(node, KEYS, "a", 1000, 20, now=0)
     assert acquire_lua(node, KEYS, "b", 1000, 21, now=1000) == [0, 20, 20]  # there at t+ttl
-    assert acquire_lua(node, KEYS, "b", 1000, 21, now=1001) == [1, 21, 21]
+    assert acquire_lua(node, KEYS, "b", 1000, 21, now=1001) == 21
 
 
 def test_warming_node_grants_nothing_until_its_marker_expires() -> None:
@@ -152,7 +153,7 @@ def test_warming_node_grants_nothing_until_its_marker_expires() -> None:
     assert acquire_lua(node, KEYS, "t", 1000, 11, now=0) == [-3, 1500, 10]
     assert acquire_lua(node, OTHER, "t", 1000, 11, now=1499) == [-3, 1, 10]  # any lock
     # At the marker's last millisecond PTTL is 0: warm.
-    assert acquire_lua(node, KEYS, "t", 1000, 11, now=1500) == [1, 11, 11]
+    assert acquire_lua(node, KEYS, "t", 1000, 11, now=1500) == 11
 
 
 def test_the_floor_expires_after_the_retention_and_the_node_is_blank() -> None:
@@ -180,7 +181,7 @@ def test_seed_gives_a_blank_node_its_floor_for_the_retention() -> None:
     assert fresh.floor_of(KEYS, 5) == 0
     assert fresh.pttl(NODE_FLOOR, 5) == RET
     assert fresh.exists(NODE_WARM, 5) == 0  # no warm-up: the mark is dropped
-    assert acquire_lua(fresh, OTHER, "t", 1000, 1, now=5) == [1, 1, 1]
+    assert acquire_lua(fresh, OTHER, "t", 1000, 1, now=5) == 1
 
 
 def test_seed_with_a_warm_up() -> None:
@@ -275,7 +276,7 @@ def test_a_failover_that_lost_the_last_grant_is_a_changed_history() -> None:
     assert node.get(NODE_REPLID, 5) == node.replid
     assert acquire_lua(node, OTHER, "c", 1000, 40, now=6) == [-3, 1499, 20]
     assert seed_lua(node, KEYS, 99, 1500, now=6, marks=frozenset({5})) == 0  # done once
-    assert acquire_lua(node, OTHER, "c", 1000, 40, now=1505) == [1, 40, 40]
+    assert acquire_lua(node, OTHER, "c", 1000, 40, now=1505) == 40
 
 
 def test_a_restart_with_the_data_kept_is_a_changed_history() -> None:
@@ -306,7 +307,7 @@ def test_a_promoted_node_without_a_floor_is_not_blank() -> None:
     assert acquire_lua(node, KEYS, "b", 1000, 30, now=5, mark=4) == [-2, 4, 0, node.replid]
     assert seed_lua(node, KEYS, 0, 1, now=5, marks=frozenset({4})) == 1
     assert node.get(NODE_WARM, 5) is None
-    assert acquire_lua(node, KEYS, "b", 1000, 30, now=5) == [1, 30, 30]
+    assert acquire_lua(node, KEYS, "b", 1000, 30, now=5) == 30
     # Restarted without its data, the same server is blank again, and may be new.
     node.wipe()
     assert acquire_lua(node, KEYS, "b", 1000, 30, now=5, mark=11) == [-2, 11, 0]
@@ -327,7 +328,7 @@ def test_a_floor_without_a_history_records_this_one_and_votes() -> None:
     # Written by a tenure that kept no replication ID: taken as it is.
     node = FakeNode()
     node.set(NODE_FLOOR, 10, 0, px=RET)
-    assert acquire_lua(node, KEYS, "a", 1000, 20, now=1000, retention_ms=100) == [1, 20, 20]
+    assert acquire_lua(node, KEYS, "a", 1000, 20, now=1000, retention_ms=100) == 20
     assert node.get(NODE_REPLID, 1000) == node.replid
     # Kept for at least as long as the floor (granted with a shorter retention here).
     node.set(NODE_FLOOR, 20, 1000, px=RET)
@@ -488,7 +489,7 @@ def test_quorum_fair_renewal_commits_the_proposal_and_refuses_a_low_one() -> Non
     reply = acquire_wait_lua(
         node, bus, KEYS, "b", 1000, 45, "q", "b", "ch:b", 300, now=4, retention_ms=RET
     )
-    assert reply == [1, 45, 45]
+    assert reply == 45  # granted its proposal, renewed
     assert node.pttl(NODE_FLOOR, 4) == RET
 
 
@@ -525,7 +526,7 @@ def test_packed_commands_run_on_the_fake_with_the_scripts_argument_layout() -> N
     low = eval_packed(node, commands.acquire(SPEC, "t1", 40, 77, 2000).packed, 2)
     assert low == [-1, 50, 50]
     granted = eval_packed(node, commands.acquire(SPEC, "t1", 120, 77, 2000).packed, 3)
-    assert granted == [1, 120, 120]
+    assert granted == 120  # a grant of the proposal: the proposal alone
     assert commands.acquire(SPEC, "t1", 120, 77, 2000).parse(granted) == (True, (1, 120, 120))
     assert node.pttl(KEYS.lock, 3) == 1000
     assert node.pttl(NODE_FLOOR, 3) == 6000
@@ -556,13 +557,13 @@ def test_a_lease_released_where_its_key_is_not_raises_the_floor_to_its_token() -
     assert node.floor_of(KEYS, 1) == 40
     assert node.pttl(NODE_FLOOR, 1) == RET
     assert node.pttl(NODE_REPLID, 1) == RET  # the floor's history lives as long
-    assert acquire_wait_lua(node, bus, KEYS, "t", 1000, 40, "q", "t", "ch", 0, 2)[0] == -1
+    assert acquire_wait_lua(node, bus, KEYS, "t", 1000, 40, "q", "t", "ch", 0, 2) == [-1, 40, 40]
     assert release_wait_lua(node, bus, KEYS, "t", "q", 50, 3, fencing=30) == 0
     assert node.floor_of(KEYS, 3) == 40  # never lowered
     assert release_wait_lua(node, bus, KEYS, "w", "q", 90, 4, cleanup=True) == 0
     assert node.floor_of(KEYS, 4) == 40  # a cleanup or a give-up carries no lease's token
     # Where the key is ours, the grant already set the floor: nothing to raise.
-    assert acquire_wait_lua(node, bus, KEYS, "u", 1000, 60, "q", "u", "ch", 0, 5)[0] == 1
+    assert acquire_wait_lua(node, bus, KEYS, "u", 1000, 60, "q", "u", "ch", 0, 5) == 60
     assert release_wait_lua(node, bus, KEYS, "u", "q", 90, 6, fencing=80) == 1
     assert node.floor_of(KEYS, 6) == 60
     # A blank node stays blank: a floor is also the node's incarnation.

@@ -145,7 +145,7 @@ from tenure._core.flows import SEED_PATIENCE, Flow, Later, Op, Run, Sleep
 from tenure._core.policy import wait_random
 from tenure._core.quorum import Failure, Round
 from tenure._errors import TenureError
-from tenure.testing.fake import Bus, FakeNode, eval_packed
+from tenure.testing.fake import Bus, FakeNode, acquire_listed, eval_packed
 
 from .model_flows import ModelFlows, ModelLease, Stepper, decode
 from .stateful import find_settings, model_settings, run_state_machine_as_test
@@ -365,9 +365,9 @@ class LockModel(RuleBasedStateMachine):
     def break_spec(self, spec: LockSpec) -> LockSpec:
         return spec
 
-    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str]:
+    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str] | int:
         answer = eval_packed(node, m.packed, self.ms, self.bus)
-        assert isinstance(answer, list)
+        assert isinstance(answer, (list, int))
         return answer
 
     def node_seed(self, node: FakeNode, m: Message) -> int:
@@ -435,8 +435,9 @@ class LockModel(RuleBasedStateMachine):
         node, keys = self.nodes[m.node], self._keys(m.name)
         if m.kind == "acquire":
             answer = self.node_acquire(node, keys, m)
-            if answer[0] == GRANTED:
-                self._remember(m.node, int(answer[1]))
+            status, number = acquire_listed(answer)[:2]
+            if status == GRANTED:
+                self._remember(m.node, int(number))
             return answer
         if m.kind == "extend":
             extended = eval_packed(node, m.packed, self.ms, self.bus)
@@ -1115,7 +1116,7 @@ class IncrScheme(LockModel):
     WIPES = False
     FAILOVERS = False  # a failover is a data loss too
 
-    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str]:
+    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str] | int:
         counter_key = f"{keys.lock}:incr"  # the scheme's own per-lock counter
         counter = int(node.get(counter_key, self.ms) or 0)
         if node.exists(keys.lock, self.ms):
@@ -1156,7 +1157,7 @@ class NoWarmUpScheme(RestartFocus):
     """A blank node votes at once, as if its floor were 0 (no seeding, no warm-up). After
     a restart it has forgotten the locks it granted, and every token."""
 
-    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str]:
+    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str] | int:
         if node.floor_of(keys, self.ms) is None:
             node.set(keys.floor, 0, self.ms, px=RETENTION_MS)
         return super().node_acquire(node, keys, m)
@@ -1224,12 +1225,12 @@ class GrantAtFloorScheme(TokenFocus):
     """A node that grants a proposal *equal* to its floor (>= instead of >): two clients
     whose clocks read the same can be granted one token, one after the other."""
 
-    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str]:
+    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str] | int:
         floor = node.floor_of(keys, self.ms)
         if floor is not None and floor == m.proposal and floor > 0:
             node.set(keys.floor, floor - 1, self.ms, px=RETENTION_MS)
             answer = super().node_acquire(node, keys, m)
-            if answer[0] != GRANTED:
+            if acquire_listed(answer)[0] != GRANTED:
                 node.set(keys.floor, floor, self.ms, px=RETENTION_MS)  # as it was
             return answer
         return super().node_acquire(node, keys, m)
@@ -1239,10 +1240,10 @@ class FloorNotRaisedScheme(TokenFocus):
     """A grant that does not raise the node's floor (it only renews it): the floor is a
     node's whole fencing history, so the next grant may reuse a lower token."""
 
-    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str]:
+    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str] | int:
         before = node.floor_of(keys, self.ms)
         answer = super().node_acquire(node, keys, m)
-        if answer[0] == GRANTED and before is not None:
+        if acquire_listed(answer)[0] == GRANTED and before is not None:
             node.set(keys.floor, before, self.ms, px=RETENTION_MS)
         return answer
 
@@ -1277,7 +1278,7 @@ class HistoryIgnoredScheme(FailoverFocus):
         if node.get(NODE_REPLID, self.ms) is not None:
             node.set(NODE_REPLID, node.replid, self.ms, px=RETENTION_MS)
 
-    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str]:
+    def node_acquire(self, node: FakeNode, keys: LockKeys, m: Message) -> list[int | str] | int:
         self._forget_history(node)
         return super().node_acquire(node, keys, m)
 

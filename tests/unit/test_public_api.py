@@ -174,6 +174,7 @@ PINNED: dict[str, list[str]] = {
         "LockKeys",
         "RETENTION_MS",
         "ZERO_ID",
+        "acquire_listed",
         "acquire_lua",
         "acquire_wait_lua",
         "commit_lua",

@@ -287,7 +287,7 @@ class QuorumFairModel(RuleBasedStateMachine):
         """The token of a release's hand-off on ``node``: the same P on every node."""
         return p
 
-    def node_acquire(self, i: int, command: Command, channel: str) -> list[int | str]:
+    def node_acquire(self, i: int, command: Command, channel: str) -> list[int | str] | int:
         return acquire_wait_lua(
             self.nodes[i], self.buses[i], KEYS, command.token, TTL_MS, command.arg, "q",
             command.token, channel, command.place, self.ms, command.ticket, SPEC.retention_ms,
@@ -1074,7 +1074,7 @@ class RenewBelowFloorScheme(QuorumFairModel):
     """An acquire script that renewed a lock handed to the caller with any proposal,
     even one not above the floor (at least the hand-off's token)."""
 
-    def node_acquire(self, i: int, command: Command, channel: str) -> list[int | str]:
+    def node_acquire(self, i: int, command: Command, channel: str) -> list[int | str] | int:
         node = self.nodes[i]
         if node.get(KEYS.lock, self.ms) == command.token:
             node.pexpire(KEYS.lock, TTL_MS, self.ms)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from functools import cache, lru_cache
+from functools import cache, lru_cache, partial
 from typing import NamedTuple
 
 from .._lua import script
@@ -213,16 +213,21 @@ def _exists_reply(reply: object) -> tuple[bool, Info]:
 NO_HISTORY, HISTORY_CHANGED = -2, -4
 
 
-def _acquire_reply(reply: object) -> tuple[bool, Info]:
-    # acquire.lua answers {status, number, floor}, or, held while waiting,
+def _acquire_reply(proposal: int, reply: object) -> tuple[bool, Info]:
+    # acquire.lua answers a grant of the proposal with the proposal alone, read here as
+    # (1, proposal, proposal); else {status, number, floor}, or, held while waiting,
     # {0, floor, floor, pttl}, or, blank on a promoted server or history changed,
     # {-2 or -4, mark, floor, replication ID} (the ID read as the number its hex digits
     # spell, so that an Info stays integers); status 1 is a grant. Anything else cannot
     # come from it: raised, as in ``_yes_if_one``, so that the node is told
-    # misconfigured at once, not counted as one where the lock is held elsewhere. The
-    # integers are checked one by one, not read by int(): a third of the cost (a parse
-    # per node of every attempt).
-    if type(reply) is list:
+    # misconfigured at once, not counted as one where the lock is held elsewhere; so is
+    # an integer other than the proposal (a service that answers every command with
+    # ":1" grants nothing). The integers are checked one by one, not read by int(): a
+    # third of the cost (a parse per node of every attempt).
+    if type(reply) is int:
+        if reply == proposal:
+            return True, (1, proposal, proposal)
+    elif type(reply) is list:
         if len(reply) == 3:
             status, number, floor = reply
             if (
@@ -242,13 +247,21 @@ def _acquire_reply(reply: object) -> tuple[bool, Info]:
                 and type(pttl) is int
             ):
                 return False, (0, number, floor, pttl)
-    return _acquire_reply_read(reply)
+    return _acquire_reply_read(proposal, reply)
 
 
-def _acquire_reply_read(reply: object) -> tuple[bool, Info]:
+def _acquire_reply_read(proposal: int, reply: object) -> tuple[bool, Info]:
     """``_acquire_reply`` for the rest: integers a reader left as their digits, a
     changed history's ID, or ValueError for a reply that is not acquire.lua's."""
-    if isinstance(reply, list) and 3 <= len(reply) <= 4:
+    if isinstance(reply, (bytes, str)):
+        try:
+            granted = _integer(reply, "acquire.lua") == proposal
+        except ValueError:
+            pass
+        else:
+            if granted:
+                return True, (1, proposal, proposal)
+    elif isinstance(reply, list) and 3 <= len(reply) <= 4:
         try:
             head = tuple(_integer(value, "acquire.lua") for value in reply[:3])
             if len(reply) == 4 and head[0] in (NO_HISTORY, HISTORY_CHANGED):
@@ -603,7 +616,8 @@ def acquire(
     # By EVALSHA: the server need not hash the 3.5 KB body each time, and a node that
     # cannot run it answers without granting anything (``ScriptCache``).
     item: Item = ("acquire_batch", listed, len(node_keys), arguments, len(args))
-    return _by_sha("acquire", argc, counted + arguments, _acquire_reply, item=item, key=keys.lock)
+    parse = partial(_acquire_reply, proposal)
+    return _by_sha("acquire", argc, counted + arguments, parse, item=item, key=keys.lock)
 
 
 # The last batch packed: a command of a round goes to every node, so in one turn each

@@ -41,12 +41,17 @@
 -- as it is, and the ID recorded, unless the node was promoted: its master may have
 -- recorded one that never reached it, so that counts as a changed history too.
 --
--- Returns {status, number, floor[, pttl]}; floor is this node's floor (0 when it has none):
---   { 1, F, floor}   granted: the lock is ours and the floor is now F. In fair mode
---                    also when the lock had already been handed to this waiter (one
---                    node, "f": F is the floor, at least the token the hand-off set;
---                    "q": the proposal, as for any grant, so every node of one round
---                    grants the same token); its TTL is renewed to ARGV[2] from now.
+-- Returns ARGV[3], the proposal F, as an integer alone when it granted the lock with that
+-- token (nearly every grant; a table would cost the server about a tenth more per
+-- acquire and release: docs/architecture.md); otherwise {status, number, floor[, pttl]},
+-- floor being this node's floor (0 when it has none):
+--   F                granted: the lock is ours with token F, and the floor is now F. In
+--                    fair mode on a quorum ("q") also when the lock had already been
+--                    handed to this waiter (every node of one round grants the same
+--                    token); its TTL is renewed to ARGV[2] from now.
+--   { 1, F, F}       granted in fair mode on one node ("f") when the lock had already
+--                    been handed to this waiter: F is the floor, at least the token the
+--                    hand-off set; its TTL is renewed to ARGV[2] from now.
 --   { 0, floor, floor}  held by another client (nothing changed); when waiting:
 --                    {0, floor, floor, pttl}, the lock's PTTL, and the caller is queued
 --                    (its place renewed). Not fair: a free lock reserved for a woken

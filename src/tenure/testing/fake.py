@@ -50,6 +50,7 @@ import hashlib
 import itertools
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from tenure._core.config import LockKeys
 from tenure._core.config import replid_key as _replid_key
@@ -60,6 +61,7 @@ __all__ = [
     "Bus",
     "FakeNode",
     "LockKeys",
+    "acquire_listed",
     "acquire_lua",
     "acquire_wait_lua",
     "commit_lua",
@@ -221,6 +223,16 @@ def _mark_of(seen: str | None, rid: str) -> int | None:
     return None if found is None else int(found.group(1))
 
 
+def acquire_listed(reply: object) -> list[Any]:
+    """An answer of ``acquire.lua`` (the script's, as a client read it, or
+    ``acquire_lua``'s) as a list: a grant answered with its token alone as ``[1, token,
+    token]``, for a test that reads the status first."""
+    if isinstance(reply, int):
+        return [1, reply, reply]
+    assert isinstance(reply, list), reply
+    return reply
+
+
 def acquire_lua(
     node: FakeNode,
     keys: LockKeys,
@@ -238,9 +250,10 @@ def acquire_lua(
     channel: str = "",
     place_ms: int = 0,
     ticket: int = 0,
-) -> list[int | str]:
+) -> list[int | str] | int:
     """``acquire.lua``: KEYS lock, floor, warm[, queue]; ARGV token, ttl_ms,
     proposal, mark, mark_ms, retention_ms[, mode, waiter, channel, place_ms, ticket].
+    A grant with ``proposal`` as its token answers ``proposal`` alone, as the script does.
 
     ``mode`` None is the plain acquire (no ARGV[7..]); with a mode, ``bus`` carries the
     hand-off notifications (see ``acquire_wait_lua``).
@@ -277,8 +290,7 @@ def acquire_lua(
             return [-1, floor, floor]
         if mode == "q" and holder == token:
             node.pexpire(keys.lock, ttl_ms, now)
-            committed = commit_lua(node, keys, proposal, retention, now)
-            return [1, committed, committed]
+            return commit_lua(node, keys, proposal, retention, now)
         if (
             holder is None
             and mode != "n"
@@ -314,7 +326,7 @@ def acquire_lua(
         _zstore(node, keys.queue, [(s, m) for s, m in items if m != waiter], now)
         node.delete(f"{keys.queue}:{waiter}", now)
         node.delete(f"{keys.queue}:next", now)
-    return [1, proposal, proposal]
+    return proposal
 
 
 def seed_lua(
@@ -485,7 +497,7 @@ def acquire_wait_lua(
     now: int,
     ticket: int = 0,
     retention_ms: int = RETENTION_MS,
-) -> list[int | str]:
+) -> list[int | str] | int:
     """``acquire.lua`` with ARGV[7..11] (mode, waiter, channel, place_ms, ticket)."""
     return acquire_lua(
         node, keys, token, ttl_ms, proposal, now, 1, 60_000, retention_ms,
