@@ -25,6 +25,7 @@ import tenure
 from tenure._core.config import LockKeys
 from tenure._lua import script
 from tenure.testing import LocalCluster
+from tenure.testing.fake import acquire_listed
 
 from .conftest import SCRIPT_COMMANDS, Api, holders, scripts_run
 from .test_processes import max_overlap
@@ -747,14 +748,7 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
     """The model's mirror of the waiting scripts (tenure.testing.fake) against the
     real scripts, step by step: same replies, same keys, same notifications; for fair
     on one node ("f"), notified ("n") and fair on a quorum ("q", one node's view)."""
-    from tenure.testing.fake import (
-        Bus,
-        FakeNode,
-        _zset,
-        acquire_listed,
-        acquire_wait_lua,
-        release_wait_lua,
-    )
+    from tenure.testing.fake import Bus, FakeNode, _zset, acquire_wait_lua, release_wait_lua
 
     keys = LockKeys.of(key)
     acquire, release = script("acquire").wire.decode(), script("release").wire.decode()
@@ -1018,7 +1012,7 @@ def test_a_split_of_fair_hand_offs_is_settled_for_the_first_in_line(
                 acquire, 4, keys.lock, keys.floor, keys.warm, keys.queue,
                 w, 5000, proposal, 1, 1000, RETENTION, "q", w, f"ch:{key}:{w}", 3000, ticket,
             )  # fmt: skip
-            return int(reply[0])
+            return int(acquire_listed(reply)[0])
 
         def cleanup(c: redis.Redis, w: str, ticket: int, token: int) -> None:
             c.eval(
