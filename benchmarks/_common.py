@@ -36,6 +36,7 @@ __all__ = [
     "initialise",
     "measure_cpu",
     "no_retry",
+    "server_cpu_ns",
     "server_version",
     "table",
     "write_results",
@@ -195,32 +196,63 @@ class AsyncRunner:
             self._loop.run_until_complete(closer())
 
 
-def best_cpu_us(runners: Sequence[Runner], cycles: int, runs: int) -> list[float]:
-    """Client CPU per cycle of each runner, in µs: the best of ``runs`` runs of
-    ``cycles`` cycles (``time.process_time``: this process, every thread), the runners
-    taking turns so that a burst of load elsewhere touches them all. The best, not the
-    median: other processes only ever add to a run's CPU (cache misses, migrations)."""
+def server_cpu_ns(pids: Sequence[int]) -> int | None:
+    """The CPU time the processes ``pids`` have used so far, every thread, in ns (Linux's
+    ``/proc/<pid>/task/<tid>/schedstat``, whose first field is the time on a CPU); None
+    where that cannot be read (another system, a process gone)."""
+    total = 0
+    try:
+        for pid in pids:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                total += int((task / "schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
+
+
+def best_cpu_us(
+    runners: Sequence[Runner], cycles: int, runs: int, servers: Sequence[int] = ()
+) -> list[tuple[float, float]]:
+    """Client and server CPU per cycle of each runner, in µs: the best of ``runs`` runs
+    of ``cycles`` cycles each. Client: ``time.process_time`` (this process, every
+    thread). Server: the CPU time of the server processes ``servers`` (``server_cpu_ns``;
+    NaN when there are none or it cannot be read), which is the scripts' and commands'
+    work the client's figure leaves out. The runners take turns so that a burst of load
+    elsewhere touches them all. The best, not the median: other processes only ever add
+    to a run's CPU (cache misses, migrations)."""
     best = [math.inf] * len(runners)
+    best_server = [math.inf if servers else math.nan] * len(runners)
     for _ in range(runs):
         for i, runner in enumerate(runners):
             gc.collect()
+            before = server_cpu_ns(servers) if servers else None
             best[i] = min(best[i], runner.cpu(cycles) / cycles * 1e6)
-    return best
+            after = server_cpu_ns(servers) if before is not None else None
+            if before is None or after is None:
+                best_server[i] = math.nan
+            elif not math.isnan(best_server[i]):
+                best_server[i] = min(best_server[i], (after - before) / cycles / 1e3)
+    return list(zip(best, best_server, strict=True))
 
 
 class Measurable(Protocol):
-    """A row whose runner's client CPU per cycle ``measure_cpu`` fills in."""
+    """A row whose runner's client CPU per cycle ``measure_cpu`` fills in, and the
+    servers' CPU per cycle when they are given."""
 
     runner: Runner | None
     cpu_us: float
+    server_us: float
 
 
-def measure_cpu(rows: Sequence[Measurable], cycles: int, runs: int) -> None:
-    """Set ``cpu_us`` of every row with a runner: ``best_cpu_us`` over them, taking turns."""
+def measure_cpu(
+    rows: Sequence[Measurable], cycles: int, runs: int, servers: Sequence[int] = ()
+) -> None:
+    """Set ``cpu_us`` (and ``server_us``, for the server processes ``servers``) of every
+    row with a runner: ``best_cpu_us`` over them, taking turns."""
     live = [(row, row.runner) for row in rows if row.runner is not None]
-    cpus = best_cpu_us([runner for _, runner in live], cycles, runs)
-    for (row, _), cpu in zip(live, cpus, strict=True):
-        row.cpu_us = cpu
+    cpus = best_cpu_us([runner for _, runner in live], cycles, runs, servers)
+    for (row, _), (cpu, server) in zip(live, cpus, strict=True):
+        row.cpu_us, row.server_us = cpu, server
 
 
 def fmt(value: float) -> str:

@@ -153,6 +153,7 @@ class Subject:
     note: str = ""
     stats: Stats = field(default_factory=Stats)
     cpu_us: float = math.nan  # client CPU per write (``_common.measure_cpu``)
+    server_us: float = math.nan  # not measured here (no server processes given)
 
 
 @dataclass

@@ -21,7 +21,10 @@ masters, no persistence):
   client code, so ``p50 / floor`` of tenure splits into the scripts' share and the
   client's.
 * **client CPU** per cycle of every system (``time.process_time``, best of 3 runs of
-  3,000 untimed cycles), beside its latency.
+  3,000 untimed cycles), beside its latency, and the **server CPU** those cycles cost
+  the nodes (the five nodes' CPU time over the same runs, from Linux's per-thread
+  ``schedstat``): the scripts' work, which the client's figure leaves out and which
+  the noise of the latencies hides.
 * **tenure** sync (``Client``) and asyncio (``AsyncClient``), on 1 node and on 5.
 * peers: redis-py's ``Lock`` and python-redis-lock (1 node), pottery's ``Redlock`` and
   aioredlock (5 nodes).
@@ -138,6 +141,7 @@ class Subject:
     stats: Stats = field(default_factory=Stats)
     frozen: bool = False  # measured with node 5 stopped
     cpu_us: float = math.nan  # client CPU per cycle (best of --cpu-runs)
+    server_us: float = math.nan  # the nodes' CPU per cycle, all five (healthy rows)
 
     @property
     def own_floor(self) -> str:
@@ -719,6 +723,7 @@ def healthy_rows(subjects: Sequence[Subject]) -> list[list[str]]:
                 fmt(s.stats.percentile_us(0.99)),
                 fmt(s.stats.ops_per_s()),
                 "-" if math.isnan(s.cpu_us) else f"{s.cpu_us:.1f}",
+                "-" if math.isnan(s.server_us) else f"{s.server_us:.1f}",
                 f"{s.stats.paired_excess_us(floor):+.0f}",
                 ratio_cell(s.stats.paired_ratio(floor), None),
                 own_ratio,
@@ -795,6 +800,7 @@ def error_lines(subjects: Sequence[Subject]) -> list[str]:
 _COMMON = ["system", "p50 µs", "p99 µs", "ops/s", "CPU µs/cycle"]
 HEALTHY_HEADER = [
     *_COMMON,
+    "server CPU µs/cycle",
     "µs over floor",
     "p50 / floor",
     "p50 / own floor",
@@ -804,7 +810,7 @@ HEALTHY_HEADER = [
 ]
 FROZEN_HEADER = [*_COMMON, "p50 / own healthy p50", "failed", "notes"]
 # Columns of numbers, aligned right; the rest (names, verdicts, notes) align left.
-NUMERIC = frozenset([*_COMMON[1:], "µs over floor"])
+NUMERIC = frozenset([*_COMMON[1:], "server CPU µs/cycle", "µs over floor"])
 
 
 def versions() -> dict[str, str]:
@@ -842,6 +848,10 @@ def context_lines(args: argparse.Namespace, redis_version: str, load_before: flo
         f"- client CPU: time.process_time() over {args.cpu_cycles} untimed cycles per "
         f"system, best of {args.cpu_runs} runs taken in turns (this process, every thread; "
         "the servers are other processes)",
+        "- server CPU: the five nodes' CPU time over the same runs (Linux "
+        "/proc/<pid>/task/*/schedstat, every thread), per cycle, best of the runs; the "
+        "scripts' and commands' work, and the nodes' own background work (a few µs a "
+        "second each)",
     ]
 
 
@@ -923,7 +933,9 @@ def run(args: argparse.Namespace) -> str:
             print(f"measuring: {args.rounds} rounds x {args.iterations} cycles", file=sys.stderr)
             measure(subjects, args.rounds, args.iterations, args.chunk)
             print(f"client CPU: {args.cpu_runs} x {args.cpu_cycles} cycles", file=sys.stderr)
-            measure_cpu(subjects, args.cpu_cycles, args.cpu_runs)
+            pids = [node.pid for node in cluster.nodes]
+            servers = [pid for pid in pids if pid is not None]
+            measure_cpu(subjects, args.cpu_cycles, args.cpu_runs, servers)
             print("freezing node 5", file=sys.stderr)
             tenure5 = [s for s in subjects if s.role == "tenure" and s.nodes == 5]
             frozen = frozen_phase(env, cluster, tenure5, args)
