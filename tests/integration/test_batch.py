@@ -27,6 +27,7 @@ from tenure._core.resp import ErrorReply
 from tenure._driver.replies import reply_reader
 from tenure._lua import script
 from tenure.testing import LocalCluster, LocalNode
+from tenure.testing.fake import acquire_listed
 
 from .conftest import commands_run, poll_until, redis_6_2
 
@@ -72,11 +73,9 @@ def _state(node: LocalNode) -> dict[str, object]:
 
 
 def _status(reply: object) -> object:
-    """An acquire's reply by its status: 1 for a grant (answered with its token alone, or
-    as a list), a list's first number, an error as it is."""
-    if isinstance(reply, int):
-        return 1
-    return reply[0] if isinstance(reply, list) else reply
+    """An acquire's reply by its status (``acquire_listed``'s first number: 1 for a
+    grant, whether answered with its token alone or as a list), an error as it is."""
+    return acquire_listed(reply)[0] if isinstance(reply, (int, list)) else reply
 
 
 def _timeless(replies: object) -> list[object]:
