@@ -405,6 +405,9 @@ class Upstream(ProcessGroup):
         if proc.stdout is not None:
             proc.stdout.close()
 
+    def _retire(self) -> None:
+        pass  # nothing held but the process: its port is its own bind, not a claim
+
 
 async def trivial_app(scope: Scope, receive: Receive, send: Send) -> None:
     """The least an ASGI app can do for a PUT: read the body, answer 200 "ok"."""

@@ -853,7 +853,7 @@ def test_a_lease_follows_its_slot_to_a_new_master(api: Api, key: str, tmp_path: 
         new = LocalNode(
             "new", tmp_path / "new", binary=cluster.nodes[0].binary, extra_config=config
         )
-        new.port = _free_port_pair()  # and its bus port, 10000 above
+        new._move_to(_free_port_pair())  # and its bus port, 10000 above
         new.start()
         try:
             command = cluster._command

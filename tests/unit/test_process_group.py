@@ -35,6 +35,9 @@ class _Member:
     def _reap(self) -> None:
         self._step("reap")
 
+    def _retire(self) -> None:
+        self._step("retire")
+
 
 class _Group(ProcessGroup):
     """Three members a, b, c; ``start()`` starts them in turn (``fail`` may stop it)."""
@@ -54,7 +57,9 @@ class _Group(ProcessGroup):
             member._step("start")
 
 
-EVERY_STOP = ["terminate a", "terminate b", "terminate c", "reap a", "reap b", "reap c"]
+# A temporary directory is removed, so the members are then retired; a base_dir is kept.
+STOP_KEEPING = ["terminate a", "terminate b", "terminate c", "reap a", "reap b", "reap c"]
+EVERY_STOP = [*STOP_KEEPING, "retire a", "retire b", "retire c"]
 
 
 def test_close_asks_all_then_reaps_all_then_removes_the_directory() -> None:
@@ -99,5 +104,5 @@ def test_a_base_dir_is_created_and_kept(tmp_path: Path) -> None:
     assert where.is_dir()
     group.close()
     group.close()  # the members are asked again (a no-op for a reaped process)
-    assert group.log == EVERY_STOP * 2
+    assert group.log == STOP_KEEPING * 2  # none retired: the group may start again
     assert where.is_dir()

@@ -63,6 +63,10 @@ class Member(Protocol):
     def _reap(self) -> None:
         """Wait out the process's grace period, kill it if it is still there, reap it."""
 
+    def _retire(self) -> None:
+        """Let go of what the process holds beyond its directory (a claimed port): the
+        directory is gone, so it never starts again. Raises nothing."""
+
 
 class ProcessGroup:
     """Processes sharing a directory, stopped together by :meth:`close` (a base class).
@@ -143,6 +147,8 @@ class ProcessGroup:
         if self._cleanup is not None:
             self._cleanup()  # rmtree(ignore_errors=True): raises nothing
             self._removed = True
+            for process in processes:
+                process._retire()
         if failures:
             interrupts = [f for f in failures if not isinstance(f, Exception)]
             raise (interrupts or failures)[0]

@@ -167,6 +167,9 @@ class EmbeddedPostgres(ProcessGroup):
         if self._reaper is not None:
             self._reaper()  # SIGKILL if it is still there, and reap
 
+    def _retire(self) -> None:
+        pass  # it holds nothing but its directory: its only socket is a unix one there
+
     def _run(self, name: str, *args: str) -> subprocess.CompletedProcess[bytes]:
         """Run one of the binaries to completion, as the server's user, output to the log."""
         with self._log_path.open("ab") as log:

@@ -17,7 +17,10 @@ meantime, so a node whose first start fails with "Address already in use" retrie
 fresh port. Once a node has answered, its address is pinned: a restarted node comes
 back on the same port or socket, as a crashed server would. "Answered" means it replied
 PONG *and* reported our child's PID, so a stranger on a recycled port is never mistaken
-for our node.
+for our node. The port is also claimed (:mod:`tenure.testing._ports`) for as long as
+the node may start again, so that another process's harness is not handed it while the
+node is killed: a client reconnecting to a crashed node finds nobody there, not a
+server of another test.
 
 Faults are plain signals to PIDs this module spawned, and nothing else: ``pause()`` is
 SIGSTOP (the kernel still accepts connections, but nothing is answered: a GC pause or a
@@ -43,7 +46,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -64,6 +66,7 @@ from ._group import ProcessGroup as _ProcessGroup
 from ._group import kill_and_reap as _kill_and_reap
 from ._group import make_directory as _make_directory
 from ._group import removed as _removed
+from ._ports import PortClaim, claim_free_port
 
 __all__ = [
     "DIE_WITH_PARENT",
@@ -298,11 +301,13 @@ def _absolute(path: str) -> Path:
     return Path(os.path.abspath(path))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((_HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
+def _free_port(name: str) -> PortClaim:
+    """A free port for node ``name``, claimed against other processes' harnesses (see
+    :mod:`tenure.testing._ports`)."""
+    try:
+        return claim_free_port(_HOST)
+    except OSError as exc:
+        raise LocalNodeError(name, f"no port to listen on: {exc}") from None
 
 
 def _quote(value: str | os.PathLike[str]) -> str:
@@ -433,7 +438,10 @@ class LocalNode:
                 " unix socket's path may have: use a shorter directory (for a LocalCluster,"
                 " a shorter base_dir, or a shorter TMPDIR)",
             )
-        self.port: int | None = None if unix else _free_port()
+        self._port_claim: PortClaim | None = None
+        self.port: int | None = None
+        if not unix:
+            self._move_to(_free_port(name))
         self._address_pinned = unix
         self._proc: subprocess.Popen[bytes] | None = None
         self._reaper: weakref.finalize[Any, Any] | None = None
@@ -761,8 +769,21 @@ class LocalNode:
                 raise LocalNodeError(self.name, f"exited with status {proc.returncode}", tail)
             if attempt == _BIND_ATTEMPTS:
                 raise LocalNodeError(self.name, f"no free port in {attempt} attempts", tail)
-            self.port = _free_port()
+            self._move_to(_free_port(self.name))
             self._spawn()
+
+    def _move_to(self, claim: PortClaim) -> None:
+        """Listen on ``claim``'s port from the next start, and give up the old one."""
+        previous, self._port_claim = self._port_claim, claim
+        self.port = claim.port
+        if previous is not None:
+            previous.release()
+
+    def _retire(self) -> None:
+        # The group removed this node's directory, so it never starts again: other
+        # processes' harnesses may take its port now rather than when it is collected.
+        if self._port_claim is not None:
+            self._port_claim.release()
 
     def _answers_ping(self, pid: int) -> bool:
         try:

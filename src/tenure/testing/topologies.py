@@ -24,7 +24,7 @@ joined the way ``redis-cli --cluster create`` joins them (``CLUSTER SET-CONFIG-E
 ``start()`` returns once every node says ``cluster_state:ok``, every node sees the
 same slot map, and every node knows which master each replica follows. A node's
 cluster bus listens on its port + 10000, the only choice Redis 6.2 offers, so ports
-are picked in pairs. Each node's ``nodes.conf`` lives in its data directory: a node
+are picked, and claimed, in pairs. Each node's ``nodes.conf`` lives in its data directory: a node
 killed and started again (``node.start()``) rejoins as it left, one restarted without
 its data (``restart(keep_data=False)``) comes back a stranger.
 
@@ -36,9 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import re
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -52,6 +50,7 @@ import redis
 from tenure._errors import ConfigurationError
 
 from ._group import ProcessGroup as _ProcessGroup
+from ._ports import PortClaim, claim_free_port_pair
 from .local import (
     LocalNode,
     LocalNodeError,
@@ -585,19 +584,14 @@ def _parse_nodes(text: str) -> list[ClusterNodeView]:
     return views
 
 
-def _free_port_pair() -> int:
-    """A port P with P and P + 10000 both free now (the node's port and its bus)."""
-    for _ in range(200):
+def _free_port_pair() -> PortClaim:
+    """A port P with P and P + 10000 both free now (the node's port and its bus), both
+    claimed against other processes' harnesses (see :mod:`tenure.testing._ports`)."""
+    try:
         # Below the usual ephemeral range's top, so that P + 10000 is a port at all.
-        port = random.randrange(20000, 65535 - _BUS_OFFSET)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind((_HOST, port))
-                b.bind((_HOST, port + _BUS_OFFSET))
-        except OSError:
-            continue
-        return port
-    raise LocalNodeError("cluster", "found no free pair of ports (P, P + 10000)")
+        return claim_free_port_pair(_HOST, _BUS_OFFSET, 20000, 65535 - _BUS_OFFSET)
+    except OSError as exc:
+        raise LocalNodeError("cluster", str(exc)) from None
 
 
 class LocalRedisCluster(_Topology, _NodeList):
@@ -682,7 +676,7 @@ class LocalRedisCluster(_Topology, _NodeList):
             fresh = [n for n in self.nodes if not n._address_pinned]
             for node in fresh:
                 node.kill()
-                node.port = _free_port_pair()
+                node._move_to(_free_port_pair())
             try:
                 _start_all(fresh)
                 break
