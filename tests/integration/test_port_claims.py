@@ -48,7 +48,8 @@ def _elsewhere(*ports: int) -> Iterator[tuple[str, subprocess.Popen[str]]]:
         assert child.stdout is not None
         yield child.stdout.readline().strip(), child
     finally:
-        assert child.stdin is not None and child.stdout is not None
+        assert child.stdin is not None
+        assert child.stdout is not None
         child.stdin.close()  # it exits, and lets go of its claim on the way out
         try:
             child.wait(timeout=30)
