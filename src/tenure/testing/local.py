@@ -66,7 +66,8 @@ from ._group import ProcessGroup as _ProcessGroup
 from ._group import kill_and_reap as _kill_and_reap
 from ._group import make_directory as _make_directory
 from ._group import removed as _removed
-from ._ports import PortClaim, claim_free_port
+from ._ports import PortClaim as _PortClaim
+from ._ports import claim_free_port as _claim_free_port
 
 __all__ = [
     "DIE_WITH_PARENT",
@@ -301,11 +302,11 @@ def _absolute(path: str) -> Path:
     return Path(os.path.abspath(path))
 
 
-def _free_port(name: str) -> PortClaim:
+def _free_port(name: str) -> _PortClaim:
     """A free port for node ``name``, claimed against other processes' harnesses (see
     :mod:`tenure.testing._ports`)."""
     try:
-        return claim_free_port(_HOST)
+        return _claim_free_port(_HOST)
     except OSError as exc:
         raise LocalNodeError(name, f"no port to listen on: {exc}") from None
 
@@ -438,7 +439,7 @@ class LocalNode:
                 " unix socket's path may have: use a shorter directory (for a LocalCluster,"
                 " a shorter base_dir, or a shorter TMPDIR)",
             )
-        self._port_claim: PortClaim | None = None
+        self._port_claim: _PortClaim | None = None
         self.port: int | None = None
         if not unix:
             self._move_to(_free_port(name))
@@ -772,7 +773,7 @@ class LocalNode:
             self._move_to(_free_port(self.name))
             self._spawn()
 
-    def _move_to(self, claim: PortClaim) -> None:
+    def _move_to(self, claim: _PortClaim) -> None:
         """Listen on ``claim``'s port from the next start, and give up the old one."""
         previous, self._port_claim = self._port_claim, claim
         self.port = claim.port

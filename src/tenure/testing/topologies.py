@@ -50,7 +50,8 @@ import redis
 from tenure._errors import ConfigurationError
 
 from ._group import ProcessGroup as _ProcessGroup
-from ._ports import PortClaim, claim_free_port_pair
+from ._ports import PortClaim as _PortClaim
+from ._ports import claim_free_port_pair as _claim_free_port_pair
 from .local import (
     LocalNode,
     LocalNodeError,
@@ -584,12 +585,12 @@ def _parse_nodes(text: str) -> list[ClusterNodeView]:
     return views
 
 
-def _free_port_pair() -> PortClaim:
+def _free_port_pair() -> _PortClaim:
     """A port P with P and P + 10000 both free now (the node's port and its bus), both
     claimed against other processes' harnesses (see :mod:`tenure.testing._ports`)."""
     try:
         # Below the usual ephemeral range's top, so that P + 10000 is a port at all.
-        return claim_free_port_pair(_HOST, _BUS_OFFSET, 20000, 65535 - _BUS_OFFSET)
+        return _claim_free_port_pair(_HOST, _BUS_OFFSET, 20000, 65535 - _BUS_OFFSET)
     except OSError as exc:
         raise LocalNodeError("cluster", str(exc)) from None
 
