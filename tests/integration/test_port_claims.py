@@ -7,6 +7,7 @@ another pytest-xdist worker would.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -121,3 +122,19 @@ def test_claims_are_all_or_none_and_released_claims_leave_no_file() -> None:
     assert not (directory / str(first.port)).exists()
     assert not (directory / str(second.port)).exists()
     assert _claimable_elsewhere(first.port, second.port)
+
+
+def test_a_forked_child_leaves_its_parents_claims_alone() -> None:
+    mine = claim_free_port(HOST)
+    pid = os.fork()
+    if pid == 0:  # the child: collected at exit, as a claim a test forgets would be
+        mine.release()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not _claimable_elsewhere(mine.port)  # the parent's lock and file are intact
+    directory = _directory()
+    assert directory is not None
+    assert (directory / str(mine.port)).exists()
+    mine.release()
+    assert _claimable_elsewhere(mine.port)

@@ -62,7 +62,7 @@ class PortClaim:
         self.ports = ports
         # A finalizer, not __del__: it also runs at interpreter exit, and release() and
         # collection then run it once between them.
-        self._finalizer = weakref.finalize(self, _let_go, held)
+        self._finalizer = weakref.finalize(self, _let_go, held, os.getpid())
 
     @property
     def port(self) -> int:
@@ -111,12 +111,16 @@ def _lock(path: Path) -> int | None:
         os.close(fd)  # a releaser unlinked it between our open and our lock: again
 
 
-def _let_go(held: list[tuple[Path, int]]) -> None:
+def _let_go(held: list[tuple[Path, int]], owner: int | None = None) -> None:
     # Unlink before closing: once closed (unlocked), the name may be claimed anew, and an
-    # unlink after that would remove the new claimer's file.
+    # unlink after that would remove the new claimer's file. A child forked from the
+    # claimer (``owner``) shares its locks and runs its finalizers at exit: it only
+    # closes its copies, which leaves the claimer's lock, and unlinks nothing.
+    mine = owner is None or owner == os.getpid()
     for path, fd in held:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        if mine:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         with contextlib.suppress(OSError):
             os.close(fd)
     held.clear()
