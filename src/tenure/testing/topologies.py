@@ -24,9 +24,9 @@ joined the way ``redis-cli --cluster create`` joins them (``CLUSTER SET-CONFIG-E
 ``start()`` returns once every node says ``cluster_state:ok``, every node sees the
 same slot map, and every node knows which master each replica follows. A node's
 cluster bus listens on its port + 10000, the only choice Redis 6.2 offers, so ports
-are picked, and claimed, in pairs. Each node's ``nodes.conf`` lives in its data directory: a node
-killed and started again (``node.start()``) rejoins as it left, one restarted without
-its data (``restart(keep_data=False)``) comes back a stranger.
+are picked, and claimed, in pairs. Each node's ``nodes.conf`` lives in its data
+directory: a node killed and started again (``node.start()``) rejoins as it left, one
+restarted without its data (``restart(keep_data=False)``) comes back a stranger.
 
 Who is master changes under faults, so neither class remembers it: every answer
 (``master()``, ``slot_owner()``, ...) is asked of the running servers at the time.
