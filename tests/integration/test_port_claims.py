@@ -105,23 +105,24 @@ def test_a_pair_claimed_elsewhere_is_never_picked() -> None:
 
 
 def test_claims_are_all_or_none_and_released_claims_leave_no_file() -> None:
-    first = claim_free_port(HOST)
-    second = claim_free_port(HOST)
-    assert claim(first.port) is None  # one process, two claims: refused all the same
-    assert claim(second.port, first.port) is None
-    assert _claimable_elsewhere(second.port) is False  # still mine: not taken by the refusal
-    first.release()
-    first.release()  # a no-op
-    again = claim(first.port)
+    held = claim_free_port(HOST)
+    assert claim(held.port) is None  # one process, two claims: refused all the same
+    spare = claim_free_port(HOST)
+    free = spare.port
+    spare.release()
+    assert claim(free, held.port) is None
+    assert _claimable_elsewhere(free)  # the refusal kept none of the ports it asked for
+    assert not _claimable_elsewhere(held.port)  # nor gave up the one held before it
+    held.release()
+    held.release()  # a no-op
+    again = claim(held.port)
     assert again is not None
     directory = _directory()
     assert directory is not None
-    assert (directory / str(first.port)).exists()
+    assert (directory / str(held.port)).exists()
     again.release()
-    second.release()
-    assert not (directory / str(first.port)).exists()
-    assert not (directory / str(second.port)).exists()
-    assert _claimable_elsewhere(first.port, second.port)
+    assert not (directory / str(held.port)).exists()
+    assert not (directory / str(free)).exists()
 
 
 def test_a_forked_child_leaves_its_parents_claims_alone() -> None:

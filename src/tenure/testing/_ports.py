@@ -14,20 +14,22 @@ stranger, and a test of "the node is down" sees a Sentinel refuse ``EVALSHA`` in
 The kernel cannot reserve a port nobody listens on, so the harnesses agree among
 themselves. A claim is an exclusive ``flock`` on a file named after the port, in a
 directory shared by this user's processes (``/tmp/tenure-ports-<uid>/<port>``, or under
-``$TMPDIR`` where ``/tmp`` cannot be written). Only
-the claimer's open file holds it, so the kernel drops a claim when its process dies,
-however it dies: no claim outlives its owner, and none needs a PID read back. A port
-whose file another process has locked is skipped; the claimer asks the kernel for
-another.
+``$TMPDIR`` where ``/tmp`` cannot be written). Only the claimer's open file holds it, so
+the kernel drops a claim when its process dies, however it dies: no claim outlives its
+owner, and none needs a PID read back. A port whose file another process has locked is
+skipped; the claimer asks the kernel for another.
 
 A claim is given up by unlinking the file and then closing it (which unlocks). Whoever
 locks a file checks, after the lock, that the name still leads to the inode it locked:
-otherwise it locked a file a releaser had just unlinked, and it tries again.
+otherwise it locked a file a releaser had just unlinked, and it tries again. A child
+forked from the claimer shares its locks; at its exit it closes its copies and unlinks
+nothing, so the claim stays its parent's.
 
 Only tenure's harness honours claims; a process that binds a port on its own (another
 program's server, a client's ephemeral port) is not stopped. Where claims cannot be
 made (no ``fcntl``, a directory that cannot be written), ports are taken unclaimed, as
-before claims existed: a claim makes a collision unlikely, never correctness depend on it.
+before claims existed: claims make a collision unlikely, and nothing depends on them for
+its correctness.
 """
 
 from __future__ import annotations
@@ -156,7 +158,7 @@ def _first_claim(candidate: Callable[[], tuple[int, ...] | None], what: str) -> 
             taken = claim(*ports)
             if taken is not None:
                 return taken
-    raise OSError(f"found no {what} on 127.0.0.1 in {_ATTEMPTS} attempts")
+    raise OSError(f"found no {what} in {_ATTEMPTS} attempts")
 
 
 def claim_free_port(host: str) -> PortClaim:
@@ -172,7 +174,7 @@ def claim_free_port(host: str) -> PortClaim:
             port: int = s.getsockname()[1]
             return (port,)
 
-    return _first_claim(kernel_pick, "free port")
+    return _first_claim(kernel_pick, f"free port on {host} that no other process claimed")
 
 
 def claim_free_port_pair(host: str, offset: int, low: int, high: int) -> PortClaim:
@@ -193,4 +195,4 @@ def claim_free_port_pair(host: str, offset: int, low: int, high: int) -> PortCla
             return None
         return (port, port + offset)
 
-    return _first_claim(random_pick, f"free pair of ports (P, P + {offset})")
+    return _first_claim(random_pick, f"free pair of ports (P, P + {offset}) on {host}")
