@@ -10,9 +10,11 @@ manager.
 processes shut down side by side rather than one grace period after another. A process
 that fails to stop (a signal refused, an interrupt while waiting) spares none of the
 others: every process is still asked, every one reaped (killed after its grace), the
-directory removed, and then the first failure is raised. ``with group:`` closes on the way
-out, and also when ``start()`` fails part way, because the processes it launched before the
-failure are running and nobody else holds them.
+directory removed, and then the first failure is raised. Once a temporary directory is
+removed its processes can never start again, so each is then retired: it lets go of what
+it holds beyond the directory (a node's claimed port, :mod:`tenure.testing._ports`).
+``with group:`` closes on the way out, and also when ``start()`` fails part way, because
+the processes it launched before the failure are running and nobody else holds them.
 
 Each process is stopped through its own ``subprocess.Popen``, by the PID of a child we
 spawned and have not reaped yet (:func:`kill_and_reap`), never by name or process group.
@@ -135,7 +137,9 @@ class ProcessGroup:
         killed (SIGKILL) if it outlives its grace period (a server: 5 s). A failure to
         stop one spares none of the others: all are still stopped and the directory
         removed, then the first failure is raised (an interrupt, such as
-        ``KeyboardInterrupt``, before any error). Closing again does nothing.
+        ``KeyboardInterrupt``, before any error). A temporary directory removed, every
+        process is retired (``Member._retire``: a node gives up its claimed port).
+        Closing again does nothing more.
         """
         processes = list(self._processes())
         failures: list[BaseException] = []
