@@ -128,9 +128,9 @@ def test_claims_are_all_or_none_and_released_claims_leave_no_file() -> None:
 def test_a_forked_child_leaves_its_parents_claims_alone() -> None:
     mine = claim_free_port(HOST)
     pid = os.fork()
-    if pid == 0:  # the child: collected at exit, as a claim a test forgets would be
+    if pid == 0:  # the child runs the claim's finalizer, as its normal exit would
         mine.release()
-        os._exit(0)
+        os._exit(0)  # (and skips the exit handlers, which would run pytest's)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert not _claimable_elsewhere(mine.port)  # the parent's lock and file are intact
