@@ -139,3 +139,24 @@ def test_a_forked_child_leaves_its_parents_claims_alone() -> None:
     assert (directory / str(mine.port)).exists()
     mine.release()
     assert _claimable_elsewhere(mine.port)
+
+
+def test_a_new_process_sweeps_the_files_of_dead_claimers_and_keeps_live_ones() -> None:
+    directory = _directory()
+    assert directory is not None
+    spares = [claim_free_port(HOST) for _ in range(2)]
+    dead, live = (spare.port for spare in spares)
+    for spare in spares:
+        spare.release()
+    with _elsewhere(dead) as (said, child):
+        assert said == "claimed"
+        child.send_signal(signal.SIGKILL)  # no Python runs: its file stays behind
+        child.wait()
+    assert (directory / str(dead)).exists()
+    with _elsewhere(live) as (said, _):
+        assert said == "claimed"
+        sweep = "from tenure.testing._ports import _directory; _directory()"
+        subprocess.run([sys.executable, "-c", sweep], check=True, timeout=60)
+        assert not (directory / str(dead)).exists()
+        assert (directory / str(live)).exists()
+        assert claim(live) is None  # still held, through the sweep

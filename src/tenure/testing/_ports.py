@@ -23,7 +23,10 @@ A claim is given up by unlinking the file and then closing it (which unlocks). W
 locks a file checks, after the lock, that the name still leads to the inode it locked:
 otherwise it locked a file a releaser had just unlinked, and it tries again. A child
 forked from the claimer shares its locks; at its exit it closes its copies and unlinks
-nothing, so the claim stays its parent's.
+nothing, so the claim stays its parent's. A claimer killed by a signal leaves its file
+behind, unlocked: the next claimer of that port takes it over, and each process's first
+use of the directory removes every such file (locking each before it unlinks it, as a
+release does).
 
 Only tenure's harness honours claims; a process that binds a port on its own (another
 program's server, a client's ephemeral port) is not stopped. Where claims cannot be
@@ -77,7 +80,8 @@ class PortClaim:
 
 
 def _directory() -> Path | None:
-    """Where this user's claims live, made if missing; None if it cannot be made."""
+    """Where this user's claims live, made if missing; None if it cannot be made. The
+    first call in a process also removes the files of claims whose process is gone."""
     name = f"tenure-ports-{os.getuid() if hasattr(os, 'getuid') else 0}"
     # /tmp before $TMPDIR: processes that agree on ports must find one directory, and a
     # run may give its children a TMPDIR of their own (a short one, for unix sockets).
@@ -87,8 +91,36 @@ def _directory() -> Path | None:
             path.mkdir(mode=0o700, exist_ok=True)
         except OSError:
             continue
+        global _swept_by
+        if _swept_by != os.getpid():  # (a forked child sweeps again, harmlessly)
+            _swept_by = os.getpid()
+            _sweep(path)
         return path
     return None
+
+
+_swept_by: int | None = None  # the process that swept the directory (``_sweep``)
+
+
+def _sweep(directory: Path) -> None:
+    """Remove the files no process holds: those of claimers that died without letting go
+    (killed by a signal, or gone by ``os._exit``). Each is locked before it is unlinked,
+    so a file being claimed meanwhile is never removed from under its claimer: either we
+    cannot lock it, or the claimer's check after its lock finds the name gone and it
+    makes the file again."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name.isdigit():
+            path = directory / name
+            try:
+                fd = _lock(path)
+            except OSError:
+                continue
+            if fd is not None:
+                _let_go([(path, fd)])
 
 
 def _lock(path: Path) -> int | None:
