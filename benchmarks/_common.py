@@ -37,6 +37,7 @@ __all__ = [
     "measure_cpu",
     "no_retry",
     "server_cpu_ns",
+    "server_cpu_s",
     "server_version",
     "table",
     "write_results",
@@ -207,6 +208,18 @@ def server_cpu_ns(pids: Sequence[int]) -> int | None:
                 total += int((task / "schedstat").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
+    return total
+
+
+def server_cpu_s(nodes: Sequence[LocalNode]) -> float:
+    """The CPU seconds the ``nodes`` have used so far, as each reports it (``INFO cpu``,
+    user + system, summed): where a benchmark reads the nodes over the network, as on a
+    machine without Linux's ``/proc`` (``server_cpu_ns`` reads the kernel's count)."""
+    total = 0.0
+    for node in nodes:
+        with node.client() as c:
+            info = c.info("cpu")
+        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
     return total
 
 

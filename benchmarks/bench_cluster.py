@@ -42,20 +42,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import tenure
-from _common import fmt, server_version, table, write_results
-from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster
+from _common import fmt, server_cpu_s, server_version, table, write_results
+from tenure.testing import LocalCluster, LocalRedisCluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_cluster.md"
 TTL = 10.0
-
-
-def _server_cpu(nodes: Sequence[LocalNode]) -> float:
-    total = 0.0
-    for node in nodes:
-        with node.client() as c:
-            info = c.info("cpu")
-        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-    return total
 
 
 async def _run(url: str, tasks: int, duration: float, prefix: str) -> tuple[int, float]:
@@ -104,9 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             got: dict[str, float] = {}
             for which in order:
                 url, nodes = deployments[which]
-                server = _server_cpu(nodes)
+                server = server_cpu_s(nodes)
                 cycles, cpu = asyncio.run(_run(url, args.tasks, args.duration, f"b{r}{which[0]}"))
-                server = _server_cpu(nodes) - server
+                server = server_cpu_s(nodes) - server
                 rate = cycles / args.duration
                 rows[which].append((rate, cpu / cycles * 1e6, server / cycles * 1e6))
                 got[which] = rate

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import tenure
-from _common import fmt, initialise, server_version, table, write_results
+from _common import fmt, initialise, server_cpu_s, server_version, table, write_results
 from _floors import COMPARE_AND_DELETE, AsyncMajorityFloor, Payloads
 from tenure.testing import LocalCluster, Persistence
 
@@ -223,16 +223,6 @@ def threads_row(client: tenure.Client, nodes: int, prefix: str) -> Row:
 # --------------------------------------------------------------------------- method
 
 
-def server_cpu(cluster: LocalCluster, nodes: int) -> float:
-    """CPU seconds the first ``nodes`` servers used so far (INFO cpu, user + system)."""
-    total = 0.0
-    for node in cluster.nodes[:nodes]:
-        with node.client() as c:
-            info = c.info("cpu")
-            total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-    return total
-
-
 def measure(
     cluster: LocalCluster, rows: Sequence[Row], rounds: int, duration: float, warmup: float
 ) -> None:
@@ -245,9 +235,9 @@ def measure(
     for r in range(rounds):
         shift = r * max(len(live) // rounds, 1) % max(len(live), 1)
         for row in live[shift:] + live[:shift]:
-            before = server_cpu(cluster, row.nodes)
+            before = server_cpu_s(cluster.nodes[: row.nodes])
             result = row.start(duration)
-            result.server_cpu = server_cpu(cluster, row.nodes) - before
+            result.server_cpu = server_cpu_s(cluster.nodes[: row.nodes]) - before
             row.runs.append(result)
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
 
