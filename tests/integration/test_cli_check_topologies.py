@@ -255,7 +255,7 @@ def test_sentinels_refusing_the_question_get_the_fixing_line(
             # The question and the subscription: one line, not a second round of fixing.
             assert found.group(1) == (
                 f"ACL SETUSER {user} resetchannels &+switch-master "
-                "+sentinel|get-master-addr-by-name +subscribe +ping"
+                "+sentinel|get-master-addr-by-name +sentinel|master +subscribe +ping"
             )
             _apply(sentinels.sentinels, found.group(1))
             code, findings = _check(url)
@@ -275,8 +275,16 @@ def test_sentinels_refusing_the_question_get_the_fixing_line(
         ("+sentinel|get-master-addr-by-name",),
         # the subscription, but not the PING that tells a Sentinel that froze
         ("+sentinel|get-master-addr-by-name", "resetchannels", "&+switch-master", "+subscribe"),
+        # the line documented before the clients asked for the configuration epoch
+        (
+            "+sentinel|get-master-addr-by-name",
+            "resetchannels",
+            "&+switch-master",
+            "+subscribe",
+            "+ping",
+        ),
     ],
-    ids=["no-subscribe", "no-ping"],
+    ids=["no-subscribe", "no-ping", "no-question"],
 )
 def test_sentinels_refusing_the_clients_subscription_get_the_fixing_line(
     sentinels: LocalSentinelSet, rules: tuple[str, ...]
@@ -298,20 +306,26 @@ def test_sentinels_refusing_the_clients_subscription_get_the_fixing_line(
                 sentinels.sentinels
             ), findings
             fix = f"Fix (on that Sentinel): {_acl.sentinel_fix(user)}"
+            # The subscription's refusal is named first: the same line fixes both.
+            refused = (
+                "question for the master's configuration (SENTINEL MASTER "
+                f"{sentinels.service}: NOPERM"
+                if "+ping" in rules
+                else "subscription to its announcements of a failover (+switch-master: NOPERM"
+            )
             for sentinel, row in zip(sentinels.sentinels, rows, strict=True):
                 assert row["detail"].startswith(
-                    f"Sentinel {_where(sentinel)} refuses the clients' subscription to its "
-                    "announcements of a failover (+switch-master: NOPERM"
+                    f"Sentinel {_where(sentinel)} refuses the clients' {refused}"
                 ), row
                 assert "only once the old master is demoted" in row["detail"], row
                 assert row["detail"].endswith(fix), row
             _, text = _run("status", "--redis", url, "sentinel-watch-acl")
-            assert text.count("refuses the clients' subscription") == len(sentinels.sentinels)
+            assert text.count(f"refuses the clients' {refused}") == len(sentinels.sentinels)
             _apply(sentinels.sentinels, _acl.sentinel_fix(user))
             _, findings = _check(url)
             assert not [f for f in findings if f["check"] == "sentinels"], findings
             _, text = _run("status", "--redis", url, "sentinel-watch-acl")
-            assert "subscription" not in text, text
+            assert "refuses the clients'" not in text, text
         finally:
             for sentinel in sentinels.sentinels:
                 with sentinel.client() as c:

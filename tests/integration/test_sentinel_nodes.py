@@ -29,6 +29,7 @@ import redis
 import redis.sentinel
 
 import tenure
+from tenure._core import sentinel_watch as watch_rules
 from tenure._core.config import LockKeys, parse_node_url
 from tenure._driver import acl as _acl
 from tenure._driver.sentinel import Locator, SocketEnd
@@ -329,6 +330,42 @@ def test_the_documented_sentinel_acl_lets_the_watch_subscribe(
         lambda: any(_watched_by(s, user) for s in fresh_set.sentinels),
         what="a subscription by the documented user",
     )
+    for sentinel in fresh_set.sentinels:  # nothing it asks was refused
+        with sentinel.client() as c:
+            assert c.acl_log() == [], sentinel
+
+
+def test_a_holder_follows_a_failover_announced_while_its_subscriptions_were_down(
+    api: Api, fresh_set: LocalSentinelSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An announcement is not kept: a failover announced while the watch had no
+    # subscription up is not heard when it subscribes again, and the connections would
+    # stay on the old master (still a master) until the Sentinels demote it. The watch
+    # asks each Sentinel SENTINEL MASTER before it subscribes, and the announcing one
+    # after an announcement: a configuration epoch above every one heard, naming
+    # another master, moves the connections as an announcement does. The first failover
+    # here is heard (the reference moves with it, from the announcing Sentinel's
+    # answer); the second is announced while the Sentinels refuse the subscription.
+    monkeypatch.setattr(watch_rules, "REFUSED_REST", 0.5)  # asked again soon
+    user = "gap"
+    documented = _acl.sentinel_acl(user, "pw").split()[6:]
+    client = _client_as(api, fresh_set, user, *documented)
+    name = f"sentinel-gap-{api.flavour}"
+    first = _lands_on(api, client, name, fresh_set)
+    api.wait_until(lambda: len(_watching(fresh_set)) == 2, what="two subscriptions")
+    _moved_by_the_announcement(api, client, name, fresh_set, first)
+    second = fresh_set.wait_settled()  # the first master demoted: fit to be promoted
+    for sentinel in fresh_set.sentinels:
+        with sentinel.client() as c:
+            c.execute_command("ACL", "SETUSER", user, "-subscribe")
+            c.execute_command("CLIENT", "KILL", "USER", user)
+    api.wait_until(lambda: not _watching(fresh_set), what="no subscription")
+    assert fresh_set.failover() is first  # announced; nobody subscribed to hear it
+    for sentinel in fresh_set.sentinels:
+        with sentinel.client() as c:
+            c.execute_command("ACL", "SETUSER", user, "+subscribe")
+    assert _lands_on(api, client, name, fresh_set) is first
+    assert _role(second) == "master"  # moved by the epoch, not by a demotion
 
 
 def test_sentinels_refusing_the_subscription_are_not_asked_for_it_again_at_once(
@@ -336,7 +373,8 @@ def test_sentinels_refusing_the_subscription_are_not_asked_for_it_again_at_once(
 ) -> None:
     # Sentinels whose ACL lets the user ask for the master but not subscribe: the lock
     # works, and the watch, refused, asks each Sentinel once a minute (at the back-off's
-    # pace it would log a refusal on each every second).
+    # pace it would log a refusal on each every second): SENTINEL MASTER, then the
+    # subscription, each refused once.
     question = "+sentinel|get-master-addr-by-name"
     client = _client_as(api, fresh_set, "unwatched", question)
     for _ in range(3):
@@ -347,7 +385,7 @@ def test_sentinels_refusing_the_subscription_are_not_asked_for_it_again_at_once(
         with sentinel.client() as c:
             return sum(int(e.get("count", 1)) for e in c.acl_log())
 
-    assert [refusals(s) for s in fresh_set.sentinels] == [1] * len(fresh_set.sentinels)
+    assert [refusals(s) for s in fresh_set.sentinels] == [2] * len(fresh_set.sentinels)
 
 
 def test_an_announced_failover_ends_the_connections_to_other_servers(

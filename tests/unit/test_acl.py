@@ -97,7 +97,7 @@ def test_each_kind_of_node_adds_its_commands() -> None:
     assert _acl.least_privilege_acl(kind="sentinel").endswith(" +role")
     assert _acl.sentinel_acl() == (
         "ACL SETUSER tenure reset on >PASSWORD resetchannels &+switch-master "
-        "+sentinel|get-master-addr-by-name +subscribe +ping"
+        "+sentinel|get-master-addr-by-name +sentinel|master +subscribe +ping"
     )
 
 

@@ -10,7 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tenure._core.backoff import BACKOFF_MIN
-from tenure._core.sentinel_watch import PATIENCE, REFUSED_REST, WATCH_PING, WatchPlan, watched
+from tenure._core.sentinel_watch import (
+    PATIENCE,
+    REFUSED_REST,
+    WATCH_PING,
+    Config,
+    WatchPlan,
+    master_config,
+    watched,
+)
 
 S = [("10.0.0.1", 26379), ("10.0.0.2", 26379), ("10.0.0.3", 26379)]
 
@@ -127,3 +135,110 @@ def test_never_more_held_than_watched_nor_a_held_or_resting_one_offered(
             plan.heard(sentinel, now)
         elif step == "pinged":
             plan.pinged(sentinel, now)
+
+
+# --- a failover announced while no subscription was up ------------------------------------
+
+M0, M1, M2 = ("10.0.1.1", 6379), ("10.0.1.2", 6379), ("10.0.1.3", 6379)
+
+
+def test_a_newer_epoch_moves_the_connections_and_an_older_one_not() -> None:
+    plan = WatchPlan(3, ask_timeout=0.3)
+    assert plan.told(Config(4, M0)) is None  # the reference: where the connections went
+    assert plan.told(Config(4, M0)) is None  # the same configuration
+    assert plan.told(Config(3, M1)) is None  # a Sentinel behind, naming an old master
+    assert plan.told(Config(6, M1)) == M1  # a failover nobody announced
+    assert plan.told(Config(6, M1)) is None  # heard once: the reference now
+    assert plan.told(Config(5, M0)) is None  # behind that one
+    # Failovers that ended where the connections are: they are told all the same (they
+    # stay, and a connection set up from an older answer elsewhere is refused).
+    assert plan.told(Config(8, M1)) == M1
+    assert plan.told(Config(9, M2)) == M2
+
+
+def test_after_an_announcement_the_next_answer_is_the_reference() -> None:
+    # The announcement carries no epoch; the connections followed it.
+    plan = WatchPlan(3, ask_timeout=0.3)
+    plan.told(Config(1, M0))
+    plan.announced()
+    assert plan.told(Config(3, M2)) is None
+    assert plan.told(Config(2, M1)) is None  # behind the reference
+    assert plan.told(Config(4, M1)) == M1  # the next failover nobody announced
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("failover"), st.sampled_from([M0, M1, M2]), st.booleans()),
+            st.tuples(st.just("answer"), st.integers(0, 20), st.booleans()),
+        ),
+        max_size=40,
+    )
+)
+def test_the_connections_move_only_forward_and_reach_the_newest_master(
+    steps: list[tuple[str, object, bool]],
+) -> None:
+    """Failovers, each announced or not, and answers from Sentinels that know any prefix
+    of them (a Sentinel behind the others knows an older one): every move goes to the
+    master of a configuration newer than every one heard since the reference (the first
+    answer, and the first after each announcement); and once a Sentinel that knows a
+    failover made after the reference answers, the connections are on its master."""
+    history = [Config(0, M0)]
+    plan = WatchPlan(3, ask_timeout=0.3)
+    plan.told(history[0])
+    newest_told: int | None = 0  # the newest configuration heard since the reference
+    reference_at = 0  # the newest failover made when the reference was heard
+    where = M0  # where the connections are
+    for kind, value, flag in steps:
+        if kind == "failover":
+            assert isinstance(value, tuple)
+            history.append(Config(history[-1].epoch + 1 + flag, value))
+            if flag:  # announced, and heard
+                plan.announced()
+                where, newest_told = value, None
+            continue
+        assert isinstance(value, int)
+        known = min(value, len(history) - 1)  # how far this Sentinel knows
+        moved = plan.told(history[known])
+        if newest_told is None:
+            assert moved is None
+            newest_told, reference_at = known, len(history) - 1
+            continue
+        if moved is not None:
+            assert known > newest_told
+            assert moved == history[known].master
+            where = moved
+        newest_told = max(newest_told, known)
+        if known == len(history) - 1 > reference_at:
+            assert where == history[-1].master
+
+
+@pytest.mark.parametrize(
+    ("reply", "config"),
+    [
+        # RESP2: field names and values, flat (the watch's connections speak RESP2)
+        ([b"name", b"svc", b"ip", b"10.0.1.2", b"port", b"6379", b"config-epoch", b"7"], 7),
+        # RESP3: a map
+        ({b"ip": b"10.0.1.2", b"port": b"6379", b"config-epoch": b"0", b"num-slaves": b"1"}, 0),
+        ({"ip": "10.0.1.2", "port": "6379", "config-epoch": "12"}, 12),
+    ],
+)
+def test_a_sentinels_configuration_is_read_from_either_protocol(reply: object, config: int) -> None:
+    assert master_config(reply) == Config(config, M1)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        None,
+        b"OK",
+        [b"ip", b"10.0.1.2", b"port"],  # odd: not names and values
+        [b"ip", b"10.0.1.2", b"port", b"6379"],  # no epoch
+        [b"ip", b"10.0.1.2", b"port", b"0", b"config-epoch", b"1"],
+        [b"ip", b"", b"port", b"6379", b"config-epoch", b"1"],
+        [b"ip", b"10.0.1.2", b"port", b"6379", b"config-epoch", b"-1"],
+        [[b"ip"], b"10.0.1.2"],  # a name that is not text
+    ],
+)
+def test_a_reply_without_a_configuration_names_none(reply: object) -> None:
+    assert master_config(reply) is None

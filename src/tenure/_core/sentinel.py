@@ -39,6 +39,7 @@ __all__ = [
     "moved_meanwhile",
     "no_master",
     "not_a_master",
+    "question_refused",
     "role_of",
     "sentinel_login",
     "switched_to",
@@ -315,6 +316,19 @@ def watch_refused(service: str, sentinel: Address, said: str) -> str:
         "subscribe on another Sentinel, and where none lets them, they follow a failover "
         f"of service {service!r} only once the old master is demoted, seconds after it is "
         "announced, locking on the old master meanwhile"
+    )
+
+
+def question_refused(service: str, sentinel: Address, said: str) -> str:
+    """What ``tenure check`` and ``tenure status`` say of a Sentinel whose ACL lets the
+    clients subscribe but refuses ``SENTINEL MASTER``, which they ask before subscribing
+    (``said``: its refusal)."""
+    return (
+        f"Sentinel {_where(sentinel)} refuses the clients' question for the master's "
+        f"configuration (SENTINEL MASTER {service}: {said.strip()[:100]}), asked before "
+        "they subscribe to its announcements of a failover: a failover announced while "
+        "their subscriptions were down is followed only once the old master is demoted, "
+        "locking on the old master meanwhile"
     )
 
 

@@ -22,6 +22,20 @@ says nothing of its Sentinel. After ``WATCH_PING`` seconds of it, the Sentinel i
 ``PATIENCE``) froze or was cut off from us, and is left for the next Sentinel. A
 Sentinel whose subscription failed is passed over for the reconnect back-off
 (``backoff``); one whose ACL refused the subscription for ``REFUSED_REST`` seconds.
+
+A failover announced while no subscription was up: an announcement is not kept, so a
+subscription made after it hears nothing of it, and the connections would stay on the
+old master until the Sentinels demote it. So each Sentinel is asked for the master's
+configuration (``SENTINEL MASTER``: the master and its ``config-epoch``, which every
+failover raises) just before it is subscribed on (``told``). The first answer is the
+reference: the connections were sent to the master moments before, when the node's
+first connection asked (or, after an announcement, which carries no epoch, the
+connections followed it). An answer whose epoch is above every one heard since is a
+failover that nobody announced to us: the connections move to its master, as at an
+announcement (those already there stay). One whose epoch is not above is a Sentinel
+behind the others, or up to date, and moves nothing: a Sentinel's name for the master
+alone cannot tell one behind from one ahead, and following one behind would send the
+connections back to an old master still up.
 """
 
 from __future__ import annotations
@@ -31,7 +45,15 @@ from dataclasses import dataclass
 
 from .backoff import Reconnect
 
-__all__ = ["PATIENCE", "REFUSED_REST", "WATCH_PING", "WatchPlan", "watched"]
+__all__ = [
+    "PATIENCE",
+    "REFUSED_REST",
+    "WATCH_PING",
+    "Config",
+    "WatchPlan",
+    "master_config",
+    "watched",
+]
 
 Address = tuple[str, int]
 
@@ -56,6 +78,34 @@ def watched(sentinels: int) -> int:
     return sentinels - sentinels // 2
 
 
+@dataclass(frozen=True)
+class Config:
+    """A Sentinel's view of the node's master: the master, and the configuration epoch
+    of the failover that made it one (0 before any)."""
+
+    epoch: int
+    master: Address
+
+
+def master_config(reply: object) -> Config | None:
+    """The master and its configuration epoch in a reply to ``SENTINEL MASTER <service>``
+    (field names and values, flat in RESP2, a map in RESP3); None for a reply without
+    them (not a Sentinel's)."""
+    if isinstance(reply, (list, tuple)) and len(reply) % 2 == 0:
+        reply = dict(zip(map(_text, reply[::2]), reply[1::2], strict=True))
+    if not isinstance(reply, dict):
+        return None
+    fields = {_text(k): _text(v) for k, v in reply.items()}
+    host, port, epoch = fields.get("ip"), fields.get("port", ""), fields.get("config-epoch", "")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or not epoch.isdigit():
+        return None
+    return Config(int(epoch), (host, int(port)))
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 @dataclass
 class _Held:
     """A subscription held: when it last said anything, and when its PING went out (None:
@@ -73,13 +123,14 @@ class WatchPlan:
     (``pinged``), and gives up the Sentinels ``due`` names.
     """
 
-    __slots__ = ("_held", "_patience", "_resting", "_wanted")
+    __slots__ = ("_config", "_held", "_patience", "_resting", "_wanted")
 
     def __init__(self, sentinels: int, ask_timeout: float) -> None:
         self._wanted = watched(sentinels)
         self._patience = max(ask_timeout, PATIENCE)
         self._held: dict[Address, _Held] = {}
         self._resting: dict[Address, Reconnect] = {}  # the Sentinels that failed
+        self._config: Config | None = None  # the newest configuration heard
 
     def held(self) -> list[Address]:
         """The Sentinels subscribed on."""
@@ -135,3 +186,19 @@ class WatchPlan:
             elif now - held.heard >= WATCH_PING:
                 ping.append(sentinel)
         return ping, give_up
+
+    def announced(self) -> None:
+        """A subscription carried the announcement of a failover. Its message carries no
+        epoch: the next answer is the reference, as for a new watch."""
+        self._config = None
+
+    def told(self, config: Config) -> Address | None:
+        """A Sentinel answered ``SENTINEL MASTER`` with ``config``: the master to move the
+        connections to when it names a failover newer than every one heard, which no
+        subscription announced; None when it moves nothing."""
+        known = self._config
+        if known is not None and config.epoch <= known.epoch:
+            return None  # behind, or what is known already
+        self._config = config
+        # The first answer is the reference: where the connections were just sent.
+        return None if known is None else config.master

@@ -168,10 +168,11 @@ NODE_KINDS: dict[str, tuple[_Extra, ...]] = {
 
 # What the Sentinels of a redis+sentinel:// node are sent (the service is the argument).
 _SENTINEL_COMMANDS: tuple[tuple[str, str], ...] = (("SENTINEL", "GET-MASTER-ADDR-BY-NAME"),)
-# The clients' subscription to the Sentinels' announcements of a failover
-# (``sentinel_watch``): without it they follow a failover later, at the old master's
-# demotion, so a Sentinel refusing it refuses no lock.
-_SENTINEL_WATCH_COMMANDS = ("SUBSCRIBE", "PING")
+# The clients' subscription to the Sentinels' announcements of a failover, and the
+# question asked before it, whose configuration epoch tells a failover announced while
+# no subscription was up (``sentinel_watch``): without them they follow a failover
+# later, at the old master's demotion, so a Sentinel refusing them refuses no lock.
+_SENTINEL_WATCH_COMMANDS = ("SENTINEL|MASTER", "SUBSCRIBE", "PING")
 
 
 def _direct(prefix: str) -> dict[str, tuple[tuple[str, ...], str | None]]:

@@ -24,9 +24,15 @@ Sentinel was asked before the announcement, and that comes up after it at anothe
 server, is refused (``Locator.connected``). The round in flight on a connection that
 ends fails on that node, as at any master's end.
 
-A failover announced while no subscription was up is not heard, nor one that none of
-the Sentinels subscribed on announces (more than half of them cut off from the rest):
-the node's connections then end when the old master is demoted, as without this watch.
+A failover announced while no subscription was up (every Sentinel subscribed on
+failing, or restarted) is found when a subscription is made again: each Sentinel is
+asked ``SENTINEL MASTER`` just before it is subscribed on, and a configuration epoch
+above every one heard moves the connections to its master as an announcement does
+(``Locator.moved``; the decision is ``WatchPlan.told``'s). Not heard: a failover
+between the node's first connection (or an announcement) and the watch's next answer,
+and one that none of the Sentinels subscribed on learns of (more than half of them cut
+off from the rest): the node's connections then end when the old master is demoted,
+as without this watch.
 The thread ends once the node has no connection of this process open (the client
 closed, or every connection failed), within ``_LOOK``, and the next connection starts
 another; after ``fork()`` a child starts its own, and ends only its own connections.
@@ -37,19 +43,19 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from redis import exceptions as rx
 
 from .._core.sentinel import SWITCH_CHANNEL, Address
-from .._core.sentinel_watch import WatchPlan
+from .._core.sentinel_watch import Config, WatchPlan, master_config
 from .ready import readable
 from .redis_compat import reply_text
 
 if TYPE_CHECKING:
     from .sentinel import Locator
 
-__all__ = ["refusal", "start"]
+__all__ = ["Refusal", "refusal", "start"]
 
 # Seconds the thread waits for announcements before it looks again at whether the node
 # still has connections (and whether a PING is due or overdue, or a Sentinel's rest
@@ -90,11 +96,13 @@ def _watch(ref: weakref.ref[Locator]) -> None:
                 return
             for sentinel in plan.to_subscribe(locator.order(), time.monotonic()):
                 try:
-                    held[sentinel] = _subscribe(locator, sentinel)
+                    subscription = _subscribe(locator, sentinel)
                 except Exception as exc:  # not BaseException: an interrupt ends the thread
                     give_up(sentinel, refused=isinstance(exc, rx.ResponseError))
-                else:
-                    plan.subscribed(sentinel, time.monotonic())
+                    continue
+                held[sentinel] = subscription.conn
+                plan.subscribed(sentinel, time.monotonic())
+                _told(plan, locator, subscription.config)
             del locator
             for sentinel in _readable(held):
                 try:
@@ -107,7 +115,8 @@ def _watch(ref: weakref.ref[Locator]) -> None:
                     locator = ref()
                     if locator is None:
                         return
-                    locator.announced(reply[2])
+                    if locator.announced(reply[2]) is not None:
+                        plan.announced()
                     del locator
             ping, silent = plan.due(time.monotonic())
             for sentinel in silent:
@@ -122,6 +131,15 @@ def _watch(ref: weakref.ref[Locator]) -> None:
     finally:
         for conn in held.values():
             conn.disconnect()
+
+
+def _told(plan: WatchPlan, locator: Locator, config: Config | None) -> None:
+    """A Sentinel's configuration heard (``WatchPlan.told``): the connections move if it
+    names a failover that no subscription announced."""
+    if config is not None:
+        moved = plan.told(config)
+        if moved is not None:
+            locator.moved(moved)
 
 
 def _readable(held: dict[Address, Any]) -> list[Address]:
@@ -148,30 +166,51 @@ def _message(reply: object) -> bool:
     return isinstance(reply, list) and len(reply) == 3 and reply[0] in (b"message", "message")
 
 
-def refusal(locator: Locator, sentinel: Address) -> str | None:
-    """The error reply with which ``sentinel`` refuses the subscription or its ``PING``
-    (its ACL, as ``tenure check`` reports it); None when it allows both, or cannot be
-    asked at all (a failure its other answers show)."""
+class Refusal(NamedTuple):
+    """A Sentinel's ACL refusing the watch (``refusal``): ``question``, the ``SENTINEL
+    MASTER`` asked before subscribing, or else the subscription or its ``PING``, and
+    the error reply."""
+
+    said: str
+    question: bool
+
+
+def refusal(locator: Locator, sentinel: Address) -> Refusal | None:
+    """The error reply with which ``sentinel`` refuses the subscription or its ``PING``,
+    or else the question asked before subscribing (its ACL, as ``tenure check`` reports
+    it); None when it allows them all, or cannot be asked at all (a failure its other
+    answers show)."""
     try:
-        conn = _subscribe(locator, sentinel)
+        subscription = _subscribe(locator, sentinel)
     except rx.ResponseError as exc:
-        return reply_text(exc)
+        return Refusal(reply_text(exc), question=False)
     except Exception:  # not BaseException: an interrupt is nobody's answer
         return None
     try:
-        conn.send_command("PING")
-        conn.read_response()
+        subscription.conn.send_command("PING")
+        subscription.conn.read_response()
     except rx.ResponseError as exc:
-        return reply_text(exc)
+        return Refusal(reply_text(exc), question=False)
     except Exception:
         return None
     finally:
-        conn.disconnect()
+        subscription.conn.disconnect()
+    if subscription.refused is not None:
+        return Refusal(subscription.refused, question=True)
     return None
 
 
-def _subscribe(locator: Locator, sentinel: Address) -> Any:
-    """A blocking connection to ``sentinel``, subscribed to ``SWITCH_CHANNEL``.
+class _Subscription(NamedTuple):
+    conn: Any
+    config: Config | None
+    """The Sentinel's answer to ``SENTINEL MASTER``, asked just before subscribing."""
+    refused: str | None
+    """The error that question was answered with instead."""
+
+
+def _subscribe(locator: Locator, sentinel: Address) -> _Subscription:
+    """A blocking connection to ``sentinel``, subscribed to ``SWITCH_CHANNEL``, and what
+    the Sentinel said of the master just before.
 
     Raises:
         Exception: the connection or the subscription failed.
@@ -181,6 +220,7 @@ def _subscribe(locator: Locator, sentinel: Address) -> Any:
         conn = locator.watch_cls(**locator.watch_settings(sentinel, auth=auth))
         try:
             conn.connect()
+            config, refused = _question(conn, locator.service)
             conn.send_command("SUBSCRIBE", SWITCH_CHANNEL)
             reply = conn.read_response()
             if not (isinstance(reply, list) and reply and reply[0] in (b"subscribe", "subscribe")):
@@ -195,4 +235,15 @@ def _subscribe(locator: Locator, sentinel: Address) -> Any:
             raise
         if not auth:  # it answered without: so it is asked from now on (``Locator._ask``)
             locator.takes_no_auth(sentinel)
-        return conn
+        return _Subscription(conn, config, refused)
+
+
+def _question(conn: Any, service: str) -> tuple[Config | None, str | None]:
+    """Ask ``SENTINEL MASTER`` on ``conn``: the configuration it names, or the error it
+    was answered with (an ACL without ``+sentinel|master``: the watch goes on without)."""
+    conn.send_command("SENTINEL", "MASTER", service)
+    try:
+        reply = conn.read_response()
+    except rx.ResponseError as exc:
+        return None, reply_text(exc)
+    return master_config(reply), None

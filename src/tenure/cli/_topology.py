@@ -21,7 +21,7 @@ import redis
 from .._core.config import NodeAddress, host_port
 from .._core.diagnosis import Diagnosis, no_slot_map, not_a_cluster
 from .._core.quorum import Failure
-from .._core.sentinel import Heard, Survey, role_of, watch_refused
+from .._core.sentinel import Heard, Survey, question_refused, role_of, watch_refused
 from .._core.sentinel import not_a_master as sentinel_not_a_master
 from .._core.slots import SlotMap, map_sources
 from .._driver import acl as _acl
@@ -43,8 +43,8 @@ _ASK_WAITS = 4
 _ROLE_WAITS = 2
 # Then each Sentinel that answered is asked for the clients' subscription to its
 # announcements of a failover, as the clients subscribe (connect, reply; again without
-# credentials after refusing them; SUBSCRIBE), all side by side.
-_WATCH_WAITS = 5
+# credentials after refusing them; SENTINEL MASTER; SUBSCRIBE; PING), all side by side.
+_WATCH_WAITS = 6
 
 
 def sentinel_seconds(timeout: float) -> float:
@@ -61,8 +61,9 @@ class Resolved:
     Sentinel that named it (``named_by``), whether it answered ``ROLE`` as a master
     (``usable``), and what to say of each other Sentinel that named another master, or
     none, and of each Sentinel that refuses the clients' subscription to its
-    announcements of a failover (``sentinel_warnings``: worded by ``Survey`` and
-    ``watch_refused``)."""
+    announcements of a failover, or the question they ask before it
+    (``sentinel_warnings``: worded by ``Survey``, ``watch_refused`` and
+    ``question_refused``)."""
 
     address: NodeAddress
     where: str
@@ -79,8 +80,9 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
     and reply, and every master named is checked so, so that each Sentinel that disagrees,
     names no master, or cannot be asked is reported, wherever it is listed; then each
     Sentinel that answered is asked for the clients' subscription to its announcements
-    of a failover, and one whose ACL refuses it is reported with the rule that grants
-    it; the whole takes at most ``sentinel_seconds(timeout)``.
+    of a failover (and the question they ask before it), and one whose ACL refuses
+    either is reported with the rule that grants it; the whole takes at most
+    ``sentinel_seconds(timeout)``.
 
     Raises:
         LookupError: no Sentinel named a master: the service and what each Sentinel said
@@ -122,10 +124,10 @@ def sentinel_master(address: NodeAddress, timeout: float) -> Resolved:
         lambda _: budget(_WATCH_WAITS, timeout),
     )
     watch = tuple(
-        f"{watch_refused(spec.service, sentinel, said)}. Fix (on that Sentinel): "
-        f"{_acl.sentinel_fix(user)}"
-        for sentinel, said in zip(answered, refused, strict=True)
-        if said is not None and _acl.denial(said) is not None
+        f"{(question_refused if no.question else watch_refused)(spec.service, sentinel, no.said)}"
+        f". Fix (on that Sentinel): {_acl.sentinel_fix(user)}"
+        for sentinel, no in zip(answered, refused, strict=True)
+        if no is not None and _acl.denial(no.said) is not None
     )
     return Resolved(
         address.server_at(*pick.master),
