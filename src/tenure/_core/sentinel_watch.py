@@ -120,7 +120,10 @@ class WatchPlan:
 
     The driver asks ``to_subscribe`` which Sentinels to subscribe on, reports each
     outcome (``subscribed``, ``failed``), each reply read (``heard``) and each PING sent
-    (``pinged``), and gives up the Sentinels ``due`` names.
+    (``pinged``), and gives up the Sentinels ``due`` names. It reports each Sentinel's
+    configuration asked before subscribing (``told``, which names the master to move the
+    connections to after a failover nobody announced) and each announcement heard
+    (``announced``).
     """
 
     __slots__ = ("_config", "_held", "_patience", "_resting", "_wanted")
