@@ -9,8 +9,9 @@ master before anything else is sent. The drivers' connections do the asking
 failures. A connection that fails, and a master that answers ``READONLY`` (it was
 demoted: ``demoted``), make the next connection ask again, so the node follows a
 failover; meanwhile it is silent, like any node that does not answer. A failover the
-Sentinels announce (``SWITCH_CHANNEL``) ends the connections to every other server at
-once (``_driver.sentinel_watch``): ``switched_to`` reads the announcement, and
+Sentinels announce (``SWITCH_CHANNEL``), or that their configuration epoch shows once a
+subscription is made again (``sentinel_watch``), ends the connections to every other
+server at once (``_driver.sentinel_watch``): ``switched_to`` reads the announcement, and
 ``moved_meanwhile`` refuses a connection set up from an answer it overtook.
 """
 
