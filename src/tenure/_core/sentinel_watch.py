@@ -29,13 +29,17 @@ old master until the Sentinels demote it. So each Sentinel is asked for the mast
 configuration (``SENTINEL MASTER``: the master and its ``config-epoch``, which every
 failover raises) just before it is subscribed on (``told``). The first answer is the
 reference: the connections were sent to the master moments before, when the node's
-first connection asked (or, after an announcement, which carries no epoch, the
-connections followed it). An answer whose epoch is above every one heard since is a
-failover that nobody announced to us: the connections move to its master, as at an
-announcement (those already there stay). One whose epoch is not above is a Sentinel
-behind the others, or up to date, and moves nothing: a Sentinel's name for the master
-alone cannot tell one behind from one ahead, and following one behind would send the
-connections back to an old master still up.
+first connection asked. An answer whose epoch is above every one heard is a failover
+made since: the connections move to its master, as at an announcement (those already
+there, having followed the announcement, stay). One whose epoch is not above is a
+Sentinel behind the others, or up to date, and moves nothing: a Sentinel's name for the
+master alone cannot tell one behind from one ahead, and following one behind would send
+the connections back to an old master still up. Announcements, which carry no epoch,
+leave the reference as it is: the next answer above it is the announced failover or a
+later one, and moving the connections there is right, but for a Sentinel that knows of
+a failover before an announced one and not of that one (two failovers in a row, the
+first unheard), whose master is a replica by then: the connections find that out by
+its ``ROLE`` and ask the other Sentinels (``SentinelBook``), a short outage of the node.
 """
 
 from __future__ import annotations
@@ -122,8 +126,7 @@ class WatchPlan:
     outcome (``subscribed``, ``failed``), each reply read (``heard``) and each PING sent
     (``pinged``), and gives up the Sentinels ``due`` names. It reports each Sentinel's
     configuration asked before subscribing (``told``, which names the master to move the
-    connections to after a failover nobody announced) and each announcement heard
-    (``announced``).
+    connections to after a failover nobody announced).
     """
 
     __slots__ = ("_config", "_held", "_patience", "_resting", "_wanted")
@@ -190,15 +193,10 @@ class WatchPlan:
                 ping.append(sentinel)
         return ping, give_up
 
-    def announced(self) -> None:
-        """A subscription carried the announcement of a failover. Its message carries no
-        epoch: the next answer is the reference, as for a new watch."""
-        self._config = None
-
     def told(self, config: Config) -> Address | None:
         """A Sentinel answered ``SENTINEL MASTER`` with ``config``: the master to move the
-        connections to when it names a failover newer than every one heard, which no
-        subscription announced; None when it moves nothing."""
+        connections to when it names a failover newer than every one heard (the
+        connections already there stay); None when it moves nothing."""
         known = self._config
         if known is not None and config.epoch <= known.epoch:
             return None  # behind, or what is known already

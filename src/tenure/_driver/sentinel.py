@@ -198,16 +198,14 @@ class Locator:
                 self._watching = None
             return False
 
-    def announced(self, message: object) -> Address | None:
+    def announced(self, message: object) -> None:
         """A Sentinel announced a failover (``message``, the payload): if it moved this
         node's service, the connections to any other server are ended (``End.cut``).
         Their users read the end of the connection, as they would if the Sentinels had
-        demoted the server, and the next connection asks the Sentinels. Returns the new
-        master; None for another service's announcement."""
+        demoted the server, and the next connection asks the Sentinels."""
         new = switched_to(self.service, message)
         if new is not None:
             self.moved(new)
-        return new
 
     def moved(self, new: Address) -> None:
         """The Sentinels moved this node's service to ``new`` (announced, or found by the

@@ -29,10 +29,10 @@ failing, or restarted) is found when a subscription is made again: each Sentinel
 asked ``SENTINEL MASTER`` just before it is subscribed on, and a configuration epoch
 above every one heard moves the connections to its master as an announcement does
 (``Locator.moved``; the decision is ``WatchPlan.told``'s). Not heard: a failover
-between the node's first connection (or an announcement) and the watch's next answer,
-and one that none of the Sentinels subscribed on learns of (more than half of them cut
-off from the rest): the node's connections then end when the old master is demoted,
-as without this watch.
+between the node's first connection and the watch's first answer (milliseconds), and
+one that none of the Sentinels subscribed on learns of (more than half of them cut off
+from the rest): the node's connections then end when the old master is demoted, as
+without this watch.
 The thread ends once the node has no connection of this process open (the client
 closed, or every connection failed), within ``_LOOK``, and the next connection starts
 another; after ``fork()`` a child starts its own, and ends only its own connections.
@@ -115,8 +115,7 @@ def _watch(ref: weakref.ref[Locator]) -> None:
                     locator = ref()
                     if locator is None:
                         return
-                    if locator.announced(reply[2]) is not None:
-                        plan.announced()
+                    locator.announced(reply[2])
                     del locator
             ping, silent = plan.due(time.monotonic())
             for sentinel in silent:
