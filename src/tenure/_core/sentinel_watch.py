@@ -1,10 +1,11 @@
-"""The watch of a Sentinel-managed node: which Sentinels to hear, and when to give one up.
+"""The watch of a Sentinel-managed node: which Sentinels to hear, when to give one up.
 
 While a Sentinel-managed node has connections open, each client keeps subscriptions to
 its Sentinels' announcements of a failover (``SWITCH_CHANNEL``), and ends its
 connections to the old master at the first one (``_driver.sentinel_watch``). This
-module decides on which Sentinels, and when a subscription is given up; the driver's
-thread carries it out, reading every subscription it holds at once.
+module decides on which Sentinels, when a subscription is given up, and what a
+Sentinel's configuration says of a failover no subscription heard; the driver's thread
+carries it out, reading every subscription it holds at once.
 
 How many: a failover is carried out by a Sentinel that a majority of the node's
 Sentinels voted for, and every Sentinel announces it once it learns of it. A Sentinel
