@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ErrorReply", "ReplyReader"]
+__all__ = ["ErrorReply", "ReplyReader", "as_text"]
+
+
+def as_text(value: object) -> str:
+    """A reply's field as text: bytes decoded as UTF-8 (undecodable bytes replaced, as a
+    name or address from a server is only shown or compared), anything else by ``str``."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)

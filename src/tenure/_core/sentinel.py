@@ -24,6 +24,7 @@ from typing import NamedTuple
 from .config import host_port
 from .diagnosis import Diagnosis
 from .quorum import Failure
+from .resp import as_text
 
 __all__ = [
     "SWITCH_CHANNEL",
@@ -346,8 +347,7 @@ def role_of(reply: object) -> str:
     """The role in a reply to ``ROLE``: ``master``, ``slave``, ``sentinel``, or what it
     is when the reply is not a role (quoted, for a message)."""
     if isinstance(reply, (list, tuple)) and reply:
-        role = reply[0]
-        return role.decode("utf-8", "replace") if isinstance(role, bytes) else str(role)
+        return as_text(reply[0])
     return repr(reply)[:40]
 
 

@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .backoff import Reconnect
+from .resp import as_text
 
 __all__ = [
     "PATIENCE",
@@ -97,18 +98,14 @@ def master_config(reply: object) -> Config | None:
     (field names and values, flat in RESP2, a map in RESP3); None for a reply without
     them (not a Sentinel's)."""
     if isinstance(reply, (list, tuple)) and len(reply) % 2 == 0:
-        reply = dict(zip(map(_text, reply[::2]), reply[1::2], strict=True))
+        reply = dict(zip(map(as_text, reply[::2]), reply[1::2], strict=True))
     if not isinstance(reply, dict):
         return None
-    fields = {_text(k): _text(v) for k, v in reply.items()}
+    fields = {as_text(k): as_text(v) for k, v in reply.items()}
     host, port, epoch = fields.get("ip"), fields.get("port", ""), fields.get("config-epoch", "")
     if not host or not port.isdigit() or not 0 < int(port) < 65536 or not epoch.isdigit():
         return None
     return Config(int(epoch), (host, int(port)))
-
-
-def _text(value: object) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 @dataclass

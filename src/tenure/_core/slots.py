@@ -26,6 +26,7 @@ from functools import cached_property
 from ._slot_tags import TAGS
 from .caching import text_cache
 from .hosts import REDIS_PORT, parse_host
+from .resp import as_text
 
 __all__ = [
     "MAP_RECHECK",
@@ -137,10 +138,6 @@ def slot_tag(slot: int) -> str:
 Address = tuple[str, int]
 
 
-def _text(value: object) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
 @dataclass(frozen=True)
 class SlotMap:
     """Which master serves each slot, as one node of the cluster said (``CLUSTER SLOTS``).
@@ -230,7 +227,7 @@ class MapDoubt:
 def _address(node: object, asked: Address) -> Address:
     if not isinstance(node, list) or len(node) < 2:
         raise ValueError(f"CLUSTER SLOTS gave a node of the wrong shape: {node!r}")
-    host = _text(node[0])
+    host = as_text(node[0])
     if host in ("", "?"):
         host = asked[0]
     return host, int(node[1])
