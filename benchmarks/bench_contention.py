@@ -59,7 +59,7 @@ from typing import Any
 import redis
 
 import tenure
-from _common import fmt, initialise, no_retry, server_version, table, write_results
+from _common import fmt, initialise, no_retry, server_cpu_s, server_version, table, write_results
 from tenure._core.commands import pack
 from tenure.testing import LocalCluster
 
@@ -331,17 +331,16 @@ def pct(values: list[float], q: float) -> float:
 
 def server_counts(cluster: LocalCluster, n: int) -> tuple[int, float]:
     """Scripts run so far and CPU seconds used so far, summed over the first ``n`` nodes."""
-    scripts, cpu = 0, 0.0
-    for node in list(cluster)[:n]:
+    nodes = list(cluster)[:n]
+    scripts = 0
+    for node in nodes:
         with node.client() as c:
             stats = c.info("commandstats")
-            # By EVAL, and by EVALSHA (the acquire; on one node, the release too).
-            scripts += sum(
-                int(stats.get(k, {}).get("calls", 0)) for k in ("cmdstat_eval", "cmdstat_evalsha")
-            )
-            info = c.info("cpu")
-            cpu += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-    return scripts, cpu
+        # By EVAL, and by EVALSHA (the acquire; on one node, the release too).
+        scripts += sum(
+            int(stats.get(k, {}).get("calls", 0)) for k in ("cmdstat_eval", "cmdstat_evalsha")
+        )
+    return scripts, server_cpu_s(nodes)
 
 
 def measure(
