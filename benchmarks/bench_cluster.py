@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     numeric = lambda h: h != "deployment" and h != "vs 1 node"  # noqa: E731
     text = table(header, body, numeric, markdown=args.markdown)
     setup = (
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC\n"
+        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC\n"
         f"- machine: {platform.platform()}, {os.cpu_count()} CPUs; load average "
         f"{load_before:.2f} before the run, {os.getloadavg()[0]:.2f} after\n"
         f"- Python {platform.python_version()}, {version}; cluster: 3 masters, no replicas\n"

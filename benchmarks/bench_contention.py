@@ -616,7 +616,7 @@ def context(args: argparse.Namespace, version: str) -> list[str]:
             return "?"
 
     return [
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}",
         f"- machine: {platform.platform()}, {os.cpu_count()} CPUs; 1-minute load average "
         f"{args.load_before:.2f} before the run, {load_average():.2f} after (other "
         "processes on the machine take the same cores)",

@@ -869,7 +869,7 @@ def run(args: argparse.Namespace) -> str:
         redis_version = server_version(store_node)
         load = f"load average {load_before:.2f} before the run, {os.getloadavg()[0]:.2f} after"
         context = [
-            f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+            f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
             f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, {platform.machine()}; "
             + load,
             f"- Python {platform.python_version()} ({platform.python_implementation()})",

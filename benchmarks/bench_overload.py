@@ -211,7 +211,7 @@ def main() -> None:
         "",
         "## Setup",
         "",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
         f"- machine: {platform.platform()}, {os.cpu_count()} CPUs; 1-minute load average "
         f"{load_before:.2f} before the run",
         f"- Python {platform.python_version()}, {server} ({args.nodes} local nodes, fresh for "

@@ -320,7 +320,7 @@ def versions() -> str:
 def context(args: argparse.Namespace, version: str, load_before: float) -> list[str]:
     load = f"load average {load_before:.2f} before the run, {os.getloadavg()[0]:.2f} after"
     return [
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
         f"- machine: {platform.platform()}, {os.cpu_count()} CPUs; {load}",
         f"- Python {platform.python_version()}, redis-server {version} (local nodes, TCP "
         "loopback, persistence none)",

@@ -72,7 +72,7 @@ class CertificateAuthority:
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self._directory = directory
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         self._start, self._end = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=1)
         self._key = ec.generate_private_key(ec.SECP256R1())
         self._name = _name("tenure test CA")

@@ -17,8 +17,8 @@ def test_a_wait_past_its_bound_raises_the_built_in_timeout_error() -> None:
     async def wait() -> None:
         await within(_late(), 0.01)
 
-    # The built-in class, exactly: on Python 3.10 asyncio's is another, and a caller
-    # that catches TimeoutError alone (``Channel.close``) would let it through.
+    # The built-in class, exactly: a caller that catches TimeoutError alone
+    # (``Channel.close``) must see it.
     with pytest.raises(TimeoutError) as raised:
         asyncio.run(wait())
     assert raised.type is TimeoutError

@@ -225,7 +225,7 @@ class ClusterChannel:
                     return
                 except ResponseError as exc:
                     errors.append(not_a_cluster(name, str(exc)))
-                except (asyncio.TimeoutError, TimeoutError):
+                except TimeoutError:
                     errors.append(slot_map_late(seed, self._connect_timeout))
                 except ValueError as exc:
                     errors.append(Diagnosis(Failure.ERROR, f"{name}: {exc}"))

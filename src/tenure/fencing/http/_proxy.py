@@ -383,17 +383,11 @@ class _ClientWait:
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            if _timeout is not None:
-                # A timer on this task (3.11+): wait_for would make a task per message.
-                async with _timeout(max(self._left, 0.0)):
-                    await self._send(message)
-            else:
-                await asyncio.wait_for(self._send(message), max(self._left, 0.0))
+            # A timer on this task: wait_for would make a task per message.
+            async with asyncio.timeout(max(self._left, 0.0)):
+                await self._send(message)
         finally:
             self._left -= loop.time() - started
-
-
-_timeout = getattr(asyncio, "timeout", None)  # Python 3.11+
 
 
 async def _relay(
@@ -401,7 +395,7 @@ async def _relay(
 ) -> None:
     try:
         await _relay_within(response, first, rest, send)
-    except asyncio.TimeoutError as exc:  # TimeoutError from 3.11; its own class in 3.10
+    except TimeoutError as exc:
         # The client stopped taking the answer. The turn is still not let go before the
         # store's answer ends (its head does not say the write is applied), so the rest
         # is read and dropped; its pace is the upstream's, bounded by httpx's timeouts.

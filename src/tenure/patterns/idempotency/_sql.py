@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from ..._errors import ConfigurationError
@@ -182,7 +182,7 @@ class SqlIdempotency:
         mode = self.on_conflict
         if mode == "auto":
             mode = "insert" if dialect in _ON_CONFLICT_DIALECTS else "savepoint"
-        row = {"key": key, "response": None, "created_at": datetime.now(timezone.utc)}
+        row = {"key": key, "response": None, "created_at": datetime.now(UTC)}
         if mode == "insert":
             inserted: int = cast(
                 Any, connection.execute(_insert_or_nothing(self.table, dialect, row))
@@ -235,7 +235,7 @@ class SqlIdempotency:
         if before.tzinfo is None:
             raise ConfigurationError("before", "must be timezone-aware (UTC)")
         # Stored in UTC (SQLite keeps no offset): compare in UTC too.
-        stmt = delete(self.table).where(self.table.c.created_at < before.astimezone(timezone.utc))
+        stmt = delete(self.table).where(self.table.c.created_at < before.astimezone(UTC))
         deleted: int = cast(Any, connection.execute(stmt)).rowcount
         return deleted
 
