@@ -4,12 +4,13 @@ The benchmarks are how the README's performance tables are made, and nothing els
 imports them: a change to the library that breaks one (a renamed internal, a changed
 default it relies on) would otherwise be found only at the next full run. Each runs here
 with ``--quick`` (a few hundred cycles, short rows; the figures mean nothing and are not
-looked at), must exit 0 and print its table, and must leave ``benchmarks/results/`` as
-it was: a smoke run writes no results.
+looked at; ``bench_failover_warmup.py`` is short as it is), must exit 0 and print its
+table, and must leave ``benchmarks/results/`` as it was: a smoke run writes no results.
 
-Slow (about three minutes in all on 2 cores): ``pytest --slow -m slow``. The peers the
-benchmarks compare with come with the ``bench`` extra, which ``test`` does not include:
-without them the benchmarks that need them are skipped, saying so.
+Slow (about three minutes in all on 2 cores, one after another): ``pytest --slow -m
+slow``. The peers the benchmarks compare with come with the ``bench`` extra, which
+``test`` does not include: without them the benchmarks that need them are skipped,
+saying so.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ RUNS = [
     ("bench_failover_warmup.py", [], "after a CLUSTER FAILOVER", []),
 ]
 
-pytestmark = pytest.mark.slow
+# One at a time, on one worker: each keeps the cores busy for its rows, and beside another
+# it would slow the verifier's runs, which expect some progress under faults.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("benchmarks")]
 
 
 def _results() -> dict[str, str]:
