@@ -115,6 +115,18 @@ def test_a_slot_map_is_parsed_from_cluster_slots() -> None:
     assert m.owner(7) == ("127.0.0.1", 7000)
 
 
+def test_a_map_is_asked_first_of_the_members_named_then_of_the_map_then_of_the_seeds() -> None:
+    m = SlotMap.parse(_slots_reply(), ("h", 9))
+    seeds = [("h", 9), ("127.0.0.1", 7000)]
+    sources = slots.map_sources(seeds, m)
+    assert sources[0] == m.members[0]
+    assert sources[-1] == ("h", 9)
+    assert len(sources) == len(set(sources))  # each asked once
+    first = ("h", 7002)
+    assert slots.map_sources(seeds, m, (first,)) == [first, *(a for a in sources if a != first)]
+    assert slots.map_sources(seeds, None) == seeds
+
+
 def test_unserved_slots_have_no_owner() -> None:
     m = SlotMap.parse([[0, 99, [b"a", 1]]], ("h", 9))
     assert m.owner(99) == ("a", 1)

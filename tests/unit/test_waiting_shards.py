@@ -135,7 +135,7 @@ def test_another_error_drops_the_request() -> None:
     assert subs.supported is None
 
 
-def test_an_ended_subscription_waits_for_a_newer_slot_map() -> None:
+def test_an_ended_subscription_waits_for_a_slot_map_begun_since() -> None:
     # The server ends it when the slot leaves the node; the old map still names that
     # node, and a replica of the new master would accept it again: wait for a new map.
     subs = ShardSubs(PREFIX, SUFFIX)
@@ -145,13 +145,46 @@ def test_an_ended_subscription_waits_for_a_newer_slot_map() -> None:
     event = subs.answered(A, [b"sunsubscribe", subs.channel(7).encode(), 0], None, 3)
     assert event.kind == "ended"
     assert not subs.up(7)
-    assert subs.stale(owner_a)  # the map still names A: load a newer one
+    assert subs.reload_from(owner_a) == (A,)  # the map still names A: load a newer one
     assert subs.unplaced()
     assert subs.plan(owner_a, 3) == []  # the same map: not yet
     assert subs.plan(owner_a, 4) == [(A, "SSUBSCRIBE", subs.channel(7))]  # a newer one
-    assert not subs.stale(owner_a)
+    assert subs.reload_from(owner_a) is None
     confirm(subs, A, 7, 4)
     assert subs.up(7)
+
+
+def test_a_map_whose_load_was_under_way_when_a_subscription_ended_is_not_newer() -> None:
+    # Map 3 in use, load 4 under way (asked before the failover reached its source):
+    # the old master ends the subscription, then load 4 ends, still naming it. Placed
+    # there, the subscription would be at a replica of the slot's new master.
+    subs = ShardSubs(PREFIX, SUFFIX)
+    subs.add(7)
+    subs.plan(owner_a, 3)
+    confirm(subs, A, 7, 3)
+    subs.answered(A, [b"sunsubscribe", subs.channel(7).encode(), 0], None, 4)
+    assert subs.plan(owner_a, 4) == []
+    assert subs.reload_from(owner_a) == (A,)  # asked again, of A first
+    assert subs.plan(lambda s: B, 5) == [(B, "SSUBSCRIBE", subs.channel(7))]
+
+
+def test_a_reload_asks_first_the_masters_that_ended_subscriptions() -> None:
+    subs = ShardSubs(PREFIX, SUFFIX)
+    owners = {7: A, 9: B}
+    for slot in owners:
+        subs.add(slot)
+    subs.plan(owners.get, 1)
+    confirm(subs, A, 7, 1)
+    confirm(subs, B, 9, 1)
+    assert subs.reload_from(owners.get) is None  # nothing ended
+    subs.answered(A, [b"sunsubscribe", subs.channel(7).encode(), 0], None, 1)
+    subs.lost(B, 1)
+    # B's connection was lost: that tells nothing of B's view (B may be down), so it
+    # is not asked first; A ended a subscription itself, on learning of the change.
+    assert subs.reload_from(owners.get) == (A,)
+    assert subs.reload_from(lambda s: ("10.0.0.3", 7000)) is None  # both moved on
+    subs.remove(7)
+    assert subs.reload_from(owners.get) == ()  # B's slot alone: a reload, no preference
 
 
 def test_an_ended_subscription_follows_a_map_that_names_another_master() -> None:
@@ -160,7 +193,7 @@ def test_an_ended_subscription_follows_a_map_that_names_another_master() -> None
     subs.plan(owner_a, 3)
     confirm(subs, A, 7, 3)
     subs.answered(A, [b"sunsubscribe", subs.channel(7).encode(), 0], None, 3)
-    assert not subs.stale(lambda s: B)  # a MOVED already put it at B: no load needed
+    assert subs.reload_from(lambda s: B) is None  # a MOVED put it at B: no load needed
     assert subs.plan(lambda s: B, 3) == [(B, "SSUBSCRIBE", subs.channel(7))]
 
 

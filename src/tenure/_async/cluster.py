@@ -151,7 +151,16 @@ class ClusterChannel:
         self._members: dict[Address, Any] = {}  # Address -> Channel
         self._pools: dict[Address, redis.asyncio.ConnectionPool] = {}
         self.map: SlotMap | None = None
-        self.loads = 0  # slot maps loaded so far (the listener waits for a newer one)
+        # Loads of the map are numbered as they begin: ``begun`` so far, and ``loads``,
+        # the number of the one that gave the map in use (a load under way when a
+        # sharded subscription ended does not count as newer: ``ShardSubs``).
+        self.begun = 0
+        self.loads = 0
+        # Told when the map in use changes: the notification listener's, whose sharded
+        # subscriptions follow the map (one put at a member that is now a replica would
+        # not be counted by the slot's master).
+        self.on_map: Callable[[], None] | None = None
+        self._first: tuple[Address, ...] = ()  # whom the next load asks first
         self._stale = False
         self._doubt = MapDoubt()
         # A load of the map under way since a master could not be connected (a dead
@@ -193,12 +202,14 @@ class ClusterChannel:
     def _start_load(self) -> None:
         if self._load is None:
             self._doubt.loading(time.monotonic())
-            self._load = asyncio.get_running_loop().create_task(self._load_map())
+            self.begun += 1
+            self._load = asyncio.get_running_loop().create_task(self._load_map(self.begun))
 
-    async def _load_map(self) -> None:
+    async def _load_map(self, number: int) -> None:
         errors: list[Diagnosis] = []
         now = time.monotonic()
-        sources = map_sources(self.address.seeds, self.map)
+        first, self._first = self._first, ()
+        sources = map_sources(self.address.seeds, self.map, first)
         # Members in their back-off last (a dead master, most likely what the load is
         # for): one that does not even refuse would hold it up connect_timeout.
         sources.sort(key=lambda a: a in self._members and self._members[a].backing_off(now) > 0)
@@ -216,7 +227,8 @@ class ClusterChannel:
 
                     reply = await within(ask(), self._connect_timeout)
                     self.map, self._stale = SlotMap.parse(reply, where), False
-                    self.loads += 1
+                    self.loads = number
+                    self._map_changed()
                     self._reconnect.succeeded()
                     self.last = None
                     # The masters' set-ups begin now, so a round waiting for this node
@@ -258,9 +270,12 @@ class ClusterChannel:
         """A ``MOVED`` seen elsewhere (by the listener): as one a round met."""
         self._moved(slot, to)
 
-    def refresh(self) -> None:
-        """Have the whole map reloaded now (a sharded subscription ended)."""
+    def refresh(self, first: tuple[Address, ...] = ()) -> None:
+        """Have the whole map reloaded now (a sharded subscription ended), asking the
+        members ``first`` first (when this begins a load: one under way goes on)."""
         self._stale = True
+        if self._load is None:
+            self._first = first
         self._start_load()
 
     def listener_pool(self) -> redis.asyncio.ConnectionPool:
@@ -300,7 +315,12 @@ class ClusterChannel:
     def _moved(self, slot: int, to: Address) -> None:
         if self.map is not None:
             self.map = self.map.moved(slot, to)
+            self._map_changed()
         self._stale = True
+
+    def _map_changed(self) -> None:
+        if self.on_map is not None:
+            self.on_map()
 
     # --- what Channels reads of a channel ---------------------------------------------
 

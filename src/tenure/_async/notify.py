@@ -167,7 +167,7 @@ class AsyncListener:
         self._links: dict[tuple[int, Address], _ShardLink] = {}
         self._waiter_slot: dict[str, int] = {}
         self._shard_changed: asyncio.Event | None = None  # set when a slot is settled
-        self._replan_later: asyncio.TimerHandle | None = None
+        self._replan_later: asyncio.Handle | None = None
         self._board = Switchboard[AsyncSlot]()
         self._slots = self._board.slots
         self.departed = self._board.departed
@@ -311,8 +311,10 @@ class AsyncListener:
         unplaced = False
         for i, subs in enumerate(self._shards):
             cluster = self._cluster(i)
-            if subs.stale(cluster.owner):
-                cluster.refresh()  # a subscription ended where the map still puts it
+            cluster.on_map = self._map_changed
+            first = subs.reload_from(cluster.owner)
+            if first is not None:
+                cluster.refresh(first)  # a subscription ended where the map still puts it
             for where, verb, channel in subs.plan(cluster.owner, cluster.loads):
                 link = self._links.get((i, where))
                 if link is None:
@@ -341,6 +343,16 @@ class AsyncListener:
         self._replan_later = None
         self._replan()
 
+    def _map_changed(self) -> None:
+        """A cluster's slot map in use changed (a load, a ``MOVED``): the subscriptions
+        follow it (``ShardSubs.plan``) as soon as the loop is free, not in the middle of
+        the round or load that changed it."""
+        if self._closed:
+            return
+        if self._replan_later is not None:
+            self._replan_later.cancel()
+        self._replan_later = asyncio.get_running_loop().call_soon(self._replan_again)
+
     def _shard_event(self, i: int, event: ShardEvent) -> None:
         if event.kind == "moved" and event.to is not None and self._cluster is not None:
             self._cluster(i).moved(event.slot, event.to)
@@ -366,12 +378,12 @@ class AsyncListener:
                 lost: asyncio.Future[BaseException] = loop.create_future()
 
                 def handle(reply: object, lost: asyncio.Future[BaseException] = lost) -> None:
-                    loads = self._cluster(i).loads if self._cluster is not None else 0
+                    begun = self._cluster(i).begun if self._cluster is not None else 0
                     if isinstance(reply, ErrorReply):
-                        event = subs.answered(where, None, reply.message, loads)
+                        event = subs.answered(where, None, reply.message, begun)
                     else:
                         self._board.message(reply, i, time.monotonic())  # an smessage
-                        event = subs.answered(where, reply, None, loads)
+                        event = subs.answered(where, reply, None, begun)
                     if event.kind == "refused":
                         if not lost.done():
                             lost.set_result(ResponseRefused(event.detail))
@@ -396,7 +408,7 @@ class AsyncListener:
                     # now: the loop may be shutting down).
                     link.task = None
                     link.outbox = []
-                    if subs.lost(where, self._cluster(i).loads):
+                    if subs.lost(where, self._cluster(i).begun):
                         self._nudge_all()
                 await conn.disconnect(nowait=True)
                 raise
@@ -405,7 +417,7 @@ class AsyncListener:
             link.transport = None
             link.outbox = []
             await conn.disconnect(nowait=True)
-            if subs.lost(where, self._cluster(i).loads):
+            if subs.lost(where, self._cluster(i).begun):
                 self._nudge_all()
             self._replan()  # asked again at the slots' owners (here once it is back)
             await asyncio.sleep(reconnect.failed(time.monotonic()))

@@ -103,11 +103,14 @@ def key_slot(key: str | bytes) -> int:
     return crc16(tag) % SLOTS
 
 
-def map_sources(seeds: Sequence[Address], known: SlotMap | None) -> list[Address]:
-    """Whom to ask for a Cluster node's slot map, in order: the members of the map known
-    so far (a seed may have left the cluster since), then the seeds."""
-    first = known.members if known is not None else ()
-    return list(dict.fromkeys([*first, *seeds]))
+def map_sources(
+    seeds: Sequence[Address], known: SlotMap | None, first: Sequence[Address] = ()
+) -> list[Address]:
+    """Whom to ask for a Cluster node's slot map, in order: ``first`` (members known to
+    have seen the change the load is for), the members of the map known so far (a seed
+    may have left the cluster since), then the seeds."""
+    members = known.members if known is not None else ()
+    return list(dict.fromkeys([*first, *members, *seeds]))
 
 
 def map_load_bound(sources: int, connect_timeout: float) -> float:

@@ -386,6 +386,12 @@ class ShardSubs:
     long-lived process with waiters on many slots keeps subscriptions only for the
     slots it waits on. ``plan`` says what to send where; ``answered`` and ``lost`` take
     what came back. Pure: the driver keeps the connections (one per master).
+
+    Slot maps are numbered as their loads begin: ``plan`` is given the number of the
+    map in use, ``answered`` and ``lost`` the number of loads begun so far. A map whose
+    load began before a subscription ended may have been read before the change that
+    ended it (a load under way when the old master ended it, finished just after):
+    it does not count as newer.
     """
 
     __slots__ = (
@@ -410,13 +416,14 @@ class ShardSubs:
         self._up: set[int] = set()  # slots whose subscription is confirmed
         self._leaving: set[tuple[int, Address]] = set()  # being unsubscribed there
         self._asked: dict[Address, list[tuple[str, int]]] = {}  # unanswered, per master
-        # Slots whose subscription ended (slot -> the map's generation then, and the
-        # master it ended at): placed again once the map names another master, or by a
-        # map loaded since. The server ends a subscription when the slot leaves the node,
-        # and that node, a replica of the slot's new master now, would accept it again
-        # (SSUBSCRIBE is served by a shard's replicas), where SPUBLISH's count, the
-        # master's alone, would not see it.
-        self._after: dict[int, tuple[int, Address]] = {}
+        # Slots whose subscription ended (slot -> the loads begun by then, the master it
+        # ended at, and whether that master ended it): placed again once the map names
+        # another master, or by a map whose load began since. The server ends a
+        # subscription when the slot leaves the node, and that node, a replica of the
+        # slot's new master now, would accept it again (SSUBSCRIBE is served by a
+        # shard's replicas), where SPUBLISH's count, the master's alone, would not see
+        # it: its waiters' notifications would count as undelivered.
+        self._after: dict[int, tuple[int, Address, bool]] = {}
 
     def channel(self, slot: int) -> str:
         """The process's channel in ``slot``: it hashes to ``slot`` (``{T[s]}``)."""
@@ -456,9 +463,9 @@ class ShardSubs:
         """What to send now: ``(master, "SSUBSCRIBE" | "SUNSUBSCRIBE", channel)``, for
         wanted slots subscribed nowhere (at ``owner(slot)``, the slot map's master; a
         slot without one waits for the map, and one whose subscription ended waits for
-        a map newer than then: ``generation`` counts the maps loaded), for
-        subscriptions nobody wants, and for those the map now puts elsewhere (a
-        failover, a slot moved: they follow it)."""
+        a map whose load began since, unless the map names another master:
+        ``generation`` is the map's number), for subscriptions nobody wants, and for
+        those the map now puts elsewhere (a failover, a slot moved: they follow it)."""
         out: list[tuple[Address, str, str]] = []
         if self.supported is False:
             return out
@@ -476,7 +483,7 @@ class ShardSubs:
             if master is None:
                 continue
             if slot in self._after:
-                loaded, ended_at = self._after[slot]
+                loaded, ended_at, _ = self._after[slot]
                 if master == ended_at and loaded >= generation:
                     continue
                 del self._after[slot]
@@ -501,12 +508,24 @@ class ShardSubs:
         """Some wanted slot is subscribed nowhere yet (its master unknown)."""
         return self.supported is not False and any(s not in self._at for s in self._wanted)
 
-    def stale(self, owner: Callable[[int], Address | None]) -> bool:
-        """A subscription ended where the slot map (``owner``) still puts it: have a
-        newer map loaded."""
+    def reload_from(self, owner: Callable[[int], Address | None]) -> tuple[Address, ...] | None:
+        """Whether a newer slot map is needed, and whom to ask first: None if none is;
+        else the masters that ended a subscription where the map (``owner``) still puts
+        it (possibly none: a lost connection tells nothing). Those are asked first
+        because each ended it on learning that the slot had left it: its own map is
+        past the change, where another member's may not be yet (gossip takes a
+        moment), and a map that still named it would place the subscription at what is
+        now a replica."""
         if self.supported is False:
-            return False
-        return any(owner(s) == at for s, (_, at) in self._after.items() if s in self._wanted)
+            return None
+        first: dict[Address, None] = {}
+        needed = False
+        for slot, (_, at, ended) in self._after.items():
+            if slot in self._wanted and owner(slot) == at:
+                needed = True
+                if ended:
+                    first[at] = None
+        return tuple(first) if needed else None
 
     def idle(self, where: Address) -> bool:
         """Nothing is subscribed or asked at ``where``: its connection may close."""
@@ -517,7 +536,7 @@ class ShardSubs:
     ) -> ShardEvent:
         """A reply from the connection to ``where`` (``error``: the text of an error
         reply, which answers the oldest unanswered request there; ``generation``: the
-        slot maps loaded so far)."""
+        slot-map loads begun so far)."""
         asked = self._asked.get(where)
         if error is not None:
             if not asked:
@@ -559,7 +578,7 @@ class ShardSubs:
                 del self._at[slot]
                 was_up = slot in self._up
                 self._up.discard(slot)
-                self._after[slot] = (generation, where)
+                self._after[slot] = (generation, where, True)
                 if slot in self._wanted:
                     return ShardEvent("ended", slot) if was_up else _NOTHING
             return _NOTHING
@@ -567,15 +586,16 @@ class ShardSubs:
 
     def lost(self, where: Address, generation: int = 0) -> bool:
         """The connection to ``where`` is gone, and its subscriptions with it (placed
-        again by a slot map newer than ``generation``: the master may have failed); True
-        if a wanted one was up (its waiters should re-check now)."""
+        again by a slot map whose load began after the ``generation`` begun so far: the
+        master may have failed); True if a wanted one was up (its waiters should
+        re-check now)."""
         self._asked.pop(where, None)
         gone = [s for s, w in self._at.items() if w == where]
         was_up = False
         self._leaving = {(s, w) for s, w in self._leaving if w != where}
         for slot in gone:
             del self._at[slot]
-            self._after[slot] = (generation, where)
+            self._after[slot] = (generation, where, False)
             if slot in self._up:
                 self._up.discard(slot)
                 was_up = was_up or slot in self._wanted

@@ -109,6 +109,7 @@ class _MapLoad:
         # A first load is waited for this long (``ClusterState.slot_map``).
         self.ends_by = now + map_load_bound(len(members), connect_timeout)
         self.done = False
+        self.number = 0  # its place among the loads begun (``ClusterState.begun``)
         self.result: SlotMap | None = None
         self.error: Diagnosis | None = None
         self._members = members
@@ -257,7 +258,12 @@ class ClusterState(NodeState):
         self._lock = threading.Lock()
         self._reconnect = Reconnect()
         self.map: SlotMap | None = None
-        self.loads = 0  # slot maps loaded so far (the listener waits for a newer one)
+        # Loads of the map are numbered as they begin: ``begun`` so far, and ``loads``,
+        # the number of the one that gave the map in use (a load under way when a
+        # sharded subscription ended does not count as newer: ``ShardSubs``).
+        self.begun = 0
+        self.loads = 0
+        self._first: tuple[Address, ...] = ()  # whom the next load asks first
         self._stale = False
         self._doubt = MapDoubt()
         self._load: _MapLoad | None = None
@@ -295,10 +301,14 @@ class ClusterState(NodeState):
                 self.map = self.map.moved(slot, to)
             self._stale = True
 
-    def refresh(self) -> None:
-        """Have the whole map reloaded (a sharded subscription ended: the slot moved)."""
+    def refresh(self, first: tuple[Address, ...] = ()) -> None:
+        """Have the whole map reloaded (a sharded subscription ended: the slot moved),
+        asking the members ``first`` first (when this begins a load: one under way goes
+        on)."""
         with self._lock:
             self._stale = True
+            if self._load is None:
+                self._first = first
 
     def failed(self, now: float) -> None:
         """A member serving a slot failed on the network: its master may have died and
@@ -342,7 +352,7 @@ class ClusterState(NodeState):
                 self._load = None
                 if load.result is not None:
                     self.map, self._stale = load.result, False
-                    self.loads += 1
+                    self.loads = load.number
                     self._reconnect.succeeded()
                     self.last = None
                 elif self.map is None:
@@ -362,12 +372,15 @@ class ClusterState(NodeState):
             if load is None and (self.map is None or self._stale):
                 if self.map is None and self._reconnect.left(now):
                     return self.last or Diagnosis(Failure.BACKING_OFF, "slot map not loaded")
-                sources = map_sources(self.address.seeds, self.map)
+                sources = map_sources(self.address.seeds, self.map, self._first)
+                self._first = ()
                 members = [self._member_or_new(a) for a in sources]
                 # Those in their back-off last (a dead master, most likely what the load
                 # is for): one that does not even refuse would hold it up connect_timeout.
                 members.sort(key=lambda m: m.backing_off(now) > 0)
+                self.begun += 1
                 self._load = load = _MapLoad(members, now, self.connect_timeout, wake)
+                load.number = self.begun
                 self._doubt.loading(now)
             if self.map is not None:
                 return self.map  # a stale map serves while it is reloaded

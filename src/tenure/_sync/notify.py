@@ -422,8 +422,9 @@ class Listener:
         with self._shard_lock:
             for i, subs in enumerate(self._shards):
                 node = cast("ClusterState", self._nodes[i])
-                if subs.stale(_owner(node.map)):
-                    node.refresh()  # a subscription ended where the map still puts it
+                first = subs.reload_from(_owner(node.map))
+                if first is not None:
+                    node.refresh(first)  # a subscription ended where the map still puts it
                     node.slot_map(now, self._poke)  # loads a newer map (or takes it)
                 for where, verb, channel in subs.plan(_owner(node.map), node.loads):
                     link = self._links.get((i, where))
@@ -497,7 +498,7 @@ class Listener:
         self._close_link(link)
         link.reconnect.failed(now)
         node = cast("ClusterState", self._nodes[i])
-        if self._shards[i].lost(where, node.loads):
+        if self._shards[i].lost(where, node.begun):
             self._nudge_all()
 
     def _cut_link(self, i: int, where: Address, link: _ShardLink) -> None:
@@ -531,10 +532,10 @@ class Listener:
         for reply in replies:
             with self._shard_lock:
                 if isinstance(reply, ErrorReply):
-                    event = subs.answered(where, None, reply.message, node.loads)
+                    event = subs.answered(where, None, reply.message, node.begun)
                 else:
                     self._board.message(reply, i, now)  # an smessage: file it
-                    event = subs.answered(where, reply, None, node.loads)
+                    event = subs.answered(where, reply, None, node.begun)
                 if event.kind == "refused":
                     why = diagnosis.error_reply(event.detail)
                     if why.failure.configuration:
