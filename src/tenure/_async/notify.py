@@ -124,6 +124,11 @@ class ResponseRefused(Exception):
     """The node answered our SUBSCRIBE with an error (its text, as sent)."""
 
 
+class _Cut(Exception):
+    """A sharded-subscription connection closed on purpose (``ShardEvent`` "cut"):
+    nothing to report."""
+
+
 class _ShardLink:
     """The sharded-subscription connection of one client to one master of a cluster."""
 
@@ -384,9 +389,10 @@ class AsyncListener:
                     else:
                         self._board.message(reply, i, time.monotonic())  # an smessage
                         event = subs.answered(where, reply, None, begun)
-                    if event.kind == "refused":
+                    if event.kind in ("refused", "cut"):
                         if not lost.done():
-                            lost.set_result(ResponseRefused(event.detail))
+                            cause = ResponseRefused if event.kind == "refused" else _Cut
+                            lost.set_result(cause(event.detail))
                         return
                     self._shard_event(i, event)
 
@@ -412,6 +418,8 @@ class AsyncListener:
                         self._nudge_all()
                 await conn.disconnect(nowait=True)
                 raise
+            except _Cut:
+                pass  # its other subscriptions, if any, are placed again after the back-off
             except Exception as exc:  # a failed connection is retried after a back-off
                 self._note_failure(i, exc)
             link.transport = None

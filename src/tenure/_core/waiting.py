@@ -366,10 +366,13 @@ class ShardEvent:
     anew; nobody was routed to it while it was leaving), "moved" (SSUBSCRIBE answered
     ``MOVED``: the slot's owner is ``to``; tell the slot map), "unsupported" (no sharded
     pub/sub on this cluster), "refused" (another error: ``detail``; drop the connection,
-    it is tried again after its back-off), "" (nothing to do).
+    it is tried again after its back-off), "cut" (an error answered our SUNSUBSCRIBE,
+    and the server may have kept the subscription: Redis 8 serves SSUBSCRIBE at a
+    replica of the slot's master and answers SUNSUBSCRIBE there ``MOVED``; drop the
+    connection, the one way to end it, with nothing to report), "" (nothing to do).
     """
 
-    kind: Literal["", "confirmed", "ended", "again", "moved", "unsupported", "refused"]
+    kind: Literal["", "confirmed", "ended", "again", "moved", "unsupported", "refused", "cut"]
     slot: int = -1
     to: Address | None = None
     detail: str = ""
@@ -542,10 +545,9 @@ class ShardSubs:
             if not asked:
                 return ShardEvent("refused", detail=error)
             verb, slot = asked.pop(0)
-            if verb == "u":
-                self._drop(slot, where)
-                return _NOTHING
             self._drop(slot, where)
+            if verb == "u":
+                return ShardEvent("cut", slot, detail=error)
             if sharded_refused(error):
                 self.supported = False
                 return ShardEvent("unsupported", slot)

@@ -264,6 +264,10 @@ class ClusterState(NodeState):
         self.begun = 0
         self.loads = 0
         self._first: tuple[Address, ...] = ()  # whom the next load asks first
+        # Told when the map in use changes: the notification listener's poke, whose
+        # sharded subscriptions follow the map (one put at a member that is now a
+        # replica would not be counted by the slot's master).
+        self.on_map: Callable[[], None] | None = None
         self._stale = False
         self._doubt = MapDoubt()
         self._load: _MapLoad | None = None
@@ -299,7 +303,12 @@ class ClusterState(NodeState):
         with self._lock:
             if self.map is not None:
                 self.map = self.map.moved(slot, to)
+                self._map_changed()
             self._stale = True
+
+    def _map_changed(self) -> None:
+        if self.on_map is not None:
+            self.on_map()
 
     def refresh(self, first: tuple[Address, ...] = ()) -> None:
         """Have the whole map reloaded (a sharded subscription ended: the slot moved),
@@ -353,6 +362,7 @@ class ClusterState(NodeState):
                 if load.result is not None:
                     self.map, self._stale = load.result, False
                     self.loads = load.number
+                    self._map_changed()
                     self._reconnect.succeeded()
                     self.last = None
                 elif self.map is None:

@@ -148,6 +148,11 @@ class Listener:
         self._channel_prefix = channel_prefix  # the client's key prefix + "wake:"
         # Sharded subscriptions per slot, when every node is a Redis Cluster node.
         self._sharding = sharding([isinstance(n, ClusterState) for n in self._nodes])
+        if self._sharding:
+            for node in self._nodes:
+                # The slots' subscriptions follow the map: whoever reads the sockets
+                # plans them again (``_connect_shards``) once poked.
+                cast("ClusterState", node).on_map = self._poke
         self._reporter = reporter or NodeReporter([n.name for n in self._nodes])
         self.channel = ""
         self._stop = False
@@ -540,6 +545,7 @@ class Listener:
                     why = diagnosis.error_reply(event.detail)
                     if why.failure.configuration:
                         self._reporter.note(i, why.failure, why.detail, notifications=True)
+                if event.kind in ("refused", "cut"):  # "cut": nothing to report
                     self._drop_link(i, where, link, now)
                     return
             self._shard_event(i, event)
