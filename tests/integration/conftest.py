@@ -59,8 +59,10 @@ def shared5() -> Iterator[LocalCluster]:
     Used once by all five first: tests use the first 1, 3 or 5 nodes, and a node set
     whose other nodes are blank sits out a warm-up (docs/fencing.md, growing a set)."""
     with LocalCluster(5) as cluster:
-        with tenure.Client(cluster.urls) as client:
-            client.acquire("tenure-tests:set-up", ttl=1.0).release()
+        # A node timeout for a set-up, not a test of speed: five servers just started
+        # on a loaded machine answered none of the default 50 ms rounds once.
+        with tenure.Client(cluster.urls, node_timeout=2.0) as client:
+            client.acquire("tenure-tests:set-up", ttl=10.0).release()
         yield cluster
 
 
