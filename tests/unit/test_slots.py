@@ -110,8 +110,10 @@ def test_a_slot_map_is_parsed_from_cluster_slots() -> None:
     assert m.masters() == [("127.0.0.1", 7000), ("h", 7001), ("h", 7002)]
     assert ("127.0.0.1", 7003) in m.nodes
     assert ("10.0.0.9", 7005) in m.nodes
+    assert m.source == ("h", 9)  # the member that gave it
     moved = m.moved(7, ("127.0.0.1", 7003))
     assert moved.owner(7) == ("127.0.0.1", 7003)
+    assert moved.source == ("h", 9)
     assert m.owner(7) == ("127.0.0.1", 7000)
 
 

@@ -8,7 +8,7 @@ from tenure._core.config import ClientConfig, LockKeys, LockSpec
 from tenure._core.slots import key_slot, routed_slot, slot_tag
 from tenure._core.waiting import ShardSubs, WakeTally, route_of, sharded_refused, sharding
 
-A, B = ("10.0.0.1", 7000), ("10.0.0.2", 7000)
+A, B, C = ("10.0.0.1", 7000), ("10.0.0.2", 7000), ("10.0.0.3", 7000)
 PREFIX, SUFFIX = "tenure:wake:", "abc123"
 CLASSIC = PREFIX + SUFFIX
 
@@ -164,8 +164,12 @@ def test_an_ended_subscription_waits_for_a_slot_map_begun_since() -> None:
     assert not subs.up(7)
     assert subs.reload_from(owner_a) == (A,)  # the map still names A: load a newer one
     assert subs.unplaced()
-    assert subs.plan(owner_a, 3) == []  # the same map: not yet
-    assert subs.plan(owner_a, 4) == [(A, "SSUBSCRIBE", subs.channel(7))]  # a newer one
+    assert subs.plan(owner_a, 3, A) == []  # the same map: not yet
+    # A newer map that still names A, from a member that may not have heard yet: no;
+    # from A itself, which knows the slot came back to it: yes.
+    assert subs.plan(owner_a, 4, C) == []
+    assert subs.reload_from(owner_a) == (A,)
+    assert subs.plan(owner_a, 5, A) == [(A, "SSUBSCRIBE", subs.channel(7))]
     assert subs.reload_from(owner_a) is None
     confirm(subs, A, 7, 4)
     assert subs.up(7)
@@ -180,9 +184,9 @@ def test_a_map_whose_load_was_under_way_when_a_subscription_ended_is_not_newer()
     subs.plan(owner_a, 3)
     confirm(subs, A, 7, 3)
     subs.answered(A, [b"sunsubscribe", subs.channel(7).encode(), 0], None, 4)
-    assert subs.plan(owner_a, 4) == []
+    assert subs.plan(owner_a, 4, A) == []
     assert subs.reload_from(owner_a) == (A,)  # asked again, of A first
-    assert subs.plan(lambda s: B, 5) == [(B, "SSUBSCRIBE", subs.channel(7))]
+    assert subs.plan(lambda s: B, 5, C) == [(B, "SSUBSCRIBE", subs.channel(7))]
 
 
 def test_a_reload_asks_first_the_masters_that_ended_subscriptions() -> None:
@@ -199,7 +203,7 @@ def test_a_reload_asks_first_the_masters_that_ended_subscriptions() -> None:
     # B's connection was lost: that tells nothing of B's view (B may be down), so it
     # is not asked first; A ended a subscription itself, on learning of the change.
     assert subs.reload_from(owners.get) == (A,)
-    assert subs.reload_from(lambda s: ("10.0.0.3", 7000)) is None  # both moved on
+    assert subs.reload_from(lambda s: C) is None  # both moved on
     subs.remove(7)
     assert subs.reload_from(owners.get) == ()  # B's slot alone: a reload, no preference
 
@@ -224,7 +228,7 @@ def test_a_lost_connection_takes_its_subscriptions() -> None:
     assert not subs.up(7)
     assert subs.idle(A)
     assert subs.plan(owner_a, 1) == []  # the master may have failed: a newer map
-    planned = subs.plan(owner_a, 2)
+    planned = subs.plan(owner_a, 2, C)  # from any member: A itself told nothing
     assert sorted(c for _, _, c in planned) == sorted([subs.channel(7), subs.channel(9)])
 
 

@@ -320,7 +320,8 @@ class AsyncListener:
             first = subs.reload_from(cluster.owner)
             if first is not None:
                 cluster.refresh(first)  # a subscription ended where the map still puts it
-            for where, verb, channel in subs.plan(cluster.owner, cluster.loads):
+            source = cluster.map.source if cluster.map is not None else None
+            for where, verb, channel in subs.plan(cluster.owner, cluster.loads, source):
                 link = self._links.get((i, where))
                 if link is None:
                     link = self._links[(i, where)] = _ShardLink()

@@ -147,11 +147,13 @@ class SlotMap:
 
     ``owners[s]`` is the master's (host, port), or None when no master serves ``s``;
     ``nodes`` every address the reply named, replicas included (a replica is what a
-    failover promotes, so connecting to it early lets a ``MOVED`` be followed at once).
+    failover promotes, so connecting to it early lets a ``MOVED`` be followed at once);
+    ``source`` the member that gave it (None: not known).
     """
 
     owners: tuple[Address | None, ...]
     nodes: tuple[Address, ...]
+    source: Address | None = None
 
     @classmethod
     def parse(cls, reply: object, asked: Address) -> SlotMap:
@@ -178,7 +180,7 @@ class SlotMap:
                 owners[slot] = members[0]
             for member in members:
                 nodes[member] = None
-        return cls(tuple(owners), tuple(nodes))
+        return cls(tuple(owners), tuple(nodes), asked)
 
     def owner(self, slot: int) -> Address | None:
         return self.owners[slot]
@@ -205,7 +207,7 @@ class SlotMap:
         owners = list(self.owners)
         owners[slot] = to
         nodes = self.nodes if to in self.nodes else (*self.nodes, to)
-        return SlotMap(tuple(owners), nodes)
+        return SlotMap(tuple(owners), nodes, self.source)
 
 
 class MapDoubt:

@@ -421,11 +421,11 @@ class ShardSubs:
         self._asked: dict[Address, list[tuple[str, int]]] = {}  # unanswered, per master
         # Slots whose subscription ended (slot -> the loads begun by then, the master it
         # ended at, and whether that master ended it): placed again once the map names
-        # another master, or by a map whose load began since. The server ends a
-        # subscription when the slot leaves the node, and that node, a replica of the
-        # slot's new master now, would accept it again (SSUBSCRIBE is served by a
-        # shard's replicas), where SPUBLISH's count, the master's alone, would not see
-        # it: its waiters' notifications would count as undelivered.
+        # another master, or by a newer map (``plan``). The server ends a subscription
+        # when the slot leaves the node, and that node, a replica of the slot's new
+        # master now, would accept it again (SSUBSCRIBE is served by a shard's
+        # replicas), where SPUBLISH's count, the master's alone, would not see it: its
+        # waiters' notifications would count as undelivered.
         self._after: dict[int, tuple[int, Address, bool]] = {}
 
     def channel(self, slot: int) -> str:
@@ -461,14 +461,22 @@ class ShardSubs:
         return channel, False
 
     def plan(
-        self, owner: Callable[[int], Address | None], generation: int = 0
+        self,
+        owner: Callable[[int], Address | None],
+        generation: int = 0,
+        source: Address | None = None,
     ) -> list[tuple[Address, str, str]]:
         """What to send now: ``(master, "SSUBSCRIBE" | "SUNSUBSCRIBE", channel)``, for
-        wanted slots subscribed nowhere (at ``owner(slot)``, the slot map's master; a
-        slot without one waits for the map, and one whose subscription ended waits for
-        a map whose load began since, unless the map names another master:
-        ``generation`` is the map's number), for subscriptions nobody wants, and for
-        those the map now puts elsewhere (a failover, a slot moved: they follow it)."""
+        wanted slots subscribed nowhere (at ``owner(slot)``, the slot map's master), for
+        subscriptions nobody wants, and for those the map now puts elsewhere (a
+        failover, a slot moved: they follow it). ``generation`` is the map's number,
+        ``source`` the member that gave it.
+
+        A slot without a master waits for the map. One whose subscription ended, where
+        the map still names the master it ended at, waits for a map whose load began
+        since; if that master ended it itself, for one that master gave, too: it knows
+        whether the slot came back to it, where another member may not have heard of
+        the change yet (a map naming another master is taken from anyone)."""
         out: list[tuple[Address, str, str]] = []
         if self.supported is False:
             return out
@@ -486,8 +494,8 @@ class ShardSubs:
             if master is None:
                 continue
             if slot in self._after:
-                loaded, ended_at, _ = self._after[slot]
-                if master == ended_at and loaded >= generation:
+                loaded, ended_at, ended = self._after[slot]
+                if master == ended_at and (loaded >= generation or (ended and source != ended_at)):
                     continue
                 del self._after[slot]
             self._at[slot] = master
@@ -518,7 +526,8 @@ class ShardSubs:
         because each ended it on learning that the slot had left it: its own map is
         past the change, where another member's may not be yet (gossip takes a
         moment), and a map that still named it would place the subscription at what is
-        now a replica."""
+        now a replica (``plan`` waits for one of theirs, or one naming another
+        master)."""
         if self.supported is False:
             return None
         first: dict[Address, None] = {}

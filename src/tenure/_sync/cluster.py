@@ -306,6 +306,12 @@ class ClusterState(NodeState):
                 self._map_changed()
             self._stale = True
 
+    def in_use(self) -> tuple[SlotMap | None, int]:
+        """The map in use and its number (``loads``), read together: a round in another
+        thread may take a newer map between two reads."""
+        with self._lock:
+            return self.map, self.loads
+
     def _map_changed(self) -> None:
         if self.on_map is not None:
             self.on_map()

@@ -431,7 +431,9 @@ class Listener:
                 if first is not None:
                     node.refresh(first)  # a subscription ended where the map still puts it
                     node.slot_map(now, self._poke)  # loads a newer map (or takes it)
-                for where, verb, channel in subs.plan(_owner(node.map), node.loads):
+                slot_map, number = node.in_use()
+                source = slot_map.source if slot_map is not None else None
+                for where, verb, channel in subs.plan(_owner(slot_map), number, source):
                     link = self._links.get((i, where))
                     if link is None:
                         link = self._links[(i, where)] = _ShardLink()
