@@ -355,9 +355,13 @@ class AsyncListener:
         the round or load that changed it."""
         if self._closed:
             return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop runs: the next registration plans them
+            return
         if self._replan_later is not None:
             self._replan_later.cancel()
-        self._replan_later = asyncio.get_running_loop().call_soon(self._replan_again)
+        self._replan_later = loop.call_soon(self._replan_again)
 
     def _shard_event(self, i: int, event: ShardEvent) -> None:
         if event.kind == "moved" and event.to is not None and self._cluster is not None:
