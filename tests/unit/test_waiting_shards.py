@@ -21,6 +21,18 @@ def confirm(subs: ShardSubs, where: tuple[str, int], slot: int, loads: int = 0) 
     return subs.answered(where, [b"ssubscribe", subs.channel(slot).encode(), 1], None, loads)
 
 
+def ended_at_a(loads: int, begun: int) -> ShardSubs:
+    """A process subscribed to slot 7 at A by map ``loads``, whose subscription A then
+    ended itself (the slot left it) when ``begun`` loads of the map had begun."""
+    subs = ShardSubs(PREFIX, SUFFIX)
+    subs.add(7)
+    subs.plan(owner_a, loads)
+    confirm(subs, A, 7, loads)
+    event = subs.answered(A, [b"sunsubscribe", subs.channel(7).encode(), 0], None, begun)
+    assert event.kind == "ended"
+    return subs
+
+
 def test_the_channel_of_a_slot_hashes_to_that_slot() -> None:
     subs = ShardSubs(PREFIX, SUFFIX)
     for slot in (0, 1, 5461, 16383):
@@ -155,12 +167,7 @@ def test_another_error_drops_the_request() -> None:
 def test_an_ended_subscription_waits_for_a_slot_map_begun_since() -> None:
     # The server ends it when the slot leaves the node; the old map still names that
     # node, and a replica of the new master would accept it again: wait for a new map.
-    subs = ShardSubs(PREFIX, SUFFIX)
-    subs.add(7)
-    subs.plan(owner_a, 3)
-    confirm(subs, A, 7, 3)
-    event = subs.answered(A, [b"sunsubscribe", subs.channel(7).encode(), 0], None, 3)
-    assert event.kind == "ended"
+    subs = ended_at_a(3, 3)
     assert not subs.up(7)
     assert subs.reload_from(owner_a) == (A,)  # the map still names A: load a newer one
     assert subs.unplaced()
@@ -179,11 +186,7 @@ def test_a_map_whose_load_was_under_way_when_a_subscription_ended_is_not_newer()
     # Map 3 in use, load 4 under way (asked before the failover reached its source):
     # the old master ends the subscription, then load 4 ends, still naming it. Placed
     # there, the subscription would be at a replica of the slot's new master.
-    subs = ShardSubs(PREFIX, SUFFIX)
-    subs.add(7)
-    subs.plan(owner_a, 3)
-    confirm(subs, A, 7, 3)
-    subs.answered(A, [b"sunsubscribe", subs.channel(7).encode(), 0], None, 4)
+    subs = ended_at_a(3, 4)
     assert subs.plan(owner_a, 4, A) == []
     assert subs.reload_from(owner_a) == (A,)  # asked again, of A first
     assert subs.plan(lambda s: B, 5, C) == [(B, "SSUBSCRIBE", subs.channel(7))]
@@ -209,11 +212,7 @@ def test_a_reload_asks_first_the_masters_that_ended_subscriptions() -> None:
 
 
 def test_an_ended_subscription_follows_a_map_that_names_another_master() -> None:
-    subs = ShardSubs(PREFIX, SUFFIX)
-    subs.add(7)
-    subs.plan(owner_a, 3)
-    confirm(subs, A, 7, 3)
-    subs.answered(A, [b"sunsubscribe", subs.channel(7).encode(), 0], None, 3)
+    subs = ended_at_a(3, 3)
     assert subs.reload_from(lambda s: B) is None  # a MOVED put it at B: no load needed
     assert subs.plan(lambda s: B, 3) == [(B, "SSUBSCRIBE", subs.channel(7))]
 
