@@ -106,6 +106,35 @@ def _shard_subscribers(node: LocalNode, channel: str) -> int:
         return int(reply[1])
 
 
+def _waiting(client: Any, name: str, timeout: float) -> tuple[threading.Thread, dict[str, object]]:
+    """A thread, started, in which ``client`` acquires ``name`` within ``timeout`` and
+    releases it; once it ends, what it got ("lease") or raised ("error")."""
+    got: dict[str, object] = {}
+
+    def wait() -> None:
+        try:
+            held = client.acquire(name, ttl=TTL, timeout=timeout)
+        except BaseException as exc:
+            got["error"] = exc
+            return
+        held.release()
+        got["lease"] = held
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    return thread, got
+
+
+def _sharded_channel(master: LocalNode, queue: str) -> str:
+    """The channel of the first waiter in ``queue`` at ``master``, once it is queued; its
+    place must say the channel is sharded."""
+    _wait_for(lambda: _place(master, queue), "the waiter queued")
+    record = _place(master, queue)
+    assert record is not None
+    assert record.endswith(" s"), record
+    return record.split()[0]
+
+
 def _sees_held(lock: tenure.Lock) -> bool:
     try:
         return lock.locked()
@@ -431,25 +460,9 @@ def _fail_over_under_waiters(api: Api, cluster: LocalRedisCluster, key: str) -> 
     # A waiter (in a thread of its own, with its own client) queued before the failover:
     # its process's subscription to the slot's channel is at the old master.
     first = api.sibling().client([cluster.url], recheck=30.0, max_ttl=MAX_TTL)
-    got: dict[str, object] = {}
-
-    def wait() -> None:
-        try:
-            held = first.acquire(name, ttl=TTL, timeout=MAX_TTL + 20.0)
-        except BaseException as exc:
-            got["error"] = exc
-            return
-        held.release()
-        got["lease"] = held
-
-    thread = threading.Thread(target=wait)
-    thread.start()
+    thread, got = _waiting(first, name, MAX_TTL + 20.0)
     try:
-        _wait_for(lambda: _place(master, keys.queue), "the first waiter queued")
-        record = _place(master, keys.queue)
-        assert record is not None
-        assert record.endswith(" s"), record
-        channel = record.split()[0]
+        channel = _sharded_channel(master, keys.queue)
         assert _shard_subscribers(master, channel) == 1
         promoted = cluster.failover(master)
         # The old master ended the subscription (it serves the slot no more); the
@@ -523,16 +536,6 @@ def test_a_slot_subscription_follows_the_slot_map(
         holder = tenure.Client([cluster.url], max_ttl=60.0)
         lease = holder.acquire(name, ttl=60.0)
         waiter = api.sibling().client([cluster.url], recheck=30.0, max_ttl=MAX_TTL)
-        got: dict[str, object] = {}
-
-        def wait() -> None:
-            try:
-                held = waiter.acquire(name, ttl=TTL, timeout=60.0)
-            except BaseException as exc:
-                got["error"] = exc
-                return
-            got["lease"] = held
-            held.release()
 
         def move(to: Address) -> None:
             # As a round of the waiter's client that met a MOVED: in its event loop
@@ -550,14 +553,9 @@ def test_a_slot_subscription_follows_the_slot_map(
             return _shard_subscribers(at, channel) == 1 and _shard_subscribers(away, channel) == 0
 
         caplog.set_level(logging.WARNING, logger="tenure")
-        thread = threading.Thread(target=wait)
-        thread.start()
+        thread, got = _waiting(waiter, name, 60.0)
         try:
-            _wait_for(lambda: _place(master, keys.queue) is not None, "the waiter queued")
-            record = _place(master, keys.queue)
-            assert record is not None
-            assert record.endswith(" s"), record
-            channel = record.split()[0]
+            channel = _sharded_channel(master, keys.queue)
             assert subscribed(master, replica, channel)
             move(at_replica)
             _wait_for(lambda: subscribed(replica, master, channel), "followed the map", 10.0)
