@@ -17,11 +17,14 @@ import asyncio
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 import redis.asyncio
+import redis.sentinel
+import valkey
+import valkey.asyncio
 
 import tenure
 from tenure.fencing import AsyncFencedStore, FencedStore
@@ -166,6 +169,81 @@ def test_an_asyncio_object_refuses_a_pipeline(
         asyncio.run(use())
     assert "a pipeline()" in str(info.value)
     assert raw.keys(f"*{name}*") == []
+
+
+def _no_clients(node: LocalCluster, locks: tenure.Client, *, asyncio: bool) -> dict[str, Any]:
+    """What is no redis-py client, each with what its refusal must say (the fix); made,
+    not connected. Each was taken before: a URL, None, a pool failed at the first
+    command with a raw AttributeError; a Sentinel object sent the commands to the
+    Sentinels; a valkey-py client worked, but let valkey-py's own exceptions reach the
+    caller when its server went away."""
+    url = node.urls[0]
+    made = "redis.asyncio.Redis" if asyncio else "redis.Redis"
+    return {
+        "a URL": (url.replace("://", "://app:s3cret@"), f"{made}.from_url(url)"),
+        "None": (None, "has no execute_command"),
+        "a pool": (redis.ConnectionPool.from_url(url), f"{made}(connection_pool=pool)"),
+        "a Sentinel": (redis.sentinel.Sentinel([("127.0.0.1", 1)]), "master_for(service_name)"),
+        "a tenure client": (locks, "pass a redis-py client of the Redis"),
+        "valkey-py": (valkey.Valkey.from_url(url), f"of the same server, {made}.from_url(url)"),
+        "valkey-py asyncio": (valkey.asyncio.Valkey.from_url(url), "a valkey-py client: "),
+    }
+
+
+@pytest.mark.parametrize("owner", list(BLOCKING))
+def test_a_blocking_object_refuses_what_is_no_redis_py_client(
+    owner: str, node: LocalCluster, raw: redis.Redis, locks: tenure.Client, name: str
+) -> None:
+    parameter, use = BLOCKING[owner]
+    for what, (obj, fix) in _no_clients(node, locks, asyncio=False).items():
+        with pytest.raises(tenure.ConfigurationError) as info:
+            use(obj, locks, name)
+        assert info.value.parameter == parameter, what
+        message = str(info.value)
+        assert f"{owner} takes a redis-py client (redis.Redis)" in message, what
+        assert fix in message, what
+        assert "s3cret" not in message
+    assert raw.keys(f"*{name}*") == []
+
+
+@pytest.mark.parametrize("owner", list(ASYNCIO))
+def test_an_asyncio_object_refuses_what_is_no_redis_py_client(
+    owner: str, node: LocalCluster, raw: redis.Redis, locks: tenure.Client, name: str
+) -> None:
+    for what, (obj, fix) in _no_clients(node, locks, asyncio=True).items():
+
+        async def use() -> object:
+            return await ASYNCIO[owner](obj, name)  # noqa: B023 (run at once)
+
+        with pytest.raises(tenure.ConfigurationError) as info:
+            asyncio.run(use())
+        assert info.value.parameter in ("client", "redis_client"), what
+        assert f"{owner} takes a redis-py client (redis.asyncio.Redis)" in str(info.value)
+        assert fix in str(info.value), what
+    assert raw.keys(f"*{name}*") == []
+
+
+class _Wrapper:
+    """An application's wrapper of a redis-py client (instrumentation, say): not a
+    redis-py class, but it has redis-py's methods and raises redis-py's errors."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._client, attribute)
+
+
+def test_a_wrapper_of_a_redis_py_client_is_still_taken(name: str) -> None:
+    # The refusal of what is no client keeps to what is recognisably none: a wrapper
+    # with execute_command works, and its server's failures are tenure's errors.
+    with LocalCluster(1) as doomed, redis.Redis.from_url(doomed.urls[0]) as client:
+        store = FencedStore(cast(redis.Redis, _Wrapper(client)))
+        store.write(f"{name}:w", 4, b"v")
+        assert store.read(f"{name}:w") == (b"v", 4)
+        doomed[0].kill()
+        with pytest.raises(tenure.StoreUnavailable):
+            store.write(f"{name}:w", 5, b"v")
 
 
 @pytest.mark.parametrize("owner", list(BLOCKING))

@@ -15,6 +15,8 @@ import redis.asyncio.retry
 import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
+import valkey
+import valkey.asyncio
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
@@ -418,6 +420,14 @@ def test_a_cluster_client_that_knows_no_node_is_refused(cluster: Cluster) -> Non
 def test_anything_else_is_refused_saying_what_is_accepted(make: Make) -> None:
     with pytest.raises(ConfigurationError, match=r"nodes\[0\]: must be a node URL .*redis.Redis"):
         make([("127.0.0.1", 7001)])
+
+
+@pytest.mark.parametrize("library", [valkey, valkey.asyncio])
+def test_a_valkey_py_object_is_refused_naming_the_fix(make: Make, library: Any) -> None:
+    # valkey-py forked redis-py: its objects have redis-py's shape, but are none of its
+    # classes, and tenure reads only redis-py's settings.
+    with pytest.raises(ConfigurationError, match=r"nodes\[0\]: .*a valkey-py object.*URL"):
+        make([library.Valkey(host="10.0.0.1", password="s3cret")])
 
 
 def test_urls_pass_through_untouched() -> None:

@@ -16,8 +16,9 @@ and, of a ``RedisCluster``, ``nodes_manager`` with its ``startup_nodes``,
 two are read with a default all the same; tests/unit/test_redis_objects.py).
 
 The fencing stores and the patterns take a redis-py client for commands of their own:
-``check_client`` refuses one of the wrong flavour (blocking or asyncio), and one that
-decodes replies where values are raw bytes.
+``check_client`` refuses what is none (a URL, a pool, another library's client, whose
+errors tenure cannot read), one of the wrong flavour (blocking or asyncio), and one
+that decodes replies where values are raw bytes.
 """
 
 from __future__ import annotations
@@ -438,13 +439,20 @@ def node_addresses(nodes: object, *, asyncio: bool) -> object:
         elif _is_redis_object(entry):
             out.append(settings_of(entry, f"nodes[{i}]", asyncio=asyncio))
         else:
+            library = _library_of(entry)
             raise ConfigurationError(
                 f"nodes[{i}]",
                 "must be a node URL ('redis://host:6379/0', 'rediss://...', "
                 "'unix:///path/redis.sock', 'redis+cluster://...', 'redis+sentinel://...'), "
                 "a redis.Redis or redis.asyncio.Redis client, a redis-py ConnectionPool, a "
                 "Sentinel master_for() client or a RedisCluster client; got "
-                f"{redact_url(repr(entry))}",
+                f"{redact_url(repr(entry))}"
+                + (
+                    f", a {library} object, whose settings tenure does not read: give the "
+                    "node's URL"
+                    if library
+                    else ""
+                ),
             )
     return out
 
@@ -513,17 +521,15 @@ _BLOCKING_CLIENTS = (redis.Redis, redis.RedisCluster)
 _ASYNCIO_CLIENTS = (redis.asyncio.Redis, redis.asyncio.RedisCluster)
 
 
-def _is_asyncio(client: object) -> bool | None:
-    """Whether ``client`` is an asyncio client; None if it does not look like a client."""
+def _is_asyncio(client: object) -> bool:
+    """Whether ``client`` (a client, ``_refuse_no_client`` has seen to that) is an
+    asyncio client."""
     if isinstance(client, _ASYNCIO_CLIENTS):
         return True
     if isinstance(client, _BLOCKING_CLIENTS):
         return False
     # Neither class (a wrapper, say): judge it by the method every command goes through.
-    execute = getattr(client, "execute_command", None)
-    if not callable(execute):
-        return None  # duck-typed: let its own methods answer for it
-    return inspect.iscoroutinefunction(execute)
+    return inspect.iscoroutinefunction(getattr(client, "execute_command", None))
 
 
 def _decodes(client: object) -> bool:
@@ -573,6 +579,82 @@ def _name(client: object) -> str:
     return f"a {cls.__module__}.{cls.__qualname__}"
 
 
+# Client libraries for Redis and Valkey other than redis-py, by their top-level package.
+# Their clients have redis-py's shape (execute_command, pipeline, eval), so nothing
+# failed where one was passed; but what they raise is their own (valkey-py forked
+# redis-py and renamed its exceptions: valkey.exceptions.ConnectionError is no
+# redis.ConnectionError), which tenure cannot classify, so a server that went away
+# reached the caller as that library's raw exception, not as a StoreUnavailable.
+_OTHER_LIBRARIES = {
+    "valkey": "valkey-py",
+    "aioredis": "aioredis",
+    "coredis": "coredis",
+    "glide": "valkey-glide",
+}
+
+
+def _library_of(obj: object) -> str | None:
+    """The client library other than redis-py that ``obj``'s class (or a class it
+    derives from) comes from; None for redis-py's and anything else."""
+    for cls in type(obj).__mro__:
+        library = _OTHER_LIBRARIES.get(cls.__module__.partition(".")[0])
+        if library is not None:
+            return library
+    return None
+
+
+def _refuse_no_client(client: object, parameter: str, owner: str, *, asyncio: bool) -> None:
+    """Refuse what is no redis-py client: a URL, a connection pool, a Sentinel object, a
+    tenure client, a client of another library, anything without ``execute_command``.
+
+    Each was taken before and failed at its first command with a raw ``AttributeError``
+    (a URL, a pool, None), or sent it somewhere else (a Sentinel object sends commands to
+    the Sentinels), or let that library's exceptions reach the caller unclassified. A
+    wrapper with redis-py's ``execute_command`` is still taken: it raises redis-py's
+    errors, which tenure reads.
+    """
+    made = "redis.asyncio.Redis" if asyncio else "redis.Redis"
+    got = f"{owner} takes a redis-py client ({made}), but got"
+    if isinstance(client, str):
+        # Not shown: a URL may carry a password.
+        raise ConfigurationError(
+            parameter, f"{got} a str: make the client from the URL, {made}.from_url(url)"
+        )
+    if isinstance(client, (redis.ConnectionPool, redis.asyncio.ConnectionPool)):
+        raise ConfigurationError(
+            parameter,
+            f"{got} {_name(client)}, a connection pool: pass a client over it, "
+            f"{made}(connection_pool=pool)",
+        )
+    if isinstance(client, (redis.sentinel.Sentinel, redis.asyncio.sentinel.Sentinel)):
+        raise ConfigurationError(
+            parameter,
+            f"{got} {_name(client)}, which sends its commands to the Sentinels: pass the "
+            "master's client, sentinel.master_for(service_name)",
+        )
+    library = _library_of(client)
+    if library is not None:
+        raise ConfigurationError(
+            parameter,
+            f"{got} {_name(client)}, a {library} client: {owner} reads redis-py's errors, "
+            f"and that client's failures would reach you as {library}'s own exceptions, "
+            f"not as tenure's StoreError; pass a redis-py client of the same server, "
+            f"{made}.from_url(url) (redis-py speaks to Valkey as to Redis)",
+        )
+    if type(client).__module__.partition(".")[0] == "tenure":
+        raise ConfigurationError(
+            parameter,
+            f"{got} {_name(client)}, one of tenure's own objects, which runs no commands "
+            f"for others: pass a redis-py client of the Redis that keeps {owner}'s data",
+        )
+    if not callable(getattr(client, "execute_command", None)):
+        raise ConfigurationError(
+            parameter,
+            f"{got} {'None' if client is None else _name(client)}, which is not one (it "
+            "has no execute_command, the method every redis-py command goes through)",
+        )
+
+
 def check_client(
     client: object,
     parameter: str,
@@ -582,8 +664,9 @@ def check_client(
     twin: str | None = None,
     raw_bytes: bool = False,
 ) -> None:
-    """Refuse a pipeline, a redis-py client of the wrong flavour, one made with an encoding
-    Python lacks, one that decodes replies with an encoding that cannot read the
+    """Refuse what is no redis-py client (a URL, a pool, a client of another library:
+    ``_refuse_no_client``), a pipeline, a redis-py client of the wrong flavour, one made
+    with an encoding Python lacks, one that decodes replies with an encoding that cannot read the
     server's own (utf-16), or one that decodes replies where ``raw_bytes`` values must
     be read.
 
@@ -596,10 +679,12 @@ def check_client(
         raw_bytes: ``owner`` reads values that may be any bytes.
 
     Raises:
-        ConfigurationError: (``parameter``) a pipeline, the wrong flavour, a client with an
+        ConfigurationError: (``parameter``) no redis-py client, a pipeline, the wrong
+            flavour, a client with an
             encoding Python lacks, a client decoding with an encoding that does not read
             ASCII as ASCII, or a decoding client where ``raw_bytes``.
     """
+    _refuse_no_client(client, parameter, owner, asyncio=asyncio)
     if isinstance(client, _PIPELINES):
         # Its commands answer with the pipeline, not a reply: the first reply read (a
         # token, a version) raised a raw TypeError, and a write was never sent.
@@ -610,7 +695,7 @@ def check_client(
             f"({owner} sends its own commands, in the order they must run)",
         )
     flavour = _is_asyncio(client)
-    if flavour is True and not asyncio:
+    if flavour and not asyncio:
         other = (
             f"for asyncio use {twin}"
             if twin
@@ -622,7 +707,7 @@ def check_client(
             f"commands return coroutines: pass a redis.Redis (or redis.RedisCluster); "
             f"{other}",
         )
-    if flavour is False and asyncio:
+    if not flavour and asyncio:
         raise ConfigurationError(
             parameter,
             f"{owner} is asyncio, but got {_name(client)}, a blocking client: pass a "
