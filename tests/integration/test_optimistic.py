@@ -339,6 +339,15 @@ def test_bad_arguments_are_refused(run: Run, key: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         run([key, "caf\udce9"], increment(key))
     assert info.value.parameter == "keys"
+    # No sequence, no function: a raw TypeError, the second from inside the first attempt.
+    for keys in (None, 42):
+        with pytest.raises(ConfigurationError, match="sequence of key names") as info:
+            run(keys, increment(key))
+        assert info.value.parameter == "keys"
+    for fn in (None, "increment"):
+        with pytest.raises(ConfigurationError, match="must be a function") as info:
+            run([key], fn)  # type: ignore[arg-type]
+        assert info.value.parameter == "fn"
 
 
 def _on_a_decoding_client(

@@ -472,12 +472,25 @@ def _checked_plan(plan: Plan[T]) -> Plan[T]:
 def _check_keys(keys: Sequence[str]) -> list[str]:
     if isinstance(keys, (str, bytes)):
         raise ConfigurationError("keys", "must be a sequence of key names, not one string")
-    checked = list(keys)
+    try:
+        checked = list(keys)
+    except TypeError:
+        raise ConfigurationError(
+            "keys", f"must be a sequence of key names, e.g. ['stock:42'], got {keys!r}"
+        ) from None
     if not checked or not all(isinstance(k, str) and k for k in checked):
         raise ConfigurationError("keys", f"must be non-empty strings, at least one: {keys!r}")
     for key in checked:
         _checked_name(key, "keys")
     return checked
+
+
+def _check_fn(fn: object) -> None:
+    # Else a raw TypeError from inside the first attempt, after the WATCH and the reads.
+    if not callable(fn):
+        raise ConfigurationError(
+            "fn", f"must be a function of the reads that returns a Plan, got {fn!r}"
+        )
 
 
 def _values(
@@ -586,10 +599,10 @@ def optimistic(
         StoreRefused: the Redis answered with an error (WRONGTYPE, OOM, READONLY, an
             ACL). Before EXEC nothing was written; a queued write that failed inside EXEC
             does not roll back the others, which were applied (the message says so).
-        ConfigurationError: bad ``keys``, ``retries`` or plan ``writes``; ``fn``
-            returned no :class:`Plan`; an asyncio ``client``, one that decodes replies
-            with an encoding that cannot read the server's (utf-16), or one that decodes
-            replies reading a value that is not text in its encoding.
+        ConfigurationError: bad ``keys``, ``retries`` or plan ``writes``; ``fn`` is
+            no function or returned no :class:`Plan`; an asyncio ``client``, one that
+            decodes replies with an encoding that cannot read the server's (utf-16), or
+            one that decodes replies reading a value that is not text in its encoding.
         Exception: whatever ``fn`` raises, unchanged (but for a redis-py error, as
             above); nothing was written.
 
@@ -606,6 +619,7 @@ def optimistic(
     # An asyncio client's pipeline is no context manager: a bare TypeError otherwise.
     _check_client(client, "client", owner="optimistic", asyncio=False, twin="aoptimistic")
     watched = _check_keys(keys)
+    _check_fn(fn)
     cluster = isinstance(client, redis.RedisCluster)
 
     def attempt() -> T:
@@ -654,6 +668,7 @@ async def aoptimistic(
     """
     _check_client(client, "client", owner="aoptimistic", asyncio=True, twin="optimistic")
     watched = _check_keys(keys)
+    _check_fn(fn)
     cluster = isinstance(client, redis.asyncio.RedisCluster)
 
     async def attempt() -> T:
