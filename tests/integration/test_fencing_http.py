@@ -1295,6 +1295,14 @@ def test_token_book_rejects_tokens_out_of_range(token: Any) -> None:
     assert caught.value.parameter == "token"
 
 
+@pytest.mark.parametrize("path", [b"tokens.json", 3, ["tokens.json"]])
+def test_token_book_refuses_what_is_no_path(path: Any) -> None:
+    # Each was a raw TypeError from pathlib.
+    with pytest.raises(ConfigurationError, match="must be a file path") as caught:
+        TokenBook(path)
+    assert caught.value.parameter == "path"
+
+
 def test_token_book_is_thread_safe() -> None:
     book = TokenBook()
     rng = random.Random(3)

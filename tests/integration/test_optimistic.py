@@ -51,6 +51,7 @@ from tenure.patterns import (
     RowMissing,
     StaleVersion,
     aoptimistic,
+    aretry_optimistic,
     optimistic,
     retry_optimistic,
     versioned_update,
@@ -271,6 +272,30 @@ def test_a_backoff_that_gives_no_delay_is_a_clear_error(
         run([key], interfering(other, key, calls), retries=3, backoff=_Broken(value))
     assert info.value.parameter == "backoff"
     assert len(calls) == 1  # nothing retried after the policy failed
+
+
+@pytest.mark.parametrize("twin", ["sync", "async"])
+def test_retry_optimistic_refuses_what_is_no_function_or_exception_class(twin: str) -> None:
+    # Both were raw TypeErrors: fn's at its first call, retry_on's only at the first
+    # exception fn raised (which it then hid).
+    def call(fn: Any, **options: Any) -> object:
+        if twin == "sync":
+            return retry_optimistic(fn, **options)
+        return asyncio.run(aretry_optimistic(fn, **options))
+
+    for fn in (None, "redeem"):
+        with pytest.raises(ConfigurationError, match="must be a function") as info:
+            call(fn)
+        assert info.value.parameter == "fn"
+    for retry_on in ("ConflictError", (ConflictError, 42), None):
+        with pytest.raises(ConfigurationError, match="exception classes") as info:
+            call(lambda: None, retry_on=retry_on)
+        assert info.value.parameter == "retry_on"
+    assert call(_async_one if twin == "async" else lambda: 1, retry_on=ValueError) == 1
+
+
+async def _async_one() -> int:
+    return 1
 
 
 def test_a_plan_without_writes_is_still_confirmed(run: Run, node: LocalCluster, key: str) -> None:

@@ -317,8 +317,10 @@ def retry_optimistic(
 
     Raises:
         ConflictError: every attempt conflicted; ``.attempts`` is ``retries + 1``.
-        ConfigurationError: ``retries`` is not an int in 0..``MAX_RETRIES``; ``backoff``
-            raised or gave no number of seconds in [0, ``MAX_RETRY_DELAY``] for a retry.
+        ConfigurationError: ``fn`` is no function; ``retry_on`` holds something other
+            than exception classes; ``retries`` is not an int in 0..``MAX_RETRIES``;
+            ``backoff`` raised or gave no number of seconds in [0, ``MAX_RETRY_DELAY``]
+            for a retry.
         Exception: anything else ``fn`` raises, at once and unchanged.
 
     Example::
@@ -334,6 +336,8 @@ def retry_optimistic(
 
         left = retry_optimistic(redeem)
     """
+    _check_fn(fn)
+    _check_retry_on(retry_on)
     budget = _Budget(retries, backoff, rng, stats)
     while True:
         budget.started()
@@ -356,6 +360,8 @@ async def aretry_optimistic(
     stats: OptimisticStats | None = None,
 ) -> T:
     """The asyncio twin of :func:`retry_optimistic`: ``fn`` is a coroutine function."""
+    _check_fn(fn)
+    _check_retry_on(retry_on)
     budget = _Budget(retries, backoff, rng, stats)
     while True:
         budget.started()
@@ -486,10 +492,18 @@ def _check_keys(keys: Sequence[str]) -> list[str]:
 
 
 def _check_fn(fn: object) -> None:
-    # Else a raw TypeError from inside the first attempt, after the WATCH and the reads.
+    # Else a raw TypeError from inside the first attempt (after the WATCH and the reads).
     if not callable(fn):
+        raise ConfigurationError("fn", f"must be a function (one attempt), got {fn!r}")
+
+
+def _check_retry_on(retry_on: object) -> None:
+    # Else a raw TypeError at the first exception fn raised, its own lost in the context.
+    classes = retry_on if isinstance(retry_on, tuple) else (retry_on,)
+    if not all(isinstance(c, type) and issubclass(c, BaseException) for c in classes):
         raise ConfigurationError(
-            "fn", f"must be a function of the reads that returns a Plan, got {fn!r}"
+            "retry_on",
+            f"must be a tuple of exception classes, e.g. (ConflictError,), got {retry_on!r}",
         )
 
 

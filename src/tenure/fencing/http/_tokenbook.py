@@ -36,11 +36,16 @@ class TokenBook:
             book also survives a power loss, not only a process restart.
 
     Raises:
-        ConfigurationError: ``path`` exists but is not a token book.
+        ConfigurationError: ``path`` is no path, or exists but is not a token book.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, fsync: bool = True) -> None:
         self._lock = threading.Lock()
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise ConfigurationError(
+                "path",
+                f"must be a file path (str or pathlib.Path) or None (in memory), got {path!r}",
+            )
         self._path = None if path is None else Path(path)
         self._fsync = fsync
         self._highest: dict[str, int] = {} if self._path is None else _load_book(self._path)
