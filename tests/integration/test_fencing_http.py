@@ -1101,6 +1101,7 @@ def test_proxy_rejects_a_bad_upstream(upstream: str) -> None:
         ({"resource_header": ""}, "resource_header"),
         ({"methods": frozenset()}, "methods"),
         ({"methods": "PUT"}, "methods"),
+        ({"methods": None}, "methods"),  # a raw TypeError, before
     ],
 )
 def test_gate_rejects_bad_configuration(options: dict[str, Any], parameter: str) -> None:

@@ -771,6 +771,22 @@ def test_a_codec_that_is_no_codec_is_refused(raw: redis.Redis) -> None:
         assert info.value.parameter == "codec"
 
 
+@pytest.mark.parametrize(
+    ("arguments", "parameter"),
+    [
+        ((None,), "metadata"),  # a raw AttributeError, before
+        ((MetaData(), None), "name"),  # a raw AssertionError inside SQLAlchemy
+        ((MetaData(), ["keys"]), "name"),
+        ((MetaData(), "keys", 0), "key_length"),  # refused only at CREATE TABLE
+        ((MetaData(), "keys", "255"), "key_length"),
+    ],
+)
+def test_a_bad_idempotency_table_is_refused(arguments: tuple[Any, ...], parameter: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        idempotency_table(*arguments)
+    assert info.value.parameter == parameter
+
+
 def test_a_poll_that_is_no_retry_policy_is_refused(raw: redis.Redis) -> None:
     # It was taken, and failed only when a duplicate first waited for a key in progress.
     for poll in (None, 0.1, "fast"):

@@ -392,7 +392,11 @@ def test_debian_layout_starts_the_server_not_the_rdb_checker(
 
 @pytest.mark.parametrize(
     ("kwargs", "parameter"),
-    [({"n": 0}, "n"), ({"extra_config": {"bind": "0.0.0.0"}}, "extra_config")],
+    [
+        ({"n": 0}, "n"),
+        ({"extra_config": {"bind": "0.0.0.0"}}, "extra_config"),
+        ({"extra_config": "maxmemory 10mb"}, "extra_config"),  # was a raw ValueError
+    ],
 )
 def test_cluster_rejects_bad_configuration(kwargs: dict[str, object], parameter: str) -> None:
     with pytest.raises(ConfigurationError) as info:

@@ -525,6 +525,25 @@ def test_a_key_the_nodes_cannot_hold_has_no_partition(bad: object) -> None:
     assert info.value.parameter == "key"
 
 
+@pytest.mark.parametrize(
+    ("arguments", "parameter"),
+    [
+        ((None, ["a"], "a"), "partitions"),  # each a raw TypeError, before
+        ((0, ["a"], "a"), "partitions"),
+        ((4, None, "a"), "live"),
+        ((4, "ab", "a"), "live"),
+        ((4, ["a", 2], "a"), "live"),
+        ((4, ["a"], None), "me"),
+    ],
+)
+def test_fair_share_refuses_what_it_cannot_share(
+    arguments: tuple[Any, ...], parameter: str
+) -> None:
+    with pytest.raises(tenure.ConfigurationError) as info:
+        fair_share(*arguments)
+    assert info.value.parameter == parameter
+
+
 def test_shares_add_up_and_none_exceeds_the_ceiling() -> None:
     for partitions in range(1, 20):
         for workers in range(1, 12):

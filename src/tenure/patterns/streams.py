@@ -1092,7 +1092,18 @@ def fair_share(partitions: int, live: Sequence[str], me: str) -> int:
     The live names sorted; each gets ``partitions // W``, and the first
     ``partitions % W`` one more, so the shares add up to ``partitions`` exactly and none
     exceeds ``ceil(partitions / W)``. ``me`` counts as live even if missing from ``live``.
+
+    Raises:
+        ConfigurationError: ``partitions`` is not an int >= 1, ``live`` no sequence of
+            names, ``me`` no name.
     """
+    partitions = _check_partitions(partitions)
+    if not isinstance(me, str):
+        raise ConfigurationError("me", f"must be a worker's name (a str), got {me!r}")
+    if isinstance(live, str) or not isinstance(live, Iterable):
+        raise ConfigurationError("live", f"must be a sequence of worker names, got {live!r}")
+    if not all(isinstance(name, str) for name in live):
+        raise ConfigurationError("live", f"must hold worker names (str) only, got {live!r}")
     names = sorted(set(live) | {me})
     base, extra = divmod(partitions, len(names))
     return base + (1 if names.index(me) < extra else 0)

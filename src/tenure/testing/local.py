@@ -324,13 +324,18 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _check_extra_config(extra_config: Mapping[str, object]) -> None:
+def _check_extra_config(extra_config: Mapping[str, object]) -> Mapping[str, object]:
     """Refuse what would let ``extra_config`` write a directive tenure manages.
 
     Each entry becomes one ``key value`` line of ``redis.conf``, and the server reads
     the last of two lines setting a key: a managed key, or a line break smuggling one
     in, could move a node off loopback or away from its files.
     """
+    if not isinstance(extra_config, Mapping):
+        raise ConfigurationError(
+            "extra_config",
+            f"must be a mapping of directives, e.g. {{'maxmemory': '10mb'}}, got {extra_config!r}",
+        )
     for key, value in extra_config.items():
         if not isinstance(key, str) or not _DIRECTIVE.fullmatch(key):
             raise ConfigurationError(
@@ -356,6 +361,7 @@ def _check_extra_config(extra_config: Mapping[str, object]) -> None:
                 f"the value of {key!r} spans lines ({value!r}): a value is one line;"
                 " give each directive as its own key",
             )
+    return extra_config
 
 
 def _check_env(parameter: str, env: object, whose: str = "") -> dict[str, str]:
@@ -426,7 +432,7 @@ class LocalNode:
         self.persistence = Persistence.of(persistence)
         self.host = _HOST
         self.binary = find_server_binary(binary)
-        self.extra_config = dict(extra_config or {})
+        self.extra_config = dict(_check_extra_config(extra_config or {}))
         self.env: dict[str, str] = _check_env("env", env)
         """Extra environment for the server; a change takes effect at the next start."""
         _check_extra_config(self.extra_config)

@@ -335,8 +335,10 @@ def _check_header_name(parameter: str, name: str) -> str:
 
 
 def _check_methods(methods: Iterable[str]) -> frozenset[str]:
-    if isinstance(methods, str):
-        raise ConfigurationError("methods", f"must be a set of method names, got {methods!r}")
+    if isinstance(methods, str) or not isinstance(methods, Iterable):
+        raise ConfigurationError(
+            "methods", f"must be a set of method names, e.g. {{'PUT', 'POST'}}, got {methods!r}"
+        )
     normalised = frozenset(_check_header_name("methods", m).upper() for m in methods)
     if not normalised:
         raise ConfigurationError("methods", "must name at least one method")

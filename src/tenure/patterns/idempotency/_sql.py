@@ -30,8 +30,22 @@ def idempotency_table(
     duplicate fail), ``response`` (binary, the encoded result; NULL for None) and
     ``created_at`` (UTC, for :meth:`SqlIdempotency.purge`). Create it with
     ``metadata.create_all(engine)`` or your migrations.
+
+    Raises:
+        ConfigurationError: ``metadata`` is no SQLAlchemy ``MetaData``, ``name`` no
+            table name, ``key_length`` not an int >= 1.
     """
-    from sqlalchemy import Column, DateTime, LargeBinary, String, Table
+    from sqlalchemy import Column, DateTime, LargeBinary, MetaData, String, Table
+
+    if not isinstance(metadata, MetaData):
+        raise ConfigurationError(
+            "metadata", f"must be a sqlalchemy.MetaData, e.g. MetaData(), got {metadata!r}"
+        )
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError("name", f"must be a table name (a non-empty str), got {name!r}")
+    if not isinstance(key_length, int) or isinstance(key_length, bool) or key_length < 1:
+        # Else taken, and the table refused only at CREATE TABLE (VARCHAR(0)).
+        raise ConfigurationError("key_length", f"must be an int >= 1, got {key_length!r}")
 
     return Table(
         name,
