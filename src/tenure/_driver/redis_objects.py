@@ -666,9 +666,9 @@ def check_client(
 ) -> None:
     """Refuse what is no redis-py client (a URL, a pool, a client of another library:
     ``_refuse_no_client``), a pipeline, a redis-py client of the wrong flavour, one made
-    with an encoding Python lacks, one that decodes replies with an encoding that cannot read the
-    server's own (utf-16), or one that decodes replies where ``raw_bytes`` values must
-    be read.
+    with an encoding Python lacks, one that decodes replies with an encoding that cannot
+    read the server's own (utf-16), or one that decodes replies where ``raw_bytes``
+    values must be read.
 
     Args:
         client: what the caller passed.
@@ -680,9 +680,9 @@ def check_client(
 
     Raises:
         ConfigurationError: (``parameter``) no redis-py client, a pipeline, the wrong
-            flavour, a client with an
-            encoding Python lacks, a client decoding with an encoding that does not read
-            ASCII as ASCII, or a decoding client where ``raw_bytes``.
+            flavour, a client with an encoding Python lacks, a client decoding with an
+            encoding that does not read ASCII as ASCII, or a decoding client where
+            ``raw_bytes``.
     """
     _refuse_no_client(client, parameter, owner, asyncio=asyncio)
     if isinstance(client, _PIPELINES):

@@ -492,7 +492,7 @@ def _check_keys(keys: Sequence[str]) -> list[str]:
 
 
 def _check_fn(fn: object) -> None:
-    # Else a raw TypeError from inside the first attempt (after the WATCH and the reads).
+    # Else a raw TypeError from the first attempt (optimistic's: after WATCH and reads).
     if not callable(fn):
         raise ConfigurationError("fn", f"must be a function (one attempt), got {fn!r}")
 

@@ -1102,9 +1102,10 @@ def fair_share(partitions: int, live: Sequence[str], me: str) -> int:
         raise ConfigurationError("me", f"must be a worker's name (a str), got {me!r}")
     if isinstance(live, str) or not isinstance(live, Iterable):
         raise ConfigurationError("live", f"must be a sequence of worker names, got {live!r}")
-    if not all(isinstance(name, str) for name in live):
+    given = list(live)  # (any iterable, read once: a generator too)
+    if not all(isinstance(name, str) for name in given):
         raise ConfigurationError("live", f"must hold worker names (str) only, got {live!r}")
-    names = sorted(set(live) | {me})
+    names = sorted({*given, me})
     base, extra = divmod(partitions, len(names))
     return base + (1 if names.index(me) < extra else 0)
 

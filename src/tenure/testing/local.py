@@ -432,7 +432,7 @@ class LocalNode:
         self.persistence = Persistence.of(persistence)
         self.host = _HOST
         self.binary = find_server_binary(binary)
-        self.extra_config = dict(_check_extra_config(extra_config or {}))
+        self.extra_config = dict(_check_extra_config({} if extra_config is None else extra_config))
         self.env: dict[str, str] = _check_env("env", env)
         """Extra environment for the server; a change takes effect at the next start."""
         _check_extra_config(self.extra_config)
