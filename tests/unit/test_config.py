@@ -297,6 +297,22 @@ def test_nodes_must_be_a_list(nodes: object) -> None:
     with pytest.raises(ConfigurationError) as info:
         ClientConfig.build(nodes)
     assert info.value.parameter == "nodes"
+    assert "one node too goes in a list, e.g. ['redis://" in str(info.value)  # the fix
+
+
+def test_a_bare_object_is_named_by_its_class_and_a_bare_url_without_its_password() -> None:
+    # A redis-py client's repr runs to a page (its every setting).
+    class Verbose:
+        def __repr__(self) -> str:
+            return "<Verbose " + "setting=1," * 100 + ">"
+
+    with pytest.raises(ConfigurationError, match=r"got a \S+Verbose; one node") as info:
+        ClientConfig.build(Verbose())
+    assert len(str(info.value)) < 300
+    with pytest.raises(ConfigurationError) as info:
+        ClientConfig.build("redis://app:s3cret@10.0.0.1:6379")
+    assert "s3cret" not in str(info.value)
+    assert "redis://app:***@10.0.0.1:6379" in str(info.value)
 
 
 def test_malformed_url_error_hides_nothing_it_should_not_need() -> None:

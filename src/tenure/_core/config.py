@@ -696,7 +696,16 @@ class ClientConfig:
         key_prefix: str = "tenure:",
     ) -> ClientConfig:
         if isinstance(nodes, str) or not isinstance(nodes, (list, tuple)):
-            raise ConfigurationError("nodes", f"must be a list of node URLs, got {_quoted(nodes)}")
+            # A single node given bare (a URL, a redis-py client) is the likely slip; a
+            # client's repr runs to a page, so it is named by its class.
+            got = _quoted(nodes)
+            if len(got) > 200:
+                got = f"a {type(nodes).__module__}.{type(nodes).__qualname__}"
+            raise ConfigurationError(
+                "nodes",
+                f"must be a list of nodes (node URLs or redis-py clients), got {got}; one "
+                "node too goes in a list, e.g. ['redis://127.0.0.1:6379']",
+            )
         addresses = tuple(
             u if isinstance(u, NodeAddress) else parse_node_url(u, f"nodes[{i}]")
             for i, u in enumerate(nodes)
