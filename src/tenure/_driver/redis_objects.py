@@ -519,6 +519,7 @@ _TOPOLOGIES: tuple[type, ...] = (
 
 _BLOCKING_CLIENTS = (redis.Redis, redis.RedisCluster)
 _ASYNCIO_CLIENTS = (redis.asyncio.Redis, redis.asyncio.RedisCluster)
+_CLIENTS = (*_BLOCKING_CLIENTS, *_ASYNCIO_CLIENTS)
 
 
 def _is_asyncio(client: object) -> bool:
@@ -613,6 +614,8 @@ def _refuse_no_client(client: object, parameter: str, owner: str, *, asyncio: bo
     wrapper with redis-py's ``execute_command`` is still taken: it raises redis-py's
     errors, which tenure reads.
     """
+    if isinstance(client, _CLIENTS):
+        return  # nearly always: at once (optimistic checks its client on every call)
     made = "redis.asyncio.Redis" if asyncio else "redis.Redis"
     got = f"{owner} takes a redis-py client ({made}), but got"
     if isinstance(client, str):
