@@ -324,7 +324,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _check_extra_config(extra_config: Mapping[str, object]) -> Mapping[str, object]:
+def _check_extra_config(extra_config: Mapping[str, object]) -> None:
     """Refuse what would let ``extra_config`` write a directive tenure manages.
 
     Each entry becomes one ``key value`` line of ``redis.conf``, and the server reads
@@ -361,7 +361,6 @@ def _check_extra_config(extra_config: Mapping[str, object]) -> Mapping[str, obje
                 f"the value of {key!r} spans lines ({value!r}): a value is one line;"
                 " give each directive as its own key",
             )
-    return extra_config
 
 
 def _check_env(parameter: str, env: object, whose: str = "") -> dict[str, str]:
@@ -432,10 +431,11 @@ class LocalNode:
         self.persistence = Persistence.of(persistence)
         self.host = _HOST
         self.binary = find_server_binary(binary)
-        self.extra_config = dict(_check_extra_config({} if extra_config is None else extra_config))
+        given = {} if extra_config is None else extra_config
+        _check_extra_config(given)  # before the copy: dict() of a str raised a raw ValueError
+        self.extra_config = dict(given)
         self.env: dict[str, str] = _check_env("env", env)
         """Extra environment for the server; a change takes effect at the next start."""
-        _check_extra_config(self.extra_config)
         self.unix_path: Path | None = self.directory / "redis.sock" if unix else None
         if self.unix_path is not None and len(os.fsencode(self.unix_path)) >= _SUN_PATH_MAX:
             raise ConfigurationError(
