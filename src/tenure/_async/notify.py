@@ -316,6 +316,8 @@ class AsyncListener:
         unplaced = False
         for i, subs in enumerate(self._shards):
             cluster = self._cluster(i)
+            # Here, not once: each event loop gets channels of its own (``Channels``),
+            # and this is the running loop's.
             cluster.on_map = self._map_changed
             first = subs.reload_from(cluster.owner)
             if first is not None:
