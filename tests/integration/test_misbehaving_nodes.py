@@ -637,6 +637,32 @@ def test_a_full_node_is_an_outage_that_says_what_to_do(api: Api, key: str) -> No
                 assert all(raw.pttl(k) > 0 for k in raw.scan_iter("tenure:{*")), node
 
 
+def test_a_node_at_its_connection_limit_says_so_with_the_fix(api: Api, key: str) -> None:
+    """A node at its ``maxclients`` sends its refusal as it takes a connection, and
+    closes it. The blocking client reported redis-py's words alone, without the fix; the
+    asyncio client, when the refusal came before its first request was written, only
+    "connection closed by the node". Every attempt of every client says why now."""
+    with LocalCluster(1) as one:
+        node = one[0]
+        with node.client() as admin:
+            limit = admin.config_get("maxclients")["maxclients"]
+            admin.config_set("maxclients", admin.info("clients")["connected_clients"])
+            try:
+                for _ in range(6):
+                    client = api.client(one.urls, connect_timeout=2.0)
+                    for wait in ({"blocking": False}, {"timeout": 0.3}):
+                        with pytest.raises(tenure.QuorumUnreachable) as info:
+                            client.acquire(key, ttl=TTL, **wait)
+                        (said,) = info.value.node_errors.values()
+                        assert said.startswith("unreachable: refused the connection"), said
+                        assert "max number of clients reached" in said, said
+                        assert "raise its maxclients" in said, said
+            finally:
+                admin.config_set("maxclients", limit)
+        client = api.client(one.urls)
+        client.acquire(key, ttl=TTL).release()
+
+
 def test_a_node_that_drops_a_connection_before_answering_may_be_a_tls_port(
     api: Api, key: str
 ) -> None:

@@ -415,6 +415,19 @@ def test_a_tls_handshake_redis_py_timed_out_names_the_plain_scheme_it_is_given()
     assert "TLS" not in diagnose(rx.TimeoutError("Timeout reading from socket")).detail
 
 
+def test_a_connection_limit_redis_py_raises_as_a_connection_error_says_the_fix() -> None:
+    # redis-py raises a node's refusal at its maxclients as a ConnectionError, with the
+    # reply's words alone; it is classified as the reply is, with the code put back.
+    why = diagnose(rx.ConnectionError("max number of clients reached"))
+    assert why == error_reply("ERR max number of clients reached")
+    assert why.failure is Failure.UNREACHABLE
+    assert "(ERR max number of clients reached); raise its maxclients" in why.detail
+    # Any other lost connection is told in its own words.
+    assert diagnose(rx.ConnectionError("Connection closed by server.")) == Diagnosis(
+        Failure.UNREACHABLE, "Connection closed by server."
+    )
+
+
 @pytest.mark.parametrize(
     ("url", "plain"),
     [

@@ -180,6 +180,8 @@ class Channel:
         # When it last answered a request whose round no longer waited for it: its
         # silence in a round under way since is that of a node behind (``Round.time_out``).
         self.answered_at = NEVER
+        # A refusal the node sent before anything was asked on the connection (``_deliver``).
+        self._refusal: ResponseError | None = None
 
     def send(self, command: Command, on_reply: OnReply = _ignore) -> None:
         """Write ``command`` now (or as soon as the connection is up).
@@ -399,7 +401,10 @@ class Channel:
                 nowait=True
             )  # our protocol replaced the stream's: no wait_closed()
             raise
-        except Exception as exc:
+        except Exception as raised:
+            # A node at its connection limit ended it with its refusal (``_deliver``),
+            # not with the bare close that followed.
+            exc = raised if self._refusal is None else self._refusal
             if protocol is None or not protocol.heard:
                 # Closed before the node's first reply (in the set-up, or at the first
                 # command): the TLS port it may be is named. Other failures keep their
@@ -459,6 +464,7 @@ class Channel:
             # limit) must reach it, not redis-py's stream, which nobody reads any more.
             lost: asyncio.Future[BaseException] = loop.create_future()
             protocol = RespProtocol(self._deliver, lost)
+            self._refusal = None
             conn._writer.transport.set_protocol(protocol)  # type: ignore[union-attr]
             return protocol, lost
 
@@ -488,6 +494,11 @@ class Channel:
             self._pending.popleft()[0](self.node, reply)
             if self._idle is not None and not self._pending and not self._unsent:
                 self._idle.set()
+        elif isinstance(reply[1], ResponseError) and at_connection_limit(str(reply[1])):
+            # A node at its connection limit says so as soon as it takes the connection,
+            # and closes it: before our first request, it answers nothing of ours, but it
+            # is why the connection ends (``_run``), not a bare close.
+            self._refusal = reply[1]
 
     def _fail_all(self, exc: BaseException) -> None:
         waiting = [f for f, _ in self._pending]

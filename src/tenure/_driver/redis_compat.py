@@ -225,6 +225,10 @@ def diagnose(exc: Exception, plain: str = "redis") -> Diagnosis:
         return diagnosis.socket_path_not_a_directory(str(exc) or type(exc).__name__)
     if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, OSError)):
         said = str(exc) or type(exc).__name__
+        if isinstance(exc, rx.ConnectionError) and diagnosis.at_connection_limit(said):
+            # The node's own refusal, which redis-py raises as a ConnectionError: its
+            # reply, classified as the asyncio driver's is, with the fix.
+            return diagnosis.error_reply(said if said.startswith("ERR") else f"ERR {said}")
         if _in_chain(exc, _handshake_timeout) is not None:
             return diagnosis.tls_handshake_timed_out(said, plain)
         return Diagnosis(Failure.UNREACHABLE, said)
