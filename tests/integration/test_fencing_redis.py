@@ -212,6 +212,29 @@ def test_a_store_whose_redis_is_down_is_unavailable(flavour: str, resource: str)
                 store.close()
 
 
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_store_whose_redis_is_at_its_connection_limit_says_the_fix(
+    flavour: str, resource: str
+) -> None:
+    # It said redis-py's words alone ("max number of clients reached").
+    with LocalCluster(1) as full:
+        client = redis.Redis.from_url(full.urls[0])
+        store: Store = FencedStore(client) if flavour == "sync" else Blocking(full.urls[0])
+        with full[0].client() as admin:
+            admin.config_set("maxclients", admin.info("clients")["connected_clients"])
+            try:
+                for call in (store.read, store.highest):
+                    with pytest.raises(StoreUnavailable, match="nothing was written") as info:
+                        call(resource)
+                    said = str(info.value)
+                    assert "(ERR max number of clients reached); raise its maxclients" in said
+            finally:
+                admin.config_set("maxclients", 10_000)
+                client.close()
+                if isinstance(store, Blocking):
+                    store.close()
+
+
 def test_write_args_batch_in_a_pipeline(raw: redis.Redis, resource: str) -> None:
     with raw.pipeline(transaction=False) as pipe:
         for token in (3, 1, 3, 4):

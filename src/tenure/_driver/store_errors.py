@@ -64,9 +64,10 @@ def store_error(
         return StoreRefused(store, operation, key, server, said, problem, lasting=True)
     why = diagnose(exc)
     if why.failure in (Failure.UNREACHABLE, Failure.BACKING_OFF):
-        said = str(exc) or type(exc).__name__
+        # The lock client's words for it: the exception's own, or with the fix where
+        # one is known (a Redis at its maxclients, a TLS handshake to a plain port).
         return StoreUnavailable(
-            store, operation, key, server, said, maybe_applied=maybe_applied, retry=retry
+            store, operation, key, server, why.detail, maybe_applied=maybe_applied, retry=retry
         )
     reply = None
     if isinstance(exc, (rx.ResponseError, rx.AuthenticationError)):
