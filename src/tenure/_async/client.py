@@ -493,7 +493,11 @@ class AsyncLock(LockView[AsyncLease, _Block]):
 
     async def release(self) -> None:
         """Release the lease this object holds; see ``Lock.release``."""
-        await self._to_release().release()
+        lease = self._to_release()
+        try:
+            await lease.release()
+        finally:
+            self._released(lease)
 
     async def locked(self) -> bool:
         """Whether a majority of nodes hold this lock now (for anyone). One round trip.

@@ -264,8 +264,13 @@ RELEASE_PATIENCE = 10
 SEED_PATIENCE = 4
 
 
-def drive(flow: Flow[T], perform: Callable[[Op], Any]) -> T:
+def drive(flow: Flow[T], perform: Callable[[Op], Any], kept: list[Any] | None = None) -> T:
     """Run ``flow`` to its end, carrying out each operation with ``perform``.
+
+    ``kept``: the flow's result is appended to it before ``drive`` returns, so that a
+    caller up the stack whose handler an interrupt (Ctrl-C) reaches as the result is
+    handed up (a blocking acquire's grant) still finds it. CPython raises a signal
+    handler's exception after any call returns, before its value is stored.
 
     The asyncio driver has the same loop with ``await`` (a loop is all a driver keeps).
     """
@@ -275,15 +280,21 @@ def drive(flow: Flow[T], perform: Callable[[Op], Any]) -> T:
     thrown: BaseException | None = None
     while True:
         try:
-            if thrown is not None:
-                exc, thrown = thrown, None
-                op = flow.throw(exc)
-            else:
-                op = flow.send(result) if op is not None else next(flow)
-            if unwinding:
-                check_instant(flow, op)
-            result = perform(op)
+            # The loop inside the ``try``, its back-edge too: CPython may raise an
+            # interrupt at a backward jump, and one raised there is thrown into the flow
+            # as any other is, rather than leaving with the flow's cleanup unwritten.
+            while True:
+                if thrown is not None:
+                    exc, thrown = thrown, None
+                    op = flow.throw(exc)
+                else:
+                    op = flow.send(result) if op is not None else next(flow)
+                if unwinding:
+                    check_instant(flow, op)
+                result = perform(op)
         except StopIteration as done:
+            if kept is not None:
+                kept.append(done.value)
             return done.value  # type: ignore[no-any-return]
         except BaseException as exc:
             # Raised by an operation, or an interrupt (Ctrl-C) handled just after the
@@ -776,6 +787,8 @@ class Flows:
         except GeneratorExit:
             raise
         except BaseException:
+            if mark:
+                lease._set_released()  # interrupted as it was being marked: it goes all the same
             yield self._release_again(lease, release.rnd)
             if lingers:
                 yield self._departure(lease)

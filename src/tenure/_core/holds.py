@@ -101,6 +101,11 @@ class Holds:
             return None
         return live[0]
 
+    def held_by(self, name: str, owner: Hashable, now: float) -> Held | None:
+        """The lease of ``owner``'s innermost block of ``name`` still held, if any."""
+        live = self._live((name, owner), now)
+        return live[-1] if live else None
+
     def _live(self, key: tuple[str, Hashable], now: float) -> list[Held]:
         return [held for held in self._book.get(key, ()) if held._held_at(now)]
 

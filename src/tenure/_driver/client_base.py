@@ -175,6 +175,13 @@ class ClientBase(ProcessBound):
             self._holds.add(owner, lease, monotonic())
         return owner
 
+    def _bound(self, name: str) -> Any:
+        """The lease of the caller's innermost ``with`` block of ``name`` through this
+        client (the book's), or None."""
+        owner = self._owner()
+        with self._holds_guard:
+            return self._holds.held_by(name, owner, monotonic())
+
     def _unhold(self, owner: Hashable, lease: Held) -> None:
         """Take a released or lost lease out of the book (from whichever thread)."""
         with self._holds_guard:

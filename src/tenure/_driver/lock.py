@@ -138,14 +138,20 @@ class LockView(Generic[L, X]):
                         del self._blocks[caller]
                     return
 
-    def _let_go(self, lease: L) -> None:
-        """The object no longer holds ``lease``, if it still does."""
+    def _drop_block(self, lease: L) -> None:
+        """The object no longer holds ``lease``, if it still does, and no block entered
+        with it (one filed just as an interrupt came, which ended its ``with``)."""
         with self._guard:
             if self._lease is lease:
                 self._lease = None
+            self._drop_entry(lease)
 
     def _to_release(self) -> L:
-        """Give up the lease for ``release()``, refusing before anything is sent.
+        """The lease ``release()`` releases, refusing before anything is sent.
+
+        The object keeps it until its release is under way (``_released``): given up
+        here, a release interrupted (Ctrl-C, a cancellation) before it began left the
+        lease with nobody, neither released nor releasable again.
 
         Raises:
             NotHeld: this object holds no lease.
@@ -156,8 +162,15 @@ class LockView(Generic[L, X]):
             if lease is None:
                 raise NotHeld(self.name, "release() of a lock this object does not hold")
             lease._check_usable("release")
-            self._lease = None
         return lease
+
+    def _released(self, lease: L) -> None:
+        """After ``release()`` of ``lease``: the object no longer holds it once its
+        release is under way (it is marked released as the release begins)."""
+        if lease.released:
+            with self._guard:
+                if self._lease is lease:
+                    self._lease = None
 
     # One lock object, shared as a ``threading.Lock`` is: a copy is the object itself
     # (a second object would hold a lease of its own). It does not leave its process.

@@ -30,6 +30,7 @@ from .._core.flows import (
     drive,
     unreached,
 )
+from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
 from .._driver.client_base import ClientBase
 from .._driver.clock import monotonic
@@ -211,36 +212,41 @@ class Client(ClientBase):
                 notifications or with ``wait_replicas``.
         """
         spec = self._acquire_args(name, ttl, fair, watchdog, max_hold)
-        lease = self._acquire(spec, blocking, timeout)
+        kept: Kept = []
         try:
+            lease = self._acquire(spec, blocking, timeout, kept)
             return self._handed_out(lease, name, blocking, timeout, watchdog, max_hold)
         except BaseException:
-            _give_up(lease)
+            self._let_go_of(spec, kept)
             raise
 
-    def _acquire(self, spec: LockSpec, blocking: bool, timeout: float | None) -> Lease | Refused:
+    def _acquire(
+        self, spec: LockSpec, blocking: bool, timeout: float | None, kept: Kept
+    ) -> Lease | Refused:
         """``_drive`` of the acquire flow, up to the ``Lease``.
 
-        An interrupt (Ctrl-C) after the flow returned its grant and before the caller
-        holds the lease (as the links go back to the pool, as the ``Lease`` is made)
-        would drop a grant nobody else knows of, and the lock would be held by nobody
-        for its TTL: the grant is released on its way out. (The callers' ``try`` blocks
-        take over from the moment this returns.)
+        ``kept`` gets the flow's result as the flow returns it, then the ``Lease`` made
+        of it: an interrupt (Ctrl-C) after the flow returned its grant and before the
+        caller holds the lease (as the links go back to the pool, as the ``Lease`` is
+        made, as each caller up the stack receives it) would drop a grant nobody else
+        knows of, and the lock would be held by nobody for its TTL. The caller's
+        handler releases what ``kept`` holds last (``_let_go_of``).
         """
-        drop = partial(self._drop_grant, spec)
-        state = self._drive(self._acquire_flow(spec, blocking, timeout), drop)
-        try:
-            return state if isinstance(state, Refused) else Lease(self, state, spec)
-        except BaseException:
-            drop(state)
-            raise
+        state = self._drive(self._acquire_flow(spec, blocking, timeout), kept)
+        if isinstance(state, Refused):
+            return state
+        lease = Lease(self, state, spec)
+        kept.append(lease)
+        return lease
 
-    def _drop_grant(self, spec: LockSpec, state: LeaseState | Refused) -> None:
-        """Release a grant that an interrupt kept from its caller (``_acquire``)."""
-        if not isinstance(state, Refused):
-            _give_up(Lease(self, state, spec))
+    def _let_go_of(self, spec: LockSpec, kept: Kept) -> None:
+        """Release the grant an interrupt kept from the caller of ``_acquire``, if any:
+        the ``Lease`` it was made into, or the flow's state before that."""
+        if kept and not isinstance(kept[-1], Refused):
+            got = kept[-1]
+            _give_up(got if isinstance(got, Lease) else Lease(self, got, spec))
 
-    def _drive(self, flow: Flow[T], dropped: Callable[[T], None] | None = None) -> T:
+    def _drive(self, flow: Flow[T], kept: list[Any] | None = None) -> T:
         """Run ``flow`` in the caller's thread, its rounds on one borrowed link set.
 
         One set for the whole flow, so that its commands reach each node in the order
@@ -248,25 +254,16 @@ class Client(ClientBase):
         awaited, runs before the next attempt of the same call (which has the same
         owner token), as ``acquire.cleanup_to_await`` relies on.
 
-        ``dropped``: what to do with the flow's result if an interrupt comes as the
-        links go back, after the flow returned it (an acquire's grant: ``_acquire``).
+        ``kept``: as for ``flows.drive`` (an acquire's: ``_acquire``).
         """
         if self._flows.closed:  # every round borrows links: none after close
             self._check_open("reach the nodes")
         pool = self._pool
         links = pool.get()
         try:
-            result = drive(flow, lambda op: self._perform(op, links))
-        except BaseException:
-            _give_back(pool, links)
-            raise
-        try:
-            _give_back(pool, links)  # (never twice: another thread may have it by now)
-        except BaseException:
-            if dropped is not None:
-                dropped(result)
-            raise
-        return result
+            return drive(flow, lambda op: self._perform(op, links), kept)
+        finally:
+            _give_back(pool, links)  # (once: another thread may have it by now)
 
     def _perform(self, op: Op, links: LinkSet) -> Any:
         """Carry out one operation of a flow (``_core.flows``) in the caller's thread."""
@@ -295,7 +292,15 @@ class Client(ClientBase):
             if links.clean:
                 self._send_on(links, op)
             elif not self.closed:
-                links.write_behind(op.command, op.targets, _clock())
+                unwritten = links.write_behind(op.command, op.targets, _clock())
+                if unwritten:
+                    # Not written behind (``LinkSet.write_behind`` says why): sent on
+                    # other connections, from a thread, since an unwinding flow waits
+                    # for nothing. (Its round waits for those nodes: a bystander is
+                    # sent to only if already connected.)
+                    rnd = Round.cleanup(len(links.links), frozenset(unwritten), _clock())
+                    resend = Send(op.command, rnd, unwritten)
+                    self._later(0.0, partial(self._send_now, resend))
         else:
             self._perform_now(op)
         return None
@@ -379,6 +384,16 @@ def _give_up(lease: Lease | Refused) -> None:
     if isinstance(lease, Lease) and not lease.released:
         with contextlib.suppress(Exception):
             lease.release()
+
+
+def _release_cut_short(lease: Lease | None) -> None:
+    """Release the lease of a ``with`` block whose exit an interrupt (Ctrl-C) cut short
+    before its release was under way (the release flow marks the lease released as it
+    begins, and from then on writes the release again if interrupted). The ``with``
+    statement is over: nothing else would release it, and a watchdog would keep it for
+    ever. Best effort, as ``_give_up``."""
+    if lease is not None:
+        _give_up(lease)
 
 
 def _give_back(pool: LinkPool, links: LinkSet) -> None:
@@ -584,7 +599,14 @@ class Lease(LeaseView):
             self._watchdog.stop()
 
     def __enter__(self) -> Lease:
-        self._enter()
+        try:
+            self._enter()
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                # Interrupted (Ctrl-C) as the block began: it never runs, and nothing
+                # would end it. Let go of the lease, as the block's end would have.
+                _give_up(self)
+            raise
         return self
 
     def __exit__(
@@ -593,14 +615,24 @@ class Lease(LeaseView):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._unbind()
         failure: Exception | None = None
-        if not self._released:
-            try:
-                self.release()
-            except Exception as error:  # reported below; the body's exception wins
-                failure = error
+        try:
+            if not self._released:
+                try:
+                    self.release()
+                except Exception as error:  # reported below; the body's exception wins
+                    failure = error
+        except BaseException:
+            _release_cut_short(self)
+            raise
+        finally:
+            self._unbind()
         leave_block(self.name, self.lost_error, exc, failure)
+
+
+# What the callers of an acquire keep for an interrupt: the flow's grant, then its
+# ``Lease`` (``Client._acquire``).
+Kept = list[LeaseState | Refused | Lease]
 
 
 class Lock(LockView[Lease, None]):
@@ -641,19 +673,24 @@ class Lock(LockView[Lease, None]):
             ClientClosed: the client was closed.
             QuorumUnreachable: so many nodes failed that no majority is possible.
         """
-        got = self._client._acquire(self._spec, blocking, timeout)
+        kept: Kept = []
         try:
-            # In the ``try``, not in ``_took``: a Ctrl-C as ``_took`` is called (before a
-            # ``try`` of its own began) dropped the lease.
+            # The acquire in the ``try`` too: a Ctrl-C as it returns (before ``got`` is
+            # stored) dropped the lease; ``kept`` has it (``Client._acquire``).
+            got = self._client._acquire(self._spec, blocking, timeout, kept)
             return self._took(got)
         except BaseException:  # Ctrl-C as its watchdog started: the caller gets no lease
-            self._abandon(got)
+            self._abandon(kept)
             raise
 
-    def _abandon(self, got: Lease | Refused) -> None:
+    def _abandon(self, kept: Kept) -> None:
+        """Let go of the grant an interrupt kept from this object's caller (``kept``:
+        ``Client._acquire``): the object no longer holds it, no block has it, and it is
+        released."""
+        got = kept[-1] if kept else None
         if isinstance(got, Lease):
-            self._let_go(got)
-        _give_up(got)
+            self._drop_block(got)
+        self._client._let_go_of(self._spec, kept)
 
     def release(self) -> None:
         """Release the lease this object holds.
@@ -664,7 +701,11 @@ class Lock(LockView[Lease, None]):
             InheritedLease: this process is a fork of the holder; the lease is kept.
             ClientClosed: the client was closed; the lease is kept.
         """
-        self._to_release().release()
+        lease = self._to_release()
+        try:
+            lease.release()
+        finally:
+            self._released(lease)
 
     def locked(self) -> bool:
         """Whether a majority of nodes hold this lock now (for anyone). One round trip.
@@ -684,13 +725,14 @@ class Lock(LockView[Lease, None]):
         return client._drive(client._flows.locked(self._spec))
 
     def __enter__(self) -> Lease:
-        got = self._client._acquire(self._spec, self._blocking, self._timeout)
+        kept: Kept = []
         try:
+            got = self._client._acquire(self._spec, self._blocking, self._timeout, kept)
             lease = self._entered(got)
             lease._bind()
-            self._open(lease, None)  # the last step: no entry left if one before fails
+            self._open(lease, None)
         except BaseException:  # no block to leave: nothing else would release it
-            self._abandon(got)
+            self._abandon(kept)
             raise
         return lease
 
@@ -700,18 +742,27 @@ class Lock(LockView[Lease, None]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # The block's own lease: by now the object may hold another thread's.
-        lease, _ = self._close()
+        lease: Lease | None = None
         failure: Exception | None = None
-        if lease is None:
-            failure = NotHeld(self.name, "leaving a block whose lock this object no longer holds")
-        else:
-            lease._unbind()
-            if not lease.released:
+        try:
+            # The block's own lease: by now the object may hold another thread's.
+            lease, _ = self._close()
+            if lease is None:
+                failure = NotHeld(
+                    self.name, "leaving a block whose lock this object no longer holds"
+                )
+            elif not lease.released:
                 try:
                     lease.release()
                 except Exception as error:  # reported below; the body's exception wins
                     failure = error
+        except BaseException:
+            # Still in the book if the interrupt came before ``lease`` was stored.
+            _release_cut_short(lease if lease is not None else self._client._bound(self.name))
+            raise
+        finally:
+            if lease is not None:
+                lease._unbind()
         # A lease released already (by the body, or because it was lost: a failed
         # extension) ends the block quietly, but a loss is told: the body ran unprotected.
         leave_block(self.name, None if lease is None else lease.lost_error, exc, failure)

@@ -610,18 +610,30 @@ class LinkSet:
         self.clean = True
         self._wake = threading.Event()  # set by a set-up of ours when it ends
 
-    def write_behind(self, command: Command, targets: Sequence[int], now: float) -> None:
+    def write_behind(self, command: Command, targets: Sequence[int], now: float) -> list[int]:
         """Write ``command`` to those ``targets`` that are connected, and read nothing:
         the cleanup of a round an interrupt cut short (``clean`` is False), on the
         connections that carried its request, behind it. Such a set is closed, never
         read again: the replies on its connections are no longer accounted for. (A
         Cluster node's answer is still read, apart, and its redirections followed:
-        ``ClusterLink.send_behind``.)"""
+        ``ClusterLink.send_behind``.)
+
+        Returns the targets it could not be written to, which the caller reaches on
+        other connections: the interrupt closed that one as the request was written
+        (which may have gone out whole, and run), or it was not connected (an earlier
+        round's connection: a waiter's places, and a hand-off to it, may be there).
+        """
+        unwritten = []
         for i in targets:
             link = self.links[i]
             if link.ready():
-                with contextlib.suppress(_Failed):  # that link is closed: nothing to do
+                try:
                     link.send_behind(command, now)
+                    continue
+                except _Failed:  # that link is closed
+                    pass
+            unwritten.append(i)
+        return unwritten
 
     def shed_closed(self, now: float) -> None:
         """Drop the connections the nodes closed while this set was unused; the next

@@ -53,8 +53,14 @@ class Watchdog:
             self._nudged.set()
 
     def join(self) -> None:
-        """Wait for the thread to end (unless called from it)."""
-        if threading.current_thread() is not self._thread and self._thread.is_alive():
+        """Wait for the thread to end, once told to stop (unless called from it). A
+        release interrupted (Ctrl-C) before it told the watchdog to stop joins nothing:
+        the lease is still held and kept alive, and waiting would hang the interrupt."""
+        if (
+            self._stop.is_set()
+            and threading.current_thread() is not self._thread
+            and self._thread.is_alive()
+        ):
             self._thread.join()
 
     def _run(self) -> None:
