@@ -287,8 +287,8 @@ class Client(ClientBase):
         elif isinstance(op, Send):
             # On the flow's own connections, behind what it wrote before. After a round
             # that Ctrl-C interrupted (``clean`` False), only written, on the connections
-            # that carried its SET (another set, often not yet connected, wrote nothing),
-            # and nothing read: their replies are no longer accounted for.
+            # that carried its SET, and nothing read: their replies are no longer
+            # accounted for.
             if links.clean:
                 self._send_on(links, op)
             elif not self.closed:
