@@ -182,11 +182,13 @@ def _blocking_run(cluster: LocalCluster, seconds: float, seed: int) -> Record:
                 )
 
     clients = [tenure.Client(cluster.urls, node_timeout=0.5) for _ in range(2)]
-    for client in clients:
-        # Connected and its scripts loaded first: an interrupt as a script's file is read
-        # leaves an unclosed file to the garbage collector (a ResourceWarning, which the
-        # suite turns into a failure), in the standard library's code.
-        client.acquire(NAMES[0], ttl=TTL).release()
+    # Connected, its scripts loaded and its notification thread running first: an
+    # interrupt as a script's file is opened, or as the thread's wake-up sockets are
+    # made, leaves them unclosed to the garbage collector (a ResourceWarning, which the
+    # suite turns into a failure) in an instant no Python code covers.
+    for client, other in zip(clients, reversed(clients), strict=True):
+        with other.lock(NAMES[0], ttl=TTL):
+            assert client.lock(NAMES[0], ttl=TTL).acquire(timeout=0.05) is False
     try:
         with _no_interrupt_while_starting_a_thread(guard, starting):
             threads = [

@@ -213,7 +213,10 @@ class Listener:
             try:
                 with self._lock:
                     if self._thread is None and not self._stop:
-                        self._waker = socket.socketpair()
+                        # Made once: a start that an interrupt cut short leaves it to the
+                        # next, rather than to the garbage collector, unclosed.
+                        if self._waker is None:
+                            self._waker = socket.socketpair()
                         self._thread = threading.Thread(
                             target=self._run, name="tenure-notify", daemon=True
                         )
