@@ -376,24 +376,16 @@ def _fresh_lost_events() -> None:
 os.register_at_fork(after_in_child=_fresh_lost_events)
 
 
-def _give_up(lease: Lease | Refused) -> None:
+def _give_up(lease: Lease | Refused | None) -> None:
     """Release a lease that an exception (Ctrl-C as the ``Lease`` was made, as its
-    watchdog's thread started) kept from the caller: nobody else can, and its watchdog
-    would keep it for ever. Best effort: what fails here leaves the keys to their TTL,
-    and the exception goes on."""
+    watchdog's thread started, as a ``with`` block's exit began before its release was
+    under way) kept from the caller: nobody else can, and its watchdog would keep it for
+    ever. A release under way is marked, and written again if interrupted: it is left
+    alone. Best effort: what fails here leaves the keys to their TTL, and the exception
+    goes on."""
     if isinstance(lease, Lease) and not lease.released:
         with contextlib.suppress(Exception):
             lease.release()
-
-
-def _release_cut_short(lease: Lease | None) -> None:
-    """Release the lease of a ``with`` block whose exit an interrupt (Ctrl-C) cut short
-    before its release was under way (the release flow marks the lease released as it
-    begins, and from then on writes the release again if interrupted). The ``with``
-    statement is over: nothing else would release it, and a watchdog would keep it for
-    ever. Best effort, as ``_give_up``."""
-    if lease is not None:
-        _give_up(lease)
 
 
 def _give_back(pool: LinkPool, links: LinkSet) -> None:
@@ -623,7 +615,7 @@ class Lease(LeaseView):
                 except Exception as error:  # reported below; the body's exception wins
                     failure = error
         except BaseException:
-            _release_cut_short(self)
+            _give_up(self)  # interrupted before its release was under way
             raise
         finally:
             self._unbind()
@@ -758,7 +750,7 @@ class Lock(LockView[Lease, None]):
                     failure = error
         except BaseException:
             # Still in the book if the interrupt came before ``lease`` was stored.
-            _release_cut_short(lease if lease is not None else self._client._bound(self.name))
+            _give_up(lease if lease is not None else self._client._bound(self.name))
             raise
         finally:
             if lease is not None:
