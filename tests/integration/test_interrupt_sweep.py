@@ -22,6 +22,7 @@ import dis
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -46,24 +47,38 @@ def _ours(frame: FrameType) -> bool:
     return frame.f_code.co_filename.startswith(SRC)
 
 
-class Points:
-    """Counts the interrupt points in tenure's code; raises ``Interrupted`` at point
-    ``at`` (None: only count)."""
+Where = tuple[str, str, str, int]  # the kind of point, file, function, line
 
-    def __init__(self, at: int | None = None) -> None:
+
+class Points:
+    """Records the interrupt points in tenure's code, in order (``at`` None), or raises
+    ``Interrupted`` at one: the ``at[1]``-th time (from 0) a run reaches point ``at[0]``.
+    A point is named by where it is, not by its rank in the cycle, so that a run that
+    takes a step more or fewer elsewhere (a wait that loops once more) is still
+    interrupted where it was meant to be."""
+
+    def __init__(self, at: tuple[Where, int] | None = None) -> None:
         self.at = at
-        self.count = 0
-        self.where: tuple[str, str, str, int] | None = None
+        self.order: list[tuple[Where, int]] = []
+        self._reached: Counter[Where] = Counter()
+        self.where: Where | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.order)
 
     def _point(self, frame: FrameType, kind: str) -> None:
-        if self.count == self.at:
-            code = frame.f_code
-            self.where = (kind, code.co_filename[len(SRC) :], code.co_qualname, frame.f_lineno)
+        code = frame.f_code
+        here = (kind, code.co_filename[len(SRC) :], code.co_qualname, frame.f_lineno)
+        nth = self._reached[here]
+        self._reached[here] = nth + 1
+        if self.at is None:
+            self.order.append((here, nth))
+        elif self.at == (here, nth):
+            self.where = here
             sys.setprofile(None)
             sys.settrace(None)
-            self.count += 1
             raise Interrupted
-        self.count += 1
 
     def profile(self, frame: FrameType, event: str, arg: object) -> None:
         if event == "return":
@@ -108,6 +123,7 @@ def one() -> Iterator[LocalCluster]:
         yield cluster
 
 
+KEY = "tenure:{swept}:lock"
 FORMS = ["with lock", "with lock, watchdog", "with client.acquire()", "acquire() release()"]
 
 
@@ -139,7 +155,7 @@ def _cycle(form: str, client: tenure.Client, held: list[Any]) -> Callable[[], No
 @pytest.mark.parametrize("form", FORMS)
 def test_an_interrupt_anywhere_in_a_cycle_lets_the_lock_go(one: LocalCluster, form: str) -> None:
     raw = redis.Redis.from_url(one.urls[0])
-    key = "tenure:{swept}:lock"
+    key = KEY
     held: list[Any] = []
     client = tenure.Client(one.urls, node_timeout=0.5)
     try:
@@ -151,11 +167,11 @@ def test_an_interrupt_anywhere_in_a_cycle_lets_the_lock_go(one: LocalCluster, fo
         assert counted.count > 100, counted.count
         documented: list[str] = []
         missed = 0
-        for at in range(counted.count):
-            points = Points(at)
+        for at, point in enumerate(counted.order):
+            points = Points(point)
             if not points.run(cycle):
-                # A cycle may take a step fewer than the counted one did (a connection
-                # not checked this time): the points are mostly the same ones.
+                # A cycle may not reach a point the counted one did (a connection not
+                # checked this time): the points are mostly the same ones.
                 missed += 1
                 continue
             assert points.where is not None
@@ -194,4 +210,172 @@ def test_an_interrupt_anywhere_in_a_cycle_lets_the_lock_go(one: LocalCluster, fo
         assert missed <= counted.count // 10, (missed, counted.count)
     finally:
         client.close()
+        raw.close()
+
+
+class Holder:
+    """Another client's hold on the lock, let go once a waiter has queued behind it (or
+    once the swept cycle ended without queuing), so that the cycle waits and is handed
+    the lock, at no fixed delay."""
+
+    def __init__(self, client: tenure.Client, raw: redis.Redis) -> None:
+        self._lock = client.lock("swept", ttl=5.0)
+        self._raw = raw
+        self._ended = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self) -> None:
+        assert self._lock.acquire(timeout=2.0)
+        self._ended.clear()
+        self._thread = threading.Thread(target=self._let_go)
+        self._thread.start()
+
+    def _let_go(self) -> None:
+        deadline = time.monotonic() + 5.0
+        while not self._raw.exists(QUEUE) and not self._ended.is_set():
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        self._lock.release()
+
+    def done(self) -> None:
+        self._ended.set()
+        assert self._thread is not None
+        self._thread.join(5.0)
+
+
+class Waiter:
+    """Another client's blocking acquire, begun inside the swept cycle's block, that
+    the cycle's release hands the lock to."""
+
+    def __init__(self, client: tenure.Client) -> None:
+        self._lock = client.lock("swept", ttl=5.0)
+        self._thread: threading.Thread | None = None
+        self.got: bool | None = None
+
+    def start(self, raw: redis.Redis) -> None:
+        self.got = None
+        self._thread = threading.Thread(target=self._take)
+        self._thread.start()
+        deadline = time.monotonic() + 5.0
+        while not raw.exists(QUEUE):  # queued: the release hands it the lock
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+
+    def _take(self) -> None:
+        # Less than the lease's TTL: a release the interrupt lost would show as False.
+        self.got = self._lock.acquire(timeout=3.0)
+        if self.got:
+            self._lock.release()
+
+    def done(self) -> bool | None:
+        """Whether it got the lock (None: it was never started)."""
+        if self._thread is None:
+            return None
+        self._thread.join(5.0)
+        self._thread = None
+        return self.got
+
+
+QUEUE = "tenure:{swept}:q"
+CONTENDED = ["waiting behind a holder", "handing off to a waiter"]
+# Far beyond this test's waits: a wait that is not woken by its notification (the
+# client's listener broken by the interrupt) ends only at its re-check, and fails.
+RECHECK = 30.0
+
+
+@pytest.mark.parametrize("form", CONTENDED)
+def test_an_interrupt_anywhere_in_a_contended_cycle_lets_the_lock_go(
+    one: LocalCluster, form: str
+) -> None:
+    """As above, with another client on the lock: the cycle waits behind its hold and is
+    handed the lock, or hands the lock to its waiter. After each interrupt, besides: no
+    place in the queue is left, the waiter gets the lock (before the lease's TTL would
+    have let it), and the interrupted client's next wait is woken by its notification."""
+    raw = redis.Redis.from_url(one.urls[0])
+    others = tenure.Client(one.urls, node_timeout=0.5)
+    holder = Holder(others, raw)
+    waiter = Waiter(others)
+    held: list[Any] = []
+
+    def fresh() -> tuple[tenure.Client, Callable[[], None]]:
+        client = tenure.Client(one.urls, node_timeout=0.5, recheck=RECHECK)
+        lock = client.lock("swept", ttl=5.0)
+
+        def cycle() -> None:
+            held.clear()
+            if form == "waiting behind a holder":
+                with lock as lease:
+                    held.append(lease)
+            else:
+                with lock as lease:
+                    held.append(lease)
+                    waiter.start(raw)
+
+        return client, cycle
+
+    def run(cycle: Callable[[], None], points: Points | None = None) -> bool:
+        if form == "waiting behind a holder":
+            holder.hold()
+        try:
+            if points is None:
+                cycle()
+                return False
+            return points.run(cycle)
+        finally:
+            if form == "waiting behind a holder":
+                holder.done()
+
+    client, cycle = fresh()
+    try:
+        for _ in range(3):
+            run(cycle)
+            assert waiter.done() in (None, True)
+        counted = Points()
+        run(cycle, counted)
+        assert waiter.done() in (None, True)
+        assert counted.count > 100, counted.count
+        documented: list[str] = []
+        missed = 0
+        for at, point in enumerate(counted.order):
+            points = Points(point)
+            if not run(cycle, points):
+                missed += 1
+                assert waiter.done() in (None, True)
+                continue
+            assert points.where is not None
+            kind, path, qualname, line = points.where
+            place = f"{kind} of {qualname} ({path}:{line}), point {at}"
+            # (A waiter that did not get the lock gave up at 3 s: the lease, if still
+            # held, has 2 s left to be released in.)
+            left = waiter.done() is False
+            deadline = time.monotonic() + 2.0
+            while not left and raw.exists(KEY, QUEUE) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            if left or raw.exists(KEY, QUEUE):
+                assert kind == "at the start", f"lock left held: interrupted {place}"
+                assert tuple(qualname.split(".")) in DOCUMENTED, place
+                documented.append(qualname)
+                held[0].release()
+                assert not raw.exists(KEY, QUEUE), place
+                client.close()
+                client, cycle = fresh()
+                continue
+            # Taken again by the same thread, waiting behind a holder as the cycle did:
+            # woken by its notification (within ms), long before its timeout (whose
+            # last look would take the lock too).
+            holder.hold()
+            try:
+                again = client.lock("swept", ttl=5.0)
+                began = time.monotonic()
+                assert again.acquire(timeout=3.0), f"not acquired after: interrupted {place}"
+                again.release()
+                woken = time.monotonic() - began < 2.0
+                assert woken, f"a wait not woken after: interrupted {place}"
+            finally:
+                holder.done()
+        assert documented == ["Lock.__exit__"]
+        assert missed <= counted.count // 10, (missed, counted.count)
+    finally:
+        client.close()
+        others.close()
         raw.close()

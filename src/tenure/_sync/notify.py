@@ -262,8 +262,14 @@ class Listener:
         # the main thread can come between any two calls, and a reader or a follower
         # left counted would keep the thread from reading for good (every wait of the
         # client then ending at its re-check). So a thing is taken and noted taken in
-        # one assignment, with nothing called in between.
-        lead = follow = reading = poke = False
+        # one assignment, with nothing called in between. CPython runs a signal handler
+        # only between bytecodes, at a call's return among others: ``reading =
+        # self._read.acquire()`` could be interrupted with the lock taken and ``reading``
+        # not yet set. ``list.extend(map(...))`` calls ``acquire`` and files its answer
+        # in C, with no bytecode in between. (An interrupt inside ``acquire`` leaves
+        # the lock not taken.)
+        lead = follow = poke = False
+        reading: list[bool] = []
         try:
             with self._lock:
                 if self._reader is None and self._thread is not None and not self._stop:
@@ -276,8 +282,8 @@ class Listener:
             end = time.monotonic() + timeout
             if poke:
                 self._poke()
-            reading = self._read.acquire(timeout=timeout)
-            if not reading:
+            reading.extend(map(self._read.acquire, (True,), (timeout,)))
+            if not reading[0]:
                 return slot.event.is_set()
             while not slot.event.is_set() and not self._stop:
                 now = time.monotonic()
@@ -294,21 +300,26 @@ class Listener:
                 # The waker too: ``close`` must reach a waiter reading the sockets.
                 self._pump(left, watch_waker=True)
         finally:
-            if reading:
-                self._read.release()
-            if lead or follow:
-                with self._lock:
-                    if follow:
-                        self._followers -= 1
-                    else:
-                        self._reader = None
-                        self._wanting -= 1
-                        # The thread takes the sockets back within PARK, or at once if
-                        # someone needs it now: another waiting thread, or a connection
-                        # to re-establish. A client that acquires in a loop then does
-                        # not wake it at every turn.
-                        if self._followers or not all(self._up):
-                            self._guard.notify_all()
+            # The sockets are given back last, in a ``finally`` of their own: an
+            # interrupt in ``notify_all`` (Python code) must not keep them, and one
+            # after a call returns skips only what comes after that call.
+            try:
+                if lead or follow:
+                    with self._lock:
+                        if follow:
+                            self._followers -= 1
+                        else:
+                            self._reader = None
+                            self._wanting -= 1
+                            # The thread takes the sockets back within PARK, or at once
+                            # if someone needs it now: another waiting thread, or a
+                            # connection to re-establish. A client that acquires in a
+                            # loop then does not wake it at every turn.
+                            if self._followers or not all(self._up):
+                                self._guard.notify_all()
+            finally:
+                if reading and reading[0]:
+                    self._read.release()
         return slot.event.is_set()
 
     def close(self) -> None:
