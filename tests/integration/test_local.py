@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -208,6 +209,29 @@ def test_servers_die_with_a_killed_parent(tmp_path: Path) -> None:
         assert time.monotonic() < deadline, f"still alive: {pids}"
         time.sleep(0.01)
     assert len(pids) == 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal")
+def test_a_node_restarted_from_a_thread_outlives_the_thread() -> None:
+    """A server asks the kernel to kill it when its parent dies (above), and the kernel's
+    parent is the *thread* that started it: a node restarted from a short-lived thread
+    (a test's fault injector) was killed as that thread ended."""
+    with LocalCluster(1) as cluster:
+        node = cluster[0]
+        restarting = threading.Thread(target=node.restart)
+        restarting.start()
+        restarting.join()
+        # Gone from the kernel too (join returns just before the thread's last steps).
+        task = Path(f"/proc/self/task/{restarting.native_id}")
+        deadline = time.monotonic() + 5
+        while task.exists():
+            assert time.monotonic() < deadline, "the thread did not end"
+            time.sleep(0.005)
+        pid = node.pid
+        assert pid is not None
+        with node.client() as c:
+            assert c.ping()
+        assert not _dead_or_zombie(pid)
 
 
 def test_taken_port_is_replaced_on_first_start(tmp_path: Path) -> None:

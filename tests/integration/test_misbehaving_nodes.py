@@ -26,9 +26,10 @@ import redis
 import tenure
 from tenure._core.config import LockKeys
 from tenure.testing import LocalCluster, LocalNode
+from tenure.testing.topologies import server_version
 from tenure.verify.proxy import Proxy
 
-from .conftest import LEAST_PRIVILEGE, Api, scripts_run
+from .conftest import LEAST_PRIVILEGE, Api, poll_until, scripts_run
 from .garbage import GarbageServer, SlowSubscribe
 from .hold_proxy import HoldingProxy
 
@@ -660,6 +661,46 @@ def test_a_node_at_its_connection_limit_says_so_with_the_fix(api: Api, key: str)
             finally:
                 admin.config_set("maxclients", limit)
         client = api.client(one.urls)
+        client.acquire(key, ttl=TTL).release()
+
+
+def test_a_node_loading_its_data_says_so_with_the_fix(api: Api, key: str) -> None:
+    """A node restarted with its data answers every command ``LOADING`` until it has
+    read it back. The blocking client reported redis-py's words without the code
+    ("unreachable: Valkey is loading the dataset in memory") and neither client said
+    what it meant; both do now, and the node takes part again once loaded."""
+    family, version = server_version()
+    if family == "redis" and version < (7, 0):
+        pytest.skip("Redis 6.2 has no loading-process-events-interval-bytes")
+    # A key a millisecond, and a look at the clients between them: a few seconds of
+    # answering LOADING from a small data set.
+    slow_load = {"key-load-delay": "1000", "loading-process-events-interval-bytes": "1024"}
+    with LocalCluster(1, extra_config=slow_load) as one:
+        node = one[0]
+        with node.client() as admin:
+            admin.mset({f"filler:{i}": "x" for i in range(3000)})
+            admin.save()
+        client = api.client(one.urls, connect_timeout=2.0)
+        said: list[str] = []
+
+        def answers_loading() -> bool:
+            try:
+                client.acquire(key, ttl=TTL, blocking=False)
+            except tenure.QuorumUnreachable as exc:  # refused, until it listens
+                (why,) = exc.node_errors.values()
+                if "LOADING" in why:
+                    said.append(why)
+            return bool(said)
+
+        restarting = threading.Thread(target=node.restart)
+        restarting.start()
+        try:
+            poll_until(answers_loading, "the node answering LOADING")
+        finally:
+            restarting.join()
+        assert said[0].startswith("error: is loading its data set into memory"), said[0]
+        assert "INFO persistence shows how far it is" in said[0], said[0]
+        assert "(LOADING " in said[0], said[0]
         client.acquire(key, ttl=TTL).release()
 
 

@@ -101,7 +101,8 @@ CLUSTER_SAYS = [
             for reply in CLUSTER_REPLIES
         ],
         ("ERR DB index is out of range", Failure.MISCONFIGURED, ["/db"]),
-        ("LOADING Redis is loading the dataset in memory", Failure.ERROR, ["LOADING"]),
+        ("LOADING Redis is loading the dataset in memory", Failure.ERROR,
+         ["(LOADING Redis is loading", "loading its data set", "INFO persistence"]),
         ("BUSY Redis is busy running a script", Failure.ERROR,
          ["BUSY", "running a script", "SCRIPT KILL"]),
         ("BUSYKEY Target key name already exists.", Failure.ERROR, ["BUSYKEY"]),
@@ -426,6 +427,13 @@ def test_a_connection_limit_redis_py_raises_as_a_connection_error_says_the_fix()
     assert diagnose(rx.ConnectionError("Connection closed by server.")) == Diagnosis(
         Failure.UNREACHABLE, "Connection closed by server."
     )
+
+
+def test_a_loading_reply_redis_py_raises_without_its_code_says_the_fix() -> None:
+    # redis-py raises LOADING as a ConnectionError (BusyLoadingError) without its code.
+    why = diagnose(rx.BusyLoadingError("Valkey is loading the dataset in memory"))
+    assert why == error_reply("LOADING Valkey is loading the dataset in memory")
+    assert "is loading its data set into memory after a start" in why.detail
 
 
 @pytest.mark.parametrize(

@@ -320,6 +320,13 @@ _REFUSING_WRITES = (
         "lower min-replicas-to-write or add replicas (tenure check shows both)",
     ),
     (
+        # A (re)started node reading its AOF or RDB file: minutes for a large data set.
+        "LOADING ",
+        "is loading its data set into memory after a start, and answers nothing else "
+        "until it is done (the longer, the more data it keeps: INFO persistence shows "
+        "how far it is); it takes part again once loaded",
+    ),
+    (
         "BUSY ",
         "is running a script or function that has not ended, and answers nothing else "
         "until it does: end it (SCRIPT KILL, FUNCTION KILL) and find the application "

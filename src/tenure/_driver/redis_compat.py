@@ -223,6 +223,10 @@ def diagnose(exc: Exception, plain: str = "redis") -> Diagnosis:
         return diagnosis.not_redis(str(exc) or type(exc).__name__)
     if _in_chain(exc, lambda e: isinstance(e, OSError) and e.errno == errno.ENOTDIR):
         return diagnosis.socket_path_not_a_directory(str(exc) or type(exc).__name__)
+    if isinstance(exc, rx.BusyLoadingError):
+        # The node's LOADING reply (in the connection's set-up), which redis-py raises
+        # as a ConnectionError without its code: classified as the reply it was.
+        return diagnosis.error_reply(f"LOADING {exc}")
     if isinstance(exc, (rx.ConnectionError, rx.TimeoutError, OSError)):
         said = str(exc) or type(exc).__name__
         if isinstance(exc, rx.ConnectionError) and diagnosis.at_connection_limit(said):

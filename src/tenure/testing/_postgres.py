@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from ._group import ProcessGroup, kill_and_reap
-from .local import DIE_WITH_PARENT
+from ._spawn import popen
 
 __all__ = ["SETTINGS", "EmbeddedPostgres", "PostgresError", "find_binaries"]
 
@@ -221,7 +221,7 @@ class EmbeddedPostgres(ProcessGroup):
     def _spawn(self) -> None:
         settings = [arg for key, value in SETTINGS.items() for arg in ("-c", f"{key}={value}")]
         with self._log_path.open("ab") as log:
-            proc = subprocess.Popen(
+            proc = popen(
                 [
                     os.fspath(self.binaries / "postgres"),
                     *("-D", os.fspath(self.directory / "data")),
@@ -233,7 +233,6 @@ class EmbeddedPostgres(ProcessGroup):
                 stderr=subprocess.STDOUT,
                 # Out of the terminal's process group: Ctrl-C reaches us, and we stop it.
                 start_new_session=True,
-                preexec_fn=DIE_WITH_PARENT,
                 **self._as_user(),
             )
         self._proc = proc

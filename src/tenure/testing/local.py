@@ -37,7 +37,6 @@ our process dies without running any Python code.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import enum
 import importlib.util
 import ipaddress
@@ -68,6 +67,8 @@ from ._group import make_directory as _make_directory
 from ._group import removed as _removed
 from ._ports import PortClaim as _PortClaim
 from ._ports import claim_free_port as _claim_free_port
+from ._spawn import DIE_WITH_PARENT as _DIE_WITH_PARENT
+from ._spawn import popen as _popen
 
 __all__ = [
     "DIE_WITH_PARENT",
@@ -98,25 +99,13 @@ _MANAGED_KEYS = frozenset(
 # A directive's name as redis.conf spells one: a single word. Anything else (a space, a
 # quote, a line break) would let one entry write other directives, managed ones included.
 _DIRECTIVE = re.compile(r"[A-Za-z0-9_-]+")
-_PR_SET_PDEATHSIG = 1
 
-if sys.platform.startswith("linux"):
-    # Resolve prctl in the parent: the child between fork and exec should do as little
-    # as possible (no dlopen, no imports).
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl
-    _sigkill = int(signal.SIGKILL)
-
-    def _die_with_parent() -> None:
-        # PDEATHSIG fires when the *thread* that forked the child exits, not the process.
-        # Spawn nodes from a long-lived thread (the main thread, or one that outlives the
-        # nodes); spawning from a short-lived worker thread would kill them when it ends.
-        _prctl(_PR_SET_PDEATHSIG, _sigkill)
-
-    #: A ``preexec_fn`` that has the kernel kill the child if we die (Linux; else None).
-    #: Also used by the test suite's PostgreSQL and the benchmarks' helper servers.
-    DIE_WITH_PARENT: Callable[[], None] | None = _die_with_parent
-else:
-    DIE_WITH_PARENT = None
+#: A ``preexec_fn`` that has the kernel kill the child if we die (Linux; else None).
+#: Also used by the test suite's PostgreSQL and the benchmarks' helper servers. The
+#: kernel sends it when the *thread* that started the child ends: the harness starts
+#: its servers from the main thread, or else from a thread of its own that lives as
+#: long as the process.
+DIE_WITH_PARENT = _DIE_WITH_PARENT
 
 
 class LocalNodeError(TenureError, RuntimeError):
@@ -726,7 +715,7 @@ class LocalNode:
         config.write_text(self._config())
         with self._log_path.open("ab") as log:
             self._log_offset = log.tell()
-            proc = subprocess.Popen(
+            proc = _popen(
                 [os.fspath(self.binary), os.fspath(config)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -734,7 +723,6 @@ class LocalNode:
                 env={**os.environ, **self.env} if self.env else None,
                 # Out of the terminal's process group: Ctrl-C reaches us, and we stop them.
                 start_new_session=True,
-                preexec_fn=DIE_WITH_PARENT,
             )
         self._proc = proc
         self._reaper = weakref.finalize(self, _kill_and_reap, proc)
