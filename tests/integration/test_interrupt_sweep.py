@@ -281,7 +281,8 @@ class Waiter:
 QUEUE = "tenure:{swept}:q"
 CONTENDED = ["waiting behind a holder", "handing off to a waiter"]
 # Far beyond this test's waits: a wait that is not woken by its notification (the
-# client's listener broken by the interrupt) ends only at its re-check, and fails.
+# client's listener broken by the interrupt) sleeps on to its acquire's timeout, and
+# fails.
 RECHECK = 30.0
 
 
