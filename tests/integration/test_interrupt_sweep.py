@@ -34,7 +34,7 @@ import redis
 import tenure
 from tenure.testing import LocalCluster
 
-from .conftest import Interrupted
+from .conftest import Interrupted, poll_until
 
 SRC = str(Path(tenure.__file__).resolve().parent) + "/"
 _JUMP_BACK = {dis.opmap[name] for name in ("JUMP_BACKWARD",) if name in dis.opmap}
@@ -233,10 +233,7 @@ class Holder:
         self._thread.start()
 
     def _let_go(self) -> None:
-        deadline = time.monotonic() + 5.0
-        while not self._raw.exists(QUEUE) and not self._ended.is_set():
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        poll_until(lambda: self._raw.exists(QUEUE) or self._ended.is_set(), "a waiter queued", 5.0)
         self._lock.release()
 
     def done(self) -> None:
@@ -258,10 +255,8 @@ class Waiter:
         self.got = None
         self._thread = threading.Thread(target=self._take)
         self._thread.start()
-        deadline = time.monotonic() + 5.0
-        while not raw.exists(QUEUE):  # queued: the release hands it the lock
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        # Queued: the release hands it the lock.
+        poll_until(lambda: raw.exists(QUEUE), "the waiter queued", 5.0)
 
     def _take(self) -> None:
         # Less than the lease's TTL: a release the interrupt lost would show as False.
