@@ -391,14 +391,14 @@ def _give_up(lease: Lease | Refused | None) -> None:
 def _give_back(pool: LinkPool, links: LinkSet) -> None:
     """Return a borrowed link set; one interrupted mid-round is closed, not reused: its
     connections carry replies nobody accounted for, and reading them later as answers
-    to other commands would be a disaster. Closed without a back-off: the nodes did
-    nothing wrong, and the client's other rounds (another thread's release) must not
-    sit theirs out."""
+    to other commands would be a disaster. Closed once the nodes have read what was
+    written behind (``LinkSet.let_go``), without a back-off: the nodes did nothing
+    wrong, and the client's other rounds (another thread's release) must not sit theirs
+    out."""
     if links.clean:
         pool.put(links)
     else:
-        for link in links.links:
-            link.close()
+        links.let_go()
 
 
 class Lease(LeaseView):

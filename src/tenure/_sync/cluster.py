@@ -700,6 +700,10 @@ class ClusterLink(Link):
         if self._current is not None:
             self._current.drop(now, why)
 
+    def end_writing(self) -> Any:
+        # What was written behind an interrupted round is read in a thread (``close``).
+        return None
+
     def close(self) -> None:
         behind, self._behind = self._behind, []
         if behind:
