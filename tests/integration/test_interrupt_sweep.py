@@ -7,7 +7,7 @@ function's first instruction, and at a loop's backward jump. This sweeps them al
 tenure's code could be interrupted, then once per point with an interrupt raised
 there, as CPython would raise it (from a profile function after a call returns: the
 exception comes out of that call, in its caller's handlers; at a function's first
-event; at a backward jump's opcode). After each: no key of the lock is left on the node
+event; at a backward jump's opcode). After each: no key of the lock is left on any node
 and the lock can be taken again at once, by the same thread, with no ``SelfDeadlock``.
 
 The one instant Python code cannot cover is the first instruction of a ``__enter__`` or
@@ -115,12 +115,32 @@ class Points:
         return False
 
 
-@pytest.fixture(scope="module")
-def one() -> Iterator[LocalCluster]:
+@pytest.fixture(scope="module", params=[1, pytest.param(3, marks=pytest.mark.slow)])
+def nodes(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """One node; three in the slow run (a quorum's rounds have points of their own, and
+    connections that owe the replies of rounds decided without a node)."""
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("an interrupt sweep traces the main thread")
-    with LocalCluster(1) as cluster:
+    with LocalCluster(request.param) as cluster:
         yield cluster
+
+
+class Raw:
+    """The nodes' keys, looked at directly: a key is there if any node has it."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self._nodes = [redis.Redis.from_url(url) for url in urls]
+
+    def exists(self, *keys: str) -> bool:
+        return any(node.exists(*keys) for node in self._nodes)
+
+    def delete(self, *keys: str) -> None:
+        for node in self._nodes:
+            node.delete(*keys)
+
+    def close(self) -> None:
+        for node in self._nodes:
+            node.close()
 
 
 KEY = "tenure:{swept}:lock"
@@ -153,11 +173,11 @@ def _cycle(form: str, client: tenure.Client, held: list[Any]) -> Callable[[], No
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_an_interrupt_anywhere_in_a_cycle_lets_the_lock_go(one: LocalCluster, form: str) -> None:
-    raw = redis.Redis.from_url(one.urls[0])
+def test_an_interrupt_anywhere_in_a_cycle_lets_the_lock_go(nodes: LocalCluster, form: str) -> None:
+    raw = Raw(nodes.urls)
     key = KEY
     held: list[Any] = []
-    client = tenure.Client(one.urls, node_timeout=0.5)
+    client = tenure.Client(nodes.urls, node_timeout=0.5)
     try:
         cycle = _cycle(form, client, held)
         for _ in range(3):
@@ -191,7 +211,7 @@ def test_an_interrupt_anywhere_in_a_cycle_lets_the_lock_go(one: LocalCluster, fo
                 else:
                     raw.delete(key)  # (``Lease.__enter__``: the lease never reached it)
                 client.close()
-                client = tenure.Client(one.urls, node_timeout=0.5)
+                client = tenure.Client(nodes.urls, node_timeout=0.5)
                 cycle = _cycle(form, client, held)
                 for _ in range(3):
                     cycle()
@@ -218,7 +238,7 @@ class Holder:
     once the swept cycle ended without queuing), so that the cycle waits and is handed
     the lock, at no fixed delay."""
 
-    def __init__(self, client: tenure.Client, raw: redis.Redis) -> None:
+    def __init__(self, client: tenure.Client, raw: Raw) -> None:
         # Long: a waiter not woken by its notification would otherwise wake at the
         # hold's expiry (a crashed holder sends none), within the test's bounds.
         self._lock = client.lock("swept", ttl=30.0)
@@ -251,7 +271,7 @@ class Waiter:
         self._thread: threading.Thread | None = None
         self.got: bool | None = None
 
-    def start(self, raw: redis.Redis) -> None:
+    def start(self, raw: Raw) -> None:
         self.got = None
         self._thread = threading.Thread(target=self._take)
         self._thread.start()
@@ -283,20 +303,20 @@ RECHECK = 30.0
 
 @pytest.mark.parametrize("form", CONTENDED)
 def test_an_interrupt_anywhere_in_a_contended_cycle_lets_the_lock_go(
-    one: LocalCluster, form: str
+    nodes: LocalCluster, form: str
 ) -> None:
     """As above, with another client on the lock: the cycle waits behind its hold and is
     handed the lock, or hands the lock to its waiter. After each interrupt, besides: no
     place in the queue is left, the waiter gets the lock (before the lease's TTL would
     have let it), and the interrupted client's next wait is woken by its notification."""
-    raw = redis.Redis.from_url(one.urls[0])
-    others = tenure.Client(one.urls, node_timeout=0.5)
+    raw = Raw(nodes.urls)
+    others = tenure.Client(nodes.urls, node_timeout=0.5)
     holder = Holder(others, raw)
     waiter = Waiter(others)
     held: list[Any] = []
 
     def fresh() -> tuple[tenure.Client, Callable[[], None]]:
-        client = tenure.Client(one.urls, node_timeout=0.5, recheck=RECHECK)
+        client = tenure.Client(nodes.urls, node_timeout=0.5, recheck=RECHECK)
         lock = client.lock("swept", ttl=5.0)
 
         def cycle() -> None:

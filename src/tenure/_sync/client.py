@@ -344,6 +344,9 @@ class Client(ClientBase):
         runs out, so no other client gets the lock early while a thread of this process
         may still be working under it. Extending or releasing them then raises
         ``ClientClosed``; a watchdog marks its lease lost at its next extension.
+        Requests already written (a release whose round was decided without a slow
+        node) reach their nodes: a connection that owes replies is closed once its node
+        has answered, or after one node timeout (``LinkSet.let_go``).
         """
         self._flows.closed = True
         self._listener.close()

@@ -679,8 +679,9 @@ class LinkSet:
                     sock = link.end_writing()
                     if sock is not None:
                         ending[sock] = link
-            if ending:
-                deadline = monotonic() + max(link.node.timeout for link in ending.values())
+            deadline = monotonic() + max((link.node.timeout for link in ending.values()), default=0)
+            # Best effort, as any cleanup: a look that fails leaves the rest to be closed.
+            with contextlib.suppress(OSError, ValueError):
                 while ending:
                     left = deadline - monotonic()
                     if left <= 0.0:
