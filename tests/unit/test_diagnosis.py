@@ -22,6 +22,7 @@ from tenure._core.diagnosis import (
     naming,
     not_connected_in_time,
     not_redis,
+    refuses_connection,
     slot_map_late,
 )
 from tenure._core.lease import conclude_locked
@@ -103,6 +104,16 @@ CLUSTER_SAYS = [
         ("ERR DB index is out of range", Failure.MISCONFIGURED, ["/db"]),
         ("LOADING Redis is loading the dataset in memory", Failure.ERROR,
          ["(LOADING Redis is loading", "loading its data set", "INFO persistence"]),
+        # Protected mode, as Valkey 9 and Redis 6.2 word it (sent to clients of other
+        # machines only, as the connection is taken).
+        ("DENIED Running in protected mode because protected mode is enabled and no "
+         "password is set for the default user. In this mode connections are only "
+         "accepted from the loopback interface.", Failure.MISCONFIGURED,
+         ["(DENIED Running in protected mode", "runs in protected mode", "requirepass",
+          "protected-mode no"]),
+        ("DENIED Redis is running in protected mode because protected mode is enabled, no "
+         "bind address was specified, no authentication password is requested to clients.",
+         Failure.MISCONFIGURED, ["(DENIED Redis is running", "requirepass"]),
         ("BUSY Redis is busy running a script", Failure.ERROR,
          ["BUSY", "running a script", "SCRIPT KILL"]),
         ("BUSYKEY Target key name already exists.", Failure.ERROR, ["BUSYKEY"]),
@@ -618,3 +629,22 @@ def test_a_node_backing_off_says_why_it_failed() -> None:
         Failure.MISCONFIGURED,
         "is a read-only replica",
     )
+
+
+@pytest.mark.parametrize(
+    ("reply", "refusal"),
+    [
+        ("DENIED Running in protected mode because protected mode is enabled", True),
+        ("-DENIED Redis is running in protected mode", True),
+        ("ERR max number of clients reached", True),
+        ("max number of clients + cluster connections reached", True),
+        ("NOAUTH Authentication required.", False),
+        ("ERR unknown command 'DENIED'", False),
+        ("LOADING Valkey is loading the dataset in memory", False),
+    ],
+)
+def test_a_node_refusing_the_connection_itself_is_told_apart(reply: str, refusal: bool) -> None:
+    # Sent as the node takes the connection, before any request, and followed by its
+    # close: the asyncio client takes it for the reason the connection ends, not an
+    # answer (and ``tenure check`` asks again to see it).
+    assert refuses_connection(reply) is refusal

@@ -56,9 +56,9 @@ from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import (
     BackingOff,
     Diagnosis,
-    at_connection_limit,
     in_url_form,
     not_connected_in_time,
+    refuses_connection,
     reply_ends_link,
     rule_out,
 )
@@ -118,7 +118,7 @@ def lost(reply: Reply) -> bool:
     ok, value = reply
     if ok:
         return False
-    return not isinstance(value, ResponseError) or at_connection_limit(str(value))
+    return not isinstance(value, ResponseError) or refuses_connection(str(value))
 
 
 # The send time of a request still in this turn's batch (``Channel._flush`` sets it).
@@ -494,10 +494,11 @@ class Channel:
             self._pending.popleft()[0](self.node, reply)
             if self._idle is not None and not self._pending and not self._unsent:
                 self._idle.set()
-        elif isinstance(reply[1], ResponseError) and at_connection_limit(str(reply[1])):
-            # A node at its connection limit says so as soon as it takes the connection,
-            # and closes it: before our first request, it answers nothing of ours, but it
-            # is why the connection ends (``_run``), not a bare close.
+        elif isinstance(reply[1], ResponseError) and refuses_connection(str(reply[1])):
+            # A node at its connection limit (or in protected mode) says so as soon as it
+            # takes the connection, and closes it: before our first request, it answers
+            # nothing of ours, but it is why the connection ends (``_run``), not a bare
+            # close.
             self._refusal = reply[1]
 
     def _fail_all(self, exc: BaseException) -> None:

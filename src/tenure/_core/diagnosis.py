@@ -192,8 +192,19 @@ def acl_refused(text: str) -> Diagnosis:
 def at_connection_limit(text: str) -> bool:
     """Whether an error reply is a node refusing the connection itself, at its
     ``maxclients``: it sends that instead of an answer to whatever comes first, and
-    closes the connection. Nothing ran (redis-py raises ``ConnectionError`` for it)."""
-    return "max number of clients reached" in text.lower()
+    closes the connection. Nothing ran (redis-py raises ``ConnectionError`` for it).
+    A cluster node counts its cluster bus's connections too, and says so ("max number
+    of clients + cluster connections reached")."""
+    lower = text.lower()
+    return "max number of clients" in lower and "reached" in lower
+
+
+def refuses_connection(text: str) -> bool:
+    """Whether an error reply is a node refusing the connection itself, sent as it takes
+    it, before any request, and followed by its close: at its connection limit
+    (``at_connection_limit``), or in protected mode to a client on another machine
+    (``DENIED``; redis-py raises it as a ``ResponseError``)."""
+    return at_connection_limit(text) or text.lstrip("-").upper().startswith("DENIED")
 
 
 def error_reply(text: str) -> Diagnosis:
@@ -211,6 +222,16 @@ def error_reply(text: str) -> Diagnosis:
     lower = text.lower().replace("`", "'")
     if "READONLY" in upper:
         return _misconfigured(f"is a read-only replica: list its master instead ({said})")
+    if code.startswith("DENIED"):
+        # Sent only to clients of other machines (never on loopback), as the connection
+        # is taken, and the connection closed: the node takes no client from elsewhere
+        # until it is set up otherwise.
+        return _misconfigured(
+            "refused the connection: it runs in protected mode (no password set), and "
+            "takes clients of its own machine only; set a password for its default user "
+            "(requirepass) and give it in the node URL, or, on a network you trust, set "
+            f"protected-mode no there ({said})"
+        )
     if at_connection_limit(text):
         # An outage while it lasts: it passes as other clients leave.
         return Diagnosis(

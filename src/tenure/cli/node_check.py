@@ -50,10 +50,16 @@ from .._core.config import (
     node_keys,
     parse_node_url,
 )
+from .._core.diagnosis import refuses_connection
 from .._core.quorum import majority
 from .._core.slots import map_sources, slot_tag
 from .._driver import acl as _acl
-from .._driver.redis_compat import NotRedis, check_connection_options, connection_kwargs
+from .._driver.redis_compat import (
+    NotRedis,
+    check_connection_options,
+    connection_kwargs,
+    dropped,
+)
 from .._errors import ConfigurationError
 from .._lua import script
 from ._parallel import budget, each, late_text
@@ -150,7 +156,9 @@ def gather(
         try:
             _read_state(client, facts)
         except Exception as exc:  # anything the server did: its row says so, the rest go on
-            facts.error = _failed(exc, key_prefix, form or address.login_form)
+            facts.error = _failed(
+                _refusal_behind(client, exc), key_prefix, form or address.login_form
+            )
         if facts.error is None and facts.info is not None and "redis_version" not in facts.info:
             # Something that answers every command alike (an echo, ``+OK``, a stub): every
             # Redis and Valkey server names its version in INFO.
@@ -183,6 +191,33 @@ def _failed(exc: Exception, prefix: str, form: str) -> str:
     if isinstance(exc, _PARSER_ERRORS):
         exc = NotRedis(f"{type(exc).__name__}: {exc}")
     return failure_line(exc, prefix, form)
+
+
+def _refusal_behind(client: redis.Redis, exc: Exception) -> Exception:
+    """``exc``, or the node's refusal of the connection itself, which ``exc`` hides. A
+    node that refuses a connection as it takes it (in protected mode, to a client of
+    another machine) sends its refusal and closes: the pipeline reads the refusal as
+    its first reply, then the close, which is what it raises ("Connection closed by
+    server", and the advice of a TLS port). One command alone on a new connection gets
+    the refusal as its answer: on a connection of its own, since redis-py's pool finds
+    the refusal waiting as it hands a connection out, and raises "Connection not
+    ready" instead (which the pipeline may have met too)."""
+    if not dropped(exc) and "not ready" not in str(exc):
+        return exc
+    pool = client.connection_pool
+    conn = pool.connection_class(**pool.connection_kwargs)
+    try:
+        conn.connect()
+        conn.send_command("PING")
+        conn.read_response()
+    except redis.ResponseError as refusal:
+        if refuses_connection(str(refusal)):
+            return refusal
+    except Exception:
+        pass
+    finally:
+        conn.disconnect()
+    return exc
 
 
 def _read_state(client: redis.Redis, facts: NodeFacts) -> None:
