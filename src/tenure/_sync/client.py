@@ -37,7 +37,7 @@ from .._driver.clock import monotonic
 from .._driver.lease import LeaseView, leave_block
 from .._driver.lock import LockView
 from .._errors import LeaseLost, NotHeld
-from .links import LinkPool, LinkSet
+from .links import LinkPool, LinkSet, let_go
 from .notify import Listener, Slot
 from .watchdog import Watchdog
 
@@ -346,7 +346,7 @@ class Client(ClientBase):
         ``ClientClosed``; a watchdog marks its lease lost at its next extension.
         Requests already written (a release whose round was decided without a slow
         node) reach their nodes: a connection that owes replies is closed once its node
-        has answered, or after one node timeout (``LinkSet.let_go``).
+        has answered, or after one node timeout (``links.let_go``).
         """
         self._flows.closed = True
         self._listener.close()
@@ -395,13 +395,13 @@ def _give_back(pool: LinkPool, links: LinkSet) -> None:
     """Return a borrowed link set; one interrupted mid-round is closed, not reused: its
     connections carry replies nobody accounted for, and reading them later as answers
     to other commands would be a disaster. Closed once the nodes have read what was
-    written behind (``LinkSet.let_go``), without a back-off: the nodes did nothing
+    written behind (``links.let_go``), without a back-off: the nodes did nothing
     wrong, and the client's other rounds (another thread's release) must not sit theirs
     out."""
     if links.clean:
         pool.put(links)
     else:
-        links.let_go()
+        let_go([links])
 
 
 class Lease(LeaseView):

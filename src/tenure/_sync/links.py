@@ -84,7 +84,7 @@ from .._driver.report import NodeReporter
 from .connect import SetUp
 from .flusher import hand_over
 
-__all__ = ["LinkPool", "LinkSet", "NodeState"]
+__all__ = ["LinkPool", "LinkSet", "NodeState", "let_go"]
 
 _NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
@@ -539,7 +539,7 @@ class Link:
     def end_writing(self) -> Any:
         """Shut the connection for writing, behind all that was written to it (a FIN,
         not a reset): the node reads it all, runs it, answers, and then closes its end.
-        Returns the socket, to be read to that end (``LinkSet.let_go``); None if there
+        Returns the socket, to be read to that end (``let_go``); None if there
         is nothing to wait for: not connected, something kept back that the socket did
         not take (its node stopped reading), or the connection already broken; and in
         a child forked from the process that opened it, where the shutdown would end
@@ -655,43 +655,17 @@ class LinkSet:
             unwritten.append(i)
         return unwritten
 
-    def let_go(self) -> None:
-        """Close every connection of the set; those that may carry requests their node
-        has not answered yet (every one of a set an interrupt left unclean, and of a
-        clean set those that owe replies) only once the node has read them.
-
-        A connection closed with replies unread in it is reset (RST), and a node that
-        has read the first of two requests and then fails to write its answer on the
-        reset connection drops the connection, the second request with it, unread: the
-        cleanup written behind an interrupted acquire on a connection that owed replies
-        was lost so, and the lock held on one node of three until its TTL (and a loop of
-        grant, release written behind it, close lost 15 of 5,000 releases). So they are
-        shut for writing first (``Link.end_writing``) and read to their end, their
-        replies dropped, for one node timeout at most, as the asyncio client's close
-        gives requests already made; then closed. (A Cluster node's link reads the
-        answers of what it wrote behind in a thread of its own: ``ClusterLink.close``.)
-        """
-        links = self.links
-        ending: dict[Any, Link] = {}
-        try:
-            for link in links:
-                if not self.clean or link.owed:
-                    sock = link.end_writing()
-                    if sock is not None:
-                        ending[sock] = link
-            deadline = monotonic() + max((link.node.timeout for link in ending.values()), default=0)
-            # Best effort, as any cleanup: a look that fails leaves the rest to be closed.
-            with contextlib.suppress(OSError, ValueError):
-                while ending:
-                    left = deadline - monotonic()
-                    if left <= 0.0:
-                        break
-                    for sock in readable(list(ending), left):
-                        if not _read_on(sock):
-                            ending.pop(sock).close()
-        finally:
-            for link in links:
-                link.close()
+    def end_writing(self) -> dict[Any, Link]:
+        """Shut for writing the connections that may carry requests their node has not
+        answered yet (every one of a set an interrupt left unclean, and of a clean set
+        those that owe replies): by socket, to be read to their end (``let_go``)."""
+        ending = {}
+        for link in self.links:
+            if not self.clean or link.owed:
+                sock = link.end_writing()
+                if sock is not None:
+                    ending[sock] = link
+        return ending
 
     def shed_closed(self, now: float) -> None:
         """Drop the connections the nodes closed while this set was unused; the next
@@ -1048,7 +1022,7 @@ class LinkPool:
 
     def put(self, links: LinkSet) -> None:
         if self._closed:
-            _disconnect(links)  # borrowed when the pool was closed: not kept open
+            let_go([links])  # borrowed when the pool was closed: not kept open
             return
         self._free.append(links)
 
@@ -1058,12 +1032,44 @@ class LinkPool:
     def close(self) -> None:
         self._closed = True
         sets, self._free = self._free, []
-        for s in sets:
-            _disconnect(s)
+        let_go(sets)
 
 
-def _disconnect(links: LinkSet) -> None:
-    links.let_go()
+def let_go(sets: Sequence[LinkSet]) -> None:
+    """Close every connection of ``sets``; those that may carry requests their node has
+    not answered yet only once the node has read them (``LinkSet.end_writing``).
+
+    A connection closed with replies unread in it is reset (RST), and a node that has
+    read the first of two requests and then fails to write its answer on the reset
+    connection drops the connection, the second request with it, unread: the cleanup
+    written behind an interrupted acquire on a connection that owed replies was lost so,
+    and the lock held on one node of three until its TTL (and a loop of grant, release
+    written behind it, close lost 15 of 5,000 releases). So they are shut for writing
+    first, and read to their end, their replies dropped, for one node timeout at most
+    (all of them at once: a client closed with a frozen node waits that long, not that
+    long per set), as the asyncio client's close gives requests already made; then
+    closed. (A Cluster node's link reads the answers of what it wrote behind in a thread
+    of its own: ``ClusterLink.close``.)
+    """
+    ending: dict[Any, Link] = {}
+    try:
+        for links in sets:
+            ending.update(links.end_writing())
+        patience = max((link.node.timeout for link in ending.values()), default=0.0)
+        deadline = monotonic() + patience
+        # Best effort, as any cleanup: a look that fails leaves the rest to be closed.
+        with contextlib.suppress(OSError, ValueError):
+            while ending:
+                left = deadline - monotonic()
+                if left <= 0.0:
+                    break
+                for sock in readable(list(ending), left):
+                    if not _read_on(sock):
+                        ending.pop(sock).close()
+    finally:
+        for links in sets:
+            for link in links.links:
+                link.close()
 
 
 def _read_on(sock: Any) -> bool:
