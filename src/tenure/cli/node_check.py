@@ -213,7 +213,7 @@ def _refusal_behind(client: redis.Redis, exc: Exception) -> Exception:
     except redis.ResponseError as refusal:
         if refuses_connection(str(refusal)):
             return refusal
-    except Exception:
+    except Exception:  # not a refusal: the pipeline's failure says what happened
         pass
     finally:
         conn.disconnect()
