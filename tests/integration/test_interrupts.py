@@ -463,3 +463,44 @@ def test_a_connection_let_go_with_a_reply_unread_loses_no_release_behind_a_grant
                 link.abandon(time.monotonic())
                 pool.put(links)  # the client's close lets it go
         poll_until(lambda: not any(holders(node, name)), f"{name} released", 2.0)  # noqa: B023
+
+
+def test_a_cleanup_left_to_a_thread_is_sent_by_close_if_the_thread_has_not_run(
+    node: LocalCluster, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt just as the acquire's request was written closes that connection
+    (part of a request may have been on its way), so the release goes on a new
+    connection, from a thread, since the interrupted call waits for nothing. A program
+    that ends after Ctrl-C closes its ``with client:`` block at once, before that thread
+    may have run: the closed client sent nothing then, and the lock stayed for its TTL
+    (30 s here). ``close()`` sends it."""
+    from tenure._sync.links import Link
+
+    target = Link._write_now.__code__
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        # Raised as a Ctrl-C handled just after the socket's send() returned.
+        if (
+            event == "c_return"
+            and frame.f_code is target
+            and getattr(arg, "__name__", "") == "send"
+        ):
+            sys.setprofile(None)
+            raise Interrupted
+
+    client = tenure.Client(node.urls, node_timeout=1.0)
+    try:
+        client.acquire(key + "-warm", ttl=5).release()  # connected
+        left: list[object] = []  # what was left to a thread, which has not run yet
+        monkeypatch.setattr(client, "_later", lambda delay, call: left.append(call))
+        sys.setprofile(profile)
+        try:
+            with pytest.raises(Interrupted):
+                client.acquire(key, ttl=30, blocking=False)
+        finally:
+            sys.setprofile(None)
+        assert len(left) == 1
+    finally:
+        client.close()
+    lock = LockKeys.of(key).lock
+    poll_until(lambda: not any(holders(node, lock)), f"{lock} released", 2.0)

@@ -125,6 +125,11 @@ class Client(ClientBase):
     def _open(self, connection_options: dict[str, Any]) -> None:
         self._pool = LinkPool(self.config, connection_options, self._reporter)
         self._listener = Listener(self._pool.nodes, self._reporter, self.config.channel_prefix)
+        # Cleanups handed to a thread and not yet sent (``_send_soon``), by id; this
+        # process's only (a forked child has neither the thread nor the grants).
+        self._kept: dict[int, Send] = {}
+        self._kept_lock = threading.Lock()
+        self._kept_by = os.getpid()
 
     def _notifications(self) -> Listener:
         return self._listener
@@ -299,18 +304,32 @@ class Client(ClientBase):
                     # for nothing. (Its round waits for those nodes: a bystander is
                     # sent to only if already connected.)
                     rnd = Round.cleanup(len(links.links), frozenset(unwritten), _clock())
-                    resend = Send(op.command, rnd, unwritten)
-                    self._later(0.0, partial(self._send_now, resend))
+                    self._send_soon(Send(op.command, rnd, unwritten))
         else:
             self._perform_now(op)
         return None
 
-    def _send_now(self, send: Send) -> None:
-        # Not through _drive(): a closed client sends nothing, and raises nothing here
-        # (this runs from the notification thread, or for a flow without links).
+    def _send_soon(self, send: Send) -> None:
+        """Send an interrupted flow's cleanup from a thread, at once; or from ``close()``,
+        should the client be closed first (a program that ends after Ctrl-C closes its
+        ``with client:`` block at once, before that thread runs)."""
+        with self._kept_lock:
+            self._kept[id(send)] = send
+        self._later(0.0, partial(self._send_kept, id(send)))
+
+    def _send_kept(self, key: int) -> None:
+        # Whoever takes it from ``_kept`` first sends it: this thread or ``close()``.
+        with self._kept_lock:
+            send = self._kept.pop(key, None)
+        if send is not None:
+            self._send_now(send, even_closed=True)
+
+    def _send_now(self, send: Send, *, even_closed: bool = False) -> None:
+        """Send ``send`` on a link set of its own, not through ``_drive()`` (from the
+        notification thread, or for a flow without links); raises nothing here."""
         links = self._pool.get()
         try:
-            self._send_on(links, send)
+            self._send_on(links, send, even_closed=even_closed)
         finally:
             _give_back(self._pool, links)
 
@@ -331,8 +350,10 @@ class Client(ClientBase):
         with contextlib.suppress(Exception):
             self._drive(flow)
 
-    def _send_on(self, links: LinkSet, send: Send) -> None:
-        if self.closed:
+    def _send_on(self, links: LinkSet, send: Send, *, even_closed: bool = False) -> None:
+        # A closed client sends nothing, but a cleanup decided before it was closed
+        # (``even_closed``: a closed pool lets the set go as it comes back).
+        if self.closed and not even_closed:
             return
         now = _clock()
         links.run(send.command, send.rnd, now + self.config.node_timeout, _clock, send.targets)
@@ -346,10 +367,16 @@ class Client(ClientBase):
         ``ClientClosed``; a watchdog marks its lease lost at its next extension.
         Requests already written (a release whose round was decided without a slow
         node) reach their nodes: a connection that owes replies is closed once its node
-        has answered, or after one node timeout (``links.let_go``).
+        has answered, or after one node timeout (``links.let_go``); and the cleanup of
+        an interrupted call, left to a thread that has not sent it yet, is sent first.
         """
         self._flows.closed = True
         self._listener.close()
+        if os.getpid() == self._kept_by:  # (a lock another thread held at a fork stays held)
+            with self._kept_lock:
+                kept, self._kept = list(self._kept.values()), {}
+            for send in kept:  # interrupted flows' cleanups their thread has not sent
+                self._send_now(send, even_closed=True)
         self._pool.close()
 
     def __enter__(self) -> Client:
