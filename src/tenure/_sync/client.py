@@ -127,9 +127,9 @@ class Client(ClientBase):
         self._listener = Listener(self._pool.nodes, self._reporter, self.config.channel_prefix)
         # Cleanups handed to a thread and not yet sent (``_send_soon``), by id; this
         # process's only (a forked child has neither the thread nor the grants).
-        self._kept: dict[int, Send] = {}
-        self._kept_lock = threading.Lock()
-        self._kept_by = os.getpid()
+        self._cleanups: dict[int, Send] = {}
+        self._cleanups_lock = threading.Lock()
+        self._cleanups_by = os.getpid()
 
     def _notifications(self) -> Listener:
         return self._listener
@@ -313,14 +313,14 @@ class Client(ClientBase):
         """Send an interrupted flow's cleanup from a thread, at once; or from ``close()``,
         should the client be closed first (a program that ends after Ctrl-C closes its
         ``with client:`` block at once, before that thread runs)."""
-        with self._kept_lock:
-            self._kept[id(send)] = send
-        self._later(0.0, partial(self._send_kept, id(send)))
+        with self._cleanups_lock:
+            self._cleanups[id(send)] = send
+        self._later(0.0, partial(self._send_cleanup, id(send)))
 
-    def _send_kept(self, key: int) -> None:
-        # Whoever takes it from ``_kept`` first sends it: this thread or ``close()``.
-        with self._kept_lock:
-            send = self._kept.pop(key, None)
+    def _send_cleanup(self, key: int) -> None:
+        # Whoever takes it from ``_cleanups`` first sends it: this thread or ``close()``.
+        with self._cleanups_lock:
+            send = self._cleanups.pop(key, None)
         if send is not None:
             self._send_now(send, even_closed=True)
 
@@ -372,10 +372,10 @@ class Client(ClientBase):
         """
         self._flows.closed = True
         self._listener.close()
-        if os.getpid() == self._kept_by:  # (a lock another thread held at a fork stays held)
-            with self._kept_lock:
-                kept, self._kept = list(self._kept.values()), {}
-            for send in kept:  # interrupted flows' cleanups their thread has not sent
+        if os.getpid() == self._cleanups_by:  # (a lock another thread held at a fork stays held)
+            with self._cleanups_lock:
+                cleanups, self._cleanups = list(self._cleanups.values()), {}
+            for send in cleanups:  # interrupted flows' cleanups their thread has not sent
                 self._send_now(send, even_closed=True)
         self._pool.close()
 
