@@ -635,7 +635,7 @@ def test_a_node_backing_off_says_why_it_failed() -> None:
     ("reply", "refusal"),
     [
         ("DENIED Running in protected mode because protected mode is enabled", True),
-        ("-DENIED Redis is running in protected mode", True),
+        ("DENIED Redis is running in protected mode", True),
         ("ERR max number of clients reached", True),
         ("max number of clients + cluster connections reached", True),
         ("NOAUTH Authentication required.", False),

@@ -204,7 +204,7 @@ def refuses_connection(text: str) -> bool:
     it, before any request, and followed by its close: at its connection limit
     (``at_connection_limit``), or in protected mode to a client on another machine
     (``DENIED``; redis-py raises it as a ``ResponseError``)."""
-    return at_connection_limit(text) or text.lstrip("-").upper().startswith("DENIED")
+    return at_connection_limit(text) or text.upper().startswith("DENIED")
 
 
 def error_reply(text: str) -> Diagnosis:

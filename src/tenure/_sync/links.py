@@ -1065,7 +1065,7 @@ def let_go(sets: Sequence[LinkSet]) -> None:
                     break
                 for sock in readable(list(ending), left):
                     if not _read_on(sock):
-                        ending.pop(sock).close()
+                        del ending[sock]  # its end came: closed with the rest, below
     finally:
         for links in sets:
             for link in links.links:
