@@ -50,6 +50,7 @@ __all__ = [
     "kernel_timeouts",
     "keywords",
     "node_pool",
+    "own_connection",
     "timed_out",
 ]
 
@@ -109,6 +110,16 @@ def connection_kwargs(
         # TCP keepalive lets the kernel notice a peer that vanished without a reset.
         options["socket_keepalive"] = True
     return options
+
+
+def own_connection(pool: Any) -> Any:
+    """A new connection with ``pool``'s settings (URL, TLS, credentials), not taken from
+    the pool: its ``make_connection()`` counts each connection against
+    ``max_connections`` (100) and is never told when one is closed, so after 100
+    reconnects a node would stay unreachable for good (found by `tenure verify network
+    --soak`); and ``get_connection``'s arguments differ between the redis-py versions
+    tenure supports. Not connected yet."""
+    return pool.connection_class(**pool.connection_kwargs)
 
 
 def node_pool(

@@ -77,6 +77,7 @@ from .._driver.redis_compat import (
     diagnose,
     has_unread,
     node_pool,
+    own_connection,
     reply_text,
     timed_out,
 )
@@ -112,12 +113,8 @@ class NodeState:
         self.scripts = ScriptCache()  # what its answers to EVALSHA told us
 
     def new_connection(self) -> redis.Connection:
-        # The pool is only our parsed URL and settings. Its make_connection() counts each
-        # connection against max_connections (100) and is never told when we close one, so
-        # after 100 reconnects the node would stay unreachable for good (found by
-        # `tenure verify network --soak`). Build the connection from its settings instead.
-        factory = self._factory
-        conn = factory.connection_class(**factory.connection_kwargs)
+        # The pool is only our parsed URL and settings (``own_connection``).
+        conn = own_connection(self._factory)
         assert isinstance(conn, redis.connection.AbstractConnection)
         return conn  # type: ignore[return-value]  # a Connection or UnixDomainSocketConnection
 

@@ -59,6 +59,7 @@ from .._driver.redis_compat import (
     check_connection_options,
     connection_kwargs,
     dropped,
+    own_connection,
 )
 from .._errors import ConfigurationError
 from .._lua import script
@@ -204,8 +205,7 @@ def _refusal_behind(client: redis.Redis, exc: Exception) -> Exception:
     ready" instead (which the pipeline may have met too)."""
     if not dropped(exc) and "not ready" not in str(exc):
         return exc
-    pool = client.connection_pool
-    conn = pool.connection_class(**pool.connection_kwargs)
+    conn = own_connection(client.connection_pool)
     try:
         conn.connect()
         conn.send_command("PING")

@@ -40,6 +40,7 @@ from .._driver.redis_compat import (
     NotRedis,
     check_connection_options,
     connection_kwargs,
+    own_connection,
     reply_text,
 )
 from .._errors import ConfigurationError
@@ -269,10 +270,8 @@ def _snapshot(
     # Sent on one connection, as the member answers ASKING for the next command on that
     # connection only (MULTI...EXEC is one), and read without redis-py's pipeline, which
     # rewrites the error reply of a queued command ("Command # 1 (TYPE ...) of pipeline
-    # caused error: MOVED ...") where a redirection is read. Made from the pool's
-    # settings, not taken from it: ``get_connection``'s arguments differ between the
-    # redis-py versions tenure supports.
-    conn = pool.connection_class(**pool.connection_kwargs)
+    # caused error: MOVED ...") where a redirection is read (``own_connection``).
+    conn = own_connection(pool)
     try:
         packed = conn.pack_commands(commands)
         conn.send_packed_command(packed)
