@@ -301,9 +301,6 @@ CONTENDED = ["waiting behind a holder", "handing off to a waiter"]
 RECHECK = 30.0
 
 
-# One node: on three, on Python 3.12 and 3.13, one run in three found a wait not woken
-# after an interrupt at the back-edge of ``Listener.wait``'s loop (not on 3.11).
-@pytest.mark.parametrize("nodes", [1], indirect=True)
 @pytest.mark.parametrize("form", CONTENDED)
 def test_an_interrupt_anywhere_in_a_contended_cycle_lets_the_lock_go(
     nodes: LocalCluster, form: str

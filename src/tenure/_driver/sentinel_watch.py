@@ -82,6 +82,16 @@ def _watch(ref: weakref.ref[Locator]) -> None:
     plan = WatchPlan(len(locator.order()), locator.timeout)
     del locator
     held: dict[Address, Any] = {}  # Sentinel -> its subscribed connection
+    try:
+        _watch_while_used(ref, plan, held)
+    finally:
+        for conn in held.values():
+            conn.disconnect()
+
+
+def _watch_while_used(ref: weakref.ref[Locator], plan: WatchPlan, held: dict[Address, Any]) -> None:
+    """``_watch``'s loop, apart from its ``try`` (docs/architecture.md, "A loop in a try
+    or with block"): until the node has no connection of this process open."""
 
     def give_up(sentinel: Address, *, refused: bool = False) -> None:
         plan.failed(sentinel, time.monotonic(), refused=refused)
@@ -89,47 +99,43 @@ def _watch(ref: weakref.ref[Locator]) -> None:
         if conn is not None:
             conn.disconnect()
 
-    try:
-        while True:
-            locator = ref()
-            if locator is None or not locator.in_use():
-                return
-            for sentinel in plan.to_subscribe(locator.order(), time.monotonic()):
-                try:
-                    subscription = _subscribe(locator, sentinel)
-                except Exception as exc:  # not BaseException: an interrupt ends the thread
-                    give_up(sentinel, refused=isinstance(exc, rx.ResponseError))
-                    continue
-                held[sentinel] = subscription.conn
-                plan.subscribed(sentinel, time.monotonic())
-                _told(plan, locator, subscription.config)
-            del locator
-            for sentinel in _readable(held):
-                try:
-                    reply = held[sentinel].read_response()
-                except Exception:
-                    give_up(sentinel)
-                    continue
-                plan.heard(sentinel, time.monotonic())
-                if _message(reply):
-                    locator = ref()
-                    if locator is None:
-                        return
-                    locator.announced(reply[2])
-                    del locator
-            ping, silent = plan.due(time.monotonic())
-            for sentinel in silent:
+    while True:
+        locator = ref()
+        if locator is None or not locator.in_use():
+            return
+        for sentinel in plan.to_subscribe(locator.order(), time.monotonic()):
+            try:
+                subscription = _subscribe(locator, sentinel)
+            except Exception as exc:  # not BaseException: an interrupt ends the thread
+                give_up(sentinel, refused=isinstance(exc, rx.ResponseError))
+                continue
+            held[sentinel] = subscription.conn
+            plan.subscribed(sentinel, time.monotonic())
+            _told(plan, locator, subscription.config)
+        del locator
+        for sentinel in _readable(held):
+            try:
+                reply = held[sentinel].read_response()
+            except Exception:
                 give_up(sentinel)
-            for sentinel in ping:
-                try:
-                    held[sentinel].send_command("PING")
-                except Exception:
-                    give_up(sentinel)
-                else:
-                    plan.pinged(sentinel, time.monotonic())
-    finally:
-        for conn in held.values():
-            conn.disconnect()
+                continue
+            plan.heard(sentinel, time.monotonic())
+            if _message(reply):
+                locator = ref()
+                if locator is None:
+                    return
+                locator.announced(reply[2])
+                del locator
+        ping, silent = plan.due(time.monotonic())
+        for sentinel in silent:
+            give_up(sentinel)
+        for sentinel in ping:
+            try:
+                held[sentinel].send_command("PING")
+            except Exception:
+                give_up(sentinel)
+            else:
+                plan.pinged(sentinel, time.monotonic())
 
 
 def _told(plan: WatchPlan, locator: Locator, config: Config | None) -> None:

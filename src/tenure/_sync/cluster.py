@@ -807,30 +807,9 @@ def _follow(cluster: ClusterState, written: list[_Behind]) -> None:
     timeouts at most, as a release round's; best effort: what does not get through
     stays until its TTL, as it did before. The connections are closed at the end."""
     sub = written[0].sub
-    home = _address(sub)
-    patience = RELEASE_PATIENCE * cluster.timeout
     others: dict[Address, redis.Connection] = {}
     try:
-        for b in written:
-            answer = _answer_behind(sub, b.nonce, monotonic() + patience)
-            command, asking, at, hops = b.command, b.asking, home, 0
-            while isinstance(answer, ResponseError):
-                hop = redirect(reply_text(answer), at)
-                step = None if hop is None else next_hop(command, hop, at, asking, hops)
-                if step is None:
-                    break
-                if step.moved >= 0:
-                    cluster.moved(step.moved, step.to)
-                command, asking, at, hops = step.command, step.asking, step.to, hops + 1
-                # On a connection of its own, even to the member that answered: all
-                # that went before on the first one has run (its answer came), and
-                # what was written behind it there is read in turn.
-                conn = others.get(at)
-                if conn is None:
-                    conn = others[at] = cluster.member(at).new_connection()
-                    conn.socket_timeout = patience
-                    conn.connect()  # type: ignore[no-untyped-call]
-                answer = _ask(conn, command, asking)
+        _follow_each(cluster, written, others)
     except Exception:  # not BaseException: the thread ends with the interpreter
         pass  # its key expires by its TTL, as it did before
     finally:
@@ -838,6 +817,36 @@ def _follow(cluster: ClusterState, written: list[_Behind]) -> None:
         for conn in others.values():
             with contextlib.suppress(Exception):
                 conn.disconnect()  # type: ignore[no-untyped-call]
+
+
+def _follow_each(
+    cluster: ClusterState, written: list[_Behind], others: dict[Address, redis.Connection]
+) -> None:
+    """``_follow``'s loops, apart from its ``try`` (docs/architecture.md, "A loop in a
+    try or with block"); the connections it opens are put in ``others``."""
+    sub = written[0].sub
+    home = _address(sub)
+    patience = RELEASE_PATIENCE * cluster.timeout
+    for b in written:
+        answer = _answer_behind(sub, b.nonce, monotonic() + patience)
+        command, asking, at, hops = b.command, b.asking, home, 0
+        while isinstance(answer, ResponseError):
+            hop = redirect(reply_text(answer), at)
+            step = None if hop is None else next_hop(command, hop, at, asking, hops)
+            if step is None:
+                break
+            if step.moved >= 0:
+                cluster.moved(step.moved, step.to)
+            command, asking, at, hops = step.command, step.asking, step.to, hops + 1
+            # On a connection of its own, even to the member that answered: all that
+            # went before on the first one has run (its answer came), and what was
+            # written behind it there is read in turn.
+            conn = others.get(at)
+            if conn is None:
+                conn = others[at] = cluster.member(at).new_connection()
+                conn.socket_timeout = patience
+                conn.connect()  # type: ignore[no-untyped-call]
+            answer = _ask(conn, command, asking)
 
 
 def _answer_behind(sub: Link, nonce: bytes, deadline: float) -> object:

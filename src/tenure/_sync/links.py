@@ -1053,20 +1053,29 @@ def let_go(sets: Sequence[LinkSet]) -> None:
         for links in sets:
             ending.update(links.end_writing())
         patience = max((link.node.timeout for link in ending.values()), default=0.0)
-        deadline = monotonic() + patience
-        # Best effort, as any cleanup: a look that fails leaves the rest to be closed.
-        with contextlib.suppress(OSError, ValueError):
-            while ending:
-                left = deadline - monotonic()
-                if left <= 0.0:
-                    break
-                for sock in readable(list(ending), left):
-                    if not _read_on(sock):
-                        del ending[sock]  # its end came: closed with the rest, below
+        _read_to_end(ending, monotonic() + patience)
     finally:
         for links in sets:
             for link in links.links:
                 link.close()
+
+
+def _read_to_end(ending: dict[Any, Link], deadline: float) -> None:
+    """Read the sockets of ``ending`` until each one's end comes, or ``deadline``.
+
+    (A function of its own, not a loop in ``let_go``'s ``try``: docs/architecture.md,
+    "A loop in a try or with block".)"""
+    while ending:
+        left = deadline - monotonic()
+        if left <= 0.0:
+            return
+        try:
+            ready = readable(list(ending), left)
+        except (OSError, ValueError):
+            return  # best effort, as any cleanup: the rest are closed unread
+        for sock in ready:
+            if not _read_on(sock):
+                del ending[sock]  # its end came: closed with the rest, by ``let_go``
 
 
 def _read_on(sock: Any) -> bool:

@@ -285,20 +285,7 @@ class Listener:
             reading.extend(map(self._read.acquire, (True,), (timeout,)))
             if not reading[0]:
                 return slot.event.is_set()
-            while not slot.event.is_set() and not self._stop:
-                now = time.monotonic()
-                left = end - now
-                if left <= 0:
-                    break
-                if not all(self._up) or any(self._setups) or self._sharding:
-                    # A subscription not up, or being set up, must not wait for this
-                    # wait to end: the reader starts or finishes it (a set-up pokes
-                    # when it ends), and subscribes the slots other waiters registered
-                    # (they poke). A waiter may take the sockets over before the thread
-                    # ever connected: it parks while waiters read.
-                    self._connect(now)
-                # The waker too: ``close`` must reach a waiter reading the sockets.
-                self._pump(left, watch_waker=True)
+            self._read_until(slot, end)
         finally:
             # The sockets are given back last, in a ``finally`` of their own: an
             # interrupt in ``notify_all`` (Python code) must not keep them, and one
@@ -321,6 +308,29 @@ class Listener:
                 if reading and reading[0]:
                     self._read.release()
         return slot.event.is_set()
+
+    def _read_until(self, slot: Slot, end: float) -> None:
+        """Read the sockets until ``slot`` is notified, the client closes, or ``end``.
+
+        A function of its own, not a loop in ``wait``'s ``try`` (docs/architecture.md,
+        "A loop in a try or with block"): a Ctrl-C that skipped ``wait``'s ``finally``
+        would leave the reader counted and the sockets taken, and every later wait of
+        the client would sleep to its re-check.
+        """
+        while not slot.event.is_set() and not self._stop:
+            now = time.monotonic()
+            left = end - now
+            if left <= 0:
+                return
+            if not all(self._up) or any(self._setups) or self._sharding:
+                # A subscription not up, or being set up, must not wait for this wait to
+                # end: the reader starts or finishes it (a set-up pokes when it ends),
+                # and subscribes the slots other waiters registered (they poke). A
+                # waiter may take the sockets over before the thread ever connected: it
+                # parks while waiters read.
+                self._connect(now)
+            # The waker too: ``close`` must reach a waiter reading the sockets.
+            self._pump(left, watch_waker=True)
 
     def close(self) -> None:
         with self._lock:
@@ -438,37 +448,47 @@ class Listener:
     def _connect_shards(self, now: float) -> None:
         """Send what the slots' subscriptions need (``ShardSubs.plan``), connecting to
         the masters where needed, and close the connections nothing uses any more."""
+        # Loops of their own, not in the ``with``: docs/architecture.md, "A loop in a
+        # try or with block" (a Ctrl-C must not leave the lock taken).
         with self._shard_lock:
-            for i, subs in enumerate(self._shards):
-                node = cast("ClusterState", self._nodes[i])
-                first = subs.reload_from(_owner(node.map))
-                if first is not None:
-                    node.refresh(first)  # a subscription ended where the map still puts it
-                    node.slot_map(now, self._poke)  # loads a newer map (or takes it)
-                slot_map, number = node.in_use()
-                source = slot_map.source if slot_map is not None else None
-                for where, verb, channel in subs.plan(_owner(slot_map), number, source):
-                    link = self._links.get((i, where))
-                    if link is None:
-                        link = self._links[(i, where)] = _ShardLink()
-                    if verb == "SSUBSCRIBE":
-                        link.outbox.append(pack("SSUBSCRIBE", channel))
-                    else:
-                        link.outbox.append(pack("SUNSUBSCRIBE", channel))
-            for (i, where), link in self._links.items():
-                idle = self._shards[i].idle(where) and not link.outbox
-                if idle:
-                    if link.sock is not None or link.setup is not None:
-                        self._close_link(link)
-                    continue
-                if link.sock is None:
-                    self._set_up_link(i, where, link, now)
-                if link.sock is not None and link.outbox:
-                    data, link.outbox = b"".join(link.outbox), []
-                    try:
-                        link.sock.sendall(data)
-                    except OSError:
-                        self._drop_link(i, where, link, now)
+            self._plan_shards(now)
+            self._send_shards(now)
+
+    def _plan_shards(self, now: float) -> None:
+        """Queue on each master's link the (un)subscriptions the slots' plans ask for."""
+        for i, subs in enumerate(self._shards):
+            node = cast("ClusterState", self._nodes[i])
+            first = subs.reload_from(_owner(node.map))
+            if first is not None:
+                node.refresh(first)  # a subscription ended where the map still puts it
+                node.slot_map(now, self._poke)  # loads a newer map (or takes it)
+            slot_map, number = node.in_use()
+            source = slot_map.source if slot_map is not None else None
+            for where, verb, channel in subs.plan(_owner(slot_map), number, source):
+                link = self._links.get((i, where))
+                if link is None:
+                    link = self._links[(i, where)] = _ShardLink()
+                if verb == "SSUBSCRIBE":
+                    link.outbox.append(pack("SSUBSCRIBE", channel))
+                else:
+                    link.outbox.append(pack("SUNSUBSCRIBE", channel))
+
+    def _send_shards(self, now: float) -> None:
+        """Connect the links with something to send, send it, and close the idle ones."""
+        for (i, where), link in self._links.items():
+            idle = self._shards[i].idle(where) and not link.outbox
+            if idle:
+                if link.sock is not None or link.setup is not None:
+                    self._close_link(link)
+                continue
+            if link.sock is None:
+                self._set_up_link(i, where, link, now)
+            if link.sock is not None and link.outbox:
+                data, link.outbox = b"".join(link.outbox), []
+                try:
+                    link.sock.sendall(data)
+                except OSError:
+                    self._drop_link(i, where, link, now)
 
     def _set_up_link(self, i: int, where: Address, link: _ShardLink, now: float) -> None:
         node = cast("ClusterState", self._nodes[i])
@@ -603,16 +623,8 @@ class Listener:
                 return
         links: dict[socket.socket, tuple[int, Address, _ShardLink]] = {}
         if self._sharding:
-            with self._shard_lock:
-                for (i, where), link in self._links.items():
-                    if link.sock is not None:
-                        links[link.sock] = (i, where, link)
-                    elif link.setup is not None:
-                        pending.append(link.setup.deadline - now)
-                    elif link.outbox:
-                        pending.append(link.reconnect.retry_at - now)
-                if any(subs.unplaced() for subs in self._shards):
-                    pending.append(0.05)  # the slot map is not loaded yet: look again
+            with self._shard_lock:  # (its loop apart: see ``_connect_shards``)
+                links = self._links_to_read(now, pending)
         timeout = max(min(pending), 0.0005) if pending else None
         watched = [s for s in socks if s is not None]
         watched += links
@@ -643,6 +655,23 @@ class Listener:
                 self._cut(i)
                 raise
 
+    def _links_to_read(
+        self, now: float, pending: list[float]
+    ) -> dict[socket.socket, tuple[int, Address, _ShardLink]]:
+        """The sharded-subscription sockets to read; for the links not connected, when
+        to look again, put in ``pending``."""
+        links = {}
+        for (i, where), link in self._links.items():
+            if link.sock is not None:
+                links[link.sock] = (i, where, link)
+            elif link.setup is not None:
+                pending.append(link.setup.deadline - now)
+            elif link.outbox:
+                pending.append(link.reconnect.retry_at - now)
+        if any(subs.unplaced() for subs in self._shards):
+            pending.append(0.05)  # the slot map is not loaded yet: look again
+        return links
+
     def _read_node(self, i: int, sock: socket.socket) -> None:
         """Read node ``i``'s subscription connection and file what it brings (an
         interrupt in here: ``_cut``)."""
@@ -672,27 +701,7 @@ class Listener:
 
     def _run(self) -> None:
         try:
-            while not self._stop:
-                with self._lock:
-                    while self._wanting and not self._stop:
-                        self._guard.wait(PARK)  # a waiter reads the sockets meanwhile
-                    # Set under the guard, with no waiter wanting the sockets: a waiter
-                    # that comes from now on pokes the thread out of its select().
-                    self._thread_reading = True
-                try:
-                    stopped: bool = self._stop  # (set by close() while this one parked)
-                    if stopped:  # closed while parked: its poke went to a waiter
-                        break
-                    if not self._read.acquire(timeout=0.1):
-                        continue
-                    try:
-                        self._connect(time.monotonic())
-                        self._pump(None, watch_waker=True)
-                    finally:
-                        self._read.release()
-                finally:
-                    with self._lock:
-                        self._thread_reading = False
+            self._serve()
         finally:
             with self._read:
                 for i in range(len(self._nodes)):
@@ -700,6 +709,35 @@ class Listener:
                 with self._shard_lock:
                     for link in self._links.values():
                         self._close_link(link)
+
+    def _serve(self) -> None:
+        """Read the sockets whenever no waiter does, until the client closes (its loops
+        apart from ``_run``'s ``try``, as everywhere: see ``_read_until``)."""
+        while not self._stop:
+            with self._lock:
+                self._park()
+                # Set under the guard, with no waiter wanting the sockets: a waiter that
+                # comes from now on pokes the thread out of its select().
+                self._thread_reading = True
+            try:
+                stopped: bool = self._stop  # (set by close() while this one parked)
+                if stopped:  # closed while parked: its poke went to a waiter
+                    return
+                if not self._read.acquire(timeout=0.1):
+                    continue
+                try:
+                    self._connect(time.monotonic())
+                    self._pump(None, watch_waker=True)
+                finally:
+                    self._read.release()
+            finally:
+                with self._lock:
+                    self._thread_reading = False
+
+    def _park(self) -> None:
+        """While a waiter reads the sockets, wait (holding ``_guard``)."""
+        while self._wanting and not self._stop:
+            self._guard.wait(PARK)
 
     def _handle(self, i: int, reply: object) -> bool:
         """File one message from node ``i``; False if the subscription was refused."""

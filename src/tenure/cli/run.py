@@ -425,20 +425,24 @@ def _live_member(pgid: int) -> bool:
         entries = os.scandir("/proc")
     except OSError:
         return True
-    with entries:
-        for entry in entries:
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue  # it exited meanwhile
-            # The fields after the command name, which is in parentheses and may contain
-            # ") ": state, ppid, pgrp, ...
-            fields = stat.rpartition(b")")[2].split()
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-                return True
+    with entries:  # (its loop apart: docs/architecture.md, "A loop in a try or with block")
+        return _has_live_member(entries, pgid)
+
+
+def _has_live_member(entries: Iterator[os.DirEntry[str]], pgid: int) -> bool:
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # it exited meanwhile
+        # The fields after the command name, which is in parentheses and may contain
+        # ") ": state, ppid, pgrp, ...
+        fields = stat.rpartition(b")")[2].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
     return False
 
 

@@ -671,13 +671,19 @@ class StreamWorker(_ProcessBound):
                 raise RuntimeError(f"worker {self.consumer_name!r} is already running")
             self._running = True
         try:
-            while not self._stop_requested(stop_event):
-                if self.run_once() == 0:
-                    self._idle(stop_event)
+            self._run_until_stopped(stop_event)
         finally:
             with self._guard:
                 self._running = False
                 self._shutdown()
+
+    def _run_until_stopped(self, stop_event: StopSignal | None) -> None:
+        # A function of its own, not a loop in ``run``'s ``try``: a Ctrl-C must not skip
+        # the release of the worker's leases (docs/architecture.md, "A loop in a try or
+        # with block").
+        while not self._stop_requested(stop_event):
+            if self.run_once() == 0:
+                self._idle(stop_event)
 
     def run_once(self) -> int:
         """One pass: rebalance if due, then one batch from each held partition.

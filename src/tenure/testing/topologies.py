@@ -409,9 +409,7 @@ class LocalSentinelSet(_Topology):
             # the settings): the new ones log in as the user.
             for server in self.nodes:
                 with server._session("end the cut-off Sentinel's connections") as c:
-                    for client in c.client_list():
-                        if str(client.get("name", "")).startswith(f"sentinel-{me[:8]}-"):
-                            c.client_kill_filter(_id=client["id"])
+                    _end_connections(c, f"sentinel-{me[:8]}-")
         except redis.ResponseError as exc:
             raise LocalNodeError(server.name, f"refused to cut a Sentinel off: {exc}") from None
         self._cut_off.append(sentinel)
@@ -524,6 +522,15 @@ class LocalSentinelSet(_Topology):
             return master if _role(master) == "master" else None
 
         return _until(f"failover of {self.service}", timeout, promoted)
+
+
+def _end_connections(c: redis.Redis, prefix: str) -> None:
+    """End the connections of ``c``'s server whose client name starts with ``prefix``
+    (a loop apart from the caller's ``with``: docs/architecture.md, "A loop in a try
+    or with block")."""
+    for client in c.client_list():
+        if str(client.get("name", "")).startswith(prefix):
+            c.client_kill_filter(_id=client["id"])
 
 
 def _role(node: LocalNode) -> str:

@@ -375,23 +375,7 @@ class Proxy:
 
     def _run(self) -> None:
         try:
-            while not self._stopping:
-                timeout = None
-                if self._timers:
-                    timeout = max(0.0, self._timers[0][0] - time.monotonic())
-                for key, events in self._selector.select(timeout):
-                    sock = key.fileobj
-                    if sock is self._listener:
-                        self._accept()
-                    elif sock is self._wake_r:
-                        self._drain_commands()
-                    else:
-                        link: _Link = key.data
-                        try:
-                            self._service(link, sock, events)  # type: ignore[arg-type]
-                        except OSError:  # this link is broken; the others carry on
-                            self._close_link(link, rst=True)
-                self._fire_timers()
+            self._relay_until_stopped()
         except BaseException as exc:  # a bug: keep it, and release waiting callers
             self.error = exc
             with self._commands_lock:
@@ -399,6 +383,27 @@ class Proxy:
             for _, done in waiting:
                 done.set()
             raise
+
+    def _relay_until_stopped(self) -> None:
+        # (A loop apart from ``_run``'s ``try``: docs/architecture.md, "A loop in a try
+        # or with block".)
+        while not self._stopping:
+            timeout = None
+            if self._timers:
+                timeout = max(0.0, self._timers[0][0] - time.monotonic())
+            for key, events in self._selector.select(timeout):
+                sock = key.fileobj
+                if sock is self._listener:
+                    self._accept()
+                elif sock is self._wake_r:
+                    self._drain_commands()
+                else:
+                    link: _Link = key.data
+                    try:
+                        self._service(link, sock, events)  # type: ignore[arg-type]
+                    except OSError:  # this link is broken; the others carry on
+                        self._close_link(link, rst=True)
+            self._fire_timers()
 
     def _drain_commands(self) -> None:
         try:

@@ -110,12 +110,9 @@ def run_scenarios(
     summary_json.unlink(missing_ok=True)
     results: list[RunResult] = []
     try:
-        for scenario, config in planned:
-            n = cycles or cycles_for(scenario, mode)
-            result = run_config(scenario, config, n, root)
-            results.append(result)
-            if progress is not None:
-                progress(result)
+        # (The loop apart from the ``try``: docs/architecture.md, "A loop in a try or
+        # with block".)
+        _run_each(planned, mode, cycles, root, results, progress)
         if report_dir is not None:
             summary_md.write_text(format_table(results) + "\n")
             summary_json.write_text(json.dumps(_as_json(results), indent=2) + "\n")
@@ -133,6 +130,23 @@ def run_scenarios(
             with contextlib.suppress(OSError):  # the reason we stopped matters more
                 summary_md.write_text(format_table(results) + "\n\n" + note + "\n")
     return results
+
+
+def _run_each(
+    planned: list[tuple[Scenario, Config]],
+    mode: Mode,
+    cycles: int | None,
+    root: Path,
+    results: list[RunResult],
+    progress: Callable[[RunResult], None] | None,
+) -> None:
+    """Run the ``planned`` configurations in turn, each result put in ``results``."""
+    for scenario, config in planned:
+        n = cycles or cycles_for(scenario, mode)
+        result = run_config(scenario, config, n, root)
+        results.append(result)
+        if progress is not None:
+            progress(result)
 
 
 def run_config(scenario: Scenario, config: Config, cycles: int, root: Path) -> RunResult:

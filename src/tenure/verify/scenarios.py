@@ -933,15 +933,10 @@ def script_flush(world: World, cycles: int) -> Stats:
     for w in workers:
         w.send("loop", seconds, 0.5, 0.002)
     stop = time.monotonic() + seconds
-    flushes = 0
     t = time.monotonic_ns()
     clients = [n.client() for n in nodes]
     try:
-        while time.monotonic() < stop:
-            for r in clients:
-                r.script_flush()
-                flushes += 1
-            time.sleep(0.02)
+        flushes = _flush_until(clients, stop)
         end = time.monotonic_ns()
         cached = sum(int(r.info("memory").get("number_of_cached_scripts", 0)) for r in clients)
     finally:
@@ -955,6 +950,19 @@ def script_flush(world: World, cycles: int) -> Stats:
     # grants_in_flushing: the grants asked for and made while the caches were flushed,
     # which the row requires (a run whose workers got nothing then tested nothing).
     return {"flushes": flushes, "window:flushing#0": t, "window_end:flushing#0": end}
+
+
+def _flush_until(clients: list[redis.Redis], stop: float) -> int:
+    """Flush every node's script cache every 20 ms until ``stop``; how many flushes
+    (a loop apart from the caller's ``try``: docs/architecture.md, "A loop in a try or
+    with block")."""
+    flushes = 0
+    while time.monotonic() < stop:
+        for r in clients:
+            r.script_flush()
+            flushes += 1
+        time.sleep(0.02)
+    return flushes
 
 
 # --- the catalogue ------------------------------------------------------------------------

@@ -138,12 +138,10 @@ class World:
         """Make ``replica`` follow ``source`` (a node, or a proxy in front of one)."""
         address = source.address if isinstance(source, Proxy) else source
         replica.replicate_from(address)
-        deadline = time.monotonic() + _LINK_TIMEOUT
+        # (The loop apart from the ``with``: docs/architecture.md, "A loop in a try or
+        # with block".)
         with replica.client() as c:
-            while c.info("replication").get("master_link_status") != "up":
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{replica.name} did not link to its master")
-                time.sleep(0.02)
+            _await_link(c, replica.name, time.monotonic() + _LINK_TIMEOUT)
 
     # --- recording ----------------------------------------------------------------------
 
@@ -321,3 +319,11 @@ def _run_id(node: LocalNode) -> str:
     with contextlib.suppress(redis.RedisError), node.client(socket_timeout=1.0) as c:
         return str(c.info("server")["run_id"])
     return "?"
+
+
+def _await_link(c: redis.Redis, name: str, deadline: float) -> None:
+    """Until the replica behind ``c`` reports its link to its master up."""
+    while c.info("replication").get("master_link_status") != "up":
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not link to its master")
+        time.sleep(0.02)
