@@ -10,6 +10,7 @@ nodes of three.
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -492,7 +493,7 @@ def test_a_cleanup_left_to_a_thread_is_sent_by_close_if_the_thread_has_not_run(
     try:
         client.acquire(key + "-warm", ttl=5).release()  # connected
         left: list[object] = []  # what was left to a thread, which has not run yet
-        monkeypatch.setattr(client, "_later", lambda delay, call: left.append(call))
+        monkeypatch.setattr(client, "_in_thread", left.append)
         sys.setprofile(profile)
         try:
             with pytest.raises(Interrupted):
@@ -504,3 +505,53 @@ def test_a_cleanup_left_to_a_thread_is_sent_by_close_if_the_thread_has_not_run(
         client.close()
     lock = LockKeys.of(key).lock
     poll_until(lambda: not any(holders(node, lock)), f"{lock} released", 2.0)
+
+
+# A program that meets the interrupt as ``test_a_cleanup_left_to_a_thread_...`` does, and
+# ends of it (no ``close()``), the thread that sends the cleanup held back a little so
+# that the program's end comes first.
+_ENDS_AFTER_THE_INTERRUPT = """
+import sys, time
+import tenure
+from tenure._sync.client import Client
+from tenure._sync.links import Link
+
+urls, key = sys.argv[1].split(","), sys.argv[2]
+target = Link._write_now.__code__
+
+def profile(frame, event, arg):
+    if event == "c_return" and frame.f_code is target and getattr(arg, "__name__", "") == "send":
+        sys.setprofile(None)
+        raise KeyboardInterrupt
+
+send_cleanup = Client._send_cleanup
+
+def held_back(self, key):
+    time.sleep(0.3)
+    send_cleanup(self, key)
+
+Client._send_cleanup = held_back
+client = tenure.Client(urls, node_timeout=1.0)
+client.acquire(key + "-warm", ttl=5).release()
+sys.setprofile(profile)
+client.acquire(key, ttl=30, blocking=False)
+"""
+
+
+def test_a_program_that_ends_after_the_interrupt_still_sends_the_cleanup_left_to_a_thread(
+    node: LocalCluster, key: str
+) -> None:
+    """The thread that sends an interrupted acquire's cleanup is not a daemon: a program
+    that ends of the Ctrl-C without closing its client waits for it at its exit, rather
+    than dropping the release and leaving the lock held until its TTL (30 s here)."""
+    ended = subprocess.run(
+        [sys.executable, "-c", _ENDS_AFTER_THE_INTERRUPT, ",".join(node.urls), key],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ended.returncode != 0, ended.stderr
+    assert "KeyboardInterrupt" in ended.stderr, ended.stderr
+    lock = LockKeys.of(key).lock
+    poll_until(lambda: not any(holders(node, lock)), f"{lock} released", 1.0)

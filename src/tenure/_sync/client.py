@@ -315,7 +315,14 @@ class Client(ClientBase):
         ``with client:`` block at once, before that thread runs)."""
         with self._cleanups_lock:
             self._cleanups[id(send)] = send
-        self._later(0.0, partial(self._send_cleanup, id(send)))
+        self._in_thread(partial(self._send_cleanup, id(send)))
+
+    def _in_thread(self, call: Callable[[], object]) -> None:
+        # Not a daemon thread: a program that ends after the Ctrl-C, with no ``close()``
+        # (the usual end of a script), waits for it at its exit (a connection and a
+        # node round at most: ``connect_timeout`` plus ``node_timeout``) rather than
+        # dropping the release, the lock then held until its TTL.
+        threading.Thread(target=call, name="tenure-cleanup").start()
 
     def _send_cleanup(self, key: int) -> None:
         # Whoever takes it from ``_cleanups`` first sends it: this thread or ``close()``.
