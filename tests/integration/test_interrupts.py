@@ -509,12 +509,23 @@ def test_a_cleanup_left_to_a_thread_is_sent_by_close_if_the_thread_has_not_run(
 
 # A program that meets the interrupt as ``test_a_cleanup_left_to_a_thread_...`` does, and
 # ends of it (no ``close()``), the thread that sends the cleanup held back a little so
-# that the program's end comes first.
+# that the program's end comes first. New threads are refused once the program ends, as
+# Python 3.12 refuses them ("can't create new thread at interpreter shutdown"), whatever
+# the Python that runs it: the cleanup's connection is set up without one.
 _ENDS_AFTER_THE_INTERRUPT = """
-import sys, time
+import sys, threading, time
 import tenure
 from tenure._sync.client import Client
 from tenure._sync.links import Link
+
+start = threading.Thread.start
+
+def refused_once_ending(thread):
+    if not threading.main_thread().is_alive():
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+    start(thread)
+
+threading.Thread.start = refused_once_ending
 
 urls, key = sys.argv[1].split(","), sys.argv[2]
 target = Link._write_now.__code__
@@ -543,7 +554,8 @@ def test_a_program_that_ends_after_the_interrupt_still_sends_the_cleanup_left_to
 ) -> None:
     """The thread that sends an interrupted acquire's cleanup is not a daemon: a program
     that ends of the Ctrl-C without closing its client waits for it at its exit, rather
-    than dropping the release and leaving the lock held until its TTL (30 s here)."""
+    than dropping the release and leaving the lock held until its TTL (30 s here); and
+    it sets up the connection it needs itself when no thread can be had."""
     ended = subprocess.run(
         [sys.executable, "-c", _ENDS_AFTER_THE_INTERRUPT, ",".join(node.urls), key],
         capture_output=True,

@@ -63,13 +63,17 @@ __all__ = ["Refusal", "refusal", "start"]
 _LOOK = 0.25
 
 
-def start(locator: Locator) -> threading.Thread:
+def start(locator: Locator) -> threading.Thread | None:
     """Start the watch of ``locator``'s node, in a daemon thread that ends once the node
-    has no connection of this process open (``Locator.in_use``)."""
+    has no connection of this process open (``Locator.in_use``); None if no thread can
+    be had (``threads``: the interpreter is ending), the next connection trying again."""
     thread = threading.Thread(
         target=_watch, args=(weakref.ref(locator),), name="tenure-sentinel-watch", daemon=True
     )
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError:
+        return None
     return thread
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import redis
 
 from .._driver.redis_compat import kernel_timeouts
+from .._driver.threads import start_daemon
 
 __all__ = ["SetUp"]
 
@@ -67,7 +68,8 @@ class SetUp:
         # redis_connect_func of the application's, so none is replaced.) redis-py types
         # it as taking no argument, and calls it with the connection.
         conn.redis_connect_func = self._handshake  # type: ignore[assignment,unused-ignore]
-        threading.Thread(target=self._run, name="tenure-connect", daemon=True).start()
+        if not start_daemon(self._run, "tenure-connect"):
+            self._run()  # no thread to be had (the interpreter is ending): here, done on return
 
     @property
     def done(self) -> bool:
