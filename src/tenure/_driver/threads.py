@@ -15,15 +15,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-__all__ = ["start_daemon"]
+__all__ = ["start_thread"]
 
 
-def start_daemon(target: Callable[[], object], name: str) -> bool:
-    """Run ``target`` in a new daemon thread named ``name``; False (nothing started) if
-    Python refuses a new thread: the interpreter is ending, or the process is out of
-    threads."""
+def start_thread(target: Callable[[], object], name: str, *, daemon: bool = True) -> bool:
+    """Run ``target`` in a new thread named ``name`` (a daemon unless told otherwise);
+    False (nothing started) if Python refuses a new thread: the interpreter is ending,
+    or the process is out of threads."""
     try:
-        threading.Thread(target=target, name=name, daemon=True).start()
+        threading.Thread(target=target, name=name, daemon=daemon).start()
     except RuntimeError:
         return False
     return True

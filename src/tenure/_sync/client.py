@@ -36,6 +36,7 @@ from .._driver.client_base import ClientBase
 from .._driver.clock import monotonic
 from .._driver.lease import LeaseView, leave_block
 from .._driver.lock import LockView
+from .._driver.threads import start_thread
 from .._errors import LeaseLost, NotHeld
 from .links import LinkPool, LinkSet, let_go
 from .notify import Listener, Slot
@@ -321,8 +322,10 @@ class Client(ClientBase):
         # Not a daemon thread: a program that ends after the Ctrl-C, with no ``close()``
         # (the usual end of a script), waits for it at its exit (a connection and a
         # node round at most: ``connect_timeout`` plus ``node_timeout``) rather than
-        # dropping the release, the lock then held until its TTL.
-        threading.Thread(target=call, name="tenure-cleanup").start()
+        # dropping the release, the lock then held until its TTL. With no thread to be
+        # had, the interrupted call sends it itself.
+        if not start_thread(call, "tenure-cleanup", daemon=False):
+            call()
 
     def _send_cleanup(self, key: int) -> None:
         # Whoever takes it from ``_cleanups`` first sends it: this thread or ``close()``.

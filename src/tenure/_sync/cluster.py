@@ -78,7 +78,7 @@ from .._driver.redis_compat import (
     reply_text,
     timed_out,
 )
-from .._driver.threads import start_daemon
+from .._driver.threads import start_thread
 from .links import Link, NodeState, _Failed
 
 __all__ = ["ClusterLink", "ClusterState"]
@@ -122,7 +122,7 @@ class _MapLoad:
         # Called when it ends: the wake-up of every round waiting for it (``listen``).
         self._wakes = [on_done]
         self._lock = threading.Lock()
-        if not start_daemon(self._run, "tenure-slots"):
+        if not start_thread(self._run, "tenure-slots"):
             self._run()  # no thread to be had (the interpreter is ending): here, done on return
 
     def abandon(self) -> None:

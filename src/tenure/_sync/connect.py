@@ -28,7 +28,7 @@ from collections.abc import Callable
 import redis
 
 from .._driver.redis_compat import kernel_timeouts
-from .._driver.threads import start_daemon
+from .._driver.threads import start_thread
 
 __all__ = ["SetUp"]
 
@@ -68,7 +68,7 @@ class SetUp:
         # redis_connect_func of the application's, so none is replaced.) redis-py types
         # it as taking no argument, and calls it with the connection.
         conn.redis_connect_func = self._handshake  # type: ignore[assignment,unused-ignore]
-        if not start_daemon(self._run, "tenure-connect"):
+        if not start_thread(self._run, "tenure-connect"):
             self._run()  # no thread to be had (the interpreter is ending): here, done on return
 
     @property
