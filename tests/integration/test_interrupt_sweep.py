@@ -143,6 +143,15 @@ class Raw:
             node.close()
 
 
+def _allowed_misses(nodes: LocalCluster, count: int) -> int:
+    """How many of a counted cycle's ``count`` points the interrupted runs may not reach
+    (a connection not checked this time, a wait that loops once less): a tenth on one
+    node, a fifth on three, where the order of the nodes' replies and notifications
+    varies the path more (a counted wait behind a holder took 579 points every time on
+    one node, 593 to 987 on three, with up to 94 of them not reached again)."""
+    return count // (10 if len(nodes.urls) == 1 else 5)
+
+
 KEY = "tenure:{swept}:lock"
 FORMS = ["with lock", "with lock, watchdog", "with client.acquire()", "acquire() release()"]
 
@@ -227,7 +236,7 @@ def test_an_interrupt_anywhere_in_a_cycle_lets_the_lock_go(nodes: LocalCluster, 
             "acquire() release()": [],
         }[form]
         assert documented == expected
-        assert missed <= counted.count // 10, (missed, counted.count)
+        assert missed <= _allowed_misses(nodes, counted.count), (missed, counted.count)
     finally:
         client.close()
         raw.close()
@@ -392,7 +401,7 @@ def test_an_interrupt_anywhere_in_a_contended_cycle_lets_the_lock_go(
             finally:
                 holder.done()
         assert documented == ["Lock.__exit__"]
-        assert missed <= counted.count // 10, (missed, counted.count)
+        assert missed <= _allowed_misses(nodes, counted.count), (missed, counted.count)
     finally:
         client.close()
         others.close()
