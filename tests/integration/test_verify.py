@@ -497,9 +497,13 @@ def test_a_clock_cycle_in_which_b_lost_is_set_up_again_then_an_error(
     if status == "PASS":
         assert result.figures["stale_rejected"] == 2, result.figures
         return
-    assert result.error == (
+    # (On a loaded machine A's lease may run out before its write in the last attempt:
+    # that cycle tested nothing either, and says so. Seen once in a full run.)
+    assert result.error in (
         "MissedWindow: B was refused the lock on n3, n4, n5 after node 3's clock jumped: "
-        f"A's write came after nobody's (in each of {SETUP_ATTEMPTS} attempts)"
+        f"A's write came after nobody's (in each of {SETUP_ATTEMPTS} attempts)",
+        "MissedWindow: A's lease ran out before its write: no late write, and no overlap "
+        f"with B's grant, for the cycle to judge (in each of {SETUP_ATTEMPTS} attempts)",
     )
 
 
