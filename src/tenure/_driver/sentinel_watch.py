@@ -43,6 +43,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from redis import exceptions as rx
@@ -51,6 +52,7 @@ from .._core.sentinel import SWITCH_CHANNEL, Address
 from .._core.sentinel_watch import Config, WatchPlan, master_config
 from .ready import readable
 from .redis_compat import reply_text
+from .threads import start_thread
 
 if TYPE_CHECKING:
     from .sentinel import Locator
@@ -67,14 +69,7 @@ def start(locator: Locator) -> threading.Thread | None:
     """Start the watch of ``locator``'s node, in a daemon thread that ends once the node
     has no connection of this process open (``Locator.in_use``); None if no thread can
     be had (``threads``: the interpreter is ending), the next connection trying again."""
-    thread = threading.Thread(
-        target=_watch, args=(weakref.ref(locator),), name="tenure-sentinel-watch", daemon=True
-    )
-    try:
-        thread.start()
-    except RuntimeError:
-        return None
-    return thread
+    return start_thread(partial(_watch, weakref.ref(locator)), "tenure-sentinel-watch")
 
 
 def _watch(ref: weakref.ref[Locator]) -> None:

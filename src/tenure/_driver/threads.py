@@ -18,12 +18,15 @@ from collections.abc import Callable
 __all__ = ["start_thread"]
 
 
-def start_thread(target: Callable[[], object], name: str, *, daemon: bool = True) -> bool:
-    """Run ``target`` in a new thread named ``name`` (a daemon unless told otherwise);
-    False (nothing started) if Python refuses a new thread: the interpreter is ending,
-    or the process is out of threads."""
+def start_thread(
+    target: Callable[[], object], name: str, *, daemon: bool = True
+) -> threading.Thread | None:
+    """Run ``target`` in a new thread named ``name`` (a daemon unless told otherwise),
+    and return it; None (nothing started) if Python refuses a new thread: the
+    interpreter is ending, or the process is out of threads."""
+    thread = threading.Thread(target=target, name=name, daemon=daemon)
     try:
-        threading.Thread(target=target, name=name, daemon=daemon).start()
+        thread.start()
     except RuntimeError:
-        return False
-    return True
+        return None
+    return thread

@@ -324,7 +324,7 @@ class Client(ClientBase):
         # node round at most: ``connect_timeout`` plus ``node_timeout``) rather than
         # dropping the release, the lock then held until its TTL. With no thread to be
         # had, the interrupted call sends it itself.
-        if not start_thread(call, "tenure-cleanup", daemon=False):
+        if start_thread(call, "tenure-cleanup", daemon=False) is None:
             call()
 
     def _send_cleanup(self, key: int) -> None:

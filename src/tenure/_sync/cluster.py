@@ -122,7 +122,7 @@ class _MapLoad:
         # Called when it ends: the wake-up of every round waiting for it (``listen``).
         self._wakes = [on_done]
         self._lock = threading.Lock()
-        if not start_thread(self._run, "tenure-slots"):
+        if start_thread(self._run, "tenure-slots") is None:
             self._run()  # no thread to be had (the interpreter is ending): here, done on return
 
     def abandon(self) -> None:

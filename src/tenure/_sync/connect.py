@@ -68,7 +68,7 @@ class SetUp:
         # redis_connect_func of the application's, so none is replaced.) redis-py types
         # it as taking no argument, and calls it with the connection.
         conn.redis_connect_func = self._handshake  # type: ignore[assignment,unused-ignore]
-        if not start_thread(self._run, "tenure-connect"):
+        if start_thread(self._run, "tenure-connect") is None:
             self._run()  # no thread to be had (the interpreter is ending): here, done on return
 
     @property
