@@ -77,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # parser, with its usage, not the top level's: a refused value, then these.
         sub: Parser = getattr(args, "parser", parser)
         takes_command = getattr(args, "takes_command", False)
+        if takes_command:
+            args.name, args.command = (args.words[0], args.words[1:]) if args.words else (None, [])
         problems = []
         if extra:
             # For `tenure run` without a "--", a word after its options is most likely
@@ -373,9 +375,12 @@ def _add_run(subparsers: argparse._SubParsersAction[Parser]) -> None:
         epilog=RUN_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    # NAME, then the words right after it, which start COMMAND (`tenure run NAME make --
+    # -j4`); main() splits them. One positional, not NAME and COMMAND apart: the argparse
+    # of Python 3.14 and of later 3.13 releases (3.13.18; not 3.13.0) gives a second one
+    # the words after the options too (`tenure run NAME --ttl 5 make` would run make).
     # Optional for argparse only: a NAME that begins with "-" comes after "--" (main()).
-    p.add_argument("name", metavar="NAME", nargs="?", help="the lock's name")
-    p.add_argument("command", metavar="COMMAND", nargs="*", help=argparse.SUPPRESS)
+    p.add_argument("words", metavar="NAME", nargs="*", help="the lock's name")
     _add_nodes_option(p)
     # Their upper bounds (and --max-hold's lower one) are the Client's to check: one
     # message for --ttl, --max-ttl, --max-hold and --node-timeout together.
