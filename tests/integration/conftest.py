@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from types import CodeType, FrameType, TracebackType
 from typing import Any, TypeVar
@@ -143,19 +143,27 @@ def _new_loop(kind: str) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+class EachLoop:
+    """An event loop kind: ``run`` runs a coroutine on a new loop of it, as ``asyncio.run``
+    does on asyncio's own."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def run(self, main: Coroutine[Any, Any, T]) -> T:
+        # A loop factory, not an event loop policy: the policies are deprecated from
+        # Python 3.14 on (a warning, which this suite makes an error).
+        with asyncio.Runner(loop_factory=lambda: _new_loop(self.name)) as runner:
+            return runner.run(main)
+
+
 @pytest.fixture(params=["asyncio", "uvloop"])
-def each_loop(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The test's ``asyncio.run`` runs on asyncio's own event loop, then on uvloop's."""
-    if request.param == "asyncio":
-        yield "asyncio"
-        return
-    uvloop = pytest.importorskip("uvloop", reason="uvloop is not installed")
-    before = asyncio.get_event_loop_policy()
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    try:
-        yield "uvloop"
-    finally:
-        asyncio.set_event_loop_policy(before)
+def each_loop(request: pytest.FixtureRequest) -> EachLoop:
+    """The test's ``each_loop.run(main())`` runs on asyncio's own event loop, then on
+    uvloop's."""
+    if request.param == "uvloop":
+        pytest.importorskip("uvloop", reason="uvloop is not installed")
+    return EachLoop(request.param)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

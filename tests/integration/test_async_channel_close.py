@@ -32,7 +32,7 @@ from tenure._async.protocol import write
 from tenure._core.config import LockKeys
 from tenure.testing import LocalCluster
 
-from .conftest import holders, released_everywhere
+from .conftest import EachLoop, holders, released_everywhere
 
 
 class _GivenUpAsItConnects(redis.asyncio.Connection):
@@ -330,7 +330,7 @@ def _held_on_a_loop_of_another_thread(client: tenure.AsyncClient, name: str) -> 
 
 
 def test_a_request_written_as_the_connection_closes_fails_on_that_node_only(
-    shared5: LocalCluster, each_loop: str
+    shared5: LocalCluster, each_loop: EachLoop
 ) -> None:
     """uvloop refuses a write to a connection whose handle it closed (a reset read, an
     abort) in the turn before the protocol hears of the loss, with a ``RuntimeError``;
@@ -353,11 +353,11 @@ def test_a_request_written_as_the_connection_closes_fails_on_that_node_only(
             lease = await client.acquire("written-as-it-closes", ttl=10, timeout=5)
             await lease.release()
 
-    asyncio.run(main())
+    each_loop.run(main())
 
 
 def test_a_write_to_a_connection_closed_in_this_turn_is_dropped(
-    shared5: LocalCluster, each_loop: str
+    shared5: LocalCluster, each_loop: EachLoop
 ) -> None:
     """The same for the writes off the hot path (the notification connections'
     subscriptions, a stalled connection's last commands): ``protocol.write``."""
@@ -369,7 +369,9 @@ def test_a_write_to_a_connection_closed_in_this_turn_is_dropped(
         writer.transport.abort()
         await asyncio.sleep(0)  # closed, and its protocol told
         write(writer.transport, b"PING\r\n")  # dropped, not raised
-        with pytest.raises(RuntimeError) if each_loop == "uvloop" else contextlib.nullcontext():
+        with (
+            pytest.raises(RuntimeError) if each_loop.name == "uvloop" else contextlib.nullcontext()
+        ):
             writer.transport.write(b"PING\r\n")  # what uvloop does without it
 
-    asyncio.run(main())
+    each_loop.run(main())

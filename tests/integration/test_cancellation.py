@@ -16,10 +16,7 @@ from tenure._core.backoff import STALL
 from tenure._core.config import LockKeys
 from tenure.testing import LocalCluster, LocalNode
 
-from .conftest import holders
-
-# Each test on asyncio's event loop and on uvloop's (uvicorn's default).
-pytestmark = pytest.mark.usefixtures("each_loop")
+from .conftest import EachLoop, holders
 
 
 def wait_until_gone(cluster: LocalCluster, key: str, within: float = 2.0) -> list[bytes | None]:
@@ -54,7 +51,9 @@ async def until(predicate: Callable[[], bool], what: str, within: float = 10.0) 
         await asyncio.sleep(0.005)
 
 
-def test_cancel_mid_release_still_releases(cluster5: LocalCluster, key: str) -> None:
+def test_cancel_mid_release_still_releases(
+    each_loop: EachLoop, cluster5: LocalCluster, key: str
+) -> None:
     async def main() -> str:
         async with tenure.AsyncClient(cluster5.urls, node_timeout=0.5) as client:
             lease = await client.acquire(key, ttl=5.0)
@@ -74,13 +73,17 @@ def test_cancel_mid_release_still_releases(cluster5: LocalCluster, key: str) -> 
             assert lease.released
             return lease.key
 
-    lock_key = asyncio.run(main())
+    lock_key = each_loop.run(main())
     assert wait_until_gone(cluster5, lock_key) == [None] * 5
 
 
 @pytest.mark.parametrize("stalled", [False, True], ids=["at-once", "after-stall"])
 def test_cancel_mid_acquire_leaves_no_key(
-    cluster5: LocalCluster, key: str, stalled: bool, monkeypatch: pytest.MonkeyPatch
+    each_loop: EachLoop,
+    cluster5: LocalCluster,
+    key: str,
+    stalled: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every node is frozen while the SETs are in flight; the task is cancelled; then they
     wake, and run the SET and the release written behind it on the same connection.
@@ -134,7 +137,7 @@ def test_cancel_mid_acquire_leaves_no_key(
             )
             return won, [0 if value is None else 1 for value in gone]
 
-    won, kept = asyncio.run(main())
+    won, kept = each_loop.run(main())
     assert won is False
     assert kept == [0] * 5
 
@@ -145,7 +148,7 @@ def _clients(node: LocalNode) -> int:
         return int(c.info("clients")["connected_clients"]) - 1
 
 
-def test_cancel_during_retry_sleep(cluster5: LocalCluster, key: str) -> None:
+def test_cancel_during_retry_sleep(each_loop: EachLoop, cluster5: LocalCluster, key: str) -> None:
     async def main() -> None:
         async with tenure.AsyncClient(cluster5.urls) as a, tenure.AsyncClient(cluster5.urls) as b:
             held = await a.acquire(key, ttl=5.0)
@@ -164,7 +167,7 @@ def test_cancel_during_retry_sleep(cluster5: LocalCluster, key: str) -> None:
             assert {v for v in values if v} == {held.token.encode()}
             await held.release()
 
-    asyncio.run(main())
+    each_loop.run(main())
 
 
 def _zcard(node: LocalNode, name: str) -> int:
@@ -172,7 +175,9 @@ def _zcard(node: LocalNode, name: str) -> int:
         return int(c.zcard(name))
 
 
-def test_many_tasks_hold_different_locks(cluster5: LocalCluster, key: str) -> None:
+def test_many_tasks_hold_different_locks(
+    each_loop: EachLoop, cluster5: LocalCluster, key: str
+) -> None:
     async def main() -> None:
         async with tenure.AsyncClient(cluster5.urls) as client:
 
@@ -199,11 +204,11 @@ def test_many_tasks_hold_different_locks(cluster5: LocalCluster, key: str) -> No
             await asyncio.gather(*(contend() for _ in range(20)))
             assert most == 1
 
-    asyncio.run(main())
+    each_loop.run(main())
 
 
 def test_a_release_cancelled_behind_the_watchdog_stops_the_watchdog(
-    cluster5: LocalCluster, key: str
+    each_loop: EachLoop, cluster5: LocalCluster, key: str
 ) -> None:
     """A watched lease's release waits for the watchdog's extension in flight; cancelled
     there, it never began, and the watchdog it did not stop kept the lock alive."""
@@ -226,11 +231,11 @@ def test_a_release_cancelled_behind_the_watchdog_stops_the_watchdog(
         # Not released, and no longer extended: the key ends with its TTL.
         assert wait_until_gone(cluster5, LockKeys.of(key).lock, within=10.0) == [None] * 5
 
-    asyncio.run(main())
+    each_loop.run(main())
 
 
 def test_a_watched_lease_is_released_in_a_later_event_loop(
-    cluster5: LocalCluster, key: str
+    each_loop: EachLoop, cluster5: LocalCluster, key: str
 ) -> None:
     """The end of the first ``asyncio.run`` ended the watchdog's task; the release in the
     next one must not wait for a task of a closed loop (``Event loop is closed``)."""
@@ -243,18 +248,18 @@ def test_a_watched_lease_is_released_in_a_later_event_loop(
         await until(lambda: watcher.task is not None, "the watchdog's task begun")
         return lease
 
-    lease = asyncio.run(acquire())
+    lease = each_loop.run(acquire())
 
     async def release() -> None:
         await lease.release()
         await client.aclose()
 
-    asyncio.run(release())
+    each_loop.run(release())
     assert holders(cluster5, LockKeys.of(key).lock)[0] is None
 
 
 def test_waiters_cancelled_while_their_client_subscribes_leave_no_slot(
-    cluster5: LocalCluster, key: str
+    each_loop: EachLoop, cluster5: LocalCluster, key: str
 ) -> None:
     """A waiter's first wait subscribes its client (the Listen that waits for the
     subscriptions); a task cancelled there never handed its slot to its flow, so nothing
@@ -282,4 +287,4 @@ def test_waiters_cancelled_while_their_client_subscribes_leave_no_slot(
                     assert client._listener_._slots == {}
             await held.release()
 
-    asyncio.run(main())
+    each_loop.run(main())

@@ -36,7 +36,7 @@ from tenure._core.quorum import BEHIND
 from tenure.testing import LocalCluster, LocalNode
 from tenure.verify.proxy import Proxy
 
-from .conftest import Api
+from .conftest import Api, EachLoop
 
 # Twice the default (50 ms): the nodes run on the same starved cores as the client, and
 # must answer within a few node timeouts of the loop running again (a block of three,
@@ -80,8 +80,9 @@ def _resume_and_hear(nodes: LocalCluster) -> None:
 
 
 @pytest.mark.parametrize("fair", [True, False])
-@pytest.mark.usefixtures("each_loop")
-def test_replies_waiting_in_the_sockets_are_not_silence(nodes: LocalCluster, fair: bool) -> None:
+def test_replies_waiting_in_the_sockets_are_not_silence(
+    each_loop: EachLoop, nodes: LocalCluster, fair: bool
+) -> None:
     async def main() -> None:
         async with tenure.AsyncClient(nodes.urls, node_timeout=NODE_TIMEOUT) as client:
             for i in range(5):
@@ -96,11 +97,12 @@ def test_replies_waiting_in_the_sockets_are_not_silence(nodes: LocalCluster, fai
                 _block_the_loop_after_this_send()
                 await lease.release()  # a release heard from too few would raise LeaseLost
 
-    asyncio.run(main())
+    each_loop.run(main())
 
 
-@pytest.mark.usefixtures("each_loop")
-def test_a_busy_loop_never_reports_healthy_nodes_unreachable(nodes: LocalCluster) -> None:
+def test_a_busy_loop_never_reports_healthy_nodes_unreachable(
+    each_loop: EachLoop, nodes: LocalCluster
+) -> None:
     """256 tasks locking their own names, with the loop blocked now and then: slower,
     never ``QuorumUnreachable``."""
 
@@ -119,11 +121,11 @@ def test_a_busy_loop_never_reports_healthy_nodes_unreachable(nodes: LocalCluster
 
             await asyncio.gather(hog(), *(worker(k) for k in range(256)))
 
-    asyncio.run(main())
+    each_loop.run(main())
 
 
-@pytest.mark.usefixtures("each_loop")
 def test_rounds_written_into_a_turns_batch_time_out_when_their_nodes_are_silent(
+    each_loop: EachLoop,
     nodes: LocalCluster,
 ) -> None:
     """Many tasks' rounds in one turn of the loop go out in the turn's batch, and their
@@ -154,12 +156,13 @@ def test_rounds_written_into_a_turns_batch_time_out_when_their_nodes_are_silent(
             finally:
                 _resume_and_hear(nodes)
 
-    outcomes = asyncio.run(main())
+    outcomes = each_loop.run(main())
     assert all(isinstance(o, tenure.QuorumUnreachable) for o in outcomes), outcomes
 
 
-@pytest.mark.usefixtures("each_loop")
-def test_a_deadline_run_late_gives_the_nodes_one_node_timeout_more(nodes: LocalCluster) -> None:
+def test_a_deadline_run_late_gives_the_nodes_one_node_timeout_more(
+    each_loop: EachLoop, nodes: LocalCluster
+) -> None:
     """The loop was blocked past a round's deadline while every node was frozen, and
     they answer a little after it runs again: the round waits for them (a grace), where
     a deadline taken at its word would call them all silent."""
@@ -188,11 +191,11 @@ def test_a_deadline_run_late_gives_the_nodes_one_node_timeout_more(nodes: LocalC
                 resume_all()
             await lease.release()
 
-    asyncio.run(main())
+    each_loop.run(main())
 
 
-@pytest.mark.usefixtures("each_loop")
 def test_replies_that_came_while_the_loop_ran_other_callbacks_are_not_silence(
+    each_loop: EachLoop,
     nodes: LocalCluster,
 ) -> None:
     """The loop looks at its sockets once per turn, then runs that turn's callbacks,
@@ -226,11 +229,12 @@ def test_replies_that_came_while_the_loop_ran_other_callbacks_are_not_silence(
             assert loop.time() - sent >= timeout  # the deadline really was reached
             await lease.release()
 
-    asyncio.run(main())
+    each_loop.run(main())
 
 
-@pytest.mark.usefixtures("each_loop")
-def test_a_loop_blocked_past_the_stall_bound_keeps_its_connections(nodes: LocalCluster) -> None:
+def test_a_loop_blocked_past_the_stall_bound_keeps_its_connections(
+    each_loop: EachLoop, nodes: LocalCluster
+) -> None:
     """A connection with a request unanswered for ``STALL`` seconds is given up as
     stalled, but not while the answer waits in its socket: here the loop is blocked
     that long right after a round was sent, and the next task's round is written
@@ -254,11 +258,12 @@ def test_a_loop_blocked_past_the_stall_bound_keeps_its_connections(nodes: LocalC
             await first.release()
             await other.release()
 
-    asyncio.run(main())
+    each_loop.run(main())
 
 
-@pytest.mark.usefixtures("each_loop")
-def test_a_loop_blocked_before_a_batch_is_written_keeps_its_connections() -> None:
+def test_a_loop_blocked_before_a_batch_is_written_keeps_its_connections(
+    each_loop: EachLoop,
+) -> None:
     """The stall bound counts from when a request was written, not queued. Requests
     made while others were in flight wait in the turn's batch, written at the end of the
     turn; here the loop is blocked past ``STALL`` before that, and the next request goes
@@ -286,7 +291,7 @@ def test_a_loop_blocked_before_a_batch_is_written_keeps_its_connections() -> Non
         proxies = [stack.enter_context(Proxy(n.host, n.port or 0)) for n in cluster]
         for proxy in proxies:
             proxy.delay(0.005)
-        asyncio.run(main([p.url for p in proxies]))
+        each_loop.run(main([p.url for p in proxies]))
         for node in cluster:
             with node.client() as c:
                 assert [k for k in c.keys("*") if b":node:" not in k] == []  # nothing left
@@ -332,8 +337,9 @@ def _connections(node: LocalNode) -> int:
         return int(c.info("stats")["total_connections_received"])
 
 
-@pytest.mark.usefixtures("each_loop")
-def test_a_frozen_node_is_given_up_after_the_stall_bound(nodes: LocalCluster) -> None:
+def test_a_frozen_node_is_given_up_after_the_stall_bound(
+    each_loop: EachLoop, nodes: LocalCluster
+) -> None:
     """The other side of the rule above: a node that really says nothing for
     ``STALL`` seconds has its connection given up, and the client connects anew once
     it is back (its requests would otherwise pile up behind the silence)."""
@@ -363,12 +369,11 @@ def test_a_frozen_node_is_given_up_after_the_stall_bound(nodes: LocalCluster) ->
             # Ours, and the one that counts them.
             assert _connections(frozen) >= before + 2
 
-    asyncio.run(main())
+    each_loop.run(main())
 
 
-@pytest.mark.usefixtures("each_loop")
 def test_a_stalled_connection_whose_node_stays_frozen_closes_after_a_while(
-    nodes: LocalCluster, monkeypatch: pytest.MonkeyPatch
+    each_loop: EachLoop, nodes: LocalCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A connection given up as stalled stays open for its node to wake and run what it
     was sent (``LINGER``), but not for ever: here the node stays frozen past that, and
@@ -395,7 +400,7 @@ def test_a_stalled_connection_whose_node_stays_frozen_closes_after_a_while(
             finally:
                 frozen.resume()
 
-    asyncio.run(main())
+    each_loop.run(main())
 
 
 def test_a_thread_that_runs_late_after_its_deadline_reads_what_came_meanwhile(
@@ -514,9 +519,8 @@ class _LoopBlockedAsItSetsUp(redis.asyncio.Connection):
         assert await self.read_response() in (b"PONG", "PONG")
 
 
-@pytest.mark.usefixtures("each_loop")
 def test_a_loop_blocked_while_its_connections_come_up_keeps_its_nodes(
-    nodes: LocalCluster, key: str
+    each_loop: EachLoop, nodes: LocalCluster, key: str
 ) -> None:
     # The set-up was bounded by a timer on the loop's clock, which the blocked loop ran
     # late: a loop blocked for longer than connect_timeout as its first connections came
@@ -532,7 +536,7 @@ def test_a_loop_blocked_while_its_connections_come_up_keeps_its_nodes(
             lease = await client.acquire(key, ttl=5.0, blocking=False)
             await lease.release()
 
-    asyncio.run(main())
+    each_loop.run(main())
 
 
 # A round trip through the proxy below of twice this: longer than BEHIND_TIMEOUT.
