@@ -14,7 +14,6 @@ import functools
 import os
 import random
 import secrets
-import threading
 import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
@@ -28,6 +27,7 @@ from .._core.waiting import Departed, decline_again
 from .._core.watchdog import KeepAlive
 from .._errors import ConfigurationError, LockTimeout
 from .clock import monotonic, wall_us
+from .guard import Guard
 from .lease import not_acquired
 from .process_bound import ProcessBound
 from .redis_compat import check_connection_options
@@ -111,7 +111,7 @@ class ClientBase(ProcessBound):
         # Leases are released from any thread (a watchdog's, another worker's), so the
         # book of who holds what is guarded; the lock is only ever held for a dict update.
         self._holds = Holds()
-        self._holds_guard = threading.Lock()
+        self._holds_guard = Guard()
         _CLIENTS.add(self)
         self._open(options)
 
@@ -191,7 +191,7 @@ class ClientBase(ProcessBound):
         """In a child after fork: it holds nothing (its inherited leases are the parent's),
         and the guard may have been copied locked by a thread that does not exist here."""
         self._holds = Holds()
-        self._holds_guard = threading.Lock()
+        self._holds_guard = Guard()
 
     def _open(self, connection_options: dict[str, Any]) -> None:
         """Set up the driver's connections (lazily connected)."""

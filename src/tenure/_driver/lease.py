@@ -8,7 +8,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, NoReturn
 from .._core.acquire import HELD_ELSEWHERE, LeaseState
 from .._core.config import LockSpec
 from .._errors import ConfigurationError, InheritedLease, LeaseExpired, LeaseLost, NotHeld
+from .guard import Guard
 
 if TYPE_CHECKING:
     from .client_base import ClientBase
@@ -44,13 +44,13 @@ def watched(lease: LeaseView) -> None:
 # in a list already taken nor called by both; and two threads finding a loss at once
 # (the watchdog, a holder's extend) must not both run the callbacks. Held for a few
 # attribute reads and writes, never while a callback runs.
-_LOSS_LOCK = threading.Lock()
+_LOSS_LOCK = Guard()
 
 
 def _forked() -> None:
     global _pid, _LOSS_LOCK
     _pid = os.getpid()
-    _LOSS_LOCK = threading.Lock()  # another thread of the parent may have held it
+    _LOSS_LOCK = Guard()  # another thread of the parent may have held it
     for lease in list(_WATCHED):
         # No callbacks: they belong to the parent (the ``lost`` event is still set).
         lease._mark_lost(InheritedLease(lease.name, "use the lease", lease._pid), notify=False)

@@ -3,13 +3,13 @@ and what may be released."""
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Generic, NoReturn, TypeVar
 
 from .._core.acquire import Refused
 from .._core.config import LockSpec, check_acquire_args
 from .._core.watchdog import KeepAlive
 from .._errors import NotHeld
+from .guard import Guard
 from .lease import LeaseView
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class LockView(Generic[L, X]):
         # The blocks open now, per thread (task) that entered them: a stack, innermost
         # last (nested blocks of one object in one thread: non-blocking ones).
         self._blocks: dict[object, list[tuple[L, X]]] = {}
-        self._guard = threading.Lock()  # held for an update of ``_lease`` or ``_blocks``
+        self._guard = Guard()  # held for an update of ``_lease`` or ``_blocks``
 
     @property
     def name(self) -> str:

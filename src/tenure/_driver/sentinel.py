@@ -57,6 +57,7 @@ from .._core.sentinel import (
     sentinel_login,
     switched_to,
 )
+from .guard import Guard
 from .redis_compat import Diagnosed, connection_kwargs, diagnose, reply_text
 from .timeouts import within
 
@@ -104,7 +105,7 @@ class Locator:
         self.service = spec.service
         self._login_form = address.login_form
         self._book = SentinelBook(spec.sentinels)
-        self._lock = threading.Lock()
+        self._lock = Guard()
         self.timeout = ask_timeout(connect_timeout, len(spec.sentinels))
         settings = connection_kwargs(
             self.timeout, asyncio=asyncio, unix=False, connect_timeout=self.timeout
@@ -410,7 +411,7 @@ def _forget_after_fork() -> None:
     # child's to end (they stay the parent's): a Locator starts over, with a fresh lock
     # (the parent's watch may have held it at the fork).
     for locator in list(_LOCATORS):
-        locator._lock = threading.Lock()
+        locator._lock = Guard()
         locator._open = []
         locator._watching = None
 

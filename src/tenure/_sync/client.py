@@ -34,6 +34,7 @@ from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
 from .._driver.client_base import ClientBase
 from .._driver.clock import monotonic
+from .._driver.guard import Guard
 from .._driver.lease import LeaseView, leave_block
 from .._driver.lock import LockView
 from .._driver.threads import start_thread
@@ -129,7 +130,7 @@ class Client(ClientBase):
         # Cleanups handed to a thread and not yet sent (``_send_soon``), by id; this
         # process's only (a forked child has neither the thread nor the grants).
         self._cleanups: dict[int, Send] = {}
-        self._cleanups_lock = threading.Lock()
+        self._cleanups_lock = Guard()
         self._cleanups_by = os.getpid()
 
     def _notifications(self) -> Listener:
@@ -405,12 +406,12 @@ class Client(ClientBase):
 # Guards the lazy making of leases' ``lost`` events (one per lease, at most): rare, and
 # never held for more than that. Made afresh in a forked child, where a thread that held
 # it at the fork does not exist.
-_LOST_EVENTS = threading.Lock()
+_LOST_EVENTS = Guard()
 
 
 def _fresh_lost_events() -> None:
     global _LOST_EVENTS
-    _LOST_EVENTS = threading.Lock()
+    _LOST_EVENTS = Guard()
 
 
 os.register_at_fork(after_in_child=_fresh_lost_events)
@@ -459,7 +460,7 @@ class Lease(LeaseView):
 
     def __init__(self, client: Client, state: LeaseState, spec: LockSpec) -> None:
         super().__init__(state, spec, client)
-        self._op_lock = threading.Lock()
+        self._op_lock = Guard()
         # The thread holding ``_op_lock`` for an extension or a release (its ident), and
         # whether an ``on_lost`` callback it ran asked for the release (``_run``).
         self._operator: int | None = None

@@ -70,6 +70,7 @@ from .._core.slots import (
     routed_slot,
 )
 from .._driver.clock import monotonic
+from .._driver.guard import Guard
 from .._driver.ready import readable
 from .._driver.redis_compat import (
     SocketReplies,
@@ -121,7 +122,7 @@ class _MapLoad:
         self._given_up: Diagnosis | None = None  # why, once given up (``give_up``)
         # Called when it ends: the wake-up of every round waiting for it (``listen``).
         self._wakes = [on_done]
-        self._lock = threading.Lock()
+        self._lock = Guard()
         if start_thread(self._run, "tenure-slots") is None:
             self._run()  # no thread to be had (the interpreter is ending): here, done on return
 
@@ -257,7 +258,7 @@ class ClusterState(NodeState):
         self.scripts = ScriptCache()  # unused: each member has its own
         self._member_state = member_state
         self._members: dict[Address, NodeState] = {}
-        self._lock = threading.Lock()
+        self._lock = Guard()
         self._reconnect = Reconnect()
         self.map: SlotMap | None = None
         # Loads of the map are numbered as they begin: ``begun`` so far, and ``loads``,

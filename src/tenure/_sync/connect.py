@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 from collections.abc import Callable
 
 import redis
 
+from .._driver.guard import Guard
 from .._driver.redis_compat import kernel_timeouts
 from .._driver.threads import start_thread
 
@@ -57,7 +57,7 @@ class SetUp:
         self._conn = conn
         self._timeouts = (connect_timeout, node_timeout)
         self._on_done = on_done
-        self._lock = threading.Lock()
+        self._lock = Guard()
         self._done = False
         self._abandoned = False
         self._talking = False  # connected, and the handshake under way (``_handshake``)

@@ -22,6 +22,7 @@ import os
 import threading
 from typing import Any, Protocol
 
+from .._driver.guard import Guard
 from .._driver.ready import ready
 
 __all__ = ["Keeping", "hand_over"]
@@ -40,7 +41,7 @@ class Keeping(Protocol):
 
 class _Flusher:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = Guard()
         self._links: set[Keeping] = set()
         self._running = False
         # Wakes the thread from its wait for sockets when a link is handed over.

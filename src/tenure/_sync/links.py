@@ -69,6 +69,7 @@ from .._core.diagnosis import (
 from .._core.quorum import NEVER, Failure, Round
 from .._core.sentinel import demoted
 from .._driver.clock import monotonic
+from .._driver.guard import Guard
 from .._driver.ready import readable
 from .._driver.redis_compat import (
     SocketReplies,
@@ -105,7 +106,7 @@ class NodeState:
         self.connect_timeout = connect_timeout
         self.name = address.display
         self._factory = pool
-        self._lock = threading.Lock()
+        self._lock = Guard()
         self._reconnect = Reconnect()
         # Why it was last dropped: a node in its back-off for a configuration failure is
         # reported with that failure, not as merely "backing off".
@@ -202,7 +203,7 @@ class Link:
         # whoever comes first, the link's next round or the flusher (``flusher``), in
         # turn under ``writing`` while anything waits here.
         self.unsent: list[bytes] = []
-        self.writing = threading.Lock()
+        self.writing = Guard()
         # A write is under way: an interrupt now may leave part of a command on the wire.
         self.cut = False
 

@@ -51,6 +51,7 @@ from .._core.waiting import (
     WakeTally,
     sharding,
 )
+from .._driver.guard import Guard
 from .._driver.ready import readable
 from .._driver.redis_compat import diagnose
 from .._driver.replies import reply_reader
@@ -164,12 +165,13 @@ class Listener:
         self._board = Switchboard[Slot]()
         self._slots = self._board.slots
         self.departed = self._board.departed
-        # Taken with ``with self._lock`` (a C-level enter and exit), never ``with
+        # Taken with ``with self._lock`` (a Guard, whose exit is C-level), never ``with
         # self._guard``: Condition's ``__exit__`` is Python, and a Ctrl-C handled as it
         # begins would leave the lock held, every thread of the client blocked on it.
-        self._lock = threading.RLock()
-        self._guard = threading.Condition(self._lock)
-        self._read = threading.Lock()  # held by whoever reads the sockets
+        self._lock = Guard()
+        # (Condition takes any lock with acquire and release; its stubs name three.)
+        self._guard = threading.Condition(cast("threading.RLock", self._lock))
+        self._read = Guard()  # held by whoever reads the sockets
         self._reader: str | None = None  # the waiter reading them, if any
         self._wanting = 0  # waiters that want the subscriber thread to step aside
         self._followers = 0  # waiters waiting on their slots while another one reads
@@ -184,7 +186,7 @@ class Listener:
         self._reconnect = [Reconnect() for _ in range(n)]
         suffix = secrets.token_hex(8)
         self.channel = self._channel_prefix + suffix
-        self._shard_lock = threading.Lock()  # the ShardSubs, their links, _waiter_slot
+        self._shard_lock = Guard()  # the ShardSubs, their links, _waiter_slot
         self._shards = [ShardSubs(self._channel_prefix, suffix) for _ in range(n)]
         self._links: dict[tuple[int, Address], _ShardLink] = {}
         self._waiter_slot: dict[str, int] = {}  # waiter -> the slot it subscribed for
@@ -270,6 +272,11 @@ class Listener:
         # the lock not taken.)
         lead = follow = poke = False
         reading: list[bool] = []
+        # For the ``finally``, made here: the guard is taken there by unpacking this,
+        # which calls ``acquire`` from C and runs no handler before the count is given
+        # back. A ``with`` of the guard on Python 3.14 runs them as its ``__enter__``
+        # begins (tenure._driver.guard), where an interrupt would skip the count.
+        retaking = map(self._lock.acquire, (True,))
         try:
             with self._lock:
                 if self._reader is None and self._thread is not None and not self._stop:
@@ -292,7 +299,8 @@ class Listener:
             # after a call returns skips only what comes after that call.
             try:
                 if lead or follow:
-                    with self._lock:
+                    (_,) = retaking  # (an interrupt inside acquire: not taken, and raised)
+                    try:
                         if follow:
                             self._followers -= 1
                         else:
@@ -304,6 +312,8 @@ class Listener:
                             # loop then does not wake it at every turn.
                             if self._followers or not all(self._up):
                                 self._guard.notify_all()
+                    finally:
+                        self._lock.release()
             finally:
                 if reading and reading[0]:
                     self._read.release()
