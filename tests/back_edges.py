@@ -25,6 +25,8 @@ and the interrupt comes out of the call, which the caller's handler covers.
 It speaks for CPython 3.13 and later only: 3.11 and 3.12 place such an exception at
 the instruction before the back-edge, inside the block, where this check does not look
 (on 3.12 it finds back-edges of the ``await`` machinery that no signal can leave by).
+3.13.18 still compiles the loops so; 3.14.10 compiles the back-edge inside the block
+(its ``finally`` sample is not found, and the test skips there).
 Standard library only, so that ``tests/test_back_edges.py`` can run it under every
 interpreter the machine has: ``python back_edges.py <dir>`` prints a JSON object.
 """

@@ -85,7 +85,7 @@ from redis.client import Pipeline
 from .._core.config import check_name as _checked_name
 from .._core.config import retry_delay as _retry_delay
 from .._core.policy import RetryPolicy, wait_random_exponential
-from .._driver.guard import Guard
+from .._driver.guard import Guard as _Guard
 from .._driver.redis_objects import check_client as _check_client
 from .._driver.redis_objects import reply_encoding as _reply_encoding
 from .._driver.store_errors import FAILURES as _FAILURES
@@ -211,7 +211,7 @@ class OptimisticStats:
     conflicts: int = 0
     committed: int = 0
     gave_up: int = 0
-    _lock: Guard = field(default_factory=Guard, repr=False, compare=False)
+    _lock: _Guard = field(default_factory=_Guard, repr=False, compare=False)
 
     def merge(self, other: OptimisticStats) -> None:
         """Add ``other``'s counts to this one's (e.g. the stats of each worker process)."""
@@ -238,7 +238,7 @@ class OptimisticStats:
 
     def __setstate__(self, state: dict[str, int]) -> None:
         self.__dict__.update(state)
-        self._lock = Guard()
+        self._lock = _Guard()
 
 
 # --- The retry loop, written once ---------------------------------------------------------

@@ -120,7 +120,7 @@ import redis
 from .._core.config import check_name as _checked_name
 from .._core.watchdog import KeepAlive as _KeepAlive
 from .._driver.clock import monotonic
-from .._driver.guard import Guard
+from .._driver.guard import Guard as _Guard
 from .._driver.process_bound import ProcessBound as _ProcessBound
 from .._driver.redis_objects import check_client as _check_client
 from .._driver.store_errors import FAILURES as _FAILURES
@@ -637,7 +637,7 @@ class StreamWorker(_ProcessBound):
         self._stopping = threading.Event()
         # run(), run_once() and stop() from different threads. Reentrant: a signal
         # handler that calls stop() runs in the thread that may hold it already.
-        self._guard = Guard()
+        self._guard = _Guard()
         self._running = False  # run() is looping
         # A pass is running: stop() leaves the give-back to it, so that only one thread
         # ever changes _held (and the leases in it) at a time.
