@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from types import CodeType, FrameType
 from typing import Any
 
 import pytest
@@ -36,6 +37,7 @@ from redis.retry import Retry
 
 import tenure
 from tenure import StoreRefused, StoreUnavailable
+from tenure._driver.guard import EnterGuarded
 from tenure._lua import script
 from tenure.patterns import streams
 from tenure.patterns.streams import (
@@ -1456,3 +1458,82 @@ def test_workers_churning_under_load_keep_one_writer_and_every_write_once(
 
 def _applied_at_least(store: Store, count: int) -> bool:
     return store.applied() >= count
+
+
+class _Interrupt(BaseException):
+    pass
+
+
+def _interrupt_at(codes: set[CodeType], nth: int) -> Callable[..., None]:
+    """A profile hook raising ``_Interrupt`` at the ``nth`` point (from 0) where CPython
+    may run a signal handler for a frame of ``codes``: the start of a Python function it
+    calls, the return of a C one. (Not the return of a Python function, which runs
+    none.)"""
+    reached = [0]
+
+    def hook(frame: FrameType, event: str, arg: object) -> None:
+        caller = frame if event == "c_return" else frame.f_back
+        if event not in ("call", "c_return") or caller is None:
+            return
+        if caller.f_code in codes:
+            reached[0] += 1
+            if reached[0] - 1 == nth:
+                sys.setprofile(None)
+                raise _Interrupt
+
+    return hook
+
+
+def _given_back(worker: StreamWorker) -> bool:
+    """Whether another thread can take the worker's guard (it is not left held)."""
+    taken: list[bool] = []
+
+    def take() -> None:
+        taken.append(worker._guard.acquire(timeout=2.0))
+        if taken[0]:
+            worker._guard.release()
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    taker.join()
+    return taken[0]
+
+
+@pytest.mark.parametrize("method", ["run_once", "run"])
+def test_an_interrupt_anywhere_in_a_pass_or_a_run_leaves_the_worker_usable(
+    solo: Callable[..., StreamWorker], method: str
+) -> None:
+    """A Ctrl-C at any point of ``run_once`` or ``run`` leaves the worker neither
+    passing nor running, and its guard free: a pass left counted made ``stop()`` leave
+    the leases to a pass that never came, a run left counted refused every later one.
+    The guard here is the one Python 3.14 gets (a Python ``__enter__``, whose start may
+    run a handler), on every Python."""
+    worker = solo(f"interrupted-{method}", lambda *entry: None, partitions=2)
+    worker._guard = EnterGuarded()
+    code = getattr(StreamWorker, method).__code__
+    stopped = threading.Event()
+    stopped.set()  # run() goes straight to its finally
+
+    def call() -> None:
+        if method == "run":
+            worker.run(stopped)
+        else:
+            worker.run_once()
+
+    for nth in range(100):
+        sys.setprofile(_interrupt_at({code}, nth))
+        try:
+            call()
+        except _Interrupt:
+            pass
+        else:
+            break
+        finally:
+            sys.setprofile(None)
+        assert not worker._passing, f"a pass left counted at point {nth}"
+        assert not worker._running, f"a run left counted at point {nth}"
+        assert _given_back(worker), f"the guard left held at point {nth}"
+    else:
+        pytest.fail("interrupted at every one of 100 points")
+    assert nth >= 5  # (the points were reached)
+    call()  # and it still works

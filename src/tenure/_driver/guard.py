@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-__all__ = ["EnterGuarded", "Guard"]
+__all__ = ["EnterGuarded", "Guard", "taker"]
 
 if TYPE_CHECKING:
     # The stubs call the C RLock final; at run time it takes subclasses.
@@ -72,3 +73,14 @@ elif sys.version_info >= (3, 14):
     Guard = EnterGuarded
 else:
     Guard = _RLock
+
+
+def taker(guard: _RLock) -> Iterator[bool]:
+    """For a ``finally`` that must do its work under ``guard``: made before the ``try``
+    and unpacked in the ``finally`` (``(_,) = taken``), it takes the guard from C, and
+    no signal handler runs between the taking and the statements after it (give the
+    guard back in a ``try``/``finally`` of their own). A ``with`` of the guard runs them
+    as its ``__enter__`` begins on Python 3.14, and any call runs them as it returns: an
+    interrupt there would skip the ``finally``'s work. An interrupt in the taking's wait
+    leaves the guard not taken, and is raised."""
+    return map(guard.acquire, (True,))

@@ -51,7 +51,7 @@ from .._core.waiting import (
     WakeTally,
     sharding,
 )
-from .._driver.guard import Guard
+from .._driver.guard import Guard, taker
 from .._driver.ready import readable
 from .._driver.redis_compat import diagnose
 from .._driver.replies import reply_reader
@@ -272,11 +272,9 @@ class Listener:
         # the lock not taken.)
         lead = follow = poke = False
         reading: list[bool] = []
-        # For the ``finally``, made here: the guard is taken there by unpacking this,
-        # which calls ``acquire`` from C and runs no handler before the count is given
-        # back. A ``with`` of the guard on Python 3.14 runs them as its ``__enter__``
-        # begins (tenure._driver.guard), where an interrupt would skip the count.
-        retaking = map(self._lock.acquire, (True,))
+        # The ``finally``'s guard, taken with no handler run before the count is given
+        # back (a ``with`` of it would run them on Python 3.14: tenure._driver.guard).
+        retaking = taker(self._lock)
         try:
             with self._lock:
                 if self._reader is None and self._thread is not None and not self._stop:

@@ -121,6 +121,7 @@ from .._core.config import check_name as _checked_name
 from .._core.watchdog import KeepAlive as _KeepAlive
 from .._driver.clock import monotonic
 from .._driver.guard import Guard as _Guard
+from .._driver.guard import taker as _taker
 from .._driver.process_bound import ProcessBound as _ProcessBound
 from .._driver.redis_objects import check_client as _check_client
 from .._driver.store_errors import FAILURES as _FAILURES
@@ -667,16 +668,26 @@ class StreamWorker(_ProcessBound):
                 restarting takes no partition until the partition count is checked (tried
                 again every ``rebalance_interval``), then works.
         """
-        with self._guard:
-            if self._running:
-                raise RuntimeError(f"worker {self.consumer_name!r} is already running")
-            self._running = True
+        # A Ctrl-C must not leave the worker running for good, its leases kept: what is
+        # set is set inside the ``try`` (the return of a ``with``'s exit runs signal
+        # handlers), and the ``finally`` takes the guard with none run before its work
+        # (a ``with`` of it would run them as it begins on Python 3.14).
+        retaking = _taker(self._guard)
+        running = False
         try:
+            with self._guard:
+                if self._running:
+                    raise RuntimeError(f"worker {self.consumer_name!r} is already running")
+                self._running = running = True
             self._run_until_stopped(stop_event)
         finally:
-            with self._guard:
-                self._running = False
-                self._shutdown()
+            if running:
+                (_,) = retaking
+                try:
+                    self._running = False
+                    self._shutdown()
+                finally:
+                    self._guard.release()
 
     def _run_until_stopped(self, stop_event: StopSignal | None) -> None:
         # A function of its own, not a loop in ``run``'s ``try``: a Ctrl-C must not skip
@@ -698,12 +709,14 @@ class StreamWorker(_ProcessBound):
         Raises:
             ConfigurationError, StoreRefused: as for :meth:`run`.
         """
-        with self._guard:
-            if self._stopping.is_set():
-                return 0  # stopped for good: its leases were released, none is taken again
-            self._passing = True
-        now = self._step()
+        retaking = _taker(self._guard)  # (as in run)
+        passing = False
         try:
+            with self._guard:
+                if self._stopping.is_set():
+                    return 0  # stopped for good: its leases were released, none is taken
+                self._passing = passing = True
+            now = self._step()
             if now >= self._next_balance:
                 # A P that disagrees raises before the next balance is scheduled, so
                 # calling run_once again checks again rather than idling for a
@@ -714,14 +727,18 @@ class StreamWorker(_ProcessBound):
                     self._balance()
             return self._consume()
         finally:
-            self._busy_since = None  # between passes: nothing of ours can hang
-            with self._guard:
-                self._passing = False
-                if self._stopping.is_set() and not self._running:
-                    # stop() came during this pass (another thread, a signal handler,
-                    # the handler itself) and left the give-back to us; run() does its
-                    # own when its loop ends.
-                    self._shutdown()
+            if passing:
+                self._busy_since = None  # between passes: nothing of ours can hang
+                (_,) = retaking
+                try:
+                    self._passing = False
+                    if self._stopping.is_set() and not self._running:
+                        # stop() came during this pass (another thread, a signal
+                        # handler, the handler itself) and left the give-back to us;
+                        # run() does its own when its loop ends.
+                        self._shutdown()
+                finally:
+                    self._guard.release()
 
     def _step(self) -> float:
         """Mark the start of a step (a pass, a handler call, the acknowledgement after
