@@ -80,6 +80,9 @@ def test_a_timer_signal_raising_in_a_loop_of_withs_never_leaves_it_held() -> Non
     lock = EnterGuarded()
 
     def loop() -> None:
+        # Armed here, in the block that expects the interrupt: on a loaded machine the
+        # signal may come before the loop begins.
+        signal.setitimer(signal.ITIMER_REAL, 0.001)
         for _ in range(10**7):
             with lock:
                 pass
@@ -90,7 +93,6 @@ def test_a_timer_signal_raising_in_a_loop_of_withs_never_leaves_it_held() -> Non
     before = signal.signal(signal.SIGALRM, stop)
     try:
         for _ in range(100):
-            signal.setitimer(signal.ITIMER_REAL, 0.001)
             with pytest.raises(Interrupt):
                 loop()
             assert not lock._is_owned()
