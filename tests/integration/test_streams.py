@@ -53,6 +53,8 @@ from tenure.patterns.streams import (
 from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
+from .conftest import Interrupted
+
 # Partition leases: a dead worker's partitions move after about this long. 2 s, not 1 s:
 # a live worker's watchdog (every TTL/3, in a process among many on a loaded 2-core
 # machine) must not lose a lease as paused, which the tests would read as a fault of the
@@ -1460,12 +1462,8 @@ def _applied_at_least(store: Store, count: int) -> bool:
     return store.applied() >= count
 
 
-class _Interrupt(BaseException):
-    pass
-
-
 def _interrupt_at(codes: set[CodeType], nth: int) -> Callable[..., None]:
-    """A profile hook raising ``_Interrupt`` at the ``nth`` point (from 0) where CPython
+    """A profile hook raising ``Interrupted`` at the ``nth`` point (from 0) where CPython
     may run a signal handler for a frame of ``codes``: the start of a Python function it
     calls, the return of a C one. (Not the return of a Python function, which runs
     none.)"""
@@ -1479,7 +1477,7 @@ def _interrupt_at(codes: set[CodeType], nth: int) -> Callable[..., None]:
             reached[0] += 1
             if reached[0] - 1 == nth:
                 sys.setprofile(None)
-                raise _Interrupt
+                raise Interrupted
 
     return hook
 
@@ -1524,7 +1522,7 @@ def test_an_interrupt_anywhere_in_a_pass_or_a_run_leaves_the_worker_usable(
         sys.setprofile(_interrupt_at({code}, nth))
         try:
             call()
-        except _Interrupt:
+        except Interrupted:
             pass
         else:
             break
