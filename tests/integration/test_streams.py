@@ -53,6 +53,7 @@ from tenure.patterns.streams import (
 from tenure.testing import LocalCluster
 from tenure.verify.proxy import Proxy
 
+from ..locks import free_to_another_thread
 from .conftest import Interrupted
 
 # Partition leases: a dead worker's partitions move after about this long. 2 s, not 1 s:
@@ -1482,21 +1483,6 @@ def _interrupt_at(codes: set[CodeType], nth: int) -> Callable[..., None]:
     return hook
 
 
-def _given_back(worker: StreamWorker) -> bool:
-    """Whether another thread can take the worker's guard (it is not left held)."""
-    taken: list[bool] = []
-
-    def take() -> None:
-        taken.append(worker._guard.acquire(timeout=2.0))
-        if taken[0]:
-            worker._guard.release()
-
-    taker = threading.Thread(target=take)
-    taker.start()
-    taker.join()
-    return taken[0]
-
-
 @pytest.mark.parametrize("method", ["run_once", "run"])
 def test_an_interrupt_anywhere_in_a_pass_or_a_run_leaves_the_worker_usable(
     solo: Callable[..., StreamWorker], method: str
@@ -1530,7 +1516,9 @@ def test_an_interrupt_anywhere_in_a_pass_or_a_run_leaves_the_worker_usable(
             sys.setprofile(None)
         assert not worker._passing, f"a pass left counted at point {nth}"
         assert not worker._running, f"a run left counted at point {nth}"
-        assert _given_back(worker), f"the guard left held at point {nth}"
+        assert free_to_another_thread(worker._guard, timeout=2.0), (
+            f"the guard left held at point {nth}"
+        )
     else:
         pytest.fail("interrupted at every one of 100 points")
     assert nth >= 5  # (the points were reached)

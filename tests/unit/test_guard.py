@@ -17,6 +17,8 @@ import pytest
 
 from tenure._driver.guard import EnterGuarded, Guard
 
+from ..locks import free_to_another_thread
+
 
 class Interrupt(BaseException):
     pass
@@ -26,20 +28,6 @@ def _raise_as_acquire_returns(frame: FrameType, event: str, arg: object) -> None
     if event == "c_return" and getattr(arg, "__name__", None) == "acquire":
         sys.setprofile(None)
         raise Interrupt
-
-
-def _held_by_another_thread(lock: EnterGuarded) -> bool:
-    free: list[bool] = []
-
-    def take() -> None:
-        free.append(lock.acquire(timeout=0.2))
-        if free[0]:
-            lock.release()  # (an RLock: by the thread that took it)
-
-    taker = threading.Thread(target=take)
-    taker.start()
-    taker.join()
-    return not free[0]
 
 
 def test_an_interrupt_as_the_lock_is_taken_gives_it_back() -> None:
@@ -53,7 +41,7 @@ def test_an_interrupt_as_the_lock_is_taken_gives_it_back() -> None:
         sys.setprofile(None)
     assert not entered
     assert not lock._is_owned()
-    assert not _held_by_another_thread(lock)
+    assert free_to_another_thread(lock, timeout=0.2)
 
 
 def test_an_owner_interrupted_as_it_takes_the_lock_again_keeps_its_first_hold() -> None:
@@ -67,7 +55,7 @@ def test_an_owner_interrupted_as_it_takes_the_lock_again_keeps_its_first_hold() 
             sys.setprofile(None)
         assert lock._is_owned()
     assert not lock._is_owned()
-    assert not _held_by_another_thread(lock)
+    assert free_to_another_thread(lock, timeout=0.2)
 
 
 @pytest.mark.skipif(
