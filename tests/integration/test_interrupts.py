@@ -21,9 +21,9 @@ import pytest
 
 import tenure
 from tenure._core.config import LockKeys
-from tenure._driver.guard import Guard
 from tenure.testing import LocalCluster
 
+from ..locks import free_to_another_thread
 from .conftest import Interrupted, holders, interrupt_at, poll_until
 
 
@@ -321,21 +321,15 @@ def _feed() -> CodeType:
     return type(reply_reader()).feed.__code__
 
 
-def _taken(lock: Guard) -> bool:
-    """Whether another thread holds ``lock``."""
-    if lock.acquire(blocking=False):
-        lock.release()
-        return False
-    return True
-
-
 def _reading(client: tenure.Client) -> None:
     """Until a waiter of ``client`` (not its subscriber thread) reads the notification
     sockets."""
     listener = client._listener
     deadline = time.monotonic() + 10.0
     while not (
-        listener._reader is not None and not listener._thread_reading and _taken(listener._read)
+        listener._reader is not None
+        and not listener._thread_reading
+        and not free_to_another_thread(listener._read, timeout=0)
     ):
         assert time.monotonic() < deadline, "no waiter took the notification sockets"
         time.sleep(0.005)
