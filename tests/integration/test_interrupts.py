@@ -9,6 +9,7 @@ nodes of three.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -570,3 +571,36 @@ def test_a_program_that_ends_after_the_interrupt_still_sends_the_cleanup_left_to
     assert "KeyboardInterrupt" in ended.stderr, ended.stderr
     lock = LockKeys.of(key).lock
     poll_until(lambda: not any(holders(node, lock)), f"{lock} released", 1.0)
+
+
+def test_a_ctrl_c_in_waits_on_the_lost_event_leaves_the_loss_and_the_release_to_come(
+    shared5: LocalCluster, key: str, interrupt_after: object
+) -> None:
+    # threading.Event's own lock, left held by an interrupt at its wait's start or end
+    # (tens of times per hundred: tenure._driver.events): the watchdog thread then
+    # waited for ever in its set() as it found the lease lost, holding the lease's lock,
+    # and so did the release after it.
+    client = tenure.Client(shared5.urls[:1])
+    lease = client.acquire(key, ttl=1.0, watchdog=True)
+    try:
+        for _ in range(50):
+            with pytest.raises(Interrupted):  # noqa: PT012 - armed inside, as it may fire at once
+                interrupt_after(0.0005)  # type: ignore[operator]
+                for _ in range(10**7):
+                    lease.lost.wait(0)
+        with shared5.nodes[0].client() as c:
+            c.delete(lease.key)  # the next extension finds it gone: lost
+        seen: list[bool] = []  # (in a thread: a wait on a locked event never ends)
+        waiting = threading.Thread(target=_see_lost_and_release, args=(lease, seen), daemon=True)
+        waiting.start()
+        waiting.join(10.0)
+        assert not waiting.is_alive(), "the loss or the release waited for ever"
+        assert seen == [True]
+    finally:
+        client.close()
+
+
+def _see_lost_and_release(lease: tenure.Lease, seen: list[bool]) -> None:
+    seen.append(lease.lost.wait(5.0))
+    with contextlib.suppress(tenure.LeaseLost):
+        lease.release()

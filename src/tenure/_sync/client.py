@@ -34,6 +34,7 @@ from .._core.quorum import Round
 from .._core.watchdog import KeepAlive
 from .._driver.client_base import ClientBase
 from .._driver.clock import monotonic
+from .._driver.events import Event
 from .._driver.guard import Guard
 from .._driver.lease import LeaseView, leave_block
 from .._driver.lock import LockView
@@ -478,7 +479,7 @@ class Lease(LeaseView):
         # looks at the event: whichever comes second sets it.
         with _LOST_EVENTS:
             if self._lost_event is None:
-                self._lost_event = threading.Event()
+                self._lost_event = Event()
                 if self._loss is not None:
                     self._lost_event.set()
             return self._lost_event

@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -69,6 +68,7 @@ from .._core.diagnosis import (
 from .._core.quorum import NEVER, Failure, Round
 from .._core.sentinel import demoted
 from .._driver.clock import monotonic
+from .._driver.events import Event
 from .._driver.guard import Guard
 from .._driver.ready import readable
 from .._driver.redis_compat import (
@@ -626,7 +626,7 @@ class LinkSet:
         # False while a round is in progress: a set left unclean by an exception has
         # replies nobody accounted for, and must be closed rather than reused.
         self.clean = True
-        self._wake = threading.Event()  # set by a set-up of ours when it ends
+        self._wake = Event()  # set by a set-up of ours when it ends
 
     def write_behind(self, command: Command, targets: Sequence[int], now: float) -> list[int]:
         """Write ``command`` to those ``targets`` that are connected, and read nothing:

@@ -51,6 +51,7 @@ from .._core.waiting import (
     WakeTally,
     sharding,
 )
+from .._driver.events import Condition, Event
 from .._driver.guard import Guard, taker
 from .._driver.ready import readable
 from .._driver.redis_compat import diagnose
@@ -82,7 +83,7 @@ class Slot(WakeTally):
 
     def __init__(self, need: int = 1) -> None:
         super().__init__(need)
-        self.event = threading.Event()
+        self.event = Event()
         self.since = 0.0  # when the first notification of this round of them came
 
     def put(self, wake: Wake | None, node: int = -1) -> None:
@@ -165,12 +166,8 @@ class Listener:
         self._board = Switchboard[Slot]()
         self._slots = self._board.slots
         self.departed = self._board.departed
-        # Taken with ``with self._lock`` (a Guard, whose exit is C-level), never ``with
-        # self._guard``: Condition's ``__exit__`` is Python, and a Ctrl-C handled as it
-        # begins would leave the lock held, every thread of the client blocked on it.
         self._lock = Guard()
-        # (Condition takes any lock with acquire and release; its stubs name three.)
-        self._guard = threading.Condition(cast("threading.RLock", self._lock))
+        self._guard = Condition(self._lock)  # waited on and notified holding ``_lock``
         self._read = Guard()  # held by whoever reads the sockets
         self._reader: str | None = None  # the waiter reading them, if any
         self._wanting = 0  # waiters that want the subscriber thread to step aside

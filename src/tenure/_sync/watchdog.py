@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .._core.flows import ExtendLease, Op, Pause, drive
 from .._core.watchdog import KeepAlive
 from .._driver.clock import monotonic
+from .._driver.events import Event
 from .._driver.lease import watched
 
 if TYPE_CHECKING:
@@ -31,8 +32,8 @@ class Watchdog:
     def __init__(self, lease: Lease, policy: KeepAlive) -> None:
         self._lease = lease
         self.policy = policy
-        self._stop = threading.Event()
-        self._nudged = threading.Event()  # ends a pause: stopped, or to plan again
+        self._stop = Event()
+        self._nudged = Event()  # ends a pause: stopped, or to plan again
         self._thread = threading.Thread(
             target=self._run, name=f"tenure-watchdog[{lease.name}]", daemon=True
         )

@@ -109,7 +109,6 @@ from __future__ import annotations
 import logging
 import random
 import secrets
-import threading
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -120,6 +119,7 @@ import redis
 from .._core.config import check_name as _checked_name
 from .._core.watchdog import KeepAlive as _KeepAlive
 from .._driver.clock import monotonic
+from .._driver.events import Event as _Event
 from .._driver.guard import Guard as _Guard
 from .._driver.guard import taker as _taker
 from .._driver.process_bound import ProcessBound as _ProcessBound
@@ -635,7 +635,7 @@ class StreamWorker(_ProcessBound):
         self._held: dict[int, _Held] = {}
         self._next_balance = 0.0
         self._rng = random.Random(secrets.randbits(64))
-        self._stopping = threading.Event()
+        self._stopping = _Event()
         # run(), run_once() and stop() from different threads. Reentrant: a signal
         # handler that calls stop() runs in the thread that may hold it already.
         self._guard = _Guard()
