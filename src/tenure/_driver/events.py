@@ -1,4 +1,4 @@
-"""The drivers' ``Event`` and ``Condition``, which a Ctrl-C cannot leave locked.
+"""The blocking driver's ``Event`` and ``Condition``, which a Ctrl-C cannot leave locked.
 
 The standard library's ``threading.Event`` takes its lock through a ``Condition``,
 whose ``__enter__`` and ``__exit__`` are Python functions around the lock's C ones. A
@@ -12,10 +12,11 @@ signals (a 0.5 ms timer whose handler raises, in a loop, 200 runs each, Python 3
 ``Event.wait(0)`` left its lock held 28 times and raised a ``RuntimeError`` 14 times,
 ``set()`` left it held 67 times, and ``Condition.wait(0)`` in a ``with`` of its lock
 raised a ``RuntimeError`` 15 times. For tenure each was a hang, or the wrong exception:
-a waiter's Ctrl-C in a round's wait for its connections left the event the connecting
-thread sets locked, and the next round of that client waited for ever; one in a waiter's
-wait for its notification, the listener's ``set()`` of that slot; a release's, the
-watchdog thread's event, and the release after it.
+a Ctrl-C in a release as it told the watchdog to stop left the watchdog unable to wake
+and the next release waiting for ever; one in a wait on ``Lease.lost``, the thread that
+found the lease lost, in its ``set()``, holding the lease's lock; one in a round's wait
+for its connections, the connecting thread as it ended; one in a wait for a
+notification, the thread filing them.
 
 These take their lock with a ``with`` of a ``Guard`` (``_driver.guard``: its exit is the
 C one, and on 3.14 its entry gives back what an interrupt took), and wake their waiters
