@@ -1,4 +1,4 @@
-"""The drivers' Event and Condition: what ``threading``'s do, and a Ctrl-C at any
+"""The blocking driver's Event and Condition: what ``threading``'s do, and a Ctrl-C at any
 instant leaves them unlocked and raises as itself (``tenure._driver.events``).
 
 The interrupts are real signals: a timer's handler raising in a loop of the operation.
@@ -46,7 +46,7 @@ def test_an_event_is_a_threading_event() -> None:
     assert not event._waiters  # the timed-out waits did not stay listed
 
 
-def test_set_wakes_every_waiting_thread_and_only_set_does() -> None:
+def test_set_wakes_every_waiting_thread() -> None:
     event = Event()
     woken: list[bool] = []
     waiting = [_in_thread(lambda: woken.append(event.wait(10))) for _ in range(3)]
