@@ -9,11 +9,9 @@ hundred.
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from types import FrameType
 
@@ -23,6 +21,7 @@ from tenure._driver.events import Condition, Event
 from tenure._driver.guard import Guard
 
 from ..locks import free_to_another_thread
+from ..signals import Interrupt, interrupt, main_thread_signals, raising_on_alarm
 
 
 def _in_thread(fn: Callable[[], object]) -> threading.Thread:
@@ -111,10 +110,6 @@ def test_notify_all_wakes_every_waiter() -> None:
     assert woken == [True, True, True]
 
 
-class Interrupt(BaseException):
-    pass
-
-
 def _raising_at_return(k: int) -> Callable[[FrameType, str, object], None]:
     """A profile hook raising as the ``k``-th C call returns, as a signal's handler
     may (the hook is not called for C functions that C code calls)."""
@@ -193,46 +188,12 @@ def test_a_wake_interrupted_as_any_call_returns_wakes_all_its_waiters_or_none(
     assert interrupted_at  # (the guard's exit, at least: a C call's return)
 
 
-@contextmanager
-def _interrupting() -> Iterator[None]:
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise Interrupt
-
-    before = signal.signal(signal.SIGALRM, stop)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
-
-
-def _interrupt(operation: Callable[[], object]) -> None:
-    """Run ``operation`` in a loop until a 0.5 ms timer's signal raises in it; any
-    other exception fails the test."""
-    with pytest.raises(Interrupt):
-        _until_interrupted(operation)
-
-
-def _until_interrupted(operation: Callable[[], object]) -> None:
-    # Armed here, inside the block that expects the interrupt: on a loaded machine the
-    # signal may come before the loop begins.
-    signal.setitimer(signal.ITIMER_REAL, 0.0005)
-    for _ in range(10**7):
-        operation()
-
-
-signals = pytest.mark.skipif(
-    threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"),
-    reason="signals reach the main thread only; setitimer is POSIX",
-)
-
-
-@signals
+@main_thread_signals
 @pytest.mark.parametrize("operation", ["wait", "set", "set and clear"])
 def test_an_interrupt_anywhere_in_an_event_leaves_it_usable(operation: str) -> None:
     # threading.Event: wait(0) left its lock held 28 times of 200 on 3.11 and raised a
     # RuntimeError for the interrupt 14 times; set() left it held 67 times.
-    with _interrupting():
+    with raising_on_alarm():
         for _ in range(100):
             _interrupt_and_use(Event(), operation)
 
@@ -243,9 +204,9 @@ def _interrupt_and_use(event: Event, operation: str) -> None:
         event.clear()
 
     if operation == "wait":
-        _interrupt(lambda: event.wait(0))
+        interrupt(lambda: event.wait(0), 0.0005)
     else:
-        _interrupt(event.set if operation == "set" else set_and_clear)
+        interrupt(event.set if operation == "set" else set_and_clear, 0.0005)
     assert free_to_another_thread(event._guard, timeout=0.2)
     event.clear()
     waiter = _in_thread(lambda: event.wait(10))
@@ -255,7 +216,7 @@ def _interrupt_and_use(event: Event, operation: str) -> None:
     assert not waiter.is_alive()
 
 
-@signals
+@main_thread_signals
 def test_an_interrupt_anywhere_in_a_condition_wait_leaves_its_guard_to_the_with() -> None:
     # threading.Condition over an RLock: 15 times of 200 on 3.11 the interrupt came after
     # wait() gave the lock up and before its try; the with's exit then raised a
@@ -268,8 +229,8 @@ def test_an_interrupt_anywhere_in_a_condition_wait_leaves_its_guard_to_the_with(
             condition.wait(0)
             assert guard._is_owned()
 
-    with _interrupting():
+    with raising_on_alarm():
         for _ in range(100):
-            _interrupt(wait)
+            interrupt(wait, 0.0005)
             assert not guard._is_owned()
             assert free_to_another_thread(guard, timeout=0.2)

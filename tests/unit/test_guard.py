@@ -8,7 +8,6 @@ is opened here on every Python by a profile hook that raises as ``acquire`` retu
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 from types import FrameType
@@ -18,10 +17,7 @@ import pytest
 from tenure._driver.guard import EnterGuarded, Guard
 
 from ..locks import free_to_another_thread
-
-
-class Interrupt(BaseException):
-    pass
+from ..signals import Interrupt, interrupt, main_thread_signals, raising_on_alarm
 
 
 def _raise_as_acquire_returns(frame: FrameType, event: str, arg: object) -> None:
@@ -58,35 +54,20 @@ def test_an_owner_interrupted_as_it_takes_the_lock_again_keeps_its_first_hold() 
     assert free_to_another_thread(lock, timeout=0.2)
 
 
-@pytest.mark.skipif(
-    threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"),
-    reason="signals reach the main thread only; setitimer is POSIX",
-)
+@main_thread_signals
 def test_a_timer_signal_raising_in_a_loop_of_withs_never_leaves_it_held() -> None:
     # On 3.14.10 the same loop left a threading.Lock held 84 times of 200 (3.11-3.13:
     # never, which is why Guard is the plain RLock there).
     lock = EnterGuarded()
 
-    def loop() -> None:
-        # Armed here, in the block that expects the interrupt: on a loaded machine the
-        # signal may come before the loop begins.
-        signal.setitimer(signal.ITIMER_REAL, 0.001)
-        for _ in range(10**7):
-            with lock:
-                pass
+    def enter_and_exit() -> None:
+        with lock:
+            pass
 
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise Interrupt
-
-    before = signal.signal(signal.SIGALRM, stop)
-    try:
+    with raising_on_alarm():
         for _ in range(100):
-            with pytest.raises(Interrupt):
-                loop()
+            interrupt(enter_and_exit, 0.001)
             assert not lock._is_owned()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
 
 
 def test_guard_is_the_guarded_lock_where_the_interpreter_needs_it() -> None:
