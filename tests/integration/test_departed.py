@@ -32,10 +32,12 @@ GIVE_UP = 1.2
 
 
 def watch_place(
-    node: LocalNode, keys: LockKeys
+    node: LocalNode, keys: LockKeys, other_than: bytes = b""
 ) -> tuple[threading.Thread, list[tuple[bytes, float, bytes]], threading.Event]:
     """A thread that records the first waiter queued on ``node`` (its queue entry and its
-    place), for a test to put back later: what a node that missed a dequeue still has."""
+    place), for a test to put back later: what a node that missed a dequeue still has.
+    ``other_than``: a waiter to overlook (an earlier one, whose dequeue may not have run
+    there yet)."""
     seen: list[tuple[bytes, float, bytes]] = []
     stop = threading.Event()
 
@@ -43,6 +45,8 @@ def watch_place(
         with node.client() as c:
             while not stop.is_set() and not seen:
                 for member, score in c.zrange(keys.queue, 0, -1, withscores=True):
+                    if member == other_than:
+                        continue
                     place = c.get(f"{keys.queue}:{member.decode()}")
                     if place is not None:
                         seen.append((member, score, place))
@@ -133,6 +137,79 @@ def test_a_released_lease_whose_attempt_a_node_may_still_run_declines_its_hand_o
             "the node stayed held by the waiter id of a released lease",
         )
         assert c.zcard(keys.queue) == 0
+
+
+def test_a_released_lease_whose_cleanup_a_node_may_still_run_declines_its_hand_off(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    """Fair on a quorum, a failed attempt's grants are released by a cleanup that puts
+    the waiter back in line (a node that granted took it out), written before it waits
+    and not awaited. The blocking client's calls borrow connections from a pool, so the
+    lease the call then gets may be released on another connection than the cleanup's,
+    and a node may run the cleanup after the release (seen under load, in
+    ``test_random_interrupts.py``): the lease's id is queued there again, the next
+    release there hands the lock to it, and its process ignored the notification, so
+    the node was held by nobody for the TTL. Such a lease now lingers, as one whose
+    attempt a node did not answer. Here the first node alone is free while the others
+    are held, so the attempt is granted there and cleaned up; the lease comes by
+    hand-off; and the late cleanup is played on the first node by putting the place
+    back."""
+    urls = cluster5.urls[:3]
+    keys = LockKeys.of(key)
+    first, second, third = cluster5[0], cluster5[1], cluster5[2]
+    # No re-check while it waits (that attempt's answers could come in any order), and
+    # time for the paused nodes below.
+    client = api.client(urls, node_timeout=0.5, recheck=20.0)
+    with tenure.Client(urls) as holder:
+        held = holder.acquire(key, ttl=30.0)
+        # It waits once: its notifications are set up, so its first attempt queues.
+        earlier, _, _ = gave_up(client, first, key, GIVE_UP)
+        with first.client() as c:
+            c.delete(keys.lock)  # free on the first node alone (its key lost, say)
+        watcher, seen, stop = watch_place(second, keys, other_than=earlier)
+        also, seen_there, stop_there = watch_place(third, keys, other_than=earlier)
+
+        def hand_over() -> None:
+            watcher.join()  # until its attempt has queued it on the held nodes
+            also.join()
+            if seen and seen_there:
+                # The first node hands the lock over last: its hand-off does not count
+                # (that node granted the attempt rather than find the lock held), and
+                # coming first it woke the client to a re-check rather than a lease.
+                with first.client() as c:
+                    c.execute_command("CLIENT", "PAUSE", 200)
+                held.release()
+
+        releaser = threading.Thread(target=hand_over)
+        releaser.start()
+        try:
+            # The held nodes answer after the first, so the attempt's round hears all
+            # three: its grant is not left unanswered (which alone made it linger).
+            for node in (second, third):
+                with node.client() as c:
+                    c.execute_command("CLIENT", "PAUSE", 100)
+            lease = client.acquire(key, ttl=10.0, timeout=5.0)
+        finally:
+            stop.set()
+            stop_there.set()
+            releaser.join()
+        assert seen, "the client was never queued"
+        assert seen_there, "the client was never queued on the third node"
+        member, ticket, place = seen[0]
+        assert member.decode() == lease.token
+        lease.release()
+        held = holder.acquire(key, ttl=30.0)
+        with first.client() as c:
+            # The cleanup runs late on the first node: the lease's id is back in line.
+            c.zadd(keys.queue, {member: ticket})
+            c.set(f"{keys.queue}:{lease.token}", place, px=5000)
+            held.release()  # the first node hands the lock to the released lease's id
+            api.wait_until(
+                lambda: c.get(keys.lock) is None,
+                2.0,
+                "the node stayed held by the waiter id of a released lease",
+            )
+            assert c.zcard(keys.queue) == 0
 
 
 class _Spy(Departed):

@@ -402,3 +402,60 @@ def test_a_waiter_whose_dequeue_a_node_missed_is_declined_for_much_longer() -> N
     short = place_ms(config.recheck, config.node_timeout) / 1000
     assert _give_up_hold([True, True, True]) == pytest.approx(short)
     assert _give_up_hold([True, True, False]) == pytest.approx(short + UNHEARD_DEPARTURE)
+
+
+def _handed_over(first_node_grants: bool) -> bool:
+    """Whether the lease a fair quorum waiter is handed lingers (``LeaseState.lingers``),
+    when every node answered its one attempt: "held" on all, or, with
+    ``first_node_grants``, granted by the first node alone (a split its cleanup releases
+    there, putting it back in line)."""
+    from tenure._core.acquire import LeaseState
+    from tenure._core.flows import AwaitWake, Flows, Listen, Run
+
+    from .model_flows import ModelInbox
+
+    config = ClientConfig.build([f"redis://node{i}" for i in range(3)], recheck=0.5)
+    spec = LockSpec.build(config, "r", TTL)
+    flows = Flows(config, ["a", "b", "c"], random.Random(0), clock=lambda: 0.0, wall_us=lambda: 1)
+    flow = flows.acquire(spec, True, None, waiter="w", channel="ch", listening=True)
+    op = next(flow)
+    inbox = ModelInbox("w", 2)
+    attempts = cleanups = 0
+    while True:
+        result: object = None
+        if isinstance(op, Listen):
+            result = inbox
+        elif isinstance(op, Run) and op.targets is None:  # the attempt: every node answers
+            attempts += 1
+            for i in range(3):
+                if i == 0 and first_node_grants:
+                    op.rnd.record(i, True, (1, 6, 6))
+                else:
+                    op.rnd.record(i, False, (HELD, 5, 5, 8000))
+        elif isinstance(op, Run):  # the cleanup of the first node's grant: not awaited
+            cleanups += 1
+            assert op.targets == [0]
+        elif isinstance(op, AwaitWake):  # the holder's release hands the lock over
+            inbox.put(1, Wake("w", 50))
+            inbox.put(2, Wake("w", 50))
+            result = True
+        try:
+            op = flow.send(result)
+        except StopIteration as done:
+            lease = done.value
+            break
+    assert isinstance(lease, LeaseState)
+    assert lease.fencing_token == 50
+    assert (attempts, cleanups) == (1, int(first_node_grants))
+    return lease.lingers
+
+
+def test_a_lease_whose_call_left_a_cleanup_unawaited_lingers() -> None:
+    """Fair on a quorum, a failed attempt's grants are released by a cleanup that puts
+    the waiter back in line, written before it waits and not awaited. A node may run it
+    after the lease's release, which goes on another connection (the blocking client's
+    calls borrow theirs from a pool), and queue the lease's id again: the lease lingers,
+    as one whose attempt a node did not answer, and its release declines what still
+    reaches the id. A call whose every command was answered leaves nothing behind."""
+    assert _handed_over(first_node_grants=True)
+    assert not _handed_over(first_node_grants=False)

@@ -169,8 +169,9 @@ class LeaseState:
     granted: frozenset[int]
     fencing_token: int = 0
     # Whether a node may still queue the call's waiter id (its owner token) after the
-    # lease is released: an attempt that carried a place went unanswered by some node
-    # (``Flows._lease_of``). ``Flows._departure`` declines what reaches it then.
+    # lease is released: an attempt that carried a place went unanswered by some node,
+    # or a cleanup that put it back in line was not awaited (``Flows._lease_of``).
+    # ``Flows._departure`` declines what reaches it then.
     lingers: bool = False
     # The round that granted it, None for a fair hand-off: which nodes may hold its key
     # (``Round.maybe_holding``: the granting ones, and those not heard from when the

@@ -346,8 +346,9 @@ class _Call:
         self.inbox: Inbox | None = None
         self.queued = False
         # An attempt that carried a place was not heard from some node when its round
-        # ended: that node may still run it (even on a connection given up since), and
-        # queue the waiter id again (``LeaseState.lingers``).
+        # ended, or a failed attempt's cleanup that puts the waiter back in line was not
+        # awaited: that node may still run it (even on a connection given up since),
+        # and queue the waiter id again (``LeaseState.lingers``).
         self.strays = False
 
 
@@ -509,7 +510,14 @@ class Flows:
                 raise
             if step.cleanup:
                 release = self._cleanup_release(spec, token, wait_args)
-                yield self._cleanup_round(release, step.cleanup, cleanup_to_await(step, rnd))
+                awaited = cleanup_to_await(step, rnd)
+                # Fair on a quorum, it puts the waiter back in line, a place again: a
+                # node that runs it only after the lease's release, which goes on
+                # another connection (the blocking client's calls borrow theirs from a
+                # pool), queues the id again as a late attempt would.
+                if place and spec.wait_mode is WaitMode.FAIR_QUORUM and step.cleanup - awaited:
+                    call.strays = True
+                yield self._cleanup_round(release, step.cleanup, awaited)
             if isinstance(step, GiveUp):
                 if step.error is not None:
                     raise step.error
@@ -532,12 +540,14 @@ class Flows:
 
     def _lease_of(self, call: _Call, lease: LeaseState) -> LeaseState:
         """``lease``, marked if its waiter id may be queued again after its release: an
-        attempt of its call that carried a place went unanswered by some node, which
-        may run it after the release (on a connection given up since, the release went
-        on another) and queue the id where another client holds the lock by then; that
-        client's release then hands the lock to it. (An attempt that was answered ran
-        before the release: on that node the release takes the id out of the queue.)"""
-        if call.strays:  # (only an attempt that carried a place sets it)
+        attempt of its call that carried a place went unanswered by some node, or a
+        failed attempt's cleanup that put it back in line was not awaited, and that node
+        may run it after the release (which goes on another connection: a new one after
+        a connection was given up, or another of the blocking client's pool) and queue
+        the id where another client holds the lock by then; that client's release then
+        hands the lock to it. (An attempt that was answered ran before the release: on
+        that node the release takes the id out of the queue.)"""
+        if call.strays:  # (only a command that carried a place sets it)
             return replace(lease, lingers=True)
         return lease
 
