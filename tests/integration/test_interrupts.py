@@ -26,6 +26,7 @@ from tenure.testing import LocalCluster
 
 from ..locks import free_to_another_thread
 from .conftest import Interrupted, holders, interrupt_at, poll_until
+from .queues import GIVE_UP, gave_up
 
 
 @pytest.fixture
@@ -415,6 +416,42 @@ def test_an_interrupt_as_notifications_are_read_loses_no_other_waiters(
         assert got
         assert released
         assert got[0] - released[0] < 2.0
+        mine.release()
+
+
+def test_an_interrupt_as_notifications_are_read_loses_no_hand_off_to_a_departed_waiter(
+    shared5: LocalCluster, key: str
+) -> None:
+    """Ctrl-C in the main thread while it read the notification sockets, between a read
+    and its parse: a hand-off to a waiter of the client that had given up was in the
+    bytes lost. Its process did not decline it, as it declines what reaches a departed
+    waiter, and re-checks cannot answer it (that waiter no longer waits): the node was
+    held by nobody for the TTL. Every departed waiter is declined on that node again.
+    Here the waiter's place is put back after it gave up (a node its dequeue missed)."""
+    node = shared5.nodes[0]
+    keys = LockKeys.of(key)
+    with tenure.Client([node.url]) as holder_client, tenure.Client([node.url]) as client:
+        mine = holder_client.acquire(key + "-main", ttl=30)
+        theirs = holder_client.acquire(key, ttl=30)
+        member, ticket, place = gave_up(client, node, key, GIVE_UP)
+        with node.client() as c:
+            c.zadd(keys.queue, {member: ticket})
+            c.set(f"{keys.queue}:{member.decode()}", place, px=5000)
+
+        def release_theirs() -> None:
+            _reading(client)  # the main thread reads: the hand-off comes to it
+            theirs.release()  # the node hands the lock to the departed waiter
+
+        threading.Thread(target=release_theirs, daemon=True).start()
+        interrupt_at(_feed())
+        try:
+            with pytest.raises(Interrupted):
+                client.acquire(key + "-main", ttl=30, timeout=20)
+        finally:
+            sys.settrace(None)
+        with node.client() as c:
+            poll_until(lambda: c.get(keys.lock) is None, "the node held by a departed waiter", 2.0)
+            assert c.zcard(keys.queue) == 0
         mine.release()
 
 

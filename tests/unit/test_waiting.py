@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -346,6 +347,27 @@ def test_a_departure_that_holds_keeps_what_comes_until_it_departs_again() -> Non
     # Departing again hands back nothing more: the kept nodes were given once.
     assert departed.add("w", declined.append, until=10.0, now=4.0) == []
     assert not departed.decline("w", 1, now=11.0)  # past its time
+
+
+def test_what_a_lost_read_may_have_held_is_declined_for_every_departed_waiter() -> None:
+    """A notification read from a node and lost (an interrupt in the thread reading it)
+    may have been a hand-off to any waiter departed lately: each is declined on that
+    node, those whose time is over excepted, and one whose release round is still under
+    way (``hold``) keeps the node until it departs again."""
+    declined: list[tuple[str, int]] = []
+    departed = Departed()
+    assert not len(departed)
+
+    def decliner(waiter: str) -> Callable[[int], None]:
+        return lambda node: declined.append((waiter, node))
+
+    for waiter, until in (("a", 10.0), ("b", 2.0), ("c", 10.0)):
+        departed.add(waiter, decliner(waiter), until, now=0.0)
+    departed.add("d", decliner("d"), 10.0, now=0.0, hold=True)
+    assert len(departed) == 4
+    departed.decline_all(1, now=5.0)
+    assert declined == [("a", 1), ("c", 1)]
+    assert departed.add("d", lambda node: None, 10.0, now=6.0) == [1]
 
 
 def _give_up_hold(dequeue_answered_by: list[bool]) -> float:

@@ -311,6 +311,18 @@ class Departed:
         entry[1](node)
         return True
 
+    def decline_all(self, node: int, now: float) -> None:
+        """Decline on ``node`` what may have come for every waiter departed lately (as
+        ``decline`` does for one): a notification read from that node was lost (an
+        interrupt in the thread reading it), and it may have been a hand-off to one of
+        them, which nobody would decline. A dequeue that finds nothing of its waiter
+        does nothing."""
+        for waiter in list(self._until):
+            self.decline(waiter, node, now)
+
+    def __len__(self) -> int:
+        return len(self._until)
+
 
 # A departed waiter: until when, how to decline, and the nodes kept meanwhile (None: none
 # are kept, each is declined as it comes).

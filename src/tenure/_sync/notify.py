@@ -57,6 +57,7 @@ from .._driver.ready import readable
 from .._driver.redis_compat import diagnose
 from .._driver.replies import reply_reader
 from .._driver.report import NodeReporter
+from .._driver.threads import start_thread
 from .cluster import ClusterState
 from .connect import SetUp
 from .links import NodeState
@@ -387,9 +388,21 @@ class Listener:
         half a message, and another waiter's notification with it. The connection is
         closed, not read on out of step (the rest of a message taken for garbage: "not
         the Redis protocol", a misconfiguration that is not one), and set up again at
-        once, the node having done nothing wrong; every waiter re-checks now."""
+        once, the node having done nothing wrong; every waiter re-checks now, and what
+        may have come for the departed is declined again (``_decline_lost``)."""
         self._close(i)
         self._nudge_all()
+        self._decline_lost(i)
+
+    def _decline_lost(self, i: int) -> None:
+        """A notification from node ``i`` was lost: it may have been a hand-off to a
+        waiter that departed lately, which its re-check cannot answer (it no longer
+        waits), so the node would be held by nobody for a TTL. Each of them is declined
+        on that node again (``Departed.decline_all``), from a thread: this runs as an
+        interrupt leaves, and a decline waits for the node's answer."""
+        departed = self.departed
+        if len(departed):
+            start_thread(partial(departed.decline_all, i, time.monotonic()), "tenure-decline")
 
     def _lost(self, i: int, now: float) -> None:
         """Node ``i``'s subscription connection failed (refused, timed out, closed). A
@@ -549,10 +562,12 @@ class Listener:
 
     def _cut_link(self, i: int, where: Address, link: _ShardLink) -> None:
         """``_cut`` for a sharded-subscription connection: dropped as one that failed
-        (its subscriptions asked again once it is back), every waiter re-checks now."""
+        (its subscriptions asked again once it is back), every waiter re-checks now,
+        and the departed are declined again on its node."""
         with self._shard_lock:
             self._drop_link(i, where, link, time.monotonic())
         self._nudge_all()
+        self._decline_lost(i)
 
     def _read_link(self, i: int, where: Address, link: _ShardLink) -> None:
         sock = link.sock
