@@ -45,6 +45,7 @@ __all__ = [
     "client_name_ok",
     "connection_kwargs",
     "diagnose",
+    "disconnect",
     "dropped",
     "has_unread",
     "kernel_timeouts",
@@ -121,6 +122,18 @@ def own_connection(pool: Any) -> Any:
     tenure supports. Not connected yet."""
     return pool.connection_class(**pool.connection_kwargs)
 
+
+def disconnect(conn: Any) -> None:
+    """``conn.disconnect()``, its socket closed even if an interrupt (Ctrl-C) lands in
+    it: redis-py lets go of the socket, then runs Python code (the shutdown among it)
+    before it closes it, and a socket so dropped was left unclosed to the garbage
+    collector (a ``ResourceWarning``, the file descriptor held until collected)."""
+    sock = conn._sock
+    try:
+        conn.disconnect()
+    finally:
+        if sock is not None:
+            sock.close()  # (nothing more once closed)
 
 def node_pool(
     address: NodeAddress,

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import redis
 
 from .._driver.guard import Guard
-from .._driver.redis_compat import kernel_timeouts
+from .._driver.redis_compat import disconnect, kernel_timeouts
 from .._driver.threads import start_thread
 
 __all__ = ["SetUp"]
@@ -89,7 +89,7 @@ class SetUp:
             self._abandoned = True
             done, talking = self._done, self._talking
         if done:
-            self._conn.disconnect()  # type: ignore[no-untyped-call]
+            disconnect(self._conn)
         elif talking:
             sock: socket.socket | None = self._conn._sock  # (typed as never None)
             if sock is not None:

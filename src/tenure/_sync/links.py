@@ -76,6 +76,7 @@ from .._driver.redis_compat import (
     before_first_reply,
     closed_by_peer,
     diagnose,
+    disconnect,
     has_unread,
     node_pool,
     own_connection,
@@ -558,7 +559,7 @@ class Link:
             self.setup.abandon()
             self.setup = None
         if self.conn is not None:
-            self.conn.disconnect()  # type: ignore[no-untyped-call]
+            disconnect(self.conn)
             self.conn = None
         self.io = None
         self.owed = 0

@@ -54,7 +54,7 @@ from .._core.waiting import (
 from .._driver.events import Condition, Event
 from .._driver.guard import Guard, taker
 from .._driver.ready import readable
-from .._driver.redis_compat import diagnose
+from .._driver.redis_compat import diagnose, disconnect
 from .._driver.replies import reply_reader
 from .._driver.report import NodeReporter
 from .._driver.threads import start_thread
@@ -379,7 +379,7 @@ class Listener:
         self._conns[i] = self._socks[i] = None
         if conn is not None:
             with contextlib.suppress(Exception):
-                conn.disconnect()  # type: ignore[attr-defined]
+                disconnect(conn)
         self._up[i] = False
 
     def _cut(self, i: int) -> None:
@@ -549,7 +549,7 @@ class Listener:
         link.outbox = []
         if conn is not None:
             with contextlib.suppress(Exception):
-                conn.disconnect()  # type: ignore[attr-defined]
+                disconnect(conn)
 
     def _drop_link(self, i: int, where: Address, link: _ShardLink, now: float) -> None:
         """The connection to a master failed: its subscriptions are gone (asked again
