@@ -825,8 +825,9 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
             expect: int | None = None,
             notes: tuple[str, ...] = (),
             ticket: int | None = None,
+            late: bool = False,
         ) -> None:
-            extra: tuple[object, ...] = ("c",) if cleanup else ()
+            extra: tuple[object, ...] = ("c",) if cleanup else ("l",) if late else ()
             if ticket is not None:
                 extra = ("c", ticket, f"ch:{key}:{w} {alive}", alive)
             real = c.eval(
@@ -835,7 +836,7 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
             )  # fmt: skip
             place = None if ticket is None else (ticket, f"ch:{key}:{w} {alive}", alive)
             mirror = release_wait_lua(
-                fake, bus, keys, w, mode, arg, 0, cleanup, RETENTION, fencing, place
+                fake, bus, keys, w, mode, arg, 0, cleanup, RETENTION, fencing, place, late
             )
             assert real == mirror, w
             if expect is not None:
@@ -967,10 +968,23 @@ def test_the_fake_node_answers_like_redis(shared5: LocalCluster, key: str) -> No
         same_state("", 1400)
         both_acquire("e", "q", 1400, 80, place=0, expect=tl)
         same_state("", 1400)
-        # One that deletes its key leaves the floor as the grant left it.
+        # One that deletes its key leaves the floor as the grant left it...
         both_acquire("e", "q", 1500, 80, place=0, expect=granted)
         both_release("e", "q", 1700, fencing=1600, expect=1)
         same_state("", 1500)
+        # ... unless an attempt of its call may still come ("l"): the key may be an
+        # earlier grant's, and the late attempt's proposal higher.
+        both_acquire("e", "q", 1600, 80, place=0, expect=granted)
+        both_release("e", "q", 1800, fencing=1700, late=True, expect=1)
+        same_state("", 1700)
+        both_acquire("e", "q", 1700, 80, place=0, expect=tl)  # that attempt, refused
+        same_state("", 1700)
+        # Not where another client holds the lock: the floor is that lease's token.
+        both_acquire("a", "q", 1800, 90, place=0, expect=granted)
+        both_release("e", "q", 2000, fencing=1900, late=True, expect=0)
+        same_state("a", 1800)
+        both_release("a", "q", 2000, fencing=1800, expect=1)
+        same_state("", 1800)
         nothing_more()
         sub.close()
         if kept is None:

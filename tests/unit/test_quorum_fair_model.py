@@ -157,6 +157,7 @@ class Command:
     fencing: int = 0  # release: the lease's token (0: a cleanup or a give-up)
     # A cleanup's place, as it puts its waiter back in line: (ticket, record, life ms).
     requeue: tuple[int, str, int] | None = None
+    late: bool = False  # release: an attempt of the lease's call may still come ("l")
 
     @classmethod
     def read(cls, packed: bytes) -> Command:
@@ -173,7 +174,7 @@ class Command:
         if len(keys) == 1:
             return cls("delete", args[0])
         assert args[1] == "q"
-        assert args[5:6] in ([], ["c"])
+        assert args[5:6] in ([], ["c"], ["l"])
         assert len(args) in (5, 6, 9)
         requeue = (int(args[6]), args[7], int(args[8])) if len(args) == 9 else None
         return cls(
@@ -183,6 +184,7 @@ class Command:
             cleanup=args[5:6] == ["c"],
             fencing=int(args[4]),
             requeue=requeue,
+            late=args[5:6] == ["l"],
         )
 
 
@@ -297,7 +299,7 @@ class QuorumFairModel(RuleBasedStateMachine):
         return release_wait_lua(
             self.nodes[i], self.buses[i], KEYS, command.token, "q",
             self.hand_off_token(command.arg, i), self.ms, command.cleanup, SPEC.retention_ms,
-            command.fencing, command.requeue,
+            command.fencing, command.requeue, command.late,
         )  # fmt: skip
 
     # --- helpers ------------------------------------------------------------------------

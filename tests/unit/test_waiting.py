@@ -481,3 +481,86 @@ def test_a_lease_whose_call_left_a_cleanup_unawaited_lingers() -> None:
     reaches the id. A call whose every command was answered leaves nothing behind."""
     assert _handed_over(first_node_grants=True)
     assert not _handed_over(first_node_grants=False)
+
+
+def _release_of(
+    attempts: list[list[bool | None]], *, handed: bool = False
+) -> tuple[list[str], list[int]]:
+    """The ARGV from the fifth on of the release of the lease a fair quorum call gets,
+    and the proposals of its attempts: each attempt of ``attempts`` answered per node
+    (True granted, False held, None not heard when its round ended), the call waiting
+    after each failed one; with ``handed``, the lease comes by a hand-off after the last
+    attempt, with the token 90 (below every proposal: the wall clock, from 100 up)."""
+    from tenure._core.acquire import LeaseState
+    from tenure._core.flows import AwaitWake, Flows, Listen, Run
+
+    from .model_flows import ModelInbox, ModelLease, decode
+
+    config = ClientConfig.build([f"redis://node{i}" for i in range(3)], recheck=0.5)
+    spec = LockSpec.build(config, "r", TTL)
+    wall = [99]
+
+    def wall_us() -> int:
+        wall[0] += 1
+        return wall[0]
+
+    flows = Flows(config, ["a", "b", "c"], random.Random(0), clock=lambda: 0.0, wall_us=wall_us)
+    flow = flows.acquire(spec, True, None, waiter="w", channel="ch", listening=True)
+    op = next(flow)
+    inbox = ModelInbox("w", 2)
+    made = 0
+    proposals: list[int] = []
+    while True:
+        result: object = None
+        if isinstance(op, Listen):
+            result = inbox
+        elif isinstance(op, Run) and op.targets is None:  # an attempt
+            proposal = int(decode(op.command.packed)[2][2])
+            proposals.append(proposal)
+            for i, answer in enumerate(attempts[made]):
+                if answer is not None:
+                    granted = (1, proposal, proposal)
+                    op.rnd.record(i, answer, granted if answer else (HELD, 5, 5, 8000))
+            made += 1
+        elif isinstance(op, AwaitWake) and handed and made == len(attempts):
+            inbox.put(0, Wake("w", 90))
+            inbox.put(1, Wake("w", 90))
+            result = True
+        elif isinstance(op, AwaitWake):
+            result = False  # nothing heard: a re-check, the next attempt
+        try:
+            op = flow.send(result)
+        except StopIteration as done:
+            lease = done.value
+            break
+    assert made == len(attempts)
+    assert isinstance(lease, LeaseState)
+    releasing = flows.release(ModelLease(lease, spec))
+    release = next(releasing)
+    while not isinstance(release, Run):  # (a lingering lease departs first)
+        release = releasing.send(None)
+    return decode(release.command.packed)[2][4:], proposals
+
+
+def test_a_release_raises_every_floor_above_a_late_attempt_that_could_grant() -> None:
+    """An attempt some node had not answered may still run there after the lease's
+    release (which may go on another connection) and grant the lock there for its TTL.
+    A release that finds no key raises the node's floor to the lease's token, which
+    refuses a late attempt proposing no more. That is enough for a lease its call's
+    first attempt granted; after more attempts or a hand-off, the node may hold the key
+    from those, and the late attempt may propose more than the lease's token: the
+    release then raises every floor ("l") to the highest late proposal (ARGV[5])."""
+    # Granted by the first attempt: only the token (no "l").
+    argv, (first,) = _release_of([[True, True, None]])
+    assert argv == [str(first)]
+    # Granted by a re-check, the first attempt answered everywhere: no attempt is late.
+    argv, (_, second) = _release_of([[False, False, False], [True, True, True]])
+    assert argv == [str(second)]
+    # Granted by a re-check not heard from everywhere: "l", its proposal.
+    argv, (_, second) = _release_of([[False, False, False], [True, True, None]])
+    assert argv == [str(second), "l"]
+    # Handed over (token 90) after an attempt not heard from everywhere: "l", above 90.
+    argv, (first,) = _release_of([[False, False, None]], handed=True)
+    assert argv == [str(first), "l"]
+    argv, _ = _release_of([[False, False, False]], handed=True)
+    assert argv == ["90"]

@@ -173,6 +173,10 @@ class LeaseState:
     # or a cleanup that put it back in line was not awaited (``Flows._lease_of``).
     # ``Flows._departure`` declines what reaches it then.
     lingers: bool = False
+    # The highest proposal of an attempt of its call that some node may still run after
+    # its release, where that attempt could grant (``Flows._lease_of``): the release
+    # raises every node's floor to it, so it is refused. 0: none.
+    late: int = 0
     # The round that granted it, None for a fair hand-off: which nodes may hold its key
     # (``Round.maybe_holding``: the granting ones, and those not heard from when the
     # round was decided), asked only when a release could not reach every node.

@@ -690,12 +690,15 @@ def release_waking(
     cleanup: bool = False,
     by_sha: bool = False,
     place: WaitArgs | None = None,
+    late: bool = False,
 ) -> Command:
     """A lease's release: compare-and-delete, then pass the lock on to the next waiter
     (``mode`` as in ``WaitArgs``): "n" wakes it and reserves the lock for it for ``arg``
     ms; "f" hands the lock over; "q" hands it over with the fencing token ``arg``.
     ``fencing``: the lease's token, to which a node that no longer (or not yet) holds the
     key raises its floor (release.lua); 0 for no lease (a cleanup, a waiter giving up).
+    ``late``: an attempt of the lease's call may still reach some node, proposing up to
+    ``fencing``: every node raises its floor to it, its key there or not ("l").
     ``cleanup``: releasing a failed attempt's grants, the caller keeps its place;
     ``place`` (fair on a quorum, a waiter that queues): its place is set again first,
     at its ticket (release.lua ARGV[7..9]).
@@ -703,7 +706,7 @@ def release_waking(
     round or, late, by the drivers (``Command.resend_late``); else by EVAL (``_eval``)."""
     keys = spec.keys
     queue_keys = (keys.lock, keys.floor, keys.queue)
-    extra: tuple[str | int | None, ...] = ("c",) if cleanup else ()
+    extra: tuple[str | int | None, ...] = ("c",) if cleanup else ("l",) if late else ()
     values: tuple[str | int, ...] = (token, arg, fencing)
     if cleanup and place is not None and place.place_ms:
         record = f"{place.channel} {spec.ttl_ms}" + (f" {SHARDED}" if place.sharded else "")

@@ -340,11 +340,16 @@ class WatchedLease(Protocol):
 class _Call:
     """What one acquire call has done that its end must undo."""
 
-    __slots__ = ("inbox", "queued", "strays")
+    __slots__ = ("attempts", "inbox", "late", "queued", "strays")
 
     def __init__(self) -> None:
         self.inbox: Inbox | None = None
         self.queued = False
+        self.attempts = 0
+        # The highest proposal of an attempt some node had not answered when its round
+        # ended: that node may still run it, even after the lease's release, and grant it
+        # (``LeaseState.late``). 0: none.
+        self.late = 0
         # An attempt that carried a place was not heard from some node when its round
         # ended, or a failed attempt's cleanup that puts the waiter back in line was not
         # awaited: that node may still run it (even on a connection given up since),
@@ -480,20 +485,17 @@ class Flows:
                 call.queued = True
                 call.inbox.take()  # this attempt sees every release notified so far
             rnd = acq.begin(self.clock())
+            proposal = acq.proposal(self.wall_us())
             command = self.replicated(
-                commands.acquire(
-                    spec,
-                    token,
-                    acq.proposal(self.wall_us()),
-                    acq.mark,
-                    self.config.max_ttl_ms,
-                    wait_args,
-                )
+                commands.acquire(spec, token, proposal, acq.mark, self.config.max_ttl_ms, wait_args)
             )
+            call.attempts += 1
             try:
                 yield Run(command, rnd, acq.deadline(rnd), hopeless_unsent=True)
-                if place and (rnd.unheard or rnd.failed):
-                    call.strays = True
+                if rnd.unheard or rnd.failed:
+                    call.late = max(call.late, proposal)
+                    if place:
+                        call.strays = True
                 step = acq.conclude(rnd, token, self.clock())
                 self.fence_floor = max(self.fence_floor, acq.floor)
                 if isinstance(step, Granted):
@@ -547,8 +549,16 @@ class Flows:
         the id where another client holds the lock by then; that client's release then
         hands the lock to it. (An attempt that was answered ran before the release: on
         that node the release takes the id out of the queue.)"""
-        if call.strays:  # (only a command that carried a place sets it)
-            return replace(lease, lingers=True)
+        # An attempt that may still reach a node can grant there after the release,
+        # unless its proposal is not above that node's floor then: a release that finds
+        # no key of the lease raises the floor to the lease's token, which covers a
+        # lease the call's first attempt granted (its only attempt, proposing that
+        # token). After other attempts or a hand-off, the node may hold the key from
+        # those, with a lower token, and the late proposal may be above the lease's:
+        # its release raises every floor to it (``release_waking``'s ``late``).
+        late = call.late if call.attempts > 1 or lease.acquired_in is None else 0
+        if call.strays or late:  # (only a command that carried a place sets ``strays``)
+            return replace(lease, lingers=call.strays, late=late)
         return lease
 
     def _end_call(
@@ -592,8 +602,8 @@ class Flows:
             yield Unlisten(waiter)
         # A lease's release with its fencing token, as ``release`` sends it: a node where
         # its key is gone raises its floor to the token (a late attempt is refused).
-        fencing = 0 if granted is None else granted.fencing_token
-        dequeue = commands.dequeue(self.release_waking(spec, waiter, fencing))
+        fencing, late = (0, 0) if granted is None else (granted.fencing_token, granted.late)
+        dequeue = commands.dequeue(self.release_waking(spec, waiter, fencing, late=late))
         yield self._send(dequeue, frozenset(range(self.n)))
 
     def _leave(
@@ -756,8 +766,9 @@ class Flows:
         majority confirmed (or can't), within ``RELEASE_PATIENCE`` node timeouts."""
         now = self.clock()
         rnd = Round(self.n, self.config.quorum, now)
+        state = lease._state
         command = self.release_waking(
-            lease._spec, lease.token, lease._state.fencing_token, by_sha=True
+            lease._spec, lease.token, state.fencing_token, by_sha=True, late=state.late
         )
         return Run(command, rnd, now + RELEASE_PATIENCE * self.config.node_timeout)
 
@@ -814,7 +825,10 @@ class Flows:
         already, so neither the caller nor its watchdog would release it again, and its
         keys would hold the lock for nobody until the TTL. Sent again by EVAL, behind
         whatever went out (a node that ran the first one finds no key of the lease)."""
-        command = self.release_waking(lease._spec, lease.token, lease._state.fencing_token)
+        state = lease._state
+        command = self.release_waking(
+            lease._spec, lease.token, state.fencing_token, late=state.late
+        )
         return self._send(command, rnd.unanswered())
 
     def _departure(self, lease: WatchedLease, *, hold: bool = False) -> Depart:
@@ -933,16 +947,29 @@ class Flows:
         cleanup: bool = False,
         by_sha: bool = False,
         place: commands.WaitArgs | None = None,
+        late: int = 0,
     ) -> Command:
         """release.lua for a lease (or, with a waiter id, a waiter giving up): delete our
         key, leave the queue (``cleanup``: stay, at ``place``'s ticket), pass the lock on
-        to the next waiter. ``by_sha``: by EVALSHA (a lease's release, ``_release_round``)."""
+        to the next waiter. ``by_sha``: by EVALSHA (a lease's release, ``_release_round``).
+        ``late``: the lease's ``LeaseState.late``: every node raises its floor to it (or
+        to ``fencing``, if higher), whether or not it holds the key."""
+        if late > fencing:
+            fencing = late  # the hand-off's token is then above it too
         if spec.wait_mode is WaitMode.FAIR_QUORUM:
             arg = waiting.handoff_token(self.wall_us(), fencing, self.fence_floor)
         else:
             arg = self.hold_ms
         return commands.release_waking(
-            spec, token, spec.mode, arg, fencing, cleanup=cleanup, by_sha=by_sha, place=place
+            spec,
+            token,
+            spec.mode,
+            arg,
+            fencing,
+            cleanup=cleanup,
+            by_sha=by_sha,
+            place=place,
+            late=late > 0,
         )
 
     def dequeue(self, spec: LockSpec, waiter: str) -> Command:

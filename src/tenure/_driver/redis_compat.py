@@ -135,6 +135,7 @@ def disconnect(conn: Any) -> None:
         if sock is not None:
             sock.close()  # (nothing more once closed)
 
+
 def node_pool(
     address: NodeAddress,
     config: ClientConfig,

@@ -10,11 +10,13 @@
 -- ARGV[3]  (waiting only) "n": how long the lock stays reserved for the woken head, ms;
 --          "q": the fencing token of the hand-off (see handoff.lua.inc)
 -- ARGV[4]  (waiting only) the retention in milliseconds, for a hand-off's floor
--- ARGV[5]  (waiting only) the fencing token of the lease being released; "0" for a
---          cleanup or a waiter giving up (no lease)
+-- ARGV[5]  (waiting only) the fencing token of the lease being released, or the highest
+--          proposal of an attempt of its call that a node may still run if that is
+--          higher (see below); "0" for a cleanup or a waiter giving up (no lease)
 -- ARGV[6]  (waiting only, optional) "c": the cleanup of a failed attempt: the caller
 --          keeps its place in the queue, and if it heads the queue the lock is left free
---          here (it is the one a hand-off would go to)
+--          here (it is the one a hand-off would go to); "l": the release of a lease whose
+--          call left an attempt some node had not answered (see below)
 -- ARGV[7]  (a cleanup, fair on a quorum, of a waiter that queues) its ticket: it is put
 --          back in line there first, with ARGV[8] its place ("<channel> <ttl_ms>[ s]",
 --          as acquire.lua writes it) living ARGV[9] ms. A node that handed it the lock,
@@ -32,6 +34,12 @@
 -- connection (the blocking client's threads share a pool of them), which a node may run
 -- first. That acquire proposes the lease's token, so once the floor is not below it, it
 -- is refused ("too low") instead of taking the lock for a whole TTL after its release.
+-- With "l", the floor is raised whether or not the key was ours: the key may be an
+-- earlier grant or a hand-off with a lower token, and an attempt of the call that this
+-- node had not answered, which the client knows, may still come here proposing up to
+-- ARGV[5]. Not where another client holds the lock: that attempt finds it held, and a
+-- floor above that lease's token would break what a lease's floor says (its token,
+-- committed there).
 -- Raising a floor is always safe (tokens only have to be above it); a node without one
 -- is left blank (the floor is its incarnation, see acquire.lua), and a blank node
 -- grants nothing anyway.

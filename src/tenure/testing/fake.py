@@ -517,12 +517,13 @@ def release_wait_lua(
     retention_ms: int = RETENTION_MS,
     fencing: int = 0,
     place: tuple[int, str, int] | None = None,
+    late: bool = False,
 ) -> int:
     """``release.lua`` with KEYS lock, floor, queue and ARGV[2..9] (a lease's
     release, a waiter giving up, or with ``cleanup`` the release of a failed attempt's
     grants, "c", and ``place`` its ticket, place record and place's life, ARGV[7..9]).
     ``fencing``: the lease's token, to which the floor of a node without our key is
-    raised (0: no lease)."""
+    raised (0: no lease); with ``late`` ("l"), of every node but one another holds."""
     released = 0
     if node.get(keys.lock, now) == token:
         node.delete(keys.lock, now)
@@ -535,7 +536,8 @@ def release_wait_lua(
         node.set(f"{keys.queue}:{token}", record, now, px=place_ms)
         if node.pttl(keys.queue, now) < place_ms:
             node.pexpire(keys.queue, place_ms, now)
-    if released == 0 and fencing:
+    held = late and released == 0 and node.exists(keys.lock, now) == 1
+    if (released == 0 or late) and fencing and not held:
         floor = node.get(keys.floor, now)
         if floor is not None and int(floor) < fencing:
             commit_lua(node, keys, fencing, retention_ms, now)
@@ -634,9 +636,10 @@ def eval_packed(
     assert bus is not None
     lock = LockKeys(lock=keys[0], floor=keys[1], queue=keys[2])
     cleanup = args[5:6] == ["c"]
-    assert cleanup or len(args) == 5
+    late = args[5:6] == ["l"]
+    assert cleanup or len(args) == 5 or (late and len(args) == 6)
     requeue = (int(args[6]), args[7], int(args[8])) if len(args) == 9 else None
     return release_wait_lua(
         node, bus, lock, args[0], args[1], int(args[2]), now, cleanup, int(args[3]), int(args[4]),
-        requeue,
+        requeue, late,
     )  # fmt: skip
