@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -51,3 +52,22 @@ def _until_interrupted(operation: Callable[[], object], after: float) -> None:
     signal.setitimer(signal.ITIMER_REAL, after)
     for _ in range(10**7):
         operation()
+
+
+def raising_at_return(
+    k: int, exc: type[BaseException] = Interrupt
+) -> Callable[[FrameType, str, object], None]:
+    """A profile hook (``sys.setprofile``) raising ``exc`` as the ``k``-th C call
+    returns, as a signal's handler may (the hook is not called for C functions that C
+    code calls)."""
+    returns = 0
+
+    def hook(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal returns
+        if event == "c_return":
+            returns += 1
+            if returns == k:
+                sys.setprofile(None)
+                raise exc
+
+    return hook

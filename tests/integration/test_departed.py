@@ -21,7 +21,7 @@ import tenure
 from tenure._core.config import LockKeys
 from tenure._core.flows import Depart
 from tenure._core.waiting import Departed
-from tenure.testing import LocalCluster
+from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import Api
 from .queues import GIVE_UP, gave_up, watch_place
@@ -80,18 +80,8 @@ def test_a_released_lease_whose_attempt_a_node_may_still_run_declines_its_hand_o
         lease.release()
     finally:
         frozen.resume()
-    held = holder.acquire(key, ttl=30.0)
-    with first.client() as c:
-        # The attempt runs late on the first node: the lease's id is queued behind the holder.
-        c.zadd(keys.queue, {waiter: ticket})
-        c.set(f"{keys.queue}:{waiter}", place, px=5000)
-        held.release()  # the first node hands the lock to the released lease's id
-        api.wait_until(
-            lambda: c.get(keys.lock) is None,
-            2.0,
-            "the node stayed held by the waiter id of a released lease",
-        )
-        assert c.zcard(keys.queue) == 0
+    # The attempt runs late on the first node: the lease's id is queued behind the holder.
+    _late_in_line_is_declined(api, first, keys, waiter, ticket, place, holder, key)
 
 
 def test_a_released_lease_whose_cleanup_a_node_may_still_run_declines_its_hand_off(
@@ -153,18 +143,34 @@ def test_a_released_lease_whose_cleanup_a_node_may_still_run_declines_its_hand_o
         member, ticket, place = seen[0]
         assert member.decode() == lease.token
         lease.release()
-        held = holder.acquire(key, ttl=30.0)
-        with first.client() as c:
-            # The cleanup runs late on the first node: the lease's id is back in line.
-            c.zadd(keys.queue, {member: ticket})
-            c.set(f"{keys.queue}:{lease.token}", place, px=5000)
-            held.release()  # the first node hands the lock to the released lease's id
-            api.wait_until(
-                lambda: c.get(keys.lock) is None,
-                2.0,
-                "the node stayed held by the waiter id of a released lease",
-            )
-            assert c.zcard(keys.queue) == 0
+        # The cleanup runs late on the first node: the lease's id is back in line.
+        _late_in_line_is_declined(api, first, keys, lease.token, ticket, place, holder, key)
+
+
+def _late_in_line_is_declined(
+    api: Api,
+    node: LocalNode,
+    keys: LockKeys,
+    waiter: str,
+    ticket: float,
+    place: bytes,
+    holder: Any,
+    key: str,
+) -> None:
+    """A released lease's id is put back in ``node``'s queue (what a command of its
+    call that the node runs late leaves), behind ``holder``'s new lease, whose release
+    then hands the node the lock: its client declines it, and the node is free again."""
+    held = holder.acquire(key, ttl=30.0)
+    with node.client() as c:
+        c.zadd(keys.queue, {waiter: ticket})
+        c.set(f"{keys.queue}:{waiter}", place, px=5000)
+        held.release()  # the node hands the lock to the released lease's id
+        api.wait_until(
+            lambda: c.get(keys.lock) is None,
+            2.0,
+            "the node stayed held by the waiter id of a released lease",
+        )
+        assert c.zcard(keys.queue) == 0
 
 
 class _Spy(Departed):

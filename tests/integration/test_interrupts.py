@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import CodeType, FrameType
 from typing import Any
 
@@ -28,6 +28,7 @@ from tenure._driver.redis_compat import disconnect
 from tenure.testing import LocalCluster
 
 from ..locks import free_to_another_thread
+from ..signals import raising_at_return
 from .conftest import Interrupted, holders, interrupt_at, poll_until
 from .queues import GIVE_UP, gave_up
 
@@ -340,6 +341,17 @@ def _reading(client: tenure.Client) -> None:
         time.sleep(0.005)
 
 
+def _waits_interrupted_as_it_parses(client: tenure.Client, name: str) -> None:
+    """``client`` waits for ``name`` (held), reading the notification sockets, and is
+    interrupted as it next parses what it read (the interrupt comes out of the call)."""
+    interrupt_at(_feed())
+    try:
+        with pytest.raises(Interrupted):
+            client.acquire(name, ttl=30, timeout=20)
+    finally:
+        sys.settrace(None)
+
+
 def test_an_interrupt_between_a_notification_read_and_its_parse_is_not_a_misconfiguration(
     shared5: LocalCluster, key: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -409,12 +421,7 @@ def test_an_interrupt_as_notifications_are_read_loses_no_other_waiters(
         other = threading.Thread(target=other_waiter, daemon=True)
         other.start()
         threading.Thread(target=release_theirs, daemon=True).start()
-        interrupt_at(_feed())
-        try:
-            with pytest.raises(Interrupted):
-                client.acquire(key + "-main", ttl=30, timeout=20)
-        finally:
-            sys.settrace(None)
+        _waits_interrupted_as_it_parses(client, key + "-main")
         other.join(20.0)
         assert got
         assert released
@@ -446,12 +453,7 @@ def test_an_interrupt_as_notifications_are_read_loses_no_hand_off_to_a_departed_
             theirs.release()  # the node hands the lock to the departed waiter
 
         threading.Thread(target=release_theirs, daemon=True).start()
-        interrupt_at(_feed())
-        try:
-            with pytest.raises(Interrupted):
-                client.acquire(key + "-main", ttl=30, timeout=20)
-        finally:
-            sys.settrace(None)
+        _waits_interrupted_as_it_parses(client, key + "-main")
         with node.client() as c:
             poll_until(lambda: c.get(keys.lock) is None, "the node held by a departed waiter", 2.0)
             assert c.zcard(keys.queue) == 0
@@ -472,7 +474,7 @@ def test_a_connection_closed_as_an_interrupt_lands_leaves_no_socket_open(
         conn: Any = redis.Connection(host=node.host, port=node.port)  # type: ignore[no-untyped-call]
         conn.connect()
         sock = conn._sock
-        sys.setprofile(_raising_at_return(k))
+        sys.setprofile(raising_at_return(k, Interrupted))
         try:
             disconnect(conn)
         except Interrupted:
@@ -483,21 +485,6 @@ def test_a_connection_closed_as_an_interrupt_lands_leaves_no_socket_open(
             sys.setprofile(None)
         assert sock.fileno() == -1, f"left open by an interrupt at C call {k}"
     assert landed > 2
-
-
-def _raising_at_return(k: int) -> Callable[[FrameType, str, object], None]:
-    """A profile hook that raises ``Interrupted`` as the ``k``-th C call returns."""
-    returns = 0
-
-    def hook(frame: FrameType, event: str, arg: object) -> None:
-        nonlocal returns
-        if event == "c_return":
-            returns += 1
-            if returns == k:
-                sys.setprofile(None)
-                raise Interrupted
-
-    return hook
 
 
 # A grant that takes the node some 10 ms to run (tenure's takes some 30 µs), written 2 ms

@@ -13,7 +13,6 @@ import sys
 import threading
 from collections.abc import Callable
 from functools import partial
-from types import FrameType
 
 import pytest
 
@@ -21,7 +20,13 @@ from tenure._driver.events import Condition, Event
 from tenure._driver.guard import Guard
 
 from ..locks import free_to_another_thread
-from ..signals import Interrupt, interrupt, main_thread_signals, raising_on_alarm
+from ..signals import (
+    Interrupt,
+    interrupt,
+    main_thread_signals,
+    raising_at_return,
+    raising_on_alarm,
+)
 
 
 def _in_thread(fn: Callable[[], object]) -> threading.Thread:
@@ -110,22 +115,6 @@ def test_notify_all_wakes_every_waiter() -> None:
     assert woken == [True, True, True]
 
 
-def _raising_at_return(k: int) -> Callable[[FrameType, str, object], None]:
-    """A profile hook raising as the ``k``-th C call returns, as a signal's handler
-    may (the hook is not called for C functions that C code calls)."""
-    returns = 0
-
-    def hook(frame: FrameType, event: str, arg: object) -> None:
-        nonlocal returns
-        if event == "c_return":
-            returns += 1
-            if returns == k:
-                sys.setprofile(None)
-                raise Interrupt
-
-    return hook
-
-
 class _Waking:
     """Two threads waiting on an ``Event`` (``set``) or a ``Condition``
     (``notify_all``), and the wake that ends their waits."""
@@ -166,7 +155,7 @@ def test_a_wake_interrupted_as_any_call_returns_wakes_all_its_waiters_or_none(
     for k in range(1, 100):
         waking = _Waking(kind)
         listed = list(waking.waiters)
-        sys.setprofile(_raising_at_return(k))
+        sys.setprofile(raising_at_return(k))
         try:
             waking.wake()
         except Interrupt:
