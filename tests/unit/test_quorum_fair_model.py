@@ -52,7 +52,9 @@ Invariants, after every step (times in model ms, the core's seconds are ms / 100
 (c) fencing tokens strictly increase in the order leases are granted;
 (d) while a lease is valid, the floor of every node that granted it equals its token
     (the token is committed by a majority, as docs/waiting.md argues; with one lock,
-    nothing else raises a floor while the lock is held there);
+    nothing else raises a floor while the lock is held there), or is above it if
+    another lease's release with "l" (an attempt of its call may still come) raised it
+    there meanwhile, as it does whoever holds the lock;
 
 and, at the end of every run, (e) liveness smoke: once everything in flight has been
 delivered and every key and place has expired, a client that wants the lock, driven
@@ -269,6 +271,9 @@ class QuorumFairModel(RuleBasedStateMachine):
         self.clients = [self._spawn() for _ in range(K)]
         self.leases: list[Lease] = []
         self.last_token = 0
+        # By node: the holder of the lock when another lease's release with "l" raised
+        # the floor there (invariant (d)).
+        self.raised_over: list[str | None] = [None] * N
         self.story: list[str] = []
         self.failed = False
         self.active = K
@@ -296,6 +301,9 @@ class QuorumFairModel(RuleBasedStateMachine):
         )  # fmt: skip
 
     def node_release(self, i: int, command: Command) -> int:
+        holder = self.nodes[i].get(KEYS.lock, self.ms)
+        if command.late and holder not in (None, command.token):
+            self.raised_over[i] = holder
         return release_wait_lua(
             self.nodes[i], self.buses[i], KEYS, command.token, "q",
             self.hand_off_token(command.arg, i), self.ms, command.cleanup, SPEC.retention_ms,
@@ -648,7 +656,9 @@ class QuorumFairModel(RuleBasedStateMachine):
                         f"{lease} it granted ends"
                     )
                 floor = self.nodes[i].floor_of(KEYS, self.ms)
-                if floor != lease.state.fencing_token:
+                token = lease.state.fencing_token
+                raised = self.raised_over[i] == lease.waiter
+                if floor != token and not (raised and floor is not None and floor > token):
                     self._fail(
                         f"(d) node {i} has floor {floor} at {self.ms} ms while the lease "
                         f"{lease} it granted is valid"

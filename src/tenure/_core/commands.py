@@ -698,8 +698,7 @@ def release_waking(
     ``fencing``: the lease's token, to which a node that no longer (or not yet) holds the
     key raises its floor (release.lua); 0 for no lease (a cleanup, a waiter giving up).
     ``late``: an attempt of the lease's call may still reach some node, proposing up to
-    ``fencing``: every node raises its floor to it, its key there or not, but one where
-    another client holds the lock ("l").
+    ``fencing``: every node raises its floor to it, its key there or not ("l").
     ``cleanup``: releasing a failed attempt's grants, the caller keeps its place;
     ``place`` (fair on a quorum, a waiter that queues): its place is set again first,
     at its ticket (release.lua ARGV[7..9]).

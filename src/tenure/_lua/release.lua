@@ -37,9 +37,9 @@
 -- With "l", the floor is raised whether or not the key was ours: the key may be an
 -- earlier grant or a hand-off with a lower token, and an attempt of the call that this
 -- node had not answered, which the client knows, may still come here proposing up to
--- ARGV[5]. Not where another client holds the lock: that attempt finds it held, and a
--- floor above that lease's token would break what a lease's floor says (its token,
--- committed there).
+-- ARGV[5]. Even where another client holds the lock: it may release before that
+-- attempt comes, which would then find the lock free. That lease's floor is then above
+-- its token, which is safe: a floor only has to be at least every token committed.
 -- Raising a floor is always safe (tokens only have to be above it); a node without one
 -- is left blank (the floor is its incarnation, see acquire.lua), and a blank node
 -- grants nothing anyway.

@@ -523,7 +523,7 @@ def release_wait_lua(
     release, a waiter giving up, or with ``cleanup`` the release of a failed attempt's
     grants, "c", and ``place`` its ticket, place record and place's life, ARGV[7..9]).
     ``fencing``: the lease's token, to which the floor of a node without our key is
-    raised (0: no lease); with ``late`` ("l"), of every node but one another holds."""
+    raised (0: no lease); with ``late`` ("l"), of every node."""
     released = 0
     if node.get(keys.lock, now) == token:
         node.delete(keys.lock, now)
@@ -536,8 +536,7 @@ def release_wait_lua(
         node.set(f"{keys.queue}:{token}", record, now, px=place_ms)
         if node.pttl(keys.queue, now) < place_ms:
             node.pexpire(keys.queue, place_ms, now)
-    held = late and released == 0 and node.exists(keys.lock, now) == 1
-    if (released == 0 or late) and fencing and not held:
+    if (released == 0 or late) and fencing:
         floor = node.get(keys.floor, now)
         if floor is not None and int(floor) < fencing:
             commit_lua(node, keys, fencing, retention_ms, now)
