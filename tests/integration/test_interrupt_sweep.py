@@ -148,7 +148,9 @@ def _allowed_misses(nodes: LocalCluster, count: int) -> int:
     (a connection not checked this time, a wait that loops once less): a tenth on one
     node, a fifth on three, where the order of the nodes' replies and notifications
     varies the path more (a counted wait behind a holder took 579 points every time on
-    one node, 593 to 987 on three, with up to 94 of them not reached again)."""
+    one node, 593 to 987 on three, with up to 94 of them not reached again; now and then
+    some 1,130, of which the swept cycles missed 267 to 297: the contended sweep counts
+    the shortest of three cycles)."""
     return count // (10 if len(nodes.urls) == 1 else 5)
 
 
@@ -357,9 +359,19 @@ def test_an_interrupt_anywhere_in_a_contended_cycle_lets_the_lock_go(
         for _ in range(3):
             run(cycle)
             assert waiter.done() in (None, True)
-        counted = Points()
-        run(cycle, counted)
-        assert waiter.done() in (None, True)
+        # The shortest of three counted cycles: a cycle waiting on three nodes now and
+        # then takes a longer way (a notification that comes before the attempt that
+        # queued it is answered, and the like), whose extra points the swept cycles,
+        # taking the usual way, would nearly all miss.
+        shortest: Points | None = None
+        for _ in range(3):
+            counted = Points()
+            run(cycle, counted)
+            assert waiter.done() in (None, True)
+            if shortest is None or counted.count < shortest.count:
+                shortest = counted
+        assert shortest is not None
+        counted = shortest
         assert counted.count > 100, counted.count
         documented: list[str] = []
         missed = 0
