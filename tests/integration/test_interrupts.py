@@ -341,13 +341,15 @@ def _reading(client: tenure.Client) -> None:
         time.sleep(0.005)
 
 
-def _waits_interrupted_as_it_parses(client: tenure.Client, name: str) -> None:
+def _waits_interrupted_as_it_parses(
+    client: tenure.Client, name: str, timeout: float = 20.0
+) -> None:
     """``client`` waits for ``name`` (held), reading the notification sockets, and is
     interrupted as it next parses what it read (the interrupt comes out of the call)."""
     interrupt_at(_feed())
     try:
         with pytest.raises(Interrupted):
-            client.acquire(name, ttl=30, timeout=20)
+            client.acquire(name, ttl=30, timeout=timeout)
     finally:
         sys.settrace(None)
 
@@ -373,12 +375,7 @@ def test_an_interrupt_between_a_notification_read_and_its_parse_is_not_a_misconf
                 c.publish(client._listener.channel, b"x" * 300_000)
 
         threading.Thread(target=publish, daemon=True).start()
-        interrupt_at(_feed())
-        try:
-            with pytest.raises(Interrupted):
-                client.acquire(key, ttl=30, timeout=10)
-        finally:
-            sys.settrace(None)
+        _waits_interrupted_as_it_parses(client, key, timeout=10.0)
         time.sleep(0.5)  # the subscriber thread reads what the connection still has
         said = [r.getMessage() for r in caplog.records if r.name.startswith("tenure")]
         assert not [m for m in said if "Redis protocol" in m], said
