@@ -119,6 +119,11 @@ class SetUp:
             kernel_timeouts(conn._sock, node_timeout)  # type: ignore[arg-type]
         except Exception as exc:  # reported to the round, which classifies it
             error = exc
+        # The hook held this set-up, and the set-up the connection: a cycle, which left a
+        # connection dropped unclosed (a second Ctrl-C as its link was closed) to the
+        # cyclic collector, which may finalize its socket before redis-py's ``__del__``
+        # closes it (a ``ResourceWarning``). Without it, dropping one closes its socket.
+        conn.redis_connect_func = None
         with self._lock:
             self.error = error
             self._done = True
