@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenure import ConfigurationError
-from tenure._core.acquire import HELD, Acquisition, GiveUp, Granted, Retry, Wait
+from tenure._core.acquire import HELD, Acquisition, GiveUp, Granted, LeaseState, Retry, Wait
 from tenure._core.config import ClientConfig, LockSpec
 from tenure._core.policy import wait_random, wait_random_exponential
 from tenure._core.quorum import Round
@@ -426,72 +427,19 @@ def test_a_waiter_whose_dequeue_a_node_missed_is_declined_for_much_longer() -> N
     assert _give_up_hold([True, True, False]) == pytest.approx(short + UNHEARD_DEPARTURE)
 
 
-def _handed_over(first_node_grants: bool) -> bool:
-    """Whether the lease a fair quorum waiter is handed lingers (``LeaseState.lingers``),
-    when every node answered its one attempt: "held" on all, or, with
-    ``first_node_grants``, granted by the first node alone (a split its cleanup releases
-    there, putting it back in line)."""
-    from tenure._core.acquire import LeaseState
-    from tenure._core.flows import AwaitWake, Flows, Listen, Run
-
-    from .model_flows import ModelInbox
-
-    config = ClientConfig.build([f"redis://node{i}" for i in range(3)], recheck=0.5)
-    spec = LockSpec.build(config, "r", TTL)
-    flows = Flows(config, ["a", "b", "c"], random.Random(0), clock=lambda: 0.0, wall_us=lambda: 1)
-    flow = flows.acquire(spec, True, None, waiter="w", channel="ch", listening=True)
-    op = next(flow)
-    inbox = ModelInbox("w", 2)
-    attempts = cleanups = 0
-    while True:
-        result: object = None
-        if isinstance(op, Listen):
-            result = inbox
-        elif isinstance(op, Run) and op.targets is None:  # the attempt: every node answers
-            attempts += 1
-            for i in range(3):
-                if i == 0 and first_node_grants:
-                    op.rnd.record(i, True, (1, 6, 6))
-                else:
-                    op.rnd.record(i, False, (HELD, 5, 5, 8000))
-        elif isinstance(op, Run):  # the cleanup of the first node's grant: not awaited
-            cleanups += 1
-            assert op.targets == [0]
-        elif isinstance(op, AwaitWake):  # the holder's release hands the lock over
-            inbox.put(1, Wake("w", 50))
-            inbox.put(2, Wake("w", 50))
-            result = True
-        try:
-            op = flow.send(result)
-        except StopIteration as done:
-            lease = done.value
-            break
-    assert isinstance(lease, LeaseState)
-    assert lease.fencing_token == 50
-    assert (attempts, cleanups) == (1, int(first_node_grants))
-    return lease.lingers
+class _FairCall(NamedTuple):
+    lease: LeaseState
+    release: list[str]  # the ARGV of its release, from the fifth on
+    proposals: list[int]  # of its attempts, in order
+    cleanups: int  # commands sent to some nodes only, not awaited
 
 
-def test_a_lease_whose_call_left_a_cleanup_unawaited_lingers() -> None:
-    """Fair on a quorum, a failed attempt's grants are released by a cleanup that puts
-    the waiter back in line, written before it waits and not awaited. A node may run it
-    after the lease's release, which goes on another connection (the blocking client's
-    calls borrow theirs from a pool), and queue the lease's id again: the lease lingers,
-    as one whose attempt a node did not answer, and its release declines what still
-    reaches the id. A call whose every command was answered leaves nothing behind."""
-    assert _handed_over(first_node_grants=True)
-    assert not _handed_over(first_node_grants=False)
-
-
-def _release_of(
-    attempts: list[list[bool | None]], *, handed: bool = False
-) -> tuple[list[str], list[int]]:
-    """The ARGV from the fifth on of the release of the lease a fair quorum call gets,
-    and the proposals of its attempts: each attempt of ``attempts`` answered per node
-    (True granted, False held, None not heard when its round ended), the call waiting
-    after each failed one; with ``handed``, the lease comes by a hand-off after the last
-    attempt, with the token 90 (below every proposal: the wall clock, from 100 up)."""
-    from tenure._core.acquire import LeaseState
+def _fair_call(attempts: list[list[bool | None]], *, handed: bool = False) -> _FairCall:
+    """A fair quorum call driven by hand, and its lease's release: each attempt of
+    ``attempts`` answered per node (True granted, False held, None not heard when its
+    round ended), the call waiting after each failed one; with ``handed``, the lease
+    comes by a hand-off after the last attempt, from the first two nodes that answered
+    it "held", with the token 90 (below every proposal: the wall clock, from 100 up)."""
     from tenure._core.flows import AwaitWake, Flows, Listen, Run
 
     from .model_flows import ModelInbox, ModelLease, decode
@@ -508,23 +456,25 @@ def _release_of(
     flow = flows.acquire(spec, True, None, waiter="w", channel="ch", listening=True)
     op = next(flow)
     inbox = ModelInbox("w", 2)
-    made = 0
     proposals: list[int] = []
+    cleanups = 0
     while True:
         result: object = None
         if isinstance(op, Listen):
             result = inbox
         elif isinstance(op, Run) and op.targets is None:  # an attempt
             proposal = int(decode(op.command.packed)[2][2])
-            proposals.append(proposal)
-            for i, answer in enumerate(attempts[made]):
+            for i, answer in enumerate(attempts[len(proposals)]):
                 if answer is not None:
                     granted = (1, proposal, proposal)
                     op.rnd.record(i, answer, granted if answer else (HELD, 5, 5, 8000))
-            made += 1
-        elif isinstance(op, AwaitWake) and handed and made == len(attempts):
-            inbox.put(0, Wake("w", 90))
-            inbox.put(1, Wake("w", 90))
+            proposals.append(proposal)
+        elif isinstance(op, Run):
+            cleanups += 1
+        elif isinstance(op, AwaitWake) and handed and len(proposals) == len(attempts):
+            held = [i for i, answer in enumerate(attempts[-1]) if answer is False]
+            for i in held[:2]:
+                inbox.put(i, Wake("w", 90))
             result = True
         elif isinstance(op, AwaitWake):
             result = False  # nothing heard: a re-check, the next attempt
@@ -533,13 +483,28 @@ def _release_of(
         except StopIteration as done:
             lease = done.value
             break
-    assert made == len(attempts)
+    assert len(proposals) == len(attempts)
     assert isinstance(lease, LeaseState)
     releasing = flows.release(ModelLease(lease, spec))
     release = next(releasing)
     while not isinstance(release, Run):  # (a lingering lease departs first)
         release = releasing.send(None)
-    return decode(release.command.packed)[2][4:], proposals
+    return _FairCall(lease, decode(release.command.packed)[2][4:], proposals, cleanups)
+
+
+def test_a_lease_whose_call_left_a_cleanup_unawaited_lingers() -> None:
+    """Fair on a quorum, a failed attempt's grants are released by a cleanup that puts
+    the waiter back in line, written before it waits and not awaited. A node may run it
+    after the lease's release, which goes on another connection (the blocking client's
+    calls borrow theirs from a pool), and queue the lease's id again: the lease lingers,
+    as one whose attempt a node did not answer, and its release declines what still
+    reaches the id. A call whose every command was answered leaves nothing behind."""
+    split = _fair_call([[True, False, False]], handed=True)  # granted by the first alone
+    assert (split.lease.fencing_token, split.cleanups) == (90, 1)
+    assert split.lease.lingers
+    held = _fair_call([[False, False, False]], handed=True)
+    assert (held.lease.fencing_token, held.cleanups) == (90, 0)
+    assert not held.lease.lingers
 
 
 def test_a_release_raises_every_floor_above_a_late_attempt_that_could_grant() -> None:
@@ -551,16 +516,16 @@ def test_a_release_raises_every_floor_above_a_late_attempt_that_could_grant() ->
     from those, and the late attempt may propose more than the lease's token: the
     release then raises every floor ("l") to the highest late proposal (ARGV[5])."""
     # Granted by the first attempt: only the token (no "l").
-    argv, (first,) = _release_of([[True, True, None]])
-    assert argv == [str(first)]
+    call = _fair_call([[True, True, None]])
+    assert call.release == [str(call.proposals[0])]
     # Granted by a re-check, the first attempt answered everywhere: no attempt is late.
-    argv, (_, second) = _release_of([[False, False, False], [True, True, True]])
-    assert argv == [str(second)]
+    call = _fair_call([[False, False, False], [True, True, True]])
+    assert call.release == [str(call.proposals[1])]
     # Granted by a re-check not heard from everywhere: "l", its proposal.
-    argv, (_, second) = _release_of([[False, False, False], [True, True, None]])
-    assert argv == [str(second), "l"]
+    call = _fair_call([[False, False, False], [True, True, None]])
+    assert call.release == [str(call.proposals[1]), "l"]
     # Handed over (token 90) after an attempt not heard from everywhere: "l", above 90.
-    argv, (first,) = _release_of([[False, False, None]], handed=True)
-    assert argv == [str(first), "l"]
-    argv, _ = _release_of([[False, False, False]], handed=True)
-    assert argv == ["90"]
+    call = _fair_call([[False, False, None]], handed=True)
+    assert call.release == [str(call.proposals[0]), "l"]
+    call = _fair_call([[False, False, False]], handed=True)
+    assert call.release == ["90"]
