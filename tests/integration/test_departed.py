@@ -147,6 +147,47 @@ def test_a_released_lease_whose_cleanup_a_node_may_still_run_declines_its_hand_o
         _late_in_line_is_declined(api, first, keys, lease.token, ticket, place, holder, key)
 
 
+def test_a_hand_off_lost_with_the_notification_connection_is_declined_once_it_is_back(
+    api: Api, shared5: LocalCluster, key: str
+) -> None:
+    """A release hands the lock to a waiter that departed (its place kept by a node its
+    dequeue missed) and publishes to its process, which the node counts as received;
+    the client's notification connection is lost before the message leaves the node
+    (here killed in the release's own transaction). Nothing then declined the hand-off:
+    the waiter no longer waits, so no re-check answers it, and the node was held by
+    nobody for the TTL. Once the client is subscribed there again, every waiter that
+    departed lately is declined on that node."""
+    node = shared5.nodes[0]
+    keys = LockKeys.of(key)
+    client = api.client([node.url])
+    with tenure.Client([node.url]) as holder:
+        theirs = holder.acquire(key, ttl=30.0)
+        member, ticket, place = gave_up(client, node, key, GIVE_UP)
+        release = holder._flows.release_waking(
+            theirs._spec, theirs.token, theirs._state.fencing_token
+        )
+        with node.client() as c:
+            c.zadd(keys.queue, {member: ticket})
+            c.set(f"{keys.queue}:{member.decode()}", place, px=5000)
+            conn = c.connection_pool.get_connection()
+            try:
+                kill = b"*4\r\n$6\r\nCLIENT\r\n$4\r\nKILL\r\n$4\r\nTYPE\r\n$6\r\npubsub\r\n"
+                conn.send_packed_command(
+                    [b"*1\r\n$5\r\nMULTI\r\n", release.packed, kill, b"*1\r\n$4\r\nEXEC\r\n"]
+                )
+                replies = [conn.read_response() for _ in range(4)]
+            finally:
+                c.connection_pool.release(conn)
+            assert replies[3][1] >= 1, replies  # the subscription killed
+            assert c.get(keys.lock) == member  # handed to the departed waiter
+            api.wait_until(
+                lambda: c.get(keys.lock) is None,
+                3.0,
+                "the node stayed held by a departed waiter whose hand-off was lost",
+            )
+            assert c.zcard(keys.queue) == 0
+
+
 def _late_in_line_is_declined(
     api: Api,
     node: LocalNode,

@@ -491,13 +491,17 @@ class AsyncListener:
                         if not lost.done():
                             lost.set_result(ResponseRefused(reply.message))
                         return
-                    if self._board.message(reply, i, time.monotonic()):
+                    now = time.monotonic()
+                    if self._board.message(reply, i, now):
                         self._up[i] = True
                         reconnect.succeeded()
                         if all(self._up) and self._all_up is not None:
                             self._all_up.set()
                         if ever:
+                            # Subscribed again: the connection before was lost, and
+                            # what it was bringing with it (``Departed.decline_all``).
                             self._nudge_all()
+                            self.departed.decline_all(i, now)
                         ever = True
 
                 transport = conn._writer.transport  # type: ignore[union-attr]

@@ -313,9 +313,10 @@ class Departed:
 
     def decline_all(self, node: int, now: float) -> None:
         """Decline on ``node`` what may have come for every waiter departed lately (as
-        ``decline`` does for one): a notification read from that node was lost (an
-        interrupt in the thread reading it), and it may have been a hand-off to one of
-        them, which nobody would decline. A dequeue that finds nothing of its waiter
+        ``decline`` does for one): a notification from that node was lost (its
+        subscription connection lost, or cut by an interrupt in the thread reading it),
+        and it may have been a hand-off to one of them, which the node counted as
+        received and nobody would decline. A dequeue that finds nothing of its waiter
         does nothing."""
         for waiter in list(self._until):
             self.decline(waiter, node, now)

@@ -177,6 +177,7 @@ class Listener:
         self._thread: threading.Thread | None = None
         self._waker: tuple[socket.socket, socket.socket] | None = None
         self._up = [False] * n
+        self._subscribed = [False] * n  # node i's subscription was ever confirmed
         self._socks: list[socket.socket | None] = [None] * n
         self._conns: list[object] = [None] * n
         self._setups: list[SetUp | None] = [None] * n  # connections being set up
@@ -389,17 +390,21 @@ class Listener:
         closed, not read on out of step (the rest of a message taken for garbage: "not
         the Redis protocol", a misconfiguration that is not one), and set up again at
         once, the node having done nothing wrong; every waiter re-checks now, and what
-        may have come for the departed is declined again (``_decline_lost``)."""
+        may have come for the departed is declined again once it is back (``_handle``,
+        ``_decline_lost``), as after any lost connection."""
         self._close(i)
         self._nudge_all()
-        self._decline_lost(i)
 
     def _decline_lost(self, i: int) -> None:
-        """A notification from node ``i`` was lost: it may have been a hand-off to a
-        waiter that departed lately, which its re-check cannot answer (it no longer
-        waits), so the node would be held by nobody for a TTL. Each of them is declined
-        on that node again (``Departed.decline_all``), from a thread: this runs as an
-        interrupt leaves, and a decline waits for the node's answer."""
+        """Node ``i``'s subscription connection was lost (an interrupt as it was read,
+        the node closing it, a network fault), and what it was bringing with it: maybe
+        a hand-off to a waiter that departed lately, which the node counted as received
+        and which a re-check cannot answer (that waiter no longer waits), so the node
+        would be held by nobody for a TTL. Each of them is declined on that node
+        (``Departed.decline_all``): once the node's subscription is confirmed again
+        (``_handle``: the node is back), or, a sharded subscription's connection cut by
+        an interrupt, at once (``_cut_link``). From a thread: a decline waits for the
+        node's answer."""
         departed = self.departed
         if len(departed):
             start_thread(partial(departed.decline_all, i, time.monotonic()), "tenure-decline")
@@ -777,6 +782,9 @@ class Listener:
             # waiter that started the listener waits for it): each such release dropped
             # its waiter from the queue. They re-check now, and queue again.
             self._nudge_all()
+            if self._subscribed[i]:
+                self._decline_lost(i)  # what the lost connection was bringing
+            self._subscribed[i] = True
         return True
 
 
