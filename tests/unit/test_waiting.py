@@ -352,9 +352,9 @@ def test_a_departure_that_holds_keeps_what_comes_until_it_departs_again() -> Non
 
 def test_what_a_lost_read_may_have_held_is_declined_for_every_departed_waiter() -> None:
     """A notification from a node lost (its connection lost, or cut by an interrupt in
-    the thread reading it) may have been a hand-off to any waiter departed lately: each is declined on that
-    node, those whose time is over excepted, and one whose release round is still under
-    way (``hold``) keeps the node until it departs again."""
+    the thread reading it) may have been a hand-off to any waiter departed lately: each
+    is declined on that node, those whose time is over excepted, and one whose release
+    round is still under way (``hold``) keeps the node until it departs again."""
     declined: list[tuple[str, int]] = []
     departed = Departed()
     assert not len(departed)

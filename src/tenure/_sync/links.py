@@ -47,6 +47,7 @@ import socket
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NoReturn
 
 import redis
@@ -84,6 +85,7 @@ from .._driver.redis_compat import (
     timed_out,
 )
 from .._driver.report import NodeReporter
+from .._driver.threads import start_thread
 from .connect import SetUp
 from .flusher import hand_over
 
@@ -552,6 +554,12 @@ class Link:
         except OSError:
             return None
         return io.sock
+
+    def detach(self) -> Any:
+        """Hand the connection over (to be closed by whoever takes it: ``let_go``); the
+        link then closes without it."""
+        conn, self.conn = self.conn, None
+        return conn
 
     def close(self) -> None:
         """Close the connection (or abandon its set-up); owe nothing."""
@@ -1048,21 +1056,49 @@ def let_go(sets: Sequence[LinkSet]) -> None:
     (all of them at once: a client closed with a frozen node waits that long, not that
     long per set), as the asyncio client's close gives requests already made; then
     closed. (A Cluster node's link reads the answers of what it wrote behind in a thread
-    of its own: ``ClusterLink.close``.)
+    of its own: ``ClusterLink.close``.) Another interrupt (Ctrl-C) as it waits leaves
+    those not at their end yet to a thread, which reads them on until the same deadline
+    and then closes them: closed at once, they were reset, and what was written behind
+    was lost again (``_close_all``).
     """
     ending: dict[Any, Link] = {}
+    deadline = 0.0
     try:
+        patience = max((link.node.timeout for links in sets for link in links.links), default=0.0)
+        deadline = monotonic() + patience
         for links in sets:
             ending.update(links.end_writing())
-        patience = max((link.node.timeout for link in ending.values()), default=0.0)
-        _read_to_end(ending, monotonic() + patience)
+        _read_to_end(ending, deadline)
     finally:
-        for links in sets:
-            for link in links.links:
-                link.close()
+        _close_all(sets, ending, deadline)
 
 
-def _read_to_end(ending: dict[Any, Link], deadline: float) -> None:
+def _close_all(sets: Sequence[LinkSet], ending: dict[Any, Link], deadline: float) -> None:
+    """Close every connection of ``sets``; those of ``ending`` (shut for writing, their
+    end not read yet) are handed to a thread that reads them to their end first, while
+    ``deadline`` allows: ``let_go``'s reading was cut short by an interrupt. Not a
+    daemon: a program that ends of the interrupt waits for it, up to ``deadline``."""
+    if ending and deadline > monotonic():
+        conns = {sock: link.detach() for sock, link in ending.items()}
+        read_on = partial(_read_then_close, conns, deadline)
+        if start_thread(read_on, "tenure-let-go", daemon=False) is None:
+            _read_then_close(conns, monotonic())  # no thread to be had: closed now
+    for links in sets:
+        for link in links.links:
+            link.close()
+
+
+def _read_then_close(conns: dict[Any, Any], deadline: float) -> None:
+    """Read the sockets of ``conns`` to their end (or ``deadline``), then close their
+    connections."""
+    try:
+        _read_to_end(dict(conns), deadline)
+    finally:
+        for conn in conns.values():
+            disconnect(conn)
+
+
+def _read_to_end(ending: dict[Any, Any], deadline: float) -> None:
     """Read the sockets of ``ending`` until each one's end comes, or ``deadline``.
 
     (A function of its own, not a loop in ``let_go``'s ``try``: docs/architecture.md,
