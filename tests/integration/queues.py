@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from tenure._core.config import LockKeys
 from tenure.testing import LocalNode
@@ -42,11 +42,14 @@ def watch_place(
     return watcher, seen, stop
 
 
-def gave_up(waiter: Any, node: LocalNode, key: str, timeout: float) -> tuple[bytes, float, bytes]:
+def gave_up(
+    waiter: Any, node: LocalNode, key: str, timeout: float, keys: LockKeys | None = None
+) -> tuple[bytes, float, bytes]:
     """``waiter`` (a client) waits for ``key``'s lock, held by another, and gives up after
     ``timeout``; what it was queued with on ``node``, to put back later: its queue entry
-    and its place. The lock's TTL (10 s) outlasts every test's check."""
-    keys = LockKeys.of(key)
+    and its place. The lock's TTL (10 s) outlasts every test's check. ``keys``: the
+    lock's keys where they are not ``LockKeys.of(key)`` (a Redis Cluster node's)."""
+    keys = keys or LockKeys.of(key)
     watcher, seen, stop = watch_place(node, keys)
     try:
         assert waiter.lock(key, ttl=10.0).acquire(timeout=timeout) is False
@@ -55,3 +58,30 @@ def gave_up(waiter: Any, node: LocalNode, key: str, timeout: float) -> tuple[byt
         watcher.join()
     assert seen, "the waiter was never queued"
     return seen[0]
+
+
+def release_losing_its_notification(
+    node: LocalNode, client: Any, lease: Any, look: str
+) -> bytes | None:
+    """Run the release of ``lease`` (the blocking ``client``'s) on ``node``, every pub/sub
+    connection there killed in the same transaction: the release hands the lock over (or
+    reserves it for the woken waiter) and notifies, the node counts the receiver, and
+    the message never leaves it. Returns the value of the key ``look`` (the lock, or its
+    reservation) right after the release, in the same transaction."""
+    from tenure._core.commands import pack
+
+    release = client._flows.release_waking(lease._spec, lease.token, lease._state.fencing_token)
+    kill = pack("CLIENT", "KILL", "TYPE", "pubsub")
+    with node.client() as c:
+        conn = c.connection_pool.get_connection()
+        try:
+            conn.send_packed_command(
+                [pack("MULTI"), release.packed, pack("GET", look), kill, pack("EXEC")]
+            )
+            replies = [conn.read_response() for _ in range(5)]
+        finally:
+            c.connection_pool.release(conn)
+    released, value, killed = replies[4]
+    assert released == 1, replies
+    assert killed >= 1, replies  # the notification connections
+    return cast("bytes | None", value)

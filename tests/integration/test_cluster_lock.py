@@ -33,6 +33,7 @@ from tenure.testing.topologies import _free_port_pair
 
 from .conftest import Api, Interrupted, interrupt_at, redis_6_2
 from .garbage import GarbageServer
+from .queues import GIVE_UP, gave_up, release_losing_its_notification, watch_place
 
 TTL = 2.0
 # These tests are about routing, not timing: a loaded machine may take longer than the
@@ -375,6 +376,66 @@ def test_sharded_subscriptions_cancelled_from_outside_are_made_again(
         asyncio.run(main())
     finally:
         holder.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_hand_off_lost_with_a_sharded_subscription_is_declined(
+    cluster: LocalRedisCluster, key: str, flavour: str
+) -> None:
+    """A slot's master wakes a waiter that departed (its place kept there, a dequeue
+    missed) and reserves the lock for it, notifying its process on the slot's sharded
+    channel, which another waiter of the process keeps subscribed: counted as
+    received. The subscription's connection is lost before the message leaves: the
+    lock stayed reserved for nobody (two of the releaser's node timeouts: 10 s here),
+    the departed waiter first in line. The departed are declined as the connection's
+    subscriptions are found lost, at the slot's master, which drops the reservation
+    and the waiter's place at once."""
+    name, keys, owner = _a_sharded_lock(cluster, key)
+    other = _name_in_slot(key_slot(keys.lock), key + "-other")  # its waiter keeps it subscribed
+    reserved = keys.queue + ":next"
+    with tenure.Client([cluster.url], node_timeout=5.0) as holder:
+        theirs = holder.acquire(name, ttl=30.0)
+        kept = holder.acquire(other, ttl=30.0)
+
+        def lost_and_declined(member: bytes, ticket: float, place: bytes) -> None:
+            assert place.endswith(b" s"), place
+            with owner.client() as c:
+                c.zadd(keys.queue, {member: ticket})
+                c.set(f"{keys.queue}:{member.decode()}", place, px=5000)
+                # Reserved for the departed waiter:
+                assert release_losing_its_notification(owner, holder, theirs, reserved) == member
+                _wait_for(
+                    lambda: c.get(reserved) is None,
+                    "the lock stayed reserved for a departed waiter whose wake was lost",
+                    3.0,
+                )
+                assert c.zcard(keys.queue) == 0
+            kept.release()
+
+        if flavour == "sync":
+            with tenure.Client([cluster.url], node_timeout=SLOW) as client:
+                thread, got = _waiting(client, other, 30.0)
+                _wait_for(lambda: _place(owner, _keys(other).queue), "the other waiter queued")
+                lost_and_declined(*gave_up(client, owner, name, GIVE_UP, keys))
+                thread.join()
+                assert "lease" in got, got
+
+        async def main() -> None:
+            async with tenure.AsyncClient([cluster.url], node_timeout=SLOW) as client:
+                waiter = asyncio.ensure_future(client.acquire(other, ttl=TTL, timeout=30.0))
+                await _until(lambda: _place(owner, _keys(other).queue), "the other waiter queued")
+                watcher, seen, stop = watch_place(owner, keys)
+                try:
+                    assert await client.lock(name, ttl=10.0).acquire(timeout=GIVE_UP) is False
+                finally:
+                    stop.set()
+                    watcher.join()
+                assert seen, "the waiter was never queued"
+                await asyncio.to_thread(lost_and_declined, *seen[0])
+                await (await waiter).release()
+
+        if flavour == "async":
+            asyncio.run(main())
 
 
 def test_a_waiter_on_a_slot_being_unsubscribed_hears_the_release(

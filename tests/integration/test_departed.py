@@ -24,7 +24,7 @@ from tenure._core.waiting import Departed
 from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import Api
-from .queues import GIVE_UP, gave_up, watch_place
+from .queues import GIVE_UP, gave_up, release_losing_its_notification, watch_place
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -163,23 +163,11 @@ def test_a_hand_off_lost_with_the_notification_connection_is_declined_once_it_is
     with tenure.Client([node.url]) as holder:
         theirs = holder.acquire(key, ttl=30.0)
         member, ticket, place = gave_up(client, node, key, GIVE_UP)
-        release = holder._flows.release_waking(
-            theirs._spec, theirs.token, theirs._state.fencing_token
-        )
         with node.client() as c:
             c.zadd(keys.queue, {member: ticket})
             c.set(f"{keys.queue}:{member.decode()}", place, px=5000)
-            conn = c.connection_pool.get_connection()
-            try:
-                kill = b"*4\r\n$6\r\nCLIENT\r\n$4\r\nKILL\r\n$4\r\nTYPE\r\n$6\r\npubsub\r\n"
-                conn.send_packed_command(
-                    [b"*1\r\n$5\r\nMULTI\r\n", release.packed, kill, b"*1\r\n$4\r\nEXEC\r\n"]
-                )
-                replies = [conn.read_response() for _ in range(4)]
-            finally:
-                c.connection_pool.release(conn)
-            assert replies[3][1] >= 1, replies  # the subscription killed
-            assert c.get(keys.lock) == member  # handed to the departed waiter
+            # Handed to the departed waiter:
+            assert release_losing_its_notification(node, holder, theirs, keys.lock) == member
             api.wait_until(
                 lambda: c.get(keys.lock) is None,
                 3.0,

@@ -377,6 +377,15 @@ class AsyncListener:
         if event.kind in ("moved", "ended", "again"):
             asyncio.get_running_loop().call_soon(self._replan)
 
+    def _subscriptions_lost(self, i: int) -> None:
+        """Sharded subscriptions at node ``i`` ended with their connection: their waiters
+        re-check, and what the connection was bringing, maybe a hand-off to a waiter
+        that departed lately (counted as received by the master, and answered by no
+        re-check), is declined for each of them (``Departed.decline_all``; the decline
+        goes to the slot's master, wherever it is by then)."""
+        self._nudge_all()
+        self.departed.decline_all(i, time.monotonic())
+
     async def _run_link(self, i: int, where: Address, link: _ShardLink) -> None:
         assert self._cluster is not None
         subs = self._shards[i]
@@ -422,7 +431,7 @@ class AsyncListener:
                     link.task = None
                     link.outbox = []
                     if subs.lost(where, self._cluster(i).begun):
-                        self._nudge_all()
+                        self._subscriptions_lost(i)
                 await conn.disconnect(nowait=True)
                 raise
             except _Cut:
@@ -433,7 +442,7 @@ class AsyncListener:
             link.outbox = []
             await conn.disconnect(nowait=True)
             if subs.lost(where, self._cluster(i).begun):
-                self._nudge_all()
+                self._subscriptions_lost(i)
             self._replan()  # asked again at the slots' owners (here once it is back)
             await asyncio.sleep(reconnect.failed(time.monotonic()))
         if link.task is asyncio.current_task():

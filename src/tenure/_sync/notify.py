@@ -402,9 +402,9 @@ class Listener:
         and which a re-check cannot answer (that waiter no longer waits), so the node
         would be held by nobody for a TTL. Each of them is declined on that node
         (``Departed.decline_all``): once the node's subscription is confirmed again
-        (``_handle``: the node is back), or, a sharded subscription's connection cut by
-        an interrupt, at once (``_cut_link``). From a thread: a decline waits for the
-        node's answer."""
+        (``_handle``: the node is back), or, a sharded subscription's connection, at
+        once (``_drop_link``: the decline goes to the slot's master, wherever it is by
+        then). From a thread: a decline waits for the node's answer."""
         departed = self.departed
         if len(departed):
             start_thread(partial(departed.decline_all, i, time.monotonic()), "tenure-decline")
@@ -556,23 +556,26 @@ class Listener:
             with contextlib.suppress(Exception):
                 disconnect(conn)
 
-    def _drop_link(self, i: int, where: Address, link: _ShardLink, now: float) -> None:
-        """The connection to a master failed: its subscriptions are gone (asked again
-        at the slots' owners once it or they are back); their waiters re-check."""
+    def _drop_link(
+        self, i: int, where: Address, link: _ShardLink, now: float, *, cut: bool = False
+    ) -> None:
+        """The connection to a master failed (``cut``: an interrupt cut its read): its
+        subscriptions are gone (asked again at the slots' owners once it or they are
+        back); their waiters re-check, and what it was bringing is declined for the
+        departed (``_decline_lost``)."""
         self._close_link(link)
         link.reconnect.failed(now)
         node = cast("ClusterState", self._nodes[i])
-        if self._shards[i].lost(where, node.begun):
+        if self._shards[i].lost(where, node.begun) or cut:
             self._nudge_all()
+            self._decline_lost(i)
 
     def _cut_link(self, i: int, where: Address, link: _ShardLink) -> None:
         """``_cut`` for a sharded-subscription connection: dropped as one that failed
         (its subscriptions asked again once it is back), every waiter re-checks now,
         and the departed are declined again on its node."""
         with self._shard_lock:
-            self._drop_link(i, where, link, time.monotonic())
-        self._nudge_all()
-        self._decline_lost(i)
+            self._drop_link(i, where, link, time.monotonic(), cut=True)
 
     def _read_link(self, i: int, where: Address, link: _ShardLink) -> None:
         sock = link.sock
