@@ -412,18 +412,11 @@ def test_a_hand_off_lost_with_a_sharded_subscription_is_declined(
                 assert c.zcard(keys.queue) == 0
             kept.release()
 
-        if flavour == "sync":
-            with tenure.Client([cluster.url], node_timeout=SLOW) as client:
-                thread, got = _waiting(client, other, 30.0)
-                _wait_for(lambda: _place(owner, _keys(other).queue), "the other waiter queued")
-                lost_and_declined(*gave_up(client, owner, name, GIVE_UP, keys))
-                thread.join()
-                assert "lease" in got, got
-
         async def main() -> None:
             async with tenure.AsyncClient([cluster.url], node_timeout=SLOW) as client:
                 waiter = asyncio.ensure_future(client.acquire(other, ttl=TTL, timeout=30.0))
                 await _until(lambda: _place(owner, _keys(other).queue), "the other waiter queued")
+                # (``gave_up``, for an asyncio client in its own loop.)
                 watcher, seen, stop = watch_place(owner, keys)
                 try:
                     assert await client.lock(name, ttl=10.0).acquire(timeout=GIVE_UP) is False
@@ -436,6 +429,13 @@ def test_a_hand_off_lost_with_a_sharded_subscription_is_declined(
 
         if flavour == "async":
             asyncio.run(main())
+        else:
+            with tenure.Client([cluster.url], node_timeout=SLOW) as client:
+                thread, got = _waiting(client, other, 30.0)
+                _wait_for(lambda: _place(owner, _keys(other).queue), "the other waiter queued")
+                lost_and_declined(*gave_up(client, owner, name, GIVE_UP, keys))
+                thread.join()
+                assert "lease" in got, got
 
 
 def test_a_waiter_on_a_slot_being_unsubscribed_hears_the_release(
