@@ -766,11 +766,16 @@ class Flows:
         majority confirmed (or can't), within ``RELEASE_PATIENCE`` node timeouts."""
         now = self.clock()
         rnd = Round(self.n, self.config.quorum, now)
-        state = lease._state
-        command = self.release_waking(
-            lease._spec, lease.token, state.fencing_token, by_sha=True, late=state.late
-        )
+        command = self._lease_release(lease, by_sha=True)
         return Run(command, rnd, now + RELEASE_PATIENCE * self.config.node_timeout)
+
+    def _lease_release(self, lease: WatchedLease, *, by_sha: bool = False) -> Command:
+        """release.lua for ``lease``: its token, its fencing token, and its late
+        proposal if it has one (``LeaseState.late``)."""
+        state = lease._state
+        return self.release_waking(
+            lease._spec, lease.token, state.fencing_token, by_sha=by_sha, late=state.late
+        )
 
     def _release_rounds(self, lease: WatchedLease, *, mark: bool) -> Flow[Round]:
         """The release round of ``lease`` (``mark``: marking the lease released as it
@@ -825,11 +830,7 @@ class Flows:
         already, so neither the caller nor its watchdog would release it again, and its
         keys would hold the lock for nobody until the TTL. Sent again by EVAL, behind
         whatever went out (a node that ran the first one finds no key of the lease)."""
-        state = lease._state
-        command = self.release_waking(
-            lease._spec, lease.token, state.fencing_token, late=state.late
-        )
-        return self._send(command, rnd.unanswered())
+        return self._send(self._lease_release(lease), rnd.unanswered())
 
     def _departure(self, lease: WatchedLease, *, hold: bool = False) -> Depart:
         """A lease whose waiter id may be queued again where its release has run (an
