@@ -60,6 +60,15 @@ def gave_up(
     return seen[0]
 
 
+def put_back(c: Any, keys: LockKeys, waiter: bytes | str, ticket: float, place: bytes) -> None:
+    """Put a waiter that gave up back in line on a node (``c``, a client of it): its queue
+    entry at ``ticket`` and its ``place``, live for 5 s, as a node its dequeue missed
+    still has them."""
+    member = waiter.decode() if isinstance(waiter, bytes) else waiter
+    c.zadd(keys.queue, {member: ticket})
+    c.set(f"{keys.queue}:{member}", place, px=5000)
+
+
 def release_losing_its_notification(
     node: LocalNode, client: Any, lease: Any, look: str
 ) -> bytes | None:

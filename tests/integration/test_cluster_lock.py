@@ -33,7 +33,7 @@ from tenure.testing.topologies import _free_port_pair
 
 from .conftest import Api, Interrupted, interrupt_at, redis_6_2
 from .garbage import GarbageServer
-from .queues import GIVE_UP, gave_up, release_losing_its_notification, watch_place
+from .queues import GIVE_UP, gave_up, put_back, release_losing_its_notification, watch_place
 
 TTL = 2.0
 # These tests are about routing, not timing: a loaded machine may take longer than the
@@ -400,8 +400,7 @@ def test_a_hand_off_lost_with_a_sharded_subscription_is_declined(
         def lost_and_declined(member: bytes, ticket: float, place: bytes) -> None:
             assert place.endswith(b" s"), place
             with owner.client() as c:
-                c.zadd(keys.queue, {member: ticket})
-                c.set(f"{keys.queue}:{member.decode()}", place, px=5000)
+                put_back(c, keys, member, ticket, place)
                 # Reserved for the departed waiter:
                 assert release_losing_its_notification(owner, holder, theirs, reserved) == member
                 _wait_for(

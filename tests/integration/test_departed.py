@@ -24,7 +24,7 @@ from tenure._core.waiting import Departed
 from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import Api
-from .queues import GIVE_UP, gave_up, release_losing_its_notification, watch_place
+from .queues import GIVE_UP, gave_up, put_back, release_losing_its_notification, watch_place
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -41,8 +41,7 @@ def test_a_hand_off_to_a_waiter_that_gave_up_is_declined(
     with last.client() as c:
         assert c.zcard(keys.queue) == 0  # its dequeue reached every node
         # ... but say it had missed this one: the place is back, still live.
-        c.zadd(keys.queue, {member: score})
-        c.set(f"{keys.queue}:{member.decode()}", place, px=5000)
+        put_back(c, keys, member, score, place)
         holder.release()  # this node hands the lock to the departed waiter
         # (The asyncio client reads its notifications only while its loop runs.)
         api.wait_until(
@@ -164,8 +163,7 @@ def test_a_hand_off_lost_with_the_notification_connection_is_declined_once_it_is
         theirs = holder.acquire(key, ttl=30.0)
         member, ticket, place = gave_up(client, node, key, GIVE_UP)
         with node.client() as c:
-            c.zadd(keys.queue, {member: ticket})
-            c.set(f"{keys.queue}:{member.decode()}", place, px=5000)
+            put_back(c, keys, member, ticket, place)
             # Handed to the departed waiter:
             assert release_losing_its_notification(node, holder, theirs, keys.lock) == member
             api.wait_until(
@@ -191,8 +189,7 @@ def _late_in_line_is_declined(
     then hands the node the lock: its client declines it, and the node is free again."""
     held = holder.acquire(key, ttl=30.0)
     with node.client() as c:
-        c.zadd(keys.queue, {waiter: ticket})
-        c.set(f"{keys.queue}:{waiter}", place, px=5000)
+        put_back(c, keys, waiter, ticket, place)
         held.release()  # the node hands the lock to the released lease's id
         api.wait_until(
             lambda: c.get(keys.lock) is None,
@@ -337,8 +334,7 @@ def test_a_waiter_cancelled_while_it_leaves_its_queues_declines_its_hand_off(
             finally:
                 frozen.resume()
             with first.client() as c:
-                c.zadd(keys.queue, {member: ticket})
-                c.set(f"{keys.queue}:{member.decode()}", place, px=5000)
+                put_back(c, keys, member, ticket, place)
                 await held.release()  # the first node hands the lock to the waiter
                 await until(
                     lambda: c.get(keys.lock) is None,
@@ -381,8 +377,7 @@ def test_a_decline_that_does_not_reach_its_node_is_sent_again(
             c.client_kill_filter(_id=client_id)
         c.config_set("maxclients", c.info("clients")["connected_clients"])
         try:
-            c.zadd(keys.queue, {member: ticket})
-            c.set(f"{keys.queue}:{member.decode()}", place, px=5000)
+            put_back(c, keys, member, ticket, place)
             held.release()  # hands the lock to the departed waiter
             api.idle(0.3)  # its declines are refused meanwhile
         finally:

@@ -32,7 +32,7 @@ from ..locks import free_to_another_thread
 from ..signals import raising_at_return
 from .conftest import Interrupted, holders, interrupt_at, poll_until
 from .points import Points
-from .queues import GIVE_UP, gave_up
+from .queues import GIVE_UP, gave_up, put_back
 
 
 @pytest.fixture
@@ -444,8 +444,7 @@ def test_an_interrupt_as_notifications_are_read_loses_no_hand_off_to_a_departed_
         theirs = holder_client.acquire(key, ttl=30)
         member, ticket, place = gave_up(client, node, key, GIVE_UP)
         with node.client() as c:
-            c.zadd(keys.queue, {member: ticket})
-            c.set(f"{keys.queue}:{member.decode()}", place, px=5000)
+            put_back(c, keys, member, ticket, place)
 
         def release_theirs() -> None:
             _reading(client)  # the main thread reads: the hand-off comes to it
