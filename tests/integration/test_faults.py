@@ -222,6 +222,44 @@ def test_a_failed_attempt_on_connections_given_up_as_stalled_leaves_no_key(
     other.acquire(key, ttl=5.0, timeout=2.0).release()
 
 
+def test_a_connection_given_up_as_stalled_runs_all_it_carries_once_its_node_wakes(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    """A node frozen while a lease is taken (by the others) and twenty more cycles run:
+    its connection carries the lease's grant and forty requests behind it, unanswered.
+    Past ``STALL`` the lease's release finds the connection stalled, is written on it
+    behind the rest, and the node is given up. When it wakes it must run all of it,
+    the release last. Closed at once (as the blocking client did), the connection lost
+    all but the first few of its commands when the node woke (a node that finds a
+    connection closed under its answers drops the rest unread): the release never ran,
+    and the node held the lease's key, and others, for their TTL."""
+    client = api.client(cluster5.urls, node_timeout=0.5)
+    client.acquire(f"{key}-warm", ttl=5.0).release()  # connections up
+    frozen = cluster5.nodes[4]
+    with frozen.client() as c:
+        connected = c.info("clients")["connected_clients"]
+        frozen.pause()
+        try:
+            lease = client.acquire(key, ttl=10.0)
+            for i in range(100):
+                client.acquire(f"{key}-{i}", ttl=10.0).release()
+            time.sleep(STALL + 0.2)
+            lease.release()
+        finally:
+            frozen.resume()
+        api.wait_until(
+            lambda: not list(c.scan_iter("tenure:*:lock")),
+            within=2.0,
+            what="every lock key gone from the woken node",
+        )
+        # The connection given up is closed once the node has answered it all.
+        api.wait_until(
+            lambda: c.info("clients")["connected_clients"] == connected - 1,
+            within=2.0,
+            what="the connection given up closed",
+        )
+
+
 def test_a_node_that_falls_behind_keeps_its_connection(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:

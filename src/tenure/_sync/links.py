@@ -18,9 +18,11 @@ some 170 commands) waits in the link, written before anything after it (or as so
 socket takes more, by the ``flusher``, if the link's next round comes later), rather than
 end the connection: a node runs the first of the commands a closed connection left in its
 buffer, fails to answer them, and drops the rest, releases behind their grants
-included. A link that heard nothing for ``STALL`` seconds is closed when the next command
-comes for it, a release written on it first (``Link._let_go``), and the node left alone
-for a back-off period, so a dead node costs nothing per round.
+included. A link that heard nothing for ``STALL`` seconds is given up when the next
+command comes for it, a release written on it first (``Link._let_go``), and the node left
+alone for a back-off period, so a dead node costs nothing per round; its connection is
+shut for writing and read to its end by a thread, so that the node, once awake, still
+runs all it carries (``Link._linger``).
 
 A link without a connection is set up before the round begins, not inside it: every such
 node is connected at once, each in a thread of its own (``SetUp``, bounded by
@@ -55,7 +57,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._core.backoff import IDLE_LOOK, STALL, Reconnect
+from .._core.backoff import IDLE_LOOK, LINGER, STALL, Reconnect
 from .._core.commands import Command, ScriptCache, about_scripts
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import (
@@ -283,17 +285,16 @@ class Link:
 
     def _let_go(self, command: Command, now: float) -> NoReturn:
         """Give up the connection as stalled before ``command`` is written: it has owed
-        replies for ``STALL`` seconds and heard none (a frozen or cut-off node). It is
-        closed, and the node sits out a back-off.
+        replies for ``STALL`` seconds and heard none (a frozen or cut-off node). The
+        node sits out a back-off, and the link lets go of the connection.
 
         A release (``Command.undo``: a failed attempt's cleanup, say, whose grant went
         out on this connection) is first written on it, behind that grant, by EVAL (a
-        NOSCRIPT would go unheard): a woken node runs the first commands of a closed
-        connection's buffer, and on a new connection the release could run before the
+        NOSCRIPT would go unheard): on a new connection the release could run before the
         grant. Closed at the end of the grant's own round, as it was, the cleanup was
-        never written and the node kept the key for its TTL. (Unlike the asyncio
-        client's, the connection is not kept open for the node to answer: nothing would
-        read it. A release behind many owed requests may still go unrun.)
+        never written and the node kept the key for its TTL. Nor is the connection
+        closed now (``_linger``): a woken node runs only the first commands of a closed
+        connection's buffer.
 
         Raises:
             _Failed: always (the node is unreachable for this round).
@@ -304,8 +305,29 @@ class Link:
             with contextlib.suppress(Exception):
                 self._put(io, command.fallback or command.packed)
         why = Diagnosis(Failure.UNREACHABLE, f"no reply for {STALL}s")
+        self._linger()
         self.drop(now, why)
         raise _Failed(why)
+
+    def _linger(self) -> None:
+        """Hand the connection, shut for writing behind all that was written to it, to a
+        thread that reads it to its end and then closes it: the node, once awake, reads
+        it all, runs it in order, answers, and closes its end. Closed at once, the
+        connection was reset by the node's first answer, and the node dropped what it
+        had not read yet: a frozen node woken with 200 requests waiting (a lease's
+        grant, 100 cycles, the lease's release) ran the first ones only, and kept the
+        lease's key and others for their TTL. The thread gives up after ``LINGER``
+        seconds, and is a daemon: a program that ends does not wait for a frozen node.
+        Something the socket did not take (``unsent``: a node that stopped reading
+        long ago) cannot be shut behind; then the connection is closed at once, by
+        ``drop``, as before."""
+        sock = self.end_writing()
+        if sock is None:
+            return
+        conns = {sock: self.detach()}
+        read_on = partial(_read_then_close, conns, monotonic() + LINGER)
+        if start_thread(read_on, "tenure-linger") is None:
+            _read_then_close(conns, 0.0)  # no thread to be had: closed now
 
     def _write_now(self, sock: Any, data: bytes) -> None:
         """Write ``data`` behind what the socket could not take yet, without waiting;
