@@ -143,29 +143,50 @@ def _blocking_run(cluster: LocalCluster, seconds: float, seed: int) -> Record:
 
     def worker(client: tenure.Client, me: int) -> None:
         rng = random.Random(seed + me)
-        while not stop.is_set():
-            name = rng.choice(NAMES)
-            lease: Any = None
+        name = NAMES[0]
+        landed: Interrupt | None = None
+        while True:
+            # Every instruction of the worker's loop is in this ``try``, but for this
+            # loop's own back-edge, which runs after an interrupt was caught here and
+            # before ``caught`` lets the next one be sent (it is called inside the
+            # ``try``). Outside it, an interrupt landing in the loop's bookkeeping (its
+            # condition, the choice of a name) ended the thread.
             try:
-                try:
-                    with client.lock(name, ttl=TTL) as lease:
-                        record.enter(name, me, lease)
-                        try:
-                            time.sleep(rng.random() * 0.002)
-                        finally:
-                            record.leave(name, me)
-                    record.counts["held"] += 1
-                except Interrupt as exc:
-                    if lease is not None and not lease.released and _at_exit_start(exc):
-                        # The one instant no Python code covers (docs/errors.md): the
-                        # caller releases the block's lease, as the docs say to.
-                        record.counts["released by the caller"] += 1
-                        lease.release()
+                if landed is not None:
+                    exc, landed = landed, None
                     caught(name, exc)
-                except Exception as exc:
-                    record.errors.append(f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
-            except Interrupt as exc:  # landed in the bookkeeping above
-                caught(name, exc)
+                while not stop.is_set():
+                    name = rng.choice(NAMES)
+                    lease: Any = None
+                    try:
+                        with client.lock(name, ttl=TTL) as lease:
+                            record.enter(name, me, lease)
+                            try:
+                                time.sleep(rng.random() * 0.002)
+                            finally:
+                                record.leave(name, me)
+                        record.counts["held"] += 1
+                    except Interrupt as exc:
+                        if lease is not None and not lease.released and _at_exit_start(exc):
+                            # The one instant no Python code covers (docs/errors.md): the
+                            # caller releases the block's lease, as the docs say to.
+                            record.counts["released by the caller"] += 1
+                            lease.release()
+                        caught(name, exc)
+                    except Exception as exc:
+                        record.errors.append(f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
+                # Stopped. An interrupt already on its way lands here, in the ``try``,
+                # not in the thread's own ending (none is sent once ``stop`` is set);
+                # one still owed after that came out of no call (``swallowed``).
+                give_up = time.monotonic() + 5.0
+                while time.monotonic() < give_up:
+                    with guard:
+                        if threading.get_ident() not in outstanding:
+                            return
+                    time.sleep(0.001)
+                return
+            except Interrupt as exc:  # landed in the bookkeeping
+                landed = exc
 
     def interrupter(threads: list[threading.Thread]) -> None:
         rng = random.Random(seed)
@@ -173,6 +194,8 @@ def _blocking_run(cluster: LocalCluster, seconds: float, seed: int) -> Record:
             time.sleep(rng.random() * 0.01)
             target = rng.choice(threads)
             with guard:
+                if stop.is_set():
+                    return  # (a worker that saw it owes nothing when it ends: ``worker``)
                 ident = target.ident
                 assert ident is not None
                 since = outstanding.get(ident)
@@ -222,8 +245,8 @@ def _blocking_run(cluster: LocalCluster, seconds: float, seed: int) -> Record:
             for thread in threads:
                 thread.join(30.0)
             hanging = [t.name for t in threads if t.is_alive()]
-            # An interrupt set just before the workers stopped may land after their loop.
             with guard:
+                swallowed += [t.name for t in threads if t.ident in outstanding]
                 for ident in outstanding:
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
         # Before the clients close: a cleanup may still be on its way from a thread (a
