@@ -319,8 +319,8 @@ class Link:
         lease's key and others for their TTL. The thread gives up after ``LINGER``
         seconds, and is a daemon: a program that ends does not wait for a frozen node.
         Something the socket did not take (``unsent``: a node that stopped reading
-        long ago) cannot be shut behind; then the connection is closed at once, by
-        ``drop``, as before."""
+        long ago) cannot be shut behind; such a connection is closed at once, by
+        ``drop``."""
         sock = self.end_writing()
         if sock is None:
             return
