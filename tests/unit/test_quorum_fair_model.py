@@ -33,9 +33,9 @@ interleaved freely with everything else, so a release can reach some nodes befor
 attempt and others after it. A client has one connection per node, as the asyncio
 client does, or in a pooled run two, each call (and each decline) writing on one of
 them, as the blocking client's calls each borrow a set from its pool: a lease's release
-may then overtake what its own call wrote before it. A round's late commands still run after
-it was concluded; it reads the replies that come after it was decided (the sync driver,
-when they are ready in the same select()) or not (the asyncio driver).
+may then overtake what its own call wrote before it. A round's late commands still run
+after it was concluded; it reads the replies that come after it was decided (the sync
+driver, when they are ready in the same select()) or not (the asyncio driver).
 Notifications travel per node and client, and may arrive late, after the next attempt
 (which drops them, as ``Slot.take`` does) or never. Wall clocks are arbitrary (they only
 seed proposals, tickets and hand-off tokens); processes lose their notification
@@ -982,11 +982,12 @@ class QuorumFairModel(RuleBasedStateMachine):
     # --- (e) liveness smoke -------------------------------------------------------------
 
     def teardown(self) -> None:
-        """Deliver everything, let every key and place expire, then drive one client that
-        still wants the lock, alone, one synchronous step at a time: it gets it. (Alone:
-        the others would sleep a random back-off between split attempts; driving them all
-        in lockstep would be a livelock of the model's making.) At the end every flow
-        still suspended is unwound."""
+        """The run's end check, (f) (``_no_orphans``) or (e): deliver everything, let
+        every key and place expire, then drive one client that still wants the lock,
+        alone, one synchronous step at a time: it gets it. (Alone: the others would sleep
+        a random back-off between split attempts; driving them all in lockstep would be
+        a livelock of the model's making.) At the end every flow still suspended is
+        unwound."""
         try:
             if not self.failed:
                 if self.ending == "orphans":
