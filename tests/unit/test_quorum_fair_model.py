@@ -1137,10 +1137,11 @@ def test_quorum_fair_model_soak() -> None:
 # Of the checks at a run's end, (f) finds PlainDequeue at once (36 examples
 # derandomized); NoLinger (a pooled run: a release that overtakes its call's cleanup on
 # another connection) and NoDecline (a hand-off to a waiter gone) take about three
-# minutes and one derandomized (19 s to 3 minutes unseeded), and run with the soak tests. A core that released a lease whose call left an attempt
-# unanswered without "l" (the late attempt then takes the lock after the release) was
-# not found in 20,000 unseeded examples: the model reaches that history too rarely; a
-# hand-driven call shows it instead (``test_waiting.py::
+# minutes and one derandomized (19 s to 3 minutes unseeded), and run with the soak
+# tests. A core that released a lease whose call left an attempt unanswered without "l"
+# (the late attempt then takes the lock after the release) was not found in 20,000
+# unseeded examples: the model reaches that history too rarely; a hand-driven call
+# shows it instead (``test_waiting.py::
 # test_a_release_raises_every_floor_above_a_late_attempt_that_could_grant``).
 # The bound only matters if the search got much weaker.
 FIND_SETTINGS = find_settings(MODEL_SETTINGS, max_examples=3000)
