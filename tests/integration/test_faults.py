@@ -225,14 +225,15 @@ def test_a_failed_attempt_on_connections_given_up_as_stalled_leaves_no_key(
 def test_a_connection_given_up_as_stalled_runs_all_it_carries_once_its_node_wakes(
     api: Api, cluster5: LocalCluster, key: str
 ) -> None:
-    """A node frozen while a lease is taken (by the others) and twenty more cycles run:
-    its connection carries the lease's grant and forty requests behind it, unanswered.
-    Past ``STALL`` the lease's release finds the connection stalled, is written on it
-    behind the rest, and the node is given up. When it wakes it must run all of it,
-    the release last. Closed at once (as the blocking client did), the connection lost
-    all but the first few of its commands when the node woke (a node that finds a
-    connection closed under its answers drops the rest unread): the release never ran,
-    and the node held the lease's key, and others, for their TTL."""
+    """A node frozen while a lease is taken (by the others) and a hundred more cycles
+    run: its connection carries the lease's grant and 200 requests behind it,
+    unanswered. Past ``STALL`` the lease's release finds the connection stalled, is
+    written on it behind the rest, and the node is given up. When it wakes it must run
+    all of it, the release last. A connection closed at once loses all but the first
+    of its commands when the node wakes (a node that finds a connection closed under
+    its answers drops the rest unread): the release never ran, and the node held the
+    lease's key, and others, for their TTL. (With twenty cycles the node read them all
+    at once, and nothing was lost either way.)"""
     client = api.client(cluster5.urls, node_timeout=0.5)
     client.acquire(f"{key}-warm", ttl=5.0).release()  # connections up
     frozen = cluster5.nodes[4]
