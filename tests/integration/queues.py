@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 from tenure._core.config import LockKeys
@@ -42,6 +44,20 @@ def watch_place(
     return watcher, seen, stop
 
 
+@contextmanager
+def first_queued(node: LocalNode, keys: LockKeys) -> Iterator[list[tuple[bytes, float, bytes]]]:
+    """Watch ``node`` while the block runs (``watch_place``); gives the list that the
+    first waiter queued there is put in (its queue entry and its place), which must
+    hold it once the block ends."""
+    watcher, seen, stop = watch_place(node, keys)
+    try:
+        yield seen
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen, "the waiter was never queued"
+
+
 def gave_up(
     waiter: Any, node: LocalNode, key: str, timeout: float, keys: LockKeys | None = None
 ) -> tuple[bytes, float, bytes]:
@@ -49,14 +65,8 @@ def gave_up(
     ``timeout``; what it was queued with on ``node``, to put back later: its queue entry
     and its place. The lock's TTL (10 s) outlasts every test's check. ``keys``: the
     lock's keys where they are not ``LockKeys.of(key)`` (a Redis Cluster node's)."""
-    keys = keys or LockKeys.of(key)
-    watcher, seen, stop = watch_place(node, keys)
-    try:
+    with first_queued(node, keys or LockKeys.of(key)) as seen:
         assert waiter.lock(key, ttl=10.0).acquire(timeout=timeout) is False
-    finally:
-        stop.set()
-        watcher.join()
-    assert seen, "the waiter was never queued"
     return seen[0]
 
 

@@ -33,7 +33,13 @@ from tenure.testing.topologies import _free_port_pair
 
 from .conftest import Api, Interrupted, interrupt_at, redis_6_2
 from .garbage import GarbageServer
-from .queues import GIVE_UP, gave_up, put_back, release_losing_its_notification, watch_place
+from .queues import (
+    GIVE_UP,
+    first_queued,
+    gave_up,
+    put_back,
+    release_losing_its_notification,
+)
 
 TTL = 2.0
 # These tests are about routing, not timing: a loaded machine may take longer than the
@@ -416,13 +422,8 @@ def test_a_hand_off_lost_with_a_sharded_subscription_is_declined(
                 waiter = asyncio.ensure_future(client.acquire(other, ttl=TTL, timeout=30.0))
                 await _until(lambda: _place(owner, _keys(other).queue), "the other waiter queued")
                 # (``gave_up``, for an asyncio client in its own loop.)
-                watcher, seen, stop = watch_place(owner, keys)
-                try:
+                with first_queued(owner, keys) as seen:
                     assert await client.lock(name, ttl=10.0).acquire(timeout=GIVE_UP) is False
-                finally:
-                    stop.set()
-                    watcher.join()
-                assert seen, "the waiter was never queued"
                 await asyncio.to_thread(lost_and_declined, *seen[0])
                 await (await waiter).release()
 

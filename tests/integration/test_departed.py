@@ -24,7 +24,14 @@ from tenure._core.waiting import Departed
 from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import Api
-from .queues import GIVE_UP, gave_up, put_back, release_losing_its_notification, watch_place
+from .queues import (
+    GIVE_UP,
+    first_queued,
+    gave_up,
+    put_back,
+    release_losing_its_notification,
+    watch_place,
+)
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -307,16 +314,12 @@ def test_a_waiter_cancelled_while_it_leaves_its_queues_declines_its_hand_off(
             tenure.AsyncClient(urls, node_timeout=0.7, recheck=20.0) as client,
         ):
             held = await holder.acquire(key, ttl=30.0)
-            watcher, seen, stop = watch_place(first, keys)
-            began = time.monotonic()
-            # Queued within 0.85 s, and given up at 1 s (0.3 s was too short to queue in
-            # on a loaded machine).
-            task = asyncio.create_task(client.acquire(key, ttl=10.0, timeout=1.0))
-            try:
+            with first_queued(first, keys) as seen:
+                began = time.monotonic()
+                # Queued within 0.85 s, and given up at 1 s (0.3 s was too short to
+                # queue in on a loaded machine).
+                task = asyncio.create_task(client.acquire(key, ttl=10.0, timeout=1.0))
                 await until(lambda: bool(seen), "the waiter queued")
-            finally:
-                stop.set()
-                watcher.join()
             member, ticket, place = seen[0]
             # Frozen shortly before the waiter gives up, not so long before that its
             # connection is given up (after 1 s without an answer) and the node skipped.
