@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 import tenure
-from tenure._core.backoff import STALL
+from tenure._core.backoff import BACKOFF_MAX, STALL
 from tenure._core.config import NODE_FLOOR, LockKeys
 from tenure.testing import LocalCluster, LocalNode
 from tenure.verify.proxy import Proxy
@@ -259,6 +259,88 @@ def test_a_connection_given_up_as_stalled_runs_all_it_carries_once_its_node_wake
             within=2.0,
             what="the connection given up closed",
         )
+
+
+def connections_held_to(node: LocalNode) -> int:
+    """Connections to ``node`` that a process holds open (/proc/net/tcp: a socket with an
+    inode; one closed and waiting out its end has none). The node's own are to other
+    ports, and a frozen node's not yet accepted have none."""
+    port = f":{node.port:04X}"
+    held = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            next(lines)  # the header
+            for line in lines:
+                fields = line.split()
+                remote, inode = fields[2], fields[9]
+                held += remote.endswith(port) and inode != "0"
+    return held
+
+
+def test_a_node_frozen_for_long_costs_one_connection_kept_open(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    """A frozen server's kernel still accepts connections. The connection given up as
+    stalled is kept open (for the node to run what it carries when it wakes); every new
+    one must hear the node answer a PING before it is used, so it never carries a
+    second of commands to be given up and kept open in turn: over eight seconds frozen
+    the client holds that connection and a probe at most, where it held one more
+    every two seconds. Once the node answers again, it is back in the rounds."""
+    client = api.client(cluster5.urls, node_timeout=0.5)
+    client.acquire(f"{key}-warm", ttl=5.0).release()  # connections up
+    frozen = cluster5.nodes[4]
+    frozen.pause()
+    try:
+        most = 0
+        end = time.monotonic() + 4 * (STALL + BACKOFF_MAX)
+        while time.monotonic() < end:
+            client.acquire(key, ttl=5.0).release()
+            most = max(most, connections_held_to(frozen))
+    finally:
+        frozen.resume()
+    assert most <= 2, f"{most} connections held to the frozen node at once"
+
+    lock_key = LockKeys.of(key).lock
+    with frozen.client() as c:
+
+        def granted_there() -> bool:
+            # A round is decided at the first majority: the woken node's grant may
+            # come a moment after the acquire returns.
+            with client.acquire(key, ttl=5.0):
+                for _ in range(10):
+                    if c.exists(lock_key):
+                        return True
+                    time.sleep(0.05)
+                return False
+
+        api.wait_until(granted_there, within=5.0, what="the woken node back in the rounds")
+
+
+def test_rounds_do_not_wait_for_a_silent_node_to_answer_its_probe(
+    api: Api, cluster5: LocalCluster, key: str
+) -> None:
+    """Two nodes of three frozen past ``STALL``: each new connection to them waits for
+    the answer to its PING, up to the connect timeout. A round whose ready nodes cannot
+    decide it waits for set-ups under way, but not for such a probe: the nodes sit the
+    round out, and a non-blocking acquire ends at once (it waited the whole connect
+    timeout, 3 s here, for each probe)."""
+    nodes = cluster5.nodes[:3]
+    client = api.client([n.url for n in nodes], node_timeout=0.2, connect_timeout=3.0)
+    client.acquire(key, ttl=5.0).release()  # connections up
+    for node in nodes[1:]:
+        node.pause()
+    try:
+        longest = 0.0
+        end = time.monotonic() + STALL + 2 * BACKOFF_MAX
+        while time.monotonic() < end:
+            started = time.monotonic()
+            with contextlib.suppress(tenure.LockTimeout, tenure.QuorumUnreachable):
+                client.acquire(key, ttl=5.0, blocking=False).release()
+            longest = max(longest, time.monotonic() - started)
+    finally:
+        for node in nodes[1:]:
+            node.resume()
+    assert longest < 1.5, f"a non-blocking acquire took {longest:.2f} s"
 
 
 def test_a_node_that_falls_behind_keeps_its_connection(

@@ -27,3 +27,16 @@ def test_a_connection_that_came_up_resets_the_wait() -> None:
         reconnect.failed(0.0)
     reconnect.succeeded()
     assert reconnect.failed(10.0) == BACKOFF_MIN
+
+
+def test_only_a_connection_given_up_as_stalled_makes_the_next_one_probe() -> None:
+    reconnect, probes = Reconnect(), []
+    reconnect.failed(0.0)  # refused, reset...: the next connection is used as it comes up
+    probes.append(reconnect.probe)
+    reconnect.failed(1.0, stalled=True)
+    probes.append(reconnect.probe)
+    reconnect.failed(2.0)  # the probe unanswered: the next one probes again
+    probes.append(reconnect.probe)
+    reconnect.succeeded()  # the probe answered
+    probes.append(reconnect.probe)
+    assert probes == [False, True, True, False]

@@ -56,11 +56,13 @@ from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import (
     BackingOff,
     Diagnosis,
+    being_probed,
     in_url_form,
     not_connected_in_time,
     refuses_connection,
     reply_ends_link,
     rule_out,
+    silent_since_stall,
 )
 from .._core.quorum import NEVER, Failure, Round
 from .._core.resp import ErrorReply
@@ -271,6 +273,12 @@ class Channel:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     @property
+    def probing(self) -> bool:
+        """Is the set-up under way one whose PING must be answered before the connection
+        is used (``_core.backoff``)?"""
+        return self._reconnect.probe and self.connecting
+
+    @property
     def connecting(self) -> bool:
         return self._conn is None and self._task is not None
 
@@ -457,8 +465,19 @@ class Channel:
         # only the backstop here, the whole of what the graces may give.
         bound_tcp_connect(conn, self._connect_timeout * (MAX_GRACES + 1))
 
+        probing = False  # the handshake is done, and the probe's PING sent
+
         async def set_up() -> tuple[RespProtocol, asyncio.Future[BaseException]]:
+            nonlocal probing
             await conn.connect()  # type: ignore[no-untyped-call]
+            if self._reconnect.probe:
+                # The node's last connection was given up as stalled: this one is used
+                # once the node answered a PING on it, an error too (an ACL user may not
+                # be granted PING, and saying so is an answer): ``_core.backoff``.
+                probing = True
+                await conn.send_command("PING")
+                with contextlib.suppress(ResponseError):
+                    await conn.read_response()
             # Our protocol in the very step that set the connection up: what the node
             # sends a turn later (an error and its close, from a node at its connection
             # limit) must reach it, not redis-py's stream, which nobody reads any more.
@@ -477,7 +496,11 @@ class Channel:
                 if setup.done():
                     return setup.result()
                 if graces >= MAX_GRACES or loop.time() - due < self._connect_timeout * LATE:
-                    raise Diagnosed(not_connected_in_time(self.address, self._connect_timeout))
+                    raise Diagnosed(
+                        silent_since_stall(self._connect_timeout)
+                        if probing
+                        else not_connected_in_time(self.address, self._connect_timeout)
+                    )
                 graces += 1
         finally:
             # Given up (timed out, or this task cancelled): the set-up ends before the
@@ -522,11 +545,17 @@ class Channel:
         return why if self.address.sentinel is None else demoted(why)
 
     def _reset(
-        self, exc: BaseException, now: float, *, from_task: bool = False, close: bool = True
+        self,
+        exc: BaseException,
+        now: float,
+        *,
+        from_task: bool = False,
+        close: bool = True,
+        stalled: bool = False,
     ) -> None:
         if isinstance(exc, Exception):
             self.last = self.diagnose(exc)
-        self._reconnect.failed(now)
+        self._reconnect.failed(now, stalled=stalled)
         task = self._detach(exc)
         if task is not None and not from_task:
             self._retire(task, close=close)
@@ -554,7 +583,9 @@ class Channel:
             protocol = writer.transport.get_protocol()
             assert isinstance(protocol, RespProtocol)
             protocol.let_go(writer.transport, _LET_GO_REPLY, LINGER)
-        self._reset(ConnectionError(f"no reply for {STALL}s"), now, close=writer is None)
+        self._reset(
+            ConnectionError(f"no reply for {STALL}s"), now, close=writer is None, stalled=True
+        )
 
     def shed_if_closed(self) -> bool:
         """Let go of the connection if the node closed it while nothing was pending: its
@@ -1044,7 +1075,11 @@ class Channels:
             except BackingOff as exc:
                 rnd.fail(i, exc.failure, exc.detail)
             else:
-                waiting.append(i)
+                if channel.probing:
+                    why = being_probed()  # not waited for: ``_core.backoff``
+                    rnd.fail(i, why.failure, why.detail)
+                else:
+                    waiting.append(i)
         changed = self._changed
         while True:
             changed.clear()  # before looking, so that a set-up ending meanwhile is not missed

@@ -13,6 +13,18 @@ none, with nothing unread in its socket: a frozen or cut-off node. Never for bei
 behind: a node that answers, however late, keeps its connection, whose order is what
 makes a late grant be followed by its own release (docs/architecture.md).
 
+A node whose connection was given up so must answer before a new one is used: the next
+connection's set-up sends a PING and waits for its answer, within ``connect_timeout``
+(``Reconnect.probe``). Rounds do not wait for that set-up: the node sits them out
+until it answers, as in its back-off (``diagnosis.being_probed``), where waiting for a
+set-up would cost each round the connect timeout for a node silent a moment ago. A
+frozen server's kernel still accepts connections; without the
+probe, every link to the node connected again as soon as its back-off ended, carried a
+second of commands, was given up again, and was kept open for ``LINGER`` seconds in case
+the node woke: one connection more (and, in the blocking client, one thread) per link
+every two seconds that the node stayed frozen, until the process ran out of files. With
+it, only the connections in use when the node froze are kept open.
+
 A connection may also end while nobody uses it: the node closes connections idle past
 its ``timeout`` setting, a proxy or a load balancer drops idle ones, a node restarts.
 The asyncio client's event loop reads the end of such a connection as it comes; the
@@ -52,22 +64,30 @@ SERVED = 1.0  # seconds up after which a quiet close is no failure
 class Reconnect:
     """One connection's back-off, on the caller's monotonic clock (seconds)."""
 
-    __slots__ = ("_delay", "retry_at")
+    __slots__ = ("_delay", "probe", "retry_at")
 
     def __init__(self) -> None:
         self.retry_at = 0.0
         self._delay = BACKOFF_MIN
+        # A connection was given up as stalled since the last one that came up: the next
+        # is used only once the node answered a PING on it.
+        self.probe = False
 
-    def failed(self, now: float) -> float:
-        """The connection failed at ``now``: the delay before the next attempt."""
+    def failed(self, now: float, *, stalled: bool = False) -> float:
+        """The connection failed at ``now`` (``stalled``: given up, having heard nothing
+        for ``STALL`` seconds): the delay before the next attempt."""
+        if stalled:
+            self.probe = True
         delay = self._delay
         self.retry_at = now + delay
         self._delay = min(delay * 2, BACKOFF_MAX)
         return delay
 
     def succeeded(self) -> None:
-        """The connection came up: the next failure waits the shortest delay again."""
+        """The connection came up (answering the probe, if one was due): the next
+        failure waits the shortest delay again."""
         self._delay = BACKOFF_MIN
+        self.probe = False
 
     def left(self, now: float) -> float:
         """Seconds until the next attempt may be made (0: now)."""

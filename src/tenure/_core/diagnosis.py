@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .._errors import NodeMisconfigured, ServerUnsupported, TLSCertificateError
+from .backoff import STALL
 from .config import DEFAULT_KEY_PREFIX, NodeAddress
 from .quorum import Failure, Round
 
@@ -30,6 +31,7 @@ __all__ = [
     "Diagnosis",
     "acl_hint",
     "acl_refused",
+    "being_probed",
     "certificate_rejected",
     "check_command",
     "closed_before_answering",
@@ -41,6 +43,7 @@ __all__ = [
     "naming",
     "not_connected_in_time",
     "not_redis",
+    "silent_since_stall",
     "store_problem",
     "tls_handshake_timed_out",
     "wrong_type",
@@ -548,6 +551,29 @@ def not_connected_in_time(address: NodeAddress, connect_timeout: float) -> Diagn
     a TCP connect that hangs, times out the same way."""
     said = f"not connected within connect_timeout ({connect_timeout} s)"
     return Diagnosis(Failure.UNREACHABLE, said + _may_not_speak_tls(address))
+
+
+def being_probed() -> Diagnosis:
+    """A node whose last connection was given up as stalled, while a new connection's
+    PING waits for its answer (``_core.backoff``): rounds do not wait for it (it sits
+    them out, as in its back-off), lest each wait the connect timeout for a node that
+    was silent a moment ago."""
+    return Diagnosis(
+        Failure.UNREACHABLE,
+        f"silent since its last connection went {STALL} s without a reply; "
+        "asked again once it answers a PING on a new connection",
+    )
+
+
+def silent_since_stall(connect_timeout: float) -> Diagnosis:
+    """A connection to a node whose last one was given up as stalled, set up, but its
+    PING unanswered within ``connect_timeout`` (``_core.backoff``): the node accepts
+    connections and answers nothing, as a frozen or starved server does."""
+    return Diagnosis(
+        Failure.UNREACHABLE,
+        f"connected, but no answer to PING within connect_timeout ({connect_timeout} s), "
+        f"as none came on its last connection for {STALL} s: a frozen or starved server",
+    )
 
 
 def _may_not_speak_tls(address: NodeAddress, kind: str = "") -> str:

@@ -295,8 +295,8 @@ class ClusterState(NodeState):
     def backing_off(self, now: float) -> float:
         return self._reconnect.left(now) if self.map is None else 0.0
 
-    def down(self, now: float, why: Diagnosis | None = None) -> None:
-        self.last = why  # a member's failure: its own state keeps the back-off
+    def down(self, now: float, why: Diagnosis | None = None, *, stalled: bool = False) -> None:
+        self.last = why  # a member's failure: its own state keeps the back-off (and probe)
 
     def up(self) -> None:
         """Members keep their own back-off."""
@@ -699,9 +699,9 @@ class ClusterLink(Link):
         if self._current is not None:
             self._current.abandon(now, replies, command)
 
-    def drop(self, now: float, why: Diagnosis | None = None) -> None:
+    def drop(self, now: float, why: Diagnosis | None = None, *, stalled: bool = False) -> None:
         if self._current is not None:
-            self._current.drop(now, why)
+            self._current.drop(now, why, stalled=stalled)
 
     def end_writing(self) -> Any:
         # What was written behind an interrupted round is read in a thread (``close``).

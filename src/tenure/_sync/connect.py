@@ -26,8 +26,9 @@ from collections.abc import Callable
 
 import redis
 
+from .._core.diagnosis import silent_since_stall
 from .._driver.guard import Guard
-from .._driver.redis_compat import disconnect, kernel_timeouts
+from .._driver.redis_compat import Diagnosed, disconnect, kernel_timeouts
 from .._driver.threads import start_thread
 
 __all__ = ["SetUp"]
@@ -43,6 +44,8 @@ class SetUp:
             ``kernel_timeouts``).
         on_done: called (in the set-up's thread) when it ends, to wake whoever waits.
         deadline: when the caller stops waiting for it (the steps' own bounds add up).
+        probe: send a PING after the handshake and wait for its answer: the node's last
+            connection was given up as stalled (``_core.backoff``).
     """
 
     def __init__(
@@ -52,8 +55,12 @@ class SetUp:
         node_timeout: float,
         on_done: Callable[[], None],
         deadline: float,
+        *,
+        probe: bool = False,
     ) -> None:
         self.deadline = deadline
+        self.probe = probe
+        self.probing = False  # the handshake is done, and the PING sent
         self._conn = conn
         self._timeouts = (connect_timeout, node_timeout)
         self._on_done = on_done
@@ -105,6 +112,21 @@ class SetUp:
                 raise redis.ConnectionError("set-up given up (connect_timeout)")
             self._talking = True
         conn.on_connect()  # type: ignore[no-untyped-call]
+        if self.probe:
+            self._ping(conn)
+
+    def _ping(self, conn: redis.Connection) -> None:
+        """Send a PING and wait for its answer, an error too (an ACL user may not be
+        granted PING, and saying so is an answer), for the connect timeout (the
+        socket's timeout in the set-up)."""
+        self.probing = True
+        conn.send_command("PING")  # type: ignore[no-untyped-call]
+        try:
+            conn.read_response()
+        except redis.ResponseError:
+            pass
+        except redis.TimeoutError:
+            raise Diagnosed(silent_since_stall(self._timeouts[0])) from None
 
     def _run(self) -> None:
         conn = self._conn

@@ -63,10 +63,12 @@ from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import (
     BackingOff,
     Diagnosis,
+    being_probed,
     in_url_form,
     not_connected_in_time,
     reply_ends_link,
     rule_out,
+    silent_since_stall,
 )
 from .._core.quorum import NEVER, Failure, Round
 from .._core.sentinel import demoted
@@ -134,10 +136,17 @@ class NodeState:
     def new_link(self) -> Link:
         return Link(self)
 
-    def down(self, now: float, why: Diagnosis | None = None) -> None:
+    def down(self, now: float, why: Diagnosis | None = None, *, stalled: bool = False) -> None:
+        """A connection failed (``stalled``: was given up, having heard nothing for
+        ``STALL`` seconds): start or lengthen the back-off."""
         with self._lock:
-            self._reconnect.failed(now)
+            self._reconnect.failed(now, stalled=stalled)
             self.last = why
+
+    @property
+    def probe(self) -> bool:
+        """Must a new connection hear the node answer a PING before it is used?"""
+        return self._reconnect.probe
 
     def up(self) -> None:
         """The node accepted a connection: reset the back-off."""
@@ -306,7 +315,7 @@ class Link:
                 self._put(io, command.fallback or command.packed)
         why = Diagnosis(Failure.UNREACHABLE, f"no reply for {STALL}s")
         self._linger()
-        self.drop(now, why)
+        self.drop(now, why, stalled=True)
         raise _Failed(why)
 
     def _linger(self) -> None:
@@ -420,6 +429,7 @@ class Link:
                 node.timeout,
                 wake,
                 now + node.connect_timeout,
+                probe=node.probe,
             )
         if setup.done:
             if setup.error is None:
@@ -442,7 +452,11 @@ class Link:
         if now >= setup.deadline:
             self.setup = None
             setup.abandon()
-            why = not_connected_in_time(node.address, node.connect_timeout)
+            why = (
+                silent_since_stall(node.connect_timeout)
+                if setup.probing
+                else not_connected_in_time(node.address, node.connect_timeout)
+            )
             node.down(now, why)
             return why
         return None
@@ -541,9 +555,9 @@ class Link:
         io = self.io
         return io is not None and (io.ready() or has_unread(io.sock))
 
-    def drop(self, now: float, why: Diagnosis | None = None) -> None:
+    def drop(self, now: float, why: Diagnosis | None = None, *, stalled: bool = False) -> None:
         self.close()
-        self.node.down(now, why)
+        self.node.down(now, why, stalled=stalled)
 
     def shed_if_closed(self, now: float, wake: Callable[[], None]) -> None:
         """Close the connection if the node closed it while it was unused: with no reply
@@ -851,6 +865,8 @@ class LinkSet:
                 link = links[i]
                 before = link.setup
                 why = link.prepare(now, wake.set)
+                if why is None and link.setup is not None and link.setup.probe:
+                    why = being_probed()  # not waited for: ``_core.backoff``
                 if why is not None:
                     rnd.fail(i, why.failure, why.detail)
                 elif link.ready():
