@@ -26,6 +26,7 @@ import pytest
 import redis
 
 import tenure
+from tenure._core.backoff import BACKOFF_MAX, STALL
 from tenure._core.config import LockKeys
 from tenure._core.slots import SLOTS, Address, key_slot, slot_tag
 from tenure.testing import LocalCluster, LocalNode, LocalRedisCluster
@@ -40,6 +41,7 @@ from .queues import (
     put_back,
     release_losing_its_notification,
 )
+from .test_faults import connections_held_to
 
 TTL = 2.0
 # These tests are about routing, not timing: a loaded machine may take longer than the
@@ -1139,3 +1141,54 @@ def test_an_interrupted_release_follows_its_slot_to_the_migration_target(key: st
                 lease.release()
         finally:
             migration.finish()
+
+
+def test_a_master_frozen_for_long_is_not_waited_for(api: Api, key: str) -> None:
+    """One master frozen past ``STALL``: its connection is given up (kept open for the
+    node to run what it carries), and every new one waits for the master to answer a
+    PING before it is used. A round waits for set-ups under way when its nodes cannot
+    decide it, and a cluster is one node; but not for such a probe: a name on the
+    frozen master fails at once, and one on another master, next in the same thread
+    or task, is not held up by the probe that failure began. The client holds the
+    connection given up and a probe at most to the frozen master. Once it answers
+    again, its names lock again."""
+    # Failure detection far longer than the pause: the frozen master is not failed over.
+    with LocalRedisCluster(replicas=0, node_timeout=30.0) as cluster:
+        frozen = cluster.nodes[0]
+        names = _names_per_master(cluster, key, each=1)
+        on_frozen = next(n for n in names if cluster.slot_owner(key_slot(_keys(n).lock)) is frozen)
+        client = api.client([cluster.url], node_timeout=0.2, connect_timeout=3.0)
+        for name in names:
+            client.acquire(name, ttl=TTL, blocking=False).release()  # connections up
+        frozen.pause()
+        try:
+            # Its connection given up: a request left unanswered past STALL, then the
+            # next one, which finds it stalled.
+            for wait in (STALL + 0.2, 0.0):
+                assert not _acquired(client, on_frozen)
+                time.sleep(wait)
+            # A name on the frozen master begins a probe each time its back-off has
+            # ended; the others' rounds come while it is under way.
+            longest, most = 0.0, 0
+            end = time.monotonic() + 3 * BACKOFF_MAX
+            while time.monotonic() < end:
+                for name in names:
+                    started = time.monotonic()
+                    assert _acquired(client, name) is (name != on_frozen)
+                    longest = max(longest, time.monotonic() - started)
+                most = max(most, connections_held_to(frozen))
+        finally:
+            frozen.resume()
+        assert longest < 1.0, f"a cycle took {longest:.2f} s"
+        assert most <= 2, f"{most} connections held to the frozen master at once"
+        api.wait_until(
+            lambda: _acquired(client, on_frozen), within=5.0, what="the woken master's names"
+        )
+
+
+def _acquired(client: Any, name: str) -> bool:
+    try:
+        client.acquire(name, ttl=TTL, blocking=False).release()
+    except (tenure.LockTimeout, tenure.QuorumUnreachable):
+        return False
+    return True

@@ -347,7 +347,16 @@ class ClusterChannel:
     def connecting(self) -> bool:
         if self.map is None:
             return self._load is not None
-        return self._doubting or any(self._member(w).connecting for w in self.map.masters())
+        # A member probing a node gone silent is not waited for (``Channel.probing``):
+        # its slots' requests wait in its queue, sent once the node answers, or fail.
+        return self._doubting or any(
+            (member := self._member(w)).connecting and not member.probing
+            for w in self.map.masters()
+        )
+
+    # What ``Channels._set_up`` asks of a channel: this one's members' probes are left
+    # out of ``connecting`` instead, member by member.
+    probing = False
 
     @property
     def ready(self) -> bool:

@@ -423,9 +423,20 @@ class _Pending:
         self.deadline = deadline
         self._parts = parts
 
+    # What ``LinkSet._set_up`` asks of a set-up: a member's probe of a node gone silent
+    # is left out of ``ClusterLink.setup`` instead, member by member.
+    probe = False
+
     def abandon(self) -> None:
         for part in self._parts:
             part.abandon()
+
+
+def _awaited(sub: Link) -> bool:
+    """Is ``sub`` (a member's link) being set up, for rounds to wait for? Not if its set-up
+    probes a node gone silent (``SetUp.probe``): the round goes on, and the requests of
+    that member's slots fail, its connection not being up."""
+    return sub.setup is not None and not sub.setup.probe
 
 
 class ClusterLink(Link):
@@ -511,7 +522,7 @@ class ClusterLink(Link):
     @property
     def setup(self) -> _Pending | None:  # type: ignore[override]
         load = self.cluster.loading
-        parts: list[Any] = [s.setup for s in self._subs.values() if s.setup is not None]
+        parts: list[Any] = [s.setup for s in self._subs.values() if _awaited(s)]
         deadlines = [p.deadline for p in parts]
         if load is not None and self.cluster.map is None:
             parts.append(load)
@@ -530,7 +541,7 @@ class ClusterLink(Link):
         return (
             self._prepared
             and self._reload is None
-            and not any(s.setup is not None for s in self._subs.values())
+            and not any(_awaited(s) for s in self._subs.values())
         )
 
     def ready(self) -> bool:

@@ -865,12 +865,13 @@ class LinkSet:
                 link = links[i]
                 before = link.setup
                 why = link.prepare(now, wake.set)
-                if why is None and link.setup is not None and link.setup.probe:
-                    why = being_probed()  # not waited for: ``_core.backoff``
                 if why is not None:
                     rnd.fail(i, why.failure, why.detail)
                 elif link.ready():
                     ready += 1
+                elif link.setup is not None and link.setup.probe:
+                    why = being_probed()  # not waited for: ``_core.backoff``
+                    rnd.fail(i, why.failure, why.detail)
                 else:
                     pending.append(i)
                     if before is None:
