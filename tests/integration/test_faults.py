@@ -12,6 +12,7 @@ import re
 import statistics
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -22,7 +23,15 @@ from tenure._core.config import NODE_FLOOR, LockKeys
 from tenure.testing import LocalCluster, LocalNode
 from tenure.verify.proxy import Proxy
 
-from .conftest import Api, holders, poll_until, released_everywhere, scripts_run
+from .conftest import (
+    LEAST_PRIVILEGE,
+    Api,
+    acl_user,
+    holders,
+    poll_until,
+    released_everywhere,
+    scripts_run,
+)
 from .hold_proxy import HoldingProxy
 
 NODE_TIMEOUT = 0.05
@@ -285,35 +294,38 @@ def test_a_node_frozen_for_long_costs_one_connection_kept_open(
     one must hear the node answer a PING before it is used, so it never carries a
     second of commands to be given up and kept open in turn: over eight seconds frozen
     the client holds that connection and a probe at most, where it held one more
-    every two seconds. Once the node answers again, it is back in the rounds."""
-    client = api.client(cluster5.urls, node_timeout=0.5)
-    client.acquire(f"{key}-warm", ttl=5.0).release()  # connections up
-    frozen = cluster5.nodes[4]
-    frozen.pause()
-    try:
-        most = 0
-        end = time.monotonic() + 4 * (STALL + BACKOFF_MAX)
-        while time.monotonic() < end:
-            client.acquire(key, ttl=5.0).release()
-            most = max(most, connections_held_to(frozen))
-    finally:
-        frozen.resume()
+    every two seconds. Once the node answers again, it is back in the rounds. The
+    client logs in as a user with the least privilege docs/deployment.md gives, which
+    has no PING: the node's refusal is an answer too (taken for silence, it kept the
+    node out for good)."""
+    with acl_user(cluster5, f"u{uuid.uuid4().hex[:8]}", *LEAST_PRIVILEGE) as urls:
+        client = api.client(urls, node_timeout=0.5)
+        client.acquire(f"{key}-warm", ttl=5.0).release()  # connections up
+        frozen = cluster5.nodes[4]
+        frozen.pause()
+        try:
+            most = 0
+            end = time.monotonic() + 4 * (STALL + BACKOFF_MAX)
+            while time.monotonic() < end:
+                client.acquire(key, ttl=5.0).release()
+                most = max(most, connections_held_to(frozen))
+        finally:
+            frozen.resume()
+        lock_key = LockKeys.of(key).lock
+        with frozen.client() as c:
+
+            def granted_there() -> bool:
+                # A round is decided at the first majority: the woken node's grant may
+                # come a moment after the acquire returns.
+                with client.acquire(key, ttl=5.0):
+                    for _ in range(10):
+                        if c.exists(lock_key):
+                            return True
+                        time.sleep(0.05)
+                    return False
+
+            api.wait_until(granted_there, within=5.0, what="the woken node back in the rounds")
     assert most <= 2, f"{most} connections held to the frozen node at once"
-
-    lock_key = LockKeys.of(key).lock
-    with frozen.client() as c:
-
-        def granted_there() -> bool:
-            # A round is decided at the first majority: the woken node's grant may
-            # come a moment after the acquire returns.
-            with client.acquire(key, ttl=5.0):
-                for _ in range(10):
-                    if c.exists(lock_key):
-                        return True
-                    time.sleep(0.05)
-                return False
-
-        api.wait_until(granted_there, within=5.0, what="the woken node back in the rounds")
 
 
 def test_rounds_do_not_wait_for_a_silent_node_to_answer_its_probe(
