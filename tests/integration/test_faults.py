@@ -270,10 +270,11 @@ def test_a_connection_given_up_as_stalled_runs_all_it_carries_once_its_node_wake
         )
 
 
-def connections_held_to(node: LocalNode) -> int:
+def connections_held_to(node: LocalNode, *, shut: bool = False) -> int:
     """Connections to ``node`` that a process holds open (/proc/net/tcp: a socket with an
-    inode; one closed and waiting out its end has none). The node's own are to other
-    ports, and a frozen node's not yet accepted have none."""
+    inode; one closed and waiting out its end has none), ``shut`` for writing only
+    (FIN_WAIT1 or FIN_WAIT2: lingering). The node's own are to other ports, and a
+    frozen node's not yet accepted have none."""
     port = f":{node.port:04X}"
     held = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -281,8 +282,9 @@ def connections_held_to(node: LocalNode) -> int:
             next(lines)  # the header
             for line in lines:
                 fields = line.split()
-                remote, inode = fields[2], fields[9]
-                held += remote.endswith(port) and inode != "0"
+                remote, state, inode = fields[2], fields[3], fields[9]
+                if remote.endswith(port) and inode != "0":
+                    held += not shut or state in ("04", "05")
     return held
 
 
@@ -326,6 +328,44 @@ def test_a_node_frozen_for_long_costs_one_connection_kept_open(
 
             api.wait_until(granted_there, within=5.0, what="the woken node back in the rounds")
     assert most <= 2, f"{most} connections held to the frozen node at once"
+
+
+def test_the_connections_of_many_threads_given_up_linger_in_one_thread(
+    cluster5: LocalCluster, key: str
+) -> None:
+    """Four threads lock while a node freezes: past ``STALL`` the connection each one's
+    link set has to it is given up, and kept open to be read to its end. One thread
+    reads them all: a thread each made the client hold a thread more for each of its
+    connections to the node when it froze, for a minute. (The blocking client's case:
+    the asyncio client reads them in its event loop.)"""
+    frozen = cluster5.nodes[4]
+    with tenure.Client(cluster5.urls, node_timeout=0.5) as client:
+        stop = threading.Event()
+
+        def cycles(i: int) -> None:
+            while not stop.is_set():
+                client.acquire(f"{key}-{i}", ttl=5.0).release()
+
+        workers = [threading.Thread(target=cycles, args=(i,)) for i in range(4)]
+        for worker in workers:
+            worker.start()
+        try:
+            time.sleep(0.2)  # (not an ordering: the links connected by now, or later)
+            frozen.pause()
+            try:
+                poll_until(
+                    lambda: connections_held_to(frozen, shut=True) >= 3,
+                    "connections given up, kept open",
+                    within=STALL + 3.0,
+                )
+                lingering = [t for t in threading.enumerate() if t.name == "tenure-linger"]
+            finally:
+                frozen.resume()
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.join()
+    assert len(lingering) == 1, f"{len(lingering)} threads read the connections given up"
 
 
 def test_rounds_do_not_wait_for_a_silent_node_to_answer_its_probe(

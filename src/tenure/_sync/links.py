@@ -21,8 +21,8 @@ buffer, fails to answer them, and drops the rest, releases behind their grants
 included. A link that heard nothing for ``STALL`` seconds is given up when the next
 command comes for it, a release written on it first (``Link._let_go``), and the node left
 alone for a back-off period, so a dead node costs nothing per round; its connection is
-shut for writing and read to its end by a thread, so that the node, once awake, still
-runs all it carries (``Link._linger``).
+shut for writing and read to its end by the process's lingering thread, so that the
+node, once awake, still runs all it carries (``Link._linger``, ``lingering``).
 
 A link without a connection is set up before the round begins, not inside it: every such
 node is connected at once, each in a thread of its own (``SetUp``, bounded by
@@ -92,6 +92,7 @@ from .._driver.report import NodeReporter
 from .._driver.threads import start_thread
 from .connect import SetUp
 from .flusher import hand_over
+from .lingering import linger, read_on
 
 __all__ = ["LinkPool", "LinkSet", "NodeState", "let_go"]
 
@@ -319,24 +320,19 @@ class Link:
         raise _Failed(why)
 
     def _linger(self) -> None:
-        """Hand the connection, shut for writing behind all that was written to it, to a
-        thread that reads it to its end and then closes it: the node, once awake, reads
-        it all, runs it in order, answers, and closes its end. Closed at once, the
+        """Hand the connection, shut for writing behind all that was written to it, to the
+        process's lingering thread, which reads it to its end (or for ``LINGER``
+        seconds) and then closes it (``lingering``): the node, once awake, reads it
+        all, runs it in order, answers, and closes its end. Closed at once, the
         connection was reset by the node's first answer, and the node dropped what it
         had not read yet: a frozen node woken with 200 requests waiting (a lease's
         grant, 100 cycles, the lease's release) ran the first ones only, and kept the
-        lease's key and others for their TTL. The thread gives up after ``LINGER``
-        seconds, and is a daemon: a program that ends does not wait for a frozen node.
-        Something the socket did not take (``unsent``: a node that stopped reading
-        long ago) cannot be shut behind; such a connection is closed at once, by
-        ``drop``."""
+        lease's key and others for their TTL. Something the socket did not take
+        (``unsent``: a node that stopped reading long ago) cannot be shut behind; such
+        a connection is closed at once, by ``drop``."""
         sock = self.end_writing()
-        if sock is None:
-            return
-        conns = {sock: self.detach()}
-        read_on = partial(_read_then_close, conns, monotonic() + LINGER)
-        if start_thread(read_on, "tenure-linger") is None:
-            _read_then_close(conns, 0.0)  # no thread to be had: closed now
+        if sock is not None:
+            linger(sock, self.detach(), monotonic() + LINGER)
 
     def _write_now(self, sock: Any, data: bytes) -> None:
         """Write ``data`` behind what the socket could not take yet, without waiting;
@@ -652,7 +648,6 @@ class Link:
 _NOT_YET = object()
 _LATE = object()
 _NO_WAIT = socket.MSG_DONTWAIT
-_DRAIN = 65536  # bytes read at a time from a connection being let go (``_read_on``)
 # What ``LinkSet._read_one`` found of a node's answer.
 _DONE, _MORE, _RESENT = 0, 1, 2
 
@@ -1119,8 +1114,8 @@ def _close_all(sets: Sequence[LinkSet], ending: dict[Any, Link], deadline: float
     daemon: a program that ends of the interrupt waits for it, up to ``deadline``."""
     if ending and deadline > monotonic():
         conns = {sock: link.detach() for sock, link in ending.items()}
-        read_on = partial(_read_then_close, conns, deadline)
-        if start_thread(read_on, "tenure-let-go", daemon=False) is None:
+        reading = partial(_read_then_close, conns, deadline)
+        if start_thread(reading, "tenure-let-go", daemon=False) is None:
             _read_then_close(conns, monotonic())  # no thread to be had: closed now
     for links in sets:
         for link in links.links:
@@ -1151,21 +1146,8 @@ def _read_to_end(ending: dict[Any, Any], deadline: float) -> None:
         except (OSError, ValueError):
             return  # best effort, as any cleanup: the rest are closed unread
         for sock in ready:
-            if not _read_on(sock):
+            if not read_on(sock):
                 del ending[sock]  # its end came: closed with the rest, by ``let_go``
-
-
-def _read_on(sock: Any) -> bool:
-    """Read and drop what waits on ``sock``, without waiting; False once its end (or a
-    failure) was read."""
-    try:
-        while sock.recv(_DRAIN, _NO_WAIT):
-            pass
-    except BlockingIOError:
-        return True
-    except OSError:
-        pass
-    return False
 
 
 _POOLS: weakref.WeakSet[LinkPool] = weakref.WeakSet()
