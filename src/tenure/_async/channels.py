@@ -51,7 +51,7 @@ from redis.exceptions import ResponseError
 
 from .._core.backoff import IDLE_LOOK, LINGER, SERVED, STALL, Reconnect
 from .._core.batching import Batch, Batches
-from .._core.commands import Command, ScriptCache, about_scripts, pack, split_batch
+from .._core.commands import PING, Command, ScriptCache, about_scripts, pack, split_batch
 from .._core.config import ClientConfig, NodeAddress
 from .._core.diagnosis import (
     BackingOff,
@@ -475,7 +475,7 @@ class Channel:
                 # once the node answered a PING on it, an error too (an ACL user may not
                 # be granted PING, and saying so is an answer): ``_core.backoff``.
                 probing = True
-                await conn.send_command("PING")
+                await conn.send_packed_command(PING, check_health=False)
                 with contextlib.suppress(ResponseError):
                     await conn.read_response()
             # Our protocol in the very step that set the connection up: what the node

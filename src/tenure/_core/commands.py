@@ -22,6 +22,7 @@ __all__ = [
     "CLUSTER_SLOTS",
     "HISTORY_CHANGED",
     "NO_HISTORY",
+    "PING",
     "Command",
     "Hop",
     "Item",
@@ -439,6 +440,9 @@ def _by_sha(
 # an ASK redirection sends to a slot's importing master, and the slot map's query.
 ASKING = Command(pack("ASKING"))
 CLUSTER_SLOTS = pack("CLUSTER", "SLOTS")
+# What a new connection to a node gone silent asks before it is used (``backoff``): any
+# answer, a refusal too, says the node answers; so it needs no grant (``_driver.acl``).
+PING = pack("PING")
 
 
 def behind_marker(nonce: str) -> bytes:

@@ -42,6 +42,7 @@ __all__ = [
     "PROBE_CHANNEL",
     "PROBE_KEY",
     "PROBE_QUEUE",
+    "UNGRANTED",
     "Need",
     "channel_pattern",
     "commands_in",
@@ -211,8 +212,12 @@ CLUSTER_ONLY = frozenset({"SPUBLISH"})
 
 # Sent by the drivers themselves (tests/unit/test_acl.py greps the drivers for pack()).
 # EVALSHA is optional (a node that refuses it is sent EVAL: docs/deployment.md). No
-# PING, INFO or CLIENT: redis-py's health checks and CLIENT SETINFO are switched off.
+# INFO or CLIENT: redis-py's health checks and CLIENT SETINFO are switched off.
 DIRECT = _direct(DEFAULT_KEY_PREFIX)
+
+# Sent by the drivers, but needing no grant: the PING that a new connection to a node
+# gone silent asks first (``_core.backoff``), which a refusal answers as well as a PONG.
+UNGRANTED = frozenset({"PING"})
 
 # Harmless arguments for the commands the scripts run. A command missing here (a script
 # started calling something new) is still asked about, with the probe key alone, and a

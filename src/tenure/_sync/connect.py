@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import redis
 
+from .._core.commands import PING
 from .._core.diagnosis import silent_since_stall
 from .._driver.guard import Guard
 from .._driver.redis_compat import Diagnosed, disconnect, kernel_timeouts
@@ -120,7 +121,7 @@ class SetUp:
         granted PING, and saying so is an answer), for the connect timeout (the
         socket's timeout in the set-up)."""
         self.probing = True
-        conn.send_command("PING")  # type: ignore[no-untyped-call]
+        conn.send_packed_command([PING], check_health=False)  # type: ignore[no-untyped-call]
         try:
             conn.read_response()
         except redis.ResponseError:
