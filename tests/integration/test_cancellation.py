@@ -17,6 +17,7 @@ from tenure._core.config import LockKeys
 from tenure.testing import LocalCluster, LocalNode
 
 from .conftest import EachLoop, holders
+from .tcp import unread
 
 
 def wait_until_gone(cluster: LocalCluster, key: str, within: float = 2.0) -> list[bytes | None]:
@@ -25,22 +26,6 @@ def wait_until_gone(cluster: LocalCluster, key: str, within: float = 2.0) -> lis
         values = holders(cluster, key)
         if not any(values) or time.monotonic() > deadline:
             return values
-
-
-def unread(node: LocalNode) -> int:
-    """Bytes clients wrote to ``node`` that it has not read yet: the receive queues of its
-    connections (/proc/net/tcp). A frozen node's queue grows with every command sent to it."""
-    port = f":{node.port:04X}"
-    total = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as lines:
-            next(lines)  # the header
-            for line in lines:
-                fields = line.split()
-                local, state, queues = fields[1], fields[3], fields[4]
-                if local.endswith(port) and state == "01":  # ESTABLISHED, on the node's side
-                    total += int(queues.split(":")[1], 16)
-    return total
 
 
 async def until(predicate: Callable[[], bool], what: str, within: float = 10.0) -> None:

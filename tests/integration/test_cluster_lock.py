@@ -41,7 +41,7 @@ from .queues import (
     put_back,
     release_losing_its_notification,
 )
-from .test_faults import connections_held_to
+from .tcp import connections_held_to
 
 TTL = 2.0
 # These tests are about routing, not timing: a loaded machine may take longer than the

@@ -33,6 +33,7 @@ from .conftest import (
     scripts_run,
 )
 from .hold_proxy import HoldingProxy
+from .tcp import connections_held_to
 
 NODE_TIMEOUT = 0.05
 
@@ -268,24 +269,6 @@ def test_a_connection_given_up_as_stalled_runs_all_it_carries_once_its_node_wake
             within=2.0,
             what="the connection given up closed",
         )
-
-
-def connections_held_to(node: LocalNode, *, shut: bool = False) -> int:
-    """Connections to ``node`` that a process holds open (/proc/net/tcp: a socket with an
-    inode; one closed and waiting out its end has none), ``shut`` for writing only
-    (FIN_WAIT1 or FIN_WAIT2: lingering). The node's own are to other ports, and a
-    frozen node's not yet accepted have none."""
-    port = f":{node.port:04X}"
-    held = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as lines:
-            next(lines)  # the header
-            for line in lines:
-                fields = line.split()
-                remote, state, inode = fields[2], fields[3], fields[9]
-                if remote.endswith(port) and inode != "0":
-                    held += not shut or state in ("04", "05")
-    return held
 
 
 def test_a_node_frozen_for_long_costs_one_connection_kept_open(
