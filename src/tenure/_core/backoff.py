@@ -18,12 +18,12 @@ connection's set-up sends a PING and waits for its answer, within ``connect_time
 (``Reconnect.probe``). Rounds do not wait for that set-up: the node sits them out
 until it answers, as in its back-off (``diagnosis.being_probed``), where waiting for a
 set-up would cost each round the connect timeout for a node silent a moment ago. A
-frozen server's kernel still accepts connections; without the
-probe, every link to the node connected again as soon as its back-off ended, carried a
-second of commands, was given up again, and was kept open for ``LINGER`` seconds in case
-the node woke: one connection more (and, in the blocking client, one thread) per link
-every two seconds that the node stayed frozen, until the process ran out of files. With
-it, only the connections in use when the node froze are kept open.
+frozen server's kernel still accepts connections; without the probe, every link to the
+node connected again as soon as its back-off ended, carried a second of commands, was
+given up again, and was kept open for ``LINGER`` seconds in case the node woke: one
+connection more (and, in the blocking client, one thread) per link every two seconds
+that the node stayed frozen, until the process ran out of files. With it, only the
+connections in use when the node froze are kept open.
 
 A connection may also end while nobody uses it: the node closes connections idle past
 its ``timeout`` setting, a proxy or a load balancer drops idle ones, a node restarts.

@@ -1,7 +1,8 @@
 """Setting up one connection in a thread of its own, so that rounds never wait on it.
 
 Setting up a connection is a TCP connect, then (``rediss://``) a TLS handshake, then
-(with credentials or a database) AUTH and SELECT: one or more round trips, each of which
+(with credentials or a database) AUTH and SELECT, then (to a node whose last connection
+went unanswered: ``_core.backoff``) a PING: one or more round trips, each of which
 blocks in redis-py. Done inline in a round, it would be charged to the round's
 ``node_timeout`` (a TLS handshake alone often takes longer than the default 50 ms), and
 the nodes would have to be connected one after the other. A ``SetUp`` runs it in a
